@@ -1,0 +1,29 @@
+"""Generate the gRPC stubs for every .proto in this directory (run by the build and by `make protos`).
+
+protoc writes `import api_pb2` in the *_grpc modules; we rewrite that to a package-relative import so the
+stubs work as `memslice.proto.*`.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+
+def generate(proto_dir: pathlib.Path) -> None:
+    from grpc_tools import protoc
+
+    for proto in sorted(proto_dir.glob("*.proto")):
+        args = ["protoc", f"-I{proto_dir}", f"--python_out={proto_dir}", f"--grpc_python_out={proto_dir}",
+                str(proto)]
+        if protoc.main(args) != 0:
+            sys.exit(f"protoc failed for {proto}")
+    for stub in proto_dir.glob("*_pb2*.py"):
+        lines = stub.read_text().splitlines()
+        fixed = [f"from . {line}" if line.startswith("import ") and "_pb2 as " in line else line
+                 for line in lines]
+        stub.write_text("\n".join(fixed) + "\n")
+
+
+if __name__ == "__main__":
+    generate(pathlib.Path(__file__).resolve().parent)

@@ -1,0 +1,40 @@
+"""Build hooks: compile the C libraries and generate the gRPC stubs before packaging.
+
+Why a setup.py at all: setuptools has no declarative way to run `make` or `grpc_tools.protoc`
+as part of `pip install .`; this file only adds that step and leaves all metadata in pyproject.toml.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import runpy
+import subprocess
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+ROOT = pathlib.Path(__file__).resolve().parent
+
+
+def build_native() -> None:
+    """Compile libmemslice.so and the simulated libcuda/libnvidia-ml into interposer/build/."""
+    if os.environ.get("MEMSLICE_SKIP_NATIVE") == "1":  # developer escape hatch: Python-only reinstall
+        return
+    subprocess.run(["make", "-C", str(ROOT / "interposer"), "-j2"], check=True)
+
+
+def build_protos() -> None:
+    """Generate the gRPC stubs (proto/generate.py; grpcio-tools is a build requirement)."""
+    runpy.run_path(str(ROOT / "proto" / "generate.py"), run_name="memslice_proto_generate")["generate"](
+        ROOT / "proto")
+
+
+class BuildPy(build_py):
+    def run(self) -> None:
+        build_native()
+        build_protos()
+        super().run()
+
+
+setup(cmdclass={"build_py": BuildPy})

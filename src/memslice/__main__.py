@@ -1,0 +1,3 @@
+from memslice.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,55 @@
+"""The `memslice` command. Each subcommand lives in its own module; heavy imports happen inside handlers
+so that `memslice run` starts fast."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from memslice import __version__
+
+# subcommand -> module that provides `add_parser(subparsers)`; the module sets `func` on its parser.
+SUBCOMMANDS = {
+    "run": "memslice.run",
+    "top": "memslice.top",
+    "paths": "memslice.pathscmd",
+    "demo": "memslice.demo",
+    "sim": "memslice.simcmd",
+    "node-agent": "memslice.plugin.cli",
+    "extender": "memslice.scheduler_extender.cli",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="memslice",
+        description="GPU memory slicing: run processes under a GPU-memory quota, inspect usage, "
+                    "and run the Kubernetes node agent and scheduler extender.")
+    parser.add_argument("--version", action="version", version=f"memslice {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module in SUBCOMMANDS.items():
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            continue  # component not built yet
+        mod.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

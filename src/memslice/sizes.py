@@ -1,0 +1,41 @@
+"""Memory sizes as people write them: `4096` (MiB), `512MiB`, `4GiB`, `4Gi`.
+
+The same grammar is implemented in C (interposer/src/config.c) for the shim; tests check that both agree.
+"""
+
+from __future__ import annotations
+
+import re
+
+MiB = 1 << 20
+_UNITS = {"": MiB, "B": 1, "KiB": 1 << 10, "Ki": 1 << 10, "MiB": MiB, "Mi": MiB,
+          "GiB": 1 << 30, "Gi": 1 << 30, "TiB": 1 << 40, "Ti": 1 << 40}
+_SIZE = re.compile(r"^\s*(\d+)\s*([A-Za-z]*)\s*$")
+HELP = "a whole number of MiB (4096) or a number with a binary unit: 512MiB, 4GiB, 4Gi, 1TiB"
+
+
+class SizeError(ValueError):
+    """A size string that cannot be read; the message names the value and a valid form."""
+
+
+def parse_size(text: str, *, what: str = "size") -> int:
+    """Return the size in bytes; raise SizeError naming `what`, the bad value and a valid form."""
+    m = _SIZE.match(text or "")
+    if not m or m.group(2) not in _UNITS:
+        hint = ""
+        if m and m.group(2).upper() in {"KB", "MB", "GB", "TB", "K", "M", "G", "T"}:
+            hint = " (decimal units are ambiguous; write GiB/MiB)"
+        raise SizeError(f"{what}={text!r} is not a valid size{hint}; use {HELP}")
+    value = int(m.group(1)) * _UNITS[m.group(2)]
+    if value <= 0:
+        raise SizeError(f"{what}={text!r} is zero; use {HELP}")
+    return value
+
+
+def format_bytes(n: int) -> str:
+    """Short human form: 4.0GiB, 512MiB, 12KiB."""
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", MiB), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            v = n / size
+            return f"{v:.1f}{unit}" if v < 100 and v != int(v) else f"{int(round(v))}{unit}"
+    return f"{n}B"
