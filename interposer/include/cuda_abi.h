@@ -1,0 +1,138 @@
+/* The handful of CUDA driver and NVML types and constants memslice uses, declared here so that building
+ * needs no CUDA toolkit. Values are those of cuda.h (CUDA 13.0) and nvml.h; names keep NVIDIA's spelling
+ * so a reader can grep the real headers. Only what the shim and the simulated GPU touch is declared. */
+#ifndef MEMSLICE_CUDA_ABI_H
+#define MEMSLICE_CUDA_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- CUDA driver API ------------------------------------------------------------------------------ */
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;      /* CUdeviceptr_v2 on LP64 */
+typedef unsigned int CUdeviceptr_v1;         /* legacy 32-bit entry points */
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef unsigned long long cuuint64_t;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUarray_st *CUarray;
+typedef struct CUmipmappedArray_st *CUmipmappedArray;
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUuuid_st { char bytes[16]; } CUuuid;
+
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_DEINITIALIZED = 4,
+    CUDA_ERROR_NO_DEVICE = 100,
+    CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_NOT_PERMITTED = 800,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+};
+
+/* cuGetProcAddress */
+enum { CU_GET_PROC_ADDRESS_DEFAULT = 0, CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1,
+       CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 2 };
+typedef enum { CU_GET_PROC_ADDRESS_SUCCESS = 0, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1,
+               CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2 } CUdriverProcAddressQueryResult;
+
+/* Memory types and pointer attributes */
+enum { CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2, CU_MEMORYTYPE_ARRAY = 3, CU_MEMORYTYPE_UNIFIED = 4 };
+enum { CU_POINTER_ATTRIBUTE_CONTEXT = 1, CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
+       CU_POINTER_ATTRIBUTE_DEVICE_POINTER = 3, CU_POINTER_ATTRIBUTE_HOST_POINTER = 4,
+       CU_POINTER_ATTRIBUTE_IS_MANAGED = 8, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+       CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11, CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
+       CU_POINTER_ATTRIBUTE_MAPPED = 13 };
+enum { CU_MEM_ATTACH_GLOBAL = 1, CU_MEM_ATTACH_HOST = 2 };
+enum { CU_MEMHOSTALLOC_PORTABLE = 1, CU_MEMHOSTALLOC_DEVICEMAP = 2, CU_MEMHOSTALLOC_WRITECOMBINED = 4 };
+
+/* Device attributes the simulator answers */
+enum {
+    CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1,
+    CU_DEVICE_ATTRIBUTE_WARP_SIZE = 10,
+    CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+    CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY = 19,
+    CU_DEVICE_ATTRIBUTE_PCI_BUS_ID = 33,
+    CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID = 34,
+    CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING = 41,
+    CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID = 50,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
+    CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY = 83,
+    CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS = 89,
+    CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
+    CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115,
+    CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 141,
+    CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 145,
+};
+
+/* VMM */
+typedef enum { CU_MEM_LOCATION_TYPE_INVALID = 0, CU_MEM_LOCATION_TYPE_DEVICE = 1,
+               CU_MEM_LOCATION_TYPE_HOST = 2, CU_MEM_LOCATION_TYPE_HOST_NUMA = 3,
+               CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT = 4 } CUmemLocationType;
+typedef struct { CUmemLocationType type; int id; } CUmemLocation;
+typedef struct {
+    int type;                          /* CUmemAllocationType: PINNED=1, MANAGED=2 */
+    int requestedHandleTypes;
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    struct { unsigned char compressionType, gpuDirectRDMACapable; unsigned short usage;
+             unsigned char reserved[4]; } allocFlags;
+} CUmemAllocationProp;
+typedef struct { CUmemLocation location; unsigned long long flags; } CUmemAccessDesc;
+enum { CU_MEM_ALLOCATION_TYPE_PINNED = 1, CU_MEM_ALLOCATION_TYPE_MANAGED = 2 };
+
+/* Memory pools */
+typedef enum { CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5,
+               CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 6, CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7,
+               CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8 } CUmemPool_attribute;
+typedef struct {
+    int allocType; int handleTypes; CUmemLocation location; void *win32SecurityAttributes;
+    size_t maxSize; unsigned short usage; unsigned char reserved[54];
+} CUmemPoolProps;
+
+/* Arrays */
+typedef enum { CU_AD_FORMAT_UNSIGNED_INT8 = 0x01, CU_AD_FORMAT_UNSIGNED_INT16 = 0x02,
+               CU_AD_FORMAT_UNSIGNED_INT32 = 0x03, CU_AD_FORMAT_SIGNED_INT8 = 0x08,
+               CU_AD_FORMAT_SIGNED_INT16 = 0x09, CU_AD_FORMAT_SIGNED_INT32 = 0x0a,
+               CU_AD_FORMAT_HALF = 0x10, CU_AD_FORMAT_FLOAT = 0x20 } CUarray_format;
+typedef struct { size_t Width; size_t Height; CUarray_format Format; unsigned int NumChannels; }
+    CUDA_ARRAY_DESCRIPTOR;
+typedef struct { unsigned int Width; unsigned int Height; CUarray_format Format; unsigned int NumChannels; }
+    CUDA_ARRAY_DESCRIPTOR_v1;
+typedef struct { size_t Width, Height, Depth; CUarray_format Format; unsigned int NumChannels, Flags; }
+    CUDA_ARRAY3D_DESCRIPTOR;
+typedef struct { unsigned int Width, Height, Depth; CUarray_format Format; unsigned int NumChannels, Flags; }
+    CUDA_ARRAY3D_DESCRIPTOR_v1;
+
+/* ---- NVML ------------------------------------------------------------------------------------------ */
+typedef int nvmlReturn_t;
+typedef struct nvmlDevice_st *nvmlDevice_t;
+typedef struct nvmlEventSet_st *nvmlEventSet_t;
+enum {
+    NVML_SUCCESS = 0, NVML_ERROR_UNINITIALIZED = 1, NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3, NVML_ERROR_NO_PERMISSION = 4, NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7, NVML_ERROR_TIMEOUT = 10, NVML_ERROR_FUNCTION_NOT_FOUND = 13,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25, NVML_ERROR_UNKNOWN = 999,
+};
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
+#define nvmlMemory_v2 0x02000028u  /* NVML_STRUCT_VERSION(Memory, 2) = sizeof | 2 << 24 */
+typedef struct { unsigned int pid; unsigned long long usedGpuMemory; } nvmlProcessInfo_v1_t;
+typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId,
+                 computeInstanceId; } nvmlProcessInfo_t;
+typedef struct { char busIdLegacy[16]; unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+                 char busId[32]; } nvmlPciInfo_t;
+typedef struct { nvmlDevice_t device; unsigned long long eventType, eventData;
+                 unsigned int gpuInstanceId, computeInstanceId; } nvmlEventData_t;
+enum { nvmlEventTypeSingleBitEccError = 0x1, nvmlEventTypeDoubleBitEccError = 0x2,
+       nvmlEventTypePState = 0x4, nvmlEventTypeXidCriticalError = 0x8, nvmlEventTypeClock = 0x10 };
+
+#endif

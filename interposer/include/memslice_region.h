@@ -1,0 +1,134 @@
+/* The shared accounting region: one mmap'd file per container (MEMSLICE_REGION_DIR/memslice.region),
+ * shared by every process of the container; the simulated GPU keeps its node-wide physical ledger in the
+ * same layout. This header is the only definition of the layout: the C code includes it and Python's
+ * cffi parses the part between BEGIN CFFI and END CFFI, so keep that part plain C (no macros beyond
+ * integer #defines, no attributes; padding is written out by hand).
+ *
+ * Concurrency, in short (ledger.c has the details):
+ *  - dev[i].used / dev[i].host_used are the only shared hot words. A charge is one CAS that checks the
+ *    limit (reserve before allocating, roll back if the driver fails): never check-then-charge.
+ *  - Each process owns one slot and records what it charged there; a slot's owner holds an fcntl lock on
+ *    byte MS_LOCK_BASE + slot for its whole life, so a dead process (even kill -9) is recognised by its
+ *    released lock, whatever PID namespace the observer is in.
+ *  - Slow paths (claiming a slot, reclaiming dead ones, recount) take `lock`, a process-shared robust
+ *    mutex: a holder that dies is detected (EOWNERDEAD) and its work redone, so no lock stays held.
+ *  - Bit 63 of used/host_used is the "frozen" bit: set only by a recount, which rebuilds the totals from
+ *    the live slots; hot paths that see it back off until the recount ends. */
+#ifndef MEMSLICE_REGION_H
+#define MEMSLICE_REGION_H
+
+#include <stdint.h>
+
+#define MS_LOCK_BASE (1ull << 30)            /* fcntl lock byte of slot i is MS_LOCK_BASE + i */
+#define MS_INIT_LOCK_BYTE (MS_LOCK_BASE - 1) /* serialises creation of the file */
+#define MS_FROZEN (1ull << 63)
+#define MS_REGION_FILE "memslice.region"
+
+/* BEGIN CFFI */
+#define MS_MAGIC 1297307971          /* "MSLC" */
+#define MS_VERSION 1
+#define MS_MAX_DEVICES 16
+#define MS_MAX_SLOTS 4096
+#define MS_UUID_LEN 48
+#define MS_SLOT_FREE 0
+#define MS_SLOT_LIVE 2
+
+struct ms_header {
+    uint32_t magic;           /* MS_MAGIC once initialised (written last) */
+    uint32_t version;         /* MS_VERSION */
+    uint32_t header_size;     /* sizeof(struct ms_header), sizeof(struct ms_device), ... for checks */
+    uint32_t device_size;
+    uint32_t slot_size;
+    uint32_t max_devices;
+    uint32_t max_slots;
+    uint32_t ndevices;        /* dev[] entries in use; append-only, under `lock` */
+    uint64_t created_at;      /* unix seconds */
+    uint64_t recounts;        /* how many recounts ran (statistics) */
+    uint64_t reclaimed;       /* slots reclaimed from dead processes (statistics) */
+    uint64_t extra_size;      /* bytes after the region proper (the simulator's node state) */
+    uint8_t lock[64];         /* pthread_mutex_t, process-shared and robust: slow paths only */
+    uint8_t pad[128];
+};
+
+struct ms_device {
+    /* line 0: identity, read-mostly */
+    char uuid[48];            /* "GPU-xxxxxxxx-..."; devices are keyed by UUID, never by ordinal */
+    uint64_t physical_total;  /* the GPU's capacity in bytes, as the driver reports it */
+    uint64_t limit;           /* quota in bytes last set by a process of this container (display) */
+    /* line 1: the hot words */
+    uint64_t used;            /* device bytes charged: allocations + context reserves (bit 63: frozen) */
+    uint64_t host_used;       /* bytes spilled to host memory in oversubscription mode (bit 63: frozen) */
+    uint64_t pad1[6];
+    /* line 2: statistics */
+    uint64_t peak;            /* high-water mark of used */
+    uint64_t host_peak;       /* high-water mark of host_used */
+    uint64_t refused;         /* allocations refused because of the quota */
+    uint64_t spill_refused;   /* spills refused (host cap or cgroup margin) */
+    uint64_t pad2[4];
+};
+
+struct ms_slot {
+    /* line 0: owner and state */
+    uint32_t state;           /* MS_SLOT_FREE or MS_SLOT_LIVE */
+    int32_t pid;              /* owner's pid in its own namespace (display only) */
+    uint32_t op_active;       /* charges/uncharges of this process between their two steps */
+    uint32_t generation;      /* bumped at each claim */
+    uint64_t started_at;      /* unix seconds */
+    char comm[16];            /* owner's command name */
+    uint64_t refused;         /* this process's refused allocations */
+    uint64_t peak;            /* this process's peak device bytes (summed over devices) */
+    uint64_t pad0;
+    /* lines 1-4: what this process has charged, per device index */
+    uint64_t device_bytes[16];
+    uint64_t host_bytes[16];
+};
+
+struct ms_region {
+    struct ms_header hdr;
+    struct ms_device dev[16];
+    struct ms_slot slot[4096];
+};
+/* END CFFI */
+
+_Static_assert(sizeof(struct ms_header) == 256, "header layout");
+_Static_assert(sizeof(struct ms_device) == 192, "device layout");
+_Static_assert(sizeof(struct ms_slot) == 320, "slot layout");
+
+/* ---- C API (ledger.c), compiled into the shim, the simulator and the region library ---------------- */
+#include <stddef.h>
+
+typedef struct ms_ledger {
+    struct ms_region *r;
+    void *extra;              /* extra_size bytes after the region (simulator state), or NULL */
+    size_t map_size;
+    int fd;
+    int slot;                 /* this process's slot, -1 until claimed */
+} ms_ledger;
+
+/* Open (creating if needed) the ledger file at `path`. When this call creates it, init_extra (if given)
+ * fills the extra area first, under the creation lock. 0 on success; else -1 and a message in err. */
+typedef int (*ms_init_extra_fn)(void *extra, void *arg, char *err, size_t errlen);
+int ms_ledger_open(ms_ledger *l, const char *path, size_t extra_size, int readonly, ms_init_extra_fn init_extra,
+                   void *arg, char *err, size_t errlen);
+/* Claim a slot for the calling process (reclaiming dead processes' slots if none is free). */
+int ms_ledger_claim(ms_ledger *l);
+/* Forget the slot in a forked child (its parent owns it); the child claims its own when needed. */
+void ms_ledger_forget_slot(ms_ledger *l);
+/* Release everything the calling process charged and free its slot (normal exit). */
+void ms_ledger_release(ms_ledger *l);
+/* Index of the device with this UUID, adding it if new; -1 if the table is full. */
+int ms_ledger_device(ms_ledger *l, const char *uuid, uint64_t physical_total);
+/* Charge n bytes to device dev (host=1: the host-spill counter) if the total stays <= limit.
+ * 0 on success, -1 if it would exceed the limit (nothing changed). */
+int ms_charge(ms_ledger *l, int dev, uint64_t n, uint64_t limit, int host);
+/* Undo a charge of n bytes. */
+void ms_uncharge(ms_ledger *l, int dev, uint64_t n, int host);
+/* Count a refusal. */
+void ms_note_refused(ms_ledger *l, int dev, int host);
+/* Reclaim the slots of dead processes. Returns how many were reclaimed, or -1 on error. */
+int ms_sweep(ms_ledger *l);
+/* 1 if slot i's owner is alive (holds its lock), 0 if not. */
+int ms_slot_alive(const ms_ledger *l, int i);
+static inline uint64_t ms_bytes(uint64_t word) { return word & ~MS_FROZEN; }
+
+#endif

@@ -1,0 +1,141 @@
+/* A pointer-keyed table (address -> allocation record), striped so that threads freeing different
+ * pointers rarely meet on a lock. Header-only: the shim and the simulator each keep one per process.
+ * Why hand-written: it sits on the alloc/free hot path of a preloaded C library, which may not link
+ * anything beyond libc, and needs range lookups for interior pointers. */
+#ifndef MEMSLICE_PTRMAP_H
+#define MEMSLICE_PTRMAP_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct ms_rec {
+    uint64_t key;       /* base address or handle; 0 = empty, 1 = deleted */
+    uint64_t size;      /* bytes charged / allocated */
+    uint64_t aux;       /* kind-specific (pool, handle, host base...) */
+    int32_t dev;        /* device (ledger) index */
+    uint32_t kind;      /* caller-defined */
+} ms_rec;
+
+#define MS_PTRMAP_STRIPES 64
+typedef struct ms_stripe {
+    pthread_mutex_t mu;
+    ms_rec *slots;
+    uint32_t cap, used, live;
+    char pad[64 - sizeof(pthread_mutex_t) % 64];
+} ms_stripe;
+
+typedef struct ms_ptrmap { ms_stripe s[MS_PTRMAP_STRIPES]; } ms_ptrmap;
+
+static inline uint64_t ms_hash64(uint64_t x) {
+    x ^= x >> 33; x *= 0xff51afd7ed558ccdull; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ull; x ^= x >> 33;
+    return x;
+}
+
+static inline void ms_ptrmap_init(ms_ptrmap *m) {
+    memset(m, 0, sizeof *m);
+    for (int i = 0; i < MS_PTRMAP_STRIPES; i++) pthread_mutex_init(&m->s[i].mu, NULL);
+}
+
+static inline ms_stripe *ms_stripe_of(ms_ptrmap *m, uint64_t key) {
+    return &m->s[ms_hash64(key) & (MS_PTRMAP_STRIPES - 1)];
+}
+
+/* Insert into a stripe's open-addressing table (caller holds the stripe lock). 0 or -1 (no memory). */
+static inline int ms_stripe_put(ms_stripe *st, const ms_rec *r) {
+    if ((st->used + 1) * 4 >= st->cap * 3) {
+        uint32_t ncap = st->cap ? st->cap * 2 : 64;
+        ms_rec *ns = calloc(ncap, sizeof *ns);
+        if (!ns) return -1;
+        for (uint32_t i = 0; i < st->cap; i++) {
+            if (st->slots[i].key <= 1) continue;
+            uint32_t j = (uint32_t)(ms_hash64(st->slots[i].key) >> 8) & (ncap - 1);
+            while (ns[j].key) j = (j + 1) & (ncap - 1);
+            ns[j] = st->slots[i];
+        }
+        free(st->slots);
+        st->slots = ns;
+        st->cap = ncap;
+        st->used = st->live;
+    }
+    uint32_t j = (uint32_t)(ms_hash64(r->key) >> 8) & (st->cap - 1);
+    while (st->slots[j].key > 1) j = (j + 1) & (st->cap - 1);
+    if (st->slots[j].key == 0) st->used++;
+    st->slots[j] = *r;
+    st->live++;
+    return 0;
+}
+
+static inline int ms_ptrmap_put(ms_ptrmap *m, const ms_rec *r) {
+    ms_stripe *st = ms_stripe_of(m, r->key);
+    pthread_mutex_lock(&st->mu);
+    int rc = ms_stripe_put(st, r);
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+/* Remove `key` and copy its record to *out. 1 if found, 0 if not. */
+static inline int ms_ptrmap_take(ms_ptrmap *m, uint64_t key, ms_rec *out) {
+    ms_stripe *st = ms_stripe_of(m, key);
+    int found = 0;
+    pthread_mutex_lock(&st->mu);
+    if (st->cap) {
+        uint32_t j = (uint32_t)(ms_hash64(key) >> 8) & (st->cap - 1);
+        while (st->slots[j].key) {
+            if (st->slots[j].key == key) {
+                if (out) *out = st->slots[j];
+                st->slots[j].key = 1;
+                st->live--;
+                found = 1;
+                break;
+            }
+            j = (j + 1) & (st->cap - 1);
+        }
+    }
+    pthread_mutex_unlock(&st->mu);
+    return found;
+}
+
+/* Copy the record of `key` without removing it. 1 if found. */
+static inline int ms_ptrmap_get(ms_ptrmap *m, uint64_t key, ms_rec *out) {
+    ms_stripe *st = ms_stripe_of(m, key);
+    int found = 0;
+    pthread_mutex_lock(&st->mu);
+    if (st->cap) {
+        uint32_t j = (uint32_t)(ms_hash64(key) >> 8) & (st->cap - 1);
+        while (st->slots[j].key) {
+            if (st->slots[j].key == key) {
+                if (out) *out = st->slots[j];
+                found = 1;
+                break;
+            }
+            j = (j + 1) & (st->cap - 1);
+        }
+    }
+    pthread_mutex_unlock(&st->mu);
+    return found;
+}
+
+/* The record whose [key, key+size) contains addr (interior pointers). Slow: scans every stripe. */
+static inline int ms_ptrmap_find_range(ms_ptrmap *m, uint64_t addr, ms_rec *out) {
+    if (ms_ptrmap_get(m, addr, out)) return 1;
+    for (int i = 0; i < MS_PTRMAP_STRIPES; i++) {
+        ms_stripe *st = &m->s[i];
+        int found = 0;
+        pthread_mutex_lock(&st->mu);
+        for (uint32_t j = 0; j < st->cap; j++) {
+            ms_rec *r = &st->slots[j];
+            if (r->key > 1 && addr >= r->key && addr < r->key + (r->size ? r->size : 1)) {
+                *out = *r;
+                found = 1;
+                break;
+            }
+        }
+        pthread_mutex_unlock(&st->mu);
+        if (found) return 1;
+    }
+    return 0;
+}
+
+#endif

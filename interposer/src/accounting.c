@@ -1,0 +1,105 @@
+/* Accounting glue between the hooks and the ledger: which ledger device a CUDA ordinal is (by UUID, never
+ * by ordinal: ordinals change with CUDA_VISIBLE_DEVICES), charging with a retry after reclaiming dead
+ * processes, and the process-local table of what this process allocated. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <string.h>
+
+#include "ms_ptrmap.h"
+#include "shim.h"
+
+#define MAX_ORDINALS 64
+static int g_devidx[MAX_ORDINALS];   /* ordinal -> ledger index + 1 (0 = not looked up yet) */
+static ms_ptrmap g_ptrs;
+static pthread_once_t g_ptrs_once = PTHREAD_ONCE_INIT;
+
+static void ptrs_init(void) { ms_ptrmap_init(&g_ptrs); }
+
+void reset_ctx_after_fork(void); /* hooks_alloc.c */
+void reset_after_fork(void) { reset_ctx_after_fork(); }
+
+int dev_index_by_uuid(const char *uuid, uint64_t physical_total) {
+    if (!g_have_ledger) return -1;
+    return ms_ledger_device(&g_ledger, uuid, physical_total);
+}
+
+int dev_index(CUdevice ordinal) {
+    if (!g_have_ledger || ordinal < 0 || ordinal >= MAX_ORDINALS) return -1;
+    int v = __atomic_load_n(&g_devidx[ordinal], __ATOMIC_ACQUIRE);
+    if (v) return v - 1;
+    CUuuid u;
+    size_t total = 0;
+    CUresult (*get_uuid)(CUuuid *, CUdevice) = REAL(CUresult(*)(CUuuid *, CUdevice), cuDeviceGetUuid_v2);
+    if (!get_uuid) get_uuid = REAL(CUresult(*)(CUuuid *, CUdevice), cuDeviceGetUuid);
+    CUresult (*get_total)(size_t *, CUdevice) = REAL(CUresult(*)(size_t *, CUdevice), cuDeviceTotalMem_v2);
+    if (!get_uuid || get_uuid(&u, ordinal) != CUDA_SUCCESS) return -1;
+    if (get_total) get_total(&total, ordinal);
+    const unsigned char *b = (const unsigned char *)u.bytes;
+    char text[MS_UUID_LEN];
+    snprintf(text, sizeof text, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    int idx = ms_ledger_device(&g_ledger, text, total);
+    if (idx >= 0) {
+        __atomic_store_n(&g_ledger.r->dev[idx].limit, g_cfg.mode == MODE_ENFORCE ? g_cfg.limit : 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&g_devidx[ordinal], idx + 1, __ATOMIC_RELEASE);
+    } else {
+        shim_log(LOG_ERROR, "memslice: the region has no room for GPU %s (%d GPUs at most)", text, MS_MAX_DEVICES);
+    }
+    return idx;
+}
+
+int current_dev(CUdevice *ordinal) {
+    CUresult (*get)(CUdevice *) = REAL(CUresult(*)(CUdevice *), cuCtxGetDevice);
+    CUdevice d;
+    if (!get || get(&d) != CUDA_SUCCESS) return -1;
+    if (ordinal) *ordinal = d;
+    return dev_index(d);
+}
+
+uint64_t dev_used(int dev) { return ms_bytes(__atomic_load_n(&g_ledger.r->dev[dev].used, __ATOMIC_SEQ_CST)); }
+
+/* Reserve n bytes before the driver allocates them. A dead process may still hold part of the quota:
+ * reclaim and try once more before refusing. */
+int try_charge(int dev, uint64_t n) {
+    if (g_ledger.slot < 0 && ms_ledger_claim(&g_ledger) < 0) return -1;
+    if (ms_charge(&g_ledger, dev, n, g_cfg.limit, 0) == 0) return 0;
+    if (ms_sweep(&g_ledger) > 0 && ms_charge(&g_ledger, dev, n, g_cfg.limit, 0) == 0) return 0;
+    return -1;
+}
+
+void refuse(int dev, uint64_t n, const char *call) {
+    ms_note_refused(&g_ledger, dev, 0);
+    shim_log_refusal(call, n, dev, 0);
+}
+
+CUresult charge(int dev, uint64_t n, const char *call) {
+    if (try_charge(dev, n) == 0) return CUDA_SUCCESS;
+    ms_note_refused(&g_ledger, dev, 0);
+    shim_log_refusal(call, n, dev, 0);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+void force_charge(int dev, uint64_t n) {
+    if (g_ledger.slot < 0 && ms_ledger_claim(&g_ledger) < 0) return;
+    ms_charge(&g_ledger, dev, n, UINT64_MAX >> 2, 0);
+}
+
+void uncharge(int dev, uint64_t n) {
+    if (n && g_ledger.slot >= 0) ms_uncharge(&g_ledger, dev, n, 0);
+}
+
+int track(uint64_t key, uint64_t size, int dev, enum alloc_kind kind, uint64_t aux) {
+    pthread_once(&g_ptrs_once, ptrs_init);
+    ms_rec r = {.key = key, .size = size, .aux = aux, .dev = dev, .kind = (uint32_t)kind};
+    return ms_ptrmap_put(&g_ptrs, &r);
+}
+
+int untrack(uint64_t key, ms_rec *out) {
+    pthread_once(&g_ptrs_once, ptrs_init);
+    return ms_ptrmap_take(&g_ptrs, key, out);
+}
+
+int lookup(uint64_t key, ms_rec *out) {
+    pthread_once(&g_ptrs_once, ptrs_init);
+    return ms_ptrmap_get(&g_ptrs, key, out);
+}

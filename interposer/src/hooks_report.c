@@ -1,0 +1,112 @@
+/* What the application is told about memory: the quota is the GPU's size.
+ * total = min(quota, physical); free = quota - what the container has charged, never below zero and
+ * never above what the GPU really has free. cuMemGetInfo, cuDeviceTotalMem and NVML give the same
+ * numbers from the same ledger, keyed by UUID. Without a quota these calls pass through untouched. */
+#define _GNU_SOURCE
+#include <limits.h>
+#include <string.h>
+
+#include "shim.h"
+
+#define PROLOGUE()                                                                                         \
+    do {                                                                                                   \
+        ensure_init();                                                                                     \
+        if (UNLIKELY(g_cfg.mode == MODE_FAIL_CLOSED)) return fail_closed_result();                         \
+    } while (0)
+
+static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+/* Apply the quota view to a (free, total) pair of the GPU with ledger index dev. */
+static void quota_view(int dev, uint64_t *freeb, uint64_t *total) {
+    uint64_t t = min_u64(g_cfg.limit, *total), used = dev_used(dev);
+    uint64_t qfree = used < t ? t - used : 0;
+    *freeb = min_u64(qfree, *freeb);
+    *total = t;
+}
+
+HOOK CUresult cuMemGetInfo_v2(size_t *freeb, size_t *total) {
+    PROLOGUE();
+    CUresult rc = REAL(CUresult(*)(size_t *, size_t *), cuMemGetInfo_v2)(freeb, total);
+    if (rc != CUDA_SUCCESS || !enforcing()) return rc;
+    int dev = current_dev(NULL);
+    if (dev < 0) return rc;
+    reconcile_pools();
+    uint64_t f = *freeb, t = *total;
+    quota_view(dev, &f, &t);
+    *freeb = f;
+    *total = t;
+    return rc;
+}
+
+HOOK CUresult cuMemGetInfo(unsigned int *freeb, unsigned int *total) {
+    PROLOGUE();
+    CUresult (*v2)(size_t *, size_t *) = REAL(CUresult(*)(size_t *, size_t *), cuMemGetInfo_v2);
+    if (!enforcing() || !v2 || !freeb || !total)
+        return REAL(CUresult(*)(unsigned int *, unsigned int *), cuMemGetInfo)(freeb, total);
+    size_t f, t;
+    CUresult rc = cuMemGetInfo_v2(&f, &t);
+    if (rc == CUDA_SUCCESS) {
+        *freeb = f > UINT_MAX ? UINT_MAX : (unsigned int)f;
+        *total = t > UINT_MAX ? UINT_MAX : (unsigned int)t;
+    }
+    return rc;
+}
+
+HOOK CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
+    PROLOGUE();
+    CUresult rc = REAL(CUresult(*)(size_t *, CUdevice), cuDeviceTotalMem_v2)(bytes, d);
+    if (rc == CUDA_SUCCESS && enforcing()) *bytes = min_u64(g_cfg.limit, *bytes);
+    return rc;
+}
+
+HOOK CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice d) {
+    PROLOGUE();
+    CUresult rc = REAL(CUresult(*)(unsigned int *, CUdevice), cuDeviceTotalMem)(bytes, d);
+    if (rc == CUDA_SUCCESS && enforcing()) *bytes = (unsigned int)min_u64(g_cfg.limit, *bytes);
+    return rc;
+}
+
+/* ---- NVML ------------------------------------------------------------------------------------------ */
+#define NVML_PROLOGUE()                                                                                    \
+    do {                                                                                                   \
+        ensure_init();                                                                                     \
+        if (UNLIKELY(g_cfg.mode == MODE_FAIL_CLOSED)) return NVML_ERROR_NO_PERMISSION;                    \
+    } while (0)
+
+/* Ledger index of an NVML device (by UUID), or -1. */
+static int nvml_dev(nvmlDevice_t d, uint64_t physical_total) {
+    nvmlReturn_t (*uuid)(nvmlDevice_t, char *, unsigned int) =
+        REAL_NVML(nvmlReturn_t(*)(nvmlDevice_t, char *, unsigned int), nvmlDeviceGetUUID);
+    char u[96];
+    if (!uuid || uuid(d, u, sizeof u) != NVML_SUCCESS) return -1;
+    return dev_index_by_uuid(u, physical_total);
+}
+
+HOOK nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
+    NVML_PROLOGUE();
+    nvmlReturn_t rc = REAL_NVML(nvmlReturn_t(*)(nvmlDevice_t, nvmlMemory_t *), nvmlDeviceGetMemoryInfo)(d, m);
+    if (rc != NVML_SUCCESS || !enforcing()) return rc;
+    int dev = nvml_dev(d, m->total);
+    if (dev < 0) return rc;
+    uint64_t f = m->free, t = m->total;
+    quota_view(dev, &f, &t);
+    m->total = t;
+    m->free = f;
+    m->used = t - f;
+    return rc;
+}
+
+HOOK nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
+    NVML_PROLOGUE();
+    nvmlReturn_t rc = REAL_NVML(nvmlReturn_t(*)(nvmlDevice_t, nvmlMemory_v2_t *), nvmlDeviceGetMemoryInfo_v2)(d, m);
+    if (rc != NVML_SUCCESS || !enforcing()) return rc;
+    int dev = nvml_dev(d, m->total);
+    if (dev < 0) return rc;
+    uint64_t f = m->free, t = m->total;
+    quota_view(dev, &f, &t);
+    m->total = t;
+    m->free = f;
+    m->reserved = 0;
+    m->used = t - f;
+    return rc;
+}

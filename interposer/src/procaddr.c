@@ -1,0 +1,35 @@
+/* cuGetProcAddress routing. libcudart, cuda-python, PyTorch and NCCL obtain driver functions through
+ * cuGetProcAddress[_v2] rather than by symbol, so the shim answers it: it asks the real driver (with the
+ * caller's exact name, cudaVersion and flags, so the driver applies its own version and per-thread-stream
+ * rules), maps the returned address back to the exact exported name, and substitutes the wrapper of that
+ * name. The caller therefore always gets a wrapper with the ABI of the variant it asked for, and
+ * symbolStatus is the driver's own. Unknown names, "" and cuGetExportTable pass through untouched. */
+#define _GNU_SOURCE
+#include "shim.h"
+
+HOOK CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                  CUdriverProcAddressQueryResult *status) {
+    ensure_init();
+    CUresult (*real)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) =
+        REAL(CUresult(*)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *), cuGetProcAddress_v2);
+    if (!real) return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult rc = real(symbol, pfn, cudaVersion, flags, status);
+    if (rc == CUDA_SUCCESS && pfn && *pfn) {
+        void *h = hook_for_real(*pfn);
+        if (h) *pfn = h;
+    }
+    return rc;
+}
+
+HOOK CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
+    ensure_init();
+    CUresult (*real)(const char *, void **, int, cuuint64_t) =
+        REAL(CUresult(*)(const char *, void **, int, cuuint64_t), cuGetProcAddress);
+    if (!real) return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult rc = real(symbol, pfn, cudaVersion, flags);
+    if (rc == CUDA_SUCCESS && pfn && *pfn) {
+        void *h = hook_for_real(*pfn);
+        if (h) *pfn = h;
+    }
+    return rc;
+}

@@ -1,0 +1,80 @@
+/* Internal interface of libmemslice.so (the LD_PRELOAD shim). Nothing here is exported: the export list
+ * is src/exports.map. */
+#ifndef MEMSLICE_SHIM_H
+#define MEMSLICE_SHIM_H
+
+#include <stdint.h>
+
+#include "cuda_abi.h"
+#include "memslice_region.h"
+#include "ms_ptrmap.h"
+
+#define HOOK __attribute__((visibility("default")))
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+enum log_level { LOG_ERROR = 0, LOG_WARN = 1, LOG_INFO = 2, LOG_DEBUG = 3 };
+enum shim_mode { MODE_PASSTHROUGH = 0, MODE_OBSERVE, MODE_ENFORCE, MODE_FAIL_CLOSED };
+
+/* What one allocation is, in the shim's pointer table. */
+enum alloc_kind { A_DEVICE = 1, A_MANAGED, A_POOL, A_VMM_HANDLE, A_VMM_MAP, A_ARRAY, A_SPILL_HOST,
+                  A_SPILL_MANAGED, A_SPILL_VMM };
+
+struct shim_config {
+    enum shim_mode mode;
+    uint64_t limit;            /* bytes per GPU (MODE_ENFORCE), else "unlimited" */
+    uint64_t context_reserve;  /* charged once per process per GPU, at its first context */
+    int oversubscribe;         /* MEMSLICE_OVERSUBSCRIBE=1 */
+    uint64_t spill_limit;      /* MEMSLICE_HOST_SPILL_LIMIT (bytes); 0 = no cap beyond the cgroup */
+    char cgroup_dir[256];      /* MEMSLICE_CGROUP_DIR, or the process's own cgroup */
+    char region_path[512];     /* MEMSLICE_REGION_DIR/memslice.region, empty without one */
+    char limit_text[64];       /* MEMSLICE_GPU_MEM_LIMIT as given, for messages */
+    enum log_level log_level;
+    char error[640];           /* MODE_FAIL_CLOSED: the message naming the bad variable */
+};
+
+extern struct shim_config g_cfg;
+extern ms_ledger g_ledger;
+extern int g_have_ledger;
+
+/* config.c */
+void shim_init(void);                         /* once; reads the environment, opens the region */
+extern volatile int g_shim_ready;
+static inline void ensure_init(void) { if (UNLIKELY(!g_shim_ready)) shim_init(); }
+void shim_log(enum log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void shim_log_refusal(const char *call, uint64_t request, int dev, int host);
+const char *fmt_bytes(uint64_t b, char *buf, unsigned len);
+
+/* real.c: the driver's own functions */
+void *real_cuda(const char *name);            /* dlsym in libcuda.so.1, cached by the caller */
+void *real_nvml(const char *name);
+void *real_dlsym_call(void *handle, const char *name);
+#define REAL(T, name) ({ static __typeof__(T) fp_; if (UNLIKELY(!fp_)) fp_ = (__typeof__(T))real_cuda(#name); fp_; })
+#define REAL_NVML(T, name) ({ static __typeof__(T) fp_; if (UNLIKELY(!fp_)) fp_ = (__typeof__(T))real_nvml(#name); fp_; })
+
+/* accounting.c */
+int dev_index(CUdevice ordinal);             /* ledger index of a CUDA ordinal, -1 if unknown */
+int current_dev(CUdevice *ordinal);          /* ledger index of the current context's device */
+int dev_index_by_uuid(const char *uuid, uint64_t physical_total);
+CUresult charge(int dev, uint64_t n, const char *call);   /* CUDA_SUCCESS or CUDA_ERROR_OUT_OF_MEMORY */
+int try_charge(int dev, uint64_t n);         /* 0, or -1 without logging (after reclaiming dead processes) */
+void refuse(int dev, uint64_t n, const char *call);       /* count and log a refusal */
+void reconcile_pools(void);
+void force_charge(int dev, uint64_t n);      /* a correction after the driver chose a larger size */
+void uncharge(int dev, uint64_t n);
+int track(uint64_t key, uint64_t size, int dev, enum alloc_kind kind, uint64_t aux);
+int untrack(uint64_t key, ms_rec *out);      /* 1 if it was ours */
+int lookup(uint64_t key, ms_rec *out);
+uint64_t dev_used(int dev);
+CUresult fail_closed_result(void);
+int enforcing(void);
+int accounting(void);
+
+/* spill.c (oversubscription) */
+CUresult spill_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ordinal, CUstream stream, const char *call);
+CUresult spill_free(const ms_rec *r, CUstream stream, int async);
+
+/* procaddr.c */
+void *hook_for_name(const char *name);       /* our wrapper for an exact exported name, or NULL */
+void *hook_for_real(void *real_fn);          /* our wrapper for the driver function at this address */
+
+#endif

@@ -1,0 +1,99 @@
+"""`memslice run`: run any command under a GPU-memory quota (optionally on the simulated GPU)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+from memslice.sizes import SizeError, parse_size
+
+EPILOG = """\
+examples:
+  memslice run --gpu-mem 4GiB -- python train.py
+  memslice run --gpu-mem 4096 --simulate-gpu 16GiB -- python -c 'import pynvml'
+  memslice run --gpu-mem 8GiB --oversubscribe=16GiB -- jupyter lab
+
+All processes started by CMD share one quota (one region directory). Going over it makes the CUDA
+allocation fail with CUDA_ERROR_OUT_OF_MEMORY and prints one line on stderr; with --oversubscribe the
+excess is served from host memory instead (up to SIZE, default: bounded only by the memory cgroup).
+Watch usage with `memslice top REGION_DIR` (use --region-dir to choose it)."""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run a command under a GPU-memory quota", epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Run CMD with the memslice shim preloaded and a GPU-memory quota.")
+    p.add_argument("--gpu-mem", required=True, metavar="SIZE",
+                   help="quota per GPU: MiB as a bare number (4096) or with a unit (512MiB, 4GiB)")
+    p.add_argument("--simulate-gpu", metavar="SIZE[,SIZE..]",
+                   help="use the simulated GPU instead of a real driver, e.g. 16GiB or 16GiB,24GiB")
+    p.add_argument("--oversubscribe", nargs="?", const="", metavar="SIZE",
+                   help="serve allocations past the quota from host memory (at most SIZE of it)")
+    p.add_argument("--region-dir", metavar="DIR",
+                   help="directory for the shared accounting region (default: a temporary one, removed at exit)")
+    p.add_argument("-v", "--verbose", action="store_true", help="say where the region is; shim logs at info")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command to run")
+    p.set_defaults(func=main)
+
+
+def build_env(args: argparse.Namespace, region_dir: str) -> dict[str, str]:
+    from memslice.paths import lib_paths
+
+    env = dict(os.environ)
+    if args.simulate_gpu:
+        from memslice.simulator import sim_env
+
+        env = sim_env(args.simulate_gpu, base=env)
+    env["MEMSLICE_GPU_MEM_LIMIT"] = args.gpu_mem.strip()
+    env["MEMSLICE_REGION_DIR"] = region_dir
+    if args.verbose:
+        env.setdefault("MEMSLICE_LOG", "info")
+    if args.oversubscribe is not None:
+        env["MEMSLICE_OVERSUBSCRIBE"] = "1"
+        if args.oversubscribe:
+            env["MEMSLICE_HOST_SPILL_LIMIT"] = args.oversubscribe.strip()
+    shim = lib_paths().shim
+    env["LD_PRELOAD"] = " ".join(p for p in (shim, env.get("LD_PRELOAD", "")) if p)
+    return env
+
+
+def main(args: argparse.Namespace) -> int:
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        print("memslice run: no command given; usage: memslice run --gpu-mem 4GiB -- CMD [ARGS...]", file=sys.stderr)
+        return 2
+    try:
+        parse_size(args.gpu_mem, what="--gpu-mem")
+        if args.oversubscribe:
+            parse_size(args.oversubscribe, what="--oversubscribe")
+        if args.simulate_gpu:
+            from memslice.simulator import validate_gpus
+
+            validate_gpus(args.simulate_gpu)
+    except (SizeError, ValueError) as exc:
+        print(f"memslice run: {exc}", file=sys.stderr)
+        return 2
+    own_dir = args.region_dir is None
+    region_dir = tempfile.mkdtemp(prefix="memslice-region-") if own_dir else args.region_dir
+    try:
+        os.makedirs(region_dir, exist_ok=True)
+        env = build_env(args, region_dir)
+        if args.verbose:
+            print(f"memslice run: region {region_dir} (watch it with: memslice top {region_dir})", file=sys.stderr)
+        try:
+            proc = subprocess.Popen(cmd, env=env)
+        except FileNotFoundError:
+            print(f"memslice run: command not found: {cmd[0]}", file=sys.stderr)
+            return 127
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, lambda s, _f: proc.send_signal(s))
+        rc = proc.wait()
+        return rc if rc >= 0 else 128 - rc
+    finally:
+        if own_dir:
+            shutil.rmtree(region_dir, ignore_errors=True)

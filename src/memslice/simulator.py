@@ -1,0 +1,56 @@
+"""The simulated GPU from Python: environment for processes that should use it, and its controls."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import tempfile
+
+from memslice.paths import lib_paths
+from memslice.sizes import parse_size
+
+
+def default_state_path(gpus: str) -> str:
+    """One simulated node per GPU list: the same `--simulate-gpu` value shares one node (and its usage)."""
+    digest = hashlib.sha256(gpus.encode()).hexdigest()[:12]
+    return os.path.join(tempfile.gettempdir(), f"memslice-sim-{os.getuid()}-{digest}.state")
+
+
+def validate_gpus(spec: str) -> None:
+    """Raise ValueError naming the bad entry unless spec is SIZE[:NUMA][:mig](,…)."""
+    for item in spec.split(","):
+        parts = item.split(":")
+        parse_size(parts[0], what=f"simulated GPU size in {spec!r}")
+        for extra in parts[1:]:
+            if extra != "mig" and not (extra.isdigit() and int(extra) < 64):
+                raise ValueError(f"simulated GPU {item!r}: {extra!r} is neither a NUMA node (0-63) nor 'mig'; "
+                                 "use SIZE[:NUMA][:mig], e.g. 16GiB or 80GiB:1")
+
+
+def sim_env(gpus: str, state: str | None = None, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment that makes a process load the simulated libcuda/libnvidia-ml for this node."""
+    validate_gpus(gpus)
+    env = dict(os.environ if base is None else base)
+    paths = lib_paths()
+    env["MEMSLICE_SIM_GPUS"] = gpus
+    env["MEMSLICE_SIM_STATE"] = state or env.get("MEMSLICE_SIM_STATE") or default_state_path(gpus)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (paths.sim_dir, env.get("LD_LIBRARY_PATH", "")) if p)
+    return env
+
+
+def inject_xid(gpu: int, xid: int, state: str) -> None:
+    """Queue an Xid critical-error event on a simulated GPU (delivered by nvmlEventSetWait_v2)."""
+    old = os.environ.get("MEMSLICE_SIM_STATE")
+    os.environ["MEMSLICE_SIM_STATE"] = state
+    try:
+        lib = ctypes.CDLL(lib_paths().sim_nvml)
+        lib.memsliceSimInjectXid.argtypes = [ctypes.c_uint, ctypes.c_ulonglong]
+        if lib.memsliceSimInjectXid(gpu, xid) != 0:
+            raise ValueError(f"cannot inject Xid {xid} on GPU {gpu} of {state}: no such GPU "
+                             "(or the state file is unusable)")
+    finally:
+        if old is None:
+            os.environ.pop("MEMSLICE_SIM_STATE", None)
+        else:
+            os.environ["MEMSLICE_SIM_STATE"] = old

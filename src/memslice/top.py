@@ -1,0 +1,108 @@
+"""`memslice top`: live per-process GPU memory of one or more containers (their region directories)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from memslice.sizes import format_bytes
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("top", help="show live GPU memory per process of a container (its region)",
+                       description="Show the quota, device and host (spilled) bytes of every process sharing "
+                                   "a region. REGION_DIR defaults to $MEMSLICE_REGION_DIR.")
+    p.add_argument("region_dirs", nargs="*", metavar="REGION_DIR")
+    p.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    p.add_argument("--json", action="store_true", help="print one machine-readable snapshot and exit")
+    p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="refresh period (default 1)")
+    p.set_defaults(func=main)
+
+
+def snapshot_json(snap: Any) -> dict[str, Any]:
+    """The --json form: devices and processes with device and host bytes."""
+    return {
+        "region": snap.path,
+        "devices": [{"uuid": d.uuid, "limit_bytes": d.limit_bytes, "device_bytes": d.used_bytes,
+                     "host_bytes": d.host_bytes, "peak_bytes": d.peak_bytes, "physical_bytes": d.physical_bytes,
+                     "refused": d.refused, "spill_refused": d.spill_refused,
+                     "spill_ratio": spill_ratio(d.used_bytes, d.host_bytes)} for d in snap.devices],
+        "processes": [{"pid": p.pid, "command": p.comm, "alive": p.alive, "device_bytes": p.device_bytes,
+                       "host_bytes": p.host_bytes, "peak_bytes": p.peak_bytes, "refused": p.refused,
+                       "spill_ratio": spill_ratio(p.device_bytes, p.host_bytes)} for p in snap.processes],
+    }
+
+
+def spill_ratio(device: int, host: int) -> float:
+    """Share of a working set that lives in host memory (0 = all on the GPU)."""
+    return round(host / (device + host), 4) if device + host else 0.0
+
+
+def _bar(used: int, limit: int, width: int = 20) -> str:
+    if limit <= 0:
+        return ""
+    filled = min(width, round(width * used / limit))
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+def render(snaps: list[Any], title: str | None = None) -> str:
+    lines: list[str] = []
+    if title:
+        lines.append(title)
+    for snap in snaps:
+        lines.append(f"region {snap.path}")
+        for d in snap.devices:
+            limit = d.limit_bytes or d.physical_bytes
+            what = "quota" if d.limit_bytes else "capacity"
+            lines.append(f"  {d.uuid}  {format_bytes(d.used_bytes)} of {format_bytes(limit)} {what} "
+                         f"{_bar(d.used_bytes, limit)}  host {format_bytes(d.host_bytes)}  "
+                         f"peak {format_bytes(d.peak_bytes)}  refused {d.refused}")
+        if snap.processes:
+            lines.append(f"  {'PID':>8}  {'COMMAND':<16} {'DEVICE':>10} {'HOST':>10} {'SPILL':>6} {'PEAK':>10} "
+                         f"{'REFUSED':>7}  STATE")
+            for p in sorted(snap.processes, key=lambda p: -p.device_bytes):
+                lines.append(f"  {p.pid:>8}  {p.comm[:16]:<16} {format_bytes(p.device_bytes):>10} "
+                             f"{format_bytes(p.host_bytes):>10} {spill_ratio(p.device_bytes, p.host_bytes):>6.0%} "
+                             f"{format_bytes(p.peak_bytes):>10} {p.refused:>7}  "
+                             f"{'running' if p.alive else 'dead (reclaimed on next allocation)'}")
+        else:
+            lines.append("  no process is using the GPU")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    from memslice.interposer.region import RegionError, read_region
+
+    dirs = args.region_dirs or ([os.environ["MEMSLICE_REGION_DIR"]] if os.environ.get("MEMSLICE_REGION_DIR") else [])
+    if not dirs:
+        print("memslice top: give a REGION_DIR (or set MEMSLICE_REGION_DIR)", file=sys.stderr)
+        return 2
+    for d in dirs:
+        if not os.path.isdir(d):
+            print(f"memslice top: {d} is not a directory", file=sys.stderr)
+            return 2
+    while True:
+        try:
+            snaps = [read_region(d) for d in dirs]
+        except RegionError as exc:
+            print(f"memslice top: {exc}", file=sys.stderr)
+            return 1
+        present = [s for s in snaps if s is not None]
+        missing = [d for d, s in zip(dirs, snaps, strict=True) if s is None]
+        if args.json:
+            print(json.dumps({"regions": [snapshot_json(s) for s in present], "empty": missing}, indent=2))
+            return 0
+        text = render(present) + "".join(f"\nregion {d}: no process has used the GPU yet" for d in missing)
+        if args.once:
+            print(text)
+            return 0
+        sys.stdout.write("\x1b[H\x1b[2J" + time.strftime("%H:%M:%S ") + "memslice top (Ctrl-C to quit)\n" + text + "\n")
+        sys.stdout.flush()
+        try:
+            time.sleep(args.interval)
+        except KeyboardInterrupt:
+            return 0
