@@ -179,6 +179,7 @@ API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *p) {
 
 /* Physical usage of a GPU, as the simulated node's ledger has it. */
 static uint64_t used_on(unsigned g) {
+    ms_sweep(&node()->ledger);
     return ms_bytes(__atomic_load_n(&node()->ledger.r->dev[g].used, __ATOMIC_SEQ_CST));
 }
 
@@ -210,6 +211,7 @@ static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *count, void *infos, 
     DEV_OR_FAIL(d, x);
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
     struct sim *s = node();
+    ms_sweep(&s->ledger);
     unsigned n = 0, cap = infos ? *count : 0;
     for (int i = 0; i < MS_MAX_SLOTS; i++) {
         struct ms_slot *sl = &s->ledger.r->slot[i];

@@ -123,8 +123,18 @@ static void after_fork_child(void) {
     if (g_ready) ms_ledger_forget_slot(&g_ready->ledger);
 }
 
+static void release_at_exit(void) {
+    if (g_ready) ms_ledger_release(&g_ready->ledger);
+}
+
+/* A real driver frees a process's memory the moment it dies; the simulator does it at the next
+ * opportunity: when another process starts, when memory runs out, and when NVML is asked. */
 static void init_once(void) {
     open_sim();
+    if (g_ready) {
+        ms_sweep(&g_ready->ledger);
+        atexit(release_at_exit);
+    }
     pthread_atfork(NULL, NULL, after_fork_child);
 }
 

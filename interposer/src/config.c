@@ -78,8 +78,10 @@ static void fail_closed(const char *fmt, ...) __attribute__((format(printf, 1, 2
 static void fail_closed(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(g_cfg.error, sizeof g_cfg.error, fmt, ap);
+    int n = vsnprintf(g_cfg.error, sizeof g_cfg.error, fmt, ap);
     va_end(ap);
+    if (n > 0 && (size_t)n < sizeof g_cfg.error)
+        snprintf(g_cfg.error + n, sizeof g_cfg.error - (size_t)n, " Every CUDA call fails until this is fixed.");
     g_cfg.mode = MODE_FAIL_CLOSED;
 }
 
@@ -89,8 +91,11 @@ static int size_env(const char *name, uint64_t *out, int allow_zero) {
     if (!v) return 0;
     uint64_t b;
     if (ms_parse_size(v, &b) < 0 || (!allow_zero && b == 0)) {
-        fail_closed("memslice: %s='%s' is not a valid size; use %s%s. Every CUDA call fails until this is fixed.",
-                    name, v, MS_SIZE_HELP, allow_zero ? " (0 allowed)" : ", greater than zero");
+        size_t n = strlen(v);
+        int decimal = n >= 2 && (v[n - 1] == 'B' || v[n - 1] == 'b') && strchr("KMGTkmgt", v[n - 2]);
+        fail_closed("memslice: %s='%s' is not a valid size%s; use %s%s.",
+                    name, v, decimal ? " (decimal units are ambiguous; write GiB/MiB)" : "", MS_SIZE_HELP,
+                    allow_zero ? " (0 allowed)" : ", greater than zero");
         return -1;
     }
     *out = b;
@@ -166,11 +171,11 @@ static void init_once(void) {
     } else if (g_cfg.region_path[0]) {
         char err[512];
         if (ms_ledger_open(&g_ledger, g_cfg.region_path, 0, 0, NULL, NULL, err, sizeof err) < 0) {
-            fail_closed("memslice: cannot use the shared region: %s. Every CUDA call fails until this is fixed.", err);
+            fail_closed("memslice: cannot use the shared region: %s.", err);
             shim_log(LOG_ERROR, "%s", g_cfg.error);
         } else if (ms_ledger_claim(&g_ledger) < 0) {
             fail_closed("memslice: the shared region %s has no free process slot (%d processes); "
-                        "every CUDA call of this process fails.", g_cfg.region_path, MS_MAX_SLOTS);
+                        "raise no more processes in it.", g_cfg.region_path, MS_MAX_SLOTS);
             shim_log(LOG_ERROR, "%s", g_cfg.error);
         } else {
             g_have_ledger = 1;

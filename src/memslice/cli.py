@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "and run the Kubernetes node agent and scheduler extender.")
     parser.add_argument("--version", action="version", version=f"memslice {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module in SUBCOMMANDS.items():
+    for module in SUBCOMMANDS.values():
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as exc:

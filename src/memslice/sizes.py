@@ -10,7 +10,7 @@ import re
 MiB = 1 << 20
 _UNITS = {"": MiB, "B": 1, "KiB": 1 << 10, "Ki": 1 << 10, "MiB": MiB, "Mi": MiB,
           "GiB": 1 << 30, "Gi": 1 << 30, "TiB": 1 << 40, "Ti": 1 << 40}
-_SIZE = re.compile(r"^\s*(\d+)\s*([A-Za-z]*)\s*$")
+_SIZE = re.compile(r"^[ \t]*([0-9]+) *([A-Za-z]*)[ \t\n]*$")
 HELP = "a whole number of MiB (4096) or a number with a binary unit: 512MiB, 4GiB, 4Gi, 1TiB"
 
 
@@ -27,6 +27,8 @@ def parse_size(text: str, *, what: str = "size") -> int:
             hint = " (decimal units are ambiguous; write GiB/MiB)"
         raise SizeError(f"{what}={text!r} is not a valid size{hint}; use {HELP}")
     value = int(m.group(1)) * _UNITS[m.group(2)]
+    if value >= 1 << 64:
+        raise SizeError(f"{what}={text!r} is too large; use {HELP}")
     if value <= 0:
         raise SizeError(f"{what}={text!r} is zero; use {HELP}")
     return value

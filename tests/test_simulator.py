@@ -1,0 +1,128 @@
+"""The simulated GPU follows the driver's documented C ABI: cuGetProcAddress rules, NVML discovery,
+memory, processes and Xid events, one physical capacity shared by every process of the node."""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import sys
+
+from conftest import run
+
+PYNVML = """
+import pynvml as n
+n.nvmlInit()
+for i in range(n.nvmlDeviceGetCount()):
+    h = n.nvmlDeviceGetHandleByIndex(i)
+    bus = n.nvmlDeviceGetPciInfo(h).busId
+    bus = bus.decode() if isinstance(bus, bytes) else bus
+    assert n.nvmlDeviceGetHandleByPciBusId(bus) is not None
+    print(i, n.nvmlDeviceGetUUID(h), n.nvmlDeviceGetMemoryInfo(h).total >> 20, n.nvmlDeviceGetNumaNodeId(h),
+          n.nvmlDeviceGetMigMode(h)[0], n.nvmlDeviceGetName(h))
+"""
+
+
+def test_nvml_discovery(node):
+    n = node(gpus="16GiB,24GiB:1,8GiB:0:mig")
+    out = run([sys.executable, "-c", PYNVML], n.env)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split(maxsplit=5) for line in out.stdout.splitlines()]
+    assert [(r[2], r[3], r[4]) for r in rows] == [("16384", "0", "0"), ("24576", "1", "0"), ("8192", "0", "1")]
+    assert len({r[1] for r in rows}) == 3 and all(r[1].startswith("GPU-") for r in rows)
+    # a second process sees the same node (same UUIDs)
+    again = run([sys.executable, "-c", PYNVML], n.env)
+    assert again.stdout == out.stdout
+
+
+def test_bad_gpu_list_is_explained(node):
+    n = node(gpus="16GB")
+    out = run([sys.executable, "-c", "import pynvml; pynvml.nvmlInit()"], n.env)
+    assert out.returncode != 0
+    assert "MEMSLICE_SIM_GPUS=16GB is not valid" in out.stderr
+
+
+def test_physical_capacity_is_shared_by_all_processes(node, cbin):
+    n = node(gpus="2GiB", context_overhead="0")
+    holder = subprocess.Popen([sys.executable, "-m", "memslice.tenant", "1500"], env=n.env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert '"result": 0' in holder.stdout.readline()
+        holder.stdout.readline()
+        out = run([cbin["alloc_direct"], "600", "400"], n.env)
+        assert "alloc 600 MiB -> 2" in out.stdout and "alloc 400 MiB -> 0" in out.stdout
+        assert "info free=148 total=2048" in out.stdout
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+
+
+def test_context_overhead_is_device_memory(node, cbin):
+    n = node(gpus="1GiB", context_overhead="300MiB")
+    out = run([cbin["alloc_direct"], "800"], n.env)
+    assert "alloc 800 MiB -> 2" in out.stdout  # 300 MiB taken by the context
+
+
+XID = """
+import pynvml as n, sys
+n.nvmlInit()
+s = n.nvmlEventSetCreate()
+for i in range(n.nvmlDeviceGetCount()):
+    n.nvmlDeviceRegisterEvents(n.nvmlDeviceGetHandleByIndex(i), n.nvmlEventTypeXidCriticalError, s)
+print("waiting", flush=True)
+e = n.nvmlEventSetWait(s, 20000)
+print("event", e.eventType, e.eventData, n.nvmlDeviceGetIndex(e.device), flush=True)
+try:
+    n.nvmlEventSetWait(s, 10)
+except n.NVMLError_Timeout:
+    print("timeout")
+"""
+
+
+def test_xid_injection_reaches_a_waiting_process(node):
+    n = node(gpus="16GiB,16GiB")
+    waiter = subprocess.Popen([sys.executable, "-c", XID], env=n.env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert waiter.stdout.readline().strip() == "waiting"
+        out = subprocess.run([sys.executable, "-m", "memslice", "sim", "xid", "--gpu", "1", "--xid", "79", "--state",
+                              n.state], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        assert waiter.stdout.readline().split() == ["event", "8", "79", "1"]
+        assert waiter.stdout.readline().strip() == "timeout"
+    finally:
+        waiter.wait(timeout=30)
+
+
+def test_xid_on_missing_gpu_is_refused(node):
+    n = node()
+    run([sys.executable, "-c", "import pynvml; pynvml.nvmlInit()"], n.env)
+    out = subprocess.run([sys.executable, "-m", "memslice", "sim", "xid", "--gpu", "5", "--xid", "79", "--state",
+                          n.state], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "no such GPU" in out.stderr
+
+
+def test_getprocaddress_rules_without_the_shim(libs, node, monkeypatch):
+    n = node()
+    for k, v in n.env.items():
+        monkeypatch.setenv(k, v)
+    lib = ctypes.CDLL(libs.sim_cuda)
+    gp = lib.cuGetProcAddress_v2
+    gp.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_ulonglong,
+                   ctypes.POINTER(ctypes.c_int)]
+    fn, st = ctypes.c_void_p(), ctypes.c_int(-1)
+
+    def look(name: bytes, ver: int, flags: int = 0) -> tuple[int, int | None, int]:
+        rc = gp(name, ctypes.byref(fn), ver, flags, ctypes.byref(st))
+        return rc, fn.value, st.value
+
+    def addr(name: str) -> int:
+        return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+    assert look(b"cuMemAlloc", 3020) == (0, addr("cuMemAlloc_v2"), 0)
+    assert look(b"cuMemAlloc", 2000) == (0, addr("cuMemAlloc"), 0)
+    assert look(b"cuCtxCreate", 12050) == (0, addr("cuCtxCreate_v4"), 0)
+    assert look(b"cuCtxCreate", 12000) == (0, addr("cuCtxCreate_v3"), 0)
+    assert look(b"cuMemAllocAsync", 11020, 2) == (0, addr("cuMemAllocAsync_ptsz"), 0)
+    assert look(b"cuMemAlloc", 3020, 2) == (0, addr("cuMemAlloc_v2"), 0)  # no PTDS variant: legacy one
+    assert look(b"cuMemAllocAsync", 11000) == (0, None, 2)
+    assert look(b"cuNoSuch", 12000) == (0, None, 1)
+    assert look(b"cuMemAlloc", 99999)[0] == 1
