@@ -6,6 +6,7 @@
 #define MEMSLICE_PTRMAP_H
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,12 +20,23 @@ typedef struct ms_rec {
 } ms_rec;
 
 #define MS_PTRMAP_STRIPES 64
+/* A stripe's lock is a test-and-test-and-set spinlock: the critical sections are a handful of probes, and
+ * unlocking is a plain release store (a pthread mutex costs one more atomic per pair). It yields when
+ * it has to wait long, so a preempted holder costs its waiters a time slice, not a spin. */
 typedef struct ms_stripe {
-    pthread_mutex_t mu;
-    ms_rec *slots;
+    int lock;
     uint32_t cap, used, live;
-    char pad[64 - sizeof(pthread_mutex_t) % 64];
+    ms_rec *slots;
+    char pad[40];
 } ms_stripe;
+
+static inline void ms_stripe_lock(ms_stripe *st) {
+    for (unsigned spins = 0; __atomic_exchange_n(&st->lock, 1, __ATOMIC_ACQUIRE); spins++) {
+        while (__atomic_load_n(&st->lock, __ATOMIC_RELAXED))
+            if (++spins > 64) sched_yield();
+    }
+}
+static inline void ms_stripe_unlock(ms_stripe *st) { __atomic_store_n(&st->lock, 0, __ATOMIC_RELEASE); }
 
 typedef struct ms_ptrmap { ms_stripe s[MS_PTRMAP_STRIPES]; } ms_ptrmap;
 
@@ -33,10 +45,8 @@ static inline uint64_t ms_hash64(uint64_t x) {
     return x;
 }
 
-static inline void ms_ptrmap_init(ms_ptrmap *m) {
-    memset(m, 0, sizeof *m);
-    for (int i = 0; i < MS_PTRMAP_STRIPES; i++) pthread_mutex_init(&m->s[i].mu, NULL);
-}
+/* A zeroed ms_ptrmap (static storage) is ready to use. */
+static inline void ms_ptrmap_init(ms_ptrmap *m) { memset(m, 0, sizeof *m); }
 
 static inline ms_stripe *ms_stripe_of(ms_ptrmap *m, uint64_t key) {
     return &m->s[ms_hash64(key) & (MS_PTRMAP_STRIPES - 1)];
@@ -69,9 +79,9 @@ static inline int ms_stripe_put(ms_stripe *st, const ms_rec *r) {
 
 static inline int ms_ptrmap_put(ms_ptrmap *m, const ms_rec *r) {
     ms_stripe *st = ms_stripe_of(m, r->key);
-    pthread_mutex_lock(&st->mu);
+    ms_stripe_lock(st);
     int rc = ms_stripe_put(st, r);
-    pthread_mutex_unlock(&st->mu);
+    ms_stripe_unlock(st);
     return rc;
 }
 
@@ -79,7 +89,7 @@ static inline int ms_ptrmap_put(ms_ptrmap *m, const ms_rec *r) {
 static inline int ms_ptrmap_take(ms_ptrmap *m, uint64_t key, ms_rec *out) {
     ms_stripe *st = ms_stripe_of(m, key);
     int found = 0;
-    pthread_mutex_lock(&st->mu);
+    ms_stripe_lock(st);
     if (st->cap) {
         uint32_t j = (uint32_t)(ms_hash64(key) >> 8) & (st->cap - 1);
         while (st->slots[j].key) {
@@ -93,7 +103,7 @@ static inline int ms_ptrmap_take(ms_ptrmap *m, uint64_t key, ms_rec *out) {
             j = (j + 1) & (st->cap - 1);
         }
     }
-    pthread_mutex_unlock(&st->mu);
+    ms_stripe_unlock(st);
     return found;
 }
 
@@ -101,7 +111,7 @@ static inline int ms_ptrmap_take(ms_ptrmap *m, uint64_t key, ms_rec *out) {
 static inline int ms_ptrmap_get(ms_ptrmap *m, uint64_t key, ms_rec *out) {
     ms_stripe *st = ms_stripe_of(m, key);
     int found = 0;
-    pthread_mutex_lock(&st->mu);
+    ms_stripe_lock(st);
     if (st->cap) {
         uint32_t j = (uint32_t)(ms_hash64(key) >> 8) & (st->cap - 1);
         while (st->slots[j].key) {
@@ -113,7 +123,7 @@ static inline int ms_ptrmap_get(ms_ptrmap *m, uint64_t key, ms_rec *out) {
             j = (j + 1) & (st->cap - 1);
         }
     }
-    pthread_mutex_unlock(&st->mu);
+    ms_stripe_unlock(st);
     return found;
 }
 
@@ -123,7 +133,7 @@ static inline int ms_ptrmap_find_range(ms_ptrmap *m, uint64_t addr, ms_rec *out)
     for (int i = 0; i < MS_PTRMAP_STRIPES; i++) {
         ms_stripe *st = &m->s[i];
         int found = 0;
-        pthread_mutex_lock(&st->mu);
+        ms_stripe_lock(st);
         for (uint32_t j = 0; j < st->cap; j++) {
             ms_rec *r = &st->slots[j];
             if (r->key > 1 && addr >= r->key && addr < r->key + (r->size ? r->size : 1)) {
@@ -132,7 +142,7 @@ static inline int ms_ptrmap_find_range(ms_ptrmap *m, uint64_t addr, ms_rec *out)
                 break;
             }
         }
-        pthread_mutex_unlock(&st->mu);
+        ms_stripe_unlock(st);
         if (found) return 1;
     }
     return 0;

@@ -10,10 +10,7 @@
 
 #define MAX_ORDINALS 64
 static int g_devidx[MAX_ORDINALS];   /* ordinal -> ledger index + 1 (0 = not looked up yet) */
-static ms_ptrmap g_ptrs;
-static pthread_once_t g_ptrs_once = PTHREAD_ONCE_INIT;
-
-static void ptrs_init(void) { ms_ptrmap_init(&g_ptrs); }
+static ms_ptrmap g_ptrs; /* zero-initialised static storage: ready to use */
 
 void reset_ctx_after_fork(void); /* hooks_alloc.c */
 void reset_after_fork(void) { reset_ctx_after_fork(); }
@@ -89,17 +86,14 @@ void uncharge(int dev, uint64_t n) {
 }
 
 int track(uint64_t key, uint64_t size, int dev, enum alloc_kind kind, uint64_t aux) {
-    pthread_once(&g_ptrs_once, ptrs_init);
     ms_rec r = {.key = key, .size = size, .aux = aux, .dev = dev, .kind = (uint32_t)kind};
     return ms_ptrmap_put(&g_ptrs, &r);
 }
 
 int untrack(uint64_t key, ms_rec *out) {
-    pthread_once(&g_ptrs_once, ptrs_init);
     return ms_ptrmap_take(&g_ptrs, key, out);
 }
 
 int lookup(uint64_t key, ms_rec *out) {
-    pthread_once(&g_ptrs_once, ptrs_init);
     return ms_ptrmap_get(&g_ptrs, key, out);
 }

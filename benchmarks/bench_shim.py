@@ -1,0 +1,107 @@
+"""Cost of the shim on the allocation hot path.
+
+Median ns per cuMemAlloc_v2+cuMemFree_v2 pair on the simulated driver, without and with libmemslice.so
+preloaded, measured in one run: 1 thread in 1 process, and 8 threads in 4 processes (2 threads each)
+charging one shared quota (the contended case). Each configuration is run --repeats times; the figure is
+the median of the runs (ns per pair, per thread: each thread's wall time / its pairs).
+
+usage: python benchmarks/bench_shim.py [--json] [--pairs N] [--repeats N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from memslice.paths import lib_paths
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def build(tmp: str) -> str:
+    libs = lib_paths()
+    exe = os.path.join(tmp, "bench_alloc")
+    subprocess.run(["cc", "-O2", f"-I{libs.include}", os.path.join(HERE, "c", "bench_alloc.c"), "-o", exe,
+                    "-L", libs.sim_dir, "-l:libcuda.so.1", "-lpthread"], check=True)
+    return exe
+
+
+def env_for(tmp: str, shim: bool, tag: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    libs = lib_paths()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSLICE_") and k != "LD_PRELOAD"}
+    env.update(MEMSLICE_SIM_STATE=os.path.join(tmp, f"{tag}.state"), MEMSLICE_SIM_GPUS="80GiB",
+               MEMSLICE_SIM_CONTEXT_OVERHEAD="0", LD_LIBRARY_PATH=libs.sim_dir)
+    if shim:
+        region = os.path.join(tmp, f"{tag}-region")
+        os.makedirs(region, exist_ok=True)
+        env.update(LD_PRELOAD=libs.shim, MEMSLICE_GPU_MEM_LIMIT="64GiB", MEMSLICE_REGION_DIR=region,
+                   MEMSLICE_CONTEXT_RESERVE="0")
+    env.update(extra or {})
+    return env
+
+
+def run_once(exe: str, env: dict[str, str], procs: int, threads: int, pairs: int, size: int,
+             mode: str = "sync") -> float:
+    """Start `procs` processes, release them together, return the median of their ns/pair."""
+    ps = [subprocess.Popen([exe, str(threads), str(pairs), str(size), mode], env=env, stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True) for _ in range(procs)]
+    for p in ps:
+        line = p.stdout.readline().strip()
+        if line != "ready":
+            raise RuntimeError(f"benchmark process failed to start: {line!r}")
+    for p in ps:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    values = []
+    for p in ps:
+        out, _ = p.communicate(timeout=600)
+        if p.returncode != 0:
+            raise RuntimeError(f"benchmark process failed: {out}")
+        values.append(float(out.split("ns_per_pair=")[1].split()[0]))
+    return statistics.median(values)
+
+
+def measure(exe: str, tmp: str, procs: int, threads: int, pairs: int, repeats: int, size: int,
+            mode: str = "sync", extra: dict[str, str] | None = None) -> dict[str, float]:
+    base, shim = [], []
+    for r in range(repeats):  # interleaved, so drift affects both sides alike
+        base.append(run_once(exe, env_for(tmp, False, f"b{procs}{threads}{mode}{r}"), procs, threads, pairs, size,
+                             mode))
+        shim.append(run_once(exe, env_for(tmp, True, f"s{procs}{threads}{mode}{r}", extra), procs, threads, pairs,
+                             size, mode))
+    b, s = statistics.median(base), statistics.median(shim)
+    return {"without_shim_ns": round(b, 1), "with_shim_ns": round(s, 1), "added_ns": round(s - b, 1),
+            "ratio": round(s / b, 3)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument("--pairs", type=int, default=200_000, help="alloc+free pairs per thread per run")
+    ap.add_argument("--repeats", type=int, default=7, help="runs per configuration (median reported)")
+    ap.add_argument("--size", type=int, default=4096, help="bytes per allocation")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="memslice-bench-") as tmp:
+        exe = build(tmp)
+        results = {
+            "1 thread, 1 process": measure(exe, tmp, 1, 1, args.pairs, args.repeats, args.size),
+            "8 threads in 4 processes": measure(exe, tmp, 4, 2, args.pairs // 4, args.repeats, args.size),
+        }
+    if args.json:
+        print(json.dumps({"benchmark": "shim alloc+free pair", "size_bytes": args.size, "repeats": args.repeats,
+                          "results": results}, indent=2))
+        return 0
+    print(f"alloc+free pair of {args.size} B, median of {args.repeats} runs (ns per pair per thread)")
+    print(f"{'case':<26} {'without shim':>13} {'with shim':>10} {'added':>8} {'ratio':>6}")
+    for name, r in results.items():
+        print(f"{name:<26} {r['without_shim_ns']:>13} {r['with_shim_ns']:>10} {r['added_ns']:>8} {r['ratio']:>6}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
