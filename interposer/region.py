@@ -31,6 +31,7 @@ class DeviceUsage:
     peak_bytes: int
     refused: int
     spill_refused: int
+    host_peak_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,8 @@ def read_region_file(path: str) -> RegionSnapshot | None:
             uuids.append(uuid)
             devices.append(DeviceUsage(uuid=uuid, physical_bytes=dv.physical_total, limit_bytes=dv.limit,
                                        used_bytes=dv.used & ~FROZEN, host_bytes=dv.host_used & ~FROZEN,
-                                       peak_bytes=dv.peak, refused=dv.refused, spill_refused=dv.spill_refused))
+                                       peak_bytes=dv.peak, refused=dv.refused, spill_refused=dv.spill_refused,
+                                       host_peak_bytes=dv.host_peak))
         live_state = lib.MS_SLOT_LIVE
         candidates = [i for i in range(r.hdr.max_slots) if r.slot[i].state == live_state]
         alive = _liveness(path, (max(candidates) + 1) if candidates else 0) if candidates else []

@@ -35,6 +35,7 @@ def cbin(libs: LibPaths, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
         "kinds": ["-L", libs.sim_dir, "-l:libcuda.so.1"],
         "stress": ["-L", libs.sim_dir, "-l:libcuda.so.1", "-lpthread"],
         "routes": ["-ldl"],
+        "spill": ["-L", libs.sim_dir, "-l:libcuda.so.1"],
         "sizecheck": [],
     }
     built = {}

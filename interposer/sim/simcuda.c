@@ -393,38 +393,71 @@ static CUresult free_ptr(uint64_t ptr) {
 API CUresult cuMemFree_v2(CUdeviceptr p) { NEED_INIT(); return free_ptr(p); }
 API CUresult cuMemFree(CUdeviceptr_v1 p) { NEED_INIT(); return free_ptr(p); }
 
+/* Residency model for managed memory. A real driver populates managed pages where they are first touched
+ * and migrates them on access; the simulator runs no kernels, so a managed range is host-resident from
+ * allocation and becomes device-resident when it is prefetched to a GPU or advised to prefer one, and
+ * host-resident again when prefetched or advised to the CPU. Device- and host-resident bytes are counted
+ * separately in the node's ledger. */
 API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned int flags) {
     NEED_CTX();
     if (!dptr || n == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)) return CUDA_ERROR_INVALID_VALUE;
-    /* Residency model: managed pages count as device-resident until advised to live on the CPU. */
-    return sim_alloc(dptr, n, t_ctx->dev, K_MANAGED, 0, 0);
+    return sim_alloc(dptr, n, t_ctx->dev, K_MANAGED, 1, 0);
 }
 
-/* cuMemAdvise: SET_PREFERRED_LOCATION to the CPU moves a managed range's residency to host memory;
- * UNSET_PREFERRED_LOCATION (or a device location) moves it back. Other advice is accepted and ignored. */
+/* Move a managed range's residency (the whole allocation: the simulator does not split ranges). */
+static CUresult migrate(CUdeviceptr p, size_t n, int to_host) {
+    ms_rec r;
+    if (!ms_ptrmap_find_range(&g_ptrs, p, &r) || r.kind != K_MANAGED || n > r.size) return CUDA_ERROR_INVALID_VALUE;
+    if (to_host == rec_host(&r)) return CUDA_SUCCESS;
+    struct sim *s = S();
+    if (sim_charge(s, r.dev, r.size, to_host) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    sim_uncharge(s, r.dev, r.size, !to_host);
+    ms_ptrmap_take(&g_ptrs, r.key, &r);
+    r.aux = (r.aux & ~(1ull << 63)) | ((uint64_t)to_host << 63);
+    ms_ptrmap_put(&g_ptrs, &r);
+    return CUDA_SUCCESS;
+}
+
+/* cuMemAdvise: SET_PREFERRED_LOCATION (3) moves residency to that location; other advice (including
+ * ACCESSED_BY, which maps without migrating) is accepted and leaves residency alone. */
 static CUresult advise(CUdeviceptr p, size_t n, int advice, int to_host, int to_device) {
     NEED_INIT();
     ms_rec r;
-    if (!ms_ptrmap_get(&g_ptrs, p, &r) || r.kind != K_MANAGED || n > r.size) return CUDA_ERROR_INVALID_VALUE;
-    if (advice != 3 && advice != 4) return CUDA_SUCCESS; /* 3 = SET_, 4 = UNSET_PREFERRED_LOCATION */
-    int want_host = advice == 3 ? to_host : 0;
-    if (advice == 3 && !to_host && !to_device) return CUDA_ERROR_INVALID_VALUE;
-    if (want_host == rec_host(&r)) return CUDA_SUCCESS;
-    struct sim *s = S();
-    if (sim_charge(s, r.dev, r.size, want_host) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-    sim_uncharge(s, r.dev, r.size, !want_host);
-    ms_ptrmap_take(&g_ptrs, p, &r);
-    r.aux = (r.aux & ~(1ull << 63)) | ((uint64_t)want_host << 63);
-    ms_ptrmap_put(&g_ptrs, &r);
-    return CUDA_SUCCESS;
+    if (!ms_ptrmap_find_range(&g_ptrs, p, &r) || r.kind != K_MANAGED || n > r.size) return CUDA_ERROR_INVALID_VALUE;
+    if (advice != 3) return CUDA_SUCCESS;
+    if (!to_host && !to_device) return CUDA_ERROR_INVALID_VALUE;
+    return migrate(p, n, to_host);
 }
 API CUresult cuMemAdvise(CUdeviceptr p, size_t n, int advice, CUdevice dev) {
     return advise(p, n, advice, dev == -1, dev >= 0);
 }
+static int host_loc(CUmemLocation loc) {
+    return loc.type == CU_MEM_LOCATION_TYPE_HOST || loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
+           loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+}
 API CUresult cuMemAdvise_v2(CUdeviceptr p, size_t n, int advice, CUmemLocation loc) {
-    int host = loc.type == CU_MEM_LOCATION_TYPE_HOST || loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
-               loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
-    return advise(p, n, advice, host, loc.type == CU_MEM_LOCATION_TYPE_DEVICE);
+    return advise(p, n, advice, host_loc(loc), loc.type == CU_MEM_LOCATION_TYPE_DEVICE);
+}
+
+/* Prefetch migrates: to a device (dstDevice >= 0) or to the CPU (CU_DEVICE_CPU = -1). */
+API CUresult cuMemPrefetchAsync(CUdeviceptr p, size_t n, CUdevice dst, CUstream s) {
+    NEED_INIT();
+    (void)s;
+    if (dst != -1 && !valid_dev(dst)) return CUDA_ERROR_INVALID_DEVICE;
+    return migrate(p, n, dst == -1);
+}
+API CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr p, size_t n, CUdevice dst, CUstream s) {
+    return cuMemPrefetchAsync(p, n, dst, s);
+}
+API CUresult cuMemPrefetchAsync_v2(CUdeviceptr p, size_t n, CUmemLocation loc, unsigned int flags, CUstream s) {
+    NEED_INIT();
+    (void)s;
+    if (flags) return CUDA_ERROR_INVALID_VALUE;
+    if (loc.type == CU_MEM_LOCATION_TYPE_DEVICE && !valid_dev(loc.id)) return CUDA_ERROR_INVALID_DEVICE;
+    return migrate(p, n, host_loc(loc));
+}
+API CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr p, size_t n, CUmemLocation loc, unsigned int flags, CUstream s) {
+    return cuMemPrefetchAsync_v2(p, n, loc, flags, s);
 }
 
 /* ---- host memory ------------------------------------------------------------------------------------ */
@@ -1085,6 +1118,8 @@ static const struct proc g_procs[] = {
     P("cuMemFree", 2000, cuMemFree), P("cuMemFree", 3020, cuMemFree_v2),
     P("cuMemAllocManaged", 6000, cuMemAllocManaged),
     P("cuMemAdvise", 8000, cuMemAdvise), P("cuMemAdvise", 12020, cuMemAdvise_v2),
+    P("cuMemPrefetchAsync", 8000, cuMemPrefetchAsync), T("cuMemPrefetchAsync", 8000, cuMemPrefetchAsync_ptsz),
+    P("cuMemPrefetchAsync", 12020, cuMemPrefetchAsync_v2), T("cuMemPrefetchAsync", 12020, cuMemPrefetchAsync_v2_ptsz),
     P("cuMemGetInfo", 2000, cuMemGetInfo), P("cuMemGetInfo", 3020, cuMemGetInfo_v2),
     P("cuMemHostAlloc", 2020, cuMemHostAlloc), P("cuMemAllocHost", 2000, cuMemAllocHost),
     P("cuMemAllocHost", 3020, cuMemAllocHost_v2), P("cuMemFreeHost", 2000, cuMemFreeHost),

@@ -97,3 +97,5 @@ int untrack(uint64_t key, ms_rec *out) {
 int lookup(uint64_t key, ms_rec *out) {
     return ms_ptrmap_get(&g_ptrs, key, out);
 }
+
+int lookup_range(uint64_t addr, ms_rec *out) { return ms_ptrmap_find_range(&g_ptrs, addr, out); }

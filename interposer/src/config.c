@@ -134,6 +134,7 @@ static void read_config(void) {
         }
     }
     if (size_env("MEMSLICE_HOST_SPILL_LIMIT", &c->spill_limit, 1) < 0) return;
+    if (size_env("MEMSLICE_CGROUP_MARGIN", &c->cgroup_margin, 1) < 0) return;
     const char *cg = getenv("MEMSLICE_CGROUP_DIR");
     if (cg) snprintf(c->cgroup_dir, sizeof c->cgroup_dir, "%s", cg);
     const char *dir = getenv("MEMSLICE_REGION_DIR");

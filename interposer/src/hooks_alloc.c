@@ -130,6 +130,11 @@ HOOK CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, siz
     if (dev < 0) return real(dptr, pitch, w, h, elem);
     uint64_t est = (uint64_t)((w + 511) & ~(size_t)511) * h;
     CUresult rc = reserve(dev, est, "cuMemAllocPitch_v2");
+    if (rc != CUDA_SUCCESS && g_cfg.oversubscribe) { /* host rows use the same 512-byte pitch */
+        rc = spill_alloc(dptr, est, dev, ord, NULL, "cuMemAllocPitch_v2");
+        if (rc == CUDA_SUCCESS) *pitch = (w + 511) & ~(size_t)511;
+        return rc;
+    }
     if (rc != CUDA_SUCCESS) return rc;
     rc = real(dptr, pitch, w, h, elem);
     if (rc != CUDA_SUCCESS) {
@@ -175,7 +180,8 @@ HOOK CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned int flags)
     if (dev < 0) return real(dptr, n, flags);
     /* Managed pages may all migrate to the GPU, so they are charged as device memory. */
     CUresult rc = reserve(dev, n, "cuMemAllocManaged");
-    if (rc != CUDA_SUCCESS) return g_cfg.oversubscribe ? spill_alloc(dptr, n, dev, ord, NULL, "cuMemAllocManaged") : rc;
+    if (rc != CUDA_SUCCESS)
+        return g_cfg.oversubscribe ? spill_alloc_managed(dptr, n, flags, dev, ord, "cuMemAllocManaged") : rc;
     rc = real(dptr, n, flags);
     if (rc != CUDA_SUCCESS || track(*dptr, n, dev, A_MANAGED, 0) < 0) uncharge(dev, n);
     return rc;
@@ -288,7 +294,7 @@ static CUresult pooled_alloc(CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUs
         CUresult (*trim)(CUmemoryPool, size_t) = REAL(CUresult(*)(CUmemoryPool, size_t), cuMemPoolTrimTo);
         if (trim) trim(pool, 0);
         reconcile_locked(pr);
-        rc = charge(dev, n, call);
+        rc = reserve(dev, n, call);
     }
     if (rc != CUDA_SUCCESS) {
         pthread_mutex_unlock(&pr->mu);
@@ -402,7 +408,7 @@ HOOK CUresult cuCtxSynchronize(void) {
 /* ---- virtual memory management ----------------------------------------------------------------------
  * cuMemCreate with a device location is charged; the charge is released when the handle has been
  * released AND every mapping of it unmapped, which is when the driver frees the memory. */
-struct vmm_rec { uint64_t handle, size; int dev; int maps; int released; };
+struct vmm_rec { uint64_t handle, size; int dev; int maps; int released; int host; };
 static pthread_mutex_t g_vmm_mu = PTHREAD_MUTEX_INITIALIZER;
 
 HOOK CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
@@ -414,16 +420,22 @@ HOOK CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CU
     int dev = accounting() && h && prop && size && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
                   ? dev_index(prop->location.id) : -1;
     if (dev < 0) return real(h, size, prop, flags);
-    CUresult rc = reserve(dev, size, "cuMemCreate");
-    if (rc != CUDA_SUCCESS) return rc;
     struct vmm_rec *v = calloc(1, sizeof *v);
-    rc = v ? real(h, size, prop, flags) : CUDA_ERROR_OUT_OF_MEMORY;
+    if (!v) return CUDA_ERROR_OUT_OF_MEMORY;
+    int host = 0;
+    CUresult rc = reserve(dev, size, "cuMemCreate");
+    if (rc != CUDA_SUCCESS && g_cfg.oversubscribe) {
+        rc = spill_vmm(h, size, prop, flags, dev, "cuMemCreate");
+        host = 1;
+    } else if (rc == CUDA_SUCCESS) {
+        rc = real(h, size, prop, flags);
+        if (rc != CUDA_SUCCESS) uncharge(dev, size);
+    }
     if (rc != CUDA_SUCCESS) {
         free(v);
-        uncharge(dev, size);
         return rc;
     }
-    *v = (struct vmm_rec){*h, size, dev, 0, 0};
+    *v = (struct vmm_rec){*h, size, dev, 0, 0, host};
     track(*h, size, dev, A_VMM_HANDLE, (uint64_t)(uintptr_t)v);
     return CUDA_SUCCESS;
 }
@@ -432,7 +444,8 @@ HOOK CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CU
 static void vmm_maybe_done(struct vmm_rec *v) {
     if (!v->released || v->maps > 0) return;
     untrack(v->handle, NULL);
-    uncharge(v->dev, v->size);
+    if (v->host) uncharge_host(v->dev, v->size);
+    else uncharge(v->dev, v->size);
     free(v);
 }
 
@@ -551,4 +564,37 @@ HOOK CUresult cuArrayDestroy(void *h) { PROLOGUE(); return array_destroy(h, REAL
 HOOK CUresult cuMipmappedArrayDestroy(void *h) {
     PROLOGUE();
     return array_destroy(h, REAL(CUresult(*)(void *), cuMipmappedArrayDestroy));
+}
+
+/* ---- prefetch: a spilled managed range stays on the host -----------------------------------------------
+ * Prefetching migrates pages whatever their preferred location, so an application prefetching its managed
+ * memory to the GPU would pull spilled pages into HBM past the quota. For spilled ranges a prefetch to a
+ * device is answered with success and not performed (the data stays reachable from the GPU through the
+ * ACCESSED_BY mapping); everything else goes to the driver. */
+static int spilled_managed(CUdeviceptr p) {
+    ms_rec r;
+    return accounting() && g_cfg.oversubscribe && lookup_range(p, &r) && r.kind == A_SPILL_MANAGED;
+}
+
+HOOK CUresult cuMemPrefetchAsync(CUdeviceptr p, size_t n, CUdevice dst, CUstream s) {
+    PROLOGUE();
+    if (dst >= 0 && spilled_managed(p)) return CUDA_SUCCESS;
+    return REAL(CUresult(*)(CUdeviceptr, size_t, CUdevice, CUstream), cuMemPrefetchAsync)(p, n, dst, s);
+}
+HOOK CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr p, size_t n, CUdevice dst, CUstream s) {
+    PROLOGUE();
+    if (dst >= 0 && spilled_managed(p)) return CUDA_SUCCESS;
+    return REAL(CUresult(*)(CUdeviceptr, size_t, CUdevice, CUstream), cuMemPrefetchAsync_ptsz)(p, n, dst, s);
+}
+HOOK CUresult cuMemPrefetchAsync_v2(CUdeviceptr p, size_t n, CUmemLocation loc, unsigned int flags, CUstream s) {
+    PROLOGUE();
+    if (loc.type == CU_MEM_LOCATION_TYPE_DEVICE && spilled_managed(p)) return CUDA_SUCCESS;
+    return REAL(CUresult(*)(CUdeviceptr, size_t, CUmemLocation, unsigned int, CUstream), cuMemPrefetchAsync_v2)(
+        p, n, loc, flags, s);
+}
+HOOK CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr p, size_t n, CUmemLocation loc, unsigned int flags, CUstream s) {
+    PROLOGUE();
+    if (loc.type == CU_MEM_LOCATION_TYPE_DEVICE && spilled_managed(p)) return CUDA_SUCCESS;
+    return REAL(CUresult(*)(CUdeviceptr, size_t, CUmemLocation, unsigned int, CUstream), cuMemPrefetchAsync_v2_ptsz)(
+        p, n, loc, flags, s);
 }

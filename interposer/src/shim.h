@@ -25,6 +25,7 @@ struct shim_config {
     uint64_t context_reserve;  /* charged once per process per GPU, at its first context */
     int oversubscribe;         /* MEMSLICE_OVERSUBSCRIBE=1 */
     uint64_t spill_limit;      /* MEMSLICE_HOST_SPILL_LIMIT (bytes); 0 = no cap beyond the cgroup */
+    uint64_t cgroup_margin;    /* MEMSLICE_CGROUP_MARGIN (bytes); 0 = 10% of memory.max, at least 256 MiB */
     char cgroup_dir[256];      /* MEMSLICE_CGROUP_DIR, or the process's own cgroup */
     char region_path[512];     /* MEMSLICE_REGION_DIR/memslice.region, empty without one */
     char limit_text[64];       /* MEMSLICE_GPU_MEM_LIMIT as given, for messages */
@@ -64,6 +65,7 @@ void uncharge(int dev, uint64_t n);
 int track(uint64_t key, uint64_t size, int dev, enum alloc_kind kind, uint64_t aux);
 int untrack(uint64_t key, ms_rec *out);      /* 1 if it was ours */
 int lookup(uint64_t key, ms_rec *out);
+int lookup_range(uint64_t addr, ms_rec *out);   /* the record containing addr (slow: prefetch only) */
 uint64_t dev_used(int dev);
 CUresult fail_closed_result(void);
 int enforcing(void);
@@ -72,6 +74,11 @@ int accounting(void);
 /* spill.c (oversubscription) */
 CUresult spill_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ordinal, CUstream stream, const char *call);
 CUresult spill_free(const ms_rec *r, CUstream stream, int async);
+CUresult spill_alloc_managed(CUdeviceptr *dptr, uint64_t n, unsigned int flags, int dev, CUdevice ordinal,
+                             const char *call);
+CUresult spill_vmm(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
+                   unsigned long long flags, int dev, const char *call);
+void uncharge_host(int dev, uint64_t n);
 
 /* procaddr.c */
 void *hook_for_name(const char *name);       /* our wrapper for an exact exported name, or NULL */

@@ -1,15 +1,215 @@
-/* Oversubscription: serve allocations past the quota from host memory. (Filled in by the
- * oversubscription work; until then a spill is a refusal.) */
+/* Oversubscription (MEMSLICE_OVERSUBSCRIBE=1): allocations past the quota are served from host memory, so
+ * the container's HBM use stays within its quota and its neighbours are never squeezed.
+ *
+ * Mechanism, per route (docs/architecture.md, "Oversubscription", says why and what it costs):
+ *  - cuMemAlloc*, pitched and stream-ordered allocations: mapped pinned host memory (cuMemHostAlloc with
+ *    DEVICEMAP + cuMemHostGetDevicePointer). Deterministic: not one byte of HBM, and kernels reach it over
+ *    the bus through the returned pointer. Its pointer attributes are the driver's (MEMORY_TYPE = HOST).
+ *  - cuMemAllocManaged: managed memory advised to live on the CPU (PREFERRED_LOCATION = CPU) and mapped for
+ *    the GPU (ACCESSED_BY), so pages are accessed remotely instead of migrating into HBM. The caller asked
+ *    for managed memory and keeps its semantics (IS_MANAGED = 1).
+ *  - cuMemCreate: the same allocation with a host location, mapped into the caller's VA range as usual.
+ * Host bytes are charged on the region's host counter, capped by MEMSLICE_HOST_SPILL_LIMIT, and refused
+ * when they would eat into the last margin of the container's memory cgroup (pinned pages count there and
+ * cannot be swapped: running out means an OOM kill, which is worse than CUDA_ERROR_OUT_OF_MEMORY).
+ * Never during stream capture: freeing a spilled block needs a synchronize, which would break the graph. */
 #define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ms_size.h"
 #include "shim.h"
 
+/* ---- the memory cgroup ------------------------------------------------------------------------------ */
+static int read_u64(const char *dir, const char *name, uint64_t *out) {
+    char path[512], buf[64];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "re");
+    if (!f) return -1;
+    char *ok = fgets(buf, sizeof buf, f);
+    fclose(f);
+    if (!ok) return -1;
+    if (strncmp(buf, "max", 3) == 0) { *out = UINT64_MAX; return 0; }
+    char *end;
+    unsigned long long v = strtoull(buf, &end, 10);
+    if (end == buf) return -1;
+    *out = v;
+    return 0;
+}
+
+/* The cgroup directory of this process: MEMSLICE_CGROUP_DIR, else from /proc/self/cgroup (v2, then v1). */
+static int cgroup_dir(char *out, size_t len, int *v1) {
+    *v1 = 0;
+    if (g_cfg.cgroup_dir[0]) {
+        char probe[300];
+        snprintf(probe, sizeof probe, "%s/memory.max", g_cfg.cgroup_dir);
+        FILE *f = fopen(probe, "re");
+        if (f) fclose(f);
+        else *v1 = 1;
+        snprintf(out, len, "%s", g_cfg.cgroup_dir);
+        return 0;
+    }
+    FILE *f = fopen("/proc/self/cgroup", "re");
+    if (!f) return -1;
+    char line[400];
+    int found = -1;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        if (strncmp(line, "0::", 3) == 0 && found < 0) {
+            if (snprintf(out, len, "/sys/fs/cgroup%s", line + 3) < (int)len) found = 0;
+        } else if (strstr(line, ":memory:")) {
+            if (snprintf(out, len, "/sys/fs/cgroup/memory%s", strstr(line, ":memory:") + 8) >= (int)len) continue;
+            *v1 = 1;
+            found = 0;
+            break;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+/* 1 if n more bytes of pinned host memory leave the cgroup its margin; else 0 and why. */
+static int cgroup_allows(uint64_t n, char *why, size_t len) {
+    char dir[256];
+    int v1;
+    uint64_t max, cur;
+    if (cgroup_dir(dir, sizeof dir, &v1) < 0) return 1; /* no cgroup: only the spill cap applies */
+    if (read_u64(dir, v1 ? "memory.limit_in_bytes" : "memory.max", &max) < 0 ||
+        read_u64(dir, v1 ? "memory.usage_in_bytes" : "memory.current", &cur) < 0)
+        return 1;
+    if (max >= (1ull << 62)) return 1; /* unlimited */
+    uint64_t margin = g_cfg.cgroup_margin ? g_cfg.cgroup_margin : max / 10;
+    if (!g_cfg.cgroup_margin && margin < (256ull << 20)) margin = 256ull << 20;
+    if (cur + n + margin <= max) return 1;
+    char a[32], b[32], c[32], d[32];
+    snprintf(why, len,
+             "spilling %s to host memory would leave less than %s free in the container's memory cgroup "
+             "(%s of %s used, %s); refused to avoid an OOM kill: raise the pod's memory limit, or lower the "
+             "GPU working set", fmt_bytes(n, a, sizeof a), fmt_bytes(margin, b, sizeof b), fmt_bytes(cur, c, sizeof c),
+             fmt_bytes(max, d, sizeof d), dir);
+    return 0;
+}
+
+/* ---- spilling ----------------------------------------------------------------------------------------- */
+static int capturing(CUstream s) {
+    CUresult (*is_cap)(CUstream, int *) = REAL(CUresult(*)(CUstream, int *), cuStreamIsCapturing);
+    int status = 0;
+    return is_cap && is_cap(s, &status) == CUDA_SUCCESS && status != 0;
+}
+
+/* Reserve n host bytes, or log why not. 0 on success. */
+static int reserve_host(int dev, uint64_t n, const char *call) {
+    char why[768];
+    if (!cgroup_allows(n, why, sizeof why)) {
+        ms_note_refused(&g_ledger, dev, 1);
+        shim_log(LOG_ERROR, "memslice: %s: %s", call, why);
+        return -1;
+    }
+    uint64_t cap = g_cfg.spill_limit ? g_cfg.spill_limit : UINT64_MAX >> 2;
+    if (g_ledger.slot < 0 && ms_ledger_claim(&g_ledger) < 0) return -1;
+    if (ms_charge(&g_ledger, dev, n, cap, 1) == 0) return 0;
+    ms_note_refused(&g_ledger, dev, 1);
+    char a[32], b[32], c[32];
+    shim_log(LOG_ERROR, "memslice: %s of %s refused: over the quota, and the host spill would exceed "
+             "MEMSLICE_HOST_SPILL_LIMIT=%s (%s already spilled)", call, fmt_bytes(n, a, sizeof a),
+             fmt_bytes(cap, b, sizeof b), fmt_bytes(ms_bytes(g_ledger.r->dev[dev].host_used), c, sizeof c));
+    return -1;
+}
+
+void uncharge_host(int dev, uint64_t n) {
+    if (n && g_ledger.slot >= 0) ms_uncharge(&g_ledger, dev, n, 1);
+}
+
 CUresult spill_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ordinal, CUstream stream, const char *call) {
-    (void)dptr; (void)ordinal; (void)stream;
-    refuse(dev, n, call);
-    return CUDA_ERROR_OUT_OF_MEMORY;
+    (void)ordinal;
+    if (stream && capturing(stream)) {
+        refuse(dev, n, call);
+        shim_log(LOG_WARN, "memslice: %s: not spilled to host memory because the stream is being captured", call);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (reserve_host(dev, n, call) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult (*host_alloc)(void **, size_t, unsigned int) =
+        REAL(CUresult(*)(void **, size_t, unsigned int), cuMemHostAlloc);
+    CUresult (*devptr)(CUdeviceptr *, void *, unsigned int) =
+        REAL(CUresult(*)(CUdeviceptr *, void *, unsigned int), cuMemHostGetDevicePointer_v2);
+    CUresult (*free_host)(void *) = REAL(CUresult(*)(void *), cuMemFreeHost);
+    void *h = NULL;
+    CUresult rc = host_alloc && devptr && free_host
+                      ? host_alloc(&h, n, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE)
+                      : CUDA_ERROR_NOT_SUPPORTED;
+    CUdeviceptr d = 0;
+    if (rc == CUDA_SUCCESS && (rc = devptr(&d, h, 0)) != CUDA_SUCCESS) free_host(h);
+    if (rc != CUDA_SUCCESS || track(d, n, dev, A_SPILL_HOST, (uint64_t)(uintptr_t)h) < 0) {
+        if (rc == CUDA_SUCCESS) free_host(h);
+        uncharge_host(dev, n);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    char a[32];
+    shim_log(LOG_DEBUG, "memslice: %s: %s served from host memory", call, fmt_bytes(n, a, sizeof a));
+    *dptr = d;
+    return CUDA_SUCCESS;
+}
+
+CUresult spill_alloc_managed(CUdeviceptr *dptr, uint64_t n, unsigned int flags, int dev, CUdevice ordinal,
+                             const char *call) {
+    if (reserve_host(dev, n, call) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult (*alloc)(CUdeviceptr *, size_t, unsigned int) =
+        REAL(CUresult(*)(CUdeviceptr *, size_t, unsigned int), cuMemAllocManaged);
+    CUresult (*advise2)(CUdeviceptr, size_t, int, CUmemLocation) =
+        REAL(CUresult(*)(CUdeviceptr, size_t, int, CUmemLocation), cuMemAdvise_v2);
+    CUresult (*advise1)(CUdeviceptr, size_t, int, CUdevice) =
+        REAL(CUresult(*)(CUdeviceptr, size_t, int, CUdevice), cuMemAdvise);
+    CUdeviceptr p;
+    CUresult rc = alloc(&p, n, flags);
+    if (rc != CUDA_SUCCESS) {
+        uncharge_host(dev, n);
+        return rc;
+    }
+    /* 3 = SET_PREFERRED_LOCATION, 5 = SET_ACCESSED_BY; -1 = CU_DEVICE_CPU for the old signature */
+    CUmemLocation cpu = {CU_MEM_LOCATION_TYPE_HOST, 0}, gpu = {CU_MEM_LOCATION_TYPE_DEVICE, ordinal};
+    rc = advise2 ? advise2(p, n, 3, cpu) : advise1 ? advise1(p, n, 3, -1) : CUDA_ERROR_NOT_SUPPORTED;
+    if (rc == CUDA_SUCCESS) {
+        if (advise2) advise2(p, n, 5, gpu);
+        else advise1(p, n, 5, ordinal);
+    }
+    if (rc != CUDA_SUCCESS || track(p, n, dev, A_SPILL_MANAGED, 0) < 0) {
+        REAL(CUresult(*)(CUdeviceptr), cuMemFree_v2)(p);
+        uncharge_host(dev, n);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *dptr = p;
+    return CUDA_SUCCESS;
+}
+
+/* A spilled VMM allocation: the same cuMemCreate with a host location. */
+CUresult spill_vmm(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
+                   unsigned long long flags, int dev, const char *call) {
+    if (prop->requestedHandleTypes) {
+        refuse(dev, size, call);
+        shim_log(LOG_WARN, "memslice: %s: not spilled to host memory because shareable handles were requested "
+                 "(host allocations cannot be exported)", call);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (reserve_host(dev, size, call) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUmemAllocationProp host = *prop;
+    host.location.type = CU_MEM_LOCATION_TYPE_HOST;
+    host.location.id = 0;
+    CUresult rc = REAL(CUresult(*)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                                   unsigned long long), cuMemCreate)(h, size, &host, flags);
+    if (rc != CUDA_SUCCESS) uncharge_host(dev, size);
+    return rc;
 }
 
 CUresult spill_free(const ms_rec *r, CUstream stream, int async) {
-    (void)r; (void)stream; (void)async;
-    return CUDA_ERROR_INVALID_VALUE;
+    if (async) { /* the stream may still use it: let it finish first (never captured: see spill_alloc) */
+        CUresult (*sync)(CUstream) = REAL(CUresult(*)(CUstream), cuStreamSynchronize);
+        if (sync) sync(stream);
+    }
+    CUresult rc;
+    if (r->kind == A_SPILL_HOST) rc = REAL(CUresult(*)(void *), cuMemFreeHost)((void *)(uintptr_t)r->aux);
+    else rc = REAL(CUresult(*)(CUdeviceptr), cuMemFree_v2)(r->key);
+    if (rc == CUDA_SUCCESS) uncharge_host(r->dev, r->size);
+    else track(r->key, r->size, r->dev, (enum alloc_kind)r->kind, r->aux);
+    return rc;
 }

@@ -1,0 +1,148 @@
+/* Oversubscription checks: allocates COUNT blocks of MiB through ROUTE, writes and reads back data
+ * through every pointer, reports each pointer's memory type, then frees them in a shuffled order.
+ * Usage: spill ROUTE COUNT MiB [hold|prefetch]   ROUTE: plain pitch managed async vmm mixed capture
+ * With "hold", prints "ready" after allocating and waits for a line on stdin before freeing; with
+ * "prefetch", prefetches every block to the GPU before freeing. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_abi.h"
+
+CUresult cuInit(unsigned int);
+CUresult cuDeviceGet(CUdevice *, int);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
+CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned int);
+CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
+CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void *, size_t);
+CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
+CUresult cuPointerGetAttribute(void *, int, CUdeviceptr);
+CUresult cuMemGetInfo_v2(size_t *, size_t *);
+CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+CUresult cuMemRelease(CUmemGenericAllocationHandle);
+CUresult cuMemAddressReserve(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+CUresult cuMemAddressFree(CUdeviceptr, size_t);
+CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+CUresult cuMemUnmap(CUdeviceptr, size_t);
+CUresult cuMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+CUresult cuStreamCreate(CUstream *, unsigned int);
+CUresult cuMemPrefetchAsync_v2(CUdeviceptr, size_t, CUmemLocation, unsigned int, CUstream);
+CUresult cuStreamBeginCapture_v2(CUstream, int);
+CUresult cuStreamEndCapture(CUstream, void **);
+
+#define MiB ((size_t)1 << 20)
+enum { R_PLAIN, R_PITCH, R_MANAGED, R_ASYNC, R_VMM };
+struct block { int route; CUdeviceptr p; CUmemGenericAllocationHandle h; size_t size; };
+
+static CUresult alloc_block(struct block *b, int route, size_t size) {
+    b->route = route;
+    b->size = size;
+    switch (route) {
+    case R_PLAIN: return cuMemAlloc_v2(&b->p, size);
+    case R_PITCH: { size_t pitch; return cuMemAllocPitch_v2(&b->p, &pitch, 1024, size / 1024, 4); }
+    case R_MANAGED: return cuMemAllocManaged(&b->p, size, CU_MEM_ATTACH_GLOBAL);
+    case R_ASYNC: return cuMemAllocAsync(&b->p, size, NULL);
+    default: {
+        CUmemAllocationProp prop; memset(&prop, 0, sizeof prop);
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED; prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        CUresult rc = cuMemCreate(&b->h, size, &prop, 0);
+        if (rc) return rc;
+        cuMemAddressReserve(&b->p, size, 0, 0, 0);
+        cuMemMap(b->p, size, 0, b->h, 0);
+        CUmemAccessDesc acc = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, 3};
+        return cuMemSetAccess(b->p, size, &acc, 1);
+    }
+    }
+}
+
+static CUresult free_block(struct block *b) {
+    switch (b->route) {
+    case R_ASYNC: return cuMemFreeAsync(b->p, NULL);
+    case R_VMM: cuMemUnmap(b->p, b->size); cuMemAddressFree(b->p, b->size); return cuMemRelease(b->h);
+    default: return cuMemFree_v2(b->p);
+    }
+}
+
+static int route_of(const char *s, int i) {
+    if (!strcmp(s, "mixed")) return i % 5;
+    if (!strcmp(s, "pitch")) return R_PITCH;
+    if (!strcmp(s, "managed")) return R_MANAGED;
+    if (!strcmp(s, "async")) return R_ASYNC;
+    if (!strcmp(s, "vmm")) return R_VMM;
+    return R_PLAIN;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 4) return 2;
+    int count = atoi(argv[2]);
+    size_t size = (size_t)atoi(argv[3]) * MiB;
+    int hold = argc > 4 && !strcmp(argv[4], "hold");
+    int prefetch = argc > 4 && !strcmp(argv[4], "prefetch");
+    CUdevice dev; CUcontext ctx;
+    if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) return 3;
+    if (!strcmp(argv[1], "capture")) { /* no spill while a stream is captured */
+        CUstream s; CUdeviceptr p;
+        cuStreamCreate(&s, 0);
+        cuStreamBeginCapture_v2(s, 0);
+        CUresult rc = 0;
+        for (int i = 0; i < count && rc == 0; i++) rc = cuMemAllocAsync(&p, size, s);
+        cuStreamEndCapture(s, NULL);
+        printf("capture last_rc=%d\n", rc);
+        return 0;
+    }
+    struct block *b = calloc((size_t)count, sizeof *b);
+    unsigned char *pattern = malloc(4096), *back = malloc(4096);
+    int ok = 0;
+    for (int i = 0; i < count; i++) {
+        CUresult rc = alloc_block(&b[i], route_of(argv[1], i), size);
+        unsigned int type = 0; int managed = 0;
+        if (rc == CUDA_SUCCESS) {
+            for (int k = 0; k < 4096; k++) pattern[k] = (unsigned char)(i * 31 + k);
+            /* first and last page of the block: the whole range is usable */
+            cuMemcpyHtoD_v2(b[i].p, pattern, 4096);
+            cuMemcpyHtoD_v2(b[i].p + size - 4096, pattern, 4096);
+            memset(back, 0, 4096);
+            cuMemcpyDtoH_v2(back, b[i].p + size - 4096, 4096);
+            int good = !memcmp(back, pattern, 4096);
+            cuMemcpyDtoH_v2(back, b[i].p, 4096);
+            good = good && !memcmp(back, pattern, 4096);
+            cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, b[i].p);
+            cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, b[i].p);
+            printf("alloc %d route=%d rc=0 type=%u managed=%d data=%s\n", i, b[i].route, type, managed, good ? "ok" : "BAD");
+            ok++;
+        } else {
+            printf("alloc %d route=%d rc=%d\n", i, b[i].route, rc);
+            b[i].p = 0;
+        }
+    }
+    if (prefetch) {
+        CUmemLocation gpu = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+        int bad = 0;
+        for (int i = 0; i < count; i++) if (b[i].p && cuMemPrefetchAsync_v2(b[i].p, size, gpu, 0, NULL)) bad++;
+        printf("prefetch bad=%d\n", bad);
+    }
+    size_t f, t;
+    cuMemGetInfo_v2(&f, &t);
+    printf("info ok=%d free_mib=%zu total_mib=%zu\n", ok, f / MiB, t / MiB);
+    fflush(stdout);
+    if (hold) {
+        printf("ready\n");
+        fflush(stdout);
+        char line[16];
+        if (!fgets(line, sizeof line, stdin)) return 0;
+    }
+    /* free in a shuffled order */
+    srand(7);
+    for (int i = count - 1; i > 0; i--) { int j = rand() % (i + 1); struct block x = b[i]; b[i] = b[j]; b[j] = x; }
+    int bad = 0;
+    for (int i = 0; i < count; i++) if (b[i].p && free_block(&b[i]) != CUDA_SUCCESS) bad++;
+    cuMemGetInfo_v2(&f, &t);
+    printf("freed bad=%d free_mib=%zu\n", bad, f / MiB);
+    return bad ? 1 : 0;
+}

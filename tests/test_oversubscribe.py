@@ -1,0 +1,169 @@
+"""Oversubscription: past the quota, allocations are served from host memory; the container's device
+bytes stay within its quota, its neighbours are never squeezed, and host memory has its own limits."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+
+import pytest
+from conftest import run
+
+from memslice.interposer.region import read_region
+
+MiB = 1 << 20
+QUOTA = 256
+
+
+@pytest.fixture
+def cgroup(tmp_path):
+    """A fake cgroup v2 directory (unlimited unless a test writes limits)."""
+    d = tmp_path / "cgroup"
+    d.mkdir()
+    (d / "memory.max").write_text("max\n")
+    (d / "memory.current").write_text("0\n")
+    return d
+
+
+def spill_env(node, tmp_path, cgroup, region="c", quota=QUOTA, **extra):
+    n = node(context_overhead="0")
+    env = n.container(tmp_path / region, f"{quota}MiB", MEMSLICE_CONTEXT_RESERVE="0", MEMSLICE_OVERSUBSCRIBE="1",
+                      MEMSLICE_CGROUP_DIR=str(cgroup), **extra)
+    return n, env
+
+
+def allocs(text: str) -> list[dict[str, str]]:
+    return [dict(t.split("=", 1) for t in line.split()[2:]) for line in text.splitlines() if line.startswith("alloc ")]
+
+
+@pytest.mark.parametrize("route", ["plain", "pitch", "managed", "async", "vmm", "mixed"])
+def test_spill_past_the_quota_keeps_device_bytes_within_it(route, node, cbin, tmp_path, cgroup):
+    n, env = spill_env(node, tmp_path, cgroup)
+    out = run([cbin["spill"], route, "7", "64"], env)  # 448 MiB against a 256 MiB quota
+    assert out.returncode == 0, out.stdout + out.stderr
+    blocks = allocs(out.stdout)
+    assert [b["rc"] for b in blocks] == ["0"] * 7
+    assert all(b["data"] == "ok" for b in blocks)          # every pointer is usable, first and last page
+    if route in ("plain", "pitch", "async"):                # the spilled ones are pinned host memory
+        assert [b["type"] for b in blocks] == ["2"] * 4 + ["1"] * 3
+    if route == "managed":
+        assert all(b["managed"] == "1" for b in blocks)     # managed stays managed
+    assert "info ok=7 free_mib=0 total_mib=256" in out.stdout  # frameworks see the quota, device headroom only
+    assert "freed bad=0" in out.stdout
+    dev = n.physical()[0]
+    assert dev.peak_bytes <= QUOTA * MiB, f"device peak {dev.peak_bytes // MiB} MiB over the quota"
+    region = read_region(tmp_path / "c").devices[0]
+    assert region.host_peak_bytes == 3 * 64 * MiB and region.peak_bytes == QUOTA * MiB
+    assert region.used_bytes == 0 and region.host_bytes == 0     # nothing leaks after free and exit
+    assert dev.used_bytes == 0 and dev.host_bytes == 0
+
+
+def test_spill_cap(node, cbin, tmp_path, cgroup):
+    _, env = spill_env(node, tmp_path, cgroup, MEMSLICE_HOST_SPILL_LIMIT="100MiB")
+    out = run([cbin["spill"], "plain", "6", "64"], env)
+    assert [b["rc"] for b in allocs(out.stdout)] == ["0", "0", "0", "0", "0", "2"]
+    assert "MEMSLICE_HOST_SPILL_LIMIT=100.0 MiB" in out.stderr and "64.0 MiB already spilled" in out.stderr
+    assert read_region(tmp_path / "c").devices[0].spill_refused == 1
+
+
+@pytest.mark.parametrize(("files", "margin", "expect"), [
+    ({"memory.max": "2147483648", "memory.current": "1879048192"}, None, "2"),   # 1.75 of 2 GiB: margin 256 MiB
+    ({"memory.max": "2147483648", "memory.current": "1610612736"}, None, "0"),   # 1.5 of 2 GiB: room left
+    ({"memory.max": "2147483648", "memory.current": "1610612736"}, "512MiB", "2"),
+    ({"memory.limit_in_bytes": "2147483648", "memory.usage_in_bytes": "1879048192"}, None, "2"),  # cgroup v1
+])
+def test_spill_never_eats_the_cgroup_margin(files, margin, expect, node, cbin, tmp_path):
+    cg = tmp_path / "cg"
+    cg.mkdir()
+    for name, value in files.items():
+        (cg / name).write_text(value + "\n")
+    extra = {"MEMSLICE_CGROUP_MARGIN": margin} if margin else {}
+    _, env = spill_env(node, tmp_path, cg, **extra)
+    out = run([cbin["spill"], "plain", "5", "64"], env)
+    assert allocs(out.stdout)[4]["rc"] == expect
+    if expect == "2":
+        assert "would leave less than" in out.stderr and "refused to avoid an OOM kill" in out.stderr
+        assert str(cg) in out.stderr
+
+
+def test_spilling_tenant_never_squeezes_its_neighbour(node, cbin, tmp_path, cgroup):
+    """A 1 GiB GPU shared by two 512 MiB quotas: one spills 1.5 GiB, the other still gets all of its own."""
+    n = node(gpus="1GiB", context_overhead="0")
+    heavy_env = n.container(tmp_path / "heavy", "512MiB", MEMSLICE_CONTEXT_RESERVE="0", MEMSLICE_OVERSUBSCRIBE="1",
+                            MEMSLICE_CGROUP_DIR=str(cgroup))
+    heavy = subprocess.Popen([cbin["spill"], "mixed", "24", "64", "hold"], env=heavy_env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        while not lines or lines[-1] != "ready":
+            lines.append(heavy.stdout.readline().strip())
+        assert all(b["rc"] == "0" for b in allocs("\n".join(lines)))
+        light_env = n.container(tmp_path / "light", "512MiB", MEMSLICE_CONTEXT_RESERVE="0")
+        out = run([cbin["spill"], "plain", "8", "64"], light_env)
+        assert [b["rc"] for b in allocs(out.stdout)] == ["0"] * 8, out.stderr
+        assert n.physical()[0].peak_bytes <= 1024 * MiB
+    finally:
+        heavy.stdin.write("go\n")
+        heavy.stdin.close()
+        heavy.wait(timeout=60)
+
+
+def test_kill_9_of_a_spilling_process_reclaims_device_and_host(node, cbin, tmp_path, cgroup):
+    n, env = spill_env(node, tmp_path, cgroup)
+    victim = subprocess.Popen([cbin["spill"], "plain", "8", "64", "hold"], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    while victim.stdout.readline().strip() != "ready":
+        pass
+    region = read_region(tmp_path / "c").devices[0]
+    assert region.used_bytes == QUOTA * MiB and region.host_bytes == 4 * 64 * MiB
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=30)
+    out = run([cbin["spill"], "plain", "4", "64"], env)  # a new process has the whole quota again
+    assert [b["type"] for b in allocs(out.stdout)] == ["2"] * 4
+    region = read_region(tmp_path / "c").devices[0]
+    assert region.used_bytes == 0 and region.host_bytes == 0
+    dev = n.physical()[0]
+    assert dev.used_bytes == 0 and dev.host_bytes == 0
+
+
+def test_no_spill_during_stream_capture(node, cbin, tmp_path, cgroup):
+    _, env = spill_env(node, tmp_path, cgroup)
+    out = run([cbin["spill"], "capture", "6", "64"], env)
+    assert "capture last_rc=2" in out.stdout
+    assert "stream is being captured" in out.stderr
+
+
+def test_prefetch_cannot_pull_spilled_managed_memory_into_the_gpu(node, cbin, tmp_path, cgroup):
+    n, env = spill_env(node, tmp_path, cgroup)
+    out = run([cbin["spill"], "managed", "7", "64", "prefetch"], env)
+    assert "prefetch bad=0" in out.stdout
+    assert n.physical()[0].peak_bytes <= QUOTA * MiB
+
+
+def test_prefetch_without_the_shim_would_exceed(node, cbin, tmp_path):
+    """Control: the simulator does migrate prefetched managed memory, so the test above can fail."""
+    n = node(context_overhead="0")
+    out = run([cbin["spill"], "managed", "7", "64", "prefetch"], n.env)
+    assert "prefetch bad=0" in out.stdout
+    assert n.physical()[0].peak_bytes == 7 * 64 * MiB
+
+
+def test_top_reports_host_bytes_and_spill_ratio(node, cbin, tmp_path, cgroup):
+    import json
+    import sys
+
+    _, env = spill_env(node, tmp_path, cgroup)
+    holder = subprocess.Popen([cbin["spill"], "plain", "6", "64", "hold"], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        while holder.stdout.readline().strip() != "ready":
+            pass
+        top = subprocess.run([sys.executable, "-m", "memslice", "top", "--json", str(tmp_path / "c")],
+                             capture_output=True, text=True, timeout=60)
+        (proc,) = json.loads(top.stdout)["regions"][0]["processes"]
+        assert proc["device_bytes"] == 256 * MiB and proc["host_bytes"] == 128 * MiB
+        assert proc["spill_ratio"] == round(128 / 384, 4)
+    finally:
+        holder.stdin.write("go\n")
+        holder.stdin.close()
+        holder.wait(timeout=30)
