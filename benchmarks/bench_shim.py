@@ -1,9 +1,15 @@
-"""Cost of the shim on the allocation hot path.
+"""Cost of the shim on the allocation hot path, and of oversubscription.
 
-Median ns per cuMemAlloc_v2+cuMemFree_v2 pair on the simulated driver, without and with libmemslice.so
-preloaded, measured in one run: 1 thread in 1 process, and 8 threads in 4 processes (2 threads each)
-charging one shared quota (the contended case). Each configuration is run --repeats times; the figure is
-the median of the runs (ns per pair, per thread: each thread's wall time / its pairs).
+1. Median ns per cuMemAlloc_v2+cuMemFree_v2 pair on the simulated driver, without and with libmemslice.so
+   preloaded: 1 thread in 1 process, and 8 threads in 4 processes (2 threads each) charging one shared
+   quota (the contended case).
+2. Oversubscription: the same pair when the allocation fits in the quota vs when it is spilled to host
+   memory (every allocation spills: the quota is smaller than one block), i.e. the spill path's own cost
+   (host-cap and cgroup checks, host-counter accounting, pinned host allocation and its device pointer),
+   and the bookkeeping on free of a spilled pointer. The simulator's host and device allocations cost the
+   same, so the difference is the shim's.
+Each configuration is run --repeats times, interleaved; the figure is the median of the runs
+(ns per pair, per thread: each thread's wall time / its pairs). All in one run of this command.
 
 usage: python benchmarks/bench_shim.py [--json] [--pairs N] [--repeats N]
 """
@@ -79,12 +85,32 @@ def measure(exe: str, tmp: str, procs: int, threads: int, pairs: int, repeats: i
             "ratio": round(s / b, 3)}
 
 
+def measure_spill(exe: str, tmp: str, procs: int, threads: int, pairs: int, repeats: int,
+                  size: int) -> dict[str, float]:
+    cgroup = os.path.join(tmp, "cgroup")
+    os.makedirs(cgroup, exist_ok=True)
+    for name, value in (("memory.max", "max"), ("memory.current", "0")):
+        with open(os.path.join(cgroup, name), "w") as f:
+            f.write(value + "\n")
+    spill = {"MEMSLICE_OVERSUBSCRIBE": "1", "MEMSLICE_CGROUP_DIR": cgroup}
+    fits, spills = [], []
+    for r in range(repeats):
+        tag = f"{procs}{threads}{r}"
+        fits.append(run_once(exe, env_for(tmp, True, f"f{tag}", spill), procs, threads, pairs, size))
+        spills.append(run_once(exe, env_for(tmp, True, f"x{tag}", {**spill, "MEMSLICE_GPU_MEM_LIMIT": f"{size // 2}B"}),
+                               procs, threads, pairs, size))
+    f, s = statistics.median(fits), statistics.median(spills)
+    return {"fits_in_quota_ns": round(f, 1), "spilled_to_host_ns": round(s, 1), "spill_extra_ns": round(s - f, 1),
+            "ratio": round(s / f, 3)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     ap.add_argument("--pairs", type=int, default=200_000, help="alloc+free pairs per thread per run")
     ap.add_argument("--repeats", type=int, default=7, help="runs per configuration (median reported)")
     ap.add_argument("--size", type=int, default=4096, help="bytes per allocation")
+    ap.add_argument("--spill-size", type=int, default=65536, help="bytes per allocation in the spill comparison")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="memslice-bench-") as tmp:
         exe = build(tmp)
@@ -92,14 +118,26 @@ def main() -> int:
             "1 thread, 1 process": measure(exe, tmp, 1, 1, args.pairs, args.repeats, args.size),
             "8 threads in 4 processes": measure(exe, tmp, 4, 2, args.pairs // 4, args.repeats, args.size),
         }
+        spill_pairs = max(1000, args.pairs // 4)
+        spill = {
+            "1 thread, 1 process": measure_spill(exe, tmp, 1, 1, spill_pairs, args.repeats, args.spill_size),
+            "8 threads in 4 processes": measure_spill(exe, tmp, 4, 2, spill_pairs // 4, args.repeats,
+                                                      args.spill_size),
+        }
     if args.json:
         print(json.dumps({"benchmark": "shim alloc+free pair", "size_bytes": args.size, "repeats": args.repeats,
-                          "results": results}, indent=2))
+                          "results": results,
+                          "oversubscription": {"size_bytes": args.spill_size, "results": spill}}, indent=2))
         return 0
     print(f"alloc+free pair of {args.size} B, median of {args.repeats} runs (ns per pair per thread)")
     print(f"{'case':<26} {'without shim':>13} {'with shim':>10} {'added':>8} {'ratio':>6}")
     for name, r in results.items():
         print(f"{name:<26} {r['without_shim_ns']:>13} {r['with_shim_ns']:>10} {r['added_ns']:>8} {r['ratio']:>6}")
+    print(f"\noversubscription: alloc+free pair of {args.spill_size} B under the shim (ns per pair per thread)")
+    print(f"{'case':<26} {'fits in quota':>14} {'spilled':>9} {'extra':>8} {'ratio':>6}")
+    for name, r in spill.items():
+        print(f"{name:<26} {r['fits_in_quota_ns']:>14} {r['spilled_to_host_ns']:>9} {r['spill_extra_ns']:>8} "
+              f"{r['ratio']:>6}")
     return 0
 
 

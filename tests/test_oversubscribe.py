@@ -8,7 +8,6 @@ import subprocess
 
 import pytest
 from conftest import run
-
 from memslice.interposer.region import read_region
 
 MiB = 1 << 20

@@ -47,7 +47,9 @@ struct ms_header {
     uint64_t reclaimed;       /* slots reclaimed from dead processes (statistics) */
     uint64_t extra_size;      /* bytes after the region proper (the simulator's node state) */
     uint8_t lock[64];         /* pthread_mutex_t, process-shared and robust: slow paths only */
-    uint8_t pad[128];
+    uint32_t slot_hwm;        /* 1 + the highest slot index ever claimed: scans stop there */
+    uint32_t pad32;
+    uint8_t pad[120];
 };
 
 struct ms_device {

@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "ms_ptrmap.h"
 #include "shim.h"
@@ -57,10 +58,23 @@ uint64_t dev_used(int dev) { return ms_bytes(__atomic_load_n(&g_ledger.r->dev[de
 
 /* Reserve n bytes before the driver allocates them. A dead process may still hold part of the quota:
  * reclaim and try once more before refusing. */
+/* Reclaiming dead processes before refusing is what makes a killed neighbour's quota come back. In
+ * oversubscription mode going over the quota is routine (it spills), so the sweep is rate-limited there
+ * to one per 50 ms per process. */
+static int sweep_due(void) {
+    static uint64_t last;
+    if (!g_cfg.oversubscribe) return 1;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec, prev = __atomic_load_n(&last, __ATOMIC_RELAXED);
+    if (prev && now - prev < 50000000ull) return 0;
+    return __atomic_compare_exchange_n(&last, &prev, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+}
+
 int try_charge(int dev, uint64_t n) {
     if (g_ledger.slot < 0 && ms_ledger_claim(&g_ledger) < 0) return -1;
     if (ms_charge(&g_ledger, dev, n, g_cfg.limit, 0) == 0) return 0;
-    if (ms_sweep(&g_ledger) > 0 && ms_charge(&g_ledger, dev, n, g_cfg.limit, 0) == 0) return 0;
+    if (sweep_due() && ms_sweep(&g_ledger) > 0 && ms_charge(&g_ledger, dev, n, g_cfg.limit, 0) == 0) return 0;
     return -1;
 }
 

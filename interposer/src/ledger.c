@@ -168,6 +168,11 @@ static int lock_region(ms_ledger *l) {
 
 static void unlock_region(ms_ledger *l) { pthread_mutex_unlock(region_lock(l)); }
 
+static int slot_hwm(const struct ms_region *r) {
+    uint32_t h = __atomic_load_n(&r->hdr.slot_hwm, __ATOMIC_SEQ_CST);
+    return h > MS_MAX_SLOTS ? MS_MAX_SLOTS : (int)h;
+}
+
 static void free_slot(struct ms_slot *s) {
     memset(s->device_bytes, 0, sizeof s->device_bytes);
     memset(s->host_bytes, 0, sizeof s->host_bytes);
@@ -189,7 +194,8 @@ static int recount_locked(ms_ledger *l) {
     }
     uint64_t deadline = now_ns() + RECOUNT_WAIT_NS;
     static __thread unsigned char dead[MS_MAX_SLOTS];
-    for (int i = 0; i < MS_MAX_SLOTS; i++) {
+    int hwm = slot_hwm(r);
+    for (int i = 0; i < hwm; i++) {
         struct ms_slot *s = &r->slot[i];
         dead[i] = 0;
         if (LOAD(&s->state) != MS_SLOT_LIVE) continue;
@@ -209,7 +215,7 @@ static int recount_locked(ms_ledger *l) {
         }
     }
     uint64_t used[MS_MAX_DEVICES] = {0}, host[MS_MAX_DEVICES] = {0};
-    for (int i = 0; i < MS_MAX_SLOTS; i++) {
+    for (int i = 0; i < hwm; i++) {
         struct ms_slot *s = &r->slot[i];
         if (dead[i]) {
             free_slot(s);
@@ -241,14 +247,14 @@ static void sub_total(uint64_t *word, uint64_t n) {
 
 static int sweep_locked(ms_ledger *l, int needs_recount) {
     struct ms_region *r = l->r;
-    int n = 0, ambiguous = needs_recount;
-    for (int i = 0; i < MS_MAX_SLOTS && !ambiguous; i++) {
+    int n = 0, ambiguous = needs_recount, hwm = slot_hwm(r);
+    for (int i = 0; i < hwm && !ambiguous; i++) {
         struct ms_slot *s = &r->slot[i];
         if (LOAD(&s->state) == MS_SLOT_LIVE && !ms_slot_alive(l, i) && LOAD(&s->op_active) != 0) ambiguous = 1;
     }
     if (ambiguous && recount_locked(l) == 0) return 1;
     uint32_t nd = LOAD(&r->hdr.ndevices);
-    for (int i = 0; i < MS_MAX_SLOTS; i++) {
+    for (int i = 0; i < hwm; i++) {
         struct ms_slot *s = &r->slot[i];
         if (LOAD(&s->state) != MS_SLOT_LIVE || ms_slot_alive(l, i)) continue;
         if (LOAD(&s->op_active) != 0) continue; /* died mid-charge and recount timed out: next sweep */
@@ -293,6 +299,8 @@ static int try_claim(ms_ledger *l, int i) {
     }
     fill_identity(s);
     ADD(&s->generation, 1);
+    uint32_t h = LOAD(&l->r->hdr.slot_hwm);
+    while ((uint32_t)i + 1 > h && !CAS(&l->r->hdr.slot_hwm, &h, (uint32_t)i + 1)) {}
     l->slot = i;
     return 1;
 }

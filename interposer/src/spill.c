@@ -14,9 +14,13 @@
  * cannot be swapped: running out means an OOM kill, which is worse than CUDA_ERROR_OUT_OF_MEMORY).
  * Never during stream capture: freeing a spilled block needs a synchronize, which would break the graph. */
 #define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "ms_size.h"
 #include "shim.h"
@@ -69,16 +73,62 @@ static int cgroup_dir(char *out, size_t len, int *v1) {
     return found;
 }
 
+/* The cgroup's files, resolved once. memory.current is kept open and re-read with one pread per spill;
+ * memory.max changes rarely (a resize) and is re-read at most once a second. */
+static struct {
+    pthread_mutex_t mu;
+    int resolved, usable, v1, fd_current;
+    char dir[256];
+    uint64_t max, max_read_ns;
+} g_cg = {.mu = PTHREAD_MUTEX_INITIALIZER, .fd_current = -1};
+
+static uint64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int pread_u64(int fd, uint64_t *out) {
+    char buf[64];
+    ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+    if (n <= 0) return -1;
+    buf[n] = 0;
+    char *end;
+    unsigned long long v = strtoull(buf, &end, 10);
+    if (end == buf) return -1;
+    *out = v;
+    return 0;
+}
+
+/* Current usage and limit of the memory cgroup. 0 on success, -1 if there is none to respect. */
+static int cgroup_usage(uint64_t *cur, uint64_t *max) {
+    if (!g_cg.resolved) {
+        g_cg.resolved = 1;
+        if (cgroup_dir(g_cg.dir, sizeof g_cg.dir, &g_cg.v1) == 0) {
+            char path[300];
+            snprintf(path, sizeof path, "%s/%s", g_cg.dir, g_cg.v1 ? "memory.usage_in_bytes" : "memory.current");
+            g_cg.fd_current = open(path, O_RDONLY | O_CLOEXEC);
+            g_cg.usable = g_cg.fd_current >= 0;
+        }
+    }
+    if (!g_cg.usable) return -1;
+    uint64_t now = mono_ns();
+    if (!g_cg.max_read_ns || now - g_cg.max_read_ns > 1000000000ull) {
+        if (read_u64(g_cg.dir, g_cg.v1 ? "memory.limit_in_bytes" : "memory.max", &g_cg.max) < 0) return -1;
+        g_cg.max_read_ns = now;
+    }
+    if (pread_u64(g_cg.fd_current, cur) < 0) return -1;
+    *max = g_cg.max;
+    return 0;
+}
+
 /* 1 if n more bytes of pinned host memory leave the cgroup its margin; else 0 and why. */
 static int cgroup_allows(uint64_t n, char *why, size_t len) {
-    char dir[256];
-    int v1;
     uint64_t max, cur;
-    if (cgroup_dir(dir, sizeof dir, &v1) < 0) return 1; /* no cgroup: only the spill cap applies */
-    if (read_u64(dir, v1 ? "memory.limit_in_bytes" : "memory.max", &max) < 0 ||
-        read_u64(dir, v1 ? "memory.usage_in_bytes" : "memory.current", &cur) < 0)
-        return 1;
-    if (max >= (1ull << 62)) return 1; /* unlimited */
+    pthread_mutex_lock(&g_cg.mu);
+    int rc = cgroup_usage(&cur, &max);
+    pthread_mutex_unlock(&g_cg.mu);
+    if (rc < 0 || max >= (1ull << 62)) return 1; /* no cgroup, or unlimited: only the spill cap applies */
     uint64_t margin = g_cfg.cgroup_margin ? g_cfg.cgroup_margin : max / 10;
     if (!g_cfg.cgroup_margin && margin < (256ull << 20)) margin = 256ull << 20;
     if (cur + n + margin <= max) return 1;
@@ -87,7 +137,7 @@ static int cgroup_allows(uint64_t n, char *why, size_t len) {
              "spilling %s to host memory would leave less than %s free in the container's memory cgroup "
              "(%s of %s used, %s); refused to avoid an OOM kill: raise the pod's memory limit, or lower the "
              "GPU working set", fmt_bytes(n, a, sizeof a), fmt_bytes(margin, b, sizeof b), fmt_bytes(cur, c, sizeof c),
-             fmt_bytes(max, d, sizeof d), dir);
+             fmt_bytes(max, d, sizeof d), g_cg.dir);
     return 0;
 }
 
@@ -145,8 +195,10 @@ CUresult spill_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ordinal, C
         uncharge_host(dev, n);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    char a[32];
-    shim_log(LOG_DEBUG, "memslice: %s: %s served from host memory", call, fmt_bytes(n, a, sizeof a));
+    if (g_cfg.log_level >= LOG_DEBUG) {
+        char a[32];
+        shim_log(LOG_DEBUG, "memslice: %s: %s served from host memory", call, fmt_bytes(n, a, sizeof a));
+    }
     *dptr = d;
     return CUDA_SUCCESS;
 }
