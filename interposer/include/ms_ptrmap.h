@@ -85,47 +85,33 @@ static inline int ms_ptrmap_put(ms_ptrmap *m, const ms_rec *r) {
     return rc;
 }
 
-/* Remove `key` and copy its record to *out. 1 if found, 0 if not. */
-static inline int ms_ptrmap_take(ms_ptrmap *m, uint64_t key, ms_rec *out) {
-    ms_stripe *st = ms_stripe_of(m, key);
-    int found = 0;
-    ms_stripe_lock(st);
-    if (st->cap) {
-        uint32_t j = (uint32_t)(ms_hash64(key) >> 8) & (st->cap - 1);
-        while (st->slots[j].key) {
-            if (st->slots[j].key == key) {
-                if (out) *out = st->slots[j];
-                st->slots[j].key = 1;
-                st->live--;
-                found = 1;
-                break;
-            }
-            j = (j + 1) & (st->cap - 1);
-        }
-    }
-    ms_stripe_unlock(st);
-    return found;
+/* Index of `key` in the stripe's table, or -1 (caller holds the stripe lock). */
+static inline int ms_stripe_find(const ms_stripe *st, uint64_t key) {
+    if (!st->cap) return -1;
+    uint32_t j = (uint32_t)(ms_hash64(key) >> 8) & (st->cap - 1);
+    for (; st->slots[j].key; j = (j + 1) & (st->cap - 1))
+        if (st->slots[j].key == key) return (int)j;
+    return -1;
 }
 
-/* Copy the record of `key` without removing it. 1 if found. */
-static inline int ms_ptrmap_get(ms_ptrmap *m, uint64_t key, ms_rec *out) {
+/* Copy the record of `key` to *out (if out), removing it when `take`. 1 if found, 0 if not. */
+static inline int ms_ptrmap_find(ms_ptrmap *m, uint64_t key, ms_rec *out, int take) {
     ms_stripe *st = ms_stripe_of(m, key);
-    int found = 0;
     ms_stripe_lock(st);
-    if (st->cap) {
-        uint32_t j = (uint32_t)(ms_hash64(key) >> 8) & (st->cap - 1);
-        while (st->slots[j].key) {
-            if (st->slots[j].key == key) {
-                if (out) *out = st->slots[j];
-                found = 1;
-                break;
-            }
-            j = (j + 1) & (st->cap - 1);
+    int j = ms_stripe_find(st, key);
+    if (j >= 0) {
+        if (out) *out = st->slots[j];
+        if (take) {
+            st->slots[j].key = 1; /* tombstone: keeps later probes intact */
+            st->live--;
         }
     }
     ms_stripe_unlock(st);
-    return found;
+    return j >= 0;
 }
+
+static inline int ms_ptrmap_take(ms_ptrmap *m, uint64_t key, ms_rec *out) { return ms_ptrmap_find(m, key, out, 1); }
+static inline int ms_ptrmap_get(ms_ptrmap *m, uint64_t key, ms_rec *out) { return ms_ptrmap_find(m, key, out, 0); }
 
 /* The record whose [key, key+size) contains addr (interior pointers). Slow: scans every stripe. */
 static inline int ms_ptrmap_find_range(ms_ptrmap *m, uint64_t addr, ms_rec *out) {

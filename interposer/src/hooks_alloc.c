@@ -11,12 +11,6 @@
 #include "ms_array.h"
 #include "shim.h"
 
-#define PROLOGUE()                                                                                         \
-    do {                                                                                                   \
-        ensure_init();                                                                                     \
-        if (UNLIKELY(g_cfg.mode == MODE_FAIL_CLOSED)) return fail_closed_result();                         \
-    } while (0)
-
 /* Reserve n bytes; in oversubscription mode a refusal is not logged here (the spill path decides). */
 static CUresult reserve(int dev, uint64_t n, const char *call) {
     if (g_cfg.oversubscribe) return try_charge(dev, n) == 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
@@ -120,55 +114,80 @@ HOOK CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int n) {
 }
 
 /* Pitched allocations are charged what the driver actually allocates: rows of `pitch` bytes. The
- * reservation assumes 512-byte row alignment and is corrected once the driver reports the pitch. */
-HOOK CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned int elem) {
-    PROLOGUE();
-    CUresult (*real)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int) =
-        REAL(CUresult(*)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int), cuMemAllocPitch_v2);
+ * reservation assumes 512-byte row alignment and is corrected once the driver reports the pitch.
+ * `alloc` performs the real call (v2 or the legacy 32-bit v1) and reports address and pitch as 64-bit. */
+typedef CUresult (*pitch_call)(void *args, uint64_t *ptr, uint64_t *pitch);
+
+static CUresult pitched(uint64_t w, uint64_t h, int v2, pitch_call alloc, void *args, uint64_t *ptr, uint64_t *pitch,
+                        const char *call) {
     CUdevice ord;
-    int dev = accounting() && dptr && pitch && w && h ? current_dev(&ord) : -1;
-    if (dev < 0) return real(dptr, pitch, w, h, elem);
-    uint64_t est = (uint64_t)((w + 511) & ~(size_t)511) * h;
-    CUresult rc = reserve(dev, est, "cuMemAllocPitch_v2");
-    if (rc != CUDA_SUCCESS && g_cfg.oversubscribe) { /* host rows use the same 512-byte pitch */
-        rc = spill_alloc(dptr, est, dev, ord, NULL, "cuMemAllocPitch_v2");
-        if (rc == CUDA_SUCCESS) *pitch = (w + 511) & ~(size_t)511;
+    int dev = accounting() && w && h ? current_dev(&ord) : -1;
+    if (dev < 0) return alloc(args, ptr, pitch);
+    uint64_t est = ((w + 511) & ~511ull) * h;
+    CUresult rc = reserve(dev, est, call);
+    if (rc != CUDA_SUCCESS && g_cfg.oversubscribe && v2) { /* host rows use the same 512-byte pitch */
+        CUdeviceptr d;
+        rc = spill_alloc(&d, est, dev, ord, NULL, call);
+        if (rc == CUDA_SUCCESS) { *ptr = d; *pitch = (w + 511) & ~511ull; }
         return rc;
     }
     if (rc != CUDA_SUCCESS) return rc;
-    rc = real(dptr, pitch, w, h, elem);
-    if (rc != CUDA_SUCCESS) {
+    if ((rc = alloc(args, ptr, pitch)) != CUDA_SUCCESS) {
         uncharge(dev, est);
         return rc;
     }
-    uint64_t actual = (uint64_t)*pitch * h;
+    uint64_t actual = *pitch * h;
     if (actual > est) force_charge(dev, actual - est);
     else uncharge(dev, est - actual);
-    track(*dptr, actual, dev, A_DEVICE, 0);
+    track(*ptr, actual, dev, A_DEVICE, 0);
     return CUDA_SUCCESS;
+}
+
+struct pitch_v2 { size_t w, h; unsigned int elem; };
+static CUresult real_pitch_v2(void *args, uint64_t *ptr, uint64_t *pitch) {
+    struct pitch_v2 *a = args;
+    CUdeviceptr d;
+    size_t p;
+    CUresult rc = REAL(CUresult(*)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int), cuMemAllocPitch_v2)(
+        &d, &p, a->w, a->h, a->elem);
+    if (rc == CUDA_SUCCESS) { *ptr = d; *pitch = p; }
+    return rc;
+}
+
+HOOK CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned int elem) {
+    PROLOGUE();
+    struct pitch_v2 a = {w, h, elem};
+    uint64_t p = 0, pt = 0;
+    if (!dptr || !pitch) /* the driver says what is wrong with its arguments */
+        return REAL(CUresult(*)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int), cuMemAllocPitch_v2)(
+            dptr, pitch, w, h, elem);
+    CUresult rc = pitched(w, h, 1, real_pitch_v2, &a, &p, &pt, "cuMemAllocPitch_v2");
+    if (rc == CUDA_SUCCESS) { *dptr = p; *pitch = pt; }
+    return rc;
+}
+
+struct pitch_v1 { unsigned int w, h, elem; };
+static CUresult real_pitch_v1(void *args, uint64_t *ptr, uint64_t *pitch) {
+    struct pitch_v1 *a = args;
+    CUdeviceptr_v1 d;
+    unsigned int p;
+    CUresult rc = REAL(CUresult(*)(CUdeviceptr_v1 *, unsigned int *, unsigned int, unsigned int, unsigned int),
+                       cuMemAllocPitch)(&d, &p, a->w, a->h, a->elem);
+    if (rc == CUDA_SUCCESS) { *ptr = d; *pitch = p; }
+    return rc;
 }
 
 HOOK CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, unsigned int w, unsigned int h,
                               unsigned int elem) {
     PROLOGUE();
-    CUresult (*real)(CUdeviceptr_v1 *, unsigned int *, unsigned int, unsigned int, unsigned int) =
-        REAL(CUresult(*)(CUdeviceptr_v1 *, unsigned int *, unsigned int, unsigned int, unsigned int), cuMemAllocPitch);
-    CUdevice ord;
-    int dev = accounting() && dptr && pitch && w && h ? current_dev(&ord) : -1;
-    if (dev < 0) return real(dptr, pitch, w, h, elem);
-    uint64_t est = (uint64_t)((w + 511u) & ~511u) * h;
-    CUresult rc = reserve(dev, est, "cuMemAllocPitch");
-    if (rc != CUDA_SUCCESS) return rc;
-    rc = real(dptr, pitch, w, h, elem);
-    if (rc != CUDA_SUCCESS) {
-        uncharge(dev, est);
-        return rc;
-    }
-    uint64_t actual = (uint64_t)*pitch * h;
-    if (actual > est) force_charge(dev, actual - est);
-    else uncharge(dev, est - actual);
-    track(*dptr, actual, dev, A_DEVICE, 0);
-    return CUDA_SUCCESS;
+    if (!dptr || !pitch)
+        return REAL(CUresult(*)(CUdeviceptr_v1 *, unsigned int *, unsigned int, unsigned int, unsigned int),
+                    cuMemAllocPitch)(dptr, pitch, w, h, elem);
+    struct pitch_v1 a = {w, h, elem};
+    uint64_t p = 0, pt = 0;
+    CUresult rc = pitched(w, h, 0, real_pitch_v1, &a, &p, &pt, "cuMemAllocPitch");
+    if (rc == CUDA_SUCCESS) { *dptr = (CUdeviceptr_v1)p; *pitch = (unsigned int)pt; }
+    return rc;
 }
 
 HOOK CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned int flags) {

@@ -8,12 +8,6 @@
 
 #include "shim.h"
 
-#define PROLOGUE()                                                                                         \
-    do {                                                                                                   \
-        ensure_init();                                                                                     \
-        if (UNLIKELY(g_cfg.mode == MODE_FAIL_CLOSED)) return fail_closed_result();                         \
-    } while (0)
-
 static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
 /* Apply the quota view to a (free, total) pair of the GPU with ledger index dev. */
@@ -82,31 +76,31 @@ static int nvml_dev(nvmlDevice_t d, uint64_t physical_total) {
     return dev_index_by_uuid(u, physical_total);
 }
 
+/* The quota view of an NVML device's (total, free); 0 if it applies, -1 to leave the driver's numbers. */
+static int nvml_view(nvmlDevice_t d, unsigned long long *total, unsigned long long *freeb) {
+    if (!enforcing()) return -1;
+    int dev = nvml_dev(d, *total);
+    if (dev < 0) return -1;
+    uint64_t f = *freeb, t = *total;
+    quota_view(dev, &f, &t);
+    *total = t;
+    *freeb = f;
+    return 0;
+}
+
 HOOK nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
     NVML_PROLOGUE();
     nvmlReturn_t rc = REAL_NVML(nvmlReturn_t(*)(nvmlDevice_t, nvmlMemory_t *), nvmlDeviceGetMemoryInfo)(d, m);
-    if (rc != NVML_SUCCESS || !enforcing()) return rc;
-    int dev = nvml_dev(d, m->total);
-    if (dev < 0) return rc;
-    uint64_t f = m->free, t = m->total;
-    quota_view(dev, &f, &t);
-    m->total = t;
-    m->free = f;
-    m->used = t - f;
+    if (rc == NVML_SUCCESS && nvml_view(d, &m->total, &m->free) == 0) m->used = m->total - m->free;
     return rc;
 }
 
 HOOK nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
     NVML_PROLOGUE();
     nvmlReturn_t rc = REAL_NVML(nvmlReturn_t(*)(nvmlDevice_t, nvmlMemory_v2_t *), nvmlDeviceGetMemoryInfo_v2)(d, m);
-    if (rc != NVML_SUCCESS || !enforcing()) return rc;
-    int dev = nvml_dev(d, m->total);
-    if (dev < 0) return rc;
-    uint64_t f = m->free, t = m->total;
-    quota_view(dev, &f, &t);
-    m->total = t;
-    m->free = f;
-    m->reserved = 0;
-    m->used = t - f;
+    if (rc == NVML_SUCCESS && nvml_view(d, &m->total, &m->free) == 0) {
+        m->reserved = 0;
+        m->used = m->total - m->free;
+    }
     return rc;
 }

@@ -373,22 +373,29 @@ static void wait_unfrozen(ms_ledger *l, uint64_t *word) {
     }
 }
 
+/* Load a total for an update by this process: op_active is raised first (the reclaimer's Dekker pair),
+ * and while a recount holds the total frozen we step aside (op_active lowered) until it is done. */
+static uint64_t begin_op(ms_ledger *l, struct ms_slot *s, uint64_t *word) {
+    ADD(&s->op_active, 1u);
+    uint64_t cur = LOAD(word);
+    while (cur & MS_FROZEN) {
+        SUB(&s->op_active, 1u);
+        wait_unfrozen(l, word);
+        ADD(&s->op_active, 1u);
+        cur = LOAD(word);
+    }
+    return cur;
+}
+
 int ms_charge(ms_ledger *l, int dev, uint64_t n, uint64_t limit, int host) {
     struct ms_slot *s = &l->r->slot[l->slot];
     struct ms_device *dv = &l->r->dev[dev];
     uint64_t *word = host ? &dv->host_used : &dv->used;
-    ADD(&s->op_active, 1u);
-    uint64_t cur = LOAD(word), next;
+    uint64_t cur = begin_op(l, s, word), next;
     for (;;) {
-        if (cur & MS_FROZEN) {
+        if (n > limit || cur > limit - n) { /* a frozen value can never pass this test: bit 63 is huge */
             SUB(&s->op_active, 1u);
-            wait_unfrozen(l, word);
-            ADD(&s->op_active, 1u);
-            cur = LOAD(word);
-            continue;
-        }
-        if (n > limit || cur > limit - n) {
-            SUB(&s->op_active, 1u);
+            if (cur & MS_FROZEN) return ms_charge(l, dev, n, limit, host);
             return -1;
         }
         next = cur + n;
@@ -411,18 +418,14 @@ void ms_uncharge(ms_ledger *l, int dev, uint64_t n, int host) {
     struct ms_slot *s = &l->r->slot[l->slot];
     struct ms_device *dv = &l->r->dev[dev];
     uint64_t *word = host ? &dv->host_used : &dv->used;
-    ADD(&s->op_active, 1u);
-    uint64_t cur = LOAD(word);
+    uint64_t cur = begin_op(l, s, word);
     for (;;) {
-        if (cur & MS_FROZEN) {
+        if (cur & MS_FROZEN) { /* frozen between our load and our CAS: start over */
             SUB(&s->op_active, 1u);
-            wait_unfrozen(l, word);
-            ADD(&s->op_active, 1u);
-            cur = LOAD(word);
+            cur = begin_op(l, s, word);
             continue;
         }
-        uint64_t nb = cur > n ? cur - n : 0;
-        if (CAS(word, &cur, nb)) break;
+        if (CAS(word, &cur, cur > n ? cur - n : 0)) break;
     }
     SUB(host ? &s->host_bytes[dev] : &s->device_bytes[dev], n);
     SUB(&s->op_active, 1u);

@@ -41,6 +41,12 @@ extern int g_have_ledger;
 void shim_init(void);                         /* once; reads the environment, opens the region */
 extern volatile int g_shim_ready;
 static inline void ensure_init(void) { if (UNLIKELY(!g_shim_ready)) shim_init(); }
+/* First line of every CUDA wrapper: start the shim if needed, and fail closed on a bad configuration. */
+#define PROLOGUE()                                                                                         \
+    do {                                                                                                   \
+        ensure_init();                                                                                     \
+        if (UNLIKELY(g_cfg.mode == MODE_FAIL_CLOSED)) return fail_closed_result();                         \
+    } while (0)
 void shim_log(enum log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void shim_log_refusal(const char *call, uint64_t request, int dev, int host);
 const char *fmt_bytes(uint64_t b, char *buf, unsigned len);
