@@ -166,3 +166,41 @@ def test_top_reports_host_bytes_and_spill_ratio(node, cbin, tmp_path, cgroup):
         holder.stdin.write("go\n")
         holder.stdin.close()
         holder.wait(timeout=30)
+
+
+NVML_VIEW = """
+import pynvml
+pynvml.nvmlInit()
+m = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0))
+print(m.total >> 20, m.used >> 20, m.free >> 20)
+"""
+
+
+def test_nvml_reports_the_quota_and_device_headroom_only(node, cbin, tmp_path, cgroup):
+    import sys
+
+    _, env = spill_env(node, tmp_path, cgroup)
+    holder = subprocess.Popen([cbin["spill"], "plain", "6", "64", "hold"], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        while holder.stdout.readline().strip() != "ready":
+            pass
+        out = run([sys.executable, "-c", NVML_VIEW], env)
+        assert out.stdout.split() == ["256", "256", "0"]  # 128 MiB on the host are not GPU memory
+    finally:
+        holder.stdin.write("go\n")
+        holder.stdin.close()
+        holder.wait(timeout=30)
+
+
+def test_memslice_run_oversubscribe(cbin, tmp_path, cgroup):
+    import os
+    import sys
+
+    env = {"PATH": os.environ["PATH"], "MEMSLICE_SIM_STATE": str(tmp_path / "n.state"),
+           "MEMSLICE_SIM_CONTEXT_OVERHEAD": "0", "MEMSLICE_CONTEXT_RESERVE": "0", "MEMSLICE_CGROUP_DIR": str(cgroup)}
+    cmd = [sys.executable, "-m", "memslice", "run", "--gpu-mem", "256MiB", "--simulate-gpu", "1GiB",
+           "--oversubscribe=100MiB", "--", cbin["spill"], "plain", "6", "64"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert [b["rc"] for b in allocs(out.stdout)] == ["0"] * 5 + ["2"]
+    assert "MEMSLICE_HOST_SPILL_LIMIT=100.0 MiB" in out.stderr
