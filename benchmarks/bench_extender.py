@@ -1,0 +1,316 @@
+"""Benchmark of the memslice scheduler extender on a simulated cluster.
+
+    .venv/bin/python benchmarks/bench_extender.py [--json] [--nodes 5000] [--gpus 8] [--pods 40000]
+
+Three processes, so that the extender's figures are its own:
+- the Kubernetes API stand-in (tests/kube_standin.py), filled with N nodes × G GPUs (80 GiB each, with the
+  node agent's annotations) and P running pods bound with reservations, plus the pending pods to schedule;
+- the extender (`memslice extender`), which lists and watches it like a real cluster;
+- this process, calling the extender the way kube-scheduler does: for each pending pod, `filter` with the
+  nodes that passed the scheduler's own filters (by default 500 random nodes: kube-scheduler's adaptive
+  percentageOfNodesToScore for 5,000 nodes is 10 %), `prioritize` with the nodes that passed, then `bind`
+  to the best one. Filter and prioritize are serial (one scheduling cycle at a time); binds run in a pool,
+  as kube-scheduler's binding cycles run in goroutines.
+
+Printed: median and p99 latency of filter, prioritize, filter+prioritize (per pod) and bind; sustained
+pods/s through all three verbs; the extender's resident memory (now and peak) and its initial sync time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GPU_MIB = 81920
+TARGETS = {"filter_prioritize_p99_ms": 10.0, "pods_per_s": 500.0, "rss_mib": 400.0}
+
+
+# --------------------------------------------------------------------------------------------- stand-in side
+
+def serve_standin(args: argparse.Namespace) -> None:
+    """Child process: build the simulated cluster in the API stand-in and serve it until stdin closes."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from kube_standin import KubeApiStandin
+
+    rng = random.Random(args.seed)
+    kube = KubeApiStandin().start()
+    used: dict[tuple[int, int], int] = {}
+    for n in range(args.nodes):
+        gpus = [{"uuid": f"GPU-{n:05d}-{g}", "index": g, "model": "Sim H100 80GB", "memMiB": GPU_MIB,
+                 "numa": g // 4, "healthy": True} for g in range(args.gpus)]
+        kube.put({"kind": "Node", "metadata": {"name": f"node-{n:05d}", "labels": {"memslice.io/gpu": "true"},
+                  "annotations": {"memslice.io/gpus": json.dumps(gpus), "memslice.io/unit-mib": "1"}}})
+    sizes = (2048, 4096, 8192, 12288, 16384, 24576)
+    for i in range(args.pods):
+        mib = rng.choice(sizes)
+        while True:
+            n, g = rng.randrange(args.nodes), rng.randrange(args.gpus)
+            if used.get((n, g), 0) + mib <= GPU_MIB:
+                break
+        used[(n, g)] = used.get((n, g), 0) + mib
+        kube.put({"kind": "Pod", "metadata": {
+            "name": f"run-{i:06d}", "namespace": f"team-{i % 50}", "annotations": {
+                "memslice.io/gpu-uuid": f"GPU-{n:05d}-{g}", "memslice.io/gpu-mem-mib": json.dumps({"main": mib}),
+                "memslice.io/assumed-at": "2026-01-01T00:00:00.000000Z"}},
+            "spec": {"nodeName": f"node-{n:05d}", "containers": [
+                {"name": "main", "image": "cuda", "resources": {"limits": {"memslice.io/gpu-mem": str(mib)}}}]},
+            "status": {"phase": "Running"}})
+    for i in range(args.pending):
+        mib = rng.choice(sizes)
+        kube.put({"kind": "Pod", "metadata": {"name": f"new-{i:06d}", "namespace": "bench"},
+                  "spec": {"containers": [{"name": "main", "image": "cuda", "resources": {
+                      "limits": {"memslice.io/gpu-mem": str(mib)}}}]}})
+    print(kube.url, flush=True)
+    sys.stdin.read()  # until the parent closes our stdin
+    kube.stop()
+
+
+# --------------------------------------------------------------------------------------------- client side
+
+class Conn:
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.local = threading.local()
+
+    def post(self, verb: str, body: object) -> tuple[float, object]:
+        conn = getattr(self.local, "c", None)
+        if conn is None:
+            conn = self.local.c = http.client.HTTPConnection(self.host, self.port, timeout=60)
+        data = json.dumps(body).encode()
+        t0 = time.perf_counter()
+        conn.request("POST", f"/{verb}", body=data, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        raw = resp.read()
+        dt = time.perf_counter() - t0
+        if resp.status != 200:
+            raise RuntimeError(f"{verb}: HTTP {resp.status} {raw[:200]!r}")
+        return dt, json.loads(raw)
+
+
+def rss_kib(pid: int) -> tuple[int, int]:
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.strip()
+    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def pending_pod(name: str, mib: int) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "bench"},
+            "spec": {"containers": [{"name": "main", "image": "cuda",
+                                     "resources": {"limits": {"memslice.io/gpu-mem": str(mib)}}}]}}
+
+
+def run(args: argparse.Namespace) -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    t_build = time.monotonic()
+    standin = subprocess.Popen([sys.executable, __file__, "--_standin", "--nodes", str(args.nodes),
+                                "--gpus", str(args.gpus), "--pods", str(args.pods), "--pending", str(args.pending),
+                                "--seed", str(args.seed)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                               env=env)
+    ext = None
+    try:
+        assert standin.stdout is not None
+        url = standin.stdout.readline().strip()
+        if not url.startswith("http"):
+            raise RuntimeError("the API stand-in did not start")
+        build_s = time.monotonic() - t_build
+        kubeconfig = Path(tempfile.mkdtemp()) / "kubeconfig"
+        kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "bench",
+            "clusters": [{"name": "bench", "cluster": {"server": url}}],
+            "users": [{"name": "bench", "user": {"token": "bench"}}],
+            "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": "bench"}}]}))
+        t_sync = time.monotonic()
+        ext = subprocess.Popen([sys.executable, "-m", "memslice", "extender", "--kubeconfig", str(kubeconfig),
+                                "--address", "127.0.0.1", "--port", "0", "--log-level", "warning"],
+                               stdout=subprocess.PIPE, text=True, env=env)
+        assert ext.stdout is not None
+        line = ext.stdout.readline()
+        if "serving" not in line:
+            raise RuntimeError(f"the extender did not start: {line!r}")
+        port = int(line.split("serving ", 1)[1].split()[0].rsplit(":", 1)[1])
+        conn = Conn("127.0.0.1", port)
+        deadline = time.monotonic() + 600
+        while True:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            c.request("GET", "/readyz")
+            if c.getresponse().status == 200:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("the extender did not sync within 10 minutes")
+            time.sleep(0.2)  # polling readiness of another process; not part of any measurement
+        sync_s = time.monotonic() - t_sync
+        rss_synced, _ = rss_kib(ext.pid)
+
+        rng = random.Random(args.seed + 1)
+        names = [f"node-{n:05d}" for n in range(args.nodes)]
+        k = min(args.filter_nodes, len(names))
+
+        # Phase 1: latency of filter + prioritize alone (no binds running), serial like a scheduling cycle
+        lat_f: list[float] = []
+        lat_p: list[float] = []
+        for i in range(args.latency_samples):
+            pod = pending_pod(f"probe-{i}", rng.choice((2048, 4096, 8192, 16384)))
+            pod["metadata"]["uid"] = f"probe-{i}"
+            dt_f, res = conn.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": rng.sample(names, k)})
+            passed = res["NodeNames"] or []
+            dt_p, _ = conn.post("prioritize", {"Pod": pod, "Nodes": None, "NodeNames": passed})
+            lat_f.append(dt_f)
+            lat_p.append(dt_p)
+        lat_fp = [a + b for a, b in zip(lat_f, lat_p, strict=True)]
+
+        # Phase 2: sustained scheduling of the pending pods through filter, prioritize and bind
+        lat_f2: list[float] = []
+        lat_p2: list[float] = []
+        lat_b: list[float] = []
+        failures: list[str] = []
+        lock = threading.Lock()
+
+        def bind(pod_name: str, uid: str, node: str) -> None:
+            dt, res = conn.post("bind", {"PodName": pod_name, "PodNamespace": "bench", "PodUID": uid, "Node": node})
+            with lock:
+                lat_b.append(dt)
+                if res["Error"]:
+                    failures.append(res["Error"])
+
+        pods = json.loads(_get(url, "/api/v1/namespaces/bench/pods"))["items"]
+        cpu0 = {"extender": cpu_s(ext.pid), "standin": cpu_s(standin.pid), "client": time.process_time()}
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(args.bind_workers) as pool:
+            for pod in pods:
+                dt_f, res = conn.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": rng.sample(names, k)})
+                passed = res["NodeNames"] or []
+                lat_f2.append(dt_f)
+                if not passed:
+                    failures.append("no node passed filter")
+                    continue
+                dt_p, scores = conn.post("prioritize", {"Pod": pod, "Nodes": None, "NodeNames": passed})
+                lat_p2.append(dt_p)
+                best = max(scores, key=lambda hp: hp["Score"])["Host"]
+                pool.submit(bind, pod["metadata"]["name"], pod["metadata"]["uid"], best)
+        wall = time.perf_counter() - t0
+        cpu = {"extender": cpu_s(ext.pid) - cpu0["extender"], "standin": cpu_s(standin.pid) - cpu0["standin"],
+               "client": time.process_time() - cpu0["client"]}
+        rss_now, rss_peak = rss_kib(ext.pid)
+        bound = len(lat_b) - sum(1 for f in failures if f != "no node passed filter")
+
+        ms = 1000.0
+        return {
+            "cluster": {"nodes": args.nodes, "gpus_per_node": args.gpus, "running_pods": args.pods,
+                        "scheduled_pods": len(pods), "filter_nodes_per_call": k},
+            "setup_s": {"build_standin": round(build_s, 1), "extender_initial_sync": round(sync_s, 1)},
+            "latency_ms_idle": {
+                "filter": {"median": statistics.median(lat_f) * ms, "p99": pct(lat_f, 99) * ms},
+                "prioritize": {"median": statistics.median(lat_p) * ms, "p99": pct(lat_p, 99) * ms},
+                "filter+prioritize": {"median": statistics.median(lat_fp) * ms, "p99": pct(lat_fp, 99) * ms}},
+            "latency_ms_under_load": {
+                "filter": {"median": statistics.median(lat_f2) * ms, "p99": pct(lat_f2, 99) * ms},
+                "prioritize": {"median": statistics.median(lat_p2) * ms, "p99": pct(lat_p2, 99) * ms},
+                "bind": {"median": statistics.median(lat_b) * ms, "p99": pct(lat_b, 99) * ms}},
+            "throughput": {"pods_bound": bound, "bind_errors": len(failures), "wall_s": round(wall, 2),
+                           "pods_per_s": round(bound / wall, 1),
+                           "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
+                           "extender_cpu_ms_per_pod": round(cpu["extender"] / max(bound, 1) * 1000, 2),
+                           "pods_per_extender_cpu_s": round(bound / max(cpu["extender"], 1e-9), 1)},
+            "extender_rss_mib": {"after_sync": round(rss_synced / 1024, 1), "end": round(rss_now / 1024, 1),
+                                 "peak": round(rss_peak / 1024, 1)},
+            "targets": TARGETS,
+            "first_errors": failures[:3],
+        }
+    finally:
+        if ext is not None:
+            ext.terminate()
+            ext.wait(10)
+        if standin.stdin:
+            standin.stdin.close()
+        standin.wait(30)
+
+
+def _get(url: str, path: str) -> bytes:
+    host, port = url.split("//", 1)[1].split(":")
+    c = http.client.HTTPConnection(host, int(port), timeout=60)
+    c.request("GET", path)
+    return c.getresponse().read()
+
+
+def report(r: dict) -> None:
+    c = r["cluster"]
+    print(f"memslice extender benchmark: {c['nodes']} nodes × {c['gpus_per_node']} GPUs, {c['running_pods']} "
+          f"running pods, {c['scheduled_pods']} pods scheduled, {c['filter_nodes_per_call']} nodes per filter")
+    print(f"  setup: stand-in built in {r['setup_s']['build_standin']} s, extender synced in "
+          f"{r['setup_s']['extender_initial_sync']} s")
+    for phase, title in (("latency_ms_idle", "latency, serial (ms)"),
+                         ("latency_ms_under_load", "latency while scheduling with binds in flight (ms)")):
+        print(f"  {title}:")
+        for verb, v in r[phase].items():
+            print(f"    {verb:<18} median {v['median']:7.2f}   p99 {v['p99']:7.2f}")
+    t = r["throughput"]
+    print(f"  throughput: {t['pods_bound']} pods bound in {t['wall_s']} s = {t['pods_per_s']} pods/s "
+          f"({t['bind_errors']} errors)")
+    print(f"  CPU in that phase: extender {t['cpu_s']['extender']} s, API stand-in {t['cpu_s']['standin']} s, "
+          f"benchmark client {t['cpu_s']['client']} s on {os.cpu_count()} cores; the extender spent "
+          f"{t['extender_cpu_ms_per_pod']} ms CPU per pod = {t['pods_per_extender_cpu_s']} pods per CPU-second")
+    m = r["extender_rss_mib"]
+    print(f"  extender RSS: {m['after_sync']} MiB after sync, {m['end']} MiB at the end, peak {m['peak']} MiB")
+    fp99 = r["latency_ms_idle"]["filter+prioritize"]["p99"]
+    print(f"  targets: filter+prioritize p99 {fp99:.2f} ms < {TARGETS['filter_prioritize_p99_ms']} ms: "
+          f"{'met' if fp99 < TARGETS['filter_prioritize_p99_ms'] else 'MISSED'}; "
+          f"{t['pods_per_s']} pods/s >= {TARGETS['pods_per_s']}: "
+          f"{'met' if t['pods_per_s'] >= TARGETS['pods_per_s'] else 'MISSED'}; "
+          f"peak RSS {m['peak']} MiB < {TARGETS['rss_mib']}: {'met' if m['peak'] < TARGETS['rss_mib'] else 'MISSED'}")
+    if r["first_errors"]:
+        print(f"  first errors: {r['first_errors']}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--nodes", type=int, default=5000)
+    p.add_argument("--gpus", type=int, default=8)
+    p.add_argument("--pods", type=int, default=40000, help="running pods (bound, with reservations)")
+    p.add_argument("--pending", type=int, default=3000, help="pods to schedule in the throughput phase")
+    p.add_argument("--filter-nodes", type=int, default=500, help="node names per filter call")
+    p.add_argument("--latency-samples", type=int, default=1000)
+    p.add_argument("--bind-workers", type=int, default=16)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--_standin", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args._standin:
+        serve_standin(args)
+        return 0
+    result = run(args)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        report(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
