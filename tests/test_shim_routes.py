@@ -21,6 +21,14 @@ def test_direct_symbols(node, cbin, tmp_path):
     assert "cuMemAlloc_v2 of 200.0 MiB refused" in out.stderr and "MEMSLICE_GPU_MEM_LIMIT=512MiB" in out.stderr
 
 
+def test_refusal_line_is_rate_limited(node, cbin, tmp_path):
+    n = node()
+    env = n.container(tmp_path / "c", "1GiB", MEMSLICE_CONTEXT_RESERVE="0")
+    out = run([cbin["alloc_direct"], "600", *["600"] * 40], env)
+    assert out.stdout.count("-> 2") == 40
+    assert out.stderr.count("refused") == 1  # one line, not forty
+
+
 def test_without_the_shim_the_same_program_is_not_limited(node, cbin, tmp_path):
     """Control for the test above: the limit comes from the shim, not from the simulator."""
     n = node()
@@ -41,6 +49,8 @@ def test_routes_are_all_counted(route, node, cbin, tmp_path):
     assert got["unknown_free"] == "1"
     if route != "v1":
         assert "libmemslice.so" in out.stdout.split("alloc_fn lib=")[1].split()[0]
+    else:  # the legacy 32-bit queries report the quota too
+        assert got["total_mib"] == "300" and got["devtotal_mib"] == "300" and got["free_mib"] == "236"
 
 
 def test_procaddr_follows_driver_rules_and_returns_exact_variants(node, cbin, tmp_path):

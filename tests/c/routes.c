@@ -87,6 +87,12 @@ int main(int argc, char **argv) {
     if (strcmp(route, "v1") == 0) {
         CUresult (*alloc1)(CUdeviceptr_v1 *, unsigned) = dlsym(lib, "cuMemAlloc");
         CUresult (*free1)(CUdeviceptr_v1) = dlsym(lib, "cuMemFree");
+        CUresult (*info1)(unsigned *, unsigned *) = dlsym(lib, "cuMemGetInfo");
+        CUresult (*total1)(unsigned *, CUdevice) = dlsym(lib, "cuDeviceTotalMem");
+        unsigned f1 = 0, t1 = 0, dt1 = 0;
+        info1(&f1, &t1);
+        total1(&dt1, dev);
+        printf("v1info free_mib=%u total_mib=%u devtotal_mib=%u\n", f1 >> 20, t1 >> 20, dt1 >> 20);
         CUdeviceptr_v1 a = 0, b = 0;
         r1 = alloc1(&a, (unsigned)(mib << 20));
         r2 = alloc1(&b, (unsigned)(mib << 20));
