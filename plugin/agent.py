@@ -1,0 +1,274 @@
+"""The node agent: wires NVML, health, the plugin server, registration, regions, Kubernetes and metrics."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import grpc
+from memslice.plugin.config import AgentConfig
+from memslice.plugin.devices import check_list_fits
+from memslice.plugin.gpus import GpuError, GpuInfo, Nvml
+from memslice.plugin.health import HealthBook, XidWatcher
+from memslice.plugin.inventory import InventoryPublisher, PodWatcher, api_client, inventory_annotations
+from memslice.plugin.ledger import reconcile
+from memslice.plugin.metrics import HealthServer, Metrics, NodeCollector, region_reader
+from memslice.plugin.podresources import PodResourcesClient
+from memslice.plugin.regions import RegionStore, install_shim
+from memslice.plugin.registration import Registrar
+from memslice.plugin.response import ResponseConfig
+from memslice.plugin.server import DevicePluginService, PluginServer
+from memslice.plugin.state import NodeState
+
+log = logging.getLogger(__name__)
+
+
+class StartupError(RuntimeError):
+    """The agent cannot start; the message says why and what to change."""
+
+
+def usable_gpus(found: list[GpuInfo]) -> list[GpuInfo]:
+    out = []
+    for g in found:
+        if g.mig:
+            log.warning("GPU %d (%s, %s) has MIG enabled: skipped (memslice slices whole GPUs; disable MIG "
+                        "with `nvidia-smi -i %d -mig 0` to share it)", g.index, g.uuid, g.model, g.index)
+        else:
+            out.append(g)
+    return out
+
+
+class NodeAgent:
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        self.metrics = Metrics()
+        self.nvml = Nvml(simulate=cfg.simulate)
+        self.regions = RegionStore(cfg.region_root)
+        self.state: NodeState | None = None
+        self.registrar: Registrar | None = None
+        self.publisher: InventoryPublisher | None = None
+        self.pod_watcher: PodWatcher | None = None
+        self.http: HealthServer | None = None
+        self.podresources = PodResourcesClient(cfg.pod_resources_socket) if cfg.pod_resources_socket else None
+        self._xid: XidWatcher | None = None
+        self._stop = threading.Event()
+        self._reconcile_now = threading.Event()
+        self._reconciler = threading.Thread(target=self._reconcile_loop, name="reconcile", daemon=True)
+        self._reconcile_heartbeat = time.monotonic()
+        self._pr_failing = False
+        self.standalone = False
+
+    # --- lifecycle ---------------------------------------------------------------------------------------
+    def start(self) -> None:
+        cfg = self.cfg
+        if cfg.simulate and cfg.sim_gpus:
+            os.environ["MEMSLICE_SIM_GPUS"] = cfg.sim_gpus
+        try:
+            self.nvml.start()
+            found = self.nvml.discover()
+        except GpuError as exc:
+            raise StartupError(str(exc)) from exc
+        gpus = usable_gpus(found)
+        for g in gpus:
+            log.info("GPU %d: %s %s, %d MiB, NUMA %s", g.index, g.uuid, g.model, g.mem_mib,
+                     "unknown" if g.numa is None else g.numa)
+        if not gpus:
+            raise StartupError(f"no usable GPU on this node ({len(found)} found, all MIG-enabled or none): "
+                               f"nothing to advertise")
+        try:
+            size = check_list_fits([g.shape() for g in gpus], cfg.unit_mib)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from exc
+        log.info("ListAndWatch message: at most %d bytes (kubelet limit 4194304) at --unit-mib %d", size,
+                 cfg.unit_mib)
+        self._install_shim()
+        health = HealthBook([g.uuid for g in gpus], cfg.ignored_xids, cfg.health_recovery_s)
+        self.state = NodeState(gpus, cfg.unit_mib, health)
+        try:
+            self.regions.prepare()
+        except OSError as exc:
+            raise StartupError(f"cannot create --region-root {cfg.region_root}: {exc}") from exc
+        self.state.ledger.update(self.regions.load())
+        self.reconcile_once()  # recover what the kubelet recorded before serving anything
+        self._start_kubernetes()
+        self._xid = XidWatcher(gpus, health, self.nvml.responds, self._health_changed)
+        self._xid.start()
+        self._start_http()
+        try:
+            cfg.device_plugin_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StartupError(f"cannot use --device-plugin-dir {cfg.device_plugin_dir}: {exc}") from exc
+        rcfg = ResponseConfig(shim_host_dir=cfg.shim_host_dir, preload=cfg.preload, visibility=cfg.visibility,
+                              cdi_kind=cfg.cdi_kind)
+        state = self.state
+
+        def make_server(sock: Path) -> PluginServer:
+            service = DevicePluginService(state, self.regions, rcfg, self.metrics)
+            return PluginServer(sock, service, cfg.grpc_workers)
+
+        self.registrar = Registrar(cfg.device_plugin_dir, make_server, self.metrics)
+        self.registrar.start()
+        self._reconciler.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._reconcile_now.set()
+        for part in (self.registrar, self.pod_watcher, self.publisher, self._xid, self.http):
+            if part is not None:
+                part.stop()
+        if self._reconciler.is_alive():
+            self._reconciler.join(timeout=5)
+        self.nvml.stop()
+
+    def wait(self) -> None:
+        self._stop.wait()
+
+    # --- parts -------------------------------------------------------------------------------------------
+    def _install_shim(self) -> None:
+        source = self.cfg.shim_source
+        if source is None:
+            from memslice.paths import LibraryMissing, lib_paths
+
+            try:
+                source = lib_paths().shim
+            except LibraryMissing as exc:
+                raise StartupError(f"{exc} (or pass --shim-source)") from exc
+        try:
+            target = install_shim(source, self.cfg.shim_host_dir)
+        except OSError as exc:
+            raise StartupError(f"cannot install the shim {source} into --shim-host-dir "
+                               f"{self.cfg.shim_host_dir}: {exc}") from exc
+        log.info("installed the shim at %s", target)
+
+    def _start_kubernetes(self) -> None:
+        assert self.state is not None
+        try:
+            api, how = api_client(self.cfg.kubeconfig)
+        except Exception as exc:
+            raise StartupError(f"cannot load the Kubernetes configuration: {exc}; fix --kubeconfig/"
+                               f"KUBECONFIG or unset it to run standalone") from exc
+        if api is None:
+            self.standalone = True
+            log.warning("standalone: %s. No node inventory is published and preferred allocation uses best "
+                        "fit; the scheduler extender cannot place pods on this node", how)
+            return
+        if not self.cfg.node_name:
+            raise StartupError(f"a Kubernetes API is configured ({how}) but the node name is unknown: pass "
+                               f"--node-name or set NODE_NAME (downward API fieldRef spec.nodeName)")
+        log.info("Kubernetes API: %s; node %s", how, self.cfg.node_name)
+        state = self.state
+        self.publisher = InventoryPublisher(api, self.cfg.node_name, lambda: inventory_annotations(
+            list(state.gpus.values()), state.health.snapshot(), state.unit_mib))
+        self.publisher.start()
+        self.pod_watcher = PodWatcher(api, self.cfg.node_name, state, self._reconcile_now.set)
+        self.pod_watcher.start()
+
+    def _start_http(self) -> None:
+        assert self.state is not None
+        reader = region_reader()
+        self.metrics.registry.register(NodeCollector(self.state, self.nvml.used_mib, reader,
+                                                     lambda rid: str(self.regions.dir_of(rid))))
+        try:
+            self.http = HealthServer(self.metrics.registry, self.live, self.ready, self.cfg.metrics_address,
+                                     self.cfg.metrics_port)
+        except OSError as exc:
+            raise StartupError(f"cannot serve metrics on {self.cfg.metrics_address}:{self.cfg.metrics_port}: "
+                               f"{exc}; pick another --metrics-port") from exc
+        self.http.start()
+        log.info("metrics on http://%s:%d/metrics (also /healthz, /readyz)", self.cfg.metrics_address,
+                 self.http.port)
+
+    def _health_changed(self) -> None:
+        assert self.state is not None
+        self.state.bump()
+        if self.publisher is not None:
+            self.publisher.mark_dirty()
+
+    def live(self) -> bool:
+        now = time.monotonic()
+        beats = [self._reconcile_heartbeat]
+        if self.registrar is not None:
+            beats.append(self.registrar.heartbeat)
+        stale = max(30.0, 3 * self.cfg.reconcile_interval_s)
+        return all(now - b < stale for b in beats)
+
+    def ready(self) -> bool:
+        return self.registrar is not None and self.registrar.registered.is_set()
+
+    # --- reconciliation with the kubelet's record -------------------------------------------------------
+    def _reconcile_loop(self) -> None:
+        while not self._stop.is_set():
+            self._reconcile_heartbeat = time.monotonic()
+            self._reconcile_now.wait(self.cfg.reconcile_interval_s)
+            self._reconcile_now.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.reconcile_once()
+            except Exception:  # never let one bad pass stop cleanup for good
+                log.exception("reconciling allocations failed; retrying at the next interval")
+
+    def reconcile_once(self) -> None:
+        st = self.state
+        assert st is not None
+        live = None
+        if self.podresources is not None:
+            try:
+                live = self.podresources.live_containers()
+                if self._pr_failing:
+                    log.info("PodResources API answers again")
+                self._pr_failing = False
+            except (grpc.RpcError, OSError) as exc:
+                if not self._pr_failing:
+                    detail = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
+                    log.warning("PodResources API at %s unavailable (%s): allocations are tracked from "
+                                "Allocate and the pod watch only", self.podresources.socket, detail)
+                self._pr_failing = True
+        with st.lock:
+            ledger = dict(st.ledger)
+            gone = set(st.gone_uids)
+            uid_of = st.uid_of()
+        uuid_of = {i: g.uuid for i, g in st.gpus.items()}
+        grace = max(2 * self.cfg.reconcile_interval_s, 1.0)
+        result = reconcile(ledger, live, gone, uid_of, uuid_of, st.unit_mib, time.time(), grace)
+        for a in result.recovered:
+            self.regions.create(a)
+            log.info("recovered from the kubelet's record: %d MiB of GPU %d for %s, region %s", a.mib,
+                     a.gpu_index, a.owner(), a.region_id)
+        for a in result.removed:
+            self.regions.remove(a.region_id)
+            log.info("removed region %s of %s (%d MiB of GPU %d): the pod is gone", a.region_id, a.owner(),
+                     a.mib, a.gpu_index)
+        updated = []
+        with st.lock:
+            for a in result.removed:
+                if st.ledger.get(a.region_id) == a:
+                    del st.ledger[a.region_id]
+            for rid, a in result.keep.items():
+                before = ledger.get(rid)
+                if before is None:
+                    st.ledger.setdefault(rid, a)  # recovered
+                elif a != before and st.ledger.get(rid) == before:  # owner learnt; not changed meanwhile
+                    st.ledger[rid] = a
+                    updated.append(a)
+            st.gone_uids &= {a.pod_uid for a in st.ledger.values()}
+            known = set(st.ledger)
+        for a in updated:
+            self.regions.save(a)
+        self._remove_orphans(known, grace)
+
+    def _remove_orphans(self, known: set[str], grace: float) -> None:
+        now = time.time()
+        for rid in self.regions.directories():
+            if rid in known:
+                continue
+            try:
+                age = now - self.regions.dir_of(rid).stat().st_mtime
+            except FileNotFoundError:
+                continue
+            if age >= grace:
+                self.regions.remove(rid)
+                log.info("removed region %s: no allocation holds it", rid)

@@ -1,0 +1,222 @@
+"""Pure allocation decisions: which GPU a container's slice comes from, and whether a request is valid.
+
+No I/O here. Inputs are plain values (the IDs the kubelet sent, the GPUs, the reservations the extender
+wrote on pods), outputs are dataclasses or an AllocationError whose message a person can act on.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from memslice.plugin.devices import DeviceIdError, device_id, devices_per_gpu, parse_device_id
+from memslice.plugin.gpus import GpuInfo
+
+RESOURCE_NAME = "memslice.io/gpu-mem"
+ANN_GPU_UUID = "memslice.io/gpu-uuid"
+ANN_GPU_MEM = "memslice.io/gpu-mem-mib"
+ANN_ASSUMED_AT = "memslice.io/assumed-at"
+
+
+class AllocationError(ValueError):
+    """A request the agent refuses; the message names the bad value and the fix."""
+
+
+class ReservationError(ValueError):
+    """Malformed reservation annotations on a pod."""
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """What the agent keeps of a pod on its node (from the pod watch)."""
+
+    uid: str
+    namespace: str
+    name: str
+    phase: str
+    annotations: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """The extender's decision for a pod: one GPU, MiB per container."""
+
+    pod_uid: str
+    namespace: str
+    name: str
+    gpu_uuid: str
+    containers: tuple[tuple[str, int], ...]
+    assumed_at: str
+
+
+def parse_reservation(pod: PodInfo) -> Reservation | None:
+    """The pod's reservation, None when it has none; ReservationError naming the bad annotation."""
+    uuid = pod.annotations.get(ANN_GPU_UUID)
+    if uuid is None:
+        return None
+    raw = pod.annotations.get(ANN_GPU_MEM, "")
+    try:
+        mem = json.loads(raw)
+    except json.JSONDecodeError:
+        mem = None
+    if not isinstance(mem, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0
+            for k, v in mem.items()):
+        raise ReservationError(
+            f"pod {pod.namespace}/{pod.name}: annotation {ANN_GPU_MEM}={raw!r} is not a JSON object of "
+            f"container name to positive MiB (e.g. {{\"train\": 4096}}); it is ignored")
+    return Reservation(pod_uid=pod.uid, namespace=pod.namespace, name=pod.name, gpu_uuid=uuid,
+                       containers=tuple(sorted(mem.items())),
+                       assumed_at=pod.annotations.get(ANN_ASSUMED_AT, ""))
+
+
+def group_by_gpu(ids: Iterable[str]) -> dict[int, list[int]]:
+    """IDs -> {gpu index: sorted device numbers}; DeviceIdError on an ID memslice did not issue."""
+    out: dict[int, list[int]] = {}
+    for text in ids:
+        gpu, n = parse_device_id(text)
+        out.setdefault(gpu, []).append(n)
+    for numbers in out.values():
+        numbers.sort()
+    return out
+
+
+def units_for(mib: int, unit_mib: int) -> int:
+    """Devices a container asks for to get `mib` MiB (requests are whole units; rounded up)."""
+    return -(-mib // unit_mib)
+
+
+@dataclass(frozen=True)
+class Preference:
+    device_ids: tuple[str, ...]
+    gpu_index: int | None
+    reservation: Reservation | None
+    container: str | None
+    reason: str
+
+
+def best_fit_gpu(free: Mapping[int, int], size: int) -> int | None:
+    """The GPU with the fewest free units that still has `size` (bin-packing; ties to the lower index)."""
+    fitting = [(count, gpu) for gpu, count in free.items() if count >= size]
+    return min(fitting)[1] if fitting else None
+
+
+class AvailableIds:
+    """The available IDs of one GetPreferredAllocation request, indexed without a Python loop per ID.
+
+    The kubelet sends every free ID of the node (up to ~144,000). Joining them once and letting the C regex
+    engine validate and scan the text is ~5x faster than parsing each ID, and only the chosen GPU's numbers
+    are ever converted to integers."""
+
+    _ALL = re.compile(r"(?:g[0-9]{1,4}-[0-9]{1,9}\n)*")
+
+    def __init__(self, ids: Sequence[str], gpus: Iterable[int]) -> None:
+        self._text = "\n".join(ids) + "\n"
+        if ids and (self._ALL.fullmatch(self._text) is None or self._text.count("\n") != len(ids)):
+            for i in ids:
+                parse_device_id(i)  # raises DeviceIdError naming the first bad ID
+        # "g1-" cannot occur inside another ID ("g11-5" does not contain it): an exact count per GPU
+        self.free = {g: self._text.count(f"g{g}-") for g in gpus}
+
+    def lowest(self, gpu: int, size: int, must: Sequence[str] = ()) -> tuple[str, ...]:
+        """`must`, then the lowest-numbered free IDs of `gpu`, `size` in all."""
+        numbers = map(int, re.findall(rf"(?m)^g{gpu}-([0-9]+)$", self._text))
+        chosen = list(must)
+        taken = set(must)
+        for n in heapq.nsmallest(size + len(must), numbers):
+            if len(chosen) >= size:
+                break
+            did = device_id(gpu, n)
+            if did not in taken:
+                chosen.append(did)
+        return tuple(chosen)
+
+
+def match_reservation(reservations: Sequence[Reservation], size: int, unit_mib: int,
+                      taken: set[tuple[str, str]]) -> tuple[Reservation, str] | None:
+    """The oldest reservation with a container not yet allocated that asks for exactly `size` units."""
+    for r in sorted(reservations, key=lambda r: (r.assumed_at, r.namespace, r.name)):
+        for container, mib in r.containers:
+            if (r.pod_uid, container) not in taken and units_for(mib, unit_mib) == size:
+                return r, container
+    return None
+
+
+def choose_preferred(available: Sequence[str], must_include: Sequence[str], size: int, unit_mib: int,
+                     gpus: Mapping[int, GpuInfo], reservations: Sequence[Reservation],
+                     taken: set[tuple[str, str]]) -> Preference:
+    """All `size` devices from one GPU: the reserved one for the pod being admitted, else the best fit."""
+    avail = AvailableIds(available, gpus)
+    if must_include:
+        gpu = parse_device_id(must_include[0])[0]
+        return Preference(avail.lowest(gpu, size, must_include), gpu, None, None,
+                          "the GPU of the devices the kubelet must include")
+    free = avail.free
+    match = match_reservation(reservations, size, unit_mib, taken)
+    reason = "no reservation for a container of this size: best fit"
+    if match is not None:
+        r, container = match
+        index = next((g.index for g in gpus.values() if g.uuid == r.gpu_uuid), None)
+        if index is not None and free.get(index, 0) >= size:
+            return Preference(avail.lowest(index, size), index, r, container,
+                              f"reserved by the extender for {r.namespace}/{r.name} container {container}")
+        where = "is not on this node" if index is None else f"has only {free.get(index, 0)} free units"
+        reason = (f"GPU {r.gpu_uuid} reserved for {r.namespace}/{r.name} {where}, wanted {size}: "
+                  f"best fit instead")
+    gpu = best_fit_gpu(free, size)
+    if gpu is None:
+        return Preference((), None, None, None, f"no single GPU has {size} free units")
+    return Preference(avail.lowest(gpu, size), gpu, None, None, reason)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A validated Allocate request: the GPU, the IDs, the quota in MiB."""
+
+    gpu: GpuInfo
+    device_ids: tuple[str, ...]
+    mib: int
+
+
+def allocation_target(ids: Sequence[str], gpus: Mapping[int, GpuInfo], healthy: Mapping[str, bool],
+                      unit_mib: int) -> Target:
+    """Validate one container's IDs; AllocationError (naming the bad value and the fix) when refused."""
+    if not ids:
+        raise AllocationError(f"Allocate asked for no {RESOURCE_NAME} devices; a container gets memslice "
+                              f"memory only with a {RESOURCE_NAME} limit of at least 1")
+    if len(set(ids)) != len(ids):
+        dup = sorted({i for i in ids if list(ids).count(i) > 1})[:3]
+        raise AllocationError(f"Allocate listed device IDs more than once ({', '.join(dup)}); the kubelet "
+                              f"never does this: is another client calling the plugin socket?")
+    try:
+        by_gpu = group_by_gpu(ids)
+    except DeviceIdError as exc:
+        raise AllocationError(f"{exc}; this node's agent issues only its own IDs. If --unit-mib or the GPUs "
+                              f"changed, restart the kubelet's pods on this node") from exc
+    for index, numbers in by_gpu.items():
+        gpu = gpus.get(index)
+        if gpu is None:
+            raise AllocationError(
+                f"device ID {device_id(index, numbers[0])} names GPU {index}, which this node does not "
+                f"advertise (GPUs: {', '.join(str(i) for i in sorted(gpus)) or 'none'})")
+        limit = devices_per_gpu(gpu.mem_mib, unit_mib)
+        if numbers[-1] >= limit:
+            raise AllocationError(
+                f"device ID {device_id(index, numbers[-1])} is beyond GPU {index}'s {limit} devices at "
+                f"--unit-mib {unit_mib}; was the unit changed while pods held devices?")
+    if len(by_gpu) > 1:
+        parts = ", ".join(f"GPU {g} ({len(n) * unit_mib} MiB)" for g, n in sorted(by_gpu.items()))
+        raise AllocationError(
+            f"the {len(ids)} {RESOURCE_NAME} devices span {parts}; one container's memory must come from "
+            f"one GPU. Schedule the pod through the memslice scheduler extender (it reserves one GPU per "
+            f"pod), or ask for no more than the largest free slice of one GPU")
+    (index, numbers), = by_gpu.items()
+    gpu = gpus[index]
+    if not healthy.get(gpu.uuid, False):
+        raise AllocationError(f"GPU {index} ({gpu.uuid}) is Unhealthy (critical Xid); the pod cannot use it. "
+                              f"Delete the pod so it is scheduled again")
+    return Target(gpu=gpu, device_ids=tuple(ids), mib=len(ids) * unit_mib)
+

@@ -1,0 +1,210 @@
+"""The node agent's configuration: flags, each with an environment variable, validated in one place.
+
+Imports nothing heavy (it builds `memslice --help`). A bad value raises ConfigError naming the flag or
+variable, the value and a valid form; nothing starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from memslice.plugin.health import DEFAULT_IGNORED_XIDS
+
+PRELOAD_MODES = ("file", "env")
+VISIBILITY_MODES = ("env", "cdi")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str
+    env: str
+    default: str
+    help: str
+
+
+OPTIONS = [
+    Option("--device-plugin-dir", "MEMSLICE_DEVICE_PLUGIN_DIR", "/var/lib/kubelet/device-plugins",
+           "the kubelet's device-plugin directory (kubelet.sock is there; the agent's socket "
+           "memslice-gpu-mem.sock is created there). Mount it read-write from the host"),
+    Option("--pod-resources-socket", "MEMSLICE_POD_RESOURCES_SOCKET",
+           "/var/lib/kubelet/pod-resources/kubelet.sock",
+           "the kubelet's PodResources API socket, read to recover allocations after an agent restart and to "
+           "remove region directories of finished pods; empty to do without"),
+    Option("--unit-mib", "MEMSLICE_UNIT_MIB", "1",
+           "MiB per kubelet device (1 device = N MiB). Cluster-wide: every node agent must use the same "
+           "value; published as the node annotation memslice.io/unit-mib. Raise it when start-up says the "
+           "device list does not fit the kubelet's 4 MiB message"),
+    Option("--metrics-address", "MEMSLICE_METRICS_ADDRESS", "0.0.0.0", "address of the HTTP endpoint"),
+    Option("--metrics-port", "MEMSLICE_METRICS_PORT", "9400",
+           "port of /metrics (Prometheus), /healthz and /readyz; 0 picks a free port (logged)"),
+    Option("--node-name", "NODE_NAME", "",
+           "this node's name in Kubernetes (set NODE_NAME from the downward API spec.nodeName); required "
+           "when a Kubernetes API is configured"),
+    Option("--kubeconfig", "KUBECONFIG", "",
+           "kubeconfig file for the Kubernetes API; without it the in-cluster service account is used, "
+           "and with neither the agent runs standalone (no inventory published, preferred allocation by "
+           "best fit)"),
+    Option("--shim-source", "MEMSLICE_SHIM_SOURCE", "",
+           "the libmemslice.so to install on the host (default: the one built into this package)"),
+    Option("--shim-host-dir", "MEMSLICE_SHIM_HOST_DIR", "/var/lib/memslice/lib",
+           "host directory the shim and its ld.so.preload file are copied into at start-up (atomically) and "
+           "mounted from into containers"),
+    Option("--region-root", "MEMSLICE_REGION_ROOT", "/var/lib/memslice/regions",
+           "host directory holding one region directory per container (mounted at /run/memslice/region)"),
+    Option("--preload", "MEMSLICE_PRELOAD", "file",
+           "how containers load the shim: 'file' mounts an ld.so.preload at /etc/ld.so.preload (covers every "
+           "process); 'env' sets LD_PRELOAD instead (for images with their own /etc/ld.so.preload)"),
+    Option("--visibility", "MEMSLICE_VISIBILITY", "env",
+           "how the container is given its GPU: 'env' sets NVIDIA_VISIBLE_DEVICES=<GPU uuid> (NVIDIA "
+           "container runtime); 'cdi' returns the CDI device <--cdi-kind>=<GPU uuid>"),
+    Option("--cdi-kind", "MEMSLICE_CDI_KIND", "nvidia.com/gpu",
+           "CDI vendor/class used with --visibility cdi"),
+    Option("--ignored-xids", "MEMSLICE_IGNORED_XIDS", ",".join(str(x) for x in sorted(DEFAULT_IGNORED_XIDS)),
+           "comma list of NVML Xids that do NOT make a GPU Unhealthy (application errors); 'none' to count "
+           "every Xid"),
+    Option("--health-recovery-s", "MEMSLICE_HEALTH_RECOVERY_S", "300",
+           "seconds after its last critical Xid that a GPU is advertised Healthy again, if NVML still "
+           "answers for it; 0 keeps it Unhealthy until the agent restarts"),
+    Option("--reconcile-interval-s", "MEMSLICE_RECONCILE_INTERVAL_S", "10",
+           "seconds between comparisons of the agent's allocations with the kubelet's PodResources record "
+           "(region directories of finished pods are removed then, or at once on a pod deletion)"),
+    Option("--grpc-workers", "MEMSLICE_GRPC_WORKERS", "8",
+           "gRPC worker threads (ListAndWatch holds one per stream; at least 4)"),
+    Option("--log-level", "MEMSLICE_AGENT_LOG_LEVEL", "info", "debug, info, warning or error"),
+]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for o in OPTIONS:
+        parser.add_argument(o.flag, default=None, metavar=o.flag.lstrip("-").split("-")[-1].upper(),
+                            help=f"{o.help}. Env {o.env}; default {o.default!r}")
+    parser.add_argument("--simulate", nargs="?", const="", default=None, metavar="GPUS",
+                        help="use memslice's simulated GPUs instead of NVIDIA's driver (no GPU needed). "
+                             "GPUS is a comma list of SIZE[:NUMA][:mig], e.g. 16GiB,80GiB:1 (default: "
+                             "MEMSLICE_SIM_GPUS or 16GiB). Setting MEMSLICE_SIM_GPUS alone also selects the "
+                             "simulator; "
+                             "MEMSLICE_SIM_STATE names the simulated node's state file")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    device_plugin_dir: Path
+    pod_resources_socket: Path | None
+    unit_mib: int
+    metrics_address: str
+    metrics_port: int
+    node_name: str
+    kubeconfig: str | None
+    shim_source: str | None
+    shim_host_dir: Path
+    region_root: Path
+    preload: str
+    visibility: str
+    cdi_kind: str
+    ignored_xids: frozenset[int]
+    health_recovery_s: float
+    reconcile_interval_s: float
+    grpc_workers: int
+    log_level: str
+    simulate: bool
+    sim_gpus: str | None
+
+
+def _int(name: str, raw: str, lo: int, hi: int, what: str) -> int:
+    try:
+        v = int(raw)
+    except ValueError:
+        v = None
+    if v is None or not lo <= v <= hi:
+        raise ConfigError(f"{name}={raw!r} is not valid: use {what} ({lo}..{hi})")
+    return v
+
+
+def _float(name: str, raw: str, lo: float, what: str) -> float:
+    try:
+        v = float(raw)
+    except ValueError:
+        v = float("nan")
+    if not v >= lo:
+        raise ConfigError(f"{name}={raw!r} is not valid: use {what} (>= {lo:g})")
+    return v
+
+
+def _xids(name: str, raw: str) -> frozenset[int]:
+    if raw.strip().lower() in ("", "none"):
+        return frozenset()
+    out = set()
+    for part in raw.split(","):
+        if not part.strip().isdigit():
+            raise ConfigError(f"{name}={raw!r} is not valid: use a comma list of Xid numbers, e.g. 13,31,43, "
+                              f"or 'none'")
+        out.add(int(part))
+    return frozenset(out)
+
+
+def _choice(name: str, raw: str, choices: tuple[str, ...]) -> str:
+    if raw not in choices:
+        raise ConfigError(f"{name}={raw!r} is not valid: use one of {', '.join(choices)}")
+    return raw
+
+
+def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> AgentConfig:
+    """Flags win over environment variables, which win over defaults."""
+    env = os.environ if env is None else env
+    raw: dict[str, tuple[str, str]] = {}  # attribute -> (name to cite, value)
+    for o in OPTIONS:
+        attr = o.flag.lstrip("-").replace("-", "_")
+        flag_value = getattr(args, attr, None)
+        if flag_value is not None:
+            raw[attr] = (o.flag, flag_value)
+        elif env.get(o.env):
+            raw[attr] = (o.env, env[o.env])
+        else:
+            raw[attr] = (o.flag, o.default)
+
+    def get(attr: str) -> str:
+        return raw[attr][1]
+
+    def n(attr: str) -> str:
+        return raw[attr][0]
+
+    sim_flag = getattr(args, "simulate", None)
+    sim_gpus = sim_flag or env.get("MEMSLICE_SIM_GPUS") or None
+    simulate = sim_flag is not None or bool(env.get("MEMSLICE_SIM_GPUS"))
+    node = get("node_name")
+    prs = get("pod_resources_socket")
+    level = get("log_level").lower()
+    if level not in ("debug", "info", "warning", "error"):
+        raise ConfigError(f"{n('log_level')}={get('log_level')!r} is not valid: use debug, info, warning or "
+                          f"error")
+    return AgentConfig(
+        device_plugin_dir=Path(get("device_plugin_dir")),
+        pod_resources_socket=Path(prs) if prs else None,
+        unit_mib=_int(n("unit_mib"), get("unit_mib"), 1, 1 << 20, "a whole number of MiB per device"),
+        metrics_address=get("metrics_address"),
+        metrics_port=_int(n("metrics_port"), get("metrics_port"), 0, 65535,
+                          "a TCP port, or 0 for any free port"),
+        node_name=node,
+        kubeconfig=get("kubeconfig") or None,
+        shim_source=get("shim_source") or None,
+        shim_host_dir=Path(get("shim_host_dir")),
+        region_root=Path(get("region_root")),
+        preload=_choice(n("preload"), get("preload"), PRELOAD_MODES),
+        visibility=_choice(n("visibility"), get("visibility"), VISIBILITY_MODES),
+        cdi_kind=get("cdi_kind"),
+        ignored_xids=_xids(n("ignored_xids"), get("ignored_xids")),
+        health_recovery_s=_float(n("health_recovery_s"), get("health_recovery_s"), 0, "seconds"),
+        reconcile_interval_s=_float(n("reconcile_interval_s"), get("reconcile_interval_s"), 0.05, "seconds"),
+        grpc_workers=_int(n("grpc_workers"), get("grpc_workers"), 4, 256, "a number of threads"),
+        log_level=level,
+        simulate=simulate,
+        sim_gpus=sim_gpus,
+    )

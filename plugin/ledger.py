@@ -1,0 +1,112 @@
+"""Which MiB of which GPU are handed out, and which region directory belongs to which container.
+
+Pure: the region ID is derived from the device IDs (so the kubelet's own record, read back through the
+PodResources API, tells the agent which region is whose), and `reconcile` decides what to keep.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from memslice.plugin.devices import parse_device_id
+
+REGION_ID = re.compile(r"g\d{1,4}-[0-9a-f]{12}\Z")
+
+
+def region_id_for(device_ids: Sequence[str]) -> str:
+    """`g<gpu-index>-<12 hex>`: the GPU, then a digest of the sorted device IDs. The kubelet never hands the
+    same device to two live containers, so the ID is unique on the node and stable across restarts."""
+    gpu = parse_device_id(device_ids[0])[0]
+    digest = hashlib.sha256(",".join(sorted(device_ids)).encode()).hexdigest()[:12]
+    return f"g{gpu}-{digest}"
+
+
+@dataclass(frozen=True)
+class Allocation:
+    region_id: str
+    gpu_index: int
+    gpu_uuid: str
+    device_ids: tuple[str, ...]
+    mib: int
+    created_at: float  # wall-clock seconds
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+    pod_uid: str = ""
+
+    def owner(self) -> str:
+        return f"{self.namespace}/{self.pod}/{self.container}" if self.pod else "(pod not yet known)"
+
+
+@dataclass(frozen=True)
+class LiveContainer:
+    """One container's devices of our resource, as the kubelet reports them (PodResources List)."""
+
+    namespace: str
+    pod: str
+    container: str
+    device_ids: tuple[str, ...]
+
+
+@dataclass
+class ReconcileResult:
+    keep: dict[str, Allocation] = field(default_factory=dict)
+    removed: list[Allocation] = field(default_factory=list)
+    recovered: list[Allocation] = field(default_factory=list)
+
+
+def reconcile(ledger: Mapping[str, Allocation], live: Sequence[LiveContainer] | None,
+              gone_pod_uids: set[str], uid_of: Mapping[tuple[str, str], str],
+              uuid_of: Mapping[int, str], unit_mib: int, now: float, grace_s: float) -> ReconcileResult:
+    """Decide the ledger after one look at the kubelet's record.
+
+    - `live` None (PodResources unavailable): keep everything whose pod is not known to be gone.
+    - Otherwise the kubelet's record wins: entries it lists are kept (and filled with their owner), entries
+      it lists that the ledger lacks are recovered (agent restart), and other entries are removed once they
+      are older than `grace_s` (the kubelet records an allocation just after Allocate returns) or at once
+      when their pod is known to be gone.
+    """
+    out = ReconcileResult()
+    if live is None:
+        for rid, a in ledger.items():
+            if a.pod_uid and a.pod_uid in gone_pod_uids:
+                out.removed.append(a)
+            else:
+                out.keep[rid] = a
+        return out
+    by_region = {}
+    for lc in live:
+        if lc.device_ids:
+            by_region[region_id_for(lc.device_ids)] = lc
+    for rid, a in ledger.items():
+        lc = by_region.get(rid)
+        if lc is not None:
+            if a.pod != lc.pod or a.namespace != lc.namespace or a.container != lc.container:
+                a = replace(a, namespace=lc.namespace, pod=lc.pod, container=lc.container,
+                            pod_uid=uid_of.get((lc.namespace, lc.pod), a.pod_uid))
+            out.keep[rid] = a
+        elif (a.pod_uid and a.pod_uid in gone_pod_uids) or now - a.created_at >= grace_s:
+            out.removed.append(a)
+        else:
+            out.keep[rid] = a
+    for rid, lc in by_region.items():
+        if rid in ledger:
+            continue
+        gpu = parse_device_id(lc.device_ids[0])[0]
+        a = Allocation(region_id=rid, gpu_index=gpu, gpu_uuid=uuid_of.get(gpu, ""), device_ids=lc.device_ids,
+                       mib=len(lc.device_ids) * unit_mib, created_at=now, namespace=lc.namespace, pod=lc.pod,
+                       container=lc.container, pod_uid=uid_of.get((lc.namespace, lc.pod), ""))
+        out.keep[rid] = a
+        out.recovered.append(a)
+    return out
+
+
+def allocated_mib(ledger: Mapping[str, Allocation]) -> dict[int, int]:
+    """MiB handed out per GPU index."""
+    out: dict[int, int] = {}
+    for a in ledger.values():
+        out[a.gpu_index] = out.get(a.gpu_index, 0) + a.mib
+    return out

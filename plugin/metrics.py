@@ -1,0 +1,173 @@
+"""Prometheus metrics and the liveness/readiness endpoints of the agent.
+
+The per-GPU and per-container figures are computed at scrape time by a custom collector (no background
+polling). prometheus_client's own HTTP server serves only metrics, so a small http.server handler adds
+/healthz and /readyz next to /metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from memslice.plugin.ledger import allocated_mib
+from memslice.plugin.state import NodeState
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+log = logging.getLogger(__name__)
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+MiB = 1 << 20
+
+
+class Metrics:
+    """The agent's own instruments, in a registry of their own (several agents may share a process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.allocate_seconds = Histogram("memslice_allocate_seconds", "Allocate handling time",
+                                          buckets=_LATENCY_BUCKETS, registry=r)
+        self.preferred_seconds = Histogram("memslice_preferred_allocation_seconds",
+                                           "GetPreferredAllocation handling time", buckets=_LATENCY_BUCKETS,
+                                           registry=r)
+        self.allocate_errors = Counter("memslice_allocate_errors", "Allocate calls refused", registry=r)
+        self.streams = Gauge("memslice_listandwatch_streams", "Open ListAndWatch streams", registry=r)
+        self.registered = Gauge("memslice_kubelet_registered",
+                                "1 while the agent is registered with the kubelet", registry=r)
+        self.registrations = Counter("memslice_kubelet_registrations", "Successful Register calls",
+                                     registry=r)
+        self.registration_errors = Counter("memslice_kubelet_registration_errors", "Failed Register calls",
+                                           registry=r)
+
+
+class NodeCollector:
+    """Per-GPU capacity/allocated/used and per-container quota/used/peak/refused, read at scrape time."""
+
+    def __init__(self, state: NodeState, used_mib: Callable[[str], int | None],
+                 read_region: Callable[[str], object | None] | None,
+                 region_dir: Callable[[str], str]) -> None:
+        self.state = state
+        self.used_mib = used_mib
+        self.read_region = read_region
+        self.region_dir = region_dir
+
+    def describe(self) -> list[Metric]:
+        return []  # computed at scrape time; nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        st = self.state
+        with st.lock:
+            gpus = list(st.gpus.values())
+            ledger = dict(st.ledger)
+        healthy = st.health.snapshot()
+        alloc = allocated_mib(ledger)
+        labels = ["gpu", "uuid", "model"]
+        cap = GaugeMetricFamily("memslice_gpu_capacity_mib", "GPU memory advertised (whole units)",
+                                labels=labels)
+        used_alloc = GaugeMetricFamily("memslice_gpu_allocated_mib", "GPU memory handed to containers",
+                                       labels=labels)
+        used = GaugeMetricFamily("memslice_gpu_used_mib", "GPU memory in use (NVML)", labels=labels)
+        health = GaugeMetricFamily("memslice_gpu_healthy", "1 when the GPU is advertised Healthy",
+                                   labels=labels)
+        for g in gpus:
+            lv = [str(g.index), g.uuid, g.model]
+            cap.add_metric(lv, (g.mem_mib // st.unit_mib) * st.unit_mib)
+            used_alloc.add_metric(lv, alloc.get(g.index, 0))
+            u = self.used_mib(g.uuid)
+            if u is not None:
+                used.add_metric(lv, u)
+            health.add_metric(lv, 1 if healthy.get(g.uuid) else 0)
+        yield from (cap, used_alloc, used, health)
+        yield from self._containers(ledger)
+
+    def _containers(self, ledger: dict) -> Iterator[Metric]:
+        labels = ["namespace", "pod", "container", "region", "gpu"]
+        quota = GaugeMetricFamily("memslice_container_quota_mib", "Container GPU memory quota", labels=labels)
+        used = GaugeMetricFamily("memslice_container_used_mib", "Container GPU memory in use (shim region)",
+                                 labels=labels)
+        peak = GaugeMetricFamily("memslice_container_peak_mib", "Container GPU memory peak (shim region)",
+                                 labels=labels)
+        refused = CounterMetricFamily("memslice_container_refused_allocations",
+                                      "Allocations the shim refused for going over the quota", labels=labels)
+        for a in ledger.values():
+            lv = [a.namespace, a.pod, a.container, a.region_id, a.gpu_uuid]
+            quota.add_metric(lv, a.mib)
+            snap = self._read(a.region_id)
+            if snap is None:
+                continue
+            for dev in getattr(snap, "devices", []):
+                if dev.uuid and dev.uuid != a.gpu_uuid:
+                    continue
+                used.add_metric(lv, dev.used_bytes / MiB)
+                peak.add_metric(lv, dev.peak_bytes / MiB)
+                refused.add_metric(lv, dev.refused)
+        yield from (quota, used, peak, refused)
+
+    def _read(self, region_id: str) -> object | None:
+        if self.read_region is None:
+            return None
+        try:
+            return self.read_region(self.region_dir(region_id))
+        except Exception as exc:  # a damaged region must not break the scrape
+            log.warning("region %s cannot be read: %s", region_id, exc)
+            return None
+
+
+def region_reader() -> Callable[[str], object | None] | None:
+    """memslice.interposer.region.read_region, or None (container usage metrics off) when unavailable."""
+    try:
+        from memslice.interposer.region import read_region
+    except Exception as exc:  # library not built, cffi missing, ...
+        log.warning("container usage metrics are off: the region reader is unavailable (%s)", exc)
+        return None
+    return read_region
+
+
+class HealthServer:
+    """GET /metrics, /healthz (the agent's loops are alive) and /readyz (registered with the kubelet)."""
+
+    def __init__(self, registry: CollectorRegistry, live: Callable[[], bool], ready: Callable[[], bool],
+                 host: str, port: int) -> None:
+        registry_ = registry
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server API)
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    body, ctype, code = generate_latest(registry_), CONTENT_TYPE_LATEST, 200
+                elif path in ("/healthz", "/livez"):
+                    ok = live()
+                    body = b"ok\n" if ok else b"agent loop stalled\n"
+                    ctype, code = "text/plain", 200 if ok else 503
+                elif path == "/readyz":
+                    ok = ready()
+                    body = b"ok\n" if ok else b"not registered with the kubelet\n"
+                    ctype, code = "text/plain", 200 if ok else 503
+                else:
+                    body, ctype, code = b"not found: try /metrics, /healthz, /readyz\n", "text/plain", 404
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, fmt: str, *args: object) -> None:
+                log.debug("http: " + fmt, *args)
+
+        self._httpd = ThreadingHTTPServer((host, port), Handler)
+        self._httpd.daemon_threads = True
+        self.port = self._httpd.server_address[1]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name="metrics-http", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()

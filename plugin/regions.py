@@ -1,0 +1,102 @@
+"""Host files the agent owns: the installed shim, and one region directory per container.
+
+Layout under the region root (default /var/lib/memslice/regions):
+  <region-id>/        mounted read-write at /run/memslice/region in the container; the shim creates
+                      memslice.region inside
+  <region-id>.json    the agent's record of that allocation (GPU, devices, MiB, owner); not mounted, so
+                      the container cannot alter it
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from memslice.plugin.ledger import REGION_ID, Allocation
+
+log = logging.getLogger(__name__)
+
+SHIM_NAME = "libmemslice.so"
+PRELOAD_NAME = "ld.so.preload"
+CONTAINER_SHIM = "/usr/local/memslice/lib/libmemslice.so"
+CONTAINER_PRELOAD = "/etc/ld.so.preload"
+CONTAINER_REGION_DIR = "/run/memslice/region"
+
+
+def _atomic_write(path: Path, data: bytes, mode: int) -> None:
+    """Write to a temporary file in the same directory, then rename over `path` (readers never see half)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def install_shim(source: str, host_dir: Path) -> Path:
+    """Copy the shim into `host_dir` atomically and write the ld.so.preload file beside it."""
+    host_dir.mkdir(parents=True, exist_ok=True)
+    target = host_dir / SHIM_NAME
+    _atomic_write(target, Path(source).read_bytes(), 0o755)
+    _atomic_write(host_dir / PRELOAD_NAME, f"{CONTAINER_SHIM}\n".encode(), 0o644)
+    return target
+
+
+class RegionStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def prepare(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def dir_of(self, region_id: str) -> Path:
+        return self.root / region_id
+
+    def create(self, alloc: Allocation) -> Path:
+        """Create (or keep, for a re-sent request) the region directory and record the allocation."""
+        d = self.dir_of(alloc.region_id)
+        d.mkdir(exist_ok=True)
+        # Any user of the container must be able to create the region file; only this container mounts it.
+        os.chmod(d, 0o1777)
+        self.save(alloc)
+        return d
+
+    def save(self, alloc: Allocation) -> None:
+        _atomic_write(self.root / f"{alloc.region_id}.json", json.dumps(asdict(alloc)).encode(), 0o644)
+
+    def remove(self, region_id: str) -> None:
+        if not REGION_ID.match(region_id):  # never rmtree anything the agent did not name
+            raise ValueError(f"refusing to remove {region_id!r}: not a region ID")
+        # the record first: a directory left behind without one is swept as an orphan later
+        (self.root / f"{region_id}.json").unlink(missing_ok=True)
+        shutil.rmtree(self.dir_of(region_id), ignore_errors=True)
+
+    def load(self) -> dict[str, Allocation]:
+        """The recorded allocations (a record that cannot be read is logged and skipped)."""
+        out = {}
+        for meta in sorted(self.root.glob("*.json")):
+            if not REGION_ID.match(meta.stem):
+                continue
+            try:
+                raw = json.loads(meta.read_text())
+                raw["device_ids"] = tuple(raw["device_ids"])
+                alloc = Allocation(**raw)
+            except (OSError, ValueError, TypeError, KeyError) as exc:
+                log.warning("region record %s cannot be read (%s); it will be rebuilt from the kubelet's "
+                            "PodResources or removed", meta, exc)
+                continue
+            out[alloc.region_id] = alloc
+        return out
+
+    def directories(self) -> list[str]:
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and REGION_ID.match(p.name))

@@ -1,0 +1,44 @@
+"""The Allocate response for one container: env, mounts and GPU visibility (see the architecture doc)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from memslice.plugin.allocator import Target
+from memslice.plugin.regions import (
+    CONTAINER_PRELOAD,
+    CONTAINER_REGION_DIR,
+    CONTAINER_SHIM,
+    PRELOAD_NAME,
+    SHIM_NAME,
+)
+from memslice.proto import api_pb2
+
+
+@dataclass(frozen=True)
+class ResponseConfig:
+    shim_host_dir: Path
+    preload: str = "file"       # "file": mount ld.so.preload; "env": set LD_PRELOAD
+    visibility: str = "env"     # "env": NVIDIA_VISIBLE_DEVICES=<uuid>; "cdi": CDI device <cdi_kind>=<uuid>
+    cdi_kind: str = "nvidia.com/gpu"
+
+
+def container_response(target: Target, region_host_dir: Path, cfg: ResponseConfig
+                       ) -> api_pb2.ContainerAllocateResponse:
+    envs = {"MEMSLICE_GPU_MEM_LIMIT": str(target.mib), "MEMSLICE_REGION_DIR": CONTAINER_REGION_DIR}
+    mounts = [api_pb2.Mount(container_path=CONTAINER_SHIM, host_path=str(cfg.shim_host_dir / SHIM_NAME),
+                            read_only=True),
+              api_pb2.Mount(container_path=CONTAINER_REGION_DIR, host_path=str(region_host_dir),
+                            read_only=False)]
+    if cfg.preload == "env":
+        envs["LD_PRELOAD"] = CONTAINER_SHIM
+    else:
+        mounts.append(api_pb2.Mount(container_path=CONTAINER_PRELOAD,
+                                    host_path=str(cfg.shim_host_dir / PRELOAD_NAME), read_only=True))
+    cdi = []
+    if cfg.visibility == "cdi":
+        cdi.append(api_pb2.CDIDevice(name=f"{cfg.cdi_kind}={target.gpu.uuid}"))
+    else:
+        envs["NVIDIA_VISIBLE_DEVICES"] = target.gpu.uuid
+    return api_pb2.ContainerAllocateResponse(envs=envs, mounts=mounts, cdi_devices=cdi)

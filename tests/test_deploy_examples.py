@@ -1,0 +1,128 @@
+"""deploy/examples: valid Kubernetes objects that request resources the way memslice understands them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes.utils import parse_quantity
+from test_deploy_manifests import validate_strict
+from test_deploy_render import (
+    DEPLOY,
+    RESOURCE,
+    Manifest,
+    containers,
+    load_yaml,
+    pod_spec,
+    render,
+)
+
+from memslice.sizes import MiB, parse_size
+
+EXAMPLES = DEPLOY / "examples"
+KUBE_EXAMPLES = ("notebook.yaml", "notebook-oversubscribed.yaml", "training-job.yaml")
+
+
+def scheduler_profile_names() -> set[str]:
+    cm = next(o for o in render("base") if o["kind"] == "ConfigMap"
+              and o["metadata"]["name"].startswith("memslice-scheduler-config"))
+    cfg = yaml.safe_load(cm["data"]["scheduler-config.yaml"])
+    return {p["schedulerName"] for p in cfg["profiles"]}
+
+
+def example(name: str) -> Manifest:
+    (obj,) = load_yaml(EXAMPLES / name)
+    return obj
+
+
+def gpu_mem_mib(c: Manifest, unit_mib: int = 1) -> int:
+    """The container's memslice request in MiB; checks the rules the API server and kubelet enforce."""
+    res = c.get("resources", {})
+    limit = res.get("limits", {}).get(RESOURCE)
+    request = res.get("requests", {}).get(RESOURCE, limit)
+    assert limit is not None, f"{c['name']}: an extended resource must be set in limits"
+    assert parse_quantity(request) == parse_quantity(limit), "extended resources cannot be overcommitted"
+    q = parse_quantity(limit)
+    assert q == int(q) and q > 0, f"{RESOURCE} must be a positive whole number, got {limit}"
+    return int(q) * unit_mib
+
+
+def test_every_file_in_examples_is_covered() -> None:
+    names = {p.name for p in EXAMPLES.iterdir()}
+    assert names == {*KUBE_EXAMPLES, "jupyterhub-values.yaml"}
+
+
+@pytest.mark.parametrize("name", KUBE_EXAMPLES)
+def test_example_is_a_valid_object_for_memslice(name: str) -> None:
+    obj = example(name)
+    validate_strict(obj)
+    spec = pod_spec(obj)
+    assert spec is not None
+    assert spec["schedulerName"] in scheduler_profile_names()
+    gpu = [c for c in containers(spec) if RESOURCE in c.get("resources", {}).get("limits", {})]
+    assert gpu, f"{name} asks for no {RESOURCE}"
+    for c in gpu:
+        gpu_mem_mib(c)
+        sc = c.get("securityContext", {})
+        assert sc.get("privileged") is not True, "privileged containers bypass the shim"
+
+
+def test_notebook_asks_for_4096_mib() -> None:
+    (c,) = pod_spec(example("notebook.yaml"))["containers"]  # type: ignore[index]
+    assert gpu_mem_mib(c) == 4096
+
+
+def test_training_job_never_restarts_in_place() -> None:
+    job = example("training-job.yaml")
+    assert job["kind"] == "Job"
+    assert pod_spec(job)["restartPolicy"] == "Never"  # type: ignore[index]
+    (c,) = pod_spec(job)["containers"]  # type: ignore[index]
+    assert gpu_mem_mib(c) == 16384
+
+
+def test_oversubscribed_notebook_leaves_room_for_the_spill() -> None:
+    """Spilled GPU memory is pinned host memory of the container, and the shim keeps a margin of the memory
+    cgroup free (docs/architecture.md, "Oversubscription"): the limit must hold what the notebook itself
+    needs + the spill limit + the margin, or allocations fail before the spill limit is reached."""
+    (c,) = pod_spec(example("notebook-oversubscribed.yaml"))["containers"]  # type: ignore[index]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["MEMSLICE_OVERSUBSCRIBE"] == "1"
+    spill = parse_size(env["MEMSLICE_HOST_SPILL_LIMIT"], what="MEMSLICE_HOST_SPILL_LIMIT")
+    limit = int(parse_quantity(c["resources"]["limits"]["memory"]))
+    request = int(parse_quantity(c["resources"]["requests"]["memory"]))
+    assert request == limit, "the spill is pinned host memory: reserve it, do not overcommit it"
+    plain = pod_spec(example("notebook.yaml"))["containers"][0]  # type: ignore[index]
+    margin = max(limit // 10, 256 * MiB)  # MEMSLICE_CGROUP_MARGIN's default
+    assert "MEMSLICE_CGROUP_MARGIN" not in env
+    assert limit - spill - margin >= int(parse_quantity(plain["resources"]["limits"]["memory"]))
+    assert gpu_mem_mib(c) == 4096
+
+
+def jupyterhub_profiles() -> list[dict[str, Any]]:
+    values = yaml.safe_load((EXAMPLES / "jupyterhub-values.yaml").read_text())
+    return values["singleuser"]["profileList"]
+
+
+def test_jupyterhub_profiles_offer_4_8_and_16_gib_slices() -> None:
+    sizes = []
+    for profile in jupyterhub_profiles():
+        o = profile["kubespawner_override"]
+        assert o["scheduler_name"] in scheduler_profile_names()
+        limit = o["extra_resource_limits"][RESOURCE]
+        assert o["extra_resource_guarantees"][RESOURCE] == limit
+        fake = {"name": profile["slug"], "resources": {"limits": {RESOURCE: limit}}}
+        sizes.append(gpu_mem_mib(fake))
+        # host memory grows with the slice (at least the slice itself: tensors are staged on the host)
+        assert parse_quantity(o["mem_limit"]) >= sizes[-1] * MiB
+    assert sizes == [4096, 8192, 16384]
+    assert [p.get("default", False) for p in jupyterhub_profiles()] == [True, False, False]
+
+
+def test_kubespawner_override_keys_are_kubespawner_traits() -> None:
+    """Misspelt KubeSpawner traits are ignored silently by JupyterHub; only known ones are used here."""
+    known = {"image", "scheduler_name", "extra_resource_limits", "extra_resource_guarantees", "cpu_limit",
+             "cpu_guarantee", "mem_limit", "mem_guarantee", "environment"}
+    for profile in jupyterhub_profiles():
+        assert set(profile["kubespawner_override"]) <= known
+        assert {"display_name", "slug", "description", "kubespawner_override"} <= set(profile)

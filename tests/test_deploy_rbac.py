@@ -1,0 +1,254 @@
+"""RBAC grants exactly the Kubernetes API calls the code makes.
+
+The calls are read from the code: every `kubernetes.client` API method a component's modules name
+(`core.patch_node(...)`, `watch.stream(core.list_namespaced_pod, ...)`) is mapped to the HTTP method and
+path the client library itself uses for it, and from there to the RBAC (apiGroup, resource, verb). A list
+method passed as a value (to `Watch().stream` or an informer) or called with `watch=True` is a watch.
+The rules bound to the component's ServiceAccount must be exactly that set: a missing rule fails the
+call in the cluster, an extra one is privilege nobody uses.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import kubernetes.client
+import pytest
+import yaml
+from test_deploy_render import NAMESPACE, ROOT, Manifest, find, pod_spec, render
+
+Perm = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
+
+# component -> (its ServiceAccount, the directories of its code)
+COMPONENTS = {
+    "node-agent": ("memslice-node-agent", ("plugin",)),
+    "extender": ("memslice-extender", ("scheduler_extender",)),
+}
+# Ways to reach the API server that this scanner cannot map to permissions; code using them needs the
+# scanner extended first, so it fails here instead of silently passing.
+OPAQUE_CALLS = re.compile(r"\bcall_api\(|\bDynamicClient\b|\burllib\.request\b|"
+                          r"^\s*(?:import|from)\s+(?:requests|httpx|aiohttp|urllib3)\b", re.M)
+
+
+@functools.cache
+def api_methods() -> dict[str, list[tuple[str, str, str]]]:
+    """method name -> [(API class, HTTP method, path template)] for every kubernetes.client API class,
+    read from the client's own request serializers (`_<method>_serialize`)."""
+    out: dict[str, list[tuple[str, str, str]]] = {}
+    api_dir = Path(inspect.getfile(kubernetes.client.CoreV1Api)).parent
+    serializer = re.compile(r"def _(\w+)_serialize\(.*?method='(\w+)',\s*resource_path='([^']+)'", re.S)
+    for module in sorted(api_dir.glob("*_api.py")):
+        text = module.read_text()
+        cls = re.search(r"^class (\w+Api)\b", text, re.M)
+        if cls is None:
+            continue
+        for name, http, path in serializer.findall(text):
+            out.setdefault(name, []).append((cls.group(1), http, path))
+    return out
+
+
+def permission(http_method: str, path: str) -> tuple[str, str, bool]:
+    """(apiGroup, resource[/subresource], names one object) for a path template of the client."""
+    parts = path.strip("/").split("/")
+    if parts[0] == "api":
+        group, rest = "", parts[2:]
+    else:
+        assert parts[0] == "apis", path
+        group, rest = parts[1], parts[3:]
+    if rest[:1] == ["namespaces"] and len(rest) > 2:
+        rest = rest[2:]
+    resource = rest[0]
+    named = len(rest) >= 2
+    if len(rest) >= 3:
+        resource = f"{resource}/{rest[2]}"
+    return group, resource, named
+
+
+VERBS = {("GET", True): "get", ("GET", False): "list", ("POST", True): "create", ("POST", False): "create",
+         ("PUT", True): "update", ("PATCH", True): "patch", ("DELETE", True): "delete",
+         ("DELETE", False): "deletecollection"}
+
+
+def source_files(dirs: tuple[str, ...]) -> list[Path]:
+    return sorted(p for d in dirs for p in (ROOT / d).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def terminal(node: ast.AST) -> str | None:
+    """`core` for `core`, `self.core` and `client.core`; None for anything else."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def api_receivers(trees: list[ast.AST]) -> frozenset[str]:
+    """Names that hold a kubernetes API object: assigned from `XxxApi(...)`, parameters annotated with an
+    API class, and names assigned from those (`self.core = core`)."""
+    names: set[str] = set()
+    assigns = []
+    for tree in trees:
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Assign | ast.AnnAssign):
+                targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                assigns.append(([terminal(t) for t in targets], n.value))
+                call = n.value
+                if isinstance(call, ast.Call) and (terminal(call.func) or "").endswith("Api") \
+                        and terminal(call.func) != "ApiClient":
+                    names.update(t for t in (terminal(t) for t in targets) if t)
+            elif isinstance(n, ast.arg) and n.annotation is not None:
+                ann = ast.unparse(n.annotation)
+                if re.search(r"\b\w+V\d\w*Api\b", ann):
+                    names.add(n.arg)
+    changed = True
+    while changed:
+        changed = False
+        for targets, value in assigns:
+            if value is not None and terminal(value) in names:
+                new = {t for t in targets if t and t not in names}
+                names |= new
+                changed = changed or bool(new)
+    return frozenset(names)
+
+
+def referenced_api_methods(tree: ast.AST, text: str, own: frozenset[str] = frozenset(),
+                           receivers: frozenset[str] = frozenset()) -> Iterator[tuple[str, str, bool]]:
+    """(method, API class, watched) for each kubernetes API method the module names. Where the component
+    defines a function of the same name itself (e.g. a cache's own `delete_node`), only references on a
+    known API object (`receivers`) count."""
+    methods = api_methods()
+    called: set[int] = set()
+    watch_kw: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            called.add(id(node.func))
+            if any(k.arg == "watch" and isinstance(k.value, ast.Constant) and k.value.value
+                   for k in node.keywords):
+                watch_kw.add(id(node.func))
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and node.attr in methods):
+            continue
+        if node.attr in own and terminal(node.value) not in receivers:
+            continue
+        candidates = methods[node.attr]
+        classes = [c for c, _, _ in candidates]
+        if len(set(classes)) > 1:  # e.g. create_namespaced_event: CoreV1Api and EventsV1Api
+            named = [c for c in classes if c in text]
+            assert len(named) == 1, f"{node.attr}: cannot tell which of {classes} the code uses"
+            cls = named[0]
+        else:
+            cls = classes[0]
+        watched = node.attr.startswith("list_") and (id(node) not in called or id(node) in watch_kw)
+        yield node.attr, cls, watched
+
+
+def code_permissions(dirs: tuple[str, ...]) -> set[Perm]:
+    perms: set[Perm] = set()
+    trees = {path: (path.read_text(), ast.parse(path.read_text())) for path in source_files(dirs)}
+    own = frozenset(n.name for _, tree in trees.values() for n in ast.walk(tree)
+                    if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))
+    receivers = api_receivers([tree for _, tree in trees.values()])
+    for path, (text, tree) in trees.items():
+        opaque = OPAQUE_CALLS.search(text)
+        assert opaque is None, f"{path.relative_to(ROOT)}: {opaque.group(0)!r} is unmapped; extend this test"
+        for name, cls, watched in referenced_api_methods(tree, text, own, receivers):
+            (_, http, tmpl), = [m for m in api_methods()[name] if m[0] == cls]
+            group, resource, named = permission(http, tmpl)
+            if watched:
+                perms |= {(group, resource, "list"), (group, resource, "watch")}
+            else:
+                perms.add((group, resource, VERBS[(http, named)]))
+    return perms
+
+
+def granted(objs: list[Manifest], service_account: str) -> set[Perm]:
+    """Every (apiGroup, resource, verb) the roles bound to the ServiceAccount allow (no wildcards)."""
+    perms: set[Perm] = set()
+    for b in objs:
+        if b["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        if not any(s["kind"] == "ServiceAccount" and s["name"] == service_account
+                   and s["namespace"] == NAMESPACE for s in b["subjects"]):
+            continue
+        role = find(objs, b["roleRef"]["kind"], b["roleRef"]["name"])
+        for rule in role["rules"]:
+            assert "resourceNames" not in rule or rule["verbs"] != ["list"], "resourceNames cannot limit list"
+            for g in rule["apiGroups"]:
+                for r in rule["resources"]:
+                    for v in rule["verbs"]:
+                        assert "*" not in (g, r, v), f"wildcard in {role['metadata']['name']}"
+                        perms.add((g, r, v))
+    return perms
+
+
+@pytest.mark.parametrize("component", sorted(COMPONENTS))
+def test_rbac_grants_exactly_the_calls_in_the_code(component: str) -> None:
+    sa, dirs = COMPONENTS[component]
+    needed = code_permissions(dirs)
+    assert needed, f"found no Kubernetes API call in {dirs}: the scanner or the code changed"
+    have = granted(render("base"), sa)
+    assert have - needed == set(), f"{component}: granted but never called: {sorted(have - needed)}"
+    assert needed - have == set(), f"{component}: called but not granted: {sorted(needed - have)}"
+
+
+@pytest.mark.parametrize("component", sorted(COMPONENTS))
+def test_component_runs_under_its_own_service_account(component: str) -> None:
+    sa, _ = COMPONENTS[component]
+    objs = render("base")
+    users = [o["metadata"]["name"] for o, spec in ((o, pod_spec(o)) for o in objs) if spec
+             and spec.get("serviceAccountName") == sa]
+    assert users == [sa]
+
+
+def test_scanner_maps_known_calls() -> None:
+    """The mapping itself, on calls whose permissions are known from the Kubernetes documentation."""
+    src = ("from kubernetes import client, watch\n"
+           "core = client.CoreV1Api()\n"
+           "core.patch_node('n', {})\n"
+           "core.read_node('n')\n"
+           "core.create_namespaced_pod_binding('p', 'ns', body)\n"
+           "watch.Watch().stream(core.list_pod_for_all_namespaces, field_selector='spec.nodeName=n')\n"
+           "core.list_node(watch=True)\n"
+           "client.CoordinationV1Api().replace_namespaced_lease('l', 'ns', body)\n"
+           "self.state.delete_node('n')\n"
+           "def f(api: client.CoreV1Api): api.delete_namespaced_pod('p', 'ns')\n")
+    tree = ast.parse(src)
+    own = frozenset({"delete_node", "delete_namespaced_pod"})
+    found = set()
+    for name, cls, watched in referenced_api_methods(tree, src, own, api_receivers([tree])):
+        (_, http, tmpl), = [m for m in api_methods()[name] if m[0] == cls]
+        group, resource, named = permission(http, tmpl)
+        found.add((group, resource, VERBS[(http, named)], watched))
+    assert found == {("", "nodes", "patch", False), ("", "nodes", "get", False),
+                     ("", "pods/binding", "create", False), ("", "pods", "list", True),
+                     ("", "nodes", "list", True), ("coordination.k8s.io", "leases", "update", False),
+                     ("", "pods", "delete", False)}
+
+
+# ------------------------------------------------------------------------------ the second scheduler
+
+
+def test_scheduler_uses_the_builtin_scheduler_roles_and_its_own_lease() -> None:
+    objs = render("base")
+    sa = "memslice-scheduler"
+    bound = {(b["roleRef"]["kind"], b["roleRef"]["name"], b["metadata"].get("namespace"))
+             for b in objs if b["kind"] in ("RoleBinding", "ClusterRoleBinding")
+             and any(s["name"] == sa for s in b["subjects"])}
+    assert bound == {("ClusterRole", "system:kube-scheduler", None),
+                     ("ClusterRole", "system:volume-scheduler", None),
+                     ("Role", "extension-apiserver-authentication-reader", "kube-system"),
+                     ("Role", "memslice-scheduler-leader-election", NAMESPACE)}
+    cm = next(o for o in objs if o["kind"] == "ConfigMap"
+              and o["metadata"]["name"].startswith("memslice-scheduler-config"))
+    le = yaml.safe_load(cm["data"]["scheduler-config.yaml"])["leaderElection"]
+    assert le["resourceNamespace"] == NAMESPACE
+    role = find(objs, "Role", "memslice-scheduler-leader-election")
+    assert role["metadata"]["namespace"] == le["resourceNamespace"]
+    named = [r for r in role["rules"] if "resourceNames" in r]
+    assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                      "resourceNames": [le["resourceName"]], "verbs": ["get", "update"]}]

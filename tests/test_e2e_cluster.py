@@ -1,0 +1,253 @@
+"""End to end: API stand-in + extender + node agents on simulated GPUs + kubelet stand-ins.
+
+Pods are created in the API stand-in, scheduled through the extender's verbs the way kube-scheduler calls
+them (filter with every node, prioritize the nodes that passed, bind to the best), admitted by the kubelet
+stand-in of the chosen node (GetPreferredAllocation + one Allocate per container, answered by the real node
+agent process), and then each container's process runs under its Allocate answer (env, region mount, the
+shim the agent installed) on the node's simulated GPU. Checked: every pod is on a GPU that had room, the
+agent gave each container the GPU and quota the extender reserved, and every process is held to its quota
+while all of them hold their memory at the same time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kube_standin import KubeApiStandin
+from kubelet_standin import KubeletStandin
+from test_extender_support import Cluster, plain_node, pod_obj
+
+from memslice.paths import lib_paths
+
+RESOURCE = "memslice.io/gpu-mem"
+ROOT = Path(__file__).resolve().parent.parent
+UNIT = 4  # MiB per device
+CONTEXT_RESERVE_MIB = 300  # the shim's default MEMSLICE_CONTEXT_RESERVE
+NODES = {"gpu-a": "16GiB,8GiB", "gpu-b": "24GiB"}
+
+# A container's process: picks the CUDA device whose UUID is NVIDIA_VISIBLE_DEVICES (what the NVIDIA
+# container runtime does by exposing only that GPU), allocates in 256 MiB steps until refused, reports,
+# then holds its memory until stdin closes.
+TENANT = r"""
+import ctypes, json, os, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+ptr = ctypes.c_ulonglong
+cuda.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ptr), ctypes.c_size_t]
+cuda.cuMemFree_v2.argtypes = [ptr]
+assert cuda.cuInit(0) == 0
+count = ctypes.c_int()
+cuda.cuDeviceGetCount(ctypes.byref(count))
+want = os.environ["NVIDIA_VISIBLE_DEVICES"]
+ordinal = None
+for i in range(count.value):
+    dev = ctypes.c_int()
+    cuda.cuDeviceGet(ctypes.byref(dev), i)
+    raw = (ctypes.c_ubyte * 16)()
+    cuda.cuDeviceGetUuid(raw, dev)
+    h = bytes(raw).hex()
+    if f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}" == want:
+        ordinal = dev
+if ordinal is None:
+    print(json.dumps({"error": f"no device with UUID {want}"}), flush=True)
+    sys.exit(1)
+ctx = ctypes.c_void_p()
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), ordinal) == 0 and cuda.cuCtxSetCurrent(ctx) == 0
+held, refused = [], None
+while refused is None and len(held) < 1000:
+    p = ptr()
+    rc = cuda.cuMemAlloc_v2(ctypes.byref(p), 256 << 20)
+    if rc == 0:
+        held.append(p)
+    else:
+        refused = rc
+print(json.dumps({"allocated_mib": 256 * len(held), "refused_with": refused}), flush=True)
+sys.stdin.read()
+for p in held:
+    cuda.cuMemFree_v2(p)
+"""
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)  # polling interval of a bounded wait on another process
+
+
+class GpuNode:
+    """A node agent process on a simulated node, next to its kubelet stand-in."""
+
+    def __init__(self, root: Path, name: str, gpus: str, kubeconfig: str) -> None:
+        self.name, self.gpus = name, gpus
+        self.dir = root / name
+        self.dir.mkdir()
+        self.state = self.dir / "sim.state"
+        self.log_path = self.dir / "agent.log"
+        self.kubelet = KubeletStandin(self.dir / "dp", self.dir / "pr" / "kubelet.sock").start()
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("MEMSLICE_") and k not in ("KUBERNETES_SERVICE_HOST", "NODE_NAME")}
+        env.update(MEMSLICE_SIM_STATE=str(self.state), KUBECONFIG=kubeconfig)
+        self.env = env
+        cmd = [sys.executable, "-m", "memslice", "node-agent", "--simulate", gpus, "--unit-mib", str(UNIT),
+               "--device-plugin-dir", str(self.dir / "dp"), "--pod-resources-socket",
+               str(self.dir / "pr" / "kubelet.sock"), "--region-root", str(self.dir / "regions"),
+               "--shim-host-dir", str(self.dir / "lib"), "--metrics-address", "127.0.0.1", "--metrics-port",
+               "0", "--reconcile-interval-s", "0.5", "--node-name", name, "--kubeconfig", kubeconfig]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"node agent {self.name} exited {self.proc.returncode}:\n{self.log()}")
+        return True
+
+    def container_env(self, resp) -> dict[str, str]:
+        """The environment of a process in the container this Allocate answer describes."""
+        mounts = {m.container_path: m.host_path for m in resp.mounts}
+        env = dict(self.env)
+        env.pop("KUBECONFIG", None)
+        env.update(resp.envs)
+        env.update(MEMSLICE_SIM_GPUS=self.gpus, LD_LIBRARY_PATH=lib_paths().sim_dir,
+                   MEMSLICE_REGION_DIR=mounts[resp.envs["MEMSLICE_REGION_DIR"]],
+                   LD_PRELOAD=mounts["/usr/local/memslice/lib/libmemslice.so"])
+        return env
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.kubelet.stop()
+
+
+@pytest.fixture
+def world() -> Iterator[tuple[Cluster, dict[str, GpuNode]]]:
+    lib_paths()  # the shim and the simulated driver must be built
+    root = Path(tempfile.mkdtemp(prefix="ms-e2e-", dir="/tmp"))  # short: Unix socket paths
+    kube = KubeApiStandin().start()
+    kubeconfig = kube.kubeconfig(str(root / "kubeconfig"))
+    nodes: dict[str, GpuNode] = {}
+    cluster = Cluster(kube)
+    try:
+        for name in NODES:
+            kube.put(plain_node(name))
+        for name, gpus in NODES.items():
+            nodes[name] = GpuNode(root, name, gpus, kubeconfig)
+        cluster.start()
+        for n in nodes.values():
+            n.kubelet.wait_registered(RESOURCE, timeout=30)
+        wait_until(lambda: all(n.alive() and (v := cluster.state.view(n.name)) is not None and v.gpus
+                               for n in nodes.values()), 30, "the node agents' inventories in the extender")
+        yield cluster, nodes
+    finally:
+        cluster.stop()
+        for n in nodes.values():
+            n.stop()
+        kube.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def schedule(cluster: Cluster, pod: dict) -> str | None:
+    """One scheduling cycle as kube-scheduler runs it with this extender; the node, or None."""
+    names = sorted(NODES)
+    result = cluster.c.filter(pod, names)
+    assert result["Error"] == ""
+    if not result["NodeNames"]:
+        return None
+    scores = cluster.c.prioritize(pod, result["NodeNames"])
+    best = max(result["NodeNames"], key=lambda n: scores[n])
+    assert cluster.c.bind(pod, best) == ""
+    return best
+
+
+def test_pods_scheduled_admitted_and_held_to_their_quota(world) -> None:
+    cluster, nodes = world
+    kube = cluster.kube
+    wanted = [  # name, {container: devices}, policy
+        ("train", {"main": 3000}, None),           # 12000 MiB: the 16 GiB or the 24 GiB GPU
+        ("serve", {"main": 1024}, "spread"),       # 4096 MiB
+        ("multi", {"model": 512, "tokenizer": 256}, None),  # 2048 + 1024 MiB on one GPU
+        ("small", {"main": 600}, None),            # 2400 MiB
+        ("fill", {"main": 3500}, None),            # 14000 MiB
+        ("huge", {"main": 7000}, None),            # 28000 MiB: no GPU is that big
+    ]
+    placed: dict[str, str] = {}
+    for name, containers, policy in wanted:
+        pod = cluster.add_pod(pod_obj(name, containers, policy=policy))
+        node = schedule(cluster, pod)
+        if node is not None:
+            placed[name] = node
+    assert "huge" not in placed and set(placed) == {n for n, _, _ in wanted} - {"huge"}
+    huge = kube.get("Pod", "default", "huge")
+    assert not huge["spec"].get("nodeName") and "annotations" not in huge["metadata"]
+
+    # every GPU holds no more than it has, by the reservations the extender wrote
+    inventory = {g.uuid: (n, g.mem_mib) for n in NODES for g in cluster.state.view(n).gpus}
+    reserved: dict[str, int] = {}
+    for name in placed:
+        ann = kube.get("Pod", "default", name)["metadata"]["annotations"]
+        uuid = ann["memslice.io/gpu-uuid"]
+        assert inventory[uuid][0] == placed[name], f"{name}: GPU {uuid} is not on {placed[name]}"
+        reserved[uuid] = reserved.get(uuid, 0) + sum(json.loads(ann["memslice.io/gpu-mem-mib"]).values())
+    assert all(mib <= inventory[uuid][1] for uuid, mib in reserved.items()), reserved
+
+    # admission on each node, then the containers' processes, all running at the same time
+    tenants = []
+    try:
+        for name, containers, _ in wanted:
+            if name not in placed:
+                continue
+            node = nodes[placed[name]]
+            pod = kube.get("Pod", "default", name)
+            ann = pod["metadata"]["annotations"]
+            seen = f"pod default/{name}: the extender reserved GPU"
+            wait_until(lambda node=node, seen=seen: seen in node.log(), 15,
+                       f"node agent {node.name} to see the reservation of {name}")
+            responses = node.kubelet.admit(pod["metadata"]["uid"], "default", name, list(containers.items()),
+                                           RESOURCE)
+            mib = json.loads(ann["memslice.io/gpu-mem-mib"])
+            for container, resp in responses.items():
+                assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == ann["memslice.io/gpu-uuid"], (name, container)
+                assert resp.envs["MEMSLICE_GPU_MEM_LIMIT"] == str(mib[container]) == str(
+                    containers[container] * UNIT)
+                proc = subprocess.Popen([sys.executable, "-c", TENANT], env=node.container_env(resp),
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True)
+                tenants.append((name, container, mib[container], proc))
+        for name, container, limit, proc in tenants:
+            line = proc.stdout.readline()
+            assert line, f"{name}/{container} printed nothing: {proc.stderr.read() if proc.poll() else ''}"
+            report = json.loads(line)
+            assert "error" not in report, report
+            # held to its quota: refused (CUDA_ERROR_OUT_OF_MEMORY) before the quota, after using nearly all
+            assert report["refused_with"] == 2, (name, container, report)
+            assert report["allocated_mib"] + CONTEXT_RESERVE_MIB <= limit, (name, container, report)
+            assert report["allocated_mib"] + CONTEXT_RESERVE_MIB > limit - 256, (name, container, report)
+    finally:
+        for _, _, _, proc in tenants:
+            if proc.poll() is None:
+                proc.stdin.close()
+        for _, _, _, proc in tenants:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()

@@ -1,0 +1,137 @@
+"""Pure allocation decisions: preferred allocation, Allocate validation, reservations."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from memslice.plugin.allocator import (
+    ANN_ASSUMED_AT,
+    ANN_GPU_MEM,
+    ANN_GPU_UUID,
+    AllocationError,
+    AvailableIds,
+    PodInfo,
+    Reservation,
+    ReservationError,
+    allocation_target,
+    best_fit_gpu,
+    choose_preferred,
+    group_by_gpu,
+    match_reservation,
+    parse_reservation,
+)
+from memslice.plugin.devices import DeviceIdError
+from memslice.plugin.gpus import GpuInfo
+
+GPUS = {0: GpuInfo(0, "GPU-a", "Sim", 1000, 0, False), 1: GpuInfo(1, "GPU-b", "Sim", 1000, 1, False)}
+HEALTHY = {"GPU-a": True, "GPU-b": True}
+
+
+def ids(gpu, numbers):
+    return [f"g{gpu}-{n}" for n in numbers]
+
+
+def test_allocate_maps_ids_to_their_gpu_and_quota():
+    t = allocation_target(ids(1, range(10, 20)), GPUS, HEALTHY, 4)
+    assert (t.gpu.uuid, t.mib, len(t.device_ids)) == ("GPU-b", 40, 10)
+
+
+@pytest.mark.parametrize("request_ids, words", [
+    (ids(0, range(3)) + ids(1, range(2)), ["span GPU 0 (3 MiB), GPU 1 (2 MiB)", "one GPU", "extender"]),
+    ([], ["no memslice.io/gpu-mem devices"]),
+    (["g0-1", "g0-1"], ["more than once", "g0-1"]),
+    (["GPU-a-1"], ["'GPU-a-1'", "not a memslice device ID"]),
+    (["g7-1"], ["GPU 7", "GPUs: 0, 1"]),
+    (["g0-1000"], ["g0-1000", "beyond GPU 0's 1000 devices"]),
+])
+def test_bad_allocate_requests_are_refused_with_the_reason(request_ids, words):
+    with pytest.raises(AllocationError) as exc:
+        allocation_target(request_ids, GPUS, HEALTHY, 1)
+    for w in words:
+        assert w in str(exc.value)
+
+
+def test_unhealthy_gpu_is_refused():
+    with pytest.raises(AllocationError, match="Unhealthy"):
+        allocation_target(ids(0, [1]), GPUS, {"GPU-a": False, "GPU-b": True}, 1)
+
+
+def pod(uid="u1", name="p", gpu="GPU-b", mem=None, at="2026-01-01T00:00:00Z", raw=None):
+    ann = {ANN_GPU_UUID: gpu, ANN_GPU_MEM: raw if raw is not None else json.dumps(mem or {"main": 100}),
+           ANN_ASSUMED_AT: at}
+    return PodInfo(uid=uid, namespace="ns", name=name, phase="Pending", annotations=ann)
+
+
+def test_reservation_is_read_from_the_extender_annotations():
+    r = parse_reservation(pod(mem={"b": 20, "a": 10}))
+    assert r == Reservation("u1", "ns", "p", "GPU-b", (("a", 10), ("b", 20)), "2026-01-01T00:00:00Z")
+    assert parse_reservation(PodInfo("u", "ns", "p", "Pending", {})) is None
+
+
+@pytest.mark.parametrize("raw", ["", "[1]", '{"a": "10"}', '{"a": -1}', '{"a": true}', "{"])
+def test_malformed_reservation_names_the_annotation(raw):
+    with pytest.raises(ReservationError, match=ANN_GPU_MEM):
+        parse_reservation(pod(raw=raw))
+
+
+def test_preferred_allocation_follows_the_reservation():
+    available = ids(0, range(1000)) + ids(1, range(500, 1000))
+    r = parse_reservation(pod(gpu="GPU-b", mem={"main": 100}))
+    p = choose_preferred(available, [], 100, 1, GPUS, [r], set())
+    assert p.gpu_index == 1 and p.reservation == r and p.container == "main"
+    assert p.device_ids == tuple(ids(1, range(500, 600)))
+
+
+def test_preferred_allocation_without_reservation_packs_the_fullest_gpu_that_fits():
+    available = ids(0, range(300)) + ids(1, range(900))
+    assert choose_preferred(available, [], 200, 1, GPUS, [], set()).gpu_index == 0
+    assert choose_preferred(available, [], 400, 1, GPUS, [], set()).gpu_index == 1
+    none = choose_preferred(available, [], 901, 1, GPUS, [], set())
+    assert none.device_ids == () and "no single GPU" in none.reason
+
+
+def test_reserved_gpu_without_room_falls_back_to_best_fit():
+    available = ids(0, range(300)) + ids(1, range(50))
+    r = parse_reservation(pod(gpu="GPU-b", mem={"main": 100}))
+    p = choose_preferred(available, [], 100, 1, GPUS, [r], set())
+    assert p.gpu_index == 0 and p.reservation is None and "only 50 free" in p.reason
+
+
+def test_must_include_devices_are_kept_and_completed_from_their_gpu():
+    p = choose_preferred(ids(0, range(10)) + ids(1, range(10)), ["g1-7"], 3, 1, GPUS, [], set())
+    assert p.device_ids == ("g1-7", "g1-0", "g1-1")
+
+
+def test_reservations_match_oldest_first_by_size_and_skip_taken_containers():
+    old = parse_reservation(pod(uid="old", name="a", mem={"x": 100, "y": 200}, at="2026-01-01T00:00:00Z"))
+    new = parse_reservation(pod(uid="new", name="b", mem={"x": 100}, at="2026-01-02T00:00:00Z"))
+    assert match_reservation([new, old], 100, 1, set()) == (old, "x")
+    assert match_reservation([new, old], 100, 1, {("old", "x")}) == (new, "x")
+    assert match_reservation([new, old], 50, 4, set()) == (old, "y")  # 200 MiB = 50 units of 4 MiB
+    assert match_reservation([new, old], 7, 1, set()) is None
+
+
+def test_best_fit_prefers_the_tightest_gpu_and_the_lower_index_on_ties():
+    assert best_fit_gpu({0: 10, 1: 5, 2: 5}, 5) == 1
+    assert best_fit_gpu({0: 10}, 11) is None
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 300)), unique=True, max_size=200),
+       st.integers(1, 50))
+def test_available_index_agrees_with_parsing_each_id(pairs, size):
+    ids = [f"g{g}-{n}" for g, n in pairs]
+    avail = AvailableIds(ids, range(4))
+    by_gpu = group_by_gpu(ids)
+    assert avail.free == {g: len(by_gpu.get(g, [])) for g in range(4)}
+    for g in range(4):
+        assert avail.lowest(g, size) == tuple(f"g{g}-{n}" for n in by_gpu.get(g, [])[:size])
+
+
+@pytest.mark.parametrize("bad", [["g0-1\ng0-2"], ["g0-1", ""], ["g0-1", "g1-x"]])
+def test_available_index_names_the_bad_id(bad):
+    with pytest.raises(DeviceIdError, match="not a memslice device ID"):
+        AvailableIds(bad, range(2))

@@ -1,0 +1,177 @@
+"""The node agent with a Kubernetes API: the real `kubernetes` client against the API stand-in, next to the
+kubelet stand-in. Inventory annotations, reservations steering preferred allocation, the pod watch through
+API-server restarts and compaction."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from kube_standin import KubeApiStandin
+from kubelet_standin import KubeletStandin
+from test_plugin_agent import RESOURCE, AgentProcess, inject_xid, wait_for
+from test_plugin_agent import short_tmp as short_tmp  # the fixture, shared
+
+NODE = "node-a"
+
+
+@pytest.fixture
+def cluster(short_tmp: Path) -> Iterator[tuple[KubeApiStandin, KubeletStandin, Callable[..., AgentProcess]]]:
+    api = KubeApiStandin().start()
+    api.put({"kind": "Node", "apiVersion": "v1", "metadata": {"name": NODE}})
+    kubelet = KubeletStandin(short_tmp / "dp", short_tmp / "pr" / "kubelet.sock").start()
+    kubeconfig = api.kubeconfig(str(short_tmp / "kubeconfig"))
+    agents: list[AgentProcess] = []
+
+    def make(args: tuple[str, ...] = (), **kw: object) -> AgentProcess:
+        a = AgentProcess(short_tmp, args=("--kubeconfig", kubeconfig, "--node-name", NODE, *args),
+                         **kw)  # type: ignore[arg-type]
+        agents.append(a)
+        return a.start()
+
+    yield api, kubelet, make
+    for a in agents:
+        a.stop()
+    kubelet.stop()
+    api.stop()
+
+
+def inventory(api: KubeApiStandin) -> tuple[list[dict], str] | None:
+    node = api.get("Node", None, NODE) or {}
+    ann = node.get("metadata", {}).get("annotations") or {}
+    if "memslice.io/gpus" not in ann:
+        return None
+    return json.loads(ann["memslice.io/gpus"]), ann["memslice.io/unit-mib"]
+
+
+def pod(name: str, gpu_uuid: str | None, mem: dict[str, int] | str, at: str = "2026-11-21T00:00:00Z") -> dict:
+    ann = {}
+    if gpu_uuid is not None:
+        ann = {"memslice.io/gpu-uuid": gpu_uuid,
+               "memslice.io/gpu-mem-mib": mem if isinstance(mem, str) else json.dumps(mem),
+               "memslice.io/assumed-at": at}
+    containers = [{"name": c, "image": "x"} for c in (mem if isinstance(mem, dict) else {"main": 0})]
+    return {"kind": "Pod", "apiVersion": "v1",
+            "metadata": {"name": name, "namespace": "default", "annotations": ann},
+            "spec": {"nodeName": NODE, "containers": containers}, "status": {"phase": "Pending"}}
+
+
+def uid_of(api: KubeApiStandin, name: str) -> str:
+    obj = api.get("Pod", "default", name)
+    assert obj is not None
+    return obj["metadata"]["uid"]
+
+
+def test_inventory_is_published_and_follows_health(cluster):
+    api, kubelet, make = cluster
+    agent = make(sim_gpus="16GiB,24GiB:1", unit_mib=4)
+    gpus, unit = wait_for(lambda: inventory(api), what="the node inventory")  # type: ignore[misc]
+    assert unit == "4"
+    assert [set(g) for g in gpus] == [{"uuid", "index", "model", "memMiB", "numa", "healthy"}] * 2
+    assert [(g["index"], g["memMiB"], g["numa"], g["healthy"]) for g in gpus] == [(0, 16384, 0, True),
+                                                                                  (1, 24576, 1, True)]
+    assert all(g["uuid"].startswith("GPU-") for g in gpus)
+    assert "standalone" not in agent.log()
+    kubelet.wait_registered(RESOURCE)
+    inject_xid(agent.sim_state, 0, 48)
+    wait_for(lambda: [g["healthy"] for g in inventory(api)[0]] == [False, True],  # type: ignore[index]
+             what="GPU 0 published unhealthy")
+    assert agent.sample("memslice_gpu_healthy", gpu="0") == [0.0]
+    assert agent.sample("memslice_gpu_healthy", gpu="1") == [1.0]
+
+
+def test_preferred_allocation_honours_the_reservation(cluster):
+    api, kubelet, make = cluster
+    agent = make(unit_mib=4)
+    gpus, _ = wait_for(lambda: inventory(api), what="the node inventory")  # type: ignore[misc]
+    big = gpus[1]["uuid"]  # best fit alone would choose GPU 0, the smaller one
+    api.put(pod("train", big, {"a": 400, "b": 800}))
+    wait_for(lambda: "default/train: the extender reserved GPU" in agent.log(), what="the pod watch")
+    kubelet.wait_registered(RESOURCE)
+    uid = uid_of(api, "train")
+    kubelet.admit(uid, "default", "train", [("a", 100), ("b", 200)], RESOURCE)
+    ids = kubelet.pods[uid].containers
+    assert {i.split("-")[0] for i in ids["a"][RESOURCE] + ids["b"][RESOURCE]} == {"g1"}
+    owners = {(dict(lv)["pod"], dict(lv)["container"], dict(lv)["gpu"]): v
+              for (n, lv), v in agent.metrics().items() if n == "memslice_container_quota_mib"}
+    assert owners == {("train", "a", big): 400.0, ("train", "b", big): 800.0}
+    records = [json.loads(p.read_text()) for p in agent.region_root.glob("*.json")]
+    assert sorted((r["pod"], r["container"], r["pod_uid"]) for r in records) == [("train", "a", uid),
+                                                                                 ("train", "b", uid)]
+    # Allocate reads no pod from the API: everything came through the watch
+    lists = api.count("list", "pods")
+    kubelet.admit("x", "default", "x", [("c", 10)], RESOURCE)
+    assert api.count("list", "pods") == lists and api.count("get", "pods") == 0
+
+
+def test_pod_watch_survives_api_server_restart_and_compaction(cluster):
+    api, kubelet, make = cluster
+    agent = make(unit_mib=4)
+    gpus, _ = wait_for(lambda: inventory(api), what="the node inventory")  # type: ignore[misc]
+    kubelet.wait_registered(RESOURCE)
+    wait_for(lambda: "pod watch: 0 pods" in agent.log(), what="the first pod list")
+    api.restart()  # drops the watch
+    api.put(pod("after-restart", gpus[1]["uuid"], {"main": 40}))
+    wait_for(lambda: "default/after-restart: the extender reserved" in agent.log(),
+             what="a pod after restart")
+    api.compact()
+    api.restart()  # the agent resumes from a compacted resourceVersion: 410 Gone, then a new list
+    api.put(pod("after-compaction", gpus[1]["uuid"], {"main": 80}))
+    wait_for(lambda: "default/after-compaction: the extender reserved" in agent.log(), what="a pod after 410")
+    assert "410 Gone" in agent.log()
+    for name, units in (("after-restart", 10), ("after-compaction", 20)):
+        uid = uid_of(api, name)
+        kubelet.admit(uid, "default", name, [("main", units)], RESOURCE)
+        assert {i.split("-")[0] for i in kubelet.pods[uid].containers["main"][RESOURCE]} == {"g1"}
+
+
+def test_malformed_reservation_is_reported_and_best_fit_used(cluster):
+    api, kubelet, make = cluster
+    agent = make(unit_mib=4)
+    gpus, _ = wait_for(lambda: inventory(api), what="the node inventory")  # type: ignore[misc]
+    api.put(pod("bad", gpus[1]["uuid"], '{"main": "4GiB"}'))
+    wait_for(lambda: "default/bad: the extender reserved" in agent.log(), what="the pod watch")
+    kubelet.wait_registered(RESOURCE)
+    kubelet.admit(uid_of(api, "bad"), "default", "bad", [("main", 10)], RESOURCE)
+    log = agent.log()
+    assert "annotation memslice.io/gpu-mem-mib='{\"main\": \"4GiB\"}' is not a JSON object" in log
+    assert {i.split("-")[0] for i in kubelet.pods[uid_of(api, "bad")].containers["main"][RESOURCE]} == {"g0"}
+
+
+def test_pod_deletion_removes_the_region_without_pod_resources(cluster):
+    api, kubelet, make = cluster
+    agent = make(args=("--pod-resources-socket", ""))
+    gpus, _ = wait_for(lambda: inventory(api), what="the node inventory")  # type: ignore[misc]
+    api.put(pod("short", gpus[0]["uuid"], {"main": 40}))
+    wait_for(lambda: "default/short: the extender reserved" in agent.log(), what="the pod watch")
+    kubelet.wait_registered(RESOURCE)
+    uid = uid_of(api, "short")
+    resp = kubelet.admit(uid, "default", "short", [("main", 10)], RESOURCE)["main"]
+    region = Path(next(m.host_path for m in resp.mounts if m.container_path == "/run/memslice/region"))
+    assert region.is_dir()
+    api.delete("Pod", "default", "short")
+    wait_for(lambda: not region.exists(), what="the region of the deleted pod to go")
+    wait_for(lambda: f"removed region {region.name} of default/short/main" in agent.log(),
+             what="the removal logged with its owner")
+
+
+def test_api_configured_without_a_node_name_refuses_to_start(short_tmp):
+    with KubeApiStandin() as api:
+        agent = AgentProcess(short_tmp, args=("--kubeconfig", api.kubeconfig(str(short_tmp / "kc")))).start()
+        try:
+            assert agent.wait_exit() == 1
+        finally:
+            agent.stop()
+    assert "--node-name or set NODE_NAME" in agent.log()
+
+
+def test_inventory_publication_is_retried_after_api_errors(cluster):
+    api, _, make = cluster
+    api.fail_next("PATCH", f"/nodes/{NODE}", 503)
+    api.fail_next("PATCH", f"/nodes/{NODE}", 500)
+    agent = make()
+    wait_for(lambda: inventory(api), what="the node inventory")
+    wait_for(lambda: "published after 2 failed attempts" in agent.log(), what="the agent's log line")
+    assert "publishing the node inventory failed (attempt 1): 503" in agent.log()

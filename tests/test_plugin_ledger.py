@@ -1,0 +1,43 @@
+"""The allocation ledger: region IDs and reconciliation with the kubelet's record."""
+
+from __future__ import annotations
+
+from memslice.plugin.ledger import REGION_ID, Allocation, LiveContainer, reconcile, region_id_for
+
+
+def alloc(ids, created=0.0, uid="", pod=""):
+    return Allocation(region_id=region_id_for(ids), gpu_index=0, gpu_uuid="GPU-a", device_ids=tuple(ids),
+                      mib=len(ids), created_at=created, pod_uid=uid, pod=pod, namespace="ns" if pod else "")
+
+
+def test_region_id_names_the_gpu_and_ignores_order():
+    a = region_id_for(["g3-1", "g3-2"])
+    assert a == region_id_for(["g3-2", "g3-1"]) and a.startswith("g3-") and REGION_ID.match(a)
+    assert a != region_id_for(["g3-1", "g3-3"])
+
+
+def test_kubelet_record_recovers_missing_entries_and_names_owners():
+    known = alloc(["g0-1"], created=100)
+    live = [LiveContainer("ns", "p1", "c1", ("g0-1",)), LiveContainer("ns", "p2", "c2", ("g0-5", "g0-6"))]
+    r = reconcile({known.region_id: known}, live, set(), {("ns", "p2"): "uid2"}, {0: "GPU-a"}, 4, 200, 30)
+    assert not r.removed
+    assert r.keep[known.region_id].pod == "p1" and r.keep[known.region_id].container == "c1"
+    (rec,) = r.recovered
+    assert (rec.pod, rec.pod_uid, rec.mib, rec.gpu_uuid) == ("p2", "uid2", 8, "GPU-a")
+
+
+def test_entries_the_kubelet_forgot_are_removed_after_the_grace_period():
+    fresh, old = alloc(["g0-1"], created=95), alloc(["g0-2"], created=10)
+    r = reconcile({fresh.region_id: fresh, old.region_id: old}, [], set(), {}, {}, 1, 100, 30)
+    assert list(r.keep) == [fresh.region_id] and r.removed == [old]
+
+
+def test_known_gone_pod_is_removed_at_once():
+    a = alloc(["g0-1"], created=99, uid="u1", pod="p")
+    assert reconcile({a.region_id: a}, [], {"u1"}, {}, {}, 1, 100, 30).removed == [a]
+
+
+def test_without_the_kubelet_record_only_gone_pods_are_removed():
+    a, b = alloc(["g0-1"], uid="u1", pod="p"), alloc(["g0-2"], uid="u2", pod="q")
+    r = reconcile({a.region_id: a, b.region_id: b}, None, {"u1"}, {}, {}, 1, 10**9, 30)
+    assert r.removed == [a] and list(r.keep) == [b.region_id]

@@ -1,0 +1,57 @@
+"""A container started from the Allocate response, on the simulated GPU, is held to its quota, and the
+agent reports its usage from the region.
+
+The container runtime is stood in for by path translation: each mount's container path in the env is
+replaced by its host path (no mount namespace is needed), the env is otherwise exactly the response's, and
+the process loads the simulated libcuda.so.1 the way a container would load the real one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from test_plugin_agent import RESOURCE, wait_for
+from test_plugin_agent import node as node  # fixtures, shared
+from test_plugin_agent import short_tmp as short_tmp
+
+from memslice.paths import lib_paths
+
+
+def test_container_started_from_the_allocate_response_is_held_to_its_quota(node):
+    kubelet, make = node
+    agent = make(sim_gpus="16GiB", unit_mib=4, args=("--preload", "env"))
+    kubelet.wait_registered(RESOURCE)
+    resp = kubelet.admit("uid-1", "ns", "train", [("main", 256)], RESOURCE)["main"]  # 1024 MiB
+    host = {m.container_path: m.host_path for m in resp.mounts}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSLICE_")}
+    env.update({k: host.get(v, v) for k, v in resp.envs.items()})
+    assert env["LD_PRELOAD"] == str(agent.shim_dir / "libmemslice.so")
+    assert env["MEMSLICE_GPU_MEM_LIMIT"] == "1024"
+    env["LD_LIBRARY_PATH"] = lib_paths().sim_dir  # the "driver" the NVIDIA runtime would mount
+    env["MEMSLICE_SIM_STATE"] = str(agent.sim_state)  # the same simulated node as the agent's
+    # context reserve (300 MiB) + 600 MiB fit in 1024 MiB; a second 600 MiB does not
+    tenant = subprocess.Popen([sys.executable, "-m", "memslice.tenant", "600", "600"], env=env, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        events = []
+        assert tenant.stdout is not None
+        while not events or events[-1]["event"] not in ("ready", "init", "context"):
+            line = tenant.stdout.readline()
+            assert line, f"tenant ended early: {tenant.stderr.read() if tenant.stderr else ''}"
+            events.append(json.loads(line))
+        allocs = [(e["mib"], e["result"]) for e in events if e["event"] == "alloc"]
+        assert allocs == [(600, 0), (600, 2)]  # 2 = CUDA_ERROR_OUT_OF_MEMORY
+        assert events[-1]["total_mib"] == 1024
+        # the agent reads the container's region: quota, usage and the refusal
+        labels = {"pod": "train", "container": "main"}
+        wait_for(lambda: agent.sample("memslice_container_refused_allocations_total", **labels) == [1.0],
+                 what="the refusal in the agent's metrics")
+        assert agent.sample("memslice_container_quota_mib", **labels) == [1024.0]
+        (used,) = agent.sample("memslice_container_used_mib", **labels)
+        assert 600 <= used <= 1024
+        assert agent.sample("memslice_gpu_used_mib", gpu="0")[0] >= 600
+    finally:
+        tenant.communicate(timeout=30)
