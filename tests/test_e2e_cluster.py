@@ -242,6 +242,31 @@ def test_pods_scheduled_admitted_and_held_to_their_quota(world) -> None:
             assert report["refused_with"] == 2, (name, container, report)
             assert report["allocated_mib"] + CONTEXT_RESERVE_MIB <= limit, (name, container, report)
             assert report["allocated_mib"] + CONTEXT_RESERVE_MIB > limit - 256, (name, container, report)
+
+        # the biggest pod finishes: its container exits, the pod is deleted, and its room is handed out again
+        fill_node = nodes[placed["fill"]]
+        fill = kube.get("Pod", "default", "fill")
+        nxt = cluster.add_pod(pod_obj("next", {"main": 3500}))
+        assert cluster.c.filter(nxt, sorted(NODES))["NodeNames"] == [], "no GPU has 14000 MiB free yet"
+        for name, _, _, proc in tenants:
+            if name == "fill":
+                proc.stdin.close()
+                assert proc.wait(15) == 0
+        fill_node.kubelet.remove_pod(fill["metadata"]["uid"])
+        kube.delete("Pod", "default", "fill")
+        assert schedule(cluster, nxt) == placed["fill"]
+        ann = kube.get("Pod", "default", "next")["metadata"]["annotations"]
+        assert ann["memslice.io/gpu-uuid"] == fill["metadata"]["annotations"]["memslice.io/gpu-uuid"]
+        wait_until(lambda: "pod default/next: the extender reserved GPU" in fill_node.log(), 15,
+                   "the node agent to see the new reservation")
+        resp = fill_node.kubelet.admit(nxt["metadata"]["uid"], "default", "next", [("main", 3500)],
+                                       RESOURCE)["main"]
+        assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == ann["memslice.io/gpu-uuid"]
+        proc = subprocess.Popen([sys.executable, "-c", TENANT], env=fill_node.container_env(resp),
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        tenants.append(("next", "main", 14000, proc))
+        report = json.loads(proc.stdout.readline())
+        assert report["refused_with"] == 2 and 14000 - 256 < report["allocated_mib"] + CONTEXT_RESERVE_MIB <= 14000
     finally:
         for _, _, _, proc in tenants:
             if proc.poll() is None:

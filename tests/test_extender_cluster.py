@@ -4,6 +4,7 @@ deletion and completion, API-server restart and 410 Gone, extender restart, unbo
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -180,3 +181,17 @@ def test_unbound_reservation_expires_after_the_ttl() -> None:
         c.wait_used("n", [0])
         assert c.c.bind(pod, "n") == ""
         c.wait_used("n", [5000])
+
+
+def test_a_pods_own_stale_reservation_does_not_stand_in_its_way(cluster: Cluster) -> None:
+    """A bind wrote the reservation, failed, and could not undo it: the pod's retry must still fit."""
+    stale = reservation_annotations("GPU-n-0", {"main": 6000}, time.time())
+    pod = cluster.add_pod(pod_obj("p", {"main": 6000}, annotations=stale))
+    cluster.wait_used("n", [6000])  # counted (unbound, within the assume TTL): nobody else gets it
+    other = cluster.add_pod(pod_obj("other", {"main": 6000}))
+    assert cluster.c.filter(other, ["n"])["NodeNames"] == []
+    assert cluster.c.filter(pod, ["n"])["NodeNames"] == ["n"]
+    assert cluster.c.bind(pod, "n") == ""
+    cluster.caught_up()
+    cluster.wait_used("n", [6000])  # once, not twice
+    assert "no longer fits" in cluster.c.bind(other, "n")

@@ -166,6 +166,19 @@ def test_preempt_keeps_only_nodes_where_victims_make_room(cluster: Cluster) -> N
     assert status == 200 and body["NodeNameToMetaVictims"] == {}
 
 
+def test_preempt_with_full_victim_pods_answers_meta_victims(cluster: Cluster) -> None:
+    victim = cluster.add_pod(pod_obj("victim", {"main": 4000}))
+    assert cluster.c.bind(victim, "small") == ""
+    cluster.wait_used("small", [4000, 0])
+    full = cluster.kube.get("Pod", "default", "victim")
+    pod = cluster.add_pod(pod_obj("p", {"main": 4096}))  # fits GPU 1 of small already; GPU 0 once freed
+    status, body = cluster.c.post("preempt", {"Pod": pod, "NodeNameToVictims": {
+        "small": {"Pods": [full], "NumPDBViolations": 1}}})
+    assert status == 200
+    assert body == {"NodeNameToMetaVictims": {"small": {"Pods": [{"UID": full["metadata"]["uid"]}],
+                                                        "NumPDBViolations": 1}}}
+
+
 def test_filter_makes_no_api_requests(cluster: Cluster) -> None:
     pod = cluster.add_pod(pod_obj("p", {"main": 1000}))
     cluster.kube.reset_counts()
@@ -219,3 +232,34 @@ def test_tls(tmp_path) -> None:
         again = Client(c.ext.url, ssl.create_default_context(cafile=str(cert)))
         assert again.filter(pod, ["n"])["NodeNames"] == ["n"]
         again.close()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make certificates")
+def test_tls_with_client_certificates(tmp_path) -> None:
+    def ossl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=tmp_path)
+
+    ossl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=memslice-test-ca",
+         "-keyout", "ca.key", "-out", "ca.crt")
+    (tmp_path / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    for who in ("server", "client"):
+        ossl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={who}", "-keyout", f"{who}.key",
+             "-out", f"{who}.csr")
+        ossl("x509", "-req", "-in", f"{who}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+             "-days", "1", "-extfile", "san.ext", "-out", f"{who}.crt")
+    config = Config(address="127.0.0.1", port=0, tls_cert_file=str(tmp_path / "server.crt"),
+                    tls_key_file=str(tmp_path / "server.key"), tls_client_ca_file=str(tmp_path / "ca.crt"))
+    with running_cluster(config) as c:
+        c.start()
+        assert c.ext is not None
+        c.add_node(node_obj("n", [8000]))
+        pod = c.add_pod(pod_obj("p", {"main": 1000}))
+        anonymous = Client(c.ext.url, ssl.create_default_context(cafile=str(tmp_path / "ca.crt")))
+        with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+            anonymous.filter(pod, ["n"])
+        anonymous.close()
+        ctx = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+        ctx.load_cert_chain(str(tmp_path / "client.crt"), str(tmp_path / "client.key"))
+        known = Client(c.ext.url, ctx)
+        assert known.filter(pod, ["n"])["NodeNames"] == ["n"]
+        known.close()

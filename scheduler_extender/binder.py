@@ -1,0 +1,263 @@
+"""Bind: choose the GPU, write the reservation on the pod (resourceVersion precondition), create the
+Binding; undo the reservation on any failure.
+
+Concurrency:
+- Within the extender, choosing the GPU and charging it (ClusterState.hold) happen under the state lock,
+  so of two binds racing for the last room on a GPU exactly one gets it; the other gets another GPU or an
+  `Error`. Binds of the same pod are serialised (the scheduler may retry a bind after a timeout).
+- Against other writers, the annotation patch carries the pod's resourceVersion as a precondition (409 →
+  re-read the pod once and retry), and the Binding carries the pod's UID, so a pod deleted and re-created
+  under the same name is never bound with another pod's reservation.
+- The extender must run as a single replica: two extenders would each trust their own in-memory holds.
+
+Undo: a JSON patch that `test`s our `assumed-at` value before removing the three annotations, so it never
+removes a newer reservation. If the undo itself fails, the reservation stays on the unbound pod and stops
+counting after `--assume-ttl` (state.py).
+
+The Binding POST is made with `_preload_content=False`: the API server answers a Status, which the
+generated client would try to read as a V1Binding and fail on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from memslice.scheduler_extender import decisions
+from memslice.scheduler_extender.annotations import reservation_annotations
+from memslice.scheduler_extender.constants import ANN_ASSUMED_AT, ANN_GPU_UUID, RESERVATION_ANNOTATIONS
+from memslice.scheduler_extender.resources import PodRequest, RequestError, pod_request
+from memslice.scheduler_extender.state import Charge, ClusterState, resource_version
+from memslice.scheduler_extender.wire import BindingArgs
+
+log = logging.getLogger(__name__)
+
+
+class BindError(Exception):
+    """A bind that failed; `reason` is a short label for metrics."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    uid: str
+    rv: str
+    node: str | None
+    request: PodRequest | None
+    gpu_uuid: str | None
+
+
+@dataclass(frozen=True)
+class BindOutcome:
+    gpu_uuid: str | None
+    mib: int
+
+
+def _body(resp: Any) -> bytes:
+    """Read a raw (`_preload_content=False`) response and give its connection back to the pool."""
+    data = resp.data
+    resp.release_conn()
+    return bytes(data)
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+class Binder:
+    def __init__(self, core: Any, state: ClusterState, default_policy: str,
+                 clock: Callable[[], float]) -> None:
+        self.core = core
+        self.state = state
+        self.default_policy = default_policy
+        self.clock = clock
+        self._pod_locks: dict[tuple[str, str], threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def _pod_lock(self, key: tuple[str, str]) -> threading.Lock:
+        with self._locks_guard:
+            lock = self._pod_locks.get(key)
+            if lock is None:
+                if len(self._pod_locks) > 10_000:  # forget idle locks
+                    for k, v in list(self._pod_locks.items()):
+                        if not v.locked():
+                            del self._pod_locks[k]
+                lock = self._pod_locks[key] = threading.Lock()
+            return lock
+
+    def bind(self, args: BindingArgs) -> BindOutcome:
+        with self._pod_lock((args.pod_namespace, args.pod_name)):
+            return self._bind(args)
+
+    def _read_pod(self, args: BindingArgs) -> dict[str, Any]:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            resp = self.core.read_namespaced_pod(args.pod_name, args.pod_namespace, _preload_content=False,
+                                                 _request_timeout=10)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise BindError("not_found",
+                                f"pod {args.pod_namespace}/{args.pod_name} does not exist") from None
+            raise BindError("api", f"reading pod {args.pod_namespace}/{args.pod_name} failed: "
+                                   f"{exc.status} {exc.reason}") from None
+        pod = json.loads(_body(resp))
+        uid = pod["metadata"].get("uid", "")
+        if args.pod_uid and uid != args.pod_uid:
+            raise BindError("uid", f"pod {args.pod_namespace}/{args.pod_name} has UID {uid}, not "
+                                   f"{args.pod_uid} (it was deleted and re-created); the scheduler will "
+                                   f"retry the new pod")
+        return pod
+
+    def _facts(self, args: BindingArgs) -> PodFacts:
+        """What bind needs of the pod: from the watch cache when it has the pod unbound and unreserved
+        (saves a GET per bind; a stale cache only costs a 409 and a re-read), else from the API server."""
+        rec = self.state.pod(args.pod_namespace, args.pod_name)
+        if (rec is not None and rec.node is None and rec.reservation is None and rec.request is not None
+                and (not args.pod_uid or rec.uid == args.pod_uid) and rec.rv):
+            return PodFacts(rec.uid, str(rec.rv), None, rec.request, None)
+        pod = self._read_pod(args)
+        where = f"pod {args.pod_namespace}/{args.pod_name}"
+        try:
+            request = pod_request(pod)
+        except RequestError as exc:
+            raise BindError("bad_request", f"{where}: {exc}") from None
+        meta = pod["metadata"]
+        return PodFacts(meta["uid"], meta["resourceVersion"], (pod.get("spec") or {}).get("nodeName"), request,
+                        (meta.get("annotations") or {}).get(ANN_GPU_UUID))
+
+    def _bind(self, args: BindingArgs) -> BindOutcome:
+        facts = self._facts(args)
+        where = f"pod {args.pod_namespace}/{args.pod_name}"
+        if facts.node:
+            if facts.node == args.node:  # a retried bind that already succeeded
+                return BindOutcome(facts.gpu_uuid, 0)
+            raise BindError("already_bound", f"{where} is already bound to node {facts.node}")
+        request = facts.request
+        if request is None:  # not a memslice pod: plain binding
+            self._post_binding(args, facts.uid)
+            return BindOutcome(None, 0)
+
+        uid = facts.uid
+        policy = request.policy or self.default_policy
+        with self.state.lock:
+            self.state.expire()
+            self.state.hold(uid, None)  # a stale reservation of this same pod must not stand in its way
+            view = self.state.view(args.node)
+            gpu = None
+            if view is not None:
+                need = request.mib(view.unit_mib)
+                gpu = decisions.choose_gpu(view, need, policy)
+            if view is None or gpu is None:
+                self.state.release(uid, None)
+                if view is None:
+                    raise BindError("unknown_node", f"node {args.node} " + (
+                        "has no memslice GPUs (no memslice.io/gpus annotation)" if self.state.knows_node(args.node)
+                        else "is unknown to the extender"))
+                raise BindError("no_room", f"{where} no longer fits on node {args.node}: "
+                                           f"{decisions.fit(view, need).reason}")
+            self.state.hold(uid, Charge(gpu.uuid, args.node, need, 0, None))
+        now = self.clock()
+        wanted = reservation_annotations(gpu.uuid, request.container_mib(view.unit_mib), now)
+        try:
+            patched_rv = self._annotate(args, facts.rv, wanted)
+        except BindError:
+            self.state.release(uid, None)
+            raise
+        if patched_rv is None:  # an earlier attempt bound it here already; its reservation stands
+            self.state.release(uid, None)
+            return BindOutcome(None, 0)
+        try:
+            self._post_binding(args, uid)
+        except BindError as exc:
+            if exc.reason == "ambiguous" and self._bound_to(args) == args.node:
+                self.state.confirm(uid, patched_rv)
+                return BindOutcome(gpu.uuid, need)
+            undone = self._undo(args, wanted)
+            self.state.release(uid, undone)
+            raise
+        self.state.confirm(uid, patched_rv)
+        log.info("bound %s to %s GPU %s (index %d) with %d MiB (%s)", where, args.node, gpu.uuid, gpu.index,
+                 need, policy)
+        return BindOutcome(gpu.uuid, need)
+
+    def _annotate(self, args: BindingArgs, rv: str, wanted: dict[str, str]) -> int | None:
+        """Write the reservation with `rv` as precondition; the new resourceVersion, or None when the pod
+        turns out to be bound to this node already."""
+        from kubernetes.client.exceptions import ApiException
+
+        for attempt in (1, 2):
+            body = {"metadata": {"resourceVersion": rv, "annotations": wanted}}
+            try:
+                resp = self.core.patch_namespaced_pod(
+                    args.pod_name, args.pod_namespace, body, _content_type="application/merge-patch+json",
+                    _preload_content=False, _request_timeout=10)
+                return resource_version(json.loads(_body(resp))["metadata"])
+            except ApiException as exc:
+                if exc.status == 409 and attempt == 1:  # the pod changed meanwhile: re-read, check, retry
+                    pod = self._read_pod(args)
+                    rv = pod["metadata"]["resourceVersion"]
+                    if (pod.get("spec") or {}).get("nodeName") == args.node:
+                        return None
+                    if (pod.get("spec") or {}).get("nodeName"):
+                        raise BindError("already_bound", f"pod {args.pod_namespace}/{args.pod_name} was "
+                                                         f"bound to {pod['spec']['nodeName']} meanwhile"
+                                        ) from None
+                    continue
+                raise BindError("annotate", f"writing the reservation on pod {args.pod_namespace}/"
+                                            f"{args.pod_name} failed: {exc.status} {exc.reason}") from None
+            except Exception as exc:  # noqa: BLE001 - connection errors
+                raise BindError("annotate", f"writing the reservation on pod {args.pod_namespace}/"
+                                            f"{args.pod_name} failed: {exc}") from None
+        raise AssertionError("unreachable")
+
+    def _post_binding(self, args: BindingArgs, uid: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        body = {"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": args.pod_name, "namespace": args.pod_namespace, "uid": uid},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": args.node}}
+        try:
+            _body(self.core.create_namespaced_pod_binding(args.pod_name, args.pod_namespace, body,
+                                                          _preload_content=False, _request_timeout=10))
+        except ApiException as exc:
+            message = exc.reason
+            try:
+                message = json.loads(exc.body).get("message", message)
+            except (TypeError, ValueError, AttributeError):
+                pass
+            reason = "conflict" if exc.status == 409 else ("ambiguous" if exc.status >= 500 else "binding")
+            raise BindError(reason, f"binding pod {args.pod_namespace}/{args.pod_name} to {args.node} "
+                                    f"failed: {exc.status} {message}") from None
+        except Exception as exc:  # noqa: BLE001 - the request may or may not have reached the server
+            raise BindError("ambiguous", f"binding pod {args.pod_namespace}/{args.pod_name} to {args.node} "
+                                         f"failed: {exc}") from None
+
+    def _bound_to(self, args: BindingArgs) -> str | None:
+        try:
+            return (self._read_pod(args).get("spec") or {}).get("nodeName")
+        except BindError:
+            return None
+
+    def _undo(self, args: BindingArgs, wanted: dict[str, str]) -> int | None:
+        """Remove our reservation if it is still ours; the resourceVersion of that write, or None."""
+        prefix = "/metadata/annotations/"
+        ops: list[dict[str, Any]] = [{"op": "test", "path": prefix + _escape(ANN_ASSUMED_AT),
+                                      "value": wanted[ANN_ASSUMED_AT]}]
+        ops += [{"op": "remove", "path": prefix + _escape(k)} for k in RESERVATION_ANNOTATIONS]
+        try:
+            resp = self.core.patch_namespaced_pod(args.pod_name, args.pod_namespace, ops,
+                                                  _content_type="application/json-patch+json",
+                                                  _preload_content=False, _request_timeout=10)
+            return resource_version(json.loads(_body(resp))["metadata"])
+        except Exception as exc:  # noqa: BLE001 - the TTL ends the reservation anyway
+            log.warning("could not remove the reservation of pod %s/%s after a failed bind (%s); it expires "
+                        "after the assume TTL", args.pod_namespace, args.pod_name, exc)
+            return None

@@ -1,0 +1,142 @@
+"""`memslice extender`: run the scheduler extender. Heavy imports happen in the handler."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+ENV = "MEMSLICE_EXTENDER_"
+
+
+def _env(name: str, default: str | None) -> str | None:
+    return os.environ.get(ENV + name, default)
+
+
+def _positive(kind: type, what: str) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what}={text!r} is not a number; give a positive "
+                                             f"{'whole ' if kind is int else ''}number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{what}={text!r} must be positive")
+        return value
+    return parse
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"--port={text!r} is not a TCP port; give 0..65535 "
+                                         f"(0: any free port)")
+    return int(text)
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "extender", help="run the kube-scheduler extender (filter, prioritize, bind, preempt)",
+        description="kube-scheduler extender for memslice.io/gpu-mem: a pod's slice must fit on one GPU. "
+                    "Serves POST /filter /prioritize /bind /preempt and GET /healthz /readyz /metrics. "
+                    "The cluster is reached through --kubeconfig, $KUBECONFIG, the in-cluster service "
+                    "account, or ~/.kube/config, in that order. Every flag can also be set through the "
+                    f"environment variable shown ({ENV}*). Run one replica only.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--address", default=_env("ADDRESS", "0.0.0.0"),
+                   help=f"listen address (${ENV}ADDRESS)")
+    p.add_argument("--port", type=_port, default=_env("PORT", "8888"), help=f"listen port (${ENV}PORT)")
+    p.add_argument("--policy", choices=("binpack", "spread"), default=_env("POLICY", "binpack"),
+                   help=f"cluster default placement; a pod overrides it with annotation memslice.io/policy "
+                        f"(${ENV}POLICY)")
+    p.add_argument("--assume-ttl", type=_positive(float, "--assume-ttl"), default=_env("ASSUME_TTL", "120"),
+                   metavar="SECONDS",
+                   help=f"how long a reservation written on a pod that never got bound keeps its GPU memory "
+                        f"(${ENV}ASSUME_TTL)")
+    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
+                   help="kubeconfig file ($KUBECONFIG); default: in-cluster config, then ~/.kube/config")
+    p.add_argument("--tls-cert-file", default=_env("TLS_CERT_FILE", None),
+                   help=f"serve HTTPS with this certificate (PEM) (${ENV}TLS_CERT_FILE); "
+                        f"kube-scheduler: enableHTTPS: true")
+    p.add_argument("--tls-key-file", default=_env("TLS_KEY_FILE", None),
+                   help=f"private key of --tls-cert-file (${ENV}TLS_KEY_FILE)")
+    p.add_argument("--tls-client-ca-file", default=_env("TLS_CLIENT_CA_FILE", None),
+                   help=f"require client certificates signed by this CA (${ENV}TLS_CLIENT_CA_FILE)")
+    p.add_argument("--max-body-mib", type=_positive(int, "--max-body-mib"),
+                   default=_env("MAX_BODY_MIB", "16"),
+                   help=f"largest request body accepted, MiB (${ENV}MAX_BODY_MIB)")
+    p.add_argument("--watch-timeout", type=_positive(int, "--watch-timeout"),
+                   default=_env("WATCH_TIMEOUT", "300"), metavar="SECONDS",
+                   help=f"length of one watch request before it is renewed (${ENV}WATCH_TIMEOUT)")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
+                   default=_env("LOG_LEVEL", "info"), help=f"(${ENV}LOG_LEVEL)")
+    p.set_defaults(func=run)
+
+
+POOL_SIZE = 64  # HTTP connections kept to the API server: binds run concurrently (one per scheduler bind)
+
+
+def load_api_client(kubeconfig: str | None) -> Any:
+    """An ApiClient from --kubeconfig, else the in-cluster service account, else ~/.kube/config; with a
+    connection pool big enough that concurrent binds reuse connections instead of opening new ones."""
+    from kubernetes import client, config
+
+    conf = client.Configuration()
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=conf)
+    else:
+        try:
+            config.load_incluster_config(client_configuration=conf)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=conf)
+    conf.connection_pool_maxsize = POOL_SIZE
+    return client.ApiClient(conf)
+
+
+def run(args: argparse.Namespace) -> int:
+    import gc
+    import logging
+    import signal
+    import sys
+    import threading
+
+    from memslice.scheduler_extender.app import Config, Extender
+
+    logging.basicConfig(level=str(args.log_level).upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.policy not in ("binpack", "spread"):  # from the environment, which argparse does not check
+        print(f"memslice extender: {ENV}POLICY={args.policy!r} is not a policy; use binpack or spread",
+              file=sys.stderr)
+        return 2
+    try:
+        api_client = load_api_client(args.kubeconfig)
+    except Exception as exc:  # noqa: BLE001 - report and exit
+        print(f"memslice extender: cannot load a Kubernetes configuration ({exc}); set --kubeconfig or "
+              f"KUBECONFIG, or run in a pod with a service account", file=sys.stderr)
+        return 2
+    cfg = Config(address=args.address, port=int(args.port), policy=args.policy,
+                 assume_ttl=float(args.assume_ttl),
+                 max_body_bytes=int(args.max_body_mib) << 20, watch_timeout=int(args.watch_timeout),
+                 tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file,
+                 tls_client_ca_file=args.tls_client_ca_file)
+    try:
+        ext = Extender(api_client, cfg)
+    except (OSError, ValueError) as exc:
+        print(f"memslice extender: {exc}", file=sys.stderr)
+        return 2
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    ext.start()
+    print(f"memslice extender: serving {ext.url} (policy {cfg.policy})", flush=True)
+
+    def settle() -> None:
+        # After the first list, tens of thousands of long-lived records exist; moving them out of the
+        # cyclic GC's generations keeps full collections (tens of ms) out of the verbs' latency.
+        if ext.wait_synced(3600):
+            gc.collect()
+            gc.freeze()
+
+    threading.Thread(target=settle, name="gc-freeze", daemon=True).start()
+    done.wait()
+    ext.stop()
+    return 0

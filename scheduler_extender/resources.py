@@ -1,0 +1,157 @@
+"""What a pod asks for: `memslice.io/gpu-mem` quantities per container, read from a pod object (a dict in
+Kubernetes JSON). Pure functions; errors name the container, the value and the fix.
+
+Init containers: a pod's GPU memory is the Kubernetes "effective request" rule applied to GPU MiB:
+  max( largest regular init container + the sidecars declared before it,
+       sum of app containers + all sidecars )
+where sidecars are init containers with `restartPolicy: Always` (they keep running next to the app
+containers). Regular init containers run one at a time, before the app containers, so their memory is
+never needed at the same time as the app containers'. Every asking container (init, sidecar or app) gets
+its own entry in the `memslice.io/gpu-mem-mib` annotation, so the node agent can give each its quota.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import field as dc_field
+from fractions import Fraction
+from typing import Any
+
+from memslice.scheduler_extender.constants import ANN_POLICY, POLICIES, RESOURCE
+
+MAX_DEVICES = 1 << 40  # per container; anything above is absurd (1 TiB devices of 1 MiB is an EiB)
+_QUANTITY = re.compile(r"^([+-]?)(\d{1,30}(?:\.\d{0,30})?|\.\d{1,30})"
+                       r"(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?\d{1,3})?$")
+_SUFFIX = {"": Fraction(1), "m": Fraction(1, 1000), "k": Fraction(10**3), "M": Fraction(10**6),
+           "G": Fraction(10**9), "T": Fraction(10**12), "P": Fraction(10**15), "E": Fraction(10**18),
+           "Ki": Fraction(2**10), "Mi": Fraction(2**20), "Gi": Fraction(2**30), "Ti": Fraction(2**40),
+           "Pi": Fraction(2**50), "Ei": Fraction(2**60)}
+
+
+class RequestError(ValueError):
+    """A pod whose memslice request cannot be honoured; the message names the value and the fix."""
+
+
+def parse_devices(text: Any, where: str) -> int:
+    """A Kubernetes quantity of `memslice.io/gpu-mem` devices: a whole, non-negative number."""
+    if isinstance(text, bool) or not isinstance(text, str | int):
+        raise RequestError(f"{where}: {RESOURCE}={text!r} is not a quantity; write a whole number of "
+                           f"devices, e.g. \"4096\"")
+    if type(text) is str and len(text) <= 12 and text.isascii() and text.isdigit():  # usual "4096": fast
+        return int(text)
+    m = _QUANTITY.match(str(text).strip())
+    if not m:
+        raise RequestError(f"{where}: {RESOURCE}={text!r} is not a Kubernetes quantity; write a whole "
+                           f"number of devices, e.g. \"4096\"")
+    sign, number, suffix = m.group(1), m.group(2), m.group(3) or ""
+    scale = _SUFFIX[suffix] if suffix in _SUFFIX else Fraction(10) ** int(suffix[1:])  # or e<exponent>
+    value = Fraction(number) * scale
+    if sign == "-" and value != 0:
+        raise RequestError(f"{where}: {RESOURCE}={text!r} is negative; ask for a positive whole number of "
+                           f"devices")
+    if value.denominator != 1:
+        raise RequestError(f"{where}: {RESOURCE}={text!r} is not a whole number; extended resources are "
+                           f"counted in whole devices")
+    if value > MAX_DEVICES:
+        raise RequestError(f"{where}: {RESOURCE}={text!r} is absurdly large (more than {MAX_DEVICES} "
+                           f"devices); ask for the MiB one GPU can hold, in devices of the node's unit")
+    return int(value)
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerAsk:
+    name: str
+    devices: int
+    kind: str  # "app", "init" or "sidecar"
+
+
+@dataclass(frozen=True, slots=True)
+class PodRequest:
+    """The memslice asks of one pod, in devices (MiB = devices × the node's unit)."""
+
+    asks: tuple[ContainerAsk, ...]
+    policy: str | None  # from the pod annotation; None = the extender's default
+    devices: int = dc_field(init=False)  # effective devices on the GPU (module docstring: init containers)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "devices", effective_total({a.name: a.devices for a in self.asks}, self.asks))
+
+    def mib(self, unit_mib: int) -> int:
+        return self.devices * unit_mib
+
+    def container_mib(self, unit_mib: int) -> dict[str, int]:
+        return {a.name: a.devices * unit_mib for a in self.asks}
+
+
+def effective_total(amounts: Mapping[str, int], asks: tuple[ContainerAsk, ...]) -> int:
+    """Effective amount for containers `asks` (in spec order) with `amounts` by container name."""
+    app = sum(amounts.get(a.name, 0) for a in asks if a.kind == "app")
+    sidecars_so_far = 0
+    init_peak = 0
+    for a in asks:
+        if a.kind == "sidecar":
+            sidecars_so_far += amounts.get(a.name, 0)
+        elif a.kind == "init":
+            init_peak = max(init_peak, amounts.get(a.name, 0) + sidecars_so_far)
+    return max(init_peak, app + sidecars_so_far)
+
+
+def _container_devices(container: Any, where: str) -> int:
+    if not isinstance(container, dict):
+        raise RequestError(f"{where} is not an object")
+    resources = container.get("resources") or {}
+    if not isinstance(resources, dict):
+        raise RequestError(f"{where}.resources is not an object")
+    found: dict[str, int] = {}
+    for field in ("requests", "limits"):
+        values = resources.get(field) or {}
+        if not isinstance(values, dict):
+            raise RequestError(f"{where}.resources.{field} is not an object")
+        if RESOURCE in values:
+            found[field] = parse_devices(values[RESOURCE], f"{where}.resources.{field}")
+    if "requests" in found and "limits" in found and found["requests"] != found["limits"]:
+        raise RequestError(f"{where}: {RESOURCE} request {found['requests']} differs from its limit "
+                           f"{found['limits']}; extended resources need request == limit "
+                           f"(set only the limit)")
+    return found.get("limits", found.get("requests", 0))
+
+
+def pod_request(pod: Any) -> PodRequest | None:
+    """The pod's memslice request; None when no container asks for `memslice.io/gpu-mem`.
+    Raises RequestError for a malformed pod or quantity."""
+    if not isinstance(pod, dict):
+        raise RequestError("Pod is not an object")
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        raise RequestError("Pod.spec is missing or not an object")
+    asks: list[ContainerAsk] = []
+    names: set[str] = set()
+    for field, default_kind in (("initContainers", "init"), ("containers", "app")):
+        containers = spec.get(field) or []
+        if not isinstance(containers, list):
+            raise RequestError(f"Pod.spec.{field} is not a list")
+        for i, c in enumerate(containers):
+            where = f"Pod.spec.{field}[{i}]"
+            devices = _container_devices(c, where)
+            name = c.get("name")
+            if not isinstance(name, str) or not name:
+                if devices:
+                    raise RequestError(f"{where} asks for {RESOURCE} but has no name")
+                continue
+            if name in names:
+                raise RequestError(f"{where}: container name {name!r} is used twice")
+            names.add(name)
+            sidecar = default_kind == "init" and c.get("restartPolicy") == "Always"
+            kind = "sidecar" if sidecar else default_kind
+            if devices:
+                asks.append(ContainerAsk(name, devices, kind))
+    if not asks:
+        return None
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    policy = annotations.get(ANN_POLICY) if isinstance(annotations, dict) else None
+    if policy is not None and policy not in POLICIES:
+        raise RequestError(f"annotation {ANN_POLICY}={policy!r} is not a policy; use one of "
+                           f"{', '.join(POLICIES)} (or remove it to use the extender's default)")
+    return PodRequest(tuple(asks), policy)

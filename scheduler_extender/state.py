@@ -1,0 +1,484 @@
+"""The extender's picture of the cluster: node inventories and pod reservations, with per-GPU totals.
+
+Built only from the API server (list + watch, see watch.py) and from the extender's own in-flight binds
+("pending" charges, see below). All methods are thread-safe (one lock; every operation is O(GPUs of one
+node) except relists). Read access for decisions goes through immutable `NodeView`s.
+
+What a pod charges (`derive_charge`):
+- a pod in phase Succeeded/Failed, or deleted: nothing;
+- a pod with a valid reservation (`memslice.io/gpu-uuid` + `memslice.io/gpu-mem-mib`): the effective MiB
+  (resources.py explains init containers) on that GPU, wherever the pod is bound, as long as it is bound;
+- the same, not bound yet (a bind in flight, or a bind that failed after the annotations were written and
+  could not be undone, or an extender that crashed in between): charged until `assumed-at + assume_ttl`,
+  then no longer (the leak ends by itself; a later bind overwrites the annotations);
+- a pod bound to a node and asking for `memslice.io/gpu-mem` without a reservation (bound without the
+  extender): its MiB as "unplaced" on the node: it may be on any GPU there, so the node's total free memory
+  must cover it too.
+
+Pending charges: between choosing a GPU and the watch delivering the pod's new version, the extender's
+own bind holds the GPU with a pending charge (so two binds never see the same room). A pending charge is
+dropped when the watch delivers a version of the pod at least as new as the extender's last write.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from memslice.scheduler_extender.annotations import (
+    AnnotationError,
+    Gpu,
+    Inventory,
+    Reservation,
+    parse_inventory,
+    parse_reservation,
+)
+from memslice.scheduler_extender.resources import PodRequest, RequestError, effective_total, pod_request
+
+log = logging.getLogger(__name__)
+TERMINAL_PHASES = ("Succeeded", "Failed")
+UNKNOWN_RV = 1 << 62  # pending charges wait for a version this new until the bind says otherwise
+
+
+def resource_version(meta: dict[str, Any]) -> int:
+    """resourceVersion as an int (Kubernetes serves etcd revisions; opaque strings count as 0)."""
+    try:
+        return int(meta.get("resourceVersion") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    uuid: str
+    index: int
+    model: str
+    mem_mib: int
+    healthy: bool
+    used_mib: int
+    free_mib: int = field(init=False)  # mem - used (negative when over-committed)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "free_mib", self.mem_mib - self.used_mib)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """One node as decisions see it. `error` is set when its inventory annotation is malformed.
+    Build with NodeView.of(): the totals are computed once, so a fit check is O(1)."""
+
+    name: str
+    unit_mib: int
+    gpus: tuple[GpuView, ...]
+    unplaced_mib: int
+    error: str | None
+    max_free_mib: int  # over healthy GPUs
+    max_mem_mib: int  # largest healthy GPU
+    total_free_mib: int  # over healthy GPUs, negatives (over-commit) counted as 0
+    healthy: tuple[GpuView, ...]  # in index order
+    by_free: tuple[GpuView, ...]  # healthy GPUs sorted by (free, index): binpack takes the first that fits
+    free_keys: tuple[int, ...]  # their free MiB, for bisect
+    most_free: GpuView | None  # the healthy GPU with the most free MiB (lowest index on ties): spread's pick
+
+    @classmethod
+    def of(cls, name: str, unit_mib: int, gpus: tuple[GpuView, ...], unplaced_mib: int = 0,
+           error: str | None = None) -> NodeView:
+        healthy = tuple(sorted((g for g in gpus if g.healthy), key=lambda g: g.index))
+        by_free = tuple(sorted(healthy, key=lambda g: (g.free_mib, g.index)))
+        most_free = min(healthy, key=lambda g: (-g.free_mib, g.index)) if healthy else None
+        return cls(name, unit_mib, gpus, unplaced_mib, error,
+                   max((g.free_mib for g in healthy), default=0),
+                   max((g.mem_mib for g in healthy), default=0),
+                   sum(max(g.free_mib, 0) for g in healthy), healthy, by_free,
+                   tuple(g.free_mib for g in by_free), most_free)
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    uid: str
+    namespace: str
+    name: str
+    rv: int
+    node: str | None
+    terminal: bool
+    request: PodRequest | None
+    reservation: Reservation | None
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    gpu_uuid: str | None  # None: unplaced on `node`
+    node: str | None
+    mib: int  # for a GPU charge
+    devices: int  # for an unplaced charge (MiB = devices × the node's unit)
+    expires: float | None  # an unbound reservation stops counting then
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    charge: Charge | None
+    min_rv: int
+
+
+def pod_record(obj: dict[str, Any]) -> PodRecord | None:
+    """The part of a pod the extender keeps; None for pods that neither ask for nor hold GPU memory."""
+    meta = obj.get("metadata") or {}
+    where = f"pod {meta.get('namespace')}/{meta.get('name')}"
+    try:
+        request = pod_request(obj)
+    except RequestError as exc:
+        log.warning("%s: %s", where, exc)
+        request = None
+    annotations = meta.get("annotations") or {}
+    try:
+        reservation = parse_reservation(where, annotations) if isinstance(annotations, dict) else None
+    except AnnotationError as exc:
+        log.warning("%s; the reservation is ignored", exc)
+        reservation = None
+    if request is None and reservation is None:
+        return None
+    return PodRecord(uid=str(meta.get("uid") or ""), namespace=str(meta.get("namespace") or ""),
+                     name=str(meta.get("name") or ""), rv=resource_version(meta),
+                     node=(obj.get("spec") or {}).get("nodeName") or None,
+                     terminal=(obj.get("status") or {}).get("phase") in TERMINAL_PHASES,
+                     request=request, reservation=reservation)
+
+
+PodEntry = tuple[str, "PodRecord | None", int]  # uid, what the extender keeps of the pod, resourceVersion
+
+
+def pod_entry(obj: dict[str, Any]) -> PodEntry | None:
+    meta = obj.get("metadata") or {}
+    uid = meta.get("uid")
+    if not isinstance(uid, str) or not uid:
+        return None
+    return uid, pod_record(obj), resource_version(meta)
+
+
+def reservation_mib(rec: PodRecord) -> int:
+    assert rec.reservation is not None
+    amounts = dict(rec.reservation.container_mib)
+    if rec.request is None:
+        return sum(amounts.values())
+    known = {a.name for a in rec.request.asks}
+    extra = sum(v for k, v in amounts.items() if k not in known)  # counted as app containers
+    return effective_total(amounts, rec.request.asks) + extra
+
+
+def derive_charge(rec: PodRecord, now: float, assume_ttl: float) -> Charge | None:
+    if rec.terminal:
+        return None
+    if rec.reservation is not None:
+        mib = reservation_mib(rec)
+        if rec.node:
+            return Charge(rec.reservation.gpu_uuid, rec.node, mib, 0, None)
+        expires = rec.reservation.assumed_at + assume_ttl
+        return Charge(rec.reservation.gpu_uuid, None, mib, 0, expires) if expires > now else None
+    if rec.node and rec.request is not None:
+        return Charge(None, rec.node, 0, rec.request.devices, None)
+    return None
+
+
+class ClusterState:
+    def __init__(self, assume_ttl: float = 120.0, clock: Callable[[], float] = time.time) -> None:
+        self.assume_ttl = assume_ttl
+        self.clock = clock
+        self.lock = threading.RLock()
+        self._inventory: dict[str, Inventory | None] = {}  # node -> inventory (None: not a memslice node)
+        self._node_error: dict[str, str] = {}
+        self._gpu_node: dict[str, str] = {}
+        self._views: dict[str, NodeView] = {}
+        self._dirty: set[str] = set()
+        self._pods: dict[str, PodRecord] = {}
+        self._by_name: dict[tuple[str, str], str] = {}
+        self._charges: dict[str, Charge] = {}
+        self._used: dict[str, int] = {}
+        self._unplaced: dict[str, int] = {}
+        self._pending: dict[str, Pending] = {}
+        self._expiring: dict[str, float] = {}
+        self._changed = threading.Condition(self.lock)
+        self.last_rv = {"nodes": 0, "pods": 0}  # newest resourceVersion seen per kind (tests wait on it)
+        self.nodes_synced = threading.Event()
+        self.pods_synced = threading.Event()
+
+    def wait_for(self, predicate: Callable[[ClusterState], bool], timeout: float) -> bool:
+        """Wait (at most `timeout` s) until `predicate(self)` holds; re-checked after every change."""
+        with self._changed:
+            return self._changed.wait_for(lambda: predicate(self), timeout)
+
+    # ------------------------------------------------------------------ nodes
+    def upsert_node(self, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        name = meta.get("name")
+        if not isinstance(name, str) or not name:
+            return
+        with self.lock:
+            self._set_node(name, meta.get("annotations") or {})
+            self._seen("nodes", resource_version(meta))
+
+    def _set_node(self, name: str, annotations: dict[str, Any]) -> None:
+        old = self._inventory.get(name)
+        if old is not None:
+            for g in old.gpus:
+                if self._gpu_node.get(g.uuid) == name:
+                    del self._gpu_node[g.uuid]
+        try:
+            inv = parse_inventory(name, annotations if isinstance(annotations, dict) else {})
+            self._node_error.pop(name, None)
+        except AnnotationError as exc:
+            log.warning("%s; the node gets no memslice pods until it is fixed", exc)
+            inv = None
+            self._node_error[name] = str(exc)
+        self._inventory[name] = inv
+        if inv is not None:
+            for g in inv.gpus:
+                self._gpu_node[g.uuid] = name
+        self._dirty.add(name)
+        self._changed.notify_all()
+
+    def delete_node(self, name: str, rv: int = 0) -> None:
+        with self.lock:
+            self._seen("nodes", rv)
+            old = self._inventory.pop(name, None)
+            if old is not None:
+                for g in old.gpus:
+                    if self._gpu_node.get(g.uuid) == name:
+                        del self._gpu_node[g.uuid]
+            self._node_error.pop(name, None)
+            self._views.pop(name, None)
+            self._dirty.discard(name)
+            self._changed.notify_all()
+
+    def replace_nodes(self, objs: Iterable[dict[str, Any]], list_rv: int = 0) -> None:
+        with self.lock:
+            seen = set()
+            for obj in objs:
+                meta = obj.get("metadata") or {}
+                name = meta.get("name")
+                if isinstance(name, str) and name:
+                    seen.add(name)
+                    self._set_node(name, meta.get("annotations") or {})
+            for name in list(self._inventory):
+                if name not in seen:
+                    self.delete_node(name)
+            self._seen("nodes", list_rv)
+
+    # ------------------------------------------------------------------ pods
+    def upsert_pod(self, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        uid = meta.get("uid")
+        if not isinstance(uid, str) or not uid:
+            return
+        rec = pod_record(obj)
+        with self.lock:
+            self._set_pod(uid, rec, resource_version(meta))
+            self._seen("pods", resource_version(meta))
+
+    def delete_pod(self, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        uid = meta.get("uid")
+        if isinstance(uid, str) and uid:
+            with self.lock:
+                self._pending.pop(uid, None)
+                self._set_pod(uid, None, UNKNOWN_RV)
+                self._seen("pods", resource_version(meta))
+
+    def replace_pods(self, entries: Iterable[PodEntry | None], list_rv: int) -> None:
+        """A relist: `entries` (from pod_entry(), so that a relist of 40,000 pods never holds them all as
+        raw JSON) is the complete set of pods; those absent are gone."""
+        with self.lock:
+            seen = set()
+            for entry in entries:
+                if entry is None:
+                    continue
+                uid, rec, rv = entry
+                seen.add(uid)
+                self._set_pod(uid, rec, rv)
+            for uid in list(self._pods):
+                if uid not in seen:
+                    self._set_pod(uid, None, list_rv)
+            for uid, p in list(self._pending.items()):
+                if uid not in seen and p.min_rv <= list_rv:
+                    del self._pending[uid]
+                    self._recharge(uid)
+            self._seen("pods", list_rv)
+
+    def _seen(self, kind: str, rv: int) -> None:
+        if rv > self.last_rv[kind]:
+            self.last_rv[kind] = rv
+            self._changed.notify_all()
+
+    def _set_pod(self, uid: str, rec: PodRecord | None, rv: int) -> None:
+        old = self._pods.get(uid)
+        if old is not None:
+            self._by_name.pop((old.namespace, old.name), None)
+        if rec is None:
+            self._pods.pop(uid, None)
+        else:
+            self._pods[uid] = rec
+            self._by_name[(rec.namespace, rec.name)] = uid
+        p = self._pending.get(uid)
+        if p is not None and rv >= p.min_rv:
+            del self._pending[uid]
+        self._recharge(uid)
+
+    def _recharge(self, uid: str) -> None:
+        old = self._charges.pop(uid, None)
+        if old is not None:
+            self._apply(old, -1)
+        self._expiring.pop(uid, None)
+        p = self._pending.get(uid)
+        if p is not None:
+            new = p.charge
+        else:
+            rec = self._pods.get(uid)
+            new = derive_charge(rec, self.clock(), self.assume_ttl) if rec is not None else None
+        if new is not None:
+            self._charges[uid] = new
+            self._apply(new, +1)
+            if new.expires is not None:
+                self._expiring[uid] = new.expires
+        self._changed.notify_all()
+
+    def _apply(self, c: Charge, sign: int) -> None:
+        if c.gpu_uuid is not None:
+            left = self._used.get(c.gpu_uuid, 0) + sign * c.mib
+            if left:
+                self._used[c.gpu_uuid] = left
+            else:
+                self._used.pop(c.gpu_uuid, None)
+            node = self._gpu_node.get(c.gpu_uuid)
+            if node is not None:
+                self._dirty.add(node)
+        elif c.node is not None:
+            left = self._unplaced.get(c.node, 0) + sign * c.devices
+            if left:
+                self._unplaced[c.node] = left
+            else:
+                self._unplaced.pop(c.node, None)
+            self._dirty.add(c.node)
+
+    def expire(self) -> None:
+        """Drop unbound reservations whose assume TTL has passed (called before every decision)."""
+        if not self._expiring:
+            return
+        now = self.clock()
+        with self.lock:
+            for uid, deadline in list(self._expiring.items()):
+                if deadline <= now:
+                    rec = self._pods.get(uid)
+                    if rec is not None:
+                        log.info("reservation of pod %s/%s on GPU %s expired unbound after %.0f s; released",
+                                 rec.namespace, rec.name,
+                                 rec.reservation.gpu_uuid if rec.reservation else "?", self.assume_ttl)
+                    self._recharge(uid)
+
+    # ------------------------------------------------------------------ in-flight binds
+    def hold(self, uid: str, charge: Charge | None) -> None:
+        """Charge `charge` (None: nothing) for pod `uid` now, until release() or until the watch catches up."""
+        with self.lock:
+            self._pending[uid] = Pending(charge, UNKNOWN_RV)
+            self._recharge(uid)
+
+    def confirm(self, uid: str, min_rv: int) -> None:
+        """The bind succeeded; the pending charge stays until the watch delivers version `min_rv`."""
+        with self.lock:
+            p = self._pending.get(uid)
+            if p is not None:
+                rec = self._pods.get(uid)
+                if rec is not None and rec.rv >= min_rv:
+                    del self._pending[uid]
+                    self._recharge(uid)
+                else:
+                    self._pending[uid] = Pending(p.charge, min_rv)
+
+    def release(self, uid: str, undone_rv: int | None) -> None:
+        """The bind failed. With `undone_rv` (the version that removed the annotations) the pod charges
+        nothing until the watch delivers it; without (the undo failed), the watched state rules."""
+        with self.lock:
+            rec = self._pods.get(uid)
+            if undone_rv is None or (rec is not None and rec.rv >= undone_rv):
+                self._pending.pop(uid, None)
+            else:
+                self._pending[uid] = Pending(None, undone_rv)
+            self._recharge(uid)
+
+    # ------------------------------------------------------------------ reads
+    def view(self, name: str) -> NodeView | None:
+        """The node as decisions see it; None when it is unknown or not a memslice node."""
+        with self.lock:
+            if name in self._dirty:
+                self._rebuild(name)
+            return self._views.get(name)
+
+    def knows_node(self, name: str) -> bool:
+        with self.lock:
+            return name in self._inventory
+
+    def node_error(self, name: str) -> str | None:
+        with self.lock:
+            return self._node_error.get(name)
+
+    def _rebuild(self, name: str) -> None:
+        self._dirty.discard(name)
+        inv = self._inventory.get(name)
+        if inv is None:
+            if name in self._node_error:
+                self._views[name] = NodeView.of(name, 1, (), 0, self._node_error[name])
+            else:
+                self._views.pop(name, None)
+            return
+        gpus = tuple(_gpu_view(g, self._used.get(g.uuid, 0)) for g in inv.gpus)
+        self._views[name] = NodeView.of(name, inv.unit_mib, gpus, self._unplaced.get(name, 0) * inv.unit_mib)
+
+    def views_of(self, names: list[str]) -> list[NodeView | None]:
+        """Views of many nodes under one lock (filter and prioritize ask for hundreds at a time)."""
+        with self.lock:
+            dirty, views = self._dirty, self._views
+            out = []
+            for name in names:
+                if name in dirty:
+                    self._rebuild(name)
+                out.append(views.get(name))
+            return out
+
+    def views(self) -> list[NodeView]:
+        with self.lock:
+            for name in list(self._dirty):
+                self._rebuild(name)
+            return list(self._views.values())
+
+    def pod(self, namespace: str, name: str) -> PodRecord | None:
+        with self.lock:
+            uid = self._by_name.get((namespace, name))
+            return self._pods.get(uid) if uid else None
+
+    def pod_by_uid(self, uid: str) -> PodRecord | None:
+        with self.lock:
+            return self._pods.get(uid)
+
+    def charge_of(self, uid: str) -> Charge | None:
+        with self.lock:
+            return self._charges.get(uid)
+
+    def gpu_node(self, uuid: str) -> str | None:
+        with self.lock:
+            return self._gpu_node.get(uuid)
+
+    def counts(self) -> dict[str, int]:
+        with self.lock:
+            return {"nodes": sum(1 for i in self._inventory.values() if i is not None),
+                    "pods": len(self._pods), "reservations": len(self._charges),
+                    "pending": len(self._pending)}
+
+    @property
+    def synced(self) -> bool:
+        return self.nodes_synced.is_set() and self.pods_synced.is_set()
+
+
+def _gpu_view(g: Gpu, used: int) -> GpuView:
+    return GpuView(g.uuid, g.index, g.model, g.mem_mib, g.healthy, used)

@@ -1,0 +1,163 @@
+"""The extender verbs: decode the request, decide over ClusterState, encode the answer.
+
+Each handler returns (HTTP status, JSON body). Requests that do not follow the extender API (not JSON,
+missing or mistyped fields) get 400 with an `Error`; a well-formed request for a pod that cannot be
+served (a negative quantity, an unknown policy, a bind that fails) gets 200 with an `Error`, because
+kube-scheduler shows the `Error` text in the pod's events but only the status code of a non-200 answer.
+Nothing here changes state except a successful bind.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from memslice.scheduler_extender import decisions, wire
+from memslice.scheduler_extender.binder import Binder, BindError
+from memslice.scheduler_extender.metrics import Metrics
+from memslice.scheduler_extender.resources import PodRequest, RequestError, pod_request
+from memslice.scheduler_extender.state import ClusterState
+from memslice.scheduler_extender.wire import WireError
+
+log = logging.getLogger(__name__)
+NOT_SYNCED = ("the memslice extender has not finished listing nodes and pods from the API server yet; "
+              "the scheduler will retry")
+
+
+class Verbs:
+    def __init__(self, state: ClusterState, binder: Binder, default_policy: str, metrics: Metrics) -> None:
+        self.state = state
+        self.binder = binder
+        self.default_policy = default_policy
+        self.metrics = metrics
+
+    def _unfit_reason(self, name: str) -> tuple[bool, str]:
+        """(unresolvable, reason) for a node without a view."""
+        if self.state.knows_node(name):
+            return True, ("node has no memslice GPUs (no memslice.io/gpus annotation: is the memslice node "
+                          "agent running there?)")
+        return False, "node is not (yet) known to the memslice extender"
+
+    def _own_charge(self, pod: dict[str, Any]) -> tuple[str, str, int] | None:
+        """(node, GPU UUID, MiB) of a reservation this unbound pod already holds (a bind that failed and
+        could not be undone): it must not count against the pod itself."""
+        uid = (pod.get("metadata") or {}).get("uid")
+        charge = self.state.charge_of(uid) if isinstance(uid, str) and uid else None
+        if charge is None or charge.gpu_uuid is None or charge.node is not None:
+            return None
+        node = self.state.gpu_node(charge.gpu_uuid)
+        return (node, charge.gpu_uuid, charge.mib) if node else None
+
+    def filter(self, body: Any) -> tuple[int, Any]:
+        try:
+            args = wire.decode_extender_args(body)
+        except WireError as exc:
+            return 400, wire.filter_result(None, [], {}, {}, str(exc))
+        names = args.names()
+        try:
+            request = pod_request(args.pod)
+        except RequestError as exc:
+            return 200, wire.filter_result(args, [], {}, {}, str(exc))
+        if request is None:  # not a memslice pod: untouched
+            return 200, wire.filter_result(args, list(names), {}, {})
+        if not self.state.synced:
+            return 200, wire.filter_result(args, [], {}, {}, NOT_SYNCED)
+        passed: list[str] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        self.state.expire()
+        devices = request.devices
+        own = self._own_charge(args.pod)
+        for name, view in zip(names, self.state.views_of(names), strict=True):
+            if view is None:
+                final, reason = self._unfit_reason(name)
+                (unresolvable if final else failed)[name] = reason
+                continue
+            if view.max_free_mib >= devices * view.unit_mib and not view.unplaced_mib and not view.error:
+                passed.append(name)  # decisions.fit's fast path, inlined: this loop runs for every node
+                continue
+            if own is not None and own[0] == name and decisions.fits_without(
+                    view, devices * view.unit_mib, {own[1]: own[2]}, 0):
+                passed.append(name)  # room once the pod's own stale reservation is not counted
+                continue
+            f = decisions.fit(view, devices * view.unit_mib)
+            if f.ok:
+                passed.append(name)
+            elif f.unresolvable:
+                unresolvable[name] = f.reason
+            else:
+                failed[name] = f.reason
+        return 200, wire.filter_result(args, passed, failed, unresolvable)
+
+    def prioritize(self, body: Any) -> tuple[int, Any]:
+        try:
+            args = wire.decode_extender_args(body)
+        except WireError as exc:
+            return 400, {"Error": str(exc)}
+        names = args.names()
+        try:
+            request: PodRequest | None = pod_request(args.pod)
+        except RequestError as exc:
+            return 400, {"Error": str(exc)}  # HostPriorityList has no Error field
+        if request is None or not self.state.synced:
+            return 200, wire.host_priority_list([(n, 0) for n in names])
+        policy = request.policy or self.default_policy
+        self.state.expire()
+        devices = request.devices
+        score = decisions.score
+        return 200, [{"Host": name, "Score": score(view, devices * view.unit_mib, policy) if view else 0}
+                     for name, view in zip(names, self.state.views_of(names), strict=True)]
+
+    def bind(self, body: Any) -> tuple[int, Any]:
+        try:
+            args = wire.decode_binding_args(body)
+        except WireError as exc:
+            self.metrics.bind_failures.labels("bad_request").inc()
+            return 400, wire.binding_result(str(exc))
+        if not self.state.synced:
+            self.metrics.bind_failures.labels("not_synced").inc()
+            return 200, wire.binding_result(NOT_SYNCED)
+        try:
+            self.binder.bind(args)
+        except BindError as exc:
+            log.warning("bind failed: %s", exc)
+            self.metrics.bind_failures.labels(exc.reason).inc()
+            return 200, wire.binding_result(str(exc))
+        self.metrics.bound.inc()
+        return 200, wire.binding_result("")
+
+    def preempt(self, body: Any) -> tuple[int, Any]:
+        """Keep the scheduler's victims on a node only if evicting them lets the pod fit on one GPU there;
+        drop the node otherwise. Victims are never trimmed: the scheduler may need them for CPU/memory."""
+        try:
+            args = wire.decode_preemption_args(body)
+        except WireError as exc:
+            return 400, {"NodeNameToMetaVictims": None, "Error": str(exc)}
+        try:
+            request = pod_request(args.pod)
+        except RequestError as exc:
+            return 400, {"NodeNameToMetaVictims": None, "Error": str(exc)}
+        if request is None:
+            return 200, wire.preemption_result(args.victims)
+        if not self.state.synced:
+            return 200, wire.preemption_result({})
+        keep: dict[str, wire.Victims] = {}
+        self.state.expire()
+        for node, victims in args.victims.items():
+            view = self.state.view(node)
+            if view is None:
+                continue
+            freed: dict[str, int] = {}
+            freed_unplaced = 0
+            for uid in victims.uids:
+                charge = self.state.charge_of(uid)
+                if charge is None:
+                    continue
+                if charge.gpu_uuid is not None:
+                    if self.state.gpu_node(charge.gpu_uuid) == node:
+                        freed[charge.gpu_uuid] = freed.get(charge.gpu_uuid, 0) + charge.mib
+                elif charge.node == node:
+                    freed_unplaced += charge.devices * view.unit_mib
+            if decisions.fits_without(view, request.mib(view.unit_mib), freed, freed_unplaced):
+                keep[node] = victims
+        return 200, wire.preemption_result(keep)

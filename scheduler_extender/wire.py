@@ -1,0 +1,214 @@
+"""The scheduler-extender wire format (k8s.io/kube-scheduler/extender/v1): exact capitalised field names.
+
+Requests are decoded strictly by the names kube-scheduler sends (`Pod`, `NodeNames`, ...); a request that
+uses another casing gets an error that says so. Embedded objects (Pod, Node) are Kubernetes JSON and are
+kept as dicts. Every decoder raises WireError with a message naming the field and what is expected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+MAX_NODE_NAMES = 100_000
+MAX_NAME_LEN = 253
+
+
+class WireError(ValueError):
+    """A request that does not follow the extender API; answered with HTTP 400 and an `Error`."""
+
+
+def _field(obj: dict[str, Any], name: str, where: str, required: bool = True) -> Any:
+    if name in obj:
+        return obj[name]
+    if required:
+        other = next((k for k in obj if isinstance(k, str) and k.lower() == name.lower()), None)
+        hint = f" (found {other!r}: field names are case-sensitive, write {name!r})" if other else ""
+        raise WireError(f"{where}: field {name!r} is required{hint}")
+    return None
+
+
+def _name(value: Any, where: str, allow_empty: bool = False) -> str:
+    if not isinstance(value, str):
+        raise WireError(f"{where} must be a string, got {type(value).__name__}")
+    if not value and not allow_empty:
+        raise WireError(f"{where} must not be empty")
+    if len(value) > MAX_NAME_LEN:
+        raise WireError(f"{where} is {len(value)} characters long; Kubernetes names have at most "
+                        f"{MAX_NAME_LEN}")
+    return value
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise WireError(f"{where} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def decode_pod(value: Any, where: str = "Pod") -> dict[str, Any]:
+    pod = _object(value, where)
+    meta = _object(pod.get("metadata"), f"{where}.metadata")
+    _name(meta.get("name"), f"{where}.metadata.name")
+    _name(meta.get("namespace", "default"), f"{where}.metadata.namespace")
+    if "uid" in meta:
+        _name(meta["uid"], f"{where}.metadata.uid", allow_empty=True)
+    _object(pod.get("spec"), f"{where}.spec")
+    return pod
+
+
+@dataclass(frozen=True)
+class ExtenderArgs:
+    pod: dict[str, Any]
+    node_names: list[str] | None  # nodeCacheCapable
+    nodes: list[dict[str, Any]] | None  # full NodeList items otherwise
+
+    def names(self) -> list[str]:
+        if self.node_names is not None:
+            return self.node_names
+        return [n["metadata"]["name"] for n in self.nodes or []]
+
+
+def decode_extender_args(body: Any) -> ExtenderArgs:
+    args = _object(body, "request body (ExtenderArgs)")
+    pod = decode_pod(_field(args, "Pod", "ExtenderArgs"))
+    raw_names = _field(args, "NodeNames", "ExtenderArgs", required=False)
+    raw_nodes = _field(args, "Nodes", "ExtenderArgs", required=False)
+    if raw_names is None and raw_nodes is None and not any(
+            isinstance(k, str) and k.lower() in ("nodenames", "nodes") for k in args):
+        raise WireError("ExtenderArgs: one of 'NodeNames' (nodeCacheCapable: true) or 'Nodes' is required")
+    if raw_names is None and raw_nodes is None:
+        _field(args, "NodeNames", "ExtenderArgs")  # raises with the casing hint
+    names = None
+    if raw_names is not None:
+        if not isinstance(raw_names, list):
+            raise WireError(f"ExtenderArgs.NodeNames must be a list of node names, got "
+                            f"{type(raw_names).__name__}")
+        if len(raw_names) > MAX_NODE_NAMES:
+            raise WireError(f"ExtenderArgs.NodeNames has {len(raw_names)} names; at most {MAX_NODE_NAMES}")
+        if all(type(n) is str and 0 < len(n) <= MAX_NAME_LEN for n in raw_names):  # the fast, usual case
+            names = raw_names
+        else:
+            names = [_name(n, f"ExtenderArgs.NodeNames[{i}]") for i, n in enumerate(raw_names)]
+    nodes = None
+    if raw_nodes is not None and names is None:
+        node_list = _object(raw_nodes, "ExtenderArgs.Nodes")
+        items = node_list.get("items") or []
+        if not isinstance(items, list):
+            raise WireError("ExtenderArgs.Nodes.items must be a list of Node objects")
+        if len(items) > MAX_NODE_NAMES:
+            raise WireError(f"ExtenderArgs.Nodes has {len(items)} nodes; at most {MAX_NODE_NAMES}")
+        nodes = []
+        for i, n in enumerate(items):
+            node = _object(n, f"ExtenderArgs.Nodes.items[{i}]")
+            _name(_object(node.get("metadata"), f"ExtenderArgs.Nodes.items[{i}].metadata").get("name"),
+                  f"ExtenderArgs.Nodes.items[{i}].metadata.name")
+            nodes.append(node)
+    return ExtenderArgs(pod, names, nodes)
+
+
+@dataclass(frozen=True)
+class BindingArgs:
+    pod_name: str
+    pod_namespace: str
+    pod_uid: str
+    node: str
+
+
+def decode_binding_args(body: Any) -> BindingArgs:
+    args = _object(body, "request body (ExtenderBindingArgs)")
+    w = "ExtenderBindingArgs"
+    return BindingArgs(
+        pod_name=_name(_field(args, "PodName", w), f"{w}.PodName"),
+        pod_namespace=_name(_field(args, "PodNamespace", w), f"{w}.PodNamespace"),
+        pod_uid=_name(_field(args, "PodUID", w), f"{w}.PodUID", allow_empty=True),
+        node=_name(_field(args, "Node", w), f"{w}.Node"))
+
+
+@dataclass(frozen=True)
+class Victims:
+    uids: list[str]
+    pods: list[dict[str, Any]] | None  # full pods when the scheduler sent NodeNameToVictims
+    num_pdb_violations: int
+
+
+@dataclass(frozen=True)
+class PreemptionArgs:
+    pod: dict[str, Any]
+    victims: dict[str, Victims]
+
+
+def _pdb(value: Any, where: str) -> int:
+    if value is None:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise WireError(f"{where}.NumPDBViolations must be a non-negative integer")
+    return value
+
+
+def decode_preemption_args(body: Any) -> PreemptionArgs:
+    args = _object(body, "request body (ExtenderPreemptionArgs)")
+    w = "ExtenderPreemptionArgs"
+    pod = decode_pod(_field(args, "Pod", w))
+    meta = _field(args, "NodeNameToMetaVictims", w, required=False)
+    full = _field(args, "NodeNameToVictims", w, required=False)
+    if meta is None and full is None:
+        _field(args, "NodeNameToMetaVictims", w)
+    out: dict[str, Victims] = {}
+    if meta is not None:
+        for node, v in _object(meta, f"{w}.NodeNameToMetaVictims").items():
+            where = f"{w}.NodeNameToMetaVictims[{node!r}]"
+            _name(node, f"{w}.NodeNameToMetaVictims key")
+            v = _object(v, where)
+            pods = v.get("Pods") or []
+            if not isinstance(pods, list):
+                raise WireError(f"{where}.Pods must be a list")
+            uids = [_name(_object(p, f"{where}.Pods[{i}]").get("UID"), f"{where}.Pods[{i}].UID")
+                    for i, p in enumerate(pods)]
+            out[node] = Victims(uids, None, _pdb(v.get("NumPDBViolations"), where))
+    else:
+        for node, v in _object(full, f"{w}.NodeNameToVictims").items():
+            where = f"{w}.NodeNameToVictims[{node!r}]"
+            _name(node, f"{w}.NodeNameToVictims key")
+            v = _object(v, where)
+            pods = v.get("Pods") or []
+            if not isinstance(pods, list):
+                raise WireError(f"{where}.Pods must be a list")
+            decoded = [decode_pod(p, f"{where}.Pods[{i}]") for i, p in enumerate(pods)]
+            uids = [_name(p["metadata"].get("uid"), f"{where}.Pods[{i}].metadata.uid")
+                    for i, p in enumerate(decoded)]
+            out[node] = Victims(uids, decoded, _pdb(v.get("NumPDBViolations"), where))
+    return PreemptionArgs(pod, out)
+
+
+# ---------------------------------------------------------------------------------------------- results
+
+def filter_result(args: ExtenderArgs | None, passed: list[str], failed: dict[str, str],
+                  unresolvable: dict[str, str], error: str = "") -> dict[str, Any]:
+    """ExtenderFilterResult. In node-cache mode (NodeNames in) answer NodeNames; with full Nodes in,
+    answer the passing Node objects (the scheduler reads `Nodes` then)."""
+    names: list[str] | None = passed
+    nodes: dict[str, Any] | None = None
+    if args is not None and args.node_names is None and args.nodes is not None:
+        keep = set(passed)
+        nodes = {"apiVersion": "v1", "kind": "NodeList", "metadata": {},
+                 "items": [n for n in args.nodes if n["metadata"]["name"] in keep]}
+        names = None
+    if error:
+        names, nodes = None, None
+    return {"Nodes": nodes, "NodeNames": names, "FailedNodes": failed,
+            "FailedAndUnresolvableNodes": unresolvable, "Error": error}
+
+
+def host_priority_list(scores: list[tuple[str, int]]) -> list[dict[str, Any]]:
+    """HostPriorityList: a bare JSON array of {Host, Score}."""
+    return [{"Host": host, "Score": s} for host, s in scores]
+
+
+def binding_result(error: str = "") -> dict[str, Any]:
+    return {"Error": error}
+
+
+def preemption_result(victims: dict[str, Victims]) -> dict[str, Any]:
+    return {"NodeNameToMetaVictims": {
+        node: {"Pods": [{"UID": uid} for uid in v.uids], "NumPDBViolations": v.num_pdb_violations}
+        for node, v in victims.items()}}

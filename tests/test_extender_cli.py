@@ -1,0 +1,66 @@
+"""`memslice extender` as a process: flags and environment, start against a cluster, clean stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from kube_standin import KubeApiStandin
+from test_extender_support import Client, node_obj, pod_obj
+
+
+def extender(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("MEMSLICE_EXTENDER_") and k != "KUBECONFIG"}
+    full.update(env or {})
+    return subprocess.Popen([sys.executable, "-m", "memslice", "extender", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=full)
+
+
+def test_help_lists_flags_and_environment() -> None:
+    out = subprocess.run([sys.executable, "-m", "memslice", "extender", "--help"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0
+    for word in ("--port", "--policy", "--assume-ttl", "--tls-cert-file", "--kubeconfig", "MEMSLICE_EXTENDER_PORT",
+                 "/filter", "/readyz"):
+        assert word in out.stdout
+
+
+@pytest.mark.parametrize(("args", "env", "words"), [
+    (["--port", "http"], {}, "--port='http' is not a TCP port"),
+    (["--assume-ttl", "-5"], {}, "--assume-ttl='-5' must be positive"),
+    ([], {"MEMSLICE_EXTENDER_POLICY": "fastest"}, "MEMSLICE_EXTENDER_POLICY='fastest' is not a policy"),
+    (["--tls-cert-file", "/nonexistent.crt"], {}, "TLS needs both"),
+])
+def test_bad_configuration_exits_2_naming_the_value(args, env, words, tmp_path) -> None:
+    with KubeApiStandin() as kube:
+        proc = extender("--kubeconfig", kube.kubeconfig(str(tmp_path / "kc")), "--port", "0", *args, env=env)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and words in err, err
+
+
+def test_serves_a_cluster_and_stops_on_sigterm(tmp_path) -> None:
+    with KubeApiStandin() as kube:
+        kube.put(node_obj("n", [8000]))
+        pod = kube.put(pod_obj("p", {"main": 1000}))
+        proc = extender("--address", "127.0.0.1", "--port", "0", "--policy", "spread",
+                        env={"KUBECONFIG": kube.kubeconfig(str(tmp_path / "kc"))})
+        try:
+            line = proc.stdout.readline()
+            assert "serving http://127.0.0.1:" in line and "policy spread" in line, line
+            client = Client(line.split("serving ", 1)[1].split()[0])
+            deadline = time.monotonic() + 30
+            while client.raw("GET", "/readyz")[0] != 200:
+                assert time.monotonic() < deadline, "never ready"
+                time.sleep(0.05)  # polling another process's readiness, bounded
+            assert client.filter(pod, ["n"])["NodeNames"] == ["n"]
+            assert client.bind(pod, "n") == ""
+            assert kube.get("Pod", "default", "p")["spec"]["nodeName"] == "n"
+            client.close()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=30)
+        assert proc.returncode == 0
