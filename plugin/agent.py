@@ -85,6 +85,7 @@ class NodeAgent:
         log.info("ListAndWatch message: at most %d bytes (kubelet limit 4194304) at --unit-mib %d", size,
                  cfg.unit_mib)
         self._install_shim()
+        sim_lib_dir, sim_state = self._install_sim_driver() if cfg.simulate else (None, None)
         health = HealthBook([g.uuid for g in gpus], cfg.ignored_xids, cfg.health_recovery_s)
         self.state = NodeState(gpus, cfg.unit_mib, health)
         try:
@@ -102,7 +103,7 @@ class NodeAgent:
         except OSError as exc:
             raise StartupError(f"cannot use --device-plugin-dir {cfg.device_plugin_dir}: {exc}") from exc
         rcfg = ResponseConfig(shim_host_dir=cfg.shim_host_dir, preload=cfg.preload, visibility=cfg.visibility,
-                              cdi_kind=cfg.cdi_kind)
+                              cdi_kind=cfg.cdi_kind, sim_lib_dir=sim_lib_dir, sim_state=sim_state)
         state = self.state
 
         def make_server(sock: Path) -> PluginServer:
@@ -142,6 +143,21 @@ class NodeAgent:
             raise StartupError(f"cannot install the shim {source} into --shim-host-dir "
                                f"{self.cfg.shim_host_dir}: {exc}") from exc
         log.info("installed the shim at %s", target)
+
+    def _install_sim_driver(self) -> tuple[Path, Path]:
+        """--simulate: put the simulated driver where Allocate mounts it from (beside the state file)."""
+        from memslice.plugin.regions import install_sim_driver
+
+        from memslice.paths import lib_dir
+        from memslice.simulator import state_path
+
+        state = Path(state_path())
+        try:
+            target = install_sim_driver(lib_dir() / "sim", state)
+        except OSError as exc:
+            raise StartupError(f"cannot install the simulated driver beside {state}: {exc}") from exc
+        log.info("simulated driver installed in %s for containers (node state %s)", target, state)
+        return target, state
 
     def _start_kubernetes(self) -> None:
         assert self.state is not None

@@ -26,6 +26,10 @@ PRELOAD_NAME = "ld.so.preload"
 CONTAINER_SHIM = "/usr/local/memslice/lib/libmemslice.so"
 CONTAINER_PRELOAD = "/etc/ld.so.preload"
 CONTAINER_REGION_DIR = "/run/memslice/region"
+# Simulated GPU (--simulate): the node's driver libraries and its state file, as containers see them.
+SIM_LIB_NAMES = ("libcuda.so.1", "libnvidia-ml.so.1")
+CONTAINER_SIM_LIB_DIR = "/usr/local/memslice/sim/lib"
+CONTAINER_SIM_STATE = "/usr/local/memslice/sim/node.state"
 
 
 def _atomic_write(path: Path, data: bytes, mode: int) -> None:
@@ -50,6 +54,17 @@ def install_shim(source: str, host_dir: Path) -> Path:
     _atomic_write(target, Path(source).read_bytes(), 0o755)
     _atomic_write(host_dir / PRELOAD_NAME, f"{CONTAINER_SHIM}\n".encode(), 0o644)
     return target
+
+
+def install_sim_driver(source_dir: Path, state: Path) -> Path:
+    """Give containers the simulated driver: copy its libraries atomically into `<state dir>/simlib` and make
+    the node's state file writable by any container user (every process of the node charges it)."""
+    lib_dir = state.parent / "simlib"
+    lib_dir.mkdir(parents=True, exist_ok=True)
+    for name in SIM_LIB_NAMES:
+        _atomic_write(lib_dir / name, (source_dir / name).read_bytes(), 0o755)
+    os.chmod(state, 0o666)
+    return lib_dir
 
 
 class RegionStore:

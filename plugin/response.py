@@ -10,6 +10,8 @@ from memslice.plugin.regions import (
     CONTAINER_PRELOAD,
     CONTAINER_REGION_DIR,
     CONTAINER_SHIM,
+    CONTAINER_SIM_LIB_DIR,
+    CONTAINER_SIM_STATE,
     PRELOAD_NAME,
     SHIM_NAME,
 )
@@ -22,6 +24,8 @@ class ResponseConfig:
     preload: str = "file"       # "file": mount ld.so.preload; "env": set LD_PRELOAD
     visibility: str = "env"     # "env": NVIDIA_VISIBLE_DEVICES=<uuid>; "cdi": CDI device <cdi_kind>=<uuid>
     cdi_kind: str = "nvidia.com/gpu"
+    sim_lib_dir: Path | None = None   # --simulate: host dir of the simulated libcuda/libnvidia-ml
+    sim_state: Path | None = None     # --simulate: the node's simulator state file
 
 
 def container_response(target: Target, region_host_dir: Path, cfg: ResponseConfig
@@ -36,6 +40,15 @@ def container_response(target: Target, region_host_dir: Path, cfg: ResponseConfi
     else:
         mounts.append(api_pb2.Mount(container_path=CONTAINER_PRELOAD,
                                     host_path=str(cfg.shim_host_dir / PRELOAD_NAME), read_only=True))
+    if cfg.sim_lib_dir is not None and cfg.sim_state is not None:
+        # The simulated driver stands in for the one the NVIDIA runtime would mount: libraries read-only,
+        # the node's state (its physical memory) shared read-write, as one real GPU is.
+        mounts.append(api_pb2.Mount(container_path=CONTAINER_SIM_LIB_DIR, host_path=str(cfg.sim_lib_dir),
+                                    read_only=True))
+        mounts.append(api_pb2.Mount(container_path=CONTAINER_SIM_STATE, host_path=str(cfg.sim_state),
+                                    read_only=False))
+        envs["LD_LIBRARY_PATH"] = CONTAINER_SIM_LIB_DIR
+        envs["MEMSLICE_SIM_STATE"] = CONTAINER_SIM_STATE
     cdi = []
     if cfg.visibility == "cdi":
         cdi.append(api_pb2.CDIDevice(name=f"{cfg.cdi_kind}={target.gpu.uuid}"))

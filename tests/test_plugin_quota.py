@@ -17,8 +17,6 @@ from test_plugin_agent import RESOURCE, wait_for
 from test_plugin_agent import node as node  # fixtures, shared
 from test_plugin_agent import short_tmp as short_tmp
 
-from memslice.paths import lib_paths
-
 
 def test_container_started_from_the_allocate_response_is_held_to_its_quota(node):
     kubelet, make = node
@@ -30,8 +28,11 @@ def test_container_started_from_the_allocate_response_is_held_to_its_quota(node)
     env.update({k: host.get(v, v) for k, v in resp.envs.items()})
     assert env["LD_PRELOAD"] == str(agent.shim_dir / "libmemslice.so")
     assert env["MEMSLICE_GPU_MEM_LIMIT"] == "1024"
-    env["LD_LIBRARY_PATH"] = lib_paths().sim_dir  # the "driver" the NVIDIA runtime would mount
-    env["MEMSLICE_SIM_STATE"] = str(agent.sim_state)  # the same simulated node as the agent's
+    # the simulated driver and the node's state come from the response too: read-only libraries, shared state
+    assert host["/usr/local/memslice/sim/node.state"] == str(agent.sim_state)
+    assert {m.container_path: m.read_only for m in resp.mounts}["/usr/local/memslice/sim/lib"] is True
+    assert env["LD_LIBRARY_PATH"] == str(agent.sim_state.parent / "simlib")
+    assert os.stat(agent.sim_state).st_mode & 0o666 == 0o666
     # context reserve (300 MiB) + 600 MiB fit in 1024 MiB; a second 600 MiB does not
     tenant = subprocess.Popen([sys.executable, "-m", "memslice.tenant", "600", "600"], env=env, text=True,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

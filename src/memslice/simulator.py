@@ -17,6 +17,12 @@ def default_state_path(gpus: str) -> str:
     return os.path.join(tempfile.gettempdir(), f"memslice-sim-{os.getuid()}-{digest}.state")
 
 
+def state_path(env: dict[str, str] | None = None) -> str:
+    """The state file a process with this environment uses (the C default when MEMSLICE_SIM_STATE is unset)."""
+    env = dict(os.environ) if env is None else env
+    return env.get("MEMSLICE_SIM_STATE") or os.path.join("/tmp", f"memslice-sim-{os.getuid()}.state")
+
+
 def validate_gpus(spec: str) -> None:
     """Raise ValueError naming the bad entry unless spec is SIZE[:NUMA][:mig](,…)."""
     for item in spec.split(","):
