@@ -120,12 +120,10 @@ class GpuNode:
     def container_env(self, resp) -> dict[str, str]:
         """The environment of a process in the container this Allocate answer describes."""
         mounts = {m.container_path: m.host_path for m in resp.mounts}
-        env = dict(self.env)
-        env.pop("KUBECONFIG", None)
-        env.update(resp.envs)
-        env.update(MEMSLICE_SIM_GPUS=self.gpus, LD_LIBRARY_PATH=lib_paths().sim_dir,
-                   MEMSLICE_REGION_DIR=mounts[resp.envs["MEMSLICE_REGION_DIR"]],
-                   LD_PRELOAD=mounts["/usr/local/memslice/lib/libmemslice.so"])
+        env = {k: v for k, v in self.env.items() if not k.startswith("MEMSLICE_") and k != "KUBECONFIG"}
+        # the response's env as the container sees it, with each mounted path translated to the host's
+        env.update({k: mounts.get(v, v) for k, v in resp.envs.items()})
+        env["LD_PRELOAD"] = mounts["/usr/local/memslice/lib/libmemslice.so"]  # stands in for /etc/ld.so.preload
         return env
 
     def stop(self) -> None:
