@@ -90,7 +90,8 @@ err, tm = d.cuDeviceTotalMem(dev); print("devtotal", tm >> 20)
 
 
 def test_cuda_python_bindings(node, tmp_path):
-    pytest.importorskip("cuda.bindings")
+    import cuda.bindings.driver  # noqa: F401  (a test dependency: fail loudly if it is missing)
+
     n = node()
     env = n.container(tmp_path / "c", "512MiB", MEMSLICE_CONTEXT_RESERVE="64MiB")
     out = run([sys.executable, "-c", CUDA_BINDINGS], env)
