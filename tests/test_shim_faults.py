@@ -238,3 +238,14 @@ def test_fork_child_gets_its_own_slot(node, tmp_path):
 def test_region_dir_shared_by_unrelated_environment_is_not_required(tmp_path):
     """Sanity: the test environment itself never preloads the shim."""
     assert "libmemslice" not in os.environ.get("LD_PRELOAD", "")
+
+
+def test_region_file_is_usable_by_every_user_of_the_container(node, cbin, tmp_path):
+    """The first process's umask must not lock other users of the container out of the quota."""
+    n = node()
+    region = tmp_path / "c"
+    env = n.container(region, "1GiB")
+    out = subprocess.run(["sh", "-c", 'umask 077; exec "$0" 1', cbin["alloc_direct"]], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert (region / "memslice.region").stat().st_mode & 0o777 == 0o666

@@ -106,6 +106,9 @@ int ms_ledger_open(ms_ledger *l, const char *path, size_t extra_size, int readon
             return -1;
         }
         struct stat st;
+        /* every process of the container, whatever its user, must be able to charge: the creator's umask
+         * must not decide that (the file lives in the container's own region directory) */
+        if (fstat(fd, &st) == 0 && st.st_uid == geteuid() && (st.st_mode & 0666) != 0666) fchmod(fd, 0666);
         if (fstat(fd, &st) == 0 && (size_t)st.st_size < size && ftruncate(fd, (off_t)size) < 0) {
             snprintf(err, errlen, "cannot size %s: %s", path, strerror(errno));
             close(fd);
