@@ -149,3 +149,33 @@ def pathlib_root():
     import pathlib
 
     return pathlib.Path(__file__).resolve().parent.parent
+
+
+NEXT_LIB = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+/* Another library's interposer, loaded after the shim: RTLD_NEXT must mean "after me", not "after the shim"
+ * (else this calls itself forever). */
+int puts(const char *s) {
+    int (*next)(const char *) = (int (*)(const char *))dlsym(RTLD_NEXT, "puts");
+    if (next == puts) return -1;
+    fputs("wrapped: ", stdout);
+    return next(s);
+}
+"""
+
+
+def test_rtld_next_keeps_its_meaning_for_other_libraries(libs, node, tmp_path):
+    src = tmp_path / "next.c"
+    src.write_text(NEXT_LIB)
+    lib = tmp_path / "libnext.so"
+    subprocess.run(["cc", "-shared", "-fPIC", str(src), "-o", str(lib), "-ldl"], check=True)
+    main = tmp_path / "main.c"
+    main.write_text('#include <stdio.h>\nint main(void) { return puts("hello") < 0; }\n')
+    exe = tmp_path / "main"
+    subprocess.run(["cc", str(main), "-o", str(exe)], check=True)
+    env = node().container(tmp_path / "c", "1GiB")
+    env["LD_PRELOAD"] = f"{libs.shim} {lib}"
+    out = run([str(exe)], env, timeout=30)
+    assert out.returncode == 0 and out.stdout == "wrapped: hello\n"
