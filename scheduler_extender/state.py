@@ -37,11 +37,16 @@ from memslice.scheduler_extender.annotations import (
     parse_inventory,
     parse_reservation,
 )
+from memslice.scheduler_extender.constants import MAX_SCORE
 from memslice.scheduler_extender.resources import PodRequest, RequestError, effective_total, pod_request
 
 log = logging.getLogger(__name__)
 TERMINAL_PHASES = ("Succeeded", "Failed")
 UNKNOWN_RV = 1 << 62  # pending charges wait for a version this new until the bind says otherwise
+MAX_SUMMARY_TABLES = 64  # memoised tables (one per pod size and policy seen); all dropped beyond that
+Summary = tuple[bool, int]  # (surely fits now, score): see ClusterState.summaries
+_SUMMARIES = {sure: [(sure, score) for score in range(MAX_SCORE + 1)] for sure in (False, True)}
+_NO_VIEW: Summary = (False, 0)
 
 
 def resource_version(meta: dict[str, Any]) -> int:
@@ -193,6 +198,8 @@ class ClusterState:
         self._gpu_node: dict[str, str] = {}
         self._views: dict[str, NodeView] = {}
         self._dirty: set[str] = set()
+        # per (devices, policy): node -> Summary, dropped for a node whenever its view is rebuilt
+        self._summaries: dict[tuple[int, str], dict[str, Summary]] = {}
         self._pods: dict[str, PodRecord] = {}
         self._by_name: dict[tuple[str, str], str] = {}
         self._charges: dict[str, Charge] = {}
@@ -250,6 +257,7 @@ class ClusterState:
                         del self._gpu_node[g.uuid]
             self._node_error.pop(name, None)
             self._views.pop(name, None)
+            self._forget_summaries(name)
             self._dirty.discard(name)
             self._changed.notify_all()
 
@@ -327,21 +335,23 @@ class ClusterState:
         self._recharge(uid)
 
     def _recharge(self, uid: str) -> None:
-        old = self._charges.pop(uid, None)
-        if old is not None:
-            self._apply(old, -1)
-        self._expiring.pop(uid, None)
+        old = self._charges.get(uid)
         p = self._pending.get(uid)
         if p is not None:
             new = p.charge
         else:
             rec = self._pods.get(uid)
             new = derive_charge(rec, self.clock(), self.assume_ttl) if rec is not None else None
-        if new is not None:
-            self._charges[uid] = new
-            self._apply(new, +1)
-            if new.expires is not None:
-                self._expiring[uid] = new.expires
+        if new != old:  # an unchanged charge (the watch confirming a bind's hold) leaves the views as they are
+            if old is not None:
+                del self._charges[uid]
+                self._apply(old, -1)
+            if new is not None:
+                self._charges[uid] = new
+                self._apply(new, +1)
+        self._expiring.pop(uid, None)
+        if new is not None and new.expires is not None:
+            self._expiring[uid] = new.expires
         self._changed.notify_all()
 
     def _apply(self, c: Charge, sign: int) -> None:
@@ -425,6 +435,7 @@ class ClusterState:
 
     def _rebuild(self, name: str) -> None:
         self._dirty.discard(name)
+        self._forget_summaries(name)
         inv = self._inventory.get(name)
         if inv is None:
             if name in self._node_error:
@@ -434,6 +445,48 @@ class ClusterState:
             return
         gpus = tuple(_gpu_view(g, self._used.get(g.uuid, 0)) for g in inv.gpus)
         self._views[name] = NodeView.of(name, inv.unit_mib, gpus, self._unplaced.get(name, 0) * inv.unit_mib)
+
+    def _forget_summaries(self, name: str) -> None:
+        for table in self._summaries.values():
+            table.pop(name, None)
+
+    def _flush(self) -> None:
+        if self._dirty:
+            names = list(self._dirty)
+            self._dirty.clear()  # also shrinks the table: iterating a set that once held 5,000 names is slow
+            for name in names:
+                self._rebuild(name)
+
+    def summaries(self, names: list[str], devices: int, policy: str,
+                  score: Callable[[NodeView, int, str], int]) -> list[Summary]:
+        """Per name, (surely fits, score) for a pod of `devices` units under `policy`: "surely fits" is
+        decisions.fit's O(1) case (False means "ask decisions.fit": it may still fit, or not, or the node is
+        unknown), the score is `score(view, devices × unit, policy)` (0 without a view). Memoised per node
+        until its view changes, since kube-scheduler asks about the same nodes and pod sizes over and over;
+        filter and prioritize of one pod read the same table, so the second finds it in the CPU caches, and
+        the values are shared tuples (no object per node to fetch)."""
+        with self.lock:
+            self._flush()
+            key = (devices, policy)
+            table = self._summaries.get(key)
+            if table is None:
+                if len(self._summaries) >= MAX_SUMMARY_TABLES:
+                    self._summaries.clear()
+                table = self._summaries[key] = {}
+            out: list[Summary | None] = [table.get(n) for n in names]
+            if None in out:
+                views = self._views
+                for i, n in enumerate(names):
+                    if out[i] is None:
+                        view = views.get(n)
+                        if view is None:
+                            out[i] = _NO_VIEW  # not memoised: the node may appear any time
+                            continue
+                        need = devices * view.unit_mib
+                        sure = (view.max_free_mib >= need and not view.unplaced_mib and not view.error
+                                and view.most_free is not None)
+                        out[i] = table[n] = _SUMMARIES[sure][score(view, need, policy)]
+            return out  # type: ignore[return-value]  # no None left
 
     def views_of(self, names: list[str]) -> list[NodeView | None]:
         """Views of many nodes under one lock (filter and prioritize ask for hundreds at a time)."""
@@ -448,8 +501,7 @@ class ClusterState:
 
     def views(self) -> list[NodeView]:
         with self.lock:
-            for name in list(self._dirty):
-                self._rebuild(name)
+            self._flush()
             return list(self._views.values())
 
     def pod(self, namespace: str, name: str) -> PodRecord | None:

