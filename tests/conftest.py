@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pathlib
 import subprocess
+import time
 from collections.abc import Callable
 
 import pytest
@@ -101,3 +102,16 @@ def kv(text: str) -> dict[str, str]:
                 k, v = tok.split("=", 1)
                 out[k] = v
     return out
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 15.0, what: str = "condition") -> object:
+    """Poll `predicate` (another process's state) until it returns something truthy; fail after `timeout` s.
+    The short pause is the polling interval of a bounded wait, not a race fix."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)

@@ -17,11 +17,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import wait_for
 from kube_standin import KubeApiStandin
 from kubelet_standin import KubeletStandin
 from test_extender_support import Cluster, plain_node, pod_obj
@@ -74,17 +74,6 @@ sys.stdin.read()
 for p in held:
     cuda.cuMemFree_v2(p)
 """
-
-
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)  # polling interval of a bounded wait on another process
 
 
 class GpuNode:
@@ -153,7 +142,7 @@ def world() -> Iterator[tuple[Cluster, dict[str, GpuNode]]]:
         cluster.start()
         for n in nodes.values():
             n.kubelet.wait_registered(RESOURCE, timeout=30)
-        wait_until(lambda: all(n.alive() and (v := cluster.state.view(n.name)) is not None and v.gpus
+        wait_for(lambda: all(n.alive() and (v := cluster.state.view(n.name)) is not None and v.gpus
                                for n in nodes.values()), 30, "the node agents' inventories in the extender")
         yield cluster, nodes
     finally:
@@ -218,7 +207,7 @@ def test_pods_scheduled_admitted_and_held_to_their_quota(world) -> None:
             pod = kube.get("Pod", "default", name)
             ann = pod["metadata"]["annotations"]
             seen = f"pod default/{name}: the extender reserved GPU"
-            wait_until(lambda node=node, seen=seen: seen in node.log(), 15,
+            wait_for(lambda node=node, seen=seen: seen in node.log(), 15,
                        f"node agent {node.name} to see the reservation of {name}")
             responses = node.kubelet.admit(pod["metadata"]["uid"], "default", name, list(containers.items()),
                                            RESOURCE)
@@ -256,7 +245,7 @@ def test_pods_scheduled_admitted_and_held_to_their_quota(world) -> None:
         assert schedule(cluster, nxt) == placed["fill"]
         ann = kube.get("Pod", "default", "next")["metadata"]["annotations"]
         assert ann["memslice.io/gpu-uuid"] == fill["metadata"]["annotations"]["memslice.io/gpu-uuid"]
-        wait_until(lambda: "pod default/next: the extender reserved GPU" in fill_node.log(), 15,
+        wait_for(lambda: "pod default/next: the extender reserved GPU" in fill_node.log(), 15,
                    "the node agent to see the new reservation")
         resp = fill_node.kubelet.admit(nxt["metadata"]["uid"], "default", "next", [("main", 3500)],
                                        RESOURCE)["main"]

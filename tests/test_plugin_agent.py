@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from conftest import wait_for
 from kubelet_standin import KubeletStandin
 from memslice.proto import api_pb2
 from prometheus_client.parser import text_string_to_metric_families
@@ -29,18 +29,6 @@ from memslice.paths import lib_paths
 
 RESOURCE = "memslice.io/gpu-mem"
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def wait_for(predicate: Callable[[], object], timeout: float = 15.0, what: str = "condition") -> object:
-    """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)  # polling interval of the bounded wait, not a race fix
 
 
 @pytest.fixture
