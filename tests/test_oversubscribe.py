@@ -3,8 +3,10 @@ bytes stay within its quota, its neighbours are never squeezed, and host memory 
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
+from collections.abc import Iterator
 
 import pytest
 from conftest import run
@@ -29,6 +31,24 @@ def spill_env(node, tmp_path, cgroup, region="c", quota=QUOTA, **extra):
     env = n.container(tmp_path / region, f"{quota}MiB", MEMSLICE_CONTEXT_RESERVE="0", MEMSLICE_OVERSUBSCRIBE="1",
                       MEMSLICE_CGROUP_DIR=str(cgroup), **extra)
     return n, env
+
+
+@contextlib.contextmanager
+def holding(cmd: list[str], env: dict[str, str]) -> Iterator[list[str]]:
+    """Run a `spill ... hold` program until it has allocated (yields its output so far); free on exit."""
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    try:
+        while not lines or lines[-1] != "ready":
+            line = proc.stdout.readline()
+            assert line, f"{cmd} ended before it was ready: {lines}"
+            lines.append(line.strip())
+        yield lines
+    finally:
+        if proc.poll() is None:
+            proc.stdin.write("go\n")
+            proc.stdin.close()
+        proc.wait(timeout=60)
 
 
 def allocs(text: str) -> list[dict[str, str]]:
@@ -90,21 +110,12 @@ def test_spilling_tenant_never_squeezes_its_neighbour(node, cbin, tmp_path, cgro
     n = node(gpus="1GiB", context_overhead="0")
     heavy_env = n.container(tmp_path / "heavy", "512MiB", MEMSLICE_CONTEXT_RESERVE="0", MEMSLICE_OVERSUBSCRIBE="1",
                             MEMSLICE_CGROUP_DIR=str(cgroup))
-    heavy = subprocess.Popen([cbin["spill"], "mixed", "24", "64", "hold"], env=heavy_env, stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
-    try:
-        lines = []
-        while not lines or lines[-1] != "ready":
-            lines.append(heavy.stdout.readline().strip())
+    with holding([cbin["spill"], "mixed", "24", "64", "hold"], heavy_env) as lines:
         assert all(b["rc"] == "0" for b in allocs("\n".join(lines)))
         light_env = n.container(tmp_path / "light", "512MiB", MEMSLICE_CONTEXT_RESERVE="0")
         out = run([cbin["spill"], "plain", "8", "64"], light_env)
         assert [b["rc"] for b in allocs(out.stdout)] == ["0"] * 8, out.stderr
         assert n.physical()[0].peak_bytes <= 1024 * MiB
-    finally:
-        heavy.stdin.write("go\n")
-        heavy.stdin.close()
-        heavy.wait(timeout=60)
 
 
 def test_kill_9_of_a_spilling_process_reclaims_device_and_host(node, cbin, tmp_path, cgroup):
@@ -152,20 +163,12 @@ def test_top_reports_host_bytes_and_spill_ratio(node, cbin, tmp_path, cgroup):
     import sys
 
     _, env = spill_env(node, tmp_path, cgroup)
-    holder = subprocess.Popen([cbin["spill"], "plain", "6", "64", "hold"], env=env, stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        while holder.stdout.readline().strip() != "ready":
-            pass
+    with holding([cbin["spill"], "plain", "6", "64", "hold"], env):
         top = subprocess.run([sys.executable, "-m", "memslice", "top", "--json", str(tmp_path / "c")],
                              capture_output=True, text=True, timeout=60)
         (proc,) = json.loads(top.stdout)["regions"][0]["processes"]
         assert proc["device_bytes"] == 256 * MiB and proc["host_bytes"] == 128 * MiB
         assert proc["spill_ratio"] == round(128 / 384, 4)
-    finally:
-        holder.stdin.write("go\n")
-        holder.stdin.close()
-        holder.wait(timeout=30)
 
 
 NVML_VIEW = """
@@ -180,17 +183,9 @@ def test_nvml_reports_the_quota_and_device_headroom_only(node, cbin, tmp_path, c
     import sys
 
     _, env = spill_env(node, tmp_path, cgroup)
-    holder = subprocess.Popen([cbin["spill"], "plain", "6", "64", "hold"], env=env, stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        while holder.stdout.readline().strip() != "ready":
-            pass
+    with holding([cbin["spill"], "plain", "6", "64", "hold"], env):
         out = run([sys.executable, "-c", NVML_VIEW], env)
         assert out.stdout.split() == ["256", "256", "0"]  # 128 MiB on the host are not GPU memory
-    finally:
-        holder.stdin.write("go\n")
-        holder.stdin.close()
-        holder.wait(timeout=30)
 
 
 def test_memslice_run_oversubscribe(cbin, tmp_path, cgroup):
