@@ -371,17 +371,6 @@ HOOK CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
     return free_async(p, s, REAL(CUresult(*)(CUdeviceptr, CUstream), cuMemFreeAsync_ptsz));
 }
 
-/* A new pool can never be allowed to grow past the quota. */
-HOOK CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
-    PROLOGUE();
-    CUresult (*real)(CUmemoryPool *, const CUmemPoolProps *) =
-        REAL(CUresult(*)(CUmemoryPool *, const CUmemPoolProps *), cuMemPoolCreate);
-    if (!enforcing() || !props || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return real(pool, props);
-    CUmemPoolProps capped = *props;
-    if (!capped.maxSize || capped.maxSize > g_cfg.limit) capped.maxSize = g_cfg.limit;
-    return real(pool, &capped);
-}
-
 HOOK CUresult cuMemPoolDestroy(CUmemoryPool pool) {
     PROLOGUE();
     CUresult rc = REAL(CUresult(*)(CUmemoryPool), cuMemPoolDestroy)(pool);
