@@ -11,6 +11,7 @@ from typing import Any
 
 from memslice.scheduler_extender.binder import Binder
 from memslice.scheduler_extender.metrics import Metrics
+from memslice.scheduler_extender.podwrites import PodWriter
 from memslice.scheduler_extender.server import ExtenderHTTPServer, tls_context
 from memslice.scheduler_extender.state import ClusterState, pod_entry, resource_version
 from memslice.scheduler_extender.verbs import Verbs
@@ -44,7 +45,7 @@ class Extender:
         self.core = client.CoreV1Api(api_client)
         self.state = ClusterState(assume_ttl=config.assume_ttl, clock=clock)
         self.metrics = Metrics(self.state)
-        self.binder = Binder(self.core, self.state, config.policy, clock)
+        self.binder = Binder(self.core, PodWriter(api_client), self.state, config.policy, clock)
         self.verbs = Verbs(self.state, self.binder, config.policy, self.metrics)
         self._stop = threading.Event()
         restart = self.metrics.watch_restarts

@@ -14,22 +14,23 @@ Undo: a JSON patch that `test`s our `assumed-at` value before removing the three
 removes a newer reservation. If the undo itself fails, the reservation stays on the unbound pod and stops
 counting after `--assume-ttl` (state.py).
 
-The Binding POST is made with `_preload_content=False`: the API server answers a Status, which the
-generated client would try to read as a V1Binding and fail on.
+The two writes go through podwrites.PodWriter (the official client's pool, without the generated layer:
+see there why); the pod is read, when the watch cache cannot answer, through the generated API.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from memslice.scheduler_extender import decisions
 from memslice.scheduler_extender.annotations import reservation_annotations
 from memslice.scheduler_extender.constants import ANN_ASSUMED_AT, ANN_GPU_UUID, RESERVATION_ANNOTATIONS
+from memslice.scheduler_extender.podwrites import JSON_PATCH, PodWriter
 from memslice.scheduler_extender.resources import PodRequest, RequestError, pod_request
 from memslice.scheduler_extender.state import Charge, ClusterState, resource_version
 from memslice.scheduler_extender.wire import BindingArgs
@@ -72,9 +73,10 @@ def _escape(key: str) -> str:
 
 
 class Binder:
-    def __init__(self, core: Any, state: ClusterState, default_policy: str,
+    def __init__(self, core: Any, writer: PodWriter, state: ClusterState, default_policy: str,
                  clock: Callable[[], float]) -> None:
         self.core = core
+        self.writer = writer
         self.state = state
         self.default_policy = default_policy
         self.clock = clock
@@ -108,7 +110,7 @@ class Binder:
                                 f"pod {args.pod_namespace}/{args.pod_name} does not exist") from None
             raise BindError("api", f"reading pod {args.pod_namespace}/{args.pod_name} failed: "
                                    f"{exc.status} {exc.reason}") from None
-        pod = json.loads(_body(resp))
+        pod = orjson.loads(_body(resp))
         uid = pod["metadata"].get("uid", "")
         if args.pod_uid and uid != args.pod_uid:
             raise BindError("uid", f"pod {args.pod_namespace}/{args.pod_name} has UID {uid}, not "
@@ -196,10 +198,7 @@ class Binder:
         for attempt in (1, 2):
             body = {"metadata": {"resourceVersion": rv, "annotations": wanted}}
             try:
-                resp = self.core.patch_namespaced_pod(
-                    args.pod_name, args.pod_namespace, body, _content_type="application/merge-patch+json",
-                    _preload_content=False, _request_timeout=10)
-                return resource_version(json.loads(_body(resp))["metadata"])
+                return resource_version(self.writer.patch_pod(args.pod_namespace, args.pod_name, body)["metadata"])
             except ApiException as exc:
                 if exc.status == 409 and attempt == 1:  # the pod changed meanwhile: re-read, check, retry
                     pod = self._read_pod(args)
@@ -225,12 +224,11 @@ class Binder:
                 "metadata": {"name": args.pod_name, "namespace": args.pod_namespace, "uid": uid},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": args.node}}
         try:
-            _body(self.core.create_namespaced_pod_binding(args.pod_name, args.pod_namespace, body,
-                                                          _preload_content=False, _request_timeout=10))
+            self.writer.create_binding(args.pod_namespace, args.pod_name, body)
         except ApiException as exc:
             message = exc.reason
             try:
-                message = json.loads(exc.body).get("message", message)
+                message = orjson.loads(exc.body).get("message", message)
             except (TypeError, ValueError, AttributeError):
                 pass
             reason = "conflict" if exc.status == 409 else ("ambiguous" if exc.status >= 500 else "binding")
@@ -253,10 +251,8 @@ class Binder:
                                       "value": wanted[ANN_ASSUMED_AT]}]
         ops += [{"op": "remove", "path": prefix + _escape(k)} for k in RESERVATION_ANNOTATIONS]
         try:
-            resp = self.core.patch_namespaced_pod(args.pod_name, args.pod_namespace, ops,
-                                                  _content_type="application/json-patch+json",
-                                                  _preload_content=False, _request_timeout=10)
-            return resource_version(json.loads(_body(resp))["metadata"])
+            return resource_version(self.writer.patch_pod(args.pod_namespace, args.pod_name, ops,
+                                                          JSON_PATCH)["metadata"])
         except Exception as exc:  # noqa: BLE001 - the TTL ends the reservation anyway
             log.warning("could not remove the reservation of pod %s/%s after a failed bind (%s); it expires "
                         "after the assume TTL", args.pod_namespace, args.pod_name, exc)

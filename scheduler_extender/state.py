@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from memslice.scheduler_extender.annotations import (
@@ -44,9 +45,7 @@ log = logging.getLogger(__name__)
 TERMINAL_PHASES = ("Succeeded", "Failed")
 UNKNOWN_RV = 1 << 62  # pending charges wait for a version this new until the bind says otherwise
 MAX_SUMMARY_TABLES = 64  # memoised tables (one per pod size and policy seen); all dropped beyond that
-Summary = tuple[bool, int]  # (surely fits now, score): see ClusterState.summaries
-_SUMMARIES = {sure: [(sure, score) for score in range(MAX_SCORE + 1)] for sure in (False, True)}
-_NO_VIEW: Summary = (False, 0)
+Summary = tuple[bool, int, str]  # (surely fits now, score, its HostPriority JSON): see ClusterState.summaries
 
 
 def resource_version(meta: dict[str, Any]) -> int:
@@ -200,6 +199,7 @@ class ClusterState:
         self._dirty: set[str] = set()
         # per (devices, policy): node -> Summary, dropped for a node whenever its view is rebuilt
         self._summaries: dict[tuple[int, str], dict[str, Summary]] = {}
+        self._host_json: dict[str, list[str]] = {}  # node -> its HostPriority JSON for each score 0..MAX_SCORE
         self._pods: dict[str, PodRecord] = {}
         self._by_name: dict[tuple[str, str], str] = {}
         self._charges: dict[str, Charge] = {}
@@ -258,6 +258,7 @@ class ClusterState:
             self._node_error.pop(name, None)
             self._views.pop(name, None)
             self._forget_summaries(name)
+            self._host_json.pop(name, None)
             self._dirty.discard(name)
             self._changed.notify_all()
 
@@ -459,12 +460,12 @@ class ClusterState:
 
     def summaries(self, names: list[str], devices: int, policy: str,
                   score: Callable[[NodeView, int, str], int]) -> list[Summary]:
-        """Per name, (surely fits, score) for a pod of `devices` units under `policy`: "surely fits" is
-        decisions.fit's O(1) case (False means "ask decisions.fit": it may still fit, or not, or the node is
-        unknown), the score is `score(view, devices × unit, policy)` (0 without a view). Memoised per node
-        until its view changes, since kube-scheduler asks about the same nodes and pod sizes over and over;
-        filter and prioritize of one pod read the same table, so the second finds it in the CPU caches, and
-        the values are shared tuples (no object per node to fetch)."""
+        """Per name, (surely fits, score, HostPriority JSON) for a pod of `devices` units under `policy`:
+        "surely fits" is decisions.fit's O(1) case (False means "ask decisions.fit": it may still fit, or
+        not, or the node is unknown), the score is `score(view, devices × unit, policy)` (0 without a view),
+        the JSON is `{"Host":name,"Score":score}` as prioritize answers it. Memoised per node until its view
+        changes, since kube-scheduler asks about the same nodes and pod sizes over and over; filter and
+        prioritize of one pod read the same table, so the second finds it in the CPU caches."""
         with self.lock:
             self._flush()
             key = (devices, policy)
@@ -479,13 +480,18 @@ class ClusterState:
                 for i, n in enumerate(names):
                     if out[i] is None:
                         view = views.get(n)
-                        if view is None:
-                            out[i] = _NO_VIEW  # not memoised: the node may appear any time
+                        if view is None:  # not memoised: the node may appear any time
+                            out[i] = (False, 0, host_priority_json(n, 0))
                             continue
                         need = devices * view.unit_mib
                         sure = (view.max_free_mib >= need and not view.unplaced_mib and not view.error
                                 and view.most_free is not None)
-                        out[i] = table[n] = _SUMMARIES[sure][score(view, need, policy)]
+                        fragments = self._host_json.get(n)
+                        if fragments is None:
+                            fragments = self._host_json[n] = [host_priority_json(n, v)
+                                                              for v in range(MAX_SCORE + 1)]
+                        value = score(view, need, policy)
+                        out[i] = table[n] = (sure, value, fragments[value])
             return out  # type: ignore[return-value]  # no None left
 
     def views_of(self, names: list[str]) -> list[NodeView | None]:
@@ -530,6 +536,11 @@ class ClusterState:
     @property
     def synced(self) -> bool:
         return self.nodes_synced.is_set() and self.pods_synced.is_set()
+
+
+def host_priority_json(host: str, score: int) -> str:
+    """One HostPriority of the prioritize answer, as JSON text."""
+    return f'{{"Host":{encode_basestring_ascii(host)},"Score":{score}}}'
 
 
 def _gpu_view(g: Gpu, used: int) -> GpuView:

@@ -69,7 +69,7 @@ class Verbs:
         devices = request.devices
         own = self._own_charge(args.pod)
         summaries = self.state.summaries(names, devices, request.policy or self.default_policy, decisions.score)
-        fast = [sure for sure, _ in summaries]
+        fast = [summary[0] for summary in summaries]
         if all(fast):  # the usual case: every node has room on some GPU
             return 200, wire.filter_result(args, list(names), {}, {})
         slow = [n for n, ok in zip(names, fast, strict=True) if not ok]
@@ -111,7 +111,7 @@ class Verbs:
         policy = request.policy or self.default_policy
         self.state.expire()
         summaries = self.state.summaries(names, request.devices, policy, decisions.score)
-        return 200, wire.encode_host_priority_list(names, [score for _, score in summaries])
+        return 200, ("[" + ",".join([summary[2] for summary in summaries]) + "]").encode()
 
     def bind(self, body: Any) -> tuple[int, Any]:
         try:

@@ -13,12 +13,13 @@ of each), and with `deserialize=False` its ERROR/410 handling fails; here the li
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
 from collections.abc import Callable
 from typing import Any
+
+import orjson
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class Informer:
             if token:
                 kwargs["_continue"] = token
             resp = self.list_fn(**kwargs)
-            page = json.loads(resp.data)
+            page = orjson.loads(resp.data)
             resp.release_conn()
             meta = page.get("metadata") or {}
             if not rv:
@@ -110,7 +111,7 @@ class Informer:
                 while b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
                     if line.strip():
-                        self._event(json.loads(line))
+                        self._event(orjson.loads(line))
                 if self.stop_event.is_set():
                     return
         finally:

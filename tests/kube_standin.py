@@ -23,13 +23,13 @@ included) but keeps state, `compact()` makes every resourceVersion so far too ol
 injects an error answer, and `request_counts` counts requests per (verb, resource).
 
 Stdlib ThreadingHTTPServer: one thread per connection is exactly the model a watch stream wants, and it
-needs no dependency.
+needs no dependency; with memslice.lean_http's handler and orjson, because the extender benchmark runs this
+stand-in on the same two cores as the extender it measures.
 """
 
 from __future__ import annotations
 
 import bisect
-import copy
 import json
 import re
 import socket
@@ -40,9 +40,13 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
+
+import orjson
+
+from memslice.lean_http import LeanRequestHandler
 
 # plural -> (Kind, namespaced)
 RESOURCES: dict[str, tuple[str, bool]] = {
@@ -180,7 +184,7 @@ class Selector:
 def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
     """RFC 7386 JSON merge patch; with `strategic`, lists of objects that all have `name` merge by name."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return _clone(patch)
     result = dict(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if key.startswith("$"):
@@ -196,7 +200,7 @@ def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
                 if item["name"] in index:
                     merged[index[item["name"]]] = merge_patch(merged[index[item["name"]]], item, True)
                 else:
-                    merged.append(copy.deepcopy(item))
+                    merged.append(_clone(item))
             result[key] = merged
         else:
             result[key] = merge_patch(result.get(key), value, strategic)
@@ -215,7 +219,7 @@ def json_patch(doc: Any, ops: Any) -> Any:
     """RFC 6902 (add, remove, replace, test, copy, move)."""
     if not isinstance(ops, list):
         raise ApiError(400, "BadRequest", "a json-patch body must be a JSON list of operations")
-    doc = copy.deepcopy(doc)
+    doc = _clone(doc)
 
     def parent(parts: list[str]) -> tuple[Any, str]:
         cur = doc
@@ -269,14 +273,14 @@ def json_patch(doc: Any, ops: Any) -> Any:
             if get(parts) != op.get("value"):
                 raise ApiError(422, "Invalid", f"json-patch test failed at {op['path']}")
         elif kind == "add":
-            put(parts, copy.deepcopy(op.get("value")), replace=False)
+            put(parts, _clone(op.get("value")), replace=False)
         elif kind == "replace":
-            put(parts, copy.deepcopy(op.get("value")), replace=True)
+            put(parts, _clone(op.get("value")), replace=True)
         elif kind == "remove":
             remove(parts)
         elif kind in ("copy", "move"):
             src = _pointer(op.get("from", ""))
-            value = remove(src) if kind == "move" else copy.deepcopy(get(src))
+            value = remove(src) if kind == "move" else _clone(get(src))
             put(parts, value, replace=False)
         else:
             raise ApiError(400, "BadRequest", f"unsupported json-patch op {kind!r}")
@@ -346,7 +350,7 @@ class Store:
         if prev is None:
             return None
         self.rv += 1
-        gone = copy.deepcopy(prev)
+        gone = _clone(prev)
         gone["metadata"]["resourceVersion"] = str(self.rv)
         self._emit(plural, "DELETED", gone, prev)
         return gone
@@ -493,7 +497,7 @@ class KubeApiStandin:
     def put(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Create or replace a Node/Pod/... from a plain dict; returns the stored copy."""
         plural = _plural(obj.get("kind", ""))
-        obj = copy.deepcopy(obj)
+        obj = _clone(obj)
         meta = obj.setdefault("metadata", {})
         if not meta.get("name"):
             raise ValueError("put(): metadata.name is required")
@@ -503,19 +507,19 @@ class KubeApiStandin:
             meta.pop("namespace", None)
         meta.pop("resourceVersion", None)
         with self.store.cond:
-            return copy.deepcopy(self.store.write(plural, obj, create=False))
+            return _clone(self.store.write(plural, obj, create=False))
 
     def get(self, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
         plural = _plural(kind)
         ns = (namespace or "default") if RESOURCES[plural][1] else None
         with self.store.cond:
             obj = self.store.objects.get((plural, ns, name))
-            return copy.deepcopy(obj) if obj is not None else None
+            return _clone(obj) if obj is not None else None
 
     def list(self, kind: str, namespace: str | None = None) -> list[dict[str, Any]]:
         plural = _plural(kind)
         with self.store.cond:
-            return [copy.deepcopy(o) for (p, ns, _), o in self.store.objects.items()
+            return [_clone(o) for (p, ns, _), o in self.store.objects.items()
                     if p == plural and (namespace is None or ns == namespace)]
 
     def delete(self, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
@@ -523,7 +527,7 @@ class KubeApiStandin:
         ns = (namespace or "default") if RESOURCES[plural][1] else None
         with self.store.cond:
             gone = self.store.remove(plural, ns, name)
-            return copy.deepcopy(gone) if gone else None
+            return _clone(gone) if gone else None
 
     def wait_for(self, predicate: Any, timeout: float = 10.0) -> bool:
         """Wait until `predicate(self)` is true (re-checked after every write), at most `timeout` s."""
@@ -544,9 +548,8 @@ _PATH = re.compile(
     r"^/api/v1(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[a-z]+)(?:/(?P<name>[^/]+)(?:/(?P<sub>[a-z]+))?)?$")
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(LeanRequestHandler):
     owner: KubeApiStandin
-    protocol_version = "HTTP/1.1"
     server_version = "kube-standin/1"
     disable_nagle_algorithm = True  # headers and body are separate writes: no 40 ms delayed-ACK stalls
 
@@ -582,17 +585,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _json_body(self, raw: bytes) -> Any:
         try:
-            return json.loads(raw or b"null")
+            return orjson.loads(raw or b"null")
         except ValueError as exc:
             raise ApiError(400, "BadRequest", f"invalid JSON body: {exc}") from None
 
     def _send(self, code: int, obj: Any) -> None:
-        data = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.send_all(code, orjson.dumps(obj), "application/json")
 
     def do_GET(self) -> None:  # noqa: N802 - stdlib naming
         self._dispatch("GET")
@@ -669,12 +667,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _send_text(self, text: str) -> None:
-        data = text.encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.send_all(200, text.encode(), "text/plain")
 
     # ---- verbs
     def _selector(self, ns: str | None, query: dict[str, str]) -> Selector:
@@ -772,12 +765,12 @@ class _Handler(BaseHTTPRequestHandler):
         if meta.get("name", name) != name or (ns is not None and meta.get("namespace", ns) != ns):
             raise ApiError(400, "BadRequest", "the name/namespace of the object does not match the request")
         if sub == "status":
-            obj = copy.deepcopy(cur)
+            obj = _clone(cur)
             obj["status"] = new.get("status", {})
         else:
             obj = new
             if "status" in cur:
-                obj["status"] = copy.deepcopy(cur["status"])  # the main resource ignores status
+                obj["status"] = _clone(cur["status"])  # the main resource ignores status
             if plural == "pods":
                 old_node = (cur.get("spec") or {}).get("nodeName")
                 if (obj.get("spec") or {}).get("nodeName") != old_node and old_node:
@@ -815,7 +808,7 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 raise ApiError(415, "UnsupportedMediaType", f"the patch content type {ctype!r} is not "
                                "supported (json-patch, merge-patch, strategic-merge-patch)")
-            new = copy.deepcopy(new)
+            new = _clone(new)
             return self._commit(plural, ns, name, sub, cur, new, want_rv)
 
     def _delete(self, plural: str, ns: str | None, name: str, opts: Any) -> dict[str, Any]:
@@ -856,7 +849,7 @@ class _Handler(BaseHTTPRequestHandler):
             if conflict:
                 raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{name}": '
                                                 f"{conflict}", name or "", "pods/binding")
-            obj = copy.deepcopy(cur)
+            obj = _clone(cur)
             obj["spec"]["nodeName"] = body["target"]["name"]
             if meta.get("annotations"):
                 obj["metadata"].setdefault("annotations", {}).update(meta["annotations"])
@@ -881,7 +874,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         try:
             for ev in self._events(plural, sel, rv_param, deadline, bookmarks):
-                line = (json.dumps(ev) + "\n").encode()
+                line = orjson.dumps(ev) + b"\n"
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
                 self.wfile.flush()
             self.wfile.write(b"0\r\n\r\n")
@@ -945,6 +938,11 @@ class _Handler(BaseHTTPRequestHandler):
                 return
 
 
+def _clone(obj: Any) -> Any:
+    """A deep copy of JSON data (several times faster than copy.deepcopy)."""
+    return orjson.loads(orjson.dumps(obj))
+
+
 def _translate(ev: Event, sel: Selector) -> dict[str, Any] | None:
     """An event as a watcher with selector `sel` sees it (a change in matching becomes ADDED/DELETED)."""
     now = ev.type != "DELETED" and sel.matches(ev.obj)
@@ -957,7 +955,7 @@ def _translate(ev: Event, sel: Selector) -> dict[str, Any] | None:
         return {"type": "ADDED", "object": ev.obj}
     if before:  # stopped matching: the real watch cache sends the previous content at the new version
         assert ev.prev is not None
-        prev = copy.deepcopy(ev.prev)
+        prev = _clone(ev.prev)
         prev["metadata"]["resourceVersion"] = str(ev.rv)
         return {"type": "DELETED", "object": prev}
     return None

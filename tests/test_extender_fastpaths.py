@@ -23,8 +23,9 @@ SIZES = (1, 500, 1000, 3000, 4000, 8000, 9000, 16000, 20000)
 def check_summaries(state: ClusterState, names: list[str]) -> None:
     for devices in SIZES:
         for policy in ("binpack", "spread"):
-            for name, (ok, score) in zip(names, state.summaries(names, devices, policy, decisions.score),
-                                         strict=True):
+            summaries = state.summaries(names, devices, policy, decisions.score)
+            for name, (ok, score, host_json) in zip(names, summaries, strict=True):
+                assert json.loads(host_json) == {"Host": name, "Score": score}
                 view = state.view(name)
                 if view is None:
                     assert not ok and score == 0, name
@@ -86,7 +87,7 @@ def test_an_unchanged_charge_leaves_the_view_alone() -> None:
     state.hold("uid-a", Charge("GPU-n-0", "n", 3000, 0, None))
     state.confirm("uid-a", 6)
     before = state.view("n")
-    assert state.summaries(["n"], 8000, "binpack", decisions.score) == [(True, 8)]
+    assert state.summaries(["n"], 8000, "binpack", decisions.score) == [(True, 8, '{"Host":"n","Score":8}')]
     bound = json.loads(json.dumps(pod))
     bound["metadata"].update(resourceVersion="6", annotations=reservation_annotations("GPU-n-0", {"main": 3000}, 0))
     bound["spec"]["nodeName"] = "n"
@@ -97,11 +98,11 @@ def test_an_unchanged_charge_leaves_the_view_alone() -> None:
     bound["metadata"]["annotations"] = reservation_annotations("GPU-n-1", {"main": 3000}, 0)
     state.upsert_pod(bound)
     assert [g.used_mib for g in state.view("n").gpus] == [0, 3000]
-    assert state.summaries(["n"], 8000, "binpack", decisions.score) == [(True, 8)]
+    assert state.summaries(["n"], 8000, "binpack", decisions.score) == [(True, 8, '{"Host":"n","Score":8}')]
     state.delete_pod(bound)
     assert [g.used_mib for g in state.view("n").gpus] == [0, 0]
-    assert state.summaries(["n"], 8000, "binpack", decisions.score) == [(True, 8)]
-    assert state.summaries(["n"], 8000, "spread", decisions.score) == [(True, 2)]
+    assert state.summaries(["n"], 8000, "binpack", decisions.score) == [(True, 8, '{"Host":"n","Score":8}')]
+    assert state.summaries(["n"], 8000, "spread", decisions.score) == [(True, 2, '{"Host":"n","Score":2}')]
 
 
 @given(st.lists(st.text(max_size=12), max_size=20), st.data())
