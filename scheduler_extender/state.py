@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 TERMINAL_PHASES = ("Succeeded", "Failed")
 UNKNOWN_RV = 1 << 62  # pending charges wait for a version this new until the bind says otherwise
 MAX_SUMMARY_TABLES = 64  # memoised tables (one per pod size and policy seen); all dropped beyond that
+CHANGE_LOG = 4096  # (generation, node) of the latest view changes, for ClusterState.changed_since
 Summary = tuple[bool, int, str]  # (surely fits now, score, its HostPriority JSON): see ClusterState.summaries
 
 
@@ -200,6 +202,8 @@ class ClusterState:
         # per (devices, policy): node -> Summary, dropped for a node whenever its view is rebuilt
         self._summaries: dict[tuple[int, str], dict[str, Summary]] = {}
         self._host_json: dict[str, list[str]] = {}  # node -> its HostPriority JSON for each score 0..MAX_SCORE
+        self._generation = 0  # bumped whenever a node's view (and so its summaries) may have changed
+        self._changes: deque[tuple[int, str]] = deque(maxlen=CHANGE_LOG)
         self._pods: dict[str, PodRecord] = {}
         self._by_name: dict[tuple[str, str], str] = {}
         self._charges: dict[str, Charge] = {}
@@ -450,6 +454,25 @@ class ClusterState:
     def _forget_summaries(self, name: str) -> None:
         for table in self._summaries.values():
             table.pop(name, None)
+        self._generation += 1
+        self._changes.append((self._generation, name))
+
+    def changed_since(self, generation: int) -> set[str] | None:
+        """Nodes whose summaries may differ from those of `generation` (see summaries_at); None when
+        that generation is too old to tell (then everything may have changed)."""
+        with self.lock:
+            self._flush()
+            if generation == self._generation:
+                return set()
+            changes = self._changes
+            if not changes or changes[0][0] > generation + 1:
+                return None
+            out = set()
+            for g, name in reversed(changes):
+                if g <= generation:
+                    break
+                out.add(name)
+            return out
 
     def _flush(self) -> None:
         if self._dirty:
@@ -460,7 +483,13 @@ class ClusterState:
 
     def summaries(self, names: list[str], devices: int, policy: str,
                   score: Callable[[NodeView, int, str], int]) -> list[Summary]:
-        """Per name, (surely fits, score, HostPriority JSON) for a pod of `devices` units under `policy`:
+        return self.summaries_at(names, devices, policy, score)[1]
+
+    def summaries_at(self, names: list[str], devices: int, policy: str,
+                     score: Callable[[NodeView, int, str], int]) -> tuple[int, list[Summary]]:
+        """(generation, summaries): the summaries are valid at that generation; changed_since() names the
+        nodes whose summaries may have changed after it (prioritize reuses filter's answer that way).
+        Per name, (surely fits, score, HostPriority JSON) for a pod of `devices` units under `policy`:
         "surely fits" is decisions.fit's O(1) case (False means "ask decisions.fit": it may still fit, or
         not, or the node is unknown), the score is `score(view, devices × unit, policy)` (0 without a view),
         the JSON is `{"Host":name,"Score":score}` as prioritize answers it. Memoised per node until its view
@@ -492,7 +521,7 @@ class ClusterState:
                                                               for v in range(MAX_SCORE + 1)]
                         value = score(view, need, policy)
                         out[i] = table[n] = (sure, value, fragments[value])
-            return out  # type: ignore[return-value]  # no None left
+            return self._generation, out  # type: ignore[return-value]  # no None left
 
     def views_of(self, names: list[str]) -> list[NodeView | None]:
         """Views of many nodes under one lock (filter and prioritize ask for hundreds at a time)."""

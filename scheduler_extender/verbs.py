@@ -10,18 +10,37 @@ Nothing here changes state except a successful bind.
 from __future__ import annotations
 
 import logging
+import threading
+from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from memslice.scheduler_extender import decisions, wire
 from memslice.scheduler_extender.binder import Binder, BindError
 from memslice.scheduler_extender.metrics import Metrics
 from memslice.scheduler_extender.resources import PodRequest, RequestError, pod_request
-from memslice.scheduler_extender.state import ClusterState
+from memslice.scheduler_extender.state import ClusterState, Summary
 from memslice.scheduler_extender.wire import WireError
 
 log = logging.getLogger(__name__)
+RECENT_FILTERS = 64  # filter answers kept for the prioritize call that follows (one per pod in flight)
 NOT_SYNCED = ("the memslice extender has not finished listing nodes and pods from the API server yet; "
               "the scheduler will retry")
+
+
+@dataclass(frozen=True, slots=True)
+class FilterMemo:
+    """What filter computed for a pod, for the prioritize call kube-scheduler makes next with (usually)
+    the same node names: prioritize then reads none of the per-node tables again, only the nodes whose
+    views changed in between (ClusterState.changed_since), so its answer is what a fresh one would be."""
+
+    key: tuple[int, str]  # (devices, policy)
+    names: list[str]
+    generation: int
+    summaries: list[Summary]
+
+
+_SURE = itemgetter(0)
 
 
 class Verbs:
@@ -30,6 +49,38 @@ class Verbs:
         self.binder = binder
         self.default_policy = default_policy
         self.metrics = metrics
+        self._memos: dict[str, FilterMemo] = {}  # pod UID -> its latest filter
+        self._memos_lock = threading.Lock()
+
+    def _remember(self, uid: Any, memo: FilterMemo) -> None:
+        if not isinstance(uid, str) or not uid:
+            return
+        with self._memos_lock:
+            self._memos.pop(uid, None)
+            self._memos[uid] = memo
+            while len(self._memos) > RECENT_FILTERS:
+                del self._memos[next(iter(self._memos))]
+
+    def _recall(self, uid: Any, key: tuple[int, str], names: list[str]) -> list[Summary] | None:
+        """Filter's summaries for this pod and these names, brought up to date; None if there are none."""
+        if not isinstance(uid, str) or not uid:
+            return None
+        with self._memos_lock:
+            memo = self._memos.pop(uid, None)
+        if memo is None or memo.key != key or memo.names != names:
+            return None
+        changed = self.state.changed_since(memo.generation)
+        if changed is None:
+            return None
+        summaries = memo.summaries
+        if changed:
+            stale = [i for i, n in enumerate(names) if n in changed]
+            if stale:
+                summaries = list(summaries)
+                fresh = self.state.summaries([names[i] for i in stale], key[0], key[1], decisions.score)
+                for i, summary in zip(stale, fresh, strict=True):
+                    summaries[i] = summary
+        return summaries
 
     def _unfit_reason(self, name: str) -> tuple[bool, str]:
         """(unresolvable, reason) for a node without a view."""
@@ -68,15 +119,20 @@ class Verbs:
         self.state.expire()
         devices = request.devices
         own = self._own_charge(args.pod)
-        summaries = self.state.summaries(names, devices, request.policy or self.default_policy, decisions.score)
-        fast = [summary[0] for summary in summaries]
-        if all(fast):  # the usual case: every node has room on some GPU
+        key = (devices, request.policy or self.default_policy)
+        generation, summaries = self.state.summaries_at(names, key[0], key[1], decisions.score)
+        uid = args.pod["metadata"].get("uid")
+        if all(map(_SURE, summaries)):  # the usual case: every node has room on some GPU
+            self._remember(uid, FilterMemo(key, names, generation, summaries))
             return 200, wire.filter_result(args, list(names), {}, {})
+        fast = [summary[0] for summary in summaries]
         slow = [n for n, ok in zip(names, fast, strict=True) if not ok]
         slow_views = dict(zip(slow, self.state.views_of(slow), strict=True))
-        for name, ok in zip(names, fast, strict=True):
+        kept: list[Summary] = []  # the summaries of `passed`, for prioritize
+        for name, ok, summary in zip(names, fast, summaries, strict=True):
             if ok:
                 passed.append(name)
+                kept.append(summary)
                 continue
             view = slow_views[name]
             if view is None:
@@ -86,14 +142,17 @@ class Verbs:
             if own is not None and own[0] == name and decisions.fits_without(
                     view, devices * view.unit_mib, {own[1]: own[2]}, 0):
                 passed.append(name)  # room once the pod's own stale reservation is not counted
+                kept.append(summary)
                 continue
             f = decisions.fit(view, devices * view.unit_mib)
             if f.ok:
                 passed.append(name)
+                kept.append(summary)
             elif f.unresolvable:
                 unresolvable[name] = f.reason
             else:
                 failed[name] = f.reason
+        self._remember(uid, FilterMemo(key, passed, generation, kept))
         return 200, wire.filter_result(args, passed, failed, unresolvable)
 
     def prioritize(self, body: Any) -> tuple[int, Any]:
@@ -108,9 +167,11 @@ class Verbs:
             return 400, {"Error": str(exc)}  # HostPriorityList has no Error field
         if request is None or not self.state.synced:
             return 200, wire.encode_host_priority_list(names, [0] * len(names))
-        policy = request.policy or self.default_policy
+        key = (request.devices, request.policy or self.default_policy)
         self.state.expire()
-        summaries = self.state.summaries(names, request.devices, policy, decisions.score)
+        summaries = self._recall(args.pod["metadata"].get("uid"), key, names)
+        if summaries is None:
+            summaries = self.state.summaries(names, key[0], key[1], decisions.score)
         return 200, ("[" + ",".join([summary[2] for summary in summaries]) + "]").encode()
 
     def bind(self, body: Any) -> tuple[int, Any]:

@@ -1,6 +1,7 @@
 """The extender's fast paths give the answers of the slow ones: memoised fit/score summaries in ClusterState
-against decisions.py, the hand-written HostPriorityList encoding against json, and the lean HTTP request
-parser against what the stdlib accepts and refuses."""
+against decisions.py, prioritize reusing its filter's summaries against a fresh prioritize, the
+hand-written HostPriorityList encoding against json, and the lean HTTP request parser against what the
+stdlib accepts and refuses."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from memslice.scheduler_extender import decisions, wire
 from memslice.scheduler_extender.annotations import reservation_annotations
-from memslice.scheduler_extender.state import Charge, ClusterState
+from memslice.scheduler_extender.metrics import Metrics
+from memslice.scheduler_extender.state import CHANGE_LOG, Charge, ClusterState
+from memslice.scheduler_extender.verbs import Verbs
 from test_extender_support import Cluster, node_obj, plain_node, pod_obj, running_cluster
 
 SIZES = (1, 500, 1000, 3000, 4000, 8000, 9000, 16000, 20000)
@@ -74,6 +77,45 @@ def test_memoised_fits_and_scores_follow_every_change() -> None:
             check_summaries(state, names)
             state.upsert_node(node_obj("c", [20000, 8000], healthy=[False, True]))
         check_summaries(state, names)
+
+
+def test_prioritize_after_filter_answers_what_a_fresh_prioritize_answers() -> None:
+    """Prioritize reuses the summaries its filter computed, refreshed for the nodes whose views changed in
+    between; whatever happens in between, its answer must be byte for byte a fresh one's."""
+    rng = random.Random(11)
+    state = ClusterState()
+    gpus: dict[str, list[str]] = {}
+    for i in range(12):
+        sizes = [rng.choice((8000, 16000, 40000)) for _ in range(rng.randint(1, 4))]
+        state.upsert_node(node_obj(f"n{i}", sizes))
+        gpus[f"n{i}"] = [f"GPU-n{i}-{g}" for g in range(len(sizes))]
+    state.upsert_node(plain_node("cpu"))
+    state.nodes_synced.set()
+    state.pods_synced.set()
+    verbs = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # no binds here
+    holds: list[str] = []
+    reused = 0
+    for step in range(400):
+        names = rng.sample([*gpus, "cpu", "unknown"], rng.randint(1, 14))
+        pod = pod_obj(f"p{step}", {"main": rng.choice((1000, 7000, 15000, 30000))},
+                      policy=rng.choice((None, "spread")))
+        pod["metadata"]["uid"] = f"uid-{step}"
+        code, answer = verbs.filter({"Pod": pod, "NodeNames": names})
+        assert code == 200
+        for _ in range(rng.choice((0, 0, 1, 3, CHANGE_LOG + 1 if step % 97 == 0 else 2))):
+            if rng.random() < 0.6 or not holds:  # binds of other pods land in between
+                node = rng.choice(list(gpus))
+                holds.append(f"h{step}-{len(holds)}")
+                state.hold(holds[-1], Charge(rng.choice(gpus[node]), node, rng.choice((500, 4000, 9000)), 0, None))
+            else:
+                state.release(holds.pop(rng.randrange(len(holds))), None)
+        passed = answer["NodeNames"] if rng.random() < 0.9 else names  # or the scheduler sends others
+        args = {"Pod": pod, "NodeNames": passed}
+        fresh = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]
+        reused += verbs._memos.get(pod["metadata"]["uid"]) is not None and passed is answer["NodeNames"]
+        assert verbs.prioritize(args) == fresh.prioritize(args), step
+    assert reused > 300  # the memo was there to be used, not only the slow path
+    assert not verbs._memos  # each prioritize takes its filter's memo
 
 
 def test_an_unchanged_charge_leaves_the_view_alone() -> None:
