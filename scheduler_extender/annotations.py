@@ -127,7 +127,7 @@ def parse_time(text: Any) -> float:
 
 def format_time(ts: float) -> str:
     """RFC 3339 UTC with microseconds, e.g. 2026-01-02T03:04:05.123456Z."""
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="microseconds")[:-6] + "Z"
 
 
 def reservation_annotations(gpu_uuid: str, container_mib: dict[str, int],

@@ -77,8 +77,8 @@ def score(view: NodeView, need_mib: int, policy: str) -> int:
 def fits_without(view: NodeView, need_mib: int, freed_mib: dict[str, int], freed_unplaced_mib: int) -> bool:
     """Would the pod fit if the charges in `freed_mib` (GPU UUID -> MiB) and `freed_unplaced_mib` were gone?
     (Preemption: the scheduler proposes victims; the pod must fit once they are evicted.)"""
-    gpus = tuple(GpuView(g.uuid, g.index, g.model, g.mem_mib, g.healthy,
-                         g.used_mib - freed_mib.get(g.uuid, 0)) for g in view.gpus)
+    gpus = tuple(GpuView.of(g.uuid, g.index, g.model, g.mem_mib, g.healthy,
+                            g.used_mib - freed_mib.get(g.uuid, 0)) for g in view.gpus)
     after = NodeView.of(view.name, view.unit_mib, gpus, max(view.unplaced_mib - freed_unplaced_mib, 0),
                         view.error)
     return fit(after, need_mib).ok

@@ -7,19 +7,23 @@ benchmark machine that is 530 µs of CPU per call against 320 µs for the same r
 (`python benchmarks/bench_extender.py` makes two per pod, so it is a fifth of the extender's CPU per pod).
 Everything that matters is still the client's: the urllib3 pool manager it built from the kubeconfig or
 service account (TLS, client certificates, proxy, pool size, retries), the authentication it refreshes
-(`Configuration.auth_settings()`, read per request exactly as the generated code does), its default
+(`Configuration.auth_settings()`, read as the generated code does, but at most once a second: with a
+kubeconfig, each read re-applies the whole config and scans the environment for proxies), its default
 headers and user agent. Errors are raised as the client's own `ApiException` (status, reason, body), so
 callers handle both paths alike. Reads, lists and watches keep the generated API.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 from urllib.parse import quote
 
 import orjson
 import urllib3
 
+AUTH_TTL = 1.0  # seconds an auth header is reused before auth_settings() is asked again
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 
@@ -35,14 +39,23 @@ class PodWriter:
         self.pool = manager.connection_from_url(self.host) if type(manager) is urllib3.PoolManager else None
         self.base_headers = {"Accept": "application/json", "User-Agent": api_client.user_agent,
                              **api_client.default_headers}
+        self._auth: tuple[float, dict[str, str]] = (-AUTH_TTL, {})
+        self._auth_lock = threading.Lock()
+
+    def _auth_headers(self) -> dict[str, str]:
+        """The authentication headers of the client's configuration, refreshed every AUTH_TTL seconds."""
+        now = time.monotonic()
+        at, headers = self._auth
+        if now - at < AUTH_TTL:
+            return headers
+        with self._auth_lock:
+            headers = {setting["key"]: setting["value"] for setting in self.conf.auth_settings().values()
+                       if setting.get("in") == "header" and setting.get("value")}
+            self._auth = (now, headers)
+        return headers
 
     def _headers(self, content_type: str) -> dict[str, str]:
-        headers = dict(self.base_headers)
-        headers["Content-Type"] = content_type
-        for setting in self.conf.auth_settings().values():
-            if setting.get("in") == "header" and setting.get("value"):
-                headers[setting["key"]] = setting["value"]
-        return headers
+        return {**self.base_headers, "Content-Type": content_type, **self._auth_headers()}
 
     def _request(self, method: str, path: str, body: Any, content_type: str, timeout: float) -> Any:
         """The decoded JSON answer; ApiException on an HTTP error, urllib3 errors when no answer came."""

@@ -58,14 +58,15 @@ def decode_pod(value: Any, where: str = "Pod") -> dict[str, Any]:
 
 
 def _all_names(values: list[Any]) -> bool:
-    """Every value a non-empty string of at most MAX_NAME_LEN characters (C-speed builtins: this checks
-    every node name of every filter and prioritize call)."""
+    """Every value a non-empty string of at most MAX_NAME_LEN characters, in C-speed passes (this checks
+    every node name of every filter and prioritize call): join() refuses anything but strings."""
     if not values:
         return True
-    if set(map(type, values)) != {str}:
+    try:
+        "".join(values)
+    except TypeError:
         return False
-    lengths = list(map(len, values))
-    return min(lengths) > 0 and max(lengths) <= MAX_NAME_LEN
+    return "" not in values and max(map(len, values)) <= MAX_NAME_LEN
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,7 @@ def test_reservation_annotations_round_trip():
 
 def view(*gpus: tuple[int, int], healthy: tuple[bool, ...] | None = None, unplaced: int = 0) -> NodeView:
     ok = healthy or (True,) * len(gpus)
-    return NodeView.of("n", 1, tuple(GpuView(f"u{i}", i, "m", mem, ok[i], used)
+    return NodeView.of("n", 1, tuple(GpuView.of(f"u{i}", i, "m", mem, ok[i], used)
                                      for i, (mem, used) in enumerate(gpus)), unplaced)
 
 
