@@ -9,8 +9,9 @@ Three processes, so that the extender's figures are its own:
 - this process, calling the extender the way kube-scheduler does: for each pending pod, `filter` with the
   nodes that passed the scheduler's own filters (by default 500 random nodes: kube-scheduler's adaptive
   percentageOfNodesToScore for 5,000 nodes is 10 %), `prioritize` with the nodes that passed, then `bind`
-  to the best one. Filter and prioritize are serial (one scheduling cycle at a time); binds run in a pool,
-  as kube-scheduler's binding cycles run in goroutines.
+  to the best one. Filter and prioritize are serial (one scheduling cycle at a time); binds are sent on
+  their own connections without waiting (up to --bind-workers in flight), as kube-scheduler's binding
+  cycles run in goroutines.
 
 Printed: median and p99 latency of filter, prioritize, filter+prioritize (per pod) and bind; sustained
 pods/s through all three verbs; the CPU each process spent in that phase (the extender's also split into
@@ -19,9 +20,9 @@ run all three at full speed still shows what the extender itself costs per pod; 
 memory (now and peak) and its initial sync time.
 
 The load client stays cheap so as not to take the cores from the extender: the filter bodies (pod + 500
-sampled node names) are encoded before the clock starts and it speaks HTTP/1.1 over a plain socket, with orjson. The
-extender's work is untouched: every call is a full HTTP request, every bind makes its two writes to the
-stand-in, and the watch delivers every event.
+sampled node names) are encoded before the clock starts, and it is one thread speaking HTTP/1.1 over plain
+sockets (see Client), with orjson. The extender's work is untouched: every call is a full HTTP request,
+every bind makes its two writes to the stand-in, and the watch delivers every event.
 """
 
 from __future__ import annotations
@@ -31,14 +32,15 @@ import http.client
 import json
 import os
 import random
+import select
+import selectors
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
 from operator import itemgetter
 from pathlib import Path
 
@@ -91,52 +93,108 @@ def serve_standin(args: argparse.Namespace) -> None:
 
 # --------------------------------------------------------------------------------------------- client side
 
-class Conn:
-    """Keep-alive HTTP/1.1 to the extender, one socket per thread, written by hand: http.client's Python
-    (email-based header parsing) cost the load client more CPU per call than the extender's filter, on
-    the same 2 cores. Every call is still a complete HTTP request with a JSON body and a full answer."""
+def _request(verb: str, body: bytes) -> bytes:
+    return (f"POST /{verb} HTTP/1.1\r\nHost: extender\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self.local = threading.local()
+
+class _Answers:
+    """Splits the bytes read from one keep-alive connection into complete answers (status, body)."""
+
+    def __init__(self) -> None:
+        self.buf = b""
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        if not data:
+            raise ConnectionError("the extender closed the connection")
+        self.buf += data
+        out = []
+        while True:
+            head, sep, rest = self.buf.partition(b"\r\n\r\n")
+            if not sep:
+                return out
+            lines = head.split(b"\r\n")
+            length = next(int(v) for k, _, v in (line.partition(b":") for line in lines[1:])
+                          if k.strip().lower() == b"content-length")
+            if len(rest) < length:
+                return out
+            out.append((int(lines[0].split()[1]), rest[:length]))
+            self.buf = rest[length:]
+
+
+class Client:
+    """The scheduler's side, in one thread, written by hand: http.client's Python (email-based header
+    parsing) and a thread per bind cost the load client more CPU per pod than the extender's filter, on the
+    same 2 cores. One keep-alive connection carries the serial filter and prioritize calls; `bind_conns`
+    more carry the binds, each sent without waiting (kube-scheduler's binding goroutines): while the
+    scheduling cycle waits for an answer, the answers to binds in flight are read as they come, so their
+    latencies are the extender's. Every call is still a complete HTTP/1.1 request with a JSON body."""
+
+    def __init__(self, host: str, port: int, bind_conns: int) -> None:
+        self.addr = (host, port)
+        self.serial = self._connect()
+        self.serial_answers = _Answers()
+        self.sel = selectors.DefaultSelector()
+        self.idle: list[socket.socket] = []
+        for _ in range(bind_conns):
+            sock = self._connect()
+            self.sel.register(sock, selectors.EVENT_READ, [_Answers(), 0.0])
+            self.idle.append(sock)
+        self.queued: deque[bytes] = deque()  # binds waiting for a free connection
+        self.bind_latencies: list[float] = []
+        self.bind_errors: list[str] = []
+
+    def _connect(self) -> socket.socket:
+        sock = socket.create_connection(self.addr, timeout=60)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
 
     def post(self, verb: str, body: object) -> tuple[float, object]:
-        """POST `body` (JSON bytes as they are, else encoded here); (seconds, decoded answer)."""
-        sock = getattr(self.local, "s", None)
-        if sock is None:
-            sock = self.local.s = socket.create_connection((self.host, self.port), timeout=60)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.local.buf = b""
+        """A serial call: (seconds, decoded answer). Bind answers arriving meanwhile are taken in."""
         data = body if isinstance(body, bytes) else orjson.dumps(body)
-        request = (f"POST /{verb} HTTP/1.1\r\nHost: extender\r\nContent-Type: application/json\r\n"
-                   f"Content-Length: {len(data)}\r\n\r\n").encode() + data
         t0 = time.perf_counter()
-        sock.sendall(request)
-        status, raw = self._answer(sock)
-        dt = time.perf_counter() - t0
-        if status != 200:
-            raise RuntimeError(f"{verb}: HTTP {status} {raw[:200]!r}")
-        return dt, orjson.loads(raw)
+        self.serial.sendall(_request(verb, data))
+        while True:
+            busy = [key.fileobj for key in self.sel.get_map().values() if key.fileobj not in self.idle]
+            readable, _, _ = select.select([self.serial, *busy], [], [], 60)
+            if not readable:
+                raise TimeoutError(f"{verb}: no answer in 60 s")
+            for sock in readable:
+                if sock is not self.serial:
+                    self._bind_answer(sock)
+            if self.serial in readable and (answers := self.serial_answers.feed(self.serial.recv(1 << 20))):
+                status, raw = answers[0]
+                dt = time.perf_counter() - t0
+                if status != 200:
+                    raise RuntimeError(f"{verb}: HTTP {status} {raw[:200]!r}")
+                return dt, orjson.loads(raw)
 
-    def _answer(self, sock: socket.socket) -> tuple[int, bytes]:
-        buf = self.local.buf
-        while b"\r\n\r\n" not in buf:
-            buf += self._recv(sock)
-        head, _, buf = buf.partition(b"\r\n\r\n")
-        lines = head.split(b"\r\n")
-        length = next(int(v) for k, _, v in (line.partition(b":") for line in lines[1:])
-                      if k.strip().lower() == b"content-length")
-        while len(buf) < length:
-            buf += self._recv(sock)
-        self.local.buf = buf[length:]
-        return int(lines[0].split()[1]), buf[:length]
+    def bind(self, body: dict) -> None:
+        """Send a bind without waiting for its answer (queued while every bind connection is busy)."""
+        self.queued.append(_request("bind", orjson.dumps(body)))
+        self._send_queued()
 
-    @staticmethod
-    def _recv(sock: socket.socket) -> bytes:
-        chunk = sock.recv(1 << 20)
-        if not chunk:
-            raise ConnectionError("the extender closed the connection")
-        return chunk
+    def _send_queued(self) -> None:
+        while self.queued and self.idle:
+            sock = self.idle.pop()
+            self.sel.get_key(sock).data[1] = time.perf_counter()
+            sock.sendall(self.queued.popleft())
+
+    def _bind_answer(self, sock: socket.socket) -> None:
+        answers, t0 = self.sel.get_key(sock).data
+        for status, raw in answers.feed(sock.recv(1 << 20)):
+            self.bind_latencies.append(time.perf_counter() - t0)
+            res = orjson.loads(raw)
+            if status != 200 or res.get("Error"):
+                self.bind_errors.append(res.get("Error") or f"HTTP {status}")
+            self.idle.append(sock)
+        self._send_queued()
+
+    def drain(self) -> None:
+        """Wait for every bind in flight or queued."""
+        while self.queued or len(self.idle) < len(self.sel.get_map()):
+            for key, _ in self.sel.select(60):
+                self._bind_answer(key.fileobj)  # type: ignore[arg-type]
 
 
 def rss_kib(pid: int) -> tuple[int, int]:
@@ -201,7 +259,7 @@ def run(args: argparse.Namespace) -> dict:
         if "serving" not in line:
             raise RuntimeError(f"the extender did not start: {line!r}")
         port = int(line.split("serving ", 1)[1].split()[0].rsplit(":", 1)[1])
-        conn = Conn("127.0.0.1", port)
+        conn = Client("127.0.0.1", port, args.bind_workers)
         deadline = time.monotonic() + 600
         while True:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
@@ -236,17 +294,7 @@ def run(args: argparse.Namespace) -> dict:
         # Phase 2: sustained scheduling of the pending pods through filter, prioritize and bind
         lat_f2: list[float] = []
         lat_p2: list[float] = []
-        lat_b: list[float] = []
         failures: list[str] = []
-        lock = threading.Lock()
-
-        def bind(pod_name: str, uid: str, node: str) -> None:
-            dt, res = conn.post("bind", {"PodName": pod_name, "PodNamespace": "bench", "PodUID": uid, "Node": node})
-            with lock:
-                lat_b.append(dt)
-                if res["Error"]:
-                    failures.append(res["Error"])
-
         pods = json.loads(_get(url, "/api/v1/namespaces/bench/pods"))["items"]
         # The scheduler's side of the work that is not the extender's (its own filters choosing the 500
         # candidate nodes, encoding the pod) is done before the clock starts: kube-scheduler does it in Go,
@@ -258,25 +306,28 @@ def run(args: argparse.Namespace) -> dict:
         split0 = cpu_split(ext.pid)
         cpu0 = {"extender": cpu_s(ext.pid), "standin": cpu_s(standin.pid), "client": time.process_time()}
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(args.bind_workers) as pool:
-            for pod, filter_body, pod_text in zip(pods, filter_bodies, pod_json, strict=True):
-                dt_f, res = conn.post("filter", filter_body)
-                passed = res["NodeNames"] or []
-                lat_f2.append(dt_f)
-                if not passed:
-                    failures.append("no node passed filter")
-                    continue
-                body = b'{"Pod":' + pod_text + b',"Nodes":null,"NodeNames":' + orjson.dumps(passed) + b"}"
-                dt_p, scores = conn.post("prioritize", body)
-                lat_p2.append(dt_p)
-                best = max(scores, key=by_score)["Host"]
-                pool.submit(bind, pod["metadata"]["name"], pod["metadata"]["uid"], best)
+        for pod, filter_body, pod_text in zip(pods, filter_bodies, pod_json, strict=True):
+            dt_f, res = conn.post("filter", filter_body)
+            passed = res["NodeNames"] or []  # type: ignore[index]
+            lat_f2.append(dt_f)
+            if not passed:
+                failures.append("no node passed filter")
+                continue
+            body = b'{"Pod":' + pod_text + b',"Nodes":null,"NodeNames":' + orjson.dumps(passed) + b"}"
+            dt_p, scores = conn.post("prioritize", body)
+            lat_p2.append(dt_p)
+            best = max(scores, key=by_score)["Host"]  # type: ignore[arg-type]
+            conn.bind({"PodName": pod["metadata"]["name"], "PodNamespace": "bench",
+                       "PodUID": pod["metadata"]["uid"], "Node": best})
+        conn.drain()
         wall = time.perf_counter() - t0
+        lat_b = conn.bind_latencies
+        failures += conn.bind_errors
         cpu = {"extender": cpu_s(ext.pid) - cpu0["extender"], "standin": cpu_s(standin.pid) - cpu0["standin"],
                "client": time.process_time() - cpu0["client"]}
         split = [b - a for a, b in zip(split0, cpu_split(ext.pid), strict=True)]
         rss_now, rss_peak = rss_kib(ext.pid)
-        bound = len(lat_b) - sum(1 for f in failures if f != "no node passed filter")
+        bound = len(lat_b) - len(conn.bind_errors)
 
         ms = 1000.0
         return {
@@ -359,7 +410,7 @@ def main() -> int:
     p.add_argument("--pending", type=int, default=3000, help="pods to schedule in the throughput phase")
     p.add_argument("--filter-nodes", type=int, default=500, help="node names per filter call")
     p.add_argument("--latency-samples", type=int, default=1000)
-    p.add_argument("--bind-workers", type=int, default=16)
+    p.add_argument("--bind-workers", type=int, default=16, help="binds in flight at most (one connection each)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--_standin", action="store_true", help=argparse.SUPPRESS)
