@@ -198,7 +198,8 @@ class Binder:
         for attempt in (1, 2):
             body = {"metadata": {"resourceVersion": rv, "annotations": wanted}}
             try:
-                return resource_version(self.writer.patch_pod(args.pod_namespace, args.pod_name, body)["metadata"])
+                return resource_version(self.writer.patch_namespaced_pod(args.pod_name, args.pod_namespace, body)[
+                    "metadata"])
             except ApiException as exc:
                 if exc.status == 409 and attempt == 1:  # the pod changed meanwhile: re-read, check, retry
                     pod = self._read_pod(args)
@@ -224,7 +225,7 @@ class Binder:
                 "metadata": {"name": args.pod_name, "namespace": args.pod_namespace, "uid": uid},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": args.node}}
         try:
-            self.writer.create_binding(args.pod_namespace, args.pod_name, body)
+            self.writer.create_namespaced_pod_binding(args.pod_name, args.pod_namespace, body)
         except ApiException as exc:
             message = exc.reason
             try:
@@ -251,8 +252,8 @@ class Binder:
                                       "value": wanted[ANN_ASSUMED_AT]}]
         ops += [{"op": "remove", "path": prefix + _escape(k)} for k in RESERVATION_ANNOTATIONS]
         try:
-            return resource_version(self.writer.patch_pod(args.pod_namespace, args.pod_name, ops,
-                                                          JSON_PATCH)["metadata"])
+            return resource_version(self.writer.patch_namespaced_pod(args.pod_name, args.pod_namespace, ops,
+                                                                     JSON_PATCH)["metadata"])
         except Exception as exc:  # noqa: BLE001 - the TTL ends the reservation anyway
             log.warning("could not remove the reservation of pod %s/%s after a failed bind (%s); it expires "
                         "after the assume TTL", args.pod_namespace, args.pod_name, exc)

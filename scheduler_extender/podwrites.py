@@ -11,6 +11,9 @@ service account (TLS, client certificates, proxy, pool size, retries), the authe
 kubeconfig, each read re-applies the whole config and scans the environment for proxies), its default
 headers and user agent. Errors are raised as the client's own `ApiException` (status, reason, body), so
 callers handle both paths alike. Reads, lists and watches keep the generated API.
+
+The methods are named and ordered (name, namespace, body) as the generated `CoreV1Api` methods they stand
+in for, and make the same requests, so the RBAC test maps them to permissions like any other API call.
 """
 
 from __future__ import annotations
@@ -77,13 +80,14 @@ class PodWriter:
     def _pod_path(namespace: str, name: str) -> str:
         return f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
 
-    def patch_pod(self, namespace: str, name: str, body: Any, content_type: str = MERGE_PATCH,
-                  timeout: float = 10) -> dict[str, Any]:
+    def patch_namespaced_pod(self, name: str, namespace: str, body: Any, content_type: str = MERGE_PATCH,
+                             timeout: float = 10) -> dict[str, Any]:
         """PATCH the pod (merge patch, or JSON patch with JSON_PATCH); the pod as the server wrote it."""
         result: dict[str, Any] = self._request("PATCH", self._pod_path(namespace, name), body, content_type,
                                                timeout)
         return result
 
-    def create_binding(self, namespace: str, name: str, body: dict[str, Any], timeout: float = 10) -> None:
+    def create_namespaced_pod_binding(self, name: str, namespace: str, body: dict[str, Any],
+                                      timeout: float = 10) -> None:
         """POST the pod's Binding subresource (the server answers a Status)."""
         self._request("POST", self._pod_path(namespace, name) + "/binding", body, "application/json", timeout)

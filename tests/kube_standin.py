@@ -18,7 +18,8 @@ Python client works unmodified against it:
 - binding: sets `spec.nodeName`, copies the Binding's annotations onto the pod, sets the PodScheduled
   condition; 409 if the pod is already bound or a uid/resourceVersion precondition fails.
 
-Test hooks: `put`/`get`/`delete` bypass HTTP, `restart()` drops every open connection (watch streams
+Test hooks: `put`/`get`/`delete` bypass HTTP, `require_token` answers 401 to requests without that bearer
+token, `restart()` drops every open connection (watch streams
 included) but keeps state, `compact()` makes every resourceVersion so far too old, `fail_next()`
 injects an error answer, and `request_counts` counts requests per (verb, resource).
 
@@ -369,6 +370,7 @@ class KubeApiStandin:
         self._conns_lock = threading.Lock()
         self._faults: list[tuple[str, str, int]] = []
         self._counts: Counter[tuple[str, str]] = Counter()
+        self.require_token: str | None = None  # set: API requests without `Bearer <it>` get 401
         self.url = ""
 
     # ---- lifecycle
@@ -616,6 +618,9 @@ class _Handler(LeanRequestHandler):
                 return self._send_text("ok")
             if parts.path == "/version":
                 return self._send(200, {"major": "1", "minor": "37", "gitVersion": "v1.37.0-standin"})
+            token = self.owner.require_token
+            if token is not None and self.headers.get("Authorization") != f"Bearer {token}":
+                raise ApiError(401, "Unauthorized", "Unauthorized")
             m = _PATH.match(parts.path)
             if not m or m["plural"] not in RESOURCES:
                 raise ApiError(404, "NotFound", f"the server could not find the requested resource "
