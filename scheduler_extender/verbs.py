@@ -24,6 +24,7 @@ from memslice.scheduler_extender.wire import WireError
 
 log = logging.getLogger(__name__)
 RECENT_FILTERS = 64  # filter answers kept for the prioritize call that follows (one per pod in flight)
+MEMO_NAMES = 200_000  # node names those answers may hold in all (bounds the memory hostile requests can pin)
 NOT_SYNCED = ("the memslice extender has not finished listing nodes and pods from the API server yet; "
               "the scheduler will retry")
 
@@ -49,24 +50,33 @@ class Verbs:
         self.binder = binder
         self.default_policy = default_policy
         self.metrics = metrics
-        self._memos: dict[str, FilterMemo] = {}  # pod UID -> its latest filter
+        self._memos: dict[str, FilterMemo] = {}  # pod UID -> its latest filter, oldest first
+        self._memo_names = 0  # names held by self._memos
         self._memos_lock = threading.Lock()
 
     def _remember(self, uid: Any, memo: FilterMemo) -> None:
-        if not isinstance(uid, str) or not uid:
+        if not isinstance(uid, str) or not uid or len(memo.names) > MEMO_NAMES:
             return
         with self._memos_lock:
-            self._memos.pop(uid, None)
+            self._forget(uid)
             self._memos[uid] = memo
-            while len(self._memos) > RECENT_FILTERS:
-                del self._memos[next(iter(self._memos))]
+            self._memo_names += len(memo.names)
+            while len(self._memos) > RECENT_FILTERS or self._memo_names > MEMO_NAMES:
+                self._forget(next(iter(self._memos)))
+
+    def _forget(self, uid: str) -> FilterMemo | None:
+        """Drop the memo of `uid` (caller holds _memos_lock); the memo, or None."""
+        memo = self._memos.pop(uid, None)
+        if memo is not None:
+            self._memo_names -= len(memo.names)
+        return memo
 
     def _recall(self, uid: Any, key: tuple[int, str], names: list[str]) -> list[Summary] | None:
         """Filter's summaries for this pod and these names, brought up to date; None if there are none."""
         if not isinstance(uid, str) or not uid:
             return None
         with self._memos_lock:
-            memo = self._memos.pop(uid, None)
+            memo = self._forget(uid)
         if memo is None or memo.key != key or memo.names != names:
             return None
         changed = self.state.changed_since(memo.generation)

@@ -118,6 +118,34 @@ def test_prioritize_after_filter_answers_what_a_fresh_prioritize_answers() -> No
     assert not verbs._memos  # each prioritize takes its filter's memo
 
 
+def test_filter_memos_hold_a_bounded_number_of_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Filter answers kept for prioritize are bounded in count and in node names held, so that hostile
+    requests (100,000 names each) cannot pin memory; what is not kept is computed afresh."""
+    from memslice.scheduler_extender import verbs as verbs_module
+
+    monkeypatch.setattr(verbs_module, "MEMO_NAMES", 30)
+    state = ClusterState()
+    for i in range(40):
+        state.upsert_node(node_obj(f"n{i}", [16000]))
+    state.nodes_synced.set()
+    state.pods_synced.set()
+    verbs = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # no binds here
+    names = [f"n{i}" for i in range(40)]
+    for step, count in enumerate((20, 20, 20, 31, 10)):
+        pod = pod_obj(f"p{step}", {"main": 1000})
+        pod["metadata"]["uid"] = f"uid-{step}"
+        verbs.filter({"Pod": pod, "NodeNames": names[:count]})
+        held = sum(len(m.names) for m in verbs._memos.values())
+        assert held == verbs._memo_names <= 30, step
+        assert (f"uid-{step}" in verbs._memos) == (count <= 30), step
+    assert list(verbs._memos) == ["uid-2", "uid-4"]  # oldest dropped first; the 31-name one never kept
+    pod = pod_obj("p3", {"main": 1000})
+    pod["metadata"]["uid"] = "uid-3"
+    fresh = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]
+    args = {"Pod": pod, "NodeNames": names[:31]}
+    assert verbs.prioritize(args) == fresh.prioritize(args)
+
+
 def test_an_unchanged_charge_leaves_the_view_alone() -> None:
     """The watch delivering the pod a bind just wrote (same GPU, same MiB) must not rebuild the node's view
     nor drop its memoised summaries; a changed charge must."""
