@@ -119,7 +119,7 @@ def parse_time(text: Any) -> float:
     if not isinstance(text, str) or not text:
         return 0.0
     try:
-        dt = datetime.fromisoformat(text)
+        dt = datetime.fromisoformat(text.upper())  # RFC 3339 allows a lowercase t and z
     except ValueError:
         return 0.0
     return (dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)).timestamp()

@@ -14,6 +14,7 @@ TLS (kube-scheduler's `enableHTTPS`): the handshake runs in the connection's thr
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import ssl
@@ -119,8 +120,18 @@ class _Handler(LeanRequestHandler):
         self.send_all(code, body, ctype)
 
     def _json(self, code: int, obj: Any) -> None:
-        """`obj` as JSON; bytes are taken as JSON already encoded (wire.encode_host_priority_list)."""
-        self._send(code, obj if isinstance(obj, bytes) else orjson.dumps(obj))
+        """`obj` as JSON; bytes are taken as JSON already encoded (prioritize's answer)."""
+        if isinstance(obj, bytes):
+            return self._send(code, obj)
+        try:
+            data = orjson.dumps(obj)
+        except orjson.JSONEncodeError:  # deeper than orjson writes (254 levels): only echoed request objects
+            try:
+                data = json.dumps(obj, separators=(",", ":")).encode()
+            except (RecursionError, ValueError) as exc:
+                code, data = 400, orjson.dumps({"Error": f"the answer would echo objects of the request that are "
+                                                         f"nested too deeply to encode ({exc})"})
+        self._send(code, data)
 
     def do_GET(self) -> None:  # noqa: N802 - stdlib naming
         path = self.path.split("?", 1)[0].rstrip("/")

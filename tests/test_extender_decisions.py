@@ -100,6 +100,7 @@ def test_reservation_annotations_round_trip():
     assert res.assumed_at == pytest.approx(1_800_000_000.25)
     assert parse_time(format_time(12345.5)) == 12345.5
     assert parse_time("2026-01-01T00:00:00Z") > 0 and parse_time("garbage") == 0.0
+    assert parse_time("2026-01-02t03:04:05.5z") == parse_time("2026-01-02T03:04:05.5Z") == 1767323045.5
     with pytest.raises(AnnotationError, match="gpu-mem-mib"):
         parse_reservation("pod", {"memslice.io/gpu-uuid": "GPU-1", "memslice.io/gpu-mem-mib": '{"a": -1}'})
 

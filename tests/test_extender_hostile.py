@@ -169,6 +169,16 @@ def test_transport_level_abuse(cluster: Cluster) -> None:
     assert cluster.c.raw("DELETE", "/bind")[0] == 405
     status, body = cluster.c.post("filter", {"Pod": pod_obj("x", {"main": 1}), "NodeNames": ["n"] * 100_001})
     assert status == 400 and "at most" in body["Error"]
+    for depth, code in ((300, 200), (1000, 400)):  # Nodes mode echoes the passing Node objects back
+        node = json.dumps({**node_obj("n", [8000]), "status": "DEEP"})
+        node = node.replace('"DEEP"', '{"x":' * depth + "{}" + "}" * depth)  # deeper than orjson writes
+        body = f'{{"Pod":{json.dumps(pod_obj("x", {"main": 1}))},"Nodes":{{"items":[{node}]}}}}'.encode()
+        status, raw, _ = cluster.c.raw("POST", "/filter", body)
+        assert status == code, (depth, raw[:200])
+        if code == 200:
+            assert [n["metadata"]["name"] for n in json.loads(raw)["Nodes"]["items"]] == ["n"]
+        else:
+            assert "nested too deeply" in json.loads(raw)["Error"]
     # still serving, nothing changed
     assert cluster.c.filter(pod_obj("x", {"main": 1}), ["n"])["NodeNames"] == ["n"]
     assert snapshot(cluster) == before
