@@ -274,6 +274,7 @@ class NodeAgent:
             known = set(st.ledger)
         for a in updated:
             self.regions.save(a)
+            log.info("region %s is %s's (learnt from the PodResources API)", a.region_id, a.owner())
         self._remove_orphans(known, grace)
 
     def _remove_orphans(self, known: set[str], grace: float) -> None:

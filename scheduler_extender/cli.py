@@ -140,6 +140,9 @@ def run(args: argparse.Namespace) -> int:
         synced = ext.wait_synced(SYNC_GC_GRACE)
         gc.enable()
         if synced or ext.wait_synced(3600):
+            counts = ext.state.counts()
+            print(f"memslice extender: synced with the API server (GPU nodes: {counts['nodes']}, GPU pods: "
+                  f"{counts['pods']}); ready", flush=True)
             gc.collect()
             gc.freeze()
 

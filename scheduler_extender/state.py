@@ -28,7 +28,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from json.encoder import encode_basestring_ascii
 from typing import Any, NamedTuple
 
 from memslice.scheduler_extender.annotations import (
@@ -41,6 +40,7 @@ from memslice.scheduler_extender.annotations import (
 )
 from memslice.scheduler_extender.constants import MAX_SCORE
 from memslice.scheduler_extender.resources import PodRequest, RequestError, effective_total, pod_request
+from memslice.scheduler_extender.wire import host_priority_json
 
 log = logging.getLogger(__name__)
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -568,11 +568,6 @@ class ClusterState:
     @property
     def synced(self) -> bool:
         return self.nodes_synced.is_set() and self.pods_synced.is_set()
-
-
-def host_priority_json(host: str, score: int) -> str:
-    """One HostPriority of the prioritize answer, as JSON text."""
-    return f'{{"Host":{encode_basestring_ascii(host)},"Score":{score}}}'
 
 
 def _gpu_view(g: Gpu, used: int) -> GpuView:

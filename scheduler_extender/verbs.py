@@ -182,7 +182,7 @@ class Verbs:
         summaries = self._recall(args.pod["metadata"].get("uid"), key, names)
         if summaries is None:
             summaries = self.state.summaries(names, key[0], key[1], decisions.score)
-        return 200, ("[" + ",".join([summary[2] for summary in summaries]) + "]").encode()
+        return 200, wire.host_priority_array([summary[2] for summary in summaries])
 
     def bind(self, body: Any) -> tuple[int, Any]:
         try:

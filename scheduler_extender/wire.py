@@ -217,11 +217,19 @@ def host_priority_list(scores: list[tuple[str, int]]) -> list[dict[str, Any]]:
     return [{"Host": host, "Score": s} for host, s in scores]
 
 
+def host_priority_json(host: str, score: int) -> str:
+    """One HostPriority as JSON text: prioritize answers are these, joined (see host_priority_array)."""
+    return f'{{"Host":{encode_basestring_ascii(host)},"Score":{int(score)}}}'
+
+
+def host_priority_array(items: list[str]) -> bytes:
+    """HostPriorityList as JSON bytes from host_priority_json texts (the server sends bytes as they are)."""
+    return ("[" + ",".join(items) + "]").encode()
+
+
 def encode_host_priority_list(hosts: list[str], scores: list[int]) -> bytes:
-    """host_priority_list(zip(hosts, scores)) as JSON bytes, written directly: about 3× faster than json.dumps
-    of 500 {Host, Score} dicts, and prioritize answers that for every pod. The server sends bytes as they are."""
-    return ("[" + ",".join([f'{{"Host":{encode_basestring_ascii(h)},"Score":{int(s)}}}'
-                            for h, s in zip(hosts, scores, strict=True)]) + "]").encode()
+    """host_priority_list(zip(hosts, scores)) as JSON bytes, written directly (no dict per host)."""
+    return host_priority_array([host_priority_json(h, s) for h, s in zip(hosts, scores, strict=True)])
 
 
 def binding_result(error: str = "") -> dict[str, Any]:

@@ -9,14 +9,17 @@ from __future__ import annotations
 import os
 import pathlib
 import subprocess
+import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 
 from memslice.paths import LibPaths, lib_paths
 
 TESTS = pathlib.Path(__file__).resolve().parent
+T = TypeVar("T")
 C_DIR = TESTS / "c"
 MiB = 1 << 20
 
@@ -104,14 +107,54 @@ def kv(text: str) -> dict[str, str]:
     return out
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 15.0, what: str = "condition") -> object:
-    """Poll `predicate` (another process's state) until it returns something truthy; fail after `timeout` s.
-    The short pause is the polling interval of a bounded wait, not a race fix."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
+class ChildLog:
+    """A child process's output (stdout and stderr together), read by a thread as it comes: kept in memory
+    and in `path` (for a person reading a failure), and waited on by condition: every line, and the end of
+    the output, wake the waiters, so a test waits for what the process says instead of polling a file."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], path: pathlib.Path) -> None:
+        assert proc.stdout is not None, "start the process with stdout=subprocess.PIPE"
+        self.proc, self.path = proc, path
+        self._chunks: list[str] = []
+        self._ended = False
+        self._cond = threading.Condition()
+        threading.Thread(target=self._read, name=f"log-{path.name}", daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        with open(self.path, "wb") as copy:
+            for line in iter(self.proc.stdout.readline, b""):
+                copy.write(line)
+                copy.flush()
+                with self._cond:
+                    self._chunks.append(line.decode(errors="replace"))
+                    self._cond.notify_all()
+        with self._cond:
+            self._ended = True
+            self._cond.notify_all()
+
+    def text(self) -> str:
+        """The output so far; all of it once the process has exited."""
+        with self._cond:
+            if self.proc.poll() is not None:
+                self._cond.wait_for(lambda: self._ended, 10)
+            return "".join(self._chunks)
+
+    def wait_for(self, predicate: Callable[[str], T | None], timeout: float = 15.0, what: str = "a log line") -> T:
+        """Wait until `predicate(output so far)` returns something truthy, and return it; fail when the
+        process ends first or after `timeout` s, with the output."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                value = predicate("".join(self._chunks))
+                if value:
+                    return value
+                if self._ended:
+                    raise AssertionError(f"the process ended (exit {self.proc.wait(10)}) before {what}:\n"
+                                         f"{''.join(self._chunks)}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"no {what} within {timeout} s:\n{''.join(self._chunks)}")
+                self._cond.wait(left)
+
+

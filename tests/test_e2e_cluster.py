@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
+from conftest import ChildLog
 from kube_standin import KubeApiStandin
 from kubelet_standin import KubeletStandin
 from test_extender_support import Cluster, plain_node, pod_obj
@@ -95,11 +95,15 @@ class GpuNode:
                str(self.dir / "pr" / "kubelet.sock"), "--region-root", str(self.dir / "regions"),
                "--shim-host-dir", str(self.dir / "lib"), "--metrics-address", "127.0.0.1", "--metrics-port",
                "0", "--reconcile-interval-s", "0.5", "--node-name", name, "--kubeconfig", kubeconfig]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        self.output = ChildLog(self.proc, self.log_path)
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        return self.output.text()
+
+    def wait_log(self, text: str, what: str) -> None:
+        """Wait until the agent's output contains `text`; fails at once if the agent exits first."""
+        self.output.wait_for(lambda out: text in out, 15, what)
 
     def alive(self) -> bool:
         if self.proc.poll() is not None:
@@ -142,8 +146,9 @@ def world() -> Iterator[tuple[Cluster, dict[str, GpuNode]]]:
         cluster.start()
         for n in nodes.values():
             n.kubelet.wait_registered(RESOURCE, timeout=30)
-        wait_for(lambda: all(n.alive() and (v := cluster.state.view(n.name)) is not None and v.gpus
-                               for n in nodes.values()), 30, "the node agents' inventories in the extender")
+        assert cluster.state.wait_for(lambda state: all(n.alive() and (v := state.view(n.name)) is not None
+                                                         and v.gpus for n in nodes.values()), 30), \
+            "the node agents' inventories never reached the extender"
         yield cluster, nodes
     finally:
         cluster.stop()
@@ -207,8 +212,7 @@ def test_pods_scheduled_admitted_and_held_to_their_quota(world) -> None:
             pod = kube.get("Pod", "default", name)
             ann = pod["metadata"]["annotations"]
             seen = f"pod default/{name}: the extender reserved GPU"
-            wait_for(lambda node=node, seen=seen: seen in node.log(), 15,
-                       f"node agent {node.name} to see the reservation of {name}")
+            node.wait_log(seen, f"node agent {node.name} to see the reservation of {name}")
             responses = node.kubelet.admit(pod["metadata"]["uid"], "default", name, list(containers.items()),
                                            RESOURCE)
             mib = json.loads(ann["memslice.io/gpu-mem-mib"])
@@ -245,8 +249,7 @@ def test_pods_scheduled_admitted_and_held_to_their_quota(world) -> None:
         assert schedule(cluster, nxt) == placed["fill"]
         ann = kube.get("Pod", "default", "next")["metadata"]["annotations"]
         assert ann["memslice.io/gpu-uuid"] == fill["metadata"]["annotations"]["memslice.io/gpu-uuid"]
-        wait_for(lambda: "pod default/next: the extender reserved GPU" in fill_node.log(), 15,
-                   "the node agent to see the new reservation")
+        fill_node.wait_log("pod default/next: the extender reserved GPU", "the node agent to see the new reservation")
         resp = fill_node.kubelet.admit(nxt["metadata"]["uid"], "default", "next", [("main", 3500)],
                                        RESOURCE)["main"]
         assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == ann["memslice.io/gpu-uuid"]

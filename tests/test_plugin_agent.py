@@ -17,10 +17,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
-from conftest import wait_for
+from conftest import ChildLog
 from kubelet_standin import KubeletStandin
 from memslice.proto import api_pb2
 from prometheus_client.parser import text_string_to_metric_families
@@ -63,6 +64,7 @@ class AgentProcess:
         self.args = args
         self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
+        self.output: ChildLog | None = None
         self._port: int | None = None
 
     def command(self) -> list[str]:
@@ -79,25 +81,29 @@ class AgentProcess:
         env.update({"MEMSLICE_SIM_STATE": str(self.sim_state), **self.env})
         self._port = None
         self.log_path = self.root / f"agent-{len(list(self.root.glob('agent-*.log')))}.log"
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         cwd=ROOT)
+        self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                     cwd=ROOT)
+        self.output = ChildLog(self.proc, self.log_path)
         return self
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        assert self.output is not None
+        return self.output.text()
+
+    def wait_log(self, needle: str | re.Pattern[str], what: str | None = None, timeout: float = 15.0) -> Any:
+        """Wait until the agent's output contains `needle` (a string, or a pattern: its match is returned);
+        fails at once if the agent exits first."""
+        assert self.output is not None
+        if isinstance(needle, str):
+            return self.output.wait_for(lambda text: needle in text, timeout, what or repr(needle))
+        return self.output.wait_for(needle.search, timeout, what or needle.pattern)
 
     @property
     def port(self) -> int:
         if self._port is None:
-            pattern = re.compile(r"metrics on http://127\.0\.0\.1:(\d+)/")
-            m = wait_for(lambda: pattern.search(self.log()) or self._died(), what="the metrics endpoint")
-            self._port = int(m.group(1))  # type: ignore[union-attr]
+            m = self.wait_log(re.compile(r"metrics on http://127\.0\.0\.1:(\d+)/"), "the metrics endpoint")
+            self._port = int(m.group(1))
         return self._port
-
-    def _died(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise AssertionError(f"agent exited with {self.proc.returncode}:\n{self.log()}")
 
     def get(self, path: str) -> tuple[int, str]:
         try:
@@ -183,7 +189,7 @@ def test_health_change_reaches_list_and_watch(node):
     agent = make(args=("--health-recovery-s", "2"))
     kubelet.wait_registered(RESOURCE)
     inject_xid(agent.sim_state, 1, 13)  # application Xid: ignored
-    wait_for(lambda: "Xid 13 ignored" in agent.log(), what="the ignored Xid")
+    agent.wait_log("Xid 13 ignored", "the ignored Xid")
     assert kubelet.allocatable(RESOURCE) == (16384 + 24576) // 4
     inject_xid(agent.sim_state, 1, 79)
     seen: dict[str, str] = {}
@@ -356,10 +362,10 @@ def test_region_directories_are_removed_when_the_pod_is_gone(node):
     keep_dir = Path(next(m.host_path for m in keep.mounts if m.container_path == "/run/memslice/region"))
     assert gone_dir.is_dir()
     kubelet.remove_pod("uid-1")
-    wait_for(lambda: not gone_dir.exists(), what="the region directory of the deleted pod to go")
+    agent.wait_log(f"removed region {gone_dir.name}", "the removal logged")  # logged once it is removed
+    assert not gone_dir.exists()
     assert not gone_dir.with_suffix(".json").exists()  # removed first
     assert keep_dir.is_dir()
-    wait_for(lambda: f"removed region {gone_dir.name}" in agent.log(), what="the removal logged")
 
 
 def test_metrics_are_scraped_over_http(node):
@@ -384,7 +390,7 @@ def test_agent_started_before_the_kubelet_registers_when_it_appears(short_tmp):
     agent = AgentProcess(short_tmp).start()
     kubelet = KubeletStandin(short_tmp / "dp", short_tmp / "pr" / "kubelet.sock")
     try:
-        wait_for(lambda: "waiting for the kubelet" in agent.log(), what="the agent to wait for kubelet.sock")
+        agent.wait_log("waiting for the kubelet", "the agent to wait for kubelet.sock")
         assert agent.get("/readyz")[0] == 503
         kubelet.start()
         kubelet.wait_registered(RESOURCE)

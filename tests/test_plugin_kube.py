@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kube_standin import KubeApiStandin
 from kubelet_standin import KubeletStandin
-from test_plugin_agent import RESOURCE, AgentProcess, inject_xid, wait_for
+from test_plugin_agent import RESOURCE, AgentProcess, inject_xid
 from test_plugin_agent import short_tmp as short_tmp  # the fixture, shared
 
 NODE = "node-a"
@@ -46,6 +47,16 @@ def inventory(api: KubeApiStandin) -> tuple[list[dict], str] | None:
     return json.loads(ann["memslice.io/gpus"]), ann["memslice.io/unit-mib"]
 
 
+def published(api: KubeApiStandin, agent: AgentProcess, ok: Any = lambda inv: True,
+              what: str = "the node inventory") -> tuple[list[dict], str]:
+    """Wait (on the API stand-in's writes) until the agent's inventory is on the Node and `ok(it)` holds."""
+    assert api.wait_for(lambda k: (inv := inventory(k)) is not None and ok(inv), 15), \
+        f"no {what} on the Node within 15 s; the agent's output:\n{agent.log()}"
+    inv = inventory(api)
+    assert inv is not None
+    return inv
+
+
 def pod(name: str, gpu_uuid: str | None, mem: dict[str, int] | str, at: str = "2026-11-21T00:00:00Z") -> dict:
     ann = {}
     if gpu_uuid is not None:
@@ -67,7 +78,7 @@ def uid_of(api: KubeApiStandin, name: str) -> str:
 def test_inventory_is_published_and_follows_health(cluster):
     api, kubelet, make = cluster
     agent = make(sim_gpus="16GiB,24GiB:1", unit_mib=4)
-    gpus, unit = wait_for(lambda: inventory(api), what="the node inventory")  # type: ignore[misc]
+    gpus, unit = published(api, agent)
     assert unit == "4"
     assert [set(g) for g in gpus] == [{"uuid", "index", "model", "memMiB", "numa", "healthy"}] * 2
     assert [(g["index"], g["memMiB"], g["numa"], g["healthy"]) for g in gpus] == [(0, 16384, 0, True),
@@ -76,8 +87,7 @@ def test_inventory_is_published_and_follows_health(cluster):
     assert "standalone" not in agent.log()
     kubelet.wait_registered(RESOURCE)
     inject_xid(agent.sim_state, 0, 48)
-    wait_for(lambda: [g["healthy"] for g in inventory(api)[0]] == [False, True],  # type: ignore[index]
-             what="GPU 0 published unhealthy")
+    published(api, agent, lambda inv: [g["healthy"] for g in inv[0]] == [False, True], "GPU 0 published unhealthy")
     assert agent.sample("memslice_gpu_healthy", gpu="0") == [0.0]
     assert agent.sample("memslice_gpu_healthy", gpu="1") == [1.0]
 
@@ -85,10 +95,10 @@ def test_inventory_is_published_and_follows_health(cluster):
 def test_preferred_allocation_honours_the_reservation(cluster):
     api, kubelet, make = cluster
     agent = make(unit_mib=4)
-    gpus, _ = wait_for(lambda: inventory(api), what="the node inventory")  # type: ignore[misc]
+    gpus, _ = published(api, agent)
     big = gpus[1]["uuid"]  # best fit alone would choose GPU 0, the smaller one
     api.put(pod("train", big, {"a": 400, "b": 800}))
-    wait_for(lambda: "default/train: the extender reserved GPU" in agent.log(), what="the pod watch")
+    agent.wait_log("default/train: the extender reserved GPU", "the pod watch")
     kubelet.wait_registered(RESOURCE)
     uid = uid_of(api, "train")
     kubelet.admit(uid, "default", "train", [("a", 100), ("b", 200)], RESOURCE)
@@ -109,17 +119,16 @@ def test_preferred_allocation_honours_the_reservation(cluster):
 def test_pod_watch_survives_api_server_restart_and_compaction(cluster):
     api, kubelet, make = cluster
     agent = make(unit_mib=4)
-    gpus, _ = wait_for(lambda: inventory(api), what="the node inventory")  # type: ignore[misc]
+    gpus, _ = published(api, agent)
     kubelet.wait_registered(RESOURCE)
-    wait_for(lambda: "pod watch: 0 pods" in agent.log(), what="the first pod list")
+    agent.wait_log("pod watch: 0 pods", "the first pod list")
     api.restart()  # drops the watch
     api.put(pod("after-restart", gpus[1]["uuid"], {"main": 40}))
-    wait_for(lambda: "default/after-restart: the extender reserved" in agent.log(),
-             what="a pod after restart")
+    agent.wait_log("default/after-restart: the extender reserved", "a pod after restart")
     api.compact()
     api.restart()  # the agent resumes from a compacted resourceVersion: 410 Gone, then a new list
     api.put(pod("after-compaction", gpus[1]["uuid"], {"main": 80}))
-    wait_for(lambda: "default/after-compaction: the extender reserved" in agent.log(), what="a pod after 410")
+    agent.wait_log("default/after-compaction: the extender reserved", "a pod after 410")
     assert "410 Gone" in agent.log()
     for name, units in (("after-restart", 10), ("after-compaction", 20)):
         uid = uid_of(api, name)
@@ -130,9 +139,9 @@ def test_pod_watch_survives_api_server_restart_and_compaction(cluster):
 def test_malformed_reservation_is_reported_and_best_fit_used(cluster):
     api, kubelet, make = cluster
     agent = make(unit_mib=4)
-    gpus, _ = wait_for(lambda: inventory(api), what="the node inventory")  # type: ignore[misc]
+    gpus, _ = published(api, agent)
     api.put(pod("bad", gpus[1]["uuid"], '{"main": "4GiB"}'))
-    wait_for(lambda: "default/bad: the extender reserved" in agent.log(), what="the pod watch")
+    agent.wait_log("default/bad: the extender reserved", "the pod watch")
     kubelet.wait_registered(RESOURCE)
     kubelet.admit(uid_of(api, "bad"), "default", "bad", [("main", 10)], RESOURCE)
     log = agent.log()
@@ -143,18 +152,17 @@ def test_malformed_reservation_is_reported_and_best_fit_used(cluster):
 def test_pod_deletion_removes_the_region_without_pod_resources(cluster):
     api, kubelet, make = cluster
     agent = make(args=("--pod-resources-socket", ""))
-    gpus, _ = wait_for(lambda: inventory(api), what="the node inventory")  # type: ignore[misc]
+    gpus, _ = published(api, agent)
     api.put(pod("short", gpus[0]["uuid"], {"main": 40}))
-    wait_for(lambda: "default/short: the extender reserved" in agent.log(), what="the pod watch")
+    agent.wait_log("default/short: the extender reserved", "the pod watch")
     kubelet.wait_registered(RESOURCE)
     uid = uid_of(api, "short")
     resp = kubelet.admit(uid, "default", "short", [("main", 10)], RESOURCE)["main"]
     region = Path(next(m.host_path for m in resp.mounts if m.container_path == "/run/memslice/region"))
     assert region.is_dir()
     api.delete("Pod", "default", "short")
-    wait_for(lambda: not region.exists(), what="the region of the deleted pod to go")
-    wait_for(lambda: f"removed region {region.name} of default/short/main" in agent.log(),
-             what="the removal logged with its owner")
+    agent.wait_log(f"removed region {region.name} of default/short/main", "the removal logged with its owner")
+    assert not region.exists()  # logged once it is removed
 
 
 def test_api_configured_without_a_node_name_refuses_to_start(short_tmp):
@@ -172,6 +180,6 @@ def test_inventory_publication_is_retried_after_api_errors(cluster):
     api.fail_next("PATCH", f"/nodes/{NODE}", 503)
     api.fail_next("PATCH", f"/nodes/{NODE}", 500)
     agent = make()
-    wait_for(lambda: inventory(api), what="the node inventory")
-    wait_for(lambda: "published after 2 failed attempts" in agent.log(), what="the agent's log line")
+    published(api, agent)
+    agent.wait_log("published after 2 failed attempts", "the agent's log line")
     assert "publishing the node inventory failed (attempt 1): 503" in agent.log()

@@ -85,8 +85,7 @@ void refuse(int dev, uint64_t n, const char *call) {
 
 CUresult charge(int dev, uint64_t n, const char *call) {
     if (try_charge(dev, n) == 0) return CUDA_SUCCESS;
-    ms_note_refused(&g_ledger, dev, 0);
-    shim_log_refusal(call, n, dev, 0);
+    refuse(dev, n, call);
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
