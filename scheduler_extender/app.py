@@ -45,7 +45,8 @@ class Extender:
         self.core = client.CoreV1Api(api_client)
         self.state = ClusterState(assume_ttl=config.assume_ttl, clock=clock)
         self.metrics = Metrics(self.state)
-        self.binder = Binder(self.core, PodWriter(api_client), self.state, config.policy, clock)
+        self.writer = PodWriter(api_client)
+        self.binder = Binder(self.core, self.writer, self.state, config.policy, clock)
         self.verbs = Verbs(self.state, self.binder, config.policy, self.metrics)
         self._stop = threading.Event()
         restart = self.metrics.watch_restarts
@@ -109,6 +110,7 @@ class Extender:
             self._serve = None
         self.httpd.close_connections()
         self.httpd.server_close()
+        self.writer.close()
         for inf in self.informers:
             inf.join(5)
 

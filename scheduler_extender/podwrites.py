@@ -1,80 +1,249 @@
-"""The two writes of every bind (the reservation PATCH and the Binding POST), made on the official client's
-own connection pool.
+"""The two writes of every bind (the reservation PATCH and the Binding POST), on keep-alive connections of
+their own, with the official client's configuration.
 
-Why not the generated `CoreV1Api` methods for these two: each generated call validates its arguments with
-pydantic, serialises them through the model layer and re-resolves the pool per request; on this project's
-benchmark machine that is 530 µs of CPU per call against 320 µs for the same request on the same pool
-(`python benchmarks/bench_extender.py` makes two per pod, so it is a fifth of the extender's CPU per pod).
-Everything that matters is still the client's: the urllib3 pool manager it built from the kubeconfig or
-service account (TLS, client certificates, proxy, pool size, retries), the authentication it refreshes
-(`Configuration.auth_settings()`, read as the generated code does, but at most once a second: with a
-kubeconfig, each read re-applies the whole config and scans the environment for proxies), its default
-headers and user agent. Errors are raised as the client's own `ApiException` (status, reason, body), so
-callers handle both paths alike. Reads, lists and watches keep the generated API.
+Why not the client's own path for these two (the generated `CoreV1Api` methods on its urllib3 pool): per
+call that is 530 µs of CPU through the generated layer (pydantic validation, model serialisation), and still
+270 µs straight on the pool (urllib3's pool bookkeeping, http.client's request building and its email-based
+header parser); here it is about 50 µs (measured against the tests' API stand-in on this project's 2-core
+machine). Two writes per bind make that the largest single share of the extender's CPU per scheduled pod,
+and that CPU is what limits how many pods per second one extender (one GIL) can bind. So this module writes
+the request line and headers itself (a fixed, small set), and leaves parsing the answer to `httptools`
+(llhttp, the parser of Node.js, as uvicorn uses it): status, chunked or sized bodies, keep-alive.
 
-The methods are named and ordered (name, namespace, body) as the generated `CoreV1Api` methods they stand
-in for, and make the same requests, so the RBAC test maps them to permissions like any other API call.
+Everything else comes from the client's `Configuration`, as the generated code would use it:
+- the server URL (with any path prefix), and TLS exactly as `kubernetes.client.rest` sets up its pool:
+  `verify_ssl`, `ssl_ca_cert` / `ca_cert_data`, client certificate and key, `assert_hostname`,
+  `tls_server_name`;
+- authentication from `Configuration.auth_settings()` (bearer tokens, exec plugins, refreshed tokens), read
+  at most once a second: with a kubeconfig, each read re-applies the whole config;
+- the client's default headers and user agent.
+With a proxy configured the writes go through the client's proxy-aware urllib3 manager instead (the slower
+path, but proxies are rare between a scheduler and its API server). Errors are the client's `ApiException`
+(status, reason, body), so callers treat both paths alike; no answer at all raises `OSError` (or
+`httptools.HttpParserError` for garbage). Writes are never retried here: a PATCH or POST whose answer was
+lost is ambiguous, and the binder resolves it by reading the pod. An idle connection the server has closed
+is noticed before it is reused (as urllib3 does) and replaced.
+
+The methods are named and ordered (name, namespace, body) as the generated `CoreV1Api` methods they stand in
+for, and make the same requests, so the RBAC test maps them to permissions like any other API call.
 """
 
 from __future__ import annotations
 
+import select
+import socket
+import ssl
 import threading
 import time
+from collections import deque
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
+import httptools
 import orjson
 import urllib3
 
 AUTH_TTL = 1.0  # seconds an auth header is reused before auth_settings() is asked again
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
+MAX_ANSWER = 16 << 20  # bytes of an answer body at most (a pod or a Status: kilobytes)
+MAX_IDLE = 32  # idle connections kept (the scheduler runs up to 16 binds at once by default)
+
+
+class _Answer:
+    """httptools callbacks for one HTTP response."""
+
+    __slots__ = ("reason", "chunks", "size", "done", "keep", "parser")
+
+    def __init__(self) -> None:
+        self.parser: Any = None
+        self.reset()
+
+    def reset(self) -> None:
+        self.reason = b""
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.done = False
+        self.keep = False
+
+    def on_status(self, reason: bytes) -> None:
+        self.reason += reason
+
+    def on_headers_complete(self) -> None:
+        self.keep = self.parser.should_keep_alive()  # llhttp forgets it once the message is complete
+
+    def on_body(self, body: bytes) -> None:
+        self.size += len(body)
+        if self.size > MAX_ANSWER:
+            raise ValueError(f"the API server's answer is larger than {MAX_ANSWER} bytes")
+        self.chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
+
+class _Connection:
+    """One keep-alive connection to the API server and its response parser."""
+
+    __slots__ = ("sock", "answer", "parser")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.answer = _Answer()
+        self.parser = self.answer.parser = httptools.HttpResponseParser(self.answer)
+
+    def exchange(self, request: bytes, timeout: float) -> tuple[int, bytes, bytes, bool]:
+        """Send `request`, read its answer: (status, reason, body, keep-alive)."""
+        deadline = time.monotonic() + timeout
+        answer = self.answer
+        answer.reset()
+        self.sock.settimeout(timeout)
+        self.sock.sendall(request)
+        while not answer.done:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no complete answer from the API server within {timeout} s")
+            self.sock.settimeout(left)
+            data = self.sock.recv(1 << 16)
+            if not data:
+                raise ConnectionError("the API server closed the connection before answering")
+            self.parser.feed_data(data)
+        return self.parser.get_status_code(), answer.reason, b"".join(answer.chunks), answer.keep
+
+    def dropped(self) -> bool:
+        """Whether the server closed this idle connection (it is readable: EOF, or bytes it should not send)."""
+        poller = select.poll()
+        try:
+            poller.register(self.sock, select.POLLIN)
+            return bool(poller.poll(0))
+        except (OSError, ValueError):
+            return True
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _tls_context(conf: Any) -> ssl.SSLContext:
+    """The client's TLS settings (kubernetes.client.rest builds its urllib3 pool from the same fields)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if conf.verify_ssl:
+        if conf.ssl_ca_cert or conf.ca_cert_data:
+            ctx.load_verify_locations(cafile=conf.ssl_ca_cert or None, cadata=conf.ca_cert_data or None)
+        else:
+            ctx.load_default_certs()
+        ctx.check_hostname = conf.assert_hostname is not False
+    else:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    if conf.cert_file:
+        ctx.load_cert_chain(conf.cert_file, conf.key_file or None)
+    ctx.set_alpn_protocols(["http/1.1"])
+    return ctx
+
+
+def _header_value(name: str, value: Any) -> str:
+    text = str(value)
+    if "\r" in text or "\n" in text:
+        raise ValueError(f"the client configuration's {name} header contains a line break")
+    return text
 
 
 class PodWriter:
     def __init__(self, api_client: Any) -> None:
         self.conf = api_client.configuration
         self.host = str(self.conf.host).rstrip("/")
-        self.prefix = urllib3.util.parse_url(self.host).path or ""
-        manager = api_client.rest_client.pool_manager
-        self.manager = manager
-        # a direct pool when there is no proxy (the usual case); a proxy manager needs absolute URLs
-        self.pool = manager.connection_from_url(self.host) if type(manager) is urllib3.PoolManager else None
-        self.base_headers = {"Accept": "application/json", "User-Agent": api_client.user_agent,
-                             **api_client.default_headers}
-        self._auth: tuple[float, dict[str, str]] = (-AUTH_TTL, {})
+        url = urlsplit(self.host)
+        self.prefix = url.path.rstrip("/")
+        self.manager = api_client.rest_client.pool_manager
+        # Our own connections unless the client goes through a proxy (then its proxy manager, by absolute URL).
+        self.direct = type(self.manager) is urllib3.PoolManager
+        self.tls = _tls_context(self.conf) if url.scheme == "https" else None
+        self.address = (url.hostname or "localhost", url.port or (443 if url.scheme == "https" else 80))
+        assert_name = self.conf.assert_hostname if isinstance(self.conf.assert_hostname, str) else None
+        self.server_name = self.conf.tls_server_name or assert_name or self.address[0]
+        self.base_headers = {"Host": url.netloc.rpartition("@")[2], "Accept": "application/json",
+                             "User-Agent": api_client.user_agent, **api_client.default_headers}
+        self._auth: tuple[float, dict[str, str], str] = (-AUTH_TTL, {}, "")
         self._auth_lock = threading.Lock()
+        self._idle: deque[_Connection] = deque()
 
-    def _auth_headers(self) -> dict[str, str]:
-        """The authentication headers of the client's configuration, refreshed every AUTH_TTL seconds."""
+    def _auth_headers(self) -> tuple[dict[str, str], str]:
+        """The client's auth headers (refreshed every AUTH_TTL seconds), and all fixed headers as HTTP text."""
         now = time.monotonic()
-        at, headers = self._auth
+        at, headers, text = self._auth
         if now - at < AUTH_TTL:
-            return headers
+            return headers, text
         with self._auth_lock:
             headers = {setting["key"]: setting["value"] for setting in self.conf.auth_settings().values()
                        if setting.get("in") == "header" and setting.get("value")}
-            self._auth = (now, headers)
-        return headers
+            text = "".join(f"{k}: {_header_value(k, v)}\r\n" for k, v in (self.base_headers | headers).items())
+            self._auth = (now, headers, text)
+        return headers, text
 
-    def _headers(self, content_type: str) -> dict[str, str]:
-        return {**self.base_headers, "Content-Type": content_type, **self._auth_headers()}
+    def _connect(self, timeout: float) -> _Connection:
+        sock = socket.create_connection(self.address, timeout=timeout)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.tls is not None:
+                sock = self.tls.wrap_socket(sock, server_hostname=self.server_name)
+        except BaseException:
+            sock.close()
+            raise
+        return _Connection(sock)
+
+    def _take(self, timeout: float) -> _Connection:
+        while True:
+            try:
+                conn = self._idle.pop()
+            except IndexError:
+                return self._connect(timeout)
+            if not conn.dropped():
+                return conn
+            conn.close()
+
+    def _give(self, conn: _Connection) -> None:
+        if len(self._idle) < MAX_IDLE:
+            self._idle.append(conn)
+        else:
+            conn.close()
+
+    def close(self) -> None:
+        """Close the idle connections."""
+        while self._idle:
+            self._idle.pop().close()
 
     def _request(self, method: str, path: str, body: Any, content_type: str, timeout: float) -> Any:
-        """The decoded JSON answer; ApiException on an HTTP error, urllib3 errors when no answer came."""
+        """The decoded JSON answer; ApiException on an HTTP error; OSError when no answer came."""
         from kubernetes.client.exceptions import ApiException
 
         data = orjson.dumps(body)
-        headers = self._headers(content_type)
-        t = urllib3.Timeout(total=timeout)
-        if self.pool is not None:
-            resp = self.pool.urlopen(method, self.prefix + path, body=data, headers=headers, timeout=t)
+        headers, fixed = self._auth_headers()
+        if self.direct:
+            head = (f"{method} {self.prefix}{path} HTTP/1.1\r\n{fixed}Content-Type: {content_type}\r\n"
+                    f"Content-Length: {len(data)}\r\n\r\n")
+            conn = self._take(timeout)
+            try:
+                status, reason_bytes, answer, keep = conn.exchange(head.encode() + data, timeout)
+            except BaseException:
+                conn.close()
+                raise
+            if keep:
+                self._give(conn)
+            else:
+                conn.close()
+            reason = reason_bytes.decode("latin-1")
         else:
-            resp = self.manager.urlopen(method, self.host + path, body=data, headers=headers, timeout=t)
-        if not 200 <= resp.status < 300:
-            raise ApiException(status=resp.status, reason=resp.reason,
-                               body=resp.data.decode("utf-8", "replace"))
-        return orjson.loads(resp.data)
+            resp = self.manager.urlopen(method, self.host + path, body=data,
+                                        headers={**self.base_headers, **headers, "Content-Type": content_type},
+                                        timeout=urllib3.Timeout(total=timeout))
+            status, reason, answer = resp.status, resp.reason or "", resp.data
+        if not 200 <= status < 300:
+            raise ApiException(status=status, reason=reason, body=answer.decode("utf-8", "replace"))
+        return orjson.loads(answer)
 
     @staticmethod
     def _pod_path(namespace: str, name: str) -> str:

@@ -19,7 +19,8 @@ Python client works unmodified against it:
   condition; 409 if the pod is already bound or a uid/resourceVersion precondition fails.
 
 Test hooks: `put`/`get`/`delete` bypass HTTP, `require_token` answers 401 to requests without that bearer
-token, `restart()` drops every open connection (watch streams
+token, `start(tls)` serves HTTPS, `connections` and `proxied` count connections and absolute-URL
+(proxy-form) requests, `restart()` drops every open connection (watch streams
 included) but keeps state, `compact()` makes every resourceVersion so far too old, `fail_next()`
 injects an error answer, and `request_counts` counts requests per (verb, resource).
 
@@ -34,6 +35,7 @@ import bisect
 import json
 import re
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -371,10 +373,13 @@ class KubeApiStandin:
         self._faults: list[tuple[str, str, int]] = []
         self._counts: Counter[tuple[str, str]] = Counter()
         self.require_token: str | None = None  # set: API requests without `Bearer <it>` get 401
+        self.connections = 0  # connections accepted so far
+        self.proxied = 0  # requests whose target was an absolute URL (as a client sends them to a proxy)
         self.url = ""
 
     # ---- lifecycle
-    def start(self) -> KubeApiStandin:
+    def start(self, tls: ssl.SSLContext | None = None) -> KubeApiStandin:
+        """Serve on a free port of 127.0.0.1; over HTTPS with `tls` (a server-side context)."""
         standin = self
 
         class Handler(_Handler):
@@ -389,7 +394,9 @@ class KubeApiStandin:
                 pass  # a dropped connection is normal here (restart(), clients going away)
 
         self._httpd = Server(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        if tls is not None:  # the handshake runs in accept(): fine for tests
+            self._httpd.socket = tls.wrap_socket(self._httpd.socket, server_side=True)
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self._httpd.server_address[1]}"
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="kube-standin", daemon=True)
         self._thread.start()
@@ -562,6 +569,7 @@ class _Handler(LeanRequestHandler):
         super().setup()
         with self.owner._conns_lock:
             self.owner._conns.add(self.connection)
+            self.owner.connections += 1
 
     def handle(self) -> None:
         try:
@@ -611,6 +619,8 @@ class _Handler(LeanRequestHandler):
 
     def _dispatch(self, method: str) -> None:
         parts = urlsplit(self.path)
+        if parts.scheme:
+            self.owner.proxied += 1
         query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
         try:
             raw = self._body()

@@ -7,8 +7,8 @@ method passed as a value (to `Watch().stream` or an informer) or called with `wa
 The rules bound to the component's ServiceAccount must be exactly that set: a missing rule fails the
 call in the cluster, an extra one is privilege nobody uses.
 
-A class that makes some of those calls on the client's connection pool itself (the extender's PodWriter,
-see podwrites.py) is a "mirror": its methods carry the names of the generated methods they stand in for,
+A class that makes some of those calls over HTTP itself, with the client's configuration (the extender's
+PodWriter, see podwrites.py) is a "mirror": its methods carry the names of the generated methods they stand in for,
 so they are mapped like them; a test here checks that each makes the request its name says.
 """
 
@@ -37,8 +37,8 @@ COMPONENTS = {
 # Ways to reach the API server that this scanner cannot map to permissions; code using them needs the
 # scanner extended first, so it fails here instead of silently passing.
 OPAQUE_CALLS = re.compile(r"\bcall_api\(|\bDynamicClient\b|\burllib\.request\b|"
-                          r"^\s*(?:import|from)\s+(?:requests|httpx|aiohttp|urllib3)\b", re.M)
-# mirror class -> the file that defines it (where reaching the pool through urllib3 is expected)
+                          r"^\s*(?:import|from)\s+(?:requests|httpx|aiohttp|urllib3|httptools|http\.client)\b", re.M)
+# mirror class -> the file that defines it (where reaching the API server by HTTP directly is expected)
 MIRRORS = {"PodWriter": "scheduler_extender/podwrites.py"}
 
 
@@ -228,7 +228,7 @@ def test_mirror_methods_make_the_requests_their_names_say() -> None:
                                                       "metadata": {"name": "p"}, "target": {"name": "n"}}),
     }
     public = {name for name, _ in inspect.getmembers(PodWriter, inspect.isfunction) if not name.startswith("_")}
-    assert public == set(calls), "a new PodWriter method needs a case here"
+    assert public - {"close"} == set(calls), "a new PodWriter method needs a case here"
     with KubeApiStandin() as kube, tempfile.TemporaryDirectory() as tmp:
         kube.put({"kind": "Pod", "metadata": {"name": "p", "namespace": "ns"},
                   "spec": {"containers": [{"name": "c", "image": "i"}]}})
