@@ -8,17 +8,20 @@ header parser); here it is about 50 µs (measured against the tests' API stand-i
 machine). Two writes per bind make that the largest single share of the extender's CPU per scheduled pod,
 and that CPU is what limits how many pods per second one extender (one GIL) can bind. So this module writes
 the request line and headers itself (a fixed, small set), and leaves parsing the answer to `httptools`
-(llhttp, the parser of Node.js, as uvicorn uses it): status, chunked or sized bodies, keep-alive.
+(llhttp, the parser of Node.js, as uvicorn uses it): status, chunked or sized bodies (or one that ends
+when the server closes), interim 1xx answers skipped, keep-alive; at most 1 MiB of headers and 16 MiB of
+body; one deadline per call covers connecting, the TLS handshake, sending and the whole answer.
 
 Everything else comes from the client's `Configuration`, as the generated code would use it:
-- the server URL (with any path prefix), and TLS exactly as `kubernetes.client.rest` sets up its pool:
-  `verify_ssl`, `ssl_ca_cert` / `ca_cert_data`, client certificate and key, `assert_hostname`,
-  `tls_server_name`;
+- the server URL (with any path prefix), and TLS as `kubernetes.client.rest` sets up its pool and urllib3
+  checks it: `verify_ssl`, `ssl_ca_cert` / `ca_cert_data`, client certificate and key, `tls_server_name`
+  (SNI), `assert_hostname=False`; the name is checked against subjectAltNames only, never the subject CN;
 - authentication from `Configuration.auth_settings()` (bearer tokens, exec plugins, refreshed tokens), read
   at most once a second: with a kubeconfig, each read re-applies the whole config;
 - the client's default headers and user agent.
-With a proxy configured the writes go through the client's proxy-aware urllib3 manager instead (the slower
-path, but proxies are rare between a scheduler and its API server). Errors are the client's `ApiException`
+With a proxy configured, or `assert_hostname` set to a name (urllib3 checks the certificate against it),
+the writes go through the client's urllib3 manager instead (the slower path, but both are rare between a
+scheduler and its API server). Errors are the client's `ApiException`
 (status, reason, body), so callers treat both paths alike; no answer at all raises `OSError` (or
 `httptools.HttpParserError` for garbage). Writes are never retried here: a PATCH or POST whose answer was
 lost is ambiguous, and the binder resolves it by reading the pod. An idle connection the server has closed
@@ -47,29 +50,39 @@ AUTH_TTL = 1.0  # seconds an auth header is reused before auth_settings() is ask
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 MAX_ANSWER = 16 << 20  # bytes of an answer body at most (a pod or a Status: kilobytes)
+MAX_HEAD = 1 << 20  # bytes before the end of an answer's headers at most
 MAX_IDLE = 32  # idle connections kept (the scheduler runs up to 16 binds at once by default)
 
 
 class _Answer:
-    """httptools callbacks for one HTTP response."""
+    """httptools callbacks for one HTTP response (interim 1xx answers are skipped, as http.client does)."""
 
-    __slots__ = ("reason", "chunks", "size", "done", "keep", "parser")
+    __slots__ = ("status", "reason", "chunks", "size", "head", "framed", "done", "keep", "parser")
 
     def __init__(self) -> None:
         self.parser: Any = None
         self.reset()
 
     def reset(self) -> None:
+        self.status = 0
         self.reason = b""
         self.chunks: list[bytes] = []
         self.size = 0
+        self.head = False  # the status line and headers are in
+        self.framed = False  # by Content-Length or chunked; otherwise the body ends when the server closes
         self.done = False
         self.keep = False
 
     def on_status(self, reason: bytes) -> None:
         self.reason += reason
 
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() in (b"content-length", b"transfer-encoding"):
+            self.framed = True
+
     def on_headers_complete(self) -> None:
+        self.head = True
+        self.status = self.parser.get_status_code()
         self.keep = self.parser.should_keep_alive()  # llhttp forgets it once the message is complete
 
     def on_body(self, body: bytes) -> None:
@@ -79,6 +92,9 @@ class _Answer:
         self.chunks.append(body)
 
     def on_message_complete(self) -> None:
+        if self.status < 200:  # 100 Continue, 103 Early Hints: the answer is still to come
+            self.reset()
+            return
         self.done = True
 
 
@@ -92,23 +108,30 @@ class _Connection:
         self.answer = _Answer()
         self.parser = self.answer.parser = httptools.HttpResponseParser(self.answer)
 
-    def exchange(self, request: bytes, timeout: float) -> tuple[int, bytes, bytes, bool]:
-        """Send `request`, read its answer: (status, reason, body, keep-alive)."""
-        deadline = time.monotonic() + timeout
+    def exchange(self, request: bytes, deadline: float) -> tuple[int, bytes, bytes, bool]:
+        """Send `request`, read its answer by `deadline` (time.monotonic()): (status, reason, body,
+        keep-alive)."""
         answer = self.answer
         answer.reset()
-        self.sock.settimeout(timeout)
+        self.sock.settimeout(max(deadline - time.monotonic(), 0.001))
         self.sock.sendall(request)
+        received = 0
         while not answer.done:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"no complete answer from the API server within {timeout} s")
+                raise TimeoutError("no complete answer from the API server in time")
             self.sock.settimeout(left)
             data = self.sock.recv(1 << 16)
             if not data:
+                if answer.head and not answer.framed and answer.status >= 200:  # body delimited by the close
+                    answer.done, answer.keep = True, False
+                    break
                 raise ConnectionError("the API server closed the connection before answering")
+            received += len(data)
+            if not answer.head and received > MAX_HEAD:
+                raise ValueError(f"the API server's answer has more than {MAX_HEAD} bytes of headers")
             self.parser.feed_data(data)
-        return self.parser.get_status_code(), answer.reason, b"".join(answer.chunks), answer.keep
+        return answer.status, answer.reason, b"".join(answer.chunks), answer.keep
 
     def dropped(self) -> bool:
         """Whether the server closed this idle connection (it is readable: EOF, or bytes it should not send)."""
@@ -136,6 +159,7 @@ def _tls_context(conf: Any) -> ssl.SSLContext:
         else:
             ctx.load_default_certs()
         ctx.check_hostname = conf.assert_hostname is not False
+        ctx.hostname_checks_common_name = False  # subjectAltName only, as urllib3 checks
     else:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
@@ -159,12 +183,12 @@ class PodWriter:
         url = urlsplit(self.host)
         self.prefix = url.path.rstrip("/")
         self.manager = api_client.rest_client.pool_manager
-        # Our own connections unless the client goes through a proxy (then its proxy manager, by absolute URL).
-        self.direct = type(self.manager) is urllib3.PoolManager
+        # Our own connections unless the client goes through a proxy (then its proxy manager, by absolute URL)
+        # or asserts a host name other than the one it connects to (urllib3's own check handles that).
+        self.direct = type(self.manager) is urllib3.PoolManager and not isinstance(self.conf.assert_hostname, str)
         self.tls = _tls_context(self.conf) if url.scheme == "https" else None
         self.address = (url.hostname or "localhost", url.port or (443 if url.scheme == "https" else 80))
-        assert_name = self.conf.assert_hostname if isinstance(self.conf.assert_hostname, str) else None
-        self.server_name = self.conf.tls_server_name or assert_name or self.address[0]
+        self.server_name = (self.conf.tls_server_name or self.address[0]).rstrip(".")  # SNI as urllib3 sends it
         self.base_headers = {"Host": url.netloc.rpartition("@")[2], "Accept": "application/json",
                              "User-Agent": api_client.user_agent, **api_client.default_headers}
         self._auth: tuple[float, dict[str, str], str] = (-AUTH_TTL, {}, "")
@@ -184,8 +208,8 @@ class PodWriter:
             self._auth = (now, headers, text)
         return headers, text
 
-    def _connect(self, timeout: float) -> _Connection:
-        sock = socket.create_connection(self.address, timeout=timeout)
+    def _connect(self, deadline: float) -> _Connection:
+        sock = socket.create_connection(self.address, timeout=max(deadline - time.monotonic(), 0.001))
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls is not None:
@@ -195,12 +219,12 @@ class PodWriter:
             raise
         return _Connection(sock)
 
-    def _take(self, timeout: float) -> _Connection:
+    def _take(self, deadline: float) -> _Connection:
         while True:
             try:
                 conn = self._idle.pop()
             except IndexError:
-                return self._connect(timeout)
+                return self._connect(deadline)
             if not conn.dropped():
                 return conn
             conn.close()
@@ -213,8 +237,11 @@ class PodWriter:
 
     def close(self) -> None:
         """Close the idle connections."""
-        while self._idle:
-            self._idle.pop().close()
+        while True:
+            try:
+                self._idle.pop().close()
+            except IndexError:
+                return
 
     def _request(self, method: str, path: str, body: Any, content_type: str, timeout: float) -> Any:
         """The decoded JSON answer; ApiException on an HTTP error; OSError when no answer came."""
@@ -225,9 +252,10 @@ class PodWriter:
         if self.direct:
             head = (f"{method} {self.prefix}{path} HTTP/1.1\r\n{fixed}Content-Type: {content_type}\r\n"
                     f"Content-Length: {len(data)}\r\n\r\n")
-            conn = self._take(timeout)
+            deadline = time.monotonic() + timeout
+            conn = self._take(deadline)
             try:
-                status, reason_bytes, answer, keep = conn.exchange(head.encode() + data, timeout)
+                status, reason_bytes, answer, keep = conn.exchange(head.encode() + data, deadline)
             except BaseException:
                 conn.close()
                 raise

@@ -93,11 +93,13 @@ def _certificates(tmp: Path) -> None:
         ossl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", f"/CN={ca}",
              "-keyout", f"{ca}.key", "-out", f"{ca}.crt")
     (tmp / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    for who in ("server", "client"):
-        ossl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={who}", "-keyout", f"{who}.key",
+    (tmp / "none.ext").write_text("basicConstraints=CA:FALSE\n")
+    for who, cn, ext in (("server", "server", "san.ext"), ("client", "client", "san.ext"),
+                         ("cn-only", "localhost", "none.ext")):  # a name in the subject only, no SAN
+        ossl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={cn}", "-keyout", f"{who}.key",
              "-out", f"{who}.csr")
         ossl("x509", "-req", "-in", f"{who}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-             "-days", "1", "-extfile", "san.ext", "-out", f"{who}.crt")
+             "-days", "1", "-extfile", ext, "-out", f"{who}.crt")
 
 
 def _kubeconfig(tmp: Path, url: str, cluster: dict[str, object], user: dict[str, object]) -> str:
@@ -146,6 +148,21 @@ def test_https_with_the_kubeconfigs_ca_and_client_certificate(tmp_path: Path) ->
     assert kube.connections == 2  # one each for the two writers that got in; `good` reused its own
 
 
+@needs_openssl
+def test_https_checks_subject_alt_names_only(tmp_path: Path) -> None:
+    """A certificate naming the host only in its subject CN is refused, as the official client refuses it."""
+    _certificates(tmp_path)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(tmp_path / "cn-only.crt", tmp_path / "cn-only.key")
+    with KubeApiStandin().start(tls) as kube:
+        _pod(kube)
+        url = kube.url.replace("127.0.0.1", "localhost")
+        writer = PodWriter(load_api_client(_kubeconfig(tmp_path, url, {"certificate-authority": str(
+            tmp_path / "ca.crt")}, {"token": "t"})))
+        with pytest.raises(ssl.SSLCertVerificationError, match="localhost"):
+            writer.patch_namespaced_pod("p", "ns", PATCH)
+
+
 # ------------------------------------------------------------------------------------------------ raw answers
 
 class CannedServer:
@@ -180,6 +197,8 @@ class CannedServer:
                         parser.feed_data(data)
                     answer, close = self.answers.pop(0)
                     conn.sendall(answer)
+                if not close:
+                    conn.recv(1)  # keep the connection open until the client closes it
 
     def on_url(self, url: bytes) -> None:  # httptools callbacks
         self.requests.append(url)
@@ -213,6 +232,37 @@ def test_chunked_and_connection_close_answers() -> None:
     server.close()
 
 
+def test_interim_1xx_answers_are_skipped() -> None:
+    def pod(rv: int) -> bytes:
+        body = b'{"metadata":{"name":"p","resourceVersion":"%d"}}' % rv
+        return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+    server = CannedServer([(b"HTTP/1.1 100 Continue\r\n\r\n" + pod(7), False),
+                           (b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n" + pod(8), False)])
+    writer = _writer(server.url)
+    assert writer.patch_namespaced_pod("p", "ns", PATCH)["metadata"]["resourceVersion"] == "7"
+    assert writer.patch_namespaced_pod("p", "ns", PATCH)["metadata"]["resourceVersion"] == "8"
+    assert server.connections == 1
+    server.close()
+    # an interim answer alone is not the answer: the writer waits for the final one (here, in vain)
+    server = CannedServer([(b"HTTP/1.1 100 Continue\r\n\r\n", False)])
+    writer = _writer(server.url)
+    with pytest.raises(TimeoutError):
+        writer.patch_namespaced_pod("p", "ns", PATCH, timeout=0.3)
+    assert not writer._idle
+    server.close()
+
+
+def test_an_answer_whose_body_ends_at_the_close() -> None:
+    server = CannedServer([(b'HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{"kind":"Status"}', True),
+                           (b'HTTP/1.1 201 Created\r\nConnection: close\r\n\r\n{"kind":"Pod"}', True)])
+    writer = _writer(server.url)
+    assert writer.patch_namespaced_pod("p", "ns", PATCH) == {"kind": "Status"}
+    assert writer.patch_namespaced_pod("p", "ns", PATCH) == {"kind": "Pod"}
+    assert server.connections == 2 and not writer._idle
+    server.close()
+
+
 def test_names_are_quoted_in_the_path() -> None:
     ok = b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n{}"
     server = CannedServer([(ok, False)])
@@ -225,6 +275,7 @@ def test_names_are_quoted_in_the_path() -> None:
     (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"cut\":", ConnectionError),  # closed mid-body
     (b"", ConnectionError),  # closed without a word
     (b"SPDY/9 what\r\n\r\n", httptools.HttpParserError),
+    (b"HTTP/1.1 200 OK\r\nX-Endless: " + b"a" * (2 << 20), ValueError),  # headers beyond MAX_HEAD
 ])
 def test_answers_cut_short_or_garbage_raise_and_drop_the_connection(answer: bytes, error: type) -> None:
     server = CannedServer([(answer, True)])
