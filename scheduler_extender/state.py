@@ -28,6 +28,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from memslice.scheduler_extender.annotations import (
@@ -48,6 +49,7 @@ UNKNOWN_RV = 1 << 62  # pending charges wait for a version this new until the bi
 MAX_SUMMARY_TABLES = 64  # memoised tables (one per pod size and policy seen); all dropped beyond that
 CHANGE_LOG = 4096  # (generation, node) of the latest view changes, for ClusterState.changed_since
 Summary = tuple[bool, int, str]  # (surely fits now, score, its HostPriority JSON): see ClusterState.summaries
+_SURE = itemgetter(0)
 
 
 def resource_version(meta: dict[str, Any]) -> int:
@@ -489,9 +491,10 @@ class ClusterState:
         return self.summaries_at(names, devices, policy, score)[1]
 
     def summaries_at(self, names: list[str], devices: int, policy: str,
-                     score: Callable[[NodeView, int, str], int]) -> tuple[int, list[Summary]]:
-        """(generation, summaries): the summaries are valid at that generation; changed_since() names the
-        nodes whose summaries may have changed after it (prioritize reuses filter's answer that way).
+                     score: Callable[[NodeView, int, str], int]) -> tuple[int, list[Summary], bool]:
+        """(generation, summaries, whether every one "surely fits"): the summaries are valid at that
+        generation; changed_since() names the nodes whose summaries may have changed after it (prioritize
+        reuses filter's answer that way). A name that is not a string raises TypeError (or gets no memo).
         Per name, (surely fits, score, HostPriority JSON) for a pod of `devices` units under `policy`:
         "surely fits" is decisions.fit's O(1) case (False means "ask decisions.fit": it may still fit, or
         not, or the node is unknown), the score is `score(view, devices × unit, policy)` (0 without a view),
@@ -506,7 +509,12 @@ class ClusterState:
                 if len(self._summaries) >= MAX_SUMMARY_TABLES:
                     self._summaries.clear()
                 table = self._summaries[key] = {}
-            out: list[Summary | None] = [table.get(n) for n in names]
+            out: list[Summary | None] = list(map(table.get, names))
+            try:  # the usual case, in one pass over the table's entries (each one a CPU-cache miss)
+                if all(map(_SURE, out)):
+                    return self._generation, out, True  # type: ignore[return-value]  # no None in it
+            except TypeError:  # a None: a name not memoised (yet)
+                pass
             if None in out:
                 views = self._views
                 for i, n in enumerate(names):
@@ -524,7 +532,7 @@ class ClusterState:
                                                               for v in range(MAX_SCORE + 1)]
                         value = score(view, need, policy)
                         out[i] = table[n] = (sure, value, fragments[value])
-            return self._generation, out  # type: ignore[return-value]  # no None left
+            return self._generation, out, all(map(_SURE, out))  # type: ignore[return-value]  # no None left
 
     def views_of(self, names: list[str]) -> list[NodeView | None]:
         """Views of many nodes under one lock (filter and prioritize ask for hundreds at a time)."""

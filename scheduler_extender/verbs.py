@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import Any
 
 from memslice.scheduler_extender import decisions, wire
@@ -41,7 +40,6 @@ class FilterMemo:
     summaries: list[Summary]
 
 
-_SURE = itemgetter(0)
 
 
 class Verbs:
@@ -83,7 +81,7 @@ class Verbs:
         if changed is None:
             return None
         summaries = memo.summaries
-        if changed:
+        if changed and not changed.isdisjoint(names):
             stale = [i for i, n in enumerate(names) if n in changed]
             if stale:
                 summaries = list(summaries)
@@ -111,14 +109,35 @@ class Verbs:
 
     def filter(self, body: Any) -> tuple[int, Any]:
         try:
-            args = wire.decode_extender_args(body)
+            args = wire.decode_extender_args(body, check=False)
+        except WireError as exc:
+            return 400, wire.filter_result(None, [], {}, {}, str(exc))
+        try:
+            request: PodRequest | None = pod_request(args.pod)
+            pod_error = ""
+        except RequestError as exc:
+            request, pod_error = None, str(exc)
+        found = None
+        if request is not None and self.state.synced and args.node_names is not None:
+            # The usual case first, before the names are checked one by one: if the state knows them all
+            # as nodes where the pod surely fits, they are nodes' names, valid by construction.
+            self.state.expire()
+            key = (request.devices, request.policy or self.default_policy)
+            try:
+                found = self.state.summaries_at(args.node_names, key[0], key[1], decisions.score)
+            except TypeError:  # not a string: check_names says which
+                found = None
+            if found is not None and found[2]:
+                self._remember(args.pod["metadata"].get("uid"), FilterMemo(key, args.node_names, found[0],
+                                                                            found[1]))
+                return 200, wire.filter_result(args, list(args.node_names), {}, {})
+        try:
+            args = wire.check_names(args)
         except WireError as exc:
             return 400, wire.filter_result(None, [], {}, {}, str(exc))
         names = args.names()
-        try:
-            request = pod_request(args.pod)
-        except RequestError as exc:
-            return 200, wire.filter_result(args, [], {}, {}, str(exc))
+        if pod_error:
+            return 200, wire.filter_result(args, [], {}, {}, pod_error)
         if request is None:  # not a memslice pod: untouched
             return 200, wire.filter_result(args, list(names), {}, {})
         if not self.state.synced:
@@ -130,11 +149,9 @@ class Verbs:
         devices = request.devices
         own = self._own_charge(args.pod)
         key = (devices, request.policy or self.default_policy)
-        generation, summaries = self.state.summaries_at(names, key[0], key[1], decisions.score)
+        generation, summaries, _ = found if found is not None else self.state.summaries_at(
+            names, key[0], key[1], decisions.score)
         uid = args.pod["metadata"].get("uid")
-        if all(map(_SURE, summaries)):  # the usual case: every node has room on some GPU
-            self._remember(uid, FilterMemo(key, names, generation, summaries))
-            return 200, wire.filter_result(args, list(names), {}, {})
         fast = [summary[0] for summary in summaries]
         slow = [n for n, ok in zip(names, fast, strict=True) if not ok]
         slow_views = dict(zip(slow, self.state.views_of(slow), strict=True))
@@ -167,21 +184,35 @@ class Verbs:
 
     def prioritize(self, body: Any) -> tuple[int, Any]:
         try:
-            args = wire.decode_extender_args(body)
+            args = wire.decode_extender_args(body, check=False)
         except WireError as exc:
             return 400, {"Error": str(exc)}
-        names = args.names()
         try:
             request: PodRequest | None = pod_request(args.pod)
         except RequestError as exc:
-            return 400, {"Error": str(exc)}  # HostPriorityList has no Error field
+            request, pod_error = None, str(exc)
+        else:
+            pod_error = ""
+        summaries = None
+        if request is not None and self.state.synced and args.node_names is not None:
+            # the names filter answered (the usual case) were checked by filter: equal ones need no check
+            key = (request.devices, request.policy or self.default_policy)
+            self.state.expire()
+            summaries = self._recall(args.pod["metadata"].get("uid"), key, args.node_names)
+            if summaries is not None:
+                return 200, wire.host_priority_array([summary[2] for summary in summaries])
+        try:
+            args = wire.check_names(args)
+        except WireError as exc:
+            return 400, {"Error": str(exc)}
+        names = args.names()
+        if pod_error:
+            return 400, {"Error": pod_error}  # HostPriorityList has no Error field
         if request is None or not self.state.synced:
             return 200, wire.encode_host_priority_list(names, [0] * len(names))
         key = (request.devices, request.policy or self.default_policy)
         self.state.expire()
-        summaries = self._recall(args.pod["metadata"].get("uid"), key, names)
-        if summaries is None:
-            summaries = self.state.summaries(names, key[0], key[1], decisions.score)
+        summaries = self.state.summaries(names, key[0], key[1], decisions.score)
         return 200, wire.host_priority_array([summary[2] for summary in summaries])
 
     def bind(self, body: Any) -> tuple[int, Any]:

@@ -74,6 +74,7 @@ class ExtenderArgs:
     pod: dict[str, Any]
     node_names: list[str] | None  # nodeCacheCapable
     nodes: list[dict[str, Any]] | None  # full NodeList items otherwise
+    names_checked: bool = True  # False: node_names is a list of anything yet (see check_names)
 
     def names(self) -> list[str]:
         if self.node_names is not None:
@@ -81,7 +82,19 @@ class ExtenderArgs:
         return [n["metadata"]["name"] for n in self.nodes or []]
 
 
-def decode_extender_args(body: Any) -> ExtenderArgs:
+def check_names(args: ExtenderArgs) -> ExtenderArgs:
+    """`args` with its NodeNames checked (WireError names the first bad one)."""
+    raw = args.node_names
+    if args.names_checked or raw is None:
+        return args
+    names = raw if _all_names(raw) else [_name(n, f"ExtenderArgs.NodeNames[{i}]") for i, n in enumerate(raw)]
+    return ExtenderArgs(args.pod, names, args.nodes)
+
+
+def decode_extender_args(body: Any, check: bool = True) -> ExtenderArgs:
+    """The request's ExtenderArgs. With check=False the NodeNames are not checked one by one yet: the verbs
+    first look them up, and a name found among the nodes the extender knows is a node's name, valid by
+    construction; they call check_names() before anything else reads or echoes the names."""
     args = _object(body, "request body (ExtenderArgs)")
     pod = decode_pod(_field(args, "Pod", "ExtenderArgs"))
     raw_names = _field(args, "NodeNames", "ExtenderArgs", required=False)
@@ -98,10 +111,9 @@ def decode_extender_args(body: Any) -> ExtenderArgs:
                             f"{type(raw_names).__name__}")
         if len(raw_names) > MAX_NODE_NAMES:
             raise WireError(f"ExtenderArgs.NodeNames has {len(raw_names)} names; at most {MAX_NODE_NAMES}")
-        if _all_names(raw_names):  # the fast, usual case
-            names = raw_names
-        else:
-            names = [_name(n, f"ExtenderArgs.NodeNames[{i}]") for i, n in enumerate(raw_names)]
+        if not check:
+            return ExtenderArgs(pod, raw_names, None, names_checked=False)
+        names = check_names(ExtenderArgs(pod, raw_names, None, names_checked=False)).node_names
     nodes = None
     if raw_nodes is not None and names is None:
         node_list = _object(raw_nodes, "ExtenderArgs.Nodes")

@@ -95,6 +95,25 @@ def test_hostile_quantities_and_node_names(cluster: Cluster, qty, names) -> None
     assert snapshot(cluster) == before
 
 
+@pytest.mark.parametrize("bad", ["", 7, None, ["n"], {"n": 1}, "x" * 300, True])
+@pytest.mark.parametrize("first", [True, False])
+def test_a_bad_name_among_known_nodes_is_a_400(cluster: Cluster, bad, first: bool) -> None:
+    """Names are looked up before they are checked one by one (a known node's name is valid by construction):
+    a bad one still gets a 400 naming it, in filter and in the prioritize that follows a filter."""
+    pod = pod_obj("mixed", {"main": 1000})
+    pod["metadata"]["uid"] = "mixed-uid"
+    names = [bad, "n"] if first else ["n", bad]
+    where = f"NodeNames[{0 if first else 1}]"
+    before = snapshot(cluster)
+    assert cluster.c.filter(pod, ["n"])["NodeNames"] == ["n"]  # leaves a memo for prioritize
+    status, body = cluster.c.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
+    assert status == 400 and where in body["Error"] and body["NodeNames"] is None, body
+    assert cluster.c.filter(pod, ["n"])["NodeNames"] == ["n"]
+    status, body = cluster.c.post("prioritize", {"Pod": pod, "Nodes": None, "NodeNames": names})
+    assert status == 400 and where in body["Error"], body
+    assert snapshot(cluster) == before
+
+
 @pytest.mark.parametrize(("qty", "words"), [("-4096", "negative"), ("1e30", "absurdly large"),
                                             ("0.5", "whole number"), ("four", "not a Kubernetes quantity")])
 def test_bad_quantity_is_an_error_naming_value_and_fix(cluster: Cluster, qty: str, words: str) -> None:
