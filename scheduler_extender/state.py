@@ -46,7 +46,7 @@ from memslice.scheduler_extender.wire import host_priority_json
 log = logging.getLogger(__name__)
 TERMINAL_PHASES = ("Succeeded", "Failed")
 UNKNOWN_RV = 1 << 62  # pending charges wait for a version this new until the bind says otherwise
-MAX_SUMMARY_TABLES = 64  # memoised tables (one per pod size and policy seen); all dropped beyond that
+MAX_SUMMARY_TABLES = 32  # memoised tables (one per pod size and policy seen); all dropped beyond that
 CHANGE_LOG = 4096  # (generation, node) of the latest view changes, for ClusterState.changed_since
 Summary = tuple[bool, int, str]  # (surely fits now, score, its HostPriority JSON): see ClusterState.summaries
 _SURE = itemgetter(0)
@@ -106,6 +106,17 @@ class NodeView:
                    max((g.mem_mib for g in healthy), default=0),
                    sum(max(g.free_mib, 0) for g in healthy), healthy, by_free,
                    tuple(g.free_mib for g in by_free), most_free)
+
+
+@dataclass(slots=True)
+class SummaryTable:
+    """The memo of one pod size and policy: node -> Summary, and node -> HostPriority JSON for the nodes
+    where such a pod surely fits. The second is filter's usual case in one C-speed pass (`",".join` over
+    the lookups fails on the first node missing from it), and its result is prioritize's answer."""
+
+    score: Callable[[NodeView, int, str], int]
+    all: dict[str, Summary]
+    sure: dict[str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,8 +215,9 @@ class ClusterState:
         self._gpu_node: dict[str, str] = {}
         self._views: dict[str, NodeView] = {}
         self._dirty: set[str] = set()
-        # per (devices, policy): node -> Summary, dropped for a node whenever its view is rebuilt
-        self._summaries: dict[tuple[int, str], dict[str, Summary]] = {}
+        # per (devices, policy): the memo of summaries (see SummaryTable), recomputed for a node whenever its
+        # view is rebuilt
+        self._summaries: dict[tuple[int, str], SummaryTable] = {}
         self._host_json: dict[str, list[str]] = {}  # node -> its HostPriority JSON for each score 0..MAX_SCORE
         self._generation = 0  # bumped whenever a node's view (and so its summaries) may have changed
         self._changes: deque[tuple[int, str]] = deque(maxlen=CHANGE_LOG)
@@ -445,22 +457,46 @@ class ClusterState:
 
     def _rebuild(self, name: str) -> None:
         self._dirty.discard(name)
-        self._forget_summaries(name)
         inv = self._inventory.get(name)
         if inv is None:
+            self._forget_summaries(name)
             if name in self._node_error:
                 self._views[name] = NodeView.of(name, 1, (), 0, self._node_error[name])
             else:
                 self._views.pop(name, None)
             return
         gpus = tuple(_gpu_view(g, self._used.get(g.uuid, 0)) for g in inv.gpus)
-        self._views[name] = NodeView.of(name, inv.unit_mib, gpus, self._unplaced.get(name, 0) * inv.unit_mib)
+        view = self._views[name] = NodeView.of(name, inv.unit_mib, gpus,
+                                               self._unplaced.get(name, 0) * inv.unit_mib)
+        # Recomputed now rather than dropped: the memo stays complete, so filter's usual case stays one pass.
+        # A few µs per table; the tables are bounded (MAX_SUMMARY_TABLES).
+        for (devices, policy), table in self._summaries.items():
+            summary = table.all[name] = self._summary(name, view, devices, policy, table.score)
+            if summary[0]:
+                table.sure[name] = summary[2]
+            else:
+                table.sure.pop(name, None)
+        self._changed_node(name)
 
     def _forget_summaries(self, name: str) -> None:
         for table in self._summaries.values():
-            table.pop(name, None)
+            table.all.pop(name, None)
+            table.sure.pop(name, None)
+        self._changed_node(name)
+
+    def _changed_node(self, name: str) -> None:
         self._generation += 1
         self._changes.append((self._generation, name))
+
+    def _summary(self, name: str, view: NodeView, devices: int, policy: str,
+                 score: Callable[[NodeView, int, str], int]) -> Summary:
+        need = devices * view.unit_mib
+        sure = view.max_free_mib >= need and not view.unplaced_mib and not view.error and view.most_free is not None
+        fragments = self._host_json.get(name)
+        if fragments is None:
+            fragments = self._host_json[name] = [host_priority_json(name, v) for v in range(MAX_SCORE + 1)]
+        value = score(view, need, policy)
+        return sure, value, fragments[value]
 
     def changed_since(self, generation: int) -> set[str] | None:
         """Nodes whose summaries may differ from those of `generation` (see summaries_at); None when
@@ -503,18 +539,9 @@ class ClusterState:
         prioritize of one pod read the same table, so the second finds it in the CPU caches."""
         with self.lock:
             self._flush()
-            key = (devices, policy)
-            table = self._summaries.get(key)
-            if table is None:
-                if len(self._summaries) >= MAX_SUMMARY_TABLES:
-                    self._summaries.clear()
-                table = self._summaries[key] = {}
-            out: list[Summary | None] = list(map(table.get, names))
-            try:  # the usual case, in one pass over the table's entries (each one a CPU-cache miss)
-                if all(map(_SURE, out)):
-                    return self._generation, out, True  # type: ignore[return-value]  # no None in it
-            except TypeError:  # a None: a name not memoised (yet)
-                pass
+            table = self._table(devices, policy, score)
+            memo = table.all
+            out: list[Summary | None] = list(map(memo.get, names))
             if None in out:
                 views = self._views
                 for i, n in enumerate(names):
@@ -523,16 +550,31 @@ class ClusterState:
                         if view is None:  # not memoised: the node may appear any time
                             out[i] = (False, 0, host_priority_json(n, 0))
                             continue
-                        need = devices * view.unit_mib
-                        sure = (view.max_free_mib >= need and not view.unplaced_mib and not view.error
-                                and view.most_free is not None)
-                        fragments = self._host_json.get(n)
-                        if fragments is None:
-                            fragments = self._host_json[n] = [host_priority_json(n, v)
-                                                              for v in range(MAX_SCORE + 1)]
-                        value = score(view, need, policy)
-                        out[i] = table[n] = (sure, value, fragments[value])
+                        summary = out[i] = memo[n] = self._summary(n, view, devices, policy, score)
+                        if summary[0]:
+                            table.sure[n] = summary[2]
             return self._generation, out, all(map(_SURE, out))  # type: ignore[return-value]  # no None left
+
+    def sure_items(self, names: list[str], devices: int, policy: str,
+                   score: Callable[[NodeView, int, str], int]) -> tuple[int, str] | None:
+        """Filter's usual case: when a pod of `devices` units surely fits on every one of `names`, the
+        generation (as summaries_at) and their HostPriority JSON joined with commas (prioritize's answer
+        inside its brackets); None otherwise, names that are not strings included (then ask summaries_at)."""
+        with self.lock:
+            self._flush()
+            try:  # one pass in C: join() refuses the first None, a node missing from the sure memo
+                return self._generation, ",".join(map(self._table(devices, policy, score).sure.get, names))
+            except TypeError:  # that, or a name that is no string: summaries_at tells them apart
+                return None
+
+    def _table(self, devices: int, policy: str, score: Callable[[NodeView, int, str], int]) -> SummaryTable:
+        key = (devices, policy)
+        table = self._summaries.get(key)
+        if table is None:
+            if len(self._summaries) >= MAX_SUMMARY_TABLES:
+                self._summaries.clear()
+            table = self._summaries[key] = SummaryTable(score, {}, {})
+        return table
 
     def views_of(self, names: list[str]) -> list[NodeView | None]:
         """Views of many nodes under one lock (filter and prioritize ask for hundreds at a time)."""

@@ -37,7 +37,8 @@ class FilterMemo:
     key: tuple[int, str]  # (devices, policy)
     names: list[str]
     generation: int
-    summaries: list[Summary]
+    summaries: list[Summary] | None  # None when filter took the usual case (ClusterState.sure_items) ...
+    items: str | None = None  # ... and kept prioritize's answer instead: HostPriority JSON joined by commas
 
 
 
@@ -69,8 +70,9 @@ class Verbs:
             self._memo_names -= len(memo.names)
         return memo
 
-    def _recall(self, uid: Any, key: tuple[int, str], names: list[str]) -> list[Summary] | None:
-        """Filter's summaries for this pod and these names, brought up to date; None if there are none."""
+    def _recall(self, uid: Any, key: tuple[int, str], names: list[str]) -> bytes | None:
+        """Prioritize's answer from filter's memo for this pod and these names, brought up to date; None if
+        there is none (or it cannot be brought up to date cheaply)."""
         if not isinstance(uid, str) or not uid:
             return None
         with self._memos_lock:
@@ -80,15 +82,19 @@ class Verbs:
         changed = self.state.changed_since(memo.generation)
         if changed is None:
             return None
-        summaries = memo.summaries
-        if changed and not changed.isdisjoint(names):
-            stale = [i for i, n in enumerate(names) if n in changed]
-            if stale:
-                summaries = list(summaries)
-                fresh = self.state.summaries([names[i] for i in stale], key[0], key[1], decisions.score)
-                for i, summary in zip(stale, fresh, strict=True):
-                    summaries[i] = summary
-        return summaries
+        if not changed or changed.isdisjoint(names):
+            if memo.items is not None:
+                return ("[" + memo.items + "]").encode()
+            assert memo.summaries is not None
+            return wire.host_priority_array([summary[2] for summary in memo.summaries])
+        if memo.summaries is None:  # some of the nodes changed since filter's usual case: ask again
+            return None
+        summaries = list(memo.summaries)
+        stale = [i for i, n in enumerate(names) if n in changed]
+        fresh = self.state.summaries([names[i] for i in stale], key[0], key[1], decisions.score)
+        for i, summary in zip(stale, fresh, strict=True):
+            summaries[i] = summary
+        return wire.host_priority_array([summary[2] for summary in summaries])
 
     def _unfit_reason(self, name: str) -> tuple[bool, str]:
         """(unresolvable, reason) for a node without a view."""
@@ -123,6 +129,11 @@ class Verbs:
             # as nodes where the pod surely fits, they are nodes' names, valid by construction.
             self.state.expire()
             key = (request.devices, request.policy or self.default_policy)
+            usual = self.state.sure_items(args.node_names, key[0], key[1], decisions.score)
+            if usual is not None:
+                self._remember(args.pod["metadata"].get("uid"), FilterMemo(key, args.node_names, usual[0], None,
+                                                                            usual[1]))
+                return 200, wire.filter_result(args, list(args.node_names), {}, {})
             try:
                 found = self.state.summaries_at(args.node_names, key[0], key[1], decisions.score)
             except TypeError:  # not a string: check_names says which
@@ -193,14 +204,13 @@ class Verbs:
             request, pod_error = None, str(exc)
         else:
             pod_error = ""
-        summaries = None
         if request is not None and self.state.synced and args.node_names is not None:
             # the names filter answered (the usual case) were checked by filter: equal ones need no check
             key = (request.devices, request.policy or self.default_policy)
             self.state.expire()
-            summaries = self._recall(args.pod["metadata"].get("uid"), key, args.node_names)
-            if summaries is not None:
-                return 200, wire.host_priority_array([summary[2] for summary in summaries])
+            answer = self._recall(args.pod["metadata"].get("uid"), key, args.node_names)
+            if answer is not None:
+                return 200, answer
         try:
             args = wire.check_names(args)
         except WireError as exc:

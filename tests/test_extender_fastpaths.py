@@ -40,6 +40,16 @@ def check_summaries(state: ClusterState, names: list[str]) -> None:
                 if ok:
                     assert decisions.fit(view, need).ok
                 assert score == decisions.score(view, need, policy), (name, devices, policy)
+            fitting = [n for n, (ok, _, _) in zip(names, summaries, strict=True) if ok]
+            for some in (names, fitting, *([n] for n in names)):
+                # filter's usual case answers exactly when every node surely fits, with prioritize's items
+                usual = state.sure_items(some, devices, policy, decisions.score)
+                fits = {n: ok for n, (ok, _, _) in zip(names, summaries, strict=True)}
+                if all(fits[n] for n in some):
+                    assert usual is not None and json.loads(f"[{usual[1]}]") == [
+                        json.loads(h) for n, (_, _, h) in zip(names, summaries, strict=True) if n in some]
+                else:
+                    assert usual is None, (some, devices, policy)
 
 
 def test_memoised_fits_and_scores_follow_every_change() -> None:
