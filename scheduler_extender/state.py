@@ -205,6 +205,12 @@ def derive_charge(rec: PodRecord, now: float, assume_ttl: float) -> Charge | Non
     return None
 
 
+def _effect(c: Charge) -> tuple[object, ...]:
+    """What a charge does to the views: MiB on a GPU (whichever node the pod is bound to, if any), or
+    devices unplaced on a node."""
+    return (c.gpu_uuid, c.mib) if c.gpu_uuid is not None else (None, c.node, c.devices)
+
+
 class ClusterState:
     def __init__(self, assume_ttl: float = 120.0, clock: Callable[[], float] = time.time) -> None:
         self.assume_ttl = assume_ttl
@@ -364,13 +370,18 @@ class ClusterState:
         else:
             rec = self._pods.get(uid)
             new = derive_charge(rec, self.clock(), self.assume_ttl) if rec is not None else None
-        if new != old:  # an unchanged charge (the watch confirming a bind's hold) leaves the views as they are
-            if old is not None:
-                del self._charges[uid]
-                self._apply(old, -1)
-            if new is not None:
+        if new != old:
+            if old is not None and new is not None and _effect(old) == _effect(new):
+                # The same MiB on the same GPU (the watch delivering the pod a bind wrote: first unbound with
+                # its reservation, then bound): the record changes, the views stay as they are.
                 self._charges[uid] = new
-                self._apply(new, +1)
+            else:
+                if old is not None:
+                    del self._charges[uid]
+                    self._apply(old, -1)
+                if new is not None:
+                    self._charges[uid] = new
+                    self._apply(new, +1)
         self._expiring.pop(uid, None)
         if new is not None and new.expires is not None:
             self._expiring[uid] = new.expires

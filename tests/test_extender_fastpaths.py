@@ -168,13 +168,20 @@ def test_an_unchanged_charge_leaves_the_view_alone() -> None:
     state.confirm("uid-a", 6)
     before = state.view("n")
     assert state.summaries(["n"], 8000, "binpack", decisions.score) == [(True, 8, '{"Host":"n","Score":8}')]
+    generation = state.summaries_at(["n"], 8000, "binpack", decisions.score)[0]
+    reserved = json.loads(json.dumps(pod))  # the reservation patch, before the Binding
+    reserved["metadata"].update(resourceVersion="6", annotations=reservation_annotations(
+        "GPU-n-0", {"main": 3000}, state.clock()))
+    state.upsert_pod(reserved)
+    assert state.counts()["pending"] == 0 and state.charge_of("uid-a").expires is not None
     bound = json.loads(json.dumps(pod))
-    bound["metadata"].update(resourceVersion="6", annotations=reservation_annotations("GPU-n-0", {"main": 3000}, 0))
+    bound["metadata"].update(resourceVersion="7", annotations=reservation_annotations("GPU-n-0", {"main": 3000}, 0))
     bound["spec"]["nodeName"] = "n"
     state.upsert_pod(bound)
+    assert state.charge_of("uid-a").expires is None and state.changed_since(generation) == set()
     assert state.counts()["pending"] == 0
     assert state.view("n") is before and [g.used_mib for g in before.gpus] == [3000, 0]
-    bound["metadata"]["resourceVersion"] = "7"
+    bound["metadata"]["resourceVersion"] = "8"
     bound["metadata"]["annotations"] = reservation_annotations("GPU-n-1", {"main": 3000}, 0)
     state.upsert_pod(bound)
     assert [g.used_mib for g in state.view("n").gpus] == [0, 3000]
