@@ -41,8 +41,6 @@ class FilterMemo:
     items: str | None = None  # ... and kept prioritize's answer instead: HostPriority JSON joined by commas
 
 
-
-
 class Verbs:
     def __init__(self, state: ClusterState, binder: Binder, default_policy: str, metrics: Metrics) -> None:
         self.state = state
@@ -113,6 +111,11 @@ class Verbs:
         node = self.state.gpu_node(charge.gpu_uuid)
         return (node, charge.gpu_uuid, charge.mib) if node else None
 
+    def _all_pass(self, args: wire.ExtenderArgs, memo: FilterMemo) -> tuple[int, Any]:
+        """Filter's answer when every node passes; the memo is kept for the pod's prioritize."""
+        self._remember(args.pod["metadata"].get("uid"), memo)
+        return 200, wire.filter_result(args, list(memo.names), {}, {})
+
     def filter(self, body: Any) -> tuple[int, Any]:
         try:
             args = wire.decode_extender_args(body, check=False)
@@ -131,17 +134,13 @@ class Verbs:
             key = (request.devices, request.policy or self.default_policy)
             usual = self.state.sure_items(args.node_names, key[0], key[1], decisions.score)
             if usual is not None:
-                self._remember(args.pod["metadata"].get("uid"), FilterMemo(key, args.node_names, usual[0], None,
-                                                                            usual[1]))
-                return 200, wire.filter_result(args, list(args.node_names), {}, {})
-            try:
+                return self._all_pass(args, FilterMemo(key, args.node_names, usual[0], None, usual[1]))
+            try:  # some node not in the "sure" memo yet (or not surely fitting): the per-node summaries
                 found = self.state.summaries_at(args.node_names, key[0], key[1], decisions.score)
             except TypeError:  # not a string: check_names says which
                 found = None
             if found is not None and found[2]:
-                self._remember(args.pod["metadata"].get("uid"), FilterMemo(key, args.node_names, found[0],
-                                                                            found[1]))
-                return 200, wire.filter_result(args, list(args.node_names), {}, {})
+                return self._all_pass(args, FilterMemo(key, args.node_names, found[0], found[1]))
         try:
             args = wire.check_names(args)
         except WireError as exc:
