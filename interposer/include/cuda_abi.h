@@ -8,6 +8,9 @@
 #include <stdint.h>
 
 /* ---- CUDA driver API ------------------------------------------------------------------------------ */
+#ifndef CUDAAPI
+#define CUDAAPI                              /* cuda.h: __stdcall on Windows, nothing on Linux */
+#endif
 typedef int CUresult;
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;      /* CUdeviceptr_v2 on LP64 */
@@ -19,6 +22,9 @@ typedef struct CUstream_st *CUstream;
 typedef struct CUarray_st *CUarray;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUexecAffinityParam_st CUexecAffinityParam;   /* only passed by pointer here */
+typedef struct CUctxCreateParams_st CUctxCreateParams;       /* only passed by pointer here */
 typedef struct CUuuid_st { char bytes[16]; } CUuuid;
 
 enum {
@@ -45,16 +51,26 @@ typedef enum { CU_GET_PROC_ADDRESS_SUCCESS = 0, CU_GET_PROC_ADDRESS_SYMBOL_NOT_F
 
 /* Memory types and pointer attributes */
 enum { CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2, CU_MEMORYTYPE_ARRAY = 3, CU_MEMORYTYPE_UNIFIED = 4 };
-enum { CU_POINTER_ATTRIBUTE_CONTEXT = 1, CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
+typedef enum { CU_POINTER_ATTRIBUTE_CONTEXT = 1, CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
        CU_POINTER_ATTRIBUTE_DEVICE_POINTER = 3, CU_POINTER_ATTRIBUTE_HOST_POINTER = 4,
        CU_POINTER_ATTRIBUTE_IS_MANAGED = 8, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
        CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11, CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
-       CU_POINTER_ATTRIBUTE_MAPPED = 13 };
+       CU_POINTER_ATTRIBUTE_MAPPED = 13 } CUpointer_attribute;
 enum { CU_MEM_ATTACH_GLOBAL = 1, CU_MEM_ATTACH_HOST = 2 };
 enum { CU_MEMHOSTALLOC_PORTABLE = 1, CU_MEMHOSTALLOC_DEVICEMAP = 2, CU_MEMHOSTALLOC_WRITECOMBINED = 4 };
+typedef enum { CU_MEM_ADVISE_SET_READ_MOSTLY = 1, CU_MEM_ADVISE_UNSET_READ_MOSTLY = 2,
+               CU_MEM_ADVISE_SET_PREFERRED_LOCATION = 3, CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION = 4,
+               CU_MEM_ADVISE_SET_ACCESSED_BY = 5, CU_MEM_ADVISE_UNSET_ACCESSED_BY = 6 } CUmem_advise;
+#define CU_DEVICE_CPU ((CUdevice)-1)
+
+/* Streams and capture */
+typedef enum { CU_STREAM_CAPTURE_MODE_GLOBAL = 0, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+               CU_STREAM_CAPTURE_MODE_RELAXED = 2 } CUstreamCaptureMode;
+typedef enum { CU_STREAM_CAPTURE_STATUS_NONE = 0, CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+               CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2 } CUstreamCaptureStatus;
 
 /* Device attributes the simulator answers */
-enum {
+typedef enum {
     CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1,
     CU_DEVICE_ATTRIBUTE_WARP_SIZE = 10,
     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
@@ -71,7 +87,7 @@ enum {
     CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115,
     CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 141,
     CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 145,
-};
+} CUdevice_attribute;
 
 /* VMM */
 typedef enum { CU_MEM_LOCATION_TYPE_INVALID = 0, CU_MEM_LOCATION_TYPE_DEVICE = 1,
@@ -88,6 +104,8 @@ typedef struct {
 } CUmemAllocationProp;
 typedef struct { CUmemLocation location; unsigned long long flags; } CUmemAccessDesc;
 enum { CU_MEM_ALLOCATION_TYPE_PINNED = 1, CU_MEM_ALLOCATION_TYPE_MANAGED = 2 };
+typedef enum { CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1 }
+    CUmemAllocationGranularity_flags;
 
 /* Memory pools */
 typedef enum { CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5,
@@ -111,8 +129,12 @@ typedef struct { size_t Width, Height, Depth; CUarray_format Format; unsigned in
     CUDA_ARRAY3D_DESCRIPTOR;
 typedef struct { unsigned int Width, Height, Depth; CUarray_format Format; unsigned int NumChannels, Flags; }
     CUDA_ARRAY3D_DESCRIPTOR_v1;
+typedef struct { size_t size; size_t alignment; unsigned int reserved[4]; } CUDA_ARRAY_MEMORY_REQUIREMENTS;
 
 /* ---- NVML ------------------------------------------------------------------------------------------ */
+#ifndef DECLDIR
+#define DECLDIR                              /* nvml.h: __declspec(dllexport) on Windows, nothing on Linux */
+#endif
 typedef int nvmlReturn_t;
 typedef struct nvmlDevice_st *nvmlDevice_t;
 typedef struct nvmlEventSet_st *nvmlEventSet_t;
@@ -128,6 +150,10 @@ typedef struct { unsigned int version; unsigned long long total, reserved, free,
 typedef struct { unsigned int pid; unsigned long long usedGpuMemory; } nvmlProcessInfo_v1_t;
 typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId,
                  computeInstanceId; } nvmlProcessInfo_t;
+typedef nvmlProcessInfo_t nvmlProcessInfo_v2_t;
+typedef enum { NVML_NVLINK_DEVICE_TYPE_GPU = 0x00, NVML_NVLINK_DEVICE_TYPE_IBMNPU = 0x01,
+               NVML_NVLINK_DEVICE_TYPE_SWITCH = 0x02, NVML_NVLINK_DEVICE_TYPE_UNKNOWN = 0xFF }
+    nvmlIntNvLinkDeviceType_t;
 typedef struct { char busIdLegacy[16]; unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
                  char busId[32]; } nvmlPciInfo_t;
 typedef struct { nvmlDevice_t device; unsigned long long eventType, eventData;

@@ -13,7 +13,6 @@
 static int g_devidx[MAX_ORDINALS];   /* ordinal -> ledger index + 1 (0 = not looked up yet) */
 static ms_ptrmap g_ptrs; /* zero-initialised static storage: ready to use */
 
-void reset_ctx_after_fork(void); /* hooks_alloc.c */
 void reset_after_fork(void) { reset_ctx_after_fork(); }
 
 int dev_index_by_uuid(const char *uuid, uint64_t physical_total) {
@@ -27,9 +26,9 @@ int dev_index(CUdevice ordinal) {
     if (v) return v - 1;
     CUuuid u;
     size_t total = 0;
-    CUresult (*get_uuid)(CUuuid *, CUdevice) = REAL(CUresult(*)(CUuuid *, CUdevice), cuDeviceGetUuid_v2);
-    if (!get_uuid) get_uuid = REAL(CUresult(*)(CUuuid *, CUdevice), cuDeviceGetUuid);
-    CUresult (*get_total)(size_t *, CUdevice) = REAL(CUresult(*)(size_t *, CUdevice), cuDeviceTotalMem_v2);
+    __auto_type get_uuid = REAL(cuDeviceGetUuid_v2);
+    if (!get_uuid) get_uuid = REAL(cuDeviceGetUuid);
+    __auto_type get_total = REAL(cuDeviceTotalMem_v2);
     if (!get_uuid || get_uuid(&u, ordinal) != CUDA_SUCCESS) return -1;
     if (get_total) get_total(&total, ordinal);
     const unsigned char *b = (const unsigned char *)u.bytes;
@@ -47,7 +46,7 @@ int dev_index(CUdevice ordinal) {
 }
 
 int current_dev(CUdevice *ordinal) {
-    CUresult (*get)(CUdevice *) = REAL(CUresult(*)(CUdevice *), cuCtxGetDevice);
+    __auto_type get = REAL(cuCtxGetDevice);
     CUdevice d;
     if (!get || get(&d) != CUDA_SUCCESS) return -1;
     if (ordinal) *ordinal = d;

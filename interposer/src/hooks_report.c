@@ -18,9 +18,9 @@ static void quota_view(int dev, uint64_t *freeb, uint64_t *total) {
     *total = t;
 }
 
-HOOK CUresult cuMemGetInfo_v2(size_t *freeb, size_t *total) {
+HOOK CUresult CUDAAPI cuMemGetInfo_v2(size_t *freeb, size_t *total) {
     PROLOGUE();
-    CUresult rc = REAL(CUresult(*)(size_t *, size_t *), cuMemGetInfo_v2)(freeb, total);
+    CUresult rc = REAL(cuMemGetInfo_v2)(freeb, total);
     if (rc != CUDA_SUCCESS || !enforcing()) return rc;
     int dev = current_dev(NULL);
     if (dev < 0) return rc;
@@ -32,11 +32,11 @@ HOOK CUresult cuMemGetInfo_v2(size_t *freeb, size_t *total) {
     return rc;
 }
 
-HOOK CUresult cuMemGetInfo(unsigned int *freeb, unsigned int *total) {
+HOOK CUresult CUDAAPI cuMemGetInfo(unsigned int *freeb, unsigned int *total) {
     PROLOGUE();
-    CUresult (*v2)(size_t *, size_t *) = REAL(CUresult(*)(size_t *, size_t *), cuMemGetInfo_v2);
+    __auto_type v2 = REAL(cuMemGetInfo_v2);
     if (!enforcing() || !v2 || !freeb || !total)
-        return REAL(CUresult(*)(unsigned int *, unsigned int *), cuMemGetInfo)(freeb, total);
+        return REAL(cuMemGetInfo)(freeb, total);
     size_t f, t;
     CUresult rc = cuMemGetInfo_v2(&f, &t);
     if (rc == CUDA_SUCCESS) {
@@ -46,16 +46,16 @@ HOOK CUresult cuMemGetInfo(unsigned int *freeb, unsigned int *total) {
     return rc;
 }
 
-HOOK CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
+HOOK CUresult CUDAAPI cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
     PROLOGUE();
-    CUresult rc = REAL(CUresult(*)(size_t *, CUdevice), cuDeviceTotalMem_v2)(bytes, d);
+    CUresult rc = REAL(cuDeviceTotalMem_v2)(bytes, d);
     if (rc == CUDA_SUCCESS && enforcing()) *bytes = min_u64(g_cfg.limit, *bytes);
     return rc;
 }
 
-HOOK CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice d) {
+HOOK CUresult CUDAAPI cuDeviceTotalMem(unsigned int *bytes, CUdevice d) {
     PROLOGUE();
-    CUresult rc = REAL(CUresult(*)(unsigned int *, CUdevice), cuDeviceTotalMem)(bytes, d);
+    CUresult rc = REAL(cuDeviceTotalMem)(bytes, d);
     if (rc == CUDA_SUCCESS && enforcing()) *bytes = (unsigned int)min_u64(g_cfg.limit, *bytes);
     return rc;
 }
@@ -69,8 +69,7 @@ HOOK CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice d) {
 
 /* Ledger index of an NVML device (by UUID), or -1. */
 static int nvml_dev(nvmlDevice_t d, uint64_t physical_total) {
-    nvmlReturn_t (*uuid)(nvmlDevice_t, char *, unsigned int) =
-        REAL_NVML(nvmlReturn_t(*)(nvmlDevice_t, char *, unsigned int), nvmlDeviceGetUUID);
+    __auto_type uuid = REAL_NVML(nvmlDeviceGetUUID);
     char u[96];
     if (!uuid || uuid(d, u, sizeof u) != NVML_SUCCESS) return -1;
     return dev_index_by_uuid(u, physical_total);
@@ -88,16 +87,16 @@ static int nvml_view(nvmlDevice_t d, unsigned long long *total, unsigned long lo
     return 0;
 }
 
-HOOK nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
+HOOK nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
     NVML_PROLOGUE();
-    nvmlReturn_t rc = REAL_NVML(nvmlReturn_t(*)(nvmlDevice_t, nvmlMemory_t *), nvmlDeviceGetMemoryInfo)(d, m);
+    nvmlReturn_t rc = REAL_NVML(nvmlDeviceGetMemoryInfo)(d, m);
     if (rc == NVML_SUCCESS && nvml_view(d, &m->total, &m->free) == 0) m->used = m->total - m->free;
     return rc;
 }
 
-HOOK nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
+HOOK nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
     NVML_PROLOGUE();
-    nvmlReturn_t rc = REAL_NVML(nvmlReturn_t(*)(nvmlDevice_t, nvmlMemory_v2_t *), nvmlDeviceGetMemoryInfo_v2)(d, m);
+    nvmlReturn_t rc = REAL_NVML(nvmlDeviceGetMemoryInfo_v2)(d, m);
     if (rc == NVML_SUCCESS && nvml_view(d, &m->total, &m->free) == 0) {
         m->reserved = 0;
         m->used = m->total - m->free;

@@ -7,11 +7,10 @@
 #define _GNU_SOURCE
 #include "shim.h"
 
-HOOK CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+HOOK CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                                   CUdriverProcAddressQueryResult *status) {
     ensure_init();
-    CUresult (*real)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) =
-        REAL(CUresult(*)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *), cuGetProcAddress_v2);
+    __auto_type real = REAL(cuGetProcAddress_v2);
     if (!real) return CUDA_ERROR_NOT_SUPPORTED;
     CUresult rc = real(symbol, pfn, cudaVersion, flags, status);
     if (rc == CUDA_SUCCESS && pfn && *pfn) {
@@ -21,10 +20,9 @@ HOOK CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersio
     return rc;
 }
 
-HOOK CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
+HOOK CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
     ensure_init();
-    CUresult (*real)(const char *, void **, int, cuuint64_t) =
-        REAL(CUresult(*)(const char *, void **, int, cuuint64_t), cuGetProcAddress);
+    __auto_type real = REAL(cuGetProcAddress);
     if (!real) return CUDA_ERROR_NOT_SUPPORTED;
     CUresult rc = real(symbol, pfn, cudaVersion, flags);
     if (rc == CUDA_SUCCESS && pfn && *pfn) {

@@ -1,14 +1,11 @@
 /* The routing table: exported wrapper name -> wrapper, and the driver's function of the same name.
- * Kept apart from the wrappers so that the names can be declared here as plain symbols. */
+ * Every name in hooks.def is declared in cuda_api.h, so a hook listed here without a prototype (or with a
+ * misspelt name) does not compile. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <string.h>
 
 #include "shim.h"
-
-#define HOOK_ENTRY(name) extern char name[];
-#include "hooks.def"
-#undef HOOK_ENTRY
 
 struct route { const char *name; void *hook; void *real; };
 #define HOOK_ENTRY(name) {#name, (void *)name, NULL},

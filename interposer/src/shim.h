@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-#include "cuda_abi.h"
+#include "cuda_api.h"
 #include "memslice_region.h"
 #include "ms_ptrmap.h"
 
@@ -55,8 +55,10 @@ const char *fmt_bytes(uint64_t b, char *buf, unsigned len);
 void *real_cuda(const char *name);            /* dlsym in libcuda.so.1, cached by the caller */
 void *real_nvml(const char *name);
 void *real_dlsym_call(void *handle, const char *name);
-#define REAL(T, name) ({ static __typeof__(T) fp_; if (UNLIKELY(!fp_)) fp_ = (__typeof__(T))real_cuda(#name); fp_; })
-#define REAL_NVML(T, name) ({ static __typeof__(T) fp_; if (UNLIKELY(!fp_)) fp_ = (__typeof__(T))real_nvml(#name); fp_; })
+/* The driver's own `name`, looked up once, typed from its prototype in cuda_api.h: a call with the wrong
+ * arguments is a compile error, and no call site re-types the signature. NULL if the driver lacks it. */
+#define REAL(name) ({ static __typeof__(&name) fp_; if (UNLIKELY(!fp_)) fp_ = (__typeof__(&name))real_cuda(#name); fp_; })
+#define REAL_NVML(name) ({ static __typeof__(&name) fp_; if (UNLIKELY(!fp_)) fp_ = (__typeof__(&name))real_nvml(#name); fp_; })
 
 /* accounting.c */
 int dev_index(CUdevice ordinal);             /* ledger index of a CUDA ordinal, -1 if unknown */
@@ -65,7 +67,6 @@ int dev_index_by_uuid(const char *uuid, uint64_t physical_total);
 CUresult charge(int dev, uint64_t n, const char *call);   /* CUDA_SUCCESS or CUDA_ERROR_OUT_OF_MEMORY */
 int try_charge(int dev, uint64_t n);         /* 0, or -1 without logging (after reclaiming dead processes) */
 void refuse(int dev, uint64_t n, const char *call);       /* count and log a refusal */
-void reconcile_pools(void);
 void force_charge(int dev, uint64_t n);      /* a correction after the driver chose a larger size */
 void uncharge(int dev, uint64_t n);
 int track(uint64_t key, uint64_t size, int dev, enum alloc_kind kind, uint64_t aux);
@@ -76,6 +77,7 @@ uint64_t dev_used(int dev);
 CUresult fail_closed_result(void);
 int enforcing(void);
 int accounting(void);
+void reset_after_fork(void);                 /* pthread_atfork child handler */
 
 /* spill.c (oversubscription) */
 CUresult spill_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ordinal, CUstream stream, const char *call);
@@ -86,7 +88,20 @@ CUresult spill_vmm(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllo
                    unsigned long long flags, int dev, const char *call);
 void uncharge_host(int dev, uint64_t n);
 
-/* procaddr.c */
+/* Reserve n bytes for an allocation; in oversubscription mode a refusal is not logged here (the spill path
+ * decides what happens). */
+static inline CUresult reserve(int dev, uint64_t n, const char *call) {
+    if (g_cfg.oversubscribe) return try_charge(dev, n) == 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    return charge(dev, n, call);
+}
+
+/* hooks_ctx.c */
+void reset_ctx_after_fork(void);             /* a forked child has charged no context yet */
+
+/* hooks_pool.c */
+void reconcile_pools(void);                  /* make every pool's charge equal its reservation */
+
+/* routes.c */
 void *hook_for_name(const char *name);       /* our wrapper for an exact exported name, or NULL */
 void *hook_for_real(void *real_fn);          /* our wrapper for the driver function at this address */
 

@@ -143,9 +143,9 @@ static int cgroup_allows(uint64_t n, char *why, size_t len) {
 
 /* ---- spilling ----------------------------------------------------------------------------------------- */
 static int capturing(CUstream s) {
-    CUresult (*is_cap)(CUstream, int *) = REAL(CUresult(*)(CUstream, int *), cuStreamIsCapturing);
-    int status = 0;
-    return is_cap && is_cap(s, &status) == CUDA_SUCCESS && status != 0;
+    __auto_type is_cap = REAL(cuStreamIsCapturing);
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    return is_cap && is_cap(s, &status) == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
 /* Reserve n host bytes, or log why not. 0 on success. */
@@ -179,11 +179,9 @@ CUresult spill_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ordinal, C
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (reserve_host(dev, n, call) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult (*host_alloc)(void **, size_t, unsigned int) =
-        REAL(CUresult(*)(void **, size_t, unsigned int), cuMemHostAlloc);
-    CUresult (*devptr)(CUdeviceptr *, void *, unsigned int) =
-        REAL(CUresult(*)(CUdeviceptr *, void *, unsigned int), cuMemHostGetDevicePointer_v2);
-    CUresult (*free_host)(void *) = REAL(CUresult(*)(void *), cuMemFreeHost);
+    __auto_type host_alloc = REAL(cuMemHostAlloc);
+    __auto_type devptr = REAL(cuMemHostGetDevicePointer_v2);
+    __auto_type free_host = REAL(cuMemFreeHost);
     void *h = NULL;
     CUresult rc = host_alloc && devptr && free_host
                       ? host_alloc(&h, n, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE)
@@ -206,12 +204,9 @@ CUresult spill_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ordinal, C
 CUresult spill_alloc_managed(CUdeviceptr *dptr, uint64_t n, unsigned int flags, int dev, CUdevice ordinal,
                              const char *call) {
     if (reserve_host(dev, n, call) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult (*alloc)(CUdeviceptr *, size_t, unsigned int) =
-        REAL(CUresult(*)(CUdeviceptr *, size_t, unsigned int), cuMemAllocManaged);
-    CUresult (*advise2)(CUdeviceptr, size_t, int, CUmemLocation) =
-        REAL(CUresult(*)(CUdeviceptr, size_t, int, CUmemLocation), cuMemAdvise_v2);
-    CUresult (*advise1)(CUdeviceptr, size_t, int, CUdevice) =
-        REAL(CUresult(*)(CUdeviceptr, size_t, int, CUdevice), cuMemAdvise);
+    __auto_type alloc = REAL(cuMemAllocManaged);
+    __auto_type advise2 = REAL(cuMemAdvise_v2);
+    __auto_type advise1 = REAL(cuMemAdvise);
     CUdeviceptr p;
     CUresult rc = alloc(&p, n, flags);
     if (rc != CUDA_SUCCESS) {
@@ -226,7 +221,7 @@ CUresult spill_alloc_managed(CUdeviceptr *dptr, uint64_t n, unsigned int flags, 
         else advise1(p, n, 5, ordinal);
     }
     if (rc != CUDA_SUCCESS || track(p, n, dev, A_SPILL_MANAGED, 0) < 0) {
-        REAL(CUresult(*)(CUdeviceptr), cuMemFree_v2)(p);
+        REAL(cuMemFree_v2)(p);
         uncharge_host(dev, n);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -247,20 +242,19 @@ CUresult spill_vmm(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllo
     CUmemAllocationProp host = *prop;
     host.location.type = CU_MEM_LOCATION_TYPE_HOST;
     host.location.id = 0;
-    CUresult rc = REAL(CUresult(*)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
-                                   unsigned long long), cuMemCreate)(h, size, &host, flags);
+    CUresult rc = REAL(cuMemCreate)(h, size, &host, flags);
     if (rc != CUDA_SUCCESS) uncharge_host(dev, size);
     return rc;
 }
 
 CUresult spill_free(const ms_rec *r, CUstream stream, int async) {
     if (async) { /* the stream may still use it: let it finish first (never captured: see spill_alloc) */
-        CUresult (*sync)(CUstream) = REAL(CUresult(*)(CUstream), cuStreamSynchronize);
+        __auto_type sync = REAL(cuStreamSynchronize);
         if (sync) sync(stream);
     }
     CUresult rc;
-    if (r->kind == A_SPILL_HOST) rc = REAL(CUresult(*)(void *), cuMemFreeHost)((void *)(uintptr_t)r->aux);
-    else rc = REAL(CUresult(*)(CUdeviceptr), cuMemFree_v2)(r->key);
+    if (r->kind == A_SPILL_HOST) rc = REAL(cuMemFreeHost)((void *)(uintptr_t)r->aux);
+    else rc = REAL(cuMemFree_v2)(r->key);
     if (rc == CUDA_SUCCESS) uncharge_host(r->dev, r->size);
     else track(r->key, r->size, r->dev, (enum alloc_kind)r->kind, r->aux);
     return rc;

@@ -1,0 +1,147 @@
+/* Hooks for plain and pitched device allocations (cuMemAlloc*, cuMemAllocPitch*) and their frees.
+ *
+ * The rule everywhere in the hooks: reserve in the ledger first, then call the driver, and roll the
+ * reservation back if the driver fails — never check-then-charge. Frees call the driver first and release
+ * the charge only once the driver has succeeded, so the device never holds more than what is charged. A
+ * free of a pointer the shim never saw goes to the driver unchanged. */
+#define _GNU_SOURCE
+#include "shim.h"
+
+typedef __typeof__(&cuMemAlloc_v2) alloc_v2_fn;
+
+static CUresult device_alloc(CUdeviceptr *dptr, size_t n, alloc_v2_fn real, const char *call) {
+    CUdevice ord;
+    int dev = accounting() && dptr && n ? current_dev(&ord) : -1;
+    if (dev < 0) return real(dptr, n);
+    CUresult rc = reserve(dev, n, call);
+    if (rc != CUDA_SUCCESS) return g_cfg.oversubscribe ? spill_alloc(dptr, n, dev, ord, NULL, call) : rc;
+    rc = real(dptr, n);
+    if (rc != CUDA_SUCCESS || track(*dptr, n, dev, A_DEVICE, 0) < 0) {
+        uncharge(dev, n);
+        return rc;
+    }
+    return CUDA_SUCCESS;
+}
+
+HOOK CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t n) {
+    PROLOGUE();
+    return device_alloc(dptr, n, REAL(cuMemAlloc_v2), "cuMemAlloc_v2");
+}
+
+/* The legacy 32-bit entry point is counted like the others: it is not a way around the quota. */
+HOOK CUresult CUDAAPI cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int n) {
+    PROLOGUE();
+    __auto_type real = REAL(cuMemAlloc);
+    CUdevice ord;
+    int dev = accounting() && dptr && n ? current_dev(&ord) : -1;
+    if (dev < 0) return real(dptr, n);
+    CUresult rc = reserve(dev, n, "cuMemAlloc");
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = real(dptr, n);
+    if (rc != CUDA_SUCCESS || track(*dptr, n, dev, A_DEVICE, 0) < 0) uncharge(dev, n);
+    return rc;
+}
+
+/* Pitched allocations are charged what the driver actually allocates: rows of `pitch` bytes. The
+ * reservation assumes 512-byte row alignment and is corrected once the driver reports the pitch.
+ * `alloc` performs the real call (v2 or the legacy 32-bit v1) and reports address and pitch as 64-bit. */
+typedef CUresult (*pitch_call)(void *args, uint64_t *ptr, uint64_t *pitch);
+
+static CUresult pitched(uint64_t w, uint64_t h, int v2, pitch_call alloc, void *args, uint64_t *ptr, uint64_t *pitch,
+                        const char *call) {
+    CUdevice ord;
+    int dev = accounting() && w && h ? current_dev(&ord) : -1;
+    if (dev < 0) return alloc(args, ptr, pitch);
+    uint64_t est = ((w + 511) & ~511ull) * h;
+    CUresult rc = reserve(dev, est, call);
+    if (rc != CUDA_SUCCESS && g_cfg.oversubscribe && v2) { /* host rows use the same 512-byte pitch */
+        CUdeviceptr d;
+        rc = spill_alloc(&d, est, dev, ord, NULL, call);
+        if (rc == CUDA_SUCCESS) { *ptr = d; *pitch = (w + 511) & ~511ull; }
+        return rc;
+    }
+    if (rc != CUDA_SUCCESS) return rc;
+    if ((rc = alloc(args, ptr, pitch)) != CUDA_SUCCESS) {
+        uncharge(dev, est);
+        return rc;
+    }
+    uint64_t actual = *pitch * h;
+    if (actual > est) force_charge(dev, actual - est);
+    else uncharge(dev, est - actual);
+    track(*ptr, actual, dev, A_DEVICE, 0);
+    return CUDA_SUCCESS;
+}
+
+struct pitch_v2 { size_t w, h; unsigned int elem; };
+static CUresult real_pitch_v2(void *args, uint64_t *ptr, uint64_t *pitch) {
+    struct pitch_v2 *a = args;
+    CUdeviceptr d;
+    size_t p;
+    CUresult rc = REAL(cuMemAllocPitch_v2)(
+        &d, &p, a->w, a->h, a->elem);
+    if (rc == CUDA_SUCCESS) { *ptr = d; *pitch = p; }
+    return rc;
+}
+
+HOOK CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned int elem) {
+    PROLOGUE();
+    struct pitch_v2 a = {w, h, elem};
+    uint64_t p = 0, pt = 0;
+    if (!dptr || !pitch) /* the driver says what is wrong with its arguments */
+        return REAL(cuMemAllocPitch_v2)(
+            dptr, pitch, w, h, elem);
+    CUresult rc = pitched(w, h, 1, real_pitch_v2, &a, &p, &pt, "cuMemAllocPitch_v2");
+    if (rc == CUDA_SUCCESS) { *dptr = p; *pitch = pt; }
+    return rc;
+}
+
+struct pitch_v1 { unsigned int w, h, elem; };
+static CUresult real_pitch_v1(void *args, uint64_t *ptr, uint64_t *pitch) {
+    struct pitch_v1 *a = args;
+    CUdeviceptr_v1 d;
+    unsigned int p;
+    CUresult rc = REAL(cuMemAllocPitch)(&d, &p, a->w, a->h, a->elem);
+    if (rc == CUDA_SUCCESS) { *ptr = d; *pitch = p; }
+    return rc;
+}
+
+HOOK CUresult CUDAAPI cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, unsigned int w, unsigned int h,
+                              unsigned int elem) {
+    PROLOGUE();
+    if (!dptr || !pitch)
+        return REAL(cuMemAllocPitch)(dptr, pitch, w, h, elem);
+    struct pitch_v1 a = {w, h, elem};
+    uint64_t p = 0, pt = 0;
+    CUresult rc = pitched(w, h, 0, real_pitch_v1, &a, &p, &pt, "cuMemAllocPitch");
+    if (rc == CUDA_SUCCESS) { *dptr = (CUdeviceptr_v1)p; *pitch = (unsigned int)pt; }
+    return rc;
+}
+
+/* Free of anything the shim tracks by pointer; unknown pointers go to the driver untouched. */
+static CUresult free_tracked(CUdeviceptr p, __typeof__(&cuMemFree_v2) real) {
+    ms_rec r;
+    if (!p || !untrack(p, &r)) return real(p);
+    if (r.kind == A_SPILL_HOST || r.kind == A_SPILL_MANAGED) return spill_free(&r, NULL, 0);
+    if (r.kind == A_POOL) { /* stream-ordered memory freed synchronously: the driver decides */
+        CUresult rc = real(p);
+        if (rc != CUDA_SUCCESS) track(r.key, r.size, r.dev, (enum alloc_kind)r.kind, r.aux);
+        return rc;
+    }
+    CUresult rc = real(p);
+    if (rc == CUDA_SUCCESS) uncharge(r.dev, r.size);
+    else track(r.key, r.size, r.dev, (enum alloc_kind)r.kind, r.aux);
+    return rc;
+}
+
+HOOK CUresult CUDAAPI cuMemFree_v2(CUdeviceptr p) {
+    PROLOGUE();
+    return free_tracked(p, REAL(cuMemFree_v2));
+}
+
+static __typeof__(&cuMemFree) g_real_free_v1;
+static CUresult free_v1_adapter(CUdeviceptr p) { return g_real_free_v1((CUdeviceptr_v1)p); }
+HOOK CUresult CUDAAPI cuMemFree(CUdeviceptr_v1 p) {
+    PROLOGUE();
+    if (!g_real_free_v1) g_real_free_v1 = REAL(cuMemFree);
+    return free_tracked(p, free_v1_adapter);
+}

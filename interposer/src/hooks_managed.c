@@ -1,0 +1,52 @@
+/* Hooks for managed (unified) memory: its allocation, charged as device memory, and prefetches, which must
+ * not pull a spilled range back into device memory. */
+#define _GNU_SOURCE
+#include "shim.h"
+
+HOOK CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned int flags) {
+    PROLOGUE();
+    __auto_type real = REAL(cuMemAllocManaged);
+    CUdevice ord;
+    int dev = accounting() && dptr && n ? current_dev(&ord) : -1;
+    if (dev < 0) return real(dptr, n, flags);
+    /* Managed pages may all migrate to the GPU, so they are charged as device memory. */
+    CUresult rc = reserve(dev, n, "cuMemAllocManaged");
+    if (rc != CUDA_SUCCESS)
+        return g_cfg.oversubscribe ? spill_alloc_managed(dptr, n, flags, dev, ord, "cuMemAllocManaged") : rc;
+    rc = real(dptr, n, flags);
+    if (rc != CUDA_SUCCESS || track(*dptr, n, dev, A_MANAGED, 0) < 0) uncharge(dev, n);
+    return rc;
+}
+
+/* ---- prefetch: a spilled managed range stays on the host -----------------------------------------------
+ * Prefetching migrates pages whatever their preferred location, so an application prefetching its managed
+ * memory to the GPU would pull spilled pages into HBM past the quota. For spilled ranges a prefetch to a
+ * device is answered with success and not performed (the data stays reachable from the GPU through the
+ * ACCESSED_BY mapping); everything else goes to the driver. */
+static int spilled_managed(CUdeviceptr p) {
+    ms_rec r;
+    return accounting() && g_cfg.oversubscribe && lookup_range(p, &r) && r.kind == A_SPILL_MANAGED;
+}
+
+HOOK CUresult CUDAAPI cuMemPrefetchAsync(CUdeviceptr p, size_t n, CUdevice dst, CUstream s) {
+    PROLOGUE();
+    if (dst >= 0 && spilled_managed(p)) return CUDA_SUCCESS;
+    return REAL(cuMemPrefetchAsync)(p, n, dst, s);
+}
+HOOK CUresult CUDAAPI cuMemPrefetchAsync_ptsz(CUdeviceptr p, size_t n, CUdevice dst, CUstream s) {
+    PROLOGUE();
+    if (dst >= 0 && spilled_managed(p)) return CUDA_SUCCESS;
+    return REAL(cuMemPrefetchAsync_ptsz)(p, n, dst, s);
+}
+HOOK CUresult CUDAAPI cuMemPrefetchAsync_v2(CUdeviceptr p, size_t n, CUmemLocation loc, unsigned int flags, CUstream s) {
+    PROLOGUE();
+    if (loc.type == CU_MEM_LOCATION_TYPE_DEVICE && spilled_managed(p)) return CUDA_SUCCESS;
+    return REAL(cuMemPrefetchAsync_v2)(
+        p, n, loc, flags, s);
+}
+HOOK CUresult CUDAAPI cuMemPrefetchAsync_v2_ptsz(CUdeviceptr p, size_t n, CUmemLocation loc, unsigned int flags, CUstream s) {
+    PROLOGUE();
+    if (loc.type == CU_MEM_LOCATION_TYPE_DEVICE && spilled_managed(p)) return CUDA_SUCCESS;
+    return REAL(cuMemPrefetchAsync_v2_ptsz)(
+        p, n, loc, flags, s);
+}
