@@ -133,4 +133,9 @@ int ms_sweep(ms_ledger *l);
 int ms_slot_alive(const ms_ledger *l, int i);
 static inline uint64_t ms_bytes(uint64_t word) { return word & ~MS_FROZEN; }
 
+/* libmemslice-region.so's exports (ledger.c built with MS_REGION_ONLY), for Python (interposer/region.py
+ * declares the same two to cffi). */
+int memslice_region_sweep(const char *path, char *err, size_t errlen);
+int memslice_region_liveness(const char *path, unsigned char *alive, int n, char *err, size_t errlen);
+
 #endif

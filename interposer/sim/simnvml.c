@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "cuda_abi.h"
+#include "cuda_api.h"
 #include "simstate.h"
 
 #define API SIM_EXPORT
@@ -152,10 +152,10 @@ API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *major, 
     return NVML_SUCCESS;
 }
 
-API nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t d, int *numa) {
+API nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t d, unsigned int *numa) {
     DEV_OR_FAIL(d, x);
     if (!numa) return NVML_ERROR_INVALID_ARGUMENT;
-    *numa = node()->node->gpu[x->index].numa;
+    *numa = (unsigned int)node()->node->gpu[x->index].numa; /* as before: -1 reads back as -1 through a C int */
     return NVML_SUCCESS;
 }
 
@@ -238,7 +238,8 @@ API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned i
     return processes(d, c, p, 0);
 }
 
-API nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t d, unsigned int link, int *type) {
+API nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t d, unsigned int link,
+                                                      nvmlIntNvLinkDeviceType_t *type) {
     DEV_OR_FAIL(d, x);
     (void)x; (void)link; (void)type;
     return NVML_ERROR_NOT_SUPPORTED;

@@ -59,4 +59,8 @@ void sim_uncharge(struct sim *s, int g, uint64_t n, int host);
 
 #define SIM_EXPORT __attribute__((visibility("default")))
 
+/* Simulator control, exported by the simulated libnvidia-ml.so.1 (used by `memslice sim`). */
+int memsliceSimInjectXid(unsigned int index, unsigned long long xid);
+const char *memsliceSimError(void);
+
 #endif

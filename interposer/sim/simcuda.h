@@ -1,0 +1,70 @@
+/* Private interface of the simulated libcuda.so.1 (sim/simcuda_*.c), one file per family of the driver
+ * API: what the families share (the pointer table, the slow-path lock, the current context, the pools
+ * that synchronisation trims, and the physical accounting helpers). Nothing here is exported; the
+ * exported functions are declared once, in include/cuda_api.h.
+ *
+ * What the simulator models: devices (from the shared node state), primary and explicit contexts (each
+ * process's first context on a GPU takes MEMSLICE_SIM_CONTEXT_OVERHEAD of device memory), device,
+ * pitched, managed, stream-ordered (pools with reserved vs used memory), VMM and array allocations,
+ * pinned host memory, memcpy/memset, pointer attributes and cuGetProcAddress with the documented
+ * version/flag rules. Physical capacity is shared by every process of the simulated node and is never
+ * exceeded: an allocation that does not fit returns CUDA_ERROR_OUT_OF_MEMORY, exactly as a full GPU
+ * would. Kernels do not exist here: "device memory" is host memory, so copies and memsets are
+ * memcpy/memset. Linked with -Bsymbolic so that cuGetProcAddress hands out this library's own functions
+ * even when the shim (which defines the same names) is preloaded. */
+#ifndef MEMSLICE_SIMCUDA_H
+#define MEMSLICE_SIMCUDA_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "cuda_api.h"
+#include "ms_ptrmap.h"
+#include "simstate.h"
+
+#define API SIM_EXPORT
+#define SMALL_ALLOC (1u << 20)     /* below this, malloc; above, an mmap'd range */
+#define VMM_GRANULARITY (2u << 20)
+
+enum kind { K_DEVICE = 1, K_MANAGED, K_POOL, K_HOST, K_REGISTERED, K_VMM_RANGE, K_ARRAY, K_MIPMAP };
+
+struct sim_ctx { uint32_t magic; int dev; int primary; };
+struct pool_block { uint64_t ptr, size; struct pool_block *next; };
+struct sim_pool {
+    uint32_t magic; int dev; uint64_t reserved, used, reserved_high, used_high, threshold, max_size;
+    struct pool_block *cached;
+};
+
+#define CTX_MAGIC 0x43545831u
+#define POOL_MAGIC 0x504f4f4cu
+
+#pragma GCC visibility push(hidden)
+extern ms_ptrmap g_ptrs;                 /* every simulated allocation, by address */
+extern pthread_mutex_t g_mu;             /* contexts, pools, VMM mappings: slow paths */
+extern int g_initialized;                /* cuInit succeeded */
+extern struct sim_ctx g_primary[SIM_MAX_GPUS];
+extern struct sim_pool g_default_pool[SIM_MAX_GPUS];
+extern struct sim_pool *g_current_pool[SIM_MAX_GPUS];
+extern __thread struct sim_ctx *t_ctx;   /* the calling thread's current context */
+
+/* simcuda_core.c */
+struct sim *S(void);                     /* the simulator, or NULL (said once on stderr) */
+int ngpus(void);
+int valid_dev(CUdevice d);
+void *backing_alloc(uint64_t n);
+CUresult sim_alloc(CUdeviceptr *dptr, uint64_t n, int dev, int kind, int host, uint64_t aux);
+int rec_host(const ms_rec *r);           /* 1 if the record's bytes are charged as host-resident */
+void sim_release(const ms_rec *r);       /* free the backing memory and its charge */
+
+/* simcuda_alloc.c */
+CUresult free_ptr(uint64_t ptr);         /* cuMemFree of device or managed memory */
+
+/* simcuda_pool.c */
+void trim_pool(struct sim_pool *p, uint64_t keep);   /* caller holds g_mu */
+void trim_all_pools(void);               /* every pool down to its release threshold */
+#pragma GCC visibility pop
+
+#define NEED_INIT() do { if (!g_initialized) return CUDA_ERROR_NOT_INITIALIZED; } while (0)
+#define NEED_CTX() do { NEED_INIT(); if (!t_ctx) return CUDA_ERROR_INVALID_CONTEXT; } while (0)
+
+#endif

@@ -1,0 +1,72 @@
+/* Simulated driver: CUDA arrays and mipmapped arrays, 512-byte blocks of simulated device memory. */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+
+#include "ms_array.h"
+#include "simcuda.h"
+
+struct sim_array { uint32_t magic; int dev; uint64_t size; void *mem; };
+#define ARRAY_MAGIC 0x41525259u
+
+/* ---- arrays ---------------------------------------------------------------------------------------- */
+static CUresult array_create(void **handle, uint64_t bytes, int kind) {
+    NEED_CTX();
+    if (!handle || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    bytes = (bytes + 511) & ~511ull; /* arrays are laid out in 512-byte aligned blocks */
+    CUdeviceptr mem;
+    CUresult rc = sim_alloc(&mem, bytes, t_ctx->dev, kind, 0, 0);
+    if (rc) return rc;
+    struct sim_array *a = calloc(1, sizeof *a);
+    if (!a) { ms_rec r; ms_ptrmap_take(&g_ptrs, mem, &r); sim_release(&r); return CUDA_ERROR_OUT_OF_MEMORY; }
+    *a = (struct sim_array){ARRAY_MAGIC, t_ctx->dev, bytes, (void *)(uintptr_t)mem};
+    *handle = a;
+    return CUDA_SUCCESS;
+}
+
+static CUresult array_destroy(void *handle) {
+    NEED_INIT();
+    struct sim_array *a = handle;
+    ms_rec r;
+    if (!a || a->magic != ARRAY_MAGIC || !ms_ptrmap_take(&g_ptrs, (uint64_t)(uintptr_t)a->mem, &r)) return CUDA_ERROR_INVALID_HANDLE;
+    sim_release(&r);
+    a->magic = 0;
+    free(a);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuArrayCreate_v2(CUarray *h, const CUDA_ARRAY_DESCRIPTOR *d) {
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    return array_create((void **)h, ms_array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels), K_ARRAY);
+}
+API CUresult cuArrayCreate(CUarray *h, const CUDA_ARRAY_DESCRIPTOR_v1 *d) {
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    return array_create((void **)h, ms_array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels), K_ARRAY);
+}
+API CUresult cuArray3DCreate_v2(CUarray *h, const CUDA_ARRAY3D_DESCRIPTOR *d) {
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    return array_create((void **)h, ms_array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels), K_ARRAY);
+}
+API CUresult cuArray3DCreate(CUarray *h, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d) {
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    return array_create((void **)h, ms_array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels), K_ARRAY);
+}
+API CUresult cuArrayDestroy(CUarray h) { return array_destroy(h); }
+API CUresult cuMipmappedArrayCreate(CUmipmappedArray *h, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels) {
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    return array_create((void **)h, ms_mipmap_bytes(d, levels), K_MIPMAP);
+}
+API CUresult cuMipmappedArrayDestroy(CUmipmappedArray h) { return array_destroy(h); }
+API CUresult cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *req, CUarray h, CUdevice d) {
+    NEED_INIT();
+    struct sim_array *a = (struct sim_array *)h;
+    (void)d;
+    if (!req || !a || a->magic != ARRAY_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    memset(req, 0, sizeof *req);
+    req->size = a->size;
+    req->alignment = 512;
+    return CUDA_SUCCESS;
+}
+API CUresult cuMipmappedArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *req, CUmipmappedArray h, CUdevice d) {
+    return cuArrayGetMemoryRequirements(req, (CUarray)h, d);
+}

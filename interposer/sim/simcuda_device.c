@@ -1,0 +1,105 @@
+/* Simulated driver: cuInit, the driver version, and the devices of the simulated node. */
+#define _GNU_SOURCE
+#include <limits.h>
+#include <stdio.h>
+
+#include "simcuda.h"
+
+/* ---- init, versions, devices ---------------------------------------------------------------------- */
+API CUresult cuInit(unsigned int flags) {
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (!S()) return CUDA_ERROR_NO_DEVICE;
+    g_initialized = 1;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuDriverGetVersion(int *v) {
+    if (!v) return CUDA_ERROR_INVALID_VALUE;
+    struct sim *s = S();
+    *v = s ? s->driver_version : SIM_DRIVER_VERSION_DEFAULT;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGetCount(int *n) { NEED_INIT(); if (!n) return CUDA_ERROR_INVALID_VALUE; *n = ngpus(); return 0; }
+
+API CUresult cuDeviceGet(CUdevice *d, int ordinal) {
+    NEED_INIT();
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+    *d = ordinal;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
+    NEED_INIT();
+    if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(d)) return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(name, (size_t)len, "%s", S()->node->gpu[d].name);
+    return CUDA_SUCCESS;
+}
+
+/* UUID bytes, parsed back from the "GPU-..." text the NVML side reports, so both always agree. */
+static void uuid_bytes(int d, CUuuid *u) {
+    const char *t = S()->node->gpu[d].uuid + 4;
+    for (int i = 0; i < 16 && *t; i++) {
+        if (*t == '-') t++;
+        unsigned v = 0;
+        sscanf(t, "%2x", &v);
+        u->bytes[i] = (char)v;
+        t += 2;
+    }
+}
+
+API CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d) {
+    NEED_INIT();
+    if (!u) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(d)) return CUDA_ERROR_INVALID_DEVICE;
+    uuid_bytes(d, u);
+    return CUDA_SUCCESS;
+}
+API CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) { return cuDeviceGetUuid(u, d); }
+
+API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
+    NEED_INIT();
+    if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(d)) return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = S()->node->gpu[d].total;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice d) {
+    size_t b;
+    CUresult rc = cuDeviceTotalMem_v2(&b, d);
+    if (rc == CUDA_SUCCESS) *bytes = b > UINT_MAX ? UINT_MAX : (unsigned int)b;
+    return rc;
+}
+
+API CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute attr, CUdevice d) {
+    NEED_INIT();
+    if (!v) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(d)) return CUDA_ERROR_INVALID_DEVICE;
+    switch (attr) {
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *v = 32; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = 132; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *v = (int)S()->node->gpu[d].pci_bus; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: *v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS:
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *v = 1; break;
+    default: *v = 0; break;
+    }
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGetPCIBusId(char *buf, int len, CUdevice d) {
+    NEED_INIT();
+    if (!buf || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(d)) return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(buf, (size_t)len, "%08X:%02X:%02X.0", 0u, S()->node->gpu[d].pci_bus, 0u);
+    return CUDA_SUCCESS;
+}

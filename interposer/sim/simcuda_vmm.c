@@ -1,0 +1,152 @@
+/* Simulated driver: virtual memory management (memfd-backed physical handles mapped into reserved ranges). */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "simcuda.h"
+
+struct sim_vmm { uint32_t magic; int fd; int dev; int host; uint64_t size; int maps; int released;
+                 CUmemAllocationProp prop; };
+#define VMM_MAGIC 0x564d4d31u
+
+/* ---- virtual memory management --------------------------------------------------------------------- */
+static struct sim_vmm *as_vmm(CUmemGenericAllocationHandle h) {
+    struct sim_vmm *x = (struct sim_vmm *)(uintptr_t)h;
+    return x && x->magic == VMM_MAGIC ? x : NULL;
+}
+
+API CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
+                                           CUmemAllocationGranularity_flags option) {
+    NEED_INIT();
+    (void)option;
+    if (!g || !prop) return CUDA_ERROR_INVALID_VALUE;
+    *g = VMM_GRANULARITY;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
+                         unsigned long long flags) {
+    NEED_INIT();
+    if (!h || !prop || flags || size == 0 || size % VMM_GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
+    int host = prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE;
+    int dev = host ? (t_ctx ? t_ctx->dev : 0) : prop->location.id;
+    if (!valid_dev(dev) || prop->location.type == CU_MEM_LOCATION_TYPE_INVALID) return CUDA_ERROR_INVALID_VALUE;
+    if (host && prop->requestedHandleTypes) return CUDA_ERROR_INVALID_VALUE; /* documented for HOST */
+    struct sim *s = S();
+    if (sim_charge(s, dev, size, host) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    int fd = memfd_create("memslice-sim-vmm", MFD_CLOEXEC);
+    struct sim_vmm *v = calloc(1, sizeof *v);
+    if (fd < 0 || !v || ftruncate(fd, (off_t)size) < 0) {
+        if (fd >= 0) close(fd);
+        free(v);
+        sim_uncharge(s, dev, size, host);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *v = (struct sim_vmm){.magic = VMM_MAGIC, .fd = fd, .dev = dev, .host = host, .size = size, .prop = *prop};
+    *h = (CUmemGenericAllocationHandle)(uintptr_t)v;
+    return CUDA_SUCCESS;
+}
+
+static void vmm_maybe_free(struct sim_vmm *v) {
+    if (!v->released || v->maps > 0) return;
+    close(v->fd);
+    sim_uncharge(S(), v->dev, v->size, v->host);
+    v->magic = 0;
+    free(v);
+}
+
+/* Memory is given back when the handle is released and no mapping refers to it any more. */
+API CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+    NEED_INIT();
+    pthread_mutex_lock(&g_mu);
+    struct sim_vmm *v = as_vmm(h);
+    if (!v || v->released) { pthread_mutex_unlock(&g_mu); return CUDA_ERROR_INVALID_VALUE; }
+    v->released = 1;
+    vmm_maybe_free(v);
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h) {
+    NEED_INIT();
+    struct sim_vmm *v = as_vmm(h);
+    if (!v || !prop) return CUDA_ERROR_INVALID_VALUE;
+    *prop = v->prop;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
+                                 unsigned long long flags) {
+    NEED_INIT();
+    (void)addr;
+    if (!ptr || size == 0 || flags || size % VMM_GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
+    size_t a = align > VMM_GRANULARITY ? align : VMM_GRANULARITY;
+    char *m = mmap(NULL, size + a, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    uintptr_t base = ((uintptr_t)m + a - 1) & ~(uintptr_t)(a - 1);
+    if (base > (uintptr_t)m) munmap(m, base - (uintptr_t)m);
+    uintptr_t end = (uintptr_t)m + size + a;
+    if (end > base + size) munmap((void *)(base + size), end - (base + size));
+    ms_rec r = {.key = base, .size = size, .kind = K_VMM_RANGE};
+    ms_ptrmap_put(&g_ptrs, &r);
+    *ptr = base;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    NEED_INIT();
+    ms_rec r;
+    if (!ms_ptrmap_get(&g_ptrs, ptr, &r) || r.kind != K_VMM_RANGE || r.size != size) return CUDA_ERROR_INVALID_VALUE;
+    ms_ptrmap_take(&g_ptrs, ptr, &r);
+    munmap((void *)(uintptr_t)ptr, size);
+    return CUDA_SUCCESS;
+}
+
+/* Mappings are kept in a small list: (address, size) -> handle, so cuMemUnmap finds what it unmaps. */
+struct mapping { uint64_t ptr, size; struct sim_vmm *v; struct mapping *next; };
+static struct mapping *g_maps;
+
+API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                      unsigned long long flags) {
+    NEED_INIT();
+    pthread_mutex_lock(&g_mu);
+    struct sim_vmm *v = as_vmm(h);
+    CUresult rc = CUDA_SUCCESS;
+    struct mapping *m = malloc(sizeof *m);
+    if (!v || v->released || flags || !m || offset + size > v->size || size % VMM_GRANULARITY) rc = CUDA_ERROR_INVALID_VALUE;
+    else if (mmap((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, v->fd, (off_t)offset) ==
+             MAP_FAILED) rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS) {
+        *m = (struct mapping){ptr, size, v, g_maps};
+        g_maps = m;
+        v->maps++;
+    } else {
+        free(m);
+    }
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    NEED_INIT();
+    pthread_mutex_lock(&g_mu);
+    struct mapping **pm = &g_maps;
+    while (*pm && !((*pm)->ptr == ptr && (*pm)->size == size)) pm = &(*pm)->next;
+    if (!*pm) { pthread_mutex_unlock(&g_mu); return CUDA_ERROR_INVALID_VALUE; }
+    struct mapping *m = *pm;
+    *pm = m->next;
+    mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    m->v->maps--;
+    vmm_maybe_free(m->v);
+    free(m);
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+    NEED_INIT();
+    (void)ptr; (void)size;
+    if (!desc || count == 0) return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
