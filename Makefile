@@ -6,7 +6,13 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.memslice-installed
 SOURCES = pyproject.toml setup.py $(wildcard interposer/src/*.[ch] interposer/sim/*.[ch] interposer/include/*.h interposer/Makefile proto/*.proto)
 
-.PHONY: install demo test lint native protos clean
+# The sanitizer run: the shim, simulator and C tests built with ASan+UBSan (interposer/build-asan), the C
+# tests run by `make -C interposer sanitize`, then the shim's pytest files that exercise every hook
+# family against that build (the ASan runtime preloaded first, in pytest and in every child).
+CC        ?= cc
+SAN_TESTS  = tests/test_shim_kinds.py tests/test_shim_routes.py tests/test_oversubscribe.py tests/test_shim_faults.py
+
+.PHONY: install demo test lint native protos clean sanitize
 install: $(STAMP)
 
 $(STAMP): $(SOURCES)
@@ -31,6 +37,14 @@ test: install
 	$(VENV)/bin/ruff check .
 	$(MAKE) -C interposer check
 	$(VENV)/bin/pytest -q
+	$(MAKE) sanitize
+
+sanitize: install
+	$(MAKE) -C interposer sanitize
+	asan=$$($(CC) -print-file-name=libasan.so) && \
+	  MEMSLICE_LIB_DIR=$(CURDIR)/interposer/build-asan MEMSLICE_TEST_PRELOAD_FIRST=$$asan LD_PRELOAD=$$asan \
+	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  $(VENV)/bin/pytest -q -p no:cacheprovider $(SAN_TESTS)
 
 clean:
 	$(MAKE) -C interposer clean

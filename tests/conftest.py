@@ -22,6 +22,14 @@ TESTS = pathlib.Path(__file__).resolve().parent
 T = TypeVar("T")
 C_DIR = TESTS / "c"
 MiB = 1 << 20
+# The sanitizer run of `make test` points MEMSLICE_LIB_DIR at interposer/build-asan, whose libraries need
+# the ASan runtime loaded before anything else: this names it (empty otherwise).
+PRELOAD_FIRST = os.environ.get("MEMSLICE_TEST_PRELOAD_FIRST", "")
+
+
+def preload(*libs: str) -> str:
+    """An LD_PRELOAD value for these libraries (after the sanitizer runtime, in the sanitizer run)."""
+    return " ".join(p for p in (PRELOAD_FIRST, *libs) if p)
 
 
 @pytest.fixture(scope="session")
@@ -63,12 +71,14 @@ class Node:
                         MEMSLICE_SIM_CONTEXT_OVERHEAD=context_overhead,
                         LD_LIBRARY_PATH=libs.sim_dir)
         self.env.pop("LD_PRELOAD", None)
+        if PRELOAD_FIRST:
+            self.env["LD_PRELOAD"] = PRELOAD_FIRST
 
     def container(self, region: pathlib.Path, limit: str | None, **extra: str) -> dict[str, str]:
         """Environment of a process in a container with this quota, the shim preloaded."""
         region.mkdir(parents=True, exist_ok=True)
         env = dict(self.env)
-        env.update(MEMSLICE_REGION_DIR=str(region), LD_PRELOAD=self.libs.shim)
+        env.update(MEMSLICE_REGION_DIR=str(region), LD_PRELOAD=preload(self.libs.shim))
         if limit is not None:
             env["MEMSLICE_GPU_MEM_LIMIT"] = limit
         env.update(extra)
