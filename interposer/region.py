@@ -17,6 +17,8 @@ from functools import cache
 
 import cffi
 
+from memslice import errors
+
 REGION_FILE = "memslice.region"
 _HEADER = pathlib.Path(__file__).resolve().parent / "include" / "memslice_region.h"
 
@@ -55,7 +57,7 @@ class RegionSnapshot:
     reclaimed: int
 
 
-class RegionError(RuntimeError):
+class RegionError(errors.UnavailableError):
     pass
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 from memslice.plugin.config import AgentConfig
-from memslice.plugin.devices import check_list_fits
+from memslice.plugin.devices import ListTooLarge, check_list_fits
 from memslice.plugin.gpus import GpuError, GpuInfo, Nvml
 from memslice.plugin.health import HealthBook, XidWatcher
 from memslice.plugin.inventory import InventoryPublisher, PodWatcher, api_client, inventory_annotations
@@ -23,10 +23,12 @@ from memslice.plugin.response import ResponseConfig
 from memslice.plugin.server import DevicePluginService, PluginServer
 from memslice.plugin.state import NodeState
 
+from memslice import errors
+
 log = logging.getLogger(__name__)
 
 
-class StartupError(RuntimeError):
+class StartupError(errors.UnavailableError):
     """The agent cannot start; the message says why and what to change."""
 
 
@@ -80,7 +82,7 @@ class NodeAgent:
                                f"nothing to advertise")
         try:
             size = check_list_fits([g.shape() for g in gpus], cfg.unit_mib)
-        except ValueError as exc:
+        except ListTooLarge as exc:
             raise StartupError(str(exc)) from exc
         log.info("ListAndWatch message: at most %d bytes (kubelet limit 4194304) at --unit-mib %d", size,
                  cfg.unit_mib)

@@ -15,17 +15,19 @@ from dataclasses import dataclass
 from memslice.plugin.devices import DeviceIdError, device_id, devices_per_gpu, parse_device_id
 from memslice.plugin.gpus import GpuInfo
 
+from memslice import errors
+
 RESOURCE_NAME = "memslice.io/gpu-mem"
 ANN_GPU_UUID = "memslice.io/gpu-uuid"
 ANN_GPU_MEM = "memslice.io/gpu-mem-mib"
 ANN_ASSUMED_AT = "memslice.io/assumed-at"
 
 
-class AllocationError(ValueError):
+class AllocationError(errors.InputError):
     """A request the agent refuses; the message names the bad value and the fix."""
 
 
-class ReservationError(ValueError):
+class ReservationError(errors.ContractError):
     """Malformed reservation annotations on a pod."""
 
 

@@ -14,11 +14,13 @@ from pathlib import Path
 
 from memslice.plugin.health import DEFAULT_IGNORED_XIDS
 
+from memslice import errors
+
 PRELOAD_MODES = ("file", "env")
 VISIBILITY_MODES = ("env", "cdi")
 
 
-class ConfigError(ValueError):
+class ConfigError(errors.ConfigError):
     pass
 
 

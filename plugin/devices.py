@@ -12,6 +12,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from memslice import errors
+
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 # grpc-go's default client receive limit, which the kubelet uses when reading ListAndWatch.
@@ -20,7 +22,7 @@ KUBELET_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 _ID = re.compile(r"g([0-9]{1,4})-([0-9]{1,9})")  # ASCII digits only: \d would accept other scripts
 
 
-class DeviceIdError(ValueError):
+class DeviceIdError(errors.InputError):
     """A device ID that memslice did not issue."""
 
 
@@ -117,7 +119,7 @@ def max_devices_per_node(id_len: int, numa: int | None, limit: int = KUBELET_MAX
     return limit // device_entry_bytes(id_len, UNHEALTHY, numa)
 
 
-class ListTooLarge(RuntimeError):
+class ListTooLarge(errors.LimitError):
     """The device list would exceed the kubelet's ListAndWatch limit; the message says how to fix it."""
 
 

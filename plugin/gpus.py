@@ -14,12 +14,14 @@ from dataclasses import dataclass
 
 from memslice.plugin.devices import GpuShape
 
+from memslice import errors
+
 log = logging.getLogger(__name__)
 
 DEFAULT_SIM_GPUS = "16GiB"
 
 
-class GpuError(RuntimeError):
+class GpuError(errors.UnavailableError):
     """NVML is missing or failing; the message says what to check."""
 
 

@@ -20,8 +20,10 @@ from memslice.scheduler_extender.constants import (
     ANN_UNIT_MIB,
 )
 
+from memslice import errors
 
-class AnnotationError(ValueError):
+
+class AnnotationError(errors.ContractError):
     """A malformed memslice annotation."""
 
 

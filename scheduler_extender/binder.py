@@ -35,10 +35,12 @@ from memslice.scheduler_extender.resources import PodRequest, RequestError, pod_
 from memslice.scheduler_extender.state import Charge, ClusterState, resource_version
 from memslice.scheduler_extender.wire import BindingArgs
 
+from memslice import errors
+
 log = logging.getLogger(__name__)
 
 
-class BindError(Exception):
+class BindError(errors.UnavailableError):
     """A bind that failed; `reason` is a short label for metrics."""
 
     def __init__(self, reason: str, message: str) -> None:

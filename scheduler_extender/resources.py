@@ -21,6 +21,8 @@ from typing import Any
 
 from memslice.scheduler_extender.constants import ANN_POLICY, POLICIES, RESOURCE
 
+from memslice import errors
+
 MAX_DEVICES = 1 << 40  # per container; anything above is absurd (1 TiB devices of 1 MiB is an EiB)
 _QUANTITY = re.compile(r"^([+-]?)(\d{1,30}(?:\.\d{0,30})?|\.\d{1,30})"
                        r"(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?\d{1,3})?$")
@@ -30,7 +32,7 @@ _SUFFIX = {"": Fraction(1), "m": Fraction(1, 1000), "k": Fraction(10**3), "M": F
            "Pi": Fraction(2**50), "Ei": Fraction(2**60)}
 
 
-class RequestError(ValueError):
+class RequestError(errors.InputError):
     """A pod whose memslice request cannot be honoured; the message names the value and the fix."""
 
 

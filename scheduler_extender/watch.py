@@ -21,12 +21,14 @@ from typing import Any
 
 import orjson
 
+from memslice import errors
+
 log = logging.getLogger(__name__)
 
 PAGE_SIZE = 500
 
 
-class Gone(Exception):
+class Gone(errors.UnavailableError):
     """The resourceVersion is too old (410): list again."""
 
 

@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
+from memslice import errors
+
 MAX_NODE_NAMES = 100_000
 MAX_NAME_LEN = 253
 
 
-class WireError(ValueError):
+class WireError(errors.InputError):
     """A request that does not follow the extender API; answered with HTTP 400 and an `Error`."""
 
 

@@ -7,7 +7,7 @@ import argparse
 import importlib
 import sys
 
-from memslice import __version__
+from memslice import __version__, errors
 
 # subcommand -> module that provides `add_parser(subparsers)`; the module sets `func` on its parser.
 SUBCOMMANDS = {
@@ -49,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except errors.MemsliceError as exc:
+        # A refusal memslice makes on purpose is one line naming the problem and the fix, never a traceback.
+        print(f"memslice {args.command}: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, errors.ConfigError) else 1
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ import os
 import pathlib
 from dataclasses import asdict, dataclass
 
+from memslice import errors
+
 
 @dataclass(frozen=True)
 class LibPaths:
@@ -19,7 +21,7 @@ class LibPaths:
         return asdict(self)
 
 
-class LibraryMissing(RuntimeError):
+class LibraryMissing(errors.UnavailableError):
     pass
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+from memslice import errors
+
 MiB = 1 << 20
 _UNITS = {"": MiB, "B": 1, "KiB": 1 << 10, "Ki": 1 << 10, "MiB": MiB, "Mi": MiB,
           "GiB": 1 << 30, "Gi": 1 << 30, "TiB": 1 << 40, "Ti": 1 << 40}
@@ -14,7 +16,7 @@ _SIZE = re.compile(r"^[ \t]*([0-9]+) *([A-Za-z]*)[ \t\n]*$")
 HELP = "a whole number of MiB (4096) or a number with a binary unit: 512MiB, 4GiB, 4Gi, 1TiB"
 
 
-class SizeError(ValueError):
+class SizeError(errors.InputError):
     """A size string that cannot be read; the message names the value and a valid form."""
 
 
