@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.memslice-installed
-SOURCES = pyproject.toml setup.py $(wildcard interposer/src/*.[ch] interposer/sim/*.[ch] interposer/include/*.h interposer/Makefile proto/*.proto)
+SOURCES = pyproject.toml setup.py proto/generate.py $(wildcard interposer/src/*.[ch] interposer/sim/*.[ch] interposer/include/*.h interposer/Makefile proto/*.proto)
 
 # The sanitizer run: the shim, simulator and C tests built with ASan+UBSan (interposer/build-asan), the C
 # tests run by `make -C interposer sanitize`, then the shim's pytest files that exercise every hook
@@ -12,7 +12,7 @@ SOURCES = pyproject.toml setup.py $(wildcard interposer/src/*.[ch] interposer/si
 CC        ?= cc
 SAN_TESTS  = tests/test_shim_kinds.py tests/test_shim_routes.py tests/test_oversubscribe.py tests/test_shim_faults.py
 
-.PHONY: install demo test lint native protos clean sanitize
+.PHONY: install demo test lint native protos clean sanitize typecheck
 install: $(STAMP)
 
 $(STAMP): $(SOURCES)
@@ -33,8 +33,17 @@ demo: install
 lint: install
 	$(VENV)/bin/ruff check .
 
+# mypy --strict (configured in pyproject.toml) on a tree of links with the installed package layout.
+TC = build/typecheck/memslice
+typecheck: install
+	rm -rf build/typecheck && mkdir -p $(TC)
+	for f in src/memslice/*.py; do ln -s ../../../$$f $(TC)/; done
+	for d in plugin scheduler_extender interposer proto; do ln -s ../../../$$d $(TC)/$$d; done
+	$(VENV)/bin/mypy
+
 test: install
 	$(VENV)/bin/ruff check .
+	$(MAKE) typecheck
 	$(MAKE) -C interposer check
 	$(VENV)/bin/pytest -q
 	$(MAKE) sanitize

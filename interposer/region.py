@@ -14,6 +14,7 @@ import pathlib
 import re
 from dataclasses import dataclass, field
 from functools import cache
+from typing import Any
 
 import cffi
 
@@ -77,13 +78,19 @@ def _ffi() -> cffi.FFI:
 
 
 @cache
-def _lib() -> object:
+def _lib() -> Any:  # cffi library: its functions and constants are only known at run time
     from memslice.paths import lib_dir
 
     return _ffi().dlopen(str(lib_dir() / "libmemslice-region.so"))
 
 
 FROZEN = 1 << 63
+
+
+def _text(chars: Any, on_error: str = "strict") -> str:
+    """A NUL-terminated C char array as text."""
+    raw = _ffi().string(chars)
+    return raw.decode(errors=on_error) if isinstance(raw, bytes) else str(raw)
 
 
 def region_path(region_dir: str | os.PathLike[str]) -> str:
@@ -95,7 +102,7 @@ def _liveness(path: str, n: int) -> list[bool]:
     alive = ffi.new("unsigned char[]", n)
     err = ffi.new("char[]", 512)
     if _lib().memslice_region_liveness(path.encode(), alive, n, err, 512) < 0:
-        raise RegionError(ffi.string(err).decode())
+        raise RegionError(_text(err))
     return [bool(a) for a in alive]
 
 
@@ -116,7 +123,7 @@ def read_region_file(path: str) -> RegionSnapshot | None:
     lib = _lib()
     buf = ffi.from_buffer(mm)
     try:
-        r = ffi.cast("struct ms_region *", buf)
+        r: Any = ffi.cast("struct ms_region *", buf)  # fields from the header, unknown to mypy
         if r.hdr.magic != lib.MS_MAGIC:
             return None  # being created
         nd = r.hdr.ndevices
@@ -124,7 +131,7 @@ def read_region_file(path: str) -> RegionSnapshot | None:
         uuids = []
         for d in range(nd):
             dv = r.dev[d]
-            uuid = ffi.string(dv.uuid).decode()
+            uuid = _text(dv.uuid)
             uuids.append(uuid)
             devices.append(DeviceUsage(uuid=uuid, physical_bytes=dv.physical_total, limit_bytes=dv.limit,
                                        used_bytes=dv.used & ~FROZEN, host_bytes=dv.host_used & ~FROZEN,
@@ -137,7 +144,7 @@ def read_region_file(path: str) -> RegionSnapshot | None:
         for i in candidates:
             s = r.slot[i]
             per = {uuids[d]: (int(s.device_bytes[d]), int(s.host_bytes[d])) for d in range(nd)}
-            procs.append(ProcessUsage(pid=s.pid, comm=ffi.string(s.comm).decode(errors="replace"),
+            procs.append(ProcessUsage(pid=s.pid, comm=_text(s.comm, "replace"),
                                       alive=alive[i], device_bytes=sum(v[0] for v in per.values()),
                                       host_bytes=sum(v[1] for v in per.values()), peak_bytes=s.peak,
                                       refused=s.refused, per_device=per))
@@ -157,6 +164,6 @@ def sweep(region_dir: str | os.PathLike[str]) -> int:
     err = ffi.new("char[]", 512)
     n = _lib().memslice_region_sweep(path.encode(), err, 512)
     if n < 0:
-        raise RegionError(ffi.string(err).decode())
+        raise RegionError(_text(err))
     return int(n)
 

@@ -28,7 +28,7 @@ TENANTS = [
 ]
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="three tenants slicing one simulated 16 GiB GPU",
                        description="Runs three processes on one simulated 16 GiB GPU under quotas of 4, 4 and "
                                    "8 GiB, shows one being refused, and prints what `memslice top` sees.")

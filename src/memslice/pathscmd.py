@@ -7,7 +7,7 @@ import json
 import sys
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("paths", help="print where the shim and the simulated GPU libraries are")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=main)

@@ -8,7 +8,7 @@ import os
 import sys
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("sim", help="control the simulated GPU (Xid events, physical usage)",
                        description="The simulated GPU stands in for the NVIDIA driver on machines without one. "
                                    "Its node state lives in the file named by MEMSLICE_SIM_STATE.")
