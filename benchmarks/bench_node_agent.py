@@ -26,6 +26,8 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # the stand-ins' channels see 
 
 from kube_standin import KubeApiStandin  # noqa: E402
 from kubelet_standin import KubeletStandin  # noqa: E402
+from test_plugin_agent import RESOURCE, AgentProcess, wait_for  # noqa: E402
+
 from memslice.plugin.devices import (  # noqa: E402
     KUBELET_MAX_MESSAGE_BYTES,
     GpuShape,
@@ -33,7 +35,6 @@ from memslice.plugin.devices import (  # noqa: E402
     smallest_fitting_unit,
     worst_case_bytes,
 )
-from test_plugin_agent import RESOURCE, AgentProcess, wait_for  # noqa: E402
 
 GiB = 1024
 SHAPES = {  # name -> (MEMSLICE_SIM_GPUS, shapes for the arithmetic); 8-GPU nodes: 4 GPUs per NUMA node

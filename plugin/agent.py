@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 import grpc
+
+from memslice import errors
 from memslice.plugin.config import AgentConfig
 from memslice.plugin.devices import ListTooLarge, check_list_fits
 from memslice.plugin.gpus import GpuError, GpuInfo, Nvml
@@ -22,8 +24,6 @@ from memslice.plugin.registration import Registrar
 from memslice.plugin.response import ResponseConfig
 from memslice.plugin.server import DevicePluginService, PluginServer
 from memslice.plugin.state import NodeState
-
-from memslice import errors
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +148,8 @@ class NodeAgent:
 
     def _install_sim_driver(self) -> tuple[Path, Path]:
         """--simulate: put the simulated driver where Allocate mounts it from (beside the state file)."""
-        from memslice.plugin.regions import install_sim_driver
-
         from memslice.paths import lib_dir
+        from memslice.plugin.regions import install_sim_driver
         from memslice.simulator import state_path
 
         state = Path(state_path())

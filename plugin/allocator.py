@@ -12,10 +12,9 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from memslice import errors
 from memslice.plugin.devices import DeviceIdError, device_id, devices_per_gpu, parse_device_id
 from memslice.plugin.gpus import GpuInfo
-
-from memslice import errors
 
 RESOURCE_NAME = "memslice.io/gpu-mem"
 ANN_GPU_UUID = "memslice.io/gpu-uuid"

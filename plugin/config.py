@@ -12,9 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from memslice.plugin.health import DEFAULT_IGNORED_XIDS
-
 from memslice import errors
+from memslice.plugin.health import DEFAULT_IGNORED_XIDS
 
 PRELOAD_MODES = ("file", "env")
 VISIBILITY_MODES = ("env", "cdi")

@@ -12,9 +12,8 @@ import os
 import threading
 from dataclasses import dataclass
 
-from memslice.plugin.devices import GpuShape
-
 from memslice import errors
+from memslice.plugin.devices import GpuShape
 
 log = logging.getLogger(__name__)
 

@@ -12,11 +12,12 @@ import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from memslice.plugin.ledger import allocated_mib
-from memslice.plugin.state import NodeState
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from memslice.plugin.ledger import allocated_mib
+from memslice.plugin.state import NodeState
 
 log = logging.getLogger(__name__)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import grpc
+
 from memslice.plugin.allocator import RESOURCE_NAME
 from memslice.plugin.ledger import LiveContainer
 from memslice.proto import podresources_pb2, podresources_pb2_grpc

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+
 from memslice.plugin.allocator import RESOURCE_NAME
 from memslice.plugin.metrics import Metrics
 from memslice.plugin.server import PluginServer

@@ -10,6 +10,7 @@ from concurrent import futures
 from pathlib import Path
 
 import grpc
+
 from memslice.plugin.allocator import (
     AllocationError,
     Target,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from memslice import errors
 from memslice.scheduler_extender.constants import (
     ANN_ASSUMED_AT,
     ANN_GPU_MEM,
@@ -19,8 +20,6 @@ from memslice.scheduler_extender.constants import (
     ANN_GPUS,
     ANN_UNIT_MIB,
 )
-
-from memslice import errors
 
 
 class AnnotationError(errors.ContractError):

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from memslice import errors
 from memslice.scheduler_extender import decisions
 from memslice.scheduler_extender.annotations import reservation_annotations
 from memslice.scheduler_extender.constants import ANN_ASSUMED_AT, ANN_GPU_UUID, RESERVATION_ANNOTATIONS
@@ -34,8 +36,6 @@ from memslice.scheduler_extender.podwrites import JSON_PATCH, PodWriter
 from memslice.scheduler_extender.resources import PodRequest, RequestError, pod_request
 from memslice.scheduler_extender.state import Charge, ClusterState, resource_version
 from memslice.scheduler_extender.wire import BindingArgs
-
-from memslice import errors
 
 log = logging.getLogger(__name__)
 

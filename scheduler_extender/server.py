@@ -25,10 +25,10 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 
 import orjson
-from memslice.scheduler_extender.metrics import Metrics
-from memslice.scheduler_extender.verbs import Verbs
 
 from memslice.lean_http import LeanRequestHandler
+from memslice.scheduler_extender.metrics import Metrics
+from memslice.scheduler_extender.verbs import Verbs
 
 log = logging.getLogger(__name__)
 VERBS = ("filter", "prioritize", "bind", "preempt")

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+
 from memslice.proto import api_pb2, api_pb2_grpc, podresources_pb2, podresources_pb2_grpc
 
 KUBELET_MAX_RECEIVE = 4 * 1024 * 1024  # grpc-go's default, which the kubelet keeps for plugin clients

@@ -219,6 +219,7 @@ def test_mirror_methods_make_the_requests_their_names_say() -> None:
     credentials of the client's kubeconfig."""
     from kube_standin import KubeApiStandin
     from kubernetes.client.exceptions import ApiException
+
     from memslice.scheduler_extender.cli import load_api_client
     from memslice.scheduler_extender.podwrites import PodWriter
 

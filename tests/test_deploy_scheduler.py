@@ -18,9 +18,10 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 from kube_standin import KubeApiStandin
-from memslice.scheduler_extender import constants
 from test_deploy_examples import example
 from test_deploy_render import NAMESPACE, RESOURCE, SCHEDULER_NAME, Manifest, find, pod_spec, render
+
+from memslice.scheduler_extender import constants
 
 VERBS = ("filter", "prioritize", "bind", "preempt")
 # Fields of kubescheduler.config.k8s.io/v1 (k8s.io/kube-scheduler/config/v1). kube-scheduler decodes its

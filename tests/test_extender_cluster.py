@@ -8,9 +8,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from test_extender_support import Cluster, FakeClock, node_obj, pod_obj, running_cluster
+
 from memslice.scheduler_extender.annotations import reservation_annotations
 from memslice.scheduler_extender.app import Config
-from test_extender_support import Cluster, FakeClock, node_obj, pod_obj, running_cluster
 
 
 @pytest.fixture

@@ -8,6 +8,8 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_extender_support import FakeClock, node_obj, pod_obj
+
 from memslice.scheduler_extender import decisions
 from memslice.scheduler_extender.annotations import (
     AnnotationError,
@@ -19,7 +21,6 @@ from memslice.scheduler_extender.annotations import (
 )
 from memslice.scheduler_extender.resources import MAX_DEVICES, RequestError, parse_devices, pod_request
 from memslice.scheduler_extender.state import Charge, ClusterState, GpuView, NodeView
-from test_extender_support import FakeClock, node_obj, pod_obj
 
 
 @pytest.mark.parametrize(("text", "devices"), [("4096", 4096), ("0", 0), ("4k", 4000), ("2Ki", 2048),

@@ -13,12 +13,13 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_extender_support import Cluster, node_obj, plain_node, pod_obj, running_cluster
+
 from memslice.scheduler_extender import decisions, wire
 from memslice.scheduler_extender.annotations import reservation_annotations
 from memslice.scheduler_extender.metrics import Metrics
 from memslice.scheduler_extender.state import CHANGE_LOG, Charge, ClusterState
 from memslice.scheduler_extender.verbs import Verbs
-from test_extender_support import Cluster, node_obj, plain_node, pod_obj, running_cluster
 
 SIZES = (1, 500, 1000, 3000, 4000, 8000, 9000, 16000, 20000)
 

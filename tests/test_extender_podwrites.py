@@ -17,6 +17,7 @@ import httptools
 import pytest
 from kube_standin import KubeApiStandin
 from kubernetes.client.exceptions import ApiException
+
 from memslice.scheduler_extender.cli import load_api_client
 from memslice.scheduler_extender.podwrites import PodWriter
 

@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kube_standin import KubeApiStandin
+
 from memslice.scheduler_extender.app import Config, Extender
 from memslice.scheduler_extender.state import ClusterState
 

@@ -10,8 +10,9 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-from memslice.scheduler_extender.app import Config
 from test_extender_support import Client, Cluster, node_obj, plain_node, pod_obj, running_cluster
+
+from memslice.scheduler_extender.app import Config
 
 FILTER_KEYS = {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
 

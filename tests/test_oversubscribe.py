@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from conftest import run
+
 from memslice.interposer.region import read_region
 
 MiB = 1 << 20

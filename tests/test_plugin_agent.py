@@ -23,10 +23,10 @@ import grpc
 import pytest
 from conftest import ChildLog
 from kubelet_standin import KubeletStandin
-from memslice.proto import api_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
 from memslice.paths import lib_paths
+from memslice.proto import api_pb2
 
 RESOURCE = "memslice.io/gpu-mem"
 ROOT = Path(__file__).resolve().parent.parent

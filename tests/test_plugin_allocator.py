@@ -7,6 +7,7 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from memslice.plugin.allocator import (
     ANN_ASSUMED_AT,
     ANN_GPU_MEM,

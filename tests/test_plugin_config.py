@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 
 import pytest
-from memslice.plugin.config import OPTIONS, add_arguments, resolve
 
 from memslice.cli import build_parser, main
+from memslice.plugin.config import OPTIONS, add_arguments, resolve
 
 
 def parse(argv: list[str], env: dict[str, str] | None = None):
