@@ -23,36 +23,49 @@ void trim_pool(struct sim_pool *p, uint64_t keep) {
     }
 }
 
+/* A cached (freed, still reserved) block of exactly n bytes, taken out of the pool's cache; 0 if none.
+ * Caller holds g_mu. */
+static uint64_t take_cached(struct sim_pool *p, size_t n) {
+    for (struct pool_block **pb = &p->cached; *pb; pb = &(*pb)->next) {
+        if ((*pb)->size != n) continue;
+        struct pool_block *hit = *pb;
+        uint64_t ptr = hit->ptr;
+        *pb = hit->next;
+        free(hit);
+        return ptr;
+    }
+    return 0;
+}
+
+/* Grow the pool by n bytes of new device memory; a real pool frees its cache before failing. Caller holds
+ * g_mu. */
+static CUresult grow_pool(struct sim_pool *p, size_t n, CUdeviceptr *dptr) {
+    if (p->max_size && p->reserved + n > p->max_size) return CUDA_ERROR_OUT_OF_MEMORY;
+    struct sim *s = S();
+    if (sim_charge(s, p->dev, n, 0) < 0) {
+        trim_pool(p, 0);
+        if (sim_charge(s, p->dev, n, 0) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    void *mem = backing_alloc(n);
+    if (!mem) {
+        sim_uncharge(s, p->dev, n, 0);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    p->reserved += n;
+    if (p->reserved > p->reserved_high) p->reserved_high = p->reserved;
+    *dptr = (CUdeviceptr)(uintptr_t)mem;
+    return CUDA_SUCCESS;
+}
+
+/* Allocate n bytes from pool p: a cached block of that size if there is one, else new reserved memory. */
 static CUresult pool_alloc(CUdeviceptr *dptr, size_t n, struct sim_pool *p) {
     NEED_CTX();
     if (!dptr || n == 0 || !p) return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&g_mu);
-    struct pool_block **pb = &p->cached, *hit = NULL;
-    for (; *pb; pb = &(*pb)->next)
-        if ((*pb)->size == n) { hit = *pb; *pb = hit->next; break; }
-    if (hit) {
-        *dptr = hit->ptr;
-        free(hit);
-    } else if (p->max_size && p->reserved + n > p->max_size) {
-        rc = CUDA_ERROR_OUT_OF_MEMORY;
-    } else {
-        struct sim *s = S();
-        void *mem = NULL;
-        if (sim_charge(s, p->dev, n, 0) < 0) {
-            trim_pool(p, 0); /* a real pool frees its cache before failing */
-            if (sim_charge(s, p->dev, n, 0) < 0) rc = CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        if (rc == CUDA_SUCCESS && !(mem = backing_alloc(n))) {
-            sim_uncharge(s, p->dev, n, 0);
-            rc = CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        if (rc == CUDA_SUCCESS) {
-            p->reserved += n;
-            if (p->reserved > p->reserved_high) p->reserved_high = p->reserved;
-            *dptr = (CUdeviceptr)(uintptr_t)mem;
-        }
-    }
+    CUresult rc = CUDA_SUCCESS;
+    uint64_t cached = take_cached(p, n);
+    if (cached) *dptr = cached;
+    else rc = grow_pool(p, n, dptr);
     if (rc == CUDA_SUCCESS) {
         ms_rec r = {.key = *dptr, .size = n, .dev = p->dev, .kind = K_POOL, .aux = (uint64_t)(uintptr_t)p};
         ms_ptrmap_put(&g_ptrs, &r);

@@ -117,8 +117,31 @@ static const struct proc g_procs[] = {
     P("cuMipmappedArrayGetMemoryRequirements", 11060, cuMipmappedArrayGetMemoryRequirements),
 };
 
-/* Rules from cuda.h: newest variant introduced at or before cudaVersion; a PTDS request gets the _ptsz/
- * _ptds variant when one exists, else the legacy one; unknown names answer SUCCESS with NULL. */
+/* The variant of `symbol` a caller built for cudaVersion gets: the newest introduced at or before that
+ * version, the per-thread-default-stream one (_ptsz/_ptds) when asked for and one exists, else the legacy
+ * one. NULL if none; *known says whether the name exists at all (for the query status). */
+static const struct proc *pick_variant(const char *symbol, int cudaVersion, int want_ptds, int *known) {
+    const struct proc *best = NULL, *best_ptds = NULL;
+    *known = 0;
+    for (size_t i = 0; i < sizeof g_procs / sizeof g_procs[0]; i++) {
+        const struct proc *p = &g_procs[i];
+        if (strcmp(p->base, symbol) != 0) continue;
+        *known = 1;
+        if (p->ver > cudaVersion) continue;
+        const struct proc **slot = p->ptds ? &best_ptds : &best;
+        if (!*slot || p->ver > (*slot)->ver) *slot = p;
+    }
+    return want_ptds && best_ptds ? best_ptds : best;
+}
+
+/* symbolStatus for a look-up: found, known but newer than the caller, or unknown. */
+static CUdriverProcAddressQueryResult query_status(const struct proc *pick, int known) {
+    if (pick) return CU_GET_PROC_ADDRESS_SUCCESS;
+    return known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+}
+
+/* Rules from cuda.h: a cudaVersion above the driver's, or unknown flags, is an error; otherwise the answer
+ * is SUCCESS, with NULL for a name this driver does not have (symbolStatus says why). */
 API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                                  CUdriverProcAddressQueryResult *status) {
     if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
@@ -129,25 +152,15 @@ API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion
         if (status) *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
         return CUDA_ERROR_INVALID_VALUE;
     }
-    int want_ptds = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
-    const struct proc *best = NULL, *best_ptds = NULL;
-    int known = 0;
-    for (size_t i = 0; i < sizeof g_procs / sizeof g_procs[0]; i++) {
-        const struct proc *p = &g_procs[i];
-        if (strcmp(p->base, symbol) != 0) continue;
-        known = 1;
-        if (p->ver > cudaVersion) continue;
-        if (p->ptds) { if (!best_ptds || p->ver > best_ptds->ver) best_ptds = p; }
-        else if (!best || p->ver > best->ver) best = p;
-    }
-    const struct proc *pick = want_ptds && best_ptds ? best_ptds : best;
+    int known;
+    const struct proc *pick =
+        pick_variant(symbol, cudaVersion, (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0, &known);
     if (pick) *pfn = pick->fn;
-    if (status)
-        *status = pick ? CU_GET_PROC_ADDRESS_SUCCESS
-                       : known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    if (status) *status = query_status(pick, known);
     return CUDA_SUCCESS;
 }
 
+/* The CUDA 11.3-11.8 signature: the same rules, no symbolStatus. */
 API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
     return cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
 }

@@ -25,14 +25,24 @@ API CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp 
     return CUDA_SUCCESS;
 }
 
+/* The device a cuMemCreate property places memory on (host locations: the current context's GPU, whose
+ * ledger counts host bytes), or -1 if the property is not one the driver accepts. */
+static int vmm_device(const CUmemAllocationProp *prop, int host) {
+    int dev = host ? (t_ctx ? t_ctx->dev : 0) : prop->location.id;
+    if (!valid_dev(dev) || prop->location.type == CU_MEM_LOCATION_TYPE_INVALID) return -1;
+    if (host && prop->requestedHandleTypes) return -1; /* documented for HOST locations */
+    return dev;
+}
+
+/* Physical memory for VMM: a memfd of `size` bytes, so every mapping of the handle aliases the same pages.
+ * Charged to the device (or to host memory for a host location) before anything is created. */
 API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
                          unsigned long long flags) {
     NEED_INIT();
     if (!h || !prop || flags || size == 0 || size % VMM_GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
     int host = prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE;
-    int dev = host ? (t_ctx ? t_ctx->dev : 0) : prop->location.id;
-    if (!valid_dev(dev) || prop->location.type == CU_MEM_LOCATION_TYPE_INVALID) return CUDA_ERROR_INVALID_VALUE;
-    if (host && prop->requestedHandleTypes) return CUDA_ERROR_INVALID_VALUE; /* documented for HOST */
+    int dev = vmm_device(prop, host);
+    if (dev < 0) return CUDA_ERROR_INVALID_VALUE;
     struct sim *s = S();
     if (sim_charge(s, dev, size, host) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     int fd = memfd_create("memslice-sim-vmm", MFD_CLOEXEC);

@@ -11,6 +11,7 @@ static uint64_t array_need(CUarray a, CUdevice ord, uint64_t est) {
     return req && req(&q, a, ord) == CUDA_SUCCESS && q.size ? q.size : est;
 }
 
+/* What the driver says a mipmapped array occupies (all levels), or the estimate. */
 static uint64_t mipmap_need(CUmipmappedArray m, CUdevice ord, uint64_t est) {
     __auto_type req = REAL(cuMipmappedArrayGetMemoryRequirements);
     CUDA_ARRAY_MEMORY_REQUIREMENTS q;

@@ -9,6 +9,7 @@
 
 typedef __typeof__(&cuMemAlloc_v2) alloc_v2_fn;
 
+/* cuMemAlloc_v2: reserve, allocate, track; past the quota, spill to host memory when oversubscribing. */
 static CUresult device_alloc(CUdeviceptr *dptr, size_t n, alloc_v2_fn real, const char *call) {
     CUdevice ord;
     int dev = accounting() && dptr && n ? current_dev(&ord) : -1;
@@ -23,6 +24,7 @@ static CUresult device_alloc(CUdeviceptr *dptr, size_t n, alloc_v2_fn real, cons
     return CUDA_SUCCESS;
 }
 
+/* The 64-bit cuMemAlloc every modern program binds to. */
 HOOK CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t n) {
     PROLOGUE();
     return device_alloc(dptr, n, REAL(cuMemAlloc_v2), "cuMemAlloc_v2");
@@ -47,6 +49,7 @@ HOOK CUresult CUDAAPI cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int n) {
  * `alloc` performs the real call (v2 or the legacy 32-bit v1) and reports address and pitch as 64-bit. */
 typedef CUresult (*pitch_call)(void *args, uint64_t *ptr, uint64_t *pitch);
 
+/* Both pitched entry points: charge the 512-byte-row estimate, then correct it to pitch x height. */
 static CUresult pitched(uint64_t w, uint64_t h, int v2, pitch_call alloc, void *args, uint64_t *ptr, uint64_t *pitch,
                         const char *call) {
     CUdevice ord;
@@ -73,29 +76,30 @@ static CUresult pitched(uint64_t w, uint64_t h, int v2, pitch_call alloc, void *
 }
 
 struct pitch_v2 { size_t w, h; unsigned int elem; };
+/* The driver's cuMemAllocPitch_v2, reporting address and pitch as 64-bit values. */
 static CUresult real_pitch_v2(void *args, uint64_t *ptr, uint64_t *pitch) {
     struct pitch_v2 *a = args;
     CUdeviceptr d;
     size_t p;
-    CUresult rc = REAL(cuMemAllocPitch_v2)(
-        &d, &p, a->w, a->h, a->elem);
+    CUresult rc = REAL(cuMemAllocPitch_v2)(&d, &p, a->w, a->h, a->elem);
     if (rc == CUDA_SUCCESS) { *ptr = d; *pitch = p; }
     return rc;
 }
 
+/* Pitched 2D allocation (64-bit). */
 HOOK CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned int elem) {
     PROLOGUE();
     struct pitch_v2 a = {w, h, elem};
     uint64_t p = 0, pt = 0;
     if (!dptr || !pitch) /* the driver says what is wrong with its arguments */
-        return REAL(cuMemAllocPitch_v2)(
-            dptr, pitch, w, h, elem);
+        return REAL(cuMemAllocPitch_v2)(dptr, pitch, w, h, elem);
     CUresult rc = pitched(w, h, 1, real_pitch_v2, &a, &p, &pt, "cuMemAllocPitch_v2");
     if (rc == CUDA_SUCCESS) { *dptr = p; *pitch = pt; }
     return rc;
 }
 
 struct pitch_v1 { unsigned int w, h, elem; };
+/* The driver's legacy 32-bit cuMemAllocPitch, reporting address and pitch as 64-bit values. */
 static CUresult real_pitch_v1(void *args, uint64_t *ptr, uint64_t *pitch) {
     struct pitch_v1 *a = args;
     CUdeviceptr_v1 d;
@@ -105,6 +109,7 @@ static CUresult real_pitch_v1(void *args, uint64_t *ptr, uint64_t *pitch) {
     return rc;
 }
 
+/* Legacy 32-bit pitched allocation: counted like the 64-bit one. */
 HOOK CUresult CUDAAPI cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, unsigned int w, unsigned int h,
                               unsigned int elem) {
     PROLOGUE();
@@ -133,13 +138,16 @@ static CUresult free_tracked(CUdeviceptr p, __typeof__(&cuMemFree_v2) real) {
     return rc;
 }
 
+/* Free of device, pitched or managed memory (or of a spilled block). */
 HOOK CUresult CUDAAPI cuMemFree_v2(CUdeviceptr p) {
     PROLOGUE();
     return free_tracked(p, REAL(cuMemFree_v2));
 }
 
 static __typeof__(&cuMemFree) g_real_free_v1;
+/* Calls the legacy 32-bit cuMemFree with free_tracked's 64-bit signature. */
 static CUresult free_v1_adapter(CUdeviceptr p) { return g_real_free_v1((CUdeviceptr_v1)p); }
+/* Legacy 32-bit free. */
 HOOK CUresult CUDAAPI cuMemFree(CUdeviceptr_v1 p) {
     PROLOGUE();
     if (!g_real_free_v1) g_real_free_v1 = REAL(cuMemFree);

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "shim.h"
 
+/* Managed allocation: charged in full, since every page may migrate to the GPU. */
 HOOK CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned int flags) {
     PROLOGUE();
     __auto_type real = REAL(cuMemAllocManaged);
@@ -28,25 +29,29 @@ static int spilled_managed(CUdeviceptr p) {
     return accounting() && g_cfg.oversubscribe && lookup_range(p, &r) && r.kind == A_SPILL_MANAGED;
 }
 
+/* Prefetch to a device ordinal (CUDA 8-12 signature). */
 HOOK CUresult CUDAAPI cuMemPrefetchAsync(CUdeviceptr p, size_t n, CUdevice dst, CUstream s) {
     PROLOGUE();
     if (dst >= 0 && spilled_managed(p)) return CUDA_SUCCESS;
     return REAL(cuMemPrefetchAsync)(p, n, dst, s);
 }
+/* Per-thread-default-stream variant of cuMemPrefetchAsync. */
 HOOK CUresult CUDAAPI cuMemPrefetchAsync_ptsz(CUdeviceptr p, size_t n, CUdevice dst, CUstream s) {
     PROLOGUE();
     if (dst >= 0 && spilled_managed(p)) return CUDA_SUCCESS;
     return REAL(cuMemPrefetchAsync_ptsz)(p, n, dst, s);
 }
-HOOK CUresult CUDAAPI cuMemPrefetchAsync_v2(CUdeviceptr p, size_t n, CUmemLocation loc, unsigned int flags, CUstream s) {
+/* Prefetch to a location (CUDA 12.2+ signature). */
+HOOK CUresult CUDAAPI cuMemPrefetchAsync_v2(CUdeviceptr p, size_t n, CUmemLocation loc, unsigned int flags,
+                                             CUstream s) {
     PROLOGUE();
     if (loc.type == CU_MEM_LOCATION_TYPE_DEVICE && spilled_managed(p)) return CUDA_SUCCESS;
-    return REAL(cuMemPrefetchAsync_v2)(
-        p, n, loc, flags, s);
+    return REAL(cuMemPrefetchAsync_v2)(p, n, loc, flags, s);
 }
-HOOK CUresult CUDAAPI cuMemPrefetchAsync_v2_ptsz(CUdeviceptr p, size_t n, CUmemLocation loc, unsigned int flags, CUstream s) {
+/* Per-thread-default-stream variant of cuMemPrefetchAsync_v2. */
+HOOK CUresult CUDAAPI cuMemPrefetchAsync_v2_ptsz(CUdeviceptr p, size_t n, CUmemLocation loc, unsigned int flags,
+                                                  CUstream s) {
     PROLOGUE();
     if (loc.type == CU_MEM_LOCATION_TYPE_DEVICE && spilled_managed(p)) return CUDA_SUCCESS;
-    return REAL(cuMemPrefetchAsync_v2_ptsz)(
-        p, n, loc, flags, s);
+    return REAL(cuMemPrefetchAsync_v2_ptsz)(p, n, loc, flags, s);
 }

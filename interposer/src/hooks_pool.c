@@ -19,6 +19,7 @@ static struct pool_rec g_pools[MAX_POOLS];
 static int g_npools;
 static pthread_mutex_t g_pools_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* The shim's record of a pool, created on first use (lock-free lookup; creation under g_pools_mu). */
 static struct pool_rec *pool_rec(CUmemoryPool pool, int dev) {
     int n = __atomic_load_n(&g_npools, __ATOMIC_ACQUIRE);
     for (int i = 0; i < n; i++) if (g_pools[i].pool == pool) return &g_pools[i];
@@ -37,6 +38,7 @@ static struct pool_rec *pool_rec(CUmemoryPool pool, int dev) {
     return pr;
 }
 
+/* What the driver says the pool reserves on the device now. 0, or -1 if it cannot say. */
 static int pool_reserved(CUmemoryPool pool, uint64_t *out) {
     __auto_type get = REAL(cuMemPoolGetAttribute);
     cuuint64_t v = 0;
@@ -54,6 +56,7 @@ static void reconcile_locked(struct pool_rec *pr) {
     pr->charged = r;
 }
 
+/* Make every known pool's charge equal its reservation (after synchronisation, trims, cuMemGetInfo). */
 void reconcile_pools(void) {
     int n = __atomic_load_n(&g_npools, __ATOMIC_ACQUIRE);
     for (int i = 0; i < n; i++) {
@@ -64,32 +67,55 @@ void reconcile_pools(void) {
     }
 }
 
-typedef __typeof__(&cuMemAllocAsync) async_fn;
-typedef __typeof__(&cuMemAllocFromPoolAsync) frompool_fn;
+/* One stream-ordered allocation call as the application made it: from the current pool (cuMemAllocAsync*,
+ * fa) or from a given pool (cuMemAllocFromPoolAsync*, fp). */
+struct pool_call {
+    __typeof__(&cuMemAllocAsync) fa;
+    __typeof__(&cuMemAllocFromPoolAsync) fp;
+    CUmemoryPool pool;
+    CUstream stream;
+};
 
-static CUresult pooled_alloc(CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUstream s, async_fn fa,
-                             frompool_fn fp, const char *call) {
-    CUdevice ord;
-    int dev = accounting() && dptr && n ? current_dev(&ord) : -1;
-    if (dev >= 0 && !pool) {
+/* The driver's allocation, exactly as the application asked for it. */
+static CUresult pool_driver(const struct pool_call *c, CUdeviceptr *dptr, size_t n) {
+    return c->fp ? c->fp(dptr, n, c->pool, c->stream) : c->fa(dptr, n, c->stream);
+}
+
+/* The pool record the allocation is charged to (the device's current pool for cuMemAllocAsync), or NULL
+ * when the shim does not account for it (no accounting, unknown device, no pool, table full). */
+static struct pool_rec *charged_pool(struct pool_call *c, CUdeviceptr *dptr, size_t n, CUdevice *ord, int *dev) {
+    *dev = accounting() && dptr && n ? current_dev(ord) : -1;
+    if (*dev < 0) return NULL;
+    if (!c->pool) {
         __auto_type getpool = REAL(cuDeviceGetMemPool);
-        if (!getpool || getpool(&pool, ord) != CUDA_SUCCESS) dev = -1;
+        if (!getpool || getpool(&c->pool, *ord) != CUDA_SUCCESS) return NULL;
     }
-    struct pool_rec *pr = dev >= 0 ? pool_rec(pool, dev) : NULL;
-    if (!pr) return fp ? fp(dptr, n, pool, s) : fa(dptr, n, s);
+    return pool_rec(c->pool, *dev);
+}
+
+/* Reserve n bytes for a pool that may grow by that much; when the quota is reached, the pool's cached
+ * blocks are given back first and its charge follows (caller holds pr->mu). */
+static CUresult pool_reserve(struct pool_rec *pr, int dev, size_t n, const char *call) {
+    if (try_charge(dev, n) == 0) return CUDA_SUCCESS;
+    __auto_type trim = REAL(cuMemPoolTrimTo);
+    if (trim) trim(pr->pool, 0);
+    reconcile_locked(pr);
+    return reserve(dev, n, call);
+}
+
+/* A stream-ordered allocation: reserve, allocate, then set the pool's charge to what it really reserves. */
+static CUresult pooled_alloc(CUdeviceptr *dptr, size_t n, struct pool_call c, const char *call) {
+    CUdevice ord;
+    int dev;
+    struct pool_rec *pr = charged_pool(&c, dptr, n, &ord, &dev);
+    if (!pr) return pool_driver(&c, dptr, n);
     pthread_mutex_lock(&pr->mu);
-    CUresult rc = try_charge(dev, n) == 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-    if (rc != CUDA_SUCCESS) { /* give the pool's cached blocks back, then try again */
-        __auto_type trim = REAL(cuMemPoolTrimTo);
-        if (trim) trim(pool, 0);
-        reconcile_locked(pr);
-        rc = reserve(dev, n, call);
-    }
+    CUresult rc = pool_reserve(pr, dev, n, call);
     if (rc != CUDA_SUCCESS) {
         pthread_mutex_unlock(&pr->mu);
-        return g_cfg.oversubscribe ? spill_alloc(dptr, n, dev, ord, s, call) : rc;
+        return g_cfg.oversubscribe ? spill_alloc(dptr, n, dev, ord, c.stream, call) : rc;
     }
-    rc = fp ? fp(dptr, n, pool, s) : fa(dptr, n, s);
+    rc = pool_driver(&c, dptr, n);
     if (rc != CUDA_SUCCESS) {
         uncharge(dev, n);
     } else {
@@ -101,24 +127,31 @@ static CUresult pooled_alloc(CUdeviceptr *dptr, size_t n, CUmemoryPool pool, CUs
     return rc;
 }
 
+/* Stream-ordered allocation from the device's current pool. */
 HOOK CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s) {
     PROLOGUE();
-    return pooled_alloc(d, n, NULL, s, REAL(cuMemAllocAsync), NULL, "cuMemAllocAsync");
+    return pooled_alloc(d, n, (struct pool_call){.fa = REAL(cuMemAllocAsync), .stream = s}, "cuMemAllocAsync");
 }
+/* Per-thread-default-stream variant of cuMemAllocAsync. */
 HOOK CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t n, CUstream s) {
     PROLOGUE();
-    return pooled_alloc(d, n, NULL, s, REAL(cuMemAllocAsync_ptsz), NULL, "cuMemAllocAsync_ptsz");
+    return pooled_alloc(d, n, (struct pool_call){.fa = REAL(cuMemAllocAsync_ptsz), .stream = s},
+                        "cuMemAllocAsync_ptsz");
 }
+/* Stream-ordered allocation from an explicit pool. */
 HOOK CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s) {
     PROLOGUE();
-    return pooled_alloc(d, n, p, s, NULL, REAL(cuMemAllocFromPoolAsync), "cuMemAllocFromPoolAsync");
+    return pooled_alloc(d, n, (struct pool_call){.fp = REAL(cuMemAllocFromPoolAsync), .pool = p, .stream = s},
+                        "cuMemAllocFromPoolAsync");
 }
+/* Per-thread-default-stream variant of cuMemAllocFromPoolAsync. */
 HOOK CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s) {
     PROLOGUE();
-    return pooled_alloc(d, n, p, s, NULL, REAL(cuMemAllocFromPoolAsync_ptsz),
+    return pooled_alloc(d, n, (struct pool_call){.fp = REAL(cuMemAllocFromPoolAsync_ptsz), .pool = p, .stream = s},
                         "cuMemAllocFromPoolAsync_ptsz");
 }
 
+/* Stream-ordered free: pool memory stays charged to its pool; other memory is released. */
 static CUresult free_async(CUdeviceptr p, CUstream s, __typeof__(&cuMemFreeAsync) real) {
     ms_rec r;
     if (!p || !untrack(p, &r)) return real(p, s);
@@ -132,15 +165,18 @@ static CUresult free_async(CUdeviceptr p, CUstream s, __typeof__(&cuMemFreeAsync
     if (r.kind != A_POOL) uncharge(r.dev, r.size);
     return CUDA_SUCCESS;
 }
+/* Stream-ordered free. */
 HOOK CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr p, CUstream s) {
     PROLOGUE();
     return free_async(p, s, REAL(cuMemFreeAsync));
 }
+/* Per-thread-default-stream variant of cuMemFreeAsync. */
 HOOK CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
     PROLOGUE();
     return free_async(p, s, REAL(cuMemFreeAsync_ptsz));
 }
 
+/* A destroyed pool gives back everything it reserved: its whole charge goes. */
 HOOK CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool) {
     PROLOGUE();
     CUresult rc = REAL(cuMemPoolDestroy)(pool);
@@ -157,6 +193,7 @@ HOOK CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool) {
     return rc;
 }
 
+/* A trim releases reserved memory: the charges follow it down. */
 HOOK CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
     PROLOGUE();
     CUresult rc = REAL(cuMemPoolTrimTo)(pool, keep);
@@ -164,18 +201,21 @@ HOOK CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
     return rc;
 }
 
+/* Synchronisation is when pools release memory above their threshold: charges follow. */
 HOOK CUresult CUDAAPI cuStreamSynchronize(CUstream s) {
     PROLOGUE();
     CUresult rc = REAL(cuStreamSynchronize)(s);
     if (g_npools) reconcile_pools();
     return rc;
 }
+/* Per-thread-default-stream variant of cuStreamSynchronize. */
 HOOK CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream s) {
     PROLOGUE();
     CUresult rc = REAL(cuStreamSynchronize_ptsz)(s);
     if (g_npools) reconcile_pools();
     return rc;
 }
+/* Context-wide synchronisation: pools may shrink, as for cuStreamSynchronize. */
 HOOK CUresult CUDAAPI cuCtxSynchronize(void) {
     PROLOGUE();
     CUresult rc = REAL(cuCtxSynchronize)();

@@ -8,6 +8,7 @@
 
 #include "shim.h"
 
+/* The smaller of two byte counts. */
 static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
 /* Apply the quota view to a (free, total) pair of the GPU with ledger index dev. */
@@ -18,6 +19,7 @@ static void quota_view(int dev, uint64_t *freeb, uint64_t *total) {
     *total = t;
 }
 
+/* Free and total as the container sees them: its quota, less what it has charged. */
 HOOK CUresult CUDAAPI cuMemGetInfo_v2(size_t *freeb, size_t *total) {
     PROLOGUE();
     CUresult rc = REAL(cuMemGetInfo_v2)(freeb, total);
@@ -32,6 +34,7 @@ HOOK CUresult CUDAAPI cuMemGetInfo_v2(size_t *freeb, size_t *total) {
     return rc;
 }
 
+/* Legacy 32-bit cuMemGetInfo: the same view, clamped to 4 GiB. */
 HOOK CUresult CUDAAPI cuMemGetInfo(unsigned int *freeb, unsigned int *total) {
     PROLOGUE();
     __auto_type v2 = REAL(cuMemGetInfo_v2);
@@ -46,6 +49,7 @@ HOOK CUresult CUDAAPI cuMemGetInfo(unsigned int *freeb, unsigned int *total) {
     return rc;
 }
 
+/* A GPU's size as the container sees it: at most its quota. */
 HOOK CUresult CUDAAPI cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
     PROLOGUE();
     CUresult rc = REAL(cuDeviceTotalMem_v2)(bytes, d);
@@ -53,6 +57,7 @@ HOOK CUresult CUDAAPI cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
     return rc;
 }
 
+/* Legacy 32-bit cuDeviceTotalMem, same view. */
 HOOK CUresult CUDAAPI cuDeviceTotalMem(unsigned int *bytes, CUdevice d) {
     PROLOGUE();
     CUresult rc = REAL(cuDeviceTotalMem)(bytes, d);
@@ -87,6 +92,7 @@ static int nvml_view(nvmlDevice_t d, unsigned long long *total, unsigned long lo
     return 0;
 }
 
+/* NVML memory info with the quota view (nvidia-smi and pynvml read this). */
 HOOK nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
     NVML_PROLOGUE();
     nvmlReturn_t rc = REAL_NVML(nvmlDeviceGetMemoryInfo)(d, m);
@@ -94,6 +100,7 @@ HOOK nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *
     return rc;
 }
 
+/* Versioned NVML memory info, same view; nothing shown as reserved. */
 HOOK nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
     NVML_PROLOGUE();
     nvmlReturn_t rc = REAL_NVML(nvmlDeviceGetMemoryInfo_v2)(d, m);

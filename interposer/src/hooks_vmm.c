@@ -12,6 +12,7 @@
 struct vmm_rec { uint64_t handle, size; int dev; int maps; int released; int host; };
 static pthread_mutex_t g_vmm_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* A physical VMM allocation on a device is charged when created (spilled to host when oversubscribing). */
 HOOK CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
                           unsigned long long flags) {
     PROLOGUE();
@@ -48,6 +49,7 @@ static void vmm_maybe_done(struct vmm_rec *v) {
     free(v);
 }
 
+/* Releasing the handle frees the memory only once nothing maps it. */
 HOOK CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle h) {
     PROLOGUE();
     CUresult rc = REAL(cuMemRelease)(h);
@@ -63,6 +65,7 @@ HOOK CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle h) {
     return rc;
 }
 
+/* A mapping keeps the physical allocation alive: counted on its record. */
 HOOK CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
                        unsigned long long flags) {
     PROLOGUE();
@@ -78,6 +81,7 @@ HOOK CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUme
     return rc;
 }
 
+/* The last unmapping of a released handle is when the driver frees it: the charge goes then. */
 HOOK CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
     PROLOGUE();
     CUresult rc = REAL(cuMemUnmap)(ptr, size);

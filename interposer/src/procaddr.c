@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include "shim.h"
 
+/* CUDA 12+ entry point of libcudart and PyTorch: the real answer, with our wrapper substituted. */
 HOOK CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                                   CUdriverProcAddressQueryResult *status) {
     ensure_init();
@@ -20,6 +21,7 @@ HOOK CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn, int cu
     return rc;
 }
 
+/* CUDA 11.3-11.8 signature (no symbolStatus), same routing. */
 HOOK CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
     ensure_init();
     __auto_type real = REAL(cuGetProcAddress);

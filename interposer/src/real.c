@@ -26,6 +26,7 @@ NOT_INSTRUMENTED static dlsym_fn get_real_dlsym(void) {
     return f;
 }
 
+/* glibc's dlsym on a handle (never our exported one, which would route back to the hooks). */
 void *real_dlsym_call(void *handle, const char *name) {
     dlsym_fn f = get_real_dlsym();
     return f ? f(handle, name) : NULL;
@@ -43,6 +44,7 @@ void *real_cuda(const char *name) {
     return real_dlsym_call(h, name);
 }
 
+/* NVML as the application would find it (same name, same search path). */
 void *real_nvml(const char *name) {
     void *h = __atomic_load_n(&g_nvml, __ATOMIC_ACQUIRE);
     if (!h) {

@@ -14,6 +14,7 @@
 enum { R_PLAIN, R_PITCH, R_MANAGED, R_ASYNC, R_VMM };
 struct block { int route; CUdeviceptr p; CUmemGenericAllocationHandle h; size_t size; };
 
+/* Allocate one block of `size` bytes through `route`. */
 static CUresult alloc_block(struct block *b, int route, size_t size) {
     b->route = route;
     b->size = size;
@@ -35,6 +36,7 @@ static CUresult alloc_block(struct block *b, int route, size_t size) {
     }
 }
 
+/* Free a block the way its route requires (VMM: unmap, free the range, release the handle). */
 static CUresult free_block(struct block *b) {
     switch (b->route) {
     case R_ASYNC: return cuMemFreeAsync(b->p, NULL);
@@ -43,6 +45,7 @@ static CUresult free_block(struct block *b) {
     }
 }
 
+/* The route of block i for a ROUTE argument ("mixed" cycles through all five). */
 static int route_of(const char *s, int i) {
     if (!strcmp(s, "mixed")) return i % 5;
     if (!strcmp(s, "pitch")) return R_PITCH;
@@ -52,71 +55,101 @@ static int route_of(const char *s, int i) {
     return R_PLAIN;
 }
 
+/* "capture": stream-ordered allocations while a stream is being captured must never spill. */
+static int run_capture(int count, size_t size) {
+    CUstream s;
+    CUdeviceptr p;
+    cuStreamCreate(&s, 0);
+    cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    CUresult rc = 0;
+    for (int i = 0; i < count && rc == 0; i++) rc = cuMemAllocAsync(&p, size, s);
+    cuStreamEndCapture(s, NULL);
+    printf("capture last_rc=%d\n", rc);
+    return 0;
+}
+
+/* Write a pattern to the first and last page of block i and read both back: the whole range is usable. */
+static int data_ok(const struct block *b, int i) {
+    unsigned char pattern[4096], back[4096];
+    for (int k = 0; k < 4096; k++) pattern[k] = (unsigned char)(i * 31 + k);
+    cuMemcpyHtoD_v2(b->p, pattern, 4096);
+    cuMemcpyHtoD_v2(b->p + b->size - 4096, pattern, 4096);
+    memset(back, 0, sizeof back);
+    cuMemcpyDtoH_v2(back, b->p + b->size - 4096, 4096);
+    int good = !memcmp(back, pattern, 4096);
+    cuMemcpyDtoH_v2(back, b->p, 4096);
+    return good && !memcmp(back, pattern, 4096);
+}
+
+/* Allocate block i through its route and print what it is (memory type, managed, data check). 1 if it
+ * was allocated. */
+static int alloc_and_report(struct block *b, int i, int route, size_t size) {
+    CUresult rc = alloc_block(b, route, size);
+    if (rc != CUDA_SUCCESS) {
+        printf("alloc %d route=%d rc=%d\n", i, b->route, rc);
+        b->p = 0;
+        return 0;
+    }
+    unsigned int type = 0;
+    int managed = 0;
+    cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, b->p);
+    cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, b->p);
+    printf("alloc %d route=%d rc=0 type=%u managed=%d data=%s\n", i, b->route, type, managed,
+           data_ok(b, i) ? "ok" : "BAD");
+    return 1;
+}
+
+/* "prefetch": prefetch every block to GPU 0 (spilled managed ranges must stay where they are). */
+static void prefetch_all(const struct block *b, int count) {
+    CUmemLocation gpu = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+    int bad = 0;
+    for (int i = 0; i < count; i++)
+        if (b[i].p && cuMemPrefetchAsync_v2(b[i].p, b[i].size, gpu, 0, NULL)) bad++;
+    printf("prefetch bad=%d\n", bad);
+}
+
+/* Free every block in a shuffled order; returns how many frees failed. */
+static int free_shuffled(struct block *b, int count) {
+    srand(7);
+    for (int i = count - 1; i > 0; i--) {
+        int j = rand() % (i + 1);
+        struct block x = b[i];
+        b[i] = b[j];
+        b[j] = x;
+    }
+    int bad = 0;
+    for (int i = 0; i < count; i++)
+        if (b[i].p && free_block(&b[i]) != CUDA_SUCCESS) bad++;
+    return bad;
+}
+
 int main(int argc, char **argv) {
     if (argc < 4) return 2;
     int count = atoi(argv[2]);
     size_t size = (size_t)atoi(argv[3]) * MiB;
-    int hold = argc > 4 && !strcmp(argv[4], "hold");
-    int prefetch = argc > 4 && !strcmp(argv[4], "prefetch");
-    CUdevice dev; CUcontext ctx;
+    const char *mode = argc > 4 ? argv[4] : "";
+    CUdevice dev;
+    CUcontext ctx;
     if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) return 3;
-    if (!strcmp(argv[1], "capture")) { /* no spill while a stream is captured */
-        CUstream s; CUdeviceptr p;
-        cuStreamCreate(&s, 0);
-        cuStreamBeginCapture_v2(s, 0);
-        CUresult rc = 0;
-        for (int i = 0; i < count && rc == 0; i++) rc = cuMemAllocAsync(&p, size, s);
-        cuStreamEndCapture(s, NULL);
-        printf("capture last_rc=%d\n", rc);
-        return 0;
-    }
+    if (!strcmp(argv[1], "capture")) return run_capture(count, size);
     struct block *b = calloc((size_t)count, sizeof *b);
-    unsigned char *pattern = malloc(4096), *back = malloc(4096);
+    if (!b) return 4;
     int ok = 0;
-    for (int i = 0; i < count; i++) {
-        CUresult rc = alloc_block(&b[i], route_of(argv[1], i), size);
-        unsigned int type = 0; int managed = 0;
-        if (rc == CUDA_SUCCESS) {
-            for (int k = 0; k < 4096; k++) pattern[k] = (unsigned char)(i * 31 + k);
-            /* first and last page of the block: the whole range is usable */
-            cuMemcpyHtoD_v2(b[i].p, pattern, 4096);
-            cuMemcpyHtoD_v2(b[i].p + size - 4096, pattern, 4096);
-            memset(back, 0, 4096);
-            cuMemcpyDtoH_v2(back, b[i].p + size - 4096, 4096);
-            int good = !memcmp(back, pattern, 4096);
-            cuMemcpyDtoH_v2(back, b[i].p, 4096);
-            good = good && !memcmp(back, pattern, 4096);
-            cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, b[i].p);
-            cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, b[i].p);
-            printf("alloc %d route=%d rc=0 type=%u managed=%d data=%s\n", i, b[i].route, type, managed, good ? "ok" : "BAD");
-            ok++;
-        } else {
-            printf("alloc %d route=%d rc=%d\n", i, b[i].route, rc);
-            b[i].p = 0;
-        }
-    }
-    if (prefetch) {
-        CUmemLocation gpu = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
-        int bad = 0;
-        for (int i = 0; i < count; i++) if (b[i].p && cuMemPrefetchAsync_v2(b[i].p, size, gpu, 0, NULL)) bad++;
-        printf("prefetch bad=%d\n", bad);
-    }
+    for (int i = 0; i < count; i++) ok += alloc_and_report(&b[i], i, route_of(argv[1], i), size);
+    if (!strcmp(mode, "prefetch")) prefetch_all(b, count);
     size_t f, t;
     cuMemGetInfo_v2(&f, &t);
     printf("info ok=%d free_mib=%zu total_mib=%zu\n", ok, f / MiB, t / MiB);
     fflush(stdout);
-    if (hold) {
+    if (!strcmp(mode, "hold")) { /* wait for the test to look at the node, then free */
         printf("ready\n");
         fflush(stdout);
         char line[16];
         if (!fgets(line, sizeof line, stdin)) return 0;
     }
-    /* free in a shuffled order */
-    srand(7);
-    for (int i = count - 1; i > 0; i--) { int j = rand() % (i + 1); struct block x = b[i]; b[i] = b[j]; b[j] = x; }
-    int bad = 0;
-    for (int i = 0; i < count; i++) if (b[i].p && free_block(&b[i]) != CUDA_SUCCESS) bad++;
+    int bad = free_shuffled(b, count);
     cuMemGetInfo_v2(&f, &t);
     printf("freed bad=%d free_mib=%zu\n", bad, f / MiB);
+    free(b);
     return bad ? 1 : 0;
 }
