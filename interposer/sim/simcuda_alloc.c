@@ -31,6 +31,7 @@ API CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int n) {
 #endif
 }
 
+/* Pitched allocation: rows padded to 512 bytes, like the real pitch; element sizes 4, 8 or 16. */
 API CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned int elem) {
     NEED_CTX();
     if (!dptr || !pitch || w == 0 || h == 0 || (elem != 4 && elem != 8 && elem != 16)) return CUDA_ERROR_INVALID_VALUE;
@@ -40,6 +41,7 @@ API CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size
     return rc;
 }
 
+/* Legacy 32-bit pitched allocation, from the low 4 GiB like cuMemAlloc. */
 API CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, unsigned int w, unsigned int h,
                              unsigned int elem) {
     NEED_CTX();
@@ -69,7 +71,9 @@ CUresult free_ptr(uint64_t ptr) {
     return CUDA_SUCCESS;
 }
 
+/* Free device or managed memory. */
 API CUresult cuMemFree_v2(CUdeviceptr p) { NEED_INIT(); return free_ptr(p); }
+/* Legacy 32-bit free. */
 API CUresult cuMemFree(CUdeviceptr_v1 p) { NEED_INIT(); return free_ptr(p); }
 
 /* ---- memory info ------------------------------------------------------------------------------------ */
@@ -83,6 +87,7 @@ API CUresult cuMemGetInfo_v2(size_t *freeb, size_t *total) {
     *freeb = used < cap ? cap - used : 0;
     return CUDA_SUCCESS;
 }
+/* Legacy 32-bit memory info, clamped to 4 GiB. */
 API CUresult cuMemGetInfo(unsigned int *freeb, unsigned int *total) {
     size_t f, t;
     CUresult rc = cuMemGetInfo_v2(&f, &t);

@@ -24,6 +24,7 @@ static CUresult array_create(void **handle, uint64_t bytes, int kind) {
     return CUDA_SUCCESS;
 }
 
+/* Destroy an array or mipmapped array: its memory and charge go back. */
 static CUresult array_destroy(void *handle) {
     NEED_INIT();
     struct sim_array *a = handle;
@@ -35,28 +36,36 @@ static CUresult array_destroy(void *handle) {
     return CUDA_SUCCESS;
 }
 
+/* A 2D array, sized from its descriptor. */
 API CUresult cuArrayCreate_v2(CUarray *h, const CUDA_ARRAY_DESCRIPTOR *d) {
     if (!d) return CUDA_ERROR_INVALID_VALUE;
     return array_create((void **)h, ms_array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels), K_ARRAY);
 }
+/* Legacy 32-bit-descriptor 2D array. */
 API CUresult cuArrayCreate(CUarray *h, const CUDA_ARRAY_DESCRIPTOR_v1 *d) {
     if (!d) return CUDA_ERROR_INVALID_VALUE;
     return array_create((void **)h, ms_array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels), K_ARRAY);
 }
+/* A 3D array, sized from its descriptor. */
 API CUresult cuArray3DCreate_v2(CUarray *h, const CUDA_ARRAY3D_DESCRIPTOR *d) {
     if (!d) return CUDA_ERROR_INVALID_VALUE;
     return array_create((void **)h, ms_array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels), K_ARRAY);
 }
+/* Legacy 32-bit-descriptor 3D array. */
 API CUresult cuArray3DCreate(CUarray *h, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d) {
     if (!d) return CUDA_ERROR_INVALID_VALUE;
     return array_create((void **)h, ms_array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels), K_ARRAY);
 }
+/* Destroy an array. */
 API CUresult cuArrayDestroy(CUarray h) { return array_destroy(h); }
+/* A mipmapped array: every level, as ms_mipmap_bytes lays them out. */
 API CUresult cuMipmappedArrayCreate(CUmipmappedArray *h, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels) {
     if (!d) return CUDA_ERROR_INVALID_VALUE;
     return array_create((void **)h, ms_mipmap_bytes(d, levels), K_MIPMAP);
 }
+/* Destroy a mipmapped array. */
 API CUresult cuMipmappedArrayDestroy(CUmipmappedArray h) { return array_destroy(h); }
+/* What an array occupies (the shim corrects its charge with this). */
 API CUresult cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *req, CUarray h, CUdevice d) {
     NEED_INIT();
     struct sim_array *a = (struct sim_array *)h;
@@ -67,6 +76,7 @@ API CUresult cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *req, C
     req->alignment = 512;
     return CUDA_SUCCESS;
 }
+/* What a mipmapped array occupies. */
 API CUresult cuMipmappedArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *req, CUmipmappedArray h, CUdevice d) {
     return cuArrayGetMemoryRequirements(req, (CUarray)h, d);
 }

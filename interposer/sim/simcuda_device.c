@@ -13,6 +13,7 @@ API CUresult cuInit(unsigned int flags) {
     return CUDA_SUCCESS;
 }
 
+/* The simulated driver version (MEMSLICE_SIM_DRIVER_VERSION, default 13000). */
 API CUresult cuDriverGetVersion(int *v) {
     if (!v) return CUDA_ERROR_INVALID_VALUE;
     struct sim *s = S();
@@ -20,8 +21,10 @@ API CUresult cuDriverGetVersion(int *v) {
     return CUDA_SUCCESS;
 }
 
+/* How many GPUs the simulated node has. */
 API CUresult cuDeviceGetCount(int *n) { NEED_INIT(); if (!n) return CUDA_ERROR_INVALID_VALUE; *n = ngpus(); return 0; }
 
+/* The device of an ordinal. */
 API CUresult cuDeviceGet(CUdevice *d, int ordinal) {
     NEED_INIT();
     if (!d) return CUDA_ERROR_INVALID_VALUE;
@@ -30,6 +33,7 @@ API CUresult cuDeviceGet(CUdevice *d, int ordinal) {
     return CUDA_SUCCESS;
 }
 
+/* The GPU's name from the node state. */
 API CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
     NEED_INIT();
     if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
@@ -50,6 +54,7 @@ static void uuid_bytes(int d, CUuuid *u) {
     }
 }
 
+/* The GPU's UUID bytes (the same UUID NVML reports as text). */
 API CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d) {
     NEED_INIT();
     if (!u) return CUDA_ERROR_INVALID_VALUE;
@@ -57,8 +62,10 @@ API CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d) {
     uuid_bytes(d, u);
     return CUDA_SUCCESS;
 }
+/* The newer variant of cuDeviceGetUuid: the same call. */
 API CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) { return cuDeviceGetUuid(u, d); }
 
+/* The GPU's capacity from the node state. */
 API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
     NEED_INIT();
     if (!bytes) return CUDA_ERROR_INVALID_VALUE;
@@ -67,6 +74,7 @@ API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
     return CUDA_SUCCESS;
 }
 
+/* Legacy 32-bit cuDeviceTotalMem, clamped to 4 GiB. */
 API CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice d) {
     size_t b;
     CUresult rc = cuDeviceTotalMem_v2(&b, d);
@@ -74,28 +82,37 @@ API CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice d) {
     return rc;
 }
 
+/* What every simulated GPU reports (an H100-like device with unified addressing, managed memory, pools
+ * and VMM); attributes not listed read 0. The PCI bus ID comes from the node state. */
+static const struct { CUdevice_attribute attr; int value; } g_attrs[] = {
+    {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, 1024},
+    {CU_DEVICE_ATTRIBUTE_WARP_SIZE, 32},
+    {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 132},
+    {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 9},
+    {CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0},
+    {CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 1},
+    {CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 1},
+    {CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 1},
+    {CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, 1},
+    {CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 1},
+    {CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 1},
+};
+
+/* One device attribute of GPU d, from the table above (0 for anything else, as for PCI domain/device). */
 API CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute attr, CUdevice d) {
     NEED_INIT();
     if (!v) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(d)) return CUDA_ERROR_INVALID_DEVICE;
-    switch (attr) {
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
-    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *v = 32; break;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = 132; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *v = (int)S()->node->gpu[d].pci_bus; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: *v = 0; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
-    case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
-    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS:
-    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
-    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
-    case CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *v = 1; break;
-    default: *v = 0; break;
-    }
+    *v = 0;
+    if (attr == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID) *v = (int)S()->node->gpu[d].pci_bus;
+    for (size_t i = 0; i < sizeof g_attrs / sizeof g_attrs[0]; i++)
+        if (g_attrs[i].attr == attr) *v = g_attrs[i].value;
     return CUDA_SUCCESS;
 }
 
+/* The GPU's PCI bus ID, as NVML reports it. */
 API CUresult cuDeviceGetPCIBusId(char *buf, int len, CUdevice d) {
     NEED_INIT();
     if (!buf || len <= 0) return CUDA_ERROR_INVALID_VALUE;

@@ -11,9 +11,12 @@ API CUresult cuMemHostAlloc(void **pp, size_t n, unsigned int flags) {
     if (rc == CUDA_SUCCESS) *pp = (void *)(uintptr_t)d;
     return rc;
 }
+/* The newer variant of cuMemHostAlloc: the same call. */
 API CUresult cuMemAllocHost_v2(void **pp, size_t n) { return cuMemHostAlloc(pp, n, 0); }
+/* The legacy variant of cuMemHostAlloc: the same call. */
 API CUresult cuMemAllocHost(void **pp, unsigned int n) { return cuMemHostAlloc(pp, n, 0); }
 
+/* Free pinned host memory from cuMemHostAlloc. */
 API CUresult cuMemFreeHost(void *p) {
     NEED_INIT();
     ms_rec r;
@@ -23,6 +26,7 @@ API CUresult cuMemFreeHost(void *p) {
     return CUDA_SUCCESS;
 }
 
+/* The device address of pinned or registered host memory: the same address (unified addressing). */
 API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned int flags) {
     NEED_INIT();
     ms_rec r;
@@ -32,6 +36,7 @@ API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned int 
     *d = (CUdeviceptr)(uintptr_t)p; /* unified addressing: the same address */
     return CUDA_SUCCESS;
 }
+/* Legacy 32-bit variant of cuMemHostGetDevicePointer_v2. */
 API CUresult cuMemHostGetDevicePointer(CUdeviceptr_v1 *d, void *p, unsigned int flags) {
     CUdeviceptr x;
     CUresult rc = cuMemHostGetDevicePointer_v2(&x, p, flags);
@@ -39,6 +44,7 @@ API CUresult cuMemHostGetDevicePointer(CUdeviceptr_v1 *d, void *p, unsigned int 
     return rc;
 }
 
+/* Record a host range as registered (page-locked) memory; no device memory is charged. */
 API CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned int flags) {
     NEED_CTX();
     (void)flags;
@@ -46,7 +52,9 @@ API CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned int flags) {
     ms_rec r = {.key = (uint64_t)(uintptr_t)p, .size = n, .dev = t_ctx->dev, .kind = K_REGISTERED};
     return ms_ptrmap_put(&g_ptrs, &r) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
 }
+/* The legacy variant of cuMemHostRegister_v2: the same call. */
 API CUresult cuMemHostRegister(void *p, size_t n, unsigned int flags) { return cuMemHostRegister_v2(p, n, flags); }
+/* Forget a registered host range. */
 API CUresult cuMemHostUnregister(void *p) {
     NEED_INIT();
     ms_rec r;

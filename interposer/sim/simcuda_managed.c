@@ -37,13 +37,16 @@ static CUresult advise(CUdeviceptr p, size_t n, int advice, int to_host, int to_
     if (!to_host && !to_device) return CUDA_ERROR_INVALID_VALUE;
     return migrate(p, n, to_host);
 }
+/* Advice for a device ordinal (CU_DEVICE_CPU = -1 is the host). */
 API CUresult cuMemAdvise(CUdeviceptr p, size_t n, CUmem_advise advice, CUdevice dev) {
     return advise(p, n, advice, dev == -1, dev >= 0);
 }
+/* Whether a location is host memory (any of the host location types). */
 static int host_loc(CUmemLocation loc) {
     return loc.type == CU_MEM_LOCATION_TYPE_HOST || loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
            loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
 }
+/* Advice for a location (CUDA 12.2+). */
 API CUresult cuMemAdvise_v2(CUdeviceptr p, size_t n, CUmem_advise advice, CUmemLocation loc) {
     return advise(p, n, advice, host_loc(loc), loc.type == CU_MEM_LOCATION_TYPE_DEVICE);
 }
@@ -55,9 +58,11 @@ API CUresult cuMemPrefetchAsync(CUdeviceptr p, size_t n, CUdevice dst, CUstream 
     if (dst != -1 && !valid_dev(dst)) return CUDA_ERROR_INVALID_DEVICE;
     return migrate(p, n, dst == -1);
 }
+/* The per-thread-default-stream variant of cuMemPrefetchAsync: the same call. */
 API CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr p, size_t n, CUdevice dst, CUstream s) {
     return cuMemPrefetchAsync(p, n, dst, s);
 }
+/* Prefetch to a location (CUDA 12.2+): migrates the range there. */
 API CUresult cuMemPrefetchAsync_v2(CUdeviceptr p, size_t n, CUmemLocation loc, unsigned int flags, CUstream s) {
     NEED_INIT();
     (void)s;
@@ -65,6 +70,7 @@ API CUresult cuMemPrefetchAsync_v2(CUdeviceptr p, size_t n, CUmemLocation loc, u
     if (loc.type == CU_MEM_LOCATION_TYPE_DEVICE && !valid_dev(loc.id)) return CUDA_ERROR_INVALID_DEVICE;
     return migrate(p, n, host_loc(loc));
 }
+/* The per-thread-default-stream variant of cuMemPrefetchAsync_v2: the same call. */
 API CUresult cuMemPrefetchAsync_v2_ptsz(CUdeviceptr p, size_t n, CUmemLocation loc, unsigned int flags, CUstream s) {
     return cuMemPrefetchAsync_v2(p, n, loc, flags, s);
 }

@@ -12,6 +12,7 @@ API CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdevicept
     return CUDA_SUCCESS;
 }
 
+/* One attribute of the allocation containing p (as the real driver answers it). */
 API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr p) {
     NEED_INIT();
     ms_rec r;
@@ -36,6 +37,7 @@ API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdevic
     return CUDA_SUCCESS;
 }
 
+/* Several attributes at once; stops at the first that fails. */
 API CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrs, void **data, CUdeviceptr p) {
     for (unsigned int i = 0; i < n; i++) {
         CUresult rc = cuPointerGetAttribute(data[i], attrs[i], p);

@@ -76,21 +76,26 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t n, struct sim_pool *p) {
     return rc;
 }
 
+/* Stream-ordered allocation from the current pool of the context's device (streams are not modelled). */
 API CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s) {
     NEED_CTX();
     (void)s;
     return pool_alloc(d, n, g_current_pool[t_ctx->dev]);
 }
+/* The per-thread-default-stream variant of cuMemAllocAsync: the same call. */
 API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t n, CUstream s) { return cuMemAllocAsync(d, n, s); }
+/* Stream-ordered allocation from an explicit pool. */
 API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *d, size_t n, CUmemoryPool pool, CUstream s) {
     (void)s;
     if (!as_pool(pool)) return CUDA_ERROR_INVALID_VALUE;
     return pool_alloc(d, n, as_pool(pool));
 }
+/* Per-thread-default-stream variant of cuMemAllocFromPoolAsync. */
 API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *d, size_t n, CUmemoryPool pool, CUstream s) {
     return cuMemAllocFromPoolAsync(d, n, pool, s);
 }
 
+/* Stream-ordered free: pool memory stays reserved in its pool until a synchronize or trim. */
 API CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream s) {
     NEED_INIT();
     (void)s;
@@ -114,8 +119,10 @@ API CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream s) {
     pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;
 }
+/* The per-thread-default-stream variant of cuMemFreeAsync: the same call. */
 API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
 
+/* An explicit pool on a device (maxSize honoured). */
 API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
     NEED_INIT();
     if (!pool || !props || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_dev(props->location.id))
@@ -126,6 +133,7 @@ API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
     *pool = (CUmemoryPool)p;
     return CUDA_SUCCESS;
 }
+/* Destroy an explicit pool: everything it reserves goes back to the device. */
 API CUresult cuMemPoolDestroy(CUmemoryPool pool) {
     NEED_INIT();
     struct sim_pool *p = as_pool(pool);
@@ -138,18 +146,21 @@ API CUresult cuMemPoolDestroy(CUmemoryPool pool) {
     free(p);
     return CUDA_SUCCESS;
 }
+/* The device's default pool. */
 API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice d) {
     NEED_INIT();
     if (!pool || !valid_dev(d)) return CUDA_ERROR_INVALID_VALUE;
     *pool = (CUmemoryPool)&g_default_pool[d];
     return CUDA_SUCCESS;
 }
+/* The device's current pool (what cuMemAllocAsync uses). */
 API CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice d) {
     NEED_INIT();
     if (!pool || !valid_dev(d)) return CUDA_ERROR_INVALID_VALUE;
     *pool = (CUmemoryPool)g_current_pool[d];
     return CUDA_SUCCESS;
 }
+/* Make a pool of that device its current pool. */
 API CUresult cuDeviceSetMemPool(CUdevice d, CUmemoryPool pool) {
     NEED_INIT();
     struct sim_pool *p = as_pool(pool);
@@ -157,6 +168,7 @@ API CUresult cuDeviceSetMemPool(CUdevice d, CUmemoryPool pool) {
     g_current_pool[d] = p;
     return CUDA_SUCCESS;
 }
+/* Release cached blocks until the pool reserves at most `keep` bytes. */
 API CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
     NEED_INIT();
     struct sim_pool *p = as_pool(pool);
@@ -166,6 +178,7 @@ API CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
     pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;
 }
+/* Release threshold, and resets of the high-water marks; other attributes accepted. */
 API CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute a, void *v) {
     NEED_INIT();
     struct sim_pool *p = as_pool(pool);
@@ -176,6 +189,7 @@ API CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute a, voi
     else if (a < 1 || a > 8) return CUDA_ERROR_INVALID_VALUE;
     return CUDA_SUCCESS;
 }
+/* The pool's threshold, reserved and used memory and their high-water marks. */
 API CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute a, void *v) {
     NEED_INIT();
     struct sim_pool *p = as_pool(pool);

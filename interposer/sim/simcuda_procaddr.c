@@ -23,6 +23,7 @@ API CUresult cuGetErrorName(CUresult e, const char **s) {
     }
     return CUDA_SUCCESS;
 }
+/* The error's name stands in for its description. */
 API CUresult cuGetErrorString(CUresult e, const char **s) { return cuGetErrorName(e, s); }
 
 /* The private export tables libcudart asks for are undocumented: answer "not found", as a driver that

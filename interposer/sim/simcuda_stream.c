@@ -13,6 +13,7 @@ static struct sim_stream *as_stream(CUstream s) {
     if ((uintptr_t)s <= 2) return NULL; /* NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD */
     return x->magic == STREAM_MAGIC ? x : NULL;
 }
+/* A stream on the current context's device (work is synchronous here). */
 API CUresult cuStreamCreate(CUstream *ps, unsigned int flags) {
     NEED_CTX();
     (void)flags;
@@ -22,6 +23,7 @@ API CUresult cuStreamCreate(CUstream *ps, unsigned int flags) {
     *ps = (CUstream)x;
     return CUDA_SUCCESS;
 }
+/* Destroy a stream. */
 API CUresult cuStreamDestroy_v2(CUstream s) {
     NEED_INIT();
     struct sim_stream *x = as_stream(s);
@@ -30,7 +32,9 @@ API CUresult cuStreamDestroy_v2(CUstream s) {
     free(x);
     return CUDA_SUCCESS;
 }
+/* The legacy variant of cuStreamDestroy_v2: the same call. */
 API CUresult cuStreamDestroy(CUstream s) { return cuStreamDestroy_v2(s); }
+/* Start capturing a stream (the legacy default stream cannot be captured). */
 API CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
     NEED_INIT(); (void)mode;
     struct sim_stream *x = as_stream(s);
@@ -38,6 +42,7 @@ API CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
     x->capturing = 1;
     return CUDA_SUCCESS;
 }
+/* Stop capturing; no graph is produced. */
 API CUresult cuStreamEndCapture(CUstream s, CUgraph *graph) {
     NEED_INIT();
     struct sim_stream *x = as_stream(s);
@@ -46,6 +51,7 @@ API CUresult cuStreamEndCapture(CUstream s, CUgraph *graph) {
     if (graph) *graph = NULL;
     return CUDA_SUCCESS;
 }
+/* Whether a stream is being captured. */
 API CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status) {
     NEED_INIT();
     if (!status) return CUDA_ERROR_INVALID_VALUE;
@@ -53,9 +59,12 @@ API CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status) {
     *status = x && x->capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
     return CUDA_SUCCESS;
 }
+/* The per-thread-default-stream variant of cuStreamIsCapturing: the same call. */
 API CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *status) { return cuStreamIsCapturing(s, status); }
 
 /* Synchronising is when a real pool gives memory above its release threshold back to the device. */
 API CUresult cuStreamSynchronize(CUstream s) { NEED_INIT(); (void)s; trim_all_pools(); return CUDA_SUCCESS; }
+/* The per-thread-default-stream variant of cuStreamSynchronize: the same call. */
 API CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
+/* Context-wide synchronisation: pools give back memory above their thresholds. */
 API CUresult cuCtxSynchronize(void) { NEED_INIT(); trim_all_pools(); return CUDA_SUCCESS; }

@@ -16,6 +16,7 @@ static struct sim_vmm *as_vmm(CUmemGenericAllocationHandle h) {
     return x && x->magic == VMM_MAGIC ? x : NULL;
 }
 
+/* VMM granularity: 2 MiB, as on current GPUs. */
 API CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
                                            CUmemAllocationGranularity_flags option) {
     NEED_INIT();
@@ -58,6 +59,7 @@ API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUm
     return CUDA_SUCCESS;
 }
 
+/* Free a VMM allocation once its handle is released and nothing maps it (caller holds g_mu). */
 static void vmm_maybe_free(struct sim_vmm *v) {
     if (!v->released || v->maps > 0) return;
     close(v->fd);
@@ -78,6 +80,7 @@ API CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
     return CUDA_SUCCESS;
 }
 
+/* The properties a handle was created with. */
 API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h) {
     NEED_INIT();
     struct sim_vmm *v = as_vmm(h);
@@ -86,6 +89,7 @@ API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, C
     return CUDA_SUCCESS;
 }
 
+/* Reserve an aligned virtual range (PROT_NONE) to map handles into. */
 API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
                                  unsigned long long flags) {
     NEED_INIT();
@@ -104,6 +108,7 @@ API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CU
     return CUDA_SUCCESS;
 }
 
+/* Give back a reserved virtual range. */
 API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
     NEED_INIT();
     ms_rec r;
@@ -117,6 +122,7 @@ API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 struct mapping { uint64_t ptr, size; struct sim_vmm *v; struct mapping *next; };
 static struct mapping *g_maps;
 
+/* Map part of a handle's memfd at an address of a reserved range. */
 API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
                       unsigned long long flags) {
     NEED_INIT();
@@ -138,6 +144,7 @@ API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericA
     return rc;
 }
 
+/* Unmap a range (back to PROT_NONE); the last unmapping of a released handle frees it. */
 API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     NEED_INIT();
     pthread_mutex_lock(&g_mu);
@@ -154,6 +161,7 @@ API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     return CUDA_SUCCESS;
 }
 
+/* Access is always read-write here; the descriptors are only checked for presence. */
 API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
     NEED_INIT();
     (void)ptr; (void)size;

@@ -8,6 +8,7 @@
 #include "cuda_api.h"
 
 #define MiB (1ull << 20)
+/* Free MiB as cuMemGetInfo_v2 reports it (the quota view under the shim). */
 static long free_mib(void) { size_t f, t; cuMemGetInfo_v2(&f, &t); return (long)(f / MiB); }
 #define STEP(name, rc) do { int rc_ = (int)(rc); printf("%s rc=%d free_mib=%ld\n", name, rc_, free_mib()); } while (0)
 
@@ -21,12 +22,14 @@ static void step_pitch(void) {
     STEP("pitch_free", cuMemFree_v2(p));
 }
 
+/* Managed memory is charged in full. */
 static void step_managed(void) {
     CUdeviceptr p;
     STEP("managed_alloc", cuMemAllocManaged(&p, 100 * MiB, CU_MEM_ATTACH_GLOBAL));
     STEP("managed_free", cuMemFree_v2(p));
 }
 
+/* A pool keeps freed memory reserved (and charged) until a synchronize. */
 static void step_async(void) {
     CUdeviceptr p, q;
     STEP("async_alloc", cuMemAllocAsync(&p, 100 * MiB, NULL));
@@ -50,6 +53,7 @@ static void step_asyncbig(void) {
     STEP("asyncbig_sync", cuStreamSynchronize(NULL));
 }
 
+/* An explicit pool: its reservation is charged until the pool is destroyed. */
 static void step_pool(void) {
     CUmemPoolProps props;
     memset(&props, 0, sizeof props);
@@ -63,6 +67,7 @@ static void step_pool(void) {
     STEP("pool_destroy", cuMemPoolDestroy(pool));
 }
 
+/* VMM memory stays charged while mapped, even after its handle is released. */
 static void step_vmm(void) {
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof prop);
@@ -82,6 +87,7 @@ static void step_vmm(void) {
     cuMemAddressFree(va, sz);
 }
 
+/* A 2D array, charged from its descriptor. */
 static void step_array(void) {
     CUDA_ARRAY_DESCRIPTOR d = {1000, 1000, CU_AD_FORMAT_FLOAT, 4}; /* 16,000,000 B */
     CUarray a;
@@ -89,6 +95,7 @@ static void step_array(void) {
     STEP("array_destroy", cuArrayDestroy(a));
 }
 
+/* A 3D array, charged from its descriptor. */
 static void step_array3d(void) {
     CUDA_ARRAY3D_DESCRIPTOR d = {256, 256, 64, CU_AD_FORMAT_UNSIGNED_INT8, 4, 0}; /* 16 MiB */
     CUarray a;
@@ -96,6 +103,7 @@ static void step_array3d(void) {
     STEP("array3d_destroy", cuArrayDestroy(a));
 }
 
+/* A mipmapped array: every level is charged. */
 static void step_mipmap(void) {
     CUDA_ARRAY3D_DESCRIPTOR d = {1024, 1024, 0, CU_AD_FORMAT_FLOAT, 4, 0}; /* 16 MiB + 4 + 1 + ... */
     CUmipmappedArray m;
@@ -103,6 +111,7 @@ static void step_mipmap(void) {
     STEP("mipmap_destroy", cuMipmappedArrayDestroy(m));
 }
 
+/* Pinned host memory is not charged to the GPU. */
 static void step_hostalloc(void) {
     void *h;
     STEP("host_alloc", cuMemHostAlloc(&h, 100 * MiB, 0)); /* host memory: not charged to the GPU */

@@ -16,6 +16,7 @@ typedef __typeof__(&cuGetProcAddress_v2) getproc_v2_t;
 static void *lib;
 static getproc_v2_t gp;
 
+/* The file name of the object a function lives in ("none" if unknown). */
 static const char *where(void *fn) {
     Dl_info info;
     if (!fn || !dladdr(fn, &info) || !info.dli_fname) return "none";
@@ -23,6 +24,7 @@ static const char *where(void *fn) {
     return slash ? slash + 1 : info.dli_fname;
 }
 
+/* The exported name of the function at an address ("none" if unknown). */
 static const char *sym_name(void *fn) {
     Dl_info info;
     return fn && dladdr(fn, &info) && info.dli_sname ? info.dli_sname : "none";

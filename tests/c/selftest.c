@@ -41,15 +41,22 @@ struct family {
     CUresult (*release)(void *state);
 };
 
+/* Family cuMemAlloc_v2 / cuMemFree_v2. */
 static CUresult dev_alloc(size_t n, void **s) { return cuMemAlloc_v2((CUdeviceptr *)s, n); }
+/* Free for the device, pitched and managed families. */
 static CUresult dev_free(void *s) { return cuMemFree_v2((CUdeviceptr)(uintptr_t)s); }
+/* Family cuMemAllocPitch_v2: 4 KiB rows, n / 4096 of them. */
 static CUresult pitch_alloc(size_t n, void **s) { size_t p; return cuMemAllocPitch_v2((CUdeviceptr *)s, &p, 4096, n / 4096, 4); }
+/* Family cuMemAllocManaged. */
 static CUresult managed_alloc(size_t n, void **s) { return cuMemAllocManaged((CUdeviceptr *)s, n, CU_MEM_ATTACH_GLOBAL); }
+/* Family cuMemAllocAsync (default pool, legacy stream). */
 static CUresult async_alloc(size_t n, void **s) { return cuMemAllocAsync((CUdeviceptr *)s, n, NULL); }
+/* Stream-ordered free, then a synchronize so the pool gives the memory back. */
 static CUresult async_free(void *s) {
     CUresult rc = cuMemFreeAsync((CUdeviceptr)(uintptr_t)s, NULL);
     return rc ? rc : cuStreamSynchronize(NULL); /* the pool gives its memory back at synchronisation */
 }
+/* Family cuMemCreate (physical VMM memory on device 0). */
 static CUresult vmm_alloc(size_t n, void **s) {
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof prop);
@@ -57,14 +64,18 @@ static CUresult vmm_alloc(size_t n, void **s) {
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     return cuMemCreate((CUmemGenericAllocationHandle *)s, n, &prop, 0);
 }
+/* Release the VMM handle (never mapped, so the memory goes at once). */
 static CUresult vmm_free(void *s) { return cuMemRelease((CUmemGenericAllocationHandle)(uintptr_t)s); }
+/* Family cuArrayCreate_v2: 8192 x N 32-bit texels. */
 static CUresult array_alloc(size_t n, void **s) {
     CUDA_ARRAY_DESCRIPTOR d = {.Width = 8192, .Height = n / (8192 * 4), .Format = CU_AD_FORMAT_UNSIGNED_INT32,
                                .NumChannels = 1};
     return cuArrayCreate_v2((CUarray *)s, &d);
 }
+/* Destroy the array. */
 static CUresult array_free(void *s) { return cuArrayDestroy((CUarray)s); }
 
+/* Within the quota: allowed and charged; past what is left: refused; freed: charge back. */
 static void check_family(const struct family *f) {
     char what[160];
     size_t before = free_now();
@@ -89,6 +100,7 @@ static const char *home(void *fn) {
     return fn && dladdr(fn, &info) && info.dli_fname ? info.dli_fname : "";
 }
 
+/* The dlsym and cuGetProcAddress routes hand out the shim, and the 32-bit entry point is counted. */
 static void check_routes(const char *shim) {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW);
     check(lib != NULL, "dlopen libcuda.so.1", 0);
