@@ -30,6 +30,7 @@
 
 #define MS_LOCK_BASE (1ull << 30)            /* fcntl lock byte of slot i is MS_LOCK_BASE + i */
 #define MS_INIT_LOCK_BYTE (MS_LOCK_BASE - 1) /* serialises creation of the file */
+#define MS_DEVICE_LOCK_BYTE (MS_LOCK_BASE - 2) /* serialises appends to dev[] (held for a few instructions) */
 #define MS_FROZEN (1ull << 63)
 #define MS_REGION_FILE "memslice.region"
 
@@ -140,8 +141,8 @@ int ms_ledger_claim(ms_ledger *l);
 void ms_ledger_forget_slot(ms_ledger *l);
 /* Release everything the calling process charged and free its slot (normal exit). */
 void ms_ledger_release(ms_ledger *l);
-/* Index of the device with this UUID, adding it if new; -1 if the table is full, -2 if the region mutex
- * could not be taken within MS_LOCK_WAIT_MS (l->lock_error says why). */
+/* Index of the device with this UUID, adding it if new; -1 if the table is full, -2 if the device-table
+ * lock could not be taken within MS_LOCK_WAIT_MS (l->lock_error says why). */
 int ms_ledger_device(ms_ledger *l, const char *uuid, uint64_t physical_total);
 /* Charge n bytes to device dev (host=1: the host-spill counter) if the total stays <= limit.
  * 0 on success, -1 if it would exceed the limit (nothing changed). */

@@ -38,8 +38,8 @@ int dev_index(CUdevice ordinal) {
              b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
     int idx = ms_ledger_device(&g_ledger, text, total);
     if (idx == -2) {
-        shim_log(LOG_ERROR, "memslice: GPU %s could not be added to the region %s: its mutex was held for more than "
-                 "%d ms (%s; a stopped process of the container?); this call fails, a later one retries", text,
+        shim_log(LOG_ERROR, "memslice: GPU %s could not be added to the region %s: its device table was locked for more "
+                 "than %d ms (%s; a stopped process of the container?); a later call retries", text,
                  g_cfg.region_path, MS_LOCK_WAIT_MS, strerror(g_ledger.lock_error));
         return -1;
     }

@@ -518,14 +518,19 @@ void ms_ledger_release(ms_ledger *l) {
     byte_lock(l->fd, MS_LOCK_BASE + (uint64_t)i, F_UNLCK);
 }
 
+/* Appends to the device table take their own byte lock, not the region mutex: the mutex is held for
+ * whole sweeps (a recount may wait MS_RECOUNT_WAIT_MS), and a process stopped in one must not keep the
+ * container's other processes from registering a GPU. This lock is held for a few instructions, and the
+ * kernel drops it if its holder dies (a half-written entry past ndevices is simply written again). */
 int ms_ledger_device(ms_ledger *l, const char *uuid, uint64_t physical_total) {
     struct ms_region *r = l->r;
     uint32_t nd = ndev(r);
     for (uint32_t d = 0; d < nd; d++)
         if (strncmp(r->dev[d].uuid, uuid, MS_UUID_LEN) == 0) return (int)d;
-    int dirty = lock_region(l);
-    if (dirty < 0) return -2;
-    if (dirty) sweep_locked(l, 1);
+    if (byte_lock_bounded(l->fd, MS_DEVICE_LOCK_BYTE) < 0) {
+        l->lock_error = errno == EAGAIN ? ETIMEDOUT : errno;
+        return -2;
+    }
     int found = -1;
     nd = ndev(r);
     for (uint32_t d = 0; d < nd && found < 0; d++)
@@ -537,7 +542,7 @@ int ms_ledger_device(ms_ledger *l, const char *uuid, uint64_t physical_total) {
         STORE(&r->hdr.ndevices, nd + 1); /* published after the entry is complete */
         found = (int)nd;
     }
-    unlock_region(l);
+    byte_lock(l->fd, MS_DEVICE_LOCK_BYTE, F_UNLCK);
     return found;
 }
 
