@@ -5,6 +5,9 @@ Layout under the region root (default /var/lib/memslice/regions):
                       memslice.region inside
   <region-id>.json    the agent's record of that allocation (GPU, devices, MiB, owner); not mounted, so
                       the container cannot alter it
+  <region-id>.limits  the limits the shim enforces (quota, context reserve, region directory), mounted
+                      read-only at /run/memslice/limits: the shim takes them from there, not from the
+                      environment a process can change (memslice.limits has the format)
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from pathlib import Path
 
 from memslice.plugin.ledger import REGION_ID, Allocation
 
+from memslice.limits import CONTAINER_LIMITS, Limits
+from memslice.limits import write as write_limits
+
 log = logging.getLogger(__name__)
 
 SHIM_NAME = "libmemslice.so"
@@ -26,6 +32,7 @@ PRELOAD_NAME = "ld.so.preload"
 CONTAINER_SHIM = "/usr/local/memslice/lib/libmemslice.so"
 CONTAINER_PRELOAD = "/etc/ld.so.preload"
 CONTAINER_REGION_DIR = "/run/memslice/region"
+CONTAINER_LIMITS_FILE = CONTAINER_LIMITS
 # Simulated GPU (--simulate): the node's driver libraries and its state file, as containers see them.
 SIM_LIB_NAMES = ("libcuda.so.1", "libnvidia-ml.so.1")
 CONTAINER_SIM_LIB_DIR = "/usr/local/memslice/sim/lib"
@@ -77,12 +84,17 @@ class RegionStore:
     def dir_of(self, region_id: str) -> Path:
         return self.root / region_id
 
+    def limits_of(self, region_id: str) -> Path:
+        return self.root / f"{region_id}.limits"
+
     def create(self, alloc: Allocation) -> Path:
         """Create (or keep, for a re-sent request) the region directory and record the allocation."""
         d = self.dir_of(alloc.region_id)
         d.mkdir(exist_ok=True)
         # Any user of the container must be able to create the region file; only this container mounts it.
         os.chmod(d, 0o1777)
+        write_limits(self.limits_of(alloc.region_id),
+                     Limits(gpu_mem_bytes=alloc.mib << 20, region_dir=CONTAINER_REGION_DIR))
         self.save(alloc)
         return d
 
@@ -94,6 +106,7 @@ class RegionStore:
             raise ValueError(f"refusing to remove {region_id!r}: not a region ID")
         # the record first: a directory left behind without one is swept as an orphan later
         (self.root / f"{region_id}.json").unlink(missing_ok=True)
+        self.limits_of(region_id).unlink(missing_ok=True)
         shutil.rmtree(self.dir_of(region_id), ignore_errors=True)
 
     def load(self) -> dict[str, Allocation]:

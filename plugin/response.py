@@ -7,6 +7,7 @@ from pathlib import Path
 
 from memslice.plugin.allocator import Target
 from memslice.plugin.regions import (
+    CONTAINER_LIMITS_FILE,
     CONTAINER_PRELOAD,
     CONTAINER_REGION_DIR,
     CONTAINER_SHIM,
@@ -30,11 +31,16 @@ class ResponseConfig:
 
 def container_response(target: Target, region_host_dir: Path, cfg: ResponseConfig
                        ) -> api_pb2.ContainerAllocateResponse:
+    # The env states the quota for people and older shims; the shim enforces the read-only limits file
+    # (RegionStore.create wrote it beside the region directory), which a process cannot change.
     envs = {"MEMSLICE_GPU_MEM_LIMIT": str(target.mib), "MEMSLICE_REGION_DIR": CONTAINER_REGION_DIR}
     mounts = [api_pb2.Mount(container_path=CONTAINER_SHIM, host_path=str(cfg.shim_host_dir / SHIM_NAME),
                             read_only=True),
               api_pb2.Mount(container_path=CONTAINER_REGION_DIR, host_path=str(region_host_dir),
-                            read_only=False)]
+                            read_only=False),
+              api_pb2.Mount(container_path=CONTAINER_LIMITS_FILE,
+                            host_path=str(region_host_dir.parent / f"{region_host_dir.name}.limits"),
+                            read_only=True)]
     if cfg.preload == "env":
         envs["LD_PRELOAD"] = CONTAINER_SHIM
     else:

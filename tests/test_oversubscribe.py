@@ -199,4 +199,30 @@ def test_memslice_run_oversubscribe(cbin, tmp_path, cgroup):
            "--oversubscribe=100MiB", "--", cbin["spill"], "plain", "6", "64"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert [b["rc"] for b in allocs(out.stdout)] == ["0"] * 5 + ["2"]
-    assert "MEMSLICE_HOST_SPILL_LIMIT=100.0 MiB" in out.stderr
+    assert "host_spill_limit=100.0 MiB in " in out.stderr and "/memslice.limits;" in out.stderr
+
+
+def test_spill_limit_zero_means_nothing_spills(node, cbin, tmp_path, cgroup):
+    """MEMSLICE_HOST_SPILL_LIMIT=0 is a cap of zero (it used to mean "no cap": 256 GiB spilled under a 1 GiB
+    quota): with oversubscription on, what does not fit the quota is refused, and not one byte spills."""
+    _, env = spill_env(node, tmp_path, cgroup, MEMSLICE_HOST_SPILL_LIMIT="0")
+    out = run([cbin["spill"], "plain", "6", "64"], env)  # 4 x 64 MiB fit the 256 MiB quota
+    assert [b["rc"] for b in allocs(out.stdout)] == ["0"] * 4 + ["2"] * 2
+    assert "nothing may spill" in out.stderr and "MEMSLICE_HOST_SPILL_LIMIT=0.0 MiB" in out.stderr
+    assert read_region(tmp_path / "c").devices[0].host_peak_bytes == 0
+
+
+def test_memslice_run_oversubscribe_zero_is_the_same(cbin, tmp_path, cgroup):
+    """`memslice run --oversubscribe=0` is accepted and means what MEMSLICE_HOST_SPILL_LIMIT=0 means."""
+    import os
+    import sys
+
+    region = tmp_path / "r"
+    env = {"PATH": os.environ["PATH"], "MEMSLICE_SIM_STATE": str(tmp_path / "n.state"),
+           "MEMSLICE_SIM_CONTEXT_OVERHEAD": "0", "MEMSLICE_CONTEXT_RESERVE": "0", "MEMSLICE_CGROUP_DIR": str(cgroup)}
+    cmd = [sys.executable, "-m", "memslice", "run", "--gpu-mem", "256MiB", "--simulate-gpu", "1GiB",
+           "--oversubscribe=0", "--region-dir", str(region), "--", cbin["spill"], "plain", "6", "64"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert [b["rc"] for b in allocs(out.stdout)] == ["0"] * 4 + ["2"] * 2, out.stderr
+    assert "host_spill_limit=0.0 MiB in " in out.stderr and "nothing may spill" in out.stderr
+    assert read_region(region).devices[0].host_peak_bytes == 0

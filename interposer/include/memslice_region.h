@@ -11,9 +11,18 @@
  *    byte MS_LOCK_BASE + slot for its whole life, so a dead process (even kill -9) is recognised by its
  *    released lock, whatever PID namespace the observer is in.
  *  - Slow paths (claiming a slot, reclaiming dead ones, recount) take `lock`, a process-shared robust
- *    mutex: a holder that dies is detected (EOWNERDEAD) and its work redone, so no lock stays held.
- *  - Bit 63 of used/host_used is the "frozen" bit: set only by a recount, which rebuilds the totals from
- *    the live slots; hot paths that see it back off until the recount ends. */
+ *    mutex, with a timed lock (MS_LOCK_WAIT_MS): a holder that dies is detected (EOWNERDEAD) and its work
+ *    redone; a holder that is stopped (SIGSTOP, a debugger, the cgroup freezer) makes the others give up
+ *    that slow path after the bound instead of waiting for it.
+ *  - Bit 63 of used/host_used is the "frozen" bit: set only by a recount (under `lock`), which rebuilds
+ *    the totals from the live slots and publishes each with a CAS from the frozen value it set; hot paths
+ *    that see it back off, and after MS_FROZEN_WAIT_MS abandon the recount (clear the bit: the totals go
+ *    back to their pre-recount values, and the stalled recounter's CAS then fails). No wait is unbounded.
+ *
+ * The file is tenant-writable: everything read from it is validated (on open: sizes, counts, the mutex
+ * kind; later, every index read from it is clamped), and a file that is not exactly the expected size is
+ * never re-initialised while a process of the container holds a slot (that would start a second ledger
+ * and double the quota). */
 #ifndef MEMSLICE_REGION_H
 #define MEMSLICE_REGION_H
 
@@ -21,12 +30,22 @@
 
 #define MS_LOCK_BASE (1ull << 30)            /* fcntl lock byte of slot i is MS_LOCK_BASE + i */
 #define MS_INIT_LOCK_BYTE (MS_LOCK_BASE - 1) /* serialises creation of the file */
+#define MS_DEVICE_LOCK_BYTE (MS_LOCK_BASE - 2) /* serialises appends to dev[] (held for a few instructions) */
 #define MS_FROZEN (1ull << 63)
 #define MS_REGION_FILE "memslice.region"
 
+/* Bounds on every wait (docs/architecture.md, "Shared region"). One allocation or free call waits at most
+ * MS_CALL_WAIT_MS in total for the region, and only when another process of the container is stopped or
+ * died at the wrong moment; otherwise it never waits. */
+#define MS_LOCK_WAIT_MS 250     /* the region mutex, or the creation lock of the file */
+#define MS_RECOUNT_WAIT_MS 200  /* a recount waits this long for live processes' in-flight steps */
+#define MS_FROZEN_WAIT_MS 300   /* a charge waits this long for a recount before abandoning it */
+#define MS_SWEEP_PERIOD_MS 1000 /* the periodic reclaim of dead processes (any process, while allocating) */
+#define MS_CALL_WAIT_MS 1500
+
 /* BEGIN CFFI */
 #define MS_MAGIC 1297307971          /* "MSLC" */
-#define MS_VERSION 1
+#define MS_VERSION 2               /* 2: bounded recount (CAS publish, abort), swept_ns */
 #define MS_MAX_DEVICES 16
 #define MS_MAX_SLOTS 4096
 #define MS_UUID_LEN 48
@@ -49,7 +68,10 @@ struct ms_header {
     uint8_t lock[64];         /* pthread_mutex_t, process-shared and robust: slow paths only */
     uint32_t slot_hwm;        /* 1 + the highest slot index ever claimed: scans stop there */
     uint32_t pad32;
-    uint8_t pad[120];
+    uint64_t swept_ns;        /* CLOCK_MONOTONIC ns of the last sweep (rate-limits the periodic one) */
+    uint64_t recount_aborts;  /* recounts abandoned because their owner stalled (statistics) */
+    uint64_t recount_retry_ns; /* after a recount timed out, none is tried before this (CLOCK_MONOTONIC) */
+    uint8_t pad[96];
 };
 
 struct ms_device {
@@ -105,6 +127,7 @@ typedef struct ms_ledger {
     size_t map_size;
     int fd;
     int slot;                 /* this process's slot, -1 until claimed */
+    int lock_error;           /* errno of the last failed region-mutex wait (ETIMEDOUT: a stopped holder) */
 } ms_ledger;
 
 /* Open (creating if needed) the ledger file at `path`. When this call creates it, init_extra (if given)
@@ -118,7 +141,8 @@ int ms_ledger_claim(ms_ledger *l);
 void ms_ledger_forget_slot(ms_ledger *l);
 /* Release everything the calling process charged and free its slot (normal exit). */
 void ms_ledger_release(ms_ledger *l);
-/* Index of the device with this UUID, adding it if new; -1 if the table is full. */
+/* Index of the device with this UUID, adding it if new; -1 if the table is full, -2 if the device-table
+ * lock could not be taken within MS_LOCK_WAIT_MS (l->lock_error says why). */
 int ms_ledger_device(ms_ledger *l, const char *uuid, uint64_t physical_total);
 /* Charge n bytes to device dev (host=1: the host-spill counter) if the total stays <= limit.
  * 0 on success, -1 if it would exceed the limit (nothing changed). */
@@ -127,8 +151,12 @@ int ms_charge(ms_ledger *l, int dev, uint64_t n, uint64_t limit, int host);
 void ms_uncharge(ms_ledger *l, int dev, uint64_t n, int host);
 /* Count a refusal. */
 void ms_note_refused(ms_ledger *l, int dev, int host);
-/* Reclaim the slots of dead processes. Returns how many were reclaimed, or -1 on error. */
+/* Reclaim the slots of dead processes. Returns how many were reclaimed, or -1 on error (the region mutex
+ * was not free within MS_LOCK_WAIT_MS: l->lock_error). */
 int ms_sweep(ms_ledger *l);
+/* The periodic sweep: at most once per MS_SWEEP_PERIOD_MS per region (any process), never waiting for the
+ * mutex. Cheap when not due (one clock read). */
+void ms_sweep_if_due(ms_ledger *l);
 /* 1 if slot i's owner is alive (holds its lock), 0 if not. */
 int ms_slot_alive(const ms_ledger *l, int i);
 static inline uint64_t ms_bytes(uint64_t word) { return word & ~MS_FROZEN; }

@@ -36,6 +36,12 @@ int dev_index(CUdevice ordinal) {
     snprintf(text, sizeof text, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
              b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
     int idx = ms_ledger_device(&g_ledger, text, total);
+    if (idx == -2) {
+        shim_log(LOG_ERROR, "memslice: GPU %s could not be added to the region %s: its device table was locked for more "
+                 "than %d ms (%s; a stopped process of the container?); a later call retries", text,
+                 g_cfg.region_path, MS_LOCK_WAIT_MS, strerror(g_ledger.lock_error));
+        return -1;
+    }
     if (idx >= 0) {
         __atomic_store_n(&g_ledger.r->dev[idx].limit, g_cfg.mode == MODE_ENFORCE ? g_cfg.limit : 0, __ATOMIC_RELAXED);
         __atomic_store_n(&g_devidx[ordinal], idx + 1, __ATOMIC_RELEASE);
@@ -70,11 +76,24 @@ static int sweep_due(void) {
     return __atomic_compare_exchange_n(&last, &prev, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
 }
 
+/* Once per process: say why dead processes could not be reclaimed before a refusal. */
+static void note_sweep_failed(void) {
+    static int said;
+    if (__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED)) return;
+    shim_log(LOG_WARN, "memslice: the region %s was locked for more than %d ms (%s; a stopped process of the "
+             "container?): usage of dead processes could not be reclaimed before a refusal", g_cfg.region_path,
+             MS_LOCK_WAIT_MS, strerror(g_ledger.lock_error));
+}
+
 int try_charge(int dev, uint64_t n) {
+    static __thread unsigned calls;
     if (g_ledger.slot < 0 && ms_ledger_claim(&g_ledger) < 0) return -1;
+    if (UNLIKELY((++calls & 255) == 0)) ms_sweep_if_due(&g_ledger); /* dead processes' charges come back */
     if (ms_charge(&g_ledger, dev, n, g_cfg.limit, 0) == 0) return 0;
-    if (sweep_due() && ms_sweep(&g_ledger) > 0 && ms_charge(&g_ledger, dev, n, g_cfg.limit, 0) == 0) return 0;
-    return -1;
+    if (!sweep_due()) return -1;
+    int swept = ms_sweep(&g_ledger);
+    if (swept < 0) note_sweep_failed();
+    return swept > 0 && ms_charge(&g_ledger, dev, n, g_cfg.limit, 0) == 0 ? 0 : -1;
 }
 
 void refuse(int dev, uint64_t n, const char *call) {

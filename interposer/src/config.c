@@ -3,6 +3,7 @@
  * a process that never touches the GPU (a shell, `ls`) costs nothing and can fail nothing. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -64,12 +65,11 @@ void shim_log_refusal(const char *call, uint64_t request, int dev, int host) {
     if (more) snprintf(tail, sizeof tail, " (+%u more refused since the last message)", more);
     if (!host)
         shim_log(LOG_ERROR,
-                 "memslice: %s of %s refused on %s: the container uses %s of its %s quota "
-                 "(MEMSLICE_GPU_MEM_LIMIT=%s)%s",
+                 "memslice: %s of %s refused on %.48s: the container uses %s of its %s quota (%s)%s",
                  call, fmt_bytes(request, a, sizeof a), d->uuid, fmt_bytes(ms_bytes(d->used), b, sizeof b),
-                 fmt_bytes(g_cfg.limit, c, sizeof c), g_cfg.limit_text, tail);
+                 fmt_bytes(g_cfg.limit, c, sizeof c), g_cfg.limit_source, tail);
     else
-        shim_log(LOG_ERROR, "memslice: %s of %s could not spill to host memory on %s: %s already spilled%s",
+        shim_log(LOG_ERROR, "memslice: %s of %s could not spill to host memory on %.48s: %s already spilled%s",
                  call, fmt_bytes(request, a, sizeof a), d->uuid, fmt_bytes(ms_bytes(d->host_used), b, sizeof b),
                  tail);
 }
@@ -85,21 +85,258 @@ static void fail_closed(const char *fmt, ...) {
     g_cfg.mode = MODE_FAIL_CLOSED;
 }
 
+/* Parse a size; 0 and *out in bytes, or -1 and fail closed naming `what` (a variable or a file key). */
+static int parse_size_or_fail(const char *what, const char *v, uint64_t *out, int allow_zero) {
+    uint64_t b;
+    if (ms_parse_size(v, &b) == 0 && (allow_zero || b != 0)) {
+        *out = b;
+        return 0;
+    }
+    size_t n = strlen(v);
+    int decimal = n >= 2 && (v[n - 1] == 'B' || v[n - 1] == 'b') && strchr("KMGTkmgt", v[n - 2]);
+    fail_closed("memslice: %s='%.64s' is not a valid size%s; use %s%s.", what, v,
+                decimal ? " (decimal units are ambiguous; write GiB/MiB)" : "", MS_SIZE_HELP,
+                allow_zero ? " (0 allowed)" : ", greater than zero");
+    return -1;
+}
+
 /* Parse a size variable; 0 if absent (and *out untouched), 1 if read, -1 if malformed (fail closed). */
 static int size_env(const char *name, uint64_t *out, int allow_zero) {
     const char *v = getenv(name);
     if (!v) return 0;
-    uint64_t b;
-    if (ms_parse_size(v, &b) < 0 || (!allow_zero && b == 0)) {
-        size_t n = strlen(v);
-        int decimal = n >= 2 && (v[n - 1] == 'B' || v[n - 1] == 'b') && strchr("KMGTkmgt", v[n - 2]);
-        fail_closed("memslice: %s='%s' is not a valid size%s; use %s%s.",
-                    name, v, decimal ? " (decimal units are ambiguous; write GiB/MiB)" : "", MS_SIZE_HELP,
-                    allow_zero ? " (0 allowed)" : ", greater than zero");
+    return parse_size_or_fail(name, v, out, allow_zero) < 0 ? -1 : 1;
+}
+
+/* ---- the limits file ----------------------------------------------------------------------------------
+ * The enforced limits come from a file the container cannot write: the node agent's Allocate mounts it
+ * read-only at MS_LIMITS_PATH; `memslice run` writes MS_LIMITS_FILE in its region directory before the
+ * command starts. Where one exists, the environment's values for what it fixes are ignored, so a process
+ * that unsets or raises MEMSLICE_GPU_MEM_LIMIT changes nothing. Format (docs/architecture.md, "Limits
+ * file"): at most MS_LIMITS_MAX bytes of `key=value` lines, `#` comments and blank lines; each key once;
+ * an unknown key, a bad value or anything else is an error (fail closed). */
+struct limits_file {
+    char path[600];
+    int has_limit, has_reserve, has_over, has_spill, has_region, over;
+    uint64_t limit, reserve, spill;
+    char region[sizeof g_cfg.region_path];
+};
+
+/* Read at most MS_LIMITS_MAX bytes of a regular file, never following a symlink nor blocking on a FIFO.
+ * 0, 1 if it does not exist, -1 (fail closed) otherwise. */
+static int read_small_file(const char *path, char *buf, size_t cap) {
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT) return 1;
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        fail_closed("memslice: the limits file %s cannot be read (%s); it must be a regular file written by the "
+                    "node agent or `memslice run`.", path, fd < 0 ? strerror(errno) : "not a regular file");
+        if (fd >= 0) close(fd);
         return -1;
     }
-    *out = b;
+    ssize_t n = pread(fd, buf, cap, 0);
+    close(fd);
+    if (n < 0 || (size_t)n >= cap) {
+        fail_closed("memslice: the limits file %s is %s; it holds a few key=value lines (at most %d bytes).", path,
+                    n < 0 ? "unreadable" : "too large", MS_LIMITS_MAX);
+        return -1;
+    }
+    buf[n] = 0;
+    if (strlen(buf) != (size_t)n) {
+        fail_closed("memslice: the limits file %s contains a NUL byte; it holds key=value lines.", path);
+        return -1;
+    }
+    return 0;
+}
+
+/* Apply one `key=value` line of the limits file. 0, or -1 (fail closed). */
+static int limits_line(struct limits_file *f, char *key, char *val, int lineno) {
+    char what[700];
+    snprintf(what, sizeof what, "%s line %d: %s", f->path, lineno, key);
+    int *seen = NULL;
+    if (strcmp(key, "gpu_mem_limit") == 0) {
+        seen = &f->has_limit;
+        if (!*seen && parse_size_or_fail(what, val, &f->limit, 0) < 0) return -1;
+    } else if (strcmp(key, "context_reserve") == 0) {
+        seen = &f->has_reserve;
+        if (!*seen && parse_size_or_fail(what, val, &f->reserve, 1) < 0) return -1;
+    } else if (strcmp(key, "host_spill_limit") == 0) {
+        seen = &f->has_spill;
+        if (!*seen && parse_size_or_fail(what, val, &f->spill, 1) < 0) return -1;
+    } else if (strcmp(key, "oversubscribe") == 0) {
+        seen = &f->has_over;
+        if (strcmp(val, "0") && strcmp(val, "1")) {
+            fail_closed("memslice: %s='%.16s' is not valid; use 0 or 1.", what, val);
+            return -1;
+        }
+        f->over = val[0] == '1';
+    } else if (strcmp(key, "region_dir") == 0) {
+        seen = &f->has_region;
+        if (val[0] != '/' || strlen(val) + 1 + strlen(MS_REGION_FILE) >= sizeof f->region) {
+            fail_closed("memslice: %s='%.64s' is not an absolute directory path of at most %zu characters.", what,
+                        val, sizeof f->region - 2 - strlen(MS_REGION_FILE));
+            return -1;
+        }
+        snprintf(f->region, sizeof f->region, "%s", val);
+    } else {
+        fail_closed("memslice: %s is not a known key (gpu_mem_limit, context_reserve, oversubscribe, "
+                    "host_spill_limit, region_dir).", what);
+        return -1;
+    }
+    if (*seen) {
+        fail_closed("memslice: %s appears twice.", what);
+        return -1;
+    }
+    *seen = 1;
+    return 0;
+}
+
+/* Load the limits file at f->path. 0 if it does not exist, 1 if loaded, -1 (fail closed) if invalid.
+ * region_dir is required in the node agent's file (`fixed`), and refused in one found in the region
+ * directory (which that directory already is). */
+static int load_limits(struct limits_file *f, int fixed) {
+    char buf[MS_LIMITS_MAX + 1];
+    int rc = read_small_file(f->path, buf, sizeof buf);
+    if (rc != 0) return rc > 0 ? 0 : -1;
+    int lineno = 0;
+    for (char *line = buf, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        lineno++;
+        if (!*line || *line == '#') continue;
+        char *eq = strchr(line, '=');
+        if (!eq || eq == line) {
+            fail_closed("memslice: %s line %d is not key=value.", f->path, lineno);
+            return -1;
+        }
+        *eq = 0;
+        if (limits_line(f, line, eq + 1, lineno) < 0) return -1;
+    }
+    const char *missing = !f->has_limit ? "gpu_mem_limit" : fixed && !f->has_region ? "region_dir" : NULL;
+    if (missing || (!fixed && f->has_region)) {
+        fail_closed("memslice: the limits file %s %s %s.", f->path, missing ? "lacks" : "may not set",
+                    missing ? missing : "region_dir (it is the directory the file is in)");
+        return -1;
+    }
     return 1;
+}
+
+/* Find the limits file: the node agent's mount first, else one `memslice run` wrote in the region dir. */
+static int find_limits(struct limits_file *f, const char *env_dir) {
+    snprintf(f->path, sizeof f->path, "%s", MS_LIMITS_PATH);
+    int rc = load_limits(f, 1);
+    if (rc != 0 || !env_dir || !*env_dir) return rc;
+    memset(f, 0, sizeof *f);
+    if (snprintf(f->path, sizeof f->path, "%s/%s", env_dir, MS_LIMITS_FILE) >= (int)sizeof f->path) return 0;
+    return load_limits(f, 0); /* (a directory too long for this is refused below, with its own message) */
+}
+
+/* The quota: the limits file's, else MEMSLICE_GPU_MEM_LIMIT. 0, or -1 (fail closed). */
+static int read_quota(const struct limits_file *f, int have_file) {
+    struct shim_config *c = &g_cfg;
+    const char *env = getenv("MEMSLICE_GPU_MEM_LIMIT");
+    c->limit = UINT64_MAX >> 2;
+    if (have_file) {
+        char a[32];
+        c->limit = f->limit;
+        c->mode = MODE_ENFORCE;
+        snprintf(c->limit_source, sizeof c->limit_source, "gpu_mem_limit=%s in %.400s",
+                 fmt_bytes(f->limit, a, sizeof a), f->path);
+        uint64_t v;
+        if (env && (ms_parse_size(env, &v) < 0 || v != f->limit))
+            shim_log(LOG_WARN, "memslice: MEMSLICE_GPU_MEM_LIMIT='%.64s' ignored: the quota comes from %s", env,
+                     c->limit_source);
+        return 0;
+    }
+    if (!env) return 0;
+    snprintf(c->limit_source, sizeof c->limit_source, "MEMSLICE_GPU_MEM_LIMIT=%.64s", env);
+    if (size_env("MEMSLICE_GPU_MEM_LIMIT", &c->limit, 0) < 0) return -1;
+    c->mode = MODE_ENFORCE;
+    return 0;
+}
+
+/* Oversubscription and its host cap: from the limits file when it sets oversubscribe (a missing
+ * host_spill_limit is then "no cap"), else from the environment. 0 means zero: nothing spills. */
+static int read_oversubscription(const struct limits_file *f, int have_file) {
+    struct shim_config *c = &g_cfg;
+    c->spill_limit = UINT64_MAX >> 2;
+    snprintf(c->spill_source, sizeof c->spill_source, "no MEMSLICE_HOST_SPILL_LIMIT");
+    if (have_file && f->has_over) {
+        char a[32];
+        c->oversubscribe = f->over;
+        if (f->has_spill) c->spill_limit = f->spill;
+        snprintf(c->spill_source, sizeof c->spill_source, "host_spill_limit=%s in %.400s",
+                 f->has_spill ? fmt_bytes(f->spill, a, sizeof a) : "(none)", f->path);
+        return 0;
+    }
+    if (have_file && f->has_spill) {
+        fail_closed("memslice: the limits file %s sets host_spill_limit without oversubscribe.", f->path);
+        return -1;
+    }
+    const char *os = getenv("MEMSLICE_OVERSUBSCRIBE");
+    if (os) {
+        if (strcmp(os, "1") == 0 || strcmp(os, "true") == 0) c->oversubscribe = 1;
+        else if (strcmp(os, "0") != 0 && strcmp(os, "false") != 0 && *os) {
+            fail_closed("memslice: MEMSLICE_OVERSUBSCRIBE='%.64s' is not valid; use 1 (on) or 0 (off).", os);
+            return -1;
+        }
+    }
+    int rc = size_env("MEMSLICE_HOST_SPILL_LIMIT", &c->spill_limit, 1);
+    if (rc > 0) {
+        char a[32];
+        snprintf(c->spill_source, sizeof c->spill_source, "MEMSLICE_HOST_SPILL_LIMIT=%s",
+                 fmt_bytes(c->spill_limit, a, sizeof a));
+    }
+    return rc < 0 ? -1 : 0;
+}
+
+/* MEMSLICE_CGROUP_DIR, if set, must be a memory cgroup (v2 memory.max + memory.current, or v1
+ * memory.limit_in_bytes + memory.usage_in_bytes): a wrong one would silently turn the margin off. */
+static int read_cgroup_dir(void) {
+    const char *cg = getenv("MEMSLICE_CGROUP_DIR");
+    if (!cg || !*cg) return 0;
+    char a[300], b[300];
+    int fits = snprintf(g_cfg.cgroup_dir, sizeof g_cfg.cgroup_dir, "%s", cg) < (int)sizeof g_cfg.cgroup_dir;
+    snprintf(a, sizeof a, "%s/memory.max", g_cfg.cgroup_dir);
+    snprintf(b, sizeof b, "%s/memory.current", g_cfg.cgroup_dir);
+    int v2 = access(a, R_OK) == 0 && access(b, R_OK) == 0;
+    snprintf(a, sizeof a, "%s/memory.limit_in_bytes", g_cfg.cgroup_dir);
+    snprintf(b, sizeof b, "%s/memory.usage_in_bytes", g_cfg.cgroup_dir);
+    int v1 = access(a, R_OK) == 0 && access(b, R_OK) == 0;
+    if (fits && (v1 || v2)) return 0;
+    fail_closed("memslice: MEMSLICE_CGROUP_DIR='%.300s' is not a readable memory cgroup directory (%s); unset it "
+                "to use the process's own cgroup, or point it at the container's.", cg,
+                fits ? "no memory.max + memory.current, nor memory.limit_in_bytes + memory.usage_in_bytes"
+                     : "path too long");
+    return -1;
+}
+
+/* The region file's path: the limits file's region_dir, else MEMSLICE_REGION_DIR. 0, or -1. */
+static int read_region_dir(const struct limits_file *f, int have_file) {
+    struct shim_config *c = &g_cfg;
+    const char *dir = have_file && f->has_region ? f->region : getenv("MEMSLICE_REGION_DIR");
+    const char *what = have_file && f->has_region ? "region_dir" : "MEMSLICE_REGION_DIR";
+    if (!dir || !*dir) {
+        if (c->mode != MODE_ENFORCE) return 0;
+        fail_closed("memslice: MEMSLICE_GPU_MEM_LIMIT is set but MEMSLICE_REGION_DIR is not; set it to a directory "
+                    "shared by all processes of the container (`memslice run` does this for you).");
+        return -1;
+    }
+    size_t need = strlen(dir) + 1 + strlen(MS_REGION_FILE);
+    if (need >= sizeof c->region_path) {
+        fail_closed("memslice: %s is %zu characters long; the shim supports at most %zu: use a shorter directory.",
+                    what, strlen(dir), sizeof c->region_path - 2 - strlen(MS_REGION_FILE));
+        return -1;
+    }
+    struct stat st;
+    errno = 0;
+    if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode) || access(dir, W_OK) < 0) {
+        fail_closed("memslice: %s='%s' is not a writable directory (%s); point it at the directory shared by the "
+                    "container's processes.", what, dir, errno ? strerror(errno) : "not a directory");
+        return -1;
+    }
+    snprintf(c->region_path, sizeof c->region_path, "%s/%s", dir, MS_REGION_FILE);
+    if (c->mode == MODE_PASSTHROUGH) c->mode = MODE_OBSERVE;
+    return 0;
 }
 
 static void read_config(void) {
@@ -111,52 +348,31 @@ static void read_config(void) {
         int found = -1;
         for (int i = 0; i < 4; i++) if (strcmp(lv, names[i]) == 0) found = i;
         if (found < 0) {
-            fail_closed("memslice: MEMSLICE_LOG='%s' is not a log level; use error, warn, info or debug.", lv);
+            fail_closed("memslice: MEMSLICE_LOG='%.64s' is not a log level; use error, warn, info or debug.", lv);
             return;
         }
         c->log_level = (enum log_level)found;
     }
+    static struct limits_file f; /* static: it is large, and this runs once */
+    int have_file = find_limits(&f, getenv("MEMSLICE_REGION_DIR"));
+    if (have_file < 0) return;
     c->context_reserve = 300ull << 20;
-    if (size_env("MEMSLICE_CONTEXT_RESERVE", &c->context_reserve, 1) < 0) return;
-    const char *lim = getenv("MEMSLICE_GPU_MEM_LIMIT");
-    c->limit = UINT64_MAX >> 2;
-    if (lim) {
-        snprintf(c->limit_text, sizeof c->limit_text, "%s", lim);
-        if (size_env("MEMSLICE_GPU_MEM_LIMIT", &c->limit, 0) < 0) return;
-        c->mode = MODE_ENFORCE;
-    }
-    const char *os = getenv("MEMSLICE_OVERSUBSCRIBE");
-    if (os) {
-        if (strcmp(os, "1") == 0 || strcmp(os, "true") == 0) c->oversubscribe = 1;
-        else if (strcmp(os, "0") != 0 && strcmp(os, "false") != 0 && *os) {
-            fail_closed("memslice: MEMSLICE_OVERSUBSCRIBE='%s' is not valid; use 1 (on) or 0 (off).", os);
-            return;
-        }
-    }
-    if (size_env("MEMSLICE_HOST_SPILL_LIMIT", &c->spill_limit, 1) < 0) return;
-    if (size_env("MEMSLICE_CGROUP_MARGIN", &c->cgroup_margin, 1) < 0) return;
-    const char *cg = getenv("MEMSLICE_CGROUP_DIR");
-    if (cg) snprintf(c->cgroup_dir, sizeof c->cgroup_dir, "%s", cg);
-    const char *dir = getenv("MEMSLICE_REGION_DIR");
-    if (dir && *dir) {
-        struct stat st;
-        if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode) || access(dir, W_OK) < 0) {
-            fail_closed("memslice: MEMSLICE_REGION_DIR='%s' is not a writable directory (%s); point it at the "
-                        "directory shared by the container's processes.",
-                        dir, errno ? strerror(errno) : "not a directory");
-            return;
-        }
-        snprintf(c->region_path, sizeof c->region_path, "%s/%s", dir, MS_REGION_FILE);
-        if (c->mode == MODE_PASSTHROUGH) c->mode = MODE_OBSERVE;
-    } else if (c->mode == MODE_ENFORCE) {
-        fail_closed("memslice: MEMSLICE_GPU_MEM_LIMIT is set but MEMSLICE_REGION_DIR is not; set it to a directory "
-                    "shared by all processes of the container (`memslice run` does this for you).");
+    if (have_file) {
+        if (f.has_reserve) c->context_reserve = f.reserve;
+    } else if (size_env("MEMSLICE_CONTEXT_RESERVE", &c->context_reserve, 1) < 0) {
         return;
     }
+    if (read_quota(&f, have_file) < 0 || read_oversubscription(&f, have_file) < 0) return;
+    if (size_env("MEMSLICE_CGROUP_MARGIN", &c->cgroup_margin, 1) < 0 || read_cgroup_dir() < 0) return;
+    read_region_dir(&f, have_file);
 }
 
+/* A normal exit gives this process's charges back, and reclaims those of processes that died before it
+ * (the last survivor of a container thus leaves its ledger exact). */
 static void release_at_exit(void) {
-    if (g_have_ledger) ms_ledger_release(&g_ledger);
+    if (!g_have_ledger) return;
+    ms_ledger_release(&g_ledger);
+    ms_sweep(&g_ledger);
 }
 
 void reset_after_fork(void); /* accounting.c */
@@ -170,7 +386,7 @@ static void init_once(void) {
     if (g_cfg.mode == MODE_FAIL_CLOSED) {
         shim_log(LOG_ERROR, "%s", g_cfg.error);
     } else if (g_cfg.region_path[0]) {
-        char err[512];
+        char err[1024];
         if (ms_ledger_open(&g_ledger, g_cfg.region_path, 0, 0, NULL, NULL, err, sizeof err) < 0) {
             fail_closed("memslice: cannot use the shared region: %s.", err);
             shim_log(LOG_ERROR, "%s", g_cfg.error);
@@ -180,6 +396,7 @@ static void init_once(void) {
             shim_log(LOG_ERROR, "%s", g_cfg.error);
         } else {
             g_have_ledger = 1;
+            ms_sweep(&g_ledger); /* a process start reclaims what processes killed before it still hold */
             atexit(release_at_exit);
         }
     }

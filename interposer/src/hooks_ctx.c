@@ -22,9 +22,9 @@ static int ctx_reserve(CUdevice ord, CUresult *rc) {
     if (dev < 0) return 0;
     if (g_cfg.context_reserve > g_cfg.limit) {
         char a[32], b[32];
-        shim_log(LOG_ERROR, "memslice: the quota MEMSLICE_GPU_MEM_LIMIT=%s (%s) is smaller than the per-process "
+        shim_log(LOG_ERROR, "memslice: the quota (%s, %s) is smaller than the per-process "
                  "context reserve (%s); raise the quota or lower MEMSLICE_CONTEXT_RESERVE",
-                 g_cfg.limit_text, fmt_bytes(g_cfg.limit, a, sizeof a), fmt_bytes(g_cfg.context_reserve, b, sizeof b));
+                 g_cfg.limit_source, fmt_bytes(g_cfg.limit, a, sizeof a), fmt_bytes(g_cfg.context_reserve, b, sizeof b));
     }
     if ((*rc = charge(dev, g_cfg.context_reserve, "context creation (MEMSLICE_CONTEXT_RESERVE)")) != CUDA_SUCCESS) {
         __atomic_store_n(&g_ctx_charged[ord], 0, __ATOMIC_SEQ_CST);

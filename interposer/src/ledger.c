@@ -38,37 +38,90 @@
 #define cpu_relax() ((void)0)
 #endif
 
-static const uint64_t RECOUNT_WAIT_NS = 200ull * 1000 * 1000;
+#define MS_NS(ms) ((uint64_t)(ms) * 1000000ull)
 
-/* Monotonic nanoseconds, for the bounded waits. */
+/* Monotonic nanoseconds, for the bounded waits (CLOCK_MONOTONIC is one clock for every process of a
+ * machine, so deadlines written in the region mean the same to all of them). */
 static uint64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* One step of a bounded backoff: spin a little, then yield, then sleep up to 1 ms per step, so that a
+ * waiter never burns a core while a stopped process holds what it waits for. */
+static void backoff(unsigned step) {
+    if (step < 32) {
+        cpu_relax();
+    } else if (step < 64) {
+        sched_yield();
+    } else {
+        unsigned us = step < 74 ? 1u << (step - 64) : 1000u; /* 1 us .. 512 us, then 1 ms */
+        struct timespec ts = {0, (long)(us > 1000 ? 1000 : us) * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* The device count as stored, clamped: the file is tenant-writable and every loop bound read from it
+ * must stay inside the mapping. */
+static uint32_t ndev(const struct ms_region *r) {
+    uint32_t n = __atomic_load_n(&r->hdr.ndevices, __ATOMIC_SEQ_CST);
+    return n > MS_MAX_DEVICES ? MS_MAX_DEVICES : n;
+}
+
 static pthread_mutex_t *region_lock(const ms_ledger *l) { return (pthread_mutex_t *)l->r->hdr.lock; }
 
 /* fcntl byte lock helpers. POSIX record locks belong to the process, are dropped by the kernel when it
  * dies (kill -9 included) and are not inherited by fork: exactly the liveness token a slot needs. */
-static int byte_lock(int fd, uint64_t off, int type, int wait) {
+static int byte_lock(int fd, uint64_t off, int type) {
     struct flock fl = {.l_type = (short)type, .l_whence = SEEK_SET, .l_start = (off_t)off, .l_len = 1};
     int rc;
-    do rc = fcntl(fd, wait ? F_SETLKW : F_SETLK, &fl); while (rc < 0 && errno == EINTR);
+    do rc = fcntl(fd, F_SETLK, &fl); while (rc < 0 && errno == EINTR);
     return rc;
+}
+
+/* Take a byte lock, waiting at most MS_LOCK_WAIT_MS (F_SETLKW would wait forever behind a stopped holder).
+ * 0, or -1 with errno (EAGAIN: still held at the deadline). */
+static int byte_lock_bounded(int fd, uint64_t off) {
+    uint64_t deadline = now_ns() + MS_NS(MS_LOCK_WAIT_MS);
+    for (unsigned step = 0;; step++) {
+        if (byte_lock(fd, off, F_WRLCK) == 0) return 0;
+        if (errno != EAGAIN && errno != EACCES) return -1;
+        if (now_ns() > deadline) {
+            errno = EAGAIN;
+            return -1;
+        }
+        backoff(step < 64 ? 64 : step);
+    }
+}
+
+/* PID (in our namespace; 0 if not visible) of a process holding a write lock on [off, off+len), or -1 if
+ * nobody does. */
+static long lock_holder(int fd, uint64_t off, uint64_t len) {
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = (off_t)off, .l_len = (off_t)len};
+    if (fcntl(fd, F_GETLK, &fl) < 0) return 0; /* cannot tell: assume held, never reinitialise wrongly */
+    return fl.l_type == F_UNLCK ? -1 : (long)fl.l_pid;
 }
 
 int ms_slot_alive(const ms_ledger *l, int i) {
     if (i == l->slot) return 1;
-    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = (off_t)(MS_LOCK_BASE + (uint64_t)i),
-                       .l_len = 1};
-    if (fcntl(l->fd, F_GETLK, &fl) < 0) return 1; /* cannot tell: assume alive, never reclaim wrongly */
-    return fl.l_type != F_UNLCK;
+    return lock_holder(l->fd, MS_LOCK_BASE + (uint64_t)i, 1) != -1;
 }
 
-/* Initialise a freshly created file. Called with the init byte lock held. */
-static void init_region(struct ms_region *r, size_t extra_size) {
-    memset(&r->hdr, 0, sizeof r->hdr);
+/* The mutex attributes every region uses: process-shared and robust. */
+static void init_mutex(pthread_mutex_t *m) {
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init(m, &a);
+    pthread_mutexattr_destroy(&a);
+}
+
+/* Initialise a freshly created file. Called with the init byte lock held and no process in the file. */
+static void init_region(struct ms_region *r, size_t extra_size, int fresh) {
+    if (fresh) memset(&r->hdr, 0, sizeof r->hdr); /* the rest of a new file is zero (and stays sparse) */
+    else memset(r, 0, sizeof *r);                 /* a half-made one may hold anything */
     r->hdr.version = MS_VERSION;
     r->hdr.header_size = sizeof(struct ms_header);
     r->hdr.device_size = sizeof(struct ms_device);
@@ -77,76 +130,108 @@ static void init_region(struct ms_region *r, size_t extra_size) {
     r->hdr.max_slots = MS_MAX_SLOTS;
     r->hdr.created_at = (uint64_t)time(NULL);
     r->hdr.extra_size = extra_size;
-    pthread_mutexattr_t a;
-    pthread_mutexattr_init(&a);
-    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-    pthread_mutex_init((pthread_mutex_t *)r->hdr.lock, &a);
-    pthread_mutexattr_destroy(&a);
+    init_mutex((pthread_mutex_t *)r->hdr.lock);
     STORE(&r->hdr.magic, (uint32_t)MS_MAGIC);
 }
 
-int ms_ledger_open(ms_ledger *l, const char *path, size_t extra_size, int readonly, ms_init_extra_fn init_extra,
-                   void *arg, char *err, size_t errlen) {
-    _Static_assert(sizeof(pthread_mutex_t) <= 64, "mutex fits the header");
-    memset(l, 0, sizeof *l);
-    l->fd = -1;
-    l->slot = -1;
-    size_t size = sizeof(struct ms_region) + extra_size;
-    int fd = open(path, (readonly ? O_RDONLY : O_RDWR | O_CREAT) | O_CLOEXEC, 0666);
-    if (fd < 0) {
-        snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+/* The mutex word must be one this code initialised (a garbage kind could make glibc treat it as another
+ * type of mutex). Only the kind is compared: the lock word itself changes as processes use it. */
+static int mutex_sane(const struct ms_region *r) {
+#ifdef __GLIBC__
+    pthread_mutex_t ref;
+    init_mutex(&ref);
+    const pthread_mutex_t *m = (const pthread_mutex_t *)r->hdr.lock;
+    return m->__data.__kind == ref.__data.__kind;
+#else
+    (void)r;
+    return 1;
+#endif
+}
+
+/* Check everything the header claims against what this code expects; 0, or -1 and one line in err. */
+static int validate(const struct ms_region *r, size_t file_size, size_t extra_size, const char *path, char *err,
+                    size_t errlen) {
+    const struct ms_header *h = &r->hdr;
+    const char *bad = NULL;
+    if (LOAD(&h->magic) != MS_MAGIC) bad = "bad magic";
+    else if (h->version != MS_VERSION) bad = "another layout version";
+    else if (h->header_size != sizeof(struct ms_header) || h->device_size != sizeof(struct ms_device) ||
+             h->slot_size != sizeof(struct ms_slot) || h->max_devices != MS_MAX_DEVICES ||
+             h->max_slots != MS_MAX_SLOTS)
+        bad = "record sizes that are not this version's";
+    else if (h->extra_size != extra_size || file_size != sizeof(struct ms_region) + extra_size)
+        bad = "a size that does not match its header";
+    else if (LOAD(&h->ndevices) > MS_MAX_DEVICES) bad = "a device count out of range";
+    else if (LOAD(&h->slot_hwm) > MS_MAX_SLOTS) bad = "a slot count out of range";
+    else if (!mutex_sane(r)) bad = "a corrupt mutex";
+    if (!bad) return 0;
+    snprintf(err, errlen, "%s is not a valid version-%d memslice region (%s: magic %#x, version %u, %u devices, "
+             "%zu bytes); it was altered or comes from another version: stop the container's processes and "
+             "remove it", path, MS_VERSION, bad, LOAD(&h->magic), h->version, LOAD(&h->ndevices), file_size);
+    return -1;
+}
+
+/* Under the creation lock: make the file a fresh region if, and only if, that cannot start a second
+ * ledger beside a live one: it is empty (just created), or it has the right size and was never finished
+ * (magic 0: its creator died half-way), and in both cases no process holds a slot in it. Anything else
+ * is left alone and validated by the caller. 0, or -1 with a message. */
+static int create_if_new(int fd, const char *path, size_t size, size_t extra_size, ms_init_extra_fn init_extra,
+                         void *arg, void **map, char *err, size_t errlen) {
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        snprintf(err, errlen, "cannot stat %s: %s", path, strerror(errno));
         return -1;
     }
-    if (!readonly) {
-        /* Creation is serialised by a byte lock so that two first processes do not both initialise. */
-        if (byte_lock(fd, MS_INIT_LOCK_BYTE, F_WRLCK, 1) < 0) {
-            snprintf(err, errlen, "cannot lock %s: %s", path, strerror(errno));
-            close(fd);
-            return -1;
-        }
-        struct stat st;
-        /* every process of the container, whatever its user, must be able to charge: the creator's umask
-         * must not decide that (the file lives in the container's own region directory) */
-        if (fstat(fd, &st) == 0 && st.st_uid == geteuid() && (st.st_mode & 0666) != 0666) fchmod(fd, 0666);
-        if (fstat(fd, &st) == 0 && (size_t)st.st_size < size && ftruncate(fd, (off_t)size) < 0) {
-            snprintf(err, errlen, "cannot size %s: %s", path, strerror(errno));
-            close(fd);
-            return -1;
-        }
-    } else {
-        struct stat st;
-        if (fstat(fd, &st) < 0 || (size_t)st.st_size < sizeof(struct ms_region)) {
-            snprintf(err, errlen, "%s is not a memslice region (too small)", path);
-            close(fd);
-            return -1;
-        }
-        size = (size_t)st.st_size;
+    if (st.st_size != 0 && (size_t)st.st_size != size) {
+        long holder = lock_holder(fd, MS_LOCK_BASE, MS_MAX_SLOTS);
+        snprintf(err, errlen, "%s is %lld bytes, not the %zu of a region: it was truncated or replaced%s; stop "
+                 "the container's processes and remove it", path, (long long)st.st_size, size,
+                 holder == -1 ? "" : " while processes of the container use it");
+        return -1;
     }
-    void *m = mmap(NULL, size, readonly ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int fresh = st.st_size == 0;
+    if (fresh && ftruncate(fd, (off_t)size) < 0) {
+        snprintf(err, errlen, "cannot size %s: %s", path, strerror(errno));
+        return -1;
+    }
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        snprintf(err, errlen, "cannot map %s: %s", path, strerror(errno));
+        return -1;
+    }
+    *map = m;
+    struct ms_region *r = m;
+    if (!fresh && LOAD(&r->hdr.magic) != 0) return 0; /* an existing region: the caller validates it */
+    long holder = lock_holder(fd, MS_LOCK_BASE, MS_MAX_SLOTS);
+    if (holder != -1) {
+        snprintf(err, errlen, "%s was emptied while processes of the container use it (pid %ld among them); "
+                 "refusing to start a second ledger beside theirs: stop them and remove the file", path, holder);
+        return -1;
+    }
+    if (init_extra && init_extra((char *)m + sizeof(struct ms_region), arg, err, errlen) != 0) return -1;
+    init_region(r, extra_size, fresh);
+    return 0;
+}
+
+/* Open for reading only (the region library's liveness query): no creation, same validation. */
+static int open_readonly(ms_ledger *l, const char *path, char *err, size_t errlen) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size < sizeof(struct ms_region)) {
+        snprintf(err, errlen, "%s is not a memslice region (%s)", path,
+                 fd < 0 ? strerror(errno) : "not a regular file of the right size");
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    size_t size = (size_t)st.st_size;
+    void *m = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED) {
         snprintf(err, errlen, "cannot map %s: %s", path, strerror(errno));
         close(fd);
         return -1;
     }
     struct ms_region *r = m;
-    if (!readonly) {
-        int rc = 0;
-        if (LOAD(&r->hdr.magic) == 0) {
-            if (init_extra) rc = init_extra((char *)m + sizeof(struct ms_region), arg, err, errlen);
-            if (rc == 0) init_region(r, extra_size);
-        }
-        byte_lock(fd, MS_INIT_LOCK_BYTE, F_UNLCK, 0);
-        if (rc != 0) {
-            munmap(m, size);
-            close(fd);
-            return -1;
-        }
-    }
-    if (LOAD(&r->hdr.magic) != MS_MAGIC || r->hdr.version != MS_VERSION ||
-        r->hdr.slot_size != sizeof(struct ms_slot) || r->hdr.extra_size != (readonly ? r->hdr.extra_size : extra_size)) {
-        snprintf(err, errlen, "%s has an incompatible layout (version %u); remove it or use another directory",
-                 path, r->hdr.version);
+    if (validate(r, size, r->hdr.extra_size, path, err, errlen) < 0) {
         munmap(m, size);
         close(fd);
         return -1;
@@ -158,15 +243,67 @@ int ms_ledger_open(ms_ledger *l, const char *path, size_t extra_size, int readon
     return 0;
 }
 
-/* Take the slow-path mutex. A previous holder that died leaves the totals possibly frozen or half
- * reclaimed: the caller is told (return 1) and must recount before proceeding. */
+int ms_ledger_open(ms_ledger *l, const char *path, size_t extra_size, int readonly, ms_init_extra_fn init_extra,
+                   void *arg, char *err, size_t errlen) {
+    _Static_assert(sizeof(pthread_mutex_t) <= 64, "mutex fits the header");
+    memset(l, 0, sizeof *l);
+    l->fd = -1;
+    l->slot = -1;
+    if (readonly) return open_readonly(l, path, err, errlen);
+    size_t size = sizeof(struct ms_region) + extra_size;
+    /* O_NONBLOCK: a FIFO put in its place must not hang the open; O_NOFOLLOW: nor a symlink redirect it */
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0666);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "cannot open %s: %s", path, fd < 0 ? strerror(errno) : "not a regular file");
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    /* Creation is serialised by a byte lock so that two first processes do not both initialise. */
+    if (byte_lock_bounded(fd, MS_INIT_LOCK_BYTE) < 0) {
+        long holder = lock_holder(fd, MS_INIT_LOCK_BYTE, 1);
+        snprintf(err, errlen, "%s is being opened by pid %ld, which has held its creation lock for %d ms (stopped?)",
+                 path, holder, MS_LOCK_WAIT_MS);
+        close(fd);
+        return -1;
+    }
+    /* every process of the container, whatever its user, must be able to charge: the creator's umask
+     * must not decide that (the file lives in the container's own region directory) */
+    if (st.st_uid == geteuid() && (st.st_mode & 0666) != 0666) fchmod(fd, 0666);
+    void *m = NULL;
+    int rc = create_if_new(fd, path, size, extra_size, init_extra, arg, &m, err, errlen);
+    if (rc == 0) rc = validate(m, size, extra_size, path, err, errlen);
+    byte_lock(fd, MS_INIT_LOCK_BYTE, F_UNLCK);
+    if (rc != 0) {
+        if (m) munmap(m, size);
+        close(fd);
+        return -1;
+    }
+    l->r = m;
+    l->fd = fd;
+    l->map_size = size;
+    l->extra = extra_size ? (char *)m + sizeof(struct ms_region) : NULL;
+    return 0;
+}
+
+/* Take the slow-path mutex, waiting at most MS_LOCK_WAIT_MS. A previous holder that died leaves the
+ * totals possibly frozen or half reclaimed: the caller is told (return 1) and must recount before
+ * proceeding. -1 if it could not be taken (a stopped holder, or a mutex word a tenant garbled): the
+ * caller skips its slow path, and l->lock_error says why. */
 static int lock_region(ms_ledger *l) {
-    int rc = pthread_mutex_lock(region_lock(l));
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_nsec += (long)(MS_LOCK_WAIT_MS % 1000) * 1000000L;
+    dl.tv_sec += MS_LOCK_WAIT_MS / 1000 + dl.tv_nsec / 1000000000L;
+    dl.tv_nsec %= 1000000000L;
+    int rc = pthread_mutex_clocklock(region_lock(l), CLOCK_MONOTONIC, &dl);
     if (rc == EOWNERDEAD) {
         pthread_mutex_consistent(region_lock(l));
         return 1;
     }
-    return 0;
+    if (rc == 0) return 0;
+    l->lock_error = rc;
+    return -1;
 }
 
 static void unlock_region(ms_ledger *l) { pthread_mutex_unlock(region_lock(l)); }
@@ -186,55 +323,88 @@ static void free_slot(struct ms_slot *s) {
     STORE(&s->state, (uint32_t)MS_SLOT_FREE);
 }
 
+/* Clear the frozen bit of every total. Used by a recount that gives up, and by a waiter that abandons a
+ * recount whose owner stalled: the totals return to their values before the freeze (which never
+ * under-count), and the stalled owner's publishing CAS, expecting its frozen value, then fails. Only a
+ * recount, under the mutex, sets the bit, so that value cannot come back while its owner holds it. */
+static void unfreeze_all(struct ms_region *r) {
+    uint32_t nd = ndev(r);
+    for (uint32_t d = 0; d < nd; d++) {
+        __atomic_fetch_and(&r->dev[d].used, ~MS_FROZEN, __ATOMIC_SEQ_CST);
+        __atomic_fetch_and(&r->dev[d].host_used, ~MS_FROZEN, __ATOMIC_SEQ_CST);
+    }
+}
+
+/* Wait (bounded) until live slot s has no step in flight. 0, or -1 at the deadline. */
+static int wait_quiet(const struct ms_slot *s, uint64_t deadline) {
+    for (unsigned step = 0; LOAD(&s->op_active) != 0; step++) {
+        if ((step & 15) == 15 && now_ns() > deadline) return -1;
+        backoff(step);
+    }
+    return 0;
+}
+
 /* Rebuild every total from the live slots, dropping dead ones. Caller holds the region lock.
- * Returns 0, or -1 if a live process stayed inside a charge for too long (then nothing changed). */
+ * Each device's totals are published with a CAS from the frozen value set here, so a recount that was
+ * abandoned (its owner stopped past MS_FROZEN_WAIT_MS) publishes nothing stale; a dead slot is cleared for
+ * the devices whose totals were published, and freed when all were. Returns 0, or -1 if a live process
+ * stayed inside a charge for MS_RECOUNT_WAIT_MS or the recount was abandoned (then the totals are as
+ * before and a later sweep tries again, not before recount_retry_ns). */
 static int recount_locked(ms_ledger *l) {
     struct ms_region *r = l->r;
-    uint32_t nd = LOAD(&r->hdr.ndevices);
+    uint64_t now = now_ns();
+    if (now < LOAD(&r->hdr.recount_retry_ns)) return -1;
+    uint32_t nd = ndev(r);
+    uint64_t fu[MS_MAX_DEVICES], fh[MS_MAX_DEVICES];
     for (uint32_t d = 0; d < nd; d++) {
-        __atomic_fetch_or(&r->dev[d].used, MS_FROZEN, __ATOMIC_SEQ_CST);
-        __atomic_fetch_or(&r->dev[d].host_used, MS_FROZEN, __ATOMIC_SEQ_CST);
+        fu[d] = __atomic_fetch_or(&r->dev[d].used, MS_FROZEN, __ATOMIC_SEQ_CST) | MS_FROZEN;
+        fh[d] = __atomic_fetch_or(&r->dev[d].host_used, MS_FROZEN, __ATOMIC_SEQ_CST) | MS_FROZEN;
     }
-    uint64_t deadline = now_ns() + RECOUNT_WAIT_NS;
+    uint64_t deadline = now + MS_NS(MS_RECOUNT_WAIT_MS);
     static __thread unsigned char dead[MS_MAX_SLOTS];
     int hwm = slot_hwm(r);
     for (int i = 0; i < hwm; i++) {
         struct ms_slot *s = &r->slot[i];
         dead[i] = 0;
         if (LOAD(&s->state) != MS_SLOT_LIVE) continue;
-        if (!ms_slot_alive(l, i)) {
-            dead[i] = 1;
-            continue;
-        }
-        while (LOAD(&s->op_active) != 0) { /* a live process between CAS and its slot update */
-            if (now_ns() > deadline) {
-                for (uint32_t d = 0; d < nd; d++) {
-                    __atomic_fetch_and(&r->dev[d].used, ~MS_FROZEN, __ATOMIC_SEQ_CST);
-                    __atomic_fetch_and(&r->dev[d].host_used, ~MS_FROZEN, __ATOMIC_SEQ_CST);
-                }
-                return -1;
-            }
-            sched_yield();
+        if (!ms_slot_alive(l, i)) dead[i] = 1;
+        else if (wait_quiet(s, deadline) < 0) { /* a live process between CAS and its slot update */
+            unfreeze_all(r);
+            STORE(&r->hdr.recount_retry_ns, now_ns() + MS_NS(MS_RECOUNT_WAIT_MS));
+            return -1;
         }
     }
     uint64_t used[MS_MAX_DEVICES] = {0}, host[MS_MAX_DEVICES] = {0};
     for (int i = 0; i < hwm; i++) {
         struct ms_slot *s = &r->slot[i];
-        if (dead[i]) {
-            free_slot(s);
-            ADD(&r->hdr.reclaimed, 1);
-            continue;
-        }
-        if (LOAD(&s->state) != MS_SLOT_LIVE) continue;
+        if (dead[i] || LOAD(&s->state) != MS_SLOT_LIVE) continue;
         for (uint32_t d = 0; d < nd; d++) {
             used[d] += LOAD(&s->device_bytes[d]);
             host[d] += LOAD(&s->host_bytes[d]);
         }
     }
-    for (uint32_t d = 0; d < nd; d++) { /* storing the new totals also clears the frozen bit */
-        STORE(&r->dev[d].used, used[d]);
-        STORE(&r->dev[d].host_used, host[d]);
+    unsigned char pu[MS_MAX_DEVICES], ph[MS_MAX_DEVICES];
+    int all = 1;
+    for (uint32_t d = 0; d < nd; d++) { /* the new totals replace the frozen values (clearing the bit) */
+        pu[d] = (unsigned char)CAS(&r->dev[d].used, &fu[d], used[d]);
+        ph[d] = (unsigned char)CAS(&r->dev[d].host_used, &fh[d], host[d]);
+        all &= pu[d] & ph[d];
     }
+    /* Dead slots: each column whose total was published no longer counts them; the rest stay for a later
+     * recount (the slot keeps op_active, so it stays ambiguous until then). */
+    for (int i = 0; i < hwm; i++) {
+        if (!dead[i]) continue;
+        struct ms_slot *s = &r->slot[i];
+        for (uint32_t d = 0; d < nd; d++) {
+            if (pu[d]) STORE(&s->device_bytes[d], 0);
+            if (ph[d]) STORE(&s->host_bytes[d], 0);
+        }
+        if (all) {
+            free_slot(s);
+            ADD(&r->hdr.reclaimed, 1);
+        }
+    }
+    if (!all) return -1;
     ADD(&r->hdr.recounts, 1);
     return 0;
 }
@@ -256,7 +426,7 @@ static int sweep_locked(ms_ledger *l, int needs_recount) {
         if (LOAD(&s->state) == MS_SLOT_LIVE && !ms_slot_alive(l, i) && LOAD(&s->op_active) != 0) ambiguous = 1;
     }
     if (ambiguous && recount_locked(l) == 0) return 1;
-    uint32_t nd = LOAD(&r->hdr.ndevices);
+    uint32_t nd = ndev(r);
     for (int i = 0; i < hwm; i++) {
         struct ms_slot *s = &r->slot[i];
         if (LOAD(&s->state) != MS_SLOT_LIVE || ms_slot_alive(l, i)) continue;
@@ -274,9 +444,22 @@ static int sweep_locked(ms_ledger *l, int needs_recount) {
 
 int ms_sweep(ms_ledger *l) {
     int dirty = lock_region(l);
+    if (dirty < 0) return -1;
     int n = sweep_locked(l, dirty);
+    STORE(&l->r->hdr.swept_ns, now_ns());
     unlock_region(l);
     return n;
+}
+
+void ms_sweep_if_due(ms_ledger *l) {
+    uint64_t now = now_ns(), last = LOAD(&l->r->hdr.swept_ns);
+    if (now - last < MS_NS(MS_SWEEP_PERIOD_MS) && last <= now) return;
+    if (!CAS(&l->r->hdr.swept_ns, &last, now)) return; /* another process (or thread) took this turn */
+    int rc = pthread_mutex_trylock(region_lock(l));   /* never wait here: the caller is allocating */
+    if (rc == EOWNERDEAD) pthread_mutex_consistent(region_lock(l));
+    else if (rc != 0) return;
+    sweep_locked(l, rc == EOWNERDEAD);
+    unlock_region(l);
 }
 
 static void fill_identity(struct ms_slot *s) {
@@ -294,10 +477,10 @@ static void fill_identity(struct ms_slot *s) {
 static int try_claim(ms_ledger *l, int i) {
     struct ms_slot *s = &l->r->slot[i];
     if (LOAD(&s->state) != MS_SLOT_FREE) return 0;
-    if (byte_lock(l->fd, MS_LOCK_BASE + (uint64_t)i, F_WRLCK, 0) < 0) return 0;
+    if (byte_lock(l->fd, MS_LOCK_BASE + (uint64_t)i, F_WRLCK) < 0) return 0;
     uint32_t expect = MS_SLOT_FREE;
     if (!CAS(&s->state, &expect, (uint32_t)MS_SLOT_LIVE)) {
-        byte_lock(l->fd, MS_LOCK_BASE + (uint64_t)i, F_UNLCK, 0);
+        byte_lock(l->fd, MS_LOCK_BASE + (uint64_t)i, F_UNLCK);
         return 0;
     }
     fill_identity(s);
@@ -323,7 +506,7 @@ void ms_ledger_forget_slot(ms_ledger *l) { l->slot = -1; }
 void ms_ledger_release(ms_ledger *l) {
     if (!l->r || l->slot < 0) return;
     struct ms_slot *s = &l->r->slot[l->slot];
-    uint32_t nd = LOAD(&l->r->hdr.ndevices);
+    uint32_t nd = ndev(l->r);
     for (uint32_t d = 0; d < nd; d++) {
         uint64_t b = LOAD(&s->device_bytes[d]), h = LOAD(&s->host_bytes[d]);
         if (b) ms_uncharge(l, (int)d, b, 0);
@@ -332,18 +515,24 @@ void ms_ledger_release(ms_ledger *l) {
     int i = l->slot;
     free_slot(s);
     l->slot = -1;
-    byte_lock(l->fd, MS_LOCK_BASE + (uint64_t)i, F_UNLCK, 0);
+    byte_lock(l->fd, MS_LOCK_BASE + (uint64_t)i, F_UNLCK);
 }
 
+/* Appends to the device table take their own byte lock, not the region mutex: the mutex is held for
+ * whole sweeps (a recount may wait MS_RECOUNT_WAIT_MS), and a process stopped in one must not keep the
+ * container's other processes from registering a GPU. This lock is held for a few instructions, and the
+ * kernel drops it if its holder dies (a half-written entry past ndevices is simply written again). */
 int ms_ledger_device(ms_ledger *l, const char *uuid, uint64_t physical_total) {
     struct ms_region *r = l->r;
-    uint32_t nd = LOAD(&r->hdr.ndevices);
+    uint32_t nd = ndev(r);
     for (uint32_t d = 0; d < nd; d++)
         if (strncmp(r->dev[d].uuid, uuid, MS_UUID_LEN) == 0) return (int)d;
-    int dirty = lock_region(l);
-    if (dirty) sweep_locked(l, 1);
+    if (byte_lock_bounded(l->fd, MS_DEVICE_LOCK_BYTE) < 0) {
+        l->lock_error = errno == EAGAIN ? ETIMEDOUT : errno;
+        return -2;
+    }
     int found = -1;
-    nd = LOAD(&r->hdr.ndevices);
+    nd = ndev(r);
     for (uint32_t d = 0; d < nd && found < 0; d++)
         if (strncmp(r->dev[d].uuid, uuid, MS_UUID_LEN) == 0) found = (int)d;
     if (found < 0 && nd < MS_MAX_DEVICES) {
@@ -353,37 +542,42 @@ int ms_ledger_device(ms_ledger *l, const char *uuid, uint64_t physical_total) {
         STORE(&r->hdr.ndevices, nd + 1); /* published after the entry is complete */
         found = (int)nd;
     }
-    unlock_region(l);
+    byte_lock(l->fd, MS_DEVICE_LOCK_BYTE, F_UNLCK);
     return found;
 }
 
-/* A recount is in progress: wait for it, and finish it ourselves if its owner died. */
-static void wait_unfrozen(ms_ledger *l, uint64_t *word) {
-    for (unsigned spins = 1; LOAD(word) & MS_FROZEN; spins++) {
-        if (spins < 64) cpu_relax();
-        else sched_yield();
-        if ((spins & 1023) == 0) {
-            int rc = pthread_mutex_trylock(region_lock(l));
-            if (rc == EOWNERDEAD) {
-                pthread_mutex_consistent(region_lock(l));
-                recount_locked(l);
-                unlock_region(l);
-            } else if (rc == 0) {
-                if (LOAD(word) & MS_FROZEN) recount_locked(l);
-                unlock_region(l);
-            }
+/* A recount has frozen this total: wait for it with a bounded backoff; finish it ourselves if its owner
+ * died (the robust mutex says so); abandon it (unfreeze_all) once past `deadline`, since its owner is
+ * stalled (stopped) or too slow. Returns with the word unfrozen at the time of the last load. */
+static void wait_unfrozen(ms_ledger *l, uint64_t *word, uint64_t deadline) {
+    for (unsigned step = 0; LOAD(word) & MS_FROZEN; step++) {
+        backoff(step);
+        if (step < 64 || (step & 7) != 0) continue;
+        int rc = pthread_mutex_trylock(region_lock(l));
+        if (rc == EOWNERDEAD) {
+            pthread_mutex_consistent(region_lock(l));
+            recount_locked(l);
+            unlock_region(l);
+        } else if (rc == 0) {
+            if (LOAD(word) & MS_FROZEN) unfreeze_all(l->r); /* frozen with no recount running: a leftover */
+            unlock_region(l);
+        } else if (now_ns() > deadline && (LOAD(word) & MS_FROZEN)) {
+            unfreeze_all(l->r);
+            ADD(&l->r->hdr.recount_aborts, 1);
         }
     }
 }
 
 /* Load a total for an update by this process: op_active is raised first (the reclaimer's Dekker pair),
- * and while a recount holds the total frozen we step aside (op_active lowered) until it is done. */
-static uint64_t begin_op(ms_ledger *l, struct ms_slot *s, uint64_t *word) {
+ * and while a recount holds the total frozen we step aside (op_active lowered) until it is done or
+ * abandoned at *deadline (set at the first wait of this operation, so that all its waits share one). */
+static uint64_t begin_op(ms_ledger *l, struct ms_slot *s, uint64_t *word, uint64_t *deadline) {
     ADD(&s->op_active, 1u);
     uint64_t cur = LOAD(word);
     while (cur & MS_FROZEN) {
         SUB(&s->op_active, 1u);
-        wait_unfrozen(l, word);
+        if (!*deadline) *deadline = now_ns() + MS_NS(MS_FROZEN_WAIT_MS);
+        wait_unfrozen(l, word, *deadline);
         ADD(&s->op_active, 1u);
         cur = LOAD(word);
     }
@@ -394,16 +588,18 @@ int ms_charge(ms_ledger *l, int dev, uint64_t n, uint64_t limit, int host) {
     struct ms_slot *s = &l->r->slot[l->slot];
     struct ms_device *dv = &l->r->dev[dev];
     uint64_t *word = host ? &dv->host_used : &dv->used;
-    uint64_t cur = begin_op(l, s, word), next;
+    uint64_t deadline = 0, cur, next;
     for (;;) {
-        if (n > limit || cur > limit - n) { /* a frozen value can never pass this test: bit 63 is huge */
-            SUB(&s->op_active, 1u);
-            if (cur & MS_FROZEN) return ms_charge(l, dev, n, limit, host);
-            return -1;
+        cur = begin_op(l, s, word, &deadline);
+        for (;;) {
+            if (n > limit || cur > limit - n) break; /* a frozen value never passes: bit 63 is huge */
+            next = cur + n;
+            if (CAS(word, &cur, next)) goto charged;
         }
-        next = cur + n;
-        if (CAS(word, &cur, next)) break;
+        SUB(&s->op_active, 1u);
+        if (!(cur & MS_FROZEN)) return -1;
     }
+charged:;
     uint64_t mine = ADD(host ? &s->host_bytes[dev] : &s->device_bytes[dev], n) + n;
     SUB(&s->op_active, 1u);
     /* statistics, off the critical section */
@@ -421,11 +617,11 @@ void ms_uncharge(ms_ledger *l, int dev, uint64_t n, int host) {
     struct ms_slot *s = &l->r->slot[l->slot];
     struct ms_device *dv = &l->r->dev[dev];
     uint64_t *word = host ? &dv->host_used : &dv->used;
-    uint64_t cur = begin_op(l, s, word);
+    uint64_t deadline = 0, cur = begin_op(l, s, word, &deadline);
     for (;;) {
         if (cur & MS_FROZEN) { /* frozen between our load and our CAS: start over */
             SUB(&s->op_active, 1u);
-            cur = begin_op(l, s, word);
+            cur = begin_op(l, s, word, &deadline);
             continue;
         }
         if (CAS(word, &cur, cur > n ? cur - n : 0)) break;

@@ -10,6 +10,12 @@
 #include "ms_ptrmap.h"
 
 #define HOOK __attribute__((visibility("default")))
+
+/* The limits file (config.c): where the node agent's Allocate mounts it read-only, the name `memslice run`
+ * gives it in its region directory, and its largest size. */
+#define MS_LIMITS_PATH "/run/memslice/limits"
+#define MS_LIMITS_FILE "memslice.limits"
+#define MS_LIMITS_MAX 4096
 #define UNLIKELY(x) __builtin_expect(!!(x), 0)
 
 enum log_level { LOG_ERROR = 0, LOG_WARN = 1, LOG_INFO = 2, LOG_DEBUG = 3 };
@@ -24,11 +30,14 @@ struct shim_config {
     uint64_t limit;            /* bytes per GPU (MODE_ENFORCE), else "unlimited" */
     uint64_t context_reserve;  /* charged once per process per GPU, at its first context */
     int oversubscribe;         /* MEMSLICE_OVERSUBSCRIBE=1 */
-    uint64_t spill_limit;      /* MEMSLICE_HOST_SPILL_LIMIT (bytes); 0 = no cap beyond the cgroup */
+    uint64_t spill_limit;      /* host_spill_limit / MEMSLICE_HOST_SPILL_LIMIT (bytes; 0 = nothing spills);
+                                  UINT64_MAX >> 2 when unset: no cap beyond the cgroup margin */
     uint64_t cgroup_margin;    /* MEMSLICE_CGROUP_MARGIN (bytes); 0 = 10% of memory.max, at least 256 MiB */
     char cgroup_dir[256];      /* MEMSLICE_CGROUP_DIR, or the process's own cgroup */
     char region_path[512];     /* MEMSLICE_REGION_DIR/memslice.region, empty without one */
-    char limit_text[64];       /* MEMSLICE_GPU_MEM_LIMIT as given, for messages */
+    char limit_source[512];    /* where the quota came from, for messages: "MEMSLICE_GPU_MEM_LIMIT=4GiB" or
+                                  "gpu_mem_limit=4.0 GiB in /run/memslice/limits" */
+    char spill_source[512];    /* the same for the host spill cap */
     enum log_level log_level;
     char error[640];           /* MODE_FAIL_CLOSED: the message naming the bad variable */
 };

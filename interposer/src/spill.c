@@ -156,14 +156,14 @@ static int reserve_host(int dev, uint64_t n, const char *call) {
         shim_log(LOG_ERROR, "memslice: %s: %s", call, why);
         return -1;
     }
-    uint64_t cap = g_cfg.spill_limit ? g_cfg.spill_limit : UINT64_MAX >> 2;
+    uint64_t cap = g_cfg.spill_limit; /* 0 means 0: nothing spills (UINT64_MAX >> 2 when no cap is set) */
     if (g_ledger.slot < 0 && ms_ledger_claim(&g_ledger) < 0) return -1;
     if (ms_charge(&g_ledger, dev, n, cap, 1) == 0) return 0;
     ms_note_refused(&g_ledger, dev, 1);
-    char a[32], b[32], c[32];
-    shim_log(LOG_ERROR, "memslice: %s of %s refused: over the quota, and the host spill would exceed "
-             "MEMSLICE_HOST_SPILL_LIMIT=%s (%s already spilled)", call, fmt_bytes(n, a, sizeof a),
-             fmt_bytes(cap, b, sizeof b), fmt_bytes(ms_bytes(g_ledger.r->dev[dev].host_used), c, sizeof c));
+    char a[32], c[32];
+    shim_log(LOG_ERROR, "memslice: %s of %s refused: over the quota, and the host spill would exceed its cap "
+             "(%s%s; %s already spilled)", call, fmt_bytes(n, a, sizeof a), g_cfg.spill_source,
+             cap ? "" : ": nothing may spill", fmt_bytes(ms_bytes(g_ledger.r->dev[dev].host_used), c, sizeof c));
     return -1;
 }
 

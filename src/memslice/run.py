@@ -9,7 +9,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
+from memslice.limits import LIMITS_FILE, Limits
+from memslice.limits import write as write_limits
 from memslice.sizes import SizeError, parse_size
 
 EPILOG = """\
@@ -20,8 +23,14 @@ examples:
 
 All processes started by CMD share one quota (one region directory). Going over it makes the CUDA
 allocation fail with CUDA_ERROR_OUT_OF_MEMORY and prints one line on stderr; with --oversubscribe the
-excess is served from host memory instead (up to SIZE, default: bounded only by the memory cgroup).
-Watch usage with `memslice top REGION_DIR` (use --region-dir to choose it)."""
+excess is served from host memory instead (up to SIZE, default: bounded only by the memory cgroup;
+--oversubscribe=0 spills nothing). Watch usage with `memslice top REGION_DIR` (use --region-dir to
+choose it).
+
+The limits are written to REGION_DIR/memslice.limits (read-only) before CMD starts, and the shim takes
+them from there: a process of CMD that changes or unsets MEMSLICE_GPU_MEM_LIMIT (or the other
+MEMSLICE_* limits) is still held to them. MEMSLICE_CONTEXT_RESERVE, if set when `memslice run` starts,
+is written there too. This guards against accidents, not against you: the file is yours."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--simulate-gpu", metavar="SIZE[,SIZE..]",
                    help="use the simulated GPU instead of a real driver, e.g. 16GiB or 16GiB,24GiB")
     p.add_argument("--oversubscribe", nargs="?", const="", metavar="SIZE",
-                   help="serve allocations past the quota from host memory (at most SIZE of it)")
+                   help="serve allocations past the quota from host memory (at most SIZE of it; 0: none)")
     p.add_argument("--region-dir", metavar="DIR",
                    help="directory for the shared accounting region (default: a temporary one, removed at exit)")
     p.add_argument("-v", "--verbose", action="store_true", help="say where the region is; shim logs at info")
@@ -62,15 +71,25 @@ def build_env(args: argparse.Namespace, region_dir: str) -> dict[str, str]:
     return env
 
 
+def limits_for(args: argparse.Namespace, environ: dict[str, str]) -> Limits:
+    """The limits file's content for these arguments (sizes already validated)."""
+    reserve = environ.get("MEMSLICE_CONTEXT_RESERVE")
+    spill = args.oversubscribe
+    return Limits(gpu_mem_bytes=parse_size(args.gpu_mem, what="--gpu-mem"),
+                  context_reserve_bytes=(parse_size(reserve, what="MEMSLICE_CONTEXT_RESERVE", allow_zero=True)
+                                         if reserve is not None else None),
+                  oversubscribe=spill is not None,
+                  host_spill_limit_bytes=(parse_size(spill, what="--oversubscribe", allow_zero=True)
+                                          if spill else None))
+
+
 def main(args: argparse.Namespace) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         print("memslice run: no command given; usage: memslice run --gpu-mem 4GiB -- CMD [ARGS...]", file=sys.stderr)
         return 2
     try:
-        parse_size(args.gpu_mem, what="--gpu-mem")
-        if args.oversubscribe:
-            parse_size(args.oversubscribe, what="--oversubscribe")
+        limits = limits_for(args, dict(os.environ))
         if args.simulate_gpu:
             from memslice.simulator import validate_gpus
 
@@ -82,6 +101,7 @@ def main(args: argparse.Namespace) -> int:
     region_dir = tempfile.mkdtemp(prefix="memslice-region-") if own_dir else args.region_dir
     try:
         os.makedirs(region_dir, exist_ok=True)
+        write_limits(Path(region_dir) / LIMITS_FILE, limits)
         env = build_env(args, region_dir)
         if args.verbose:
             print(f"memslice run: region {region_dir} (watch it with: memslice top {region_dir})", file=sys.stderr)

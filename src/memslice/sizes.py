@@ -20,7 +20,7 @@ class SizeError(errors.InputError):
     """A size string that cannot be read; the message names the value and a valid form."""
 
 
-def parse_size(text: str, *, what: str = "size") -> int:
+def parse_size(text: str, *, what: str = "size", allow_zero: bool = False) -> int:
     """Return the size in bytes; raise SizeError naming `what`, the bad value and a valid form."""
     m = _SIZE.match(text or "")
     if not m or m.group(2) not in _UNITS:
@@ -31,7 +31,7 @@ def parse_size(text: str, *, what: str = "size") -> int:
     value = int(m.group(1)) * _UNITS[m.group(2)]
     if value >= 1 << 64:
         raise SizeError(f"{what}={text!r} is too large; use {HELP}")
-    if value <= 0:
+    if value <= 0 and not allow_zero:
         raise SizeError(f"{what}={text!r} is zero; use {HELP}")
     return value
 

@@ -1,0 +1,66 @@
+"""The limits file: the limits the shim enforces, in a file the container's processes cannot change.
+
+The node agent's Allocate mounts it read-only at CONTAINER_LIMITS; `memslice run` writes LIMITS_FILE in
+its region directory before the command starts. Where the shim finds one, the environment's values for
+what it sets are ignored (docs/architecture.md, "Limits file", has the format and the rules).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+CONTAINER_LIMITS = "/run/memslice/limits"  # the shim's fixed path for the agent's file (MS_LIMITS_PATH)
+LIMITS_FILE = "memslice.limits"             # its name in a region directory (MS_LIMITS_FILE)
+MAX_BYTES = 4096                            # the shim refuses a larger file (MS_LIMITS_MAX)
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Limits:
+    gpu_mem_bytes: int
+    context_reserve_bytes: int | None = None   # None: the shim's default (300 MiB), whatever the env says
+    oversubscribe: bool | None = None          # None: oversubscription is left to the environment
+    host_spill_limit_bytes: int | None = None  # with oversubscribe: None = no cap; 0 = nothing spills
+    region_dir: str | None = None              # required in the agent's file, absent in `memslice run`'s
+
+
+def _size(n: int) -> str:
+    return f"{n // MiB}MiB" if n % MiB == 0 else f"{n}B"
+
+
+def render(limits: Limits) -> str:
+    """The file's text: `key=value` lines, sizes with a binary unit."""
+    if limits.host_spill_limit_bytes is not None and limits.oversubscribe is None:
+        raise ValueError("host_spill_limit needs oversubscribe")
+    lines = ["# memslice limits: written before the container started; read-only to it",
+             f"gpu_mem_limit={_size(limits.gpu_mem_bytes)}"]
+    if limits.context_reserve_bytes is not None:
+        lines.append(f"context_reserve={_size(limits.context_reserve_bytes)}")
+    if limits.oversubscribe is not None:
+        lines.append(f"oversubscribe={int(limits.oversubscribe)}")
+    if limits.host_spill_limit_bytes is not None:
+        lines.append(f"host_spill_limit={_size(limits.host_spill_limit_bytes)}")
+    if limits.region_dir is not None:
+        lines.append(f"region_dir={limits.region_dir}")
+    text = "\n".join(lines) + "\n"
+    if len(text.encode()) > MAX_BYTES:
+        raise ValueError(f"limits file of {len(text)} bytes is over {MAX_BYTES}")
+    return text
+
+
+def write(path: Path, limits: Limits) -> None:
+    """Write the file atomically (a temporary file renamed over `path`), mode 0444."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(render(limits))
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,63 @@
+"""A process of the container stopped (SIGSTOP, a debugger, the cgroup freezer) at the worst moment must
+not wedge the others: every wait in the shim is bounded (docs/architecture.md, "Shared region").
+
+The stopped process is tests/c/holdlock.c: it takes the region mutex, optionally freezes the totals as a
+recount does, and stops itself. Before this was bounded, the others' allocations spun or blocked forever
+(these tests then fail on their subprocess timeouts)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import pytest
+from conftest import run
+from memslice.interposer.region import read_region
+from shim_helpers import build_with_ledger, wait_stopped
+
+CALL_WAIT_S = 1.5  # MS_CALL_WAIT_MS in interposer/include/memslice_region.h
+
+
+@pytest.fixture(scope="module")
+def holdlock(libs, tmp_path_factory) -> str:
+    return build_with_ledger(libs, "holdlock", tmp_path_factory.mktemp("holdlock"))
+
+
+def stopped_holder(holdlock: str, region, mode: str) -> subprocess.Popen[str]:
+    p = subprocess.Popen([holdlock, str(region / "memslice.region"), mode], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "held"
+    wait_stopped(p.pid)
+    return p
+
+
+def end(p: subprocess.Popen[str]) -> None:
+    p.send_signal(signal.SIGKILL)
+    p.send_signal(signal.SIGCONT)
+    p.wait(timeout=30)
+
+
+@pytest.mark.parametrize("mode", ["lock", "recount"])
+def test_stopped_holder_does_not_wedge_the_container(mode, node, cbin, holdlock, tmp_path):
+    """With the mutex held (and the totals frozen) by a stopped process, allocations that fit still succeed,
+    one that does not is refused instead of hanging, and frees go through."""
+    n = node()
+    region = tmp_path / "c"
+    env = n.container(region, "1GiB", MEMSLICE_CONTEXT_RESERVE="0")
+    assert "alloc 10 MiB -> 0" in run([cbin["alloc_direct"], "10"], env).stdout  # the region and its GPU exist
+    holder = stopped_holder(holdlock, region, mode)
+    try:
+        t0 = time.monotonic()
+        out = run([cbin["alloc_direct"], "300", "300", "900"], env, timeout=60)
+        took = time.monotonic() - t0
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "alloc 300 MiB -> 0" in out.stdout and "alloc 900 MiB -> 2" in out.stdout, out.stdout + out.stderr
+        assert "after free=1024" in out.stdout  # the frees went through: the whole quota is free again
+        assert "cuMemAlloc_v2 of 900.0 MiB refused" in out.stderr
+        if mode == "lock":
+            assert "was locked for more than 250 ms" in out.stderr
+        # each of the calls may wait its bound, never more (generous: the machine is shared)
+        assert took < 4 * CALL_WAIT_S + 10, f"{took:.1f} s"
+    finally:
+        end(holder)
+    assert read_region(region).devices[0].used_bytes == 0
