@@ -121,7 +121,6 @@ def two(short_tmp: Path) -> Iterator[Node]:  # noqa: F811 (fixture argument)
         node = Node(agent, a, b, procs[0])
         (node.b_used,) = node.region_value(node.scrape(), "memslice_container_used_mib", b)
         assert 300 <= node.b_used < 1024
-        node.check_bystander(node.scrape())
         yield node
     finally:
         for p in procs:
@@ -132,8 +131,8 @@ def two(short_tmp: Path) -> Iterator[Node]:  # noqa: F811 (fixture argument)
 
 def assert_refused(node: Node, m: dict, log_words: str) -> None:
     """A's region is reported broken (error 1, no usage figures), and the agent log names it and why."""
-    assert node.region_value(m, "memslice_container_region_error", node.a) == [1.0]
     assert node.region_value(m, "memslice_container_used_mib", node.a) == []
+    assert node.region_value(m, "memslice_container_region_error", node.a) == [1.0]
     assert node.region_value(m, "memslice_container_quota_mib", node.a) == [1024.0]
     node.agent.wait_log(re.compile(rf"region {node.a.region_id} cannot be read.*(?:{log_words})"))
     node.check_bystander(m)
@@ -145,26 +144,32 @@ def test_truncating_the_region_while_metrics_are_scraped_never_kills_the_agent(t
     original = two.a.region_file.read_bytes()
     done = threading.Event()
 
-    def churn() -> None:  # the tenant shrinks and restores its file as fast as it can
-        fd = os.open(two.a.region_file, os.O_RDWR)
-        try:
-            while not done.is_set():
-                os.ftruncate(fd, 4096)
-                os.pwrite(fd, original, 0)
-        finally:
-            os.close(fd)
+    def churn() -> None:
+        """The tenant keeps a complete region at the path (renamed into place) and shrinks each one it
+        replaces: a reader always opens a full-size file that is truncated while it reads."""
+        nxt, prev = two.a.region_dir / ".next", None
+        while not done.is_set():
+            fd = os.open(nxt, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o666)
+            os.pwrite(fd, original, 0)
+            os.rename(nxt, two.a.region_file)
+            if prev is not None:
+                os.ftruncate(prev, 4096)
+                os.close(prev)
+            prev = fd
+        if prev is not None:
+            os.close(prev)
 
     t = threading.Thread(target=churn, daemon=True)
     t.start()
     try:
-        for _ in range(60):
-            m = two.scrape()  # raises if the agent died (SIGBUS) or did not answer
-            two.check_bystander(m)
-            assert len(two.region_value(m, "memslice_container_region_error", two.a)) == 1
+        scrapes = [two.scrape() for _ in range(60)]  # raises once the agent died (SIGBUS) or did not answer
     finally:
         done.set()
         t.join(timeout=10)
     assert two.agent.proc is not None and two.agent.proc.poll() is None
+    for m in scrapes:
+        two.check_bystander(m)
+        assert len(two.region_value(m, "memslice_container_region_error", two.a)) == 1
     os.truncate(two.a.region_file, 4096)
     assert_refused(two, two.scrape(), "shorter than a region")
 
