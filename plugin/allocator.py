@@ -131,18 +131,26 @@ class AvailableIds:
         self.free = {g: self._text.count(f"g{g}-") for g in gpus}
 
     def lowest(self, gpu: int, size: int, must: Sequence[str] = ()) -> tuple[str, ...]:
-        """`must`, then the lowest-numbered free IDs of `gpu`, `size` in all."""
-        numbers = map(int, re.findall(rf"(?m)^g{gpu}-([0-9]+)$", self._text))
+        """`must`, then the lowest-numbered free IDs of `gpu`, `size` in all, none twice."""
+        numbers = list(map(int, re.findall(rf"(?m)^g{gpu}-([0-9]+)$", self._text)))
         chosen = list(dict.fromkeys(must))
-        taken = set(chosen)
-        for n in heapq.nsmallest(max(size, 0) + len(must), numbers):
-            if len(chosen) >= size:
-                break
-            did = device_id(gpu, n)
-            if did not in taken:  # a client listing an ID twice gets it once
-                chosen.append(did)
-                taken.add(did)
+        want = max(size, 0) + len(chosen)
+        _extend(chosen, gpu, size, heapq.nsmallest(want, numbers))
+        if len(chosen) < size and len(numbers) > want:  # a list with repeats (never the kubelet's): all of it
+            _extend(chosen, gpu, size, sorted(set(numbers)))
         return tuple(chosen)
+
+
+def _extend(chosen: list[str], gpu: int, size: int, numbers: Iterable[int]) -> None:
+    """Append IDs of `gpu` with these numbers to `chosen`, skipping those already in it, up to `size`."""
+    taken = set(chosen)
+    for n in numbers:
+        if len(chosen) >= size:
+            return
+        did = device_id(gpu, n)
+        if did not in taken:
+            chosen.append(did)
+            taken.add(did)
 
 
 def match_reservation(reservations: Sequence[Reservation], size: int, unit_mib: int,
