@@ -22,8 +22,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("region_dirs", nargs="*", metavar="REGION_DIR")
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")
     p.add_argument("--json", action="store_true", help="print one machine-readable snapshot and exit")
-    p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="refresh period (default 1)")
+    p.add_argument("--interval", type=_interval, default=1.0, metavar="SECONDS",
+                   help="refresh period, 0.1 to 3600 (default 1)")
     p.set_defaults(func=main)
+
+
+def _interval(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not 0.1 <= v <= 3600:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a refresh period in seconds from 0.1 to 3600 (e.g. 2)")
+    return v
 
 
 def snapshot_json(snap: Any) -> dict[str, Any]:
