@@ -38,11 +38,14 @@ def _interval(text: str) -> float:
 
 
 def snapshot_json(snap: Any) -> dict[str, Any]:
-    """The --json form: devices and processes with device and host bytes."""
+    """The --json form: devices and processes with device and host bytes. A device's device_bytes is what
+    its live processes hold; charged_bytes is the shared total, which still includes the charges of killed
+    processes until a shim of the container reclaims them (before it would refuse an allocation)."""
     return {
         "region": snap.path,
         "devices": [{"uuid": d.uuid, "limit_bytes": d.limit_bytes, "device_bytes": d.used_bytes,
                      "host_bytes": d.host_bytes, "peak_bytes": d.peak_bytes, "physical_bytes": d.physical_bytes,
+                     "charged_bytes": d.charged_bytes,
                      "refused": d.refused, "spill_refused": d.spill_refused,
                      "spill_ratio": spill_ratio(d.used_bytes, d.host_bytes)} for d in snap.devices],
         "processes": [{"pid": p.pid, "command": p.comm, "alive": p.alive, "device_bytes": p.device_bytes,

@@ -308,6 +308,7 @@ def test_a_killed_process_stops_counting_at_the_next_scrape_and_in_top(two: Node
                                     capture_output=True, text=True, timeout=30, check=True).stdout)
     (region,) = doc["regions"]
     assert region["devices"][0]["device_bytes"] == 0
+    assert region["devices"][0]["charged_bytes"] == used * MiB  # not reclaimed yet: no allocation since
     (dead,) = region["processes"]
     assert dead["pid"] == holder.pid and dead["alive"] is False
     assert two.a.region_file.read_bytes() == before  # reading reclaimed nothing, wrote nothing
