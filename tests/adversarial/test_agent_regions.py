@@ -337,3 +337,13 @@ sys.stdin.read()
             os.close(fd)
     finally:
         stop(holder)
+
+
+def test_sim_status_reports_a_damaged_state_file_instead_of_hanging(tmp_path: Path):
+    """The simulated node's state file has the region layout and, in the simulated overlay, containers can
+    write it: `memslice sim status` reads it with the same reader and says what is wrong."""
+    state = tmp_path / "node.state"
+    os.mkfifo(state)
+    out = subprocess.run([sys.executable, "-m", "memslice", "sim", "status", "--state", str(state)],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1 and f"{state} is a FIFO, not a region file" in out.stderr
