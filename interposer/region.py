@@ -300,6 +300,8 @@ def _read_fd(fd: int, path: str, lo: Layout, with_processes: bool = True) -> Reg
     nd = h.ndevices
     devs = ffi.from_buffer("struct ms_device[]", memoryview(head)[lo.devices_offset:])
     uuids = [_uuid(bytes(ffi.buffer(devs[d].uuid)), path, d) for d in range(nd)]
+    if len(set(uuids)) != nd:  # the shims add each UUID once: a repeat is tampering (and would double a series)
+        raise RegionError(f"{path}: a device UUID is listed twice")
     hwm = h.slot_hwm
     raw = _pread(fd, path, hwm * lo.slot_size, lo.slots_offset) if hwm else bytearray()
     procs, live_dev, live_host = _slots(fd, raw, hwm, nd, uuids, lo, with_processes)

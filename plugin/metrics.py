@@ -116,9 +116,8 @@ class NodeCollector:
             error.add_metric(lv, 1 if failed else 0)
             if snap is None:
                 continue
-            for dev in snap.devices:
-                if dev.uuid != a.gpu_uuid:
-                    continue
+            dev = next((d for d in snap.devices if d.uuid == a.gpu_uuid), None)  # one series per container
+            if dev is not None:
                 used.add_metric(lv, dev.used_bytes / MiB)
                 peak.add_metric(lv, dev.peak_bytes / MiB)
                 refused.add_metric(lv, dev.refused)

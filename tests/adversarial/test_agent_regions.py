@@ -240,6 +240,9 @@ GARBAGE: dict[str, tuple[Callable[[Path], None], str]] = {
     "version": (lambda p: _poke(p, _field("hdr.version"), _u32(99)), "layout version 99"),
     "record size": (lambda p: _poke(p, _field("hdr.slot_size"), _u32(8)), "slot_size is 8"),
     "uuid not terminated": (lambda p: _poke(p, _field("dev"), b"G" * 48), "device 0 has no valid UUID"),
+    "uuid twice": (lambda p: (_poke(p, _field("hdr.ndevices"), _u32(2)),
+                              _poke(p, _field("dev") + layout().device_size, p.read_bytes()[_field("dev"):][:48])),
+                   "UUID is listed twice"),
     "grown to 1 TiB": (lambda p: os.truncate(p, 1 << 40), "header announces"),
     "empty directory": (lambda p: (p.unlink(), p.mkdir()), "is a directory"),
 }
