@@ -1,7 +1,8 @@
 """Node-agent benchmark: ListAndWatch message size per node shape, Allocate / GetPreferredAllocation latency
-with 100 pods on the node, kubelet-restart re-registration time, and the agent's resident memory.
+with 100 pods on the node, kubelet-restart re-registration time, the agent's resident memory, and the time
+to answer hostile Allocate requests of 60,000 IDs (valid, with one duplicate, all aliases).
 
-    .venv/bin/python benchmarks/bench_node_agent.py [--json] [--pods N]
+    .venv/bin/python benchmarks/bench_node_agent.py [--json] [--pods N] [--hostile-only]
 
 The agent runs as a real `memslice node-agent --simulate` process next to the kubelet stand-in (real gRPC on
 Unix sockets, the kubelet's 4 MiB receive limit) and, for the latency runs, the Kubernetes API stand-in
@@ -18,7 +19,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -26,7 +29,6 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # the stand-ins' channels see 
 
 from kube_standin import KubeApiStandin  # noqa: E402
 from kubelet_standin import KubeletStandin  # noqa: E402
-from test_plugin_agent import RESOURCE, AgentProcess, wait_for  # noqa: E402
 
 from memslice.plugin.devices import (  # noqa: E402
     KUBELET_MAX_MESSAGE_BYTES,
@@ -35,8 +37,10 @@ from memslice.plugin.devices import (  # noqa: E402
     smallest_fitting_unit,
     worst_case_bytes,
 )
+from test_plugin_agent import RESOURCE, AgentProcess  # noqa: E402
 
 GiB = 1024
+T = TypeVar("T")
 SHAPES = {  # name -> (MEMSLICE_SIM_GPUS, shapes for the arithmetic); 8-GPU nodes: 4 GPUs per NUMA node
     "1x16GiB": ("16GiB", [GpuShape(0, 16 * GiB, 0)]),
     "1x80GiB": ("80GiB", [GpuShape(0, 80 * GiB, 0)]),
@@ -45,6 +49,18 @@ SHAPES = {  # name -> (MEMSLICE_SIM_GPUS, shapes for the arithmetic); 8-GPU node
     "8x141GiB": (",".join(f"141GiB:{i // 4}" for i in range(8)),
                  [GpuShape(i, 141 * GiB, i // 4) for i in range(8)]),
 }
+
+
+def wait_for(fn: Callable[[], T], timeout: float, what: str) -> T:
+    """fn()'s first truthy value, polled for at most `timeout` seconds (a benchmark, not a test)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {what} within {timeout} s")
+        time.sleep(0.05)
 
 
 def rss_mib(pid: int) -> float:
@@ -159,17 +175,52 @@ def latency(sim: str, unit: int, shapes: list[GpuShape], pods: int) -> dict:
             }
 
 
+def hostile_allocate(n: int = 60_000, runs: int = 5) -> dict:
+    """Median Allocate time (ms, in the client) for `n` IDs of one 80 GiB GPU at unit 1: all valid (accepted),
+    with one ID repeated (refused; was O(n^2): 76 s), all written with a leading zero (aliases, refused)."""
+    import grpc
+    from memslice.proto import api_pb2
+
+    cases = {"valid": [f"g0-{i}" for i in range(n)],
+             "one_duplicate": [f"g0-{i}" for i in range(n)] + ["g0-5"],
+             "aliases": [f"g0-0{i}" for i in range(n)]}
+    out: dict = {"ids": n}
+    with Node(SHAPES["1x80GiB"][0], 1) as node:
+        node.agent.start()
+        stub = node.kubelet.wait_registered(RESOURCE, timeout=120).stub
+        for name, ids in cases.items():
+            req = api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids)])
+            times = []
+            for _ in range(runs):
+                t0 = time.perf_counter()
+                try:
+                    stub.Allocate(req, timeout=300)
+                    ok = True
+                except grpc.RpcError as exc:
+                    ok = False
+                    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, exc
+                times.append((time.perf_counter() - t0) * 1000)
+            out[f"{name}_ms_median"] = round(statistics.median(times), 1)
+            out[f"{name}_accepted"] = ok
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     ap.add_argument("--pods", type=int, default=100, help="pods admitted in the latency runs (default 100)")
+    ap.add_argument("--hostile-only", action="store_true", help="only the hostile Allocate timings")
     a = ap.parse_args()
+    hostile = hostile_allocate()
+    if a.hostile_only:
+        print(json.dumps(hostile) if a.json else _hostile_line(hostile))
+        return 0
     sizes = message_sizes()
     lat = [latency(SHAPES["1x80GiB"][0], 1, SHAPES["1x80GiB"][1], a.pods),
            latency(SHAPES["8x80GiB"][0], smallest_fitting_unit(SHAPES["8x80GiB"][1]), SHAPES["8x80GiB"][1],
                    a.pods)]
     if a.json:
-        print(json.dumps({"listandwatch": sizes, "latency": lat}, indent=2))
+        print(json.dumps({"listandwatch": sizes, "latency": lat, "hostile_allocate": hostile}, indent=2))
         return 0
     print(f"ListAndWatch message (kubelet limit {KUBELET_MAX_MESSAGE_BYTES} bytes; 'unit1 bytes' is the worst "
           f"case, every device Unhealthy; 'refused': the agent exits at --unit-mib 1 naming the unit)")
@@ -188,7 +239,14 @@ def main() -> int:
               f"{r['allocate_ms_median']:>11}{r['allocate_ms_p99']:>11}"
               f"{str(r['pods_on_reserved_gpu']) + '/' + str(r['pods']):>13}{r['reregister_s_median']:>13}"
               f"{r['agent_rss_mib_after']:>9}")
+    print("\n" + _hostile_line(hostile))
     return 0
+
+
+def _hostile_line(h: dict) -> str:
+    return (f"Allocate of {h['ids']} IDs (ms, median of 5): valid {h['valid_ms_median']} "
+            f"({'accepted' if h['valid_accepted'] else 'REFUSED'}), one duplicate {h['one_duplicate_ms_median']} "
+            f"(refused), all aliases {h['aliases_ms_median']} (refused)")
 
 
 if __name__ == "__main__":

@@ -1,17 +1,39 @@
-"""Reading a shared accounting region from Python (cffi, ABI mode).
+"""Reading a shared accounting region from Python (cffi, ABI mode), defensively.
 
 The layout comes from the same header the C code uses (include/memslice_region.h, the part between
-BEGIN CFFI and END CFFI), so Python and C cannot drift apart. Reading is a plain mmap of the file; what
-needs the C protocol (is a slot's owner alive, reclaiming dead processes) goes through the small
-libmemslice-region.so.
+BEGIN CFFI and END CFFI), so Python and C cannot drift apart.
+
+The region file lives in a directory the container mounts read-write: every byte of it, its size and even
+its type are the tenant's to choose. The node agent and `memslice top` read it for other people, so the
+reader must not be crashable or stallable by it:
+
+- open with O_RDONLY|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC (a symlink is refused, a FIFO does not block), then
+  fstat on the descriptor: only a regular file of exactly the size the header announces is read;
+- no mmap (a file truncated under a mapping raises SIGBUS in the reader): two bounded preads copy the
+  header + device table, then the slots in use, into private buffers, and cffi parses those copies;
+- every field is checked (magic, version, record sizes, maxima, counts, NUL-terminated UUIDs) and any
+  inconsistency is one RegionError naming the file and the field, never an exception from deep inside;
+- whether a slot's owner is alive is an fcntl F_GETLK query on the read-only descriptor (a lock held by
+  the owner on byte MS_LOCK_BASE + slot): nothing is written, no lock is taken.
+
+Caveat: the slot locks are classic POSIX record locks, which a process loses on *any* close of the file. A
+process that itself holds a slot in a region (it used CUDA under the shim) must therefore not read that
+region with this module; the agent and `memslice top` never use CUDA.
+
+"Used" is what the live processes hold: the sum of the live slots' charges. A process killed with SIGKILL
+stops counting at once, even before the shim of a later allocation reclaims its charge from the shared
+totals (those totals, dead charges included, are kept as `charged_bytes`).
 """
 
 from __future__ import annotations
 
-import mmap
+import errno
+import fcntl
 import os
 import pathlib
 import re
+import stat
+import struct
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -22,6 +44,12 @@ from memslice import errors
 
 REGION_FILE = "memslice.region"
 _HEADER = pathlib.Path(__file__).resolve().parent / "include" / "memslice_region.h"
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+_UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*\Z")
+# The simulator keeps its node state after the region proper (hdr.extra_size); nothing else may be large.
+MAX_EXTRA_BYTES = 64 << 20
+# struct flock on 64-bit Linux: short l_type, short l_whence, off_t l_start, off_t l_len, pid_t l_pid.
+_FLOCK = struct.Struct("hhqqi4x")
 
 
 @dataclass(frozen=True)
@@ -29,12 +57,13 @@ class DeviceUsage:
     uuid: str
     physical_bytes: int
     limit_bytes: int
-    used_bytes: int
-    host_bytes: int
+    used_bytes: int        # held by live processes (sum of their slots)
+    host_bytes: int        # spilled to host memory by live processes
     peak_bytes: int
     refused: int
     spill_refused: int
     host_peak_bytes: int = 0
+    charged_bytes: int = 0  # the shared total, dead processes' unreclaimed charges included
 
 
 @dataclass(frozen=True)
@@ -59,7 +88,29 @@ class RegionSnapshot:
 
 
 class RegionError(errors.UnavailableError):
-    pass
+    """A region file that cannot be read or is not a valid region; the message names the file."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The region layout as the header defines it (sizes, maxima, constants), computed once."""
+
+    ffi: cffi.FFI
+    magic: int
+    version: int
+    max_devices: int
+    max_slots: int
+    slot_live: int
+    lock_base: int
+    header_size: int
+    device_size: int
+    slot_size: int
+    devices_offset: int
+    slots_offset: int
+    region_size: int
+    state_offset: int         # within a slot
+    device_bytes_offset: int  # within a slot
+    host_bytes_offset: int    # within a slot
 
 
 @cache
@@ -72,9 +123,27 @@ def _ffi() -> cffi.FFI:
     ffi.cdef(m.group(1))
     ffi.cdef("""
         int memslice_region_sweep(const char *path, char *err, size_t errlen);
-        int memslice_region_liveness(const char *path, unsigned char *alive, int n, char *err, size_t errlen);
     """)
     return ffi
+
+
+@cache
+def layout() -> Layout:
+    ffi = _ffi()
+    consts = ffi.dlopen(None)  # the cdef's #define integers; no library is needed for them
+    text = _HEADER.read_text()
+    m = re.search(r"#define MS_LOCK_BASE \(1ull << (\d+)\)", text)
+    if not m:
+        raise RegionError(f"{_HEADER}: MS_LOCK_BASE is not of the form (1ull << N)")
+    return Layout(ffi=ffi, magic=consts.MS_MAGIC, version=consts.MS_VERSION, max_devices=consts.MS_MAX_DEVICES,
+                  max_slots=consts.MS_MAX_SLOTS, slot_live=consts.MS_SLOT_LIVE, lock_base=1 << int(m.group(1)),
+                  header_size=ffi.sizeof("struct ms_header"), device_size=ffi.sizeof("struct ms_device"),
+                  slot_size=ffi.sizeof("struct ms_slot"), devices_offset=ffi.offsetof("struct ms_region", "dev"),
+                  slots_offset=ffi.offsetof("struct ms_region", "slot"),
+                  region_size=ffi.sizeof("struct ms_region"),
+                  state_offset=ffi.offsetof("struct ms_slot", "state"),
+                  device_bytes_offset=ffi.offsetof("struct ms_slot", "device_bytes"),
+                  host_bytes_offset=ffi.offsetof("struct ms_slot", "host_bytes"))
 
 
 @cache
@@ -97,66 +166,171 @@ def region_path(region_dir: str | os.PathLike[str]) -> str:
     return os.path.join(os.fspath(region_dir), REGION_FILE)
 
 
-def _liveness(path: str, n: int) -> list[bool]:
-    ffi = _ffi()
-    alive = ffi.new("unsigned char[]", n)
-    err = ffi.new("char[]", 512)
-    if _lib().memslice_region_liveness(path.encode(), alive, n, err, 512) < 0:
-        raise RegionError(_text(err))
-    return [bool(a) for a in alive]
-
-
-def read_region(region_dir: str | os.PathLike[str]) -> RegionSnapshot | None:
+def read_region(region_dir: str | os.PathLike[str], with_processes: bool = True) -> RegionSnapshot | None:
     """Snapshot of the region in `region_dir`, or None if no process has created it yet."""
-    return read_region_file(region_path(region_dir))
+    return read_region_file(region_path(region_dir), with_processes)
 
 
-def read_region_file(path: str) -> RegionSnapshot | None:
-    if not os.path.exists(path):
-        return None
-    ffi = _ffi()
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size < ffi.sizeof("struct ms_region"):
-            raise RegionError(f"{path} is not a memslice region ({size} bytes)")
-        mm = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
-    lib = _lib()
-    buf = ffi.from_buffer(mm)
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _open(path: str) -> int | None:
+    """A read-only descriptor of the region file; None when there is none; RegionError when unsafe."""
     try:
-        r: Any = ffi.cast("struct ms_region *", buf)  # fields from the header, unknown to mypy
-        if r.hdr.magic != lib.MS_MAGIC:
-            return None  # being created
-        nd = r.hdr.ndevices
-        devices = []
-        uuids = []
-        for d in range(nd):
-            dv = r.dev[d]
-            uuid = _text(dv.uuid)
-            uuids.append(uuid)
-            devices.append(DeviceUsage(uuid=uuid, physical_bytes=dv.physical_total, limit_bytes=dv.limit,
-                                       used_bytes=dv.used & ~FROZEN, host_bytes=dv.host_used & ~FROZEN,
-                                       peak_bytes=dv.peak, refused=dv.refused, spill_refused=dv.spill_refused,
-                                       host_peak_bytes=dv.host_peak))
-        live_state = lib.MS_SLOT_LIVE
-        candidates = [i for i in range(r.hdr.max_slots) if r.slot[i].state == live_state]
-        alive = _liveness(path, (max(candidates) + 1) if candidates else 0) if candidates else []
-        procs = []
-        for i in candidates:
-            s = r.slot[i]
-            per = {uuids[d]: (int(s.device_bytes[d]), int(s.host_bytes[d])) for d in range(nd)}
-            procs.append(ProcessUsage(pid=s.pid, comm=_text(s.comm, "replace"),
-                                      alive=alive[i], device_bytes=sum(v[0] for v in per.values()),
-                                      host_bytes=sum(v[1] for v in per.values()), peak_bytes=s.peak,
-                                      refused=s.refused, per_device=per))
-        return RegionSnapshot(path=path, devices=devices, processes=procs, recounts=r.hdr.recounts,
-                              reclaimed=r.hdr.reclaimed)
+        return os.open(path, _OPEN_FLAGS)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise RegionError(f"{path} is a symbolic link; a region file is never one (refused)") from None
+        raise RegionError(f"{path} cannot be opened: {exc.strerror}") from None
+
+
+def _pread(fd: int, path: str, n: int, offset: int) -> bytearray:
+    """Exactly n bytes at offset into a private buffer (the file may shrink meanwhile: then RegionError)."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = os.preadv(fd, [view[got:]], offset + got)
+        if k == 0:
+            raise RegionError(f"{path} shrank while being read ({offset + got} of {offset + n} bytes)")
+        got += k
+    return buf
+
+
+def check_header(h: Any, size: int, path: str, lo: Layout) -> None:
+    """Raise RegionError naming the first header field that does not describe a region of this layout."""
+    if h.version != lo.version:
+        raise RegionError(f"{path}: layout version {h.version}, this reader knows version {lo.version} "
+                          f"(agent and shim of different releases?)")
+    for name, want in (("header_size", lo.header_size), ("device_size", lo.device_size),
+                       ("slot_size", lo.slot_size), ("max_devices", lo.max_devices), ("max_slots", lo.max_slots)):
+        if getattr(h, name) != want:
+            raise RegionError(f"{path}: header field {name} is {getattr(h, name)}, expected {want}")
+    if h.ndevices > lo.max_devices:
+        raise RegionError(f"{path}: {h.ndevices} devices, over the maximum of {lo.max_devices}")
+    if h.slot_hwm > lo.max_slots:
+        raise RegionError(f"{path}: slot high-water mark {h.slot_hwm}, over the maximum of {lo.max_slots}")
+    if h.extra_size > MAX_EXTRA_BYTES or size != lo.region_size + h.extra_size:
+        raise RegionError(f"{path}: {size} bytes, but the header announces {lo.region_size} + {h.extra_size} "
+                          f"(resized or damaged)")
+
+
+def _uuid(raw: bytes, path: str, d: int) -> str:
+    end = raw.find(b"\0")
+    text = raw[:end].decode("ascii", "replace") if end > 0 else ""
+    if end < 0 or not _UUID.match(text):
+        raise RegionError(f"{path}: device {d} has no valid UUID (NUL-terminated, [A-Za-z0-9._:-])")
+    return text
+
+
+def _comm(raw: bytes) -> str:
+    """A command name for display: up to the NUL, undecodable bytes and control characters as '?'."""
+    end = raw.find(b"\0")
+    text = (raw if end < 0 else raw[:end]).decode("utf-8", "replace")
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
+def _owner_alive(fd: int, lock_byte: int) -> bool:
+    """Is the slot's fcntl lock byte held by some process? F_GETLK works on a read-only descriptor."""
+    query = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, lock_byte, 1, 0)
+    try:
+        l_type = _FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_GETLK, query))[0]
+    except OSError:
+        return True  # cannot tell: count it (never under-report what a process may hold)
+    return l_type != fcntl.F_UNLCK
+
+
+def read_region_file(path: str, with_processes: bool = True) -> RegionSnapshot | None:
+    """Snapshot of the region file at `path`: None if absent or still being created; RegionError (naming the
+    file and what is wrong) for anything that is not a valid region. with_processes=False leaves the process
+    list empty (the device figures, live usage included, are the same): what the agent's scrape needs."""
+    fd = _open(path)
+    if fd is None:
+        return None
+    try:
+        return _read_fd(fd, path, layout(), with_processes)
     finally:
-        ffi.release(buf)
-        mm.close()
+        os.close(fd)
+
+
+def _slots(fd: int, raw: bytearray, hwm: int, nd: int, uuids: list[str], lo: Layout, with_processes: bool
+           ) -> tuple[list[ProcessUsage], list[int], list[int]]:
+    """(processes, live device bytes per device, live host bytes per device) from the copied slots. The
+    counters are read as machine words straight from the copy: 4096 live slots cost milliseconds."""
+    u32, u64 = memoryview(raw).cast("I"), memoryview(raw).cast("Q")
+    w32, w64 = lo.slot_size // 4, lo.slot_size // 8
+    state, dev_at, host_at = lo.state_offset // 4, lo.device_bytes_offset // 8, lo.host_bytes_offset // 8
+    procs: list[ProcessUsage] = []
+    live_dev, live_host = [0] * nd, [0] * nd
+    slots = lo.ffi.from_buffer("struct ms_slot[]", raw) if with_processes and hwm else None
+    for i in range(hwm):
+        if u32[i * w32 + state] != lo.slot_live:
+            continue
+        alive = _owner_alive(fd, lo.lock_base + i)
+        base = i * w64
+        dev_b = u64[base + dev_at:base + dev_at + nd].tolist()
+        host_b = u64[base + host_at:base + host_at + nd].tolist()
+        if alive:
+            live_dev = [a + b for a, b in zip(live_dev, dev_b, strict=True)]
+            live_host = [a + b for a, b in zip(live_host, host_b, strict=True)]
+        if slots is not None:
+            s = slots[i]
+            procs.append(ProcessUsage(pid=int(s.pid), comm=_comm(bytes(lo.ffi.buffer(s.comm))), alive=alive,
+                                      device_bytes=sum(dev_b), host_bytes=sum(host_b), peak_bytes=int(s.peak),
+                                      refused=int(s.refused),
+                                      per_device={u: (dev_b[d], host_b[d]) for d, u in enumerate(uuids)}))
+    return procs, live_dev, live_host
+
+
+def _read_fd(fd: int, path: str, lo: Layout, with_processes: bool = True) -> RegionSnapshot | None:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise RegionError(f"{path} is {_kind(st.st_mode)}, not a region file (refused)")
+    if st.st_size == 0:
+        return None  # created, not yet sized
+    if st.st_size < lo.region_size:
+        raise RegionError(f"{path}: {st.st_size} bytes, shorter than a region ({lo.region_size}): truncated")
+    ffi = lo.ffi
+    head = _pread(fd, path, lo.slots_offset, 0)
+    h = ffi.from_buffer("struct ms_header *", head)
+    if h.magic == 0:
+        return None  # being initialised (the magic is written last)
+    if h.magic != lo.magic:
+        raise RegionError(f"{path}: bad magic {h.magic:#x}, not a memslice region")
+    check_header(h, st.st_size, path, lo)
+    nd = h.ndevices
+    devs = ffi.from_buffer("struct ms_device[]", memoryview(head)[lo.devices_offset:])
+    uuids = [_uuid(bytes(ffi.buffer(devs[d].uuid)), path, d) for d in range(nd)]
+    if len(set(uuids)) != nd:  # the shims add each UUID once: a repeat is tampering (and would double a series)
+        raise RegionError(f"{path}: a device UUID is listed twice")
+    hwm = h.slot_hwm
+    raw = _pread(fd, path, hwm * lo.slot_size, lo.slots_offset) if hwm else bytearray()
+    procs, live_dev, live_host = _slots(fd, raw, hwm, nd, uuids, lo, with_processes)
+    devices = []
+    for d in range(nd):
+        dv = devs[d]
+        devices.append(DeviceUsage(uuid=uuids[d], physical_bytes=int(dv.physical_total), limit_bytes=int(dv.limit),
+                                   used_bytes=live_dev[d], host_bytes=live_host[d],
+                                   peak_bytes=max(int(dv.peak), live_dev[d]), refused=int(dv.refused),
+                                   spill_refused=int(dv.spill_refused),
+                                   host_peak_bytes=max(int(dv.host_peak), live_host[d]),
+                                   charged_bytes=int(dv.used) & ~FROZEN))
+    return RegionSnapshot(path=path, devices=devices, processes=procs, recounts=int(h.recounts),
+                          reclaimed=int(h.reclaimed))
 
 
 def sweep(region_dir: str | os.PathLike[str]) -> int:
-    """Reclaim the usage of dead processes in the region; returns how many were reclaimed."""
+    """Reclaim the usage of dead processes in the region; returns how many were reclaimed.
+
+    This joins the region's write protocol through the C library (it maps the file read-write, as the shim
+    does): for tools and tests run by the region's own user, never for the node agent, which only reads."""
     path = region_path(region_dir)
     if not os.path.exists(path):
         return 0
@@ -166,4 +340,3 @@ def sweep(region_dir: str | os.PathLike[str]) -> int:
     if n < 0:
         raise RegionError(_text(err))
     return int(n)
-

@@ -9,11 +9,20 @@ from __future__ import annotations
 import heapq
 import json
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from memslice import errors
-from memslice.plugin.devices import DeviceIdError, device_id, devices_per_gpu, parse_device_id
+from memslice.plugin.devices import (
+    DeviceIdError,
+    bounded_list,
+    device_id,
+    devices_per_gpu,
+    is_device_id,
+    parse_device_id,
+    show_id,
+)
 from memslice.plugin.gpus import GpuInfo
 
 RESOURCE_NAME = "memslice.io/gpu-mem"
@@ -112,7 +121,7 @@ class AvailableIds:
     engine validate and scan the text is ~5x faster than parsing each ID, and only the chosen GPU's numbers
     are ever converted to integers."""
 
-    _ALL = re.compile(r"(?:g[0-9]{1,4}-[0-9]{1,9}\n)*")
+    _ALL = re.compile(r"(?:g(?:0|[1-9][0-9]{0,3})-(?:0|[1-9][0-9]{0,8})\n)*")  # canonical, as in devices.py
 
     def __init__(self, ids: Sequence[str], gpus: Iterable[int]) -> None:
         self._text = "\n".join(ids) + "\n"
@@ -123,17 +132,26 @@ class AvailableIds:
         self.free = {g: self._text.count(f"g{g}-") for g in gpus}
 
     def lowest(self, gpu: int, size: int, must: Sequence[str] = ()) -> tuple[str, ...]:
-        """`must`, then the lowest-numbered free IDs of `gpu`, `size` in all."""
-        numbers = map(int, re.findall(rf"(?m)^g{gpu}-([0-9]+)$", self._text))
-        chosen = list(must)
-        taken = set(must)
-        for n in heapq.nsmallest(size + len(must), numbers):
-            if len(chosen) >= size:
-                break
-            did = device_id(gpu, n)
-            if did not in taken:
-                chosen.append(did)
+        """`must`, then the lowest-numbered free IDs of `gpu`, `size` in all, none twice."""
+        numbers = list(map(int, re.findall(rf"(?m)^g{gpu}-([0-9]+)$", self._text)))
+        chosen = list(dict.fromkeys(must))
+        want = max(size, 0) + len(chosen)
+        _extend(chosen, gpu, size, heapq.nsmallest(want, numbers))
+        if len(chosen) < size and len(numbers) > want:  # a list with repeats (never the kubelet's): all of it
+            _extend(chosen, gpu, size, sorted(set(numbers)))
         return tuple(chosen)
+
+
+def _extend(chosen: list[str], gpu: int, size: int, numbers: Iterable[int]) -> None:
+    """Append IDs of `gpu` with these numbers to `chosen`, skipping those already in it, up to `size`."""
+    taken = set(chosen)
+    for n in numbers:
+        if len(chosen) >= size:
+            return
+        did = device_id(gpu, n)
+        if did not in taken:
+            chosen.append(did)
+            taken.add(did)
 
 
 def match_reservation(reservations: Sequence[Reservation], size: int, unit_mib: int,
@@ -152,7 +170,11 @@ def choose_preferred(available: Sequence[str], must_include: Sequence[str], size
     """All `size` devices from one GPU: the reserved one for the pod being admitted, else the best fit."""
     avail = AvailableIds(available, gpus)
     if must_include:
-        gpu = parse_device_id(must_include[0])[0]
+        must_gpus = set(group_by_gpu(must_include))  # every ID checked, not only the first
+        if len(must_gpus) > 1:
+            raise DeviceIdError(f"the devices that must be included span GPUs {sorted(must_gpus)}; memslice "
+                                f"devices of one container come from one GPU")
+        (gpu,) = must_gpus
         return Preference(avail.lowest(gpu, size, must_include), gpu, None, None,
                           "the GPU of the devices the kubelet must include")
     free = avail.free
@@ -182,21 +204,42 @@ class Target:
     mib: int
 
 
+def _bad_ids(ids: Sequence[str]) -> str | None:
+    """A bounded message naming the first IDs memslice did not issue and how many there are, or None."""
+    bad = [i for i in ids if not is_device_id(i)]
+    if not bad:
+        return None
+    named = bounded_list([show_id(i) for i in bad[:3]], len(bad))
+    what = (f"device ID {named} is not a memslice device ID" if len(bad) == 1 else
+            f"{len(bad)} device IDs are not memslice device IDs: {named}")
+    return f"{what} (expected g<gpu-index>-<n> with no leading zeros, e.g. g0-17)"
+
+
+def _duplicates(ids: Sequence[str]) -> str | None:
+    """A bounded message naming the first IDs listed more than once, or None. Linear in the IDs."""
+    counts = Counter(ids)
+    if len(counts) == len(ids):
+        return None
+    dup = [i for i, c in counts.items() if c > 1]
+    named = bounded_list([show_id(i) for i in dup[:3]], len(dup))
+    return f"{len(dup)} device ID(s) listed more than once: {named}"
+
+
 def allocation_target(ids: Sequence[str], gpus: Mapping[int, GpuInfo], healthy: Mapping[str, bool],
                       unit_mib: int) -> Target:
     """Validate one container's IDs; AllocationError (naming the bad value and the fix) when refused."""
     if not ids:
         raise AllocationError(f"Allocate asked for no {RESOURCE_NAME} devices; a container gets memslice "
                               f"memory only with a {RESOURCE_NAME} limit of at least 1")
-    if len(set(ids)) != len(ids):
-        dup = sorted({i for i in ids if list(ids).count(i) > 1})[:3]
-        raise AllocationError(f"Allocate listed device IDs more than once ({', '.join(dup)}); the kubelet "
-                              f"never does this: is another client calling the plugin socket?")
-    try:
-        by_gpu = group_by_gpu(ids)
-    except DeviceIdError as exc:
-        raise AllocationError(f"{exc}; this node's agent issues only its own IDs. If --unit-mib or the GPUs "
-                              f"changed, restart the kubelet's pods on this node") from exc
+    bad = _bad_ids(ids)
+    if bad is not None:
+        raise AllocationError(f"{bad}; this node's agent issues only its own IDs. If --unit-mib or the GPUs "
+                              f"changed, restart the kubelet's pods on this node")
+    dup = _duplicates(ids)
+    if dup is not None:
+        raise AllocationError(f"Allocate {dup}; the kubelet never does this: is another client calling the "
+                              f"plugin socket?")
+    by_gpu = group_by_gpu(ids)
     for index, numbers in by_gpu.items():
         gpu = gpus.get(index)
         if gpu is None:
@@ -221,3 +264,19 @@ def allocation_target(ids: Sequence[str], gpus: Mapping[int, GpuInfo], healthy: 
                               f"Delete the pod so it is scheduled again")
     return Target(gpu=gpu, device_ids=tuple(ids), mib=len(ids) * unit_mib)
 
+
+
+def check_disjoint(targets: Sequence[Target]) -> None:
+    """AllocationError when two containers of one Allocate share a device ID (one unit, two quotas)."""
+    if len(targets) < 2:
+        return
+    seen: set[str] = set()
+    shared: list[str] = []
+    for t in targets:
+        shared.extend(i for i in t.device_ids if i in seen)
+        seen.update(t.device_ids)
+    if shared:
+        raise AllocationError(
+            f"Allocate gave {len(shared)} device ID(s) to more than one container: "
+            f"{bounded_list([show_id(i) for i in shared[:3]], len(shared))}; the kubelet never does this: is "
+            f"another client calling the plugin socket?")

@@ -19,7 +19,10 @@ UNHEALTHY = "Unhealthy"
 # grpc-go's default client receive limit, which the kubelet uses when reading ListAndWatch.
 KUBELET_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
-_ID = re.compile(r"g([0-9]{1,4})-([0-9]{1,9})")  # ASCII digits only: \d would accept other scripts
+# Canonical only, exactly as device_id() writes them: ASCII digits (\d would accept other scripts) and no
+# leading zeros, so that one device has one name (g0-1, g0-01 and g0-001 would otherwise be three units).
+_ID = re.compile(r"g(0|[1-9][0-9]{0,3})-(0|[1-9][0-9]{0,8})")
+_SHOW = 40  # characters of a bad ID quoted in a message: requests are client-controlled and can be huge
 
 
 class DeviceIdError(errors.InputError):
@@ -39,13 +42,28 @@ def device_id(gpu_index: int, n: int) -> str:
     return f"g{gpu_index}-{n}"
 
 
+def show_id(text: str) -> str:
+    """An ID quoted for a message, cut to a bounded length."""
+    return repr(text) if len(text) <= _SHOW else f"{text[:_SHOW]!r}... ({len(text)} characters)"
+
+
+def bounded_list(items: Sequence[str], total: int, shown: int = 3) -> str:
+    """The first `shown` items, then how many more (messages stay short whatever the request)."""
+    more = f" and {total - shown} more" if total > shown else ""
+    return ", ".join(items[:shown]) + more
+
+
 def parse_device_id(text: str) -> tuple[int, int]:
     """`g3-1024` -> (3, 1024); raise DeviceIdError naming the bad ID."""
     m = _ID.fullmatch(text)
     if not m:
-        raise DeviceIdError(f"device ID {text!r} is not a memslice device ID (expected g<gpu-index>-<n>, "
-                            f"e.g. g0-17)")
+        raise DeviceIdError(f"device ID {show_id(text)} is not a memslice device ID (expected "
+                            f"g<gpu-index>-<n> with no leading zeros, e.g. g0-17)")
     return int(m.group(1)), int(m.group(2))
+
+
+def is_device_id(text: str) -> bool:
+    return _ID.fullmatch(text) is not None
 
 
 def devices_per_gpu(mem_mib: int, unit_mib: int) -> int:

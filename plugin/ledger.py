@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from memslice.plugin.devices import parse_device_id
+from memslice.plugin.devices import is_device_id, parse_device_id
 
 REGION_ID = re.compile(r"g\d{1,4}-[0-9a-f]{12}\Z")
 
@@ -79,7 +79,8 @@ def reconcile(ledger: Mapping[str, Allocation], live: Sequence[LiveContainer] | 
         return out
     by_region = {}
     for lc in live:
-        if lc.device_ids:
+        # IDs this agent did not issue (not canonical) name no region of ours: never let them stop the loop
+        if lc.device_ids and all(map(is_device_id, lc.device_ids)):
             by_region[region_id_for(lc.device_ids)] = lc
     for rid, a in ledger.items():
         lc = by_region.get(rid)

@@ -11,13 +11,17 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from memslice.plugin.ledger import allocated_mib
+from memslice.plugin.ledger import Allocation, allocated_mib
 from memslice.plugin.state import NodeState
+
+if TYPE_CHECKING:
+    from memslice.interposer.region import RegionSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +50,24 @@ class Metrics:
                                            registry=r)
 
 
+RegionReader = Callable[[str], "RegionSnapshot | None"]
+
+
 class NodeCollector:
-    """Per-GPU capacity/allocated/used and per-container quota/used/peak/refused, read at scrape time."""
+    """Per-GPU capacity/allocated/used and per-container quota/used/peak/refused, read at scrape time.
+
+    Each container's region file is the tenant's to write: it is read through the defensive reader, and a
+    region that cannot be read costs only its own figures (memslice_container_region_error 1, one log line
+    when its problem appears or changes), never the scrape."""
 
     def __init__(self, state: NodeState, used_mib: Callable[[str], int | None],
-                 read_region: Callable[[str], object | None] | None,
-                 region_dir: Callable[[str], str]) -> None:
+                 read_region: RegionReader | None, region_dir: Callable[[str], str]) -> None:
         self.state = state
         self.used_mib = used_mib
         self.read_region = read_region
         self.region_dir = region_dir
+        self._errors: dict[str, str] = {}  # region ID -> its last logged problem
+        self._errors_lock = threading.Lock()
 
     def describe(self) -> list[Metric]:
         return []  # computed at scrape time; nothing to check at registration
@@ -86,44 +98,66 @@ class NodeCollector:
         yield from (cap, used_alloc, used, health)
         yield from self._containers(ledger)
 
-    def _containers(self, ledger: dict) -> Iterator[Metric]:
+    def _containers(self, ledger: dict[str, Allocation]) -> Iterator[Metric]:
         labels = ["namespace", "pod", "container", "region", "gpu"]
         quota = GaugeMetricFamily("memslice_container_quota_mib", "Container GPU memory quota", labels=labels)
-        used = GaugeMetricFamily("memslice_container_used_mib", "Container GPU memory in use (shim region)",
-                                 labels=labels)
+        used = GaugeMetricFamily("memslice_container_used_mib",
+                                 "Container GPU memory held by its live processes (shim region)", labels=labels)
         peak = GaugeMetricFamily("memslice_container_peak_mib", "Container GPU memory peak (shim region)",
                                  labels=labels)
         refused = CounterMetricFamily("memslice_container_refused_allocations",
                                       "Allocations the shim refused for going over the quota", labels=labels)
+        error = GaugeMetricFamily("memslice_container_region_error",
+                                  "1 when the container's region file cannot be read or is not a valid region "
+                                  "(the agent log names the problem)", labels=labels)
         for a in ledger.values():
             lv = [a.namespace, a.pod, a.container, a.region_id, a.gpu_uuid]
             quota.add_metric(lv, a.mib)
-            snap = self._read(a.region_id)
+            snap, failed = self._read(a.region_id)
+            error.add_metric(lv, 1 if failed else 0)
             if snap is None:
                 continue
-            for dev in getattr(snap, "devices", []):
-                if dev.uuid and dev.uuid != a.gpu_uuid:
-                    continue
+            dev = next((d for d in snap.devices if d.uuid == a.gpu_uuid), None)  # one series per container
+            if dev is not None:
                 used.add_metric(lv, dev.used_bytes / MiB)
                 peak.add_metric(lv, dev.peak_bytes / MiB)
                 refused.add_metric(lv, dev.refused)
-        yield from (quota, used, peak, refused)
+        self._forget(set(ledger))
+        yield from (quota, used, peak, refused, error)
 
-    def _read(self, region_id: str) -> object | None:
+    def _read(self, region_id: str) -> tuple[RegionSnapshot | None, bool]:
+        """(snapshot or None, whether the region is damaged); logs a region's problem once per change."""
         if self.read_region is None:
-            return None
+            return None, False
         try:
-            return self.read_region(self.region_dir(region_id))
-        except Exception as exc:  # a damaged region must not break the scrape
-            log.warning("region %s cannot be read: %s", region_id, exc)
-            return None
+            snap = self.read_region(self.region_dir(region_id))
+        except Exception as exc:  # a damaged region must not break the scrape (RegionError, or worse)
+            problem = str(exc) or type(exc).__name__
+            with self._errors_lock:
+                changed = self._errors.get(region_id) != problem
+                self._errors[region_id] = problem
+            if changed:
+                log.warning("region %s cannot be read, its usage metrics are left out: %s", region_id, problem)
+            return None, True
+        with self._errors_lock:
+            was = self._errors.pop(region_id, None)
+        if was is not None:
+            log.info("region %s is readable again", region_id)
+        return snap, False
+
+    def _forget(self, known: set[str]) -> None:
+        with self._errors_lock:
+            for rid in set(self._errors) - known:
+                del self._errors[rid]
 
 
-def region_reader() -> Callable[[str], object | None] | None:
+def region_reader() -> RegionReader | None:
     """memslice.interposer.region.read_region, or None (container usage metrics off) when unavailable."""
     try:
-        from memslice.interposer.region import read_region
-    except Exception as exc:  # library not built, cffi missing, ...
+        from memslice.interposer.region import layout, read_region
+
+        layout()  # the header is parsed now: a broken install shows at start, not at every scrape
+    except Exception as exc:  # header missing, cffi missing, ...
         log.warning("container usage metrics are off: the region reader is unavailable (%s)", exc)
         return None
     return read_region

@@ -15,6 +15,7 @@ from memslice.plugin.allocator import (
     AllocationError,
     Target,
     allocation_target,
+    check_disjoint,
     choose_preferred,
 )
 from memslice.plugin.devices import DeviceIdError
@@ -103,6 +104,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         try:
             targets = [allocation_target(list(c.devices_ids), st.gpus, healthy, st.unit_mib)
                        for c in request.container_requests]
+            check_disjoint(targets)
         except AllocationError as exc:
             self.metrics.allocate_errors.inc()
             log.warning("Allocate refused: %s", exc)

@@ -95,3 +95,9 @@ def test_demo_runs_and_explains():
     assert out.returncode == 0, out.stderr
     assert "REFUSED" in out.stdout and "cuMemAlloc_v2 of 3.0 GiB refused" in out.stdout
     assert out.stdout.count("running") == 3 and "What you just saw" in out.stdout
+
+
+@pytest.mark.parametrize("interval", ["0", "-1", "nan", "soon"])
+def test_top_refuses_a_refresh_period_it_cannot_keep(tmp_path, interval):
+    out = cli("top", "--once", "--interval", interval, str(tmp_path))
+    assert out.returncode == 2 and "not a refresh period in seconds from 0.1 to 3600" in out.stderr

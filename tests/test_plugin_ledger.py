@@ -41,3 +41,12 @@ def test_without_the_kubelet_record_only_gone_pods_are_removed():
     a, b = alloc(["g0-1"], uid="u1", pod="p"), alloc(["g0-2"], uid="u2", pod="q")
     r = reconcile({a.region_id: a, b.region_id: b}, None, {"u1"}, {}, {}, 1, 10**9, 30)
     assert r.removed == [a] and list(r.keep) == [b.region_id]
+
+
+def test_ids_this_agent_never_issues_in_the_kubelet_record_are_skipped_not_fatal():
+    a = alloc(["g0-1"], created=100)
+    live = [LiveContainer("ns", "odd", "c", ("nvidia0",)), LiveContainer("ns", "alias", "c", ("g0-01",)),
+            LiveContainer("ns", "p1", "c1", ("g0-1",))]
+    r = reconcile({a.region_id: a}, live, set(), {}, {0: "GPU-a"}, 4, 200, 30)
+    assert list(r.keep) == [a.region_id] and r.keep[a.region_id].pod == "p1"
+    assert not r.recovered and not r.removed

@@ -49,13 +49,17 @@ def xid(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
-    from memslice.interposer.region import read_region_file
+    from memslice.interposer.region import RegionError, read_region_file
     from memslice.top import render
 
     state = _state(args)
     if not state:
         return 2
-    snap = read_region_file(state)
+    try:
+        snap = read_region_file(state)
+    except RegionError as exc:
+        print(f"memslice sim: {exc}", file=sys.stderr)
+        return 1
     if snap is None:
         print(f"memslice sim: {state} does not exist yet", file=sys.stderr)
         return 2

@@ -15,20 +15,37 @@ from memslice.sizes import format_bytes
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("top", help="show live GPU memory per process of a container (its region)",
                        description="Show the quota, device and host (spilled) bytes of every process sharing "
-                                   "a region. REGION_DIR defaults to $MEMSLICE_REGION_DIR.")
+                                   "a region. Used is what live processes hold: a killed process's memory stops "
+                                   "counting at once. A region that cannot be read is reported and the others "
+                                   "are still shown (exit status 1 with --once/--json). REGION_DIR defaults to "
+                                   "$MEMSLICE_REGION_DIR.")
     p.add_argument("region_dirs", nargs="*", metavar="REGION_DIR")
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")
     p.add_argument("--json", action="store_true", help="print one machine-readable snapshot and exit")
-    p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="refresh period (default 1)")
+    p.add_argument("--interval", type=_interval, default=1.0, metavar="SECONDS",
+                   help="refresh period, 0.1 to 3600 (default 1)")
     p.set_defaults(func=main)
 
 
+def _interval(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not 0.1 <= v <= 3600:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a refresh period in seconds from 0.1 to 3600 (e.g. 2)")
+    return v
+
+
 def snapshot_json(snap: Any) -> dict[str, Any]:
-    """The --json form: devices and processes with device and host bytes."""
+    """The --json form: devices and processes with device and host bytes. A device's device_bytes is what
+    its live processes hold; charged_bytes is the shared total, which still includes the charges of killed
+    processes until a shim of the container reclaims them (before it would refuse an allocation)."""
     return {
         "region": snap.path,
         "devices": [{"uuid": d.uuid, "limit_bytes": d.limit_bytes, "device_bytes": d.used_bytes,
                      "host_bytes": d.host_bytes, "peak_bytes": d.peak_bytes, "physical_bytes": d.physical_bytes,
+                     "charged_bytes": d.charged_bytes,
                      "refused": d.refused, "spill_refused": d.spill_refused,
                      "spill_ratio": spill_ratio(d.used_bytes, d.host_bytes)} for d in snap.devices],
         "processes": [{"pid": p.pid, "command": p.comm, "alive": p.alive, "device_bytes": p.device_bytes,
@@ -68,15 +85,32 @@ def render(snaps: list[Any], title: str | None = None) -> str:
                 lines.append(f"  {p.pid:>8}  {p.comm[:16]:<16} {format_bytes(p.device_bytes):>10} "
                              f"{format_bytes(p.host_bytes):>10} {spill_ratio(p.device_bytes, p.host_bytes):>6.0%} "
                              f"{format_bytes(p.peak_bytes):>10} {p.refused:>7}  "
-                             f"{'running' if p.alive else 'dead (reclaimed on next allocation)'}")
+                             f"{'running' if p.alive else 'dead (not counted)'}")
         else:
             lines.append("  no process is using the GPU")
     return "\n".join(lines)
 
 
-def main(args: argparse.Namespace) -> int:
+def read_all(dirs: list[str]) -> tuple[list[Any], list[str], list[tuple[str, str]]]:
+    """(snapshots, directories with no region yet, (directory, problem) of regions that cannot be read).
+    One damaged region (its file is the tenant's to write) never hides the others."""
     from memslice.interposer.region import RegionError, read_region
 
+    snaps, missing, errors = [], [], []
+    for d in dirs:
+        try:
+            snap = read_region(d)
+        except (RegionError, OSError) as exc:
+            errors.append((d, str(exc)))
+            continue
+        if snap is None:
+            missing.append(d)
+        else:
+            snaps.append(snap)
+    return snaps, missing, errors
+
+
+def main(args: argparse.Namespace) -> int:
     dirs = args.region_dirs or ([os.environ["MEMSLICE_REGION_DIR"]] if os.environ.get("MEMSLICE_REGION_DIR") else [])
     if not dirs:
         print("memslice top: give a REGION_DIR (or set MEMSLICE_REGION_DIR)", file=sys.stderr)
@@ -86,20 +120,16 @@ def main(args: argparse.Namespace) -> int:
             print(f"memslice top: {d} is not a directory", file=sys.stderr)
             return 2
     while True:
-        try:
-            snaps = [read_region(d) for d in dirs]
-        except RegionError as exc:
-            print(f"memslice top: {exc}", file=sys.stderr)
-            return 1
-        present = [s for s in snaps if s is not None]
-        missing = [d for d, s in zip(dirs, snaps, strict=True) if s is None]
+        present, missing, errors = read_all(dirs)
         if args.json:
-            print(json.dumps({"regions": [snapshot_json(s) for s in present], "empty": missing}, indent=2))
-            return 0
-        text = render(present) + "".join(f"\nregion {d}: no process has used the GPU yet" for d in missing)
+            print(json.dumps({"regions": [snapshot_json(s) for s in present], "empty": missing,
+                              "errors": [{"region": d, "error": e} for d, e in errors]}, indent=2))
+            return 1 if errors else 0
+        text = (render(present) + "".join(f"\nregion {d}: no process has used the GPU yet" for d in missing)
+                + "".join(f"\nregion {d}: cannot be read: {e}" for d, e in errors)).lstrip("\n")
         if args.once:
             print(text)
-            return 0
+            return 1 if errors else 0
         sys.stdout.write("\x1b[H\x1b[2J" + time.strftime("%H:%M:%S ") + "memslice top (Ctrl-C to quit)\n" + text + "\n")
         sys.stdout.flush()
         try:
