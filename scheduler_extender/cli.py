@@ -99,6 +99,23 @@ def scheduler_names(text: str) -> tuple[str, ...] | str:
     return names
 
 
+M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8  # glibc mallopt parameters (malloc.h)
+
+
+def tune_malloc() -> bool:
+    """Why: each connection's thread would get its own glibc malloc arena, and glibc raises its mmap
+    threshold after the first large free, so the memory of a large request, once freed, stayed in the
+    process (RSS crept up ~30 MiB per large request). Two arenas and a fixed 128 KiB mmap threshold give
+    large buffers back to the system when freed. Call before threads start; False where not glibc."""
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_ARENA_MAX, 2)) and bool(mallopt(M_MMAP_THRESHOLD, 128 << 10))
+
+
 SYNC_GC_GRACE = 300  # seconds the collector may stay off while the first list of nodes and pods runs
 POOL_SIZE = 64  # HTTP connections kept to the API server: binds run concurrently (one per scheduler bind)
 
@@ -129,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
 
     from memslice.scheduler_extender.app import Config, Extender
 
+    tune_malloc()
     logging.basicConfig(level=str(args.log_level).upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.policy not in ("binpack", "spread"):  # from the environment, which argparse does not check

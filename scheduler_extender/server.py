@@ -48,6 +48,8 @@ SMALL_BODY = 256 << 10  # bodies up to this size use the small budget (a filter 
 SMALL_BUDGET = 64 << 20  # bytes of request_cost that small bodies may hold at once
 WAIT_S = 10.0  # the longest a request waits for budget (kube-scheduler's httpTimeout in deploy/base)
 BODY_TIMEOUT_S = 10.0  # the whole body must arrive within this
+ANSWER_TIMEOUT_S = 10.0  # the whole answer must be taken within this (over TLS: each write)
+LINGER_S, LINGER_BYTES = 2.0, 64 << 20  # what a refused body's sender may still send, dropped unread
 
 
 def request_cost(length: int) -> int:
@@ -163,7 +165,28 @@ class _Handler(LeanRequestHandler):
         except (ssl.SSLError, ConnectionError, TimeoutError, OSError):
             pass
 
+    unread = False  # the request declared a body this handler did not read (a refusal)
+
+    def _linger(self) -> None:
+        """Why: a client still sending a body that was refused would get a reset (and lose the answer) if the
+        socket closed under it; so take in and drop what it sends, bounded in time and bytes, keeping none."""
+        try:
+            if not isinstance(self.connection, ssl.SSLSocket):
+                self.connection.shutdown(socket.SHUT_WR)
+            buf = bytearray(1 << 16)
+            deadline, got = time.monotonic() + LINGER_S, 0
+            while got < LINGER_BYTES and (left := deadline - time.monotonic()) > 0:
+                self.connection.settimeout(left)
+                n = self.connection.recv_into(buf)
+                if not n:
+                    break
+                got += n
+        except (OSError, ValueError):
+            pass
+
     def finish(self) -> None:
+        if self.unread and self.close_connection:
+            self._linger()
         with self.server.conns_lock:
             self.server.conns.discard(self.connection)
         try:
@@ -212,7 +235,7 @@ class _Handler(LeanRequestHandler):
         t0 = time.perf_counter()
         verb = self.path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
         if self.server.health_only:
-            self.close_connection = True
+            self.close_connection = self.unread = True
             return self._json(404, {"Error": "this port serves only GET /healthz, /readyz and /metrics; the "
                                              "verbs are served on the extender's main port"})
         if verb not in VERBS:
@@ -220,10 +243,10 @@ class _Handler(LeanRequestHandler):
             code, obj = 404, {"Error": f"no such verb {self.path!r}; use /filter, /prioritize, /bind or "
                                        f"/preempt"}
             self._drain_or_close()
+            self._json(code, obj)
         else:
             verb_label = verb
-            code, obj = self._handle_verb(verb)
-        self._json(code, obj)
+            code = self._handle_verb(verb)
         requests, latency = self.server.metric_children(verb_label, code)
         requests.inc()
         latency.observe(time.perf_counter() - t0)
@@ -237,43 +260,44 @@ class _Handler(LeanRequestHandler):
     def _drain_or_close(self) -> None:
         """After a request whose body nobody reads: keep the connection only when there is no body."""
         if (self.headers.get("Content-Length") or "0").strip() != "0" or "Transfer-Encoding" in self.headers:
-            self.close_connection = True
+            self.close_connection = self.unread = True
 
-    def _read_body(self) -> tuple[int, bytes | str]:
+    def _read_body(self) -> tuple[int, bytearray | str]:
         """(200, body) or (status, message). The caller holds the budget for len(body) (see _handle_verb)."""
-        length = self.headers.get("Content-Length")
-        data = bytearray()
+        n = int(self.headers.get("Content-Length") or 0)
+        data = bytearray(n)  # the budget covers it; filled in place, never copied
+        view, got = memoryview(data), 0
         deadline = time.monotonic() + BODY_TIMEOUT_S
-        n = int(length or 0)
         try:
-            while len(data) < n:
+            while got < n:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError
                 self.connection.settimeout(left)
-                chunk = self.rfile.read1(min(n - len(data), 1 << 20))
-                if not chunk:
+                k = self.rfile.readinto1(view[got:])
+                if not k:
                     break
-                data += chunk
+                got += k
         except TimeoutError:
-            self.close_connection = True
+            self.close_connection = self.unread = True
             return 408, (f"request body of {n} bytes did not arrive within {BODY_TIMEOUT_S:g} s "
-                         f"({len(data)} bytes came)")
+                         f"({got} bytes came)")
         finally:
+            view.release()
             self.connection.settimeout(self.timeout)
-        if len(data) != n:
+        if got != n:
             self.close_connection = True
-            return 400, f"request body ended after {len(data)} of {n} bytes"
+            return 400, f"request body ended after {got} of {n} bytes"
         values = json_values_bound(data)
         if values > MAX_JSON_VALUES:
             return 413, (f"request body may hold {values} JSON values; at most {MAX_JSON_VALUES} are parsed "
                          f"(a filter of 50,000 nodes holds about 52,000)")
-        return 200, bytes(data)
+        return 200, data
 
     def _length(self) -> tuple[int, int | str]:
         """(200, Content-Length) or (status, message) before anything is read."""
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            self.close_connection = True
+            self.close_connection = self.unread = True
             return 411, "chunked request bodies are not accepted; send a Content-Length"
         length = self.headers.get("Content-Length")
         if length is None or not length.strip().isdigit():
@@ -281,25 +305,35 @@ class _Handler(LeanRequestHandler):
             return 411, f"a Content-Length header is required (got {length!r})"
         n = int(length)
         if n > self.server.max_body:
-            self.close_connection = True
+            self.close_connection = self.unread = True
             return 413, (f"request body of {n} bytes is larger than the limit of {self.server.max_body} "
                          f"bytes (--max-body-mib)")
         return 200, n
 
-    def _handle_verb(self, verb: str) -> tuple[int, Any]:
+    def _handle_verb(self, verb: str) -> int:
+        """Answer a verb; the status sent. The budget is held from before the body is read until the answer
+        (built from it) has been written, which a slow reader may delay by ANSWER_TIMEOUT_S at most."""
         status, length = self._length()
         if status != 200:
             assert isinstance(length, str)
-            return status, _error_body(verb, length)
+            self._json(status, _error_body(verb, length))
+            return status
         assert isinstance(length, int)
         budget = self.server.small_budget if length <= SMALL_BODY else self.server.large_budget
         held = budget.acquire(request_cost(length), WAIT_S)
         if held is None:
-            self.close_connection = True  # the body stays unread
-            return 503, _error_body(verb, f"the extender is busy with other large requests; a body of {length} "
-                                          f"bytes waited {WAIT_S:g} s for memory (try again)")
+            self.close_connection = self.unread = True
+            self._json(503, _error_body(verb, f"the extender is busy with other large requests; a body of "
+                                              f"{length} bytes waited {WAIT_S:g} s for memory (try again)"))
+            return 503
         try:
-            return self._parse_and_run(verb)
+            code, obj = self._parse_and_run(verb)
+            self.connection.settimeout(ANSWER_TIMEOUT_S)  # sendall: a bound on the whole answer (TCP)
+            try:
+                self._json(code, obj)
+            finally:
+                self.connection.settimeout(self.timeout)
+            return code
         finally:
             budget.release(held)
 
@@ -308,7 +342,7 @@ class _Handler(LeanRequestHandler):
         if status != 200:
             assert isinstance(data, str)
             return status, _error_body(verb, data)
-        assert isinstance(data, bytes)
+        assert isinstance(data, bytearray)
         try:
             body = orjson.loads(data)
         except (ValueError, RecursionError) as exc:
