@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import pytest
 from kube_standin import KubeApiStandin
-from test_extender_support import Client, node_obj, pod_obj
+from test_extender_support import node_obj, pod_obj
 
 MIB = 1 << 20
 ROOM_MIB = 128  # what one request may add to the extender's memory (issue 11)
