@@ -25,7 +25,8 @@ RESOURCE = "memslice.io/gpu-mem"
 SCHEDULER_NAME = "memslice-scheduler"
 # Every kustomization a user may apply, and what it is for.
 KUSTOMIZATIONS = ("base", "overlays/simulated", "overlays/cdi", "monitoring")
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass", "RuntimeClass"}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass", "RuntimeClass",
+                  "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 
 Manifest = dict[str, Any]
 

@@ -181,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
         print("memslice extender-certs: wrote " + ", ".join(paths))
         return 0
     from kubernetes import client
+
     from memslice.scheduler_extender.cli import load_api_client
 
     try:
