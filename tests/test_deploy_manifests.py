@@ -24,9 +24,10 @@ from test_deploy_render import (
 import memslice
 
 K8S_VERSION = all_versions()[-1]  # the newest release kubernetes-validate ships schemas for
-OUR_WORKLOADS = ("base", "overlays/simulated", "overlays/cdi")
+OUR_WORKLOADS = ("base", "overlays/simulated", "overlays/cdi", "overlays/cert-manager")
 # Custom resources have no schema in kubernetes-validate; checked field by field below.
-CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("cert-manager.io/v1", "Issuer"),
+             ("cert-manager.io/v1", "Certificate")}
 
 
 def validate_strict(obj: Manifest) -> None:
