@@ -27,11 +27,16 @@ def _positive(kind: type, what: str) -> Any:
     return parse
 
 
-def _port(text: str) -> int:
-    if not text.isdigit() or not 0 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"--port={text!r} is not a TCP port; give 0..65535 "
-                                         f"(0: any free port)")
-    return int(text)
+def _port_of(flag: str) -> Any:
+    def parse(text: str) -> int:
+        if not text.isdigit() or not 0 <= int(text) <= 65535:
+            raise argparse.ArgumentTypeError(f"{flag}={text!r} is not a TCP port; give 0..65535 "
+                                             f"(0: any free port)")
+        return int(text)
+    return parse
+
+
+_port = _port_of("--port")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -62,7 +67,7 @@ def add_parser(subparsers: Any) -> None:
                    help=f"private key of --tls-cert-file (${ENV}TLS_KEY_FILE)")
     p.add_argument("--tls-client-ca-file", default=_env("TLS_CLIENT_CA_FILE", None),
                    help=f"require client certificates signed by this CA (${ENV}TLS_CLIENT_CA_FILE)")
-    p.add_argument("--health-port", type=_port, default=_env("HEALTH_PORT", None),
+    p.add_argument("--health-port", type=_port_of("--health-port"), default=_env("HEALTH_PORT", None),
                    help=f"also serve GET /healthz /readyz /metrics (and nothing else) over plain HTTP on this "
                         f"port, for probes and Prometheus when --port requires client certificates "
                         f"(${ENV}HEALTH_PORT); default: none")

@@ -52,10 +52,11 @@ def scheduler_pod() -> dict[str, Any]:
                     {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
                     {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {
                         "apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]}}])
+    token = {"name": "kube-api-access-x7k2p", "readOnly": True,
+             "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}
     for c in spec["containers"]:
         c.update(terminationMessagePath="/dev/termination-log", terminationMessagePolicy="File",
-                 imagePullPolicy="Always", volumeMounts=[{"name": "kube-api-access-x7k2p", "readOnly": True,
-                                                          "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}])
+                 imagePullPolicy="Always", volumeMounts=[token])
     pod["status"] = {"phase": "Pending", "qosClass": "Burstable", "conditions": [{
         "type": "PodScheduled", "status": "False", "lastProbeTime": None,
         "lastTransitionTime": "2026-11-23T10:00:01Z", "reason": "Unschedulable",
