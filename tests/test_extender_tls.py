@@ -129,3 +129,10 @@ def test_extender_certs_writes_two_tls_secrets_once(tmp_path: Path) -> None:
         assert again["data"]["ca.crt"] != server["data"]["ca.crt"]
         assert again["data"]["ca.crt"] == kube.get("Secret", "ms", "memslice-scheduler-extender-client")["data"][
             "ca.crt"]
+
+
+def test_the_servers_own_certificate_is_no_client_certificate(cluster: Cluster, pki: tuple[Path, Path]) -> None:
+    """Same CA, wrong purpose: the extender's serverAuth certificate (which the extender's pod holds) does not
+    open the verbs to whoever presents it as a client."""
+    d = pki[0]
+    refused(cluster, client_context(d / "ca.crt", d / "server.crt", d / "server.key"))
