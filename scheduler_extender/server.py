@@ -268,12 +268,14 @@ class _Handler(LeanRequestHandler):
         data = bytearray(n)  # the budget covers it; filled in place, never copied
         view, got = memoryview(data), 0
         deadline = time.monotonic() + BODY_TIMEOUT_S
+        timed = False
         try:
             while got < n:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError
-                self.connection.settimeout(left)
+                self.connection.settimeout(left)  # per read: the whole body within the deadline
+                timed = True
                 k = self.rfile.readinto1(view[got:])
                 if not k:
                     break
@@ -284,7 +286,8 @@ class _Handler(LeanRequestHandler):
                          f"({got} bytes came)")
         finally:
             view.release()
-            self.connection.settimeout(self.timeout)
+            if timed:
+                self.connection.settimeout(self.timeout)
         if got != n:
             self.close_connection = True
             return 400, f"request body ended after {got} of {n} bytes"
@@ -328,6 +331,9 @@ class _Handler(LeanRequestHandler):
             return 503
         try:
             code, obj = self._parse_and_run(verb)
+            if budget is self.server.small_budget:  # an answer that fits the socket's buffers
+                self._json(code, obj)
+                return code
             self.connection.settimeout(ANSWER_TIMEOUT_S)  # sendall: a bound on the whole answer (TCP)
             try:
                 self._json(code, obj)
