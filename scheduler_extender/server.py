@@ -9,7 +9,8 @@ handler is memslice.lean_http's: the stdlib's with a faster header parser and on
 Hostile input (docs/architecture.md, "Request limits"): bodies need exactly one Content-Length (411
 otherwise; two, or one with Transfer-Encoding: 400) no larger than --max-body-mib (413, the body is not
 read and the connection is closed). What parsing a body can cost is bounded before it is read:
-`request_cost` (the body plus BYTES_PER_VALUE for each JSON value it can hold) is taken from one of two
+`request_cost` (the body plus BYTES_PER_VALUE for each JSON value it can hold; once the body is read and
+its values counted, only the body plus BYTES_PER_VALUE per value counted is kept) is taken from one of two
 byte budgets, small bodies' and large bodies', so large requests queue among themselves (at most
 WAIT_S, then 503) and never in front of small ones; after the read, a body that may hold more than
 MAX_JSON_VALUES values gets 413 unparsed (a few C-speed byte counts), and nesting deeper than the parser's
@@ -295,6 +296,7 @@ class _Handler(LeanRequestHandler):
         if values > MAX_JSON_VALUES:
             return 413, (f"request body may hold {values} JSON values; at most {MAX_JSON_VALUES} are parsed "
                          f"(a filter of 50,000 nodes holds about 52,000)")
+        self._keep_only(n + BYTES_PER_VALUE * values)
         return 200, data
 
     def _length(self) -> tuple[int, int | str]:
@@ -329,6 +331,7 @@ class _Handler(LeanRequestHandler):
             self._json(503, _error_body(verb, f"the extender is busy with other large requests; a body of "
                                               f"{length} bytes waited {WAIT_S:g} s for memory (try again)"))
             return 503
+        self._budget, self._held = budget, held
         try:
             code, obj = self._parse_and_run(verb)
             if budget is self.server.small_budget:  # an answer that fits the socket's buffers
@@ -341,7 +344,16 @@ class _Handler(LeanRequestHandler):
                 self.connection.settimeout(self.timeout)
             return code
         finally:
-            budget.release(held)
+            budget.release(self._held)
+
+    _budget: ByteBudget
+    _held = 0
+
+    def _keep_only(self, cost: int) -> None:
+        """Once the body is read and its values counted: give back what the request will not need."""
+        if cost < self._held:
+            self._budget.release(self._held - cost)
+            self._held = cost
 
     def _parse_and_run(self, verb: str) -> tuple[int, Any]:
         status, data = self._read_body()

@@ -7,13 +7,23 @@ answered; docs/architecture.md, "Request limits", has the figures."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from memslice.scheduler_extender.app import Config
 from memslice.scheduler_extender.cli import DEFAULT_MAX_BODY_MIB
-from memslice.scheduler_extender.server import MAX_JSON_VALUES, SMALL_BODY, json_values_bound, request_cost
+from memslice.scheduler_extender.server import (
+    BYTES_PER_VALUE,
+    MAX_JSON_VALUES,
+    SMALL_BODY,
+    ByteBudget,
+    json_values_bound,
+    request_cost,
+)
 from test_deploy_examples import example
 from test_extender_support import node_obj, running_cluster
 
@@ -94,3 +104,37 @@ def test_a_50000_node_filter_with_the_longest_names_is_answered() -> None:
         assert status == 200, raw[:300]
         answer = json.loads(raw)
         assert answer["NodeNames"] == [NAME_STYLES["longest"](7)] and len(answer["FailedNodes"]) == 49_999
+
+
+def count_values(v: Any) -> int:
+    """JSON values and object keys in a parsed document."""
+    if isinstance(v, dict):
+        return 1 + sum(1 + count_values(x) for x in v.values())
+    if isinstance(v, list):
+        return 1 + sum(count_values(x) for x in v)
+    return 1
+
+
+json_docs = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda kids: st.lists(kids, max_size=5) | st.dictionaries(st.text(max_size=5), kids, max_size=5), max_leaves=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(doc=json_docs, compact=st.booleans())
+def test_the_value_bound_is_never_below_the_values_parsed(doc: Any, compact: bool) -> None:
+    text = json.dumps(doc, separators=(",", ":") if compact else None).encode()
+    assert json_values_bound(text) >= count_values(doc)
+    assert request_cost(len(text)) >= len(text) + BYTES_PER_VALUE * count_values(doc)
+
+
+def test_byte_budget_waits_with_a_bound_and_serves_in_turn() -> None:
+    budget = ByteBudget(100)
+    assert budget.acquire(1000, 0) == 100  # larger than the budget: runs alone
+    assert budget.acquire(1, 0.05) is None  # bounded wait, then refused
+    got: list[int | None] = []
+    waiter = threading.Thread(target=lambda: got.append(budget.acquire(60, 10)))
+    waiter.start()
+    budget.release(100)
+    waiter.join(10)
+    assert got == [60] and budget.held == 60
