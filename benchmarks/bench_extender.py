@@ -87,8 +87,9 @@ def serve_standin(args: argparse.Namespace) -> None:
     for i in range(args.pending):
         mib = rng.choice(sizes)
         kube.put({"kind": "Pod", "metadata": {"name": f"new-{i:06d}", "namespace": "bench"},
-                  "spec": {"containers": [{"name": "main", "image": "cuda", "resources": {
-                      "limits": {"memslice.io/gpu-mem": str(mib)}}}]}})
+                  "spec": {"schedulerName": "memslice-scheduler",  # the extender binds only its scheduler's pods
+                           "containers": [{"name": "main", "image": "cuda", "resources": {
+                               "limits": {"memslice.io/gpu-mem": str(mib)}}}]}})
     print(kube.url, flush=True)
     sys.stdin.read()  # until the parent closes our stdin
     kube.stop()
@@ -231,7 +232,8 @@ def pct(values: list[float], q: float) -> float:
 
 def pending_pod(name: str, mib: int) -> dict:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "bench"},
-            "spec": {"containers": [{"name": "main", "image": "cuda",
+            "spec": {"schedulerName": "memslice-scheduler",  # the extender binds only its scheduler's pods
+                     "containers": [{"name": "main", "image": "cuda",
                                      "resources": {"limits": {"memslice.io/gpu-mem": str(mib)}}}]}}
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from memslice.scheduler_extender.binder import Binder
+from memslice.scheduler_extender.binder import DEFAULT_SCHEDULER_NAMES, Binder, ServedPods
 from memslice.scheduler_extender.metrics import Metrics
 from memslice.scheduler_extender.podwrites import PodWriter
 from memslice.scheduler_extender.server import ExtenderHTTPServer, tls_context
@@ -30,11 +30,13 @@ class Config:
     port: int = 8888
     policy: str = "binpack"
     assume_ttl: float = 120.0
-    max_body_bytes: int = 16 << 20
+    max_body_bytes: int = 8 << 20
     watch_timeout: int = 300
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     tls_client_ca_file: str | None = None
+    scheduler_names: tuple[str, ...] = DEFAULT_SCHEDULER_NAMES  # /bind serves pods of these schedulers only
+    health_port: int | None = None  # plain-HTTP /healthz /readyz /metrics only (None: none)
 
 
 class Extender:
@@ -46,7 +48,11 @@ class Extender:
         self.state = ClusterState(assume_ttl=config.assume_ttl, clock=clock)
         self.metrics = Metrics(self.state)
         self.writer = PodWriter(api_client)
-        self.binder = Binder(self.core, self.writer, self.state, config.policy, clock)
+        if not config.scheduler_names:
+            raise ValueError("no scheduler names to serve; give --scheduler-names NAME[,NAME...] (the "
+                             "schedulerName of the memslice scheduler profile)")
+        self.served = ServedPods(frozenset(config.scheduler_names))
+        self.binder = Binder(self.core, self.writer, self.state, config.policy, clock, self.served)
         self.verbs = Verbs(self.state, self.binder, config.policy, self.metrics)
         self._stop = threading.Event()
         restart = self.metrics.watch_restarts
@@ -63,19 +69,43 @@ class Extender:
                          resource_version(obj.get("metadata") or {})),
                      synced=self.state.nodes_synced, stop=self._stop, watch_timeout=config.watch_timeout,
                      on_restart=on_restart),
-            Informer("pods", self.core.list_pod_for_all_namespaces, on_replace=self.state.replace_pods,
-                     on_upsert=self.state.upsert_pod, on_delete=self.state.delete_pod,
+            Informer("pods", self.core.list_pod_for_all_namespaces, on_replace=self._replace_pods,
+                     on_upsert=self._upsert_pod, on_delete=self._delete_pod,
                      synced=self.state.pods_synced, stop=self._stop, field_selector=POD_SELECTOR,
-                     watch_timeout=config.watch_timeout, on_restart=on_restart, convert=pod_entry),
+                     watch_timeout=config.watch_timeout, on_restart=on_restart, convert=self._pod_entry),
         ]
         tls = None
+        if config.tls_client_ca_file and not config.tls_cert_file:
+            raise ValueError("--tls-client-ca-file needs --tls-cert-file and --tls-key-file: client certificates "
+                             "are checked only over TLS")
         if config.tls_cert_file or config.tls_key_file:
             if not (config.tls_cert_file and config.tls_key_file):
                 raise ValueError("TLS needs both --tls-cert-file and --tls-key-file")
             tls = tls_context(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file)
         self.httpd = ExtenderHTTPServer((config.address, config.port), self.verbs, self.metrics,
                                         lambda: self.state.synced, config.max_body_bytes, tls)
-        self._serve: threading.Thread | None = None
+        self.health_httpd = None if config.health_port is None else ExtenderHTTPServer(
+            (config.address, config.health_port), self.verbs, self.metrics, lambda: self.state.synced, 0, None,
+            health_only=True)
+        self._serve: list[threading.Thread] = []
+
+    # The pod watch feeds ServedPods (which pods the binder may take from its cache) before the state, so a
+    # pod the state has is one ServedPods has seen too.
+    def _pod_entry(self, obj: dict[str, Any]) -> Any:
+        self.served.note(obj)
+        return pod_entry(obj)
+
+    def _replace_pods(self, entries: list[Any], rv: int) -> None:
+        self.served.keep_only(e[0] for e in entries if e is not None)
+        self.state.replace_pods(entries, rv)
+
+    def _upsert_pod(self, obj: dict[str, Any]) -> None:
+        self.served.note(obj)
+        self.state.upsert_pod(obj)
+
+    def _delete_pod(self, obj: dict[str, Any]) -> None:
+        self.served.forget(obj)
+        self.state.delete_pod(obj)
 
     @property
     def port(self) -> int:
@@ -87,12 +117,25 @@ class Extender:
         host = self.config.address if self.config.address not in ("0.0.0.0", "") else "127.0.0.1"
         return f"{scheme}://{host}:{self.port}"
 
+    @property
+    def health_url(self) -> str | None:
+        """http://host:port of the health-only server (--health-port), or None."""
+        if self.health_httpd is None:
+            return None
+        host = self.config.address if self.config.address not in ("0.0.0.0", "") else "127.0.0.1"
+        return f"http://{host}:{self.health_httpd.server_address[1]}"
+
+    def _servers(self) -> list[ExtenderHTTPServer]:
+        return [self.httpd] + ([self.health_httpd] if self.health_httpd is not None else [])
+
     def start(self) -> Extender:
         for inf in self.informers:
             inf.start()
-        self._serve = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1},
-                                       name="extender-http", daemon=True)
-        self._serve.start()
+        for httpd in self._servers():
+            thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                                      name="extender-http", daemon=True)
+            thread.start()
+            self._serve.append(thread)
         log.info("memslice extender listening on %s (policy %s)", self.url, self.config.policy)
         return self
 
@@ -105,11 +148,12 @@ class Extender:
         self._stop.set()
         for inf in self.informers:
             inf.stop()
-        if self._serve is not None:  # shutdown() waits for serve_forever(), which only start() runs
-            self.httpd.shutdown()
-            self._serve = None
-        self.httpd.close_connections()
-        self.httpd.server_close()
+        for httpd in self._servers():
+            if self._serve:  # shutdown() waits for serve_forever(), which only start() runs
+                httpd.shutdown()
+            httpd.close_connections()
+            httpd.server_close()
+        self._serve = []
         self.writer.close()
         for inf in self.informers:
             inf.join(5)

@@ -14,6 +14,16 @@ Undo: a JSON patch that `test`s our `assumed-at` value before removing the three
 removes a newer reservation. If the undo itself fails, the reservation stays on the unbound pod and stops
 counting after `--assume-ttl` (state.py).
 
+Who may be bound (every check before anything is written; a refusal is an `Error` and writes nothing):
+- the request names the pod's UID (an empty PodUID is refused by the wire decoder) and it is the UID of the
+  pod of that name now;
+- the pod's spec.schedulerName is one the extender serves (--scheduler-names): the extender never binds
+  pods another scheduler owns, whoever asks;
+- the node is one the extender knows from its node watch; a pod asking for memslice.io/gpu-mem goes only
+  to a memslice node where a healthy GPU has room (the GPU is chosen here, on that node's view).
+The watch cache answers "which scheduler" only for pods ServedPods has seen pending with a served
+scheduler name (spec.schedulerName is immutable); any other pod is read from the API server and checked.
+
 The two writes go through podwrites.PodWriter (the official client's pool, without the generated layer:
 see there why); the pod is read, when the watch cache cannot answer, through the generated API.
 """
@@ -22,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,10 +84,57 @@ def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
+DEFAULT_SCHEDULER_NAMES = ("memslice-scheduler",)
+
+
+class ServedPods:
+    """UIDs of the pending pods (no spec.nodeName) whose spec.schedulerName the extender serves, kept from
+    the pod watch (see Extender): the binder trusts its watch cache for a pod only when the UID is here.
+    Bounded by the number of pending pods of the memslice scheduler; a pod leaves when it is bound or
+    deleted, and a relist keeps only the UIDs it listed."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        self.names = names
+        self._uids: set[str] = set()
+        self._lock = threading.Lock()
+
+    def note(self, obj: dict[str, Any]) -> None:
+        """A pod as the watch delivered it (added or modified)."""
+        uid = (obj.get("metadata") or {}).get("uid")
+        if not isinstance(uid, str):
+            return
+        spec = obj.get("spec") or {}
+        served = not spec.get("nodeName") and spec.get("schedulerName") in self.names
+        with self._lock:
+            if served:
+                self._uids.add(uid)
+            else:
+                self._uids.discard(uid)
+
+    def forget(self, obj: dict[str, Any]) -> None:
+        uid = (obj.get("metadata") or {}).get("uid")
+        with self._lock:
+            self._uids.discard(uid)  # type: ignore[arg-type]
+
+    def keep_only(self, uids: Iterable[str]) -> None:
+        """After a relist: only the UIDs listed stay (the list's notes added them; pods deleted meanwhile go)."""
+        with self._lock:
+            self._uids = {uid for uid in uids if uid in self._uids}
+
+    def __contains__(self, uid: object) -> bool:
+        with self._lock:
+            return uid in self._uids
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._uids)
+
+
 class Binder:
     def __init__(self, core: Any, writer: PodWriter, state: ClusterState, default_policy: str,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], served: ServedPods | None = None) -> None:
         self.core = core
+        self.served = served if served is not None else ServedPods(frozenset(DEFAULT_SCHEDULER_NAMES))
         self.writer = writer
         self.state = state
         self.default_policy = default_policy
@@ -114,7 +171,7 @@ class Binder:
                                    f"{exc.status} {exc.reason}") from None
         pod = orjson.loads(_body(resp))
         uid = pod["metadata"].get("uid", "")
-        if args.pod_uid and uid != args.pod_uid:
+        if uid != args.pod_uid:
             raise BindError("uid", f"pod {args.pod_namespace}/{args.pod_name} has UID {uid}, not "
                                    f"{args.pod_uid} (it was deleted and re-created); the scheduler will "
                                    f"retry the new pod")
@@ -125,10 +182,15 @@ class Binder:
         (saves a GET per bind; a stale cache only costs a 409 and a re-read), else from the API server."""
         rec = self.state.pod(args.pod_namespace, args.pod_name)
         if (rec is not None and rec.node is None and rec.reservation is None and rec.request is not None
-                and (not args.pod_uid or rec.uid == args.pod_uid) and rec.rv):
+                and rec.uid == args.pod_uid and rec.rv and rec.uid in self.served):
             return PodFacts(rec.uid, str(rec.rv), None, rec.request, None)
         pod = self._read_pod(args)
         where = f"pod {args.pod_namespace}/{args.pod_name}"
+        scheduler = (pod.get("spec") or {}).get("schedulerName")
+        if scheduler not in self.served.names:
+            raise BindError("scheduler", f"{where} has schedulerName {scheduler!r}; the memslice extender "
+                                         f"binds only pods of {', '.join(sorted(self.served.names))} "
+                                         f"(--scheduler-names)")
         try:
             request = pod_request(pod)
         except RequestError as exc:
@@ -145,6 +207,9 @@ class Binder:
                 return BindOutcome(facts.gpu_uuid, 0)
             raise BindError("already_bound", f"{where} is already bound to node {facts.node}")
         request = facts.request
+        if not self.state.knows_node(args.node):
+            raise BindError("unknown_node", f"node {args.node} is unknown to the extender (not in its "
+                                            f"node watch); {where} is not bound")
         if request is None:  # not a memslice pod: plain binding
             self._post_binding(args, facts.uid)
             return BindOutcome(None, 0)

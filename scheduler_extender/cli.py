@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from typing import Any
 
 ENV = "MEMSLICE_EXTENDER_"
@@ -26,11 +27,16 @@ def _positive(kind: type, what: str) -> Any:
     return parse
 
 
-def _port(text: str) -> int:
-    if not text.isdigit() or not 0 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"--port={text!r} is not a TCP port; give 0..65535 "
-                                         f"(0: any free port)")
-    return int(text)
+def _port_of(flag: str) -> Any:
+    def parse(text: str) -> int:
+        if not text.isdigit() or not 0 <= int(text) <= 65535:
+            raise argparse.ArgumentTypeError(f"{flag}={text!r} is not a TCP port; give 0..65535 "
+                                             f"(0: any free port)")
+        return int(text)
+    return parse
+
+
+_port = _port_of("--port")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -61,15 +67,58 @@ def add_parser(subparsers: Any) -> None:
                    help=f"private key of --tls-cert-file (${ENV}TLS_KEY_FILE)")
     p.add_argument("--tls-client-ca-file", default=_env("TLS_CLIENT_CA_FILE", None),
                    help=f"require client certificates signed by this CA (${ENV}TLS_CLIENT_CA_FILE)")
+    p.add_argument("--health-port", type=_port_of("--health-port"), default=_env("HEALTH_PORT", None),
+                   help=f"also serve GET /healthz /readyz /metrics (and nothing else) over plain HTTP on this "
+                        f"port, for probes and Prometheus when --port requires client certificates "
+                        f"(${ENV}HEALTH_PORT); default: none")
+    p.add_argument("--scheduler-names", default=_env("SCHEDULER_NAMES", "memslice-scheduler"),
+                   metavar="NAME[,NAME...]",
+                   help=f"/bind binds only pods whose spec.schedulerName is one of these: the profile names "
+                        f"of the kube-scheduler that calls this extender (${ENV}SCHEDULER_NAMES)")
     p.add_argument("--max-body-mib", type=_positive(int, "--max-body-mib"),
-                   default=_env("MAX_BODY_MIB", "16"),
-                   help=f"largest request body accepted, MiB (${ENV}MAX_BODY_MIB)")
+                   default=_env("MAX_BODY_MIB", str(DEFAULT_MAX_BODY_MIB)),
+                   help=f"largest request body accepted, MiB; a filter call of a 50,000-node cluster is "
+                        f"about 2 MiB (${ENV}MAX_BODY_MIB)")
     p.add_argument("--watch-timeout", type=_positive(int, "--watch-timeout"),
                    default=_env("WATCH_TIMEOUT", "300"), metavar="SECONDS",
                    help=f"length of one watch request before it is renewed (${ENV}WATCH_TIMEOUT)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
                    default=_env("LOG_LEVEL", "info"), help=f"(${ENV}LOG_LEVEL)")
     p.set_defaults(func=run)
+
+
+DEFAULT_MAX_BODY_MIB = 8  # docs/architecture.md, "Request limits": 4x the filter body of 50,000 nodes
+
+
+DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def scheduler_names(text: str) -> tuple[str, ...] | str:
+    """The names of --scheduler-names, or the error message naming the bad value (a pod's
+    spec.schedulerName is a DNS-1123 subdomain)."""
+    names = tuple(n.strip() for n in text.split(","))
+    bad = [n for n in names if len(n) > 253 or not DNS1123_SUBDOMAIN.fullmatch(n)]
+    if bad:
+        return (f"--scheduler-names={text!r}: {bad[0]!r} is not a scheduler name; give a comma-separated list "
+                f"of lower-case DNS names such as memslice-scheduler")
+    return names
+
+
+M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8  # glibc mallopt parameters (malloc.h)
+
+
+def tune_malloc() -> bool:
+    """Why: each connection's thread would get its own glibc malloc arena, and glibc raises its mmap
+    threshold after the first large free, so the memory of a large request, once freed, stayed in the
+    process (RSS crept up ~30 MiB per large request). Two arenas and a fixed 128 KiB mmap threshold give
+    large buffers back to the system when freed. Call before threads start; False where not glibc."""
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_ARENA_MAX, 2)) and bool(mallopt(M_MMAP_THRESHOLD, 128 << 10))
 
 
 SYNC_GC_GRACE = 300  # seconds the collector may stay off while the first list of nodes and pods runs
@@ -102,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
 
     from memslice.scheduler_extender.app import Config, Extender
 
+    tune_malloc()
     logging.basicConfig(level=str(args.log_level).upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.policy not in ("binpack", "spread"):  # from the environment, which argparse does not check
@@ -114,7 +164,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"memslice extender: cannot load a Kubernetes configuration ({exc}); set --kubeconfig or "
               f"KUBECONFIG, or run in a pod with a service account", file=sys.stderr)
         return 2
-    cfg = Config(address=args.address, port=int(args.port), policy=args.policy,
+    names = scheduler_names(str(args.scheduler_names))
+    if isinstance(names, str):
+        print(f"memslice extender: {names}", file=sys.stderr)
+        return 2
+    cfg = Config(address=args.address, port=int(args.port), policy=args.policy, scheduler_names=names,
+                 health_port=None if args.health_port is None else int(args.health_port),
                  assume_ttl=float(args.assume_ttl),
                  max_body_bytes=int(args.max_body_mib) << 20, watch_timeout=int(args.watch_timeout),
                  tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file,
@@ -132,7 +187,8 @@ def run(args: argparse.Namespace) -> int:
     # at 40,000 pods). So the collector is off until the first sync, or SYNC_GC_GRACE seconds at most.
     gc.disable()
     ext.start()
-    print(f"memslice extender: serving {ext.url} (policy {cfg.policy})", flush=True)
+    health = f"; health and metrics on {ext.health_url}" if ext.health_url else ""
+    print(f"memslice extender: serving {ext.url} (policy {cfg.policy}){health}", flush=True)
 
     def settle() -> None:
         # After the first list, moving the records out of the collector's generations keeps full

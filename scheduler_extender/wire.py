@@ -147,7 +147,7 @@ def decode_binding_args(body: Any) -> BindingArgs:
     return BindingArgs(
         pod_name=_name(_field(args, "PodName", w), f"{w}.PodName"),
         pod_namespace=_name(_field(args, "PodNamespace", w), f"{w}.PodNamespace"),
-        pod_uid=_name(_field(args, "PodUID", w), f"{w}.PodUID", allow_empty=True),
+        pod_uid=_name(_field(args, "PodUID", w), f"{w}.PodUID"),  # the bind is of this very pod
         node=_name(_field(args, "Node", w), f"{w}.Node"))
 
 

@@ -57,6 +57,7 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "pods": ("Pod", True),
     "events": ("Event", True),
     "configmaps": ("ConfigMap", True),
+    "secrets": ("Secret", True),
 }
 KIND_TO_PLURAL = {kind.lower(): plural for plural, (kind, _) in RESOURCES.items()}
 MAX_BODY = 3 * 1024 * 1024  # the real server's default request size limit

@@ -24,9 +24,10 @@ from test_deploy_render import (
 import memslice
 
 K8S_VERSION = all_versions()[-1]  # the newest release kubernetes-validate ships schemas for
-OUR_WORKLOADS = ("base", "overlays/simulated", "overlays/cdi")
+OUR_WORKLOADS = ("base", "overlays/simulated", "overlays/cdi", "overlays/cert-manager")
 # Custom resources have no schema in kubernetes-validate; checked field by field below.
-CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("cert-manager.io/v1", "Issuer"),
+             ("cert-manager.io/v1", "Certificate")}
 
 
 def validate_strict(obj: Manifest) -> None:
@@ -123,6 +124,9 @@ def test_every_container_has_requests_limits_and_probes(rel: str) -> None:
         for c in spec["containers"]:
             where = f"{obj['metadata']['name']}/{c['name']}"
             res = c.get("resources", {})
+            if obj["kind"] == "Job":  # runs to completion: resources, no probes
+                assert {"cpu", "memory"} <= set(res.get("limits", {})), where
+                continue
             for kind in ("requests", "limits"):
                 assert {"cpu", "memory"} <= set(res.get(kind, {})), f"{where}: {kind} incomplete"
                 for key in ("cpu", "memory"):
@@ -337,9 +341,11 @@ def test_extender_flags_and_ports_agree() -> None:
     assert c["args"][0] == "extender"
     args = parse_memslice_args(c)
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert args.port == ports["http"]
+    assert args.port == ports["https"] and args.health_port == ports["http"]
     svc = find(objs, "Service", "memslice-extender")
-    assert svc["spec"]["ports"][0]["targetPort"] == "http"
+    assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]} == {"https": "https", "http": "http"}
+    for probe in ("livenessProbe", "readinessProbe"):  # plain HTTP: the verbs port requires a client cert
+        assert c[probe]["httpGet"]["port"] == "http" and c[probe]["httpGet"].get("scheme", "HTTP") == "HTTP"
 
 
 def test_namespace_waives_pod_security_only_for_memslice_system() -> None:

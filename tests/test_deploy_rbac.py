@@ -33,6 +33,7 @@ Perm = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 COMPONENTS = {
     "node-agent": ("memslice-node-agent", ("plugin",)),
     "extender": ("memslice-extender", ("scheduler_extender",)),
+    "extender-certs": ("memslice-extender-certs", ("src/memslice/extender_certs.py",)),  # the TLS Job
 }
 # Ways to reach the API server that this scanner cannot map to permissions; code using them needs the
 # scanner extended first, so it fails here instead of silently passing.
@@ -82,7 +83,9 @@ VERBS = {("GET", True): "get", ("GET", False): "list", ("POST", True): "create",
 
 
 def source_files(dirs: tuple[str, ...]) -> list[Path]:
-    return sorted(p for d in dirs for p in (ROOT / d).rglob("*.py") if "__pycache__" not in p.parts)
+    """The Python files of these directories (or the file itself, for a module)."""
+    return sorted(p for d in dirs for p in ([ROOT / d] if d.endswith(".py") else (ROOT / d).rglob("*.py"))
+                  if "__pycache__" not in p.parts)
 
 
 def terminal(node: ast.AST) -> str | None:

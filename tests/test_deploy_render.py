@@ -24,8 +24,9 @@ NAMESPACE = "memslice-system"
 RESOURCE = "memslice.io/gpu-mem"
 SCHEDULER_NAME = "memslice-scheduler"
 # Every kustomization a user may apply, and what it is for.
-KUSTOMIZATIONS = ("base", "overlays/simulated", "overlays/cdi", "monitoring")
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass", "RuntimeClass"}
+KUSTOMIZATIONS = ("base", "overlays/simulated", "overlays/cdi", "overlays/cert-manager", "monitoring")
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass", "RuntimeClass",
+                  "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 
 Manifest = dict[str, Any]
 
@@ -118,7 +119,7 @@ def test_kustomization_renders(rel: str) -> None:
     assert len(keys) == len(set(keys)), f"duplicate objects in deploy/{rel}"
 
 
-@pytest.mark.parametrize("rel", ("base", "overlays/simulated", "overlays/cdi"))
+@pytest.mark.parametrize("rel", ("base", "overlays/simulated", "overlays/cdi", "overlays/cert-manager"))
 def test_namespaced_objects_live_in_memslice_system(rel: str) -> None:
     objs = render(rel)
     find(objs, "Namespace", NAMESPACE)

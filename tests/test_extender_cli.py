@@ -24,7 +24,7 @@ def test_help_lists_flags_and_environment() -> None:
                          timeout=60)
     assert out.returncode == 0
     for word in ("--port", "--policy", "--assume-ttl", "--tls-cert-file", "--kubeconfig", "MEMSLICE_EXTENDER_PORT",
-                 "/filter", "/readyz"):
+                 "/filter", "/readyz", "--scheduler-names", "MEMSLICE_EXTENDER_SCHEDULER_NAMES", "--health-port"):
         assert word in out.stdout
 
 
@@ -33,6 +33,10 @@ def test_help_lists_flags_and_environment() -> None:
     (["--assume-ttl", "-5"], {}, "--assume-ttl='-5' must be positive"),
     ([], {"MEMSLICE_EXTENDER_POLICY": "fastest"}, "MEMSLICE_EXTENDER_POLICY='fastest' is not a policy"),
     (["--tls-cert-file", "/nonexistent.crt"], {}, "TLS needs both"),
+    (["--tls-client-ca-file", "/ca.crt"], {}, "--tls-client-ca-file needs --tls-cert-file"),
+    (["--scheduler-names", "memslice-scheduler,Bad_Name"], {}, "'Bad_Name' is not a scheduler name"),
+    ([], {"MEMSLICE_EXTENDER_SCHEDULER_NAMES": ""}, "'' is not a scheduler name"),
+    (["--health-port", "http"], {}, "--health-port='http' is not a TCP port"),
 ])
 def test_bad_configuration_exits_2_naming_the_value(args, env, words, tmp_path) -> None:
     with KubeApiStandin() as kube:

@@ -140,7 +140,9 @@ def test_unknown_policy_and_unknown_bind_targets(cluster: Cluster) -> None:
     ok = cluster.add_pod(pod_obj("ok", {"main": 100}))
     assert "unknown to the extender" in cluster.c.bind(ok, "nowhere")
     assert "no memslice GPUs" in cluster.c.bind(ok, "cpu")
-    assert "does not exist" in cluster.c.bind(pod_obj("ghost-pod", {"main": 1}), "n")
+    ghost = pod_obj("ghost-pod", {"main": 1})
+    ghost["metadata"]["uid"] = "ghost-uid"
+    assert "does not exist" in cluster.c.bind(ghost, "n")
     assert not cluster.kube.get("Pod", "default", "ok")["spec"].get("nodeName")
 
 

@@ -33,12 +33,14 @@ def plain_node(name: str) -> dict:
 
 def pod_obj(name: str, containers: dict[str, int | str] | None = None, *, init: dict[str, int] | None = None,
             sidecars: dict[str, int] | None = None, policy: str | None = None, ns: str = "default",
-            node: str | None = None, annotations: dict[str, str] | None = None) -> dict:
+            node: str | None = None, annotations: dict[str, str] | None = None,
+            scheduler: str = "memslice-scheduler") -> dict:
     def c(cname: str, qty: int | str | None, **extra: Any) -> dict:
         res = {"limits": {RESOURCE: str(qty)}} if qty is not None else {}
         return {"name": cname, "image": "cuda", "resources": res, **extra}
 
-    spec: dict[str, Any] = {"containers": [c(n, q) for n, q in (containers or {"main": None}).items()]}
+    spec: dict[str, Any] = {"schedulerName": scheduler,
+                            "containers": [c(n, q) for n, q in (containers or {"main": None}).items()]}
     inits = [c(n, q) for n, q in (init or {}).items()]
     inits += [c(n, q, restartPolicy="Always") for n, q in (sidecars or {}).items()]
     if inits:

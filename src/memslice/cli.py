@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "sim": "memslice.simcmd",
     "node-agent": "memslice.plugin.cli",
     "extender": "memslice.scheduler_extender.cli",
+    "extender-certs": "memslice.extender_certs",
 }
 
 

@@ -8,6 +8,9 @@ only those three things:
 - `parse_request`: a fast path for the usual request (`METHOD /path HTTP/1.1` and plain headers);
   anything else (other versions, odd request lines) takes the stdlib path unchanged. Limits are the
   stdlib's: at most 100 header lines of at most 64 KiB (431 beyond); folded lines get 400.
+- request framing is unambiguous or refused (400, connection closed), on both paths: more than one
+  Content-Length field (equal or not), or Transfer-Encoding together with Content-Length (RFC 9112 §6.3:
+  a proxy in front may frame the body otherwise than this server; the stdlib takes the first field).
 - `send_all`: status line, headers and body in one write (one syscall, one TCP segment when small).
 - the Date header is formatted once per second.
 """
@@ -56,6 +59,16 @@ class Headers:
         return list(self._fields)
 
 
+def framing_error(fields: list[tuple[str, str]]) -> str | None:
+    """Why these request headers frame the body ambiguously, or None when they do not."""
+    lengths = sum(1 for name, _ in fields if name.lower() == "content-length")
+    if lengths > 1:
+        return f"{lengths} Content-Length header fields; send exactly one"
+    if lengths and any(name.lower() == "transfer-encoding" for name, _ in fields):
+        return "both Transfer-Encoding and Content-Length; send a Content-Length only"
+    return None
+
+
 class LeanRequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
@@ -64,7 +77,7 @@ class LeanRequestHandler(BaseHTTPRequestHandler):
         line = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
         words = line.split()
         if len(words) != 3 or words[2] != "HTTP/1.1" or words[1].startswith("//"):
-            return super().parse_request()
+            return super().parse_request() and self._framing_ok(list(self.headers.items()))
         self.requestline = line
         self.command, self.path, self.request_version = words
         self.close_connection = False
@@ -85,12 +98,23 @@ class LeanRequestHandler(BaseHTTPRequestHandler):
                 return False
             name, _, value = str(raw, "iso-8859-1").partition(":")
             fields.append((name.strip(), value.strip()))
+        if not self._framing_ok(fields):
+            return False
         self.headers = Headers(fields)  # type: ignore[assignment]
         if (self.headers.get("Connection") or "").lower() == "close":
             self.close_connection = True
         if (self.headers.get("Expect") or "").lower() == "100-continue":
             return self.handle_expect_100()
         return True
+
+    def _framing_ok(self, fields: list[tuple[str, str]]) -> bool:
+        """False (400 sent, connection to be closed) when the headers frame the body ambiguously."""
+        error = framing_error(fields)
+        if error is None:
+            return True
+        self.close_connection = True
+        self.send_error(HTTPStatus.BAD_REQUEST, error)
+        return False
 
     def send_all(self, code: int, body: bytes, content_type: str) -> None:
         """Status line, headers and body in one write."""
