@@ -29,7 +29,7 @@ API_VERSION = "resource.k8s.io/v1"
 REQUEST_MIN_MIB = 256
 REQUEST_DEFAULT_MIB = 1024
 REQUEST_STEP = "1Mi"
-_SEMVER_PART = re.compile(r"\d{1,9}\Z")
+_VERSION = re.compile(r"(\d{1,9})(?:\.(\d{1,9}))?(?:\.(\d{1,9}))?")
 
 
 def slice_name(node: str) -> str:
@@ -37,13 +37,12 @@ def slice_name(node: str) -> str:
 
 
 def semver(version: str) -> str | None:
-    """NVIDIA's "535.104.05" as semantic version 535.104.5 (leading zeros are not allowed); None if it is not
-    dotted numbers."""
-    parts = version.strip().split(".")
-    if not 1 <= len(parts) <= 3 or not all(_SEMVER_PART.match(p) for p in parts):
+    """NVIDIA's "535.104.05" as the semantic version 535.104.5 (semver forbids leading zeros; missing parts
+    are 0; anything after the dotted numbers is dropped); None when it does not start with a number."""
+    m = _VERSION.match(version.strip())
+    if not m:
         return None
-    nums = [str(int(p)) for p in parts] + ["0"] * (3 - len(parts))
-    return ".".join(nums)
+    return ".".join(str(int(p)) if p else "0" for p in m.groups())
 
 
 def device_entry(gpu: GpuInfo, capacity_mib: int, driver_version: str | None) -> dict[str, Any]:
