@@ -14,7 +14,7 @@ from typing import Any
 from memslice.plugin.config import AgentConfig
 from memslice.plugin.dra_cdi import CdiSpecs
 from memslice.plugin.dra_checkpoint import Checkpoint, CheckpointError
-from memslice.plugin.dra_kube import KubeError, request
+from memslice.plugin.dra_kube import DraApi, KubeError
 from memslice.plugin.dra_prepare import DRIVER
 from memslice.plugin.dra_server import SERVICES, SOCKET_NAME, DraDriver, DraServer, api_claim_reader
 from memslice.plugin.dra_slices import SlicePublisher, capacities
@@ -71,10 +71,11 @@ def start_dra(cfg: AgentConfig, state: NodeState, regions: RegionStore, rcfg: Re
     except OSError as exc:
         raise DraStartError(f"cannot create {plugin_dir} or --cdi-dir {cfg.cdi_dir}: {exc}; mount "
                             f"--kubelet-plugins-dir and --cdi-dir read-write from the host") from exc
+    kube = DraApi(api)
     gpus = list(state.gpus.values())
     caps = capacities(gpus)
     driver = DraDriver(state, regions, specs, Checkpoint(plugin_dir / CHECKPOINT_NAME), rcfg,
-                       api_claim_reader(api), pool=node, capacity_mib=lambda: caps)
+                       api_claim_reader(kube), pool=node, capacity_mib=lambda: caps)
     try:
         driver.recover()
     except CheckpointError as exc:
@@ -84,12 +85,12 @@ def start_dra(cfg: AgentConfig, state: NodeState, regions: RegionStore, rcfg: Re
 
     def node_uid() -> str | None:
         try:
-            return (request(api, "GET", f"/api/v1/nodes/{node}").get("metadata") or {}).get("uid")
+            return kube.node_uid(node)
         except (KubeError, OSError) as exc:
             log.warning("cannot read node %s (%s): the ResourceSlice gets no owner reference", node, exc)
             return None
 
-    slices = SlicePublisher(api, node, lambda: gpus, state.health.snapshot, nvml_driver_version(), node_uid)
+    slices = SlicePublisher(kube, node, lambda: gpus, state.health.snapshot, nvml_driver_version(), node_uid)
     slices.start()
     server = DraServer(plugin_dir / SOCKET_NAME, driver, cfg.grpc_workers)
     try:

@@ -1,16 +1,15 @@
-"""DRA: resource.k8s.io/v1 calls as plain JSON through the official client's ApiClient (its auth, TLS and
-proxy handling), without its generated models: a model of an older client drops the fields it does not know
-(consumedCapacity, shareID, allowMultipleAllocations), and those are the fields memslice needs."""
+"""DRA: the agent's resource.k8s.io/v1 calls, through the official client's generated methods, answers read
+as plain JSON (`_preload_content=False`): the decisions work on the API's own field names, and a field this
+client version does not model yet is still seen. Every call has a timeout; an error answer is a KubeError
+with the status and the server's message."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any
 
-GROUP_PATH = "/apis/resource.k8s.io/v1"
 TIMEOUT_S = 10.0
-MAX_BODY = 8 * 1024 * 1024  # a ResourceSlice list of one node and driver, or one claim: far less
+MAX_BODY = 8 * 1024 * 1024  # one claim, or the slices of one node and driver: far less
 
 
 class KubeError(RuntimeError):
@@ -19,33 +18,46 @@ class KubeError(RuntimeError):
         self.status = status
 
 
-def request(api: Any, method: str, path: str, body: Any = None, query: Mapping[str, str] | None = None,
-            timeout_s: float = TIMEOUT_S) -> Any:
-    """One call; the decoded JSON answer, or KubeError(status, the server's message)."""
-    headers = {"Accept": "application/json"}
-    if body is not None:
-        headers["Content-Type"] = "application/json"
-    _m, url, headers, payload, _ = api.param_serialize(method=method, resource_path=path,
-                                                       query_params=list((query or {}).items()) or None,
-                                                       header_params=headers, body=body,
-                                                       auth_settings=["BearerToken"])
-    resp = api.call_api(method, url, header_params=headers, body=payload, _request_timeout=timeout_s)
+def _json(call: Any, *args: Any, **kw: Any) -> Any:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        resp = call(*args, _preload_content=False, _request_timeout=TIMEOUT_S, **kw)
+    except ApiException as exc:
+        try:
+            msg = json.loads(exc.body or b"{}").get("message") or exc.reason
+        except (ValueError, AttributeError):
+            msg = exc.reason
+        raise KubeError(int(exc.status or 0), str(msg)) from None
     data = resp.read()
     if len(data) > MAX_BODY:
         raise KubeError(resp.status, f"answer of {len(data)} bytes is over {MAX_BODY}")
-    try:
-        doc = json.loads(data) if data else None
-    except ValueError:
-        doc = None
-    if not 200 <= resp.status < 300:
-        msg = doc.get("message") if isinstance(doc, dict) else data[:200].decode(errors="replace")
-        raise KubeError(resp.status, str(msg))
-    return doc
+    return json.loads(data) if data else None
 
 
-def claim_path(namespace: str, name: str) -> str:
-    return f"{GROUP_PATH}/namespaces/{namespace}/resourceclaims/{name}"
+class DraApi:
+    """The calls DRA mode makes (deploy/overlays/dra/rbac.yaml grants exactly these)."""
 
+    def __init__(self, api_client: Any) -> None:
+        from kubernetes.client import CoreV1Api, ResourceV1Api
 
-def slices_path(name: str | None = None) -> str:
-    return f"{GROUP_PATH}/resourceslices" + (f"/{name}" if name else "")
+        self.resource = ResourceV1Api(api_client)
+        self.core = CoreV1Api(api_client)
+
+    def claim(self, namespace: str, name: str) -> dict[str, Any]:
+        return _json(self.resource.read_namespaced_resource_claim, name, namespace)
+
+    def slices(self, field_selector: str) -> list[dict[str, Any]]:
+        return _json(self.resource.list_resource_slice, field_selector=field_selector).get("items") or []
+
+    def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        return _json(self.resource.create_resource_slice, body)
+
+    def replace_slice(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        return _json(self.resource.replace_resource_slice, name, body)
+
+    def delete_slice(self, name: str) -> None:
+        _json(self.resource.delete_resource_slice, name)
+
+    def node_uid(self, name: str) -> str | None:
+        return (_json(self.core.read_node, name).get("metadata") or {}).get("uid")

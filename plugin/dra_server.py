@@ -23,7 +23,7 @@ import grpc
 from memslice.plugin.allocator import Target
 from memslice.plugin.dra_cdi import CDI_KIND, CdiDevice, CdiSpecs, cdi_device_name, extra_device_ids
 from memslice.plugin.dra_checkpoint import Checkpoint, PreparedClaim
-from memslice.plugin.dra_kube import KubeError, claim_path, request
+from memslice.plugin.dra_kube import DraApi, KubeError
 from memslice.plugin.dra_prepare import ClaimError, ClaimRef, Share, check_fits, shares_for
 from memslice.plugin.ledger import Allocation
 from memslice.plugin.regions import RegionStore
@@ -46,12 +46,12 @@ class ClaimNotFound(LookupError):
     pass
 
 
-def api_claim_reader(api: Any) -> ClaimReader:
+def api_claim_reader(api: DraApi) -> ClaimReader:
     """GET a ResourceClaim (resource.k8s.io/v1) as plain JSON."""
 
     def read(namespace: str, name: str) -> Mapping[str, Any]:
         try:
-            return request(api, "GET", claim_path(namespace, name))
+            return api.claim(namespace, name)
         except KubeError as exc:
             if exc.status == 404:
                 raise ClaimNotFound(f"{namespace}/{name}") from None

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from memslice.plugin.dra_kube import KubeError, request, slices_path
+from memslice.plugin.dra_kube import DraApi, KubeError
 from memslice.plugin.dra_prepare import CAPACITY, DRIVER, device_name
 from memslice.plugin.gpus import GpuInfo
 
@@ -86,7 +86,7 @@ class SlicePublisher:
     """Keeps the node's one ResourceSlice equal to `devices()`; republishes on `mark_dirty`, retries with
     backoff, and re-checks every `resync_s` (someone may have deleted or edited it)."""
 
-    def __init__(self, api: Any, node: str, gpus: Callable[[], Sequence[GpuInfo]],
+    def __init__(self, api: DraApi, node: str, gpus: Callable[[], Sequence[GpuInfo]],
                  healthy: Callable[[], Mapping[str, bool]], driver_version: str | None,
                  node_uid: Callable[[], str | None], resync_s: float = 300.0) -> None:
         self.api = api
@@ -141,13 +141,12 @@ class SlicePublisher:
 
     def sync_once(self) -> str:
         """One reconciliation; returns what it did ("created", "updated", "unchanged")."""
-        query = {"fieldSelector": f"spec.nodeName={self.node},spec.driver={DRIVER}"}
-        have = request(self.api, "GET", slices_path(), query=query).get("items") or []
+        have = self.api.slices(f"spec.nodeName={self.node},spec.driver={DRIVER}")
         name = slice_name(self.node)
         mine = next((s for s in have if s["metadata"]["name"] == name), None)
         for other in have:
             if other is not mine:
-                request(self.api, "DELETE", slices_path(other["metadata"]["name"]))
+                self.api.delete_slice(other["metadata"]["name"])
                 log.info("deleted duplicate ResourceSlice %s", other["metadata"]["name"])
         gens = [int(((s.get("spec") or {}).get("pool") or {}).get("generation") or 0) for s in have]
         current = max(gens, default=0)
@@ -163,11 +162,11 @@ class SlicePublisher:
             body["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": self.node,
                                                     "uid": uid, "controller": True}]
         if mine is None:
-            request(self.api, "POST", slices_path(), body=body)
+            self.api.create_slice(body)
             what = "created"
         else:
             body["metadata"]["resourceVersion"] = mine["metadata"]["resourceVersion"]
-            request(self.api, "PUT", slices_path(name), body=body)
+            self.api.replace_slice(name, body)
             what = "updated"
         self.generation = want["pool"]["generation"]
         log.info("ResourceSlice %s %s: %d device(s), pool generation %d", name, what, len(want["devices"]),
