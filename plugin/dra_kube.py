@@ -6,6 +6,7 @@ with the status and the server's message."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 TIMEOUT_S = 10.0
@@ -18,11 +19,15 @@ class KubeError(RuntimeError):
         self.status = status
 
 
-def _json(call: Any, *args: Any, **kw: Any) -> Any:
+RAW: dict[str, Any] = {"_preload_content": False, "_request_timeout": TIMEOUT_S}
+
+
+def _json(call: Callable[[], Any]) -> Any:
+    """Make the call (a generated method called with **RAW) and decode its answer."""
     from kubernetes.client.exceptions import ApiException
 
     try:
-        resp = call(*args, _preload_content=False, _request_timeout=TIMEOUT_S, **kw)
+        resp = call()
     except ApiException as exc:
         try:
             msg = json.loads(exc.body or b"{}").get("message") or exc.reason
@@ -45,19 +50,20 @@ class DraApi:
         self.core = CoreV1Api(api_client)
 
     def claim(self, namespace: str, name: str) -> dict[str, Any]:
-        return _json(self.resource.read_namespaced_resource_claim, name, namespace)
+        return _json(lambda: self.resource.read_namespaced_resource_claim(name, namespace, **RAW))
 
     def slices(self, field_selector: str) -> list[dict[str, Any]]:
-        return _json(self.resource.list_resource_slice, field_selector=field_selector).get("items") or []
+        items = _json(lambda: self.resource.list_resource_slice(field_selector=field_selector, **RAW)).get("items")
+        return items or []
 
     def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
-        return _json(self.resource.create_resource_slice, body)
+        return _json(lambda: self.resource.create_resource_slice(body, **RAW))
 
     def replace_slice(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        return _json(self.resource.replace_resource_slice, name, body)
+        return _json(lambda: self.resource.replace_resource_slice(name, body, **RAW))
 
     def delete_slice(self, name: str) -> None:
-        _json(self.resource.delete_resource_slice, name)
+        _json(lambda: self.resource.delete_resource_slice(name, **RAW))
 
     def node_uid(self, name: str) -> str | None:
-        return (_json(self.core.read_node, name).get("metadata") or {}).get("uid")
+        return (_json(lambda: self.core.read_node(name, **RAW)).get("metadata") or {}).get("uid")
