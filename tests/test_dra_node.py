@@ -58,6 +58,13 @@ class DraNode:
         self.runs = 0
 
     def start(self) -> DraNode:
+        """Launch the agent and wait until the kubelet registered it and its ResourceSlice exists."""
+        self.launch()
+        self.kubelet.wait_registered(DRIVER, 30)
+        assert self.kube.wait_for(lambda k: self.slices(), 15), self.log()
+        return self
+
+    def launch(self) -> None:
         cmd = [sys.executable, "-m", "memslice", "node-agent", "--kubelet-api", "dra", "--simulate", self.gpus,
                "--plugins-registry-dir", str(self.registry), "--kubelet-plugins-dir", str(self.plugins),
                "--cdi-dir", str(self.cdi), "--region-root", str(self.regions), "--shim-host-dir",
@@ -67,9 +74,6 @@ class DraNode:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env,
                                      cwd=ROOT)
         self.output = ChildLog(self.proc, self.root / f"agent-{self.runs}.log")
-        self.kubelet.wait_registered(DRIVER, 30)
-        assert self.kube.wait_for(lambda k: self.slices(), 15), self.log()
-        return self
 
     def log(self) -> str:
         return self.output.text() if self.output else ""
@@ -305,3 +309,26 @@ def test_unhealthy_gpu_is_withdrawn_and_restored(world) -> None:
     assert kube.wait_for(lambda k: devices(k) == ["gpu-0"], 20), node.log()  # recovery after 2 s
     [sl] = node.slices()
     assert sl["spec"]["pool"]["generation"] == gen + 2
+
+
+def test_registration_socket_removed_is_served_again(world) -> None:
+    kube, node = world
+    first = node.kubelet.wait_registered(DRIVER)
+    first.socket.unlink()  # e.g. the directory wiped by hand
+    with node.kubelet.cond:  # the stand-in deregisters the plugin when its socket goes away
+        assert node.kubelet.cond.wait_for(lambda: DRIVER not in node.kubelet.registered, 10)
+    again = node.kubelet.wait_registered(DRIVER, 10)
+    assert again.socket == first.socket
+    c = make_claim(kube, "after", "1Gi")
+    assert node.kubelet.prepare(DRIVER, c).claims[c["metadata"]["uid"]].error == ""
+
+
+def test_unreadable_checkpoint_stops_the_agent_naming_the_file(world) -> None:
+    kube, node = world
+    node.kill()
+    ckpt = node.plugins / DRIVER / "checkpoint.json"
+    ckpt.write_text('{"version": 1, "claims": {"x": {"namespace": 3}}}')
+    node.launch()
+    assert node.proc is not None and node.proc.wait(30) == 1
+    out = node.log()
+    assert f"the DRA checkpoint {ckpt} cannot be read" in out and "move it away" in out
