@@ -9,14 +9,15 @@ visibility, and whatever Allocate gains later reaches DRA containers too. A CDI 
 from __future__ import annotations
 
 import json
+import os
 import re
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from memslice.plugin.dra_prepare import DRIVER
-from memslice.plugin.regions import _atomic_write
 from memslice.proto import api_pb2
 
 CDI_VERSION = "0.5.0"  # env, mounts, deviceNodes only: understood by every CDI-aware runtime since 2022
@@ -83,8 +84,19 @@ class CdiSpecs:
         return self.dir / f"{SPEC_PREFIX}{claim_uid}.json"
 
     def write(self, claim_uid: str, devices: list[CdiDevice]) -> Path:
+        """Atomically (the runtime may read the directory at any time), without fsync: the agent rewrites
+        every spec from its checkpoint at start-up, so a spec lost or torn by a crash of the node is repaired
+        before the kubelet can ask for it again."""
         path = self.path_of(claim_uid)
-        _atomic_write(path, json.dumps(spec_document(claim_uid, devices), indent=1).encode(), 0o644)
+        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{path.name}.")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(spec_document(claim_uid, devices), f, indent=1)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
         return path
 
     def remove(self, claim_uid: str) -> None:

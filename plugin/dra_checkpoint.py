@@ -8,6 +8,7 @@ refused at start-up with the path and the fix, rather than guessed at.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,7 +30,9 @@ class PreparedClaim:
     shares: tuple[Share, ...]
     cdi_ids: tuple[str, ...]  # every CDI device ID returned for the claim, memslice's first
 
-    def to_json(self) -> dict[str, Any]:
+    @functools.cached_property
+    def json(self) -> dict[str, Any]:
+        """The record's JSON form, built once (the whole checkpoint is rewritten on every change)."""
         return {"namespace": self.ref.namespace, "name": self.ref.name, "uid": self.ref.uid,
                 "shares": [asdict(s) for s in self.shares], "cdiIDs": list(self.cdi_ids)}
 
@@ -64,5 +67,5 @@ class Checkpoint:
 
     def save(self, claims: dict[str, PreparedClaim]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        doc = {"version": VERSION, "claims": {uid: c.to_json() for uid, c in sorted(claims.items())}}
+        doc = {"version": VERSION, "claims": {uid: c.json for uid, c in sorted(claims.items())}}
         _atomic_write(self.path, json.dumps(doc).encode(), 0o600)

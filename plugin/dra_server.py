@@ -85,7 +85,7 @@ class DraDriver:
         self.prepared = self.checkpoint.load()
         keep_regions = set()
         for pc in self.prepared.values():
-            self._materialise(pc)
+            self._materialise(pc, rewrite_spec=True)
             keep_regions.update(s.region_id for s in pc.shares)
         for rid in self.regions.directories():
             if rid not in keep_regions:
@@ -157,8 +157,10 @@ class DraDriver:
         return container_response(Target(gpu=gpu, device_ids=(), mib=s.mib), self.regions.dir_of(s.region_id),
                                   self.rcfg)
 
-    def _materialise(self, pc: PreparedClaim, devices: list[CdiDevice] | None = None) -> None:
-        """Regions, ledger entries and the CDI spec of `pc` (idempotent)."""
+    def _materialise(self, pc: PreparedClaim, devices: list[CdiDevice] | None = None,
+                     rewrite_spec: bool = False) -> None:
+        """Regions, ledger entries and the CDI spec of `pc` (idempotent; the spec is written when given,
+        missing, or `rewrite_spec`)."""
         for s in pc.shares:
             alloc = Allocation(region_id=s.region_id, gpu_index=s.gpu_index, gpu_uuid=s.gpu_uuid,
                                device_ids=(f"{s.device}/{s.share_id}",), mib=s.mib, created_at=time.time(),
@@ -171,7 +173,7 @@ class DraDriver:
                     self.state.ledger.setdefault(s.region_id, alloc)
         if devices is None:
             devices = [CdiDevice(cdi_device_name(pc.ref.uid, s.share_id), self._response(s)) for s in pc.shares]
-            if self.specs.path_of(pc.ref.uid).exists():
+            if not rewrite_spec and self.specs.path_of(pc.ref.uid).exists():
                 return
         self.specs.write(pc.ref.uid, devices)
 
