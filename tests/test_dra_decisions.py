@@ -139,3 +139,31 @@ def test_kubelet_api_flag() -> None:
     assert resolve(p.parse_args([]), {"MEMSLICE_KUBELET_API": "dra"}).kubelet_api == "dra"
     with pytest.raises(ConfigError, match="--kubelet-api='csi' is not valid: use one of device-plugin, dra"):
         resolve(p.parse_args(["--kubelet-api", "csi"]), {})
+
+
+@pytest.mark.parametrize("visibility,preload", [("env", "file"), ("cdi", "env")])
+def test_cdi_edits_carry_everything_allocate_carries(tmp_path, visibility, preload) -> None:
+    from memslice.plugin.allocator import Target
+    from memslice.plugin.dra_cdi import CdiDevice, CdiSpecs, extra_device_ids
+    from memslice.plugin.response import ResponseConfig, container_response
+
+    rcfg = ResponseConfig(shim_host_dir=tmp_path / "lib", preload=preload, visibility=visibility)
+    resp = container_response(Target(gpu=GPU, device_ids=(), mib=4096), tmp_path / "regions" / "g0-x", rcfg)
+    specs = CdiSpecs(tmp_path / "cdi")
+    specs.prepare()
+    dev = CdiDevice(f"{REF.uid}-share", resp)
+    path = specs.write(REF.uid, [dev])
+    import json
+
+    doc = json.loads(path.read_text())
+    assert doc["kind"] == "memslice.io/gpu-mem" and doc["cdiVersion"] == "0.5.0"
+    edits = doc["devices"][0]["containerEdits"]
+    assert sorted(edits["env"]) == sorted(f"{k}={v}" for k, v in resp.envs.items())
+    assert {(m["hostPath"], m["containerPath"], "ro" in m["options"]) for m in edits["mounts"]} == {
+        (m.host_path, m.container_path, m.read_only) for m in resp.mounts}
+    assert all("bind" in m["options"] for m in edits["mounts"])
+    want = [f"nvidia.com/gpu={GPU.uuid}"] if visibility == "cdi" else []
+    assert extra_device_ids([dev]) == want
+    assert specs.claim_uids() == [REF.uid]
+    specs.remove(REF.uid)
+    assert specs.claim_uids() == []
