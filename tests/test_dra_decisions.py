@@ -4,6 +4,7 @@ against the API stand-in over real HTTP, and the flag."""
 from __future__ import annotations
 
 import argparse
+import json
 from decimal import Decimal
 
 import kube_standin_dra as dra
@@ -153,8 +154,6 @@ def test_cdi_edits_carry_everything_allocate_carries(tmp_path, visibility, prelo
     specs.prepare()
     dev = CdiDevice(f"{REF.uid}-share", resp)
     path = specs.write(REF.uid, [dev])
-    import json
-
     doc = json.loads(path.read_text())
     assert doc["kind"] == "memslice.io/gpu-mem" and doc["cdiVersion"] == "0.5.0"
     edits = doc["devices"][0]["containerEdits"]
@@ -167,3 +166,24 @@ def test_cdi_edits_carry_everything_allocate_carries(tmp_path, visibility, prelo
     assert specs.claim_uids() == [REF.uid]
     specs.remove(REF.uid)
     assert specs.claim_uids() == []
+
+
+def test_slice_and_allocated_claim_match_the_1_37_schemas() -> None:
+    """What the agent publishes and what the stand-in writes as kube-scheduler are valid resource.k8s.io/v1
+    objects (strict: an unknown or misspelt field fails)."""
+    from test_deploy_manifests import validate_strict
+
+    healthy = {GPU.uuid: True}
+    with KubeApiStandin() as kube:
+        pub = SlicePublisher(DraApi(kube.api_client()), "node-a", lambda: [GPU], lambda: healthy, "570.133.07",
+                             lambda: "3c1d1f4e-0000-4000-8000-0000000000aa")
+        pub.sync_once()
+        [sl] = kube.list("ResourceSlice")
+        kube.put(dra.device_class())
+        kube.put(dra.claim("nb", "4000Mi", namespace="team"))
+        claim = dra.allocate(kube, "team", "nb", "node-a")
+        for obj in (sl, claim, dra.device_class()):
+            obj["metadata"] = {k: v for k, v in obj["metadata"].items() if k != "creationTimestamp"}
+            validate_strict(obj)
+        [r] = claim["status"]["allocation"]["devices"]["results"]
+        assert r["consumedCapacity"] == {"memory": "4000Mi"} and r["device"] == "gpu-0"
