@@ -109,7 +109,7 @@ class NodeAgent:
                               cdi_kind=cfg.cdi_kind, sim_lib_dir=sim_lib_dir, sim_state=sim_state)
         if cfg.kubelet_api == "dra":
             try:
-                self.dra = start_dra(cfg, self.state, self.regions, rcfg, self.api)
+                self.dra = start_dra(cfg, self.state, self.regions, rcfg, self.api, self.metrics)
             except DraStartError as exc:
                 raise StartupError(str(exc)) from exc
             return

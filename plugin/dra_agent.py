@@ -18,6 +18,7 @@ from memslice.plugin.dra_kube import DraApi, KubeError
 from memslice.plugin.dra_prepare import DRIVER
 from memslice.plugin.dra_server import SERVICES, SOCKET_NAME, DraDriver, DraServer, api_claim_reader
 from memslice.plugin.dra_slices import SlicePublisher, capacities
+from memslice.plugin.metrics import Metrics
 from memslice.plugin.plugin_registration import RegistrationServer, RegistrationService
 from memslice.plugin.regions import RegionStore
 from memslice.plugin.response import ResponseConfig
@@ -60,8 +61,8 @@ class DraParts:
         self.slices.stop()
 
 
-def start_dra(cfg: AgentConfig, state: NodeState, regions: RegionStore, rcfg: ResponseConfig, api: Any
-              ) -> DraParts:
+def start_dra(cfg: AgentConfig, state: NodeState, regions: RegionStore, rcfg: ResponseConfig, api: Any,
+              metrics: Metrics) -> DraParts:
     node = cfg.node_name
     plugin_dir = cfg.kubelet_plugins_dir / DRIVER
     specs = CdiSpecs(cfg.cdi_dir)
@@ -98,8 +99,12 @@ def start_dra(cfg: AgentConfig, state: NodeState, regions: RegionStore, rcfg: Re
     except OSError as exc:
         slices.stop()
         raise DraStartError(str(exc)) from exc
+    def on_status(registered: bool) -> None:  # the device-plugin mode's registration metrics, same meaning
+        metrics.registered.set(1 if registered else 0)
+        (metrics.registrations if registered else metrics.registration_errors).inc()
+
     registration = RegistrationServer(cfg.plugins_registry_dir,
-                                      RegistrationService(DRIVER, server.socket_path, SERVICES))
+                                      RegistrationService(DRIVER, server.socket_path, SERVICES, on_status))
     try:
         registration.start()
     except OSError as exc:

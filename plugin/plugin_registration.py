@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from pathlib import Path
 
@@ -28,7 +28,9 @@ def registration_socket_name(driver: str) -> str:
 
 
 class RegistrationService(pluginregistration_pb2_grpc.RegistrationServicer):
-    def __init__(self, driver: str, endpoint: Path, services: Sequence[str]) -> None:
+    def __init__(self, driver: str, endpoint: Path, services: Sequence[str],
+                 on_status: Callable[[bool], None] | None = None) -> None:
+        self.on_status = on_status  # told every status the kubelet reports (metrics)
         self.info = pluginregistration_pb2.PluginInfo(type=PLUGIN_TYPE, name=driver, endpoint=str(endpoint),
                                                       supported_versions=list(services))
         self.registered = threading.Event()
@@ -47,12 +49,16 @@ class RegistrationService(pluginregistration_pb2_grpc.RegistrationServicer):
                          ", ".join(self.info.supported_versions))
             self.last_error = ""
             self.registered.set()
+            if self.on_status is not None:
+                self.on_status(True)
         else:
             self.registered.clear()
             self.last_error = request.error[:1000]
             log.error("the kubelet refused DRA driver %s: %s (this kubelet needs one of the DRA services %s: "
                       "Kubernetes >= 1.32, DynamicResourceAllocation enabled)", self.info.name, self.last_error,
                       ", ".join(self.info.supported_versions))
+            if self.on_status is not None:
+                self.on_status(False)
         return pluginregistration_pb2.RegistrationStatusResponse()
 
 

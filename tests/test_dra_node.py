@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -77,6 +80,17 @@ class DraNode:
 
     def log(self) -> str:
         return self.output.text() if self.output else ""
+
+    def http(self, path: str) -> tuple[int, str]:
+        """GET on the agent's metrics/probe endpoint (its port is logged at start)."""
+        assert self.output is not None
+        m = self.output.wait_for(lambda out: re.search(r"metrics on http://127\.0\.0\.1:(\d+)/", out), 15,
+                                 "the metrics endpoint")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{m.group(1)}{path}", timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
 
     def slices(self) -> list[dict[str, Any]]:
         return [s for s in self.kube.list("ResourceSlice") if s["spec"]["nodeName"] == NODE]
@@ -188,6 +202,10 @@ def test_two_claims_share_one_gpu_each_held_to_its_memory(world) -> None:
             proc.communicate("", timeout=30)
 
     assert len(node.left_behind()["regions"]) == 4  # two region dirs + their records
+    assert node.http("/readyz")[0] == 200
+    metrics = node.http("/metrics")[1]
+    assert "memslice_kubelet_registered 1.0" in metrics
+    assert re.search(r'memslice_gpu_allocated_mib\{[^}]*gpu="0"[^}]*\} 12288', metrics), metrics
     again = node.kubelet.prepare(DRIVER, small)  # idempotent: the same answer, nothing new
     assert list(again.claims[small["metadata"]["uid"]].devices[0].cdi_device_ids) == list(
         resp.claims[small["metadata"]["uid"]].devices[0].cdi_device_ids)
