@@ -76,7 +76,6 @@ class DraDriver:
         self.capacity_mib = capacity_mib
         self.lock = threading.Lock()
         self.prepared: dict[str, PreparedClaim] = {}
-        self.prepare_seconds: list[float] = []  # kept short; for the benchmark and logs
 
     # --- start-up ----------------------------------------------------------------------------------------
     def recover(self) -> None:
@@ -101,7 +100,6 @@ class DraDriver:
     # --- prepare -----------------------------------------------------------------------------------------
     def prepare(self, ref: ClaimRef) -> tuple[PreparedClaim | None, str]:
         """(the prepared claim, "") or (None, error message)."""
-        start = time.perf_counter()
         with self.lock:
             try:
                 pc = self.prepared.get(ref.uid)
@@ -121,9 +119,6 @@ class DraDriver:
                        f"--region-root and --cdi-dir (hostPaths mounted read-write)")
                 log.error("NodePrepareResources failed: %s", msg)
                 return None, msg
-            finally:
-                self.prepare_seconds.append(time.perf_counter() - start)
-                del self.prepare_seconds[:-4096]
 
     def _prepare_new(self, ref: ClaimRef) -> PreparedClaim:
         try:
