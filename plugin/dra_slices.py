@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from memslice.plugin.dra_kube import DraApi, KubeError
-from memslice.plugin.dra_prepare import CAPACITY, DRIVER, device_name
+from memslice.plugin.dra_prepare import CAPACITY, DRIVER, device_name, quantity_bytes
 from memslice.plugin.gpus import GpuInfo
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,29 @@ def semver(version: str) -> str | None:
     return ".".join(str(int(p)) if p else "0" for p in m.groups())
 
 
+def mib_quantity(mib: int) -> str:
+    """MiB in the API server's canonical form (16384 -> "16Gi", 1536 -> "1536Mi"): what it stores and returns,
+    so that a slice read back compares equal to the one built."""
+    for suffix, size in (("Ti", 1 << 20), ("Gi", 1 << 10)):
+        if mib and mib % size == 0:
+            return f"{mib // size}{suffix}"
+    return f"{mib}Mi"
+
+
+def _normalised(spec: Mapping[str, Any]) -> Any:
+    """`spec` with every capacity quantity in bytes and the generation zeroed (for comparisons)."""
+    def q(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: q(x) for k, x in v.items()}
+        try:
+            return quantity_bytes(v)
+        except ValueError:
+            return v
+
+    devices = [{**d, "capacity": q(d.get("capacity") or {})} for d in spec.get("devices") or []]
+    return {**spec, "devices": devices, "pool": {**(spec.get("pool") or {}), "generation": 0}}
+
+
 def device_entry(gpu: GpuInfo, capacity_mib: int, driver_version: str | None) -> dict[str, Any]:
     attrs: dict[str, Any] = {"uuid": {"string": gpu.uuid}, "index": {"int": gpu.index},
                              "productName": {"string": gpu.model[:64]}}
@@ -55,10 +78,10 @@ def device_entry(gpu: GpuInfo, capacity_mib: int, driver_version: str | None) ->
         attrs["driverVersion"] = {"version": version}
     lo = min(REQUEST_MIN_MIB, capacity_mib - 1)
     default = max(lo, min(REQUEST_DEFAULT_MIB, capacity_mib))
-    policy = {"default": f"{default}Mi", "validRange": {"min": f"{lo}Mi", "max": f"{capacity_mib}Mi",
-                                                        "step": REQUEST_STEP}}
+    policy = {"default": mib_quantity(default), "validRange": {
+        "min": mib_quantity(lo), "max": mib_quantity(capacity_mib), "step": REQUEST_STEP}}
     return {"name": device_name(gpu.index), "attributes": attrs, "allowMultipleAllocations": True,
-            "capacity": {CAPACITY: {"value": f"{capacity_mib}Mi", "requestPolicy": policy}}}
+            "capacity": {CAPACITY: {"value": mib_quantity(capacity_mib), "requestPolicy": policy}}}
 
 
 def capacities(gpus: Sequence[GpuInfo]) -> dict[int, int]:
@@ -77,9 +100,8 @@ def slice_spec(node: str, gpus: Sequence[GpuInfo], healthy: Mapping[str, bool], 
 
 
 def same_devices(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """Equal but for the generation (what a restart must not rewrite)."""
-    strip = ({**s, "pool": {**(s.get("pool") or {}), "generation": 0}} for s in (a, b))
-    return next(strip) == next(strip)
+    """Equal but for the generation and the spelling of quantities (what a restart must not rewrite)."""
+    return _normalised(a) == _normalised(b)
 
 
 class SlicePublisher:

@@ -125,6 +125,12 @@ def test_publisher_removes_duplicates_and_bumps_the_generation_only_on_change() 
         assert mine[0]["spec"]["pool"]["generation"] == 5  # past the stale slice's generation
         assert mine[0]["metadata"]["ownerReferences"][0]["uid"] == "u1"
         assert pub.sync_once() == "unchanged"
+        stored = kube.get("ResourceSlice", None, "node-a-memslice.io")
+        cap = stored["spec"]["devices"][0]["capacity"]["memory"]
+        assert cap["value"] == "141Gi"  # canonical, as the API server writes it
+        cap["value"] = "144384Mi"  # the same quantity spelt otherwise: no rewrite, no new generation
+        kube.put(stored)
+        assert pub.sync_once() == "unchanged"
         healthy[GPU.uuid] = False
         assert pub.sync_once() == "updated"
         [s] = [s for s in kube.list("ResourceSlice") if s["spec"]["nodeName"] == "node-a"]

@@ -167,7 +167,7 @@ def test_two_claims_share_one_gpu_each_held_to_its_memory(world) -> None:
     assert len(sl) == 1
     dev = sl[0]["spec"]["devices"][0]
     assert dev["name"] == "gpu-0" and dev["allowMultipleAllocations"] is True
-    assert dev["capacity"]["memory"]["value"] == "16384Mi"
+    assert dev["capacity"]["memory"]["value"] == "16Gi"
     assert {"uuid", "index", "productName", "driverVersion"} <= set(dev["attributes"])
     small = make_claim(kube, "small", "4Gi")
     large = make_claim(kube, "large", "8Gi")
