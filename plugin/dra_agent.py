@@ -99,9 +99,13 @@ def start_dra(cfg: AgentConfig, state: NodeState, regions: RegionStore, rcfg: Re
     except OSError as exc:
         slices.stop()
         raise DraStartError(str(exc)) from exc
-    def on_status(registered: bool) -> None:  # the device-plugin mode's registration metrics, same meaning
-        metrics.registered.set(1 if registered else 0)
+    def on_status(registered: bool) -> None:
+        metrics.registered.set(1 if registered else 0)  # the device-plugin mode's metrics, same meaning
         (metrics.registrations if registered else metrics.registration_errors).inc()
+        if registered:
+            # A starting kubelet deletes every ResourceSlice of its node, then registers the drivers again:
+            # publish at once rather than at the next resync.
+            slices.mark_dirty()
 
     registration = RegistrationServer(cfg.plugins_registry_dir,
                                       RegistrationService(DRIVER, server.socket_path, SERVICES, on_status))

@@ -105,12 +105,13 @@ def same_devices(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 
 class SlicePublisher:
-    """Keeps the node's one ResourceSlice equal to `devices()`; republishes on `mark_dirty`, retries with
-    backoff, and re-checks every `resync_s` (someone may have deleted or edited it)."""
+    """Keeps the node's one ResourceSlice equal to `devices()`; republishes on `mark_dirty` (health changes,
+    the kubelet registering the driver again), retries with backoff, and re-checks every `resync_s` (one
+    LIST by field selector: someone may have deleted or edited the slice)."""
 
     def __init__(self, api: DraApi, node: str, gpus: Callable[[], Sequence[GpuInfo]],
                  healthy: Callable[[], Mapping[str, bool]], driver_version: str | None,
-                 node_uid: Callable[[], str | None], resync_s: float = 300.0) -> None:
+                 node_uid: Callable[[], str | None], resync_s: float = 30.0) -> None:
         self.api = api
         self.node = node
         self.gpus = gpus

@@ -12,6 +12,9 @@ What the kubelet does (pkg/kubelet/pluginmanager, pkg/kubelet/cm/dra/plugin/dra_
   plugin manager's reconciler retries what is in its desired state (here: at the next poll, 50 ms);
 - a socket that disappears deregisters the plugin;
 - `restart()`: the kubelet goes away and comes back; registrations are rebuilt from the sockets present.
+  Given the API stand-in and the node name, a (re)starting kubelet first deletes every ResourceSlice of its
+  node, as DRAPluginManager does at start-up ("better to not advertise any local resources" until the
+  drivers are back).
 
 `services` picks what this kubelet supports (e.g. only v1beta1, an older kubelet).
 """
@@ -49,8 +52,10 @@ class Registered:
 
 
 class KubeletDraStandin:
-    def __init__(self, registry_dir: Path, services: tuple[str, ...] = KUBELET_SERVICES) -> None:
+    def __init__(self, registry_dir: Path, services: tuple[str, ...] = KUBELET_SERVICES, kube: Any = None,
+                 node: str = "") -> None:
         self.registry_dir = registry_dir
+        self.kube, self.node = kube, node
         self.services = services
         self.registered: dict[str, Registered] = {}
         self.refusals: list[str] = []
@@ -61,6 +66,10 @@ class KubeletDraStandin:
 
     def start(self) -> KubeletDraStandin:
         self.registry_dir.mkdir(parents=True, exist_ok=True)
+        if self.kube is not None:  # wipeResourceSlices("" = all drivers) at kubelet start
+            for sl in self.kube.list("ResourceSlice"):
+                if sl["spec"].get("nodeName") == self.node:
+                    self.kube.delete("ResourceSlice", None, sl["metadata"]["name"])
         self._stop.clear()
         self._thread = threading.Thread(target=self._watch, name="kubelet-dra", daemon=True)
         self._thread.start()

@@ -27,7 +27,7 @@ import kube_standin_dra as dra
 import pytest
 from conftest import ChildLog
 from kube_standin import KubeApiStandin
-from kubelet_dra_standin import KubeletDraStandin
+from kubelet_dra_standin import KUBELET_SERVICES, KubeletDraStandin
 from test_e2e_cluster import CONTEXT_RESERVE_MIB, TENANT
 
 from memslice.paths import lib_paths
@@ -50,8 +50,7 @@ class DraNode:
         self.regions = root / "regions"
         self.state = root / "sim.state"
         self.kubeconfig = kube.kubeconfig(str(root / "kubeconfig"))
-        self.kubelet = (KubeletDraStandin(self.registry, services) if services else
-                        KubeletDraStandin(self.registry)).start()
+        self.kubelet = KubeletDraStandin(self.registry, services or KUBELET_SERVICES, kube, NODE).start()
         env = {k: v for k, v in os.environ.items()
                if not k.startswith("MEMSLICE_") and k not in ("KUBERNETES_SERVICE_HOST", "NODE_NAME")}
         env["MEMSLICE_SIM_STATE"] = str(self.state)
@@ -350,3 +349,15 @@ def test_unreadable_checkpoint_stops_the_agent_naming_the_file(world) -> None:
     assert node.proc is not None and node.proc.wait(30) == 1
     out = node.log()
     assert f"the DRA checkpoint {ckpt} cannot be read" in out and "move it away" in out
+
+
+def test_kubelet_restart_wipes_the_slice_and_the_agent_publishes_it_at_once(world) -> None:
+    kube, node = world
+    c = make_claim(kube, "running", "2Gi")
+    assert node.kubelet.prepare(DRIVER, c).claims[c["metadata"]["uid"]].error == ""
+    node.kubelet.restart()  # deletes the node's slices, then registers the driver again
+    assert kube.wait_for(lambda k: len(node.slices()) == 1, 10), node.log()  # well before the 30 s resync
+    [sl] = node.slices()
+    assert [d["name"] for d in sl["spec"]["devices"]] == ["gpu-0"]
+    again = node.kubelet.prepare(DRIVER, c).claims[c["metadata"]["uid"]]  # the running pod's claim: as before
+    assert again.error == "" and again.devices[0].device_name == "gpu-0"
