@@ -149,9 +149,10 @@ class SlicePublisher:
                 self.sync_once()
             except Exception as exc:  # the API server away or refusing: keep trying, say why
                 failures += 1
-                hint = ("the agent's service account needs list/create/update/delete on "
-                        "resourceslices.resource.k8s.io" if isinstance(exc, KubeError) and exc.status == 403
-                        else str(exc))
+                hint = str(exc)
+                if isinstance(exc, KubeError) and exc.status == 403:
+                    hint += (" (the agent's service account needs list/create/update/delete on "
+                             "resourceslices.resource.k8s.io, and may write only its own node's slices)")
                 if failures == 1 or failures % 10 == 0:
                     log.warning("publishing ResourceSlice %s failed (%d times): %s; retrying",
                                 slice_name(self.node), failures, hint)
