@@ -55,9 +55,9 @@ def container_edits(resp: api_pb2.ContainerAllocateResponse) -> dict[str, Any]:
     return edits
 
 
-def spec_document(claim_uid: str, devices: Iterable[CdiDevice]) -> dict[str, Any]:
+def spec_document(devices: Iterable[CdiDevice]) -> dict[str, Any]:
+    # No spec or device annotations: they need cdiVersion 0.6.0, and the claim UID is in the file name.
     return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND,
-            "annotations": {f"{DRIVER}/claim-uid": claim_uid},
             "devices": [{"name": d.name, "containerEdits": container_edits(d.response)} for d in devices]}
 
 
@@ -91,7 +91,7 @@ class CdiSpecs:
         fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{path.name}.")
         try:
             with os.fdopen(fd, "w") as f:
-                json.dump(spec_document(claim_uid, devices), f, indent=1)
+                json.dump(spec_document(devices), f, indent=1)
             os.chmod(tmp, 0o644)
             os.replace(tmp, path)
         except BaseException:
