@@ -20,7 +20,9 @@ from typing import Any
 from memslice.plugin.dra_prepare import DRIVER
 from memslice.proto import api_pb2
 
-CDI_VERSION = "0.5.0"  # env, mounts, deviceNodes only: understood by every CDI-aware runtime since 2022
+# The lowest version the spec's features need (the CDI library refuses a spec declaring less): 0.5.0 lets a
+# device name start with a digit (claim UIDs do) and a deviceNode carry hostPath; annotations would need 0.6.0.
+CDI_VERSION = "0.5.0"
 CDI_KIND = f"{DRIVER}/gpu-mem"
 SPEC_PREFIX = f"{DRIVER}-"
 _CDI_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")
