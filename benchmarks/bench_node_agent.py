@@ -1,8 +1,10 @@
 """Node-agent benchmark: ListAndWatch message size per node shape, Allocate / GetPreferredAllocation latency
-with 100 pods on the node, kubelet-restart re-registration time, the agent's resident memory, and the time
-to answer hostile Allocate requests of 60,000 IDs (valid, with one duplicate, all aliases).
+with 100 pods on the node, kubelet-restart re-registration time, the agent's resident memory, the time to
+answer hostile Allocate requests of 60,000 IDs (valid, with one duplicate, all aliases); in DRA mode
+(--kubelet-api dra) NodePrepareResources / NodeUnprepareResources latency with 100 claims on an 8x141GiB node
+and the size of that node's ResourceSlice.
 
-    .venv/bin/python benchmarks/bench_node_agent.py [--json] [--pods N] [--hostile-only]
+    .venv/bin/python benchmarks/bench_node_agent.py [--json] [--pods N] [--only device-plugin|dra|hostile]
 
 The agent runs as a real `memslice node-agent --simulate` process next to the kubelet stand-in (real gRPC on
 Unix sockets, the kubelet's 4 MiB receive limit) and, for the latency runs, the Kubernetes API stand-in
@@ -27,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # the stand-ins' channels see GOAWAY on every restart
 
+import kube_standin_dra  # noqa: E402
 from kube_standin import KubeApiStandin  # noqa: E402
 from kubelet_standin import KubeletStandin  # noqa: E402
 
@@ -205,23 +208,87 @@ def hostile_allocate(n: int = 60_000, runs: int = 5) -> dict:
     return out
 
 
+def dra(sim: str, claims: int) -> dict:
+    """NodePrepareResources / NodeUnprepareResources latency (one claim per call, as the kubelet sends one
+    pod's claims) measured around each gRPC call in the kubelet DRA stand-in, and the ResourceSlice size."""
+    from test_dra_node import DRIVER, NODE, DraNode
+
+    root = Path(tempfile.mkdtemp(prefix="msb-dra-", dir="/tmp"))
+    with KubeApiStandin() as api:
+        api.put({"kind": "Node", "metadata": {"name": NODE}})
+        api.put(kube_standin_dra.device_class())
+        node = DraNode(root, api, gpus=sim)
+        try:
+            t0 = time.monotonic()
+            node.start()
+            start_s = time.monotonic() - t0
+            [sl] = node.slices()
+            slice_bytes = len(json.dumps(sl, separators=(",", ":")))
+            gpus = len(sl["spec"]["devices"])
+            per_claim = "4Gi"  # 100 claims: 400 GiB of the node's 1128 GiB, first-fit over the 8 devices
+            objs = []
+            for i in range(claims):
+                api.put(kube_standin_dra.claim(f"c{i}", per_claim, namespace="bench"))
+                objs.append(kube_standin_dra.allocate(api, "bench", f"c{i}", NODE))
+            prep, unprep = [], []
+            for c in objs:
+                t = time.perf_counter()
+                resp = node.kubelet.prepare(DRIVER, c)
+                prep.append((time.perf_counter() - t) * 1000)
+                assert resp.claims[c["metadata"]["uid"]].error == "", resp
+            rss = rss_mib(node.proc.pid)  # type: ignore[union-attr]
+            for c in objs:
+                t = time.perf_counter()
+                node.kubelet.unprepare(DRIVER, c)
+                unprep.append((time.perf_counter() - t) * 1000)
+            return {"node": sim, "claims": claims, "memory_per_claim": per_claim, "devices": gpus,
+                    "resourceslice_bytes": slice_bytes, "start_to_registered_s": round(start_s, 2),
+                    "prepare_ms_median": round(statistics.median(prep), 2),
+                    "prepare_ms_p99": round(pct(prep, 99), 2),
+                    "unprepare_ms_median": round(statistics.median(unprep), 2),
+                    "unprepare_ms_p99": round(pct(unprep, 99), 2), "agent_rss_mib_after": round(rss, 1)}
+        finally:
+            node.stop()
+            shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     ap.add_argument("--pods", type=int, default=100, help="pods admitted in the latency runs (default 100)")
-    ap.add_argument("--hostile-only", action="store_true", help="only the hostile Allocate timings")
+    ap.add_argument("--only", choices=("device-plugin", "dra", "hostile"), help="run only one set of measurements")
+    ap.add_argument("--hostile-only", action="store_true", help="the same as --only hostile")
     a = ap.parse_args()
-    hostile = hostile_allocate()
     if a.hostile_only:
+        a.only = "hostile"
+    hostile = hostile_allocate() if a.only in (None, "hostile") else None
+    if a.only == "hostile":
         print(json.dumps(hostile) if a.json else _hostile_line(hostile))
         return 0
-    sizes = message_sizes()
-    lat = [latency(SHAPES["1x80GiB"][0], 1, SHAPES["1x80GiB"][1], a.pods),
-           latency(SHAPES["8x80GiB"][0], smallest_fitting_unit(SHAPES["8x80GiB"][1]), SHAPES["8x80GiB"][1],
-                   a.pods)]
+    dra_rows = [dra(SHAPES["8x141GiB"][0], a.pods)] if a.only != "device-plugin" else []
+    if a.only == "dra":
+        sizes, lat = [], []
+    else:
+        sizes = message_sizes()
+        lat = [latency(SHAPES["1x80GiB"][0], 1, SHAPES["1x80GiB"][1], a.pods),
+               latency(SHAPES["8x80GiB"][0], smallest_fitting_unit(SHAPES["8x80GiB"][1]), SHAPES["8x80GiB"][1],
+                       a.pods)]
     if a.json:
-        print(json.dumps({"listandwatch": sizes, "latency": lat, "hostile_allocate": hostile}, indent=2))
+        print(json.dumps({"listandwatch": sizes, "latency": lat, "dra": dra_rows, "hostile_allocate": hostile},
+                         indent=2))
         return 0
+    if dra_rows:
+        print("DRA mode, one claim per NodePrepareResources call (ms, measured in the kubelet DRA stand-in; "
+              "target p99 < 50 ms)")
+        print(f"{'node':<10}{'claims':>7}{'each':>9}{'slice bytes':>13}{'prep p50':>10}{'prep p99':>10}"
+              f"{'unprep p50':>12}{'unprep p99':>12}{'RSS MiB':>9}")
+        for r in dra_rows:
+            print(f"{'8x141GiB':<10}{r['claims']:>7}{r['memory_per_claim']:>9}{r['resourceslice_bytes']:>13}"
+                  f"{r['prepare_ms_median']:>10}{r['prepare_ms_p99']:>10}{r['unprepare_ms_median']:>12}"
+                  f"{r['unprepare_ms_p99']:>12}{r['agent_rss_mib_after']:>9}")
+        if a.only == "dra":
+            return 0
+        print()
     print(f"ListAndWatch message (kubelet limit {KUBELET_MAX_MESSAGE_BYTES} bytes; 'unit1 bytes' is the worst "
           f"case, every device Unhealthy; 'refused': the agent exits at --unit-mib 1 naming the unit)")
     print(f"{'node':<10}{'unit1 bytes':>13}{'fits':>6}{'refused':>9}{'unit':>6}{'devices':>9}{'bytes':>10}"
@@ -239,7 +306,8 @@ def main() -> int:
               f"{r['allocate_ms_median']:>11}{r['allocate_ms_p99']:>11}"
               f"{str(r['pods_on_reserved_gpu']) + '/' + str(r['pods']):>13}{r['reregister_s_median']:>13}"
               f"{r['agent_rss_mib_after']:>9}")
-    print("\n" + _hostile_line(hostile))
+    if hostile is not None:
+        print("\n" + _hostile_line(hostile))
     return 0
 
 

@@ -13,6 +13,7 @@ import grpc
 from memslice import errors
 from memslice.plugin.config import AgentConfig
 from memslice.plugin.devices import ListTooLarge, check_list_fits
+from memslice.plugin.dra_agent import DraParts, DraStartError, start_dra
 from memslice.plugin.gpus import GpuError, GpuInfo, Nvml
 from memslice.plugin.health import HealthBook, XidWatcher
 from memslice.plugin.inventory import InventoryPublisher, PodWatcher, api_client, inventory_annotations
@@ -62,6 +63,8 @@ class NodeAgent:
         self._reconcile_heartbeat = time.monotonic()
         self._pr_failing = False
         self.standalone = False
+        self.api: object | None = None
+        self.dra: DraParts | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -80,12 +83,13 @@ class NodeAgent:
         if not gpus:
             raise StartupError(f"no usable GPU on this node ({len(found)} found, all MIG-enabled or none): "
                                f"nothing to advertise")
-        try:
-            size = check_list_fits([g.shape() for g in gpus], cfg.unit_mib)
-        except ListTooLarge as exc:
-            raise StartupError(str(exc)) from exc
-        log.info("ListAndWatch message: at most %d bytes (kubelet limit 4194304) at --unit-mib %d", size,
-                 cfg.unit_mib)
+        if cfg.kubelet_api == "device-plugin":
+            try:
+                size = check_list_fits([g.shape() for g in gpus], cfg.unit_mib)
+            except ListTooLarge as exc:
+                raise StartupError(str(exc)) from exc
+            log.info("ListAndWatch message: at most %d bytes (kubelet limit 4194304) at --unit-mib %d", size,
+                     cfg.unit_mib)
         self._install_shim()
         sim_lib_dir, sim_state = self._install_sim_driver() if cfg.simulate else (None, None)
         health = HealthBook([g.uuid for g in gpus], cfg.ignored_xids, cfg.health_recovery_s)
@@ -94,18 +98,27 @@ class NodeAgent:
             self.regions.prepare()
         except OSError as exc:
             raise StartupError(f"cannot create --region-root {cfg.region_root}: {exc}") from exc
-        self.state.ledger.update(self.regions.load())
-        self.reconcile_once()  # recover what the kubelet recorded before serving anything
-        self._start_kubernetes()
+        if cfg.kubelet_api == "dra":
+            self._start_kubernetes_dra()
+        else:
+            self.state.ledger.update(self.regions.load())
+            self.reconcile_once()  # recover what the kubelet recorded before serving anything
+            self._start_kubernetes()
         self._xid = XidWatcher(gpus, health, self.nvml.responds, self._health_changed)
         self._xid.start()
         self._start_http()
+        rcfg = ResponseConfig(shim_host_dir=cfg.shim_host_dir, preload=cfg.preload, visibility=cfg.visibility,
+                              cdi_kind=cfg.cdi_kind, sim_lib_dir=sim_lib_dir, sim_state=sim_state)
+        if cfg.kubelet_api == "dra":
+            try:
+                self.dra = start_dra(cfg, self.state, self.regions, rcfg, self.api, self.metrics)
+            except DraStartError as exc:
+                raise StartupError(str(exc)) from exc
+            return
         try:
             cfg.device_plugin_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StartupError(f"cannot use --device-plugin-dir {cfg.device_plugin_dir}: {exc}") from exc
-        rcfg = ResponseConfig(shim_host_dir=cfg.shim_host_dir, preload=cfg.preload, visibility=cfg.visibility,
-                              cdi_kind=cfg.cdi_kind, sim_lib_dir=sim_lib_dir, sim_state=sim_state)
         state = self.state
 
         def make_server(sock: Path) -> PluginServer:
@@ -119,7 +132,7 @@ class NodeAgent:
     def stop(self) -> None:
         self._stop.set()
         self._reconcile_now.set()
-        for part in (self.registrar, self.pod_watcher, self.publisher, self._xid, self.http):
+        for part in (self.registrar, self.pod_watcher, self.publisher, self.dra, self._xid, self.http):
             if part is not None:
                 part.stop()
         if self._reconciler.is_alive():
@@ -183,6 +196,21 @@ class NodeAgent:
         self.pod_watcher = PodWatcher(api, self.cfg.node_name, state, self._reconcile_now.set)
         self.pod_watcher.start()
 
+    def _start_kubernetes_dra(self) -> None:
+        try:
+            api, how = api_client(self.cfg.kubeconfig)
+        except Exception as exc:
+            raise StartupError(f"cannot load the Kubernetes configuration: {exc}; fix --kubeconfig/"
+                               f"KUBECONFIG") from exc
+        if api is None:
+            raise StartupError(f"--kubelet-api dra needs the Kubernetes API (to publish ResourceSlices and read "
+                               f"ResourceClaims), but {how}")
+        if not self.cfg.node_name:
+            raise StartupError(f"a Kubernetes API is configured ({how}) but the node name is unknown: pass "
+                               f"--node-name or set NODE_NAME (downward API fieldRef spec.nodeName)")
+        log.info("Kubernetes API: %s; node %s; DRA driver memslice.io", how, self.cfg.node_name)
+        self.api = api
+
     def _start_http(self) -> None:
         assert self.state is not None
         reader = region_reader()
@@ -203,16 +231,22 @@ class NodeAgent:
         self.state.bump()
         if self.publisher is not None:
             self.publisher.mark_dirty()
+        if self.dra is not None:
+            self.dra.slices.mark_dirty()
 
     def live(self) -> bool:
         now = time.monotonic()
         beats = [self._reconcile_heartbeat]
         if self.registrar is not None:
             beats.append(self.registrar.heartbeat)
+        if self.dra is not None:
+            return True  # no reconcile loop in DRA mode: the kubelet's Unprepare calls clean up
         stale = max(30.0, 3 * self.cfg.reconcile_interval_s)
         return all(now - b < stale for b in beats)
 
     def ready(self) -> bool:
+        if self.dra is not None:
+            return self.dra.ready()
         return self.registrar is not None and self.registrar.registered.is_set()
 
     # --- reconciliation with the kubelet's record -------------------------------------------------------

@@ -15,6 +15,11 @@ GPU), hand each container its slice (env MEMSLICE_GPU_MEM_LIMIT, a region direct
 GPU made visible), watch GPU health (NVML Xid events), publish the node inventory (annotations
 memslice.io/gpus and memslice.io/unit-mib), and serve Prometheus metrics.
 
+With --kubelet-api dra the agent is instead the DRA driver memslice.io (Kubernetes >= 1.36, default
+kube-scheduler, no extender): it registers through --plugins-registry-dir, publishes one ResourceSlice with a
+shareable device per healthy GPU (capacity.memory), and for each claim the kubelet prepares creates the
+claim's region and a CDI spec in --cdi-dir carrying the same env and mounts. It needs the Kubernetes API.
+
 Every flag has an environment variable (flags win). Exit status: 0 after SIGTERM/SIGINT, 2 for a bad flag
 or env value, 1 when the agent cannot start (the message says why: e.g. a device list over the kubelet's
 4 MiB ListAndWatch limit names the --unit-mib value that fits).
@@ -32,7 +37,8 @@ smallest unit that fits. Pick one unit for the whole cluster (the largest any no
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from memslice.plugin.config import add_arguments
 
-    p = subparsers.add_parser("node-agent", help="run the node agent (kubelet device plugin for GPU memory)",
+    p = subparsers.add_parser("node-agent", help="run the node agent (kubelet device plugin or DRA driver for GPU "
+                                                 "memory)",
                               description=DESCRIPTION, epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)

@@ -17,6 +17,7 @@ from memslice.plugin.health import DEFAULT_IGNORED_XIDS
 
 PRELOAD_MODES = ("file", "env")
 VISIBILITY_MODES = ("env", "cdi")
+KUBELET_APIS = ("device-plugin", "dra")
 
 
 class ConfigError(errors.ConfigError):
@@ -32,6 +33,19 @@ class Option:
 
 
 OPTIONS = [
+    Option("--kubelet-api", "MEMSLICE_KUBELET_API", "device-plugin",
+           "how the kubelet is served: 'device-plugin' advertises memslice.io/gpu-mem (with the scheduler "
+           "extender); 'dra' is a DRA driver (memslice.io) publishing ResourceSlices with consumable memory "
+           "capacity for the default kube-scheduler (Kubernetes >= 1.36, or 1.34+ with DRAConsumableCapacity)"),
+    Option("--plugins-registry-dir", "MEMSLICE_PLUGINS_REGISTRY_DIR", "/var/lib/kubelet/plugins_registry",
+           "dra: the kubelet's plugin-watcher directory (the registration socket memslice.io-reg.sock is "
+           "created there). Mount it read-write from the host"),
+    Option("--kubelet-plugins-dir", "MEMSLICE_KUBELET_PLUGINS_DIR", "/var/lib/kubelet/plugins",
+           "dra: the DRA socket and checkpoint go in <this>/memslice.io/ (the kubelet dials the socket by its "
+           "host path, so mount it at the same path)"),
+    Option("--cdi-dir", "MEMSLICE_CDI_DIR", "/var/run/cdi",
+           "dra: where the container runtime reads CDI specs; one memslice.io-<claim uid>.json per prepared "
+           "claim"),
     Option("--device-plugin-dir", "MEMSLICE_DEVICE_PLUGIN_DIR", "/var/lib/kubelet/device-plugins",
            "the kubelet's device-plugin directory (kubelet.sock is there; the agent's socket "
            "memslice-gpu-mem.sock is created there). Mount it read-write from the host"),
@@ -117,6 +131,10 @@ class AgentConfig:
     log_level: str
     simulate: bool
     sim_gpus: str | None
+    kubelet_api: str = "device-plugin"
+    plugins_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    kubelet_plugins_dir: Path = Path("/var/lib/kubelet/plugins")
+    cdi_dir: Path = Path("/var/run/cdi")
 
 
 def _int(name: str, raw: str, lo: int, hi: int, what: str) -> int:
@@ -208,4 +226,8 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> A
         log_level=level,
         simulate=simulate,
         sim_gpus=sim_gpus,
+        kubelet_api=_choice(n("kubelet_api"), get("kubelet_api"), KUBELET_APIS),
+        plugins_registry_dir=Path(get("plugins_registry_dir")),
+        kubelet_plugins_dir=Path(get("kubelet_plugins_dir")),
+        cdi_dir=Path(get("cdi_dir")),
     )

@@ -60,6 +60,9 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "secrets": ("Secret", True),
 }
 KIND_TO_PLURAL = {kind.lower(): plural for plural, (kind, _) in RESOURCES.items()}
+# plural -> apiVersion, for resources outside core/v1 (served under /apis/<group>/<version>); modules such as
+# kube_standin_dra.py add theirs (with RESOURCES and KIND_TO_PLURAL entries).
+API_VERSIONS: dict[str, str] = {}
 MAX_BODY = 3 * 1024 * 1024  # the real server's default request size limit
 EVENT_WINDOW = 200_000  # events kept for watch replay; older ones are compacted away
 
@@ -341,7 +344,7 @@ class Store:
             meta["uid"] = prev["metadata"]["uid"]
             meta["creationTimestamp"] = prev["metadata"]["creationTimestamp"]
         kind, _ = RESOURCES[plural]
-        obj["kind"], obj["apiVersion"] = kind, "v1"
+        obj["kind"], obj["apiVersion"] = kind, API_VERSIONS.get(plural, "v1")
         if plural == "pods":
             obj.setdefault("spec", {})
             obj.setdefault("status", {}).setdefault("phase", "Pending")
@@ -555,7 +558,7 @@ class KubeApiStandin:
 # ---------------------------------------------------------------------------------------------- HTTP
 
 _PATH = re.compile(
-    r"^/api/v1(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[a-z]+)(?:/(?P<name>[^/]+)(?:/(?P<sub>[a-z]+))?)?$")
+    r"^(?:/api/v1|/apis/(?P<gv>[a-z0-9.\-]+/[a-z0-9]+))(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[a-z]+)(?:/(?P<name>[^/]+)(?:/(?P<sub>[a-z]+))?)?$")
 
 
 class _Handler(LeanRequestHandler):
@@ -633,7 +636,7 @@ class _Handler(LeanRequestHandler):
             if token is not None and self.headers.get("Authorization") != f"Bearer {token}":
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             m = _PATH.match(parts.path)
-            if not m or m["plural"] not in RESOURCES:
+            if not m or m["plural"] not in RESOURCES or (m["gv"] or "v1") != API_VERSIONS.get(m["plural"], "v1"):
                 raise ApiError(404, "NotFound", f"the server could not find the requested resource "
                                                 f"({method} {parts.path})")
             plural, ns, name, sub = m["plural"], m["ns"], m["name"], m["sub"]
@@ -726,7 +729,8 @@ class _Handler(LeanRequestHandler):
                 meta["continue"] = next_token
                 meta["remainingItemCount"] = len(store.snapshots[next_token][1])
             store.snapshots.pop(token, None)
-        return {"kind": f"{kind}List", "apiVersion": "v1", "metadata": meta, "items": items}
+        return {"kind": f"{kind}List", "apiVersion": API_VERSIONS.get(plural, "v1"), "metadata": meta,
+                "items": items}
 
     def _validate_new(self, plural: str, ns: str | None, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict):

@@ -1,0 +1,120 @@
+"""DRA mode of the node agent (`--kubelet-api dra`): assembles the parts and owns their lifecycle.
+
+Order matters: the checkpoint is recovered (regions and CDI specs of prepared claims back, leftovers removed)
+before the DRA socket serves; the DRA socket serves before the registration socket appears (the kubelet dials
+the endpoint as soon as it reads GetInfo); the ResourceSlice is published in the background.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from memslice.plugin.config import AgentConfig
+from memslice.plugin.dra_cdi import CdiSpecs
+from memslice.plugin.dra_checkpoint import Checkpoint, CheckpointError
+from memslice.plugin.dra_kube import DraApi, KubeError
+from memslice.plugin.dra_prepare import DRIVER
+from memslice.plugin.dra_server import SERVICES, SOCKET_NAME, DraDriver, DraServer, api_claim_reader
+from memslice.plugin.dra_slices import SlicePublisher, capacities
+from memslice.plugin.metrics import Metrics
+from memslice.plugin.plugin_registration import RegistrationServer, RegistrationService
+from memslice.plugin.regions import RegionStore
+from memslice.plugin.response import ResponseConfig
+from memslice.plugin.state import NodeState
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_NAME = "checkpoint.json"
+
+
+class DraStartError(RuntimeError):
+    """DRA mode cannot start; the message names the path or value and the fix."""
+
+
+def nvml_driver_version() -> str | None:
+    """The NVIDIA driver version NVML reports (published as the driverVersion attribute), if any."""
+    import pynvml
+
+    try:
+        v = pynvml.nvmlSystemGetDriverVersion()
+    except pynvml.NVMLError as exc:
+        log.warning("NVML does not report the driver version (%s): driverVersion is not published", exc)
+        return None
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+@dataclass
+class DraParts:
+    driver: DraDriver
+    server: DraServer
+    registration: RegistrationServer
+    slices: SlicePublisher
+
+    def ready(self) -> bool:
+        return self.registration.service.registered.is_set() and self.slices.published.is_set()
+
+    def stop(self) -> None:
+        self.registration.stop()  # the kubelet stops calling before the DRA socket closes
+        self.server.stop()
+        self.slices.stop()
+
+
+def start_dra(cfg: AgentConfig, state: NodeState, regions: RegionStore, rcfg: ResponseConfig, api: Any,
+              metrics: Metrics) -> DraParts:
+    node = cfg.node_name
+    plugin_dir = cfg.kubelet_plugins_dir / DRIVER
+    specs = CdiSpecs(cfg.cdi_dir)
+    try:
+        plugin_dir.mkdir(parents=True, exist_ok=True)
+        specs.prepare()
+    except OSError as exc:
+        raise DraStartError(f"cannot create {plugin_dir} or --cdi-dir {cfg.cdi_dir}: {exc}; mount "
+                            f"--kubelet-plugins-dir and --cdi-dir read-write from the host") from exc
+    kube = DraApi(api)
+    gpus = list(state.gpus.values())
+    caps = capacities(gpus)
+    driver = DraDriver(state, regions, specs, Checkpoint(plugin_dir / CHECKPOINT_NAME), rcfg,
+                       api_claim_reader(kube), pool=node, capacity_mib=lambda: caps)
+    try:
+        driver.recover()
+    except CheckpointError as exc:
+        raise DraStartError(str(exc)) from exc
+    except OSError as exc:
+        raise DraStartError(f"cannot restore the prepared claims' regions or CDI specs: {exc}") from exc
+
+    def node_uid() -> str | None:
+        try:
+            return kube.node_uid(node)
+        except (KubeError, OSError) as exc:
+            log.warning("cannot read node %s (%s): the ResourceSlice gets no owner reference", node, exc)
+            return None
+
+    slices = SlicePublisher(kube, node, lambda: gpus, state.health.snapshot, nvml_driver_version(), node_uid)
+    slices.start()
+    server = DraServer(plugin_dir / SOCKET_NAME, driver, cfg.grpc_workers)
+    try:
+        server.start()
+    except OSError as exc:
+        slices.stop()
+        raise DraStartError(str(exc)) from exc
+    def on_status(registered: bool) -> None:
+        metrics.registered.set(1 if registered else 0)  # the device-plugin mode's metrics, same meaning
+        (metrics.registrations if registered else metrics.registration_errors).inc()
+        if registered:
+            # A starting kubelet deletes every ResourceSlice of its node, then registers the drivers again:
+            # publish at once rather than at the next resync.
+            slices.mark_dirty()
+
+    registration = RegistrationServer(cfg.plugins_registry_dir,
+                                      RegistrationService(DRIVER, server.socket_path, SERVICES, on_status))
+    try:
+        registration.start()
+    except OSError as exc:
+        server.stop()
+        slices.stop()
+        raise DraStartError(str(exc)) from exc
+    log.info("DRA driver %s: serving %s on %s, registration socket %s", DRIVER, ", ".join(SERVICES),
+             server.socket_path, registration.socket)
+    return DraParts(driver, server, registration, slices)

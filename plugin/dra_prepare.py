@@ -1,0 +1,216 @@
+"""DRA: from a ResourceClaim (as the API server returns it) to what this node must prepare. Pure.
+
+Each allocation result of driver memslice.io on this node's pool is one *share* of one GPU: the device
+(`gpu-<index>`), the `shareID` kube-scheduler gave it, and `consumedCapacity.memory` (the request rounded up by
+the device's requestPolicy). A share becomes one region (quota = that memory); see docs/architecture.md
+"DRA contracts". Everything the claim says is checked here; a refusal is a ClaimError whose message names the
+claim, the bad value and what to do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from memslice.plugin.gpus import GpuInfo
+
+DRIVER = "memslice.io"
+CAPACITY = "memory"
+CONFIG_API_VERSION = "memslice.io/v1alpha1"
+CONFIG_KIND = "GpuMemConfig"
+MiB = 1 << 20
+_SHARE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
+_DEVICE = re.compile(r"gpu-(\d{1,4})\Z")
+_QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([a-zA-Z]{0,2}|[eE][+-]?[0-9]{1,3})\Z")
+_SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+           "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60,
+           "m": Decimal("0.001")}
+
+
+class ClaimError(ValueError):
+    """A claim this node cannot prepare; the message is returned to the kubelet (and shown in pod events)."""
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"ResourceClaim {self.namespace}/{self.name} (uid {self.uid})"
+
+
+@dataclass(frozen=True)
+class Share:
+    """One allocation result of this driver: `mib` of GPU `gpu_index`, kept in region `region_id`."""
+
+    request: str
+    pool: str
+    device: str
+    share_id: str
+    mib: int
+    gpu_index: int
+    gpu_uuid: str
+    region_id: str
+
+
+def device_name(index: int) -> str:
+    """The ResourceSlice device name of GPU `index` (a DNS label)."""
+    return f"gpu-{index}"
+
+
+def gpu_index_of(device: str) -> int | None:
+    m = _DEVICE.match(device)
+    return int(m.group(1)) if m else None
+
+
+def region_id_for_share(gpu_index: int, claim_uid: str, request: str, share_id: str) -> str:
+    """`g<gpu>-<12 hex>` (the device plugin's region ID form, so RegionStore handles both): stable for the
+    same share, so a repeated NodePrepareResources finds the same region."""
+    digest = hashlib.sha256(f"{claim_uid}/{request}/{share_id}".encode()).hexdigest()[:12]
+    return f"g{gpu_index}-{digest}"
+
+
+def quantity_bytes(raw: object) -> Decimal:
+    """A Kubernetes quantity ("4Gi", "4096Mi", "4294967296", "1.5Gi", "4e9") in bytes; ValueError otherwise.
+    Hand-written because it runs on every prepare and must bound hostile input (length, exponent)."""
+    if not isinstance(raw, str) or not 0 < len(raw) <= 64:
+        raise ValueError(f"{raw!r} is not a quantity")
+    m = _QUANTITY.match(raw.strip())
+    if not m:
+        raise ValueError(f"{raw!r} is not a quantity")
+    number, suffix = m.groups()
+    try:
+        value = Decimal(number)
+    except InvalidOperation as exc:
+        raise ValueError(f"{raw!r} is not a quantity") from exc
+    if suffix[:1] in ("e", "E"):
+        return value * (Decimal(10) ** int(suffix[1:]))
+    if suffix not in _SUFFIX:
+        raise ValueError(f"{raw!r} has an unknown suffix {suffix!r}")
+    return value * _SUFFIX[suffix]
+
+
+def mib_floor(raw: object) -> int:
+    """Whole MiB in a quantity (rounded down); ValueError for a non-quantity."""
+    return int(quantity_bytes(raw) // MiB)
+
+
+def _get(obj: Any, *path: str) -> Any:
+    for key in path:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def claim_config(claim: Mapping[str, Any], ref: ClaimRef) -> dict[str, Any]:
+    """Opaque parameters for this driver in the allocation's config (class and claim), merged in order.
+
+    Reserved for the elastic limit (issue 13): `{apiVersion: memslice.io/v1alpha1, kind: GpuMemConfig,
+    elastic: {...}}`. Nothing in it is supported yet, so any key other than apiVersion/kind is refused
+    rather than silently ignored (a tenant must not believe an elastic limit applies when it does not)."""
+    merged: dict[str, Any] = {}
+    for entry in _get(claim, "status", "allocation", "devices", "config") or []:
+        opaque = _get(entry, "opaque")
+        if not isinstance(opaque, dict) or opaque.get("driver") != DRIVER:
+            continue
+        params = opaque.get("parameters")
+        if not isinstance(params, dict):
+            raise ClaimError(f"{ref}: opaque config for {DRIVER} must be an object with apiVersion "
+                             f"{CONFIG_API_VERSION} and kind {CONFIG_KIND}")
+        if params.get("apiVersion") != CONFIG_API_VERSION or params.get("kind") != CONFIG_KIND:
+            raise ClaimError(f"{ref}: opaque config for {DRIVER} has apiVersion {params.get('apiVersion')!r}, "
+                             f"kind {params.get('kind')!r}; use apiVersion {CONFIG_API_VERSION}, kind "
+                             f"{CONFIG_KIND}")
+        extra = sorted(set(params) - {"apiVersion", "kind"})
+        if extra:
+            raise ClaimError(f"{ref}: {CONFIG_KIND} field(s) {', '.join(extra)} are not supported by this "
+                             f"memslice version (the elastic limit is not built yet); remove them")
+        merged.update(params)
+    return merged
+
+
+def shares_for(claim: Mapping[str, Any], ref: ClaimRef, pool: str, gpus: Mapping[int, GpuInfo],
+               capacity_mib: Mapping[int, int], healthy: Mapping[str, bool]) -> list[Share]:
+    """The shares of `claim` this node prepares; ClaimError when the claim is not one this node can serve.
+
+    `pool` is this node's pool name, `capacity_mib` the published memory capacity per GPU index."""
+    meta = claim.get("metadata") if isinstance(claim, Mapping) else None
+    uid = _get(meta, "uid")
+    if uid != ref.uid:
+        raise ClaimError(f"{ref}: the API server has uid {uid!r} under that name: the claim was deleted (and "
+                         f"perhaps re-created); the pod must be re-created with its new claim")
+    results = _get(claim, "status", "allocation", "devices", "results")
+    if not isinstance(results, list):
+        raise ClaimError(f"{ref} is not allocated (no status.allocation.devices.results); kube-scheduler "
+                         f"allocates it before the pod is bound")
+    ours = [r for r in results if isinstance(r, dict) and r.get("driver") == DRIVER]
+    if not ours:
+        drivers = sorted({str(r.get("driver")) for r in results if isinstance(r, dict)})
+        raise ClaimError(f"{ref} has no allocation result for driver {DRIVER} (results are for: "
+                         f"{', '.join(drivers) or 'none'}); the kubelet should not have asked this driver")
+    if len(ours) > 1:
+        raise ClaimError(f"{ref} has {len(ours)} results for {DRIVER}: one claim holds one share of one GPU "
+                         f"(a container mounts one quota region); ask for more memory in one request, or use "
+                         f"one claim per GPU")
+    claim_config(claim, ref)  # refuse what is reserved but not built
+    out = []
+    for r in ours:
+        request = r.get("request")
+        where = f"{ref}, request {request!r}"
+        if r.get("pool") != pool:
+            raise ClaimError(f"{where}: allocated from pool {r.get('pool')!r}, but this node's pool is "
+                             f"{pool!r}: the claim belongs to another node")
+        device = r.get("device")
+        index = gpu_index_of(device) if isinstance(device, str) else None
+        gpu = gpus.get(index) if index is not None else None
+        if gpu is None:
+            raise ClaimError(f"{where}: unknown device {device!r}; this node publishes "
+                             f"{', '.join(device_name(i) for i in sorted(gpus))}")
+        consumed = _get(r, "consumedCapacity", CAPACITY)
+        if consumed is None:
+            raise ClaimError(f"{where}: the result for {device} has no consumedCapacity.{CAPACITY}: the device "
+                             f"was not allocated as a share (is the DRAConsumableCapacity feature gate on in "
+                             f"kube-apiserver and kube-scheduler? Kubernetes >= 1.36 has it on by default)")
+        try:
+            mib = mib_floor(consumed)
+        except ValueError as exc:
+            raise ClaimError(f"{where}: consumedCapacity.{CAPACITY} {consumed!r}: {exc}") from None
+        cap = capacity_mib.get(gpu.index, 0)
+        if not 0 < mib <= cap:
+            raise ClaimError(f"{where}: consumedCapacity.{CAPACITY} {consumed!r} ({mib} MiB) does not fit "
+                             f"{device}, which has {cap} MiB; the allocation is inconsistent with the "
+                             f"ResourceSlice: delete the pod and its claim")
+        share_id = r.get("shareID")
+        if not isinstance(share_id, str) or not _SHARE_ID.match(share_id):
+            raise ClaimError(f"{where}: shareID {share_id!r} is missing or malformed; {device} is published "
+                             f"with allowMultipleAllocations, so kube-scheduler gives every share one")
+        if not healthy.get(gpu.uuid, False):
+            raise ClaimError(f"{where}: {device} ({gpu.uuid}) is Unhealthy (critical Xid); its slice "
+                             f"withdraws it: delete the pod so that it is scheduled again")
+        req = request if isinstance(request, str) else ""
+        out.append(Share(request=req, pool=pool, device=device, share_id=share_id, mib=mib,
+                         gpu_index=gpu.index, gpu_uuid=gpu.uuid,
+                         region_id=region_id_for_share(gpu.index, ref.uid, req, share_id)))
+    return out
+
+
+def check_fits(new: Iterable[Share], prepared: Iterable[Share], capacity_mib: Mapping[int, int]) -> None:
+    """Refuse shares that would take a GPU past its capacity together with the shares already prepared
+    (kube-scheduler checks this; a second scheduler, or an allocation written by hand, may not have)."""
+    used: dict[int, int] = {}
+    for s in prepared:
+        used[s.gpu_index] = used.get(s.gpu_index, 0) + s.mib
+    for s in new:
+        used[s.gpu_index] = used.get(s.gpu_index, 0) + s.mib
+        cap = capacity_mib.get(s.gpu_index, 0)
+        if used[s.gpu_index] > cap:
+            raise ClaimError(f"share {s.share_id} of {s.device} ({s.mib} MiB) would prepare "
+                             f"{used[s.gpu_index]} MiB on a device of {cap} MiB: the GPU is over-allocated "
+                             f"(two schedulers, or an allocation not made by kube-scheduler)")

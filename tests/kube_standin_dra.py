@@ -1,0 +1,160 @@
+"""resource.k8s.io/v1 for the API stand-in (tests/kube_standin.py): ResourceSlices, ResourceClaims and
+DeviceClasses (list/watch/get/create/update/patch/delete over HTTP, like every stand-in resource), and
+`allocate()`, which writes a claim's allocation the way kube-scheduler does for consumable capacity
+(KEP-5075, resource.k8s.io/v1 field docs):
+
+- each request of the claim (`exactly`, count 1) asks `capacity.requests.memory`, or the device's
+  `requestPolicy.default` when it names none; the amount is raised to `validRange.min` and rounded up to
+  `min + n*step`; over `validRange.max` the device cannot be used;
+- devices are taken first-fit, in slice and device order (upstream has no device scoring yet), among the
+  node's slices of the class's driver with `allowMultipleAllocations: true`, where the sum of the
+  `consumedCapacity` of every allocated claim plus this amount stays within `capacity.memory.value`;
+- the result carries `request`, `driver`, `pool`, `device`, a fresh `shareID` and `consumedCapacity`
+  (every capacity of the device, as the API requires); `config` gets the class's then the claim's opaque
+  config (source FromClass/FromClaim); `nodeSelector` pins the node; `reservedFor` names the pod.
+
+What it does not do: evaluate CEL selectors (the class's driver is read from `DeviceClass.spec.selectors`
+by the pattern `device.driver == "<name>"`), firstAvailable, constraints, admin access.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import kube_standin
+from kube_standin import KubeApiStandin
+from memslice.plugin.dra_prepare import quantity_bytes
+
+GROUP_VERSION = "resource.k8s.io/v1"
+_NEW = {"resourceslices": ("ResourceSlice", False), "resourceclaims": ("ResourceClaim", True),
+        "deviceclasses": ("DeviceClass", False)}
+for _plural, (_kind, _namespaced) in _NEW.items():
+    kube_standin.RESOURCES[_plural] = (_kind, _namespaced)
+    kube_standin.KIND_TO_PLURAL[_kind.lower()] = _plural
+    kube_standin.API_VERSIONS[_plural] = GROUP_VERSION
+
+_DRIVER_IN_CEL = re.compile(r'device\.driver\s*==\s*"([^"]+)"')
+_UNITS = (("Ei", 1 << 60), ("Pi", 1 << 50), ("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10))
+
+
+class Unschedulable(Exception):
+    pass
+
+
+def quantity(n: int) -> str:
+    """Bytes as the API server's canonical binary quantity (4294967296 -> "4Gi")."""
+    for suffix, size in _UNITS:
+        if n and n % size == 0:
+            return f"{n // size}{suffix}"
+    return str(n)
+
+
+def device_class(name: str = "gpu-mem.memslice.io", driver: str = "memslice.io",
+                 config: dict[str, Any] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"selectors": [{"cel": {"expression": f'device.driver == "{driver}" && '
+                                                                 f"device.allowMultipleAllocations == true"}}]}
+    if config is not None:
+        spec["config"] = [{"opaque": {"driver": driver, "parameters": config}}]
+    return {"apiVersion": GROUP_VERSION, "kind": "DeviceClass", "metadata": {"name": name}, "spec": spec}
+
+
+def claim(name: str, memory: str | None, namespace: str = "default", class_name: str = "gpu-mem.memslice.io",
+          request: str = "gpu", config: dict[str, Any] | None = None, driver: str = "memslice.io"
+          ) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": class_name}
+    if memory is not None:
+        exactly["capacity"] = {"requests": {"memory": memory}}
+    devices: dict[str, Any] = {"requests": [{"name": request, "exactly": exactly}]}
+    if config is not None:
+        devices["config"] = [{"requests": [request], "opaque": {"driver": driver, "parameters": config}}]
+    return {"apiVersion": GROUP_VERSION, "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace}, "spec": {"devices": devices}}
+
+
+def _consumed(kube: KubeApiStandin) -> dict[tuple[str, str, str], Decimal]:
+    """(driver, pool, device) -> memory consumed by every allocated claim."""
+    out: dict[tuple[str, str, str], Decimal] = {}
+    for c in kube.list("ResourceClaim"):
+        for r in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []:
+            mem = (r.get("consumedCapacity") or {}).get("memory")
+            if mem is not None:
+                key = (r["driver"], r["pool"], r["device"])
+                out[key] = out.get(key, Decimal(0)) + quantity_bytes(mem)
+    return out
+
+
+def consumed_amount(requested: Decimal | None, cap: dict[str, Any]) -> Decimal | None:
+    """The amount a request consumes of a capacity with a requestPolicy (None: the device cannot serve it)."""
+    policy = cap.get("requestPolicy") or {}
+    value = quantity_bytes(cap["value"])
+    if requested is None:
+        requested = quantity_bytes(policy["default"]) if "default" in policy else value
+    rng = policy.get("validRange")
+    if rng:
+        lo = quantity_bytes(rng["min"])
+        amount = max(requested, lo)
+        if "step" in rng:
+            step = int(quantity_bytes(rng["step"]))
+            amount = lo + (int(amount - lo) + step - 1) // step * step  # up to min + n*step
+        if "max" in rng and amount > quantity_bytes(rng["max"]):
+            return None
+        return amount
+    return requested
+
+
+def allocate(kube: KubeApiStandin, namespace: str, name: str, node: str, pod: dict[str, Any] | None = None
+             ) -> dict[str, Any]:
+    """Allocate claim namespace/name on `node` as kube-scheduler would; returns the stored claim."""
+    c = kube.get("ResourceClaim", namespace, name)
+    assert c is not None, f"no claim {namespace}/{name}"
+    used = _consumed(kube)
+    slices = sorted((s for s in kube.list("ResourceSlice") if s["spec"].get("nodeName") == node),
+                    key=lambda s: s["metadata"]["name"])
+    results, configs = [], []
+    for req in c["spec"]["devices"]["requests"]:
+        exactly = req["exactly"]
+        cls = kube.get("DeviceClass", None, exactly["deviceClassName"])
+        if cls is None:
+            raise Unschedulable(f"DeviceClass {exactly['deviceClassName']} not found")
+        drivers = {m for sel in cls["spec"].get("selectors", [])
+                   for m in _DRIVER_IN_CEL.findall(sel["cel"]["expression"])}
+        want = ((exactly.get("capacity") or {}).get("requests") or {}).get("memory")
+        requested = quantity_bytes(want) if want is not None else None
+        chosen = None
+        for s in slices:
+            if drivers and s["spec"]["driver"] not in drivers:
+                continue
+            for d in s["spec"].get("devices", []):
+                cap = (d.get("capacity") or {}).get("memory")
+                if not d.get("allowMultipleAllocations") or cap is None:
+                    continue
+                amount = consumed_amount(requested, cap)
+                key = (s["spec"]["driver"], s["spec"]["pool"]["name"], d["name"])
+                if amount is None or used.get(key, Decimal(0)) + amount > quantity_bytes(cap["value"]):
+                    continue
+                chosen = (key, amount)
+                break
+            if chosen:
+                break
+        if chosen is None:
+            raise Unschedulable(f"no device on {node} has {want} free for {namespace}/{name}")
+        (drv, pool, dev), amount = chosen
+        used[(drv, pool, dev)] = used.get((drv, pool, dev), Decimal(0)) + amount
+        results.append({"request": req["name"], "driver": drv, "pool": pool, "device": dev,
+                        "shareID": str(uuid.uuid4()), "consumedCapacity": {"memory": quantity(int(amount))}})
+        for cfg in cls["spec"].get("config", []):
+            configs.append({"source": "FromClass", "requests": [req["name"]], **cfg})
+    for cfg in c["spec"]["devices"].get("config", []):
+        configs.append({"source": "FromClaim", **cfg})
+    status: dict[str, Any] = {"allocation": {
+        "devices": {"results": results, **({"config": configs} if configs else {})},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}
+    if pod is not None:
+        status["reservedFor"] = [{"resource": "pods", "name": pod["metadata"]["name"],
+                                  "uid": pod["metadata"]["uid"]}]
+    c["status"] = status
+    return kube.put(c)

@@ -1,0 +1,174 @@
+"""A kubelet stand-in for DRA drivers: the plugin watcher and the DRA plugin manager over real gRPC.
+
+What the kubelet does (pkg/kubelet/pluginmanager, pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go):
+
+- watches the plugins_registry directory for sockets (here: polled every 50 ms); for a new one calls
+  `pluginregistration.Registration/GetInfo`, checks the type ("DRAPlugin"), picks the first of the plugin's
+  `supported_versions` that it supports itself (kubelet 1.34-1.37: "v1.DRAPlugin", "v1beta1.DRAPlugin"),
+  refuses an endpoint already registered for the driver, and answers `NotifyRegistrationStatus`;
+- calls `NodePrepareResources` / `NodeUnprepareResources` on the registered endpoint through the chosen
+  service, with the claims by reference (namespace, name, uid), 45 s timeout;
+- a registration that fails (socket not answering yet: a stale file of a killed plugin) is retried, as the
+  plugin manager's reconciler retries what is in its desired state (here: at the next poll, 50 ms);
+- a socket that disappears deregisters the plugin;
+- `restart()`: the kubelet goes away and comes back; registrations are rebuilt from the sockets present.
+  Given the API stand-in and the node name, a (re)starting kubelet first deletes every ResourceSlice of its
+  node, as DRAPluginManager does at start-up ("better to not advertise any local resources" until the
+  drivers are back).
+
+`services` picks what this kubelet supports (e.g. only v1beta1, an older kubelet).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from memslice.proto import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    pluginregistration_pb2,
+    pluginregistration_pb2_grpc,
+)
+
+KUBELET_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")  # servicesSupportedByKubelet, newest first
+_MODULES = {"v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc), "v1beta1.DRAPlugin": (dra_v1beta1_pb2,
+                                                                                  dra_v1beta1_pb2_grpc)}
+CALL_TIMEOUT_S = 45.0  # defaultClientCallTimeout
+
+
+@dataclass
+class Registered:
+    driver: str
+    endpoint: str
+    service: str
+    socket: Path
+
+
+class KubeletDraStandin:
+    def __init__(self, registry_dir: Path, services: tuple[str, ...] = KUBELET_SERVICES, kube: Any = None,
+                 node: str = "") -> None:
+        self.registry_dir = registry_dir
+        self.kube, self.node = kube, node
+        self.services = services
+        self.registered: dict[str, Registered] = {}
+        self.refusals: list[str] = []
+        self.cond = threading.Condition()
+        self._seen: dict[Path, tuple[int, int]] = {}  # socket -> (inode, ctime) handled
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> KubeletDraStandin:
+        self.registry_dir.mkdir(parents=True, exist_ok=True)
+        if self.kube is not None:  # wipeResourceSlices("" = all drivers) at kubelet start
+            for sl in self.kube.list("ResourceSlice"):
+                if sl["spec"].get("nodeName") == self.node:
+                    self.kube.delete("ResourceSlice", None, sl["metadata"]["name"])
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._watch, name="kubelet-dra", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
+
+    def restart(self) -> None:
+        """The kubelet process restarts: registrations are gone, then rebuilt from the registry directory."""
+        self.stop()
+        with self.cond:
+            self.registered.clear()
+            self._seen.clear()
+        self.start()
+
+    # --- plugin watcher ----------------------------------------------------------------------------------
+    def _watch(self) -> None:
+        while not self._stop.wait(0.05):
+            present = {}
+            for p in self.registry_dir.glob("*.sock"):
+                try:
+                    st = p.stat()
+                    present[p] = (st.st_ino, st.st_ctime_ns)
+                except FileNotFoundError:
+                    continue
+            for p, ino in present.items():
+                if self._seen.get(p) != ino:
+                    self._seen[p] = ino
+                    if not self._register(p):
+                        del self._seen[p]  # retried at the next poll
+            for p in list(self._seen):
+                if p not in present:
+                    del self._seen[p]
+                    with self.cond:
+                        for name, r in list(self.registered.items()):
+                            if r.socket == p:
+                                del self.registered[name]
+                        self.cond.notify_all()
+
+    def _register(self, sock: Path) -> bool:
+        """GetInfo + NotifyRegistrationStatus; False when the socket did not answer (to be retried)."""
+        try:
+            with grpc.insecure_channel(f"unix:{sock}") as ch:
+                stub = pluginregistration_pb2_grpc.RegistrationStub(ch)
+                info = stub.GetInfo(pluginregistration_pb2.InfoRequest(), timeout=10)
+                error = ""
+                chosen = next((s for s in info.supported_versions if s in self.services), None)
+                if info.type != "DRAPlugin":
+                    error = f"plugin type {info.type!r} is not DRAPlugin"
+                elif chosen is None:
+                    error = (f"none of services supported by the plugin ({list(info.supported_versions)}) are "
+                             f"supported by the kubelet ({list(self.services)})")
+                elif any(r.endpoint == info.endpoint and r.driver == info.name and r.socket != sock
+                         for r in self.registered.values()):
+                    error = f"endpoint {info.endpoint} already registered for DRA driver plugin {info.name}"
+                stub.NotifyRegistrationStatus(pluginregistration_pb2.RegistrationStatus(
+                    plugin_registered=not error, error=error), timeout=10)
+        except grpc.RpcError as exc:
+            with self.cond:
+                self.refusals[:] = [*self.refusals[-20:], f"{sock}: {exc.code().name} {exc.details()}"]
+                self.cond.notify_all()
+            return False
+        with self.cond:
+            if error:
+                self.refusals.append(error)
+            else:
+                assert chosen is not None
+                self.registered[info.name] = Registered(info.name, info.endpoint, chosen, sock)
+            self.cond.notify_all()
+        return True
+
+    def wait_registered(self, driver: str, timeout: float = 20.0) -> Registered:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while driver not in self.registered:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"DRA driver {driver} did not register within {timeout} s "
+                                         f"(refusals: {self.refusals})")
+                self.cond.wait(left)
+            return self.registered[driver]
+
+    # --- DRA calls ---------------------------------------------------------------------------------------
+    def _call(self, driver: str, method: str, claims: list[dict[str, Any]]) -> Any:
+        r = self.wait_registered(driver, 5)
+        pb, pb_grpc = _MODULES[r.service]
+        req_type = getattr(pb, f"{method}Request")
+        req = req_type(claims=[pb.Claim(namespace=c["metadata"]["namespace"], name=c["metadata"]["name"],
+                                        uid=c["metadata"]["uid"]) for c in claims])
+        with grpc.insecure_channel(f"unix:{r.endpoint}") as ch:
+            return getattr(pb_grpc.DRAPluginStub(ch), method)(req, timeout=CALL_TIMEOUT_S)
+
+    def prepare(self, driver: str, *claims: dict[str, Any]) -> Any:
+        """NodePrepareResources for these claims (API objects with metadata namespace/name/uid)."""
+        return self._call(driver, "NodePrepareResources", list(claims))
+
+    def unprepare(self, driver: str, *claims: dict[str, Any]) -> Any:
+        return self._call(driver, "NodeUnprepareResources", list(claims))

@@ -1,0 +1,195 @@
+"""DRA decisions without a node: quantities, claim validation, the ResourceSlice shape, the slice publisher
+against the API stand-in over real HTTP, and the flag."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from decimal import Decimal
+
+import kube_standin_dra as dra
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from kube_standin import KubeApiStandin
+from memslice.plugin.config import ConfigError, add_arguments, resolve
+from memslice.plugin.dra_kube import DraApi
+from memslice.plugin.dra_prepare import (
+    ClaimError,
+    ClaimRef,
+    Share,
+    check_fits,
+    mib_floor,
+    quantity_bytes,
+    shares_for,
+)
+from memslice.plugin.dra_slices import SlicePublisher, device_entry, semver, slice_spec
+from memslice.plugin.gpus import GpuInfo
+
+GPU = GpuInfo(index=0, uuid="GPU-00000000-0000-0000-0000-000000000000", model="NVIDIA H200", mem_mib=144384,
+              numa=1, mig=False)
+REF = ClaimRef("team", "nb", "3c1d1f4e-0000-4000-8000-000000000001")
+
+
+@pytest.mark.parametrize("raw,mib", [("4Gi", 4096), ("4096Mi", 4096), ("4294967296", 4096), ("1.5Gi", 1536),
+                                     ("5G", 4768), ("4e9", 3814), ("1048575", 0)])
+def test_quantities(raw, mib) -> None:
+    assert mib_floor(raw) == mib
+
+
+@pytest.mark.parametrize("raw", ["", "Gi", "4 Gi", "4GiB", "-4Gi", "1e99999", "x" * 65, None, 4096, "4.5.6Gi"])
+def test_bad_quantities_are_refused(raw) -> None:
+    with pytest.raises(ValueError):
+        quantity_bytes(raw)
+
+
+@given(st.text(max_size=80))
+def test_any_text_is_a_quantity_or_a_value_error(raw) -> None:
+    try:
+        v = quantity_bytes(raw)
+    except ValueError:
+        return
+    assert isinstance(v, Decimal) and v < Decimal(10) ** 1000
+
+
+def _claim(**result) -> dict:
+    r = {"request": "gpu", "driver": "memslice.io", "pool": "node-a", "device": "gpu-0",
+         "shareID": "8f0a1c2e-0000-4000-8000-000000000002", "consumedCapacity": {"memory": "4Gi"}}
+    r.update(result)
+    return {"metadata": {"uid": REF.uid}, "status": {"allocation": {"devices": {"results": [r]}}}}
+
+
+def test_a_share_becomes_one_region_with_its_memory() -> None:
+    [s] = shares_for(_claim(), REF, "node-a", {0: GPU}, {0: GPU.mem_mib}, {GPU.uuid: True})
+    assert (s.mib, s.gpu_index, s.device, s.request) == (4096, 0, "gpu-0", "gpu")
+    assert s.region_id.startswith("g0-") and len(s.region_id) == 15
+    again = shares_for(_claim(), REF, "node-a", {0: GPU}, {0: GPU.mem_mib}, {GPU.uuid: True})
+    assert again[0].region_id == s.region_id  # stable: a repeated prepare finds the same region
+
+
+def test_unhealthy_gpu_and_two_results_and_elastic_config_are_refused() -> None:
+    with pytest.raises(ClaimError, match="Unhealthy"):
+        shares_for(_claim(), REF, "node-a", {0: GPU}, {0: GPU.mem_mib}, {GPU.uuid: False})
+    two = _claim()
+    results = two["status"]["allocation"]["devices"]["results"]
+    results.append({**results[0], "shareID": "other"})
+    with pytest.raises(ClaimError, match="2 results for memslice.io"):
+        shares_for(two, REF, "node-a", {0: GPU}, {0: GPU.mem_mib}, {GPU.uuid: True})
+    elastic = _claim()
+    elastic["status"]["allocation"]["devices"]["config"] = [{"source": "FromClaim", "opaque": {
+        "driver": "memslice.io", "parameters": {"apiVersion": "memslice.io/v1alpha1", "kind": "GpuMemConfig",
+                                                "elastic": {"limit": "16Gi"}}}}]
+    with pytest.raises(ClaimError, match="elastic are not supported"):
+        shares_for(elastic, REF, "node-a", {0: GPU}, {0: GPU.mem_mib}, {GPU.uuid: True})
+
+
+def test_over_allocation_is_refused() -> None:
+    share = Share("gpu", "node-a", "gpu-0", "a", 100_000, 0, GPU.uuid, "g0-000000000000")
+    with pytest.raises(ClaimError, match="over-allocated"):
+        check_fits([share], [share], {0: GPU.mem_mib})
+    check_fits([share], [], {0: GPU.mem_mib})
+
+
+def test_device_entry_is_a_valid_consumable_capacity() -> None:
+    d = device_entry(GPU, 144384, "570.133.07")
+    assert d["attributes"]["driverVersion"] == {"version": "570.133.7"}
+    assert d["attributes"]["numaNode"] == {"int": 1}
+    cap = d["capacity"]["memory"]
+    pol = cap["requestPolicy"]
+    # API validation: default within [min, max], max <= value, min + step <= value, default a step multiple
+    lo, hi = mib_floor(pol["validRange"]["min"]), mib_floor(pol["validRange"]["max"])
+    assert lo <= mib_floor(pol["default"]) <= hi <= mib_floor(cap["value"]) and lo + 1 <= mib_floor(cap["value"])
+    assert pol["validRange"]["step"] == "1Mi"
+    assert semver("580.00.sim") == "580.0.0" and semver("abc") is None
+
+
+def test_unhealthy_gpus_are_left_out_of_the_slice() -> None:
+    other = GpuInfo(1, "GPU-1", "NVIDIA H200", 144384, None, False)
+    spec = slice_spec("node-a", [GPU, other], {GPU.uuid: True, "GPU-1": False}, None, 3)
+    assert [d["name"] for d in spec["devices"]] == ["gpu-0"]
+    assert spec["pool"] == {"name": "node-a", "generation": 3, "resourceSliceCount": 1}
+
+
+def test_publisher_removes_duplicates_and_bumps_the_generation_only_on_change() -> None:
+    healthy = {GPU.uuid: True}
+    with KubeApiStandin() as kube:
+        stale = {"kind": "ResourceSlice", "metadata": {"name": "node-a-memslice.io-x7k2p"},
+                 "spec": slice_spec("node-a", [GPU], healthy, None, 4)}
+        kube.put(stale)
+        kube.put({"kind": "ResourceSlice", "metadata": {"name": "node-b-memslice.io"},
+                  "spec": slice_spec("node-b", [GPU], healthy, None, 0)})
+        pub = SlicePublisher(DraApi(kube.api_client()), "node-a", lambda: [GPU], lambda: healthy, "570.1", lambda: "u1")
+        assert pub.sync_once() == "created"
+        mine = [s for s in kube.list("ResourceSlice") if s["spec"]["nodeName"] == "node-a"]
+        assert [s["metadata"]["name"] for s in mine] == ["node-a-memslice.io"]
+        assert mine[0]["spec"]["pool"]["generation"] == 5  # past the stale slice's generation
+        assert mine[0]["metadata"]["ownerReferences"][0]["uid"] == "u1"
+        assert pub.sync_once() == "unchanged"
+        stored = kube.get("ResourceSlice", None, "node-a-memslice.io")
+        cap = stored["spec"]["devices"][0]["capacity"]["memory"]
+        assert cap["value"] == "141Gi"  # canonical, as the API server writes it
+        cap["value"] = "144384Mi"  # the same quantity spelt otherwise: no rewrite, no new generation
+        kube.put(stored)
+        assert pub.sync_once() == "unchanged"
+        healthy[GPU.uuid] = False
+        assert pub.sync_once() == "updated"
+        [s] = [s for s in kube.list("ResourceSlice") if s["spec"]["nodeName"] == "node-a"]
+        assert s["spec"]["pool"]["generation"] == 6 and s["spec"]["devices"] == []
+        assert kube.get("ResourceSlice", None, "node-b-memslice.io") is not None  # another node's: kept
+        assert dra.GROUP_VERSION == s["apiVersion"]
+
+
+def test_kubelet_api_flag() -> None:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert resolve(p.parse_args([]), {}).kubelet_api == "device-plugin"
+    assert resolve(p.parse_args([]), {"MEMSLICE_KUBELET_API": "dra"}).kubelet_api == "dra"
+    with pytest.raises(ConfigError, match="--kubelet-api='csi' is not valid: use one of device-plugin, dra"):
+        resolve(p.parse_args(["--kubelet-api", "csi"]), {})
+
+
+@pytest.mark.parametrize("visibility,preload", [("env", "file"), ("cdi", "env")])
+def test_cdi_edits_carry_everything_allocate_carries(tmp_path, visibility, preload) -> None:
+    from memslice.plugin.allocator import Target
+    from memslice.plugin.dra_cdi import CdiDevice, CdiSpecs, extra_device_ids
+    from memslice.plugin.response import ResponseConfig, container_response
+
+    rcfg = ResponseConfig(shim_host_dir=tmp_path / "lib", preload=preload, visibility=visibility)
+    resp = container_response(Target(gpu=GPU, device_ids=(), mib=4096), tmp_path / "regions" / "g0-x", rcfg)
+    specs = CdiSpecs(tmp_path / "cdi")
+    specs.prepare()
+    dev = CdiDevice(f"{REF.uid}-share", resp)
+    path = specs.write(REF.uid, [dev])
+    doc = json.loads(path.read_text())
+    assert doc["kind"] == "memslice.io/gpu-mem" and doc["cdiVersion"] == "0.5.0"
+    edits = doc["devices"][0]["containerEdits"]
+    assert sorted(edits["env"]) == sorted(f"{k}={v}" for k, v in resp.envs.items())
+    assert {(m["hostPath"], m["containerPath"], "ro" in m["options"]) for m in edits["mounts"]} == {
+        (m.host_path, m.container_path, m.read_only) for m in resp.mounts}
+    assert all("bind" in m["options"] for m in edits["mounts"])
+    want = [f"nvidia.com/gpu={GPU.uuid}"] if visibility == "cdi" else []
+    assert extra_device_ids([dev]) == want
+    assert specs.claim_uids() == [REF.uid]
+    specs.remove(REF.uid)
+    assert specs.claim_uids() == []
+
+
+def test_slice_and_allocated_claim_match_the_1_37_schemas() -> None:
+    """What the agent publishes and what the stand-in writes as kube-scheduler are valid resource.k8s.io/v1
+    objects (strict: an unknown or misspelt field fails)."""
+    from test_deploy_manifests import validate_strict
+
+    healthy = {GPU.uuid: True}
+    with KubeApiStandin() as kube:
+        pub = SlicePublisher(DraApi(kube.api_client()), "node-a", lambda: [GPU], lambda: healthy, "570.133.07",
+                             lambda: "3c1d1f4e-0000-4000-8000-0000000000aa")
+        pub.sync_once()
+        [sl] = kube.list("ResourceSlice")
+        kube.put(dra.device_class())
+        kube.put(dra.claim("nb", "4000Mi", namespace="team"))
+        claim = dra.allocate(kube, "team", "nb", "node-a")
+        for obj in (sl, claim, dra.device_class()):
+            obj["metadata"] = {k: v for k, v in obj["metadata"].items() if k != "creationTimestamp"}
+            validate_strict(obj)
+        [r] = claim["status"]["allocation"]["devices"]["results"]
+        assert r["consumedCapacity"] == {"memory": "4000Mi"} and r["device"] == "gpu-0"

@@ -1,0 +1,363 @@
+"""DRA mode end to end: `memslice node-agent --kubelet-api dra` on a simulated GPU, the API stand-in with
+resource.k8s.io/v1 (tests/kube_standin_dra.py), and the kubelet DRA stand-in (tests/kubelet_dra_standin.py).
+
+The agent registers through the plugins_registry socket, publishes its ResourceSlice; claims are allocated the
+way kube-scheduler allocates consumable capacity; the kubelet stand-in calls NodePrepareResources over gRPC; the
+container's processes then run with the CDI spec's env and mounts applied (as a CDI-aware runtime would) on the
+simulated GPU and are held to their claim's memory by the shim.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kube_standin_dra as dra
+import pytest
+from conftest import ChildLog
+from kube_standin import KubeApiStandin
+from kubelet_dra_standin import KUBELET_SERVICES, KubeletDraStandin
+from test_e2e_cluster import CONTEXT_RESERVE_MIB, TENANT
+
+from memslice.paths import lib_paths
+
+ROOT = Path(__file__).resolve().parent.parent
+DRIVER = "memslice.io"
+NODE = "gpu-a"
+CDI_KIND = "memslice.io/gpu-mem"
+
+
+class DraNode:
+    """A node agent in DRA mode on a simulated node, with its kubelet DRA stand-in."""
+
+    def __init__(self, root: Path, kube: KubeApiStandin, gpus: str = "16GiB",
+                 services: tuple[str, ...] | None = None) -> None:
+        self.root, self.kube, self.gpus = root, kube, gpus
+        self.registry = root / "registry"
+        self.plugins = root / "plugins"
+        self.cdi = root / "cdi"
+        self.regions = root / "regions"
+        self.state = root / "sim.state"
+        self.kubeconfig = kube.kubeconfig(str(root / "kubeconfig"))
+        self.kubelet = KubeletDraStandin(self.registry, services or KUBELET_SERVICES, kube, NODE).start()
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("MEMSLICE_") and k not in ("KUBERNETES_SERVICE_HOST", "NODE_NAME")}
+        env["MEMSLICE_SIM_STATE"] = str(self.state)
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.output: ChildLog | None = None
+        self.runs = 0
+
+    def start(self) -> DraNode:
+        """Launch the agent and wait until the kubelet registered it and its ResourceSlice exists."""
+        self.launch()
+        self.kubelet.wait_registered(DRIVER, 30)
+        assert self.kube.wait_for(lambda k: self.slices(), 15), self.log()
+        return self
+
+    def launch(self) -> None:
+        cmd = [sys.executable, "-m", "memslice", "node-agent", "--kubelet-api", "dra", "--simulate", self.gpus,
+               "--plugins-registry-dir", str(self.registry), "--kubelet-plugins-dir", str(self.plugins),
+               "--cdi-dir", str(self.cdi), "--region-root", str(self.regions), "--shim-host-dir",
+               str(self.root / "lib"), "--metrics-address", "127.0.0.1", "--metrics-port", "0",
+               "--node-name", NODE, "--kubeconfig", self.kubeconfig, "--health-recovery-s", "2"]
+        self.runs += 1
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env,
+                                     cwd=ROOT)
+        self.output = ChildLog(self.proc, self.root / f"agent-{self.runs}.log")
+
+    def log(self) -> str:
+        return self.output.text() if self.output else ""
+
+    def http(self, path: str) -> tuple[int, str]:
+        """GET on the agent's metrics/probe endpoint (its port is logged at start)."""
+        assert self.output is not None
+        m = self.output.wait_for(lambda out: re.search(r"metrics on http://127\.0\.0\.1:(\d+)/", out), 15,
+                                 "the metrics endpoint")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{m.group(1)}{path}", timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def slices(self) -> list[dict[str, Any]]:
+        return [s for s in self.kube.list("ResourceSlice") if s["spec"]["nodeName"] == NODE]
+
+    def kill(self) -> None:
+        """SIGKILL: no clean-up at all (a crash, an OOM kill)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.kubelet.stop()
+
+    # --- what is on the node -------------------------------------------------------------------------------
+    def left_behind(self) -> dict[str, list[str]]:
+        ckpt = self.plugins / DRIVER / "checkpoint.json"
+        claims = sorted(json.loads(ckpt.read_text())["claims"]) if ckpt.exists() else []
+        return {"regions": sorted(p.name for p in self.regions.iterdir()) if self.regions.exists() else [],
+                "cdi": sorted(p.name for p in self.cdi.iterdir()) if self.cdi.exists() else [],
+                "checkpoint": claims}
+
+    def container_env(self, spec: dict[str, Any], device: str) -> dict[str, str]:
+        """The environment of a process in a container given CDI device `device` of `spec`: its env applied,
+        each mounted path translated to the host's (the runtime would bind-mount it), the shim preloaded as
+        the mounted /etc/ld.so.preload says."""
+        edits = next(d for d in spec["devices"] if d["name"] == device)["containerEdits"]
+        mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
+        env = {k: v for k, v in self.env.items() if not k.startswith("MEMSLICE_")}
+        for kv in edits["env"]:
+            k, v = kv.split("=", 1)
+            env[k] = mounts.get(v, v)
+        preload = Path(mounts["/etc/ld.so.preload"]).read_text().split()
+        env["LD_PRELOAD"] = ":".join(mounts[p] for p in preload)
+        return env
+
+
+@pytest.fixture
+def world() -> Iterator[tuple[KubeApiStandin, DraNode]]:
+    lib_paths()
+    root = Path(tempfile.mkdtemp(prefix="ms-dra-", dir="/tmp"))  # short: Unix socket paths
+    kube = KubeApiStandin().start()
+    kube.put({"kind": "Node", "metadata": {"name": NODE}})
+    kube.put(dra.device_class())
+    node = DraNode(root, kube)
+    try:
+        node.start()
+        yield kube, node
+    finally:
+        node.stop()
+        kube.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def make_claim(kube: KubeApiStandin, name: str, memory: str | None, **kw: Any) -> dict[str, Any]:
+    kube.put(dra.claim(name, memory, **kw))
+    return dra.allocate(kube, "default", name, NODE)
+
+
+def run_tenant(env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", TENANT], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_two_claims_share_one_gpu_each_held_to_its_memory(world) -> None:
+    kube, node = world
+    sl = node.slices()
+    assert len(sl) == 1
+    dev = sl[0]["spec"]["devices"][0]
+    assert dev["name"] == "gpu-0" and dev["allowMultipleAllocations"] is True
+    assert dev["capacity"]["memory"]["value"] == "16Gi"
+    assert {"uuid", "index", "productName", "driverVersion"} <= set(dev["attributes"])
+    small = make_claim(kube, "small", "4Gi")
+    large = make_claim(kube, "large", "8Gi")
+    assert [r["consumedCapacity"]["memory"] for c in (small, large)
+            for r in c["status"]["allocation"]["devices"]["results"]] == ["4Gi", "8Gi"]
+
+    resp = node.kubelet.prepare(DRIVER, small, large)
+    tenants = []
+    try:
+        for claim, limit in ((small, 4096), (large, 8192)):
+            uid = claim["metadata"]["uid"]
+            entry = resp.claims[uid]
+            assert entry.error == "", entry.error
+            [device] = entry.devices
+            share = claim["status"]["allocation"]["devices"]["results"][0]["shareID"]
+            assert (device.pool_name, device.device_name, list(device.request_names)) == (NODE, "gpu-0", ["gpu"])
+            assert list(device.cdi_device_ids) == [f"{CDI_KIND}={uid}-{share}"]
+            spec = json.loads((node.cdi / f"memslice.io-{uid}.json").read_text())
+            assert spec["kind"] == CDI_KIND
+            env = node.container_env(spec, f"{uid}-{share}")
+            assert env["MEMSLICE_GPU_MEM_LIMIT"] == str(limit)
+            assert env["NVIDIA_VISIBLE_DEVICES"] == dev["attributes"]["uuid"]["string"]
+            tenants.append((limit, run_tenant(env)))
+        for limit, proc in tenants:  # both hold their memory at the same time
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read() if proc.poll() is not None else "no output"
+            report = json.loads(line)
+            assert report["refused_with"] == 2, report  # CUDA_ERROR_OUT_OF_MEMORY at the quota
+            assert limit - 256 < report["allocated_mib"] + CONTEXT_RESERVE_MIB <= limit, (limit, report)
+    finally:
+        for _, proc in tenants:
+            proc.communicate("", timeout=30)
+
+    assert len(node.left_behind()["regions"]) == 4  # two region dirs + their records
+    assert node.http("/readyz")[0] == 200
+    metrics = node.http("/metrics")[1]
+    assert "memslice_kubelet_registered 1.0" in metrics
+    assert re.search(r'memslice_gpu_allocated_mib\{[^}]*gpu="0"[^}]*\} 12288', metrics), metrics
+    again = node.kubelet.prepare(DRIVER, small)  # idempotent: the same answer, nothing new
+    assert list(again.claims[small["metadata"]["uid"]].devices[0].cdi_device_ids) == list(
+        resp.claims[small["metadata"]["uid"]].devices[0].cdi_device_ids)
+    assert len(node.left_behind()["regions"]) == 4
+    out = node.kubelet.unprepare(DRIVER, small, large)
+    assert all(out.claims[c["metadata"]["uid"]].error == "" for c in (small, large))
+    assert node.left_behind() == {"regions": [], "cdi": [], "checkpoint": []}
+    out = node.kubelet.unprepare(DRIVER, small)  # unknown now: already unprepared
+    assert out.claims[small["metadata"]["uid"]].error == ""
+
+
+def _with_result(kube: KubeApiStandin, name: str, **changes: Any) -> dict[str, Any]:
+    """A claim allocated 1Gi on gpu-0, then one field of its result changed (None removes it)."""
+    c = make_claim(kube, name, "1Gi")
+    r = c["status"]["allocation"]["devices"]["results"][0]
+    for k, v in changes.items():
+        if v is None:
+            r.pop(k)
+        else:
+            r[k] = v
+    return kube.put(c)
+
+
+def _deleted(kube: KubeApiStandin) -> dict[str, Any]:
+    c = make_claim(kube, "gone", "1Gi")
+    kube.delete("ResourceClaim", "default", "gone")
+    return c
+
+
+def _recreated(kube: KubeApiStandin) -> dict[str, Any]:
+    c = make_claim(kube, "again", "1Gi")
+    kube.delete("ResourceClaim", "default", "again")
+    make_claim(kube, "again", "1Gi")
+    return c
+
+
+BAD = {
+    "another driver": (lambda k: _with_result(k, "other", driver="gpu.nvidia.com"),
+                       "no allocation result for driver memslice.io (results are for: gpu.nvidia.com)"),
+    "no consumedCapacity": (lambda k: _with_result(k, "whole", consumedCapacity=None),
+                            "has no consumedCapacity.memory"),
+    "larger than the device": (lambda k: _with_result(k, "huge", consumedCapacity={"memory": "32Gi"}),
+                               "'32Gi' (32768 MiB) does not fit gpu-0, which has 16384 MiB"),
+    "unknown device": (lambda k: _with_result(k, "ghost", device="gpu-7"), "unknown device 'gpu-7'"),
+    "another node's pool": (lambda k: _with_result(k, "far", pool="gpu-b"), "this node's pool is 'gpu-a'"),
+    "hostile quantity": (lambda k: _with_result(k, "odd", consumedCapacity={"memory": "1e999999"}),
+                         "is not a quantity"),
+    "no shareID": (lambda k: _with_result(k, "noshare", shareID=None), "shareID None is missing"),
+    "deleted claim": (_deleted, "does not exist (deleted?)"),
+    "re-created claim": (_recreated, "the claim was deleted"),
+}
+
+
+@pytest.mark.parametrize("what", list(BAD))
+def test_bad_claims_are_refused_with_a_clear_error_and_nothing_left(world, what) -> None:
+    kube, node = world
+    build, message = BAD[what]
+    claim = build(kube)
+    resp = node.kubelet.prepare(DRIVER, claim)
+    entry = resp.claims[claim["metadata"]["uid"]]
+    assert message in entry.error, entry.error
+    assert not entry.devices
+    assert node.left_behind() == {"regions": [], "cdi": [], "checkpoint": []}
+
+
+def test_restart_of_agent_and_kubelet_keeps_what_was_prepared(world) -> None:
+    kube, node = world
+    generation = node.slices()[0]["spec"]["pool"]["generation"]
+    c = make_claim(kube, "kept", "4Gi")
+    first = node.kubelet.prepare(DRIVER, c).claims[c["metadata"]["uid"]]
+    assert first.error == ""
+    before = node.left_behind()
+    node.kill()
+    node.kubelet.restart()
+    node.start()
+    assert node.left_behind() == before  # recovered from the checkpoint, nothing swept
+    [sl] = node.slices()  # updated in place, not duplicated, and unchanged: same generation
+    assert sl["spec"]["pool"]["generation"] == generation
+    again = node.kubelet.prepare(DRIVER, c).claims[c["metadata"]["uid"]]
+    assert list(again.devices[0].cdi_device_ids) == list(first.devices[0].cdi_device_ids)
+    assert node.kubelet.unprepare(DRIVER, c).claims[c["metadata"]["uid"]].error == ""
+    assert node.left_behind() == {"regions": [], "cdi": [], "checkpoint": []}
+
+
+def test_older_kubelet_uses_v1beta1(tmp_path) -> None:
+    lib_paths()
+    root = Path(tempfile.mkdtemp(prefix="ms-dra-", dir="/tmp"))
+    kube = KubeApiStandin().start()
+    kube.put({"kind": "Node", "metadata": {"name": NODE}})
+    kube.put(dra.device_class())
+    node = DraNode(root, kube, services=("v1beta1.DRAPlugin",))
+    try:
+        node.start()
+        assert node.kubelet.registered[DRIVER].service == "v1beta1.DRAPlugin"
+        c = make_claim(kube, "beta", "2Gi")
+        entry = node.kubelet.prepare(DRIVER, c).claims[c["metadata"]["uid"]]
+        assert entry.error == "" and entry.devices[0].device_name == "gpu-0"
+    finally:
+        node.stop()
+        kube.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_unhealthy_gpu_is_withdrawn_and_restored(world) -> None:
+    from test_plugin_agent import inject_xid
+
+    kube, node = world
+    [sl] = node.slices()
+    gen = sl["spec"]["pool"]["generation"]
+    inject_xid(node.state, 0, 79)  # fallen off the bus: critical
+
+    def devices(k: KubeApiStandin) -> list[str] | None:
+        s = [x for x in k.list("ResourceSlice") if x["spec"]["nodeName"] == NODE]
+        return [d["name"] for d in s[0]["spec"]["devices"]] if len(s) == 1 else None
+
+    assert kube.wait_for(lambda k: devices(k) == [], 15), node.log()
+    [sl] = node.slices()
+    assert sl["spec"]["pool"]["generation"] == gen + 1
+    assert kube.wait_for(lambda k: devices(k) == ["gpu-0"], 20), node.log()  # recovery after 2 s
+    [sl] = node.slices()
+    assert sl["spec"]["pool"]["generation"] == gen + 2
+
+
+def test_registration_socket_removed_is_served_again(world) -> None:
+    kube, node = world
+    first = node.kubelet.wait_registered(DRIVER)
+    first.socket.unlink()  # e.g. the directory wiped by hand
+    with node.kubelet.cond:  # the stand-in deregisters the plugin when its socket goes away
+        assert node.kubelet.cond.wait_for(lambda: DRIVER not in node.kubelet.registered, 10)
+    again = node.kubelet.wait_registered(DRIVER, 10)
+    assert again.socket == first.socket
+    c = make_claim(kube, "after", "1Gi")
+    assert node.kubelet.prepare(DRIVER, c).claims[c["metadata"]["uid"]].error == ""
+
+
+def test_unreadable_checkpoint_stops_the_agent_naming_the_file(world) -> None:
+    kube, node = world
+    node.kill()
+    ckpt = node.plugins / DRIVER / "checkpoint.json"
+    ckpt.write_text('{"version": 1, "claims": {"x": {"namespace": 3}}}')
+    node.launch()
+    assert node.proc is not None and node.proc.wait(30) == 1
+    out = node.log()
+    assert f"the DRA checkpoint {ckpt} cannot be read" in out and "move it away" in out
+
+
+def test_kubelet_restart_wipes_the_slice_and_the_agent_publishes_it_at_once(world) -> None:
+    kube, node = world
+    c = make_claim(kube, "running", "2Gi")
+    assert node.kubelet.prepare(DRIVER, c).claims[c["metadata"]["uid"]].error == ""
+    node.kubelet.restart()  # deletes the node's slices, then registers the driver again
+    assert kube.wait_for(lambda k: len(node.slices()) == 1, 10), node.log()  # well before the 30 s resync
+    [sl] = node.slices()
+    assert [d["name"] for d in sl["spec"]["devices"]] == ["gpu-0"]
+    again = node.kubelet.prepare(DRIVER, c).claims[c["metadata"]["uid"]]  # the running pod's claim: as before
+    assert again.error == "" and again.devices[0].device_name == "gpu-0"

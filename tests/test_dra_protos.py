@@ -1,0 +1,89 @@
+"""The DRA and plugin-registration stubs speak the kubelet's wire format.
+
+The expected tables below are copied from the upstream .proto files (kubernetes/kubernetes, read on
+2026-11-23):
+- staging/src/k8s.io/kubelet/pkg/apis/dra/v1/api.proto @ 53eddfd35a505617fd0d6485d2b858b69cff8223
+- staging/src/k8s.io/kubelet/pkg/apis/dra/v1beta1/api.proto @ 23c0d4e0cc032fd4e9f7984f0d16aed68fc1bd33
+- staging/src/k8s.io/kubelet/pkg/apis/pluginregistration/v1/api.proto @ 56e225f4b8de5d1c920d6b67829ee3e0f0ae1d62
+- the service names the kubelet expects in supported_versions: dra/v1/types.go `DRAPluginService =
+  "v1.DRAPlugin"`, dra/v1beta1/types.go `"v1beta1.DRAPlugin"`; pluginregistration/v1/constants.go
+  `DRAPlugin = "DRAPlugin"`; pkg/kubelet/cm/dra/plugin `servicesSupportedByKubelet` = [v1, v1beta1] since
+  1.34 (PR #132700), picking the first of the plugin's list it supports.
+They are compared with the descriptors of the generated Python modules (what goes on the wire).
+"""
+
+from __future__ import annotations
+
+import pytest
+from google.protobuf.descriptor import FieldDescriptor as F
+from memslice.plugin.dra_server import SERVICES
+from memslice.plugin.plugin_registration import PLUGIN_TYPE
+from memslice.proto import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
+
+S, B, M = "string", "bool", "message"
+REP, MAP = "repeated", "map"
+
+# message -> [(number, name, type, label)]
+DRA_FIELDS = {
+    "NodePrepareResourcesRequest": [(1, "claims", "Claim", REP)],
+    "NodePrepareResourcesResponse": [(1, "claims", "NodePrepareResourceResponse", MAP)],
+    "NodePrepareResourceResponse": [(1, "devices", "Device", REP), (2, "error", S, "")],
+    "Device": [(1, "request_names", S, REP), (2, "pool_name", S, ""), (3, "device_name", S, ""),
+               (4, "cdi_device_ids", S, REP)],
+    "NodeUnprepareResourcesRequest": [(1, "claims", "Claim", REP)],
+    "NodeUnprepareResourcesResponse": [(1, "claims", "NodeUnprepareResourceResponse", MAP)],
+    "NodeUnprepareResourceResponse": [(1, "error", S, "")],
+    "Claim": [(1, "namespace", S, ""), (2, "uid", S, ""), (3, "name", S, "")],
+}
+DRA_METHODS = {"NodePrepareResources": ("NodePrepareResourcesRequest", "NodePrepareResourcesResponse"),
+               "NodeUnprepareResources": ("NodeUnprepareResourcesRequest", "NodeUnprepareResourcesResponse")}
+REG_FIELDS = {
+    "PluginInfo": [(1, "type", S, ""), (2, "name", S, ""), (3, "endpoint", S, ""),
+                   (4, "supported_versions", S, REP)],
+    "RegistrationStatus": [(1, "plugin_registered", B, ""), (2, "error", S, "")],
+    "RegistrationStatusResponse": [],
+    "InfoRequest": [],
+}
+REG_METHODS = {"GetInfo": ("InfoRequest", "PluginInfo"),
+               "NotifyRegistrationStatus": ("RegistrationStatus", "RegistrationStatusResponse")}
+
+
+def _table(msg) -> list[tuple[int, str, str, str]]:
+    out = []
+    for f in msg.fields:
+        if f.type == F.TYPE_MESSAGE:
+            if f.message_type.GetOptions().map_entry:
+                typ, label = f.message_type.fields_by_name["value"].message_type.name, MAP
+            else:
+                typ, label = f.message_type.name, REP if f.is_repeated else ""
+        else:
+            typ = {F.TYPE_STRING: S, F.TYPE_BOOL: B}[f.type]
+            label = REP if f.is_repeated else ""
+        out.append((f.number, f.name, typ, label))
+    return sorted(out)
+
+
+def _check(module, package: str, fields: dict, service: str, methods: dict) -> None:
+    desc = module.DESCRIPTOR
+    assert desc.package == package
+    for name, want in fields.items():
+        assert _table(desc.message_types_by_name[name]) == sorted(want), name
+    svc = desc.services_by_name[service]
+    assert svc.full_name == f"{package}.{service}"
+    got = {m.name: (m.input_type.name, m.output_type.name) for m in svc.methods}
+    assert got == methods
+    assert all(not m.client_streaming and not m.server_streaming for m in svc.methods)
+
+
+@pytest.mark.parametrize("module,version", [(dra_v1_pb2, "v1"), (dra_v1beta1_pb2, "v1beta1")])
+def test_dra_service_matches_upstream(module, version) -> None:
+    _check(module, f"k8s.io.kubelet.pkg.apis.dra.{version}", DRA_FIELDS, "DRAPlugin", DRA_METHODS)
+
+
+def test_registration_service_matches_upstream() -> None:
+    _check(pluginregistration_pb2, "pluginregistration", REG_FIELDS, "Registration", REG_METHODS)
+
+
+def test_advertised_services_are_the_kubelets_names_newest_first() -> None:
+    assert SERVICES == ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+    assert PLUGIN_TYPE == "DRAPlugin"
