@@ -32,6 +32,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # the stand-ins' channels see 
 import kube_standin_dra  # noqa: E402
 from kube_standin import KubeApiStandin  # noqa: E402
 from kubelet_standin import KubeletStandin  # noqa: E402
+from test_plugin_agent import RESOURCE, AgentProcess  # noqa: E402
 
 from memslice.plugin.devices import (  # noqa: E402
     KUBELET_MAX_MESSAGE_BYTES,
@@ -40,7 +41,6 @@ from memslice.plugin.devices import (  # noqa: E402
     smallest_fitting_unit,
     worst_case_bytes,
 )
-from test_plugin_agent import RESOURCE, AgentProcess  # noqa: E402
 
 GiB = 1024
 T = TypeVar("T")
@@ -182,6 +182,7 @@ def hostile_allocate(n: int = 60_000, runs: int = 5) -> dict:
     """Median Allocate time (ms, in the client) for `n` IDs of one 80 GiB GPU at unit 1: all valid (accepted),
     with one ID repeated (refused; was O(n^2): 76 s), all written with a leading zero (aliases, refused)."""
     import grpc
+
     from memslice.proto import api_pb2
 
     cases = {"valid": [f"g0-{i}" for i in range(n)],

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+
 from memslice.plugin.allocator import Target
 from memslice.plugin.dra_cdi import CDI_KIND, CdiDevice, CdiSpecs, cdi_device_name, extra_device_ids
 from memslice.plugin.dra_checkpoint import Checkpoint, PreparedClaim

@@ -16,6 +16,7 @@ from concurrent import futures
 from pathlib import Path
 
 import grpc
+
 from memslice.proto import pluginregistration_pb2, pluginregistration_pb2_grpc
 
 log = logging.getLogger(__name__)

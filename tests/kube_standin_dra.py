@@ -26,6 +26,7 @@ from typing import Any
 
 import kube_standin
 from kube_standin import KubeApiStandin
+
 from memslice.plugin.dra_prepare import quantity_bytes
 
 GROUP_VERSION = "resource.k8s.io/v1"

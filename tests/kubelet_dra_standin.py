@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+
 from memslice.proto import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,

@@ -12,9 +12,10 @@ from typing import Any
 
 import celpy
 import pytest
-from memslice.scheduler_extender import constants
 from test_deploy_examples import example
 from test_deploy_render import NAMESPACE, Manifest, find, render
+
+from memslice.scheduler_extender import constants
 
 EXTENDER = f"system:serviceaccount:{NAMESPACE}:memslice-extender"
 AGENT = f"system:serviceaccount:{NAMESPACE}:memslice-node-agent"

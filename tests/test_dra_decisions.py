@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from kube_standin import KubeApiStandin
+
 from memslice.plugin.config import ConfigError, add_arguments, resolve
 from memslice.plugin.dra_kube import DraApi
 from memslice.plugin.dra_prepare import (

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pytest
 from google.protobuf.descriptor import FieldDescriptor as F
+
 from memslice.plugin.dra_server import SERVICES
 from memslice.plugin.plugin_registration import PLUGIN_TYPE
 from memslice.proto import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2

@@ -14,6 +14,9 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_deploy_examples import example
+from test_extender_support import node_obj, running_cluster
+
 from memslice.scheduler_extender.app import Config
 from memslice.scheduler_extender.cli import DEFAULT_MAX_BODY_MIB
 from memslice.scheduler_extender.server import (
@@ -24,8 +27,6 @@ from memslice.scheduler_extender.server import (
     json_values_bound,
     request_cost,
 )
-from test_deploy_examples import example
-from test_extender_support import node_obj, running_cluster
 
 MIB = 1 << 20
 NAME_STYLES: dict[str, Callable[[int], str]] = {

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 from kube_standin import KubeApiStandin
-from memslice.scheduler_extender.app import Config
 from test_extender_support import Client, Cluster, node_obj, pod_obj, running_cluster
+
+from memslice.scheduler_extender.app import Config
 
 
 def certs(out: Path) -> Path:

@@ -23,10 +23,11 @@ from pathlib import Path
 
 import pytest
 from kubelet_standin import KubeletStandin
-from memslice.interposer.region import REGION_FILE, layout
-from memslice.proto import api_pb2
 from test_plugin_agent import RESOURCE, AgentProcess
 from test_plugin_agent import short_tmp as short_tmp  # noqa: F401 (fixture)
+
+from memslice.interposer.region import REGION_FILE, layout
+from memslice.proto import api_pb2
 
 MiB = 1 << 20
 REGION_MOUNT = "/run/memslice/region"

@@ -11,10 +11,11 @@ from collections.abc import Callable, Iterator
 import grpc
 import pytest
 from kubelet_standin import KubeletStandin
-from memslice.proto import api_pb2
 from test_plugin_agent import RESOURCE, AgentProcess
 from test_plugin_agent import node as node  # noqa: F401 (fixture)
 from test_plugin_agent import short_tmp as short_tmp  # noqa: F401 (fixture)
+
+from memslice.proto import api_pb2
 
 MAX_MESSAGE = 600  # characters: a refusal names a few IDs and a count, never the whole request
 

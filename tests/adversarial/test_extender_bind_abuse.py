@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from memslice.scheduler_extender.app import Config
 from test_extender_support import Cluster, node_obj, plain_node, pod_obj, running_cluster
+
+from memslice.scheduler_extender.app import Config
 
 
 @pytest.fixture(scope="module")

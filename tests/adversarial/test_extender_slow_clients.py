@@ -10,8 +10,9 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from memslice.scheduler_extender import server
 from test_extender_support import Client, Cluster, node_obj, pod_obj, running_cluster
+
+from memslice.scheduler_extender import server
 
 BODY_TIMEOUT = 1.0
 
