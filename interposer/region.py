@@ -130,7 +130,7 @@ def _ffi() -> cffi.FFI:
 @cache
 def layout() -> Layout:
     ffi = _ffi()
-    consts = ffi.dlopen(None)  # the cdef's #define integers; no library is needed for them
+    consts: Any = ffi.dlopen(None)  # the cdef's #define integers; no library is needed for them
     text = _HEADER.read_text()
     m = re.search(r"#define MS_LOCK_BASE \(1ull << (\d+)\)", text)
     if not m:
@@ -244,7 +244,7 @@ def _owner_alive(fd: int, lock_byte: int) -> bool:
         l_type = _FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_GETLK, query))[0]
     except OSError:
         return True  # cannot tell: count it (never under-report what a process may hold)
-    return l_type != fcntl.F_UNLCK
+    return bool(l_type != fcntl.F_UNLCK)
 
 
 def read_region_file(path: str, with_processes: bool = True) -> RegionSnapshot | None:
@@ -299,7 +299,7 @@ def _read_fd(fd: int, path: str, lo: Layout, with_processes: bool = True) -> Reg
         raise RegionError(f"{path}: {st.st_size} bytes, shorter than a region ({lo.region_size}): truncated")
     ffi = lo.ffi
     head = _pread(fd, path, lo.slots_offset, 0)
-    h = ffi.from_buffer("struct ms_header *", head)
+    h: Any = ffi.from_buffer("struct ms_header *", head)  # fields from the header, unknown to mypy
     if h.magic == 0:
         return None  # being initialised (the magic is written last)
     if h.magic != lo.magic:

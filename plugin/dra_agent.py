@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from memslice import errors
 from memslice.plugin.config import AgentConfig
 from memslice.plugin.dra_cdi import CdiSpecs
 from memslice.plugin.dra_checkpoint import Checkpoint, CheckpointError
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 CHECKPOINT_NAME = "checkpoint.json"
 
 
-class DraStartError(RuntimeError):
+class DraStartError(errors.UnavailableError):
     """DRA mode cannot start; the message names the path or value and the fix."""
 
 

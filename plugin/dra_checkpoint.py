@@ -14,13 +14,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from memslice import errors
 from memslice.plugin.dra_prepare import ClaimRef, Share
 from memslice.plugin.regions import _atomic_write
 
 VERSION = 1
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(errors.UnavailableError):
     pass
 
 

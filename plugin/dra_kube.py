@@ -9,11 +9,13 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from memslice import errors
+
 TIMEOUT_S = 10.0
 MAX_BODY = 8 * 1024 * 1024  # one claim, or the slices of one node and driver: far less
 
 
-class KubeError(RuntimeError):
+class KubeError(errors.UnavailableError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"{status}: {message}")
         self.status = status
@@ -50,17 +52,22 @@ class DraApi:
         self.core = CoreV1Api(api_client)
 
     def claim(self, namespace: str, name: str) -> dict[str, Any]:
-        return _json(lambda: self.resource.read_namespaced_resource_claim(name, namespace, **RAW))
+        out: dict[str, Any] = _json(lambda: self.resource.read_namespaced_resource_claim(name, namespace, **RAW))
+        return out
 
     def slices(self, field_selector: str) -> list[dict[str, Any]]:
         items = _json(lambda: self.resource.list_resource_slice(field_selector=field_selector, **RAW)).get("items")
         return items or []
 
+    # The bodies are plain dicts: the generated client serialises a dict as it is (no model needed).
     def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
-        return _json(lambda: self.resource.create_resource_slice(body, **RAW))
+        out: dict[str, Any] = _json(lambda: self.resource.create_resource_slice(body, **RAW))  # type: ignore[arg-type]
+        return out
 
     def replace_slice(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        return _json(lambda: self.resource.replace_resource_slice(name, body, **RAW))
+        out: dict[str, Any] = _json(
+            lambda: self.resource.replace_resource_slice(name, body, **RAW))  # type: ignore[arg-type]
+        return out
 
     def delete_slice(self, name: str) -> None:
         _json(lambda: self.resource.delete_resource_slice(name, **RAW))

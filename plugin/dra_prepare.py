@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from memslice import errors
 from memslice.plugin.gpus import GpuInfo
 
 DRIVER = "memslice.io"
@@ -26,12 +27,12 @@ MiB = 1 << 20
 _SHARE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
 _DEVICE = re.compile(r"gpu-(\d{1,4})\Z")
 _QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([a-zA-Z]{0,2}|[eE][+-]?[0-9]{1,3})\Z")
-_SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+_SUFFIX: dict[str, int | Decimal] = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
            "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60,
            "m": Decimal("0.001")}
 
 
-class ClaimError(ValueError):
+class ClaimError(errors.InputError):
     """A claim this node cannot prepare; the message is returned to the kubelet (and shown in pod events)."""
 
 
@@ -195,7 +196,7 @@ def shares_for(claim: Mapping[str, Any], ref: ClaimRef, pool: str, gpus: Mapping
             raise ClaimError(f"{where}: {device} ({gpu.uuid}) is Unhealthy (critical Xid); its slice "
                              f"withdraws it: delete the pod so that it is scheduled again")
         req = request if isinstance(request, str) else ""
-        out.append(Share(request=req, pool=pool, device=device, share_id=share_id, mib=mib,
+        out.append(Share(request=req, pool=pool, device=str(device), share_id=share_id, mib=mib,
                          gpu_index=gpu.index, gpu_uuid=gpu.uuid,
                          region_id=region_id_for_share(gpu.index, ref.uid, req, share_id)))
     return out

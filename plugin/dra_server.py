@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 
+from memslice import errors
 from memslice.plugin.allocator import Target
 from memslice.plugin.dra_cdi import CDI_KIND, CdiDevice, CdiSpecs, cdi_device_name, extra_device_ids
 from memslice.plugin.dra_checkpoint import Checkpoint, PreparedClaim
@@ -43,7 +44,7 @@ MAX_CLAIMS_PER_CALL = 1024
 ClaimReader = Callable[[str, str], Mapping[str, Any]]
 
 
-class ClaimNotFound(LookupError):
+class ClaimNotFound(errors.MemsliceError, LookupError):
     pass
 
 
@@ -83,7 +84,7 @@ class DraDriver:
         """Load the checkpoint, put its shares in the ledger, re-create missing regions/specs, and remove the
         regions and spec files that no record holds (a crash between creating and recording them)."""
         self.prepared = self.checkpoint.load()
-        keep_regions = set()
+        keep_regions: set[str] = set()
         for pc in self.prepared.values():
             self._materialise(pc, rewrite_spec=True)
             keep_regions.update(s.region_id for s in pc.shares)

@@ -101,7 +101,7 @@ def slice_spec(node: str, gpus: Sequence[GpuInfo], healthy: Mapping[str, bool], 
 
 def same_devices(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Equal but for the generation and the spelling of quantities (what a restart must not rewrite)."""
-    return _normalised(a) == _normalised(b)
+    return bool(_normalised(a) == _normalised(b))
 
 
 class SlicePublisher:

@@ -114,7 +114,7 @@ class ServedPods:
     def forget(self, obj: dict[str, Any]) -> None:
         uid = (obj.get("metadata") or {}).get("uid")
         with self._lock:
-            self._uids.discard(uid)  # type: ignore[arg-type]
+            self._uids.discard(uid)
 
     def keep_only(self, uids: Iterable[str]) -> None:
         """After a relist: only the UIDs listed stay (the list's notes added them; pods deleted meanwhile go)."""

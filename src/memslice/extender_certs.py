@@ -143,7 +143,7 @@ def ensure_secrets(core: Any, namespace: str, service: str, server_secret: str, 
         body = client.V1Secret(
             metadata=client.V1ObjectMeta(name=name, namespace=namespace, labels={
                 "app.kubernetes.io/part-of": "memslice", "app.kubernetes.io/component": "extender-tls"}),
-            type="kubernetes.io/tls", data=secret_data(crt, key, bundle.ca_crt))
+            type="kubernetes.io/tls", data=dict(secret_data(crt, key, bundle.ca_crt)))
         if name in found:
             core.replace_namespaced_secret(name, namespace, body)
         else:
