@@ -21,6 +21,8 @@
 #include "cuda_abi.h"
 #include "ms_array.h"
 #include "ms_ptrmap.h"
+#include "sim_internal.h"
+#include "sim_streams_api.h"
 #include "simstate.h"
 
 #define API SIM_EXPORT
@@ -30,7 +32,6 @@
 enum kind { K_DEVICE = 1, K_MANAGED, K_POOL, K_HOST, K_REGISTERED, K_VMM_RANGE, K_ARRAY, K_MIPMAP };
 
 struct sim_ctx { uint32_t magic; int dev; int primary; };
-struct sim_stream { uint32_t magic; int dev; int capturing; };
 struct pool_block { uint64_t ptr, size; struct pool_block *next; };
 struct sim_pool {
     uint32_t magic; int dev; uint64_t reserved, used, reserved_high, used_high, threshold, max_size;
@@ -41,7 +42,6 @@ struct sim_vmm { uint32_t magic; int fd; int dev; int host; uint64_t size; int m
 struct sim_array { uint32_t magic; int dev; uint64_t size; void *mem; };
 
 #define CTX_MAGIC 0x43545831u
-#define STREAM_MAGIC 0x5354524du
 #define POOL_MAGIC 0x504f4f4cu
 #define VMM_MAGIC 0x564d4d31u
 #define ARRAY_MAGIC 0x41525259u
@@ -110,7 +110,8 @@ API CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
     NEED_INIT();
     if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(d)) return CUDA_ERROR_INVALID_DEVICE;
-    snprintf(name, (size_t)len, "%s", S()->node->gpu[d].name);
+    memset(name, 0, (size_t)len); /* the driver zero-fills the buffer: no stale bytes after the NUL */
+    strncpy(name, S()->node->gpu[d].name, (size_t)len - 1);
     return CUDA_SUCCESS;
 }
 
@@ -297,7 +298,7 @@ static void *backing_alloc(uint64_t n) {
 static void backing_free(void *p, uint64_t n) {
     if (n == 0) n = 1;
     if (n < SMALL_ALLOC) free(p);
-    else munmap(p, n);
+    else { sim_ipc_release((uint64_t)(uintptr_t)p); munmap(p, n); }
 }
 
 /* Allocate n bytes of simulated memory on dev (host=1: host-resident), recorded under `kind`. */
@@ -609,29 +610,8 @@ API CUresult cuPointerGetAttributes(unsigned int n, int *attrs, void **data, CUd
 }
 
 /* ---- streams --------------------------------------------------------------------------------------- */
-static struct sim_stream *as_stream(CUstream s) {
-    struct sim_stream *x = (struct sim_stream *)s;
-    if ((uintptr_t)s <= 2) return NULL; /* NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD */
-    return x->magic == STREAM_MAGIC ? x : NULL;
-}
-API CUresult cuStreamCreate(CUstream *ps, unsigned int flags) {
-    NEED_CTX();
-    (void)flags;
-    struct sim_stream *x = calloc(1, sizeof *x);
-    if (!ps || !x) { free(x); return CUDA_ERROR_INVALID_VALUE; }
-    *x = (struct sim_stream){STREAM_MAGIC, t_ctx->dev, 0};
-    *ps = (CUstream)x;
-    return CUDA_SUCCESS;
-}
-API CUresult cuStreamDestroy_v2(CUstream s) {
-    NEED_INIT();
-    struct sim_stream *x = as_stream(s);
-    if (!x) return CUDA_ERROR_INVALID_HANDLE;
-    x->magic = 0;
-    free(x);
-    return CUDA_SUCCESS;
-}
-API CUresult cuStreamDestroy(CUstream s) { return cuStreamDestroy_v2(s); }
+/* Stream objects live in sim_streams.c (creation, priorities, queries); capture state is kept here. */
+static struct sim_stream *as_stream(CUstream s) { return sim_stream_of(s); }
 API CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
     NEED_INIT(); (void)mode;
     struct sim_stream *x = as_stream(s);
@@ -1191,8 +1171,9 @@ API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion
     }
     const struct proc *pick = want_ptds && best_ptds ? best_ptds : best;
     if (pick) *pfn = pick->fn;
+    else if (!known) *pfn = sim_proc_lookup(symbol, cudaVersion, want_ptds, &known); /* rest of cuda.h */
     if (status)
-        *status = pick ? CU_GET_PROC_ADDRESS_SUCCESS
+        *status = *pfn ? CU_GET_PROC_ADDRESS_SUCCESS
                        : known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     return CUDA_SUCCESS;
 }
@@ -1200,3 +1181,15 @@ API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion
 API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
     return cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
 }
+
+/* ---- what the family files (sim_streams.c, sim_ipc.c) use; declared in sim_internal.h ---------------- */
+/* cuInit's state, for the NEED_INIT checks of the other files. */
+int sim_cuda_initialized(void) { return g_initialized; }
+/* This thread's current context, so a new stream or event belongs to it. */
+CUcontext sim_current_ctx(void) { return (CUcontext)t_ctx; }
+/* A context's device, or -1 when the handle is not a live context. */
+int sim_ctx_device(CUcontext c) { struct sim_ctx *x = as_ctx(c); return x ? x->dev : -1; }
+/* The allocation map, for IPC: look up, record, remove. */
+int sim_ptr_range(uint64_t addr, ms_rec *out) { pthread_once(&g_map_once, map_init); return ms_ptrmap_find_range(&g_ptrs, addr, out); }
+int sim_ptr_put(const ms_rec *r) { pthread_once(&g_map_once, map_init); return ms_ptrmap_put(&g_ptrs, r); }
+int sim_ptr_take(uint64_t base, ms_rec *out) { pthread_once(&g_map_once, map_init); return ms_ptrmap_take(&g_ptrs, base, out); }

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "cuda_abi.h"
+#include "sim_nvml.h"
 #include "simstate.h"
 
 #define API SIM_EXPORT
@@ -342,3 +343,17 @@ API int memsliceSimInjectXid(unsigned int index, unsigned long long xid) {
 
 /* Simulator control: the state file's error, for tools that want to report it. */
 API const char *memsliceSimError(void) { return sim_get() ? "" : sim_error(); }
+
+/* ---- for simnvml_monitoring.c (sim_nvml.h) ------------------------------------------------------------ */
+/* Validate a handle and give its index. */
+nvmlReturn_t sim_nvml_dev(nvmlDevice_t d, unsigned int *index) {
+    DEV_OR_FAIL(d, x);
+    *index = x->index;
+    return NVML_SUCCESS;
+}
+/* Physical usage, for the power and performance-state model. */
+uint64_t sim_nvml_used(unsigned int g) { return used_on(g); }
+/* The compute processes (v2/v3 layout). */
+nvmlReturn_t sim_nvml_processes(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *infos) {
+    return processes(d, count, infos, 1);
+}
