@@ -66,7 +66,8 @@ from numba.cuda.cudadrv.driver import CudaAPIError
 ctx = cuda.current_context()
 free, total = ctx.get_memory_info()
 print(f"total={{total >> 20}}")
-print(f"name={{cuda.get_current_device().name.decode() if isinstance(cuda.get_current_device().name, bytes) else cuda.get_current_device().name}}")
+name = cuda.get_current_device().name
+print(f"name={{name.decode() if isinstance(name, bytes) else name}}")
 arrs = []
 try:
     while True:
