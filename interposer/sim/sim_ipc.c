@@ -110,17 +110,28 @@ API CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
     return CUDA_SUCCESS;
 }
 
-/* Open the exporter's memfd through /proc, checking it is one of ours and as large as the handle says. */
-static int open_exported(const struct ipc_wire *w) {
+/* Is fd (in process pid, or this process when pid is 0) one of the simulator's IPC memfds? */
+static int is_ipc_memfd(unsigned int pid, int fd) {
     char path[64], target[128];
-    snprintf(path, sizeof path, "/proc/%u/fd/%d", w->pid, w->fd);
+    if (pid) snprintf(path, sizeof path, "/proc/%u/fd/%d", pid, fd);
+    else snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
     ssize_t n = readlink(path, target, sizeof target - 1);
-    if (n < 0) return -1;
+    if (n < 0) return 0;
     target[n] = 0;
-    if (strncmp(target, "/memfd:" MEMFD_NAME, strlen("/memfd:" MEMFD_NAME)) != 0) return -1;
-    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    return strncmp(target, "/memfd:" MEMFD_NAME, strlen("/memfd:" MEMFD_NAME)) == 0;
+}
+
+/* Open the exporter's memfd through /proc (a magic link: O_NOFOLLOW would refuse it), then check what was
+ * opened — one of our memfds, a regular file at least as large as the handle says — so a handle naming
+ * another file or a shrunken one is refused instead of mapped. */
+static int open_exported(const struct ipc_wire *w) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%u/fd/%d", w->pid, w->fd);
+    if (!is_ipc_memfd(w->pid, w->fd)) return -1;
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NONBLOCK);
     struct stat st;
-    if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size < w->size)) {
+    if (fd >= 0 && (!is_ipc_memfd(0, fd) || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) ||
+                    (uint64_t)st.st_size < w->size)) {
         close(fd);
         return -1;
     }
