@@ -219,9 +219,11 @@ static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *count, void *infos, 
         if (__atomic_load_n(&sl->state, __ATOMIC_SEQ_CST) != MS_SLOT_LIVE || !ms_slot_alive(&s->ledger, i)) continue;
         uint64_t b = __atomic_load_n(&sl->device_bytes[x->index], __ATOMIC_SEQ_CST);
         if (!b) continue;
+        /* the driver reports PIDs of the initial namespace, whatever namespace asks */
+        unsigned pid = (unsigned)(sl->host_pid > 0 ? sl->host_pid : sl->pid);
         if (n < cap) {
-            if (v2) ((nvmlProcessInfo_t *)infos)[n] = (nvmlProcessInfo_t){(unsigned)sl->pid, b, 0xFFFFFFFFu, 0xFFFFFFFFu};
-            else ((nvmlProcessInfo_v1_t *)infos)[n] = (nvmlProcessInfo_v1_t){(unsigned)sl->pid, b};
+            if (v2) ((nvmlProcessInfo_t *)infos)[n] = (nvmlProcessInfo_t){pid, b, 0xFFFFFFFFu, 0xFFFFFFFFu};
+            else ((nvmlProcessInfo_v1_t *)infos)[n] = (nvmlProcessInfo_v1_t){pid, b};
         }
         n++;
     }
