@@ -55,7 +55,9 @@ def status(args: argparse.Namespace) -> int:
     state = _state(args)
     if not state:
         return 2
-    snap = read_region_file(state)
+    from memslice.simulator import usage_path
+
+    snap = read_region_file(usage_path(state))
     if snap is None:
         print(f"memslice sim: {state} does not exist yet", file=sys.stderr)
         return 2
