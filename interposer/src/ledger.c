@@ -61,6 +61,9 @@ static int byte_lock(int fd, uint64_t off, int type, int wait) {
 
 int ms_slot_alive(const ms_ledger *l, int i) {
     if (i == l->slot) return 1;
+    /* F_GETLK never reports the caller's own locks: a slot another handle of this process holds (the simulated
+     * libcuda and libnvidia-ml each open the node's ledger) would look dead. Ours while we live. */
+    if (LOAD(&l->r->slot[i].pid) == (int32_t)getpid()) return 1;
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = (off_t)(MS_LOCK_BASE + (uint64_t)i),
                        .l_len = 1};
     if (fcntl(l->fd, F_GETLK, &fl) < 0) return 1; /* cannot tell: assume alive, never reclaim wrongly */
