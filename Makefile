@@ -6,7 +6,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.memslice-installed
 SOURCES = pyproject.toml setup.py $(wildcard interposer/src/*.[ch] interposer/sim/*.[ch] interposer/include/*.h interposer/Makefile proto/*.proto)
 
-.PHONY: install demo test lint native protos clean
+.PHONY: install demo test gpu-check lint native protos clean
 install: $(STAMP)
 
 $(STAMP): $(SOURCES)
@@ -31,6 +31,11 @@ test: install
 	$(VENV)/bin/ruff check .
 	$(MAKE) -C interposer check
 	$(VENV)/bin/pytest -q
+
+# The real-GPU check kit (docs/operations.md): skips, saying why, without an NVIDIA driver and a GPU.
+# Frameworks are not in the test extra: pip install torch / 'jax[cuda12]' / cupy-cuda12x into .venv first.
+gpu-check: install
+	$(VENV)/bin/pytest -rA -s tests/gpu
 
 clean:
 	$(MAKE) -C interposer clean
