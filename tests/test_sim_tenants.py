@@ -175,3 +175,17 @@ def test_a_tenant_holding_the_node_lock_delays_no_one_for_long(cluster):
         fcntl.lockf(f, fcntl.LOCK_EX)
         for _ in range(3):
             assert b.step(16)["rc"] == 0  # each waits at most the bounded lock wait
+
+
+def test_a_damaged_node_description_is_refused_clearly_and_running_processes_go_on(cluster):
+    tenants, _ = cluster
+    b = tenants["b"]
+    assert b.start(100)["rc"] == 0
+    state = Path(b.env["MEMSLICE_SIM_STATE"])
+    state.write_bytes(os.urandom(4096))  # only the agent can write it; the simulator still reads defensively
+    assert b.step(16)["rc"] == 0  # a running process works from its validated private copy
+    fresh = run([sys.executable, "-m", "memslice.tenant", "16"], b.env)
+    assert fresh.returncode != 0
+    assert f"memslice-sim: {state} is not a valid simulator node file" in fresh.stderr
+    os.truncate(state, 10)
+    assert b.step(16)["rc"] == 0

@@ -424,7 +424,7 @@ static void open_sim(void) {
     if (read_env(s, &spec, usage, sizeof usage, lock, sizeof lock) < 0) return;
     if (open_node(s, s->state_path, spec) < 0) return;
     if (open_usage(s, usage) < 0) return;
-    s->lock_fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0666);
+    if (s->peers[0]) s->lock_fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0666);
     if (strcmp(s->node->config, spec) != 0 && getenv("MEMSLICE_SIM_GPUS"))
         fprintf(stderr, "memslice-sim: %s was created with MEMSLICE_SIM_GPUS=%s; ignoring %s\n", s->state_path,
                 s->node->config, spec);
@@ -461,6 +461,11 @@ const char *sim_error(void) { return g_sim.error[0] ? g_sim.error : "memslice-si
  * lock (bounded wait; without it, two containers could both take the last free bytes), and this container's
  * ledger charges atomically against the rest. */
 static int charge_device(struct sim *s, int g, uint64_t n) {
+    if (!s->peers[0]) { /* one ledger for the whole node (local use): its atomic charge is exact, no lock */
+        int rc = ms_charge(&s->ledger, g, n, s->node->gpu[g].total, 0);
+        if (rc < 0 && ms_sweep(&s->ledger) > 0) rc = ms_charge(&s->ledger, g, n, s->node->gpu[g].total, 0);
+        return rc;
+    }
     int locked = s->lock_fd >= 0 && lock_bounded(s->lock_fd, 0) == 0;
     uint64_t total = s->node->gpu[g].total, others = peers_used(s, g);
     uint64_t cap = others < total ? total - others : 0;
