@@ -1,6 +1,7 @@
-"""Real CUDA clients on the simulated GPU under `memslice run`: cuda.core (device, streams, events, its memory
-resource until its own out-of-memory error) and numba-cuda (device arrays, memory info, its OOM error). Each
-sees the quota as the GPU's total memory, fails at the quota with its own error, and shows in `memslice top`."""
+"""Real CUDA clients on the simulated GPU under `memslice run`: cuda-bindings (driver API), cuda.core (device,
+streams, events, its memory resource until its own out-of-memory error) and numba-cuda (device arrays, memory
+info, its OOM error). Each sees the quota as the GPU's total memory, fails at the quota with its own error, and
+shows in `memslice top`."""
 
 from __future__ import annotations
 
@@ -94,6 +95,42 @@ def test_numba_device_arrays_and_oom_at_quota(tmp_path, binding, monkeypatch):
         assert int(got["total"]) == QUOTA_MIB
         assert got["name"] == "Simulated GPU 16GiB (memslice)"
         assert got["oom"].endswith(":True"), got["oom"]
+        chunks = int(got["chunks"])
+        assert chunks >= 4 and chunks * CHUNK_MIB <= QUOTA_MIB
+        [held] = process_mib(top(region, env)).values()
+        assert chunks * CHUNK_MIB <= held <= QUOTA_MIB
+
+
+BINDINGS = f"""
+import sys
+from cuda.bindings import driver as d
+def ok(r):
+    err, *rest = r
+    assert err == d.CUresult.CUDA_SUCCESS, err
+    return rest[0] if len(rest) == 1 else rest
+ok(d.cuInit(0))
+ctx = ok(d.cuDevicePrimaryCtxRetain(ok(d.cuDeviceGet(0))))
+ok(d.cuCtxSetCurrent(ctx))
+free, total = ok(d.cuMemGetInfo())
+print(f"total={{total >> 20}}")
+ptrs = []
+while True:
+    err, p = d.cuMemAlloc({CHUNK_MIB} << 20)
+    if err != d.CUresult.CUDA_SUCCESS:
+        print(f"oom={{err.name}}")
+        break
+    ptrs.append(p)
+print(f"chunks={{len(ptrs)}}")
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_cuda_bindings_driver_api_oom_at_quota(tmp_path):
+    with holding(tmp_path, BINDINGS) as (env, proc, region):
+        got = read_until_held(proc)
+        assert int(got["total"]) == QUOTA_MIB
+        assert got["oom"] == "CUDA_ERROR_OUT_OF_MEMORY"
         chunks = int(got["chunks"])
         assert chunks >= 4 and chunks * CHUNK_MIB <= QUOTA_MIB
         [held] = process_mib(top(region, env)).values()
