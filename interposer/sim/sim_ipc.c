@@ -20,13 +20,12 @@
 #include <unistd.h>
 
 #include "sim_internal.h"
+#include "sim_ipc_api.h"
 #include "simstate.h"
 
 #define API SIM_EXPORT
 #define IPC_MAGIC 0x4d534950u /* "MSIP" */
 #define MEMFD_NAME "memslice-ipc"
-
-typedef struct { char reserved[64]; } CUipcMemHandle;
 
 struct ipc_wire { uint32_t magic; uint32_t pid; int32_t fd; int32_t dev; uint64_t size, offset, base; };
 _Static_assert(sizeof(struct ipc_wire) <= sizeof(CUipcMemHandle), "IPC handle layout exceeds 64 bytes");
@@ -82,6 +81,7 @@ static int exported_fd(uint64_t base, uint64_t size) {
     return fd;
 }
 
+/* An allocation is freed: close its memfd (openers keep their mappings, as with the real driver). */
 void sim_ipc_release(uint64_t base) {
     pthread_mutex_lock(&g_mu);
     for (struct exported **pe = &g_exported; *pe; pe = &(*pe)->next) {
@@ -95,6 +95,7 @@ void sim_ipc_release(uint64_t base) {
     pthread_mutex_unlock(&g_mu);
 }
 
+/* Export: make the allocation shareable (once) and describe it in the 64-byte handle. */
 API CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
     if (!sim_cuda_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
     ms_rec r;
@@ -138,6 +139,7 @@ static int open_exported(const struct ipc_wire *w) {
     return fd;
 }
 
+/* Import: map the exporter's memfd; the pointer keeps the handle's offset into the allocation. */
 API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle h, unsigned int flags) {
     if (!sim_cuda_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
     if (!sim_current_ctx()) return CUDA_ERROR_INVALID_CONTEXT;
@@ -156,10 +158,12 @@ API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle h, unsigne
     *pdptr = r.key + w.offset;
     return CUDA_SUCCESS;
 }
+/* The pre-11.0 ABI name: same contract. */
 API CUresult cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h, unsigned int f) {
     return cuIpcOpenMemHandle_v2(p, h, f);
 }
 
+/* Unmap an imported allocation (only pointers cuIpcOpenMemHandle returned). */
 API CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
     if (!sim_cuda_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
     ms_rec r;

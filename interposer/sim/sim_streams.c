@@ -59,6 +59,7 @@ API CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest) {
     return CUDA_SUCCESS;
 }
 
+/* A stream of the current context; the priority is clamped into the range, as the driver does. */
 API CUresult cuStreamCreateWithPriority(CUstream *ps, unsigned int flags, int priority) {
     CUresult rc = need_ctx();
     if (rc) return rc;
@@ -75,6 +76,7 @@ API CUresult cuStreamCreateWithPriority(CUstream *ps, unsigned int flags, int pr
 }
 API CUresult cuStreamCreate(CUstream *ps, unsigned int flags) { return cuStreamCreateWithPriority(ps, flags, 0); }
 
+/* Destroy a created stream (the default streams cannot be). */
 API CUresult cuStreamDestroy_v2(CUstream s) {
     if (!sim_cuda_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
     struct sim_stream *x = sim_stream_of(s);
@@ -85,6 +87,7 @@ API CUresult cuStreamDestroy_v2(CUstream s) {
 }
 API CUresult cuStreamDestroy(CUstream s) { return cuStreamDestroy_v2(s); }
 
+/* A created stream's priority; default streams have priority 0. */
 API CUresult cuStreamGetPriority(CUstream s, int *priority) {
     CUresult rc = check_stream(s);
     if (rc) return rc;
@@ -95,6 +98,7 @@ API CUresult cuStreamGetPriority(CUstream s, int *priority) {
 }
 API CUresult cuStreamGetPriority_ptsz(CUstream s, int *p) { return cuStreamGetPriority(s, p); }
 
+/* A created stream's flags; default streams have none. */
 API CUresult cuStreamGetFlags(CUstream s, unsigned int *flags) {
     CUresult rc = check_stream(s);
     if (rc) return rc;
@@ -116,6 +120,7 @@ API CUresult cuStreamGetId(CUstream s, unsigned long long *id) {
 }
 API CUresult cuStreamGetId_ptsz(CUstream s, unsigned long long *id) { return cuStreamGetId(s, id); }
 
+/* The owning context: a created stream's own, the current one for the default streams. */
 API CUresult cuStreamGetCtx(CUstream s, CUcontext *pctx) {
     CUresult rc = check_stream(s);
     if (rc) return rc;
@@ -137,6 +142,7 @@ API CUresult cuStreamGetCtx_v2(CUstream s, CUcontext *pctx, void **green) {
 }
 API CUresult cuStreamGetCtx_v2_ptsz(CUstream s, CUcontext *p, void **g) { return cuStreamGetCtx_v2(s, p, g); }
 
+/* The device of the stream's context. */
 API CUresult cuStreamGetDevice(CUstream s, CUdevice *dev) {
     CUcontext c = NULL;
     CUresult rc = cuStreamGetCtx(s, &c);
@@ -151,6 +157,7 @@ API CUresult cuStreamGetDevice_ptsz(CUstream s, CUdevice *d) { return cuStreamGe
 API CUresult cuStreamQuery(CUstream s) { return check_stream(s); }
 API CUresult cuStreamQuery_ptsz(CUstream s) { return cuStreamQuery(s); }
 
+/* Nothing to wait for (all work is done); the arguments are still checked. */
 API CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
     CUresult rc = check_stream(s);
     if (rc) return rc;
@@ -173,6 +180,7 @@ static uint64_t now_ns(void) {
     return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
+/* An event of the current context, with the documented flag rules. */
 API CUresult cuEventCreate(CUevent *pe, unsigned int flags) {
     CUresult rc = need_ctx();
     if (rc) return rc;
@@ -186,6 +194,7 @@ API CUresult cuEventCreate(CUevent *pe, unsigned int flags) {
     return CUDA_SUCCESS;
 }
 
+/* Destroy an event. */
 API CUresult cuEventDestroy_v2(CUevent e) {
     if (!sim_cuda_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
     struct sim_evt *x = as_event(e);
@@ -196,6 +205,7 @@ API CUresult cuEventDestroy_v2(CUevent e) {
 }
 API CUresult cuEventDestroy(CUevent e) { return cuEventDestroy_v2(e); }
 
+/* Record: the event completes at once; its timestamp is now. */
 API CUresult cuEventRecord(CUevent e, CUstream s) {
     CUresult rc = check_stream(s);
     if (rc) return rc;
@@ -206,6 +216,7 @@ API CUresult cuEventRecord(CUevent e, CUstream s) {
     return CUDA_SUCCESS;
 }
 API CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return cuEventRecord(e, s); }
+/* Only CU_EVENT_RECORD_DEFAULT/EXTERNAL (0/1) exist. */
 API CUresult cuEventRecordWithFlags(CUevent e, CUstream s, unsigned int flags) {
     return flags > 1 ? CUDA_ERROR_INVALID_VALUE : cuEventRecord(e, s);
 }
@@ -220,6 +231,7 @@ API CUresult cuEventQuery(CUevent e) {
 }
 API CUresult cuEventSynchronize(CUevent e) { return cuEventQuery(e); }
 
+/* Host time between two records; both must be recorded and timing-enabled. */
 API CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) {
     if (!sim_cuda_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
     struct sim_evt *a = as_event(start), *b = as_event(end);

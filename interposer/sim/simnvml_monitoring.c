@@ -13,15 +13,12 @@
 #include <time.h>
 
 #include "sim_nvml.h"
+#include "simnvml_monitoring_api.h"
 #include "simstate.h"
 
 #define API SIM_EXPORT
 #define DEV(d, idx) unsigned int idx; { nvmlReturn_t rc_ = sim_nvml_dev(d, &idx); if (rc_) return rc_; }
 
-typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
-typedef struct { unsigned long long bar1Total, bar1Free, bar1Used; } nvmlBAR1Memory_t;
-typedef struct { unsigned int version; int sensorType; int temperature; } nvmlTemperature_t;
-#define nvmlTemperature_v1 (unsigned int)(sizeof(nvmlTemperature_t) | (1u << 24))
 
 enum { CLOCK_GRAPHICS = 0, CLOCK_SM = 1, CLOCK_MEM = 2, CLOCK_VIDEO = 3, CLOCK_COUNT = 4 };
 static const unsigned int IDLE_MHZ[CLOCK_COUNT] = {345, 345, 2619, 765};

@@ -179,6 +179,7 @@ static int open_node(struct sim *s, const char *path, const char *spec) {
     return 0;
 }
 
+/* Events are appended by the agent (or `memslice sim xid`) to the node file: re-read the ring from it. */
 void sim_refresh_events(struct sim *s) {
     struct sim_node fresh;
     if (pread_full(s->node_fd, &fresh, sizeof fresh, 0) < 0 || !valid_node(&fresh) ||
@@ -208,11 +209,13 @@ static int lock_bounded(int fd, off_t byte) {
     return -1;
 }
 
+/* Release what lock_bounded took. */
 static void unlock_byte(int fd, off_t byte) {
     struct flock fl = {.l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = byte, .l_len = 1};
     fcntl(fd, F_OFD_SETLK, &fl);
 }
 
+/* Append an Xid to the node file's ring under its lock: the event first, then the sequence that publishes it. */
 int sim_inject_xid(struct sim *s, unsigned int gpu, uint64_t xid) {
     if (gpu >= s->node->ngpus) return -1;
     int fd = open_regular(AT_FDCWD, s->state_path, O_RDWR);
@@ -255,6 +258,7 @@ static int peer_has_live_owner(int fd) {
     return fl.l_type != F_UNLCK;
 }
 
+/* Is peer slot i's owner alive (holds its lock byte)? A read-only fd is enough for F_GETLK. */
 static int slot_alive_fd(int fd, int i) {
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = (off_t)(MS_LOCK_BASE + (uint64_t)i),
                        .l_len = 1};
@@ -315,12 +319,14 @@ static void add_used(struct sim *s, int fd, const struct peer_head *h, void *arg
     a->sum = a->sum + u > total ? total : a->sum + u;
 }
 
+/* The other containers' device use of GPU g, clamped to its size. */
 static uint64_t peers_used(struct sim *s, int g) {
     struct used_arg a = {g, 0};
     scan_peers(s, add_used, &a);
     return a.sum;
 }
 
+/* Node-wide use of GPU g: what cuMemGetInfo and NVML report as used. */
 uint64_t sim_used(struct sim *s, int g) {
     uint64_t own = ms_bytes(__atomic_load_n(&s->ledger.r->dev[g].used, __ATOMIC_SEQ_CST));
     return own + peers_used(s, g);
@@ -351,6 +357,7 @@ static void peer_processes(struct sim *s, int fd, const struct peer_head *h, voi
     }
 }
 
+/* This container's live processes (dead ones reclaimed first), then the peers'. */
 void sim_for_each_process(struct sim *s, int g, sim_process_fn fn, void *arg) {
     struct proc_arg a = {g, fn, arg};
     ms_sweep(&s->ledger);
@@ -416,6 +423,7 @@ static int read_env(struct sim *s, const char **spec, char *usage, size_t ulen, 
     return 0;
 }
 
+/* Open everything once per process; on failure s->error says why and g_ready stays NULL. */
 static void open_sim(void) {
     struct sim *s = &g_sim;
     const char *spec;
@@ -431,10 +439,12 @@ static void open_sim(void) {
     g_ready = s;
 }
 
+/* A forked child does not own its parent's slot (the lock is not inherited): it claims its own. */
 static void after_fork_child(void) {
     if (g_ready) ms_ledger_forget_slot(&g_ready->ledger);
 }
 
+/* A normal exit returns this process's memory at once. */
 static void release_at_exit(void) {
     if (g_ready) ms_ledger_release(&g_ready->ledger);
 }
@@ -450,6 +460,7 @@ static void init_once(void) {
     pthread_atfork(NULL, NULL, after_fork_child);
 }
 
+/* The process-wide simulator, opened on first use. */
 struct sim *sim_get(void) {
     pthread_once(&g_once, init_once);
     return g_ready;
@@ -483,6 +494,7 @@ int sim_charge(struct sim *s, int g, uint64_t n, int host) {
     return charge_device(s, g, n);
 }
 
+/* Undo a charge of this process. */
 void sim_uncharge(struct sim *s, int g, uint64_t n, int host) {
     if (s->ledger.slot >= 0) ms_uncharge(&s->ledger, g, n, host);
 }

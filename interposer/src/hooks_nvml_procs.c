@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hooks_nvml_procs.h"
 #include "shim.h"
 
 #define MAX_PROCS 65536u /* bound on what the driver may ask us to buffer */
