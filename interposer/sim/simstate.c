@@ -275,15 +275,50 @@ static int peer_dev(const struct sim *s, const struct peer_head *h, int g) {
 
 typedef void (*peer_fn)(struct sim *s, int fd, const struct peer_head *h, void *arg);
 
-/* Visit every readable, valid peer ledger with a live owner (this container's own ledger excluded). */
-static void scan_peers(struct sim *s, peer_fn fn, void *arg) {
-    if (!s->peers[0]) return;
+/* The peer ledgers, kept open between charges (a charge then costs one pread and one F_GETLK per peer, not a
+ * directory listing and an open); the directory is re-listed at most once a second, so a container that has
+ * just started is counted within a second. Holding these fds is harmless: this process holds no lock on a
+ * peer's file, so closing one drops nothing. */
+#define PEER_RESCAN_NS (1000ull * 1000 * 1000)
+struct peer_fd { int fd; dev_t dev; ino_t ino; };
+static struct peer_fd g_peer[PEER_MAX_FILES];
+static int g_npeer;
+static uint64_t g_peer_listed_ns; /* 0: never listed */
+static pthread_mutex_t g_peer_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Monotonic nanoseconds, for the re-listing period. */
+static uint64_t mono_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+/* The fd already open for this inode (taken out of the old list), or a new one; -1 if unusable. */
+static int reuse_or_open(int dfd, const char *rel, const struct stat *st) {
+    for (int k = 0; k < g_npeer; k++)
+        if (g_peer[k].fd >= 0 && g_peer[k].dev == st->st_dev && g_peer[k].ino == st->st_ino) {
+            int fd = g_peer[k].fd;
+            g_peer[k].fd = -1;
+            return fd;
+        }
+    int fd = open_regular(dfd, rel, O_RDONLY);
+    struct stat now;
+    if (fd >= 0 && (fstat(fd, &now) < 0 || now.st_dev != st->st_dev || now.st_ino != st->st_ino)) {
+        close(fd); /* replaced between the stat and the open */
+        fd = -1;
+    }
+    return fd;
+}
+
+/* Re-list the peers directory (NAME.usage or DIR/sim.usage entries). Called with g_peer_mu held. */
+static void list_peers(struct sim *s) {
+    static struct peer_fd next[PEER_MAX_FILES];
+    int n = 0;
     DIR *dir = opendir(s->peers);
-    if (!dir) return;
     struct stat own;
     int have_own = fstat(s->ledger.fd, &own) == 0;
     struct dirent *de;
-    for (int seen = 0; seen < PEER_MAX_FILES && (de = readdir(dir)); seen++) {
+    for (int seen = 0; dir && seen < PEER_MAX_FILES && (de = readdir(dir)); seen++) {
         if (de->d_name[0] == '.') continue;
         char rel[300];
         size_t len = strlen(de->d_name);
@@ -295,15 +330,30 @@ static void scan_peers(struct sim *s, peer_fn fn, void *arg) {
         if (fstatat(dirfd(dir), rel, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode) ||
             (have_own && st.st_dev == own.st_dev && st.st_ino == own.st_ino))
             continue;
-        int fd = open_regular(dirfd(dir), rel, O_RDONLY);
-        if (fd < 0) continue;
-        struct peer_head h;
-        if (fstat(fd, &st) == 0 && !(have_own && st.st_dev == own.st_dev && st.st_ino == own.st_ino) &&
-            read_peer_head(fd, &h) == 0 && peer_has_live_owner(fd))
-            fn(s, fd, &h, arg);
-        close(fd);
+        int fd = reuse_or_open(dirfd(dir), rel, &st);
+        if (fd >= 0) next[n++] = (struct peer_fd){fd, st.st_dev, st.st_ino};
     }
-    closedir(dir);
+    if (dir) closedir(dir);
+    for (int k = 0; k < g_npeer; k++)
+        if (g_peer[k].fd >= 0) close(g_peer[k].fd); /* gone or replaced */
+    memcpy(g_peer, next, (size_t)n * sizeof next[0]);
+    g_npeer = n;
+}
+
+/* Visit every valid peer ledger with a live owner (this container's own ledger excluded). */
+static void scan_peers(struct sim *s, peer_fn fn, void *arg) {
+    if (!s->peers[0]) return;
+    pthread_mutex_lock(&g_peer_mu);
+    uint64_t now = mono_ns();
+    if (!g_peer_listed_ns || now - g_peer_listed_ns >= PEER_RESCAN_NS) {
+        list_peers(s);
+        g_peer_listed_ns = now;
+    }
+    for (int k = 0; k < g_npeer; k++) {
+        struct peer_head h;
+        if (read_peer_head(g_peer[k].fd, &h) == 0 && peer_has_live_owner(g_peer[k].fd)) fn(s, g_peer[k].fd, &h, arg);
+    }
+    pthread_mutex_unlock(&g_peer_mu);
 }
 
 struct used_arg { int g; uint64_t sum; };
@@ -441,6 +491,7 @@ static void open_sim(void) {
 
 /* A forked child does not own its parent's slot (the lock is not inherited): it claims its own. */
 static void after_fork_child(void) {
+    pthread_mutex_init(&g_peer_mu, NULL); /* another thread may have held it at the fork */
     if (g_ready) ms_ledger_forget_slot(&g_ready->ledger);
 }
 
