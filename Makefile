@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.memslice-installed
-SOURCES = pyproject.toml setup.py $(wildcard interposer/src/*.[ch] interposer/sim/*.[ch] interposer/include/*.h interposer/Makefile proto/*.proto)
+SOURCES = pyproject.toml setup.py $(wildcard interposer/src/*.[ch] interposer/sim/*.[ch] interposer/sim/*.def interposer/include/*.h interposer/Makefile proto/*.proto)
 
 .PHONY: install demo test gpu-check lint native protos clean
 install: $(STAMP)
