@@ -340,12 +340,14 @@ static void list_peers(struct sim *s) {
     g_npeer = n;
 }
 
-/* Visit every valid peer ledger with a live owner (this container's own ledger excluded). */
-static void scan_peers(struct sim *s, peer_fn fn, void *arg) {
+/* Visit every valid peer ledger with a live owner (this container's own ledger excluded). `fresh`: list the
+ * directory now (NVML and cuMemGetInfo, which must show a container that just started); charges accept a
+ * listing up to a second old. */
+static void scan_peers(struct sim *s, peer_fn fn, void *arg, int fresh) {
     if (!s->peers[0]) return;
     pthread_mutex_lock(&g_peer_mu);
     uint64_t now = mono_ns();
-    if (!g_peer_listed_ns || now - g_peer_listed_ns >= PEER_RESCAN_NS) {
+    if (fresh || !g_peer_listed_ns || now - g_peer_listed_ns >= PEER_RESCAN_NS) {
         list_peers(s);
         g_peer_listed_ns = now;
     }
@@ -370,16 +372,16 @@ static void add_used(struct sim *s, int fd, const struct peer_head *h, void *arg
 }
 
 /* The other containers' device use of GPU g, clamped to its size. */
-static uint64_t peers_used(struct sim *s, int g) {
+static uint64_t peers_used(struct sim *s, int g, int fresh) {
     struct used_arg a = {g, 0};
-    scan_peers(s, add_used, &a);
+    scan_peers(s, add_used, &a, fresh);
     return a.sum;
 }
 
 /* Node-wide use of GPU g: what cuMemGetInfo and NVML report as used. */
 uint64_t sim_used(struct sim *s, int g) {
     uint64_t own = ms_bytes(__atomic_load_n(&s->ledger.r->dev[g].used, __ATOMIC_SEQ_CST));
-    return own + peers_used(s, g);
+    return own + peers_used(s, g, 1);
 }
 
 struct proc_arg { int g; sim_process_fn fn; void *arg; };
@@ -418,7 +420,7 @@ void sim_for_each_process(struct sim *s, int g, sim_process_fn fn, void *arg) {
             continue;
         report_slot(sl, g, &a);
     }
-    scan_peers(s, peer_processes, &a);
+    scan_peers(s, peer_processes, &a, 1);
 }
 
 /* ---- opening ---------------------------------------------------------------------------------------------- */
@@ -529,7 +531,7 @@ static int charge_device(struct sim *s, int g, uint64_t n) {
         return rc;
     }
     int locked = s->lock_fd >= 0 && lock_bounded(s->lock_fd, 0) == 0;
-    uint64_t total = s->node->gpu[g].total, others = peers_used(s, g);
+    uint64_t total = s->node->gpu[g].total, others = peers_used(s, g, 0);
     uint64_t cap = others < total ? total - others : 0;
     int rc = ms_charge(&s->ledger, g, n, cap, 0);
     /* out of memory: a dead process may still be holding some, reclaim and retry once */
