@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.memslice-installed
-SOURCES = pyproject.toml setup.py proto/generate.py $(wildcard interposer/src/*.[ch] interposer/sim/*.[ch] interposer/include/*.h interposer/Makefile proto/*.proto)
+SOURCES = pyproject.toml setup.py proto/generate.py $(wildcard interposer/src/*.[ch] interposer/sim/*.[ch] interposer/sim/*.def interposer/include/*.h interposer/Makefile proto/*.proto)
 
 # The sanitizer run: the shim, simulator and C tests built with ASan+UBSan (interposer/build-asan), the C
 # tests run by `make -C interposer sanitize`, then the shim's pytest files that exercise every hook
@@ -12,7 +12,7 @@ SOURCES = pyproject.toml setup.py proto/generate.py $(wildcard interposer/src/*.
 CC        ?= cc
 SAN_TESTS  = tests/test_shim_kinds.py tests/test_shim_routes.py tests/test_oversubscribe.py tests/test_shim_faults.py
 
-.PHONY: install demo test lint native protos clean sanitize typecheck
+.PHONY: install demo test gpu-check lint native protos clean sanitize typecheck
 install: $(STAMP)
 
 $(STAMP): $(SOURCES)
@@ -54,6 +54,11 @@ sanitize: install
 	  MEMSLICE_LIB_DIR=$(CURDIR)/interposer/build-asan MEMSLICE_TEST_PRELOAD_FIRST=$$asan LD_PRELOAD=$$asan \
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  $(VENV)/bin/pytest -q -p no:cacheprovider $(SAN_TESTS)
+
+# The real-GPU check kit (docs/operations.md): skips, saying why, without an NVIDIA driver and a GPU.
+# Frameworks are not in the test extra: pip install torch / 'jax[cuda12]' / cupy-cuda12x into .venv first.
+gpu-check: install
+	$(VENV)/bin/pytest -rA -s tests/gpu
 
 clean:
 	$(MAKE) -C interposer clean

@@ -71,6 +71,8 @@ class NodeAgent:
         cfg = self.cfg
         if cfg.simulate and cfg.sim_gpus:
             os.environ["MEMSLICE_SIM_GPUS"] = cfg.sim_gpus
+        if cfg.simulate:  # the containers' simulated usage lives in their region dirs: a node-wide NVML view
+            os.environ.setdefault("MEMSLICE_SIM_PEERS", str(cfg.region_root))
         try:
             self.nvml.start()
             found = self.nvml.discover()

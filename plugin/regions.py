@@ -35,7 +35,10 @@ CONTAINER_LIMITS_FILE = CONTAINER_LIMITS
 # Simulated GPU (--simulate): the node's driver libraries and its state file, as containers see them.
 SIM_LIB_NAMES = ("libcuda.so.1", "libnvidia-ml.so.1")
 CONTAINER_SIM_LIB_DIR = "/usr/local/memslice/sim/lib"
-CONTAINER_SIM_STATE = "/usr/local/memslice/sim/node.state"
+CONTAINER_SIM_STATE = "/usr/local/memslice/sim/node.state"      # read-only: the node's GPUs and events
+CONTAINER_SIM_LOCK = "/usr/local/memslice/sim/node.lock"        # read-write, used only for fcntl locks
+CONTAINER_SIM_PEERS = "/usr/local/memslice/sim/peers"           # read-only: every container's region dir
+SIM_USAGE_NAME = "sim.usage"  # a container's own simulated usage, in its (read-write) region dir
 
 
 def _atomic_write(path: Path, data: bytes, mode: int) -> None:
@@ -63,14 +66,23 @@ def install_shim(source: str, host_dir: Path) -> Path:
 
 
 def install_sim_driver(source_dir: Path, state: Path) -> Path:
-    """Give containers the simulated driver: copy its libraries atomically into `<state dir>/simlib` and make
-    the node's state file writable by any container user (every process of the node charges it)."""
+    """Give containers the simulated driver: copy its libraries atomically into `<state dir>/simlib`, keep the
+    node's description readable by any container user but writable only here, and create the node lock
+    file (content-free, any user may lock it). Containers write only their own usage (in their region dir)."""
     lib_dir = state.parent / "simlib"
     lib_dir.mkdir(parents=True, exist_ok=True)
     for name in SIM_LIB_NAMES:
         _atomic_write(lib_dir / name, (source_dir / name).read_bytes(), 0o755)
-    os.chmod(state, 0o666)
+    os.chmod(state, 0o644)
+    lock = sim_lock_path(state)
+    lock.touch(exist_ok=True)
+    os.chmod(lock, 0o666)
     return lib_dir
+
+
+def sim_lock_path(state: Path) -> Path:
+    """The node lock beside the description (the simulator's default, <state>.lock)."""
+    return state.with_name(state.name + ".lock")
 
 
 class RegionStore:

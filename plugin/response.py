@@ -12,9 +12,13 @@ from memslice.plugin.regions import (
     CONTAINER_REGION_DIR,
     CONTAINER_SHIM,
     CONTAINER_SIM_LIB_DIR,
+    CONTAINER_SIM_LOCK,
+    CONTAINER_SIM_PEERS,
     CONTAINER_SIM_STATE,
     PRELOAD_NAME,
     SHIM_NAME,
+    SIM_USAGE_NAME,
+    sim_lock_path,
 )
 from memslice.proto import api_pb2
 
@@ -47,14 +51,18 @@ def container_response(target: Target, region_host_dir: Path, cfg: ResponseConfi
         mounts.append(api_pb2.Mount(container_path=CONTAINER_PRELOAD,
                                     host_path=str(cfg.shim_host_dir / PRELOAD_NAME), read_only=True))
     if cfg.sim_lib_dir is not None and cfg.sim_state is not None:
-        # The simulated driver stands in for the one the NVIDIA runtime would mount: libraries read-only,
-        # the node's state (its physical memory) shared read-write, as one real GPU is.
-        mounts.append(api_pb2.Mount(container_path=CONTAINER_SIM_LIB_DIR, host_path=str(cfg.sim_lib_dir),
-                                    read_only=True))
-        mounts.append(api_pb2.Mount(container_path=CONTAINER_SIM_STATE, host_path=str(cfg.sim_state),
+        # The simulated driver stands in for the one the NVIDIA runtime would mount. What a container can
+        # write is apart from what the others read: the node's description is read-only, the container's own
+        # usage lives in its region dir, the other containers' usage is read (validated) through a read-only
+        # view of the region root, and the node lock is a content-free file used only for fcntl locks.
+        ro = [(CONTAINER_SIM_LIB_DIR, cfg.sim_lib_dir), (CONTAINER_SIM_STATE, cfg.sim_state),
+              (CONTAINER_SIM_PEERS, region_host_dir.parent)]
+        mounts += [api_pb2.Mount(container_path=c, host_path=str(h), read_only=True) for c, h in ro]
+        mounts.append(api_pb2.Mount(container_path=CONTAINER_SIM_LOCK, host_path=str(sim_lock_path(cfg.sim_state)),
                                     read_only=False))
-        envs["LD_LIBRARY_PATH"] = CONTAINER_SIM_LIB_DIR
-        envs["MEMSLICE_SIM_STATE"] = CONTAINER_SIM_STATE
+        envs.update(LD_LIBRARY_PATH=CONTAINER_SIM_LIB_DIR, MEMSLICE_SIM_STATE=CONTAINER_SIM_STATE,
+                    MEMSLICE_SIM_USAGE=f"{CONTAINER_REGION_DIR}/{SIM_USAGE_NAME}",
+                    MEMSLICE_SIM_PEERS=CONTAINER_SIM_PEERS, MEMSLICE_SIM_LOCK=CONTAINER_SIM_LOCK)
     cdi = []
     if cfg.visibility == "cdi":
         cdi.append(api_pb2.CDIDevice(name=f"{cfg.cdi_kind}={target.gpu.uuid}"))

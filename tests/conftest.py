@@ -88,7 +88,7 @@ class Node:
         """Physical usage of the node's GPUs, from the simulator's own ledger."""
         from memslice.interposer.region import read_region_file
 
-        snap = read_region_file(self.state)
+        snap = read_region_file(self.state + ".usage")  # the node's usage ledger (one local "container")
         return snap.devices if snap else []
 
 

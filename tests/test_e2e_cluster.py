@@ -110,12 +110,20 @@ class GpuNode:
             raise AssertionError(f"node agent {self.name} exited {self.proc.returncode}:\n{self.log()}")
         return True
 
+    @staticmethod
+    def to_host(value: str, mounts: dict[str, str]) -> str:
+        """A container path (or a path under a mount) as the host path the mount gives it."""
+        for cpath in sorted(mounts, key=len, reverse=True):
+            if value == cpath or value.startswith(cpath + "/"):
+                return mounts[cpath] + value[len(cpath):]
+        return value
+
     def container_env(self, resp) -> dict[str, str]:
         """The environment of a process in the container this Allocate answer describes."""
         mounts = {m.container_path: m.host_path for m in resp.mounts}
         env = {k: v for k, v in self.env.items() if not k.startswith("MEMSLICE_") and k != "KUBECONFIG"}
         # the response's env as the container sees it, with each mounted path translated to the host's
-        env.update({k: mounts.get(v, v) for k, v in resp.envs.items()})
+        env.update({k: self.to_host(v, mounts) for k, v in resp.envs.items()})
         env["LD_PRELOAD"] = mounts["/usr/local/memslice/lib/libmemslice.so"]  # stands in for /etc/ld.so.preload
         return env
 

@@ -18,6 +18,14 @@ from test_plugin_agent import node as node  # fixtures, shared
 from test_plugin_agent import short_tmp as short_tmp
 
 
+def to_host(value: str, host: dict[str, str]) -> str:
+    """A container path in an env value, as the host path its mount gives it (longest mount prefix)."""
+    for cpath in sorted(host, key=len, reverse=True):
+        if value == cpath or value.startswith(cpath + "/"):
+            return host[cpath] + value[len(cpath):]
+    return value
+
+
 def test_container_started_from_the_allocate_response_is_held_to_its_quota(node):
     kubelet, make = node
     agent = make(sim_gpus="16GiB", unit_mib=4, args=("--preload", "env"))
@@ -25,14 +33,17 @@ def test_container_started_from_the_allocate_response_is_held_to_its_quota(node)
     resp = kubelet.admit("uid-1", "ns", "train", [("main", 256)], RESOURCE)["main"]  # 1024 MiB
     host = {m.container_path: m.host_path for m in resp.mounts}
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSLICE_")}
-    env.update({k: host.get(v, v) for k, v in resp.envs.items()})
+    env.update({k: to_host(v, host) for k, v in resp.envs.items()})
     assert env["LD_PRELOAD"] == str(agent.shim_dir / "libmemslice.so")
     assert env["MEMSLICE_GPU_MEM_LIMIT"] == "1024"
     # the simulated driver and the node's state come from the response too: read-only libraries, shared state
     assert host["/usr/local/memslice/sim/node.state"] == str(agent.sim_state)
     assert {m.container_path: m.read_only for m in resp.mounts}["/usr/local/memslice/sim/lib"] is True
     assert env["LD_LIBRARY_PATH"] == str(agent.sim_state.parent / "simlib")
-    assert os.stat(agent.sim_state).st_mode & 0o666 == 0o666
+    # the node's description is read-only to containers; a container writes only its own usage (region dir)
+    assert {m.container_path: m.read_only for m in resp.mounts}["/usr/local/memslice/sim/node.state"] is True
+    assert os.stat(agent.sim_state).st_mode & 0o777 == 0o644
+    assert env["MEMSLICE_SIM_USAGE"].startswith(host["/run/memslice/region"])
     # context reserve (300 MiB) + 600 MiB fit in 1024 MiB; a second 600 MiB does not
     tenant = subprocess.Popen([sys.executable, "-m", "memslice.tenant", "600", "600"], env=env, text=True,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

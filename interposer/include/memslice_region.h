@@ -101,7 +101,8 @@ struct ms_slot {
     char comm[16];            /* owner's command name */
     uint64_t refused;         /* this process's refused allocations */
     uint64_t peak;            /* this process's peak device bytes (summed over devices) */
-    uint64_t pad0;
+    int32_t host_pid;         /* owner's pid in the initial PID namespace (what NVML reports), 0 = unknown */
+    uint32_t pad0;
     /* lines 1-4: what this process has charged, per device index */
     uint64_t device_bytes[16];
     uint64_t host_bytes[16];

@@ -82,7 +82,7 @@ API CUresult cuMemGetInfo_v2(size_t *freeb, size_t *total) {
     if (!freeb || !total) return CUDA_ERROR_INVALID_VALUE;
     struct sim *s = S();
     uint64_t cap = s->node->gpu[t_ctx->dev].total;
-    uint64_t used = ms_bytes(__atomic_load_n(&s->ledger.r->dev[t_ctx->dev].used, __ATOMIC_SEQ_CST));
+    uint64_t used = sim_used(s, t_ctx->dev);
     *total = cap;
     *freeb = used < cap ? cap - used : 0;
     return CUDA_SUCCESS;

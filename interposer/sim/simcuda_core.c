@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 
+#include "sim_internal.h"
 #include "simcuda.h"
 
 ms_ptrmap g_ptrs;
@@ -58,7 +59,7 @@ void *backing_alloc(uint64_t n) {
 static void backing_free(void *p, uint64_t n) {
     if (n == 0) n = 1;
     if (n < SMALL_ALLOC) free(p);
-    else munmap(p, n);
+    else { sim_ipc_release((uint64_t)(uintptr_t)p); munmap(p, n); }
 }
 
 /* Allocate n bytes of simulated memory on dev (host=1: host-resident), recorded under `kind`. */
@@ -89,3 +90,13 @@ void sim_release(const ms_rec *r) {
     backing_free((void *)(uintptr_t)r->key, r->size);
     sim_uncharge(S(), r->dev, r->size, rec_host(r));
 }
+
+/* ---- what the family files (sim_streams.c, sim_ipc.c) use; declared in sim_internal.h ---------------- */
+/* cuInit's state, for the NEED_INIT checks of the other files. */
+int sim_cuda_initialized(void) { return g_initialized; }
+/* This thread's current context, so a new stream or event belongs to it. */
+CUcontext sim_current_ctx(void) { return (CUcontext)t_ctx; }
+/* The allocation map, for IPC: look up, record, remove. */
+int sim_ptr_range(uint64_t addr, ms_rec *out) { pthread_once(&g_map_once, map_init); return ms_ptrmap_find_range(&g_ptrs, addr, out); }
+int sim_ptr_put(const ms_rec *r) { pthread_once(&g_map_once, map_init); return ms_ptrmap_put(&g_ptrs, r); }
+int sim_ptr_take(uint64_t base, ms_rec *out) { pthread_once(&g_map_once, map_init); return ms_ptrmap_take(&g_ptrs, base, out); }

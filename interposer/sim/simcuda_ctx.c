@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include <stdlib.h>
 
+#include "sim_internal.h"
 #include "simcuda.h"
 
 static int g_primary_refs[SIM_MAX_GPUS];
@@ -132,3 +133,6 @@ API CUresult cuCtxGetDevice_v2(CUdevice *d, CUcontext c) {
     *d = x->dev;
     return CUDA_SUCCESS;
 }
+
+/* A context's device, or -1 when the handle is not a live context (sim_internal.h: streams and IPC). */
+int sim_ctx_device(CUcontext c) { struct sim_ctx *x = as_ctx(c); return x ? x->dev : -1; }

@@ -38,7 +38,8 @@ API CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
     NEED_INIT();
     if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(d)) return CUDA_ERROR_INVALID_DEVICE;
-    snprintf(name, (size_t)len, "%s", S()->node->gpu[d].name);
+    memset(name, 0, (size_t)len); /* the driver zero-fills the buffer: no stale bytes after the NUL */
+    strncpy(name, S()->node->gpu[d].name, (size_t)len - 1);
     return CUDA_SUCCESS;
 }
 

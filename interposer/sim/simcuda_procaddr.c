@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include <string.h>
 
+#include "sim_internal.h"
 #include "simcuda.h"
 
 /* ---- errors ------------------------------------------------------------------------------------------ */
@@ -136,8 +137,8 @@ static const struct proc *pick_variant(const char *symbol, int cudaVersion, int 
 }
 
 /* symbolStatus for a look-up: found, known but newer than the caller, or unknown. */
-static CUdriverProcAddressQueryResult query_status(const struct proc *pick, int known) {
-    if (pick) return CU_GET_PROC_ADDRESS_SUCCESS;
+static CUdriverProcAddressQueryResult query_status(int found, int known) {
+    if (found) return CU_GET_PROC_ADDRESS_SUCCESS;
     return known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
 }
 
@@ -154,10 +155,11 @@ API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion
         return CUDA_ERROR_INVALID_VALUE;
     }
     int known;
-    const struct proc *pick =
-        pick_variant(symbol, cudaVersion, (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0, &known);
+    int want_ptds = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+    const struct proc *pick = pick_variant(symbol, cudaVersion, want_ptds, &known);
     if (pick) *pfn = pick->fn;
-    if (status) *status = query_status(pick, known);
+    else if (!known) *pfn = sim_proc_lookup(symbol, cudaVersion, want_ptds, &known); /* rest of cuda.h */
+    if (status) *status = query_status(*pfn != NULL, known);
     return CUDA_SUCCESS;
 }
 

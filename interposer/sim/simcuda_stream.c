@@ -2,38 +2,11 @@
 #define _GNU_SOURCE
 #include <stdlib.h>
 
+#include "sim_internal.h"
 #include "simcuda.h"
 
-struct sim_stream { uint32_t magic; int dev; int capturing; };
-#define STREAM_MAGIC 0x5354524du
-
-/* ---- streams --------------------------------------------------------------------------------------- */
-static struct sim_stream *as_stream(CUstream s) {
-    struct sim_stream *x = (struct sim_stream *)s;
-    if ((uintptr_t)s <= 2) return NULL; /* NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD */
-    return x->magic == STREAM_MAGIC ? x : NULL;
-}
-/* A stream on the current context's device (work is synchronous here). */
-API CUresult cuStreamCreate(CUstream *ps, unsigned int flags) {
-    NEED_CTX();
-    (void)flags;
-    struct sim_stream *x = calloc(1, sizeof *x);
-    if (!ps || !x) { free(x); return CUDA_ERROR_INVALID_VALUE; }
-    *x = (struct sim_stream){STREAM_MAGIC, t_ctx->dev, 0};
-    *ps = (CUstream)x;
-    return CUDA_SUCCESS;
-}
-/* Destroy a stream. */
-API CUresult cuStreamDestroy_v2(CUstream s) {
-    NEED_INIT();
-    struct sim_stream *x = as_stream(s);
-    if (!x) return CUDA_ERROR_INVALID_HANDLE;
-    x->magic = 0;
-    free(x);
-    return CUDA_SUCCESS;
-}
-/* The legacy variant of cuStreamDestroy_v2: the same call. */
-API CUresult cuStreamDestroy(CUstream s) { return cuStreamDestroy_v2(s); }
+/* Stream objects live in sim_streams.c (creation, priorities, queries); capture state is kept here. */
+static struct sim_stream *as_stream(CUstream s) { return sim_stream_of(s); }
 /* Start capturing a stream (the legacy default stream cannot be captured). */
 API CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
     NEED_INIT(); (void)mode;

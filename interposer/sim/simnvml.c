@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "cuda_api.h"
+#include "sim_nvml.h"
 #include "simstate.h"
 
 #define API SIM_EXPORT
@@ -180,7 +181,7 @@ API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *p) {
 /* Physical usage of a GPU, as the simulated node's ledger has it. */
 static uint64_t used_on(unsigned g) {
     ms_sweep(&node()->ledger);
-    return ms_bytes(__atomic_load_n(&node()->ledger.r->dev[g].used, __ATOMIC_SEQ_CST));
+    return sim_used(node(), (int)g);
 }
 
 API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
@@ -206,26 +207,25 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) 
     return NVML_SUCCESS;
 }
 
-/* Processes with device memory on GPU g: the live slots of the node's ledger. */
+/* Processes with device memory on GPU g, node-wide (simstate.c), under the PIDs the driver would report. */
+struct proc_out { unsigned n, cap; void *infos; int v2; };
+
+static void add_process(void *arg, uint32_t pid, uint64_t bytes) {
+    struct proc_out *o = arg;
+    if (o->n < o->cap) {
+        if (o->v2) ((nvmlProcessInfo_t *)o->infos)[o->n] = (nvmlProcessInfo_t){pid, bytes, 0xFFFFFFFFu, 0xFFFFFFFFu};
+        else ((nvmlProcessInfo_v1_t *)o->infos)[o->n] = (nvmlProcessInfo_v1_t){pid, bytes};
+    }
+    o->n++;
+}
+
 static nvmlReturn_t processes(nvmlDevice_t d, unsigned int *count, void *infos, int v2) {
     DEV_OR_FAIL(d, x);
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
-    struct sim *s = node();
-    ms_sweep(&s->ledger);
-    unsigned n = 0, cap = infos ? *count : 0;
-    for (int i = 0; i < MS_MAX_SLOTS; i++) {
-        struct ms_slot *sl = &s->ledger.r->slot[i];
-        if (__atomic_load_n(&sl->state, __ATOMIC_SEQ_CST) != MS_SLOT_LIVE || !ms_slot_alive(&s->ledger, i)) continue;
-        uint64_t b = __atomic_load_n(&sl->device_bytes[x->index], __ATOMIC_SEQ_CST);
-        if (!b) continue;
-        if (n < cap) {
-            if (v2) ((nvmlProcessInfo_t *)infos)[n] = (nvmlProcessInfo_t){(unsigned)sl->pid, b, 0xFFFFFFFFu, 0xFFFFFFFFu};
-            else ((nvmlProcessInfo_v1_t *)infos)[n] = (nvmlProcessInfo_v1_t){(unsigned)sl->pid, b};
-        }
-        n++;
-    }
-    nvmlReturn_t rc = n > cap ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
-    *count = n;
+    struct proc_out o = {0, infos ? *count : 0, infos, v2};
+    sim_for_each_process(node(), (int)x->index, add_process, &o);
+    nvmlReturn_t rc = o.n > o.cap ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    *count = o.n;
     return rc;
 }
 API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_t *p) {
@@ -269,6 +269,7 @@ API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
     struct nvml_set *x = calloc(1, sizeof *x);
     if (!x) return NVML_ERROR_UNKNOWN;
     x->magic = SET_MAGIC;
+    sim_refresh_events(s);
     x->last_seq = __atomic_load_n(&s->node->event_seq, __ATOMIC_SEQ_CST); /* only events from now on */
     *set = (nvmlEventSet_t)x;
     return NVML_SUCCESS;
@@ -291,6 +292,7 @@ API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, 
     struct timespec start, now;
     clock_gettime(CLOCK_MONOTONIC, &start);
     for (;;) {
+        sim_refresh_events(s); /* the node file is the only place events are written */
         uint64_t head = __atomic_load_n(&s->node->event_seq, __ATOMIC_SEQ_CST);
         if (head - es->last_seq > SIM_MAX_EVENTS) es->last_seq = head - SIM_MAX_EVENTS; /* overrun: oldest lost */
         while (es->last_seq < head) {
@@ -330,16 +332,22 @@ API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
  * Returns 0, or -1 if the simulator cannot start or the index is out of range. */
 API int memsliceSimInjectXid(unsigned int index, unsigned long long xid) {
     struct sim *s = sim_get();
-    if (!s || index >= s->node->ngpus) return -1;
-    uint64_t seq = __atomic_add_fetch(&s->node->event_seq, 1, __ATOMIC_SEQ_CST);
-    struct sim_event *e = &s->node->events[seq % SIM_MAX_EVENTS];
-    __atomic_store_n(&e->seq, 0, __ATOMIC_SEQ_CST);
-    e->gpu = index;
-    e->type = nvmlEventTypeXidCriticalError;
-    e->data = xid;
-    __atomic_store_n(&e->seq, seq, __ATOMIC_SEQ_CST);
-    return 0;
+    return s ? sim_inject_xid(s, index, xid) : -1;
 }
 
 /* Simulator control: the state file's error, for tools that want to report it. */
 API const char *memsliceSimError(void) { return sim_get() ? "" : sim_error(); }
+
+/* ---- for simnvml_monitoring.c (sim_nvml.h) ------------------------------------------------------------ */
+/* Validate a handle and give its index. */
+nvmlReturn_t sim_nvml_dev(nvmlDevice_t d, unsigned int *index) {
+    DEV_OR_FAIL(d, x);
+    *index = x->index;
+    return NVML_SUCCESS;
+}
+/* Physical usage, for the power and performance-state model. */
+uint64_t sim_nvml_used(unsigned int g) { return used_on(g); }
+/* The compute processes (v2/v3 layout). */
+nvmlReturn_t sim_nvml_processes(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *infos) {
+    return processes(d, count, infos, 1);
+}

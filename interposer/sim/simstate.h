@@ -1,7 +1,15 @@
-/* The simulated node: GPUs, physical usage and NVML events, shared by every process that loads the
- * simulated libcuda.so.1 or libnvidia-ml.so.1 with the same MEMSLICE_SIM_STATE file.
- * Physical usage lives in an ms_region (the same ledger as the shim: devices = the node's GPUs, limit =
- * capacity, one slot per process, dead processes reclaimed); the node description follows it. */
+/* The simulated node, kept so that what one container can write is apart from what the others read:
+ *  - the node description (MEMSLICE_SIM_STATE): GPUs and the Xid event ring, written by its creator (the
+ *    node agent, or the first local process) and read-only to containers; every process reads it with a
+ *    bounded pread into private memory and validates it, and never maps it;
+ *  - each container's usage ledger (MEMSLICE_SIM_USAGE, default <state>.usage): an ms_region (devices = the
+ *    node's GPUs, limit = capacity, one slot per process, dead processes reclaimed) that only that
+ *    container's processes map and write;
+ *  - the other containers' usage ledgers (files NAME.usage, or DIR/sim.usage, in MEMSLICE_SIM_PEERS), read with
+ *    bounded preads and validated: a truncated, garbage, FIFO or symlinked file counts as empty and can
+ *    neither crash nor hang the reader;
+ *  - a node lock file (MEMSLICE_SIM_LOCK, default <state>.lock), used only for fcntl locks with a bounded
+ *    wait, so that two containers' charges do not both take the last free bytes. */
 #ifndef MEMSLICE_SIMSTATE_H
 #define MEMSLICE_SIMSTATE_H
 
@@ -31,6 +39,8 @@ struct sim_event {
     uint64_t data;         /* the Xid */
 };
 
+#define SIM_NODE_MAGIC 0x53494d32u /* "SIM2": the description-only node file */
+
 struct sim_node {
     uint32_t magic;
     uint32_t ngpus;
@@ -41,10 +51,15 @@ struct sim_node {
 };
 
 struct sim {
-    ms_ledger ledger;
-    struct sim_node *node;
+    ms_ledger ledger;      /* this container's usage */
+    struct sim_node *node; /* = &node_copy */
+    struct sim_node node_copy; /* the validated description; events refreshed by sim_refresh_events */
     uint64_t context_overhead;
     int driver_version;
+    int node_fd;           /* the description, read-only */
+    int lock_fd;           /* the node lock, or -1 (then charges are not serialised across containers) */
+    char state_path[256];
+    char peers[256];       /* directory of the other containers' usage files; "" = none */
     char error[512];       /* why the simulator could not start, for the first call that asks */
 };
 
@@ -56,6 +71,16 @@ int sim_parse_gpus(const char *spec, struct sim_node *node, char *err, size_t er
 /* Charge/uncharge physical memory to this process on GPU g. */
 int sim_charge(struct sim *s, int g, uint64_t n, int host);
 void sim_uncharge(struct sim *s, int g, uint64_t n, int host);
+/* Device bytes in use on GPU g across the node: this container's ledger plus its peers'. */
+uint64_t sim_used(struct sim *s, int g);
+/* Each live process of the node with device memory on GPU g: fn(arg, pid as the driver reports it, bytes). */
+typedef void (*sim_process_fn)(void *arg, uint32_t pid, uint64_t bytes);
+void sim_for_each_process(struct sim *s, int g, sim_process_fn fn, void *arg);
+/* Re-read the node's event ring into s->node (bounded pread; a description that no longer validates is
+ * ignored). */
+void sim_refresh_events(struct sim *s);
+/* Append an Xid event (needs write access to the description: the agent or the local user). 0 or -1. */
+int sim_inject_xid(struct sim *s, unsigned int gpu, uint64_t xid);
 
 #define SIM_EXPORT __attribute__((visibility("default")))
 

@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -105,6 +106,9 @@ static long lock_holder(int fd, uint64_t off, uint64_t len) {
 
 int ms_slot_alive(const ms_ledger *l, int i) {
     if (i == l->slot) return 1;
+    /* F_GETLK never reports the caller's own locks: a slot another handle of this process holds (the simulated
+     * libcuda and libnvidia-ml each open the node's ledger) would look dead. Ours while we live. */
+    if (LOAD(&l->r->slot[i].pid) == (int32_t)getpid()) return 1;
     return lock_holder(l->fd, MS_LOCK_BASE + (uint64_t)i, 1) != -1;
 }
 
@@ -462,8 +466,34 @@ void ms_sweep_if_due(ms_ledger *l) {
     unlock_region(l);
 }
 
+/* This process's pid in the initial PID namespace, the one the driver (and NVML) reports, or 0 when it
+ * cannot be known from inside: it is getpid() in the initial namespace (inode 0xEFFFFFFC, fixed by the
+ * kernel), else the first NSpid entry when this process's /proc shows more than one level (the /proc of an
+ * outer namespace). A container with its own /proc shows one level only: then 0. */
+static int32_t outer_pid(void) {
+    char ns[64], buf[2048];
+    ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+    if (n > 0) {
+        ns[n] = 0;
+        if (strcmp(ns, "pid:[4026531836]") == 0) return (int32_t)getpid();
+    }
+    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    const char *line = strstr(buf, "\nNSpid:");
+    if (!line) return 0;
+    char *end;
+    long first = strtol(line + 7, &end, 10);
+    while (*end == ' ' || *end == '\t') end++;
+    return (first > 0 && first <= INT32_MAX && *end >= '0' && *end <= '9') ? (int32_t)first : 0;
+}
+
 static void fill_identity(struct ms_slot *s) {
     s->pid = (int32_t)getpid();
+    s->host_pid = outer_pid();
     s->started_at = (uint64_t)time(NULL);
     memset(s->comm, 0, sizeof s->comm);
     FILE *f = fopen("/proc/self/comm", "re");

@@ -38,7 +38,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def main(args: argparse.Namespace) -> int:
     from memslice.interposer.region import read_region, read_region_file
     from memslice.paths import lib_paths
-    from memslice.simulator import sim_env
+    from memslice.simulator import sim_env, usage_path
     from memslice.top import render
 
     work = tempfile.mkdtemp(prefix="memslice-demo-")
@@ -80,7 +80,7 @@ def main(args: argparse.Namespace) -> int:
             print("    " + (p.stderr.read() or "").strip().replace("\n", "\n    "))
     print("\n$ memslice top --once " + " ".join(r for _t, r, _p in procs))
     print(render([s for s in (read_region(r) for _t, r, _p in procs) if s]))
-    phys = read_region_file(state)
+    phys = read_region_file(usage_path(state))
     if phys:
         print("\nthe simulated GPU itself (physical memory, all tenants):")
         for d in phys.devices:

@@ -55,8 +55,10 @@ def status(args: argparse.Namespace) -> int:
     state = _state(args)
     if not state:
         return 2
+    from memslice.simulator import usage_path
+
     try:
-        snap = read_region_file(state)
+        snap = read_region_file(usage_path(state))
     except RegionError as exc:
         print(f"memslice sim: {exc}", file=sys.stderr)
         return 1

@@ -23,6 +23,13 @@ def state_path(env: dict[str, str] | None = None) -> str:
     return env.get("MEMSLICE_SIM_STATE") or os.path.join("/tmp", f"memslice-sim-{os.getuid()}.state")
 
 
+def usage_path(state: str, env: dict[str, str] | None = None) -> str:
+    """The usage ledger of the processes with this environment (physical usage; the C default is
+    <state>.usage). Locally every process shares it; in a cluster each container has its own."""
+    env = dict(os.environ) if env is None else env
+    return env.get("MEMSLICE_SIM_USAGE") or f"{state}.usage"
+
+
 def validate_gpus(spec: str) -> None:
     """Raise ValueError naming the bad entry unless spec is SIZE[:NUMA][:mig](,…)."""
     for item in spec.split(","):

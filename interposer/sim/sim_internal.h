@@ -1,0 +1,45 @@
+/* What the simulated libcuda's source files share with each other (not exported: -fvisibility=hidden).
+ * simcuda.c owns contexts and the allocation map; the family files (streams, IPC, generated stubs) reach
+ * them only through these functions. */
+#ifndef MEMSLICE_SIM_INTERNAL_H
+#define MEMSLICE_SIM_INTERNAL_H
+
+#include <stdint.h>
+
+#include "cuda_abi.h"
+#include "ms_ptrmap.h"
+
+typedef struct CUevent_st *CUevent;
+#define SIM_SMALL_ALLOC (1u << 20)  /* below this, device memory is malloc'd; from it up, an mmap'd range */
+#define SIM_K_DEVICE 1              /* simcuda.c's record kind for cuMemAlloc memory */
+#define SIM_K_IPC 32                /* a mapping opened by cuIpcOpenMemHandle */
+
+/* ---- simcuda.c ---- */
+int sim_cuda_initialized(void);          /* cuInit has succeeded in this process */
+CUcontext sim_current_ctx(void);         /* this thread's current context, or NULL */
+int sim_ctx_device(CUcontext c);         /* the context's device, or -1 if c is not a live context */
+int sim_ptr_range(uint64_t addr, ms_rec *out);   /* the allocation containing addr: 1 found, 0 not */
+int sim_ptr_put(const ms_rec *r);                /* record an allocation: 0, or -1 (no memory) */
+int sim_ptr_take(uint64_t base, ms_rec *out);    /* remove the record at base: 1 found, 0 not */
+
+/* ---- sim_streams.c: stream objects (simcuda.c's capture functions read them too) ---- */
+#define SIM_STREAM_MAGIC 0x5354524du
+struct sim_stream {
+    uint32_t magic;
+    int dev;
+    int capturing;
+    int priority;
+    unsigned int flags;
+    CUcontext ctx;
+    unsigned long long id;
+};
+struct sim_stream *sim_stream_of(CUstream s);    /* NULL for the special handles and for garbage */
+
+
+/* ---- sim_ipc.c ---- */
+void sim_ipc_release(uint64_t base);     /* an allocation is freed: drop its shareable backing, if any */
+
+/* ---- sim_stubs_cuda.c (generated table, cuda_exports.def) ---- */
+void *sim_proc_lookup(const char *symbol, int cuda_version, int want_ptds, int *known);
+
+#endif
