@@ -127,10 +127,18 @@ class DraNode:
         env = {k: v for k, v in self.env.items() if not k.startswith("MEMSLICE_")}
         for kv in edits["env"]:
             k, v = kv.split("=", 1)
-            env[k] = mounts.get(v, v)
+            env[k] = to_host(v, mounts)
         preload = Path(mounts["/etc/ld.so.preload"]).read_text().split()
         env["LD_PRELOAD"] = ":".join(mounts[p] for p in preload)
         return env
+
+
+def to_host(value: str, mounts: dict[str, str]) -> str:
+    """A container path in an env value, as the host path its mount gives it (longest mount prefix)."""
+    for cpath in sorted(mounts, key=len, reverse=True):
+        if value == cpath or value.startswith(cpath + "/"):
+            return mounts[cpath] + value[len(cpath):]
+    return value
 
 
 @pytest.fixture
@@ -200,7 +208,7 @@ def test_two_claims_share_one_gpu_each_held_to_its_memory(world) -> None:
         for _, proc in tenants:
             proc.communicate("", timeout=30)
 
-    assert len(node.left_behind()["regions"]) == 4  # two region dirs + their records
+    assert len(node.left_behind()["regions"]) == 6  # two region dirs + their records and limits files
     assert node.http("/readyz")[0] == 200
     metrics = node.http("/metrics")[1]
     assert "memslice_kubelet_registered 1.0" in metrics
@@ -208,7 +216,7 @@ def test_two_claims_share_one_gpu_each_held_to_its_memory(world) -> None:
     again = node.kubelet.prepare(DRIVER, small)  # idempotent: the same answer, nothing new
     assert list(again.claims[small["metadata"]["uid"]].devices[0].cdi_device_ids) == list(
         resp.claims[small["metadata"]["uid"]].devices[0].cdi_device_ids)
-    assert len(node.left_behind()["regions"]) == 4
+    assert len(node.left_behind()["regions"]) == 6
     out = node.kubelet.unprepare(DRIVER, small, large)
     assert all(out.claims[c["metadata"]["uid"]].error == "" for c in (small, large))
     assert node.left_behind() == {"regions": [], "cdi": [], "checkpoint": []}
