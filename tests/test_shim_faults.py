@@ -26,7 +26,7 @@ BAD_ENV = [
     ("MEMSLICE_HOST_SPILL_LIMIT", "a lot", "MEMSLICE_HOST_SPILL_LIMIT='a lot'"),
     ("MEMSLICE_REGION_DIR", "/nonexistent/memslice", "MEMSLICE_REGION_DIR='/nonexistent/memslice' is not a writable"),
     # a cgroup directory that is not one used to turn the spill margin off silently
-    ("MEMSLICE_CGROUP_DIR", "/nonexistent/cgroup", "MEMSLICE_CGROUP_DIR='/nonexistent/cgroup' is not a readable memory"),
+    ("MEMSLICE_CGROUP_DIR", "/nonexistent/cg", "MEMSLICE_CGROUP_DIR='/nonexistent/cg' is not a readable memory"),
     ("MEMSLICE_CGROUP_DIR", "/tmp", "MEMSLICE_CGROUP_DIR='/tmp' is not a readable memory cgroup directory"),
     ("MEMSLICE_CGROUP_DIR", "/" + "c" * 300, "path too long"),
 ]

@@ -350,10 +350,10 @@ static int wait_quiet(const struct ms_slot *s, uint64_t deadline) {
  * the devices whose totals were published, and freed when all were. Returns 0, or -1 if a live process
  * stayed inside a charge for MS_RECOUNT_WAIT_MS or the recount was abandoned (then the totals are as
  * before and a later sweep tries again, not before recount_retry_ns). */
-static int recount_locked(ms_ledger *l) {
+static int recount_locked(ms_ledger *l, int now_anyway) {
     struct ms_region *r = l->r;
     uint64_t now = now_ns();
-    if (now < LOAD(&r->hdr.recount_retry_ns)) return -1;
+    if (!now_anyway && now < LOAD(&r->hdr.recount_retry_ns)) return -1;
     uint32_t nd = ndev(r);
     uint64_t fu[MS_MAX_DEVICES], fh[MS_MAX_DEVICES];
     for (uint32_t d = 0; d < nd; d++) {
@@ -418,14 +418,14 @@ static void sub_total(uint64_t *word, uint64_t n) {
     }
 }
 
-static int sweep_locked(ms_ledger *l, int needs_recount) {
+static int sweep_locked(ms_ledger *l, int needs_recount, int now_anyway) {
     struct ms_region *r = l->r;
     int n = 0, ambiguous = needs_recount, hwm = slot_hwm(r);
     for (int i = 0; i < hwm && !ambiguous; i++) {
         struct ms_slot *s = &r->slot[i];
         if (LOAD(&s->state) == MS_SLOT_LIVE && !ms_slot_alive(l, i) && LOAD(&s->op_active) != 0) ambiguous = 1;
     }
-    if (ambiguous && recount_locked(l) == 0) return 1;
+    if (ambiguous && recount_locked(l, now_anyway) == 0) return 1;
     uint32_t nd = ndev(r);
     for (int i = 0; i < hwm; i++) {
         struct ms_slot *s = &r->slot[i];
@@ -442,14 +442,17 @@ static int sweep_locked(ms_ledger *l, int needs_recount) {
     return n;
 }
 
-int ms_sweep(ms_ledger *l) {
+static int sweep(ms_ledger *l, int now_anyway) {
     int dirty = lock_region(l);
     if (dirty < 0) return -1;
-    int n = sweep_locked(l, dirty);
+    int n = sweep_locked(l, dirty, now_anyway);
     STORE(&l->r->hdr.swept_ns, now_ns());
     unlock_region(l);
     return n;
 }
+
+int ms_sweep(ms_ledger *l) { return sweep(l, 0); }
+int ms_sweep_now(ms_ledger *l) { return sweep(l, 1); }
 
 void ms_sweep_if_due(ms_ledger *l) {
     uint64_t now = now_ns(), last = LOAD(&l->r->hdr.swept_ns);
@@ -458,7 +461,7 @@ void ms_sweep_if_due(ms_ledger *l) {
     int rc = pthread_mutex_trylock(region_lock(l));   /* never wait here: the caller is allocating */
     if (rc == EOWNERDEAD) pthread_mutex_consistent(region_lock(l));
     else if (rc != 0) return;
-    sweep_locked(l, rc == EOWNERDEAD);
+    sweep_locked(l, rc == EOWNERDEAD, 0);
     unlock_region(l);
 }
 
@@ -556,7 +559,7 @@ static void wait_unfrozen(ms_ledger *l, uint64_t *word, uint64_t deadline) {
         int rc = pthread_mutex_trylock(region_lock(l));
         if (rc == EOWNERDEAD) {
             pthread_mutex_consistent(region_lock(l));
-            recount_locked(l);
+            recount_locked(l, 1);
             unlock_region(l);
         } else if (rc == 0) {
             if (LOAD(word) & MS_FROZEN) unfreeze_all(l->r); /* frozen with no recount running: a leftover */
@@ -651,7 +654,7 @@ EXPORT int memslice_region_sweep(const char *path, char *err, size_t errlen) {
         close(ro.fd);
         if (ms_ledger_open(&l, path, extra, 0, NULL, NULL, err, errlen) < 0) return -1;
     }
-    int n = ms_sweep(&l);
+    int n = ms_sweep_now(&l);
     munmap(l.r, l.map_size);
     close(l.fd);
     return n;
