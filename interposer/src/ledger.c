@@ -571,11 +571,11 @@ static void wait_unfrozen(ms_ledger *l, uint64_t *word, uint64_t deadline) {
     }
 }
 
-/* Load a total for an update by this process: op_active is raised first (the reclaimer's Dekker pair),
- * and while a recount holds the total frozen we step aside (op_active lowered) until it is done or
- * abandoned at *deadline (set at the first wait of this operation, so that all its waits share one). */
-static uint64_t begin_op(ms_ledger *l, struct ms_slot *s, uint64_t *word, uint64_t *deadline) {
-    ADD(&s->op_active, 1u);
+/* begin_op's slow path: the total is frozen; step aside (op_active lowered) until the recount is done or
+ * abandoned at *deadline (set at the first wait of this operation, so that all its waits share one).
+ * Kept out of line so that the hot path stays a few instructions. */
+static __attribute__((noinline)) uint64_t begin_op_frozen(ms_ledger *l, struct ms_slot *s, uint64_t *word,
+                                                          uint64_t *deadline) {
     uint64_t cur = LOAD(word);
     while (cur & MS_FROZEN) {
         SUB(&s->op_active, 1u);
@@ -585,6 +585,16 @@ static uint64_t begin_op(ms_ledger *l, struct ms_slot *s, uint64_t *word, uint64
         cur = LOAD(word);
     }
     return cur;
+}
+
+/* Load a total for an update by this process: op_active is raised first (the reclaimer's Dekker pair);
+ * a frozen total (a recount) is the slow path. */
+static inline __attribute__((always_inline)) uint64_t begin_op(ms_ledger *l, struct ms_slot *s, uint64_t *word,
+                                                               uint64_t *deadline) {
+    ADD(&s->op_active, 1u);
+    uint64_t cur = LOAD(word);
+    if (__builtin_expect(!(cur & MS_FROZEN), 1)) return cur;
+    return begin_op_frozen(l, s, word, deadline);
 }
 
 int ms_charge(ms_ledger *l, int dev, uint64_t n, uint64_t limit, int host) {
