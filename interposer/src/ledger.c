@@ -308,11 +308,13 @@ static int lock_region(ms_ledger *l) {
 
 static void unlock_region(ms_ledger *l) { pthread_mutex_unlock(region_lock(l)); }
 
+/* The slot high-water mark, clamped (the file is tenant-writable). */
 static int slot_hwm(const struct ms_region *r) {
     uint32_t h = __atomic_load_n(&r->hdr.slot_hwm, __ATOMIC_SEQ_CST);
     return h > MS_MAX_SLOTS ? MS_MAX_SLOTS : (int)h;
 }
 
+/* Give a slot back: its counts first, its state last (claimers look at the state). */
 static void free_slot(struct ms_slot *s) {
     memset(s->device_bytes, 0, sizeof s->device_bytes);
     memset(s->host_bytes, 0, sizeof s->host_bytes);
@@ -418,6 +420,8 @@ static void sub_total(uint64_t *word, uint64_t n) {
     }
 }
 
+/* Reclaim dead slots under the mutex: exactly (subtract their bytes) when none died inside a charge, else
+ * by a recount. Returns how many were reclaimed. */
 static int sweep_locked(ms_ledger *l, int needs_recount, int now_anyway) {
     struct ms_region *r = l->r;
     int n = 0, ambiguous = needs_recount, hwm = slot_hwm(r);
@@ -442,6 +446,7 @@ static int sweep_locked(ms_ledger *l, int needs_recount, int now_anyway) {
     return n;
 }
 
+/* A sweep with the mutex taken within its bound (-1 without it), stamping the time for the periodic one. */
 static int sweep(ms_ledger *l, int now_anyway) {
     int dirty = lock_region(l);
     if (dirty < 0) return -1;
@@ -454,6 +459,7 @@ static int sweep(ms_ledger *l, int now_anyway) {
 int ms_sweep(ms_ledger *l) { return sweep(l, 0); }
 int ms_sweep_now(ms_ledger *l) { return sweep(l, 1); }
 
+/* The periodic sweep: the first caller after MS_SWEEP_PERIOD_MS wins the turn with a CAS on swept_ns. */
 void ms_sweep_if_due(ms_ledger *l) {
     uint64_t now = now_ns(), last = LOAD(&l->r->hdr.swept_ns);
     if (now - last < MS_NS(MS_SWEEP_PERIOD_MS) && last <= now) return;
