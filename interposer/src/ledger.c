@@ -119,9 +119,8 @@ static void init_mutex(pthread_mutex_t *m) {
 }
 
 /* Initialise a freshly created file. Called with the init byte lock held and no process in the file. */
-static void init_region(struct ms_region *r, size_t extra_size, int fresh) {
-    if (fresh) memset(&r->hdr, 0, sizeof r->hdr); /* the rest of a new file is zero (and stays sparse) */
-    else memset(r, 0, sizeof *r);                 /* a half-made one may hold anything */
+static void init_region(struct ms_region *r, size_t extra_size) {
+    /* the file was just sized from 0: all zero (and sparse), so only the header is written */
     r->hdr.version = MS_VERSION;
     r->hdr.header_size = sizeof(struct ms_header);
     r->hdr.device_size = sizeof(struct ms_device);
@@ -166,15 +165,40 @@ static int validate(const struct ms_region *r, size_t file_size, size_t extra_si
     else if (!mutex_sane(r)) bad = "a corrupt mutex";
     if (!bad) return 0;
     snprintf(err, errlen, "%s is not a valid version-%d memslice region (%s: magic %#x, version %u, %u devices, "
-             "%zu bytes); it was altered or comes from another version: stop the container's processes and "
-             "remove it", path, MS_VERSION, bad, LOAD(&h->magic), h->version, LOAD(&h->ndevices), file_size);
+             "%zu bytes) and processes of the container use it; it was altered, or comes from another "
+             "version: once none of them runs, the next process makes it fresh", path, MS_VERSION, bad, LOAD(&h->magic), h->version, LOAD(&h->ndevices), file_size);
     return -1;
 }
 
-/* Under the creation lock: make the file a fresh region if, and only if, that cannot start a second
- * ledger beside a live one: it is empty (just created), or it has the right size and was never finished
- * (magic 0: its creator died half-way), and in both cases no process holds a slot in it. Anything else
- * is left alone and validated by the caller. 0, or -1 with a message. */
+/* Under the creation lock, a file some process of the container holds a slot in must be used as it is:
+ * the right size, initialised (the caller then validates the rest). Re-initialising it would start a
+ * second ledger beside theirs and double the quota. 0, or -1 with a message. */
+static int open_in_use(int fd, const char *path, size_t size, off_t file_size, long holder, void **map, char *err,
+                       size_t errlen) {
+    if ((size_t)file_size != size) {
+        snprintf(err, errlen, "%s is %lld bytes, not the %zu of a region: it was %s while processes of the "
+                 "container use it (pid %ld among them); refusing to start a second ledger beside theirs (once "
+                 "none of them runs, the next process makes it fresh)", path, (long long)file_size, size, file_size ? "truncated" : "emptied",
+                 holder);
+        return -1;
+    }
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        snprintf(err, errlen, "cannot map %s: %s", path, strerror(errno));
+        return -1;
+    }
+    *map = m;
+    if (LOAD(&((struct ms_region *)m)->hdr.magic) != 0) return 0;
+    snprintf(err, errlen, "%s was emptied while processes of the container use it (pid %ld among them); "
+             "refusing to start a second ledger beside theirs (once none of them runs, the next process makes it "
+             "fresh)", path, holder);
+    return -1;
+}
+
+/* Under the creation lock: open the region, making it fresh when no process holds a slot in it (one
+ * F_GETLK over the slot bytes) and it is not already a valid region: just created (empty), never finished
+ * (its creator died half-way), of another layout version (an upgrade), or garbage. With nobody in it,
+ * nobody's charges are lost. 0, or -1 with a message. */
 static int create_if_new(int fd, const char *path, size_t size, size_t extra_size, ms_init_extra_fn init_extra,
                          void *arg, void **map, char *err, size_t errlen) {
     struct stat st;
@@ -182,15 +206,20 @@ static int create_if_new(int fd, const char *path, size_t size, size_t extra_siz
         snprintf(err, errlen, "cannot stat %s: %s", path, strerror(errno));
         return -1;
     }
-    if (st.st_size != 0 && (size_t)st.st_size != size) {
-        long holder = lock_holder(fd, MS_LOCK_BASE, MS_MAX_SLOTS);
-        snprintf(err, errlen, "%s is %lld bytes, not the %zu of a region: it was truncated or replaced%s; stop "
-                 "the container's processes and remove it", path, (long long)st.st_size, size,
-                 holder == -1 ? "" : " while processes of the container use it");
-        return -1;
+    long holder = lock_holder(fd, MS_LOCK_BASE, MS_MAX_SLOTS);
+    if (holder != -1) return open_in_use(fd, path, size, st.st_size, holder, map, err, errlen);
+    char why[8];
+    if ((size_t)st.st_size == size) {
+        void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (m != MAP_FAILED && LOAD(&((struct ms_region *)m)->hdr.magic) != 0 &&
+            validate(m, size, extra_size, path, why, sizeof why) == 0) {
+            *map = m;
+            return 0;
+        }
+        if (m != MAP_FAILED) munmap(m, size);
     }
     int fresh = st.st_size == 0;
-    if (fresh && ftruncate(fd, (off_t)size) < 0) {
+    if ((!fresh && ftruncate(fd, 0) < 0) || ftruncate(fd, (off_t)size) < 0) { /* zero-filled and sparse */
         snprintf(err, errlen, "cannot size %s: %s", path, strerror(errno));
         return -1;
     }
@@ -200,16 +229,8 @@ static int create_if_new(int fd, const char *path, size_t size, size_t extra_siz
         return -1;
     }
     *map = m;
-    struct ms_region *r = m;
-    if (!fresh && LOAD(&r->hdr.magic) != 0) return 0; /* an existing region: the caller validates it */
-    long holder = lock_holder(fd, MS_LOCK_BASE, MS_MAX_SLOTS);
-    if (holder != -1) {
-        snprintf(err, errlen, "%s was emptied while processes of the container use it (pid %ld among them); "
-                 "refusing to start a second ledger beside theirs: stop them and remove the file", path, holder);
-        return -1;
-    }
     if (init_extra && init_extra((char *)m + sizeof(struct ms_region), arg, err, errlen) != 0) return -1;
-    init_region(r, extra_size, fresh);
+    init_region(m, extra_size);
     return 0;
 }
 

@@ -49,12 +49,27 @@ def refused_to_start(out: subprocess.CompletedProcess[str], message: str) -> Non
 @pytest.mark.parametrize("size", [0, 4096, 1 << 20])
 def test_truncated_region_is_not_a_fresh_ledger(size, live, cbin):
     """Truncating the file under a live process used to let the next process re-initialise it and take
-    the whole quota again beside the 600 MiB still in use."""
-    env, path, _ = live
+    the whole quota again beside the 600 MiB still in use. Once no process is in it, a fresh one is fine."""
+    env, path, holder = live
     os.truncate(path, size)
     out = run([cbin["alloc_direct"], "900"], env)
-    refused_to_start(out, "emptied while processes of the container use it" if size == 0
-                     else "was truncated or replaced while processes of the container use it")
+    refused_to_start(out, f"was {'emptied' if size == 0 else 'truncated'} while processes of the container use it")
+    holder.kill()
+    holder.wait(timeout=30)
+    assert "alloc 1000 MiB -> 0" in run([cbin["alloc_direct"], "1000"], env).stdout
+
+
+def test_region_of_another_version_is_replaced_when_unused(node, cbin, tmp_path):
+    """A region file nobody is in (left by an older version, or garbled) is made fresh instead of
+    failing every process of the container until someone removes it."""
+    n = node()
+    region = tmp_path / "c"
+    env = n.container(region, "1GiB", MEMSLICE_CONTEXT_RESERVE="0")
+    assert "alloc 10 MiB -> 0" in run([cbin["alloc_direct"], "10"], env).stdout
+    poke(region / "memslice.region", "version", (99).to_bytes(4, "little"))
+    out = run([cbin["alloc_direct"], "1000"], env)
+    assert "alloc 1000 MiB -> 0" in out.stdout, out.stdout + out.stderr
+    assert read_region(region).devices[0].peak_bytes == 1000 * MiB
 
 
 @pytest.mark.parametrize(("field", "data", "message"), [
