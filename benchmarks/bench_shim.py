@@ -10,8 +10,11 @@
    allocations cost the same, so the difference is the shim's.
 Each configuration is run --repeats times, interleaved; the figure is the median of the runs
 (ns per pair, per thread: each thread's wall time / its pairs). All in one run of this command.
+3. --instructions: instructions executed per alloc+free pair (one thread), without and with the shim,
+   counted by valgrind's callgrind (the difference between runs of 20,000 and 60,000 pairs, so start-up
+   cancels out). Deterministic: it compares builds on a loaded machine, where wall time does not.
 
-usage: python benchmarks/bench_shim.py [--json] [--pairs N] [--repeats N]
+usage: python benchmarks/bench_shim.py [--json] [--pairs N] [--repeats N] [--instructions]
 """
 
 from __future__ import annotations
@@ -108,6 +111,30 @@ def measure_spill(exe: str, tmp: str, procs: int, threads: int, pairs: int, repe
             "spill_free_extra_ns": round(m["spill_free"] - m["fit_free"], 1)}
 
 
+def instructions(exe: str, tmp: str, shim: bool, pairs: int) -> int:
+    """Instructions callgrind counts for one single-thread run of `pairs` pairs."""
+    out = os.path.join(tmp, f"cg-{int(shim)}-{pairs}.out")
+    env = env_for(tmp, shim, f"i{int(shim)}{pairs}")
+    p = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", exe, "1", str(pairs), "4096",
+                        "sync", "1"], env=env, input="go\n", capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        raise RuntimeError(f"callgrind run failed: {p.stderr[-2000:]}")
+    with open(out) as f:
+        for line in f:
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise RuntimeError(f"no instruction total in {out}")
+
+
+def measure_instructions(exe: str, tmp: str) -> dict[str, float]:
+    per = {}
+    for shim in (False, True):
+        lo, hi = instructions(exe, tmp, shim, 20_000), instructions(exe, tmp, shim, 60_000)
+        per[shim] = (hi - lo) / 40_000
+    return {"without_shim": round(per[False], 1), "with_shim": round(per[True], 1),
+            "added": round(per[True] - per[False], 1)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -115,9 +142,19 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=7, help="runs per configuration (median reported)")
     ap.add_argument("--size", type=int, default=4096, help="bytes per allocation")
     ap.add_argument("--spill-size", type=int, default=65536, help="bytes per allocation in the spill comparison")
+    ap.add_argument("--instructions", action="store_true",
+                    help="only count instructions per pair with callgrind (needs valgrind)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="memslice-bench-") as tmp:
         exe = build(tmp)
+        if args.instructions:
+            ins = measure_instructions(exe, tmp)
+            if args.json:
+                print(json.dumps({"benchmark": "shim alloc+free pair, instructions", "results": ins}, indent=2))
+            else:
+                print("instructions per cuMemAlloc_v2+cuMemFree_v2 pair of 4096 B (callgrind, one thread)")
+                print(f"without shim {ins['without_shim']}, with shim {ins['with_shim']}, added {ins['added']}")
+            return 0
         results = {
             "1 thread, 1 process": measure(exe, tmp, 1, 1, args.pairs, args.repeats, args.size),
             "8 threads in 4 processes": measure(exe, tmp, 4, 2, args.pairs // 4, args.repeats, args.size),

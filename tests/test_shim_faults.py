@@ -25,6 +25,10 @@ BAD_ENV = [
     ("MEMSLICE_OVERSUBSCRIBE", "yes", "MEMSLICE_OVERSUBSCRIBE='yes' is not valid"),
     ("MEMSLICE_HOST_SPILL_LIMIT", "a lot", "MEMSLICE_HOST_SPILL_LIMIT='a lot'"),
     ("MEMSLICE_REGION_DIR", "/nonexistent/memslice", "MEMSLICE_REGION_DIR='/nonexistent/memslice' is not a writable"),
+    # a cgroup directory that is not one used to turn the spill margin off silently
+    ("MEMSLICE_CGROUP_DIR", "/nonexistent/cg", "MEMSLICE_CGROUP_DIR='/nonexistent/cg' is not a readable memory"),
+    ("MEMSLICE_CGROUP_DIR", "/tmp", "MEMSLICE_CGROUP_DIR='/tmp' is not a readable memory cgroup directory"),
+    ("MEMSLICE_CGROUP_DIR", "/" + "c" * 300, "path too long"),
 ]
 
 
@@ -249,3 +253,50 @@ def test_region_file_is_usable_by_every_user_of_the_container(node, cbin, tmp_pa
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert (region / "memslice.region").stat().st_mode & 0o777 == 0o666
+
+
+def test_kill_9_charge_is_reclaimed_without_a_refusal(node, cbin, tmp_path):
+    """A killed process's charge no longer waits for some later refusal: the next process to start (or
+    exit) reclaims it, so the ledger (and `top`, and the metrics) are right at once."""
+    from memslice.interposer.region import read_region
+
+    n = node()
+    region = tmp_path / "c"
+    env = n.container(region, "1GiB", MEMSLICE_CONTEXT_RESERVE="64MiB")
+    victim = start_holder(env, 800)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=30)
+    assert read_region(region).devices[0].used_bytes == (800 + 64) << 20  # nobody has looked yet
+    out = run([cbin["alloc_direct"], "1"], env)  # fits even beside the dead charge: no refusal, no retry
+    assert "alloc 1 MiB -> 0" in out.stdout and "refused" not in out.stderr
+    snap = read_region(region)
+    assert snap.devices[0].used_bytes == 0 and snap.reclaimed == 1
+
+
+def test_running_process_reclaims_dead_neighbours_periodically(node, cbin, tmp_path):
+    """A process that keeps allocating reclaims a killed neighbour within about a second
+    (MS_SWEEP_PERIOD_MS), even when nothing is refused and no process starts or exits."""
+    import threading
+    import time
+
+    from memslice.interposer.region import read_region
+
+    n = node(context_overhead="0")
+    region = tmp_path / "c"
+    env = n.container(region, "8GiB", MEMSLICE_CONTEXT_RESERVE="0")
+    victim = start_holder(env, 500)
+    busy = subprocess.Popen([cbin["stress"], "2", "8", "4", "1"], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert busy.stdout.readline().strip() == "ready"
+        busy.stdin.write("go\n")
+        busy.stdin.flush()
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=30)
+        deadline, pace = time.monotonic() + 5, threading.Event()
+        while read_region(region).reclaimed == 0 and time.monotonic() < deadline:
+            pace.wait(0.05)  # bounded wait for the event: the busy process's periodic sweep
+        assert busy.poll() is None  # it was the running process, not its exit, that reclaimed
+        assert read_region(region).reclaimed == 1
+    finally:
+        busy.communicate(timeout=60)

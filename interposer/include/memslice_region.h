@@ -155,6 +155,9 @@ void ms_note_refused(ms_ledger *l, int dev, int host);
 /* Reclaim the slots of dead processes. Returns how many were reclaimed, or -1 on error (the region mutex
  * was not free within MS_LOCK_WAIT_MS: l->lock_error). */
 int ms_sweep(ms_ledger *l);
+/* The same, even within the pause that follows a recount that timed out (an explicit request: a process
+ * exiting, the agent). */
+int ms_sweep_now(ms_ledger *l);
 /* The periodic sweep: at most once per MS_SWEEP_PERIOD_MS per region (any process), never waiting for the
  * mutex. Cheap when not due (one clock read). */
 void ms_sweep_if_due(ms_ledger *l);

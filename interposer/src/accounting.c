@@ -86,7 +86,7 @@ static void note_sweep_failed(void) {
 }
 
 int try_charge(int dev, uint64_t n) {
-    static __thread unsigned calls;
+    static __thread __attribute__((tls_model("initial-exec"))) unsigned calls; /* preloaded: static TLS */
     if (g_ledger.slot < 0 && ms_ledger_claim(&g_ledger) < 0) return -1;
     if (UNLIKELY((++calls & 255) == 0)) ms_sweep_if_due(&g_ledger); /* dead processes' charges come back */
     if (ms_charge(&g_ledger, dev, n, g_cfg.limit, 0) == 0) return 0;

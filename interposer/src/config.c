@@ -372,7 +372,7 @@ static void read_config(void) {
 static void release_at_exit(void) {
     if (!g_have_ledger) return;
     ms_ledger_release(&g_ledger);
-    ms_sweep(&g_ledger);
+    ms_sweep_now(&g_ledger);
 }
 
 void reset_after_fork(void); /* accounting.c */

@@ -123,9 +123,8 @@ static void init_mutex(pthread_mutex_t *m) {
 }
 
 /* Initialise a freshly created file. Called with the init byte lock held and no process in the file. */
-static void init_region(struct ms_region *r, size_t extra_size, int fresh) {
-    if (fresh) memset(&r->hdr, 0, sizeof r->hdr); /* the rest of a new file is zero (and stays sparse) */
-    else memset(r, 0, sizeof *r);                 /* a half-made one may hold anything */
+static void init_region(struct ms_region *r, size_t extra_size) {
+    /* the file was just sized from 0: all zero (and sparse), so only the header is written */
     r->hdr.version = MS_VERSION;
     r->hdr.header_size = sizeof(struct ms_header);
     r->hdr.device_size = sizeof(struct ms_device);
@@ -170,15 +169,40 @@ static int validate(const struct ms_region *r, size_t file_size, size_t extra_si
     else if (!mutex_sane(r)) bad = "a corrupt mutex";
     if (!bad) return 0;
     snprintf(err, errlen, "%s is not a valid version-%d memslice region (%s: magic %#x, version %u, %u devices, "
-             "%zu bytes); it was altered or comes from another version: stop the container's processes and "
-             "remove it", path, MS_VERSION, bad, LOAD(&h->magic), h->version, LOAD(&h->ndevices), file_size);
+             "%zu bytes) and processes of the container use it; it was altered, or comes from another "
+             "version: once none of them runs, the next process makes it fresh", path, MS_VERSION, bad, LOAD(&h->magic), h->version, LOAD(&h->ndevices), file_size);
     return -1;
 }
 
-/* Under the creation lock: make the file a fresh region if, and only if, that cannot start a second
- * ledger beside a live one: it is empty (just created), or it has the right size and was never finished
- * (magic 0: its creator died half-way), and in both cases no process holds a slot in it. Anything else
- * is left alone and validated by the caller. 0, or -1 with a message. */
+/* Under the creation lock, a file some process of the container holds a slot in must be used as it is:
+ * the right size, initialised (the caller then validates the rest). Re-initialising it would start a
+ * second ledger beside theirs and double the quota. 0, or -1 with a message. */
+static int open_in_use(int fd, const char *path, size_t size, off_t file_size, long holder, void **map, char *err,
+                       size_t errlen) {
+    if ((size_t)file_size != size) {
+        snprintf(err, errlen, "%s is %lld bytes, not the %zu of a region: it was %s while processes of the "
+                 "container use it (pid %ld among them); refusing to start a second ledger beside theirs (once "
+                 "none of them runs, the next process makes it fresh)", path, (long long)file_size, size, file_size ? "truncated" : "emptied",
+                 holder);
+        return -1;
+    }
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        snprintf(err, errlen, "cannot map %s: %s", path, strerror(errno));
+        return -1;
+    }
+    *map = m;
+    if (LOAD(&((struct ms_region *)m)->hdr.magic) != 0) return 0;
+    snprintf(err, errlen, "%s was emptied while processes of the container use it (pid %ld among them); "
+             "refusing to start a second ledger beside theirs (once none of them runs, the next process makes it "
+             "fresh)", path, holder);
+    return -1;
+}
+
+/* Under the creation lock: open the region, making it fresh when no process holds a slot in it (one
+ * F_GETLK over the slot bytes) and it is not already a valid region: just created (empty), never finished
+ * (its creator died half-way), of another layout version (an upgrade), or garbage. With nobody in it,
+ * nobody's charges are lost. 0, or -1 with a message. */
 static int create_if_new(int fd, const char *path, size_t size, size_t extra_size, ms_init_extra_fn init_extra,
                          void *arg, void **map, char *err, size_t errlen) {
     struct stat st;
@@ -186,15 +210,20 @@ static int create_if_new(int fd, const char *path, size_t size, size_t extra_siz
         snprintf(err, errlen, "cannot stat %s: %s", path, strerror(errno));
         return -1;
     }
-    if (st.st_size != 0 && (size_t)st.st_size != size) {
-        long holder = lock_holder(fd, MS_LOCK_BASE, MS_MAX_SLOTS);
-        snprintf(err, errlen, "%s is %lld bytes, not the %zu of a region: it was truncated or replaced%s; stop "
-                 "the container's processes and remove it", path, (long long)st.st_size, size,
-                 holder == -1 ? "" : " while processes of the container use it");
-        return -1;
+    long holder = lock_holder(fd, MS_LOCK_BASE, MS_MAX_SLOTS);
+    if (holder != -1) return open_in_use(fd, path, size, st.st_size, holder, map, err, errlen);
+    char why[8];
+    if ((size_t)st.st_size == size) {
+        void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (m != MAP_FAILED && LOAD(&((struct ms_region *)m)->hdr.magic) != 0 &&
+            validate(m, size, extra_size, path, why, sizeof why) == 0) {
+            *map = m;
+            return 0;
+        }
+        if (m != MAP_FAILED) munmap(m, size);
     }
     int fresh = st.st_size == 0;
-    if (fresh && ftruncate(fd, (off_t)size) < 0) {
+    if ((!fresh && ftruncate(fd, 0) < 0) || ftruncate(fd, (off_t)size) < 0) { /* zero-filled and sparse */
         snprintf(err, errlen, "cannot size %s: %s", path, strerror(errno));
         return -1;
     }
@@ -204,16 +233,8 @@ static int create_if_new(int fd, const char *path, size_t size, size_t extra_siz
         return -1;
     }
     *map = m;
-    struct ms_region *r = m;
-    if (!fresh && LOAD(&r->hdr.magic) != 0) return 0; /* an existing region: the caller validates it */
-    long holder = lock_holder(fd, MS_LOCK_BASE, MS_MAX_SLOTS);
-    if (holder != -1) {
-        snprintf(err, errlen, "%s was emptied while processes of the container use it (pid %ld among them); "
-                 "refusing to start a second ledger beside theirs: stop them and remove the file", path, holder);
-        return -1;
-    }
     if (init_extra && init_extra((char *)m + sizeof(struct ms_region), arg, err, errlen) != 0) return -1;
-    init_region(r, extra_size, fresh);
+    init_region(m, extra_size);
     return 0;
 }
 
@@ -312,11 +333,13 @@ static int lock_region(ms_ledger *l) {
 
 static void unlock_region(ms_ledger *l) { pthread_mutex_unlock(region_lock(l)); }
 
+/* The slot high-water mark, clamped (the file is tenant-writable). */
 static int slot_hwm(const struct ms_region *r) {
     uint32_t h = __atomic_load_n(&r->hdr.slot_hwm, __ATOMIC_SEQ_CST);
     return h > MS_MAX_SLOTS ? MS_MAX_SLOTS : (int)h;
 }
 
+/* Give a slot back: its counts first, its state last (claimers look at the state). */
 static void free_slot(struct ms_slot *s) {
     memset(s->device_bytes, 0, sizeof s->device_bytes);
     memset(s->host_bytes, 0, sizeof s->host_bytes);
@@ -354,10 +377,10 @@ static int wait_quiet(const struct ms_slot *s, uint64_t deadline) {
  * the devices whose totals were published, and freed when all were. Returns 0, or -1 if a live process
  * stayed inside a charge for MS_RECOUNT_WAIT_MS or the recount was abandoned (then the totals are as
  * before and a later sweep tries again, not before recount_retry_ns). */
-static int recount_locked(ms_ledger *l) {
+static int recount_locked(ms_ledger *l, int now_anyway) {
     struct ms_region *r = l->r;
     uint64_t now = now_ns();
-    if (now < LOAD(&r->hdr.recount_retry_ns)) return -1;
+    if (!now_anyway && now < LOAD(&r->hdr.recount_retry_ns)) return -1;
     uint32_t nd = ndev(r);
     uint64_t fu[MS_MAX_DEVICES], fh[MS_MAX_DEVICES];
     for (uint32_t d = 0; d < nd; d++) {
@@ -422,14 +445,16 @@ static void sub_total(uint64_t *word, uint64_t n) {
     }
 }
 
-static int sweep_locked(ms_ledger *l, int needs_recount) {
+/* Reclaim dead slots under the mutex: exactly (subtract their bytes) when none died inside a charge, else
+ * by a recount. Returns how many were reclaimed. */
+static int sweep_locked(ms_ledger *l, int needs_recount, int now_anyway) {
     struct ms_region *r = l->r;
     int n = 0, ambiguous = needs_recount, hwm = slot_hwm(r);
     for (int i = 0; i < hwm && !ambiguous; i++) {
         struct ms_slot *s = &r->slot[i];
         if (LOAD(&s->state) == MS_SLOT_LIVE && !ms_slot_alive(l, i) && LOAD(&s->op_active) != 0) ambiguous = 1;
     }
-    if (ambiguous && recount_locked(l) == 0) return 1;
+    if (ambiguous && recount_locked(l, now_anyway) == 0) return 1;
     uint32_t nd = ndev(r);
     for (int i = 0; i < hwm; i++) {
         struct ms_slot *s = &r->slot[i];
@@ -446,15 +471,20 @@ static int sweep_locked(ms_ledger *l, int needs_recount) {
     return n;
 }
 
-int ms_sweep(ms_ledger *l) {
+/* A sweep with the mutex taken within its bound (-1 without it), stamping the time for the periodic one. */
+static int sweep(ms_ledger *l, int now_anyway) {
     int dirty = lock_region(l);
     if (dirty < 0) return -1;
-    int n = sweep_locked(l, dirty);
+    int n = sweep_locked(l, dirty, now_anyway);
     STORE(&l->r->hdr.swept_ns, now_ns());
     unlock_region(l);
     return n;
 }
 
+int ms_sweep(ms_ledger *l) { return sweep(l, 0); }
+int ms_sweep_now(ms_ledger *l) { return sweep(l, 1); }
+
+/* The periodic sweep: the first caller after MS_SWEEP_PERIOD_MS wins the turn with a CAS on swept_ns. */
 void ms_sweep_if_due(ms_ledger *l) {
     uint64_t now = now_ns(), last = LOAD(&l->r->hdr.swept_ns);
     if (now - last < MS_NS(MS_SWEEP_PERIOD_MS) && last <= now) return;
@@ -462,7 +492,7 @@ void ms_sweep_if_due(ms_ledger *l) {
     int rc = pthread_mutex_trylock(region_lock(l));   /* never wait here: the caller is allocating */
     if (rc == EOWNERDEAD) pthread_mutex_consistent(region_lock(l));
     else if (rc != 0) return;
-    sweep_locked(l, rc == EOWNERDEAD);
+    sweep_locked(l, rc == EOWNERDEAD, 0);
     unlock_region(l);
 }
 
@@ -586,7 +616,7 @@ static void wait_unfrozen(ms_ledger *l, uint64_t *word, uint64_t deadline) {
         int rc = pthread_mutex_trylock(region_lock(l));
         if (rc == EOWNERDEAD) {
             pthread_mutex_consistent(region_lock(l));
-            recount_locked(l);
+            recount_locked(l, 1);
             unlock_region(l);
         } else if (rc == 0) {
             if (LOAD(word) & MS_FROZEN) unfreeze_all(l->r); /* frozen with no recount running: a leftover */
@@ -598,11 +628,11 @@ static void wait_unfrozen(ms_ledger *l, uint64_t *word, uint64_t deadline) {
     }
 }
 
-/* Load a total for an update by this process: op_active is raised first (the reclaimer's Dekker pair),
- * and while a recount holds the total frozen we step aside (op_active lowered) until it is done or
- * abandoned at *deadline (set at the first wait of this operation, so that all its waits share one). */
-static uint64_t begin_op(ms_ledger *l, struct ms_slot *s, uint64_t *word, uint64_t *deadline) {
-    ADD(&s->op_active, 1u);
+/* begin_op's slow path: the total is frozen; step aside (op_active lowered) until the recount is done or
+ * abandoned at *deadline (set at the first wait of this operation, so that all its waits share one).
+ * Kept out of line so that the hot path stays a few instructions. */
+static __attribute__((noinline)) uint64_t begin_op_frozen(ms_ledger *l, struct ms_slot *s, uint64_t *word,
+                                                          uint64_t *deadline) {
     uint64_t cur = LOAD(word);
     while (cur & MS_FROZEN) {
         SUB(&s->op_active, 1u);
@@ -612,6 +642,16 @@ static uint64_t begin_op(ms_ledger *l, struct ms_slot *s, uint64_t *word, uint64
         cur = LOAD(word);
     }
     return cur;
+}
+
+/* Load a total for an update by this process: op_active is raised first (the reclaimer's Dekker pair);
+ * a frozen total (a recount) is the slow path. */
+static inline __attribute__((always_inline)) uint64_t begin_op(ms_ledger *l, struct ms_slot *s, uint64_t *word,
+                                                               uint64_t *deadline) {
+    ADD(&s->op_active, 1u);
+    uint64_t cur = LOAD(word);
+    if (__builtin_expect(!(cur & MS_FROZEN), 1)) return cur;
+    return begin_op_frozen(l, s, word, deadline);
 }
 
 int ms_charge(ms_ledger *l, int dev, uint64_t n, uint64_t limit, int host) {
@@ -681,7 +721,7 @@ EXPORT int memslice_region_sweep(const char *path, char *err, size_t errlen) {
         close(ro.fd);
         if (ms_ledger_open(&l, path, extra, 0, NULL, NULL, err, errlen) < 0) return -1;
     }
-    int n = ms_sweep(&l);
+    int n = ms_sweep_now(&l);
     munmap(l.r, l.map_size);
     close(l.fd);
     return n;

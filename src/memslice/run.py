@@ -100,8 +100,13 @@ def main(args: argparse.Namespace) -> int:
     own_dir = args.region_dir is None
     region_dir = tempfile.mkdtemp(prefix="memslice-region-") if own_dir else args.region_dir
     try:
-        os.makedirs(region_dir, exist_ok=True)
-        write_limits(Path(region_dir) / LIMITS_FILE, limits)
+        try:
+            os.makedirs(region_dir, exist_ok=True)
+            write_limits(Path(region_dir) / LIMITS_FILE, limits)
+        except OSError as exc:
+            print(f"memslice run: cannot write the limits file in --region-dir {region_dir}: {exc}; use a "
+                  "directory you can write", file=sys.stderr)
+            return 2
         env = build_env(args, region_dir)
         if args.verbose:
             print(f"memslice run: region {region_dir} (watch it with: memslice top {region_dir})", file=sys.stderr)
