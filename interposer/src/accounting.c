@@ -40,13 +40,14 @@ int dev_index(CUdevice ordinal) {
         shim_log(LOG_ERROR, "memslice: GPU %s could not be added to the region %s: its device table was locked for more "
                  "than %d ms (%s; a stopped process of the container?); a later call retries", text,
                  g_cfg.region_path, MS_LOCK_WAIT_MS, strerror(g_ledger.lock_error));
-        return -1;
+        return enforcing() ? DEV_UNCHARGEABLE : -1;
     }
     if (idx >= 0) {
         __atomic_store_n(&g_ledger.r->dev[idx].limit, g_cfg.mode == MODE_ENFORCE ? g_cfg.limit : 0, __ATOMIC_RELAXED);
         __atomic_store_n(&g_devidx[ordinal], idx + 1, __ATOMIC_RELEASE);
     } else {
         shim_log(LOG_ERROR, "memslice: the region has no room for GPU %s (%d GPUs at most)", text, MS_MAX_DEVICES);
+        return enforcing() ? DEV_UNCHARGEABLE : -1;
     }
     return idx;
 }

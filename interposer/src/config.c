@@ -151,7 +151,7 @@ static int read_small_file(const char *path, char *buf, size_t cap) {
 /* Apply one `key=value` line of the limits file. 0, or -1 (fail closed). */
 static int limits_line(struct limits_file *f, char *key, char *val, int lineno) {
     char what[700];
-    snprintf(what, sizeof what, "%s line %d: %s", f->path, lineno, key);
+    if (snprintf(what, sizeof what, "%.512s line %d: %.100s", f->path, lineno, key) < 0) what[0] = 0; /* a label */
     int *seen = NULL;
     if (strcmp(key, "gpu_mem_limit") == 0) {
         seen = &f->has_limit;
@@ -334,7 +334,8 @@ static int read_region_dir(const struct limits_file *f, int have_file) {
                     "container's processes.", what, dir, errno ? strerror(errno) : "not a directory");
         return -1;
     }
-    snprintf(c->region_path, sizeof c->region_path, "%s/%s", dir, MS_REGION_FILE);
+    int n = snprintf(c->region_path, sizeof c->region_path, "%s/%s", dir, MS_REGION_FILE);
+    if (n < 0 || (size_t)n >= sizeof c->region_path) return -1; /* checked above; keeps every -O level quiet */
     if (c->mode == MODE_PASSTHROUGH) c->mode = MODE_OBSERVE;
     return 0;
 }

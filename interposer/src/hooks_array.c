@@ -32,6 +32,7 @@ static void settle(int dev, uint64_t est, uint64_t actual, uint64_t key) {
         __auto_type real = REAL(name);                                                                     \
         CUdevice ord;                                                                                      \
         int dev = accounting() && h && d ? current_dev(&ord) : -1;                                         \
+        if (dev == DEV_UNCHARGEABLE) return CUDA_ERROR_OUT_OF_MEMORY;                                     \
         if (dev < 0) return real(h, d);                                                                    \
         uint64_t est = ms_array_bytes(d->Width, d->Height, (depth), d->Format, d->NumChannels);            \
         CUresult rc = reserve(dev, est, #name);                                                            \
@@ -53,6 +54,7 @@ HOOK CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray *h, const CUDA_ARR
     __auto_type real = REAL(cuMipmappedArrayCreate);
     CUdevice ord;
     int dev = accounting() && h && d ? current_dev(&ord) : -1;
+    if (dev == DEV_UNCHARGEABLE) return CUDA_ERROR_OUT_OF_MEMORY;
     if (dev < 0) return real(h, d, levels);
     uint64_t est = ms_mipmap_bytes(d, levels);
     CUresult rc = reserve(dev, est, "cuMipmappedArrayCreate");

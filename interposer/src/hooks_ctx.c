@@ -19,6 +19,11 @@ static int ctx_reserve(CUdevice ord, CUresult *rc) {
     int expect = 0;
     if (!__atomic_compare_exchange_n(&g_ctx_charged[ord], &expect, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) return 0;
     int dev = dev_index(ord);
+    if (dev == DEV_UNCHARGEABLE) {
+        __atomic_store_n(&g_ctx_charged[ord], 0, __ATOMIC_SEQ_CST);
+        *rc = CUDA_ERROR_OUT_OF_MEMORY;
+        return 0;
+    }
     if (dev < 0) return 0;
     if (g_cfg.context_reserve > g_cfg.limit) {
         char a[32], b[32];

@@ -13,6 +13,7 @@ typedef __typeof__(&cuMemAlloc_v2) alloc_v2_fn;
 static CUresult device_alloc(CUdeviceptr *dptr, size_t n, alloc_v2_fn real, const char *call) {
     CUdevice ord;
     int dev = accounting() && dptr && n ? current_dev(&ord) : -1;
+    if (dev == DEV_UNCHARGEABLE) return CUDA_ERROR_OUT_OF_MEMORY;
     if (dev < 0) return real(dptr, n);
     CUresult rc = reserve(dev, n, call);
     if (rc != CUDA_SUCCESS) return g_cfg.oversubscribe ? spill_alloc(dptr, n, dev, ord, NULL, call) : rc;
@@ -36,6 +37,7 @@ HOOK CUresult CUDAAPI cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int n) {
     __auto_type real = REAL(cuMemAlloc);
     CUdevice ord;
     int dev = accounting() && dptr && n ? current_dev(&ord) : -1;
+    if (dev == DEV_UNCHARGEABLE) return CUDA_ERROR_OUT_OF_MEMORY;
     if (dev < 0) return real(dptr, n);
     CUresult rc = reserve(dev, n, "cuMemAlloc");
     if (rc != CUDA_SUCCESS) return rc;
@@ -54,6 +56,7 @@ static CUresult pitched(uint64_t w, uint64_t h, int v2, pitch_call alloc, void *
                         const char *call) {
     CUdevice ord;
     int dev = accounting() && w && h ? current_dev(&ord) : -1;
+    if (dev == DEV_UNCHARGEABLE) return CUDA_ERROR_OUT_OF_MEMORY;
     if (dev < 0) return alloc(args, ptr, pitch);
     uint64_t est = ((w + 511) & ~511ull) * h;
     CUresult rc = reserve(dev, est, call);

@@ -9,6 +9,7 @@ HOOK CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned in
     __auto_type real = REAL(cuMemAllocManaged);
     CUdevice ord;
     int dev = accounting() && dptr && n ? current_dev(&ord) : -1;
+    if (dev == DEV_UNCHARGEABLE) return CUDA_ERROR_OUT_OF_MEMORY;
     if (dev < 0) return real(dptr, n, flags);
     /* Managed pages may all migrate to the GPU, so they are charged as device memory. */
     CUresult rc = reserve(dev, n, "cuMemAllocManaged");

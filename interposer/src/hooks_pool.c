@@ -108,7 +108,7 @@ static CUresult pooled_alloc(CUdeviceptr *dptr, size_t n, struct pool_call c, co
     CUdevice ord;
     int dev;
     struct pool_rec *pr = charged_pool(&c, dptr, n, &ord, &dev);
-    if (!pr) return pool_driver(&c, dptr, n);
+    if (!pr) return dev == DEV_UNCHARGEABLE ? CUDA_ERROR_OUT_OF_MEMORY : pool_driver(&c, dptr, n);
     pthread_mutex_lock(&pr->mu);
     CUresult rc = pool_reserve(pr, dev, n, call);
     if (rc != CUDA_SUCCESS) {

@@ -25,6 +25,11 @@ HOOK CUresult CUDAAPI cuMemGetInfo_v2(size_t *freeb, size_t *total) {
     CUresult rc = REAL(cuMemGetInfo_v2)(freeb, total);
     if (rc != CUDA_SUCCESS || !enforcing()) return rc;
     int dev = current_dev(NULL);
+    if (dev == DEV_UNCHARGEABLE) { /* under a quota, never the physical GPU: the quota, nothing free yet */
+        *total = (size_t)min_u64(g_cfg.limit, *total);
+        *freeb = 0;
+        return rc;
+    }
     if (dev < 0) return rc;
     reconcile_pools();
     uint64_t f = *freeb, t = *total;

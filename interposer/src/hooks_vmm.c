@@ -19,6 +19,7 @@ HOOK CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, 
     __auto_type real = REAL(cuMemCreate);
     int dev = accounting() && h && prop && size && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
                   ? dev_index(prop->location.id) : -1;
+    if (dev == DEV_UNCHARGEABLE) return CUDA_ERROR_OUT_OF_MEMORY;
     if (dev < 0) return real(h, size, prop, flags);
     struct vmm_rec *v = calloc(1, sizeof *v);
     if (!v) return CUDA_ERROR_OUT_OF_MEMORY;

@@ -70,6 +70,9 @@ void *real_dlsym_call(void *handle, const char *name);
 #define REAL_NVML(name) ({ static __typeof__(&name) fp_; if (UNLIKELY(!fp_)) fp_ = (__typeof__(&name))real_nvml(#name); fp_; })
 
 /* accounting.c */
+/* A GPU the shim must charge but cannot enter into the region (its device table locked past the bound, or
+ * full): under a quota the allocation is refused (out of memory) rather than let through uncharged. */
+#define DEV_UNCHARGEABLE (-2)
 int dev_index(CUdevice ordinal);             /* ledger index of a CUDA ordinal, -1 if unknown */
 int current_dev(CUdevice *ordinal);          /* ledger index of the current context's device */
 int dev_index_by_uuid(const char *uuid, uint64_t physical_total);
