@@ -17,6 +17,7 @@ import threading
 import time
 
 from conftest import kv
+
 from memslice.interposer.region import read_region
 
 CALL_WAIT_US = 1_500_000  # MS_CALL_WAIT_MS in interposer/include/memslice_region.h

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 from conftest import run
+
 from memslice.interposer.region import _ffi, read_region
 
 MiB = 1 << 20
