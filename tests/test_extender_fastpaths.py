@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from memslice.scheduler_extender import decisions, wire
 from memslice.scheduler_extender.annotations import reservation_annotations
+from memslice.scheduler_extender.fitmemo import FitMemo
 from memslice.scheduler_extender.metrics import Metrics
 from memslice.scheduler_extender.state import CHANGE_LOG, Charge, ClusterState
 from memslice.scheduler_extender.verbs import Verbs
@@ -23,31 +24,29 @@ from test_extender_support import Cluster, node_obj, plain_node, pod_obj, runnin
 SIZES = (1, 500, 1000, 3000, 4000, 8000, 9000, 16000, 20000)
 
 
-def check_summaries(state: ClusterState, names: list[str]) -> None:
+def check_summaries(state: ClusterState, names: list[str], memo: FitMemo | None = None) -> None:
+    """The memo's verdicts, HostPriority JSON and fast path against decisions.py on the current views."""
+    memo = memo or FitMemo(state)
     for devices in SIZES:
         for policy in ("binpack", "spread"):
-            summaries = state.summaries(names, devices, policy, decisions.score)
-            for name, (ok, score, host_json) in zip(names, summaries, strict=True):
-                assert json.loads(host_json) == {"Host": name, "Score": score}
+            found = memo.verdicts(names, (devices, policy))
+            for name, verdict, host_json in zip(names, found.verdicts, found.host_json, strict=True):
                 view = state.view(name)
                 if view is None:
-                    assert not ok and score == 0, name
+                    assert verdict is None and json.loads(host_json) == {"Host": name, "Score": 0}, name
                     continue
                 need = devices * view.unit_mib
-                o1 = (view.max_free_mib >= need and not view.unplaced_mib and not view.error
-                      and view.most_free is not None)
-                assert ok == o1, (name, devices)
-                if ok:
-                    assert decisions.fit(view, need).ok
-                assert score == decisions.score(view, need, policy), (name, devices, policy)
-            fitting = [n for n, (ok, _, _) in zip(names, summaries, strict=True) if ok]
-            for some in (names, fitting, *([n] for n in names)):
-                # filter's usual case answers exactly when every node surely fits, with prioritize's items
-                usual = state.sure_items(some, devices, policy, decisions.score)
-                fits = {n: ok for n, (ok, _, _) in zip(names, summaries, strict=True)}
+                f = decisions.fit(view, need)
+                assert verdict == (f.ok, f.unresolvable, f.reason, decisions.score(view, need, policy)), name
+                assert json.loads(host_json) == {"Host": name, "Score": decisions.score(view, need, policy)}
+            fits = {n: v is not None and v[0] for n, v in zip(names, found.verdicts, strict=True)}
+            assert memo.host_json(names, (devices, policy)) == found.host_json
+            for some in (names, [n for n in names if fits[n]], *([n] for n in names)):
+                # filter's fast path answers exactly when the pod fits on every node, with prioritize's items
+                usual = memo.all_fit(some, (devices, policy))
                 if all(fits[n] for n in some):
                     assert usual is not None and json.loads(f"[{usual[1]}]") == [
-                        json.loads(h) for n, (_, _, h) in zip(names, summaries, strict=True) if n in some]
+                        json.loads(h) for n, h in zip(names, found.host_json, strict=True) if n in some]
                 else:
                     assert usual is None, (some, devices, policy)
 
@@ -61,7 +60,8 @@ def test_memoised_fits_and_scores_follow_every_change() -> None:
     state.upsert_node(plain_node("cpu"))
     state.upsert_node({"metadata": {"name": "bad", "annotations": {"memslice.io/gpus": "not json"}}})
     names = ["a", "b", "c", "cpu", "bad", "unknown"]
-    check_summaries(state, names)
+    memo = FitMemo(state)  # one memo all along: it must follow every change
+    check_summaries(state, names, memo)
     gpus = {"a": ["GPU-a-0", "GPU-a-1"], "b": ["GPU-b-0", "GPU-b-1", "GPU-b-2"], "c": ["GPU-c-0", "GPU-c-1"]}
     holds: list[str] = []
     for step in range(300):
@@ -84,13 +84,14 @@ def test_memoised_fits_and_scores_follow_every_change() -> None:
             state.upsert_node(node_obj("a", [8000, 16000], healthy=[True, not sick]))
         else:  # a node goes away and comes back
             state.delete_node("c")
-            check_summaries(state, names)
+            check_summaries(state, names, memo)
             state.upsert_node(node_obj("c", [20000, 8000], healthy=[False, True]))
-        check_summaries(state, names)
+        check_summaries(state, names, memo)
+        check_summaries(state, names)  # and a fresh one agrees
 
 
 def test_prioritize_after_filter_answers_what_a_fresh_prioritize_answers() -> None:
-    """Prioritize reuses the summaries its filter computed, refreshed for the nodes whose views changed in
+    """Prioritize reads the verdicts its filter memoised, refreshed for the nodes whose views changed in
     between; whatever happens in between, its answer must be byte for byte a fresh one's."""
     rng = random.Random(11)
     state = ClusterState()
@@ -104,7 +105,6 @@ def test_prioritize_after_filter_answers_what_a_fresh_prioritize_answers() -> No
     state.pods_synced.set()
     verbs = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # no binds here
     holds: list[str] = []
-    reused = 0
     for step in range(400):
         names = rng.sample([*gpus, "cpu", "unknown"], rng.randint(1, 14))
         pod = pod_obj(f"p{step}", {"main": rng.choice((1000, 7000, 15000, 30000))},
@@ -122,18 +122,15 @@ def test_prioritize_after_filter_answers_what_a_fresh_prioritize_answers() -> No
         passed = answer["NodeNames"] if rng.random() < 0.9 else names  # or the scheduler sends others
         args = {"Pod": pod, "NodeNames": passed}
         fresh = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]
-        reused += verbs._memos.get(pod["metadata"]["uid"]) is not None and passed is answer["NodeNames"]
         assert verbs.prioritize(args) == fresh.prioritize(args), step
-    assert reused > 300  # the memo was there to be used, not only the slow path
-    assert not verbs._memos  # each prioritize takes its filter's memo
 
 
-def test_filter_memos_hold_a_bounded_number_of_names(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Filter answers kept for prioritize are bounded in count and in node names held, so that hostile
-    requests (100,000 names each) cannot pin memory; what is not kept is computed afresh."""
-    from memslice.scheduler_extender import verbs as verbs_module
+def test_the_memo_holds_a_bounded_number_of_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memo is bounded in verdicts held (hostile requests of 100,000 names and ever new pod sizes
+    cannot pin memory): the least recently used pod size goes first; answers stay those of decisions.py."""
+    from memslice.scheduler_extender import fitmemo
 
-    monkeypatch.setattr(verbs_module, "MEMO_NAMES", 30)
+    monkeypatch.setattr(fitmemo, "MAX_ENTRIES", 30)
     state = ClusterState()
     for i in range(40):
         state.upsert_node(node_obj(f"n{i}", [16000]))
@@ -141,19 +138,13 @@ def test_filter_memos_hold_a_bounded_number_of_names(monkeypatch: pytest.MonkeyP
     state.pods_synced.set()
     verbs = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # no binds here
     names = [f"n{i}" for i in range(40)]
-    for step, count in enumerate((20, 20, 20, 31, 10)):
-        pod = pod_obj(f"p{step}", {"main": 1000})
-        pod["metadata"]["uid"] = f"uid-{step}"
-        verbs.filter({"Pod": pod, "NodeNames": names[:count]})
-        held = sum(len(m.names) for m in verbs._memos.values())
-        assert held == verbs._memo_names <= 30, step
-        assert (f"uid-{step}" in verbs._memos) == (count <= 30), step
-    assert list(verbs._memos) == ["uid-2", "uid-4"]  # oldest dropped first; the 31-name one never kept
-    pod = pod_obj("p3", {"main": 1000})
-    pod["metadata"]["uid"] = "uid-3"
-    fresh = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]
-    args = {"Pod": pod, "NodeNames": names[:31]}
-    assert verbs.prioritize(args) == fresh.prioritize(args)
+    for step, (count, mib) in enumerate(((20, 1000), (20, 2000), (5, 1000), (31, 3000), (10, 4000))):
+        pod = pod_obj(f"p{step}", {"main": mib})
+        code, answer = verbs.filter({"Pod": pod, "NodeNames": names[:count]})
+        assert code == 200 and answer["NodeNames"] == names[:count]
+        assert verbs.memo.size() <= 30, step
+    assert list(verbs.memo._tables) == [(3000, "binpack"), (4000, "binpack")]  # the 31-name one started afresh
+    check_summaries(state, names[:20], verbs.memo)
 
 
 def test_an_unchanged_charge_leaves_the_view_alone() -> None:
@@ -167,8 +158,10 @@ def test_an_unchanged_charge_leaves_the_view_alone() -> None:
     state.hold("uid-a", Charge("GPU-n-0", "n", 3000, 0, None))
     state.confirm("uid-a", 6)
     before = state.view("n")
-    assert state.summaries(["n"], 8000, "binpack", decisions.score) == [(True, 8, '{"Host":"n","Score":8}')]
-    generation = state.summaries_at(["n"], 8000, "binpack", decisions.score)[0]
+    memo = FitMemo(state)
+    assert memo.host_json(["n"], (8000, "binpack")) == ['{"Host":"n","Score":8}']
+    assert memo.all_fit(["n"], (8000, "binpack")) == (_generation(state), '{"Host":"n","Score":8}')
+    generation = _generation(state)
     reserved = json.loads(json.dumps(pod))  # the reservation patch, before the Binding
     reserved["metadata"].update(resourceVersion="6", annotations=reservation_annotations(
         "GPU-n-0", {"main": 3000}, state.clock()))
@@ -185,11 +178,16 @@ def test_an_unchanged_charge_leaves_the_view_alone() -> None:
     bound["metadata"]["annotations"] = reservation_annotations("GPU-n-1", {"main": 3000}, 0)
     state.upsert_pod(bound)
     assert [g.used_mib for g in state.view("n").gpus] == [0, 3000]
-    assert state.summaries(["n"], 8000, "binpack", decisions.score) == [(True, 8, '{"Host":"n","Score":8}')]
+    assert memo.host_json(["n"], (8000, "binpack")) == ['{"Host":"n","Score":8}']
     state.delete_pod(bound)
     assert [g.used_mib for g in state.view("n").gpus] == [0, 0]
-    assert state.summaries(["n"], 8000, "binpack", decisions.score) == [(True, 8, '{"Host":"n","Score":8}')]
-    assert state.summaries(["n"], 8000, "spread", decisions.score) == [(True, 2, '{"Host":"n","Score":2}')]
+    assert memo.host_json(["n"], (8000, "binpack")) == ['{"Host":"n","Score":8}']
+    assert memo.host_json(["n"], (8000, "spread")) == ['{"Host":"n","Score":2}']
+
+
+def _generation(state: ClusterState) -> int:
+    with state.current() as generation:
+        return generation
 
 
 @given(st.lists(st.text(max_size=12), max_size=20), st.data())

@@ -1,0 +1,148 @@
+"""The memo behind filter and prioritize: per pod size and policy, every node's verdict (decisions.verdict)
+and, for the nodes where such a pod fits, its HostPriority JSON as prioritize answers it.
+
+kube-scheduler asks about the same nodes and pod sizes over and over, and a node's verdict changes only
+when its view does (a charge, an inventory change): so a verdict is computed once per view and kept, and
+refreshed for every table the moment the node's view is rebuilt (ClusterState.on_view_change). Filter's
+usual case is then one C-speed pass over the "fits" table (every name found: all pass, and the joined JSON
+is prioritize's answer); otherwise one pass over the verdicts (the failing nodes' reasons are memoised too,
+so a full cluster costs what an empty one does).
+
+Bounded: at most MAX_ENTRIES verdicts in all tables; the least recently used table goes first.
+Thread-safety: every method takes the state's lock (the memo is refreshed under it).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from memslice.scheduler_extender import decisions
+from memslice.scheduler_extender.constants import MAX_SCORE, MIN_SCORE
+from memslice.scheduler_extender.decisions import Verdict
+from memslice.scheduler_extender.state import ClusterState
+from memslice.scheduler_extender.views import NodeView
+from memslice.scheduler_extender.wire import host_priority_json
+
+MAX_ENTRIES = 400_000  # verdicts kept in all tables (~100 B each): 80 tables of 5,000 nodes, 20 of 20,000
+Key = tuple[int, str]  # (devices, policy)
+# A fitting verdict carries no text: one shared tuple per score instead of one per node and table.
+_FITS = tuple((True, False, "", s) for s in range(MAX_SCORE + 1))
+
+
+@dataclass(slots=True)
+class _Table:
+    verdicts: dict[str, Verdict] = field(default_factory=dict)
+    fits: dict[str, str] = field(default_factory=dict)  # node -> HostPriority JSON, where the pod fits
+
+
+@dataclass(frozen=True, slots=True)
+class Verdicts:
+    """The slow path's answer: a verdict per name (None: no view, the node is unknown or not a memslice
+    node), and each name's HostPriority JSON as prioritize would answer it now."""
+
+    generation: int
+    verdicts: list[Verdict | None]
+    host_json: list[str]
+
+
+class FitMemo:
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self._tables: OrderedDict[Key, _Table] = OrderedDict()
+        self._entries = 0
+        self._host_json: dict[str, list[str]] = {}  # node -> its HostPriority JSON for each score
+        state.on_view_change(self._refresh)
+
+    # ------------------------------------------------------------------ the two paths
+    def all_fit(self, names: list[str], key: Key) -> tuple[int, str] | None:
+        """Filter's fast path: when the pod fits on every one of `names` and their verdicts are memoised (the
+        usual case), (generation, their HostPriority JSON joined with commas: prioritize's answer inside its
+        brackets); else None (then ask verdicts())."""
+        with self.state.current() as generation:
+            items = list(map(self._table(key).fits.get, names))
+            return None if None in items else (generation, ",".join(items))  # type: ignore[arg-type]
+
+    def verdicts(self, names: list[str], key: Key) -> Verdicts:
+        """The slow path: every name's verdict, computed for the nodes not memoised yet."""
+        with self.state.current() as generation:
+            table = self._table(key)
+            found = list(map(table.verdicts.get, names))
+            if None in found:
+                for i, name in enumerate(names):
+                    if found[i] is None:
+                        found[i] = self._fill(table, key, name)
+            return Verdicts(generation, found, [self._json_of(n, v) for n, v in zip(names, found, strict=True)])
+
+    def host_json(self, names: list[str], key: Key) -> list[str]:
+        """Prioritize: each name's HostPriority JSON (score 0 where the pod does not fit)."""
+        with self.state.current():
+            table = self._table(key)
+            items = list(map(table.fits.get, names))
+            if None not in items:
+                return items  # type: ignore[return-value]
+        return self.verdicts(names, key).host_json
+
+    # ------------------------------------------------------------------ upkeep
+    def _json_of(self, name: str, verdict: Verdict | None) -> str:
+        fragments = self._host_json.get(name)
+        value = verdict[3] if verdict is not None else MIN_SCORE
+        return fragments[value] if fragments is not None else host_priority_json(name, value)
+
+    def _table(self, key: Key) -> _Table:
+        table = self._tables.get(key)
+        if table is None:
+            table = self._tables[key] = _Table()
+        else:
+            self._tables.move_to_end(key)
+        return table
+
+    def _fill(self, table: _Table, key: Key, name: str) -> Verdict | None:
+        view = self.state.view_unlocked(name)
+        if view is None:
+            return None  # not memoised: the node may appear any time
+        if self._entries >= MAX_ENTRIES:
+            self._evict(table)
+        self._entries += name not in table.verdicts
+        return self._set(table, key, name, view)
+
+    def _set(self, table: _Table, key: Key, name: str, view: NodeView) -> Verdict:
+        v = decisions.verdict(view, key[0] * view.unit_mib, key[1])
+        if v[0]:
+            v = _FITS[v[3]]
+            fragments = self._host_json.get(name)
+            if fragments is None:  # kept per node (not per table) until the node goes
+                fragments = self._host_json[name] = [host_priority_json(name, s) for s in range(MAX_SCORE + 1)]
+            table.fits[name] = fragments[v[3]]
+        else:
+            table.fits.pop(name, None)
+        table.verdicts[name] = v
+        return v
+
+    def _evict(self, keep: _Table) -> None:
+        """Drop least recently used tables (never `keep`) until there is room."""
+        for key in list(self._tables):
+            if self._entries < MAX_ENTRIES or self._tables[key] is keep:
+                continue
+            self._entries -= len(self._tables.pop(key).verdicts)
+        if self._entries >= MAX_ENTRIES:  # `keep` alone fills the memo: start it afresh
+            self._entries -= len(keep.verdicts)
+            keep.verdicts.clear()
+            keep.fits.clear()
+
+    def _refresh(self, name: str, view: NodeView | None) -> None:
+        """Called under the state's lock whenever the node's view is rebuilt (None: dropped): every table
+        that holds the node gets its new verdict now, so the tables stay complete."""
+        for key, table in self._tables.items():
+            if view is not None:
+                if name in table.verdicts:
+                    self._set(table, key, name, view)
+            elif table.verdicts.pop(name, None) is not None:
+                self._entries -= 1
+                table.fits.pop(name, None)
+        if view is None:
+            self._host_json.pop(name, None)
+
+    def size(self) -> int:
+        with self.state.lock:
+            return self._entries
