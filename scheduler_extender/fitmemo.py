@@ -36,16 +36,6 @@ class _Table:
     fits: dict[str, str] = field(default_factory=dict)  # node -> HostPriority JSON, where the pod fits
 
 
-@dataclass(frozen=True, slots=True)
-class Verdicts:
-    """The slow path's answer: a verdict per name (None: no view, the node is unknown or not a memslice
-    node), and each name's HostPriority JSON as prioritize would answer it now."""
-
-    generation: int
-    verdicts: list[Verdict | None]
-    host_json: list[str]
-
-
 class FitMemo:
     def __init__(self, state: ClusterState) -> None:
         self.state = state
@@ -63,16 +53,11 @@ class FitMemo:
             items = list(map(self._table(key).fits.get, names))
             return None if None in items else (generation, ",".join(items))  # type: ignore[arg-type]
 
-    def verdicts(self, names: list[str], key: Key) -> Verdicts:
-        """The slow path: every name's verdict, computed for the nodes not memoised yet."""
-        with self.state.current() as generation:
-            table = self._table(key)
-            found = list(map(table.verdicts.get, names))
-            if None in found:
-                for i, name in enumerate(names):
-                    if found[i] is None:
-                        found[i] = self._fill(table, key, name)
-            return Verdicts(generation, found, [self._json_of(n, v) for n, v in zip(names, found, strict=True)])
+    def verdicts(self, names: list[str], key: Key) -> list[Verdict | None]:
+        """The slow path: every name's verdict (None: no view, the node is unknown or not a memslice node),
+        computed for the nodes not memoised yet."""
+        with self.state.current():
+            return self._verdicts(self._table(key), names, key)
 
     def host_json(self, names: list[str], key: Key) -> list[str]:
         """Prioritize: each name's HostPriority JSON (score 0 where the pod does not fit)."""
@@ -81,9 +66,18 @@ class FitMemo:
             items = list(map(table.fits.get, names))
             if None not in items:
                 return items  # type: ignore[return-value]
-        return self.verdicts(names, key).host_json
+            verdicts = self._verdicts(table, names, key)
+            return [self._json_of(n, v) for n, v in zip(names, verdicts, strict=True)]
 
     # ------------------------------------------------------------------ upkeep
+    def _verdicts(self, table: _Table, names: list[str], key: Key) -> list[Verdict | None]:
+        found = list(map(table.verdicts.get, names))
+        if None in found:
+            for i, name in enumerate(names):
+                if found[i] is None:
+                    found[i] = self._fill(table, key, name)
+        return found
+
     def _json_of(self, name: str, verdict: Verdict | None) -> str:
         fragments = self._host_json.get(name)
         value = verdict[3] if verdict is not None else MIN_SCORE

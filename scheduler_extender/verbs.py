@@ -56,20 +56,23 @@ class Verbs:
         return 200, self._filter_each(args, pod, names, key)
 
     def _filter_each(self, args: ExtenderArgs, pod: PodView, names: list[str], key: Key) -> dict[str, Any]:
-        """The slow path: each node's memoised verdict."""
-        passed: list[str] = []
+        """The slow path: each node's memoised verdict; the reasons of those where the pod does not fit."""
+        verdicts = self.memo.verdicts(names, key)
+        passed = [n for n, v in zip(names, verdicts, strict=True) if v is not None and v[0]]
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        own = self._own_charge(pod.uid)
-        for name, verdict in zip(names, self.memo.verdicts(names, key).verdicts, strict=True):
-            if verdict is None:
-                final, reason = self._unfit_reason(name)
-            elif verdict[0] or (own is not None and self._fits_with_own(name, key, own)):
-                passed.append(name)
-                continue
-            else:
-                final, reason = verdict[1], verdict[2]
-            (unresolvable if final else failed)[name] = reason
+        if len(passed) < len(names):
+            own = self._own_charge(pod.uid)
+            for name, verdict in zip(names, verdicts, strict=True):
+                if verdict is None:
+                    final, reason = self._unfit_reason(name)
+                elif verdict[0] or (own is not None and self._fits_with_own(name, key, own)):
+                    continue
+                else:
+                    final, reason = verdict[1], verdict[2]
+                (unresolvable if final else failed)[name] = reason
+            if own is not None and own[0] in names and own[0] not in failed and own[0] not in unresolvable:
+                passed = [n for n in names if n not in failed and n not in unresolvable]
         return wire.filter_result(args, passed, failed, unresolvable)
 
     def _unfit_reason(self, name: str) -> tuple[bool, str]:

@@ -29,8 +29,9 @@ def check_summaries(state: ClusterState, names: list[str], memo: FitMemo | None 
     memo = memo or FitMemo(state)
     for devices in SIZES:
         for policy in ("binpack", "spread"):
-            found = memo.verdicts(names, (devices, policy))
-            for name, verdict, host_json in zip(names, found.verdicts, found.host_json, strict=True):
+            verdicts = memo.verdicts(names, (devices, policy))
+            host_jsons = memo.host_json(names, (devices, policy))
+            for name, verdict, host_json in zip(names, verdicts, host_jsons, strict=True):
                 view = state.view(name)
                 if view is None:
                     assert verdict is None and json.loads(host_json) == {"Host": name, "Score": 0}, name
@@ -39,14 +40,13 @@ def check_summaries(state: ClusterState, names: list[str], memo: FitMemo | None 
                 f = decisions.fit(view, need)
                 assert verdict == (f.ok, f.unresolvable, f.reason, decisions.score(view, need, policy)), name
                 assert json.loads(host_json) == {"Host": name, "Score": decisions.score(view, need, policy)}
-            fits = {n: v is not None and v[0] for n, v in zip(names, found.verdicts, strict=True)}
-            assert memo.host_json(names, (devices, policy)) == found.host_json
+            fits = {n: v is not None and v[0] for n, v in zip(names, verdicts, strict=True)}
             for some in (names, [n for n in names if fits[n]], *([n] for n in names)):
                 # filter's fast path answers exactly when the pod fits on every node, with prioritize's items
                 usual = memo.all_fit(some, (devices, policy))
                 if all(fits[n] for n in some):
                     assert usual is not None and json.loads(f"[{usual[1]}]") == [
-                        json.loads(h) for n, h in zip(names, found.host_json, strict=True) if n in some]
+                        json.loads(h) for n, h in zip(names, host_jsons, strict=True) if n in some]
                 else:
                     assert usual is None, (some, devices, policy)
 
