@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from kube_standin import KubeApiStandin
+
 from memslice.kube.backoff import Backoff
 from memslice.kube.informer import Informer, lines_of
 
