@@ -145,9 +145,9 @@ def pod_record(obj: dict[str, Any]) -> Record | None:
     if reservation is None:
         return (uid, _intern(namespace), name, resource_version(meta), node, terminal, None, 0, 0.0, devices,
                 request if node is None else None)
+    assumed_at = reservation.assumed_at if node is None else 0.0  # read only while unbound: one shared 0.0
     return (uid, _intern(namespace), name, resource_version(meta), node, terminal,
-            _intern(reservation.gpu_uuid), reservation_mib(reservation, request), reservation.assumed_at,
-            devices, None)
+            _intern(reservation.gpu_uuid), reservation_mib(reservation, request), assumed_at, devices, None)
 
 
 def pod_entry(obj: dict[str, Any]) -> PodEntry | None:
