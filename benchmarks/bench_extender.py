@@ -1,7 +1,7 @@
 """Benchmark of the memslice scheduler extender on a simulated cluster, from empty to full.
 
     .venv/bin/python benchmarks/bench_extender.py [--json] [--nodes 5000] [--gpus 8] [--filter-nodes 500]
-        [--bands 0,10,30,50,70,90,95] [--per-band 300] [--warmup 100] [--restart]
+        [--bands 0,10,30,50,70,90,95] [--per-band 300] [--warmup 0] [--restart]
 
 Three processes, so that the extender's figures are its own:
 - the Kubernetes API stand-in (tests/kube_standin.py) with N nodes × G GPUs of 80 GiB (the node agent's
@@ -549,7 +549,7 @@ def main() -> int:
     p.add_argument("--bands", default="0,10,30,50,70,90,95",
                    help="fill levels (%%) to prefill to, in order; pods are scheduled at each")
     p.add_argument("--per-band", type=int, default=300, help="pods scheduled through the extender per band")
-    p.add_argument("--warmup", type=int, default=100, help="pods scheduled before the first band, not measured")
+    p.add_argument("--warmup", type=int, default=0, help="pods scheduled before the first band, not measured")
     p.add_argument("--restart", action="store_true", help="restart the extender at the end (relist timing)")
     p.add_argument("--bind-workers", type=int, default=16, help="binds in flight at most (one connection each)")
     p.add_argument("--seed", type=int, default=1)
