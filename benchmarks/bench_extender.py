@@ -488,9 +488,12 @@ def run(args: argparse.Namespace) -> dict:
             grown_s = time.monotonic() - t0
             pods = bench.cmd(f"pending band{i} {args.per_band}")
             wait_tracked(bench.port, state["pods"] + len(pods))
+            grown_gcs = bench.gc_pauses()  # while the pods arrived by watch (the extender serves meanwhile)
             figures = schedule(bench, pods, names, k, rng)
             bands.append({"band_pct": level, "fill_pct": round(state["fill"] * 100, 1),
-                          "running_pods": state["pods"], "prefill_by_watch_s": round(grown_s, 1), **figures})
+                          "running_pods": state["pods"], "prefill_by_watch_s": round(grown_s, 1),
+                          "gc_max_pause_ms_while_growing": round(max((p for p, _ in grown_gcs), default=0.0), 1),
+                          "gc_full_collections_while_growing": sum(1 for _, g in grown_gcs if g == 2), **figures})
             print(f"  [band {level}%: fill {bands[-1]['fill_pct']}%, {state['pods']} pods, "
                   f"{figures['pods_per_s']} pods/s, {figures['cpu_ms_per_pod']} ms CPU/pod]", file=sys.stderr)
         restart = None
@@ -518,12 +521,14 @@ def report(r: dict) -> None:
     print(f"memslice extender benchmark: {c['nodes']} nodes × {c['gpus_per_node']} GPUs, "
           f"{c['filter_nodes_per_call']} names per filter, {c['pods_per_band']} pods scheduled per band "
           f"(first sync {r['first_sync_s']} s)")
-    print("  band  fill%   pods     f+p p50  f+p p99   pods/s  CPU ms/pod  max GC ms  full GCs  RSS MiB")
+    print("  band  fill%   pods     f+p p50  f+p p99   pods/s  CPU ms/pod  max GC ms  full GCs  RSS MiB"
+          "  (while growing by watch: max GC ms, full GCs)")
     for b in r["bands"]:
         fp = b["filter_prioritize_ms"]
         print(f"  {b['band_pct']:>3}%  {b['fill_pct']:5.1f}  {b['running_pods']:>7}  {fp['median']:7.2f}  "
               f"{fp['p99']:7.2f}  {b['pods_per_s']:7.1f}  {b['cpu_ms_per_pod']:10.3f}  {b['gc_max_pause_ms']:9.1f}"
               f"  {b['gc_full_collections']:8}  {b['rss_mib']:7.1f}"
+              f"  ({b.get('gc_max_pause_ms_while_growing', '-')}, {b.get('gc_full_collections_while_growing', '-')})"
               + (f"  ({b['unschedulable']} unschedulable)" if b["unschedulable"] else "")
               + (f"  bind errors: {b['first_errors']}" if b["bind_errors"] else ""))
     if len(r["bands"]) > 1:
