@@ -138,8 +138,7 @@ def pod_record(obj: dict[str, Any]) -> Record | None:
     reservation = _decode_reservation(meta.get("annotations") or {}, where)
     if request is None and reservation is None:
         return None
-    node = (obj.get("spec") or {}).get("nodeName") or None
-    node = _intern(node) if isinstance(node, str) else None
+    node = _node_of(obj)
     terminal = (obj.get("status") or {}).get("phase") in TERMINAL_PHASES
     devices = request.devices if request is not None else 0
     if reservation is None:
@@ -148,6 +147,11 @@ def pod_record(obj: dict[str, Any]) -> Record | None:
     assumed_at = reservation.assumed_at if node is None else 0.0  # read only while unbound: one shared 0.0
     return (uid, _intern(namespace), name, resource_version(meta), node, terminal,
             _intern(reservation.gpu_uuid), reservation_mib(reservation, request), assumed_at, devices, None)
+
+
+def _node_of(obj: dict[str, Any]) -> str | None:
+    node = (obj.get("spec") or {}).get("nodeName")
+    return _intern(node) if isinstance(node, str) and node else None
 
 
 def pod_entry(obj: dict[str, Any]) -> PodEntry | None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from memslice.scheduler_extender import decisions, wire
 from memslice.scheduler_extender.binder import Binder, BindError
+from memslice.scheduler_extender.decisions import Verdict
 from memslice.scheduler_extender.fitmemo import FitMemo, Key
 from memslice.scheduler_extender.metrics import Metrics
 from memslice.scheduler_extender.records import PodView
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 NOT_SYNCED = ("the memslice extender has not finished listing nodes and pods from the API server yet; "
               "the scheduler will retry")
 OwnCharge = tuple[str, str, int]  # (node, GPU UUID, MiB) of a stale reservation the pod itself holds
+OWN_ROOM: Verdict = (True, False, "", 0)  # fits once the pod's own stale reservation is not counted
 
 
 class Verbs:
@@ -58,22 +60,26 @@ class Verbs:
     def _filter_each(self, args: ExtenderArgs, pod: PodView, names: list[str], key: Key) -> dict[str, Any]:
         """The slow path: each node's memoised verdict; the reasons of those where the pod does not fit."""
         verdicts = self.memo.verdicts(names, key)
+        own = self._own_charge(pod.uid)
+        if own is not None and own[0] in names:
+            verdicts = self._without_own(names, verdicts, key, own)
         passed = [n for n, v in zip(names, verdicts, strict=True) if v is not None and v[0]]
+        failed, unresolvable = self._reasons(names, verdicts) if len(passed) < len(names) else ({}, {})
+        return wire.filter_result(args, passed, failed, unresolvable)
+
+    def _reasons(self, names: list[str], verdicts: list[Verdict | None]) -> tuple[dict[str, str], dict[str, str]]:
+        """(failed, unresolvable): node -> reason for the nodes where the pod does not fit."""
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        if len(passed) < len(names):
-            own = self._own_charge(pod.uid)
-            for name, verdict in zip(names, verdicts, strict=True):
-                if verdict is None:
-                    final, reason = self._unfit_reason(name)
-                elif verdict[0] or (own is not None and self._fits_with_own(name, key, own)):
-                    continue
-                else:
-                    final, reason = verdict[1], verdict[2]
-                (unresolvable if final else failed)[name] = reason
-            if own is not None and own[0] in names and own[0] not in failed and own[0] not in unresolvable:
-                passed = [n for n in names if n not in failed and n not in unresolvable]
-        return wire.filter_result(args, passed, failed, unresolvable)
+        for name, verdict in zip(names, verdicts, strict=True):
+            if verdict is None:
+                final, reason = self._unfit_reason(name)
+            elif verdict[0]:
+                continue
+            else:
+                final, reason = verdict[1], verdict[2]
+            (unresolvable if final else failed)[name] = reason
+        return failed, unresolvable
 
     def _unfit_reason(self, name: str) -> tuple[bool, str]:
         """(unresolvable, reason) for a node without a view."""
@@ -91,10 +97,15 @@ class Verbs:
         node = self.state.gpu_node(charge.gpu_uuid)
         return (node, charge.gpu_uuid, charge.mib) if node else None
 
-    def _fits_with_own(self, name: str, key: Key, own: OwnCharge) -> bool:
-        """Room on `name` once the pod's own stale reservation is not counted."""
-        view = self.state.view(name) if own[0] == name else None
-        return view is not None and decisions.fits_without(view, key[0] * view.unit_mib, {own[1]: own[2]}, 0)
+    def _without_own(self, names: list[str], verdicts: list[Verdict | None], key: Key,
+                     own: OwnCharge) -> list[Verdict | None]:
+        """`verdicts` with the pod passing on its stale reservation's node if it fits there once that
+        reservation is not counted."""
+        node, gpu, mib = own
+        view = self.state.view(node)
+        if view is None or not decisions.fits_without(view, key[0] * view.unit_mib, {gpu: mib}, 0):
+            return verdicts
+        return [OWN_ROOM if n == node else v for n, v in zip(names, verdicts, strict=True)]
 
     # ------------------------------------------------------------------ prioritize
     def prioritize(self, body: Any) -> tuple[int, Any]:
