@@ -96,22 +96,26 @@ class PodRecord:
         return cls(r[UID], r[NAMESPACE], r[NAME], r[RV], r[NODE], r[TERMINAL], r[GPU], r[REQUEST])
 
 
-def _decode_request(obj: dict[str, Any], where: str) -> PodRequest | None:
+def _decode_request(obj: dict[str, Any], namespace: str, name: str) -> PodRequest | None:
     try:
         return pod_request(obj)
     except RequestError as exc:
-        log.warning("%s: %s", where, exc)
+        log.warning("pod %s/%s: %s", namespace, name, exc)
         return None
 
 
-def _decode_reservation(annotations: Any, where: str) -> Reservation | None:
+def _decode_reservation(annotations: Any, namespace: str, name: str, bound: bool) -> Reservation | None:
     if not isinstance(annotations, dict):
         return None
+    try:  # "where" is only needed in an error message: not built for every pod
+        return parse_reservation("", annotations, with_time=not bound)
+    except AnnotationError:
+        pass
     try:
-        return parse_reservation(where, annotations)
+        parse_reservation(f"pod {namespace}/{name}", annotations)
     except AnnotationError as exc:
         log.warning("%s; the reservation is ignored", exc)
-        return None
+    return None
 
 
 def reservation_mib(reservation: Reservation, request: PodRequest | None) -> int:
@@ -133,20 +137,18 @@ def pod_record(obj: dict[str, Any]) -> Record | None:
     if not isinstance(uid, str) or not uid:
         return None
     namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
-    where = f"pod {namespace}/{name}"
-    request = _decode_request(obj, where)
-    reservation = _decode_reservation(meta.get("annotations") or {}, where)
+    node = _node_of(obj)
+    request = _decode_request(obj, namespace, name)
+    reservation = _decode_reservation(meta.get("annotations") or {}, namespace, name, node is not None)
     if request is None and reservation is None:
         return None
-    node = _node_of(obj)
     terminal = (obj.get("status") or {}).get("phase") in TERMINAL_PHASES
     devices = request.devices if request is not None else 0
     if reservation is None:
         return (uid, _intern(namespace), name, resource_version(meta), node, terminal, None, 0, 0.0, devices,
                 request if node is None else None)
-    assumed_at = reservation.assumed_at if node is None else 0.0  # read only while unbound: one shared 0.0
-    return (uid, _intern(namespace), name, resource_version(meta), node, terminal,
-            _intern(reservation.gpu_uuid), reservation_mib(reservation, request), assumed_at, devices, None)
+    return (uid, _intern(namespace), name, resource_version(meta), node, terminal, _intern(reservation.gpu_uuid),
+            reservation_mib(reservation, request), reservation.assumed_at, devices, None)  # assumed_at 0 if bound
 
 
 def _node_of(obj: dict[str, Any]) -> str | None:
