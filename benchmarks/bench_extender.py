@@ -525,7 +525,7 @@ def run(args: argparse.Namespace) -> dict:
         check = bench.cmd("check")
         return {"cluster": {"nodes": args.nodes, "gpus_per_node": args.gpus, "filter_nodes_per_call": k,
                             "pods_per_band": args.per_band, "warmup_pods": args.warmup},
-                "first_sync_s": round(sync_s, 2), "first_sync_cpu_s": round(first_cpu, 2), 
+                "first_sync_s": round(sync_s, 2), "first_sync_cpu_s": round(first_cpu, 2),
                 "bands": bands, "restart": restart,
                 "final": {"fill_pct": round(check["fill"] * 100, 1), "pods": check["pods"],
                           "over_committed_gpus": check["over_committed_gpus"]},
