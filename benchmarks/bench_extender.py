@@ -150,7 +150,11 @@ class Cluster:
 
     def check(self) -> dict:
         used = self.used()
+        free = [GPU_MIB - used.get(g, 0) for g in self.gpus]
         return {"over_committed_gpus": sum(1 for v in used.values() if v > GPU_MIB),
+                # binpacking quality: GPUs that can still take the largest pod (40 GiB), and the wholly empty
+                "gpus_with_40gib_free": sum(1 for f in free if f >= 40 * 1024),
+                "empty_gpus": sum(1 for f in free if f == GPU_MIB),
                 "fill": sum(used.values()) / (len(self.gpus) * GPU_MIB), "pods": len(self.kube.list("Pod"))}
 
 
@@ -528,7 +532,8 @@ def run(args: argparse.Namespace) -> dict:
                 "first_sync_s": round(sync_s, 2), "first_sync_cpu_s": round(first_cpu, 2),
                 "bands": bands, "restart": restart,
                 "final": {"fill_pct": round(check["fill"] * 100, 1), "pods": check["pods"],
-                          "over_committed_gpus": check["over_committed_gpus"]},
+                          "over_committed_gpus": check["over_committed_gpus"],
+                          "gpus_with_40gib_free": check["gpus_with_40gib_free"], "empty_gpus": check["empty_gpus"]},
                 "targets": TARGETS}
     finally:
         bench.close()
@@ -560,7 +565,8 @@ def report(r: dict) -> None:
               f"{rs['rss_after_relist_mib']} MiB after the relist; then {rs['then']['bound']} pods bound, "
               f"{rs['then']['bind_errors']} bind errors")
     f = r["final"]
-    print(f"  final: {f['fill_pct']}% full, {f['pods']} pods, {f['over_committed_gpus']} over-committed GPUs")
+    print(f"  final: {f['fill_pct']}% full, {f['pods']} pods, {f['over_committed_gpus']} over-committed GPUs; "
+          f"{f['gpus_with_40gib_free']} GPUs with 40 GiB free, {f['empty_gpus']} empty")
 
 
 def main() -> int:
