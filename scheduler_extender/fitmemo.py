@@ -50,7 +50,10 @@ class FitMemo:
         usual case), (generation, their HostPriority JSON joined with commas: prioritize's answer inside its
         brackets); else None (then ask verdicts())."""
         with self.state.current() as generation:
-            items = list(map(self._table(key).fits.get, names))
+            fits = self._table(key).fits
+            if len(fits) < len(names):  # some name cannot be among them (a full cluster's usual case)
+                return None
+            items = list(map(fits.get, names))
             return None if None in items else (generation, ",".join(items))  # type: ignore[arg-type]
 
     def verdicts(self, names: list[str], key: Key) -> list[Verdict | None]:

@@ -71,13 +71,8 @@ class Verbs:
         """(failed, unresolvable): node -> reason for the nodes where the pod does not fit."""
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        for name, verdict in zip(names, verdicts, strict=True):
-            if verdict is None:
-                final, reason = self._unfit_reason(name)
-            elif verdict[0]:
-                continue
-            else:
-                final, reason = verdict[1], verdict[2]
+        for name, verdict in [(n, v) for n, v in zip(names, verdicts, strict=True) if v is None or not v[0]]:
+            final, reason = self._unfit_reason(name) if verdict is None else (verdict[1], verdict[2])
             (unresolvable if final else failed)[name] = reason
         return failed, unresolvable
 
