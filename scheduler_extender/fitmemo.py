@@ -45,16 +45,13 @@ class FitMemo:
         state.on_view_change(self._refresh)
 
     # ------------------------------------------------------------------ the two paths
-    def all_fit(self, names: list[str], key: Key) -> tuple[int, str] | None:
-        """Filter's fast path: when the pod fits on every one of `names` and their verdicts are memoised (the
-        usual case), (generation, their HostPriority JSON joined with commas: prioritize's answer inside its
-        brackets); else None (then ask verdicts())."""
-        with self.state.current() as generation:
+    def all_fit(self, names: list[str], key: Key) -> bool:
+        """Filter's fast path: does the pod fit on every one of `names`, all memoised (the usual case)?
+        False also when some are not memoised yet (then ask verdicts())."""
+        with self.state.current():
             fits = self._table(key).fits
-            if len(fits) < len(names):  # some name cannot be among them (a full cluster's usual case)
-                return None
-            items = list(map(fits.get, names))
-            return None if None in items else (generation, ",".join(items))  # type: ignore[arg-type]
+            # fewer fitting nodes than names: some name cannot be among them (a full cluster's usual case)
+            return len(fits) >= len(names) and None not in map(fits.get, names)
 
     def verdicts(self, names: list[str], key: Key) -> list[Verdict | None]:
         """The slow path: every name's verdict (None: no view, the node is unknown or not a memslice node),

@@ -53,8 +53,8 @@ class Verbs:
             return 200, wire.filter_result(args, [] if error else list(names), {}, {}, error)
         key = pod.key(self.default_policy)
         self.state.expire()
-        if self.memo.all_fit(names, key) is not None:  # the fast path: the pod fits on every node
-            return 200, wire.filter_result(args, list(names), {}, {})
+        if self.memo.all_fit(names, key):  # the fast path: the pod fits on every node
+            return 200, wire.filter_result(args, names, {}, {})
         return 200, self._filter_each(args, pod, names, key)
 
     def _filter_each(self, args: ExtenderArgs, pod: PodView, names: list[str], key: Key) -> dict[str, Any]:
