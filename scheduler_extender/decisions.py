@@ -46,10 +46,10 @@ def fit(view: NodeView, need_mib: int) -> Fit:
 
 def _not_placeable(view: NodeView, need_mib: int) -> Fit | None:
     """Why no GPU of this node could ever hold the pod; None when one could."""
-    if not view.gpus:
+    if not view.rows:
         return Fit(False, True, "node advertises no memslice GPUs")
     if not view.max_mem_mib:
-        return Fit(False, True, f"all {len(view.gpus)} memslice GPUs of the node are unhealthy")
+        return Fit(False, True, f"all {len(view.rows)} memslice GPUs of the node are unhealthy")
     if view.max_mem_mib < need_mib:
         return Fit(False, True, f"pod needs {need_mib} MiB on one GPU; the largest healthy GPU here has "
                                 f"{view.max_mem_mib} MiB")
@@ -74,7 +74,7 @@ def _pick(view: NodeView, need_mib: int, policy: str) -> GpuView | None:
     if policy == "spread":  # most free after placement; ties to the lower index
         return view.most_free
     i = bisect_left(view.free_keys, need_mib)  # binpack: least free that still fits; ties to the lower index
-    return view.by_free[i] if i < len(view.by_free) else None
+    return view.free_gpu(i) if i < len(view.free_keys) else None
 
 
 def choose_gpu(view: NodeView, need_mib: int, policy: str) -> GpuView | None:

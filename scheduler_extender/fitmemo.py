@@ -41,7 +41,7 @@ class FitMemo:
         self.state = state
         self._tables: OrderedDict[Key, _Table] = OrderedDict()
         self._entries = 0
-        self._host_json: dict[str, list[str]] = {}  # node -> its HostPriority JSON for each score
+        self._host_json: dict[str, tuple[str, ...]] = {}  # node -> its HostPriority JSON for each score
         state.on_view_change(self._refresh)
 
     # ------------------------------------------------------------------ the two paths
@@ -106,7 +106,7 @@ class FitMemo:
             v = _FITS[v[3]]
             fragments = self._host_json.get(name)
             if fragments is None:  # kept per node (not per table) until the node goes
-                fragments = self._host_json[name] = [host_priority_json(name, s) for s in range(MAX_SCORE + 1)]
+                fragments = self._host_json[name] = tuple(host_priority_json(name, s) for s in range(MAX_SCORE + 1))
             table.fits[name] = fragments[v[3]]
         else:
             table.fits.pop(name, None)

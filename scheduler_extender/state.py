@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import sys
 import threading
 import time
 import weakref
@@ -24,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from memslice.scheduler_extender.annotations import AnnotationError, Gpu, Inventory, parse_inventory
+from memslice.scheduler_extender.annotations import AnnotationError, Inventory, parse_inventory
 from memslice.scheduler_extender.records import (
     GPU,
     NAME,
@@ -47,6 +48,8 @@ log = logging.getLogger(__name__)
 UNKNOWN_RV = 1 << 62  # pending charges wait for a version this new until the bind says otherwise
 CHANGE_LOG = 4096  # (generation, node) of the latest view changes, for ClusterState.changed_since
 ViewListener = Callable[[str, "NodeView | None"], None]
+# A node's GPUs: (unit MiB, ((uuid, index, model, MiB, healthy), ...)), from annotations.Inventory
+NodeGpus = tuple[int, tuple[tuple[str, int, str, int, bool], ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +63,7 @@ class ClusterState:
         self.assume_ttl = assume_ttl
         self.clock = clock
         self.lock = threading.RLock()
-        self._inventory: dict[str, Inventory | None] = {}  # node -> inventory (None: not a memslice node)
+        self._inventory: dict[str, NodeGpus | None] = {}  # node -> its GPUs (None: not a memslice node)
         self._node_error: dict[str, str] = {}
         self._gpu_node: dict[str, str] = {}
         self._views: dict[str, NodeView] = {}
@@ -105,7 +108,7 @@ class ClusterState:
     def _set_node(self, name: str, annotations: dict[str, Any]) -> None:
         self._unmap_gpus(name)
         try:
-            inv = parse_inventory(name, annotations if isinstance(annotations, dict) else {})
+            inv = _node_gpus(parse_inventory(name, annotations if isinstance(annotations, dict) else {}))
             self._node_error.pop(name, None)
         except AnnotationError as exc:
             log.warning("%s; the node gets no memslice pods until it is fixed", exc)
@@ -113,17 +116,17 @@ class ClusterState:
             self._node_error[name] = str(exc)
         self._inventory[name] = inv
         if inv is not None:
-            for g in inv.gpus:
-                self._gpu_node[g.uuid] = name
+            for g in inv[1]:
+                self._gpu_node[g[0]] = name
         self._dirty.add(name)
         self._changed.notify_all()
 
     def _unmap_gpus(self, name: str) -> None:
         old = self._inventory.get(name)
         if old is not None:
-            for g in old.gpus:
-                if self._gpu_node.get(g.uuid) == name:
-                    del self._gpu_node[g.uuid]
+            for g in old[1]:
+                if self._gpu_node.get(g[0]) == name:
+                    del self._gpu_node[g[0]]
 
     def delete_node(self, name: str, rv: int = 0) -> None:
         with self.lock:
@@ -322,8 +325,10 @@ class ClusterState:
         inv = self._inventory.get(name)
         view: NodeView | None = None
         if inv is not None:
-            gpus = tuple(_gpu_view(g, self._used.get(g.uuid, 0)) for g in inv.gpus)
-            view = NodeView.of(name, inv.unit_mib, gpus, self._unplaced.get(name, 0) * inv.unit_mib)
+            unit_mib, specs = inv
+            used = self._used
+            gpus = tuple(GpuView.of(*g, used.get(g[0], 0)) for g in specs)
+            view = NodeView.of(name, unit_mib, gpus, self._unplaced.get(name, 0) * unit_mib)
         elif name in self._node_error:
             view = NodeView.of(name, 1, (), 0, self._node_error[name])
         if view is None:
@@ -412,5 +417,8 @@ class ClusterState:
         return self.nodes_synced.is_set() and self.pods_synced.is_set()
 
 
-def _gpu_view(g: Gpu, used: int) -> GpuView:
-    return GpuView.of(g.uuid, g.index, g.model, g.mem_mib, g.healthy, used)
+def _node_gpus(inv: Inventory | None) -> NodeGpus | None:
+    """The inventory as plain tuples (never scanned by the cyclic GC; see records.py), UUIDs interned."""
+    if inv is None:
+        return None
+    return inv.unit_mib, tuple((sys.intern(g.uuid), g.index, g.model, g.mem_mib, g.healthy) for g in inv.gpus)
