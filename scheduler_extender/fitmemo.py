@@ -34,6 +34,37 @@ _FITS = tuple((True, False, "", s) for s in range(MAX_SCORE + 1))
 class _Table:
     verdicts: dict[str, Verdict] = field(default_factory=dict)
     fits: dict[str, str] = field(default_factory=dict)  # node -> HostPriority JSON, where the pod fits
+    failed: dict[str, str] = field(default_factory=dict)  # node -> reason, where it does not fit now
+    unresolvable: dict[str, str] = field(default_factory=dict)  # node -> reason, where it never can
+
+    def drop(self, name: str) -> None:
+        self.fits.pop(name, None)
+        self.failed.pop(name, None)
+        self.unresolvable.pop(name, None)
+
+    def clear(self) -> None:
+        for d in (self.verdicts, self.fits, self.failed, self.unresolvable):
+            d.clear()
+
+    def split(self, names: list[str]) -> Split:
+        """`names` split by their verdicts, each part in the order of `names`, in C-speed comprehensions."""
+        fits, failed, unresolvable = self.fits, self.failed, self.unresolvable
+        passed = [n for n in names if n in fits]
+        if len(passed) == len(names):
+            return Split(passed, {}, {}, [])
+        return Split(passed, {n: r for n in names if (r := failed.get(n)) is not None},
+                     {n: r for n in names if (r := unresolvable.get(n)) is not None}, [])
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """Filter's answer from the memo: names where the pod fits, fails now (-> reason), never can (->
+    reason), and has no verdict (unknown nodes, not memoised)."""
+
+    passed: list[str]
+    failed: dict[str, str]
+    unresolvable: dict[str, str]
+    unknown: list[str]
 
 
 class FitMemo:
@@ -52,6 +83,20 @@ class FitMemo:
             fits = self._table(key).fits
             # fewer fitting nodes than names: some name cannot be among them (a full cluster's usual case)
             return len(fits) >= len(names) and None not in map(fits.get, names)
+
+    def split(self, names: list[str], key: Key) -> Split:
+        """The slow path: the names split by verdict, computed for the nodes not memoised yet."""
+        with self.state.current():
+            table = self._table(key)
+            out = table.split(names)
+            if len(out.passed) + len(out.failed) + len(out.unresolvable) == len(names):
+                return out
+            # new nodes (or repeated names, or more than the memo holds): from the verdicts themselves
+            pairs = list(zip(names, self._verdicts(table, names, key), strict=True))
+            return Split([n for n, v in pairs if v is not None and v[0]],
+                         {n: v[2] for n, v in pairs if v is not None and not v[0] and not v[1]},
+                         {n: v[2] for n, v in pairs if v is not None and v[1]},
+                         [n for n, v in pairs if v is None])
 
     def verdicts(self, names: list[str], key: Key) -> list[Verdict | None]:
         """The slow path: every name's verdict (None: no view, the node is unknown or not a memslice node),
@@ -108,8 +153,11 @@ class FitMemo:
             if fragments is None:  # kept per node (not per table) until the node goes
                 fragments = self._host_json[name] = tuple(host_priority_json(name, s) for s in range(MAX_SCORE + 1))
             table.fits[name] = fragments[v[3]]
+            table.failed.pop(name, None)
+            table.unresolvable.pop(name, None)
         else:
-            table.fits.pop(name, None)
+            table.drop(name)
+            (table.unresolvable if v[1] else table.failed)[name] = v[2]
         table.verdicts[name] = v
         return v
 
@@ -121,8 +169,7 @@ class FitMemo:
             self._entries -= len(self._tables.pop(key).verdicts)
         if self._entries >= MAX_ENTRIES:  # `keep` alone fills the memo: start it afresh
             self._entries -= len(keep.verdicts)
-            keep.verdicts.clear()
-            keep.fits.clear()
+            keep.clear()
 
     def _refresh(self, name: str, view: NodeView | None) -> None:
         """Called under the state's lock whenever the node's view is rebuilt (None: dropped): every table
@@ -133,7 +180,7 @@ class FitMemo:
                     self._set(table, key, name, view)
             elif table.verdicts.pop(name, None) is not None:
                 self._entries -= 1
-                table.fits.pop(name, None)
+                table.drop(name)
         if view is None:
             self._host_json.pop(name, None)
 

@@ -18,7 +18,6 @@ from typing import Any
 
 from memslice.scheduler_extender import decisions, wire
 from memslice.scheduler_extender.binder import Binder, BindError
-from memslice.scheduler_extender.decisions import Verdict
 from memslice.scheduler_extender.fitmemo import FitMemo, Key
 from memslice.scheduler_extender.metrics import Metrics
 from memslice.scheduler_extender.records import PodView
@@ -29,7 +28,6 @@ log = logging.getLogger(__name__)
 NOT_SYNCED = ("the memslice extender has not finished listing nodes and pods from the API server yet; "
               "the scheduler will retry")
 OwnCharge = tuple[str, str, int]  # (node, GPU UUID, MiB) of a stale reservation the pod itself holds
-OWN_ROOM: Verdict = (True, False, "", 0)  # fits once the pod's own stale reservation is not counted
 
 
 class Verbs:
@@ -58,23 +56,17 @@ class Verbs:
         return 200, self._filter_each(args, pod, names, key)
 
     def _filter_each(self, args: ExtenderArgs, pod: PodView, names: list[str], key: Key) -> dict[str, Any]:
-        """The slow path: each node's memoised verdict; the reasons of those where the pod does not fit."""
-        verdicts = self.memo.verdicts(names, key)
-        own = self._own_charge(pod.uid)
-        if own is not None and own[0] in names:
-            verdicts = self._without_own(names, verdicts, key, own)
-        passed = [n for n, v in zip(names, verdicts, strict=True) if v is not None and v[0]]
-        failed, unresolvable = self._reasons(names, verdicts) if len(passed) < len(names) else ({}, {})
-        return wire.filter_result(args, passed, failed, unresolvable)
-
-    def _reasons(self, names: list[str], verdicts: list[Verdict | None]) -> tuple[dict[str, str], dict[str, str]]:
-        """(failed, unresolvable): node -> reason for the nodes where the pod does not fit."""
-        failed: dict[str, str] = {}
-        unresolvable: dict[str, str] = {}
-        for name, verdict in [(n, v) for n, v in zip(names, verdicts, strict=True) if v is None or not v[0]]:
-            final, reason = self._unfit_reason(name) if verdict is None else (verdict[1], verdict[2])
+        """The slow path: the names split by their memoised verdicts (reasons included)."""
+        split = self.memo.split(names, key)
+        passed, failed, unresolvable = split.passed, split.failed, split.unresolvable
+        for name in split.unknown:
+            final, reason = self._unfit_reason(name)
             (unresolvable if final else failed)[name] = reason
-        return failed, unresolvable
+        own = self._own_charge(pod.uid)
+        if own is not None and own[0] in failed and self._fits_without_own(key, own):
+            del failed[own[0]]  # room once the pod's own stale reservation is not counted
+            passed = [n for n in names if n not in failed and n not in unresolvable]
+        return wire.filter_result(args, passed, failed, unresolvable)
 
     def _unfit_reason(self, name: str) -> tuple[bool, str]:
         """(unresolvable, reason) for a node without a view."""
@@ -92,15 +84,11 @@ class Verbs:
         node = self.state.gpu_node(charge.gpu_uuid)
         return (node, charge.gpu_uuid, charge.mib) if node else None
 
-    def _without_own(self, names: list[str], verdicts: list[Verdict | None], key: Key,
-                     own: OwnCharge) -> list[Verdict | None]:
-        """`verdicts` with the pod passing on its stale reservation's node if it fits there once that
-        reservation is not counted."""
+    def _fits_without_own(self, key: Key, own: OwnCharge) -> bool:
+        """Does the pod fit on the node of its own stale reservation once that is not counted?"""
         node, gpu, mib = own
         view = self.state.view(node)
-        if view is None or not decisions.fits_without(view, key[0] * view.unit_mib, {gpu: mib}, 0):
-            return verdicts
-        return [OWN_ROOM if n == node else v for n, v in zip(names, verdicts, strict=True)]
+        return view is not None and decisions.fits_without(view, key[0] * view.unit_mib, {gpu: mib}, 0)
 
     # ------------------------------------------------------------------ prioritize
     def prioritize(self, body: Any) -> tuple[int, Any]:

@@ -41,6 +41,12 @@ def check_summaries(state: ClusterState, names: list[str], memo: FitMemo | None 
                 assert verdict == (f.ok, f.unresolvable, f.reason, decisions.score(view, need, policy)), name
                 assert json.loads(host_json) == {"Host": name, "Score": decisions.score(view, need, policy)}
             fits = {n: v is not None and v[0] for n, v in zip(names, verdicts, strict=True)}
+            split = memo.split(names, (devices, policy))  # filter's slow path: the same verdicts, split
+            pairs = list(zip(names, verdicts, strict=True))
+            assert split.passed == [n for n in names if fits[n]]
+            assert split.failed == {n: v[2] for n, v in pairs if v and not v[0] and not v[1]}
+            assert split.unresolvable == {n: v[2] for n, v in pairs if v and v[1]}
+            assert split.unknown == [n for n, v in pairs if v is None]
             for some in (names, [n for n in names if fits[n]], *([n] for n in names)):
                 # filter's fast path answers exactly when the pod fits on every node
                 assert memo.all_fit(some, (devices, policy)) == all(fits[n] for n in some), (some, devices)
