@@ -67,6 +67,13 @@ class Split:
     unknown: list[str]
 
 
+def _split(names: list[str], verdicts: list[Verdict | None]) -> Split:
+    pairs = list(zip(names, verdicts, strict=True))
+    known = [(n, v) for n, v in pairs if v is not None]
+    return Split([n for n, v in known if v[0]], {n: v[2] for n, v in known if not v[0] and not v[1]},
+                 {n: v[2] for n, v in known if v[1]}, [n for n, v in pairs if v is None])
+
+
 class FitMemo:
     def __init__(self, state: ClusterState) -> None:
         self.state = state
@@ -92,11 +99,7 @@ class FitMemo:
             if len(out.passed) + len(out.failed) + len(out.unresolvable) == len(names):
                 return out
             # new nodes (or repeated names, or more than the memo holds): from the verdicts themselves
-            pairs = list(zip(names, self._verdicts(table, names, key), strict=True))
-            return Split([n for n, v in pairs if v is not None and v[0]],
-                         {n: v[2] for n, v in pairs if v is not None and not v[0] and not v[1]},
-                         {n: v[2] for n, v in pairs if v is not None and v[1]},
-                         [n for n, v in pairs if v is None])
+            return _split(names, self._verdicts(table, names, key))
 
     def verdicts(self, names: list[str], key: Key) -> list[Verdict | None]:
         """The slow path: every name's verdict (None: no view, the node is unknown or not a memslice node),
