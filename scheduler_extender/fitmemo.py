@@ -16,6 +16,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import is_
+from typing import Any
 
 from memslice.scheduler_extender import decisions
 from memslice.scheduler_extender.constants import MAX_SCORE, MIN_SCORE
@@ -26,6 +29,9 @@ from memslice.scheduler_extender.wire import host_priority_json
 
 MAX_ENTRIES = 400_000  # verdicts kept in all tables (~100 B each): 80 tables of 5,000 nodes, 20 of 20,000
 Key = tuple[int, str]  # (devices, policy)
+REPLAYS = 64  # filter answers kept for the prioritize that follows (one per pod in flight)
+REPLAY_NAMES = 200_000  # node names those may hold in all (bounds what hostile requests can pin)
+Replay = tuple[Key, int, list[str], str]  # (key, generation, names, their HostPriority JSON joined)
 # A fitting verdict carries no text: one shared tuple per score instead of one per node and table.
 _FITS = tuple((True, False, "", s) for s in range(MAX_SCORE + 1))
 
@@ -67,6 +73,12 @@ class Split:
     unknown: list[str]
 
 
+def _has_none(items: list[Any]) -> bool:
+    """`None in items`, by identity: `in` compares each item with == (a failed str == None costs more than
+    the dict lookup that produced it)."""
+    return any(map(is_, items, repeat(None)))
+
+
 def _split(names: list[str], verdicts: list[Verdict | None]) -> Split:
     pairs = list(zip(names, verdicts, strict=True))
     known = [(n, v) for n, v in pairs if v is not None]
@@ -80,16 +92,47 @@ class FitMemo:
         self._tables: OrderedDict[Key, _Table] = OrderedDict()
         self._entries = 0
         self._host_json: dict[str, tuple[str, ...]] = {}  # node -> its HostPriority JSON for each score
+        self._replays: OrderedDict[str, Replay] = OrderedDict()  # pod UID -> its filter's answer, oldest first
+        self._replay_names = 0  # names they hold
         state.on_view_change(self._refresh)
 
     # ------------------------------------------------------------------ the two paths
-    def all_fit(self, names: list[str], key: Key) -> bool:
+    def all_fit(self, names: list[str], key: Key, uid: str = "") -> bool:
         """Filter's fast path: does the pod fit on every one of `names`, all memoised (the usual case)?
-        False also when some are not memoised yet (then ask verdicts())."""
-        with self.state.current():
+        False also when some are not memoised yet (then ask split()). When it does, the answer of the
+        prioritize that follows for pod `uid` is kept (see prioritize())."""
+        with self.state.current() as generation:
             fits = self._table(key).fits
             # fewer fitting nodes than names: some name cannot be among them (a full cluster's usual case)
-            return len(fits) >= len(names) and None not in map(fits.get, names)
+            if len(fits) < len(names):
+                return False
+            items = list(map(fits.get, names))
+            if _has_none(items):
+                return False
+            if uid and len(names) <= REPLAY_NAMES:
+                self._keep_replay(uid, (key, generation, names, ",".join(items)))  # type: ignore[arg-type]
+            return True
+
+    def prioritize(self, names: list[str], key: Key, uid: str = "") -> bytes:
+        """Prioritize's answer (HostPriorityList JSON). For the names filter's fast path just passed for
+        this pod, its kept answer when none of those nodes changed since: byte for byte what a fresh one
+        is, without reading the tables again (a property test checks this with binds in between)."""
+        with self.state.current():
+            replay = self._replays.pop(uid, None) if uid else None
+            if replay is not None:
+                self._replay_names -= len(replay[2])
+                if replay[0] == key and replay[2] == names:
+                    changed = self.state.changed_since(replay[1])
+                    if changed is not None and changed.isdisjoint(names):
+                        return ("[" + replay[3] + "]").encode()
+            return ("[" + ",".join(self.host_json(names, key)) + "]").encode()
+
+    def _keep_replay(self, uid: str, replay: Replay) -> None:
+        old = self._replays.pop(uid, None)
+        self._replay_names += len(replay[2]) - (len(old[2]) if old is not None else 0)
+        self._replays[uid] = replay
+        while len(self._replays) > REPLAYS or self._replay_names > REPLAY_NAMES:
+            self._replay_names -= len(self._replays.popitem(last=False)[1][2])
 
     def split(self, names: list[str], key: Key) -> Split:
         """The slow path: the names split by verdict, computed for the nodes not memoised yet."""
@@ -112,7 +155,7 @@ class FitMemo:
         with self.state.current():
             table = self._table(key)
             items = list(map(table.fits.get, names))
-            if None not in items:
+            if not _has_none(items):
                 return items  # type: ignore[return-value]
             verdicts = self._verdicts(table, names, key)
             return [self._json_of(n, v) for n, v in zip(names, verdicts, strict=True)]
@@ -120,7 +163,7 @@ class FitMemo:
     # ------------------------------------------------------------------ upkeep
     def _verdicts(self, table: _Table, names: list[str], key: Key) -> list[Verdict | None]:
         found = list(map(table.verdicts.get, names))
-        if None in found:
+        if _has_none(found):
             for i, name in enumerate(names):
                 if found[i] is None:
                     found[i] = self._fill(table, key, name)

@@ -327,8 +327,8 @@ class ClusterState:
         if inv is not None:
             unit_mib, specs = inv
             used = self._used
-            gpus = tuple(GpuView.of(*g, used.get(g[0], 0)) for g in specs)
-            view = NodeView.of(name, unit_mib, gpus, self._unplaced.get(name, 0) * unit_mib)
+            rows = tuple((*g, u, g[3] - u) for g in specs if (u := used.get(g[0], 0)) is not None)  # GpuView rows
+            view = NodeView.of_rows(name, unit_mib, rows, self._unplaced.get(name, 0) * unit_mib)
         elif name in self._node_error:
             view = NodeView.of(name, 1, (), 0, self._node_error[name])
         if view is None:

@@ -51,7 +51,7 @@ class Verbs:
             return 200, wire.filter_result(args, [] if error else list(names), {}, {}, error)
         key = pod.key(self.default_policy)
         self.state.expire()
-        if self.memo.all_fit(names, key):  # the fast path: the pod fits on every node
+        if self.memo.all_fit(names, key, pod.uid):  # the fast path: the pod fits on every node
             return 200, wire.filter_result(args, names, {}, {})
         return 200, self._filter_each(args, pod, names, key)
 
@@ -103,7 +103,7 @@ class Verbs:
         if pod.request is None or not self.state.synced:
             return 200, wire.encode_host_priority_list(names, [0] * len(names))
         self.state.expire()
-        return 200, wire.host_priority_array(self.memo.host_json(names, pod.key(self.default_policy)))
+        return 200, self.memo.prioritize(names, pod.key(self.default_policy), pod.uid)
 
     # ------------------------------------------------------------------ bind
     def bind(self, body: Any) -> tuple[int, Any]:

@@ -54,7 +54,11 @@ class NodeView:
     @classmethod
     def of(cls, name: str, unit_mib: int, gpus: tuple[GpuView, ...], unplaced_mib: int = 0,
            error: str | None = None) -> NodeView:
-        rows: tuple[GpuRow, ...] = tuple(map(tuple, gpus))  # type: ignore[arg-type]
+        return cls.of_rows(name, unit_mib, tuple(map(tuple, gpus)), unplaced_mib, error)  # type: ignore[arg-type]
+
+    @classmethod
+    def of_rows(cls, name: str, unit_mib: int, rows: tuple[GpuRow, ...], unplaced_mib: int = 0,
+                error: str | None = None) -> NodeView:
         healthy = [r for r in rows if r[4]]
         by_free = tuple(sorted(healthy, key=lambda r: (r[6], r[1])))
         most_free = min(healthy, key=lambda r: (-r[6], r[1])) if healthy else None

@@ -263,3 +263,32 @@ def test_header_abuse_is_refused_and_changes_nothing(cluster: Cluster) -> None:
     assert b"Error code: 400" in exchange(cluster, b"GARBAGE /x\r\n\r\n")
     assert cluster.kube.resource_version == before
     assert cluster.c.filter(pod_obj("x", {"main": 1}), ["n"])["NodeNames"] == ["n"]
+
+
+def test_kept_filter_answers_are_bounded_and_replayed_only_while_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Filter's answers kept for the prioritize that follows are bounded in names held (hostile requests
+    cannot pin memory), replayed only for the same pod, size and names, and never once a node changed."""
+    from memslice.scheduler_extender import fitmemo
+
+    monkeypatch.setattr(fitmemo, "REPLAY_NAMES", 30)
+    state = ClusterState()
+    for i in range(40):
+        state.upsert_node(node_obj(f"n{i}", [16000]))
+    state.nodes_synced.set()
+    state.pods_synced.set()
+    verbs = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # no binds here
+    names = [f"n{i}" for i in range(40)]
+    for step, count in enumerate((20, 20, 31, 10)):
+        pod = pod_obj(f"p{step}", {"main": 1000})
+        pod["metadata"]["uid"] = f"uid-{step}"
+        verbs.filter({"Pod": pod, "NodeNames": names[:count]})
+        assert verbs.memo._replay_names == sum(len(r[2]) for r in verbs.memo._replays.values()) <= 30
+    assert list(verbs.memo._replays) == ["uid-1", "uid-3"]  # oldest dropped first; the 31-name one never kept
+    pod = pod_obj("p1", {"main": 1000})
+    pod["metadata"]["uid"] = "uid-1"
+    state.hold("other", Charge("GPU-n0-0", "n0", 15000, 0, None))  # n0 changes: no replay of uid-1's answer
+    fresh = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]
+    args = {"Pod": pod, "NodeNames": names[:20]}
+    assert verbs.prioritize(args) == fresh.prioritize(args)
+    assert b'{"Host":"n0","Score":10}' in fresh.prioritize(args)[1]  # n0 is fuller now: binpack likes it
+    assert "uid-1" not in verbs.memo._replays  # taken by its prioritize
