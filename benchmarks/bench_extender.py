@@ -1,28 +1,33 @@
-"""Benchmark of the memslice scheduler extender on a simulated cluster.
+"""Benchmark of the memslice scheduler extender on a simulated cluster, from empty to full.
 
-    .venv/bin/python benchmarks/bench_extender.py [--json] [--nodes 5000] [--gpus 8] [--pods 40000]
+    .venv/bin/python benchmarks/bench_extender.py [--json] [--nodes 5000] [--gpus 8] [--filter-nodes 500]
+        [--bands 0,10,30,50,70,90,95] [--per-band 300] [--warmup 0] [--restart]
 
 Three processes, so that the extender's figures are its own:
-- the Kubernetes API stand-in (tests/kube_standin.py), filled with N nodes × G GPUs (80 GiB each, with the
-  node agent's annotations) and P running pods bound with reservations, plus the pending pods to schedule;
-- the extender (`memslice extender`), which lists and watches it like a real cluster;
+- the Kubernetes API stand-in (tests/kube_standin.py) with N nodes × G GPUs of 80 GiB (the node agent's
+  annotations); on command it adds running pods (1–40 GiB, most of them small, bound with reservations) on
+  random GPUs with room, until the cluster is filled to a given fraction: a random, fragmented prefill that
+  the extender receives by watch, as it would in a cluster where other schedulers or restarts placed pods;
+- the extender (`memslice extender`, started through this file so that a gc.callbacks hook can log every
+  garbage collection's pause), which lists and watches the stand-in like a real cluster;
 - this process, calling the extender the way kube-scheduler does: for each pending pod, `filter` with the
-  nodes that passed the scheduler's own filters (by default 500 random nodes: kube-scheduler's adaptive
-  percentageOfNodesToScore for 5,000 nodes is 10 %), `prioritize` with the nodes that passed, then `bind`
-  to the best one. Filter and prioritize are serial (one scheduling cycle at a time); binds are sent on
-  their own connections without waiting (up to --bind-workers in flight), as kube-scheduler's binding
-  cycles run in goroutines.
+  nodes that passed the scheduler's own filters (--filter-nodes random names, 0 = all: kube-scheduler's
+  adaptive percentageOfNodesToScore sends 500 of 5,000), `prioritize` with the nodes that passed, then
+  `bind` to the best one (so the extender's own binpacking fills the cluster further). Filter and
+  prioritize are serial (one scheduling cycle at a time); binds go on their own connections without
+  waiting (up to --bind-workers in flight), as kube-scheduler's binding cycles run in goroutines.
 
-Printed: median and p99 latency of filter, prioritize, filter+prioritize (per pod) and bind; sustained
-pods/s through all three verbs; the CPU each process spent in that phase (the extender's also split into
-user/system, and per pod for filter+prioritize alone in the serial phase), so that a machine too small to
-run all three at full speed still shows what the extender itself costs per pod; the extender's resident
-memory (now and peak) and its initial sync time.
+Per fill band (the prefill brings the cluster to the band's lower edge, then --per-band pods are scheduled
+through the extender): filter+prioritize median and p99 per pod, pods/s through all three verbs, the
+extender's CPU per pod (the figure to compare: wall-clock figures on a shared machine are noisy), its
+longest garbage-collection pause, its RSS. With --restart, the extender is then restarted on the full
+cluster: seconds from start to the first answered filter, RSS after the relist, and a check of every GPU
+(no reservation double-counted or lost: 0 over-committed GPUs).
 
-The load client stays cheap so as not to take the cores from the extender: the filter bodies (pod + 500
-sampled node names) are encoded before the clock starts, and it is one thread speaking HTTP/1.1 over plain
-sockets (see Client), with orjson. The extender's work is untouched: every call is a full HTTP request,
-every bind makes its two writes to the stand-in, and the watch delivers every event.
+The load client stays cheap so as not to take the cores from the extender: the filter bodies are encoded
+before the clock starts, and it is one thread speaking HTTP/1.1 over plain sockets (see Client), with
+orjson. The extender's work is untouched: every call is a full HTTP request, every bind makes its two
+writes to the stand-in, and the watch delivers every event.
 """
 
 from __future__ import annotations
@@ -43,56 +48,159 @@ import time
 from collections import deque
 from operator import itemgetter
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU_MIB = 81920
+# Pod sizes (GiB) and weights: 1-40 GiB, most of them small (mean ~12 GiB: 95 % of 5,000 × 8 GPUs of 80 GiB
+# is ~250,000 pods, the size of the cluster in issue 15's load test).
+SIZES_GIB = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 40)
+WEIGHTS = (10, 12, 8, 10, 8, 10, 6, 6, 8, 6, 5, 6, 5)
 # Bytes asked of each recv(): an answer (up to ~20 KB for 500 nodes) in one or two reads. Not 1 MiB: CPython
 # allocates the whole size for every recv() (an mmap and munmap at that size), 20 us per call here.
 RECV_BYTES = 1 << 16
-TARGETS = {"filter_prioritize_p99_ms": 10.0, "pods_per_s": 500.0, "rss_mib": 400.0}
+TARGETS = {"filter_prioritize_p99_ms": 10.0, "pods_per_s_500_names": 500.0, "pods_per_s_all_names": 250.0,
+           "cpu_full_over_empty": 1.5, "rss_mib": 300.0, "gc_pause_ms": 50.0, "restart_to_filter_s": 2.0}
 
 
 # --------------------------------------------------------------------------------------------- stand-in side
 
-def serve_standin(args: argparse.Namespace) -> None:
-    """Child process: build the simulated cluster in the API stand-in and serve it until stdin closes."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from kube_standin import KubeApiStandin
+def _gpu_pod(name: str, namespace: str, mib: int, node: str | None = None, gpu: str | None = None) -> dict:
+    meta: dict = {"name": name, "namespace": namespace}
+    if gpu is not None:
+        meta["annotations"] = {"memslice.io/gpu-uuid": gpu, "memslice.io/gpu-mem-mib": json.dumps({"main": mib}),
+                               "memslice.io/assumed-at": "2026-01-01T00:00:00.000000Z"}
+    pod = {"kind": "Pod", "metadata": meta, "spec": {
+        "schedulerName": "memslice-scheduler",  # the extender binds only its scheduler's pods
+        "containers": [{"name": "main", "image": "cuda", "resources": {"limits": {"memslice.io/gpu-mem": str(mib)}}}]}}
+    if node is not None:
+        pod["spec"]["nodeName"] = node
+        pod["status"] = {"phase": "Running"}
+    return pod
 
-    rng = random.Random(args.seed)
-    kube = KubeApiStandin().start()
-    used: dict[tuple[int, int], int] = {}
-    for n in range(args.nodes):
-        gpus = [{"uuid": f"GPU-{n:05d}-{g}", "index": g, "model": "Sim H100 80GB", "memMiB": GPU_MIB,
-                 "numa": g // 4, "healthy": True} for g in range(args.gpus)]
-        kube.put({"kind": "Node", "metadata": {"name": f"node-{n:05d}", "labels": {"memslice.io/gpu": "true"},
-                  "annotations": {"memslice.io/gpus": json.dumps(gpus), "memslice.io/unit-mib": "1"}}})
-    sizes = (2048, 4096, 8192, 12288, 16384, 24576)
-    for i in range(args.pods):
-        mib = rng.choice(sizes)
-        while True:
-            n, g = rng.randrange(args.nodes), rng.randrange(args.gpus)
-            if used.get((n, g), 0) + mib <= GPU_MIB:
-                break
-        used[(n, g)] = used.get((n, g), 0) + mib
-        kube.put({"kind": "Pod", "metadata": {
-            "name": f"run-{i:06d}", "namespace": f"team-{i % 50}", "annotations": {
-                "memslice.io/gpu-uuid": f"GPU-{n:05d}-{g}", "memslice.io/gpu-mem-mib": json.dumps({"main": mib}),
-                "memslice.io/assumed-at": "2026-01-01T00:00:00.000000Z"}},
-            "spec": {"nodeName": f"node-{n:05d}", "containers": [
-                {"name": "main", "image": "cuda", "resources": {"limits": {"memslice.io/gpu-mem": str(mib)}}}]},
-            "status": {"phase": "Running"}})
-    for i in range(args.pending):
-        mib = rng.choice(sizes)
-        kube.put({"kind": "Pod", "metadata": {"name": f"new-{i:06d}", "namespace": "bench"},
-                  "spec": {"schedulerName": "memslice-scheduler",  # the extender binds only its scheduler's pods
-                           "containers": [{"name": "main", "image": "cuda", "resources": {
-                               "limits": {"memslice.io/gpu-mem": str(mib)}}}]}})
-    print(kube.url, flush=True)
-    sys.stdin.read()  # until the parent closes our stdin
-    kube.stop()
+
+class Cluster:
+    """The stand-in's side: nodes, the prefill, pending pods and the final check, on command (stdin)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from kube_standin import KubeApiStandin
+
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.kube = KubeApiStandin().start()
+        self.gpus = [f"GPU-{n:05d}-{g}" for n in range(args.nodes) for g in range(args.gpus)]
+        for n in range(args.nodes):
+            gpus = [{"uuid": f"GPU-{n:05d}-{g}", "index": g, "model": "Sim H100 80GB", "memMiB": GPU_MIB,
+                     "numa": g // 4, "healthy": True} for g in range(args.gpus)]
+            self.kube.put({"kind": "Node", "metadata": {"name": f"node-{n:05d}", "labels": {
+                "memslice.io/gpu": "true"}, "annotations": {"memslice.io/gpus": json.dumps(gpus),
+                                                           "memslice.io/unit-mib": "1"}}})
+        self.prefilled = 0
+
+    def used(self) -> dict[str, int]:
+        """MiB reserved per GPU, read back from every pod in the store (the extender's binds included)."""
+        used: dict[str, int] = {}
+        for pod in self.kube.list("Pod"):
+            ann = pod["metadata"].get("annotations") or {}
+            if "memslice.io/gpu-uuid" in ann:
+                uuid = ann["memslice.io/gpu-uuid"]
+                used[uuid] = used.get(uuid, 0) + sum(json.loads(ann["memslice.io/gpu-mem-mib"]).values())
+        return used
+
+    def fill(self, fraction: float) -> dict:
+        """Add running pods on random GPUs with room until `fraction` of all GPU memory is reserved."""
+        used = self.used()
+        capacity = len(self.gpus) * GPU_MIB
+        total = sum(used.values())
+        misses = 0
+        while total < fraction * capacity and misses < 200:
+            mib = self.rng.choices(SIZES_GIB, WEIGHTS)[0] * 1024
+            for _ in range(50):
+                gpu = self.rng.choice(self.gpus)
+                if used.get(gpu, 0) + mib <= GPU_MIB:
+                    break
+            else:
+                misses += 1
+                continue
+            used[gpu] = used.get(gpu, 0) + mib
+            total += mib
+            node = "node-" + gpu.split("-")[1]
+            self.kube.put(_gpu_pod(f"run-{self.prefilled:06d}", f"team-{self.prefilled % 50}", mib, node, gpu))
+            self.prefilled += 1
+        return {"fill": total / capacity, "pods": len(self.kube.list("Pod"))}
+
+    def pending(self, namespace: str, count: int) -> list[dict]:
+        for i in range(count):
+            mib = self.rng.choices(SIZES_GIB, WEIGHTS)[0] * 1024
+            self.kube.put(_gpu_pod(f"new-{i:05d}", namespace, mib))
+        return self.kube.list("Pod", namespace)
+
+    def sentinel(self) -> str:
+        """A new one-GPU node, then a pod that reserves all of that GPU: once the extender refuses a pod on
+        that node, its watch has delivered every pod written before (the watch delivers them in order)."""
+        name = f"sentinel-{self.prefilled}"
+        self.prefilled += 1
+        gpus = [{"uuid": f"GPU-{name}", "index": 0, "model": "Sim", "memMiB": GPU_MIB, "numa": 0, "healthy": True}]
+        self.kube.put({"kind": "Node", "metadata": {"name": name, "annotations": {
+            "memslice.io/gpus": json.dumps(gpus), "memslice.io/unit-mib": "1"}}})
+        self.kube.put(_gpu_pod(name, "sentinels", GPU_MIB, name, f"GPU-{name}"))
+        return name
+
+    def check(self) -> dict:
+        used = self.used()
+        free = [GPU_MIB - used.get(g, 0) for g in self.gpus]
+        return {"over_committed_gpus": sum(1 for v in used.values() if v > GPU_MIB),
+                # binpacking quality: GPUs that can still take the largest pod (40 GiB), and the wholly empty
+                "gpus_with_40gib_free": sum(1 for f in free if f >= 40 * 1024),
+                "empty_gpus": sum(1 for f in free if f == GPU_MIB),
+                "fill": sum(used.values()) / (len(self.gpus) * GPU_MIB), "pods": len(self.kube.list("Pod"))}
+
+
+def serve_standin(args: argparse.Namespace) -> None:
+    """Child process: the simulated cluster; one JSON answer line per command line on stdin."""
+    cluster = Cluster(args)
+    print(json.dumps({"url": cluster.kube.url}), flush=True)
+    for line in sys.stdin:
+        cmd, *rest = line.split()
+        if cmd == "fill":
+            out: object = cluster.fill(float(rest[0]))
+        elif cmd == "pending":
+            out = cluster.pending(rest[0], int(rest[1]))
+        elif cmd == "sentinel":
+            out = cluster.sentinel()
+        else:
+            out = cluster.check()
+        print(json.dumps(out), flush=True)
+    cluster.kube.stop()
+
+
+def serve_extender(gc_log: str, argv: list[str]) -> int:
+    """Child process: the extender, with every garbage collection's pause appended to `gc_log` (ms, gen)."""
+    import gc
+
+    from memslice.cli import main as cli_main
+
+    log = open(gc_log, "a", buffering=1)  # noqa: SIM115 - open for the process's life
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        elif (ms := (time.perf_counter() - started[0]) * 1000) >= 1.0 or info["generation"] == 2:
+            log.write(f"{ms:.2f} {info['generation']}\n")
+
+    gc.callbacks.append(on_gc)
+    if not os.environ.get("BENCH_PROFILE"):
+        return cli_main(argv)
+    import cProfile  # BENCH_PROFILE=path: where the extender's CPU goes, for pstats
+
+    with cProfile.Profile() as prof:
+        rc = cli_main(argv)
+    prof.dump_stats(os.environ["BENCH_PROFILE"])
+    return rc
 
 
 # --------------------------------------------------------------------------------------------- client side
@@ -230,6 +338,106 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
+def _get(port: int, path: str) -> bytes:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request("GET", path)
+    return c.getresponse().read()
+
+
+def caught_up(bench: Bench, timeout: float = 900) -> None:
+    """Until the extender's watch has delivered everything the stand-in holds now (bounded): a sentinel
+    pod fills a new node's only GPU; the extender has it once a 1 GiB pod no longer fits there. (Not
+    /metrics: rendering 80,000 GPU samples would itself load the extender and its garbage collector.)"""
+    node = bench.cmd("sentinel")
+    body = orjson.dumps({"Pod": {**pending_pod("probe", 1024), "metadata": {"name": "probe", "uid": "probe"}},
+                         "NodeNames": [node]})
+    client = Client("127.0.0.1", bench.port, 0)
+    deadline = time.monotonic() + timeout
+    while "most free is 0 MiB" not in str(client.post("filter", body)[1]):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the extender did not catch up with the stand-in in {timeout} s")
+        time.sleep(0.05)
+
+
+class Bench:
+    """The stand-in and the extender processes, and the calls between them."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.standin = subprocess.Popen([sys.executable, __file__, "--_standin", "--nodes", str(args.nodes),
+                                         "--gpus", str(args.gpus), "--seed", str(args.seed)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=self.env)
+        self.tmp = Path(tempfile.mkdtemp())
+        self.gc_log = self.tmp / "gc.log"
+        self.gc_seen = 0
+        self.ext: subprocess.Popen | None = None
+        self.port = 0
+        self.start_cpu_s = 0.0
+        url = json.loads(self.read_standin())["url"]
+        self.kubeconfig = self.tmp / "kubeconfig"
+        self.kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "bench",
+            "clusters": [{"name": "bench", "cluster": {"server": url}}],
+            "users": [{"name": "bench", "user": {"token": "bench"}}],
+            "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": "bench"}}]}))
+
+    def read_standin(self) -> str:
+        assert self.standin.stdout is not None
+        line = self.standin.stdout.readline()
+        if not line:
+            raise RuntimeError("the API stand-in stopped")
+        return line
+
+    def cmd(self, line: str) -> Any:
+        assert self.standin.stdin is not None
+        self.standin.stdin.write(line + "\n")
+        self.standin.stdin.flush()
+        return json.loads(self.read_standin())
+
+    def start_extender(self) -> float:
+        """Start the extender; seconds from its start to the first filter it answers (not 'not synced');
+        the extender's CPU seconds until then in self.start_cpu_s."""
+        t0 = time.monotonic()
+        self.ext = subprocess.Popen([sys.executable, __file__, "--_extender", str(self.gc_log), "extender",
+                                     "--kubeconfig", str(self.kubeconfig), "--address", "127.0.0.1", "--port", "0",
+                                     "--log-level", "warning"], stdout=subprocess.PIPE, text=True, env=self.env)
+        assert self.ext.stdout is not None
+        line = self.ext.stdout.readline()
+        if "serving" not in line:
+            raise RuntimeError(f"the extender did not start: {line!r}")
+        self.port = int(line.split("serving ", 1)[1].split()[0].rsplit(":", 1)[1])
+        probe = orjson.dumps({"Pod": {**pending_pod("probe", 1024), "metadata": {"name": "probe", "uid": "probe"}},
+                              "NodeNames": ["node-00000"]})
+        client = Client("127.0.0.1", self.port, 0)
+        while True:
+            _, answer = client.post("filter", probe)
+            if not answer.get("Error"):  # type: ignore[union-attr]
+                self.start_cpu_s = cpu_s(self.ext.pid)
+                return time.monotonic() - t0
+            if time.monotonic() - t0 > 600:
+                raise TimeoutError("the extender did not sync in 600 s")
+            time.sleep(0.01)
+
+    def stop_extender(self) -> None:
+        if self.ext is not None:
+            self.ext.terminate()
+            self.ext.wait(30)
+            self.ext = None
+
+    def gc_pauses(self) -> list[tuple[float, int]]:
+        """The garbage collections logged since the last call: (ms, generation)."""
+        lines = self.gc_log.read_text().splitlines() if self.gc_log.exists() else []
+        new, self.gc_seen = lines[self.gc_seen:], len(lines)
+        return [(float(ms), int(gen)) for ms, gen in (line.split() for line in new)]
+
+    def close(self) -> None:
+        self.stop_extender()
+        if self.standin.stdin:
+            self.standin.stdin.close()
+        self.standin.wait(60)
+
+
 def pending_pod(name: str, mib: int) -> dict:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "bench"},
             "spec": {"schedulerName": "memslice-scheduler",  # the extender binds only its scheduler's pods
@@ -237,179 +445,144 @@ def pending_pod(name: str, mib: int) -> dict:
                                      "resources": {"limits": {"memslice.io/gpu-mem": str(mib)}}}]}}
 
 
+def schedule(bench: Bench, pods: list[dict], names: list[str], k: int, rng: random.Random) -> dict:
+    """Schedule `pods` through filter, prioritize and bind; figures of the extender meanwhile."""
+    assert bench.ext is not None
+    pid = bench.ext.pid
+    conn = Client("127.0.0.1", bench.port, bench.args.bind_workers)
+    # The scheduler's side of the work that is not the extender's (its own filters choosing the candidate
+    # nodes, encoding the pod) is done before the clock starts: kube-scheduler does it in Go, and on this
+    # 2-core machine the client's Python would otherwise compete with the extender for CPU.
+    filter_bodies = [orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": rng.sample(names, k)}) for pod in pods]
+    pod_json = [orjson.dumps(pod) for pod in pods]
+    by_score = itemgetter("Score")
+    lat_fp: list[float] = []
+    unschedulable = 0
+    bench.gc_pauses()
+    cpu0, t0 = cpu_s(pid), time.perf_counter()
+    for pod, filter_body, pod_text in zip(pods, filter_bodies, pod_json, strict=True):
+        dt_f, res = conn.post("filter", filter_body)
+        passed = res["NodeNames"] or []  # type: ignore[index]
+        if not passed:
+            lat_fp.append(dt_f)
+            unschedulable += 1
+            continue
+        body = b'{"Pod":' + pod_text + b',"Nodes":null,"NodeNames":' + orjson.dumps(passed) + b"}"
+        dt_p, scores = conn.post("prioritize", body)
+        lat_fp.append(dt_f + dt_p)
+        best = max(scores, key=by_score)["Host"]  # type: ignore[arg-type]
+        conn.bind({"PodName": pod["metadata"]["name"], "PodNamespace": pod["metadata"]["namespace"],
+                   "PodUID": pod["metadata"]["uid"], "Node": best})
+    conn.drain()
+    wall, cpu = time.perf_counter() - t0, cpu_s(pid) - cpu0
+    gcs = bench.gc_pauses()
+    bound = len(conn.bind_latencies) - len(conn.bind_errors)
+    ms = 1000.0
+    return {"pods": len(pods), "bound": bound, "unschedulable": unschedulable,
+            "bind_errors": len(conn.bind_errors), "first_errors": conn.bind_errors[:3],
+            "filter_prioritize_ms": {"median": round(statistics.median(lat_fp) * ms, 2),
+                                     "p99": round(pct(lat_fp, 99) * ms, 2)},
+            "bind_ms": {"median": round(statistics.median(conn.bind_latencies or [0]) * ms, 2),
+                        "p99": round(pct(conn.bind_latencies, 99) * ms, 2)},
+            "pods_per_s": round(len(pods) / wall, 1), "wall_s": round(wall, 2),
+            "cpu_ms_per_pod": round(cpu / len(pods) * ms, 3),
+            "gc_max_pause_ms": round(max((p for p, _ in gcs), default=0.0), 1),
+            "gc_full_collections": sum(1 for _, g in gcs if g == 2),
+            "rss_mib": round(rss_kib(pid)[0] / 1024, 1)}
+
+
 def run(args: argparse.Namespace) -> dict:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    t_build = time.monotonic()
-    standin = subprocess.Popen([sys.executable, __file__, "--_standin", "--nodes", str(args.nodes),
-                                "--gpus", str(args.gpus), "--pods", str(args.pods), "--pending", str(args.pending),
-                                "--seed", str(args.seed)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                               env=env)
-    ext = None
+    bench = Bench(args)
     try:
-        assert standin.stdout is not None
-        url = standin.stdout.readline().strip()
-        if not url.startswith("http"):
-            raise RuntimeError("the API stand-in did not start")
-        build_s = time.monotonic() - t_build
-        kubeconfig = Path(tempfile.mkdtemp()) / "kubeconfig"
-        kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "bench",
-            "clusters": [{"name": "bench", "cluster": {"server": url}}],
-            "users": [{"name": "bench", "user": {"token": "bench"}}],
-            "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": "bench"}}]}))
-        t_sync = time.monotonic()
-        ext = subprocess.Popen([sys.executable, "-m", "memslice", "extender", "--kubeconfig", str(kubeconfig),
-                                "--address", "127.0.0.1", "--port", "0", "--log-level", "warning"],
-                               stdout=subprocess.PIPE, text=True, env=env)
-        assert ext.stdout is not None
-        line = ext.stdout.readline()
-        if "serving" not in line:
-            raise RuntimeError(f"the extender did not start: {line!r}")
-        port = int(line.split("serving ", 1)[1].split()[0].rsplit(":", 1)[1])
-        conn = Client("127.0.0.1", port, args.bind_workers)
-        if "synced" not in ext.stdout.readline():  # printed once its first list of nodes and pods is in
-            raise RuntimeError("the extender stopped before it synced with the API stand-in")
-        sync_s = time.monotonic() - t_sync
-        rss_synced, _ = rss_kib(ext.pid)
-
-        rng = random.Random(args.seed + 1)
         names = [f"node-{n:05d}" for n in range(args.nodes)]
-        k = min(args.filter_nodes, len(names))
-
-        # Phase 1: latency of filter + prioritize alone (no binds running), serial like a scheduling cycle
-        lat_f: list[float] = []
-        lat_p: list[float] = []
-        cpu_fp0 = cpu_s(ext.pid)
-        for i in range(args.latency_samples):
-            pod = pending_pod(f"probe-{i}", rng.choice((2048, 4096, 8192, 16384)))
-            pod["metadata"]["uid"] = f"probe-{i}"
-            dt_f, res = conn.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": rng.sample(names, k)})
-            passed = res["NodeNames"] or []
-            dt_p, _ = conn.post("prioritize", {"Pod": pod, "Nodes": None, "NodeNames": passed})
-            lat_f.append(dt_f)
-            lat_p.append(dt_p)
-        lat_fp = [a + b for a, b in zip(lat_f, lat_p, strict=True)]
-        cpu_fp = cpu_s(ext.pid) - cpu_fp0
-
-        # Phase 2: sustained scheduling of the pending pods through filter, prioritize and bind
-        lat_f2: list[float] = []
-        lat_p2: list[float] = []
-        failures: list[str] = []
-        pods = json.loads(_get(url, "/api/v1/namespaces/bench/pods"))["items"]
-        # The scheduler's side of the work that is not the extender's (its own filters choosing the 500
-        # candidate nodes, encoding the pod) is done before the clock starts: kube-scheduler does it in Go,
-        # and on this 2-core machine the client's Python would otherwise compete with the extender for CPU.
-        filter_bodies = [orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": rng.sample(names, k)})
-                         for pod in pods]
-        by_score = itemgetter("Score")
-        pod_json = [orjson.dumps(pod) for pod in pods]
-        split0 = cpu_split(ext.pid)
-        cpu0 = {"extender": cpu_s(ext.pid), "standin": cpu_s(standin.pid), "client": time.process_time()}
-        t0 = time.perf_counter()
-        for pod, filter_body, pod_text in zip(pods, filter_bodies, pod_json, strict=True):
-            dt_f, res = conn.post("filter", filter_body)
-            passed = res["NodeNames"] or []  # type: ignore[index]
-            lat_f2.append(dt_f)
-            if not passed:
-                failures.append("no node passed filter")
-                continue
-            body = b'{"Pod":' + pod_text + b',"Nodes":null,"NodeNames":' + orjson.dumps(passed) + b"}"
-            dt_p, scores = conn.post("prioritize", body)
-            lat_p2.append(dt_p)
-            best = max(scores, key=by_score)["Host"]  # type: ignore[arg-type]
-            conn.bind({"PodName": pod["metadata"]["name"], "PodNamespace": "bench",
-                       "PodUID": pod["metadata"]["uid"], "Node": best})
-        conn.drain()
-        wall = time.perf_counter() - t0
-        lat_b = conn.bind_latencies
-        failures += conn.bind_errors
-        cpu = {"extender": cpu_s(ext.pid) - cpu0["extender"], "standin": cpu_s(standin.pid) - cpu0["standin"],
-               "client": time.process_time() - cpu0["client"]}
-        split = [b - a for a, b in zip(split0, cpu_split(ext.pid), strict=True)]
-        rss_now, rss_peak = rss_kib(ext.pid)
-        bound = len(lat_b) - len(conn.bind_errors)
-
-        ms = 1000.0
-        return {
-            "cluster": {"nodes": args.nodes, "gpus_per_node": args.gpus, "running_pods": args.pods,
-                        "scheduled_pods": len(pods), "filter_nodes_per_call": k},
-            "setup_s": {"build_standin": round(build_s, 1), "extender_initial_sync": round(sync_s, 1)},
-            "latency_ms_idle": {
-                "filter": {"median": statistics.median(lat_f) * ms, "p99": pct(lat_f, 99) * ms},
-                "prioritize": {"median": statistics.median(lat_p) * ms, "p99": pct(lat_p, 99) * ms},
-                "filter+prioritize": {"median": statistics.median(lat_fp) * ms, "p99": pct(lat_fp, 99) * ms}},
-            "latency_ms_under_load": {
-                "filter": {"median": statistics.median(lat_f2) * ms, "p99": pct(lat_f2, 99) * ms},
-                "prioritize": {"median": statistics.median(lat_p2) * ms, "p99": pct(lat_p2, 99) * ms},
-                "bind": {"median": statistics.median(lat_b) * ms, "p99": pct(lat_b, 99) * ms}},
-            "throughput": {"pods_bound": bound, "bind_errors": len(failures), "wall_s": round(wall, 2),
-                           "pods_per_s": round(bound / wall, 1),
-                           "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
-                           "extender_cpu_user_sys_s": [round(v, 2) for v in split],
-                           "extender_cpu_ms_per_pod": round(cpu["extender"] / max(bound, 1) * 1000, 2),
-                           "pods_per_extender_cpu_s": round(bound / max(cpu["extender"], 1e-9), 1),
-                           "extender_cpu_ms_per_filter_prioritize": round(
-                               cpu_fp / max(args.latency_samples, 1) * 1000, 2)},
-            "extender_rss_mib": {"after_sync": round(rss_synced / 1024, 1), "end": round(rss_now / 1024, 1),
-                                 "peak": round(rss_peak / 1024, 1)},
-            "targets": TARGETS,
-            "first_errors": failures[:3],
-        }
+        k = min(args.filter_nodes, len(names)) or len(names)
+        rng = random.Random(args.seed + 1)
+        sync_s = bench.start_extender()
+        first_cpu = bench.start_cpu_s
+        if args.warmup:  # the memo's first pass over each pod size and node, before anything is measured
+            pods = bench.cmd(f"pending warmup {args.warmup}")
+            caught_up(bench)
+            schedule(bench, pods, names, k, rng)
+        bands = []
+        for i, level in enumerate(int(b) for b in args.bands.split(",")):
+            t0 = time.monotonic()
+            state = bench.cmd(f"fill {level / 100}")
+            pods = bench.cmd(f"pending band{i} {args.per_band}")
+            caught_up(bench)
+            grown_s = time.monotonic() - t0
+            grown_gcs = bench.gc_pauses()  # while the pods arrived by watch (the extender serves meanwhile)
+            figures = schedule(bench, pods, names, k, rng)
+            bands.append({"band_pct": level, "fill_pct": round(state["fill"] * 100, 1),
+                          "running_pods": state["pods"], "prefill_by_watch_s": round(grown_s, 1),
+                          "gc_max_pause_ms_while_growing": round(max((p for p, _ in grown_gcs), default=0.0), 1),
+                          "gc_full_collections_while_growing": sum(1 for _, g in grown_gcs if g == 2), **figures})
+            print(f"  [band {level}%: fill {bands[-1]['fill_pct']}%, {state['pods']} pods, "
+                  f"{figures['pods_per_s']} pods/s, {figures['cpu_ms_per_pod']} ms CPU/pod]", file=sys.stderr)
+        restart = None
+        if args.restart:
+            bench.stop_extender()
+            first_s = bench.start_extender()
+            rss_after = rss_kib(bench.ext.pid)[0] / 1024  # type: ignore[union-attr]
+            pods = bench.cmd(f"pending restart {max(args.per_band // 3, 1)}")
+            figures = schedule(bench, pods, names, k, rng)
+            restart = {"pods": bench.cmd("check")["pods"], "to_first_filter_s": round(first_s, 2),
+                       "extender_cpu_s_to_first_filter": round(bench.start_cpu_s, 2),
+                       "rss_after_relist_mib": round(rss_after, 1), "then": figures}
+        check = bench.cmd("check")
+        return {"cluster": {"nodes": args.nodes, "gpus_per_node": args.gpus, "filter_nodes_per_call": k,
+                            "pods_per_band": args.per_band, "warmup_pods": args.warmup},
+                "first_sync_s": round(sync_s, 2), "first_sync_cpu_s": round(first_cpu, 2),
+                "bands": bands, "restart": restart,
+                "final": {"fill_pct": round(check["fill"] * 100, 1), "pods": check["pods"],
+                          "over_committed_gpus": check["over_committed_gpus"],
+                          "gpus_with_40gib_free": check["gpus_with_40gib_free"], "empty_gpus": check["empty_gpus"]},
+                "targets": TARGETS}
     finally:
-        if ext is not None:
-            ext.terminate()
-            ext.wait(10)
-        if standin.stdin:
-            standin.stdin.close()
-        standin.wait(30)
-
-
-def _get(url: str, path: str) -> bytes:
-    host, port = url.split("//", 1)[1].split(":")
-    c = http.client.HTTPConnection(host, int(port), timeout=60)
-    c.request("GET", path)
-    return c.getresponse().read()
+        bench.close()
 
 
 def report(r: dict) -> None:
     c = r["cluster"]
-    print(f"memslice extender benchmark: {c['nodes']} nodes × {c['gpus_per_node']} GPUs, {c['running_pods']} "
-          f"running pods, {c['scheduled_pods']} pods scheduled, {c['filter_nodes_per_call']} nodes per filter")
-    print(f"  setup: stand-in built in {r['setup_s']['build_standin']} s, extender synced in "
-          f"{r['setup_s']['extender_initial_sync']} s")
-    for phase, title in (("latency_ms_idle", "latency, serial (ms)"),
-                         ("latency_ms_under_load", "latency while scheduling with binds in flight (ms)")):
-        print(f"  {title}:")
-        for verb, v in r[phase].items():
-            print(f"    {verb:<18} median {v['median']:7.2f}   p99 {v['p99']:7.2f}")
-    t = r["throughput"]
-    print(f"  throughput: {t['pods_bound']} pods bound in {t['wall_s']} s = {t['pods_per_s']} pods/s "
-          f"({t['bind_errors']} errors)")
-    print(f"  CPU in that phase: extender {t['cpu_s']['extender']} s, API stand-in {t['cpu_s']['standin']} s, "
-          f"benchmark client {t['cpu_s']['client']} s on {os.cpu_count()} cores; the extender spent "
-          f"{t['extender_cpu_ms_per_pod']} ms CPU per pod = {t['pods_per_extender_cpu_s']} pods per CPU-second "
-          f"(user {t['extender_cpu_user_sys_s'][0]} s, system {t['extender_cpu_user_sys_s'][1]} s; filter + "
-          f"prioritize alone: {t['extender_cpu_ms_per_filter_prioritize']} ms CPU per pod in the serial phase)")
-    m = r["extender_rss_mib"]
-    print(f"  extender RSS: {m['after_sync']} MiB after sync, {m['end']} MiB at the end, peak {m['peak']} MiB")
-    fp99 = r["latency_ms_idle"]["filter+prioritize"]["p99"]
-    print(f"  targets: filter+prioritize p99 {fp99:.2f} ms < {TARGETS['filter_prioritize_p99_ms']} ms: "
-          f"{'met' if fp99 < TARGETS['filter_prioritize_p99_ms'] else 'MISSED'}; "
-          f"{t['pods_per_s']} pods/s >= {TARGETS['pods_per_s']}: "
-          f"{'met' if t['pods_per_s'] >= TARGETS['pods_per_s'] else 'MISSED'}; "
-          f"peak RSS {m['peak']} MiB < {TARGETS['rss_mib']}: {'met' if m['peak'] < TARGETS['rss_mib'] else 'MISSED'}")
-    if r["first_errors"]:
-        print(f"  first errors: {r['first_errors']}")
+    print(f"memslice extender benchmark: {c['nodes']} nodes × {c['gpus_per_node']} GPUs, "
+          f"{c['filter_nodes_per_call']} names per filter, {c['pods_per_band']} pods scheduled per band "
+          f"(first sync {r['first_sync_s']} s)")
+    print("  band  fill%   pods     f+p p50  f+p p99   pods/s  CPU ms/pod  max GC ms  full GCs  RSS MiB"
+          "  (while growing by watch: max GC ms, full GCs)")
+    for b in r["bands"]:
+        fp = b["filter_prioritize_ms"]
+        print(f"  {b['band_pct']:>3}%  {b['fill_pct']:5.1f}  {b['running_pods']:>7}  {fp['median']:7.2f}  "
+              f"{fp['p99']:7.2f}  {b['pods_per_s']:7.1f}  {b['cpu_ms_per_pod']:10.3f}  {b['gc_max_pause_ms']:9.1f}"
+              f"  {b['gc_full_collections']:8}  {b['rss_mib']:7.1f}"
+              f"  ({b.get('gc_max_pause_ms_while_growing', '-')}, {b.get('gc_full_collections_while_growing', '-')})"
+              + (f"  ({b['unschedulable']} unschedulable)" if b["unschedulable"] else "")
+              + (f"  bind errors: {b['first_errors']}" if b["bind_errors"] else ""))
+    if len(r["bands"]) > 1:
+        empty, full = r["bands"][0]["cpu_ms_per_pod"], r["bands"][-1]["cpu_ms_per_pod"]
+        print(f"  CPU per pod, fullest band / emptiest: {full / empty:.2f}× "
+              f"(target ≤ {TARGETS['cpu_full_over_empty']})")
+    if r["restart"]:
+        rs = r["restart"]
+        print(f"  restart at {rs['pods']} pods: first filter answered after {rs['to_first_filter_s']} s "
+              f"({rs.get('extender_cpu_s_to_first_filter', '-')} s of extender CPU), RSS "
+              f"{rs['rss_after_relist_mib']} MiB after the relist; then {rs['then']['bound']} pods bound, "
+              f"{rs['then']['bind_errors']} bind errors")
+    f = r["final"]
+    print(f"  final: {f['fill_pct']}% full, {f['pods']} pods, {f['over_committed_gpus']} over-committed GPUs; "
+          f"{f['gpus_with_40gib_free']} GPUs with 40 GiB free, {f['empty_gpus']} empty")
 
 
 def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--_extender":
+        return serve_extender(sys.argv[2], sys.argv[3:])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=5000)
     p.add_argument("--gpus", type=int, default=8)
-    p.add_argument("--pods", type=int, default=40000, help="running pods (bound, with reservations)")
-    p.add_argument("--pending", type=int, default=3000, help="pods to schedule in the throughput phase")
-    p.add_argument("--filter-nodes", type=int, default=500, help="node names per filter call")
-    p.add_argument("--latency-samples", type=int, default=1000)
+    p.add_argument("--filter-nodes", type=int, default=500, help="node names per filter call (0: all)")
+    p.add_argument("--bands", default="0,10,30,50,70,90,95",
+                   help="fill levels (%%) to prefill to, in order; pods are scheduled at each")
+    p.add_argument("--per-band", type=int, default=300, help="pods scheduled through the extender per band")
+    p.add_argument("--warmup", type=int, default=0, help="pods scheduled before the first band, not measured")
+    p.add_argument("--restart", action="store_true", help="restart the extender at the end (relist timing)")
     p.add_argument("--bind-workers", type=int, default=16, help="binds in flight at most (one connection each)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print the results as JSON")

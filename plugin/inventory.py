@@ -1,8 +1,8 @@
 """The Kubernetes side: node inventory annotations (written) and the pods of this node (watched).
 
-Uses the official `kubernetes` client. Its Watch gives raw events; the list-then-watch loop with
-resourceVersion, 410 Gone relist and reconnect backoff is written here because the Python client has no
-informer.
+Uses the official `kubernetes` client; the pods are listed and watched by the informer the extender uses
+too (memslice.kube.informer: paged list, watch with bookmarks, 410 Gone relist, reconnect with
+memslice.kube.backoff), since the Python client has none.
 """
 
 from __future__ import annotations
@@ -12,11 +12,14 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from memslice.plugin.allocator import ANN_GPU_MEM, ANN_GPU_UUID, PodInfo
 from memslice.plugin.gpus import GpuInfo
 from memslice.plugin.state import TERMINAL_PHASES, NodeState
+
+from memslice.kube.backoff import Backoff
+from memslice.kube.informer import Informer
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -50,11 +53,12 @@ def api_client(kubeconfig: str | None) -> tuple[ApiClient | None, str]:
                   "(KUBERNETES_SERVICE_HOST unset)")
 
 
-def pod_info(pod: object) -> PodInfo:
-    md = pod.metadata  # type: ignore[attr-defined]
-    phase = pod.status.phase if pod.status is not None and pod.status.phase else "Pending"  # type: ignore
-    return PodInfo(uid=md.uid, namespace=md.namespace, name=md.name, phase=phase,
-                   annotations=dict(md.annotations or {}))
+def pod_info(pod: dict[str, Any]) -> PodInfo:
+    """What the agent keeps of a pod, from its JSON as the API server sends it."""
+    md = pod.get("metadata") or {}
+    phase = (pod.get("status") or {}).get("phase") or "Pending"
+    return PodInfo(uid=md.get("uid") or "", namespace=md.get("namespace") or "", name=md.get("name") or "",
+                   phase=phase, annotations=dict(md.get("annotations") or {}))
 
 
 class InventoryPublisher:
@@ -89,7 +93,7 @@ class InventoryPublisher:
         from kubernetes.client.exceptions import ApiException
 
         v1 = CoreV1Api(self.api)
-        backoff, failures = 0.5, 0
+        backoff = Backoff(initial=0.5, maximum=30.0)
         while not self._stop.is_set():
             self._dirty.wait(self.resync_s)
             if self._stop.is_set():
@@ -100,38 +104,35 @@ class InventoryPublisher:
                 v1.patch_node(self.node, {"metadata": {"annotations": annotations}},
                               _content_type="application/merge-patch+json", _request_timeout=10)
             except ApiException as exc:
-                failures += 1
                 hint = (f"node {self.node!r} does not exist: set --node-name (or NODE_NAME from the downward "
                         f"API, spec.nodeName)" if exc.status == 404 else
                         "the agent's service account needs get/patch on nodes" if exc.status == 403 else
                         f"{exc.status} {exc.reason}")
-                self._retry(failures, backoff, hint)
-                backoff = min(backoff * 2, 30.0)
+                self._retry(backoff, hint)
                 continue
             except Exception as exc:  # connection refused, timeouts: the API server is away
-                failures += 1
-                self._retry(failures, backoff, str(exc))
-                backoff = min(backoff * 2, 30.0)
+                self._retry(backoff, str(exc))
                 continue
-            if failures:
-                log.info("node inventory published after %d failed attempts", failures)
-            backoff, failures = 0.5, 0
+            if backoff.failures:
+                log.info("node inventory published after %d failed attempts", backoff.failures)
+            backoff.reset()
             self.published.set()
             if annotations != self._last:
                 log.info("published node inventory on %s: %s=%s", self.node, ANN_GPUS, annotations[ANN_GPUS])
             self._last = annotations
 
-    def _retry(self, failures: int, backoff: float, why: str) -> None:
-        (log.error if failures == 1 or failures % 20 == 0 else log.debug)(
-            "publishing the node inventory failed (attempt %d): %s; retrying in %.1fs", failures, why,
-            backoff)
+    def _retry(self, backoff: Backoff, why: str) -> None:
+        delay = backoff.delay()
+        (log.error if backoff.failures == 1 or backoff.failures % 20 == 0 else log.debug)(
+            "publishing the node inventory failed (attempt %d): %s; retrying in %.1fs", backoff.failures, why,
+            delay)
         self._dirty.set()
-        self._stop.wait(backoff)
+        self._stop.wait(delay)
 
 
 class PodWatcher:
-    """Keeps NodeState.pods equal to the pods bound to this node: list, then watch from its resourceVersion;
-    relist on 410 Gone; reconnect with backoff when the API server goes away."""
+    """Keeps NodeState.pods equal to the pods bound to this node (memslice.kube.informer: list, then watch
+    from its resourceVersion; relist on 410 Gone; reconnect with backoff when the API server goes away)."""
 
     def __init__(self, api: ApiClient, node: str, state: NodeState, on_gone: Callable[[], None],
                  watch_timeout_s: int = 60) -> None:
@@ -142,76 +143,39 @@ class PodWatcher:
         self.watch_timeout_s = watch_timeout_s
         self.synced = threading.Event()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
-        self._watch: object | None = None
+        self._informer: Informer | None = None
 
     def start(self) -> None:
-        self._thread.start()
+        from kubernetes.client import CoreV1Api
+
+        self._informer = Informer(
+            "pods", CoreV1Api(self.api).list_pod_for_all_namespaces, on_replace=self._replace,
+            on_upsert=self._upsert, on_delete=self._delete, synced=self.synced, stop=self._stop,
+            field_selector=f"spec.nodeName={self.node}", watch_timeout=self.watch_timeout_s, convert=pod_info,
+            backoff=Backoff(initial=0.2, maximum=10.0)).start()
 
     def stop(self) -> None:
-        self._stop.set()
-        w = self._watch
-        if w is not None:
-            w.stop()  # type: ignore[attr-defined]
-        self._thread.join(timeout=0.5)  # a watch blocked in a read ends at its timeout; the thread is a daemon
+        if self._informer is not None:
+            self._informer.stop()
+            self._informer.join(0.5)  # a watch blocked in a read ends at its timeout; the thread is a daemon
 
-    def _run(self) -> None:
-        from kubernetes import watch
-        from kubernetes.client import CoreV1Api
-        from kubernetes.client.exceptions import ApiException
+    def _replace(self, infos: list[PodInfo], rv: int) -> None:
+        for info in infos:
+            self._log_reservation(self.state.pods.get(info.uid), info)
+        self.state.pods_replace(infos)
+        self.on_gone()  # pods may have gone while we were not watching
+        log.info("pod watch: %d pods on node %s (resourceVersion %s)", len(infos), self.node, rv)
 
-        v1 = CoreV1Api(self.api)
-        selector = f"spec.nodeName={self.node}"
-        rv: str | None = None
-        backoff, failures = 0.2, 0
-        while not self._stop.is_set():
-            try:
-                if rv is None:
-                    pods = v1.list_pod_for_all_namespaces(field_selector=selector, _request_timeout=30)
-                    infos = [pod_info(p) for p in pods.items]
-                    for info in infos:
-                        self._log_reservation(self.state.pods.get(info.uid), info)
-                    self.state.pods_replace(infos)
-                    rv = pods.metadata.resource_version
-                    self.synced.set()
-                    self.on_gone()  # pods may have gone while we were not watching
-                    log.info("pod watch: %d pods on node %s (resourceVersion %s)", len(pods.items), self.node,
-                             rv)
-                w = watch.Watch()
-                self._watch = w
-                for ev in w.stream(v1.list_pod_for_all_namespaces, field_selector=selector,
-                                   resource_version=rv, timeout_seconds=self.watch_timeout_s,
-                                   allow_watch_bookmarks=True,
-                                   _request_timeout=self.watch_timeout_s + 10):
-                    if self._stop.is_set():
-                        w.stop()
-                        break
-                    obj, kind = ev["object"], ev["type"]
-                    rv = obj.metadata.resource_version or rv
-                    if kind == "BOOKMARK":
-                        continue
-                    info = pod_info(obj)
-                    if kind == "DELETED":
-                        self.state.pod_delete(info.uid)
-                        self.on_gone()
-                    else:
-                        self._log_reservation(self.state.pods.get(info.uid), info)
-                        self.state.pod_upsert(info)
-                        if info.phase in TERMINAL_PHASES:
-                            self.on_gone()
-                backoff, failures = 0.2, 0
-            except ApiException as exc:
-                if exc.status == 410:
-                    log.info("pod watch: resourceVersion %s expired (410 Gone): listing again", rv)
-                    rv = None
-                    continue
-                failures += 1
-                self._fail(failures, backoff, f"{exc.status} {exc.reason}")
-                backoff = min(backoff * 2, 10.0)
-            except Exception as exc:  # API server restart, connection reset
-                failures += 1
-                self._fail(failures, backoff, str(exc))
-                backoff = min(backoff * 2, 10.0)
+    def _upsert(self, obj: dict[str, Any]) -> None:
+        info = pod_info(obj)
+        self._log_reservation(self.state.pods.get(info.uid), info)
+        self.state.pod_upsert(info)
+        if info.phase in TERMINAL_PHASES:
+            self.on_gone()
+
+    def _delete(self, obj: dict[str, Any]) -> None:
+        self.state.pod_delete(pod_info(obj).uid)
+        self.on_gone()
 
     @staticmethod
     def _log_reservation(before: PodInfo | None, pod: PodInfo) -> None:
@@ -220,8 +184,3 @@ class PodWatcher:
         if now[0] is not None and (before is None or tuple(before.annotations.get(k) for k in keys) != now):
             log.info("pod %s/%s: the extender reserved GPU %s (%s=%s)", pod.namespace, pod.name, now[0],
                      ANN_GPU_MEM, now[1])
-
-    def _fail(self, failures: int, backoff: float, why: str) -> None:
-        (log.warning if failures == 1 or failures % 20 == 0 else log.debug)(
-            "pod watch interrupted (attempt %d): %s; reconnecting in %.1fs", failures, why, backoff)
-        self._stop.wait(backoff)

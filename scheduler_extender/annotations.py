@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
+
 from memslice import errors
 from memslice.scheduler_extender.constants import (
     ANN_ASSUMED_AT,
@@ -95,7 +97,9 @@ class Reservation:
     assumed_at: float  # unix seconds; 0 when missing or unreadable
 
 
-def parse_reservation(where: str, annotations: dict[str, Any]) -> Reservation | None:
+def parse_reservation(where: str, annotations: dict[str, Any], *, with_time: bool = True) -> Reservation | None:
+    """The reservation the annotations record; None without one. `with_time=False` leaves `assumed_at` 0
+    (a bound pod's reservation counts whatever its age: the watch skips parsing the time)."""
     uuid = annotations.get(ANN_GPU_UUID)
     if uuid is None:
         return None
@@ -103,7 +107,7 @@ def parse_reservation(where: str, annotations: dict[str, Any]) -> Reservation | 
         raise AnnotationError(f"{where}: annotation {ANN_GPU_UUID}={uuid!r} is not a GPU UUID")
     raw = annotations.get(ANN_GPU_MEM)
     try:
-        mem = json.loads(raw) if isinstance(raw, str) else None
+        mem = orjson.loads(raw) if isinstance(raw, str) else None  # refuses NaN and integers beyond 64 bits
     except ValueError:
         mem = None
     if not isinstance(mem, dict) or not mem or not all(
@@ -111,7 +115,8 @@ def parse_reservation(where: str, annotations: dict[str, Any]) -> Reservation | 
             for k, v in mem.items()):
         raise AnnotationError(f"{where}: annotation {ANN_GPU_MEM}={raw!r} is not a JSON object of container "
                               f"name to positive MiB, e.g. {{\"train\": 4096}}")
-    return Reservation(uuid, tuple(sorted(mem.items())), parse_time(annotations.get(ANN_ASSUMED_AT)))
+    return Reservation(uuid, tuple(sorted(mem.items())),
+                       parse_time(annotations.get(ANN_ASSUMED_AT)) if with_time else 0.0)
 
 
 def parse_time(text: Any) -> float:

@@ -15,7 +15,8 @@ from memslice.scheduler_extender.podwrites import PodWriter
 from memslice.scheduler_extender.server import ExtenderHTTPServer, tls_context
 from memslice.scheduler_extender.state import ClusterState, pod_entry, resource_version
 from memslice.scheduler_extender.verbs import Verbs
-from memslice.scheduler_extender.watch import Informer
+
+from memslice.kube.informer import Informer
 
 log = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ from test_extender_support import Cluster, node_obj, plain_node, pod_obj, runnin
 
 from memslice.scheduler_extender import decisions, wire
 from memslice.scheduler_extender.annotations import reservation_annotations
+from memslice.scheduler_extender.fitmemo import FitMemo
 from memslice.scheduler_extender.metrics import Metrics
 from memslice.scheduler_extender.state import CHANGE_LOG, Charge, ClusterState
 from memslice.scheduler_extender.verbs import Verbs
@@ -24,33 +25,32 @@ from memslice.scheduler_extender.verbs import Verbs
 SIZES = (1, 500, 1000, 3000, 4000, 8000, 9000, 16000, 20000)
 
 
-def check_summaries(state: ClusterState, names: list[str]) -> None:
+def check_summaries(state: ClusterState, names: list[str], memo: FitMemo | None = None) -> None:
+    """The memo's verdicts, HostPriority JSON and fast path against decisions.py on the current views."""
+    memo = memo or FitMemo(state)
     for devices in SIZES:
         for policy in ("binpack", "spread"):
-            summaries = state.summaries(names, devices, policy, decisions.score)
-            for name, (ok, score, host_json) in zip(names, summaries, strict=True):
-                assert json.loads(host_json) == {"Host": name, "Score": score}
+            verdicts = memo.verdicts(names, (devices, policy))
+            host_jsons = memo.host_json(names, (devices, policy))
+            for name, verdict, host_json in zip(names, verdicts, host_jsons, strict=True):
                 view = state.view(name)
                 if view is None:
-                    assert not ok and score == 0, name
+                    assert verdict is None and json.loads(host_json) == {"Host": name, "Score": 0}, name
                     continue
                 need = devices * view.unit_mib
-                o1 = (view.max_free_mib >= need and not view.unplaced_mib and not view.error
-                      and view.most_free is not None)
-                assert ok == o1, (name, devices)
-                if ok:
-                    assert decisions.fit(view, need).ok
-                assert score == decisions.score(view, need, policy), (name, devices, policy)
-            fitting = [n for n, (ok, _, _) in zip(names, summaries, strict=True) if ok]
-            for some in (names, fitting, *([n] for n in names)):
-                # filter's usual case answers exactly when every node surely fits, with prioritize's items
-                usual = state.sure_items(some, devices, policy, decisions.score)
-                fits = {n: ok for n, (ok, _, _) in zip(names, summaries, strict=True)}
-                if all(fits[n] for n in some):
-                    assert usual is not None and json.loads(f"[{usual[1]}]") == [
-                        json.loads(h) for n, (_, _, h) in zip(names, summaries, strict=True) if n in some]
-                else:
-                    assert usual is None, (some, devices, policy)
+                f = decisions.fit(view, need)
+                assert verdict == (f.ok, f.unresolvable, f.reason, decisions.score(view, need, policy)), name
+                assert json.loads(host_json) == {"Host": name, "Score": decisions.score(view, need, policy)}
+            fits = {n: v is not None and v[0] for n, v in zip(names, verdicts, strict=True)}
+            split = memo.split(names, (devices, policy))  # filter's slow path: the same verdicts, split
+            pairs = list(zip(names, verdicts, strict=True))
+            assert split.passed == [n for n in names if fits[n]]
+            assert split.failed == {n: v[2] for n, v in pairs if v and not v[0] and not v[1]}
+            assert split.unresolvable == {n: v[2] for n, v in pairs if v and v[1]}
+            assert split.unknown == [n for n, v in pairs if v is None]
+            for some in (names, [n for n in names if fits[n]], *([n] for n in names)):
+                # filter's fast path answers exactly when the pod fits on every node
+                assert memo.all_fit(some, (devices, policy)) == all(fits[n] for n in some), (some, devices)
 
 
 def test_memoised_fits_and_scores_follow_every_change() -> None:
@@ -62,7 +62,8 @@ def test_memoised_fits_and_scores_follow_every_change() -> None:
     state.upsert_node(plain_node("cpu"))
     state.upsert_node({"metadata": {"name": "bad", "annotations": {"memslice.io/gpus": "not json"}}})
     names = ["a", "b", "c", "cpu", "bad", "unknown"]
-    check_summaries(state, names)
+    memo = FitMemo(state)  # one memo all along: it must follow every change
+    check_summaries(state, names, memo)
     gpus = {"a": ["GPU-a-0", "GPU-a-1"], "b": ["GPU-b-0", "GPU-b-1", "GPU-b-2"], "c": ["GPU-c-0", "GPU-c-1"]}
     holds: list[str] = []
     for step in range(300):
@@ -85,13 +86,14 @@ def test_memoised_fits_and_scores_follow_every_change() -> None:
             state.upsert_node(node_obj("a", [8000, 16000], healthy=[True, not sick]))
         else:  # a node goes away and comes back
             state.delete_node("c")
-            check_summaries(state, names)
+            check_summaries(state, names, memo)
             state.upsert_node(node_obj("c", [20000, 8000], healthy=[False, True]))
-        check_summaries(state, names)
+        check_summaries(state, names, memo)
+        check_summaries(state, names)  # and a fresh one agrees
 
 
 def test_prioritize_after_filter_answers_what_a_fresh_prioritize_answers() -> None:
-    """Prioritize reuses the summaries its filter computed, refreshed for the nodes whose views changed in
+    """Prioritize reads the verdicts its filter memoised, refreshed for the nodes whose views changed in
     between; whatever happens in between, its answer must be byte for byte a fresh one's."""
     rng = random.Random(11)
     state = ClusterState()
@@ -105,7 +107,6 @@ def test_prioritize_after_filter_answers_what_a_fresh_prioritize_answers() -> No
     state.pods_synced.set()
     verbs = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # no binds here
     holds: list[str] = []
-    reused = 0
     for step in range(400):
         names = rng.sample([*gpus, "cpu", "unknown"], rng.randint(1, 14))
         pod = pod_obj(f"p{step}", {"main": rng.choice((1000, 7000, 15000, 30000))},
@@ -123,18 +124,15 @@ def test_prioritize_after_filter_answers_what_a_fresh_prioritize_answers() -> No
         passed = answer["NodeNames"] if rng.random() < 0.9 else names  # or the scheduler sends others
         args = {"Pod": pod, "NodeNames": passed}
         fresh = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]
-        reused += verbs._memos.get(pod["metadata"]["uid"]) is not None and passed is answer["NodeNames"]
         assert verbs.prioritize(args) == fresh.prioritize(args), step
-    assert reused > 300  # the memo was there to be used, not only the slow path
-    assert not verbs._memos  # each prioritize takes its filter's memo
 
 
-def test_filter_memos_hold_a_bounded_number_of_names(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Filter answers kept for prioritize are bounded in count and in node names held, so that hostile
-    requests (100,000 names each) cannot pin memory; what is not kept is computed afresh."""
-    from memslice.scheduler_extender import verbs as verbs_module
+def test_the_memo_holds_a_bounded_number_of_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memo is bounded in verdicts held (hostile requests of 100,000 names and ever new pod sizes
+    cannot pin memory): the least recently used pod size goes first; answers stay those of decisions.py."""
+    from memslice.scheduler_extender import fitmemo
 
-    monkeypatch.setattr(verbs_module, "MEMO_NAMES", 30)
+    monkeypatch.setattr(fitmemo, "MAX_ENTRIES", 30)
     state = ClusterState()
     for i in range(40):
         state.upsert_node(node_obj(f"n{i}", [16000]))
@@ -142,19 +140,13 @@ def test_filter_memos_hold_a_bounded_number_of_names(monkeypatch: pytest.MonkeyP
     state.pods_synced.set()
     verbs = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # no binds here
     names = [f"n{i}" for i in range(40)]
-    for step, count in enumerate((20, 20, 20, 31, 10)):
-        pod = pod_obj(f"p{step}", {"main": 1000})
-        pod["metadata"]["uid"] = f"uid-{step}"
-        verbs.filter({"Pod": pod, "NodeNames": names[:count]})
-        held = sum(len(m.names) for m in verbs._memos.values())
-        assert held == verbs._memo_names <= 30, step
-        assert (f"uid-{step}" in verbs._memos) == (count <= 30), step
-    assert list(verbs._memos) == ["uid-2", "uid-4"]  # oldest dropped first; the 31-name one never kept
-    pod = pod_obj("p3", {"main": 1000})
-    pod["metadata"]["uid"] = "uid-3"
-    fresh = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]
-    args = {"Pod": pod, "NodeNames": names[:31]}
-    assert verbs.prioritize(args) == fresh.prioritize(args)
+    for step, (count, mib) in enumerate(((20, 1000), (20, 2000), (5, 1000), (31, 3000), (10, 4000))):
+        pod = pod_obj(f"p{step}", {"main": mib})
+        code, answer = verbs.filter({"Pod": pod, "NodeNames": names[:count]})
+        assert code == 200 and answer["NodeNames"] == names[:count]
+        assert verbs.memo.size() <= 30, step
+    assert list(verbs.memo._tables) == [(3000, "binpack"), (4000, "binpack")]  # the 31-name one started afresh
+    check_summaries(state, names[:20], verbs.memo)
 
 
 def test_an_unchanged_charge_leaves_the_view_alone() -> None:
@@ -168,8 +160,10 @@ def test_an_unchanged_charge_leaves_the_view_alone() -> None:
     state.hold("uid-a", Charge("GPU-n-0", "n", 3000, 0, None))
     state.confirm("uid-a", 6)
     before = state.view("n")
-    assert state.summaries(["n"], 8000, "binpack", decisions.score) == [(True, 8, '{"Host":"n","Score":8}')]
-    generation = state.summaries_at(["n"], 8000, "binpack", decisions.score)[0]
+    memo = FitMemo(state)
+    assert memo.host_json(["n"], (8000, "binpack")) == ['{"Host":"n","Score":8}']
+    assert memo.all_fit(["n"], (8000, "binpack"))
+    generation = _generation(state)
     reserved = json.loads(json.dumps(pod))  # the reservation patch, before the Binding
     reserved["metadata"].update(resourceVersion="6", annotations=reservation_annotations(
         "GPU-n-0", {"main": 3000}, state.clock()))
@@ -186,11 +180,16 @@ def test_an_unchanged_charge_leaves_the_view_alone() -> None:
     bound["metadata"]["annotations"] = reservation_annotations("GPU-n-1", {"main": 3000}, 0)
     state.upsert_pod(bound)
     assert [g.used_mib for g in state.view("n").gpus] == [0, 3000]
-    assert state.summaries(["n"], 8000, "binpack", decisions.score) == [(True, 8, '{"Host":"n","Score":8}')]
+    assert memo.host_json(["n"], (8000, "binpack")) == ['{"Host":"n","Score":8}']
     state.delete_pod(bound)
     assert [g.used_mib for g in state.view("n").gpus] == [0, 0]
-    assert state.summaries(["n"], 8000, "binpack", decisions.score) == [(True, 8, '{"Host":"n","Score":8}')]
-    assert state.summaries(["n"], 8000, "spread", decisions.score) == [(True, 2, '{"Host":"n","Score":2}')]
+    assert memo.host_json(["n"], (8000, "binpack")) == ['{"Host":"n","Score":8}']
+    assert memo.host_json(["n"], (8000, "spread")) == ['{"Host":"n","Score":2}']
+
+
+def _generation(state: ClusterState) -> int:
+    with state.current() as generation:
+        return generation
 
 
 @given(st.lists(st.text(max_size=12), max_size=20), st.data())
@@ -265,3 +264,32 @@ def test_header_abuse_is_refused_and_changes_nothing(cluster: Cluster) -> None:
     assert b"Error code: 400" in exchange(cluster, b"GARBAGE /x\r\n\r\n")
     assert cluster.kube.resource_version == before
     assert cluster.c.filter(pod_obj("x", {"main": 1}), ["n"])["NodeNames"] == ["n"]
+
+
+def test_kept_filter_answers_are_bounded_and_replayed_only_while_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Filter's answers kept for the prioritize that follows are bounded in names held (hostile requests
+    cannot pin memory), replayed only for the same pod, size and names, and never once a node changed."""
+    from memslice.scheduler_extender import fitmemo
+
+    monkeypatch.setattr(fitmemo, "REPLAY_NAMES", 30)
+    state = ClusterState()
+    for i in range(40):
+        state.upsert_node(node_obj(f"n{i}", [16000]))
+    state.nodes_synced.set()
+    state.pods_synced.set()
+    verbs = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # no binds here
+    names = [f"n{i}" for i in range(40)]
+    for step, count in enumerate((20, 20, 31, 10)):
+        pod = pod_obj(f"p{step}", {"main": 1000})
+        pod["metadata"]["uid"] = f"uid-{step}"
+        verbs.filter({"Pod": pod, "NodeNames": names[:count]})
+        assert verbs.memo._replay_names == sum(len(r[2]) for r in verbs.memo._replays.values()) <= 30
+    assert list(verbs.memo._replays) == ["uid-1", "uid-3"]  # oldest dropped first; the 31-name one never kept
+    pod = pod_obj("p1", {"main": 1000})
+    pod["metadata"]["uid"] = "uid-1"
+    state.hold("other", Charge("GPU-n0-0", "n0", 15000, 0, None))  # n0 changes: no replay of uid-1's answer
+    fresh = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]
+    args = {"Pod": pod, "NodeNames": names[:20]}
+    assert verbs.prioritize(args) == fresh.prioritize(args)
+    assert b'{"Host":"n0","Score":10}' in fresh.prioritize(args)[1]  # n0 is fuller now: binpack likes it
+    assert "uid-1" not in verbs.memo._replays  # taken by its prioritize

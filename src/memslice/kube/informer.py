@@ -1,14 +1,16 @@
-"""List + watch of nodes and pods through the official `kubernetes` client, feeding ClusterState.
+"""List + watch of one kind through the official `kubernetes` client: the informer of the extender (nodes,
+pods) and the node agent.
 
-Each Informer: list (paged, `limit`/`continue`) → replace the state → watch from the list's
-resourceVersion (with bookmarks) → apply events; when a watch ends (server timeout), watch again from the
-last resourceVersion seen; when the connection breaks (API-server restart), back off briefly and watch
-again from it; on 410 Gone (the version was compacted away), list again.
+Loop: list (paged, `limit`/`continue`, each page converted before the next is read, so a relist of 250,000
+pods never holds them all as raw JSON) → replace → watch from the list's resourceVersion (with bookmarks) →
+apply events; when a watch ends (server timeout), watch again from the last resourceVersion seen (bookmarks
+keep it fresh); when the connection breaks (API-server restart) back off (backoff.py) and watch again from
+it; on 410 Gone (the version was compacted away, from the watch or a continue token), list again.
 
-Why the raw response (`_preload_content=False`) instead of `kubernetes.watch.Watch`: that helper turns
-every event into a pydantic model (slow and memory-hungry for 40,000 pods: the extender needs a few fields
-of each), and with `deserialize=False` its ERROR/410 handling fails; here the lines are parsed as JSON and
-410 is handled explicitly. The requests themselves are made by the official client.
+Why the raw response (`_preload_content=False`) instead of `kubernetes.watch.Watch`: that helper builds a
+model object per event (slow and memory-hungry for 40,000 pods when a few fields of each are needed), and
+with `deserialize=False` its ERROR/410 handling fails; here the lines are parsed with orjson and 410 is
+handled explicitly. The requests themselves are made by the official client.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
 
 from memslice import errors
+from memslice.kube.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +35,18 @@ class Gone(errors.UnavailableError):
     """The resourceVersion is too old (410): list again."""
 
 
+def lines_of(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """Complete non-empty lines of a chunked byte stream (each chunk split once: a chunk of many events
+    costs its own length, not its length times its lines)."""
+    rest = b""
+    for chunk in chunks:
+        parts = (rest + chunk).split(b"\n") if rest else chunk.split(b"\n")
+        rest = parts.pop()
+        for line in parts:
+            if line.strip():
+                yield line
+
+
 class Informer:
     def __init__(self, kind: str, list_fn: Callable[..., Any], *,
                  on_replace: Callable[[list[Any], int], None],
@@ -40,7 +55,8 @@ class Informer:
                  synced: threading.Event, stop: threading.Event,
                  field_selector: str | None = None, watch_timeout: int = 300,
                  on_restart: Callable[[str, str], None] | None = None,
-                 convert: Callable[[dict[str, Any]], Any] = lambda obj: obj) -> None:
+                 convert: Callable[[dict[str, Any]], Any] = lambda obj: obj,
+                 backoff: Backoff | None = None, page_size: int = PAGE_SIZE) -> None:
         self.kind = kind
         self.list_fn = list_fn
         self.on_replace, self.on_upsert, self.on_delete = on_replace, on_upsert, on_delete
@@ -50,6 +66,8 @@ class Informer:
         self.watch_timeout = watch_timeout
         self.on_restart = on_restart or (lambda kind, reason: None)
         self.convert = convert  # applied to listed items page by page (keeps relists small)
+        self.backoff = backoff or Backoff()
+        self.page_size = page_size
         self.resource_version = ""
         self._resp: Any = None
         self._thread: threading.Thread | None = None
@@ -75,23 +93,27 @@ class Informer:
     def _kwargs(self) -> dict[str, Any]:
         return {"field_selector": self.field_selector} if self.field_selector else {}
 
+    def _page(self, token: str | None) -> dict[str, Any]:
+        kwargs = self._kwargs() | {"limit": self.page_size, "_preload_content": False, "_request_timeout": 60}
+        if token:
+            kwargs["_continue"] = token
+        resp = self.list_fn(**kwargs)
+        try:
+            return orjson.loads(resp.data)  # type: ignore[no-any-return]
+        finally:
+            resp.release_conn()
+
     def relist(self) -> None:
         items: list[Any] = []
-        token = None
+        token: str | None = None
         rv = ""
         while True:
-            kwargs = self._kwargs() | {"limit": PAGE_SIZE, "_preload_content": False, "_request_timeout": 60}
-            if token:
-                kwargs["_continue"] = token
-            resp = self.list_fn(**kwargs)
-            page = orjson.loads(resp.data)
-            resp.release_conn()
+            page = self._page(token)
             meta = page.get("metadata") or {}
-            if not rv:
-                rv = meta.get("resourceVersion") or ""
+            rv = rv or meta.get("resourceVersion") or ""
             items.extend(self.convert(obj) for obj in page.get("items") or [])
-            del page
             token = meta.get("continue")
+            del page
             if not token:
                 break
         self.on_replace(items, int(rv) if rv.isdigit() else 0)
@@ -107,13 +129,9 @@ class Informer:
                             _request_timeout=(10, timeout + 30))
         self._resp = resp
         try:
-            buf = b""
-            for chunk in resp.stream(amt=None, decode_content=False):
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    if line.strip():
-                        self._event(orjson.loads(line))
+            for line in lines_of(resp.stream(amt=None, decode_content=False)):
+                self._event(orjson.loads(line))
+                self.backoff.reset()  # the API server answers again
                 if self.stop_event.is_set():
                     return
         finally:
@@ -132,40 +150,35 @@ class Informer:
             self.on_upsert(obj)
         elif kind == "DELETED":
             self.on_delete(obj)
-        if rv:
+        if rv:  # BOOKMARK events only move the resourceVersion on
             self.resource_version = rv
 
     def run(self) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        backoff = 0.05
         need_list = True
         while not self.stop_event.is_set():
             try:
                 if need_list:
                     self.relist()
                     need_list = False
+                    self.backoff.reset()
                 self.watch_once()
-                backoff = 0.05
-            except Gone as exc:
-                log.info("%s watch: %s; listing again", self.kind, exc)
-                self.on_restart(self.kind, "gone")
-                need_list = True
-            except ApiException as exc:
-                if exc.status == 410:
-                    self.on_restart(self.kind, "gone")
-                    need_list = True
-                    continue
-                log.warning("%s list/watch failed: %s %s; retrying in %.2f s", self.kind, exc.status,
-                            exc.reason, backoff)
-                self.on_restart(self.kind, "error")
-                self.stop_event.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
             except Exception as exc:  # noqa: BLE001 - connection drops, bad JSON: retry, never die
                 if self.stop_event.is_set():
                     break
-                log.warning("%s list/watch interrupted (%s: %s); retrying in %.2f s", self.kind,
-                            type(exc).__name__, exc, backoff)
-                self.on_restart(self.kind, "error")
-                self.stop_event.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+                need_list = need_list or self._failed(exc)
+
+    def _failed(self, exc: Exception) -> bool:
+        """Handle a failed list or watch; True when the next attempt must list again."""
+        from kubernetes.client.exceptions import ApiException
+
+        if isinstance(exc, Gone) or (isinstance(exc, ApiException) and exc.status == 410):
+            log.info("%s watch: resourceVersion %s expired (410 Gone); listing again", self.kind,
+                     self.resource_version)
+            self.on_restart(self.kind, "gone")
+            return True
+        why = f"{exc.status} {exc.reason}" if isinstance(exc, ApiException) else f"{type(exc).__name__}: {exc}"
+        self.on_restart(self.kind, "error")
+        delay = self.backoff.wait(self.stop_event)
+        log.warning("%s list/watch failed (%s); retried after %.2f s (failure %d in a row)", self.kind, why, delay,
+                    self.backoff.failures)
+        return False

@@ -1,0 +1,107 @@
+"""Filter + prioritize of the memslice extender alone, in one process: CPU time per pod.
+
+    .venv/bin/python benchmarks/bench_extender_verbs.py [--nodes 5000] [--fill 0.9] [--names 500]
+        [--warmup 1000] [--pods 200] [--json]
+
+No HTTP, no bind writes, no watch: `Verbs.filter` and `Verbs.prioritize` on a `ClusterState` of N nodes ×
+8 GPUs of 80 GiB, filled at random to `--fill` by charges (1–40 GiB, as bench_extender.py), each request
+decoded from and answered to JSON with orjson as the server does; after each pod, its own binpack choice is
+charged (the view rebuilt, the memo refreshed), as a bind would. The figure to compare between versions
+(run them alternately: `PYTHONPATH=<a tree of the old package>` for the old one), since it leaves out the
+machine's HTTP and scheduling noise that bench_extender.py's end-to-end figures carry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+SIZES_GIB = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 40)
+GPU_MIB = 81920
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--nodes", type=int, default=5000)
+    p.add_argument("--fill", type=float, default=0.0, help="fraction of all GPU memory charged first")
+    p.add_argument("--names", type=int, default=500, help="node names per filter (0: all)")
+    p.add_argument("--warmup", type=int, default=1000, help="pods scheduled before measuring")
+    p.add_argument("--pods", type=int, default=200, help="pods measured")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    sys.path.insert(0, str(ROOT / "tests"))
+    from memslice.scheduler_extender import decisions
+    from memslice.scheduler_extender.metrics import Metrics
+    from memslice.scheduler_extender.state import Charge, ClusterState
+    from memslice.scheduler_extender.verbs import Verbs
+    from test_extender_support import node_obj, pod_obj
+
+    rng = random.Random(args.seed)
+    state = ClusterState()
+    names = [f"node-{n:05d}" for n in range(args.nodes)]
+    for name in names:
+        state.upsert_node(node_obj(name, [GPU_MIB] * 8))
+    state.nodes_synced.set()
+    state.pods_synced.set()
+    verbs = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # binds are charged here
+    used: dict[tuple[int, int], int] = {}
+    total, i = 0, 0
+    while total < args.fill * args.nodes * 8 * GPU_MIB:
+        mib, n, g = rng.choice(SIZES_GIB) * 1024, rng.randrange(args.nodes), rng.randrange(8)
+        if used.get((n, g), 0) + mib <= GPU_MIB:
+            used[(n, g)] = used.get((n, g), 0) + mib
+            total += mib
+            state.hold(f"fill-{i}", Charge(f"GPU-{names[n]}-{g}", names[n], mib, 0, None))
+            i += 1
+    k = min(args.names, args.nodes) or args.nodes
+    bodies = []
+    for j in range(args.warmup + args.pods):
+        pod = pod_obj(f"p{j}", {"main": rng.choice(SIZES_GIB) * 1024})
+        pod["metadata"]["uid"] = f"p{j}"
+        bodies.append((pod, orjson.dumps({"Pod": pod, "NodeNames": rng.sample(names, k)})))
+
+    def schedule(batch: list[tuple[dict, bytes]]) -> tuple[float, float]:
+        cpu_f = cpu_p = 0.0
+        for pod, raw in batch:
+            t0 = time.process_time()
+            _, answer = verbs.filter(orjson.loads(raw))
+            orjson.dumps(answer)
+            t1 = time.process_time()
+            cpu_f += t1 - t0
+            if not answer["NodeNames"]:
+                continue
+            body = orjson.dumps({"Pod": pod, "NodeNames": answer["NodeNames"]})
+            t2 = time.process_time()
+            verbs.prioritize(orjson.loads(body))
+            cpu_p += time.process_time() - t2
+            node = answer["NodeNames"][0]
+            view = state.view(node)
+            mib = int(pod["spec"]["containers"][0]["resources"]["limits"]["memslice.io/gpu-mem"])
+            gpu = decisions.choose_gpu(view, mib, "binpack")
+            if gpu is not None:
+                state.hold(pod["metadata"]["uid"], Charge(gpu.uuid, node, mib, 0, None))
+        return cpu_f, cpu_p
+
+    schedule(bodies[:args.warmup])
+    cpu_f, cpu_p = schedule(bodies[args.warmup:])
+    result = {"nodes": args.nodes, "fill": args.fill, "names": k, "pods": args.pods,
+              "filter_cpu_ms_per_pod": round(cpu_f / args.pods * 1000, 3),
+              "prioritize_cpu_ms_per_pod": round(cpu_p / args.pods * 1000, 3)}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{args.nodes} nodes, fill {args.fill:.0%}, {k} names: filter {result['filter_cpu_ms_per_pod']} ms "
+              f"+ prioritize {result['prioritize_cpu_ms_per_pod']} ms CPU per pod")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
