@@ -37,7 +37,7 @@ lint: install
 TC = build/typecheck/memslice
 typecheck: install
 	rm -rf build/typecheck && mkdir -p $(TC)
-	for f in src/memslice/*.py; do ln -s ../../../$$f $(TC)/; done
+	for f in src/memslice/*.py src/memslice/kube; do ln -s ../../../$$f $(TC)/; done
 	for d in plugin scheduler_extender interposer proto; do ln -s ../../../$$d $(TC)/$$d; done
 	$(VENV)/bin/mypy
 

@@ -38,11 +38,12 @@ def main() -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     sys.path.insert(0, str(ROOT / "tests"))
+    from test_extender_support import node_obj, pod_obj
+
     from memslice.scheduler_extender import decisions
     from memslice.scheduler_extender.metrics import Metrics
     from memslice.scheduler_extender.state import Charge, ClusterState
     from memslice.scheduler_extender.verbs import Verbs
-    from test_extender_support import node_obj, pod_obj
 
     rng = random.Random(args.seed)
     state = ClusterState()

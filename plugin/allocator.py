@@ -189,10 +189,10 @@ def choose_preferred(available: Sequence[str], must_include: Sequence[str], size
         where = "is not on this node" if index is None else f"has only {free.get(index, 0)} free units"
         reason = (f"GPU {r.gpu_uuid} reserved for {r.namespace}/{r.name} {where}, wanted {size}: "
                   f"best fit instead")
-    gpu = best_fit_gpu(free, size)
-    if gpu is None:
+    best = best_fit_gpu(free, size)
+    if best is None:
         return Preference((), None, None, None, f"no single GPU has {size} free units")
-    return Preference(avail.lowest(gpu, size), gpu, None, None, reason)
+    return Preference(avail.lowest(best, size), best, None, None, reason)
 
 
 @dataclass(frozen=True)

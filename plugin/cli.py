@@ -34,7 +34,7 @@ smallest unit that fits. Pick one unit for the whole cluster (the largest any no
 """
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     from memslice.plugin.config import add_arguments
 
     p = subparsers.add_parser("node-agent", help="run the node agent (kubelet device plugin or DRA driver for GPU "

@@ -106,9 +106,8 @@ class Nvml:
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             try:
-                numa: int | None = int(pynvml.nvmlDeviceGetNumaNodeId(h))
-                if numa < 0:
-                    numa = None
+                raw = int(pynvml.nvmlDeviceGetNumaNodeId(h))
+                numa: int | None = raw if raw >= 0 else None
             except (pynvml.NVMLError, AttributeError):
                 numa = None
             try:

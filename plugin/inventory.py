@@ -14,12 +14,11 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from memslice.kube.backoff import Backoff
+from memslice.kube.informer import Informer
 from memslice.plugin.allocator import ANN_GPU_MEM, ANN_GPU_UUID, PodInfo
 from memslice.plugin.gpus import GpuInfo
 from memslice.plugin.state import TERMINAL_PHASES, NodeState
-
-from memslice.kube.backoff import Backoff
-from memslice.kube.informer import Informer
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient

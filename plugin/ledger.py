@@ -83,11 +83,11 @@ def reconcile(ledger: Mapping[str, Allocation], live: Sequence[LiveContainer] | 
         if lc.device_ids and all(map(is_device_id, lc.device_ids)):
             by_region[region_id_for(lc.device_ids)] = lc
     for rid, a in ledger.items():
-        lc = by_region.get(rid)
-        if lc is not None:
-            if a.pod != lc.pod or a.namespace != lc.namespace or a.container != lc.container:
-                a = replace(a, namespace=lc.namespace, pod=lc.pod, container=lc.container,
-                            pod_uid=uid_of.get((lc.namespace, lc.pod), a.pod_uid))
+        owner = by_region.get(rid)
+        if owner is not None:
+            if a.pod != owner.pod or a.namespace != owner.namespace or a.container != owner.container:
+                a = replace(a, namespace=owner.namespace, pod=owner.pod, container=owner.container,
+                            pod_uid=uid_of.get((owner.namespace, owner.pod), a.pod_uid))
             out.keep[rid] = a
         elif (a.pod_uid and a.pod_uid in gone_pod_uids) or now - a.created_at >= grace_s:
             out.removed.append(a)

@@ -6,6 +6,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
 
@@ -52,7 +53,8 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                                ) -> api_pb2.DevicePluginOptions:
         return api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
-    def ListAndWatch(self, request: api_pb2.Empty, context: grpc.ServicerContext):  # noqa: ANN201 (generator)
+    def ListAndWatch(self, request: api_pb2.Empty, context: grpc.ServicerContext
+                     ) -> Iterator[api_pb2.ListAndWatchResponse]:
         sent = [0]  # version last sent
         self.metrics.streams.inc()
 

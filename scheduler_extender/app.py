@@ -9,14 +9,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from memslice.kube.informer import Informer
 from memslice.scheduler_extender.binder import DEFAULT_SCHEDULER_NAMES, Binder, ServedPods
 from memslice.scheduler_extender.metrics import Metrics
 from memslice.scheduler_extender.podwrites import PodWriter
 from memslice.scheduler_extender.server import ExtenderHTTPServer, tls_context
 from memslice.scheduler_extender.state import ClusterState, pod_entry, resource_version
 from memslice.scheduler_extender.verbs import Verbs
-
-from memslice.kube.informer import Informer
 
 log = logging.getLogger(__name__)
 

@@ -169,7 +169,7 @@ class Binder:
                                 f"pod {args.pod_namespace}/{args.pod_name} does not exist") from None
             raise BindError("api", f"reading pod {args.pod_namespace}/{args.pod_name} failed: "
                                    f"{exc.status} {exc.reason}") from None
-        pod = orjson.loads(_body(resp))
+        pod: dict[str, Any] = orjson.loads(_body(resp))
         uid = pod["metadata"].get("uid", "")
         if uid != args.pod_uid:
             raise BindError("uid", f"pod {args.pod_namespace}/{args.pod_name} has UID {uid}, not "
@@ -296,7 +296,7 @@ class Binder:
         except ApiException as exc:
             message = exc.reason
             try:
-                message = orjson.loads(exc.body).get("message", message)
+                message = orjson.loads(exc.body or b"").get("message", message)
             except (TypeError, ValueError, AttributeError):
                 pass
             reason = "conflict" if exc.status == 409 else ("ambiguous" if exc.status >= 500 else "binding")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from memslice.scheduler_extender.annotations import AnnotationError, Reservation, parse_reservation
 from memslice.scheduler_extender.resources import PodRequest, RequestError, effective_total, pod_request
@@ -74,7 +74,18 @@ class PodView:
 # bound nor reserved (bind reads it from here instead of GETting the pod); else None, so the tuple holds
 # atoms only.
 Record = tuple[str, str, str, int, "str | None", bool, "str | None", int, float, int, "PodRequest | None"]
-UID, NAMESPACE, NAME, RV, NODE, TERMINAL, GPU, MIB, ASSUMED_AT, DEVICES, REQUEST = range(11)
+# Field positions, Final so that the type checker knows each field's type from the index.
+UID: Final = 0
+NAMESPACE: Final = 1
+NAME: Final = 2
+RV: Final = 3
+NODE: Final = 4
+TERMINAL: Final = 5
+GPU: Final = 6
+MIB: Final = 7
+ASSUMED_AT: Final = 8
+DEVICES: Final = 9
+REQUEST: Final = 10
 PodEntry = tuple[str, "Record | None", int]  # uid, the record (None: not a GPU pod), resourceVersion
 
 

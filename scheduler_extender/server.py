@@ -59,7 +59,7 @@ def request_cost(length: int) -> int:
     return length + BYTES_PER_VALUE * min(MAX_JSON_VALUES, length // 2 + 1)
 
 
-def json_values_bound(data: bytes) -> int:
+def json_values_bound(data: bytes | bytearray) -> int:
     """An upper bound on the JSON values and object keys in `data` (each follows a `[`, `{`, `,` or `:`,
     or is the first), counted at C speed before parsing; bytes inside strings only raise the bound."""
     return data.count(b",") + data.count(b":") + data.count(b"[") + data.count(b"{") + 1
@@ -366,7 +366,7 @@ class _Handler(LeanRequestHandler):
         except (ValueError, RecursionError) as exc:
             return 400, _error_body(verb, f"request body is not JSON: {exc}")
         del data
-        handler = getattr(self.server.verbs, verb)
+        handler: Callable[[Any], tuple[int, Any]] = getattr(self.server.verbs, verb)
         try:
             return handler(body)
         except RecursionError:

@@ -273,8 +273,10 @@ class ClusterState:
     def hold(self, uid: str, charge: Charge | None) -> None:
         """Charge `charge` (None: nothing) for pod `uid` now, until release() or until the watch catches up."""
         with self.lock:
-            self._pending[uid] = Pending(tuple(charge) if charge is not None else None,  # type: ignore[arg-type]
-                                         UNKNOWN_RV)
+            plain: ChargeT | None = None
+            if charge is not None:  # the Charge's fields as the plain tuple the records keep
+                plain = (charge.gpu_uuid, charge.node, charge.mib, charge.devices, charge.expires)
+            self._pending[uid] = Pending(plain, UNKNOWN_RV)
             self._recharge(uid)
 
     def confirm(self, uid: str, min_rv: int) -> None:

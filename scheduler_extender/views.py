@@ -15,7 +15,7 @@ class GpuView(NamedTuple):
     after every bind on it, and this is five times cheaper to build. Build with GpuView.of()."""
 
     uuid: str
-    index: int
+    index: int  # type: ignore[assignment]  # the GPU's index; shadows tuple.index, never called on a view
     model: str
     mem_mib: int
     healthy: bool

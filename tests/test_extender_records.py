@@ -7,9 +7,10 @@ from __future__ import annotations
 import gc
 import json
 
+from test_extender_support import node_obj, pod_obj
+
 from memslice.scheduler_extender.annotations import reservation_annotations
 from memslice.scheduler_extender.state import ClusterState
-from test_extender_support import node_obj, pod_obj
 
 PODS = 5000
 

@@ -71,6 +71,7 @@ def framing_error(fields: list[tuple[str, str]]) -> str | None:
 
 class LeanRequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    raw_requestline: bytes  # set by the stdlib handler before parse_request (not declared in its stubs)
 
     def parse_request(self) -> bool:
         """The stdlib's parse_request with a fast path for the usual request (see the module)."""

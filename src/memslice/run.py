@@ -33,7 +33,7 @@ MEMSLICE_* limits) is still held to them. MEMSLICE_CONTEXT_RESERVE, if set when 
 is written there too. This guards against accidents, not against you: the file is yours."""
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("run", help="run a command under a GPU-memory quota", epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Run CMD with the memslice shim preloaded and a GPU-memory quota.")

@@ -12,7 +12,7 @@ from typing import Any
 from memslice.sizes import format_bytes
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("top", help="show live GPU memory per process of a container (its region)",
                        description="Show the quota, device and host (spilled) bytes of every process sharing "
                                    "a region. Used is what live processes hold: a killed process's memory stops "
