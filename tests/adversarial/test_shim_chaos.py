@@ -114,5 +114,5 @@ def test_kill_and_stop_under_stress(node, cbin, tmp_path):
     dev = snap.devices[0]
     assert 0 < dev.peak_bytes <= QUOTA_MIB << 20
     assert dev.refused > 0  # the quota was contended
-    assert dev.used_bytes == 0, f"{dev.used_bytes >> 20} MiB still charged after every process exited"
+    assert dev.charged_bytes == 0, f"{dev.charged_bytes >> 20} MiB still charged after every process exited"
     assert not [p for p in snap.processes if p.alive or p.device_bytes]

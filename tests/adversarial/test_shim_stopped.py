@@ -61,4 +61,4 @@ def test_stopped_holder_does_not_wedge_the_container(mode, node, cbin, holdlock,
         assert took < 4 * CALL_WAIT_S + 10, f"{took:.1f} s"
     finally:
         end(holder)
-    assert read_region(region).devices[0].used_bytes == 0
+    assert read_region(region).devices[0].charged_bytes == 0
