@@ -178,11 +178,13 @@ class Binder:
         return pod
 
     def _facts(self, args: BindingArgs) -> PodFacts:
-        """What bind needs of the pod: from the watch cache when it has the pod unbound and unreserved
-        (saves a GET per bind; a stale cache only costs a 409 and a re-read), else from the API server."""
+        """What bind needs of the pod: from the watch cache when it has the pod unbound and unreserved and no
+        bind of it is in flight (saves a GET per bind; a stale cache only costs a 409 and a re-read), else from
+        the API server (so a retry of a bind that succeeded, before the watch delivers it, writes nothing)."""
         rec = self.state.pod(args.pod_namespace, args.pod_name)
         if (rec is not None and rec.node is None and rec.reservation is None and rec.request is not None
-                and rec.uid == args.pod_uid and rec.rv and rec.uid in self.served):
+                and rec.uid == args.pod_uid and rec.rv and rec.uid in self.served
+                and not self.state.in_flight(rec.uid)):  # a retried bind the watch has not seen yet: GET
             return PodFacts(rec.uid, str(rec.rv), None, rec.request, None)
         pod = self._read_pod(args)
         where = f"pod {args.pod_namespace}/{args.pod_name}"

@@ -279,6 +279,11 @@ class ClusterState:
             self._pending[uid] = Pending(plain, UNKNOWN_RV)
             self._recharge(uid)
 
+    def in_flight(self, uid: str) -> bool:
+        """A bind of pod `uid` holds a charge that the watch has not caught up with yet (the cache is stale)."""
+        with self.lock:
+            return uid in self._pending
+
     def confirm(self, uid: str, min_rv: int) -> None:
         """The bind succeeded; the pending charge stays until the watch delivers version `min_rv`."""
         with self.lock:

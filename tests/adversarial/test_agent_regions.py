@@ -344,10 +344,12 @@ sys.stdin.read()
 
 
 def test_sim_status_reports_a_damaged_state_file_instead_of_hanging(tmp_path: Path):
-    """The simulated node's state file has the region layout and, in the simulated overlay, containers can
-    write it: `memslice sim status` reads it with the same reader and says what is wrong."""
+    """The simulated node's usage ledger has the region layout and a container writes its own:
+    `memslice sim status` reads it with the same reader and says what is wrong."""
     state = tmp_path / "node.state"
-    os.mkfifo(state)
+    usage = tmp_path / "node.state.usage"  # memslice.simulator.usage_path: <state>.usage by default
+    os.mkfifo(usage)
+    env = {k: v for k, v in os.environ.items() if k != "MEMSLICE_SIM_USAGE"}
     out = subprocess.run([sys.executable, "-m", "memslice", "sim", "status", "--state", str(state)],
-                         capture_output=True, text=True, timeout=30)
-    assert out.returncode == 1 and f"{state} is a FIFO, not a region file" in out.stderr
+                         capture_output=True, text=True, timeout=30, env=env)
+    assert out.returncode == 1 and f"{usage} is a FIFO, not a region file" in out.stderr, out.stderr
