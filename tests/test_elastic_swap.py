@@ -206,7 +206,7 @@ def test_without_a_request_nothing_is_elastic(elastic):
 ])
 def test_bad_elastic_settings_fail_closed_naming_the_value(node, tmp_path, tenant_bin, extra, message):
     n = node(gpus="4GiB")
-    env = n.container(tmp_path / "c", "2GiB", MEMSLICE_ELASTIC_DIR=str(tmp_path), **extra)
+    env = n.container(tmp_path / "c", "2GiB", **{"MEMSLICE_ELASTIC_DIR": str(tmp_path), **extra})
     if not env.get("MEMSLICE_ELASTIC_DIR"):
         env.pop("MEMSLICE_ELASTIC_DIR")
     r = subprocess.run([tenant_bin], env=env, input="", capture_output=True, text=True, timeout=30)

@@ -3,8 +3,8 @@
  *   alloc MIB CHUNK_MIB   allocate MIB in blocks of CHUNK_MIB with cuMemAlloc_v2, fill every byte with a
  *                         pattern of (block, offset) through cuMemcpyHtoD: "allocated N" or "oom N"
  *   check                 read every byte back through the same pointers: "check ok BYTES" or "check bad ..."
- *   busy THREADS          start THREADS threads that keep rewriting (cuMemsetD32 + cuMemcpyHtoD of the same
- *                         pattern) and reading back (cuMemcpyDtoH) every block until "stop": "busy"
+ *   busy THREADS          start THREADS (at most 4) threads that keep rewriting the 4 newest blocks
+ *                         (cuMemsetD32) and reading them back (cuMemcpyDtoH) until "stop": "busy"
  *   stop                  stop them: "stopped ROUNDS ERRORS"
  *   ptrs                  "ptrs P1 P2 ..." (the pointer values, to show they never change)
  *   free                  free everything: "freed RC"
@@ -27,6 +27,7 @@ static volatile int g_stop;
 static long g_rounds, g_errors;
 static pthread_mutex_t g_stat = PTHREAD_MUTEX_INITIALIZER;
 static CUcontext g_ctx;
+static int g_nthreads;
 
 /* The pattern: word i of block b. Distinct per block, so a block mapped at the wrong address shows. */
 static uint32_t word(int b, size_t i) { return (uint32_t)(b * 2654435761u) ^ (uint32_t)i ^ 0xa5a5a5a5u; }
@@ -72,30 +73,35 @@ static void cmd_check(void) {
     printf("check ok %zu\n", total);
 }
 
-/* A busy thread: rewrite each block (memset to a marker, then the pattern again) and read it back. */
+/* A busy thread: thread t owns the newest blocks n-1-t, n-1-t-THREADS, ... (the ones a bursting tenant gives
+ * up first); each round sets a whole block to a new value (cuMemsetD32) and reads it all back
+ * (cuMemcpyDtoH): a write that lands in memory the shim is moving away, or an access to an address between
+ * two mappings, shows as an error or a crash. At the end the block's pattern is written back (for "check"). */
 static void *busy(void *arg) {
     int id = (int)(intptr_t)arg;
     cuCtxSetCurrent(g_ctx);
-    size_t span = 4 * MiB;
-    uint32_t *buf = malloc(span), *want = malloc(span);
+    size_t cap = 0;
+    for (int b = 0; b < g_n; b++) cap = g_size[b] > cap ? g_size[b] : cap;
+    uint32_t *buf = malloc(cap);
     long rounds = 0, errors = 0;
     while (!g_stop) {
-        for (int b = id % (g_n ? g_n : 1); b < g_n && !g_stop; b += 2) {
-            size_t off = ((size_t)rounds * span) % g_size[b];
-            CUdeviceptr p = g_ptr[b] + off;
-            for (size_t i = 0; i < span / 4; i++) want[i] = word(b, off / 4 + i);
-            if (cuMemsetD32_v2(p, 0xdeadbeefu, span / 4) || cuMemcpyHtoD_v2(p, want, span) ||
-                cuMemcpyDtoH_v2(buf, p, span) || memcmp(buf, want, span))
-                errors++;
+        for (int b = g_n - 1 - id; b >= 0 && b >= g_n - 4 && !g_stop; b -= g_nthreads) {
+            uint32_t v = ((uint32_t)id << 24) | (uint32_t)(rounds & 0xffffff);
+            if (cuMemsetD32_v2(g_ptr[b], v, g_size[b] / 4) || cuMemcpyDtoH_v2(buf, g_ptr[b], g_size[b])) { errors++; continue; }
+            for (size_t i = 0; i < g_size[b] / 4; i++)
+                if (buf[i] != v) { errors++; break; }
         }
         rounds++;
+    }
+    for (int b = g_n - 1 - id; b >= 0 && b >= g_n - 4; b -= g_nthreads) {
+        pattern(buf, b, g_size[b]);
+        if (cuMemcpyHtoD_v2(g_ptr[b], buf, g_size[b])) errors++;
     }
     pthread_mutex_lock(&g_stat);
     g_rounds += rounds;
     g_errors += errors;
     pthread_mutex_unlock(&g_stat);
     free(buf);
-    free(want);
     return NULL;
 }
 
@@ -114,7 +120,8 @@ int main(void) {
         else if (strncmp(line, "check", 5) == 0) cmd_check();
         else if (sscanf(line, "busy %zu", &a) == 1) {
             g_stop = 0;
-            for (nth = 0; nth < (int)a && nth < 8; nth++) pthread_create(&th[nth], NULL, busy, (void *)(intptr_t)nth);
+            g_nthreads = a < 1 ? 1 : a > 4 ? 4 : (int)a;
+            for (nth = 0; nth < g_nthreads; nth++) pthread_create(&th[nth], NULL, busy, (void *)(intptr_t)nth);
             printf("busy\n");
         } else if (strncmp(line, "stop", 4) == 0) {
             g_stop = 1;
