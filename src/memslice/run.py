@@ -109,6 +109,9 @@ def limits_for(args: argparse.Namespace, environ: dict[str, str]) -> Limits:
     if request is not None and request > limit:
         raise ValueError(f"--gpu-mem-request {args.gpu_mem_request} is above --gpu-mem {args.gpu_mem}; the request "
                          "is the guaranteed part of the limit")
+    if args.idle_after is not None and not 0 <= args.idle_after <= 604800:
+        raise ValueError(f"--idle-after {args.idle_after:g}: idle_after={args.idle_after:g} is not between 0 and "
+                         "604800 seconds")
     elastic = request is not None and request < limit
     return Limits(gpu_mem_bytes=limit,
                   gpu_mem_request_bytes=request,
