@@ -210,7 +210,8 @@ static int read_elastic(const struct limits_file *f, int have_file) {
 /* Apply one `key=value` line of the limits file. 0, or -1 (fail closed). */
 static int limits_line(struct limits_file *f, char *key, char *val, int lineno) {
     char what[700];
-    snprintf(what, sizeof what, "%s line %d: %s", f->path, lineno, key);
+    if (snprintf(what, sizeof what, "%s line %d: %s", f->path, lineno, key) >= (int)sizeof what)
+        what[sizeof what - 1] = 0; /* a long key is named truncated: the message stays one line */
     int *seen = NULL;
     if (strcmp(key, "gpu_mem_limit") == 0) {
         seen = &f->has_limit;
@@ -402,7 +403,8 @@ static int read_region_dir(const struct limits_file *f, int have_file) {
                     "container's processes.", what, dir, errno ? strerror(errno) : "not a directory");
         return -1;
     }
-    snprintf(c->region_path, sizeof c->region_path, "%s/%s", dir, MS_REGION_FILE);
+    if (snprintf(c->region_path, sizeof c->region_path, "%s/%s", dir, MS_REGION_FILE) >= (int)sizeof c->region_path)
+        return -1; /* cannot happen: the length was checked above */
     if (c->mode == MODE_PASSTHROUGH) c->mode = MODE_OBSERVE;
     return 0;
 }
