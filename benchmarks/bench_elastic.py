@@ -91,11 +91,11 @@ class Tenant:
 
 
 def gate_cost(exe: str, tmp: Path, repeats: int, calls: int) -> dict[str, float]:
-    base = node_env(tmp / "gate", "4GiB")
-    (tmp / "gate").mkdir()
+    base = node_env(tmp / "gate-run", "4GiB")
+    (tmp / "gate-run").mkdir()
     envs = {"no shim": base,
-            "shim, not elastic": tenant_env(base, tmp / "gate" / "r1", 1024, None, tmp),
-            "shim, elastic": tenant_env(base, tmp / "gate" / "r2", 1024, 512, tmp)}
+            "shim, not elastic": tenant_env(base, tmp / "gate-run" / "r1", 1024, None, tmp),
+            "shim, elastic": tenant_env(base, tmp / "gate-run" / "r2", 1024, 512, tmp)}
     got: dict[str, list[float]] = {k: [] for k in envs}
     for _ in range(repeats):
         for k, env in envs.items():

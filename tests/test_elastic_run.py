@@ -4,6 +4,7 @@ the second finds it, the idle one yields its HBM."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import stat
@@ -78,6 +79,14 @@ def test_two_memslice_run_sessions_share_one_gpu_elastically(tmp_path, tenant_bi
             return sorted((p.device_bytes // MiB, p.host_bytes // MiB) for p in snap.processes if p.alive)
         assert held()[1] == (300 + 640, 0), "B's memory is all in HBM"
         until(lambda: held() == [(300, 1024), (300 + 640, 0)], "A's bytes all in host memory")
+        top = subprocess.run([sys.executable, "-m", "memslice", "top", "--json", "--elastic-dir", str(edir),
+                              str(tmp_path / "a"), str(tmp_path / "b")], env=env, capture_output=True, text=True,
+                             timeout=60)
+        assert top.returncode == 0, top.stderr
+        shown = sorted(json.loads(top.stdout)["elastic"], key=lambda t: t["swapped_bytes"])
+        assert [(t["state"], t["resident_bytes"] // MiB, t["swapped_bytes"] // MiB) for t in shown] == [
+            ("active", 640, 0), ("swapped-out", 0, 1024)]
+        assert shown[1]["swap_outs"] == 16 and shown[1]["request_bytes"] == 256 * MiB
         assert ask(a, "check") == f"check ok {1024 * MiB}"
         assert ask(b, "check") == f"check ok {640 * MiB}"
     finally:
