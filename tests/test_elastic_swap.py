@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import select
 import signal
 import subprocess
 import time
@@ -33,8 +34,11 @@ class Tenant:
         self.proc = subprocess.Popen([exe], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.say_nothing() == "ready"
 
-    def say_nothing(self) -> str:
+    def say_nothing(self, timeout: float = 300) -> str:
+        """The next line the tenant prints, waiting at most `timeout` (a hang fails the test, not the run)."""
         assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        assert ready, f"tenant {self.proc.pid} said nothing for {timeout} s"
         return self.proc.stdout.readline().strip()
 
     def send(self, line: str) -> None:
@@ -63,10 +67,10 @@ def elastic(node, tmp_path: pathlib.Path, tenant_bin: str) -> Iterator[Callable[
     edir.mkdir()
 
     def start(name: str, limit: str, request: str | None, gpus: str = "4GiB", ctx: str = "300MiB",
-              idle: str = "0.3") -> Tenant:
+              idle: str = "0.3", wait: str = "60") -> Tenant:
         n = nodes.setdefault("n", node(gpus=gpus, context_overhead=ctx))
         extra = dict(MEMSLICE_CONTEXT_RESERVE="0", MEMSLICE_ELASTIC_DIR=str(edir), MEMSLICE_IDLE_AFTER=idle,
-                     MEMSLICE_YIELD_WAIT="60")
+                     MEMSLICE_YIELD_WAIT=wait)
         if request is not None:
             extra["MEMSLICE_GPU_MEM_REQUEST"] = request
         t = Tenant(tenant_bin, n.container(tmp_path / name, limit, **extra))  # type: ignore[attr-defined]
@@ -154,34 +158,66 @@ def test_guaranteed_allocation_takes_hbm_back_from_a_busy_burster(elastic):
     assert read_region_file(state).devices[0].peak_bytes <= 1024 * MiB
 
 
-def test_tenant_killed_mid_swap_out_leaks_nothing(elastic, tmp_path):
-    """A is SIGKILLed while its memory moves to host memory for B: B's allocation still succeeds, A's
-    device and host memory and its quota come back, B's data is intact."""
+@pytest.mark.parametrize("phase", ["out", "in"])
+def test_tenant_killed_mid_swap_leaks_nothing(elastic, tmp_path, phase):
+    """A is SIGKILLed while its memory moves to host memory for B (out), or back to HBM when it runs again
+    (in): B's allocation succeeds, B's data is intact, A's device and host memory and its quota come back."""
     a = elastic("a", "1536MiB", "128MiB", gpus="2GiB", ctx="64MiB")
     assert a.cmd("alloc 1280 16") == "allocated 80"
     state = elastic.node().state
     wait_for(lambda: board_state(elastic.edir, a.proc.pid) == "idle", "A idle on the board")
     b = elastic("b", "1GiB", "768MiB", gpus="2GiB", ctx="64MiB")
     b.send("alloc 768 32")
+    if phase == "in":
+        assert b.say_nothing() == "allocated 24"
+        wait_for(lambda: per_process(state)[a.proc.pid] == (64, 1280), "A all in host memory")
+        a.send("check")  # A runs again: its ranges come back to HBM one by one
 
     def mid_swap() -> bool:
         dev, host = per_process(state).get(a.proc.pid, (0, 0))
         return host > 0 and dev > 64 + 16
-    wait_for(mid_swap, "A in the middle of its swap-out", timeout=120)
+    wait_for(mid_swap, f"A in the middle of its swap-{phase}", timeout=120)
     os.kill(a.proc.pid, signal.SIGKILL)
     a.proc.wait(timeout=30)
-    assert b.say_nothing() == "allocated 24"
+    if phase == "out":
+        assert b.say_nothing() == "allocated 24"
     assert b.cmd("check") == f"check ok {768 * MiB}"
     use = per_process(state)
     assert a.proc.pid not in use
     assert use[b.proc.pid] == (64 + 768, 0)
     assert [t.pid for t in read_boards(elastic.edir)] == [b.proc.pid]
     b.close()
+    c = elastic("c", "2GiB", None, gpus="2GiB", ctx="64MiB")  # the whole GPU can be had again
+    assert c.cmd("alloc 1984 32") == "allocated 62"
+    c.close()
     gpu = read_region_file(state).devices[0]
     assert (gpu.used_bytes, gpu.host_bytes) == (0, 0), "nothing of A's or B's is left on the GPU or in host memory"
     assert sweep(tmp_path / "a") == 1  # what the next process of A's container (or the agent) does
     region = read_region(tmp_path / "a")
     assert region is not None and region.devices[0].used_bytes == 0, "A's quota was reclaimed"
+
+
+def test_a_tenant_that_does_not_yield_is_skipped_and_the_request_served_from_host(elastic):
+    """A holds most of the GPU and is stopped (SIGSTOP: it can answer nothing). B's allocation within its
+    request does not wait past MEMSLICE_YIELD_WAIT: the part HBM cannot hold is served from host memory at
+    once (never an OOM below the request); when A runs again and yields, B's memory moves to HBM."""
+    a = elastic("a", "1536MiB", "128MiB", gpus="2GiB", ctx="64MiB")
+    assert a.cmd("alloc 1280 64") == "allocated 20"
+    state = elastic.node().state
+    wait_for(lambda: board_state(elastic.edir, a.proc.pid) == "idle", "A idle on the board")
+    os.kill(a.proc.pid, signal.SIGSTOP)
+    try:
+        b = elastic("b", "1GiB", "768MiB", gpus="2GiB", ctx="64MiB", wait="1")
+        assert b.cmd("alloc 768 64") == "allocated 12"  # bounded: one YIELD_WAIT, then A is skipped
+        assert per_process(state)[b.proc.pid] == (64 + 640, 128), "the 128 MiB HBM could not hold are in host memory"
+        assert per_process(state)[a.proc.pid] == (64 + 1280, 0)
+    finally:
+        os.kill(a.proc.pid, signal.SIGCONT)
+    # B's thread, short of its request, asks again; A, running again and idle, yields; B's bytes move to HBM
+    wait_for(lambda: per_process(state)[b.proc.pid] == (64 + 768, 0), "B's request all in HBM")
+    assert per_process(state)[a.proc.pid] == (64, 1280)
+    assert b.cmd("check") == f"check ok {768 * MiB}"
+    assert a.cmd("check") == f"check ok {1280 * MiB}"
 
 
 def test_without_a_request_nothing_is_elastic(elastic):

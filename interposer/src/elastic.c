@@ -41,6 +41,8 @@ static int g_dev = -1;                                    /* its ledger index */
 static struct eb g_board = {-1, -1};
 static struct eb_slot g_me;                               /* this process's slot, as last published */
 static int g_thread_started;
+static uint64_t g_yield_ns;                               /* when this process last gave HBM away */
+static uint64_t g_skip_until[EB_SLOTS];                   /* neighbours that did not answer in time: not asked again before */
 
 static uint64_t g_last_call_ns;                           /* CLOCK_MONOTONIC of the last gated call */
 static int g_inflight;                                    /* gated calls in progress */
@@ -168,14 +170,13 @@ static CUresult map_rw(uint64_t va, uint64_t size, CUmemGenericAllocationHandle 
     return rc;
 }
 
-/* Move one range to host memory (to_host) or to the device, at the same address. The gate is closed and
- * g_mu held. The bytes are copied to the new allocation through a temporary mapping first, so a failure at
- * any step leaves the old mapping (and the data) in place. 0, or -1. */
-static int remap(struct erange *r, int to_host) {
-    CUmemGenericAllocationHandle nh;
+/* Move one range to its new physical allocation nh (in host memory if to_host, else on the device), at
+ * the same address; nh is released on failure. The gate is closed and g_mu held. The bytes are copied to
+ * the new allocation through a temporary mapping first, so a failure at any step leaves the old mapping
+ * (and the data) in place. 0, or -1. */
+static int remap(struct erange *r, CUmemGenericAllocationHandle nh, int to_host) {
     CUdeviceptr tmp;
     uint64_t t0 = now_ns();
-    if (create_phys(&nh, r->size, to_host) != CUDA_SUCCESS) return -1;
     if (REAL(cuMemAddressReserve)(&tmp, r->size, 0, 0, 0) != CUDA_SUCCESS) {
         REAL(cuMemRelease)(nh);
         return -1;
@@ -207,6 +208,8 @@ static int remap(struct erange *r, int to_host) {
     return -1;
 }
 
+static int make_room(uint64_t need, int guaranteed, int wait);
+
 /* ---- the board -------------------------------------------------------------------------------------- */
 /* Publish this process's state on its GPU's board. Caller holds g_mu. */
 static void publish(uint64_t done_seq) {
@@ -236,9 +239,11 @@ static void yield(uint64_t bytes) {
     int idle = is_idle();
     uint64_t floor = idle ? 0 : g_cfg.request, given = 0;
     if (g_resident <= floor || gate_close() < 0) return;
+    CUmemGenericAllocationHandle nh;
     for (struct erange *r = g_ranges; r && g_resident > floor && (idle || given < bytes); r = r->next)
-        if (!r->host && remap(r, 1) == 0) given += r->size;
+        if (!r->host && create_phys(&nh, r->size, 1) == CUDA_SUCCESS && remap(r, nh, 1) == 0) given += r->size;
     gate_open();
+    if (given) g_yield_ns = now_ns();
     char a[32];
     shim_log(LOG_INFO, "memslice: elastic: %s moved to host memory (%s)", fmt_bytes(given, a, sizeof a),
              idle ? "idle" : "above the request, for a neighbour's guaranteed allocation");
@@ -255,17 +260,33 @@ static int neighbour_short(void) {
     return 0;
 }
 
-/* Bring back one host-resident range when this process is active: within its request first; above it only
- * when no neighbour is short of its request. One range per tick, so the gate is closed briefly. Caller
- * holds g_mu. */
+/* Bring back one host-resident range: when this process is active, within its request first and above it
+ * only when no neighbour is short of its request; when idle, only within its request and only if it has not
+ * given HBM away since its last call (memory served from host because HBM was full comes back as soon as HBM
+ * frees up; memory an idle process yielded waits until it runs again). One range per tick, so the gate is
+ * closed briefly. Caller holds g_mu. */
 static void swap_in_one(void) {
-    if (!g_swapped || is_idle()) return;
+    if (!g_swapped) return;
+    if (is_idle() && (g_resident >= g_cfg.request ||
+                      g_yield_ns > __atomic_load_n(&g_last_call_ns, __ATOMIC_RELAXED))) return;
     struct erange *pick = NULL;
     for (struct erange *r = g_ranges; r; r = r->next)
         if (r->host) pick = r; /* the oldest: the list is newest first */
     if (!pick || (g_resident + pick->size > g_cfg.request && neighbour_short())) return;
-    if (gate_close() < 0) return;
-    remap(pick, 0);
+    CUmemGenericAllocationHandle nh;
+    static uint64_t last_ask;
+    if (create_phys(&nh, pick->size, 0) != CUDA_SUCCESS) { /* HBM full: nothing is gated */
+        if (g_resident + pick->size <= g_cfg.request && now_ns() - last_ask > 1000000000ull) {
+            last_ask = now_ns(); /* short of its request: ask neighbours (without waiting); retried next tick */
+            make_room(pick->size, 1, 0);
+        }
+        return;
+    }
+    if (gate_close() < 0) {
+        REAL(cuMemRelease)(nh);
+        return;
+    }
+    remap(pick, nh, 0);
     gate_open();
 }
 
@@ -322,8 +343,8 @@ static int elastic_setup(int dev, CUdevice ord) {
 /* Ask neighbours for `need` bytes of HBM and wait (bounded) for their answers. Idle tenants are asked
  * first, most idle first; for an allocation within the request (`guaranteed`), bursting ones too. A
  * neighbour that has not answered by the deadline (or died) is skipped. Returns how many were asked. */
-static int make_room(uint64_t need, int guaranteed) {
-    static struct eb_slot s[EB_SLOTS];
+static int make_room(uint64_t need, int guaranteed, int wait) {
+    struct eb_slot s[EB_SLOTS];
     int live[EB_SLOTS], asked[EB_SLOTS], n = 0;
     uint64_t seq = now_ns(), found = 0;
     eb_read_all(&g_board, s, live);
@@ -331,7 +352,7 @@ static int make_room(uint64_t need, int guaranteed) {
         for (;;) { /* pass 0: idle ones, most idle first; pass 1: bursting ones (guaranteed only) */
             int best = -1;
             for (int i = 0; i < EB_SLOTS; i++) {
-                if (!live[i] || !s[i].resident) continue;
+                if (!live[i] || !s[i].resident || (wait && g_skip_until[i] > seq)) continue;
                 if (pass == 0 ? s[i].state != EB_IDLE : !guaranteed || s[i].resident <= s[i].request) continue;
                 if (best < 0 || s[i].idle_ms > s[best].idle_ms) best = i;
             }
@@ -342,13 +363,21 @@ static int make_room(uint64_t need, int guaranteed) {
             live[best] = 0;
         }
     }
-    uint64_t deadline = seq + g_cfg.yield_wait_ms * 1000000ull;
-    for (int pending = n; pending > 0 && now_ns() < deadline;) {
+    uint64_t deadline = seq + (wait ? g_cfg.yield_wait_ms * 1000000ull : 0);
+    int pending = wait ? n : 0;
+    while (pending > 0 && now_ns() < deadline) {
         sleep_ms(2);
         pending = 0;
         for (int k = 0; k < n; k++)
             if (eb_alive(&g_board, asked[k]) && eb_done_seq(&g_board, asked[k]) < seq) pending++;
     }
+    for (int k = 0; pending > 0 && k < n; k++) /* not answered in time: not asked again for 30 s */
+        if (eb_alive(&g_board, asked[k]) && eb_done_seq(&g_board, asked[k]) < seq) {
+            g_skip_until[asked[k]] = now_ns() + 30000000000ull;
+            shim_log(LOG_WARN, "memslice: elastic: the tenant in slot %d of the board did not yield HBM within "
+                     "%llu ms; it is skipped for 30 s and the allocation is served from host memory", asked[k],
+                     (unsigned long long)g_cfg.yield_wait_ms);
+        }
     return n;
 }
 
@@ -359,7 +388,7 @@ static CUresult place(CUmemGenericAllocationHandle *h, uint64_t size, int *host)
     *host = 0;
     if (create_phys(h, size, 0) == CUDA_SUCCESS) return CUDA_SUCCESS;
     int guaranteed = g_resident + size <= g_cfg.request;
-    if (make_room(size, guaranteed) > 0 && create_phys(h, size, 0) == CUDA_SUCCESS) return CUDA_SUCCESS;
+    if (make_room(size, guaranteed, 1) > 0 && create_phys(h, size, 0) == CUDA_SUCCESS) return CUDA_SUCCESS;
     char a[32];
     shim_log(LOG_INFO, "memslice: elastic: %s served from host memory (HBM is full%s)", fmt_bytes(size, a, sizeof a),
              guaranteed ? " and neighbours did not yield in time; it moves to HBM when HBM frees up" : "");
