@@ -57,6 +57,14 @@ static uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* The gate's activity stamp: the coarse clock (a vDSO read of a few ns, resolution of a few ms, plenty for
+ * idleness measured in seconds). Same time base as now_ns. */
+static uint64_t coarse_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 /* Sleeps in the background thread and bounded waits. */
 static void sleep_ms(unsigned ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -93,7 +101,7 @@ void elastic_after_fork(void) {
  * Every launch, copy and set enters the gate: it counts as activity, and it waits while a remap has the
  * gate closed, so no work is ever submitted against an address that is between two physical allocations. */
 void elastic_gate_slow(void) {
-    __atomic_store_n(&g_last_call_ns, now_ns(), __ATOMIC_RELAXED);
+    __atomic_store_n(&g_last_call_ns, coarse_ns(), __ATOMIC_RELAXED);
     for (;;) {
         __atomic_add_fetch(&g_inflight, 1, __ATOMIC_SEQ_CST);
         if (!__atomic_load_n(&g_closed, __ATOMIC_SEQ_CST)) return;
@@ -113,7 +121,7 @@ void elastic_gate_slow(void) {
 /* Leaving the gate: the call has been submitted (or done). */
 void elastic_gate_exit(void) {
     __atomic_sub_fetch(&g_inflight, 1, __ATOMIC_SEQ_CST);
-    __atomic_store_n(&g_last_call_ns, now_ns(), __ATOMIC_RELAXED);
+    __atomic_store_n(&g_last_call_ns, coarse_ns(), __ATOMIC_RELAXED);
 }
 
 /* Open the gate and wake the threads waiting at it. */
@@ -243,7 +251,7 @@ static void yield(uint64_t bytes) {
     for (struct erange *r = g_ranges; r && g_resident > floor && (idle || given < bytes); r = r->next)
         if (!r->host && create_phys(&nh, r->size, 1) == CUDA_SUCCESS && remap(r, nh, 1) == 0) given += r->size;
     gate_open();
-    if (given) g_yield_ns = now_ns();
+    if (given) g_yield_ns = coarse_ns(); /* the same clock as the activity stamp it is compared with */
     char a[32];
     shim_log(LOG_INFO, "memslice: elastic: %s moved to host memory (%s)", fmt_bytes(given, a, sizeof a),
              idle ? "idle" : "above the request, for a neighbour's guaranteed allocation");
