@@ -56,7 +56,8 @@ def _alive(fd: int, index: int) -> bool:
     """Whether slot `index`'s owner holds its liveness lock (an OFD lock probe: never waits)."""
     probe = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, LIVE_OFF + index, 1, 0)
     got = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, probe)
-    return struct.unpack("hhqqi4x", got)[0] != fcntl.F_UNLCK
+    kind: int = struct.unpack("hhqqi4x", got)[0]
+    return kind != fcntl.F_UNLCK
 
 
 def read_board(path: str | os.PathLike[str]) -> list[Tenant]:
