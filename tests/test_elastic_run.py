@@ -116,3 +116,14 @@ def test_run_refuses_an_elastic_directory_that_is_not_the_users(tmp_path):
     out = subprocess.run([sys.executable, "-m", "memslice", "run", "--gpu-mem", "2GiB", "--gpu-mem-request", "1GiB",
                           "--", "true"], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "is not a directory of yours" in out.stderr, out.stderr
+
+
+def test_elastic_demo_shows_an_idle_notebook_yielding_and_getting_its_memory_back(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSLICE_") and k != "LD_PRELOAD"}
+    out = subprocess.run([sys.executable, "-m", "memslice", "demo", "--elastic"], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert "notebook-a  swapped-out in GPU        0B   in host memory      2GiB" in out.stdout
+    assert "'allocated_mib': 1792, 'result': 0" in out.stdout and "'checked_blocks': 8, 'bad': 0" in out.stdout
+    peak = int(out.stdout.split("at most ")[1].split(" MiB")[0])
+    assert peak <= 4096
