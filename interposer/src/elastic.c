@@ -100,6 +100,7 @@ void elastic_after_fork(void) {
 /* ---- the work gate -------------------------------------------------------------------------------------
  * Every launch, copy and set enters the gate: it counts as activity, and it waits while a remap has the
  * gate closed, so no work is ever submitted against an address that is between two physical allocations. */
+/* Entering the gate: stamp activity, count the call in flight, wait while a remap has the gate closed. */
 void elastic_gate_slow(void) {
     __atomic_store_n(&g_last_call_ns, coarse_ns(), __ATOMIC_RELAXED);
     for (;;) {

@@ -26,6 +26,7 @@ static void safe_name(const char *uuid, char *out, unsigned cap) {
     out[n] = 0;
 }
 
+/* Claim the first slot whose liveness lock nobody holds: a dead tenant's slot is free again at once. */
 int eb_open(struct eb *b, const char *dir, const char *uuid, char *err, unsigned errlen) {
     char name[80], path[400];
     safe_name(uuid, name, sizeof name);
@@ -63,11 +64,13 @@ void eb_close_after_fork(struct eb *b) {
     b->slot = -1;
 }
 
+/* Only the owner writes its slot, so neighbours read a whole, recent record (torn reads: stats only). */
 void eb_publish(const struct eb *b, const struct eb_slot *mine) {
     if (b->fd < 0) return;
     if (pwrite(b->fd, mine, sizeof *mine, (off_t)b->slot * (off_t)sizeof *mine) < 0) { /* best effort */ }
 }
 
+/* Liveness is the kernel's word (the owner's OFD lock), never a pid a tenant could forge or reuse. */
 int eb_alive(const struct eb *b, int slot) {
     if (b->fd < 0 || slot == b->slot) return 0;
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = EB_LIVE_OFF + slot, .l_len = 1};
@@ -75,6 +78,7 @@ int eb_alive(const struct eb *b, int slot) {
     return fl.l_type != F_UNLCK;
 }
 
+/* One bounded read of every slot; anything short, malformed or dead reads as empty. */
 void eb_read_all(const struct eb *b, struct eb_slot out[EB_SLOTS], int live[EB_SLOTS]) {
     memset(out, 0, sizeof(struct eb_slot) * EB_SLOTS);
     ssize_t n = b->fd < 0 ? -1 : pread(b->fd, out, sizeof(struct eb_slot) * EB_SLOTS, 0);
@@ -85,18 +89,21 @@ void eb_read_all(const struct eb *b, struct eb_slot out[EB_SLOTS], int live[EB_S
     }
 }
 
+/* What a neighbour has answered: polled by a tenant waiting (bounded) for HBM. */
 uint64_t eb_done_seq(const struct eb *b, int slot) {
     struct eb_slot s;
     if (b->fd < 0 || pread(b->fd, &s, sizeof s, (off_t)slot * (off_t)sizeof s) != (ssize_t)sizeof s) return 0;
     return s.magic == EB_MAGIC ? s.done_seq : 0;
 }
 
+/* Asks are plain writes into the neighbour's ask slot: no lock a hostile tenant could hold. */
 void eb_ask(const struct eb *b, int slot, uint64_t seq, uint64_t bytes) {
     struct eb_ask a = {seq, bytes};
     if (b->fd < 0) return;
     if (pwrite(b->fd, &a, sizeof a, EB_ASK_OFF + (off_t)slot * (off_t)sizeof a) < 0) { /* best effort */ }
 }
 
+/* The background thread's poll: the ask posted to this process's slot. */
 struct eb_ask eb_my_ask(const struct eb *b) {
     struct eb_ask a = {0, 0};
     if (b->fd < 0 || pread(b->fd, &a, sizeof a, EB_ASK_OFF + (off_t)b->slot * (off_t)sizeof a) != (ssize_t)sizeof a)
