@@ -80,3 +80,33 @@ def read_boards(directory: str | os.PathLike[str]) -> list[Tenant]:
     """Every live tenant of every GPU board in an elastic directory (at most 64 boards)."""
     boards = sorted(Path(directory).glob("*.board"))[:64]
     return [t for b in boards if b.is_file() and not b.is_symlink() for t in read_board(b)]
+
+
+# ---- the Kubernetes side: the limit annotation (for the extender's filter and the agent's Allocate) ----------
+ANN_LIMIT = "memslice.io/gpu-mem-limit"    # pod-wide; ANN_LIMIT + "." + container wins for that container
+MAX_LIMIT_MIB = 1 << 20                      # 1 TiB: anything larger is a typo
+
+
+class LimitAnnotationError(ValueError):
+    """A bad `memslice.io/gpu-mem-limit[.<container>]` value; the message names the annotation and the fix."""
+
+
+def limit_mib(annotations: dict[str, str], container: str, request_mib: int) -> int | None:
+    """The container's GPU memory limit in MiB from the pod's annotations, or None without one (limit =
+    request: not elastic). Pure; raises LimitAnnotationError for a value that is not a whole number of MiB
+    (1..MAX_LIMIT_MIB) or that is below the request (`memslice.io/gpu-mem`)."""
+    key = f"{ANN_LIMIT}.{container}"
+    if key not in annotations:
+        key = ANN_LIMIT
+    raw = annotations.get(key)
+    if raw is None:
+        return None
+    text = raw.strip()
+    if not text.isascii() or not text.isdigit() or not 0 < int(text) <= MAX_LIMIT_MIB:
+        raise LimitAnnotationError(f"annotation {key}={raw[:32]!r} is not a whole number of MiB between 1 and "
+                                   f"{MAX_LIMIT_MIB} (e.g. \"8192\"); fix or remove it")
+    mib = int(text)
+    if mib < request_mib:
+        raise LimitAnnotationError(f"annotation {key}={mib} is below the container {container!r}'s request of "
+                                   f"{request_mib} MiB (memslice.io/gpu-mem); the limit must be at least the request")
+    return mib
