@@ -20,10 +20,9 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from memslice.plugin.ledger import REGION_ID, Allocation
-
 from memslice.limits import CONTAINER_LIMITS, Limits
 from memslice.limits import write as write_limits
+from memslice.plugin.ledger import REGION_ID, Allocation
 
 log = logging.getLogger(__name__)
 

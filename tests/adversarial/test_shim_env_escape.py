@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import kv, run
+
 from memslice.interposer.region import read_region
 
 MiB = 1 << 20

@@ -13,8 +13,9 @@ import time
 
 import pytest
 from conftest import run
-from memslice.interposer.region import read_region
 from shim_helpers import build_with_ledger, wait_stopped
+
+from memslice.interposer.region import read_region
 
 CALL_WAIT_S = 1.5  # MS_CALL_WAIT_MS in interposer/include/memslice_region.h
 
