@@ -258,14 +258,17 @@ static void yield(uint64_t bytes) {
              idle ? "idle" : "above the request, for a neighbour's guaranteed allocation");
 }
 
-/* Whether another live, active tenant of the GPU waits for HBM within its request (then this process does
- * not bring back bytes above its own request). */
+/* Whether another live tenant of the GPU waits for HBM within its request (then this process does not bring
+ * back bytes above its own request, which would only be asked back): an active one short of its request, or
+ * an idle one that holds some HBM but less than its request (served from host when HBM was full). An idle
+ * tenant with nothing in HBM was swapped out for idleness and asks again when it runs. */
 static int neighbour_short(void) {
     static struct eb_slot s[EB_SLOTS];
     int live[EB_SLOTS];
     eb_read_all(&g_board, s, live);
     for (int i = 0; i < EB_SLOTS; i++)
-        if (live[i] && s[i].state == EB_ACTIVE && s[i].swapped && s[i].resident < s[i].request) return 1;
+        if (live[i] && s[i].swapped && s[i].resident < s[i].request && (s[i].state == EB_ACTIVE || s[i].resident))
+            return 1;
     return 0;
 }
 
