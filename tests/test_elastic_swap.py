@@ -4,11 +4,14 @@ bytes unchanged, physical HBM never exceeded; a tenant killed mid-swap leaks not
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import select
 import signal
+import struct
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -253,3 +256,28 @@ def test_bad_elastic_settings_fail_closed_naming_the_value(node, tmp_path, tenan
     r = subprocess.run([tenant_bin], env=env, input="", capture_output=True, text=True, timeout=30)
     assert r.stdout.strip() == "init failed"
     assert message in r.stderr and "Every CUDA call fails" in r.stderr
+
+
+def test_a_tampered_board_crashes_and_blocks_nobody(elastic, tmp_path):
+    """Tenants can write the board: truncate it, fill it with junk, forge a slot claiming to hold the whole
+    GPU idle. Readers (the shim, `memslice top`) take only slots whose owner holds the liveness lock, reads
+    are bounded, and the live tenant just republishes its own slot."""
+    a = elastic("a", "1GiB", "256MiB", gpus="2GiB", ctx="64MiB")
+    assert a.cmd("alloc 256 32") == "allocated 8"
+    board = next(elastic.edir.glob("*.board"))
+    wait_for(lambda: [t.pid for t in read_boards(elastic.edir)] == [a.proc.pid], "A on the board")
+    forged = struct.pack("<IIiI12Q", 0x4C45534D, 2, 1, 0, 0, 1 << 40, 1 << 40, 0, 10 ** 9, *[0] * 7)
+    with open(board, "r+b") as f:
+        f.truncate(100)
+        f.seek(128 * 5)
+        f.write(forged.ljust(128, b"\0") + os.urandom(128 * 20))
+    wait_for(lambda: [t.pid for t in read_boards(elastic.edir)] == [a.proc.pid], "A republished, junk ignored")
+    b = elastic("b", "2GiB", "1GiB", gpus="2GiB", ctx="64MiB")
+    assert b.cmd("alloc 1728 64") == "allocated 27"  # does not fit beside A: asks live tenants only, A yields
+    assert per_process(elastic.node().state)[b.proc.pid] == (64 + 1728, 0), "A, not the forged slot, was asked"
+    assert b.cmd("check") == f"check ok {1728 * MiB}"
+    assert a.cmd("check") == f"check ok {256 * MiB}"
+    top = subprocess.run([sys.executable, "-m", "memslice", "top", "--json", "--elastic-dir", str(elastic.edir),
+                          str(tmp_path / "a")], capture_output=True, text=True, timeout=60)
+    assert top.returncode == 0, top.stderr
+    assert sorted(t["pid"] for t in json.loads(top.stdout)["elastic"]) == sorted([a.proc.pid, b.proc.pid])
