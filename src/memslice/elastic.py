@@ -13,6 +13,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from memslice import errors
+
 SLOTS = 64
 SLOT_SIZE = 128
 MAGIC = 0x4C45534D
@@ -87,7 +89,7 @@ ANN_LIMIT = "memslice.io/gpu-mem-limit"    # pod-wide; ANN_LIMIT + "." + contain
 MAX_LIMIT_MIB = 1 << 20                      # 1 TiB: anything larger is a typo
 
 
-class LimitAnnotationError(ValueError):
+class LimitAnnotationError(errors.InputError):
     """A bad `memslice.io/gpu-mem-limit[.<container>]` value; the message names the annotation and the fix."""
 
 
