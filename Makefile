@@ -29,6 +29,7 @@ protos:
 
 demo: install
 	$(VENV)/bin/memslice demo
+	$(VENV)/bin/memslice demo --elastic
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -225,6 +225,32 @@ nvmlReturn_t DECLDIR nvmlShutdown(void);
 nvmlReturn_t DECLDIR nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion);
 nvmlReturn_t DECLDIR nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion);
 nvmlReturn_t DECLDIR nvmlSystemGetDriverVersion(char *version, unsigned int length);
+
+/* Work submission the elastic mode gates (hooks_launch.c); the simulator has no kernels, the shim forwards
+ * these to the real driver. Signatures as in cuda.h 12.x/13.x. */
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUlaunchConfig_st CUlaunchConfig;   /* only passed by pointer here */
+CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                                unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                                unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra);
+CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                     unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                                     unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                                     void **kernelParams, void **extra);
+CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
+CUresult CUDAAPI cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
+CUresult CUDAAPI cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                           unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                                           unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                                           void **kernelParams);
+CUresult CUDAAPI cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                                unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                                                unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                                                void **kernelParams);
+CUresult CUDAAPI cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream);
+CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
+
 #ifdef __cplusplus
 }
 #endif

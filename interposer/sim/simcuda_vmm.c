@@ -32,6 +32,7 @@ static int vmm_device(const CUmemAllocationProp *prop, int host) {
     int dev = host ? (t_ctx ? t_ctx->dev : 0) : prop->location.id;
     if (!valid_dev(dev) || prop->location.type == CU_MEM_LOCATION_TYPE_INVALID) return -1;
     if (host && prop->requestedHandleTypes) return -1; /* documented for HOST locations */
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT) return -1; /* refused by cuMemCreate */
     return dev;
 }
 
@@ -122,7 +123,8 @@ API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 struct mapping { uint64_t ptr, size; struct sim_vmm *v; struct mapping *next; };
 static struct mapping *g_maps;
 
-/* Map part of a handle's memfd at an address of a reserved range. */
+/* Map part of a handle's memfd at an address of a reserved range. As on the real driver, the mapping is not
+ * accessible until cuMemSetAccess grants access (PROT_NONE until then). */
 API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
                       unsigned long long flags) {
     NEED_INIT();
@@ -131,7 +133,7 @@ API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericA
     CUresult rc = CUDA_SUCCESS;
     struct mapping *m = malloc(sizeof *m);
     if (!v || v->released || flags || !m || offset + size > v->size || size % VMM_GRANULARITY) rc = CUDA_ERROR_INVALID_VALUE;
-    else if (mmap((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, v->fd, (off_t)offset) ==
+    else if (mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, v->fd, (off_t)offset) ==
              MAP_FAILED) rc = CUDA_ERROR_INVALID_VALUE;
     if (rc == CUDA_SUCCESS) {
         *m = (struct mapping){ptr, size, v, g_maps};
@@ -161,10 +163,22 @@ API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     return CUDA_SUCCESS;
 }
 
-/* Access is always read-write here; the descriptors are only checked for presence. */
+/* Grant access to a mapped range: "the range must be a fully mapped address range" (cuda.h), and a mapping
+ * is usable only once this has been called (the memory becomes readable, or readable and writable). */
 API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
     NEED_INIT();
-    (void)ptr; (void)size;
-    if (!desc || count == 0) return CUDA_ERROR_INVALID_VALUE;
-    return CUDA_SUCCESS;
+    if (!desc || count == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    int prot = PROT_NONE;
+    for (size_t i = 0; i < count; i++) {
+        if (desc[i].flags & 1) prot |= PROT_READ;
+        if (desc[i].flags & 2) prot |= PROT_WRITE;
+    }
+    pthread_mutex_lock(&g_mu);
+    uint64_t covered = 0;
+    for (struct mapping *m = g_maps; m; m = m->next)
+        if (m->ptr >= ptr && m->ptr + m->size <= ptr + size) covered += m->size;
+    CUresult rc = covered == size && mprotect((void *)(uintptr_t)ptr, size, prot) == 0 ? CUDA_SUCCESS
+                                                                                      : CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&g_mu);
+    return rc;
 }

@@ -117,8 +117,10 @@ static int size_env(const char *name, uint64_t *out, int allow_zero) {
 struct limits_file {
     char path[600];
     int has_limit, has_reserve, has_over, has_spill, has_region, over;
-    uint64_t limit, reserve, spill;
+    int has_request, has_edir, has_idle;       /* elastic mode (elastic.c) */
+    uint64_t limit, reserve, spill, request, idle_ms;
     char region[sizeof g_cfg.region_path];
+    char edir[sizeof g_cfg.elastic_dir];
 };
 
 /* Read at most MS_LIMITS_MAX bytes of a regular file, never following a symlink nor blocking on a FIFO.
@@ -143,6 +145,63 @@ static int read_small_file(const char *path, char *buf, size_t cap) {
     buf[n] = 0;
     if (strlen(buf) != (size_t)n) {
         fail_closed("memslice: the limits file %s contains a NUL byte; it holds key=value lines.", path);
+        return -1;
+    }
+    return 0;
+}
+
+/* An absolute directory path that fits `cap` (the elastic boards' directory). 0, or -1 (fail closed). */
+static int parse_dir_or_fail(const char *what, const char *v, char *out, size_t cap) {
+    if (v[0] == '/' && strlen(v) + 80 < cap) {
+        snprintf(out, cap, "%s", v);
+        return 0;
+    }
+    fail_closed("memslice: %s='%.64s' is not an absolute directory path of at most %zu characters.", what, v, cap - 80);
+    return -1;
+}
+
+/* Seconds, decimals allowed ("300", "0.5"), at most a week, as milliseconds. 0, or -1 (fail closed). */
+static int parse_seconds_or_fail(const char *what, const char *v, uint64_t *ms) {
+    char *end = NULL;
+    errno = 0;
+    double s = strtod(v, &end);
+    if (*v && end && !*end && !errno && s >= 0 && s <= 604800) {
+        *ms = (uint64_t)(s * 1000 + 0.5);
+        return 0;
+    }
+    fail_closed("memslice: %s='%.64s' is not a number of seconds; use e.g. 300 or 0.5 (0 to 604800).", what, v);
+    return -1;
+}
+
+/* Elastic mode's settings: the limits file's, else the environment's (MEMSLICE_GPU_MEM_REQUEST,
+ * MEMSLICE_ELASTIC_DIR, MEMSLICE_IDLE_AFTER; MEMSLICE_YIELD_WAIT from the environment only: it bounds this
+ * process's own waits). Elastic mode is on when 0 < request < limit. 0, or -1 (fail closed). */
+static int read_elastic(const struct limits_file *f, int have_file) {
+    struct shim_config *c = &g_cfg;
+    const char *v;
+    c->idle_after_ms = 300000;
+    c->yield_wait_ms = 3000;
+    if (have_file && f->has_request) c->request = f->request;
+    else if (!have_file && size_env("MEMSLICE_GPU_MEM_REQUEST", &c->request, 0) < 0) return -1;
+    if (have_file && f->has_edir) snprintf(c->elastic_dir, sizeof c->elastic_dir, "%s", f->edir);
+    else if ((v = getenv("MEMSLICE_ELASTIC_DIR")) && *v &&
+             parse_dir_or_fail("MEMSLICE_ELASTIC_DIR", v, c->elastic_dir, sizeof c->elastic_dir) < 0) return -1;
+    if (have_file && f->has_idle) c->idle_after_ms = f->idle_ms;
+    else if ((v = getenv("MEMSLICE_IDLE_AFTER")) && parse_seconds_or_fail("MEMSLICE_IDLE_AFTER", v, &c->idle_after_ms) < 0)
+        return -1;
+    if ((v = getenv("MEMSLICE_YIELD_WAIT")) && parse_seconds_or_fail("MEMSLICE_YIELD_WAIT", v, &c->yield_wait_ms) < 0)
+        return -1;
+    if (!c->request) return 0;
+    char a[32], b[32];
+    if (c->mode != MODE_ENFORCE || c->request > c->limit) {
+        fail_closed("memslice: the GPU memory request %s is above the limit %s (%s); the request must be at most "
+                    "the limit.", fmt_bytes(c->request, a, sizeof a),
+                    c->mode == MODE_ENFORCE ? fmt_bytes(c->limit, b, sizeof b) : "(none)", c->limit_source);
+        return -1;
+    }
+    if (c->request < c->limit && !c->elastic_dir[0]) {
+        fail_closed("memslice: a GPU memory request below the limit (elastic mode) needs the node's arbitration "
+                    "directory: set MEMSLICE_ELASTIC_DIR (`memslice run` and the node agent do this).");
         return -1;
     }
     return 0;
@@ -177,9 +236,18 @@ static int limits_line(struct limits_file *f, char *key, char *val, int lineno) 
             return -1;
         }
         snprintf(f->region, sizeof f->region, "%s", val);
+    } else if (strcmp(key, "gpu_mem_request") == 0) {
+        seen = &f->has_request;
+        if (!*seen && parse_size_or_fail(what, val, &f->request, 0) < 0) return -1;
+    } else if (strcmp(key, "elastic_dir") == 0) {
+        seen = &f->has_edir;
+        if (parse_dir_or_fail(what, val, f->edir, sizeof f->edir) < 0) return -1;
+    } else if (strcmp(key, "idle_after") == 0) {
+        seen = &f->has_idle;
+        if (parse_seconds_or_fail(what, val, &f->idle_ms) < 0) return -1;
     } else {
-        fail_closed("memslice: %s is not a known key (gpu_mem_limit, context_reserve, oversubscribe, "
-                    "host_spill_limit, region_dir).", what);
+        fail_closed("memslice: %s is not a known key (gpu_mem_limit, gpu_mem_request, context_reserve, "
+                    "oversubscribe, host_spill_limit, region_dir, elastic_dir, idle_after).", what);
         return -1;
     }
     if (*seen) {
@@ -365,7 +433,8 @@ static void read_config(void) {
     }
     if (read_quota(&f, have_file) < 0 || read_oversubscription(&f, have_file) < 0) return;
     if (size_env("MEMSLICE_CGROUP_MARGIN", &c->cgroup_margin, 1) < 0 || read_cgroup_dir() < 0) return;
-    read_region_dir(&f, have_file);
+    if (read_region_dir(&f, have_file) < 0) return;
+    read_elastic(&f, have_file);
 }
 
 /* A normal exit gives this process's charges back, and reclaims those of processes that died before it
@@ -380,6 +449,7 @@ void reset_after_fork(void); /* accounting.c */
 static void after_fork_child(void) {
     if (g_have_ledger) ms_ledger_forget_slot(&g_ledger);
     reset_after_fork();
+    elastic_after_fork();
 }
 
 static void init_once(void) {
@@ -402,6 +472,7 @@ static void init_once(void) {
         }
     }
     pthread_atfork(NULL, NULL, after_fork_child);
+    if (g_cfg.mode == MODE_ENFORCE && g_have_ledger) elastic_start();
     if (g_cfg.mode == MODE_ENFORCE) {
         char a[32];
         shim_log(LOG_INFO, "memslice: enforcing %s per GPU (region %s)%s", fmt_bytes(g_cfg.limit, a, sizeof a),

@@ -15,6 +15,7 @@ static CUresult device_alloc(CUdeviceptr *dptr, size_t n, alloc_v2_fn real, cons
     int dev = accounting() && dptr && n ? current_dev(&ord) : -1;
     if (dev == DEV_UNCHARGEABLE) return CUDA_ERROR_OUT_OF_MEMORY;
     if (dev < 0) return real(dptr, n);
+    if (UNLIKELY(g_elastic) && n >= MS_ELASTIC_MIN) return elastic_alloc(dptr, n, dev, ord, call);
     CUresult rc = reserve(dev, n, call);
     if (rc != CUDA_SUCCESS) return g_cfg.oversubscribe ? spill_alloc(dptr, n, dev, ord, NULL, call) : rc;
     rc = real(dptr, n);
@@ -130,6 +131,7 @@ static CUresult free_tracked(CUdeviceptr p, __typeof__(&cuMemFree_v2) real) {
     ms_rec r;
     if (!p || !untrack(p, &r)) return real(p);
     if (r.kind == A_SPILL_HOST || r.kind == A_SPILL_MANAGED) return spill_free(&r, NULL, 0);
+    if (r.kind == A_ELASTIC) return elastic_free(&r);
     if (r.kind == A_POOL) { /* stream-ordered memory freed synchronously: the driver decides */
         CUresult rc = real(p);
         if (rc != CUDA_SUCCESS) track(r.key, r.size, r.dev, (enum alloc_kind)r.kind, r.aux);

@@ -156,6 +156,7 @@ static CUresult free_async(CUdeviceptr p, CUstream s, __typeof__(&cuMemFreeAsync
     ms_rec r;
     if (!p || !untrack(p, &r)) return real(p, s);
     if (r.kind == A_SPILL_HOST || r.kind == A_SPILL_MANAGED) return spill_free(&r, s, 1);
+    if (r.kind == A_ELASTIC) return elastic_free(&r); /* synchronises first, as a stream-ordered free must */
     CUresult rc = real(p, s);
     if (rc != CUDA_SUCCESS) {
         track(r.key, r.size, r.dev, (enum alloc_kind)r.kind, r.aux);

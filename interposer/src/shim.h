@@ -23,7 +23,7 @@ enum shim_mode { MODE_PASSTHROUGH = 0, MODE_OBSERVE, MODE_ENFORCE, MODE_FAIL_CLO
 
 /* What one allocation is, in the shim's pointer table. */
 enum alloc_kind { A_DEVICE = 1, A_MANAGED, A_POOL, A_VMM_HANDLE, A_VMM_MAP, A_ARRAY, A_SPILL_HOST,
-                  A_SPILL_MANAGED, A_SPILL_VMM };
+                  A_SPILL_MANAGED, A_SPILL_VMM, A_ELASTIC };
 
 struct shim_config {
     enum shim_mode mode;
@@ -39,6 +39,11 @@ struct shim_config {
                                   "gpu_mem_limit=4.0 GiB in /run/memslice/limits" */
     char spill_source[512];    /* the same for the host spill cap */
     enum log_level log_level;
+    uint64_t request;          /* elastic mode (elastic.c): gpu_mem_request / MEMSLICE_GPU_MEM_REQUEST, bytes;
+                                  elastic is on when 0 < request < limit */
+    uint64_t idle_after_ms;    /* idle_after / MEMSLICE_IDLE_AFTER (seconds, default 300) */
+    uint64_t yield_wait_ms;    /* MEMSLICE_YIELD_WAIT (seconds, default 3): bound on waiting for neighbours */
+    char elastic_dir[256];     /* elastic_dir / MEMSLICE_ELASTIC_DIR: the node's per-GPU arbitration boards */
     char error[640];           /* MODE_FAIL_CLOSED: the message naming the bad variable */
 };
 
@@ -112,6 +117,20 @@ void reset_ctx_after_fork(void);             /* a forked child has charged no co
 
 /* hooks_pool.c */
 void reconcile_pools(void);                  /* make every pool's charge equal its reservation */
+
+/* elastic.c (elastic memory: requests and limits, idle swap-out; docs/architecture.md "Elastic memory") */
+extern int g_elastic;                        /* 1 when elastic mode is on: read on the allocation paths */
+#define MS_ELASTIC_MIN (2ull << 20)          /* smaller allocations stay on the plain path */
+CUresult elastic_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ordinal, const char *call);
+CUresult elastic_free(const ms_rec *r);
+void elastic_start(void);                    /* shim_init, once the configuration is read */
+void elastic_after_fork(void);
+/* Work submission (launches, copies, sets, graph launches) waits while this process remaps memory, and
+ * marks the process active. Free on the hot path when elastic mode is off. */
+void elastic_gate_slow(void);
+void elastic_gate_exit(void);
+static inline void work_enter(void) { if (UNLIKELY(g_elastic)) elastic_gate_slow(); }
+static inline void work_exit(void) { if (UNLIKELY(g_elastic)) elastic_gate_exit(); }
 
 /* routes.c */
 void *hook_for_name(const char *name);       /* our wrapper for an exact exported name, or NULL */

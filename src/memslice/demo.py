@@ -32,10 +32,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser("demo", help="three tenants slicing one simulated 16 GiB GPU",
                        description="Runs three processes on one simulated 16 GiB GPU under quotas of 4, 4 and "
                                    "8 GiB, shows one being refused, and prints what `memslice top` sees.")
+    p.add_argument("--elastic", action="store_true",
+                   help="instead: two notebooks with GPU memory requests and limits on a simulated 4 GiB GPU; the "
+                        "idle one yields its memory to the other and gets it back")
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "elastic", False):
+        from memslice.demo_elastic import main as elastic_demo
+
+        return elastic_demo()
     from memslice.interposer.region import read_region, read_region_file
     from memslice.paths import lib_paths
     from memslice.simulator import sim_env, usage_path

@@ -25,10 +25,33 @@ class Limits:
     oversubscribe: bool | None = None          # None: oversubscription is left to the environment
     host_spill_limit_bytes: int | None = None  # with oversubscribe: None = no cap; 0 = nothing spills
     region_dir: str | None = None              # required in the agent's file, absent in `memslice run`'s
+    gpu_mem_request_bytes: int | None = None   # elastic memory: guaranteed in HBM; on when < gpu_mem_bytes
+    elastic_dir: str | None = None             # elastic memory: the node's per-GPU arbitration boards
+    idle_after_s: float | None = None          # elastic memory: idle after this long without a CUDA call
 
 
 def _size(n: int) -> str:
     return f"{n // MiB}MiB" if n % MiB == 0 else f"{n}B"
+
+
+def _elastic_lines(limits: Limits) -> list[str]:
+    """The elastic-memory keys (docs/architecture.md, "Elastic memory"), validated."""
+    req = limits.gpu_mem_request_bytes
+    if req is None:
+        return []
+    if not 0 < req <= limits.gpu_mem_bytes:
+        raise ValueError(f"the GPU memory request ({req // MiB} MiB) must be more than 0 and at most the limit "
+                         f"({limits.gpu_mem_bytes // MiB} MiB)")
+    lines = [f"gpu_mem_request={_size(req)}"]
+    if req < limits.gpu_mem_bytes and not limits.elastic_dir:
+        raise ValueError("a request below the limit (elastic memory) needs elastic_dir")
+    if limits.elastic_dir:
+        lines.append(f"elastic_dir={limits.elastic_dir}")
+    if limits.idle_after_s is not None:
+        if not 0 <= limits.idle_after_s <= 604800:
+            raise ValueError(f"idle_after={limits.idle_after_s} is not between 0 and 604800 seconds")
+        lines.append(f"idle_after={limits.idle_after_s:g}")
+    return lines
 
 
 def render(limits: Limits) -> str:
@@ -45,6 +68,7 @@ def render(limits: Limits) -> str:
         lines.append(f"host_spill_limit={_size(limits.host_spill_limit_bytes)}")
     if limits.region_dir is not None:
         lines.append(f"region_dir={limits.region_dir}")
+    lines.extend(_elastic_lines(limits))
     text = "\n".join(lines) + "\n"
     if len(text.encode()) > MAX_BYTES:
         raise ValueError(f"limits file of {len(text)} bytes is over {MAX_BYTES}")

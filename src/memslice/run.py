@@ -20,6 +20,7 @@ examples:
   memslice run --gpu-mem 4GiB -- python train.py
   memslice run --gpu-mem 4096 --simulate-gpu 16GiB -- python -c 'import pynvml'
   memslice run --gpu-mem 8GiB --oversubscribe=16GiB -- jupyter lab
+  memslice run --gpu-mem 12GiB --gpu-mem-request 2GiB -- jupyter lab   # elastic: 2 GiB guaranteed
 
 All processes started by CMD share one quota (one region directory). Going over it makes the CUDA
 allocation fail with CUDA_ERROR_OUT_OF_MEMORY and prints one line on stderr; with --oversubscribe the
@@ -30,7 +31,14 @@ choose it).
 The limits are written to REGION_DIR/memslice.limits (read-only) before CMD starts, and the shim takes
 them from there: a process of CMD that changes or unsets MEMSLICE_GPU_MEM_LIMIT (or the other
 MEMSLICE_* limits) is still held to them. MEMSLICE_CONTEXT_RESERVE, if set when `memslice run` starts,
-is written there too. This guards against accidents, not against you: the file is yours."""
+is written there too. This guards against accidents, not against you: the file is yours.
+
+Elastic memory (--gpu-mem-request below --gpu-mem): the request is guaranteed in HBM, the limit is what
+CMD may hold and what frameworks see as the GPU's size. Above the request CMD uses free HBM, else host
+memory; when CMD has made no CUDA call for --idle-after seconds and another session on the same GPU needs
+HBM, CMD's GPU memory moves to host memory (pointers unchanged) and comes back when it runs again. All
+sessions of this user share one arbitration directory per machine (MEMSLICE_ELASTIC_DIR, default
+$XDG_RUNTIME_DIR/memslice/elastic or /tmp/memslice-UID/elastic), created by the first one."""
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,6 +47,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                        description="Run CMD with the memslice shim preloaded and a GPU-memory quota.")
     p.add_argument("--gpu-mem", required=True, metavar="SIZE",
                    help="quota per GPU: MiB as a bare number (4096) or with a unit (512MiB, 4GiB)")
+    p.add_argument("--gpu-mem-request", metavar="SIZE",
+                   help="elastic memory: the part of --gpu-mem guaranteed in HBM (default: all of it, no elastic)")
+    p.add_argument("--idle-after", metavar="SECONDS", type=float,
+                   help="elastic memory: idle after this long without a CUDA call (default 300)")
     p.add_argument("--simulate-gpu", metavar="SIZE[,SIZE..]",
                    help="use the simulated GPU instead of a real driver, e.g. 16GiB or 16GiB,24GiB")
     p.add_argument("--oversubscribe", nargs="?", const="", metavar="SIZE",
@@ -62,6 +74,8 @@ def build_env(args: argparse.Namespace, region_dir: str) -> dict[str, str]:
     env["MEMSLICE_REGION_DIR"] = region_dir
     if args.verbose:
         env.setdefault("MEMSLICE_LOG", "info")
+    for key in ("MEMSLICE_GPU_MEM_REQUEST", "MEMSLICE_ELASTIC_DIR", "MEMSLICE_IDLE_AFTER"):
+        env.pop(key, None)  # the limits file decides
     if args.oversubscribe is not None:
         env["MEMSLICE_OVERSUBSCRIBE"] = "1"
         if args.oversubscribe:
@@ -71,11 +85,38 @@ def build_env(args: argparse.Namespace, region_dir: str) -> dict[str, str]:
     return env
 
 
+def elastic_dir(environ: dict[str, str]) -> str:
+    """The machine's elastic arbitration directory for this user (MEMSLICE_ELASTIC_DIR wins): created 0700
+    by the first session; refused if it is a symlink or someone else's."""
+    path = environ.get("MEMSLICE_ELASTIC_DIR") or os.path.join(
+        environ.get("XDG_RUNTIME_DIR") or f"/tmp/memslice-{os.getuid()}", "memslice", "elastic")
+    if not os.path.isabs(path):
+        raise ValueError(f"MEMSLICE_ELASTIC_DIR={path!r} is not an absolute path")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.getuid():
+        raise ValueError(f"the elastic directory {path} is not a directory of yours; remove it or set "
+                         "MEMSLICE_ELASTIC_DIR to one")
+    return path
+
+
 def limits_for(args: argparse.Namespace, environ: dict[str, str]) -> Limits:
     """The limits file's content for these arguments (sizes already validated)."""
     reserve = environ.get("MEMSLICE_CONTEXT_RESERVE")
     spill = args.oversubscribe
-    return Limits(gpu_mem_bytes=parse_size(args.gpu_mem, what="--gpu-mem"),
+    limit = parse_size(args.gpu_mem, what="--gpu-mem")
+    request = parse_size(args.gpu_mem_request, what="--gpu-mem-request") if args.gpu_mem_request else None
+    if request is not None and request > limit:
+        raise ValueError(f"--gpu-mem-request {args.gpu_mem_request} is above --gpu-mem {args.gpu_mem}; the request "
+                         "is the guaranteed part of the limit")
+    if args.idle_after is not None and not 0 <= args.idle_after <= 604800:
+        raise ValueError(f"--idle-after {args.idle_after:g}: idle_after={args.idle_after:g} is not between 0 and "
+                         "604800 seconds")
+    elastic = request is not None and request < limit
+    return Limits(gpu_mem_bytes=limit,
+                  gpu_mem_request_bytes=request,
+                  elastic_dir=elastic_dir(environ) if elastic else None,
+                  idle_after_s=args.idle_after if elastic else None,
                   context_reserve_bytes=(parse_size(reserve, what="MEMSLICE_CONTEXT_RESERVE", allow_zero=True)
                                          if reserve is not None else None),
                   oversubscribe=spill is not None,
@@ -94,7 +135,7 @@ def main(args: argparse.Namespace) -> int:
             from memslice.simulator import validate_gpus
 
             validate_gpus(args.simulate_gpu)
-    except (SizeError, ValueError) as exc:
+    except (SizeError, ValueError, OSError) as exc:
         print(f"memslice run: {exc}", file=sys.stderr)
         return 2
     own_dir = args.region_dir is None

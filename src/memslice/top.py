@@ -24,6 +24,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--json", action="store_true", help="print one machine-readable snapshot and exit")
     p.add_argument("--interval", type=_interval, default=1.0, metavar="SECONDS",
                    help="refresh period, 0.1 to 3600 (default 1)")
+    p.add_argument("--elastic-dir", metavar="DIR",
+                   help="also show elastic tenants (resident / swapped-out bytes, active or idle) from this "
+                        "arbitration directory (default: $MEMSLICE_ELASTIC_DIR, else `memslice run`'s)")
     p.set_defaults(func=main)
 
 
@@ -35,6 +38,36 @@ def _interval(text: str) -> float:
     if not 0.1 <= v <= 3600:
         raise argparse.ArgumentTypeError(f"{text!r} is not a refresh period in seconds from 0.1 to 3600 (e.g. 2)")
     return v
+
+
+def default_elastic_dir() -> str | None:
+    """The elastic directory to show: --elastic-dir, $MEMSLICE_ELASTIC_DIR, or `memslice run`'s if it exists."""
+    d = os.environ.get("MEMSLICE_ELASTIC_DIR") or os.path.join(
+        os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/memslice-{os.getuid()}", "memslice", "elastic")
+    return d if os.path.isdir(d) else None
+
+
+def elastic_json(tenants: list[Any]) -> list[dict[str, Any]]:
+    """The --json form of the elastic tenants: per process and GPU, HBM-resident and swapped-out bytes."""
+    return [{"gpu": t.gpu, "pid": t.pid, "state": "swapped-out" if t.swapped_bytes and not t.resident_bytes
+             else t.state, "resident_bytes": t.resident_bytes, "swapped_bytes": t.swapped_bytes,
+             "request_bytes": t.request_bytes, "limit_bytes": t.limit_bytes,
+             "seconds_since_last_call": t.idle_ms / 1000, "swap_outs": t.swap_outs, "swap_ins": t.swap_ins,
+             "swap_out_seconds": t.swap_out_seconds, "swap_in_seconds": t.swap_in_seconds} for t in tenants]
+
+
+def render_elastic(tenants: list[Any]) -> str:
+    """The text form of the elastic tenants."""
+    if not tenants:
+        return "elastic: no tenant"
+    lines = [f"elastic  {'PID':>8}  {'STATE':<11} {'RESIDENT':>10} {'SWAPPED':>10} {'REQUEST':>10} {'LIMIT':>10} "
+             f"{'IDLE':>8} {'OUT/IN':>9}  GPU"]
+    for t in elastic_json(tenants):
+        lines.append(f"         {t['pid']:>8}  {t['state']:<11} {format_bytes(t['resident_bytes']):>10} "
+                     f"{format_bytes(t['swapped_bytes']):>10} {format_bytes(t['request_bytes']):>10} "
+                     f"{format_bytes(t['limit_bytes']):>10} {t['seconds_since_last_call']:>7.1f}s "
+                     f"{t['swap_outs']:>4}/{t['swap_ins']:<4}  {t['gpu']}")
+    return "\n".join(lines)
 
 
 def snapshot_json(snap: Any) -> dict[str, Any]:
@@ -119,14 +152,21 @@ def main(args: argparse.Namespace) -> int:
         if not os.path.isdir(d):
             print(f"memslice top: {d} is not a directory", file=sys.stderr)
             return 2
+    from memslice.elastic import read_boards
+
+    edir = args.elastic_dir or default_elastic_dir()
     while True:
+        tenants = read_boards(edir) if edir and os.path.isdir(edir) else []
         present, missing, errors = read_all(dirs)
         if args.json:
             print(json.dumps({"regions": [snapshot_json(s) for s in present], "empty": missing,
-                              "errors": [{"region": d, "error": e} for d, e in errors]}, indent=2))
+                              "errors": [{"region": d, "error": e} for d, e in errors],
+                              "elastic": elastic_json(tenants)}, indent=2))
             return 1 if errors else 0
         text = (render(present) + "".join(f"\nregion {d}: no process has used the GPU yet" for d in missing)
                 + "".join(f"\nregion {d}: cannot be read: {e}" for d, e in errors)).lstrip("\n")
+        if edir:
+            text += "\n" + render_elastic(tenants)
         if args.once:
             print(text)
             return 1 if errors else 0

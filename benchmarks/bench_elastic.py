@@ -1,0 +1,229 @@
+"""Elastic GPU memory on the simulated GPU (issue 13), in one run:
+
+1. Gated call cost: ns per cuMemsetD8_v2 (1 byte) without the shim, with it (no elastic: the gate is one
+   branch), and in elastic mode (the gate's counters). Median of --repeats interleaved runs.
+2. Swap time per GiB: tenant A fills --swap-mib, goes idle; B needs HBM, A moves to host memory; A runs
+   again and moves back. Seconds per GiB from A's own counters on the board (swap_out_ns / swap_in_ns).
+   The simulator's "HBM" is host memory, so this is the shim's and the copy's cost, not PCIe's.
+3. Density: notebook tenants on one simulated GPU (--gpu-mib), each a trace of bursts and idle gaps
+   (working set per burst drawn from {typical 60%, 2x typical 30%, peak 10%}; gaps exponential with mean
+   --gap s; idle after 0.3 s; time compressed). Static slices admit floor(GPU / peak) tenants (quota = peak);
+   elastic admits floor(GPU / typical) (request = typical, limit = peak). Reported per mode: tenants
+   admitted, OOMs, data errors (every burst writes a pattern and reads every byte back), p50/p95 seconds from
+   waking (the burst's first call) to fully resident, and mean HBM occupancy (sampled).
+
+usage: python benchmarks/bench_elastic.py [--json] [--repeats N] [--swap-mib N] [--gpu-mib N] [--duration S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from memslice.elastic import read_boards
+from memslice.interposer.region import read_region_file
+from memslice.paths import lib_paths
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+MiB = 1 << 20
+
+
+def build(tmp: Path) -> dict[str, str]:
+    libs = lib_paths()
+    out = {}
+    for name, src in (("gate", HERE / "c" / "bench_gate.c"), ("tenant", ROOT / "tests" / "c" / "elastic.c")):
+        exe = tmp / name
+        subprocess.run(["cc", "-O2", f"-I{libs.include}", str(src), "-o", str(exe), "-L", libs.sim_dir,
+                        "-l:libcuda.so.1", "-lpthread"], check=True)
+        out[name] = str(exe)
+    return out
+
+
+def node_env(tmp: Path, gpus: str, ctx: str = "0") -> dict[str, str]:
+    libs = lib_paths()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSLICE_") and k != "LD_PRELOAD"}
+    env.update(MEMSLICE_SIM_STATE=str(tmp / "node.state"), MEMSLICE_SIM_GPUS=gpus,
+               MEMSLICE_SIM_CONTEXT_OVERHEAD=ctx, LD_LIBRARY_PATH=libs.sim_dir, MEMSLICE_CONTEXT_RESERVE="0")
+    return env
+
+
+def tenant_env(base: dict[str, str], region: Path, limit: int, request: int | None, edir: Path) -> dict[str, str]:
+    region.mkdir(parents=True, exist_ok=True)
+    env = dict(base, LD_PRELOAD=lib_paths().shim, MEMSLICE_REGION_DIR=str(region),
+               MEMSLICE_GPU_MEM_LIMIT=f"{limit}MiB", MEMSLICE_ELASTIC_DIR=str(edir), MEMSLICE_IDLE_AFTER="0.3",
+               MEMSLICE_YIELD_WAIT="10")
+    if request is not None:
+        env["MEMSLICE_GPU_MEM_REQUEST"] = f"{request}MiB"
+    return env
+
+
+class Tenant:
+    def __init__(self, exe: str, env: dict[str, str]) -> None:
+        self.p = subprocess.Popen([exe], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  stderr=subprocess.DEVNULL)
+        if self.read() != "ready":
+            raise RuntimeError("tenant did not start")
+
+    def read(self) -> str:
+        assert self.p.stdout is not None
+        return self.p.stdout.readline().strip()
+
+    def cmd(self, line: str) -> str:
+        assert self.p.stdin is not None
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+        return self.read()
+
+    def stop(self) -> None:
+        if self.p.stdin:
+            self.p.stdin.close()
+        self.p.wait(timeout=120)
+
+
+def gate_cost(exe: str, tmp: Path, repeats: int, calls: int) -> dict[str, float]:
+    base = node_env(tmp / "gate-run", "4GiB")
+    (tmp / "gate-run").mkdir()
+    envs = {"no shim": base,
+            "shim, not elastic": tenant_env(base, tmp / "gate-run" / "r1", 1024, None, tmp),
+            "shim, elastic": tenant_env(base, tmp / "gate-run" / "r2", 1024, 512, tmp)}
+    got: dict[str, list[float]] = {k: [] for k in envs}
+    for _ in range(repeats):
+        for k, env in envs.items():
+            out = subprocess.run([exe, str(calls)], env=env, capture_output=True, text=True, check=True).stdout
+            got[k].append(float(out.split()[1]))
+    return {k: round(statistics.median(v), 1) for k, v in got.items()}
+
+
+def swap_time(exe: str, tmp: Path, mib: int) -> dict[str, float]:
+    d = tmp / "swap"
+    edir = d / "elastic"
+    edir.mkdir(parents=True)
+    gpu = mib + mib // 2
+    base = node_env(d, f"{gpu}MiB")
+    a = Tenant(exe, tenant_env(base, d / "a", mib, 64, edir))
+    try:
+        assert a.cmd(f"alloc {mib} 64").startswith("allocated")
+        wait(lambda: any(t.pid == a.p.pid and t.state == "idle" for t in read_boards(edir)), 60)
+        b = Tenant(exe, tenant_env(base, d / "b", mib, 64, edir))
+        assert b.cmd(f"alloc {mib} 64").startswith("allocated")
+        b.stop()
+        assert a.cmd("check").startswith("check ok")
+        wait(lambda: any(t.pid == a.p.pid and t.swapped_bytes == 0 for t in read_boards(edir)), 120)
+        me = next(t for t in read_boards(edir) if t.pid == a.p.pid)
+    finally:
+        a.stop()
+    gib = mib / 1024
+    return {"swap_out_s_per_gib": round(me.swap_out_seconds / gib, 3),
+            "swap_in_s_per_gib": round(me.swap_in_seconds / gib, 3)}
+
+
+def wait(cond, timeout: float) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError("benchmark condition not reached")
+        time.sleep(0.02)
+
+
+def density(exe: str, tmp: Path, mode: str, gpu_mib: int, peak: int, typical: int, duration: float, gap: float,
+            seed: int) -> dict[str, object]:
+    d = tmp / f"density-{mode}"
+    edir = d / "elastic"
+    edir.mkdir(parents=True)
+    base = node_env(d, f"{gpu_mib}MiB")
+    admitted = gpu_mib // peak if mode == "static" else gpu_mib // typical
+    tenants = [Tenant(exe, tenant_env(base, d / f"t{i}", peak, None if mode == "static" else typical, edir))
+               for i in range(admitted)]
+    ooms = errors = 0
+    wake: list[float] = []
+    occupancy: list[float] = []
+    lock = threading.Lock()
+    stop = time.monotonic() + duration
+
+    def run(i: int, t: Tenant) -> None:
+        nonlocal ooms, errors
+        r = random.Random(seed * 1000 + i)
+        while time.monotonic() < stop:
+            time.sleep(r.expovariate(1 / gap))
+            ws = r.choices([typical, 2 * typical, peak], [0.6, 0.3, 0.1])[0]
+            t0 = time.monotonic()
+            chk = t.cmd("check")               # the wake: reads the previous working set
+            if mode == "elastic":
+                try:
+                    wait(lambda: all(x.swapped_bytes == 0 for x in read_boards(edir) if x.pid == t.p.pid), 30)
+                    dt: float | None = time.monotonic() - t0
+                except TimeoutError:
+                    dt = None
+            else:
+                dt = time.monotonic() - t0
+            t.cmd("free")
+            out = t.cmd(f"alloc {ws} 32")
+            chk2 = t.cmd("check")
+            with lock:
+                errors += (not chk.startswith("check ok")) + (not chk2.startswith("check ok"))
+                ooms += out.startswith("oom")
+                if dt is not None:
+                    wake.append(dt)
+
+    def sample() -> None:
+        while time.monotonic() < stop:
+            snap = read_region_file(str(d / "node.state"))
+            if snap and snap.devices:
+                occupancy.append(snap.devices[0].used_bytes / (gpu_mib * MiB))
+            time.sleep(0.1)
+
+    threads = [threading.Thread(target=run, args=(i, t)) for i, t in enumerate(tenants)]
+    threads.append(threading.Thread(target=sample))
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for t in tenants:
+        t.stop()
+    wake.sort()
+    q = (lambda f: round(wake[min(len(wake) - 1, int(f * len(wake)))], 3)) if wake else (lambda f: None)
+    return {"tenants_admitted": admitted, "ooms": ooms, "data_errors": errors, "bursts": len(wake),
+            "wake_to_resident_p50_s": q(0.5), "wake_to_resident_p95_s": q(0.95),
+            "hbm_occupancy_mean": round(statistics.mean(occupancy), 3) if occupancy else None}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=300_000)
+    ap.add_argument("--swap-mib", type=int, default=1024)
+    ap.add_argument("--gpu-mib", type=int, default=1024)
+    ap.add_argument("--peak-mib", type=int, default=256)
+    ap.add_argument("--typical-mib", type=int, default=64)
+    ap.add_argument("--duration", type=float, default=30.0)
+    ap.add_argument("--gap", type=float, default=2.0, help="mean idle gap between bursts, seconds")
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-elastic-") as t:
+        tmp = Path(t)
+        exes = build(tmp)
+        res = {"gate_ns_per_call": gate_cost(exes["gate"], tmp, a.repeats, a.calls),
+               "swap": swap_time(exes["tenant"], tmp, a.swap_mib),
+               "density": {m: density(exes["tenant"], tmp, m, a.gpu_mib, a.peak_mib, a.typical_mib, a.duration,
+                                      a.gap, a.seed) for m in ("static", "elastic")}}
+    if a.json:
+        print(json.dumps(res, indent=2))
+    else:
+        for k, v in res.items():
+            print(f"{k}: {json.dumps(v)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

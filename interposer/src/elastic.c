@@ -1,0 +1,482 @@
+/* Elastic GPU memory (issue 13; docs/architecture.md, "Elastic memory"): a container's request is
+ * guaranteed in HBM, its limit is what it may hold; above the request it bursts into free HBM; idle tenants'
+ * memory moves to host memory when a neighbour needs HBM, and back when they run again, pointers unchanged.
+ *
+ * Mechanism: VMM remapping. In elastic mode cuMemAlloc* of at least MS_ELASTIC_MIN bytes is served here with
+ * cuMemAddressReserve + cuMemCreate + cuMemMap + cuMemSetAccess. To move a range, this process (and only
+ * it: mappings are per process) closes its work gate (hooks_launch.c: no launch, copy or set is submitted),
+ * waits for what is in flight, copies the bytes to a new physical allocation in the other place (a HOST
+ * location to swap out, the device to swap in), unmaps the old handle, maps the new one at the same
+ * address, releases the old one, and opens the gate.
+ *
+ * Who yields to whom is decided on the GPU's board (elastic_board.c): a tenant whose device allocation the
+ * driver refuses asks idle neighbours (most idle first) and, for an allocation within its request, bursting
+ * ones, then waits at most yield_wait_ms; whoever has not yielded by then is skipped and the allocation is
+ * served from host memory at once (and moved to HBM by the background thread when HBM frees up). Each
+ * tenant answers asks from a background thread of its own. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "elastic_board.h"
+#include "shim.h"
+
+#define TICK_MS 20
+#define GATE_DRAIN_MS 2000         /* how long a remap waits for this process's calls in flight */
+
+int g_elastic;
+
+struct erange { CUdeviceptr va; uint64_t size; CUmemGenericAllocationHandle h; int host; struct erange *next; };
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;  /* the ranges, their placement, remaps */
+static struct erange *g_ranges;                           /* newest first */
+static uint64_t g_resident, g_swapped;                    /* bytes, under g_mu */
+static CUcontext g_ctx;                                   /* the context of the first elastic allocation */
+static CUdevice g_ord = -1;                               /* its device: elastic memory lives on one GPU */
+static int g_dev = -1;                                    /* its ledger index */
+static struct eb g_board = {-1, -1};
+static struct eb_slot g_me;                               /* this process's slot, as last published */
+static int g_thread_started;
+static uint64_t g_yield_ns;                               /* when this process last gave HBM away */
+static uint64_t g_skip_until[EB_SLOTS];                   /* neighbours that did not answer in time: not asked again before */
+
+static uint64_t g_last_call_ns;                           /* CLOCK_MONOTONIC of the last gated call */
+static int g_inflight;                                    /* gated calls in progress */
+static int g_closed;                                      /* 1 while a remap runs */
+static pthread_mutex_t g_gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_gate_cv = PTHREAD_COND_INITIALIZER;
+
+/* Time for idleness and bounded waits. */
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The gate's activity stamp: the coarse clock (a vDSO read of a few ns, resolution of a few ms, plenty for
+ * idleness measured in seconds). Same time base as now_ns. */
+static uint64_t coarse_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Sleeps in the background thread and bounded waits. */
+static void sleep_ms(unsigned ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
+}
+
+/* Elastic mode is decided once the configuration is read: 0 < request < limit. */
+void elastic_start(void) {
+    if (!g_cfg.request || g_cfg.request >= g_cfg.limit) return;
+    char a[32], b[32];
+    g_elastic = 1;
+    __atomic_store_n(&g_last_call_ns, now_ns(), __ATOMIC_RELAXED);
+    shim_log(LOG_INFO, "memslice: elastic memory: request %s guaranteed in HBM, limit %s; idle after %llu ms; "
+             "board in %s", fmt_bytes(g_cfg.request, a, sizeof a), fmt_bytes(g_cfg.limit, b, sizeof b),
+             (unsigned long long)g_cfg.idle_after_ms, g_cfg.elastic_dir);
+}
+
+/* A forked child inherits no CUDA state: no ranges, no thread, no slot (its parent keeps its own). */
+void elastic_after_fork(void) {
+    eb_close_after_fork(&g_board);
+    g_ranges = NULL;
+    g_resident = g_swapped = 0;
+    g_thread_started = 0;
+    g_ctx = NULL;
+    g_ord = -1;
+    g_dev = -1;
+    g_inflight = 0;
+    g_closed = 0;
+    pthread_mutex_init(&g_mu, NULL);
+    pthread_mutex_init(&g_gate_mu, NULL);
+}
+
+/* ---- the work gate -------------------------------------------------------------------------------------
+ * Every launch, copy and set enters the gate: it counts as activity, and it waits while a remap has the
+ * gate closed, so no work is ever submitted against an address that is between two physical allocations. */
+/* Entering the gate: stamp activity, count the call in flight, wait while a remap has the gate closed. */
+void elastic_gate_slow(void) {
+    __atomic_store_n(&g_last_call_ns, coarse_ns(), __ATOMIC_RELAXED);
+    for (;;) {
+        __atomic_add_fetch(&g_inflight, 1, __ATOMIC_SEQ_CST);
+        if (!__atomic_load_n(&g_closed, __ATOMIC_SEQ_CST)) return;
+        __atomic_sub_fetch(&g_inflight, 1, __ATOMIC_SEQ_CST);
+        pthread_mutex_lock(&g_gate_mu);
+        while (__atomic_load_n(&g_closed, __ATOMIC_SEQ_CST)) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 50000000L;
+            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+            pthread_cond_timedwait(&g_gate_cv, &g_gate_mu, &ts);
+        }
+        pthread_mutex_unlock(&g_gate_mu);
+    }
+}
+
+/* Leaving the gate: the call has been submitted (or done). */
+void elastic_gate_exit(void) {
+    __atomic_sub_fetch(&g_inflight, 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&g_last_call_ns, coarse_ns(), __ATOMIC_RELAXED);
+}
+
+/* Open the gate and wake the threads waiting at it. */
+static void gate_open(void) {
+    pthread_mutex_lock(&g_gate_mu);
+    __atomic_store_n(&g_closed, 0, __ATOMIC_SEQ_CST);
+    pthread_cond_broadcast(&g_gate_cv);
+    pthread_mutex_unlock(&g_gate_mu);
+}
+
+/* Close the gate, wait (bounded) for gated calls in progress, then for the work already queued on the GPU.
+ * 0, or -1 with the gate open again (a call did not return in time: this remap is given up). */
+static int gate_close(void) {
+    __atomic_store_n(&g_closed, 1, __ATOMIC_SEQ_CST);
+    uint64_t deadline = now_ns() + GATE_DRAIN_MS * 1000000ull;
+    while (__atomic_load_n(&g_inflight, __ATOMIC_SEQ_CST) > 0) {
+        if (now_ns() > deadline) {
+            gate_open();
+            return -1;
+        }
+        sleep_ms(1);
+    }
+    REAL(cuCtxSynchronize)();
+    return 0;
+}
+
+/* ---- physical allocations and remapping ------------------------------------------------------------- */
+/* A physical allocation of `size` bytes on this process's GPU, or in host memory. */
+static CUresult create_phys(CUmemGenericAllocationHandle *h, uint64_t size, int host) {
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof p);
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = host ? CU_MEM_LOCATION_TYPE_HOST : CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = host ? 0 : g_ord;
+    CUresult rc = REAL(cuMemCreate)(h, size, &p, 0);
+    if (rc == CUDA_ERROR_INVALID_VALUE && host) { /* drivers before 12.2 know only HOST_NUMA */
+        p.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+        rc = REAL(cuMemCreate)(h, size, &p, 0);
+    }
+    return rc;
+}
+
+/* Map a handle at va and give this process's GPU read-write access to it. */
+static CUresult map_rw(uint64_t va, uint64_t size, CUmemGenericAllocationHandle h) {
+    CUresult rc = REAL(cuMemMap)(va, size, 0, h, 0);
+    if (rc != CUDA_SUCCESS) return rc;
+    CUmemAccessDesc d;
+    memset(&d, 0, sizeof d);
+    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    d.location.id = g_ord;
+    d.flags = 3; /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE */
+    rc = REAL(cuMemSetAccess)(va, size, &d, 1);
+    if (rc != CUDA_SUCCESS) REAL(cuMemUnmap)(va, size);
+    return rc;
+}
+
+/* Move one range to its new physical allocation nh (in host memory if to_host, else on the device), at
+ * the same address; nh is released on failure. The gate is closed and g_mu held. The bytes are copied to
+ * the new allocation through a temporary mapping first, so a failure at any step leaves the old mapping
+ * (and the data) in place. 0, or -1. */
+static int remap(struct erange *r, CUmemGenericAllocationHandle nh, int to_host) {
+    CUdeviceptr tmp;
+    uint64_t t0 = now_ns();
+    if (REAL(cuMemAddressReserve)(&tmp, r->size, 0, 0, 0) != CUDA_SUCCESS) {
+        REAL(cuMemRelease)(nh);
+        return -1;
+    }
+    int ok = map_rw(tmp, r->size, nh) == CUDA_SUCCESS;
+    if (ok) {
+        ok = REAL(cuMemcpyDtoD_v2)(tmp, r->va, r->size) == CUDA_SUCCESS;
+        REAL(cuCtxSynchronize)();
+        REAL(cuMemUnmap)(tmp, r->size);
+    }
+    REAL(cuMemAddressFree)(tmp, r->size);
+    if (ok && REAL(cuMemUnmap)(r->va, r->size) == CUDA_SUCCESS) {
+        if (map_rw(r->va, r->size, nh) == CUDA_SUCCESS) {
+            REAL(cuMemRelease)(r->h);
+            r->h = nh;
+            r->host = to_host;
+            if (to_host) { g_resident -= r->size; g_swapped += r->size; }
+            else { g_swapped -= r->size; g_resident += r->size; }
+            uint64_t dt = now_ns() - t0;
+            if (to_host) { g_me.swap_outs++; g_me.swap_out_ns += dt; }
+            else { g_me.swap_ins++; g_me.swap_in_ns += dt; }
+            return 0;
+        }
+        if (map_rw(r->va, r->size, r->h) != CUDA_SUCCESS) /* the old handle still holds the bytes */
+            shim_log(LOG_ERROR, "memslice: elastic range at 0x%llx could not be mapped back",
+                     (unsigned long long)r->va);
+    }
+    REAL(cuMemRelease)(nh);
+    return -1;
+}
+
+static int make_room(uint64_t need, int guaranteed, int wait);
+
+/* ---- the board -------------------------------------------------------------------------------------- */
+/* Publish this process's state on its GPU's board. Caller holds g_mu. */
+static void publish(uint64_t done_seq) {
+    uint64_t idle = (now_ns() - __atomic_load_n(&g_last_call_ns, __ATOMIC_RELAXED)) / 1000000ull;
+    g_me.magic = EB_MAGIC;
+    g_me.pid = getpid();
+    g_me.state = idle >= g_cfg.idle_after_ms ? EB_IDLE : EB_ACTIVE;
+    g_me.request = g_cfg.request;
+    g_me.limit = g_cfg.limit;
+    g_me.resident = g_resident;
+    g_me.swapped = g_swapped;
+    g_me.idle_ms = idle;
+    if (done_seq) g_me.done_seq = done_seq;
+    eb_publish(&g_board, &g_me);
+}
+
+/* Idle: no gated call for idle_after and none in progress. */
+static int is_idle(void) {
+    uint64_t last = __atomic_load_n(&g_last_call_ns, __ATOMIC_RELAXED);
+    return __atomic_load_n(&g_inflight, __ATOMIC_SEQ_CST) == 0 &&
+           now_ns() - last >= g_cfg.idle_after_ms * 1000000ull;
+}
+
+/* Answer an ask: an idle process yields all its HBM; a busy one yields what it holds above its request
+ * (newest ranges first), at least `bytes` if it has that much. Caller holds g_mu. */
+static void yield(uint64_t bytes) {
+    int idle = is_idle();
+    uint64_t floor = idle ? 0 : g_cfg.request, given = 0;
+    if (g_resident <= floor || gate_close() < 0) return;
+    CUmemGenericAllocationHandle nh;
+    for (struct erange *r = g_ranges; r && g_resident > floor && (idle || given < bytes); r = r->next)
+        if (!r->host && create_phys(&nh, r->size, 1) == CUDA_SUCCESS && remap(r, nh, 1) == 0) given += r->size;
+    gate_open();
+    if (given) g_yield_ns = coarse_ns(); /* the same clock as the activity stamp it is compared with */
+    char a[32];
+    shim_log(LOG_INFO, "memslice: elastic: %s moved to host memory (%s)", fmt_bytes(given, a, sizeof a),
+             idle ? "idle" : "above the request, for a neighbour's guaranteed allocation");
+}
+
+/* Whether another live tenant of the GPU waits for HBM within its request (then this process does not bring
+ * back bytes above its own request, which would only be asked back): an active one short of its request, or
+ * an idle one that holds some HBM but less than its request (served from host when HBM was full). An idle
+ * tenant with nothing in HBM was swapped out for idleness and asks again when it runs. */
+static int neighbour_short(void) {
+    static struct eb_slot s[EB_SLOTS];
+    int live[EB_SLOTS];
+    eb_read_all(&g_board, s, live);
+    for (int i = 0; i < EB_SLOTS; i++)
+        if (live[i] && s[i].swapped && s[i].resident < s[i].request && (s[i].state == EB_ACTIVE || s[i].resident))
+            return 1;
+    return 0;
+}
+
+/* Bring back one host-resident range: when this process is active, within its request first and above it
+ * only when no neighbour is short of its request; when idle, only within its request and only if it has not
+ * given HBM away since its last call (memory served from host because HBM was full comes back as soon as HBM
+ * frees up; memory an idle process yielded waits until it runs again). One range per tick, so the gate is
+ * closed briefly. Caller holds g_mu. */
+static void swap_in_one(void) {
+    if (!g_swapped) return;
+    if (is_idle() && (g_resident >= g_cfg.request ||
+                      g_yield_ns > __atomic_load_n(&g_last_call_ns, __ATOMIC_RELAXED))) return;
+    struct erange *pick = NULL;
+    for (struct erange *r = g_ranges; r; r = r->next)
+        if (r->host) pick = r; /* the oldest: the list is newest first */
+    if (!pick || (g_resident + pick->size > g_cfg.request && neighbour_short())) return;
+    CUmemGenericAllocationHandle nh;
+    static uint64_t last_ask;
+    if (create_phys(&nh, pick->size, 0) != CUDA_SUCCESS) { /* HBM full: nothing is gated */
+        if (g_resident + pick->size <= g_cfg.request && now_ns() - last_ask > 1000000000ull) {
+            last_ask = now_ns(); /* short of its request: ask neighbours (without waiting); retried next tick */
+            make_room(pick->size, 1, 0);
+        }
+        return;
+    }
+    if (gate_close() < 0) {
+        REAL(cuMemRelease)(nh);
+        return;
+    }
+    remap(pick, nh, 0);
+    gate_open();
+}
+
+/* The background thread: publish, answer asks, bring memory back. It makes CUDA calls in the context of the
+ * elastic allocations. */
+static void *elastic_thread(void *arg) {
+    (void)arg;
+    REAL(cuCtxSetCurrent)(g_ctx);
+    uint64_t handled = 0;
+    for (;;) {
+        struct eb_ask a = eb_my_ask(&g_board);
+        pthread_mutex_lock(&g_mu);
+        uint64_t done = 0;
+        if (a.seq && a.seq != handled) {
+            yield(a.bytes);
+            handled = done = a.seq;
+        } else {
+            swap_in_one();
+        }
+        publish(done);
+        pthread_mutex_unlock(&g_mu);
+        sleep_ms(TICK_MS);
+    }
+    return NULL;
+}
+
+/* The first elastic allocation of the process: its GPU, context, board slot and background thread. Caller
+ * holds g_mu. 0, or -1 (then allocations take the plain path). */
+static int elastic_setup(int dev, CUdevice ord) {
+    if (g_thread_started) return g_dev == dev ? 0 : -1;
+    char err[512];
+    if (REAL(cuCtxGetCurrent)(&g_ctx) != CUDA_SUCCESS || !g_ctx) return -1;
+    if (eb_open(&g_board, g_cfg.elastic_dir, g_ledger.r->dev[dev].uuid, err, sizeof err) < 0) {
+        shim_log(LOG_ERROR, "memslice: elastic memory is off in this process: %s", err);
+        g_elastic = 0;
+        return -1;
+    }
+    g_dev = dev;
+    g_ord = ord;
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &at, elastic_thread, NULL) != 0) {
+        pthread_attr_destroy(&at);
+        return -1;
+    }
+    pthread_attr_destroy(&at);
+    g_thread_started = 1;
+    publish(0);
+    return 0;
+}
+
+/* Ask neighbours for `need` bytes of HBM and wait (bounded) for their answers. Idle tenants are asked
+ * first, most idle first; for an allocation within the request (`guaranteed`), bursting ones too. A
+ * neighbour that has not answered by the deadline (or died) is skipped. Returns how many were asked. */
+static int make_room(uint64_t need, int guaranteed, int wait) {
+    struct eb_slot s[EB_SLOTS];
+    int live[EB_SLOTS], asked[EB_SLOTS], n = 0;
+    uint64_t seq = now_ns(), found = 0;
+    eb_read_all(&g_board, s, live);
+    for (int pass = 0; pass < 2 && found < need; pass++) {
+        for (;;) { /* pass 0: idle ones, most idle first; pass 1: bursting ones (guaranteed only) */
+            int best = -1;
+            for (int i = 0; i < EB_SLOTS; i++) {
+                if (!live[i] || !s[i].resident || (wait && g_skip_until[i] > seq)) continue;
+                if (pass == 0 ? s[i].state != EB_IDLE : !guaranteed || s[i].resident <= s[i].request) continue;
+                if (best < 0 || s[i].idle_ms > s[best].idle_ms) best = i;
+            }
+            if (best < 0 || found >= need) break;
+            found += pass == 0 ? s[best].resident : s[best].resident - s[best].request;
+            eb_ask(&g_board, best, seq, need);
+            asked[n++] = best;
+            live[best] = 0;
+        }
+    }
+    uint64_t deadline = seq + (wait ? g_cfg.yield_wait_ms * 1000000ull : 0);
+    int pending = wait ? n : 0;
+    while (pending > 0 && now_ns() < deadline) {
+        sleep_ms(2);
+        pending = 0;
+        for (int k = 0; k < n; k++)
+            if (eb_alive(&g_board, asked[k]) && eb_done_seq(&g_board, asked[k]) < seq) pending++;
+    }
+    for (int k = 0; pending > 0 && k < n; k++) /* not answered in time: not asked again for 30 s */
+        if (eb_alive(&g_board, asked[k]) && eb_done_seq(&g_board, asked[k]) < seq) {
+            g_skip_until[asked[k]] = now_ns() + 30000000000ull;
+            shim_log(LOG_WARN, "memslice: elastic: the tenant in slot %d of the board did not yield HBM within "
+                     "%llu ms; it is skipped for 30 s and the allocation is served from host memory", asked[k],
+                     (unsigned long long)g_cfg.yield_wait_ms);
+        }
+    return n;
+}
+
+/* ---- allocation and free ---------------------------------------------------------------------------- */
+/* Physical memory for a new range: HBM; if the driver has none, after asking neighbours for room; else
+ * host memory at once. *host says which. */
+static CUresult place(CUmemGenericAllocationHandle *h, uint64_t size, int *host) {
+    *host = 0;
+    if (create_phys(h, size, 0) == CUDA_SUCCESS) return CUDA_SUCCESS;
+    int guaranteed = g_resident + size <= g_cfg.request;
+    if (make_room(size, guaranteed, 1) > 0 && create_phys(h, size, 0) == CUDA_SUCCESS) return CUDA_SUCCESS;
+    char a[32];
+    shim_log(LOG_INFO, "memslice: elastic: %s served from host memory (HBM is full%s)", fmt_bytes(size, a, sizeof a),
+             guaranteed ? " and neighbours did not yield in time; it moves to HBM when HBM frees up" : "");
+    *host = 1;
+    return create_phys(h, size, 1);
+}
+
+/* The plain path, for an allocation elastic mode cannot serve (no context, no board). */
+static CUresult plain_alloc(CUdeviceptr *dptr, uint64_t n, int dev, const char *call) {
+    CUresult rc = reserve(dev, n, call);
+    if (rc != CUDA_SUCCESS) return rc;
+    if ((rc = REAL(cuMemAlloc_v2)(dptr, n)) != CUDA_SUCCESS || track(*dptr, n, dev, A_DEVICE, 0) < 0)
+        uncharge(dev, n);
+    return rc;
+}
+
+/* An address range with physical memory mapped: HBM if it can be had, else host memory. g_mu is not held
+ * while neighbours are asked for room, so this process's own thread still answers its neighbours. */
+static CUresult map_new(struct erange *r, uint64_t size) {
+    CUresult rc = REAL(cuMemAddressReserve)(&r->va, size, 0, 0, 0);
+    if (rc != CUDA_SUCCESS) return rc;
+    if ((rc = place(&r->h, size, &r->host)) != CUDA_SUCCESS) {
+        REAL(cuMemAddressFree)(r->va, size);
+        return rc;
+    }
+    if ((rc = map_rw(r->va, size, r->h)) != CUDA_SUCCESS) {
+        REAL(cuMemRelease)(r->h);
+        REAL(cuMemAddressFree)(r->va, size);
+    }
+    return rc;
+}
+
+/* cuMemAlloc in elastic mode: the quota (the limit) is charged in 2 MiB units, the memory placed by
+ * place(), the range tracked for cuMemFree and for moving. */
+CUresult elastic_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ord, const char *call) {
+    uint64_t size = (n + (2ull << 20) - 1) & ~((2ull << 20) - 1);
+    pthread_mutex_lock(&g_mu);
+    int ok = elastic_setup(dev, ord) == 0;
+    pthread_mutex_unlock(&g_mu);
+    if (!ok) return plain_alloc(dptr, n, dev, call);
+    CUresult rc = reserve(dev, size, call);
+    if (rc != CUDA_SUCCESS) return g_cfg.oversubscribe ? spill_alloc(dptr, n, dev, ord, NULL, call) : rc;
+    struct erange *r = calloc(1, sizeof *r);
+    if (!r || (rc = map_new(r, size)) != CUDA_SUCCESS) {
+        free(r);
+        uncharge(dev, size);
+        return r ? rc : CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    r->size = size;
+    pthread_mutex_lock(&g_mu);
+    r->next = g_ranges;
+    g_ranges = r;
+    if (r->host) g_swapped += size;
+    else g_resident += size;
+    track(r->va, size, dev, A_ELASTIC, (uint64_t)(uintptr_t)r);
+    publish(0);
+    pthread_mutex_unlock(&g_mu);
+    *dptr = r->va;
+    return CUDA_SUCCESS;
+}
+
+/* cuMemFree of an elastic range: wherever its bytes are, unmap and release them, give the quota back. */
+CUresult elastic_free(const ms_rec *rec) {
+    struct erange *r = (struct erange *)(uintptr_t)rec->aux;
+    pthread_mutex_lock(&g_mu);
+    REAL(cuCtxSynchronize)(); /* cuMemFree waits for the device like this, too */
+    REAL(cuMemUnmap)(r->va, r->size);
+    REAL(cuMemRelease)(r->h);
+    REAL(cuMemAddressFree)(r->va, r->size);
+    if (r->host) g_swapped -= r->size;
+    else g_resident -= r->size;
+    for (struct erange **p = &g_ranges; *p; p = &(*p)->next)
+        if (*p == r) { *p = r->next; break; }
+    publish(0);
+    pthread_mutex_unlock(&g_mu);
+    uncharge(rec->dev, rec->size);
+    free(r);
+    return CUDA_SUCCESS;
+}

@@ -1,0 +1,112 @@
+/* The per-GPU elastic arbitration board (layout and trust rules in elastic_board.h): plain file I/O and
+ * open-file-description locks, so a tenant that truncates, fills or locks the file can neither crash nor
+ * block another tenant: reads are bounded and short reads are empty slots, lock probes never wait. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "elastic_board.h"
+
+/* Try the OFD write lock on slot i's liveness byte: 0 taken, -1 held by another process. Never waits. */
+static int take_live_lock(int fd, int i) {
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = EB_LIVE_OFF + i, .l_len = 1};
+    return fcntl(fd, F_OFD_SETLK, &fl) == 0 ? 0 : -1;
+}
+
+/* A board file name keeps only the UUID's safe characters: a region's device table is written by tenants. */
+static void safe_name(const char *uuid, char *out, unsigned cap) {
+    unsigned n = 0;
+    for (const char *p = uuid; *p && n + 1 < cap && n < 64; p++)
+        if ((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || *p == '-')
+            out[n++] = *p;
+    out[n] = 0;
+}
+
+/* Claim the first slot whose liveness lock nobody holds: a dead tenant's slot is free again at once. */
+int eb_open(struct eb *b, const char *dir, const char *uuid, char *err, unsigned errlen) {
+    char name[80], path[400];
+    safe_name(uuid, name, sizeof name);
+    b->fd = -1;
+    b->slot = -1;
+    if (!name[0] || snprintf(path, sizeof path, "%s/%s.board", dir, name) >= (int)sizeof path) {
+        snprintf(err, errlen, "no usable board name for GPU '%.48s' in %.200s", uuid, dir);
+        return -1;
+    }
+    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0666);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "cannot open the elastic board %.300s: %s", path,
+                 fd < 0 ? strerror(errno) : "not a regular file");
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    for (int i = 0; i < EB_SLOTS; i++) {
+        if (take_live_lock(fd, i) < 0) continue;
+        b->fd = fd;
+        b->slot = i;
+        struct eb_ask zero = {0, 0};
+        if (pwrite(fd, &zero, sizeof zero, EB_ASK_OFF + (off_t)i * sizeof zero) < 0) { /* a stale ask */ }
+        return 0;
+    }
+    close(fd);
+    snprintf(err, errlen, "the elastic board %.300s has no free slot (%d processes)", path, EB_SLOTS);
+    return -1;
+}
+
+/* A forked child has no CUDA state and must not answer for its parent's slot (the parent keeps the lock). */
+void eb_close_after_fork(struct eb *b) {
+    if (b->fd >= 0) close(b->fd);
+    b->fd = -1;
+    b->slot = -1;
+}
+
+/* Only the owner writes its slot, so neighbours read a whole, recent record (torn reads: stats only). */
+void eb_publish(const struct eb *b, const struct eb_slot *mine) {
+    if (b->fd < 0) return;
+    if (pwrite(b->fd, mine, sizeof *mine, (off_t)b->slot * (off_t)sizeof *mine) < 0) { /* best effort */ }
+}
+
+/* Liveness is the kernel's word (the owner's OFD lock), never a pid a tenant could forge or reuse. */
+int eb_alive(const struct eb *b, int slot) {
+    if (b->fd < 0 || slot == b->slot) return 0;
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = EB_LIVE_OFF + slot, .l_len = 1};
+    if (fcntl(b->fd, F_OFD_GETLK, &fl) < 0) return 0;
+    return fl.l_type != F_UNLCK;
+}
+
+/* One bounded read of every slot; anything short, malformed or dead reads as empty. */
+void eb_read_all(const struct eb *b, struct eb_slot out[EB_SLOTS], int live[EB_SLOTS]) {
+    memset(out, 0, sizeof(struct eb_slot) * EB_SLOTS);
+    ssize_t n = b->fd < 0 ? -1 : pread(b->fd, out, sizeof(struct eb_slot) * EB_SLOTS, 0);
+    for (int i = 0; i < EB_SLOTS; i++) {
+        int whole = n >= (ssize_t)((i + 1) * sizeof(struct eb_slot));
+        live[i] = whole && out[i].magic == EB_MAGIC && eb_alive(b, i);
+        if (!live[i]) memset(&out[i], 0, sizeof out[i]);
+    }
+}
+
+/* What a neighbour has answered: polled by a tenant waiting (bounded) for HBM. */
+uint64_t eb_done_seq(const struct eb *b, int slot) {
+    struct eb_slot s;
+    if (b->fd < 0 || pread(b->fd, &s, sizeof s, (off_t)slot * (off_t)sizeof s) != (ssize_t)sizeof s) return 0;
+    return s.magic == EB_MAGIC ? s.done_seq : 0;
+}
+
+/* Asks are plain writes into the neighbour's ask slot: no lock a hostile tenant could hold. */
+void eb_ask(const struct eb *b, int slot, uint64_t seq, uint64_t bytes) {
+    struct eb_ask a = {seq, bytes};
+    if (b->fd < 0) return;
+    if (pwrite(b->fd, &a, sizeof a, EB_ASK_OFF + (off_t)slot * (off_t)sizeof a) < 0) { /* best effort */ }
+}
+
+/* The background thread's poll: the ask posted to this process's slot. */
+struct eb_ask eb_my_ask(const struct eb *b) {
+    struct eb_ask a = {0, 0};
+    if (b->fd < 0 || pread(b->fd, &a, sizeof a, EB_ASK_OFF + (off_t)b->slot * (off_t)sizeof a) != (ssize_t)sizeof a)
+        memset(&a, 0, sizeof a);
+    return a;
+}

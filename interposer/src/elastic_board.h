@@ -1,0 +1,59 @@
+/* The elastic arbitration board of one GPU (elastic_board.c): a small file per GPU in the node's elastic
+ * directory, <dir>/<GPU uuid>.board, through which the tenants of that GPU see each other and ask each other
+ * to yield HBM. Read and written with pread/pwrite only (never mmap'd: any tenant can write or truncate it,
+ * and a short read is an empty slot, never a fault). Layout (docs/architecture.md, "Elastic memory"):
+ *   [0, EB_SLOTS*128)               one struct eb_slot per tenant process, written by its owner only
+ *   [EB_ASK_OFF, +EB_SLOTS*16)      one struct eb_ask per slot, written by tenants that need HBM
+ *   [EB_LIVE_OFF, +EB_SLOTS)        one byte per slot: its owner holds an OFD write lock on it for life,
+ *                                   so a slot is live exactly while its process is (the kernel drops the
+ *                                   lock when the process dies, SIGKILL included) */
+#ifndef MEMSLICE_ELASTIC_BOARD_H
+#define MEMSLICE_ELASTIC_BOARD_H
+
+#include <stdint.h>
+
+#define EB_SLOTS 64
+#define EB_MAGIC 0x4c45534du        /* "MSEL" */
+#define EB_ASK_OFF (EB_SLOTS * 128)
+#define EB_LIVE_OFF (EB_ASK_OFF + EB_SLOTS * 16)
+#define EB_FILE_SIZE (EB_LIVE_OFF + EB_SLOTS)
+
+enum eb_state { EB_ACTIVE = 1, EB_IDLE = 2 };
+
+struct eb_slot {
+    uint32_t magic;
+    uint32_t state;           /* enum eb_state, as its owner sees itself */
+    int32_t pid;              /* in the owner's namespace: display only */
+    uint32_t pad;
+    uint64_t request, limit;  /* bytes */
+    uint64_t resident;        /* elastic bytes in HBM */
+    uint64_t swapped;         /* elastic bytes in host memory (swapped out, or served from host) */
+    uint64_t idle_ms;         /* since the owner's last CUDA call */
+    uint64_t done_seq;        /* the last ask the owner has answered */
+    uint64_t swap_outs, swap_ins;   /* ranges moved, ever */
+    uint64_t swap_out_ns, swap_in_ns; /* time spent moving them */
+    uint64_t pad2[4];
+};
+_Static_assert(sizeof(struct eb_slot) == 128, "board slot is 128 bytes");
+
+struct eb_ask { uint64_t seq, bytes; };
+
+struct eb { int fd; int slot; };
+
+/* Open (creating it if needed, mode 0666 & ~umask) the board of GPU `uuid` in `dir` and claim a slot. 0, or
+ * -1 with a message in err. */
+int eb_open(struct eb *b, const char *dir, const char *uuid, char *err, unsigned errlen);
+void eb_close_after_fork(struct eb *b);
+/* Write this process's own slot. */
+void eb_publish(const struct eb *b, const struct eb_slot *mine);
+/* Read every slot; live[i] says whether slot i's owner is alive (and not this process). Slots with a bad
+ * magic, and dead ones, come back zeroed. */
+void eb_read_all(const struct eb *b, struct eb_slot out[EB_SLOTS], int live[EB_SLOTS]);
+int eb_alive(const struct eb *b, int slot);
+uint64_t eb_done_seq(const struct eb *b, int slot);
+/* Ask slot `slot` to yield `bytes` of HBM; seq identifies the ask (a CLOCK_MONOTONIC time). */
+void eb_ask(const struct eb *b, int slot, uint64_t seq, uint64_t bytes);
+/* The ask posted to this process's own slot (zeroes if none). */
+struct eb_ask eb_my_ask(const struct eb *b);
+
+#endif

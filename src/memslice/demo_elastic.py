@@ -1,0 +1,161 @@
+"""`memslice demo --elastic`: the issue's notebook example on one simulated 4 GiB GPU. Notebook A (limit
+2.5 GiB, request 512 MiB) fills 2 GiB and goes idle; notebook B (limit 2 GiB, request 512 MiB) then gets
+1792 MiB in GPU memory while A's bytes wait in host memory; A runs again and finds every byte, and its
+memory comes back to the GPU as far as B leaves room.
+
+`python -m memslice.demo_elastic tenant` is the notebook: commands on stdin (`alloc MiB`, `check`), one JSON
+line per answer, through the CUDA driver API (ctypes over libcuda.so.1, so through the preloaded shim).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+BLOCK_MIB = 256
+MiB = 1 << 20
+
+
+def _pattern(block: int) -> bytes:
+    """1 MiB that differs per block, written at the start and the end of each block."""
+    return bytes((block * 7 + i) & 0xFF for i in range(256)) * 4096
+
+
+def tenant() -> int:
+    """The notebook process: allocate, write, read back, on request."""
+    cuda = ctypes.CDLL("libcuda.so.1")
+    ptr = ctypes.c_ulonglong
+    cuda.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ptr), ctypes.c_size_t]
+    cuda.cuMemcpyHtoD_v2.argtypes = [ptr, ctypes.c_char_p, ctypes.c_size_t]
+    cuda.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ptr, ctypes.c_size_t]
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    if cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(dev), 0) or cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev):
+        print(json.dumps({"error": "no CUDA context"}), flush=True)
+        return 1
+    blocks: list[int] = []
+    for line in sys.stdin:
+        cmd = line.split()
+        if cmd[:1] == ["alloc"]:
+            rc = 0
+            for _ in range(int(cmd[1]) // BLOCK_MIB):
+                p = ptr()
+                rc = cuda.cuMemAlloc_v2(ctypes.byref(p), BLOCK_MIB * MiB)
+                if rc:
+                    break
+                pat = _pattern(len(blocks))
+                cuda.cuMemcpyHtoD_v2(p, pat, MiB)
+                cuda.cuMemcpyHtoD_v2(ptr(p.value + (BLOCK_MIB - 1) * MiB), pat, MiB)
+                blocks.append(p.value)
+            print(json.dumps({"allocated_mib": len(blocks) * BLOCK_MIB, "result": rc}), flush=True)
+        elif cmd[:1] == ["check"]:
+            buf = ctypes.create_string_buffer(MiB)
+            bad = 0
+            for i, addr in enumerate(blocks):
+                for off in (0, (BLOCK_MIB - 1) * MiB):
+                    cuda.cuMemcpyDtoH_v2(buf, ptr(addr + off), MiB)
+                    bad += buf.raw != _pattern(i)
+            print(json.dumps({"checked_blocks": len(blocks), "bad": bad,
+                              "pointers": [hex(b) for b in blocks[:2]]}), flush=True)
+    return 0
+
+
+def _table(edir: str, names: dict[int, str]) -> str:
+    from memslice.elastic import read_boards
+    from memslice.sizes import format_bytes
+
+    rows = []
+    for t in sorted(read_boards(edir), key=lambda t: names.get(t.pid, "")):
+        state = "swapped-out" if t.swapped_bytes and not t.resident_bytes else t.state
+        rows.append(f"    {names.get(t.pid, str(t.pid)):<11} {state:<11} in GPU {format_bytes(t.resident_bytes):>9}"
+                    f"   in host memory {format_bytes(t.swapped_bytes):>9}   idle {t.idle_ms / 1000:5.1f} s")
+    return "\n".join(rows)
+
+
+def _wait(cond: Any, timeout: float = 120) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def main() -> int:
+    from memslice.elastic import read_boards
+    from memslice.interposer.region import read_region_file
+    from memslice.paths import lib_paths
+    from memslice.simulator import sim_env
+
+    work = tempfile.mkdtemp(prefix="memslice-demo-elastic-")
+    state, edir = os.path.join(work, "gpu.state"), os.path.join(work, "elastic")
+    os.makedirs(edir)
+    print("memslice demo --elastic: one simulated 4 GiB GPU, two notebooks (each CUDA context takes 300 MiB)\n")
+
+    def start(name: str, limit: str, request: str) -> subprocess.Popen[str]:
+        region = os.path.join(work, name)
+        os.makedirs(region)
+        env = sim_env("4GiB", state=state)
+        env.update(MEMSLICE_GPU_MEM_LIMIT=limit, MEMSLICE_GPU_MEM_REQUEST=request, MEMSLICE_REGION_DIR=region,
+                   MEMSLICE_ELASTIC_DIR=edir, MEMSLICE_IDLE_AFTER="1", MEMSLICE_CONTEXT_RESERVE="0",
+                   MEMSLICE_YIELD_WAIT="30", LD_PRELOAD=lib_paths().shim)
+        return subprocess.Popen([sys.executable, "-m", "memslice.demo_elastic", "tenant"], env=env, text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def ask(p: subprocess.Popen[str], line: str) -> dict[str, Any]:
+        assert p.stdin is not None and p.stdout is not None
+        p.stdin.write(line + "\n")
+        p.stdin.flush()
+        answer: dict[str, Any] = json.loads(p.stdout.readline() or '{"error": "tenant ended"}')
+        return answer
+
+    a = start("notebook-a", "2560MiB", "512MiB")
+    b = None
+    try:
+        names = {a.pid: "notebook-a"}
+        print("notebook-a (request 512 MiB, limit 2.5 GiB) allocates 2 GiB: above its request it uses free GPU memory")
+        print(f"    -> {ask(a, 'alloc 2048')}")
+        print(_table(edir, names))
+        print("\nnotebook-a makes no CUDA call for 1 s (MEMSLICE_IDLE_AFTER=1; 300 s by default): it is idle")
+        _wait(lambda: any(t.state == "idle" for t in read_boards(edir)))
+        print(_table(edir, names))
+        b = start("notebook-b", "2GiB", "512MiB")
+        names[b.pid] = "notebook-b"
+        print("\nnotebook-b (request 512 MiB, limit 2 GiB) allocates 1792 MiB; 300 + 2048 + 300 + 1792 MiB would "
+              "not fit in 4 GiB,\nso the idle notebook-a's memory moves to host memory (same pointers) and "
+              "notebook-b gets GPU memory")
+        print(f"    -> {ask(b, 'alloc 1792')}")
+        _wait(lambda: any(t.swapped_bytes and not t.resident_bytes for t in read_boards(edir)))
+        print(_table(edir, names))
+        print("\nnotebook-a runs again and reads its data back through the same pointers (at once, from host "
+              "memory);\nits memory returns to the GPU, its request first, while it is active and as far as "
+              "notebook-b leaves room")
+        print(f"    -> {ask(a, 'check')}")
+        _wait(lambda: any(t.pid == a.pid and t.resident_bytes >= 512 * MiB for t in read_boards(edir)), 60)
+        print(_table(edir, names))
+        phys = read_region_file(state)
+        if phys:
+            d = phys.devices[0]
+            print(f"\nthe simulated GPU: {d.used_bytes >> 20} MiB in use now, at most {d.peak_bytes >> 20} MiB "
+                  f"ever, of {d.physical_bytes >> 20} MiB")
+    finally:
+        for p in (a, b):
+            if p is not None and p.stdin is not None:
+                p.stdin.close()
+                p.wait(timeout=60)
+        shutil.rmtree(work, ignore_errors=True)
+    print("""
+What you just saw: requests and limits for GPU memory. Each notebook is guaranteed its request in GPU
+memory and may hold up to its limit; an idle notebook's memory went to host memory when its neighbour
+needed the GPU, and came back when it ran again, with the same pointers and the same bytes.""")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(tenant() if sys.argv[1:] == ["tenant"] else main())
