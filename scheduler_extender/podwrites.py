@@ -3,16 +3,18 @@ their own, with the official client's configuration.
 
 Why not the client's own path for these two (issue 12 item 4 asks for the library unless a benchmark shows
 it cannot meet the extender's targets; this is that case). `benchmarks/bench_http.py` measures the CPU of
-one bind's two writes against the tests' API stand-in (medians, one run, 2-core machine, 2026-11-23): the
-generated `CoreV1Api` methods 710-1040 µs (model serialisation, and the answer deserialised into V1Pod), the same
-requests straight on the client's urllib3 pool 475-545 µs (pool bookkeeping, http.client's request building
-and its email-based header parser), this module 73 µs. The extender's target is 500 pods/s through all
-three verbs, on one GIL, at about 1.5 ms of CPU per pod today (benchmarks/README.md): the urllib3 pool would
-add ~0.45 ms per pod (about 430 pods/s), the generated layer ~0.7-1 ms (350-400 pods/s). Both miss it.
-So this module writes the request line and headers itself (a fixed, small set), and leaves parsing the
-answer to `httptools` (llhttp, the parser of Node.js, as uvicorn uses it): status, chunked or sized bodies
-(or one that ends when the server closes), interim 1xx answers skipped, keep-alive; at most 1 MiB of headers
-and 16 MiB of body; one deadline per call covers connecting, the TLS handshake, sending and the whole answer.
+one bind's two writes against the tests' API stand-in (medians of two runs, 2-core machine, 2026-11-23):
+the generated `CoreV1Api` methods 710-960 µs (model serialisation, the answer deserialised into V1Pod), the
+same requests straight on the client's urllib3 pool 475-520 µs (pool bookkeeping, http.client's request
+building and its email-based header parser), this module 73-100 µs. In the extender itself
+(bench_extender.py with and without benchmarks/urllib3_writes/ on PYTHONPATH, which sends these writes
+through the client's urllib3 pool; three interleaved pairs) the pool took the CPU per pod from 1.16 to
+2.13 ms and the throughput from 554 to 349 pods/s (medians), against a target of 500 pods/s
+(benchmarks/README.md, "HTTP pieces"); the generated layer costs more still. So this module writes the
+request line and headers itself (a fixed, small set), and leaves parsing the answer to `httptools` (llhttp,
+the parser of Node.js, as uvicorn uses it): status, chunked or sized bodies (or one that ends when the
+server closes), interim 1xx answers skipped, keep-alive; at most 1 MiB of headers and 16 MiB of body; one
+deadline per call covers connecting, the TLS handshake, sending and the whole answer.
 
 Everything else comes from the client's `Configuration`, as the generated code would use it:
 - the server URL (with any path prefix), and TLS as `kubernetes.client.rest` sets up its pool and urllib3

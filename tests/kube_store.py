@@ -203,7 +203,7 @@ def json_patch(doc: Any, ops: Any) -> Any:
     if not isinstance(ops, list):
         raise ApiError(400, "BadRequest", "a json-patch body must be a JSON list of operations")
     try:
-        return jsonpatch.JsonPatch(ops).apply(_clone(doc))
+        return jsonpatch.JsonPatch(ops).apply(_clone(doc), in_place=True)
     except jsonpatch.InvalidJsonPatch as exc:
         raise ApiError(400, "BadRequest", f"invalid json-patch: {exc}") from None
     except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
