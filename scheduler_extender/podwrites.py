@@ -1,16 +1,20 @@
 """The two writes of every bind (the reservation PATCH and the Binding POST), on keep-alive connections of
 their own, with the official client's configuration.
 
-Why not the client's own path for these two (the generated `CoreV1Api` methods on its urllib3 pool): per
-call that is 530 µs of CPU through the generated layer (pydantic validation, model serialisation), and still
-270 µs straight on the pool (urllib3's pool bookkeeping, http.client's request building and its email-based
-header parser); here it is about 50 µs (measured against the tests' API stand-in on this project's 2-core
-machine). Two writes per bind make that the largest single share of the extender's CPU per scheduled pod,
-and that CPU is what limits how many pods per second one extender (one GIL) can bind. So this module writes
-the request line and headers itself (a fixed, small set), and leaves parsing the answer to `httptools`
-(llhttp, the parser of Node.js, as uvicorn uses it): status, chunked or sized bodies (or one that ends
-when the server closes), interim 1xx answers skipped, keep-alive; at most 1 MiB of headers and 16 MiB of
-body; one deadline per call covers connecting, the TLS handshake, sending and the whole answer.
+Why not the client's own path for these two (issue 12 item 4 asks for the library unless a benchmark shows
+it cannot meet the extender's targets; this is that case). `benchmarks/bench_http.py` measures the CPU of
+one bind's two writes against the tests' API stand-in (medians of two runs, 2-core machine, 2026-11-23):
+the generated `CoreV1Api` methods 710-960 µs (model serialisation, the answer deserialised into V1Pod), the
+same requests straight on the client's urllib3 pool 475-520 µs (pool bookkeeping, http.client's request
+building and its email-based header parser), this module 73-100 µs. In the extender itself
+(bench_extender.py with and without benchmarks/urllib3_writes/ on PYTHONPATH, which sends these writes
+through the client's urllib3 pool; three interleaved pairs) the pool took the CPU per pod from 1.16 to
+2.13 ms and the throughput from 554 to 349 pods/s (medians), against a target of 500 pods/s
+(benchmarks/README.md, "HTTP pieces"); the generated layer costs more still. So this module writes the
+request line and headers itself (a fixed, small set), and leaves parsing the answer to `httptools` (llhttp,
+the parser of Node.js, as uvicorn uses it): status, chunked or sized bodies (or one that ends when the
+server closes), interim 1xx answers skipped, keep-alive; at most 1 MiB of headers and 16 MiB of body; one
+deadline per call covers connecting, the TLS handshake, sending and the whole answer.
 
 Everything else comes from the client's `Configuration`, as the generated code would use it:
 - the server URL (with any path prefix), and TLS as `kubernetes.client.rest` sets up its pool and urllib3

@@ -1,4 +1,4 @@
-"""resource.k8s.io/v1 for the API stand-in (tests/kube_standin.py): ResourceSlices, ResourceClaims and
+"""resource.k8s.io/v1 for the API stand-in (tests/kube_store.py): ResourceSlices, ResourceClaims and
 DeviceClasses (list/watch/get/create/update/patch/delete over HTTP, like every stand-in resource), and
 `allocate()`, which writes a claim's allocation the way kube-scheduler does for consumable capacity
 (KEP-5075, resource.k8s.io/v1 field docs):
@@ -24,7 +24,7 @@ import uuid
 from decimal import Decimal
 from typing import Any
 
-import kube_standin
+import kube_store
 from kube_standin import KubeApiStandin
 
 from memslice.plugin.dra_prepare import quantity_bytes
@@ -33,9 +33,9 @@ GROUP_VERSION = "resource.k8s.io/v1"
 _NEW = {"resourceslices": ("ResourceSlice", False), "resourceclaims": ("ResourceClaim", True),
         "deviceclasses": ("DeviceClass", False)}
 for _plural, (_kind, _namespaced) in _NEW.items():
-    kube_standin.RESOURCES[_plural] = (_kind, _namespaced)
-    kube_standin.KIND_TO_PLURAL[_kind.lower()] = _plural
-    kube_standin.API_VERSIONS[_plural] = GROUP_VERSION
+    kube_store.RESOURCES[_plural] = (_kind, _namespaced)
+    kube_store.KIND_TO_PLURAL[_kind.lower()] = _plural
+    kube_store.API_VERSIONS[_plural] = GROUP_VERSION
 
 _DRIVER_IN_CEL = re.compile(r'device\.driver\s*==\s*"([^"]+)"')
 _UNITS = (("Ei", 1 << 60), ("Pi", 1 << 50), ("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10))

@@ -93,6 +93,39 @@ def test_patch_precondition_conflict_and_merge_semantics(core: client.CoreV1Api)
     assert [(c.name, c.image) for c in sm.spec.containers] == [("main", "new")]
 
 
+def test_json_patch_out_of_range_index_is_refused_and_changes_nothing(core: client.CoreV1Api) -> None:
+    """RFC 6902 (as the real server applies it): `add` at an index past the end of an array is an error, not
+    an append; a failed `test` is 422 too. Either way the stored pod is unchanged."""
+    created = core.create_namespaced_pod("default", pod("p"))
+    for ops in ([{"op": "add", "path": "/spec/containers/5", "value": {"name": "x", "image": "y"}}],
+                [{"op": "test", "path": "/metadata/resourceVersion", "value": "0"},
+                 {"op": "add", "path": "/metadata/labels", "value": {"l": "1"}}]):
+        with pytest.raises(client.ApiException) as exc:
+            core.patch_namespaced_pod("p", "default", ops)
+        assert exc.value.status == 422, exc.value.body
+    after = core.read_namespaced_pod("p", "default")
+    assert after.metadata.resource_version == created.metadata.resource_version
+    assert [c.name for c in after.spec.containers] == ["main"] and not after.metadata.labels
+
+
+def test_store_layer_serves_the_verbs_without_http() -> None:
+    """The store (tests/kube_store.py) alone: create, merge patch with a stale resourceVersion precondition
+    (409, nothing written), and a watch from a version that sees the change."""
+    from kube_store import ApiError, Store
+
+    store = Store()
+    made = store.create("pods", "default", pod("p"))
+    rv = made["metadata"]["resourceVersion"]
+    store.patch("pods", "default", "p", None, {"metadata": {"annotations": {"a": "1"}}},
+                "application/merge-patch+json")
+    with pytest.raises(ApiError) as exc:
+        store.patch("pods", "default", "p", None, {"metadata": {"resourceVersion": rv, "annotations": {"a": "2"}}},
+                    "application/merge-patch+json")
+    assert exc.value.code == 409
+    events = list(store.watch_events("pods", Store.selector("default", {}), rv, time.monotonic(), False))
+    assert [(e["type"], e["object"]["metadata"]["annotations"]) for e in events] == [("MODIFIED", {"a": "1"})]
+
+
 def test_replace_with_stale_resource_version_conflicts(core: client.CoreV1Api) -> None:
     first = core.create_node(node("n"))
     body = core.api_client.sanitize_for_serialization(first)

@@ -1,10 +1,16 @@
 """A leaner `BaseHTTPRequestHandler` for the JSON servers (the extender; the tests' API stand-in).
 
-Why: per request the stdlib handler parses headers with the email package (http.client.parse_headers),
-formats the Date header with email.utils, and writes status line, headers and body in separate calls. For
-the extender, which answers three requests per scheduled pod, that was about a third of a verb's HTTP
-cost. This class keeps the stdlib server (threads, keep-alive, TLS wrapping, error pages) and changes
-only those three things:
+Why (issue 12 item 4: keep a hand-written piece only where a benchmark shows the library cannot meet the
+extender's targets): per request the stdlib handler parses headers with the email package
+(http.client.parse_headers, ~30 µs for five headers), formats the Date header with email.utils, and writes
+status line, headers and body in separate calls. `benchmarks/bench_http.py` puts that at 63-79 µs of CPU
+per filter request against 23-30 µs here; in the extender itself (bench_extender.py with and without
+benchmarks/stdlib_http/ on PYTHONPATH, three interleaved pairs, 2-core machine, 2026-11-23) the stdlib
+handler took the CPU per pod from 1.47 to 2.04 ms (medians), i.e. 490 pods per CPU-second: below the
+extender's 500 pods/s target even on a whole core. So this stays (benchmarks/README.md, "HTTP pieces").
+The framing checks below would be needed with either (the stdlib takes the first of several Content-Length
+fields). This class keeps the stdlib server (threads, keep-alive, TLS wrapping, error pages) and changes
+only these things:
 - `parse_request`: a fast path for the usual request (`METHOD /path HTTP/1.1` and plain headers);
   anything else (other versions, odd request lines) takes the stdlib path unchanged. Limits are the
   stdlib's: at most 100 header lines of at most 64 KiB (431 beyond); folded lines get 400.
