@@ -177,7 +177,7 @@ def density(exe: str, tmp: Path, mode: str, gpu_mib: int, peak: int, typical: in
 
     def sample() -> None:
         while time.monotonic() < stop:
-            snap = read_region_file(str(d / "node.state"))
+            snap = read_region_file(str(d / "node.state.usage"))
             if snap and snap.devices:
                 occupancy.append(snap.devices[0].used_bytes / (gpu_mib * MiB))
             time.sleep(0.1)

@@ -74,7 +74,7 @@ def test_two_memslice_run_sessions_share_one_gpu_elastically(tmp_path, tenant_bi
         assert ask(b, "alloc 640 64") == "allocated 10"
 
         def held() -> list[tuple[int, int]]:
-            snap = read_region_file(str(tmp_path / "node.state"))
+            snap = read_region_file(str(tmp_path / "node.state.usage"))
             assert snap is not None and snap.devices[0].peak_bytes <= 2048 * MiB
             return sorted((p.device_bytes // MiB, p.host_bytes // MiB) for p in snap.processes if p.alive)
         assert held()[1] == (300 + 640, 0), "B's memory is all in HBM"

@@ -91,7 +91,7 @@ def elastic(node, tmp_path: pathlib.Path, tenant_bin: str) -> Iterator[Callable[
 
 def per_process(state: str) -> dict[int, tuple[int, int]]:
     """pid -> (device MiB, host MiB) physically held, from the simulator's own ledger."""
-    snap = read_region_file(state)
+    snap = read_region_file(state + ".usage")
     assert snap is not None
     return {p.pid: (p.device_bytes // MiB, p.host_bytes // MiB) for p in snap.processes if p.alive}
 
@@ -135,13 +135,13 @@ def test_idle_tenant_yields_hbm_to_a_bursting_neighbour_and_gets_it_back(elastic
     rounds, errors = map(int, a.cmd("stop").split()[1:])
     assert rounds > 0 and errors == 0
     assert a.cmd("check") == f"check ok {2048 * MiB}"
-    snap = read_region_file(state)
+    snap = read_region_file(state + ".usage")
     gpu = snap.devices[0]
     assert gpu.peak_bytes <= 4096 * MiB and gpu.used_bytes <= 4096 * MiB
     assert per_process(state)[b.proc.pid] == (300 + 1792, 0)
     a.close()
     b.close()
-    assert read_region_file(state).devices[0].used_bytes == 0
+    assert read_region_file(state + ".usage").devices[0].charged_bytes == 0
 
 
 def test_guaranteed_allocation_takes_hbm_back_from_a_busy_burster(elastic):
@@ -163,7 +163,7 @@ def test_guaranteed_allocation_takes_hbm_back_from_a_busy_burster(elastic):
     assert rounds > 0 and errors == 0
     assert b.cmd("check") == f"check ok {768 * MiB}"
     assert a.cmd("check") == f"check ok {256 * MiB}"
-    assert read_region_file(state).devices[0].peak_bytes <= 1024 * MiB
+    assert read_region_file(state + ".usage").devices[0].peak_bytes <= 1024 * MiB
 
 
 @pytest.mark.parametrize("phase", ["out", "in"])
@@ -198,7 +198,7 @@ def test_tenant_killed_mid_swap_leaks_nothing(elastic, tmp_path, phase):
     c = elastic("c", "2GiB", None, gpus="2GiB", ctx="64MiB")  # the whole GPU can be had again
     assert c.cmd("alloc 1984 32") == "allocated 62"
     c.close()
-    gpu = read_region_file(state).devices[0]
+    gpu = read_region_file(state + ".usage").devices[0]
     assert (gpu.used_bytes, gpu.host_bytes) == (0, 0), "nothing of A's or B's is left on the GPU or in host memory"
     assert sweep(tmp_path / "a") == 1  # what the next process of A's container (or the agent) does
     region = read_region(tmp_path / "a")

@@ -91,7 +91,7 @@ def main() -> int:
     from memslice.elastic import read_boards
     from memslice.interposer.region import read_region_file
     from memslice.paths import lib_paths
-    from memslice.simulator import sim_env
+    from memslice.simulator import sim_env, usage_path
 
     work = tempfile.mkdtemp(prefix="memslice-demo-elastic-")
     state, edir = os.path.join(work, "gpu.state"), os.path.join(work, "elastic")
@@ -139,7 +139,7 @@ def main() -> int:
         print(f"    -> {ask(a, 'check')}")
         _wait(lambda: any(t.pid == a.pid and t.resident_bytes >= 512 * MiB for t in read_boards(edir)), 60)
         print(_table(edir, names))
-        phys = read_region_file(state)
+        phys = read_region_file(usage_path(state))
         if phys:
             d = phys.devices[0]
             print(f"\nthe simulated GPU: {d.used_bytes >> 20} MiB in use now, at most {d.peak_bytes >> 20} MiB "
