@@ -22,6 +22,7 @@ from memslice.plugin.state import NodeState
 
 if TYPE_CHECKING:
     from memslice.interposer.region import RegionSnapshot
+    from memslice.plugin.regions import DirUsage
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class Metrics:
 
 
 RegionReader = Callable[[str], "RegionSnapshot | None"]
+DirUsageReader = Callable[[str], "DirUsage"]
 
 
 class NodeCollector:
@@ -61,8 +63,11 @@ class NodeCollector:
     when its problem appears or changes), never the scrape."""
 
     def __init__(self, state: NodeState, used_mib: Callable[[str], int | None],
-                 read_region: RegionReader | None, region_dir: Callable[[str], str]) -> None:
+                 read_region: RegionReader | None, region_dir: Callable[[str], str],
+                 dir_usage: DirUsageReader | None = None, trash_items: Callable[[], int] | None = None) -> None:
         self.state = state
+        self.dir_usage = dir_usage
+        self.trash_items = trash_items
         self.used_mib = used_mib
         self.read_region = read_region
         self.region_dir = region_dir
@@ -97,6 +102,33 @@ class NodeCollector:
             health.add_metric(lv, 1 if healthy.get(g.uuid) else 0)
         yield from (cap, used_alloc, used, health)
         yield from self._containers(ledger)
+        if self.dir_usage is not None:
+            yield from self._dirs(ledger, self.dir_usage)
+        if self.trash_items is not None:
+            yield GaugeMetricFamily("memslice_region_trash_items",
+                                    "Removed region directories still being deleted in the background",
+                                    value=self.trash_items())
+
+    def _dirs(self, ledger: dict[str, Allocation], usage: DirUsageReader) -> Iterator[Metric]:
+        """What each container keeps in its (read-write, host-disk) region directory: a tenant can fill the
+        node's disk there, so this is what to alert on. A bounded walk: lower bounds past its limit."""
+        labels = ["namespace", "pod", "container", "region", "gpu"]
+        entries = GaugeMetricFamily("memslice_container_region_dir_entries",
+                                    "Files and directories in the container's region directory (a bounded "
+                                    "count: see memslice_container_region_dir_complete)", labels=labels)
+        size = GaugeMetricFamily("memslice_container_region_dir_bytes",
+                                 "Disk space the container's region directory uses (st_blocks; bounded "
+                                 "count)", labels=labels)
+        complete = GaugeMetricFamily("memslice_container_region_dir_complete",
+                                     "0 when the region directory holds more than the scrape counts (the two "
+                                     "figures are then lower bounds)", labels=labels)
+        for a in ledger.values():
+            lv = [a.namespace, a.pod, a.container, a.region_id, a.gpu_uuid]
+            u = usage(self.region_dir(a.region_id))
+            entries.add_metric(lv, u.entries)
+            size.add_metric(lv, u.bytes)
+            complete.add_metric(lv, 1 if u.complete else 0)
+        yield from (entries, size, complete)
 
     def _containers(self, ledger: dict[str, Allocation]) -> Iterator[Metric]:
         labels = ["namespace", "pod", "container", "region", "gpu"]
