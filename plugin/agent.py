@@ -18,7 +18,7 @@ from memslice.plugin.gpus import GpuError, GpuInfo, Nvml
 from memslice.plugin.health import HealthBook, XidWatcher
 from memslice.plugin.inventory import InventoryPublisher, PodWatcher, api_client, inventory_annotations
 from memslice.plugin.ledger import reconcile
-from memslice.plugin.metrics import HealthServer, Metrics, NodeCollector, region_reader
+from memslice.plugin.metrics import HealthServer, Metrics, NodeCollector, host_pid_filler, region_reader
 from memslice.plugin.podresources import PodResourcesClient
 from memslice.plugin.regions import RegionStore, dir_usage, install_shim
 from memslice.plugin.registration import Registrar
@@ -218,9 +218,10 @@ class NodeAgent:
     def _start_http(self) -> None:
         assert self.state is not None
         reader = region_reader()
+        fill = host_pid_filler(self.cfg.simulate) if reader is not None else None
         self.metrics.registry.register(NodeCollector(self.state, self.nvml.used_mib, reader,
                                                      lambda rid: str(self.regions.dir_of(rid)),
-                                                     lambda d: dir_usage(Path(d)), self.regions.reaper.pending))
+                                                     lambda d: dir_usage(Path(d)), self.regions.reaper.pending, fill))
         try:
             self.http = HealthServer(self.metrics.registry, self.live, self.ready, self.cfg.metrics_address,
                                      self.cfg.metrics_port)

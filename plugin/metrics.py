@@ -8,6 +8,7 @@ polling). prometheus_client's own HTTP server serves only metrics, so a small ht
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -64,8 +65,10 @@ class NodeCollector:
 
     def __init__(self, state: NodeState, used_mib: Callable[[str], int | None],
                  read_region: RegionReader | None, region_dir: Callable[[str], str],
-                 dir_usage: DirUsageReader | None = None, trash_items: Callable[[], int] | None = None) -> None:
+                 dir_usage: DirUsageReader | None = None, trash_items: Callable[[], int] | None = None,
+                 fill_pids: Callable[[str], int] | None = None) -> None:
         self.state = state
+        self.fill_pids = fill_pids
         self.dir_usage = dir_usage
         self.trash_items = trash_items
         self.used_mib = used_mib
@@ -162,6 +165,8 @@ class NodeCollector:
         if self.read_region is None:
             return None, False
         try:
+            if self.fill_pids is not None:  # host PIDs for the shim's NVML filter (bounded, before the read)
+                self.fill_pids(self.region_dir(region_id))
             snap = self.read_region(self.region_dir(region_id))
         except Exception as exc:  # a damaged region must not break the scrape (RegionError, or worse)
             problem = str(exc) or type(exc).__name__
@@ -193,6 +198,26 @@ def region_reader() -> RegionReader | None:
         log.warning("container usage metrics are off: the region reader is unavailable (%s)", exc)
         return None
     return read_region
+
+
+def host_pid_filler(simulate: bool) -> Callable[[str], int]:
+    """For each scraped region directory: fill the host PIDs of live slots that have none (see
+    memslice.interposer.region.fill_host_pids), in the region file and, on a simulated node, in the simulated
+    driver's usage file (the driver reports processes by those PIDs, as a real one does by host PID)."""
+    from memslice.interposer.region import REGION_FILE, RegionError, fill_host_pids
+
+    names = (REGION_FILE, "sim.usage") if simulate else (REGION_FILE,)
+
+    def fill(region_dir: str) -> int:
+        n = 0
+        for name in names:
+            try:
+                n += fill_host_pids(os.path.join(region_dir, name))
+            except (RegionError, OSError) as exc:  # the read that follows reports a damaged region
+                log.debug("host PIDs of %s/%s not filled: %s", region_dir, name, exc)
+        return n
+
+    return fill
 
 
 class HealthServer:
