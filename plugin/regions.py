@@ -119,53 +119,59 @@ def _unlink_entry(name: str, dir_fd: int) -> None:
         pass
 
 
+def _empty_item(item: str, trash_fd: int, budget: int) -> tuple[int, bool]:
+    """Delete up to `budget` entries of one trash item; (entries removed, item gone)."""
+    fd = _open_dir(item, trash_fd)
+    if fd is None:  # not a directory (or a link to one): the entry itself goes
+        _unlink_entry(item, trash_fd)
+        return 1, True
+    done = 0
+    try:
+        with os.scandir(fd) as it:
+            for e in it:
+                if done >= budget:
+                    return done, False
+                if e.is_dir(follow_symlinks=False):
+                    os.rename(e.name, f"d.{secrets.token_hex(8)}", src_dir_fd=fd, dst_dir_fd=trash_fd)
+                else:
+                    _unlink_entry(e.name, fd)
+                done += 1
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(item, dir_fd=trash_fd)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        if exc.errno != errno.ENOTEMPTY:  # ENOTEMPTY: something was added meanwhile; the next pass
+            raise
+        return done, False
+    return done + 1, True
+
+
 def delete_slice(trash_fd: int, budget: int) -> tuple[int, bool]:
-    """Delete at most `budget` entries under the trash directory; returns (entries removed, trash now empty).
+    """Delete at most about `budget` entries under the trash directory; (entries removed, trash now empty).
 
     Depth is always one: a subdirectory met inside a trash item is renamed up to the top of the trash (same
-    filesystem, one renameat) and deleted as an item of its own later, so a tree of any depth needs no
-    recursion and no descriptor per level. Nothing is followed: directories are opened with O_NOFOLLOW,
-    relative to their parent's descriptor, and anything that is not a directory (a symbolic link to anywhere
-    on the host included) is unlinked itself. A directory swapped for a link during the walk fails the
-    O_DIRECTORY|O_NOFOLLOW open and is unlinked as a link. Stateless: a restart simply calls it again."""
+    filesystem, one renameat) and deleted as an item of its own, so a tree of any depth needs no recursion
+    and no descriptor per level. Nothing is followed: directories are opened with O_NOFOLLOW relative to
+    their parent's descriptor, and anything that is not a directory (a symbolic link to anywhere on the host
+    included) is unlinked itself. A directory swapped for a link during the walk fails the
+    O_DIRECTORY|O_NOFOLLOW open and is unlinked as a link. Directories are read lazily (never listed whole),
+    and the walk keeps no state: a restart simply calls it again."""
     done = 0
-    with os.scandir(trash_fd) as top:
-        items = [e.name for e in top]
-    for item in items:
-        if done >= budget:
-            return done, False
-        fd = _open_dir(item, trash_fd)
-        if fd is None:
-            _unlink_entry(item, trash_fd)
-            done += 1
-            continue
-        try:
-            empty = True
-            with os.scandir(fd) as it:
-                for e in it:
-                    if done >= budget:
-                        empty = False
-                        break
-                    if e.is_dir(follow_symlinks=False):
-                        os.rename(e.name, f"d.{secrets.token_hex(8)}", src_dir_fd=fd, dst_dir_fd=trash_fd)
-                    else:
-                        _unlink_entry(e.name, fd)
-                    done += 1
-        finally:
-            os.close(fd)
-        if not empty:
-            return done, False
-        try:
-            os.rmdir(item, dir_fd=trash_fd)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            if exc.errno != errno.ENOTEMPTY:  # ENOTEMPTY: something was added meanwhile; the next slice
-                raise
-            return done, False
-        done += 1
-    with os.scandir(trash_fd) as top:
-        return done, next(iter(top), None) is None
+    while done < budget:
+        before = done
+        with os.scandir(trash_fd) as top:
+            for e in top:
+                n, _ = _empty_item(e.name, trash_fd, budget - done)
+                done += n
+                if done >= budget:
+                    return done, False
+        if done == before:  # a pass over the whole trash found nothing: empty (or nothing removable)
+            with os.scandir(trash_fd) as top:
+                return done, next(iter(top), None) is None
+    return done, False
 
 
 class Reaper:
