@@ -292,7 +292,7 @@ def _walk(fd: int, budget: _Budget, depth: int) -> Iterator[os.stat_result]:
                 os.close(sub)
 
 
-def dir_usage(path: Path, max_entries: int = 4096, max_depth: int = 8) -> DirUsage:
+def dir_usage(path: Path, max_entries: int = 1024, max_depth: int = 8) -> DirUsage:
     """Entries and disk bytes under a region directory, visiting at most `max_entries` entries and
     `max_depth` levels without following a symbolic link: a scrape stays cheap whatever a tenant created."""
     try:
