@@ -201,13 +201,18 @@ class Reaper:
     def wake(self) -> None:
         self._wake.set()
 
-    def pending(self) -> int:
-        """Top-level items waiting in the trash (0 when there is no trash directory)."""
+    def pending(self, at_most: int = 10_000) -> int:
+        """Top-level items waiting in the trash, counted up to `at_most` (0 when there is no trash)."""
+        n = 0
         try:
             with os.scandir(self.trash) as it:
-                return sum(1 for _ in it)
+                for _ in it:
+                    n += 1
+                    if n >= at_most:
+                        break
         except OSError:
-            return 0
+            pass
+        return n
 
     def _run(self) -> None:
         while not self._stop.is_set():
