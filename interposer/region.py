@@ -340,3 +340,95 @@ def sweep(region_dir: str | os.PathLike[str]) -> int:
     if n < 0:
         raise RegionError(_text(err))
     return int(n)
+
+
+# ---- host PIDs: the one thing the node agent writes into a region ----------------------------------------
+_HOST_PID = struct.Struct("<i")
+MAX_HOST_PID_FILLS = 64  # slots filled per file per call: a scrape's cost stays bounded
+
+
+def _lock_owner(fd: int, lock_byte: int) -> int:
+    """The PID (in the caller's PID namespace; 0 if not visible there) of the process holding the slot's lock
+    byte, or 0 when nobody holds it or the kernel cannot say."""
+    query = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, lock_byte, 1, 0)
+    try:
+        l_type, _, _, _, l_pid = _FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_GETLK, query))
+    except OSError:
+        return 0
+    return int(l_pid) if l_type != fcntl.F_UNLCK and l_pid > 0 else 0
+
+
+def _open_for_pid_write(path: str) -> int | None:
+    """A read-write descriptor of the regular file at `path`, never through a link, and without opening
+    anything else first (a FIFO or a device node planted by a tenant is refused on an O_PATH descriptor,
+    before any open that could have side effects). None when absent; RegionError when unsafe."""
+    try:
+        probe = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise RegionError(f"{path} cannot be opened: {exc.strerror}") from None
+    try:
+        st = os.fstat(probe)
+        if not stat.S_ISREG(st.st_mode):
+            raise RegionError(f"{path} is {_kind(st.st_mode)}, not a region file (refused)")
+        # the same inode, now readable and writable (the magic link names the probed file, not the path)
+        fd = os.open(f"/proc/self/fd/{probe}", os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        raise RegionError(f"{path} cannot be opened for writing: {exc.strerror}") from None
+    finally:
+        os.close(probe)
+    st2 = os.fstat(fd)
+    if (st2.st_dev, st2.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(st2.st_mode):
+        os.close(fd)
+        raise RegionError(f"{path} changed while being opened (refused)")
+    return fd
+
+
+def fill_host_pids(path: str, limit: int = MAX_HOST_PID_FILLS) -> int:
+    """Write each live slot's owner PID, as this process's PID namespace sees it, into slots whose host_pid is
+    0 (owners in a container with its own /proc cannot learn it themselves). Returns how many were filled.
+
+    Meant for the node agent running in the host PID namespace: F_GETLK on a slot's lock byte reports the
+    owner's PID translated into the asker's namespace (0 when the owner is not visible there: then nothing is
+    written). The file is the tenant's: it is validated as read_region_file does (regular file, exact size,
+    header), never mapped, and the only bytes written are 4-byte pwrites at a slot's host_pid offset, computed
+    from the layout. A tenant can make the figure wrong for its own slots only (it could write host_pid
+    itself); NVML's process filter is a view, not a boundary. A slot whose owner changes between the query and
+    the write is rewritten once with the new owner (or 0)."""
+    fd = _open_for_pid_write(path)
+    if fd is None:
+        return 0
+    lo = layout()
+    try:
+        st = os.fstat(fd)
+        if st.st_size < lo.region_size:
+            return 0  # being created (or truncated: the reader reports that)
+        head = _pread(fd, path, lo.slots_offset, 0)
+        h: Any = lo.ffi.from_buffer("struct ms_header *", head)
+        if h.magic != lo.magic:
+            return 0
+        check_header(h, st.st_size, path, lo)
+        hwm = int(h.slot_hwm)
+        raw = _pread(fd, path, hwm * lo.slot_size, lo.slots_offset) if hwm else bytearray()
+        u32 = memoryview(raw).cast("I")
+        w32, state_at = lo.slot_size // 4, lo.state_offset // 4
+        host_pid_at = lo.ffi.offsetof("struct ms_slot", "host_pid")
+        filled = 0
+        for i in range(hwm):
+            if filled >= limit:
+                break
+            at = i * lo.slot_size + host_pid_at
+            if u32[i * w32 + state_at] != lo.slot_live or _HOST_PID.unpack_from(raw, at)[0] != 0:
+                continue
+            owner = _lock_owner(fd, lo.lock_base + i)
+            if owner == 0:
+                continue
+            os.pwrite(fd, _HOST_PID.pack(owner), lo.slots_offset + at)
+            now = _lock_owner(fd, lo.lock_base + i)
+            if now != owner:  # the slot changed hands meanwhile: never leave another process's PID in it
+                os.pwrite(fd, _HOST_PID.pack(now), lo.slots_offset + at)
+            filled += 1
+        return filled
+    finally:
+        os.close(fd)

@@ -18,9 +18,9 @@ from memslice.plugin.gpus import GpuError, GpuInfo, Nvml
 from memslice.plugin.health import HealthBook, XidWatcher
 from memslice.plugin.inventory import InventoryPublisher, PodWatcher, api_client, inventory_annotations
 from memslice.plugin.ledger import reconcile
-from memslice.plugin.metrics import HealthServer, Metrics, NodeCollector, region_reader
+from memslice.plugin.metrics import HealthServer, Metrics, NodeCollector, host_pid_filler, region_reader
 from memslice.plugin.podresources import PodResourcesClient
-from memslice.plugin.regions import RegionStore, install_shim
+from memslice.plugin.regions import RegionStore, dir_usage, install_shim
 from memslice.plugin.registration import Registrar
 from memslice.plugin.response import ResponseConfig
 from memslice.plugin.server import DevicePluginService, PluginServer
@@ -100,6 +100,7 @@ class NodeAgent:
             self.regions.prepare()
         except OSError as exc:
             raise StartupError(f"cannot create --region-root {cfg.region_root}: {exc}") from exc
+        self.regions.reaper.start()  # deletes removed regions in the background (and what a restart left)
         if cfg.kubelet_api == "dra":
             self._start_kubernetes_dra()
         else:
@@ -134,7 +135,8 @@ class NodeAgent:
     def stop(self) -> None:
         self._stop.set()
         self._reconcile_now.set()
-        for part in (self.registrar, self.pod_watcher, self.publisher, self.dra, self._xid, self.http):
+        for part in (self.registrar, self.pod_watcher, self.publisher, self.dra, self._xid, self.http,
+                     self.regions.reaper):
             if part is not None:
                 part.stop()
         if self._reconciler.is_alive():
@@ -216,8 +218,10 @@ class NodeAgent:
     def _start_http(self) -> None:
         assert self.state is not None
         reader = region_reader()
+        fill = host_pid_filler(self.cfg.simulate) if reader is not None else None
         self.metrics.registry.register(NodeCollector(self.state, self.nvml.used_mib, reader,
-                                                     lambda rid: str(self.regions.dir_of(rid))))
+                                                     lambda rid: str(self.regions.dir_of(rid)),
+                                                     lambda d: dir_usage(Path(d)), self.regions.reaper.pending, fill))
         try:
             self.http = HealthServer(self.metrics.registry, self.live, self.ready, self.cfg.metrics_address,
                                      self.cfg.metrics_port)

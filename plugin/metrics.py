@@ -8,6 +8,7 @@ polling). prometheus_client's own HTTP server serves only metrics, so a small ht
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,6 +23,7 @@ from memslice.plugin.state import NodeState
 
 if TYPE_CHECKING:
     from memslice.interposer.region import RegionSnapshot
+    from memslice.plugin.regions import DirUsage
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ class Metrics:
 
 
 RegionReader = Callable[[str], "RegionSnapshot | None"]
+DirUsageReader = Callable[[str], "DirUsage"]
 
 
 class NodeCollector:
@@ -61,8 +64,13 @@ class NodeCollector:
     when its problem appears or changes), never the scrape."""
 
     def __init__(self, state: NodeState, used_mib: Callable[[str], int | None],
-                 read_region: RegionReader | None, region_dir: Callable[[str], str]) -> None:
+                 read_region: RegionReader | None, region_dir: Callable[[str], str],
+                 dir_usage: DirUsageReader | None = None, trash_items: Callable[[], int] | None = None,
+                 fill_pids: Callable[[str], int] | None = None) -> None:
         self.state = state
+        self.fill_pids = fill_pids
+        self.dir_usage = dir_usage
+        self.trash_items = trash_items
         self.used_mib = used_mib
         self.read_region = read_region
         self.region_dir = region_dir
@@ -97,6 +105,37 @@ class NodeCollector:
             health.add_metric(lv, 1 if healthy.get(g.uuid) else 0)
         yield from (cap, used_alloc, used, health)
         yield from self._containers(ledger)
+        if self.dir_usage is not None:
+            yield from self._dirs(ledger, self.dir_usage)
+        if self.trash_items is not None:
+            yield GaugeMetricFamily("memslice_region_trash_items",
+                                    "Removed region directories still being deleted in the background",
+                                    value=self.trash_items())
+
+    def _dirs(self, ledger: dict[str, Allocation], usage: DirUsageReader) -> Iterator[Metric]:
+        """What each container keeps in its (read-write, host-disk) region directory: a tenant can fill the
+        node's disk there, so this is what to alert on. A bounded walk: lower bounds past its limit."""
+        labels = ["namespace", "pod", "container", "region", "gpu"]
+        entries = GaugeMetricFamily("memslice_container_region_dir_entries",
+                                    "Files and directories in the container's region directory (a bounded "
+                                    "count: see memslice_container_region_dir_complete)", labels=labels)
+        size = GaugeMetricFamily("memslice_container_region_dir_bytes",
+                                 "Disk space the container's region directory uses (st_blocks; bounded "
+                                 "count)", labels=labels)
+        complete = GaugeMetricFamily("memslice_container_region_dir_complete",
+                                     "0 when the region directory holds more than the scrape counts (the two "
+                                     "figures are then lower bounds)", labels=labels)
+        for a in ledger.values():
+            lv = [a.namespace, a.pod, a.container, a.region_id, a.gpu_uuid]
+            try:
+                u = usage(self.region_dir(a.region_id))
+            except OSError as exc:  # never the scrape: this region's figures are left out
+                log.debug("region directory of %s not counted: %s", a.region_id, exc)
+                continue
+            entries.add_metric(lv, u.entries)
+            size.add_metric(lv, u.bytes)
+            complete.add_metric(lv, 1 if u.complete else 0)
+        yield from (entries, size, complete)
 
     def _containers(self, ledger: dict[str, Allocation]) -> Iterator[Metric]:
         labels = ["namespace", "pod", "container", "region", "gpu"]
@@ -130,6 +169,8 @@ class NodeCollector:
         if self.read_region is None:
             return None, False
         try:
+            if self.fill_pids is not None:  # host PIDs for the shim's NVML filter (bounded, before the read)
+                self.fill_pids(self.region_dir(region_id))
             snap = self.read_region(self.region_dir(region_id))
         except Exception as exc:  # a damaged region must not break the scrape (RegionError, or worse)
             problem = str(exc) or type(exc).__name__
@@ -161,6 +202,26 @@ def region_reader() -> RegionReader | None:
         log.warning("container usage metrics are off: the region reader is unavailable (%s)", exc)
         return None
     return read_region
+
+
+def host_pid_filler(simulate: bool) -> Callable[[str], int]:
+    """For each scraped region directory: fill the host PIDs of live slots that have none (see
+    memslice.interposer.region.fill_host_pids), in the region file and, on a simulated node, in the simulated
+    driver's usage file (the driver reports processes by those PIDs, as a real one does by host PID)."""
+    from memslice.interposer.region import REGION_FILE, RegionError, fill_host_pids
+
+    names = (REGION_FILE, "sim.usage") if simulate else (REGION_FILE,)
+
+    def fill(region_dir: str) -> int:
+        n = 0
+        for name in names:
+            try:
+                n += fill_host_pids(os.path.join(region_dir, name))
+            except (RegionError, OSError) as exc:  # the read that follows reports a damaged region
+                log.debug("host PIDs of %s/%s not filled: %s", region_dir, name, exc)
+        return n
+
+    return fill
 
 
 class HealthServer:

@@ -8,16 +8,23 @@ Layout under the region root (default /var/lib/memslice/regions):
   <region-id>.limits  the limits the shim enforces (quota, context reserve, region directory), mounted
                       read-only at /run/memslice/limits: the shim takes them from there, not from the
                       environment a process can change (memslice.limits has the format)
+  .trash/             region directories being deleted: `remove` renames a directory here (one rename,
+                      whatever the tenant put in it) and the Reaper deletes the contents in the background, in
+                      bounded slices, without following symbolic links; what is left at a restart is resumed
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
-import shutil
+import secrets
+import stat
 import tempfile
-from dataclasses import asdict
+import threading
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from memslice.limits import CONTAINER_LIMITS, Limits
@@ -85,9 +92,233 @@ def sim_lock_path(state: Path) -> Path:
     return state.with_name(state.name + ".lock")
 
 
+TRASH = ".trash"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+def _open_dir(name: str, dir_fd: int) -> int | None:
+    """A descriptor of directory `name` under dir_fd, never through a symbolic link; None if it is not a
+    directory (or is gone)."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None
+        raise
+
+
+def _unlink_entry(name: str, dir_fd: int) -> None:
+    """Remove a non-directory entry (a symbolic link itself, never its target)."""
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError:  # replaced by a directory meanwhile: the next slice treats it as one
+        pass
+
+
+def _empty_item(item: str, trash_fd: int, budget: int) -> tuple[int, bool]:
+    """Delete up to `budget` entries of one trash item; (entries removed, item gone)."""
+    fd = _open_dir(item, trash_fd)
+    if fd is None:  # not a directory (or a link to one): the entry itself goes
+        _unlink_entry(item, trash_fd)
+        return 1, True
+    done = 0
+    try:
+        with os.scandir(fd) as it:
+            for e in it:
+                if done >= budget:
+                    return done, False
+                if e.is_dir(follow_symlinks=False):
+                    os.rename(e.name, f"d.{secrets.token_hex(8)}", src_dir_fd=fd, dst_dir_fd=trash_fd)
+                else:
+                    _unlink_entry(e.name, fd)
+                done += 1
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(item, dir_fd=trash_fd)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        if exc.errno != errno.ENOTEMPTY:  # ENOTEMPTY: something was added meanwhile; the next pass
+            raise
+        return done, False
+    return done + 1, True
+
+
+def delete_slice(trash_fd: int, budget: int) -> tuple[int, bool]:
+    """Delete at most about `budget` entries under the trash directory; (entries removed, trash now empty).
+
+    Depth is always one: a subdirectory met inside a trash item is renamed up to the top of the trash (same
+    filesystem, one renameat) and deleted as an item of its own, so a tree of any depth needs no recursion
+    and no descriptor per level. Nothing is followed: directories are opened with O_NOFOLLOW relative to
+    their parent's descriptor, and anything that is not a directory (a symbolic link to anywhere on the host
+    included) is unlinked itself. A directory swapped for a link during the walk fails the
+    O_DIRECTORY|O_NOFOLLOW open and is unlinked as a link. Directories are read lazily (never listed whole),
+    and the walk keeps no state: a restart simply calls it again."""
+    done = 0
+    while done < budget:
+        before = done
+        with os.scandir(trash_fd) as top:
+            for e in top:
+                n, _ = _empty_item(e.name, trash_fd, budget - done)
+                done += n
+                if done >= budget:
+                    return done, False
+        if done == before:  # a pass over the whole trash found nothing: empty (or nothing removable)
+            with os.scandir(trash_fd) as top:
+                return done, next(iter(top), None) is None
+    return done, False
+
+
+class Reaper:
+    """Deletes what RegionStore.remove put in the trash, in the background: `slice_entries` entries at a time,
+    with a pause between slices, so neither the reconcile loop nor Allocate ever waits on a tenant's files
+    (a tenant can create millions). Started with the agent: trash left by a previous run is resumed."""
+
+    def __init__(self, root: Path, slice_entries: int = 2000, pause_s: float = 0.005) -> None:
+        self.trash = root / TRASH
+        self.slice_entries = slice_entries
+        self.pause_s = pause_s
+        self.removed = 0  # entries deleted since start (a counter for /metrics)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="region-reaper", daemon=True)
+        self._failing: str | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def pending(self, at_most: int = 10_000) -> int:
+        """Top-level items waiting in the trash, counted up to `at_most` (0 when there is no trash)."""
+        n = 0
+        try:
+            with os.scandir(self.trash) as it:
+                for _ in it:
+                    n += 1
+                    if n >= at_most:
+                        break
+        except OSError:
+            pass
+        return n
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()
+            empty = self._drain()
+            # an empty trash waits for the next remove; a failing one retries at a slow pace
+            self._wake.wait(None if empty else 10.0)
+
+    def _drain(self) -> bool:
+        """Delete slices until the trash is empty (True) or stops shrinking (False: logged, retried later)."""
+        while not self._stop.is_set():
+            try:
+                fd = os.open(self.trash, _DIR_FLAGS)
+            except FileNotFoundError:
+                return True
+            except OSError as exc:
+                return self._failed(f"cannot open {self.trash}: {exc.strerror}")
+            try:
+                n, empty = delete_slice(fd, self.slice_entries)
+            except OSError as exc:
+                return self._failed(f"cannot delete under {self.trash}: {exc}")
+            finally:
+                os.close(fd)
+            self.removed += n
+            if empty:
+                if self._failing:
+                    log.info("region trash %s is empty again", self.trash)
+                self._failing = None
+                return True
+            if n == 0:
+                return self._failed(f"nothing under {self.trash} could be deleted")
+            self._stop.wait(self.pause_s)  # yield the disk and the GIL between slices
+        return True
+
+    def _failed(self, why: str) -> bool:
+        if why != self._failing:
+            log.warning("%s; retrying every 10 s (remove it by hand if it persists)", why)
+        self._failing = why
+        return False
+
+
+@dataclass(frozen=True)
+class DirUsage:
+    """What a region directory holds, counted by a bounded walk (lower bounds when `complete` is False)."""
+
+    entries: int
+    bytes: int  # allocated on disk (st_blocks), not apparent sizes: a sparse file costs what it uses
+    complete: bool
+
+
+@dataclass
+class _Budget:
+    left: int
+    truncated: bool = False
+
+
+def _walk(fd: int, budget: _Budget, depth: int) -> Iterator[os.stat_result]:
+    """lstat results of the entries under the directory fd, a level at a time, while the budget lasts."""
+    subdirs = []
+    with os.scandir(fd) as it:
+        for e in it:
+            if budget.left <= 0:
+                budget.truncated = True
+                return
+            budget.left -= 1
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            yield st
+            if stat.S_ISDIR(st.st_mode):
+                subdirs.append(e.name)
+    if depth <= 1:
+        budget.truncated |= bool(subdirs)  # deeper than we look: the figures are lower bounds
+        return
+    for name in subdirs:
+        sub = _open_dir(name, fd)
+        if sub is not None:
+            try:
+                yield from _walk(sub, budget, depth - 1)
+            finally:
+                os.close(sub)
+
+
+def dir_usage(path: Path, max_entries: int = 1024, max_depth: int = 8) -> DirUsage:
+    """Entries and disk bytes under a region directory, visiting at most `max_entries` entries and
+    `max_depth` levels without following a symbolic link: a scrape stays cheap whatever a tenant created."""
+    try:
+        fd = os.open(path, _DIR_FLAGS)
+    except OSError:
+        return DirUsage(0, 0, True)
+    budget = _Budget(max_entries)
+    entries = size = 0
+    try:
+        for st in _walk(fd, budget, max_depth):
+            entries += 1
+            size += st.st_blocks * 512
+    finally:
+        os.close(fd)
+    return DirUsage(entries, size, not budget.truncated)
+
+
 class RegionStore:
     def __init__(self, root: Path) -> None:
         self.root = root
+        self.reaper = Reaper(root)
 
     def prepare(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -113,12 +344,24 @@ class RegionStore:
         _atomic_write(self.root / f"{alloc.region_id}.json", json.dumps(asdict(alloc)).encode(), 0o644)
 
     def remove(self, region_id: str) -> None:
-        if not REGION_ID.match(region_id):  # never rmtree anything the agent did not name
+        """Forget a region in constant time: the record and limits are unlinked, the directory (whatever a
+        tenant put in it) is renamed into the trash, which the Reaper empties in the background."""
+        if not REGION_ID.match(region_id):  # never remove anything the agent did not name
             raise ValueError(f"refusing to remove {region_id!r}: not a region ID")
         # the record first: a directory left behind without one is swept as an orphan later
         (self.root / f"{region_id}.json").unlink(missing_ok=True)
         self.limits_of(region_id).unlink(missing_ok=True)
-        shutil.rmtree(self.dir_of(region_id), ignore_errors=True)
+        trash = self.root / TRASH
+        trash.mkdir(mode=0o700, exist_ok=True)
+        try:
+            os.rename(self.dir_of(region_id), trash / f"{region_id}.{secrets.token_hex(6)}")
+        except FileNotFoundError:
+            return
+        except OSError as exc:  # left in place: without a record it is retried as an orphan
+            log.warning("cannot move region directory %s to %s: %s; retried at the next sweep",
+                        self.dir_of(region_id), trash, exc.strerror)
+            return
+        self.reaper.wake()
 
     def load(self) -> dict[str, Allocation]:
         """The recorded allocations (a record that cannot be read is logged and skipped)."""

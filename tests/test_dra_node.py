@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -114,7 +115,12 @@ class DraNode:
     def left_behind(self) -> dict[str, list[str]]:
         ckpt = self.plugins / DRIVER / "checkpoint.json"
         claims = sorted(json.loads(ckpt.read_text())["claims"]) if ckpt.exists() else []
-        return {"regions": sorted(p.name for p in self.regions.iterdir()) if self.regions.exists() else [],
+        trash = self.regions / ".trash"  # removed region dirs, emptied in the background by the agent
+        deadline = time.monotonic() + 30
+        while trash.is_dir() and any(trash.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        regions = [p.name for p in self.regions.iterdir()] if self.regions.exists() else []
+        return {"regions": sorted(n for n in regions if n != ".trash" or any(trash.iterdir())),
                 "cdi": sorted(p.name for p in self.cdi.iterdir()) if self.cdi.exists() else [],
                 "checkpoint": claims}
 

@@ -65,7 +65,8 @@ def container_of(resp: api_pb2.ContainerAllocateResponse, name: str) -> Containe
     host path (the stand-in for a mount namespace, as in test_plugin_quota)."""
     host = {m.container_path: m.host_path for m in resp.mounts}
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSLICE_")}
-    env.update({k: host.get(v, v) for k, v in resp.envs.items()})
+    env.update({k: next((h + v[len(c):] for c, h in host.items() if v == c or v.startswith(c + "/")), v)
+                for k, v in resp.envs.items()})  # a path under a mount too (MEMSLICE_SIM_USAGE)
     env["MEMSLICE_CONTEXT_RESERVE"] = "0"
     return Container(name, env, Path(host[REGION_MOUNT]))
 
