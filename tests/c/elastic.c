@@ -11,6 +11,7 @@
  * Between commands the process makes no CUDA call at all (it becomes idle). */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +29,7 @@ static long g_rounds, g_errors;
 static pthread_mutex_t g_stat = PTHREAD_MUTEX_INITIALIZER;
 static CUcontext g_ctx;
 static int g_nthreads;
+static int g_first_rounds; /* busy threads that have finished a first round (atomic) */
 
 /* The pattern: word i of block b. Distinct per block, so a block mapped at the wrong address shows. */
 static uint32_t word(int b, size_t i) { return (uint32_t)(b * 2654435761u) ^ (uint32_t)i ^ 0xa5a5a5a5u; }
@@ -91,7 +93,7 @@ static void *busy(void *arg) {
             for (size_t i = 0; i < g_size[b] / 4; i++)
                 if (buf[i] != v) { errors++; break; }
         }
-        rounds++;
+        if (rounds++ == 0) __atomic_add_fetch(&g_first_rounds, 1, __ATOMIC_SEQ_CST);
     }
     for (int b = g_n - 1 - id; b >= 0 && b >= g_n - 4; b -= g_nthreads) {
         pattern(buf, b, g_size[b]);
@@ -121,7 +123,12 @@ int main(void) {
         else if (sscanf(line, "busy %zu", &a) == 1) {
             g_stop = 0;
             g_nthreads = a < 1 ? 1 : a > 4 ? 4 : (int)a;
+            __atomic_store_n(&g_first_rounds, 0, __ATOMIC_SEQ_CST);
             for (nth = 0; nth < g_nthreads; nth++) pthread_create(&th[nth], NULL, busy, (void *)(intptr_t)nth);
+            /* answer once every thread has done one whole round (so "stop" always reports work done),
+             * waiting at most 60 s */
+            for (int ms = 0; ms < 60000 && __atomic_load_n(&g_first_rounds, __ATOMIC_SEQ_CST) < g_nthreads; ms++)
+                usleep(1000);
             printf("busy\n");
         } else if (strncmp(line, "stop", 4) == 0) {
             g_stop = 1;
