@@ -164,7 +164,6 @@ def test_agent_and_extender_both_refuse_an_empty_reservation() -> None:
 
 @pytest.mark.parametrize(("older", "newer"), [
     ("2026-01-01T00:00:00Z", "2026-01-01T00:00:00.5Z"),  # as strings, ".5Z" < "Z"
-    ("2026-01-01T00:00:00.25Z", "2026-01-01T00:00:00.5Z"),
     ("2026-01-01T01:00:00+02:00", "2026-01-01T00:00:00Z"),  # 23:00 the day before
     ("2026-01-01t00:00:00z", "2026-01-01T00:00:01Z"),  # RFC 3339 allows lowercase
 ])
