@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 
 from memslice import contract, errors
 from memslice.contract import RESOURCE as RESOURCE_NAME
+from memslice.contract import units_for
 from memslice.plugin.devices import (
     DeviceIdError,
     bounded_list,
@@ -77,11 +78,6 @@ def group_by_gpu(ids: Iterable[str]) -> dict[int, list[int]]:
     for numbers in out.values():
         numbers.sort()
     return out
-
-
-def units_for(mib: int, unit_mib: int) -> int:
-    """Devices a container asks for to get `mib` MiB (requests are whole units; rounded up)."""
-    return -(-mib // unit_mib)
 
 
 @dataclass(frozen=True)

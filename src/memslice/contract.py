@@ -60,6 +60,13 @@ MAX_UNIT_TEXT: Final = 32
 MAX_TIME_TEXT: Final = 64
 
 
+def units_for(mib: int, unit_mib: int) -> int:
+    """Devices of `memslice.io/gpu-mem` that hold `mib` MiB: requests are whole devices, rounded up (the
+    extender reserves `devices × unit-mib` MiB per container; the agent matches a kubelet request of
+    `units_for(reserved MiB)` devices to it)."""
+    return -(-mib // unit_mib)
+
+
 def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
