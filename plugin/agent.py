@@ -11,12 +11,13 @@ from pathlib import Path
 import grpc
 
 from memslice import errors
+from memslice.kube.config import load_api_client
 from memslice.plugin.config import AgentConfig
 from memslice.plugin.devices import ListTooLarge, check_list_fits
 from memslice.plugin.dra_agent import DraParts, DraStartError, start_dra
 from memslice.plugin.gpus import GpuError, GpuInfo, Nvml
 from memslice.plugin.health import HealthBook, XidWatcher
-from memslice.plugin.inventory import InventoryPublisher, PodWatcher, api_client, inventory_annotations
+from memslice.plugin.inventory import InventoryPublisher, PodWatcher, inventory_annotations
 from memslice.plugin.ledger import reconcile
 from memslice.plugin.metrics import HealthServer, Metrics, NodeCollector, host_pid_filler, region_reader
 from memslice.plugin.podresources import PodResourcesClient
@@ -180,7 +181,7 @@ class NodeAgent:
     def _start_kubernetes(self) -> None:
         assert self.state is not None
         try:
-            api, how = api_client(self.cfg.kubeconfig)
+            api, how = load_api_client(self.cfg.kubeconfig)
         except Exception as exc:
             raise StartupError(f"cannot load the Kubernetes configuration: {exc}; fix --kubeconfig/"
                                f"KUBECONFIG or unset it to run standalone") from exc
@@ -202,7 +203,7 @@ class NodeAgent:
 
     def _start_kubernetes_dra(self) -> None:
         try:
-            api, how = api_client(self.cfg.kubeconfig)
+            api, how = load_api_client(self.cfg.kubeconfig)
         except Exception as exc:
             raise StartupError(f"cannot load the Kubernetes configuration: {exc}; fix --kubeconfig/"
                                f"KUBECONFIG") from exc

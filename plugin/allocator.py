@@ -7,13 +7,15 @@ wrote on pods), outputs are dataclasses or an AllocationError whose message a pe
 from __future__ import annotations
 
 import heapq
-import json
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
-from memslice import errors
+from memslice import contract, errors
+from memslice.contract import RESOURCE as RESOURCE_NAME
+from memslice.contract import units_for
 from memslice.plugin.devices import (
     DeviceIdError,
     bounded_list,
@@ -25,18 +27,11 @@ from memslice.plugin.devices import (
 )
 from memslice.plugin.gpus import GpuInfo
 
-RESOURCE_NAME = "memslice.io/gpu-mem"
-ANN_GPU_UUID = "memslice.io/gpu-uuid"
-ANN_GPU_MEM = "memslice.io/gpu-mem-mib"
-ANN_ASSUMED_AT = "memslice.io/assumed-at"
+__all__ = ["RESOURCE_NAME"]  # re-exported: registration and pod-resources name the resource through here
 
 
 class AllocationError(errors.InputError):
     """A request the agent refuses; the message names the bad value and the fix."""
-
-
-class ReservationError(errors.ContractError):
-    """Malformed reservation annotations on a pod."""
 
 
 @dataclass(frozen=True)
@@ -52,35 +47,26 @@ class PodInfo:
 
 @dataclass(frozen=True)
 class Reservation:
-    """The extender's decision for a pod: one GPU, MiB per container."""
+    """The extender's decision for a pod (memslice.contract.Reservation) and the pod it is for."""
 
     pod_uid: str
     namespace: str
     name: str
     gpu_uuid: str
     containers: tuple[tuple[str, int], ...]
-    assumed_at: str
+    assumed_at: datetime | None  # None: the annotation is absent (sorted as the oldest)
+
+
+_NEVER = datetime.min.replace(tzinfo=UTC)
 
 
 def parse_reservation(pod: PodInfo) -> Reservation | None:
-    """The pod's reservation, None when it has none; ReservationError naming the bad annotation."""
-    uuid = pod.annotations.get(ANN_GPU_UUID)
-    if uuid is None:
+    """The pod's reservation, None when it has none; errors.ContractError naming the bad annotation."""
+    r = contract.Reservation.parse(pod.annotations, f"pod {pod.namespace}/{pod.name}")
+    if r is None:
         return None
-    raw = pod.annotations.get(ANN_GPU_MEM, "")
-    try:
-        mem = json.loads(raw)
-    except json.JSONDecodeError:
-        mem = None
-    if not isinstance(mem, dict) or not all(
-            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0
-            for k, v in mem.items()):
-        raise ReservationError(
-            f"pod {pod.namespace}/{pod.name}: annotation {ANN_GPU_MEM}={raw!r} is not a JSON object of "
-            f"container name to positive MiB (e.g. {{\"train\": 4096}}); it is ignored")
-    return Reservation(pod_uid=pod.uid, namespace=pod.namespace, name=pod.name, gpu_uuid=uuid,
-                       containers=tuple(sorted(mem.items())),
-                       assumed_at=pod.annotations.get(ANN_ASSUMED_AT, ""))
+    return Reservation(pod_uid=pod.uid, namespace=pod.namespace, name=pod.name, gpu_uuid=r.gpu_uuid,
+                       containers=r.container_mib, assumed_at=r.assumed_at)
 
 
 def group_by_gpu(ids: Iterable[str]) -> dict[int, list[int]]:
@@ -92,11 +78,6 @@ def group_by_gpu(ids: Iterable[str]) -> dict[int, list[int]]:
     for numbers in out.values():
         numbers.sort()
     return out
-
-
-def units_for(mib: int, unit_mib: int) -> int:
-    """Devices a container asks for to get `mib` MiB (requests are whole units; rounded up)."""
-    return -(-mib // unit_mib)
 
 
 @dataclass(frozen=True)
@@ -157,7 +138,7 @@ def _extend(chosen: list[str], gpu: int, size: int, numbers: Iterable[int]) -> N
 def match_reservation(reservations: Sequence[Reservation], size: int, unit_mib: int,
                       taken: set[tuple[str, str]]) -> tuple[Reservation, str] | None:
     """The oldest reservation with a container not yet allocated that asks for exactly `size` units."""
-    for r in sorted(reservations, key=lambda r: (r.assumed_at, r.namespace, r.name)):
+    for r in sorted(reservations, key=lambda r: (r.assumed_at or _NEVER, r.namespace, r.name)):
         for container, mib in r.containers:
             if (r.pod_uid, container) not in taken and units_for(mib, unit_mib) == size:
                 return r, container

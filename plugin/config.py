@@ -65,8 +65,8 @@ OPTIONS = [
            "when a Kubernetes API is configured"),
     Option("--kubeconfig", "KUBECONFIG", "",
            "kubeconfig file for the Kubernetes API; without it the in-cluster service account is used, "
-           "and with neither the agent runs standalone (no inventory published, preferred allocation by "
-           "best fit)"),
+           "then ~/.kube/config, and with none the agent runs standalone (no inventory published, "
+           "preferred allocation by best fit)"),
     Option("--shim-source", "MEMSLICE_SHIM_SOURCE", "",
            "the libmemslice.so to install on the host (default: the one built into this package)"),
     Option("--shim-host-dir", "MEMSLICE_SHIM_HOST_DIR", "/var/lib/memslice/lib",

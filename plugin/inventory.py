@@ -7,49 +7,28 @@ memslice.kube.backoff), since the Python client has none.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from memslice.contract import ANN_GPU_MEM, ANN_GPU_UUID, ANN_GPUS, TERMINAL_PHASES, Gpu, Inventory
 from memslice.kube.backoff import Backoff
 from memslice.kube.informer import Informer
-from memslice.plugin.allocator import ANN_GPU_MEM, ANN_GPU_UUID, PodInfo
+from memslice.plugin.allocator import PodInfo
 from memslice.plugin.gpus import GpuInfo
-from memslice.plugin.state import TERMINAL_PHASES, NodeState
+from memslice.plugin.state import NodeState
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
 log = logging.getLogger(__name__)
 
-ANN_GPUS = "memslice.io/gpus"
-ANN_UNIT = "memslice.io/unit-mib"
-
-
 def inventory_annotations(gpus: Sequence[GpuInfo], healthy: Mapping[str, bool], unit_mib: int
                           ) -> dict[str, str]:
-    """The node annotations the extender reads (see the architecture doc)."""
-    items = [{"uuid": g.uuid, "index": g.index, "model": g.model, "memMiB": g.mem_mib, "numa": g.numa,
-              "healthy": bool(healthy.get(g.uuid, False))} for g in sorted(gpus, key=lambda g: g.index)]
-    return {ANN_GPUS: json.dumps(items, separators=(",", ":")), ANN_UNIT: str(unit_mib)}
-
-
-def api_client(kubeconfig: str | None) -> tuple[ApiClient | None, str]:
-    """An ApiClient from --kubeconfig/KUBECONFIG or the in-cluster service account; (None, why) otherwise."""
-    from kubernetes import client, config
-
-    cfg = client.Configuration()
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-        return client.ApiClient(cfg), f"kubeconfig {kubeconfig}"
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config(client_configuration=cfg)
-        return client.ApiClient(cfg), "in-cluster service account"
-    return None, ("no kubeconfig (--kubeconfig, KUBECONFIG) and not in a cluster "
-                  "(KUBERNETES_SERVICE_HOST unset)")
+    """The node annotations the extender reads (memslice.contract.Inventory)."""
+    return Inventory(unit_mib, tuple(Gpu(uuid=g.uuid, index=g.index, model=g.model, mem_mib=g.mem_mib, numa=g.numa,
+                                         healthy=bool(healthy.get(g.uuid, False))) for g in gpus)).format()
 
 
 def pod_info(pod: dict[str, Any]) -> PodInfo:

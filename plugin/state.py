@@ -9,7 +9,9 @@ import logging
 import threading
 from collections.abc import Iterable
 
-from memslice.plugin.allocator import PodInfo, Reservation, ReservationError, parse_reservation
+from memslice.contract import TERMINAL_PHASES
+from memslice.errors import ContractError
+from memslice.plugin.allocator import PodInfo, Reservation, parse_reservation
 from memslice.plugin.devices import HEALTHY, UNHEALTHY, device_id, devices_per_gpu
 from memslice.plugin.gpus import GpuInfo
 from memslice.plugin.health import HealthBook
@@ -17,9 +19,6 @@ from memslice.plugin.ledger import Allocation
 from memslice.proto import api_pb2
 
 log = logging.getLogger(__name__)
-
-TERMINAL_PHASES = ("Succeeded", "Failed")
-
 
 def build_device_list(gpus: Iterable[GpuInfo], healthy: dict[str, bool], unit_mib: int
                       ) -> api_pb2.ListAndWatchResponse:
@@ -92,7 +91,7 @@ class NodeState:
                 continue
             try:
                 r = parse_reservation(pod)
-            except ReservationError as exc:
+            except ContractError as exc:
                 if pod.uid not in self._bad_reservations:
                     self._bad_reservations.add(pod.uid)
                     log.error("%s", exc)

@@ -39,9 +39,9 @@ from typing import Any
 import orjson
 
 from memslice import errors
+from memslice.contract import ANN_ASSUMED_AT, ANN_GPU_UUID, RESERVATION_ANNOTATIONS
 from memslice.scheduler_extender import decisions
 from memslice.scheduler_extender.annotations import reservation_annotations
-from memslice.scheduler_extender.constants import ANN_ASSUMED_AT, ANN_GPU_UUID, RESERVATION_ANNOTATIONS
 from memslice.scheduler_extender.podwrites import JSON_PATCH, PodWriter
 from memslice.scheduler_extender.resources import PodRequest, RequestError, pod_request
 from memslice.scheduler_extender.state import Charge, ClusterState, resource_version

@@ -126,20 +126,16 @@ POOL_SIZE = 64  # HTTP connections kept to the API server: binds run concurrentl
 
 
 def load_api_client(kubeconfig: str | None) -> Any:
-    """An ApiClient from --kubeconfig, else the in-cluster service account, else ~/.kube/config; with a
-    connection pool big enough that concurrent binds reuse connections instead of opening new ones."""
-    from kubernetes import client, config
+    """An ApiClient found in memslice.kube.config's order (--kubeconfig/$KUBECONFIG, the in-cluster service
+    account, ~/.kube/config), with a connection pool big enough that concurrent binds reuse connections;
+    errors.ConfigError when there is none."""
+    from memslice.errors import ConfigError
+    from memslice.kube.config import load_api_client as find_api
 
-    conf = client.Configuration()
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=conf)
-    else:
-        try:
-            config.load_incluster_config(client_configuration=conf)
-        except config.ConfigException:
-            config.load_kube_config(client_configuration=conf)
-    conf.connection_pool_maxsize = POOL_SIZE
-    return client.ApiClient(conf)
+    api, how = find_api(kubeconfig, pool_maxsize=POOL_SIZE)
+    if api is None:
+        raise ConfigError(how)
+    return api
 
 
 def run(args: argparse.Namespace) -> int:

@@ -26,11 +26,11 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
-from memslice.scheduler_extender.annotations import AnnotationError, Reservation, parse_reservation
+from memslice.contract import TERMINAL_PHASES, Reservation
+from memslice.errors import ContractError
 from memslice.scheduler_extender.resources import PodRequest, RequestError, effective_total, pod_request
 
 log = logging.getLogger(__name__)
-TERMINAL_PHASES = ("Succeeded", "Failed")
 _intern = sys.intern
 
 
@@ -119,12 +119,12 @@ def _decode_reservation(annotations: Any, namespace: str, name: str, bound: bool
     if not isinstance(annotations, dict):
         return None
     try:  # "where" is only needed in an error message: not built for every pod
-        return parse_reservation("", annotations, with_time=not bound)
-    except AnnotationError:
+        return Reservation.parse(annotations, with_time=not bound)
+    except ContractError:
         pass
     try:
-        parse_reservation(f"pod {namespace}/{name}", annotations)
-    except AnnotationError as exc:
+        Reservation.parse(annotations, f"pod {namespace}/{name}", with_time=not bound)
+    except ContractError as exc:
         log.warning("%s; the reservation is ignored", exc)
     return None
 
@@ -159,7 +159,7 @@ def pod_record(obj: dict[str, Any]) -> Record | None:
         return (uid, _intern(namespace), name, resource_version(meta), node, terminal, None, 0, 0.0, devices,
                 request if node is None else None)
     return (uid, _intern(namespace), name, resource_version(meta), node, terminal, _intern(reservation.gpu_uuid),
-            reservation_mib(reservation, request), reservation.assumed_at, devices, None)  # assumed_at 0 if bound
+            reservation_mib(reservation, request), reservation.assumed_ts, devices, None)  # assumed_at 0 if bound
 
 
 def _node_of(obj: dict[str, Any]) -> str | None:

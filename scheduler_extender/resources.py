@@ -20,7 +20,7 @@ from fractions import Fraction
 from typing import Any
 
 from memslice import errors
-from memslice.scheduler_extender.constants import ANN_POLICY, POLICIES, RESOURCE
+from memslice.contract import ANN_POLICY, POLICIES, RESOURCE
 
 MAX_DEVICES = 1 << 40  # per container; anything above is absurd (1 TiB devices of 1 MiB is an EiB)
 _QUANTITY = re.compile(r"^([+-]?)(\d{1,30}(?:\.\d{0,30})?|\.\d{1,30})"

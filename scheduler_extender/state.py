@@ -25,7 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from memslice.scheduler_extender.annotations import AnnotationError, Inventory, parse_inventory
+from memslice.contract import Inventory
+from memslice.errors import ContractError
 from memslice.scheduler_extender.records import (
     GPU,
     NAME,
@@ -108,9 +109,9 @@ class ClusterState:
     def _set_node(self, name: str, annotations: dict[str, Any]) -> None:
         self._unmap_gpus(name)
         try:
-            inv = _node_gpus(parse_inventory(name, annotations if isinstance(annotations, dict) else {}))
+            inv = _node_gpus(Inventory.parse(name, annotations if isinstance(annotations, dict) else {}))
             self._node_error.pop(name, None)
-        except AnnotationError as exc:
+        except ContractError as exc:
             log.warning("%s; the node gets no memslice pods until it is fixed", exc)
             inv = None
             self._node_error[name] = str(exc)

@@ -15,7 +15,7 @@ import pytest
 from test_deploy_examples import example
 from test_deploy_render import NAMESPACE, Manifest, find, render
 
-from memslice.scheduler_extender import constants
+from memslice import contract
 
 EXTENDER = f"system:serviceaccount:{NAMESPACE}:memslice-extender"
 AGENT = f"system:serviceaccount:{NAMESPACE}:memslice-node-agent"
@@ -108,19 +108,19 @@ def node() -> Manifest:
 
 
 def reserve(p: Manifest) -> None:
-    p["metadata"]["annotations"].update({constants.ANN_GPU_UUID: "GPU-1", constants.ANN_GPU_MEM: '{"notebook":4096}',
-                                         constants.ANN_ASSUMED_AT: "1790000000.0"})
+    p["metadata"]["annotations"].update({contract.ANN_GPU_UUID: "GPU-1", contract.ANN_GPU_MEM: '{"notebook":4096}',
+                                         contract.ANN_ASSUMED_AT: "1790000000.0"})
 
 
 def inventory(n: Manifest) -> None:
-    n["metadata"].setdefault("annotations", {})[constants.ANN_GPUS] = json.dumps([{"uuid": "GPU-1"}])
+    n["metadata"].setdefault("annotations", {})[contract.ANN_GPUS] = json.dumps([{"uuid": "GPU-1"}])
 
 
 ALLOWED = [
     ("extender writes a reservation", EXTENDER, pod, reserve, None),
     ("extender removes its reservation", EXTENDER,
      lambda: written(pod(), reserve, "memslice-extender"),
-     lambda p: [p["metadata"]["annotations"].pop(k) for k in constants.RESERVATION_ANNOTATIONS], None),
+     lambda p: [p["metadata"]["annotations"].pop(k) for k in contract.RESERVATION_ANNOTATIONS], None),
     ("node agent writes its GPU inventory", AGENT, node, inventory, "gpu-1"),
     ("node agent without a node-bound token", AGENT, node, inventory, None),
     ("anyone else changes anything", "system:serviceaccount:kube-system:cluster-admin", node,

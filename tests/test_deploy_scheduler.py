@@ -21,7 +21,7 @@ from kube_standin import KubeApiStandin
 from test_deploy_examples import example
 from test_deploy_render import NAMESPACE, RESOURCE, SCHEDULER_NAME, Manifest, find, pod_spec, render
 
-from memslice.scheduler_extender import constants
+from memslice import contract
 
 VERBS = ("filter", "prioritize", "bind", "preempt")
 # Fields of kubescheduler.config.k8s.io/v1 (k8s.io/kube-scheduler/config/v1). kube-scheduler decodes its
@@ -70,8 +70,8 @@ def test_configuration_is_v1_with_one_profile_and_the_extender() -> None:
     assert {k: ext[f"{k}Verb"] for k in VERBS} == {k: k for k in VERBS}
     assert ext["nodeCacheCapable"] is True
     assert ext["ignorable"] is False
-    assert ext["managedResources"] == [{"name": constants.RESOURCE, "ignoredByScheduler": False}]
-    assert constants.RESOURCE == RESOURCE
+    assert ext["managedResources"] == [{"name": contract.RESOURCE, "ignoredByScheduler": False}]
+    assert contract.RESOURCE == RESOURCE
     assert 1 <= ext["weight"] <= 10
     assert 1 <= duration_seconds(ext["httpTimeout"]) <= 30
     assert ext["enableHTTPS"] is (urlsplit(ext["urlPrefix"]).scheme == "https")
@@ -124,9 +124,9 @@ def extender() -> Iterator[tuple[KubeApiStandin, str]]:
 
     kube = KubeApiStandin().start()
     kube.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node", "annotations": {
-        constants.ANN_GPUS: json.dumps([{"uuid": GPU_UUID, "index": 0, "model": "Simulated GPU",
+        contract.ANN_GPUS: json.dumps([{"uuid": GPU_UUID, "index": 0, "model": "Simulated GPU",
                                          "memMiB": 16384, "numa": 0, "healthy": True}]),
-        constants.ANN_UNIT_MIB: "1"}},
+        contract.ANN_UNIT_MIB: "1"}},
         "status": {"allocatable": {RESOURCE: "16384"}, "capacity": {RESOURCE: "16384"}}})
     ext = Extender(kube.api_client(), Config(address="127.0.0.1", port=0)).start()
     try:
@@ -188,5 +188,5 @@ def test_configured_verbs_schedule_the_example_notebook(extender: tuple[KubeApiS
     bound = kube.get("Pod", "default", pod["metadata"]["name"])
     assert bound is not None and bound["spec"]["nodeName"] == "gpu-node"
     annotations = bound["metadata"]["annotations"]
-    assert annotations[constants.ANN_GPU_UUID] == GPU_UUID
-    assert json.loads(annotations[constants.ANN_GPU_MEM]) == {"notebook": 4096}
+    assert annotations[contract.ANN_GPU_UUID] == GPU_UUID
+    assert json.loads(annotations[contract.ANN_GPU_MEM]) == {"notebook": 4096}

@@ -10,15 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_extender_support import FakeClock, node_obj, pod_obj
 
+from memslice.contract import Inventory, Reservation, format_time, parse_time
+from memslice.errors import ContractError
 from memslice.scheduler_extender import decisions
-from memslice.scheduler_extender.annotations import (
-    AnnotationError,
-    format_time,
-    parse_inventory,
-    parse_reservation,
-    parse_time,
-    reservation_annotations,
-)
+from memslice.scheduler_extender.annotations import reservation_annotations
 from memslice.scheduler_extender.resources import MAX_DEVICES, RequestError, parse_devices, pod_request
 from memslice.scheduler_extender.state import Charge, ClusterState, GpuView, NodeView
 
@@ -80,30 +75,30 @@ def test_request_errors():
 
 
 def test_inventory_parsing_and_errors():
-    inv = parse_inventory("n", node_obj("n", [16384, 8192], unit=256)["metadata"]["annotations"])
+    inv = Inventory.parse("n", node_obj("n", [16384, 8192], unit=256)["metadata"]["annotations"])
     assert inv is not None and inv.unit_mib == 256 and [g.mem_mib for g in inv.gpus] == [16384, 8192]
-    assert parse_inventory("n", {}) is None
+    assert Inventory.parse("n", {}) is None
     for bad, words in [({"memslice.io/gpus": "not json"}, "not JSON"),
                        ({"memslice.io/gpus": "{}"}, "JSON list"),
                        ({"memslice.io/gpus": '[{"uuid": "", "index": 0, "memMiB": 1}]'}, "uuid"),
                        ({"memslice.io/gpus": '[{"uuid": "u", "index": 0, "memMiB": -1}]'}, "memMiB"),
                        ({"memslice.io/gpus": "[]", "memslice.io/unit-mib": "0"}, "unit-mib")]:
-        with pytest.raises(AnnotationError, match=words):
-            parse_inventory("n", bad)
+        with pytest.raises(ContractError, match=words):
+            Inventory.parse("n", bad)
 
 
 def test_reservation_annotations_round_trip():
     ann = reservation_annotations("GPU-1", {"b": 2, "a": 1}, 1_800_000_000.25)
     assert ann["memslice.io/gpu-mem-mib"] == '{"a":1,"b":2}'
     assert json.loads(ann["memslice.io/gpu-mem-mib"]) == {"a": 1, "b": 2}
-    res = parse_reservation("pod", ann)
+    res = Reservation.parse(ann, "pod")
     assert res is not None and res.gpu_uuid == "GPU-1" and res.container_mib == (("a", 1), ("b", 2))
-    assert res.assumed_at == pytest.approx(1_800_000_000.25)
-    assert parse_time(format_time(12345.5)) == 12345.5
-    assert parse_time("2026-01-01T00:00:00Z") > 0 and parse_time("garbage") == 0.0
-    assert parse_time("2026-01-02t03:04:05.5z") == parse_time("2026-01-02T03:04:05.5Z") == 1767323045.5
-    with pytest.raises(AnnotationError, match="gpu-mem-mib"):
-        parse_reservation("pod", {"memslice.io/gpu-uuid": "GPU-1", "memslice.io/gpu-mem-mib": '{"a": -1}'})
+    assert res.assumed_ts == pytest.approx(1_800_000_000.25)
+    at = parse_time("2026-01-02t03:04:05.5z")
+    assert at == parse_time("2026-01-02T03:04:05.5Z") and at is not None and at.timestamp() == 1767323045.5
+    assert parse_time(format_time(at)) == at and parse_time("garbage") is None
+    with pytest.raises(ContractError, match="gpu-mem-mib"):
+        Reservation.parse({"memslice.io/gpu-uuid": "GPU-1", "memslice.io/gpu-mem-mib": '{"a": -1}'}, "pod")
 
 
 def view(*gpus: tuple[int, int], healthy: tuple[bool, ...] | None = None, unplaced: int = 0) -> NodeView:

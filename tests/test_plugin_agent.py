@@ -78,7 +78,8 @@ class AgentProcess:
     def start(self) -> AgentProcess:
         env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST",
                                                                 "MEMSLICE_SIM_GPUS", "NODE_NAME")}
-        env.update({"MEMSLICE_SIM_STATE": str(self.sim_state), **self.env})
+        # HOME: a developer's ~/.kube/config is a place the agent looks for the API (memslice.kube.config)
+        env.update({"MEMSLICE_SIM_STATE": str(self.sim_state), "HOME": str(self.root), **self.env})
         self._port = None
         self.log_path = self.root / f"agent-{len(list(self.root.glob('agent-*.log')))}.log"
         self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from memslice.contract import ANN_ASSUMED_AT, ANN_GPU_MEM, ANN_GPU_UUID
+from memslice.errors import ContractError
 from memslice.plugin.allocator import (
-    ANN_ASSUMED_AT,
-    ANN_GPU_MEM,
-    ANN_GPU_UUID,
     AllocationError,
     AvailableIds,
     PodInfo,
     Reservation,
-    ReservationError,
     allocation_target,
     best_fit_gpu,
     choose_preferred,
@@ -68,13 +67,14 @@ def pod(uid="u1", name="p", gpu="GPU-b", mem=None, at="2026-01-01T00:00:00Z", ra
 
 def test_reservation_is_read_from_the_extender_annotations():
     r = parse_reservation(pod(mem={"b": 20, "a": 10}))
-    assert r == Reservation("u1", "ns", "p", "GPU-b", (("a", 10), ("b", 20)), "2026-01-01T00:00:00Z")
+    assert r == Reservation("u1", "ns", "p", "GPU-b", (("a", 10), ("b", 20)),
+                       datetime(2026, 1, 1, tzinfo=UTC))
     assert parse_reservation(PodInfo("u", "ns", "p", "Pending", {})) is None
 
 
-@pytest.mark.parametrize("raw", ["", "[1]", '{"a": "10"}', '{"a": -1}', '{"a": true}', "{"])
+@pytest.mark.parametrize("raw", ["", "[1]", '{"a": "10"}', '{"a": -1}', '{"a": true}', "{", "{}"])
 def test_malformed_reservation_names_the_annotation(raw):
-    with pytest.raises(ReservationError, match=ANN_GPU_MEM):
+    with pytest.raises(ContractError, match=ANN_GPU_MEM):
         parse_reservation(pod(raw=raw))
 
 

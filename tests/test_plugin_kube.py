@@ -116,6 +116,23 @@ def test_preferred_allocation_honours_the_reservation(cluster):
     assert api.count("list", "pods") == lists and api.count("get", "pods") == 0
 
 
+def test_preferred_allocation_serves_the_reservation_oldest_in_time(cluster):
+    """GetPreferredAllocation does not name the pod: of two reservations of one size, the agent serves the one
+    assumed first, by time as the extender reads memslice.io/assumed-at, not by how the time is spelled
+    ("...00.5Z" sorts before "...00Z" as text)."""
+    api, kubelet, make = cluster
+    agent = make(unit_mib=4)
+    gpus, _ = published(api, agent)
+    api.put(pod("older", gpus[1]["uuid"], {"main": 400}, at="2026-01-01T00:00:00Z"))
+    api.put(pod("newer", gpus[0]["uuid"], {"main": 400}, at="2026-01-01T00:00:00.5Z"))
+    for name in ("older", "newer"):
+        agent.wait_log(f"default/{name}: the extender reserved GPU", "the pod watch")
+    kubelet.wait_registered(RESOURCE)
+    uid = uid_of(api, "older")
+    kubelet.admit(uid, "default", "older", [("main", 100)], RESOURCE)
+    assert {i.split("-")[0] for i in kubelet.pods[uid].containers["main"][RESOURCE]} == {"g1"}  # best fit: g0
+
+
 def test_pod_watch_survives_api_server_restart_and_compaction(cluster):
     api, kubelet, make = cluster
     agent = make(unit_mib=4)

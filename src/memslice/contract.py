@@ -1,0 +1,250 @@
+"""The agent <-> extender contract, written once (docs/architecture.md, "Contracts").
+
+The node agent (plugin/) publishes a node's GPUs as node annotations; the scheduler extender
+(scheduler_extender/) reads them, and records its placement as pod annotations that the agent reads back
+when the kubelet allocates. Both binaries import the names, the typed values and their parse/format from
+here, so the two sides cannot drift apart.
+
+Every annotation value comes from the API server and may have been written by anyone with patch rights, so
+`parse` is strict and bounded: sizes, types and counts are checked, and anything else is an
+errors.ContractError whose message names the object, the annotation and what is wrong. `format` produces
+exactly what `parse` accepts (tests/test_contract.py checks the round trip).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final, TypeGuard
+
+import orjson
+
+from memslice import errors
+
+# ------------------------------------------------------------------------------------------ names
+
+RESOURCE: Final = "memslice.io/gpu-mem"  # extended resource; one device = unit-mib MiB of one GPU
+
+# node annotations, written by the node agent
+ANN_GPUS: Final = "memslice.io/gpus"
+ANN_UNIT_MIB: Final = "memslice.io/unit-mib"
+
+# pod annotations, written by the extender at bind
+ANN_GPU_UUID: Final = "memslice.io/gpu-uuid"
+ANN_GPU_MEM: Final = "memslice.io/gpu-mem-mib"
+ANN_ASSUMED_AT: Final = "memslice.io/assumed-at"
+RESERVATION_ANNOTATIONS: Final = (ANN_GPU_UUID, ANN_GPU_MEM, ANN_ASSUMED_AT)
+
+# pod annotation, set by users
+ANN_POLICY: Final = "memslice.io/policy"
+POLICIES: Final = ("binpack", "spread")
+
+# pod phases after which a pod holds nothing
+TERMINAL_PHASES: Final = ("Succeeded", "Failed")
+
+# ------------------------------------------------------------------------------------------ units and bounds
+
+MIB: Final = 1 << 20  # bytes; every memory figure of the contract is in MiB
+MAX_MIB: Final = 1 << 30  # 1 PiB: above any GPU; a larger figure is a corrupt annotation
+MAX_GPUS: Final = 1024  # per node
+MAX_GPU_INDEX: Final = 9999  # device IDs are g<index>-<n> with at most 4 index digits (plugin/devices.py)
+MAX_UUID: Final = 128  # characters; NVML UUIDs are 40 ("GPU-" + 36), MIG ones about 45
+MAX_MODEL: Final = 256  # characters
+MAX_NUMA: Final = 1 << 16
+MAX_CONTAINERS: Final = 256  # per reservation
+MAX_CONTAINER_NAME: Final = 253  # characters (a DNS subdomain at most; container names are shorter)
+MAX_GPUS_TEXT: Final = 256 << 10  # the API server's limit on all annotations of an object together
+MAX_GPU_MEM_TEXT: Final = 64 << 10
+MAX_UNIT_TEXT: Final = 32
+MAX_TIME_TEXT: Final = 64
+
+
+def units_for(mib: int, unit_mib: int) -> int:
+    """Devices of `memslice.io/gpu-mem` that hold `mib` MiB: requests are whole devices, rounded up (the
+    extender reserves `devices × unit-mib` MiB per container; the agent matches a kubelet request of
+    `units_for(reserved MiB)` devices to it)."""
+    return -(-mib // unit_mib)
+
+
+def _is_int(v: object) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _short(raw: object) -> str:
+    """An annotation value as it may appear in a message: repr, at most 80 characters."""
+    text = repr(raw)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+# ------------------------------------------------------------------------------------------ inventory
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One GPU of a node's inventory (an item of `memslice.io/gpus`)."""
+
+    uuid: str
+    index: int
+    model: str
+    mem_mib: int
+    numa: int | None  # None when the driver does not know the GPU's NUMA node
+    healthy: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """A node's memslice GPUs as the node agent publishes them: `memslice.io/gpus` (a JSON list, by index)
+    and `memslice.io/unit-mib` (MiB per device of `memslice.io/gpu-mem`)."""
+
+    unit_mib: int
+    gpus: tuple[Gpu, ...]
+
+    def format(self) -> dict[str, str]:
+        """The node annotations."""
+        items = [{"uuid": g.uuid, "index": g.index, "model": g.model, "memMiB": g.mem_mib, "numa": g.numa,
+                  "healthy": g.healthy} for g in sorted(self.gpus, key=lambda g: g.index)]
+        return {ANN_GPUS: orjson.dumps(items).decode(), ANN_UNIT_MIB: str(self.unit_mib)}
+
+    @classmethod
+    def parse(cls, node: str, annotations: Mapping[str, Any]) -> Inventory | None:
+        """The inventory the node's annotations hold; None when it has no `memslice.io/gpus` (not a memslice
+        node); ContractError when they are malformed."""
+        raw = annotations.get(ANN_GPUS)
+        if raw is None:
+            return None
+        where = f"node {node}: annotation {ANN_GPUS}"
+        if not isinstance(raw, str) or len(raw) > MAX_GPUS_TEXT:
+            raise errors.ContractError(f"{where} is not a JSON text of at most {MAX_GPUS_TEXT} bytes "
+                                       f"({_short(raw)})")
+        try:
+            items = orjson.loads(raw)  # refuses NaN and integers beyond 64 bits
+        except orjson.JSONDecodeError:
+            raise errors.ContractError(f"{where} is not JSON ({_short(raw)})") from None
+        if not isinstance(items, list) or len(items) > MAX_GPUS:
+            raise errors.ContractError(f"{where} is not a JSON list of at most {MAX_GPUS} GPUs")
+        gpus = tuple(sorted((_gpu(where, i, g) for i, g in enumerate(items)), key=lambda g: g.index))
+        _once(where, "GPU", [g.uuid for g in gpus])
+        _once(where, "index", [str(g.index) for g in gpus])
+        return cls(unit_mib=_unit(node, annotations.get(ANN_UNIT_MIB, "1")), gpus=gpus)
+
+
+def _once(where: str, kind: str, values: list[str]) -> None:
+    """ContractError when a GPU UUID or index is listed twice."""
+    if len(set(values)) != len(values):
+        dup = next(v for v in values if values.count(v) > 1)
+        raise errors.ContractError(f"{where}: {kind} {dup} is listed twice")
+
+
+def _gpu(where: str, i: int, g: object) -> Gpu:
+    """One item of `memslice.io/gpus`, checked field by field."""
+    if not isinstance(g, dict):
+        raise errors.ContractError(f"{where}[{i}] is not an object")
+    uuid, index, mem = g.get("uuid"), g.get("index"), g.get("memMiB")
+    model, numa, healthy = g.get("model", ""), g.get("numa"), g.get("healthy", True)
+    if not isinstance(uuid, str) or not 0 < len(uuid) <= MAX_UUID:
+        raise errors.ContractError(f"{where}[{i}].uuid={_short(uuid)} is not a GPU UUID "
+                                   f"(1 to {MAX_UUID} characters)")
+    if not _is_int(index) or not 0 <= index <= MAX_GPU_INDEX:
+        raise errors.ContractError(f"{where}[{i}].index={_short(index)} is not a GPU index (0..{MAX_GPU_INDEX})")
+    if not _is_int(mem) or not 0 < mem <= MAX_MIB:
+        raise errors.ContractError(f"{where}[{i}].memMiB={_short(mem)} is not a positive number of MiB "
+                                   f"(at most {MAX_MIB})")
+    if not isinstance(model, str) or len(model) > MAX_MODEL:
+        raise errors.ContractError(f"{where}[{i}].model={_short(model)} is not a text of at most {MAX_MODEL} "
+                                   f"characters")
+    if numa is not None and (not _is_int(numa) or not 0 <= numa <= MAX_NUMA):
+        raise errors.ContractError(f"{where}[{i}].numa={_short(numa)} is neither null nor a NUMA node number")
+    if not isinstance(healthy, bool):
+        raise errors.ContractError(f"{where}[{i}].healthy={_short(healthy)} is not true or false")
+    return Gpu(uuid=uuid, index=index, model=model, mem_mib=mem, numa=numa, healthy=healthy)
+
+
+def _unit(node: str, raw: object) -> int:
+    """`memslice.io/unit-mib`: a positive whole number of MiB per device."""
+    unit = 0
+    if isinstance(raw, str) and len(raw) <= MAX_UNIT_TEXT and raw.strip().isdigit():
+        unit = int(raw.strip())
+    if not 0 < unit <= MAX_MIB:
+        raise errors.ContractError(f"node {node}: annotation {ANN_UNIT_MIB}={_short(raw)} is not a positive "
+                                   f"whole number of MiB per device (at most {MAX_MIB})")
+    return unit
+
+
+# ------------------------------------------------------------------------------------------ reservation
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """The extender's placement of a pod, recorded on the pod at bind: one GPU, MiB per container (sorted by
+    name, never empty), and when the extender assumed it (None when the annotation is absent, or when the
+    caller asked not to read it)."""
+
+    gpu_uuid: str
+    container_mib: tuple[tuple[str, int], ...]
+    assumed_at: datetime | None
+
+    def format(self) -> dict[str, str]:
+        """The pod annotations."""
+        out = {ANN_GPU_UUID: self.gpu_uuid,
+               ANN_GPU_MEM: orjson.dumps(dict(self.container_mib), option=orjson.OPT_SORT_KEYS).decode()}
+        if self.assumed_at is not None:
+            out[ANN_ASSUMED_AT] = format_time(self.assumed_at)
+        return out
+
+    @property
+    def assumed_ts(self) -> float:
+        """`assumed_at` as Unix seconds; 0.0 without one (it sorts first, and has long expired)."""
+        return 0.0 if self.assumed_at is None else self.assumed_at.timestamp()
+
+    @classmethod
+    def parse(cls, annotations: Mapping[str, Any], where: str = "", *, with_time: bool = True
+              ) -> Reservation | None:
+        """The reservation the pod's annotations hold; None without `memslice.io/gpu-uuid`. `where` (e.g.
+        "pod ns/name") starts error messages. `with_time=False` does not read `assumed-at` (the extender's
+        watch skips it for bound pods, whose reservation counts whatever its age). ContractError when an
+        annotation is malformed, including an empty container map: a reservation holds memory for at least
+        one container (docs/architecture.md, "Contracts")."""
+        uuid = annotations.get(ANN_GPU_UUID)
+        if uuid is None:
+            return None
+        if not isinstance(uuid, str) or not 0 < len(uuid) <= MAX_UUID:
+            raise errors.ContractError(f"{where}: annotation {ANN_GPU_UUID}={_short(uuid)} is not a GPU UUID "
+                                       f"(1 to {MAX_UUID} characters)")
+        raw = annotations.get(ANN_GPU_MEM)
+        try:  # orjson refuses NaN and integers beyond 64 bits
+            mem = orjson.loads(raw) if isinstance(raw, str) and len(raw) <= MAX_GPU_MEM_TEXT else None
+        except orjson.JSONDecodeError:
+            mem = None
+        if not isinstance(mem, dict) or not 0 < len(mem) <= MAX_CONTAINERS or not all(
+                len(k) <= MAX_CONTAINER_NAME and k and type(v) is int and 0 < v <= MAX_MIB
+                for k, v in mem.items()):
+            raise errors.ContractError(
+                f"{where}: annotation {ANN_GPU_MEM}={_short(raw)} is not a JSON object of 1 to {MAX_CONTAINERS} "
+                f"container names to positive MiB (at most {MAX_MIB}), e.g. {{\"train\": 4096}}")
+        at = None
+        if with_time:
+            text = annotations.get(ANN_ASSUMED_AT)
+            if text is not None:
+                at = parse_time(text)
+                if at is None:
+                    raise errors.ContractError(f"{where}: annotation {ANN_ASSUMED_AT}={_short(text)} is not an "
+                                               f"RFC 3339 time, e.g. 2026-01-02T03:04:05.123456Z")
+        return cls(uuid, tuple(sorted(mem.items())), at)
+
+
+def parse_time(text: object) -> datetime | None:
+    """An RFC 3339 time as an aware datetime (a time without zone is UTC); None when it is not one. Every
+    watched pod with an unbound reservation passes here, so it is fromisoformat (C) rather than strptime."""
+    if not isinstance(text, str) or not text or len(text) > MAX_TIME_TEXT:
+        return None
+    try:
+        dt = datetime.fromisoformat(text.upper())  # RFC 3339 allows a lowercase t and z
+    except ValueError:
+        return None
+    return dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)
+
+
+def format_time(at: datetime) -> str:
+    """RFC 3339 UTC with microseconds, e.g. 2026-01-02T03:04:05.123456Z (a naive datetime is UTC)."""
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    return at.astimezone(UTC).isoformat(timespec="microseconds")[:-6] + "Z"

@@ -1,0 +1,214 @@
+"""The agent <-> extender contract (memslice.contract): format -> parse is the identity on valid values,
+hostile annotations never raise anything but ContractError, the two binaries read reservations alike, and
+both find the Kubernetes API in the same order (memslice.kube.config)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kube_standin import KubeApiStandin
+from test_extender_support import pod_obj
+
+from memslice import contract
+from memslice.contract import (
+    ANN_ASSUMED_AT,
+    ANN_GPU_MEM,
+    ANN_GPU_UUID,
+    ANN_GPUS,
+    ANN_UNIT_MIB,
+    Gpu,
+    Inventory,
+    Reservation,
+)
+from memslice.errors import ContractError
+from memslice.kube.config import load_api_client
+from memslice.plugin.allocator import PodInfo, match_reservation, parse_reservation
+from memslice.scheduler_extender.records import ASSUMED_AT, GPU, pod_record
+
+# ------------------------------------------------------------------------------------------ valid values
+
+# Annotations are UTF-8 on the wire: no lone surrogates.
+texts = st.text(alphabet=st.characters(exclude_categories=("Cs",)))
+uuids = texts.filter(lambda s: 0 < len(s) <= contract.MAX_UUID)
+gpus = st.builds(Gpu, uuid=uuids, index=st.integers(0, contract.MAX_GPU_INDEX),
+                 model=texts.filter(lambda s: len(s) <= contract.MAX_MODEL),
+                 mem_mib=st.integers(1, contract.MAX_MIB),
+                 numa=st.none() | st.integers(0, contract.MAX_NUMA), healthy=st.booleans())
+inventories = st.builds(
+    Inventory, unit_mib=st.integers(1, contract.MAX_MIB),
+    gpus=st.lists(gpus, max_size=12, unique_by=(lambda g: g.uuid, lambda g: g.index)).map(
+        lambda gs: tuple(sorted(gs, key=lambda g: g.index))))
+container_maps = st.dictionaries(texts.filter(lambda s: 0 < len(s) <= contract.MAX_CONTAINER_NAME),
+                                 st.integers(1, contract.MAX_MIB), min_size=1, max_size=8)
+times = st.datetimes(timezones=st.just(UTC))
+reservations = st.builds(Reservation, gpu_uuid=uuids,
+                         container_mib=container_maps.map(lambda m: tuple(sorted(m.items()))),
+                         assumed_at=st.none() | times)
+
+
+@settings(max_examples=300, deadline=None)
+@given(inventories)
+def test_inventory_format_then_parse_is_the_identity(inv: Inventory) -> None:
+    ann = inv.format()
+    assert set(ann) == {ANN_GPUS, ANN_UNIT_MIB} and all(isinstance(v, str) for v in ann.values())
+    assert Inventory.parse("n", ann) == inv
+
+
+@settings(max_examples=300, deadline=None)
+@given(reservations)
+def test_reservation_format_then_parse_is_the_identity(r: Reservation) -> None:
+    ann = r.format()
+    assert all(isinstance(v, str) for v in ann.values())
+    assert Reservation.parse(ann, "pod ns/p") == r
+
+
+def test_the_wire_format_is_the_documented_one() -> None:
+    inv = Inventory(256, (Gpu("GPU-1", 0, "Sim", 16384, None, True),))
+    assert inv.format() == {ANN_GPUS: '[{"uuid":"GPU-1","index":0,"model":"Sim","memMiB":16384,"numa":null,'
+                                      '"healthy":true}]', ANN_UNIT_MIB: "256"}
+    r = Reservation("GPU-1", (("a", 1), ("b", 2)), datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC))
+    assert r.format() == {ANN_GPU_UUID: "GPU-1", ANN_GPU_MEM: '{"a":1,"b":2}',
+                          ANN_ASSUMED_AT: "2026-01-02T03:04:05.123456Z"}
+
+
+# ------------------------------------------------------------------------------------------ hostile values
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | texts,
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(texts, inner, max_size=4),
+                           max_leaves=20)
+# strings that are near-misses of valid values: JSON of the right shape with wrong types, huge numbers, ...
+near_misses = st.one_of(
+    texts, json_values.map(json.dumps),
+    st.lists(st.fixed_dictionaries({}, optional={"uuid": json_values, "index": json_values,
+                                                 "memMiB": json_values, "model": json_values,
+                                                 "numa": json_values, "healthy": json_values}),
+             max_size=4).map(json.dumps),
+    st.dictionaries(texts, st.integers() | json_values, max_size=4).map(json.dumps),
+    st.just("[" * 100_000), st.just("x" * (contract.MAX_GPUS_TEXT + 1)), st.just('{"a": 1e400}'),
+    st.just('{"a": 99999999999999999999999}'), st.just("NaN"), st.just("\x00"))
+annotation_values = near_misses | json_values  # annotations from a decoded body need not even be strings
+hostile = st.dictionaries(st.sampled_from([ANN_GPUS, ANN_UNIT_MIB, ANN_GPU_UUID, ANN_GPU_MEM, ANN_ASSUMED_AT]),
+                          annotation_values)
+
+
+@settings(max_examples=500, deadline=None)
+@given(hostile, st.booleans())
+def test_hostile_annotations_raise_only_contract_errors(ann: dict[str, Any], with_time: bool) -> None:
+    for parse in (lambda: Inventory.parse("n", ann), lambda: Reservation.parse(ann, "pod ns/p", with_time=with_time)):
+        try:
+            value = parse()
+        except ContractError as exc:
+            assert "annotation memslice.io/" in str(exc) and len(str(exc)) < 1000
+        else:
+            if value is not None:  # what is accepted formats back to annotations that parse the same
+                again = Inventory.parse("n", value.format()) if isinstance(value, Inventory) \
+                    else Reservation.parse(value.format(), with_time=with_time)
+                assert again == value
+
+
+@pytest.mark.parametrize(("ann", "words"), [
+    ({ANN_GPUS: "[]", ANN_UNIT_MIB: "4.5"}, "unit-mib='4.5' is not a positive whole number"),
+    ({ANN_GPUS: '[{"uuid":"u","index":0,"memMiB":1},{"uuid":"v","index":0,"memMiB":1}]'}, "index 0 is listed twice"),
+    ({ANN_GPUS: '[{"uuid":"u","index":0,"memMiB":1,"healthy":"yes"}]'}, "healthy='yes' is not true or false"),
+    ({ANN_GPUS: '[{"uuid":"u","index":0,"memMiB":1,"numa":"0"}]'}, "numa='0' is neither null nor"),
+    ({ANN_GPUS: json.dumps([{"uuid": f"u{i}", "index": i, "memMiB": 1} for i in range(1025)])}, "at most 1024 GPUs"),
+    ({ANN_GPUS: "x" * 300_000}, "at most 262144 bytes"),
+])
+def test_bad_inventories_are_named(ann: dict[str, str], words: str) -> None:
+    with pytest.raises(ContractError, match=words):
+        Inventory.parse("n", ann)
+
+
+@pytest.mark.parametrize(("ann", "words"), [
+    ({ANN_GPU_UUID: "G", ANN_GPU_MEM: "{}"}, "gpu-mem-mib='{}' is not a JSON object of 1 to 256"),
+    ({ANN_GPU_UUID: "G", ANN_GPU_MEM: orjson.dumps({f"c{i}": 1 for i in range(257)}).decode()}, "gpu-mem-mib="),
+    ({ANN_GPU_UUID: "G", ANN_GPU_MEM: '{"a": 1099511627776}'}, "gpu-mem-mib=.*at most 1073741824"),
+    ({ANN_GPU_UUID: "G" * 129, ANN_GPU_MEM: '{"a": 1}'}, r"gpu-uuid='G+\.\.\. is not a GPU UUID"),
+    ({ANN_GPU_UUID: 7, ANN_GPU_MEM: '{"a": 1}'}, "gpu-uuid=7 is not a GPU UUID"),
+    ({ANN_GPU_UUID: "G", ANN_GPU_MEM: '{"a": 1}', ANN_ASSUMED_AT: "yesterday"}, "assumed-at='yesterday' is not an"),
+])
+def test_bad_reservations_are_named(ann: dict[str, Any], words: str) -> None:
+    with pytest.raises(ContractError, match=f"pod ns/p: annotation memslice.io/{words}"):
+        Reservation.parse(ann, "pod ns/p")
+
+
+# ------------------------------------------------------------------------------------------ agent and extender agree
+
+def _annotations(gpu: str, mem: str, at: str) -> dict[str, str]:
+    return {ANN_GPU_UUID: gpu, ANN_GPU_MEM: mem, ANN_ASSUMED_AT: at}
+
+
+def _extender_record(name: str, ann: dict[str, str]) -> Any:
+    obj = pod_obj(name, annotations=ann)  # asks for nothing: only the reservation can make it a GPU pod
+    obj["metadata"]["uid"] = f"uid-{name}"
+    return pod_record(obj)
+
+
+def test_agent_and_extender_both_refuse_an_empty_reservation() -> None:
+    """`{}` reserves nothing on the GPU: the extender never writes it, and both binaries ignore it."""
+    ann = _annotations("GPU-1", "{}", "2026-01-01T00:00:00Z")
+    assert _extender_record("empty", ann) is None
+    with pytest.raises(ContractError, match="gpu-mem-mib='{}'"):
+        parse_reservation(PodInfo("u", "ns", "empty", "Pending", ann))
+    good = _annotations("GPU-1", '{"main": 4}', "2026-01-01T00:00:00Z")
+    assert _extender_record("good", good)[GPU] == "GPU-1"
+    assert parse_reservation(PodInfo("u", "ns", "good", "Pending", good)) is not None
+
+
+@pytest.mark.parametrize(("older", "newer"), [
+    ("2026-01-01T00:00:00Z", "2026-01-01T00:00:00.5Z"),  # as strings, ".5Z" < "Z"
+    ("2026-01-01T01:00:00+02:00", "2026-01-01T00:00:00Z"),  # 23:00 the day before
+    ("2026-01-01t00:00:00z", "2026-01-01T00:00:01Z"),  # RFC 3339 allows lowercase
+])
+def test_agent_and_extender_order_reservations_by_time(older: str, newer: str) -> None:
+    """The agent hands a size to the oldest reservation first; it must be the one the extender thinks is
+    oldest, whatever the spelling of the time."""
+    old_ann, new_ann = _annotations("GPU-old", '{"main": 4}', older), _annotations("GPU-new", '{"main": 4}', newer)
+    assert _extender_record("old", old_ann)[ASSUMED_AT] < _extender_record("new", new_ann)[ASSUMED_AT]
+    old = parse_reservation(PodInfo("u-old", "ns", "z-old", "Pending", old_ann))
+    new = parse_reservation(PodInfo("u-new", "ns", "a-new", "Pending", new_ann))
+    assert old is not None and new is not None
+    match = match_reservation([new, old], 4, 1, set())
+    assert match is not None and match[0].gpu_uuid == "GPU-old"
+
+
+# ------------------------------------------------------------------------------------------ one kube-config order
+
+def test_both_binaries_find_the_api_in_one_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--kubeconfig, then in-cluster, then ~/.kube/config, then none (the agent runs standalone then, the
+    extender refuses to start): the same for both, through the real kubernetes client."""
+    from kubernetes import client
+
+    from memslice.errors import ConfigError
+    from memslice.scheduler_extender.cli import load_api_client as extender_api
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    api, why = load_api_client(None)
+    assert api is None and "~/.kube/config" in why and "KUBERNETES_SERVICE_HOST" in why
+    with pytest.raises(ConfigError, match="no kubeconfig"):
+        extender_api(None)
+    kube = KubeApiStandin().start()
+    try:
+        (tmp_path / ".kube").mkdir()
+        kube.kubeconfig(str(tmp_path / ".kube" / "config"))
+        api, how = load_api_client(None)
+        assert api is not None and how == f"kubeconfig {tmp_path}/.kube/config"
+        for found in (api, extender_api(None)):
+            assert client.CoreV1Api(found).list_node().items == []
+        assert extender_api(None).configuration.connection_pool_maxsize == 64
+        monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")  # in a pod, the service account wins...
+        monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+        with pytest.raises(Exception, match="token"):  # ... and a pod without its token is an error, not a fallback
+            load_api_client(None)
+        api, how = load_api_client(str(tmp_path / ".kube" / "config"))  # an explicit file always wins
+        assert api is not None and how.startswith("kubeconfig ")
+    finally:
+        kube.stop()
