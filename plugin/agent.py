@@ -20,7 +20,7 @@ from memslice.plugin.inventory import InventoryPublisher, PodWatcher, api_client
 from memslice.plugin.ledger import reconcile
 from memslice.plugin.metrics import HealthServer, Metrics, NodeCollector, region_reader
 from memslice.plugin.podresources import PodResourcesClient
-from memslice.plugin.regions import RegionStore, install_shim
+from memslice.plugin.regions import RegionStore, install_shim, prepare_elastic_dir
 from memslice.plugin.registration import Registrar
 from memslice.plugin.response import ResponseConfig
 from memslice.plugin.server import DevicePluginService, PluginServer
@@ -49,7 +49,7 @@ class NodeAgent:
         self.cfg = cfg
         self.metrics = Metrics()
         self.nvml = Nvml(simulate=cfg.simulate)
-        self.regions = RegionStore(cfg.region_root)
+        self.regions = RegionStore(cfg.region_root, idle_after_s=cfg.idle_after_s)
         self.state: NodeState | None = None
         self.registrar: Registrar | None = None
         self.publisher: InventoryPublisher | None = None
@@ -100,6 +100,10 @@ class NodeAgent:
             self.regions.prepare()
         except OSError as exc:
             raise StartupError(f"cannot create --region-root {cfg.region_root}: {exc}") from exc
+        try:
+            prepare_elastic_dir(cfg.elastic_dir, [g.uuid for g in gpus])
+        except OSError as exc:
+            raise StartupError(f"cannot create --elastic-dir {cfg.elastic_dir}: {exc}") from exc
         if cfg.kubelet_api == "dra":
             self._start_kubernetes_dra()
         else:
@@ -110,7 +114,8 @@ class NodeAgent:
         self._xid.start()
         self._start_http()
         rcfg = ResponseConfig(shim_host_dir=cfg.shim_host_dir, preload=cfg.preload, visibility=cfg.visibility,
-                              cdi_kind=cfg.cdi_kind, sim_lib_dir=sim_lib_dir, sim_state=sim_state)
+                              cdi_kind=cfg.cdi_kind, sim_lib_dir=sim_lib_dir, sim_state=sim_state,
+                              elastic_host_dir=cfg.elastic_dir, idle_after_s=cfg.idle_after_s)
         if cfg.kubelet_api == "dra":
             try:
                 self.dra = start_dra(cfg, self.state, self.regions, rcfg, self.api, self.metrics)

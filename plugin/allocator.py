@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from memslice import errors
+from memslice.elastic import ANN_LIMIT_RECORD, LimitAnnotationError, parse_limit_record, pod_limits
 from memslice.plugin.devices import (
     DeviceIdError,
     bounded_list,
@@ -60,6 +61,12 @@ class Reservation:
     gpu_uuid: str
     containers: tuple[tuple[str, int], ...]
     assumed_at: str
+    limits: tuple[tuple[str, int], ...] = ()  # elastic memory: container -> limit MiB (above its request)
+
+    def limit_of(self, container: str, mib: int) -> int:
+        """The container's limit MiB when it is above `mib` (the quota Allocate grants), else 0: not elastic."""
+        lim = dict(self.limits).get(container, 0)
+        return lim if lim > mib else 0
 
 
 def parse_reservation(pod: PodInfo) -> Reservation | None:
@@ -78,9 +85,17 @@ def parse_reservation(pod: PodInfo) -> Reservation | None:
         raise ReservationError(
             f"pod {pod.namespace}/{pod.name}: annotation {ANN_GPU_MEM}={raw!r} is not a JSON object of "
             f"container name to positive MiB (e.g. {{\"train\": 4096}}); it is ignored")
+    # The limits: the extender's record when it wrote one, else the users' annotation (an older extender)
+    try:
+        record = pod.annotations.get(ANN_LIMIT_RECORD)
+        limits = (parse_limit_record(record) if record is not None
+                  else pod_limits(dict(pod.annotations), mem))
+    except LimitAnnotationError as exc:
+        raise ReservationError(f"pod {pod.namespace}/{pod.name}: {exc}") from None
     return Reservation(pod_uid=pod.uid, namespace=pod.namespace, name=pod.name, gpu_uuid=uuid,
                        containers=tuple(sorted(mem.items())),
-                       assumed_at=pod.annotations.get(ANN_ASSUMED_AT, ""))
+                       assumed_at=pod.annotations.get(ANN_ASSUMED_AT, ""),
+                       limits=tuple(sorted(limits.items())))
 
 
 def group_by_gpu(ids: Iterable[str]) -> dict[int, list[int]]:
