@@ -18,6 +18,7 @@ from memslice import errors
 from memslice.scheduler_extender.constants import (
     ANN_ASSUMED_AT,
     ANN_GPU_MEM,
+    ANN_GPU_MEM_LIMIT_RECORD,
     ANN_GPU_UUID,
     ANN_GPUS,
     ANN_UNIT_MIB,
@@ -137,7 +138,10 @@ def format_time(ts: float) -> str:
 
 
 def reservation_annotations(gpu_uuid: str, container_mib: dict[str, int],
-                            assumed_at: float) -> dict[str, str]:
-    return {ANN_GPU_UUID: gpu_uuid,
-            ANN_GPU_MEM: json.dumps(container_mib, sort_keys=True, separators=(",", ":")),
-            ANN_ASSUMED_AT: format_time(assumed_at)}
+                            assumed_at: float, limits: dict[str, int] | None = None) -> dict[str, str]:
+    out = {ANN_GPU_UUID: gpu_uuid,
+           ANN_GPU_MEM: json.dumps(container_mib, sort_keys=True, separators=(",", ":")),
+           ANN_ASSUMED_AT: format_time(assumed_at)}
+    if limits:
+        out[ANN_GPU_MEM_LIMIT_RECORD] = json.dumps(limits, sort_keys=True, separators=(",", ":"))
+    return out
