@@ -14,6 +14,7 @@ from memslice import errors
 from memslice.plugin.config import AgentConfig
 from memslice.plugin.devices import ListTooLarge, check_list_fits
 from memslice.plugin.dra_agent import DraParts, DraStartError, start_dra
+from memslice.plugin.elastic_metrics import ElasticCollector
 from memslice.plugin.gpus import GpuError, GpuInfo, Nvml
 from memslice.plugin.health import HealthBook, XidWatcher
 from memslice.plugin.inventory import InventoryPublisher, PodWatcher, api_client, inventory_annotations
@@ -223,6 +224,7 @@ class NodeAgent:
         reader = region_reader()
         self.metrics.registry.register(NodeCollector(self.state, self.nvml.used_mib, reader,
                                                      lambda rid: str(self.regions.dir_of(rid))))
+        self.metrics.registry.register(ElasticCollector(self.cfg.elastic_dir))
         try:
             self.http = HealthServer(self.metrics.registry, self.live, self.ready, self.cfg.metrics_address,
                                      self.cfg.metrics_port)

@@ -7,13 +7,16 @@ other gets its burst in HBM; a bad limit annotation is an error and writes nothi
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from kube_standin import KubeApiStandin
+from prometheus_client.parser import text_string_to_metric_families
 from test_e2e_cluster import RESOURCE, UNIT, GpuNode
 from test_elastic_swap import Tenant, board_state, wait_for
 from test_elastic_swap import tenant_bin as tenant_bin  # the fixture, shared
@@ -73,6 +76,16 @@ def notebook(cluster: Cluster, node: GpuNode, name: str, limit_mib: int):
     return resp
 
 
+def scrape(node: GpuNode, name: str, uuid: str) -> float | None:
+    """One sample of the node agent's /metrics (real HTTP, parsed by prometheus_client)."""
+    port = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/", node.log())
+    assert port, node.log()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port.group(1)}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return next((s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+                 if s.name == name and s.labels.get("uuid") == uuid), None)
+
+
 def test_two_elastic_notebooks_share_a_gpu_their_limits_exceed(world, tenant_bin) -> None:
     cluster, node = world
     a_resp = notebook(cluster, node, "a", 2560)
@@ -92,6 +105,11 @@ def test_two_elastic_notebooks_share_a_gpu_their_limits_exceed(world, tenant_bin
         assert b.cmd("alloc 1792 64") == "allocated 28"
         assert usage(b_resp)[b.proc.pid] == (300 + 1792, 0), "B's memory is all in HBM"
         assert usage(a_resp)[a.proc.pid] == (300, 2048), "A's bytes are in host memory, its context in HBM"
+        # the agent's metrics show it, from the node's board (A's 2048 MiB in host memory, moved out)
+        uuid = a_resp.envs["NVIDIA_VISIBLE_DEVICES"]
+        wait_for(lambda: scrape(node, "memslice_gpu_elastic_swapped_mib", uuid) == 2048
+                 and scrape(node, "memslice_gpu_elastic_swap_outs_total", uuid) >= 1, "the swap in the metrics")
+        assert scrape(node, "memslice_gpu_elastic_resident_mib", uuid) >= 1792
         assert b.cmd("check") == f"check ok {1792 * MiB}"
         assert a.cmd("check") == f"check ok {2048 * MiB}" and a.cmd("ptrs") == ptrs
     finally:
