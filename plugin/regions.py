@@ -89,7 +89,8 @@ def sim_lock_path(state: Path) -> Path:
 def prepare_elastic_dir(directory: Path, gpu_uuids: list[str]) -> None:
     """The node's elastic directory (mounted read-write at CONTAINER_ELASTIC_DIR in elastic containers) with
     one board per GPU created here, mode 0666 whatever the container's user, so tenants never create files:
-    the directory itself is 0755 (only the agent adds or replaces boards). The agent never reads them."""
+    the directory itself is 0755 (only the agent adds or replaces boards). The agent reads them only for metrics
+    (plugin/elastic_metrics.py, bounded reads)."""
     directory.mkdir(parents=True, exist_ok=True)
     os.chmod(directory, 0o755)
     for uuid in gpu_uuids:
