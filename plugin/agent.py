@@ -15,13 +15,14 @@ from memslice.kube.config import load_api_client
 from memslice.plugin.config import AgentConfig
 from memslice.plugin.devices import ListTooLarge, check_list_fits
 from memslice.plugin.dra_agent import DraParts, DraStartError, start_dra
+from memslice.plugin.elastic_metrics import ElasticCollector
 from memslice.plugin.gpus import GpuError, GpuInfo, Nvml
 from memslice.plugin.health import HealthBook, XidWatcher
 from memslice.plugin.inventory import InventoryPublisher, PodWatcher, inventory_annotations
 from memslice.plugin.ledger import reconcile
 from memslice.plugin.metrics import HealthServer, Metrics, NodeCollector, host_pid_filler, region_reader
 from memslice.plugin.podresources import PodResourcesClient
-from memslice.plugin.regions import RegionStore, dir_usage, install_shim
+from memslice.plugin.regions import RegionStore, dir_usage, install_shim, prepare_elastic_dir
 from memslice.plugin.registration import Registrar
 from memslice.plugin.response import ResponseConfig
 from memslice.plugin.server import DevicePluginService, PluginServer
@@ -50,7 +51,7 @@ class NodeAgent:
         self.cfg = cfg
         self.metrics = Metrics()
         self.nvml = Nvml(simulate=cfg.simulate)
-        self.regions = RegionStore(cfg.region_root)
+        self.regions = RegionStore(cfg.region_root, idle_after_s=cfg.idle_after_s)
         self.state: NodeState | None = None
         self.registrar: Registrar | None = None
         self.publisher: InventoryPublisher | None = None
@@ -102,6 +103,10 @@ class NodeAgent:
         except OSError as exc:
             raise StartupError(f"cannot create --region-root {cfg.region_root}: {exc}") from exc
         self.regions.reaper.start()  # deletes removed regions in the background (and what a restart left)
+        try:
+            prepare_elastic_dir(cfg.elastic_dir, [g.uuid for g in gpus])
+        except OSError as exc:
+            raise StartupError(f"cannot create --elastic-dir {cfg.elastic_dir}: {exc}") from exc
         if cfg.kubelet_api == "dra":
             self._start_kubernetes_dra()
         else:
@@ -112,7 +117,8 @@ class NodeAgent:
         self._xid.start()
         self._start_http()
         rcfg = ResponseConfig(shim_host_dir=cfg.shim_host_dir, preload=cfg.preload, visibility=cfg.visibility,
-                              cdi_kind=cfg.cdi_kind, sim_lib_dir=sim_lib_dir, sim_state=sim_state)
+                              cdi_kind=cfg.cdi_kind, sim_lib_dir=sim_lib_dir, sim_state=sim_state,
+                              elastic_host_dir=cfg.elastic_dir, idle_after_s=cfg.idle_after_s)
         if cfg.kubelet_api == "dra":
             try:
                 self.dra = start_dra(cfg, self.state, self.regions, rcfg, self.api, self.metrics)
@@ -223,6 +229,7 @@ class NodeAgent:
         self.metrics.registry.register(NodeCollector(self.state, self.nvml.used_mib, reader,
                                                      lambda rid: str(self.regions.dir_of(rid)),
                                                      lambda d: dir_usage(Path(d)), self.regions.reaper.pending, fill))
+        self.metrics.registry.register(ElasticCollector(self.cfg.elastic_dir))
         try:
             self.http = HealthServer(self.metrics.registry, self.live, self.ready, self.cfg.metrics_address,
                                      self.cfg.metrics_port)

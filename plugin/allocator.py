@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from memslice import contract, errors
 from memslice.contract import RESOURCE as RESOURCE_NAME
 from memslice.contract import units_for
+from memslice.elastic import ANN_LIMIT_RECORD, LimitAnnotationError, parse_limit_record, pod_limits
 from memslice.plugin.devices import (
     DeviceIdError,
     bounded_list,
@@ -55,6 +56,12 @@ class Reservation:
     gpu_uuid: str
     containers: tuple[tuple[str, int], ...]
     assumed_at: datetime | None  # None: the annotation is absent (sorted as the oldest)
+    limits: tuple[tuple[str, int], ...] = ()  # elastic memory: container -> limit MiB (above its request)
+
+    def limit_of(self, container: str, mib: int) -> int:
+        """The container's limit MiB when it is above `mib` (the quota Allocate grants), else 0: not elastic."""
+        lim = dict(self.limits).get(container, 0)
+        return lim if lim > mib else 0
 
 
 _NEVER = datetime.min.replace(tzinfo=UTC)
@@ -65,8 +72,16 @@ def parse_reservation(pod: PodInfo) -> Reservation | None:
     r = contract.Reservation.parse(pod.annotations, f"pod {pod.namespace}/{pod.name}")
     if r is None:
         return None
+    where = f"pod {pod.namespace}/{pod.name}"
+    # The limits: the extender's record when it wrote one, else the users' annotation (an older extender)
+    try:
+        record = pod.annotations.get(ANN_LIMIT_RECORD)
+        limits = (parse_limit_record(record) if record is not None
+                  else pod_limits(dict(pod.annotations), dict(r.container_mib)))
+    except LimitAnnotationError as exc:
+        raise errors.ContractError(f"{where}: {exc}") from None
     return Reservation(pod_uid=pod.uid, namespace=pod.namespace, name=pod.name, gpu_uuid=r.gpu_uuid,
-                       containers=r.container_mib, assumed_at=r.assumed_at)
+                       containers=r.container_mib, assumed_at=r.assumed_at, limits=tuple(sorted(limits.items())))
 
 
 def group_by_gpu(ids: Iterable[str]) -> dict[int, list[int]]:

@@ -74,6 +74,14 @@ OPTIONS = [
            "mounted from into containers"),
     Option("--region-root", "MEMSLICE_REGION_ROOT", "/var/lib/memslice/regions",
            "host directory holding one region directory per container (mounted at /run/memslice/region)"),
+    Option("--elastic-dir", "MEMSLICE_ELASTIC_HOST_DIR", "",
+           "host directory of the node's elastic-memory boards (one per GPU, created at start-up; default: "
+           "'elastic' beside --region-root, i.e. /var/lib/memslice/elastic); mounted "
+           "read-write at /run/memslice/elastic in containers whose pod has a memslice.io/gpu-mem-limit above "
+           "its request"),
+    Option("--idle-after", "MEMSLICE_IDLE_AFTER_S", "300",
+           "elastic memory: seconds without a CUDA call after which a container's process is idle (its GPU "
+           "memory may move to host memory when a neighbour needs it); 0..604800"),
     Option("--preload", "MEMSLICE_PRELOAD", "file",
            "how containers load the shim: 'file' mounts an ld.so.preload at /etc/ld.so.preload (covers every "
            "process); 'env' sets LD_PRELOAD instead (for images with their own /etc/ld.so.preload)"),
@@ -135,6 +143,8 @@ class AgentConfig:
     plugins_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     kubelet_plugins_dir: Path = Path("/var/lib/kubelet/plugins")
     cdi_dir: Path = Path("/var/run/cdi")
+    elastic_dir: Path = Path("/var/lib/memslice/elastic")
+    idle_after_s: float = 300.0
 
 
 def _int(name: str, raw: str, lo: int, hi: int, what: str) -> int:
@@ -230,4 +240,13 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> A
         plugins_registry_dir=Path(get("plugins_registry_dir")),
         kubelet_plugins_dir=Path(get("kubelet_plugins_dir")),
         cdi_dir=Path(get("cdi_dir")),
+        elastic_dir=Path(get("elastic_dir") or Path(get("region_root")).parent / "elastic"),
+        idle_after_s=_idle(n("idle_after"), get("idle_after")),
     )
+
+
+def _idle(name: str, raw: str) -> float:
+    v = _float(name, raw, 0, "seconds")
+    if v > 604800:
+        raise ConfigError(f"{name}={raw!r} is not valid: use seconds (0..604800)")
+    return v

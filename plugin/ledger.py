@@ -36,6 +36,7 @@ class Allocation:
     pod: str = ""
     container: str = ""
     pod_uid: str = ""
+    limit_mib: int = 0  # elastic memory: the limit above `mib` (the request), 0 when not elastic
 
     def owner(self) -> str:
         return f"{self.namespace}/{self.pod}/{self.container}" if self.pod else "(pod not yet known)"

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from memslice.elastic import CONTAINER_ELASTIC_DIR
 from memslice.limits import CONTAINER_LIMITS, Limits
 from memslice.limits import write as write_limits
 from memslice.plugin.ledger import REGION_ID, Allocation
@@ -315,10 +316,27 @@ def dir_usage(path: Path, max_entries: int = 1024, max_depth: int = 8) -> DirUsa
     return DirUsage(entries, size, not budget.truncated)
 
 
+def prepare_elastic_dir(directory: Path, gpu_uuids: list[str]) -> None:
+    """The node's elastic directory (mounted read-write at CONTAINER_ELASTIC_DIR in elastic containers) with
+    one board per GPU created here, mode 0666 whatever the container's user, so tenants never create files:
+    the directory itself is 0755 (only the agent adds or replaces boards). The agent reads them only for metrics
+    (plugin/elastic_metrics.py, bounded reads)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    os.chmod(directory, 0o755)
+    for uuid in gpu_uuids:
+        board = directory / f"{uuid}.board"
+        fd = os.open(board, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        try:
+            os.fchmod(fd, 0o666)
+        finally:
+            os.close(fd)
+
+
 class RegionStore:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, idle_after_s: float = 300.0) -> None:
         self.root = root
         self.reaper = Reaper(root)
+        self.idle_after_s = idle_after_s  # elastic containers' idle_after (node-agent --idle-after)
 
     def prepare(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -335,10 +353,17 @@ class RegionStore:
         d.mkdir(exist_ok=True)
         # Any user of the container must be able to create the region file; only this container mounts it.
         os.chmod(d, 0o1777)
-        write_limits(self.limits_of(alloc.region_id),
-                     Limits(gpu_mem_bytes=alloc.mib << 20, region_dir=CONTAINER_REGION_DIR))
+        write_limits(self.limits_of(alloc.region_id), self.limits(alloc))
         self.save(alloc)
         return d
+
+    def limits(self, alloc: Allocation) -> Limits:
+        """The quota; elastic (the limit, the request guaranteed in HBM) when the limit is above the request."""
+        if alloc.limit_mib > alloc.mib:
+            return Limits(gpu_mem_bytes=alloc.limit_mib << 20, region_dir=CONTAINER_REGION_DIR,
+                          gpu_mem_request_bytes=alloc.mib << 20, elastic_dir=CONTAINER_ELASTIC_DIR,
+                          idle_after_s=self.idle_after_s)
+        return Limits(gpu_mem_bytes=alloc.mib << 20, region_dir=CONTAINER_REGION_DIR)
 
     def save(self, alloc: Allocation) -> None:
         _atomic_write(self.root / f"{alloc.region_id}.json", json.dumps(asdict(alloc)).encode(), 0o644)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from memslice.elastic import CONTAINER_ELASTIC_DIR
 from memslice.plugin.allocator import Target
 from memslice.plugin.regions import (
     CONTAINER_LIMITS_FILE,
@@ -31,9 +32,11 @@ class ResponseConfig:
     cdi_kind: str = "nvidia.com/gpu"
     sim_lib_dir: Path | None = None   # --simulate: host dir of the simulated libcuda/libnvidia-ml
     sim_state: Path | None = None     # --simulate: the node's simulator state file
+    elastic_host_dir: Path | None = None  # the node's elastic directory (--elastic-dir)
+    idle_after_s: float = 300.0           # --idle-after
 
 
-def container_response(target: Target, region_host_dir: Path, cfg: ResponseConfig
+def container_response(target: Target, region_host_dir: Path, cfg: ResponseConfig, limit_mib: int = 0
                        ) -> api_pb2.ContainerAllocateResponse:
     # The env states the quota for people and older shims; the shim enforces the read-only limits file
     # (RegionStore.create wrote it beside the region directory), which a process cannot change.
@@ -45,6 +48,13 @@ def container_response(target: Target, region_host_dir: Path, cfg: ResponseConfi
               api_pb2.Mount(container_path=CONTAINER_LIMITS_FILE,
                             host_path=str(region_host_dir.parent / f"{region_host_dir.name}.limits"),
                             read_only=True)]
+    if limit_mib > target.mib and cfg.elastic_host_dir is not None:
+        # Elastic memory: the limit is the quota, the request (what was scheduled) is guaranteed in HBM; the
+        # node's boards are shared by every elastic container of the node (docs/architecture.md)
+        envs.update(MEMSLICE_GPU_MEM_LIMIT=str(limit_mib), MEMSLICE_GPU_MEM_REQUEST=f"{target.mib}MiB",
+                    MEMSLICE_ELASTIC_DIR=CONTAINER_ELASTIC_DIR, MEMSLICE_IDLE_AFTER=f"{cfg.idle_after_s:g}")
+        mounts.append(api_pb2.Mount(container_path=CONTAINER_ELASTIC_DIR, host_path=str(cfg.elastic_host_dir),
+                                    read_only=False))
     if cfg.preload == "env":
         envs["LD_PRELOAD"] = CONTAINER_SHIM
     else:

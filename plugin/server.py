@@ -122,9 +122,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 log.error("Allocate failed: %s", msg)
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, msg)
             out.container_responses.append(
-                container_response(target, self.regions.dir_of(alloc.region_id), self.rcfg))
-            log.info("Allocate: %d MiB of GPU %d (%s) for %s, region %s", alloc.mib, alloc.gpu_index,
-                     alloc.gpu_uuid, alloc.owner(), alloc.region_id)
+                container_response(target, self.regions.dir_of(alloc.region_id), self.rcfg, alloc.limit_mib))
+            log.info("Allocate: %d MiB of GPU %d (%s) for %s, region %s%s", alloc.mib, alloc.gpu_index,
+                     alloc.gpu_uuid, alloc.owner(), alloc.region_id,
+                     f", elastic up to {alloc.limit_mib} MiB" if alloc.limit_mib else "")
         self.metrics.allocate_seconds.observe(time.perf_counter() - start)
         return out
 
@@ -143,7 +144,8 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             alloc = Allocation(region_id=rid, gpu_index=target.gpu.index, gpu_uuid=target.gpu.uuid,
                                device_ids=target.device_ids, mib=target.mib, created_at=time.time(),
                                namespace=r.namespace if r else "", pod=r.name if r else "",
-                               container=container, pod_uid=r.pod_uid if r else "")
+                               container=container, pod_uid=r.pod_uid if r else "",
+                               limit_mib=r.limit_of(container, target.mib) if r else 0)
         self.regions.create(alloc)
         with st.lock:
             st.ledger[rid] = alloc

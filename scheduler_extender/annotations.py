@@ -7,13 +7,19 @@ treated as absent; it never crashes the extender.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 from memslice.contract import Reservation
+from memslice.elastic import ANN_LIMIT_RECORD
 
 
-def reservation_annotations(gpu_uuid: str, container_mib: dict[str, int],
-                            assumed_at: float) -> dict[str, str]:
-    """The pod annotations of a bind at `assumed_at` (Unix seconds)."""
-    return Reservation(gpu_uuid, tuple(sorted(container_mib.items())),
-                       datetime.fromtimestamp(assumed_at, UTC)).format()
+def reservation_annotations(gpu_uuid: str, container_mib: dict[str, int], assumed_at: float,
+                            limits: dict[str, int] | None = None) -> dict[str, str]:
+    """The pod annotations of a bind at `assumed_at` (Unix seconds); with `limits` (containers whose elastic
+    limit is above their request), the limit record the node agent reads at Allocate."""
+    out = Reservation(gpu_uuid, tuple(sorted(container_mib.items())),
+                      datetime.fromtimestamp(assumed_at, UTC)).format()
+    if limits:
+        out[ANN_LIMIT_RECORD] = json.dumps(limits, sort_keys=True, separators=(",", ":"))
+    return out

@@ -40,6 +40,7 @@ import orjson
 
 from memslice import errors
 from memslice.contract import ANN_ASSUMED_AT, ANN_GPU_UUID, RESERVATION_ANNOTATIONS
+from memslice.elastic import ANN_LIMIT_RECORD as ANN_GPU_MEM_LIMIT_RECORD
 from memslice.scheduler_extender import decisions
 from memslice.scheduler_extender.annotations import reservation_annotations
 from memslice.scheduler_extender.podwrites import JSON_PATCH, PodWriter
@@ -234,9 +235,14 @@ class Binder:
                         else "is unknown to the extender"))
                 raise BindError("no_room", f"{where} no longer fits on node {args.node}: "
                                            f"{decisions.fit(view, need).reason}")
+            try:  # elastic memory: each limit checked against its request at the node's unit, nothing written
+                limits = request.limit_record(view.unit_mib)
+            except RequestError as exc:
+                self.state.release(uid, None)
+                raise BindError("bad_request", f"{where}: {exc}") from None
             self.state.hold(uid, Charge(gpu.uuid, args.node, need, 0, None))
         now = self.clock()
-        wanted = reservation_annotations(gpu.uuid, request.container_mib(view.unit_mib), now)
+        wanted = reservation_annotations(gpu.uuid, request.container_mib(view.unit_mib), now, limits)
         try:
             patched_rv = self._annotate(args, facts.rv, wanted)
         except BindError:
@@ -265,7 +271,9 @@ class Binder:
         from kubernetes.client.exceptions import ApiException
 
         for attempt in (1, 2):
-            body = {"metadata": {"resourceVersion": rv, "annotations": wanted}}
+            # a limit record of an earlier reservation of this pod must not outlive it (null deletes the key)
+            written: dict[str, str | None] = {ANN_GPU_MEM_LIMIT_RECORD: None, **wanted}
+            body = {"metadata": {"resourceVersion": rv, "annotations": written}}
             try:
                 return resource_version(self.writer.patch_namespaced_pod(args.pod_name, args.pod_namespace, body)[
                     "metadata"])
@@ -320,6 +328,7 @@ class Binder:
         ops: list[dict[str, Any]] = [{"op": "test", "path": prefix + _escape(ANN_ASSUMED_AT),
                                       "value": wanted[ANN_ASSUMED_AT]}]
         ops += [{"op": "remove", "path": prefix + _escape(k)} for k in RESERVATION_ANNOTATIONS]
+        ops += [{"op": "remove", "path": prefix + _escape(k)} for k in wanted if k not in RESERVATION_ANNOTATIONS]
         try:
             return resource_version(self.writer.patch_namespaced_pod(args.pod_name, args.pod_namespace, ops,
                                                                      JSON_PATCH)["metadata"])

@@ -21,6 +21,7 @@ from typing import Any
 
 from memslice import errors
 from memslice.contract import ANN_POLICY, POLICIES, RESOURCE
+from memslice.elastic import LimitAnnotationError, limit_mib
 
 MAX_DEVICES = 1 << 40  # per container; anything above is absurd (1 TiB devices of 1 MiB is an EiB)
 _QUANTITY = re.compile(r"^([+-]?)(\d{1,30}(?:\.\d{0,30})?|\.\d{1,30})"
@@ -74,6 +75,7 @@ class PodRequest:
 
     asks: tuple[ContainerAsk, ...]
     policy: str | None  # from the pod annotation; None = the extender's default
+    limits: tuple[tuple[str, int], ...] = ()  # elastic memory: container -> limit MiB (memslice.io/gpu-mem-limit)
     devices: int = dc_field(init=False)  # effective devices on the GPU (module docstring: init containers)
 
     def __post_init__(self) -> None:
@@ -84,6 +86,20 @@ class PodRequest:
 
     def container_mib(self, unit_mib: int) -> dict[str, int]:
         return {a.name: a.devices * unit_mib for a in self.asks}
+
+    def limit_record(self, unit_mib: int) -> dict[str, int]:
+        """Container -> limit MiB for the containers whose limit is above their request at this unit (what
+        bind records for the agent); RequestError naming the annotation when a limit is below the request."""
+        mib = self.container_mib(unit_mib)
+        out = {}
+        for name, lim in self.limits:
+            if lim < mib[name]:
+                raise RequestError(f"annotation memslice.io/gpu-mem-limit for container {name!r} is {lim} MiB, "
+                                   f"below its request of {mib[name]} MiB ({RESOURCE}); set a limit of at least "
+                                   f"the request, or remove it")
+            if lim > mib[name]:
+                out[name] = lim
+        return out
 
 
 def effective_total(amounts: Mapping[str, int], asks: tuple[ContainerAsk, ...]) -> int:
@@ -155,4 +171,12 @@ def pod_request(pod: Any) -> PodRequest | None:
     if policy is not None and policy not in POLICIES:
         raise RequestError(f"annotation {ANN_POLICY}={policy!r} is not a policy; use one of "
                            f"{', '.join(POLICIES)} (or remove it to use the extender's default)")
-    return PodRequest(tuple(asks), policy)
+    limits = []
+    for a in asks:
+        try:  # the syntax here (filter and bind); the limit against the request at bind (it needs the unit)
+            lim = limit_mib(annotations, a.name, 0) if isinstance(annotations, dict) else None
+        except LimitAnnotationError as exc:
+            raise RequestError(str(exc)) from None
+        if lim is not None:
+            limits.append((a.name, lim))
+    return PodRequest(tuple(asks), policy, tuple(limits))

@@ -79,7 +79,7 @@ for p in held:
 class GpuNode:
     """A node agent process on a simulated node, next to its kubelet stand-in."""
 
-    def __init__(self, root: Path, name: str, gpus: str, kubeconfig: str) -> None:
+    def __init__(self, root: Path, name: str, gpus: str, kubeconfig: str, extra: tuple[str, ...] = ()) -> None:
         self.name, self.gpus = name, gpus
         self.dir = root / name
         self.dir.mkdir()
@@ -94,7 +94,7 @@ class GpuNode:
                "--device-plugin-dir", str(self.dir / "dp"), "--pod-resources-socket",
                str(self.dir / "pr" / "kubelet.sock"), "--region-root", str(self.dir / "regions"),
                "--shim-host-dir", str(self.dir / "lib"), "--metrics-address", "127.0.0.1", "--metrics-port",
-               "0", "--reconcile-interval-s", "0.5", "--node-name", name, "--kubeconfig", kubeconfig]
+               "0", "--reconcile-interval-s", "0.5", "--node-name", name, "--kubeconfig", kubeconfig, *extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         self.output = ChildLog(self.proc, self.log_path)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from memslice.elastic import LimitAnnotationError, limit_mib
+from memslice.elastic import LimitAnnotationError, limit_mib, parse_limit_record, pod_limits
 
 
 def test_absent_means_not_elastic():
@@ -34,3 +34,22 @@ def test_bad_values_are_refused_naming_the_annotation(value, message):
         limit_mib({"memslice.io/gpu-mem-limit.nb": value}, "nb", 2048)
     assert message in str(err.value) and "memslice.io/gpu-mem-limit.nb" in str(err.value)
     assert len(str(err.value)) < 300
+
+
+def test_pod_limits_keeps_only_limits_above_the_request():
+    ann = {"memslice.io/gpu-mem-limit": "1024", "memslice.io/gpu-mem-limit.lab": "8192"}
+    assert pod_limits(ann, {"lab": 2048, "side": 1024, "small": 256}) == {"lab": 8192, "small": 1024}
+    with pytest.raises(LimitAnnotationError, match="below the container 'side'"):
+        pod_limits(ann, {"side": 2048})
+
+
+@pytest.mark.parametrize("raw", ['{"lab": 0}', '{"lab": "8192"}', '{"lab": true}', "[8192]", "{", '{"lab": 1e3}',
+                                 '{"lab": 2000000}', '{"a": 1, "pad": "' + "x" * 5000 + '"}'])
+def test_the_extenders_limit_record_is_validated(raw):
+    with pytest.raises(LimitAnnotationError, match="memslice.io/gpu-mem-limit-mib=") as exc:
+        parse_limit_record(raw)
+    assert len(str(exc.value)) < 300
+
+
+def test_the_extenders_limit_record_is_read():
+    assert parse_limit_record('{"lab":8192,"side":512}') == {"lab": 8192, "side": 512}

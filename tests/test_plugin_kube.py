@@ -200,3 +200,61 @@ def test_inventory_publication_is_retried_after_api_errors(cluster):
     published(api, agent)
     agent.wait_log("published after 2 failed attempts", "the agent's log line")
     assert "publishing the node inventory failed (attempt 1): 503" in agent.log()
+
+
+def test_allocate_makes_elastic_containers_from_the_limit_in_the_reservation(cluster):
+    """A reservation with a limit above the request: Allocate writes the limit as the quota and the request as
+    the guaranteed part in the read-only limits file, mounts the node's elastic directory (boards made by the
+    agent, writable by any container user), and sets the same in the env; other containers are unchanged."""
+    api, kubelet, make = cluster
+    agent = make(("--idle-after", "7.5"), unit_mib=4)
+    gpus, _ = published(api, agent)
+    uuid = gpus[0]["uuid"]
+    edir = agent.region_root.parent / "elastic"
+    assert sorted(p.name for p in edir.iterdir()) == sorted(f"{g['uuid']}.board" for g in gpus)
+    assert all((p.stat().st_mode & 0o777) == 0o666 for p in edir.iterdir()) and (edir.stat().st_mode & 0o777) == 0o755
+    nb = pod("nb", uuid, {"lab": 512, "side": 256})
+    nb["metadata"]["annotations"]["memslice.io/gpu-mem-limit-mib"] = json.dumps({"lab": 2560})
+    api.put(nb)
+    # an older extender wrote no record: the users' annotation is read (per container wins over pod-wide)
+    old = pod("old", uuid, {"main": 512})
+    old["metadata"]["annotations"].update({"memslice.io/gpu-mem-limit": "4096",
+                                           "memslice.io/gpu-mem-limit.main": "1024"})
+    api.put(old)
+    agent.wait_log("default/nb: the extender reserved GPU", "the pod watch")
+    agent.wait_log("default/old: the extender reserved GPU", "the pod watch")
+    kubelet.wait_registered(RESOURCE)
+    resp = kubelet.admit(uid_of(api, "nb"), "default", "nb", [("lab", 128), ("side", 64)], RESOURCE)
+    lab, side = resp["lab"], resp["side"]
+    assert lab.envs["MEMSLICE_GPU_MEM_LIMIT"] == "2560" and lab.envs["MEMSLICE_GPU_MEM_REQUEST"] == "512MiB"
+    assert lab.envs["MEMSLICE_ELASTIC_DIR"] == "/run/memslice/elastic" and lab.envs["MEMSLICE_IDLE_AFTER"] == "7.5"
+    mounts = {m.container_path: m for m in lab.mounts}
+    assert mounts["/run/memslice/elastic"].host_path == str(edir) and not mounts["/run/memslice/elastic"].read_only
+    limits = Path(mounts["/run/memslice/limits"].host_path).read_text().splitlines()
+    assert {"gpu_mem_limit=2560MiB", "gpu_mem_request=512MiB", "elastic_dir=/run/memslice/elastic",
+            "idle_after=7.5"} <= set(limits)
+    # the container without a limit: a plain quota, no elastic directory
+    assert side.envs["MEMSLICE_GPU_MEM_LIMIT"] == "256" and "MEMSLICE_GPU_MEM_REQUEST" not in side.envs
+    assert "/run/memslice/elastic" not in {m.container_path for m in side.mounts}
+    side_limits = Path({m.container_path: m for m in side.mounts}["/run/memslice/limits"].host_path).read_text()
+    assert "gpu_mem_limit=256MiB" in side_limits and "gpu_mem_request" not in side_limits
+    main = kubelet.admit(uid_of(api, "old"), "default", "old", [("main", 128)], RESOURCE)["main"]
+    assert main.envs["MEMSLICE_GPU_MEM_LIMIT"] == "1024" and main.envs["MEMSLICE_GPU_MEM_REQUEST"] == "512MiB"
+    # the region record keeps the limit (an agent restart rewrites the same limits file)
+    records = {r["container"]: r for r in (json.loads(p.read_text()) for p in agent.region_root.glob("*.json"))}
+    assert records["lab"]["limit_mib"] == 2560 and records["side"]["limit_mib"] == 0
+
+
+def test_a_bad_limit_annotation_is_reported_and_the_container_is_not_elastic(cluster):
+    api, kubelet, make = cluster
+    agent = make(unit_mib=4)
+    gpus, _ = published(api, agent)
+    bad = pod("bad", gpus[0]["uuid"], {"main": 512})
+    bad["metadata"]["annotations"]["memslice.io/gpu-mem-limit"] = "lots"
+    api.put(bad)
+    agent.wait_log("default/bad: the extender reserved GPU", "the pod watch")
+    kubelet.wait_registered(RESOURCE)
+    main = kubelet.admit(uid_of(api, "bad"), "default", "bad", [("main", 128)], RESOURCE)["main"]
+    agent.wait_log("pod default/bad: annotation memslice.io/gpu-mem-limit='lots' is not a whole number of MiB",
+                   "the agent to report the bad annotation")
+    assert main.envs["MEMSLICE_GPU_MEM_LIMIT"] == "512" and "MEMSLICE_GPU_MEM_REQUEST" not in main.envs

@@ -8,6 +8,7 @@ everything read here is bounded and validated; the file is read with one bounded
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import struct
 from dataclasses import dataclass
@@ -112,3 +113,36 @@ def limit_mib(annotations: dict[str, str], container: str, request_mib: int) -> 
         raise LimitAnnotationError(f"annotation {key}={mib} is below the container {container!r}'s request of "
                                    f"{request_mib} MiB (memslice.io/gpu-mem); the limit must be at least the request")
     return mib
+
+
+# The extender's record of the limits at bind, next to `memslice.io/gpu-mem-mib`: a JSON object of container
+# name to limit MiB, only for containers whose limit is above their request. The agent reads it from the
+# reservation (it does not parse users' annotations again when the record is there).
+ANN_LIMIT_RECORD = "memslice.io/gpu-mem-limit-mib"
+CONTAINER_ELASTIC_DIR = "/run/memslice/elastic"  # where Allocate mounts the node's elastic directory
+
+
+def pod_limits(annotations: dict[str, str], request_mib: dict[str, int]) -> dict[str, int]:
+    """Container -> limit MiB for the containers whose limit is above their request (pure; raises
+    LimitAnnotationError as `limit_mib` does). Empty: nothing elastic."""
+    out = {}
+    for container, mib in sorted(request_mib.items()):
+        lim = limit_mib(annotations, container, mib)
+        if lim is not None and lim > mib:
+            out[container] = lim
+    return out
+
+
+def parse_limit_record(raw: str) -> dict[str, int]:
+    """The extender's ANN_LIMIT_RECORD value; LimitAnnotationError naming it when it is not a JSON object of
+    container name to MiB in 1..MAX_LIMIT_MIB (bounded: at most 4096 characters)."""
+    try:
+        value = json.loads(raw) if len(raw) <= 4096 else None
+    except ValueError:
+        value = None
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and type(v) is int and 0 < v <= MAX_LIMIT_MIB for k, v in value.items()):
+        raise LimitAnnotationError(f"annotation {ANN_LIMIT_RECORD}={raw[:64]!r} is not a JSON object of container "
+                                   f"name to MiB (e.g. {{\"main\": 8192}}); the extender writes it at bind: "
+                                   f"delete the pod so it is scheduled again")
+    return dict(value)

@@ -1,0 +1,129 @@
+"""Elastic memory end to end (issue 13) on the whole Kubernetes path: the API stand-in, the real extender over
+HTTP, the real node agent on a simulated 4 GiB GPU with the kubelet stand-in, and the containers' processes
+under the real shim with the environment Allocate gave them. Two notebooks whose limits add up to more than
+the GPU are both scheduled (by request) and admitted; the idle one's memory moves to host memory so that the
+other gets its burst in HBM; a bad limit annotation is an error and writes nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kube_standin import KubeApiStandin
+from prometheus_client.parser import text_string_to_metric_families
+from test_e2e_cluster import RESOURCE, UNIT, GpuNode
+from test_elastic_swap import Tenant, board_state, wait_for
+from test_elastic_swap import tenant_bin as tenant_bin  # the fixture, shared
+from test_extender_support import Cluster, pod_obj
+
+from memslice.interposer.region import read_region_file
+from memslice.paths import lib_paths
+
+MiB = 1 << 20
+NODE = "gpu-e"
+
+
+@pytest.fixture
+def world() -> Iterator[tuple[Cluster, GpuNode]]:
+    lib_paths()
+    root = Path(tempfile.mkdtemp(prefix="ms-e2e-", dir="/tmp"))  # short: Unix socket paths
+    kube = KubeApiStandin().start()
+    kubeconfig = kube.kubeconfig(str(root / "kubeconfig"))
+    cluster = Cluster(kube)
+    node = None
+    try:
+        kube.put({"kind": "Node", "apiVersion": "v1", "metadata": {"name": NODE}})
+        node = GpuNode(root, NODE, "4GiB", kubeconfig, extra=("--idle-after", "0.3"))
+        cluster.start()
+        node.kubelet.wait_registered(RESOURCE, timeout=30)
+        assert cluster.state.wait_for(lambda st: node.alive() and (v := st.view(NODE)) is not None and v.gpus, 30), \
+            "the node agent's inventory never reached the extender"
+        yield cluster, node
+    finally:
+        cluster.stop()
+        if node is not None:
+            node.stop()
+        kube.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def usage(resp) -> dict[int, tuple[int, int]]:
+    """pid -> (device MiB, host MiB) physically held by the container's processes (the simulator's ledger in
+    the container's region directory)."""
+    region = {m.container_path: m.host_path for m in resp.mounts}["/run/memslice/region"]
+    snap = read_region_file(str(Path(region) / "sim.usage"))
+    assert snap is not None
+    return {p.pid: (p.device_bytes // MiB, p.host_bytes // MiB) for p in snap.processes if p.alive}
+
+
+def notebook(cluster: Cluster, node: GpuNode, name: str, limit_mib: int):
+    """Schedule a pod asking 512 MiB with this limit, admit it on the node: its Allocate answer."""
+    ann = {"memslice.io/gpu-mem-limit": str(limit_mib)}
+    pod = cluster.add_pod(pod_obj(name, {"lab": 512 // UNIT}, annotations=ann))
+    assert cluster.c.filter(pod, [NODE])["NodeNames"] == [NODE]
+    assert cluster.c.bind(pod, NODE) == ""
+    ann = cluster.kube.get("Pod", "default", name)["metadata"]["annotations"]
+    assert json.loads(ann["memslice.io/gpu-mem-limit-mib"]) == {"lab": limit_mib}
+    node.wait_log(f"pod default/{name}: the extender reserved GPU", f"the node agent to see {name}'s reservation")
+    resp = node.kubelet.admit(pod["metadata"]["uid"], "default", name, [("lab", 512 // UNIT)], RESOURCE)["lab"]
+    assert resp.envs["MEMSLICE_GPU_MEM_LIMIT"] == str(limit_mib) and resp.envs["MEMSLICE_GPU_MEM_REQUEST"] == "512MiB"
+    return resp
+
+
+def scrape(node: GpuNode, name: str, uuid: str) -> float | None:
+    """One sample of the node agent's /metrics (real HTTP, parsed by prometheus_client)."""
+    port = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/", node.log())
+    assert port, node.log()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port.group(1)}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return next((s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+                 if s.name == name and s.labels.get("uuid") == uuid), None)
+
+
+def test_two_elastic_notebooks_share_a_gpu_their_limits_exceed(world, tenant_bin) -> None:
+    cluster, node = world
+    a_resp = notebook(cluster, node, "a", 2560)
+    b_resp = notebook(cluster, node, "b", 2048)  # 2560 + 2048 MiB of limits on a 4096 MiB GPU: both admitted
+    assert cluster.state.view(NODE).gpus[0].used_mib == 1024  # only the requests are charged
+    edir = Path({m.container_path: m.host_path for m in a_resp.mounts}["/run/memslice/elastic"])
+    extra = {"MEMSLICE_CONTEXT_RESERVE": "0", "MEMSLICE_YIELD_WAIT": "60"}  # the pod spec's env
+    tenants: list[Tenant] = []
+    try:
+        a = Tenant(tenant_bin, {**node.container_env(a_resp), **extra})
+        tenants.append(a)
+        assert a.cmd("alloc 2048 64") == "allocated 32"  # beyond its request, up to its limit
+        ptrs = a.cmd("ptrs")
+        wait_for(lambda: board_state(edir, a.proc.pid) == "idle", "A idle on the node's board")
+        b = Tenant(tenant_bin, {**node.container_env(b_resp), **extra})
+        tenants.append(b)
+        assert b.cmd("alloc 1792 64") == "allocated 28"
+        assert usage(b_resp)[b.proc.pid] == (300 + 1792, 0), "B's memory is all in HBM"
+        assert usage(a_resp)[a.proc.pid] == (300, 2048), "A's bytes are in host memory, its context in HBM"
+        # the agent's metrics show it, from the node's board (A's 2048 MiB in host memory, moved out)
+        uuid = a_resp.envs["NVIDIA_VISIBLE_DEVICES"]
+        wait_for(lambda: scrape(node, "memslice_gpu_elastic_swapped_mib", uuid) == 2048
+                 and scrape(node, "memslice_gpu_elastic_swap_outs_total", uuid) >= 1, "the swap in the metrics")
+        assert scrape(node, "memslice_gpu_elastic_resident_mib", uuid) >= 1792
+        assert b.cmd("check") == f"check ok {1792 * MiB}"
+        assert a.cmd("check") == f"check ok {2048 * MiB}" and a.cmd("ptrs") == ptrs
+    finally:
+        for t in tenants:
+            t.close()
+
+
+def test_a_bad_limit_annotation_is_an_error_and_nothing_is_written(world) -> None:
+    cluster, node = world
+    ann = {"memslice.io/gpu-mem-limit.lab": "2.5Gi"}
+    pod = cluster.add_pod(pod_obj("bad", {"lab": 512 // UNIT}, annotations=ann))
+    result = cluster.c.filter(pod, [NODE])
+    assert "annotation memslice.io/gpu-mem-limit.lab='2.5Gi' is not a whole number of MiB" in result["Error"]
+    assert "memslice.io/gpu-mem-limit.lab" in cluster.c.bind(pod, NODE)
+    stored = cluster.kube.get("Pod", "default", "bad")
+    assert stored["metadata"]["annotations"] == ann and not stored["spec"].get("nodeName")
+    assert cluster.state.view(NODE).gpus[0].used_mib == 0
