@@ -57,6 +57,7 @@ class Reservation:
     containers: tuple[tuple[str, int], ...]
     assumed_at: datetime | None  # None: the annotation is absent (sorted as the oldest)
     limits: tuple[tuple[str, int], ...] = ()  # elastic memory: container -> limit MiB (above its request)
+    spill: int | None = None  # oversubscription of the pod's containers (contract.parse_oversubscribe)
 
     def limit_of(self, container: str, mib: int) -> int:
         """The container's limit MiB when it is above `mib` (the quota Allocate grants), else 0: not elastic."""
@@ -80,8 +81,10 @@ def parse_reservation(pod: PodInfo) -> Reservation | None:
                   else pod_limits(dict(pod.annotations), dict(r.container_mib)))
     except LimitAnnotationError as exc:
         raise errors.ContractError(f"{where}: {exc}") from None
+    spill = contract.parse_oversubscribe(pod.annotations, where)
     return Reservation(pod_uid=pod.uid, namespace=pod.namespace, name=pod.name, gpu_uuid=r.gpu_uuid,
-                       containers=r.container_mib, assumed_at=r.assumed_at, limits=tuple(sorted(limits.items())))
+                       containers=r.container_mib, assumed_at=r.assumed_at, limits=tuple(sorted(limits.items())),
+                       spill=spill)
 
 
 def group_by_gpu(ids: Iterable[str]) -> dict[int, list[int]]:

@@ -37,6 +37,7 @@ class Allocation:
     container: str = ""
     pod_uid: str = ""
     limit_mib: int = 0  # elastic memory: the limit above `mib` (the request), 0 when not elastic
+    spill: int | None = None  # oversubscription (contract.parse_oversubscribe): None off, -1 no cap, or bytes
 
     def owner(self) -> str:
         return f"{self.namespace}/{self.pod}/{self.container}" if self.pod else "(pod not yet known)"

@@ -358,12 +358,17 @@ class RegionStore:
         return d
 
     def limits(self, alloc: Allocation) -> Limits:
-        """The quota; elastic (the limit, the request guaranteed in HBM) when the limit is above the request."""
+        """The quota; elastic (the limit, the request guaranteed in HBM) when the limit is above the request;
+        oversubscription always stated (off unless the pod's annotation asked), so no process turns it on or
+        raises its cap through its environment."""
+        over = alloc.spill is not None
+        cap = alloc.spill if alloc.spill is not None and alloc.spill >= 0 else None
         if alloc.limit_mib > alloc.mib:
             return Limits(gpu_mem_bytes=alloc.limit_mib << 20, region_dir=CONTAINER_REGION_DIR,
                           gpu_mem_request_bytes=alloc.mib << 20, elastic_dir=CONTAINER_ELASTIC_DIR,
-                          idle_after_s=self.idle_after_s)
-        return Limits(gpu_mem_bytes=alloc.mib << 20, region_dir=CONTAINER_REGION_DIR)
+                          idle_after_s=self.idle_after_s, oversubscribe=over, host_spill_limit_bytes=cap)
+        return Limits(gpu_mem_bytes=alloc.mib << 20, region_dir=CONTAINER_REGION_DIR, oversubscribe=over,
+                      host_spill_limit_bytes=cap)
 
     def save(self, alloc: Allocation) -> None:
         _atomic_write(self.root / f"{alloc.region_id}.json", json.dumps(asdict(alloc)).encode(), 0o644)

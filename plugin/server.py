@@ -145,7 +145,8 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                                device_ids=target.device_ids, mib=target.mib, created_at=time.time(),
                                namespace=r.namespace if r else "", pod=r.name if r else "",
                                container=container, pod_uid=r.pod_uid if r else "",
-                               limit_mib=r.limit_of(container, target.mib) if r else 0)
+                               limit_mib=r.limit_of(container, target.mib) if r else 0,
+                               spill=r.spill if r else None)
         self.regions.create(alloc)
         with st.lock:
             st.ledger[rid] = alloc

@@ -18,7 +18,8 @@ from test_deploy_render import (
     render,
 )
 
-from memslice.sizes import MiB, parse_size
+from memslice import contract
+from memslice.sizes import MiB
 
 EXAMPLES = DEPLOY / "examples"
 KUBE_EXAMPLES = ("notebook.yaml", "notebook-oversubscribed.yaml", "training-job.yaml")
@@ -85,10 +86,13 @@ def test_oversubscribed_notebook_leaves_room_for_the_spill() -> None:
     """Spilled GPU memory is pinned host memory of the container, and the shim keeps a margin of the memory
     cgroup free (docs/architecture.md, "Oversubscription"): the limit must hold what the notebook itself
     needs + the spill limit + the margin, or allocations fail before the spill limit is reached."""
-    (c,) = pod_spec(example("notebook-oversubscribed.yaml"))["containers"]  # type: ignore[index]
-    env = {e["name"]: e["value"] for e in c["env"]}
-    assert env["MEMSLICE_OVERSUBSCRIBE"] == "1"
-    spill = parse_size(env["MEMSLICE_HOST_SPILL_LIMIT"], what="MEMSLICE_HOST_SPILL_LIMIT")
+    obj = example("notebook-oversubscribed.yaml")
+    (c,) = pod_spec(obj)["containers"]  # type: ignore[index]
+    env = {e["name"]: e["value"] for e in c.get("env", [])}
+    assert not any(k.startswith("MEMSLICE_") for k in env), "in a pod the limits file, not the env, decides"
+    raw = obj["metadata"]["annotations"]["memslice.io/oversubscribe"]  # type: ignore[index]
+    spill = contract.parse_oversubscribe({"memslice.io/oversubscribe": raw}, "example")
+    assert spill is not None and spill > 0
     limit = int(parse_quantity(c["resources"]["limits"]["memory"]))
     request = int(parse_quantity(c["resources"]["requests"]["memory"]))
     assert request == limit, "the spill is pinned host memory: reserve it, do not overcommit it"

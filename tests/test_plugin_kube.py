@@ -258,3 +258,39 @@ def test_a_bad_limit_annotation_is_reported_and_the_container_is_not_elastic(clu
     agent.wait_log("pod default/bad: annotation memslice.io/gpu-mem-limit='lots' is not a whole number of MiB",
                    "the agent to report the bad annotation")
     assert main.envs["MEMSLICE_GPU_MEM_LIMIT"] == "512" and "MEMSLICE_GPU_MEM_REQUEST" not in main.envs
+
+
+def test_oversubscription_comes_from_the_pod_annotation_into_the_limits_file(cluster):
+    """Spilling is the pod's choice (memslice.io/oversubscribe), written into the read-only limits file; a pod
+    that did not ask gets oversubscribe=0 there, so no process of it can turn spilling on by its environment.
+    A bad value is reported and the container is held to its plain quota without spilling."""
+    api, kubelet, make = cluster
+    agent = make(unit_mib=4)
+    gpus, _ = published(api, agent)
+    uuid = gpus[0]["uuid"]
+    asks = pod("asks", uuid, {"main": 512})
+    asks["metadata"]["annotations"]["memslice.io/oversubscribe"] = "2GiB"
+    nocap = pod("nocap", uuid, {"main": 256})
+    nocap["metadata"]["annotations"]["memslice.io/oversubscribe"] = "true"
+    plain = pod("plain", uuid, {"main": 128})
+    bad = pod("bad", uuid, {"main": 64})
+    bad["metadata"]["annotations"]["memslice.io/oversubscribe"] = "lots"
+    for p in (asks, nocap, plain, bad):
+        api.put(p)
+        agent.wait_log(f"default/{p['metadata']['name']}: the extender reserved GPU", "the pod watch")
+    kubelet.wait_registered(RESOURCE)
+
+    def limits_of(name: str, devices: int) -> set[str]:
+        resp = kubelet.admit(uid_of(api, name), "default", name, [("main", devices)], RESOURCE)["main"]
+        mount = {m.container_path: m for m in resp.mounts}["/run/memslice/limits"]
+        assert mount.read_only
+        return set(Path(mount.host_path).read_text().splitlines())
+
+    assert {"gpu_mem_limit=512MiB", "oversubscribe=1", "host_spill_limit=2048MiB"} <= limits_of("asks", 128)
+    got = limits_of("nocap", 64)
+    assert "oversubscribe=1" in got and not any(x.startswith("host_spill_limit") for x in got)
+    got = limits_of("plain", 32)
+    assert "oversubscribe=0" in got and not any(x.startswith("host_spill_limit") for x in got)
+    got = limits_of("bad", 16)
+    assert "oversubscribe=0" in got and "gpu_mem_limit=64MiB" in got
+    agent.wait_log("annotation memslice.io/oversubscribe='lots' is not a valid size", "the bad annotation reported")

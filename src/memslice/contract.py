@@ -39,6 +39,11 @@ RESERVATION_ANNOTATIONS: Final = (ANN_GPU_UUID, ANN_GPU_MEM, ANN_ASSUMED_AT)
 # pod annotation, set by users
 ANN_POLICY: Final = "memslice.io/policy"
 POLICIES: Final = ("binpack", "spread")
+# Oversubscription (spilling past the quota to host memory): "true" (no cap beyond the cgroup margin), a size
+# (the spill cap, e.g. "8GiB"), or "false"/absent (nothing spills). The node agent reads it from the pod whose
+# reservation it matched and writes it into the container's read-only limits file, so a process cannot turn
+# spilling on or raise its cap through its environment.
+ANN_OVERSUBSCRIBE: Final = "memslice.io/oversubscribe"
 
 # pod phases after which a pod holds nothing
 TERMINAL_PHASES: Final = ("Succeeded", "Failed")
@@ -248,3 +253,29 @@ def format_time(at: datetime) -> str:
     if at.tzinfo is None:
         at = at.replace(tzinfo=UTC)
     return at.astimezone(UTC).isoformat(timespec="microseconds")[:-6] + "Z"
+
+
+# ------------------------------------------------------------------------------------------ oversubscription
+
+NO_SPILL_CAP: Final = -1  # parse_oversubscribe: spilling on, bounded only by the cgroup margin
+
+
+def parse_oversubscribe(annotations: Mapping[str, Any], where: str) -> int | None:
+    """The pod's oversubscription wish: None (off: nothing spills), NO_SPILL_CAP (on, no cap) or the spill cap
+    in bytes (> 0). errors.ContractError naming the annotation, the value and the valid forms otherwise."""
+    from memslice.sizes import SizeError, parse_size
+
+    raw = annotations.get(ANN_OVERSUBSCRIBE)
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or len(raw) > 64:
+        raise errors.ContractError(f"{where}: annotation {ANN_OVERSUBSCRIBE} is not a short string")
+    text = raw.strip().lower()
+    if text in ("false", "0", ""):
+        return None
+    if text == "true":
+        return NO_SPILL_CAP
+    try:
+        return parse_size(raw.strip(), what=f"{where}: annotation {ANN_OVERSUBSCRIBE}")
+    except SizeError as exc:
+        raise errors.ContractError(f"{exc}, or \"true\" / \"false\"") from None
