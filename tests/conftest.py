@@ -12,7 +12,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -168,3 +168,23 @@ class ChildLog:
                 self._cond.wait(left)
 
 
+
+
+def proc_lookup(lib: Any) -> tuple[Callable[..., tuple[int, int | None, int]], Callable[[str], int]]:
+    """(look, addr) for a loaded libcuda: look(name, cudaVersion, flags) is cuGetProcAddress_v2's
+    (rc, address or None, symbolStatus); addr(name) the address of the library's exported `name`."""
+    import ctypes
+
+    gp = lib.cuGetProcAddress_v2
+    gp.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_ulonglong,
+                   ctypes.POINTER(ctypes.c_int)]
+    fn, st = ctypes.c_void_p(), ctypes.c_int(-1)
+
+    def look(name: bytes, ver: int, flags: int = 0) -> tuple[int, int | None, int]:
+        rc = gp(name, ctypes.byref(fn), ver, flags, ctypes.byref(st))
+        return rc, fn.value, st.value
+
+    def addr(name: str) -> int:
+        return int(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0)
+
+    return look, addr

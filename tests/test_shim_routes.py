@@ -73,8 +73,8 @@ def test_procaddr_follows_driver_rules_and_returns_exact_variants(node, cbin, tm
     assert "lookup cuCtxCreate@12050/0 rc=0 status=0 lib=libmemslice.so sym=cuCtxCreate_v4" in text
     # copies pass the elastic work gate: the exact per-thread-stream variant's wrapper
     assert "lookup cuMemcpy@7000/2 rc=0 status=0 lib=libmemslice.so sym=cuMemcpy_ptds" in text
-    # functions the shim does not wrap come straight from the driver
-    assert "exporttable lib=libcuda.so.1" in text
+    # functions the shim does not wrap come straight from the driver, in the exact variant asked for
+    assert "lookup cuStreamQuery@7000/2 rc=0 status=0 lib=libcuda.so.1 sym=cuStreamQuery_ptsz" in text
 
 
 CUDA_BINDINGS = """

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import proc_lookup
 
 GEN = pathlib.Path(__file__).resolve().parents[1] / "interposer" / "sim" / "gen_exports.py"
 
@@ -73,17 +74,7 @@ def test_unmodelled_functions_answer_not_supported(libs, node, monkeypatch):
     nvml = ctypes.CDLL(str(pathlib.Path(libs.sim_cuda).with_name("libnvidia-ml.so.1")))
     assert nvml.nvmlDeviceGetVgpuMetadata(None, None, None) == 3  # NVML_ERROR_NOT_SUPPORTED
 
-    gp = cuda.cuGetProcAddress_v2
-    gp.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_ulonglong,
-                   ctypes.POINTER(ctypes.c_int)]
-    fn, st = ctypes.c_void_p(), ctypes.c_int(-1)
-
-    def look(name: bytes, ver: int, flags: int = 0) -> tuple[int, int | None, int]:
-        rc = gp(name, ctypes.byref(fn), ver, flags, ctypes.byref(st))
-        return rc, fn.value, st.value
-
-    def addr(name: str) -> int:
-        return ctypes.cast(getattr(cuda, name), ctypes.c_void_p).value
+    look, addr = proc_lookup(cuda)
 
     # names the hand-written table does not list come from the generated one, with the right ABI variant
     assert look(b"cuGraphCreate", 13000) == (0, addr("cuGraphCreate"), 0)

@@ -7,7 +7,7 @@ import ctypes
 import subprocess
 import sys
 
-from conftest import run
+from conftest import proc_lookup, run
 
 PYNVML = """
 import pynvml as n
@@ -104,18 +104,7 @@ def test_getprocaddress_rules_without_the_shim(libs, node, monkeypatch):
     n = node()
     for k, v in n.env.items():
         monkeypatch.setenv(k, v)
-    lib = ctypes.CDLL(libs.sim_cuda)
-    gp = lib.cuGetProcAddress_v2
-    gp.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_ulonglong,
-                   ctypes.POINTER(ctypes.c_int)]
-    fn, st = ctypes.c_void_p(), ctypes.c_int(-1)
-
-    def look(name: bytes, ver: int, flags: int = 0) -> tuple[int, int | None, int]:
-        rc = gp(name, ctypes.byref(fn), ver, flags, ctypes.byref(st))
-        return rc, fn.value, st.value
-
-    def addr(name: str) -> int:
-        return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+    look, addr = proc_lookup(ctypes.CDLL(libs.sim_cuda))
 
     assert look(b"cuMemAlloc", 3020) == (0, addr("cuMemAlloc_v2"), 0)
     assert look(b"cuMemAlloc", 2000) == (0, addr("cuMemAlloc"), 0)

@@ -72,6 +72,7 @@ static void procaddr_lookups(const char *route) {
     get(route, "cuCtxCreate", NULL, 3020, 0);
     get(route, "cuCtxCreate", NULL, 12050, 0);
     get(route, "cuMemcpy", NULL, 7000, 2);
+    get(route, "cuStreamQuery", NULL, 7000, 2); /* not wrapped: the driver's own per-thread variant */
 }
 
 /* cuInit, device 0, its primary context made current, all found through the route. 0 on success. */
