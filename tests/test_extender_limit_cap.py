@@ -191,3 +191,25 @@ def test_a_ratio_below_one_is_refused_by_the_extender_itself():
     with pytest.raises(ValueError, match="--max-limit-ratio=0.5 is below 1"):
         with running_cluster(Config(address="127.0.0.1", port=0, max_limit_ratio=Fraction(1, 2))) as cl:
             cl.start()
+
+
+def test_preempt_keeps_a_node_only_when_the_victims_free_the_limit_headroom():
+    with capped("1.5", node_obj("n", [4096])) as cl:
+        pods = {}
+        for name, request, limit in (("big", 512, 4096), ("mid", 512, 1536), ("plain", 512, None)):
+            pods[name] = cl.add_pod(elastic(name, request, limit))
+            assert cl.c.bind(pods[name], "n") == ""
+        cl.caught_up()
+        cl.wait_used("n", [1536])  # limits 4096 + 1536 + 512 = 6144: the cap is full, 2560 MiB free
+        nb = cl.add_pod(elastic("nb", 512, 2048))
+
+        def preempt(*victims: str) -> dict:
+            meta = {"Pods": [{"UID": pods[v]["metadata"]["uid"]} for v in victims], "NumPDBViolations": 0}
+            status, body = cl.c.post("preempt", {"Pod": nb, "NodeNameToMetaVictims": {"n": meta}})
+            assert status == 200, body
+            return body["NodeNameToMetaVictims"]
+
+        assert preempt("plain") == {}  # frees 512 MiB of limits: 4096 + 1536 + 2048 > 6144
+        assert preempt("mid") == {}  # frees 1536: 4096 + 512 + 2048 = 6656 > 6144
+        assert list(preempt("mid", "plain")) == ["n"]  # 4096 + 2048 = 6144
+        assert list(preempt("big")) == ["n"]
