@@ -82,7 +82,7 @@ def fit(view: NodeView, need_mib: int, limit: LimitNeed | None = None) -> Fit:
     """Can a pod needing `need_mib` MiB on one GPU be placed on this node now (within the limit cap when
     `limit` is given)?"""
     if limit is not None and _capped(view, need_mib, limit):
-        return _fit_capped(view, need_mib, limit)
+        return _capped_fit(view, need_mib, limit)[0]
     if view.max_free_mib >= need_mib and not view.unplaced_mib and not view.error:
         return FITS  # the common case, O(1)
     if view.error:
@@ -115,20 +115,23 @@ def _no_room(view: NodeView, need_mib: int) -> Fit | None:
     return None
 
 
-def _fit_capped(view: NodeView, need_mib: int, limit: LimitNeed) -> Fit:
+def _capped_fit(view: NodeView, need_mib: int, limit: LimitNeed) -> tuple[Fit, list[GpuRow]]:
+    """fit under the cap, with the GPUs that may take the pod (for _pick: computed once)."""
     if view.error:
-        return Fit(False, True, view.error)
-    return (_not_placeable(view, need_mib) or _never_within_cap(view, need_mib, limit)
-            or _no_room(view, need_mib) or (FITS if _within_cap(view, need_mib, limit) else
-                                            Fit(False, False, _cap_reason(view, need_mib, limit))))
+        return Fit(False, True, view.error), []
+    refusal = _not_placeable(view, need_mib) or _never_within_cap(view, limit) or _no_room(view, need_mib)
+    if refusal is not None:
+        return refusal, []
+    rows = _within_cap(view, need_mib, limit)
+    return (FITS if rows else Fit(False, False, _cap_reason(view, need_mib, limit))), rows
 
 
-def _never_within_cap(view: NodeView, need_mib: int, limit: LimitNeed) -> Fit | None:
-    """Why no GPU here could take the pod's limit even empty; None when one could."""
-    sizes = [r[3] for r in view.rows if r[4] and r[3] >= need_mib]
-    if any(within_limit_cap(0, limit.mib, m, limit.ratio) for m in sizes):
+def _never_within_cap(view: NodeView, limit: LimitNeed) -> Fit | None:
+    """Why no GPU here could take the pod's limit even empty; None when one could. The cap grows with the
+    GPU, and the largest healthy GPU can hold the request (_not_placeable): it alone decides."""
+    largest = view.max_mem_mib
+    if within_limit_cap(0, limit.mib, largest, limit.ratio):
         return None
-    largest = max(sizes)  # _not_placeable found one
     ratio = _ratio_text(limit.ratio)
     return Fit(False, True, f"pod's GPU memory limit of {limit.mib} MiB (memslice.io/gpu-mem-limit) is above "
                             f"the limit cap (--max-limit-ratio {ratio}) of every GPU here: the largest GPU's "
@@ -138,8 +141,9 @@ def _never_within_cap(view: NodeView, need_mib: int, limit: LimitNeed) -> Fit | 
 
 def _within_cap(view: NodeView, need_mib: int, limit: LimitNeed) -> list[GpuRow]:
     """The healthy GPUs with room for the request and for the limit under the cap."""
-    return [r for i, r in enumerate(view.rows) if r[4] and r[6] >= need_mib
-            and within_limit_cap(limit_sum(view, i), limit.mib, r[3], limit.ratio)]
+    over = view.over if view.over is not None else (0,) * len(view.rows)
+    return [r for r, o in zip(view.rows, over, strict=True) if r[4] and r[6] >= need_mib
+            and within_limit_cap(r[5] + o, limit.mib, r[3], limit.ratio)]
 
 
 def _cap_reason(view: NodeView, need_mib: int, limit: LimitNeed) -> str:
@@ -153,14 +157,15 @@ def _cap_reason(view: NodeView, need_mib: int, limit: LimitNeed) -> str:
             f"of a cap of {limit_cap_mib(mem, limit.ratio)} MiB ({ratio} × {mem} MiB)")
 
 
-def _pick(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None = None) -> GpuView | None:
-    """The GPU `policy` takes on a node where the pod fits."""
-    if limit is not None and _capped(view, need_mib, limit):  # among the GPUs within the cap, same order
-        rows = _within_cap(view, need_mib, limit)
-        if not rows:
-            return None
-        best = min(rows, key=(lambda r: (-r[6], r[1])) if policy == "spread" else (lambda r: (r[6], r[1])))
-        return GpuView._make(best)
+def _pick_of(rows: list[GpuRow], policy: str) -> GpuView | None:
+    """The GPU `policy` takes among `rows` (those within the cap): the same order as _pick's."""
+    if not rows:
+        return None
+    return GpuView._make(min(rows, key=(lambda r: (-r[6], r[1])) if policy == "spread" else (lambda r: (r[6], r[1]))))
+
+
+def _pick(view: NodeView, need_mib: int, policy: str) -> GpuView | None:
+    """The GPU `policy` takes on a node where the pod fits (without the cap, or where it changes nothing)."""
     if policy == "spread":  # most free after placement; ties to the lower index
         return view.most_free
     i = bisect_left(view.free_keys, need_mib)  # binpack: least free that still fits; ties to the lower index
@@ -169,7 +174,9 @@ def _pick(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None = 
 
 def choose_gpu(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None = None) -> GpuView | None:
     """The GPU the pod gets on this node under `policy`; None when it does not fit."""
-    return _pick(view, need_mib, policy, limit) if fit(view, need_mib, limit).ok else None
+    if limit is not None and _capped(view, need_mib, limit):
+        return _pick_of(_capped_fit(view, need_mib, limit)[1], policy)
+    return _pick(view, need_mib, policy) if fit(view, need_mib).ok else None
 
 
 def _score_on(gpu: GpuView | None, need_mib: int, policy: str) -> int:
@@ -187,8 +194,11 @@ def score(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None = 
 
 def verdict(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None = None) -> Verdict:
     """fit and score of one node in one go (what the memo keeps)."""
-    f = fit(view, need_mib, limit)
-    value = _score_on(_pick(view, need_mib, policy, limit), need_mib, policy) if f.ok else MIN_SCORE
+    if limit is not None and _capped(view, need_mib, limit):
+        f, rows = _capped_fit(view, need_mib, limit)
+        return f.ok, f.unresolvable, f.reason, _score_on(_pick_of(rows, policy), need_mib, policy)
+    f = fit(view, need_mib)
+    value = _score_on(_pick(view, need_mib, policy), need_mib, policy) if f.ok else MIN_SCORE
     return f.ok, f.unresolvable, f.reason, value
 
 

@@ -72,8 +72,8 @@ def test_a_limit_above_the_cap_of_every_gpu_is_unresolvable_and_the_cap_picks_th
     with capped("1.5", node_obj("n", [4096, 4096])) as cl:
         huge = cl.add_pod(elastic("huge", 512, 6145))  # above 1.5 × 4096 = 6144 even on an empty GPU
         result = cl.c.filter(huge, ["n"])
-        assert "is above the limit cap (--max-limit-ratio 1.5) of every GPU here" in result["FailedAndUnresolvableNodes"][
-            "n"], result
+        reason = result["FailedAndUnresolvableNodes"]["n"]
+        assert "is above the limit cap (--max-limit-ratio 1.5) of every GPU here" in reason, result
         first = cl.add_pod(elastic("first", 1024, 4096))
         assert cl.c.bind(first, "n") == ""
         assert bound_gpu(cl, "first") == "GPU-n-0"
