@@ -7,6 +7,7 @@ rebuilds the sums from the recorded `memslice.io/gpu-mem-limit-mib` annotations,
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from fractions import Fraction
@@ -213,3 +214,20 @@ def test_preempt_keeps_a_node_only_when_the_victims_free_the_limit_headroom():
         assert preempt("mid") == {}  # frees 1536: 4096 + 512 + 2048 = 6656 > 6144
         assert list(preempt("mid", "plain")) == ["n"]  # 4096 + 2048 = 6144
         assert list(preempt("big")) == ["n"]
+
+
+def test_a_pods_own_stale_reservation_does_not_count_against_its_own_limit():
+    """A bind wrote the reservation and its limit record, failed, and could not undo them: the pod's retry
+    must still fit under the cap, its own limit not counted twice."""
+    with capped("1", node_obj("n", [4096])) as cl:
+        stale = {**reservation_annotations("GPU-n-0", {"lab": 1024}, time.time()), RECORD: '{"lab":4096}',
+                 LIMIT: "4096"}
+        pod = cl.add_pod(pod_obj("p", {"lab": 1024}, annotations=stale))
+        cl.wait_used("n", [1024])  # counted with its limit of 4096: the cap of 4096 is full
+        other = cl.add_pod(pod_obj("other", {"main": 256}))
+        assert "add up to 4096 MiB" in cl.c.filter(other, ["n"])["FailedNodes"]["n"]
+        assert cl.c.filter(pod, ["n"])["NodeNames"] == ["n"]
+        assert cl.c.bind(pod, "n") == ""
+        cl.caught_up()
+        cl.wait_used("n", [1024])
+        assert "--max-limit-ratio 1" in cl.c.bind(other, "n")
