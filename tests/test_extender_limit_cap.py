@@ -231,3 +231,14 @@ def test_a_pods_own_stale_reservation_does_not_count_against_its_own_limit():
         cl.caught_up()
         cl.wait_used("n", [1024])
         assert "--max-limit-ratio 1" in cl.c.bind(other, "n")
+
+
+def test_metrics_show_each_gpus_sum_of_limits():
+    with capped("2", node_obj("n", [4096, 4096])) as cl:
+        assert cl.c.bind(cl.add_pod(elastic("nb", 512, 3072)), "n") == ""
+        assert cl.c.bind(cl.add_pod(pod_obj("plain", {"main": 1024})), "n") == ""
+        cl.caught_up()
+        cl.wait_used("n", [1536, 0])
+        text = cl.c.raw("GET", "/metrics")[1].decode()
+        assert 'memslice_extender_gpu_limits_mib{gpu="0",node="n",uuid="GPU-n-0"} 4096.0' in text, text
+        assert 'memslice_extender_gpu_limits_mib{gpu="1",node="n",uuid="GPU-n-1"} 0.0' in text
