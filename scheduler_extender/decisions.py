@@ -161,15 +161,9 @@ def _pick_of(rows: list[GpuRow], policy: str) -> GpuView | None:
     """The GPU `policy` takes among `rows` (those within the cap): the same order as _pick's."""
     if not rows:
         return None
-    return GpuView._make(min(rows, key=_most_free if policy == "spread" else _least_free))
-
-
-def _least_free(r: GpuRow) -> tuple[int, int]:
-    return r[6], r[1]
-
-
-def _most_free(r: GpuRow) -> tuple[int, int]:
-    return -r[6], r[1]
+    sign = -1 if policy == "spread" else 1  # spread: the most free; binpack: the least; ties to the lower index
+    best: GpuRow = min(rows, key=lambda r: (sign * r[6], r[1]))
+    return GpuView._make(best)
 
 
 def _pick(view: NodeView, need_mib: int, policy: str) -> GpuView | None:
