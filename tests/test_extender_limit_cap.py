@@ -13,12 +13,16 @@ from contextlib import contextmanager
 from fractions import Fraction
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from test_extender_cli import extender
 from test_extender_cluster import race
 from test_extender_support import Client, Cluster, node_obj, pod_obj, running_cluster
 
+from memslice.scheduler_extender import decisions
 from memslice.scheduler_extender.annotations import reservation_annotations
 from memslice.scheduler_extender.app import Config
+from memslice.scheduler_extender.views import GpuView, NodeView
 
 LIMIT = "memslice.io/gpu-mem-limit"
 RECORD = "memslice.io/gpu-mem-limit-mib"
@@ -242,3 +246,37 @@ def test_metrics_show_each_gpus_sum_of_limits():
         text = cl.c.raw("GET", "/metrics")[1].decode()
         assert 'memslice_extender_gpu_limits_mib{gpu="0",node="n",uuid="GPU-n-0"} 4096.0' in text, text
         assert 'memslice_extender_gpu_limits_mib{gpu="1",node="n",uuid="GPU-n-1"} 0.0' in text
+
+
+GPUS = st.lists(st.tuples(st.integers(1, 8192), st.integers(0, 8192), st.integers(0, 8192), st.booleans()),
+                min_size=1, max_size=8)
+
+
+def _view(gpus: list[tuple[int, int, int, bool]], elastic: bool) -> NodeView:
+    rows = tuple(GpuView.of(f"G{i}", i, "m", mem, healthy, used) for i, (mem, used, _, healthy) in enumerate(gpus))
+    return NodeView.of("n", 1, rows, 0, None, tuple(o for _, _, o, _ in gpus) if elastic else None)
+
+
+@given(gpus=GPUS, need=st.integers(1, 8192), extra=st.integers(0, 8192),
+       ratio=st.sampled_from(["1", "1.1", "1.5", "2", "4", "100"]), policy=st.sampled_from(["binpack", "spread"]),
+       elastic=st.booleans())
+def test_decisions_under_the_cap_agree_with_the_predicate(gpus, need, extra, ratio, policy, elastic):
+    """fit, the GPU chosen and the score agree, the GPU chosen keeps the cap and has room, a GPU is refused
+    only when none keeps both; and where the cap can change nothing (no elastic pod, limit = request) the
+    verdict is the one without the cap."""
+    view = _view(gpus, elastic)
+    limit = decisions.LimitNeed(need + extra, Fraction(ratio))
+    f = decisions.fit(view, need, limit)
+    gpu = decisions.choose_gpu(view, need, policy, limit)
+    assert (gpu is not None) == f.ok
+    ok = [i for i, (mem, used, over, healthy) in enumerate(gpus) if healthy and mem - used >= need
+          and decisions.within_limit_cap(used + (over if elastic else 0), need + extra, mem, Fraction(ratio))]
+    assert f.ok == bool(ok)
+    if gpu is not None:
+        sign = -1 if policy == "spread" else 1  # binpack: the least free that fits; spread: the most
+        assert gpu.index == min(ok, key=lambda i: (sign * (gpus[i][0] - gpus[i][1]), i))
+        assert decisions.verdict(view, need, policy, limit)[3] == decisions.score(view, need, policy, limit) > -1
+    else:
+        assert decisions.verdict(view, need, policy, limit)[:3] == (False, f.unresolvable, f.reason)
+    if not elastic and not extra:
+        assert decisions.verdict(view, need, policy, limit) == decisions.verdict(view, need, policy)
