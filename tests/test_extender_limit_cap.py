@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from fractions import Fraction
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_extender_cli import extender
 from test_extender_cluster import race
@@ -257,6 +257,10 @@ def _view(gpus: list[tuple[int, int, int, bool]], elastic: bool) -> NodeView:
     return NodeView.of("n", 1, rows, 0, None, tuple(o for _, _, o, _ in gpus) if elastic else None)
 
 
+@settings(max_examples=400, deadline=None)
+@example(gpus=[(4096, 0, 8192, True)], need=1, extra=0, ratio="1", policy="binpack", elastic=True)  # over counts
+@example(gpus=[(4096, 0, 0, True), (4096, 2048, 0, True)], need=1, extra=6143, ratio="1.5", policy="binpack",
+         elastic=False)  # binpack's fuller GPU 1 breaks the cap: GPU 0
 @given(gpus=GPUS, need=st.integers(1, 8192), extra=st.integers(0, 8192),
        ratio=st.sampled_from(["1", "1.1", "1.5", "2", "4", "100"]), policy=st.sampled_from(["binpack", "spread"]),
        elastic=st.booleans())
