@@ -1,7 +1,7 @@
 """Filter + prioritize of the memslice extender alone, in one process: CPU time per pod.
 
     .venv/bin/python benchmarks/bench_extender_verbs.py [--nodes 5000] [--fill 0.9] [--names 500]
-        [--warmup 1000] [--pods 200] [--json]
+        [--warmup 1000] [--pods 200] [--max-limit-ratio R] [--elastic 0.3] [--json]
 
 No HTTP, no bind writes, no watch: `Verbs.filter` and `Verbs.prioritize` on a `ClusterState` of N nodes ×
 8 GPUs of 80 GiB, filled at random to `--fill` by charges (1–40 GiB, as bench_extender.py), each request
@@ -9,6 +9,10 @@ decoded from and answered to JSON with orjson as the server does; after each pod
 charged (the view rebuilt, the memo refreshed), as a bind would. The figure to compare between versions
 (run them alternately: `PYTHONPATH=<a tree of the old package>` for the old one), since it leaves out the
 machine's HTTP and scheduling noise that bench_extender.py's end-to-end figures carry.
+
+Elastic memory: with `--elastic F` that share of the fill charges and of the pods has a limit of 2 × its
+request (`memslice.io/gpu-mem-limit`); with `--max-limit-ratio R` the extender caps each GPU's sum of limits
+at R × its memory (as `memslice extender --max-limit-ratio`). Without both, the run is the one above.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import json
 import random
 import sys
 import time
+from fractions import Fraction
 from pathlib import Path
 
 import orjson
@@ -35,6 +40,8 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=1000, help="pods scheduled before measuring")
     p.add_argument("--pods", type=int, default=200, help="pods measured")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--max-limit-ratio", default=None, help="cap on a GPU's sum of limits (default: none)")
+    p.add_argument("--elastic", type=float, default=0.0, help="share of charges and pods with limit = 2 × request")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     sys.path.insert(0, str(ROOT / "tests"))
@@ -52,7 +59,9 @@ def main() -> int:
         state.upsert_node(node_obj(name, [GPU_MIB] * 8))
     state.nodes_synced.set()
     state.pods_synced.set()
-    verbs = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # binds are charged here
+    ratio = Fraction(args.max_limit_ratio) if args.max_limit_ratio else None
+    cap = {"limit_ratio": ratio} if ratio is not None else {}  # (older versions have no such argument)
+    verbs = Verbs(state, None, "binpack", Metrics(state), **cap)  # type: ignore[arg-type]  # binds charged here
     used: dict[tuple[int, int], int] = {}
     total, i = 0, 0
     while total < args.fill * args.nodes * 8 * GPU_MIB:
@@ -60,12 +69,16 @@ def main() -> int:
         if used.get((n, g), 0) + mib <= GPU_MIB:
             used[(n, g)] = used.get((n, g), 0) + mib
             total += mib
-            state.hold(f"fill-{i}", Charge(f"GPU-{names[n]}-{g}", names[n], mib, 0, None))
+            over = (mib,) if args.elastic and rng.random() < args.elastic else ()  # limit 2 × request
+            state.hold(f"fill-{i}", Charge(f"GPU-{names[n]}-{g}", names[n], mib, 0, None, *over))
             i += 1
     k = min(args.names, args.nodes) or args.nodes
     bodies = []
     for j in range(args.warmup + args.pods):
-        pod = pod_obj(f"p{j}", {"main": rng.choice(SIZES_GIB) * 1024})
+        mib = rng.choice(SIZES_GIB) * 1024
+        elastic = args.elastic and rng.random() < args.elastic
+        pod = pod_obj(f"p{j}", {"main": mib}, annotations={"memslice.io/gpu-mem-limit": str(2 * mib)} if elastic
+                      else None)
         pod["metadata"]["uid"] = f"p{j}"
         bodies.append((pod, orjson.dumps({"Pod": pod, "NodeNames": rng.sample(names, k)})))
 
@@ -86,14 +99,20 @@ def main() -> int:
             node = answer["NodeNames"][0]
             view = state.view(node)
             mib = int(pod["spec"]["containers"][0]["resources"]["limits"]["memslice.io/gpu-mem"])
-            gpu = decisions.choose_gpu(view, mib, "binpack")
+            limited = "annotations" in pod["metadata"]
+            if ratio is None:
+                gpu = decisions.choose_gpu(view, mib, "binpack")
+            else:
+                gpu = decisions.choose_gpu(view, mib, "binpack", decisions.LimitNeed((1 + limited) * mib, ratio))
             if gpu is not None:
-                state.hold(pod["metadata"]["uid"], Charge(gpu.uuid, node, mib, 0, None))
+                over = (mib,) if limited else ()
+                state.hold(pod["metadata"]["uid"], Charge(gpu.uuid, node, mib, 0, None, *over))
         return cpu_f, cpu_p
 
     schedule(bodies[:args.warmup])
     cpu_f, cpu_p = schedule(bodies[args.warmup:])
     result = {"nodes": args.nodes, "fill": args.fill, "names": k, "pods": args.pods,
+              "max_limit_ratio": args.max_limit_ratio, "elastic": args.elastic,
               "filter_cpu_ms_per_pod": round(cpu_f / args.pods * 1000, 3),
               "prioritize_cpu_ms_per_pod": round(cpu_p / args.pods * 1000, 3)}
     if args.json:

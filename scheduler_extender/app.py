@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from memslice.kube.informer import Informer
@@ -37,6 +38,7 @@ class Config:
     tls_client_ca_file: str | None = None
     scheduler_names: tuple[str, ...] = DEFAULT_SCHEDULER_NAMES  # /bind serves pods of these schedulers only
     health_port: int | None = None  # plain-HTTP /healthz /readyz /metrics only (None: none)
+    max_limit_ratio: Fraction | None = None  # cap on a GPU's sum of limits, × its memory (None: no cap)
 
 
 class Extender:
@@ -52,8 +54,12 @@ class Extender:
             raise ValueError("no scheduler names to serve; give --scheduler-names NAME[,NAME...] (the "
                              "schedulerName of the memslice scheduler profile)")
         self.served = ServedPods(frozenset(config.scheduler_names))
-        self.binder = Binder(self.core, self.writer, self.state, config.policy, clock, self.served)
-        self.verbs = Verbs(self.state, self.binder, config.policy, self.metrics)
+        if config.max_limit_ratio is not None and not config.max_limit_ratio >= 1:
+            raise ValueError(f"--max-limit-ratio={float(config.max_limit_ratio):g} is below 1: a GPU could not "
+                             f"take pods whose limits are their requests; give a ratio of at least 1, or none")
+        self.binder = Binder(self.core, self.writer, self.state, config.policy, clock, self.served,
+                             config.max_limit_ratio)
+        self.verbs = Verbs(self.state, self.binder, config.policy, self.metrics, config.max_limit_ratio)
         self._stop = threading.Event()
         restart = self.metrics.watch_restarts
 

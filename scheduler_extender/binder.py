@@ -34,6 +34,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import orjson
@@ -133,8 +134,10 @@ class ServedPods:
 
 class Binder:
     def __init__(self, core: Any, writer: PodWriter, state: ClusterState, default_policy: str,
-                 clock: Callable[[], float], served: ServedPods | None = None) -> None:
+                 clock: Callable[[], float], served: ServedPods | None = None,
+                 limit_ratio: Fraction | None = None) -> None:
         self.core = core
+        self.limit_ratio = limit_ratio  # --max-limit-ratio; None: no cap on the sum of limits
         self.served = served if served is not None else ServedPods(frozenset(DEFAULT_SCHEDULER_NAMES))
         self.writer = writer
         self.state = state
@@ -224,9 +227,12 @@ class Binder:
             self.state.hold(uid, None)  # a stale reservation of this same pod must not stand in its way
             view = self.state.view(args.node)
             gpu = None
+            limit = None
             if view is not None:
                 need = request.mib(view.unit_mib)
-                gpu = decisions.choose_gpu(view, need, policy)
+                if self.limit_ratio is not None:  # the cap, re-checked here under the lock with the room
+                    limit = decisions.LimitNeed(request.limit_mib(view.unit_mib), self.limit_ratio)
+                gpu = decisions.choose_gpu(view, need, policy, limit)
             if view is None or gpu is None:
                 self.state.release(uid, None)
                 if view is None:
@@ -234,13 +240,16 @@ class Binder:
                         "has no memslice GPUs (no memslice.io/gpus annotation)" if self.state.knows_node(args.node)
                         else "is unknown to the extender"))
                 raise BindError("no_room", f"{where} no longer fits on node {args.node}: "
-                                           f"{decisions.fit(view, need).reason}")
+                                           f"{decisions.fit(view, need, limit).reason}")
             try:  # elastic memory: each limit checked against its request at the node's unit, nothing written
                 limits = request.limit_record(view.unit_mib)
             except RequestError as exc:
                 self.state.release(uid, None)
                 raise BindError("bad_request", f"{where}: {exc}") from None
-            self.state.hold(uid, Charge(gpu.uuid, args.node, need, 0, None))
+            # the limit above the request is charged too (the GPU's limit sum), cap or not: a later restart
+            # with the cap on rebuilds the same sums from the recorded limits
+            over = request.limit_mib(view.unit_mib) - need
+            self.state.hold(uid, Charge(gpu.uuid, args.node, need, 0, None, over))
         now = self.clock()
         wanted = reservation_annotations(gpu.uuid, request.container_mib(view.unit_mib), now, limits)
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from fractions import Fraction
 from typing import Any
 
 ENV = "MEMSLICE_EXTENDER_"
@@ -82,12 +83,34 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--watch-timeout", type=_positive(int, "--watch-timeout"),
                    default=_env("WATCH_TIMEOUT", "300"), metavar="SECONDS",
                    help=f"length of one watch request before it is renewed (${ENV}WATCH_TIMEOUT)")
+    p.add_argument("--max-limit-ratio", type=limit_ratio, default=_env("MAX_LIMIT_RATIO", None), metavar="R",
+                   help=f"elastic memory: a GPU takes a pod only while the limits of its pods "
+                        f"(memslice.io/gpu-mem-limit; a pod without one counts its request) add up to at most "
+                        f"R × the GPU's memory; R is a decimal number from 1 to {MAX_LIMIT_RATIO:g}. Pods are "
+                        f"still fitted by their requests. The memory above a GPU's HBM is host memory of the "
+                        f"pods' cgroups, so R bounds the host memory that bursting and swapped-out tenants can "
+                        f"need per GPU to (R - 1) × its memory (${ENV}MAX_LIMIT_RATIO); default: no cap, "
+                        f"as Kubernetes never schedules limits")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
                    default=_env("LOG_LEVEL", "info"), help=f"(${ENV}LOG_LEVEL)")
     p.set_defaults(func=run)
 
 
 DEFAULT_MAX_BODY_MIB = 8  # docs/architecture.md, "Request limits": 4x the filter body of 50,000 nodes
+MAX_LIMIT_RATIO = 100  # limits above 100 × the GPU are a typo, not a policy
+_RATIO = re.compile(r"(\d{1,3})(\.\d{1,6})?")
+
+
+def limit_ratio(text: str) -> Fraction:
+    """--max-limit-ratio as an exact fraction (the cap is computed without float rounding); an argparse error
+    naming the value and the fix when it is not a decimal number from 1 to MAX_LIMIT_RATIO."""
+    value = Fraction(text) if _RATIO.fullmatch(text) else None
+    if value is None or not 1 <= value <= MAX_LIMIT_RATIO:
+        raise argparse.ArgumentTypeError(
+            f"--max-limit-ratio={text[:32]!r} (or ${ENV}MAX_LIMIT_RATIO) is not a ratio from 1 to "
+            f"{MAX_LIMIT_RATIO}; give a decimal number such as 2 or 1.5 (a GPU's pods' limits may add up to that "
+            f"many times its memory; 1: no more than the GPU), or leave it unset for no cap")
+    return value
 
 
 DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -169,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
                  assume_ttl=float(args.assume_ttl),
                  max_body_bytes=int(args.max_body_mib) << 20, watch_timeout=int(args.watch_timeout),
                  tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file,
-                 tls_client_ca_file=args.tls_client_ca_file)
+                 tls_client_ca_file=args.tls_client_ca_file, max_limit_ratio=args.max_limit_ratio)
     try:
         ext = Extender(api_client, cfg)
     except (OSError, ValueError) as exc:
@@ -184,7 +207,8 @@ def run(args: argparse.Namespace) -> int:
     gc.disable()
     ext.start()
     health = f"; health and metrics on {ext.health_url}" if ext.health_url else ""
-    print(f"memslice extender: serving {ext.url} (policy {cfg.policy}){health}", flush=True)
+    cap = "" if cfg.max_limit_ratio is None else f", limits per GPU up to {float(cfg.max_limit_ratio):g} × its memory"
+    print(f"memslice extender: serving {ext.url} (policy {cfg.policy}{cap}){health}", flush=True)
 
     def settle() -> None:
         # After the first list, moving the records out of the collector's generations keeps full

@@ -8,6 +8,11 @@ usual case is then one C-speed pass over the "fits" table (every name found: all
 is prioritize's answer); otherwise one pass over the verdicts (the failing nodes' reasons are memoised too,
 so a full cluster costs what an empty one does).
 
+With the limit cap (`--max-limit-ratio`) a verdict also depends on the pod's limit: the key then carries
+what that limit is made of (a third part, resources.PodRequest.limit_sig; () for a pod without limit
+annotations, whose limit is its request), and a GPU's limit sum is part of its node's view, so a change of it
+rebuilds the view and refreshes the verdicts like any charge. Without the cap keys stay (devices, policy).
+
 Bounded: at most MAX_ENTRIES verdicts in all tables; the least recently used table goes first.
 Thread-safety: every method takes the state's lock (the memo is refreshed under it).
 """
@@ -16,19 +21,22 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from fractions import Fraction
 from itertools import repeat
 from operator import is_
 from typing import Any
 
 from memslice.scheduler_extender import decisions
 from memslice.scheduler_extender.constants import MAX_SCORE, MIN_SCORE
-from memslice.scheduler_extender.decisions import Verdict
+from memslice.scheduler_extender.decisions import LimitNeed, Verdict
+from memslice.scheduler_extender.resources import LimitSig, limit_total
 from memslice.scheduler_extender.state import ClusterState
 from memslice.scheduler_extender.views import NodeView
 from memslice.scheduler_extender.wire import host_priority_json
 
 MAX_ENTRIES = 400_000  # verdicts kept in all tables (~100 B each): 80 tables of 5,000 nodes, 20 of 20,000
-Key = tuple[int, str]  # (devices, policy)
+# (devices, policy), and with the limit cap on the pod's limit signature (() for a pod without limits)
+Key = tuple[int, str] | tuple[int, str, LimitSig]
 REPLAYS = 64  # filter answers kept for the prioritize that follows (one per pod in flight)
 REPLAY_NAMES = 200_000  # node names those may hold in all (bounds what hostile requests can pin)
 Replay = tuple[Key, int, list[str], str]  # (key, generation, names, their HostPriority JSON joined)
@@ -87,8 +95,9 @@ def _split(names: list[str], verdicts: list[Verdict | None]) -> Split:
 
 
 class FitMemo:
-    def __init__(self, state: ClusterState) -> None:
+    def __init__(self, state: ClusterState, limit_ratio: Fraction | None = None) -> None:
         self.state = state
+        self.limit_ratio = limit_ratio  # --max-limit-ratio; None: no cap
         self._tables: OrderedDict[Key, _Table] = OrderedDict()
         self._entries = 0
         self._host_json: dict[str, tuple[str, ...]] = {}  # node -> its HostPriority JSON for each score
@@ -191,8 +200,15 @@ class FitMemo:
         self._entries += name not in table.verdicts
         return self._set(table, key, name, view)
 
+    def limit_need(self, key: Key, view: NodeView) -> LimitNeed | None:
+        """The limit cap's side of decisions for a pod of `key` on this node (None: the cap is off)."""
+        if self.limit_ratio is None:
+            return None
+        sig = key[2] if len(key) == 3 else ()
+        return LimitNeed(limit_total(sig, view.unit_mib) if sig else key[0] * view.unit_mib, self.limit_ratio)
+
     def _set(self, table: _Table, key: Key, name: str, view: NodeView) -> Verdict:
-        v = decisions.verdict(view, key[0] * view.unit_mib, key[1])
+        v = decisions.verdict(view, key[0] * view.unit_mib, key[1], self.limit_need(key, view))
         if v[0]:
             v = _FITS[v[3]]
             fragments = self._host_json.get(name)

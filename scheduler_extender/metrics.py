@@ -3,7 +3,9 @@
 - memslice_extender_requests_total{verb,code}, memslice_extender_request_seconds{verb} (histogram)
 - memslice_extender_pods_bound_total, memslice_extender_bind_failures_total{reason}
 - memslice_extender_gpu_free_mib{node,gpu,uuid} and memslice_extender_gpu_capacity_mib{node,gpu,uuid},
-  computed from the state at scrape time (no cost per scheduling decision)
+  computed from the state at scrape time (no cost per scheduling decision), and
+  memslice_extender_gpu_limits_mib{node,gpu,uuid}: the sum of the limits of the pods on each GPU (elastic
+  memory; a pod without a limit counts its request), what --max-limit-ratio caps
 - memslice_extender_watch_restarts_total{resource,reason}, memslice_extender_tracked{what}
 """
 
@@ -31,17 +33,22 @@ class _StateCollector(Collector):
                                  labels=["node", "gpu", "uuid"])
         cap = GaugeMetricFamily("memslice_extender_gpu_capacity_mib", "GPU memory as the node agent "
                                 "publishes it (MiB)", labels=["node", "gpu", "uuid"])
+        limits = GaugeMetricFamily("memslice_extender_gpu_limits_mib", "Sum of the GPU memory limits of the pods "
+                                   "on each GPU (a pod without a limit counts its request; MiB)",
+                                   labels=["node", "gpu", "uuid"])
         for view in self.state.views():
-            for g in view.gpus:
+            for i, g in enumerate(view.gpus):
                 labels = [view.name, str(g.index), g.uuid]
                 free.add_metric(labels, g.free_mib)
                 cap.add_metric(labels, g.mem_mib)
+                limits.add_metric(labels, g.used_mib + (view.over[i] if view.over is not None else 0))
         tracked = GaugeMetricFamily("memslice_extender_tracked", "Objects the extender tracks",
                                     labels=["what"])
         for what, n in self.state.counts().items():
             tracked.add_metric([what], n)
         yield free
         yield cap
+        yield limits
         yield tracked
 
 

@@ -27,8 +27,15 @@ from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
 from memslice.contract import TERMINAL_PHASES, Reservation
+from memslice.elastic import ANN_LIMIT_RECORD, LimitAnnotationError, parse_limit_record
 from memslice.errors import ContractError
-from memslice.scheduler_extender.resources import PodRequest, RequestError, effective_total, pod_request
+from memslice.scheduler_extender.resources import (
+    LimitSig,
+    PodRequest,
+    RequestError,
+    effective_total,
+    pod_request,
+)
 
 log = logging.getLogger(__name__)
 _intern = sys.intern
@@ -61,19 +68,23 @@ class PodView:
         except RequestError as exc:
             return cls(uid if isinstance(uid, str) else "", None, str(exc))
 
-    def key(self, default_policy: str) -> tuple[int, str]:
-        """(devices, policy): what the memo is kept by."""
+    def key(self, default_policy: str, capped: bool = False) -> tuple[int, str] | tuple[int, str, LimitSig]:
+        """(devices, policy): what the memo is kept by; with the limit cap on (`capped`) the pod's limit
+        signature too (resources.PodRequest.limit_sig)."""
         assert self.request is not None
+        if capped:
+            return self.request.devices, self.request.policy or default_policy, self.request.limit_sig()
         return self.request.devices, self.request.policy or default_policy
 
 
 # ------------------------------------------------------------------------------------------ watched pods
 
 # A watched GPU pod: (uid, namespace, name, resourceVersion, node or None, terminal, reserved GPU UUID or
-# None, reserved MiB, assumed-at, devices asked, request). `request` is kept only while the pod is neither
-# bound nor reserved (bind reads it from here instead of GETting the pod); else None, so the tuple holds
-# atoms only.
-Record = tuple[str, str, str, int, "str | None", bool, "str | None", int, float, int, "PodRequest | None"]
+# None, reserved MiB, assumed-at, devices asked, request, limit MiB above the reserved MiB). `request` is kept
+# only while the pod is neither bound nor reserved (bind reads it from here instead of GETting the pod); else
+# None, so the tuple holds atoms only. The last field is what the pod's elastic limits add on its GPU
+# (reserved_over_mib; 0 for a pod without limits or without a reservation): --max-limit-ratio counts it.
+Record = tuple[str, str, str, int, "str | None", bool, "str | None", int, float, int, "PodRequest | None", int]
 # Field positions, Final so that the type checker knows each field's type from the index.
 UID: Final = 0
 NAMESPACE: Final = 1
@@ -86,6 +97,7 @@ MIB: Final = 7
 ASSUMED_AT: Final = 8
 DEVICES: Final = 9
 REQUEST: Final = 10
+OVER: Final = 11
 PodEntry = tuple[str, "Record | None", int]  # uid, the record (None: not a GPU pod), resourceVersion
 
 
@@ -132,12 +144,41 @@ def _decode_reservation(annotations: Any, namespace: str, name: str, bound: bool
 def reservation_mib(reservation: Reservation, request: PodRequest | None) -> int:
     """The MiB a reservation holds on its GPU: the effective total over the pod's containers (init
     containers do not add up), containers the pod does not have counted as app containers."""
-    amounts = dict(reservation.container_mib)
+    return _effective_mib(dict(reservation.container_mib), request)
+
+
+def _effective_mib(amounts: dict[str, int], request: PodRequest | None) -> int:
     if request is None:
         return sum(amounts.values())
     known = {a.name for a in request.asks}
     extra = sum(v for k, v in amounts.items() if k not in known)
     return effective_total(amounts, request.asks) + extra
+
+
+def reserved_over_mib(annotations: dict[str, Any], reservation: Reservation, request: PodRequest | None,
+                      mib: int, where: str) -> int:
+    """What the pod's elastic limits add above its reserved `mib` on its GPU (its limit minus its request;
+    the limit sum --max-limit-ratio caps is the GPU's used MiB plus these). Read from the limits the node
+    agent gives the pod: the extender's record (`memslice.io/gpu-mem-limit-mib`, validated and bounded), or
+    without one (a bind by an older extender) the users' annotation. A malformed record is logged and
+    counted as the users' annotation says (the agent refuses such a pod at Allocate, and one allocated
+    before the record was spoilt keeps the limit it got then): never below the request, never a crash.
+    Only the reservation's containers count; each at least its reserved MiB."""
+    raw = annotations.get(ANN_LIMIT_RECORD)
+    limits = dict(request.limits) if request is not None else {}
+    if raw is not None:
+        try:
+            if not isinstance(raw, str):
+                raise LimitAnnotationError(f"annotation {ANN_LIMIT_RECORD} is not a string")
+            limits = parse_limit_record(raw)
+        except LimitAnnotationError as exc:
+            log.warning("%s: %s; its limit is counted from memslice.io/gpu-mem-limit (or as its request)",
+                        where, exc)
+    if not limits:
+        return 0
+    amounts = dict(reservation.container_mib)
+    with_limits = {k: max(v, limits.get(k, 0)) for k, v in amounts.items()}
+    return max(_effective_mib(with_limits, request) - mib, 0)
 
 
 def pod_record(obj: dict[str, Any]) -> Record | None:
@@ -157,9 +198,13 @@ def pod_record(obj: dict[str, Any]) -> Record | None:
     devices = request.devices if request is not None else 0
     if reservation is None:
         return (uid, _intern(namespace), name, resource_version(meta), node, terminal, None, 0, 0.0, devices,
-                request if node is None else None)
+                request if node is None else None, 0)
+    mib = reservation_mib(reservation, request)
+    annotations: dict[str, Any] = meta.get("annotations") or {}  # a dict: a reservation was found in it
+    over = (reserved_over_mib(annotations, reservation, request, mib, f"pod {namespace}/{name}")
+            if ANN_LIMIT_RECORD in annotations or (request is not None and request.limits) else 0)
     return (uid, _intern(namespace), name, resource_version(meta), node, terminal, _intern(reservation.gpu_uuid),
-            reservation_mib(reservation, request), reservation.assumed_ts, devices, None)  # assumed_at 0 if bound
+            mib, reservation.assumed_ts, devices, None, over)  # assumed_at 0 if bound
 
 
 def _node_of(obj: dict[str, Any]) -> str | None:
@@ -187,9 +232,10 @@ class Charge(NamedTuple):
     mib: int  # for a GPU charge
     devices: int  # for an unplaced charge (MiB = devices × the node's unit)
     expires: float | None  # an unbound reservation stops counting then
+    over: int = 0  # for a GPU charge: what the pod's elastic limits add above `mib` (records.OVER)
 
 
-ChargeT = tuple["str | None", "str | None", int, int, "float | None"]  # a Charge as a plain tuple
+ChargeT = tuple["str | None", "str | None", int, int, "float | None", int]  # a Charge as a plain tuple
 
 
 def derive_charge(r: Record, now: float, assume_ttl: float) -> ChargeT | None:
@@ -198,15 +244,15 @@ def derive_charge(r: Record, now: float, assume_ttl: float) -> ChargeT | None:
     gpu, node = r[GPU], r[NODE]
     if gpu is not None:
         if node:
-            return gpu, node, r[MIB], 0, None
+            return gpu, node, r[MIB], 0, None, r[OVER]
         expires = r[ASSUMED_AT] + assume_ttl
-        return (gpu, None, r[MIB], 0, expires) if expires > now else None
+        return (gpu, None, r[MIB], 0, expires, r[OVER]) if expires > now else None
     if node and r[DEVICES]:
-        return None, node, 0, r[DEVICES], None
+        return None, node, 0, r[DEVICES], None, 0
     return None
 
 
 def effect(c: ChargeT) -> tuple[object, ...]:
-    """What a charge does to the views: MiB on a GPU (whichever node the pod is bound to, if any), or
-    devices unplaced on a node."""
-    return (c[0], c[2]) if c[0] is not None else (None, c[1], c[3])
+    """What a charge does to the views: MiB (and limit MiB above them) on a GPU (whichever node the pod is
+    bound to, if any), or devices unplaced on a node."""
+    return (c[0], c[2], c[5]) if c[0] is not None else (None, c[1], c[3])

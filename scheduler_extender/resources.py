@@ -87,6 +87,15 @@ class PodRequest:
     def container_mib(self, unit_mib: int) -> dict[str, int]:
         return {a.name: a.devices * unit_mib for a in self.asks}
 
+    def limit_sig(self) -> LimitSig:
+        """What the pod's limit on a GPU depends on besides the node's unit (the fit memo's key part; see
+        limit_total): () when no container has a limit annotation (its limit is its request)."""
+        return (self.asks, self.limits) if self.limits else ()
+
+    def limit_mib(self, unit_mib: int) -> int:
+        """The pod's limit on its GPU at this unit (what --max-limit-ratio counts): limit_total."""
+        return limit_total(self.limit_sig(), unit_mib) if self.limits else self.mib(unit_mib)
+
     def limit_record(self, unit_mib: int) -> dict[str, int]:
         """Container -> limit MiB for the containers whose limit is above their request at this unit (what
         bind records for the agent); RequestError naming the annotation when a limit is below the request."""
@@ -100,6 +109,20 @@ class PodRequest:
             if lim > mib[name]:
                 out[name] = lim
         return out
+
+
+# (asks, limits) of a pod with limit annotations, () without: see PodRequest.limit_sig
+LimitSig = tuple[()] | tuple[tuple[ContainerAsk, ...], tuple[tuple[str, int], ...]]
+
+
+def limit_total(sig: LimitSig, unit_mib: int) -> int:
+    """A pod's limit on its GPU: the effective total (init containers as for requests) of each asking
+    container's limit, a container without one (or with one below its request) counting its request."""
+    if not sig:
+        return 0
+    asks, limits = sig
+    lim = dict(limits)
+    return effective_total({a.name: max(a.devices * unit_mib, lim.get(a.name, 0)) for a in asks}, asks)
 
 
 def effective_total(amounts: Mapping[str, int], asks: tuple[ContainerAsk, ...]) -> int:

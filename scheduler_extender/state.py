@@ -76,6 +76,7 @@ class ClusterState:
         self._by_name: dict[tuple[str, str], str] = {}
         self._charges: dict[str, ChargeT] = {}
         self._used: dict[str, int] = {}
+        self._over: dict[str, int] = {}  # GPU -> what its pods' elastic limits add above _used (limit sum - used)
         self._unplaced: dict[str, int] = {}
         self._pending: dict[str, Pending] = {}
         self._expiring: dict[str, float] = {}
@@ -238,13 +239,19 @@ class ClusterState:
         self._changed.notify_all()
 
     def _apply(self, c: ChargeT, sign: int) -> None:
-        gpu, node, mib, devices, _ = c
+        gpu, node, mib, devices, _, over = c
         if gpu is not None:
             left = self._used.get(gpu, 0) + sign * mib
             if left:
                 self._used[gpu] = left
             else:
                 self._used.pop(gpu, None)
+            if over:  # elastic pods only
+                left = self._over.get(gpu, 0) + sign * over
+                if left:
+                    self._over[gpu] = left
+                else:
+                    self._over.pop(gpu, None)
             node = self._gpu_node.get(gpu)
             if node is not None:
                 self._dirty.add(node)
@@ -276,7 +283,7 @@ class ClusterState:
         with self.lock:
             plain: ChargeT | None = None
             if charge is not None:  # the Charge's fields as the plain tuple the records keep
-                plain = (charge.gpu_uuid, charge.node, charge.mib, charge.devices, charge.expires)
+                plain = (charge.gpu_uuid, charge.node, charge.mib, charge.devices, charge.expires, charge.over)
             self._pending[uid] = Pending(plain, UNKNOWN_RV)
             self._recharge(uid)
 
@@ -336,7 +343,10 @@ class ClusterState:
             unit_mib, specs = inv
             used = self._used
             rows = tuple((*g, u, g[3] - u) for g in specs if (u := used.get(g[0], 0)) is not None)  # GpuView rows
-            view = NodeView.of_rows(name, unit_mib, rows, self._unplaced.get(name, 0) * unit_mib)
+            over = None  # the limit sums' column, only where an elastic pod is (else: limit sum = used)
+            if self._over and any(g[0] in self._over for g in specs):
+                over = tuple(self._over.get(g[0], 0) for g in specs)
+            view = NodeView.of_rows(name, unit_mib, rows, self._unplaced.get(name, 0) * unit_mib, over=over)
         elif name in self._node_error:
             view = NodeView.of(name, 1, (), 0, self._node_error[name])
         if view is None:

@@ -14,6 +14,7 @@ over the memoised verdicts.
 from __future__ import annotations
 
 import logging
+from fractions import Fraction
 from typing import Any
 
 from memslice.scheduler_extender import decisions, wire
@@ -27,16 +28,18 @@ from memslice.scheduler_extender.wire import ExtenderArgs, WireError
 log = logging.getLogger(__name__)
 NOT_SYNCED = ("the memslice extender has not finished listing nodes and pods from the API server yet; "
               "the scheduler will retry")
-OwnCharge = tuple[str, str, int]  # (node, GPU UUID, MiB) of a stale reservation the pod itself holds
+OwnCharge = tuple[str, str, int, int]  # (node, GPU UUID, MiB, limit MiB above) of the pod's own stale reservation
 
 
 class Verbs:
-    def __init__(self, state: ClusterState, binder: Binder, default_policy: str, metrics: Metrics) -> None:
+    def __init__(self, state: ClusterState, binder: Binder, default_policy: str, metrics: Metrics,
+                 limit_ratio: Fraction | None = None) -> None:
         self.state = state
         self.binder = binder
         self.default_policy = default_policy
         self.metrics = metrics
-        self.memo = FitMemo(state)
+        self.memo = FitMemo(state, limit_ratio)
+        self.capped = limit_ratio is not None  # --max-limit-ratio: the memo's key carries the pod's limit
 
     # ------------------------------------------------------------------ filter
     def filter(self, body: Any) -> tuple[int, Any]:
@@ -49,7 +52,7 @@ class Verbs:
         if pod.error or pod.request is None or not self.state.synced:
             error = pod.error or (NOT_SYNCED if pod.request is not None else "")
             return 200, wire.filter_result(args, [] if error else list(names), {}, {}, error)
-        key = pod.key(self.default_policy)
+        key = pod.key(self.default_policy, self.capped)
         self.state.expire()
         if self.memo.all_fit(names, key, pod.uid):  # the fast path: the pod fits on every node
             return 200, wire.filter_result(args, names, {}, {})
@@ -76,19 +79,20 @@ class Verbs:
         return False, "node is not (yet) known to the memslice extender"
 
     def _own_charge(self, uid: str) -> OwnCharge | None:
-        """(node, GPU UUID, MiB) of a reservation this unbound pod already holds (a bind that failed and
-        could not be undone): it must not count against the pod itself."""
+        """(node, GPU UUID, MiB, limit MiB above) of a reservation this unbound pod already holds (a bind that
+        failed and could not be undone): it must not count against the pod itself."""
         charge = self.state.charge_of(uid) if uid else None
         if charge is None or charge.gpu_uuid is None or charge.node is not None:
             return None
         node = self.state.gpu_node(charge.gpu_uuid)
-        return (node, charge.gpu_uuid, charge.mib) if node else None
+        return (node, charge.gpu_uuid, charge.mib, charge.over) if node else None
 
     def _fits_without_own(self, key: Key, own: OwnCharge) -> bool:
         """Does the pod fit on the node of its own stale reservation once that is not counted?"""
-        node, gpu, mib = own
+        node, gpu, mib, over = own
         view = self.state.view(node)
-        return view is not None and decisions.fits_without(view, key[0] * view.unit_mib, {gpu: mib}, 0)
+        return view is not None and decisions.fits_without(view, key[0] * view.unit_mib, {gpu: mib}, 0,
+                                                           self.memo.limit_need(key, view), {gpu: over})
 
     # ------------------------------------------------------------------ prioritize
     def prioritize(self, body: Any) -> tuple[int, Any]:
@@ -103,7 +107,7 @@ class Verbs:
         if pod.request is None or not self.state.synced:
             return 200, wire.encode_host_priority_list(names, [0] * len(names))
         self.state.expire()
-        return 200, self.memo.prioritize(names, pod.key(self.default_policy), pod.uid)
+        return 200, self.memo.prioritize(names, pod.key(self.default_policy, self.capped), pod.uid)
 
     # ------------------------------------------------------------------ bind
     def bind(self, body: Any) -> tuple[int, Any]:
@@ -140,16 +144,17 @@ class Verbs:
         if not self.state.synced:
             return 200, wire.preemption_result({})
         self.state.expire()
-        devices = pod.request.devices
+        key = pod.key(self.default_policy, self.capped)
         keep = {node: victims for node, victims in args.victims.items()
-                if self._fits_after_eviction(node, devices, victims.uids)}
+                if self._fits_after_eviction(node, key, victims.uids)}
         return 200, wire.preemption_result(keep)
 
-    def _fits_after_eviction(self, node: str, devices: int, uids: list[str]) -> bool:
+    def _fits_after_eviction(self, node: str, key: Key, uids: list[str]) -> bool:
         view = self.state.view(node)
         if view is None:
             return False
         freed: dict[str, int] = {}
+        freed_over: dict[str, int] = {}
         freed_unplaced = 0
         for uid in uids:
             charge = self.state.charge_of(uid)
@@ -158,7 +163,9 @@ class Verbs:
             if charge.gpu_uuid is not None:
                 if self.state.gpu_node(charge.gpu_uuid) == node:
                     freed[charge.gpu_uuid] = freed.get(charge.gpu_uuid, 0) + charge.mib
+                    freed_over[charge.gpu_uuid] = freed_over.get(charge.gpu_uuid, 0) + charge.over
             elif charge.node == node:
                 freed_unplaced += charge.devices * view.unit_mib
-        return decisions.fits_without(view, devices * view.unit_mib, freed, freed_unplaced)
+        return decisions.fits_without(view, key[0] * view.unit_mib, freed, freed_unplaced,
+                                      self.memo.limit_need(key, view), freed_over)
 

@@ -50,15 +50,19 @@ class NodeView:
     free_rows: tuple[GpuRow, ...]  # healthy GPUs sorted by (free, index): binpack takes the first that fits
     free_keys: tuple[int, ...]  # their free MiB, for bisect
     most_free_row: GpuRow | None  # the healthy GPU with the most free MiB (lowest index on ties): spread's
+    # Elastic memory: per GPU (in `rows` order) what its pods' limits add above their used MiB, so a GPU's
+    # limit sum is used_mib + over[i] (decisions.limit_sum). None: no elastic pod here (limit sum = used).
+    over: tuple[int, ...] | None = None
 
     @classmethod
     def of(cls, name: str, unit_mib: int, gpus: tuple[GpuView, ...], unplaced_mib: int = 0,
-           error: str | None = None) -> NodeView:
-        return cls.of_rows(name, unit_mib, tuple(map(tuple, gpus)), unplaced_mib, error)  # type: ignore[arg-type]
+           error: str | None = None, over: tuple[int, ...] | None = None) -> NodeView:
+        return cls.of_rows(name, unit_mib, tuple(map(tuple, gpus)), unplaced_mib, error,  # type: ignore[arg-type]
+                           over)
 
     @classmethod
     def of_rows(cls, name: str, unit_mib: int, rows: tuple[GpuRow, ...], unplaced_mib: int = 0,
-                error: str | None = None) -> NodeView:
+                error: str | None = None, over: tuple[int, ...] | None = None) -> NodeView:
         healthy = [r for r in rows if r[4]]
         by_free = tuple(sorted(healthy, key=lambda r: (r[6], r[1])))
         most_free = min(healthy, key=lambda r: (-r[6], r[1])) if healthy else None
@@ -66,7 +70,7 @@ class NodeView:
                    max((r[6] for r in healthy), default=0),
                    max((r[3] for r in healthy), default=0),
                    sum(max(r[6], 0) for r in healthy), by_free,
-                   tuple(r[6] for r in by_free), most_free)
+                   tuple(r[6] for r in by_free), most_free, over)
 
     @property
     def gpus(self) -> tuple[GpuView, ...]:

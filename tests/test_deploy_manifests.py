@@ -342,6 +342,7 @@ def test_extender_flags_and_ports_agree() -> None:
     args = parse_memslice_args(c)
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert args.port == ports["https"] and args.health_port == ports["http"]
+    assert args.max_limit_ratio == 4  # elastic memory's cap on a GPU's sum of limits, parsed as the CLI does
     svc = find(objs, "Service", "memslice-extender")
     assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]} == {"https": "https", "http": "http"}
     for probe in ("livenessProbe", "readinessProbe"):  # plain HTTP: the verbs port requires a client cert
