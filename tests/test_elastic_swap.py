@@ -26,7 +26,7 @@ from memslice.interposer.region import read_region, read_region_file, sweep
 def tenant_bin(libs, tmp_path_factory: pytest.TempPathFactory) -> str:
     exe = tmp_path_factory.mktemp("elastic") / "elastic"
     subprocess.run(["cc", "-O2", "-Wall", "-Werror", f"-I{libs.include}", str(C_DIR / "elastic.c"), "-o", str(exe),
-                    "-L", libs.sim_dir, "-l:libcuda.so.1", "-lpthread"], check=True)
+                    "-L", libs.sim_dir, "-l:libcuda.so.1", "-lpthread", "-ldl"], check=True)
     return str(exe)
 
 
