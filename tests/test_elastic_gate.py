@@ -15,6 +15,9 @@ import pytest
 from conftest import TESTS, MiB, run
 from test_elastic_swap import elastic, per_process, tenant_bin, wait_for  # noqa: F401  (fixtures)
 
+from memslice.elastic import read_boards
+from memslice.interposer.region import read_region_file
+
 ROOT = TESTS.parent
 HOOKS_LAUNCH = ROOT / "interposer" / "src" / "hooks_launch.c"
 HOOKS_DEF = ROOT / "interposer" / "src" / "hooks.def"
@@ -127,3 +130,32 @@ def test_busy_tenant_keeps_its_data_while_a_neighbour_moves_its_ranges_again_and
     assert b.cmd("check") == f"check ok {768 * MiB}"
     assert b.proc.poll() is None
 
+
+
+def test_elastic_memory_is_on_the_first_gpu_a_process_uses_and_the_others_are_plain(elastic, tmp_path):  # noqa: F811
+    """A process is elastic on one GPU (the first it allocates on); on another GPU its allocations take the
+    plain path, which the shim says once, naming both GPUs: there A is not on the board, so it is never
+    asked to yield (nor moved) even when idle, and B's allocation there that HBM cannot hold is served from
+    host memory at once instead of waiting for A."""
+    err = tmp_path / "a.err"
+    with err.open("w") as f:
+        a = elastic("a", "768MiB", "128MiB", gpus="1GiB,1GiB", ctx="64MiB", stderr=f)
+    assert a.cmd("alloc 256 32") == "allocated 8"            # GPU 0: elastic
+    assert a.cmd("device 1") == "device 1"
+    assert a.cmd("alloc 512 32") == "allocated 16"           # GPU 1: plain
+    state = elastic.node().state
+    wait_for(lambda: per_process(state).get(a.proc.pid) == (64 + 256 + 64 + 512, 0), "A's bytes in HBM")
+    boards = sorted(elastic.edir.glob("*.board"))
+    assert len(boards) == 1, "A joined GPU 0's board only"
+    gpu1 = read_region_file(state + ".usage").devices[1].uuid
+    text = err.read_text()
+    assert text.count("take the plain path") == 1 and gpu1 in text, text
+    wait_for(lambda: any(t.pid == a.proc.pid and t.state == "idle" for t in read_boards(elastic.edir)), "A idle")
+    b = elastic("b", "1GiB", "512MiB", gpus="1GiB,1GiB", ctx="64MiB")
+    assert b.cmd("device 1") == "device 1"
+    assert b.cmd("alloc 512 32") == "allocated 16"
+    # on GPU 1: 1024 - A's 64 + 512 - B's 64 leaves 384 MiB of HBM; the rest of B is in host memory, A kept its
+    assert per_process(state)[b.proc.pid] == (64 + 64 + 384, 128)
+    assert per_process(state)[a.proc.pid] == (64 + 256 + 64 + 512, 0)
+    assert b.cmd("check") == f"check ok {512 * MiB}"
+    assert a.cmd("check") == f"check ok {768 * MiB}"

@@ -9,6 +9,7 @@
  *                         the driver through dlsym in even threads and through cuGetProcAddress_v2 with the
  *                         per-thread default stream flag in odd ones)
  *   stop                  stop them: "stopped ROUNDS ERRORS"
+ *   device N              create a context on GPU N and make it current (later allocs are on GPU N): "device N"
  *   ptrs                  "ptrs P1 P2 ..." (the pointer values, to show they never change)
  *   free                  free everything: "freed RC"
  * Between commands the process makes no CUDA call at all (it becomes idle). */
@@ -152,6 +153,11 @@ int main(void) {
             for (int i = 0; i < nth; i++) pthread_join(th[i], NULL);
             nth = 0;
             printf("stopped %ld %ld\n", g_rounds, g_errors);
+        } else if (sscanf(line, "device %zu", &a) == 1) {
+            CUdevice d;
+            CUcontext c;
+            if (cuDeviceGet(&d, (int)a) || cuCtxCreate_v2(&c, 0, d)) printf("device failed\n");
+            else printf("device %zu\n", a);
         } else if (strncmp(line, "ptrs", 4) == 0) {
             printf("ptrs");
             for (int i = 0; i < g_n; i++) printf(" %llx", (unsigned long long)g_ptr[i]);
