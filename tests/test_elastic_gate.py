@@ -159,3 +159,14 @@ def test_elastic_memory_is_on_the_first_gpu_a_process_uses_and_the_others_are_pl
     assert per_process(state)[a.proc.pid] == (64 + 256 + 64 + 512, 0)
     assert b.cmd("check") == f"check ok {512 * MiB}"
     assert a.cmd("check") == f"check ok {768 * MiB}"
+
+
+def test_on_another_gpu_oversubscription_spills_as_without_elastic_mode(elastic):  # noqa: F811
+    """The plain path on a GPU that is not the process's elastic one is cuMemAlloc_v2's own: past the quota,
+    with MEMSLICE_OVERSUBSCRIBE=1, the allocation spills to host memory instead of failing."""
+    a = elastic("a", "512MiB", "128MiB", gpus="1GiB,1GiB", ctx="64MiB", idle="600", MEMSLICE_OVERSUBSCRIBE="1")
+    assert a.cmd("alloc 64 32") == "allocated 2"             # GPU 0: elastic
+    assert a.cmd("device 1") == "device 1"
+    assert a.cmd("alloc 640 32") == "allocated 20"           # GPU 1: 512 MiB under the quota, 128 MiB spilled
+    assert per_process(elastic.node().state)[a.proc.pid] == (64 + 64 + 64 + 512, 128)
+    assert a.cmd("check") == f"check ok {704 * MiB}"

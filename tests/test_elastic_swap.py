@@ -72,10 +72,10 @@ def elastic(node, tmp_path: pathlib.Path, tenant_bin: str) -> Iterator[Callable[
     edir.mkdir()
 
     def start(name: str, limit: str, request: str | None, gpus: str = "4GiB", ctx: str = "300MiB",
-              idle: str = "0.3", wait: str = "60", stderr: IO[str] | None = None) -> Tenant:
+              idle: str = "0.3", wait: str = "60", stderr: IO[str] | None = None, **more: str) -> Tenant:
         n = nodes.setdefault("n", node(gpus=gpus, context_overhead=ctx))
         extra = dict(MEMSLICE_CONTEXT_RESERVE="0", MEMSLICE_ELASTIC_DIR=str(edir), MEMSLICE_IDLE_AFTER=idle,
-                     MEMSLICE_YIELD_WAIT=wait)
+                     MEMSLICE_YIELD_WAIT=wait, **more)
         if request is not None:
             extra["MEMSLICE_GPU_MEM_REQUEST"] = request
         t = Tenant(tenant_bin, n.container(tmp_path / name, limit, **extra), stderr)  # type: ignore[attr-defined]

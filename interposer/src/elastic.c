@@ -424,10 +424,12 @@ static CUresult place(CUmemGenericAllocationHandle *h, uint64_t size, int *host)
     return create_phys(h, size, 1);
 }
 
-/* The plain path, for an allocation elastic mode cannot serve (no context, no board). */
-static CUresult plain_alloc(CUdeviceptr *dptr, uint64_t n, int dev, const char *call) {
+/* The plain path, for an allocation elastic mode cannot serve (no context, no board, another GPU than the
+ * process's elastic one): exactly what cuMemAlloc_v2 does without elastic mode (hooks_device.c), spilling
+ * past the quota when oversubscribing. */
+static CUresult plain_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ord, const char *call) {
     CUresult rc = reserve(dev, n, call);
-    if (rc != CUDA_SUCCESS) return rc;
+    if (rc != CUDA_SUCCESS) return g_cfg.oversubscribe ? spill_alloc(dptr, n, dev, ord, NULL, call) : rc;
     if ((rc = REAL(cuMemAlloc_v2)(dptr, n)) != CUDA_SUCCESS || track(*dptr, n, dev, A_DEVICE, 0) < 0)
         uncharge(dev, n);
     return rc;
@@ -456,7 +458,7 @@ CUresult elastic_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ord, con
     pthread_mutex_lock(&g_mu);
     int ok = elastic_setup(dev, ord) == 0;
     pthread_mutex_unlock(&g_mu);
-    if (!ok) return plain_alloc(dptr, n, dev, call);
+    if (!ok) return plain_alloc(dptr, n, dev, ord, call);
     CUresult rc = reserve(dev, size, call);
     if (rc != CUDA_SUCCESS) return g_cfg.oversubscribe ? spill_alloc(dptr, n, dev, ord, NULL, call) : rc;
     struct erange *r = calloc(1, sizeof *r);
