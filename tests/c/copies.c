@@ -245,6 +245,7 @@ static void check_unmapped(void) {
     cuMemAddressFree(va, 2u << 20);
 }
 
+/* Run every check in a fresh context on GPU 0; exit 1 if any failed. */
 int main(void) {
     CUdevice dev;
     CUcontext ctx;
