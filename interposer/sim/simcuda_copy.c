@@ -25,7 +25,9 @@ API CUresult cuMemcpy_ptds(CUdeviceptr d, CUdeviceptr s, size_t n) { return cuMe
 /* Asynchronous copy: done when it returns. */
 API CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { (void)st; return cuMemcpy(d, s, n); }
 /* The per-thread-default-stream variant of cuMemcpyAsync: the same call. */
-API CUresult cuMemcpyAsync_ptsz(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { return cuMemcpyAsync(d, s, n, st); }
+API CUresult cuMemcpyAsync_ptsz(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
+    return cuMemcpyAsync(d, s, n, st);
+}
 
 /* ---- host to device ----------------------------------------------------------------------------------- */
 /* Host to device copy. */
@@ -35,7 +37,10 @@ API CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr d, const void *h, size_t n) { retu
 /* Its legacy 32-bit ABI. */
 API CUresult cuMemcpyHtoD(CUdeviceptr_v1 d, const void *h, unsigned int n) { return cuMemcpyHtoD_v2(d, h, n); }
 /* Asynchronous host to device copy. */
-API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *h, size_t n, CUstream st) { (void)st; return cuMemcpyHtoD_v2(d, h, n); }
+API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *h, size_t n, CUstream st) {
+    (void)st;
+    return cuMemcpyHtoD_v2(d, h, n);
+}
 /* Its per-thread-default-stream variant. */
 API CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr d, const void *h, size_t n, CUstream st) {
     return cuMemcpyHtoDAsync_v2(d, h, n, st);
@@ -53,7 +58,10 @@ API CUresult cuMemcpyDtoH_v2_ptds(void *h, CUdeviceptr d, size_t n) { return cuM
 /* Its legacy 32-bit ABI. */
 API CUresult cuMemcpyDtoH(void *h, CUdeviceptr_v1 d, unsigned int n) { return cuMemcpyDtoH_v2(h, d, n); }
 /* Asynchronous device to host copy. */
-API CUresult cuMemcpyDtoHAsync_v2(void *h, CUdeviceptr d, size_t n, CUstream st) { (void)st; return cuMemcpyDtoH_v2(h, d, n); }
+API CUresult cuMemcpyDtoHAsync_v2(void *h, CUdeviceptr d, size_t n, CUstream st) {
+    (void)st;
+    return cuMemcpyDtoH_v2(h, d, n);
+}
 /* Its per-thread-default-stream variant. */
 API CUresult cuMemcpyDtoHAsync_v2_ptsz(void *h, CUdeviceptr d, size_t n, CUstream st) {
     return cuMemcpyDtoHAsync_v2(h, d, n, st);
@@ -71,7 +79,10 @@ API CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr d, CUdeviceptr s, size_t n) { retu
 /* Its legacy 32-bit ABI. */
 API CUresult cuMemcpyDtoD(CUdeviceptr_v1 d, CUdeviceptr_v1 s, unsigned int n) { return cuMemcpyDtoD_v2(d, s, n); }
 /* Asynchronous device to device copy. */
-API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { (void)st; return cuMemcpyDtoD_v2(d, s, n); }
+API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
+    (void)st;
+    return cuMemcpyDtoD_v2(d, s, n);
+}
 /* Its per-thread-default-stream variant. */
 API CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
     return cuMemcpyDtoDAsync_v2(d, s, n, st);
@@ -118,9 +129,13 @@ API CUresult cuMemcpyAtoD_v2(CUdeviceptr d, CUarray a, size_t off, size_t n) {
     return s ? cuMemcpy(d, s, n) : CUDA_ERROR_INVALID_VALUE;
 }
 /* Its per-thread-default-stream variant. */
-API CUresult cuMemcpyAtoD_v2_ptds(CUdeviceptr d, CUarray a, size_t off, size_t n) { return cuMemcpyAtoD_v2(d, a, off, n); }
+API CUresult cuMemcpyAtoD_v2_ptds(CUdeviceptr d, CUarray a, size_t off, size_t n) {
+    return cuMemcpyAtoD_v2(d, a, off, n);
+}
 /* Its legacy 32-bit ABI. */
-API CUresult cuMemcpyAtoD(CUdeviceptr_v1 d, CUarray a, unsigned int off, unsigned int n) { return cuMemcpyAtoD_v2(d, a, off, n); }
+API CUresult cuMemcpyAtoD(CUdeviceptr_v1 d, CUarray a, unsigned int off, unsigned int n) {
+    return cuMemcpyAtoD_v2(d, a, off, n);
+}
 /* Device to array copy. */
 API CUresult cuMemcpyDtoA_v2(CUarray a, size_t off, CUdeviceptr s, size_t n) {
     NEED_INIT();
@@ -128,6 +143,10 @@ API CUresult cuMemcpyDtoA_v2(CUarray a, size_t off, CUdeviceptr s, size_t n) {
     return d ? cuMemcpy(d, s, n) : CUDA_ERROR_INVALID_VALUE;
 }
 /* Its per-thread-default-stream variant. */
-API CUresult cuMemcpyDtoA_v2_ptds(CUarray a, size_t off, CUdeviceptr s, size_t n) { return cuMemcpyDtoA_v2(a, off, s, n); }
+API CUresult cuMemcpyDtoA_v2_ptds(CUarray a, size_t off, CUdeviceptr s, size_t n) {
+    return cuMemcpyDtoA_v2(a, off, s, n);
+}
 /* Its legacy 32-bit ABI. */
-API CUresult cuMemcpyDtoA(CUarray a, unsigned int off, CUdeviceptr_v1 s, unsigned int n) { return cuMemcpyDtoA_v2(a, off, s, n); }
+API CUresult cuMemcpyDtoA(CUarray a, unsigned int off, CUdeviceptr_v1 s, unsigned int n) {
+    return cuMemcpyDtoA_v2(a, off, s, n);
+}

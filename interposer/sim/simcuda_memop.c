@@ -42,7 +42,8 @@ static int met(CUdeviceptr a, cuuint64_t v, unsigned size, unsigned op) {
 /* Wait (bounded) until the word at a meets the condition in flags. */
 static CUresult wait_value(CUdeviceptr a, cuuint64_t v, unsigned size, unsigned int flags) {
     NEED_INIT();
-    if (!a || a % size || (flags & ~(WAIT_OP_MASK | (unsigned)CU_STREAM_WAIT_VALUE_FLUSH))) return CUDA_ERROR_INVALID_VALUE;
+    if (!a || a % size || (flags & ~(WAIT_OP_MASK | (unsigned)CU_STREAM_WAIT_VALUE_FLUSH)))
+        return CUDA_ERROR_INVALID_VALUE;
     struct timespec nap = {0, 100000};
     for (long waited_us = 0; !met(a, v, size, flags & WAIT_OP_MASK); waited_us += 100) {
         if (waited_us >= SIM_WAIT_MS * 1000L) return CUDA_ERROR_LAUNCH_TIMEOUT;
@@ -53,37 +54,73 @@ static CUresult wait_value(CUdeviceptr a, cuuint64_t v, unsigned size, unsigned 
 
 /* ---- write and wait ----------------------------------------------------------------------------------- */
 /* Write a 32-bit value. */
-API CUresult cuStreamWriteValue32_v2(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) { (void)s; return write_value(a, v, 4, f); }
+API CUresult cuStreamWriteValue32_v2(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
+    (void)s;
+    return write_value(a, v, 4, f);
+}
 /* Its per-thread-default-stream variant. */
-API CUresult cuStreamWriteValue32_v2_ptsz(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) { return cuStreamWriteValue32_v2(s, a, v, f); }
+API CUresult cuStreamWriteValue32_v2_ptsz(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
+    return cuStreamWriteValue32_v2(s, a, v, f);
+}
 /* The CUDA 11.7-12.x name of the same call. */
-API CUresult cuStreamWriteValue32(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) { return cuStreamWriteValue32_v2(s, a, v, f); }
+API CUresult cuStreamWriteValue32(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
+    return cuStreamWriteValue32_v2(s, a, v, f);
+}
 /* Its per-thread-default-stream variant. */
-API CUresult cuStreamWriteValue32_ptsz(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) { return cuStreamWriteValue32_v2(s, a, v, f); }
+API CUresult cuStreamWriteValue32_ptsz(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
+    return cuStreamWriteValue32_v2(s, a, v, f);
+}
 /* Write a 64-bit value. */
-API CUresult cuStreamWriteValue64_v2(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) { (void)s; return write_value(a, v, 8, f); }
+API CUresult cuStreamWriteValue64_v2(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
+    (void)s;
+    return write_value(a, v, 8, f);
+}
 /* Its per-thread-default-stream variant. */
-API CUresult cuStreamWriteValue64_v2_ptsz(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) { return cuStreamWriteValue64_v2(s, a, v, f); }
+API CUresult cuStreamWriteValue64_v2_ptsz(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
+    return cuStreamWriteValue64_v2(s, a, v, f);
+}
 /* The older name of the same call. */
-API CUresult cuStreamWriteValue64(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) { return cuStreamWriteValue64_v2(s, a, v, f); }
+API CUresult cuStreamWriteValue64(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
+    return cuStreamWriteValue64_v2(s, a, v, f);
+}
 /* Its per-thread-default-stream variant. */
-API CUresult cuStreamWriteValue64_ptsz(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) { return cuStreamWriteValue64_v2(s, a, v, f); }
+API CUresult cuStreamWriteValue64_ptsz(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
+    return cuStreamWriteValue64_v2(s, a, v, f);
+}
 /* Wait on a 32-bit value. */
-API CUresult cuStreamWaitValue32_v2(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) { (void)s; return wait_value(a, v, 4, f); }
+API CUresult cuStreamWaitValue32_v2(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
+    (void)s;
+    return wait_value(a, v, 4, f);
+}
 /* Its per-thread-default-stream variant. */
-API CUresult cuStreamWaitValue32_v2_ptsz(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) { return cuStreamWaitValue32_v2(s, a, v, f); }
+API CUresult cuStreamWaitValue32_v2_ptsz(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
+    return cuStreamWaitValue32_v2(s, a, v, f);
+}
 /* The older name of the same call. */
-API CUresult cuStreamWaitValue32(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) { return cuStreamWaitValue32_v2(s, a, v, f); }
+API CUresult cuStreamWaitValue32(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
+    return cuStreamWaitValue32_v2(s, a, v, f);
+}
 /* Its per-thread-default-stream variant. */
-API CUresult cuStreamWaitValue32_ptsz(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) { return cuStreamWaitValue32_v2(s, a, v, f); }
+API CUresult cuStreamWaitValue32_ptsz(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
+    return cuStreamWaitValue32_v2(s, a, v, f);
+}
 /* Wait on a 64-bit value. */
-API CUresult cuStreamWaitValue64_v2(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) { (void)s; return wait_value(a, v, 8, f); }
+API CUresult cuStreamWaitValue64_v2(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
+    (void)s;
+    return wait_value(a, v, 8, f);
+}
 /* Its per-thread-default-stream variant. */
-API CUresult cuStreamWaitValue64_v2_ptsz(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) { return cuStreamWaitValue64_v2(s, a, v, f); }
+API CUresult cuStreamWaitValue64_v2_ptsz(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
+    return cuStreamWaitValue64_v2(s, a, v, f);
+}
 /* The older name of the same call. */
-API CUresult cuStreamWaitValue64(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) { return cuStreamWaitValue64_v2(s, a, v, f); }
+API CUresult cuStreamWaitValue64(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
+    return cuStreamWaitValue64_v2(s, a, v, f);
+}
 /* Its per-thread-default-stream variant. */
-API CUresult cuStreamWaitValue64_ptsz(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) { return cuStreamWaitValue64_v2(s, a, v, f); }
+API CUresult cuStreamWaitValue64_ptsz(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
+    return cuStreamWaitValue64_v2(s, a, v, f);
+}
 
 /* ---- batches ------------------------------------------------------------------------------------------ */
 /* Run a batch of memory operations in order (flags must be 0). */
@@ -95,10 +132,18 @@ API CUresult cuStreamBatchMemOp_v2(CUstream s, unsigned int count, CUstreamBatch
         CUstreamBatchMemOpParams *p = &ops[i];
         CUresult rc;
         switch (p->operation) {
-        case CU_STREAM_MEM_OP_WRITE_VALUE_32: rc = write_value(p->writeValue.address, p->writeValue.value, 4, p->writeValue.flags); break;
-        case CU_STREAM_MEM_OP_WRITE_VALUE_64: rc = write_value(p->writeValue.address, p->writeValue.value64, 8, p->writeValue.flags); break;
-        case CU_STREAM_MEM_OP_WAIT_VALUE_32: rc = wait_value(p->waitValue.address, p->waitValue.value, 4, p->waitValue.flags); break;
-        case CU_STREAM_MEM_OP_WAIT_VALUE_64: rc = wait_value(p->waitValue.address, p->waitValue.value64, 8, p->waitValue.flags); break;
+        case CU_STREAM_MEM_OP_WRITE_VALUE_32:
+            rc = write_value(p->writeValue.address, p->writeValue.value, 4, p->writeValue.flags);
+            break;
+        case CU_STREAM_MEM_OP_WRITE_VALUE_64:
+            rc = write_value(p->writeValue.address, p->writeValue.value64, 8, p->writeValue.flags);
+            break;
+        case CU_STREAM_MEM_OP_WAIT_VALUE_32:
+            rc = wait_value(p->waitValue.address, p->waitValue.value, 4, p->waitValue.flags);
+            break;
+        case CU_STREAM_MEM_OP_WAIT_VALUE_64:
+            rc = wait_value(p->waitValue.address, p->waitValue.value64, 8, p->waitValue.flags);
+            break;
         case CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES: case CU_STREAM_MEM_OP_BARRIER: rc = CUDA_SUCCESS; break;
         case CU_STREAM_MEM_OP_ATOMIC_REDUCTION: rc = CUDA_ERROR_NOT_SUPPORTED; break;
         default: rc = CUDA_ERROR_INVALID_VALUE; break;
@@ -108,8 +153,14 @@ API CUresult cuStreamBatchMemOp_v2(CUstream s, unsigned int count, CUstreamBatch
     return CUDA_SUCCESS;
 }
 /* Its per-thread-default-stream variant. */
-API CUresult cuStreamBatchMemOp_v2_ptsz(CUstream s, unsigned int n, CUstreamBatchMemOpParams *o, unsigned int f) { return cuStreamBatchMemOp_v2(s, n, o, f); }
+API CUresult cuStreamBatchMemOp_v2_ptsz(CUstream s, unsigned int n, CUstreamBatchMemOpParams *o, unsigned int f) {
+    return cuStreamBatchMemOp_v2(s, n, o, f);
+}
 /* The older name of the same call. */
-API CUresult cuStreamBatchMemOp(CUstream s, unsigned int n, CUstreamBatchMemOpParams *o, unsigned int f) { return cuStreamBatchMemOp_v2(s, n, o, f); }
+API CUresult cuStreamBatchMemOp(CUstream s, unsigned int n, CUstreamBatchMemOpParams *o, unsigned int f) {
+    return cuStreamBatchMemOp_v2(s, n, o, f);
+}
 /* Its per-thread-default-stream variant. */
-API CUresult cuStreamBatchMemOp_ptsz(CUstream s, unsigned int n, CUstreamBatchMemOpParams *o, unsigned int f) { return cuStreamBatchMemOp_v2(s, n, o, f); }
+API CUresult cuStreamBatchMemOp_ptsz(CUstream s, unsigned int n, CUstreamBatchMemOpParams *o, unsigned int f) {
+    return cuStreamBatchMemOp_v2(s, n, o, f);
+}

@@ -36,9 +36,14 @@ API CUresult cuMemsetD8_v2_ptds(CUdeviceptr d, unsigned char v, size_t n) { retu
 /* Its legacy 32-bit ABI. */
 API CUresult cuMemsetD8(CUdeviceptr_v1 d, unsigned char v, unsigned int n) { return cuMemsetD8_v2(d, v, n); }
 /* Asynchronous: done when it returns. */
-API CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s) { (void)s; return cuMemsetD8_v2(d, v, n); }
+API CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s) {
+    (void)s;
+    return cuMemsetD8_v2(d, v, n);
+}
 /* Its per-thread-default-stream variant. */
-API CUresult cuMemsetD8Async_ptsz(CUdeviceptr d, unsigned char v, size_t n, CUstream s) { return cuMemsetD8Async(d, v, n, s); }
+API CUresult cuMemsetD8Async_ptsz(CUdeviceptr d, unsigned char v, size_t n, CUstream s) {
+    return cuMemsetD8Async(d, v, n, s);
+}
 /* Set n 16-bit words. */
 API CUresult cuMemsetD16_v2(CUdeviceptr d, unsigned short v, size_t n) { return set_rows(d, 0, v, 2, n, 1); }
 /* Its per-thread-default-stream variant. */
@@ -46,7 +51,10 @@ API CUresult cuMemsetD16_v2_ptds(CUdeviceptr d, unsigned short v, size_t n) { re
 /* Its legacy 32-bit ABI. */
 API CUresult cuMemsetD16(CUdeviceptr_v1 d, unsigned short v, unsigned int n) { return cuMemsetD16_v2(d, v, n); }
 /* Asynchronous: done when it returns. */
-API CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream s) { (void)s; return cuMemsetD16_v2(d, v, n); }
+API CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream s) {
+    (void)s;
+    return cuMemsetD16_v2(d, v, n);
+}
 /* Its per-thread-default-stream variant. */
 API CUresult cuMemsetD16Async_ptsz(CUdeviceptr d, unsigned short v, size_t n, CUstream s) {
     return cuMemsetD16Async(d, v, n, s);
@@ -58,7 +66,10 @@ API CUresult cuMemsetD32_v2_ptds(CUdeviceptr d, unsigned int v, size_t n) { retu
 /* Its legacy 32-bit ABI. */
 API CUresult cuMemsetD32(CUdeviceptr_v1 d, unsigned int v, unsigned int n) { return cuMemsetD32_v2(d, v, n); }
 /* Asynchronous: done when it returns. */
-API CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream s) { (void)s; return cuMemsetD32_v2(d, v, n); }
+API CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream s) {
+    (void)s;
+    return cuMemsetD32_v2(d, v, n);
+}
 /* Its per-thread-default-stream variant. */
 API CUresult cuMemsetD32Async_ptsz(CUdeviceptr d, unsigned int v, size_t n, CUstream s) {
     return cuMemsetD32Async(d, v, n, s);
@@ -66,7 +77,9 @@ API CUresult cuMemsetD32Async_ptsz(CUdeviceptr d, unsigned int v, size_t n, CUst
 
 /* ---- 2D ----------------------------------------------------------------------------------------------- */
 /* Set a w x h block of bytes, rows p bytes apart. */
-API CUresult cuMemsetD2D8_v2(CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h) { return set_rows(d, p, v, 1, w, h); }
+API CUresult cuMemsetD2D8_v2(CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h) {
+    return set_rows(d, p, v, 1, w, h);
+}
 /* Its per-thread-default-stream variant. */
 API CUresult cuMemsetD2D8_v2_ptds(CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h) {
     return cuMemsetD2D8_v2(d, p, v, w, h);
