@@ -1,7 +1,10 @@
 """Elastic GPU memory on the simulated GPU (issue 13), in one run:
 
-1. Gated call cost: ns per cuMemsetD8_v2 (1 byte) without the shim, with it (no elastic: the gate is one
-   branch), and in elastic mode (the gate's counters). Median of --repeats interleaved runs.
+1. Gated call cost: ns per call without the shim, with it (no elastic: the gate is one branch), and in
+   elastic mode (the gate's counters), for cuMemsetD8_v2 (1 byte; gated from the start) and two entry points
+   gated later, cuMemsetD2D8Async and cuMemcpy2D_v2 (1 x 1 byte). Median of --repeats interleaved runs.
+   --gate-only measures this alone; --instructions counts instructions per call instead (valgrind's
+   callgrind, the difference between runs of 20,000 and 60,000 calls: deterministic on a loaded machine).
 2. Swap time per GiB: tenant A fills --swap-mib, goes idle; B needs HBM, A moves to host memory; A runs
    again and moves back. Seconds per GiB from A's own counters on the board (swap_out_ns / swap_in_ns).
    The simulator's "HBM" is host memory, so this is the shim's and the copy's cost, not PCIe's.
@@ -12,7 +15,8 @@
    admitted, OOMs, data errors (every burst writes a pattern and reads every byte back), p50/p95 seconds from
    waking (the burst's first call) to fully resident, and mean HBM occupancy (sampled).
 
-usage: python benchmarks/bench_elastic.py [--json] [--repeats N] [--swap-mib N] [--gpu-mib N] [--duration S]
+usage: python benchmarks/bench_elastic.py [--json] [--gate-only] [--repeats N] [--swap-mib N] [--gpu-mib N]
+                                          [--duration S]
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ def build(tmp: Path) -> dict[str, str]:
     for name, src in (("gate", HERE / "c" / "bench_gate.c"), ("tenant", ROOT / "tests" / "c" / "elastic.c")):
         exe = tmp / name
         subprocess.run(["cc", "-O2", f"-I{libs.include}", str(src), "-o", str(exe), "-L", libs.sim_dir,
-                        "-l:libcuda.so.1", "-lpthread"], check=True)
+                        "-l:libcuda.so.1", "-lpthread", "-ldl"], check=True)
         out[name] = str(exe)
     return out
 
@@ -90,18 +94,52 @@ class Tenant:
         self.p.wait(timeout=120)
 
 
-def gate_cost(exe: str, tmp: Path, repeats: int, calls: int) -> dict[str, float]:
+GATE_CALLS = {"set8": "cuMemsetD8_v2", "set2d8async": "cuMemsetD2D8Async", "copy2d": "cuMemcpy2D_v2"}
+
+
+def gate_cost(exe: str, tmp: Path, repeats: int, calls: int) -> dict[str, dict[str, float]]:
     base = node_env(tmp / "gate-run", "4GiB")
     (tmp / "gate-run").mkdir()
     envs = {"no shim": base,
             "shim, not elastic": tenant_env(base, tmp / "gate-run" / "r1", 1024, None, tmp),
             "shim, elastic": tenant_env(base, tmp / "gate-run" / "r2", 1024, 512, tmp)}
-    got: dict[str, list[float]] = {k: [] for k in envs}
+    got: dict[tuple[str, str], list[float]] = {(c, k): [] for c in GATE_CALLS for k in envs}
     for _ in range(repeats):
+        for (call, k) in got:
+            out = subprocess.run([exe, str(calls), call], env=envs[k], capture_output=True, text=True,
+                                 check=True).stdout
+            got[call, k].append(float(out.split()[1]))
+    return {name: {k: round(statistics.median(got[call, k]), 1) for k in envs} for call, name in GATE_CALLS.items()}
+
+
+def callgrind_total(cmd: list[str], env: dict[str, str], out: Path) -> int:
+    """Instructions callgrind counts for one run of cmd (all threads)."""
+    p = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *cmd], env=env,
+                       capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        raise RuntimeError(f"callgrind run failed: {p.stderr[-2000:]}")
+    for line in out.read_text().splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1])
+    raise RuntimeError(f"no instruction total in {out}")
+
+
+def gate_instructions(exe: str, tmp: Path) -> dict[str, dict[str, float]]:
+    """Instructions per gated call, per entry point and configuration (the 1 MiB buffer stays on the plain
+    path, so no elastic background thread runs: the count is deterministic)."""
+    base = node_env(tmp / "gate-cg", "4GiB")
+    (tmp / "gate-cg").mkdir()
+    envs = {"no shim": base,
+            "shim, not elastic": tenant_env(base, tmp / "gate-cg" / "r1", 1024, None, tmp),
+            "shim, elastic": tenant_env(base, tmp / "gate-cg" / "r2", 1024, 512, tmp)}
+    res: dict[str, dict[str, float]] = {}
+    for call, name in GATE_CALLS.items():
+        res[name] = {}
         for k, env in envs.items():
-            out = subprocess.run([exe, str(calls)], env=env, capture_output=True, text=True, check=True).stdout
-            got[k].append(float(out.split()[1]))
-    return {k: round(statistics.median(v), 1) for k, v in got.items()}
+            lo, hi = (callgrind_total([exe, str(n), call], env, tmp / f"cg-{call}-{len(res[name])}-{n}.out")
+                      for n in (20_000, 60_000))
+            res[name][k] = round((hi - lo) / 40_000, 1)
+    return res
 
 
 def swap_time(exe: str, tmp: Path, mib: int) -> dict[str, float]:
@@ -209,14 +247,21 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=30.0)
     ap.add_argument("--gap", type=float, default=2.0, help="mean idle gap between bursts, seconds")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--gate-only", action="store_true", help="only the gated call cost (figure 1)")
+    ap.add_argument("--instructions", action="store_true",
+                    help="only the gated call cost, in instructions per call (callgrind; needs valgrind)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-elastic-") as t:
         tmp = Path(t)
         exes = build(tmp)
-        res = {"gate_ns_per_call": gate_cost(exes["gate"], tmp, a.repeats, a.calls),
-               "swap": swap_time(exes["tenant"], tmp, a.swap_mib),
-               "density": {m: density(exes["tenant"], tmp, m, a.gpu_mib, a.peak_mib, a.typical_mib, a.duration,
-                                      a.gap, a.seed) for m in ("static", "elastic")}}
+        if a.instructions:
+            res: dict[str, object] = {"gate_instructions_per_call": gate_instructions(exes["gate"], tmp)}
+        else:
+            res = {"gate_ns_per_call": gate_cost(exes["gate"], tmp, a.repeats, a.calls)}
+        if not (a.gate_only or a.instructions):
+            res["swap"] = swap_time(exes["tenant"], tmp, a.swap_mib)
+            res["density"] = {m: density(exes["tenant"], tmp, m, a.gpu_mib, a.peak_mib, a.typical_mib, a.duration,
+                                         a.gap, a.seed) for m in ("static", "elastic")}
     if a.json:
         print(json.dumps(res, indent=2))
     else:

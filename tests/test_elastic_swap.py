@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from typing import IO
 
 import pytest
 from conftest import C_DIR, MiB
@@ -26,15 +27,16 @@ from memslice.interposer.region import read_region, read_region_file, sweep
 def tenant_bin(libs, tmp_path_factory: pytest.TempPathFactory) -> str:
     exe = tmp_path_factory.mktemp("elastic") / "elastic"
     subprocess.run(["cc", "-O2", "-Wall", "-Werror", f"-I{libs.include}", str(C_DIR / "elastic.c"), "-o", str(exe),
-                    "-L", libs.sim_dir, "-l:libcuda.so.1", "-lpthread"], check=True)
+                    "-L", libs.sim_dir, "-l:libcuda.so.1", "-lpthread", "-ldl"], check=True)
     return str(exe)
 
 
 class Tenant:
     """A tenant process (tests/c/elastic.c) in its own container region, driven line by line."""
 
-    def __init__(self, exe: str, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([exe], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    def __init__(self, exe: str, env: dict[str, str], stderr: IO[str] | None = None) -> None:
+        self.proc = subprocess.Popen([exe], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                                     text=True)
         assert self.say_nothing() == "ready"
 
     def say_nothing(self, timeout: float = 300) -> str:
@@ -70,13 +72,13 @@ def elastic(node, tmp_path: pathlib.Path, tenant_bin: str) -> Iterator[Callable[
     edir.mkdir()
 
     def start(name: str, limit: str, request: str | None, gpus: str = "4GiB", ctx: str = "300MiB",
-              idle: str = "0.3", wait: str = "60") -> Tenant:
+              idle: str = "0.3", wait: str = "60", stderr: IO[str] | None = None, **more: str) -> Tenant:
         n = nodes.setdefault("n", node(gpus=gpus, context_overhead=ctx))
         extra = dict(MEMSLICE_CONTEXT_RESERVE="0", MEMSLICE_ELASTIC_DIR=str(edir), MEMSLICE_IDLE_AFTER=idle,
-                     MEMSLICE_YIELD_WAIT=wait)
+                     MEMSLICE_YIELD_WAIT=wait, **more)
         if request is not None:
             extra["MEMSLICE_GPU_MEM_REQUEST"] = request
-        t = Tenant(tenant_bin, n.container(tmp_path / name, limit, **extra))  # type: ignore[attr-defined]
+        t = Tenant(tenant_bin, n.container(tmp_path / name, limit, **extra), stderr)  # type: ignore[attr-defined]
         made.append(t)
         return t
 

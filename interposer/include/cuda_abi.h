@@ -16,6 +16,7 @@ typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;      /* CUdeviceptr_v2 on LP64 */
 typedef unsigned int CUdeviceptr_v1;         /* legacy 32-bit entry points */
 typedef unsigned long long CUmemGenericAllocationHandle;
+typedef unsigned int cuuint32_t;
 typedef unsigned long long cuuint64_t;
 typedef struct CUctx_st *CUcontext;
 typedef struct CUstream_st *CUstream;
@@ -38,6 +39,8 @@ enum {
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_ILLEGAL_ADDRESS = 700,
+    CUDA_ERROR_LAUNCH_TIMEOUT = 702,
     CUDA_ERROR_NOT_PERMITTED = 800,
     CUDA_ERROR_NOT_SUPPORTED = 801,
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
@@ -50,7 +53,8 @@ typedef enum { CU_GET_PROC_ADDRESS_SUCCESS = 0, CU_GET_PROC_ADDRESS_SYMBOL_NOT_F
                CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2 } CUdriverProcAddressQueryResult;
 
 /* Memory types and pointer attributes */
-enum { CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2, CU_MEMORYTYPE_ARRAY = 3, CU_MEMORYTYPE_UNIFIED = 4 };
+typedef enum { CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2, CU_MEMORYTYPE_ARRAY = 3,
+               CU_MEMORYTYPE_UNIFIED = 4 } CUmemorytype;
 typedef enum { CU_POINTER_ATTRIBUTE_CONTEXT = 1, CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
        CU_POINTER_ATTRIBUTE_DEVICE_POINTER = 3, CU_POINTER_ATTRIBUTE_HOST_POINTER = 4,
        CU_POINTER_ATTRIBUTE_IS_MANAGED = 8, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
@@ -130,6 +134,86 @@ typedef struct { size_t Width, Height, Depth; CUarray_format Format; unsigned in
 typedef struct { unsigned int Width, Height, Depth; CUarray_format Format; unsigned int NumChannels, Flags; }
     CUDA_ARRAY3D_DESCRIPTOR_v1;
 typedef struct { size_t size; size_t alignment; unsigned int reserved[4]; } CUDA_ARRAY_MEMORY_REQUIREMENTS;
+
+/* Copies with descriptors (cuMemcpy2D/3D/3DPeer and the batch copies of CUDA 12.8+), exactly as cuda.h lays
+ * them out; the *_v1 ones are the legacy 32-bit ABI (cuMemcpy2D, cuMemcpy3D without _v2). */
+typedef struct CUDA_MEMCPY2D_st {
+    size_t srcXInBytes, srcY; CUmemorytype srcMemoryType; const void *srcHost; CUdeviceptr srcDevice;
+    CUarray srcArray; size_t srcPitch;
+    size_t dstXInBytes, dstY; CUmemorytype dstMemoryType; void *dstHost; CUdeviceptr dstDevice;
+    CUarray dstArray; size_t dstPitch;
+    size_t WidthInBytes, Height;
+} CUDA_MEMCPY2D;
+typedef struct CUDA_MEMCPY2D_v1_st {
+    unsigned int srcXInBytes, srcY; CUmemorytype srcMemoryType; const void *srcHost; CUdeviceptr_v1 srcDevice;
+    CUarray srcArray; unsigned int srcPitch;
+    unsigned int dstXInBytes, dstY; CUmemorytype dstMemoryType; void *dstHost; CUdeviceptr_v1 dstDevice;
+    CUarray dstArray; unsigned int dstPitch;
+    unsigned int WidthInBytes, Height;
+} CUDA_MEMCPY2D_v1;
+typedef struct CUDA_MEMCPY3D_st {
+    size_t srcXInBytes, srcY, srcZ, srcLOD; CUmemorytype srcMemoryType; const void *srcHost; CUdeviceptr srcDevice;
+    CUarray srcArray; void *reserved0; size_t srcPitch, srcHeight;
+    size_t dstXInBytes, dstY, dstZ, dstLOD; CUmemorytype dstMemoryType; void *dstHost; CUdeviceptr dstDevice;
+    CUarray dstArray; void *reserved1; size_t dstPitch, dstHeight;
+    size_t WidthInBytes, Height, Depth;
+} CUDA_MEMCPY3D;
+typedef struct CUDA_MEMCPY3D_v1_st {
+    unsigned int srcXInBytes, srcY, srcZ, srcLOD; CUmemorytype srcMemoryType; const void *srcHost;
+    CUdeviceptr_v1 srcDevice; CUarray srcArray; void *reserved0; unsigned int srcPitch, srcHeight;
+    unsigned int dstXInBytes, dstY, dstZ, dstLOD; CUmemorytype dstMemoryType; void *dstHost;
+    CUdeviceptr_v1 dstDevice; CUarray dstArray; void *reserved1; unsigned int dstPitch, dstHeight;
+    unsigned int WidthInBytes, Height, Depth;
+} CUDA_MEMCPY3D_v1;
+typedef struct CUDA_MEMCPY3D_PEER_st {
+    size_t srcXInBytes, srcY, srcZ, srcLOD; CUmemorytype srcMemoryType; const void *srcHost; CUdeviceptr srcDevice;
+    CUarray srcArray; CUcontext srcContext; size_t srcPitch, srcHeight;
+    size_t dstXInBytes, dstY, dstZ, dstLOD; CUmemorytype dstMemoryType; void *dstHost; CUdeviceptr dstDevice;
+    CUarray dstArray; CUcontext dstContext; size_t dstPitch, dstHeight;
+    size_t WidthInBytes, Height, Depth;
+} CUDA_MEMCPY3D_PEER;
+typedef enum { CU_MEMCPY_SRC_ACCESS_ORDER_INVALID = 0, CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1,
+               CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL = 2, CU_MEMCPY_SRC_ACCESS_ORDER_ANY = 3,
+               CU_MEMCPY_SRC_ACCESS_ORDER_MAX = 0x7fffffff } CUmemcpySrcAccessOrder;
+typedef struct CUmemcpyAttributes_st {
+    CUmemcpySrcAccessOrder srcAccessOrder; CUmemLocation srcLocHint, dstLocHint; unsigned int flags;
+} CUmemcpyAttributes;
+typedef enum { CU_MEMCPY_OPERAND_TYPE_POINTER = 1, CU_MEMCPY_OPERAND_TYPE_ARRAY = 2,
+               CU_MEMCPY_OPERAND_TYPE_MAX = 0x7fffffff } CUmemcpy3DOperandType;
+typedef struct CUoffset3D_st { size_t x, y, z; } CUoffset3D;
+typedef struct CUextent3D_st { size_t width, height, depth; } CUextent3D;
+typedef struct CUmemcpy3DOperand_st {
+    CUmemcpy3DOperandType type;
+    union {
+        struct { CUdeviceptr ptr; size_t rowLength, layerHeight; CUmemLocation locHint; } ptr;
+        struct { CUarray array; CUoffset3D offset; } array;
+    } op;
+} CUmemcpy3DOperand;
+typedef struct CUDA_MEMCPY3D_BATCH_OP_st {
+    CUmemcpy3DOperand src, dst; CUextent3D extent; CUmemcpySrcAccessOrder srcAccessOrder; unsigned int flags;
+} CUDA_MEMCPY3D_BATCH_OP;
+
+/* Stream memory operations (cuStreamWriteValue*, cuStreamWaitValue*, cuStreamBatchMemOp). The union is 48
+ * bytes (pad[6]); its CUDA 13 atomicReduction member is not declared here (nothing reads it). */
+typedef enum { CU_STREAM_MEM_OP_WAIT_VALUE_32 = 1, CU_STREAM_MEM_OP_WRITE_VALUE_32 = 2,
+               CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES = 3, CU_STREAM_MEM_OP_WAIT_VALUE_64 = 4,
+               CU_STREAM_MEM_OP_WRITE_VALUE_64 = 5, CU_STREAM_MEM_OP_BARRIER = 6,
+               CU_STREAM_MEM_OP_ATOMIC_REDUCTION = 8 } CUstreamBatchMemOpType;
+enum { CU_STREAM_WAIT_VALUE_GEQ = 0, CU_STREAM_WAIT_VALUE_EQ = 1, CU_STREAM_WAIT_VALUE_AND = 2,
+       CU_STREAM_WAIT_VALUE_NOR = 3, CU_STREAM_WAIT_VALUE_FLUSH = 1 << 30 };
+enum { CU_STREAM_WRITE_VALUE_DEFAULT = 0, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER = 1 };
+typedef union CUstreamBatchMemOpParams_union {
+    CUstreamBatchMemOpType operation;
+    struct { CUstreamBatchMemOpType operation; CUdeviceptr address; union { cuuint32_t value; cuuint64_t value64; };
+             unsigned int flags; CUdeviceptr alias; } waitValue, writeValue;
+    struct { CUstreamBatchMemOpType operation; unsigned int flags; } flushRemoteWrites, memoryBarrier;
+    cuuint64_t pad[6];
+} CUstreamBatchMemOpParams;
+_Static_assert(sizeof(CUstreamBatchMemOpParams) == 48, "CUstreamBatchMemOpParams is 48 bytes in cuda.h");
+
+/* Only passed by pointer here: the legacy multi-device launch's list and the decompression parameters. */
+typedef struct CUDA_LAUNCH_PARAMS_st CUDA_LAUNCH_PARAMS;
+typedef struct CUmemDecompressParams_st CUmemDecompressParams;
 
 /* ---- NVML ------------------------------------------------------------------------------------------ */
 #ifndef DECLDIR

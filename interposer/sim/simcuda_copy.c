@@ -1,50 +1,152 @@
-/* Simulated driver: copies and sets (all memory is host memory here). */
+/* Simulated driver: linear copies (host/device, device/device, peer, array/device) in every ABI variant of
+ * cuda.h. "Device memory" is host memory here, so a copy is a memmove that completes before the call
+ * returns (an Async copy is done when it returns; its stream is only checked). An address that is reserved
+ * but has no physical memory mapped (cuMemAddressReserve without cuMemMap, or between cuMemUnmap and the
+ * next cuMemMap + cuMemSetAccess) is PROT_NONE, so a copy touching it faults the process, as a GPU's MMU
+ * fault kills the context: work submitted against memory in the middle of a remap does not go unnoticed.
+ * The legacy 32-bit-ABI entry points (cuMemcpyHtoD, ...) take their pointers zero-extended. */
 #define _GNU_SOURCE
 #include <string.h>
 
+#include "sim_internal.h"
 #include "simcuda.h"
 
-/* ---- copies and sets (all memory is host memory here) -------------------------------------------- */
+/* ---- the one copy --------------------------------------------------------------------------------------- */
+/* Copy n bytes between two addresses of this process's simulated memory (host or device alike). */
 API CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
     NEED_INIT();
     if ((!dst || !src) && n) return CUDA_ERROR_INVALID_VALUE;
     if (n) memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
     return CUDA_SUCCESS;
 }
+#define P(h) ((CUdeviceptr)(uintptr_t)(h))
 /* The per-thread-default-stream variant of cuMemcpy: the same call. */
 API CUresult cuMemcpy_ptds(CUdeviceptr d, CUdeviceptr s, size_t n) { return cuMemcpy(d, s, n); }
-/* Host to device copy (a memmove here). */
-API CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *h, size_t n) { return cuMemcpy(d, (CUdeviceptr)(uintptr_t)h, n); }
-/* The per-thread-default-stream variant of cuMemcpyHtoD_v2: the same call. */
-API CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr d, const void *h, size_t n) { return cuMemcpyHtoD_v2(d, h, n); }
-/* Device to host copy (a memmove here). */
-API CUresult cuMemcpyDtoH_v2(void *h, CUdeviceptr d, size_t n) { return cuMemcpy((CUdeviceptr)(uintptr_t)h, d, n); }
-/* The per-thread-default-stream variant of cuMemcpyDtoH_v2: the same call. */
-API CUresult cuMemcpyDtoH_v2_ptds(void *h, CUdeviceptr d, size_t n) { return cuMemcpyDtoH_v2(h, d, n); }
-/* Device to device copy. */
-API CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) { return cuMemcpy(d, s, n); }
-/* Asynchronous copy: synchronous here. */
+/* Asynchronous copy: done when it returns. */
 API CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { (void)st; return cuMemcpy(d, s, n); }
 /* The per-thread-default-stream variant of cuMemcpyAsync: the same call. */
-API CUresult cuMemcpyAsync_ptsz(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { return cuMemcpyAsync(d, s, n, st); }
-/* Asynchronous host to device copy: synchronous here. */
-API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *h, size_t n, CUstream st) { (void)st; return cuMemcpyHtoD_v2(d, h, n); }
-/* Asynchronous device to host copy: synchronous here. */
-API CUresult cuMemcpyDtoHAsync_v2(void *h, CUdeviceptr d, size_t n, CUstream st) { (void)st; return cuMemcpyDtoH_v2(h, d, n); }
-/* Set n bytes. */
-API CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) {
-    NEED_INIT();
-    if (!d && n) return CUDA_ERROR_INVALID_VALUE;
-    memset((void *)(uintptr_t)d, v, n);
-    return CUDA_SUCCESS;
+API CUresult cuMemcpyAsync_ptsz(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
+    return cuMemcpyAsync(d, s, n, st);
 }
-/* The per-thread-default-stream variant of cuMemsetD8_v2: the same call. */
-API CUresult cuMemsetD8_v2_ptds(CUdeviceptr d, unsigned char v, size_t n) { return cuMemsetD8_v2(d, v, n); }
-/* Set n 32-bit words. */
-API CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned int v, size_t n) {
+
+/* ---- host to device ----------------------------------------------------------------------------------- */
+/* Host to device copy. */
+API CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *h, size_t n) { return cuMemcpy(d, P(h), n); }
+/* Its per-thread-default-stream variant. */
+API CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr d, const void *h, size_t n) { return cuMemcpyHtoD_v2(d, h, n); }
+/* Its legacy 32-bit ABI. */
+API CUresult cuMemcpyHtoD(CUdeviceptr_v1 d, const void *h, unsigned int n) { return cuMemcpyHtoD_v2(d, h, n); }
+/* Asynchronous host to device copy. */
+API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *h, size_t n, CUstream st) {
+    (void)st;
+    return cuMemcpyHtoD_v2(d, h, n);
+}
+/* Its per-thread-default-stream variant. */
+API CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr d, const void *h, size_t n, CUstream st) {
+    return cuMemcpyHtoDAsync_v2(d, h, n, st);
+}
+/* Its legacy 32-bit ABI. */
+API CUresult cuMemcpyHtoDAsync(CUdeviceptr_v1 d, const void *h, unsigned int n, CUstream st) {
+    return cuMemcpyHtoDAsync_v2(d, h, n, st);
+}
+
+/* ---- device to host ----------------------------------------------------------------------------------- */
+/* Device to host copy. */
+API CUresult cuMemcpyDtoH_v2(void *h, CUdeviceptr d, size_t n) { return cuMemcpy(P(h), d, n); }
+/* Its per-thread-default-stream variant. */
+API CUresult cuMemcpyDtoH_v2_ptds(void *h, CUdeviceptr d, size_t n) { return cuMemcpyDtoH_v2(h, d, n); }
+/* Its legacy 32-bit ABI. */
+API CUresult cuMemcpyDtoH(void *h, CUdeviceptr_v1 d, unsigned int n) { return cuMemcpyDtoH_v2(h, d, n); }
+/* Asynchronous device to host copy. */
+API CUresult cuMemcpyDtoHAsync_v2(void *h, CUdeviceptr d, size_t n, CUstream st) {
+    (void)st;
+    return cuMemcpyDtoH_v2(h, d, n);
+}
+/* Its per-thread-default-stream variant. */
+API CUresult cuMemcpyDtoHAsync_v2_ptsz(void *h, CUdeviceptr d, size_t n, CUstream st) {
+    return cuMemcpyDtoHAsync_v2(h, d, n, st);
+}
+/* Its legacy 32-bit ABI. */
+API CUresult cuMemcpyDtoHAsync(void *h, CUdeviceptr_v1 d, unsigned int n, CUstream st) {
+    return cuMemcpyDtoHAsync_v2(h, d, n, st);
+}
+
+/* ---- device to device --------------------------------------------------------------------------------- */
+/* Device to device copy. */
+API CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) { return cuMemcpy(d, s, n); }
+/* Its per-thread-default-stream variant. */
+API CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr d, CUdeviceptr s, size_t n) { return cuMemcpyDtoD_v2(d, s, n); }
+/* Its legacy 32-bit ABI. */
+API CUresult cuMemcpyDtoD(CUdeviceptr_v1 d, CUdeviceptr_v1 s, unsigned int n) { return cuMemcpyDtoD_v2(d, s, n); }
+/* Asynchronous device to device copy. */
+API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
+    (void)st;
+    return cuMemcpyDtoD_v2(d, s, n);
+}
+/* Its per-thread-default-stream variant. */
+API CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
+    return cuMemcpyDtoDAsync_v2(d, s, n, st);
+}
+/* Its legacy 32-bit ABI. */
+API CUresult cuMemcpyDtoDAsync(CUdeviceptr_v1 d, CUdeviceptr_v1 s, unsigned int n, CUstream st) {
+    return cuMemcpyDtoDAsync_v2(d, s, n, st);
+}
+
+/* ---- between contexts --------------------------------------------------------------------------------- */
+/* A peer copy: both contexts must be live ones (of any simulated GPU; all share one address space here). */
+API CUresult cuMemcpyPeer(CUdeviceptr d, CUcontext dc, CUdeviceptr s, CUcontext sc, size_t n) {
     NEED_INIT();
-    if (!d && n) return CUDA_ERROR_INVALID_VALUE;
-    unsigned int *p = (unsigned int *)(uintptr_t)d;
-    for (size_t i = 0; i < n; i++) p[i] = v;
-    return CUDA_SUCCESS;
+    if (sim_ctx_device(dc) < 0 || sim_ctx_device(sc) < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    return cuMemcpy(d, s, n);
+}
+/* Its per-thread-default-stream variant. */
+API CUresult cuMemcpyPeer_ptds(CUdeviceptr d, CUcontext dc, CUdeviceptr s, CUcontext sc, size_t n) {
+    return cuMemcpyPeer(d, dc, s, sc, n);
+}
+/* Asynchronous peer copy. */
+API CUresult cuMemcpyPeerAsync(CUdeviceptr d, CUcontext dc, CUdeviceptr s, CUcontext sc, size_t n, CUstream st) {
+    (void)st;
+    return cuMemcpyPeer(d, dc, s, sc, n);
+}
+/* Its per-thread-default-stream variant. */
+API CUresult cuMemcpyPeerAsync_ptsz(CUdeviceptr d, CUcontext dc, CUdeviceptr s, CUcontext sc, size_t n, CUstream st) {
+    return cuMemcpyPeerAsync(d, dc, s, sc, n, st);
+}
+
+/* ---- arrays and device memory ------------------------------------------------------------------------- */
+/* The address of byte `off` of an array, if off + n bytes lie inside it (offsets count bytes of the array's
+ * row-major layout); 0 otherwise. */
+static CUdeviceptr array_at(CUarray a, size_t off, size_t n) {
+    struct sim_layout l;
+    if (sim_array_layout(a, &l) < 0) return 0;
+    uint64_t size = l.row_bytes * l.rows * l.layers;
+    return off <= size && n <= size - off ? P(l.mem) + off : 0;
+}
+/* Array to device copy. */
+API CUresult cuMemcpyAtoD_v2(CUdeviceptr d, CUarray a, size_t off, size_t n) {
+    NEED_INIT();
+    CUdeviceptr s = array_at(a, off, n);
+    return s ? cuMemcpy(d, s, n) : CUDA_ERROR_INVALID_VALUE;
+}
+/* Its per-thread-default-stream variant. */
+API CUresult cuMemcpyAtoD_v2_ptds(CUdeviceptr d, CUarray a, size_t off, size_t n) {
+    return cuMemcpyAtoD_v2(d, a, off, n);
+}
+/* Its legacy 32-bit ABI. */
+API CUresult cuMemcpyAtoD(CUdeviceptr_v1 d, CUarray a, unsigned int off, unsigned int n) {
+    return cuMemcpyAtoD_v2(d, a, off, n);
+}
+/* Device to array copy. */
+API CUresult cuMemcpyDtoA_v2(CUarray a, size_t off, CUdeviceptr s, size_t n) {
+    NEED_INIT();
+    CUdeviceptr d = array_at(a, off, n);
+    return d ? cuMemcpy(d, s, n) : CUDA_ERROR_INVALID_VALUE;
+}
+/* Its per-thread-default-stream variant. */
+API CUresult cuMemcpyDtoA_v2_ptds(CUarray a, size_t off, CUdeviceptr s, size_t n) {
+    return cuMemcpyDtoA_v2(a, off, s, n);
+}
+/* Its legacy 32-bit ABI. */
+API CUresult cuMemcpyDtoA(CUarray a, unsigned int off, CUdeviceptr_v1 s, unsigned int n) {
+    return cuMemcpyDtoA_v2(a, off, s, n);
 }

@@ -325,10 +325,26 @@ static void *elastic_thread(void *arg) {
     return NULL;
 }
 
+/* Elastic memory lives on one GPU per process (docs/architecture.md, "Elastic memory on one GPU per
+ * process"): say once per other GPU that its allocations take the plain path. Caller holds g_mu. */
+static void say_other_gpu(int dev) {
+    static uint64_t said; /* ledger indices already named (one bit each) */
+    if (dev < 0 || dev >= 64 || (said & (1ull << dev))) return;
+    said |= 1ull << dev;
+    shim_log(LOG_WARN, "memslice: elastic memory is on %s in this process (the first GPU it allocated on); its "
+             "allocations on %s take the plain path: charged to the limit, never moved to host memory, and not "
+             "on that GPU's board (neighbours there cannot ask it for HBM, nor it them)",
+             g_ledger.r->dev[g_dev].uuid, g_ledger.r->dev[dev].uuid);
+}
+
 /* The first elastic allocation of the process: its GPU, context, board slot and background thread. Caller
  * holds g_mu. 0, or -1 (then allocations take the plain path). */
 static int elastic_setup(int dev, CUdevice ord) {
-    if (g_thread_started) return g_dev == dev ? 0 : -1;
+    if (g_thread_started) {
+        if (g_dev == dev) return 0;
+        say_other_gpu(dev);
+        return -1;
+    }
     char err[512];
     if (REAL(cuCtxGetCurrent)(&g_ctx) != CUDA_SUCCESS || !g_ctx) return -1;
     if (eb_open(&g_board, g_cfg.elastic_dir, g_ledger.r->dev[dev].uuid, err, sizeof err) < 0) {
@@ -408,10 +424,12 @@ static CUresult place(CUmemGenericAllocationHandle *h, uint64_t size, int *host)
     return create_phys(h, size, 1);
 }
 
-/* The plain path, for an allocation elastic mode cannot serve (no context, no board). */
-static CUresult plain_alloc(CUdeviceptr *dptr, uint64_t n, int dev, const char *call) {
+/* The plain path, for an allocation elastic mode cannot serve (no context, no board, another GPU than the
+ * process's elastic one): exactly what cuMemAlloc_v2 does without elastic mode (hooks_device.c), spilling
+ * past the quota when oversubscribing. */
+static CUresult plain_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ord, const char *call) {
     CUresult rc = reserve(dev, n, call);
-    if (rc != CUDA_SUCCESS) return rc;
+    if (rc != CUDA_SUCCESS) return g_cfg.oversubscribe ? spill_alloc(dptr, n, dev, ord, NULL, call) : rc;
     if ((rc = REAL(cuMemAlloc_v2)(dptr, n)) != CUDA_SUCCESS || track(*dptr, n, dev, A_DEVICE, 0) < 0)
         uncharge(dev, n);
     return rc;
@@ -440,7 +458,7 @@ CUresult elastic_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ord, con
     pthread_mutex_lock(&g_mu);
     int ok = elastic_setup(dev, ord) == 0;
     pthread_mutex_unlock(&g_mu);
-    if (!ok) return plain_alloc(dptr, n, dev, call);
+    if (!ok) return plain_alloc(dptr, n, dev, ord, call);
     CUresult rc = reserve(dev, size, call);
     if (rc != CUDA_SUCCESS) return g_cfg.oversubscribe ? spill_alloc(dptr, n, dev, ord, NULL, call) : rc;
     struct erange *r = calloc(1, sizeof *r);

@@ -1,11 +1,15 @@
-/* An elastic-memory tenant for tests/test_elastic_swap.py, driven by commands on stdin (one per line), each
- * answered by one line on stdout:
+/* An elastic-memory tenant for tests/test_elastic_swap.py and tests/test_elastic_gate.py, driven by commands
+ * on stdin (one per line), each answered by one line on stdout:
  *   alloc MIB CHUNK_MIB   allocate MIB in blocks of CHUNK_MIB with cuMemAlloc_v2, fill every byte with a
  *                         pattern of (block, offset) through cuMemcpyHtoD: "allocated N" or "oom N"
  *   check                 read every byte back through the same pointers: "check ok BYTES" or "check bad ..."
- *   busy THREADS          start THREADS (at most 4) threads that keep rewriting the 4 newest blocks
- *                         (cuMemsetD32) and reading them back (cuMemcpyDtoH) until "stop": "busy"
+ *   busy THREADS [FAMILY] start THREADS (at most 4) threads that keep rewriting the 4 newest blocks and reading
+ *                         them back until "stop": "busy". FAMILY picks the entry points each round uses
+ *                         (default set32: cuMemsetD32 + cuMemcpyDtoH by symbol; the others, in gate.h, reach
+ *                         the driver through dlsym in even threads and through cuGetProcAddress_v2 with the
+ *                         per-thread default stream flag in odd ones)
  *   stop                  stop them: "stopped ROUNDS ERRORS"
+ *   device N              create a context on GPU N and make it current (later allocs are on GPU N): "device N"
  *   ptrs                  "ptrs P1 P2 ..." (the pointer values, to show they never change)
  *   free                  free everything: "freed RC"
  * Between commands the process makes no CUDA call at all (it becomes idle). */
@@ -18,6 +22,7 @@
 #include <string.h>
 
 #include "cuda_api.h"
+#include "gate.h"
 
 #define MiB ((size_t)1 << 20)
 #define MAXB 512
@@ -30,6 +35,7 @@ static pthread_mutex_t g_stat = PTHREAD_MUTEX_INITIALIZER;
 static CUcontext g_ctx;
 static int g_nthreads;
 static int g_first_rounds; /* busy threads that have finished a first round (atomic) */
+static char g_family[32];  /* the busy threads' family of entry points ("" = set32) */
 
 /* The pattern: word i of block b. Distinct per block, so a block mapped at the wrong address shows. */
 static uint32_t word(int b, size_t i) { return (uint32_t)(b * 2654435761u) ^ (uint32_t)i ^ 0xa5a5a5a5u; }
@@ -86,9 +92,17 @@ static void *busy(void *arg) {
     for (int b = 0; b < g_n; b++) cap = g_size[b] > cap ? g_size[b] : cap;
     uint32_t *buf = malloc(cap);
     long rounds = 0, errors = 0;
+    struct gate_ops ops;
+    const struct gate_family *fam = gate_family(g_family);
+    if (fam && gate_resolve(&ops, id % 2 ? GATE_PROCADDR_PTDS : GATE_DLSYM) < 0) { fam = NULL; errors++; g_stop = 1; }
     while (!g_stop) {
         for (int b = g_n - 1 - id; b >= 0 && b >= g_n - 4 && !g_stop; b -= g_nthreads) {
             uint32_t v = ((uint32_t)id << 24) | (uint32_t)(rounds & 0xffffff);
+            if (fam) { /* the partner block: the thread's other busy block (peer copies go between the two) */
+                int b2 = b - g_nthreads >= 0 && b - g_nthreads >= g_n - 4 ? b - g_nthreads : g_n - 1 - id;
+                errors += fam->round(&ops, g_ctx, g_ptr[b], g_ptr[b2], g_size[b], v, buf);
+                continue;
+            }
             if (cuMemsetD32_v2(g_ptr[b], v, g_size[b] / 4) || cuMemcpyDtoH_v2(buf, g_ptr[b], g_size[b])) { errors++; continue; }
             for (size_t i = 0; i < g_size[b] / 4; i++)
                 if (buf[i] != v) { errors++; break; }
@@ -121,6 +135,10 @@ int main(void) {
         if (sscanf(line, "alloc %zu %zu", &a, &b) == 2) cmd_alloc(a, b);
         else if (strncmp(line, "check", 5) == 0) cmd_check();
         else if (sscanf(line, "busy %zu", &a) == 1) {
+            g_family[0] = 0;
+            sscanf(line, "busy %*u %31s", g_family);
+            if (strcmp(g_family, "set32") == 0) g_family[0] = 0;
+            if (g_family[0] && !gate_family(g_family)) { printf("unknown family\n"); continue; }
             g_stop = 0;
             g_nthreads = a < 1 ? 1 : a > 4 ? 4 : (int)a;
             __atomic_store_n(&g_first_rounds, 0, __ATOMIC_SEQ_CST);
@@ -135,6 +153,11 @@ int main(void) {
             for (int i = 0; i < nth; i++) pthread_join(th[i], NULL);
             nth = 0;
             printf("stopped %ld %ld\n", g_rounds, g_errors);
+        } else if (sscanf(line, "device %zu", &a) == 1) {
+            CUdevice d;
+            CUcontext c;
+            if (cuDeviceGet(&d, (int)a) || cuCtxCreate_v2(&c, 0, d)) printf("device failed\n");
+            else printf("device %zu\n", a);
         } else if (strncmp(line, "ptrs", 4) == 0) {
             printf("ptrs");
             for (int i = 0; i < g_n; i++) printf(" %llx", (unsigned long long)g_ptr[i]);

@@ -1,0 +1,166 @@
+/* Simulated driver: stream memory operations (cuStreamWriteValue32/64, cuStreamWaitValue32/64,
+ * cuStreamBatchMemOp; v1, _v2 and per-thread variants), as cuda.h documents them: a write stores the value
+ * at a device address (4- or 8-byte aligned), a wait blocks the stream until the word at the address meets
+ * the condition in the low bits of flags (GEQ: (int32_t)(*addr - value) >= 0, the cyclic comparison; EQ;
+ * AND: (*addr & value) != 0; NOR: ~(*addr | value) != 0), FLUSH may be or-ed in. Work here completes before
+ * its call returns, so a wait is done by the calling thread: it polls for at most SIM_WAIT_MS and then
+ * answers CUDA_ERROR_LAUNCH_TIMEOUT (a real stream would wait on; a test hanging forever helps no one).
+ * Batch operations run in order; flushes and barriers are no-ops (all memory is coherent here); the atomic
+ * reductions of CUDA 13 are not modelled (CUDA_ERROR_NOT_SUPPORTED). An address in reserved but unmapped
+ * memory faults, like a copy (simcuda_copy.c). */
+#define _GNU_SOURCE
+#include <time.h>
+
+#include "simcuda.h"
+
+#define SIM_WAIT_MS 10000
+#define WAIT_OP_MASK 0x3u
+
+/* Store a 32- or 64-bit value (flags: DEFAULT or NO_MEMORY_BARRIER). */
+static CUresult write_value(CUdeviceptr a, cuuint64_t v, unsigned size, unsigned int flags) {
+    NEED_INIT();
+    if (!a || a % size || (flags & ~(unsigned)CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER)) return CUDA_ERROR_INVALID_VALUE;
+    if (size == 4) __atomic_store_n((cuuint32_t *)(uintptr_t)a, (cuuint32_t)v, __ATOMIC_SEQ_CST);
+    else __atomic_store_n((cuuint64_t *)(uintptr_t)a, v, __ATOMIC_SEQ_CST);
+    return CUDA_SUCCESS;
+}
+
+/* Whether the word at a meets the wait condition. */
+static int met(CUdeviceptr a, cuuint64_t v, unsigned size, unsigned op) {
+    cuuint64_t x = size == 4 ? __atomic_load_n((cuuint32_t *)(uintptr_t)a, __ATOMIC_SEQ_CST)
+                             : __atomic_load_n((cuuint64_t *)(uintptr_t)a, __ATOMIC_SEQ_CST);
+    cuuint64_t mask = size == 4 ? 0xffffffffull : ~0ull;
+    switch (op) {
+    case CU_STREAM_WAIT_VALUE_GEQ:
+        return size == 4 ? (int32_t)(uint32_t)(x - v) >= 0 : (int64_t)(x - v) >= 0;
+    case CU_STREAM_WAIT_VALUE_EQ: return ((x ^ v) & mask) == 0;
+    case CU_STREAM_WAIT_VALUE_AND: return (x & v & mask) != 0;
+    default: return (~(x | v) & mask) != 0; /* NOR */
+    }
+}
+
+/* Wait (bounded) until the word at a meets the condition in flags. */
+static CUresult wait_value(CUdeviceptr a, cuuint64_t v, unsigned size, unsigned int flags) {
+    NEED_INIT();
+    if (!a || a % size || (flags & ~(WAIT_OP_MASK | (unsigned)CU_STREAM_WAIT_VALUE_FLUSH)))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct timespec nap = {0, 100000};
+    for (long waited_us = 0; !met(a, v, size, flags & WAIT_OP_MASK); waited_us += 100) {
+        if (waited_us >= SIM_WAIT_MS * 1000L) return CUDA_ERROR_LAUNCH_TIMEOUT;
+        nanosleep(&nap, NULL);
+    }
+    return CUDA_SUCCESS;
+}
+
+/* ---- write and wait ----------------------------------------------------------------------------------- */
+/* Write a 32-bit value. */
+API CUresult cuStreamWriteValue32_v2(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
+    (void)s;
+    return write_value(a, v, 4, f);
+}
+/* Its per-thread-default-stream variant. */
+API CUresult cuStreamWriteValue32_v2_ptsz(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
+    return cuStreamWriteValue32_v2(s, a, v, f);
+}
+/* The CUDA 11.7-12.x name of the same call. */
+API CUresult cuStreamWriteValue32(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
+    return cuStreamWriteValue32_v2(s, a, v, f);
+}
+/* Its per-thread-default-stream variant. */
+API CUresult cuStreamWriteValue32_ptsz(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
+    return cuStreamWriteValue32_v2(s, a, v, f);
+}
+/* Write a 64-bit value. */
+API CUresult cuStreamWriteValue64_v2(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
+    (void)s;
+    return write_value(a, v, 8, f);
+}
+/* Its per-thread-default-stream variant. */
+API CUresult cuStreamWriteValue64_v2_ptsz(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
+    return cuStreamWriteValue64_v2(s, a, v, f);
+}
+/* The older name of the same call. */
+API CUresult cuStreamWriteValue64(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
+    return cuStreamWriteValue64_v2(s, a, v, f);
+}
+/* Its per-thread-default-stream variant. */
+API CUresult cuStreamWriteValue64_ptsz(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
+    return cuStreamWriteValue64_v2(s, a, v, f);
+}
+/* Wait on a 32-bit value. */
+API CUresult cuStreamWaitValue32_v2(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
+    (void)s;
+    return wait_value(a, v, 4, f);
+}
+/* Its per-thread-default-stream variant. */
+API CUresult cuStreamWaitValue32_v2_ptsz(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
+    return cuStreamWaitValue32_v2(s, a, v, f);
+}
+/* The older name of the same call. */
+API CUresult cuStreamWaitValue32(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
+    return cuStreamWaitValue32_v2(s, a, v, f);
+}
+/* Its per-thread-default-stream variant. */
+API CUresult cuStreamWaitValue32_ptsz(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
+    return cuStreamWaitValue32_v2(s, a, v, f);
+}
+/* Wait on a 64-bit value. */
+API CUresult cuStreamWaitValue64_v2(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
+    (void)s;
+    return wait_value(a, v, 8, f);
+}
+/* Its per-thread-default-stream variant. */
+API CUresult cuStreamWaitValue64_v2_ptsz(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
+    return cuStreamWaitValue64_v2(s, a, v, f);
+}
+/* The older name of the same call. */
+API CUresult cuStreamWaitValue64(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
+    return cuStreamWaitValue64_v2(s, a, v, f);
+}
+/* Its per-thread-default-stream variant. */
+API CUresult cuStreamWaitValue64_ptsz(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
+    return cuStreamWaitValue64_v2(s, a, v, f);
+}
+
+/* ---- batches ------------------------------------------------------------------------------------------ */
+/* Run a batch of memory operations in order (flags must be 0). */
+API CUresult cuStreamBatchMemOp_v2(CUstream s, unsigned int count, CUstreamBatchMemOpParams *ops, unsigned int flags) {
+    NEED_INIT();
+    (void)s;
+    if ((count && !ops) || flags) return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned int i = 0; i < count; i++) {
+        CUstreamBatchMemOpParams *p = &ops[i];
+        CUresult rc;
+        switch (p->operation) {
+        case CU_STREAM_MEM_OP_WRITE_VALUE_32:
+            rc = write_value(p->writeValue.address, p->writeValue.value, 4, p->writeValue.flags);
+            break;
+        case CU_STREAM_MEM_OP_WRITE_VALUE_64:
+            rc = write_value(p->writeValue.address, p->writeValue.value64, 8, p->writeValue.flags);
+            break;
+        case CU_STREAM_MEM_OP_WAIT_VALUE_32:
+            rc = wait_value(p->waitValue.address, p->waitValue.value, 4, p->waitValue.flags);
+            break;
+        case CU_STREAM_MEM_OP_WAIT_VALUE_64:
+            rc = wait_value(p->waitValue.address, p->waitValue.value64, 8, p->waitValue.flags);
+            break;
+        case CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES: case CU_STREAM_MEM_OP_BARRIER: rc = CUDA_SUCCESS; break;
+        case CU_STREAM_MEM_OP_ATOMIC_REDUCTION: rc = CUDA_ERROR_NOT_SUPPORTED; break;
+        default: rc = CUDA_ERROR_INVALID_VALUE; break;
+        }
+        if (rc != CUDA_SUCCESS) return rc;
+    }
+    return CUDA_SUCCESS;
+}
+/* Its per-thread-default-stream variant. */
+API CUresult cuStreamBatchMemOp_v2_ptsz(CUstream s, unsigned int n, CUstreamBatchMemOpParams *o, unsigned int f) {
+    return cuStreamBatchMemOp_v2(s, n, o, f);
+}
+/* The older name of the same call. */
+API CUresult cuStreamBatchMemOp(CUstream s, unsigned int n, CUstreamBatchMemOpParams *o, unsigned int f) {
+    return cuStreamBatchMemOp_v2(s, n, o, f);
+}
+/* Its per-thread-default-stream variant. */
+API CUresult cuStreamBatchMemOp_ptsz(CUstream s, unsigned int n, CUstreamBatchMemOpParams *o, unsigned int f) {
+    return cuStreamBatchMemOp_v2(s, n, o, f);
+}
