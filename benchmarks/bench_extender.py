@@ -372,6 +372,7 @@ class Bench:
         self.gc_log = self.tmp / "gc.log"
         self.gc_seen = 0
         self.ext: subprocess.Popen | None = None
+        self.spy: subprocess.Popen | None = None
         self.port = 0
         self.start_cpu_s = 0.0
         url = json.loads(self.read_standin())["url"]
@@ -395,13 +396,20 @@ class Bench:
         self.standin.stdin.flush()
         return json.loads(self.read_standin())
 
-    def start_extender(self) -> float:
-        """Start the extender; seconds from its start to the first filter it answers (not 'not synced');
-        the extender's CPU seconds until then in self.start_cpu_s."""
+    def start_extender(self, pythonpath: str | None = None) -> float:
+        """Start the extender (with `pythonpath`: another tree of the package, e.g. main's); seconds from its
+        start to the first filter it answers (not 'not synced'); the extender's CPU seconds until then in
+        self.start_cpu_s. BENCH_PYSPY=path records it with py-spy (raw samples, GIL holders only)."""
+        env = self.env if pythonpath is None else dict(self.env, PYTHONPATH=pythonpath)
+        argv = [sys.executable, __file__, "--_extender", str(self.gc_log), "extender",
+                "--kubeconfig", str(self.kubeconfig), "--address", "127.0.0.1", "--port", "0",
+                "--log-level", "warning"]
         t0 = time.monotonic()
-        self.ext = subprocess.Popen([sys.executable, __file__, "--_extender", str(self.gc_log), "extender",
-                                     "--kubeconfig", str(self.kubeconfig), "--address", "127.0.0.1", "--port", "0",
-                                     "--log-level", "warning"], stdout=subprocess.PIPE, text=True, env=self.env)
+        self.ext = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+        if os.environ.get("BENCH_PYSPY"):  # until the extender exits; each start overwrites the file
+            self.spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "-r", "250", "-f",
+                                         "raw", "-g", "-o", os.environ["BENCH_PYSPY"], "--pid", str(self.ext.pid)],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         assert self.ext.stdout is not None
         line = self.ext.stdout.readline()
         if "serving" not in line:
@@ -423,6 +431,9 @@ class Bench:
         if self.ext is not None:
             self.ext.terminate()
             self.ext.wait(30)
+            if self.spy is not None:
+                self.spy.wait(60)
+                self.spy = None
             self.ext = None
 
     def gc_pauses(self) -> list[tuple[float, int]]:
@@ -489,6 +500,32 @@ def schedule(bench: Bench, pods: list[dict], names: list[str], k: int, rng: rand
             "gc_max_pause_ms": round(max((p for p, _ in gcs), default=0.0), 1),
             "gc_full_collections": sum(1 for _, g in gcs if g == 2),
             "rss_mib": round(rss_kib(pid)[0] / 1024, 1)}
+
+
+def restarts(args: argparse.Namespace) -> dict:
+    """--restart-at: prefill the stand-in (no extender running), then start the extender --restarts times on
+    it, alternating with --alt-pythonpath's tree when given: seconds and extender CPU to the first answered
+    filter, RSS then; medians per tree."""
+    bench = Bench(args)
+    try:
+        state = bench.cmd(f"fill {args.restart_at}")
+        trees: list[str | None] = [None] + ([args.alt_pythonpath] if args.alt_pythonpath else [])
+        runs: dict[str, list[dict]] = {str(t or "this tree"): [] for t in trees}
+        for i in range(args.restarts):
+            for tree in trees if i % 2 == 0 else trees[::-1]:
+                wall = bench.start_extender(tree)
+                rss = rss_kib(bench.ext.pid)[0] / 1024  # type: ignore[union-attr]
+                runs[str(tree or "this tree")].append({"to_first_filter_s": round(wall, 3),
+                                                        "cpu_s": round(bench.start_cpu_s, 3),
+                                                        "rss_mib": round(rss, 1)})
+                bench.stop_extender()
+        return {"restart_at": {"pods": state["pods"], "fill_pct": round(state["fill"] * 100, 1),
+                               "nodes": args.nodes, "load_avg_1m": os.getloadavg()[0]},
+                "runs": runs,
+                "medians": {tree: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for tree, rs in runs.items()},
+                "targets": {"restart_to_filter_s": TARGETS["restart_to_filter_s"]}}
+    finally:
+        bench.close()
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -586,10 +623,19 @@ def main() -> int:
     p.add_argument("--bind-workers", type=int, default=16, help="binds in flight at most (one connection each)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--restart-at", type=float, default=None, metavar="FRACTION",
+                   help="only restarts: prefill to FRACTION (0.15: ~43,000 pods at 5,000 nodes), then start the "
+                        "extender --restarts times and time each to its first answered filter")
+    p.add_argument("--restarts", type=int, default=3, help="starts with --restart-at (per tree)")
+    p.add_argument("--alt-pythonpath", default=None, metavar="DIR",
+                   help="with --restart-at: alternate with the package tree in DIR (e.g. a copy of main's)")
     p.add_argument("--_standin", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args._standin:
         serve_standin(args)
+        return 0
+    if args.restart_at is not None:
+        print(json.dumps(restarts(args), indent=2))
         return 0
     result = run(args)
     if args.json:
