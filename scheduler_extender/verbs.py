@@ -41,19 +41,22 @@ class Verbs:
     # ------------------------------------------------------------------ filter
     def filter(self, body: Any) -> tuple[int, Any]:
         try:
-            args = wire.decode_extender_args(body)
+            args = wire.decode_extender_args(body, check=False)  # names checked below, unless all are nodes
+            pod = PodView.of(args.pod)
+            if pod.error or pod.request is None or not self.state.synced:
+                args = wire.check_names(args)
+                names = args.names()
+                error = pod.error or (NOT_SYNCED if pod.request is not None else "")
+                return 200, wire.filter_result(args, [] if error else list(names), {}, {}, error)
+            key = pod.key(self.default_policy)
+            self.state.expire()
+            names = args.names()
+            if self.memo.all_fit(names, key, pod.uid):  # the fast path: every name a node where the pod fits
+                return 200, wire.filter_result(args, names, {}, {})
+            args = wire.check_names(args)
         except WireError as exc:
             return 400, wire.filter_result(None, [], {}, {}, str(exc))
-        pod = PodView.of(args.pod)
-        names = args.names()
-        if pod.error or pod.request is None or not self.state.synced:
-            error = pod.error or (NOT_SYNCED if pod.request is not None else "")
-            return 200, wire.filter_result(args, [] if error else list(names), {}, {}, error)
-        key = pod.key(self.default_policy)
-        self.state.expire()
-        if self.memo.all_fit(names, key, pod.uid):  # the fast path: the pod fits on every node
-            return 200, wire.filter_result(args, names, {}, {})
-        return 200, self._filter_each(args, pod, names, key)
+        return 200, self._filter_each(args, pod, args.names(), key)
 
     def _filter_each(self, args: ExtenderArgs, pod: PodView, names: list[str], key: Key) -> dict[str, Any]:
         """The slow path: the names split by their memoised verdicts (reasons included)."""
@@ -93,17 +96,22 @@ class Verbs:
     # ------------------------------------------------------------------ prioritize
     def prioritize(self, body: Any) -> tuple[int, Any]:
         try:
-            args = wire.decode_extender_args(body)
+            args = wire.decode_extender_args(body, check=False)  # names checked below, unless replayed
+            pod = PodView.of(args.pod)
+            if pod.error:
+                return 400, {"Error": pod.error}  # HostPriorityList has no Error field
+            if pod.request is not None and self.state.synced:
+                self.state.expire()
+                key = pod.key(self.default_policy)
+                answer = self.memo.replay(args.names(), key, pod.uid)  # the names filter's fast path passed
+                if answer is not None:
+                    return 200, answer
+                names = wire.check_names(args).names()
+                return 200, self.memo.prioritize(names, key)
+            names = wire.check_names(args).names()
         except WireError as exc:
             return 400, {"Error": str(exc)}
-        pod = PodView.of(args.pod)
-        names = args.names()
-        if pod.error:
-            return 400, {"Error": pod.error}  # HostPriorityList has no Error field
-        if pod.request is None or not self.state.synced:
-            return 200, wire.encode_host_priority_list(names, [0] * len(names))
-        self.state.expire()
-        return 200, self.memo.prioritize(names, pod.key(self.default_policy), pod.uid)
+        return 200, wire.encode_host_priority_list(names, [0] * len(names))
 
     # ------------------------------------------------------------------ bind
     def bind(self, body: Any) -> tuple[int, Any]:

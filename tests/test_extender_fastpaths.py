@@ -268,7 +268,7 @@ def test_header_abuse_is_refused_and_changes_nothing(cluster: Cluster) -> None:
 
 def test_kept_filter_answers_are_bounded_and_replayed_only_while_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     """Filter's answers kept for the prioritize that follows are bounded in names held (hostile requests
-    cannot pin memory), replayed only for the same pod, size and names, and never once a node changed."""
+    cannot pin memory), replayed only for the same pod, size and names, and never stale once a node changed."""
     from memslice.scheduler_extender import fitmemo
 
     monkeypatch.setattr(fitmemo, "REPLAY_NAMES", 30)
@@ -293,3 +293,35 @@ def test_kept_filter_answers_are_bounded_and_replayed_only_while_valid(monkeypat
     assert verbs.prioritize(args) == fresh.prioritize(args)
     assert b'{"Host":"n0","Score":10}' in fresh.prioritize(args)[1]  # n0 is fuller now: binpack likes it
     assert "uid-1" not in verbs.memo._replays  # taken by its prioritize
+
+
+def test_kept_answer_is_patched_for_the_nodes_that_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bind between filter and prioritize changes a node among the names: prioritize still answers from the
+    kept answer, with that node's HostPriority recomputed alone, byte for byte what a fresh one is; the names
+    are not checked again (they are the ones filter found among the nodes), and hostile names are."""
+    state = ClusterState()
+    for i in range(40):
+        state.upsert_node(node_obj(f"n{i}", [16000, 16000]))
+    state.nodes_synced.set()
+    state.pods_synced.set()
+    verbs = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # no binds here
+    names = [f"n{i}" for i in range(40)]
+    verbs.filter({"Pod": pod_obj("first", {"main": 1000}), "NodeNames": names})  # fills the memo
+    pod = pod_obj("p", {"main": 1000})
+    pod["metadata"]["uid"] = "uid-p"
+    assert verbs.filter({"Pod": pod, "NodeNames": names})[1]["NodeNames"] == names
+    state.hold("other", Charge("GPU-n3-0", "n3", 15000, 0, None))  # n3 changes: binpack likes it now
+    asked: list[int] = []
+    host_json = verbs.memo.host_json
+    monkeypatch.setattr(verbs.memo, "host_json", lambda n, k: asked.append(len(n)) or host_json(n, k))
+    checked: list[int] = []
+    check_names = wire.check_names
+    monkeypatch.setattr(wire, "check_names", lambda a: checked.append(1) or check_names(a))
+    code, answer = verbs.prioritize({"Pod": pod, "NodeNames": names})
+    assert asked == [1] and checked == []  # one node recomputed, no name checked
+    fresh = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]
+    assert (code, answer) == fresh.prioritize({"Pod": pod, "NodeNames": names})
+    assert json.loads(answer)[3] == {"Host": "n3", "Score": 10}
+    bad = verbs.filter({"Pod": pod, "NodeNames": names[:5] + [["n1"]]})  # unhashable: refused, not a crash
+    assert bad[0] == 400 and "NodeNames[5]" in bad[1]["Error"]
+    assert verbs.prioritize({"Pod": pod, "NodeNames": ["n1", ""]})[0] == 400
