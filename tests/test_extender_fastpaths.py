@@ -325,3 +325,51 @@ def test_kept_answer_is_patched_for_the_nodes_that_changed(monkeypatch: pytest.M
     bad = verbs.filter({"Pod": pod, "NodeNames": names[:5] + [["n1"]]})  # unhashable: refused, not a crash
     assert bad[0] == 400 and "NodeNames[5]" in bad[1]["Error"]
     assert verbs.prioritize({"Pod": pod, "NodeNames": ["n1", ""]})[0] == 400
+
+
+def test_gpu_metrics_text_is_what_prometheus_client_writes_and_follows_the_state() -> None:
+    """The per-GPU families written as text (metrics.gpu_text) are line for line what prometheus_client's
+    GaugeMetricFamily writes for the same GPUs (hostile label text escaped alike, over-committed GPUs, odd
+    sizes); a scrape of an unchanged state reuses the text, and a charge shows in the next scrape."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import GaugeMetricFamily
+
+    from memslice.scheduler_extender import metrics as metrics_mod
+
+    state = ClusterState()
+    state.upsert_node(node_obj("a", [16000, 2_000_000, 1]))
+    state.upsert_node(node_obj("b", [8000], unit=2, healthy=[False]))
+    state.hold("over", Charge("GPU-a-0", "a", 20000, 0, None))  # over-committed: negative free
+    m = Metrics(state)
+
+    def reference() -> set[bytes]:
+        class Old:
+            def collect(self):  # type: ignore[no-untyped-def]  # the old collector's code, verbatim
+                free = GaugeMetricFamily("memslice_extender_gpu_free_mib",
+                                         "GPU memory not reserved by any pod, per GPU (MiB)",
+                                         labels=["node", "gpu", "uuid"])
+                cap = GaugeMetricFamily("memslice_extender_gpu_capacity_mib", "GPU memory as the node agent "
+                                        "publishes it (MiB)", labels=["node", "gpu", "uuid"])
+                for view in state.views():
+                    for g in view.gpus:
+                        labels = [view.name, str(g.index), g.uuid]
+                        free.add_metric(labels, g.free_mib)
+                        cap.add_metric(labels, g.mem_mib)
+                yield free
+                yield cap
+
+        registry = CollectorRegistry()
+        registry.register(Old())  # type: ignore[arg-type]
+        return set(generate_latest(registry).splitlines())
+
+    first = m.gpu_text()
+    assert set(first.splitlines()) == reference()
+    assert b'memslice_extender_gpu_free_mib{gpu="0",node="a",uuid="GPU-a-0"} -4000.0' in first
+    assert m.gpu_text() is first  # nothing changed: the same text, not rendered again
+    state.hold("p", Charge("GPU-b-0", "b", 4000, 0, None))
+    second = m.gpu_text()
+    assert b'memslice_extender_gpu_free_mib{gpu="0",node="b",uuid="GPU-b-0"} 4000.0' in second
+    assert set(second.splitlines()) == reference()
+    assert b"memslice_extender_tracked" in m.render()[0] and second in m.render()[0]
+    hostile = 'x"y\\z\nw'
+    assert metrics_mod._label(hostile) == hostile.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
