@@ -54,13 +54,16 @@ class _Table:
             d.clear()
 
     def split(self, names: list[str]) -> Split:
-        """`names` split by their verdicts, each part in the order of `names`, in C-speed comprehensions."""
-        fits, failed, unresolvable = self.fits, self.failed, self.unresolvable
-        passed = [n for n in names if n in fits]
+        """`names` split by their verdicts, each part in the order of `names`, in C-speed comprehensions;
+        with the passing nodes' HostPriority JSON (what prioritize will answer for them)."""
+        failed, unresolvable = self.failed, self.unresolvable
+        items = list(map(self.fits.get, names))
+        passed = [n for n, j in zip(names, items, strict=True) if j is not None]
+        jsons: list[str] = [j for j in items if j is not None]
         if len(passed) == len(names):
-            return Split(passed, {}, {}, [])
+            return Split(passed, {}, {}, [], jsons)
         return Split(passed, {n: r for n in names if (r := failed.get(n)) is not None},
-                     {n: r for n in names if (r := unresolvable.get(n)) is not None}, [])
+                     {n: r for n in names if (r := unresolvable.get(n)) is not None}, [], jsons)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +75,7 @@ class Split:
     failed: dict[str, str]
     unresolvable: dict[str, str]
     unknown: list[str]
+    passed_json: list[str] | None = None  # the passed nodes' HostPriority JSON, when the tables gave it
 
 
 def _has_none(items: list[Any]) -> bool:
@@ -161,12 +165,17 @@ class FitMemo:
         while len(self._replays) > REPLAYS or self._replay_names > REPLAY_NAMES:
             self._replay_names -= len(self._replays.popitem(last=False)[1][2])
 
-    def split(self, names: list[str], key: Key) -> Split:
-        """The slow path: the names split by verdict, computed for the nodes not memoised yet."""
-        with self.state.current():
+    def split(self, names: list[Any], key: Key, uid: str = "") -> Split:
+        """The slow path: the names split by verdict, computed for the nodes not memoised yet. When every
+        name is memoised, the answer of the prioritize that follows for pod `uid` (the passed names) is kept,
+        as all_fit() keeps it. `names` may be unchecked values: an unhashable one raises TypeError, and any
+        that is not a node's name comes back in `unknown`."""
+        with self.state.current() as generation:
             table = self._table(key)
             out = table.split(names)
             if len(out.passed) + len(out.failed) + len(out.unresolvable) == len(names):
+                if uid and out.passed and len(out.passed) <= REPLAY_NAMES and out.passed_json is not None:
+                    self._keep_replay(uid, (key, generation, out.passed, out.passed_json))
                 return out
             # new nodes (or repeated names, or more than the memo holds): from the verdicts themselves
             return _split(names, self._verdicts(table, names, key))

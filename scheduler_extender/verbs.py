@@ -18,7 +18,7 @@ from typing import Any
 
 from memslice.scheduler_extender import decisions, wire
 from memslice.scheduler_extender.binder import Binder, BindError
-from memslice.scheduler_extender.fitmemo import FitMemo, Key
+from memslice.scheduler_extender.fitmemo import FitMemo, Key, Split
 from memslice.scheduler_extender.metrics import Metrics
 from memslice.scheduler_extender.records import PodView
 from memslice.scheduler_extender.state import ClusterState
@@ -53,14 +53,21 @@ class Verbs:
             names = args.names()
             if self.memo.all_fit(names, key, pod.uid):  # the fast path: every name a node where the pod fits
                 return 200, wire.filter_result(args, names, {}, {})
-            args = wire.check_names(args)
+            try:  # the slow path, still unchecked: a name found in the memo is a node's name
+                split: Split | None = self.memo.split(names, key, pod.uid)
+            except TypeError:  # an unhashable name
+                split = None
+            if split is None or split.unknown:
+                args = wire.check_names(args)
+                if split is None:
+                    split = self.memo.split(args.names(), key, pod.uid)
         except WireError as exc:
             return 400, wire.filter_result(None, [], {}, {}, str(exc))
-        return 200, self._filter_each(args, pod, args.names(), key)
+        return 200, self._filter_each(args, pod, args.names(), key, split)
 
-    def _filter_each(self, args: ExtenderArgs, pod: PodView, names: list[str], key: Key) -> dict[str, Any]:
+    def _filter_each(self, args: ExtenderArgs, pod: PodView, names: list[str], key: Key,
+                     split: Split) -> dict[str, Any]:
         """The slow path: the names split by their memoised verdicts (reasons included)."""
-        split = self.memo.split(names, key)
         passed, failed, unresolvable = split.passed, split.failed, split.unresolvable
         for name in split.unknown:
             final, reason = self._unfit_reason(name)

@@ -373,3 +373,38 @@ def test_gpu_metrics_text_is_what_prometheus_client_writes_and_follows_the_state
     assert b"memslice_extender_tracked" in m.render()[0] and second in m.render()[0]
     hostile = 'x"y\\z\nw'
     assert metrics_mod._label(hostile) == hostile.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def test_slow_path_keeps_its_answer_for_prioritize_and_still_checks_what_it_does_not_know(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Filter with a node that fails (the slow path) keeps the passing nodes' answer for the prioritize that
+    follows, as the fast path does: prioritize of those names computes nothing afresh and checks no name. A
+    name the memo does not know (garbage included) is still checked: 400, never a crash."""
+    state = ClusterState()
+    for i in range(10):
+        state.upsert_node(node_obj(f"n{i}", [16000]))
+    state.nodes_synced.set()
+    state.pods_synced.set()
+    state.hold("full", Charge("GPU-n0-0", "n0", 16000, 0, None))
+    verbs = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # no binds here
+    names = [f"n{i}" for i in range(10)]
+    verbs.filter({"Pod": pod_obj("first", {"main": 1000}), "NodeNames": names})  # fills the memo
+    pod = pod_obj("p", {"main": 1000})
+    pod["metadata"]["uid"] = "uid-p"
+    answer = verbs.filter({"Pod": pod, "NodeNames": names})[1]
+    assert answer["NodeNames"] == names[1:] and list(answer["FailedNodes"]) == ["n0"]
+    asked: list[int] = []
+    host_json = verbs.memo.host_json
+    monkeypatch.setattr(verbs.memo, "host_json", lambda n, k: asked.append(len(n)) or host_json(n, k))
+    checked: list[int] = []
+    check_names = wire.check_names
+    monkeypatch.setattr(wire, "check_names", lambda a: checked.append(1) or check_names(a))
+    code, scores = verbs.prioritize({"Pod": pod, "NodeNames": names[1:]})
+    assert asked == [] and checked == []
+    fresh = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]
+    assert (code, scores) == fresh.prioritize({"Pod": pod, "NodeNames": names[1:]})
+    for bad in (names + [""], names + ["x" * 300], names + [7], names + [{"a": 1}]):
+        code, out = verbs.filter({"Pod": pod, "NodeNames": bad})
+        assert code == 400 and "NodeNames[10]" in out["Error"], bad[-1]
+    code, out = verbs.filter({"Pod": pod, "NodeNames": names + ["not-a-node"]})
+    assert code == 200 and out["FailedNodes"]["not-a-node"].startswith("node is not (yet) known")
