@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import compress, repeat
 from operator import is_
 from typing import Any
 
@@ -57,13 +57,19 @@ class _Table:
         """`names` split by their verdicts, each part in the order of `names`, in C-speed comprehensions;
         with the passing nodes' HostPriority JSON (what prioritize will answer for them)."""
         failed, unresolvable = self.failed, self.unresolvable
-        items = list(map(self.fits.get, names))
-        passed = [n for n, j in zip(names, items, strict=True) if j is not None]
-        jsons: list[str] = [j for j in items if j is not None]
+        items = list(map(self.fits.get, names))  # JSON fragments are non-empty strings: true where it fits
+        passed = list(compress(names, items))
+        jsons: list[str] = list(filter(None, items))
         if len(passed) == len(names):
             return Split(passed, {}, {}, [], jsons)
-        return Split(passed, {n: r for n in names if (r := failed.get(n)) is not None},
-                     {n: r for n in names if (r := unresolvable.get(n)) is not None}, [], jsons)
+        rest = list(compress(names, map(is_, items, repeat(None)))) if passed else names
+        reasons = list(map(failed.get, rest))
+        if not _has_none(reasons):  # every other node fails now (the usual case): no pass for unresolvable
+            return Split(passed, dict(zip(rest, reasons, strict=True)), {}, [], jsons)
+        out_failed = {n: r for n, r in zip(rest, reasons, strict=True) if r is not None}
+        if not unresolvable:
+            return Split(passed, out_failed, {}, [], jsons)
+        return Split(passed, out_failed, {n: r for n in rest if (r := unresolvable.get(n)) is not None}, [], jsons)
 
 
 @dataclass(frozen=True, slots=True)
