@@ -132,9 +132,14 @@ def _decode_reservation(annotations: Any, namespace: str, name: str, bound: bool
 def reservation_mib(reservation: Reservation, request: PodRequest | None) -> int:
     """The MiB a reservation holds on its GPU: the effective total over the pod's containers (init
     containers do not add up), containers the pod does not have counted as app containers."""
-    amounts = dict(reservation.container_mib)
     if request is None:
-        return sum(amounts.values())
+        return sum(mib for _, mib in reservation.container_mib)
+    asks = request.asks
+    if len(asks) == 1 and asks[0].kind == "app" and len(reservation.container_mib) == 1:
+        # the usual pod: one app container and one reserved amount (its own, or one of a container the pod
+        # lacks, which counts as an app container): that amount, whichever it is
+        return reservation.container_mib[0][1]
+    amounts = dict(reservation.container_mib)
     known = {a.name for a in request.asks}
     extra = sum(v for k, v in amounts.items() if k not in known)
     return effective_total(amounts, request.asks) + extra
