@@ -131,7 +131,8 @@ def _decode_reservation(annotations: Any, namespace: str, name: str, bound: bool
 
 def reservation_mib(reservation: Reservation, request: PodRequest | None) -> int:
     """The MiB a reservation holds on its GPU: the effective total over the pod's containers (init
-    containers do not add up), containers the pod does not have counted as app containers."""
+    containers do not add up), containers the pod does not have counted as app containers. With one amount,
+    that amount, whatever the containers (pod_record relies on it; a test checks it)."""
     if request is None:
         return sum(mib for _, mib in reservation.container_mib)
     asks = request.asks
@@ -154,11 +155,17 @@ def pod_record(obj: dict[str, Any]) -> Record | None:
         return None
     namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
     node = _node_of(obj)
-    request = _decode_request(obj, namespace, name)
     reservation = _decode_reservation(meta.get("annotations") or {}, namespace, name, node is not None)
+    terminal = (obj.get("status") or {}).get("phase") in TERMINAL_PHASES
+    if reservation is not None and len(reservation.container_mib) == 1:
+        # One reserved amount is the pod's effective MiB whatever its containers (reservation_mib), and a
+        # reserved pod's devices are never read (derive_charge): its request need not be decoded. This is
+        # nearly every running pod of a relist and both watch events of each of the extender's own binds.
+        return (uid, _intern(namespace), name, resource_version(meta), node, terminal,
+                _intern(reservation.gpu_uuid), reservation.container_mib[0][1], reservation.assumed_ts, 0, None)
+    request = _decode_request(obj, namespace, name)
     if request is None and reservation is None:
         return None
-    terminal = (obj.get("status") or {}).get("phase") in TERMINAL_PHASES
     devices = request.devices if request is not None else 0
     if reservation is None:
         return (uid, _intern(namespace), name, resource_version(meta), node, terminal, None, 0, 0.0, devices,
