@@ -518,10 +518,12 @@ def restarts(args: argparse.Namespace) -> dict:
         runs: dict[str, list[dict]] = {str(t or "this tree"): [] for t in trees}
         for i in range(args.restarts):
             for tree in trees if i % 2 == 0 else trees[::-1]:
+                standin0 = cpu_s(bench.standin.pid)
                 wall = bench.start_extender(tree)
                 rss = rss_kib(bench.ext.pid)[0] / 1024  # type: ignore[union-attr]
                 runs[str(tree or "this tree")].append({"to_first_filter_s": round(wall, 3),
                                                         "cpu_s": round(bench.start_cpu_s, 3),
+                                                        "standin_cpu_s": round(cpu_s(bench.standin.pid) - standin0, 3),
                                                         "rss_mib": round(rss, 1)})
                 bench.stop_extender()
         return {"restart_at": {"pods": state["pods"], "fill_pct": round(state["fill"] * 100, 1),
