@@ -184,13 +184,15 @@ def serve_extender(gc_log: str, argv: list[str]) -> int:
     from memslice.cli import main as cli_main
 
     log = open(gc_log, "a", buffering=1)  # noqa: SIM115 - open for the process's life
-    started = [0.0]
+    started = [0.0, 0.0]
 
     def on_gc(phase: str, info: dict) -> None:
+        # wall ms (includes the process being descheduled on a loaded machine) and the collecting thread's
+        # CPU ms (the collection itself: it holds the GIL throughout)
         if phase == "start":
-            started[0] = time.perf_counter()
+            started[0], started[1] = time.perf_counter(), time.thread_time()
         elif (ms := (time.perf_counter() - started[0]) * 1000) >= 1.0 or info["generation"] == 2:
-            log.write(f"{ms:.2f} {info['generation']}\n")
+            log.write(f"{ms:.2f} {info['generation']} {(time.thread_time() - started[1]) * 1000:.2f}\n")
 
     gc.callbacks.append(on_gc)
     if not os.environ.get("BENCH_PROFILE"):
@@ -438,10 +440,15 @@ class Bench:
             self.ext = None
 
     def gc_pauses(self) -> list[tuple[float, int]]:
-        """The garbage collections logged since the last call: (ms, generation)."""
+        """The garbage collections logged since the last call: (wall ms, generation)."""
+        return [(ms, gen) for ms, gen, _ in self.gc_log_since()]
+
+    def gc_log_since(self) -> list[tuple[float, int, float]]:
+        """The garbage collections logged since the last call: (wall ms, generation, CPU ms)."""
         lines = self.gc_log.read_text().splitlines() if self.gc_log.exists() else []
         new, self.gc_seen = lines[self.gc_seen:], len(lines)
-        return [(float(ms), int(gen)) for ms, gen in (line.split() for line in new)]
+        return [(float(f[0]), int(f[1]), float(f[2]) if len(f) > 2 else float("nan"))
+                for f in (line.split() for line in new)]
 
     def close(self) -> None:
         self.stop_extender()
@@ -489,7 +496,8 @@ def schedule(bench: Bench, pods: list[dict], names: list[str], k: int, rng: rand
     conn.drain()
     wall, (user1, sys1) = time.perf_counter() - t0, cpu_split(pid)
     cpu = user1 + sys1 - cpu0
-    gcs = bench.gc_pauses()
+    gc_log = bench.gc_log_since()
+    gcs = [(ms, gen) for ms, gen, _ in gc_log]
     bound = len(conn.bind_latencies) - len(conn.bind_errors)
     ms = 1000.0
     return {"pods": len(pods), "bound": bound, "unschedulable": unschedulable,
@@ -503,6 +511,7 @@ def schedule(bench: Bench, pods: list[dict], names: list[str], k: int, rng: rand
             "cpu_user_sys_ms_per_pod": [round((user1 - user0) / len(pods) * ms, 3),
                                         round((sys1 - sys0) / len(pods) * ms, 3)],
             "gc_max_pause_ms": round(max((p for p, _ in gcs), default=0.0), 1),
+            "gc_max_pause_cpu_ms": round(max((c for _, _, c in gc_log), default=0.0), 1),
             "gc_full_collections": sum(1 for _, g in gcs if g == 2),
             "rss_mib": round(rss_kib(pid)[0] / 1024, 1)}
 
@@ -554,11 +563,13 @@ def run(args: argparse.Namespace) -> dict:
             pods = bench.cmd(f"pending band{i} {args.per_band}")
             caught_up(bench)
             grown_s = time.monotonic() - t0
-            grown_gcs = bench.gc_pauses()  # while the pods arrived by watch (the extender serves meanwhile)
+            grown_log = bench.gc_log_since()  # while the pods arrived by watch (the extender serves meanwhile)
+            grown_gcs = [(ms, gen) for ms, gen, _ in grown_log]
             figures = schedule(bench, pods, names, k, rng)
             bands.append({"band_pct": level, "fill_pct": round(state["fill"] * 100, 1),
                           "running_pods": state["pods"], "prefill_by_watch_s": round(grown_s, 1),
                           "gc_max_pause_ms_while_growing": round(max((p for p, _ in grown_gcs), default=0.0), 1),
+                          "gc_max_pause_cpu_ms_while_growing": round(max((c for _, _, c in grown_log), default=0.0), 1),
                           "gc_full_collections_while_growing": sum(1 for _, g in grown_gcs if g == 2), **figures})
             print(f"  [band {level}%: fill {bands[-1]['fill_pct']}%, {state['pods']} pods, "
                   f"{figures['pods_per_s']} pods/s, {figures['cpu_ms_per_pod']} ms CPU/pod]", file=sys.stderr)
