@@ -122,10 +122,6 @@ def tune_malloc() -> bool:
 
 
 SYNC_GC_GRACE = 300  # seconds the collector may stay off while the first list of nodes and pods runs
-# Every request allocates a few hundred containers (its decoded JSON) that die with it: at the default
-# threshold (700) the youngest generation was collected every few requests, 600 collections where 20 do
-# (benchmarks/README.md, "Issue 15"). A young collection of 10,000 objects takes about a millisecond.
-GC_THRESHOLDS = (10_000, 10, 10)
 POOL_SIZE = 64  # HTTP connections kept to the API server: binds run concurrently (one per scheduler bind)
 
 
@@ -199,7 +195,6 @@ def run(args: argparse.Namespace) -> int:
         synced = ext.wait_synced(SYNC_GC_GRACE)
         if synced:
             gc.freeze()
-        gc.set_threshold(*GC_THRESHOLDS)
         gc.enable()
         if synced or ext.wait_synced(3600):
             if not synced:
