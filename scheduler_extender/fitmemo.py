@@ -63,7 +63,7 @@ class _Table:
         if len(passed) == len(names):
             return Split(passed, {}, {}, [], jsons)
         rest = list(compress(names, map(is_, items, repeat(None)))) if passed else names
-        reasons = list(map(failed.get, rest))
+        reasons: list[Any] = list(map(failed.get, rest))  # str, or None where not failing now
         if not _has_none(reasons):  # every other node fails now (the usual case): no pass for unresolvable
             return Split(passed, dict(zip(rest, reasons, strict=True)), {}, [], jsons)
         out_failed = {n: r for n, r in zip(rest, reasons, strict=True) if r is not None}

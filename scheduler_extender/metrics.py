@@ -50,13 +50,16 @@ def _label(value: str) -> str:
 
 def _go_float(value: int) -> str:
     """floatToGoString(value) (prometheus_client's value format): an int below 10**6 is `<int>.0`."""
-    return f"{value}.0" if type(value) is int and -(10**15) < value < 10**6 else floatToGoString(value)
+    if type(value) is int and -(10**15) < value < 10**6:
+        return f"{value}.0"
+    text: str = floatToGoString(value)  # type: ignore[no-untyped-call]  # prometheus_client's own, untyped
+    return text
 
 
 def gpu_text(views: list[NodeView]) -> bytes:
     """The per-GPU families in the Prometheus text format (0.0.4), every GPU of every view. Only strings are
     made per GPU (no tuple, list or dict that the cyclic garbage collector would track)."""
-    rows = [r for v in views for r in v.rows]
+    rows: list[Any] = [r for v in views for r in v.rows]  # GpuRows: the gauges' fields are ints
     labels = [f'{{gpu="{r[1]}",node="{_label(v.name)}",uuid="{_label(r[0])}"}} ' for v in views for r in v.rows]
     out: list[str] = []
     for name, help_text, field in GPU_FAMILIES:
