@@ -22,7 +22,9 @@ through the extender): filter+prioritize median and p99 per pod, pods/s through 
 extender's CPU per pod (the figure to compare: wall-clock figures on a shared machine are noisy), its
 longest garbage-collection pause, its RSS. With --restart, the extender is then restarted on the full
 cluster: seconds from start to the first answered filter, RSS after the relist, and a check of every GPU
-(no reservation double-counted or lost: 0 over-committed GPUs).
+(no reservation double-counted or lost: 0 over-committed GPUs). `--restart-at FRACTION` only restarts, on a
+cluster prefilled to FRACTION, `--restarts` times, alternating with `--alt-pythonpath` (another tree of the
+package, e.g. main's). BENCH_PYSPY=file records the extender with py-spy.
 
 The load client stays cheap so as not to take the cores from the extender: the filter bodies are encoded
 before the clock starts, and it is one thread speaking HTTP/1.1 over plain sockets (see Client), with
