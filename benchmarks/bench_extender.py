@@ -22,7 +22,9 @@ through the extender): filter+prioritize median and p99 per pod, pods/s through 
 extender's CPU per pod (the figure to compare: wall-clock figures on a shared machine are noisy), its
 longest garbage-collection pause, its RSS. With --restart, the extender is then restarted on the full
 cluster: seconds from start to the first answered filter, RSS after the relist, and a check of every GPU
-(no reservation double-counted or lost: 0 over-committed GPUs).
+(no reservation double-counted or lost: 0 over-committed GPUs). `--restart-at FRACTION` only restarts, on a
+cluster prefilled to FRACTION, `--restarts` times, alternating with `--alt-pythonpath` (another tree of the
+package, e.g. main's). BENCH_PYSPY=file records the extender with py-spy.
 
 The load client stays cheap so as not to take the cores from the extender: the filter bodies are encoded
 before the clock starts, and it is one thread speaking HTTP/1.1 over plain sockets (see Client), with
@@ -184,13 +186,15 @@ def serve_extender(gc_log: str, argv: list[str]) -> int:
     from memslice.cli import main as cli_main
 
     log = open(gc_log, "a", buffering=1)  # noqa: SIM115 - open for the process's life
-    started = [0.0]
+    started = [0.0, 0.0]
 
     def on_gc(phase: str, info: dict) -> None:
+        # wall ms (includes the process being descheduled on a loaded machine) and the collecting thread's
+        # CPU ms (the collection itself: it holds the GIL throughout)
         if phase == "start":
-            started[0] = time.perf_counter()
+            started[0], started[1] = time.perf_counter(), time.thread_time()
         elif (ms := (time.perf_counter() - started[0]) * 1000) >= 1.0 or info["generation"] == 2:
-            log.write(f"{ms:.2f} {info['generation']}\n")
+            log.write(f"{ms:.2f} {info['generation']} {(time.thread_time() - started[1]) * 1000:.2f}\n")
 
     gc.callbacks.append(on_gc)
     if not os.environ.get("BENCH_PROFILE"):
@@ -372,6 +376,7 @@ class Bench:
         self.gc_log = self.tmp / "gc.log"
         self.gc_seen = 0
         self.ext: subprocess.Popen | None = None
+        self.spy: subprocess.Popen | None = None
         self.port = 0
         self.start_cpu_s = 0.0
         url = json.loads(self.read_standin())["url"]
@@ -395,13 +400,21 @@ class Bench:
         self.standin.stdin.flush()
         return json.loads(self.read_standin())
 
-    def start_extender(self) -> float:
-        """Start the extender; seconds from its start to the first filter it answers (not 'not synced');
-        the extender's CPU seconds until then in self.start_cpu_s."""
+    def start_extender(self, pythonpath: str | None = None) -> float:
+        """Start the extender (with `pythonpath`: another tree of the package, e.g. main's); seconds from its
+        start to the first filter it answers (not 'not synced'); the extender's CPU seconds until then in
+        self.start_cpu_s. BENCH_PYSPY=path records it with py-spy (raw samples, GIL holders only)."""
+        env = self.env if pythonpath is None else dict(self.env, PYTHONPATH=pythonpath)
+        argv = [sys.executable, __file__, "--_extender", str(self.gc_log), "extender",
+                "--kubeconfig", str(self.kubeconfig), "--address", "127.0.0.1", "--port", "0",
+                "--log-level", "warning"]
         t0 = time.monotonic()
-        self.ext = subprocess.Popen([sys.executable, __file__, "--_extender", str(self.gc_log), "extender",
-                                     "--kubeconfig", str(self.kubeconfig), "--address", "127.0.0.1", "--port", "0",
-                                     "--log-level", "warning"], stdout=subprocess.PIPE, text=True, env=self.env)
+        self.ext = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+        if os.environ.get("BENCH_PYSPY"):  # until the extender exits; each start overwrites the file
+            self.spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--nonblocking",
+                                         "-r", "250", "-f", "raw", "-g", "-o", os.environ["BENCH_PYSPY"],
+                                         "--pid", str(self.ext.pid)],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         assert self.ext.stdout is not None
         line = self.ext.stdout.readline()
         if "serving" not in line:
@@ -423,13 +436,21 @@ class Bench:
         if self.ext is not None:
             self.ext.terminate()
             self.ext.wait(30)
+            if self.spy is not None:
+                self.spy.wait(60)
+                self.spy = None
             self.ext = None
 
     def gc_pauses(self) -> list[tuple[float, int]]:
-        """The garbage collections logged since the last call: (ms, generation)."""
+        """The garbage collections logged since the last call: (wall ms, generation)."""
+        return [(ms, gen) for ms, gen, _ in self.gc_log_since()]
+
+    def gc_log_since(self) -> list[tuple[float, int, float]]:
+        """The garbage collections logged since the last call: (wall ms, generation, CPU ms)."""
         lines = self.gc_log.read_text().splitlines() if self.gc_log.exists() else []
         new, self.gc_seen = lines[self.gc_seen:], len(lines)
-        return [(float(ms), int(gen)) for ms, gen in (line.split() for line in new)]
+        return [(float(f[0]), int(f[1]), float(f[2]) if len(f) > 2 else float("nan"))
+                for f in (line.split() for line in new)]
 
     def close(self) -> None:
         self.stop_extender()
@@ -459,7 +480,8 @@ def schedule(bench: Bench, pods: list[dict], names: list[str], k: int, rng: rand
     lat_fp: list[float] = []
     unschedulable = 0
     bench.gc_pauses()
-    cpu0, t0 = cpu_s(pid), time.perf_counter()
+    (user0, sys0), t0 = cpu_split(pid), time.perf_counter()
+    cpu0 = user0 + sys0
     for pod, filter_body, pod_text in zip(pods, filter_bodies, pod_json, strict=True):
         dt_f, res = conn.post("filter", filter_body)
         passed = res["NodeNames"] or []  # type: ignore[index]
@@ -474,8 +496,10 @@ def schedule(bench: Bench, pods: list[dict], names: list[str], k: int, rng: rand
         conn.bind({"PodName": pod["metadata"]["name"], "PodNamespace": pod["metadata"]["namespace"],
                    "PodUID": pod["metadata"]["uid"], "Node": best})
     conn.drain()
-    wall, cpu = time.perf_counter() - t0, cpu_s(pid) - cpu0
-    gcs = bench.gc_pauses()
+    wall, (user1, sys1) = time.perf_counter() - t0, cpu_split(pid)
+    cpu = user1 + sys1 - cpu0
+    gc_log = bench.gc_log_since()
+    gcs = [(ms, gen) for ms, gen, _ in gc_log]
     bound = len(conn.bind_latencies) - len(conn.bind_errors)
     ms = 1000.0
     return {"pods": len(pods), "bound": bound, "unschedulable": unschedulable,
@@ -486,9 +510,40 @@ def schedule(bench: Bench, pods: list[dict], names: list[str], k: int, rng: rand
                         "p99": round(pct(conn.bind_latencies, 99) * ms, 2)},
             "pods_per_s": round(len(pods) / wall, 1), "wall_s": round(wall, 2),
             "cpu_ms_per_pod": round(cpu / len(pods) * ms, 3),
+            "cpu_user_sys_ms_per_pod": [round((user1 - user0) / len(pods) * ms, 3),
+                                        round((sys1 - sys0) / len(pods) * ms, 3)],
             "gc_max_pause_ms": round(max((p for p, _ in gcs), default=0.0), 1),
+            "gc_max_pause_cpu_ms": round(max((c for _, _, c in gc_log), default=0.0), 1),
             "gc_full_collections": sum(1 for _, g in gcs if g == 2),
             "rss_mib": round(rss_kib(pid)[0] / 1024, 1)}
+
+
+def restarts(args: argparse.Namespace) -> dict:
+    """--restart-at: prefill the stand-in (no extender running), then start the extender --restarts times on
+    it, alternating with --alt-pythonpath's tree when given: seconds and extender CPU to the first answered
+    filter, RSS then; medians per tree."""
+    bench = Bench(args)
+    try:
+        state = bench.cmd(f"fill {args.restart_at}")
+        trees: list[str | None] = [None] + ([args.alt_pythonpath] if args.alt_pythonpath else [])
+        runs: dict[str, list[dict]] = {str(t or "this tree"): [] for t in trees}
+        for i in range(args.restarts):
+            for tree in trees if i % 2 == 0 else trees[::-1]:
+                standin0 = cpu_s(bench.standin.pid)
+                wall = bench.start_extender(tree)
+                rss = rss_kib(bench.ext.pid)[0] / 1024  # type: ignore[union-attr]
+                runs[str(tree or "this tree")].append({"to_first_filter_s": round(wall, 3),
+                                                        "cpu_s": round(bench.start_cpu_s, 3),
+                                                        "standin_cpu_s": round(cpu_s(bench.standin.pid) - standin0, 3),
+                                                        "rss_mib": round(rss, 1)})
+                bench.stop_extender()
+        return {"restart_at": {"pods": state["pods"], "fill_pct": round(state["fill"] * 100, 1),
+                               "nodes": args.nodes, "load_avg_1m": os.getloadavg()[0]},
+                "runs": runs,
+                "medians": {tree: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for tree, rs in runs.items()},
+                "targets": {"restart_to_filter_s": TARGETS["restart_to_filter_s"]}}
+    finally:
+        bench.close()
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -510,11 +565,13 @@ def run(args: argparse.Namespace) -> dict:
             pods = bench.cmd(f"pending band{i} {args.per_band}")
             caught_up(bench)
             grown_s = time.monotonic() - t0
-            grown_gcs = bench.gc_pauses()  # while the pods arrived by watch (the extender serves meanwhile)
+            grown_log = bench.gc_log_since()  # while the pods arrived by watch (the extender serves meanwhile)
+            grown_gcs = [(ms, gen) for ms, gen, _ in grown_log]
             figures = schedule(bench, pods, names, k, rng)
             bands.append({"band_pct": level, "fill_pct": round(state["fill"] * 100, 1),
                           "running_pods": state["pods"], "prefill_by_watch_s": round(grown_s, 1),
                           "gc_max_pause_ms_while_growing": round(max((p for p, _ in grown_gcs), default=0.0), 1),
+                          "gc_max_pause_cpu_ms_while_growing": round(max((c for _, _, c in grown_log), default=0.0), 1),
                           "gc_full_collections_while_growing": sum(1 for _, g in grown_gcs if g == 2), **figures})
             print(f"  [band {level}%: fill {bands[-1]['fill_pct']}%, {state['pods']} pods, "
                   f"{figures['pods_per_s']} pods/s, {figures['cpu_ms_per_pod']} ms CPU/pod]", file=sys.stderr)
@@ -586,10 +643,19 @@ def main() -> int:
     p.add_argument("--bind-workers", type=int, default=16, help="binds in flight at most (one connection each)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--restart-at", type=float, default=None, metavar="FRACTION",
+                   help="only restarts: prefill to FRACTION (0.15: ~43,000 pods at 5,000 nodes), then start the "
+                        "extender --restarts times and time each to its first answered filter")
+    p.add_argument("--restarts", type=int, default=3, help="starts with --restart-at (per tree)")
+    p.add_argument("--alt-pythonpath", default=None, metavar="DIR",
+                   help="with --restart-at: alternate with the package tree in DIR (e.g. a copy of main's)")
     p.add_argument("--_standin", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args._standin:
         serve_standin(args)
+        return 0
+    if args.restart_at is not None:
+        print(json.dumps(restarts(args), indent=2))
         return 0
     result = run(args)
     if args.json:

@@ -12,6 +12,7 @@ from typing import Any
 
 from memslice.kube.informer import Informer
 from memslice.scheduler_extender.binder import DEFAULT_SCHEDULER_NAMES, Binder, ServedPods
+from memslice.scheduler_extender.kubereads import CoreReads
 from memslice.scheduler_extender.metrics import Metrics
 from memslice.scheduler_extender.podwrites import PodWriter
 from memslice.scheduler_extender.server import ExtenderHTTPServer, tls_context
@@ -43,10 +44,8 @@ class Config:
 
 class Extender:
     def __init__(self, api_client: Any, config: Config, clock: Callable[[], float] = time.time) -> None:
-        from kubernetes import client
-
         self.config = config
-        self.core = client.CoreV1Api(api_client)
+        self.core = CoreReads(api_client)  # not the generated CoreV1Api: see kubereads.py
         self.state = ClusterState(assume_ttl=config.assume_ttl, clock=clock)
         self.metrics = Metrics(self.state)
         self.writer = PodWriter(api_client)

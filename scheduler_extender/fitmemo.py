@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from fractions import Fraction
-from itertools import repeat
+from itertools import compress, repeat
 from operator import is_
 from typing import Any
 
@@ -39,7 +39,8 @@ MAX_ENTRIES = 400_000  # verdicts kept in all tables (~100 B each): 80 tables of
 Key = tuple[int, str] | tuple[int, str, LimitSig]
 REPLAYS = 64  # filter answers kept for the prioritize that follows (one per pod in flight)
 REPLAY_NAMES = 200_000  # node names those may hold in all (bounds what hostile requests can pin)
-Replay = tuple[Key, int, list[str], str]  # (key, generation, names, their HostPriority JSON joined)
+Replay = tuple[Key, int, list[str], list[str]]  # (key, generation, names, their HostPriority JSON)
+PATCH_MAX = 64  # nodes changed since a kept answer that are recomputed in it; more: prioritize afresh
 # A fitting verdict carries no text: one shared tuple per score instead of one per node and table.
 _FITS = tuple((True, False, "", s) for s in range(MAX_SCORE + 1))
 
@@ -61,13 +62,22 @@ class _Table:
             d.clear()
 
     def split(self, names: list[str]) -> Split:
-        """`names` split by their verdicts, each part in the order of `names`, in C-speed comprehensions."""
-        fits, failed, unresolvable = self.fits, self.failed, self.unresolvable
-        passed = [n for n in names if n in fits]
+        """`names` split by their verdicts, each part in the order of `names`, in C-speed comprehensions;
+        with the passing nodes' HostPriority JSON (what prioritize will answer for them)."""
+        failed, unresolvable = self.failed, self.unresolvable
+        items = list(map(self.fits.get, names))  # JSON fragments are non-empty strings: true where it fits
+        passed = list(compress(names, items))
+        jsons: list[str] = list(filter(None, items))
         if len(passed) == len(names):
-            return Split(passed, {}, {}, [])
-        return Split(passed, {n: r for n in names if (r := failed.get(n)) is not None},
-                     {n: r for n in names if (r := unresolvable.get(n)) is not None}, [])
+            return Split(passed, {}, {}, [], jsons)
+        rest = list(compress(names, map(is_, items, repeat(None)))) if passed else names
+        reasons: list[Any] = list(map(failed.get, rest))  # str, or None where not failing now
+        if not _has_none(reasons):  # every other node fails now (the usual case): no pass for unresolvable
+            return Split(passed, dict(zip(rest, reasons, strict=True)), {}, [], jsons)
+        out_failed = {n: r for n, r in zip(rest, reasons, strict=True) if r is not None}
+        if not unresolvable:
+            return Split(passed, out_failed, {}, [], jsons)
+        return Split(passed, out_failed, {n: r for n in rest if (r := unresolvable.get(n)) is not None}, [], jsons)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +89,7 @@ class Split:
     failed: dict[str, str]
     unresolvable: dict[str, str]
     unknown: list[str]
+    passed_json: list[str] | None = None  # the passed nodes' HostPriority JSON, when the tables gave it
 
 
 def _has_none(items: list[Any]) -> bool:
@@ -106,35 +117,61 @@ class FitMemo:
         state.on_view_change(self._refresh)
 
     # ------------------------------------------------------------------ the two paths
-    def all_fit(self, names: list[str], key: Key, uid: str = "") -> bool:
+    def all_fit(self, names: list[Any], key: Key, uid: str = "") -> bool:
         """Filter's fast path: does the pod fit on every one of `names`, all memoised (the usual case)?
         False also when some are not memoised yet (then ask split()). When it does, the answer of the
-        prioritize that follows for pod `uid` is kept (see prioritize())."""
+        prioritize that follows for pod `uid` is kept (see replay()). `names` may be unchecked request
+        values: a name found in the table is a node's name (valid by construction); anything else, an
+        unhashable value included, answers False."""
         with self.state.current() as generation:
             fits = self._table(key).fits
             # fewer fitting nodes than names: some name cannot be among them (a full cluster's usual case)
             if len(fits) < len(names):
                 return False
-            items = list(map(fits.get, names))
+            try:
+                items = list(map(fits.get, names))
+            except TypeError:  # a list or object among the names: not a node's name
+                return False
             if _has_none(items):
                 return False
             if uid and len(names) <= REPLAY_NAMES:
-                self._keep_replay(uid, (key, generation, names, ",".join(items)))  # type: ignore[arg-type]
+                self._keep_replay(uid, (key, generation, names, items))  # type: ignore[arg-type]
             return True
 
     def prioritize(self, names: list[str], key: Key, uid: str = "") -> bytes:
-        """Prioritize's answer (HostPriorityList JSON). For the names filter's fast path just passed for
-        this pod, its kept answer when none of those nodes changed since: byte for byte what a fresh one
-        is, without reading the tables again (a property test checks this with binds in between)."""
+        """Prioritize's answer (HostPriorityList JSON): replay() when it has one, else host_json()."""
+        answer = self.replay(names, key, uid)
+        return answer if answer is not None else ("[" + ",".join(self.host_json(names, key)) + "]").encode()
+
+    def replay(self, names: list[Any], key: Key, uid: str) -> bytes | None:
+        """Prioritize's answer from the one kept when filter's fast path passed these very names for pod
+        `uid` (same size and policy), with the HostPriority of each node whose view changed since (a bind in
+        flight, at most PATCH_MAX of them) recomputed: byte for byte what a fresh answer is (a property test
+        checks this with binds in between). None when there is no such answer. `names` may be unchecked: they
+        are compared with the kept names, which filter found among the nodes."""
+        if not uid:
+            return None
         with self.state.current():
-            replay = self._replays.pop(uid, None) if uid else None
-            if replay is not None:
-                self._replay_names -= len(replay[2])
-                if replay[0] == key and replay[2] == names:
-                    changed = self.state.changed_since(replay[1])
-                    if changed is not None and changed.isdisjoint(names):
-                        return ("[" + replay[3] + "]").encode()
-            return ("[" + ",".join(self.host_json(names, key)) + "]").encode()
+            replay = self._replays.pop(uid, None)
+            if replay is None:
+                return None
+            self._replay_names -= len(replay[2])
+            if replay[0] != key or replay[2] != names:
+                return None
+            changed = self.state.changed_since(replay[1])
+            if changed is None or len(changed) > PATCH_MAX:
+                return None
+            kept, items = replay[2], replay[3]
+            for name in changed.intersection(kept):  # the kept names' hashes are cached: a cheap pass
+                fresh = self.host_json([name], key)[0]
+                i = kept.index(name)
+                while True:  # every occurrence (a request may repeat a name)
+                    items[i] = fresh
+                    try:
+                        i = kept.index(name, i + 1)
+                    except ValueError:
+                        break
+            return ("[" + ",".join(items) + "]").encode()
 
     def _keep_replay(self, uid: str, replay: Replay) -> None:
         old = self._replays.pop(uid, None)
@@ -143,12 +180,17 @@ class FitMemo:
         while len(self._replays) > REPLAYS or self._replay_names > REPLAY_NAMES:
             self._replay_names -= len(self._replays.popitem(last=False)[1][2])
 
-    def split(self, names: list[str], key: Key) -> Split:
-        """The slow path: the names split by verdict, computed for the nodes not memoised yet."""
-        with self.state.current():
+    def split(self, names: list[Any], key: Key, uid: str = "") -> Split:
+        """The slow path: the names split by verdict, computed for the nodes not memoised yet. When every
+        name is memoised, the answer of the prioritize that follows for pod `uid` (the passed names) is kept,
+        as all_fit() keeps it. `names` may be unchecked values: an unhashable one raises TypeError, and any
+        that is not a node's name comes back in `unknown`."""
+        with self.state.current() as generation:
             table = self._table(key)
             out = table.split(names)
             if len(out.passed) + len(out.failed) + len(out.unresolvable) == len(names):
+                if uid and out.passed and len(out.passed) <= REPLAY_NAMES and out.passed_json is not None:
+                    self._keep_replay(uid, (key, generation, out.passed, out.passed_json))
                 return out
             # new nodes (or repeated names, or more than the memo holds): from the verdicts themselves
             return _split(names, self._verdicts(table, names, key))

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
 from memslice.contract import TERMINAL_PHASES, Reservation
-from memslice.elastic import ANN_LIMIT_RECORD, LimitAnnotationError, parse_limit_record
+from memslice.elastic import ANN_LIMIT, ANN_LIMIT_RECORD, LimitAnnotationError, parse_limit_record
 from memslice.errors import ContractError
 from memslice.scheduler_extender.resources import (
     LimitSig,
@@ -143,11 +143,19 @@ def _decode_reservation(annotations: Any, namespace: str, name: str, bound: bool
 
 def reservation_mib(reservation: Reservation, request: PodRequest | None) -> int:
     """The MiB a reservation holds on its GPU: the effective total over the pod's containers (init
-    containers do not add up), containers the pod does not have counted as app containers."""
+    containers do not add up), containers the pod does not have counted as app containers. With one amount,
+    that amount, whatever the containers (pod_record relies on it; a test checks it)."""
+    if request is not None:
+        asks = request.asks
+        if len(asks) == 1 and asks[0].kind == "app" and len(reservation.container_mib) == 1:
+            # the usual pod: one app container and one reserved amount (its own, or one of a container the
+            # pod lacks, which counts as an app container): that amount, whichever it is
+            return reservation.container_mib[0][1]
     return _effective_mib(dict(reservation.container_mib), request)
 
 
 def _effective_mib(amounts: dict[str, int], request: PodRequest | None) -> int:
+    """The effective total of `amounts` (container -> MiB) over the pod's containers, as reservation_mib."""
     if request is None:
         return sum(amounts.values())
     known = {a.name for a in request.asks}
@@ -190,11 +198,20 @@ def pod_record(obj: dict[str, Any]) -> Record | None:
         return None
     namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
     node = _node_of(obj)
-    request = _decode_request(obj, namespace, name)
     reservation = _decode_reservation(meta.get("annotations") or {}, namespace, name, node is not None)
+    terminal = (obj.get("status") or {}).get("phase") in TERMINAL_PHASES
+    if (reservation is not None and len(reservation.container_mib) == 1
+            and not _has_limit_annotation(meta.get("annotations") or {})):
+        # One reserved amount is the pod's effective MiB whatever its containers (reservation_mib), and a
+        # reserved pod's devices are never read (derive_charge): its request need not be decoded, unless
+        # its limits are (reserved_over_mib). This is nearly every running pod of a relist and both watch
+        # events of each of the extender's own binds.
+        return (uid, _intern(namespace), name, resource_version(meta), node, terminal,
+                _intern(reservation.gpu_uuid), reservation.container_mib[0][1], reservation.assumed_ts, 0, None,
+                0)
+    request = _decode_request(obj, namespace, name)
     if request is None and reservation is None:
         return None
-    terminal = (obj.get("status") or {}).get("phase") in TERMINAL_PHASES
     devices = request.devices if request is not None else 0
     if reservation is None:
         return (uid, _intern(namespace), name, resource_version(meta), node, terminal, None, 0, 0.0, devices,
@@ -205,6 +222,12 @@ def pod_record(obj: dict[str, Any]) -> Record | None:
             if ANN_LIMIT_RECORD in annotations or (request is not None and request.limits) else 0)
     return (uid, _intern(namespace), name, resource_version(meta), node, terminal, _intern(reservation.gpu_uuid),
             mib, reservation.assumed_ts, devices, None, over)  # assumed_at 0 if bound
+
+
+def _has_limit_annotation(annotations: dict[str, Any]) -> bool:
+    """Does the pod carry an elastic limit (the users' `memslice.io/gpu-mem-limit[.<container>]` or the
+    extender's record `memslice.io/gpu-mem-limit-mib`)? All three names start with ANN_LIMIT."""
+    return any(isinstance(k, str) and k.startswith(ANN_LIMIT) for k in annotations)
 
 
 def _node_of(obj: dict[str, Any]) -> str | None:

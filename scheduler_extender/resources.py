@@ -79,7 +79,11 @@ class PodRequest:
     devices: int = dc_field(init=False)  # effective devices on the GPU (module docstring: init containers)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "devices", effective_total({a.name: a.devices for a in self.asks}, self.asks))
+        asks = self.asks
+        # one app container (the usual pod) is its own effective total: no map, no pass (every watched pod)
+        devices = asks[0].devices if len(asks) == 1 and asks[0].kind == "app" else effective_total(
+            {a.name: a.devices for a in asks}, asks)
+        object.__setattr__(self, "devices", devices)
 
     def mib(self, unit_mib: int) -> int:
         return self.devices * unit_mib

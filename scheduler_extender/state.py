@@ -404,6 +404,12 @@ class ClusterState:
             self._flush()
             return list(self._views.values())
 
+    def snapshot(self) -> tuple[int, list[NodeView]]:
+        """(generation, every view) under one lock: the same generation means the same views."""
+        with self.lock:
+            self._flush()
+            return self._generation, list(self._views.values())
+
     def pod(self, namespace: str, name: str) -> PodRecord | None:
         with self.lock:
             uid = self._by_name.get((namespace, name))

@@ -19,7 +19,7 @@ from typing import Any
 
 from memslice.scheduler_extender import decisions, wire
 from memslice.scheduler_extender.binder import Binder, BindError
-from memslice.scheduler_extender.fitmemo import FitMemo, Key
+from memslice.scheduler_extender.fitmemo import FitMemo, Key, Split
 from memslice.scheduler_extender.metrics import Metrics
 from memslice.scheduler_extender.records import PodView
 from memslice.scheduler_extender.state import ClusterState
@@ -44,23 +44,33 @@ class Verbs:
     # ------------------------------------------------------------------ filter
     def filter(self, body: Any) -> tuple[int, Any]:
         try:
-            args = wire.decode_extender_args(body)
+            args = wire.decode_extender_args(body, check=False)  # names checked below, unless all are nodes
+            pod = PodView.of(args.pod)
+            if pod.error or pod.request is None or not self.state.synced:
+                args = wire.check_names(args)
+                names = args.names()
+                error = pod.error or (NOT_SYNCED if pod.request is not None else "")
+                return 200, wire.filter_result(args, [] if error else list(names), {}, {}, error)
+            key = pod.key(self.default_policy, self.capped)
+            self.state.expire()
+            names = args.names()
+            if self.memo.all_fit(names, key, pod.uid):  # the fast path: every name a node where the pod fits
+                return 200, wire.filter_result(args, names, {}, {})
+            try:  # the slow path, still unchecked: a name found in the memo is a node's name
+                split: Split | None = self.memo.split(names, key, pod.uid)
+            except TypeError:  # an unhashable name
+                split = None
+            if split is None or split.unknown:
+                args = wire.check_names(args)
+                if split is None:
+                    split = self.memo.split(args.names(), key, pod.uid)
         except WireError as exc:
             return 400, wire.filter_result(None, [], {}, {}, str(exc))
-        pod = PodView.of(args.pod)
-        names = args.names()
-        if pod.error or pod.request is None or not self.state.synced:
-            error = pod.error or (NOT_SYNCED if pod.request is not None else "")
-            return 200, wire.filter_result(args, [] if error else list(names), {}, {}, error)
-        key = pod.key(self.default_policy, self.capped)
-        self.state.expire()
-        if self.memo.all_fit(names, key, pod.uid):  # the fast path: the pod fits on every node
-            return 200, wire.filter_result(args, names, {}, {})
-        return 200, self._filter_each(args, pod, names, key)
+        return 200, self._filter_each(args, pod, args.names(), key, split)
 
-    def _filter_each(self, args: ExtenderArgs, pod: PodView, names: list[str], key: Key) -> dict[str, Any]:
+    def _filter_each(self, args: ExtenderArgs, pod: PodView, names: list[str], key: Key,
+                     split: Split) -> dict[str, Any]:
         """The slow path: the names split by their memoised verdicts (reasons included)."""
-        split = self.memo.split(names, key)
         passed, failed, unresolvable = split.passed, split.failed, split.unresolvable
         for name in split.unknown:
             final, reason = self._unfit_reason(name)
@@ -97,17 +107,22 @@ class Verbs:
     # ------------------------------------------------------------------ prioritize
     def prioritize(self, body: Any) -> tuple[int, Any]:
         try:
-            args = wire.decode_extender_args(body)
+            args = wire.decode_extender_args(body, check=False)  # names checked below, unless replayed
+            pod = PodView.of(args.pod)
+            if pod.error:
+                return 400, {"Error": pod.error}  # HostPriorityList has no Error field
+            if pod.request is not None and self.state.synced:
+                self.state.expire()
+                key = pod.key(self.default_policy, self.capped)
+                answer = self.memo.replay(args.names(), key, pod.uid)  # the names filter's fast path passed
+                if answer is not None:
+                    return 200, answer
+                names = wire.check_names(args).names()
+                return 200, self.memo.prioritize(names, key)
+            names = wire.check_names(args).names()
         except WireError as exc:
             return 400, {"Error": str(exc)}
-        pod = PodView.of(args.pod)
-        names = args.names()
-        if pod.error:
-            return 400, {"Error": pod.error}  # HostPriorityList has no Error field
-        if pod.request is None or not self.state.synced:
-            return 200, wire.encode_host_priority_list(names, [0] * len(names))
-        self.state.expire()
-        return 200, self.memo.prioritize(names, pod.key(self.default_policy, self.capped), pod.uid)
+        return 200, wire.encode_host_priority_list(names, [0] * len(names))
 
     # ------------------------------------------------------------------ bind
     def bind(self, body: Any) -> tuple[int, Any]:

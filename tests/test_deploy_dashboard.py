@@ -13,9 +13,10 @@ SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), 
 
 
 def exported_metrics() -> dict[str, str]:
-    """metric name -> type, from the prometheus_client constructors in plugin/ and scheduler_extender/."""
+    """metric name -> type, from the prometheus_client constructors in plugin/ and scheduler_extender/ (and the
+    extender's per-GPU gauges written as text, metrics.GaugeText)."""
     out: dict[str, str] = {}
-    pattern = re.compile(r"\b(Counter|Gauge|Histogram|CounterMetricFamily|GaugeMetricFamily)\(\s*"
+    pattern = re.compile(r"\b(Counter|Gauge|Histogram|CounterMetricFamily|GaugeMetricFamily|GaugeText)\(\s*"
                          r"\"(memslice_\w+)\"")
     for d in ("plugin", "scheduler_extender"):
         for path in (ROOT / d).rglob("*.py"):

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes.client
+import orjson
 import pytest
 import yaml
 from test_deploy_render import NAMESPACE, ROOT, Manifest, find, pod_spec, render
@@ -48,7 +49,7 @@ RENDERED = {"node-agent-dra": "overlays/dra"}
 OPAQUE_CALLS = re.compile(r"\bcall_api\(|\bDynamicClient\b|\burllib\.request\b|"
                           r"^\s*(?:import|from)\s+(?:requests|httpx|aiohttp|urllib3|httptools|http\.client)\b", re.M)
 # mirror class -> the file that defines it (where reaching the API server by HTTP directly is expected)
-MIRRORS = {"PodWriter": "scheduler_extender/podwrites.py"}
+MIRRORS = {"PodWriter": "scheduler_extender/podwrites.py", "CoreReads": "scheduler_extender/kubereads.py"}
 
 
 @functools.cache
@@ -256,6 +257,49 @@ def test_mirror_methods_make_the_requests_their_names_say() -> None:
             kube.reset_counts()
             getattr(writer, name)(*args)
             assert kube.request_counts == {(VERBS[(http, named)], resource): 1}, name
+
+
+def test_core_reads_make_the_requests_their_names_say() -> None:
+    """The extender's reads without the generated CoreV1Api (kubereads.py) make the request of the generated
+    method of the same name (hence the same permission), with the kubeconfig's credentials, and raise the
+    client's ApiException for an error answer."""
+    from kube_standin import KubeApiStandin
+    from kubernetes.client.exceptions import ApiException
+
+    from memslice.scheduler_extender.cli import load_api_client
+    from memslice.scheduler_extender.kubereads import CoreReads
+
+    calls: dict[str, tuple[tuple[Any, ...], dict[str, Any], str]] = {  # method -> args, kwargs, verb
+        "list_node": ((), {"limit": 5}, "list"),
+        "list_pod_for_all_namespaces": ((), {"field_selector": "spec.nodeName=", "limit": 5}, "list"),
+        "read_namespaced_pod": (("p", "ns"), {}, "get"),
+    }
+    public = {name for name, _ in inspect.getmembers(CoreReads, inspect.isfunction) if not name.startswith("_")}
+    assert public == set(calls), "a new CoreReads method needs a case here"
+    with KubeApiStandin() as kube, tempfile.TemporaryDirectory() as tmp:
+        kube.put({"kind": "Pod", "metadata": {"name": "p", "namespace": "ns"},
+                  "spec": {"containers": [{"name": "c", "image": "i"}]}})
+        kube.put({"kind": "Node", "metadata": {"name": "n"}})
+        kube.require_token = "standin-token"  # the token of kube.kubeconfig()
+        reads = CoreReads(load_api_client(kube.kubeconfig(f"{tmp}/kubeconfig")))
+        with pytest.raises(ApiException) as denied:
+            CoreReads(kube.api_client()).read_namespaced_pod("p", "ns")  # no token
+        assert denied.value.status == 401
+        with pytest.raises(ApiException) as missing:
+            reads.read_namespaced_pod("nope", "ns")
+        assert missing.value.status == 404
+        for name, (args, kwargs, verb) in calls.items():
+            (_, http, tmpl), = [m for m in api_methods()[name] if m[0] == "CoreV1Api"]
+            _, resource, named = permission(http, tmpl)
+            assert VERBS[(http, named)] == verb
+            kube.reset_counts()
+            resp = getattr(reads, name)(*args, **kwargs)
+            body = orjson.loads(resp.data)
+            resp.release_conn()
+            assert kube.request_counts == {(verb, resource): 1}, name
+            assert body["kind"] == ("Pod" if verb == "get" else ("NodeList" if "node" in name else "PodList"))
+        watch = reads.list_node(watch=True, resource_version="0", timeout_seconds=1, allow_watch_bookmarks=True)
+        watch.release_conn()
 
 
 def test_scanner_maps_known_calls() -> None:

@@ -66,3 +66,14 @@ def test_serves_a_cluster_and_stops_on_sigterm(tmp_path) -> None:
             proc.send_signal(signal.SIGTERM)
             proc.communicate(timeout=30)
         assert proc.returncode == 0
+
+
+def test_long_lived_objects_are_frozen_again_after_large_growth_only() -> None:
+    """After the first sync the extender freezes what exists again only once the watched pods grew by
+    10,000 and a tenth (a full collection would otherwise scan them all at once: 0.11-0.2 s at 20,000 nodes
+    and 115,000 pods), never for small changes (each freeze may keep the cyclic garbage alive then)."""
+    from memslice.scheduler_extender.cli import refreeze_due
+
+    assert not refreeze_due(0, 9_999) and refreeze_due(0, 10_000)
+    assert not refreeze_due(200_000, 219_999) and refreeze_due(200_000, 220_000)
+    assert not refreeze_due(50_000, 40_000)

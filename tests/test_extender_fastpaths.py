@@ -268,7 +268,7 @@ def test_header_abuse_is_refused_and_changes_nothing(cluster: Cluster) -> None:
 
 def test_kept_filter_answers_are_bounded_and_replayed_only_while_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     """Filter's answers kept for the prioritize that follows are bounded in names held (hostile requests
-    cannot pin memory), replayed only for the same pod, size and names, and never once a node changed."""
+    cannot pin memory), replayed only for the same pod, size and names, and never stale once a node changed."""
     from memslice.scheduler_extender import fitmemo
 
     monkeypatch.setattr(fitmemo, "REPLAY_NAMES", 30)
@@ -293,3 +293,124 @@ def test_kept_filter_answers_are_bounded_and_replayed_only_while_valid(monkeypat
     assert verbs.prioritize(args) == fresh.prioritize(args)
     assert b'{"Host":"n0","Score":10}' in fresh.prioritize(args)[1]  # n0 is fuller now: binpack likes it
     assert "uid-1" not in verbs.memo._replays  # taken by its prioritize
+
+
+def test_kept_answer_is_patched_for_the_nodes_that_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bind between filter and prioritize changes a node among the names: prioritize still answers from the
+    kept answer, with that node's HostPriority recomputed alone, byte for byte what a fresh one is; the names
+    are not checked again (they are the ones filter found among the nodes), and hostile names are."""
+    state = ClusterState()
+    for i in range(40):
+        state.upsert_node(node_obj(f"n{i}", [16000, 16000]))
+    state.nodes_synced.set()
+    state.pods_synced.set()
+    verbs = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # no binds here
+    names = [f"n{i}" for i in range(40)]
+    verbs.filter({"Pod": pod_obj("first", {"main": 1000}), "NodeNames": names})  # fills the memo
+    pod = pod_obj("p", {"main": 1000})
+    pod["metadata"]["uid"] = "uid-p"
+    assert verbs.filter({"Pod": pod, "NodeNames": names})[1]["NodeNames"] == names
+    state.hold("other", Charge("GPU-n3-0", "n3", 15000, 0, None))  # n3 changes: binpack likes it now
+    asked: list[int] = []
+    host_json = verbs.memo.host_json
+    monkeypatch.setattr(verbs.memo, "host_json", lambda n, k: asked.append(len(n)) or host_json(n, k))
+    checked: list[int] = []
+    check_names = wire.check_names
+    monkeypatch.setattr(wire, "check_names", lambda a: checked.append(1) or check_names(a))
+    code, answer = verbs.prioritize({"Pod": pod, "NodeNames": names})
+    assert asked == [1] and checked == []  # one node recomputed, no name checked
+    fresh = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]
+    assert (code, answer) == fresh.prioritize({"Pod": pod, "NodeNames": names})
+    assert json.loads(answer)[3] == {"Host": "n3", "Score": 10}
+    bad = verbs.filter({"Pod": pod, "NodeNames": names[:5] + [["n1"]]})  # unhashable: refused, not a crash
+    assert bad[0] == 400 and "NodeNames[5]" in bad[1]["Error"]
+    assert verbs.prioritize({"Pod": pod, "NodeNames": ["n1", ""]})[0] == 400
+
+
+def test_gpu_metrics_text_is_what_prometheus_client_writes_and_follows_the_state() -> None:
+    """The per-GPU families written as text (metrics.gpu_text) are line for line what prometheus_client's
+    GaugeMetricFamily writes for the same GPUs (hostile label text escaped alike, over-committed GPUs, odd
+    sizes); a scrape of an unchanged state reuses the text, and a charge shows in the next scrape."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import GaugeMetricFamily
+
+    from memslice.scheduler_extender import metrics as metrics_mod
+
+    state = ClusterState()
+    state.upsert_node(node_obj("a", [16000, 2_000_000, 1]))
+    state.upsert_node(node_obj("b", [8000], unit=2, healthy=[False]))
+    state.hold("over", Charge("GPU-a-0", "a", 20000, 0, None))  # over-committed: negative free
+    state.hold("elastic", Charge("GPU-a-1", "a", 1000, 0, None, 3000))  # limits 3,000 MiB above the request
+    m = Metrics(state)
+
+    def reference() -> set[bytes]:
+        class Old:
+            def collect(self):  # type: ignore[no-untyped-def]  # the old collector's code, verbatim
+                free = GaugeMetricFamily("memslice_extender_gpu_free_mib",
+                                         "GPU memory not reserved by any pod, per GPU (MiB)",
+                                         labels=["node", "gpu", "uuid"])
+                cap = GaugeMetricFamily("memslice_extender_gpu_capacity_mib", "GPU memory as the node agent "
+                                        "publishes it (MiB)", labels=["node", "gpu", "uuid"])
+                limits = GaugeMetricFamily("memslice_extender_gpu_limits_mib", "Sum of the GPU memory limits of "
+                                           "the pods on each GPU (a pod without a limit counts its request; MiB)",
+                                           labels=["node", "gpu", "uuid"])
+                for view in state.views():
+                    for i, g in enumerate(view.gpus):
+                        labels = [view.name, str(g.index), g.uuid]
+                        free.add_metric(labels, g.free_mib)
+                        cap.add_metric(labels, g.mem_mib)
+                        limits.add_metric(labels, g.used_mib + (view.over[i] if view.over is not None else 0))
+                yield free
+                yield cap
+                yield limits
+
+        registry = CollectorRegistry()
+        registry.register(Old())  # type: ignore[arg-type]
+        return set(generate_latest(registry).splitlines())
+
+    first = m.gpu_text()
+    assert set(first.splitlines()) == reference()
+    assert b'memslice_extender_gpu_free_mib{gpu="0",node="a",uuid="GPU-a-0"} -4000.0' in first
+    assert m.gpu_text() is first  # nothing changed: the same text, not rendered again
+    state.hold("p", Charge("GPU-b-0", "b", 4000, 0, None))
+    second = m.gpu_text()
+    assert b'memslice_extender_gpu_free_mib{gpu="0",node="b",uuid="GPU-b-0"} 4000.0' in second
+    assert set(second.splitlines()) == reference()
+    assert b"memslice_extender_tracked" in m.render()[0] and second in m.render()[0]
+    hostile = 'x"y\\z\nw'
+    assert metrics_mod._label(hostile) == hostile.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def test_slow_path_keeps_its_answer_for_prioritize_and_still_checks_what_it_does_not_know(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Filter with a node that fails (the slow path) keeps the passing nodes' answer for the prioritize that
+    follows, as the fast path does: prioritize of those names computes nothing afresh and checks no name. A
+    name the memo does not know (garbage included) is still checked: 400, never a crash."""
+    state = ClusterState()
+    for i in range(10):
+        state.upsert_node(node_obj(f"n{i}", [16000]))
+    state.nodes_synced.set()
+    state.pods_synced.set()
+    state.hold("full", Charge("GPU-n0-0", "n0", 16000, 0, None))
+    verbs = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # no binds here
+    names = [f"n{i}" for i in range(10)]
+    verbs.filter({"Pod": pod_obj("first", {"main": 1000}), "NodeNames": names})  # fills the memo
+    pod = pod_obj("p", {"main": 1000})
+    pod["metadata"]["uid"] = "uid-p"
+    answer = verbs.filter({"Pod": pod, "NodeNames": names})[1]
+    assert answer["NodeNames"] == names[1:] and list(answer["FailedNodes"]) == ["n0"]
+    asked: list[int] = []
+    host_json = verbs.memo.host_json
+    monkeypatch.setattr(verbs.memo, "host_json", lambda n, k: asked.append(len(n)) or host_json(n, k))
+    checked: list[int] = []
+    check_names = wire.check_names
+    monkeypatch.setattr(wire, "check_names", lambda a: checked.append(1) or check_names(a))
+    code, scores = verbs.prioritize({"Pod": pod, "NodeNames": names[1:]})
+    assert asked == [] and checked == []
+    fresh = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]
+    assert (code, scores) == fresh.prioritize({"Pod": pod, "NodeNames": names[1:]})
+    for bad in (names + [""], names + ["x" * 300], names + [7], names + [{"a": 1}]):
+        code, out = verbs.filter({"Pod": pod, "NodeNames": bad})
+        assert code == 400 and "NodeNames[10]" in out["Error"], bad[-1]
+    code, out = verbs.filter({"Pod": pod, "NodeNames": names + ["not-a-node"]})
+    assert code == 200 and out["FailedNodes"]["not-a-node"].startswith("node is not (yet) known")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import gc
 import json
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_extender_support import node_obj, pod_obj
 
 from memslice.scheduler_extender.annotations import reservation_annotations
@@ -88,3 +90,41 @@ def test_node_views_and_their_memo_cost_the_collector_one_object_per_node() -> N
         return state
 
     assert tracked_after(build) <= 1000 + 100
+
+
+@given(app=st.dictionaries(st.sampled_from(["a", "b", "c"]), st.integers(0, 5000), max_size=3),
+       init=st.dictionaries(st.sampled_from(["i", "j"]), st.integers(0, 5000), max_size=2),
+       sidecars=st.dictionaries(st.sampled_from(["s", "t"]), st.integers(0, 5000), max_size=2),
+       reserved=st.sampled_from(["a", "i", "s", "gone"]), mib=st.integers(1, 80000), bound=st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_a_single_reserved_amount_is_recorded_without_decoding_the_request(
+        app: dict[str, int], init: dict[str, int], sidecars: dict[str, int], reserved: str, mib: int,
+        bound: bool) -> None:
+    """A pod whose reservation holds one amount (every pod the extender binds with one container, so nearly
+    every running pod of a relist, and both watch events of each bind) is recorded without decoding its
+    request, with the MiB the general rule (reservation_mib over its containers) gives: that amount."""
+    from memslice.contract import Reservation
+    from memslice.scheduler_extender import records
+    from memslice.scheduler_extender.resources import RequestError, pod_request
+
+    pod = pod_obj("p", dict(app) or {"main": None}, init=init, sidecars=sidecars, node="n1" if bound else None,
+                  annotations=reservation_annotations("GPU-1", {reserved: mib}, 1.8e9))
+    pod["metadata"]["uid"] = "u"
+    if len(set(app) | set(init) | set(sidecars)) < len(app) + len(init) + len(sidecars):
+        return  # a container name used twice: not a pod the API server accepts
+    calls: list[int] = []
+    original = records.pod_request
+    records.pod_request = lambda obj: calls.append(1) or original(obj)  # type: ignore[assignment]
+    try:
+        record = records.pod_record(pod)
+    finally:
+        records.pod_request = original
+    assert calls == []
+    assert record is not None and record[records.MIB] == mib and record[records.GPU] == "GPU-1"
+    reservation = Reservation.parse(pod["metadata"]["annotations"], with_time=False)
+    assert reservation is not None
+    try:
+        request = pod_request(pod)
+    except RequestError:
+        request = None
+    assert records.reservation_mib(reservation, request) == mib

@@ -15,7 +15,8 @@ import memslice.lean_http as lean
 
 
 def parse_request(self: lean.LeanRequestHandler) -> bool:
-    return BaseHTTPRequestHandler.parse_request(self) and self._framing_ok(list(self.headers.items()))
+    return (BaseHTTPRequestHandler.parse_request(self)
+            and self._framing_ok(lean.framing_error(list(self.headers.items()))))
 
 
 def send_all(self: lean.LeanRequestHandler, code: int, body: bytes, content_type: str) -> None:

@@ -49,8 +49,20 @@ class Headers:
     def __init__(self, fields: list[tuple[str, str]]) -> None:
         self._fields = fields
         self._first: dict[str, str] = {}
+        self.lengths = 0  # Content-Length fields (framing_error's count, taken in the same pass)
         for name, value in fields:
-            self._first.setdefault(name.lower(), value)
+            lower = name.lower()
+            if lower == "content-length":
+                self.lengths += 1
+            self._first.setdefault(lower, value)
+
+    def framing_error(self) -> str | None:
+        """framing_error() of these fields."""
+        if self.lengths > 1:
+            return f"{self.lengths} Content-Length header fields; send exactly one"
+        if self.lengths and "transfer-encoding" in self._first:
+            return "both Transfer-Encoding and Content-Length; send a Content-Length only"
+        return None
 
     def get(self, name: str, default: str | None = None) -> str | None:
         return self._first.get(name.lower(), default)
@@ -84,7 +96,7 @@ class LeanRequestHandler(BaseHTTPRequestHandler):
         line = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
         words = line.split()
         if len(words) != 3 or words[2] != "HTTP/1.1" or words[1].startswith("//"):
-            return super().parse_request() and self._framing_ok(list(self.headers.items()))
+            return super().parse_request() and self._framing_ok(framing_error(list(self.headers.items())))
         self.requestline = line
         self.command, self.path, self.request_version = words
         self.close_connection = False
@@ -105,18 +117,18 @@ class LeanRequestHandler(BaseHTTPRequestHandler):
                 return False
             name, _, value = str(raw, "iso-8859-1").partition(":")
             fields.append((name.strip(), value.strip()))
-        if not self._framing_ok(fields):
+        headers = Headers(fields)
+        if not self._framing_ok(headers.framing_error()):
             return False
-        self.headers = Headers(fields)  # type: ignore[assignment]
+        self.headers = headers  # type: ignore[assignment]
         if (self.headers.get("Connection") or "").lower() == "close":
             self.close_connection = True
         if (self.headers.get("Expect") or "").lower() == "100-continue":
             return self.handle_expect_100()
         return True
 
-    def _framing_ok(self, fields: list[tuple[str, str]]) -> bool:
-        """False (400 sent, connection to be closed) when the headers frame the body ambiguously."""
-        error = framing_error(fields)
+    def _framing_ok(self, error: str | None) -> bool:
+        """False (400 sent, connection to be closed) when the headers frame the body ambiguously (`error`)."""
         if error is None:
             return True
         self.close_connection = True

@@ -29,6 +29,7 @@ from memslice.kube.backoff import Backoff
 log = logging.getLogger(__name__)
 
 PAGE_SIZE = 500
+PAGE_TIMEOUT_S = 60  # one list page's request, whole
 
 
 class Gone(errors.UnavailableError):
@@ -45,6 +46,33 @@ def lines_of(chunks: Iterator[bytes]) -> Iterator[bytes]:
         for line in parts:
             if line.strip():
                 yield line
+
+
+class _Prefetch:
+    """One page requested in a thread of its own; result() waits for it (bounded: the request has a timeout of
+    PAGE_TIMEOUT_S) and raises what the request raised."""
+
+    def __init__(self, fetch: Callable[[str], dict[str, Any]], token: str) -> None:
+        self._fetch, self._token = fetch, token
+        self._page: dict[str, Any] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="informer-page", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._page = self._fetch(self._token)
+        except BaseException as exc:  # noqa: BLE001 - handed to the informer's thread by result()
+            self._error = exc
+
+    def result(self) -> dict[str, Any]:
+        self._thread.join(PAGE_TIMEOUT_S * 2)
+        if self._thread.is_alive():
+            raise TimeoutError(f"a list page did not arrive within {PAGE_TIMEOUT_S * 2} s")
+        if self._error is not None:
+            raise self._error
+        assert self._page is not None
+        return self._page
 
 
 class Informer:
@@ -94,7 +122,8 @@ class Informer:
         return {"field_selector": self.field_selector} if self.field_selector else {}
 
     def _page(self, token: str | None) -> dict[str, Any]:
-        kwargs = self._kwargs() | {"limit": self.page_size, "_preload_content": False, "_request_timeout": 60}
+        kwargs = self._kwargs() | {"limit": self.page_size, "_preload_content": False,
+                                   "_request_timeout": PAGE_TIMEOUT_S}
         if token:
             kwargs["_continue"] = token
         resp = self.list_fn(**kwargs)
@@ -104,18 +133,21 @@ class Informer:
             resp.release_conn()
 
     def relist(self) -> None:
+        """List every page; the next page is requested (and decoded) in a helper thread while this one's items
+        are converted, so the API server's time to serve a page overlaps the extender's time to convert one."""
         items: list[Any] = []
-        token: str | None = None
         rv = ""
+        page = self._page(None)
         while True:
-            page = self._page(token)
             meta = page.get("metadata") or {}
             rv = rv or meta.get("resourceVersion") or ""
-            items.extend(self.convert(obj) for obj in page.get("items") or [])
             token = meta.get("continue")
+            ahead = _Prefetch(self._page, token) if token else None
+            items.extend(self.convert(obj) for obj in page.get("items") or [])
             del page
-            if not token:
+            if ahead is None:
                 break
+            page = ahead.result()
         self.on_replace(items, int(rv) if rv.isdigit() else 0)
         self.resource_version = rv
         self.synced.set()
