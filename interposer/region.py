@@ -76,6 +76,7 @@ class ProcessUsage:
     peak_bytes: int
     refused: int
     per_device: dict[str, tuple[int, int]] = field(default_factory=dict)  # uuid -> (device, host)
+    owner_pid: int = 0  # the slot lock's holder as the kernel names it in the reader's PID namespace; 0 unknown
 
 
 @dataclass(frozen=True)
@@ -237,14 +238,15 @@ def _comm(raw: bytes) -> str:
     return "".join(c if c.isprintable() else "?" for c in text)
 
 
-def _owner_alive(fd: int, lock_byte: int) -> bool:
-    """Is the slot's fcntl lock byte held by some process? F_GETLK works on a read-only descriptor."""
+def _owner(fd: int, lock_byte: int) -> tuple[bool, int]:
+    """(is the slot's fcntl lock byte held, its holder's PID in this process's PID namespace or 0). F_GETLK
+    works on a read-only descriptor; the PID is the kernel's, so it tells whose process a slot is."""
     query = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, lock_byte, 1, 0)
     try:
-        l_type = _FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_GETLK, query))[0]
+        l_type, _, _, _, l_pid = _FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_GETLK, query))
     except OSError:
-        return True  # cannot tell: count it (never under-report what a process may hold)
-    return bool(l_type != fcntl.F_UNLCK)
+        return True, 0  # cannot tell: count it (never under-report what a process may hold)
+    return l_type != fcntl.F_UNLCK, max(int(l_pid), 0) if l_type != fcntl.F_UNLCK else 0
 
 
 def read_region_file(path: str, with_processes: bool = True) -> RegionSnapshot | None:
@@ -273,7 +275,7 @@ def _slots(fd: int, raw: bytearray, hwm: int, nd: int, uuids: list[str], lo: Lay
     for i in range(hwm):
         if u32[i * w32 + state] != lo.slot_live:
             continue
-        alive = _owner_alive(fd, lo.lock_base + i)
+        alive, owner_pid = _owner(fd, lo.lock_base + i)
         base = i * w64
         dev_b = u64[base + dev_at:base + dev_at + nd].tolist()
         host_b = u64[base + host_at:base + host_at + nd].tolist()
@@ -285,7 +287,8 @@ def _slots(fd: int, raw: bytearray, hwm: int, nd: int, uuids: list[str], lo: Lay
             procs.append(ProcessUsage(pid=int(s.pid), comm=_comm(bytes(lo.ffi.buffer(s.comm))), alive=alive,
                                       device_bytes=sum(dev_b), host_bytes=sum(host_b), peak_bytes=int(s.peak),
                                       refused=int(s.refused),
-                                      per_device={u: (dev_b[d], host_b[d]) for d, u in enumerate(uuids)}))
+                                      per_device={u: (dev_b[d], host_b[d]) for d, u in enumerate(uuids)},
+                                      owner_pid=owner_pid))
     return procs, live_dev, live_host
 
 
