@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import urllib.request
 from collections.abc import Iterator
@@ -189,6 +191,15 @@ def test_per_container_swap_figures_and_pod_events(world, tenant_bin) -> None:
         assert "container lab: 32 range(s)" in ev["message"] and uuid in ev["message"]
         assert "2048 MiB in host memory" in ev["message"]
         assert not events(cluster, "b", "GPUMemorySwappedOut")
+        # `memslice top --region-root` on the node: every container, named by the agent's records
+        top = subprocess.run([sys.executable, "-m", "memslice", "top", "--json", "--region-root",
+                              str(node.dir / "regions")], capture_output=True, text=True, timeout=60)
+        assert top.returncode == 0, top.stderr
+        shown = {r["owner"]["pod"]: r for r in json.loads(top.stdout)["regions"]}
+        assert shown["a"]["owner"] == {"namespace": "default", "pod": "a", "container": "lab"}
+        (ea,), (eb,) = shown["a"]["elastic"], shown["b"]["elastic"]
+        assert (ea["gpu"], ea["swapped_bytes"], ea["processes"][0]["state"]) == (uuid, 2048 * MiB, "swapped-out")
+        assert eb["elastic_resident_bytes"] == 1792 * MiB and eb["processes"][0]["host_pid"] == b.proc.pid
         # A runs again: its request comes back to HBM; a swap-in Event, and the counters go on
         assert a.cmd("check") == f"check ok {2048 * MiB}"
         wait_for(lambda: samples(node, "memslice_container_swap_ins_total").get(ka, 0) >= 8, "A's swap-in")

@@ -7,6 +7,7 @@ Real shimmed processes on the simulated GPU, real board and region files, real k
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import struct
@@ -165,3 +166,40 @@ def test_events_per_step_are_bounded_for_the_whole_node() -> None:
     busy = dict.fromkeys(pods, Counts(1, 0, 0.1, 0))
     counts = [len(policy.step(t, view_of(busy))) for t in range(1, 8)]
     assert counts == [20, 20, 20, 20, 20, 0, 0], "20 a poll until every pod has had its notice"
+
+
+def test_top_groups_elastic_processes_under_their_containers(elastic, tmp_path) -> None:
+    """`memslice top` (JSON and text) per container and GPU: bytes in GPU memory, swapped out and spilled
+    apart, and per process its state and time since its last CUDA call; a process of no region shown is
+    listed apart, never under a container."""
+    a = elastic("a", "2560MiB", "512MiB")
+    assert a.cmd("alloc 2048 64") == "allocated 32"
+    edir = elastic.edir
+    wait_for(lambda: any(t.state == "idle" for t in read_boards(edir)), "A idle")
+    b = elastic("b", "2GiB", "512MiB")
+    assert b.cmd("alloc 1792 64") == "allocated 28"
+    wait_for(lambda: any(t.shown_state == "swapped-out" for t in read_boards(edir)), "A swapped out")
+
+    def top(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "memslice", "top", "--elastic-dir", str(edir), *args],
+                              capture_output=True, text=True, timeout=60)
+
+    out = top("--json", str(tmp_path / "a"), str(tmp_path / "b"))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    ra, rb = doc["regions"]
+    (ea,), (eb,) = ra["elastic"], rb["elastic"]
+    assert (ea["device_bytes"], ea["swapped_bytes"], ea["spilled_bytes"]) == (0, 2048 * MiB, 0)
+    assert (eb["device_bytes"], eb["elastic_resident_bytes"], eb["swapped_bytes"]) == (1792 * MiB, 1792 * MiB, 0)
+    (pa,) = ea["processes"]
+    assert (pa["host_pid"], pa["state"], pa["region"]) == (a.proc.pid, "swapped-out", ra["region"])
+    assert pa["seconds_since_last_call"] > 0 and pa["swap_outs"] == 32
+    assert [p["host_pid"] for p in eb["processes"]] == [b.proc.pid]
+    assert {e["host_pid"]: e["region"] for e in doc["elastic"]} == {a.proc.pid: ra["region"],
+                                                                    b.proc.pid: rb["region"]}
+
+    text = top("--once", str(tmp_path / "a")).stdout  # B's region not shown: B is listed apart
+    region_a, rest = text.split("elastic processes of no region shown")
+    assert "swapped-out, last CUDA call" in region_a
+    assert "0B in GPU memory, 2GiB swapped out to host memory, 0B spilled to host memory; swaps 32 out" in region_a
+    assert str(b.proc.pid) in rest and str(b.proc.pid) not in region_a
