@@ -155,7 +155,8 @@ class ElasticTracker:
         self._log_problems(scan.errors)
         ledger = self.ledger()
         pids: dict[str, list[int]] = {}
-        for rid in ledger:
+        # only elastic containers have the board mounted; with no tenant on any board, no region is read
+        for rid in (r for r, a in ledger.items() if a.limit_mib > a.mib) if scan.tenants else ():
             try:
                 pids[rid] = self.region_pids(rid)
             except Exception as exc:  # noqa: BLE001 - a damaged region attributes nothing, the rest goes on
