@@ -295,8 +295,8 @@ def region_pid_reader(region_dir: Callable[[str], str]) -> RegionPids:
     from memslice.interposer.region import read_region
 
     def pids(rid: str) -> list[int]:
-        snap = read_region(region_dir(rid))
-        return [] if snap is None else [p.owner_pid for p in snap.processes if p.alive and p.owner_pid > 0]
+        snap = read_region(region_dir(rid), with_processes=False)  # the scrape's cost: no process list
+        return [] if snap is None else snap.owner_pids
 
     return pids
 

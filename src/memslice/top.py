@@ -105,7 +105,7 @@ def region_of_pids(snaps: list[Any]) -> dict[int, str]:
     """Kernel-named PID -> the region (container) whose slot lock it holds (memslice.elastic.owners)."""
     from memslice.elastic import owners
 
-    return owners({s.path: [p.owner_pid for p in s.processes if p.alive] for s in snaps})
+    return owners({s.path: s.owner_pids for s in snaps})
 
 
 def snapshot_json(snap: Any, owner: dict[str, str] | None = None, tenants: list[Any] | None = None
