@@ -21,7 +21,7 @@ import os
 import stat
 import struct
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from memslice import errors
@@ -109,7 +109,7 @@ def read_board(path: str | os.PathLike[str]) -> list[Tenant]:
                 continue
             held, pid = lock_holder(fd, LIVE_OFF + i)
             if held:
-                out.append(Tenant(**{**t.__dict__, "owner_pid": pid}))
+                out.append(replace(t, owner_pid=pid))
         return out
     finally:
         os.close(fd)
