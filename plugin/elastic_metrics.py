@@ -10,14 +10,16 @@ processes (memslice.elastic.owners/attribute). The agent sees those PIDs only in
 
 The figures themselves are what the slots say, and any tenant of a GPU can write any slot of its board (the
 owner republishes every 20 ms). So the agent bounds them: a container's resident and swapped bytes are each
-at most its limit, and a process's swap counters may only grow, by no more than a move can take in the time
-that passed (`plausible`). Counters stay monotonic when a process exits: its last accepted counts are kept
-in its container's total for as long as the container is in the agent's ledger.
+at most its limit, and a process's swap counters may only grow, and account for no more moving time than the
+process has lived (its age from the kernel's /proc; `plausible`). Counters stay monotonic when a process
+exits: its last accepted counts are kept in its container's total for as long as the container is in the
+agent's ledger.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -52,19 +54,35 @@ class Counts:
         return Counts(t.swap_outs, t.swap_ins, t.swap_out_seconds, t.swap_in_seconds)
 
 
-def plausible(prev: Counts, cur: Counts, dt: float) -> bool:
-    """Whether a live process's counters may have gone from `prev` to `cur` in `dt` seconds (pure): none went
-    down, moves took no more time than passed (one thread moves, out and in alike; 1 s of slack for clocks),
-    and no more moves than MAX_MOVES_PER_S allows. A slot failing this was written by someone else."""
+def plausible(prev: Counts, cur: Counts, base: Counts, span_s: float) -> bool:
+    """Whether a live process's counters may read `cur` after `prev` (pure): none went down, and since `base`
+    its moves took no more than `span_s` seconds (one thread moves, out and in alike) and were no more than
+    MAX_MOVES_PER_S allows in that time. `span_s` is the process's age (the kernel's) with `base` zero, or,
+    where the age cannot be read, the time since the agent first saw the process plus a minute with `base`
+    what it showed then. A slot failing this was written by someone else."""
     if cur.outs < prev.outs or cur.ins < prev.ins or cur.out_s < prev.out_s or cur.in_s < prev.in_s:
         return False
-    budget = max(dt, 0.0) + 1.0
-    moves = (cur.outs - prev.outs) + (cur.ins - prev.ins)
-    return (cur.out_s - prev.out_s) + (cur.in_s - prev.in_s) <= budget and moves <= budget * MAX_MOVES_PER_S
+    secs = (cur.out_s + cur.in_s) - (base.out_s + base.in_s)
+    moves = (cur.outs + cur.ins) - (base.outs + base.ins)
+    return secs <= span_s and moves <= span_s * MAX_MOVES_PER_S
+
+
+def process_age(pid: int, proc: str = "/proc") -> float | None:
+    """Seconds since process `pid` (in this process's PID namespace) started, from the kernel
+    (/proc/PID/stat starttime against CLOCK_BOOTTIME); None when it cannot be read."""
+    try:
+        with open(f"{proc}/{int(pid)}/stat", "rb") as f:
+            raw = f.read(4096)
+        fields = raw[raw.rindex(b")") + 2:].split()  # the command may hold spaces and parentheses
+        start = int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(time.clock_gettime(time.CLOCK_BOOTTIME) - start, 0.0)
 
 
 Instance = tuple[str, int, int]  # (GPU uuid, board slot, kernel-named PID): one process's life in one slot
 Key = tuple[str, str]            # (region ID, GPU uuid): one container on one GPU
+UNKNOWN_AGE_SLACK_S = 60.0
 
 
 @dataclass
@@ -72,19 +90,32 @@ class Accumulator:
     """Monotonic swap totals per container and GPU across process exits (pure state, no I/O)."""
 
     last: dict[Instance, tuple[Key, Counts]] = field(default_factory=dict)
+    first: dict[Instance, tuple[float, Counts]] = field(default_factory=dict)  # first sight: when, what
     retired: dict[Key, Counts] = field(default_factory=dict)
     rejected: int = 0  # implausible updates ignored, ever
 
-    def advance(self, current: Mapping[Instance, tuple[Key, Counts]], dt: float, known: set[str]) -> dict[Key, Counts]:
-        """Fold one poll's live processes in; the totals per container key. `known` are the region IDs still
-        in the ledger: the totals of the others are forgotten."""
+    def advance(self, current: Mapping[Instance, tuple[Key, Counts]], now: float,
+                ages: Mapping[Instance, float | None], known: set[str]) -> dict[Key, Counts]:
+        """Fold one poll's live processes in (`ages`: each one's age, None if unknown); the totals per
+        container key. `known` are the region IDs still in the ledger: the totals of the others are
+        forgotten."""
         nxt: dict[Instance, tuple[Key, Counts]] = {}
         for inst, (key, counts) in self.last.items():
             if inst not in current or current[inst][0] != key:  # exited (or its PID now another's)
                 self.retired[key] = self.retired.get(key, Counts()) + counts
+                self.first.pop(inst, None)
         for inst, (key, counts) in current.items():
             seen = self.last.get(inst)
-            if seen is not None and seen[0] == key and not plausible(seen[1], counts, dt):
+            if seen is None or seen[0] != key:
+                self.first[inst] = (now, counts)
+                seen = (key, Counts())
+            age = ages.get(inst)
+            if age is not None:
+                base, span = Counts(), age + 1.0
+            else:
+                at, base = self.first[inst]
+                span = now - at + UNKNOWN_AGE_SLACK_S
+            if not plausible(seen[1], counts, base, span):
                 self.rejected += 1
                 counts = seen[1]
             nxt[inst] = (key, counts)
@@ -135,15 +166,16 @@ class ElasticTracker:
     called at each scrape and by the swap Events loop (under one lock)."""
 
     def __init__(self, directory: Path, ledger: Callable[[], dict[str, Allocation]], region_pids: RegionPids,
-                 scan: Callable[[Path], BoardScan] = scan_boards, clock: Callable[[], float] = time.monotonic) -> None:
+                 scan: Callable[[Path], BoardScan] = scan_boards, clock: Callable[[], float] = time.monotonic,
+                 age: Callable[[int], float | None] = process_age) -> None:
         self.directory = directory
         self.ledger = ledger
         self.region_pids = region_pids
         self.scan = scan
         self.clock = clock
+        self.age = age
         self.acc = Accumulator()
         self._lock = threading.Lock()
-        self._at: float | None = None
         self._problems: dict[str, str] = {}
 
     def poll(self) -> ElasticView:
@@ -169,10 +201,8 @@ class ElasticTracker:
                 key = (rid, t.gpu)
                 by_key.setdefault(key, []).append(t)
                 current[(t.gpu, t.slot, t.owner_pid)] = (key, Counts.of(t))
-        now = self.clock()
-        dt = 0.0 if self._at is None else now - self._at
-        self._at = now
-        totals = self.acc.advance(current, dt, set(ledger))
+        ages = {inst: self.age(inst[2]) for inst in current}
+        totals = self.acc.advance(current, self.clock(), ages, set(ledger))
         containers = {key: container_figures(ledger[key[0]], key[1], by_key.get(key, []), c)
                       for key, c in totals.items() if key[0] in ledger}
         unattributed: dict[str, int] = {}

@@ -28,6 +28,7 @@ from memslice.plugin.elastic_metrics import (
     ElasticTracker,
     ElasticView,
     plausible,
+    process_age,
     region_pid_reader,
 )
 from memslice.plugin.ledger import Allocation
@@ -130,10 +131,23 @@ def test_counters_stay_monotonic_when_a_process_exits(elastic, tmp_path) -> None
 
 def test_plausible_counters() -> None:
     base = Counts(10, 5, 1.0, 0.5)
-    assert plausible(base, Counts(40, 5, 1.5, 0.5), dt=2.0)
-    assert not plausible(base, Counts(9, 5, 1.0, 0.5), dt=2.0), "a live process's counter never goes down"
-    assert not plausible(base, Counts(10, 5, 9.0, 0.5), dt=2.0), "more move time than passed"
-    assert not plausible(base, Counts(10 ** 9, 5, 1.0, 0.5), dt=2.0), "more moves than any link allows"
+    zero = Counts()
+    assert plausible(base, Counts(40, 5, 4.5, 0.5), zero, span_s=10.0), "a batch of moves between two polls"
+    assert not plausible(base, Counts(9, 5, 1.0, 0.5), zero, span_s=10.0), "a live process's counter never goes down"
+    assert not plausible(base, Counts(10, 5, 9.0, 2.0), zero, span_s=10.0), "more move time than it has lived"
+    assert not plausible(base, Counts(10 ** 9, 5, 1.0, 0.5), zero, span_s=10.0), "more moves than any link allows"
+    assert plausible(base, Counts(10, 5, 30.0, 0.5), Counts(0, 0, 25.0, 0), span_s=10.0), "since first sight"
+
+
+def test_process_age_is_the_kernels() -> None:
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        mine, its = process_age(os.getpid()), process_age(child.pid)
+        assert mine is not None and its is not None and 0 <= its <= mine, "a child is younger than its parent"
+    finally:
+        child.kill()
+        child.wait()
+    assert process_age(2 ** 22 + 7) is None  # no such PID (above pid_max)
 
 
 def view_of(totals: dict[str, Counts]) -> ElasticView:
