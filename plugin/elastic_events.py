@@ -67,18 +67,20 @@ class SwapEventPolicy:
         self.seen: dict[Key, Counts] = {}
         self.pending: dict[tuple[str, str], _Pending] = {}  # (pod uid or ns/pod, reason)
         self.sent_at: dict[tuple[str, str], float] = {}
+        self.started = False
 
     @staticmethod
     def _pod_key(a: Allocation) -> str:
         return a.pod_uid or f"{a.namespace}/{a.pod}"
 
     def step(self, now: float, view: ElasticView) -> list[Notice]:
-        """Fold one poll's totals in; the notices due now. A container's first poll only sets its baseline
-        (an agent restart does not announce old swaps)."""
+        """Fold one poll's totals in; the notices due now. The first poll only sets the baseline (a restarted
+        agent does not announce old swaps); a container that appears later starts from zero (its swaps
+        happened while the agent was watching)."""
         for key, c in view.containers.items():
-            before = self.seen.get(key)
+            before = self.seen.get(key, Counts() if self.started else c.totals)
             self.seen[key] = c.totals
-            if before is None or not c.alloc.pod:
+            if not c.alloc.pod:
                 continue
             for reason, moves, secs in ((OUT, c.totals.outs - before.outs, c.totals.out_s - before.out_s),
                                         (IN, c.totals.ins - before.ins, c.totals.in_s - before.in_s)):
@@ -88,6 +90,7 @@ class SwapEventPolicy:
                 acc = p.parts.setdefault((c.alloc.container, key[1]), [0.0, 0.0])
                 acc[0] += moves
                 acc[1] += max(secs, 0.0)
+        self.started = True
         live = {self._pod_key(c.alloc) for c in view.containers.values()}
         for k in [k for k in self.seen if k not in view.containers]:
             del self.seen[k]

@@ -217,3 +217,12 @@ def test_top_groups_elastic_processes_under_their_containers(elastic, tmp_path) 
     assert "swapped-out, last CUDA call" in region_a
     assert "0B in GPU memory, 2GiB swapped out to host memory, 0B spilled to host memory; swaps 32 out" in region_a
     assert str(b.proc.pid) in rest and str(b.proc.pid) not in region_a
+
+
+def test_a_container_that_appears_after_the_first_poll_is_announced_from_zero() -> None:
+    """Its swaps happened while the agent watched (the first poll alone is a baseline)."""
+    policy = SwapEventPolicy(interval_s=60)
+    assert policy.step(0, view_of({"old": Counts(7, 0, 1.0, 0)})) == []
+    (n,) = policy.step(2, view_of({"old": Counts(7, 0, 1.0, 0), "new": Counts(32, 0, 0.5, 0)}))
+    assert (n.pod, n.reason) == ("new", OUT) and "32 range(s)" in n.message
+
