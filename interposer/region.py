@@ -76,6 +76,7 @@ class ProcessUsage:
     peak_bytes: int
     refused: int
     per_device: dict[str, tuple[int, int]] = field(default_factory=dict)  # uuid -> (device, host)
+    owner_pid: int = 0  # the slot lock's holder as the kernel names it in the reader's PID namespace; 0 unknown
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class RegionSnapshot:
     processes: list[ProcessUsage]
     recounts: int
     reclaimed: int
+    owner_pids: list[int] = field(default_factory=list)  # the kernel's PIDs of the live slots' holders (0s left out)
 
 
 class RegionError(errors.UnavailableError):
@@ -237,14 +239,15 @@ def _comm(raw: bytes) -> str:
     return "".join(c if c.isprintable() else "?" for c in text)
 
 
-def _owner_alive(fd: int, lock_byte: int) -> bool:
-    """Is the slot's fcntl lock byte held by some process? F_GETLK works on a read-only descriptor."""
+def _owner(fd: int, lock_byte: int) -> tuple[bool, int]:
+    """(is the slot's fcntl lock byte held, its holder's PID in this process's PID namespace or 0). F_GETLK
+    works on a read-only descriptor; the PID is the kernel's, so it tells whose process a slot is."""
     query = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, lock_byte, 1, 0)
     try:
-        l_type = _FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_GETLK, query))[0]
+        l_type, _, _, _, l_pid = _FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_GETLK, query))
     except OSError:
-        return True  # cannot tell: count it (never under-report what a process may hold)
-    return bool(l_type != fcntl.F_UNLCK)
+        return True, 0  # cannot tell: count it (never under-report what a process may hold)
+    return l_type != fcntl.F_UNLCK, max(int(l_pid), 0) if l_type != fcntl.F_UNLCK else 0
 
 
 def read_region_file(path: str, with_processes: bool = True) -> RegionSnapshot | None:
@@ -261,23 +264,27 @@ def read_region_file(path: str, with_processes: bool = True) -> RegionSnapshot |
 
 
 def _slots(fd: int, raw: bytearray, hwm: int, nd: int, uuids: list[str], lo: Layout, with_processes: bool
-           ) -> tuple[list[ProcessUsage], list[int], list[int]]:
-    """(processes, live device bytes per device, live host bytes per device) from the copied slots. The
-    counters are read as machine words straight from the copy: 4096 live slots cost milliseconds."""
+           ) -> tuple[list[ProcessUsage], list[int], list[int], list[int]]:
+    """(processes, live device bytes per device, live host bytes per device, the kernel-named PIDs of the live
+    slots' holders) from the copied slots. The counters are read as machine words straight from the copy: 4096
+    live slots cost milliseconds."""
     u32, u64 = memoryview(raw).cast("I"), memoryview(raw).cast("Q")
     w32, w64 = lo.slot_size // 4, lo.slot_size // 8
     state, dev_at, host_at = lo.state_offset // 4, lo.device_bytes_offset // 8, lo.host_bytes_offset // 8
     procs: list[ProcessUsage] = []
     live_dev, live_host = [0] * nd, [0] * nd
+    owners: list[int] = []
     slots = lo.ffi.from_buffer("struct ms_slot[]", raw) if with_processes and hwm else None
     for i in range(hwm):
         if u32[i * w32 + state] != lo.slot_live:
             continue
-        alive = _owner_alive(fd, lo.lock_base + i)
+        alive, owner_pid = _owner(fd, lo.lock_base + i)
         base = i * w64
         dev_b = u64[base + dev_at:base + dev_at + nd].tolist()
         host_b = u64[base + host_at:base + host_at + nd].tolist()
         if alive:
+            if owner_pid > 0:
+                owners.append(owner_pid)
             live_dev = [a + b for a, b in zip(live_dev, dev_b, strict=True)]
             live_host = [a + b for a, b in zip(live_host, host_b, strict=True)]
         if slots is not None:
@@ -285,8 +292,9 @@ def _slots(fd: int, raw: bytearray, hwm: int, nd: int, uuids: list[str], lo: Lay
             procs.append(ProcessUsage(pid=int(s.pid), comm=_comm(bytes(lo.ffi.buffer(s.comm))), alive=alive,
                                       device_bytes=sum(dev_b), host_bytes=sum(host_b), peak_bytes=int(s.peak),
                                       refused=int(s.refused),
-                                      per_device={u: (dev_b[d], host_b[d]) for d, u in enumerate(uuids)}))
-    return procs, live_dev, live_host
+                                      per_device={u: (dev_b[d], host_b[d]) for d, u in enumerate(uuids)},
+                                      owner_pid=owner_pid))
+    return procs, live_dev, live_host, owners
 
 
 def _read_fd(fd: int, path: str, lo: Layout, with_processes: bool = True) -> RegionSnapshot | None:
@@ -312,7 +320,7 @@ def _read_fd(fd: int, path: str, lo: Layout, with_processes: bool = True) -> Reg
         raise RegionError(f"{path}: a device UUID is listed twice")
     hwm = h.slot_hwm
     raw = _pread(fd, path, hwm * lo.slot_size, lo.slots_offset) if hwm else bytearray()
-    procs, live_dev, live_host = _slots(fd, raw, hwm, nd, uuids, lo, with_processes)
+    procs, live_dev, live_host, owners = _slots(fd, raw, hwm, nd, uuids, lo, with_processes)
     devices = []
     for d in range(nd):
         dv = devs[d]
@@ -323,7 +331,7 @@ def _read_fd(fd: int, path: str, lo: Layout, with_processes: bool = True) -> Reg
                                    host_peak_bytes=max(int(dv.host_peak), live_host[d]),
                                    charged_bytes=int(dv.used) & ~FROZEN))
     return RegionSnapshot(path=path, devices=devices, processes=procs, recounts=int(h.recounts),
-                          reclaimed=int(h.reclaimed))
+                          reclaimed=int(h.reclaimed), owner_pids=owners)
 
 
 def sweep(region_dir: str | os.PathLike[str]) -> int:

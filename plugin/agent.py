@@ -15,11 +15,12 @@ from memslice.kube.config import load_api_client
 from memslice.plugin.config import AgentConfig
 from memslice.plugin.devices import ListTooLarge, check_list_fits
 from memslice.plugin.dra_agent import DraParts, DraStartError, start_dra
-from memslice.plugin.elastic_metrics import ElasticCollector
+from memslice.plugin.elastic_events import SwapEvents
+from memslice.plugin.elastic_metrics import ElasticCollector, ElasticTracker, region_pid_reader
 from memslice.plugin.gpus import GpuError, GpuInfo, Nvml
 from memslice.plugin.health import HealthBook, XidWatcher
 from memslice.plugin.inventory import InventoryPublisher, PodWatcher, inventory_annotations
-from memslice.plugin.ledger import reconcile
+from memslice.plugin.ledger import Allocation, reconcile
 from memslice.plugin.metrics import HealthServer, Metrics, NodeCollector, host_pid_filler, region_reader
 from memslice.plugin.podresources import PodResourcesClient
 from memslice.plugin.regions import RegionStore, dir_usage, install_shim, prepare_elastic_dir
@@ -67,6 +68,8 @@ class NodeAgent:
         self.standalone = False
         self.api: object | None = None
         self.dra: DraParts | None = None
+        self.elastic: ElasticTracker | None = None
+        self.swap_events: SwapEvents | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -107,6 +110,14 @@ class NodeAgent:
             prepare_elastic_dir(cfg.elastic_dir, [g.uuid for g in gpus])
         except OSError as exc:
             raise StartupError(f"cannot create --elastic-dir {cfg.elastic_dir}: {exc}") from exc
+        state = self.state
+
+        def ledger() -> dict[str, Allocation]:
+            with state.lock:
+                return dict(state.ledger)
+
+        self.elastic = ElasticTracker(cfg.elastic_dir, ledger,
+                                      region_pid_reader(lambda rid: str(self.regions.dir_of(rid))))
         if cfg.kubelet_api == "dra":
             self._start_kubernetes_dra()
         else:
@@ -142,7 +153,7 @@ class NodeAgent:
     def stop(self) -> None:
         self._stop.set()
         self._reconcile_now.set()
-        for part in (self.registrar, self.pod_watcher, self.publisher, self.dra, self._xid, self.http,
+        for part in (self.registrar, self.pod_watcher, self.publisher, self.swap_events, self.dra, self._xid, self.http,
                      self.regions.reaper):
             if part is not None:
                 part.stop()
@@ -206,6 +217,9 @@ class NodeAgent:
         self.publisher.start()
         self.pod_watcher = PodWatcher(api, self.cfg.node_name, state, self._reconcile_now.set)
         self.pod_watcher.start()
+        if self.elastic is not None:  # Events on pods whose elastic memory is swapped out or back
+            self.swap_events = SwapEvents(api, self.cfg.node_name, self.elastic.poll, self.cfg.swap_event_interval_s)
+            self.swap_events.start()
 
     def _start_kubernetes_dra(self) -> None:
         try:
@@ -229,7 +243,8 @@ class NodeAgent:
         self.metrics.registry.register(NodeCollector(self.state, self.nvml.used_mib, reader,
                                                      lambda rid: str(self.regions.dir_of(rid)),
                                                      lambda d: dir_usage(Path(d)), self.regions.reaper.pending, fill))
-        self.metrics.registry.register(ElasticCollector(self.cfg.elastic_dir))
+        assert self.elastic is not None
+        self.metrics.registry.register(ElasticCollector(self.elastic))
         try:
             self.http = HealthServer(self.metrics.registry, self.live, self.ready, self.cfg.metrics_address,
                                      self.cfg.metrics_port)

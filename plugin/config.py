@@ -82,6 +82,9 @@ OPTIONS = [
     Option("--idle-after", "MEMSLICE_IDLE_AFTER_S", "300",
            "elastic memory: seconds without a CUDA call after which a container's process is idle (its GPU "
            "memory may move to host memory when a neighbour needs it); 0..604800"),
+    Option("--swap-event-interval-s", "MEMSLICE_SWAP_EVENT_INTERVAL_S", "60",
+           "elastic memory: at most one GPUMemorySwappedOut and one GPUMemorySwappedIn Event per pod in this "
+           "many seconds (swaps in between are counted into the next one); 1..86400"),
     Option("--preload", "MEMSLICE_PRELOAD", "file",
            "how containers load the shim: 'file' mounts an ld.so.preload at /etc/ld.so.preload (covers every "
            "process); 'env' sets LD_PRELOAD instead (for images with their own /etc/ld.so.preload)"),
@@ -145,6 +148,7 @@ class AgentConfig:
     cdi_dir: Path = Path("/var/run/cdi")
     elastic_dir: Path = Path("/var/lib/memslice/elastic")
     idle_after_s: float = 300.0
+    swap_event_interval_s: float = 60.0
 
 
 def _int(name: str, raw: str, lo: int, hi: int, what: str) -> int:
@@ -242,7 +246,15 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> A
         cdi_dir=Path(get("cdi_dir")),
         elastic_dir=Path(get("elastic_dir") or Path(get("region_root")).parent / "elastic"),
         idle_after_s=_idle(n("idle_after"), get("idle_after")),
+        swap_event_interval_s=_event_interval(n("swap_event_interval_s"), get("swap_event_interval_s")),
     )
+
+
+def _event_interval(name: str, raw: str) -> float:
+    v = _float(name, raw, 1, "seconds")
+    if v > 86400:
+        raise ConfigError(f"{name}={raw!r} is not valid: use seconds (1..86400)")
+    return v
 
 
 def _idle(name: str, raw: str) -> float:

@@ -394,6 +394,8 @@ class Store:
             meta["namespace"] = ns
         else:
             meta.pop("namespace", None)
+        if plural == "events":
+            validate_event(body, ns)
         return body
 
     def create(self, plural: str, ns: str | None, body: Any) -> dict[str, Any]:
@@ -596,3 +598,19 @@ def _translate(ev: Event, sel: Selector) -> dict[str, Any] | None:
         prev["metadata"]["resourceVersion"] = str(ev.rv)
         return {"type": "DELETED", "object": prev}
     return None
+
+
+def validate_event(body: dict[str, Any], ns: str | None) -> None:
+    """What the real server checks of a core/v1 Event at create (pkg/apis/core/validation, legacy
+    validation): an involvedObject naming a kind and a name, in the Event's own namespace (for v1 the
+    namespaces must match), a reason and message within their limits."""
+    obj = body.get("involvedObject")
+    if not isinstance(obj, dict) or not obj.get("kind") or not obj.get("name"):
+        raise ApiError(422, "Invalid", "involvedObject: Required value: kind and name")
+    if obj.get("namespace", "") and obj.get("namespace") != ns:
+        raise ApiError(422, "Invalid", f"involvedObject.namespace: Invalid value: {obj.get('namespace')!r}: "
+                                       f"does not match event.namespace")
+    if len(str(body.get("reason", ""))) > 128:
+        raise ApiError(422, "Invalid", "reason: Too long: may not be more than 128 bytes")
+    if body.get("type") not in (None, "Normal", "Warning"):
+        raise ApiError(422, "Invalid", f"type: Unsupported value: {body.get('type')!r}")

@@ -47,6 +47,10 @@ def test_dashboard_queries_only_exported_metrics() -> None:
     # every family of container/GPU memory figures is on the dashboard
     assert {"memslice_container_quota_mib", "memslice_container_used_mib", "memslice_gpu_allocated_mib",
             "memslice_gpu_capacity_mib", "memslice_extender_gpu_free_mib"} <= used
+    # and every elastic-memory family, per container and per GPU (issue 13)
+    assert {n for n in exported if "elastic" in n or n.startswith(("memslice_container_swap",
+                                                                   "memslice_container_resident",
+                                                                   "memslice_container_swapped"))} - used == set()
 
 
 def test_node_label_used_by_the_dashboard_is_added_by_the_service_monitor() -> None:

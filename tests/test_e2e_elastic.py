@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import urllib.request
 from collections.abc import Iterator
@@ -22,6 +24,7 @@ from test_elastic_swap import Tenant, board_state, wait_for
 from test_elastic_swap import tenant_bin as tenant_bin  # the fixture, shared
 from test_extender_support import Cluster, pod_obj
 
+from memslice.elastic import read_boards
 from memslice.interposer.region import read_region_file
 from memslice.paths import lib_paths
 
@@ -127,3 +130,89 @@ def test_a_bad_limit_annotation_is_an_error_and_nothing_is_written(world) -> Non
     stored = cluster.kube.get("Pod", "default", "bad")
     assert stored["metadata"]["annotations"] == ann and not stored["spec"].get("nodeName")
     assert cluster.state.view(NODE).gpus[0].used_mib == 0
+
+
+def all_samples(node: GpuNode) -> list:
+    """Every sample of the agent's /metrics (real HTTP, parsed by prometheus_client)."""
+    port = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/", node.log())
+    assert port, node.log()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port.group(1)}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+
+def samples(node: GpuNode, name: str) -> dict[tuple[str, str, str], float]:
+    """(namespace, pod, gpu) -> value of one per-container metric of the containers named lab."""
+    return {(s.labels["namespace"], s.labels["pod"], s.labels["gpu"]): s.value for s in all_samples(node)
+            if s.name == name and s.labels.get("container") == "lab"}
+
+
+def events(cluster: Cluster, pod: str, reason: str) -> list[dict]:
+    return [e for e in cluster.kube.list("Event", "default")
+            if e["involvedObject"]["name"] == pod and e["reason"] == reason]
+
+
+def test_per_container_swap_figures_and_pod_events(world, tenant_bin) -> None:
+    """The agent attributes each board slot to its container by the kernel's word (who holds the slot's lock,
+    who holds a slot of which region), exports resident/swapped bytes and swap counts and seconds per
+    container and GPU, keeps the counters when the process exits, and puts one Event per kind on the pod."""
+    cluster, node = world
+    a_resp = notebook(cluster, node, "a", 2560)
+    b_resp = notebook(cluster, node, "b", 2048)
+    uuid = a_resp.envs["NVIDIA_VISIBLE_DEVICES"]
+    edir = Path({m.container_path: m.host_path for m in a_resp.mounts}["/run/memslice/elastic"])
+    extra = {"MEMSLICE_CONTEXT_RESERVE": "0", "MEMSLICE_YIELD_WAIT": "60"}
+    a_uid = cluster.kube.get("Pod", "default", "a")["metadata"]["uid"]
+    tenants: list[Tenant] = []
+    try:
+        a = Tenant(tenant_bin, {**node.container_env(a_resp), **extra})
+        tenants.append(a)
+        assert a.cmd("alloc 2048 64") == "allocated 32"
+        wait_for(lambda: board_state(edir, a.proc.pid) == "idle", "A idle on the node's board")
+        b = Tenant(tenant_bin, {**node.container_env(b_resp), **extra})
+        tenants.append(b)
+        assert b.cmd("alloc 1792 64") == "allocated 28"
+        ka, kb = ("default", "a", uuid), ("default", "b", uuid)
+        wait_for(lambda: samples(node, "memslice_container_swapped_mib").get(ka) == 2048
+                 and samples(node, "memslice_container_resident_mib").get(kb) == 1792, "per-container figures")
+        assert samples(node, "memslice_container_resident_mib")[ka] == 0
+        assert samples(node, "memslice_container_swapped_mib")[kb] == 0
+        outs = samples(node, "memslice_container_swap_outs_total")
+        assert outs[ka] == 32 and outs[kb] == 0, "A's 32 ranges moved out, none of B's"
+        assert samples(node, "memslice_container_swap_out_seconds_total")[ka] > 0
+        procs = [s for s in all_samples(node) if s.name == "memslice_container_elastic_processes"
+                 and s.labels["pod"] == "a" and s.value]
+        assert [p.labels["state"] for p in procs] == ["swapped-out"]
+        # the Event on pod a: created by the agent through the API, about this pod (by uid), Normal
+        wait_for(lambda: events(cluster, "a", "GPUMemorySwappedOut"), "the swap-out Event", timeout=30)
+        (ev,) = events(cluster, "a", "GPUMemorySwappedOut")
+        assert ev["type"] == "Normal" and ev["count"] == 1 and ev["involvedObject"]["uid"] == a_uid
+        assert ev["involvedObject"]["kind"] == "Pod" and ev["source"]["host"] == NODE
+        assert "container lab: 32 range(s)" in ev["message"] and uuid in ev["message"]
+        assert "2048 MiB in host memory" in ev["message"]
+        assert not events(cluster, "b", "GPUMemorySwappedOut")
+        # `memslice top --region-root` on the node: every container, named by the agent's records
+        top = subprocess.run([sys.executable, "-m", "memslice", "top", "--json", "--region-root",
+                              str(node.dir / "regions")], capture_output=True, text=True, timeout=60)
+        assert top.returncode == 0, top.stderr
+        shown = {r["owner"]["pod"]: r for r in json.loads(top.stdout)["regions"]}
+        assert shown["a"]["owner"] == {"namespace": "default", "pod": "a", "container": "lab"}
+        (ea,), (eb,) = shown["a"]["elastic"], shown["b"]["elastic"]
+        assert (ea["gpu"], ea["swapped_bytes"], ea["processes"][0]["state"]) == (uuid, 2048 * MiB, "swapped-out")
+        assert eb["elastic_resident_bytes"] == 1792 * MiB and eb["processes"][0]["host_pid"] == b.proc.pid
+        # A runs again: its request comes back to HBM; a swap-in Event, and the counters go on
+        assert a.cmd("check") == f"check ok {2048 * MiB}"
+        wait_for(lambda: samples(node, "memslice_container_swap_ins_total").get(ka, 0) >= 8, "A's swap-in")
+        wait_for(lambda: events(cluster, "a", "GPUMemorySwappedIn"), "the swap-in Event", timeout=30)
+        before = samples(node, "memslice_container_swap_ins_total")[ka]
+        a.close()  # the process exits: its slot goes, its container's totals stay
+        wait_for(lambda: not any(t.pid == a.proc.pid for t in read_boards(edir)), "A's slot gone")
+        after = samples(node, "memslice_container_swap_ins_total")
+        assert after[ka] >= before and samples(node, "memslice_container_swap_outs_total")[ka] == 32
+        assert samples(node, "memslice_container_resident_mib")[ka] == 0
+        # one Event per pod and kind per interval (60 s): however many ranges moved, no second one
+        assert len(events(cluster, "a", "GPUMemorySwappedOut")) == 1
+        assert len(events(cluster, "a", "GPUMemorySwappedIn")) == 1
+    finally:
+        for t in tenants:
+            t.close()

@@ -24,6 +24,8 @@ def test_defaults_follow_the_kubelet_and_architecture_contracts():
     assert cfg.shim_host_dir == Path("/var/lib/memslice/lib")
     assert cfg.region_root == Path("/var/lib/memslice/regions")
     assert (cfg.elastic_dir, cfg.idle_after_s) == (Path("/var/lib/memslice/elastic"), 300.0)
+    assert cfg.swap_event_interval_s == 60.0
+    assert parse([], {"MEMSLICE_SWAP_EVENT_INTERVAL_S": "5"}).swap_event_interval_s == 5.0
     assert parse(["--region-root", "/data/regions"]).elastic_dir == Path("/data/elastic")
     assert (cfg.unit_mib, cfg.preload, cfg.visibility, cfg.simulate) == (1, "file", "env", False)
     assert cfg.ignored_xids == frozenset({13, 31, 43, 45, 68, 109})
@@ -55,6 +57,8 @@ def test_simulator_is_selected_by_flag_or_environment():
     (["--grpc-workers", "1"], {}, ["--grpc-workers='1'", "(4..256)"]),
     (["--idle-after", "1e9"], {}, ["--idle-after='1e9'", "seconds (0..604800)"]),
     ([], {"MEMSLICE_IDLE_AFTER_S": "soon"}, ["MEMSLICE_IDLE_AFTER_S='soon'", "seconds"]),
+    (["--swap-event-interval-s", "0.1"], {}, ["--swap-event-interval-s='0.1'", "seconds (>= 1)"]),
+    (["--swap-event-interval-s", "1e6"], {}, ["--swap-event-interval-s='1e6'", "seconds (1..86400)"]),
     ([], {"MEMSLICE_AGENT_LOG_LEVEL": "loud"}, ["MEMSLICE_AGENT_LOG_LEVEL='loud'", "debug, info"]),
 ])
 def test_bad_values_exit_2_naming_the_value_and_the_fix(argv, env, words, monkeypatch, capsys, tmp_path):

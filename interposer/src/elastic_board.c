@@ -11,10 +11,15 @@
 
 #include "elastic_board.h"
 
-/* Try the OFD write lock on slot i's liveness byte: 0 taken, -1 held by another process. Never waits. */
+/* Try the write lock on slot i's liveness byte: 0 taken, -1 held by another process. Never waits. A classic
+ * POSIX lock, not an OFD one: F_GETLK then names its owner (the kernel's word, translated into the asker's
+ * PID namespace), which is how the node agent tells whose slot it is without trusting the slot's bytes. Its
+ * costs are acceptable here: it is not inherited by fork (the child closes its copy of the descriptor anyway,
+ * eb_close_after_fork), and it is dropped if this process closes *any* descriptor of the board, which only
+ * the shim opens (a process that does so only loses its own slot's liveness). */
 static int take_live_lock(int fd, int i) {
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = EB_LIVE_OFF + i, .l_len = 1};
-    return fcntl(fd, F_OFD_SETLK, &fl) == 0 ? 0 : -1;
+    return fcntl(fd, F_SETLK, &fl) == 0 ? 0 : -1;
 }
 
 /* A board file name keeps only the UUID's safe characters: a region's device table is written by tenants. */
@@ -64,13 +69,17 @@ void eb_close_after_fork(struct eb *b) {
     b->slot = -1;
 }
 
-/* Only the owner writes its slot, so neighbours read a whole, recent record (torn reads: stats only). */
+/* Only the owner writes its slot, so neighbours read a whole, recent record (torn reads: stats only). The
+ * version is stamped here, so every record this build writes says which lock kind backs it. */
 void eb_publish(const struct eb *b, const struct eb_slot *mine) {
     if (b->fd < 0) return;
-    if (pwrite(b->fd, mine, sizeof *mine, (off_t)b->slot * (off_t)sizeof *mine) < 0) { /* best effort */ }
+    struct eb_slot s = *mine;
+    s.version = EB_VERSION;
+    if (pwrite(b->fd, &s, sizeof s, (off_t)b->slot * (off_t)sizeof s) < 0) { /* best effort */ }
 }
 
-/* Liveness is the kernel's word (the owner's OFD lock), never a pid a tenant could forge or reuse. */
+/* Liveness is the kernel's word (the owner's lock: an OFD probe sees POSIX and version 1 OFD locks alike),
+ * never a pid a tenant could forge or reuse. */
 int eb_alive(const struct eb *b, int slot) {
     if (b->fd < 0 || slot == b->slot) return 0;
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = EB_LIVE_OFF + slot, .l_len = 1};

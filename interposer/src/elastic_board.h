@@ -4,9 +4,13 @@
  * and a short read is an empty slot, never a fault). Layout (docs/architecture.md, "Elastic memory"):
  *   [0, EB_SLOTS*128)               one struct eb_slot per tenant process, written by its owner only
  *   [EB_ASK_OFF, +EB_SLOTS*16)      one struct eb_ask per slot, written by tenants that need HBM
- *   [EB_LIVE_OFF, +EB_SLOTS)        one byte per slot: its owner holds an OFD write lock on it for life,
- *                                   so a slot is live exactly while its process is (the kernel drops the
- *                                   lock when the process dies, SIGKILL included) */
+ *   [EB_LIVE_OFF, +EB_SLOTS)        one byte per slot: its owner holds a classic POSIX (fcntl F_SETLK)
+ *                                   write lock on it for life, so a slot is live exactly while its process
+ *                                   is (the kernel drops the lock when the process dies, SIGKILL included),
+ *                                   and F_GETLK names that process, in the asker's PID namespace: how the
+ *                                   node agent attributes a slot to a container without trusting its bytes
+ * Version 2 (EB_VERSION in each slot): the liveness lock is a POSIX lock (version 1: an OFD lock, whose
+ * owner the kernel does not name). The offsets are unchanged, so both versions share a board. */
 #ifndef MEMSLICE_ELASTIC_BOARD_H
 #define MEMSLICE_ELASTIC_BOARD_H
 
@@ -14,6 +18,7 @@
 
 #define EB_SLOTS 64
 #define EB_MAGIC 0x4c45534du        /* "MSEL" */
+#define EB_VERSION 2u
 #define EB_ASK_OFF (EB_SLOTS * 128)
 #define EB_LIVE_OFF (EB_ASK_OFF + EB_SLOTS * 16)
 #define EB_FILE_SIZE (EB_LIVE_OFF + EB_SLOTS)
@@ -24,7 +29,7 @@ struct eb_slot {
     uint32_t magic;
     uint32_t state;           /* enum eb_state, as its owner sees itself */
     int32_t pid;              /* in the owner's namespace: display only */
-    uint32_t pad;
+    uint32_t version;         /* EB_VERSION (0 from a version 1 shim) */
     uint64_t request, limit;  /* bytes */
     uint64_t resident;        /* elastic bytes in HBM */
     uint64_t swapped;         /* elastic bytes in host memory (swapped out, or served from host) */

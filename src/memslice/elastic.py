@@ -1,8 +1,16 @@
-"""Reading the elastic arbitration boards (interposer/src/elastic_board.h has the layout).
+"""Reading the elastic arbitration boards (interposer/src/elastic_board.h has the layout), and telling whose
+process each slot is.
 
 One file per GPU in the node's elastic directory, `<GPU uuid>.board`: a slot of 128 bytes per tenant process,
-live while its owner holds an OFD lock on the slot's liveness byte. Tenants can write these files, so
+live while its owner holds the write lock on the slot's liveness byte. Tenants can write these files, so
 everything read here is bounded and validated; the file is read with one bounded read, never mapped.
+
+Whose a slot is comes from the kernel, never from the slot's bytes: since board version 2 the liveness lock is
+a classic POSIX lock, and F_GETLK names its holder in the *reader's* PID namespace (0 when the holder is not
+visible there, -1 for a version 1 shim's OFD lock). A region file (one per container, mounted only into that
+container) names its live processes the same way. So `owners` maps a PID the kernel gave for a region's lock
+to that container, and `attribute` gives a board slot to the container whose region its lock holder holds; a
+PID that holds locks in two regions, or that the kernel did not name, attributes nothing.
 """
 
 from __future__ import annotations
@@ -10,8 +18,10 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import stat
 import struct
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from memslice import errors
@@ -19,10 +29,13 @@ from memslice import errors
 SLOTS = 64
 SLOT_SIZE = 128
 MAGIC = 0x4C45534D
+VERSION = 2          # the liveness lock is a POSIX lock whose holder F_GETLK names (version 1: an OFD lock)
 LIVE_OFF = SLOTS * SLOT_SIZE + SLOTS * 16
 FILE_SIZE = LIVE_OFF + SLOTS
-_SLOT = struct.Struct("<IIiI12Q")  # magic state pid pad; request limit resident swapped idle_ms done_seq
+MAX_BOARDS = 64
+_SLOT = struct.Struct("<IIiI12Q")  # magic state pid version; request limit resident swapped idle_ms done_seq
 #                                    swap_outs swap_ins swap_out_ns swap_in_ns (+2 of pad2 unread)
+_FLOCK = struct.Struct("hhqqi4x")  # struct flock on 64-bit Linux
 STATES = {1: "active", 2: "idle"}
 
 
@@ -30,7 +43,7 @@ STATES = {1: "active", 2: "idle"}
 class Tenant:
     gpu: str
     slot: int
-    pid: int
+    pid: int            # as the tenant wrote it (its own PID namespace): display only
     state: str
     request_bytes: int
     limit_bytes: int
@@ -41,6 +54,13 @@ class Tenant:
     swap_ins: int
     swap_out_seconds: float
     swap_in_seconds: float
+    version: int = 0
+    owner_pid: int = 0  # the slot lock's holder as the kernel names it in the reader's PID namespace; 0 unknown
+
+    @property
+    def shown_state(self) -> str:
+        """active, idle, or swapped-out (all its elastic memory in host memory)."""
+        return "swapped-out" if self.swapped_bytes and not self.resident_bytes else self.state
 
 
 def parse_slot(gpu: str, index: int, raw: bytes) -> Tenant | None:
@@ -52,37 +72,112 @@ def parse_slot(gpu: str, index: int, raw: bytes) -> Tenant | None:
         return None
     return Tenant(gpu=gpu, slot=index, pid=f[2], state=STATES[f[1]], request_bytes=f[4], limit_bytes=f[5],
                   resident_bytes=f[6], swapped_bytes=f[7], idle_ms=f[8], swap_outs=f[10], swap_ins=f[11],
-                  swap_out_seconds=f[12] / 1e9, swap_in_seconds=f[13] / 1e9)
+                  swap_out_seconds=f[12] / 1e9, swap_in_seconds=f[13] / 1e9, version=f[3])
 
 
-def _alive(fd: int, index: int) -> bool:
-    """Whether slot `index`'s owner holds its liveness lock (an OFD lock probe: never waits)."""
-    probe = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, LIVE_OFF + index, 1, 0)
-    got = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, probe)
-    kind: int = struct.unpack("hhqqi4x", got)[0]
-    return kind != fcntl.F_UNLCK
+def lock_holder(fd: int, offset: int) -> tuple[bool, int]:
+    """(held, holder PID) for a write-lock probe of one byte (F_GETLK: never waits, takes nothing, works on a
+    read-only descriptor). The PID is the kernel's, in this process's PID namespace: 0 when the holder is not
+    visible here or the lock is an OFD lock (-1 from the kernel). A probe that fails counts as held by nobody
+    known: (True, 0)."""
+    probe = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
+    try:
+        kind, _, _, _, pid = _FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_GETLK, probe))
+    except OSError:
+        return True, 0
+    if kind == fcntl.F_UNLCK:
+        return False, 0
+    return True, max(int(pid), 0)
+
+
+def board_gpu(path: str | os.PathLike[str]) -> str:
+    return Path(path).name.removesuffix(".board")
 
 
 def read_board(path: str | os.PathLike[str]) -> list[Tenant]:
-    """The live tenants of one board file."""
-    gpu = Path(path).name.removesuffix(".board")
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    """The live tenants of one board file (OSError if it cannot be opened or read)."""
+    gpu = board_gpu(path)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file (refused)")
         raw = os.pread(fd, SLOTS * SLOT_SIZE, 0)
         out = []
         for i in range(SLOTS):
             t = parse_slot(gpu, i, raw[i * SLOT_SIZE:(i + 1) * SLOT_SIZE])
-            if t is not None and _alive(fd, i):
-                out.append(t)
+            if t is None:
+                continue
+            held, pid = lock_holder(fd, LIVE_OFF + i)
+            if held:
+                out.append(replace(t, owner_pid=pid))
         return out
     finally:
         os.close(fd)
 
 
+def board_paths(directory: str | os.PathLike[str]) -> list[Path]:
+    """The board files of an elastic directory (at most MAX_BOARDS, sorted)."""
+    return sorted(p for p in Path(directory).glob("*.board"))[:MAX_BOARDS]
+
+
 def read_boards(directory: str | os.PathLike[str]) -> list[Tenant]:
-    """Every live tenant of every GPU board in an elastic directory (at most 64 boards)."""
-    boards = sorted(Path(directory).glob("*.board"))[:64]
-    return [t for b in boards if b.is_file() and not b.is_symlink() for t in read_board(b)]
+    """Every live tenant of every GPU board in an elastic directory (at most 64 boards); OSError on the first
+    board that cannot be read (scan_boards reports per board instead)."""
+    return [t for b in board_paths(directory) if b.is_file() and not b.is_symlink() for t in read_board(b)]
+
+
+@dataclass
+class BoardScan:
+    tenants: list[Tenant] = field(default_factory=list)
+    errors: list[tuple[str, str]] = field(default_factory=list)  # (board path, problem)
+
+
+def scan_boards(directory: str | os.PathLike[str]) -> BoardScan:
+    """Every live tenant of every readable board; a board that cannot be read costs only its own tenants
+    (one (path, problem) entry), never the others'."""
+    scan = BoardScan()
+    try:
+        paths = board_paths(directory)
+    except OSError as exc:
+        scan.errors.append((str(directory), str(exc)))
+        return scan
+    for b in paths:
+        try:
+            scan.tenants.extend(read_board(b))
+        except OSError as exc:
+            scan.errors.append((str(b), exc.strerror or str(exc)))
+    return scan
+
+
+# ---- whose is a slot: kernel-named PIDs of regions' and boards' locks -----------------------------------------
+def owners(region_pids: Mapping[str, Iterable[int]]) -> dict[int, str]:
+    """Kernel-named PID -> the one container key (a region) whose region file that process holds a slot lock
+    in (pure). PIDs the kernel did not name (0) and PIDs found in two regions (a descriptor passed between
+    containers) are left out: they attribute nothing."""
+    seen: dict[int, str] = {}
+    twice: set[int] = set()
+    for key, pids in region_pids.items():
+        for pid in set(pids):
+            if pid <= 0:
+                continue
+            if pid in seen and seen[pid] != key:
+                twice.add(pid)
+            seen[pid] = key
+    return {pid: key for pid, key in seen.items() if pid not in twice}
+
+
+def attribute(tenants: Iterable[Tenant], owner_of: Mapping[int, str]) -> tuple[dict[str, list[Tenant]], list[Tenant]]:
+    """(container key -> its tenants, tenants of no known container) (pure): a slot is a container's when the
+    kernel named its lock holder and that PID holds a slot of that container's region."""
+    mine: dict[str, list[Tenant]] = {}
+    unknown: list[Tenant] = []
+    for t in tenants:
+        key = owner_of.get(t.owner_pid) if t.owner_pid > 0 else None
+        if key is None:
+            unknown.append(t)
+        else:
+            mine.setdefault(key, []).append(t)
+    return mine, unknown
 
 
 # ---- the Kubernetes side: the limit annotation (for the extender's filter and the agent's Allocate) ----------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -18,8 +19,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                                    "a region. Used is what live processes hold: a killed process's memory stops "
                                    "counting at once. A region that cannot be read is reported and the others "
                                    "are still shown (exit status 1 with --once/--json). REGION_DIR defaults to "
-                                   "$MEMSLICE_REGION_DIR.")
+                                   "$MEMSLICE_REGION_DIR. Elastic memory: per container and GPU, the bytes in GPU "
+                                   "memory, swapped out to host memory and spilled to host memory (apart), and "
+                                   "per process active/idle/swapped-out and the time since its last CUDA call. "
+                                   "A process is put under its container by the kernel's word (who holds its "
+                                   "board slot's and its region slot's locks), so run top where it sees the "
+                                   "processes' PIDs (on a node: the host PID namespace).")
     p.add_argument("region_dirs", nargs="*", metavar="REGION_DIR")
+    p.add_argument("--region-root", metavar="DIR",
+                   help="show every container of a node: each region directory under DIR (the node agent's "
+                        "--region-root, /var/lib/memslice/regions), named by the agent's records (namespace/pod/"
+                        "container); the elastic directory defaults to 'elastic' beside it")
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")
     p.add_argument("--json", action="store_true", help="print one machine-readable snapshot and exit")
     p.add_argument("--interval", type=_interval, default=1.0, metavar="SECONDS",
@@ -47,30 +57,59 @@ def default_elastic_dir() -> str | None:
     return d if os.path.isdir(d) else None
 
 
-def elastic_json(tenants: list[Any]) -> list[dict[str, Any]]:
+def tenant_json(t: Any, region: str | None = None) -> dict[str, Any]:
+    """One elastic process: its state (active, idle, swapped-out), bytes in GPU and host memory, time since its
+    last CUDA call, swaps; `region` is its container's region directory when the kernel says whose it is."""
+    return {"gpu": t.gpu, "pid": t.pid, "host_pid": t.owner_pid or None, "region": region, "state": t.shown_state,
+            "resident_bytes": t.resident_bytes, "swapped_bytes": t.swapped_bytes,
+            "request_bytes": t.request_bytes, "limit_bytes": t.limit_bytes,
+            "seconds_since_last_call": t.idle_ms / 1000, "swap_outs": t.swap_outs, "swap_ins": t.swap_ins,
+            "swap_out_seconds": t.swap_out_seconds, "swap_in_seconds": t.swap_in_seconds}
+
+
+def elastic_json(tenants: list[Any], region_of: dict[int, str] | None = None) -> list[dict[str, Any]]:
     """The --json form of the elastic tenants: per process and GPU, HBM-resident and swapped-out bytes."""
-    return [{"gpu": t.gpu, "pid": t.pid, "state": "swapped-out" if t.swapped_bytes and not t.resident_bytes
-             else t.state, "resident_bytes": t.resident_bytes, "swapped_bytes": t.swapped_bytes,
-             "request_bytes": t.request_bytes, "limit_bytes": t.limit_bytes,
-             "seconds_since_last_call": t.idle_ms / 1000, "swap_outs": t.swap_outs, "swap_ins": t.swap_ins,
-             "swap_out_seconds": t.swap_out_seconds, "swap_in_seconds": t.swap_in_seconds} for t in tenants]
+    region_of = region_of or {}
+    return [tenant_json(t, region_of.get(t.owner_pid) if t.owner_pid > 0 else None) for t in tenants]
 
 
-def render_elastic(tenants: list[Any]) -> str:
-    """The text form of the elastic tenants."""
+def container_elastic(snap: Any, tenants: list[Any]) -> list[dict[str, Any]]:
+    """Per GPU of one container (its region snapshot and its attributed elastic processes): bytes in GPU memory
+    (what the container's live processes charged, less what is swapped out), elastic bytes resident and
+    swapped out (the board), and bytes spilled to host memory (oversubscription, the region) - apart."""
+    out = []
+    for d in snap.devices:
+        mine = [t for t in tenants if t.gpu == d.uuid]
+        swapped = sum(t.swapped_bytes for t in mine)
+        out.append({"gpu": d.uuid, "device_bytes": max(d.used_bytes - swapped, 0),
+                    "elastic_resident_bytes": sum(t.resident_bytes for t in mine), "swapped_bytes": swapped,
+                    "spilled_bytes": d.host_bytes, "processes": [tenant_json(t, snap.path) for t in mine]})
+    return out
+
+
+def render_elastic(tenants: list[Any], title: str = "elastic") -> str:
+    """The text form of elastic tenants (those of no container shown, or all of them)."""
     if not tenants:
-        return "elastic: no tenant"
-    lines = [f"elastic  {'PID':>8}  {'STATE':<11} {'RESIDENT':>10} {'SWAPPED':>10} {'REQUEST':>10} {'LIMIT':>10} "
-             f"{'IDLE':>8} {'OUT/IN':>9}  GPU"]
+        return f"{title}: no tenant"
+    lines = [f"{title}", f"  {'PID':>8}  {'STATE':<11} {'RESIDENT':>10} {'SWAPPED':>10} {'REQUEST':>10} "
+             f"{'LIMIT':>10} {'IDLE':>8} {'OUT/IN':>9}  GPU"]
     for t in elastic_json(tenants):
-        lines.append(f"         {t['pid']:>8}  {t['state']:<11} {format_bytes(t['resident_bytes']):>10} "
+        lines.append(f"  {t['pid']:>8}  {t['state']:<11} {format_bytes(t['resident_bytes']):>10} "
                      f"{format_bytes(t['swapped_bytes']):>10} {format_bytes(t['request_bytes']):>10} "
                      f"{format_bytes(t['limit_bytes']):>10} {t['seconds_since_last_call']:>7.1f}s "
                      f"{t['swap_outs']:>4}/{t['swap_ins']:<4}  {t['gpu']}")
     return "\n".join(lines)
 
 
-def snapshot_json(snap: Any) -> dict[str, Any]:
+def region_of_pids(snaps: list[Any]) -> dict[int, str]:
+    """Kernel-named PID -> the region (container) whose slot lock it holds (memslice.elastic.owners)."""
+    from memslice.elastic import owners
+
+    return owners({s.path: s.owner_pids for s in snaps})
+
+
+def snapshot_json(snap: Any, owner: dict[str, str] | None = None, tenants: list[Any] | None = None
+                  ) -> dict[str, Any]:
     """The --json form: devices and processes with device and host bytes. A device's device_bytes is what
     its live processes hold; charged_bytes is the shared total, which still includes the charges of killed
     processes until a shim of the container reclaims them (before it would refuse an allocation)."""
@@ -84,6 +123,8 @@ def snapshot_json(snap: Any) -> dict[str, Any]:
         "processes": [{"pid": p.pid, "command": p.comm, "alive": p.alive, "device_bytes": p.device_bytes,
                        "host_bytes": p.host_bytes, "peak_bytes": p.peak_bytes, "refused": p.refused,
                        "spill_ratio": spill_ratio(p.device_bytes, p.host_bytes)} for p in snap.processes],
+        "owner": owner,
+        "elastic": container_elastic(snap, tenants or []),
     }
 
 
@@ -99,12 +140,19 @@ def _bar(used: int, limit: int, width: int = 20) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
-def render(snaps: list[Any], title: str | None = None) -> str:
+def render(snaps: list[Any], title: str | None = None, owners: dict[str, dict[str, str]] | None = None,
+           tenants: dict[str, list[Any]] | None = None) -> str:
+    """Text: each region (container), its devices, its processes (with their elastic state when they have
+    one), and per GPU its bytes in GPU memory, swapped out and spilled."""
     lines: list[str] = []
     if title:
         lines.append(title)
+    owners, tenants = owners or {}, tenants or {}
     for snap in snaps:
-        lines.append(f"region {snap.path}")
+        o = owners.get(snap.path)
+        lines.append(f"region {snap.path}" + (f"  ({o['namespace']}/{o['pod']}/{o['container']})" if o else ""))
+        mine = tenants.get(snap.path, [])
+        by_host_pid = {t.owner_pid: t for t in mine}
         for d in snap.devices:
             limit = d.limit_bytes or d.physical_bytes
             what = "quota" if d.limit_bytes else "capacity"
@@ -115,12 +163,21 @@ def render(snaps: list[Any], title: str | None = None) -> str:
             lines.append(f"  {'PID':>8}  {'COMMAND':<16} {'DEVICE':>10} {'HOST':>10} {'SPILL':>6} {'PEAK':>10} "
                          f"{'REFUSED':>7}  STATE")
             for p in sorted(snap.processes, key=lambda p: -p.device_bytes):
+                t = by_host_pid.get(p.owner_pid) if p.alive and p.owner_pid > 0 else None
+                state = ("running" if p.alive else "dead (not counted)") if t is None else (
+                    f"{t.shown_state}, last CUDA call {t.idle_ms / 1000:.1f}s ago")
                 lines.append(f"  {p.pid:>8}  {p.comm[:16]:<16} {format_bytes(p.device_bytes):>10} "
                              f"{format_bytes(p.host_bytes):>10} {spill_ratio(p.device_bytes, p.host_bytes):>6.0%} "
-                             f"{format_bytes(p.peak_bytes):>10} {p.refused:>7}  "
-                             f"{'running' if p.alive else 'dead (not counted)'}")
+                             f"{format_bytes(p.peak_bytes):>10} {p.refused:>7}  {state}")
         else:
             lines.append("  no process is using the GPU")
+        for e in container_elastic(snap, mine):
+            if e["processes"]:
+                lines.append(f"  elastic on {e['gpu']}: {format_bytes(e['device_bytes'])} in GPU memory, "
+                             f"{format_bytes(e['swapped_bytes'])} swapped out to host memory, "
+                             f"{format_bytes(e['spilled_bytes'])} spilled to host memory; swaps "
+                             f"{sum(p['swap_outs'] for p in e['processes'])} out "
+                             f"{sum(p['swap_ins'] for p in e['processes'])} in")
     return "\n".join(lines)
 
 
@@ -143,33 +200,81 @@ def read_all(dirs: list[str]) -> tuple[list[Any], list[str], list[tuple[str, str
     return snaps, missing, errors
 
 
+REGION_ID = re.compile(r"g\d{1,4}-[0-9a-f]{12}\Z")  # the node agent's region IDs (plugin/ledger.py)
+MAX_RECORD = 64 << 10
+
+
+def root_regions(root: str) -> tuple[list[str], dict[str, dict[str, str]]]:
+    """(region directories under a node agent's region root, region file -> its owner from the agent's
+    record). Only names of the agent's form are taken (at most 4096); a record that cannot be read or is not
+    the agent's shape names no owner."""
+    dirs, owner = [], {}
+    try:
+        names = sorted(n for n in os.listdir(root) if REGION_ID.match(n))[:4096]
+    except OSError:
+        return [], {}
+    for name in names:
+        d = os.path.join(root, name)
+        if os.path.islink(d) or not os.path.isdir(d):
+            continue
+        dirs.append(d)
+        try:
+            with open(os.path.join(root, name + ".json"), "rb") as f:
+                rec = json.loads(f.read(MAX_RECORD))
+            who = {k: rec[k] for k in ("namespace", "pod", "container")}
+            if all(isinstance(v, str) and v for v in who.values()):
+                owner[os.path.join(d, "memslice.region")] = who  # keyed like a snapshot's path
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    return dirs, owner
+
+
 def main(args: argparse.Namespace) -> int:
-    dirs = args.region_dirs or ([os.environ["MEMSLICE_REGION_DIR"]] if os.environ.get("MEMSLICE_REGION_DIR") else [])
-    if not dirs:
-        print("memslice top: give a REGION_DIR (or set MEMSLICE_REGION_DIR)", file=sys.stderr)
+    owners: dict[str, dict[str, str]] = {}
+    dirs = list(args.region_dirs)
+    if args.region_root:
+        if not os.path.isdir(args.region_root):
+            print(f"memslice top: --region-root {args.region_root} is not a directory", file=sys.stderr)
+            return 2
+        found, owners = root_regions(args.region_root)
+        dirs += found
+    if not dirs and not args.region_root:
+        dirs = [os.environ["MEMSLICE_REGION_DIR"]] if os.environ.get("MEMSLICE_REGION_DIR") else []
+    if not dirs and not args.region_root:
+        print("memslice top: give a REGION_DIR (or set MEMSLICE_REGION_DIR, or --region-root)", file=sys.stderr)
         return 2
     for d in dirs:
         if not os.path.isdir(d):
             print(f"memslice top: {d} is not a directory", file=sys.stderr)
             return 2
-    from memslice.elastic import read_boards
+    from memslice.elastic import attribute, scan_boards
 
-    edir = args.elastic_dir or default_elastic_dir()
+    edir = args.elastic_dir or (os.path.join(os.path.dirname(os.path.abspath(args.region_root)), "elastic")
+                                if args.region_root else None) or default_elastic_dir()
     while True:
-        tenants = read_boards(edir) if edir and os.path.isdir(edir) else []
+        scan = scan_boards(edir) if edir and os.path.isdir(edir) else None
         present, missing, errors = read_all(dirs)
+        region_of = region_of_pids(present)
+        tenants = scan.tenants if scan else []
+        mine, unknown = attribute(tenants, region_of)
+        board_errors = scan.errors if scan else []
+        bad = bool(errors or board_errors)
         if args.json:
-            print(json.dumps({"regions": [snapshot_json(s) for s in present], "empty": missing,
-                              "errors": [{"region": d, "error": e} for d, e in errors],
-                              "elastic": elastic_json(tenants)}, indent=2))
-            return 1 if errors else 0
-        text = (render(present) + "".join(f"\nregion {d}: no process has used the GPU yet" for d in missing)
+            print(json.dumps({"regions": [snapshot_json(s, owners.get(s.path), mine.get(s.path)) for s in present],
+                              "empty": missing,
+                              "errors": [{"region": d, "error": e} for d, e in errors]
+                              + [{"board": b, "error": e} for b, e in board_errors],
+                              "elastic": elastic_json(tenants, region_of)}, indent=2))
+            return 1 if bad else 0
+        text = (render(present, owners=owners, tenants=mine)
+                + "".join(f"\nregion {d}: no process has used the GPU yet" for d in missing)
                 + "".join(f"\nregion {d}: cannot be read: {e}" for d, e in errors)).lstrip("\n")
         if edir:
-            text += "\n" + render_elastic(tenants)
+            text += "\n" + render_elastic(unknown, "elastic processes of no region shown" if present else "elastic")
+            text += "".join(f"\nboard {b}: cannot be read: {e}" for b, e in board_errors)
         if args.once:
             print(text)
-            return 1 if errors else 0
+            return 1 if bad else 0
         sys.stdout.write("\x1b[H\x1b[2J" + time.strftime("%H:%M:%S ") + "memslice top (Ctrl-C to quit)\n" + text + "\n")
         sys.stdout.flush()
         try:

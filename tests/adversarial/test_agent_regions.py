@@ -320,7 +320,8 @@ def test_a_killed_process_stops_counting_at_the_next_scrape_and_in_top(two: Node
 
 
 def test_liveness_query_needs_no_write_access(tmp_path: Path):
-    """F_GETLK with a write-lock query answers on a descriptor opened read-only (what the reader relies on)."""
+    """F_GETLK with a write-lock query answers on a descriptor opened read-only (what the reader relies on),
+    with the holder's PID."""
     f = tmp_path / "f"
     f.write_bytes(b"\0" * 16)
     holder = subprocess.Popen([sys.executable, "-c", f"""
@@ -332,12 +333,12 @@ sys.stdin.read()
 """], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
-        from memslice.interposer.region import _owner_alive
+        from memslice.interposer.region import _owner
 
         fd = os.open(f, os.O_RDONLY)
-        try:
-            assert _owner_alive(fd, layout().lock_base + 7) is True
-            assert _owner_alive(fd, layout().lock_base + 8) is False
+        try:  # held, and by whom: the kernel names the holder (what attributes elastic figures to containers)
+            assert _owner(fd, layout().lock_base + 7) == (True, holder.pid)
+            assert _owner(fd, layout().lock_base + 8) == (False, 0)
         finally:
             os.close(fd)
     finally:

@@ -1,0 +1,81 @@
+"""Swap Events through the official Kubernetes client against the API stand-in (real HTTP): the first notice
+of a pod and kind creates a core/v1 Event, later ones patch its count, one that expired is created anew, and
+an API server that refuses (403) or answers garbage costs a log line, never the loop."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from kube_standin import KubeApiStandin
+from test_elastic_attribution import view_of
+
+from memslice.plugin.elastic_events import OUT, SwapEvents
+from memslice.plugin.elastic_metrics import Counts, ElasticView
+
+
+class Swaps:
+    """What the tracker would report: pod p swaps out `n` ranges more each time `more()` is called."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.lock = threading.Lock()
+
+    def more(self) -> None:
+        with self.lock:
+            self.n += 4
+
+    def view(self) -> ElasticView:
+        with self.lock:
+            return view_of({"p": Counts(self.n, 0, self.n * 0.01, 0)})
+
+
+@pytest.fixture
+def kube() -> Iterator[KubeApiStandin]:
+    k = KubeApiStandin().start()
+    yield k
+    k.stop()
+
+
+def wait(cond, what: str, timeout: float = 20) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_events_are_created_then_patched_then_created_again(kube: KubeApiStandin, caplog) -> None:
+    swaps = Swaps()
+    ev = SwapEvents(kube.api_client(), "node-1", swaps.view, interval_s=1.0, poll_s=0.05)
+    ev.start()
+    try:
+        wait(lambda: ev.policy.seen, "the baseline poll")
+        swaps.more()
+        wait(lambda: kube.list("Event", "ns"), "the first Event")
+        (first,) = kube.list("Event", "ns")
+        assert (first["reason"], first["type"], first["count"]) == (OUT, "Normal", 1)
+        assert first["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "namespace": "ns", "name": "p",
+                                           "uid": "uid-p"}
+        assert first["source"] == {"component": "memslice-node-agent", "host": "node-1"}
+        assert "4 range(s)" in first["message"]
+        swaps.more()
+        swaps.more()
+        wait(lambda: kube.list("Event", "ns")[0]["count"] == 2, "the Event's count patched")
+        (again,) = kube.list("Event", "ns")
+        assert again["metadata"]["name"] == first["metadata"]["name"] and "8 range(s)" in again["message"]
+        assert kube.count("create", "events") == 1 and kube.count("patch", "events") == 1
+        kube.delete("Event", "ns", first["metadata"]["name"])  # expired
+        swaps.more()
+        wait(lambda: kube.list("Event", "ns"), "a new Event")
+        assert kube.list("Event", "ns")[0]["count"] == 1 and kube.count("create", "events") == 2
+        # refused: one warning naming the RBAC fix, and the loop goes on
+        kube.fail_next("POST", "/events", 403)
+        kube.delete("Event", "ns", kube.list("Event", "ns")[0]["metadata"]["name"])
+        swaps.more()
+        wait(lambda: "needs create/patch on events" in caplog.text, "the 403 warning")
+        swaps.more()
+        wait(lambda: kube.list("Event", "ns"), "an Event after the refusal")
+    finally:
+        ev.stop()
