@@ -153,8 +153,8 @@ def test_removing_a_region_full_of_files_and_links_never_stalls_the_agent(agent,
         kubelet.remove_pod("uid-a")
         node.wait_log(f"removed region {hostile.name}", "the hostile region removed")
         assert not hostile.exists()
-        # removal was a rename: the contents are still being deleted after the reconcile loop moved on
-        assert trash_entries(node.region_root) > 1000
+        # removal was a rename: the contents are deleted by the reaper after the reconcile loop moved on (how
+        # far it got by now is the machine's timing, not asserted; /healthz above and below must never stall)
         kubelet.remove_pod("uid-b")  # the loop keeps serving while the trash is emptied
         node.wait_log(f"removed region {other.name}", "the next removal, during the deletion")
         fresh = kubelet.admit("uid-c", "ns", "c", [("c", 10)], RESOURCE)["c"]  # and Allocate answers
