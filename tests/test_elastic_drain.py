@@ -24,7 +24,7 @@ HOLD_MS = 8000  # the long-running queued wait of the last test
 GATE_HOLD_BOUND_MS = 5000
 
 
-def test_work_released_by_a_later_call_does_not_deadlock_a_move(elastic):
+def test_work_released_by_a_later_call_does_not_deadlock_a_move(elastic):  # noqa: F811  (the fixture)
     """A bursts above its request and has a stream wait queued that only its own later cuStreamWriteValue32
     (another thread, another stream) releases. B's guaranteed allocation asks A for HBM: A cannot drain, so
     it gives the move up within the bound and B is served from host memory at once; A's release then
@@ -47,7 +47,7 @@ def test_work_released_by_a_later_call_does_not_deadlock_a_move(elastic):
     assert read_region_file(state + ".usage").devices[0].peak_bytes <= 2048 * MiB
 
 
-def test_a_process_with_work_in_flight_is_not_idle(elastic):
+def test_a_process_with_work_in_flight_is_not_idle(elastic):  # noqa: F811  (the fixture)
     """A makes no call for far longer than idle_after but has a stream wait queued: it is not idle (the
     issue: idle is no CUDA call *and* no work in flight), so it is not swapped out for B; B is served from
     host memory. Once A's work drains A is idle, yields everything, and B's memory moves to HBM."""
@@ -67,7 +67,7 @@ def test_a_process_with_work_in_flight_is_not_idle(elastic):
     assert b.cmd("check") == f"check ok {768 * MiB}"
 
 
-def test_long_running_work_does_not_stall_the_tenants_other_threads(elastic):
+def test_long_running_work_does_not_stall_the_tenants_other_threads(elastic):  # noqa: F811  (the fixture)
     """A has a queued wait that runs HOLD_MS (a long kernel) and a thread rewriting its blocks. B's guaranteed
     allocation asks A for HBM: A's move waits for the drain at most its bound, so no round of the busy thread
     is held at the gate for the whole wait; the busy thread's data stays correct."""

@@ -210,17 +210,20 @@ static int drain_until(uint64_t deadline) {
     int ok = gen && g_drain_done >= gen && g_drain_ok;
     pthread_mutex_unlock(&g_drain_mu);
     if (!ok) __atomic_store_n(&g_last_call_ns, coarse_ns(), __ATOMIC_RELAXED);
+    if (gen && !ok) /* once per drain: the moves tried while it still runs give up at once, silently */
+        shim_log(LOG_INFO, "memslice: elastic: work queued on the GPU did not finish within %d ms; no memory "
+                 "moves until it has (this process counts as busy meanwhile)", GATE_DRAIN_MS);
     return ok ? 0 : -1;
 }
 
-/* The idle test's half about work in flight, from the mover's tick: once no call has been made for a while,
- * ask (without waiting) for a drain, so that a finished one after the last call says nothing is queued. */
+/* The idle test's half about work in flight, from the mover's tick: once no call has been made for half of
+ * idle_after, ask (without waiting) for a drain unless one after the last call has succeeded, so that a
+ * finished one says nothing is queued. */
 static void drain_probe(void) {
     uint64_t last = __atomic_load_n(&g_last_call_ns, __ATOMIC_RELAXED);
-    if (__atomic_load_n(&g_drain_asked_ns, __ATOMIC_RELAXED) > last ||
-        now_ns() - last < g_cfg.idle_after_ms * 1000000ull / 2) return;
+    if (now_ns() - last < g_cfg.idle_after_ms * 1000000ull / 2) return;
     pthread_mutex_lock(&g_drain_mu);
-    drain_ask_locked();
+    if (__atomic_load_n(&g_drain_asked_ns, __ATOMIC_RELAXED) <= last || !g_drain_ok) drain_ask_locked();
     pthread_mutex_unlock(&g_drain_mu);
 }
 
