@@ -597,11 +597,14 @@ CUresult elastic_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ord, con
     return CUDA_SUCCESS;
 }
 
-/* cuMemFree of an elastic range: wherever its bytes are, unmap and release them, give the quota back. */
+/* cuMemFree of an elastic range: wherever its bytes are, unmap and release them, give the quota back. The
+ * synchronize (cuMemFree waits for the device like this, too, without a bound) comes before g_mu, so a free
+ * waiting for queued work never stops the background thread from answering neighbours; a move in between
+ * is harmless (the range's current handle is read under g_mu). */
 CUresult elastic_free(const ms_rec *rec) {
     struct erange *r = (struct erange *)(uintptr_t)rec->aux;
+    REAL(cuCtxSynchronize)();
     pthread_mutex_lock(&g_mu);
-    REAL(cuCtxSynchronize)(); /* cuMemFree waits for the device like this, too */
     REAL(cuMemUnmap)(r->va, r->size);
     REAL(cuMemRelease)(r->h);
     REAL(cuMemAddressFree)(r->va, r->size);
