@@ -10,7 +10,7 @@ SOURCES = pyproject.toml setup.py proto/generate.py $(wildcard interposer/src/*.
 # tests run by `make -C interposer sanitize`, then the shim's pytest files that exercise every hook
 # family against that build (the ASan runtime preloaded first, in pytest and in every child).
 CC        ?= cc
-SAN_TESTS  = tests/test_shim_kinds.py tests/test_shim_routes.py tests/test_oversubscribe.py tests/test_shim_faults.py tests/test_sim_copies.py tests/test_elastic_gate.py
+SAN_TESTS  = tests/test_shim_kinds.py tests/test_shim_routes.py tests/test_oversubscribe.py tests/test_shim_faults.py tests/test_sim_copies.py tests/test_elastic_gate.py tests/test_elastic_drain.py
 
 .PHONY: install demo test gpu-check lint native protos clean sanitize typecheck
 install: $(STAMP)

@@ -37,6 +37,9 @@ struct sim_stream *sim_stream_of(CUstream s);    /* NULL for the special handles
 
 
 /* ---- sim_ipc.c ---- */
+/* simcuda_memop.c: stream waits whose condition is not yet met stay queued (work in flight) */
+int sim_waits_pending(CUstream s);       /* queued waits on s (NULL: on any stream) */
+CUresult sim_waits_drain(CUstream s);    /* wait (bounded) for the queued waits on s (NULL: all) to be met */
 void sim_ipc_release(uint64_t base);     /* an allocation is freed: drop its shareable backing, if any */
 
 /* ---- sim_stubs_cuda.c (generated table, cuda_exports.def) ---- */

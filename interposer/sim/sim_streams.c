@@ -154,7 +154,12 @@ API CUresult cuStreamGetDevice(CUstream s, CUdevice *dev) {
 API CUresult cuStreamGetDevice_ptsz(CUstream s, CUdevice *d) { return cuStreamGetDevice(s, d); }
 
 /* ---- completion: all queued work is already done ----------------------------------------------------- */
-API CUresult cuStreamQuery(CUstream s) { return check_stream(s); }
+/* Done unless a stream wait is queued on it (simcuda_memop.c). */
+API CUresult cuStreamQuery(CUstream s) {
+    CUresult rc = check_stream(s);
+    if (rc) return rc;
+    return sim_waits_pending(s ? s : (CUstream)0x1) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+}
 API CUresult cuStreamQuery_ptsz(CUstream s) { return cuStreamQuery(s); }
 
 /* Nothing to wait for (all work is done); the arguments are still checked. */

@@ -35,9 +35,21 @@ API CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status) {
 /* The per-thread-default-stream variant of cuStreamIsCapturing: the same call. */
 API CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *status) { return cuStreamIsCapturing(s, status); }
 
-/* Synchronising is when a real pool gives memory above its release threshold back to the device. */
-API CUresult cuStreamSynchronize(CUstream s) { NEED_INIT(); (void)s; trim_all_pools(); return CUDA_SUCCESS; }
+/* Synchronising waits for the stream's queued waits (simcuda_memop.c), and is when a real pool gives memory
+ * above its release threshold back to the device. */
+API CUresult cuStreamSynchronize(CUstream s) {
+    NEED_INIT();
+    CUresult rc = sim_waits_drain(s ? s : (CUstream)0x1);
+    trim_all_pools();
+    return rc;
+}
 /* The per-thread-default-stream variant of cuStreamSynchronize: the same call. */
 API CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
-/* Context-wide synchronisation: pools give back memory above their thresholds. */
-API CUresult cuCtxSynchronize(void) { NEED_INIT(); trim_all_pools(); return CUDA_SUCCESS; }
+/* Context-wide synchronisation: every queued wait (simcuda_memop.c) is met; pools give back memory above
+ * their thresholds. */
+API CUresult cuCtxSynchronize(void) {
+    NEED_INIT();
+    CUresult rc = sim_waits_drain(NULL);
+    trim_all_pools();
+    return rc;
+}

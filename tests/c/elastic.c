@@ -11,6 +11,17 @@
  *   stop                  stop them: "stopped ROUNDS ERRORS"
  *   device N              create a context on GPU N and make it current (later allocs are on GPU N): "device N"
  *   ptrs                  "ptrs P1 P2 ..." (the pointer values, to show they never change)
+ *   inflight              work in flight that only a later call releases: a 4-byte flag (0) in device memory,
+ *                         streams A and B, cuStreamWaitValue32(A, flag, 1, EQ): "inflight RC QUERY" (QUERY:
+ *                         cuStreamQuery(A), 600 = CUDA_ERROR_NOT_READY while the wait is queued)
+ *   release               from another thread: cuStreamWriteValue32(B, flag, 1), then cuStreamSynchronize(A):
+ *                         "released RC RC" (the thread is joined, so a release stuck in the shim never answers)
+ *   hold MS               a queued wait that runs MS ms, as a long kernel would: cuStreamWaitValue32 on a flag in
+ *                         mapped pinned host memory that a plain host thread (no CUDA call) sets after MS ms:
+ *                         "holding RC"
+ *   held                  cuStreamSynchronize on the held stream: "held RC"
+ *   slowest               the longest one block round of the busy threads took since the last "slowest", in ms
+ *                         (how long a tenant thread was held up, e.g. at the work gate): "slowest MS"
  *   free                  free everything: "freed RC"
  * Between commands the process makes no CUDA call at all (it becomes idle). */
 #define _GNU_SOURCE
@@ -20,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda_api.h"
 #include "gate.h"
@@ -36,6 +48,71 @@ static CUcontext g_ctx;
 static int g_nthreads;
 static int g_first_rounds; /* busy threads that have finished a first round (atomic) */
 static char g_family[32];  /* the busy threads' family of entry points ("" = set32) */
+static uint64_t g_slowest_ns; /* the longest busy block round (atomic max) */
+static CUdeviceptr g_flag;    /* inflight: the flag stream A waits on */
+static CUstream g_sa, g_sb, g_sh;
+static volatile uint32_t *g_hold; /* hold: the pinned flag */
+static unsigned g_hold_ms;
+
+CUresult CUDAAPI cuStreamQuery(CUstream hStream);
+
+/* Monotonic time, for the busy rounds' durations. */
+static uint64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Record a busy round's duration: the slowest one is what "slowest" reports. */
+static void note_round(uint64_t ns) {
+    uint64_t cur = __atomic_load_n(&g_slowest_ns, __ATOMIC_RELAXED);
+    while (ns > cur && !__atomic_compare_exchange_n(&g_slowest_ns, &cur, ns, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+}
+
+/* inflight: stream A waits for a flag that only "release" sets, so A has work queued until then. */
+static void cmd_inflight(void) {
+    CUresult rc = cuMemAlloc_v2(&g_flag, 4);
+    if (!rc) rc = cuMemsetD32_v2(g_flag, 0, 1);
+    if (!rc) rc = cuStreamCreate(&g_sa, 0);
+    if (!rc) rc = cuStreamCreate(&g_sb, 0);
+    if (!rc) rc = cuStreamWaitValue32(g_sa, g_flag, 1, CU_STREAM_WAIT_VALUE_EQ);
+    printf("inflight %d %d\n", rc, rc ? -1 : cuStreamQuery(g_sa));
+}
+
+/* release's thread: a second tenant thread writes the flag on stream B, then waits for stream A. */
+static void *releaser(void *arg) {
+    CUresult *rc = arg;
+    cuCtxSetCurrent(g_ctx);
+    rc[0] = cuStreamWriteValue32(g_sb, g_flag, 1, 0);
+    rc[1] = cuStreamSynchronize(g_sa);
+    return NULL;
+}
+
+/* hold's host thread: no CUDA call, only a store to the mapped pinned flag after g_hold_ms. */
+static void *hold_setter(void *arg) {
+    (void)arg;
+    usleep(g_hold_ms * 1000u);
+    __atomic_store_n(g_hold, 1u, __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
+/* hold: a queued wait on a host-written flag, the simulator's model of a kernel that runs MS ms. */
+static void cmd_hold(unsigned ms) {
+    void *h = NULL;
+    CUdeviceptr d = 0;
+    pthread_t t;
+    CUresult rc = cuMemHostAlloc(&h, 4, CU_MEMHOSTALLOC_DEVICEMAP);
+    if (!rc) {
+        g_hold = h;
+        *g_hold = 0;
+        rc = cuMemHostGetDevicePointer_v2(&d, h, 0);
+    }
+    if (!rc) rc = cuStreamCreate(&g_sh, 0);
+    if (!rc) rc = cuStreamWaitValue32(g_sh, d, 1, CU_STREAM_WAIT_VALUE_EQ);
+    g_hold_ms = ms;
+    if (!rc && pthread_create(&t, NULL, hold_setter, NULL) == 0) pthread_detach(t);
+    printf("holding %d\n", rc);
+}
 
 /* The pattern: word i of block b. Distinct per block, so a block mapped at the wrong address shows. */
 static uint32_t word(int b, size_t i) { return (uint32_t)(b * 2654435761u) ^ (uint32_t)i ^ 0xa5a5a5a5u; }
@@ -98,14 +175,17 @@ static void *busy(void *arg) {
     while (!g_stop) {
         for (int b = g_n - 1 - id; b >= 0 && b >= g_n - 4 && !g_stop; b -= g_nthreads) {
             uint32_t v = ((uint32_t)id << 24) | (uint32_t)(rounds & 0xffffff);
+            uint64_t t0 = mono_ns();
             if (fam) { /* the partner block: the thread's other busy block (peer copies go between the two) */
                 int b2 = b - g_nthreads >= 0 && b - g_nthreads >= g_n - 4 ? b - g_nthreads : g_n - 1 - id;
                 errors += fam->round(&ops, g_ctx, g_ptr[b], g_ptr[b2], g_size[b], v, buf);
+                note_round(mono_ns() - t0);
                 continue;
             }
             if (cuMemsetD32_v2(g_ptr[b], v, g_size[b] / 4) || cuMemcpyDtoH_v2(buf, g_ptr[b], g_size[b])) { errors++; continue; }
             for (size_t i = 0; i < g_size[b] / 4; i++)
                 if (buf[i] != v) { errors++; break; }
+            note_round(mono_ns() - t0);
         }
         if (rounds++ == 0) __atomic_add_fetch(&g_first_rounds, 1, __ATOMIC_SEQ_CST);
     }
@@ -162,6 +242,19 @@ int main(void) {
             printf("ptrs");
             for (int i = 0; i < g_n; i++) printf(" %llx", (unsigned long long)g_ptr[i]);
             printf("\n");
+        } else if (strncmp(line, "inflight", 8) == 0) {
+            cmd_inflight();
+        } else if (strncmp(line, "release", 7) == 0) {
+            CUresult rc[2] = {CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_NOT_SUPPORTED};
+            pthread_t t;
+            if (pthread_create(&t, NULL, releaser, rc) == 0) pthread_join(t, NULL);
+            printf("released %d %d\n", rc[0], rc[1]);
+        } else if (sscanf(line, "hold %zu", &a) == 1) {
+            cmd_hold((unsigned)a);
+        } else if (strncmp(line, "held", 4) == 0) {
+            printf("held %d\n", cuStreamSynchronize(g_sh));
+        } else if (strncmp(line, "slowest", 7) == 0) {
+            printf("slowest %llu\n", (unsigned long long)(__atomic_exchange_n(&g_slowest_ns, 0, __ATOMIC_RELAXED) / 1000000ull));
         } else if (strncmp(line, "free", 4) == 0) {
             CUresult rc = CUDA_SUCCESS;
             for (int i = 0; i < g_n; i++) rc |= cuMemFree_v2(g_ptr[i]);
