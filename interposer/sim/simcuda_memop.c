@@ -116,73 +116,38 @@ CUresult sim_waits_drain(CUstream s) {
     return CUDA_SUCCESS;
 }
 
-/* ---- write and wait ----------------------------------------------------------------------------------- */
+/* ---- write and wait -----------------------------------------------------------------------------------
+ * Each of the four calls (write or wait, 32 or 64 bits) has four names in cuda.h: the _v2 call that does
+ * the work, its per-thread-default-stream variant, the older name of the same call and its per-thread
+ * variant. One macro writes the three forwarders, so that they cannot drift apart. A write is done when it
+ * returns (the stream is not needed); a wait not yet met stays queued on its stream (wait_value). */
+#define MEMOP_NAMES(name, T)                                                                               \
+    API CUresult name##_v2_ptsz(CUstream s, CUdeviceptr a, T v, unsigned int f) { return name##_v2(s, a, v, f); } \
+    API CUresult name(CUstream s, CUdeviceptr a, T v, unsigned int f) { return name##_v2(s, a, v, f); }       \
+    API CUresult name##_ptsz(CUstream s, CUdeviceptr a, T v, unsigned int f) { return name##_v2(s, a, v, f); }
+
 /* Write a 32-bit value. */
 API CUresult cuStreamWriteValue32_v2(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
     (void)s;
     return write_value(a, v, 4, f);
 }
-/* Its per-thread-default-stream variant. */
-API CUresult cuStreamWriteValue32_v2_ptsz(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
-    return cuStreamWriteValue32_v2(s, a, v, f);
-}
-/* The CUDA 11.7-12.x name of the same call. */
-API CUresult cuStreamWriteValue32(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
-    return cuStreamWriteValue32_v2(s, a, v, f);
-}
-/* Its per-thread-default-stream variant. */
-API CUresult cuStreamWriteValue32_ptsz(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
-    return cuStreamWriteValue32_v2(s, a, v, f);
-}
+MEMOP_NAMES(cuStreamWriteValue32, cuuint32_t)
 /* Write a 64-bit value. */
 API CUresult cuStreamWriteValue64_v2(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
     (void)s;
     return write_value(a, v, 8, f);
 }
-/* Its per-thread-default-stream variant. */
-API CUresult cuStreamWriteValue64_v2_ptsz(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
-    return cuStreamWriteValue64_v2(s, a, v, f);
-}
-/* The older name of the same call. */
-API CUresult cuStreamWriteValue64(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
-    return cuStreamWriteValue64_v2(s, a, v, f);
-}
-/* Its per-thread-default-stream variant. */
-API CUresult cuStreamWriteValue64_ptsz(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
-    return cuStreamWriteValue64_v2(s, a, v, f);
-}
+MEMOP_NAMES(cuStreamWriteValue64, cuuint64_t)
 /* Wait on a 32-bit value. */
 API CUresult cuStreamWaitValue32_v2(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
     return wait_value(s, a, v, 4, f);
 }
-/* Its per-thread-default-stream variant. */
-API CUresult cuStreamWaitValue32_v2_ptsz(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
-    return cuStreamWaitValue32_v2(s, a, v, f);
-}
-/* The older name of the same call. */
-API CUresult cuStreamWaitValue32(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
-    return cuStreamWaitValue32_v2(s, a, v, f);
-}
-/* Its per-thread-default-stream variant. */
-API CUresult cuStreamWaitValue32_ptsz(CUstream s, CUdeviceptr a, cuuint32_t v, unsigned int f) {
-    return cuStreamWaitValue32_v2(s, a, v, f);
-}
+MEMOP_NAMES(cuStreamWaitValue32, cuuint32_t)
 /* Wait on a 64-bit value. */
 API CUresult cuStreamWaitValue64_v2(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
     return wait_value(s, a, v, 8, f);
 }
-/* Its per-thread-default-stream variant. */
-API CUresult cuStreamWaitValue64_v2_ptsz(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
-    return cuStreamWaitValue64_v2(s, a, v, f);
-}
-/* The older name of the same call. */
-API CUresult cuStreamWaitValue64(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
-    return cuStreamWaitValue64_v2(s, a, v, f);
-}
-/* Its per-thread-default-stream variant. */
-API CUresult cuStreamWaitValue64_ptsz(CUstream s, CUdeviceptr a, cuuint64_t v, unsigned int f) {
-    return cuStreamWaitValue64_v2(s, a, v, f);
-}
+MEMOP_NAMES(cuStreamWaitValue64, cuuint64_t)
 
 /* ---- batches ------------------------------------------------------------------------------------------ */
 /* Run a batch of memory operations in order (flags must be 0). */

@@ -28,114 +28,46 @@ static CUresult set_rows(CUdeviceptr d, size_t pitch, unsigned int v, unsigned s
     return CUDA_SUCCESS;
 }
 
-/* ---- linear ------------------------------------------------------------------------------------------- */
-/* Set n bytes. */
-API CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { return set_rows(d, 0, v, 1, n, 1); }
-/* Its per-thread-default-stream variant. */
-API CUresult cuMemsetD8_v2_ptds(CUdeviceptr d, unsigned char v, size_t n) { return cuMemsetD8_v2(d, v, n); }
-/* Its legacy 32-bit ABI. */
-API CUresult cuMemsetD8(CUdeviceptr_v1 d, unsigned char v, unsigned int n) { return cuMemsetD8_v2(d, v, n); }
-/* Asynchronous: done when it returns. */
-API CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s) {
-    (void)s;
-    return cuMemsetD8_v2(d, v, n);
-}
-/* Its per-thread-default-stream variant. */
-API CUresult cuMemsetD8Async_ptsz(CUdeviceptr d, unsigned char v, size_t n, CUstream s) {
-    return cuMemsetD8Async(d, v, n, s);
-}
-/* Set n 16-bit words. */
-API CUresult cuMemsetD16_v2(CUdeviceptr d, unsigned short v, size_t n) { return set_rows(d, 0, v, 2, n, 1); }
-/* Its per-thread-default-stream variant. */
-API CUresult cuMemsetD16_v2_ptds(CUdeviceptr d, unsigned short v, size_t n) { return cuMemsetD16_v2(d, v, n); }
-/* Its legacy 32-bit ABI. */
-API CUresult cuMemsetD16(CUdeviceptr_v1 d, unsigned short v, unsigned int n) { return cuMemsetD16_v2(d, v, n); }
-/* Asynchronous: done when it returns. */
-API CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream s) {
-    (void)s;
-    return cuMemsetD16_v2(d, v, n);
-}
-/* Its per-thread-default-stream variant. */
-API CUresult cuMemsetD16Async_ptsz(CUdeviceptr d, unsigned short v, size_t n, CUstream s) {
-    return cuMemsetD16Async(d, v, n, s);
-}
-/* Set n 32-bit words. */
-API CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned int v, size_t n) { return set_rows(d, 0, v, 4, n, 1); }
-/* Its per-thread-default-stream variant. */
-API CUresult cuMemsetD32_v2_ptds(CUdeviceptr d, unsigned int v, size_t n) { return cuMemsetD32_v2(d, v, n); }
-/* Its legacy 32-bit ABI. */
-API CUresult cuMemsetD32(CUdeviceptr_v1 d, unsigned int v, unsigned int n) { return cuMemsetD32_v2(d, v, n); }
-/* Asynchronous: done when it returns. */
-API CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int v, size_t n, CUstream s) {
-    (void)s;
-    return cuMemsetD32_v2(d, v, n);
-}
-/* Its per-thread-default-stream variant. */
-API CUresult cuMemsetD32Async_ptsz(CUdeviceptr d, unsigned int v, size_t n, CUstream s) {
-    return cuMemsetD32Async(d, v, n, s);
-}
+/* ---- every ABI variant --------------------------------------------------------------------------------
+ * Each width (8, 16, 32 bits) has the same five linear and five 2D entry points: the _v2 call that does the
+ * work, its per-thread-default-stream variant (_ptds), the legacy 32-bit ABI, the Async call (done when it
+ * returns, so the stream is not needed) and its per-thread variant (_ptsz). One macro per shape writes them,
+ * so that the variants cannot drift apart. */
+#define LINEAR_SETS(bits, T, size)                                                                          \
+    API CUresult cuMemsetD##bits##_v2(CUdeviceptr d, T v, size_t n) { return set_rows(d, 0, v, size, n, 1); } \
+    API CUresult cuMemsetD##bits##_v2_ptds(CUdeviceptr d, T v, size_t n) { return cuMemsetD##bits##_v2(d, v, n); } \
+    API CUresult cuMemsetD##bits(CUdeviceptr_v1 d, T v, unsigned int n) { return cuMemsetD##bits##_v2(d, v, n); } \
+    API CUresult cuMemsetD##bits##Async(CUdeviceptr d, T v, size_t n, CUstream s) {                          \
+        (void)s;                                                                                           \
+        return cuMemsetD##bits##_v2(d, v, n);                                                              \
+    }                                                                                                      \
+    API CUresult cuMemsetD##bits##Async_ptsz(CUdeviceptr d, T v, size_t n, CUstream s) {                     \
+        return cuMemsetD##bits##Async(d, v, n, s);                                                         \
+    }
 
-/* ---- 2D ----------------------------------------------------------------------------------------------- */
-/* Set a w x h block of bytes, rows p bytes apart. */
-API CUresult cuMemsetD2D8_v2(CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h) {
-    return set_rows(d, p, v, 1, w, h);
-}
-/* Its per-thread-default-stream variant. */
-API CUresult cuMemsetD2D8_v2_ptds(CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h) {
-    return cuMemsetD2D8_v2(d, p, v, w, h);
-}
-/* Its legacy 32-bit ABI. */
-API CUresult cuMemsetD2D8(CUdeviceptr_v1 d, unsigned int p, unsigned char v, unsigned int w, unsigned int h) {
-    return cuMemsetD2D8_v2(d, p, v, w, h);
-}
-/* Asynchronous: done when it returns. */
-API CUresult cuMemsetD2D8Async(CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h, CUstream s) {
-    (void)s;
-    return cuMemsetD2D8_v2(d, p, v, w, h);
-}
-/* Its per-thread-default-stream variant. */
-API CUresult cuMemsetD2D8Async_ptsz(CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h, CUstream s) {
-    return cuMemsetD2D8Async(d, p, v, w, h, s);
-}
-/* Set a w x h block of 16-bit words, rows p bytes apart. */
-API CUresult cuMemsetD2D16_v2(CUdeviceptr d, size_t p, unsigned short v, size_t w, size_t h) {
-    return set_rows(d, p, v, 2, w, h);
-}
-/* Its per-thread-default-stream variant. */
-API CUresult cuMemsetD2D16_v2_ptds(CUdeviceptr d, size_t p, unsigned short v, size_t w, size_t h) {
-    return cuMemsetD2D16_v2(d, p, v, w, h);
-}
-/* Its legacy 32-bit ABI. */
-API CUresult cuMemsetD2D16(CUdeviceptr_v1 d, unsigned int p, unsigned short v, unsigned int w, unsigned int h) {
-    return cuMemsetD2D16_v2(d, p, v, w, h);
-}
-/* Asynchronous: done when it returns. */
-API CUresult cuMemsetD2D16Async(CUdeviceptr d, size_t p, unsigned short v, size_t w, size_t h, CUstream s) {
-    (void)s;
-    return cuMemsetD2D16_v2(d, p, v, w, h);
-}
-/* Its per-thread-default-stream variant. */
-API CUresult cuMemsetD2D16Async_ptsz(CUdeviceptr d, size_t p, unsigned short v, size_t w, size_t h, CUstream s) {
-    return cuMemsetD2D16Async(d, p, v, w, h, s);
-}
-/* Set a w x h block of 32-bit words, rows p bytes apart. */
-API CUresult cuMemsetD2D32_v2(CUdeviceptr d, size_t p, unsigned int v, size_t w, size_t h) {
-    return set_rows(d, p, v, 4, w, h);
-}
-/* Its per-thread-default-stream variant. */
-API CUresult cuMemsetD2D32_v2_ptds(CUdeviceptr d, size_t p, unsigned int v, size_t w, size_t h) {
-    return cuMemsetD2D32_v2(d, p, v, w, h);
-}
-/* Its legacy 32-bit ABI. */
-API CUresult cuMemsetD2D32(CUdeviceptr_v1 d, unsigned int p, unsigned int v, unsigned int w, unsigned int h) {
-    return cuMemsetD2D32_v2(d, p, v, w, h);
-}
-/* Asynchronous: done when it returns. */
-API CUresult cuMemsetD2D32Async(CUdeviceptr d, size_t p, unsigned int v, size_t w, size_t h, CUstream s) {
-    (void)s;
-    return cuMemsetD2D32_v2(d, p, v, w, h);
-}
-/* Its per-thread-default-stream variant. */
-API CUresult cuMemsetD2D32Async_ptsz(CUdeviceptr d, size_t p, unsigned int v, size_t w, size_t h, CUstream s) {
-    return cuMemsetD2D32Async(d, p, v, w, h, s);
-}
+#define SETS_2D(bits, T, size)                                                                              \
+    API CUresult cuMemsetD2D##bits##_v2(CUdeviceptr d, size_t p, T v, size_t w, size_t h) {                 \
+        return set_rows(d, p, v, size, w, h);                                                              \
+    }                                                                                                      \
+    API CUresult cuMemsetD2D##bits##_v2_ptds(CUdeviceptr d, size_t p, T v, size_t w, size_t h) {            \
+        return cuMemsetD2D##bits##_v2(d, p, v, w, h);                                                      \
+    }                                                                                                      \
+    API CUresult cuMemsetD2D##bits(CUdeviceptr_v1 d, unsigned int p, T v, unsigned int w, unsigned int h) { \
+        return cuMemsetD2D##bits##_v2(d, p, v, w, h);                                                      \
+    }                                                                                                      \
+    API CUresult cuMemsetD2D##bits##Async(CUdeviceptr d, size_t p, T v, size_t w, size_t h, CUstream s) {   \
+        (void)s;                                                                                           \
+        return cuMemsetD2D##bits##_v2(d, p, v, w, h);                                                      \
+    }                                                                                                      \
+    API CUresult cuMemsetD2D##bits##Async_ptsz(CUdeviceptr d, size_t p, T v, size_t w, size_t h, CUstream s) { \
+        return cuMemsetD2D##bits##Async(d, p, v, w, h, s);                                                 \
+    }
+
+/* Set n bytes, 16-bit or 32-bit words. */
+LINEAR_SETS(8, unsigned char, 1)
+LINEAR_SETS(16, unsigned short, 2)
+LINEAR_SETS(32, unsigned int, 4)
+/* Set a w x h block of bytes, 16-bit or 32-bit words, rows p bytes apart. */
+SETS_2D(8, unsigned char, 1)
+SETS_2D(16, unsigned short, 2)
+SETS_2D(32, unsigned int, 4)
