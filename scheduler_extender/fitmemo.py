@@ -13,7 +13,15 @@ what that limit is made of (a third part, resources.PodRequest.limit_sig; () for
 annotations, whose limit is its request), and a GPU's limit sum is part of its node's view, so a change of it
 rebuilds the view and refreshes the verdicts like any charge. Without the cap keys stay (devices, policy).
 
-Bounded: at most MAX_ENTRIES verdicts in all tables; the least recently used table goes first.
+Shared by shape: a verdict reads only what NodeView.shape holds (not the node's name: decisions' texts name
+GPUs by index), so each table also keeps shape -> verdict, and a node whose shape was judged before for that
+key (an empty or regular cluster: one shape for thousands of nodes; a bind that gives a node the shape another
+node had) gets that verdict without decisions.verdict running again. Per node the tables still hold the
+verdict (filter's C-speed passes read those), and a node's HostPriority JSON, which names it, is per node.
+
+Bounded: at most MAX_ENTRIES verdicts in all tables; the least recently used table goes first. Each table's
+shape cache holds at most SHAPES entries (the oldest goes first: a hostile inventory can make every node a
+different shape) and goes with its table.
 Thread-safety: every method takes the state's lock (the memo is refreshed under it).
 """
 
@@ -31,7 +39,7 @@ from memslice.scheduler_extender.constants import MAX_SCORE, MIN_SCORE
 from memslice.scheduler_extender.decisions import LimitNeed, Verdict
 from memslice.scheduler_extender.resources import LimitSig, limit_total
 from memslice.scheduler_extender.state import ClusterState
-from memslice.scheduler_extender.views import NodeView
+from memslice.scheduler_extender.views import NodeView, Shape
 from memslice.scheduler_extender.wire import host_priority_json
 
 MAX_ENTRIES = 400_000  # verdicts kept in all tables (~100 B each): 80 tables of 5,000 nodes, 20 of 20,000
@@ -40,6 +48,7 @@ Key = tuple[int, str] | tuple[int, str, LimitSig]
 REPLAYS = 64  # filter answers kept for the prioritize that follows (one per pod in flight)
 REPLAY_NAMES = 200_000  # node names those may hold in all (bounds what hostile requests can pin)
 Replay = tuple[Key, int, list[str], list[str]]  # (key, generation, names, their HostPriority JSON)
+SHAPES = 1024  # shape -> verdict entries per table (shapes are shared with the views; ~0.1 KiB per entry)
 PATCH_MAX = 64  # nodes changed since a kept answer that are recomputed in it; more: prioritize afresh
 # A fitting verdict carries no text: one shared tuple per score instead of one per node and table.
 _FITS = tuple((True, False, "", s) for s in range(MAX_SCORE + 1))
@@ -51,6 +60,7 @@ class _Table:
     fits: dict[str, str] = field(default_factory=dict)  # node -> HostPriority JSON, where the pod fits
     failed: dict[str, str] = field(default_factory=dict)  # node -> reason, where it does not fit now
     unresolvable: dict[str, str] = field(default_factory=dict)  # node -> reason, where it never can
+    shapes: OrderedDict[Shape, Verdict] = field(default_factory=OrderedDict)  # NodeView.shape -> verdict
 
     def drop(self, name: str) -> None:
         self.fits.pop(name, None)
@@ -58,7 +68,7 @@ class _Table:
         self.unresolvable.pop(name, None)
 
     def clear(self) -> None:
-        for d in (self.verdicts, self.fits, self.failed, self.unresolvable):
+        for d in (self.verdicts, self.fits, self.failed, self.unresolvable, self.shapes):
             d.clear()
 
     def split(self, names: list[str]) -> Split:
@@ -250,9 +260,16 @@ class FitMemo:
         return LimitNeed(limit_total(sig, view.unit_mib) if sig else key[0] * view.unit_mib, self.limit_ratio)
 
     def _set(self, table: _Table, key: Key, name: str, view: NodeView) -> Verdict:
-        v = decisions.verdict(view, key[0] * view.unit_mib, key[1], self.limit_need(key, view))
+        shapes = table.shapes
+        v = shapes.get(view.shape)
+        if v is None:
+            v = decisions.verdict(view, key[0] * view.unit_mib, key[1], self.limit_need(key, view))
+            if v[0]:
+                v = _FITS[v[3]]
+            if len(shapes) >= SHAPES:
+                shapes.popitem(last=False)
+            shapes[view.shape] = v
         if v[0]:
-            v = _FITS[v[3]]
             fragments = self._host_json.get(name)
             if fragments is None:  # kept per node (not per table) until the node goes
                 fragments = self._host_json[name] = tuple(host_priority_json(name, s) for s in range(MAX_SCORE + 1))
