@@ -244,13 +244,28 @@ class FitMemo:
         return table
 
     def _fill(self, table: _Table, key: Key, name: str) -> Verdict | None:
+        """A node's first verdict in `table` (the cold memo's path: one per node and key, so kept lean)."""
         view = self.state.view_unlocked(name)
         if view is None:
             return None  # not memoised: the node may appear any time
+        v = table.verdicts.get(name)
+        if v is not None:  # a name repeated in one request
+            return v
         if self._entries >= MAX_ENTRIES:
             self._evict(table)
-        self._entries += name not in table.verdicts
-        return self._set(table, key, name, view)
+        self._entries += 1
+        v = table.shapes.get(view.shape)
+        if v is None:
+            v = self._judge(table, key, view)
+        if v[0]:
+            fragments = self._host_json.get(name)
+            if fragments is None:  # kept per node (not per table) until the node goes
+                fragments = self._host_json[name] = tuple(host_priority_json(name, s) for s in range(MAX_SCORE + 1))
+            table.fits[name] = fragments[v[3]]
+        else:
+            (table.unresolvable if v[1] else table.failed)[name] = v[2]
+        table.verdicts[name] = v
+        return v
 
     def limit_need(self, key: Key, view: NodeView) -> LimitNeed | None:
         """The limit cap's side of decisions for a pod of `key` on this node (None: the cap is off)."""
@@ -259,16 +274,22 @@ class FitMemo:
         sig = key[2] if len(key) == 3 else ()
         return LimitNeed(limit_total(sig, view.unit_mib) if sig else key[0] * view.unit_mib, self.limit_ratio)
 
-    def _set(self, table: _Table, key: Key, name: str, view: NodeView) -> Verdict:
+    def _judge(self, table: _Table, key: Key, view: NodeView) -> Verdict:
+        """decisions.verdict for a shape not judged yet in `table`, kept for every node of that shape."""
+        v = decisions.verdict(view, key[0] * view.unit_mib, key[1], self.limit_need(key, view))
+        if v[0]:
+            v = _FITS[v[3]]
         shapes = table.shapes
-        v = shapes.get(view.shape)
+        if len(shapes) >= SHAPES:
+            shapes.popitem(last=False)
+        shapes[view.shape] = v
+        return v
+
+    def _set(self, table: _Table, key: Key, name: str, view: NodeView) -> Verdict:
+        """The node's verdict in `table` after its view changed (or first set)."""
+        v = table.shapes.get(view.shape)
         if v is None:
-            v = decisions.verdict(view, key[0] * view.unit_mib, key[1], self.limit_need(key, view))
-            if v[0]:
-                v = _FITS[v[3]]
-            if len(shapes) >= SHAPES:
-                shapes.popitem(last=False)
-            shapes[view.shape] = v
+            v = self._judge(table, key, view)
         if v[0]:
             fragments = self._host_json.get(name)
             if fragments is None:  # kept per node (not per table) until the node goes
