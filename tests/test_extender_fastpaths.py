@@ -460,6 +460,6 @@ def test_verdicts_shared_by_node_shape_are_each_nodes_own(ratio: Fraction | None
             state.upsert_node(node_obj(node, list(gpus)))
             state.upsert_pod(pod)
         else:  # the inventory changes: a GPU turns unhealthy, or the unit changes
-            state.upsert_node(node_obj(node, list(gpus), unit=1 + r % 2,
-                                       healthy=[i != r % len(gpus) for i in range(len(gpus))]))
+            state.upsert_node(node_obj(node, list(gpus), unit=1 + r // 2 % 2,
+                                       healthy=[i != r // 4 % (len(gpus) + 1) for i in range(len(gpus))]))
         check()
