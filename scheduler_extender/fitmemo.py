@@ -20,7 +20,7 @@ node had) gets that verdict without decisions.verdict running again. Per node th
 verdict (filter's C-speed passes read those), and a node's HostPriority JSON, which names it, is per node.
 
 Bounded: at most MAX_ENTRIES verdicts in all tables; the least recently used table goes first. Each table's
-shape cache holds at most SHAPES entries (the oldest goes first: a hostile inventory can make every node a
+shape cache holds at most SHAPES entries (emptied when full: a hostile inventory can make every node a
 different shape) and goes with its table.
 Thread-safety: every method takes the state's lock (the memo is refreshed under it).
 """
@@ -48,7 +48,8 @@ Key = tuple[int, str] | tuple[int, str, LimitSig]
 REPLAYS = 64  # filter answers kept for the prioritize that follows (one per pod in flight)
 REPLAY_NAMES = 200_000  # node names those may hold in all (bounds what hostile requests can pin)
 Replay = tuple[Key, int, list[str], list[str]]  # (key, generation, names, their HostPriority JSON)
-SHAPES = 1024  # shape -> verdict entries per table (shapes are shared with the views; ~0.1 KiB per entry)
+SHAPES = 1024  # shape -> verdict entries per table (the shapes are shared with the views while they live);
+# full: emptied (cheaper than evicting one by one at every bind of a cluster where every node differs)
 PATCH_MAX = 64  # nodes changed since a kept answer that are recomputed in it; more: prioritize afresh
 # A fitting verdict carries no text: one shared tuple per score instead of one per node and table.
 _FITS = tuple((True, False, "", s) for s in range(MAX_SCORE + 1))
@@ -60,7 +61,9 @@ class _Table:
     fits: dict[str, str] = field(default_factory=dict)  # node -> HostPriority JSON, where the pod fits
     failed: dict[str, str] = field(default_factory=dict)  # node -> reason, where it does not fit now
     unresolvable: dict[str, str] = field(default_factory=dict)  # node -> reason, where it never can
-    shapes: OrderedDict[Shape, Verdict] = field(default_factory=OrderedDict)  # NodeView.shape -> verdict
+    # NodeView.shape_hash -> (shape, verdict): keyed by the hash the view computed once, so a look-up (a
+    # refresh in every table after each bind) does not hash the shape again; the shape itself is compared
+    shapes: dict[int, tuple[Shape, Verdict]] = field(default_factory=dict)
 
     def drop(self, name: str) -> None:
         self.fits.pop(name, None)
@@ -254,9 +257,8 @@ class FitMemo:
         if self._entries >= MAX_ENTRIES:
             self._evict(table)
         self._entries += 1
-        v = table.shapes.get(view.shape)
-        if v is None:
-            v = self._judge(table, key, view)
+        e = table.shapes.get(view.shape_hash)
+        v = e[1] if e is not None and e[0] == view.shape else self._judge(table, key, view)
         if v[0]:
             fragments = self._host_json.get(name)
             if fragments is None:  # kept per node (not per table) until the node goes
@@ -281,15 +283,14 @@ class FitMemo:
             v = _FITS[v[3]]
         shapes = table.shapes
         if len(shapes) >= SHAPES:
-            shapes.popitem(last=False)
-        shapes[view.shape] = v
+            shapes.clear()
+        shapes[view.shape_hash] = (view.shape, v)
         return v
 
     def _set(self, table: _Table, key: Key, name: str, view: NodeView) -> Verdict:
         """The node's verdict in `table` after its view changed (or first set)."""
-        v = table.shapes.get(view.shape)
-        if v is None:
-            v = self._judge(table, key, view)
+        e = table.shapes.get(view.shape_hash)
+        v = e[1] if e is not None and e[0] == view.shape else self._judge(table, key, view)
         if v[0]:
             fragments = self._host_json.get(name)
             if fragments is None:  # kept per node (not per table) until the node goes

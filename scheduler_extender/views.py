@@ -62,6 +62,7 @@ class NodeView:
     # limit sum is used_mib + over[i] (decisions.limit_sum). None: no elastic pod here (limit sum = used).
     over: tuple[int, ...] | None = None
     shape: Shape = ()  # what a verdict reads (Shape above); set by of_rows
+    shape_hash: int = 0  # hash(shape), computed once per view: the memo's shape caches are keyed by it
 
     @classmethod
     def of(cls, name: str, unit_mib: int, gpus: tuple[GpuView, ...], unplaced_mib: int = 0,
@@ -80,7 +81,7 @@ class NodeView:
                    max((r[6] for r in healthy), default=0),
                    max((r[3] for r in healthy), default=0),
                    sum(max(r[6], 0) for r in healthy), by_free,
-                   tuple(r[6] for r in by_free), most_free, over, shape)
+                   tuple(r[6] for r in by_free), most_free, over, shape, hash(shape))
 
     @property
     def gpus(self) -> tuple[GpuView, ...]:
