@@ -13,15 +13,7 @@ what that limit is made of (a third part, resources.PodRequest.limit_sig; () for
 annotations, whose limit is its request), and a GPU's limit sum is part of its node's view, so a change of it
 rebuilds the view and refreshes the verdicts like any charge. Without the cap keys stay (devices, policy).
 
-Shared by shape: a verdict reads only what NodeView.shape holds (not the node's name: decisions' texts name
-GPUs by index), so each table also keeps shape -> verdict, and a node whose shape was judged before for that
-key (an empty or regular cluster: one shape for thousands of nodes; a bind that gives a node the shape another
-node had) gets that verdict without decisions.verdict running again. Per node the tables still hold the
-verdict (filter's C-speed passes read those), and a node's HostPriority JSON, which names it, is per node.
-
-Bounded: at most MAX_ENTRIES verdicts in all tables; the least recently used table goes first. Each table's
-shape cache holds at most SHAPES entries (emptied when full: a hostile inventory can make every node a
-different shape) and goes with its table.
+Bounded: at most MAX_ENTRIES verdicts in all tables; the least recently used table goes first.
 Thread-safety: every method takes the state's lock (the memo is refreshed under it).
 """
 
@@ -39,7 +31,7 @@ from memslice.scheduler_extender.constants import MAX_SCORE, MIN_SCORE
 from memslice.scheduler_extender.decisions import LimitNeed, Verdict
 from memslice.scheduler_extender.resources import LimitSig, limit_total
 from memslice.scheduler_extender.state import ClusterState
-from memslice.scheduler_extender.views import NodeView, Shape
+from memslice.scheduler_extender.views import NodeView
 from memslice.scheduler_extender.wire import host_priority_json
 
 MAX_ENTRIES = 400_000  # verdicts kept in all tables (~100 B each): 80 tables of 5,000 nodes, 20 of 20,000
@@ -48,8 +40,6 @@ Key = tuple[int, str] | tuple[int, str, LimitSig]
 REPLAYS = 64  # filter answers kept for the prioritize that follows (one per pod in flight)
 REPLAY_NAMES = 200_000  # node names those may hold in all (bounds what hostile requests can pin)
 Replay = tuple[Key, int, list[str], list[str]]  # (key, generation, names, their HostPriority JSON)
-SHAPES = 1024  # shape -> verdict entries per table (the shapes are shared with the views while they live);
-# full: emptied (cheaper than evicting one by one at every bind of a cluster where every node differs)
 PATCH_MAX = 64  # nodes changed since a kept answer that are recomputed in it; more: prioritize afresh
 # A fitting verdict carries no text: one shared tuple per score instead of one per node and table.
 _FITS = tuple((True, False, "", s) for s in range(MAX_SCORE + 1))
@@ -61,9 +51,6 @@ class _Table:
     fits: dict[str, str] = field(default_factory=dict)  # node -> HostPriority JSON, where the pod fits
     failed: dict[str, str] = field(default_factory=dict)  # node -> reason, where it does not fit now
     unresolvable: dict[str, str] = field(default_factory=dict)  # node -> reason, where it never can
-    # NodeView.shape_hash -> (shape, verdict): keyed by the hash the view computed once, so a look-up (a
-    # refresh in every table after each bind) does not hash the shape again; the shape itself is compared
-    shapes: dict[int, tuple[Shape, Verdict]] = field(default_factory=dict)
 
     def drop(self, name: str) -> None:
         self.fits.pop(name, None)
@@ -71,7 +58,7 @@ class _Table:
         self.unresolvable.pop(name, None)
 
     def clear(self) -> None:
-        for d in (self.verdicts, self.fits, self.failed, self.unresolvable, self.shapes):
+        for d in (self.verdicts, self.fits, self.failed, self.unresolvable):
             d.clear()
 
     def split(self, names: list[str]) -> Split:
@@ -247,27 +234,13 @@ class FitMemo:
         return table
 
     def _fill(self, table: _Table, key: Key, name: str) -> Verdict | None:
-        """A node's first verdict in `table` (the cold memo's path: one per node and key, so kept lean)."""
         view = self.state.view_unlocked(name)
         if view is None:
             return None  # not memoised: the node may appear any time
-        v = table.verdicts.get(name)
-        if v is not None:  # a name repeated in one request
-            return v
         if self._entries >= MAX_ENTRIES:
             self._evict(table)
-        self._entries += 1
-        e = table.shapes.get(view.shape_hash)
-        v = e[1] if e is not None and e[0] == view.shape else self._judge(table, key, view)
-        if v[0]:
-            fragments = self._host_json.get(name)
-            if fragments is None:  # kept per node (not per table) until the node goes
-                fragments = self._host_json[name] = tuple(host_priority_json(name, s) for s in range(MAX_SCORE + 1))
-            table.fits[name] = fragments[v[3]]
-        else:
-            (table.unresolvable if v[1] else table.failed)[name] = v[2]
-        table.verdicts[name] = v
-        return v
+        self._entries += name not in table.verdicts
+        return self._set(table, key, name, view)
 
     def limit_need(self, key: Key, view: NodeView) -> LimitNeed | None:
         """The limit cap's side of decisions for a pod of `key` on this node (None: the cap is off)."""
@@ -276,22 +249,10 @@ class FitMemo:
         sig = key[2] if len(key) == 3 else ()
         return LimitNeed(limit_total(sig, view.unit_mib) if sig else key[0] * view.unit_mib, self.limit_ratio)
 
-    def _judge(self, table: _Table, key: Key, view: NodeView) -> Verdict:
-        """decisions.verdict for a shape not judged yet in `table`, kept for every node of that shape."""
+    def _set(self, table: _Table, key: Key, name: str, view: NodeView) -> Verdict:
         v = decisions.verdict(view, key[0] * view.unit_mib, key[1], self.limit_need(key, view))
         if v[0]:
             v = _FITS[v[3]]
-        shapes = table.shapes
-        if len(shapes) >= SHAPES:
-            shapes.clear()
-        shapes[view.shape_hash] = (view.shape, v)
-        return v
-
-    def _set(self, table: _Table, key: Key, name: str, view: NodeView) -> Verdict:
-        """The node's verdict in `table` after its view changed (or first set)."""
-        e = table.shapes.get(view.shape_hash)
-        v = e[1] if e is not None and e[0] == view.shape else self._judge(table, key, view)
-        if v[0]:
             fragments = self._host_json.get(name)
             if fragments is None:  # kept per node (not per table) until the node goes
                 fragments = self._host_json[name] = tuple(host_priority_json(name, s) for s in range(MAX_SCORE + 1))

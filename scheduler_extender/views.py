@@ -7,8 +7,6 @@ and the healthy GPUs sorted by free MiB (binpack's bisect). It is rebuilt when a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import chain
-from operator import itemgetter
 from typing import NamedTuple
 
 
@@ -30,12 +28,6 @@ class GpuView(NamedTuple):
 
 
 GpuRow = tuple[str, int, str, int, bool, int, int]  # a GpuView's fields as a plain tuple
-# What decisions.verdict reads of a node, as one hashable tuple of atoms (NodeView.shape): the unit, the
-# unplaced MiB, the error, the limit sums' column, then per GPU in `rows` order (index, mem, healthy, used,
-# free). Not the node's name, nor a GPU's UUID or model: verdicts never read them (their texts name GPUs by
-# index), so two nodes of one shape get one verdict (fitmemo.py shares it).
-Shape = tuple[object, ...]
-_SHAPE_FIELDS = itemgetter(1, 3, 4, 5, 6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +53,6 @@ class NodeView:
     # Elastic memory: per GPU (in `rows` order) what its pods' limits add above their used MiB, so a GPU's
     # limit sum is used_mib + over[i] (decisions.limit_sum). None: no elastic pod here (limit sum = used).
     over: tuple[int, ...] | None = None
-    shape: Shape = ()  # what a verdict reads (Shape above); set by of_rows
-    shape_hash: int = 0  # hash(shape), computed once per view: the memo's shape caches are keyed by it
 
     @classmethod
     def of(cls, name: str, unit_mib: int, gpus: tuple[GpuView, ...], unplaced_mib: int = 0,
@@ -76,12 +66,11 @@ class NodeView:
         healthy = [r for r in rows if r[4]]
         by_free = tuple(sorted(healthy, key=lambda r: (r[6], r[1])))
         most_free = min(healthy, key=lambda r: (-r[6], r[1])) if healthy else None
-        shape = (unit_mib, unplaced_mib, error, over, *chain.from_iterable(map(_SHAPE_FIELDS, rows)))
         return cls(name, unit_mib, rows, unplaced_mib, error,
                    max((r[6] for r in healthy), default=0),
                    max((r[3] for r in healthy), default=0),
                    sum(max(r[6], 0) for r in healthy), by_free,
-                   tuple(r[6] for r in by_free), most_free, over, shape, hash(shape))
+                   tuple(r[6] for r in by_free), most_free, over)
 
     @property
     def gpus(self) -> tuple[GpuView, ...]:

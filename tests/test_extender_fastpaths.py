@@ -9,10 +9,9 @@ import json
 import random
 import socket
 from collections.abc import Iterator
-from fractions import Fraction
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from test_extender_support import Cluster, node_obj, plain_node, pod_obj, running_cluster
 
@@ -415,51 +414,3 @@ def test_slow_path_keeps_its_answer_for_prioritize_and_still_checks_what_it_does
         assert code == 400 and "NodeNames[10]" in out["Error"], bad[-1]
     code, out = verbs.filter({"Pod": pod, "NodeNames": names + ["not-a-node"]})
     assert code == 200 and out["FailedNodes"]["not-a-node"].startswith("node is not (yet) known")
-
-
-_SHAPED_SIZES = ((8000, 8000), (8000, 16000), (16000, 8000), (8000, 8000, 8000))
-
-
-@settings(max_examples=150, deadline=None)
-@given(st.sampled_from((None, Fraction(1), Fraction(3, 2))), st.lists(st.sampled_from(_SHAPED_SIZES), min_size=1,
-       max_size=6), st.lists(st.tuples(st.integers(0, 5), st.integers(0, 99), st.integers(0, 3)), max_size=40))
-def test_verdicts_shared_by_node_shape_are_each_nodes_own(ratio: Fraction | None, sizes: list[tuple[int, ...]],
-                                                           ops: list[tuple[int, int, int]]) -> None:
-    """The memo shares a verdict among nodes of one shape (views.Shape): after any binds, releases, elastic
-    charges, unplaced pods and inventory changes on nodes that start alike, every node's memoised verdict is
-    decisions.verdict on its own view, with and without the limit cap."""
-    state = ClusterState()
-    nodes = [f"n{i}" for i in range(len(sizes))]
-    for name, gpus in zip(nodes, sizes, strict=True):
-        state.upsert_node(node_obj(name, list(gpus)))
-    memo = FitMemo(state, ratio)
-    keys = [(d, p) for d in (1, 2000, 7000, 8000, 9000) for p in ("binpack", "spread")]
-    holds: list[str] = []
-
-    def check() -> None:
-        for key in keys:
-            for name, got in zip(nodes, memo.verdicts(nodes, key), strict=True):
-                view = state.view(name)
-                want = None if view is None else decisions.verdict(view, key[0] * view.unit_mib, key[1],
-                                                                   memo.limit_need(key, view))
-                assert got == want, (name, key, view)
-
-    check()
-    for step, (n, r, kind) in enumerate(ops):
-        node = nodes[n % len(nodes)]
-        gpus = sizes[n % len(sizes)]
-        if kind <= 1 or not holds:  # a bind (kind 1: an elastic pod, its limit above its request)
-            holds.append(f"h{step}")
-            state.hold(holds[-1], Charge(f"GPU-{node}-{r % len(gpus)}", node, (r % 4 + 1) * 2000, 0, None,
-                                         (r % 3) * 2000 if kind == 1 else 0))
-        elif kind == 2:
-            state.release(holds.pop(r % len(holds)), None)
-        elif r % 2 == 0:  # a pod bound without the extender: unplaced memory
-            pod = pod_obj(f"p{step}", {"main": (1000, 6000, 9000)[r % 3]}, node=node)
-            pod["metadata"].update(uid=f"p{step}", resourceVersion=str(step + 1))
-            state.upsert_node(node_obj(node, list(gpus)))
-            state.upsert_pod(pod)
-        else:  # the inventory changes: a GPU turns unhealthy, or the unit changes
-            state.upsert_node(node_obj(node, list(gpus), unit=1 + r // 2 % 2,
-                                       healthy=[i != r // 4 % (len(gpus) + 1) for i in range(len(gpus))]))
-        check()
