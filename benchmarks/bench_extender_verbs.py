@@ -1,7 +1,7 @@
 """Filter + prioritize of the memslice extender alone, in one process: CPU time per pod.
 
     .venv/bin/python benchmarks/bench_extender_verbs.py [--nodes 5000] [--fill 0.9] [--names 500]
-        [--warmup 1000] [--pods 200] [--max-limit-ratio R] [--elastic 0.3] [--json]
+        [--warmup 1000] [--pods 200] [--cold] [--max-limit-ratio R] [--elastic 0.3] [--json]
 
 No HTTP, no bind writes, no watch: `Verbs.filter` and `Verbs.prioritize` on a `ClusterState` of N nodes ×
 8 GPUs of 80 GiB, filled at random to `--fill` by charges (1–40 GiB, as bench_extender.py), each request
@@ -47,6 +47,9 @@ def main() -> int:
                    help="instead: one pod's filter + prioritize (JSON both ways) in a warm loop, best of 15 × 20: "
                         "the data structures' cost without the cache misses and scheduling noise of a shared "
                         "machine (alternate old and new with it)")
+    p.add_argument("--cold", action="store_true",
+                   help="measure the first --pods pods on a fresh memo (no warmup; the views are built first, as "
+                        "the extender's sync builds them, so the figure is the memo's cold cost)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     sys.path.insert(0, str(ROOT / "tests"))
@@ -78,6 +81,10 @@ def main() -> int:
             state.hold(f"fill-{i}", Charge(f"GPU-{names[n]}-{g}", names[n], mib, 0, None, *over))
             i += 1
     k = min(args.names, args.nodes) or args.nodes
+    if args.cold:
+        args.warmup = 0
+    with state.current():  # every view built now, not inside the first pod's filter
+        pass
     if args.hot:
         return hot_loop(verbs, names, k, rng, args)
     bodies = []
