@@ -295,6 +295,18 @@ def test_kept_filter_answers_are_bounded_and_replayed_only_while_valid(monkeypat
     assert "uid-1" not in verbs.memo._replays  # taken by its prioritize
 
 
+def count_recomputes_and_checks(monkeypatch: pytest.MonkeyPatch, verbs: Verbs) -> tuple[list[int], list[int]]:
+    """Record, without changing what they do, how many names the memo recomputes prioritize's answer for
+    (one entry per host_json call) and how many times request names are checked one by one."""
+    asked: list[int] = []
+    host_json = verbs.memo.host_json
+    monkeypatch.setattr(verbs.memo, "host_json", lambda n, k: asked.append(len(n)) or host_json(n, k))
+    checked: list[int] = []
+    check_names = wire.check_names
+    monkeypatch.setattr(wire, "check_names", lambda a: checked.append(1) or check_names(a))
+    return asked, checked
+
+
 def test_kept_answer_is_patched_for_the_nodes_that_changed(monkeypatch: pytest.MonkeyPatch) -> None:
     """A bind between filter and prioritize changes a node among the names: prioritize still answers from the
     kept answer, with that node's HostPriority recomputed alone, byte for byte what a fresh one is; the names
@@ -311,12 +323,7 @@ def test_kept_answer_is_patched_for_the_nodes_that_changed(monkeypatch: pytest.M
     pod["metadata"]["uid"] = "uid-p"
     assert verbs.filter({"Pod": pod, "NodeNames": names})[1]["NodeNames"] == names
     state.hold("other", Charge("GPU-n3-0", "n3", 15000, 0, None))  # n3 changes: binpack likes it now
-    asked: list[int] = []
-    host_json = verbs.memo.host_json
-    monkeypatch.setattr(verbs.memo, "host_json", lambda n, k: asked.append(len(n)) or host_json(n, k))
-    checked: list[int] = []
-    check_names = wire.check_names
-    monkeypatch.setattr(wire, "check_names", lambda a: checked.append(1) or check_names(a))
+    asked, checked = count_recomputes_and_checks(monkeypatch, verbs)
     code, answer = verbs.prioritize({"Pod": pod, "NodeNames": names})
     assert asked == [1] and checked == []  # one node recomputed, no name checked
     fresh = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]
@@ -399,12 +406,7 @@ def test_slow_path_keeps_its_answer_for_prioritize_and_still_checks_what_it_does
     pod["metadata"]["uid"] = "uid-p"
     answer = verbs.filter({"Pod": pod, "NodeNames": names})[1]
     assert answer["NodeNames"] == names[1:] and list(answer["FailedNodes"]) == ["n0"]
-    asked: list[int] = []
-    host_json = verbs.memo.host_json
-    monkeypatch.setattr(verbs.memo, "host_json", lambda n, k: asked.append(len(n)) or host_json(n, k))
-    checked: list[int] = []
-    check_names = wire.check_names
-    monkeypatch.setattr(wire, "check_names", lambda a: checked.append(1) or check_names(a))
+    asked, checked = count_recomputes_and_checks(monkeypatch, verbs)
     code, scores = verbs.prioritize({"Pod": pod, "NodeNames": names[1:]})
     assert asked == [] and checked == []
     fresh = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]
