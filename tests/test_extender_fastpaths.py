@@ -127,19 +127,24 @@ def test_prioritize_after_filter_answers_what_a_fresh_prioritize_answers() -> No
         assert verbs.prioritize(args) == fresh.prioritize(args), step
 
 
+def synced_cluster(n: int, gpus_mib: list[int]) -> tuple[ClusterState, Verbs, list[str]]:
+    """A synced state of n alike nodes n0.. (one GPU of each size in `gpus_mib`), its verbs (no binds) and
+    the nodes' names."""
+    state = ClusterState()
+    for i in range(n):
+        state.upsert_node(node_obj(f"n{i}", gpus_mib))
+    state.nodes_synced.set()
+    state.pods_synced.set()
+    return state, Verbs(state, None, "binpack", Metrics(state)), [f"n{i}" for i in range(n)]  # type: ignore[arg-type]
+
+
 def test_the_memo_holds_a_bounded_number_of_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
     """The memo is bounded in verdicts held (hostile requests of 100,000 names and ever new pod sizes
     cannot pin memory): the least recently used pod size goes first; answers stay those of decisions.py."""
     from memslice.scheduler_extender import fitmemo
 
     monkeypatch.setattr(fitmemo, "MAX_ENTRIES", 30)
-    state = ClusterState()
-    for i in range(40):
-        state.upsert_node(node_obj(f"n{i}", [16000]))
-    state.nodes_synced.set()
-    state.pods_synced.set()
-    verbs = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # no binds here
-    names = [f"n{i}" for i in range(40)]
+    state, verbs, names = synced_cluster(40, [16000])
     for step, (count, mib) in enumerate(((20, 1000), (20, 2000), (5, 1000), (31, 3000), (10, 4000))):
         pod = pod_obj(f"p{step}", {"main": mib})
         code, answer = verbs.filter({"Pod": pod, "NodeNames": names[:count]})
@@ -272,13 +277,7 @@ def test_kept_filter_answers_are_bounded_and_replayed_only_while_valid(monkeypat
     from memslice.scheduler_extender import fitmemo
 
     monkeypatch.setattr(fitmemo, "REPLAY_NAMES", 30)
-    state = ClusterState()
-    for i in range(40):
-        state.upsert_node(node_obj(f"n{i}", [16000]))
-    state.nodes_synced.set()
-    state.pods_synced.set()
-    verbs = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # no binds here
-    names = [f"n{i}" for i in range(40)]
+    state, verbs, names = synced_cluster(40, [16000])
     for step, count in enumerate((20, 20, 31, 10)):
         pod = pod_obj(f"p{step}", {"main": 1000})
         pod["metadata"]["uid"] = f"uid-{step}"
@@ -311,13 +310,7 @@ def test_kept_answer_is_patched_for_the_nodes_that_changed(monkeypatch: pytest.M
     """A bind between filter and prioritize changes a node among the names: prioritize still answers from the
     kept answer, with that node's HostPriority recomputed alone, byte for byte what a fresh one is; the names
     are not checked again (they are the ones filter found among the nodes), and hostile names are."""
-    state = ClusterState()
-    for i in range(40):
-        state.upsert_node(node_obj(f"n{i}", [16000, 16000]))
-    state.nodes_synced.set()
-    state.pods_synced.set()
-    verbs = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # no binds here
-    names = [f"n{i}" for i in range(40)]
+    state, verbs, names = synced_cluster(40, [16000, 16000])
     verbs.filter({"Pod": pod_obj("first", {"main": 1000}), "NodeNames": names})  # fills the memo
     pod = pod_obj("p", {"main": 1000})
     pod["metadata"]["uid"] = "uid-p"
@@ -393,14 +386,8 @@ def test_slow_path_keeps_its_answer_for_prioritize_and_still_checks_what_it_does
     """Filter with a node that fails (the slow path) keeps the passing nodes' answer for the prioritize that
     follows, as the fast path does: prioritize of those names computes nothing afresh and checks no name. A
     name the memo does not know (garbage included) is still checked: 400, never a crash."""
-    state = ClusterState()
-    for i in range(10):
-        state.upsert_node(node_obj(f"n{i}", [16000]))
-    state.nodes_synced.set()
-    state.pods_synced.set()
+    state, verbs, names = synced_cluster(10, [16000])
     state.hold("full", Charge("GPU-n0-0", "n0", 16000, 0, None))
-    verbs = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # no binds here
-    names = [f"n{i}" for i in range(10)]
     verbs.filter({"Pod": pod_obj("first", {"main": 1000}), "NodeNames": names})  # fills the memo
     pod = pod_obj("p", {"main": 1000})
     pod["metadata"]["uid"] = "uid-p"
