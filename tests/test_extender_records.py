@@ -68,8 +68,8 @@ def test_watched_pods_leave_the_garbage_collector_nothing_to_scan() -> None:
 
 
 def test_node_views_and_their_memo_cost_the_collector_one_object_per_node() -> None:
-    """1,000 nodes of 8 GPUs, each charged (its view rebuilt) and filtered (memoised verdicts and JSON):
-    at most one object per node for the cyclic collector's full collections to scan (main: 22)."""
+    """Nodes of 8 GPUs, each charged (its view rebuilt) and filtered (memoised verdicts and JSON): about
+    one object per node for the cyclic collector's full collections to scan (main: 22)."""
     from memslice.scheduler_extender.metrics import Metrics
     from memslice.scheduler_extender.verbs import Verbs
 
@@ -94,8 +94,11 @@ def test_node_views_and_their_memo_cost_the_collector_one_object_per_node() -> N
 
         return build
 
-    cluster(20)()  # first use: what any code path creates once (lazy imports, caches) is not per node
-    assert tracked_after(cluster(1000)) <= 1000 + 100
+    # The slope between two sizes: what code elsewhere in the process creates meanwhile (lazy imports,
+    # caches, other tests' threads) is the same in both and cancels out; per node, main made 22 objects.
+    cluster(20)()
+    small, large = tracked_after(cluster(1000)), tracked_after(cluster(3000))
+    assert (large - small) / 2000 <= 1.25, (small, large)
 
 
 @given(app=st.dictionaries(st.sampled_from(["a", "b", "c"]), st.integers(0, 5000), max_size=3),
