@@ -412,7 +412,7 @@ class Bench:
         self.ext = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
         if os.environ.get("BENCH_PYSPY"):  # until the extender exits; each start overwrites the file
             self.spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--nonblocking",
-                                         "-r", "250", "-f", "raw", "-g", "-o", os.environ["BENCH_PYSPY"],
+                                         "-r", os.environ.get("BENCH_PYSPY_RATE", "250"), "-f", "raw", "-g", "-o", os.environ["BENCH_PYSPY"],
                                          "--pid", str(self.ext.pid)],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         assert self.ext.stdout is not None

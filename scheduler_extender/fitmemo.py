@@ -3,27 +3,34 @@ and, for the nodes where such a pod fits, its HostPriority JSON as prioritize an
 
 kube-scheduler asks about the same nodes and pod sizes over and over, and a node's verdict changes only
 when its view does (a charge, an inventory change): so a verdict is computed once per view and kept, and
-refreshed for every table the moment the node's view is rebuilt (ClusterState.on_view_change). Filter's
-usual case is then one C-speed pass over the "fits" table (every name found: all pass, and the joined JSON
-is prioritize's answer); otherwise one pass over the verdicts (the failing nodes' reasons are memoised too,
-so a full cluster costs what an empty one does).
+refreshed for every table the moment the node's view is rebuilt (ClusterState.on_view_change).
+
+Layout (why: measured, benchmarks/README.md "Node indexes"): each node the memo has seen gets a small
+integer id, and a table (one per pod size and policy) is a set of arrays indexed by it: a byte per node for
+the verdict's kind (none yet / fits / fails now / never fits) and its score, and lists of the HostPriority
+JSON and the reasons. A filter then costs one dict lookup per name (name -> id, in one dict shared by all
+pod sizes, so it stays in the CPU caches), and the rest are C-speed passes over arrays: `bytes(map(...))`
+reads every name's kind in one go and `bytes.translate` + `compress` split the names by it. Keyed by name in
+one dict per table instead, each name cost a lookup per table touched, and at 13 pod sizes the tables' keys
+and values no longer fit the caches: 460 ns per name instead of ~100 in the extender serving a cluster.
 
 With the limit cap (`--max-limit-ratio`) a verdict also depends on the pod's limit: the key then carries
 what that limit is made of (a third part, resources.PodRequest.limit_sig; () for a pod without limit
 annotations, whose limit is its request), and a GPU's limit sum is part of its node's view, so a change of it
 rebuilds the view and refreshes the verdicts like any charge. Without the cap keys stay (devices, policy).
 
-Bounded: at most MAX_ENTRIES verdicts in all tables; the least recently used table goes first.
+Bounded: at most MAX_ENTRIES verdicts and MAX_TABLES tables (each ~18 bytes per node id); the least recently
+used table goes first. A node that goes frees its id for the next new node (every table's cell emptied).
 Thread-safety: every method takes the state's lock (the memo is refreshed under it).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
-from itertools import compress, repeat
-from operator import is_
+from itertools import chain, compress, repeat
+from operator import is_, itemgetter
 from typing import Any
 
 from memslice.scheduler_extender import decisions
@@ -34,50 +41,73 @@ from memslice.scheduler_extender.state import ClusterState
 from memslice.scheduler_extender.views import NodeView
 from memslice.scheduler_extender.wire import host_priority_json
 
-MAX_ENTRIES = 400_000  # verdicts kept in all tables (~100 B each): 80 tables of 5,000 nodes, 20 of 20,000
+MAX_ENTRIES = 400_000  # verdicts kept in all tables: 80 tables of 5,000 nodes, 20 of 20,000
+MAX_TABLES = 128  # pod sizes × policies (× limits) kept at once: 2.3 MB at 1,000 nodes, 11.5 MB at 5,000
 # (devices, policy), and with the limit cap on the pod's limit signature (() for a pod without limits)
 Key = tuple[int, str] | tuple[int, str, LimitSig]
 REPLAYS = 64  # filter answers kept for the prioritize that follows (one per pod in flight)
 REPLAY_NAMES = 200_000  # node names those may hold in all (bounds what hostile requests can pin)
-Replay = tuple[Key, int, list[str], list[str]]  # (key, generation, names, their HostPriority JSON)
-PATCH_MAX = 64  # nodes changed since a kept answer that are recomputed in it; more: prioritize afresh
-# A fitting verdict carries no text: one shared tuple per score instead of one per node and table.
-_FITS = tuple((True, False, "", s) for s in range(MAX_SCORE + 1))
+Replay = tuple[Key, int, list[str], list[int]]  # (key, id epoch, names, their node ids)
+
+# What decisions.verdict reads of a node: the unit, the unplaced MiB, the error, the limit sums' column, then
+# per GPU in `rows` order its index, MiB, health and used MiB. Not the node's name, nor a GPU's UUID or model:
+# verdicts never read them (their texts name GPUs by index), so nodes of one shape share one verdict. Why:
+# the first filters of each pod size compute a verdict per node; in an empty or regular cluster most nodes
+# look alike, and one verdict per shape (a dict lookup) is a fraction of computing it (benchmarks/README.md,
+# "Node indexes"). Only the first fill shares; a view change recomputes the node's verdicts directly.
+Shape = tuple[object, ...]
+_SHAPE_FIELDS = itemgetter(1, 3, 4, 5)
+SHARED_MAX = 4096  # shapes' verdicts kept per table (emptied when full)
+
+# A cell's kind: no verdict yet, fits, fails now, never fits (unresolvable)
+NONE, FITS, FAILS, NEVER = 0, 1, 2, 3
+_PASS = bytes(int(k == FITS) for k in range(256))  # bytes.translate tables: kinds -> 0/1 masks for compress
+_FAIL = bytes(int(k == FAILS) for k in range(256))
+_NEVER = bytes(int(k == NEVER) for k in range(256))
+_NO_FRAGMENTS: tuple[str | None, ...] = (None,) * (MAX_SCORE + 1)
+_FITS = tuple((True, False, "", s) for s in range(MAX_SCORE + 1))  # a fitting verdict, per score
 
 
-@dataclass(slots=True)
 class _Table:
-    verdicts: dict[str, Verdict] = field(default_factory=dict)
-    fits: dict[str, str] = field(default_factory=dict)  # node -> HostPriority JSON, where the pod fits
-    failed: dict[str, str] = field(default_factory=dict)  # node -> reason, where it does not fit now
-    unresolvable: dict[str, str] = field(default_factory=dict)  # node -> reason, where it never can
+    """One pod size and policy: per node id its verdict, as arrays (see the module's docstring)."""
 
-    def drop(self, name: str) -> None:
-        self.fits.pop(name, None)
-        self.failed.pop(name, None)
-        self.unresolvable.pop(name, None)
+    __slots__ = ("kinds", "scores", "jsons", "reasons", "filled", "fitting", "shared")
 
-    def clear(self) -> None:
-        for d in (self.verdicts, self.fits, self.failed, self.unresolvable):
-            d.clear()
+    def __init__(self, capacity: int) -> None:
+        self.clear(capacity)
 
-    def split(self, names: list[str]) -> Split:
-        """`names` split by their verdicts, each part in the order of `names`, in C-speed comprehensions;
-        with the passing nodes' HostPriority JSON (what prioritize will answer for them)."""
-        failed, unresolvable = self.failed, self.unresolvable
-        items = list(map(self.fits.get, names))  # JSON fragments are non-empty strings: true where it fits
-        passed = list(compress(names, items))
-        jsons: list[str] = list(filter(None, items))
-        if len(passed) == len(names):
-            return Split(passed, {}, {}, [], jsons)
-        rest = list(compress(names, map(is_, items, repeat(None)))) if passed else names
-        reasons: list[Any] = list(map(failed.get, rest))  # str, or None where not failing now
-        if not _has_none(reasons):  # every other node fails now (the usual case): no pass for unresolvable
-            return Split(passed, dict(zip(rest, reasons, strict=True)), {}, [], jsons)
-        out_failed = {n: r for n, r in zip(rest, reasons, strict=True) if r is not None}
-        if not unresolvable:
-            return Split(passed, out_failed, {}, [], jsons)
-        return Split(passed, out_failed, {n: r for n in rest if (r := unresolvable.get(n)) is not None}, [], jsons)
+    def clear(self, capacity: int) -> None:
+        self.kinds = bytearray(capacity)  # NONE / FITS / FAILS / NEVER
+        self.scores = bytearray(capacity)  # prioritize's score (MIN_SCORE where the pod does not fit)
+        self.jsons: list[str | None] = [None] * capacity  # the HostPriority JSON, where FITS
+        self.reasons: list[str | None] = [None] * capacity  # where FAILS or NEVER
+        self.shared: dict[Shape, Verdict] = {}  # verdicts of node shapes met by _fill (at most SHARED_MAX)
+        self.filled = 0  # cells with a verdict
+        self.fitting = 0  # cells that FIT (fewer than a request's names: the pod cannot fit on them all)
+
+    def grow(self, capacity: int) -> None:
+        more = capacity - len(self.kinds)
+        if more > 0:
+            self.kinds.extend(bytes(more))
+            self.scores.extend(bytes(more))
+            self.jsons.extend(repeat(None, more))
+            self.reasons.extend(repeat(None, more))
+
+    def empty(self, i: int) -> None:
+        kind = self.kinds[i]
+        if kind != NONE:
+            self.filled -= 1
+            self.fitting -= kind == FITS
+            self.kinds[i] = self.scores[i] = NONE
+            self.jsons[i] = self.reasons[i] = None
+
+    def verdict(self, i: int) -> Verdict | None:
+        kind = self.kinds[i]
+        if kind == NONE:
+            return None
+        if kind == FITS:
+            return _FITS[self.scores[i]]
+        return False, kind == NEVER, self.reasons[i] or "", MIN_SCORE
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,20 +119,16 @@ class Split:
     failed: dict[str, str]
     unresolvable: dict[str, str]
     unknown: list[str]
-    passed_json: list[str] | None = None  # the passed nodes' HostPriority JSON, when the tables gave it
+
+    @property
+    def all_passed(self) -> bool:
+        return not (self.failed or self.unresolvable or self.unknown)
 
 
 def _has_none(items: list[Any]) -> bool:
-    """`None in items`, by identity: `in` compares each item with == (a failed str == None costs more than
-    the dict lookup that produced it)."""
+    """`None in items`, by identity: `in` compares each item with == (a str == None costs more than the
+    dict lookup that produced it)."""
     return any(map(is_, items, repeat(None)))
-
-
-def _split(names: list[str], verdicts: list[Verdict | None]) -> Split:
-    pairs = list(zip(names, verdicts, strict=True))
-    known = [(n, v) for n, v in pairs if v is not None]
-    return Split([n for n, v in known if v[0]], {n: v[2] for n, v in known if not v[0] and not v[1]},
-                 {n: v[2] for n, v in known if v[1]}, [n for n, v in pairs if v is None])
 
 
 class FitMemo:
@@ -111,44 +137,76 @@ class FitMemo:
         self.limit_ratio = limit_ratio  # --max-limit-ratio; None: no cap
         self._tables: OrderedDict[Key, _Table] = OrderedDict()
         self._entries = 0
-        self._host_json: dict[str, tuple[str, ...]] = {}  # node -> its HostPriority JSON for each score
+        self._ids: dict[str, int] = {}  # node -> its id (index in every table's arrays)
+        self._names: list[str | None] = []  # id -> node (None: free)
+        self._free: list[int] = []  # ids of nodes gone, for the next new ones
+        self._capacity = 0  # every table's arrays hold this many ids
+        self._shapes: list[Shape | None] = []  # id -> its view's shape (None: not made since it changed)
+        self._unpacked = 0  # ids given since the name -> id dict was last packed (_pack)
+        self._epoch = 0  # bumped when an id is freed: a kept (names -> ids) mapping is then stale
+        self._host_json: list[tuple[str | None, ...] | None] = []  # id -> its HostPriority JSON per score
         self._replays: OrderedDict[str, Replay] = OrderedDict()  # pod UID -> its filter's answer, oldest first
         self._replay_names = 0  # names they hold
         state.on_view_change(self._refresh)
 
-    # ------------------------------------------------------------------ the two paths
+    # ------------------------------------------------------------------ the two verbs
+    def split(self, names: list[Any], key: Key, uid: str = "") -> Split:
+        """Filter: the names split by verdict, computed for the nodes not memoised yet, each part in the
+        order of `names`. When every name is a node, the names and their ids are kept for the prioritize
+        that follows for pod `uid` (see replay()). `names` may be unchecked request values: a name found
+        among the ids is a node's name (valid by construction); an unhashable value raises TypeError, and any
+        other value that is not a node's name comes back in `unknown`."""
+        with self.state.current():
+            out = self._split(names, key, uid)
+            self._trim(key)
+            return out
+
+    def _split(self, names: list[Any], key: Key, uid: str) -> Split:
+        table = self._table(key)
+        ids: list[Any] = list(map(self._ids.get, names))
+        if _has_none(ids):
+            ids = self._assign(names, ids)
+            if _has_none(ids):  # not nodes (or no memslice GPUs): from the slow path
+                return self._split_with_unknown(table, key, names, ids)
+        kinds = self._kinds(table, key, ids)
+        if NONE in kinds:  # a node went while its verdict was computed
+            return self._split_with_unknown(table, key, names, ids)
+        if not table.fitting:
+            return self._reasons(table, names, ids, kinds, [])
+        mask = kinds.translate(_PASS)
+        passed = list(compress(names, mask))
+        all_passed = len(passed) == len(names)
+        if uid and passed and len(passed) <= REPLAY_NAMES:
+            self._keep_replay(uid, (key, self._epoch, passed, ids if all_passed else list(compress(ids, mask))))
+        return Split(names, {}, {}, []) if all_passed else self._reasons(table, names, ids, kinds, passed)
+
     def all_fit(self, names: list[Any], key: Key, uid: str = "") -> bool:
-        """Filter's fast path: does the pod fit on every one of `names`, all memoised (the usual case)?
-        False also when some are not memoised yet (then ask split()). When it does, the answer of the
-        prioritize that follows for pod `uid` is kept (see replay()). `names` may be unchecked request
-        values: a name found in the table is a node's name (valid by construction); anything else, an
-        unhashable value included, answers False."""
-        with self.state.current() as generation:
-            fits = self._table(key).fits
-            # fewer fitting nodes than names: some name cannot be among them (a full cluster's usual case)
-            if len(fits) < len(names):
-                return False
-            try:
-                items = list(map(fits.get, names))
-            except TypeError:  # a list or object among the names: not a node's name
-                return False
-            if _has_none(items):
-                return False
-            if uid and len(names) <= REPLAY_NAMES:
-                self._keep_replay(uid, (key, generation, names, items))  # type: ignore[arg-type]
-            return True
+        """Does the pod fit on every one of `names`? (split(), answered yes or no.)"""
+        try:
+            return self.split(names, key, uid).all_passed
+        except TypeError:  # a list or object among the names: not a node's name
+            return False
 
     def prioritize(self, names: list[str], key: Key, uid: str = "") -> bytes:
-        """Prioritize's answer (HostPriorityList JSON): replay() when it has one, else host_json()."""
+        """Prioritize's answer (HostPriorityList JSON): replay() when it has one, else from the names' ids."""
         answer = self.replay(names, key, uid)
-        return answer if answer is not None else ("[" + ",".join(self.host_json(names, key)) + "]").encode()
+        if answer is not None:
+            return answer
+        with self.state.current():
+            ids: list[Any] = self._assign(names, list(map(self._ids.get, names)))
+            if _has_none(ids):  # not all nodes: host_json() names the others with score 0
+                answer = ("[" + ",".join(self.host_json(names, key)) + "]").encode()
+            else:
+                answer = self._priority_list(self._table(key), key, ids)
+            self._trim(key)
+            return answer
 
     def replay(self, names: list[Any], key: Key, uid: str) -> bytes | None:
-        """Prioritize's answer from the one kept when filter's fast path passed these very names for pod
-        `uid` (same size and policy), with the HostPriority of each node whose view changed since (a bind in
-        flight, at most PATCH_MAX of them) recomputed: byte for byte what a fresh answer is (a property test
-        checks this with binds in between). None when there is no such answer. `names` may be unchecked: they
-        are compared with the kept names, which filter found among the nodes."""
+        """Prioritize's answer for the very names filter split for pod `uid` (same size and policy), from the
+        ids it found them at: no name looked up again. The tables are current (refreshed at every view
+        change), so this is byte for byte a fresh answer (a property test checks it with binds in between).
+        None when filter kept no such answer, or a node went since (its id may be another node's now).
+        `names` may be unchecked: they are compared with the kept names, which filter found among the nodes."""
         if not uid:
             return None
         with self.state.current():
@@ -156,91 +214,36 @@ class FitMemo:
             if replay is None:
                 return None
             self._replay_names -= len(replay[2])
-            if replay[0] != key or replay[2] != names:
+            if replay[0] != key or replay[1] != self._epoch or replay[2] != names:
                 return None
-            changed = self.state.changed_since(replay[1])
-            if changed is None or len(changed) > PATCH_MAX:
-                return None
-            kept, items = replay[2], replay[3]
-            for name in changed.intersection(kept):  # the kept names' hashes are cached: a cheap pass
-                fresh = self.host_json([name], key)[0]
-                i = kept.index(name)
-                while True:  # every occurrence (a request may repeat a name)
-                    items[i] = fresh
-                    try:
-                        i = kept.index(name, i + 1)
-                    except ValueError:
-                        break
-            return ("[" + ",".join(items) + "]").encode()
-
-    def _keep_replay(self, uid: str, replay: Replay) -> None:
-        old = self._replays.pop(uid, None)
-        self._replay_names += len(replay[2]) - (len(old[2]) if old is not None else 0)
-        self._replays[uid] = replay
-        while len(self._replays) > REPLAYS or self._replay_names > REPLAY_NAMES:
-            self._replay_names -= len(self._replays.popitem(last=False)[1][2])
-
-    def split(self, names: list[Any], key: Key, uid: str = "") -> Split:
-        """The slow path: the names split by verdict, computed for the nodes not memoised yet. When every
-        name is memoised, the answer of the prioritize that follows for pod `uid` (the passed names) is kept,
-        as all_fit() keeps it. `names` may be unchecked values: an unhashable one raises TypeError, and any
-        that is not a node's name comes back in `unknown`."""
-        with self.state.current() as generation:
-            table = self._table(key)
-            out = table.split(names)
-            if len(out.passed) + len(out.failed) + len(out.unresolvable) == len(names):
-                if uid and out.passed and len(out.passed) <= REPLAY_NAMES and out.passed_json is not None:
-                    self._keep_replay(uid, (key, generation, out.passed, out.passed_json))
-                return out
-            # new nodes (or repeated names, or more than the memo holds): from the verdicts themselves
-            return _split(names, self._verdicts(table, names, key))
+            out = self._priority_list(self._table(key), key, replay[3])
+            self._trim(key)
+            return out
 
     def verdicts(self, names: list[str], key: Key) -> list[Verdict | None]:
-        """The slow path: every name's verdict (None: no view, the node is unknown or not a memslice node),
-        computed for the nodes not memoised yet."""
+        """Every name's verdict (None: no view, the node is unknown or not a memslice node), computed for the
+        nodes not memoised yet."""
         with self.state.current():
-            return self._verdicts(self._table(key), names, key)
+            table = self._table(key)
+            ids = self._assign(names, list(map(self._ids.get, names)))
+            self._kinds(table, key, [i for i in ids if i is not None])
+            out = [None if i is None else table.verdict(i) for i in ids]
+            self._trim(key)
+            return out
 
     def host_json(self, names: list[str], key: Key) -> list[str]:
         """Prioritize: each name's HostPriority JSON (score 0 where the pod does not fit)."""
         with self.state.current():
             table = self._table(key)
-            items = list(map(table.fits.get, names))
-            if not _has_none(items):
-                return items  # type: ignore[return-value]
-            verdicts = self._verdicts(table, names, key)
-            return [self._json_of(n, v) for n, v in zip(names, verdicts, strict=True)]
-
-    # ------------------------------------------------------------------ upkeep
-    def _verdicts(self, table: _Table, names: list[str], key: Key) -> list[Verdict | None]:
-        found = list(map(table.verdicts.get, names))
-        if _has_none(found):
-            for i, name in enumerate(names):
-                if found[i] is None:
-                    found[i] = self._fill(table, key, name)
-        return found
-
-    def _json_of(self, name: str, verdict: Verdict | None) -> str:
-        fragments = self._host_json.get(name)
-        value = verdict[3] if verdict is not None else MIN_SCORE
-        return fragments[value] if fragments is not None else host_priority_json(name, value)
-
-    def _table(self, key: Key) -> _Table:
-        table = self._tables.get(key)
-        if table is None:
-            table = self._tables[key] = _Table()
-        else:
-            self._tables.move_to_end(key)
-        return table
-
-    def _fill(self, table: _Table, key: Key, name: str) -> Verdict | None:
-        view = self.state.view_unlocked(name)
-        if view is None:
-            return None  # not memoised: the node may appear any time
-        if self._entries >= MAX_ENTRIES:
-            self._evict(table)
-        self._entries += name not in table.verdicts
-        return self._set(table, key, name, view)
+            ids: list[Any] = self._assign(names, list(map(self._ids.get, names)))
+            if not _has_none(ids):
+                out = self._jsons(table, key, ids)
+            else:
+                it = iter(self._jsons(table, key, [i for i in ids if i is not None]))
+                out = [next(it) if i is not None else host_priority_json(n, MIN_SCORE)
+                       for n, i in zip(names, ids, strict=True)]
+            self._trim(key)
+            return out
 
     def limit_need(self, key: Key, view: NodeView) -> LimitNeed | None:
         """The limit cap's side of decisions for a pod of `key` on this node (None: the cap is off)."""
@@ -249,45 +252,210 @@ class FitMemo:
         sig = key[2] if len(key) == 3 else ()
         return LimitNeed(limit_total(sig, view.unit_mib) if sig else key[0] * view.unit_mib, self.limit_ratio)
 
-    def _set(self, table: _Table, key: Key, name: str, view: NodeView) -> Verdict:
-        v = decisions.verdict(view, key[0] * view.unit_mib, key[1], self.limit_need(key, view))
-        if v[0]:
-            v = _FITS[v[3]]
-            fragments = self._host_json.get(name)
-            if fragments is None:  # kept per node (not per table) until the node goes
-                fragments = self._host_json[name] = tuple(host_priority_json(name, s) for s in range(MAX_SCORE + 1))
-            table.fits[name] = fragments[v[3]]
-            table.failed.pop(name, None)
-            table.unresolvable.pop(name, None)
-        else:
-            table.drop(name)
-            (table.unresolvable if v[1] else table.failed)[name] = v[2]
-        table.verdicts[name] = v
-        return v
+    def size(self) -> int:
+        with self.state.lock:
+            return self._entries
 
-    def _evict(self, keep: _Table) -> None:
-        """Drop least recently used tables (never `keep`) until there is room."""
+    # ------------------------------------------------------------------ reading the tables
+    def _kinds(self, table: _Table, key: Key, ids: list[int]) -> bytes:
+        """Each id's verdict kind, in one C-speed pass; the verdicts not memoised yet computed first."""
+        kinds = bytes(map(table.kinds.__getitem__, ids))
+        if NONE in kinds:
+            self._fill(table, key, [i for i, k in zip(ids, kinds, strict=True) if k == NONE])
+            kinds = bytes(map(table.kinds.__getitem__, ids))
+        return kinds
+
+    def _jsons(self, table: _Table, key: Key, ids: list[int]) -> list[str]:
+        """Each id's HostPriority JSON (score 0 where the pod does not fit), in one C-speed pass when every
+        id fits (joining these texts is 10× cheaper than writing the JSON afresh from names and scores)."""
+        items: list[Any] = list(map(table.jsons.__getitem__, ids))
+        if _has_none(items):
+            self._kinds(table, key, ids)
+            items = list(map(self._fragment, ids, map(table.scores.__getitem__, ids)))
+        return items
+
+    def _priority_list(self, table: _Table, key: Key, ids: list[int]) -> bytes:
+        """HostPriorityList JSON of the nodes at `ids`."""
+        return ("[" + ",".join(self._jsons(table, key, ids)) + "]").encode()
+
+    def _reasons(self, table: _Table, names: list[str], ids: list[int], kinds: bytes, passed: list[str]) -> Split:
+        """The split of names that are all nodes, some of which fail: their reasons, in C-speed passes."""
+        reasons: Any = table.reasons.__getitem__
+        mask = kinds.translate(_FAIL)
+        failed = dict(zip(compress(names, mask), map(reasons, compress(ids, mask)), strict=True))
+        never: dict[str, str] = {}
+        if NEVER in kinds:
+            mask = kinds.translate(_NEVER)
+            never = dict(zip(compress(names, mask), map(reasons, compress(ids, mask)), strict=True))
+        return Split(passed, failed, never, [])  # reasons are set where FAILS/NEVER
+
+    def _split_with_unknown(self, table: _Table, key: Key, names: list[Any], ids: list[int | None]) -> Split:
+        """split() when some names are not nodes with a view (they come back in `unknown`)."""
+        known = [i for i in ids if i is not None]
+        self._kinds(table, key, known)
+        passed: list[str] = []
+        failed: dict[str, str] = {}
+        never: dict[str, str] = {}
+        unknown: list[str] = []
+        for name, i in zip(names, ids, strict=True):
+            kind = table.kinds[i] if i is not None else NONE
+            if kind == FITS:
+                passed.append(name)
+            elif kind == NONE:
+                unknown.append(name)
+            else:
+                (never if kind == NEVER else failed)[name] = table.reasons[i] or ""  # type: ignore[index]
+        return Split(passed, failed, never, unknown)
+
+    # ------------------------------------------------------------------ upkeep
+    def _assign(self, names: list[Any], ids: list[Any]) -> list[Any]:
+        """`ids` with an id given to each name that is a node with a view and has none yet (first sight)."""
+        for pos, i in enumerate(ids):
+            if i is None and isinstance(name := names[pos], str):
+                if (i := self._ids.get(name)) is None and self.state.view_unlocked(name) is not None:
+                    i = self._new_id(name)
+                ids[pos] = i
+        return ids
+
+    def _new_id(self, name: str) -> int:
+        if self._free:
+            i = self._free.pop()
+            self._names[i] = name
+            self._host_json[i] = None
+            self._shapes[i] = None
+        else:
+            i = len(self._names)
+            self._names.append(name)
+            self._host_json.append(None)
+            self._shapes.append(None)
+            if i >= self._capacity:  # every table grows with the ids (doubling: amortised O(1) per node)
+                self._capacity = max(64, 2 * self._capacity)
+                for table in self._tables.values():
+                    table.grow(self._capacity)
+        self._ids[name] = i
+        self._unpacked += 1
+        if self._unpacked > max(64, len(self._ids) // 8):
+            self._pack()
+        return i
+
+    def _pack(self) -> None:
+        """Rebuild the name -> id dict from fresh copies of the names and ids, made one after another.
+
+        Why: filter's one dict lookup per name compares the request's name with the dict's key object and
+        takes a reference to the id object, two reads of memory wherever those were made: the names as the
+        watch delivered their nodes and the ids one by one, spread over the heap. Made in one go they sit
+        together (the allocator hands out neighbouring blocks), so a filter's lookups hit the CPU caches:
+        measured in benchmarks/README.md ("Node indexes"). O(nodes), after every eighth of them new."""
+        self._unpacked = 0
+        self._ids = {(name + ".")[:-1]: i for i, name in enumerate(self._names) if name is not None}
+
+    def _fragment(self, i: int, score: int) -> str:
+        """The node's HostPriority JSON with this score, made at first need (most nodes are only ever seen
+        with one or two scores) and kept until the node goes."""
+        fragments = self._host_json[i] or _NO_FRAGMENTS
+        text = fragments[score]
+        if text is None:  # a tuple of atoms, not a list: the cyclic collector stops scanning it
+            name = self._names[i]
+            assert name is not None  # a live id
+            text = host_priority_json(name, score)
+            self._host_json[i] = (*fragments[:score], text, *fragments[score + 1:])
+        return text
+
+    def _table(self, key: Key) -> _Table:
+        table = self._tables.get(key)
+        if table is None:
+            if len(self._tables) >= MAX_TABLES:
+                self._entries -= self._tables.popitem(last=False)[1].filled
+            table = self._tables[key] = _Table(self._capacity)
+        else:
+            self._tables.move_to_end(key)
+        return table
+
+    def _fill(self, table: _Table, key: Key, ids: list[int]) -> None:
+        """Compute and keep the verdicts of these ids (repeats allowed), evicting tables to stay bounded."""
+        if self._entries + len(ids) > MAX_ENTRIES:
+            self._evict(table, len(ids))
+        names, view_of, kinds, shared = self._names, self.state.view_unlocked, table.kinds, table.shared
+        if len(shared) > SHARED_MAX:
+            shared.clear()
+        for i in ids:
+            if kinds[i] == NONE:
+                view = view_of(names[i])  # type: ignore[arg-type]  # a live id has a name
+                if view is not None:
+                    shape = self._shape(i, view)
+                    v = shared.get(shape)
+                    if v is None:
+                        v = shared[shape] = self._verdict(key, view)
+                    self._put(table, i, v)
+
+    def _shape(self, i: int, view: NodeView) -> Shape:
+        """What decisions.verdict reads of the node's view (see Shape), kept per id until the view changes."""
+        shape = self._shapes[i]
+        if shape is None:  # emptied at each change of the view (_refresh)
+            shape = self._shapes[i] = (view.unit_mib, view.unplaced_mib, view.error, view.over,
+                                       *chain.from_iterable(map(_SHAPE_FIELDS, view.rows)))
+        return shape
+
+    def _verdict(self, key: Key, view: NodeView) -> Verdict:
+        v = decisions.verdict(view, key[0] * view.unit_mib, key[1], self.limit_need(key, view))
+        return _FITS[v[3]] if v[0] else v
+
+    def _set(self, table: _Table, key: Key, i: int, view: NodeView) -> None:
+        self._put(table, i, self._verdict(key, view))
+
+    def _put(self, table: _Table, i: int, v: Verdict) -> None:
+        before = table.kinds[i]
+        if before == NONE:
+            table.filled += 1
+            self._entries += 1
+        elif before == FITS:
+            table.fitting -= 1
+        if v[0]:
+            score = v[3]
+            table.kinds[i], table.scores[i], table.reasons[i] = FITS, score, None
+            table.jsons[i] = self._fragment(i, score)
+            table.fitting += 1
+        else:
+            table.kinds[i], table.scores[i], table.reasons[i] = NEVER if v[1] else FAILS, MIN_SCORE, v[2]
+            table.jsons[i] = None
+
+    def _evict(self, keep: _Table, room: int) -> None:
+        """Drop least recently used tables (never `keep`) until `room` more verdicts fit."""
         for key in list(self._tables):
-            if self._entries < MAX_ENTRIES or self._tables[key] is keep:
-                continue
-            self._entries -= len(self._tables.pop(key).verdicts)
-        if self._entries >= MAX_ENTRIES:  # `keep` alone fills the memo: start it afresh
-            self._entries -= len(keep.verdicts)
-            keep.clear()
+            if self._entries + room <= MAX_ENTRIES:
+                return
+            if self._tables[key] is not keep:
+                self._entries -= self._tables.pop(key).filled
+
+    def _trim(self, key: Key) -> None:
+        """After an answer: if one request's names alone overfilled the memo, start its table afresh."""
+        if self._entries > MAX_ENTRIES and (table := self._tables.get(key)) is not None:
+            self._entries -= table.filled
+            table.clear(self._capacity)
 
     def _refresh(self, name: str, view: NodeView | None) -> None:
         """Called under the state's lock whenever the node's view is rebuilt (None: dropped): every table
         that holds the node gets its new verdict now, so the tables stay complete."""
-        for key, table in self._tables.items():
-            if view is not None:
-                if name in table.verdicts:
-                    self._set(table, key, name, view)
-            elif table.verdicts.pop(name, None) is not None:
-                self._entries -= 1
-                table.drop(name)
-        if view is None:
-            self._host_json.pop(name, None)
+        i = self._ids.get(name)
+        if i is None:
+            return
+        if view is not None:
+            self._shapes[i] = None
+            for key, table in self._tables.items():
+                if table.kinds[i] != NONE:
+                    self._set(table, key, i, view)
+            return
+        for table in self._tables.values():  # the node is gone: free its id in every table
+            self._entries -= table.kinds[i] != NONE
+            table.empty(i)
+        del self._ids[name]
+        self._names[i] = self._host_json[i] = self._shapes[i] = None
+        self._free.append(i)
+        self._epoch += 1
 
-    def size(self) -> int:
-        with self.state.lock:
-            return self._entries
+    def _keep_replay(self, uid: str, replay: Replay) -> None:
+        old = self._replays.pop(uid, None)
+        self._replay_names += len(replay[2]) - (len(old[2]) if old is not None else 0)
+        self._replays[uid] = replay
+        while len(self._replays) > REPLAYS or self._replay_names > REPLAY_NAMES:
+            self._replay_names -= len(self._replays.popitem(last=False)[1][2])

@@ -54,12 +54,12 @@ class Verbs:
             key = pod.key(self.default_policy, self.capped)
             self.state.expire()
             names = args.names()
-            if self.memo.all_fit(names, key, pod.uid):  # the fast path: every name a node where the pod fits
-                return 200, wire.filter_result(args, names, {}, {})
-            try:  # the slow path, still unchecked: a name found in the memo is a node's name
+            try:  # names still unchecked: a name found among the memo's nodes is a node's name
                 split: Split | None = self.memo.split(names, key, pod.uid)
             except TypeError:  # an unhashable name
                 split = None
+            if split is not None and split.all_passed:  # the usual case: every name a node where the pod fits
+                return 200, wire.filter_result(args, names, {}, {})
             if split is None or split.unknown:
                 args = wire.check_names(args)
                 if split is None:

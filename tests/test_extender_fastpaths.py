@@ -9,9 +9,10 @@ import json
 import random
 import socket
 from collections.abc import Iterator
+from fractions import Fraction
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_extender_support import Cluster, node_obj, plain_node, pod_obj, running_cluster
 
@@ -308,8 +309,8 @@ def count_recomputes_and_checks(monkeypatch: pytest.MonkeyPatch, verbs: Verbs) -
 
 def test_kept_answer_is_patched_for_the_nodes_that_changed(monkeypatch: pytest.MonkeyPatch) -> None:
     """A bind between filter and prioritize changes a node among the names: prioritize still answers from the
-    kept answer, with that node's HostPriority recomputed alone, byte for byte what a fresh one is; the names
-    are not checked again (they are the ones filter found among the nodes), and hostile names are."""
+    node ids filter found (no name looked up or checked again), and the tables it reads were refreshed at
+    the change, so the answer is byte for byte a fresh one; hostile names are still checked."""
     state, verbs, names = synced_cluster(40, [16000, 16000])
     verbs.filter({"Pod": pod_obj("first", {"main": 1000}), "NodeNames": names})  # fills the memo
     pod = pod_obj("p", {"main": 1000})
@@ -318,7 +319,7 @@ def test_kept_answer_is_patched_for_the_nodes_that_changed(monkeypatch: pytest.M
     state.hold("other", Charge("GPU-n3-0", "n3", 15000, 0, None))  # n3 changes: binpack likes it now
     asked, checked = count_recomputes_and_checks(monkeypatch, verbs)
     code, answer = verbs.prioritize({"Pod": pod, "NodeNames": names})
-    assert asked == [1] and checked == []  # one node recomputed, no name checked
+    assert asked == [] and checked == []  # nothing recomputed from names, no name checked
     fresh = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]
     assert (code, answer) == fresh.prioritize({"Pod": pod, "NodeNames": names})
     assert json.loads(answer)[3] == {"Host": "n3", "Score": 10}
@@ -403,3 +404,112 @@ def test_slow_path_keeps_its_answer_for_prioritize_and_still_checks_what_it_does
         assert code == 400 and "NodeNames[10]" in out["Error"], bad[-1]
     code, out = verbs.filter({"Pod": pod, "NodeNames": names + ["not-a-node"]})
     assert code == 200 and out["FailedNodes"]["not-a-node"].startswith("node is not (yet) known")
+
+
+def test_node_ids_are_reused_safely_when_nodes_come_and_go() -> None:
+    """The memo keeps each node's verdicts at a small integer id, and a node that goes frees its id for the
+    next new node: a filter's answer kept for prioritize must then not be replayed (its ids may name other
+    nodes now), no verdict of the old node may show for the new one, and every answer stays decisions.py's."""
+    rng = random.Random(3)
+    state, verbs, names = synced_cluster(12, [16000, 8000])
+    live = list(names)
+    pod = pod_obj("p", {"main": 9000})
+    pod["metadata"]["uid"] = "uid-p"
+    for step in range(60):
+        answer = verbs.filter({"Pod": pod, "NodeNames": list(live)})[1]
+        gone = rng.choice(live)
+        live.remove(gone)
+        state.delete_node(gone)
+        new = f"m{step}"
+        # the new node (at the id `gone` had, or another) is fuller: binpack scores it 8, an empty one 6
+        state.upsert_node(node_obj(new, [16000, 8000]))
+        state.hold(f"h{step}", Charge(f"GPU-{new}-0", new, 4000, 0, None))
+        live.append(new)
+        verbs.filter({"Pod": pod_obj("q", {"main": 1}), "NodeNames": [new]})  # the memo meets the new node
+        fresh = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]
+        args = {"Pod": pod, "NodeNames": list(answer["NodeNames"])}  # as kube-scheduler sends it: with `gone`
+        assert verbs.prioritize(args) == fresh.prioritize(args), step
+        assert b'{"Host":"%s","Score":0}' % gone.encode() in fresh.prioritize(args)[1]
+        again = verbs.filter({"Pod": pod, "NodeNames": live})[1]
+        assert again == fresh.filter({"Pod": pod, "NodeNames": live})[1]
+        assert new in again["NodeNames"], step
+        check_summaries(state, live[-3:], verbs.memo)
+
+
+def test_prioritize_writes_node_names_json_must_escape_as_json() -> None:
+    """A node whose name JSON must escape (the API server would refuse it, a hostile stand-in might not):
+    prioritize's answer, written from the memo's per-node texts, is still valid JSON, equal to json's."""
+    state, verbs, names = synced_cluster(3, [16000])
+    odd = 'we"ird\\näme\x01'
+    state.upsert_node(node_obj(odd, [16000]))
+    pod = pod_obj("p", {"main": 1000})
+    pod["metadata"]["uid"] = "uid-p"
+    for asked in (names, [*names, odd]):
+        verbs.filter({"Pod": pod, "NodeNames": asked})
+        code, raw = verbs.prioritize({"Pod": pod, "NodeNames": asked})
+        assert code == 200 and json.loads(raw) == [{"Host": n, "Score": 1} for n in asked]
+        assert raw == wire.encode_host_priority_list(asked, [1] * len(asked))
+
+
+_SHAPED_SIZES = ((8000, 8000), (8000, 16000), (16000, 8000), (8000, 8000, 8000))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from((None, Fraction(1), Fraction(3, 2))), st.lists(st.sampled_from(_SHAPED_SIZES), min_size=1,
+       max_size=6), st.lists(st.tuples(st.integers(0, 5), st.integers(0, 99), st.integers(0, 3)), max_size=40))
+def test_verdicts_shared_by_node_shape_are_each_nodes_own(ratio: Fraction | None, sizes: list[tuple[int, ...]],
+                                                           ops: list[tuple[int, int, int]]) -> None:
+    """A memo's first fill shares a verdict among nodes of one shape (fitmemo.Shape): after any binds,
+    releases, elastic charges, unplaced pods and inventory changes on nodes that start alike, every node's
+    verdict, in a memo that followed the changes and in a fresh one, is decisions.verdict on its own view,
+    with and without the limit cap."""
+    state = ClusterState()
+    nodes = [f"n{i}" for i in range(len(sizes))]
+    for name, gpus in zip(nodes, sizes, strict=True):
+        state.upsert_node(node_obj(name, list(gpus)))
+    memo = FitMemo(state, ratio)
+    keys = [(d, p) for d in (1, 2000, 7000, 8000, 9000) for p in ("binpack", "spread")]
+    holds: list[str] = []
+
+    def check() -> None:
+        for m in (memo, FitMemo(state, ratio)):
+            for key in keys:
+                for name, got in zip(nodes, m.verdicts(nodes, key), strict=True):
+                    view = state.view(name)
+                    want = None if view is None else decisions.verdict(view, key[0] * view.unit_mib, key[1],
+                                                                       m.limit_need(key, view))
+                    assert got == want, (name, key, view)
+
+    check()
+    for step, (n, r, kind) in enumerate(ops):
+        node = nodes[n % len(nodes)]
+        gpus = sizes[n % len(sizes)]
+        if kind <= 1 or not holds:  # a bind (kind 1: an elastic pod, its limit above its request)
+            holds.append(f"h{step}")
+            state.hold(holds[-1], Charge(f"GPU-{node}-{r % len(gpus)}", node, (r % 4 + 1) * 2000, 0, None,
+                                         (r % 3) * 2000 if kind == 1 else 0))
+        elif kind == 2:
+            state.release(holds.pop(r % len(holds)), None)
+        elif r % 2 == 0:  # a pod bound without the extender: unplaced memory
+            pod = pod_obj(f"p{step}", {"main": (1000, 6000, 9000)[r % 3]}, node=node)
+            pod["metadata"].update(uid=f"p{step}", resourceVersion=str(step + 1))
+            state.upsert_node(node_obj(node, list(gpus)))
+            state.upsert_pod(pod)
+        else:  # the inventory changes: a GPU turns unhealthy, or the unit changes
+            state.upsert_node(node_obj(node, list(gpus), unit=1 + r // 2 % 2,
+                                       healthy=[i != r // 4 % (len(gpus) + 1) for i in range(len(gpus))]))
+        check()
+
+
+def test_nodes_alike_but_for_their_limit_sums_get_their_own_verdicts() -> None:
+    """Two nodes with the same GPUs and used MiB, one of whose pods' limits fill the limit cap: a fresh memo
+    (whose first fill shares verdicts by shape) must refuse the pod there and accept it on the other."""
+    state = ClusterState()
+    for name in ("a", "b"):
+        state.upsert_node(node_obj(name, [8000]))
+    state.hold("pa", Charge("GPU-a-0", "a", 4000, 0, None))
+    state.hold("pb", Charge("GPU-b-0", "b", 4000, 0, None, 4000))  # limit 8,000: the cap (ratio 1) is full
+    memo = FitMemo(state, Fraction(1))
+    fits, refused = memo.verdicts(["a", "b"], (2000, "binpack"))
+    assert fits is not None and fits[0] and refused is not None and not refused[0]
+    assert "limit cap" in refused[2]
