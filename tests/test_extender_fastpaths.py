@@ -513,3 +513,24 @@ def test_nodes_alike_but_for_their_limit_sums_get_their_own_verdicts() -> None:
     fits, refused = memo.verdicts(["a", "b"], (2000, "binpack"))
     assert fits is not None and fits[0] and refused is not None and not refused[0]
     assert "limit cap" in refused[2]
+
+
+def test_shape_numbers_started_afresh_never_mix_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """More node shapes than the memo numbers at once (fitmemo.SHAPES_MAX): the numbering starts afresh in
+    the middle of a fill, and no node may get the verdict of another shape that was given its old number."""
+    from memslice.scheduler_extender import fitmemo
+
+    monkeypatch.setattr(fitmemo, "SHAPES_MAX", 3)
+    state = ClusterState()
+    names = [f"n{i}" for i in range(12)]
+    for i, name in enumerate(names):
+        state.upsert_node(node_obj(name, [16000]))
+        state.hold(f"h{i}", Charge(f"GPU-{name}-0", name, 1000 * i, 0, None))  # twelve shapes
+    memo = FitMemo(state)
+    for key in ((5000, "binpack"), (9000, "binpack"), (5000, "spread"), (9000, "binpack")):
+        for _ in range(2):
+            got = memo.verdicts(names, key)
+            for name, verdict in zip(names, got, strict=True):
+                view = state.view(name)
+                assert view is not None and verdict == decisions.verdict(view, key[0], key[1]), (name, key)
+        state.hold(f"x{key}", Charge("GPU-n0-0", "n0", 1, 0, None))  # one view changes between keys
