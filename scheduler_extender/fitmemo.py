@@ -5,14 +5,15 @@ kube-scheduler asks about the same nodes and pod sizes over and over, and a node
 when its view does (a charge, an inventory change): so a verdict is computed once per view and kept, and
 refreshed for every table the moment the node's view is rebuilt (ClusterState.on_view_change).
 
-Layout (why: measured, benchmarks/README.md "Node indexes"): each node the memo has seen gets a small
+Layout (measured: benchmarks/README.md, "Node ids and shapes"): each node the memo meets gets a small
 integer id, and a table (one per pod size and policy) is a set of arrays indexed by it: a byte per node for
-the verdict's kind (none yet / fits / fails now / never fits) and its score, and lists of the HostPriority
-JSON and the reasons. A filter then costs one dict lookup per name (name -> id, in one dict shared by all
-pod sizes, so it stays in the CPU caches), and the rest are C-speed passes over arrays: `bytes(map(...))`
-reads every name's kind in one go and `bytes.translate` + `compress` split the names by it. Keyed by name in
-one dict per table instead, each name cost a lookup per table touched, and at 13 pod sizes the tables' keys
-and values no longer fit the caches: 460 ns per name instead of ~100 in the extender serving a cluster.
+the verdict's kind (none yet / fits / fails now / never fits) and one for its score, and lists of the
+HostPriority JSON (where it fits) and the reasons (where not). A filter costs one dict lookup per name (name
+-> id, one dict for all pod sizes), then C-speed passes: `bytes(map(kinds.__getitem__, ids))` reads every
+name's kind at once, `bytes.translate` turns it into 0/1 masks for `compress`. The first fill of a table
+shares verdicts among nodes of one shape (see Shape) and writes the cells inline: a cold memo, where every
+(node, pod size) is met once, costs half what one verdict per node did, and no verdict tuple is kept per
+node and size.
 
 With the limit cap (`--max-limit-ratio`) a verdict also depends on the pod's limit: the key then carries
 what that limit is made of (a third part, resources.PodRequest.limit_sig; () for a pod without limit
@@ -144,7 +145,6 @@ class FitMemo:
         self._capacity = 0  # every table's arrays hold this many ids
         self._shape_ids: dict[Shape, int] = {}  # shapes met -> their numbers
         self._sids: list[int | None] = []  # id -> its view's shape number (None: not made since it changed)
-        self._unpacked = 0  # ids given since the name -> id dict was last packed (_pack)
         self._epoch = 0  # bumped when an id is freed: a kept (names -> ids) mapping is then stale
         self._host_json: list[tuple[str | None, ...] | None] = []  # id -> its HostPriority JSON per score
         self._replays: OrderedDict[str, Replay] = OrderedDict()  # pod UID -> its filter's answer, oldest first
@@ -271,9 +271,12 @@ class FitMemo:
         """Each id's HostPriority JSON (score 0 where the pod does not fit), in one C-speed pass when every
         id fits (joining these texts is 10× cheaper than writing the JSON afresh from names and scores)."""
         items: list[Any] = list(map(table.jsons.__getitem__, ids))
-        if _has_none(items):
-            self._kinds(table, key, ids)
-            items = list(map(self._fragment, ids, map(table.scores.__getitem__, ids)))
+        if _has_none(items):  # nodes that do not fit (score 0), or not filled yet: those alone looked at
+            missing = list(compress(range(len(items)), map(is_, items, repeat(None))))
+            self._kinds(table, key, [ids[p] for p in missing])
+            jsons, fragment = table.jsons, self._fragment
+            for p in missing:
+                items[p] = jsons[ids[p]] or fragment(ids[p], MIN_SCORE)
         return items
 
     def _priority_list(self, table: _Table, key: Key, ids: list[int]) -> bytes:
@@ -335,21 +338,7 @@ class FitMemo:
                 for table in self._tables.values():
                     table.grow(self._capacity)
         self._ids[name] = i
-        self._unpacked += 1
-        if self._unpacked > max(64, len(self._ids) // 8):
-            self._pack()
         return i
-
-    def _pack(self) -> None:
-        """Rebuild the name -> id dict from fresh copies of the names and ids, made one after another.
-
-        Why: filter's one dict lookup per name compares the request's name with the dict's key object and
-        takes a reference to the id object, two reads of memory wherever those were made: the names as the
-        watch delivered their nodes and the ids one by one, spread over the heap. Made in one go they sit
-        together (the allocator hands out neighbouring blocks), so a filter's lookups hit the CPU caches:
-        measured in benchmarks/README.md ("Node indexes"). O(nodes), after every eighth of them new."""
-        self._unpacked = 0
-        self._ids = {(name + ".")[:-1]: i for i, name in enumerate(self._names) if name is not None}
 
     def _fragment(self, i: int, score: int) -> str:
         """The node's HostPriority JSON with this score, made at first need (most nodes are only ever seen
