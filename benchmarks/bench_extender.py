@@ -24,7 +24,7 @@ longest garbage-collection pause, its RSS. With --restart, the extender is then 
 cluster: seconds from start to the first answered filter, RSS after the relist, and a check of every GPU
 (no reservation double-counted or lost: 0 over-committed GPUs). `--restart-at FRACTION` only restarts, on a
 cluster prefilled to FRACTION, `--restarts` times, alternating with `--alt-pythonpath` (another tree of the
-package, e.g. main's). BENCH_PYSPY=file records the extender with py-spy.
+package, e.g. main's). BENCH_PYSPY=file records the extender with py-spy (BENCH_PYSPY_RATE: samples/s, 250).
 
 The load client stays cheap so as not to take the cores from the extender: the filter bodies are encoded
 before the clock starts, and it is one thread speaking HTTP/1.1 over plain sockets (see Client), with
@@ -411,8 +411,9 @@ class Bench:
         t0 = time.monotonic()
         self.ext = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
         if os.environ.get("BENCH_PYSPY"):  # until the extender exits; each start overwrites the file
+            rate = os.environ.get("BENCH_PYSPY_RATE", "250")  # samples per second
             self.spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--nonblocking",
-                                         "-r", os.environ.get("BENCH_PYSPY_RATE", "250"), "-f", "raw", "-g", "-o", os.environ["BENCH_PYSPY"],
+                                         "-r", rate, "-f", "raw", "-g", "-o", os.environ["BENCH_PYSPY"],
                                          "--pid", str(self.ext.pid)],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         assert self.ext.stdout is not None
