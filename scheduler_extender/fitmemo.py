@@ -43,7 +43,7 @@ from memslice.scheduler_extender.views import NodeView
 from memslice.scheduler_extender.wire import host_priority_json
 
 MAX_ENTRIES = 400_000  # verdicts kept in all tables: 80 tables of 5,000 nodes, 20 of 20,000
-MAX_TABLES = 128  # pod sizes × policies (× limits) kept at once: 2.3 MB at 1,000 nodes, 11.5 MB at 5,000
+MAX_TABLES = 64  # pod sizes × policies (× limits) kept at once: 18 bytes per node each (5.8 MB at 5,000 nodes)
 # (devices, policy), and with the limit cap on the pod's limit signature (() for a pod without limits)
 Key = tuple[int, str] | tuple[int, str, LimitSig]
 REPLAYS = 64  # filter answers kept for the prioritize that follows (one per pod in flight)
@@ -58,8 +58,8 @@ Replay = tuple[Key, int, list[str], list[int]]  # (key, id epoch, names, their n
 # "Node indexes"). Only the first fill shares; a view change recomputes the node's verdicts directly.
 Shape = tuple[object, ...]
 _SHAPE_FIELDS = itemgetter(1, 3, 4, 5)
-SHARED_MAX = 4096  # shapes' verdicts kept per table (emptied when full)
-SHAPES_MAX = 65_536  # shapes numbered (_sid) at once (all numbers dropped when full)
+SHARED_MAX = 512  # shapes' verdicts kept per table (emptied when full): 64 tables hold at most ~7 MB
+SHAPES_MAX = 8192  # shapes numbered (_sid) at once, ~3 MB (all numbers dropped when full)
 
 # A cell's kind: no verdict yet, fits, fails now, never fits (unresolvable)
 NONE, FITS, FAILS, NEVER = 0, 1, 2, 3

@@ -534,3 +534,19 @@ def test_shape_numbers_started_afresh_never_mix_verdicts(monkeypatch: pytest.Mon
                 view = state.view(name)
                 assert view is not None and verdict == decisions.verdict(view, key[0], key[1]), (name, key)
         state.hold(f"x{key}", Charge("GPU-n0-0", "n0", 1, 0, None))  # one view changes between keys
+
+
+def test_the_memo_holds_a_bounded_number_of_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each pod size (and policy) has a table of arrays as long as the nodes: their number is bounded too
+    (a pod size per request cannot pin memory), the least recently used goes first, answers stay right."""
+    from memslice.scheduler_extender import fitmemo
+
+    monkeypatch.setattr(fitmemo, "MAX_TABLES", 2)
+    state, verbs, names = synced_cluster(5, [16000])
+    for mib in (1000, 2000, 3000, 1000, 4000):
+        code, answer = verbs.filter({"Pod": pod_obj(f"p{mib}", {"main": mib}), "NodeNames": names})
+        assert code == 200 and answer["NodeNames"] == names
+        assert len(verbs.memo._tables) <= 2
+    assert list(verbs.memo._tables) == [(1000, "binpack"), (4000, "binpack")]
+    assert verbs.memo.size() == 10
+    check_summaries(state, names, verbs.memo)
