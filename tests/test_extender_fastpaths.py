@@ -515,12 +515,15 @@ def test_nodes_alike_but_for_their_limit_sums_get_their_own_verdicts() -> None:
     assert "limit cap" in refused[2]
 
 
-def test_shape_numbers_started_afresh_never_mix_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("trial", [32, 2])
+def test_shape_numbers_started_afresh_never_mix_verdicts(monkeypatch: pytest.MonkeyPatch, trial: int) -> None:
     """More node shapes than the memo numbers at once (fitmemo.SHAPES_MAX): the numbering starts afresh in
-    the middle of a fill, and no node may get the verdict of another shape that was given its old number."""
+    the middle of a fill, and no node may get the verdict of another shape that was given its old number.
+    With a short trial (fitmemo.SHARE_TRIAL) the tables stop sharing in the middle of a fill: still right."""
     from memslice.scheduler_extender import fitmemo
 
     monkeypatch.setattr(fitmemo, "SHAPES_MAX", 3)
+    monkeypatch.setattr(fitmemo, "SHARE_TRIAL", trial)
     state = ClusterState()
     names = [f"n{i}" for i in range(12)]
     for i, name in enumerate(names):
@@ -534,6 +537,7 @@ def test_shape_numbers_started_afresh_never_mix_verdicts(monkeypatch: pytest.Mon
                 view = state.view(name)
                 assert view is not None and verdict == decisions.verdict(view, key[0], key[1]), (name, key)
         state.hold(f"x{key}", Charge("GPU-n0-0", "n0", 1, 0, None))  # one view changes between keys
+    assert all(t.sharing == (trial > 12) for t in memo._tables.values())
 
 
 def test_the_memo_holds_a_bounded_number_of_tables(monkeypatch: pytest.MonkeyPatch) -> None:
