@@ -6,7 +6,9 @@ and the healthy GPUs sorted by free MiB (binpack's bisect). It is rebuilt when a
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import NamedTuple
 
 
@@ -28,6 +30,7 @@ class GpuView(NamedTuple):
 
 
 GpuRow = tuple[str, int, str, int, bool, int, int]  # a GpuView's fields as a plain tuple
+_mem, _healthy, _free, _free_then_index = itemgetter(3), itemgetter(4), itemgetter(6), itemgetter(6, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,14 +66,16 @@ class NodeView:
     @classmethod
     def of_rows(cls, name: str, unit_mib: int, rows: tuple[GpuRow, ...], unplaced_mib: int = 0,
                 error: str | None = None, over: tuple[int, ...] | None = None) -> NodeView:
-        healthy = [r for r in rows if r[4]]
-        by_free = tuple(sorted(healthy, key=lambda r: (r[6], r[1])))
-        most_free = min(healthy, key=lambda r: (-r[6], r[1])) if healthy else None
-        return cls(name, unit_mib, rows, unplaced_mib, error,
-                   max((r[6] for r in healthy), default=0),
-                   max((r[3] for r in healthy), default=0),
-                   sum(max(r[6], 0) for r in healthy), by_free,
-                   tuple(r[6] for r in by_free), most_free, over)
+        # Built for every node at a restart and after every charge: one sort with a C key, and the totals
+        # read off the sorted free column (the most free GPU: the first of the largest free, lowest index).
+        healthy = [r for r in rows if r[4]] if not all(map(_healthy, rows)) else rows
+        by_free = tuple(sorted(healthy, key=_free_then_index))
+        keys = tuple(map(_free, by_free))
+        if not keys:
+            return cls(name, unit_mib, rows, unplaced_mib, error, 0, 0, 0, (), (), None, over)
+        top = keys[-1]
+        return cls(name, unit_mib, rows, unplaced_mib, error, top, max(map(_mem, healthy)),
+                   sum(k for k in keys if k > 0), by_free, keys, by_free[bisect_left(keys, top)], over)
 
     @property
     def gpus(self) -> tuple[GpuView, ...]:

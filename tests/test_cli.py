@@ -22,6 +22,21 @@ def test_help_lists_every_command():
     assert cli("--version").stdout.startswith("memslice ")
 
 
+def test_a_subcommand_imports_only_its_own_module():
+    """`memslice extender` builds only its own parser: a restart of the extender does not import the node
+    agent, the demo or `memslice run` (issue 15 bounds the restart). --help and a wrong command still see all."""
+    probe = ("import sys; from memslice.cli import main\n"
+             "try:\n    main(['extender', '--help'])\nexcept SystemExit:\n    pass\n"
+             "print(sorted(m for m in sys.modules if m.startswith('memslice.')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert "--max-limit-ratio" in out.stdout
+    loaded = out.stdout.strip().splitlines()[-1]
+    for other in ("memslice.plugin.cli", "memslice.demo", "memslice.run", "memslice.top"):
+        assert f"'{other}'" not in loaded
+    wrong = cli("extendr")
+    assert wrong.returncode == 2 and "invalid choice: 'extendr'" in wrong.stderr and "node-agent" in wrong.stderr
+
+
 def test_paths_json(libs):
     out = cli("paths", "--json")
     assert json.loads(out.stdout)["shim"] == libs.shim

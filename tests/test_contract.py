@@ -113,6 +113,56 @@ def test_hostile_annotations_raise_only_contract_errors(ann: dict[str, Any], wit
                 assert again == value
 
 
+def _item(g: Gpu) -> dict[str, Any]:
+    return {"uuid": g.uuid, "index": g.index, "model": g.model, "memMiB": g.mem_mib, "numa": g.numa,
+            "healthy": g.healthy}
+
+
+# A valid item with one field spoilt, dropped, or set to a bound's neighbour (or a valid item, or any value).
+edges = st.sampled_from([-1, 0, 1, contract.MAX_MIB, contract.MAX_MIB + 1, contract.MAX_GPU_INDEX + 1,
+                         contract.MAX_NUMA + 1, True, False, None, "", "x" * (contract.MAX_UUID + 1),
+                         "x" * (contract.MAX_MODEL + 1), 1.0, "1"])
+gpu_items = st.one_of(gpus.map(_item), json_values)
+FIELDS = ["uuid", "index", "model", "memMiB", "numa", "healthy"]
+EDGES = [-1, 0, 1, contract.MAX_MIB, contract.MAX_MIB + 1, contract.MAX_GPU_INDEX, contract.MAX_GPU_INDEX + 1,
+         contract.MAX_NUMA, contract.MAX_NUMA + 1, True, False, None, "", "x" * contract.MAX_UUID,
+         "x" * (contract.MAX_UUID + 1), "x" * contract.MAX_MODEL, "x" * (contract.MAX_MODEL + 1), 1.0, "1", [], {}]
+
+
+def _fast_is_checked(item: Any) -> None:
+    fast = contract._gpu_fast(item)
+    try:
+        checked: Gpu | None = contract._gpu_checked("w", 0, item)
+    except ContractError:
+        checked = None
+    assert fast == checked
+
+
+@pytest.mark.parametrize("field", FIELDS)
+def test_the_fast_gpu_check_holds_every_bound(field: str) -> None:
+    """Each field of a valid item set to each bound, its neighbours and the wrong JSON types, or dropped:
+    _gpu_fast accepts exactly what _gpu_checked accepts."""
+    item = {"uuid": "GPU-1", "index": 3, "model": "Sim", "memMiB": 81920, "numa": 1, "healthy": True}
+    _fast_is_checked({k: v for k, v in item.items() if k != field})
+    for value in EDGES:
+        _fast_is_checked({**item, field: value})
+
+
+@settings(max_examples=1000, deadline=None)
+@given(gpu_items)
+def test_the_fast_gpu_check_accepts_what_the_field_checks_accept(item: Any) -> None:
+    """On decoded JSON, _gpu_fast (a restart's path) accepts exactly the items _gpu_checked accepts, as the
+    same Gpu."""
+    _fast_is_checked(json.loads(json.dumps(item)))
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.dictionaries(texts, st.integers(-1, contract.MAX_MIB + 1) | json_values, max_size=3) | json_values)
+def test_the_one_container_check_is_the_general_one(mem: Any) -> None:
+    mem = json.loads(json.dumps(mem))
+    assert contract._container_mib(mem) == contract._container_mib_checked(mem)
+
+
 @pytest.mark.parametrize(("ann", "words"), [
     ({ANN_GPUS: "[]", ANN_UNIT_MIB: "4.5"}, "unit-mib='4.5' is not a positive whole number"),
     ({ANN_GPUS: '[{"uuid":"u","index":0,"memMiB":1},{"uuid":"v","index":0,"memMiB":1}]'}, "index 0 is listed twice"),

@@ -107,6 +107,21 @@ def view(*gpus: tuple[int, int], healthy: tuple[bool, ...] | None = None, unplac
                                      for i, (mem, used) in enumerate(gpus)), unplaced)
 
 
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(-3, 5), st.booleans()), max_size=10))
+def test_a_views_totals_are_those_of_its_gpus(gpus):
+    """NodeView.of_rows reads its totals off one sort: they are the plain definitions over the healthy GPUs
+    (ties on free MiB broken by the lower index; over-committed GPUs' negative free counted as 0)."""
+    rows = tuple((f"u{i}", i, "m", mem, ok, mem - free, free) for i, (mem, free, ok) in enumerate(gpus))
+    v = NodeView.of_rows("n", 1, rows)
+    healthy = [r for r in rows if r[4]]
+    by_free = sorted(healthy, key=lambda r: (r[6], r[1]))
+    assert v.free_rows == tuple(by_free) and v.free_keys == tuple(r[6] for r in by_free)
+    assert v.max_free_mib == max((r[6] for r in healthy), default=0)
+    assert v.max_mem_mib == max((r[3] for r in healthy), default=0)
+    assert v.total_free_mib == sum(max(r[6], 0) for r in healthy)
+    assert v.most_free_row == (min(healthy, key=lambda r: (-r[6], r[1])) if healthy else None)
+
+
 def test_fit_distinguishes_unresolvable_from_failed():
     v = view((8000, 0), (16000, 15000))
     assert decisions.fit(v, 8000).ok
