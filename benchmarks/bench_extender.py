@@ -25,6 +25,9 @@ cluster: seconds from start to the first answered filter, RSS after the relist, 
 (no reservation double-counted or lost: 0 over-committed GPUs). `--restart-at FRACTION` only restarts, on a
 cluster prefilled to FRACTION, `--restarts` times, alternating with `--alt-pythonpath` (another tree of the
 package, e.g. main's). BENCH_PYSPY=file records the extender with py-spy (BENCH_PYSPY_RATE: samples/s, 250).
+The extender's modules are compiled into a bytecode cache of the run's own before any start is timed, as an
+image's install compiles them (a shell's PYTHONDONTWRITEBYTECODE would otherwise make every start of an
+editable install compile our sources again).
 
 The load client stays cheap so as not to take the cores from the extender: the filter bodies are encoded
 before the clock starts, and it is one thread speaking HTTP/1.1 over plain sockets (see Client), with
