@@ -129,6 +129,15 @@ class Split:
         return not (self.failed or self.unresolvable or self.unknown)
 
 
+def _gather(seq: Any, ids: list[int]) -> tuple[Any, ...]:
+    """`seq[i]` for each id, as a tuple, in one C call: `itemgetter(*ids)` reads 5,000 ids of a bytearray in
+    71 us where `bytes(map(seq.__getitem__, ids))` took 216 (its per-item method calls), and a list's items in
+    50 us against 95. An id that is None raises TypeError before anything is read."""
+    if len(ids) > 1:
+        return itemgetter(*ids)(seq)  # type: ignore[no-any-return]
+    return tuple(seq[i] for i in ids)  # itemgetter of one id answers the item itself, of none is an error
+
+
 def _has_none(items: list[Any]) -> bool:
     """`None in items`, by identity: `in` compares each item with == (a str == None costs more than the
     dict lookup that produced it)."""
@@ -168,11 +177,13 @@ class FitMemo:
     def _split(self, names: list[Any], key: Key, uid: str) -> Split:
         table = self._table(key)
         ids: list[Any] = list(map(self._ids.get, names))
-        if _has_none(ids):
+        try:
+            kinds = self._kinds(table, key, ids)
+        except TypeError:  # some name has no id (raised before anything was computed)
             ids = self._assign(names, ids)
             if _has_none(ids):  # not nodes (or no memslice GPUs): from the slow path
                 return self._split_with_unknown(table, key, names, ids)
-        kinds = self._kinds(table, key, ids)
+            kinds = self._kinds(table, key, ids)
         if NONE in kinds:  # a node went while its verdict was computed
             return self._split_with_unknown(table, key, names, ids)
         if not table.fitting:
@@ -262,17 +273,18 @@ class FitMemo:
 
     # ------------------------------------------------------------------ reading the tables
     def _kinds(self, table: _Table, key: Key, ids: list[int]) -> bytes:
-        """Each id's verdict kind, in one C-speed pass; the verdicts not memoised yet computed first."""
-        kinds = bytes(map(table.kinds.__getitem__, ids))
+        """Each id's verdict kind, in one C-speed pass; the verdicts not memoised yet computed first. TypeError,
+        before anything is computed, when an id is None."""
+        kinds = bytes(_gather(table.kinds, ids))
         if NONE in kinds:
             self._fill(table, key, [i for i, k in zip(ids, kinds, strict=True) if k == NONE])
-            kinds = bytes(map(table.kinds.__getitem__, ids))
+            kinds = bytes(_gather(table.kinds, ids))
         return kinds
 
     def _jsons(self, table: _Table, key: Key, ids: list[int]) -> list[str]:
         """Each id's HostPriority JSON (score 0 where the pod does not fit), in one C-speed pass when every
         id fits (joining these texts is 10× cheaper than writing the JSON afresh from names and scores)."""
-        items: list[Any] = list(map(table.jsons.__getitem__, ids))
+        items: list[Any] = list(_gather(table.jsons, ids))
         if _has_none(items):  # nodes that do not fit (score 0), or not filled yet: those alone looked at
             missing = list(compress(range(len(items)), map(is_, items, repeat(None))))
             self._kinds(table, key, [ids[p] for p in missing])
@@ -282,8 +294,13 @@ class FitMemo:
         return items
 
     def _priority_list(self, table: _Table, key: Key, ids: list[int]) -> bytes:
-        """HostPriorityList JSON of the nodes at `ids`."""
-        return ("[" + ",".join(self._jsons(table, key, ids)) + "]").encode()
+        """HostPriorityList JSON of the nodes at `ids`: when every one fits and is memoised (the usual replay),
+        their texts joined as they are; a None among them (score 0, or not filled yet) makes the join raise,
+        and _jsons fills those in."""
+        try:
+            return ("[" + ",".join(_gather(table.jsons, ids)) + "]").encode()
+        except TypeError:
+            return ("[" + ",".join(self._jsons(table, key, ids)) + "]").encode()
 
     def _reasons(self, table: _Table, names: list[str], ids: list[int], kinds: bytes, passed: list[str]) -> Split:
         """The split of names that are all nodes, some of which fail: their reasons, in C-speed passes."""
