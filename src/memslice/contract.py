@@ -135,6 +135,7 @@ class Inventory:
 
 
 def _by_index(g: Gpu) -> int:
+    """The sort key of an inventory's GPUs (a function, not a lambda made at every parse)."""
     return g.index
 
 
@@ -273,6 +274,7 @@ def _container_mib(mem: object) -> tuple[tuple[str, int], ...] | None:
 
 
 def _container_mib_checked(mem: object) -> tuple[tuple[str, int], ...] | None:
+    """_container_mib for any number of containers: every name and amount checked in one generator."""
     if not isinstance(mem, dict) or not 0 < len(mem) <= MAX_CONTAINERS or not all(
             isinstance(k, str) and 0 < len(k) <= MAX_CONTAINER_NAME and type(v) is int and 0 < v <= MAX_MIB
             for k, v in mem.items()):
