@@ -68,7 +68,7 @@ class NodeView:
                 error: str | None = None, over: tuple[int, ...] | None = None) -> NodeView:
         # Built for every node at a restart and after every charge: one sort with a C key, and the totals
         # read off the sorted free column (the most free GPU: the first of the largest free, lowest index).
-        healthy = [r for r in rows if r[4]] if not all(map(_healthy, rows)) else rows
+        healthy = rows if all(map(_healthy, rows)) else [r for r in rows if r[4]]
         by_free = tuple(sorted(healthy, key=_free_then_index))
         keys = tuple(map(_free, by_free))
         if not keys:
