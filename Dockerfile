@@ -22,7 +22,10 @@ COPY deploy/image/build.sh deploy/image/build.sh
 RUN CC=gcc SRC=/src deploy/image/build.sh native /opt/memslice
 
 # --- 2. app: the Python package in a virtualenv, packaging the libraries from stage 1 --------------
-FROM python:3.11-slim AS app
+# python:3.11, not -slim: the package builds one C extension module (the extender's node-name index,
+# scheduler_extender/_nameids.c) and needs gcc and Python's headers. Same Debian release and the same
+# /usr/local/bin/python3.11 as the -slim runtime below, which only copies /opt/memslice.
+FROM python:3.11 AS app
 WORKDIR /src
 COPY . .
 COPY --from=native /opt/memslice/lib /opt/memslice/lib

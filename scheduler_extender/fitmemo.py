@@ -8,9 +8,10 @@ refreshed for every table the moment the node's view is rebuilt (ClusterState.on
 Layout (measured: benchmarks/README.md, "Node ids and shapes"): each node the memo meets gets a small
 integer id, and a table (one per pod size and policy) is a set of arrays indexed by it: a byte per node for
 the verdict's kind (none yet / fits / fails now / never fits) and one for its score, and lists of the
-HostPriority JSON (where it fits) and the reasons (where not). A filter costs one dict lookup per name (name
--> id, one dict for all pod sizes), then C-speed passes: `bytes(map(kinds.__getitem__, ids))` reads every
-name's kind at once, `bytes.translate` turns it into 0/1 masks for `compress`. The first fill of a table
+HostPriority JSON (where it fits) and the reasons (where not). A filter costs one lookup pass (name -> id,
+one index for all pod sizes: nameids.py, natively in C), then C-speed passes: `take` reads every name's kind
+at once, `bytes.translate` turns it into 0/1 masks for `compress`; prioritize joins the kept JSON texts of
+the ids in one call. The first fill of a table
 shares verdicts among nodes of one shape (see Shape) and writes the cells inline: a cold memo, where every
 (node, pod size) is met once, costs half what one verdict per node did, and no verdict tuple is kept per
 node and size.
@@ -28,15 +29,17 @@ Thread-safety: every method takes the state's lock (the memo is refreshed under 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from itertools import chain, compress, repeat
-from operator import is_, itemgetter
+from operator import itemgetter
 from typing import Any
 
 from memslice.scheduler_extender import decisions
 from memslice.scheduler_extender.constants import MAX_SCORE, MIN_SCORE
 from memslice.scheduler_extender.decisions import LimitNeed, Verdict
+from memslice.scheduler_extender.nameids import Ids, has_none, name_ids
 from memslice.scheduler_extender.resources import LimitSig, limit_total
 from memslice.scheduler_extender.state import ClusterState
 from memslice.scheduler_extender.views import NodeView
@@ -48,7 +51,7 @@ MAX_TABLES = 64  # pod sizes × policies (× limits) kept at once: 18 bytes per 
 Key = tuple[int, str] | tuple[int, str, LimitSig]
 REPLAYS = 64  # filter answers kept for the prioritize that follows (one per pod in flight)
 REPLAY_NAMES = 200_000  # node names those may hold in all (bounds what hostile requests can pin)
-Replay = tuple[Key, int, list[str], list[int]]  # (key, id epoch, names, their node ids)
+Replay = tuple[Key, int, list[str], Ids]  # (key, id epoch, names, their node ids)
 
 # What decisions.verdict reads of a node: the unit, the unplaced MiB, the error, the limit sums' column, then
 # per GPU in `rows` order its index, MiB, health and used MiB. Not the node's name, nor a GPU's UUID or model:
@@ -129,28 +132,13 @@ class Split:
         return not (self.failed or self.unresolvable or self.unknown)
 
 
-def _gather(seq: Any, ids: list[int]) -> tuple[Any, ...]:
-    """`seq[i]` for each id, as a tuple, in one C call: `itemgetter(*ids)` reads 5,000 ids of a bytearray in
-    71 us where `bytes(map(seq.__getitem__, ids))` took 216 (its per-item method calls), and a list's items in
-    50 us against 95. An id that is None raises TypeError before anything is read."""
-    if len(ids) > 1:
-        return itemgetter(*ids)(seq)  # type: ignore[no-any-return]
-    return tuple(seq[i] for i in ids)  # itemgetter of one id answers the item itself, of none is an error
-
-
-def _has_none(items: list[Any]) -> bool:
-    """`None in items`, by identity: `in` compares each item with == (a str == None costs more than the
-    dict lookup that produced it)."""
-    return any(map(is_, items, repeat(None)))
-
-
 class FitMemo:
     def __init__(self, state: ClusterState, limit_ratio: Fraction | None = None) -> None:
         self.state = state
         self.limit_ratio = limit_ratio  # --max-limit-ratio; None: no cap
         self._tables: OrderedDict[Key, _Table] = OrderedDict()
         self._entries = 0
-        self._ids: dict[str, int] = {}  # node -> its id (index in every table's arrays)
+        self._index = name_ids()  # node -> its id (index in every table's arrays)
         self._names: list[str | None] = []  # id -> node (None: free)
         self._free: list[int] = []  # ids of nodes gone, for the next new ones
         self._capacity = 0  # every table's arrays hold this many ids
@@ -176,23 +164,23 @@ class FitMemo:
 
     def _split(self, names: list[Any], key: Key, uid: str) -> Split:
         table = self._table(key)
-        ids: list[Any] = list(map(self._ids.get, names))
-        try:
-            kinds = self._kinds(table, key, ids)
-        except TypeError:  # some name has no id (raised before anything was computed)
-            ids = self._assign(names, ids)
-            if _has_none(ids):  # not nodes (or no memslice GPUs): from the slow path
-                return self._split_with_unknown(table, key, names, ids)
-            kinds = self._kinds(table, key, ids)
+        index = self._index
+        ids = index.ids(names)
+        if ids is None:  # some name has no id (a node met for the first time, or not a node): each looked at
+            found = self._assign(names, index.lookup(names))
+            if has_none(found):  # not nodes (or no memslice GPUs): from the slow path
+                return self._split_with_unknown(table, key, names, found)
+            ids = index.pack(found)
+        kinds = self._kinds(table, key, ids)
         if NONE in kinds:  # a node went while its verdict was computed
-            return self._split_with_unknown(table, key, names, ids)
+            return self._split_with_unknown(table, key, names, index.to_list(ids))
         if not table.fitting:
             return self._reasons(table, names, ids, kinds, [])
         mask = kinds.translate(_PASS)
         passed = list(compress(names, mask))
         all_passed = len(passed) == len(names)
         if uid and passed and len(passed) <= REPLAY_NAMES:
-            self._keep_replay(uid, (key, self._epoch, passed, ids if all_passed else list(compress(ids, mask))))
+            self._keep_replay(uid, (key, self._epoch, passed, ids if all_passed else index.select(ids, mask)))
         return Split(names, {}, {}, []) if all_passed else self._reasons(table, names, ids, kinds, passed)
 
     def all_fit(self, names: list[Any], key: Key, uid: str = "") -> bool:
@@ -208,11 +196,11 @@ class FitMemo:
         if answer is not None:
             return answer
         with self.state.current():
-            ids: list[Any] = self._assign(names, list(map(self._ids.get, names)))
-            if _has_none(ids):  # not all nodes: host_json() names the others with score 0
+            ids = self._assign(names, self._index.lookup(names))
+            if has_none(ids):  # not all nodes: host_json() names the others with score 0
                 answer = ("[" + ",".join(self.host_json(names, key)) + "]").encode()
             else:
-                answer = self._priority_list(self._table(key), key, ids)
+                answer = self._priority_list(self._table(key), key, self._index.pack(ids))
             self._trim(key)
             return answer
 
@@ -229,7 +217,7 @@ class FitMemo:
             if replay is None:
                 return None
             self._replay_names -= len(replay[2])
-            if replay[0] != key or replay[1] != self._epoch or replay[2] != names:
+            if replay[0] != key or replay[1] != self._epoch or not self._index.same(replay[2], names):
                 return None
             out = self._priority_list(self._table(key), key, replay[3])
             self._trim(key)
@@ -240,8 +228,8 @@ class FitMemo:
         nodes not memoised yet."""
         with self.state.current():
             table = self._table(key)
-            ids = self._assign(names, list(map(self._ids.get, names)))
-            self._kinds(table, key, [i for i in ids if i is not None])
+            ids = self._assign(names, self._index.lookup(names))
+            self._kinds(table, key, self._index.pack([i for i in ids if i is not None]))
             out = [None if i is None else table.verdict(i) for i in ids]
             self._trim(key)
             return out
@@ -250,8 +238,8 @@ class FitMemo:
         """Prioritize: each name's HostPriority JSON (score 0 where the pod does not fit)."""
         with self.state.current():
             table = self._table(key)
-            ids: list[Any] = self._assign(names, list(map(self._ids.get, names)))
-            if not _has_none(ids):
+            ids = self._assign(names, self._index.lookup(names))
+            if not has_none(ids):
                 out = self._jsons(table, key, ids)
             else:
                 it = iter(self._jsons(table, key, [i for i in ids if i is not None]))
@@ -272,51 +260,50 @@ class FitMemo:
             return self._entries
 
     # ------------------------------------------------------------------ reading the tables
-    def _kinds(self, table: _Table, key: Key, ids: list[int]) -> bytes:
-        """Each id's verdict kind, in one C-speed pass; the verdicts not memoised yet computed first. TypeError,
-        before anything is computed, when an id is None."""
-        kinds = bytes(_gather(table.kinds, ids))
+    def _kinds(self, table: _Table, key: Key, ids: Ids) -> bytes:
+        """Each id's verdict kind, in one C-speed pass; the verdicts not memoised yet computed first."""
+        kinds = self._index.take(table.kinds, ids)
         if NONE in kinds:
-            self._fill(table, key, [i for i, k in zip(ids, kinds, strict=True) if k == NONE])
-            kinds = bytes(_gather(table.kinds, ids))
+            self._fill(table, key, [i for i, k in zip(self._index.to_list(ids), kinds, strict=True) if k == NONE])
+            kinds = self._index.take(table.kinds, ids)
         return kinds
 
     def _jsons(self, table: _Table, key: Key, ids: list[int]) -> list[str]:
         """Each id's HostPriority JSON (score 0 where the pod does not fit), in one C-speed pass when every
         id fits (joining these texts is 10× cheaper than writing the JSON afresh from names and scores)."""
-        items: list[Any] = list(_gather(table.jsons, ids))
-        if _has_none(items):  # nodes that do not fit (score 0), or not filled yet: those alone looked at
-            missing = list(compress(range(len(items)), map(is_, items, repeat(None))))
-            self._kinds(table, key, [ids[p] for p in missing])
+        items = self._index.gather(table.jsons, self._index.pack(ids))
+        if has_none(items):  # nodes that do not fit (score 0), or not filled yet: those alone looked at
+            missing = [p for p, item in enumerate(items) if item is None]
+            self._kinds(table, key, self._index.pack([ids[p] for p in missing]))
             jsons, fragment = table.jsons, self._fragment
             for p in missing:
                 items[p] = jsons[ids[p]] or fragment(ids[p], MIN_SCORE)
         return items
 
-    def _priority_list(self, table: _Table, key: Key, ids: list[int]) -> bytes:
+    def _priority_list(self, table: _Table, key: Key, ids: Ids) -> bytes:
         """HostPriorityList JSON of the nodes at `ids`: when every one fits and is memoised (the usual replay),
-        their texts joined as they are; a None among them (score 0, or not filled yet) makes the join raise,
-        and _jsons fills those in."""
-        try:
-            return ("[" + ",".join(_gather(table.jsons, ids)) + "]").encode()
-        except TypeError:
-            return ("[" + ",".join(self._jsons(table, key, ids)) + "]").encode()
+        their texts joined as they are in one call; else (a None among them: score 0, or not filled yet)
+        _jsons fills those in."""
+        answer = self._index.join(table.jsons, ids)
+        if answer is None:
+            answer = ("[" + ",".join(self._jsons(table, key, self._index.to_list(ids))) + "]").encode()
+        return answer
 
-    def _reasons(self, table: _Table, names: list[str], ids: list[int], kinds: bytes, passed: list[str]) -> Split:
+    def _reasons(self, table: _Table, names: list[str], ids: Ids, kinds: bytes, passed: list[str]) -> Split:
         """The split of names that are all nodes, some of which fail: their reasons, in C-speed passes."""
-        reasons: Any = table.reasons.__getitem__
+        index = self._index
         mask = kinds.translate(_FAIL)
-        failed = dict(zip(compress(names, mask), map(reasons, compress(ids, mask)), strict=True))
+        failed = dict(zip(compress(names, mask), index.gather(table.reasons, index.select(ids, mask)), strict=True))
         never: dict[str, str] = {}
         if NEVER in kinds:
             mask = kinds.translate(_NEVER)
-            never = dict(zip(compress(names, mask), map(reasons, compress(ids, mask)), strict=True))
+            never = dict(zip(compress(names, mask), index.gather(table.reasons, index.select(ids, mask)),
+                             strict=True))
         return Split(passed, failed, never, [])  # reasons are set where FAILS/NEVER
 
-    def _split_with_unknown(self, table: _Table, key: Key, names: list[Any], ids: list[int | None]) -> Split:
+    def _split_with_unknown(self, table: _Table, key: Key, names: list[Any], ids: Sequence[int | None]) -> Split:
         """split() when some names are not nodes with a view (they come back in `unknown`)."""
-        known = [i for i in ids if i is not None]
-        self._kinds(table, key, known)
+        self._kinds(table, key, self._index.pack([i for i in ids if i is not None]))
         passed: list[str] = []
         failed: dict[str, str] = {}
         never: dict[str, str] = {}
@@ -336,7 +323,7 @@ class FitMemo:
         """`ids` with an id given to each name that is a node with a view and has none yet (first sight)."""
         for pos, i in enumerate(ids):
             if i is None and isinstance(name := names[pos], str):
-                if (i := self._ids.get(name)) is None and self.state.view_unlocked(name) is not None:
+                if (i := self._index.get(name)) is None and self.state.view_unlocked(name) is not None:
                     i = self._new_id(name)
                 ids[pos] = i
         return ids
@@ -356,7 +343,7 @@ class FitMemo:
                 self._capacity = max(64, 2 * self._capacity)
                 for table in self._tables.values():
                     table.grow(self._capacity)
-        self._ids[name] = i
+        self._index.set(name, i)
         return i
 
     def _fragment(self, i: int, score: int) -> str:
@@ -490,7 +477,7 @@ class FitMemo:
     def _refresh(self, name: str, view: NodeView | None) -> None:
         """Called under the state's lock whenever the node's view is rebuilt (None: dropped): every table
         that holds the node gets its new verdict now, so the tables stay complete."""
-        i = self._ids.get(name)
+        i = self._index.get(name)
         if i is None:
             return
         if view is not None:
@@ -502,7 +489,7 @@ class FitMemo:
         for table in self._tables.values():  # the node is gone: free its id in every table
             self._entries -= table.kinds[i] != NONE
             table.empty(i)
-        del self._ids[name]
+        self._index.discard(name)
         self._names[i] = self._host_json[i] = self._sids[i] = None
         self._free.append(i)
         self._epoch += 1

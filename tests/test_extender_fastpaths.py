@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_extender_support import Cluster, node_obj, plain_node, pod_obj, running_cluster
 
-from memslice.scheduler_extender import decisions, wire
+from memslice.scheduler_extender import decisions, nameids, wire
 from memslice.scheduler_extender.annotations import reservation_annotations
 from memslice.scheduler_extender.fitmemo import FitMemo
 from memslice.scheduler_extender.metrics import Metrics
@@ -24,6 +24,15 @@ from memslice.scheduler_extender.state import CHANGE_LOG, Charge, ClusterState
 from memslice.scheduler_extender.verbs import Verbs
 
 SIZES = (1, 500, 1000, 3000, 4000, 8000, 9000, 16000, 20000)
+
+
+@pytest.fixture(autouse=True, params=["native", "python"])
+def memo_index(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every memo test runs with both implementations of the node-name index (nameids.py): the C one the
+    package builds, and the Python reference it falls back to."""
+    if request.param == "python":
+        monkeypatch.setattr(nameids, "_native", None)
+    return str(request.param)
 
 
 def check_summaries(state: ClusterState, names: list[str], memo: FitMemo | None = None) -> None:

@@ -82,6 +82,18 @@ def test_native_libraries_are_in_place_and_load(built: Path) -> None:
     assert out.returncode == 0 and "cannot be preloaded" not in out.stderr, out.stderr
 
 
+def test_the_extenders_extension_module_is_built_into_the_prefix(built: Path) -> None:
+    """The node-name index is compiled for the venv's Python (not copied from an editable build in the
+    checkout), and the extender's memo uses it rather than falling back to Python."""
+    code = ("from memslice.scheduler_extender import _nameids, nameids; print(_nameids.__file__); "
+            "print(type(nameids.name_ids()).__name__)")
+    out = subprocess.run([str(built / "venv" / "bin" / "python"), "-c", code], env=image_env(built),
+                         capture_output=True, text=True, timeout=60, cwd="/")
+    assert out.returncode == 0, out.stderr
+    path, kind = out.stdout.split()
+    assert Path(path).is_relative_to(built / "venv") and kind == "NativeNameIds", out.stdout + out.stderr
+
+
 def test_the_cli_finds_the_prefix_libraries(built: Path) -> None:
     """MEMSLICE_LIB_DIR (set in the image) makes the node agent install the shim from /opt/memslice/lib."""
     code = "from memslice.paths import lib_paths; p = lib_paths(); print(p.shim); print(p.sim_nvml)"
@@ -125,6 +137,9 @@ def dockerfile_stages() -> list[tuple[str, str | None, list[tuple[str, str]]]]:
 def test_dockerfile_builds_only_with_build_sh() -> None:
     stages = dockerfile_stages()
     assert [name for _, name, _ in stages] == ["native", "app", None]
+    # the app step compiles the extender's extension module: a base with gcc and Python's headers, whose
+    # Python is the runtime stage's (python:3.11-slim copies the venv it builds)
+    assert stages[1][0] == "python:3.11"
     for (_, name, instrs), step in zip(stages[:2], ("native", "app"), strict=True):
         runs = [shlex.split(rest) for instr, rest in instrs if instr == "RUN"]
         assert runs, f"stage {name} builds nothing"

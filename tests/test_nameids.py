@@ -1,0 +1,201 @@
+"""The memo's node-name index: the C implementation (scheduler_extender/_nameids.c) answers what the Python
+reference (nameids.NameIds) answers, whatever the names and operations, and refuses bad arguments without
+crashing. With MEMSLICE_NAMEIDS_SO=path (`make sanitize`) the C module under test is that build, e.g. one
+compiled with AddressSanitizer."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import random
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memslice.scheduler_extender import nameids
+from memslice.scheduler_extender.nameids import NameIds, NativeNameIds
+
+
+def _load_native() -> ModuleType:
+    path = os.environ.get("MEMSLICE_NAMEIDS_SO")
+    if not path:
+        from memslice.scheduler_extender import _nameids
+
+        return _nameids
+    name = "memslice.scheduler_extender._nameids"
+    loader = importlib.machinery.ExtensionFileLoader(name, path)
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+NATIVE = _load_native()
+
+
+@pytest.fixture(autouse=True)
+def native_under_test(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(nameids, "_native", NATIVE)
+    yield
+
+
+def pair() -> tuple[NameIds, NativeNameIds]:
+    return NameIds(), NativeNameIds()
+
+
+def is_ascii_str(x: object) -> bool:
+    return type(x) is str and x.isascii()
+
+
+# Names: node-like ones (many share a prefix and differ in a digit), the empty name, NULs and lengths around
+# the hash's 8-byte words, and any text (non-ASCII, lone surrogates): those the native index never holds.
+node_names = st.builds(lambda n: f"node-{n:05d}", st.integers(0, 300))
+odd_names = st.sampled_from(["", "a", "a\x00", "a\x00\x00", "x" * 7, "x" * 8, "x" * 9, "x" * 16, "x" * 300])
+names = st.one_of(node_names, odd_names, st.text(max_size=20))
+ops = st.lists(st.tuples(st.sampled_from(["set", "discard"]), names, st.integers(0, 2**32 - 1)), max_size=80)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops, st.lists(st.one_of(names, st.integers(), st.none()), max_size=30))
+def test_native_ids_answer_what_the_python_reference_answers(operations: list[tuple[str, str, int]],
+                                                             query: list[Any]) -> None:
+    py, native = pair()
+    for op, name, i in operations:
+        if op == "set":
+            py.set(name, i)
+            native.set(name, i)
+        else:
+            py.discard(name)
+            native.discard(name)
+    assert len(native._native) == sum(1 for n in py._ids if n.isascii())
+    for q in (query, [n for _, n, _ in operations], [n for n in py._ids]):
+        hashable = all(x is None or isinstance(x, (str, int)) for x in q)
+        want = py.ids(q) if hashable else None
+        got = native.ids(q)
+        if got is None:  # native may only give up on a name it does not hold or cannot read
+            assert want is None or not all(is_ascii_str(x) for x in q)
+        else:
+            assert native.to_list(got) == want
+    assert [native.get(n) for n in py._ids] == list(py._ids.values())  # the dict it mirrors
+
+
+def test_many_names_grow_shrink_and_come_back() -> None:
+    """Growth (rehashing), deletes that shift probe runs back, and the arena compacted after many deletes."""
+    py, native = pair()
+    rng = random.Random(7)
+    names = [f"ip-10-{rng.randrange(256)}-{n}.ec2.internal" for n in range(20_000)]
+    for i, name in enumerate(names):
+        py.set(name, i)
+        native.set(name, i)
+    for name in names[::2]:
+        py.discard(name)
+        native.discard(name)
+    for i, name in enumerate(names[::4]):
+        py.set(name, 50_000 + i)
+        native.set(name, 50_000 + i)
+    rng.shuffle(names)
+    live = [n for n in names if py.get(n) is not None]
+    assert len(native._native) == len(live) == len(py)
+    assert native.to_list(native.ids(live)) == py.ids(live)
+    assert native.ids(names) is None and py.ids(names) is None  # some are gone
+    for name in live:
+        native.discard(name)
+    assert len(native._native) == 0 and native.ids(live[:1]) is None and native.ids([]) == b""
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 40), st.data())
+def test_reads_by_ids_answer_what_python_answers(size: int, data: st.DataObject) -> None:
+    py, native = pair()
+    table = bytearray(data.draw(st.binary(min_size=size, max_size=size)))
+    texts: list[Any] = data.draw(st.lists(st.one_of(st.none(), st.text(max_size=6), st.just('{"Host":"n"}')),
+                                          min_size=size, max_size=size))
+    ids = data.draw(st.lists(st.integers(0, max(size - 1, 0)), max_size=30)) if size else []
+    mask = data.draw(st.binary(min_size=len(ids), max_size=len(ids)))
+    packed = native.pack(ids)
+    assert native.to_list(packed) == ids
+    assert native.take(table, packed) == py.take(table, ids)
+    assert native.gather(texts, packed) == py.gather(texts, ids)
+    assert native.to_list(native.select(packed, mask)) == py.select(ids, mask)
+    joined = native.join(texts, packed)
+    if all(is_ascii_str(texts[i]) for i in ids):
+        assert joined == py.join(texts, ids) == ("[" + ",".join(texts[i] for i in ids) + "]").encode()
+    else:  # None, or a text that is not ASCII: the memo's Python path writes those
+        assert joined is None
+
+
+items = st.one_of(names, st.text(alphabet=st.characters(min_codepoint=0x100)), st.integers(), st.none(),
+                  st.just(float("nan")))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(items, max_size=12), st.data())
+def test_same_answers_list_equality(a: list[Any], data: st.DataObject) -> None:
+    """Prioritize's names against those filter passed: equal copies (not the same objects), a changed item,
+    one more or fewer, strings of every width (1-, 2- and 4-byte kinds), and items that are not strings."""
+    native = NativeNameIds()
+    copies = [x.encode("utf-8", "surrogatepass").decode("utf-8", "surrogatepass") if type(x) is str else x
+              for x in a]
+    b = data.draw(st.sampled_from([copies, copies[:-1], copies + ["x"], a]))
+    if b and data.draw(st.booleans()):
+        b = list(b)
+        b[data.draw(st.integers(0, len(b) - 1))] = data.draw(items)
+    assert native.same(a, b) == (a == b)
+    assert native.same(a, tuple(b)) == (a == tuple(b))  # type: ignore[arg-type]  # not lists: compared in Python
+
+
+def test_bad_arguments_are_refused_not_crashed_on() -> None:
+    native = NativeNameIds()
+    index = native._native
+    for bad_id in (-1, 2**32, 2**64 + 5):
+        with pytest.raises(OverflowError):
+            index.set("node-a", bad_id)
+    with pytest.raises(TypeError):
+        index.set("node-a", "1")
+    assert len(index) == 0
+    index.set(b"node-a", 1)  # not a str: not held, so never found
+    index.set("nöde", 2)  # not ASCII: not held
+    assert len(index) == 0 and index.ids(["nöde"]) is None and index.ids(("node-a",)) is None
+    table, texts = bytearray(3), ["a", "b", "c"]
+    for op, args in ((NATIVE.take, (table,)), (NATIVE.gather, (texts,)), (NATIVE.join, (texts,))):
+        with pytest.raises(IndexError, match="node id 3 outside a table of 3"):
+            op(*args, native.pack([0, 3]))
+        with pytest.raises(ValueError, match="4 bytes each"):
+            op(*args, b"\x00" * 5)
+    with pytest.raises(ValueError, match="a mask of 1 bytes for 2 ids"):
+        NATIVE.select(native.pack([0, 1]), b"\x01")
+    with pytest.raises(TypeError):
+        NATIVE.gather("not a list", b"")
+    uninitialised = NATIVE.NameIndex.__new__(NATIVE.NameIndex)
+    for call in (lambda: uninitialised.ids([]), lambda: uninitialised.set("a", 1),
+                 lambda: uninitialised.discard("a")):
+        with pytest.raises(RuntimeError, match="before __init__"):
+            call()
+    assert len(uninitialised) == 0
+
+
+def test_long_names_and_names_that_differ_only_at_the_end() -> None:
+    py, native = pair()
+    names = ["n" * 1_000_000, "n" * 999_999 + "m", "n" * 1_000_001, "node-1", "node-1\x00", "node-10"]
+    for i, name in enumerate(names):
+        py.set(name, i)
+        native.set(name, i)
+    assert native.to_list(native.ids(names[::-1])) == py.ids(names[::-1]) == list(range(len(names)))[::-1]
+    assert native.ids(["n" * 999_999]) is None
+
+
+def test_without_the_native_module_the_memo_says_so_and_uses_python(monkeypatch: pytest.MonkeyPatch,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(nameids, "_native", None)
+    monkeypatch.setattr(nameids, "_IMPORT_ERROR", "No module named '_nameids'")
+    with caplog.at_level(logging.WARNING, logger="memslice.scheduler_extender.nameids"):
+        index = nameids.name_ids()
+    assert type(index) is NameIds
+    assert "No module named '_nameids'" in caplog.text and "C compiler" in caplog.text
