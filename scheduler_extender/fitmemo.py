@@ -44,6 +44,7 @@ from memslice.scheduler_extender.resources import LimitSig, limit_total
 from memslice.scheduler_extender.state import ClusterState
 from memslice.scheduler_extender.views import NodeView
 from memslice.scheduler_extender.wire import host_priority_json
+from memslice.scheduler_extender.wire import names_json as wire_names
 
 MAX_ENTRIES = 400_000  # verdicts kept in all tables: 80 tables of 5,000 nodes, 20 of 20,000
 MAX_TABLES = 64  # pod sizes × policies (× limits) kept at once: 18 bytes per node each (5.8 MB at 5,000 nodes)
@@ -219,6 +220,23 @@ class FitMemo:
             self._replay_names -= len(replay[2])
             if replay[0] != key or replay[1] != self._epoch or not self._index.same(replay[2], names):
                 return None
+            out = self._priority_list(self._table(key), key, replay[3])
+            self._trim(key)
+            return out
+
+    def replay_json(self, names_json: bytes, key: Key, uid: str) -> bytes | None:
+        """replay() for a prioritize whose NodeNames were not decoded (wire.split_names_last): the array's
+        bytes compared with the names filter passed, encoded (one C call, where decoding the request's names
+        made a string of each). Kept when they differ: replay() may still find the decoded names equal (a
+        scheduler that writes them otherwise)."""
+        if not uid:
+            return None
+        with self.state.current():
+            replay = self._replays.get(uid)
+            if replay is None or replay[0] != key or replay[1] != self._epoch or names_json != wire_names(replay[2]):
+                return None
+            del self._replays[uid]
+            self._replay_names -= len(replay[2])
             out = self._priority_list(self._table(key), key, replay[3])
             self._trim(key)
             return out

@@ -363,13 +363,15 @@ class _Handler(LeanRequestHandler):
             assert isinstance(data, str)
             return status, _error_body(verb, data)
         assert isinstance(data, bytearray)
-        try:
-            body = orjson.loads(data)
-        except (ValueError, RecursionError) as exc:
-            return 400, _error_body(verb, f"request body is not JSON: {exc}")
-        del data
         handler: Callable[[Any], tuple[int, Any]] = getattr(self.server.verbs, verb)
         try:
+            if verb == "prioritize" and (answer := self.server.verbs.prioritize_json(data)) is not None:
+                return 200, answer  # its pod's filter answer, replayed from the request's bytes
+            try:
+                body = orjson.loads(data)
+            except (ValueError, RecursionError) as exc:
+                return 400, _error_body(verb, f"request body is not JSON: {exc}")
+            del data
             return handler(body)
         except RecursionError:
             return 400, _error_body(verb, "request body is nested too deeply")

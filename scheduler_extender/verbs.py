@@ -124,6 +124,23 @@ class Verbs:
             return 400, {"Error": str(exc)}
         return 200, wire.encode_host_priority_list(names, [0] * len(names))
 
+    def prioritize_json(self, data: bytearray) -> bytes | None:
+        """Prioritize's answer straight from the request's bytes, when its NodeNames array is byte for byte the
+        JSON of the names its pod's filter passed (wire.split_names_last, FitMemo.replay_json): no name is
+        decoded or compared one by one. None otherwise (the server then decodes the body for prioritize())."""
+        split = wire.split_names_last(data)
+        if split is None:
+            return None
+        head, names_json = split
+        try:
+            pod = PodView.of(wire.decode_pod_of(head))
+        except WireError:
+            return None
+        if pod.error or pod.request is None or not self.state.synced:
+            return None
+        self.state.expire()
+        return self.memo.replay_json(names_json, pod.key(self.default_policy, self.capped), pod.uid)
+
     # ------------------------------------------------------------------ bind
     def bind(self, body: Any) -> tuple[int, Any]:
         try:

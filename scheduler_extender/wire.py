@@ -11,10 +11,13 @@ from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
+import orjson
+
 from memslice import errors
 
 MAX_NODE_NAMES = 100_000
 MAX_NAME_LEN = 253
+NAMES_LAST = b',"NodeNames":'  # ExtenderArgs' last member as kube-scheduler writes it (see split_names_last)
 
 
 class WireError(errors.InputError):
@@ -224,6 +227,44 @@ def filter_result(args: ExtenderArgs | None, passed: list[str], failed: dict[str
         names, nodes = None, None
     return {"Nodes": nodes, "NodeNames": names, "FailedNodes": failed,
             "FailedAndUnresolvableNodes": unresolvable, "Error": error}
+
+
+def names_json(names: list[str]) -> bytes:
+    """NodeNames as JSON, as the server writes filter's answer (orjson), and as kube-scheduler writes the same
+    names back in the prioritize that follows: Go's encoder and orjson write a node name ([a-z0-9.-]) alike."""
+    return orjson.dumps(names)
+
+
+def split_names_last(data: bytearray) -> tuple[dict[str, Any], bytes] | None:
+    """ExtenderArgs whose last member is NodeNames, as kube-scheduler writes them (Go encodes a struct's fields
+    in order: Pod, Nodes, NodeNames): (the object without that member, the array's bytes as written), or None
+    when `data` does not end so (the caller decodes it whole). Why: prioritize can then compare the array's
+    bytes with those its pod's filter passed, and decodes no name (benchmarks/README.md, "Prioritize from
+    the bytes"). Sound for any bytes: `head + "}"` decodes to an object only if the cut lies between two
+    members of the top-level object (outside every string, at depth 1), so `data` is that object with one
+    more member, `"NodeNames":` and the rest; the caller still decodes or compares that rest. A head with a
+    NodeNames member of any casing is refused (a second one would decide which wins)."""
+    if not data.endswith(b"]}"):
+        return None
+    cut = data.rfind(NAMES_LAST)
+    if cut <= 0:
+        return None
+    data[cut] = ord("}")  # the head decoded in place (no copy of a large pod): `{...}` then `"NodeNames":...`
+    try:
+        with memoryview(data) as view:
+            head = orjson.loads(view[:cut + 1])
+    except (ValueError, RecursionError):
+        return None
+    finally:
+        data[cut] = ord(",")
+    if not isinstance(head, dict) or not head or any(k.lower() == "nodenames" for k in head):
+        return None
+    return head, bytes(data[cut + len(NAMES_LAST):-1])
+
+
+def decode_pod_of(head: dict[str, Any]) -> dict[str, Any]:
+    """The Pod of ExtenderArgs (WireError as decode_extender_args raises it)."""
+    return decode_pod(_field(head, "Pod", "ExtenderArgs"))
 
 
 def host_priority_list(scores: list[tuple[str, int]]) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ import socket
 from collections.abc import Iterator
 from fractions import Fraction
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -104,7 +105,9 @@ def test_memoised_fits_and_scores_follow_every_change() -> None:
 
 def test_prioritize_after_filter_answers_what_a_fresh_prioritize_answers() -> None:
     """Prioritize reads the verdicts its filter memoised, refreshed for the nodes whose views changed in
-    between; whatever happens in between, its answer must be byte for byte a fresh one's."""
+    between; whatever happens in between, its answer must be byte for byte a fresh one's. Half the time it
+    is asked as the server asks it: first from the request's bytes (Verbs.prioritize_json), which answers
+    only when the NodeNames array is exactly the JSON of what filter passed for the pod."""
     rng = random.Random(11)
     state = ClusterState()
     gpus: dict[str, list[str]] = {}
@@ -117,6 +120,7 @@ def test_prioritize_after_filter_answers_what_a_fresh_prioritize_answers() -> No
     state.pods_synced.set()
     verbs = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # no binds here
     holds: list[str] = []
+    from_bytes = 0
     for step in range(400):
         names = rng.sample([*gpus, "cpu", "unknown"], rng.randint(1, 14))
         pod = pod_obj(f"p{step}", {"main": rng.choice((1000, 7000, 15000, 30000))},
@@ -134,7 +138,79 @@ def test_prioritize_after_filter_answers_what_a_fresh_prioritize_answers() -> No
         passed = answer["NodeNames"] if rng.random() < 0.9 else names  # or the scheduler sends others
         args = {"Pod": pod, "NodeNames": passed}
         fresh = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]
-        assert verbs.prioritize(args) == fresh.prioritize(args), step
+        raw = None
+        if step % 2:  # as kube-scheduler writes ExtenderArgs (Go: Pod, Nodes, NodeNames), and the server asks
+            body = bytearray(orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": passed}))
+            raw = verbs.prioritize_json(body)
+            assert body == orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": passed})  # left as it was
+            from_bytes += raw is not None
+        assert ((200, raw) if raw is not None else verbs.prioritize(args)) == fresh.prioritize(args), step
+    assert from_bytes > 30  # (filters with names that are no nodes keep no answer: 53 of 200 turns answered)
+
+
+def test_prioritize_from_the_bytes_answers_only_its_pods_very_names() -> None:
+    """Verbs.prioritize_json answers only for the pod whose filter kept those names, for the same pod size and
+    policy, and only with the names byte for byte as filter's answer encodes them; anything else is left to
+    the decoding path (None), which still finds the kept answer."""
+    state, verbs, names = synced_cluster(6, [40000])
+    pod = pod_obj("p", {"main": 1000})
+    pod["metadata"]["uid"] = "uid-p"
+
+    def body(p: dict, node_names: object, spaced: bool = False) -> bytearray:
+        text = orjson.dumps({"Pod": p, "Nodes": None, "NodeNames": node_names})
+        return bytearray(text.replace(b",", b", ") if spaced else text)
+
+    def filtered(p: dict) -> list[str]:
+        return verbs.filter({"Pod": p, "NodeNames": names})[1]["NodeNames"]  # type: ignore[no-any-return]
+
+    assert filtered(pod) == names
+    other = pod_obj("q", {"main": 1000})
+    other["metadata"]["uid"] = "uid-q"
+    bigger = pod_obj("p", {"main": 2000})
+    bigger["metadata"]["uid"] = "uid-p"
+    for miss in (body(other, names), body(bigger, names), body(pod, names[::-1]), body(pod, names[:-1]),
+                 body(pod, names, spaced=True), bytearray(orjson.dumps({"NodeNames": names, "Pod": pod})),
+                 bytearray(orjson.dumps({"Pod": pod, "nodenames": [], "NodeNames": names}))):
+        assert verbs.prioritize_json(miss) is None
+    decoded = verbs.prioritize({"Pod": pod, "NodeNames": names})[1]  # the kept answer: used up here
+    assert verbs.prioritize_json(body(pod, names)) is None
+    filtered(pod)
+    answer = verbs.prioritize_json(body(pod, names))
+    assert answer == decoded and orjson.loads(answer) == [{"Host": n, "Score": 0} for n in names]
+    assert verbs.prioritize_json(body(pod, names)) is None  # used once
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data())
+def test_splitting_names_off_the_body_is_exact_or_refuses(data: st.DataObject) -> None:
+    """wire.split_names_last on any bytes: None, or (head, array bytes) such that, whenever the array decodes
+    on its own, the whole body decodes to the head plus NodeNames = that array; the body is left as it was.
+    Bodies: encoded objects with NodeNames anywhere, strings that hold the ',"NodeNames":' text, then cut,
+    spliced or mangled."""
+    json_values = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=8)
+                               | st.sampled_from([',"NodeNames":', '"]}', ',"NodeNames":[]}']),
+                               lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
+                                                                                            max_size=3),
+                               max_leaves=8)
+    obj = data.draw(st.dictionaries(st.sampled_from(["Pod", "Nodes", "NodeNames", "nodeNames", "x"]),
+                                    json_values, max_size=4))
+    text = orjson.dumps(obj)
+    text = data.draw(st.sampled_from([text, text[:-1] + b',"NodeNames":["a","b"]}', text + b',"NodeNames":[]}',
+                                      b'{,"NodeNames":["a"]}', text[:-1] + b',"NodeNames":["a"],"x":["b"]}']))
+    if text and data.draw(st.booleans()):
+        at = data.draw(st.integers(0, len(text) - 1))
+        text = text[:at] + data.draw(st.sampled_from([b"", b",", b'"', b"}", b"]", b"\\"])) + text[at + 1:]
+    body = bytearray(text)
+    split = wire.split_names_last(body)
+    assert body == text
+    if split is None:
+        return
+    head, array = split
+    try:
+        names = orjson.loads(array)
+    except orjson.JSONDecodeError:
+        return  # the caller only ever compares it with an encoded list of names, which decodes
+    assert orjson.loads(text) == {**head, "NodeNames": names}
 
 
 def synced_cluster(n: int, gpus_mib: list[int]) -> tuple[ClusterState, Verbs, list[str]]:
