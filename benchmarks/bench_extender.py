@@ -219,10 +219,13 @@ def _request(verb: str, body: bytes) -> bytes:
 
 
 class _Answers:
-    """Splits the bytes read from one keep-alive connection into complete answers (status, body)."""
+    """Splits the bytes read from one keep-alive connection into complete answers (status, body). Each
+    answer's head is parsed once and its body collected in one growing bytearray: a 160 KB answer arrives in
+    several reads, and re-joining and re-scanning the whole buffer at every read cost the client ~0.1 ms."""
 
     def __init__(self) -> None:
-        self.buf = b""
+        self.buf = bytearray()
+        self.head: tuple[int, int, int] | None = None  # (status, body start, body length) of the answer read
 
     def feed(self, data: bytes) -> list[tuple[int, bytes]]:
         if not data:
@@ -230,16 +233,20 @@ class _Answers:
         self.buf += data
         out = []
         while True:
-            head, sep, rest = self.buf.partition(b"\r\n\r\n")
-            if not sep:
+            if self.head is None:
+                end = self.buf.find(b"\r\n\r\n")
+                if end < 0:
+                    return out
+                lines = bytes(self.buf[:end]).split(b"\r\n")
+                length = next(int(v) for k, _, v in (line.partition(b":") for line in lines[1:])
+                              if k.strip().lower() == b"content-length")
+                self.head = (int(lines[0].split()[1]), end + 4, length)
+            status, start, length = self.head
+            if len(self.buf) < start + length:
                 return out
-            lines = head.split(b"\r\n")
-            length = next(int(v) for k, _, v in (line.partition(b":") for line in lines[1:])
-                          if k.strip().lower() == b"content-length")
-            if len(rest) < length:
-                return out
-            out.append((int(lines[0].split()[1]), rest[:length]))
-            self.buf = rest[length:]
+            out.append((status, bytes(self.buf[start:start + length])))
+            del self.buf[:start + length]
+            self.head = None
 
 
 class Client:
