@@ -15,7 +15,7 @@ CC        ?= cc
 # The extender's C extension (scheduler_extender/_nameids.c) under the same sanitizers, loaded by
 # tests/test_nameids.py from MEMSLICE_NAMEIDS_SO; PYTHONMALLOC=malloc so that ASan sees Python's small blocks too.
 NAMEIDS_SAN = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
-              -Wall -Wextra -Werror -shared -fPIC
+              -Wall -Wextra -Werror -Wmissing-prototypes -shared -fPIC
 SAN_TESTS  = tests/test_shim_kinds.py tests/test_shim_routes.py tests/test_oversubscribe.py tests/test_shim_faults.py tests/test_sim_copies.py tests/test_elastic_gate.py tests/test_elastic_drain.py
 
 .PHONY: install demo test gpu-check lint native protos clean sanitize typecheck

@@ -42,6 +42,6 @@ class BuildPy(build_py):
 # the same (scheduler_extender/nameids.py falls back to Python, and logs so), only slower at thousands of
 # names per filter, and a silent fallback in an image would be a performance bug nobody sees.
 NAMEIDS = Extension("memslice.scheduler_extender._nameids", ["scheduler_extender/_nameids.c"],
-                    extra_compile_args=["-Wall", "-Wextra", "-Werror", "-O2"])
+                    extra_compile_args=["-Wall", "-Wextra", "-Werror", "-Wmissing-prototypes", "-O2"])
 
 setup(cmdclass={"build_py": BuildPy}, ext_modules=[NAMEIDS])
