@@ -239,11 +239,12 @@ def split_names_last(data: bytearray) -> tuple[dict[str, Any], bytes] | None:
     """ExtenderArgs whose last member is NodeNames, as kube-scheduler writes them (Go encodes a struct's fields
     in order: Pod, Nodes, NodeNames): (the object without that member, the array's bytes as written), or None
     when `data` does not end so (the caller decodes it whole). Why: prioritize can then compare the array's
-    bytes with those its pod's filter passed, and decodes no name (benchmarks/README.md, "Prioritize from
-    the bytes"). Sound for any bytes: `head + "}"` decodes to an object only if the cut lies between two
-    members of the top-level object (outside every string, at depth 1), so `data` is that object with one
+    bytes with those its pod's filter passed, and decodes no name (benchmarks/README.md, "All names per
+    filter, natively"). Sound for any bytes: `head + "}"` decodes to an object only if the cut lies between
+    two members of the top-level object (outside every string, at depth 1), so `data` is that object with one
     more member, `"NodeNames":` and the rest; the caller still decodes or compares that rest. A head with a
-    NodeNames member of any casing is refused (a second one would decide which wins)."""
+    NodeNames member of any casing is refused (a second one would decide which wins). `data` is changed for
+    the head's decoding only (its ',' turned into '}', then back)."""
     if not data.endswith(b"]}"):
         return None
     cut = data.rfind(NAMES_LAST)
