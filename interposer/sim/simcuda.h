@@ -56,6 +56,9 @@ CUresult sim_alloc(CUdeviceptr *dptr, uint64_t n, int dev, int kind, int host, u
 int rec_host(const ms_rec *r);           /* 1 if the record's bytes are charged as host-resident */
 void sim_release(const ms_rec *r);       /* free the backing memory and its charge */
 
+/* simcuda_counters.c: count one event of counter c (SIM_C_*, simstate.h) and its bytes */
+void sim_count(int c, uint64_t bytes);
+
 /* simcuda_array.c: where an array's bytes are (level 0 of a mipmapped array) */
 struct sim_layout { void *mem; uint64_t row_bytes, rows, layers; unsigned elem; };
 int sim_array_layout(CUarray h, struct sim_layout *out);

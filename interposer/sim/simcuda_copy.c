@@ -17,6 +17,7 @@ API CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
     NEED_INIT();
     if ((!dst || !src) && n) return CUDA_ERROR_INVALID_VALUE;
     if (n) memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    sim_count(SIM_C_COPIES, n);
     return CUDA_SUCCESS;
 }
 #define P(h) ((CUdeviceptr)(uintptr_t)(h))

@@ -8,7 +8,10 @@ API CUresult cuMemHostAlloc(void **pp, size_t n, unsigned int flags) {
     if (!pp || n == 0 || flags > 7) return CUDA_ERROR_INVALID_VALUE;
     CUdeviceptr d;
     CUresult rc = sim_alloc(&d, n, t_ctx->dev, K_HOST, 1, flags);
-    if (rc == CUDA_SUCCESS) *pp = (void *)(uintptr_t)d;
+    if (rc == CUDA_SUCCESS) {
+        *pp = (void *)(uintptr_t)d;
+        sim_count(SIM_C_PINS, n);
+    }
     return rc;
 }
 /* The newer variant of cuMemHostAlloc: the same call. */
@@ -50,7 +53,9 @@ API CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned int flags) {
     (void)flags;
     if (!p || n == 0) return CUDA_ERROR_INVALID_VALUE;
     ms_rec r = {.key = (uint64_t)(uintptr_t)p, .size = n, .dev = t_ctx->dev, .kind = K_REGISTERED};
-    return ms_ptrmap_put(&g_ptrs, &r) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+    if (ms_ptrmap_put(&g_ptrs, &r)) return CUDA_ERROR_OUT_OF_MEMORY;
+    sim_count(SIM_C_PINS, n);
+    return CUDA_SUCCESS;
 }
 /* The legacy variant of cuMemHostRegister_v2: the same call. */
 API CUresult cuMemHostRegister(void *p, size_t n, unsigned int flags) { return cuMemHostRegister_v2(p, n, flags); }

@@ -57,6 +57,7 @@ API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUm
     }
     *v = (struct sim_vmm){.magic = VMM_MAGIC, .fd = fd, .dev = dev, .host = host, .size = size, .prop = *prop};
     *h = (CUmemGenericAllocationHandle)(uintptr_t)v;
+    if (host) sim_count(SIM_C_HOST_CREATES, size);
     return CUDA_SUCCESS;
 }
 

@@ -88,4 +88,12 @@ int sim_inject_xid(struct sim *s, unsigned int gpu, uint64_t xid);
 int memsliceSimInjectXid(unsigned int index, unsigned long long xid);
 const char *memsliceSimError(void);
 
+/* Counters of the simulated libcuda.so.1 (simcuda_counters.c), per process, in this order: pins (cuMemHostAlloc
+ * and cuMemHostRegister calls) and their bytes, host-located cuMemCreate calls and their bytes, copies
+ * (cuMemcpy and every variant that reaches it) and their bytes. memsliceSimCounters(out, n) fills at most n
+ * and returns how many there are; a program finds it with dlsym (a real driver has no such symbol). */
+enum { SIM_C_PINS, SIM_C_PIN_BYTES, SIM_C_HOST_CREATES, SIM_C_HOST_CREATE_BYTES, SIM_C_COPIES, SIM_C_COPY_BYTES,
+       SIM_COUNTERS };
+unsigned int memsliceSimCounters(unsigned long long *out, unsigned int n);
+
 #endif

@@ -130,7 +130,7 @@ HOOK CUresult CUDAAPI cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch,
 static CUresult free_tracked(CUdeviceptr p, __typeof__(&cuMemFree_v2) real) {
     ms_rec r;
     if (!p || !untrack(p, &r)) return real(p);
-    if (r.kind == A_SPILL_HOST || r.kind == A_SPILL_MANAGED) return spill_free(&r, NULL, 0);
+    if (r.kind == A_SPILL_HOST || r.kind == A_SPILL_MANAGED || r.kind == A_SPILL_MAPPED) return spill_free(&r, NULL, 0);
     if (r.kind == A_ELASTIC) return elastic_free(&r);
     if (r.kind == A_POOL) { /* stream-ordered memory freed synchronously: the driver decides */
         CUresult rc = real(p);

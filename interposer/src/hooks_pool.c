@@ -155,7 +155,7 @@ HOOK CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *d, size_t n, CUm
 static CUresult free_async(CUdeviceptr p, CUstream s, __typeof__(&cuMemFreeAsync) real) {
     ms_rec r;
     if (!p || !untrack(p, &r)) return real(p, s);
-    if (r.kind == A_SPILL_HOST || r.kind == A_SPILL_MANAGED) return spill_free(&r, s, 1);
+    if (r.kind == A_SPILL_HOST || r.kind == A_SPILL_MANAGED || r.kind == A_SPILL_MAPPED) return spill_free(&r, s, 1);
     if (r.kind == A_ELASTIC) return elastic_free(&r); /* synchronises first, as a stream-ordered free must */
     CUresult rc = real(p, s);
     if (rc != CUDA_SUCCESS) {

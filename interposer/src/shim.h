@@ -23,7 +23,7 @@ enum shim_mode { MODE_PASSTHROUGH = 0, MODE_OBSERVE, MODE_ENFORCE, MODE_FAIL_CLO
 
 /* What one allocation is, in the shim's pointer table. */
 enum alloc_kind { A_DEVICE = 1, A_MANAGED, A_POOL, A_VMM_HANDLE, A_VMM_MAP, A_ARRAY, A_SPILL_HOST,
-                  A_SPILL_MANAGED, A_SPILL_VMM, A_ELASTIC };
+                  A_SPILL_MANAGED, A_SPILL_VMM, A_ELASTIC, A_SPILL_MAPPED };
 
 struct shim_config {
     enum shim_mode mode;

@@ -2,8 +2,11 @@
  * through every pointer, reports each pointer's memory type, then frees them in a shuffled order.
  * Usage: spill ROUTE COUNT MiB [hold|prefetch]   ROUTE: plain pitch managed async vmm mixed capture
  * With "hold", prints "ready" after allocating and waits for a line on stdin before freeing; with
- * "prefetch", prefetches every block to the GPU before freeing. */
+ * "prefetch", prefetches every block to the GPU before freeing. After allocating it prints the simulated
+ * driver's counters (pins, host-located cuMemCreate, copies: memsliceSimCounters), or "counters none" on a
+ * driver without them. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,6 +102,16 @@ static int alloc_and_report(struct block *b, int i, int route, size_t size) {
     return 1;
 }
 
+/* The simulated driver's counters of what it did for this process (pins, host creations, copies). */
+static void print_counters(void) {
+    unsigned int (*get)(unsigned long long *, unsigned int);
+    *(void **)&get = dlsym(RTLD_DEFAULT, "memsliceSimCounters");
+    unsigned long long c[6] = {0};
+    if (!get || get(c, 6) < 6) { printf("counters none\n"); return; }
+    printf("counters pins=%llu pin_bytes=%llu host_creates=%llu host_create_bytes=%llu copies=%llu copy_bytes=%llu\n",
+           c[0], c[1], c[2], c[3], c[4], c[5]);
+}
+
 /* "prefetch": prefetch every block to GPU 0 (spilled managed ranges must stay where they are). */
 static void prefetch_all(const struct block *b, int count) {
     CUmemLocation gpu = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
@@ -136,6 +149,7 @@ int main(int argc, char **argv) {
     if (!b) return 4;
     int ok = 0;
     for (int i = 0; i < count; i++) ok += alloc_and_report(&b[i], i, route_of(argv[1], i), size);
+    print_counters();
     if (!strcmp(mode, "prefetch")) prefetch_all(b, count);
     size_t f, t;
     cuMemGetInfo_v2(&f, &t);
