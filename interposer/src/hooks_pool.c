@@ -223,3 +223,13 @@ HOOK CUresult CUDAAPI cuCtxSynchronize(void) {
     if (g_npools) reconcile_pools();
     return rc;
 }
+/* CUDA 13's variant of cuCtxSynchronize, for a given context (what cudaDeviceSynchronize of a CUDA 13 runtime
+ * reaches through cuGetProcAddress): the same reconciliation. */
+HOOK CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx) {
+    PROLOGUE();
+    __auto_type real = REAL(cuCtxSynchronize_v2);
+    if (!real) return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult rc = real(ctx);
+    if (g_npools) reconcile_pools();
+    return rc;
+}

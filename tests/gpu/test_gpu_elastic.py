@@ -1,0 +1,147 @@
+"""Elastic memory on a real GPU: a plain process (no shim) holds all of the GPU but a few GiB; two elastic
+tenants (request 1 GiB, limit 8 GiB) share what is left. Tenant A fills 5.5 GiB and goes idle; tenant B then
+asks for 5.5 GiB, which does not fit, so A's memory moves to host memory (same pointers). A's data is checked
+while it is swapped out, B leaves, A's memory comes back to the GPU and is checked again. The move times are
+the tenants' own (their arbitration board), printed with the bytes moved."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from memslice.elastic import Tenant
+from gpukit import (
+    KIT_SIM,
+    MiB,
+    held,
+    no_gpu_reason,
+    real_env,
+    report,
+    run_cmd_argv,
+    wait_for,
+)
+
+# Skipped, saying why, without an NVIDIA driver and a GPU (tests/gpu/run.sh runs these).
+pytestmark = pytest.mark.skipif(no_gpu_reason() is not None, reason=no_gpu_reason() or "")
+
+LEFT_MIB = 9 * 1024       # what the plain process leaves free: one 5.5 GiB tenant and two contexts fit, two do not
+TENANT_MIB = 5632         # 5.5 GiB per tenant
+BLOCK_MIB = 256
+
+# A plain process that takes all of the GPU's free memory but `left` MiB, says so, and holds it until stdin ends.
+HOG = r"""
+import ctypes, json, os, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+cuda.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+cuda.cuInit(0); cuda.cuDeviceGet(ctypes.byref(dev), 0); cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+cuda.cuCtxSetCurrent(ctx)
+f, t = ctypes.c_size_t(), ctypes.c_size_t()
+cuda.cuMemGetInfo_v2(ctypes.byref(f), ctypes.byref(t))
+take = f.value - (int(sys.argv[1]) << 20)
+held, p = 0, ctypes.c_uint64()
+while take - held >= (1 << 30) and cuda.cuMemAlloc_v2(ctypes.byref(p), 1 << 30) == 0:
+    held += 1 << 30
+if take - held >= (2 << 20) and cuda.cuMemAlloc_v2(ctypes.byref(p), (take - held) & ~((2 << 20) - 1)) == 0:
+    held += (take - held) & ~((2 << 20) - 1)
+cuda.cuMemGetInfo_v2(ctypes.byref(f), ctypes.byref(t))
+print(json.dumps({"pid": os.getpid(), "held_mib": held >> 20, "free_mib": f.value >> 20, "total_mib": t.value >> 20}),
+      flush=True)
+sys.stdin.read()
+"""
+
+# An elastic tenant: `alloc MiB` (256 MiB blocks, a pattern at the start and end of each), `check` (reads them
+# back through the same pointers); one JSON line per answer.
+TENANT = r"""
+import ctypes, json, os, sys, time
+BLOCK, MiB = 256 << 20, 1 << 20
+cuda = ctypes.CDLL("libcuda.so.1")
+P = ctypes.c_uint64
+cuda.cuMemAlloc_v2.argtypes = [ctypes.POINTER(P), ctypes.c_size_t]
+cuda.cuMemcpyHtoD_v2.argtypes = [P, ctypes.c_char_p, ctypes.c_size_t]
+cuda.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, P, ctypes.c_size_t]
+dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+cuda.cuInit(0); cuda.cuDeviceGet(ctypes.byref(dev), 0); cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+cuda.cuCtxSetCurrent(ctx)
+def pattern(i):
+    return bytes((i * 7 + k) & 0xFF for k in range(256)) * 4096
+blocks = []
+print(json.dumps({"pid": os.getpid()}), flush=True)
+for line in sys.stdin:
+    cmd = line.split()
+    t0 = time.perf_counter()
+    if cmd[0] == "alloc":
+        rc = 0
+        for _ in range(int(cmd[1]) * MiB // BLOCK):
+            p = P()
+            rc = cuda.cuMemAlloc_v2(ctypes.byref(p), BLOCK)
+            if rc:
+                break
+            pat = pattern(len(blocks))
+            cuda.cuMemcpyHtoD_v2(p, pat, MiB)
+            cuda.cuMemcpyHtoD_v2(P(p.value + BLOCK - MiB), pat, MiB)
+            blocks.append(p.value)
+        print(json.dumps({"allocated_mib": len(blocks) * BLOCK // MiB, "rc": rc,
+                          "seconds": round(time.perf_counter() - t0, 3)}), flush=True)
+    elif cmd[0] == "check":
+        buf, bad = ctypes.create_string_buffer(MiB), 0
+        for i, addr in enumerate(blocks):
+            for off in (0, BLOCK - MiB):
+                cuda.cuMemcpyDtoH_v2(buf, P(addr + off), MiB)
+                bad += buf.raw != pattern(i)
+        print(json.dumps({"checked": len(blocks), "bad": bad}), flush=True)
+"""
+
+
+def board(edir: Path, pid: int) -> Tenant:
+    """The tenant's entry on the GPU's arbitration board (an empty one before it has published)."""
+    from memslice.elastic import read_boards
+
+    return next((t for t in read_boards(edir) if t.pid == pid),
+                Tenant(gpu="", slot=-1, pid=pid, state="absent", request_bytes=0, limit_bytes=0, resident_bytes=0,
+                       swapped_bytes=0, idle_ms=0, swap_outs=0, swap_ins=0, swap_out_seconds=0.0,
+                       swap_in_seconds=0.0, version=0))
+
+
+def test_idle_tenant_swaps_out_and_back_with_every_byte(tmp_path):
+    edir = tmp_path / "elastic"
+    edir.mkdir(mode=0o700)
+    env = real_env(MEMSLICE_ELASTIC_DIR=str(edir))
+    tenant = [sys.executable, "-c", TENANT]
+    opts = ("--gpu-mem-request", "1GiB", "--idle-after", "1")
+
+    def start(name: str):
+        return held([*run_cmd_argv(8192, tmp_path / name, opts), *tenant], env)
+
+    with held([sys.executable, "-c", HOG, str(LEFT_MIB)], real_env()) as hog:
+        h = hog.read()
+        assert h["free_mib"] <= LEFT_MIB + 2, h
+        with start("a") as a:
+            a_pid = a.read()["pid"]
+            got = a.ask(f"alloc {TENANT_MIB}")
+            assert got == {**got, "allocated_mib": TENANT_MIB, "rc": 0}, got
+            assert wait_for(lambda: board(edir, a_pid).state == "idle", 30), board(edir, a_pid)
+            with start("b") as b:
+                b.read()
+                got_b = b.ask(f"alloc {TENANT_MIB}")
+                assert got_b == {**got_b, "allocated_mib": TENANT_MIB, "rc": 0}, got_b
+                assert wait_for(lambda: board(edir, a_pid).swapped_bytes >= TENANT_MIB * MiB, 60), board(edir, a_pid)
+                out = board(edir, a_pid)
+                while_swapped = a.ask("check")
+                assert while_swapped == {"checked": TENANT_MIB // BLOCK_MIB, "bad": 0}, while_swapped
+            # B has ended: A, active again (each check is a CUDA call), gets its memory back in the GPU
+            assert wait_for(lambda: a.ask("check")["bad"] == 0 and board(edir, a_pid).resident_bytes
+                            >= TENANT_MIB * MiB, 90), board(edir, a_pid)
+            back = board(edir, a_pid)
+            after = a.ask("check")
+            assert after == {"checked": TENANT_MIB // BLOCK_MIB, "bad": 0}, after
+    gib = TENANT_MIB / 1024
+    report("elastic swap out and back", gpu="simulated" if KIT_SIM else "real", hog_mib=h["held_mib"],
+           left_free_mib=h["free_mib"], tenant_mib=TENANT_MIB, b_alloc_seconds=got_b["seconds"],
+           swap_outs=out.swap_outs, swap_out_seconds=round(out.swap_out_seconds, 3),
+           swap_out_gib_per_s=round(gib / out.swap_out_seconds, 2) if out.swap_out_seconds else None,
+           swap_ins=back.swap_ins, swap_in_seconds=round(back.swap_in_seconds, 3),
+           swap_in_gib_per_s=round(gib / back.swap_in_seconds, 2) if back.swap_in_seconds else None,
+           bad_while_swapped=while_swapped["bad"], bad_after=after["bad"])
+
