@@ -68,10 +68,11 @@ sanitize: install
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  $(VENV)/bin/pytest -q -p no:cacheprovider tests/test_nameids.py
 
-# The real-GPU check kit (docs/operations.md): skips, saying why, without an NVIDIA driver and a GPU.
-# Frameworks are not in the test extra: pip install torch / 'jax[cuda12]' / cupy-cuda12x into .venv first.
-gpu-check: install
-	$(VENV)/bin/pytest -rA -s tests/gpu
+# The real-GPU check kit (docs/operations.md): offline, with the machine's own python3 (PYTHON=...) and
+# compiler, memslice imported from the source tree (no venv, no pip); skips, saying why, without an NVIDIA
+# driver and a GPU. Figures also go to MEMSLICE_GPU_FIGURES (JSON lines; default build/gpu-figures.jsonl).
+gpu-check:
+	PYTHON=$(PYTHON) tests/gpu/run.sh
 
 clean:
 	$(MAKE) -C interposer clean

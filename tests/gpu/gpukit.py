@@ -12,7 +12,6 @@ that need only the driver API on memslice's simulated GPU; those that need a fra
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import json
 import os
@@ -118,6 +117,9 @@ def run_cmd(cmd: list[str], env: dict[str, str] | None = None,
         _kill_group(proc)
         out, err = proc.communicate(timeout=30)
         return subprocess.CompletedProcess(cmd, 124, out, err + f"\n[gpu-check] timed out after {timeout:.0f} s")
+    except BaseException:  # KeyboardInterrupt (the kit's own deadline): take the child's group down too
+        _kill_group(proc)
+        raise
 
 
 def run_cmd_argv(quota_mib: int, region: Path, extra: tuple[str, ...] = ()) -> list[str]:
@@ -257,6 +259,13 @@ procs = {p.pid: (p.usedGpuMemory or 0) >> 20 for p in n.nvmlDeviceGetComputeRunn
 m = n.nvmlDeviceGetMemoryInfo(h)
 print(json.dumps({"procs": {str(k): v for k, v in procs.items()}, "used": m.used >> 20, "total": m.total >> 20}))
 """
+
+
+def need_nvml() -> None:
+    """Skip, saying why, where NVML's Python binding is missing (the GPU machine's Python has nvidia-ml-py)."""
+    import pytest
+
+    pytest.importorskip("pynvml", reason="nvidia-ml-py (pynvml) is not installed in this Python")
 
 
 def nvml_outside() -> dict[str, Any]:

@@ -15,6 +15,7 @@ from gpukit import (
     QUOTA_MIB,
     last_json,
     memslice_run,
+    need_nvml,
     no_gpu_reason,
     plain_run,
     report,
@@ -49,6 +50,7 @@ print(json.dumps(out))
 def test_nvml_inside_the_shim_is_the_quota_outside_the_gpu(tmp_path):
     """Inside the shim NVML's total is the quota. Outside, NVML's total is the GPU's, and CUDA's total is that
     less what the driver reserves (nvmlDeviceGetMemoryInfo_v2's reserved: 480 MiB on an H100 with driver 580)."""
+    need_nvml()
     inside = last_json(memslice_run(tmp_path / "region", NVML))
     outside = last_json(plain_run(NVML, timeout=120))
     report("nvml totals", inside_mib=inside["total"], quota_mib=QUOTA_MIB, nvml_total_mib=outside["total"],
@@ -77,6 +79,7 @@ print(json.dumps({"delta": (after - before) >> 20, "listed": [m >> 20 for m in m
 
 
 def test_context_size_against_the_reserve():
+    need_nvml()
     got = last_json(plain_run(CONTEXT, timeout=120))
     reserve = 300  # MEMSLICE_CONTEXT_RESERVE's default, MiB (docs/architecture.md)
     report("context size", measured_mib=got["delta"], nvml_listed_mib=got["listed"], reserve_mib=reserve)

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from memslice.elastic import Tenant
 from gpukit import (
     KIT_SIM,
     MiB,
@@ -21,6 +20,8 @@ from gpukit import (
     run_cmd_argv,
     wait_for,
 )
+
+from memslice.elastic import Tenant
 
 # Skipped, saying why, without an NVIDIA driver and a GPU (tests/gpu/run.sh runs these).
 pytestmark = pytest.mark.skipif(no_gpu_reason() is not None, reason=no_gpu_reason() or "")
