@@ -114,11 +114,15 @@ def elf_exports(path: str) -> set[str]:
     return names
 
 
-# Through the shim (and, for comparison, without it): for each name, what cuGetProcAddress_v2 answers and what
-# calling the exported name answers (zero arguments: a count of 0, NULL pointers, the legacy stream).
+# Through the shim (and, for comparison, without it), for each name: what cuGetProcAddress_v2 answers, whether
+# dlsym on the driver's handle finds it, and what calling the name answers where a program linked against a
+# newer libcuda finds it (the preloaded shim's export; without the shim, the driver's, if any). The call has
+# zero arguments: a count of 0, NULL pointers, the legacy stream.
 NEWER_THAN_DRIVER = r"""
-import ctypes, json, sys
+import ctypes, json, os, sys
 cuda = ctypes.CDLL("libcuda.so.1")
+shim = [p for p in os.environ.get("LD_PRELOAD", "").split() if "libmemslice" in p]
+linked = ctypes.CDLL(shim[0]) if shim else cuda
 dev, ctx = ctypes.c_int(), ctypes.c_void_p()
 cuda.cuInit(0); cuda.cuDeviceGet(ctypes.byref(dev), 0); cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
 cuda.cuCtxSetCurrent(ctx)
@@ -129,9 +133,10 @@ out = {}
 for name in sys.argv[1:]:
     fn, status = ctypes.c_void_p(), ctypes.c_int(-1)
     rc = gpa(name.encode(), ctypes.byref(fn), 13000, 0, ctypes.byref(status))
-    entry = {"gpa_rc": rc, "gpa_status": status.value, "gpa_found": bool(fn.value)}
+    entry = {"gpa_rc": rc, "gpa_status": status.value, "gpa_found": bool(fn.value),
+             "dlsym_found": hasattr(cuda, name)}
     try:
-        f = getattr(cuda, name)
+        f = getattr(linked, name)
     except AttributeError:
         entry["call_rc"] = None
     else:
@@ -147,8 +152,9 @@ def test_names_newer_than_the_driver_answer_as_the_driver_would(tmp_path):
     """The shim routes names from the newest cuda.h; a driver older than them lacks some (driver 580 lacks
     cuMemcpyWithAttributesAsync, cuMemcpy3DWithAttributesAsync and their _ptsz). Through the shim such a name
     must answer as the driver does for an unknown entry point: cuGetProcAddress gives the driver's own answer
-    (CUDA_ERROR_NOT_FOUND, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND, no pointer), a direct call of the exported
-    name CUDA_ERROR_NOT_SUPPORTED or NOT_FOUND, and nothing crashes."""
+    (CUDA_ERROR_NOT_FOUND, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND, no pointer), dlsym finds nothing, a program
+    linked against a newer libcuda that calls it (reaching the shim's export) gets CUDA_ERROR_NOT_SUPPORTED,
+    and nothing crashes."""
     lib = real_libcuda()
     names = elf_exports(lib)
     routed = re.findall(r"^HOOK_ENTRY\((cu\w+)\)", HOOKS.read_text(), re.M)
@@ -161,6 +167,7 @@ def test_names_newer_than_the_driver_answer_as_the_driver_would(tmp_path):
     for n in missing:
         assert (shim[n]["gpa_rc"], shim[n]["gpa_status"]) == (plain[n]["gpa_rc"], plain[n]["gpa_status"]), n
         assert shim[n]["gpa_rc"] != 0 and not shim[n]["gpa_found"], n
+        assert not shim[n]["dlsym_found"] and not plain[n]["dlsym_found"], n
         assert shim[n]["call_rc"] in (500, 801), f"{n}: {shim[n]}"  # NOT_FOUND, NOT_SUPPORTED
 
 
