@@ -181,6 +181,8 @@ void uncharge_host(int dev, uint64_t n) {
     if (n && g_ledger.slot >= 0) ms_uncharge(&g_ledger, dev, n, 1);
 }
 
+static int g_mapped_off; /* 1 once the driver has refused a host-located mapping: the pinned path only */
+
 /* The size unit of host-located VMM allocations (cuMemGetAllocationGranularity, MINIMUM), read once; 0 when
  * the driver has no host VMM locations (then everything takes the pinned path). */
 static uint64_t host_granularity(void) {
@@ -242,7 +244,11 @@ static CUresult spill_mapped(CUdeviceptr *dptr, uint64_t n, uint64_t gran, int d
     }
     if (rc != CUDA_SUCCESS) {
         uncharge_host(dev, size);
-        return rc == CUDA_ERROR_OUT_OF_MEMORY ? rc : CUDA_ERROR_NOT_SUPPORTED;
+        if (rc == CUDA_ERROR_OUT_OF_MEMORY) return rc;
+        if (!__atomic_exchange_n(&g_mapped_off, 1, __ATOMIC_RELAXED))
+            shim_log(LOG_INFO, "memslice: %s: the driver cannot map host memory at device addresses (error %d); "
+                     "spilled memory is pinned host memory from now on (slower to allocate)", call, (int)rc);
+        return CUDA_ERROR_NOT_SUPPORTED;
     }
     *dptr = d;
     return CUDA_SUCCESS;
@@ -277,7 +283,7 @@ CUresult spill_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ordinal, C
         shim_log(LOG_WARN, "memslice: %s: not spilled to host memory because the stream is being captured", call);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    uint64_t gran = n ? host_granularity() : 0;
+    uint64_t gran = n && !__atomic_load_n(&g_mapped_off, __ATOMIC_RELAXED) ? host_granularity() : 0;
     CUresult rc = gran && n >= gran ? spill_mapped(dptr, n, gran, dev, ordinal, call) : CUDA_ERROR_NOT_SUPPORTED;
     if (rc == CUDA_ERROR_NOT_SUPPORTED) rc = spill_pinned(dptr, n, dev, call);
     if (rc == CUDA_SUCCESS && g_cfg.log_level >= LOG_DEBUG) {
