@@ -137,7 +137,7 @@ def child(gib: int, rounds: int) -> dict[str, Any]:
     return res
 
 
-def measure(gib: int, quota_mib: int, rounds: int, timeout: float = 240) -> dict[str, Any]:
+def measure(gib: int, quota_mib: int, rounds: int, timeout: float = 150) -> dict[str, Any]:
     """Run the child under `memslice run` (a temporary region) and return its figures."""
     region = tempfile.mkdtemp(prefix="memslice-bench-spill-")
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSLICE_") and k != "LD_PRELOAD"}

@@ -9,12 +9,12 @@
 #
 # Every figure is printed ("[gpu-check] ...") and appended as a JSON line to MEMSLICE_GPU_FIGURES (default
 # build/gpu-figures.jsonl). Every check bounds its children; the whole run is cut at MEMSLICE_GPU_KIT_TIMEOUT
-# seconds (default 540) so that it can never hang. Without an NVIDIA driver and a GPU every check skips,
+# seconds (default 480) so that it can never hang. Without an NVIDIA driver and a GPU every check skips,
 # saying why.
 set -eu
 ROOT=$(CDPATH='' cd -- "$(dirname -- "$0")/../.." && pwd)
 PY=${PYTHON:-python3}
-LIMIT=${MEMSLICE_GPU_KIT_TIMEOUT:-540}
+LIMIT=${MEMSLICE_GPU_KIT_TIMEOUT:-480}
 
 if ! "$PY" -c 'import pytest' 2>/dev/null; then
     echo "gpu kit: $PY cannot import pytest; run with PYTHON=<a python that has pytest> $0" >&2
