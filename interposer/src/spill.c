@@ -284,7 +284,10 @@ CUresult spill_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ordinal, C
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     uint64_t gran = n && !__atomic_load_n(&g_mapped_off, __ATOMIC_RELAXED) ? host_granularity() : 0;
-    CUresult rc = gran && n >= gran ? spill_mapped(dptr, n, gran, dev, ordinal, call) : CUDA_ERROR_NOT_SUPPORTED;
+    /* sizes past 2^62 (which no host has) go the pinned way, where the cap refuses them: rounding them up
+     * would wrap around */
+    CUresult rc = gran && n >= gran && n <= (1ull << 62) ? spill_mapped(dptr, n, gran, dev, ordinal, call)
+                                                          : CUDA_ERROR_NOT_SUPPORTED;
     if (rc == CUDA_ERROR_NOT_SUPPORTED) rc = spill_pinned(dptr, n, dev, call);
     if (rc == CUDA_SUCCESS && g_cfg.log_level >= LOG_DEBUG) {
         char a[32];
