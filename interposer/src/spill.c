@@ -181,7 +181,7 @@ void uncharge_host(int dev, uint64_t n) {
     if (n && g_ledger.slot >= 0) ms_uncharge(&g_ledger, dev, n, 1);
 }
 
-static int g_mapped_off; /* 1 once the driver has refused a host-located mapping: the pinned path only */
+static int g_mapped_off; /* 1 once the driver has said it cannot map host memory: the pinned path only */
 
 /* The size unit of host-located VMM allocations (cuMemGetAllocationGranularity, MINIMUM), read once; 0 when
  * the driver has no host VMM locations (then everything takes the pinned path). */
@@ -245,10 +245,10 @@ static CUresult spill_mapped(CUdeviceptr *dptr, uint64_t n, uint64_t gran, int d
     if (rc != CUDA_SUCCESS) {
         uncharge_host(dev, size);
         if (rc == CUDA_ERROR_OUT_OF_MEMORY) return rc;
-        if (!__atomic_exchange_n(&g_mapped_off, 1, __ATOMIC_RELAXED))
-            shim_log(LOG_INFO, "memslice: %s: the driver cannot map host memory at device addresses (error %d); "
-                     "spilled memory is pinned host memory from now on (slower to allocate)", call, (int)rc);
-        return CUDA_ERROR_NOT_SUPPORTED;
+        if (rc == CUDA_ERROR_NOT_SUPPORTED && !__atomic_exchange_n(&g_mapped_off, 1, __ATOMIC_RELAXED))
+            shim_log(LOG_INFO, "memslice: %s: the driver cannot map host memory at device addresses; spilled "
+                     "memory is pinned host memory from now on (slower to allocate)", call);
+        return CUDA_ERROR_NOT_SUPPORTED; /* this allocation tries the pinned path */
     }
     *dptr = d;
     return CUDA_SUCCESS;
