@@ -26,6 +26,35 @@ pytestmark = pytest.mark.skipif(no_gpu_reason() is not None, reason=no_gpu_reaso
 
 HOOKS = Path(__file__).resolve().parents[2] / "interposer" / "src" / "hooks.def"
 
+MACHINE = r"""
+import ctypes, json, platform, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+name, ver, n = ctypes.create_string_buffer(256), ctypes.c_int(), ctypes.c_int()
+cuda.cuInit(0); cuda.cuDriverGetVersion(ctypes.byref(ver)); cuda.cuDeviceGetCount(ctypes.byref(n))
+cuda.cuDeviceGetName(name, 256, 0)
+out = {"gpu": name.value.decode(), "gpus": n.value, "cuda_driver_api": ver.value, "python": platform.python_version()}
+try:
+    import pynvml
+    pynvml.nvmlInit()
+    out["driver"] = pynvml.nvmlSystemGetDriverVersion()
+except Exception as e:
+    out["driver"] = "unknown (%s)" % e
+for mod in ("torch", "jax", "cupy"):
+    try:
+        out[mod] = __import__(mod).__version__
+    except Exception:
+        out[mod] = None
+print(json.dumps(out))
+"""
+
+
+def test_machine():
+    """The machine the figures come from (first in the figures file): GPU model, driver, frameworks."""
+    got = last_json(plain_run(MACHINE, timeout=120))
+    report("machine", **got)
+    assert got["gpus"] >= 1 and got["gpu"]
+
+
 NVML = r"""
 import ctypes, json, pynvml as n
 n.nvmlInit()
