@@ -16,7 +16,7 @@ static CUresult charge_context(int dev) {
                                                                                  : CUDA_SUCCESS;
 }
 
-/* The primary context is created (and charged) at its first retain in the process, and stays. */
+/* The primary context is created (and charged) when a retain finds it inactive; the last release destroys it. */
 static CUresult charge_primary(int dev) {
     CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&g_mu);
@@ -35,7 +35,9 @@ API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d) {
     if (!valid_dev(d)) return CUDA_ERROR_INVALID_DEVICE;
     CUresult rc = charge_primary(d);
     if (rc) return rc;
-    __atomic_fetch_add(&g_primary_refs[d], 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_lock(&g_mu);
+    g_primary_refs[d]++;
+    pthread_mutex_unlock(&g_mu);
     *pctx = (CUcontext)&g_primary[d];
     return CUDA_SUCCESS;
 }
@@ -44,8 +46,14 @@ API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d) {
 API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
     NEED_INIT();
     if (!valid_dev(d)) return CUDA_ERROR_INVALID_DEVICE;
-    if (__atomic_load_n(&g_primary_refs[d], __ATOMIC_SEQ_CST) > 0)
-        __atomic_fetch_sub(&g_primary_refs[d], 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_lock(&g_mu);
+    if (g_primary_refs[d] > 0 && --g_primary_refs[d] == 0 && g_primary_charged[d]) {
+        /* the last release destroys the primary context: its memory (and its limits') comes back */
+        sim_uncharge(S(), d, S()->context_overhead + g_primary[d].extra, 0);
+        g_primary[d] = (struct sim_ctx){.magic = CTX_MAGIC, .dev = d, .primary = 1};
+        g_primary_charged[d] = 0;
+    }
+    pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;
 }
 /* The legacy variant of cuDevicePrimaryCtxRelease_v2: the same call. */
