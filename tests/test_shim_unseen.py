@@ -106,7 +106,8 @@ def nvml_processes(env: dict[str, str]) -> dict[int, int]:
               "ctypes.CDLL(os.path.join(os.environ['LD_LIBRARY_PATH'], 'libnvidia-ml.so.1'), mode=ctypes.RTLD_GLOBAL)\n"
               "pynvml.nvmlInit()\n"
               "h = pynvml.nvmlDeviceGetHandleByIndex(0)\n"
-              "print(json.dumps({p.pid: p.usedGpuMemory >> 20 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)}))\n")
+              "procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)\n"
+              "print(json.dumps({p.pid: p.usedGpuMemory >> 20 for p in procs}))\n")
     plain = {k: v for k, v in env.items() if k not in ("LD_PRELOAD",) and not k.startswith("MEMSLICE_GPU")}
     out = subprocess.run([sys.executable, "-c", script], env=plain, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -133,9 +134,9 @@ def test_two_tenants_at_once_each_stay_within_their_quota(node, cbin, tmp_path):
             outs.append("".join(lines))
             assert "held" in outs[-1], outs[-1]
         per_process = nvml_processes(n.env)
-        for p, out in zip(procs, outs):
+        for p, out in zip(procs, outs, strict=True):
             assert 0 < per_process[p.pid] <= QUOTA_MIB, (per_process, out)
-            assert kv(out)["fill_got_mib"] != "0" or "ctx rc=2" in out or "stack rc=2" in out
+            assert kv(out)["fill_got_mib"] != "0", "what is left of the quota is still there to allocate"
     finally:
         for p in procs:
             if p.stdin:
