@@ -64,6 +64,8 @@ class DeviceUsage:
     spill_refused: int
     host_peak_bytes: int = 0
     charged_bytes: int = 0  # the shared total, dead processes' unreclaimed charges included
+    context_cost_bytes: int = 0  # what the last context created on the GPU took, as the shim measured it
+    driver_taken_bytes: int = 0  # of charged_bytes, what the driver took outside allocation calls
 
 
 @dataclass(frozen=True)
@@ -329,7 +331,9 @@ def _read_fd(fd: int, path: str, lo: Layout, with_processes: bool = True) -> Reg
                                    peak_bytes=max(int(dv.peak), live_dev[d]), refused=int(dv.refused),
                                    spill_refused=int(dv.spill_refused),
                                    host_peak_bytes=max(int(dv.host_peak), live_host[d]),
-                                   charged_bytes=int(dv.used) & ~FROZEN))
+                                   charged_bytes=int(dv.used) & ~FROZEN,
+                                   context_cost_bytes=min(int(dv.context_cost), int(dv.physical_total)),
+                                   driver_taken_bytes=min(int(dv.driver_taken), int(dv.used) & ~FROZEN)))
     return RegionSnapshot(path=path, devices=devices, processes=procs, recounts=int(h.recounts),
                           reclaimed=int(h.reclaimed), owner_pids=owners)
 

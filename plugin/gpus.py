@@ -29,9 +29,12 @@ class GpuInfo:
     index: int
     uuid: str
     model: str
-    mem_mib: int
+    mem_mib: int  # what can be allocated, and what is advertised: allocatable_mib()
     numa: int | None  # None when NVML does not know (no topology is advertised then)
     mig: bool
+    nvml_total_mib: int = 0  # NVML's total (v1), the driver's reserved memory included; 0: not read
+    reserved_mib: int | None = None  # nvmlDeviceGetMemoryInfo_v2's reserved; None: the driver lacks v2
+    cuda_total_mib: int | None = None  # cuDeviceTotalMem_v2; None: libcuda could not be read
 
     def shape(self) -> GpuShape:
         return GpuShape(index=self.index, mem_mib=self.mem_mib, numa=self.numa)
@@ -41,6 +44,16 @@ class GpuInfo:
 class XidEvent:
     uuid: str
     xid: int
+
+
+def allocatable_mib(nvml_total: int, reserved: int | None, cuda_total: int | None) -> int:
+    """What processes can allocate on a GPU (bytes in, MiB out): NVML's total less the memory the driver
+    reserves (an H100: 81,559 - 480 = 81,079 MiB), never more than CUDA's own total where it could be
+    read; NVML's total alone only when neither can be (an old driver without the v2 call, no libcuda)."""
+    can = nvml_total - reserved if reserved is not None else nvml_total
+    if cuda_total is not None and 0 < cuda_total < can:
+        can = cuda_total
+    return max(can, 0) >> 20
 
 
 def _text(value: bytes | str) -> str:
@@ -102,6 +115,7 @@ class Nvml:
     def _discover(self) -> list[GpuInfo]:
         import pynvml
 
+        cuda_totals = _cuda_totals(self.simulate)
         out = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
@@ -115,11 +129,14 @@ class Nvml:
                 mig = current == pynvml.NVML_DEVICE_MIG_ENABLE
             except pynvml.NVMLError:
                 mig = False  # not supported on this GPU
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            out.append(GpuInfo(index=int(pynvml.nvmlDeviceGetIndex(h)),
-                               uuid=_text(pynvml.nvmlDeviceGetUUID(h)),
-                               model=_text(pynvml.nvmlDeviceGetName(h)), mem_mib=int(mem.total) >> 20,
-                               numa=numa, mig=mig))
+            total, reserved = _memory(h)
+            uuid = _text(pynvml.nvmlDeviceGetUUID(h))
+            cuda = cuda_totals.get(uuid)
+            out.append(GpuInfo(index=int(pynvml.nvmlDeviceGetIndex(h)), uuid=uuid,
+                               model=_text(pynvml.nvmlDeviceGetName(h)),
+                               mem_mib=allocatable_mib(total, reserved, cuda), numa=numa, mig=mig,
+                               nvml_total_mib=total >> 20, reserved_mib=None if reserved is None else reserved >> 20,
+                               cuda_total_mib=None if cuda is None else cuda >> 20))
         return out
 
     def used_mib(self, uuid: str) -> int | None:
@@ -128,12 +145,61 @@ class Nvml:
 
         try:
             h = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-            return int(pynvml.nvmlDeviceGetMemoryInfo(h).used) >> 20
+            try:  # v2: allocations only (v1's used adds the driver's reserved memory)
+                return int(pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used) >> 20
+            except pynvml.NVMLError:
+                return int(pynvml.nvmlDeviceGetMemoryInfo(h).used) >> 20
         except pynvml.NVMLError:
             return None
 
     def responds(self, uuid: str) -> bool:
         return self.used_mib(uuid) is not None
+
+
+def _memory(h: object) -> tuple[int, int | None]:
+    """NVML's total and reserved bytes of a GPU; reserved is None when the driver has no v2 call."""
+    import pynvml
+
+    total = int(pynvml.nvmlDeviceGetMemoryInfo(h).total)
+    try:
+        return total, int(pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).reserved)
+    except pynvml.NVMLError as exc:
+        log.debug("nvmlDeviceGetMemoryInfo_v2: %s; advertising NVML's total less nothing", exc)
+        return total, None
+
+
+def _cuda_totals(simulate: bool) -> dict[str, int]:
+    """cuDeviceTotalMem_v2 of every GPU the driver shows, by NVML-style UUID: the cross-check of what NVML
+    says can be allocated. Empty when libcuda.so.1 cannot be loaded or answers an error (logged)."""
+    try:
+        if simulate:
+            from memslice.paths import lib_dir
+
+            cuda = ctypes.CDLL(str(lib_dir() / "sim" / "libcuda.so.1"))
+        else:
+            cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        log.info("libcuda.so.1 cannot be loaded (%s): capacity from NVML alone", exc)
+        return {}
+    count, total = ctypes.c_int(0), ctypes.c_size_t(0)
+    uuid = (ctypes.c_ubyte * 16)()
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        log.info("libcuda.so.1 did not start: capacity from NVML alone")
+        return {}
+    out = {}
+    for i in range(count.value):
+        dev = ctypes.c_int(0)
+        if (cuda.cuDeviceGet(ctypes.byref(dev), i) != 0 or cuda.cuDeviceGetUuid_v2(uuid, dev) != 0
+                or cuda.cuDeviceTotalMem_v2(ctypes.byref(total), dev) != 0):
+            continue
+        out[uuid_text(bytes(uuid))] = int(total.value)
+    return out
+
+
+def uuid_text(raw: bytes) -> str:
+    """NVML's spelling of a 16-byte CUDA UUID: GPU-8-4-4-4-12 lower-case hex."""
+    h = raw.hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 class XidEventSet:

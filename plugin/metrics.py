@@ -90,6 +90,13 @@ class NodeCollector:
         labels = ["gpu", "uuid", "model"]
         cap = GaugeMetricFamily("memslice_gpu_capacity_mib", "GPU memory advertised (whole units)",
                                 labels=labels)
+        can = GaugeMetricFamily("memslice_gpu_allocatable_mib",
+                                "GPU memory processes can allocate: NVML's total less the driver's reserved "
+                                "memory, at most CUDA's total", labels=labels)
+        nvml_total = GaugeMetricFamily("memslice_gpu_nvml_total_mib",
+                                       "NVML's total (v1), the driver's reserved memory included", labels=labels)
+        reserved = GaugeMetricFamily("memslice_gpu_reserved_mib",
+                                     "Memory the driver reserves (nvmlDeviceGetMemoryInfo_v2)", labels=labels)
         used_alloc = GaugeMetricFamily("memslice_gpu_allocated_mib", "GPU memory handed to containers",
                                        labels=labels)
         used = GaugeMetricFamily("memslice_gpu_used_mib", "GPU memory in use (NVML)", labels=labels)
@@ -98,12 +105,17 @@ class NodeCollector:
         for g in gpus:
             lv = [str(g.index), g.uuid, g.model]
             cap.add_metric(lv, (g.mem_mib // st.unit_mib) * st.unit_mib)
+            can.add_metric(lv, g.mem_mib)
+            if g.nvml_total_mib:
+                nvml_total.add_metric(lv, g.nvml_total_mib)
+            if g.reserved_mib is not None:
+                reserved.add_metric(lv, g.reserved_mib)
             used_alloc.add_metric(lv, alloc.get(g.index, 0))
             u = self.used_mib(g.uuid)
             if u is not None:
                 used.add_metric(lv, u)
             health.add_metric(lv, 1 if healthy.get(g.uuid) else 0)
-        yield from (cap, used_alloc, used, health)
+        yield from (cap, can, nvml_total, reserved, used_alloc, used, health)
         yield from self._containers(ledger)
         if self.dir_usage is not None:
             yield from self._dirs(ledger, self.dir_usage)
@@ -146,6 +158,12 @@ class NodeCollector:
                                  labels=labels)
         refused = CounterMetricFamily("memslice_container_refused_allocations",
                                       "Allocations the shim refused for going over the quota", labels=labels)
+        ctx = GaugeMetricFamily("memslice_container_context_cost_mib",
+                                "What a CUDA context took on the container's GPU, as the shim measured it at the "
+                                "last context creation (charged to the quota per context)", labels=labels)
+        taken = GaugeMetricFamily("memslice_container_driver_taken_mib",
+                                  "Container GPU memory the driver took outside allocation calls (contexts, "
+                                  "limits, modules), charged to the quota", labels=labels)
         error = GaugeMetricFamily("memslice_container_region_error",
                                   "1 when the container's region file cannot be read or is not a valid region "
                                   "(the agent log names the problem)", labels=labels)
@@ -161,8 +179,10 @@ class NodeCollector:
                 used.add_metric(lv, dev.used_bytes / MiB)
                 peak.add_metric(lv, dev.peak_bytes / MiB)
                 refused.add_metric(lv, dev.refused)
+                ctx.add_metric(lv, dev.context_cost_bytes / MiB)
+                taken.add_metric(lv, dev.driver_taken_bytes / MiB)
         self._forget(set(ledger))
-        yield from (quota, used, peak, refused, error)
+        yield from (quota, used, peak, refused, ctx, taken, error)
 
     def _read(self, region_id: str) -> tuple[RegionSnapshot | None, bool]:
         """(snapshot or None, whether the region is damaged); logs a region's problem once per change."""

@@ -45,6 +45,7 @@ def cbin(libs: LibPaths, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     progs = {
         "alloc_direct": ["-L", libs.sim_dir, "-l:libcuda.so.1"],
         "kinds": ["-L", libs.sim_dir, "-l:libcuda.so.1"],
+        "unseen": ["-L", libs.sim_dir, "-l:libcuda.so.1", "-ldl"],
         "stress": ["-L", libs.sim_dir, "-l:libcuda.so.1", "-lpthread"],
         "routes": ["-ldl"],
         "spill": ["-L", libs.sim_dir, "-l:libcuda.so.1"],

@@ -375,8 +375,14 @@ def test_metrics_are_scraped_over_http(node):
     kubelet.wait_registered(RESOURCE)
     kubelet.admit("uid-1", "ns", "p1", [("c", 256)], RESOURCE)
     m = agent.metrics()
-    caps = {dict(lv)["gpu"]: v for (n, lv), v in m.items() if n == "memslice_gpu_capacity_mib"}
-    assert caps == {"0": 16384.0, "1": 24576.0}
+    def per_gpu(name: str) -> dict[str, float]:
+        return {dict(lv)["gpu"]: v for (n, lv), v in m.items() if n == name}
+
+    # advertised: what can be allocated (CUDA's total), not NVML's total, which adds the reserved memory
+    assert per_gpu("memslice_gpu_capacity_mib") == {"0": 16384.0, "1": 24576.0}
+    assert per_gpu("memslice_gpu_allocatable_mib") == {"0": 16384.0, "1": 24576.0}
+    assert per_gpu("memslice_gpu_nvml_total_mib") == {"0": 16384.0 + 96, "1": 24576.0 + 144}
+    assert per_gpu("memslice_gpu_reserved_mib") == {"0": 96.0, "1": 144.0}
     assert sorted(v for (n, _), v in m.items() if n == "memslice_gpu_used_mib") == [0.0, 0.0]
     assert m[("memslice_kubelet_registered", ())] == 1.0
     assert m[("memslice_allocate_seconds_count", ())] == 1.0

@@ -80,9 +80,13 @@ def test_inventory_is_published_and_follows_health(cluster):
     agent = make(sim_gpus="16GiB,24GiB:1", unit_mib=4)
     gpus, unit = published(api, agent)
     assert unit == "4"
-    assert [set(g) for g in gpus] == [{"uuid", "index", "model", "memMiB", "numa", "healthy"}] * 2
+    assert [set(g) for g in gpus] == [{"uuid", "index", "model", "memMiB", "numa", "healthy", "nvmlTotalMiB",
+                                       "reservedMiB"}] * 2
     assert [(g["index"], g["memMiB"], g["numa"], g["healthy"]) for g in gpus] == [(0, 16384, 0, True),
                                                                                   (1, 24576, 1, True)]
+    # memMiB is what can be allocated: NVML's total less what the driver reserves (480 MiB per 80 GiB on the
+    # simulated GPU, as on an H100), never NVML's total
+    assert [(g["nvmlTotalMiB"], g["reservedMiB"]) for g in gpus] == [(16384 + 96, 96), (24576 + 144, 144)]
     assert all(g["uuid"].startswith("GPU-") for g in gpus)
     assert "standalone" not in agent.log()
     kubelet.wait_registered(RESOURCE)

@@ -44,8 +44,9 @@ def test_container_started_from_the_allocate_response_is_held_to_its_quota(node)
     assert {m.container_path: m.read_only for m in resp.mounts}["/usr/local/memslice/sim/node.state"] is True
     assert os.stat(agent.sim_state).st_mode & 0o777 == 0o644
     assert env["MEMSLICE_SIM_USAGE"].startswith(host["/run/memslice/region"])
-    # context reserve (300 MiB) + 600 MiB fit in 1024 MiB; a second 600 MiB does not
-    tenant = subprocess.Popen([sys.executable, "-m", "memslice.tenant", "600", "600"], env=env, text=True,
+    # the context (520 MiB on the simulated GPU, as on an H100, measured by the shim) + 400 MiB fit in
+    # 1024 MiB; 600 MiB more do not
+    tenant = subprocess.Popen([sys.executable, "-m", "memslice.tenant", "400", "600"], env=env, text=True,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         events = []
@@ -55,7 +56,7 @@ def test_container_started_from_the_allocate_response_is_held_to_its_quota(node)
             assert line, f"tenant ended early: {tenant.stderr.read() if tenant.stderr else ''}"
             events.append(json.loads(line))
         allocs = [(e["mib"], e["result"]) for e in events if e["event"] == "alloc"]
-        assert allocs == [(600, 0), (600, 2)]  # 2 = CUDA_ERROR_OUT_OF_MEMORY
+        assert allocs == [(400, 0), (600, 2)]  # 2 = CUDA_ERROR_OUT_OF_MEMORY
         assert events[-1]["total_mib"] == 1024
         # the agent reads the container's region: quota, usage and the refusal
         labels = {"pod": "train", "container": "main"}
@@ -65,7 +66,8 @@ def test_container_started_from_the_allocate_response_is_held_to_its_quota(node)
         assert agent.sample("memslice_container_refused_allocations_total", **labels) == [1.0]
         assert agent.sample("memslice_container_quota_mib", **labels) == [1024.0]
         (used,) = agent.sample("memslice_container_used_mib", **labels)
-        assert 600 <= used <= 1024
-        assert agent.sample("memslice_gpu_used_mib", gpu="0")[0] >= 600
+        assert used == 520 + 400
+        assert agent.sample("memslice_container_context_cost_mib", **labels) == [520.0]
+        assert agent.sample("memslice_gpu_used_mib", gpu="0")[0] >= 920
     finally:
         tenant.communicate(timeout=30)

@@ -55,7 +55,7 @@ def test_quota_without_region_dir_fails_closed(node, cbin, tmp_path):
 def test_without_a_quota_the_shim_only_observes(node, cbin, tmp_path):
     from memslice.interposer.region import read_region
 
-    n = node()
+    n = node(context_overhead="0")  # a context that takes nothing: only the allocation is used
     region = tmp_path / "c"
     env = n.container(region, None, MEMSLICE_CONTEXT_RESERVE="0")
     holder = subprocess.Popen([sys.executable, "-m", "memslice.tenant", "3000"], env=env, stdin=subprocess.PIPE,
@@ -220,7 +220,7 @@ def test_fork_child_gets_its_own_slot(node, tmp_path):
         print("child", os.waitstatus_to_exitcode(st), flush=True)
         input()
     """)
-    n = node()
+    n = node(context_overhead="0")  # contexts take nothing here: the slots hold the allocations alone
     region = tmp_path / "c"
     env = n.container(region, "1GiB", MEMSLICE_CONTEXT_RESERVE="0")
     p = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -52,7 +52,8 @@ for line in sys.stdin:
 PHYSICAL = """
 import pynvml as n
 n.nvmlInit()
-print(n.nvmlDeviceGetMemoryInfo(n.nvmlDeviceGetHandleByIndex(0)).used >> 20)
+# v2's used: allocations only (v1's adds the memory the driver reserves, as a real driver's does)
+print(n.nvmlDeviceGetMemoryInfo(n.nvmlDeviceGetHandleByIndex(0), version=n.nvmlMemory_v2).used >> 20)
 """
 
 

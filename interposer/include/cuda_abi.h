@@ -24,6 +24,8 @@ typedef struct CUarray_st *CUarray;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUgraph_st *CUgraph;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUlib_st *CUlibrary;
 typedef struct CUexecAffinityParam_st CUexecAffinityParam;   /* only passed by pointer here */
 typedef struct CUctxCreateParams_st CUctxCreateParams;       /* only passed by pointer here */
 typedef struct CUuuid_st { char bytes[16]; } CUuuid;
@@ -37,6 +39,8 @@ enum {
     CUDA_ERROR_NO_DEVICE = 100,
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_INVALID_IMAGE = 200,
+    CUDA_ERROR_FILE_NOT_FOUND = 301,
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600,
@@ -82,6 +86,7 @@ typedef enum {
     CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY = 19,
     CU_DEVICE_ATTRIBUTE_PCI_BUS_ID = 33,
     CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID = 34,
+    CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR = 39,
     CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING = 41,
     CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID = 50,
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
@@ -109,6 +114,15 @@ typedef struct {
 } CUmemAllocationProp;
 typedef struct { CUmemLocation location; unsigned long long flags; } CUmemAccessDesc;
 enum { CU_MEM_ALLOCATION_TYPE_PINNED = 1, CU_MEM_ALLOCATION_TYPE_MANAGED = 2 };
+typedef enum { CU_MEM_HANDLE_TYPE_NONE = 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1,
+               CU_MEM_HANDLE_TYPE_WIN32 = 2, CU_MEM_HANDLE_TYPE_WIN32_KMT = 4,
+               CU_MEM_HANDLE_TYPE_FABRIC = 8 } CUmemAllocationHandleType;
+
+/* Context limits (cuCtxSetLimit): the first three make the driver reserve device memory */
+typedef enum { CU_LIMIT_STACK_SIZE = 0, CU_LIMIT_PRINTF_FIFO_SIZE = 1, CU_LIMIT_MALLOC_HEAP_SIZE = 2 } CUlimit;
+/* Module and library loading options: only passed through */
+typedef enum { CU_JIT_MAX_REGISTERS = 0 } CUjit_option;
+typedef enum { CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE = 0 } CUlibraryOption;
 typedef enum { CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1 }
     CUmemAllocationGranularity_flags;
 

@@ -88,7 +88,10 @@ struct ms_device {
     uint64_t host_peak;       /* high-water mark of host_used */
     uint64_t refused;         /* allocations refused because of the quota */
     uint64_t spill_refused;   /* spills refused (host cap or cgroup margin) */
-    uint64_t pad2[4];
+    uint64_t context_cost;    /* what the last context created on this GPU took, as measured (bytes) */
+    uint64_t driver_taken;    /* bytes of `used` the driver took outside allocation calls (contexts, limits,
+                                 modules, and what NVML showed beyond the charges), all processes */
+    uint64_t pad2[2];
 };
 
 struct ms_slot {
@@ -168,6 +171,8 @@ static inline uint64_t ms_bytes(uint64_t word) { return word & ~MS_FROZEN; }
 /* libmemslice-region.so's exports (ledger.c built with MS_REGION_ONLY), for Python (interposer/region.py
  * declares the same two to cffi). */
 int memslice_region_sweep(const char *path, char *err, size_t errlen);
+/* The calling process's pid in the initial PID namespace (the one NVML reports), 0 when unknown. */
+int32_t ms_host_pid(void);
 int memslice_region_liveness(const char *path, unsigned char *alive, int n, char *err, size_t errlen);
 
 #endif

@@ -28,7 +28,20 @@
 
 enum kind { K_DEVICE = 1, K_MANAGED, K_POOL, K_HOST, K_REGISTERED, K_VMM_RANGE, K_ARRAY, K_MIPMAP };
 
-struct sim_ctx { uint32_t magic; int dev; int primary; };
+/* A context: its device and its limits (cuCtxSetLimit); `extra` is the device memory its limits take beyond
+ * what the context overhead already covers (the defaults below). */
+struct sim_ctx { uint32_t magic; int dev; int primary; uint64_t stack, fifo, heap, extra; };
+/* Context limits as on an H100: local memory for the stack of every resident thread (132 SMs x 2048
+ * threads: 256 KiB of stack takes 67,320 MiB more than the default 1 KiB), a printf FIFO and a malloc heap. */
+#define SIM_RESIDENT_THREADS (132ull * 2048ull)
+#define SIM_DEFAULT_STACK 1024ull
+#define SIM_DEFAULT_FIFO (1ull << 20)
+#define SIM_DEFAULT_HEAP (8ull << 20)
+/* A module image the simulator recognises: these 8 bytes, then the bytes of its __device__ globals as a
+ * little-endian uint64 (what cuModuleLoadData and cuLibraryLoadData take on the device). Any other image
+ * is refused as CUDA_ERROR_INVALID_IMAGE, as the driver refuses what it cannot load. */
+#define SIM_MODULE_MAGIC "MSSIMMOD"
+
 struct pool_block { uint64_t ptr, size; struct pool_block *next; };
 struct sim_pool {
     uint32_t magic; int dev; uint64_t reserved, used, reserved_high, used_high, threshold, max_size;

@@ -21,7 +21,7 @@ static pthread_once_t g_map_once = PTHREAD_ONCE_INIT;
 static void map_init(void) {
     ms_ptrmap_init(&g_ptrs);
     for (int i = 0; i < SIM_MAX_GPUS; i++) {
-        g_primary[i] = (struct sim_ctx){CTX_MAGIC, i, 1};
+        g_primary[i] = (struct sim_ctx){.magic = CTX_MAGIC, .dev = i, .primary = 1};
         g_default_pool[i] = (struct sim_pool){.magic = POOL_MAGIC, .dev = i};
         g_current_pool[i] = &g_default_pool[i];
     }

@@ -6,17 +6,23 @@
 #include "simcuda.h"
 
 static int g_primary_refs[SIM_MAX_GPUS];
-static int g_ctx_charged[SIM_MAX_GPUS];
+static int g_primary_charged[SIM_MAX_GPUS];
 
 /* ---- contexts ----------------------------------------------------------------------------------- */
-/* A process's first context on a GPU takes device memory, as on real hardware. */
+/* Every context takes device memory, as on real hardware (an H100 took ~520 MiB for each of 17). */
 static CUresult charge_context(int dev) {
     struct sim *s = S();
+    return s->context_overhead && sim_charge(s, dev, s->context_overhead, 0) < 0 ? CUDA_ERROR_OUT_OF_MEMORY
+                                                                                 : CUDA_SUCCESS;
+}
+
+/* The primary context is created (and charged) when a retain finds it inactive; the last release destroys it. */
+static CUresult charge_primary(int dev) {
     CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&g_mu);
-    if (!g_ctx_charged[dev]) {
-        if (s->context_overhead && sim_charge(s, dev, s->context_overhead, 0) < 0) rc = CUDA_ERROR_OUT_OF_MEMORY;
-        else g_ctx_charged[dev] = 1;
+    if (!g_primary_charged[dev]) {
+        rc = charge_context(dev);
+        if (rc == CUDA_SUCCESS) g_primary_charged[dev] = 1;
     }
     pthread_mutex_unlock(&g_mu);
     return rc;
@@ -27,9 +33,11 @@ API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d) {
     NEED_INIT();
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(d)) return CUDA_ERROR_INVALID_DEVICE;
-    CUresult rc = charge_context(d);
+    CUresult rc = charge_primary(d);
     if (rc) return rc;
-    __atomic_fetch_add(&g_primary_refs[d], 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_lock(&g_mu);
+    g_primary_refs[d]++;
+    pthread_mutex_unlock(&g_mu);
     *pctx = (CUcontext)&g_primary[d];
     return CUDA_SUCCESS;
 }
@@ -38,8 +46,14 @@ API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice d) {
 API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
     NEED_INIT();
     if (!valid_dev(d)) return CUDA_ERROR_INVALID_DEVICE;
-    if (__atomic_load_n(&g_primary_refs[d], __ATOMIC_SEQ_CST) > 0)
-        __atomic_fetch_sub(&g_primary_refs[d], 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_lock(&g_mu);
+    if (g_primary_refs[d] > 0 && --g_primary_refs[d] == 0 && g_primary_charged[d]) {
+        /* the last release destroys the primary context: its memory (and its limits') comes back */
+        sim_uncharge(S(), d, S()->context_overhead + g_primary[d].extra, 0);
+        g_primary[d] = (struct sim_ctx){.magic = CTX_MAGIC, .dev = d, .primary = 1};
+        g_primary_charged[d] = 0;
+    }
+    pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;
 }
 /* The legacy variant of cuDevicePrimaryCtxRelease_v2: the same call. */
@@ -67,8 +81,11 @@ static CUresult ctx_create(CUcontext *pctx, CUdevice d) {
     CUresult rc = charge_context(d);
     if (rc) return rc;
     struct sim_ctx *c = calloc(1, sizeof *c);
-    if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
-    *c = (struct sim_ctx){CTX_MAGIC, d, 0};
+    if (!c) {
+        if (S()->context_overhead) sim_uncharge(S(), d, S()->context_overhead, 0);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *c = (struct sim_ctx){.magic = CTX_MAGIC, .dev = d};
     t_ctx = c;
     *pctx = (CUcontext)c;
     return CUDA_SUCCESS;
@@ -92,12 +109,13 @@ static struct sim_ctx *as_ctx(CUcontext c) {
     return x && x->magic == CTX_MAGIC ? x : NULL;
 }
 
-/* Destroy an explicit context (primary contexts cannot be destroyed). */
+/* Destroy an explicit context (primary contexts cannot be destroyed): its memory comes back. */
 API CUresult cuCtxDestroy_v2(CUcontext c) {
     NEED_INIT();
     struct sim_ctx *x = as_ctx(c);
     if (!x || x->primary) return CUDA_ERROR_INVALID_CONTEXT;
     if (t_ctx == x) t_ctx = NULL;
+    sim_uncharge(S(), x->dev, S()->context_overhead + x->extra, 0);
     x->magic = 0;
     free(x);
     return CUDA_SUCCESS;
@@ -136,3 +154,56 @@ API CUresult cuCtxGetDevice_v2(CUdevice *d, CUcontext c) {
 
 /* A context's device, or -1 when the handle is not a live context (sim_internal.h: streams and IPC). */
 int sim_ctx_device(CUcontext c) { struct sim_ctx *x = as_ctx(c); return x ? x->dev : -1; }
+
+/* ---- limits ------------------------------------------------------------------------------------------ */
+/* The value of a limit (0 in the context: the default). */
+static uint64_t limit_value(const struct sim_ctx *c, CUlimit l) {
+    if (l == CU_LIMIT_STACK_SIZE) return c->stack ? c->stack : SIM_DEFAULT_STACK;
+    if (l == CU_LIMIT_PRINTF_FIFO_SIZE) return c->fifo ? c->fifo : SIM_DEFAULT_FIFO;
+    return c->heap ? c->heap : SIM_DEFAULT_HEAP;
+}
+
+/* Device memory the three limits take beyond the defaults (which the context overhead covers); saturates
+ * rather than wraps on absurd values, which then cannot be charged. */
+static uint64_t limits_extra(uint64_t stack, uint64_t fifo, uint64_t heap) {
+    uint64_t st = stack > SIM_DEFAULT_STACK ? stack - SIM_DEFAULT_STACK : 0;
+    uint64_t e = st > (UINT64_MAX >> 2) / SIM_RESIDENT_THREADS ? UINT64_MAX >> 2 : st * SIM_RESIDENT_THREADS;
+    e += fifo > SIM_DEFAULT_FIFO ? (fifo - SIM_DEFAULT_FIFO) & (UINT64_MAX >> 3) : 0;
+    e += heap > SIM_DEFAULT_HEAP ? (heap - SIM_DEFAULT_HEAP) & (UINT64_MAX >> 3) : 0;
+    return e;
+}
+
+/* Set a limit of the current context: the memory it takes changes with it (charged before it is set, so a
+ * limit the GPU cannot hold is refused with CUDA_ERROR_OUT_OF_MEMORY and the old one stays). */
+API CUresult cuCtxSetLimit(CUlimit l, size_t value) {
+    NEED_CTX();
+    if ((unsigned)l > CU_LIMIT_MALLOC_HEAP_SIZE) return CUDA_ERROR_NOT_SUPPORTED;
+    struct sim_ctx *c = t_ctx;
+    pthread_mutex_lock(&g_mu);
+    uint64_t st = l == CU_LIMIT_STACK_SIZE ? value : limit_value(c, CU_LIMIT_STACK_SIZE);
+    uint64_t fi = l == CU_LIMIT_PRINTF_FIFO_SIZE ? value : limit_value(c, CU_LIMIT_PRINTF_FIFO_SIZE);
+    uint64_t he = l == CU_LIMIT_MALLOC_HEAP_SIZE ? value : limit_value(c, CU_LIMIT_MALLOC_HEAP_SIZE);
+    uint64_t extra = limits_extra(st, fi, he);
+    CUresult rc = CUDA_SUCCESS;
+    if (extra > c->extra && sim_charge(S(), c->dev, extra - c->extra, 0) < 0) rc = CUDA_ERROR_OUT_OF_MEMORY;
+    else {
+        if (extra < c->extra) sim_uncharge(S(), c->dev, c->extra - extra, 0);
+        c->extra = extra;
+        c->stack = st;
+        c->fifo = fi;
+        c->heap = he;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+/* A limit of the current context. */
+API CUresult cuCtxGetLimit(size_t *v, CUlimit l) {
+    NEED_CTX();
+    if (!v) return CUDA_ERROR_INVALID_VALUE;
+    if ((unsigned)l > CU_LIMIT_MALLOC_HEAP_SIZE) return CUDA_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&g_mu);
+    *v = (size_t)limit_value(t_ctx, l);
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}

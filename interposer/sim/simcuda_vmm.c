@@ -1,14 +1,22 @@
 /* Simulated driver: virtual memory management (memfd-backed physical handles mapped into reserved ranges). */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "simcuda.h"
 
-struct sim_vmm { uint32_t magic; int fd; int dev; int host; uint64_t size; int maps; int released;
-                 CUmemAllocationProp prop; };
+/* Physical memory (one memfd) is apart from the handles to it: cuMemImportFromShareableHandle gives a second
+ * handle to the same memory, which lives while any handle or mapping of it does (`refs`), even after the
+ * handle it was created with is released. Memory imported from another process is charged to the importer
+ * (its pages stay alive through it whatever the exporter does). */
+struct sim_phys { int fd; int dev; int host; uint64_t size; int refs; CUmemAllocationProp prop; ino_t ino;
+                  struct sim_phys *next; };
+struct sim_vmm { uint32_t magic; struct sim_phys *p; };
 #define VMM_MAGIC 0x564d4d31u
+static struct sim_phys *g_phys; /* this process's physical allocations, for imports of its own exports */
 
 /* ---- virtual memory management --------------------------------------------------------------------- */
 static struct sim_vmm *as_vmm(CUmemGenericAllocationHandle h) {
@@ -36,6 +44,15 @@ static int vmm_device(const CUmemAllocationProp *prop, int host) {
     return dev;
 }
 
+/* A new handle to p (which counts it), or NULL. */
+static struct sim_vmm *new_handle(struct sim_phys *p) {
+    struct sim_vmm *v = calloc(1, sizeof *v);
+    if (!v) return NULL;
+    *v = (struct sim_vmm){.magic = VMM_MAGIC, .p = p};
+    p->refs++;
+    return v;
+}
+
 /* Physical memory for VMM: a memfd of `size` bytes, so every mapping of the handle aliases the same pages.
  * Charged to the device (or to host memory for a host location) before anything is created. */
 API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
@@ -48,37 +65,124 @@ API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUm
     struct sim *s = S();
     if (sim_charge(s, dev, size, host) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     int fd = memfd_create("memslice-sim-vmm", MFD_CLOEXEC);
-    struct sim_vmm *v = calloc(1, sizeof *v);
-    if (fd < 0 || !v || ftruncate(fd, (off_t)size) < 0) {
+    struct sim_phys *p = calloc(1, sizeof *p);
+    struct stat st;
+    if (fd < 0 || !p || ftruncate(fd, (off_t)size) < 0 || fstat(fd, &st) < 0) {
         if (fd >= 0) close(fd);
-        free(v);
+        free(p);
         sim_uncharge(s, dev, size, host);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    *v = (struct sim_vmm){.magic = VMM_MAGIC, .fd = fd, .dev = dev, .host = host, .size = size, .prop = *prop};
+    *p = (struct sim_phys){.fd = fd, .dev = dev, .host = host, .size = size, .prop = *prop, .ino = st.st_ino};
+    pthread_mutex_lock(&g_mu);
+    struct sim_vmm *v = new_handle(p);
+    if (v) {
+        p->next = g_phys;
+        g_phys = p;
+    }
+    pthread_mutex_unlock(&g_mu);
+    if (!v) {
+        close(fd);
+        free(p);
+        sim_uncharge(s, dev, size, host);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     *h = (CUmemGenericAllocationHandle)(uintptr_t)v;
     if (host) sim_count(SIM_C_HOST_CREATES, size);
     return CUDA_SUCCESS;
 }
 
-/* Free a VMM allocation once its handle is released and nothing maps it (caller holds g_mu). */
-static void vmm_maybe_free(struct sim_vmm *v) {
-    if (!v->released || v->maps > 0) return;
-    close(v->fd);
-    sim_uncharge(S(), v->dev, v->size, v->host);
-    v->magic = 0;
-    free(v);
+/* Free physical memory once no handle and no mapping refers to it (caller holds g_mu). */
+static void phys_unref(struct sim_phys *p) {
+    if (--p->refs > 0) return;
+    struct sim_phys **pp = &g_phys;
+    while (*pp && *pp != p) pp = &(*pp)->next;
+    if (*pp) *pp = p->next;
+    close(p->fd);
+    sim_uncharge(S(), p->dev, p->size, p->host);
+    free(p);
 }
 
-/* Memory is given back when the handle is released and no mapping refers to it any more. */
+/* Releasing a handle frees the memory only once no other handle (an import) and no mapping refers to it. */
 API CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
     NEED_INIT();
     pthread_mutex_lock(&g_mu);
     struct sim_vmm *v = as_vmm(h);
-    if (!v || v->released) { pthread_mutex_unlock(&g_mu); return CUDA_ERROR_INVALID_VALUE; }
-    v->released = 1;
-    vmm_maybe_free(v);
+    if (!v) { pthread_mutex_unlock(&g_mu); return CUDA_ERROR_INVALID_VALUE; }
+    v->magic = 0;
+    phys_unref(v->p);
+    free(v);
     pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+/* Export as a file descriptor (the only shareable type on Linux without a fabric), when the handle was
+ * created asking for it, as the driver requires. */
+API CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h, CUmemAllocationHandleType type,
+                                          unsigned long long flags) {
+    NEED_INIT();
+    pthread_mutex_lock(&g_mu);
+    struct sim_vmm *v = as_vmm(h);
+    CUresult rc = CUDA_SUCCESS;
+    if (!v || !out || flags) rc = CUDA_ERROR_INVALID_VALUE;
+    else if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ||
+             !(v->p->prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) rc = CUDA_ERROR_NOT_SUPPORTED;
+    else if ((*(int *)out = fcntl(v->p->fd, F_DUPFD_CLOEXEC, 0)) < 0) rc = CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+/* This process's physical allocation behind an exported descriptor, or NULL (caller holds g_mu). */
+static struct sim_phys *phys_by_ino(ino_t ino) {
+    for (struct sim_phys *p = g_phys; p; p = p->next)
+        if (p->ino == ino) return p;
+    return NULL;
+}
+
+/* Import a descriptor from cuMemExportToShareableHandle: a new handle to the same memory (this process's
+ * own, or another's, then charged here since its pages now live through this process). */
+API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os, CUmemAllocationHandleType type) {
+    NEED_INIT();
+    int fd = (int)(intptr_t)os;
+    struct stat st;
+    if (!h || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 || st.st_size % VMM_GRANULARITY)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    struct sim_phys *p = phys_by_ino(st.st_ino);
+    struct sim_vmm *v = NULL;
+    if (p) v = new_handle(p);
+    pthread_mutex_unlock(&g_mu);
+    if (p) {
+        if (!v) return CUDA_ERROR_OUT_OF_MEMORY;
+        *h = (CUmemGenericAllocationHandle)(uintptr_t)v;
+        return CUDA_SUCCESS;
+    }
+    int dev = t_ctx ? t_ctx->dev : 0;
+    if (sim_charge(S(), dev, (uint64_t)st.st_size, 0) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    p = calloc(1, sizeof *p);
+    int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (!p || own < 0) {
+        free(p);
+        if (own >= 0) close(own);
+        sim_uncharge(S(), dev, (uint64_t)st.st_size, 0);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *p = (struct sim_phys){.fd = own, .dev = dev, .size = (uint64_t)st.st_size, .ino = st.st_ino};
+    p->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p->prop.location = (CUmemLocation){CU_MEM_LOCATION_TYPE_DEVICE, dev};
+    p->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    pthread_mutex_lock(&g_mu);
+    v = new_handle(p);
+    if (v) { p->next = g_phys; g_phys = p; }
+    pthread_mutex_unlock(&g_mu);
+    if (!v) {
+        close(own);
+        free(p);
+        sim_uncharge(S(), dev, (uint64_t)st.st_size, 0);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *h = (CUmemGenericAllocationHandle)(uintptr_t)v;
     return CUDA_SUCCESS;
 }
 
@@ -87,7 +191,7 @@ API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, C
     NEED_INIT();
     struct sim_vmm *v = as_vmm(h);
     if (!v || !prop) return CUDA_ERROR_INVALID_VALUE;
-    *prop = v->prop;
+    *prop = v->p->prop;
     return CUDA_SUCCESS;
 }
 
@@ -121,7 +225,7 @@ API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 }
 
 /* Mappings are kept in a small list: (address, size) -> handle, so cuMemUnmap finds what it unmaps. */
-struct mapping { uint64_t ptr, size; struct sim_vmm *v; struct mapping *next; };
+struct mapping { uint64_t ptr, size; struct sim_phys *p; struct mapping *next; };
 static struct mapping *g_maps;
 
 /* Map part of a handle's memfd at an address of a reserved range. As on the real driver, the mapping is not
@@ -133,13 +237,13 @@ API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericA
     struct sim_vmm *v = as_vmm(h);
     CUresult rc = CUDA_SUCCESS;
     struct mapping *m = malloc(sizeof *m);
-    if (!v || v->released || flags || !m || offset + size > v->size || size % VMM_GRANULARITY) rc = CUDA_ERROR_INVALID_VALUE;
-    else if (mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, v->fd, (off_t)offset) ==
+    if (!v || flags || !m || offset + size > v->p->size || size % VMM_GRANULARITY) rc = CUDA_ERROR_INVALID_VALUE;
+    else if (mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, v->p->fd, (off_t)offset) ==
              MAP_FAILED) rc = CUDA_ERROR_INVALID_VALUE;
     if (rc == CUDA_SUCCESS) {
-        *m = (struct mapping){ptr, size, v, g_maps};
+        *m = (struct mapping){ptr, size, v->p, g_maps};
         g_maps = m;
-        v->maps++;
+        v->p->refs++;
     } else {
         free(m);
     }
@@ -157,8 +261,7 @@ API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     struct mapping *m = *pm;
     *pm = m->next;
     mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
-    m->v->maps--;
-    vmm_maybe_free(m->v);
+    phys_unref(m->p);
     free(m);
     pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;

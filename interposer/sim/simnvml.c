@@ -184,25 +184,32 @@ static uint64_t used_on(unsigned g) {
     return sim_used(node(), (int)g);
 }
 
+/* NVML v1, as the driver answers it: the total includes the memory the driver sets aside (reserved), and
+ * `used` is "the sum of reserved and allocated" (nvml.h), so total - used is what can still be allocated. */
 API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
     DEV_OR_FAIL(d, x);
     if (!m) return NVML_ERROR_INVALID_ARGUMENT;
-    uint64_t total = node()->node->gpu[x->index].total, used = used_on(x->index);
-    m->total = total;
-    m->used = used < total ? used : total;
-    m->free = total - m->used;
+    const struct sim_gpu *g = &node()->node->gpu[x->index];
+    uint64_t cap = g->total, reserved = (uint64_t)g->reserved_mib << 20, used = used_on(x->index);
+    if (used > cap) used = cap;
+    m->total = cap + reserved;
+    m->used = used + reserved;
+    m->free = cap - used;
     return NVML_SUCCESS;
 }
 
+/* NVML v2 says apart what v1 adds up: total (with reserved), reserved, free, used (allocations only); on an
+ * idle H100: 81,559 / 480 / 81,079 / 0 MiB. */
 API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
     DEV_OR_FAIL(d, x);
     if (!m) return NVML_ERROR_INVALID_ARGUMENT;
     if (m->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     nvmlMemory_t v1;
     nvmlDeviceGetMemoryInfo(d, &v1);
+    uint64_t reserved = (uint64_t)node()->node->gpu[x->index].reserved_mib << 20;
     m->total = v1.total;
-    m->reserved = 0;
-    m->used = v1.used;
+    m->reserved = reserved;
+    m->used = v1.used - reserved;
     m->free = v1.free;
     return NVML_SUCCESS;
 }

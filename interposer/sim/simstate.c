@@ -23,7 +23,21 @@ static struct sim g_sim;
 static struct sim *g_ready;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
-/* Parse "SIZE[:NUMA][:mig],..." — e.g. "16GiB,24GiB:1,80GiB:0:mig". */
+/* The memory each GPU sets aside (NVML v2's `reserved`): MEMSLICE_SIM_RESERVED for every GPU, else 480 MiB
+ * per 80 GiB as on an H100 (81,559 MiB in NVML, 81,079 MiB in CUDA). MiB, or -1 with a message. */
+static long reserved_mib(uint64_t total, char *err, size_t errlen) {
+    const char *v = getenv("MEMSLICE_SIM_RESERVED");
+    uint64_t b = 0;
+    if (!v || !*v) return (long)((total >> 20) * 3 / 512);
+    if (strcmp(v, "0") != 0 && (ms_parse_size_n(v, -1, &b) < 0 || b > total)) {
+        snprintf(err, errlen, "MEMSLICE_SIM_RESERVED=%s is not valid; use a size below the GPU's (%s)", v, MS_SIZE_HELP);
+        return -1;
+    }
+    return (long)(b >> 20);
+}
+
+/* Parse "SIZE[:NUMA][:mig],..." — e.g. "16GiB,24GiB:1,80GiB:0:mig". SIZE is what CUDA reports (the
+ * allocatable memory); NVML's total adds the reserved memory. */
 int sim_parse_gpus(const char *spec, struct sim_node *node, char *err, size_t errlen) {
     const char *p = spec;
     unsigned n = 0;
@@ -63,6 +77,9 @@ int sim_parse_gpus(const char *spec, struct sim_node *node, char *err, size_t er
         snprintf(g->name, sizeof g->name, "Simulated GPU %lluGiB (memslice)",
                  (unsigned long long)(g->total >> 30));
         g->pci_bus = 0x10 + n * 0x10;
+        long rmib = reserved_mib(g->total, err, errlen);
+        if (rmib < 0) return -1;
+        g->reserved_mib = (uint32_t)rmib;
         n++;
         if (!comma) break;
         p = comma + 1;
@@ -95,7 +112,8 @@ static int valid_node(const struct sim_node *n) {
         const struct sim_gpu *x = &n->gpu[g];
         if (!bounded_str(x->uuid, sizeof x->uuid) || strncmp(x->uuid, "GPU-", 4) != 0) return 0;
         if (!bounded_str(x->name, sizeof x->name)) return 0;
-        if (x->total < (1ull << 20) || x->total > (1ull << 50) || x->numa < 0 || x->numa > 63 || x->mig > 1)
+        if (x->total < (1ull << 20) || x->total > (1ull << 50) || x->numa < 0 || x->numa > 63 || x->mig > 1 ||
+            x->reserved_mib > (x->total >> 20))
             return 0;
     }
     return 1;
@@ -461,7 +479,7 @@ static int read_env(struct sim *s, const char **spec, char *usage, size_t ulen, 
     if (l && *l) snprintf(lock, llen, "%s", l);
     else snprintf(lock, llen, "%s.lock", s->state_path);
     snprintf(s->peers, sizeof s->peers, "%s", p ? p : "");
-    s->context_overhead = 300ull << 20;
+    s->context_overhead = SIM_CONTEXT_OVERHEAD_DEFAULT;
     const char *ov = getenv("MEMSLICE_SIM_CONTEXT_OVERHEAD");
     if (ov && *ov && strcmp(ov, "0") == 0) s->context_overhead = 0;
     else if (ov && *ov && ms_parse_size_n(ov, -1, &s->context_overhead) < 0) {

@@ -20,6 +20,9 @@
 #define SIM_MAX_GPUS 16
 #define SIM_MAX_EVENTS 64
 #define SIM_DRIVER_VERSION_DEFAULT 13000
+/* What a context costs on the simulated GPU unless MEMSLICE_SIM_CONTEXT_OVERHEAD says otherwise: what a
+ * PyTorch context took on an H100 with driver 580 (518-523 MiB; shared/reference/real-gpu.md). */
+#define SIM_CONTEXT_OVERHEAD_DEFAULT (520ull << 20)
 
 struct sim_gpu {
     char uuid[48];
@@ -28,7 +31,8 @@ struct sim_gpu {
     int32_t numa;
     uint32_t mig;          /* 1: MIG mode enabled */
     uint32_t pci_bus;
-    uint32_t pad;
+    uint32_t reserved_mib; /* memory the driver sets aside: in NVML's total, never allocatable (CUDA's total
+                              is `total`); MEMSLICE_SIM_RESERVED, default 480 MiB per 80 GiB */
 };
 
 struct sim_event {

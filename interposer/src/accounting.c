@@ -13,7 +13,22 @@
 static int g_devidx[MAX_ORDINALS];   /* ordinal -> ledger index + 1 (0 = not looked up yet) */
 static ms_ptrmap g_ptrs; /* zero-initialised static storage: ready to use */
 
-void reset_after_fork(void) { reset_ctx_after_fork(); }
+void reset_after_fork(void) {
+    reset_ctx_after_fork();
+    measure_after_fork();
+}
+
+/* The NVML-style UUID text of a CUDA ordinal, from the driver: how the region and NVML name a GPU. */
+int uuid_text(CUdevice ordinal, char *text, unsigned len) {
+    CUuuid u;
+    __auto_type get_uuid = REAL(cuDeviceGetUuid_v2);
+    if (!get_uuid) get_uuid = REAL(cuDeviceGetUuid);
+    if (!get_uuid || get_uuid(&u, ordinal) != CUDA_SUCCESS) return -1;
+    const unsigned char *b = (const unsigned char *)u.bytes;
+    snprintf(text, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    return 0;
+}
 
 int dev_index_by_uuid(const char *uuid, uint64_t physical_total) {
     if (!g_have_ledger) return -1;
@@ -24,17 +39,11 @@ int dev_index(CUdevice ordinal) {
     if (!g_have_ledger || ordinal < 0 || ordinal >= MAX_ORDINALS) return -1;
     int v = __atomic_load_n(&g_devidx[ordinal], __ATOMIC_ACQUIRE);
     if (v) return v - 1;
-    CUuuid u;
     size_t total = 0;
-    __auto_type get_uuid = REAL(cuDeviceGetUuid_v2);
-    if (!get_uuid) get_uuid = REAL(cuDeviceGetUuid);
     __auto_type get_total = REAL(cuDeviceTotalMem_v2);
-    if (!get_uuid || get_uuid(&u, ordinal) != CUDA_SUCCESS) return -1;
-    if (get_total) get_total(&total, ordinal);
-    const unsigned char *b = (const unsigned char *)u.bytes;
     char text[MS_UUID_LEN];
-    snprintf(text, sizeof text, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
-             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    if (uuid_text(ordinal, text, sizeof text) < 0) return -1;
+    if (get_total) get_total(&total, ordinal);
     int idx = ms_ledger_device(&g_ledger, text, total);
     if (idx == -2) {
         shim_log(LOG_ERROR, "memslice: GPU %s could not be added to the region %s: its device table was locked for more "

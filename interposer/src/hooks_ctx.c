@@ -1,71 +1,153 @@
-/* Hooks for context creation and cuInit. Each process's first context on a GPU is charged
- * MEMSLICE_CONTEXT_RESERVE (what the driver itself takes there), reserved before the driver is called and
- * rolled back if it fails. */
+/* Hooks for contexts and cuInit. Every context takes device memory the driver sets aside without an
+ * allocation call (~520 MiB each on an H100 with driver 580, the 17th as much as the first): each one a
+ * process creates (the primary context at its first retain, every cuCtxCreate) is charged what it took,
+ * measured around the call (measure.c), MEMSLICE_CONTEXT_RESERVE only when nothing can be read. A context
+ * that does not fit the quota is destroyed again and the call answers CUDA_ERROR_OUT_OF_MEMORY; the charge
+ * comes back when the context is destroyed (the primary: released for the last time). */
 #define _GNU_SOURCE
 #include <string.h>
 
 #include "shim.h"
 
 #define MAX_ORD 64
-static int g_ctx_charged[MAX_ORD];
+static uint64_t g_exact[MAX_ORD];   /* the last context measured exactly (NVML per process), per ordinal */
+static uint64_t g_primary[MAX_ORD]; /* the primary context's handle, once charged */
 
-/* A forked child is a new process: its first context on each GPU is charged again. */
-void reset_ctx_after_fork(void) { memset(g_ctx_charged, 0, sizeof g_ctx_charged); }
-
-/* Returns 1 if this call charged the reserve (to undo if the context fails), 0 if nothing to do. */
-static int ctx_reserve(CUdevice ord, CUresult *rc) {
-    *rc = CUDA_SUCCESS;
-    if (!accounting() || !g_cfg.context_reserve || ord < 0 || ord >= MAX_ORD) return 0;
-    int expect = 0;
-    if (!__atomic_compare_exchange_n(&g_ctx_charged[ord], &expect, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) return 0;
-    int dev = dev_index(ord);
-    if (dev == DEV_UNCHARGEABLE) {
-        __atomic_store_n(&g_ctx_charged[ord], 0, __ATOMIC_SEQ_CST);
-        *rc = CUDA_ERROR_OUT_OF_MEMORY;
-        return 0;
-    }
-    if (dev < 0) return 0;
-    if (g_cfg.context_reserve > g_cfg.limit) {
-        char a[32], b[32];
-        shim_log(LOG_ERROR, "memslice: the quota (%s, %s) is smaller than the per-process "
-                 "context reserve (%s); raise the quota or lower MEMSLICE_CONTEXT_RESERVE",
-                 g_cfg.limit_source, fmt_bytes(g_cfg.limit, a, sizeof a), fmt_bytes(g_cfg.context_reserve, b, sizeof b));
-    }
-    if ((*rc = charge(dev, g_cfg.context_reserve, "context creation (MEMSLICE_CONTEXT_RESERVE)")) != CUDA_SUCCESS) {
-        __atomic_store_n(&g_ctx_charged[ord], 0, __ATOMIC_SEQ_CST);
-        return 0;
-    }
-    return 1;
+/* A forked child is a new process: it has charged no context. */
+void reset_ctx_after_fork(void) {
+    memset(g_exact, 0, sizeof g_exact);
+    memset(g_primary, 0, sizeof g_primary);
 }
 
-/* Undo ctx_reserve after the driver refused the context. */
-static void ctx_unreserve(CUdevice ord) {
-    int dev = dev_index(ord);
-    if (dev >= 0) uncharge(dev, g_cfg.context_reserve);
-    __atomic_store_n(&g_ctx_charged[ord], 0, __ATOMIC_SEQ_CST);
+/* What a new context is charged from a measurement: exactly what NVML shows for the process; by free
+ * memory (other tenants may have freed meanwhile) never less than the last exact figure or the reserve;
+ * the reserve when nothing could be read. */
+static uint64_t context_bytes(const struct measure *m, int64_t delta) {
+    uint64_t floor = g_exact[m->ord] ? g_exact[m->ord] : g_cfg.context_reserve;
+    if (m->how == M_NVML_PROCESS) return g_exact[m->ord] = delta > 0 ? (uint64_t)delta : 0;
+    if (m->how == M_NONE) return floor;
+    return delta > 0 && (uint64_t)delta > floor ? (uint64_t)delta : floor;
 }
 
-/* One hook per context-creating entry point: reserve, call the driver, undo the reserve if it failed. */
+/* Undo a context the quota cannot hold. */
+static void ctx_undo(CUcontext ctx, CUdevice ord, int primary) {
+    if (primary) {
+        __auto_type rel = REAL(cuDevicePrimaryCtxRelease_v2);
+        if (rel) rel(ord);
+    } else {
+        __auto_type destroy = REAL(cuCtxDestroy_v2);
+        if (destroy) destroy(ctx);
+    }
+}
+
+/* After the driver made a context: charge what it took, or undo it when that does not fit. */
+static CUresult ctx_account(struct measure *m, CUcontext ctx, int primary, const char *call) {
+    int64_t delta = measure_end(m);
+    uint64_t n = context_bytes(m, delta);
+    if (m->how != M_NONE) __atomic_store_n(&g_ledger.r->dev[m->dev].context_cost, n, __ATOMIC_RELAXED);
+    CUresult rc = taken_charge(m->dev, (uint64_t)(uintptr_t)ctx, T_CONTEXT, n, call);
+    if (rc != CUDA_SUCCESS) {
+        ctx_undo(ctx, m->ord, primary);
+        m->how = M_NONE; /* the reading was taken before the undo: nothing to reconcile */
+    } else if (primary) {
+        g_primary[m->ord] = (uint64_t)(uintptr_t)ctx;
+    }
+    return rc;
+}
+
+/* Whether the ordinal's context is one to measure: accounting on, the GPU in the region. -1: refuse (the
+ * GPU cannot be charged under a quota), 0: pass through, 1: measure (dev set). */
+static int ctx_measured(CUdevice ord, int *dev) {
+    if (!accounting() || ord < 0 || ord >= MAX_ORD) return 0;
+    *dev = dev_index(ord);
+    if (*dev == DEV_UNCHARGEABLE) return -1;
+    return *dev >= 0;
+}
+
+/* One hook per explicit context-creating entry point: measure the driver's call, charge it. */
 #define CTX_HOOK(name, params, args, ord)                                                                  \
     HOOK CUresult CUDAAPI name params {                                                                    \
         PROLOGUE();                                                                                        \
         __auto_type real = REAL(name);                                                                     \
         if (!real) return CUDA_ERROR_NOT_SUPPORTED;                                                        \
-        CUresult rc;                                                                                       \
-        int charged = ctx_reserve(ord, &rc);                                                               \
-        if (rc != CUDA_SUCCESS) return rc;                                                                 \
-        rc = real args;                                                                                    \
-        if (rc != CUDA_SUCCESS && charged) ctx_unreserve(ord);                                             \
+        int ldev = -1, how = ctx_measured(ord, &ldev);                                                     \
+        if (how < 0) return CUDA_ERROR_OUT_OF_MEMORY;                                                      \
+        if (how == 0) return real args;                                                                    \
+        struct measure m;                                                                                  \
+        measure_begin(&m, ldev, ord);                                                                      \
+        CUresult rc = real args;                                                                           \
+        if (rc == CUDA_SUCCESS) rc = ctx_account(&m, *pctx, 0, #name);                                     \
+        else m.how = M_NONE;                                                                               \
+        measure_done(&m);                                                                                  \
         return rc;                                                                                         \
     }
 
-CTX_HOOK(cuDevicePrimaryCtxRetain, (CUcontext *pctx, CUdevice dev), (pctx, dev), dev)
 CTX_HOOK(cuCtxCreate, (CUcontext *pctx, unsigned int flags, CUdevice dev), (pctx, flags, dev), dev)
 CTX_HOOK(cuCtxCreate_v2, (CUcontext *pctx, unsigned int flags, CUdevice dev), (pctx, flags, dev), dev)
 CTX_HOOK(cuCtxCreate_v3, (CUcontext *pctx, CUexecAffinityParam *params, int n, unsigned int flags, CUdevice dev),
          (pctx, params, n, flags, dev), dev)
 CTX_HOOK(cuCtxCreate_v4, (CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev),
          (pctx, params, flags, dev), dev)
+
+/* Is the device's primary context alive in this process? */
+static int primary_active(CUdevice ord) {
+    __auto_type state = REAL(cuDevicePrimaryCtxGetState);
+    unsigned int flags = 0;
+    int active = 0;
+    return state && state(ord, &flags, &active) == CUDA_SUCCESS && active;
+}
+
+/* The primary context costs memory when a retain creates it; later retains take nothing. */
+HOOK CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice ord) {
+    PROLOGUE();
+    __auto_type real = REAL(cuDevicePrimaryCtxRetain);
+    if (!real) return CUDA_ERROR_NOT_SUPPORTED;
+    int dev = -1, how = ctx_measured(ord, &dev);
+    if (how < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (how == 0 || primary_active(ord)) return real(pctx, ord);
+    struct measure m;
+    measure_begin(&m, dev, ord);
+    CUresult rc = real(pctx, ord);
+    if (rc == CUDA_SUCCESS) rc = ctx_account(&m, *pctx, 1, "cuDevicePrimaryCtxRetain");
+    else m.how = M_NONE;
+    measure_done(&m);
+    return rc;
+}
+
+/* A context's measured memory (itself and its limits) comes back when the driver frees it. */
+static void ctx_gone(uint64_t handle) {
+    taken_release(handle, T_CONTEXT, UINT64_MAX);
+    taken_release(handle, T_LIMITS, UINT64_MAX);
+}
+
+/* The last release destroys the primary context: its charge comes back then. */
+static CUresult primary_release(CUresult (*real)(CUdevice), CUdevice ord) {
+    if (!real) return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult rc = real(ord);
+    if (rc == CUDA_SUCCESS && ord >= 0 && ord < MAX_ORD && g_primary[ord] && !primary_active(ord)) {
+        ctx_gone(g_primary[ord]);
+        g_primary[ord] = 0;
+    }
+    return rc;
+}
+HOOK CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice ord) {
+    PROLOGUE();
+    return primary_release(REAL(cuDevicePrimaryCtxRelease), ord);
+}
+HOOK CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice ord) {
+    PROLOGUE();
+    return primary_release(REAL(cuDevicePrimaryCtxRelease_v2), ord);
+}
+
+/* Destroying an explicit context gives its memory back. */
+static CUresult ctx_destroy(CUresult (*real)(CUcontext), CUcontext ctx) {
+    if (!real) return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult rc = real(ctx);
+    if (rc == CUDA_SUCCESS && ctx) ctx_gone((uint64_t)(uintptr_t)ctx);
+    return rc;
+}
+HOOK CUresult CUDAAPI cuCtxDestroy(CUcontext ctx) { PROLOGUE(); return ctx_destroy(REAL(cuCtxDestroy), ctx); }
+HOOK CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx) { PROLOGUE(); return ctx_destroy(REAL(cuCtxDestroy_v2), ctx); }
 
 /* cuInit is hooked so that a bad configuration fails closed at the application's first driver call. */
 HOOK CUresult CUDAAPI cuInit(unsigned int flags) {

@@ -521,6 +521,8 @@ static int32_t outer_pid(void) {
     return (first > 0 && first <= INT32_MAX && *end >= '0' && *end <= '9') ? (int32_t)first : 0;
 }
 
+int32_t ms_host_pid(void) { return outer_pid(); }
+
 static void fill_identity(struct ms_slot *s) {
     s->pid = (int32_t)getpid();
     s->host_pid = outer_pid();

@@ -79,6 +79,7 @@ void *real_dlsym_call(void *handle, const char *name);
  * full): under a quota the allocation is refused (out of memory) rather than let through uncharged. */
 #define DEV_UNCHARGEABLE (-2)
 int dev_index(CUdevice ordinal);             /* ledger index of a CUDA ordinal, -1 if unknown */
+int uuid_text(CUdevice ordinal, char *buf, unsigned len);  /* "GPU-…" of an ordinal: 0, or -1 */
 int current_dev(CUdevice *ordinal);          /* ledger index of the current context's device */
 int dev_index_by_uuid(const char *uuid, uint64_t physical_total);
 CUresult charge(int dev, uint64_t n, const char *call);   /* CUDA_SUCCESS or CUDA_ERROR_OUT_OF_MEMORY */
@@ -114,6 +115,20 @@ static inline CUresult reserve(int dev, uint64_t n, const char *call) {
 
 /* hooks_ctx.c */
 void reset_ctx_after_fork(void);             /* a forked child has charged no context yet */
+
+/* measure.c: memory the driver takes outside allocation calls (contexts, limits, modules), measured around
+ * the call: NVML's per-process figure where it can be read, else free memory (NVML, then cuMemGetInfo). */
+enum measure_how { M_NONE = 0, M_NVML_PROCESS, M_NVML_FREE, M_CUDA_FREE };
+struct measure { int dev; CUdevice ord; int how; uint64_t before, after; nvmlDevice_t nvml; };
+void measure_begin(struct measure *m, int dev, CUdevice ord); /* takes the process's measuring lock */
+int64_t measure_end(struct measure *m);     /* bytes taken since begin (negative: given back); how = M_NONE
+                                               when nothing could be read */
+void measure_done(struct measure *m);       /* reconcile with NVML's per-process figure; drops the lock */
+void measure_after_fork(void);
+/* Measured charges, kept by handle and kind so that unloading or destroying it gives them back. */
+enum taken_kind { T_CONTEXT = 1, T_LIMITS, T_MODULE, T_LIBRARY };
+CUresult taken_charge(int dev, uint64_t handle, enum taken_kind kind, uint64_t n, const char *call);
+uint64_t taken_release(uint64_t handle, enum taken_kind kind, uint64_t at_most); /* bytes given back */
 
 /* hooks_pool.c */
 void reconcile_pools(void);                  /* make every pool's charge equal its reservation */

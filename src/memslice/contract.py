@@ -91,9 +91,11 @@ class Gpu(NamedTuple):
     uuid: str
     index: int  # type: ignore[assignment]  # the GPU's index; shadows tuple.index, never called on a Gpu
     model: str
-    mem_mib: int
+    mem_mib: int  # what can be allocated (NVML's total less the driver's reserved memory): what is advertised
     numa: int | None  # None when the driver does not know the GPU's NUMA node
     healthy: bool
+    nvml_total_mib: int | None = None  # shown beside memMiB (NVML's total, reserved memory included); the
+    reserved_mib: int | None = None    # extender reads neither, so parse leaves them None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +109,7 @@ class Inventory:
     def format(self) -> dict[str, str]:
         """The node annotations."""
         items = [{"uuid": g.uuid, "index": g.index, "model": g.model, "memMiB": g.mem_mib, "numa": g.numa,
-                  "healthy": g.healthy} for g in sorted(self.gpus, key=lambda g: g.index)]
+                  "healthy": g.healthy, **_totals(g)} for g in sorted(self.gpus, key=lambda g: g.index)]
         return {ANN_GPUS: orjson.dumps(items).decode(), ANN_UNIT_MIB: str(self.unit_mib)}
 
     @classmethod
@@ -132,6 +134,16 @@ class Inventory:
             _once(where, "GPU", [g.uuid for g in gpus])
             _once(where, "index", [str(g.index) for g in gpus])
         return cls(unit_mib=_unit(node, annotations.get(ANN_UNIT_MIB, "1")), gpus=gpus)
+
+
+def _totals(g: Gpu) -> dict[str, int]:
+    """The figures beside memMiB in the annotation: NVML's total and the driver's reserved memory, when known."""
+    out = {}
+    if g.nvml_total_mib is not None:
+        out["nvmlTotalMiB"] = g.nvml_total_mib
+    if g.reserved_mib is not None:
+        out["reservedMiB"] = g.reserved_mib
+    return out
 
 
 def _by_index(g: Gpu) -> int:

@@ -117,7 +117,8 @@ def snapshot_json(snap: Any, owner: dict[str, str] | None = None, tenants: list[
         "region": snap.path,
         "devices": [{"uuid": d.uuid, "limit_bytes": d.limit_bytes, "device_bytes": d.used_bytes,
                      "host_bytes": d.host_bytes, "peak_bytes": d.peak_bytes, "physical_bytes": d.physical_bytes,
-                     "charged_bytes": d.charged_bytes,
+                     "charged_bytes": d.charged_bytes, "context_cost_bytes": d.context_cost_bytes,
+                     "driver_taken_bytes": d.driver_taken_bytes,
                      "refused": d.refused, "spill_refused": d.spill_refused,
                      "spill_ratio": spill_ratio(d.used_bytes, d.host_bytes)} for d in snap.devices],
         "processes": [{"pid": p.pid, "command": p.comm, "alive": p.alive, "device_bytes": p.device_bytes,
@@ -159,6 +160,10 @@ def render(snaps: list[Any], title: str | None = None, owners: dict[str, dict[st
             lines.append(f"  {d.uuid}  {format_bytes(d.used_bytes)} of {format_bytes(limit)} {what} "
                          f"{_bar(d.used_bytes, limit)}  host {format_bytes(d.host_bytes)}  "
                          f"peak {format_bytes(d.peak_bytes)}  refused {d.refused}")
+            if d.context_cost_bytes or d.driver_taken_bytes:
+                lines.append(f"    a context takes {format_bytes(d.context_cost_bytes)} (measured); the driver "
+                             f"holds {format_bytes(d.driver_taken_bytes)} of the use outside allocations "
+                             f"(contexts, limits, modules)")
         if snap.processes:
             lines.append(f"  {'PID':>8}  {'COMMAND':<16} {'DEVICE':>10} {'HOST':>10} {'SPILL':>6} {'PEAK':>10} "
                          f"{'REFUSED':>7}  STATE")

@@ -1,0 +1,88 @@
+/* Simulated driver: modules and libraries. Code has no meaning here, but the device memory a module's
+ * __device__ globals take does: an image that starts with SIM_MODULE_MAGIC (simcuda.h) takes the bytes its
+ * header says, on the current context's GPU, until it is unloaded. */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "simcuda.h"
+
+struct sim_module { uint32_t magic; int dev; uint64_t bytes; };
+#define MODULE_MAGIC 0x4d4f4431u
+
+/* The globals' size an image declares, or -1 when it is not an image the simulator can load. */
+static int64_t image_bytes(const void *image) {
+    if (!image || memcmp(image, SIM_MODULE_MAGIC, 8) != 0) return -1;
+    uint64_t n;
+    memcpy(&n, (const char *)image + 8, sizeof n);
+    return n > (1ull << 50) ? -1 : (int64_t)n;
+}
+
+/* Load an image: charge its globals to the current context's GPU, then hand out a handle. */
+static CUresult load_image(void **out, const void *image) {
+    NEED_CTX();
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    int64_t n = image_bytes(image);
+    if (n < 0) return CUDA_ERROR_INVALID_IMAGE;
+    struct sim_module *m = calloc(1, sizeof *m);
+    if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
+    *m = (struct sim_module){MODULE_MAGIC, t_ctx->dev, (uint64_t)n};
+    if (n && sim_charge(S(), m->dev, (uint64_t)n, 0) < 0) {
+        free(m);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *out = m;
+    return CUDA_SUCCESS;
+}
+
+/* Load an image from a file: its first 16 bytes are all the simulator reads. */
+static CUresult load_file(void **out, const char *path) {
+    char head[16];
+    int fd = path ? open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK) : -1;
+    if (fd < 0) return CUDA_ERROR_FILE_NOT_FOUND;
+    ssize_t got = read(fd, head, sizeof head);
+    close(fd);
+    return got == (ssize_t)sizeof head ? load_image(out, head) : CUDA_ERROR_INVALID_IMAGE;
+}
+
+/* Unload: the globals' memory comes back. */
+static CUresult unload(void *h) {
+    NEED_INIT();
+    struct sim_module *m = h;
+    if (!m || m->magic != MODULE_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    m->magic = 0;
+    if (m->bytes) sim_uncharge(S(), m->dev, m->bytes, 0);
+    free(m);
+    return CUDA_SUCCESS;
+}
+
+/* cuModuleLoad: an image file. */
+API CUresult cuModuleLoad(CUmodule *m, const char *fname) { return load_file((void **)m, fname); }
+/* cuModuleLoadData: an image in memory. */
+API CUresult cuModuleLoadData(CUmodule *m, const void *image) { return load_image((void **)m, image); }
+/* cuModuleLoadDataEx: JIT options are accepted and ignored. */
+API CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned int n, CUjit_option *o, void **v) {
+    (void)n; (void)o; (void)v;
+    return load_image((void **)m, image);
+}
+/* cuModuleLoadFatBinary: the same images. */
+API CUresult cuModuleLoadFatBinary(CUmodule *m, const void *fatCubin) { return load_image((void **)m, fatCubin); }
+/* cuModuleUnload. */
+API CUresult cuModuleUnload(CUmodule m) { return unload(m); }
+
+/* cuLibraryLoadData: context-independent on a real driver; here loaded into the current context's GPU. */
+API CUresult cuLibraryLoadData(CUlibrary *l, const void *code, CUjit_option *jo, void **jv, unsigned int jn,
+                               CUlibraryOption *lo, void **lv, unsigned int ln) {
+    (void)jo; (void)jv; (void)jn; (void)lo; (void)lv; (void)ln;
+    return load_image((void **)l, code);
+}
+/* cuLibraryLoadFromFile: the same from a file. */
+API CUresult cuLibraryLoadFromFile(CUlibrary *l, const char *path, CUjit_option *jo, void **jv, unsigned int jn,
+                                   CUlibraryOption *lo, void **lv, unsigned int ln) {
+    (void)jo; (void)jv; (void)jn; (void)lo; (void)lv; (void)ln;
+    return load_file((void **)l, path);
+}
+/* cuLibraryUnload. */
+API CUresult cuLibraryUnload(CUlibrary l) { return unload(l); }
