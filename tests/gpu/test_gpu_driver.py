@@ -181,7 +181,7 @@ def test_names_newer_than_the_driver_answer_as_the_driver_would(tmp_path):
     """The shim routes names from the newest cuda.h; a driver older than them lacks some (driver 580 lacks
     cuMemcpyWithAttributesAsync, cuMemcpy3DWithAttributesAsync and their _ptsz). Through the shim such a name
     must answer as the driver does for an unknown entry point: cuGetProcAddress gives the driver's own answer
-    (CUDA_ERROR_NOT_FOUND, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND, no pointer), dlsym finds nothing, a program
+    (on driver 580: CUDA_SUCCESS with CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND, no pointer), dlsym finds nothing, a program
     linked against a newer libcuda that calls it (reaching the shim's export) gets CUDA_ERROR_NOT_SUPPORTED,
     and nothing crashes."""
     lib = real_libcuda()
@@ -195,7 +195,8 @@ def test_names_newer_than_the_driver_answer_as_the_driver_would(tmp_path):
            through_shim={n: shim[n] for n in probe}, without_shim={n: plain[n] for n in probe})
     for n in missing:
         assert (shim[n]["gpa_rc"], shim[n]["gpa_status"]) == (plain[n]["gpa_rc"], plain[n]["gpa_status"]), n
-        assert shim[n]["gpa_rc"] != 0 and not shim[n]["gpa_found"], n
+        # driver 580 answers CUDA_SUCCESS with CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND and no pointer (H100 run)
+        assert shim[n]["gpa_status"] != 0 and not shim[n]["gpa_found"], n
         assert not shim[n]["dlsym_found"] and not plain[n]["dlsym_found"], n
         assert shim[n]["call_rc"] in (500, 801), f"{n}: {shim[n]}"  # NOT_FOUND, NOT_SUPPORTED
 
