@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import kv, run
+from conftest import kv, preload, run
 
 QUOTA_MIB = 1024
 MEASURED_CONTEXT = "520MiB"  # the simulator's default, like an H100 context; the shim's fallback is 300 MiB
@@ -100,6 +100,15 @@ def test_everything_at_once_never_passes_the_quota(node, cbin, tmp_path):
     assert QUOTA_MIB - 16 < got["fill"][0]["nvml_mib"] <= QUOTA_MIB, "filled up to the quota, not past it"
 
 
+def test_memory_no_call_explains_is_charged_from_nvmls_figure(node, cbin, tmp_path):
+    # a library loaded before any context: nothing to measure it in; the context's measurement then finds
+    # NVML showing 200 MiB more than the process's charges, and charges them
+    got, out = unseen(node, cbin, tmp_path, "early", "200", "fill", "unload")
+    assert "early rc=0" in out
+    assert got["start"][0] == {"rc": 0, "free_mib": QUOTA_MIB - 64 - 200, "nvml_mib": 64 + 200}
+    assert got["fill"][0]["nvml_mib"] <= QUOTA_MIB
+
+
 def nvml_processes(env: dict[str, str]) -> dict[int, int]:
     """MiB per process on GPU 0, through pynvml against the simulated NVML, from outside any container."""
     script = ("import ctypes, json, os, pynvml\n"
@@ -108,7 +117,8 @@ def nvml_processes(env: dict[str, str]) -> dict[int, int]:
               "h = pynvml.nvmlDeviceGetHandleByIndex(0)\n"
               "procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)\n"
               "print(json.dumps({p.pid: p.usedGpuMemory >> 20 for p in procs}))\n")
-    plain = {k: v for k, v in env.items() if k not in ("LD_PRELOAD",) and not k.startswith("MEMSLICE_GPU")}
+    plain = {k: v for k, v in env.items() if not k.startswith("MEMSLICE_GPU")}
+    plain["LD_PRELOAD"] = preload()  # no shim (the sanitizer runtime alone in the sanitizer run)
     out = subprocess.run([sys.executable, "-c", script], env=plain, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return {int(k): v for k, v in json.loads(out.stdout).items()}
