@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from clients import top
 from conftest import kv, preload, run
 
 QUOTA_MIB = 1024
@@ -107,6 +108,27 @@ def test_memory_no_call_explains_is_charged_from_nvmls_figure(node, cbin, tmp_pa
     assert "early rc=0" in out
     assert got["start"][0] == {"rc": 0, "free_mib": QUOTA_MIB - 64 - 200, "nvml_mib": 64 + 200}
     assert got["fill"][0]["nvml_mib"] <= QUOTA_MIB
+
+
+def test_top_says_what_a_context_costs(node, cbin, tmp_path):
+    n = node(context_overhead=MEASURED_CONTEXT)
+    env = n.container(tmp_path / "c", f"{QUOTA_MIB}MiB")
+    p = subprocess.Popen([cbin["unseen"], "stack", "2", "hold"], env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        assert any(line.startswith("held") for line in p.stdout), "the program ended before holding"
+        plain = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+        ((dev,),) = [r["devices"] for r in top(tmp_path / "c", plain)["regions"]]
+        assert dev["context_cost_bytes"] == 520 << 20
+        assert dev["driver_taken_bytes"] == (520 + 264) << 20  # the context and its stack limit
+        text = subprocess.run([sys.executable, "-m", "memslice.cli", "top", "--once", str(tmp_path / "c")], env=plain,
+                              capture_output=True, text=True, timeout=60)
+        assert "a context takes 520MiB (measured)" in text.stdout, text.stdout + text.stderr
+    finally:
+        if p.stdin:
+            p.stdin.close()
+        p.wait(timeout=30)
 
 
 def nvml_processes(env: dict[str, str]) -> dict[int, int]:
