@@ -7,6 +7,8 @@ what NVML shows for the process never passes its quota."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 
@@ -125,6 +127,45 @@ def test_top_says_what_a_context_costs(node, cbin, tmp_path):
         text = subprocess.run([sys.executable, "-m", "memslice.cli", "top", "--once", str(tmp_path / "c")], env=plain,
                               capture_output=True, text=True, timeout=60)
         assert "a context takes 520MiB (measured)" in text.stdout, text.stdout + text.stderr
+    finally:
+        if p.stdin:
+            p.stdin.close()
+        p.wait(timeout=30)
+
+
+def nvml_used_mib(env: dict[str, str]) -> int:
+    """GPU 0's allocated memory (NVML v2's used: reserved memory apart), from outside any container."""
+    script = ("import ctypes, os, pynvml\n"
+              "ctypes.CDLL(os.path.join(os.environ['LD_LIBRARY_PATH'], 'libnvidia-ml.so.1'), mode=ctypes.RTLD_GLOBAL)\n"
+              "pynvml.nvmlInit()\n"
+              "h = pynvml.nvmlDeviceGetHandleByIndex(0)\n"
+              "print(pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used >> 20)\n")
+    plain = {k: v for k, v in env.items() if not k.startswith("MEMSLICE_GPU")}
+    plain["LD_PRELOAD"] = preload()
+    out = subprocess.run([sys.executable, "-c", script], env=plain, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="needs root and unshare(1) for a PID namespace with its own /proc")
+def test_a_container_that_cannot_see_its_host_pid_measures_by_free_memory(node, cbin, tmp_path):
+    """With its own /proc (a container), the process cannot find itself in NVML's list: the context is
+    measured by the device's free memory (never below the 300 MiB fallback), and the quota still holds."""
+    n = node(context_overhead=MEASURED_CONTEXT)
+    env = n.container(tmp_path / "c", f"{QUOTA_MIB}MiB")
+    p = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", cbin["unseen"], "fill",
+                          "hold"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        lines = []
+        for line in p.stdout:  # bounded: a few lines, then "held" (or the end of the output)
+            lines.append(line)
+            if line.startswith("held"):
+                break
+        got = steps("".join(lines))
+        assert got["start"][0]["free_mib"] == QUOTA_MIB - 520, lines
+        assert QUOTA_MIB - 16 < nvml_used_mib(n.env) <= QUOTA_MIB
     finally:
         if p.stdin:
             p.stdin.close()
