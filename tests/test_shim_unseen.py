@@ -154,8 +154,9 @@ def test_a_container_that_cannot_see_its_host_pid_measures_by_free_memory(node, 
     measured by the device's free memory (never below the 300 MiB fallback), and the quota still holds."""
     n = node(context_overhead=MEASURED_CONTEXT)
     env = n.container(tmp_path / "c", f"{QUOTA_MIB}MiB")
-    p = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", cbin["unseen"], "fill",
-                          "hold"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", cbin["unseen"], "stack", "2",
+                          "module", "100", "fill", "hold"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
     try:
         assert p.stdout is not None
         lines = []
@@ -165,6 +166,8 @@ def test_a_container_that_cannot_see_its_host_pid_measures_by_free_memory(node, 
                 break
         got = steps("".join(lines))
         assert got["start"][0]["free_mib"] == QUOTA_MIB - 520, lines
+        assert got["stack"][0]["free_mib"] == QUOTA_MIB - 520 - 264, lines
+        assert got["module"][0]["free_mib"] == QUOTA_MIB - 520 - 264 - 100, lines
         assert QUOTA_MIB - 16 < nvml_used_mib(n.env) <= QUOTA_MIB
     finally:
         if p.stdin:
