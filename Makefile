@@ -16,7 +16,7 @@ CC        ?= cc
 # tests/test_nameids.py from MEMSLICE_NAMEIDS_SO; PYTHONMALLOC=malloc so that ASan sees Python's small blocks too.
 NAMEIDS_SAN = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
               -Wall -Wextra -Werror -Wmissing-prototypes -shared -fPIC
-SAN_TESTS  = tests/test_shim_kinds.py tests/test_shim_routes.py tests/test_oversubscribe.py tests/test_shim_faults.py tests/test_sim_copies.py tests/test_elastic_gate.py tests/test_elastic_drain.py
+SAN_TESTS  = tests/test_shim_kinds.py tests/test_shim_unseen.py tests/test_shim_routes.py tests/test_oversubscribe.py tests/test_shim_faults.py tests/test_sim_copies.py tests/test_elastic_gate.py tests/test_elastic_drain.py
 
 .PHONY: install demo test gpu-check lint native protos clean sanitize typecheck
 install: $(STAMP)

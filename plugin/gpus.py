@@ -132,6 +132,9 @@ class Nvml:
             total, reserved = _memory(h)
             uuid = _text(pynvml.nvmlDeviceGetUUID(h))
             cuda = cuda_totals.get(uuid)
+            if cuda is not None and reserved is not None and abs(total - reserved - cuda) > 64 << 20:
+                log.warning("GPU %s: NVML's total less reserved (%d MiB) is not CUDA's total (%d MiB); "
+                            "advertising the smaller", uuid, (total - reserved) >> 20, cuda >> 20)
             out.append(GpuInfo(index=int(pynvml.nvmlDeviceGetIndex(h)), uuid=uuid,
                                model=_text(pynvml.nvmlDeviceGetName(h)),
                                mem_mib=allocatable_mib(total, reserved, cuda), numa=numa, mig=mig,

@@ -40,7 +40,9 @@ uuids = texts.filter(lambda s: 0 < len(s) <= contract.MAX_UUID)
 gpus = st.builds(Gpu, uuid=uuids, index=st.integers(0, contract.MAX_GPU_INDEX),
                  model=texts.filter(lambda s: len(s) <= contract.MAX_MODEL),
                  mem_mib=st.integers(1, contract.MAX_MIB),
-                 numa=st.none() | st.integers(0, contract.MAX_NUMA), healthy=st.booleans())
+                 numa=st.none() | st.integers(0, contract.MAX_NUMA), healthy=st.booleans(),
+                 nvml_total_mib=st.none() | st.integers(1, contract.MAX_MIB),
+                 reserved_mib=st.none() | st.integers(0, contract.MAX_MIB))
 inventories = st.builds(
     Inventory, unit_mib=st.integers(1, contract.MAX_MIB),
     gpus=st.lists(gpus, max_size=12, unique_by=(lambda g: g.uuid, lambda g: g.index)).map(
@@ -115,12 +117,12 @@ def test_hostile_annotations_raise_only_contract_errors(ann: dict[str, Any], wit
 
 def _item(g: Gpu) -> dict[str, Any]:
     return {"uuid": g.uuid, "index": g.index, "model": g.model, "memMiB": g.mem_mib, "numa": g.numa,
-            "healthy": g.healthy}
+            "healthy": g.healthy, "nvmlTotalMiB": g.nvml_total_mib, "reservedMiB": g.reserved_mib}
 
 
 gpu_items = st.one_of(gpus.map(_item), json_values)  # valid items, and any JSON value
 # every field of a valid item, and the values it is set to: each bound, its neighbours, the wrong JSON types
-FIELDS = ["uuid", "index", "model", "memMiB", "numa", "healthy"]
+FIELDS = ["uuid", "index", "model", "memMiB", "numa", "healthy", "nvmlTotalMiB", "reservedMiB"]
 EDGES = [-1, 0, 1, contract.MAX_MIB, contract.MAX_MIB + 1, contract.MAX_GPU_INDEX, contract.MAX_GPU_INDEX + 1,
          contract.MAX_NUMA, contract.MAX_NUMA + 1, True, False, None, "", "x" * contract.MAX_UUID,
          "x" * (contract.MAX_UUID + 1), "x" * contract.MAX_MODEL, "x" * (contract.MAX_MODEL + 1), 1.0, "1", [], {}]
@@ -139,7 +141,8 @@ def _fast_is_checked(item: Any) -> None:
 def test_the_fast_gpu_check_holds_every_bound(field: str) -> None:
     """Each field of a valid item set to each bound, its neighbours and the wrong JSON types, or dropped:
     _gpu_fast accepts exactly what _gpu_checked accepts."""
-    item = {"uuid": "GPU-1", "index": 3, "model": "Sim", "memMiB": 81920, "numa": 1, "healthy": True}
+    item = {"uuid": "GPU-1", "index": 3, "model": "Sim", "memMiB": 81079, "numa": 1, "healthy": True,
+            "nvmlTotalMiB": 81559, "reservedMiB": 480}
     _fast_is_checked({k: v for k, v in item.items() if k != field})
     for value in EDGES:
         _fast_is_checked({**item, field: value})

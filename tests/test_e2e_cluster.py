@@ -31,7 +31,7 @@ from memslice.paths import lib_paths
 RESOURCE = "memslice.io/gpu-mem"
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = 4  # MiB per device
-CONTEXT_RESERVE_MIB = 300  # the shim's default MEMSLICE_CONTEXT_RESERVE
+CONTEXT_RESERVE_MIB = 520  # what a context takes on the simulated GPU (its default, an H100's), as the shim measures it
 NODES = {"gpu-a": "16GiB,8GiB", "gpu-b": "24GiB"}
 
 # A container's process: picks the CUDA device whose UUID is NVIDIA_VISIBLE_DEVICES (what the NVIDIA

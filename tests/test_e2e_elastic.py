@@ -95,7 +95,8 @@ def test_two_elastic_notebooks_share_a_gpu_their_limits_exceed(world, tenant_bin
     b_resp = notebook(cluster, node, "b", 2048)  # 2560 + 2048 MiB of limits on a 4096 MiB GPU: both admitted
     assert cluster.state.view(NODE).gpus[0].used_mib == 1024  # only the requests are charged
     edir = Path({m.container_path: m.host_path for m in a_resp.mounts}["/run/memslice/elastic"])
-    extra = {"MEMSLICE_CONTEXT_RESERVE": "0", "MEMSLICE_YIELD_WAIT": "60"}  # the pod spec's env
+    extra = {"MEMSLICE_CONTEXT_RESERVE": "0", "MEMSLICE_YIELD_WAIT": "60",  # the pod spec's env
+             "MEMSLICE_SIM_CONTEXT_OVERHEAD": "300MiB"}  # what a context takes on this simulated GPU
     tenants: list[Tenant] = []
     try:
         a = Tenant(tenant_bin, {**node.container_env(a_resp), **extra})

@@ -415,3 +415,15 @@ def test_refused_registration_is_retried(node):
     assert "registration rejected by the test" in agent.log() and "(attempt 1)" in agent.log()
     assert agent.sample("memslice_kubelet_registration_errors_total") == [2.0]
     assert agent.sample("memslice_kubelet_registrations_total") == [1.0]
+
+
+def test_allocatable_is_nvmls_total_less_reserved_and_at_most_cudas() -> None:
+    """The H100's figures (NVML 81,559 MiB, 480 reserved, CUDA 81,079): what is advertised is what can be had."""
+    from memslice.plugin.gpus import allocatable_mib
+
+    mib = 1 << 20
+    assert allocatable_mib(81559 * mib, 480 * mib, 81079 * mib) == 81079
+    assert allocatable_mib(81559 * mib, 480 * mib, None) == 81079      # no libcuda on the node agent
+    assert allocatable_mib(81559 * mib, None, 81079 * mib) == 81079    # a driver without the v2 call
+    assert allocatable_mib(81559 * mib, 480 * mib, 80000 * mib) == 80000  # CUDA's word is the bound
+    assert allocatable_mib(81559 * mib, None, None) == 81559           # nothing else to go by

@@ -7,11 +7,14 @@ what NVML shows for the process never passes its quota."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 
 import pytest
-from conftest import kv, run
+from clients import top
+from conftest import kv, preload, run
 
 QUOTA_MIB = 1024
 MEASURED_CONTEXT = "520MiB"  # the simulator's default, like an H100 context; the shim's fallback is 300 MiB
@@ -100,6 +103,78 @@ def test_everything_at_once_never_passes_the_quota(node, cbin, tmp_path):
     assert QUOTA_MIB - 16 < got["fill"][0]["nvml_mib"] <= QUOTA_MIB, "filled up to the quota, not past it"
 
 
+def test_memory_no_call_explains_is_charged_from_nvmls_figure(node, cbin, tmp_path):
+    # a library loaded before any context: nothing to measure it in; the context's measurement then finds
+    # NVML showing 200 MiB more than the process's charges, and charges them
+    got, out = unseen(node, cbin, tmp_path, "early", "200", "fill", "unload")
+    assert "early rc=0" in out
+    assert got["start"][0] == {"rc": 0, "free_mib": QUOTA_MIB - 64 - 200, "nvml_mib": 64 + 200}
+    assert got["fill"][0]["nvml_mib"] <= QUOTA_MIB
+
+
+def test_top_says_what_a_context_costs(node, cbin, tmp_path):
+    n = node(context_overhead=MEASURED_CONTEXT)
+    env = n.container(tmp_path / "c", f"{QUOTA_MIB}MiB")
+    p = subprocess.Popen([cbin["unseen"], "stack", "2", "hold"], env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        assert any(line.startswith("held") for line in p.stdout), "the program ended before holding"
+        plain = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+        ((dev,),) = [r["devices"] for r in top(tmp_path / "c", plain)["regions"]]
+        assert dev["context_cost_bytes"] == 520 << 20
+        assert dev["driver_taken_bytes"] == (520 + 264) << 20  # the context and its stack limit
+        text = subprocess.run([sys.executable, "-m", "memslice.cli", "top", "--once", str(tmp_path / "c")], env=plain,
+                              capture_output=True, text=True, timeout=60)
+        assert "a context takes 520MiB (measured)" in text.stdout, text.stdout + text.stderr
+    finally:
+        if p.stdin:
+            p.stdin.close()
+        p.wait(timeout=30)
+
+
+def nvml_used_mib(env: dict[str, str]) -> int:
+    """GPU 0's allocated memory (NVML v2's used: reserved memory apart), from outside any container."""
+    script = ("import ctypes, os, pynvml\n"
+              "ctypes.CDLL(os.path.join(os.environ['LD_LIBRARY_PATH'], 'libnvidia-ml.so.1'), mode=ctypes.RTLD_GLOBAL)\n"
+              "pynvml.nvmlInit()\n"
+              "h = pynvml.nvmlDeviceGetHandleByIndex(0)\n"
+              "print(pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used >> 20)\n")
+    plain = {k: v for k, v in env.items() if not k.startswith("MEMSLICE_GPU")}
+    plain["LD_PRELOAD"] = preload()
+    out = subprocess.run([sys.executable, "-c", script], env=plain, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="needs root and unshare(1) for a PID namespace with its own /proc")
+def test_a_container_that_cannot_see_its_host_pid_measures_by_free_memory(node, cbin, tmp_path):
+    """With its own /proc (a container), the process cannot find itself in NVML's list: the context is
+    measured by the device's free memory (never below the 300 MiB fallback), and the quota still holds."""
+    n = node(context_overhead=MEASURED_CONTEXT)
+    env = n.container(tmp_path / "c", f"{QUOTA_MIB}MiB")
+    p = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", cbin["unseen"], "stack", "2",
+                          "module", "100", "fill", "hold"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    try:
+        assert p.stdout is not None
+        lines = []
+        for line in p.stdout:  # bounded: a few lines, then "held" (or the end of the output)
+            lines.append(line)
+            if line.startswith("held"):
+                break
+        got = steps("".join(lines))
+        assert got["start"][0]["free_mib"] == QUOTA_MIB - 520, lines
+        assert got["stack"][0]["free_mib"] == QUOTA_MIB - 520 - 264, lines
+        assert got["module"][0]["free_mib"] == QUOTA_MIB - 520 - 264 - 100, lines
+        assert QUOTA_MIB - 16 < nvml_used_mib(n.env) <= QUOTA_MIB
+    finally:
+        if p.stdin:
+            p.stdin.close()
+        p.wait(timeout=30)
+
+
 def nvml_processes(env: dict[str, str]) -> dict[int, int]:
     """MiB per process on GPU 0, through pynvml against the simulated NVML, from outside any container."""
     script = ("import ctypes, json, os, pynvml\n"
@@ -108,7 +183,8 @@ def nvml_processes(env: dict[str, str]) -> dict[int, int]:
               "h = pynvml.nvmlDeviceGetHandleByIndex(0)\n"
               "procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)\n"
               "print(json.dumps({p.pid: p.usedGpuMemory >> 20 for p in procs}))\n")
-    plain = {k: v for k, v in env.items() if k not in ("LD_PRELOAD",) and not k.startswith("MEMSLICE_GPU")}
+    plain = {k: v for k, v in env.items() if not k.startswith("MEMSLICE_GPU")}
+    plain["LD_PRELOAD"] = preload()  # no shim (the sanitizer runtime alone in the sanitizer run)
     out = subprocess.run([sys.executable, "-c", script], env=plain, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return {int(k): v for k, v in json.loads(out.stdout).items()}

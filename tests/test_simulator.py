@@ -35,6 +35,32 @@ def test_nvml_discovery(node):
     assert again.stdout == out.stdout
 
 
+RESERVED = """
+import ctypes, os, pynvml as n
+cuda = ctypes.CDLL("libcuda.so.1")
+cuda.cuInit(0)
+total = ctypes.c_size_t()
+cuda.cuDeviceTotalMem_v2(ctypes.byref(total), 0)
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+v1, v2 = n.nvmlDeviceGetMemoryInfo(h), n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2)
+print(total.value >> 20, v1.total >> 20, v1.used >> 20, v1.free >> 20, v2.total >> 20, v2.reserved >> 20,
+      v2.used >> 20, v2.free >> 20)
+"""
+
+
+def test_reserved_memory_is_in_nvmls_total_and_not_in_cudas(node):
+    """As on an H100 (NVML 81,559 MiB; nvmlDeviceGetMemoryInfo_v2: 480 reserved, 81,079 free; CUDA 81,079):
+    the driver's reserved memory counts in NVML's total and v1's used, never in what can be allocated."""
+    out = run([sys.executable, "-c", RESERVED], node(gpus="80GiB").env)
+    assert out.returncode == 0, out.stderr
+    cuda, t1, u1, f1, t2, r2, u2, f2 = map(int, out.stdout.split())
+    assert (cuda, t1, u1, f1) == (81920, 81920 + 480, 480, 81920)
+    assert (t2, r2, u2, f2) == (81920 + 480, 480, 0, 81920)
+    out = run([sys.executable, "-c", RESERVED], {**node(gpus="16GiB").env, "MEMSLICE_SIM_RESERVED": "200MiB"})
+    assert out.stdout.split()[:2] == ["16384", "16584"]
+
+
 def test_bad_gpu_list_is_explained(node):
     n = node(gpus="16GB")
     out = run([sys.executable, "-c", "import pynvml; pynvml.nvmlInit()"], n.env)

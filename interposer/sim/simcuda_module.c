@@ -20,15 +20,17 @@ static int64_t image_bytes(const void *image) {
     return n > (1ull << 50) ? -1 : (int64_t)n;
 }
 
-/* Load an image: charge its globals to the current context's GPU, then hand out a handle. */
-static CUresult load_image(void **out, const void *image) {
-    NEED_CTX();
+/* Load an image: charge its globals to the current context's GPU (a library, which needs no context: GPU 0
+ * when none is current), then hand out a handle. */
+static CUresult load_image(void **out, const void *image, int library) {
+    NEED_INIT();
+    if (!t_ctx && !library) return CUDA_ERROR_INVALID_CONTEXT;
     if (!out) return CUDA_ERROR_INVALID_VALUE;
     int64_t n = image_bytes(image);
     if (n < 0) return CUDA_ERROR_INVALID_IMAGE;
     struct sim_module *m = calloc(1, sizeof *m);
     if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
-    *m = (struct sim_module){MODULE_MAGIC, t_ctx->dev, (uint64_t)n};
+    *m = (struct sim_module){MODULE_MAGIC, t_ctx ? t_ctx->dev : 0, (uint64_t)n};
     if (n && sim_charge(S(), m->dev, (uint64_t)n, 0) < 0) {
         free(m);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -38,13 +40,13 @@ static CUresult load_image(void **out, const void *image) {
 }
 
 /* Load an image from a file: its first 16 bytes are all the simulator reads. */
-static CUresult load_file(void **out, const char *path) {
+static CUresult load_file(void **out, const char *path, int library) {
     char head[16];
     int fd = path ? open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK) : -1;
     if (fd < 0) return CUDA_ERROR_FILE_NOT_FOUND;
     ssize_t got = read(fd, head, sizeof head);
     close(fd);
-    return got == (ssize_t)sizeof head ? load_image(out, head) : CUDA_ERROR_INVALID_IMAGE;
+    return got == (ssize_t)sizeof head ? load_image(out, head, library) : CUDA_ERROR_INVALID_IMAGE;
 }
 
 /* Unload: the globals' memory comes back. */
@@ -59,30 +61,30 @@ static CUresult unload(void *h) {
 }
 
 /* cuModuleLoad: an image file. */
-API CUresult cuModuleLoad(CUmodule *m, const char *fname) { return load_file((void **)m, fname); }
+API CUresult cuModuleLoad(CUmodule *m, const char *fname) { return load_file((void **)m, fname, 0); }
 /* cuModuleLoadData: an image in memory. */
-API CUresult cuModuleLoadData(CUmodule *m, const void *image) { return load_image((void **)m, image); }
+API CUresult cuModuleLoadData(CUmodule *m, const void *image) { return load_image((void **)m, image, 0); }
 /* cuModuleLoadDataEx: JIT options are accepted and ignored. */
 API CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned int n, CUjit_option *o, void **v) {
     (void)n; (void)o; (void)v;
-    return load_image((void **)m, image);
+    return load_image((void **)m, image, 0);
 }
 /* cuModuleLoadFatBinary: the same images. */
-API CUresult cuModuleLoadFatBinary(CUmodule *m, const void *fatCubin) { return load_image((void **)m, fatCubin); }
+API CUresult cuModuleLoadFatBinary(CUmodule *m, const void *fatCubin) { return load_image((void **)m, fatCubin, 0); }
 /* cuModuleUnload. */
 API CUresult cuModuleUnload(CUmodule m) { return unload(m); }
 
-/* cuLibraryLoadData: context-independent on a real driver; here loaded into the current context's GPU. */
+/* cuLibraryLoadData: context-independent, as on a real driver; its memory is on the current context's GPU. */
 API CUresult cuLibraryLoadData(CUlibrary *l, const void *code, CUjit_option *jo, void **jv, unsigned int jn,
                                CUlibraryOption *lo, void **lv, unsigned int ln) {
     (void)jo; (void)jv; (void)jn; (void)lo; (void)lv; (void)ln;
-    return load_image((void **)l, code);
+    return load_image((void **)l, code, 1);
 }
 /* cuLibraryLoadFromFile: the same from a file. */
 API CUresult cuLibraryLoadFromFile(CUlibrary *l, const char *path, CUjit_option *jo, void **jv, unsigned int jn,
                                    CUlibraryOption *lo, void **lv, unsigned int ln) {
     (void)jo; (void)jv; (void)jn; (void)lo; (void)lv; (void)ln;
-    return load_file((void **)l, path);
+    return load_file((void **)l, path, 1);
 }
 /* cuLibraryUnload. */
 API CUresult cuLibraryUnload(CUlibrary l) { return unload(l); }

@@ -55,10 +55,11 @@ static CUresult ctx_account(struct measure *m, CUcontext ctx, int primary, const
     return rc;
 }
 
-/* Whether the ordinal's context is one to measure: accounting on, the GPU in the region. -1: refuse (the
- * GPU cannot be charged under a quota), 0: pass through, 1: measure (dev set). */
+/* Whether the ordinal's context is one to measure: accounting on, contexts charged (a context reserve of 0
+ * turns that off: the quota then covers allocations alone), the GPU in the region. -1: refuse (the GPU
+ * cannot be charged under a quota), 0: pass through, 1: measure (dev set). */
 static int ctx_measured(CUdevice ord, int *dev) {
-    if (!accounting() || ord < 0 || ord >= MAX_ORD) return 0;
+    if (!accounting() || !g_cfg.context_reserve || ord < 0 || ord >= MAX_ORD) return 0;
     *dev = dev_index(ord);
     if (*dev == DEV_UNCHARGEABLE) return -1;
     return *dev >= 0;

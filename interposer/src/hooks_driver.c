@@ -20,11 +20,14 @@ static int64_t limit_estimate(CUdevice ord, CUlimit limit, size_t old, size_t va
 }
 
 /* After the driver set a limit: charge what it took (undo the limit if that does not fit), or give back
- * what it freed. */
+ * what it freed. Measured by free memory, never less than the estimate from the device's shape. */
 static CUresult limit_account(struct measure *m, CUcontext ctx, CUlimit limit, int have_old, size_t old,
                               size_t value) {
     int64_t delta = measure_end(m);
-    if (m->how == M_NONE && have_old) delta = limit_estimate(m->ord, limit, old, value);
+    if (have_old && m->how != M_NVML_PROCESS) { /* free memory: other tenants' frees can hide some of it */
+        int64_t est = limit_estimate(m->ord, limit, old, value);
+        if (m->how == M_NONE || est > delta) delta = est;
+    }
     if (delta < 0) {
         taken_release((uint64_t)(uintptr_t)ctx, T_LIMITS, (uint64_t)-delta);
         return CUDA_SUCCESS;

@@ -2,8 +2,9 @@
  * thread), module and library globals. No argument says how much these take, so the shim measures it
  * around the call, the best way it can:
  *   1. NVML's per-process figure for this process (nvmlDeviceGetComputeRunningProcesses under its host pid):
- *      exact whatever other tenants do; only this process's other threads can add to it (an over-charge,
- *      given back when the measured thing is released);
+ *      exact whatever other tenants do; what this process's other threads allocated meanwhile is taken out
+ *      (their own charges over the same window), and what that leaves out is caught by the reconciliation
+ *      that follows at once;
  *   2. NVML's free memory of the device, then cuMemGetInfo's (a context of that device current): other
  *      tenants' concurrent allocations make it larger (safe), their frees smaller, which is why a context
  *      measured this way is never charged below the last exact measurement (or MEMSLICE_CONTEXT_RESERVE);
@@ -51,7 +52,8 @@ static nvmlDevice_t nvml_device(CUdevice ord) {
     return by_uuid(uuid, &h) == NVML_SUCCESS ? h : NULL;
 }
 
-/* This process's pid as NVML reports it (cached per pid: a fork changes it), 0 when unknown. */
+/* This process's pid as NVML reports it (cached per pid: a fork changes it), else what the node agent
+ * wrote into the slot (it can see host PIDs when the container cannot), 0 when unknown. */
 static uint32_t host_pid(void) {
     static int32_t for_pid, cached;
     int32_t me = (int32_t)getpid();
@@ -60,6 +62,7 @@ static uint32_t host_pid(void) {
         __atomic_store_n(&for_pid, me, __ATOMIC_RELEASE);
     }
     int32_t v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (v <= 0 && g_ledger.slot >= 0) v = __atomic_load_n(&g_ledger.r->slot[g_ledger.slot].host_pid, __ATOMIC_RELAXED);
     return v > 0 ? (uint32_t)v : 0;
 }
 
@@ -107,9 +110,17 @@ static int reading(struct measure *m, int how, uint64_t *out) {
     return free_memory(m, how, out);
 }
 
+/* What this process has charged on a device (its slot), to take its other threads' allocations out of a
+ * measurement. */
+static uint64_t own_charged(int dev) {
+    if (g_ledger.slot < 0 || dev < 0 || dev >= MS_MAX_DEVICES) return 0;
+    return __atomic_load_n(&g_ledger.r->slot[g_ledger.slot].device_bytes[dev], __ATOMIC_SEQ_CST);
+}
+
 void measure_begin(struct measure *m, int dev, CUdevice ord) {
     pthread_mutex_lock(&g_measure_mu);
     *m = (struct measure){.dev = dev, .ord = ord, .how = M_NONE, .nvml = nvml_device(ord)};
+    m->charged = own_charged(dev);
     for (int how = M_NVML_PROCESS; how <= M_CUDA_FREE; how++)
         if (reading(m, how, &m->before) == 0) {
             m->how = how;
@@ -124,8 +135,9 @@ int64_t measure_end(struct measure *m) {
         return 0;
     }
     m->after = after;
-    if (m->how == M_NVML_PROCESS) return (int64_t)(after - m->before);
-    return (int64_t)(m->before - after); /* free memory went down by what was taken */
+    int64_t others = (int64_t)(own_charged(m->dev) - m->charged); /* this process's other threads, meanwhile */
+    if (m->how == M_NVML_PROCESS) return (int64_t)(after - m->before) - others;
+    return (int64_t)(m->before - after) - others; /* free memory went down by what was taken */
 }
 
 /* Charge (or give back) what reconciliation found: NVML's figure for this process beyond its charges. */

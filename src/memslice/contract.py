@@ -94,8 +94,8 @@ class Gpu(NamedTuple):
     mem_mib: int  # what can be allocated (NVML's total less the driver's reserved memory): what is advertised
     numa: int | None  # None when the driver does not know the GPU's NUMA node
     healthy: bool
-    nvml_total_mib: int | None = None  # shown beside memMiB (NVML's total, reserved memory included); the
-    reserved_mib: int | None = None    # extender reads neither, so parse leaves them None
+    nvml_total_mib: int | None = None  # shown beside memMiB: NVML's total (reserved memory included) and the
+    reserved_mib: int | None = None    # driver's reserved memory; None when the agent could not read them
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,10 +172,13 @@ def _gpu_fast(g: object) -> Gpu | None:
         return None
     uuid, index, mem = g.get("uuid"), g.get("index"), g.get("memMiB")
     model, numa, healthy = g.get("model", ""), g.get("numa"), g.get("healthy", True)
+    total, reserved = g.get("nvmlTotalMiB"), g.get("reservedMiB")
     if (type(uuid) is str and 0 < len(uuid) <= MAX_UUID and type(index) is int and 0 <= index <= MAX_GPU_INDEX
             and type(mem) is int and 0 < mem <= MAX_MIB and type(model) is str and len(model) <= MAX_MODEL
-            and (numa is None or (type(numa) is int and 0 <= numa <= MAX_NUMA)) and type(healthy) is bool):
-        return Gpu(uuid, index, model, mem, numa, healthy)
+            and (numa is None or (type(numa) is int and 0 <= numa <= MAX_NUMA)) and type(healthy) is bool
+            and (total is None or (type(total) is int and 0 < total <= MAX_MIB))
+            and (reserved is None or (type(reserved) is int and 0 <= reserved <= MAX_MIB))):
+        return Gpu(uuid, index, model, mem, numa, healthy, total, reserved)
     return None
 
 
@@ -200,7 +203,15 @@ def _gpu_checked(where: str, i: int, g: object) -> Gpu:
         raise errors.ContractError(f"{where}[{i}].numa={_short(numa)} is neither null nor a NUMA node number")
     if not isinstance(healthy, bool):
         raise errors.ContractError(f"{where}[{i}].healthy={_short(healthy)} is not true or false")
-    return Gpu(uuid=uuid, index=index, model=model, mem_mib=mem, numa=numa, healthy=healthy)
+    total, reserved = g.get("nvmlTotalMiB"), g.get("reservedMiB")
+    if total is not None and (not _is_int(total) or not 0 < total <= MAX_MIB):
+        raise errors.ContractError(f"{where}[{i}].nvmlTotalMiB={_short(total)} is neither null nor a positive "
+                                   f"number of MiB (at most {MAX_MIB})")
+    if reserved is not None and (not _is_int(reserved) or not 0 <= reserved <= MAX_MIB):
+        raise errors.ContractError(f"{where}[{i}].reservedMiB={_short(reserved)} is neither null nor a number of "
+                                   f"MiB (0..{MAX_MIB})")
+    return Gpu(uuid=uuid, index=index, model=model, mem_mib=mem, numa=numa, healthy=healthy,
+               nvml_total_mib=total, reserved_mib=reserved)
 
 
 def _unit(node: str, raw: object) -> int:

@@ -44,7 +44,7 @@ def held_to_one_gib(out: subprocess.CompletedProcess[str], fits: int) -> None:
 def test_memslice_run_limits_ignore_the_environment(escape, cbin, tmp_path):
     region = tmp_path / "r"
     env = {"PATH": os.environ["PATH"], "MEMSLICE_SIM_STATE": str(tmp_path / "n.state"),
-           "MEMSLICE_SIM_CONTEXT_OVERHEAD": "0", "MEMSLICE_CONTEXT_RESERVE": "64MiB"}
+           "MEMSLICE_SIM_CONTEXT_OVERHEAD": "64MiB", "MEMSLICE_CONTEXT_RESERVE": "64MiB"}
     cmd = [sys.executable, "-m", "memslice", "run", "--gpu-mem", "1GiB", "--simulate-gpu", "16GiB", "--region-dir",
            str(region), "--", *ESCAPES[escape], cbin["alloc_direct"], "2000", "900"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
@@ -54,7 +54,9 @@ def test_memslice_run_limits_ignore_the_environment(escape, cbin, tmp_path):
     assert "gpu_mem_limit=1024MiB" in limits.read_text() and "context_reserve=64MiB" in limits.read_text()
     dev = read_region(region).devices[0]
     assert dev.limit_bytes == 1 << 30  # the ledger shows the container's quota, whatever the process said
-    assert dev.peak_bytes == (900 + 64) * MiB  # the reserve from the file was charged too
+    # the context was charged too (measured: 64 MiB): the file's context_reserve, not the environment's 0 (which
+    # would turn charging contexts off), is what the shim follows
+    assert dev.peak_bytes == (900 + 64) * MiB
     if "MEMSLICE_GPU_MEM_LIMIT=64GiB" in ESCAPES[escape]:
         assert "MEMSLICE_GPU_MEM_LIMIT='64GiB' ignored: the quota comes from gpu_mem_limit=1.0 GiB in" in out.stderr
 
@@ -102,11 +104,12 @@ def test_node_agent_limits_file_holds_every_process(escape, cbin, short_tmp):
     host = {k: m.host_path for k, m in mounts.items() if not k.startswith("/run/memslice")}
     env.update({k: host.get(v, v) for k, v in resp.envs.items()})
     env.update(LD_PRELOAD=mounts["/usr/local/memslice/lib/libmemslice.so"].host_path,
-               MS_REGION=region.host_path, MS_LIMITS=limits.host_path)
+               MS_REGION=region.host_path, MS_LIMITS=limits.host_path,
+               MEMSLICE_SIM_CONTEXT_OVERHEAD="300MiB")  # what a context takes on this simulated GPU
     out = run(["unshare", "-Urm", "sh", "-c", MOUNT_SCRIPT, "sh", *AGENT_ESCAPES[escape], cbin["alloc_direct"], "2000",
                "700"], env)
     dev = read_region(region.host_path).devices[0]
-    assert dev.limit_bytes == 1 << 30 and dev.peak_bytes == (700 + 300) * MiB  # 300 MiB: the default reserve
+    assert dev.limit_bytes == 1 << 30 and dev.peak_bytes == (700 + 300) * MiB  # 300 MiB: the context, measured
     if escape == "oversubscribe":
         # the agent's limits file says oversubscribe=0 (the pod did not ask with memslice.io/oversubscribe):
         # the environment cannot turn spilling on

@@ -10,7 +10,9 @@
  *   import MIB   cuMemCreate, export as a file descriptor, import, map the import, release the original
  *   fill         cuMemAlloc_v2 16 MiB at a time until refused (printing how much it got)
  *   unload       destroy, unload, unmap and release everything above
- *   hold         print "held" and wait for a line on stdin */
+ *   hold         print "held" and wait for a line on stdin
+ * A first argument "early MIB" loads a library of MIB MiB before any context exists (no context to
+ * measure it in: only NVML's per-process figure shows it). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
@@ -167,11 +169,18 @@ static void step_unload(void) {
 
 int main(int argc, char **argv) {
     CUresult rc = cuInit(0);
+    int first = 1;
+    if (argc > 2 && !strcmp(argv[1], "early")) {
+        unsigned char img[16];
+        image(img, strtoull(argv[2], NULL, 10));
+        printf("early rc=%d\n", (int)cuLibraryLoadData(&g_lib[g_nlib++], img, NULL, NULL, 0, NULL, NULL, 0));
+        first = 3;
+    }
     if (!rc) rc = cuDevicePrimaryCtxRetain(&g_primary, 0);
     if (!rc) rc = cuCtxSetCurrent(g_primary);
     report("start", rc);
     if (rc) return 1;
-    for (int i = 1; i < argc; i++) {
+    for (int i = first; i < argc; i++) {
         const char *s = argv[i];
         unsigned long long v = i + 1 < argc ? strtoull(argv[i + 1], NULL, 10) : 0;
         if (!strcmp(s, "ctx")) step_ctx((int)v), i++;
