@@ -17,6 +17,10 @@ What the kubelet does (pkg/kubelet/pluginmanager, pkg/kubelet/cm/dra/plugin/dra_
   drivers are back).
 
 `services` picks what this kubelet supports (e.g. only v1beta1, an older kubelet).
+
+`container_cdi_ids()` is what the kubelet hands the runtime for one container's `resources.claims[]` entry
+(pkg/kubelet/cm/dra/claiminfo.go cdiDevicesAsList): the CDI IDs of every Device whose request_names contain
+the container's `request` exactly (or all, when the container names no request or the Device lists none).
 """
 
 from __future__ import annotations
@@ -50,6 +54,15 @@ class Registered:
     endpoint: str
     service: str
     socket: Path
+
+
+def container_cdi_ids(entry: Any, request: str = "") -> list[str]:
+    """The CDI device IDs the kubelet gives a container that names this claim (and `request`, if any)."""
+    out: list[str] = []
+    for d in entry.devices:
+        if not request or not d.request_names or request in d.request_names:
+            out.extend(d.cdi_device_ids)  # no de-duplication, as in the kubelet
+    return out
 
 
 class KubeletDraStandin:

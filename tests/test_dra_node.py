@@ -28,7 +28,7 @@ import kube_standin_dra as dra
 import pytest
 from conftest import ChildLog
 from kube_standin import KubeApiStandin
-from kubelet_dra_standin import KUBELET_SERVICES, KubeletDraStandin
+from kubelet_dra_standin import KUBELET_SERVICES, KubeletDraStandin, container_cdi_ids
 from test_e2e_cluster import CONTEXT_RESERVE_MIB, TENANT
 
 from memslice.paths import lib_paths
@@ -267,6 +267,10 @@ BAD = {
     "hostile quantity": (lambda k: _with_result(k, "odd", consumedCapacity={"memory": "1e999999"}),
                          "is not a quantity"),
     "no shareID": (lambda k: _with_result(k, "noshare", shareID=None), "shareID None is missing"),
+    "zero-padded device name": (lambda k: _with_result(k, "padded", device="gpu-0000"),
+                                "unknown device 'gpu-0000'"),
+    "admin access": (lambda k: _with_result(k, "admin", adminAccess=True),
+                     "adminAccess to gpu-0 is not served by memslice.io"),
     "deleted claim": (_deleted, "does not exist (deleted?)"),
     "re-created claim": (_recreated, "the claim was deleted"),
 }
@@ -322,22 +326,31 @@ def test_older_kubelet_uses_v1beta1(tmp_path) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def test_unhealthy_gpu_is_withdrawn_and_restored(world) -> None:
+def test_unhealthy_gpu_is_tainted_and_restored(world) -> None:
+    """Issue 24.6: an unhealthy GPU stays in the slice with the NoSchedule device taint (running claims stay
+    visible, kube-scheduler avoids it for new ones), and a claim on it is refused with the reason."""
     from test_plugin_agent import inject_xid
 
     kube, node = world
     [sl] = node.slices()
     gen = sl["spec"]["pool"]["generation"]
+    attrs = sl["spec"]["devices"][0]["attributes"]
+    assert re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", attrs["resource.kubernetes.io/pciBusID"]["string"])
+    c = make_claim(kube, "late", "1Gi")
     inject_xid(node.state, 0, 79)  # fallen off the bus: critical
 
-    def devices(k: KubeApiStandin) -> list[str] | None:
+    def taints(k: KubeApiStandin) -> list[str] | None:
         s = [x for x in k.list("ResourceSlice") if x["spec"]["nodeName"] == NODE]
-        return [d["name"] for d in s[0]["spec"]["devices"]] if len(s) == 1 else None
+        if len(s) != 1 or len(s[0]["spec"]["devices"]) != 1:
+            return None
+        return [t["key"] + ":" + t["effect"] for t in s[0]["spec"]["devices"][0].get("taints") or []]
 
-    assert kube.wait_for(lambda k: devices(k) == [], 15), node.log()
+    assert kube.wait_for(lambda k: taints(k) == ["memslice.io/unhealthy:NoSchedule"], 15), node.log()
     [sl] = node.slices()
     assert sl["spec"]["pool"]["generation"] == gen + 1
-    assert kube.wait_for(lambda k: devices(k) == ["gpu-0"], 20), node.log()  # recovery after 2 s
+    err = node.kubelet.prepare(DRIVER, c).claims[c["metadata"]["uid"]].error
+    assert "is Unhealthy" in err, err
+    assert kube.wait_for(lambda k: taints(k) == [], 20), node.log()  # recovery after 2 s
     [sl] = node.slices()
     assert sl["spec"]["pool"]["generation"] == gen + 2
 
@@ -375,3 +388,98 @@ def test_kubelet_restart_wipes_the_slice_and_the_agent_publishes_it_at_once(worl
     assert [d["name"] for d in sl["spec"]["devices"]] == ["gpu-0"]
     again = node.kubelet.prepare(DRIVER, c).claims[c["metadata"]["uid"]]  # the running pod's claim: as before
     assert again.error == "" and again.devices[0].device_name == "gpu-0"
+
+
+def _spec_env(node: DraNode, cdi_id: str) -> dict[str, str]:
+    """The env of a process in a container given CDI device `cdi_id` (kind=name) by the kubelet."""
+    kind, name = cdi_id.split("=", 1)
+    assert kind == CDI_KIND, cdi_id
+    uid = name[:36]
+    spec = json.loads((node.cdi / f"memslice.io-{uid}.json").read_text())
+    return node.container_env(spec, name)
+
+
+def _held_to(env: dict[str, str], limit: int) -> None:
+    proc = run_tenant(env)
+    try:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read() if proc.poll() is not None else "no output"
+        report = json.loads(line)
+        assert report["refused_with"] == 2, report
+        assert limit - 256 < report["allocated_mib"] + CONTEXT_RESERVE_MIB <= limit, (limit, report)
+    finally:
+        proc.communicate("", timeout=30)
+
+
+def _put_claim(kube: KubeApiStandin, name: str, requests: list[dict[str, Any]]) -> dict[str, Any]:
+    kube.put({"apiVersion": dra.GROUP_VERSION, "kind": "ResourceClaim",
+              "metadata": {"name": name, "namespace": "default"}, "spec": {"devices": {"requests": requests}}})
+    return dra.allocate(kube, "default", name, NODE)
+
+
+def _exactly(memory: str, count: int = 1) -> dict[str, Any]:
+    return {"deviceClassName": "gpu-mem.memslice.io", "count": count,
+            "capacity": {"requests": {"memory": memory}}}
+
+
+def test_first_available_subrequest_reaches_the_container_that_names_its_request(world) -> None:
+    """Issue 24.1: the allocation names the subrequest ("gpu/small"); the container names "gpu". The kubelet
+    matches exactly, so the driver must answer the base name or the container runs without its quota."""
+    kube, node = world
+    c = _put_claim(kube, "alt", [{"name": "gpu", "firstAvailable": [
+        {"name": "huge", **_exactly("64Gi")}, {"name": "small", **_exactly("3Gi")}]}])
+    [r] = c["status"]["allocation"]["devices"]["results"]
+    assert r["request"] == "gpu/small"  # the larger alternative does not fit a 16 GiB GPU
+    entry = node.kubelet.prepare(DRIVER, c).claims[c["metadata"]["uid"]]
+    assert entry.error == ""
+    assert [list(d.request_names) for d in entry.devices] == [["gpu"]]
+    [cdi_id] = container_cdi_ids(entry, "gpu")  # resources.claims: [{name: alt, request: gpu}]
+    env = _spec_env(node, cdi_id)
+    assert env["MEMSLICE_GPU_MEM_LIMIT"] == "3072"
+    _held_to(env, 3072)
+
+
+def test_several_shares_of_one_claim_are_one_quota_of_their_sum(world) -> None:
+    """Issue 24.2 (decision: one summed quota per GPU per claim): `count: 2`, and two requests on the same
+    GPU, are prepared (not refused after binding); each container that names any of the requests gets the
+    claim's one region, whose quota is the sum of the shares."""
+    kube, node = world
+    two = _put_claim(kube, "pair", [{"name": "gpu", "exactly": _exactly("3Gi", count=2)}])
+    results = two["status"]["allocation"]["devices"]["results"]
+    assert [(r["device"], r["consumedCapacity"]["memory"]) for r in results] == [("gpu-0", "3Gi")] * 2
+    both = _put_claim(kube, "both", [{"name": "a", "exactly": _exactly("1Gi")},
+                                     {"name": "b", "exactly": _exactly("2Gi")}])
+    resp = node.kubelet.prepare(DRIVER, two, both)
+    e_two, e_both = (resp.claims[c["metadata"]["uid"]] for c in (two, both))
+    assert e_two.error == "" and e_both.error == "", (e_two.error, e_both.error)
+    assert [list(d.request_names) for d in e_two.devices] == [["gpu"]]
+    assert [list(d.request_names) for d in e_both.devices] == [["a", "b"]]
+    assert container_cdi_ids(e_both, "a") == container_cdi_ids(e_both, "b") == container_cdi_ids(e_both)
+    [pair_id] = container_cdi_ids(e_two, "gpu")
+    assert _spec_env(node, container_cdi_ids(e_both, "a")[0])["MEMSLICE_GPU_MEM_LIMIT"] == "3072"
+    env = _spec_env(node, pair_id)
+    assert env["MEMSLICE_GPU_MEM_LIMIT"] == "6144"
+    _held_to(env, 6144)
+    metrics = node.http("/metrics")[1]
+    assert re.search(r'memslice_gpu_allocated_mib\{[^}]*gpu="0"[^}]*\} 9216', metrics), metrics
+    assert len(node.left_behind()["regions"]) == 6  # one region (dir, record, limits) per claim
+    out = node.kubelet.unprepare(DRIVER, two, both)
+    assert all(out.claims[c["metadata"]["uid"]].error == "" for c in (two, both))
+    assert node.left_behind() == {"regions": [], "cdi": [], "checkpoint": []}
+
+
+def test_a_claim_listed_twice_is_answered_once_and_a_uid_under_another_name_is_not_unprepared(world) -> None:
+    """Issue 25.11: the same claim twice in one call gets its devices once; NodeUnprepareResources with a
+    prepared UID but another namespace/name removes nothing."""
+    kube, node = world
+    c = make_claim(kube, "twice", "1Gi")
+    uid = c["metadata"]["uid"]
+    entry = node.kubelet.prepare(DRIVER, c, c).claims[uid]
+    assert entry.error == "" and len(entry.devices) == 1
+    assert len(container_cdi_ids(entry)) == 1
+    other = {"metadata": {"namespace": "default", "name": "someone-else", "uid": uid}}
+    err = node.kubelet.unprepare(DRIVER, other).claims[uid].error
+    assert "was prepared as default/twice" in err, err
+    assert node.left_behind()["checkpoint"] == [uid]
+    assert node.kubelet.unprepare(DRIVER, c).claims[uid].error == ""
+    assert node.left_behind() == {"regions": [], "cdi": [], "checkpoint": []}
