@@ -9,6 +9,7 @@ simulated GPU and are held to their claim's memory by the shim.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -43,15 +44,16 @@ class DraNode:
     """A node agent in DRA mode on a simulated node, with its kubelet DRA stand-in."""
 
     def __init__(self, root: Path, kube: KubeApiStandin, gpus: str = "16GiB",
-                 services: tuple[str, ...] | None = None) -> None:
-        self.root, self.kube, self.gpus = root, kube, gpus
+                 services: tuple[str, ...] | None = None, pod_uid: str = "", wipe_delay_s: float = 30.0) -> None:
+        self.root, self.kube, self.gpus, self.pod_uid = root, kube, gpus, pod_uid
         self.registry = root / "registry"
         self.plugins = root / "plugins"
         self.cdi = root / "cdi"
         self.regions = root / "regions"
         self.state = root / "sim.state"
         self.kubeconfig = kube.kubeconfig(str(root / "kubeconfig"))
-        self.kubelet = KubeletDraStandin(self.registry, services or KUBELET_SERVICES, kube, NODE).start()
+        self.kubelet = KubeletDraStandin(self.registry, services or KUBELET_SERVICES, kube, NODE,
+                                         wipe_delay_s=wipe_delay_s).start()
         env = {k: v for k, v in os.environ.items()
                if not k.startswith("MEMSLICE_") and k not in ("KUBERNETES_SERVICE_HOST", "NODE_NAME")}
         env["MEMSLICE_SIM_STATE"] = str(self.state)
@@ -72,11 +74,22 @@ class DraNode:
                "--plugins-registry-dir", str(self.registry), "--kubelet-plugins-dir", str(self.plugins),
                "--cdi-dir", str(self.cdi), "--region-root", str(self.regions), "--shim-host-dir",
                str(self.root / "lib"), "--metrics-address", "127.0.0.1", "--metrics-port", "0",
-               "--node-name", NODE, "--kubeconfig", self.kubeconfig, "--health-recovery-s", "2"]
+               "--node-name", NODE, "--kubeconfig", self.kubeconfig, "--health-recovery-s", "2",
+               *(["--pod-uid", self.pod_uid] if self.pod_uid else [])]
         self.runs += 1
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env,
                                      cwd=ROOT)
-        self.output = ChildLog(self.proc, self.root / f"agent-{self.runs}.log")
+        self.output = ChildLog(self.proc, self.root / f"agent-{self.pod_uid}{self.runs}.log")
+
+    def sibling(self, pod_uid: str) -> DraNode:
+        """Another agent instance on the same node (same directories, kubelet and API): a rolling update."""
+        other = copy.copy(self)
+        other.pod_uid, other.proc, other.output, other.runs = pod_uid, None, None, 0
+        return other
+
+    @property
+    def endpoint(self) -> str:
+        return str(self.plugins / DRIVER / (f"dra-{self.pod_uid}.sock" if self.pod_uid else "dra.sock"))
 
     def log(self) -> str:
         return self.output.text() if self.output else ""
@@ -101,7 +114,8 @@ class DraNode:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
 
-    def stop(self) -> None:
+    def stop_agent(self) -> None:
+        """SIGTERM, as a DaemonSet update sends it; the agent shuts down cleanly."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -109,6 +123,9 @@ class DraNode:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+
+    def stop(self) -> None:
+        self.stop_agent()
         self.kubelet.stop()
 
     # --- what is on the node -------------------------------------------------------------------------------
@@ -335,7 +352,8 @@ def test_unhealthy_gpu_is_tainted_and_restored(world) -> None:
     [sl] = node.slices()
     gen = sl["spec"]["pool"]["generation"]
     attrs = sl["spec"]["devices"][0]["attributes"]
-    assert re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", attrs["resource.kubernetes.io/pciBusID"]["string"])
+    bus_id = attrs["resource.kubernetes.io/pciBusID"]["string"]  # from NVML (the simulator's)
+    assert re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", bus_id), bus_id
     c = make_claim(kube, "late", "1Gi")
     inject_xid(node.state, 0, 79)  # fallen off the bus: critical
 
@@ -483,3 +501,95 @@ def test_a_claim_listed_twice_is_answered_once_and_a_uid_under_another_name_is_n
     assert node.left_behind()["checkpoint"] == [uid]
     assert node.kubelet.unprepare(DRIVER, c).claims[uid].error == ""
     assert node.left_behind() == {"regions": [], "cdi": [], "checkpoint": []}
+
+
+def test_rolling_update_keeps_the_driver_and_its_slice_and_shares_the_prepared_claims() -> None:
+    """Issue 24.7: with --pod-uid each instance has its own sockets (dra-<uid>.sock, memslice.io-<uid>-reg.sock);
+    the kubelet registers both, calls the newest, and never has the driver missing, so it never schedules the
+    wipe of the node's slice; calls are serialised by serialize.lock and each instance reads the other's
+    checkpoint, so a claim prepared by the old instance is unprepared by the new one and neither loses the
+    other's record."""
+    lib_paths()
+    root = Path(tempfile.mkdtemp(prefix="ms-dra-", dir="/tmp"))
+    kube = KubeApiStandin().start()
+    kube.put({"kind": "Node", "metadata": {"name": NODE}})
+    kube.put(dra.device_class())
+    old = DraNode(root, kube, pod_uid="0b0e1d6c-0000-4000-8000-00000000000a", wipe_delay_s=1.0)
+    new = old.sibling("0b0e1d6c-0000-4000-8000-00000000000b")
+    try:
+        old.start()
+        [sl] = old.slices()
+        assert (old.registry / "memslice.io-0b0e1d6c-0000-4000-8000-00000000000a-reg.sock").exists()
+        c1, c2 = make_claim(kube, "first", "2Gi"), make_claim(kube, "second", "3Gi")
+        assert old.kubelet.prepare(DRIVER, c1).claims[c1["metadata"]["uid"]].error == ""
+        new.launch()  # maxSurge 1: the new pod starts while the old one runs
+        assert old.kubelet.wait_registered(DRIVER, 30, new.endpoint).endpoint == new.endpoint, new.log()
+        assert old.kubelet.registered[DRIVER].endpoint == new.endpoint  # the newest is called
+        # the old instance answers a call too (the kubelet may still use it): records are merged, not lost
+        assert old.kubelet.prepare(DRIVER, c2, endpoint=old.endpoint).claims[c2["metadata"]["uid"]].error == ""
+        assert sorted(old.left_behind()["checkpoint"]) == sorted(c["metadata"]["uid"] for c in (c1, c2))
+        old.stop_agent()  # SIGTERM: the old instance removes its own sockets only, never the slice
+        with old.kubelet.cond:
+            assert old.kubelet.cond.wait_for(lambda: [r.endpoint for r in old.kubelet.plugins[DRIVER]] ==
+                                             [new.endpoint], 10), old.kubelet.plugins
+            assert not old.kubelet.pending_wipes and not old.kubelet.wiped
+        assert Path(new.endpoint).exists() and not Path(old.endpoint).exists()
+        # the new instance unprepares what the old one prepared, and knows the rest
+        out = new.kubelet.unprepare(DRIVER, c1).claims[c1["metadata"]["uid"]]
+        assert out.error == ""
+        assert new.left_behind()["checkpoint"] == [c2["metadata"]["uid"]]
+        again = new.kubelet.prepare(DRIVER, c2).claims[c2["metadata"]["uid"]]
+        assert again.error == "" and len(again.devices) == 1
+        metrics = new.http("/metrics")[1]
+        assert re.search(r'memslice_gpu_allocated_mib\{[^}]*gpu="0"[^}]*\} 3072', metrics), metrics
+        assert re.search(r'memslice_dra_operation_seconds_count\{operation="unprepare"\} 1', metrics), metrics
+        [now] = new.slices()
+        assert now["metadata"]["uid"] == sl["metadata"]["uid"]  # never deleted and re-created
+        assert new.kubelet.unprepare(DRIVER, c2).claims[c2["metadata"]["uid"]].error == ""
+        assert new.left_behind() == {"regions": [], "cdi": [], "checkpoint": []}
+        new.stop_agent()  # the last instance goes: now the kubelet wipes the slice after its delay
+        assert kube.wait_for(lambda k: not new.slices(), 10)
+    finally:
+        new.stop_agent()
+        old.stop()
+        kube.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_slice_deleted_by_someone_else_is_repaired_at_once(world) -> None:
+    """Issue 24.5: the agent watches its slice; a deletion is repaired well before the resync backstop."""
+    kube, node = world
+    [sl] = node.slices()
+    t0 = time.monotonic()
+    kube.delete("ResourceSlice", None, sl["metadata"]["name"])
+    assert kube.wait_for(lambda k: len(node.slices()) == 1, 5), node.log()
+    assert time.monotonic() - t0 < 5
+    [again] = node.slices()
+    assert again["metadata"]["uid"] != sl["metadata"]["uid"]
+    assert [d["name"] for d in again["spec"]["devices"]] == ["gpu-0"]
+    assert node.http("/readyz")[0] == 200
+
+
+def test_consumable_capacity_off_is_said_on_readyz_and_in_an_event() -> None:
+    """Issue 24.4 end to end: /readyz answers 503 naming the gate to turn on, a Warning Event on the Node."""
+    lib_paths()
+    root = Path(tempfile.mkdtemp(prefix="ms-dra-", dir="/tmp"))
+    kube = KubeApiStandin().start()
+    dra.set_gates(kube, DRAConsumableCapacity=False)
+    kube.put({"kind": "Node", "metadata": {"name": NODE}})
+    node = DraNode(root, kube)
+    try:
+        node.start()
+        assert kube.wait_for(lambda k: any(e.get("reason") == "DRAConsumableCapacityOff"
+                                           for e in k.list("Event")), 15), node.log()
+        [ev] = [e for e in kube.list("Event") if e.get("reason") == "DRAConsumableCapacityOff"]
+        assert ev["involvedObject"]["kind"] == "Node" and ev["type"] == "Warning"
+        code, body = node.http("/readyz")
+        assert code == 503 and "--feature-gates=DRAConsumableCapacity=true" in body, body
+        assert node.log().count("DRAConsumableCapacity feature gate is off") == 1
+        [sl] = node.slices()
+        assert "allowMultipleAllocations" not in sl["spec"]["devices"][0]
+    finally:
+        node.stop()
+        kube.stop()
+        shutil.rmtree(root, ignore_errors=True)
