@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -250,18 +249,11 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> A
         plugins_registry_dir=Path(get("plugins_registry_dir")),
         kubelet_plugins_dir=Path(get("kubelet_plugins_dir")),
         cdi_dir=Path(get("cdi_dir")),
-        pod_uid=_pod_uid(n("pod_uid"), get("pod_uid")),
+        pod_uid=get("pod_uid"),  # checked where it is used (plugin/dra_agent.py): a downward-API value
         elastic_dir=Path(get("elastic_dir") or Path(get("region_root")).parent / "elastic"),
         idle_after_s=_idle(n("idle_after"), get("idle_after")),
         swap_event_interval_s=_event_interval(n("swap_event_interval_s"), get("swap_event_interval_s")),
     )
-
-
-def _pod_uid(name: str, raw: str) -> str:
-    if raw and not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,63}", raw):
-        raise ConfigError(f"{name}={raw!r} is not valid: use the pod's UID (fieldRef metadata.uid), or leave it "
-                          f"empty for fixed socket names")
-    return raw
 
 
 def _event_interval(name: str, raw: str) -> float:

@@ -12,6 +12,7 @@ with maxSurge: 1; a cleanly stopping instance removes its own sockets and never 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -113,6 +114,9 @@ class DraParts:
 def start_dra(cfg: AgentConfig, state: NodeState, regions: RegionStore, rcfg: ResponseConfig, api: Any,
               metrics: Metrics) -> DraParts:
     node = cfg.node_name
+    if cfg.pod_uid and not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,63}", cfg.pod_uid):
+        raise DraStartError(f"--pod-uid={cfg.pod_uid[:80]!r} is not a pod UID: set MEMSLICE_POD_UID from the downward "
+                            f"API (fieldRef metadata.uid), or leave it empty for fixed socket names")
     plugin_dir = cfg.kubelet_plugins_dir / DRIVER
     specs = CdiSpecs(cfg.cdi_dir)
     try:
