@@ -244,6 +244,7 @@ class SlicePublisher:
         self.dropped: frozenset[str] = frozenset()  # gates whose fields the API server drops
         self.problem: str | None = None  # set once DRAConsumableCapacity is found off
         self.syncs = 0
+        self.watches = 0  # watch requests that ended normally
         self._probe_at = 0.0  # monotonic time of the next probe (0: at the next sync)
         self._last_sent: list[dict[str, Any]] = []
         self._own_rvs: collections.deque[str] = collections.deque(maxlen=32)
@@ -381,24 +382,31 @@ class SlicePublisher:
 
     # --- the watcher ---------------------------------------------------------------------------------------
     def _watch(self) -> None:
-        """LIST for a resourceVersion, then WATCH from it for at most WATCH_S; any change that is not our own
-        write marks the slice dirty. Errors and 410 Gone: LIST again after a bounded backoff."""
-        backoff = 0.5
+        """LIST for a resourceVersion, then WATCH from it, WATCH_S per request, re-opened from the last version
+        seen (bookmarks included); any change that is not our own write marks the slice dirty. After an error
+        or an ERROR event (410 Gone: the version is too old) it LISTs again, after a bounded backoff, and
+        reconciles once (a change may have been missed)."""
+        backoff, rv = 0.5, ""
         while not self._stop.is_set():
             try:
-                rv = self.api.slices_version(self.selector)
-                self._dirty.set()  # a change may have been missed while not watching
+                if not rv:
+                    rv = self.api.slices_version(self.selector)
+                    self._dirty.set()
                 for kind, obj_rv in self.api.watch_slices(self.selector, rv, WATCH_S, MAX_WATCH_LINE, self._hold):
                     if self._stop.is_set():
                         return
                     if kind == "ERROR":
-                        break  # 410 Gone and the like: LIST again
+                        rv = ""
+                        break
+                    rv = obj_rv or rv
                     if kind in ("ADDED", "MODIFIED", "DELETED") and obj_rv not in self._own_rvs:
                         self._dirty.set()
+                self.watches += 1
                 backoff = 0.5
-            except Exception as exc:  # the API server away: retry, bounded
+            except Exception as exc:  # the API server away, the connection dropped: LIST again, bounded
                 if self._stop.is_set():
                     return
+                rv = ""
                 log.debug("ResourceSlice watch ended (%s); again in %.1f s", exc, backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)

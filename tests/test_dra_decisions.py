@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from decimal import Decimal
 
 import kube_standin_dra as dra
@@ -306,3 +307,32 @@ def test_slice_and_allocated_claim_match_the_1_37_schemas() -> None:
             validate_strict(obj)
         [r] = claim["status"]["allocation"]["devices"]["results"]
         assert r["consumedCapacity"] == {"memory": "4000Mi"} and r["device"] == "gpu-0"
+
+
+def test_the_watch_repairs_at_once_reconnects_and_stops_without_delay() -> None:
+    """Issue 24.5: the publisher watches its slice (no 30 s LIST polling): a deletion is repaired within
+    seconds, also after the API server dropped the watch and after its versions were compacted (410), and
+    stop() ends the watch at once."""
+    healthy = {GPU.uuid: True}
+    with KubeApiStandin() as kube:
+        pub = SlicePublisher(DraApi(kube.api_client()), "node-a", lambda: [GPU], lambda: healthy, "570.1",
+                             lambda: "u1", resync_s=300)
+        pub.start()
+        try:
+            assert pub.published.wait(10)
+            for disrupt in (None, kube.restart, lambda: (kube.compact(), kube.restart())):
+                if disrupt is not None:
+                    disrupt()
+                [s] = _mine(kube)
+                t0 = time.monotonic()
+                kube.delete("ResourceSlice", None, s["metadata"]["name"])
+                assert kube.wait_for(lambda k: len(_mine(k)) == 1, 5)
+                assert time.monotonic() - t0 < 5
+            syncs = pub.syncs
+            healthy[GPU.uuid] = True  # nothing changes: the watch sees only the publisher's own writes
+        finally:
+            t0 = time.monotonic()
+            pub.stop()
+            assert time.monotonic() - t0 < 3
+            assert not pub._thread.is_alive() and pub._watcher is not None and not pub._watcher.is_alive()
+        assert pub.syncs == syncs
