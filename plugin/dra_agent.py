@@ -152,7 +152,7 @@ def start_dra(cfg: AgentConfig, state: NodeState, regions: RegionStore, rcfg: Re
             log.warning("cannot post the Event about the feature gate on node %s: %s", node, exc)
 
     slices = SlicePublisher(kube, node, lambda: gpus, state.health.snapshot, nvml_driver_version(), node_uid,
-                            pci=nvml_pci([g.uuid for g in gpus]), on_problem=said)
+                            pci=nvml_pci([g.uuid for g in gpus]), on_problem=said, instance=cfg.pod_uid)
     slices.start()
     server = DraServer(plugin_dir / socket_name(cfg.pod_uid), driver, cfg.grpc_workers, DraMetrics(metrics.registry))
     try:

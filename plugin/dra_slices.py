@@ -11,7 +11,9 @@ shares of it (KEP-5075 consumable capacity). A GPU that turns Unhealthy gets the
 `memslice.io/unhealthy` (resource.k8s.io/v1 DeviceTaint: running claims stay visible, new ones avoid it); where
 the API server drops taints (DRADeviceTaints off) the device is withdrawn instead. The publisher keeps exactly
 one slice: a restart updates it in place, never duplicates it. Every change of the devices bumps
-`pool.generation` (the scheduler ignores slices of an older generation of the pool).
+`pool.generation` (the scheduler ignores slices of an older generation of the pool). Each write is stamped with
+the annotation memslice.io/writer (start time and pod UID of the instance): during a rolling update the old
+instance leaves a slice written by a newer one alone, so two versions never rewrite it back and forth.
 
 Feature gates: fields the API server drops are detected by comparing what was sent with what it stored. Without
 DRAConsumableCapacity (off by default before Kubernetes 1.36) `allowMultipleAllocations` and `requestPolicy`
@@ -56,6 +58,7 @@ RESYNC_S = 300.0  # a backstop only: the watch repairs at once
 PROBE_S = 3600.0  # how often fields the API server dropped are offered again (a gate may have been turned on)
 WATCH_S = 60  # timeoutSeconds of one watch request; then it is re-opened
 MAX_WATCH_LINE = 4 * 1024 * 1024  # one event of this node's one slice: far less
+WRITER = f"{DRIVER}/writer"  # annotation: "<start time, ns>/<pod uid>" of the agent that wrote the slice
 CONSUMABLE_CAPACITY = "DRAConsumableCapacity"
 DEVICE_TAINTS = "DRADeviceTaints"
 _BDF = re.compile(r"([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])\Z")
@@ -208,6 +211,19 @@ def same_devices(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return bool(_normalised(a) == _normalised(b))
 
 
+def newer_writer(slice_: Mapping[str, Any], mine: str) -> bool:
+    """True when `slice_` was written by another agent instance that started after this one (`mine`, the
+    WRITER value of this instance): during a rolling update the old instance leaves the slice to the new one
+    instead of rewriting it back to its own version's form."""
+    theirs = str(((slice_.get("metadata") or {}).get("annotations") or {}).get(WRITER) or "")
+    if not theirs or theirs == mine:
+        return False
+    try:
+        return int(theirs.split("/", 1)[0]) > int(mine.split("/", 1)[0])
+    except ValueError:
+        return False
+
+
 def gate_problem(gates: frozenset[str]) -> str | None:
     """What to tell the operator about gates that are off (None: nothing that stops memslice)."""
     if CONSUMABLE_CAPACITY not in gates:
@@ -228,7 +244,7 @@ class SlicePublisher:
                  healthy: Callable[[], Mapping[str, bool]], driver_version: str | None,
                  node_uid: Callable[[], str | None], resync_s: float = RESYNC_S,
                  pci: Mapping[str, Pci] | None = None, on_problem: Callable[[str], None] | None = None,
-                 watch: bool = True) -> None:
+                 watch: bool = True, instance: str = "") -> None:
         self.api = api
         self.node = node
         self.gpus = gpus
@@ -244,6 +260,7 @@ class SlicePublisher:
         self.dropped: frozenset[str] = frozenset()  # gates whose fields the API server drops
         self.problem: str | None = None  # set once DRAConsumableCapacity is found off
         self.syncs = 0
+        self.writer = f"{time.time_ns()}/{instance}"
         self.watches = 0  # watch requests that ended normally
         self._probe_at = 0.0  # monotonic time of the next probe (0: at the next sync)
         self._last_sent: list[dict[str, Any]] = []
@@ -324,6 +341,9 @@ class SlicePublisher:
             self.api.delete_slice(other["metadata"]["name"])
             log.info("deleted duplicate ResourceSlice %s", other["metadata"]["name"])
         current = int(((mine or {}).get("spec") or {}).get("pool", {}).get("generation") or 0) if mine else 0
+        if mine is not None and newer_writer(mine, self.writer):
+            self.generation, self.name = current, mine["metadata"]["name"]
+            return "deferred"  # a newer instance of the agent (rolling update) owns the slice now
         probe = time.monotonic() >= self._probe_at
         want = self._want(current)
         if mine is not None and len(have) == 1:
@@ -334,7 +354,7 @@ class SlicePublisher:
                     self._probe_at = time.monotonic() + PROBE_S
                 return "unchanged"
         want["pool"]["generation"] = current + 1 if have else 0
-        meta: dict[str, Any] = {}
+        meta: dict[str, Any] = {"annotations": {WRITER: self.writer}}
         uid = self.node_uid()
         if uid:  # garbage-collected with the node, as the kubelet's own helper does
             meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": uid,

@@ -336,3 +336,27 @@ def test_the_watch_repairs_at_once_reconnects_and_stops_without_delay() -> None:
             assert time.monotonic() - t0 < 3
             assert not pub._thread.is_alive() and pub._watcher is not None and not pub._watcher.is_alive()
         assert pub.syncs == syncs
+
+
+def test_during_a_rolling_update_the_old_instance_leaves_the_new_ones_slice_alone() -> None:
+    """Issue 24.7: two agent versions publish different slices (here: a new driverVersion); the older instance
+    defers to the newer one's write instead of rewriting it back at every change it sees."""
+    healthy = {GPU.uuid: True}
+    with KubeApiStandin() as kube:
+        api = DraApi(kube.api_client())
+        old = SlicePublisher(api, "node-a", lambda: [GPU], lambda: healthy, "570.1", lambda: "u1", watch=False,
+                             instance="old")
+        assert old.sync_once() == "created"
+        new = SlicePublisher(api, "node-a", lambda: [GPU], lambda: healthy, "580.2", lambda: "u1", watch=False,
+                             instance="new")
+        assert new.sync_once() == "updated"
+        for _ in range(3):
+            assert old.sync_once() == "deferred" and new.sync_once() == "unchanged"
+        [s] = _mine(kube)
+        assert s["spec"]["pool"]["generation"] == 1
+        assert s["spec"]["devices"][0]["attributes"]["driverVersion"] == {"version": "580.2.0"}
+        kube.delete("ResourceSlice", None, s["metadata"]["name"])  # the new one is gone (wiped): the old repairs
+        assert old.sync_once() == "created"
+        restarted = SlicePublisher(api, "node-a", lambda: [GPU], lambda: healthy, "570.1", lambda: "u1",
+                                   watch=False, instance="old")
+        assert restarted.sync_once() == "unchanged"  # a restart with the same content writes nothing
