@@ -1,19 +1,19 @@
 """DRA: the node's ResourceSlice (resource.k8s.io/v1): one device per GPU, shared by memory.
 
-One slice per node, created with `generateName: <node>-memslice.io-` (the API server cuts the prefix to 58
-characters, so any node name of up to 253 characters works, as the kubeletplugin helper's slices do) and found
-again by field selector (`spec.nodeName`, `spec.driver`), never by name: pool = the node name,
-`resourceSliceCount: 1`. Each device `gpu-<index>` has attributes uuid, index, productName, numaNode (when
-known), driverVersion, and the standard `resource.kubernetes.io/pcieRoot` and `resource.kubernetes.io/pciBusID`
-(when NVML reports the PCI address; claims align GPUs with NICs on them), a `capacity.memory` with a
-requestPolicy (1Mi steps, see REQUEST_*), and `allowMultipleAllocations: true`, so kube-scheduler hands out
-shares of it (KEP-5075 consumable capacity). A GPU that turns Unhealthy gets the NoSchedule device taint
-`memslice.io/unhealthy` (resource.k8s.io/v1 DeviceTaint: running claims stay visible, new ones avoid it); where
-the API server drops taints (DRADeviceTaints off) the device is withdrawn instead. The publisher keeps exactly
-one slice: a restart updates it in place, never duplicates it. Every change of the devices bumps
-`pool.generation` (the scheduler ignores slices of an older generation of the pool). Each write is stamped with
-the annotation memslice.io/writer (start time and pod UID of the instance): during a rolling update the old
-instance leaves a slice written by a newer one alone, so two versions never rewrite it back and forth.
+One slice per node, created with `generateName: <node>-memslice.io-` cut to 58 characters (what the API server keeps
+of it; uncut, it is an invalid generateName for a node name over 240 characters, and so it would be for the
+kubeletplugin helper, which does not cut it) and found again by field selector (`spec.nodeName`, `spec.driver`),
+never by name: pool = the node name, `resourceSliceCount: 1`. Each device `gpu-<index>` has attributes uuid, index,
+productName, numaNode (when known), driverVersion, and the standard `resource.kubernetes.io/pcieRoot` and
+`resource.kubernetes.io/pciBusID` (when NVML reports the PCI address; claims align GPUs with NICs on them), a
+`capacity.memory` with a requestPolicy (1Mi steps, see REQUEST_*), and `allowMultipleAllocations: true`, so
+kube-scheduler hands out shares of it (KEP-5075 consumable capacity). A GPU that turns Unhealthy gets the NoSchedule
+device taint `memslice.io/unhealthy` (resource.k8s.io/v1 DeviceTaint: running claims stay visible, new ones avoid
+it); where the API server drops taints (DRADeviceTaints off) the device is withdrawn instead. The publisher keeps
+exactly one slice: a restart updates it in place, never duplicates it. Every change of the devices bumps
+`pool.generation` (the scheduler ignores slices of an older generation of the pool). Each write is stamped with the
+annotation memslice.io/writer (start time and pod UID of the instance): during a rolling update the old instance
+leaves a slice written by a newer one alone, so two versions never rewrite it back and forth.
 
 Feature gates: fields the API server drops are detected by comparing what was sent with what it stored. Without
 DRAConsumableCapacity (off by default before Kubernetes 1.36) `allowMultipleAllocations` and `requestPolicy`
@@ -58,6 +58,7 @@ RESYNC_S = 300.0  # a backstop only: the watch repairs at once
 PROBE_S = 3600.0  # how often fields the API server dropped are offered again (a gate may have been turned on)
 WATCH_S = 60  # timeoutSeconds of one watch request; then it is re-opened
 MAX_WATCH_LINE = 4 * 1024 * 1024  # one event of this node's one slice: far less
+MAX_GENERATED_PREFIX = 58  # apimachinery's maxGeneratedNameLength (63 - 5 random characters)
 WRITER = f"{DRIVER}/writer"  # annotation: "<start time, ns>/<pod uid>" of the agent that wrote the slice
 CONSUMABLE_CAPACITY = "DRAConsumableCapacity"
 DEVICE_TAINTS = "DRADeviceTaints"
@@ -67,8 +68,14 @@ _VERSION = re.compile(r"(\d{1,9})(?:\.(\d{1,9}))?(?:\.(\d{1,9}))?")
 
 
 def generate_name(node: str) -> str:
-    """The slice's generateName (the API server keeps its first 58 characters and adds 5 random ones)."""
-    return f"{node}-{DRIVER}-"
+    """The slice's generateName, `<node>-memslice.io-` cut to the 58 characters the API server keeps (it adds 5
+    random ones). Cut here, not only there: the API server also validates generateName itself as a DNS
+    subdomain of at most 253 characters (its trailing "-" masked), which `<node>-memslice.io-` is not for a
+    node name over 240 characters, nor a prefix ending in "."."""
+    base = f"{node}-{DRIVER}"
+    if len(base) > MAX_GENERATED_PREFIX - 1:
+        base = base[:MAX_GENERATED_PREFIX - 1].rstrip(".-")
+    return base + "-"
 
 
 def semver(version: str) -> str | None:

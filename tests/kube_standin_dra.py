@@ -17,7 +17,8 @@ DeviceClasses (list/watch/get/create/update/patch/delete over HTTP, like every s
 
 ResourceSlices written over HTTP are treated as kube-apiserver treats them (pkg/registry/resource/resourceslice
 strategy.go, apimachinery names.SimpleNameGenerator, metadata validation):
-- `generateName`: the prefix is cut to 58 characters and 5 random characters appended (a name of at most 63);
+- `generateName`: validated as a DNS subdomain of at most 253 characters (a trailing "-" masked), then cut to
+  58 characters and 5 random characters appended (a name of at most 63);
 - `metadata.name` must be a DNS subdomain of at most 253 characters (422 Invalid otherwise);
 - fields of a disabled feature gate are dropped unless the stored object already uses them:
   DRAConsumableCapacity (`allowMultipleAllocations`, `capacity.*.requestPolicy`; off by default before 1.36)
@@ -103,7 +104,13 @@ def _validate_new_dra(self: kube_store.Store, plural: str, ns: str | None, body:
     if plural == "resourceslices" and isinstance(body, dict) and isinstance(body.get("metadata"), dict):
         meta = body["metadata"]
         if not meta.get("name") and isinstance(meta.get("generateName"), str):
-            meta["name"] = meta["generateName"][:MAX_GENERATED_PREFIX] + uuid.uuid4().hex[:5]
+            prefix = meta["generateName"]
+            masked = prefix[:-1] + "a" if prefix.endswith("-") else prefix  # validation.NameIsDNSSubdomain(prefix)
+            if len(masked) > 253 or not _DNS_SUBDOMAIN.match(masked):
+                raise kube_store.ApiError(422, "Invalid", f"ResourceSlice.resource.k8s.io is invalid: "
+                                          f"metadata.generateName: Invalid value: {prefix[:80]!r}: a lowercase RFC "
+                                          f"1123 subdomain of at most 253 characters is required")
+            meta["name"] = prefix[:MAX_GENERATED_PREFIX] + uuid.uuid4().hex[:5]
     obj = _validate_new(self, plural, ns, body)
     if plural == "resourceslices":
         _check_name(obj["metadata"]["name"])

@@ -191,8 +191,19 @@ def test_a_node_name_of_253_characters_gets_a_valid_generated_slice_name() -> No
         pub = _publisher(kube, healthy, node=node)
         assert pub.sync_once() == "created"
         [s] = _mine(kube, node)
-        assert s["metadata"]["name"].startswith(node[:58]) and len(s["metadata"]["name"]) == 63
+        assert s["metadata"]["name"].startswith(node[:57] + "-") and len(s["metadata"]["name"]) == 63
         assert pub.sync_once() == "unchanged"  # found again by selector
+
+
+@pytest.mark.parametrize("node", ["a" * 50 + "." + "b" * 20, "gpu-a", "x" * 240, "y" * 241 + ".z"])
+def test_generate_names_are_valid_for_any_node_name(node) -> None:
+    from memslice.plugin.dra_slices import generate_name
+
+    healthy = {GPU.uuid: True}
+    with KubeApiStandin() as kube:
+        assert _publisher(kube, healthy, node=node).sync_once() == "created"
+    name = generate_name(node)
+    assert len(name) <= 58 and name.endswith("-") and not name.endswith(".-")
 
 
 def test_consumable_capacity_gate_off_is_said_once_and_does_not_churn() -> None:
