@@ -413,7 +413,7 @@ class SlicePublisher:
         seen (bookmarks included); any change that is not our own write marks the slice dirty. After an error
         or an ERROR event (410 Gone: the version is too old) it LISTs again, after a bounded backoff, and
         reconciles once (a change may have been missed)."""
-        backoff, rv = 0.5, ""
+        backoff, rv, failures = 0.5, "", 0
         while not self._stop.is_set():
             try:
                 if not rv:
@@ -429,11 +429,18 @@ class SlicePublisher:
                     if kind in ("ADDED", "MODIFIED", "DELETED") and obj_rv not in self._own_rvs:
                         self._dirty.set()
                 self.watches += 1
-                backoff = 0.5
+                backoff, failures = 0.5, 0
             except Exception as exc:  # the API server away, the connection dropped: LIST again, bounded
                 if self._stop.is_set():
                     return
-                rv = ""
+                rv, failures = "", failures + 1
+                if isinstance(exc, KubeError) and exc.status == 403 and failures in (1, 10):
+                    log.warning("cannot watch ResourceSlices (%s): grant watch on resourceslices.resource.k8s.io "
+                                "to the agent (deploy/overlays/dra/rbac.yaml); until then a deleted slice is "
+                                "repaired only at the %.0f s resync", exc, self.resync_s)
+                elif failures == 10:
+                    log.warning("the ResourceSlice watch keeps failing (%s); retrying every %.0f s at most", exc,
+                                30.0)
                 log.debug("ResourceSlice watch ended (%s); again in %.1f s", exc, backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
