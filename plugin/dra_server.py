@@ -34,12 +34,19 @@ from memslice.plugin.allocator import Target
 from memslice.plugin.dra_cdi import CDI_KIND, CdiDevice, CdiSpecs, cdi_device_name, extra_device_ids
 from memslice.plugin.dra_checkpoint import Checkpoint, CheckpointError, PreparedClaim
 from memslice.plugin.dra_kube import DraApi, KubeError
-from memslice.plugin.dra_prepare import ClaimError, ClaimRef, Grant, check_fits, grants, shares_for
+from memslice.plugin.dra_prepare import ClaimError, ClaimRef, Grant, check_fits, device_name, grants, shares_for
 from memslice.plugin.ledger import Allocation
 from memslice.plugin.regions import RegionStore
 from memslice.plugin.response import ResponseConfig, container_response
 from memslice.plugin.state import NodeState
-from memslice.proto import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+from memslice.proto import (
+    dra_health_v1alpha1_pb2,
+    dra_health_v1alpha1_pb2_grpc,
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +59,13 @@ def socket_name(pod_uid: str = "") -> str:
 # The kubelet sends claims by reference (namespace, name, uid): requests are small.
 MAX_RECEIVE_BYTES = 4 * 1024 * 1024
 MAX_CLAIMS_PER_CALL = 1024
+# The device-health stream (kubelet feature gate ResourceHealthStatus): each stream holds a worker thread for its
+# lifetime, so at most MAX_HEALTH_STREAMS are served at once (the kubelet opens one per plugin; more are refused
+# with RESOURCE_EXHAUSTED, and at least 2 of the >= 4 workers stay for prepare/unprepare). A stream sends the
+# health of every device at once, on every change (checked every HEALTH_POLL_S) and every HEALTH_RESEND_S.
+MAX_HEALTH_STREAMS = 2
+HEALTH_POLL_S = 1.0
+HEALTH_RESEND_S = 30.0
 LOCK_FILE = "serialize.lock"  # the kubeletplugin helper's name, in the plugin data directory
 LOCK_WAIT_S = 30.0
 
@@ -153,6 +167,12 @@ class DraDriver:
             if uid not in self.prepared:
                 self._materialise(pc)
         self.prepared = now
+
+    def device_health(self) -> tuple[tuple[str, str, bool], ...]:
+        """(pool, device, healthy) of every GPU this node publishes, for the kubelet's health stream."""
+        healthy = self.state.health.snapshot()
+        return tuple((self.pool, device_name(i), bool(healthy.get(g.uuid, False)))
+                     for i, g in sorted(self.state.gpus.items()))
 
     # --- start-up ----------------------------------------------------------------------------------------
     def recover(self) -> None:
@@ -369,6 +389,47 @@ class V1beta1Service(_Service, dra_v1beta1_pb2_grpc.DRAPluginServicer):
         super().__init__(driver, dra_v1beta1_pb2, metrics)
 
 
+class HealthService(dra_health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
+    """v1alpha1.DRAResourceHealth: the health of every GPU, streamed to the kubelet (which shows it in the
+    status of the pods whose claims use the device). Bounded: MAX_HEALTH_STREAMS at once; each stream ends when
+    the kubelet goes away (checked every HEALTH_POLL_S) or the server stops."""
+
+    def __init__(self, driver: DraDriver, stopping: threading.Event) -> None:
+        self.driver = driver
+        self.stopping = stopping
+        self._lock = threading.Lock()
+        self.open = 0
+
+    def NodeWatchResources(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
+        with self._lock:
+            full = self.open >= MAX_HEALTH_STREAMS
+            if not full:
+                self.open += 1
+        if full:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{MAX_HEALTH_STREAMS} health streams are open "
+                                                              f"already; close one first")
+        try:
+            last: tuple[tuple[str, str, bool], ...] | None = None
+            sent = 0.0
+            while context.is_active() and not self.stopping.is_set():
+                now = self.driver.device_health()
+                if now != last or time.monotonic() - sent >= HEALTH_RESEND_S:
+                    yield health_response(now, int(time.time()))
+                    last, sent = now, time.monotonic()
+                self.stopping.wait(HEALTH_POLL_S)
+        finally:
+            with self._lock:
+                self.open -= 1
+
+
+def health_response(devices: tuple[tuple[str, str, bool], ...], now: int) -> Any:
+    pb = dra_health_v1alpha1_pb2
+    return pb.NodeWatchResourcesResponse(devices=[
+        pb.DeviceHealth(device=pb.DeviceIdentifier(pool_name=pool, device_name=dev),
+                        health=pb.HEALTHY if ok else pb.UNHEALTHY, last_updated_time=now)
+        for pool, dev, ok in devices])
+
+
 # Advertised in GetInfo's supported_versions, newest first: the kubelet takes the first it knows.
 SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 
@@ -383,6 +444,7 @@ class DraServer:
         self.workers = workers
         self.metrics = metrics
         self._server: grpc.Server | None = None
+        self._stopping = threading.Event()
 
     def start(self) -> None:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
@@ -393,12 +455,15 @@ class DraServer:
                                             ("grpc.so_reuseport", 0)])
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(V1Service(self.driver, self.metrics), server)
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(V1beta1Service(self.driver, self.metrics), server)
+        dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+            HealthService(self.driver, self._stopping), server)
         if server.add_insecure_port(f"unix:{self.socket_path}") == 0:
             raise OSError(f"cannot listen on {self.socket_path}: is --kubelet-plugins-dir writable?")
         server.start()
         self._server = server
 
     def stop(self) -> None:
+        self._stopping.set()  # health streams end
         if self._server is not None:
             self._server.stop(grace=1).wait(5)
             self._server = None

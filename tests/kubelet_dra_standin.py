@@ -38,6 +38,8 @@ from typing import Any
 import grpc
 
 from memslice.proto import (
+    dra_health_v1alpha1_pb2,
+    dra_health_v1alpha1_pb2_grpc,
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
@@ -239,3 +241,12 @@ class KubeletDraStandin:
 
     def unprepare(self, driver: str, *claims: dict[str, Any], endpoint: str | None = None) -> Any:
         return self._call(driver, "NodeUnprepareResources", list(claims), endpoint)
+
+    def health_stream(self, driver: str, timeout: float) -> tuple[grpc.Channel, Any]:
+        """v1alpha1.DRAResourceHealth/NodeWatchResources on the driver's newest plugin, as a kubelet with the
+        ResourceHealthStatus gate opens it: (channel, the stream, which ends after `timeout` s). Close the
+        channel when done."""
+        r = self.wait_registered(driver, 5)
+        ch = grpc.insecure_channel(f"unix:{r.endpoint}")
+        stub = dra_health_v1alpha1_pb2_grpc.DRAResourceHealthStub(ch)
+        return ch, stub.NodeWatchResources(dra_health_v1alpha1_pb2.NodeWatchResourcesRequest(), timeout=timeout)

@@ -593,3 +593,50 @@ def test_consumable_capacity_off_is_said_on_readyz_and_in_an_event() -> None:
         node.stop()
         kube.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_kubelets_health_stream_follows_the_gpu_and_is_bounded(world) -> None:
+    """Issue 24.6: v1alpha1.DRAResourceHealth/NodeWatchResources (what a kubelet with ResourceHealthStatus
+    opens) sends every device's health at once and again on each change; at most 2 streams are served, so a
+    third caller cannot take the workers that prepare claims."""
+    import grpc
+    from test_plugin_agent import inject_xid
+
+    from memslice.proto import dra_health_v1alpha1_pb2 as hpb
+
+    kube, node = world
+
+    def states(msg: Any) -> list[tuple[str, str, int]]:
+        return [(d.device.pool_name, d.device.device_name, d.health) for d in msg.devices]
+
+    ch, stream = node.kubelet.health_stream(DRIVER, 60)
+    ch2, stream2 = node.kubelet.health_stream(DRIVER, 60)
+    ch3, stream3 = node.kubelet.health_stream(DRIVER, 60)
+    try:
+        first = next(stream)
+        assert states(first) == [(NODE, "gpu-0", hpb.HEALTHY)] and first.devices[0].last_updated_time > 0
+        assert states(next(stream2)) == [(NODE, "gpu-0", hpb.HEALTHY)]
+        with pytest.raises(grpc.RpcError) as refused:
+            next(stream3)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        c = make_claim(kube, "meanwhile", "1Gi")  # the workers left still prepare claims
+        assert node.kubelet.prepare(DRIVER, c).claims[c["metadata"]["uid"]].error == ""
+        inject_xid(node.state, 0, 79)
+        assert states(next(stream)) == [(NODE, "gpu-0", hpb.UNHEALTHY)]  # within the poll, not the resend
+        assert states(next(stream)) == [(NODE, "gpu-0", hpb.HEALTHY)]  # recovered after 2 s
+    finally:
+        for c_ in (ch, ch2, ch3):
+            c_.close()
+    ch4, stream4 = node.kubelet.health_stream(DRIVER, 60)  # closed streams free their places (bounded wait)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert states(next(stream4)) == [(NODE, "gpu-0", hpb.HEALTHY)]
+                break
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline
+                ch4.close()
+                ch4, stream4 = node.kubelet.health_stream(DRIVER, 60)
+    finally:
+        ch4.close()
