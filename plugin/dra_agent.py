@@ -22,7 +22,7 @@ from memslice.plugin.config import AgentConfig
 from memslice.plugin.dra_cdi import CdiSpecs
 from memslice.plugin.dra_checkpoint import Checkpoint, CheckpointError
 from memslice.plugin.dra_kube import DraApi, KubeError
-from memslice.plugin.dra_prepare import DRIVER
+from memslice.plugin.dra_prepare import DRIVER, ClaimError
 from memslice.plugin.dra_server import (
     LOCK_FILE,
     SERVICES,
@@ -133,7 +133,7 @@ def start_dra(cfg: AgentConfig, state: NodeState, regions: RegionStore, rcfg: Re
                        lock_file=plugin_dir / LOCK_FILE if cfg.pod_uid else None)
     try:
         driver.recover()
-    except CheckpointError as exc:
+    except (CheckpointError, ClaimError) as exc:  # ClaimError: serialize.lock held by the other instance too long
         raise DraStartError(str(exc)) from exc
     except OSError as exc:
         raise DraStartError(f"cannot restore the prepared claims' regions or CDI specs: {exc}") from exc

@@ -22,6 +22,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -528,6 +529,16 @@ def test_rolling_update_keeps_the_driver_and_its_slice_and_shares_the_prepared_c
         # the old instance answers a call too (the kubelet may still use it): records are merged, not lost
         assert old.kubelet.prepare(DRIVER, c2, endpoint=old.endpoint).claims[c2["metadata"]["uid"]].error == ""
         assert sorted(old.left_behind()["checkpoint"]) == sorted(c["metadata"]["uid"] for c in (c1, c2))
+        # both instances at once (serialize.lock): no record is lost
+        many = [make_claim(kube, f"many-{i}", "1Gi") for i in range(6)]
+        with futures.ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lambda ic: old.kubelet.prepare(
+                DRIVER, ic[1], endpoint=(old, new)[ic[0] % 2].endpoint).claims[ic[1]["metadata"]["uid"]].error,
+                enumerate(many)))
+        assert answers == [""] * 6
+        assert sorted(old.left_behind()["checkpoint"]) == sorted(c["metadata"]["uid"] for c in (c1, c2, *many))
+        out = new.kubelet.unprepare(DRIVER, *many, endpoint=old.endpoint)
+        assert all(out.claims[c["metadata"]["uid"]].error == "" for c in many)
         old.stop_agent()  # SIGTERM: the old instance removes its own sockets only, never the slice
         with old.kubelet.cond:
             assert old.kubelet.cond.wait_for(lambda: [r.endpoint for r in old.kubelet.plugins[DRIVER]] ==
