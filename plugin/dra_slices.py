@@ -398,14 +398,14 @@ class SlicePublisher:
             log.info("kube-apiserver dropped the device taint of an unhealthy GPU (%s is off): unhealthy GPUs are "
                      "withdrawn from the ResourceSlice instead", DEVICE_TAINTS)
             self._dirty.set()
-        problem = gate_problem(dropped)
-        if problem and not self.problem:
+        problem, before_problem = gate_problem(dropped), self.problem
+        self.problem = problem  # first: /readyz says it by the time anyone hears of it
+        if problem and not before_problem:
             log.error("%s", problem)
             if self.on_problem is not None:
                 self.on_problem(problem)
-        elif self.problem and not problem:
+        elif before_problem and not problem:
             log.info("kube-apiserver now keeps allowMultipleAllocations: %s is on", CONSUMABLE_CAPACITY)
-        self.problem = problem
 
     # --- the watcher ---------------------------------------------------------------------------------------
     def _watch(self) -> None:

@@ -597,6 +597,8 @@ def test_consumable_capacity_off_is_said_on_readyz_and_in_an_event() -> None:
         assert ev["involvedObject"]["kind"] == "Node" and ev["type"] == "Warning"
         code, body = node.http("/readyz")
         assert code == 503 and "--feature-gates=DRAConsumableCapacity=true" in body, body
+        assert node.output is not None
+        node.output.wait_for(lambda out: "DRAConsumableCapacity feature gate is off" in out, 10, "the log line")
         assert node.log().count("DRAConsumableCapacity feature gate is off") == 1
         [sl] = node.slices()
         assert "allowMultipleAllocations" not in sl["spec"]["devices"][0]
