@@ -431,7 +431,11 @@ def health_response(devices: tuple[tuple[str, str, bool], ...], now: int) -> Any
 
 
 # Advertised in GetInfo's supported_versions, newest first: the kubelet takes the first it knows.
-SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+# The health service is listed too: kubelets that pick their health service from this list (pickHealthService,
+# v1 preferred, v1alpha1 consumed during the transition) find it; older kubelets (1.34) open v1alpha1 whenever
+# their ResourceHealthStatus gate is on, and skip names they do not know when choosing the DRAPlugin version.
+HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
+SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", HEALTH_SERVICE)
 
 
 class DraServer:

@@ -54,12 +54,16 @@ _MODULES = {"v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc), "v1beta1.DRAPlugin": 
 CALL_TIMEOUT_S = 45.0  # defaultClientCallTimeout
 
 
+HEALTH_SERVICES = ("v1alpha1.DRAResourceHealth",)  # healthServicesSupportedByKubelet (v1 not modelled here)
+
+
 @dataclass
 class Registered:
     driver: str
     endpoint: str
     service: str
     socket: Path
+    health: str = ""  # the health service chosen from supported_versions (pickHealthService), "" if none
 
 
 def container_cdi_ids(entry: Any, request: str = "") -> list[str]:
@@ -177,7 +181,8 @@ class KubeletDraStandin:
                 assert chosen is not None
                 plugins = self.plugins.setdefault(info.name, [])
                 plugins[:] = [r for r in plugins if r.socket != sock]
-                plugins.append(Registered(info.name, info.endpoint, chosen, sock))
+                health = next((h for h in HEALTH_SERVICES if h in info.supported_versions), "")
+                plugins.append(Registered(info.name, info.endpoint, chosen, sock, health))
                 wipe = self.pending_wipes.pop(info.name, None)
                 if wipe is not None:
                     wipe.cancel()  # usable again: the driver's slices stay
@@ -247,6 +252,7 @@ class KubeletDraStandin:
         ResourceHealthStatus gate opens it: (channel, the stream, which ends after `timeout` s). Close the
         channel when done."""
         r = self.wait_registered(driver, 5)
+        assert r.health, f"{driver} does not advertise a health service the kubelet supports ({HEALTH_SERVICES})"
         ch = grpc.insecure_channel(f"unix:{r.endpoint}")
         stub = dra_health_v1alpha1_pb2_grpc.DRAResourceHealthStub(ch)
         return ch, stub.NodeWatchResources(dra_health_v1alpha1_pb2.NodeWatchResourcesRequest(), timeout=timeout)

@@ -87,7 +87,9 @@ def test_registration_service_matches_upstream() -> None:
 
 
 def test_advertised_services_are_the_kubelets_names_newest_first() -> None:
-    assert SERVICES == ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+    assert SERVICES == ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
+    # the health service's advertised name is its gRPC service name (dra-health/v1alpha1/types.go)
+    assert dra_health_v1alpha1_pb2.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name == SERVICES[2]
     assert PLUGIN_TYPE == "DRAPlugin"
 
 
