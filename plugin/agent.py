@@ -276,7 +276,7 @@ class NodeAgent:
         stale = max(30.0, 3 * self.cfg.reconcile_interval_s)
         return all(now - b < stale for b in beats)
 
-    def ready(self) -> bool:
+    def ready(self) -> bool | str:
         if self.dra is not None:
             return self.dra.ready()
         return self.registrar is not None and self.registrar.registered.is_set()

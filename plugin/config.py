@@ -43,6 +43,10 @@ OPTIONS = [
     Option("--kubelet-plugins-dir", "MEMSLICE_KUBELET_PLUGINS_DIR", "/var/lib/kubelet/plugins",
            "dra: the DRA socket and checkpoint go in <this>/memslice.io/ (the kubelet dials the socket by its "
            "host path, so mount it at the same path)"),
+    Option("--pod-uid", "MEMSLICE_POD_UID", "",
+           "dra: this pod's UID (downward API metadata.uid). Set, the sockets are dra-<uid>.sock and "
+           "memslice.io-<uid>-reg.sock and calls are serialised with the other instance by an flock, so a "
+           "rolling update (maxSurge: 1) never leaves the kubelet without the driver (kubelet >= 1.33)"),
     Option("--cdi-dir", "MEMSLICE_CDI_DIR", "/var/run/cdi",
            "dra: where the container runtime reads CDI specs; one memslice.io-<claim uid>.json per prepared "
            "claim"),
@@ -146,6 +150,7 @@ class AgentConfig:
     plugins_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     kubelet_plugins_dir: Path = Path("/var/lib/kubelet/plugins")
     cdi_dir: Path = Path("/var/run/cdi")
+    pod_uid: str = ""
     elastic_dir: Path = Path("/var/lib/memslice/elastic")
     idle_after_s: float = 300.0
     swap_event_interval_s: float = 60.0
@@ -244,6 +249,7 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> A
         plugins_registry_dir=Path(get("plugins_registry_dir")),
         kubelet_plugins_dir=Path(get("kubelet_plugins_dir")),
         cdi_dir=Path(get("cdi_dir")),
+        pod_uid=get("pod_uid"),  # checked where it is used (plugin/dra_agent.py): a downward-API value
         elastic_dir=Path(get("elastic_dir") or Path(get("region_root")).parent / "elastic"),
         idle_after_s=_idle(n("idle_after"), get("idle_after")),
         swap_event_interval_s=_event_interval(n("swap_event_interval_s"), get("swap_event_interval_s")),

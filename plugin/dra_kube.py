@@ -6,7 +6,7 @@ with the status and the server's message."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from memslice import errors
@@ -42,6 +42,15 @@ def _json(call: Callable[[], Any]) -> Any:
     return json.loads(data) if data else None
 
 
+def _event(line: bytes) -> tuple[str, str]:
+    try:
+        ev = json.loads(line)
+        obj = ev.get("object") or {}
+        return str(ev.get("type")), str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    except (ValueError, AttributeError):
+        return "ERROR", ""
+
+
 class DraApi:
     """The calls DRA mode makes (deploy/overlays/dra/rbac.yaml grants exactly these)."""
 
@@ -58,6 +67,43 @@ class DraApi:
     def slices(self, field_selector: str) -> list[dict[str, Any]]:
         items = _json(lambda: self.resource.list_resource_slice(field_selector=field_selector, **RAW)).get("items")
         return items or []
+
+    def slices_version(self, field_selector: str) -> str:
+        """The resourceVersion to watch the selected slices from (a LIST of them)."""
+        out = _json(lambda: self.resource.list_resource_slice(field_selector=field_selector, **RAW))
+        return str(((out or {}).get("metadata") or {}).get("resourceVersion") or "")
+
+    def watch_slices(self, field_selector: str, resource_version: str, timeout_s: int, max_line: int,
+                     hold: Callable[[Any], None]) -> Iterator[tuple[str, str]]:
+        """(event type, object resourceVersion) for each event of a watch from `resource_version`, ending
+        after `timeout_s` (server side; the client gives up 15 s later). A line longer than `max_line` ends
+        the watch (KubeError). `hold` receives the response first, so that another thread can shut it."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            resp: Any = self.resource.list_resource_slice(
+                field_selector=field_selector, watch=True, resource_version=resource_version,
+                timeout_seconds=timeout_s, allow_watch_bookmarks=True, _preload_content=False,
+                _request_timeout=(TIMEOUT_S, timeout_s + 15))
+        except ApiException as exc:
+            raise KubeError(int(exc.status or 0), str(exc.reason)) from None
+        try:
+            hold(resp)
+            buf = b""
+            for chunk in resp.stream(64 * 1024):
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if line.strip():
+                        yield _event(line)
+                if len(buf) > max_line:
+                    raise KubeError(resp.status, f"a watch event over {max_line} bytes")
+        finally:
+            resp.release_conn()
+
+    def node_event(self, body: dict[str, Any]) -> None:
+        """A core/v1 Event about this node (in namespace default, where the kubelet puts node events)."""
+        _json(lambda: self.core.create_namespaced_event("default", body, **RAW))  # type: ignore[arg-type]
 
     # The bodies are plain dicts: the generated client serialises a dict as it is (no model needed).
     def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:

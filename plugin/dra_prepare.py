@@ -2,13 +2,17 @@
 
 Each allocation result of driver memslice.io on this node's pool is one *share* of one GPU: the device
 (`gpu-<index>`), the `shareID` kube-scheduler gave it, and `consumedCapacity.memory` (the request rounded up by
-the device's requestPolicy). A share becomes one region (quota = that memory); see docs/architecture.md
-"DRA contracts". Everything the claim says is checked here; a refusal is a ClaimError whose message names the
-claim, the bad value and what to do.
+the device's requestPolicy). The shares of one claim on one GPU (`count: 2`, two requests, firstAvailable
+subrequests) become ONE region whose quota is their sum (decision, docs/architecture.md "DRA contracts"): the
+claim is the unit of isolation, and a container mounts one quota region per GPU, so two regions of one GPU
+could not both apply to a container that names the whole claim. Results on two different GPUs are refused.
+Everything the claim says is checked here; a refusal is a ClaimError whose message names the claim, the bad
+value and what to do.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections.abc import Iterable, Mapping
@@ -27,7 +31,7 @@ CONFIG_API_VERSION = "memslice.io/v1alpha1"
 CONFIG_KIND = "GpuMemConfig"
 MiB = 1 << 20
 _SHARE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
-_DEVICE = re.compile(r"gpu-(\d{1,4})\Z")
+_DEVICE = re.compile(r"gpu-(0|[1-9]\d{0,3})\Z")  # device_name() exactly: no "gpu-0000"
 _DIGITS = frozenset("0123456789.")
 _ALPHABET = frozenset("0123456789.eE+-numkKMGTPEi")  # digits, exponent, SI and binary suffixes
 MAX_DIGITS = 1000  # a quantity of bytes has fewer digits than this (the old parser's 3-digit exponent bound)
@@ -59,6 +63,13 @@ class Share:
     gpu_index: int
     gpu_uuid: str
     region_id: str
+
+
+def base_request(name: str) -> str:
+    """The request a container names for result request `name`: "gpu/small" (a firstAvailable subrequest) is
+    "gpu". The kubelet matches `resources.claims[].request` against NodePrepareResources' request_names
+    exactly, and the kubeletplugin helper strips the same way (resourceclaim.BaseRequestRef)."""
+    return name.split("/", 1)[0]
 
 
 def device_name(index: int) -> str:
@@ -155,10 +166,6 @@ def shares_for(claim: Mapping[str, Any], ref: ClaimRef, pool: str, gpus: Mapping
         drivers = sorted({str(r.get("driver")) for r in results if isinstance(r, dict)})
         raise ClaimError(f"{ref} has no allocation result for driver {DRIVER} (results are for: "
                          f"{', '.join(drivers) or 'none'}); the kubelet should not have asked this driver")
-    if len(ours) > 1:
-        raise ClaimError(f"{ref} has {len(ours)} results for {DRIVER}: one claim holds one share of one GPU "
-                         f"(a container mounts one quota region); ask for more memory in one request, or use "
-                         f"one claim per GPU")
     claim_config(claim, ref)  # refuse what is reserved but not built
     out = []
     for r in ours:
@@ -187,6 +194,10 @@ def shares_for(claim: Mapping[str, Any], ref: ClaimRef, pool: str, gpus: Mapping
             raise ClaimError(f"{where}: consumedCapacity.{CAPACITY} {consumed!r} ({mib} MiB) does not fit "
                              f"{device}, which has {cap} MiB; the allocation is inconsistent with the "
                              f"ResourceSlice: delete the pod and its claim")
+        if r.get("adminAccess") is True:
+            raise ClaimError(f"{where}: adminAccess to {device} is not served by {DRIVER}: admin access means "
+                             f"monitoring a device without consuming it, and a memslice share is a quota of "
+                             f"memory; use the GPU's own driver (e.g. gpu.nvidia.com) for monitoring access")
         share_id = r.get("shareID")
         if not isinstance(share_id, str) or not _SHARE_ID.match(share_id):
             raise ClaimError(f"{where}: shareID {share_id!r} is missing or malformed; {device} is published "
@@ -198,6 +209,41 @@ def shares_for(claim: Mapping[str, Any], ref: ClaimRef, pool: str, gpus: Mapping
         out.append(Share(request=req, pool=pool, device=str(device), share_id=share_id, mib=mib,
                          gpu_index=gpu.index, gpu_uuid=gpu.uuid,
                          region_id=region_id_for_share(gpu.index, ref.uid, req, share_id)))
+    gpus_used = sorted({s.device for s in out})
+    if len(gpus_used) > 1:
+        raise ClaimError(f"{ref} has shares on {len(gpus_used)} GPUs ({', '.join(gpus_used)}): a container "
+                         f"mounts the quota of one GPU; use one claim per GPU, or a matchAttribute constraint "
+                         f"on {DRIVER}/uuid so that every request of the claim lands on the same GPU")
+    first = out[0].region_id  # all shares of the claim on its GPU: one region (the first share's, stable)
+    return [dataclasses.replace(s, region_id=first) for s in out]
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What one region of a prepared claim holds: the claim's shares on one GPU, summed."""
+
+    region_id: str
+    device: str
+    pool: str
+    gpu_index: int
+    gpu_uuid: str
+    mib: int
+    requests: tuple[str, ...]  # base request names (what containers name), sorted, without repeats
+    share_ids: tuple[str, ...]
+
+
+def grants(shares: Iterable[Share]) -> list[Grant]:
+    """Shares grouped by region (in first-seen order), their memory summed."""
+    groups: dict[str, list[Share]] = {}
+    for s in shares:
+        groups.setdefault(s.region_id, []).append(s)
+    out = []
+    for rid, group in groups.items():
+        s0 = group[0]
+        out.append(Grant(region_id=rid, device=s0.device, pool=s0.pool, gpu_index=s0.gpu_index,
+                         gpu_uuid=s0.gpu_uuid, mib=sum(s.mib for s in group),
+                         requests=tuple(sorted({base_request(s.request) for s in group if s.request})),
+                         share_ids=tuple(s.share_id for s in group)))
     return out
 
 

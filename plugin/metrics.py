@@ -247,7 +247,7 @@ def host_pid_filler(simulate: bool) -> Callable[[str], int]:
 class HealthServer:
     """GET /metrics, /healthz (the agent's loops are alive) and /readyz (registered with the kubelet)."""
 
-    def __init__(self, registry: CollectorRegistry, live: Callable[[], bool], ready: Callable[[], bool],
+    def __init__(self, registry: CollectorRegistry, live: Callable[[], bool], ready: Callable[[], bool | str],
                  host: str, port: int) -> None:
         registry_ = registry
 
@@ -261,9 +261,10 @@ class HealthServer:
                     body = b"ok\n" if ok else b"agent loop stalled\n"
                     ctype, code = "text/plain", 200 if ok else 503
                 elif path == "/readyz":
-                    ok = ready()
-                    body = b"ok\n" if ok else b"not registered with the kubelet\n"
-                    ctype, code = "text/plain", 200 if ok else 503
+                    state = ready()  # True, False, or why it is not ready
+                    why = state if isinstance(state, str) and state else "not registered with the kubelet"
+                    body = b"ok\n" if state is True else why.encode()[:4096] + b"\n"
+                    ctype, code = "text/plain", 200 if state is True else 503
                 else:
                     body, ctype, code = b"not found: try /metrics, /healthz, /readyz\n", "text/plain", 404
                 self.send_response(code)

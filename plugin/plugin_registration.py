@@ -24,8 +24,10 @@ log = logging.getLogger(__name__)
 PLUGIN_TYPE = "DRAPlugin"
 
 
-def registration_socket_name(driver: str) -> str:
-    return f"{driver}-reg.sock"
+def registration_socket_name(driver: str, pod_uid: str = "") -> str:
+    """`<driver>-reg.sock`; with rolling updates `<driver>-<pod uid>-reg.sock` (the kubeletplugin helper's
+    names), so that the old and the new instance are registered side by side."""
+    return f"{driver}-{pod_uid}-reg.sock" if pod_uid else f"{driver}-reg.sock"
 
 
 class RegistrationService(pluginregistration_pb2_grpc.RegistrationServicer):
@@ -66,8 +68,9 @@ class RegistrationService(pluginregistration_pb2_grpc.RegistrationServicer):
 class RegistrationServer:
     """Serves RegistrationService on the registry socket; restarts it when the socket file goes away."""
 
-    def __init__(self, registry_dir: Path, service: RegistrationService, poll_s: float = 0.5) -> None:
-        self.socket = registry_dir / registration_socket_name(service.info.name)
+    def __init__(self, registry_dir: Path, service: RegistrationService, poll_s: float = 0.5,
+                 pod_uid: str = "") -> None:
+        self.socket = registry_dir / registration_socket_name(service.info.name, pod_uid)
         self.service = service
         self.poll_s = poll_s
         self._server: grpc.Server | None = None

@@ -92,3 +92,15 @@ def test_jupyterhub_profiles_give_each_notebook_a_claim(profile: int) -> None:
     [rc] = pod["spec"]["resourceClaims"]
     assert rc["resourceClaimTemplateName"].startswith("gpu-mem-")
     assert pod["spec"]["containers"][0]["resources"]["claims"] == [{"name": rc["name"]}]
+
+
+def test_node_agent_updates_seamlessly() -> None:
+    """Issue 24.7: maxSurge 1 / maxUnavailable 0, and the pod UID for per-pod socket names."""
+    ds = find(render(REL), "DaemonSet", "memslice-node-agent")
+    assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate",
+                                            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    [c] = ds["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["MEMSLICE_POD_UID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert "NODE_NAME" in env  # the base's env is kept
+    assert registration_socket_name(DRIVER, "u1") == "memslice.io-u1-reg.sock"

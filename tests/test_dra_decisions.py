@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from decimal import Decimal
 
 import kube_standin_dra as dra
@@ -20,11 +21,21 @@ from memslice.plugin.dra_prepare import (
     ClaimRef,
     Share,
     check_fits,
+    gpu_index_of,
+    grants,
     mib_floor,
     quantity_bytes,
     shares_for,
 )
-from memslice.plugin.dra_slices import SlicePublisher, device_entry, semver, slice_spec
+from memslice.plugin.dra_slices import (
+    Pci,
+    SlicePublisher,
+    device_entry,
+    pci_bus_id,
+    pcie_root,
+    semver,
+    slice_spec,
+)
 from memslice.plugin.gpus import GpuInfo
 
 GPU = GpuInfo(index=0, uuid="GPU-00000000-0000-0000-0000-000000000000", model="NVIDIA H200", mem_mib=144384,
@@ -68,20 +79,36 @@ def test_a_share_becomes_one_region_with_its_memory() -> None:
     assert again[0].region_id == s.region_id  # stable: a repeated prepare finds the same region
 
 
-def test_unhealthy_gpu_and_two_results_and_elastic_config_are_refused() -> None:
+def test_unhealthy_gpu_and_elastic_config_are_refused() -> None:
     with pytest.raises(ClaimError, match="Unhealthy"):
         shares_for(_claim(), REF, "node-a", {0: GPU}, {0: GPU.mem_mib}, {GPU.uuid: False})
-    two = _claim()
-    results = two["status"]["allocation"]["devices"]["results"]
-    results.append({**results[0], "shareID": "other"})
-    with pytest.raises(ClaimError, match="2 results for memslice.io"):
-        shares_for(two, REF, "node-a", {0: GPU}, {0: GPU.mem_mib}, {GPU.uuid: True})
     elastic = _claim()
     elastic["status"]["allocation"]["devices"]["config"] = [{"source": "FromClaim", "opaque": {
         "driver": "memslice.io", "parameters": {"apiVersion": "memslice.io/v1alpha1", "kind": "GpuMemConfig",
                                                 "elastic": {"limit": "16Gi"}}}}]
     with pytest.raises(ClaimError, match="elastic are not supported"):
         shares_for(elastic, REF, "node-a", {0: GPU}, {0: GPU.mem_mib}, {GPU.uuid: True})
+
+
+def test_shares_on_one_gpu_are_one_region_and_shares_on_two_gpus_are_refused() -> None:
+    two = _claim(request="gpu/small")
+    results = two["status"]["allocation"]["devices"]["results"]
+    results.append({**results[0], "request": "other", "shareID": "second", "consumedCapacity": {"memory": "1Gi"}})
+    shares = shares_for(two, REF, "node-a", {0: GPU}, {0: GPU.mem_mib}, {GPU.uuid: True})
+    assert len({s.region_id for s in shares}) == 1
+    [g] = grants(shares)
+    assert (g.mib, g.requests, g.share_ids) == (5120, ("gpu", "other"), (results[0]["shareID"], "second"))
+    other = GpuInfo(1, "GPU-1", "NVIDIA H200", 144384, None, False)
+    results[1]["device"] = "gpu-1"
+    with pytest.raises(ClaimError, match="shares on 2 GPUs"):
+        shares_for(two, REF, "node-a", {0: GPU, 1: other}, {0: GPU.mem_mib, 1: other.mem_mib},
+                   {GPU.uuid: True, "GPU-1": True})
+
+
+@pytest.mark.parametrize("name,index", [("gpu-0", 0), ("gpu-12", 12), ("gpu-0000", None), ("gpu-01", None),
+                                        ("gpu-", None), ("gpu-99999", None)])
+def test_device_names_are_read_exactly_as_published(name, index) -> None:
+    assert gpu_index_of(name) == index
 
 
 def test_over_allocation_is_refused() -> None:
@@ -104,29 +131,42 @@ def test_device_entry_is_a_valid_consumable_capacity() -> None:
     assert semver("580.00.sim") == "580.0.0" and semver("abc") is None
 
 
-def test_unhealthy_gpus_are_left_out_of_the_slice() -> None:
+def test_unhealthy_gpus_are_tainted_or_left_out_where_taints_are_dropped() -> None:
     other = GpuInfo(1, "GPU-1", "NVIDIA H200", 144384, None, False)
-    spec = slice_spec("node-a", [GPU, other], {GPU.uuid: True, "GPU-1": False}, None, 3)
-    assert [d["name"] for d in spec["devices"]] == ["gpu-0"]
+    healthy = {GPU.uuid: True, "GPU-1": False}
+    spec = slice_spec("node-a", [GPU, other], healthy, None, 3)
+    assert [(d["name"], d.get("taints")) for d in spec["devices"]] == [
+        ("gpu-0", None), ("gpu-1", [{"key": "memslice.io/unhealthy", "value": "xid", "effect": "NoSchedule"}])]
     assert spec["pool"] == {"name": "node-a", "generation": 3, "resourceSliceCount": 1}
+    spec = slice_spec("node-a", [GPU, other], healthy, None, 3, taints=False)
+    assert [d["name"] for d in spec["devices"]] == ["gpu-0"]
 
 
-def test_publisher_removes_duplicates_and_bumps_the_generation_only_on_change() -> None:
+def _mine(kube: KubeApiStandin, node: str = "node-a") -> list[dict]:
+    return [s for s in kube.list("ResourceSlice") if s["spec"]["nodeName"] == node]
+
+
+def _publisher(kube: KubeApiStandin, healthy: dict, node: str = "node-a", **kw) -> SlicePublisher:
+    return SlicePublisher(DraApi(kube.api_client()), node, lambda: [GPU], lambda: healthy, "570.1", lambda: "u1",
+                          watch=False, **kw)
+
+
+def test_publisher_keeps_one_slice_found_by_selector_and_bumps_the_generation_only_on_change() -> None:
     healthy = {GPU.uuid: True}
     with KubeApiStandin() as kube:
-        stale = {"kind": "ResourceSlice", "metadata": {"name": "node-a-memslice.io-x7k2p"},
-                 "spec": slice_spec("node-a", [GPU], healthy, None, 4)}
-        kube.put(stale)
+        for name, gen in (("node-a-memslice.io-x7k2p", 4), ("node-a-memslice.io", 2)):
+            kube.put({"kind": "ResourceSlice", "metadata": {"name": name},
+                      "spec": slice_spec("node-a", [GPU], healthy, None, gen)})
         kube.put({"kind": "ResourceSlice", "metadata": {"name": "node-b-memslice.io"},
                   "spec": slice_spec("node-b", [GPU], healthy, None, 0)})
-        pub = SlicePublisher(DraApi(kube.api_client()), "node-a", lambda: [GPU], lambda: healthy, "570.1", lambda: "u1")
-        assert pub.sync_once() == "created"
-        mine = [s for s in kube.list("ResourceSlice") if s["spec"]["nodeName"] == "node-a"]
-        assert [s["metadata"]["name"] for s in mine] == ["node-a-memslice.io"]
-        assert mine[0]["spec"]["pool"]["generation"] == 5  # past the stale slice's generation
-        assert mine[0]["metadata"]["ownerReferences"][0]["uid"] == "u1"
+        pub = _publisher(kube, healthy)
+        assert pub.sync_once() == "updated"  # the newest generation is kept (in place), the other deleted
+        [mine] = _mine(kube)
+        assert mine["metadata"]["name"] == "node-a-memslice.io-x7k2p" == pub.name
+        assert mine["spec"]["pool"]["generation"] == 5
+        assert mine["metadata"]["ownerReferences"][0]["uid"] == "u1"
         assert pub.sync_once() == "unchanged"
-        stored = kube.get("ResourceSlice", None, "node-a-memslice.io")
+        stored = kube.get("ResourceSlice", None, pub.name)
         cap = stored["spec"]["devices"][0]["capacity"]["memory"]
         assert cap["value"] == "141Gi"  # canonical, as the API server writes it
         cap["value"] = "144384Mi"  # the same quantity spelt otherwise: no rewrite, no new generation
@@ -134,10 +174,92 @@ def test_publisher_removes_duplicates_and_bumps_the_generation_only_on_change() 
         assert pub.sync_once() == "unchanged"
         healthy[GPU.uuid] = False
         assert pub.sync_once() == "updated"
-        [s] = [s for s in kube.list("ResourceSlice") if s["spec"]["nodeName"] == "node-a"]
-        assert s["spec"]["pool"]["generation"] == 6 and s["spec"]["devices"] == []
+        [s] = _mine(kube)
+        assert s["spec"]["pool"]["generation"] == 6 and s["spec"]["devices"][0]["taints"][0]["key"] == \
+            "memslice.io/unhealthy"
         assert kube.get("ResourceSlice", None, "node-b-memslice.io") is not None  # another node's: kept
         assert dra.GROUP_VERSION == s["apiVersion"]
+
+
+def test_a_node_name_of_253_characters_gets_a_valid_generated_slice_name() -> None:
+    """Issue 24.3: `<node>-memslice.io` is over 253 characters for a node name over 241; generateName is
+    cut by the API server to 58 characters + 5."""
+    node = ".".join(["n" * 63] * 3) + "." + "n" * 61  # 253 characters, a valid DNS subdomain
+    assert len(node) == 253
+    healthy = {GPU.uuid: True}
+    with KubeApiStandin() as kube:
+        pub = _publisher(kube, healthy, node=node)
+        assert pub.sync_once() == "created"
+        [s] = _mine(kube, node)
+        assert s["metadata"]["name"].startswith(node[:57] + "-") and len(s["metadata"]["name"]) == 63
+        assert pub.sync_once() == "unchanged"  # found again by selector
+
+
+@pytest.mark.parametrize("node", ["a" * 50 + "." + "b" * 20, "gpu-a", "x" * 240, "y" * 241 + ".z"])
+def test_generate_names_are_valid_for_any_node_name(node) -> None:
+    from memslice.plugin.dra_slices import generate_name
+
+    healthy = {GPU.uuid: True}
+    with KubeApiStandin() as kube:
+        assert _publisher(kube, healthy, node=node).sync_once() == "created"
+    name = generate_name(node)
+    assert len(name) <= 58 and name.endswith("-") and not name.endswith(".-")
+
+
+def test_consumable_capacity_gate_off_is_said_once_and_does_not_churn() -> None:
+    """Issue 24.4: the API server drops allowMultipleAllocations/requestPolicy (gate off): the agent says what
+    to turn on (log, Event, problem for /readyz) and stops rewriting the slice."""
+    healthy = {GPU.uuid: True}
+    said: list[str] = []
+    with KubeApiStandin() as kube:
+        dra.set_gates(kube, DRAConsumableCapacity=False)
+        pub = _publisher(kube, healthy, on_problem=said.append)
+        assert pub.sync_once() == "created"
+        [s] = _mine(kube)
+        assert "allowMultipleAllocations" not in s["spec"]["devices"][0]
+        assert pub.problem and "DRAConsumableCapacity" in pub.problem and "--feature-gates" in pub.problem
+        for _ in range(3):
+            assert pub.sync_once() == "unchanged"
+        [s] = _mine(kube)
+        assert s["spec"]["pool"]["generation"] == 0 and said == [pub.problem]
+        pub.mark_dirty(probe=True)  # the kubelet registered the driver again: offered once more, said no more
+        assert pub.sync_once() == "updated" and pub.sync_once() == "unchanged" and len(said) == 1
+        dra.set_gates(kube, DRAConsumableCapacity=True)
+        pub.mark_dirty(probe=True)
+        assert pub.sync_once() == "updated" and pub.problem is None
+        [s] = _mine(kube)
+        assert s["spec"]["devices"][0]["allowMultipleAllocations"] is True
+
+
+def test_device_taints_gate_off_withdraws_the_unhealthy_gpu_without_churn() -> None:
+    """Issue 24.6: where the API server drops taints, an unhealthy GPU is withdrawn instead."""
+    healthy = {GPU.uuid: True}
+    with KubeApiStandin() as kube:
+        dra.set_gates(kube, DRADeviceTaints=False)
+        pub = _publisher(kube, healthy)
+        assert pub.sync_once() == "created"
+        healthy[GPU.uuid] = False
+        assert pub.sync_once() == "updated"  # with the taint: dropped
+        assert pub.sync_once() == "updated"  # the fallback: withdrawn
+        assert _mine(kube)[0]["spec"]["devices"] == []
+        assert pub.sync_once() == "unchanged" and pub.sync_once() == "unchanged"
+        assert pub.problem is None
+
+
+def test_pci_attributes(tmp_path) -> None:
+    """Issue 24.8: the standard attributes, from NVML's bus ID and the sysfs link of the device."""
+    assert pci_bus_id("00000000:3B:00.0") == "0000:3b:00.0"
+    assert pci_bus_id("0001:c1:00.1") == "0001:c1:00.1"
+    assert pci_bus_id("GPU-3b") is None and pci_bus_id("100000000:3B:00.0") is None
+    dev = tmp_path / "devices" / "pci0000:3a" / "0000:3a:00.0" / "0000:3b:00.0"
+    dev.mkdir(parents=True)
+    (tmp_path / "bus" / "pci" / "devices").mkdir(parents=True)
+    (tmp_path / "bus" / "pci" / "devices" / "0000:3b:00.0").symlink_to(dev)
+    assert pcie_root("0000:3b:00.0", tmp_path) == "pci0000:3a"
+    assert pcie_root("0000:3c:00.0", tmp_path) is None
+    d = device_entry(GPU, 1024, None, Pci("0000:3b:00.0", "pci0000:3a"))
+    assert d["attributes"]["resource.kubernetes.io/pciBusID"] == {"string": "0000:3b:00.0"}
+    assert d["attributes"]["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:3a"}
 
 
 def test_kubelet_api_flag() -> None:
@@ -183,7 +305,9 @@ def test_slice_and_allocated_claim_match_the_1_37_schemas() -> None:
     healthy = {GPU.uuid: True}
     with KubeApiStandin() as kube:
         pub = SlicePublisher(DraApi(kube.api_client()), "node-a", lambda: [GPU], lambda: healthy, "570.133.07",
-                             lambda: "3c1d1f4e-0000-4000-8000-0000000000aa")
+                             lambda: "3c1d1f4e-0000-4000-8000-0000000000aa", watch=False,
+                             pci={GPU.uuid: Pci("0000:3b:00.0", "pci0000:3a")})
+        healthy[GPU.uuid] = False  # tainted: the taint is valid v1 too
         pub.sync_once()
         [sl] = kube.list("ResourceSlice")
         kube.put(dra.device_class())
@@ -194,3 +318,56 @@ def test_slice_and_allocated_claim_match_the_1_37_schemas() -> None:
             validate_strict(obj)
         [r] = claim["status"]["allocation"]["devices"]["results"]
         assert r["consumedCapacity"] == {"memory": "4000Mi"} and r["device"] == "gpu-0"
+
+
+def test_the_watch_repairs_at_once_reconnects_and_stops_without_delay() -> None:
+    """Issue 24.5: the publisher watches its slice (no 30 s LIST polling): a deletion is repaired within
+    seconds, also after the API server dropped the watch and after its versions were compacted (410), and
+    stop() ends the watch at once."""
+    healthy = {GPU.uuid: True}
+    with KubeApiStandin() as kube:
+        pub = SlicePublisher(DraApi(kube.api_client()), "node-a", lambda: [GPU], lambda: healthy, "570.1",
+                             lambda: "u1", resync_s=300)
+        pub.start()
+        try:
+            assert pub.published.wait(10)
+            for disrupt in (None, kube.restart, lambda: (kube.compact(), kube.restart())):
+                if disrupt is not None:
+                    disrupt()
+                [s] = _mine(kube)
+                t0 = time.monotonic()
+                kube.delete("ResourceSlice", None, s["metadata"]["name"])
+                assert kube.wait_for(lambda k: len(_mine(k)) == 1, 5)
+                assert time.monotonic() - t0 < 5
+            syncs = pub.syncs
+            healthy[GPU.uuid] = True  # nothing changes: the watch sees only the publisher's own writes
+        finally:
+            t0 = time.monotonic()
+            pub.stop()
+            assert time.monotonic() - t0 < 3
+            assert not pub._thread.is_alive() and pub._watcher is not None and not pub._watcher.is_alive()
+        assert pub.syncs == syncs
+
+
+def test_during_a_rolling_update_the_old_instance_leaves_the_new_ones_slice_alone() -> None:
+    """Issue 24.7: two agent versions publish different slices (here: a new driverVersion); the older instance
+    defers to the newer one's write instead of rewriting it back at every change it sees."""
+    healthy = {GPU.uuid: True}
+    with KubeApiStandin() as kube:
+        api = DraApi(kube.api_client())
+        old = SlicePublisher(api, "node-a", lambda: [GPU], lambda: healthy, "570.1", lambda: "u1", watch=False,
+                             instance="old")
+        assert old.sync_once() == "created"
+        new = SlicePublisher(api, "node-a", lambda: [GPU], lambda: healthy, "580.2", lambda: "u1", watch=False,
+                             instance="new")
+        assert new.sync_once() == "updated"
+        for _ in range(3):
+            assert old.sync_once() == "deferred" and new.sync_once() == "unchanged"
+        [s] = _mine(kube)
+        assert s["spec"]["pool"]["generation"] == 1
+        assert s["spec"]["devices"][0]["attributes"]["driverVersion"] == {"version": "580.2.0"}
+        kube.delete("ResourceSlice", None, s["metadata"]["name"])  # the new one is gone (wiped): the old repairs
+        assert old.sync_once() == "created"
+        restarted = SlicePublisher(api, "node-a", lambda: [GPU], lambda: healthy, "570.1", lambda: "u1",
+                                   watch=False, instance="old")
+        assert restarted.sync_once() == "unchanged"  # a restart with the same content writes nothing

@@ -9,6 +9,7 @@ simulated GPU and are held to their claim's memory by the shim.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -21,6 +22,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ import kube_standin_dra as dra
 import pytest
 from conftest import ChildLog
 from kube_standin import KubeApiStandin
-from kubelet_dra_standin import KUBELET_SERVICES, KubeletDraStandin
+from kubelet_dra_standin import KUBELET_SERVICES, KubeletDraStandin, container_cdi_ids
 from test_e2e_cluster import CONTEXT_RESERVE_MIB, TENANT
 
 from memslice.paths import lib_paths
@@ -43,15 +45,16 @@ class DraNode:
     """A node agent in DRA mode on a simulated node, with its kubelet DRA stand-in."""
 
     def __init__(self, root: Path, kube: KubeApiStandin, gpus: str = "16GiB",
-                 services: tuple[str, ...] | None = None) -> None:
-        self.root, self.kube, self.gpus = root, kube, gpus
+                 services: tuple[str, ...] | None = None, pod_uid: str = "", wipe_delay_s: float = 30.0) -> None:
+        self.root, self.kube, self.gpus, self.pod_uid = root, kube, gpus, pod_uid
         self.registry = root / "registry"
         self.plugins = root / "plugins"
         self.cdi = root / "cdi"
         self.regions = root / "regions"
         self.state = root / "sim.state"
         self.kubeconfig = kube.kubeconfig(str(root / "kubeconfig"))
-        self.kubelet = KubeletDraStandin(self.registry, services or KUBELET_SERVICES, kube, NODE).start()
+        self.kubelet = KubeletDraStandin(self.registry, services or KUBELET_SERVICES, kube, NODE,
+                                         wipe_delay_s=wipe_delay_s).start()
         env = {k: v for k, v in os.environ.items()
                if not k.startswith("MEMSLICE_") and k not in ("KUBERNETES_SERVICE_HOST", "NODE_NAME")}
         env["MEMSLICE_SIM_STATE"] = str(self.state)
@@ -72,11 +75,22 @@ class DraNode:
                "--plugins-registry-dir", str(self.registry), "--kubelet-plugins-dir", str(self.plugins),
                "--cdi-dir", str(self.cdi), "--region-root", str(self.regions), "--shim-host-dir",
                str(self.root / "lib"), "--metrics-address", "127.0.0.1", "--metrics-port", "0",
-               "--node-name", NODE, "--kubeconfig", self.kubeconfig, "--health-recovery-s", "2"]
+               "--node-name", NODE, "--kubeconfig", self.kubeconfig, "--health-recovery-s", "2",
+               *(["--pod-uid", self.pod_uid] if self.pod_uid else [])]
         self.runs += 1
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env,
                                      cwd=ROOT)
-        self.output = ChildLog(self.proc, self.root / f"agent-{self.runs}.log")
+        self.output = ChildLog(self.proc, self.root / f"agent-{self.pod_uid}{self.runs}.log")
+
+    def sibling(self, pod_uid: str) -> DraNode:
+        """Another agent instance on the same node (same directories, kubelet and API): a rolling update."""
+        other = copy.copy(self)
+        other.pod_uid, other.proc, other.output, other.runs = pod_uid, None, None, 0
+        return other
+
+    @property
+    def endpoint(self) -> str:
+        return str(self.plugins / DRIVER / (f"dra-{self.pod_uid}.sock" if self.pod_uid else "dra.sock"))
 
     def log(self) -> str:
         return self.output.text() if self.output else ""
@@ -101,7 +115,8 @@ class DraNode:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
 
-    def stop(self) -> None:
+    def stop_agent(self) -> None:
+        """SIGTERM, as a DaemonSet update sends it; the agent shuts down cleanly."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -109,6 +124,9 @@ class DraNode:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+
+    def stop(self) -> None:
+        self.stop_agent()
         self.kubelet.stop()
 
     # --- what is on the node -------------------------------------------------------------------------------
@@ -267,6 +285,10 @@ BAD = {
     "hostile quantity": (lambda k: _with_result(k, "odd", consumedCapacity={"memory": "1e999999"}),
                          "is not a quantity"),
     "no shareID": (lambda k: _with_result(k, "noshare", shareID=None), "shareID None is missing"),
+    "zero-padded device name": (lambda k: _with_result(k, "padded", device="gpu-0000"),
+                                "unknown device 'gpu-0000'"),
+    "admin access": (lambda k: _with_result(k, "admin", adminAccess=True),
+                     "adminAccess to gpu-0 is not served by memslice.io"),
     "deleted claim": (_deleted, "does not exist (deleted?)"),
     "re-created claim": (_recreated, "the claim was deleted"),
 }
@@ -322,22 +344,32 @@ def test_older_kubelet_uses_v1beta1(tmp_path) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def test_unhealthy_gpu_is_withdrawn_and_restored(world) -> None:
+def test_unhealthy_gpu_is_tainted_and_restored(world) -> None:
+    """Issue 24.6: an unhealthy GPU stays in the slice with the NoSchedule device taint (running claims stay
+    visible, kube-scheduler avoids it for new ones), and a claim on it is refused with the reason."""
     from test_plugin_agent import inject_xid
 
     kube, node = world
     [sl] = node.slices()
     gen = sl["spec"]["pool"]["generation"]
+    attrs = sl["spec"]["devices"][0]["attributes"]
+    bus_id = attrs["resource.kubernetes.io/pciBusID"]["string"]  # from NVML (the simulator's)
+    assert re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", bus_id), bus_id
+    c = make_claim(kube, "late", "1Gi")
     inject_xid(node.state, 0, 79)  # fallen off the bus: critical
 
-    def devices(k: KubeApiStandin) -> list[str] | None:
+    def taints(k: KubeApiStandin) -> list[str] | None:
         s = [x for x in k.list("ResourceSlice") if x["spec"]["nodeName"] == NODE]
-        return [d["name"] for d in s[0]["spec"]["devices"]] if len(s) == 1 else None
+        if len(s) != 1 or len(s[0]["spec"]["devices"]) != 1:
+            return None
+        return [t["key"] + ":" + t["effect"] for t in s[0]["spec"]["devices"][0].get("taints") or []]
 
-    assert kube.wait_for(lambda k: devices(k) == [], 15), node.log()
+    assert kube.wait_for(lambda k: taints(k) == ["memslice.io/unhealthy:NoSchedule"], 15), node.log()
     [sl] = node.slices()
     assert sl["spec"]["pool"]["generation"] == gen + 1
-    assert kube.wait_for(lambda k: devices(k) == ["gpu-0"], 20), node.log()  # recovery after 2 s
+    err = node.kubelet.prepare(DRIVER, c).claims[c["metadata"]["uid"]].error
+    assert "is Unhealthy" in err, err
+    assert kube.wait_for(lambda k: taints(k) == [], 20), node.log()  # recovery after 2 s
     [sl] = node.slices()
     assert sl["spec"]["pool"]["generation"] == gen + 2
 
@@ -375,3 +407,249 @@ def test_kubelet_restart_wipes_the_slice_and_the_agent_publishes_it_at_once(worl
     assert [d["name"] for d in sl["spec"]["devices"]] == ["gpu-0"]
     again = node.kubelet.prepare(DRIVER, c).claims[c["metadata"]["uid"]]  # the running pod's claim: as before
     assert again.error == "" and again.devices[0].device_name == "gpu-0"
+
+
+def _spec_env(node: DraNode, cdi_id: str) -> dict[str, str]:
+    """The env of a process in a container given CDI device `cdi_id` (kind=name) by the kubelet."""
+    kind, name = cdi_id.split("=", 1)
+    assert kind == CDI_KIND, cdi_id
+    uid = name[:36]
+    spec = json.loads((node.cdi / f"memslice.io-{uid}.json").read_text())
+    return node.container_env(spec, name)
+
+
+def _held_to(env: dict[str, str], limit: int) -> None:
+    proc = run_tenant(env)
+    try:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read() if proc.poll() is not None else "no output"
+        report = json.loads(line)
+        assert report["refused_with"] == 2, report
+        assert limit - 256 < report["allocated_mib"] + CONTEXT_RESERVE_MIB <= limit, (limit, report)
+    finally:
+        proc.communicate("", timeout=30)
+
+
+def _put_claim(kube: KubeApiStandin, name: str, requests: list[dict[str, Any]]) -> dict[str, Any]:
+    kube.put({"apiVersion": dra.GROUP_VERSION, "kind": "ResourceClaim",
+              "metadata": {"name": name, "namespace": "default"}, "spec": {"devices": {"requests": requests}}})
+    return dra.allocate(kube, "default", name, NODE)
+
+
+def _exactly(memory: str, count: int = 1) -> dict[str, Any]:
+    return {"deviceClassName": "gpu-mem.memslice.io", "count": count,
+            "capacity": {"requests": {"memory": memory}}}
+
+
+def test_first_available_subrequest_reaches_the_container_that_names_its_request(world) -> None:
+    """Issue 24.1: the allocation names the subrequest ("gpu/small"); the container names "gpu". The kubelet
+    matches exactly, so the driver must answer the base name or the container runs without its quota."""
+    kube, node = world
+    c = _put_claim(kube, "alt", [{"name": "gpu", "firstAvailable": [
+        {"name": "huge", **_exactly("64Gi")}, {"name": "small", **_exactly("3Gi")}]}])
+    [r] = c["status"]["allocation"]["devices"]["results"]
+    assert r["request"] == "gpu/small"  # the larger alternative does not fit a 16 GiB GPU
+    entry = node.kubelet.prepare(DRIVER, c).claims[c["metadata"]["uid"]]
+    assert entry.error == ""
+    assert [list(d.request_names) for d in entry.devices] == [["gpu"]]
+    [cdi_id] = container_cdi_ids(entry, "gpu")  # resources.claims: [{name: alt, request: gpu}]
+    env = _spec_env(node, cdi_id)
+    assert env["MEMSLICE_GPU_MEM_LIMIT"] == "3072"
+    _held_to(env, 3072)
+
+
+def test_several_shares_of_one_claim_are_one_quota_of_their_sum(world) -> None:
+    """Issue 24.2 (decision: one summed quota per GPU per claim): `count: 2`, and two requests on the same
+    GPU, are prepared (not refused after binding); each container that names any of the requests gets the
+    claim's one region, whose quota is the sum of the shares."""
+    kube, node = world
+    two = _put_claim(kube, "pair", [{"name": "gpu", "exactly": _exactly("3Gi", count=2)}])
+    results = two["status"]["allocation"]["devices"]["results"]
+    assert [(r["device"], r["consumedCapacity"]["memory"]) for r in results] == [("gpu-0", "3Gi")] * 2
+    both = _put_claim(kube, "both", [{"name": "a", "exactly": _exactly("1Gi")},
+                                     {"name": "b", "exactly": _exactly("2Gi")}])
+    resp = node.kubelet.prepare(DRIVER, two, both)
+    e_two, e_both = (resp.claims[c["metadata"]["uid"]] for c in (two, both))
+    assert e_two.error == "" and e_both.error == "", (e_two.error, e_both.error)
+    assert [list(d.request_names) for d in e_two.devices] == [["gpu"]]
+    assert [list(d.request_names) for d in e_both.devices] == [["a", "b"]]
+    assert container_cdi_ids(e_both, "a") == container_cdi_ids(e_both, "b") == container_cdi_ids(e_both)
+    [pair_id] = container_cdi_ids(e_two, "gpu")
+    assert _spec_env(node, container_cdi_ids(e_both, "a")[0])["MEMSLICE_GPU_MEM_LIMIT"] == "3072"
+    env = _spec_env(node, pair_id)
+    assert env["MEMSLICE_GPU_MEM_LIMIT"] == "6144"
+    _held_to(env, 6144)
+    metrics = node.http("/metrics")[1]
+    assert re.search(r'memslice_gpu_allocated_mib\{[^}]*gpu="0"[^}]*\} 9216', metrics), metrics
+    assert len(node.left_behind()["regions"]) == 6  # one region (dir, record, limits) per claim
+    out = node.kubelet.unprepare(DRIVER, two, both)
+    assert all(out.claims[c["metadata"]["uid"]].error == "" for c in (two, both))
+    assert node.left_behind() == {"regions": [], "cdi": [], "checkpoint": []}
+
+
+def test_a_claim_listed_twice_is_answered_once_and_a_uid_under_another_name_is_not_unprepared(world) -> None:
+    """Issue 25.11: the same claim twice in one call gets its devices once; NodeUnprepareResources with a
+    prepared UID but another namespace/name removes nothing."""
+    kube, node = world
+    c = make_claim(kube, "twice", "1Gi")
+    uid = c["metadata"]["uid"]
+    entry = node.kubelet.prepare(DRIVER, c, c).claims[uid]
+    assert entry.error == "" and len(entry.devices) == 1
+    assert len(container_cdi_ids(entry)) == 1
+    other = {"metadata": {"namespace": "default", "name": "someone-else", "uid": uid}}
+    err = node.kubelet.unprepare(DRIVER, other).claims[uid].error
+    assert "was prepared as default/twice" in err, err
+    assert node.left_behind()["checkpoint"] == [uid]
+    assert node.kubelet.unprepare(DRIVER, c).claims[uid].error == ""
+    assert node.left_behind() == {"regions": [], "cdi": [], "checkpoint": []}
+
+
+def test_rolling_update_keeps_the_driver_and_its_slice_and_shares_the_prepared_claims() -> None:
+    """Issue 24.7: with --pod-uid each instance has its own sockets (dra-<uid>.sock, memslice.io-<uid>-reg.sock);
+    the kubelet registers both, calls the newest, and never has the driver missing, so it never schedules the
+    wipe of the node's slice; calls are serialised by serialize.lock and each instance reads the other's
+    checkpoint, so a claim prepared by the old instance is unprepared by the new one and neither loses the
+    other's record."""
+    lib_paths()
+    root = Path(tempfile.mkdtemp(prefix="ms-dra-", dir="/tmp"))
+    kube = KubeApiStandin().start()
+    kube.put({"kind": "Node", "metadata": {"name": NODE}})
+    kube.put(dra.device_class())
+    old = DraNode(root, kube, pod_uid="0b0e1d6c-0000-4000-8000-00000000000a", wipe_delay_s=1.0)
+    new = old.sibling("0b0e1d6c-0000-4000-8000-00000000000b")
+    try:
+        old.start()
+        [sl] = old.slices()
+        assert (old.registry / "memslice.io-0b0e1d6c-0000-4000-8000-00000000000a-reg.sock").exists()
+        c1, c2 = make_claim(kube, "first", "2Gi"), make_claim(kube, "second", "3Gi")
+        assert old.kubelet.prepare(DRIVER, c1).claims[c1["metadata"]["uid"]].error == ""
+        new.launch()  # maxSurge 1: the new pod starts while the old one runs
+        assert old.kubelet.wait_registered(DRIVER, 30, new.endpoint).endpoint == new.endpoint, new.log()
+        assert old.kubelet.registered[DRIVER].endpoint == new.endpoint  # the newest is called
+        # the old instance answers a call too (the kubelet may still use it): records are merged, not lost
+        assert old.kubelet.prepare(DRIVER, c2, endpoint=old.endpoint).claims[c2["metadata"]["uid"]].error == ""
+        assert sorted(old.left_behind()["checkpoint"]) == sorted(c["metadata"]["uid"] for c in (c1, c2))
+        # both instances at once (serialize.lock): no record is lost
+        many = [make_claim(kube, f"many-{i}", "1Gi") for i in range(6)]
+        with futures.ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lambda ic: old.kubelet.prepare(
+                DRIVER, ic[1], endpoint=(old, new)[ic[0] % 2].endpoint).claims[ic[1]["metadata"]["uid"]].error,
+                enumerate(many)))
+        assert answers == [""] * 6
+        assert sorted(old.left_behind()["checkpoint"]) == sorted(c["metadata"]["uid"] for c in (c1, c2, *many))
+        out = new.kubelet.unprepare(DRIVER, *many, endpoint=old.endpoint)
+        assert all(out.claims[c["metadata"]["uid"]].error == "" for c in many)
+        old.stop_agent()  # SIGTERM: the old instance removes its own sockets only, never the slice
+        with old.kubelet.cond:
+            assert old.kubelet.cond.wait_for(lambda: [r.endpoint for r in old.kubelet.plugins[DRIVER]] ==
+                                             [new.endpoint], 10), old.kubelet.plugins
+            assert not old.kubelet.pending_wipes and not old.kubelet.wiped
+        assert Path(new.endpoint).exists() and not Path(old.endpoint).exists()
+        # the new instance unprepares what the old one prepared, and knows the rest
+        out = new.kubelet.unprepare(DRIVER, c1).claims[c1["metadata"]["uid"]]
+        assert out.error == ""
+        assert new.left_behind()["checkpoint"] == [c2["metadata"]["uid"]]
+        again = new.kubelet.prepare(DRIVER, c2).claims[c2["metadata"]["uid"]]
+        assert again.error == "" and len(again.devices) == 1
+        metrics = new.http("/metrics")[1]
+        assert re.search(r'memslice_gpu_allocated_mib\{[^}]*gpu="0"[^}]*\} 3072', metrics), metrics
+        assert re.search(r'memslice_dra_operation_seconds_count\{operation="unprepare"\} 1', metrics), metrics
+        [now] = new.slices()
+        assert now["metadata"]["uid"] == sl["metadata"]["uid"]  # never deleted and re-created
+        assert new.kubelet.unprepare(DRIVER, c2).claims[c2["metadata"]["uid"]].error == ""
+        assert new.left_behind() == {"regions": [], "cdi": [], "checkpoint": []}
+        new.stop_agent()  # the last instance goes: now the kubelet wipes the slice after its delay
+        assert kube.wait_for(lambda k: not new.slices(), 10)
+    finally:
+        new.stop_agent()
+        old.stop()
+        kube.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_slice_deleted_by_someone_else_is_repaired_at_once(world) -> None:
+    """Issue 24.5: the agent watches its slice; a deletion is repaired well before the resync backstop."""
+    kube, node = world
+    [sl] = node.slices()
+    t0 = time.monotonic()
+    kube.delete("ResourceSlice", None, sl["metadata"]["name"])
+    assert kube.wait_for(lambda k: len(node.slices()) == 1, 5), node.log()
+    assert time.monotonic() - t0 < 5
+    [again] = node.slices()
+    assert again["metadata"]["uid"] != sl["metadata"]["uid"]
+    assert [d["name"] for d in again["spec"]["devices"]] == ["gpu-0"]
+    assert node.http("/readyz")[0] == 200
+
+
+def test_consumable_capacity_off_is_said_on_readyz_and_in_an_event() -> None:
+    """Issue 24.4 end to end: /readyz answers 503 naming the gate to turn on, a Warning Event on the Node."""
+    lib_paths()
+    root = Path(tempfile.mkdtemp(prefix="ms-dra-", dir="/tmp"))
+    kube = KubeApiStandin().start()
+    dra.set_gates(kube, DRAConsumableCapacity=False)
+    kube.put({"kind": "Node", "metadata": {"name": NODE}})
+    node = DraNode(root, kube)
+    try:
+        node.start()
+        assert kube.wait_for(lambda k: any(e.get("reason") == "DRAConsumableCapacityOff"
+                                           for e in k.list("Event")), 15), node.log()
+        [ev] = [e for e in kube.list("Event") if e.get("reason") == "DRAConsumableCapacityOff"]
+        assert ev["involvedObject"]["kind"] == "Node" and ev["type"] == "Warning"
+        code, body = node.http("/readyz")
+        assert code == 503 and "--feature-gates=DRAConsumableCapacity=true" in body, body
+        assert node.output is not None
+        node.output.wait_for(lambda out: "DRAConsumableCapacity feature gate is off" in out, 10, "the log line")
+        assert node.log().count("DRAConsumableCapacity feature gate is off") == 1
+        [sl] = node.slices()
+        assert "allowMultipleAllocations" not in sl["spec"]["devices"][0]
+    finally:
+        node.stop()
+        kube.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_kubelets_health_stream_follows_the_gpu_and_is_bounded(world) -> None:
+    """Issue 24.6: v1alpha1.DRAResourceHealth/NodeWatchResources (what a kubelet with ResourceHealthStatus
+    opens) sends every device's health at once and again on each change; at most 2 streams are served, so a
+    third caller cannot take the workers that prepare claims."""
+    import grpc
+    from test_plugin_agent import inject_xid
+
+    from memslice.proto import dra_health_v1alpha1_pb2 as hpb
+
+    kube, node = world
+
+    def states(msg: Any) -> list[tuple[str, str, int]]:
+        return [(d.device.pool_name, d.device.device_name, d.health) for d in msg.devices]
+
+    ch, stream = node.kubelet.health_stream(DRIVER, 60)
+    first = next(stream)  # one at a time: the server takes concurrent calls in any order
+    ch2, stream2 = node.kubelet.health_stream(DRIVER, 60)
+    assert states(next(stream2)) == [(NODE, "gpu-0", hpb.HEALTHY)]
+    ch3, stream3 = node.kubelet.health_stream(DRIVER, 60)
+    try:
+        assert states(first) == [(NODE, "gpu-0", hpb.HEALTHY)] and first.devices[0].last_updated_time > 0
+        with pytest.raises(grpc.RpcError) as refused:
+            next(stream3)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        c = make_claim(kube, "meanwhile", "1Gi")  # the workers left still prepare claims
+        assert node.kubelet.prepare(DRIVER, c).claims[c["metadata"]["uid"]].error == ""
+        inject_xid(node.state, 0, 79)
+        assert states(next(stream)) == [(NODE, "gpu-0", hpb.UNHEALTHY)]  # within the poll, not the resend
+        assert states(next(stream)) == [(NODE, "gpu-0", hpb.HEALTHY)]  # recovered after 2 s
+    finally:
+        for c_ in (ch, ch2, ch3):
+            c_.close()
+    ch4, stream4 = node.kubelet.health_stream(DRIVER, 60)  # closed streams free their places (bounded wait)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert states(next(stream4)) == [(NODE, "gpu-0", hpb.HEALTHY)]
+                break
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline
+                ch4.close()
+                ch4, stream4 = node.kubelet.health_stream(DRIVER, 60)
+    finally:
+        ch4.close()

@@ -19,9 +19,9 @@ from google.protobuf.descriptor import FieldDescriptor as F
 
 from memslice.plugin.dra_server import SERVICES
 from memslice.plugin.plugin_registration import PLUGIN_TYPE
-from memslice.proto import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
+from memslice.proto import dra_health_v1alpha1_pb2, dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
 
-S, B, M = "string", "bool", "message"
+S, B, M, I64, E = "string", "bool", "message", "int64", "enum"
 REP, MAP = "repeated", "map"
 
 # message -> [(number, name, type, label)]
@@ -58,7 +58,8 @@ def _table(msg) -> list[tuple[int, str, str, str]]:
             else:
                 typ, label = f.message_type.name, REP if f.is_repeated else ""
         else:
-            typ = {F.TYPE_STRING: S, F.TYPE_BOOL: B}[f.type]
+            typ = {F.TYPE_STRING: S, F.TYPE_BOOL: B, F.TYPE_INT64: I64}.get(f.type) or (
+                f.enum_type.name if f.type == F.TYPE_ENUM else "?")
             label = REP if f.is_repeated else ""
         out.append((f.number, f.name, typ, label))
     return sorted(out)
@@ -86,5 +87,31 @@ def test_registration_service_matches_upstream() -> None:
 
 
 def test_advertised_services_are_the_kubelets_names_newest_first() -> None:
-    assert SERVICES == ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+    assert SERVICES == ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
+    # the health service's advertised name is its gRPC service name (dra-health/v1alpha1/types.go)
+    assert dra_health_v1alpha1_pb2.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name == SERVICES[2]
     assert PLUGIN_TYPE == "DRAPlugin"
+
+
+# staging/src/k8s.io/kubelet/pkg/apis/dra-health/v1alpha1/api.proto @ c4b5de207d1f469249888c498a965c58443e6964
+HEALTH_FIELDS = {
+    "NodeWatchResourcesRequest": [],
+    "DeviceIdentifier": [(1, "pool_name", S, ""), (2, "device_name", S, "")],
+    "DeviceHealth": [(1, "device", "DeviceIdentifier", ""), (2, "health", "HealthStatus", ""),
+                     (3, "last_updated_time", I64, "")],
+    "NodeWatchResourcesResponse": [(1, "devices", "DeviceHealth", REP)],
+}
+
+
+def test_health_service_matches_upstream() -> None:
+    desc = dra_health_v1alpha1_pb2.DESCRIPTOR
+    assert desc.package == "v1alpha1"
+    for name, want in HEALTH_FIELDS.items():
+        assert _table(desc.message_types_by_name[name]) == sorted(want), name
+    enum = desc.enum_types_by_name["HealthStatus"]
+    assert {v.name: v.number for v in enum.values} == {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
+    svc = desc.services_by_name["DRAResourceHealth"]
+    [m] = svc.methods
+    assert (m.name, m.input_type.name, m.output_type.name) == ("NodeWatchResources", "NodeWatchResourcesRequest",
+                                                               "NodeWatchResourcesResponse")
+    assert not m.client_streaming and m.server_streaming
