@@ -1,0 +1,262 @@
+"""Device-plugin mode with the real kube-scheduler (issue 28, scenario 2).
+
+kube-scheduler runs deploy/'s configuration (the memslice-scheduler profile, leader election in
+memslice-system, the extender over mutual TLS with the certificates `memslice extender-certs` stored as
+deploy/ does) with the memslice-scheduler ServiceAccount's token; the extender runs with its own. Nodes are
+API objects registered as kubelets register them (their own identities), each with 8 GPUs of one of four
+sizes in the memslice.io/gpus annotation the node agent writes and the device plugin's count as capacity.
+Hundreds of pods of mixed sizes: every bound pod is on a GPU of its node with room, no GPU over-committed,
+every binding made by the extender (bind verb; the API server's audit log says who), a pod that fits
+nowhere gets a FailedScheduling event with one line per cause, and preemption by PriorityClass goes through
+the preempt verb.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kube_real import RealCluster, kubelet_token, wait_until
+from prometheus_client import generate_latest
+from test_deploy_render import NAMESPACE, RESOURCE, SCHEDULER_NAME, find, render
+
+from memslice.kube.config import load_api_client
+from memslice.scheduler_extender.app import Config, Extender
+
+pytestmark = pytest.mark.timeout(600)
+NS = "real-sched"
+GIB = 1024
+SIZES_GIB = (16, 24, 40, 80)  # node i has 8 GPUs of SIZES_GIB[i % 4]
+NODES = [f"gpu-{i:02d}" for i in range(20)]
+PREEMPT_NODE = "gpu-20"
+PODS = 520
+SCHEDULER_USER = f"system:serviceaccount:{NAMESPACE}:memslice-scheduler"
+EXTENDER_USER = f"system:serviceaccount:{NAMESPACE}:memslice-extender"
+
+
+def gpus_annotation(node: str, gib: int) -> str:
+    return json.dumps([{"uuid": f"GPU-{node}-{i}", "index": i, "model": f"Sim-{gib}G", "memMiB": gib * GIB,
+                        "numa": 0, "healthy": True} for i in range(8)])
+
+
+def add_gpu_node(cluster: RealCluster, name: str, gib: int, pool: str) -> None:
+    """A node as its kubelet registers it, its GPUs as its node agent publishes them (unit 1 MiB)."""
+    cluster.register_node(name, labels={"memslice-test/pool": pool}, capacity={RESOURCE: str(8 * gib * GIB)})
+    cluster.ok("PATCH", f"/api/v1/nodes/{name}", {"metadata": {"annotations": {
+        "memslice.io/gpus": gpus_annotation(name, gib), "memslice.io/unit-mib": "1"}}}, content_type=
+        "application/merge-patch+json")
+
+
+def pod_body(name: str, mib: int, pool: str, priority: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"schedulerName": SCHEDULER_NAME, "nodeSelector": {"memslice-test/pool": pool},
+                            "containers": [{"name": "main", "image": "cuda",
+                                            "resources": {"limits": {RESOURCE: str(mib)}}}]}
+    if priority:
+        spec["priorityClassName"] = priority
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS}, "spec": spec}
+
+
+def tls_files(cluster: RealCluster, out: Path) -> Path:
+    """`memslice extender-certs` as deploy/'s Job runs it (its ServiceAccount's token), then the two
+    Secrets' files as the extender's and the scheduler's volumes mount them."""
+    kc = cluster.kubeconfig("extender-certs", cluster.token(NAMESPACE, "memslice-extender-certs"))
+    run = subprocess.run([sys.executable, "-m", "memslice", "extender-certs", "--kubeconfig", str(kc)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    for secret in ("memslice-extender-tls", "memslice-scheduler-extender-client"):
+        data = cluster.ok("GET", f"/api/v1/namespaces/{NAMESPACE}/secrets/{secret}")["data"]
+        (out / secret).mkdir(parents=True)
+        for key, value in data.items():
+            (out / secret / key).write_bytes(base64.b64decode(value))
+    return out
+
+
+def scheduler_config(cluster: RealCluster, ext_port: int, tls: Path) -> dict[str, Any]:
+    """deploy/'s KubeSchedulerConfiguration, with what a pod's environment gives it changed: the API
+    server's address (kubeconfig), the extender's address (loopback here; its certificate still checked
+    for the Service's name) and where the client certificate is mounted."""
+    cm = find(render("base"), "ConfigMap", next(o["metadata"]["name"] for o in render("base")
+                                                 if o["metadata"]["name"].startswith("memslice-scheduler-config")))
+    config = yaml.safe_load(cm["data"]["scheduler-config.yaml"])
+    token = cluster.token(NAMESPACE, "memslice-scheduler")
+    config["clientConnection"] = {"kubeconfig": str(cluster.kubeconfig("memslice-scheduler", token))}
+    (ext,) = config["extenders"]
+    host = re.fullmatch(r"https://([^:/]+):8888", ext["urlPrefix"])
+    assert host, ext["urlPrefix"]
+    ext["urlPrefix"] = f"https://127.0.0.1:{ext_port}"
+    client = tls / "memslice-scheduler-extender-client"
+    ext["tlsConfig"] = {"certFile": str(client / "tls.crt"), "keyFile": str(client / "tls.key"),
+                        "caFile": str(client / "ca.crt"), "serverName": host.group(1)}
+    return config
+
+
+class World:
+    def __init__(self, cluster: RealCluster, ext: Extender) -> None:
+        self.cluster, self.ext = cluster, ext
+
+    def pods(self) -> list[dict[str, Any]]:
+        return list(self.cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods?limit=5000")["items"])
+
+    def verb_calls(self, verb: str) -> float:
+        text = generate_latest(self.ext.metrics.registry).decode()
+        return sum(float(m.group(1)) for m in re.finditer(
+            rf'memslice_extender_requests_total{{code="200",verb="{verb}"}} (\S+)', text))
+
+    def create(self, bodies: list[dict[str, Any]]) -> None:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda b: self.cluster.ok("POST", f"/api/v1/namespaces/{NS}/pods", b), bodies))
+
+
+@pytest.fixture(scope="module")
+def world(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    cluster = real_cluster
+    objs = render("base")
+    cluster.apply(sorted(objs, key=lambda o: o["kind"] != "Namespace"))
+    cluster.ensure_namespace(NS)
+    for i, name in enumerate(NODES):
+        add_gpu_node(cluster, name, SIZES_GIB[i % 4], "main")
+    add_gpu_node(cluster, PREEMPT_NODE, 16, "preempt")
+    tls = tls_files(cluster, tmp_path_factory.mktemp("tls"))
+    server = tls / "memslice-extender-tls"
+    api, _ = load_api_client(str(cluster.kubeconfig("sched-extender", cluster.token(NAMESPACE, "memslice-extender"))),
+                             pool_maxsize=16)
+    ext = Extender(api, Config(address="127.0.0.1", port=0, watch_timeout=60, tls_cert_file=str(server / "tls.crt"),
+                               tls_key_file=str(server / "tls.key"), tls_client_ca_file=str(server / "ca.crt"))
+                   ).start()
+    try:
+        assert ext.wait_synced(30), "extender did not sync"
+        assert ext.state.wait_for(lambda s: all(s.view(n) is not None for n in [*NODES, PREEMPT_NODE]), 30)
+        port = int(ext.url.rsplit(":", 1)[1])
+        sched = cluster.start_scheduler(scheduler_config(cluster, port, tls), "memslice-scheduler")
+        world = World(cluster, ext)
+        world.sched = sched  # type: ignore[attr-defined]
+        yield world
+    finally:
+        ext.stop()
+
+
+def settled(world: World, names: set[str]) -> dict[str, dict[str, Any]] | None:
+    """The pods by name once each is bound or marked unschedulable by the scheduler; None before."""
+    pods = {p["metadata"]["name"]: p for p in world.pods() if p["metadata"]["name"] in names}
+    for p in pods.values():
+        if p["spec"].get("nodeName"):
+            continue
+        conds = {c["type"]: c for c in p.get("status", {}).get("conditions", [])}
+        if conds.get("PodScheduled", {}).get("reason") != "Unschedulable":
+            return None
+    return pods if len(pods) == len(names) else None
+
+
+def check_no_overcommit(world: World, pods: list[dict[str, Any]]) -> dict[str, int]:
+    """Every bound pod is on a GPU of its node that holds it; no GPU holds more than it has."""
+    size = {f"GPU-{n}-{g}": SIZES_GIB[i % 4] * GIB for i, n in enumerate(NODES) for g in range(8)}
+    size.update({f"GPU-{PREEMPT_NODE}-{g}": 16 * GIB for g in range(8)})
+    used: dict[str, int] = {}
+    for p in pods:
+        if not p["spec"].get("nodeName") or p["metadata"].get("deletionTimestamp"):
+            continue
+        ann = p["metadata"].get("annotations", {})
+        uuid = ann.get("memslice.io/gpu-uuid")
+        assert uuid, f"{p['metadata']['name']} was bound without the extender's reservation"
+        assert uuid.startswith(f"GPU-{p['spec']['nodeName']}-"), (p["metadata"]["name"], uuid)
+        used[uuid] = used.get(uuid, 0) + sum(json.loads(ann["memslice.io/gpu-mem-mib"]).values())
+    over = {u: (m, size[u]) for u, m in used.items() if m > size[u]}
+    assert not over, f"over-committed GPUs: {over}"
+    return used
+
+
+def test_hundreds_of_pods_through_the_real_scheduler(world: World) -> None:
+    rng = random.Random(28)
+    sizes = [rng.choice((1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 40)) * GIB for _ in range(PODS)]
+    names = {f"p{i:03d}" for i in range(PODS)}
+    start = time.monotonic()
+    world.create([pod_body(f"p{i:03d}", mib, "main") for i, mib in enumerate(sizes)])
+    pods = wait_until("every pod bound or unschedulable", lambda: settled(world, names), 240, 1.0,
+                      world.sched.check_alive)  # type: ignore[attr-defined]
+    elapsed = time.monotonic() - start
+    bound = [p for p in pods.values() if p["spec"].get("nodeName")]
+    used = check_no_overcommit(world, list(pods.values()))
+    total = sum(SIZES_GIB[i % 4] * GIB * 8 for i in range(len(NODES)))
+    fill = sum(used.values()) / total
+    print(f"\n{len(bound)}/{PODS} pods bound in {elapsed:.1f} s; GPU memory {fill:.0%} reserved")
+    assert len(bound) > PODS * 0.8 and fill > 0.85, (len(bound), fill)
+    # every binding is the extender's: the scheduler delegated them all (bindVerb)
+    bindings = {e["user"]["username"] for e in world.cluster.audit(EXTENDER_USER) + world.cluster.audit(
+        SCHEDULER_USER) if e["objectRef"].get("subresource") == "binding" and e["verb"] == "create"}
+    assert bindings == {EXTENDER_USER}
+    assert world.verb_calls("bind") >= len(bound)
+    # a pod that fits nowhere now: its event says why, one line per cause
+    unschedulable = [p for p in pods.values() if not p["spec"].get("nodeName")]
+    assert unschedulable, "the cluster was sized to leave some pods pending"
+    for p in unschedulable[:5]:
+        check_failed_scheduling_event(world, p)
+
+
+def check_failed_scheduling_event(world: World, pod: dict[str, Any]) -> None:
+    name = pod["metadata"]["name"]
+    need = pod["spec"]["containers"][0]["resources"]["limits"][RESOURCE]
+
+    def event() -> str | None:
+        evs = world.cluster.ok("GET", f"/api/v1/namespaces/{NS}/events?fieldSelector=involvedObject.name={name},"
+                                      f"reason=FailedScheduling")["items"]
+        return evs[-1]["message"] if evs else None
+
+    msg = wait_until(f"FailedScheduling event of {name}", event, 30, 0.5)
+    head = msg.split(" preemption:")[0]
+    m = re.fullmatch(r"0/(\d+) nodes are available: (.*)\.", head)
+    assert m, msg
+    groups = re.findall(r"(?:^|, )(\d+) ", m.group(2))
+    # the nodes of the test's pool refuse for at most two causes (GPU too small, no room now); the other
+    # nodes for not matching the pod's selector: at most 4 groups in all, not one per node
+    assert 1 <= len(groups) <= 4, msg
+    assert sum(int(g) for g in groups) == int(m.group(1)), msg
+    assert f"pod needs {need} MiB on one GPU" in msg, msg
+    assert len(msg) < 600, msg
+
+
+def force_delete_terminating(cluster: RealCluster, node: str) -> int:
+    """The kubelet's part of a pod deletion (no containers to stop here): pods on `node` marked for
+    deletion are removed by the node's own identity."""
+    n = 0
+    for p in cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods?fieldSelector=spec.nodeName={node}")["items"]:
+        if p["metadata"].get("deletionTimestamp"):
+            cluster.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{p['metadata']['name']}",
+                            {"gracePeriodSeconds": 0, "preconditions": {"uid": p["metadata"]["uid"]}},
+                            kubelet_token(node))
+            n += 1
+    return n
+
+
+def test_preemption_by_priorityclass_goes_through_the_preempt_verb(world: World) -> None:
+    cluster = world.cluster
+    cluster.apply([{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                    "metadata": {"name": "real-high"}, "value": 1000, "description": "test"}])
+    low = {f"low{g}" for g in range(8)}
+    world.create([pod_body(n, 16 * GIB, "preempt") for n in sorted(low)])
+    pods = wait_until("8 whole-GPU pods bound", lambda: settled(world, low), 120, 0.5)
+    assert all(p["spec"].get("nodeName") == PREEMPT_NODE for p in pods.values())
+    before = world.verb_calls("preempt")
+    world.create([pod_body("urgent", 16 * GIB, "preempt", "real-high")])
+
+    def urgent_bound() -> bool:
+        force_delete_terminating(cluster, PREEMPT_NODE)
+        pod = cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods/urgent")
+        return bool(pod["spec"].get("nodeName"))
+
+    wait_until("the urgent pod bound after preempting one", urgent_bound, 120, 0.5,
+               world.sched.check_alive)  # type: ignore[attr-defined]
+    assert world.verb_calls("preempt") > before
+    left = [p for p in world.pods() if p["metadata"]["name"] in low]
+    assert len(left) == 7, [p["metadata"]["name"] for p in left]
+    check_no_overcommit(world, world.pods())
