@@ -208,7 +208,7 @@ class RealCluster:
 
     def ensure_namespace(self, ns: str) -> None:
         """The namespace and its "default" ServiceAccount (the controller-manager's job in a cluster)."""
-        for path, body in ((f"/api/v1/namespaces", {"metadata": {"name": ns}}),
+        for path, body in (("/api/v1/namespaces", {"metadata": {"name": ns}}),
                            (f"/api/v1/namespaces/{ns}/serviceaccounts", {"metadata": {"name": "default"}})):
             status, out = self.request("POST", path, body)
             assert status in (201, 409), f"POST {path}: {status} {out}"
@@ -217,8 +217,8 @@ class RealCluster:
         """Server-side apply of manifests, in order (what `kubectl apply --server-side` sends)."""
         for obj in objs:
             path = resource_path(obj)
-            self.ok("PATCH", f"{path}?fieldManager=memslice-test&force=true&fieldValidation=Strict", json.dumps(obj).encode(), token,
-                    "application/apply-patch+yaml")
+            self.ok("PATCH", f"{path}?fieldManager=memslice-test&force=true&fieldValidation=Strict",
+                    json.dumps(obj).encode(), token, "application/apply-patch+yaml")
 
     def token(self, namespace: str, sa: str, pod: dict[str, Any] | None = None, seconds: int = 3600) -> str:
         """A ServiceAccount token from the TokenRequest API, bound to `pod` when given (then the API server

@@ -126,7 +126,8 @@ def test_fit_distinguishes_unresolvable_from_failed():
     v = view((8000, 0), (16000, 15000))
     assert decisions.fit(v, 8000).ok
     full = decisions.fit(v, 9000)
-    assert not full.ok and not full.unresolvable and full.reason == "pod needs 9000 MiB on one GPU; no GPU of the node has that much free now"
+    assert not full.ok and not full.unresolvable
+    assert full.reason == "pod needs 9000 MiB on one GPU; no GPU of the node has that much free now"
     never = decisions.fit(v, 20000)
     assert not never.ok and never.unresolvable and "largest healthy GPU here has 16000 MiB" in never.reason
     sick = decisions.fit(view((16000, 0), healthy=(False,)), 1)
