@@ -14,6 +14,7 @@ the preempt verb.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import random
 import re
@@ -40,6 +41,7 @@ GIB = 1024
 SIZES_GIB = (16, 24, 40, 80)  # node i has 8 GPUs of SIZES_GIB[i % 4]
 NODES = [f"gpu-{i:02d}" for i in range(20)]
 PREEMPT_NODE = "gpu-20"
+RESTART_NODES = [f"gpu-{i}" for i in range(21, 24)]  # 3 × 8 × 24 GiB: 144 pods of 4 GiB
 PODS = 520
 SCHEDULER_USER = f"system:serviceaccount:{NAMESPACE}:memslice-scheduler"
 EXTENDER_USER = f"system:serviceaccount:{NAMESPACE}:memslice-extender"
@@ -102,8 +104,16 @@ def scheduler_config(cluster: RealCluster, ext_port: int, tls: Path) -> dict[str
 
 
 class World:
-    def __init__(self, cluster: RealCluster, ext: Extender) -> None:
-        self.cluster, self.ext = cluster, ext
+    def __init__(self, cluster: RealCluster, ext: Extender, ext_config: Config, api: Any) -> None:
+        self.cluster, self.ext, self.ext_config, self.api = cluster, ext, ext_config, api
+
+    def restart_extender(self) -> None:
+        """The extender's pod is replaced: a new process (here: a new Extender) on the same address, its
+        state rebuilt from the API server alone."""
+        port = int(self.ext.url.rsplit(":", 1)[1])
+        self.ext.stop()
+        self.ext = Extender(self.api, dataclasses.replace(self.ext_config, port=port)).start()
+        assert self.ext.wait_synced(30), "restarted extender did not sync"
 
     def pods(self) -> list[dict[str, Any]]:
         return list(self.cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods?limit=5000")["items"])
@@ -127,23 +137,28 @@ def world(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -
     for i, name in enumerate(NODES):
         add_gpu_node(cluster, name, SIZES_GIB[i % 4], "main")
     add_gpu_node(cluster, PREEMPT_NODE, 16, "preempt")
+    for name in RESTART_NODES:
+        add_gpu_node(cluster, name, 24, "restart")
     tls = tls_files(cluster, tmp_path_factory.mktemp("tls"))
     server = tls / "memslice-extender-tls"
     api, _ = load_api_client(str(cluster.kubeconfig("sched-extender", cluster.token(NAMESPACE, "memslice-extender"))),
                              pool_maxsize=16)
-    ext = Extender(api, Config(address="127.0.0.1", port=0, watch_timeout=60, tls_cert_file=str(server / "tls.crt"),
-                               tls_key_file=str(server / "tls.key"), tls_client_ca_file=str(server / "ca.crt"))
-                   ).start()
+    config = Config(address="127.0.0.1", port=0, watch_timeout=60, tls_cert_file=str(server / "tls.crt"),
+                    tls_key_file=str(server / "tls.key"), tls_client_ca_file=str(server / "ca.crt"))
+    world = World(cluster, Extender(api, config).start(), config, api)
+    sched = None
     try:
+        ext = world.ext
         assert ext.wait_synced(30), "extender did not sync"
         assert ext.state.wait_for(lambda s: all(s.view(n) is not None for n in [*NODES, PREEMPT_NODE]), 30)
         port = int(ext.url.rsplit(":", 1)[1])
         sched = cluster.start_scheduler(scheduler_config(cluster, port, tls), "memslice-scheduler")
-        world = World(cluster, ext)
         world.sched = sched  # type: ignore[attr-defined]
         yield world
     finally:
-        ext.stop()
+        if sched is not None:
+            sched.stop()  # this module's scheduler only: the session's API server goes on
+        world.ext.stop()
 
 
 def settled(world: World, names: set[str]) -> dict[str, dict[str, Any]] | None:
@@ -162,6 +177,7 @@ def check_no_overcommit(world: World, pods: list[dict[str, Any]]) -> dict[str, i
     """Every bound pod is on a GPU of its node that holds it; no GPU holds more than it has."""
     size = {f"GPU-{n}-{g}": SIZES_GIB[i % 4] * GIB for i, n in enumerate(NODES) for g in range(8)}
     size.update({f"GPU-{PREEMPT_NODE}-{g}": 16 * GIB for g in range(8)})
+    size.update({f"GPU-{n}-{g}": 24 * GIB for n in RESTART_NODES for g in range(8)})
     used: dict[str, int] = {}
     for p in pods:
         if not p["spec"].get("nodeName") or p["metadata"].get("deletionTimestamp"):
@@ -260,3 +276,19 @@ def test_preemption_by_priorityclass_goes_through_the_preempt_verb(world: World)
     left = [p for p in world.pods() if p["metadata"]["name"] in low]
     assert len(left) == 7, [p["metadata"]["name"] for p in left]
     check_no_overcommit(world, world.pods())
+
+
+def test_extender_restarts_mid_run_and_nothing_is_handed_out_twice(world: World) -> None:
+    """Scenario 5: the extender goes away while pods are being scheduled and comes back with only what the
+    API server holds; the scheduler retries (the extender is not ignorable) and every pod lands once."""
+    names = {f"r{i:03d}" for i in range(150)}  # 6 more than fit: 144 bound, 6 unschedulable
+    world.create([pod_body(n, 4 * GIB, "restart") for n in sorted(names)])
+    wait_until("a first part bound", lambda: sum(1 for p in world.pods() if p["metadata"]["name"] in names
+                                                 and p["spec"].get("nodeName")) >= 20, 120, 0.2)
+    world.restart_extender()
+    pods = wait_until("every restart-pool pod bound or unschedulable", lambda: settled(world, names), 240, 1.0,
+                      world.sched.check_alive)  # type: ignore[attr-defined]
+    bound = [p for p in pods.values() if p["spec"].get("nodeName")]
+    assert len(bound) == 144, len(bound)
+    used = check_no_overcommit(world, list(pods.values()))
+    assert all(used[f"GPU-{n}-{g}"] == 24 * GIB for n in RESTART_NODES for g in range(8)), used
