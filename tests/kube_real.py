@@ -237,12 +237,15 @@ class RealCluster:
         return dict(out["status"]["userInfo"])
 
     def audit(self, user: str) -> list[dict[str, Any]]:
-        """The audit events (ResponseComplete) of requests made as `user`, so far."""
+        """The audit events of requests made as `user`, so far: each request's ResponseComplete, and a watch's
+        ResponseStarted (it completes only when it ends)."""
         out = []
         with self.audit_log.open() as f:
             for line in f:
                 ev = json.loads(line)
-                if ev.get("stage") == "ResponseComplete" and ev["user"].get("username") == user:
+                done = ev.get("stage") == "ResponseComplete" or (ev.get("stage") == "ResponseStarted"
+                                                                 and ev.get("verb") == "watch")
+                if done and ev["user"].get("username") == user:
                     out.append(ev)
         return out
 
