@@ -259,6 +259,12 @@ class RealCluster:
         status, out = self.request("POST", "/api/v1/nodes", node, token)
         assert status in (201, 409), f"node {name} registration: {status} {out}"
         self.publish_capacity(name, capacity or {})
+        # The API server's TaintNodesByCondition admission gave the new node node.kubernetes.io/not-ready; the
+        # controller-manager's node lifecycle controller lifts it once the node reports Ready: here, the admin.
+        node = self.ok("GET", f"/api/v1/nodes/{name}")
+        taints = [t for t in node["spec"].get("taints", []) if t["key"] != "node.kubernetes.io/not-ready"]
+        self.ok("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": taints or None}},
+                content_type="application/merge-patch+json")
         return dict(self.ok("GET", f"/api/v1/nodes/{name}"))
 
     def publish_capacity(self, name: str, extended: dict[str, str]) -> None:
