@@ -33,6 +33,8 @@ BINARY = Path(os.environ.get("MEMSLICE_KUBECLUSTER", ROOT / "build" / "kubeclust
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 ADMIN_TOKEN = "memslice-test-admin-token"
 SCHEDULER_TOKEN = "memslice-test-kube-scheduler-token"  # the cluster's own scheduler: user system:kube-scheduler
+# kube-controller-manager's own identity (as it runs without --use-service-account-credentials)
+CONTROLLER_MANAGER_TOKEN = "memslice-test-kube-controller-manager-token"
 START_TIMEOUT_S = 180.0  # a cold API server on a loaded 2-core machine: ~10-40 s
 # Nodes that may "register" as kubelets do (user system:node:<name>, group system:nodes: the Node authorizer
 # and NodeRestriction apply); their tokens are in the static token file, kubelet_token(name).
@@ -134,7 +136,8 @@ class RealCluster:
         (d / "certs").mkdir(parents=True)
         _rsa_key(d / "sa.key")
         lines = [f'{ADMIN_TOKEN},memslice-test-admin,admin-uid,"system:masters"',
-                 f"{SCHEDULER_TOKEN},system:kube-scheduler,kube-scheduler-uid"]
+                 f"{SCHEDULER_TOKEN},system:kube-scheduler,kube-scheduler-uid",
+                 f"{CONTROLLER_MANAGER_TOKEN},system:kube-controller-manager,kube-controller-manager-uid"]
         lines += [f'{kubelet_token(n)},system:node:{n},node-{n},"system:nodes"' for n in KUBELET_NODES]
         (d / "tokens.csv").write_text("\n".join(lines) + "\n")
         (d / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
@@ -288,8 +291,12 @@ class RealCluster:
         return proc
 
     def start_resourceclaim_controller(self, token: str) -> Proc:
+        """The controller as kube-controller-manager runs it with --use-service-account-credentials: writes
+        with its ServiceAccount's `token`, the shared informers read as system:kube-controller-manager."""
         kc = self.kubeconfig("resourceclaim-controller", token)
-        proc = Proc("resourceclaim-controller", [str(BINARY), "resourceclaim-controller", f"--kubeconfig={kc}"],
+        informers = self.kubeconfig("kube-controller-manager", CONTROLLER_MANAGER_TOKEN)
+        proc = Proc("resourceclaim-controller", [str(BINARY), "resourceclaim-controller", f"--kubeconfig={kc}",
+                                                 f"--informer-kubeconfig={informers}"],
                     self.dir / "resourceclaim-controller.log")
         self.procs.append(proc)
         return proc
