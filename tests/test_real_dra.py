@@ -73,8 +73,20 @@ class Agent:
                "--cdi-dir", str(self.cdi), "--region-root", str(root / "regions"), "--shim-host-dir",
                str(root / "lib"), "--metrics-address", "127.0.0.1", "--metrics-port", "0",
                "--node-name", NODE, "--kubeconfig", str(kubeconfig)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT)
-        self.output = ChildLog(self.proc, root / "agent.log")
+        self.cmd, self.runs = cmd, 0
+        self.launch()
+
+    def launch(self) -> None:
+        self.runs += 1
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env,
+                                     cwd=ROOT)
+        self.output = ChildLog(self.proc, self.root / f"agent-{self.runs}.log")
+
+    def restart(self) -> None:
+        """The agent's pod is replaced (SIGTERM, then a new process); the kubelet stays."""
+        self.proc.terminate()
+        self.proc.wait(20)
+        self.launch()
 
     def alive(self) -> None:
         if self.proc.poll() is not None:
@@ -212,6 +224,16 @@ def test_real_scheduler_allocates_shares_and_the_shim_holds_each_to_its_claim(dr
     finally:
         if tenant is not None:
             tenant.communicate("", timeout=30)
+    # Scenario 5: the agent restarts; the kubelet registers it again and its slice is back; what was prepared
+    # stays prepared (the kubelet calls NodePrepareResources again at its restart: the same devices answer)
+    before = {c["metadata"]["uid"]: list(resp.claims[c["metadata"]["uid"]].devices[0].cdi_device_ids) for c in claims}
+    agent.restart()
+    wait_until("the restarted agent's ResourceSlice", lambda: KubeletApi(cluster, NODE).list("ResourceSlice"), 60,
+               0.5, agent.alive)
+    again = wait_until("NodePrepareResources answered by the restarted agent",
+                       lambda: _prepare_or_none(agent, claims), 60, 0.5, agent.alive)
+    assert agent.runs == 2 and {uid: list(c.devices[0].cdi_device_ids) for uid, c in again.claims.items()} == before
+    assert all(c.error == "" for c in again.claims.values())
     out = agent.kubelet.unprepare(DRIVER, *claims)
     assert all(out.claims[c["metadata"]["uid"]].error == "" for c in claims)
     # every call of this agent (its token names its node) was allowed by deploy/overlays/dra's RBAC and policy
@@ -220,3 +242,13 @@ def test_real_scheduler_allocates_shares_and_the_shim_holds_each_to_its_claim(dr
     assert {(e["verb"], e["objectRef"]["resource"]) for e in calls} >= {("get", "resourceclaims"),
                                                                       ("create", "resourceslices")}
     assert [e["requestURI"] for e in calls if e.get("responseStatus", {}).get("code", 0) >= 400] == []
+
+
+def _prepare_or_none(agent: Agent, claims: list[dict[str, Any]]) -> Any:
+    """NodePrepareResources, or None while the agent's new socket does not answer yet."""
+    import grpc
+
+    try:
+        return agent.kubelet.prepare(DRIVER, *claims)
+    except (grpc.RpcError, AssertionError):
+        return None
