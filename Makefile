@@ -58,7 +58,7 @@ kubecluster: $(KUBECLUSTER)
 $(KUBECLUSTER): $(KUBECLUSTER_SRC)
 	@if command -v go >/dev/null; then \
 	  echo "building $@ (k8s.io/kubernetes; the first build takes a while)"; \
-	  cd tests/kubecluster && GOFLAGS=-mod=readonly go build -trimpath -ldflags='-s -w' -o $(CURDIR)/$@ . ; \
+	  cd tests/kubecluster && GOFLAGS='-mod=readonly -buildvcs=false' go build -trimpath -ldflags='-s -w' -o $(CURDIR)/$@ . ; \
 	else echo "go not found: $@ not built; tests/test_real_*.py will skip"; fi
 
 test: install kubecluster
