@@ -54,7 +54,7 @@ def why_unavailable() -> str | None:
     if BINARY.is_file():
         return None
     if shutil.which("go") is None:
-        return (f"the real control plane needs Go to build {BINARY.relative_to(ROOT)} "
+        return (f"the real control plane needs Go to build {BINARY} "
                 f"(`make kubecluster`); go is not on PATH")
     raise AssertionError(f"{BINARY} is missing: run `make kubecluster` (make test builds it first)")
 
