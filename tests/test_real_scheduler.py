@@ -30,7 +30,7 @@ import pytest
 import yaml
 from kube_real import RealCluster, kubelet_token, wait_until
 from prometheus_client import generate_latest
-from test_deploy_render import NAMESPACE, RESOURCE, SCHEDULER_NAME, find, render
+from test_deploy_render import DEPLOY, NAMESPACE, RESOURCE, SCHEDULER_NAME, find, render
 
 from memslice.kube.config import load_api_client
 from memslice.scheduler_extender.app import Config, Extender
@@ -42,6 +42,7 @@ SIZES_GIB = (16, 24, 40, 80)  # node i has 8 GPUs of SIZES_GIB[i % 4]
 NODES = [f"gpu-{i:02d}" for i in range(20)]
 PREEMPT_NODE = "gpu-20"
 RESTART_NODES = [f"gpu-{i}" for i in range(21, 24)]  # 3 × 8 × 24 GiB: 144 pods of 4 GiB
+JHUB_NODE = "gpu-27"  # 8 × 16 GiB for the JupyterHub profiles' notebooks
 FRAG_NODES = {"gpu-24": 10, "gpu-25": 11, "gpu-26": 12}  # 8 × 16 GiB; one pod of this many GiB per GPU
 PODS = 520
 SCHEDULER_USER = f"system:serviceaccount:{NAMESPACE}:memslice-scheduler"
@@ -142,6 +143,7 @@ def world(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -
         add_gpu_node(cluster, name, 24, "restart")
     for name in FRAG_NODES:
         add_gpu_node(cluster, name, 16, "frag")
+    add_gpu_node(cluster, JHUB_NODE, 16, "jhub")
     tls = tls_files(cluster, tmp_path_factory.mktemp("tls"))
     server = tls / "memslice-extender-tls"
     api, _ = load_api_client(str(cluster.kubeconfig("sched-extender", cluster.token(NAMESPACE, "memslice-extender"))),
@@ -181,7 +183,7 @@ def check_no_overcommit(world: World, pods: list[dict[str, Any]]) -> dict[str, i
     size = {f"GPU-{n}-{g}": SIZES_GIB[i % 4] * GIB for i, n in enumerate(NODES) for g in range(8)}
     size.update({f"GPU-{PREEMPT_NODE}-{g}": 16 * GIB for g in range(8)})
     size.update({f"GPU-{n}-{g}": 24 * GIB for n in RESTART_NODES for g in range(8)})
-    size.update({f"GPU-{n}-{g}": 16 * GIB for n in FRAG_NODES for g in range(8)})
+    size.update({f"GPU-{n}-{g}": 16 * GIB for n in [*FRAG_NODES, JHUB_NODE] for g in range(8)})
     used: dict[str, int] = {}
     for p in pods:
         if not p["spec"].get("nodeName") or p["metadata"].get("deletionTimestamp"):
@@ -312,3 +314,42 @@ def test_extender_restarts_mid_run_and_nothing_is_handed_out_twice(world: World)
     assert len(bound) == 144, len(bound)
     used = check_no_overcommit(world, list(pods.values()))
     assert all(used[f"GPU-{n}-{g}"] == 24 * GIB for n in RESTART_NODES for g in range(8)), used
+
+
+def test_jupyterhub_profiles_give_pods_the_real_scheduler_places_through_memslice(world: World) -> None:
+    """Scenario 4: each profile of deploy/examples/jupyterhub-values.yaml, turned into a pod by KubeSpawner's
+    own make_pod (the traits as KubeSpawner parses them), is placed by the real kube-scheduler through the
+    extender on one GPU with the profile's slice."""
+    import asyncio
+
+    from jupyterhub.traitlets import ByteSpecification
+    from kubernetes_asyncio.client import ApiClient
+    from kubespawner.objects import make_pod
+
+    async def serialized(pod: Any) -> dict[str, Any]:  # as KubeSpawner sends it (its asyncio client)
+        async with ApiClient() as client:
+            return dict(client.sanitize_for_serialization(pod))
+
+    values = yaml.safe_load((DEPLOY / "examples" / "jupyterhub-values.yaml").read_text())
+    wanted: dict[str, int] = {}
+    for profile in values["singleuser"]["profileList"]:
+        o = dict(profile["kubespawner_override"])
+        for trait in ("mem_limit", "mem_guarantee"):
+            if trait in o:
+                o[trait] = ByteSpecification().validate(None, o[trait])
+        name = f"jupyter-{profile['slug']}"
+        pod = make_pod(name=name, cmd=["jupyterhub-singleuser"], port=8888, node_selector={
+            "memslice-test/pool": "jhub"}, **o)
+        body = asyncio.run(serialized(pod))
+        assert body["spec"]["schedulerName"] == SCHEDULER_NAME
+        body["metadata"]["namespace"] = NS
+        world.cluster.ok("POST", f"/api/v1/namespaces/{NS}/pods", body)
+        wanted[name] = int(profile["kubespawner_override"]["extra_resource_limits"][RESOURCE])
+    assert sorted(wanted.values()) == [4096, 8192, 16384]
+    pods = wait_until("the notebooks bound", lambda: settled(world, set(wanted)), 60, 0.5,
+                      world.sched.check_alive)  # type: ignore[attr-defined]
+    for name, mib in wanted.items():
+        pod = pods[name]
+        assert pod["spec"].get("nodeName") == JHUB_NODE, pod.get("status")
+        assert json.loads(pod["metadata"]["annotations"]["memslice.io/gpu-mem-mib"]) == {"notebook": mib}
+    check_no_overcommit(world, list(pods.values()))
