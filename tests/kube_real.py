@@ -270,15 +270,18 @@ class RealCluster:
                 content_type="application/merge-patch+json")
         return dict(self.ok("GET", f"/api/v1/nodes/{name}"))
 
-    def publish_capacity(self, name: str, extended: dict[str, str]) -> None:
-        """The kubelet's node status: its CPU/memory/pods and the device plugins' resources (capacity:
-        all devices; allocatable: the healthy ones; here equal), with the Ready condition."""
+    def publish_capacity(self, name: str, extended: dict[str, str],
+                         allocatable: dict[str, str] | None = None) -> None:
+        """The kubelet's node status: its CPU/memory/pods and the device plugins' resources (capacity: all
+        devices a plugin lists; allocatable: its healthy ones, `allocatable`, the same when not given), with
+        the Ready condition (pkg/kubelet/nodestatus: MachineInfo, ReadyCondition)."""
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        res = {"cpu": "64", "memory": "512Gi", "pods": "110", **extended}
+        base = {"cpu": "64", "memory": "512Gi", "pods": "110"}
         cond = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting "
                 "ready status", "lastHeartbeatTime": now, "lastTransitionTime": now}
-        self.ok("PATCH", f"/api/v1/nodes/{name}/status",
-                {"status": {"capacity": res, "allocatable": res, "conditions": [cond]}}, kubelet_token(name),
+        status = {"capacity": {**base, **extended}, "allocatable": {**base, **(allocatable or extended)},
+                  "conditions": [cond]}
+        self.ok("PATCH", f"/api/v1/nodes/{name}/status", {"status": status}, kubelet_token(name),
                 "application/strategic-merge-patch+json")
 
     # -- more components -------------------------------------------------------------------------------

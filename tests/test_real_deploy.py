@@ -80,7 +80,8 @@ def agent(real_cluster: RealCluster, base: list[dict[str, Any]]) -> Iterator[Gpu
     try:
         node.kubelet.wait_registered(RESOURCE, timeout=30)
         # the kubelet publishes the device plugin's devices as the node's capacity
-        real_cluster.publish_capacity("real-a", {RESOURCE: str(node.kubelet.capacity(RESOURCE))})
+        real_cluster.publish_capacity("real-a", {RESOURCE: str(node.kubelet.capacity(RESOURCE))},
+                                      {RESOURCE: str(node.kubelet.allocatable(RESOURCE))})
         yield node
     finally:
         node.stop()
