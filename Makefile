@@ -18,7 +18,7 @@ NAMEIDS_SAN = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-s
               -Wall -Wextra -Werror -Wmissing-prototypes -shared -fPIC
 SAN_TESTS  = tests/test_shim_kinds.py tests/test_shim_unseen.py tests/test_shim_routes.py tests/test_oversubscribe.py tests/test_shim_faults.py tests/test_sim_copies.py tests/test_elastic_gate.py tests/test_elastic_drain.py
 
-.PHONY: install demo test gpu-check lint native protos clean sanitize typecheck
+.PHONY: install demo test gpu-check lint native protos clean sanitize typecheck kubecluster
 install: $(STAMP)
 
 $(STAMP): $(SOURCES)
@@ -48,7 +48,20 @@ typecheck: install
 	for d in plugin scheduler_extender interposer proto; do ln -s ../../../$$d $(TC)/$$d; done
 	$(VENV)/bin/mypy
 
-test: install
+# The real control plane for tests/test_real_*.py (tests/kube_real.py): kube-apiserver (with an embedded etcd),
+# kube-scheduler and the resourceclaim controller from k8s.io/kubernetes, one binary (tests/kubecluster).
+# `go build` fetches the modules go.sum pins (Go module proxy) and caches them and the build (~/go, ~/.cache).
+# Without Go it is not built, and those tests skip, saying so.
+KUBECLUSTER     = build/kubecluster
+KUBECLUSTER_SRC = $(wildcard tests/kubecluster/*.go) tests/kubecluster/go.mod tests/kubecluster/go.sum
+kubecluster: $(KUBECLUSTER)
+$(KUBECLUSTER): $(KUBECLUSTER_SRC)
+	@if command -v go >/dev/null; then \
+	  echo "building $@ (k8s.io/kubernetes; the first build takes a while)"; \
+	  cd tests/kubecluster && GOFLAGS='-mod=readonly -buildvcs=false' go build -trimpath -ldflags='-s -w' -o $(CURDIR)/$@ . ; \
+	else echo "go not found: $@ not built; tests/test_real_*.py will skip"; fi
+
+test: install kubecluster
 	$(VENV)/bin/ruff check .
 	$(MAKE) typecheck
 	$(MAKE) -C interposer check

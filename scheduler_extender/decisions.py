@@ -105,14 +105,20 @@ def _not_placeable(view: NodeView, need_mib: int) -> Fit | None:
 def _no_room(view: NodeView, need_mib: int) -> Fit | None:
     """Why the pod does not fit now (other pods hold the room); None when it fits."""
     if view.max_free_mib < need_mib:
-        best = view.most_free
-        assert best is not None  # a healthy GPU exists (_not_placeable)
-        return Fit(False, False, f"pod needs {need_mib} MiB on one GPU; the most free is "
-                                 f"{max(best.free_mib, 0)} MiB (GPU {best.index})")
+        return Fit(False, False, no_room_reason(need_mib))
     if view.total_free_mib - view.unplaced_mib < need_mib:
-        return Fit(False, False, f"pod needs {need_mib} MiB; {view.unplaced_mib} MiB of the node's free "
-                                 f"memory is held by pods bound without the extender (GPU unknown)")
+        return Fit(False, False, f"pod needs {need_mib} MiB; the node's free GPU memory is held by pods bound "
+                                 f"without the extender (GPU unknown)")
     return None
+
+
+# Refusal texts are one per cause, the same on every node that refuses for that cause: kube-scheduler's
+# FailedScheduling event groups nodes by their text ("0/20 nodes are available: 14 <text>, 6 <text>."), so a
+# per-node number (this node's most free GPU, its index) would give one line per node instead of one per cause.
+# The numbers kept are the pod's and those shared by many nodes (a GPU model's size, the --max-limit-ratio).
+def no_room_reason(need_mib: int) -> str:
+    """Why a node whose GPUs are big enough does not take the pod now."""
+    return f"pod needs {need_mib} MiB on one GPU; no GPU of the node has that much free now"
 
 
 def _capped_fit(view: NodeView, need_mib: int, limit: LimitNeed) -> tuple[Fit, list[GpuRow]]:

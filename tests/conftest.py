@@ -189,3 +189,16 @@ def proc_lookup(lib: Any) -> tuple[Callable[..., tuple[int, int | None, int]], C
         return int(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0)
 
     return look, addr
+
+
+@pytest.fixture(scope="session")
+def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The real kube-apiserver (tests/kube_real.py), one for the whole session; tests keep apart by names.
+    Skips only where Go is missing (the binary cannot be built); with Go, a missing binary fails."""
+    import kube_real
+
+    why = kube_real.why_unavailable()
+    if why:
+        pytest.skip(why)
+    with kube_real.running(tmp_path_factory.mktemp("kube")) as cluster:
+        yield cluster

@@ -126,7 +126,8 @@ def test_fit_distinguishes_unresolvable_from_failed():
     v = view((8000, 0), (16000, 15000))
     assert decisions.fit(v, 8000).ok
     full = decisions.fit(v, 9000)
-    assert not full.ok and not full.unresolvable and "most free is 8000 MiB" in full.reason
+    assert not full.ok and not full.unresolvable
+    assert full.reason == "pod needs 9000 MiB on one GPU; no GPU of the node has that much free now"
     never = decisions.fit(v, 20000)
     assert not never.ok and never.unresolvable and "largest healthy GPU here has 16000 MiB" in never.reason
     sick = decisions.fit(view((16000, 0), healthy=(False,)), 1)
@@ -134,6 +135,15 @@ def test_fit_distinguishes_unresolvable_from_failed():
     # memory of pods bound without the extender (GPU unknown) is subtracted from the node's total
     assert not decisions.fit(view((8000, 0), (8000, 0), unplaced=12000), 6000).ok
     assert decisions.fit(view((8000, 0), (8000, 0), unplaced=10000), 6000).ok
+
+
+def test_a_cause_has_one_text_on_every_node():
+    """kube-scheduler groups FailedScheduling by text: nodes refusing for one cause must say the same."""
+    fulls = [view((8000, 7000), (16000, 15000)), view((24000, 23000)), view((16000, 12500), (16000, 16000))]
+    assert len({decisions.fit(v, 4000).reason for v in fulls}) == 1
+    held = [view((8000, 0), (8000, 0), unplaced=12000), view((8000, 0), (8000, 0), unplaced=11000)]
+    assert len({decisions.fit(v, 6000).reason for v in held}) == 1
+    assert "held by pods bound without the extender" in decisions.fit(held[0], 6000).reason
 
 
 def test_binpack_and_spread_choose_opposite_gpus():

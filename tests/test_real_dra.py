@@ -1,0 +1,254 @@
+"""DRA mode with the real kube-scheduler (issue 28, scenario 3).
+
+deploy/overlays/dra on the real API server; the node agent (`--kubelet-api dra`, on a simulated node) runs
+with its pod-bound ServiceAccount token and publishes its ResourceSlice through the API server's validation
+and the overlay's admission policy; the kube-controller-manager's resourceclaim controller makes each pod's
+ResourceClaim from deploy/'s ResourceClaimTemplate; the real kube-scheduler (default profile; DRA consumable
+capacity is on by default in 1.36+) allocates several claims on one GPU; our kubelet DRA stand-in calls
+NodePrepareResources with the claim as allocated, and the shim's quota in the prepared container is the
+claim's consumed capacity. A pod whose claim does not fit is left Pending by the scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ChildLog
+from kube_real import SCHEDULER_TOKEN, RealCluster, kubelet_token, wait_until
+from kubelet_dra_standin import KUBELET_SERVICES, KubeletDraStandin
+from test_deploy_render import DEPLOY, NAMESPACE, load_yaml
+from test_dra_node import CDI_KIND, DRIVER, to_host
+from test_e2e_cluster import CONTEXT_RESERVE_MIB, TENANT
+from test_real_deploy import deploy, node_agent_token
+
+from memslice.paths import lib_paths
+
+pytestmark = pytest.mark.timeout(600)
+ROOT = Path(__file__).resolve().parent.parent
+NS = "real-dra"
+NODE = "dra-00"
+GPUS = "16GiB,16GiB"  # room for 8 claims of 4 GiB: 4 on each GPU
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+
+
+class KubeletApi:
+    """What the kubelet stand-in asks of the API server, as the kubelet does: its node's ResourceSlices,
+    with the node's own identity (the Node authorizer)."""
+
+    def __init__(self, cluster: RealCluster, node: str) -> None:
+        self.cluster, self.node = cluster, node
+
+    def list(self, kind: str) -> list[dict[str, Any]]:
+        assert kind == "ResourceSlice"
+        return list(self.cluster.ok("GET", f"{SLICES}?fieldSelector=spec.nodeName={self.node}",
+                                    token=kubelet_token(self.node))["items"])
+
+    def delete(self, kind: str, namespace: str | None, name: str) -> None:
+        assert kind == "ResourceSlice" and namespace is None
+        self.cluster.ok("DELETE", f"{SLICES}/{name}", token=kubelet_token(self.node))
+
+
+class Agent:
+    """`memslice node-agent --kubelet-api dra` on a simulated node, with the kubelet's DRA stand-in."""
+
+    def __init__(self, cluster: RealCluster, root: Path) -> None:
+        self.root = root
+        self.cdi = root / "cdi"
+        self.kubelet = KubeletDraStandin(root / "registry", KUBELET_SERVICES, KubeletApi(cluster, NODE), NODE).start()
+        kubeconfig = cluster.kubeconfig("dra-agent", node_agent_token(cluster, NODE))
+        self.env = {k: v for k, v in os.environ.items()
+                    if not k.startswith("MEMSLICE_") and k not in ("KUBERNETES_SERVICE_HOST", "NODE_NAME")}
+        self.env["MEMSLICE_SIM_STATE"] = str(root / "sim.state")
+        cmd = [sys.executable, "-m", "memslice", "node-agent", "--kubelet-api", "dra", "--simulate", GPUS,
+               "--plugins-registry-dir", str(root / "registry"), "--kubelet-plugins-dir", str(root / "plugins"),
+               "--cdi-dir", str(self.cdi), "--region-root", str(root / "regions"), "--shim-host-dir",
+               str(root / "lib"), "--metrics-address", "127.0.0.1", "--metrics-port", "0",
+               "--node-name", NODE, "--kubeconfig", str(kubeconfig)]
+        self.cmd, self.runs = cmd, 0
+        self.launch()
+
+    def launch(self) -> None:
+        self.runs += 1
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env,
+                                     cwd=ROOT)
+        self.output = ChildLog(self.proc, self.root / f"agent-{self.runs}.log")
+
+    def restart(self) -> None:
+        """The agent's pod is replaced (SIGTERM, then a new process); the kubelet stays."""
+        self.proc.terminate()
+        self.proc.wait(20)
+        self.launch()
+
+    def alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"node agent exited {self.proc.returncode}:\n{self.output.text()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.kubelet.stop()
+
+    def container_env(self, spec: dict[str, Any], device: str) -> dict[str, str]:
+        """A container's environment with CDI device `device` applied (as in tests/test_dra_node.py)."""
+        edits = next(d for d in spec["devices"] if d["name"] == device)["containerEdits"]
+        mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
+        env = {k: v for k, v in self.env.items() if not k.startswith("MEMSLICE_")}
+        for kv in edits["env"]:
+            k, v = kv.split("=", 1)
+            env[k] = to_host(v, mounts)
+        preload = Path(mounts["/etc/ld.so.preload"]).read_text().split()
+        env["LD_PRELOAD"] = ":".join(mounts[p] for p in preload)
+        return env
+
+
+@pytest.fixture(scope="module")
+def dra(real_cluster: RealCluster) -> Iterator[tuple[RealCluster, Agent]]:
+    cluster = real_cluster
+    lib_paths()
+    deploy(cluster, "overlays/dra")
+    cluster.ensure_namespace(NS)
+    cluster.register_node(NODE, labels={"memslice-test/pool": "dra"})
+    (tmpl,) = load_yaml(DEPLOY / "overlays" / "dra" / "examples" / "resourceclaimtemplate.yaml")
+    tmpl["metadata"]["namespace"] = NS
+    cluster.apply([tmpl])
+    # the resourceclaim controller, as kube-controller-manager runs it: its own ServiceAccount in kube-system
+    status, out = cluster.request("POST", "/api/v1/namespaces/kube-system/serviceaccounts",
+                                  {"metadata": {"name": "resource-claim-controller"}})
+    assert status in (201, 409), out
+    controller = cluster.start_resourceclaim_controller(cluster.token("kube-system", "resource-claim-controller"))
+    sched = cluster.start_scheduler({
+        "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": str(cluster.kubeconfig("kube-scheduler", SCHEDULER_TOKEN))},
+        "leaderElection": {"leaderElect": False}}, "kube-scheduler")
+    root = Path(tempfile.mkdtemp(prefix="ms-rdra-", dir="/tmp"))  # short: Unix socket paths
+    agent = Agent(cluster, root)
+    try:
+        agent.kubelet.wait_registered(DRIVER, 60)
+        wait_until("the agent's ResourceSlice", lambda: KubeletApi(cluster, NODE).list("ResourceSlice"), 60, 0.5,
+                   agent.alive)
+        yield cluster, agent
+    finally:
+        agent.stop()
+        for p in (sched, controller):
+            p.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def notebook(name: str) -> dict[str, Any]:
+    (pod,) = load_yaml(DEPLOY / "overlays" / "dra" / "examples" / "notebook.yaml")
+    pod["metadata"] = {"name": name, "namespace": NS}
+    pod["spec"]["nodeSelector"] = {"memslice-test/pool": "dra"}
+    return pod
+
+
+def claim_of(cluster: RealCluster, pod: dict[str, Any]) -> dict[str, Any]:
+    [st] = pod["status"]["resourceClaimStatuses"]
+    return dict(cluster.ok("GET", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/{st['resourceClaimName']}"))
+
+
+def test_real_scheduler_allocates_shares_and_the_shim_holds_each_to_its_claim(dra) -> None:
+    cluster, agent = dra
+    [sl] = KubeletApi(cluster, NODE).list("ResourceSlice")
+    assert [d["capacity"]["memory"]["value"] for d in sl["spec"]["devices"]] == ["16Gi", "16Gi"]
+    names = [f"nb{i}" for i in range(9)]
+    for n in names:
+        cluster.ok("POST", f"/api/v1/namespaces/{NS}/pods", notebook(n))
+
+    def placed() -> dict[str, dict[str, Any]] | None:
+        pods = {p["metadata"]["name"]: p for p in cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods")["items"]}
+        bound = {n: p for n, p in pods.items() if p["spec"].get("nodeName")}
+        pending = [p for n, p in pods.items() if n not in bound and any(
+            c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+            for c in p.get("status", {}).get("conditions", []))]
+        return pods if len(bound) == 8 and len(pending) == 1 else None
+
+    pods = wait_until("8 notebooks bound and one unschedulable", placed, 120, 0.5, agent.alive)
+    [left] = [p for p in pods.values() if not p["spec"].get("nodeName")]
+    per_device: dict[str, int] = {}
+    claims = []
+    for p in pods.values():
+        if p is left:
+            continue
+        claim = claim_of(cluster, p)
+        [res] = claim["status"]["allocation"]["devices"]["results"]
+        assert res["driver"] == DRIVER and res["pool"] == NODE and res["consumedCapacity"]["memory"] == "4Gi"
+        assert claim["status"]["reservedFor"][0]["name"] == p["metadata"]["name"]
+        per_device[res["device"]] = per_device.get(res["device"], 0) + 1
+        claims.append(claim)
+    assert sorted(per_device.values()) == [4, 4], per_device  # several claims on one GPU, none over
+    evs = cluster.ok("GET", f"/api/v1/namespaces/{NS}/events?fieldSelector=involvedObject.name="
+                            f"{left['metadata']['name']},reason=FailedScheduling")["items"]
+    assert evs and "cannot allocate all claims" in evs[-1]["message"], evs
+
+    # the kubelet prepares the claims as allocated; the agent reads each with its own token
+    resp = agent.kubelet.prepare(DRIVER, *claims)
+    tenant = None
+    try:
+        for claim in claims:
+            uid = claim["metadata"]["uid"]
+            entry = resp.claims[uid]
+            assert entry.error == "", entry.error
+            [device] = entry.devices
+            [res] = claim["status"]["allocation"]["devices"]["results"]
+            share = res["shareID"]
+            assert (device.pool_name, device.device_name) == (NODE, res["device"])
+            assert list(device.cdi_device_ids) == [f"{CDI_KIND}={uid}-{share}"]
+            spec = json.loads((agent.cdi / f"memslice.io-{uid}.json").read_text())
+            env = agent.container_env(spec, f"{uid}-{share}")
+            assert env["MEMSLICE_GPU_MEM_LIMIT"] == "4096"  # the claim's consumedCapacity, in MiB
+        # one container's process on the simulated GPU: held to the claim's 4 GiB by the shim
+        claim = claims[0]
+        uid, share = claim["metadata"]["uid"], claim["status"]["allocation"]["devices"]["results"][0]["shareID"]
+        spec = json.loads((agent.cdi / f"memslice.io-{uid}.json").read_text())
+        tenant = subprocess.Popen([sys.executable, "-c", TENANT], env=agent.container_env(spec, f"{uid}-{share}"),
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = tenant.stdout.readline() if tenant.stdout else ""
+        assert line, tenant.stderr.read() if tenant.stderr and tenant.poll() is not None else "no output"
+        report = json.loads(line)
+        assert report["refused_with"] == 2, report
+        assert 4096 - 256 < report["allocated_mib"] + CONTEXT_RESERVE_MIB <= 4096, report
+    finally:
+        if tenant is not None:
+            tenant.communicate("", timeout=30)
+    # Scenario 5: the agent restarts; the kubelet registers it again and its slice is back; what was prepared
+    # stays prepared (the kubelet calls NodePrepareResources again at its restart: the same devices answer)
+    before = {c["metadata"]["uid"]: list(resp.claims[c["metadata"]["uid"]].devices[0].cdi_device_ids) for c in claims}
+    agent.restart()
+    wait_until("the restarted agent's ResourceSlice", lambda: KubeletApi(cluster, NODE).list("ResourceSlice"), 60,
+               0.5, agent.alive)
+    again = wait_until("NodePrepareResources answered by the restarted agent",
+                       lambda: _prepare_or_none(agent, claims), 60, 0.5, agent.alive)
+    assert agent.runs == 2 and {uid: list(c.devices[0].cdi_device_ids) for uid, c in again.claims.items()} == before
+    assert all(c.error == "" for c in again.claims.values())
+    out = agent.kubelet.unprepare(DRIVER, *claims)
+    assert all(out.claims[c["metadata"]["uid"]].error == "" for c in claims)
+    # every call of this agent (its token names its node) was allowed by deploy/overlays/dra's RBAC and policy
+    calls = [e for e in cluster.audit(f"system:serviceaccount:{NAMESPACE}:memslice-node-agent")
+             if e["user"].get("extra", {}).get("authentication.kubernetes.io/node-name") == [NODE]]
+    assert {(e["verb"], e["objectRef"]["resource"]) for e in calls} >= {("get", "resourceclaims"),
+                                                                      ("create", "resourceslices")}
+    assert [e["requestURI"] for e in calls if e.get("responseStatus", {}).get("code", 0) >= 400] == []
+
+
+def _prepare_or_none(agent: Agent, claims: list[dict[str, Any]]) -> Any:
+    """NodePrepareResources, or None while the agent's new socket does not answer yet."""
+    import grpc
+
+    try:
+        return agent.kubelet.prepare(DRIVER, *claims)
+    except (grpc.RpcError, AssertionError):
+        return None
