@@ -14,10 +14,11 @@ took ~1 s of CPU and set off full collections while the verbs were serving (issu
 written as text straight from the views' plain tuples (the same exposition lines prometheus_client writes:
 labels sorted, values as Go floats, label values escaped), and the text is kept until the state's generation
 changes (a scrape of an idle cluster is a lookup). What is kept is one bytes object (~6.5 MiB at 5,000 × 8).
-While the cluster changes (every bind does), the text is rendered again at most once per ten times its CPU
-cost (memslice.lean_http.RenderCache; ~0.1 s at 5,000 × 8, so ≤ 1 s stale), for all scrapers together: 20
-scrapers raised filter p50 from 11 to 104 ms when each rendered its own (issue 25). The other families are
-small and written fresh at each scrape; the page is sent as parts, never joined into one copy.
+While the cluster changes (every bind does), renders are spaced by ten times their CPU cost
+(memslice.lean_http.RenderCache; ~0.1 s at 5,000 × 8, so a scrape may wait ~1 s) and one serves every
+scraper that arrived before it began: 20 scrapers raised filter p50 from 11 to 104 ms when each rendered its
+own (issue 25). The other families are small and written fresh at each scrape; the page is sent as parts,
+never joined into one copy.
 """
 
 from __future__ import annotations
@@ -112,17 +113,21 @@ class Metrics:
         self.scrapes = RenderCache(lambda: gpu_text(self.state.snapshot()[1]), key=lambda: self.state.snapshot()[0],
                                    key_complete=True, max_scrapes=MAX_SCRAPES)
 
-    def gpu_text(self) -> bytes:
-        """gpu_text() of the views, shared by scrapers (see the module docstring)."""
+    def gpu_text(self) -> bytes | None:
+        """gpu_text() of the views, shared by scrapers (see the module docstring); None when it could not be
+        had within RenderCache.WAIT_S."""
         return self.scrapes.get()
 
-    def page(self) -> tuple[list[bytes], str]:
-        """The /metrics page as parts to send one after the other, and its content type."""
+    def page(self) -> tuple[list[bytes], str] | None:
+        """The /metrics page as parts to send one after the other, and its content type; None as gpu_text."""
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-        return [generate_latest(self.registry), self.gpu_text()], CONTENT_TYPE_LATEST
+        gpus = self.gpu_text()
+        return None if gpus is None else ([generate_latest(self.registry), gpus], CONTENT_TYPE_LATEST)
 
     def render(self) -> tuple[bytes, str]:
         """The page as one bytes object (tests, tools)."""
-        parts, ctype = self.page()
-        return b"".join(parts), ctype
+        page = self.page()
+        if page is None:
+            raise TimeoutError("the per-GPU metrics could not be rendered in time")
+        return b"".join(page[0]), page[1]

@@ -21,8 +21,8 @@ Every port has memslice.lean_http's bounds (issue 25): the request head at most 
 handshake (5 s), the idle wait (30 s), the head (5 s from its first byte) and the answer, and a cap on
 connections: VERBS_LIMITS on the verbs port (kube-scheduler's parallel binds come from one peer), the
 defaults on the health port; one over the cap is refused in the accept loop (503, or closed under TLS)
-without a thread. /metrics is rendered at most once per cost window for all its scrapers (Metrics.page),
-and at most MAX_SCRAPES are answered at once (503 beyond), so scraping cannot take the verbs' CPU.
+without a thread. /metrics renders are spaced by ten times their cost, one for all waiting scrapers
+(Metrics.page), and at most MAX_SCRAPES are answered at once (503 beyond): scraping cannot take the verbs' CPU.
 TLS (kube-scheduler's `enableHTTPS`): the handshake runs in the connection's thread, not in accept().
 With a client CA, a client without a certificate signed by it fails the handshake (CERT_REQUIRED).
 A health-only server (--health-port) answers GET /healthz /readyz /metrics and nothing else.
@@ -239,8 +239,11 @@ class _Handler(LeanRequestHandler):
             self.close_connection = True
             return self._send(503, b"too many scrapes in progress; try again later\n", "text/plain")
         try:
-            data, ctype = self.server.metrics.page()
-            self._send(200, data, ctype)
+            page = self.server.metrics.page()
+            if page is None:
+                self.close_connection = True
+                return self._send(503, b"metrics are being rendered for others; try again\n", "text/plain")
+            self._send(200, page[0], page[1])
         finally:
             scrapes.release()
 

@@ -404,45 +404,61 @@ Render = Callable[[], bytes]
 
 
 class RenderCache:
-    """A rendered answer (a /metrics page) shared by its scrapers. Rendered by one scraper while the others
-    wait for it and take its text; again only once the last render is older than COST_FACTOR times what it
-    cost in CPU (so scraping costs at most about 1/(COST_FACTOR+1) of a CPU however many scrape, and a small
-    page is fresh within milliseconds), and at once when `key()` changed, unless `key_complete` (the key is
-    all the page depends on: then an unchanged key keeps the text however old, and a changed one waits for
-    the cost window). At most `max_scrapes` answers in progress at once: `acquire` says no to one more (the
-    caller answers 503)."""
+    """A rendered answer (a /metrics page) shared by its scrapers, never older than the scrape that gets it:
+    a scrape is answered by a render that began after it arrived (or, when `key_complete` says the key is
+    all the page depends on, by the last one if `key()` is unchanged). Renders are spaced: one begins at the
+    earliest COST_FACTOR times the CPU the previous took after that one ended (the scrapers that arrive
+    meanwhile wait for it, together), so scraping costs at most about 1/(COST_FACTOR+1) of a CPU however
+    many scrape and however often, and a small page waits milliseconds. At most `max_scrapes` answers are in
+    progress at once: `acquire` says no to one more (the caller answers 503); a scrape that cannot get its
+    render within WAIT_S gets None (503 too)."""
 
     COST_FACTOR = 10.0
-    MAX_AGE_S = 15.0  # cap on the window of a costly render (half the usual scrape interval)
+    MAX_SPACING_S = 5.0  # cap on the spacing after a costly render
+    WAIT_S = 20.0  # the longest a scrape waits for its render (Prometheus' scrape timeout is 10 s by default)
 
     def __init__(self, render: Render, key: Callable[[], object] = lambda: None, key_complete: bool = False,
                  max_scrapes: int = 4, clock: Callable[[], float] = time.monotonic) -> None:
         self._render, self._key, self._clock, self.key_complete = render, key, clock, key_complete
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(max_scrapes)
-        self._cached: tuple[object, float, float, bytes] | None = None  # (key, rendered at, CPU s, text)
+        self._pause = threading.Event()  # never set: a bounded wait that is not a sleep
+        # (key, render began at, render ended at, its CPU seconds, text)
+        self._cached: tuple[object, float, float, float, bytes] | None = None
         self.renders = 0
 
-    def fresh(self, key: object, now: float) -> bool:
-        """Whether the cached text may answer a scrape at `now`, the state's key being `key`."""
+    def reusable(self, arrived: float, key: object) -> bool:
+        """Whether the cached page answers a scrape that arrived at `arrived`, the state's key being `key`."""
         if self._cached is None:
             return False
-        ckey, at, cost, _ = self._cached
-        in_window = now - at < min(self.MAX_AGE_S, self.COST_FACTOR * cost)
-        if self.key_complete:
-            return ckey == key or in_window
-        return ckey == key and in_window
+        ckey, began, _, _, _ = self._cached
+        return began >= arrived or (self.key_complete and ckey == key)
 
-    def get(self) -> bytes:
-        with self._lock:
-            key, now = self._key(), self._clock()
-            if not self.fresh(key, now):
-                t0 = time.thread_time()
+    def next_render_at(self) -> float:
+        """The earliest a render may begin (the previous one's spacing)."""
+        if self._cached is None:
+            return 0.0
+        _, _, ended, cost, _ = self._cached
+        return ended + min(self.MAX_SPACING_S, self.COST_FACTOR * cost)
+
+    def get(self) -> bytes | None:
+        """The page for a scrape arriving now, or None when it could not be had within WAIT_S."""
+        arrived = self._clock()
+        if not self._lock.acquire(timeout=self.WAIT_S):
+            return None
+        try:
+            key = self._key()
+            if not self.reusable(arrived, key):
+                self._pause.wait(max(0.0, self.next_render_at() - self._clock()))
+                began, t0 = self._clock(), time.thread_time()
+                key = self._key()
                 text = self._render()
-                self._cached = (key, self._clock(), time.thread_time() - t0, text)
+                self._cached = (key, began, self._clock(), time.thread_time() - t0, text)
                 self.renders += 1
             assert self._cached is not None
-            return self._cached[3]
+            return self._cached[4]
+        finally:
+            self._lock.release()
 
     def acquire(self) -> bool:
         """One answer slot, without waiting; release() it after the answer."""
