@@ -322,7 +322,7 @@ class LeanRequestHandler(BaseHTTPRequestHandler):
             if total > cap:
                 self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG if len(lines) == 1
                                 else HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
-                                f"request head over {cap} bytes")
+                                explain=f"the request head is over {cap} bytes")
             return None
         return lines
 
