@@ -249,7 +249,8 @@ def test_idle_connections_cost_no_thread_beyond_the_caps(extender: Extender, age
         finally:
             for s in socks:
                 s.close()
-        wait_until(lambda: status(pid)["Threads"] <= before["Threads"] + 2, 10, f"{name}: threads back")
+        wait_until(lambda pid=pid, before=before: status(pid)["Threads"] <= before["Threads"] + 2, 10,
+                   f"{name}: threads back")
         serves()  # the caps are free again
 
 
