@@ -216,7 +216,7 @@ class BoundedHTTPServer(ThreadingHTTPServer):
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
-            super().process_request_thread(request, client_address)  # type: ignore[misc]  # ThreadingMixIn's
+            super().process_request_thread(request, client_address)
         finally:
             peer = str(client_address[0]) if isinstance(client_address, tuple) else ""
             self._release(request, peer)
@@ -361,7 +361,7 @@ class LeanRequestHandler(BaseHTTPRequestHandler):
     def _stdlib_parse(self) -> bool:
         """The stdlib's parse_request on the head already read (its header parser reads from memory)."""
         rfile = self.rfile
-        self.rfile = io.BytesIO(b"".join(self._head))  # type: ignore[assignment]
+        self.rfile = io.BytesIO(b"".join(self._head))
         try:
             ok = super().parse_request()
         finally:
