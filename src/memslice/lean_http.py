@@ -12,8 +12,9 @@ The framing checks below would be needed with either (the stdlib takes the first
 fields). This class keeps the stdlib server (threads, keep-alive, TLS wrapping, error pages) and changes
 only these things:
 - `parse_request`: a fast path for the usual request (`METHOD /path HTTP/1.1` and plain headers);
-  anything else (other versions, odd request lines) takes the stdlib path unchanged. Limits are the
-  stdlib's: at most 100 header lines of at most 64 KiB (431 beyond); folded lines get 400.
+  anything else (other versions, odd request lines) takes the stdlib path. Both parse the head that
+  `handle_one_request` read whole, at most MAX_HEAD_BYTES (431 beyond, 414 for a request line alone), at
+  most 100 header lines; folded lines get 400.
 - request framing is unambiguous or refused (400, connection closed), on both paths: more than one
   Content-Length field (equal or not), or Transfer-Encoding together with Content-Length (RFC 9112 §6.3:
   a proxy in front may frame the body otherwise than this server; the stdlib takes the first field).
