@@ -146,7 +146,7 @@ class BoundedHTTPServer(ThreadingHTTPServer):
 
     daemon_threads = True
     allow_reuse_address = True
-    request_queue_size = 128
+    request_queue_size = 1024  # a flood waits in the kernel, and is refused from the accept loop, not dropped
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], limits: ConnLimits,
                  tls: ssl.SSLContext | None = None) -> None:

@@ -241,8 +241,9 @@ def test_idle_connections_cost_no_thread_beyond_the_caps(extender: Extender, age
         addrs = sources(8)
         socks = [connect(port, addrs[i % 8]) for i in range(2000)]
         try:
-            open_ = held_open(socks)
-            assert len(open_) <= limits.max_connections, (name, len(open_))
+            # the accept loop works through its backlog: all but the caps' worth are refused
+            wait_until(lambda socks=socks, limits=limits: len(held_open(socks)) <= limits.max_connections, 20,
+                       f"{name}: refusals")
             during = status(pid)
             assert during["Threads"] <= before["Threads"] + limits.max_connections + 2, (name, before, during)
             assert during["VmHWM"] < limit
@@ -255,13 +256,14 @@ def test_idle_connections_cost_no_thread_beyond_the_caps(extender: Extender, age
 
 
 def test_idle_connections_before_the_tls_handshake(extender: Extender) -> None:
-    """The verbs port (mutual TLS): 2,000 connections that never start the handshake, from 3 addresses. At
-    most `per_peer` of each address are taken (the rest closed at once, without a thread), the scheduler
-    (another address) is served meanwhile, and the server closes the taken ones at the handshake deadline."""
+    """The verbs port (mutual TLS): 6,000 connections that never start the handshake (they cost 6,006
+    threads and 493 MiB before), from 3 addresses. At most `per_peer` of each address are taken (the rest
+    closed at once, without a thread), the scheduler (another address) is served meanwhile, and the server
+    closes the taken ones at the handshake deadline."""
     pid = extender.proc.pid
     before = status(pid)
     addrs = sources(3)
-    socks = [connect(extender.port, addrs[i % 3]) for i in range(2000)]
+    socks = [connect(extender.port, addrs[i % 3]) for i in range(6000)]
     try:
         wait_until(lambda: len(held_open(socks)) <= 3 * VERBS_LIMITS.per_peer, 10, "refusals")
         during = status(pid)
