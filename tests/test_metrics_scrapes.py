@@ -6,7 +6,9 @@ holds inside its render (so the overlap is certain, not timed)."""
 from __future__ import annotations
 
 import http.client
+import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -88,3 +90,25 @@ def test_twenty_scrapers_share_renders_and_the_excess_is_refused(served) -> None
     assert sum("test_renders 2.0" in t for t in ok) == MAX_SCRAPES - 1
     status, text = scrape(server.port)  # a later scrape: a render that began after it arrived
     assert status == 200 and "test_renders 3.0" in text
+
+
+def test_idle_connections_are_closed_at_the_idle_deadline() -> None:
+    """A keep-alive connection after its answer, and one that never sends a byte: each is closed by the
+    server once idle for idle_s (here 0.5 s; 30 s as deployed), the first after its answer."""
+    registry = CollectorRegistry()
+    server = HealthServer(registry, lambda: True, lambda: True, "127.0.0.1", 0, ConnLimits(idle_s=0.5))
+    server.start()
+    try:
+        used = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        silent = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        t0 = time.monotonic()
+        used.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = used.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"ok\n")
+        for s in (used, silent):
+            assert s.recv(4096) == b""  # closed by the server (recv waits at most the socket's 10 s)
+        assert time.monotonic() - t0 < 0.5 + 1.0
+        used.close()
+        silent.close()
+    finally:
+        server.stop()
