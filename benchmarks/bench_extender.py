@@ -1,7 +1,7 @@
 """Benchmark of the memslice scheduler extender on a simulated cluster, from empty to full.
 
     .venv/bin/python benchmarks/bench_extender.py [--json] [--nodes 5000] [--gpus 8] [--filter-nodes 500]
-        [--bands 0,10,30,50,70,90,95] [--per-band 300] [--warmup 0] [--restart]
+        [--bands 0,10,30,50,70,90,95] [--per-band 300] [--warmup 0] [--restart] [--scrapers 0]
 
 Three processes, so that the extender's figures are its own:
 - the Kubernetes API stand-in (tests/kube_standin.py) with N nodes × G GPUs of 80 GiB (the node agent's
@@ -28,6 +28,11 @@ package, e.g. main's). BENCH_PYSPY=file records the extender with py-spy (BENCH_
 The extender's modules are compiled into a bytecode cache of the run's own before any start is timed, as an
 image's install compiles them (a shell's PYTHONDONTWRITEBYTECODE would otherwise make every start of an
 editable install compile our sources again).
+
+--scrapers N (issue 25): N Prometheus-like clients in a process of their own scrape the extender's /metrics
+in a loop (keep-alive, each answer read whole; after a 503, a second's pause) while each band's pods are
+scheduled; the band then also
+reports the filter median alone and the scrapes answered (200) and refused (503) per second.
 
 The load client stays cheap so as not to take the cores from the extender: the filter bodies are encoded
 before the clock starts, and it is one thread speaking HTTP/1.1 over plain sockets (see Client), with
@@ -493,6 +498,80 @@ def pending_pod(name: str, mib: int) -> dict:
                                      "resources": {"limits": {"memslice.io/gpu-mem": str(mib)}}}]}}
 
 
+SCRAPER = r"""
+import socket, sys, threading, time
+port, n = int(sys.argv[1]), int(sys.argv[2])
+counts = {200: 0, 503: 0, "error": 0}
+lock = threading.Lock()
+stop = threading.Event()
+
+def scrape_loop():
+    buf = bytearray(1 << 20)
+    while not stop.is_set():
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            f = s.makefile("rb")
+            while not stop.is_set():
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nAccept-Encoding: identity\r\n\r\n")
+                code = int(f.readline().split()[1])
+                length, close = 0, False
+                while (line := f.readline()) not in (b"\r\n", b""):
+                    name, _, value = line.partition(b":")
+                    if name.lower() == b"content-length":
+                        length = int(value)
+                    close = close or (name.lower() == b"connection" and value.strip().lower() == b"close")
+                while length > 0:
+                    length -= f.readinto(memoryview(buf)[:min(length, len(buf))])
+                with lock:
+                    counts[code] = counts.get(code, 0) + 1
+                if code == 503:
+                    stop.wait(1.0)  # as its Retry-After says (Prometheus itself waits a whole interval)
+                if close:
+                    break
+            s.close()
+        except (OSError, ValueError, IndexError):
+            with lock:
+                counts["error"] += 1
+            stop.wait(0.05)
+
+threads = [threading.Thread(target=scrape_loop, daemon=True) for _ in range(n)]
+for t in threads:
+    t.start()
+sys.stdin.readline()  # a line: print the counts so far
+print(counts[200], counts.get(503, 0), counts["error"], flush=True)
+sys.stdin.readline()
+stop.set()
+"""
+
+
+def start_scrapers(bench: Bench) -> subprocess.Popen[str] | None:
+    """--scrapers clients scraping /metrics in a loop, in a process of their own; None without."""
+    if not bench.args.scrapers:
+        return None
+    proc = subprocess.Popen([sys.executable, "-c", SCRAPER, str(bench.port), str(bench.args.scrapers)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    return proc
+
+
+def stop_scrapers(proc: subprocess.Popen[str] | None, wall: float) -> dict:
+    """Scrapes per second answered (200) and refused (503), and connection errors."""
+    if proc is None:
+        return {}
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    ok, refused, errors = (int(x) for x in proc.stdout.readline().split())
+    proc.stdin.write("\n")
+    proc.stdin.close()
+    proc.wait(30)
+    return {"scrapers": bench_scrapers(proc), "scrapes_200_per_s": round(ok / wall, 2),
+            "scrapes_503_per_s": round(refused / wall, 2), "scrape_errors": errors}
+
+
+def bench_scrapers(proc: subprocess.Popen[str]) -> int:
+    return int(proc.args[-1])  # type: ignore[index]
+
+
 def schedule(bench: Bench, pods: list[dict], names: list[str], k: int, rng: random.Random) -> dict:
     """Schedule `pods` through filter, prioritize and bind; figures of the extender meanwhile."""
     assert bench.ext is not None
@@ -505,12 +584,15 @@ def schedule(bench: Bench, pods: list[dict], names: list[str], k: int, rng: rand
     pod_json = [orjson.dumps(pod) for pod in pods]
     by_score = itemgetter("Score")
     lat_fp: list[float] = []
+    lat_f: list[float] = []
     unschedulable = 0
+    scrapers = start_scrapers(bench)
     bench.gc_pauses()
     (user0, sys0), t0 = cpu_split(pid), time.perf_counter()
     cpu0 = user0 + sys0
     for pod, filter_body, pod_text in zip(pods, filter_bodies, pod_json, strict=True):
         dt_f, res = conn.post("filter", filter_body)
+        lat_f.append(dt_f)
         passed = res["NodeNames"] or []  # type: ignore[index]
         if not passed:
             lat_fp.append(dt_f)
@@ -524,6 +606,7 @@ def schedule(bench: Bench, pods: list[dict], names: list[str], k: int, rng: rand
                    "PodUID": pod["metadata"]["uid"], "Node": best})
     conn.drain()
     wall, (user1, sys1) = time.perf_counter() - t0, cpu_split(pid)
+    scraped = stop_scrapers(scrapers, wall)
     cpu = user1 + sys1 - cpu0
     gc_log = bench.gc_log_since()
     gcs = [(ms, gen) for ms, gen, _ in gc_log]
@@ -533,6 +616,8 @@ def schedule(bench: Bench, pods: list[dict], names: list[str], k: int, rng: rand
             "bind_errors": len(conn.bind_errors), "first_errors": conn.bind_errors[:3],
             "filter_prioritize_ms": {"median": round(statistics.median(lat_fp) * ms, 2),
                                      "p99": round(pct(lat_fp, 99) * ms, 2)},
+            "filter_ms": {"median": round(statistics.median(lat_f) * ms, 2), "p99": round(pct(lat_f, 99) * ms, 2)},
+            **scraped,
             "bind_ms": {"median": round(statistics.median(conn.bind_latencies or [0]) * ms, 2),
                         "p99": round(pct(conn.bind_latencies, 99) * ms, 2)},
             "pods_per_s": round(len(pods) / wall, 1), "wall_s": round(wall, 2),
@@ -604,7 +689,11 @@ def run(args: argparse.Namespace) -> dict:
                           "gc_max_pause_cpu_ms_while_growing": round(max((c for _, _, c in grown_log), default=0.0), 1),
                           "gc_full_collections_while_growing": sum(1 for _, g in grown_gcs if g == 2), **figures})
             print(f"  [band {level}%: fill {bands[-1]['fill_pct']}%, {state['pods']} pods, "
-                  f"{figures['pods_per_s']} pods/s, {figures['cpu_ms_per_pod']} ms CPU/pod]", file=sys.stderr)
+                  f"{figures['pods_per_s']} pods/s, {figures['cpu_ms_per_pod']} ms CPU/pod, filter p50 "
+                  f"{figures['filter_ms']['median']} ms"
+                  + (f", {figures['scrapers']} scrapers: {figures['scrapes_200_per_s']} scrapes/s answered, "
+                     f"{figures['scrapes_503_per_s']}/s refused" if "scrapers" in figures else "") + "]",
+                  file=sys.stderr)
         restart = None
         if args.restart:
             bench.stop_extender()
@@ -672,6 +761,7 @@ def main() -> int:
     p.add_argument("--restart", action="store_true", help="restart the extender at the end (relist timing)")
     p.add_argument("--bind-workers", type=int, default=16, help="binds in flight at most (one connection each)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--scrapers", type=int, default=0, help="clients scraping /metrics in a loop meanwhile")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--restart-at", type=float, default=None, metavar="FRACTION",
                    help="only restarts: prefill to FRACTION (0.15: ~43,000 pods at 5,000 nodes), then start the "

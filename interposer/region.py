@@ -23,6 +23,14 @@ region with this module; the agent and `memslice top` never use CUDA.
 "Used" is what the live processes hold: the sum of the live slots' charges. A process killed with SIGKILL
 stops counting at once, even before the shim of a later allocation reclaims its charge from the shared
 totals (those totals, dead charges included, are kept as `charged_bytes`).
+
+Consistency (issue 25 item 9): the slots change while they are copied, and a process between the two steps
+of a charge or an uncharge (the total moved, its slot not yet: op_active > 0) makes the slots' sum disagree
+with the total; a sum taken then showed more than the quota (4,108 MiB of 4,096 in one of ~8,500 samples
+under churn). So the slots are copied twice, and a copy counts only when both agree and no live slot is
+inside an operation; at most READ_TRIES times. When no copy settles (a process stopped mid-operation, or
+endless churn), each device's live figure is capped by its shared total (`charged_bytes`, which the shim
+never lets past the quota and which includes every live charge once the operations settle).
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_
 _UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*\Z")
 # The simulator keeps its node state after the region proper (hdr.extra_size); nothing else may be large.
 MAX_EXTRA_BYTES = 64 << 20
+READ_TRIES = 8  # copies of the slots tried before the capped figures are used (see the module docstring)
 # struct flock on 64-bit Linux: short l_type, short l_whence, off_t l_start, off_t l_len, pid_t l_pid.
 _FLOCK = struct.Struct("hhqqi4x")
 
@@ -115,6 +124,7 @@ class Layout:
     state_offset: int         # within a slot
     device_bytes_offset: int  # within a slot
     host_bytes_offset: int    # within a slot
+    op_active_offset: int     # within a slot
 
 
 @cache
@@ -147,7 +157,8 @@ def layout() -> Layout:
                   region_size=ffi.sizeof("struct ms_region"),
                   state_offset=ffi.offsetof("struct ms_slot", "state"),
                   device_bytes_offset=ffi.offsetof("struct ms_slot", "device_bytes"),
-                  host_bytes_offset=ffi.offsetof("struct ms_slot", "host_bytes"))
+                  host_bytes_offset=ffi.offsetof("struct ms_slot", "host_bytes"),
+                  op_active_offset=ffi.offsetof("struct ms_slot", "op_active"))
 
 
 @cache
@@ -299,6 +310,29 @@ def _slots(fd: int, raw: bytearray, hwm: int, nd: int, uuids: list[str], lo: Lay
     return procs, live_dev, live_host, owners
 
 
+def in_operation(raw: bytes | bytearray, hwm: int, lo: Layout) -> bool:
+    """Whether a live slot of this copy is between the two steps of a charge or uncharge (op_active > 0)."""
+    u32 = memoryview(raw).cast("I")
+    w32 = lo.slot_size // 4
+    states = u32[lo.state_offset // 4::w32][:hwm].tolist()
+    ops = u32[lo.op_active_offset // 4::w32][:hwm].tolist()
+    return any(op and st == lo.slot_live for st, op in zip(states, ops, strict=True))
+
+
+def _settled_slots(fd: int, path: str, hwm: int, lo: Layout) -> tuple[bytearray, bool]:
+    """A copy of the first `hwm` slots, and whether it is consistent: two copies in a row agree and no live
+    slot is inside an operation (at most READ_TRIES tries; else the last copy, False)."""
+    if not hwm:
+        return bytearray(), True
+    raw = _pread(fd, path, hwm * lo.slot_size, lo.slots_offset)
+    for _ in range(READ_TRIES):
+        again = _pread(fd, path, hwm * lo.slot_size, lo.slots_offset)
+        if again == raw and not in_operation(raw, hwm, lo):
+            return raw, True
+        raw = again
+    return raw, False
+
+
 def _read_fd(fd: int, path: str, lo: Layout, with_processes: bool = True) -> RegionSnapshot | None:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
@@ -321,8 +355,11 @@ def _read_fd(fd: int, path: str, lo: Layout, with_processes: bool = True) -> Reg
     if len(set(uuids)) != nd:  # the shims add each UUID once: a repeat is tampering (and would double a series)
         raise RegionError(f"{path}: a device UUID is listed twice")
     hwm = h.slot_hwm
-    raw = _pread(fd, path, hwm * lo.slot_size, lo.slots_offset) if hwm else bytearray()
+    raw, settled = _settled_slots(fd, path, hwm, lo)
     procs, live_dev, live_host, owners = _slots(fd, raw, hwm, nd, uuids, lo, with_processes)
+    if not settled:  # no consistent copy: never more than the shared totals (module docstring)
+        live_dev = [min(v, int(devs[d].used) & ~FROZEN) for d, v in enumerate(live_dev)]
+        live_host = [min(v, int(devs[d].host_used) & ~FROZEN) for d, v in enumerate(live_host)]
     devices = []
     for d in range(nd):
         dv = devs[d]

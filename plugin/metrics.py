@@ -3,6 +3,12 @@
 The per-GPU and per-container figures are computed at scrape time by a custom collector (no background
 polling). prometheus_client's own HTTP server serves only metrics, so a small http.server handler adds
 /healthz and /readyz next to /metrics.
+
+The port is reachable from the pod network (issue 25 item 2): it is memslice.lean_http's bounded server
+(8 KiB request heads, deadlines on the idle wait, the head and the answer, at most 32 connections and 8 per
+peer, refused with 503 without a thread), and the page is shared by its scrapers (lean_http.RenderCache:
+each scrape gets a render begun after it arrived, renders spaced by ten times their CPU cost, one for all
+the scrapers waiting), at most MAX_SCRAPES answered at once, so scrapes cannot take the CPU Allocate needs.
 """
 
 from __future__ import annotations
@@ -11,13 +17,13 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from memslice.lean_http import BoundedHTTPServer, ConnLimits, LeanRequestHandler, RenderCache
 from memslice.plugin.ledger import Allocation, allocated_mib
 from memslice.plugin.state import NodeState
 
@@ -29,6 +35,8 @@ log = logging.getLogger(__name__)
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 MiB = 1 << 20
+MAX_SCRAPES = 4  # /metrics answers in progress at once; 503 beyond
+METRICS_LIMITS = ConnLimits()  # the kubelet's probes and a few Prometheus replicas
 
 
 class Metrics:
@@ -248,15 +256,31 @@ class HealthServer:
     """GET /metrics, /healthz (the agent's loops are alive) and /readyz (registered with the kubelet)."""
 
     def __init__(self, registry: CollectorRegistry, live: Callable[[], bool], ready: Callable[[], bool | str],
-                 host: str, port: int) -> None:
-        registry_ = registry
+                 host: str, port: int, limits: ConnLimits = METRICS_LIMITS) -> None:
+        page = RenderCache(lambda: generate_latest(registry), max_scrapes=MAX_SCRAPES)
+        self.page = page
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(LeanRequestHandler):
+            server_version = "memslice-node-agent"
+            timeout = 30  # per read; the server's deadlines bound the whole request
+
             def do_GET(self) -> None:  # noqa: N802 (http.server API)
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
-                    body, ctype, code = generate_latest(registry_), CONTENT_TYPE_LATEST, 200
-                elif path in ("/healthz", "/livez"):
+                    if not page.acquire():
+                        self.close_connection = True
+                        return self.send_all(503, b"too many scrapes in progress; try again later\n",
+                                             "text/plain")
+                    try:
+                        text = page.get()
+                        if text is None:
+                            self.close_connection = True
+                            return self.send_all(503, b"metrics are being rendered for others; try again\n",
+                                                 "text/plain")
+                        return self.send_all(200, text, CONTENT_TYPE_LATEST)
+                    finally:
+                        page.release()
+                if path in ("/healthz", "/livez"):
                     ok = live()
                     body = b"ok\n" if ok else b"agent loop stalled\n"
                     ctype, code = "text/plain", 200 if ok else 503
@@ -267,17 +291,12 @@ class HealthServer:
                     ctype, code = "text/plain", 200 if state is True else 503
                 else:
                     body, ctype, code = b"not found: try /metrics, /healthz, /readyz\n", "text/plain", 404
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                self.send_all(code, body, ctype)
 
             def log_message(self, fmt: str, *args: object) -> None:
                 log.debug("http: " + fmt, *args)
 
-        self._httpd = ThreadingHTTPServer((host, port), Handler)
-        self._httpd.daemon_threads = True
+        self._httpd = BoundedHTTPServer((host, port), Handler, limits)
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
                                         name="metrics-http", daemon=True)

@@ -17,6 +17,12 @@ MAX_JSON_VALUES values gets 413 unparsed (a few C-speed byte counts), and nestin
 1,024 levels gets 400. The whole body must arrive within BODY_TIMEOUT_S (a slow client holds its budget no
 longer); idle reads time out after 30 s. Any unexpected exception answers 500 with an `Error` and is
 logged; nothing crashes the server.
+Every port has memslice.lean_http's bounds (issue 25): the request head at most 8 KiB, deadlines on the TLS
+handshake (5 s), the idle wait (30 s), the head (5 s from its first byte) and the answer, and a cap on
+connections: VERBS_LIMITS on the verbs port (kube-scheduler's parallel binds come from one peer), the
+defaults on the health port; one over the cap is refused in the accept loop (503, or closed under TLS)
+without a thread. /metrics renders are spaced by ten times their cost, one for all waiting scrapers
+(Metrics.page), and at most MAX_SCRAPES are answered at once (503 beyond): scraping cannot take the verbs' CPU.
 TLS (kube-scheduler's `enableHTTPS`): the handshake runs in the connection's thread, not in accept().
 With a client CA, a client without a certificate signed by it fails the handshake (CERT_REQUIRED).
 A health-only server (--health-port) answers GET /healthz /readyz /metrics and nothing else.
@@ -31,12 +37,11 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
-from http.server import ThreadingHTTPServer
 from typing import Any
 
 import orjson
 
-from memslice.lean_http import LeanRequestHandler
+from memslice.lean_http import BoundedHTTPServer, ConnLimits, LeanRequestHandler
 from memslice.scheduler_extender.metrics import Metrics
 from memslice.scheduler_extender.verbs import Verbs
 
@@ -51,6 +56,9 @@ WAIT_S = 10.0  # the longest a request waits for budget (kube-scheduler's httpTi
 BODY_TIMEOUT_S = 10.0  # the whole body must arrive within this
 ANSWER_TIMEOUT_S = 10.0  # the whole answer must be taken within this (over TLS: each write)
 LINGER_S, LINGER_BYTES = 2.0, 64 << 20  # what a refused body's sender may still send, dropped unread
+# kube-scheduler sends filters and parallel binds (one connection each) from its one pod address
+VERBS_LIMITS = ConnLimits(max_connections=256, per_peer=64)
+HEALTH_LIMITS = ConnLimits()  # the kubelet's probes and a few Prometheus replicas
 
 
 def request_cost(length: int) -> int:
@@ -91,21 +99,18 @@ class ByteBudget:
             self._cond.notify_all()
 
 
-class ExtenderHTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 256
-
+class ExtenderHTTPServer(BoundedHTTPServer):
     def __init__(self, address: tuple[str, int], verbs: Verbs, metrics: Metrics, ready: Callable[[], bool],
-                 max_body: int, tls: ssl.SSLContext | None, health_only: bool = False) -> None:
-        self.verbs, self.metrics, self.ready, self.max_body, self.tls = verbs, metrics, ready, max_body, tls
+                 max_body: int, tls: ssl.SSLContext | None, health_only: bool = False,
+                 limits: ConnLimits | None = None) -> None:
+        self.verbs, self.metrics, self.ready, self.max_body = verbs, metrics, ready, max_body
         self.health_only = health_only
         self.small_budget = ByteBudget(SMALL_BUDGET)
         self.large_budget = ByteBudget(request_cost(max_body))  # one body of the largest size at a time
         self.conns: set[socket.socket] = set()
         self.conns_lock = threading.Lock()
         self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
-        super().__init__(address, _Handler)
+        super().__init__(address, _Handler, limits or (HEALTH_LIMITS if health_only else VERBS_LIMITS), tls)
 
     def metric_children(self, verb: str, code: int) -> tuple[Any, Any]:
         """(requests counter, latency histogram) of this verb and code; `labels()` looked up once."""
@@ -114,12 +119,6 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
             pair = self._children[(verb, code)] = (self.metrics.requests.labels(verb, str(code)),
                                                    self.metrics.latency.labels(verb))
         return pair
-
-    def get_request(self) -> tuple[socket.socket, Any]:
-        sock, addr = super().get_request()
-        if self.tls is not None:
-            sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-        return sock, addr
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.warning("connection from %s failed", client_address, exc_info=True)
@@ -197,7 +196,7 @@ class _Handler(LeanRequestHandler):
         except OSError:
             pass
 
-    def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+    def _send(self, code: int, body: bytes | list[bytes], ctype: str = "application/json") -> None:
         self.send_all(code, body, ctype)
 
     def _json(self, code: int, obj: Any) -> None:
@@ -223,8 +222,7 @@ class _Handler(LeanRequestHandler):
             return self._send(200 if ok else 503, b"ok\n" if ok else b"not synced with the API server\n",
                               "text/plain")
         if path == "/metrics":
-            data, ctype = self.server.metrics.render()
-            return self._send(200, data, ctype)
+            return self._metrics()
         verb = path.rsplit("/", 1)[-1]
         if self.server.health_only:
             return self._json(404, {"Error": f"no such endpoint {path!r} on this port; it serves only GET "
@@ -233,6 +231,21 @@ class _Handler(LeanRequestHandler):
             return self._json(405, {"Error": f"/{verb} takes POST with a JSON body"})
         return self._json(404, {"Error": f"no such endpoint {path!r}; use POST /filter, /prioritize, /bind, "
                                          f"/preempt or GET /healthz, /readyz, /metrics"})
+
+    def _metrics(self) -> None:
+        """The page shared by all scrapers (Metrics.page); 503 while MAX_SCRAPES others are being answered."""
+        scrapes = self.server.metrics.scrapes
+        if not scrapes.acquire():
+            self.close_connection = True
+            return self._send(503, b"too many scrapes in progress; try again later\n", "text/plain")
+        try:
+            page = self.server.metrics.page()
+            if page is None:
+                self.close_connection = True
+                return self._send(503, b"metrics are being rendered for others; try again\n", "text/plain")
+            self._send(200, page[0], page[1])
+        finally:
+            scrapes.release()
 
     def do_POST(self) -> None:  # noqa: N802
         t0 = time.perf_counter()

@@ -124,9 +124,13 @@ def test_probes_use_the_plain_health_port() -> None:
         assert c[probe]["httpGet"]["port"] == "http" and c[probe]["httpGet"].get("scheme", "HTTP") == "HTTP"
 
 
+SCRAPER = {"memslice.io/metrics-scraper": "true"}  # the label the policies admit to the metrics ports
+
+
 def admitted(policy: Manifest, pod_labels: dict[str, str], namespace: str, port_name: str) -> bool:
     """Whether a NetworkPolicy's ingress rules admit a pod with these labels, in this namespace, to the named
-    container port (the subset of the semantics the manifests use: podSelector.matchLabels, named ports)."""
+    container port (the subset of the semantics the manifests use: podSelector.matchLabels, alone (the
+    policy's namespace) or with an empty namespaceSelector (every namespace), named ports)."""
     for rule in policy["spec"].get("ingress", []):
         ports = rule.get("ports")
         if ports is not None and not any(p.get("port") == port_name for p in ports):
@@ -135,8 +139,10 @@ def admitted(policy: Manifest, pod_labels: dict[str, str], namespace: str, port_
         if peers is None:
             return True
         for peer in peers:
-            assert set(peer) == {"podSelector"}, "extend admitted() for this peer"
-            if namespace == policy["metadata"]["namespace"] and all(
+            assert set(peer) <= {"podSelector", "namespaceSelector"}, "extend admitted() for this peer"
+            assert peer.get("namespaceSelector", {}) == {}, "extend admitted() for this namespace selector"
+            any_namespace = "namespaceSelector" in peer
+            if (any_namespace or namespace == policy["metadata"]["namespace"]) and all(
                     pod_labels.get(k) == v for k, v in peer["podSelector"].get("matchLabels", {}).items()):
                 return True
     return False
@@ -144,7 +150,7 @@ def admitted(policy: Manifest, pod_labels: dict[str, str], namespace: str, port_
 
 def test_network_policy_admits_only_the_scheduler_to_the_verbs() -> None:
     objs = render("base")
-    (policy,) = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    policy = find(objs, "NetworkPolicy", "memslice-extender")
     ext = find(objs, "Deployment", "memslice-extender")["spec"]["template"]["metadata"]["labels"]
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= ext.items()
@@ -156,7 +162,28 @@ def test_network_policy_admits_only_the_scheduler_to_the_verbs() -> None:
         assert not admitted(policy, pods[name], NAMESPACE, verbs), name
     assert not admitted(policy, pods["memslice-scheduler"], "tenant", verbs)  # same labels, other namespace
     assert not admitted(policy, {"app": "notebook"}, "tenant", verbs)
-    assert admitted(policy, {"app": "prometheus"}, "monitoring", health)
+    assert not admitted(policy, {**SCRAPER, "app": "prometheus"}, "monitoring", verbs)
+    # the health port: scrapers only (issue 25: anyone on the pod network could exhaust it); probes come from
+    # the node, which NetworkPolicy does not filter
+    assert admitted(policy, {**SCRAPER, "app": "prometheus"}, "monitoring", health)
+    assert not admitted(policy, {"app": "prometheus"}, "monitoring", health)
+    assert not admitted(policy, {"app": "notebook"}, "tenant", health)
+
+
+def test_network_policy_admits_only_scrapers_to_the_node_agent() -> None:
+    objs = render("base")
+    policy = find(objs, "NetworkPolicy", "memslice-node-agent")
+    agent = find(objs, "DaemonSet", "memslice-node-agent")["spec"]["template"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= agent["metadata"]["labels"].items()
+    ports = {p["name"] for c in agent["spec"]["containers"] for p in c.get("ports", [])}
+    assert ports == {"metrics"}  # the one TCP port; everything else is a Unix socket
+    assert admitted(policy, {**SCRAPER, "app": "prometheus"}, "monitoring", "metrics")
+    assert not admitted(policy, {"app": "prometheus"}, "monitoring", "metrics")
+    assert not admitted(policy, {"app": "notebook"}, "tenant", "metrics")
+    assert not admitted(policy, agent["metadata"]["labels"], NAMESPACE, "metrics")
+    assert [o["metadata"]["name"] for o in render("overlays/dra") if o["kind"] == "NetworkPolicy"] == [
+        "memslice-node-agent"]  # the DRA overlay keeps it (and drops the extender's)
 
 
 def test_cert_manager_overlay_issues_the_same_secrets_and_drops_the_job() -> None:

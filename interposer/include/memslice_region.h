@@ -22,7 +22,9 @@
  * The file is tenant-writable: everything read from it is validated (on open: sizes, counts, the mutex
  * kind; later, every index read from it is clamped), and a file that is not exactly the expected size is
  * never re-initialised while a process of the container holds a slot (that would start a second ledger
- * and double the quota). */
+ * and double the quota). A file truncated under the live processes' mappings (their next access would
+ * raise SIGBUS) is caught by ledger.c's SIGBUS guard: that process's mapping is replaced by a private one
+ * whose totals refuse every charge (fail closed), and it lives on. */
 #ifndef MEMSLICE_REGION_H
 #define MEMSLICE_REGION_H
 
@@ -132,7 +134,12 @@ typedef struct ms_ledger {
     int fd;
     int slot;                 /* this process's slot, -1 until claimed */
     int lock_error;           /* errno of the last failed region-mutex wait (ETIMEDOUT: a stopped holder) */
+    volatile int lost;        /* 1 once the file was truncated under the mapping: the mapping is now private and
+                               * its totals read MS_LOST_USED, so every charge is refused (ledger.c, "guard") */
 } ms_ledger;
+
+/* What a lost ledger's totals read: over any quota (every charge refused), not frozen. */
+#define MS_LOST_USED (1ull << 62)
 
 /* Open (creating if needed) the ledger file at `path`. When this call creates it, init_extra (if given)
  * fills the extra area first, under the creation lock. 0 on success; else -1 and a message in err. */

@@ -12,24 +12,53 @@ The framing checks below would be needed with either (the stdlib takes the first
 fields). This class keeps the stdlib server (threads, keep-alive, TLS wrapping, error pages) and changes
 only these things:
 - `parse_request`: a fast path for the usual request (`METHOD /path HTTP/1.1` and plain headers);
-  anything else (other versions, odd request lines) takes the stdlib path unchanged. Limits are the
-  stdlib's: at most 100 header lines of at most 64 KiB (431 beyond); folded lines get 400.
+  anything else (other versions, odd request lines) takes the stdlib path. Both parse the head that
+  `handle_one_request` read whole, at most MAX_HEAD_BYTES (431 beyond, 414 for a request line alone), at
+  most 100 header lines; folded lines get 400.
 - request framing is unambiguous or refused (400, connection closed), on both paths: more than one
   Content-Length field (equal or not), or Transfer-Encoding together with Content-Length (RFC 9112 §6.3:
   a proxy in front may frame the body otherwise than this server; the stdlib takes the first field).
 - `send_all`: status line, headers and body in one write (one syscall, one TCP segment when small).
 - the Date header is formatted once per second.
+
+Bounds (issue 25 items 1-2: anyone on the pod network reaches these ports, without credentials). With
+`BoundedHTTPServer` as the server, every port of the extender and of the node agent has:
+- a cap on the whole request head: request line and header lines together at most MAX_HEAD_BYTES (8 KiB;
+  431 and close beyond), read before either parse path sees a byte, so the stdlib's slow path (HTTP/1.0, odd
+  request lines) is held to it too;
+- deadlines enforced by one watchdog thread per server, which shuts down the socket of a connection past
+  its deadline (a blocked read or write returns at once): the TLS handshake (`handshake_s`), the wait for
+  the first byte of the next request (`idle_s`), the whole head from that byte on (`head_s`: a slow
+  dribble of header bytes buys no time), and the whole answer (`answer_s`: a reader that takes nothing);
+  a body has its reader's own deadline (the extender's BODY_TIMEOUT_S);
+- a cap on concurrent connections, per server and per peer address: one past it is refused in the accept
+  loop, before any thread is started (plain HTTP: `503` with `Connection: close`; TLS: closed), so threads
+  and memory are bounded by the caps whatever a client does, and one peer cannot take every slot from the
+  kubelet's probes.
 """
 
 from __future__ import annotations
 
 import email.utils
+import io
+import logging
+import socket
+import ssl
+import threading
 import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+log = logging.getLogger(__name__)
 
 MAX_HEADERS = 100  # as http.client
 MAX_HEADER_LINE = 65536
+MAX_HEAD_BYTES = 8 << 10  # request line + header lines of one request (kube-scheduler's: ~200 bytes)
+LARGE_ANSWER = 64 << 10  # answers above this are written after their head, not copied into one buffer
 PHRASES = {int(s): s.phrase for s in HTTPStatus}
 _date_cache: tuple[int, str] = (0, "")
 
@@ -87,26 +116,229 @@ def framing_error(fields: list[tuple[str, str]]) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class ConnLimits:
+    """What one server allows its clients (see the module docstring, "Bounds")."""
+
+    max_connections: int = 32      # at once, on this port
+    per_peer: int = 8              # at once, from one address
+    handshake_s: float = 5.0       # the TLS handshake, from accept
+    idle_s: float = 30.0           # from the end of an answer (or the handshake) to the next request's first byte
+    head_s: float = 5.0            # from a request's first byte to the end of its head
+    answer_s: float = 30.0         # the whole answer taken by the client
+
+
+REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\n"
+           b"Connection: close\r\nContent-Length: 52\r\n\r\ntoo many connections to this server; try again later\n")
+
+
+def refuse_reason(active: int, from_peer: int, limits: ConnLimits) -> str | None:
+    """Why a new connection must be refused, given those held now (all, and from its peer); None to admit."""
+    if active >= limits.max_connections:
+        return f"{active} connections held (the cap is {limits.max_connections})"
+    if from_peer >= limits.per_peer:
+        return f"{from_peer} connections held by this peer (the cap is {limits.per_peer})"
+    return None
+
+
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer with capped connections and a watchdog for the deadlines (module docstring)."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 1024  # a flood waits in the kernel, and is refused from the accept loop, not dropped
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], limits: ConnLimits,
+                 tls: ssl.SSLContext | None = None) -> None:
+        self.limits, self.tls = limits, tls
+        self._guard = threading.Lock()
+        self._deadlines: dict[socket.socket, float] = {}
+        self._peers: Counter[str] = Counter()
+        self.active = 0
+        self.refused = 0  # connections refused for the caps, since start
+        self._last_refusal_log = 0.0
+        self._closed = threading.Event()
+        super().__init__(address, handler)
+        self._watchdog = threading.Thread(target=self._watch, name="http-watchdog", daemon=True)
+        self._watchdog.start()
+
+    # --- deadlines -----------------------------------------------------------------------------------------
+    def arm(self, sock: socket.socket, seconds: float) -> None:
+        """`sock` is shut down if still armed `seconds` from now."""
+        with self._guard:
+            self._deadlines[sock] = time.monotonic() + seconds
+
+    def disarm(self, sock: socket.socket) -> None:
+        with self._guard:
+            self._deadlines.pop(sock, None)
+
+    def _watch(self) -> None:
+        """Why a thread: a blocked recv/send (or TLS handshake) cannot watch its own total time; shutting the
+        socket down from here ends it at once, whatever the client dribbles. Four scans a second."""
+        while not self._closed.wait(0.25):
+            now = time.monotonic()
+            with self._guard:
+                late = [s for s, t in self._deadlines.items() if t <= now]
+                for s in late:
+                    del self._deadlines[s]
+            for s in late:
+                try:
+                    socket.socket.shutdown(s, socket.SHUT_RDWR)  # the base method: an SSLSocket's own drops its state
+                except OSError:
+                    pass
+
+    # --- the connection caps -------------------------------------------------------------------------------
+    def get_request(self) -> tuple[socket.socket, Any]:
+        sock, addr = super().get_request()
+        if self.tls is not None:  # the handshake runs in the connection's thread, under handshake_s
+            sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, addr
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Admit the connection (a thread, its first deadline) or refuse it here, in the accept loop."""
+        peer = str(client_address[0]) if isinstance(client_address, tuple) else ""
+        with self._guard:
+            why = refuse_reason(self.active, self._peers[peer], self.limits)
+            if why is None:
+                self.active += 1
+                self._peers[peer] += 1
+                first = self.limits.handshake_s if self.tls is not None else self.limits.idle_s
+                self._deadlines[request] = time.monotonic() + first
+            else:
+                self.refused += 1
+        if why is not None:
+            self._refuse(request, peer, why)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._release(request, peer)
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            peer = str(client_address[0]) if isinstance(client_address, tuple) else ""
+            self._release(request, peer)
+
+    def _release(self, request: Any, peer: str) -> None:
+        with self._guard:
+            self._deadlines.pop(request, None)
+            self.active -= 1
+            self._peers[peer] -= 1
+            if self._peers[peer] <= 0:
+                del self._peers[peer]
+
+    def _refuse(self, request: Any, peer: str, why: str) -> None:
+        """A clear refusal that costs no thread: 503 and close (plain HTTP), close (TLS: nothing can be said
+        before a handshake). What the client already sent is read first, without waiting, so that closing
+        does not reset the connection under the answer. One log line per 10 s at most."""
+        now = time.monotonic()
+        if now - self._last_refusal_log > 10:
+            self._last_refusal_log = now
+            log.warning("refusing connections from %s on port %s: %s (%d refused so far)", peer or "?",
+                        self.server_address[1], why, self.refused)
+        try:
+            if not isinstance(request, ssl.SSLSocket):
+                request.setblocking(False)
+                try:
+                    request.recv(MAX_HEAD_BYTES)
+                except OSError:
+                    pass
+                request.send(REFUSAL)
+                request.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+    def server_close(self) -> None:
+        self._closed.set()
+        super().server_close()
+
+
 class LeanRequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     raw_requestline: bytes  # set by the stdlib handler before parse_request (not declared in its stubs)
+    max_head_bytes = MAX_HEAD_BYTES
+    _head: list[bytes]  # the header lines of the request being parsed (read by handle_one_request)
+
+    def _limits(self) -> ConnLimits | None:
+        return self.server.limits if isinstance(self.server, BoundedHTTPServer) else None
+
+    def _arm(self, seconds: float) -> None:
+        if isinstance(self.server, BoundedHTTPServer):
+            self.server.arm(self.connection, seconds)
+
+    def _disarm(self) -> None:
+        if isinstance(self.server, BoundedHTTPServer):
+            self.server.disarm(self.connection)
+
+    def handle_one_request(self) -> None:
+        """The stdlib's, with the head read whole, under MAX_HEAD_BYTES and the idle and head deadlines,
+        before it is parsed; the deadlines are off while the request is handled (its body has its own)."""
+        limits = self._limits()
+        try:
+            if limits is not None:
+                self._arm(limits.idle_s)
+                if not self.rfile.peek(1):  # type: ignore[attr-defined]  # a BufferedReader: waits for a byte
+                    self.close_connection = True
+                    return
+                self._arm(limits.head_s)
+            lines = self._read_head()
+            if lines is None:
+                return
+            self.raw_requestline, self._head = lines[0], lines[1:]
+            if not self.parse_request():
+                return
+            self._disarm()
+            method = getattr(self, "do_" + self.command, None)
+            if method is None:
+                self.send_error(HTTPStatus.NOT_IMPLEMENTED, f"Unsupported method ({self.command!r})")
+                return
+            method()
+            self.wfile.flush()
+        except (TimeoutError, OSError, ValueError) as exc:  # a deadline or the peer ended the connection
+            self.log_error("request ended: %r", exc)
+            self.close_connection = True
+
+    def _read_head(self) -> list[bytes] | None:
+        """The request line and header lines up to the blank line, max_head_bytes in all; None when the
+        connection ends first or the head is too large (431 or 414 sent, connection to be closed)."""
+        cap = self.max_head_bytes
+        first = self.rfile.readline(cap + 1)
+        if not first:
+            self.close_connection = True
+            return None
+        lines, total = [first], len(first)
+        while total <= cap and first.endswith(b"\n"):
+            raw = self.rfile.readline(cap + 1 - total)
+            total += len(raw)
+            lines.append(raw)
+            if raw in (b"\r\n", b"\n", b""):
+                break
+        if total > cap or not lines[-1].endswith(b"\n"):
+            self.requestline = self.request_version = self.command = ""
+            self.close_connection = True
+            if total > cap:
+                self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG if len(lines) == 1
+                                else HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
+                                explain=f"the request head is over {cap} bytes")
+            return None
+        return lines
 
     def parse_request(self) -> bool:
-        """The stdlib's parse_request with a fast path for the usual request (see the module)."""
+        """The stdlib's parse_request with a fast path for the usual request (see the module); both read the
+        head handle_one_request read (never the socket)."""
         line = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
         words = line.split()
         if len(words) != 3 or words[2] != "HTTP/1.1" or words[1].startswith("//"):
-            return super().parse_request() and self._framing_ok(framing_error(list(self.headers.items())))
+            return self._stdlib_parse()
         self.requestline = line
         self.command, self.path, self.request_version = words
         self.close_connection = False
         fields: list[tuple[str, str]] = []
-        while True:
-            raw = self.rfile.readline(MAX_HEADER_LINE + 1)
-            if len(raw) > MAX_HEADER_LINE:
-                self.close_connection = True
-                self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "Line too long")
-                return False
+        for raw in self._head:
             if raw in (b"\r\n", b"\n", b""):
                 break
             if len(fields) >= MAX_HEADERS or raw[:1] in (b" ", b"\t"):  # too many, or obsolete folding
@@ -127,6 +359,16 @@ class LeanRequestHandler(BaseHTTPRequestHandler):
             return self.handle_expect_100()
         return True
 
+    def _stdlib_parse(self) -> bool:
+        """The stdlib's parse_request on the head already read (its header parser reads from memory)."""
+        rfile = self.rfile
+        self.rfile = io.BytesIO(b"".join(self._head))
+        try:
+            ok = super().parse_request()
+        finally:
+            self.rfile = rfile
+        return ok and self._framing_ok(framing_error(list(self.headers.items())))
+
     def _framing_ok(self, error: str | None) -> bool:
         """False (400 sent, connection to be closed) when the headers frame the body ambiguously (`error`)."""
         if error is None:
@@ -135,11 +377,93 @@ class LeanRequestHandler(BaseHTTPRequestHandler):
         self.send_error(HTTPStatus.BAD_REQUEST, error)
         return False
 
-    def send_all(self, code: int, body: bytes, content_type: str) -> None:
-        """Status line, headers and body in one write."""
+    def send_all(self, code: int, body: bytes | list[bytes], content_type: str) -> None:
+        """Status line, headers and body (bytes, or parts sent one after the other) in one write; a large
+        body after the head, never copied, the whole answer within the server's answer_s."""
         self.log_request(code)
+        parts = [body] if isinstance(body, bytes) else body
+        length = sum(len(p) for p in parts)
         close = "Connection: close\r\n" if self.close_connection else ""
         head = (f"{self.protocol_version} {code} {PHRASES.get(code, '')}\r\nServer: {self.server_version}\r\n"
-                f"Date: {http_date()}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
-                f"{close}\r\n")
-        self.wfile.write(head.encode("latin-1") + body)
+                f"Date: {http_date()}\r\nContent-Type: {content_type}\r\nContent-Length: {length}\r\n"
+                f"{close}\r\n").encode("latin-1")
+        if length <= LARGE_ANSWER:
+            self.wfile.write(head + b"".join(parts))
+            return
+        limits = self._limits()
+        if limits is not None:
+            self._arm(limits.answer_s)
+        try:
+            self.wfile.write(head)
+            for part in parts:
+                self.wfile.write(part)
+        finally:
+            self._disarm()
+
+
+Render = Callable[[], bytes]
+
+
+class RenderCache:
+    """A rendered answer (a /metrics page) shared by its scrapers, never older than the scrape that gets it:
+    a scrape is answered by a render that began after it arrived (or, when `key_complete` says the key is
+    all the page depends on, by the last one if `key()` is unchanged). Renders are spaced: one begins at the
+    earliest COST_FACTOR times the CPU the previous took after that one ended (the scrapers that arrive
+    meanwhile wait for it, together), so scraping costs at most about 1/(COST_FACTOR+1) of a CPU however
+    many scrape and however often, and a small page waits milliseconds. At most `max_scrapes` answers are in
+    progress at once: `acquire` says no to one more (the caller answers 503); a scrape that cannot get its
+    render within WAIT_S gets None (503 too)."""
+
+    COST_FACTOR = 10.0
+    MAX_SPACING_S = 5.0  # cap on the spacing after a costly render
+    WAIT_S = 20.0  # the longest a scrape waits for its render (Prometheus' scrape timeout is 10 s by default)
+
+    def __init__(self, render: Render, key: Callable[[], object] = lambda: None, key_complete: bool = False,
+                 max_scrapes: int = 4, clock: Callable[[], float] = time.monotonic) -> None:
+        self._render, self._key, self._clock, self.key_complete = render, key, clock, key_complete
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(max_scrapes)
+        self._pause = threading.Event()  # never set: a bounded wait that is not a sleep
+        # (key, render began at, render ended at, its CPU seconds, text)
+        self._cached: tuple[object, float, float, float, bytes] | None = None
+        self.renders = 0
+
+    def reusable(self, arrived: float, key: object) -> bool:
+        """Whether the cached page answers a scrape that arrived at `arrived`, the state's key being `key`."""
+        if self._cached is None:
+            return False
+        ckey, began, _, _, _ = self._cached
+        return began >= arrived or (self.key_complete and ckey == key)
+
+    def next_render_at(self) -> float:
+        """The earliest a render may begin (the previous one's spacing)."""
+        if self._cached is None:
+            return 0.0
+        _, _, ended, cost, _ = self._cached
+        return ended + min(self.MAX_SPACING_S, self.COST_FACTOR * cost)
+
+    def get(self) -> bytes | None:
+        """The page for a scrape arriving now, or None when it could not be had within WAIT_S."""
+        arrived = self._clock()
+        if not self._lock.acquire(timeout=self.WAIT_S):
+            return None
+        try:
+            key = self._key()
+            if not self.reusable(arrived, key):
+                self._pause.wait(max(0.0, self.next_render_at() - self._clock()))
+                began, t0 = self._clock(), time.thread_time()
+                key = self._key()
+                text = self._render()
+                self._cached = (key, began, self._clock(), time.thread_time() - t0, text)
+                self.renders += 1
+            assert self._cached is not None
+            return self._cached[4]
+        finally:
+            self._lock.release()
+
+    def acquire(self) -> bool:
+        """One answer slot, without waiting; release() it after the answer."""
+        return self._slots.acquire(blocking=False)
+
+    def release(self) -> None:
+        self._slots.release()

@@ -26,10 +26,14 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
         yield c
 
 
-def stalled(c: Cluster, length: int, sent: bytes) -> socket.socket:
+def connect(port: int, source: str = "127.0.0.1") -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(source, 0))
+
+
+def stalled(c: Cluster, length: int, sent: bytes, source: str = "127.0.0.1") -> socket.socket:
     """A connection that declared a body of `length` bytes, sent `sent` of it, and stopped."""
     assert c.ext is not None
-    s = socket.create_connection(("127.0.0.1", c.ext.port), timeout=30)
+    s = connect(c.ext.port, source)
     s.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % length + sent)
     return s
 
@@ -69,14 +73,18 @@ def test_a_stalled_body_gets_408_and_frees_the_large_budget(cluster: Cluster) ->
 
 def test_idle_and_trickling_connections_do_not_block_the_scheduler(cluster: Cluster) -> None:
     assert cluster.ext is not None
-    idle = [socket.create_connection(("127.0.0.1", cluster.ext.port), timeout=30) for _ in range(200)]
-    trickling = [stalled(cluster, 1000, b"{" if i % 2 else b"") for i in range(50)]  # part of a body, or none
+    cap = server.VERBS_LIMITS.per_peer
+    idle = [connect(cluster.ext.port, "127.0.0.2") for _ in range(cap + 20)]
+    trickling = [stalled(cluster, 1000, b"{" if i % 2 else b"", "127.0.0.3") for i in range(50)]  # part or none
     try:
         pod = cluster.add_pod(pod_obj("p", {"main": 100}))
         assert cluster.c.filter(pod, ["n"])["NodeNames"] == ["n"]
         assert cluster.c.bind(pod, "n") == ""
         for s in trickling:
             assert answer(s)[0] == 408
+        for s in idle[cap:]:  # over the peer's cap: refused at once, before any request
+            status, raw = answer(s)
+            assert status == 503 and b"too many connections" in raw
     finally:
         for s in idle + trickling:
             s.close()
