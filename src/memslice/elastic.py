@@ -29,12 +29,14 @@ from memslice import errors
 SLOTS = 64
 SLOT_SIZE = 128
 MAGIC = 0x4C45534D
-VERSION = 2          # the liveness lock is a POSIX lock whose holder F_GETLK names (version 1: an OFD lock)
+VERSION = 3          # 2: the liveness lock is a POSIX lock whose holder F_GETLK names (1: an OFD lock); 3: the
+#                      priority, flags, ack and the owner's asks (needed/moved) in the last 32 bytes
 LIVE_OFF = SLOTS * SLOT_SIZE + SLOTS * 16
 FILE_SIZE = LIVE_OFF + SLOTS
 MAX_BOARDS = 64
-_SLOT = struct.Struct("<IIiI12Q")  # magic state pid version; request limit resident swapped idle_ms done_seq
-#                                    swap_outs swap_ins swap_out_ns swap_in_ns (+2 of pad2 unread)
+_SLOT = struct.Struct("<IIiI10QiIQIIII")  # magic state pid version; request limit resident swapped idle_ms
+#     done_seq swap_outs swap_ins swap_out_ns swap_in_ns; priority flags ack_seq done_moved_mib asks asked_mib got_mib
+F_IDLE_RELEASE = 1
 _FLOCK = struct.Struct("hhqqi4x")  # struct flock on 64-bit Linux
 STATES = {1: "active", 2: "idle"}
 
@@ -56,6 +58,11 @@ class Tenant:
     swap_in_seconds: float
     version: int = 0
     owner_pid: int = 0  # the slot lock's holder as the kernel names it in the reader's PID namespace; 0 unknown
+    priority: int = 0
+    idle_release: bool = False
+    asks: int = 0        # asks this tenant made of its neighbours, ever
+    asked_mib: int = 0   # what they needed, ever
+    got_mib: int = 0     # what neighbours moved for them, ever (issue 26: moved / needed per ask)
 
     @property
     def shown_state(self) -> str:
@@ -72,7 +79,8 @@ def parse_slot(gpu: str, index: int, raw: bytes) -> Tenant | None:
         return None
     return Tenant(gpu=gpu, slot=index, pid=f[2], state=STATES[f[1]], request_bytes=f[4], limit_bytes=f[5],
                   resident_bytes=f[6], swapped_bytes=f[7], idle_ms=f[8], swap_outs=f[10], swap_ins=f[11],
-                  swap_out_seconds=f[12] / 1e9, swap_in_seconds=f[13] / 1e9, version=f[3])
+                  swap_out_seconds=f[12] / 1e9, swap_in_seconds=f[13] / 1e9, version=f[3], priority=f[14],
+                  idle_release=bool(f[15] & F_IDLE_RELEASE), asks=f[18], asked_mib=f[19], got_mib=f[20])
 
 
 def lock_holder(fd: int, offset: int) -> tuple[bool, int]:
