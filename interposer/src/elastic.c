@@ -31,6 +31,7 @@
                                     * an answer moves at most one chunk more than it was asked (the slack) */
 #define EL_ACK_MS 500              /* an asked neighbour acknowledges within a tick (or the move it is in) */
 #define EL_YIELD_GAP_MS 100        /* a tenant moves memory for asks at most once per this (issue 25) */
+#define EL_SKIP_NOACK_MS 10000     /* a slot that did not acknowledge an ask is not asked again for this long */
 
 int g_elastic;
 
@@ -641,11 +642,11 @@ static int make_room(uint64_t need, int guaranteed, int wait) {
             if (!eb_alive(&g_board, i) || eb_done_seq(&g_board, i) >= seq) { share_open[k] = 0; continue; }
             if (eb_ack_seq(&g_board, i) < seq && now_ns() - t_ask[k] > EL_ACK_MS * 1000000ull) {
                 share_open[k] = 0; /* forged or hung: its claimed share is asked of the next neighbour */
-                g_skip_until[i] = now_ns() + 30000000000ull;
+                g_skip_until[i] = now_ns() + EL_SKIP_NOACK_MS * 1000000ull;
                 uint64_t c = claim_of(&s[i], s[i].state == EB_IDLE ? 0 : 1, guaranteed);
                 reask += c < need ? c : need;
                 shim_log(LOG_WARN, "memslice: elastic: the tenant in slot %d of the board did not acknowledge an ask "
-                         "within %d ms; it is skipped for 30 s", i, EL_ACK_MS);
+                         "within %d ms; it is skipped for %d s", i, EL_ACK_MS, EL_SKIP_NOACK_MS / 1000);
                 continue;
             }
             pending++;
