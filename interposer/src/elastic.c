@@ -577,6 +577,26 @@ static uint64_t claim_of(const struct eb_slot *s, int pass, int guaranteed) {
     return s->resident - s->request;
 }
 
+/* Claimed figures are not evidence (issue 25): where the agent wrote a roster, only the slots it assigned
+ * may be asked, with the request, priority and opt-in it recorded, and what a slot says it holds is capped
+ * by the limit it recorded. */
+static void apply_roster(struct eb_slot *s, int *live) {
+    struct eb_roster_ent ro[EB_SLOTS];
+    if (!eb_read_roster(g_cfg.elastic_dir, g_ledger.r->dev[g_dev].uuid, ro)) return;
+    for (int i = 0; i < EB_SLOTS; i++) {
+        if (!(ro[i].flags & EB_R_ASSIGNED)) {
+            live[i] = 0;
+            continue;
+        }
+        uint64_t lim = (uint64_t)ro[i].limit_mib << 20;
+        s[i].request = (uint64_t)ro[i].request_mib << 20;
+        s[i].limit = lim;
+        s[i].priority = ro[i].priority;
+        s[i].flags = ro[i].flags & EB_R_IDLE_RELEASE ? EB_F_IDLE_RELEASE : 0;
+        if (s[i].resident > lim) s[i].resident = lim;
+    }
+}
+
 /* Choose whom to ask and for how much (issue 26: only what is needed, longest-idle first, then bursting
  * active tenants by lowest priority): asks go out in order until the claimed shares cover `left`. Slots
  * in `taken` (asked already, or skipped) are not asked; those asked are added. The bytes not covered. */
@@ -628,6 +648,7 @@ static int make_room(uint64_t need, int guaranteed, int wait) {
     int live[EB_SLOTS], taken[EB_SLOTS] = {0}, asked[EB_SLOTS], share_open[EB_SLOTS] = {0}, n = 0;
     uint64_t seq = now_ns(), t_ask[EB_SLOTS];
     eb_read_all(&g_board, s, live);
+    apply_roster(s, live);
     for (int i = 0; i < EB_SLOTS; i++) taken[i] = g_skip_until[i] > seq;
     ask_more(s, live, taken, seq, need, need, guaranteed, asked, &n);
     for (int k = 0; k < n; k++) { t_ask[k] = seq; share_open[k] = 1; }

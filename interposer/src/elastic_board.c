@@ -143,3 +143,22 @@ struct eb_ask eb_my_ask(const struct eb *b) {
         memset(&a, 0, sizeof a);
     return a;
 }
+
+/* The roster: opened without following a link or blocking on a FIFO, one bounded read; anything but the
+ * agent's whole layout reads as no roster. */
+int eb_read_roster(const char *dir, const char *uuid, struct eb_roster_ent out[EB_SLOTS]) {
+    char name[80], path[400];
+    unsigned char buf[EB_ROSTER_SIZE + 1];
+    safe_name(uuid, name, sizeof name);
+    if (!name[0] || snprintf(path, sizeof path, "%s/%s.roster", dir, name) >= (int)sizeof path) return 0;
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return 0;
+    struct stat st;
+    ssize_t n = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? pread(fd, buf, sizeof buf, 0) : -1;
+    close(fd);
+    uint64_t magic;
+    memcpy(&magic, buf, sizeof magic);
+    if (n != EB_ROSTER_SIZE || magic != EB_ROSTER_MAGIC) return 0;
+    memcpy(out, buf + 8, sizeof(struct eb_roster_ent) * EB_SLOTS);
+    return 1;
+}

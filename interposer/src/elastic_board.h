@@ -62,6 +62,22 @@ struct eb_ask { uint64_t seq, bytes; };
 
 struct eb { int fd; int slot; };
 
+/* The roster of a GPU's board (issue 25): <dir>/<GPU uuid>.roster, written by the node agent only (atomically,
+ * by rename) in a directory tenants see read-only: which slots the agent assigned to containers, with the
+ * container's request, limit, priority and idle-release opt-in from the agent's own records. Where a roster
+ * exists, a tenant asks only assigned slots and takes their figures from it, not from the slots' claims.
+ * Layout: 8 bytes EB_ROSTER_MAGIC, then EB_SLOTS entries of 16 bytes. Without one (`memslice run`), every
+ * live slot may be asked, on its own claims. */
+#define EB_ROSTER_MAGIC 0x3130524f5253534dull /* "MSSROR01" little-endian */
+#define EB_ROSTER_SIZE (8 + EB_SLOTS * 16)
+#define EB_R_ASSIGNED 1u
+#define EB_R_IDLE_RELEASE 2u
+struct eb_roster_ent { uint32_t flags; int32_t priority; uint32_t request_mib, limit_mib; };
+_Static_assert(sizeof(struct eb_roster_ent) == 16, "roster entry is 16 bytes");
+/* Read the roster of GPU `uuid` in `dir`: 1 with one, 0 without (absent, or not a whole regular file of the
+ * layout: then nothing is filtered), never blocking. */
+int eb_read_roster(const char *dir, const char *uuid, struct eb_roster_ent out[EB_SLOTS]);
+
 /* Open (creating it if needed, mode 0666 & ~umask) the board of GPU `uuid` in `dir` and claim a slot: the
  * one assigned (`want` >= 0: the node agent's, from the limits file), else the first free one. 0 with a slot,
  * 1 without one (b->slot -1: the process still asks its neighbours, nobody can ask it), or -1 with a message

@@ -98,6 +98,47 @@ def lock_holder(fd: int, offset: int) -> tuple[bool, int]:
     return True, max(int(pid), 0)
 
 
+# ---- the roster (interposer/src/elastic_board.h): which slots the node agent assigned, with its own figures ----
+ROSTER_MAGIC = 0x3130524F5253534D
+ROSTER_SIZE = 8 + SLOTS * 16
+R_ASSIGNED = 1
+R_IDLE_RELEASE = 2
+_ROSTER_ENT = struct.Struct("<IiII")  # flags priority request_mib limit_mib
+
+
+@dataclass(frozen=True)
+class RosterEntry:
+    slot: int
+    request_mib: int
+    limit_mib: int
+    priority: int = 0
+    idle_release: bool = False
+
+
+def render_roster(entries: Iterable[RosterEntry]) -> bytes:
+    """A roster file's bytes (pure): the agent's assigned slots and their figures; priorities clamp to int32."""
+    body = bytearray(SLOTS * 16)
+    for e in entries:
+        if not 0 <= e.slot < SLOTS:
+            raise ValueError(f"board slot {e.slot} is not between 0 and {SLOTS - 1}")
+        prio = max(min(e.priority, 2**31 - 1), -(2**31))
+        _ROSTER_ENT.pack_into(body, e.slot * 16, R_ASSIGNED | (R_IDLE_RELEASE if e.idle_release else 0), prio,
+                              min(e.request_mib, 2**32 - 1), min(e.limit_mib, 2**32 - 1))
+    return struct.pack("<Q", ROSTER_MAGIC) + bytes(body)
+
+
+def parse_roster(raw: bytes) -> dict[int, RosterEntry] | None:
+    """Slot -> entry of a roster's bytes, None unless it is exactly the layout (pure)."""
+    if len(raw) != ROSTER_SIZE or struct.unpack_from("<Q", raw)[0] != ROSTER_MAGIC:
+        return None
+    out = {}
+    for i in range(SLOTS):
+        flags, prio, req, lim = _ROSTER_ENT.unpack_from(raw, 8 + i * 16)
+        if flags & R_ASSIGNED:
+            out[i] = RosterEntry(i, req, lim, prio, bool(flags & R_IDLE_RELEASE))
+    return out
+
+
 def board_gpu(path: str | os.PathLike[str]) -> str:
     return Path(path).name.removesuffix(".board")
 
@@ -123,8 +164,11 @@ def read_board(path: str | os.PathLike[str]) -> list[Tenant]:
         os.close(fd)
 
 
-def board_paths(directory: str | os.PathLike[str]) -> list[Path]:
-    """The board files of an elastic directory (at most MAX_BOARDS, sorted)."""
+def board_paths(directory: str | os.PathLike[str], gpus: Iterable[str] | None = None) -> list[Path]:
+    """The board files of an elastic directory (at most MAX_BOARDS, sorted); with `gpus` (the node's GPU
+    uuids, issue 25) only the boards named after them, whatever else a tenant created there."""
+    if gpus is not None:
+        return [Path(directory) / f"{g}.board" for g in sorted(set(gpus))[:MAX_BOARDS]]
     return sorted(p for p in Path(directory).glob("*.board"))[:MAX_BOARDS]
 
 
@@ -140,12 +184,12 @@ class BoardScan:
     errors: list[tuple[str, str]] = field(default_factory=list)  # (board path, problem)
 
 
-def scan_boards(directory: str | os.PathLike[str]) -> BoardScan:
-    """Every live tenant of every readable board; a board that cannot be read costs only its own tenants
-    (one (path, problem) entry), never the others'."""
+def scan_boards(directory: str | os.PathLike[str], gpus: Iterable[str] | None = None) -> BoardScan:
+    """Every live tenant of every readable board (with `gpus`, of those GPUs' boards only); a board that
+    cannot be read costs only its own tenants (one (path, problem) entry), never the others'."""
     scan = BoardScan()
     try:
-        paths = board_paths(directory)
+        paths = board_paths(directory, gpus)
     except OSError as exc:
         scan.errors.append((str(directory), str(exc)))
         return scan
