@@ -29,7 +29,7 @@
 #define GATE_DRAIN_MS 2000         /* how long a remap waits for this process's calls and GPU work in flight */
 #define EL_CHUNK (32ull << 20)     /* a range's physical memory comes in chunks of this: the unit that moves, so
                                     * an answer moves at most one chunk more than it was asked (the slack) */
-#define EL_ACK_MS 500              /* an asked neighbour acknowledges within a tick (or the move it is in) */
+#define EL_ACK_MS 1000             /* an asked neighbour acknowledges within a tick (or the move it is in) */
 #define EL_YIELD_GAP_MS 100        /* a tenant moves memory for asks at most once per this (issue 25) */
 #define EL_SKIP_NOACK_MS 10000     /* a slot that did not acknowledge an ask is not asked again for this long */
 
