@@ -31,6 +31,7 @@
                                     * an answer moves at most one chunk more than it was asked (the slack) */
 #define EL_ACK_MS 1000             /* an asked neighbour acknowledges within a tick (or the move it is in) */
 #define EL_YIELD_GAP_MS 100        /* a tenant moves memory for asks at most once per this (issue 25) */
+#define EL_BACK_AFTER_MS 2000     /* memory yielded for an ask stays in host memory at least this long */
 #define EL_SKIP_NOACK_MS 10000     /* a slot that did not acknowledge an ask is not asked again for this long */
 
 int g_elastic;
@@ -421,20 +422,20 @@ static uint64_t yield(uint64_t bits) {
     return given;
 }
 
-/* Whether another live tenant of the GPU waits for HBM within its request (then this process does not bring
- * back bytes above its own request, which would only be asked back): an active one short of its request, or
- * an idle one that holds some HBM but less than its request (served from host when HBM was full). An idle
- * tenant with nothing in HBM was swapped out for idleness and asks again when it runs. Also (issue 26,
- * "coming back"): bursts come back most recently active tenant first, so an active neighbour with bursts in
- * host memory that ran more recently than this process goes first. */
+static void apply_roster(struct eb_slot *s, int *live);
+
+/* Whether another live tenant of the GPU goes first (then this process does not bring back bytes above its
+ * own request, which would only be asked back): one short of its request (issue 26, "coming back": requests
+ * first), or one with bytes in host memory that ran more recently than this process (bursts come back most
+ * recently active tenant first). */
 static int neighbour_first(uint64_t my_idle_ms) {
     static struct eb_slot s[EB_SLOTS];
     int live[EB_SLOTS];
     eb_read_all(&g_board, s, live);
+    apply_roster(s, live);
     for (int i = 0; i < EB_SLOTS; i++) {
         if (!live[i] || !s[i].swapped || now_ns() < g_skip_until[i]) continue;
-        if (s[i].resident < s[i].request && (s[i].state == EB_ACTIVE || s[i].resident)) return 1;
-        if (s[i].state == EB_ACTIVE && s[i].idle_ms < my_idle_ms) return 1;
+        if (s[i].resident < s[i].request || s[i].idle_ms < my_idle_ms) return 1;
     }
     return 0;
 }
@@ -449,15 +450,14 @@ static struct erange *oldest_host(unsigned *idx) {
     return pick;
 }
 
-/* Bring back one host-resident chunk: when this process is active, within its request first and above it
- * only when no neighbour is short of its request and no more recently active neighbour waits for its
- * bursts; when idle, only within its request and only if it has not given HBM away since its last call
- * (memory served from host because HBM was full comes back as soon as HBM frees up; memory an idle process
- * yielded waits until it runs again). One chunk per tick, so the gate is closed briefly. Caller holds g_mu. */
+/* Bring back one host-resident chunk when HBM has room (issue 26, "coming back"): the request first, then
+ * the bursts, only when no neighbour is short of its request and no more recently active neighbour waits
+ * for its own. Memory this process yielded stays out for EL_BACK_AFTER_MS after the move (the asker takes
+ * the room it made; nothing ping-pongs). One chunk per tick, so the gate is closed briefly. Caller holds
+ * g_mu. */
 static void swap_in_one(void) {
     if (!g_swapped) return;
-    if (is_idle() && (g_resident >= g_cfg.request ||
-                      g_yield_ns > __atomic_load_n(&g_last_call_ns, __ATOMIC_RELAXED))) return;
+    if (g_yield_ns && coarse_ns() - g_yield_ns < EL_BACK_AFTER_MS * 1000000ull) return;
     unsigned i = 0;
     struct erange *pick = oldest_host(&i);
     if (!pick) return;
