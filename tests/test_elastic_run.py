@@ -5,9 +5,9 @@ the second finds it, the idle one yields its HBM."""
 from __future__ import annotations
 
 import json
-import re
 import os
 import pathlib
+import re
 import stat
 import subprocess
 import sys
