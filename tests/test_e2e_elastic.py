@@ -65,10 +65,14 @@ def usage(resp) -> dict[int, tuple[int, int]]:
     return {p.pid: (p.device_bytes // MiB, p.host_bytes // MiB) for p in snap.processes if p.alive}
 
 
-def notebook(cluster: Cluster, node: GpuNode, name: str, limit_mib: int):
+def notebook(cluster: Cluster, node: GpuNode, name: str, limit_mib: int, priority: int | None = None,
+             more: dict[str, str] | None = None):
     """Schedule a pod asking 512 MiB with this limit, admit it on the node: its Allocate answer."""
-    ann = {"memslice.io/gpu-mem-limit": str(limit_mib)}
-    pod = cluster.add_pod(pod_obj(name, {"lab": 512 // UNIT}, annotations=ann))
+    ann = {"memslice.io/gpu-mem-limit": str(limit_mib), **(more or {})}
+    obj = pod_obj(name, {"lab": 512 // UNIT}, annotations=ann)
+    if priority is not None:
+        obj["spec"]["priority"] = priority  # what admission resolves from the pod's PriorityClass
+    pod = cluster.add_pod(obj)
     assert cluster.c.filter(pod, [NODE])["NodeNames"] == [NODE]
     assert cluster.c.bind(pod, NODE) == ""
     ann = cluster.kube.get("Pod", "default", name)["metadata"]["annotations"]
@@ -225,3 +229,27 @@ def test_per_container_swap_figures_and_pod_events(world, tenant_bin) -> None:
     finally:
         for t in tenants:
             t.close()
+
+
+def test_the_agent_writes_slot_priority_and_idle_release_where_the_shim_reads_its_limits(world) -> None:
+    """Issues 25.4, 26.1 and 26.3 on the Kubernetes path: each elastic container gets its own board slot, its
+    pod's PriorityClass value and its idle-release opt-in (contract.ANN_IDLE_RELEASE) in its read-only limits
+    file, and the GPU's roster (read-only to tenants) names the slots with the agent's own figures."""
+    from memslice.contract import ANN_IDLE_RELEASE
+    from memslice.elastic import parse_roster
+
+    cluster, node = world
+    a = notebook(cluster, node, "a", 2560, priority=1000, more={ANN_IDLE_RELEASE: "true"})
+    b = notebook(cluster, node, "b", 2048)
+    limits = [Path({m.container_path: m.host_path for m in r.mounts}["/run/memslice/limits"]).read_text()
+              for r in (a, b)]
+    assert "elastic_slot=0" in limits[0] and "priority=1000" in limits[0] and "idle_release=1" in limits[0]
+    assert "elastic_slot=1" in limits[1] and "priority=" not in limits[1] and "idle_release" not in limits[1]
+    mounts = {m.container_path: (m.host_path, m.read_only) for m in a.mounts}
+    edir, ro = mounts["/run/memslice/elastic"]
+    uuid = a.envs["NVIDIA_VISIBLE_DEVICES"]
+    assert ro and mounts[f"/run/memslice/elastic/{uuid}.board"] == (f"{edir}/{uuid}.board", False)
+    roster = parse_roster((Path(edir) / f"{uuid}.roster").read_bytes())
+    assert roster is not None
+    assert {s: (e.request_mib, e.limit_mib, e.priority, e.idle_release) for s, e in roster.items()} == {
+        0: (512, 2560, 1000, True), 1: (512, 2048, 0, False)}
