@@ -49,6 +49,7 @@ static struct eb g_board = {-1, -1};                    /* slot -1: no slot (ask
 static struct eb_slot g_me;                               /* this process's slot, as last published */
 static int g_thread_started;
 static uint64_t g_yield_ns;                               /* when this process last gave HBM away */
+static uint64_t g_acked;                                  /* the last ask the acker acknowledged (atomic) */
 static uint64_t g_skip_until[EB_SLOTS];                   /* neighbours that did not answer in time: not asked again before */
 
 static uint64_t g_last_call_ns;                           /* CLOCK_MONOTONIC of the last gated call */
@@ -366,10 +367,8 @@ static void publish(uint64_t done_seq) {
     g_me.idle_ms = idle;
     g_me.priority = g_cfg.priority;
     g_me.flags = g_cfg.idle_release ? EB_F_IDLE_RELEASE : 0;
-    if (done_seq) {
-        g_me.done_seq = done_seq;
-        g_me.ack_seq = done_seq;
-    }
+    if (done_seq) g_me.done_seq = done_seq;
+    g_me.ack_seq = __atomic_load_n(&g_acked, __ATOMIC_RELAXED); /* the acker's (a stale one is rewritten next tick) */
     eb_publish(&g_board, &g_me);
 }
 
@@ -467,9 +466,12 @@ static void swap_in_one(void) {
     CUmemGenericAllocationHandle nh;
     static uint64_t last_ask;
     if (create_phys(&nh, len, 0) != CUDA_SUCCESS) { /* HBM full: nothing is gated */
-        if (g_resident + len <= g_cfg.request && now_ns() - last_ask > 1000000000ull) {
-            last_ask = now_ns(); /* short of its request: ask neighbours (without waiting); retried next tick */
-            make_room(g_cfg.request - g_resident, 1, 0);
+        int within = g_resident + len <= g_cfg.request;
+        if ((within || !is_idle()) && now_ns() - last_ask > 1000000000ull) {
+            /* short of its request: ask neighbours, bursts included; active with bursts in host memory: idle
+             * neighbours and lower priorities only (without waiting; retried at most once a second) */
+            last_ask = now_ns();
+            make_room(within ? g_cfg.request - g_resident : g_swapped, within, 0);
         }
         return;
     }
@@ -482,8 +484,8 @@ static void swap_in_one(void) {
 }
 
 /* The background thread: publish, answer asks, bring memory back. It makes CUDA calls in the context of the
- * elastic allocations. An ask is acknowledged at once (askers skip a slot that does not ack within
- * EL_ACK_MS: issue 25, a forged slot that never answers costs them that much, once), and answered at most
+ * elastic allocations. An ask is acknowledged at once by the acker (askers skip a slot that does not ack
+ * within EL_ACK_MS: issue 25, a forged slot that never answers costs them that much, once), answered at most
  * once per EL_YIELD_GAP_MS (issue 25: asks are rate-limited per slot; a newer ask replaces a waiting one),
  * the ticks between free for bringing this process's own memory back. */
 static void *elastic_thread(void *arg) {
@@ -492,7 +494,6 @@ static void *elastic_thread(void *arg) {
     uint64_t handled = 0, answered_ns = 0;
     for (;;) {
         struct eb_ask a = eb_my_ask(&g_board);
-        if (a.seq && a.seq != handled) eb_ack(&g_board, a.seq);
         int answer = a.seq && a.seq != handled && now_ns() - answered_ns >= EL_YIELD_GAP_MS * 1000000ull;
         pthread_mutex_lock(&g_mu);
         uint64_t done = 0;
@@ -508,6 +509,23 @@ static void *elastic_thread(void *arg) {
         publish(done);
         pthread_mutex_unlock(&g_mu);
         sleep_ms(TICK_MS);
+    }
+    return NULL;
+}
+
+/* The acker: acknowledges an ask as soon as it is posted, even while the background thread is in the middle
+ * of a move (askers skip a slot that does not acknowledge within EL_ACK_MS). One pread per 10 ms. */
+static void *acker_thread(void *arg) {
+    (void)arg;
+    uint64_t seen = 0;
+    for (;;) {
+        struct eb_ask a = eb_my_ask(&g_board);
+        if (a.seq && a.seq != seen) {
+            __atomic_store_n(&g_acked, a.seq, __ATOMIC_RELAXED);
+            eb_ack(&g_board, a.seq);
+            seen = a.seq;
+        }
+        sleep_ms(10);
     }
     return NULL;
 }
@@ -552,7 +570,8 @@ static int elastic_setup(int dev, CUdevice ord) {
     pthread_attr_t at;
     pthread_attr_init(&at);
     pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    if (pthread_create(&t, &at, elastic_thread, NULL) != 0) {
+    if (pthread_create(&t, &at, elastic_thread, NULL) != 0 ||
+        (g_board.slot >= 0 && pthread_create(&t, &at, acker_thread, NULL) != 0)) {
         pthread_attr_destroy(&at);
         return -1;
     }
