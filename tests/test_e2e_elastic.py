@@ -200,8 +200,10 @@ def test_per_container_swap_figures_and_pod_events(world, tenant_bin) -> None:
         (ev,) = events(cluster, "a", "GPUMemorySwappedOut")
         assert ev["type"] == "Normal" and ev["count"] == 1 and ev["involvedObject"]["uid"] == a_uid
         assert ev["involvedObject"]["kind"] == "Pod" and ev["source"]["host"] == NODE
-        assert f"container lab: {host // 32} range(s)" in ev["message"] and uuid in ev["message"]
-        assert f"{host} MiB in host memory" in ev["message"]
+        # (at the first move seen: B's asks come one per allocation, so the Event may count only the first)
+        moved = re.search(r"container lab: (\d+) range\(s\) .* now (\d+) MiB in host memory", ev["message"])
+        assert moved and 1 <= int(moved.group(1)) <= host // 32 and int(moved.group(2)) <= host
+        assert uuid in ev["message"]
         assert not events(cluster, "b", "GPUMemorySwappedOut")
         # `memslice top --region-root` on the node: every container, named by the agent's records
         top = subprocess.run([sys.executable, "-m", "memslice", "top", "--json", "--region-root",
