@@ -456,11 +456,12 @@ static struct erange *oldest_host(unsigned *idx) {
  * g_mu. */
 static void swap_in_one(void) {
     if (!g_swapped) return;
-    if (g_yield_ns && coarse_ns() - g_yield_ns < EL_BACK_AFTER_MS * 1000000ull) return;
     unsigned i = 0;
     struct erange *pick = oldest_host(&i);
     if (!pick) return;
     uint64_t len = chunk_len(pick, i);
+    if (g_resident + len > g_cfg.request && g_yield_ns && coarse_ns() - g_yield_ns < EL_BACK_AFTER_MS * 1000000ull)
+        return; /* a burst it yielded: the asker takes the room first */
     uint64_t my_idle = (now_ns() - __atomic_load_n(&g_last_call_ns, __ATOMIC_RELAXED)) / 1000000ull;
     if (g_resident + len > g_cfg.request && neighbour_first(my_idle)) return;
     CUmemGenericAllocationHandle nh;
@@ -730,8 +731,11 @@ static CUresult place_chunk(struct erange *r, unsigned i, int *asked) {
          * owner's floor and lower priorities' bursts */
         uint64_t within = held < g_cfg.request ? g_cfg.request - held : 0;
         if (within > rest) within = rest;
-        if (make_room(within ? within : rest, within > 0, 1) > 0 && create_phys(&r->c[i].h, len, 0) == CUDA_SUCCESS)
-            return CUDA_SUCCESS;
+        /* the request asks again (up to 3 rounds, each bounded) when another asker took the room first */
+        for (int round = 0; round < (within ? 3 : 1); round++) {
+            if (make_room(within ? within : rest, within > 0, 1) <= 0) break;
+            if (create_phys(&r->c[i].h, len, 0) == CUDA_SUCCESS) return CUDA_SUCCESS;
+        }
     }
     char a[32];
     shim_log(LOG_INFO, "memslice: elastic: %s served from host memory (HBM is full%s)", fmt_bytes(len, a, sizeof a),
