@@ -241,7 +241,7 @@ def per_gpu(tenants: list[Tenant], caps: Mapping[str, int] | None = None) -> dic
         g["swap_out_s"] += t.swap_out_seconds
         g["swap_in_s"] += t.swap_in_seconds
     for uuid, g in out.items() if caps is not None else ():
-        cap = caps.get(uuid, 0) / MiB
+        cap = (caps or {}).get(uuid, 0) / MiB
         g["resident"] = min(g["resident"], cap)
         g["swapped"] = min(g["swapped"], cap)
     return out
