@@ -212,7 +212,8 @@ def test_allocate_makes_elastic_containers_from_the_limit_in_the_reservation(clu
     gpus, _ = published(api, agent)
     uuid = gpus[0]["uuid"]
     edir = agent.region_root.parent / "elastic"
-    assert sorted(p.name for p in edir.iterdir()) == sorted(f"{g['uuid']}.{k}" for g in gpus for k in ("board", "roster"))
+    want = sorted(f"{g['uuid']}.{k}" for g in gpus for k in ("board", "roster"))
+    assert sorted(p.name for p in edir.iterdir()) == want
     assert all((p.stat().st_mode & 0o777) == (0o666 if p.suffix == ".board" else 0o444) for p in edir.iterdir())
     assert (edir.stat().st_mode & 0o777) == 0o755
     nb = pod("nb", uuid, {"lab": 512, "side": 256})
