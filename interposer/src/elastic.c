@@ -10,10 +10,13 @@
  * address, releases the old one, and opens the gate.
  *
  * Who yields to whom is decided on the GPU's board (elastic_board.c): a tenant whose device allocation the
- * driver refuses asks idle neighbours (most idle first) and, for an allocation within its request, bursting
- * ones, then waits at most yield_wait_ms; whoever has not yielded by then is skipped and the allocation is
- * served from host memory at once (and moved to HBM by the background thread when HBM frees up). Each
- * tenant answers asks from a background thread of its own. */
+ * driver refuses asks for what it lacks, in shares: idle neighbours (longest idle first) for what they hold
+ * above their request, then, for an allocation within its request or from a higher priority, bursting ones
+ * for their burst; then waits at most yield_wait_ms; whoever has not acknowledged within EL_ACK_MS or
+ * yielded by then is skipped and the allocation is served from host memory at once (and moved to HBM by
+ * the background thread when HBM frees up). Each tenant answers asks from a background thread of its own,
+ * moving only when the driver's free memory is below the asker's need, never below its request (issues 25,
+ * 26). Memory is mapped in EL_CHUNK chunks: the unit that moves. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -660,7 +663,7 @@ static void count_ask(uint64_t need, const int *asked, int n, uint64_t seq) {
  * to idle tenants first, longest idle first, then (for an ask that may take bursts) bursting active ones,
  * each for a share of what is needed. Claimed figures are not evidence: the wait ends when the driver has
  * `need` free, when every asked slot has answered, or at the deadline; a slot that has not acknowledged
- * its ask within EL_ACK_MS is skipped (for 30 s, on every path) and its share asked of the next one. A
+ * its ask within EL_ACK_MS is skipped (EL_SKIP_NOACK_MS, on every path) and its share asked of the next one. A
  * neighbour that has acknowledged but not answered by the deadline is skipped too. Returns how many were
  * asked. */
 static int make_room(uint64_t need, int guaranteed, int wait) {
