@@ -8,12 +8,17 @@
 2. Swap time per GiB: tenant A fills --swap-mib, goes idle; B needs HBM, A moves to host memory; A runs
    again and moves back. Seconds per GiB from A's own counters on the board (swap_out_ns / swap_in_ns).
    The simulator's "HBM" is host memory, so this is the shim's and the copy's cost, not PCIe's.
-3. Density: notebook tenants on one simulated GPU (--gpu-mib), each a trace of bursts and idle gaps
-   (working set per burst drawn from {typical 60%, 2x typical 30%, peak 10%}; gaps exponential with mean
-   --gap s; idle after 0.3 s; time compressed). Static slices admit floor(GPU / peak) tenants (quota = peak);
-   elastic admits floor(GPU / typical) (request = typical, limit = peak). Reported per mode: tenants
-   admitted, OOMs, data errors (every burst writes a pattern and reads every byte back), p50/p95 seconds from
-   waking (the burst's first call) to fully resident, and mean HBM occupancy (sampled).
+3. Density (issue 26.7): notebook tenants on one simulated GPU (--gpu-mib), each a trace of bursts and idle
+   gaps (working set per burst drawn from {typical 60%, 2x typical 30%, peak 10%}; gaps exponential with mean
+   --gap s; idle after 0.3 s; time compressed). Static slices admit floor(GPU / peak) tenants (quota = peak).
+   "elastic" (requests stay in HBM, idle or not) admits floor(--headroom x GPU / typical) with request =
+   typical, limit = peak: the rest of HBM is for bursts. "elastic-release" (notebooks that opted in to giving
+   up their request while idle, MEMSLICE_IDLE_RELEASE=1) admits floor(GPU / typical). Reported per mode:
+   tenants admitted, OOMs, data errors (every burst writes a pattern and reads every byte back), p50/p95
+   seconds from waking (the burst's first call) to fully resident, mean HBM occupancy (sampled), moved /
+   needed (what neighbours moved for the tenants' asks over what those asks needed, from the board), and the
+   request-residency check: each 0.1 s, for every tenant that did not opt in, its bytes in the simulator's
+   device memory against min(request, what it holds): the samples where its request was not all resident.
 
 usage: python benchmarks/bench_elastic.py [--json] [--gate-only] [--repeats N] [--swap-mib N] [--gpu-mib N]
                                           [--duration S]
@@ -61,11 +66,12 @@ def node_env(tmp: Path, gpus: str, ctx: str = "0") -> dict[str, str]:
     return env
 
 
-def tenant_env(base: dict[str, str], region: Path, limit: int, request: int | None, edir: Path) -> dict[str, str]:
+def tenant_env(base: dict[str, str], region: Path, limit: int, request: int | None, edir: Path,
+               release: bool = False) -> dict[str, str]:
     region.mkdir(parents=True, exist_ok=True)
     env = dict(base, LD_PRELOAD=lib_paths().shim, MEMSLICE_REGION_DIR=str(region),
                MEMSLICE_GPU_MEM_LIMIT=f"{limit}MiB", MEMSLICE_ELASTIC_DIR=str(edir), MEMSLICE_IDLE_AFTER="0.3",
-               MEMSLICE_YIELD_WAIT="10")
+               MEMSLICE_YIELD_WAIT="10", MEMSLICE_IDLE_RELEASE="1" if release else "0")
     if request is not None:
         env["MEMSLICE_GPU_MEM_REQUEST"] = f"{request}MiB"
     return env
@@ -160,7 +166,7 @@ def swap_time(exe: str, tmp: Path, mib: int) -> dict[str, float]:
         me = next(t for t in read_boards(edir) if t.pid == a.p.pid)
     finally:
         a.stop()
-    gib = mib / 1024
+    gib = me.swap_outs * 32 / 1024  # what moved: 32 MiB chunks (issue 26: only what B lacked)
     return {"swap_out_s_per_gib": round(me.swap_out_seconds / gib, 3),
             "swap_in_s_per_gib": round(me.swap_in_seconds / gib, 3)}
 
@@ -173,18 +179,29 @@ def wait(cond, timeout: float) -> None:  # type: ignore[no-untyped-def]
         time.sleep(0.02)
 
 
+def request_misses(snap_procs: dict[int, tuple[int, int]], pids: list[int], request: int) -> int:
+    """Tenants whose request is not all in device memory in one sample (pure): device < min(request, held)."""
+    return sum(1 for p in pids if p in snap_procs and snap_procs[p][0] < min(request, sum(snap_procs[p])))
+
+
 def density(exe: str, tmp: Path, mode: str, gpu_mib: int, peak: int, typical: int, duration: float, gap: float,
-            seed: int) -> dict[str, object]:
+            seed: int, headroom: float = 0.75) -> dict[str, object]:
     d = tmp / f"density-{mode}"
     edir = d / "elastic"
     edir.mkdir(parents=True)
     base = node_env(d, f"{gpu_mib}MiB")
-    admitted = gpu_mib // peak if mode == "static" else gpu_mib // typical
-    tenants = [Tenant(exe, tenant_env(base, d / f"t{i}", peak, None if mode == "static" else typical, edir))
+    admitted = {"static": gpu_mib // peak, "elastic": int(headroom * gpu_mib) // typical,
+                "elastic-release": gpu_mib // typical}[mode]
+    release = mode == "elastic-release"
+    tenants = [Tenant(exe, tenant_env(base, d / f"t{i}", peak, None if mode == "static" else typical, edir, release))
                for i in range(admitted)]
+    pids = [t.p.pid for t in tenants]
     ooms = errors = 0
     wake: list[float] = []
     occupancy: list[float] = []
+    residency = {"samples": 0, "misses": 0}
+    late = [0]  # wakes not fully resident within 30 s
+    asks = {"asked_mib": 0, "moved_mib": 0}
     lock = threading.Lock()
     stop = time.monotonic() + duration
 
@@ -202,6 +219,8 @@ def density(exe: str, tmp: Path, mode: str, gpu_mib: int, peak: int, typical: in
                     dt: float | None = time.monotonic() - t0
                 except TimeoutError:
                     dt = None
+                    with lock:
+                        late[0] += 1
             else:
                 dt = time.monotonic() - t0
             t.cmd("free")
@@ -218,6 +237,14 @@ def density(exe: str, tmp: Path, mode: str, gpu_mib: int, peak: int, typical: in
             snap = read_region_file(str(d / "node.state.usage"))
             if snap and snap.devices:
                 occupancy.append(snap.devices[0].used_bytes / (gpu_mib * MiB))
+                if mode == "elastic":
+                    procs = {p.pid: (p.device_bytes, p.host_bytes) for p in snap.processes if p.alive}
+                    residency["samples"] += len(pids)
+                    residency["misses"] += request_misses(procs, pids, typical * MiB)
+            if mode != "static":  # the tenants' own ask counters (monotonic while they live)
+                live = [t for t in read_boards(edir) if t.pid in pids]
+                asks["asked_mib"] = max(asks["asked_mib"], sum(t.asked_mib for t in live))
+                asks["moved_mib"] = max(asks["moved_mib"], sum(t.got_mib for t in live))
             time.sleep(0.1)
 
     threads = [threading.Thread(target=run, args=(i, t)) for i, t in enumerate(tenants)]
@@ -230,9 +257,17 @@ def density(exe: str, tmp: Path, mode: str, gpu_mib: int, peak: int, typical: in
         t.stop()
     wake.sort()
     q = (lambda f: round(wake[min(len(wake) - 1, int(f * len(wake)))], 3)) if wake else (lambda f: None)
-    return {"tenants_admitted": admitted, "ooms": ooms, "data_errors": errors, "bursts": len(wake),
-            "wake_to_resident_p50_s": q(0.5), "wake_to_resident_p95_s": q(0.95),
-            "hbm_occupancy_mean": round(statistics.mean(occupancy), 3) if occupancy else None}
+    out: dict[str, object] = {
+        "tenants_admitted": admitted, "ooms": ooms, "data_errors": errors, "bursts": len(wake),
+        "wake_to_resident_p50_s": q(0.5), "wake_to_resident_p95_s": q(0.95),
+        "hbm_occupancy_mean": round(statistics.mean(occupancy), 3) if occupancy else None,
+        "wakes_not_resident_in_30s": late[0]}
+    if mode != "static":
+        out.update(ask_needed_mib=asks["asked_mib"], ask_moved_mib=asks["moved_mib"],
+                   moved_over_needed=round(asks["moved_mib"] / asks["asked_mib"], 3) if asks["asked_mib"] else None)
+    if mode == "elastic":
+        out.update(request_residency_samples=residency["samples"], request_not_resident=residency["misses"])
+    return out
 
 
 def main() -> int:
@@ -247,21 +282,26 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=30.0)
     ap.add_argument("--gap", type=float, default=2.0, help="mean idle gap between bursts, seconds")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--headroom", type=float, default=0.75,
+                    help="elastic mode: the share of HBM the admitted tenants' requests may fill")
     ap.add_argument("--gate-only", action="store_true", help="only the gated call cost (figure 1)")
+    ap.add_argument("--density-only", action="store_true", help="only the density trace (figure 3)")
     ap.add_argument("--instructions", action="store_true",
                     help="only the gated call cost, in instructions per call (callgrind; needs valgrind)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-elastic-") as t:
         tmp = Path(t)
         exes = build(tmp)
+        res: dict[str, object] = {}
         if a.instructions:
-            res: dict[str, object] = {"gate_instructions_per_call": gate_instructions(exes["gate"], tmp)}
-        else:
-            res = {"gate_ns_per_call": gate_cost(exes["gate"], tmp, a.repeats, a.calls)}
+            res["gate_instructions_per_call"] = gate_instructions(exes["gate"], tmp)
+        elif not a.density_only:
+            res["gate_ns_per_call"] = gate_cost(exes["gate"], tmp, a.repeats, a.calls)
         if not (a.gate_only or a.instructions):
-            res["swap"] = swap_time(exes["tenant"], tmp, a.swap_mib)
+            if not a.density_only:
+                res["swap"] = swap_time(exes["tenant"], tmp, a.swap_mib)
             res["density"] = {m: density(exes["tenant"], tmp, m, a.gpu_mib, a.peak_mib, a.typical_mib, a.duration,
-                                         a.gap, a.seed) for m in ("static", "elastic")}
+                                         a.gap, a.seed, a.headroom) for m in ("static", "elastic", "elastic-release")}
     if a.json:
         print(json.dumps(res, indent=2))
     else:

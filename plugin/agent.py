@@ -17,6 +17,7 @@ from memslice.plugin.devices import ListTooLarge, check_list_fits
 from memslice.plugin.dra_agent import DraParts, DraStartError, start_dra
 from memslice.plugin.elastic_events import SwapEvents
 from memslice.plugin.elastic_metrics import ElasticCollector, ElasticTracker, region_pid_reader
+from memslice.plugin.elastic_slots import write_roster
 from memslice.plugin.gpus import GpuError, GpuInfo, Nvml
 from memslice.plugin.health import HealthBook, XidWatcher
 from memslice.plugin.inventory import InventoryPublisher, PodWatcher, inventory_annotations
@@ -120,12 +121,15 @@ class NodeAgent:
                 return dict(state.ledger)
 
         self.elastic = ElasticTracker(cfg.elastic_dir, ledger,
-                                      region_pid_reader(lambda rid: str(self.regions.dir_of(rid))))
+                                      region_pid_reader(lambda rid: str(self.regions.dir_of(rid))),
+                                      gpus=[g.uuid for g in gpus])
         if cfg.kubelet_api == "dra":
             self._start_kubernetes_dra()
         else:
             self.state.ledger.update(self.regions.load())
             self.reconcile_once()  # recover what the kubelet recorded before serving anything
+            for g in gpus:  # the boards' rosters from the recovered ledger (issue 25)
+                write_roster(cfg.elastic_dir, g.uuid, ledger().values())
             self._start_kubernetes()
         self._xid = XidWatcher(gpus, health, self.nvml.responds, self._health_changed)
         self._xid.start()

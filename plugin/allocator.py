@@ -44,6 +44,7 @@ class PodInfo:
     name: str
     phase: str
     annotations: Mapping[str, str]
+    priority: int = 0  # spec.priority (the PriorityClass value admission resolved): elastic memory, issue 26
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ class Reservation:
     assumed_at: datetime | None  # None: the annotation is absent (sorted as the oldest)
     limits: tuple[tuple[str, int], ...] = ()  # elastic memory: container -> limit MiB (above its request)
     spill: int | None = None  # oversubscription of the pod's containers (contract.parse_oversubscribe)
+    priority: int = 0  # elastic memory: the pod's PriorityClass value (issue 26)
+    idle_release: bool = False  # elastic memory: idle, the request may move too (contract.ANN_IDLE_RELEASE)
 
     def limit_of(self, container: str, mib: int) -> int:
         """The container's limit MiB when it is above `mib` (the quota Allocate grants), else 0: not elastic."""
@@ -82,9 +85,10 @@ def parse_reservation(pod: PodInfo) -> Reservation | None:
     except LimitAnnotationError as exc:
         raise errors.ContractError(f"{where}: {exc}") from None
     spill = contract.parse_oversubscribe(pod.annotations, where)
+    release = contract.parse_idle_release(pod.annotations, where)
     return Reservation(pod_uid=pod.uid, namespace=pod.namespace, name=pod.name, gpu_uuid=r.gpu_uuid,
                        containers=r.container_mib, assumed_at=r.assumed_at, limits=tuple(sorted(limits.items())),
-                       spill=spill)
+                       spill=spill, priority=pod.priority, idle_release=release)
 
 
 def group_by_gpu(ids: Iterable[str]) -> dict[int, list[int]]:

@@ -145,6 +145,7 @@ class ElasticView:
     containers: dict[Key, ContainerElastic]
     unattributed: dict[str, int]  # GPU uuid -> live tenants of no known container
     errors: list[tuple[str, str]]
+    caps: dict[str, int] = field(default_factory=dict)  # GPU uuid -> sum of its elastic containers' limits, bytes
 
 
 def container_figures(alloc: Allocation, gpu: str, tenants: list[Tenant], totals: Counts) -> ContainerElastic:
@@ -166,12 +167,13 @@ class ElasticTracker:
     called at each scrape and by the swap Events loop (under one lock)."""
 
     def __init__(self, directory: Path, ledger: Callable[[], dict[str, Allocation]], region_pids: RegionPids,
-                 scan: Callable[[Path], BoardScan] = scan_boards, clock: Callable[[], float] = time.monotonic,
-                 age: Callable[[int], float | None] = process_age) -> None:
+                 scan: Callable[[Path], BoardScan] | None = None, clock: Callable[[], float] = time.monotonic,
+                 age: Callable[[int], float | None] = process_age, gpus: list[str] | None = None) -> None:
         self.directory = directory
+        self.gpus = gpus  # issue 25: only the boards named after this node's GPUs are read
         self.ledger = ledger
         self.region_pids = region_pids
-        self.scan = scan
+        self.scan = scan if scan is not None else (lambda d: scan_boards(d, self.gpus))
         self.clock = clock
         self.age = age
         self.acc = Accumulator()
@@ -208,7 +210,10 @@ class ElasticTracker:
         unattributed: dict[str, int] = {}
         for t in unknown:
             unattributed[t.gpu] = unattributed.get(t.gpu, 0) + 1
-        return ElasticView(scan.tenants, containers, unattributed, scan.errors)
+        caps: dict[str, int] = {}
+        for a in ledger.values():
+            caps[a.gpu_uuid] = caps.get(a.gpu_uuid, 0) + max(a.limit_mib, a.mib) * MiB
+        return ElasticView(scan.tenants, containers, unattributed, scan.errors, caps)
 
     def _log_problems(self, errors: list[tuple[str, str]]) -> None:
         now = dict(errors)
@@ -218,12 +223,16 @@ class ElasticTracker:
         self._problems = now
 
 
-def per_gpu(tenants: list[Tenant]) -> dict[str, dict[str, float]]:
-    """GPU uuid -> summed figures of its live tenants (pure)."""
+def per_gpu(tenants: list[Tenant], caps: Mapping[str, int] | None = None) -> dict[str, dict[str, float]]:
+    """GPU uuid -> summed figures of its live tenants (pure). With `caps` (GPU uuid -> bytes the node's limits
+    allow there: issue 25, slots are the tenants' to write), resident and swapped are each at most that."""
     out: dict[str, dict[str, float]] = {}
     for t in tenants:
         g = out.setdefault(t.gpu, dict.fromkeys(("resident", "swapped", "active", "idle", "swap_outs", "swap_ins",
-                                                 "swap_out_s", "swap_in_s"), 0.0))
+                                                 "swap_out_s", "swap_in_s", "asks", "asked", "got"), 0.0))
+        g["asks"] += t.asks
+        g["asked"] += t.asked_mib
+        g["got"] += t.got_mib
         g["resident"] += t.resident_bytes / MiB
         g["swapped"] += t.swapped_bytes / MiB
         g[t.state] += 1
@@ -231,6 +240,10 @@ def per_gpu(tenants: list[Tenant]) -> dict[str, dict[str, float]]:
         g["swap_ins"] += t.swap_ins
         g["swap_out_s"] += t.swap_out_seconds
         g["swap_in_s"] += t.swap_in_seconds
+    for uuid, g in out.items() if caps is not None else ():
+        cap = (caps or {}).get(uuid, 0) / MiB
+        g["resident"] = min(g["resident"], cap)
+        g["swapped"] = min(g["swapped"], cap)
     return out
 
 
@@ -273,7 +286,13 @@ class ElasticCollector:
                                     labels=lb)
         in_s = CounterMetricFamily("memslice_gpu_elastic_swap_in_seconds", "Time spent moving back to GPU "
                                    "memory", labels=lb)
-        figures = per_gpu(view.tenants)
+        asks = CounterMetricFamily("memslice_gpu_elastic_asks", "Asks tenants made of their neighbours for GPU "
+                                   "memory (live processes)", labels=lb)
+        asked = CounterMetricFamily("memslice_gpu_elastic_ask_needed_mib", "GPU memory those asks needed",
+                                    labels=lb)
+        got = CounterMetricFamily("memslice_gpu_elastic_ask_moved_mib", "GPU memory neighbours moved to host "
+                                  "memory for those asks (moved / needed: issue 26)", labels=lb)
+        figures = per_gpu(view.tenants, view.caps)
         for uuid, f in sorted(figures.items()):
             resident.add_metric([uuid], f["resident"])
             swapped.add_metric([uuid], f["swapped"])
@@ -284,7 +303,10 @@ class ElasticCollector:
             ins.add_metric([uuid], f["swap_ins"])
             out_s.add_metric([uuid], f["swap_out_s"])
             in_s.add_metric([uuid], f["swap_in_s"])
-        yield from (resident, swapped, tenants_g, unknown, outs, ins, out_s, in_s)
+            asks.add_metric([uuid], f["asks"])
+            asked.add_metric([uuid], f["asked"])
+            got.add_metric([uuid], f["got"])
+        yield from (resident, swapped, tenants_g, unknown, outs, ins, out_s, in_s, asks, asked, got)
 
     @staticmethod
     def _containers(view: ElasticView) -> Iterator[Metric]:

@@ -37,8 +37,10 @@ def pod_info(pod: dict[str, Any]) -> PodInfo:
     """What the agent keeps of a pod, from its JSON as the API server sends it."""
     md = pod.get("metadata") or {}
     phase = (pod.get("status") or {}).get("phase") or "Pending"
+    prio = (pod.get("spec") or {}).get("priority")
     return PodInfo(uid=md.get("uid") or "", namespace=md.get("namespace") or "", name=md.get("name") or "",
-                   phase=phase, annotations=dict(md.get("annotations") or {}))
+                   phase=phase, annotations=dict(md.get("annotations") or {}),
+                   priority=prio if type(prio) is int and -(2**31) <= prio < 2**31 else 0)
 
 
 class InventoryPublisher:

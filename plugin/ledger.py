@@ -38,6 +38,9 @@ class Allocation:
     pod_uid: str = ""
     limit_mib: int = 0  # elastic memory: the limit above `mib` (the request), 0 when not elastic
     spill: int | None = None  # oversubscription (contract.parse_oversubscribe): None off, -1 no cap, or bytes
+    elastic_slot: int = -1  # elastic memory: the board slot the agent assigned (plugin/elastic_slots.py)
+    priority: int = 0  # elastic memory: the pod's PriorityClass value
+    idle_release: bool = False  # elastic memory: idle, the request may move too
 
     def owner(self) -> str:
         return f"{self.namespace}/{self.pod}/{self.container}" if self.pod else "(pod not yet known)"

@@ -30,6 +30,7 @@ from pathlib import Path
 from memslice.elastic import CONTAINER_ELASTIC_DIR
 from memslice.limits import CONTAINER_LIMITS, Limits
 from memslice.limits import write as write_limits
+from memslice.plugin.elastic_slots import prepare as prepare_boards
 from memslice.plugin.ledger import REGION_ID, Allocation
 
 log = logging.getLogger(__name__)
@@ -317,19 +318,11 @@ def dir_usage(path: Path, max_entries: int = 1024, max_depth: int = 8) -> DirUsa
 
 
 def prepare_elastic_dir(directory: Path, gpu_uuids: list[str]) -> None:
-    """The node's elastic directory (mounted read-write at CONTAINER_ELASTIC_DIR in elastic containers) with
-    one board per GPU created here, mode 0666 whatever the container's user, so tenants never create files:
-    the directory itself is 0755 (only the agent adds or replaces boards). The agent reads them only for metrics
-    (plugin/elastic_metrics.py, bounded reads)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    os.chmod(directory, 0o755)
-    for uuid in gpu_uuids:
-        board = directory / f"{uuid}.board"
-        fd = os.open(board, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-        try:
-            os.fchmod(fd, 0o666)
-        finally:
-            os.close(fd)
+    """The node's elastic directory (mounted read-only at CONTAINER_ELASTIC_DIR in elastic containers, their
+    GPU's board read-write on top) with one board per GPU, mode 0666 whatever the container's user: the
+    directory itself is 0755 (only the agent adds or replaces boards and rosters). Never blocks on what is
+    there (plugin/elastic_slots.py). The agent reads the boards only for metrics (bounded reads)."""
+    prepare_boards(directory, gpu_uuids)
 
 
 class RegionStore:
@@ -366,7 +359,9 @@ class RegionStore:
         if alloc.limit_mib > alloc.mib:
             return Limits(gpu_mem_bytes=alloc.limit_mib << 20, region_dir=CONTAINER_REGION_DIR,
                           gpu_mem_request_bytes=alloc.mib << 20, elastic_dir=CONTAINER_ELASTIC_DIR,
-                          idle_after_s=self.idle_after_s, oversubscribe=over, host_spill_limit_bytes=cap)
+                          idle_after_s=self.idle_after_s, oversubscribe=over, host_spill_limit_bytes=cap,
+                          elastic_slot=alloc.elastic_slot if alloc.elastic_slot >= 0 else None,
+                          idle_release=alloc.idle_release, priority=alloc.priority)
         return Limits(gpu_mem_bytes=alloc.mib << 20, region_dir=CONTAINER_REGION_DIR, oversubscribe=over,
                       host_spill_limit_bytes=cap)
 

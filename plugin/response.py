@@ -53,8 +53,13 @@ def container_response(target: Target, region_host_dir: Path, cfg: ResponseConfi
         # node's boards are shared by every elastic container of the node (docs/architecture.md)
         envs.update(MEMSLICE_GPU_MEM_LIMIT=str(limit_mib), MEMSLICE_GPU_MEM_REQUEST=f"{target.mib}MiB",
                     MEMSLICE_ELASTIC_DIR=CONTAINER_ELASTIC_DIR, MEMSLICE_IDLE_AFTER=f"{cfg.idle_after_s:g}")
+        # issue 25: the directory (boards of every GPU, the rosters) read-only, so no tenant can replace a
+        # board or a roster; only this container's GPU's board read-write on top of it
+        board = f"{target.gpu.uuid}.board"
         mounts.append(api_pb2.Mount(container_path=CONTAINER_ELASTIC_DIR, host_path=str(cfg.elastic_host_dir),
-                                    read_only=False))
+                                    read_only=True))
+        mounts.append(api_pb2.Mount(container_path=f"{CONTAINER_ELASTIC_DIR}/{board}",
+                                    host_path=str(cfg.elastic_host_dir / board), read_only=False))
     if cfg.preload == "env":
         envs["LD_PRELOAD"] = CONTAINER_SHIM
     else:

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -20,6 +21,7 @@ from memslice.plugin.allocator import (
     choose_preferred,
 )
 from memslice.plugin.devices import DeviceIdError
+from memslice.plugin.elastic_slots import assign_slot, write_roster
 from memslice.plugin.ledger import Allocation, region_id_for
 from memslice.plugin.metrics import Metrics
 from memslice.plugin.regions import RegionStore
@@ -146,8 +148,16 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                                namespace=r.namespace if r else "", pod=r.name if r else "",
                                container=container, pod_uid=r.pod_uid if r else "",
                                limit_mib=r.limit_of(container, target.mib) if r else 0,
-                               spill=r.spill if r else None)
+                               spill=r.spill if r else None, priority=r.priority if r else 0,
+                               idle_release=r.idle_release if r else False)
+        elastic = alloc.limit_mib > alloc.mib
+        with st.lock:
+            if elastic and alloc.elastic_slot < 0:  # issue 25: the container's own board slot
+                alloc = replace(alloc, elastic_slot=assign_slot(alloc, st.ledger.values()))
+            others = [a for a in st.ledger.values() if a.region_id != rid]
         self.regions.create(alloc)
+        if elastic and self.rcfg.elastic_host_dir is not None:
+            write_roster(self.rcfg.elastic_host_dir, alloc.gpu_uuid, [*others, alloc])
         with st.lock:
             st.ledger[rid] = alloc
         return alloc

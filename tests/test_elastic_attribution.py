@@ -119,11 +119,13 @@ def test_counters_stay_monotonic_when_a_process_exits(elastic, tmp_path) -> None
     b = elastic("b", "2GiB", "512MiB")
     assert b.cmd("alloc 1792 64") == "allocated 28"
     uuid = read_boards(edir)[0].gpu
-    wait_for(lambda: tr.poll().containers[("a", uuid)].totals.outs == 32, "A's swaps in its container's totals")
+    outs = next(t.swap_outs for t in read_boards(edir) if t.pid == a.proc.pid)
+    assert outs > 0, "A moved chunks for B"
+    wait_for(lambda: tr.poll().containers[("a", uuid)].totals.outs == outs, "A's swaps in its container's totals")
     a.close()
     wait_for(lambda: len(read_boards(edir)) == 1, "A's slot gone")
     c = tr.poll().containers[("a", uuid)]
-    assert c.totals.outs == 32 and c.resident_bytes == 0 and c.swapped_bytes == 0
+    assert c.totals.outs == outs and c.resident_bytes == 0 and c.swapped_bytes == 0
     assert sum(c.processes.values()) == 0
     del ledger["a"]  # the container is gone from the agent's ledger: so are its series
     assert ("a", uuid) not in tr.poll().containers
@@ -192,7 +194,10 @@ def test_top_groups_elastic_processes_under_their_containers(elastic, tmp_path) 
     wait_for(lambda: any(t.state == "idle" for t in read_boards(edir)), "A idle")
     b = elastic("b", "2GiB", "512MiB")
     assert b.cmd("alloc 1792 64") == "allocated 28"
-    wait_for(lambda: any(t.shown_state == "swapped-out" for t in read_boards(edir)), "A swapped out")
+    wait_for(lambda: any(t.swapped_bytes for t in read_boards(edir)), "A's burst partly swapped out")
+    mine = {t.pid: t for t in read_boards(edir)}
+    moved, outs = mine[a.proc.pid].swapped_bytes, mine[a.proc.pid].swap_outs
+    assert 344 * MiB <= moved <= 430 * MiB and mine[b.proc.pid].got_mib << 20 == moved
 
     def top(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "memslice", "top", "--elastic-dir", str(edir), *args],
@@ -203,19 +208,21 @@ def test_top_groups_elastic_processes_under_their_containers(elastic, tmp_path) 
     doc = json.loads(out.stdout)
     ra, rb = doc["regions"]
     (ea,), (eb,) = ra["elastic"], rb["elastic"]
-    assert (ea["device_bytes"], ea["swapped_bytes"], ea["spilled_bytes"]) == (0, 2048 * MiB, 0)
+    assert (ea["device_bytes"], ea["swapped_bytes"], ea["spilled_bytes"]) == (2048 * MiB - moved, moved, 0)
     assert (eb["device_bytes"], eb["elastic_resident_bytes"], eb["swapped_bytes"]) == (1792 * MiB, 1792 * MiB, 0)
     (pa,) = ea["processes"]
-    assert (pa["host_pid"], pa["state"], pa["region"]) == (a.proc.pid, "swapped-out", ra["region"])
-    assert pa["seconds_since_last_call"] > 0 and pa["swap_outs"] == 32
-    assert [p["host_pid"] for p in eb["processes"]] == [b.proc.pid]
+    assert (pa["host_pid"], pa["state"], pa["region"]) == (a.proc.pid, "idle", ra["region"])
+    assert pa["seconds_since_last_call"] > 0 and pa["swap_outs"] == outs
+    (pb,) = eb["processes"]
+    assert pb["host_pid"] == b.proc.pid and pb["asks"] > 0 and pb["moved_for_asks_bytes"] == moved
+    assert pb["asked_bytes"] >= 344 * MiB and moved <= 1.25 * pb["asked_bytes"]
     assert {e["host_pid"]: e["region"] for e in doc["elastic"]} == {a.proc.pid: ra["region"],
                                                                     b.proc.pid: rb["region"]}
 
     text = top("--once", str(tmp_path / "a")).stdout  # B's region not shown: B is listed apart
     region_a, rest = text.split("elastic processes of no region shown")
-    assert "swapped-out, last CUDA call" in region_a
-    assert "0B in GPU memory, 2GiB swapped out to host memory, 0B spilled to host memory; swaps 32 out" in region_a
+    assert "idle, last CUDA call" in region_a
+    assert f"swapped out to host memory, 0B spilled to host memory; swaps {outs} out" in region_a
     assert str(b.proc.pid) in rest and str(b.proc.pid) not in region_a
 
 

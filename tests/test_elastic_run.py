@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import stat
 import subprocess
 import sys
@@ -77,16 +78,18 @@ def test_two_memslice_run_sessions_share_one_gpu_elastically(tmp_path, tenant_bi
             snap = read_region_file(str(tmp_path / "node.state.usage"))
             assert snap is not None and snap.devices[0].peak_bytes <= 2048 * MiB
             return sorted((p.device_bytes // MiB, p.host_bytes // MiB) for p in snap.processes if p.alive)
-        assert held()[1] == (300 + 640, 0), "B's memory is all in HBM"
-        until(lambda: held() == [(300, 1024), (300 + 640, 0)], "A's bytes all in host memory")
+        needed = 640 - (2048 - 300 - 1024 - 300)  # 216 MiB: issue 26, only what HBM lacks moves
+        (b_dev, b_host), (a_dev, a_host) = held()
+        assert (b_dev, b_host) == (300 + 640, 0), "B's memory is all in HBM"
+        assert needed <= a_host <= 1.25 * needed and a_dev + a_host == 300 + 1024, "A moved what B needed"
         top = subprocess.run([sys.executable, "-m", "memslice", "top", "--json", "--elastic-dir", str(edir),
                               str(tmp_path / "a"), str(tmp_path / "b")], env=env, capture_output=True, text=True,
                              timeout=60)
         assert top.returncode == 0, top.stderr
         shown = sorted(json.loads(top.stdout)["elastic"], key=lambda t: t["swapped_bytes"])
         assert [(t["state"], t["resident_bytes"] // MiB, t["swapped_bytes"] // MiB) for t in shown] == [
-            ("active", 640, 0), ("swapped-out", 0, 1024)]
-        assert shown[1]["swap_outs"] == 16 and shown[1]["request_bytes"] == 256 * MiB
+            ("active", 640, 0), ("idle", 1024 - a_host, a_host)]
+        assert shown[1]["swap_outs"] == a_host // 32 and shown[1]["request_bytes"] == 256 * MiB
         assert ask(a, "check") == f"check ok {1024 * MiB}"
         assert ask(b, "check") == f"check ok {640 * MiB}"
     finally:
@@ -123,7 +126,10 @@ def test_elastic_demo_shows_an_idle_notebook_yielding_and_getting_its_memory_bac
     out = subprocess.run([sys.executable, "-m", "memslice", "demo", "--elastic"], env=env, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr
-    assert "notebook-a  swapped-out in GPU        0B   in host memory      2GiB" in out.stdout
+    assert re.search(r"notebook-a  \w+ +in GPU      2GiB   in host memory        0B", out.stdout.split("frees")[1])
     assert "'allocated_mib': 1792, 'result': 0" in out.stdout and "'checked_blocks': 8, 'bad': 0" in out.stdout
+    asked, moved = map(int, re.search(r"asked for (\d+) MiB in \d+ ask\(s\); its neighbour moved (\d+) MiB",
+                                      out.stdout).groups())
+    assert 344 <= asked and moved <= 1.25 * 344, "only what notebook-b lacked moved (issue 26)"
     peak = int(out.stdout.split("at most ")[1].split(" MiB")[0])
     assert peak <= 4096

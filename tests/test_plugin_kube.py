@@ -207,16 +207,19 @@ def test_inventory_publication_is_retried_after_api_errors(cluster):
 
 
 def test_allocate_makes_elastic_containers_from_the_limit_in_the_reservation(cluster):
-    """A reservation with a limit above the request: Allocate writes the limit as the quota and the request as
-    the guaranteed part in the read-only limits file, mounts the node's elastic directory (boards made by the
-    agent, writable by any container user), and sets the same in the env; other containers are unchanged."""
+    """A reservation with a limit above the request: Allocate writes the limit as the quota, the request as
+    the guaranteed part and the container's board slot in the read-only limits file, mounts the node's elastic
+    directory read-only (boards and rosters made by the agent) with the container's GPU's board read-write on
+    top (any container user), and sets the same in the env; other containers are unchanged."""
     api, kubelet, make = cluster
     agent = make(("--idle-after", "7.5"), unit_mib=4)
     gpus, _ = published(api, agent)
     uuid = gpus[0]["uuid"]
     edir = agent.region_root.parent / "elastic"
-    assert sorted(p.name for p in edir.iterdir()) == sorted(f"{g['uuid']}.board" for g in gpus)
-    assert all((p.stat().st_mode & 0o777) == 0o666 for p in edir.iterdir()) and (edir.stat().st_mode & 0o777) == 0o755
+    want = sorted(f"{g['uuid']}.{k}" for g in gpus for k in ("board", "roster"))
+    assert sorted(p.name for p in edir.iterdir()) == want
+    assert all((p.stat().st_mode & 0o777) == (0o666 if p.suffix == ".board" else 0o444) for p in edir.iterdir())
+    assert (edir.stat().st_mode & 0o777) == 0o755
     nb = pod("nb", uuid, {"lab": 512, "side": 256})
     nb["metadata"]["annotations"]["memslice.io/gpu-mem-limit-mib"] = json.dumps({"lab": 2560})
     api.put(nb)
@@ -233,10 +236,12 @@ def test_allocate_makes_elastic_containers_from_the_limit_in_the_reservation(clu
     assert lab.envs["MEMSLICE_GPU_MEM_LIMIT"] == "2560" and lab.envs["MEMSLICE_GPU_MEM_REQUEST"] == "512MiB"
     assert lab.envs["MEMSLICE_ELASTIC_DIR"] == "/run/memslice/elastic" and lab.envs["MEMSLICE_IDLE_AFTER"] == "7.5"
     mounts = {m.container_path: m for m in lab.mounts}
-    assert mounts["/run/memslice/elastic"].host_path == str(edir) and not mounts["/run/memslice/elastic"].read_only
+    assert mounts["/run/memslice/elastic"].host_path == str(edir) and mounts["/run/memslice/elastic"].read_only
+    board = mounts[f"/run/memslice/elastic/{uuid}.board"]
+    assert board.host_path == str(edir / f"{uuid}.board") and not board.read_only
     limits = Path(mounts["/run/memslice/limits"].host_path).read_text().splitlines()
     assert {"gpu_mem_limit=2560MiB", "gpu_mem_request=512MiB", "elastic_dir=/run/memslice/elastic",
-            "idle_after=7.5"} <= set(limits)
+            "idle_after=7.5", "elastic_slot=0"} <= set(limits)
     # the container without a limit: a plain quota, no elastic directory
     assert side.envs["MEMSLICE_GPU_MEM_LIMIT"] == "256" and "MEMSLICE_GPU_MEM_REQUEST" not in side.envs
     assert "/run/memslice/elastic" not in {m.container_path for m in side.mounts}

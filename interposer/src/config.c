@@ -118,7 +118,9 @@ struct limits_file {
     char path[600];
     int has_limit, has_reserve, has_over, has_spill, has_region, over;
     int has_request, has_edir, has_idle;       /* elastic mode (elastic.c) */
-    uint64_t limit, reserve, spill, request, idle_ms;
+    int has_eslot, has_release, has_prio;      /* elastic slot, idle release, priority (issues 25, 26) */
+    uint64_t limit, reserve, spill, request, idle_ms, eslot, release;
+    int64_t prio;
     char region[sizeof g_cfg.region_path];
     char edir[sizeof g_cfg.elastic_dir];
 };
@@ -173,6 +175,44 @@ static int parse_seconds_or_fail(const char *what, const char *v, uint64_t *ms) 
     return -1;
 }
 
+/* An integer in [lo, hi] (a board slot, a flag, a priority). 0, or -1 (fail closed). */
+static int parse_int_or_fail(const char *what, const char *v, int64_t lo, int64_t hi, int64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (*v && end && !*end && !errno && x >= lo && x <= hi) {
+        *out = x;
+        return 0;
+    }
+    fail_closed("memslice: %s='%.64s' is not an integer from %lld to %lld.", what, v, (long long)lo, (long long)hi);
+    return -1;
+}
+
+/* The elastic roles the node agent assigns (issues 25 and 26): the board slot, the idle-release opt-in and the
+ * pod's priority; the limits file's, else the environment's (MEMSLICE_ELASTIC_SLOT, MEMSLICE_IDLE_RELEASE,
+ * MEMSLICE_PRIORITY) when there is no file. 0, or -1 (fail closed). */
+static int read_elastic_roles(const struct limits_file *f, int have_file) {
+    struct shim_config *c = &g_cfg;
+    int64_t slot = -1, rel = 0, prio = 0;
+    const char *v;
+    if (have_file) {
+        if (f->has_eslot) slot = (int64_t)f->eslot;
+        rel = (int64_t)f->release;
+        prio = f->prio;
+    } else {
+        if ((v = getenv("MEMSLICE_ELASTIC_SLOT")) && *v && parse_int_or_fail("MEMSLICE_ELASTIC_SLOT", v, 0, 63, &slot) < 0)
+            return -1;
+        if ((v = getenv("MEMSLICE_IDLE_RELEASE")) && *v && parse_int_or_fail("MEMSLICE_IDLE_RELEASE", v, 0, 1, &rel) < 0)
+            return -1;
+        if ((v = getenv("MEMSLICE_PRIORITY")) && *v &&
+            parse_int_or_fail("MEMSLICE_PRIORITY", v, INT32_MIN, INT32_MAX, &prio) < 0) return -1;
+    }
+    c->elastic_slot = (int)slot;
+    c->idle_release = (int)rel;
+    c->priority = (int32_t)prio;
+    return 0;
+}
+
 /* Elastic mode's settings: the limits file's, else the environment's (MEMSLICE_GPU_MEM_REQUEST,
  * MEMSLICE_ELASTIC_DIR, MEMSLICE_IDLE_AFTER; MEMSLICE_YIELD_WAIT from the environment only: it bounds this
  * process's own waits). Elastic mode is on when 0 < request < limit. 0, or -1 (fail closed). */
@@ -191,6 +231,7 @@ static int read_elastic(const struct limits_file *f, int have_file) {
         return -1;
     if ((v = getenv("MEMSLICE_YIELD_WAIT")) && parse_seconds_or_fail("MEMSLICE_YIELD_WAIT", v, &c->yield_wait_ms) < 0)
         return -1;
+    if (read_elastic_roles(f, have_file) < 0) return -1;
     if (!c->request) return 0;
     char a[32], b[32];
     if (c->mode != MODE_ENFORCE || c->request > c->limit) {
@@ -245,9 +286,23 @@ static int limits_line(struct limits_file *f, char *key, char *val, int lineno) 
     } else if (strcmp(key, "idle_after") == 0) {
         seen = &f->has_idle;
         if (parse_seconds_or_fail(what, val, &f->idle_ms) < 0) return -1;
+    } else if (strcmp(key, "elastic_slot") == 0) {
+        int64_t x;
+        seen = &f->has_eslot;
+        if (parse_int_or_fail(what, val, 0, 63, &x) < 0) return -1;
+        f->eslot = (uint64_t)x;
+    } else if (strcmp(key, "idle_release") == 0) {
+        int64_t x;
+        seen = &f->has_release;
+        if (parse_int_or_fail(what, val, 0, 1, &x) < 0) return -1;
+        f->release = (uint64_t)x;
+    } else if (strcmp(key, "priority") == 0) {
+        seen = &f->has_prio;
+        if (parse_int_or_fail(what, val, INT32_MIN, INT32_MAX, &f->prio) < 0) return -1;
     } else {
         fail_closed("memslice: %s is not a known key (gpu_mem_limit, gpu_mem_request, context_reserve, "
-                    "oversubscribe, host_spill_limit, region_dir, elastic_dir, idle_after).", what);
+                    "oversubscribe, host_spill_limit, region_dir, elastic_dir, idle_after, elastic_slot, "
+                    "idle_release, priority).", what);
         return -1;
     }
     if (*seen) {

@@ -10,10 +10,13 @@
  * address, releases the old one, and opens the gate.
  *
  * Who yields to whom is decided on the GPU's board (elastic_board.c): a tenant whose device allocation the
- * driver refuses asks idle neighbours (most idle first) and, for an allocation within its request, bursting
- * ones, then waits at most yield_wait_ms; whoever has not yielded by then is skipped and the allocation is
- * served from host memory at once (and moved to HBM by the background thread when HBM frees up). Each
- * tenant answers asks from a background thread of its own. */
+ * driver refuses asks for what it lacks, in shares: idle neighbours (longest idle first) for what they hold
+ * above their request, then, for an allocation within its request or from a higher priority, bursting ones
+ * for their burst; then waits at most yield_wait_ms; whoever has not acknowledged within EL_ACK_MS or
+ * yielded by then is skipped and the allocation is served from host memory at once (and moved to HBM by
+ * the background thread when HBM frees up). Each tenant answers asks from a background thread of its own,
+ * moving only when the driver's free memory is below the asker's need, never below its request (issues 25,
+ * 26). Memory is mapped in EL_CHUNK chunks: the unit that moves. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -27,10 +30,17 @@
 
 #define TICK_MS 20
 #define GATE_DRAIN_MS 2000         /* how long a remap waits for this process's calls and GPU work in flight */
+#define EL_CHUNK (32ull << 20)     /* a range's physical memory comes in chunks of this: the unit that moves, so
+                                    * an answer moves at most one chunk more than it was asked (the slack) */
+#define EL_ACK_MS 1000             /* an asked neighbour acknowledges within a tick (or the move it is in) */
+#define EL_YIELD_GAP_MS 100        /* a tenant moves memory for asks at most once per this (issue 25) */
+#define EL_BACK_AFTER_MS 2000     /* memory yielded for an ask stays in host memory at least this long */
+#define EL_SKIP_NOACK_MS 10000     /* a slot that did not acknowledge an ask is not asked again for this long */
 
 int g_elastic;
 
-struct erange { CUdeviceptr va; uint64_t size; CUmemGenericAllocationHandle h; int host; struct erange *next; };
+struct echunk { CUmemGenericAllocationHandle h; int host; };
+struct erange { CUdeviceptr va; uint64_t size; unsigned n; struct erange *next; struct echunk c[]; };
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;  /* the ranges, their placement, remaps */
 static struct erange *g_ranges;                           /* newest first */
@@ -38,10 +48,11 @@ static uint64_t g_resident, g_swapped;                    /* bytes, under g_mu *
 static CUcontext g_ctx;                                   /* the context of the first elastic allocation */
 static CUdevice g_ord = -1;                               /* its device: elastic memory lives on one GPU */
 static int g_dev = -1;                                    /* its ledger index */
-static struct eb g_board = {-1, -1};
+static struct eb g_board = {-1, -1};                    /* slot -1: no slot (asks, cannot be asked) */
 static struct eb_slot g_me;                               /* this process's slot, as last published */
 static int g_thread_started;
 static uint64_t g_yield_ns;                               /* when this process last gave HBM away */
+static uint64_t g_acked;                                  /* the last ask the acker acknowledged (atomic) */
 static uint64_t g_skip_until[EB_SLOTS];                   /* neighbours that did not answer in time: not asked again before */
 
 static uint64_t g_last_call_ns;                           /* CLOCK_MONOTONIC of the last gated call */
@@ -292,39 +303,51 @@ static CUresult map_rw(uint64_t va, uint64_t size, CUmemGenericAllocationHandle 
     return rc;
 }
 
-/* Move one range to its new physical allocation nh (in host memory if to_host, else on the device), at
- * the same address; nh is released on failure. The gate is closed and g_mu held. The bytes are copied to
+/* The HBM the driver has free on this process's GPU (the evidence that HBM is short, never a neighbour's
+ * claim); UINT64_MAX if the driver cannot say (then nothing is decided on it). */
+static uint64_t driver_free(void) {
+    size_t fr = 0, tot = 0;
+    return REAL(cuMemGetInfo_v2)(&fr, &tot) == CUDA_SUCCESS ? (uint64_t)fr : UINT64_MAX;
+}
+
+/* Chunk i of a range: its offset is i * EL_CHUNK, its length EL_CHUNK but for the last. */
+static uint64_t chunk_len(const struct erange *r, unsigned i) {
+    uint64_t off = (uint64_t)i * EL_CHUNK;
+    return r->size - off < EL_CHUNK ? r->size - off : EL_CHUNK;
+}
+
+/* Move chunk i of a range to its new physical allocation nh (in host memory if to_host, else on the device),
+ * at the same address; nh is released on failure. The gate is closed and g_mu held. The bytes are copied to
  * the new allocation through a temporary mapping first, so a failure at any step leaves the old mapping
  * (and the data) in place. 0, or -1. */
-static int remap(struct erange *r, CUmemGenericAllocationHandle nh, int to_host) {
-    CUdeviceptr tmp;
-    uint64_t t0 = now_ns();
-    if (REAL(cuMemAddressReserve)(&tmp, r->size, 0, 0, 0) != CUDA_SUCCESS) {
+static int remap(struct erange *r, unsigned i, CUmemGenericAllocationHandle nh, int to_host) {
+    CUdeviceptr tmp, va = r->va + (uint64_t)i * EL_CHUNK;
+    uint64_t len = chunk_len(r, i), t0 = now_ns();
+    if (REAL(cuMemAddressReserve)(&tmp, len, 0, 0, 0) != CUDA_SUCCESS) {
         REAL(cuMemRelease)(nh);
         return -1;
     }
-    int ok = map_rw(tmp, r->size, nh) == CUDA_SUCCESS;
+    int ok = map_rw(tmp, len, nh) == CUDA_SUCCESS;
     if (ok) {
-        ok = REAL(cuMemcpyDtoD_v2)(tmp, r->va, r->size) == CUDA_SUCCESS;
+        ok = REAL(cuMemcpyDtoD_v2)(tmp, va, len) == CUDA_SUCCESS;
         REAL(cuCtxSynchronize)();
-        REAL(cuMemUnmap)(tmp, r->size);
+        REAL(cuMemUnmap)(tmp, len);
     }
-    REAL(cuMemAddressFree)(tmp, r->size);
-    if (ok && REAL(cuMemUnmap)(r->va, r->size) == CUDA_SUCCESS) {
-        if (map_rw(r->va, r->size, nh) == CUDA_SUCCESS) {
-            REAL(cuMemRelease)(r->h);
-            r->h = nh;
-            r->host = to_host;
-            if (to_host) { g_resident -= r->size; g_swapped += r->size; }
-            else { g_swapped -= r->size; g_resident += r->size; }
+    REAL(cuMemAddressFree)(tmp, len);
+    if (ok && REAL(cuMemUnmap)(va, len) == CUDA_SUCCESS) {
+        if (map_rw(va, len, nh) == CUDA_SUCCESS) {
+            REAL(cuMemRelease)(r->c[i].h);
+            r->c[i].h = nh;
+            r->c[i].host = to_host;
+            if (to_host) { g_resident -= len; g_swapped += len; }
+            else { g_swapped -= len; g_resident += len; }
             uint64_t dt = now_ns() - t0;
             if (to_host) { g_me.swap_outs++; g_me.swap_out_ns += dt; }
             else { g_me.swap_ins++; g_me.swap_in_ns += dt; }
             return 0;
         }
-        if (map_rw(r->va, r->size, r->h) != CUDA_SUCCESS) /* the old handle still holds the bytes */
-            shim_log(LOG_ERROR, "memslice: elastic range at 0x%llx could not be mapped back",
-                     (unsigned long long)r->va);
+        if (map_rw(va, len, r->c[i].h) != CUDA_SUCCESS) /* the old handle still holds the bytes */
+            shim_log(LOG_ERROR, "memslice: elastic range at 0x%llx could not be mapped back", (unsigned long long)va);
     }
     REAL(cuMemRelease)(nh);
     return -1;
@@ -345,7 +368,10 @@ static void publish(uint64_t done_seq) {
     g_me.resident = g_resident;
     g_me.swapped = g_swapped;
     g_me.idle_ms = idle;
+    g_me.priority = g_cfg.priority;
+    g_me.flags = g_cfg.idle_release ? EB_F_IDLE_RELEASE : 0;
     if (done_seq) g_me.done_seq = done_seq;
+    g_me.ack_seq = __atomic_load_n(&g_acked, __ATOMIC_RELAXED); /* the acker's (a stale one is rewritten next tick) */
     eb_publish(&g_board, &g_me);
 }
 
@@ -357,55 +383,99 @@ static int is_idle(void) {
            now_ns() - last >= g_cfg.idle_after_ms * 1000000ull && drained_since_last_call();
 }
 
-/* Answer an ask: an idle process yields all its HBM; a busy one yields what it holds above its request
- * (newest ranges first), at least `bytes` if it has that much. Caller holds g_mu. */
-static void yield(uint64_t bytes) {
-    int idle = is_idle();
-    uint64_t floor = idle ? 0 : g_cfg.request, given = 0;
-    if (g_resident <= floor || gate_close() < 0) return;
-    CUmemGenericAllocationHandle nh;
-    for (struct erange *r = g_ranges; r && g_resident > floor && (idle || given < bytes); r = r->next)
-        if (!r->host && create_phys(&nh, r->size, 1) == CUDA_SUCCESS && remap(r, nh, 1) == 0) given += r->size;
-    gate_open();
-    if (given) g_yield_ns = coarse_ns(); /* the same clock as the activity stamp it is compared with */
-    char a[32];
-    shim_log(LOG_INFO, "memslice: elastic: %s moved to host memory (%s)", fmt_bytes(given, a, sizeof a),
-             idle ? "idle" : "above the request, for a neighbour's guaranteed allocation");
+/* What this process keeps in HBM whatever it is asked (issue 26): its request, always; idle, nothing only if
+ * its pod opted in (idle_release). */
+static uint64_t keep_floor(int idle) {
+    return idle && g_cfg.idle_release ? 0 : g_cfg.request;
 }
 
-/* Whether another live tenant of the GPU waits for HBM within its request (then this process does not bring
- * back bytes above its own request, which would only be asked back): an active one short of its request, or
- * an idle one that holds some HBM but less than its request (served from host when HBM was full). An idle
- * tenant with nothing in HBM was swapped out for idleness and asks again when it runs. */
-static int neighbour_short(void) {
+/* How much an ask makes this process move (pure): nothing if it may not take what this process holds above
+ * its floor (an active tenant's burst goes only to an ask marked EB_ASK_BURST) or if HBM is not short (the
+ * driver has the asker's whole need free: issue 25, an ask is no evidence); else the asked share, at most
+ * what is still missing of the need, at most what lies above the floor. */
+static uint64_t yield_amount(uint64_t bits, int idle, uint64_t free_b) {
+    uint64_t share = EB_ASK_SHARE(bits) << 20, need = EB_ASK_NEED(bits) << 20, floor = keep_floor(idle);
+    if ((!idle && !(bits & EB_ASK_BURST)) || g_resident <= floor || !share) return 0;
+    if (free_b != UINT64_MAX && free_b >= need) return 0;
+    uint64_t missing = free_b == UINT64_MAX ? share : need - free_b;
+    uint64_t want = share < missing ? share : missing;
+    return want < g_resident - floor ? want : g_resident - floor;
+}
+
+/* Answer an ask: move chunks to host memory (the newest range's last chunks first) until `yield_amount`
+ * is covered (at most one chunk more: the slack), never below the floor. Caller holds g_mu. The bytes moved. */
+static uint64_t yield(uint64_t bits) {
+    int idle = is_idle();
+    uint64_t want = yield_amount(bits, idle, driver_free()), floor = keep_floor(idle), given = 0;
+    if (!want || gate_close() < 0) return 0;
+    CUmemGenericAllocationHandle nh;
+    for (struct erange *r = g_ranges; r && given < want; r = r->next)
+        for (unsigned i = r->n; i-- > 0 && given < want;) {
+            uint64_t len = chunk_len(r, i);
+            if (r->c[i].host || g_resident < floor + len) continue;
+            if (create_phys(&nh, len, 1) == CUDA_SUCCESS && remap(r, i, nh, 1) == 0) given += len;
+        }
+    gate_open();
+    if (given) g_yield_ns = coarse_ns(); /* the same clock as the activity stamp it is compared with */
+    char a[32], b[32];
+    shim_log(LOG_INFO, "memslice: elastic: %s moved to host memory for a neighbour that asked for %s (%s)",
+             fmt_bytes(given, a, sizeof a), fmt_bytes(want, b, sizeof b),
+             idle ? "idle" : "above the request");
+    return given;
+}
+
+static void apply_roster(struct eb_slot *s, int *live);
+
+/* Whether another live tenant of the GPU goes first (then this process does not bring back bytes above its
+ * own request, which would only be asked back): one short of its request (issue 26, "coming back": requests
+ * first), or one with bytes in host memory that ran more recently than this process (bursts come back most
+ * recently active tenant first). */
+static int neighbour_first(uint64_t my_idle_ms) {
     static struct eb_slot s[EB_SLOTS];
     int live[EB_SLOTS];
     eb_read_all(&g_board, s, live);
-    for (int i = 0; i < EB_SLOTS; i++)
-        if (live[i] && s[i].swapped && s[i].resident < s[i].request && (s[i].state == EB_ACTIVE || s[i].resident))
-            return 1;
+    apply_roster(s, live);
+    for (int i = 0; i < EB_SLOTS; i++) {
+        if (!live[i] || !s[i].swapped || now_ns() < g_skip_until[i]) continue;
+        if (s[i].resident < s[i].request || s[i].idle_ms < my_idle_ms) return 1;
+    }
     return 0;
 }
 
-/* Bring back one host-resident range: when this process is active, within its request first and above it
- * only when no neighbour is short of its request; when idle, only within its request and only if it has not
- * given HBM away since its last call (memory served from host because HBM was full comes back as soon as HBM
- * frees up; memory an idle process yielded waits until it runs again). One range per tick, so the gate is
- * closed briefly. Caller holds g_mu. */
-static void swap_in_one(void) {
-    if (!g_swapped) return;
-    if (is_idle() && (g_resident >= g_cfg.request ||
-                      g_yield_ns > __atomic_load_n(&g_last_call_ns, __ATOMIC_RELAXED))) return;
+/* The oldest host-resident chunk (the list is newest first; within a range, the first chunk): the request
+ * is what was allocated first, so it comes back first. */
+static struct erange *oldest_host(unsigned *idx) {
     struct erange *pick = NULL;
     for (struct erange *r = g_ranges; r; r = r->next)
-        if (r->host) pick = r; /* the oldest: the list is newest first */
-    if (!pick || (g_resident + pick->size > g_cfg.request && neighbour_short())) return;
+        for (unsigned i = r->n; i-- > 0;)
+            if (r->c[i].host) { pick = r; *idx = i; }
+    return pick;
+}
+
+/* Bring back one host-resident chunk when HBM has room (issue 26, "coming back"): the request first, then
+ * the bursts, only when no neighbour is short of its request and no more recently active neighbour waits
+ * for its own. Memory this process yielded stays out for EL_BACK_AFTER_MS after the move (the asker takes
+ * the room it made; nothing ping-pongs). One chunk per tick, so the gate is closed briefly. Caller holds
+ * g_mu. */
+static void swap_in_one(void) {
+    if (!g_swapped) return;
+    unsigned i = 0;
+    struct erange *pick = oldest_host(&i);
+    if (!pick) return;
+    uint64_t len = chunk_len(pick, i);
+    if (g_resident + len > g_cfg.request && g_yield_ns && coarse_ns() - g_yield_ns < EL_BACK_AFTER_MS * 1000000ull)
+        return; /* a burst it yielded: the asker takes the room first */
+    uint64_t my_idle = (now_ns() - __atomic_load_n(&g_last_call_ns, __ATOMIC_RELAXED)) / 1000000ull;
+    if (g_resident + len > g_cfg.request && neighbour_first(my_idle)) return;
     CUmemGenericAllocationHandle nh;
     static uint64_t last_ask;
-    if (create_phys(&nh, pick->size, 0) != CUDA_SUCCESS) { /* HBM full: nothing is gated */
-        if (g_resident + pick->size <= g_cfg.request && now_ns() - last_ask > 1000000000ull) {
-            last_ask = now_ns(); /* short of its request: ask neighbours (without waiting); retried next tick */
-            make_room(pick->size, 1, 0);
+    if (create_phys(&nh, len, 0) != CUDA_SUCCESS) { /* HBM full: nothing is gated */
+        int within = g_resident + len <= g_cfg.request;
+        if ((within || !is_idle()) && now_ns() - last_ask > 1000000000ull) {
+            /* short of its request: ask neighbours, bursts included; active with bursts in host memory: idle
+             * neighbours and lower priorities only (without waiting; retried at most once a second) */
+            last_ask = now_ns();
+            make_room(within ? g_cfg.request - g_resident : g_swapped, within, 0);
         }
         return;
     }
@@ -413,22 +483,28 @@ static void swap_in_one(void) {
         REAL(cuMemRelease)(nh);
         return;
     }
-    remap(pick, nh, 0);
+    remap(pick, i, nh, 0);
     gate_open();
 }
 
 /* The background thread: publish, answer asks, bring memory back. It makes CUDA calls in the context of the
- * elastic allocations. */
+ * elastic allocations. An ask is acknowledged at once by the acker (askers skip a slot that does not ack
+ * within EL_ACK_MS: issue 25, a forged slot that never answers costs them that much, once), answered at most
+ * once per EL_YIELD_GAP_MS (issue 25: asks are rate-limited per slot; a newer ask replaces a waiting one),
+ * the ticks between free for bringing this process's own memory back. */
 static void *elastic_thread(void *arg) {
     (void)arg;
     REAL(cuCtxSetCurrent)(g_ctx);
-    uint64_t handled = 0;
+    uint64_t handled = 0, answered_ns = 0;
     for (;;) {
         struct eb_ask a = eb_my_ask(&g_board);
+        int answer = a.seq && a.seq != handled && now_ns() - answered_ns >= EL_YIELD_GAP_MS * 1000000ull;
         pthread_mutex_lock(&g_mu);
         uint64_t done = 0;
-        if (a.seq && a.seq != handled) {
-            yield(a.bytes);
+        if (answer) {
+            uint64_t moved = yield(a.bytes);
+            answered_ns = now_ns();
+            g_me.done_moved_mib = (uint32_t)((moved + (1ull << 20) - 1) >> 20);
             handled = done = a.seq;
         } else {
             swap_in_one();
@@ -437,6 +513,23 @@ static void *elastic_thread(void *arg) {
         publish(done);
         pthread_mutex_unlock(&g_mu);
         sleep_ms(TICK_MS);
+    }
+    return NULL;
+}
+
+/* The acker: acknowledges an ask as soon as it is posted, even while the background thread is in the middle
+ * of a move (askers skip a slot that does not acknowledge within EL_ACK_MS). One pread per 10 ms. */
+static void *acker_thread(void *arg) {
+    (void)arg;
+    uint64_t seen = 0;
+    for (;;) {
+        struct eb_ask a = eb_my_ask(&g_board);
+        if (a.seq && a.seq != seen) {
+            __atomic_store_n(&g_acked, a.seq, __ATOMIC_RELAXED);
+            eb_ack(&g_board, a.seq);
+            seen = a.seq;
+        }
+        sleep_ms(10);
     }
     return NULL;
 }
@@ -454,7 +547,9 @@ static void say_other_gpu(int dev) {
 }
 
 /* The first elastic allocation of the process: its GPU, context, board slot and background thread. Caller
- * holds g_mu. 0, or -1 (then allocations take the plain path). */
+ * holds g_mu. 0, or -1 (then allocations take the plain path). Without a slot (the assigned one held by
+ * another process, or none free) the process stays elastic: it asks its neighbours for its request, it
+ * just cannot be asked. */
 static int elastic_setup(int dev, CUdevice ord) {
     if (g_thread_started) {
         if (g_dev == dev) return 0;
@@ -463,11 +558,15 @@ static int elastic_setup(int dev, CUdevice ord) {
     }
     char err[512];
     if (REAL(cuCtxGetCurrent)(&g_ctx) != CUDA_SUCCESS || !g_ctx) return -1;
-    if (eb_open(&g_board, g_cfg.elastic_dir, g_ledger.r->dev[dev].uuid, err, sizeof err) < 0) {
+    int rc = eb_open(&g_board, g_cfg.elastic_dir, g_ledger.r->dev[dev].uuid, g_cfg.elastic_slot, err, sizeof err);
+    if (rc < 0) {
         shim_log(LOG_ERROR, "memslice: elastic memory is off in this process: %s", err);
         g_elastic = 0;
         return -1;
     }
+    if (rc > 0)
+        shim_log(LOG_WARN, "memslice: elastic: %s; this process asks its neighbours for HBM but cannot be asked "
+                 "(its memory above the request stays where it is)", err);
     g_dev = dev;
     g_ord = ord;
     if (drainer_start() < 0) return -1;
@@ -475,7 +574,8 @@ static int elastic_setup(int dev, CUdevice ord) {
     pthread_attr_t at;
     pthread_attr_init(&at);
     pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    if (pthread_create(&t, &at, elastic_thread, NULL) != 0) {
+    if (pthread_create(&t, &at, elastic_thread, NULL) != 0 ||
+        (g_board.slot >= 0 && pthread_create(&t, &at, acker_thread, NULL) != 0)) {
         pthread_attr_destroy(&at);
         return -1;
     }
@@ -485,60 +585,166 @@ static int elastic_setup(int dev, CUdevice ord) {
     return 0;
 }
 
-/* Ask neighbours for `need` bytes of HBM and wait (bounded) for their answers. Idle tenants are asked
- * first, most idle first; for an allocation within the request (`guaranteed`), bursting ones too. A
- * neighbour that has not answered by the deadline (or died) is skipped. Returns how many were asked. */
-static int make_room(uint64_t need, int guaranteed, int wait) {
-    struct eb_slot s[EB_SLOTS];
-    int live[EB_SLOTS], asked[EB_SLOTS], n = 0;
-    uint64_t seq = now_ns(), found = 0;
-    eb_read_all(&g_board, s, live);
-    for (int pass = 0; pass < 2 && found < need; pass++) {
-        for (;;) { /* pass 0: idle ones, most idle first; pass 1: bursting ones (guaranteed only) */
+/* What a live neighbour's slot says it could give (a claim, used only to choose whom to ask and for how
+ * much; the driver's free memory is the evidence): pass 0, an idle tenant's bytes above its floor; pass 1,
+ * an active tenant's burst, only for this process's request (`guaranteed`) or to a higher priority than the
+ * neighbour's (issue 26: never the reverse; equal priorities, only for a request). */
+static uint64_t claim_of(const struct eb_slot *s, int pass, int guaranteed) {
+    if (pass == 0) {
+        if (s->state != EB_IDLE) return 0;
+        uint64_t floor = s->flags & EB_F_IDLE_RELEASE ? 0 : s->request;
+        return s->resident > floor ? s->resident - floor : 0;
+    }
+    if (s->state != EB_ACTIVE || s->resident <= s->request) return 0;
+    if (!guaranteed && s->priority >= g_cfg.priority) return 0; /* a burst takes only a lower priority's */
+    return s->resident - s->request;
+}
+
+/* Claimed figures are not evidence (issue 25): where the agent wrote a roster, only the slots it assigned
+ * may be asked, with the request, priority and opt-in it recorded, and what a slot says it holds is capped
+ * by the limit it recorded. */
+static void apply_roster(struct eb_slot *s, int *live) {
+    struct eb_roster_ent ro[EB_SLOTS];
+    if (!eb_read_roster(g_cfg.elastic_dir, g_ledger.r->dev[g_dev].uuid, ro)) return;
+    for (int i = 0; i < EB_SLOTS; i++) {
+        if (!(ro[i].flags & EB_R_ASSIGNED)) {
+            live[i] = 0;
+            continue;
+        }
+        uint64_t lim = (uint64_t)ro[i].limit_mib << 20;
+        s[i].request = (uint64_t)ro[i].request_mib << 20;
+        s[i].limit = lim;
+        s[i].priority = ro[i].priority;
+        s[i].flags = ro[i].flags & EB_R_IDLE_RELEASE ? EB_F_IDLE_RELEASE : 0;
+        if (s[i].resident > lim) s[i].resident = lim;
+    }
+}
+
+/* Choose whom to ask and for how much (issue 26: only what is needed, longest-idle first, then bursting
+ * active tenants by lowest priority): asks go out in order until the claimed shares cover `left`. Slots
+ * in `taken` (asked already, or skipped) are not asked; those asked are added. The bytes not covered. */
+static uint64_t ask_more(struct eb_slot *s, int *live, int *taken, uint64_t seq, uint64_t left, uint64_t need,
+                         int guaranteed, int *asked, int *n) {
+    for (int pass = 0; pass < 2 && left; pass++)
+        for (;;) {
             int best = -1;
             for (int i = 0; i < EB_SLOTS; i++) {
-                if (!live[i] || !s[i].resident || (wait && g_skip_until[i] > seq)) continue;
-                if (pass == 0 ? s[i].state != EB_IDLE : !guaranteed || s[i].resident <= s[i].request) continue;
-                if (best < 0 || s[i].idle_ms > s[best].idle_ms) best = i;
+                if (!live[i] || taken[i] || !claim_of(&s[i], pass, guaranteed)) continue;
+                if (best < 0 || (pass == 1 && s[i].priority < s[best].priority) ||
+                    ((pass == 0 || s[i].priority == s[best].priority) && s[i].idle_ms > s[best].idle_ms)) best = i;
             }
-            if (best < 0 || found >= need) break;
-            found += pass == 0 ? s[best].resident : s[best].resident - s[best].request;
-            eb_ask(&g_board, best, seq, need);
-            asked[n++] = best;
-            live[best] = 0;
+            if (best < 0 || !left) break;
+            uint64_t c = claim_of(&s[best], pass, guaranteed), share = c < left ? c : left;
+            eb_ask(&g_board, best, seq, EB_ASK_PACK((share + (1ull << 20) - 1) >> 20, (need + (1ull << 20) - 1) >> 20,
+                                                    pass == 1));
+            taken[best] = 1;
+            asked[(*n)++] = best;
+            left -= share;
         }
-    }
+    return left;
+}
+
+/* The asker's needed/moved figures (issue 26: metrics and `memslice top` show moved / needed per ask). */
+static void count_ask(uint64_t need, const int *asked, int n, uint64_t seq) {
+    uint64_t got = 0;
+    for (int k = 0; k < n; k++) got += eb_moved_for(&g_board, asked[k], seq);
+    pthread_mutex_lock(&g_mu);
+    g_me.asks++;
+    g_me.asked_mib += (uint32_t)((need + (1ull << 20) - 1) >> 20);
+    g_me.got_mib += (uint32_t)got;
+    publish(0);
+    pthread_mutex_unlock(&g_mu);
+    char a[32], b[32];
+    shim_log(LOG_INFO, "memslice: elastic: asked %d neighbour(s) for %s; they moved %s", n,
+             fmt_bytes(need, a, sizeof a), fmt_bytes(got << 20, b, sizeof b));
+}
+
+/* Ask neighbours for `need` bytes of HBM and wait (bounded) for their answers (issues 25, 26). Asks go
+ * to idle tenants first, longest idle first, then (for an ask that may take bursts) bursting active ones,
+ * each for a share of what is needed. Claimed figures are not evidence: the wait ends when the driver has
+ * `need` free, when every asked slot has answered, or at the deadline; a slot that has not acknowledged
+ * its ask within EL_ACK_MS is skipped (EL_SKIP_NOACK_MS, on every path) and its share asked of the next one. A
+ * neighbour that has acknowledged but not answered by the deadline is skipped too. Returns how many were
+ * asked. */
+static int make_room(uint64_t need, int guaranteed, int wait) {
+    struct eb_slot s[EB_SLOTS];
+    int live[EB_SLOTS], taken[EB_SLOTS] = {0}, asked[EB_SLOTS], share_open[EB_SLOTS] = {0}, n = 0;
+    uint64_t seq = now_ns(), t_ask[EB_SLOTS];
+    eb_read_all(&g_board, s, live);
+    apply_roster(s, live);
+    for (int i = 0; i < EB_SLOTS; i++) taken[i] = g_skip_until[i] > seq;
+    ask_more(s, live, taken, seq, need, need, guaranteed, asked, &n);
+    for (int k = 0; k < n; k++) { t_ask[k] = seq; share_open[k] = 1; }
     uint64_t deadline = seq + (wait ? g_cfg.yield_wait_ms * 1000000ull : 0);
-    int pending = wait ? n : 0;
-    while (pending > 0 && now_ns() < deadline) {
+    while (wait && now_ns() < deadline) {
         sleep_ms(2);
-        pending = 0;
-        for (int k = 0; k < n; k++)
-            if (eb_alive(&g_board, asked[k]) && eb_done_seq(&g_board, asked[k]) < seq) pending++;
+        int pending = 0;
+        uint64_t reask = 0;
+        for (int k = 0; k < n; k++) {
+            if (!share_open[k]) continue;
+            int i = asked[k];
+            if (!eb_alive(&g_board, i) || eb_done_seq(&g_board, i) >= seq) { share_open[k] = 0; continue; }
+            if (eb_ack_seq(&g_board, i) < seq && now_ns() - t_ask[k] > EL_ACK_MS * 1000000ull) {
+                share_open[k] = 0; /* forged or hung: its claimed share is asked of the next neighbour */
+                g_skip_until[i] = now_ns() + EL_SKIP_NOACK_MS * 1000000ull;
+                uint64_t c = claim_of(&s[i], s[i].state == EB_IDLE ? 0 : 1, guaranteed);
+                reask += c < need ? c : need;
+                shim_log(LOG_WARN, "memslice: elastic: the tenant in slot %d of the board did not acknowledge an ask "
+                         "within %d ms; it is skipped for %d s", i, EL_ACK_MS, EL_SKIP_NOACK_MS / 1000);
+                continue;
+            }
+            pending++;
+        }
+        if (reask) {
+            int before = n;
+            ask_more(s, live, taken, seq, reask, need, guaranteed, asked, &n);
+            for (int k = before; k < n; k++) { t_ask[k] = now_ns(); share_open[k] = 1; pending++; }
+        }
+        if (!pending) break;
+        uint64_t fr = driver_free();
+        if (fr != UINT64_MAX && fr >= need) break;
     }
-    for (int k = 0; pending > 0 && k < n; k++) /* not answered in time: not asked again for 30 s */
-        if (eb_alive(&g_board, asked[k]) && eb_done_seq(&g_board, asked[k]) < seq) {
+    for (int k = 0; wait && k < n; k++) /* not answered in time: not asked again for 30 s */
+        if (share_open[k] && eb_alive(&g_board, asked[k]) && eb_done_seq(&g_board, asked[k]) < seq &&
+            now_ns() >= deadline) {
             g_skip_until[asked[k]] = now_ns() + 30000000000ull;
             shim_log(LOG_WARN, "memslice: elastic: the tenant in slot %d of the board did not yield HBM within "
                      "%llu ms; it is skipped for 30 s and the allocation is served from host memory", asked[k],
                      (unsigned long long)g_cfg.yield_wait_ms);
         }
+    if (wait && n) count_ask(need, asked, n, seq);
     return n;
 }
 
 /* ---- allocation and free ---------------------------------------------------------------------------- */
-/* Physical memory for a new range: HBM; if the driver has none, after asking neighbours for room; else
- * host memory at once. *host says which. */
-static CUresult place(CUmemGenericAllocationHandle *h, uint64_t size, int *host) {
-    *host = 0;
-    if (create_phys(h, size, 0) == CUDA_SUCCESS) return CUDA_SUCCESS;
-    int guaranteed = g_resident + size <= g_cfg.request;
-    if (make_room(size, guaranteed, 1) > 0 && create_phys(h, size, 0) == CUDA_SUCCESS) return CUDA_SUCCESS;
+/* Physical memory for chunk i of a new range: HBM if the driver has it, else (once per range: *asked) after
+ * asking neighbours for what the range still lacks, else host memory at once. */
+static CUresult place_chunk(struct erange *r, unsigned i, int *asked) {
+    uint64_t len = chunk_len(r, i);
+    r->c[i].host = 0;
+    if (create_phys(&r->c[i].h, len, 0) == CUDA_SUCCESS) return CUDA_SUCCESS;
+    uint64_t rest = r->size - (uint64_t)i * EL_CHUNK;
+    pthread_mutex_lock(&g_mu);
+    uint64_t held = g_resident + (uint64_t)i * EL_CHUNK;
+    pthread_mutex_unlock(&g_mu);
+    int guaranteed = held + len <= g_cfg.request;
+    if (!*asked) {
+        *asked = 1;
+        /* the part within the request may take active tenants' bursts; a burst, only idle memory above its
+         * owner's floor and lower priorities' bursts */
+        uint64_t within = held < g_cfg.request ? g_cfg.request - held : 0;
+        if (within > rest) within = rest;
+        /* the request asks again (up to 3 rounds, each bounded) when another asker took the room first */
+        for (int round = 0; round < (within ? 3 : 1); round++) {
+            if (make_room(within ? within : rest, within > 0, 1) <= 0) break;
+            if (create_phys(&r->c[i].h, len, 0) == CUDA_SUCCESS) return CUDA_SUCCESS;
+        }
+    }
     char a[32];
-    shim_log(LOG_INFO, "memslice: elastic: %s served from host memory (HBM is full%s)", fmt_bytes(size, a, sizeof a),
+    shim_log(LOG_INFO, "memslice: elastic: %s served from host memory (HBM is full%s)", fmt_bytes(len, a, sizeof a),
              guaranteed ? " and neighbours did not yield in time; it moves to HBM when HBM frees up" : "");
-    *host = 1;
-    return create_phys(h, size, 1);
+    r->c[i].host = 1;
+    return create_phys(&r->c[i].h, len, 1);
 }
 
 /* The plain path, for an allocation elastic mode cannot serve (no context, no board, another GPU than the
@@ -552,24 +758,38 @@ static CUresult plain_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ord
     return rc;
 }
 
-/* An address range with physical memory mapped: HBM if it can be had, else host memory. g_mu is not held
- * while neighbours are asked for room, so this process's own thread still answers its neighbours. */
-static CUresult map_new(struct erange *r, uint64_t size) {
-    CUresult rc = REAL(cuMemAddressReserve)(&r->va, size, 0, 0, 0);
-    if (rc != CUDA_SUCCESS) return rc;
-    if ((rc = place(&r->h, size, &r->host)) != CUDA_SUCCESS) {
-        REAL(cuMemAddressFree)(r->va, size);
-        return rc;
+/* Unmap and release chunks [0, upto) of a range and give back its address range. */
+static void unmap_chunks(struct erange *r, unsigned upto, int mapped) {
+    for (unsigned i = 0; i < upto; i++) {
+        if (mapped) REAL(cuMemUnmap)(r->va + (uint64_t)i * EL_CHUNK, chunk_len(r, i));
+        REAL(cuMemRelease)(r->c[i].h);
     }
-    if ((rc = map_rw(r->va, size, r->h)) != CUDA_SUCCESS) {
-        REAL(cuMemRelease)(r->h);
-        REAL(cuMemAddressFree)(r->va, size);
-    }
-    return rc;
+    REAL(cuMemAddressFree)(r->va, r->size);
 }
 
-/* cuMemAlloc in elastic mode: the quota (the limit) is charged in 2 MiB units, the memory placed by
- * place(), the range tracked for cuMemFree and for moving. */
+/* An address range with physical memory mapped chunk by chunk (the unit that moves: issue 26, only what is
+ * needed moves): HBM where it can be had, else host memory. g_mu is not held while neighbours are asked for
+ * room, so this process's own thread still answers its neighbours. */
+static CUresult map_new(struct erange *r) {
+    CUresult rc = REAL(cuMemAddressReserve)(&r->va, r->size, 0, 0, 0);
+    if (rc != CUDA_SUCCESS) return rc;
+    int asked = 0;
+    for (unsigned i = 0; i < r->n; i++) {
+        if ((rc = place_chunk(r, i, &asked)) != CUDA_SUCCESS) {
+            unmap_chunks(r, i, 1);
+            return rc;
+        }
+        if ((rc = map_rw(r->va + (uint64_t)i * EL_CHUNK, chunk_len(r, i), r->c[i].h)) != CUDA_SUCCESS) {
+            REAL(cuMemRelease)(r->c[i].h);
+            unmap_chunks(r, i, 1);
+            return rc;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+/* cuMemAlloc in elastic mode: the quota (the limit) is charged in 2 MiB units, the memory placed chunk by
+ * chunk by place_chunk(), the range tracked for cuMemFree and for moving. */
 CUresult elastic_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ord, const char *call) {
     uint64_t size = (n + (2ull << 20) - 1) & ~((2ull << 20) - 1);
     pthread_mutex_lock(&g_mu);
@@ -578,18 +798,24 @@ CUresult elastic_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ord, con
     if (!ok) return plain_alloc(dptr, n, dev, ord, call);
     CUresult rc = reserve(dev, size, call);
     if (rc != CUDA_SUCCESS) return g_cfg.oversubscribe ? spill_alloc(dptr, n, dev, ord, NULL, call) : rc;
-    struct erange *r = calloc(1, sizeof *r);
-    if (!r || (rc = map_new(r, size)) != CUDA_SUCCESS) {
+    unsigned chunks = (unsigned)((size + EL_CHUNK - 1) / EL_CHUNK);
+    struct erange *r = calloc(1, sizeof *r + chunks * sizeof r->c[0]);
+    if (r) {
+        r->size = size;
+        r->n = chunks;
+    }
+    if (!r || (rc = map_new(r)) != CUDA_SUCCESS) {
         free(r);
         uncharge(dev, size);
         return r ? rc : CUDA_ERROR_OUT_OF_MEMORY;
     }
-    r->size = size;
     pthread_mutex_lock(&g_mu);
     r->next = g_ranges;
     g_ranges = r;
-    if (r->host) g_swapped += size;
-    else g_resident += size;
+    for (unsigned i = 0; i < r->n; i++) {
+        if (r->c[i].host) g_swapped += chunk_len(r, i);
+        else g_resident += chunk_len(r, i);
+    }
     track(r->va, size, dev, A_ELASTIC, (uint64_t)(uintptr_t)r);
     publish(0);
     pthread_mutex_unlock(&g_mu);
@@ -600,16 +826,16 @@ CUresult elastic_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ord, con
 /* cuMemFree of an elastic range: wherever its bytes are, unmap and release them, give the quota back. The
  * synchronize (cuMemFree waits for the device like this, too, without a bound) comes before g_mu, so a free
  * waiting for queued work never stops the background thread from answering neighbours; a move in between
- * is harmless (the range's current handle is read under g_mu). */
+ * is harmless (the range's current handles are read under g_mu). */
 CUresult elastic_free(const ms_rec *rec) {
     struct erange *r = (struct erange *)(uintptr_t)rec->aux;
     REAL(cuCtxSynchronize)();
     pthread_mutex_lock(&g_mu);
-    REAL(cuMemUnmap)(r->va, r->size);
-    REAL(cuMemRelease)(r->h);
-    REAL(cuMemAddressFree)(r->va, r->size);
-    if (r->host) g_swapped -= r->size;
-    else g_resident -= r->size;
+    for (unsigned i = 0; i < r->n; i++) {
+        if (r->c[i].host) g_swapped -= chunk_len(r, i);
+        else g_resident -= chunk_len(r, i);
+    }
+    unmap_chunks(r, r->n, 1);
     for (struct erange **p = &g_ranges; *p; p = &(*p)->next)
         if (*p == r) { *p = r->next; break; }
     publish(0);

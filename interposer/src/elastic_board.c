@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -31,8 +32,10 @@ static void safe_name(const char *uuid, char *out, unsigned cap) {
     out[n] = 0;
 }
 
-/* Claim the first slot whose liveness lock nobody holds: a dead tenant's slot is free again at once. */
-int eb_open(struct eb *b, const char *dir, const char *uuid, char *err, unsigned errlen) {
+/* Claim the assigned slot, or (none assigned) the first whose liveness lock nobody holds: a dead tenant's slot
+ * is free again at once. A slot held by another process leaves this one without a slot, not without a board:
+ * taking every slot (issue 25) cannot stop a neighbour from asking for its request. */
+int eb_open(struct eb *b, const char *dir, const char *uuid, int want, char *err, unsigned errlen) {
     char name[80], path[400];
     safe_name(uuid, name, sizeof name);
     b->fd = -1;
@@ -49,17 +52,38 @@ int eb_open(struct eb *b, const char *dir, const char *uuid, char *err, unsigned
         if (fd >= 0) close(fd);
         return -1;
     }
-    for (int i = 0; i < EB_SLOTS; i++) {
+    b->fd = fd;
+    for (int i = want >= 0 ? want : 0; i < (want >= 0 ? want + 1 : EB_SLOTS) && i < EB_SLOTS; i++) {
         if (take_live_lock(fd, i) < 0) continue;
-        b->fd = fd;
         b->slot = i;
         struct eb_ask zero = {0, 0};
         if (pwrite(fd, &zero, sizeof zero, EB_ASK_OFF + (off_t)i * sizeof zero) < 0) { /* a stale ask */ }
         return 0;
     }
-    close(fd);
-    snprintf(err, errlen, "the elastic board %.300s has no free slot (%d processes)", path, EB_SLOTS);
-    return -1;
+    if (want >= 0) snprintf(err, errlen, "slot %d of the elastic board %.300s is held by another process", want, path);
+    else snprintf(err, errlen, "the elastic board %.300s has no free slot (%d processes)", path, EB_SLOTS);
+    return 1;
+}
+
+/* The ack: one 8-byte write into this process's own slot, without the slot's other fields. */
+void eb_ack(const struct eb *b, uint64_t seq) {
+    if (b->fd < 0 || b->slot < 0) return;
+    off_t off = (off_t)b->slot * (off_t)sizeof(struct eb_slot) + (off_t)offsetof(struct eb_slot, ack_seq);
+    if (pwrite(b->fd, &seq, sizeof seq, off) < 0) { /* best effort */ }
+}
+
+/* A neighbour's ack (0 if unreadable): read at every poll of a bounded wait. */
+uint64_t eb_ack_seq(const struct eb *b, int slot) {
+    struct eb_slot s;
+    if (b->fd < 0 || pread(b->fd, &s, sizeof s, (off_t)slot * (off_t)sizeof s) != (ssize_t)sizeof s) return 0;
+    return s.magic == EB_MAGIC ? s.ack_seq : 0;
+}
+
+/* What a neighbour moved for ask `seq` (MiB), for the asker's needed/moved figures. */
+uint64_t eb_moved_for(const struct eb *b, int slot, uint64_t seq) {
+    struct eb_slot s;
+    if (b->fd < 0 || pread(b->fd, &s, sizeof s, (off_t)slot * (off_t)sizeof s) != (ssize_t)sizeof s) return 0;
+    return s.magic == EB_MAGIC && s.done_seq == seq ? s.done_moved_mib : 0;
 }
 
 /* A forked child has no CUDA state and must not answer for its parent's slot (the parent keeps the lock). */
@@ -72,7 +96,7 @@ void eb_close_after_fork(struct eb *b) {
 /* Only the owner writes its slot, so neighbours read a whole, recent record (torn reads: stats only). The
  * version is stamped here, so every record this build writes says which lock kind backs it. */
 void eb_publish(const struct eb *b, const struct eb_slot *mine) {
-    if (b->fd < 0) return;
+    if (b->fd < 0 || b->slot < 0) return;
     struct eb_slot s = *mine;
     s.version = EB_VERSION;
     if (pwrite(b->fd, &s, sizeof s, (off_t)b->slot * (off_t)sizeof s) < 0) { /* best effort */ }
@@ -115,7 +139,26 @@ void eb_ask(const struct eb *b, int slot, uint64_t seq, uint64_t bytes) {
 /* The background thread's poll: the ask posted to this process's slot. */
 struct eb_ask eb_my_ask(const struct eb *b) {
     struct eb_ask a = {0, 0};
-    if (b->fd < 0 || pread(b->fd, &a, sizeof a, EB_ASK_OFF + (off_t)b->slot * (off_t)sizeof a) != (ssize_t)sizeof a)
+    if (b->fd < 0 || b->slot < 0 || pread(b->fd, &a, sizeof a, EB_ASK_OFF + (off_t)b->slot * (off_t)sizeof a) != (ssize_t)sizeof a)
         memset(&a, 0, sizeof a);
     return a;
+}
+
+/* The roster: opened without following a link or blocking on a FIFO, one bounded read; anything but the
+ * agent's whole layout reads as no roster. */
+int eb_read_roster(const char *dir, const char *uuid, struct eb_roster_ent out[EB_SLOTS]) {
+    char name[80], path[400];
+    unsigned char buf[EB_ROSTER_SIZE + 1];
+    safe_name(uuid, name, sizeof name);
+    if (!name[0] || snprintf(path, sizeof path, "%s/%s.roster", dir, name) >= (int)sizeof path) return 0;
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return 0;
+    struct stat st;
+    ssize_t n = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? pread(fd, buf, sizeof buf, 0) : -1;
+    close(fd);
+    uint64_t magic;
+    memcpy(&magic, buf, sizeof magic);
+    if (n != EB_ROSTER_SIZE || magic != EB_ROSTER_MAGIC) return 0;
+    memcpy(out, buf + 8, sizeof(struct eb_roster_ent) * EB_SLOTS);
+    return 1;
 }

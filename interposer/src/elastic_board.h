@@ -10,7 +10,11 @@
  *                                   and F_GETLK names that process, in the asker's PID namespace: how the
  *                                   node agent attributes a slot to a container without trusting its bytes
  * Version 2 (EB_VERSION in each slot): the liveness lock is a POSIX lock (version 1: an OFD lock, whose
- * owner the kernel does not name). The offsets are unchanged, so both versions share a board. */
+ * owner the kernel does not name). Version 3 uses the last 32 bytes (padding before): priority and flags,
+ * the ack of an ask, what the last answer moved, and the owner's own asks (issues 25, 26). The offsets are
+ * unchanged, so every version shares a board.
+ * An ask (struct eb_ask.bytes) packs the asker's share for this slot and its whole need, in MiB, and whether
+ * the ask may take an active tenant's burst (for a request, or from a higher priority): EB_ASK_* below. */
 #ifndef MEMSLICE_ELASTIC_BOARD_H
 #define MEMSLICE_ELASTIC_BOARD_H
 
@@ -18,7 +22,7 @@
 
 #define EB_SLOTS 64
 #define EB_MAGIC 0x4c45534du        /* "MSEL" */
-#define EB_VERSION 2u
+#define EB_VERSION 3u
 #define EB_ASK_OFF (EB_SLOTS * 128)
 #define EB_LIVE_OFF (EB_ASK_OFF + EB_SLOTS * 16)
 #define EB_FILE_SIZE (EB_LIVE_OFF + EB_SLOTS)
@@ -37,17 +41,53 @@ struct eb_slot {
     uint64_t done_seq;        /* the last ask the owner has answered */
     uint64_t swap_outs, swap_ins;   /* ranges moved, ever */
     uint64_t swap_out_ns, swap_in_ns; /* time spent moving them */
-    uint64_t pad2[4];
+    int32_t priority;         /* the pod's PriorityClass value (version 3) */
+    uint32_t flags;           /* EB_F_* */
+    uint64_t ack_seq;         /* the last ask the owner has seen (answered or not yet) */
+    uint32_t done_moved_mib;  /* what the owner moved to host memory for done_seq */
+    uint32_t asks;            /* asks this owner made of its neighbours, ever */
+    uint32_t asked_mib;       /* what those asks needed, ever (MiB, wraps at 4 PiB) */
+    uint32_t got_mib;         /* what neighbours moved for them, ever (MiB) */
 };
+#define EB_F_IDLE_RELEASE 1u  /* idle, the owner gives up its request too (its pod opted in) */
+
+#define EB_ASK_SHARE(b) ((b) & 0xffffffull)            /* MiB asked of this slot */
+#define EB_ASK_NEED(b) (((b) >> 24) & 0xffffffull)     /* MiB the asker needs in all */
+#define EB_ASK_BURST (1ull << 63)                      /* may take an active tenant's burst */
+#define EB_ASK_PACK(share_mib, need_mib, burst) \
+    (((share_mib) & 0xffffffull) | (((need_mib) & 0xffffffull) << 24) | ((burst) ? EB_ASK_BURST : 0))
 _Static_assert(sizeof(struct eb_slot) == 128, "board slot is 128 bytes");
 
 struct eb_ask { uint64_t seq, bytes; };
 
 struct eb { int fd; int slot; };
 
-/* Open (creating it if needed, mode 0666 & ~umask) the board of GPU `uuid` in `dir` and claim a slot. 0, or
- * -1 with a message in err. */
-int eb_open(struct eb *b, const char *dir, const char *uuid, char *err, unsigned errlen);
+/* The roster of a GPU's board (issue 25): <dir>/<GPU uuid>.roster, written by the node agent only (atomically,
+ * by rename) in a directory tenants see read-only: which slots the agent assigned to containers, with the
+ * container's request, limit, priority and idle-release opt-in from the agent's own records. Where a roster
+ * exists, a tenant asks only assigned slots and takes their figures from it, not from the slots' claims.
+ * Layout: 8 bytes EB_ROSTER_MAGIC, then EB_SLOTS entries of 16 bytes. Without one (`memslice run`), every
+ * live slot may be asked, on its own claims. */
+#define EB_ROSTER_MAGIC 0x3130524f5253534dull /* "MSSROR01" little-endian */
+#define EB_ROSTER_SIZE (8 + EB_SLOTS * 16)
+#define EB_R_ASSIGNED 1u
+#define EB_R_IDLE_RELEASE 2u
+struct eb_roster_ent { uint32_t flags; int32_t priority; uint32_t request_mib, limit_mib; };
+_Static_assert(sizeof(struct eb_roster_ent) == 16, "roster entry is 16 bytes");
+/* Read the roster of GPU `uuid` in `dir`: 1 with one, 0 without (absent, or not a whole regular file of the
+ * layout: then nothing is filtered), never blocking. */
+int eb_read_roster(const char *dir, const char *uuid, struct eb_roster_ent out[EB_SLOTS]);
+
+/* Open (creating it if needed, mode 0666 & ~umask) the board of GPU `uuid` in `dir` and claim a slot: the
+ * one assigned (`want` >= 0: the node agent's, from the limits file), else the first free one. 0 with a slot,
+ * 1 without one (b->slot -1: the process still asks its neighbours, nobody can ask it), or -1 with a message
+ * in err (no board). */
+int eb_open(struct eb *b, const char *dir, const char *uuid, int want, char *err, unsigned errlen);
+/* Say the ask `seq` has been seen (before it is answered): askers skip a slot that does not, within a tick. */
+void eb_ack(const struct eb *b, uint64_t seq);
+uint64_t eb_ack_seq(const struct eb *b, int slot);
+/* What slot `slot` moved for its answer to `seq`, in MiB (0 if its last answer is another ask's). */
+uint64_t eb_moved_for(const struct eb *b, int slot, uint64_t seq);
 void eb_close_after_fork(struct eb *b);
 /* Write this process's own slot. */
 void eb_publish(const struct eb *b, const struct eb_slot *mine);

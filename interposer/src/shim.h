@@ -44,6 +44,9 @@ struct shim_config {
     uint64_t idle_after_ms;    /* idle_after / MEMSLICE_IDLE_AFTER (seconds, default 300) */
     uint64_t yield_wait_ms;    /* MEMSLICE_YIELD_WAIT (seconds, default 3): bound on waiting for neighbours */
     char elastic_dir[256];     /* elastic_dir / MEMSLICE_ELASTIC_DIR: the node's per-GPU arbitration boards */
+    int elastic_slot;          /* elastic_slot / MEMSLICE_ELASTIC_SLOT: the board slot the agent assigned, -1 none */
+    int idle_release;          /* idle_release / MEMSLICE_IDLE_RELEASE=1: idle, the request may move too */
+    int32_t priority;          /* priority / MEMSLICE_PRIORITY: the pod's PriorityClass value */
     char error[640];           /* MODE_FAIL_CLOSED: the message naming the bad variable */
 };
 

@@ -44,6 +44,10 @@ POLICIES: Final = ("binpack", "spread")
 # reservation it matched and writes it into the container's read-only limits file, so a process cannot turn
 # spilling on or raise its cap through its environment.
 ANN_OVERSUBSCRIBE: Final = "memslice.io/oversubscribe"
+# Elastic memory (issue 26): "true" lets an idle container give up its request too (a notebook whose owner
+# accepts a slower first touch); absent or "false", a request stays in GPU memory idle or not. The node agent
+# writes it into the container's read-only limits file (idle_release=1).
+ANN_IDLE_RELEASE: Final = "memslice.io/gpu-mem-idle-release"
 
 # pod phases after which a pod holds nothing
 TERMINAL_PHASES: Final = ("Succeeded", "Failed")
@@ -327,6 +331,19 @@ def format_time(at: datetime) -> str:
 # ------------------------------------------------------------------------------------------ oversubscription
 
 NO_SPILL_CAP: Final = -1  # parse_oversubscribe: spilling on, bounded only by the cgroup margin
+
+
+def parse_idle_release(annotations: Mapping[str, Any], where: str) -> bool:
+    """Whether the pod opted in to giving up its request while idle (ANN_IDLE_RELEASE); errors.ContractError
+    naming the annotation and the valid values otherwise."""
+    raw = annotations.get(ANN_IDLE_RELEASE)
+    if raw is None:
+        return False
+    text = raw.strip().lower() if isinstance(raw, str) and len(raw) <= 16 else None
+    if text not in ("true", "false"):
+        raise errors.ContractError(f"{where}: annotation {ANN_IDLE_RELEASE}={str(raw)[:16]!r} is not \"true\" or "
+                                   f"\"false\"; fix or remove it")
+    return text == "true"
 
 
 def parse_oversubscribe(annotations: Mapping[str, Any], where: str) -> int | None:

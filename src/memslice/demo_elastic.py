@@ -63,6 +63,10 @@ def tenant() -> int:
                     bad += buf.raw != _pattern(i)
             print(json.dumps({"checked_blocks": len(blocks), "bad": bad,
                               "pointers": [hex(b) for b in blocks[:2]]}), flush=True)
+        elif cmd[:1] == ["free"]:
+            rcs = [cuda.cuMemFree_v2(ptr(b)) for b in blocks]
+            blocks.clear()
+            print(json.dumps({"freed": len(rcs), "result": max(rcs, default=0)}), flush=True)
     return 0
 
 
@@ -128,16 +132,23 @@ def main() -> int:
         b = start("notebook-b", "2GiB", "512MiB")
         names[b.pid] = "notebook-b"
         print("\nnotebook-b (request 512 MiB, limit 2 GiB) allocates 1792 MiB; 300 + 2048 + 300 + 1792 MiB would "
-              "not fit in 4 GiB,\nso the idle notebook-a's memory moves to host memory (same pointers) and "
-              "notebook-b gets GPU memory")
+              "not fit in 4 GiB,\nso what is missing (344 MiB) of the idle notebook-a's memory above its request "
+              "moves to host memory\n(same pointers; its 512 MiB request stays in GPU memory) and notebook-b gets "
+              "GPU memory")
         print(f"    -> {ask(b, 'alloc 1792')}")
-        _wait(lambda: any(t.swapped_bytes and not t.resident_bytes for t in read_boards(edir)))
+        _wait(lambda: any(t.swapped_bytes for t in read_boards(edir)))
         print(_table(edir, names))
-        print("\nnotebook-a runs again and reads its data back through the same pointers (at once, from host "
-              "memory);\nits memory returns to the GPU, its request first, while it is active and as far as "
-              "notebook-b leaves room")
+        tb = next((t for t in read_boards(edir) if t.pid == b.pid), None)
+        if tb is not None:
+            print(f"    notebook-b asked for {tb.asked_mib} MiB in {tb.asks} ask(s); its neighbour moved "
+                  f"{tb.got_mib} MiB")
+        print("\nnotebook-a runs again and reads its data back through the same pointers (at once; the part "
+              "in host memory\nfrom there)")
         print(f"    -> {ask(a, 'check')}")
-        _wait(lambda: any(t.pid == a.pid and t.resident_bytes >= 512 * MiB for t in read_boards(edir)), 60)
+        print("\nnotebook-b frees its memory; notebook-a gets its memory back in the GPU")
+        print(f"    -> {ask(b, 'free')}")
+        print(f"    -> {ask(a, 'check')}")
+        _wait(lambda: any(t.pid == a.pid and not t.swapped_bytes for t in read_boards(edir)), 60)
         print(_table(edir, names))
         phys = read_region_file(usage_path(state))
         if phys:
@@ -152,8 +163,9 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     print("""
 What you just saw: requests and limits for GPU memory. Each notebook is guaranteed its request in GPU
-memory and may hold up to its limit; an idle notebook's memory went to host memory when its neighbour
-needed the GPU, and came back when it ran again, with the same pointers and the same bytes.""")
+memory and may hold up to its limit; of an idle notebook's memory above its request, only what its
+neighbour needed went to host memory, and it came back when the GPU had room, with the same pointers
+and the same bytes.""")
     return 0
 
 

@@ -29,12 +29,14 @@ from memslice import errors
 SLOTS = 64
 SLOT_SIZE = 128
 MAGIC = 0x4C45534D
-VERSION = 2          # the liveness lock is a POSIX lock whose holder F_GETLK names (version 1: an OFD lock)
+VERSION = 3          # 2: the liveness lock is a POSIX lock whose holder F_GETLK names (1: an OFD lock); 3: the
+#                      priority, flags, ack and the owner's asks (needed/moved) in the last 32 bytes
 LIVE_OFF = SLOTS * SLOT_SIZE + SLOTS * 16
 FILE_SIZE = LIVE_OFF + SLOTS
 MAX_BOARDS = 64
-_SLOT = struct.Struct("<IIiI12Q")  # magic state pid version; request limit resident swapped idle_ms done_seq
-#                                    swap_outs swap_ins swap_out_ns swap_in_ns (+2 of pad2 unread)
+_SLOT = struct.Struct("<IIiI10QiIQIIII")  # magic state pid version; request limit resident swapped idle_ms
+#     done_seq swap_outs swap_ins swap_out_ns swap_in_ns; priority flags ack_seq done_moved_mib asks asked_mib got_mib
+F_IDLE_RELEASE = 1
 _FLOCK = struct.Struct("hhqqi4x")  # struct flock on 64-bit Linux
 STATES = {1: "active", 2: "idle"}
 
@@ -56,6 +58,11 @@ class Tenant:
     swap_in_seconds: float
     version: int = 0
     owner_pid: int = 0  # the slot lock's holder as the kernel names it in the reader's PID namespace; 0 unknown
+    priority: int = 0
+    idle_release: bool = False
+    asks: int = 0        # asks this tenant made of its neighbours, ever
+    asked_mib: int = 0   # what they needed, ever
+    got_mib: int = 0     # what neighbours moved for them, ever (issue 26: moved / needed per ask)
 
     @property
     def shown_state(self) -> str:
@@ -72,7 +79,8 @@ def parse_slot(gpu: str, index: int, raw: bytes) -> Tenant | None:
         return None
     return Tenant(gpu=gpu, slot=index, pid=f[2], state=STATES[f[1]], request_bytes=f[4], limit_bytes=f[5],
                   resident_bytes=f[6], swapped_bytes=f[7], idle_ms=f[8], swap_outs=f[10], swap_ins=f[11],
-                  swap_out_seconds=f[12] / 1e9, swap_in_seconds=f[13] / 1e9, version=f[3])
+                  swap_out_seconds=f[12] / 1e9, swap_in_seconds=f[13] / 1e9, version=f[3], priority=f[14],
+                  idle_release=bool(f[15] & F_IDLE_RELEASE), asks=f[18], asked_mib=f[19], got_mib=f[20])
 
 
 def lock_holder(fd: int, offset: int) -> tuple[bool, int]:
@@ -88,6 +96,47 @@ def lock_holder(fd: int, offset: int) -> tuple[bool, int]:
     if kind == fcntl.F_UNLCK:
         return False, 0
     return True, max(int(pid), 0)
+
+
+# ---- the roster (interposer/src/elastic_board.h): which slots the node agent assigned, with its own figures ----
+ROSTER_MAGIC = 0x3130524F5253534D
+ROSTER_SIZE = 8 + SLOTS * 16
+R_ASSIGNED = 1
+R_IDLE_RELEASE = 2
+_ROSTER_ENT = struct.Struct("<IiII")  # flags priority request_mib limit_mib
+
+
+@dataclass(frozen=True)
+class RosterEntry:
+    slot: int
+    request_mib: int
+    limit_mib: int
+    priority: int = 0
+    idle_release: bool = False
+
+
+def render_roster(entries: Iterable[RosterEntry]) -> bytes:
+    """A roster file's bytes (pure): the agent's assigned slots and their figures; priorities clamp to int32."""
+    body = bytearray(SLOTS * 16)
+    for e in entries:
+        if not 0 <= e.slot < SLOTS:
+            raise ValueError(f"board slot {e.slot} is not between 0 and {SLOTS - 1}")
+        prio = max(min(e.priority, 2**31 - 1), -(2**31))
+        _ROSTER_ENT.pack_into(body, e.slot * 16, R_ASSIGNED | (R_IDLE_RELEASE if e.idle_release else 0), prio,
+                              min(e.request_mib, 2**32 - 1), min(e.limit_mib, 2**32 - 1))
+    return struct.pack("<Q", ROSTER_MAGIC) + bytes(body)
+
+
+def parse_roster(raw: bytes) -> dict[int, RosterEntry] | None:
+    """Slot -> entry of a roster's bytes, None unless it is exactly the layout (pure)."""
+    if len(raw) != ROSTER_SIZE or struct.unpack_from("<Q", raw)[0] != ROSTER_MAGIC:
+        return None
+    out = {}
+    for i in range(SLOTS):
+        flags, prio, req, lim = _ROSTER_ENT.unpack_from(raw, 8 + i * 16)
+        if flags & R_ASSIGNED:
+            out[i] = RosterEntry(i, req, lim, prio, bool(flags & R_IDLE_RELEASE))
+    return out
 
 
 def board_gpu(path: str | os.PathLike[str]) -> str:
@@ -115,8 +164,11 @@ def read_board(path: str | os.PathLike[str]) -> list[Tenant]:
         os.close(fd)
 
 
-def board_paths(directory: str | os.PathLike[str]) -> list[Path]:
-    """The board files of an elastic directory (at most MAX_BOARDS, sorted)."""
+def board_paths(directory: str | os.PathLike[str], gpus: Iterable[str] | None = None) -> list[Path]:
+    """The board files of an elastic directory (at most MAX_BOARDS, sorted); with `gpus` (the node's GPU
+    uuids, issue 25) only the boards named after them, whatever else a tenant created there."""
+    if gpus is not None:
+        return [Path(directory) / f"{g}.board" for g in sorted(set(gpus))[:MAX_BOARDS]]
     return sorted(p for p in Path(directory).glob("*.board"))[:MAX_BOARDS]
 
 
@@ -132,12 +184,12 @@ class BoardScan:
     errors: list[tuple[str, str]] = field(default_factory=list)  # (board path, problem)
 
 
-def scan_boards(directory: str | os.PathLike[str]) -> BoardScan:
-    """Every live tenant of every readable board; a board that cannot be read costs only its own tenants
-    (one (path, problem) entry), never the others'."""
+def scan_boards(directory: str | os.PathLike[str], gpus: Iterable[str] | None = None) -> BoardScan:
+    """Every live tenant of every readable board (with `gpus`, of those GPUs' boards only); a board that
+    cannot be read costs only its own tenants (one (path, problem) entry), never the others'."""
     scan = BoardScan()
     try:
-        paths = board_paths(directory)
+        paths = board_paths(directory, gpus)
     except OSError as exc:
         scan.errors.append((str(directory), str(exc)))
         return scan

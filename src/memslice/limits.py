@@ -28,6 +28,9 @@ class Limits:
     gpu_mem_request_bytes: int | None = None   # elastic memory: guaranteed in HBM; on when < gpu_mem_bytes
     elastic_dir: str | None = None             # elastic memory: the node's per-GPU arbitration boards
     idle_after_s: float | None = None          # elastic memory: idle after this long without a CUDA call
+    elastic_slot: int | None = None            # elastic memory: the board slot the agent assigned (0..63)
+    idle_release: bool = False                 # elastic memory: idle, the request may move too
+    priority: int = 0                          # elastic memory: the pod's PriorityClass value
 
 
 def _size(n: int) -> str:
@@ -51,6 +54,14 @@ def _elastic_lines(limits: Limits) -> list[str]:
         if not 0 <= limits.idle_after_s <= 604800:
             raise ValueError(f"idle_after={limits.idle_after_s} is not between 0 and 604800 seconds")
         lines.append(f"idle_after={limits.idle_after_s:g}")
+    if limits.elastic_slot is not None:
+        if not 0 <= limits.elastic_slot < 64:
+            raise ValueError(f"elastic_slot={limits.elastic_slot} is not between 0 and 63")
+        lines.append(f"elastic_slot={limits.elastic_slot}")
+    if limits.idle_release:
+        lines.append("idle_release=1")
+    if limits.priority:
+        lines.append(f"priority={max(min(limits.priority, 2**31 - 1), -(2**31))}")
     return lines
 
 

@@ -64,7 +64,8 @@ def tenant_json(t: Any, region: str | None = None) -> dict[str, Any]:
             "resident_bytes": t.resident_bytes, "swapped_bytes": t.swapped_bytes,
             "request_bytes": t.request_bytes, "limit_bytes": t.limit_bytes,
             "seconds_since_last_call": t.idle_ms / 1000, "swap_outs": t.swap_outs, "swap_ins": t.swap_ins,
-            "swap_out_seconds": t.swap_out_seconds, "swap_in_seconds": t.swap_in_seconds}
+            "swap_out_seconds": t.swap_out_seconds, "swap_in_seconds": t.swap_in_seconds,
+            "asks": t.asks, "asked_bytes": t.asked_mib << 20, "moved_for_asks_bytes": t.got_mib << 20}
 
 
 def elastic_json(tenants: list[Any], region_of: dict[int, str] | None = None) -> list[dict[str, Any]]:
@@ -92,12 +93,13 @@ def render_elastic(tenants: list[Any], title: str = "elastic") -> str:
     if not tenants:
         return f"{title}: no tenant"
     lines = [f"{title}", f"  {'PID':>8}  {'STATE':<11} {'RESIDENT':>10} {'SWAPPED':>10} {'REQUEST':>10} "
-             f"{'LIMIT':>10} {'IDLE':>8} {'OUT/IN':>9}  GPU"]
+             f"{'LIMIT':>10} {'IDLE':>8} {'OUT/IN':>9} {'ASKED':>10} {'MOVED':>10}  GPU"]
     for t in elastic_json(tenants):
         lines.append(f"  {t['pid']:>8}  {t['state']:<11} {format_bytes(t['resident_bytes']):>10} "
                      f"{format_bytes(t['swapped_bytes']):>10} {format_bytes(t['request_bytes']):>10} "
                      f"{format_bytes(t['limit_bytes']):>10} {t['seconds_since_last_call']:>7.1f}s "
-                     f"{t['swap_outs']:>4}/{t['swap_ins']:<4}  {t['gpu']}")
+                     f"{t['swap_outs']:>4}/{t['swap_ins']:<4} {format_bytes(t['asked_bytes']):>10} "
+                     f"{format_bytes(t['moved_for_asks_bytes']):>10}  {t['gpu']}")
     return "\n".join(lines)
 
 
@@ -182,7 +184,9 @@ def render(snaps: list[Any], title: str | None = None, owners: dict[str, dict[st
                              f"{format_bytes(e['swapped_bytes'])} swapped out to host memory, "
                              f"{format_bytes(e['spilled_bytes'])} spilled to host memory; swaps "
                              f"{sum(p['swap_outs'] for p in e['processes'])} out "
-                             f"{sum(p['swap_ins'] for p in e['processes'])} in")
+                             f"{sum(p['swap_ins'] for p in e['processes'])} in; asked neighbours for "
+                             f"{format_bytes(sum(p['asked_bytes'] for p in e['processes']))}, they moved "
+                             f"{format_bytes(sum(p['moved_for_asks_bytes'] for p in e['processes']))}")
     return "\n".join(lines)
 
 
