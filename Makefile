@@ -25,6 +25,7 @@ $(STAMP): $(SOURCES)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	$(PY) tests/kubectl_window.py fetch
 	@touch $@
 
 native:
