@@ -21,10 +21,14 @@ SAN_TESTS  = tests/test_shim_kinds.py tests/test_shim_routes.py tests/test_overs
 .PHONY: install demo test gpu-check lint native protos clean sanitize typecheck
 install: $(STAMP)
 
+# Progress is shown: each step says what it does, and pip lists each package as it collects and installs it.
 $(STAMP): $(SOURCES)
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@test -x $(PY) || { echo "== [1/4] creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	@echo "== [2/4] upgrading pip"
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	@echo "== [3/4] installing memslice (compiling the C libraries) and its test tools: about 90 packages, 1-2 minutes"
+	$(PY) -m pip install --progress-bar on -e '.[test]'
+	@echo "== [4/4] the oldest supported kubectl, for the deploy tests"
 	$(PY) tests/kubectl_window.py fetch
 	@touch $@
 
