@@ -53,11 +53,18 @@ typecheck: install
 	for d in plugin scheduler_extender interposer proto; do ln -s ../../../$$d $(TC)/$$d; done
 	$(VENV)/bin/mypy
 
+# The tests run in parallel (pytest-xdist): TEST_JOBS workers, more than the cores because most tests wait on
+# processes and sockets rather than compute; `make test TEST_JOBS=0` runs them one by one. README says how
+# long `make test` takes; keep it under 10 minutes on a 2-core machine.
+TEST_JOBS ?= 4
+XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadgroup)
+# The sanitizer rerun: ASan processes are several times slower and bigger; fewer at once.
+SAN_XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n 2 --dist loadgroup)
 test: install
 	$(VENV)/bin/ruff check .
 	$(MAKE) typecheck
 	$(MAKE) -C interposer check
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q $(XDIST)
 	$(MAKE) sanitize
 
 sanitize: install
@@ -65,7 +72,7 @@ sanitize: install
 	asan=$$($(CC) -print-file-name=libasan.so) && \
 	  MEMSLICE_LIB_DIR=$(CURDIR)/interposer/build-asan MEMSLICE_TEST_PRELOAD_FIRST=$$asan LD_PRELOAD=$$asan \
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  $(VENV)/bin/pytest -q -p no:cacheprovider $(SAN_TESTS)
+	  $(VENV)/bin/pytest -q -p no:cacheprovider $(SAN_XDIST) $(SAN_TESTS)
 	$(CC) $(NAMEIDS_SAN) -I$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["include"])') \
 	  scheduler_extender/_nameids.c -o interposer/build-asan/_nameids.so
 	asan=$$($(CC) -print-file-name=libasan.so) && \
