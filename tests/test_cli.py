@@ -110,6 +110,10 @@ def test_demo_runs_and_explains():
     assert out.returncode == 0, out.stderr
     assert "REFUSED" in out.stdout and "cuMemAlloc_v2 of 3.0 GiB refused" in out.stdout
     assert out.stdout.count("running") == 3 and "What you just saw" in out.stdout
+    # spill (oversubscription) is part of the story, and each figure is explained and adds up
+    assert "training-c: 4396 MiB on the GPU = 300 MiB context + 4096 MiB allocated; 2048 MiB in host memory" \
+        in out.stdout
+    assert "11140 MiB of 16384 MiB in use = the sum of the three (11140 MiB)" in out.stdout
 
 
 @pytest.mark.parametrize("interval", ["0", "-1", "nan", "soon"])

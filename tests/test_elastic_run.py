@@ -124,6 +124,10 @@ def test_elastic_demo_shows_an_idle_notebook_yielding_and_getting_its_memory_bac
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert "notebook-a  swapped-out in GPU        0B   in host memory      2GiB" in out.stdout
-    assert "'allocated_mib': 1792, 'result': 0" in out.stdout and "'checked_blocks': 8, 'bad': 0" in out.stdout
+    assert "-> it holds 1792 MiB (all of it)" in out.stdout
+    assert "read back its 8 blocks of 256 MiB through the same pointers" in out.stdout
+    assert "0 of the 16 MiB written (first and last MiB of each block) differ" in out.stdout
+    assert "{" not in out.stdout, "no raw records: every answer in words"
+    assert "waiting for notebook-b's allocation" in out.stdout  # progress while it waits
     peak = int(out.stdout.split("at most ")[1].split(" MiB")[0])
     assert peak <= 4096
