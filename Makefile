@@ -53,10 +53,10 @@ typecheck: install
 	for d in plugin scheduler_extender interposer proto; do ln -s ../../../$$d $(TC)/$$d; done
 	$(VENV)/bin/mypy
 
-# The tests run in parallel (pytest-xdist): TEST_JOBS workers, more than the cores because most tests wait on
+# The tests run in parallel (pytest-xdist): TEST_JOBS workers, one more than the cores because most tests wait on
 # processes and sockets rather than compute; `make test TEST_JOBS=0` runs them one by one. README says how
 # long `make test` takes; keep it under 10 minutes on a 2-core machine.
-TEST_JOBS ?= 4
+TEST_JOBS ?= 3
 XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadgroup)
 # The sanitizer rerun: ASan processes are several times slower and bigger; fewer at once.
 SAN_XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n 2 --dist loadgroup)
