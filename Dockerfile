@@ -43,7 +43,7 @@ ENV PATH=/opt/memslice/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 # Non-root by default (the extender and the CLI need nothing more). The node agent's DaemonSet sets
-# runAsUser: 0 because it writes into root-owned host directories; see deploy/base/node-agent/daemonset.yaml.
+# runAsUser: 0 because it writes into root-owned host directories; see deploy/core/node-agent/daemonset.yaml.
 RUN useradd --system --uid 65532 --no-create-home --shell /usr/sbin/nologin memslice
 USER 65532:65532
 ENTRYPOINT ["memslice"]

@@ -21,10 +21,15 @@ SAN_TESTS  = tests/test_shim_kinds.py tests/test_shim_unseen.py tests/test_shim_
 .PHONY: install demo test gpu-check lint native protos clean sanitize typecheck kubecluster
 install: $(STAMP)
 
+# Progress is shown: each step says what it does, and pip lists each package as it collects and installs it.
 $(STAMP): $(SOURCES)
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@test -x $(PY) || { echo "== [1/4] creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	@echo "== [2/4] upgrading pip"
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	@echo "== [3/4] installing memslice (compiling the C libraries) and its test tools: about 90 packages, 1-2 minutes"
+	$(PY) -m pip install --progress-bar on -e '.[test]'
+	@echo "== [4/4] the oldest supported kubectl, for the deploy tests"
+	$(PY) tests/kubectl_window.py fetch
 	@touch $@
 
 native:
@@ -61,11 +66,18 @@ $(KUBECLUSTER): $(KUBECLUSTER_SRC)
 	  cd tests/kubecluster && GOFLAGS='-mod=readonly -buildvcs=false' go build -trimpath -ldflags='-s -w' -o $(CURDIR)/$@ . ; \
 	else echo "go not found: $@ not built; tests/test_real_*.py will skip"; fi
 
+# The tests run in parallel (pytest-xdist): TEST_JOBS workers, one more than the cores because most tests wait on
+# processes and sockets rather than compute; `make test TEST_JOBS=0` runs them one by one. README says how
+# long `make test` takes; keep it under 10 minutes on a 2-core machine.
+TEST_JOBS ?= 3
+XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadgroup)
+# The sanitizer rerun: ASan processes are several times slower and bigger; fewer at once.
+SAN_XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n 2 --dist loadgroup)
 test: install kubecluster
 	$(VENV)/bin/ruff check .
 	$(MAKE) typecheck
 	$(MAKE) -C interposer check
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q $(XDIST)
 	$(MAKE) sanitize
 
 sanitize: install
@@ -73,7 +85,7 @@ sanitize: install
 	asan=$$($(CC) -print-file-name=libasan.so) && \
 	  MEMSLICE_LIB_DIR=$(CURDIR)/interposer/build-asan MEMSLICE_TEST_PRELOAD_FIRST=$$asan LD_PRELOAD=$$asan \
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  $(VENV)/bin/pytest -q -p no:cacheprovider $(SAN_TESTS)
+	  $(VENV)/bin/pytest -q -p no:cacheprovider $(SAN_XDIST) $(SAN_TESTS)
 	$(CC) $(NAMEIDS_SAN) -I$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["include"])') \
 	  scheduler_extender/_nameids.c -o interposer/build-asan/_nameids.so
 	asan=$$($(CC) -print-file-name=libasan.so) && \

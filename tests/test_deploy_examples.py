@@ -22,7 +22,7 @@ from memslice import contract
 from memslice.sizes import MiB
 
 EXAMPLES = DEPLOY / "examples"
-KUBE_EXAMPLES = ("notebook.yaml", "notebook-oversubscribed.yaml", "training-job.yaml")
+KUBE_EXAMPLES = ("notebook.yaml", "notebook-oversubscribed.yaml", "training-job.yaml", "simulated-check.yaml")
 
 
 def scheduler_profile_names() -> set[str]:
@@ -130,3 +130,21 @@ def test_kubespawner_override_keys_are_kubespawner_traits() -> None:
     for profile in jupyterhub_profiles():
         assert set(profile["kubespawner_override"]) <= known
         assert {"display_name", "slug", "description", "kubespawner_override"} <= set(profile)
+
+
+def test_the_simulated_overlays_example_needs_no_framework_and_shows_the_quota(tmp_path) -> None:
+    """deploy/examples/simulated-check.yaml's script, run as its container would run it: under its quota on
+    the simulated GPU, with the image's Python (no PyTorch)."""
+    import subprocess
+    import sys
+
+    (c,) = pod_spec(example("simulated-check.yaml"))["containers"]  # type: ignore[index]
+    assert c["command"] == ["python", "-c"] and "torch" not in c["args"][0]
+    mib = gpu_mem_mib(c)
+    env = {"PATH": "/usr/bin:/bin", "MEMSLICE_SIM_STATE": str(tmp_path / "node.state")}
+    out = subprocess.run([sys.executable, "-m", "memslice", "run", "--gpu-mem", f"{mib}MiB", "--simulate-gpu", "16GiB",
+                          "--", sys.executable, "-c", c["args"][0]], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"NVML: this container's GPU has {mib} MiB" in out.stdout
+    assert "the next one was refused with error 2 (2 = CUDA_ERROR_OUT_OF_MEMORY)" in out.stdout

@@ -24,7 +24,8 @@ NAMESPACE = "memslice-system"
 RESOURCE = "memslice.io/gpu-mem"
 SCHEDULER_NAME = "memslice-scheduler"
 # Every kustomization a user may apply, and what it is for.
-KUSTOMIZATIONS = ("base", "overlays/simulated", "overlays/cdi", "overlays/cert-manager", "monitoring")
+KUSTOMIZATIONS = ("base", "overlays/simulated", "overlays/cdi", "overlays/cert-manager", "overlays/host-pids",
+                  "overlays/dra", "monitoring")
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass", "RuntimeClass",
                   "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 
@@ -140,6 +141,7 @@ def test_every_file_under_deploy_is_used() -> None:
     for kfile in DEPLOY.rglob("kustomization.yaml"):
         k = yaml.safe_load(kfile.read_text())
         entries = list(k.get("resources", []))
+        entries += list(k.get("components", []))
         entries += [p["path"] for p in k.get("patches", []) if "path" in p]
         for gen in k.get("configMapGenerator", []):
             entries += [f.split("=", 1)[-1] for f in gen.get("files", [])]

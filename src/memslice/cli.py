@@ -4,7 +4,9 @@ so that `memslice run` starts fast."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import os
 import sys
 
 from memslice import __version__, errors
@@ -45,13 +47,47 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(argv[0] if argv and argv[0] in SUBCOMMANDS else None)
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
+# Options whose value is a size: `--gpu-mem -1GiB` would otherwise read -1GiB as an option ("expected one
+# argument"); joined as --gpu-mem=-1GiB, the size check names the value and the fix.
+SIZE_OPTIONS = ("--gpu-mem", "--gpu-mem-request", "--simulate-gpu")
+
+
+def join_dash_values(argv: list[str]) -> list[str]:
+    """argv with `--size-option -VALUE` written as `--size-option=-VALUE` (before any `--`)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            return out + argv[i:]
+        if a in SIZE_OPTIONS and i + 1 < len(argv) and argv[i + 1].startswith("-") and argv[i + 1] != "--":
+            out.append(f"{a}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
+def unknown_options_message(sub: argparse.ArgumentParser, extras: list[str]) -> str:
+    """What a subcommand says about arguments it does not take: each one, with the nearest option it has."""
+    options = [o for action in sub._actions for o in action.option_strings if o.startswith("--")]
+    parts = []
+    for e in extras:
+        near = difflib.get_close_matches(e.split("=", 1)[0], options, n=1, cutoff=0.6) if e.startswith("-") else []
+        parts.append(f"{e!r} (did you mean {near[0]}?)" if near else repr(e))
+    return f"unrecognized arguments: {', '.join(parts)}; see `{sub.prog} --help`"
+
+
+def subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser | None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found = action.choices.get(command)
+            return found if isinstance(found, argparse.ArgumentParser) else None
+    return None
+
+
+def run_command(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -60,6 +96,31 @@ def main(argv: list[str] | None = None) -> int:
         # A refusal memslice makes on purpose is one line naming the problem and the fix, never a traceback.
         print(f"memslice {args.command}: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, errors.ConfigError) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = join_dash_values(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv[0] if argv and argv[0] in SUBCOMMANDS else None)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        sub = subparser(parser, args.command) if getattr(args, "command", None) else None
+        if sub is None:
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        # a subcommand may know better (`memslice run` without `--`: the command read as an option's value)
+        explain = getattr(args, "explain_extras", None)
+        sub.error((explain(args, extras) if explain else None) or unknown_options_message(sub, extras))
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        rc = run_command(args)
+        sys.stdout.flush()
+        return rc
+    except BrokenPipeError:
+        # The reader went away (`memslice top --once | head`): not an error of ours; no traceback, and no
+        # second one when Python flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a command killed by it
 
 
 if __name__ == "__main__":

@@ -16,7 +16,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 BLOCK_MIB = 256
@@ -54,6 +57,10 @@ def tenant() -> int:
                 cuda.cuMemcpyHtoD_v2(ptr(p.value + (BLOCK_MIB - 1) * MiB), pat, MiB)
                 blocks.append(p.value)
             print(json.dumps({"allocated_mib": len(blocks) * BLOCK_MIB, "result": rc}), flush=True)
+        elif cmd[:1] == ["free"]:
+            rcs = [cuda.cuMemFree_v2(ptr(b)) for b in blocks]
+            blocks.clear()
+            print(json.dumps({"freed": len(rcs), "result": max(rcs, default=0)}), flush=True)
         elif cmd[:1] == ["check"]:
             buf = ctypes.create_string_buffer(MiB)
             bad = 0
@@ -63,10 +70,6 @@ def tenant() -> int:
                     bad += buf.raw != _pattern(i)
             print(json.dumps({"checked_blocks": len(blocks), "bad": bad,
                               "pointers": [hex(b) for b in blocks[:2]]}), flush=True)
-        elif cmd[:1] == ["free"]:
-            rcs = [cuda.cuMemFree_v2(ptr(b)) for b in blocks]
-            blocks.clear()
-            print(json.dumps({"freed": len(rcs), "result": max(rcs, default=0)}), flush=True)
     return 0
 
 
@@ -82,13 +85,51 @@ def _table(edir: str, names: dict[int, str]) -> str:
     return "\n".join(rows)
 
 
-def _wait(cond: Any, timeout: float = 120) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
+@contextmanager
+def _progress(what: str) -> Iterator[None]:
+    """Say what the demo waits for, a dot per second while it waits, and how long it took."""
+    print(f"    waiting for {what} ", end="", flush=True)
+    start, done = time.monotonic(), threading.Event()
+
+    def tick() -> None:
+        while not done.wait(1.0):
+            print(".", end="", flush=True)
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+        print(f" {time.monotonic() - start:.1f} s", flush=True)
+
+
+def _wait(cond: Any, what: str, timeout: float = 120) -> bool:
+    with _progress(what):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if cond():
+                return True
+            time.sleep(0.05)
     return False
+
+
+def _allocated(answer: dict[str, Any]) -> str:
+    """A tenant's answer to `alloc`, in words."""
+    if "error" in answer:
+        return f"    -> the notebook failed: {answer['error']}"
+    verdict = "all of it" if answer["result"] == 0 else f"then CUDA error {answer['result']}"
+    return f"    -> it holds {answer['allocated_mib']} MiB ({verdict})"
+
+
+def _checked(answer: dict[str, Any]) -> str:
+    """A tenant's answer to `check`, in words."""
+    if "error" in answer:
+        return f"    -> the notebook failed: {answer['error']}"
+    return (f"    -> read back its {answer['checked_blocks']} blocks of {BLOCK_MIB} MiB through the same pointers "
+            f"({', '.join(answer['pointers'])}, ...): {answer['bad']} of the {2 * answer['checked_blocks']} MiB "
+            "written (first and last MiB of each block) differ")
 
 
 def main() -> int:
@@ -124,10 +165,10 @@ def main() -> int:
     try:
         names = {a.pid: "notebook-a"}
         print("notebook-a (request 512 MiB, limit 2.5 GiB) allocates 2 GiB: above its request it uses free GPU memory")
-        print(f"    -> {ask(a, 'alloc 2048')}")
+        print(_allocated(ask(a, "alloc 2048")))
         print(_table(edir, names))
         print("\nnotebook-a makes no CUDA call for 1 s (MEMSLICE_IDLE_AFTER=1; 300 s by default): it is idle")
-        _wait(lambda: any(t.state == "idle" for t in read_boards(edir)))
+        _wait(lambda: any(t.state == "idle" for t in read_boards(edir)), "notebook-a to be idle")
         print(_table(edir, names))
         b = start("notebook-b", "2GiB", "512MiB")
         names[b.pid] = "notebook-b"
@@ -135,8 +176,10 @@ def main() -> int:
               "not fit in 4 GiB,\nso what is missing (344 MiB) of the idle notebook-a's memory above its request "
               "moves to host memory\n(same pointers; its 512 MiB request stays in GPU memory) and notebook-b gets "
               "GPU memory")
-        print(f"    -> {ask(b, 'alloc 1792')}")
-        _wait(lambda: any(t.swapped_bytes for t in read_boards(edir)))
+        with _progress("notebook-b's allocation while what it lacks of notebook-a's memory moves to host memory"):
+            answer = ask(b, "alloc 1792")
+        print(_allocated(answer))
+        _wait(lambda: any(t.swapped_bytes for t in read_boards(edir)), "the board to show notebook-a's move")
         print(_table(edir, names))
         tb = next((t for t in read_boards(edir) if t.pid == b.pid), None)
         if tb is not None:
@@ -144,17 +187,37 @@ def main() -> int:
                   f"{tb.got_mib} MiB")
         print("\nnotebook-a runs again and reads its data back through the same pointers (at once; the part "
               "in host memory\nfrom there)")
-        print(f"    -> {ask(a, 'check')}")
+        print(_checked(ask(a, "check")))
         print("\nnotebook-b frees its memory; notebook-a gets its memory back in the GPU")
-        print(f"    -> {ask(b, 'free')}")
-        print(f"    -> {ask(a, 'check')}")
-        _wait(lambda: any(t.pid == a.pid and not t.swapped_bytes for t in read_boards(edir)), 60)
+        freed = ask(b, "free")
+        print(f"    -> notebook-b freed {freed['freed']} block(s)")
+        print(_checked(ask(a, "check")))
+        _wait(lambda: any(t.pid == a.pid and not t.swapped_bytes for t in read_boards(edir)),
+              "notebook-a's memory back in GPU memory", 60)
+        # the table and the GPU's figure from the same moment: read both until neither changes
+        def moment() -> tuple[Any, ...]:
+            phys = read_region_file(usage_path(state))
+            return (sorted((t.pid, t.state, t.resident_bytes, t.swapped_bytes) for t in read_boards(edir)),
+                    phys.devices[0].used_bytes if phys else None)
+
+        last = moment()
+        for _ in range(50):
+            time.sleep(0.1)
+            now = moment()
+            if now == last:
+                break
+            last = now
         print(_table(edir, names))
         phys = read_region_file(usage_path(state))
         if phys:
             d = phys.devices[0]
-            print(f"\nthe simulated GPU: {d.used_bytes >> 20} MiB in use now, at most {d.peak_bytes >> 20} MiB "
-                  f"ever, of {d.physical_bytes >> 20} MiB")
+            resident = sum(t.resident_bytes for t in read_boards(edir)) >> 20
+            other = (d.used_bytes >> 20) - resident - 2 * 300
+            print(f"\nthe simulated GPU: {d.used_bytes >> 20} MiB in use now = {resident} MiB of the notebooks' "
+                  "memory (the table's \"in GPU\") + 2 CUDA contexts of 300 MiB"
+                  + (f" + {other} MiB not (yet) in the table's figures" if other else "")
+                  + f"; at most {d.peak_bytes >> 20} MiB ever, of {d.physical_bytes >> 20} MiB: the notebooks' "
+                  "limits (2.5 + 2 GiB) add up to more than the GPU, and it never overflowed")
     finally:
         for p in (a, b):
             if p is not None and p.stdin is not None:

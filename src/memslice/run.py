@@ -13,7 +13,14 @@ from pathlib import Path
 
 from memslice.limits import LIMITS_FILE, Limits
 from memslice.limits import write as write_limits
-from memslice.sizes import SizeError, parse_size
+from memslice.sizes import _UNITS, SizeError, format_bytes, parse_size
+
+# A quota above this is a typo (999999TiB), not a GPU: no GPU made has a tenth of it.
+MAX_GPU_MEM = 16 << 40
+SEPARATOR_HINT = ("memslice run reads its options up to the command: put `--` before the command "
+                  "(memslice run --gpu-mem 4GiB -- CMD ARGS)")
+# Unit words that a size split in two (`--gpu-mem 4 GiB`) leaves as the first word of the command.
+UNIT_WORDS = {u for u in _UNITS if u} | {"KB", "MB", "GB", "TB", "K", "M", "G", "T", "kB", "Kb", "Mb", "Gb"}
 
 EPILOG = """\
 examples:
@@ -59,7 +66,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="directory for the shared accounting region (default: a temporary one, removed at exit)")
     p.add_argument("-v", "--verbose", action="store_true", help="say where the region is; shim logs at info")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command to run")
-    p.set_defaults(func=main)
+    p.set_defaults(func=main, explain_extras=explain_extras)
 
 
 def build_env(args: argparse.Namespace, region_dir: str) -> dict[str, str]:
@@ -100,12 +107,95 @@ def elastic_dir(environ: dict[str, str]) -> str:
     return path
 
 
+def explain_extras(args: argparse.Namespace, extras: list[str]) -> str:
+    """Arguments argparse could not place: the command's own options when `--` is missing. Name the option
+    that took the command's first word as its SIZE, when one did."""
+    for option, value in (("--gpu-mem", args.gpu_mem), ("--oversubscribe", args.oversubscribe),
+                          ("--gpu-mem-request", args.gpu_mem_request)):
+        if value:
+            try:
+                checked_size(option, value, allow_zero=option == "--oversubscribe")
+            except SizeError as exc:
+                return str(exc)
+    return f"unrecognized arguments: {' '.join(extras)}; {SEPARATOR_HINT}"
+
+
+def split_size_message(args: argparse.Namespace, cmd: list[str]) -> str | None:
+    """`--gpu-mem 4 GiB`: the unit became the command's first word. Say so, naming the option and the fix."""
+    if not cmd or cmd[0] not in UNIT_WORDS:
+        return None
+    for option, value in (("--gpu-mem", args.gpu_mem), ("--gpu-mem-request", args.gpu_mem_request),
+                          ("--oversubscribe", args.oversubscribe), ("--simulate-gpu", args.simulate_gpu)):
+        if value and value.strip().isdigit():
+            return (f"{option} {value} {cmd[0]}: a size is one word; write {option} {value.strip()}{cmd[0]} "
+                    f"(a bare number is MiB)")
+    return f"{cmd[0]!r} is not a command; a size is one word (4GiB, not 4 GiB)"
+
+
+def looks_like_a_command(value: str) -> bool:
+    return bool(shutil.which(value)) or "/" in value or value.endswith((".py", ".sh"))
+
+
+def checked_size(option: str, value: str, *, allow_zero: bool = False) -> int:
+    """parse_size, with the fix for a forgotten `--` (the command read as the option's SIZE)."""
+    try:
+        return parse_size(value, what=option, allow_zero=allow_zero)
+    except SizeError as exc:
+        if looks_like_a_command(value.strip()):
+            raise SizeError(f"{exc}; {value!r} looks like the command: give {option} its SIZE and put `--` before "
+                            f"the command (memslice run --gpu-mem 4GiB -- {value} ...)") from None
+        if option == "--oversubscribe":
+            raise SizeError(f"{exc}; --oversubscribe takes an optional SIZE: write --oversubscribe=SIZE, or "
+                            "--oversubscribe alone and `--` before the command") from None
+        raise
+
+
+def gpu_sizes(simulate: str | None) -> tuple[list[int], str]:
+    """The GPUs a quota is for: the simulated ones, else what NVML reports (none if it cannot be read)."""
+    if simulate:
+        return [parse_size(item.split(":")[0]) for item in simulate.split(",")], "the simulated GPU"
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            sizes = [int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total)
+                     for i in range(pynvml.nvmlDeviceGetCount())]
+        finally:
+            pynvml.nvmlShutdown()
+        return sizes, "this machine's largest GPU"
+    except Exception:  # no driver, no GPU: nothing to compare with
+        return [], ""
+
+
+def quota_bound_message(option: str, text: str, value: int, simulate: str | None) -> str | None:
+    """A quota no GPU can give (a typo, or more than the GPU has): the message naming it and the fix."""
+    if value > MAX_GPU_MEM:
+        return (f"{option} {text} is larger than any GPU ({format_bytes(MAX_GPU_MEM)}); the quota is per GPU, "
+                "e.g. --gpu-mem 4GiB")
+    sizes, what = gpu_sizes(simulate)
+    if sizes and value > max(sizes):
+        fix = "or a larger --simulate-gpu" if simulate else "the quota is per GPU"
+        return (f"{option} {text} is larger than {what} ({format_bytes(max(sizes))}): give at most "
+                f"{format_bytes(max(sizes))}, {fix}")
+    return None
+
+
 def limits_for(args: argparse.Namespace, environ: dict[str, str]) -> Limits:
     """The limits file's content for these arguments (sizes already validated)."""
     reserve = environ.get("MEMSLICE_CONTEXT_RESERVE")
     spill = args.oversubscribe
-    limit = parse_size(args.gpu_mem, what="--gpu-mem")
-    request = parse_size(args.gpu_mem_request, what="--gpu-mem-request") if args.gpu_mem_request else None
+    limit = checked_size("--gpu-mem", args.gpu_mem)
+    if spill:
+        checked_size("--oversubscribe", spill, allow_zero=True)
+    if args.simulate_gpu:
+        from memslice.simulator import validate_gpus
+
+        validate_gpus(args.simulate_gpu)
+    bound = quota_bound_message("--gpu-mem", args.gpu_mem, limit, args.simulate_gpu)
+    if bound:
+        raise ValueError(bound)
+    request = checked_size("--gpu-mem-request", args.gpu_mem_request) if args.gpu_mem_request else None
     if request is not None and request > limit:
         raise ValueError(f"--gpu-mem-request {args.gpu_mem_request} is above --gpu-mem {args.gpu_mem}; the request "
                          "is the guaranteed part of the limit")
@@ -124,17 +214,31 @@ def limits_for(args: argparse.Namespace, environ: dict[str, str]) -> Limits:
                                           if spill else None))
 
 
+def private_dir_problem(region_dir: str) -> str | None:
+    """The usage file (memslice.region) is writable by every process that can reach it (the shim makes it so,
+    for containers whose processes run as several users): so the region directory must be reachable by its
+    owner only. None when it is (memslice run creates a missing one 0700)."""
+    st = os.stat(region_dir)
+    if st.st_uid != os.getuid():
+        return f"--region-dir {region_dir} belongs to uid {st.st_uid}, not to you; name a directory of yours"
+    if st.st_mode & 0o077:
+        return (f"--region-dir {region_dir} is open to other users (mode {st.st_mode & 0o777:o}), and its usage "
+                f"file would be writable by them: `chmod 700 {region_dir}`, or name a directory that does not "
+                "exist yet (memslice run creates it, mode 700)")
+    return None
+
+
 def main(args: argparse.Namespace) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    split = split_size_message(args, cmd)
+    if split:
+        print(f"memslice run: {split}", file=sys.stderr)
+        return 2
     if not cmd:
         print("memslice run: no command given; usage: memslice run --gpu-mem 4GiB -- CMD [ARGS...]", file=sys.stderr)
         return 2
     try:
         limits = limits_for(args, dict(os.environ))
-        if args.simulate_gpu:
-            from memslice.simulator import validate_gpus
-
-            validate_gpus(args.simulate_gpu)
     except (SizeError, ValueError, OSError) as exc:
         print(f"memslice run: {exc}", file=sys.stderr)
         return 2
@@ -142,7 +246,11 @@ def main(args: argparse.Namespace) -> int:
     region_dir = tempfile.mkdtemp(prefix="memslice-region-") if own_dir else args.region_dir
     try:
         try:
-            os.makedirs(region_dir, exist_ok=True)
+            os.makedirs(region_dir, mode=0o700, exist_ok=True)
+            shared = private_dir_problem(region_dir)
+            if shared:
+                print(f"memslice run: {shared}", file=sys.stderr)
+                return 2
             write_limits(Path(region_dir) / LIMITS_FILE, limits)
         except OSError as exc:
             print(f"memslice run: cannot write the limits file in --region-dir {region_dir}: {exc}; use a "

@@ -8,7 +8,7 @@ import os
 import tempfile
 
 from memslice.paths import lib_paths
-from memslice.sizes import parse_size
+from memslice.sizes import SizeError, parse_size, size_hint
 
 
 def default_state_path(gpus: str) -> str:
@@ -34,7 +34,12 @@ def validate_gpus(spec: str) -> None:
     """Raise ValueError naming the bad entry unless spec is SIZE[:NUMA][:mig](,…)."""
     for item in spec.split(","):
         parts = item.split(":")
-        parse_size(parts[0], what=f"simulated GPU size in {spec!r}")
+        try:
+            parse_size(parts[0])
+        except SizeError:
+            raise SizeError(f"simulated GPU {parts[0]!r} (in {spec!r}) is not a GPU size{size_hint(parts[0])}; use "
+                            "SIZE[:NUMA][:mig] per GPU, SIZE as 16GiB or 16384 (MiB), e.g. 16GiB or 16GiB,24GiB:1"
+                            ) from None
         for extra in parts[1:]:
             if extra != "mig" and not (extra.isdigit() and int(extra) < 64):
                 raise ValueError(f"simulated GPU {item!r}: {extra!r} is neither a NUMA node (0-63) nor 'mig'; "

@@ -24,16 +24,26 @@ def parse_size(text: str, *, what: str = "size", allow_zero: bool = False) -> in
     """Return the size in bytes; raise SizeError naming `what`, the bad value and a valid form."""
     m = _SIZE.match(text or "")
     if not m or m.group(2) not in _UNITS:
-        hint = ""
-        if m and m.group(2).upper() in {"KB", "MB", "GB", "TB", "K", "M", "G", "T"}:
-            hint = " (decimal units are ambiguous; write GiB/MiB)"
-        raise SizeError(f"{what}={text!r} is not a valid size{hint}; use {HELP}")
+        raise SizeError(f"{what}={text!r} is not a valid size{size_hint(text)}; use {HELP}")
     value = int(m.group(1)) * _UNITS[m.group(2)]
     if value >= 1 << 64:
         raise SizeError(f"{what}={text!r} is too large; use {HELP}")
     if value <= 0 and not allow_zero:
         raise SizeError(f"{what}={text!r} is zero; use {HELP}")
     return value
+
+
+def size_hint(text: str | None) -> str:
+    """Why a size string people write is not one, when there is a common reason (else empty)."""
+    t = (text or "").strip()
+    m = _SIZE.match(t)
+    if m and m.group(2).upper() in {"KB", "MB", "GB", "TB", "K", "M", "G", "T"}:
+        return f" (decimal units are ambiguous; write {m.group(1)}{m.group(2)[0].upper()}iB)"
+    if t.startswith("-"):
+        return " (a size cannot be negative)"
+    if re.fullmatch(r"[0-9]+[.,][0-9]+ *[A-Za-z]*", t):
+        return " (whole numbers only: write 1536MiB, not 1.5GiB)"
+    return ""
 
 
 def format_bytes(n: int) -> str:

@@ -143,6 +143,13 @@ def _bar(used: int, limit: int, width: int = 20) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
+def refused_text(d: Any) -> str:
+    """A device's refused allocations, as its processes count them: over the quota, plus those the host
+    spill cap (or the cgroup margin) refused under oversubscription, which are named apart."""
+    total = d.refused + d.spill_refused
+    return f"{total} ({d.spill_refused} by the host spill cap)" if d.spill_refused else str(total)
+
+
 def render(snaps: list[Any], title: str | None = None, owners: dict[str, dict[str, str]] | None = None,
            tenants: dict[str, list[Any]] | None = None) -> str:
     """Text: each region (container), its devices, its processes (with their elastic state when they have
@@ -161,7 +168,7 @@ def render(snaps: list[Any], title: str | None = None, owners: dict[str, dict[st
             what = "quota" if d.limit_bytes else "capacity"
             lines.append(f"  {d.uuid}  {format_bytes(d.used_bytes)} of {format_bytes(limit)} {what} "
                          f"{_bar(d.used_bytes, limit)}  host {format_bytes(d.host_bytes)}  "
-                         f"peak {format_bytes(d.peak_bytes)}  refused {d.refused}")
+                         f"peak {format_bytes(d.peak_bytes)}  refused {refused_text(d)}")
             if d.context_cost_bytes or d.driver_taken_bytes:
                 lines.append(f"    a context takes {format_bytes(d.context_cost_bytes)} (measured); the driver "
                              f"holds {format_bytes(d.driver_taken_bytes)} of the use outside allocations "
@@ -238,9 +245,37 @@ def root_regions(root: str) -> tuple[list[str], dict[str, dict[str, str]]]:
     return dirs, owner
 
 
+REGION_FILES = ("memslice.region", "memslice.limits")
+
+
+def region_dir_problem(d: str) -> str | None:
+    """Why `d` is not a region directory (None if it is one): a region directory holds memslice.region (once a
+    process has used the GPU) or memslice.limits (memslice run writes it first), or is empty (the node agent
+    made it at Allocate, no process ran yet)."""
+    if not os.path.isdir(d):
+        return f"{d} is not a directory; give the --region-dir of `memslice run` (or a container's region)"
+    try:
+        names = os.listdir(d)
+    except OSError as exc:
+        return f"{d} cannot be listed: {exc.strerror}"
+    if names and not any(n in names for n in REGION_FILES):
+        return (f"{d} is not a memslice region directory (it has neither {' nor '.join(REGION_FILES)}); give the "
+                "--region-dir of `memslice run`, or --region-root for a node agent's regions")
+    return None
+
+
+def elastic_text(unknown: list[Any], present: bool, asked: bool) -> str:
+    """The elastic processes no region shown accounts for; nothing when there are none, unless the elastic
+    directory was asked for (--elastic-dir) and nothing else is shown."""
+    if unknown:
+        return render_elastic(unknown, "elastic processes of no region shown" if present else "elastic")
+    return "" if present or not asked else render_elastic([], "elastic")
+
+
 def main(args: argparse.Namespace) -> int:
     owners: dict[str, dict[str, str]] = {}
     dirs = list(args.region_dirs)
+    found: list[str] = []
     if args.region_root:
         if not os.path.isdir(args.region_root):
             print(f"memslice top: --region-root {args.region_root} is not a directory", file=sys.stderr)
@@ -252,9 +287,10 @@ def main(args: argparse.Namespace) -> int:
     if not dirs and not args.region_root:
         print("memslice top: give a REGION_DIR (or set MEMSLICE_REGION_DIR, or --region-root)", file=sys.stderr)
         return 2
-    for d in dirs:
-        if not os.path.isdir(d):
-            print(f"memslice top: {d} is not a directory", file=sys.stderr)
+    for d in dirs[:len(dirs) - len(found)]:  # those found under --region-root are the agent's own regions
+        problem = region_dir_problem(d)
+        if problem:
+            print(f"memslice top: {problem}", file=sys.stderr)
             return 2
     from memslice.elastic import attribute, scan_boards
 
@@ -279,8 +315,9 @@ def main(args: argparse.Namespace) -> int:
                 + "".join(f"\nregion {d}: no process has used the GPU yet" for d in missing)
                 + "".join(f"\nregion {d}: cannot be read: {e}" for d, e in errors)).lstrip("\n")
         if edir:
-            text += "\n" + render_elastic(unknown, "elastic processes of no region shown" if present else "elastic")
-            text += "".join(f"\nboard {b}: cannot be read: {e}" for b, e in board_errors)
+            extra = elastic_text(unknown, bool(present or missing or errors), bool(args.elastic_dir))
+            text += ("\n" + extra if extra else "") + "".join(f"\nboard {b}: cannot be read: {e}"
+                                                             for b, e in board_errors)
         if args.once:
             print(text)
             return 1 if bad else 0
