@@ -172,7 +172,8 @@ def test_per_container_swap_figures_and_pod_events(world, tenant_bin) -> None:
     b_resp = notebook(cluster, node, "b", 2048)
     uuid = a_resp.envs["NVIDIA_VISIBLE_DEVICES"]
     edir = Path({m.container_path: m.host_path for m in a_resp.mounts}["/run/memslice/elastic"])
-    extra = {"MEMSLICE_CONTEXT_RESERVE": "0", "MEMSLICE_YIELD_WAIT": "60"}
+    extra = {"MEMSLICE_CONTEXT_RESERVE": "0", "MEMSLICE_YIELD_WAIT": "60",
+             "MEMSLICE_SIM_CONTEXT_OVERHEAD": "300MiB"}  # what a context takes on this simulated GPU
     a_uid = cluster.kube.get("Pod", "default", "a")["metadata"]["uid"]
     tenants: list[Tenant] = []
     try:

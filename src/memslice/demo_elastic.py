@@ -149,7 +149,8 @@ def main() -> int:
         env = sim_env("4GiB", state=state)
         env.update(MEMSLICE_GPU_MEM_LIMIT=limit, MEMSLICE_GPU_MEM_REQUEST=request, MEMSLICE_REGION_DIR=region,
                    MEMSLICE_ELASTIC_DIR=edir, MEMSLICE_IDLE_AFTER="1", MEMSLICE_CONTEXT_RESERVE="0",
-                   MEMSLICE_YIELD_WAIT="30", LD_PRELOAD=lib_paths().shim)
+                   MEMSLICE_YIELD_WAIT="30", LD_PRELOAD=lib_paths().shim,
+                   MEMSLICE_SIM_CONTEXT_OVERHEAD="300MiB")  # the story's context size (a real one: ~520 MiB)
         return subprocess.Popen([sys.executable, "-m", "memslice.demo_elastic", "tenant"], env=env, text=True,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
