@@ -25,7 +25,8 @@ from test_deploy_scheduler import scheduler_config
 README = ROOT / "README.md"
 MODES = ("base", "overlays/dra")
 # Components that apply to each mode (cdi and cert-manager concern the device-plugin mode only).
-COMPONENTS = {"base": ("cdi", "host-pids", "simulated", "cert-manager", "require-seccomp"), "overlays/dra": ("host-pids", "simulated")}
+COMPONENTS = {"base": ("cdi", "host-pids", "simulated", "cert-manager", "require-seccomp"),
+              "overlays/dra": ("host-pids", "simulated")}
 # The combinations the README shows, and every component with every other.
 COMBINATIONS = [("base", ("simulated", "host-pids")), ("base", ("cdi", "host-pids")),
                 ("base", ("cdi", "host-pids", "cert-manager")), ("base", ("simulated", "host-pids", "cert-manager")),
