@@ -146,9 +146,16 @@ def test_extender_binds_with_only_the_calls_rbac_grants(real_cluster: RealCluste
 
 def refusal(cluster: RealCluster, method: str, path: str, body: Any, token: str,
             content_type: str = "application/merge-patch+json") -> str:
-    status, out = cluster.request(method, path, body, token, content_type)
-    assert status == 403, f"{method} {path} was not refused: {status} {out}"
-    return str(out["message"])
+    """The API server's refusal. A policy applied moments ago takes effect once admission has loaded it (its
+    informers: ~1 s), so a request let through meanwhile is tried again, within a bound."""
+    def attempt() -> str | None:
+        status, out = cluster.request(method, path, body, token, content_type)
+        if status == 200:
+            return None
+        assert status == 403, f"{method} {path} was not refused: {status} {out}"
+        return str(out["message"])
+
+    return str(wait_until(f"{method} {path} refused", attempt, 30, 0.5))
 
 
 def test_admission_policy_refuses_a_node_agent_writing_another_node(real_cluster: RealCluster,
