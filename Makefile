@@ -77,7 +77,7 @@ test: install kubecluster
 	$(VENV)/bin/ruff check .
 	$(MAKE) typecheck
 	$(MAKE) -C interposer check
-	$(VENV)/bin/pytest -q $(XDIST)
+	$(VENV)/bin/pytest -q --durations=15 $(XDIST)
 	$(MAKE) sanitize
 
 sanitize: install
