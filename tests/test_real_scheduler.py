@@ -341,10 +341,10 @@ def test_extender_restarts_mid_run_and_nothing_is_handed_out_twice(world: World)
 
 
 def kubelet_node_status(cluster: RealCluster, node: GpuNode) -> int:
-    """The kubelet's node status from its device manager (pkg/kubelet/cm/devicemanager GetCapacity):
-    capacity = the devices the plugin listed, allocatable = its healthy ones; a plugin whose stream ended
-    (its agent went away) has all its devices marked unhealthy: allocatable 0, capacity kept. The
-    allocatable count published."""
+    """The kubelet's node status from its device manager (pkg/kubelet/cm/devicemanager, v1.37 GetCapacity):
+    capacity = the devices the plugin listed, allocatable = its healthy ones; when the resource's last plugin
+    disconnects (its agent went away), PluginDisconnected marks all its devices unhealthy: allocatable 0,
+    capacity kept. Returns the allocatable count published."""
     allocatable = node.kubelet.allocatable(RESOURCE)
     cluster.publish_capacity(node.name, {RESOURCE: str(node.kubelet.capacity(RESOURCE))},
                              {RESOURCE: str(allocatable)})
