@@ -407,10 +407,13 @@ def test_node_agent_restarts_mid_run_and_nothing_is_handed_out_twice(world: Worl
         assert kubelet_node_status(cluster, node) == (24 + 16) * GIB // UNIT
 
         def inventory() -> str | None:
-            return cluster.ok("GET", f"/api/v1/nodes/{AGENT_NODE}")["metadata"].get("annotations", {}).get(
-                "memslice.io/gpus")
+            ann = cluster.ok("GET", f"/api/v1/nodes/{AGENT_NODE}")["metadata"].get("annotations", {})
+            return str(ann["memslice.io/gpus"]) if "memslice.io/gpus" in ann else None
 
-        before = wait_until("the agent's memslice.io/gpus on its node", inventory, 60, 0.3, node.alive)
+        def agent_alive() -> None:
+            node.alive()
+
+        before = wait_until("the agent's memslice.io/gpus on its node", inventory, 60, 0.3, agent_alive)
         size = {g["uuid"]: g["memMiB"] for g in json.loads(before)}
         assert sorted(size.values()) == [16 * GIB, 24 * GIB]
         assert world.ext.state.wait_for(lambda s: (v := s.view(AGENT_NODE)) is not None and len(v.gpus) == 2, 30)
