@@ -108,7 +108,7 @@ def jupyterhub_profiles() -> list[dict[str, Any]]:
     return values["singleuser"]["profileList"]
 
 
-def test_jupyterhub_profiles_offer_4_8_and_16_gib_slices() -> None:
+def test_jupyterhub_profiles_offer_4_8_and_16_gib_slices_and_an_elastic_one() -> None:
     sizes = []
     for profile in jupyterhub_profiles():
         o = profile["kubespawner_override"]
@@ -119,14 +119,35 @@ def test_jupyterhub_profiles_offer_4_8_and_16_gib_slices() -> None:
         sizes.append(gpu_mem_mib(fake))
         # host memory grows with the slice (at least the slice itself: tensors are staged on the host)
         assert parse_quantity(o["mem_limit"]) >= sizes[-1] * MiB
-    assert sizes == [4096, 8192, 16384]
-    assert [p.get("default", False) for p in jupyterhub_profiles()] == [True, False, False]
+    assert sizes == [4096, 8192, 16384, 2048]  # the last: the elastic profile's request
+    assert [p.get("default", False) for p in jupyterhub_profiles()] == [True, False, False, False]
+
+
+def test_jupyterhub_elastic_profile_asks_2_gib_up_to_8_gib_with_room_on_the_host() -> None:
+    """The elastic profile's annotations as the extender and the node agent read them (memslice.elastic,
+    memslice.contract), and host memory for what may move there: the limit (with idle release the request
+    moves too) on top of what the default profile's notebook has."""
+    from jupyterhub.traitlets import ByteSpecification
+
+    from memslice import elastic
+
+    (profile,) = [p for p in jupyterhub_profiles() if "extra_annotations" in p["kubespawner_override"]]
+    o = profile["kubespawner_override"]
+    request = int(o["extra_resource_limits"][RESOURCE])
+    annotations = o["extra_annotations"]
+    assert elastic.pod_limits(annotations, {"notebook": request}) == {"notebook": 8192}  # KubeSpawner's container
+    assert request == 2048 and contract.parse_idle_release(annotations, "example") is True
+    moved_mib = 8192  # idle release: the request may move to host memory too, so up to the whole limit
+    size = ByteSpecification().validate  # as KubeSpawner reads mem_limit: G is GiB
+    default = next(p for p in jupyterhub_profiles() if p.get("default"))["kubespawner_override"]
+    assert size(None, o["mem_limit"]) == size(None, o["mem_guarantee"])
+    assert size(None, o["mem_limit"]) - moved_mib * MiB >= size(None, default["mem_limit"])
 
 
 def test_kubespawner_override_keys_are_kubespawner_traits() -> None:
     """Misspelt KubeSpawner traits are ignored silently by JupyterHub; only known ones are used here."""
     known = {"image", "scheduler_name", "extra_resource_limits", "extra_resource_guarantees", "cpu_limit",
-             "cpu_guarantee", "mem_limit", "mem_guarantee", "environment"}
+             "cpu_guarantee", "mem_limit", "mem_guarantee", "environment", "extra_annotations"}
     for profile in jupyterhub_profiles():
         assert set(profile["kubespawner_override"]) <= known
         assert {"display_name", "slug", "description", "kubespawner_override"} <= set(profile)

@@ -95,8 +95,27 @@ class GpuNode:
                str(self.dir / "pr" / "kubelet.sock"), "--region-root", str(self.dir / "regions"),
                "--shim-host-dir", str(self.dir / "lib"), "--metrics-address", "127.0.0.1", "--metrics-port",
                "0", "--reconcile-interval-s", "0.5", "--node-name", name, "--kubeconfig", kubeconfig, *extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        self.cmd, self.runs = cmd, 0
+        self.start_agent()
+
+    def start_agent(self) -> None:
+        """A node agent process (again, after stop_agent: its pod replaced; a log file per process)."""
+        self.runs += 1
+        if self.runs > 1:
+            self.log_path = self.dir / f"agent-{self.runs}.log"
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env,
+                                     cwd=ROOT)
         self.output = ChildLog(self.proc, self.log_path)
+
+    def stop_agent(self) -> None:
+        """The agent's pod goes away (SIGTERM, then SIGKILL after 10 s); the kubelet stand-in stays."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
 
     def log(self) -> str:
         return self.output.text()
@@ -128,13 +147,7 @@ class GpuNode:
         return env
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        self.stop_agent()
         self.kubelet.stop()
 
 

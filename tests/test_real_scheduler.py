@@ -8,7 +8,9 @@ sizes in the memslice.io/gpus annotation the node agent writes and the device pl
 Hundreds of pods of mixed sizes: every bound pod is on a GPU of its node with room, no GPU over-committed,
 every binding made by the extender (bind verb; the API server's audit log says who), a pod that fits
 nowhere gets a FailedScheduling event with one line per cause, and preemption by PriorityClass goes through
-the preempt verb.
+the preempt verb. Scenario 5: the extender, and a real node agent beside a kubelet stand-in, are replaced
+mid-run. Scenario 4: deploy/examples' JupyterHub profiles, the elastic one included, as KubeSpawner makes
+their pods.
 """
 
 from __future__ import annotations
@@ -18,11 +20,15 @@ import dataclasses
 import json
 import random
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +36,14 @@ import pytest
 import yaml
 from kube_real import RealCluster, kubelet_token, wait_until
 from prometheus_client import generate_latest
-from test_deploy_render import DEPLOY, NAMESPACE, RESOURCE, SCHEDULER_NAME, find, render
+from test_deploy_render import DEPLOY, NAMESPACE, RESOURCE, SCHEDULER_NAME, containers, find, pod_spec, render
+from test_e2e_cluster import UNIT, GpuNode
+from test_real_deploy import node_agent_token
 
 from memslice.kube.config import load_api_client
+from memslice.paths import lib_paths
 from memslice.scheduler_extender.app import Config, Extender
+from memslice.scheduler_extender.cli import limit_ratio
 
 pytestmark = pytest.mark.timeout(600)
 NS = "real-sched"
@@ -43,6 +53,9 @@ NODES = [f"gpu-{i:02d}" for i in range(20)]
 PREEMPT_NODE = "gpu-20"
 RESTART_NODES = [f"gpu-{i}" for i in range(21, 24)]  # 3 × 8 × 24 GiB: 144 pods of 4 GiB
 JHUB_NODE = "gpu-27"  # 8 × 16 GiB for the JupyterHub profiles' notebooks
+AGENT_NODE = "gpu-28"  # a real node agent (simulated GPUs, 4 MiB units) that is replaced mid-run
+AGENT_GPUS = "24GiB,16GiB"  # room for 20 pods of 2 GiB
+AGENT_NS = "real-sched-agent"  # its pods, apart from NS's (check_no_overcommit knows NS's GPUs only)
 FRAG_NODES = {"gpu-24": 10, "gpu-25": 11, "gpu-26": 12}  # 8 × 16 GiB; one pod of this many GiB per GPU
 PODS = 520
 SCHEDULER_USER = f"system:serviceaccount:{NAMESPACE}:memslice-scheduler"
@@ -69,6 +82,14 @@ def pod_body(name: str, mib: int, pool: str, priority: str | None = None) -> dic
     if priority:
         spec["priorityClassName"] = priority
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS}, "spec": spec}
+
+
+def deploy_limit_ratio(objs: list[dict[str, Any]]) -> Fraction:
+    """The extender's --max-limit-ratio as deploy/'s Deployment runs it."""
+    spec = pod_spec(find(objs, "Deployment", "memslice-extender"))
+    assert spec is not None
+    (arg,) = [a for c in containers(spec) for a in c.get("args", []) if a.startswith("--max-limit-ratio=")]
+    return limit_ratio(arg.split("=", 1)[1])
 
 
 def tls_files(cluster: RealCluster, out: Path) -> Path:
@@ -117,17 +138,19 @@ class World:
         self.ext = Extender(self.api, dataclasses.replace(self.ext_config, port=port)).start()
         assert self.ext.wait_synced(30), "restarted extender did not sync"
 
-    def pods(self) -> list[dict[str, Any]]:
-        return list(self.cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods?limit=5000")["items"])
+    def pods(self, ns: str = NS) -> list[dict[str, Any]]:
+        return list(self.cluster.ok("GET", f"/api/v1/namespaces/{ns}/pods?limit=5000")["items"])
 
     def verb_calls(self, verb: str) -> float:
         text = generate_latest(self.ext.metrics.registry).decode()
         return sum(float(m.group(1)) for m in re.finditer(
             rf'memslice_extender_requests_total{{code="200",verb="{verb}"}} (\S+)', text))
 
-    def create(self, bodies: list[dict[str, Any]]) -> None:
+    def create(self, bodies: list[dict[str, Any]], ns: str = NS) -> None:
+        for b in bodies:
+            b["metadata"]["namespace"] = ns
         with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda b: self.cluster.ok("POST", f"/api/v1/namespaces/{NS}/pods", b), bodies))
+            list(pool.map(lambda b: self.cluster.ok("POST", f"/api/v1/namespaces/{ns}/pods", b), bodies))
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +172,8 @@ def world(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -
     api, _ = load_api_client(str(cluster.kubeconfig("sched-extender", cluster.token(NAMESPACE, "memslice-extender"))),
                              pool_maxsize=16)
     config = Config(address="127.0.0.1", port=0, watch_timeout=60, tls_cert_file=str(server / "tls.crt"),
-                    tls_key_file=str(server / "tls.key"), tls_client_ca_file=str(server / "ca.crt"))
+                    tls_key_file=str(server / "tls.key"), tls_client_ca_file=str(server / "ca.crt"),
+                    max_limit_ratio=deploy_limit_ratio(objs))
     world = World(cluster, Extender(api, config).start(), config, api)
     sched = None
     try:
@@ -166,9 +190,9 @@ def world(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -
         world.ext.stop()
 
 
-def settled(world: World, names: set[str]) -> dict[str, dict[str, Any]] | None:
+def settled(world: World, names: set[str], ns: str = NS) -> dict[str, dict[str, Any]] | None:
     """The pods by name once each is bound or marked unschedulable by the scheduler; None before."""
-    pods = {p["metadata"]["name"]: p for p in world.pods() if p["metadata"]["name"] in names}
+    pods = {p["metadata"]["name"]: p for p in world.pods(ns) if p["metadata"]["name"] in names}
     for p in pods.values():
         if p["spec"].get("nodeName"):
             continue
@@ -316,27 +340,171 @@ def test_extender_restarts_mid_run_and_nothing_is_handed_out_twice(world: World)
     assert all(used[f"GPU-{n}-{g}"] == 24 * GIB for n in RESTART_NODES for g in range(8)), used
 
 
+def kubelet_node_status(cluster: RealCluster, node: GpuNode) -> int:
+    """The kubelet's node status from its device manager (pkg/kubelet/cm/devicemanager, v1.37 GetCapacity):
+    capacity = the devices the plugin listed, allocatable = its healthy ones; when the resource's last plugin
+    disconnects (its agent went away), PluginDisconnected marks all its devices unhealthy: allocatable 0,
+    capacity kept. Returns the allocatable count published."""
+    allocatable = node.kubelet.allocatable(RESOURCE)
+    cluster.publish_capacity(node.name, {RESOURCE: str(node.kubelet.capacity(RESOURCE))},
+                             {RESOURCE: str(allocatable)})
+    return allocatable
+
+
+def agent_gauge(node: GpuNode, name: str) -> dict[str, float]:
+    """GPU UUID -> the running agent process's gauge `name`, from its /metrics."""
+    port = node.output.wait_for(lambda out: re.search(r"metrics on http://127\.0\.0\.1:(\d+)/", out), 15,
+                                "the agent's metrics address").group(1)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return {m.group(1): float(m.group(2)) for m in re.finditer(rf'^{name}{{[^}}]*uuid="([^"]+)"[^}}]*}} (\S+)$',
+                                                                text, re.M)}
+
+
+def admit_in_reservation_order(node: GpuNode, pods: list[dict[str, Any]]) -> dict[str, str]:
+    """The kubelet admits each pod (GetPreferredAllocation, Allocate) once the agent has seen its reservation,
+    oldest reservation first (the agent hands a size to the oldest unallocated reservation of that size).
+    Pod name -> the GPU the Allocate answer gives its container, checked against the reservation."""
+    out = {}
+    for p in sorted(pods, key=lambda p: (p["metadata"]["annotations"].get("memslice.io/assumed-at", ""),
+                                         p["metadata"]["name"])):
+        meta, ann = p["metadata"], p["metadata"]["annotations"]
+        node.wait_log(f"pod {AGENT_NS}/{meta['name']}: the extender reserved GPU {ann['memslice.io/gpu-uuid']}",
+                      f"the agent to see {meta['name']}'s reservation")
+        (resp,) = node.kubelet.admit(meta["uid"], AGENT_NS, meta["name"], [("main", 2048 // UNIT)],
+                                     RESOURCE).values()
+        assert resp.envs["MEMSLICE_GPU_MEM_LIMIT"] == "2048", (meta["name"], dict(resp.envs))
+        assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == ann["memslice.io/gpu-uuid"], (meta["name"], dict(resp.envs))
+        out[meta["name"]] = ann["memslice.io/gpu-uuid"]
+    return out
+
+
+def per_gpu(placed: dict[str, str], mib: int = 2048) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for uuid in placed.values():
+        out[uuid] = out.get(uuid, 0) + mib
+    return out
+
+
+def test_node_agent_restarts_mid_run_and_nothing_is_handed_out_twice(world: World) -> None:
+    """Scenario 5, device-plugin mode: the real node agent of a node (simulated 24 and 16 GiB GPUs, beside
+    the kubelet stand-in) is replaced while pods are being scheduled there. While it is away the kubelet
+    marks its devices unhealthy (allocatable 0) and the real scheduler holds the pods that arrive; the new
+    agent registers again, its inventory annotation is the same GPUs, capacity comes back, the scheduler
+    retries and the pods bind. The new agent knows every reservation made before it started and every
+    allocation the kubelet made from its predecessor; no GPU holds more than it has, in the extender's
+    reservations or in the agent's allocations."""
+    cluster, sched = world.cluster, world.sched  # type: ignore[attr-defined]
+    lib_paths()
+    cluster.ensure_namespace(AGENT_NS)
+    cluster.register_node(AGENT_NODE, labels={"memslice-test/pool": "agent"})
+    root = Path(tempfile.mkdtemp(prefix="ms-rs-", dir="/tmp"))  # short: Unix socket paths
+    kubeconfig = cluster.kubeconfig(f"agent-{AGENT_NODE}", node_agent_token(cluster, AGENT_NODE))
+    node = GpuNode(root, AGENT_NODE, AGENT_GPUS, str(kubeconfig))
+    try:
+        start = time.monotonic()
+        node.kubelet.wait_registered(RESOURCE, timeout=30)
+        assert kubelet_node_status(cluster, node) == (24 + 16) * GIB // UNIT
+
+        def inventory() -> str | None:
+            ann = cluster.ok("GET", f"/api/v1/nodes/{AGENT_NODE}")["metadata"].get("annotations", {})
+            return str(ann["memslice.io/gpus"]) if "memslice.io/gpus" in ann else None
+
+        def agent_alive() -> None:
+            node.alive()
+
+        before = wait_until("the agent's memslice.io/gpus on its node", inventory, 60, 0.3, agent_alive)
+        size = {g["uuid"]: g["memMiB"] for g in json.loads(before)}
+        assert sorted(size.values()) == [16 * GIB, 24 * GIB]
+        assert world.ext.state.wait_for(lambda s: (v := s.view(AGENT_NODE)) is not None and len(v.gpus) == 2, 30)
+
+        def body(name: str) -> dict[str, Any]:
+            return pod_body(name, 2048 // UNIT, "agent")  # 2 GiB in the node's units
+
+        first = {f"a{i:02d}" for i in range(10)}
+        world.create([body(n) for n in sorted(first)], AGENT_NS)
+
+        def first_bound() -> dict[str, dict[str, Any]] | None:
+            ps = settled(world, first, AGENT_NS)
+            return ps if ps and all(p["spec"].get("nodeName") for p in ps.values()) else None
+
+        pods = wait_until("the first pods bound", first_bound, 60, 0.3, sched.check_alive)
+        admitted = admit_in_reservation_order(node, list(pods.values()))
+
+        # the agent's pod is replaced; pods keep arriving while it is away
+        registrations = node.kubelet.registrations
+        node.stop_agent()
+        assert node.kubelet.wait_for(lambda: node.kubelet.allocatable(RESOURCE) == 0, 10)
+        assert kubelet_node_status(cluster, node) == 0
+        rest = {f"b{i:02d}" for i in range(18)}  # 10 of them fit: 8 find no room
+        world.create([body(n) for n in sorted(rest)], AGENT_NS)
+        node.start_agent()
+        node.kubelet.wait_registered(RESOURCE, after=registrations, timeout=30)
+        assert kubelet_node_status(cluster, node) == (24 + 16) * GIB // UNIT
+
+        names = first | rest
+
+        def bound_count() -> int:
+            return sum(1 for p in world.pods(AGENT_NS) if p["spec"].get("nodeName"))
+
+        wait_until("20 pods bound (the GPUs full)", lambda: bound_count() >= 20, 90, 0.5, sched.check_alive)
+        pods = wait_until("the others unschedulable", lambda: settled(world, names, AGENT_NS), 30, 0.5)
+        elapsed = time.monotonic() - start
+        bound = [p for p in pods.values() if p["spec"].get("nodeName")]
+        assert len(bound) == 20 and all(p["spec"]["nodeName"] == AGENT_NODE for p in bound)
+        placed = {p["metadata"]["name"]: p["metadata"]["annotations"]["memslice.io/gpu-uuid"] for p in bound}
+        assert set(placed.values()) <= set(size)
+        assert per_gpu(placed) == size  # both GPUs full, none over
+
+        # the new agent: the same GPUs published (by it), the node's capacity back, every earlier reservation
+        # and every allocation the kubelet made from its predecessor known
+        node.wait_log(f"published node inventory on {AGENT_NODE}", "the new agent publishing the inventory")
+        assert inventory() == before
+        status = cluster.ok("GET", f"/api/v1/nodes/{AGENT_NODE}")["status"]
+        assert status["capacity"][RESOURCE] == status["allocatable"][RESOURCE] == str(40 * GIB // UNIT)
+        for name, uuid in admitted.items():
+            node.wait_log(f"pod {AGENT_NS}/{name}: the extender reserved GPU {uuid}", f"{name}'s reservation")
+        # its ledger, restored before it serves (region directories, checked against the kubelet's record)
+        assert {u: m for u, m in agent_gauge(node, "memslice_gpu_allocated_mib").items() if m} == per_gpu(admitted)
+
+        # the kubelet admits the pods bound since: each gets the GPU the extender reserved for it
+        admitted.update(admit_in_reservation_order(node, [p for p in bound if p["metadata"]["name"] not in admitted]))
+        assert admitted == placed
+        assert agent_gauge(node, "memslice_gpu_allocated_mib") == {u: float(m) for u, m in size.items()}
+        print(f"\nnode agent restart: 20/{len(names)} pods bound and admitted in {elapsed:.1f} s")
+    finally:
+        node.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def test_jupyterhub_profiles_give_pods_the_real_scheduler_places_through_memslice(world: World) -> None:
     """Scenario 4: each profile of deploy/examples/jupyterhub-values.yaml, turned into a pod by KubeSpawner's
     own make_pod (the traits as KubeSpawner parses them), is placed by the real kube-scheduler through the
-    extender on one GPU with the profile's slice."""
+    extender on one GPU with the profile's slice. The elastic profile's notebook is placed by its request: the
+    extender reserves 2 GiB on one GPU (not its 8 GiB limit), counts the limit apart (deploy/'s
+    --max-limit-ratio cap) and records it on the pod for the node agent."""
     import asyncio
 
     from jupyterhub.traitlets import ByteSpecification
     from kubernetes_asyncio.client import ApiClient
     from kubespawner.objects import make_pod
 
+    from memslice.contract import ANN_IDLE_RELEASE
+    from memslice.elastic import ANN_LIMIT, ANN_LIMIT_RECORD
+
     async def serialized(pod: Any) -> dict[str, Any]:  # as KubeSpawner sends it (its asyncio client)
         async with ApiClient() as client:
             return dict(client.sanitize_for_serialization(pod))
 
     values = yaml.safe_load((DEPLOY / "examples" / "jupyterhub-values.yaml").read_text())
-    wanted: dict[str, int] = {}
+    wanted: dict[str, tuple[int, int | None]] = {}  # notebook pod -> (request MiB, elastic limit MiB)
     for profile in values["singleuser"]["profileList"]:
         o = dict(profile["kubespawner_override"])
         for trait in ("mem_limit", "mem_guarantee"):
             if trait in o:
                 o[trait] = ByteSpecification().validate(None, o[trait])
+        # KubeSpawner.get_pod_manifest hands its extra_annotations trait to make_pod as `annotations`
+        o["annotations"] = o.pop("extra_annotations", {})
         name = f"jupyter-{profile['slug']}"
         pod = make_pod(name=name, cmd=["jupyterhub-singleuser"], port=8888, node_selector={
             "memslice-test/pool": "jhub"}, **o)
@@ -344,12 +512,30 @@ def test_jupyterhub_profiles_give_pods_the_real_scheduler_places_through_memslic
         assert body["spec"]["schedulerName"] == SCHEDULER_NAME
         body["metadata"]["namespace"] = NS
         world.cluster.ok("POST", f"/api/v1/namespaces/{NS}/pods", body)
-        wanted[name] = int(profile["kubespawner_override"]["extra_resource_limits"][RESOURCE])
-    assert sorted(wanted.values()) == [4096, 8192, 16384]
+        limit = o["annotations"].get(ANN_LIMIT)
+        wanted[name] = (int(o["extra_resource_limits"][RESOURCE]), int(limit) if limit else None)
+    assert sorted(wanted.values(), key=lambda v: v[0]) == [(2048, 8192), (4096, None), (8192, None), (16384, None)]
     pods = wait_until("the notebooks bound", lambda: settled(world, set(wanted)), 60, 0.5,
                       world.sched.check_alive)  # type: ignore[attr-defined]
-    for name, mib in wanted.items():
+    for name, (mib, limit) in wanted.items():
         pod = pods[name]
         assert pod["spec"].get("nodeName") == JHUB_NODE, pod.get("status")
-        assert json.loads(pod["metadata"]["annotations"]["memslice.io/gpu-mem-mib"]) == {"notebook": mib}
-    check_no_overcommit(world, list(pods.values()))
+        ann = pod["metadata"]["annotations"]
+        assert json.loads(ann["memslice.io/gpu-mem-mib"]) == {"notebook": mib}  # the request, not the limit
+        if limit is None:
+            assert ANN_LIMIT_RECORD not in ann, ann
+        else:  # the extender's record of the limit, which the node agent's Allocate reads
+            assert json.loads(ann[ANN_LIMIT_RECORD]) == {"notebook": limit}
+            assert ann[ANN_LIMIT] == str(limit) and ann[ANN_IDLE_RELEASE] == "true"  # the user's, as written
+    used = check_no_overcommit(world, list(pods.values()))
+    (elastic,) = [pods[n] for n, (_, limit) in wanted.items() if limit]
+    gpu = elastic["metadata"]["annotations"]["memslice.io/gpu-uuid"]
+
+    def charged() -> bool:  # the extender's own books: requests on each GPU, the limit's excess apart
+        view = world.ext.state.view(JHUB_NODE)
+        assert view is not None
+        over = dict(zip((g.uuid for g in view.gpus), view.over or (), strict=False))
+        return ({g.uuid: g.used_mib for g in view.gpus if g.used_mib} == used
+                and {u: o for u, o in over.items() if o} == {gpu: 8192 - 2048})
+
+    assert world.ext.state.wait_for(lambda _: charged(), 30), (world.ext.state.view(JHUB_NODE), used)
