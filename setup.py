@@ -38,6 +38,10 @@ class BuildPy(build_py):
         super().run()
 
 
+# pyproject lists interposer/build and build/sim as (data) packages, and setuptools checks that a package's
+# folder exists before any build step runs (egg_info): on a fresh clone they exist only once make has run.
+(ROOT / "interposer" / "build" / "sim").mkdir(parents=True, exist_ok=True)
+
 # Compiled like the C libraries (warnings are errors). Not optional: without it the extender still answers
 # the same (scheduler_extender/nameids.py falls back to Python, and logs so), only slower at thousands of
 # names per filter, and a silent fallback in an image would be a performance bug nobody sees.
