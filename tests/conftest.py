@@ -34,26 +34,15 @@ def preload(*libs: str) -> str:
 
 # `make test` runs the tests in parallel (pytest-xdist, --dist loadgroup): every test has its own temporary
 # directories, simulated node, sockets and ports (port 0), so any two may run at once. A module whose fixture
-# is expensive keeps its tests on one worker (the fixture then runs once), and the longest modules start
+# is expensive keeps its tests on one worker with a module-level `xdist_group` mark (the fixture then runs
+# once; a mark added here would come too late for xdist, which reads it first), and the longest modules start
 # first, so that none of them is the tail of a parallel run.
-ONE_WORKER_MODULES = {"test_image_build.py": "image",  # its fixture builds the whole image (minutes)
-                      # one real control plane (session fixture real_cluster) serves them all, in file order
-                      "test_real_deploy.py": "kube", "test_real_dra.py": "kube", "test_real_scheduler.py": "kube"}
-# Per-test time limits above pytest-timeout's 300 s, for set-ups that take minutes on a loaded 2-core machine.
-LONG_SETUP_TIMEOUT_S = {"test_image_build.py": 900}
 LONGEST_FIRST = ("test_image_build.py", "test_real_deploy.py", "test_real_dra.py", "test_real_scheduler.py",
                  "test_shim_chaos.py", "test_extender_fastpaths.py", "test_elastic_swap.py",
                  "test_e2e_elastic.py", "test_elastic_drain.py", "test_elastic_gate.py", "test_elastic_attribution.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        group = ONE_WORKER_MODULES.get(item.path.name)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
-        limit = LONG_SETUP_TIMEOUT_S.get(item.path.name)
-        if limit:
-            item.add_marker(pytest.mark.timeout(limit))
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the others keep their order
 

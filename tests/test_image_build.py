@@ -26,6 +26,10 @@ DOCKERFILE = ROOT / "Dockerfile"
 PREFIX = "/opt/memslice"
 
 
+# The fixture builds the whole image (minutes): every test of this module on one xdist worker, so it runs once.
+pytestmark = [pytest.mark.xdist_group("image"), pytest.mark.timeout(900)]
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """deploy/image/build.sh all DEST: native libraries and the app, as a developer build does."""

@@ -24,7 +24,8 @@ from memslice.kube.config import load_api_client
 from memslice.paths import lib_paths
 from memslice.scheduler_extender.app import Config, Extender
 
-pytestmark = pytest.mark.timeout(600)
+# one real control plane (the session fixture real_cluster) serves the three test_real_* modules: one xdist worker
+pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("kube")]
 AGENT_USER = f"system:serviceaccount:{NAMESPACE}:memslice-node-agent"
 EXTENDER_USER = f"system:serviceaccount:{NAMESPACE}:memslice-extender"
 USER_NS = "real-deploy"

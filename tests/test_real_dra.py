@@ -32,7 +32,8 @@ from test_real_deploy import deploy, node_agent_token
 
 from memslice.paths import lib_paths
 
-pytestmark = pytest.mark.timeout(600)
+# one real control plane (the session fixture real_cluster) serves the three test_real_* modules: one xdist worker
+pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("kube")]
 ROOT = Path(__file__).resolve().parent.parent
 NS = "real-dra"
 NODE = "dra-00"

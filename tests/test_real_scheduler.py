@@ -45,7 +45,8 @@ from memslice.paths import lib_paths
 from memslice.scheduler_extender.app import Config, Extender
 from memslice.scheduler_extender.cli import limit_ratio
 
-pytestmark = pytest.mark.timeout(600)
+# one real control plane (the session fixture real_cluster) serves the three test_real_* modules: one xdist worker
+pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("kube")]
 NS = "real-sched"
 GIB = 1024
 SIZES_GIB = (16, 24, 40, 80)  # node i has 8 GPUs of SIZES_GIB[i % 4]
