@@ -104,12 +104,13 @@ def test_the_issue_body_of_5_6_million_empty_lists_costs_little(ext: Proc) -> No
 
 
 @pytest.mark.parametrize(("what", "node_names", "status", "words"), [
+    pytest.param(*case, id=case[0]) for case in [  # ids of a few words: a 5 MB one would be in every child's env
     ("empty lists under the size limit", b"[" + b",".join([b"[]"] * 2_700_000) + b"]", 413, b"JSON values"),
     ("empty objects under the size limit", b"[" + b",".join([b"{}"] * 2_700_000) + b"]", 413, b"JSON values"),
     ("nesting 7 million deep", b"[" * 7_000_000, 413, b"JSON values"),
     ("nesting 100,000 deep", b"[" * 100_000 + b"]" * 100_000, 400, b"not JSON"),
     ("many short strings", b"[" + b",".join([b'""'] * 2_700_000) + b"]", 413, b"JSON values"),
-])
+]])
 def test_hostile_bodies_within_the_size_limit(ext: Proc, what: str, node_names: bytes, status: int,
                                               words: bytes) -> None:
     base = ext.reset_peak()
