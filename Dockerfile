@@ -23,7 +23,7 @@ RUN CC=gcc SRC=/src deploy/image/build.sh native /opt/memslice
 
 # --- 2. app: the Python package in a virtualenv, packaging the libraries from stage 1 --------------
 # python:3.11, not -slim: the package builds one C extension module (the extender's node-name index,
-# scheduler_extender/_nameids.c) and needs gcc and Python's headers. Same Debian release and the same
+# scheduler_extender/index/_nameids.c) and needs gcc and Python's headers. Same Debian release and the same
 # /usr/local/bin/python3.11 as the -slim runtime below, which only copies /opt/memslice.
 FROM python:3.11 AS app
 WORKDIR /src

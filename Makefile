@@ -1,18 +1,18 @@
 # Two entry points for people (see README): `make demo` and `make test`.
 # Both create a local virtualenv (.venv) and install memslice into it, building the C libraries (and the
-# extender's extension module, in place: scheduler_extender/_nameids.*.so).
+# extender's extension module, in place: scheduler_extender/index/_nameids.*.so).
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.memslice-installed
-SOURCES = pyproject.toml setup.py proto/generate.py scheduler_extender/_nameids.c $(wildcard interposer/src/*.[ch] interposer/sim/*.[ch] interposer/sim/*.def interposer/include/*.h interposer/Makefile proto/*.proto)
+SOURCES = pyproject.toml setup.py proto/generate.py scheduler_extender/index/_nameids.c $(wildcard interposer/src/*.[ch] interposer/sim/*.[ch] interposer/sim/*.def interposer/include/*.h interposer/Makefile proto/*.proto)
 
 # The sanitizer run: the shim, simulator and C tests built with ASan+UBSan (interposer/build-asan), the C
 # tests run by `make -C interposer sanitize`, then the shim's pytest files that exercise every hook
 # family against that build (the ASan runtime preloaded first, in pytest and in every child), then the
 # extender's C extension built the same way under its own tests.
 CC        ?= cc
-# The extender's C extension (scheduler_extender/_nameids.c) under the same sanitizers, loaded by
+# The extender's C extension (scheduler_extender/index/_nameids.c) under the same sanitizers, loaded by
 # tests/test_nameids.py from MEMSLICE_NAMEIDS_SO; PYTHONMALLOC=malloc so that ASan sees Python's small blocks too.
 NAMEIDS_SAN = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
               -Wall -Wextra -Werror -Wmissing-prototypes -shared -fPIC
@@ -87,7 +87,7 @@ sanitize: install
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  $(VENV)/bin/pytest -q -p no:cacheprovider $(SAN_XDIST) $(SAN_TESTS)
 	$(CC) $(NAMEIDS_SAN) -I$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["include"])') \
-	  scheduler_extender/_nameids.c -o interposer/build-asan/_nameids.so
+	  scheduler_extender/index/_nameids.c -o interposer/build-asan/_nameids.so
 	asan=$$($(CC) -print-file-name=libasan.so) && \
 	  MEMSLICE_NAMEIDS_SO=$(CURDIR)/interposer/build-asan/_nameids.so PYTHONMALLOC=malloc LD_PRELOAD=$$asan \
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

@@ -1,5 +1,5 @@
 """Build hooks: compile the C libraries and generate the gRPC stubs before packaging, and build the one C
-extension module (the extender's node-name index, scheduler_extender/_nameids.c).
+extension module (the extender's node-name index, scheduler_extender/index/_nameids.c).
 
 Why a setup.py at all: setuptools has no declarative way to run `make` or `grpc_tools.protoc`
 as part of `pip install .`; this file only adds that step and leaves all metadata in pyproject.toml.
@@ -43,9 +43,9 @@ class BuildPy(build_py):
 (ROOT / "interposer" / "build" / "sim").mkdir(parents=True, exist_ok=True)
 
 # Compiled like the C libraries (warnings are errors). Not optional: without it the extender still answers
-# the same (scheduler_extender/nameids.py falls back to Python, and logs so), only slower at thousands of
+# the same (scheduler_extender/index/nameids.py falls back to Python, and logs so), only slower at thousands of
 # names per filter, and a silent fallback in an image would be a performance bug nobody sees.
-NAMEIDS = Extension("memslice.scheduler_extender._nameids", ["scheduler_extender/_nameids.c"],
+NAMEIDS = Extension("memslice.scheduler_extender.index._nameids", ["scheduler_extender/index/_nameids.c"],
                     extra_compile_args=["-Wall", "-Wextra", "-Werror", "-Wmissing-prototypes", "-O2"])
 
 setup(cmdclass={"build_py": BuildPy}, ext_modules=[NAMEIDS])

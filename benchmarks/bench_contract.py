@@ -17,8 +17,8 @@ import statistics
 import timeit
 from typing import Any
 
-from memslice.scheduler_extender.annotations import reservation_annotations
-from memslice.scheduler_extender.records import pod_record
+from memslice.scheduler_extender.kubeio.annotations import reservation_annotations
+from memslice.scheduler_extender.placement.records import pod_record
 
 
 def pod(name: str, node: str | None, annotations: dict[str, str] | None) -> dict[str, Any]:

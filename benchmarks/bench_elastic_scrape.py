@@ -27,7 +27,7 @@ from bench_region_read import region_bytes  # noqa: E402 - a synthetic region fi
 
 from memslice.elastic import FILE_SIZE, LIVE_OFF, SLOT_SIZE, scan_boards  # noqa: E402
 from memslice.interposer.region import REGION_FILE, layout  # noqa: E402
-from memslice.plugin.elastic_metrics import ElasticTracker, region_pid_reader  # noqa: E402
+from memslice.plugin.elastic.metrics import ElasticTracker, region_pid_reader  # noqa: E402
 from memslice.plugin.ledger import Allocation  # noqa: E402
 
 HOLDER = """

@@ -56,10 +56,10 @@ def main() -> int:
     sys.path.insert(0, str(ROOT / "tests"))
     from test_extender_support import node_obj, pod_obj
 
-    from memslice.scheduler_extender import decisions
-    from memslice.scheduler_extender.metrics import Metrics
-    from memslice.scheduler_extender.state import Charge, ClusterState
-    from memslice.scheduler_extender.verbs import Verbs
+    from memslice.scheduler_extender.edge.metrics import Metrics
+    from memslice.scheduler_extender.edge.verbs import Verbs
+    from memslice.scheduler_extender.placement import decisions
+    from memslice.scheduler_extender.placement.state import Charge, ClusterState
 
     rng = random.Random(args.seed)
     state = ClusterState()

@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from kube_standin import KubeApiStandin  # noqa: E402
 
 from memslice.lean_http import LeanRequestHandler  # noqa: E402
-from memslice.scheduler_extender.podwrites import MERGE_PATCH, PodWriter  # noqa: E402
+from memslice.scheduler_extender.kubeio.podwrites import MERGE_PATCH, PodWriter  # noqa: E402
 
 NS = "bench"
 

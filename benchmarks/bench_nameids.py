@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from memslice.scheduler_extender import nameids
+from memslice.scheduler_extender.index import nameids
 
 
 def main() -> int:

@@ -12,23 +12,24 @@ import grpc
 
 from memslice import errors
 from memslice.kube.config import load_api_client
-from memslice.plugin.config import AgentConfig
-from memslice.plugin.devices import ListTooLarge, check_list_fits
-from memslice.plugin.dra_agent import DraParts, DraStartError, start_dra
-from memslice.plugin.elastic_events import SwapEvents
-from memslice.plugin.elastic_metrics import ElasticCollector, ElasticTracker, region_pid_reader
-from memslice.plugin.elastic_slots import write_roster
-from memslice.plugin.gpus import GpuError, GpuInfo, Nvml
-from memslice.plugin.health import HealthBook, XidWatcher
-from memslice.plugin.inventory import InventoryPublisher, PodWatcher, inventory_annotations
-from memslice.plugin.ledger import Allocation, reconcile
-from memslice.plugin.metrics import HealthServer, Metrics, NodeCollector, host_pid_filler, region_reader
-from memslice.plugin.podresources import PodResourcesClient
-from memslice.plugin.regions import RegionStore, dir_usage, install_shim, prepare_elastic_dir
-from memslice.plugin.registration import Registrar
-from memslice.plugin.response import ResponseConfig
-from memslice.plugin.server import DevicePluginService, PluginServer
-from memslice.plugin.state import NodeState
+
+from .config import AgentConfig
+from .deviceplugin.inventory import InventoryPublisher, PodWatcher, inventory_annotations
+from .deviceplugin.podresources import PodResourcesClient
+from .deviceplugin.registration import Registrar
+from .deviceplugin.server import DevicePluginService, PluginServer
+from .devices import ListTooLarge, check_list_fits
+from .dra.agent import DraParts, DraStartError, start_dra
+from .elastic.events import SwapEvents
+from .elastic.metrics import ElasticCollector, ElasticTracker, region_pid_reader
+from .elastic.slots import write_roster
+from .gpu.health import HealthBook, XidWatcher
+from .gpu.nvml import GpuError, GpuInfo, Nvml
+from .ledger import Allocation, reconcile
+from .metrics import HealthServer, Metrics, NodeCollector, host_pid_filler, region_reader
+from .regions import RegionStore, dir_usage, install_shim, prepare_elastic_dir
+from .response import ResponseConfig
+from .state import NodeState
 
 log = logging.getLogger(__name__)
 
@@ -191,8 +192,9 @@ class NodeAgent:
     def _install_sim_driver(self) -> tuple[Path, Path]:
         """--simulate: put the simulated driver where Allocate mounts it from (beside the state file)."""
         from memslice.paths import lib_dir
-        from memslice.plugin.regions import install_sim_driver
         from memslice.simulator import state_path
+
+        from .regions import install_sim_driver
 
         state = Path(state_path())
         try:

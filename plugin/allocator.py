@@ -17,7 +17,8 @@ from memslice import contract, errors
 from memslice.contract import RESOURCE as RESOURCE_NAME
 from memslice.contract import units_for
 from memslice.elastic import ANN_LIMIT_RECORD, LimitAnnotationError, parse_limit_record, pod_limits
-from memslice.plugin.devices import (
+
+from .devices import (
     DeviceIdError,
     bounded_list,
     device_id,
@@ -26,7 +27,7 @@ from memslice.plugin.devices import (
     parse_device_id,
     show_id,
 )
-from memslice.plugin.gpus import GpuInfo
+from .gpu.nvml import GpuInfo
 
 __all__ = ["RESOURCE_NAME"]  # re-exported: registration and pod-resources name the resource through here
 

@@ -35,7 +35,7 @@ smallest unit that fits. Pick one unit for the whole cluster (the largest any no
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    from memslice.plugin.config import add_arguments
+    from .config import add_arguments
 
     p = subparsers.add_parser("node-agent", help="run the node agent (kubelet device plugin or DRA driver for GPU "
                                                  "memory)",
@@ -47,7 +47,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def handler(args: argparse.Namespace) -> int:
-    from memslice.plugin.config import ConfigError, resolve
+    from .config import ConfigError, resolve
 
     try:
         cfg = resolve(args)
@@ -57,7 +57,7 @@ def handler(args: argparse.Namespace) -> int:
     logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
-    from memslice.plugin.agent import NodeAgent, StartupError
+    from .agent import NodeAgent, StartupError
 
     agent = NodeAgent(cfg)
     stop = threading.Event()

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memslice import errors
-from memslice.plugin.health import DEFAULT_IGNORED_XIDS
+
+from .gpu.health import DEFAULT_IGNORED_XIDS
 
 PRELOAD_MODES = ("file", "env")
 VISIBILITY_MODES = ("env", "cdi")

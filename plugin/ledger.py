@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from memslice.plugin.devices import is_device_id, parse_device_id
+from .devices import is_device_id, parse_device_id
 
 REGION_ID = re.compile(r"g\d{1,4}-[0-9a-f]{12}\Z")
 

@@ -24,12 +24,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from memslice.lean_http import BoundedHTTPServer, ConnLimits, LeanRequestHandler, RenderCache
-from memslice.plugin.ledger import Allocation, allocated_mib
-from memslice.plugin.state import NodeState
+
+from .ledger import Allocation, allocated_mib
+from .state import NodeState
 
 if TYPE_CHECKING:
     from memslice.interposer.region import RegionSnapshot
-    from memslice.plugin.regions import DirUsage
+
+    from .regions import DirUsage
 
 log = logging.getLogger(__name__)
 

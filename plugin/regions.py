@@ -30,8 +30,9 @@ from pathlib import Path
 from memslice.elastic import CONTAINER_ELASTIC_DIR
 from memslice.limits import CONTAINER_LIMITS, Limits
 from memslice.limits import write as write_limits
-from memslice.plugin.elastic_slots import prepare as prepare_boards
-from memslice.plugin.ledger import REGION_ID, Allocation
+
+from .elastic.slots import prepare as prepare_boards
+from .ledger import REGION_ID, Allocation
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memslice.elastic import CONTAINER_ELASTIC_DIR
-from memslice.plugin.allocator import Target
-from memslice.plugin.regions import (
+from memslice.proto import api_pb2
+
+from .allocator import Target
+from .regions import (
     CONTAINER_LIMITS_FILE,
     CONTAINER_PRELOAD,
     CONTAINER_REGION_DIR,
@@ -21,7 +23,6 @@ from memslice.plugin.regions import (
     SIM_USAGE_NAME,
     sim_lock_path,
 )
-from memslice.proto import api_pb2
 
 
 @dataclass(frozen=True)

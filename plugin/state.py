@@ -11,12 +11,13 @@ from collections.abc import Iterable
 
 from memslice.contract import TERMINAL_PHASES
 from memslice.errors import ContractError
-from memslice.plugin.allocator import PodInfo, Reservation, parse_reservation
-from memslice.plugin.devices import HEALTHY, UNHEALTHY, device_id, devices_per_gpu
-from memslice.plugin.gpus import GpuInfo
-from memslice.plugin.health import HealthBook
-from memslice.plugin.ledger import Allocation
 from memslice.proto import api_pb2
+
+from .allocator import PodInfo, Reservation, parse_reservation
+from .devices import HEALTHY, UNHEALTHY, device_id, devices_per_gpu
+from .gpu.health import HealthBook
+from .gpu.nvml import GpuInfo
+from .ledger import Allocation
 
 log = logging.getLogger(__name__)
 

@@ -11,13 +11,14 @@ from fractions import Fraction
 from typing import Any
 
 from memslice.kube.informer import Informer
-from memslice.scheduler_extender.binder import DEFAULT_SCHEDULER_NAMES, Binder, ServedPods
-from memslice.scheduler_extender.kubereads import CoreReads
-from memslice.scheduler_extender.metrics import Metrics
-from memslice.scheduler_extender.podwrites import PodWriter
-from memslice.scheduler_extender.server import ExtenderHTTPServer, tls_context
-from memslice.scheduler_extender.state import ClusterState, pod_entry, resource_version
-from memslice.scheduler_extender.verbs import Verbs
+
+from .edge.metrics import Metrics
+from .edge.server import ExtenderHTTPServer, tls_context
+from .edge.verbs import Verbs
+from .kubeio.binder import DEFAULT_SCHEDULER_NAMES, Binder, ServedPods
+from .kubeio.kubereads import CoreReads
+from .kubeio.podwrites import PodWriter
+from .placement.state import ClusterState, pod_entry, resource_version
 
 log = logging.getLogger(__name__)
 

@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
     import threading
 
-    from memslice.scheduler_extender.app import Config, Extender
+    from .app import Config, Extender
 
     tune_malloc()
     logging.basicConfig(level=str(args.log_level).upper(),

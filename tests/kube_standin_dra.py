@@ -39,7 +39,7 @@ from typing import Any
 import kube_store
 from kube_standin import KubeApiStandin
 
-from memslice.plugin.dra_prepare import quantity_bytes
+from memslice.plugin.dra.prepare import quantity_bytes
 
 GROUP_VERSION = "resource.k8s.io/v1"
 _NEW = {"resourceslices": ("ResourceSlice", False), "resourceclaims": ("ResourceClaim", True),

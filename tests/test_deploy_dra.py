@@ -11,9 +11,9 @@ import yaml
 from test_deploy_manifests import K8S_VERSION, host_mounts, node_agent, validate_strict
 from test_deploy_render import DEPLOY, NAMESPACE, find, load_yaml, pod_spec, render
 
-from memslice.plugin.dra_prepare import DRIVER
-from memslice.plugin.dra_server import SOCKET_NAME
-from memslice.plugin.plugin_registration import registration_socket_name
+from memslice.plugin.dra.prepare import DRIVER
+from memslice.plugin.dra.registration import registration_socket_name
+from memslice.plugin.dra.server import SOCKET_NAME
 
 REL = "overlays/dra"
 EXAMPLES = DEPLOY / REL / "examples"

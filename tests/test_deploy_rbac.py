@@ -39,8 +39,8 @@ COMPONENTS = {
     "extender-certs": ("memslice-extender-certs", ("src/memslice/extender_certs.py",)),  # the TLS Job
 }
 # The node agent's two modes share plugin/ but not their API calls: DRA mode (--kubelet-api dra) makes only the
-# calls of plugin/dra_*.py and is granted them by deploy/overlays/dra; device-plugin mode makes the others.
-IS_DRA = re.compile(r"(^|/)dra_\w*\.py$")
+# calls of plugin/dra/*.py and is granted them by deploy/overlays/dra; device-plugin mode makes the others.
+IS_DRA = re.compile(r"(^|/)plugin/dra/\w+\.py$")
 MODE_FILES = {"node-agent": lambda p: not IS_DRA.search(str(p)),
               "node-agent-dra": lambda p: bool(IS_DRA.search(str(p)))}
 RENDERED = {"node-agent-dra": "overlays/dra"}
@@ -49,7 +49,7 @@ RENDERED = {"node-agent-dra": "overlays/dra"}
 OPAQUE_CALLS = re.compile(r"\bcall_api\(|\bDynamicClient\b|\burllib\.request\b|"
                           r"^\s*(?:import|from)\s+(?:requests|httpx|aiohttp|urllib3|httptools|http\.client)\b", re.M)
 # mirror class -> the file that defines it (where reaching the API server by HTTP directly is expected)
-MIRRORS = {"PodWriter": "scheduler_extender/podwrites.py", "CoreReads": "scheduler_extender/kubereads.py"}
+MIRRORS = {"PodWriter": "scheduler_extender/kubeio/podwrites.py", "CoreReads": "scheduler_extender/kubeio/kubereads.py"}
 
 
 @functools.cache
@@ -234,7 +234,7 @@ def test_mirror_methods_make_the_requests_their_names_say() -> None:
     from kubernetes.client.exceptions import ApiException
 
     from memslice.scheduler_extender.cli import load_api_client
-    from memslice.scheduler_extender.podwrites import PodWriter
+    from memslice.scheduler_extender.kubeio.podwrites import PodWriter
 
     calls = {  # method -> arguments for a pod `p` in namespace `ns`
         "patch_namespaced_pod": ("p", "ns", {"metadata": {"annotations": {"a": "b"}}}),
@@ -267,7 +267,7 @@ def test_core_reads_make_the_requests_their_names_say() -> None:
     from kubernetes.client.exceptions import ApiException
 
     from memslice.scheduler_extender.cli import load_api_client
-    from memslice.scheduler_extender.kubereads import CoreReads
+    from memslice.scheduler_extender.kubeio.kubereads import CoreReads
 
     calls: dict[str, tuple[tuple[Any, ...], dict[str, Any], str]] = {  # method -> args, kwargs, verb
         "list_node": ((), {"limit": 5}, "list"),

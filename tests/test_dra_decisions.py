@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from kube_standin import KubeApiStandin
 
 from memslice.plugin.config import ConfigError, add_arguments, resolve
-from memslice.plugin.dra_kube import DraApi
-from memslice.plugin.dra_prepare import (
+from memslice.plugin.dra.kube import DraApi
+from memslice.plugin.dra.prepare import (
     ClaimError,
     ClaimRef,
     Share,
@@ -27,7 +27,7 @@ from memslice.plugin.dra_prepare import (
     quantity_bytes,
     shares_for,
 )
-from memslice.plugin.dra_slices import (
+from memslice.plugin.dra.slices import (
     Pci,
     SlicePublisher,
     device_entry,
@@ -36,7 +36,7 @@ from memslice.plugin.dra_slices import (
     semver,
     slice_spec,
 )
-from memslice.plugin.gpus import GpuInfo
+from memslice.plugin.gpu.nvml import GpuInfo
 
 GPU = GpuInfo(index=0, uuid="GPU-00000000-0000-0000-0000-000000000000", model="NVIDIA H200", mem_mib=144384,
               numa=1, mig=False)
@@ -197,7 +197,7 @@ def test_a_node_name_of_253_characters_gets_a_valid_generated_slice_name() -> No
 
 @pytest.mark.parametrize("node", ["a" * 50 + "." + "b" * 20, "gpu-a", "x" * 240, "y" * 241 + ".z"])
 def test_generate_names_are_valid_for_any_node_name(node) -> None:
-    from memslice.plugin.dra_slices import generate_name
+    from memslice.plugin.dra.slices import generate_name
 
     healthy = {GPU.uuid: True}
     with KubeApiStandin() as kube:
@@ -274,7 +274,7 @@ def test_kubelet_api_flag() -> None:
 @pytest.mark.parametrize("visibility,preload", [("env", "file"), ("cdi", "env")])
 def test_cdi_edits_carry_everything_allocate_carries(tmp_path, visibility, preload) -> None:
     from memslice.plugin.allocator import Target
-    from memslice.plugin.dra_cdi import CdiDevice, CdiSpecs, extra_device_ids
+    from memslice.plugin.dra.cdi import CdiDevice, CdiSpecs, extra_device_ids
     from memslice.plugin.response import ResponseConfig, container_response
 
     rcfg = ResponseConfig(shim_host_dir=tmp_path / "lib", preload=preload, visibility=visibility)

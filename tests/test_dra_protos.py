@@ -17,8 +17,8 @@ from __future__ import annotations
 import pytest
 from google.protobuf.descriptor import FieldDescriptor as F
 
-from memslice.plugin.dra_server import SERVICES
-from memslice.plugin.plugin_registration import PLUGIN_TYPE
+from memslice.plugin.dra.registration import PLUGIN_TYPE
+from memslice.plugin.dra.server import SERVICES
 from memslice.proto import dra_health_v1alpha1_pb2, dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
 
 S, B, M, I64, E = "string", "bool", "message", "int64", "enum"

@@ -21,8 +21,8 @@ from test_elastic_swap import tenant_bin as tenant_bin  # noqa: F401 - the fixtu
 from test_elastic_swap import wait_for
 
 from memslice.elastic import LIVE_OFF, SLOT_SIZE, read_boards
-from memslice.plugin.elastic_events import IN, OUT, SwapEventPolicy
-from memslice.plugin.elastic_metrics import (
+from memslice.plugin.elastic.events import IN, OUT, SwapEventPolicy
+from memslice.plugin.elastic.metrics import (
     ContainerElastic,
     Counts,
     ElasticTracker,

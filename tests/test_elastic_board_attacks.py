@@ -20,7 +20,7 @@ from test_elastic_swap import per_process, wait_for
 from test_elastic_swap import tenant_bin as tenant_bin  # noqa: F401 - the fixture, shared
 
 from memslice.elastic import LIVE_OFF, SLOT_SIZE, SLOTS, RosterEntry, Tenant, read_boards, render_roster
-from memslice.plugin.elastic_metrics import per_gpu
+from memslice.plugin.elastic.metrics import per_gpu
 
 ASK_OFF = SLOTS * SLOT_SIZE
 
@@ -80,7 +80,7 @@ def test_containers_see_the_elastic_directory_read_only_and_only_their_board_wri
     """25.3: the Allocate response mounts the directory read-only and the container's GPU's board read-write."""
     from memslice.elastic import CONTAINER_ELASTIC_DIR
     from memslice.plugin.allocator import Target
-    from memslice.plugin.gpus import GpuInfo
+    from memslice.plugin.gpu.nvml import GpuInfo
     from memslice.plugin.response import ResponseConfig, container_response
 
     gpu = GpuInfo(index=0, uuid="GPU-x", model="m", mem_mib=8192, numa=None, mig=False)

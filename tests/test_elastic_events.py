@@ -12,8 +12,8 @@ import pytest
 from kube_standin import KubeApiStandin
 from test_elastic_attribution import view_of
 
-from memslice.plugin.elastic_events import OUT, SwapEvents
-from memslice.plugin.elastic_metrics import Counts, ElasticView
+from memslice.plugin.elastic.events import OUT, SwapEvents
+from memslice.plugin.elastic.metrics import Counts, ElasticView
 
 
 class Swaps:

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 from test_extender_support import Cluster, FakeClock, node_obj, pod_obj, running_cluster
 
-from memslice.scheduler_extender.annotations import reservation_annotations
 from memslice.scheduler_extender.app import Config
+from memslice.scheduler_extender.kubeio.annotations import reservation_annotations
 
 
 @pytest.fixture

@@ -12,10 +12,10 @@ from test_extender_support import FakeClock, node_obj, pod_obj
 
 from memslice.contract import Inventory, Reservation, format_time, parse_time
 from memslice.errors import ContractError
-from memslice.scheduler_extender import decisions
-from memslice.scheduler_extender.annotations import reservation_annotations
-from memslice.scheduler_extender.resources import MAX_DEVICES, RequestError, parse_devices, pod_request
-from memslice.scheduler_extender.state import Charge, ClusterState, GpuView, NodeView
+from memslice.scheduler_extender.kubeio.annotations import reservation_annotations
+from memslice.scheduler_extender.placement import decisions
+from memslice.scheduler_extender.placement.resources import MAX_DEVICES, RequestError, parse_devices, pod_request
+from memslice.scheduler_extender.placement.state import Charge, ClusterState, GpuView, NodeView
 
 
 @pytest.mark.parametrize(("text", "devices"), [("4096", 4096), ("0", 0), ("4k", 4000), ("2Ki", 2048),

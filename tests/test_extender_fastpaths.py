@@ -17,12 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_extender_support import Cluster, node_obj, plain_node, pod_obj, running_cluster
 
-from memslice.scheduler_extender import decisions, nameids, wire
-from memslice.scheduler_extender.annotations import reservation_annotations
-from memslice.scheduler_extender.fitmemo import FitMemo
-from memslice.scheduler_extender.metrics import Metrics
-from memslice.scheduler_extender.state import CHANGE_LOG, Charge, ClusterState
-from memslice.scheduler_extender.verbs import Verbs
+from memslice.scheduler_extender import wire
+from memslice.scheduler_extender.edge.metrics import Metrics
+from memslice.scheduler_extender.edge.verbs import Verbs
+from memslice.scheduler_extender.index import nameids
+from memslice.scheduler_extender.index.fitmemo import FitMemo
+from memslice.scheduler_extender.kubeio.annotations import reservation_annotations
+from memslice.scheduler_extender.placement import decisions
+from memslice.scheduler_extender.placement.state import CHANGE_LOG, Charge, ClusterState
 
 SIZES = (1, 500, 1000, 3000, 4000, 8000, 9000, 16000, 20000)
 
@@ -227,7 +229,7 @@ def synced_cluster(n: int, gpus_mib: list[int]) -> tuple[ClusterState, Verbs, li
 def test_the_memo_holds_a_bounded_number_of_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
     """The memo is bounded in verdicts held (hostile requests of 100,000 names and ever new pod sizes
     cannot pin memory): the least recently used pod size goes first; answers stay those of decisions.py."""
-    from memslice.scheduler_extender import fitmemo
+    from memslice.scheduler_extender.index import fitmemo
 
     monkeypatch.setattr(fitmemo, "MAX_ENTRIES", 30)
     state, verbs, names = synced_cluster(40, [16000])
@@ -360,7 +362,7 @@ def test_header_abuse_is_refused_and_changes_nothing(cluster: Cluster) -> None:
 def test_kept_filter_answers_are_bounded_and_replayed_only_while_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     """Filter's answers kept for the prioritize that follows are bounded in names held (hostile requests
     cannot pin memory), replayed only for the same pod, size and names, and never stale once a node changed."""
-    from memslice.scheduler_extender import fitmemo
+    from memslice.scheduler_extender.index import fitmemo
 
     monkeypatch.setattr(fitmemo, "REPLAY_NAMES", 30)
     state, verbs, names = synced_cluster(40, [16000])
@@ -420,7 +422,7 @@ def test_gpu_metrics_text_is_what_prometheus_client_writes_and_follows_the_state
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import GaugeMetricFamily
 
-    from memslice.scheduler_extender import metrics as metrics_mod
+    from memslice.scheduler_extender.edge import metrics as metrics_mod
 
     state = ClusterState()
     state.upsert_node(node_obj("a", [16000, 2_000_000, 1]))
@@ -605,7 +607,7 @@ def test_shape_numbers_started_afresh_never_mix_verdicts(monkeypatch: pytest.Mon
     """More node shapes than the memo numbers at once (fitmemo.SHAPES_MAX): the numbering starts afresh in
     the middle of a fill, and no node may get the verdict of another shape that was given its old number.
     With a short trial (fitmemo.SHARE_TRIAL) the tables stop sharing in the middle of a fill: still right."""
-    from memslice.scheduler_extender import fitmemo
+    from memslice.scheduler_extender.index import fitmemo
 
     monkeypatch.setattr(fitmemo, "SHAPES_MAX", 3)
     monkeypatch.setattr(fitmemo, "SHARE_TRIAL", trial)
@@ -628,7 +630,7 @@ def test_shape_numbers_started_afresh_never_mix_verdicts(monkeypatch: pytest.Mon
 def test_the_memo_holds_a_bounded_number_of_tables(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each pod size (and policy) has a table of arrays as long as the nodes: their number is bounded too
     (a pod size per request cannot pin memory), the least recently used goes first, answers stay right."""
-    from memslice.scheduler_extender import fitmemo
+    from memslice.scheduler_extender.index import fitmemo
 
     monkeypatch.setattr(fitmemo, "MAX_TABLES", 2)
     state, verbs, names = synced_cluster(5, [16000])

@@ -19,10 +19,10 @@ from test_extender_cli import extender
 from test_extender_cluster import race
 from test_extender_support import Client, Cluster, node_obj, pod_obj, running_cluster
 
-from memslice.scheduler_extender import decisions
-from memslice.scheduler_extender.annotations import reservation_annotations
 from memslice.scheduler_extender.app import Config
-from memslice.scheduler_extender.views import GpuView, NodeView
+from memslice.scheduler_extender.kubeio.annotations import reservation_annotations
+from memslice.scheduler_extender.placement import decisions
+from memslice.scheduler_extender.placement.views import GpuView, NodeView
 
 LIMIT = "memslice.io/gpu-mem-limit"
 RECORD = "memslice.io/gpu-mem-limit-mib"

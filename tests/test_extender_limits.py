@@ -19,7 +19,7 @@ from test_extender_support import node_obj, running_cluster
 
 from memslice.scheduler_extender.app import Config
 from memslice.scheduler_extender.cli import DEFAULT_MAX_BODY_MIB
-from memslice.scheduler_extender.server import (
+from memslice.scheduler_extender.edge.server import (
     BYTES_PER_VALUE,
     MAX_JSON_VALUES,
     SMALL_BODY,

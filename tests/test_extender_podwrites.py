@@ -19,7 +19,7 @@ from kube_standin import KubeApiStandin
 from kubernetes.client.exceptions import ApiException
 
 from memslice.scheduler_extender.cli import load_api_client
-from memslice.scheduler_extender.podwrites import PodWriter
+from memslice.scheduler_extender.kubeio.podwrites import PodWriter
 
 needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 PATCH = {"metadata": {"annotations": {"memslice.io/x": "1"}}}

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_extender_support import node_obj, pod_obj
 
-from memslice.scheduler_extender.annotations import reservation_annotations
-from memslice.scheduler_extender.state import ClusterState
+from memslice.scheduler_extender.kubeio.annotations import reservation_annotations
+from memslice.scheduler_extender.placement.state import ClusterState
 
 PODS = 5000
 
@@ -56,7 +56,7 @@ def test_watched_pods_leave_the_garbage_collector_nothing_to_scan() -> None:
     relisted.upsert_node(node_obj("n", [1 << 20] * 4))
 
     def relist() -> ClusterState:
-        from memslice.scheduler_extender.state import pod_entry
+        from memslice.scheduler_extender.placement.state import pod_entry
 
         relisted.replace_pods([pod_entry(json.loads(json.dumps(p))) for p in pods], PODS + 10)
         relisted.replace_pods([pod_entry(p) for p in pods], PODS + 11)  # the same pods again: no double charge
@@ -70,8 +70,8 @@ def test_watched_pods_leave_the_garbage_collector_nothing_to_scan() -> None:
 def test_node_views_and_their_memo_cost_the_collector_one_object_per_node() -> None:
     """Nodes of 8 GPUs, each charged (its view rebuilt) and filtered (memoised verdicts and JSON): about
     one object per node for the cyclic collector's full collections to scan (main: 22)."""
-    from memslice.scheduler_extender.metrics import Metrics
-    from memslice.scheduler_extender.verbs import Verbs
+    from memslice.scheduler_extender.edge.metrics import Metrics
+    from memslice.scheduler_extender.edge.verbs import Verbs
 
     def cluster(n: int) -> Callable[[], ClusterState]:
         """A fresh state and its verbs (made before measuring), and the build that measures them."""
@@ -113,8 +113,8 @@ def test_a_single_reserved_amount_is_recorded_without_decoding_the_request(
     every running pod of a relist, and both watch events of each bind) is recorded without decoding its
     request, with the MiB the general rule (reservation_mib over its containers) gives: that amount."""
     from memslice.contract import Reservation
-    from memslice.scheduler_extender import records
-    from memslice.scheduler_extender.resources import RequestError, pod_request
+    from memslice.scheduler_extender.placement import records
+    from memslice.scheduler_extender.placement.resources import RequestError, pod_request
 
     pod = pod_obj("p", dict(app) or {"main": None}, init=init, sidecars=sidecars, node="n1" if bound else None,
                   annotations=reservation_annotations("GPU-1", {reserved: mib}, 1.8e9))

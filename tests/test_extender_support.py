@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from kube_standin import KubeApiStandin
 
 from memslice.scheduler_extender.app import Config, Extender
-from memslice.scheduler_extender.state import ClusterState
+from memslice.scheduler_extender.placement.state import ClusterState
 
 RESOURCE = "memslice.io/gpu-mem"
 

@@ -89,7 +89,7 @@ def test_native_libraries_are_in_place_and_load(built: Path) -> None:
 def test_the_extenders_extension_module_is_built_into_the_prefix(built: Path) -> None:
     """The node-name index is compiled for the venv's Python (not copied from an editable build in the
     checkout), and the extender's memo uses it rather than falling back to Python."""
-    code = ("from memslice.scheduler_extender import _nameids, nameids; print(_nameids.__file__); "
+    code = ("from memslice.scheduler_extender.index import _nameids, nameids; print(_nameids.__file__); "
             "print(type(nameids.name_ids()).__name__)")
     out = subprocess.run([str(built / "venv" / "bin" / "python"), "-c", code], env=image_env(built),
                          capture_output=True, text=True, timeout=60, cwd="/")

@@ -18,17 +18,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memslice.scheduler_extender import nameids
-from memslice.scheduler_extender.nameids import NameIds, NativeNameIds
+from memslice.scheduler_extender.index import nameids
+from memslice.scheduler_extender.index.nameids import NameIds, NativeNameIds
 
 
 def _load_native() -> ModuleType:
     path = os.environ.get("MEMSLICE_NAMEIDS_SO")
     if not path:
-        from memslice.scheduler_extender import _nameids
+        from memslice.scheduler_extender.index import _nameids
 
         return _nameids
-    name = "memslice.scheduler_extender._nameids"
+    name = "memslice.scheduler_extender.index._nameids"
     loader = importlib.machinery.ExtensionFileLoader(name, path)
     spec = importlib.util.spec_from_file_location(name, path, loader=loader)
     assert spec is not None
@@ -195,7 +195,7 @@ def test_without_the_native_module_the_memo_says_so_and_uses_python(monkeypatch:
                                                                    caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(nameids, "_native", None)
     monkeypatch.setattr(nameids, "_IMPORT_ERROR", "No module named '_nameids'")
-    with caplog.at_level(logging.WARNING, logger="memslice.scheduler_extender.nameids"):
+    with caplog.at_level(logging.WARNING, logger="memslice.scheduler_extender.index.nameids"):
         index = nameids.name_ids()
     assert type(index) is NameIds
     assert "No module named '_nameids'" in caplog.text and "C compiler" in caplog.text

@@ -419,7 +419,7 @@ def test_refused_registration_is_retried(node):
 
 def test_allocatable_is_nvmls_total_less_reserved_and_at_most_cudas() -> None:
     """The H100's figures (NVML 81,559 MiB, 480 reserved, CUDA 81,079): what is advertised is what can be had."""
-    from memslice.plugin.gpus import allocatable_mib
+    from memslice.plugin.gpu.nvml import allocatable_mib
 
     mib = 1 << 20
     assert allocatable_mib(81559 * mib, 480 * mib, 81079 * mib) == 81079

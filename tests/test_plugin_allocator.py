@@ -24,7 +24,7 @@ from memslice.plugin.allocator import (
     parse_reservation,
 )
 from memslice.plugin.devices import DeviceIdError
-from memslice.plugin.gpus import GpuInfo
+from memslice.plugin.gpu.nvml import GpuInfo
 
 GPUS = {0: GpuInfo(0, "GPU-a", "Sim", 1000, 0, False), 1: GpuInfo(1, "GPU-b", "Sim", 1000, 1, False)}
 HEALTHY = {"GPU-a": True, "GPU-b": True}

@@ -20,7 +20,7 @@ from memslice.plugin.devices import (
     smallest_fitting_unit,
     worst_case_bytes,
 )
-from memslice.plugin.gpus import GpuInfo
+from memslice.plugin.gpu.nvml import GpuInfo
 from memslice.plugin.state import build_device_list
 
 GiB = 1024

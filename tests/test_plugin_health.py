@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memslice.plugin.health import DEFAULT_IGNORED_XIDS, HealthBook
+from memslice.plugin.gpu.health import DEFAULT_IGNORED_XIDS, HealthBook
 
 
 def test_critical_xid_marks_unhealthy_and_ignored_ones_do_not():

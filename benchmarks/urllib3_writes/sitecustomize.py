@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memslice.scheduler_extender import podwrites
+from memslice.scheduler_extender.kubeio import podwrites
 
 _init = podwrites.PodWriter.__init__
 

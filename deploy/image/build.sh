@@ -16,7 +16,7 @@
 # ours. The image compiles it on the oldest glibc we support (2.28, manylinux_2_28) and only then installs
 # the app on python:3.11 (for the runtime's python:3.11-slim); a library linked against a newer glibc would
 # need symbol versions (e.g. dlsym@GLIBC_2.34) that an Ubuntu 20.04 or UBI 8 container does not have. The
-# app step compiles the extender's extension module (scheduler_extender/_nameids.c) for the Python it
+# app step compiles the extender's extension module (scheduler_extender/index/_nameids.c) for the Python it
 # installs into, so it needs a C compiler and Python's headers too.
 #
 # Environment: SRC (default: the repository this script is in), PYTHON (default: python3),
@@ -41,7 +41,7 @@ stage_sources() {
         if [ -e "$SRC/$p" ]; then cp -R "$SRC/$p" "$STAGE/$p"; fi
     done
     rm -rf "$STAGE/interposer/build"
-    rm -f "$STAGE"/scheduler_extender/*.so  # an editable install's extension module, built in place
+    rm -f "$STAGE"/scheduler_extender/index/*.so  # an editable install's extension module, built in place
     find "$STAGE" \( -name __pycache__ -o -name '*_pb2.py' -o -name '*_pb2_grpc.py' -o -name '*_pb2.pyi' \) \
         -prune -exec rm -rf {} +
 }

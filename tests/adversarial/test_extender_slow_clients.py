@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from test_extender_support import Client, Cluster, node_obj, pod_obj, running_cluster
 
-from memslice.scheduler_extender import server
+from memslice.scheduler_extender.edge import server
 
 BODY_TIMEOUT = 1.0
 

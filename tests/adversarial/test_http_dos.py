@@ -30,7 +30,7 @@ from test_plugin_agent import RESOURCE, AgentProcess
 
 from memslice.lean_http import MAX_HEAD_BYTES
 from memslice.plugin.metrics import METRICS_LIMITS
-from memslice.scheduler_extender.server import HEALTH_LIMITS, VERBS_LIMITS
+from memslice.scheduler_extender.edge.server import HEALTH_LIMITS, VERBS_LIMITS
 
 MiB = 1 << 20
 EXTENDER_LIMIT = 448 * MiB  # deploy/base/extender/deployment.yaml

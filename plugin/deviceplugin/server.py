@@ -1,0 +1,198 @@
+"""The DevicePlugin gRPC service (kubelet API v1beta1) on a Unix socket in the device-plugin directory."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+
+from memslice.proto import api_pb2, api_pb2_grpc
+
+from ..allocator import (
+    AllocationError,
+    Target,
+    allocation_target,
+    check_disjoint,
+    choose_preferred,
+)
+from ..devices import DeviceIdError
+from ..elastic.slots import assign_slot, write_roster
+from ..ledger import Allocation, region_id_for
+from ..metrics import Metrics
+from ..regions import RegionStore
+from ..response import ResponseConfig, container_response
+from ..state import NodeState
+
+log = logging.getLogger(__name__)
+
+# Requests carry up to every ID of the node (one per MiB): allow far more than grpcio's 4 MiB default.
+MAX_RECEIVE_BYTES = 64 * 1024 * 1024
+_PREFERRED_MEMORY = 256
+
+
+class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
+    def __init__(self, state: NodeState, regions: RegionStore, rcfg: ResponseConfig, metrics: Metrics
+                 ) -> None:
+        self.state = state
+        self.regions = regions
+        self.rcfg = rcfg
+        self.metrics = metrics
+        self.closed = threading.Event()
+
+    def close(self) -> None:
+        """End this instance's ListAndWatch streams (the server is being replaced)."""
+        self.closed.set()
+        with self.state.changed:
+            self.state.changed.notify_all()
+
+    def GetDevicePluginOptions(self, request: api_pb2.Empty, context: grpc.ServicerContext
+                               ) -> api_pb2.DevicePluginOptions:
+        return api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+    def ListAndWatch(self, request: api_pb2.Empty, context: grpc.ServicerContext
+                     ) -> Iterator[api_pb2.ListAndWatchResponse]:
+        sent = [0]  # version last sent
+        self.metrics.streams.inc()
+
+        def due() -> bool:
+            return self.state.version != sent[0] or self.closed.is_set()
+
+        try:
+            while not self.closed.is_set() and context.is_active():
+                with self.state.changed:
+                    self.state.changed.wait_for(due, timeout=1.0)
+                if self.closed.is_set():
+                    return
+                if self.state.version != sent[0]:
+                    sent[0], resp = self.state.device_list()
+                    log.info("ListAndWatch: sending %d devices (version %d)", len(resp.devices), sent[0])
+                    yield resp
+        finally:
+            self.metrics.streams.dec()
+
+    def GetPreferredAllocation(self, request: api_pb2.PreferredAllocationRequest,
+                               context: grpc.ServicerContext) -> api_pb2.PreferredAllocationResponse:
+        start = time.perf_counter()
+        st = self.state
+        out = api_pb2.PreferredAllocationResponse()
+        reservations = st.reservations()
+        for creq in request.container_requests:
+            taken = st.taken()  # the kubelet calls Allocate right after this, before the next container
+            try:
+                pref = choose_preferred(creq.available_deviceIDs, list(creq.must_include_deviceIDs),
+                                        creq.allocation_size, st.unit_mib, st.gpus, reservations, taken)
+            except DeviceIdError as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"GetPreferredAllocation: {exc}")
+            if pref.reservation is not None and pref.container is not None:
+                with st.lock:
+                    st.preferred[frozenset(pref.device_ids)] = (pref.reservation, pref.container)
+                    while len(st.preferred) > _PREFERRED_MEMORY:
+                        st.preferred.pop(next(iter(st.preferred)))
+            log.info("GetPreferredAllocation: %d units -> GPU %s (%s)", creq.allocation_size, pref.gpu_index,
+                     pref.reason)
+            out.container_responses.add(deviceIDs=list(pref.device_ids))
+        self.metrics.preferred_seconds.observe(time.perf_counter() - start)
+        return out
+
+    def Allocate(self, request: api_pb2.AllocateRequest, context: grpc.ServicerContext
+                 ) -> api_pb2.AllocateResponse:
+        start = time.perf_counter()
+        st = self.state
+        healthy = st.health.snapshot()
+        try:
+            targets = [allocation_target(list(c.devices_ids), st.gpus, healthy, st.unit_mib)
+                       for c in request.container_requests]
+            check_disjoint(targets)
+        except AllocationError as exc:
+            self.metrics.allocate_errors.inc()
+            log.warning("Allocate refused: %s", exc)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        out = api_pb2.AllocateResponse()
+        for target in targets:
+            try:
+                alloc = self._record(target)
+            except OSError as exc:
+                self.metrics.allocate_errors.inc()
+                msg = (f"cannot create the region directory under {self.regions.root}: {exc}; the agent "
+                       f"needs a writable --region-root (a hostPath mounted read-write)")
+                log.error("Allocate failed: %s", msg)
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, msg)
+            out.container_responses.append(
+                container_response(target, self.regions.dir_of(alloc.region_id), self.rcfg, alloc.limit_mib))
+            log.info("Allocate: %d MiB of GPU %d (%s) for %s, region %s%s", alloc.mib, alloc.gpu_index,
+                     alloc.gpu_uuid, alloc.owner(), alloc.region_id,
+                     f", elastic up to {alloc.limit_mib} MiB" if alloc.limit_mib else "")
+        self.metrics.allocate_seconds.observe(time.perf_counter() - start)
+        return out
+
+    def _record(self, target: Target) -> Allocation:
+        st = self.state
+        rid = region_id_for(target.device_ids)
+        with st.lock:
+            existing = st.ledger.get(rid)
+            owner = st.preferred.pop(frozenset(target.device_ids), None)
+        if existing is not None:  # the same devices again (an init container's, reused): same region
+            alloc = existing
+        else:
+            # Without the agent's own preference the owner stays unknown until PodResources names it: a guess
+            # could label (and later clean up) the wrong container.
+            r, container = owner if owner is not None else (None, "")
+            alloc = Allocation(region_id=rid, gpu_index=target.gpu.index, gpu_uuid=target.gpu.uuid,
+                               device_ids=target.device_ids, mib=target.mib, created_at=time.time(),
+                               namespace=r.namespace if r else "", pod=r.name if r else "",
+                               container=container, pod_uid=r.pod_uid if r else "",
+                               limit_mib=r.limit_of(container, target.mib) if r else 0,
+                               spill=r.spill if r else None, priority=r.priority if r else 0,
+                               idle_release=r.idle_release if r else False)
+        elastic = alloc.limit_mib > alloc.mib
+        with st.lock:
+            if elastic and alloc.elastic_slot < 0:  # issue 25: the container's own board slot
+                alloc = replace(alloc, elastic_slot=assign_slot(alloc, st.ledger.values()))
+            others = [a for a in st.ledger.values() if a.region_id != rid]
+        self.regions.create(alloc)
+        if elastic and self.rcfg.elastic_host_dir is not None:
+            write_roster(self.rcfg.elastic_host_dir, alloc.gpu_uuid, [*others, alloc])
+        with st.lock:
+            st.ledger[rid] = alloc
+        return alloc
+
+    def PreStartContainer(self, request: api_pb2.PreStartContainerRequest, context: grpc.ServicerContext
+                          ) -> api_pb2.PreStartContainerResponse:
+        return api_pb2.PreStartContainerResponse()
+
+
+class PluginServer:
+    """One gRPC server instance on the plugin socket; replaced as a whole on kubelet restarts."""
+
+    def __init__(self, socket_path: Path, service: DevicePluginService, workers: int) -> None:
+        self.socket_path = socket_path
+        self.service = service
+        self.workers = workers
+        self._server: grpc.Server | None = None
+
+    def start(self) -> None:
+        if self.socket_path.exists() or self.socket_path.is_symlink():
+            os.unlink(self.socket_path)
+        # ListAndWatch holds a worker for its whole life; the rest stay free for the kubelet's dial-back
+        # (GetDevicePluginOptions during Register), Allocate and GetPreferredAllocation.
+        pool = futures.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="plugin")
+        server = grpc.server(pool, options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+                                      ("grpc.so_reuseport", 0)])
+        api_pb2_grpc.add_DevicePluginServicer_to_server(self.service, server)
+        if server.add_insecure_port(f"unix:{self.socket_path}") == 0:
+            raise OSError(f"cannot listen on {self.socket_path}: is --device-plugin-dir writable?")
+        server.start()
+        self._server = server
+
+    def stop(self) -> None:
+        self.service.close()
+        if self._server is not None:
+            self._server.stop(grace=0).wait(5)
+            self._server = None

@@ -1,0 +1,263 @@
+"""DRA: from a ResourceClaim (as the API server returns it) to what this node must prepare. Pure.
+
+Each allocation result of driver memslice.io on this node's pool is one *share* of one GPU: the device
+(`gpu-<index>`), the `shareID` kube-scheduler gave it, and `consumedCapacity.memory` (the request rounded up by
+the device's requestPolicy). The shares of one claim on one GPU (`count: 2`, two requests, firstAvailable
+subrequests) become ONE region whose quota is their sum (decision, docs/architecture.md "DRA contracts"): the
+claim is the unit of isolation, and a container mounts one quota region per GPU, so two regions of one GPU
+could not both apply to a container that names the whole claim. Results on two different GPUs are refused.
+Everything the claim says is checked here; a refusal is a ClaimError whose message names the claim, the bad
+value and what to do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from kubernetes.utils import parse_quantity
+
+from memslice import errors
+
+from ..gpu.nvml import GpuInfo
+
+DRIVER = "memslice.io"
+CAPACITY = "memory"
+CONFIG_API_VERSION = "memslice.io/v1alpha1"
+CONFIG_KIND = "GpuMemConfig"
+MiB = 1 << 20
+_SHARE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
+_DEVICE = re.compile(r"gpu-(0|[1-9]\d{0,3})\Z")  # device_name() exactly: no "gpu-0000"
+_DIGITS = frozenset("0123456789.")
+_ALPHABET = frozenset("0123456789.eE+-numkKMGTPEi")  # digits, exponent, SI and binary suffixes
+MAX_DIGITS = 1000  # a quantity of bytes has fewer digits than this (the old parser's 3-digit exponent bound)
+
+
+class ClaimError(errors.InputError):
+    """A claim this node cannot prepare; the message is returned to the kubelet (and shown in pod events)."""
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"ResourceClaim {self.namespace}/{self.name} (uid {self.uid})"
+
+
+@dataclass(frozen=True)
+class Share:
+    """One allocation result of this driver: `mib` of GPU `gpu_index`, kept in region `region_id`."""
+
+    request: str
+    pool: str
+    device: str
+    share_id: str
+    mib: int
+    gpu_index: int
+    gpu_uuid: str
+    region_id: str
+
+
+def base_request(name: str) -> str:
+    """The request a container names for result request `name`: "gpu/small" (a firstAvailable subrequest) is
+    "gpu". The kubelet matches `resources.claims[].request` against NodePrepareResources' request_names
+    exactly, and the kubeletplugin helper strips the same way (resourceclaim.BaseRequestRef)."""
+    return name.split("/", 1)[0]
+
+
+def device_name(index: int) -> str:
+    """The ResourceSlice device name of GPU `index` (a DNS label)."""
+    return f"gpu-{index}"
+
+
+def gpu_index_of(device: str) -> int | None:
+    m = _DEVICE.match(device)
+    return int(m.group(1)) if m else None
+
+
+def region_id_for_share(gpu_index: int, claim_uid: str, request: str, share_id: str) -> str:
+    """`g<gpu>-<12 hex>` (the device plugin's region ID form, so RegionStore handles both): stable for the
+    same share, so a repeated NodePrepareResources finds the same region."""
+    digest = hashlib.sha256(f"{claim_uid}/{request}/{share_id}".encode()).hexdigest()[:12]
+    return f"g{gpu_index}-{digest}"
+
+
+def quantity_bytes(raw: object) -> Decimal:
+    """A Kubernetes quantity ("4Gi", "4096Mi", "4294967296", "1.5Gi", "4e9") in bytes; ValueError otherwise.
+
+    The parsing is kubernetes.utils.parse_quantity; what is added bounds hostile input, which that parser
+    would take (it hands the number to Decimal): at most 64 characters of the quantity alphabet only (no
+    sign, whitespace, `_`, NaN or Infinity), and a value below 10^MAX_DIGITS bytes (so that the whole MiB
+    of it are a small int)."""
+    if not isinstance(raw, str) or not 0 < len(raw) <= 64 or raw[0] not in _DIGITS or not _ALPHABET.issuperset(raw):
+        raise ValueError(f"{raw!r} is not a quantity")
+    try:
+        value: Decimal = parse_quantity(raw)
+    except (ValueError, ArithmeticError) as exc:
+        raise ValueError(f"{raw!r} is not a quantity ({exc})") from None
+    if not value.is_finite() or value < 0 or value.adjusted() >= MAX_DIGITS:
+        raise ValueError(f"{raw!r} is not a quantity of at most {MAX_DIGITS} digits of bytes")
+    return value
+
+
+def mib_floor(raw: object) -> int:
+    """Whole MiB in a quantity (rounded down); ValueError for a non-quantity."""
+    return int(quantity_bytes(raw) // MiB)
+
+
+def _get(obj: Any, *path: str) -> Any:
+    for key in path:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def claim_config(claim: Mapping[str, Any], ref: ClaimRef) -> dict[str, Any]:
+    """Opaque parameters for this driver in the allocation's config (class and claim), merged in order.
+
+    Reserved for the elastic limit (issue 13): `{apiVersion: memslice.io/v1alpha1, kind: GpuMemConfig,
+    elastic: {...}}`. Nothing in it is supported yet, so any key other than apiVersion/kind is refused
+    rather than silently ignored (a tenant must not believe an elastic limit applies when it does not)."""
+    merged: dict[str, Any] = {}
+    for entry in _get(claim, "status", "allocation", "devices", "config") or []:
+        opaque = _get(entry, "opaque")
+        if not isinstance(opaque, dict) or opaque.get("driver") != DRIVER:
+            continue
+        params = opaque.get("parameters")
+        if not isinstance(params, dict):
+            raise ClaimError(f"{ref}: opaque config for {DRIVER} must be an object with apiVersion "
+                             f"{CONFIG_API_VERSION} and kind {CONFIG_KIND}")
+        if params.get("apiVersion") != CONFIG_API_VERSION or params.get("kind") != CONFIG_KIND:
+            raise ClaimError(f"{ref}: opaque config for {DRIVER} has apiVersion {params.get('apiVersion')!r}, "
+                             f"kind {params.get('kind')!r}; use apiVersion {CONFIG_API_VERSION}, kind "
+                             f"{CONFIG_KIND}")
+        extra = sorted(set(params) - {"apiVersion", "kind"})
+        if extra:
+            raise ClaimError(f"{ref}: {CONFIG_KIND} field(s) {', '.join(extra)} are not supported by this "
+                             f"memslice version (the elastic limit is not built yet); remove them")
+        merged.update(params)
+    return merged
+
+
+def shares_for(claim: Mapping[str, Any], ref: ClaimRef, pool: str, gpus: Mapping[int, GpuInfo],
+               capacity_mib: Mapping[int, int], healthy: Mapping[str, bool]) -> list[Share]:
+    """The shares of `claim` this node prepares; ClaimError when the claim is not one this node can serve.
+
+    `pool` is this node's pool name, `capacity_mib` the published memory capacity per GPU index."""
+    meta = claim.get("metadata") if isinstance(claim, Mapping) else None
+    uid = _get(meta, "uid")
+    if uid != ref.uid:
+        raise ClaimError(f"{ref}: the API server has uid {uid!r} under that name: the claim was deleted (and "
+                         f"perhaps re-created); the pod must be re-created with its new claim")
+    results = _get(claim, "status", "allocation", "devices", "results")
+    if not isinstance(results, list):
+        raise ClaimError(f"{ref} is not allocated (no status.allocation.devices.results); kube-scheduler "
+                         f"allocates it before the pod is bound")
+    ours = [r for r in results if isinstance(r, dict) and r.get("driver") == DRIVER]
+    if not ours:
+        drivers = sorted({str(r.get("driver")) for r in results if isinstance(r, dict)})
+        raise ClaimError(f"{ref} has no allocation result for driver {DRIVER} (results are for: "
+                         f"{', '.join(drivers) or 'none'}); the kubelet should not have asked this driver")
+    claim_config(claim, ref)  # refuse what is reserved but not built
+    out = []
+    for r in ours:
+        request = r.get("request")
+        where = f"{ref}, request {request!r}"
+        if r.get("pool") != pool:
+            raise ClaimError(f"{where}: allocated from pool {r.get('pool')!r}, but this node's pool is "
+                             f"{pool!r}: the claim belongs to another node")
+        device = r.get("device")
+        index = gpu_index_of(device) if isinstance(device, str) else None
+        gpu = gpus.get(index) if index is not None else None
+        if gpu is None:
+            raise ClaimError(f"{where}: unknown device {device!r}; this node publishes "
+                             f"{', '.join(device_name(i) for i in sorted(gpus))}")
+        consumed = _get(r, "consumedCapacity", CAPACITY)
+        if consumed is None:
+            raise ClaimError(f"{where}: the result for {device} has no consumedCapacity.{CAPACITY}: the device "
+                             f"was not allocated as a share (is the DRAConsumableCapacity feature gate on in "
+                             f"kube-apiserver and kube-scheduler? Kubernetes >= 1.36 has it on by default)")
+        try:
+            mib = mib_floor(consumed)
+        except ValueError as exc:
+            raise ClaimError(f"{where}: consumedCapacity.{CAPACITY} {consumed!r}: {exc}") from None
+        cap = capacity_mib.get(gpu.index, 0)
+        if not 0 < mib <= cap:
+            raise ClaimError(f"{where}: consumedCapacity.{CAPACITY} {consumed!r} ({mib} MiB) does not fit "
+                             f"{device}, which has {cap} MiB; the allocation is inconsistent with the "
+                             f"ResourceSlice: delete the pod and its claim")
+        if r.get("adminAccess") is True:
+            raise ClaimError(f"{where}: adminAccess to {device} is not served by {DRIVER}: admin access means "
+                             f"monitoring a device without consuming it, and a memslice share is a quota of "
+                             f"memory; use the GPU's own driver (e.g. gpu.nvidia.com) for monitoring access")
+        share_id = r.get("shareID")
+        if not isinstance(share_id, str) or not _SHARE_ID.match(share_id):
+            raise ClaimError(f"{where}: shareID {share_id!r} is missing or malformed; {device} is published "
+                             f"with allowMultipleAllocations, so kube-scheduler gives every share one")
+        if not healthy.get(gpu.uuid, False):
+            raise ClaimError(f"{where}: {device} ({gpu.uuid}) is Unhealthy (critical Xid); its slice "
+                             f"withdraws it: delete the pod so that it is scheduled again")
+        req = request if isinstance(request, str) else ""
+        out.append(Share(request=req, pool=pool, device=str(device), share_id=share_id, mib=mib,
+                         gpu_index=gpu.index, gpu_uuid=gpu.uuid,
+                         region_id=region_id_for_share(gpu.index, ref.uid, req, share_id)))
+    gpus_used = sorted({s.device for s in out})
+    if len(gpus_used) > 1:
+        raise ClaimError(f"{ref} has shares on {len(gpus_used)} GPUs ({', '.join(gpus_used)}): a container "
+                         f"mounts the quota of one GPU; use one claim per GPU, or a matchAttribute constraint "
+                         f"on {DRIVER}/uuid so that every request of the claim lands on the same GPU")
+    first = out[0].region_id  # all shares of the claim on its GPU: one region (the first share's, stable)
+    return [dataclasses.replace(s, region_id=first) for s in out]
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What one region of a prepared claim holds: the claim's shares on one GPU, summed."""
+
+    region_id: str
+    device: str
+    pool: str
+    gpu_index: int
+    gpu_uuid: str
+    mib: int
+    requests: tuple[str, ...]  # base request names (what containers name), sorted, without repeats
+    share_ids: tuple[str, ...]
+
+
+def grants(shares: Iterable[Share]) -> list[Grant]:
+    """Shares grouped by region (in first-seen order), their memory summed."""
+    groups: dict[str, list[Share]] = {}
+    for s in shares:
+        groups.setdefault(s.region_id, []).append(s)
+    out = []
+    for rid, group in groups.items():
+        s0 = group[0]
+        out.append(Grant(region_id=rid, device=s0.device, pool=s0.pool, gpu_index=s0.gpu_index,
+                         gpu_uuid=s0.gpu_uuid, mib=sum(s.mib for s in group),
+                         requests=tuple(sorted({base_request(s.request) for s in group if s.request})),
+                         share_ids=tuple(s.share_id for s in group)))
+    return out
+
+
+def check_fits(new: Iterable[Share], prepared: Iterable[Share], capacity_mib: Mapping[int, int]) -> None:
+    """Refuse shares that would take a GPU past its capacity together with the shares already prepared
+    (kube-scheduler checks this; a second scheduler, or an allocation written by hand, may not have)."""
+    used: dict[int, int] = {}
+    for s in prepared:
+        used[s.gpu_index] = used.get(s.gpu_index, 0) + s.mib
+    for s in new:
+        used[s.gpu_index] = used.get(s.gpu_index, 0) + s.mib
+        cap = capacity_mib.get(s.gpu_index, 0)
+        if used[s.gpu_index] > cap:
+            raise ClaimError(f"share {s.share_id} of {s.device} ({s.mib} MiB) would prepare "
+                             f"{used[s.gpu_index]} MiB on a device of {cap} MiB: the GPU is over-allocated "
+                             f"(two schedulers, or an allocation not made by kube-scheduler)")

@@ -1,0 +1,475 @@
+"""DRA: the kubelet-facing DRAPlugin service (gRPC `v1` and `v1beta1`, identical messages) on
+`<kubelet plugins dir>/memslice.io/dra.sock`.
+
+NodePrepareResources, per claim: read the ResourceClaim (GET by namespace/name, UID checked; before taking the
+lock, as the kubeletplugin helper does, so a slow API server does not hold up other calls), decide its shares
+(plugin/dra_prepare.py), create one region per GPU with the sum of the claim's shares on it as its quota, write
+the claim's CDI spec (one CDI device per region), record it in the checkpoint, and answer one Device per region
+whose request_names are the base request names (a firstAvailable subrequest "gpu/small" is answered as "gpu",
+the name containers use). A repeated call for a prepared claim answers from the checkpoint (re-creating a region
+directory or spec file that went missing). Any failure undoes what that claim's call created. A claim listed
+twice in one call is prepared and answered once. NodeUnprepareResources removes the spec, the regions and the
+record; an unknown claim is already unprepared; a known UID under another namespace/name is refused. Calls are
+serialised: one lock in the process and, with rolling updates (--pod-uid), an flock on
+`<plugin dir>/serialize.lock` shared with the other instance, re-reading the checkpoint inside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from memslice import errors
+from memslice.proto import (
+    dra_health_v1alpha1_pb2,
+    dra_health_v1alpha1_pb2_grpc,
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+)
+
+from ..allocator import Target
+from ..ledger import Allocation
+from ..regions import RegionStore
+from ..response import ResponseConfig, container_response
+from ..state import NodeState
+from .cdi import CDI_KIND, CdiDevice, CdiSpecs, cdi_device_name, extra_device_ids
+from .checkpoint import Checkpoint, CheckpointError, PreparedClaim
+from .kube import DraApi, KubeError
+from .prepare import ClaimError, ClaimRef, Grant, check_fits, device_name, grants, shares_for
+
+log = logging.getLogger(__name__)
+
+SOCKET_NAME = "dra.sock"
+
+
+def socket_name(pod_uid: str = "") -> str:
+    """`dra.sock`; with rolling updates `dra-<pod uid>.sock` (the kubeletplugin helper's names)."""
+    return f"dra-{pod_uid}.sock" if pod_uid else SOCKET_NAME
+# The kubelet sends claims by reference (namespace, name, uid): requests are small.
+MAX_RECEIVE_BYTES = 4 * 1024 * 1024
+MAX_CLAIMS_PER_CALL = 1024
+# The device-health stream (kubelet feature gate ResourceHealthStatus): each stream holds a worker thread for its
+# lifetime, so at most MAX_HEALTH_STREAMS are served at once (the kubelet opens one per plugin; more are refused
+# with RESOURCE_EXHAUSTED, and at least 2 of the >= 4 workers stay for prepare/unprepare). A stream sends the
+# health of every device at once, on every change (checked every HEALTH_POLL_S) and every HEALTH_RESEND_S.
+MAX_HEALTH_STREAMS = 2
+HEALTH_POLL_S = 1.0
+HEALTH_RESEND_S = 30.0
+LOCK_FILE = "serialize.lock"  # the kubeletplugin helper's name, in the plugin data directory
+LOCK_WAIT_S = 30.0
+
+# Reads one ResourceClaim as JSON: (namespace, name) -> dict; raises ClaimNotFound for 404.
+ClaimReader = Callable[[str, str], Mapping[str, Any]]
+
+
+class ClaimNotFound(errors.MemsliceError, LookupError):
+    pass
+
+
+def api_claim_reader(api: DraApi) -> ClaimReader:
+    """GET a ResourceClaim (resource.k8s.io/v1) as plain JSON."""
+
+    def read(namespace: str, name: str) -> Mapping[str, Any]:
+        try:
+            return api.claim(namespace, name)
+        except KubeError as exc:
+            if exc.status == 404:
+                raise ClaimNotFound(f"{namespace}/{name}") from None
+            raise
+
+    return read
+
+
+class DraMetrics:
+    """Prepare/unprepare counts, refusals and latencies per claim (in the agent's registry)."""
+
+    def __init__(self, registry: Any) -> None:
+        from prometheus_client import Counter, Histogram
+
+        buckets = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+        self.seconds = Histogram("memslice_dra_operation_seconds", "NodePrepareResources/NodeUnprepareResources "
+                                 "time per claim (the claim's API read included)", ["operation"],
+                                 buckets=buckets, registry=registry)
+        self.errors = Counter("memslice_dra_operation_errors", "Claims whose prepare/unprepare failed or was "
+                              "refused", ["operation"], registry=registry)
+
+    def observe(self, operation: str, seconds: float, failed: bool) -> None:
+        self.seconds.labels(operation).observe(seconds)
+        if failed:
+            self.errors.labels(operation).inc()
+
+
+class DraDriver:
+    """Prepare/unprepare decisions applied to the node (regions, CDI specs, checkpoint, the agent's ledger)."""
+
+    def __init__(self, state: NodeState, regions: RegionStore, specs: CdiSpecs, checkpoint: Checkpoint,
+                 rcfg: ResponseConfig, read_claim: ClaimReader, pool: str,
+                 capacity_mib: Callable[[], Mapping[int, int]], lock_file: Path | None = None) -> None:
+        self.state = state
+        self.regions = regions
+        self.specs = specs
+        self.checkpoint = checkpoint
+        self.rcfg = rcfg
+        self.read_claim = read_claim
+        self.pool = pool
+        self.capacity_mib = capacity_mib
+        self._lock = threading.Lock()
+        self.lock_file = lock_file  # set with rolling updates: an flock shared with the other instance
+        self.prepared: dict[str, PreparedClaim] = {}
+
+    @contextlib.contextmanager
+    def serialised(self) -> Iterator[None]:
+        """One call at a time in this process and, with `lock_file`, across both instances of a rolling update
+        (the kubeletplugin helper's serialize.lock); the checkpoint is re-read inside, since the other
+        instance may have prepared or unprepared claims meanwhile. Waits at most LOCK_WAIT_S."""
+        with self._lock:
+            if self.lock_file is None:
+                yield
+                return
+            fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                deadline = time.monotonic() + LOCK_WAIT_S
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if time.monotonic() > deadline:
+                            raise ClaimError(f"{self.lock_file} stayed locked by the other instance for "
+                                             f"{LOCK_WAIT_S:.0f} s; the kubelet retries") from None
+                        time.sleep(0.005)  # polling the flock: a held lock is released within milliseconds
+                self._reload()
+                yield
+            finally:
+                os.close(fd)
+
+    def _reload(self) -> None:
+        """Adopt the checkpoint as the other instance left it: the ledger follows (claims it unprepared are
+        gone, claims it prepared are added with their regions and specs)."""
+        now = self.checkpoint.load()
+        for uid, pc in self.prepared.items():
+            if uid not in now:
+                for rid in {s.region_id for s in pc.shares}:
+                    with self.state.lock:
+                        self.state.ledger.pop(rid, None)
+        for uid, pc in now.items():
+            if uid not in self.prepared:
+                self._materialise(pc)
+        self.prepared = now
+
+    def device_health(self) -> tuple[tuple[str, str, bool], ...]:
+        """(pool, device, healthy) of every GPU this node publishes, for the kubelet's health stream."""
+        healthy = self.state.health.snapshot()
+        return tuple((self.pool, device_name(i), bool(healthy.get(g.uuid, False)))
+                     for i, g in sorted(self.state.gpus.items()))
+
+    # --- start-up ----------------------------------------------------------------------------------------
+    def recover(self) -> None:
+        """Load the checkpoint, put its shares in the ledger, re-create missing regions/specs, and remove the
+        regions and spec files that no record holds (a crash between creating and recording them)."""
+        with self.serialised():
+            self._recover()
+
+    def _recover(self) -> None:
+        self.prepared = self.checkpoint.load()
+        keep_regions: set[str] = set()
+        for pc in self.prepared.values():
+            self._materialise(pc, rewrite_spec=True)
+            keep_regions.update(s.region_id for s in pc.shares)
+        for rid in self.regions.directories():
+            if rid not in keep_regions:
+                self.regions.remove(rid)
+                log.info("removed region %s: no prepared claim holds it", rid)
+        for uid in self.specs.claim_uids():
+            if uid not in self.prepared:
+                self.specs.remove(uid)
+                log.info("removed CDI spec of claim %s: not prepared", uid)
+        if self.prepared:
+            log.info("DRA checkpoint: %d prepared claim(s) recovered", len(self.prepared))
+
+    # --- prepare -----------------------------------------------------------------------------------------
+    def fetch(self, ref: ClaimRef) -> Mapping[str, Any] | ClaimError | None:
+        """The claim from the API server, read before the lock (None: already prepared, nothing to read)."""
+        if ref.uid in self.prepared:
+            return None
+        try:
+            return self.read_claim(ref.namespace, ref.name)
+        except ClaimNotFound:
+            return ClaimError(f"{ref} does not exist (deleted?); nothing was prepared")
+        except Exception as exc:  # the API server unreachable or refusing: the kubelet retries
+            return ClaimError(f"{ref}: cannot read it from the API server: {exc}")
+
+    def prepare(self, ref: ClaimRef, claim: Mapping[str, Any] | ClaimError | None = None
+                ) -> tuple[PreparedClaim | None, str]:
+        """(the prepared claim, "") or (None, error message). `claim` is fetch()'s answer (read here if None
+        and the claim is not prepared)."""
+        try:
+            with self.serialised():
+                pc = self.prepared.get(ref.uid)
+                if pc is not None:
+                    if pc.ref != ref:
+                        raise ClaimError(f"{ref}: uid {ref.uid} was prepared as {pc.ref.namespace}/"
+                                         f"{pc.ref.name}")
+                    self._materialise(pc)
+                    return pc, ""
+                if claim is None:
+                    claim = self.fetch(ref)
+                if isinstance(claim, ClaimError):
+                    raise claim
+                assert claim is not None
+                pc = self._prepare_new(ref, claim)
+                return pc, ""
+        except ClaimError as exc:
+            log.warning("NodePrepareResources refused: %s", exc)
+            return None, str(exc)
+        except CheckpointError as exc:
+            log.error("NodePrepareResources failed: %s", exc)
+            return None, str(exc)
+        except OSError as exc:
+            msg = (f"{ref}: cannot create its region or CDI spec: {exc}; the agent needs writable "
+                   f"--region-root and --cdi-dir (hostPaths mounted read-write)")
+            log.error("NodePrepareResources failed: %s", msg)
+            return None, msg
+
+    def _prepare_new(self, ref: ClaimRef, claim: Mapping[str, Any]) -> PreparedClaim:
+        st = self.state
+        capacity = self.capacity_mib()
+        shares = shares_for(claim, ref, self.pool, st.gpus, capacity, st.health.snapshot())
+        check_fits(shares, (s for pc in self.prepared.values() for s in pc.shares), capacity)
+        devices = self._cdi_devices(ref, shares)
+        pc = PreparedClaim(ref=ref, shares=tuple(shares),
+                           cdi_ids=tuple([d.qualified() for d in devices] + extra_device_ids(devices)))
+        try:
+            self._materialise(pc, devices)
+            self.prepared[ref.uid] = pc
+            self.checkpoint.save(self.prepared)
+        except BaseException:
+            self.prepared.pop(ref.uid, None)
+            self._remove(pc)
+            raise
+        for g in grants(shares):
+            log.info("prepared %s: %d MiB of %s (%s), share(s) %s, region %s", ref, g.mib, g.device, g.gpu_uuid,
+                     ", ".join(g.share_ids), g.region_id)
+        return pc
+
+    def _cdi_devices(self, ref: ClaimRef, shares: Any) -> list[CdiDevice]:
+        """One CDI device per region, named after its first share (a claim of one share keeps the name it had
+        before shares were grouped, so a checkpoint of an older agent still matches its containers)."""
+        return [CdiDevice(cdi_device_name(ref.uid, g.share_ids[0]), self._response(g)) for g in grants(shares)]
+
+    def _response(self, g: Grant) -> Any:
+        gpu = self.state.gpus[g.gpu_index]
+        return container_response(Target(gpu=gpu, device_ids=(), mib=g.mib), self.regions.dir_of(g.region_id),
+                                  self.rcfg)
+
+    def _materialise(self, pc: PreparedClaim, devices: list[CdiDevice] | None = None,
+                     rewrite_spec: bool = False) -> None:
+        """Regions, ledger entries and the CDI spec of `pc` (idempotent; the spec is written when given,
+        missing, or `rewrite_spec`)."""
+        for g in grants(pc.shares):
+            alloc = Allocation(region_id=g.region_id, gpu_index=g.gpu_index, gpu_uuid=g.gpu_uuid,
+                               device_ids=tuple(f"{g.device}/{sid}" for sid in g.share_ids), mib=g.mib,
+                               created_at=time.time(), namespace=pc.ref.namespace, pod=f"claim:{pc.ref.name}",
+                               container=",".join(g.requests))
+            with self.state.lock:
+                existing = self.state.ledger.get(g.region_id)
+            if existing is None or not self.regions.dir_of(g.region_id).is_dir():
+                self.regions.create(existing or alloc)
+                with self.state.lock:
+                    self.state.ledger.setdefault(g.region_id, alloc)
+        if devices is None:
+            devices = self._cdi_devices(pc.ref, pc.shares)
+            if not rewrite_spec and self.specs.path_of(pc.ref.uid).exists():
+                return
+        self.specs.write(pc.ref.uid, devices)
+
+    # --- unprepare ---------------------------------------------------------------------------------------
+    def unprepare(self, ref: ClaimRef) -> str:
+        try:
+            with self.serialised():
+                pc = self.prepared.get(ref.uid)
+                if pc is None:
+                    return ""
+                if pc.ref != ref:
+                    msg = (f"{ref}: uid {ref.uid} was prepared as {pc.ref.namespace}/{pc.ref.name}; nothing was "
+                           f"unprepared")
+                    log.warning("NodeUnprepareResources refused: %s", msg)
+                    return msg
+                self._remove(pc)
+                del self.prepared[ref.uid]
+                self.checkpoint.save(self.prepared)
+        except (ClaimError, CheckpointError) as exc:
+            log.error("NodeUnprepareResources failed: %s", exc)
+            return str(exc)
+        except OSError as exc:
+            msg = f"{ref}: cannot remove its region, CDI spec or record: {exc}"
+            log.error("NodeUnprepareResources failed: %s", msg)
+            return msg
+        log.info("unprepared %s (%d share(s) released)", ref, len(pc.shares))
+        return ""
+
+    def _remove(self, pc: PreparedClaim) -> None:
+        self.specs.remove(pc.ref.uid)
+        for rid in dict.fromkeys(s.region_id for s in pc.shares):
+            self.regions.remove(rid)
+            with self.state.lock:
+                self.state.ledger.pop(rid, None)
+
+
+def _ref(c: Any) -> ClaimRef:
+    return ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid)
+
+
+class _Service:
+    """The DRAPlugin methods over one generated message module (v1 or v1beta1: the same fields)."""
+
+    def __init__(self, driver: DraDriver, pb: Any, metrics: DraMetrics | None) -> None:
+        self.driver = driver
+        self.pb = pb
+        self.metrics = metrics
+
+    def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        if len(request.claims) > MAX_CLAIMS_PER_CALL:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{len(request.claims)} claims in one call; at "
+                                                            f"most {MAX_CLAIMS_PER_CALL}")
+        out = self.pb.NodePrepareResourcesResponse()
+        refs = list({_ref(c): None for c in request.claims})  # a claim listed twice is answered once
+        started = {ref: time.monotonic() for ref in refs}
+        fetched = [self.driver.fetch(ref) for ref in refs]  # API reads before the serialising lock
+        for ref, claim in zip(refs, fetched, strict=True):
+            entry = out.claims[ref.uid]
+            if entry.devices or entry.error:  # the same UID under two names: the first one answers
+                continue
+            pc, err = self.driver.prepare(ref, claim)
+            if self.metrics is not None:
+                self.metrics.observe("prepare", time.monotonic() - started[ref], pc is None)
+            if pc is None:
+                entry.error = err
+                continue
+            extra = [i for i in pc.cdi_ids if not i.startswith(f"{CDI_KIND}=")]
+            for g in grants(pc.shares):
+                ids = [f"{CDI_KIND}={cdi_device_name(pc.ref.uid, g.share_ids[0])}", *extra]
+                entry.devices.add(request_names=list(g.requests), pool_name=g.pool, device_name=g.device,
+                                  cdi_device_ids=ids)
+        return out
+
+    def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        if len(request.claims) > MAX_CLAIMS_PER_CALL:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{len(request.claims)} claims in one call; at "
+                                                            f"most {MAX_CLAIMS_PER_CALL}")
+        out = self.pb.NodeUnprepareResourcesResponse()
+        for c in request.claims:
+            t0 = time.monotonic()
+            err = self.driver.unprepare(_ref(c))
+            if self.metrics is not None:
+                self.metrics.observe("unprepare", time.monotonic() - t0, bool(err))
+            if not out.claims[c.uid].error:
+                out.claims[c.uid].error = err
+        return out
+
+
+class V1Service(_Service, dra_v1_pb2_grpc.DRAPluginServicer):
+    def __init__(self, driver: DraDriver, metrics: DraMetrics | None = None) -> None:
+        super().__init__(driver, dra_v1_pb2, metrics)
+
+
+class V1beta1Service(_Service, dra_v1beta1_pb2_grpc.DRAPluginServicer):
+    def __init__(self, driver: DraDriver, metrics: DraMetrics | None = None) -> None:
+        super().__init__(driver, dra_v1beta1_pb2, metrics)
+
+
+class HealthService(dra_health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
+    """v1alpha1.DRAResourceHealth: the health of every GPU, streamed to the kubelet (which shows it in the
+    status of the pods whose claims use the device). Bounded: MAX_HEALTH_STREAMS at once; each stream ends when
+    the kubelet goes away (checked every HEALTH_POLL_S) or the server stops."""
+
+    def __init__(self, driver: DraDriver, stopping: threading.Event) -> None:
+        self.driver = driver
+        self.stopping = stopping
+        self._lock = threading.Lock()
+        self.open = 0
+
+    def NodeWatchResources(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
+        with self._lock:
+            full = self.open >= MAX_HEALTH_STREAMS
+            if not full:
+                self.open += 1
+        if full:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{MAX_HEALTH_STREAMS} health streams are open "
+                                                              f"already; close one first")
+        try:
+            last: tuple[tuple[str, str, bool], ...] | None = None
+            sent = 0.0
+            while context.is_active() and not self.stopping.is_set():
+                now = self.driver.device_health()
+                if now != last or time.monotonic() - sent >= HEALTH_RESEND_S:
+                    yield health_response(now, int(time.time()))
+                    last, sent = now, time.monotonic()
+                self.stopping.wait(HEALTH_POLL_S)
+        finally:
+            with self._lock:
+                self.open -= 1
+
+
+def health_response(devices: tuple[tuple[str, str, bool], ...], now: int) -> Any:
+    pb = dra_health_v1alpha1_pb2
+    return pb.NodeWatchResourcesResponse(devices=[
+        pb.DeviceHealth(device=pb.DeviceIdentifier(pool_name=pool, device_name=dev),
+                        health=pb.HEALTHY if ok else pb.UNHEALTHY, last_updated_time=now)
+        for pool, dev, ok in devices])
+
+
+# Advertised in GetInfo's supported_versions, newest first: the kubelet takes the first it knows.
+# The health service is listed too: kubelets that pick their health service from this list (pickHealthService,
+# v1 preferred, v1alpha1 consumed during the transition) find it; older kubelets (1.34) open v1alpha1 whenever
+# their ResourceHealthStatus gate is on, and skip names they do not know when choosing the DRAPlugin version.
+HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
+SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", HEALTH_SERVICE)
+
+
+class DraServer:
+    """The gRPC server on the DRA socket, serving both service versions."""
+
+    def __init__(self, socket_path: Path, driver: DraDriver, workers: int, metrics: DraMetrics | None = None
+                 ) -> None:
+        self.socket_path = socket_path
+        self.driver = driver
+        self.workers = workers
+        self.metrics = metrics
+        self._server: grpc.Server | None = None
+        self._stopping = threading.Event()
+
+    def start(self) -> None:
+        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.socket_path.exists() or self.socket_path.is_symlink():
+            self.socket_path.unlink()
+        pool = futures.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dra")
+        server = grpc.server(pool, options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+                                            ("grpc.so_reuseport", 0)])
+        dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(V1Service(self.driver, self.metrics), server)
+        dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(V1beta1Service(self.driver, self.metrics), server)
+        dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+            HealthService(self.driver, self._stopping), server)
+        if server.add_insecure_port(f"unix:{self.socket_path}") == 0:
+            raise OSError(f"cannot listen on {self.socket_path}: is --kubelet-plugins-dir writable?")
+        server.start()
+        self._server = server
+
+    def stop(self) -> None:
+        self._stopping.set()  # health streams end
+        if self._server is not None:
+            self._server.stop(grace=1).wait(5)
+            self._server = None
+            self.socket_path.unlink(missing_ok=True)  # a newer instance cannot tell a stale socket from ours

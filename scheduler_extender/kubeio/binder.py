@@ -1,0 +1,348 @@
+"""Bind: choose the GPU, write the reservation on the pod (resourceVersion precondition), create the
+Binding; undo the reservation on any failure.
+
+Concurrency:
+- Within the extender, choosing the GPU and charging it (ClusterState.hold) happen under the state lock,
+  so of two binds racing for the last room on a GPU exactly one gets it; the other gets another GPU or an
+  `Error`. Binds of the same pod are serialised (the scheduler may retry a bind after a timeout).
+- Against other writers, the annotation patch carries the pod's resourceVersion as a precondition (409 →
+  re-read the pod once and retry), and the Binding carries the pod's UID, so a pod deleted and re-created
+  under the same name is never bound with another pod's reservation.
+- The extender must run as a single replica: two extenders would each trust their own in-memory holds.
+
+Undo: a JSON patch that `test`s our `assumed-at` value before removing the three annotations, so it never
+removes a newer reservation. If the undo itself fails, the reservation stays on the unbound pod and stops
+counting after `--assume-ttl` (state.py).
+
+Who may be bound (every check before anything is written; a refusal is an `Error` and writes nothing):
+- the request names the pod's UID (an empty PodUID is refused by the wire decoder) and it is the UID of the
+  pod of that name now;
+- the pod's spec.schedulerName is one the extender serves (--scheduler-names): the extender never binds
+  pods another scheduler owns, whoever asks;
+- the node is one the extender knows from its node watch; a pod asking for memslice.io/gpu-mem goes only
+  to a memslice node where a healthy GPU has room (the GPU is chosen here, on that node's view).
+The watch cache answers "which scheduler" only for pods ServedPods has seen pending with a served
+scheduler name (spec.schedulerName is immutable); any other pod is read from the API server and checked.
+
+The two writes go through podwrites.PodWriter (the official client's pool, without the generated layer:
+see there why); the pod is read, when the watch cache cannot answer, through the generated API.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import orjson
+
+from memslice import errors
+from memslice.contract import ANN_ASSUMED_AT, ANN_GPU_UUID, RESERVATION_ANNOTATIONS
+from memslice.elastic import ANN_LIMIT_RECORD as ANN_GPU_MEM_LIMIT_RECORD
+
+from ..placement import decisions
+from ..placement.resources import PodRequest, RequestError, pod_request
+from ..placement.state import Charge, ClusterState, resource_version
+from ..wire import BindingArgs
+from .annotations import reservation_annotations
+from .podwrites import JSON_PATCH, PodWriter
+
+log = logging.getLogger(__name__)
+
+
+class BindError(errors.UnavailableError):
+    """A bind that failed; `reason` is a short label for metrics."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    uid: str
+    rv: str
+    node: str | None
+    request: PodRequest | None
+    gpu_uuid: str | None
+
+
+@dataclass(frozen=True)
+class BindOutcome:
+    gpu_uuid: str | None
+    mib: int
+
+
+def _body(resp: Any) -> bytes:
+    """Read a raw (`_preload_content=False`) response and give its connection back to the pool."""
+    data = resp.data
+    resp.release_conn()
+    return bytes(data)
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+DEFAULT_SCHEDULER_NAMES = ("memslice-scheduler",)
+
+
+class ServedPods:
+    """UIDs of the pending pods (no spec.nodeName) whose spec.schedulerName the extender serves, kept from
+    the pod watch (see Extender): the binder trusts its watch cache for a pod only when the UID is here.
+    Bounded by the number of pending pods of the memslice scheduler; a pod leaves when it is bound or
+    deleted, and a relist keeps only the UIDs it listed."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        self.names = names
+        self._uids: set[str] = set()
+        self._lock = threading.Lock()
+
+    def note(self, obj: dict[str, Any]) -> None:
+        """A pod as the watch delivered it (added or modified)."""
+        uid = (obj.get("metadata") or {}).get("uid")
+        if not isinstance(uid, str):
+            return
+        spec = obj.get("spec") or {}
+        served = not spec.get("nodeName") and spec.get("schedulerName") in self.names
+        with self._lock:
+            if served:
+                self._uids.add(uid)
+            else:
+                self._uids.discard(uid)
+
+    def forget(self, obj: dict[str, Any]) -> None:
+        uid = (obj.get("metadata") or {}).get("uid")
+        with self._lock:
+            self._uids.discard(uid)
+
+    def keep_only(self, uids: Iterable[str]) -> None:
+        """After a relist: only the UIDs listed stay (the list's notes added them; pods deleted meanwhile go)."""
+        with self._lock:
+            self._uids = {uid for uid in uids if uid in self._uids}
+
+    def __contains__(self, uid: object) -> bool:
+        with self._lock:
+            return uid in self._uids
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._uids)
+
+
+class Binder:
+    def __init__(self, core: Any, writer: PodWriter, state: ClusterState, default_policy: str,
+                 clock: Callable[[], float], served: ServedPods | None = None,
+                 limit_ratio: Fraction | None = None) -> None:
+        self.core = core
+        self.limit_ratio = limit_ratio  # --max-limit-ratio; None: no cap on the sum of limits
+        self.served = served if served is not None else ServedPods(frozenset(DEFAULT_SCHEDULER_NAMES))
+        self.writer = writer
+        self.state = state
+        self.default_policy = default_policy
+        self.clock = clock
+        self._pod_locks: dict[tuple[str, str], threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def _pod_lock(self, key: tuple[str, str]) -> threading.Lock:
+        with self._locks_guard:
+            lock = self._pod_locks.get(key)
+            if lock is None:
+                if len(self._pod_locks) > 10_000:  # forget idle locks
+                    for k, v in list(self._pod_locks.items()):
+                        if not v.locked():
+                            del self._pod_locks[k]
+                lock = self._pod_locks[key] = threading.Lock()
+            return lock
+
+    def bind(self, args: BindingArgs) -> BindOutcome:
+        with self._pod_lock((args.pod_namespace, args.pod_name)):
+            return self._bind(args)
+
+    def _read_pod(self, args: BindingArgs) -> dict[str, Any]:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            resp = self.core.read_namespaced_pod(args.pod_name, args.pod_namespace, _preload_content=False,
+                                                 _request_timeout=10)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise BindError("not_found",
+                                f"pod {args.pod_namespace}/{args.pod_name} does not exist") from None
+            raise BindError("api", f"reading pod {args.pod_namespace}/{args.pod_name} failed: "
+                                   f"{exc.status} {exc.reason}") from None
+        pod: dict[str, Any] = orjson.loads(_body(resp))
+        uid = pod["metadata"].get("uid", "")
+        if uid != args.pod_uid:
+            raise BindError("uid", f"pod {args.pod_namespace}/{args.pod_name} has UID {uid}, not "
+                                   f"{args.pod_uid} (it was deleted and re-created); the scheduler will "
+                                   f"retry the new pod")
+        return pod
+
+    def _facts(self, args: BindingArgs) -> PodFacts:
+        """What bind needs of the pod: from the watch cache when it has the pod unbound and unreserved and no
+        bind of it is in flight (saves a GET per bind; a stale cache only costs a 409 and a re-read), else from
+        the API server (so a retry of a bind that succeeded, before the watch delivers it, writes nothing)."""
+        rec = self.state.pod(args.pod_namespace, args.pod_name)
+        if (rec is not None and rec.node is None and rec.reservation is None and rec.request is not None
+                and rec.uid == args.pod_uid and rec.rv and rec.uid in self.served
+                and not self.state.in_flight(rec.uid)):  # a retried bind the watch has not seen yet: GET
+            return PodFacts(rec.uid, str(rec.rv), None, rec.request, None)
+        pod = self._read_pod(args)
+        where = f"pod {args.pod_namespace}/{args.pod_name}"
+        scheduler = (pod.get("spec") or {}).get("schedulerName")
+        if scheduler not in self.served.names:
+            raise BindError("scheduler", f"{where} has schedulerName {scheduler!r}; the memslice extender "
+                                         f"binds only pods of {', '.join(sorted(self.served.names))} "
+                                         f"(--scheduler-names)")
+        try:
+            request = pod_request(pod)
+        except RequestError as exc:
+            raise BindError("bad_request", f"{where}: {exc}") from None
+        meta = pod["metadata"]
+        return PodFacts(meta["uid"], meta["resourceVersion"], (pod.get("spec") or {}).get("nodeName"), request,
+                        (meta.get("annotations") or {}).get(ANN_GPU_UUID))
+
+    def _bind(self, args: BindingArgs) -> BindOutcome:
+        facts = self._facts(args)
+        where = f"pod {args.pod_namespace}/{args.pod_name}"
+        if facts.node:
+            if facts.node == args.node:  # a retried bind that already succeeded
+                return BindOutcome(facts.gpu_uuid, 0)
+            raise BindError("already_bound", f"{where} is already bound to node {facts.node}")
+        request = facts.request
+        if not self.state.knows_node(args.node):
+            raise BindError("unknown_node", f"node {args.node} is unknown to the extender (not in its "
+                                            f"node watch); {where} is not bound")
+        if request is None:  # not a memslice pod: plain binding
+            self._post_binding(args, facts.uid)
+            return BindOutcome(None, 0)
+
+        uid = facts.uid
+        policy = request.policy or self.default_policy
+        with self.state.lock:
+            self.state.expire()
+            self.state.hold(uid, None)  # a stale reservation of this same pod must not stand in its way
+            view = self.state.view(args.node)
+            gpu = None
+            limit = None
+            if view is not None:
+                need = request.mib(view.unit_mib)
+                if self.limit_ratio is not None:  # the cap, re-checked here under the lock with the room
+                    limit = decisions.LimitNeed(request.limit_mib(view.unit_mib), self.limit_ratio)
+                gpu = decisions.choose_gpu(view, need, policy, limit)
+            if view is None or gpu is None:
+                self.state.release(uid, None)
+                if view is None:
+                    raise BindError("unknown_node", f"node {args.node} " + (
+                        "has no memslice GPUs (no memslice.io/gpus annotation)" if self.state.knows_node(args.node)
+                        else "is unknown to the extender"))
+                raise BindError("no_room", f"{where} no longer fits on node {args.node}: "
+                                           f"{decisions.fit(view, need, limit).reason}")
+            try:  # elastic memory: each limit checked against its request at the node's unit, nothing written
+                limits = request.limit_record(view.unit_mib)
+            except RequestError as exc:
+                self.state.release(uid, None)
+                raise BindError("bad_request", f"{where}: {exc}") from None
+            # the limit above the request is charged too (the GPU's limit sum), cap or not: a later restart
+            # with the cap on rebuilds the same sums from the recorded limits
+            over = request.limit_mib(view.unit_mib) - need
+            self.state.hold(uid, Charge(gpu.uuid, args.node, need, 0, None, over))
+        now = self.clock()
+        wanted = reservation_annotations(gpu.uuid, request.container_mib(view.unit_mib), now, limits)
+        try:
+            patched_rv = self._annotate(args, facts.rv, wanted)
+        except BindError:
+            self.state.release(uid, None)
+            raise
+        if patched_rv is None:  # an earlier attempt bound it here already; its reservation stands
+            self.state.release(uid, None)
+            return BindOutcome(None, 0)
+        try:
+            self._post_binding(args, uid)
+        except BindError as exc:
+            if exc.reason == "ambiguous" and self._bound_to(args) == args.node:
+                self.state.confirm(uid, patched_rv)
+                return BindOutcome(gpu.uuid, need)
+            undone = self._undo(args, wanted)
+            self.state.release(uid, undone)
+            raise
+        self.state.confirm(uid, patched_rv)
+        log.info("bound %s to %s GPU %s (index %d) with %d MiB (%s)", where, args.node, gpu.uuid, gpu.index,
+                 need, policy)
+        return BindOutcome(gpu.uuid, need)
+
+    def _annotate(self, args: BindingArgs, rv: str, wanted: dict[str, str]) -> int | None:
+        """Write the reservation with `rv` as precondition; the new resourceVersion, or None when the pod
+        turns out to be bound to this node already."""
+        from kubernetes.client.exceptions import ApiException
+
+        for attempt in (1, 2):
+            # a limit record of an earlier reservation of this pod must not outlive it (null deletes the key)
+            written: dict[str, str | None] = {ANN_GPU_MEM_LIMIT_RECORD: None, **wanted}
+            body = {"metadata": {"resourceVersion": rv, "annotations": written}}
+            try:
+                return resource_version(self.writer.patch_namespaced_pod(args.pod_name, args.pod_namespace, body)[
+                    "metadata"])
+            except ApiException as exc:
+                if exc.status == 409 and attempt == 1:  # the pod changed meanwhile: re-read, check, retry
+                    pod = self._read_pod(args)
+                    rv = pod["metadata"]["resourceVersion"]
+                    if (pod.get("spec") or {}).get("nodeName") == args.node:
+                        return None
+                    if (pod.get("spec") or {}).get("nodeName"):
+                        raise BindError("already_bound", f"pod {args.pod_namespace}/{args.pod_name} was "
+                                                         f"bound to {pod['spec']['nodeName']} meanwhile"
+                                        ) from None
+                    continue
+                raise BindError("annotate", f"writing the reservation on pod {args.pod_namespace}/"
+                                            f"{args.pod_name} failed: {exc.status} {exc.reason}") from None
+            except Exception as exc:  # noqa: BLE001 - connection errors
+                raise BindError("annotate", f"writing the reservation on pod {args.pod_namespace}/"
+                                            f"{args.pod_name} failed: {exc}") from None
+        raise AssertionError("unreachable")
+
+    def _post_binding(self, args: BindingArgs, uid: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        body = {"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": args.pod_name, "namespace": args.pod_namespace, "uid": uid},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": args.node}}
+        try:
+            self.writer.create_namespaced_pod_binding(args.pod_name, args.pod_namespace, body)
+        except ApiException as exc:
+            message = exc.reason
+            try:
+                message = orjson.loads(exc.body or b"").get("message", message)
+            except (TypeError, ValueError, AttributeError):
+                pass
+            reason = "conflict" if exc.status == 409 else ("ambiguous" if exc.status >= 500 else "binding")
+            raise BindError(reason, f"binding pod {args.pod_namespace}/{args.pod_name} to {args.node} "
+                                    f"failed: {exc.status} {message}") from None
+        except Exception as exc:  # noqa: BLE001 - the request may or may not have reached the server
+            raise BindError("ambiguous", f"binding pod {args.pod_namespace}/{args.pod_name} to {args.node} "
+                                         f"failed: {exc}") from None
+
+    def _bound_to(self, args: BindingArgs) -> str | None:
+        try:
+            return (self._read_pod(args).get("spec") or {}).get("nodeName")
+        except BindError:
+            return None
+
+    def _undo(self, args: BindingArgs, wanted: dict[str, str]) -> int | None:
+        """Remove our reservation if it is still ours; the resourceVersion of that write, or None."""
+        prefix = "/metadata/annotations/"
+        ops: list[dict[str, Any]] = [{"op": "test", "path": prefix + _escape(ANN_ASSUMED_AT),
+                                      "value": wanted[ANN_ASSUMED_AT]}]
+        ops += [{"op": "remove", "path": prefix + _escape(k)} for k in RESERVATION_ANNOTATIONS]
+        ops += [{"op": "remove", "path": prefix + _escape(k)} for k in wanted if k not in RESERVATION_ANNOTATIONS]
+        try:
+            return resource_version(self.writer.patch_namespaced_pod(args.pod_name, args.pod_namespace, ops,
+                                                                     JSON_PATCH)["metadata"])
+        except Exception as exc:  # noqa: BLE001 - the TTL ends the reservation anyway
+            log.warning("could not remove the reservation of pod %s/%s after a failed bind (%s); it expires "
+                        "after the assume TTL", args.pod_namespace, args.pod_name, exc)
+            return None

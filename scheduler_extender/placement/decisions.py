@@ -1,0 +1,225 @@
+"""Scheduling decisions as pure functions of a NodeView and a pod's need: does it fit (and if not, can it
+ever), its score, and the GPU chosen at bind. Every rule is written here once; the memo (fitmemo.py) only
+stores what `verdict` answers, per node and pod size, until the node's view changes.
+
+Policies:
+- binpack (default): the GPU left with the least free MiB that still fits (fewer GPUs touched, big holes
+  kept for big pods); a node scores higher the fuller that GPU is after placement.
+- spread: the GPU left with the most free MiB; a node scores higher the emptier that GPU stays.
+Ties go to the lower GPU index. Scores are `round(10 × fraction)` of the chosen GPU's memory used (binpack)
+or left free (spread) after placement, in the extender range 0..10.
+
+Limit cap (`--max-limit-ratio R`, elastic memory; `within_limit_cap`): a GPU takes a pod only if the limits
+of its pods (a pod without a limit annotation counts its request) plus the pod's limit stay within R × the
+GPU's memory. Off (`limit` None) the rules above are untouched; on, it changes nothing on a node without
+elastic pods for a pod without a limit (R ≥ 1: a GPU with room for the request is within the cap), so the
+other GPUs are judged by the same O(1) path, and elsewhere GPUs breaking the cap are skipped by fit, pick and
+score alike.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import NamedTuple
+
+from .constants import MAX_SCORE, MIN_SCORE
+from .views import GpuRow, GpuView, NodeView
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    ok: bool
+    unresolvable: bool  # no GPU could ever hold the pod here: preemption must not try this node
+    reason: str
+
+
+FITS = Fit(True, False, "")
+
+
+# What filter and prioritize need of one node for one pod size and policy: (fits, unresolvable, reason when
+# it does not fit, score). A plain tuple of atoms: the memo keeps tens of thousands, which the cyclic
+# garbage collector then never scans (fitmemo.py).
+Verdict = tuple[bool, bool, str, int]
+
+
+class LimitNeed(NamedTuple):
+    """The limit cap's side of a decision: the pod's limit on a GPU of this node (MiB, at the node's unit)
+    and the cap's ratio (`--max-limit-ratio`, ≥ 1). Decisions take None when the cap is off."""
+
+    mib: int
+    ratio: Fraction
+
+
+def limit_cap_mib(mem_mib: int, ratio: Fraction) -> int:
+    """A GPU's cap on the sum of its pods' limits: ratio × its memory, rounded down (exact: no float)."""
+    return (ratio.numerator * mem_mib) // ratio.denominator
+
+
+def within_limit_cap(limit_sum_mib: int, pod_limit_mib: int, mem_mib: int, ratio: Fraction) -> bool:
+    """The --max-limit-ratio policy: may a pod whose limit is `pod_limit_mib` join a GPU of `mem_mib` whose
+    pods' limits add up to `limit_sum_mib`?"""
+    return limit_sum_mib + pod_limit_mib <= limit_cap_mib(mem_mib, ratio)
+
+
+def limit_sum(view: NodeView, i: int) -> int:
+    """The sum of the limits of the pods on the node's i-th GPU (in `rows` order)."""
+    return view.rows[i][5] + (view.over[i] if view.over is not None else 0)
+
+
+def _capped(view: NodeView, need_mib: int, limit: LimitNeed | None) -> bool:
+    """Does the cap change anything here? Not for a pod whose limit is its request on a node whose pods
+    have none above theirs: there limit sum = used, and room for the request keeps it within R ≥ 1."""
+    return limit is not None and (view.over is not None or limit.mib > need_mib)
+
+
+def _ratio_text(ratio: Fraction) -> str:
+    return f"{float(ratio):g}"
+
+
+def fit(view: NodeView, need_mib: int, limit: LimitNeed | None = None) -> Fit:
+    """Can a pod needing `need_mib` MiB on one GPU be placed on this node now (within the limit cap when
+    `limit` is given)?"""
+    if limit is not None and _capped(view, need_mib, limit):
+        return _capped_fit(view, need_mib, limit)[0]
+    if view.max_free_mib >= need_mib and not view.unplaced_mib and not view.error:
+        return FITS  # the common case, O(1)
+    if view.error:
+        return Fit(False, True, view.error)
+    return _not_placeable(view, need_mib) or _no_room(view, need_mib) or FITS
+
+
+def _not_placeable(view: NodeView, need_mib: int) -> Fit | None:
+    """Why no GPU of this node could ever hold the pod; None when one could."""
+    if not view.rows:
+        return Fit(False, True, "node advertises no memslice GPUs")
+    if not view.max_mem_mib:
+        return Fit(False, True, f"all {len(view.rows)} memslice GPUs of the node are unhealthy")
+    if view.max_mem_mib < need_mib:
+        return Fit(False, True, f"pod needs {need_mib} MiB on one GPU; the largest healthy GPU here has "
+                                f"{view.max_mem_mib} MiB")
+    return None
+
+
+def _no_room(view: NodeView, need_mib: int) -> Fit | None:
+    """Why the pod does not fit now (other pods hold the room); None when it fits."""
+    if view.max_free_mib < need_mib:
+        return Fit(False, False, no_room_reason(need_mib))
+    if view.total_free_mib - view.unplaced_mib < need_mib:
+        return Fit(False, False, f"pod needs {need_mib} MiB; the node's free GPU memory is held by pods bound "
+                                 f"without the extender (GPU unknown)")
+    return None
+
+
+# Refusal texts are one per cause, the same on every node that refuses for that cause: kube-scheduler's
+# FailedScheduling event groups nodes by their text ("0/20 nodes are available: 14 <text>, 6 <text>."), so a
+# per-node number (this node's most free GPU, its index) would give one line per node instead of one per cause.
+# The numbers kept are the pod's and those shared by many nodes (a GPU model's size, the --max-limit-ratio).
+def no_room_reason(need_mib: int) -> str:
+    """Why a node whose GPUs are big enough does not take the pod now."""
+    return f"pod needs {need_mib} MiB on one GPU; no GPU of the node has that much free now"
+
+
+def _capped_fit(view: NodeView, need_mib: int, limit: LimitNeed) -> tuple[Fit, list[GpuRow]]:
+    """fit under the cap, with the GPUs that may take the pod (for _pick: computed once)."""
+    if view.error:
+        return Fit(False, True, view.error), []
+    refusal = _not_placeable(view, need_mib) or _never_within_cap(view, limit) or _no_room(view, need_mib)
+    if refusal is not None:
+        return refusal, []
+    rows = _within_cap(view, need_mib, limit)
+    return (FITS if rows else Fit(False, False, _cap_reason(view, need_mib, limit))), rows
+
+
+def _never_within_cap(view: NodeView, limit: LimitNeed) -> Fit | None:
+    """Why no GPU here could take the pod's limit even empty; None when one could. The cap grows with the
+    GPU, and the largest healthy GPU can hold the request (_not_placeable): it alone decides."""
+    largest = view.max_mem_mib
+    if within_limit_cap(0, limit.mib, largest, limit.ratio):
+        return None
+    ratio = _ratio_text(limit.ratio)
+    return Fit(False, True, f"pod's GPU memory limit of {limit.mib} MiB (memslice.io/gpu-mem-limit) is above "
+                            f"the limit cap (--max-limit-ratio {ratio}) of every GPU here: the largest GPU's "
+                            f"cap is {limit_cap_mib(largest, limit.ratio)} MiB ({ratio} × {largest} MiB); "
+                            f"ask for a lower limit")
+
+
+def _within_cap(view: NodeView, need_mib: int, limit: LimitNeed) -> list[GpuRow]:
+    """The healthy GPUs with room for the request and for the limit under the cap."""
+    over = view.over if view.over is not None else (0,) * len(view.rows)
+    return [r for r, o in zip(view.rows, over, strict=True) if r[4] and r[6] >= need_mib
+            and within_limit_cap(r[5] + o, limit.mib, r[3], limit.ratio)]
+
+
+def _cap_reason(view: NodeView, need_mib: int, limit: LimitNeed) -> str:
+    """Why the GPUs with room for the request refuse the limit: the one with the most headroom, named."""
+    room = [(limit_cap_mib(r[3], limit.ratio) - limit_sum(view, i), r[1], i) for i, r in enumerate(view.rows)
+            if r[4] and r[6] >= need_mib]
+    _, index, i = max(room, key=lambda t: (t[0], -t[1]))
+    mem, total, ratio = view.rows[i][3], limit_sum(view, i), _ratio_text(limit.ratio)
+    return (f"limit cap (--max-limit-ratio {ratio}): pod's GPU memory limit of {limit.mib} MiB does not fit; "
+            f"on GPU {index}, the one with the most headroom, the limits of its pods add up to {total} MiB "
+            f"of a cap of {limit_cap_mib(mem, limit.ratio)} MiB ({ratio} × {mem} MiB)")
+
+
+def _pick_of(rows: list[GpuRow], policy: str) -> GpuView | None:
+    """The GPU `policy` takes among `rows` (those within the cap): the same order as _pick's."""
+    if not rows:
+        return None
+    sign = -1 if policy == "spread" else 1  # spread: the most free; binpack: the least; ties to the lower index
+    best: GpuRow = min(rows, key=lambda r: (sign * r[6], r[1]))
+    return GpuView._make(best)
+
+
+def _pick(view: NodeView, need_mib: int, policy: str) -> GpuView | None:
+    """The GPU `policy` takes on a node where the pod fits (without the cap, or where it changes nothing)."""
+    if policy == "spread":  # most free after placement; ties to the lower index
+        return view.most_free
+    i = bisect_left(view.free_keys, need_mib)  # binpack: least free that still fits; ties to the lower index
+    return view.free_gpu(i) if i < len(view.free_keys) else None
+
+
+def choose_gpu(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None = None) -> GpuView | None:
+    """The GPU the pod gets on this node under `policy`; None when it does not fit."""
+    if limit is not None and _capped(view, need_mib, limit):
+        return _pick_of(_capped_fit(view, need_mib, limit)[1], policy)
+    return _pick(view, need_mib, policy) if fit(view, need_mib).ok else None
+
+
+def _score_on(gpu: GpuView | None, need_mib: int, policy: str) -> int:
+    if gpu is None:
+        return MIN_SCORE
+    free_after = gpu.free_mib - need_mib
+    fraction = free_after / gpu.mem_mib if policy == "spread" else 1 - free_after / gpu.mem_mib
+    return max(MIN_SCORE, min(MAX_SCORE, round(MAX_SCORE * fraction)))
+
+
+def score(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None = None) -> int:
+    """0..10: how much `policy` likes placing the pod on this node (0 when it does not fit)."""
+    return _score_on(choose_gpu(view, need_mib, policy, limit), need_mib, policy)
+
+
+def verdict(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None = None) -> Verdict:
+    """fit and score of one node in one go (what the memo keeps)."""
+    if limit is not None and _capped(view, need_mib, limit):
+        f, rows = _capped_fit(view, need_mib, limit)
+        return f.ok, f.unresolvable, f.reason, _score_on(_pick_of(rows, policy), need_mib, policy)
+    f = fit(view, need_mib)
+    value = _score_on(_pick(view, need_mib, policy), need_mib, policy) if f.ok else MIN_SCORE
+    return f.ok, f.unresolvable, f.reason, value
+
+
+def fits_without(view: NodeView, need_mib: int, freed_mib: dict[str, int], freed_unplaced_mib: int,
+                 limit: LimitNeed | None = None, freed_over: dict[str, int] | None = None) -> bool:
+    """Would the pod fit if the charges in `freed_mib` (GPU UUID -> MiB; with `freed_over`, what their
+    limits add above that) and `freed_unplaced_mib` were gone? (Preemption: the scheduler proposes victims;
+    the pod must fit once they are evicted.)"""
+    gpus = tuple(GpuView.of(g.uuid, g.index, g.model, g.mem_mib, g.healthy,
+                            g.used_mib - freed_mib.get(g.uuid, 0)) for g in view.gpus)
+    over = view.over
+    if over is not None and freed_over:
+        over = tuple(o - freed_over.get(r[0], 0) for o, r in zip(over, view.rows, strict=True))
+    after = NodeView.of(view.name, view.unit_mib, gpus, max(view.unplaced_mib - freed_unplaced_mib, 0),
+                        view.error, over)
+    return fit(after, need_mib, limit).ok
