@@ -1,1 +1,1 @@
-"""memslice scheduler extender: a pod's GPU-memory slice must fit on one GPU (see docs/architecture.md)."""
+"""The scheduler extender: a pod's GPU-memory slice must fit on one GPU; app wires it, wire is its JSON format."""

@@ -1,0 +1,1 @@
+"""DRA mode: the kubelet's DRAPlugin service, registration, ResourceSlice, claim preparation, CDI, checkpoint."""

@@ -1,0 +1,1 @@
+"""The extender's HTTP edge: the server, the verbs (decode, decide, encode) and the Prometheus metrics."""
