@@ -7,7 +7,7 @@ targets. Two comparisons, each in one run, medians of --repeats rounds (rounds i
    (tests/kube_standin.py, plain HTTP on 127.0.0.1), CPU of the calling thread per bind, through
    - `generated`: the official client's CoreV1Api methods (as a caller of the kubernetes package writes them);
    - `urllib3`: the same requests straight on that client's urllib3 pool (no generated layer);
-   - `podwriter`: scheduler_extender/podwrites.PodWriter (its own keep-alive sockets, httptools parsing).
+   - `podwriter`: scheduler_extender/kubeio/podwrites.PodWriter (its own keep-alive sockets, httptools parsing).
 2. Serving one request, CPU of the server thread per request (a keep-alive client POSTs a typical filter
    body: ExtenderArgs with a 2 KiB pod and 100 node names; the handler reads and decodes it and answers a
    small JSON object), with

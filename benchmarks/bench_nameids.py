@@ -4,7 +4,7 @@
         [--json]
 
 For each request (a shuffled list of all node names, decoded from JSON with orjson as the server decodes
-it, so the strings are new objects), both implementations of scheduler_extender/nameids.py do what the
+it, so the strings are new objects), both implementations of scheduler_extender/index/nameids.py do what the
 memo does with it: `ids` (name -> node id), `take` (each id's verdict kind), `join` (prioritize's answer:
 the kept HostPriority texts of the ids, joined and encoded) and `same` (prioritize's names against the
 very names its filter passed: equal lists of distinct string objects). Before each timed step the caches

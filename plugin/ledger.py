@@ -38,7 +38,7 @@ class Allocation:
     pod_uid: str = ""
     limit_mib: int = 0  # elastic memory: the limit above `mib` (the request), 0 when not elastic
     spill: int | None = None  # oversubscription (contract.parse_oversubscribe): None off, -1 no cap, or bytes
-    elastic_slot: int = -1  # elastic memory: the board slot the agent assigned (plugin/elastic_slots.py)
+    elastic_slot: int = -1  # elastic memory: the board slot the agent assigned (plugin/elastic/slots.py)
     priority: int = 0  # elastic memory: the pod's PriorityClass value
     idle_release: bool = False  # elastic memory: idle, the request may move too
 

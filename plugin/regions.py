@@ -322,7 +322,7 @@ def prepare_elastic_dir(directory: Path, gpu_uuids: list[str]) -> None:
     """The node's elastic directory (mounted read-only at CONTAINER_ELASTIC_DIR in elastic containers, their
     GPU's board read-write on top) with one board per GPU, mode 0666 whatever the container's user: the
     directory itself is 0755 (only the agent adds or replaces boards and rosters). Never blocks on what is
-    there (plugin/elastic_slots.py). The agent reads the boards only for metrics (bounded reads)."""
+    there (plugin/elastic/slots.py). The agent reads the boards only for metrics (bounded reads)."""
     prepare_boards(directory, gpu_uuids)
 
 

@@ -1,4 +1,4 @@
-"""The memo's node-name index: the C implementation (scheduler_extender/_nameids.c) answers what the Python
+"""The memo's node-name index: the C implementation (scheduler_extender/index/_nameids.c) answers what the Python
 reference (nameids.NameIds) answers, whatever the names and operations, and refuses bad arguments without
 crashing. With MEMSLICE_NAMEIDS_SO=path (`make sanitize`) the C module under test is that build, e.g. one
 compiled with AddressSanitizer."""

@@ -3,7 +3,7 @@
 
 NodePrepareResources, per claim: read the ResourceClaim (GET by namespace/name, UID checked; before taking the
 lock, as the kubeletplugin helper does, so a slow API server does not hold up other calls), decide its shares
-(plugin/dra_prepare.py), create one region per GPU with the sum of the claim's shares on it as its quota, write
+(plugin/dra/prepare.py), create one region per GPU with the sum of the claim's shares on it as its quota, write
 the claim's CDI spec (one CDI device per region), record it in the checkpoint, and answer one Device per region
 whose request_names are the base request names (a firstAvailable subrequest "gpu/small" is answered as "gpu",
 the name containers use). A repeated call for a prepared claim answers from the checkpoint (re-creating a region

@@ -1,5 +1,5 @@
 /* memslice.scheduler_extender.index._nameids: node name -> node id for the extender's memo, and the reads by ids
- * that a filter and a prioritize of every node make (scheduler_extender/nameids.py is the interface and
+ * that a filter and a prioritize of every node make (scheduler_extender/index/nameids.py is the interface and
  * holds the pure-Python reference these must agree with; tests/test_nameids.py checks that they do).
  *
  * Why native (benchmarks/README.md, "All names per filter, natively"): kube-scheduler may send all 5,000

@@ -1,4 +1,4 @@
-# The C module's interface (scheduler_extender/_nameids.c); nameids.py is its only user.
+# The C module's interface (scheduler_extender/index/_nameids.c); nameids.py is its only user.
 from typing import Any
 
 class NameIndex:
