@@ -46,6 +46,15 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 # mypy --strict (configured in pyproject.toml) on a tree of links with the installed package layout.
+# Why a link tree: mypy names a module by its folders, and pyproject's package-dir puts memslice.plugin,
+# .scheduler_extender, .interposer and .proto in top-level folders, which only setuptools reads. What else was
+# tried (issue 29): mypy --python-executable on the editable install finds no memslice (setuptools' default
+# editable mode is an import hook, which mypy never runs); editable_mode=compat puts the checkout itself on
+# sys.path, where `import memslice` fails; editable_mode=strict works but is a link tree too (one link per
+# file under build/__editable__*, blind to a new module until reinstalled); explicit_package_bases with
+# mypy_path names plugin/dra/server.py `plugin.dra.server`, not memslice.plugin.dra.server, so the
+# memslice.plugin imports of src/memslice and the memslice.interposer ones of plugin/ stay unresolved.
+# One link per folder sees new modules at once.
 TC = build/typecheck/memslice
 typecheck: install
 	rm -rf build/typecheck && mkdir -p $(TC)
