@@ -9,7 +9,7 @@ import importlib
 import os
 import sys
 
-from memslice import __version__, errors
+from . import __version__, errors
 
 # subcommand -> module that provides `add_parser(subparsers)`; the module sets `func` on its parser.
 SUBCOMMANDS = {

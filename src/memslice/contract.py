@@ -20,7 +20,7 @@ from typing import Any, Final, NamedTuple, TypeGuard
 
 import orjson
 
-from memslice import errors
+from . import errors
 
 # ------------------------------------------------------------------------------------------ names
 
@@ -349,7 +349,7 @@ def parse_idle_release(annotations: Mapping[str, Any], where: str) -> bool:
 def parse_oversubscribe(annotations: Mapping[str, Any], where: str) -> int | None:
     """The pod's oversubscription wish: None (off: nothing spills), NO_SPILL_CAP (on, no cap) or the spill cap
     in bytes (> 0). errors.ContractError naming the annotation, the value and the valid forms otherwise."""
-    from memslice.sizes import SizeError, parse_size
+    from .sizes import SizeError, parse_size
 
     raw = annotations.get(ANN_OVERSUBSCRIBE)
     if raw is None:

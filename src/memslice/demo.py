@@ -49,13 +49,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def main(args: argparse.Namespace) -> int:
     if getattr(args, "elastic", False):
-        from memslice.demo_elastic import main as elastic_demo
+        from .demo_elastic import main as elastic_demo
 
         return elastic_demo()
     from memslice.interposer.region import read_region, read_region_file
-    from memslice.paths import lib_paths
-    from memslice.simulator import sim_env, usage_path
-    from memslice.top import render
+
+    from .paths import lib_paths
+    from .simulator import sim_env, usage_path
+    from .top import render
 
     work = tempfile.mkdtemp(prefix="memslice-demo-")
     state = os.path.join(work, "gpu.state")

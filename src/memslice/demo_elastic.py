@@ -74,8 +74,8 @@ def tenant() -> int:
 
 
 def _table(edir: str, names: dict[int, str]) -> str:
-    from memslice.elastic import read_boards
-    from memslice.sizes import format_bytes
+    from .elastic import read_boards
+    from .sizes import format_bytes
 
     rows = []
     for t in sorted(read_boards(edir), key=lambda t: names.get(t.pid, "")):
@@ -133,10 +133,11 @@ def _checked(answer: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    from memslice.elastic import read_boards
     from memslice.interposer.region import read_region_file
-    from memslice.paths import lib_paths
-    from memslice.simulator import sim_env, usage_path
+
+    from .elastic import read_boards
+    from .paths import lib_paths
+    from .simulator import sim_env, usage_path
 
     work = tempfile.mkdtemp(prefix="memslice-demo-elastic-")
     state, edir = os.path.join(work, "gpu.state"), os.path.join(work, "elastic")

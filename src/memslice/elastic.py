@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from memslice import errors
+from . import errors
 
 SLOTS = 64
 SLOT_SIZE = 128

@@ -6,7 +6,7 @@ import os
 import pathlib
 from dataclasses import asdict, dataclass
 
-from memslice import errors
+from . import errors
 
 
 @dataclass(frozen=True)

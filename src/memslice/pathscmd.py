@@ -14,7 +14,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def main(args: argparse.Namespace) -> int:
-    from memslice.paths import LibraryMissing, lib_paths
+    from .paths import LibraryMissing, lib_paths
 
     try:
         paths = lib_paths().as_dict()

@@ -11,9 +11,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from memslice.limits import LIMITS_FILE, Limits
-from memslice.limits import write as write_limits
-from memslice.sizes import _UNITS, SizeError, format_bytes, parse_size
+from .limits import LIMITS_FILE, Limits
+from .limits import write as write_limits
+from .sizes import _UNITS, SizeError, format_bytes, parse_size
 
 # A quota above this is a typo (999999TiB), not a GPU: no GPU made has a tenth of it.
 MAX_GPU_MEM = 16 << 40
@@ -70,11 +70,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def build_env(args: argparse.Namespace, region_dir: str) -> dict[str, str]:
-    from memslice.paths import lib_paths
+    from .paths import lib_paths
 
     env = dict(os.environ)
     if args.simulate_gpu:
-        from memslice.simulator import sim_env
+        from .simulator import sim_env
 
         env = sim_env(args.simulate_gpu, base=env)
     env["MEMSLICE_GPU_MEM_LIMIT"] = args.gpu_mem.strip()
@@ -189,7 +189,7 @@ def limits_for(args: argparse.Namespace, environ: dict[str, str]) -> Limits:
     if spill:
         checked_size("--oversubscribe", spill, allow_zero=True)
     if args.simulate_gpu:
-        from memslice.simulator import validate_gpus
+        from .simulator import validate_gpus
 
         validate_gpus(args.simulate_gpu)
     bound = quota_bound_message("--gpu-mem", args.gpu_mem, limit, args.simulate_gpu)

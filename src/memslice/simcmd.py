@@ -32,7 +32,7 @@ def _state(args: argparse.Namespace) -> str | None:
 
 
 def xid(args: argparse.Namespace) -> int:
-    from memslice.simulator import inject_xid
+    from .simulator import inject_xid
 
     state = _state(args)
     if not state:
@@ -50,12 +50,13 @@ def xid(args: argparse.Namespace) -> int:
 
 def status(args: argparse.Namespace) -> int:
     from memslice.interposer.region import RegionError, read_region_file
-    from memslice.top import render
+
+    from .top import render
 
     state = _state(args)
     if not state:
         return 2
-    from memslice.simulator import usage_path
+    from .simulator import usage_path
 
     try:
         snap = read_region_file(usage_path(state))
@@ -66,7 +67,7 @@ def status(args: argparse.Namespace) -> int:
         print(f"memslice sim: {state} does not exist yet", file=sys.stderr)
         return 2
     if args.json:
-        from memslice.top import snapshot_json
+        from .top import snapshot_json
 
         print(json.dumps(snapshot_json(snap), indent=2))
     else:

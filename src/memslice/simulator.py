@@ -7,8 +7,8 @@ import hashlib
 import os
 import tempfile
 
-from memslice.paths import lib_paths
-from memslice.sizes import SizeError, parse_size, size_hint
+from .paths import lib_paths
+from .sizes import SizeError, parse_size, size_hint
 
 
 def default_state_path(gpus: str) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from memslice import errors
+from . import errors
 
 MiB = 1 << 20
 _UNITS = {"": MiB, "B": 1, "KiB": 1 << 10, "Ki": 1 << 10, "MiB": MiB, "Mi": MiB,

@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any
 
-from memslice.sizes import format_bytes
+from .sizes import format_bytes
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -105,7 +105,7 @@ def render_elastic(tenants: list[Any], title: str = "elastic") -> str:
 
 def region_of_pids(snaps: list[Any]) -> dict[int, str]:
     """Kernel-named PID -> the region (container) whose slot lock it holds (memslice.elastic.owners)."""
-    from memslice.elastic import owners
+    from .elastic import owners
 
     return owners({s.path: s.owner_pids for s in snaps})
 
@@ -292,7 +292,7 @@ def main(args: argparse.Namespace) -> int:
         if problem:
             print(f"memslice top: {problem}", file=sys.stderr)
             return 2
-    from memslice.elastic import attribute, scan_boards
+    from .elastic import attribute, scan_boards
 
     edir = args.elastic_dir or (os.path.join(os.path.dirname(os.path.abspath(args.region_root)), "elastic")
                                 if args.region_root else None) or default_elastic_dir()

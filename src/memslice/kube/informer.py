@@ -23,8 +23,8 @@ from typing import Any
 
 import orjson
 
-from memslice import errors
-from memslice.kube.backoff import Backoff
+from .. import errors
+from .backoff import Backoff
 
 log = logging.getLogger(__name__)
 
