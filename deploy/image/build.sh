@@ -41,7 +41,7 @@ stage_sources() {
         if [ -e "$SRC/$p" ]; then cp -R "$SRC/$p" "$STAGE/$p"; fi
     done
     rm -rf "$STAGE/interposer/build"
-    rm -f "$STAGE"/scheduler_extender/index/*.so  # an editable install's extension module, built in place
+    find "$STAGE/scheduler_extender" -name "*.so" -delete  # extension modules built in place by editable installs
     find "$STAGE" \( -name __pycache__ -o -name '*_pb2.py' -o -name '*_pb2_grpc.py' -o -name '*_pb2.pyi' \) \
         -prune -exec rm -rf {} +
 }
