@@ -15,8 +15,8 @@ import time
 
 import pytest
 from conftest import MiB
-from test_elastic_swap import elastic as elastic  # noqa: F401 - the fixture, shared
 from test_elastic_swap import board_state, per_process, wait_for
+from test_elastic_swap import elastic as elastic  # noqa: F401 - the fixture, shared
 from test_elastic_swap import tenant_bin as tenant_bin  # noqa: F401 - the fixture, shared
 
 from memslice.elastic import read_boards
@@ -139,3 +139,45 @@ def test_a_cgroup_file_removed_after_start_reads_as_no_limit(elastic, tmp_path):
     b = elastic("b", "2GiB", "512MiB")
     assert b.cmd("alloc 1792 64") == "allocated 28"
     assert per_process(elastic.node().state)[a.proc.pid][1] >= 344
+
+
+def test_the_agent_writes_an_event_and_counts_the_refusal(elastic, tmp_path):
+    """The node agent's real path: its tracker reads the board (A's host note, B's failed burst), the Events
+    loop writes an ElasticHostMemoryFull Warning on both pods through the official client to the API stand-in
+    (real HTTP), and the collector exports the refusal by cause."""
+    from kube_standin import KubeApiStandin
+    from test_elastic_attribution import alloc, tracker
+
+    from memslice.plugin.elastic_events import FULL, SwapEvents
+    from memslice.plugin.elastic_metrics import ElasticCollector
+
+    idle_a(elastic, tmp_path, MEMSLICE_CGROUP_DIR=str(fake_cgroup(tmp_path / "cg-a", str(4 * GiB),
+                                                                    str(39 * GiB // 10))))
+    ledger = {"a": alloc("a", "pa", 512, 2560), "b": alloc("b", "pb", 512, 2048)}
+    tr = tracker(elastic.edir, tmp_path, ledger)
+    kube = KubeApiStandin().start()
+    ev = SwapEvents(kube.api_client(), "node-1", tr.poll, interval_s=1.0, poll_s=0.05)
+    ev.start()
+    try:
+        wait_for(lambda: ev.policy.seen, "the agent's baseline poll")
+        b = elastic("b", "2GiB", "512MiB", MEMSLICE_CGROUP_DIR=str(fake_cgroup(tmp_path / "cg-b", "max", "0")))
+        assert b.cmd("alloc 1792 64").startswith("oom 22 rc=2")
+        wait_for(lambda: len([e for e in kube.list("Event", "ns") if e["reason"] == FULL]) == 2, "two Events")
+        by_pod = {e["involvedObject"]["name"]: e for e in kube.list("Event", "ns") if e["reason"] == FULL}
+        assert by_pod["pa"]["type"] == "Warning"
+        assert ("could not take its GPU memory to host memory for a neighbour" in by_pod["pa"]["message"]
+                and "memory.max 4096 MiB, memory.current 3993 MiB" in by_pod["pa"]["message"]
+                and "raise the pod's memory limit" in by_pod["pa"]["message"]), by_pod["pa"]["message"]
+        assert "1 burst allocation(s) failed" in by_pod["pb"]["message"], by_pod["pb"]["message"]
+    finally:
+        ev.stop()
+        kube.stop()
+    metrics = {(m.name, s.labels.get("cause", ""), s.labels.get("pod", "")): s.value
+               for m in ElasticCollector(tr).collect() for s in m.samples}
+    uuid = read_boards(elastic.edir)[0].gpu
+    assert metrics[("memslice_elastic_moves_refused", "cgroup", "")] == 1
+    assert metrics[("memslice_elastic_moves_refused", "host", "")] == 0
+    assert metrics[("memslice_elastic_bursts_failed", "", "")] == 1
+    assert metrics[("memslice_container_elastic_moves_refused", "cgroup", "pa")] == 1
+    assert metrics[("memslice_container_elastic_bursts_failed", "", "pb")] == 1
+    assert tr.poll().containers[("a", uuid)].note.cause == "cgroup"
