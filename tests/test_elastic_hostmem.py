@@ -181,3 +181,10 @@ def test_the_agent_writes_an_event_and_counts_the_refusal(elastic, tmp_path):
     assert metrics[("memslice_container_elastic_moves_refused", "cgroup", "pa")] == 1
     assert metrics[("memslice_container_elastic_bursts_failed", "", "pb")] == 1
     assert tr.poll().containers[("a", uuid)].note.cause == "cgroup"
+    from memslice.top import elastic_json
+    shown = {t["pid"]: t for t in elastic_json(read_boards(elastic.edir))}
+    a_pid = next(t.pid for t in read_boards(elastic.edir) if t.limit_bytes == 2560 * MiB)
+    assert shown[a_pid]["refused_to_host"] == {"cgroup": 1, "host": 0}
+    assert shown[a_pid]["last_refusal"] == {"cause": "cgroup", "bytes": 32 * MiB, "limit_bytes": 4 * GiB,
+                                            "used_bytes": 39 * GiB // 10}
+    assert sum(t["bursts_failed"] for t in shown.values()) == 1
