@@ -70,7 +70,8 @@ def test_a_burst_fails_naming_the_cause_when_the_idle_tenant_cannot_take_it_to_h
     b.close()
     err = (tmp_path / "b.err").read_text()
     slot = next(t.slot for t in read_boards(elastic.edir) if t.pid == a.proc.pid)
-    assert "CUDA_ERROR_OUT_OF_MEMORY" in err and f"slot {slot} of the board (pid {a.proc.pid})" in err, err
+    assert "a burst of 64.0 MiB failed (CUDA_ERROR_OUT_OF_MEMORY)" in err, err
+    assert f"slot {slot} of the board (pid {a.proc.pid}) could not take 32.0 MiB to host memory" in err, err
     if cause == "cgroup":
         assert "memory cgroup's memory.max 4.0 GiB, memory.current 3.9 GiB; raise that pod's memory limit" in err
     else:

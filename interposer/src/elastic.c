@@ -820,7 +820,7 @@ static CUresult place_chunk(struct erange *r, unsigned i, int *asked) {
             if (make_room(within ? within : rest, within > 0, 1, &ref) <= 0) break;
             if (create_phys(&r->c[i].h, len, 0) == CUDA_SUCCESS) return CUDA_SUCCESS;
         }
-        if (!within && ref.slot >= 0) return burst_refused(rest, &ref);
+        if (!within && ref.slot >= 0) return burst_refused(r->size, &ref);
     }
     char a[32];
     shim_log(LOG_INFO, "memslice: elastic: %s served from host memory (HBM is full%s)", fmt_bytes(len, a, sizeof a),
