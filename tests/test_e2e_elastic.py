@@ -235,6 +235,50 @@ def test_per_container_swap_figures_and_pod_events(world, tenant_bin) -> None:
             t.close()
 
 
+def test_a_move_host_memory_cannot_take_fails_the_burst_with_an_event_and_a_metric(world, tenant_bin,
+                                                                                    tmp_path) -> None:
+    """Issue 26.5 on the whole path: A's memory cgroup is near its limit (a fake one: memory.max 4 GiB,
+    memory.current 3.9 GiB), so idle A cannot take its bytes to host memory; B's burst past the free HBM
+    fails at once with out-of-memory, A's bytes stay in HBM, and the real node agent writes an
+    ElasticHostMemoryFull Warning on both pods and counts the refusal by cause on /metrics."""
+    cluster, node = world
+    a_resp = notebook(cluster, node, "a", 2560)
+    b_resp = notebook(cluster, node, "b", 2048)
+    uuid = a_resp.envs["NVIDIA_VISIBLE_DEVICES"]
+    edir = Path({m.container_path: m.host_path for m in a_resp.mounts}["/run/memslice/elastic"])
+    cg = tmp_path / "cg-a"
+    cg.mkdir()
+    (cg / "memory.max").write_text(f"{4 << 30}\n")
+    (cg / "memory.current").write_text(f"{(39 << 30) // 10}\n")
+    extra = {"MEMSLICE_CONTEXT_RESERVE": "0", "MEMSLICE_YIELD_WAIT": "120",
+             "MEMSLICE_SIM_CONTEXT_OVERHEAD": "300MiB"}
+    tenants: list[Tenant] = []
+    try:
+        a = Tenant(tenant_bin, {**node.container_env(a_resp), **extra, "MEMSLICE_CGROUP_DIR": str(cg)})
+        tenants.append(a)
+        assert a.cmd("alloc 2048 64") == "allocated 32"
+        wait_for(lambda: board_state(edir, a.proc.pid) == "idle", "A idle on the node's board")
+        b = Tenant(tenant_bin, {**node.container_env(b_resp), **extra})
+        tenants.append(b)
+        assert b.cmd("alloc 1792 64").startswith("oom 22 rc=2")
+        assert usage(a_resp)[a.proc.pid] == (300 + 2048, 0), "A moved nothing"
+        full = "ElasticHostMemoryFull"
+        wait_for(lambda: events(cluster, "a", full) and events(cluster, "b", full), "the Events on both pods", 30)
+        (ea,) = events(cluster, "a", full)
+        (eb,) = events(cluster, "b", full)
+        assert ea["type"] == eb["type"] == "Warning"
+        assert "memory.max 4096 MiB, memory.current 3993 MiB" in ea["message"], ea["message"]
+        assert "burst allocation(s) failed" in eb["message"], eb["message"]
+        refused = {s.labels["cause"]: s.value for s in all_samples(node)
+                   if s.name == "memslice_elastic_moves_refused_total" and s.labels.get("uuid") == uuid}
+        assert refused == {"cgroup": 1, "host": 0}
+        assert samples(node, "memslice_container_elastic_bursts_failed_total")[("default", "b", uuid)] == 1
+        assert a.cmd("check") == f"check ok {2048 * MiB}"
+    finally:
+        for t in tenants:
+            t.close()
+
+
 def test_the_agent_writes_slot_priority_and_idle_release_where_the_shim_reads_its_limits(world) -> None:
     """Issues 25.4, 26.1 and 26.3 on the Kubernetes path: each elastic container gets its own board slot, its
     pod's PriorityClass value and its idle-release opt-in (contract.ANN_IDLE_RELEASE) in its read-only limits
