@@ -149,8 +149,8 @@ def test_the_agent_writes_an_event_and_counts_the_refusal(elastic, tmp_path):
     from kube_standin import KubeApiStandin
     from test_elastic_attribution import alloc, tracker
 
-    from memslice.plugin.elastic_events import FULL, SwapEvents
-    from memslice.plugin.elastic_metrics import ElasticCollector
+    from memslice.plugin.elastic.events import FULL, SwapEvents
+    from memslice.plugin.elastic.metrics import ElasticCollector
 
     idle_a(elastic, tmp_path, MEMSLICE_CGROUP_DIR=str(fake_cgroup(tmp_path / "cg-a", str(4 * GiB),
                                                                     str(39 * GiB // 10))))
