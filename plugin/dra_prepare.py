@@ -32,6 +32,7 @@ _SHARE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
 _DEVICE = re.compile(r"gpu-(0|[1-9]\d{0,3})\Z")  # device_name() exactly: no "gpu-0000"
 MAX_DIGITS = contract.MAX_QUANTITY_DIGITS
 MAX_CONSUMERS = 256  # status.reservedFor holds at most 256 entries (ResourceClaimReservedForMaxSize)
+MAX_ELASTIC_PODS = 16  # consumer pods read for an elastic claim's priority (one GET each, before the lock)
 PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1  # spec.priority is an int32
 __all__ = ["quantity_bytes"]  # re-exported: the parsing lives in the contract module (GpuMemConfig's limit too)
 
@@ -193,6 +194,10 @@ def consumers_priority(ref: ClaimRef, consumers: list[tuple[str, str]], prioriti
     sharing a claim with a higher one); 0 when the claim names no pod. ClaimError when it names pods but none is
     there any more (the kubelet retries; the pod is being deleted)."""
     found = [p for p in priorities if p is not None]
+    if len(consumers) > MAX_ELASTIC_PODS:
+        raise ClaimError(f"{ref} is elastic and reserved for {len(consumers)} pods: the agent reads at most "
+                         f"{MAX_ELASTIC_PODS} for the claim's priority; give each pod its own claim (a "
+                         f"ResourceClaimTemplate), or remove the GpuMemConfig limit")
     if consumers and not found:
         names = ", ".join(n for n, _ in consumers[:3])
         raise ClaimError(f"{ref} is reserved for pod(s) {names} in {ref.namespace}, but none exists with its uid: "

@@ -39,6 +39,7 @@ from memslice.plugin.dra_cdi import CDI_KIND, CdiDevice, CdiSpecs, cdi_device_na
 from memslice.plugin.dra_checkpoint import Checkpoint, CheckpointError, PreparedClaim
 from memslice.plugin.dra_kube import DraApi, KubeError
 from memslice.plugin.dra_prepare import (
+    MAX_ELASTIC_PODS,
     ClaimError,
     ClaimRef,
     Elastic,
@@ -87,6 +88,7 @@ HEALTH_POLL_S = 1.0
 HEALTH_RESEND_S = 30.0
 LOCK_FILE = "serialize.lock"  # the kubeletplugin helper's name, in the plugin data directory
 LOCK_WAIT_S = 30.0
+PODS_READ_S = 20.0  # an elastic claim's consumer pods are read (for their priority) within this, else refused
 
 # Reads one ResourceClaim as JSON: (namespace, name) -> dict; raises ClaimNotFound for 404.
 ClaimReader = Callable[[str, str], Mapping[str, Any]]
@@ -277,8 +279,13 @@ class DraDriver:
         if not elastic or self.read_pod is None:
             return Fetched(claim)
         consumers = consumer_pods(claim)
+        deadline = time.monotonic() + PODS_READ_S
         try:
-            found = [pod_priority(self.read_pod(ref.namespace, name), uid) for name, uid in consumers]
+            found: list[int | None] = []
+            for name, uid in consumers[:MAX_ELASTIC_PODS]:
+                if time.monotonic() > deadline:
+                    return ClaimError(f"{ref}: reading its pods took over {PODS_READ_S:.0f} s; the kubelet retries")
+                found.append(pod_priority(self.read_pod(ref.namespace, name), uid))
             return Fetched(claim, consumers_priority(ref, consumers, found))
         except ClaimError as exc:
             return exc

@@ -163,6 +163,9 @@ def test_the_priority_of_an_elastic_claim_is_its_lowest_consumer_pods() -> None:
         consumers_priority(REF, consumers, [None, None])
     assert len(consumer_pods({"status": {"reservedFor": [{"resource": "pods", "name": "p", "uid": "u"}] * 1000}})) \
         == 256
+    many = [(f"p{i}", f"u{i}") for i in range(17)]  # one GET each before the lock: bounded
+    with pytest.raises(ClaimError, match="is elastic and reserved for 17 pods: the agent reads at most 16"):
+        consumers_priority(REF, many, [0] * 16)
 
 
 def test_shares_on_one_gpu_are_one_region_and_shares_on_two_gpus_are_refused() -> None:
