@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -44,6 +44,7 @@ from memslice.plugin.dra_prepare import (
     ClaimRef,
     Elastic,
     Grant,
+    Share,
     check_fits,
     claim_config,
     consumer_pods,
@@ -250,7 +251,7 @@ class DraDriver:
         if self.prepared:
             log.info("DRA checkpoint: %d prepared claim(s) recovered", len(self.prepared))
 
-    def _rosters(self, uuids: Any) -> None:
+    def _rosters(self, uuids: Iterable[str]) -> None:
         """Rewrite the elastic roster of these GPUs from the ledger (the shim trusts it over the board)."""
         edir = self.rcfg.elastic_host_dir
         if edir is None:
@@ -282,7 +283,7 @@ class DraDriver:
         deadline = time.monotonic() + PODS_READ_S
         try:
             found: list[int | None] = []
-            for name, uid in consumers[:MAX_ELASTIC_PODS]:
+            for name, uid in consumers if len(consumers) <= MAX_ELASTIC_PODS else []:  # else refused unread
                 if time.monotonic() > deadline:
                     return ClaimError(f"{ref}: reading its pods took over {PODS_READ_S:.0f} s; the kubelet retries")
                 found.append(pod_priority(self.read_pod(ref.namespace, name), uid))
@@ -332,7 +333,7 @@ class DraDriver:
         check_fits(shares, (s for pc in self.prepared.values() for s in pc.shares), capacity)
         elastic = elastic_for(claim, ref, shares, capacity)
         if elastic is not None:
-            elastic = replace(elastic, priority=fetched.priority or 0, slot=self._slot(ref, shares))
+            elastic = replace(elastic, priority=fetched.priority or 0, slot=self._slot(shares))
         devices = self._cdi_devices(ref, shares, elastic)
         pc = PreparedClaim(ref=ref, shares=tuple(shares),
                            cdi_ids=tuple([d.qualified() for d in devices] + extra_device_ids(devices)),
@@ -352,7 +353,7 @@ class DraDriver:
                      f"{elastic.slot})" if elastic else "")
         return pc
 
-    def _slot(self, ref: ClaimRef, shares: Any) -> int:
+    def _slot(self, shares: list[Share]) -> int:
         """The board slot of a new elastic claim: the lowest that no prepared claim on its GPU holds."""
         [g] = grants(shares)
         probe = Allocation(region_id=g.region_id, gpu_index=g.gpu_index, gpu_uuid=g.gpu_uuid, device_ids=(),
