@@ -34,6 +34,7 @@ from kubelet_dra_standin import KUBELET_SERVICES, KubeletDraStandin, container_c
 from test_e2e_cluster import CONTEXT_RESERVE_MIB, TENANT
 from test_elastic_swap import tenant_bin as tenant_bin  # the fixture, shared
 
+from memslice.elastic import parse_roster
 from memslice.paths import lib_paths
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -569,16 +570,22 @@ def test_rolling_update_keeps_the_driver_and_its_slice_and_shares_the_prepared_c
         # the old instance answers a call too (the kubelet may still use it): records are merged, not lost
         assert old.kubelet.prepare(DRIVER, c2, endpoint=old.endpoint).claims[c2["metadata"]["uid"]].error == ""
         assert sorted(old.left_behind()["checkpoint"]) == sorted(c["metadata"]["uid"] for c in (c1, c2))
-        # both instances at once (serialize.lock): no record is lost
-        many = [make_claim(kube, f"many-{i}", "1Gi") for i in range(6)]
+        # both instances at once (serialize.lock): no record is lost, and no elastic board slot is given twice
+        many = [make_claim(kube, f"many-{i}", "1Gi", config={**ELASTIC, "limit": "2Gi"}) for i in range(6)]
         with futures.ThreadPoolExecutor(6) as pool:
             answers = list(pool.map(lambda ic: old.kubelet.prepare(
                 DRIVER, ic[1], endpoint=(old, new)[ic[0] % 2].endpoint).claims[ic[1]["metadata"]["uid"]].error,
                 enumerate(many)))
         assert answers == [""] * 6
         assert sorted(old.left_behind()["checkpoint"]) == sorted(c["metadata"]["uid"] for c in (c1, c2, *many))
+        slots = sorted(int(line.split("=", 1)[1]) for p in old.regions.glob("*.limits")
+                       for line in p.read_text().splitlines() if line.startswith("elastic_slot="))
+        assert slots == list(range(6)), slots
+        uuid = sl["spec"]["devices"][0]["attributes"]["uuid"]["string"]
+        assert sorted(parse_roster((root / "elastic" / f"{uuid}.roster").read_bytes()) or {}) == list(range(6))
         out = new.kubelet.unprepare(DRIVER, *many, endpoint=old.endpoint)
         assert all(out.claims[c["metadata"]["uid"]].error == "" for c in many)
+        assert parse_roster((root / "elastic" / f"{uuid}.roster").read_bytes()) == {}
         old.stop_agent()  # SIGTERM: the old instance removes its own sockets only, never the slice
         with old.kubelet.cond:
             assert old.kubelet.cond.wait_for(lambda: [r.endpoint for r in old.kubelet.plugins[DRIVER]] ==
@@ -749,8 +756,6 @@ def test_an_elastic_claim_gets_the_elastic_limits_env_slot_priority_and_roster(s
     both where the shim reads them, as Allocate does for an elastic pod (limits file, env, the node's elastic
     directory read-only with its GPU's board read-write), with a board slot, the consumer pod's PriorityClass
     value and idleRelease, and the GPU's roster; a restarted agent keeps them; unprepare takes them away."""
-    from memslice.elastic import parse_roster
-
     kube, node = small_world
     a = elastic_claim(kube, "a", "512Mi", "2560Mi", priority=1000, idleRelease=True)
     b = elastic_claim(kube, "b", "512Mi", "2Gi")  # 2560 + 2048 MiB of limits on a 4096 MiB GPU
