@@ -262,3 +262,69 @@ def test_both_binaries_find_the_api_in_one_order(tmp_path: Path, monkeypatch: py
         assert api is not None and how.startswith("kubeconfig ")
     finally:
         kube.stop()
+
+
+# ------------------------------------------------------------------------------------------ DRA driver config
+
+configs = st.builds(contract.GpuMemConfig, limit_mib=st.none() | st.integers(1, contract.MAX_MIB),
+                    idle_release=st.booleans())
+
+
+@settings(deadline=None)  # the first parse imports kubernetes.utils (seconds)
+@given(configs)
+def test_gpu_mem_config_format_then_parse_is_the_identity(cfg: contract.GpuMemConfig) -> None:
+    assert contract.GpuMemConfig.parse(cfg.format(), "claim") == cfg
+    # and through the wire: the parameters as the API server stores and returns them
+    assert contract.GpuMemConfig.parse(orjson.loads(orjson.dumps(cfg.format())), "claim") == cfg
+
+
+def test_gpu_mem_config_reads_the_documented_form() -> None:
+    doc = {"apiVersion": "memslice.io/v1alpha1", "kind": "GpuMemConfig", "limit": "6Gi", "idleRelease": True}
+    assert contract.GpuMemConfig.parse(doc, "c") == contract.GpuMemConfig(limit_mib=6144, idle_release=True)
+    assert contract.GpuMemConfig.parse({**doc, "limit": "1.5Gi"}, "c").limit_mib == 1536
+    assert contract.GpuMemConfig.parse({**doc, "limit": "6442450944"}, "c").limit_mib == 6144
+    assert contract.GpuMemConfig.parse(doc | {"limit": None}, "c").limit_mib is None
+
+
+KIND = {"apiVersion": "memslice.io/v1alpha1", "kind": "GpuMemConfig"}
+BAD_CONFIGS = {
+    "not an object": (["limit", "6Gi"], "not an object"),
+    "another kind": ({**KIND, "kind": "GpuConfig"}, "kind 'GpuConfig'; use apiVersion memslice.io/v1alpha1, kind "
+                                                   "GpuMemConfig"),
+    "unknown key": ({**KIND, "limits": "6Gi"}, "has no field(s) 'limits' (its fields: apiVersion, kind, limit, "
+                                               "idleRelease); remove them"),
+    "nested elastic": ({**KIND, "elastic": {"limit": "6Gi"}}, "has no field(s) 'elastic'"),
+    "unparsable": ({**KIND, "limit": "6 GiB"}, "limit='6 GiB' is not a quantity; use a quantity string"),
+    "negative": ({**KIND, "limit": "-6Gi"}, "limit='-6Gi' is not a quantity (a limit cannot be negative)"),
+    "a number": ({**KIND, "limit": 6144}, "limit=6144 is not a quantity string of at least 1Mi"),
+    "zero": ({**KIND, "limit": "0"}, "limit='0' is under 1Mi"),
+    "under a MiB": ({**KIND, "limit": "1Ki"}, "limit='1Ki' is under 1Mi"),
+    "absurd": ({**KIND, "limit": "9Ei"}, "limit='9Ei' is absurdly large"),
+    "hostile exponent": ({**KIND, "limit": "1e999999"}, "limit='1e999999' is not a quantity"),
+    "idleRelease text": ({**KIND, "limit": "6Gi", "idleRelease": "yes"}, "idleRelease='yes' is not true or false"),
+    "oversized blob": ({**KIND, "limit": "6Gi", "x": "y" * 5000}, "over 4096 bytes of JSON"),
+}
+
+
+@pytest.mark.parametrize("what", list(BAD_CONFIGS))
+def test_bad_gpu_mem_configs_are_refused_naming_the_value_and_the_fix(what: str) -> None:
+    raw, words = BAD_CONFIGS[what]
+    with pytest.raises(ContractError) as err:
+        contract.GpuMemConfig.parse(raw, "claim team/nb")
+    assert str(err.value).startswith("claim team/nb: ") and words in str(err.value), str(err.value)
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | texts,
+                           lambda kids: st.lists(kids, max_size=4) | st.dictionaries(texts, kids, max_size=4),
+                           max_leaves=20)
+
+
+@settings(deadline=None)
+@given(st.dictionaries(st.sampled_from(["apiVersion", "kind", "limit", "idleRelease", "x"]) | texts, json_values,
+                       max_size=6).map(lambda d: {**KIND, **d}))
+def test_hostile_gpu_mem_configs_raise_only_contract_errors(raw: dict[str, Any]) -> None:
+    try:
+        cfg = contract.GpuMemConfig.parse(raw, "c")
+    except ContractError:
+        return
+    assert cfg.limit_mib is None or 0 < cfg.limit_mib <= contract.MAX_MIB

@@ -42,7 +42,7 @@ def test_node_agent_runs_in_dra_mode_with_exactly_the_dra_host_paths() -> None:
     mounts = host_mounts(spec)
     assert all(host == inside for host, (inside, _) in mounts.items())
     assert set(mounts) == {str(cfg.plugins_registry_dir), str(cfg.kubelet_plugins_dir / DRIVER), str(cfg.cdi_dir),
-                           str(cfg.shim_host_dir), str(cfg.region_root)}
+                           str(cfg.shim_host_dir), str(cfg.region_root), str(cfg.elastic_dir)}
     assert not any(ro for _, ro in mounts.values())
     # the kubelet dials the endpoint GetInfo names, a host path: the agent must see it at that path
     assert (cfg.kubelet_plugins_dir / DRIVER / SOCKET_NAME).parent == Path("/var/lib/kubelet/plugins/memslice.io")
@@ -104,3 +104,29 @@ def test_node_agent_updates_seamlessly() -> None:
     assert env["MEMSLICE_POD_UID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
     assert "NODE_NAME" in env  # the base's env is kept
     assert registration_socket_name(DRIVER, "u1") == "memslice.io-u1-reg.sock"
+
+
+def test_the_elastic_example_asks_a_request_and_a_limit_the_agent_accepts() -> None:
+    """deploy/overlays/dra/examples/notebook-elastic.yaml: valid v1 objects; its GpuMemConfig is one the agent's
+    contract module reads (limit above the request), and the claim policy admits the template."""
+    from test_dra_admission import admit
+
+    from memslice.contract import GpuMemConfig, quantity_bytes
+
+    tmpl, pod = load_yaml(EXAMPLES / "notebook-elastic.yaml")
+    for obj in (tmpl, pod):
+        validate_strict(obj)
+    devices = tmpl["spec"]["spec"]["devices"]
+    [req] = devices["requests"]
+    assert req["exactly"]["deviceClassName"] == CLASS
+    [cfg] = devices["config"]
+    assert cfg["requests"] == [req["name"]] and cfg["opaque"]["driver"] == DRIVER
+    parsed = GpuMemConfig.parse(cfg["opaque"]["parameters"], "example")
+    request_mib = int(quantity_bytes(req["exactly"]["capacity"]["requests"]["memory"])) >> 20
+    assert parsed == GpuMemConfig(limit_mib=8192, idle_release=True) and request_mib == 2048
+    assert admit(tmpl) == []
+    spec = pod_spec(pod)
+    assert spec is not None
+    [rc] = spec["resourceClaims"]
+    assert rc["resourceClaimTemplateName"] == tmpl["metadata"]["name"]
+    assert spec["containers"][0]["resources"]["claims"] == [{"name": rc["name"]}]

@@ -164,6 +164,7 @@ NODE_AGENT_HOST_PATHS = {
     "/var/lib/kubelet/pod-resources": True,
     "/var/lib/memslice/lib": False,
     "/var/lib/memslice/regions": False,
+    "/var/lib/memslice/elastic": False,  # the agent creates boards and rosters there (read-only root filesystem)
 }
 
 
@@ -227,7 +228,7 @@ def node_agent(rel: str) -> tuple[Manifest, Manifest, Any]:
 def test_node_agent_configuration_points_at_the_mounted_paths(rel: str) -> None:
     spec, c, cfg = node_agent(rel)
     mounted = {inside for inside, _ in host_mounts(spec).values()}
-    for path in (cfg.device_plugin_dir, cfg.shim_host_dir, cfg.region_root):
+    for path in (cfg.device_plugin_dir, cfg.shim_host_dir, cfg.region_root, cfg.elastic_dir):
         assert str(path) in mounted
     assert cfg.pod_resources_socket is not None
     assert str(cfg.pod_resources_socket.parent) in mounted and cfg.pod_resources_socket.name == "kubelet.sock"

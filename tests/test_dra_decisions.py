@@ -19,11 +19,16 @@ from memslice.plugin.dra.kube import DraApi
 from memslice.plugin.dra.prepare import (
     ClaimError,
     ClaimRef,
+    Elastic,
     Share,
     check_fits,
+    consumer_pods,
+    consumers_priority,
+    elastic_for,
     gpu_index_of,
     grants,
     mib_floor,
+    pod_priority,
     quantity_bytes,
     shares_for,
 )
@@ -79,15 +84,88 @@ def test_a_share_becomes_one_region_with_its_memory() -> None:
     assert again[0].region_id == s.region_id  # stable: a repeated prepare finds the same region
 
 
-def test_unhealthy_gpu_and_elastic_config_are_refused() -> None:
+def test_unhealthy_gpu_is_refused() -> None:
     with pytest.raises(ClaimError, match="Unhealthy"):
         shares_for(_claim(), REF, "node-a", {0: GPU}, {0: GPU.mem_mib}, {GPU.uuid: False})
-    elastic = _claim()
-    elastic["status"]["allocation"]["devices"]["config"] = [{"source": "FromClaim", "opaque": {
-        "driver": "memslice.io", "parameters": {"apiVersion": "memslice.io/v1alpha1", "kind": "GpuMemConfig",
-                                                "elastic": {"limit": "16Gi"}}}}]
-    with pytest.raises(ClaimError, match="elastic are not supported"):
-        shares_for(elastic, REF, "node-a", {0: GPU}, {0: GPU.mem_mib}, {GPU.uuid: True})
+
+
+def _elastic(*params: dict, source: str = "FromClaim") -> dict:
+    """A 4Gi claim with these GpuMemConfig entries (class ones are written FromClass)."""
+    c = _claim()
+    c["status"]["allocation"]["devices"]["config"] = [
+        {"source": source, "requests": ["gpu"], "opaque": {"driver": "memslice.io", "parameters": {
+            "apiVersion": "memslice.io/v1alpha1", "kind": "GpuMemConfig", **p}}} for p in params]
+    return c
+
+
+def _elastic_for(claim: dict, cap: int = GPU.mem_mib):
+    shares = shares_for(claim, REF, "node-a", {0: GPU}, {0: cap}, {GPU.uuid: True})
+    return elastic_for(claim, REF, shares, {0: cap})
+
+
+def test_a_limit_above_the_request_makes_the_claim_elastic() -> None:
+    assert _elastic_for(_claim()) is None  # no config: a plain quota of the request
+    assert _elastic_for(_elastic({"limit": "6Gi"})) == Elastic(limit_mib=6144)
+    assert _elastic_for(_elastic({"limit": "12Gi", "idleRelease": True})) == Elastic(12288, idle_release=True)
+    assert _elastic_for(_elastic({"limit": "4096Mi"})) is None  # limit = request: not elastic
+    assert _elastic_for(_elastic({"limit": "16Gi"}), cap=16384) == Elastic(16384)  # up to the whole GPU
+    # the class's entry first, the claim's after it: the claim's limit wins, the class's idleRelease stays
+    c = _elastic({"limit": "8Gi", "idleRelease": True}, {"limit": "6Gi"})
+    c["status"]["allocation"]["devices"]["config"][0]["source"] = "FromClass"
+    assert _elastic_for(c) == Elastic(6144, idle_release=True)
+    # another driver's opaque config is not ours to read
+    other = _elastic({"limit": "6Gi"})
+    other["status"]["allocation"]["devices"]["config"].append(
+        {"source": "FromClaim", "opaque": {"driver": "gpu.nvidia.com", "parameters": {"sharing": "x"}}})
+    assert _elastic_for(other) == Elastic(6144)
+
+
+@pytest.mark.parametrize("params,words", [
+    ({"limit": "2Gi"}, 'limit 2048Mi is below the claim\'s request of 4096Mi (capacity.requests.memory, as '
+                       'allocated on gpu-0); set limit to at least "4096Mi", or remove it'),
+    ({"limit": "200Gi"}, 'limit 204800Mi is above the 144384Mi of gpu-0 (GPU-00000000-0000-0000-0000-000000000000), '
+                         'the most it can ever hold; set limit to at most "144384Mi"'),
+    ({"idleRelease": True}, "idleRelease: true without a limit above the claim's request (4096 MiB) has no effect"),
+    ({"limit": "4Gi", "idleRelease": True}, "idleRelease: true without a limit above"),
+    ({"limit": "lots"}, "limit='lots' is not a quantity"),
+    ({"limit": "-8Gi"}, "(a limit cannot be negative)"),
+    ({"elastic": {"limit": "8Gi"}}, "GpuMemConfig has no field(s) 'elastic'"),
+])
+def test_bad_elastic_configs_are_refused_naming_the_values_and_the_fix(params, words) -> None:
+    with pytest.raises(ClaimError) as err:
+        _elastic_for(_elastic(params))
+    assert str(err.value).startswith(str(REF)) and words in str(err.value), str(err.value)
+
+
+def test_a_bad_class_entry_is_refused_even_when_the_claims_entry_overrides_it() -> None:
+    c = _elastic({"limit": "six"}, {"limit": "6Gi"})
+    c["status"]["allocation"]["devices"]["config"][0]["source"] = "FromClass"
+    with pytest.raises(ClaimError, match=r"opaque config 0 for memslice.io \(from FromClass\): limit='six'"):
+        shares_for(c, REF, "node-a", {0: GPU}, {0: GPU.mem_mib}, {GPU.uuid: True})
+
+
+def test_the_priority_of_an_elastic_claim_is_its_lowest_consumer_pods() -> None:
+    claim = {"status": {"reservedFor": [
+        {"resource": "pods", "name": "a", "uid": "u-a"}, {"resource": "pods", "name": "b", "uid": "u-b"},
+        {"apiGroup": "batch", "resource": "jobs", "name": "j", "uid": "u-j"}, {"resource": "pods"}, "junk"]}}
+    consumers = consumer_pods(claim)
+    assert consumers == [("a", "u-a"), ("b", "u-b")]
+    pods = {"a": {"metadata": {"uid": "u-a"}, "spec": {"priority": 1000}},
+            "b": {"metadata": {"uid": "u-b"}, "spec": {"priority": -5}}}
+    assert consumers_priority(REF, consumers, [pod_priority(pods[n], u) for n, u in consumers]) == -5
+    assert pod_priority({"metadata": {"uid": "u-a"}, "spec": {}}, "u-a") == 0  # no PriorityClass
+    assert pod_priority({"metadata": {"uid": "u-a"}, "spec": {"priority": 2**40}}, "u-a") == 2**31 - 1
+    assert pod_priority({"metadata": {"uid": "u-a"}, "spec": {"priority": True}}, "u-a") == 0
+    assert pod_priority({"metadata": {"uid": "other"}}, "u-a") is None  # re-created under the name
+    assert pod_priority(None, "u-a") is None  # deleted
+    assert consumers_priority(REF, [], []) == 0  # reserved for no pod
+    with pytest.raises(ClaimError, match="reserved for pod\\(s\\) a, b in team, but none exists with its uid"):
+        consumers_priority(REF, consumers, [None, None])
+    assert len(consumer_pods({"status": {"reservedFor": [{"resource": "pods", "name": "p", "uid": "u"}] * 1000}})) \
+        == 256
+    many = [(f"p{i}", f"u{i}") for i in range(17)]  # one GET each before the lock: bounded
+    with pytest.raises(ClaimError, match="is elastic and reserved for 17 pods: the agent reads at most 16"):
+        consumers_priority(REF, many, [0] * 16)
 
 
 def test_shares_on_one_gpu_are_one_region_and_shares_on_two_gpus_are_refused() -> None:

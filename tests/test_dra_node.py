@@ -32,7 +32,9 @@ from conftest import ChildLog
 from kube_standin import KubeApiStandin
 from kubelet_dra_standin import KUBELET_SERVICES, KubeletDraStandin, container_cdi_ids
 from test_e2e_cluster import CONTEXT_RESERVE_MIB, TENANT
+from test_elastic_swap import tenant_bin as tenant_bin  # the fixture, shared
 
+from memslice.elastic import parse_roster
 from memslice.paths import lib_paths
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,8 +47,9 @@ class DraNode:
     """A node agent in DRA mode on a simulated node, with its kubelet DRA stand-in."""
 
     def __init__(self, root: Path, kube: KubeApiStandin, gpus: str = "16GiB",
-                 services: tuple[str, ...] | None = None, pod_uid: str = "", wipe_delay_s: float = 30.0) -> None:
-        self.root, self.kube, self.gpus, self.pod_uid = root, kube, gpus, pod_uid
+                 services: tuple[str, ...] | None = None, pod_uid: str = "", wipe_delay_s: float = 30.0,
+                 extra: tuple[str, ...] = ()) -> None:
+        self.root, self.kube, self.gpus, self.pod_uid, self.extra = root, kube, gpus, pod_uid, extra
         self.registry = root / "registry"
         self.plugins = root / "plugins"
         self.cdi = root / "cdi"
@@ -76,7 +79,7 @@ class DraNode:
                "--cdi-dir", str(self.cdi), "--region-root", str(self.regions), "--shim-host-dir",
                str(self.root / "lib"), "--metrics-address", "127.0.0.1", "--metrics-port", "0",
                "--node-name", NODE, "--kubeconfig", self.kubeconfig, "--health-recovery-s", "2",
-               *(["--pod-uid", self.pod_uid] if self.pod_uid else [])]
+               *(["--pod-uid", self.pod_uid] if self.pod_uid else []), *self.extra]
         self.runs += 1
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env,
                                      cwd=ROOT)
@@ -273,6 +276,19 @@ def _recreated(kube: KubeApiStandin) -> dict[str, Any]:
     return c
 
 
+def _configured(name: str, **params: Any) -> Any:
+    """A builder of a 1Gi claim with this GpuMemConfig (the claim's own opaque config)."""
+    cfg = {"apiVersion": "memslice.io/v1alpha1", "kind": "GpuMemConfig", **params}
+    return lambda k: make_claim(k, name, "1Gi", config=cfg)
+
+
+def _orphan(kube: KubeApiStandin) -> dict[str, Any]:
+    """An elastic claim reserved for a pod that does not exist (deleted after scheduling)."""
+    kube.put(dra.claim("orphan", "1Gi", config={"apiVersion": "memslice.io/v1alpha1", "kind": "GpuMemConfig",
+                                                 "limit": "2Gi"}))
+    return dra.allocate(kube, "default", "orphan", NODE, pod={"metadata": {"name": "gone", "uid": "u-gone"}})
+
+
 BAD = {
     "another driver": (lambda k: _with_result(k, "other", driver="gpu.nvidia.com"),
                        "no allocation result for driver memslice.io (results are for: gpu.nvidia.com)"),
@@ -303,6 +319,31 @@ def test_bad_claims_are_refused_with_a_clear_error_and_nothing_left(world, what)
     entry = resp.claims[claim["metadata"]["uid"]]
     assert message in entry.error, entry.error
     assert not entry.devices
+    assert node.left_behind() == {"regions": [], "cdi": [], "checkpoint": []}
+
+
+# elastic claims (issue 26.6): a GpuMemConfig the agent cannot honour is refused, never half applied
+BAD_ELASTIC = {
+    "limit below the request": (_configured("below", limit="512Mi"),
+                                'limit 512Mi is below the claim\'s request of 1024Mi (capacity.requests.memory, as '
+                                'allocated on gpu-0); set limit to at least "1024Mi"'),
+    "limit above the GPU": (_configured("above", limit="32Gi"), 'limit 32768Mi is above the 16384Mi of gpu-0'),
+    "unparsable limit": (_configured("unparsable", limit="2 Gi"), "limit='2 Gi' is not a quantity"),
+    "negative limit": (_configured("negative", limit="-2Gi"), "(a limit cannot be negative)"),
+    "unknown config field": (_configured("unknown", limit="2Gi", swap="yes"), "GpuMemConfig has no field(s) 'swap'"),
+    "oversized config": (_configured("blob", limit="2Gi", note="x" * 8000), "over 4096 bytes of JSON"),
+    "idleRelease alone": (_configured("idle", idleRelease=True), "idleRelease: true without a limit above"),
+    "elastic claim of a deleted pod": (_orphan, "reserved for pod(s) gone in default, but none exists"),
+}
+
+
+def test_bad_elastic_configs_are_refused_by_name_and_nothing_is_left(world) -> None:
+    kube, node = world
+    claims = {what: build(kube) for what, (build, _) in BAD_ELASTIC.items()}
+    resp = node.kubelet.prepare(DRIVER, *claims.values())  # one call: each claim answered on its own
+    for what, claim in claims.items():
+        entry = resp.claims[claim["metadata"]["uid"]]
+        assert BAD_ELASTIC[what][1] in entry.error and not entry.devices, (what, entry.error)
     assert node.left_behind() == {"regions": [], "cdi": [], "checkpoint": []}
 
 
@@ -529,16 +570,22 @@ def test_rolling_update_keeps_the_driver_and_its_slice_and_shares_the_prepared_c
         # the old instance answers a call too (the kubelet may still use it): records are merged, not lost
         assert old.kubelet.prepare(DRIVER, c2, endpoint=old.endpoint).claims[c2["metadata"]["uid"]].error == ""
         assert sorted(old.left_behind()["checkpoint"]) == sorted(c["metadata"]["uid"] for c in (c1, c2))
-        # both instances at once (serialize.lock): no record is lost
-        many = [make_claim(kube, f"many-{i}", "1Gi") for i in range(6)]
+        # both instances at once (serialize.lock): no record is lost, and no elastic board slot is given twice
+        many = [make_claim(kube, f"many-{i}", "1Gi", config={**ELASTIC, "limit": "2Gi"}) for i in range(6)]
         with futures.ThreadPoolExecutor(6) as pool:
             answers = list(pool.map(lambda ic: old.kubelet.prepare(
                 DRIVER, ic[1], endpoint=(old, new)[ic[0] % 2].endpoint).claims[ic[1]["metadata"]["uid"]].error,
                 enumerate(many)))
         assert answers == [""] * 6
         assert sorted(old.left_behind()["checkpoint"]) == sorted(c["metadata"]["uid"] for c in (c1, c2, *many))
+        slots = sorted(int(line.split("=", 1)[1]) for p in old.regions.glob("*.limits")
+                       for line in p.read_text().splitlines() if line.startswith("elastic_slot="))
+        assert slots == list(range(6)), slots
+        uuid = sl["spec"]["devices"][0]["attributes"]["uuid"]["string"]
+        assert sorted(parse_roster((root / "elastic" / f"{uuid}.roster").read_bytes()) or {}) == list(range(6))
         out = new.kubelet.unprepare(DRIVER, *many, endpoint=old.endpoint)
         assert all(out.claims[c["metadata"]["uid"]].error == "" for c in many)
+        assert parse_roster((root / "elastic" / f"{uuid}.roster").read_bytes()) == {}
         old.stop_agent()  # SIGTERM: the old instance removes its own sockets only, never the slice
         with old.kubelet.cond:
             assert old.kubelet.cond.wait_for(lambda: [r.endpoint for r in old.kubelet.plugins[DRIVER]] ==
@@ -653,3 +700,144 @@ def test_the_kubelets_health_stream_follows_the_gpu_and_is_bounded(world) -> Non
                 ch4, stream4 = node.kubelet.health_stream(DRIVER, 60)
     finally:
         ch4.close()
+
+
+# --- elastic claims (issue 26.6) ------------------------------------------------------------------------------
+
+ELASTIC = {"apiVersion": "memslice.io/v1alpha1", "kind": "GpuMemConfig"}
+
+
+@pytest.fixture
+def small_world() -> Iterator[tuple[KubeApiStandin, DraNode]]:
+    """A 4 GiB simulated GPU whose elastic tenants are idle after 0.3 s without a CUDA call."""
+    lib_paths()
+    root = Path(tempfile.mkdtemp(prefix="ms-dra-", dir="/tmp"))
+    kube = KubeApiStandin().start()
+    kube.put({"kind": "Node", "metadata": {"name": NODE}})
+    kube.put(dra.device_class())
+    node = DraNode(root, kube, gpus="4GiB", extra=("--idle-after", "0.3"))
+    try:
+        node.start()
+        yield kube, node
+    finally:
+        node.stop()
+        kube.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def elastic_claim(kube: KubeApiStandin, name: str, request: str, limit: str, priority: int | None = None,
+                  **more: Any) -> dict[str, Any]:
+    """Pod `name` (with this PriorityClass value) and its claim of `request` with GpuMemConfig `limit`,
+    allocated as kube-scheduler does and reserved for the pod."""
+    pod: dict[str, Any] = {"kind": "Pod", "apiVersion": "v1", "metadata": {"name": name, "namespace": "default"},
+                           "spec": {"nodeName": NODE, "containers": [{"name": "lab", "image": "x"}]}}
+    if priority is not None:
+        pod["spec"]["priority"] = priority  # what admission resolves from the pod's PriorityClass
+    pod = kube.put(pod)
+    kube.put(dra.claim(name, request, config={**ELASTIC, "limit": limit, **more}))
+    return dra.allocate(kube, "default", name, NODE, pod=pod)
+
+
+def prepared_spec(node: DraNode, resp: Any, claim: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+    """(the container's env, the CDI device's mounts container path -> (host path, ro)) of a prepared claim."""
+    uid = claim["metadata"]["uid"]
+    entry = resp.claims[uid]
+    assert entry.error == "", entry.error
+    [cdi_id] = entry.devices[0].cdi_device_ids
+    name = cdi_id.split("=", 1)[1]
+    spec = json.loads((node.cdi / f"memslice.io-{uid}.json").read_text())
+    edits = next(d for d in spec["devices"] if d["name"] == name)["containerEdits"]
+    mounts = {m["containerPath"]: (m["hostPath"], "ro" in m["options"]) for m in edits["mounts"]}
+    return node.container_env(spec, name), mounts
+
+
+def test_an_elastic_claim_gets_the_elastic_limits_env_slot_priority_and_roster(small_world) -> None:
+    """A claim's request is its consumable capacity, its limit the GpuMemConfig's: NodePrepareResources writes
+    both where the shim reads them, as Allocate does for an elastic pod (limits file, env, the node's elastic
+    directory read-only with its GPU's board read-write), with a board slot, the consumer pod's PriorityClass
+    value and idleRelease, and the GPU's roster; a restarted agent keeps them; unprepare takes them away."""
+    kube, node = small_world
+    a = elastic_claim(kube, "a", "512Mi", "2560Mi", priority=1000, idleRelease=True)
+    b = elastic_claim(kube, "b", "512Mi", "2Gi")  # 2560 + 2048 MiB of limits on a 4096 MiB GPU
+    plain = make_claim(kube, "plain", "1Gi")
+    resp = node.kubelet.prepare(DRIVER, a, b, plain)
+    (a_env, a_mounts), (b_env, _), (p_env, p_mounts) = (prepared_spec(node, resp, c) for c in (a, b, plain))
+    assert (a_env["MEMSLICE_GPU_MEM_LIMIT"], a_env["MEMSLICE_GPU_MEM_REQUEST"]) == ("2560", "512MiB")
+    assert (b_env["MEMSLICE_GPU_MEM_LIMIT"], b_env["MEMSLICE_GPU_MEM_REQUEST"]) == ("2048", "512MiB")
+    assert p_env["MEMSLICE_GPU_MEM_LIMIT"] == "1024" and "MEMSLICE_GPU_MEM_REQUEST" not in p_env
+    uuid = a_env["NVIDIA_VISIBLE_DEVICES"]
+    edir, ro = a_mounts["/run/memslice/elastic"]
+    assert ro and a_mounts[f"/run/memslice/elastic/{uuid}.board"] == (f"{edir}/{uuid}.board", False)
+    assert a_env["MEMSLICE_ELASTIC_DIR"] == edir and a_env["MEMSLICE_IDLE_AFTER"] == "0.3"
+    assert "/run/memslice/elastic" not in p_mounts
+    limits = {n: Path(m["/run/memslice/limits"][0]).read_text() for n, m in
+              (("a", a_mounts), ("b", prepared_spec(node, resp, b)[1]), ("plain", p_mounts))}
+    for key in ("gpu_mem_limit=2560MiB", "gpu_mem_request=512MiB", "elastic_dir=/run/memslice/elastic",
+                "elastic_slot=0", "priority=1000", "idle_release=1", "oversubscribe=0"):
+        assert key in limits["a"].splitlines(), (key, limits["a"])
+    assert {"gpu_mem_limit=2048MiB", "gpu_mem_request=512MiB", "elastic_slot=1"} <= set(limits["b"].splitlines())
+    assert "priority=" not in limits["b"] and "idle_release" not in limits["b"]
+    assert "gpu_mem_limit=1024MiB" in limits["plain"] and "gpu_mem_request" not in limits["plain"]
+
+    def roster() -> dict[int, tuple[int, int, int, bool]]:
+        r = parse_roster((Path(edir) / f"{uuid}.roster").read_bytes())
+        assert r is not None
+        return {s: (e.request_mib, e.limit_mib, e.priority, e.idle_release) for s, e in r.items()}
+
+    assert roster() == {0: (512, 2560, 1000, True), 1: (512, 2048, 0, False)}
+    node.kill()  # the checkpoint keeps the elastic part: same limits, same slots
+    node.kubelet.restart()
+    node.start()
+    again = node.kubelet.prepare(DRIVER, a, b)
+    assert prepared_spec(node, again, a)[0] == a_env
+    assert Path(a_mounts["/run/memslice/limits"][0]).read_text() == limits["a"]
+    assert roster() == {0: (512, 2560, 1000, True), 1: (512, 2048, 0, False)}
+    assert node.kubelet.unprepare(DRIVER, a).claims[a["metadata"]["uid"]].error == ""
+    assert roster() == {1: (512, 2048, 0, False)}  # a's slot is free again
+    c = elastic_claim(kube, "c", "1Gi", "3Gi", priority=-10)
+    _, c_mounts = prepared_spec(node, node.kubelet.prepare(DRIVER, c), c)
+    assert {"elastic_slot=0", "priority=-10"} <= set(Path(c_mounts["/run/memslice/limits"][0]).read_text().split())
+
+
+def test_an_elastic_claim_bursts_above_its_request_on_the_simulated_gpu(small_world, tenant_bin) -> None:  # noqa: F811
+    """The shim under a DRA elastic claim's env behaves as under an elastic pod's (tests/test_e2e_elastic.py):
+    A (request 512 MiB, limit 2560 MiB) allocates 2 GiB, beyond its request, and goes idle; B (request 512 MiB,
+    limit 2 GiB) then gets 1792 MiB in HBM because only what HBM lacked moved out of A, A's request staying in
+    HBM; both read every byte back through the same pointers."""
+    from test_elastic_swap import Tenant, board_state, wait_for
+
+    from memslice.interposer.region import read_region_file
+
+    kube, node = small_world
+    claims = [elastic_claim(kube, "a", "512Mi", "2560Mi"), elastic_claim(kube, "b", "512Mi", "2Gi")]
+    resp = node.kubelet.prepare(DRIVER, *claims)
+    (a_env, a_mounts), (b_env, b_mounts) = (prepared_spec(node, resp, c) for c in claims)
+    extra = {"MEMSLICE_CONTEXT_RESERVE": "0", "MEMSLICE_YIELD_WAIT": "60",  # the pod spec's env
+             "MEMSLICE_SIM_CONTEXT_OVERHEAD": "300MiB"}  # what a context takes on this simulated GPU
+    edir = Path(a_mounts["/run/memslice/elastic"][0])
+
+    def usage(mounts: dict[str, Any]) -> dict[int, tuple[int, int]]:
+        snap = read_region_file(str(Path(mounts["/run/memslice/region"][0]) / "sim.usage"))
+        assert snap is not None
+        return {p.pid: (p.device_bytes >> 20, p.host_bytes >> 20) for p in snap.processes if p.alive}
+
+    tenants = []
+    try:
+        a = Tenant(tenant_bin, {**a_env, **extra})
+        tenants.append(a)
+        assert a.cmd("alloc 2048 64") == "allocated 32"  # beyond its 512 MiB request, within its limit
+        ptrs = a.cmd("ptrs")
+        wait_for(lambda: board_state(edir, a.proc.pid) == "idle", "A idle on the node's board")
+        b = Tenant(tenant_bin, {**b_env, **extra})
+        tenants.append(b)
+        assert b.cmd("alloc 1792 64") == "allocated 28"
+        assert usage(b_mounts)[b.proc.pid] == (300 + 1792, 0), "B's memory is all in HBM"
+        dev, host = usage(a_mounts)[a.proc.pid]
+        needed = 1792 - (4096 - 300 - 2048 - 300)  # only what HBM lacked moves, A's request stays
+        assert needed <= host <= 1.25 * needed and dev + host == 300 + 2048 and dev >= 300 + 512
+        assert b.cmd("check") == f"check ok {1792 << 20}"
+        assert a.cmd("check") == f"check ok {2048 << 20}" and a.cmd("ptrs") == ptrs
+        assert b.cmd("alloc 512 64").startswith("oom "), "B is held to its 2 GiB limit"
+    finally:
+        for t in tenants:
+            t.close()

@@ -253,3 +253,66 @@ def _prepare_or_none(agent: Agent, claims: list[dict[str, Any]]) -> Any:
         return agent.kubelet.prepare(DRIVER, *claims)
     except (grpc.RpcError, AssertionError):
         return None
+
+
+def test_an_elastic_claim_is_allocated_by_its_request_and_prepared_with_its_limit(dra) -> None:
+    """Issue 26.6 on the real control plane: deploy/'s elastic example (a ResourceClaimTemplate asking 2Gi of
+    consumable capacity, with the opaque GpuMemConfig limit 8Gi and idleRelease) passes the API server's
+    validation and the overlay's claim policy; the real kube-scheduler allocates the claim by its request (the
+    opaque config carried into the allocation); the agent reads the consumer pod (RBAC: pods get) for its
+    PriorityClass value and prepares the claim elastic: the limits file and the CDI env carry request and
+    limit, and the shim in the container holds its process to the limit, not the request."""
+    cluster, agent = dra
+    # the first test's notebooks fill both GPUs: delete them (no kubelet: at once); their claims go with them
+    cluster.ok("DELETE", f"/api/v1/namespaces/{NS}/pods?gracePeriodSeconds=0")
+    wait_until("the notebooks' claims deallocated", lambda: not [
+        c for c in cluster.ok("GET", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims")["items"]
+        if c.get("status", {}).get("allocation")], 120, 0.5, agent.alive)
+    cluster.apply([{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                    "metadata": {"name": "memslice-dra-notebooks"}, "value": 1000}])
+    tmpl, pod = load_yaml(DEPLOY / "overlays" / "dra" / "examples" / "notebook-elastic.yaml")
+    tmpl["metadata"]["namespace"] = NS
+    cluster.apply([tmpl])
+    pod["metadata"] = {"name": "elastic", "namespace": NS}
+    pod["spec"]["nodeSelector"] = {"memslice-test/pool": "dra"}
+    pod["spec"]["priorityClassName"] = "memslice-dra-notebooks"
+    cluster.ok("POST", f"/api/v1/namespaces/{NS}/pods", pod)
+
+    def placed() -> dict[str, Any] | None:
+        p = cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods/elastic")
+        return p if p["spec"].get("nodeName") else None
+
+    bound = wait_until("the elastic notebook bound", placed, 120, 0.5, agent.alive)
+    assert bound["spec"]["priority"] == 1000
+    claim = claim_of(cluster, bound)
+    [res] = claim["status"]["allocation"]["devices"]["results"]
+    assert res["consumedCapacity"]["memory"] == "2Gi"  # the scheduler counts the request only
+    [cfg] = claim["status"]["allocation"]["devices"]["config"]
+    assert cfg["source"] == "FromClaim" and cfg["opaque"]["parameters"]["limit"] == "8Gi"
+    resp = agent.kubelet.prepare(DRIVER, claim)
+    uid = claim["metadata"]["uid"]
+    assert resp.claims[uid].error == "", resp.claims[uid].error
+    spec = json.loads((agent.cdi / f"memslice.io-{uid}.json").read_text())
+    device = f"{uid}-{res['shareID']}"
+    edits = next(d for d in spec["devices"] if d["name"] == device)["containerEdits"]
+    mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
+    limits = Path(mounts["/run/memslice/limits"]).read_text().splitlines()
+    assert {"gpu_mem_limit=8192MiB", "gpu_mem_request=2048MiB", "priority=1000", "idle_release=1",
+            "elastic_slot=0"} <= set(limits), limits
+    env = agent.container_env(spec, device)
+    assert (env["MEMSLICE_GPU_MEM_LIMIT"], env["MEMSLICE_GPU_MEM_REQUEST"]) == ("8192", "2048MiB")
+    tenant = subprocess.Popen([sys.executable, "-c", TENANT], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = tenant.stdout.readline() if tenant.stdout else ""
+        assert line, tenant.stderr.read() if tenant.stderr and tenant.poll() is not None else "no output"
+        report = json.loads(line)
+        assert report["refused_with"] == 2, report  # at the limit, well above the 2 GiB request
+        assert 8192 - 256 < report["allocated_mib"] + CONTEXT_RESERVE_MIB <= 8192, report
+    finally:
+        tenant.communicate("", timeout=60)
+    assert agent.kubelet.unprepare(DRIVER, claim).claims[uid].error == ""
+    calls = [e for e in cluster.audit(f"system:serviceaccount:{NAMESPACE}:memslice-node-agent")
+             if e["user"].get("extra", {}).get("authentication.kubernetes.io/node-name") == [NODE]]
+    assert ("get", "pods") in {(e["verb"], e["objectRef"]["resource"]) for e in calls}
+    assert [e["requestURI"] for e in calls if e.get("responseStatus", {}).get("code", 0) >= 400] == []

@@ -36,6 +36,7 @@ from .server import (
     DraMetrics,
     DraServer,
     api_claim_reader,
+    api_pod_reader,
     socket_name,
 )
 from .slices import Pci, SlicePublisher, capacities, pci_bus_id, pcie_root
@@ -131,7 +132,7 @@ def start_dra(cfg: AgentConfig, state: NodeState, regions: RegionStore, rcfg: Re
     caps = capacities(gpus)
     driver = DraDriver(state, regions, specs, Checkpoint(plugin_dir / CHECKPOINT_NAME), rcfg,
                        api_claim_reader(kube), pool=node, capacity_mib=lambda: caps,
-                       lock_file=plugin_dir / LOCK_FILE if cfg.pod_uid else None)
+                       lock_file=plugin_dir / LOCK_FILE if cfg.pod_uid else None, read_pod=api_pod_reader(kube))
     try:
         driver.recover()
     except (CheckpointError, ClaimError) as exc:  # ClaimError: serialize.lock held by the other instance too long

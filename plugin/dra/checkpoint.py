@@ -17,7 +17,7 @@ from typing import Any
 from memslice import errors
 
 from ..regions import _atomic_write
-from .prepare import ClaimRef, Share
+from .prepare import ClaimRef, Elastic, Share
 
 VERSION = 1
 
@@ -31,19 +31,26 @@ class PreparedClaim:
     ref: ClaimRef
     shares: tuple[Share, ...]
     cdi_ids: tuple[str, ...]  # every CDI device ID returned for the claim, memslice's first
+    elastic: Elastic | None = None  # the claim's elastic memory (GpuMemConfig limit), slot and priority included
 
     @functools.cached_property
     def json(self) -> dict[str, Any]:
-        """The record's JSON form, built once (the whole checkpoint is rewritten on every change)."""
-        return {"namespace": self.ref.namespace, "name": self.ref.name, "uid": self.ref.uid,
-                "shares": [asdict(s) for s in self.shares], "cdiIDs": list(self.cdi_ids)}
+        """The record's JSON form, built once (the whole checkpoint is rewritten on every change). `elastic` only
+        when the claim is elastic: an agent of the version before reads the record (it ignores the key)."""
+        out: dict[str, Any] = {"namespace": self.ref.namespace, "name": self.ref.name, "uid": self.ref.uid,
+                               "shares": [asdict(s) for s in self.shares], "cdiIDs": list(self.cdi_ids)}
+        if self.elastic is not None:
+            out["elastic"] = asdict(self.elastic)
+        return out
 
     @staticmethod
     def from_json(raw: dict[str, Any]) -> PreparedClaim:
+        elastic = raw.get("elastic")
         return PreparedClaim(ref=ClaimRef(namespace=str(raw["namespace"]), name=str(raw["name"]),
                                           uid=str(raw["uid"])),
                              shares=tuple(Share(**s) for s in raw["shares"]),
-                             cdi_ids=tuple(str(c) for c in raw["cdiIDs"]))
+                             cdi_ids=tuple(str(c) for c in raw["cdiIDs"]),
+                             elastic=None if elastic is None else Elastic(**elastic))
 
 
 class Checkpoint:

@@ -64,6 +64,11 @@ class DraApi:
         out: dict[str, Any] = _json(lambda: self.resource.read_namespaced_resource_claim(name, namespace, **RAW))
         return out
 
+    def pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """A consumer pod of an elastic claim (its spec.priority: the PriorityClass value)."""
+        out: dict[str, Any] = _json(lambda: self.core.read_namespaced_pod(name, namespace, **RAW))
+        return out
+
     def slices(self, field_selector: str) -> list[dict[str, Any]]:
         items = _json(lambda: self.resource.list_resource_slice(field_selector=field_selector, **RAW)).get("items")
         return items or []

@@ -17,25 +17,25 @@ import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
-from kubernetes.utils import parse_quantity
-
-from memslice import errors
+from memslice import contract, errors
+from memslice.contract import quantity_bytes
 
 from ..gpu.nvml import GpuInfo
 
 DRIVER = "memslice.io"
 CAPACITY = "memory"
-CONFIG_API_VERSION = "memslice.io/v1alpha1"
-CONFIG_KIND = "GpuMemConfig"
+CONFIG_API_VERSION = contract.DRA_CONFIG_API_VERSION
+CONFIG_KIND = contract.DRA_CONFIG_KIND
 MiB = 1 << 20
 _SHARE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
 _DEVICE = re.compile(r"gpu-(0|[1-9]\d{0,3})\Z")  # device_name() exactly: no "gpu-0000"
-_DIGITS = frozenset("0123456789.")
-_ALPHABET = frozenset("0123456789.eE+-numkKMGTPEi")  # digits, exponent, SI and binary suffixes
-MAX_DIGITS = 1000  # a quantity of bytes has fewer digits than this (the old parser's 3-digit exponent bound)
+MAX_DIGITS = contract.MAX_QUANTITY_DIGITS
+MAX_CONSUMERS = 256  # status.reservedFor holds at most 256 entries (ResourceClaimReservedForMaxSize)
+MAX_ELASTIC_PODS = 16  # consumer pods read for an elastic claim's priority (one GET each, before the lock)
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1  # spec.priority is an int32
+__all__ = ["quantity_bytes"]  # re-exported: the parsing lives in the contract module (GpuMemConfig's limit too)
 
 
 class ClaimError(errors.InputError):
@@ -90,24 +90,6 @@ def region_id_for_share(gpu_index: int, claim_uid: str, request: str, share_id: 
     return f"g{gpu_index}-{digest}"
 
 
-def quantity_bytes(raw: object) -> Decimal:
-    """A Kubernetes quantity ("4Gi", "4096Mi", "4294967296", "1.5Gi", "4e9") in bytes; ValueError otherwise.
-
-    The parsing is kubernetes.utils.parse_quantity; what is added bounds hostile input, which that parser
-    would take (it hands the number to Decimal): at most 64 characters of the quantity alphabet only (no
-    sign, whitespace, `_`, NaN or Infinity), and a value below 10^MAX_DIGITS bytes (so that the whole MiB
-    of it are a small int)."""
-    if not isinstance(raw, str) or not 0 < len(raw) <= 64 or raw[0] not in _DIGITS or not _ALPHABET.issuperset(raw):
-        raise ValueError(f"{raw!r} is not a quantity")
-    try:
-        value: Decimal = parse_quantity(raw)
-    except (ValueError, ArithmeticError) as exc:
-        raise ValueError(f"{raw!r} is not a quantity ({exc})") from None
-    if not value.is_finite() or value < 0 or value.adjusted() >= MAX_DIGITS:
-        raise ValueError(f"{raw!r} is not a quantity of at most {MAX_DIGITS} digits of bytes")
-    return value
-
-
 def mib_floor(raw: object) -> int:
     """Whole MiB in a quantity (rounded down); ValueError for a non-quantity."""
     return int(quantity_bytes(raw) // MiB)
@@ -121,31 +103,107 @@ def _get(obj: Any, *path: str) -> Any:
     return obj
 
 
-def claim_config(claim: Mapping[str, Any], ref: ClaimRef) -> dict[str, Any]:
-    """Opaque parameters for this driver in the allocation's config (class and claim), merged in order.
-
-    Reserved for the elastic limit (issue 13): `{apiVersion: memslice.io/v1alpha1, kind: GpuMemConfig,
-    elastic: {...}}`. Nothing in it is supported yet, so any key other than apiVersion/kind is refused
-    rather than silently ignored (a tenant must not believe an elastic limit applies when it does not)."""
+def claim_config(claim: Mapping[str, Any], ref: ClaimRef) -> contract.GpuMemConfig:
+    """The driver config (contract.GpuMemConfig: the elastic limit) of the allocation's opaque config entries
+    for this driver (class entries first, then the claim's, as status.allocation.devices.config lists them;
+    later fields win). Every entry is checked on its own, so a bad one is named even when a later one would
+    override it; ClaimError names the claim, the field, its value and the fix."""
     merged: dict[str, Any] = {}
-    for entry in _get(claim, "status", "allocation", "devices", "config") or []:
+    entries = _get(claim, "status", "allocation", "devices", "config") or []
+    if not isinstance(entries, list):
+        raise ClaimError(f"{ref}: status.allocation.devices.config is not a list")
+    for i, entry in enumerate(entries):
         opaque = _get(entry, "opaque")
         if not isinstance(opaque, dict) or opaque.get("driver") != DRIVER:
             continue
         params = opaque.get("parameters")
-        if not isinstance(params, dict):
-            raise ClaimError(f"{ref}: opaque config for {DRIVER} must be an object with apiVersion "
-                             f"{CONFIG_API_VERSION} and kind {CONFIG_KIND}")
-        if params.get("apiVersion") != CONFIG_API_VERSION or params.get("kind") != CONFIG_KIND:
-            raise ClaimError(f"{ref}: opaque config for {DRIVER} has apiVersion {params.get('apiVersion')!r}, "
-                             f"kind {params.get('kind')!r}; use apiVersion {CONFIG_API_VERSION}, kind "
-                             f"{CONFIG_KIND}")
-        extra = sorted(set(params) - {"apiVersion", "kind"})
-        if extra:
-            raise ClaimError(f"{ref}: {CONFIG_KIND} field(s) {', '.join(extra)} are not supported by this "
-                             f"memslice version (the elastic limit is not built yet); remove them")
+        source = _get(entry, "source")
+        where = f"{ref}: opaque config {i} for {DRIVER} (from {source if isinstance(source, str) else 'claim'})"
+        try:
+            contract.GpuMemConfig.parse(params, where)
+        except errors.ContractError as exc:
+            raise ClaimError(str(exc)) from None
+        assert isinstance(params, dict)
         merged.update(params)
-    return merged
+    if not merged:
+        return contract.GpuMemConfig()
+    try:
+        return contract.GpuMemConfig.parse(merged, f"{ref}: opaque config for {DRIVER}")
+    except errors.ContractError as exc:  # each entry parsed: only their merge's size can be refused here
+        raise ClaimError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class Elastic:
+    """A claim's elastic memory on its GPU: the limit above its request (the sum of its shares), the idle-release
+    opt-in, the consumer pods' PriorityClass value and the board slot the agent assigned (-1: none yet)."""
+
+    limit_mib: int
+    idle_release: bool = False
+    priority: int = 0
+    slot: int = -1
+
+
+def elastic_for(claim: Mapping[str, Any], ref: ClaimRef, shares: Iterable[Share],
+                capacity_mib: Mapping[int, int]) -> Elastic | None:
+    """The claim's elastic memory (None: a plain quota of its request) from its GpuMemConfig, checked against
+    its request and its GPU; ClaimError naming both values and the fix. `shares` are shares_for's (one GPU)."""
+    cfg = claim_config(claim, ref)
+    [g] = grants(shares)
+    if cfg.limit_mib is None or cfg.limit_mib == g.mib:
+        if cfg.idle_release:
+            raise ClaimError(f"{ref}: {CONFIG_KIND} idleRelease: true without a limit above the claim's request "
+                             f"({g.mib} MiB) has no effect (a request stays in GPU memory unless it is elastic); "
+                             f"add limit: \"<more than {g.mib}Mi>\" or remove idleRelease")
+        return None
+    cap = capacity_mib.get(g.gpu_index, 0)
+    if cfg.limit_mib < g.mib:
+        raise ClaimError(f"{ref}: {CONFIG_KIND} limit {cfg.limit_mib}Mi is below the claim's request of {g.mib}Mi "
+                         f"(capacity.requests.memory, as allocated on {g.device}); set limit to at least "
+                         f"\"{g.mib}Mi\", or remove it (the limit is then the request)")
+    if cfg.limit_mib > cap:
+        raise ClaimError(f"{ref}: {CONFIG_KIND} limit {cfg.limit_mib}Mi is above the {cap}Mi of {g.device} "
+                         f"({g.gpu_uuid}), the most it can ever hold; set limit to at most \"{cap}Mi\"")
+    return Elastic(limit_mib=cfg.limit_mib, idle_release=cfg.idle_release)
+
+
+def consumer_pods(claim: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(name, uid) of the pods the claim is reserved for (status.reservedFor, core group, at most
+    MAX_CONSUMERS); other consumers and malformed entries are skipped."""
+    out = []
+    reserved = _get(claim, "status", "reservedFor")
+    for r in (reserved if isinstance(reserved, list) else [])[:MAX_CONSUMERS]:
+        if (isinstance(r, dict) and r.get("resource") == "pods" and r.get("apiGroup", "") in ("", None)
+                and isinstance(r.get("name"), str) and isinstance(r.get("uid"), str)):
+            out.append((r["name"], r["uid"]))
+    return out
+
+
+def pod_priority(pod: object, uid: str) -> int | None:
+    """A pod's spec.priority (the PriorityClass value admission resolved; 0 when absent), clamped to int32;
+    None when `pod` is not the pod with this uid (deleted, or re-created under the name)."""
+    if _get(pod, "metadata", "uid") != uid:
+        return None
+    p = _get(pod, "spec", "priority")
+    if not isinstance(p, int) or isinstance(p, bool):
+        return 0
+    return max(PRIORITY_MIN, min(p, PRIORITY_MAX))
+
+
+def consumers_priority(ref: ClaimRef, consumers: list[tuple[str, str]], priorities: list[int | None]) -> int:
+    """The priority an elastic claim's memory gets: the LOWEST of its consumer pods' (no pod gains priority by
+    sharing a claim with a higher one); 0 when the claim names no pod. ClaimError when it names pods but none is
+    there any more (the kubelet retries; the pod is being deleted)."""
+    found = [p for p in priorities if p is not None]
+    if len(consumers) > MAX_ELASTIC_PODS:
+        raise ClaimError(f"{ref} is elastic and reserved for {len(consumers)} pods: the agent reads at most "
+                         f"{MAX_ELASTIC_PODS} for the claim's priority; give each pod its own claim (a "
+                         f"ResourceClaimTemplate), or remove the GpuMemConfig limit")
+    if consumers and not found:
+        names = ", ".join(n for n, _ in consumers[:3])
+        raise ClaimError(f"{ref} is reserved for pod(s) {names} in {ref.namespace}, but none exists with its uid: "
+                         f"the pod was deleted; nothing was prepared")
+    return min(found, default=0)
 
 
 def shares_for(claim: Mapping[str, Any], ref: ClaimRef, pool: str, gpus: Mapping[int, GpuInfo],
@@ -167,7 +225,7 @@ def shares_for(claim: Mapping[str, Any], ref: ClaimRef, pool: str, gpus: Mapping
         drivers = sorted({str(r.get("driver")) for r in results if isinstance(r, dict)})
         raise ClaimError(f"{ref} has no allocation result for driver {DRIVER} (results are for: "
                          f"{', '.join(drivers) or 'none'}); the kubelet should not have asked this driver")
-    claim_config(claim, ref)  # refuse what is reserved but not built
+    claim_config(claim, ref)  # a bad driver config is refused before anything else
     out = []
     for r in ours:
         request = r.get("request")

@@ -7,7 +7,10 @@ lock, as the kubeletplugin helper does, so a slow API server does not hold up ot
 the claim's CDI spec (one CDI device per region), record it in the checkpoint, and answer one Device per region
 whose request_names are the base request names (a firstAvailable subrequest "gpu/small" is answered as "gpu",
 the name containers use). A repeated call for a prepared claim answers from the checkpoint (re-creating a region
-directory or spec file that went missing). Any failure undoes what that claim's call created. A claim listed
+directory or spec file that went missing). An elastic claim (a GpuMemConfig limit above its request) gets what an
+elastic pod of the device-plugin mode gets: the limit as its quota, the request guaranteed, a board slot, the
+consumer pods' PriorityClass value (the lowest; the pods of status.reservedFor, read before the lock too) and the
+GPU's roster rewritten. Any failure undoes what that claim's call created. A claim listed
 twice in one call is prepared and answered once. NodeUnprepareResources removes the spec, the regions and the
 record; an unknown claim is already unprepared; a known UID under another namespace/name is refused. Calls are
 serialised: one lock in the process and, with rolling updates (--pod-uid), an flock on
@@ -22,8 +25,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent import futures
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +44,7 @@ from memslice.proto import (
 )
 
 from ..allocator import Target
+from ..elastic.slots import assign_slot, write_roster
 from ..ledger import Allocation
 from ..regions import RegionStore
 from ..response import ResponseConfig, container_response
@@ -47,7 +52,23 @@ from ..state import NodeState
 from .cdi import CDI_KIND, CdiDevice, CdiSpecs, cdi_device_name, extra_device_ids
 from .checkpoint import Checkpoint, CheckpointError, PreparedClaim
 from .kube import DraApi, KubeError
-from .prepare import ClaimError, ClaimRef, Grant, check_fits, device_name, grants, shares_for
+from .prepare import (
+    MAX_ELASTIC_PODS,
+    ClaimError,
+    ClaimRef,
+    Elastic,
+    Grant,
+    Share,
+    check_fits,
+    claim_config,
+    consumer_pods,
+    consumers_priority,
+    device_name,
+    elastic_for,
+    grants,
+    pod_priority,
+    shares_for,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +90,21 @@ HEALTH_POLL_S = 1.0
 HEALTH_RESEND_S = 30.0
 LOCK_FILE = "serialize.lock"  # the kubeletplugin helper's name, in the plugin data directory
 LOCK_WAIT_S = 30.0
+PODS_READ_S = 20.0  # an elastic claim's consumer pods are read (for their priority) within this, else refused
 
 # Reads one ResourceClaim as JSON: (namespace, name) -> dict; raises ClaimNotFound for 404.
 ClaimReader = Callable[[str, str], Mapping[str, Any]]
+# Reads one Pod as JSON: (namespace, name) -> dict, None for 404.
+PodReader = Callable[[str, str], Mapping[str, Any] | None]
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """What NodePrepareResources reads from the API server before taking the lock: the claim and, when it is
+    elastic, its consumer pods' priority (None: not read, the claim is not elastic or its config is refused)."""
+
+    claim: Mapping[str, Any]
+    priority: int | None = None
 
 
 class ClaimNotFound(errors.MemsliceError, LookupError):
@@ -87,6 +120,20 @@ def api_claim_reader(api: DraApi) -> ClaimReader:
         except KubeError as exc:
             if exc.status == 404:
                 raise ClaimNotFound(f"{namespace}/{name}") from None
+            raise
+
+    return read
+
+
+def api_pod_reader(api: DraApi) -> PodReader:
+    """GET a Pod as plain JSON; None when it does not exist."""
+
+    def read(namespace: str, name: str) -> Mapping[str, Any] | None:
+        try:
+            return api.pod(namespace, name)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
             raise
 
     return read
@@ -116,13 +163,15 @@ class DraDriver:
 
     def __init__(self, state: NodeState, regions: RegionStore, specs: CdiSpecs, checkpoint: Checkpoint,
                  rcfg: ResponseConfig, read_claim: ClaimReader, pool: str,
-                 capacity_mib: Callable[[], Mapping[int, int]], lock_file: Path | None = None) -> None:
+                 capacity_mib: Callable[[], Mapping[int, int]], lock_file: Path | None = None,
+                 read_pod: PodReader | None = None) -> None:
         self.state = state
         self.regions = regions
         self.specs = specs
         self.checkpoint = checkpoint
         self.rcfg = rcfg
         self.read_claim = read_claim
+        self.read_pod = read_pod  # None: consumer pods are not read (their priority is 0)
         self.pool = pool
         self.capacity_mib = capacity_mib
         self._lock = threading.Lock()
@@ -167,7 +216,10 @@ class DraDriver:
         for uid, pc in now.items():
             if uid not in self.prepared:
                 self._materialise(pc)
+        changed = {s.gpu_uuid for uid in set(now) ^ set(self.prepared)
+                   for s in (now.get(uid) or self.prepared[uid]).shares}
         self.prepared = now
+        self._rosters(changed)
 
     def device_health(self) -> tuple[tuple[str, str, bool], ...]:
         """(pool, device, healthy) of every GPU this node publishes, for the kubelet's health stream."""
@@ -196,22 +248,53 @@ class DraDriver:
             if uid not in self.prepared:
                 self.specs.remove(uid)
                 log.info("removed CDI spec of claim %s: not prepared", uid)
+        self._rosters(g.uuid for g in self.state.gpus.values())
         if self.prepared:
             log.info("DRA checkpoint: %d prepared claim(s) recovered", len(self.prepared))
 
+    def _rosters(self, uuids: Iterable[str]) -> None:
+        """Rewrite the elastic roster of these GPUs from the ledger (the shim trusts it over the board)."""
+        edir = self.rcfg.elastic_host_dir
+        if edir is None:
+            return
+        with self.state.lock:
+            ledger = list(self.state.ledger.values())
+        for uuid in sorted(set(uuids)):
+            write_roster(edir, uuid, ledger)
+
     # --- prepare -----------------------------------------------------------------------------------------
-    def fetch(self, ref: ClaimRef) -> Mapping[str, Any] | ClaimError | None:
-        """The claim from the API server, read before the lock (None: already prepared, nothing to read)."""
+    def fetch(self, ref: ClaimRef) -> Fetched | ClaimError | None:
+        """The claim from the API server, read before the lock (None: already prepared, nothing to read), with
+        its consumer pods' priority when its driver config asks for a limit."""
         if ref.uid in self.prepared:
             return None
         try:
-            return self.read_claim(ref.namespace, ref.name)
+            claim = self.read_claim(ref.namespace, ref.name)
         except ClaimNotFound:
             return ClaimError(f"{ref} does not exist (deleted?); nothing was prepared")
         except Exception as exc:  # the API server unreachable or refusing: the kubelet retries
             return ClaimError(f"{ref}: cannot read it from the API server: {exc}")
+        try:
+            elastic = claim_config(claim, ref).limit_mib is not None
+        except ClaimError:
+            elastic = False  # refused when prepared, with its message
+        if not elastic or self.read_pod is None:
+            return Fetched(claim)
+        consumers = consumer_pods(claim)
+        deadline = time.monotonic() + PODS_READ_S
+        try:
+            found: list[int | None] = []
+            for name, uid in consumers if len(consumers) <= MAX_ELASTIC_PODS else []:  # else refused unread
+                if time.monotonic() > deadline:
+                    return ClaimError(f"{ref}: reading its pods took over {PODS_READ_S:.0f} s; the kubelet retries")
+                found.append(pod_priority(self.read_pod(ref.namespace, name), uid))
+            return Fetched(claim, consumers_priority(ref, consumers, found))
+        except ClaimError as exc:
+            return exc
+        except Exception as exc:  # the API server unreachable or refusing: the kubelet retries
+            return ClaimError(f"{ref}: cannot read its pod(s) from the API server (for their priority): {exc}")
 
-    def prepare(self, ref: ClaimRef, claim: Mapping[str, Any] | ClaimError | None = None
+    def prepare(self, ref: ClaimRef, claim: Fetched | ClaimError | None = None
                 ) -> tuple[PreparedClaim | None, str]:
         """(the prepared claim, "") or (None, error message). `claim` is fetch()'s answer (read here if None
         and the claim is not prepared)."""
@@ -243,14 +326,19 @@ class DraDriver:
             log.error("NodePrepareResources failed: %s", msg)
             return None, msg
 
-    def _prepare_new(self, ref: ClaimRef, claim: Mapping[str, Any]) -> PreparedClaim:
+    def _prepare_new(self, ref: ClaimRef, fetched: Fetched) -> PreparedClaim:
         st = self.state
         capacity = self.capacity_mib()
+        claim = fetched.claim
         shares = shares_for(claim, ref, self.pool, st.gpus, capacity, st.health.snapshot())
         check_fits(shares, (s for pc in self.prepared.values() for s in pc.shares), capacity)
-        devices = self._cdi_devices(ref, shares)
+        elastic = elastic_for(claim, ref, shares, capacity)
+        if elastic is not None:
+            elastic = replace(elastic, priority=fetched.priority or 0, slot=self._slot(shares))
+        devices = self._cdi_devices(ref, shares, elastic)
         pc = PreparedClaim(ref=ref, shares=tuple(shares),
-                           cdi_ids=tuple([d.qualified() for d in devices] + extra_device_ids(devices)))
+                           cdi_ids=tuple([d.qualified() for d in devices] + extra_device_ids(devices)),
+                           elastic=elastic)
         try:
             self._materialise(pc, devices)
             self.prepared[ref.uid] = pc
@@ -260,37 +348,53 @@ class DraDriver:
             self._remove(pc)
             raise
         for g in grants(shares):
-            log.info("prepared %s: %d MiB of %s (%s), share(s) %s, region %s", ref, g.mib, g.device, g.gpu_uuid,
-                     ", ".join(g.share_ids), g.region_id)
+            log.info("prepared %s: %d MiB of %s (%s), share(s) %s, region %s%s", ref, g.mib, g.device, g.gpu_uuid,
+                     ", ".join(g.share_ids), g.region_id,
+                     f", elastic up to {elastic.limit_mib} MiB (priority {elastic.priority}, board slot "
+                     f"{elastic.slot})" if elastic else "")
         return pc
 
-    def _cdi_devices(self, ref: ClaimRef, shares: Any) -> list[CdiDevice]:
+    def _slot(self, shares: list[Share]) -> int:
+        """The board slot of a new elastic claim: the lowest that no prepared claim on its GPU holds."""
+        [g] = grants(shares)
+        probe = Allocation(region_id=g.region_id, gpu_index=g.gpu_index, gpu_uuid=g.gpu_uuid, device_ids=(),
+                           mib=g.mib, created_at=0.0)
+        with self.state.lock:
+            return assign_slot(probe, self.state.ledger.values())
+
+    def _cdi_devices(self, ref: ClaimRef, shares: Any, elastic: Elastic | None) -> list[CdiDevice]:
         """One CDI device per region, named after its first share (a claim of one share keeps the name it had
         before shares were grouped, so a checkpoint of an older agent still matches its containers)."""
-        return [CdiDevice(cdi_device_name(ref.uid, g.share_ids[0]), self._response(g)) for g in grants(shares)]
+        return [CdiDevice(cdi_device_name(ref.uid, g.share_ids[0]), self._response(g, elastic))
+                for g in grants(shares)]
 
-    def _response(self, g: Grant) -> Any:
+    def _response(self, g: Grant, elastic: Elastic | None) -> Any:
         gpu = self.state.gpus[g.gpu_index]
         return container_response(Target(gpu=gpu, device_ids=(), mib=g.mib), self.regions.dir_of(g.region_id),
-                                  self.rcfg)
+                                  self.rcfg, elastic.limit_mib if elastic else 0)
 
     def _materialise(self, pc: PreparedClaim, devices: list[CdiDevice] | None = None,
                      rewrite_spec: bool = False) -> None:
         """Regions, ledger entries and the CDI spec of `pc` (idempotent; the spec is written when given,
         missing, or `rewrite_spec`)."""
+        e = pc.elastic
         for g in grants(pc.shares):
             alloc = Allocation(region_id=g.region_id, gpu_index=g.gpu_index, gpu_uuid=g.gpu_uuid,
                                device_ids=tuple(f"{g.device}/{sid}" for sid in g.share_ids), mib=g.mib,
                                created_at=time.time(), namespace=pc.ref.namespace, pod=f"claim:{pc.ref.name}",
-                               container=",".join(g.requests))
+                               container=",".join(g.requests), limit_mib=e.limit_mib if e else 0,
+                               elastic_slot=e.slot if e else -1, priority=e.priority if e else 0,
+                               idle_release=e.idle_release if e else False)
             with self.state.lock:
                 existing = self.state.ledger.get(g.region_id)
             if existing is None or not self.regions.dir_of(g.region_id).is_dir():
                 self.regions.create(existing or alloc)
                 with self.state.lock:
                     self.state.ledger.setdefault(g.region_id, alloc)
+                if e is not None:
+                    self._rosters([g.gpu_uuid])
         if devices is None:
-            devices = self._cdi_devices(pc.ref, pc.shares)
+            devices = self._cdi_devices(pc.ref, pc.shares, pc.elastic)
             if not rewrite_spec and self.specs.path_of(pc.ref.uid).exists():
                 return
         self.specs.write(pc.ref.uid, devices)
@@ -326,6 +430,8 @@ class DraDriver:
             self.regions.remove(rid)
             with self.state.lock:
                 self.state.ledger.pop(rid, None)
+        if pc.elastic is not None:  # its slot leaves the roster: a later process in it cannot be trusted
+            self._rosters(s.gpu_uuid for s in pc.shares)
 
 
 def _ref(c: Any) -> ClaimRef:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any, Final, NamedTuple, TypeGuard
 
 import orjson
@@ -365,3 +366,109 @@ def parse_oversubscribe(annotations: Mapping[str, Any], where: str) -> int | Non
         return parse_size(raw.strip(), what=f"{where}: annotation {ANN_OVERSUBSCRIBE}")
     except SizeError as exc:
         raise errors.ContractError(f"{exc}, or \"true\" / \"false\"") from None
+
+
+# ------------------------------------------------------------------------------------------ DRA driver config
+
+# The opaque config of the DRA driver memslice.io (a ResourceClaim's or DeviceClass's
+# `spec.devices.config[].opaque.parameters` with `driver: memslice.io`), as the node agent reads it from the
+# claim's status.allocation.devices.config (class entries first, then the claim's: later fields win):
+#   {apiVersion: memslice.io/v1alpha1, kind: GpuMemConfig, limit: "6Gi", idleRelease: true}
+# The claim's request is its consumable capacity (`capacity.requests.memory`, what kube-scheduler counts); `limit`
+# (a Kubernetes quantity) is the elastic limit of all the claim's memory on its GPU, >= the request (equal: not
+# elastic), at most the GPU's memory; `idleRelease: true` lets an idle container give up its request too (as
+# ANN_IDLE_RELEASE does for a pod), only with a limit above the request. Any other field is refused.
+DRA_CONFIG_API_VERSION: Final = "memslice.io/v1alpha1"
+DRA_CONFIG_KIND: Final = "GpuMemConfig"
+DRA_CONFIG_FIELDS: Final = ("apiVersion", "kind", "limit", "idleRelease")
+MAX_DRA_CONFIG_TEXT: Final = 4096  # bytes of one GpuMemConfig as JSON (the API server allows 10 KiB)
+MAX_QUANTITY_DIGITS: Final = 1000  # a quantity of bytes has fewer digits than this
+_QUANTITY_FIRST: Final = frozenset("0123456789.")
+_QUANTITY_ALPHABET: Final = frozenset("0123456789.eE+-numkKMGTPEi")  # digits, exponent, SI and binary suffixes
+
+
+def quantity_bytes(raw: object) -> Decimal:
+    """A Kubernetes quantity ("4Gi", "4096Mi", "4294967296", "1.5Gi", "4e9") in bytes; ValueError otherwise.
+
+    The parsing is kubernetes.utils.parse_quantity (imported here, not at module load: the extender imports
+    this module without the kubernetes client); what is added bounds hostile input, which that parser would
+    take (it hands the number to Decimal): at most 64 characters of the quantity alphabet only (no sign,
+    whitespace, `_`, NaN or Infinity), and a value below 10^MAX_QUANTITY_DIGITS bytes (so that the whole MiB
+    of it are a small int)."""
+    from kubernetes.utils import parse_quantity
+
+    if (not isinstance(raw, str) or not 0 < len(raw) <= 64 or raw[0] not in _QUANTITY_FIRST
+            or not _QUANTITY_ALPHABET.issuperset(raw)):
+        raise ValueError(f"{_short(raw)} is not a quantity")
+    try:
+        value: Decimal = parse_quantity(raw)
+    except (ValueError, ArithmeticError) as exc:
+        raise ValueError(f"{_short(raw)} is not a quantity ({exc})") from None
+    if not value.is_finite() or value < 0 or value.adjusted() >= MAX_QUANTITY_DIGITS:
+        raise ValueError(f"{_short(raw)} is not a quantity of at most {MAX_QUANTITY_DIGITS} digits of bytes")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class GpuMemConfig:
+    """The driver config of a DRA claim (see DRA_CONFIG_KIND above). `limit_mib` None: no limit (not elastic)."""
+
+    limit_mib: int | None = None
+    idle_release: bool = False
+
+    def format(self) -> dict[str, Any]:
+        """The opaque parameters: what `parse` reads back as this config."""
+        out: dict[str, Any] = {"apiVersion": DRA_CONFIG_API_VERSION, "kind": DRA_CONFIG_KIND}
+        if self.limit_mib is not None:
+            out["limit"] = f"{self.limit_mib}Mi"
+        if self.idle_release:
+            out["idleRelease"] = True
+        return out
+
+    @classmethod
+    def parse(cls, raw: object, where: str) -> GpuMemConfig:
+        """The config in opaque parameters `raw`; errors.ContractError naming `where`, the bad field, its value
+        and the fix. Strict (fail closed): a tenant must never believe a limit applies that does not."""
+        fix = (f"write {{apiVersion: {DRA_CONFIG_API_VERSION}, kind: {DRA_CONFIG_KIND}, limit: \"6Gi\"}} "
+               f"(optional idleRelease: true)")
+        if not isinstance(raw, dict):
+            raise errors.ContractError(f"{where}: the opaque parameters are {type(raw).__name__}, not an object; "
+                                       f"{fix}")
+        try:
+            size = len(orjson.dumps(raw))
+        except (TypeError, orjson.JSONEncodeError):
+            size = MAX_DRA_CONFIG_TEXT + 1
+        if size > MAX_DRA_CONFIG_TEXT:
+            raise errors.ContractError(f"{where}: the opaque parameters are over {MAX_DRA_CONFIG_TEXT} bytes of "
+                                       f"JSON; {fix}")
+        if raw.get("apiVersion") != DRA_CONFIG_API_VERSION or raw.get("kind") != DRA_CONFIG_KIND:
+            raise errors.ContractError(f"{where}: apiVersion {_short(raw.get('apiVersion'))}, kind "
+                                       f"{_short(raw.get('kind'))}; use apiVersion {DRA_CONFIG_API_VERSION}, kind "
+                                       f"{DRA_CONFIG_KIND}")
+        unknown = sorted(str(k)[:64] for k in raw if k not in DRA_CONFIG_FIELDS)
+        if unknown:
+            raise errors.ContractError(f"{where}: {DRA_CONFIG_KIND} has no field(s) {', '.join(map(repr, unknown[:8]))}"
+                                       f" (its fields: {', '.join(DRA_CONFIG_FIELDS)}); remove them")
+        release = raw.get("idleRelease", False)
+        if not isinstance(release, bool):
+            raise errors.ContractError(f"{where}: idleRelease={_short(release)} is not true or false; fix or remove "
+                                       f"it")
+        return cls(limit_mib=_limit_mib(raw.get("limit"), where), idle_release=release)
+
+
+def _limit_mib(raw: object, where: str) -> int | None:
+    """GpuMemConfig.limit: a quantity string of whole MiB (rounded down), 1 MiB .. MAX_MIB; None when absent."""
+    if raw is None:
+        return None
+    form = 'a quantity string of at least 1Mi, e.g. limit: "6Gi" or "6144Mi"'
+    if not isinstance(raw, str):
+        raise errors.ContractError(f"{where}: limit={_short(raw)} is not {form} (quote it in YAML)")
+    hint = " (a limit cannot be negative)" if raw.strip().startswith("-") else ""
+    try:
+        mib = int(quantity_bytes(raw) // MIB)
+    except ValueError:
+        raise errors.ContractError(f"{where}: limit={_short(raw)} is not a quantity{hint}; use {form}") from None
+    if not 0 < mib <= MAX_MIB:
+        raise errors.ContractError(f"{where}: limit={_short(raw)} is {'under 1Mi' if mib <= 0 else 'absurdly large'};"
+                                   f" use {form}, at most the GPU's memory")
+    return mib
