@@ -1,6 +1,7 @@
-/* Accounting glue between the hooks and the ledger: which ledger device a CUDA ordinal is (by UUID, never
- * by ordinal: ordinals change with CUDA_VISIBLE_DEVICES), charging with a retry after reclaiming dead
- * processes, and the process-local table of what this process allocated. */
+/* Accounting glue between the hooks and the ledger: the container's region opened at start-up (and given
+ * back at exit), which ledger device a CUDA ordinal is (by UUID, never by ordinal: ordinals change with
+ * CUDA_VISIBLE_DEVICES), charging with a retry after reclaiming dead processes, and the process-local table
+ * of what this process allocated. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <string.h>
@@ -13,10 +14,43 @@
 static int g_devidx[MAX_ORDINALS];   /* ordinal -> ledger index + 1 (0 = not looked up yet) */
 static ms_ptrmap g_ptrs; /* zero-initialised static storage: ready to use */
 
-void reset_after_fork(void) {
-    reset_ctx_after_fork();
-    measure_after_fork();
+ms_ledger g_ledger;
+int g_have_ledger;
+
+/* Open the container's region (g_cfg.region_path) and claim this process's slot in it, at start-up
+ * (lifecycle.c). A region that cannot be used fails closed; a usable one is swept once: a process start
+ * reclaims what processes killed before it still hold. */
+void accounting_open(void) {
+    char err[1024];
+    if (ms_ledger_open(&g_ledger, g_cfg.region_path, 0, 0, NULL, NULL, err, sizeof err) < 0) {
+        config_fail_closed("memslice: cannot use the shared region: %s.", err);
+    } else if (ms_ledger_claim(&g_ledger) < 0) {
+        config_fail_closed("memslice: the shared region %s has no free process slot (%d processes); "
+                           "raise no more processes in it.", g_cfg.region_path, MS_MAX_SLOTS);
+    } else {
+        g_have_ledger = 1;
+        ms_sweep(&g_ledger);
+    }
 }
+
+/* A normal exit gives this process's charges back, and reclaims those of processes that died before it
+ * (the last survivor of a container thus leaves its ledger exact). */
+void accounting_at_exit(void) {
+    if (!g_have_ledger) return;
+    ms_ledger_release(&g_ledger);
+    ms_sweep_now(&g_ledger);
+}
+
+/* A forked child shares the region but not its parent's slot (the slot's byte lock is not inherited): it
+ * claims one of its own at its first charge. */
+void accounting_after_fork(void) {
+    if (g_have_ledger) ms_ledger_forget_slot(&g_ledger);
+}
+
+/* Enforcing a quota: MODE_ENFORCE with the region open. */
+int enforcing(void) { return g_cfg.mode == MODE_ENFORCE && g_have_ledger; }
+/* Charging at all (enforcing, or observing usage without a quota). */
+int accounting(void) { return g_have_ledger && (g_cfg.mode == MODE_ENFORCE || g_cfg.mode == MODE_OBSERVE); }
 
 /* The NVML-style UUID text of a CUDA ordinal, from the driver: how the region and NVML name a GPU. */
 int uuid_text(CUdevice ordinal, char *text, unsigned len) {
