@@ -64,11 +64,14 @@ int uuid_text(CUdevice ordinal, char *text, unsigned len) {
     return 0;
 }
 
+/* The ledger index of a GPU named by UUID (NVML's hooks name GPUs that way), adding it if new; -1 without a region. */
 int dev_index_by_uuid(const char *uuid, uint64_t physical_total) {
     if (!g_have_ledger) return -1;
     return ms_ledger_device(&g_ledger, uuid, physical_total);
 }
 
+/* The ledger index of a CUDA ordinal, looked up once per ordinal (by UUID) and cached; the GPU's quota is
+ * written with it. -1 if not accounted, DEV_UNCHARGEABLE if it must be charged and cannot be. */
 int dev_index(CUdevice ordinal) {
     if (!g_have_ledger || ordinal < 0 || ordinal >= MAX_ORDINALS) return -1;
     int v = __atomic_load_n(&g_devidx[ordinal], __ATOMIC_ACQUIRE);
@@ -95,6 +98,7 @@ int dev_index(CUdevice ordinal) {
     return idx;
 }
 
+/* The ledger index of the current context's GPU (its ordinal into *ordinal): where an allocation is charged. */
 int current_dev(CUdevice *ordinal) {
     __auto_type get = REAL(cuCtxGetDevice);
     CUdevice d;
@@ -129,6 +133,8 @@ static void note_sweep_failed(void) {
              MS_LOCK_WAIT_MS, strerror(g_ledger.lock_error));
 }
 
+/* Charge n bytes to the quota on dev, without logging; past the quota, reclaim dead processes (rate-limited)
+ * and try once more. 0, or -1. */
 int try_charge(int dev, uint64_t n) {
     static __thread __attribute__((tls_model("initial-exec"))) unsigned calls; /* preloaded: static TLS */
     if (g_ledger.slot < 0 && ms_ledger_claim(&g_ledger) < 0) return -1;
@@ -140,37 +146,45 @@ int try_charge(int dev, uint64_t n) {
     return swept > 0 && ms_charge(&g_ledger, dev, n, g_cfg.limit, 0) == 0 ? 0 : -1;
 }
 
+/* A refusal: counted in the region, logged (rate-limited). */
 void refuse(int dev, uint64_t n, const char *call) {
     ms_note_refused(&g_ledger, dev, 0);
     shim_log_refusal(call, n, dev, 0);
 }
 
+/* Charge n bytes, or count and log the refusal: CUDA_SUCCESS or CUDA_ERROR_OUT_OF_MEMORY. */
 CUresult charge(int dev, uint64_t n, const char *call) {
     if (try_charge(dev, n) == 0) return CUDA_SUCCESS;
     refuse(dev, n, call);
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
+/* Charge n bytes whatever the quota: the driver took more than reserved (a pitch, an array), or measured. */
 void force_charge(int dev, uint64_t n) {
     if (g_ledger.slot < 0 && ms_ledger_claim(&g_ledger) < 0) return;
     ms_charge(&g_ledger, dev, n, UINT64_MAX >> 2, 0);
 }
 
+/* Give n bytes back to the quota on dev. */
 void uncharge(int dev, uint64_t n) {
     if (n && g_ledger.slot >= 0) ms_uncharge(&g_ledger, dev, n, 0);
 }
 
+/* Remember an allocation (pointer or handle) so that its free gives back exactly what was charged. */
 int track(uint64_t key, uint64_t size, int dev, enum alloc_kind kind, uint64_t aux) {
     ms_rec r = {.key = key, .size = size, .aux = aux, .dev = dev, .kind = (uint32_t)kind};
     return ms_ptrmap_put(&g_ptrs, &r);
 }
 
+/* Forget an allocation, returning its record: 1 if it was ours. */
 int untrack(uint64_t key, ms_rec *out) {
     return ms_ptrmap_take(&g_ptrs, key, out);
 }
 
+/* An allocation's record without forgetting it: 1 if it is ours. */
 int lookup(uint64_t key, ms_rec *out) {
     return ms_ptrmap_get(&g_ptrs, key, out);
 }
 
+/* The record of the allocation containing addr (slow: prefetch only). */
 int lookup_range(uint64_t addr, ms_rec *out) { return ms_ptrmap_find_range(&g_ptrs, addr, out); }

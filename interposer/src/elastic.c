@@ -747,17 +747,6 @@ static CUresult place_chunk(struct erange *r, unsigned i, int *asked) {
     return create_phys(&r->c[i].h, len, 1);
 }
 
-/* The plain path, for an allocation elastic mode cannot serve (no context, no board, another GPU than the
- * process's elastic one): exactly what cuMemAlloc_v2 does without elastic mode (hooks_device.c), spilling
- * past the quota when oversubscribing. */
-static CUresult plain_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ord, const char *call) {
-    CUresult rc = reserve(dev, n, call);
-    if (rc != CUDA_SUCCESS) return g_cfg.oversubscribe ? spill_alloc(dptr, n, dev, ord, NULL, call) : rc;
-    if ((rc = REAL(cuMemAlloc_v2)(dptr, n)) != CUDA_SUCCESS || track(*dptr, n, dev, A_DEVICE, 0) < 0)
-        uncharge(dev, n);
-    return rc;
-}
-
 /* Unmap and release chunks [0, upto) of a range and give back its address range. */
 static void unmap_chunks(struct erange *r, unsigned upto, int mapped) {
     for (unsigned i = 0; i < upto; i++) {
@@ -788,26 +777,29 @@ static CUresult map_new(struct erange *r) {
     return CUDA_SUCCESS;
 }
 
-/* cuMemAlloc in elastic mode: the quota (the limit) is charged in 2 MiB units, the memory placed chunk by
- * chunk by place_chunk(), the range tracked for cuMemFree and for moving. */
-CUresult elastic_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ord, const char *call) {
-    uint64_t size = (n + (2ull << 20) - 1) & ~((2ull << 20) - 1);
+/* Whether GPU `dev` is this process's elastic GPU, binding it at the first elastic allocation (its context,
+ * board slot and background threads): a fact for place() (place.h). 0: the allocation takes the plain path
+ * (another GPU than the elastic one, no context, no board). */
+int elastic_bind(int dev, CUdevice ord) {
     pthread_mutex_lock(&g_mu);
     int ok = elastic_setup(dev, ord) == 0;
     pthread_mutex_unlock(&g_mu);
-    if (!ok) return plain_alloc(dptr, n, dev, ord, call);
-    CUresult rc = reserve(dev, size, call);
-    if (rc != CUDA_SUCCESS) return g_cfg.oversubscribe ? spill_alloc(dptr, n, dev, ord, NULL, call) : rc;
+    return ok;
+}
+
+/* cuMemAlloc in elastic mode, once place() chose it and the quota (the limit) is charged `size` bytes (2 MiB
+ * units): the memory placed chunk by chunk by place_chunk(), the range tracked for cuMemFree and for moving.
+ * On failure nothing is held here; the caller gives the charge back. */
+CUresult elastic_alloc(CUdeviceptr *dptr, uint64_t size, int dev) {
     unsigned chunks = (unsigned)((size + EL_CHUNK - 1) / EL_CHUNK);
     struct erange *r = calloc(1, sizeof *r + chunks * sizeof r->c[0]);
-    if (r) {
-        r->size = size;
-        r->n = chunks;
-    }
-    if (!r || (rc = map_new(r)) != CUDA_SUCCESS) {
+    if (!r) return CUDA_ERROR_OUT_OF_MEMORY;
+    r->size = size;
+    r->n = chunks;
+    CUresult rc = map_new(r);
+    if (rc != CUDA_SUCCESS) {
         free(r);
-        uncharge(dev, size);
-        return r ? rc : CUDA_ERROR_OUT_OF_MEMORY;
+        return rc;
     }
     pthread_mutex_lock(&g_mu);
     r->next = g_ranges;

@@ -146,7 +146,8 @@ void reconcile_pools(void);                  /* make every pool's charge equal i
 /* elastic.c (elastic memory: requests and limits, idle swap-out; docs/architecture.md "Elastic memory") */
 extern int g_elastic;                        /* 1 when elastic mode is on: read on the allocation paths */
 #define MS_ELASTIC_MIN (2ull << 20)          /* smaller allocations stay on the plain path */
-CUresult elastic_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ordinal, const char *call);
+int elastic_bind(int dev, CUdevice ordinal);  /* a fact for place(): dev is this process's elastic GPU */
+CUresult elastic_alloc(CUdeviceptr *dptr, uint64_t size, int dev); /* after place() and the charge */
 CUresult elastic_free(const ms_rec *r);
 void elastic_start(void);                    /* start-up (lifecycle.c), once the region is open */
 void elastic_after_fork(void);
