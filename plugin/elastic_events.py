@@ -1,12 +1,14 @@
 """Kubernetes Events on a pod when its elastic GPU memory is swapped out to host memory or back.
 
 `SwapEventPolicy` (pure) turns the per-container swap totals of successive polls into notices: at most one
-per pod and kind (GPUMemorySwappedOut, GPUMemorySwappedIn) per interval, whatever the number of swaps in
-between (they are summed into the next notice), and at most `max_per_step` per poll for the whole node. A
-tenant that swaps in a loop, or forges its counters, therefore costs the API server at most one call per pod,
-kind and interval. `SwapEvents` (I/O) polls the tracker and writes them as core/v1 Events: the first notice
-of a pod and kind creates an Event, the following ones patch the same Event (count + 1, lastTimestamp,
-message), as the kubelet's own event correlator does; an Event gone meanwhile (they expire) is created anew.
+per pod and kind (GPUMemorySwappedOut, GPUMemorySwappedIn; the Warning ElasticHostMemoryFull when a container
+could not take its memory to host memory for a neighbour, or its burst failed for that: issue 26.5) per
+interval, whatever the number of swaps in between (they are summed into the next notice), and at most
+`max_per_step` per poll for the whole node. A tenant that swaps in a loop, or forges its counters, therefore
+costs the API server at most one call per pod, kind and interval. `SwapEvents` (I/O) polls the tracker and
+writes them as core/v1 Events: the first notice of a pod and kind creates an Event, the following ones patch
+the same Event (count + 1, lastTimestamp, message), as the kubelet's own event correlator does; an Event gone
+meanwhile (they expire) is created anew.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 MiB = 1 << 20
 OUT, IN = "GPUMemorySwappedOut", "GPUMemorySwappedIn"
+FULL = "ElasticHostMemoryFull"  # issue 26.5: a move to host memory refused, or a burst failed for one (Warning)
 COMPONENT = "memslice-node-agent"
 MAX_MESSAGE = 1024  # the API server keeps at most 1 KiB of a message anyway
 
@@ -49,8 +52,31 @@ class _Pending:
     parts: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # (container, gpu) -> [moves, s]
 
 
+def _full_text(container: str, gpu: str, refused: float, failed: float, c: ContainerElastic | None) -> str:
+    """ElasticHostMemoryFull: what the container refused (with the cause it read) and what of its own failed."""
+    out = []
+    if refused:
+        n = c.note if c is not None else None
+        why = ""
+        if n is not None and n.cause == "cgroup":
+            why = (f": its memory cgroup is near its limit (memory.max {n.limit_bytes // MiB} MiB, memory.current "
+                   f"{n.used_bytes // MiB} MiB); raise the pod's memory limit by its GPU memory limit")
+        elif n is not None and n.cause == "host":
+            why = (f": the node is low on memory (MemAvailable {(n.limit_bytes - n.used_bytes) // MiB} MiB of "
+                   f"{n.limit_bytes // MiB} MiB)")
+        out.append(f"container {container} could not take its GPU memory to host memory for a neighbour on GPU "
+                   f"{gpu} {int(refused)} time(s){why}")
+    if failed:
+        out.append(f"container {container}: {int(failed)} burst allocation(s) failed on GPU {gpu} "
+                   f"(CUDA_ERROR_OUT_OF_MEMORY): GPU memory was full and a neighbour could not take its memory to "
+                   f"host memory")
+    return "; ".join(out)
+
+
 def _part_text(reason: str, container: str, gpu: str, moves: float, seconds: float, c: ContainerElastic | None
                ) -> str:
+    if reason == FULL:
+        return _full_text(container, gpu, moves, seconds, c)
     where = "to host memory" if reason == OUT else "back to GPU memory"
     now = (f"; now {c.swapped_bytes // MiB} MiB in host memory, {c.resident_bytes // MiB} MiB in GPU memory"
            if c is not None else "")
@@ -82,9 +108,12 @@ class SwapEventPolicy:
             self.seen[key] = c.totals
             if not c.alloc.pod:
                 continue
-            for reason, moves, secs in ((OUT, c.totals.outs - before.outs, c.totals.out_s - before.out_s),
-                                        (IN, c.totals.ins - before.ins, c.totals.in_s - before.in_s)):
-                if moves <= 0:
+            t, b = c.totals, before
+            refused = t.refused_cgroup + t.refused_host - b.refused_cgroup - b.refused_host
+            for reason, moves, secs in ((OUT, t.outs - b.outs, t.out_s - b.out_s),
+                                        (IN, t.ins - b.ins, t.in_s - b.in_s),
+                                        (FULL, max(refused, 0), max(t.bursts_failed - b.bursts_failed, 0))):
+                if moves <= 0 and (reason != FULL or secs <= 0):
                     continue
                 p = self.pending.setdefault((self._pod_key(c.alloc), reason), _Pending(c.alloc))
                 acc = p.parts.setdefault((c.alloc.container, key[1]), [0.0, 0.0])
@@ -120,12 +149,13 @@ def _stamp(t: float) -> str:
 
 
 def event_body(n: Notice, node: str, name: str, wall: float) -> dict[str, Any]:
-    """A core/v1 Event on the pod (pure)."""
+    """A core/v1 Event on the pod (pure); ElasticHostMemoryFull is a Warning."""
     involved = {"apiVersion": "v1", "kind": "Pod", "namespace": n.namespace, "name": n.pod}
     if n.pod_uid:
         involved["uid"] = n.pod_uid
     return {"apiVersion": "v1", "kind": "Event", "metadata": {"name": name, "namespace": n.namespace},
-            "involvedObject": involved, "reason": n.reason, "message": n.message, "type": "Normal", "count": 1,
+            "involvedObject": involved, "reason": n.reason, "message": n.message,
+            "type": "Warning" if n.reason == FULL else "Normal", "count": 1,
             "firstTimestamp": _stamp(wall), "lastTimestamp": _stamp(wall),
             "source": {"component": COMPONENT, "host": node},
             "reportingComponent": "memslice.io/node-agent", "reportingInstance": node}

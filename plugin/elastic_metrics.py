@@ -28,7 +28,7 @@ from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from memslice.elastic import BoardScan, Tenant, attribute, owners, scan_boards
+from memslice.elastic import BoardScan, HostNote, Tenant, attribute, owners, scan_boards
 from memslice.plugin.ledger import Allocation
 
 log = logging.getLogger(__name__)
@@ -45,13 +45,24 @@ class Counts:
     ins: int = 0
     out_s: float = 0.0
     in_s: float = 0.0
+    refused_cgroup: int = 0  # asks it could not take to host memory: its cgroup (issue 26.5)
+    refused_host: int = 0    # ... the host's memory
+    bursts_failed: int = 0   # its own bursts that failed for a neighbour's refusal
 
     def __add__(self, o: Counts) -> Counts:
-        return Counts(self.outs + o.outs, self.ins + o.ins, self.out_s + o.out_s, self.in_s + o.in_s)
+        return Counts(self.outs + o.outs, self.ins + o.ins, self.out_s + o.out_s, self.in_s + o.in_s,
+                      self.refused_cgroup + o.refused_cgroup, self.refused_host + o.refused_host,
+                      self.bursts_failed + o.bursts_failed)
 
     @staticmethod
     def of(t: Tenant) -> Counts:
-        return Counts(t.swap_outs, t.swap_ins, t.swap_out_seconds, t.swap_in_seconds)
+        n = t.note
+        return Counts(t.swap_outs, t.swap_ins, t.swap_out_seconds, t.swap_in_seconds,
+                      n.refused_cgroup if n else 0, n.refused_host if n else 0, n.bursts_failed if n else 0)
+
+    def events(self) -> int:
+        """Refusals and failed bursts: each is an answer to an ask or an allocation, at most as many as moves."""
+        return self.refused_cgroup + self.refused_host + self.bursts_failed
 
 
 def plausible(prev: Counts, cur: Counts, base: Counts, span_s: float) -> bool:
@@ -60,11 +71,14 @@ def plausible(prev: Counts, cur: Counts, base: Counts, span_s: float) -> bool:
     MAX_MOVES_PER_S allows in that time. `span_s` is the process's age (the kernel's) with `base` zero, or,
     where the age cannot be read, the time since the agent first saw the process plus a minute with `base`
     what it showed then. A slot failing this was written by someone else."""
-    if cur.outs < prev.outs or cur.ins < prev.ins or cur.out_s < prev.out_s or cur.in_s < prev.in_s:
+    if (cur.outs < prev.outs or cur.ins < prev.ins or cur.out_s < prev.out_s or cur.in_s < prev.in_s
+            or cur.refused_cgroup < prev.refused_cgroup or cur.refused_host < prev.refused_host
+            or cur.bursts_failed < prev.bursts_failed):
         return False
     secs = (cur.out_s + cur.in_s) - (base.out_s + base.in_s)
     moves = (cur.outs + cur.ins) - (base.outs + base.ins)
-    return secs <= span_s and moves <= span_s * MAX_MOVES_PER_S
+    return (secs <= span_s and moves <= span_s * MAX_MOVES_PER_S
+            and cur.events() - base.events() <= span_s * MAX_MOVES_PER_S)
 
 
 def process_age(pid: int, proc: str = "/proc") -> float | None:
@@ -137,6 +151,7 @@ class ContainerElastic:
     swapped_bytes: int
     processes: dict[str, int]  # state -> live processes
     totals: Counts
+    note: HostNote | None = None  # the last host-memory refusal of its processes, as they wrote it (issue 26.5)
 
 
 @dataclass(frozen=True)
@@ -155,8 +170,9 @@ def container_figures(alloc: Allocation, gpu: str, tenants: list[Tenant], totals
     states = dict.fromkeys(STATES, 0)
     for t in tenants:
         states[t.shown_state] += 1
+    note = next((t.note for t in tenants if t.note is not None and t.note.cause), None)
     return ContainerElastic(alloc, gpu, min(sum(t.resident_bytes for t in tenants), cap),
-                            min(sum(t.swapped_bytes for t in tenants), cap), states, totals)
+                            min(sum(t.swapped_bytes for t in tenants), cap), states, totals, note)
 
 
 RegionPids = Callable[[str], list[int]]
@@ -229,7 +245,12 @@ def per_gpu(tenants: list[Tenant], caps: Mapping[str, int] | None = None) -> dic
     out: dict[str, dict[str, float]] = {}
     for t in tenants:
         g = out.setdefault(t.gpu, dict.fromkeys(("resident", "swapped", "active", "idle", "swap_outs", "swap_ins",
-                                                 "swap_out_s", "swap_in_s", "asks", "asked", "got"), 0.0))
+                                                 "swap_out_s", "swap_in_s", "asks", "asked", "got",
+                                                 "refused_cgroup", "refused_host", "bursts_failed"), 0.0))
+        if t.note is not None:
+            g["refused_cgroup"] += t.note.refused_cgroup
+            g["refused_host"] += t.note.refused_host
+            g["bursts_failed"] += t.note.bursts_failed
         g["asks"] += t.asks
         g["asked"] += t.asked_mib
         g["got"] += t.got_mib
@@ -292,6 +313,12 @@ class ElasticCollector:
                                     labels=lb)
         got = CounterMetricFamily("memslice_gpu_elastic_ask_moved_mib", "GPU memory neighbours moved to host "
                                   "memory for those asks (moved / needed: issue 26)", labels=lb)
+        refused = CounterMetricFamily("memslice_elastic_moves_refused", "Asks for GPU memory a tenant could not "
+                                      "take to host memory: its memory cgroup near its limit, or the host low on "
+                                      "memory (live processes; issue 26)", labels=["uuid", "cause"])
+        failed = CounterMetricFamily("memslice_elastic_bursts_failed", "Burst allocations that failed with "
+                                     "CUDA_ERROR_OUT_OF_MEMORY because a neighbour could not take its memory to "
+                                     "host memory (live processes)", labels=lb)
         figures = per_gpu(view.tenants, view.caps)
         for uuid, f in sorted(figures.items()):
             resident.add_metric([uuid], f["resident"])
@@ -306,7 +333,10 @@ class ElasticCollector:
             asks.add_metric([uuid], f["asks"])
             asked.add_metric([uuid], f["asked"])
             got.add_metric([uuid], f["got"])
-        yield from (resident, swapped, tenants_g, unknown, outs, ins, out_s, in_s, asks, asked, got)
+            refused.add_metric([uuid, "cgroup"], f["refused_cgroup"])
+            refused.add_metric([uuid, "host"], f["refused_host"])
+            failed.add_metric([uuid], f["bursts_failed"])
+        yield from (resident, swapped, tenants_g, unknown, outs, ins, out_s, in_s, asks, asked, got, refused, failed)
 
     @staticmethod
     def _containers(view: ElasticView) -> Iterator[Metric]:
@@ -328,6 +358,13 @@ class ElasticCollector:
         in_s = CounterMetricFamily("memslice_container_swap_in_seconds",
                                    "Time the container's processes spent moving memory back to GPU memory",
                                    labels=lb)
+        refused = CounterMetricFamily("memslice_container_elastic_moves_refused",
+                                      "Asks for GPU memory the container's processes could not take to host "
+                                      "memory, by cause (cgroup: its memory limit; host: the node's memory)",
+                                      labels=[*lb, "cause"])
+        failed = CounterMetricFamily("memslice_container_elastic_bursts_failed",
+                                     "The container's burst allocations that failed because a neighbour could not "
+                                     "take its memory to host memory", labels=lb)
         for (_, gpu), c in sorted(view.containers.items()):
             a = c.alloc
             lv = [a.namespace, a.pod, a.container, a.region_id, gpu]
@@ -339,7 +376,10 @@ class ElasticCollector:
             ins.add_metric(lv, c.totals.ins)
             out_s.add_metric(lv, c.totals.out_s)
             in_s.add_metric(lv, c.totals.in_s)
-        yield from (resident, swapped, procs, outs, ins, out_s, in_s)
+            refused.add_metric([*lv, "cgroup"], c.totals.refused_cgroup)
+            refused.add_metric([*lv, "host"], c.totals.refused_host)
+            failed.add_metric(lv, c.totals.bursts_failed)
+        yield from (resident, swapped, procs, outs, ins, out_s, in_s, refused, failed)
 
 
 def region_pid_reader(region_dir: Callable[[str], str]) -> RegionPids:

@@ -126,6 +126,17 @@ def test_spill_cap(node, cbin, tmp_path, cgroup):
     ({"memory.max": "2147483648", "memory.current": "1610612736"}, None, "0"),   # 1.5 of 2 GiB: room left
     ({"memory.max": "2147483648", "memory.current": "1610612736"}, "512MiB", "2"),
     ({"memory.limit_in_bytes": "2147483648", "memory.usage_in_bytes": "1879048192"}, None, "2"),  # cgroup v1
+    # hostile values (issue 26.5): not a plain number reads as unknown, which is no limit; never a crash
+    ({"memory.max": "garbage", "memory.current": "0"}, None, "0"),
+    ({"memory.max": "-1", "memory.current": "0"}, None, "0"),
+    ({"memory.max": "2147483648", "memory.current": "-5"}, None, "0"),
+    ({"memory.max": "2147483648", "memory.current": "2147483648abc"}, None, "0"),
+    ({"memory.max": "99999999999999999999999", "memory.current": "0"}, None, "0"),
+    ({"memory.max": "18446744073709551615", "memory.current": "18446744073709551614"}, None, "0"),
+    ({"memory.max": "", "memory.current": "0"}, None, "0"),
+    ({"memory.max": "\0\0\0", "memory.current": "0"}, None, "0"),
+    ({"memory.max": "2147483648", "memory.current": "4294967296"}, None, "2"),  # over its limit already
+    ({"memory.max": "max", "memory.current": "4294967296"}, None, "0"),
 ])
 def test_spill_never_eats_the_cgroup_margin(files, margin, expect, node, cbin, tmp_path):
     cg = tmp_path / "cg"
@@ -139,6 +150,22 @@ def test_spill_never_eats_the_cgroup_margin(files, margin, expect, node, cbin, t
     if expect == "2":
         assert "would leave less than" in out.stderr and "refused to avoid an OOM kill" in out.stderr
         assert str(cg) in out.stderr
+
+
+@pytest.mark.parametrize(("avail_kib", "expect"), [(300 << 10, "2"), (8 << 20, "0"), (None, "0")])
+def test_spill_never_eats_the_hosts_last_memory(avail_kib, expect, node, cbin, tmp_path, cgroup):
+    """The host's MemAvailable (a fake meminfo: MEMSLICE_SIM_MEMINFO, honoured under the simulated driver
+    only) keeps a slack (1/32 of MemTotal, at least 256 MiB): 300 MiB available refuses a 64 MiB spill by
+    name; 8 GiB does not; a meminfo without MemAvailable is unknown, no limit."""
+    info = tmp_path / "meminfo"
+    info.write_text(f"MemTotal:       {16 << 20} kB\n" +
+                    (f"MemAvailable:   {avail_kib} kB\n" if avail_kib is not None else "MemFree: 5 kB\n"))
+    _, env = spill_env(node, tmp_path, cgroup, MEMSLICE_SIM_MEMINFO=str(info))
+    out = run([cbin["spill"], "plain", "5", "64"], env)
+    assert allocs(out.stdout)[4]["rc"] == expect
+    if expect == "2":
+        assert "would leave less than 512.0 MiB available on the host" in out.stderr, out.stderr
+        assert "MemAvailable 300.0 MiB of MemTotal 16.0 GiB" in out.stderr
 
 
 def test_spilling_tenant_never_squeezes_its_neighbour(node, cbin, tmp_path, cgroup):

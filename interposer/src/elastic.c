@@ -16,7 +16,14 @@
  * yielded by then is skipped and the allocation is served from host memory at once (and moved to HBM by
  * the background thread when HBM frees up). Each tenant answers asks from a background thread of its own,
  * moving only when the driver's free memory is below the asker's need, never below its request (issues 25,
- * 26). Memory is mapped in EL_CHUNK chunks: the unit that moves. */
+ * 26). Memory is mapped in EL_CHUNK chunks: the unit that moves.
+ *
+ * Host memory is finite (issue 26): the host memory of a move is created by the moving tenant's own thread,
+ * so its pages are charged to that tenant's memory cgroup. Before a move the tenant checks its cgroup and the
+ * host (host_room, spill.c); if they cannot take it, it moves nothing, answers at once and says why in its
+ * host note on the board. An asker whose burst then cannot be had in HBM fails it with
+ * CUDA_ERROR_OUT_OF_MEMORY naming the cause (its request is served from its own host memory, checked the
+ * same way); nothing is OOM-killed. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -54,6 +61,10 @@ static int g_thread_started;
 static uint64_t g_yield_ns;                               /* when this process last gave HBM away */
 static uint64_t g_acked;                                  /* the last ask the acker acknowledged (atomic) */
 static uint64_t g_skip_until[EB_SLOTS];                   /* neighbours that did not answer in time: not asked again before */
+static struct eb_hostnote g_note;                         /* this process's host note (board version 4), under g_mu */
+
+/* A neighbour that could not take its share to host memory (issue 26), as an asker saw it. */
+struct refusal { int slot; int32_t pid; struct eb_hostnote note; };
 
 static uint64_t g_last_call_ns;                           /* CLOCK_MONOTONIC of the last gated call */
 static int g_inflight;                                    /* gated calls in progress */
@@ -117,6 +128,7 @@ void elastic_after_fork(void) {
     g_drain_asked = g_drain_done = g_drain_asked_ns = 0;
     g_drain_ok = 0;
     g_drainer_started = 0;
+    memset(&g_note, 0, sizeof g_note);
     pthread_mutex_init(&g_mu, NULL);
     pthread_mutex_init(&g_gate_mu, NULL);
     pthread_mutex_init(&g_drain_mu, NULL);
@@ -353,7 +365,8 @@ static int remap(struct erange *r, unsigned i, CUmemGenericAllocationHandle nh, 
     return -1;
 }
 
-static int make_room(uint64_t need, int guaranteed, int wait);
+struct refusal;
+static int make_room(uint64_t need, int guaranteed, int wait, struct refusal *ref);
 static int is_idle(void);
 
 /* ---- the board -------------------------------------------------------------------------------------- */
@@ -402,12 +415,38 @@ static uint64_t yield_amount(uint64_t bits, int idle, uint64_t free_b) {
     return want < g_resident - floor ? want : g_resident - floor;
 }
 
-/* Answer an ask: move chunks to host memory (the newest range's last chunks first) until `yield_amount`
- * is covered (at most one chunk more: the slack), never below the floor. Caller holds g_mu. The bytes moved. */
-static uint64_t yield(uint64_t bits) {
+/* Record on the board that ask `seq` could not be taken to host memory, and why (issue 26): the asker reads
+ * it before it fails its burst. Caller holds g_mu. */
+static void note_refused(uint64_t seq, uint64_t bytes, const struct host_verdict *v) {
+    char a[32], t[400];
+    g_note.seq = seq;
+    g_note.cause = v->cause == HOST_ROOM_CGROUP ? EB_REFUSED_CGROUP : EB_REFUSED_HOST;
+    g_note.want_mib = (uint32_t)((bytes + (1ull << 20) - 1) >> 20);
+    g_note.limit = v->limit;
+    g_note.used = v->used;
+    if (v->cause == HOST_ROOM_CGROUP) g_note.refused_cgroup++;
+    else g_note.refused_host++;
+    eb_put_note(&g_board, &g_note);
+    shim_log(LOG_WARN, "memslice: elastic: could not take %s to host memory for a neighbour: %s; %s",
+             fmt_bytes(bytes, a, sizeof a), host_room_text(v, t, sizeof t),
+             v->cause == HOST_ROOM_CGROUP ? "raise this pod's memory limit" : "the node is short of memory");
+}
+
+/* Answer ask `seq`: move chunks to host memory (the newest range's last chunks first) until `yield_amount`
+ * is covered (at most one chunk more: the slack), never below the floor; nothing if the host side cannot
+ * take that many bytes (issue 26: this process's cgroup, the host's memory). Caller holds g_mu. The bytes
+ * moved. */
+static uint64_t yield(uint64_t bits, uint64_t seq) {
     int idle = is_idle();
     uint64_t want = yield_amount(bits, idle, driver_free()), floor = keep_floor(idle), given = 0;
-    if (!want || gate_close() < 0) return 0;
+    if (!want) return 0;
+    struct host_verdict v;
+    uint64_t most = (want + EL_CHUNK - 1) / EL_CHUNK * EL_CHUNK; /* what moving whole chunks may take */
+    if (host_room(most, &v) != HOST_ROOM_OK) {
+        note_refused(seq, most, &v);
+        return 0;
+    }
+    if (gate_close() < 0) return 0;
     CUmemGenericAllocationHandle nh;
     for (struct erange *r = g_ranges; r && given < want; r = r->next)
         for (unsigned i = r->n; i-- > 0 && given < want;) {
@@ -475,7 +514,7 @@ static void swap_in_one(void) {
             /* short of its request: ask neighbours, bursts included; active with bursts in host memory: idle
              * neighbours and lower priorities only (without waiting; retried at most once a second) */
             last_ask = now_ns();
-            make_room(within ? g_cfg.request - g_resident : g_swapped, within, 0);
+            make_room(within ? g_cfg.request - g_resident : g_swapped, within, 0, NULL);
         }
         return;
     }
@@ -502,7 +541,7 @@ static void *elastic_thread(void *arg) {
         pthread_mutex_lock(&g_mu);
         uint64_t done = 0;
         if (answer) {
-            uint64_t moved = yield(a.bytes);
+            uint64_t moved = yield(a.bytes, a.seq);
             answered_ns = now_ns();
             g_me.done_moved_mib = (uint32_t)((moved + (1ull << 20) - 1) >> 20);
             handled = done = a.seq;
@@ -664,9 +703,10 @@ static void count_ask(uint64_t need, const int *asked, int n, uint64_t seq) {
  * each for a share of what is needed. Claimed figures are not evidence: the wait ends when the driver has
  * `need` free, when every asked slot has answered, or at the deadline; a slot that has not acknowledged
  * its ask within EL_ACK_MS is skipped (EL_SKIP_NOACK_MS, on every path) and its share asked of the next one. A
- * neighbour that has acknowledged but not answered by the deadline is skipped too. Returns how many were
+ * neighbour that has acknowledged but not answered by the deadline is skipped too. A neighbour that answered
+ * it could not take its share to host memory is returned in *ref (ref->slot -1: none). Returns how many were
  * asked. */
-static int make_room(uint64_t need, int guaranteed, int wait) {
+static int make_room(uint64_t need, int guaranteed, int wait, struct refusal *ref) {
     struct eb_slot s[EB_SLOTS];
     int live[EB_SLOTS], taken[EB_SLOTS] = {0}, asked[EB_SLOTS], share_open[EB_SLOTS] = {0}, n = 0;
     uint64_t seq = now_ns(), t_ask[EB_SLOTS];
@@ -712,13 +752,53 @@ static int make_room(uint64_t need, int guaranteed, int wait) {
                      "%llu ms; it is skipped for 30 s and the allocation is served from host memory", asked[k],
                      (unsigned long long)g_cfg.yield_wait_ms);
         }
+    if (ref) {
+        ref->slot = -1;
+        for (int k = 0; k < n && ref->slot < 0; k++)
+            if (eb_note_for(&g_board, asked[k], seq, &ref->note)) {
+                ref->slot = asked[k];
+                ref->pid = s[asked[k]].pid;
+            }
+    }
     if (wait && n) count_ask(need, asked, n, seq);
     return n;
 }
 
 /* ---- allocation and free ---------------------------------------------------------------------------- */
+/* A burst that could not be had because a neighbour could not take its share to host memory (issue 26):
+ * fail it, naming the cause, and count it in this process's host note. */
+static CUresult burst_refused(uint64_t len, const struct refusal *ref) {
+    char a[32], b[32], c[32], d[32];
+    const struct eb_hostnote *nt = &ref->note;
+    int cg = nt->cause == EB_REFUSED_CGROUP;
+    pthread_mutex_lock(&g_mu);
+    g_note.bursts_failed++;
+    eb_put_note(&g_board, &g_note);
+    pthread_mutex_unlock(&g_mu);
+    shim_log(LOG_ERROR, "memslice: elastic: a burst of %s failed (CUDA_ERROR_OUT_OF_MEMORY): GPU memory is full and "
+             "the tenant in slot %d of the board (pid %d) could not take %s to host memory: %s %s, %s %s; %s",
+             fmt_bytes(len, a, sizeof a), ref->slot, (int)ref->pid, fmt_bytes((uint64_t)nt->want_mib << 20, b, sizeof b),
+             cg ? "its memory cgroup's memory.max" : "the host's MemTotal", fmt_bytes(nt->limit, c, sizeof c),
+             cg ? "memory.current" : "in use", fmt_bytes(nt->used, d, sizeof d),
+             cg ? "raise that pod's memory limit" : "the node is short of host memory");
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* Host memory for a chunk this process places there itself: only if its own cgroup and the host can take it
+ * (issue 26), else CUDA_ERROR_OUT_OF_MEMORY naming why. */
+static CUresult own_host(CUmemGenericAllocationHandle *h, uint64_t len) {
+    struct host_verdict v;
+    if (host_room(len, &v) == HOST_ROOM_OK) return create_phys(h, len, 1);
+    char a[32], t[400];
+    shim_log(LOG_ERROR, "memslice: elastic: %s could not be had in GPU memory nor in host memory "
+             "(CUDA_ERROR_OUT_OF_MEMORY): %s; %s", fmt_bytes(len, a, sizeof a), host_room_text(&v, t, sizeof t),
+             v.cause == HOST_ROOM_CGROUP ? "raise this pod's memory limit" : "the node is short of memory");
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
 /* Physical memory for chunk i of a new range: HBM if the driver has it, else (once per range: *asked) after
- * asking neighbours for what the range still lacks, else host memory at once. */
+ * asking neighbours for what the range still lacks, else host memory at once; a burst fails instead if a
+ * neighbour could not take its share to host memory (issue 26). */
 static CUresult place_chunk(struct erange *r, unsigned i, int *asked) {
     uint64_t len = chunk_len(r, i);
     r->c[i].host = 0;
@@ -735,16 +815,18 @@ static CUresult place_chunk(struct erange *r, unsigned i, int *asked) {
         uint64_t within = held < g_cfg.request ? g_cfg.request - held : 0;
         if (within > rest) within = rest;
         /* the request asks again (up to 3 rounds, each bounded) when another asker took the room first */
+        struct refusal ref = {.slot = -1};
         for (int round = 0; round < (within ? 3 : 1); round++) {
-            if (make_room(within ? within : rest, within > 0, 1) <= 0) break;
+            if (make_room(within ? within : rest, within > 0, 1, &ref) <= 0) break;
             if (create_phys(&r->c[i].h, len, 0) == CUDA_SUCCESS) return CUDA_SUCCESS;
         }
+        if (!within && ref.slot >= 0) return burst_refused(rest, &ref);
     }
     char a[32];
     shim_log(LOG_INFO, "memslice: elastic: %s served from host memory (HBM is full%s)", fmt_bytes(len, a, sizeof a),
              guaranteed ? " and neighbours did not yield in time; it moves to HBM when HBM frees up" : "");
     r->c[i].host = 1;
-    return create_phys(&r->c[i].h, len, 1);
+    return own_host(&r->c[i].h, len);
 }
 
 /* Unmap and release chunks [0, upto) of a range and give back its address range. */

@@ -144,6 +144,21 @@ struct eb_ask eb_my_ask(const struct eb *b) {
     return a;
 }
 
+/* The owner's note (issue 26): one pwrite into its own record, never another's. */
+void eb_put_note(const struct eb *b, const struct eb_hostnote *mine) {
+    if (b->fd < 0 || b->slot < 0) return;
+    if (pwrite(b->fd, mine, sizeof *mine, EB_NOTE_OFF + (off_t)b->slot * (off_t)sizeof *mine) < 0) { /* best effort */ }
+}
+
+/* A neighbour's note, read by an asker whose ask went unanswered in HBM: one bounded pread; a short read, an
+ * unknown cause or another ask's note is no note. */
+int eb_note_for(const struct eb *b, int slot, uint64_t seq, struct eb_hostnote *out) {
+    if (b->fd < 0 || slot < 0 || slot >= EB_SLOTS ||
+        pread(b->fd, out, sizeof *out, EB_NOTE_OFF + (off_t)slot * (off_t)sizeof *out) != (ssize_t)sizeof *out)
+        return 0;
+    return out->seq == seq && seq && (out->cause == EB_REFUSED_CGROUP || out->cause == EB_REFUSED_HOST);
+}
+
 /* The roster: opened without following a link or blocking on a FIFO, one bounded read; anything but the
  * agent's whole layout reads as no roster. */
 int eb_read_roster(const char *dir, const char *uuid, struct eb_roster_ent out[EB_SLOTS]) {

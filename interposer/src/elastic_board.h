@@ -12,7 +12,9 @@
  * Version 2 (EB_VERSION in each slot): the liveness lock is a POSIX lock (version 1: an OFD lock, whose
  * owner the kernel does not name). Version 3 uses the last 32 bytes (padding before): priority and flags,
  * the ack of an ask, what the last answer moved, and the owner's own asks (issues 25, 26). The offsets are
- * unchanged, so every version shares a board.
+ * unchanged, so every version shares a board. Version 4 adds, after the liveness bytes, one struct
+ * eb_hostnote per slot (written by its owner only): the last ask it could not take to host memory, and why
+ * (issue 26, "host memory is finite"), with its refusal counts and its own bursts that failed for one.
  * An ask (struct eb_ask.bytes) packs the asker's share for this slot and its whole need, in MiB, and whether
  * the ask may take an active tenant's burst (for a request, or from a higher priority): EB_ASK_* below. */
 #ifndef MEMSLICE_ELASTIC_BOARD_H
@@ -22,10 +24,11 @@
 
 #define EB_SLOTS 64
 #define EB_MAGIC 0x4c45534du        /* "MSEL" */
-#define EB_VERSION 3u
+#define EB_VERSION 4u
 #define EB_ASK_OFF (EB_SLOTS * 128)
 #define EB_LIVE_OFF (EB_ASK_OFF + EB_SLOTS * 16)
-#define EB_FILE_SIZE (EB_LIVE_OFF + EB_SLOTS)
+#define EB_NOTE_OFF (EB_LIVE_OFF + EB_SLOTS)
+#define EB_FILE_SIZE (EB_NOTE_OFF + EB_SLOTS * 48)
 
 enum eb_state { EB_ACTIVE = 1, EB_IDLE = 2 };
 
@@ -59,6 +62,21 @@ struct eb_slot {
 _Static_assert(sizeof(struct eb_slot) == 128, "board slot is 128 bytes");
 
 struct eb_ask { uint64_t seq, bytes; };
+
+/* Why a slot's owner did not take an ask's bytes to host memory (version 4): its memory cgroup near its
+ * limit, or the host low on memory. Figures as the owner read them (claims: shown, never acted on). */
+enum eb_refused { EB_REFUSED_CGROUP = 1, EB_REFUSED_HOST = 2 };
+struct eb_hostnote {
+    uint64_t seq;             /* the ask refused last (0: none) */
+    uint32_t cause;           /* enum eb_refused */
+    uint32_t want_mib;        /* what that answer would have moved */
+    uint64_t limit, used;     /* cgroup: memory.max, memory.current; host: MemTotal, MemTotal - MemAvailable */
+    uint32_t refused_cgroup;  /* asks refused for the cgroup, ever */
+    uint32_t refused_host;    /* asks refused for host memory, ever */
+    uint32_t bursts_failed;   /* this owner's own burst allocations that failed for a neighbour's refusal */
+    uint32_t reserved;
+};
+_Static_assert(sizeof(struct eb_hostnote) == 48, "host note is 48 bytes");
 
 struct eb { int fd; int slot; };
 
@@ -100,5 +118,9 @@ uint64_t eb_done_seq(const struct eb *b, int slot);
 void eb_ask(const struct eb *b, int slot, uint64_t seq, uint64_t bytes);
 /* The ask posted to this process's own slot (zeroes if none). */
 struct eb_ask eb_my_ask(const struct eb *b);
+/* Write this process's own host note (no slot: nothing). */
+void eb_put_note(const struct eb *b, const struct eb_hostnote *mine);
+/* Slot `slot`'s host note if it refers to ask `seq`: 1 and *out, else 0. */
+int eb_note_for(const struct eb *b, int slot, uint64_t seq, struct eb_hostnote *out);
 
 #endif

@@ -115,6 +115,16 @@ CUresult spill_alloc_managed(CUdeviceptr *dptr, uint64_t n, unsigned int flags, 
 CUresult spill_vmm(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
                    unsigned long long flags, int dev, const char *call);
 void uncharge_host(int dev, uint64_t n);
+/* Host memory headroom (spill.c; issue 26): whether n more bytes of pinned host memory fit this process's
+ * memory cgroup (keeping its margin) and the host's MemAvailable (keeping a slack). */
+enum { HOST_ROOM_OK = 0, HOST_ROOM_CGROUP = 1, HOST_ROOM_HOST = 2 };
+struct host_verdict {
+    int cause;                    /* HOST_ROOM_* */
+    uint64_t limit, used, margin; /* cgroup: memory.max, memory.current; host: MemTotal, MemTotal - MemAvailable */
+    char where[256];              /* the cgroup directory, or the meminfo file */
+};
+int host_room(uint64_t n, struct host_verdict *v);
+const char *host_room_text(const struct host_verdict *v, char *out, size_t len);
 
 /* Reserve n bytes for an allocation; in oversubscription mode a refusal is not logged here (the spill path
  * decides what happens). */

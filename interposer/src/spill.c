@@ -25,6 +25,7 @@
  * Never during stream capture: freeing a spilled block needs a synchronize, which would break the graph. */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <stdint.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,21 +36,45 @@
 #include "ms_size.h"
 #include "shim.h"
 
-/* ---- the memory cgroup ------------------------------------------------------------------------------ */
-static int read_u64(const char *dir, const char *name, uint64_t *out) {
-    char path[512], buf[64];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "re");
-    if (!f) return -1;
-    char *ok = fgets(buf, sizeof buf, f);
-    fclose(f);
-    if (!ok) return -1;
-    if (strncmp(buf, "max", 3) == 0) { *out = UINT64_MAX; return 0; }
-    char *end;
-    unsigned long long v = strtoull(buf, &end, 10);
-    if (end == buf) return -1;
+/* ---- host memory headroom (issue 26, "host memory is finite") -----------------------------------------
+ * Pinned host pages are charged to the memory cgroup of the process that allocates them, and cannot be
+ * swapped: a spill or an elastic move that overruns the cgroup ends in an OOM kill, worse than
+ * CUDA_ERROR_OUT_OF_MEMORY. So before taking n bytes to host memory, this process checks its own cgroup
+ * (with a margin) and the host's MemAvailable (with a slack). Every file is read with one bounded read into
+ * a fixed buffer (never mapped); a value that is not a plain decimal number reads as unknown: no limit. */
+
+/* A plain decimal number (optionally followed by a newline) in buf: 0, or -1 for anything else ('-', junk,
+ * an overflow). "max" is unlimited. */
+static int parse_u64(const char *buf, uint64_t *out) {
+    if (strncmp(buf, "max", 3) == 0 && (buf[3] == 0 || buf[3] == '\n')) { *out = UINT64_MAX; return 0; }
+    uint64_t v = 0;
+    const char *p = buf;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        if (v > (UINT64_MAX - 9) / 10) return -1;
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    if (p == buf || (*p && *p != '\n')) return -1;
     *out = v;
     return 0;
+}
+
+/* One bounded read of a short file at offset 0 into buf (NUL-terminated). Bytes read, or -1. */
+static ssize_t read_small(int fd, char *buf, size_t cap) {
+    ssize_t n = pread(fd, buf, cap - 1, 0);
+    if (n < 0) return -1;
+    buf[n] = 0;
+    return n;
+}
+
+/* A cgroup file's number (see parse_u64). */
+static int read_u64(const char *dir, const char *name, uint64_t *out) {
+    char path[512], buf[64];
+    if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path) return -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) return -1;
+    ssize_t n = read_small(fd, buf, sizeof buf);
+    close(fd);
+    return n > 0 ? parse_u64(buf, out) : -1;
 }
 
 /* The cgroup directory of this process: MEMSLICE_CGROUP_DIR, else from /proc/self/cgroup (v2, then v1). */
@@ -58,9 +83,7 @@ static int cgroup_dir(char *out, size_t len, int *v1) {
     if (g_cfg.cgroup_dir[0]) {
         char probe[300];
         snprintf(probe, sizeof probe, "%s/memory.max", g_cfg.cgroup_dir);
-        FILE *f = fopen(probe, "re");
-        if (f) fclose(f);
-        else *v1 = 1;
+        *v1 = access(probe, R_OK) != 0;
         snprintf(out, len, "%s", g_cfg.cgroup_dir);
         return 0;
     }
@@ -83,7 +106,7 @@ static int cgroup_dir(char *out, size_t len, int *v1) {
     return found;
 }
 
-/* The cgroup's files, resolved once. memory.current is kept open and re-read with one pread per spill;
+/* The cgroup's files, resolved once. memory.current is kept open and re-read with one pread per check;
  * memory.max changes rarely (a resize) and is re-read at most once a second. */
 static struct {
     pthread_mutex_t mu;
@@ -98,26 +121,15 @@ static uint64_t mono_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static int pread_u64(int fd, uint64_t *out) {
-    char buf[64];
-    ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
-    if (n <= 0) return -1;
-    buf[n] = 0;
-    char *end;
-    unsigned long long v = strtoull(buf, &end, 10);
-    if (end == buf) return -1;
-    *out = v;
-    return 0;
-}
-
-/* Current usage and limit of the memory cgroup. 0 on success, -1 if there is none to respect. */
+/* Current usage and limit of the memory cgroup. 0 on success, -1 if there is none to respect (no cgroup,
+ * or a file that does not read as a number: unknown is no limit). Caller holds g_cg.mu. */
 static int cgroup_usage(uint64_t *cur, uint64_t *max) {
     if (!g_cg.resolved) {
         g_cg.resolved = 1;
         if (cgroup_dir(g_cg.dir, sizeof g_cg.dir, &g_cg.v1) == 0) {
             char path[300];
             snprintf(path, sizeof path, "%s/%s", g_cg.dir, g_cg.v1 ? "memory.usage_in_bytes" : "memory.current");
-            g_cg.fd_current = open(path, O_RDONLY | O_CLOEXEC);
+            g_cg.fd_current = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
             g_cg.usable = g_cg.fd_current >= 0;
         }
     }
@@ -127,27 +139,125 @@ static int cgroup_usage(uint64_t *cur, uint64_t *max) {
         if (read_u64(g_cg.dir, g_cg.v1 ? "memory.limit_in_bytes" : "memory.max", &g_cg.max) < 0) return -1;
         g_cg.max_read_ns = now;
     }
-    if (pread_u64(g_cg.fd_current, cur) < 0) return -1;
+    char buf[64];
+    if (read_small(g_cg.fd_current, buf, sizeof buf) <= 0 || parse_u64(buf, cur) < 0 || *cur == UINT64_MAX) return -1;
     *max = g_cg.max;
     return 0;
 }
 
-/* 1 if n more bytes of pinned host memory leave the cgroup its margin; else 0 and why. */
-static int cgroup_allows(uint64_t n, char *why, size_t len) {
-    uint64_t max, cur;
+/* The meminfo file: /proc/meminfo; under the simulated GPU only (its driver exports memsliceSimCounters),
+ * MEMSLICE_SIM_MEMINFO may name another, so tests can model a host short of memory. A tenant that sets it
+ * on a real GPU changes nothing; on the simulator it changes only its own process's checks. */
+static const char *meminfo_path(void) {
+    static const char *path;
+    if (!path) {
+        const char *sim = real_cuda("memsliceSimCounters") ? getenv("MEMSLICE_SIM_MEMINFO") : NULL;
+        path = sim && *sim ? sim : "/proc/meminfo";
+    }
+    return path;
+}
+
+/* One "Name:   N kB" line of meminfo, in bytes; -1 if absent or not a number. */
+static int meminfo_field(const char *buf, const char *name, uint64_t *out) {
+    size_t nl = strlen(name);
+    for (const char *p = buf; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+        if (strncmp(p, name, nl) != 0 || p[nl] != ':') continue;
+        const char *q = p + nl + 1;
+        while (*q == ' ' || *q == '\t') q++;
+        uint64_t v = 0;
+        const char *d = q;
+        for (; *q >= '0' && *q <= '9'; q++) {
+            if (v > (UINT64_MAX >> 12)) return -1;
+            v = v * 10 + (uint64_t)(*q - '0');
+        }
+        if (q == d || strncmp(q, " kB", 3) != 0) return -1;
+        *out = v << 10;
+        return 0;
+    }
+    return -1;
+}
+
+/* The host's MemTotal and MemAvailable: one bounded read of meminfo (about 1.5 KiB). -1 if unknown. */
+static int host_memory(uint64_t *total, uint64_t *avail) {
+    char buf[8192];
+    int fd = open(meminfo_path(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) return -1;
+    ssize_t n = read_small(fd, buf, sizeof buf);
+    close(fd);
+    if (n <= 0 || meminfo_field(buf, "MemTotal", total) < 0 || meminfo_field(buf, "MemAvailable", avail) < 0)
+        return -1;
+    return *avail <= *total ? 0 : -1;
+}
+
+/* What the host keeps available after a move (pure): 1/32 of its memory, at least 256 MiB, at most 2 GiB. */
+static uint64_t host_slack(uint64_t total) {
+    uint64_t s = total / 32;
+    return s < (256ull << 20) ? 256ull << 20 : s > (2ull << 30) ? 2ull << 30 : s;
+}
+
+/* What the cgroup keeps free after a move (pure): MEMSLICE_CGROUP_MARGIN, else 10% of memory.max, at least
+ * 256 MiB. */
+static uint64_t cgroup_margin(uint64_t max) {
+    if (g_cfg.cgroup_margin) return g_cfg.cgroup_margin;
+    return max / 10 < (256ull << 20) ? 256ull << 20 : max / 10;
+}
+
+/* Whether n more bytes of pinned host memory fit: the cgroup first (its margin kept), then the host (its
+ * slack kept). HOST_ROOM_OK, or the cause with its figures in *v. */
+int host_room(uint64_t n, struct host_verdict *v) {
+    uint64_t max, cur, total, avail;
+    memset(v, 0, sizeof *v);
     pthread_mutex_lock(&g_cg.mu);
     int rc = cgroup_usage(&cur, &max);
+    snprintf(v->where, sizeof v->where, "%s", g_cg.dir);
     pthread_mutex_unlock(&g_cg.mu);
-    if (rc < 0 || max >= (1ull << 62)) return 1; /* no cgroup, or unlimited: only the spill cap applies */
-    uint64_t margin = g_cfg.cgroup_margin ? g_cfg.cgroup_margin : max / 10;
-    if (!g_cfg.cgroup_margin && margin < (256ull << 20)) margin = 256ull << 20;
-    if (cur + n + margin <= max) return 1;
-    char a[32], b[32], c[32], d[32];
-    snprintf(why, len,
-             "spilling %s to host memory would leave less than %s free in the container's memory cgroup "
-             "(%s of %s used, %s); refused to avoid an OOM kill: raise the pod's memory limit, or lower the "
-             "GPU working set", fmt_bytes(n, a, sizeof a), fmt_bytes(margin, b, sizeof b), fmt_bytes(cur, c, sizeof c),
-             fmt_bytes(max, d, sizeof d), g_cg.dir);
+    if (rc == 0 && max < (1ull << 62)) { /* huge or "max": unlimited */
+        v->margin = cgroup_margin(max);
+        if (cur > max || n > max || max - cur < n || max - cur - n < v->margin) {
+            v->limit = max;
+            v->used = cur;
+            return v->cause = HOST_ROOM_CGROUP;
+        }
+    }
+    if (host_memory(&total, &avail) == 0) {
+        v->margin = host_slack(total);
+        if (avail < n || avail - n < v->margin) {
+            v->limit = total;
+            v->used = total - avail;
+            snprintf(v->where, sizeof v->where, "%s", meminfo_path());
+            return v->cause = HOST_ROOM_HOST;
+        }
+    }
+    return HOST_ROOM_OK;
+}
+
+/* The verdict in words, for a log line: "its memory cgroup (DIR): memory.max X, memory.current Y" or "host
+ * memory: MemAvailable X of MemTotal Y". */
+const char *host_room_text(const struct host_verdict *v, char *out, size_t len) {
+    char a[32], b[32], c[32];
+    if (v->cause == HOST_ROOM_CGROUP)
+        snprintf(out, len, "memory cgroup %.200s: memory.max %s, memory.current %s, keeping %s free",
+                 v->where, fmt_bytes(v->limit, a, sizeof a), fmt_bytes(v->used, b, sizeof b),
+                 fmt_bytes(v->margin, c, sizeof c));
+    else
+        snprintf(out, len, "host memory: MemAvailable %s of MemTotal %s, keeping %s available",
+                 fmt_bytes(v->limit - v->used, a, sizeof a), fmt_bytes(v->limit, b, sizeof b),
+                 fmt_bytes(v->margin, c, sizeof c));
+    return out;
+}
+
+/* 1 if n more bytes of pinned host memory leave the cgroup its margin and the host its slack; else 0 and
+ * why. */
+static int cgroup_allows(uint64_t n, char *why, size_t len) {
+    struct host_verdict v;
+    if (host_room(n, &v) == HOST_ROOM_OK) return 1;
+    char a[32], b[32], t[400];
+    snprintf(why, len, "spilling %s to host memory would leave less than %s %s (%s); refused to avoid an OOM "
+             "kill: %s", fmt_bytes(n, a, sizeof a), fmt_bytes(v.margin, b, sizeof b),
+             v.cause == HOST_ROOM_CGROUP ? "free in the container's memory cgroup" : "available on the host",
+             host_room_text(&v, t, sizeof t),
+             v.cause == HOST_ROOM_CGROUP ? "raise the pod's memory limit, or lower the GPU working set"
+                                         : "the node is short of memory; lower the GPU working set");
     return 0;
 }
 

@@ -29,10 +29,15 @@ from memslice import errors
 SLOTS = 64
 SLOT_SIZE = 128
 MAGIC = 0x4C45534D
-VERSION = 3          # 2: the liveness lock is a POSIX lock whose holder F_GETLK names (1: an OFD lock); 3: the
-#                      priority, flags, ack and the owner's asks (needed/moved) in the last 32 bytes
+VERSION = 4          # 2: the liveness lock is a POSIX lock whose holder F_GETLK names (1: an OFD lock); 3: the
+#                      priority, flags, ack and the owner's asks (needed/moved) in the last 32 bytes; 4: a host
+#                      note per slot after the liveness bytes (issue 26, "host memory is finite")
 LIVE_OFF = SLOTS * SLOT_SIZE + SLOTS * 16
-FILE_SIZE = LIVE_OFF + SLOTS
+NOTE_OFF = LIVE_OFF + SLOTS
+NOTE_SIZE = 48
+FILE_SIZE = NOTE_OFF + SLOTS * NOTE_SIZE
+_NOTE = struct.Struct("<QIIQQIIII")  # seq cause want_mib limit used refused_cgroup refused_host bursts_failed -
+NOTE_CAUSES = {1: "cgroup", 2: "host"}
 MAX_BOARDS = 64
 _SLOT = struct.Struct("<IIiI10QiIQIIII")  # magic state pid version; request limit resident swapped idle_ms
 #     done_seq swap_outs swap_ins swap_out_ns swap_in_ns; priority flags ack_seq done_moved_mib asks asked_mib got_mib
@@ -63,11 +68,37 @@ class Tenant:
     asks: int = 0        # asks this tenant made of its neighbours, ever
     asked_mib: int = 0   # what they needed, ever
     got_mib: int = 0     # what neighbours moved for them, ever (issue 26: moved / needed per ask)
+    note: HostNote | None = None  # board version 4: moves it could not take to host memory (issue 26.5)
 
     @property
     def shown_state(self) -> str:
         """active, idle, or swapped-out (all its elastic memory in host memory)."""
         return "swapped-out" if self.swapped_bytes and not self.resident_bytes else self.state
+
+
+@dataclass(frozen=True)
+class HostNote:
+    """What a tenant could not take to host memory (elastic_board.h, struct eb_hostnote): the cause and figures
+    of its last refusal as it read them (claims: shown, never acted on), its refusal counts by cause, and its
+    own bursts that failed because a neighbour refused."""
+
+    cause: str           # "cgroup", "host", or "" (no refusal yet)
+    want_mib: int
+    limit_bytes: int     # cgroup: memory.max; host: MemTotal
+    used_bytes: int      # cgroup: memory.current; host: MemTotal - MemAvailable
+    refused_cgroup: int
+    refused_host: int
+    bursts_failed: int
+
+
+def parse_note(raw: bytes) -> HostNote | None:
+    """A slot's host note (pure), None for a short or empty one; an unknown cause reads as none."""
+    if len(raw) < _NOTE.size:
+        return None
+    seq, cause, want, limit, used, n_cg, n_host, failed, _ = _NOTE.unpack_from(raw)
+    if not (seq or n_cg or n_host or failed):
+        return None
+    return HostNote(NOTE_CAUSES.get(cause, ""), want, limit, used, n_cg, n_host, failed)
 
 
 def parse_slot(gpu: str, index: int, raw: bytes) -> Tenant | None:
@@ -151,6 +182,7 @@ def read_board(path: str | os.PathLike[str]) -> list[Tenant]:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(f"{path} is not a regular file (refused)")
         raw = os.pread(fd, SLOTS * SLOT_SIZE, 0)
+        notes = os.pread(fd, SLOTS * NOTE_SIZE, NOTE_OFF)
         out = []
         for i in range(SLOTS):
             t = parse_slot(gpu, i, raw[i * SLOT_SIZE:(i + 1) * SLOT_SIZE])
@@ -158,7 +190,7 @@ def read_board(path: str | os.PathLike[str]) -> list[Tenant]:
                 continue
             held, pid = lock_holder(fd, LIVE_OFF + i)
             if held:
-                out.append(replace(t, owner_pid=pid))
+                out.append(replace(t, owner_pid=pid, note=parse_note(notes[i * NOTE_SIZE:(i + 1) * NOTE_SIZE])))
         return out
     finally:
         os.close(fd)

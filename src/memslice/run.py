@@ -55,7 +55,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--gpu-mem", required=True, metavar="SIZE",
                    help="quota per GPU: MiB as a bare number (4096) or with a unit (512MiB, 4GiB)")
     p.add_argument("--gpu-mem-request", metavar="SIZE",
-                   help="elastic memory: the part of --gpu-mem guaranteed in HBM (default: all of it, no elastic)")
+                   help="elastic memory: the part of --gpu-mem guaranteed in HBM (default: all of it, no elastic); "
+                        "the rest may be moved to host memory, charged to this process's memory cgroup: leave it "
+                        "room for --gpu-mem minus the request (a move it has no room for is refused, never an "
+                        "OOM kill)")
     p.add_argument("--idle-after", metavar="SECONDS", type=float,
                    help="elastic memory: idle after this long without a CUDA call (default 300)")
     p.add_argument("--simulate-gpu", metavar="SIZE[,SIZE..]",

@@ -65,7 +65,19 @@ def tenant_json(t: Any, region: str | None = None) -> dict[str, Any]:
             "request_bytes": t.request_bytes, "limit_bytes": t.limit_bytes,
             "seconds_since_last_call": t.idle_ms / 1000, "swap_outs": t.swap_outs, "swap_ins": t.swap_ins,
             "swap_out_seconds": t.swap_out_seconds, "swap_in_seconds": t.swap_in_seconds,
-            "asks": t.asks, "asked_bytes": t.asked_mib << 20, "moved_for_asks_bytes": t.got_mib << 20}
+            "asks": t.asks, "asked_bytes": t.asked_mib << 20, "moved_for_asks_bytes": t.got_mib << 20,
+            **host_note_json(t.note)}
+
+
+def host_note_json(n: Any) -> dict[str, Any]:
+    """Moves a process could not take to host memory, by cause, its bursts failed for a neighbour's refusal,
+    and the cause of its last refusal with the figures it read (issue 26.5)."""
+    if n is None:
+        return {"refused_to_host": {"cgroup": 0, "host": 0}, "bursts_failed": 0, "last_refusal": None}
+    last = {"cause": n.cause, "bytes": n.want_mib << 20, "limit_bytes": n.limit_bytes,
+            "used_bytes": n.used_bytes} if n.cause else None
+    return {"refused_to_host": {"cgroup": n.refused_cgroup, "host": n.refused_host},
+            "bursts_failed": n.bursts_failed, "last_refusal": last}
 
 
 def elastic_json(tenants: list[Any], region_of: dict[int, str] | None = None) -> list[dict[str, Any]]:
@@ -193,8 +205,22 @@ def render(snaps: list[Any], title: str | None = None, owners: dict[str, dict[st
                              f"{sum(p['swap_outs'] for p in e['processes'])} out "
                              f"{sum(p['swap_ins'] for p in e['processes'])} in; asked neighbours for "
                              f"{format_bytes(sum(p['asked_bytes'] for p in e['processes']))}, they moved "
-                             f"{format_bytes(sum(p['moved_for_asks_bytes'] for p in e['processes']))}")
+                             f"{format_bytes(sum(p['moved_for_asks_bytes'] for p in e['processes']))}"
+                             + refusals_text(e["processes"]))
     return "\n".join(lines)
+
+
+def refusals_text(procs: list[dict[str, Any]]) -> str:
+    """The text suffix for a container whose processes refused moves to host memory (issue 26.5)."""
+    cg = sum(p["refused_to_host"]["cgroup"] for p in procs)
+    host = sum(p["refused_to_host"]["host"] for p in procs)
+    failed = sum(p["bursts_failed"] for p in procs)
+    out = ""
+    if cg or host:
+        out += f"; could not take memory to host memory {cg} time(s) for its cgroup, {host} for the host's memory"
+    if failed:
+        out += f"; {failed} burst(s) failed: a neighbour could not take its memory to host memory"
+    return out
 
 
 def read_all(dirs: list[str]) -> tuple[list[Any], list[str], list[tuple[str, str]]]:
