@@ -153,7 +153,8 @@ uint64_t taken_release(uint64_t handle, enum taken_kind kind, uint64_t at_most);
 /* hooks_pool.c */
 void reconcile_pools(void);                  /* make every pool's charge equal its reservation */
 
-/* elastic.c (elastic memory: requests and limits, idle swap-out; docs/architecture.md "Elastic memory") */
+/* elastic*.c (elastic memory: requests and limits, idle swap-out; docs/architecture.md "Elastic memory"; the
+ * parts share elastic.h). Where an allocation goes (device, spill, elastic, refusal) is place.h's place(). */
 extern int g_elastic;                        /* 1 when elastic mode is on: read on the allocation paths */
 #define MS_ELASTIC_MIN (2ull << 20)          /* smaller allocations stay on the plain path */
 int elastic_bind(int dev, CUdevice ordinal);  /* a fact for place(): dev is this process's elastic GPU */
