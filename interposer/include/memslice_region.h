@@ -4,7 +4,7 @@
  * cffi parses the part between BEGIN CFFI and END CFFI, so keep that part plain C (no macros beyond
  * integer #defines, no attributes; padding is written out by hand).
  *
- * Concurrency, in short (ledger.c has the details):
+ * Concurrency, in short (ledger.c and ledger_charge.c have the details):
  *  - dev[i].used / dev[i].host_used are the only shared hot words. A charge is one CAS that checks the
  *    limit (reserve before allocating, roll back if the driver fails): never check-then-charge.
  *  - Each process owns one slot and records what it charged there; a slot's owner holds an fcntl lock on
@@ -23,7 +23,7 @@
  * kind; later, every index read from it is clamped), and a file that is not exactly the expected size is
  * never re-initialised while a process of the container holds a slot (that would start a second ledger
  * and double the quota). A file truncated under the live processes' mappings (their next access would
- * raise SIGBUS) is caught by ledger.c's SIGBUS guard: that process's mapping is replaced by a private one
+ * raise SIGBUS) is caught by the ledger's SIGBUS guard (ledger_guard.c): that process's mapping is replaced by a private one
  * whose totals refuse every charge (fail closed), and it lives on. */
 #ifndef MEMSLICE_REGION_H
 #define MEMSLICE_REGION_H
@@ -124,7 +124,7 @@ _Static_assert(sizeof(struct ms_header) == 256, "header layout");
 _Static_assert(sizeof(struct ms_device) == 192, "device layout");
 _Static_assert(sizeof(struct ms_slot) == 320, "slot layout");
 
-/* ---- C API (ledger.c), compiled into the shim, the simulator and the region library ---------------- */
+/* ---- C API (ledger*.c), compiled into the shim, the simulator and the region library ---------------- */
 #include <stddef.h>
 
 typedef struct ms_ledger {
@@ -135,7 +135,7 @@ typedef struct ms_ledger {
     int slot;                 /* this process's slot, -1 until claimed */
     int lock_error;           /* errno of the last failed region-mutex wait (ETIMEDOUT: a stopped holder) */
     volatile int lost;        /* 1 once the file was truncated under the mapping: the mapping is now private and
-                               * its totals read MS_LOST_USED, so every charge is refused (ledger.c, "guard") */
+                               * its totals read MS_LOST_USED, so every charge is refused (ledger_guard.c) */
 } ms_ledger;
 
 /* What a lost ledger's totals read: over any quota (every charge refused), not frozen. */
@@ -175,7 +175,7 @@ void ms_sweep_if_due(ms_ledger *l);
 int ms_slot_alive(const ms_ledger *l, int i);
 static inline uint64_t ms_bytes(uint64_t word) { return word & ~MS_FROZEN; }
 
-/* libmemslice-region.so's exports (ledger.c built with MS_REGION_ONLY), for Python (interposer/region.py
+/* libmemslice-region.so's exports (ledger*.c built with MS_REGION_ONLY), for Python (interposer/region.py
  * declares the same two to cffi). */
 int memslice_region_sweep(const char *path, char *err, size_t errlen);
 /* The calling process's pid in the initial PID namespace (the one NVML reports), 0 when unknown. */

@@ -1,6 +1,7 @@
-/* Accounting glue between the hooks and the ledger: which ledger device a CUDA ordinal is (by UUID, never
- * by ordinal: ordinals change with CUDA_VISIBLE_DEVICES), charging with a retry after reclaiming dead
- * processes, and the process-local table of what this process allocated. */
+/* Accounting glue between the hooks and the ledger: the container's region opened at start-up (and given
+ * back at exit), which ledger device a CUDA ordinal is (by UUID, never by ordinal: ordinals change with
+ * CUDA_VISIBLE_DEVICES), charging with a retry after reclaiming dead processes, and the process-local table
+ * of what this process allocated. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <string.h>
@@ -13,10 +14,43 @@
 static int g_devidx[MAX_ORDINALS];   /* ordinal -> ledger index + 1 (0 = not looked up yet) */
 static ms_ptrmap g_ptrs; /* zero-initialised static storage: ready to use */
 
-void reset_after_fork(void) {
-    reset_ctx_after_fork();
-    measure_after_fork();
+ms_ledger g_ledger;
+int g_have_ledger;
+
+/* Open the container's region (g_cfg.region_path) and claim this process's slot in it, at start-up
+ * (lifecycle.c). A region that cannot be used fails closed; a usable one is swept once: a process start
+ * reclaims what processes killed before it still hold. */
+void accounting_open(void) {
+    char err[1024];
+    if (ms_ledger_open(&g_ledger, g_cfg.region_path, 0, 0, NULL, NULL, err, sizeof err) < 0) {
+        config_fail_closed("memslice: cannot use the shared region: %s.", err);
+    } else if (ms_ledger_claim(&g_ledger) < 0) {
+        config_fail_closed("memslice: the shared region %s has no free process slot (%d processes); "
+                           "raise no more processes in it.", g_cfg.region_path, MS_MAX_SLOTS);
+    } else {
+        g_have_ledger = 1;
+        ms_sweep(&g_ledger);
+    }
 }
+
+/* A normal exit gives this process's charges back, and reclaims those of processes that died before it
+ * (the last survivor of a container thus leaves its ledger exact). */
+void accounting_at_exit(void) {
+    if (!g_have_ledger) return;
+    ms_ledger_release(&g_ledger);
+    ms_sweep_now(&g_ledger);
+}
+
+/* A forked child shares the region but not its parent's slot (the slot's byte lock is not inherited): it
+ * claims one of its own at its first charge. */
+void accounting_after_fork(void) {
+    if (g_have_ledger) ms_ledger_forget_slot(&g_ledger);
+}
+
+/* Enforcing a quota: MODE_ENFORCE with the region open. */
+int enforcing(void) { return g_cfg.mode == MODE_ENFORCE && g_have_ledger; }
+/* Charging at all (enforcing, or observing usage without a quota). */
+int accounting(void) { return g_have_ledger && (g_cfg.mode == MODE_ENFORCE || g_cfg.mode == MODE_OBSERVE); }
 
 /* The NVML-style UUID text of a CUDA ordinal, from the driver: how the region and NVML name a GPU. */
 int uuid_text(CUdevice ordinal, char *text, unsigned len) {
@@ -30,11 +64,14 @@ int uuid_text(CUdevice ordinal, char *text, unsigned len) {
     return 0;
 }
 
+/* The ledger index of a GPU named by UUID (NVML's hooks name GPUs that way), adding it if new; -1 without a region. */
 int dev_index_by_uuid(const char *uuid, uint64_t physical_total) {
     if (!g_have_ledger) return -1;
     return ms_ledger_device(&g_ledger, uuid, physical_total);
 }
 
+/* The ledger index of a CUDA ordinal, looked up once per ordinal (by UUID) and cached; the GPU's quota is
+ * written with it. -1 if not accounted, DEV_UNCHARGEABLE if it must be charged and cannot be. */
 int dev_index(CUdevice ordinal) {
     if (!g_have_ledger || ordinal < 0 || ordinal >= MAX_ORDINALS) return -1;
     int v = __atomic_load_n(&g_devidx[ordinal], __ATOMIC_ACQUIRE);
@@ -61,6 +98,7 @@ int dev_index(CUdevice ordinal) {
     return idx;
 }
 
+/* The ledger index of the current context's GPU (its ordinal into *ordinal): where an allocation is charged. */
 int current_dev(CUdevice *ordinal) {
     __auto_type get = REAL(cuCtxGetDevice);
     CUdevice d;
@@ -95,6 +133,8 @@ static void note_sweep_failed(void) {
              MS_LOCK_WAIT_MS, strerror(g_ledger.lock_error));
 }
 
+/* Charge n bytes to the quota on dev, without logging; past the quota, reclaim dead processes (rate-limited)
+ * and try once more. 0, or -1. */
 int try_charge(int dev, uint64_t n) {
     static __thread __attribute__((tls_model("initial-exec"))) unsigned calls; /* preloaded: static TLS */
     if (g_ledger.slot < 0 && ms_ledger_claim(&g_ledger) < 0) return -1;
@@ -106,37 +146,45 @@ int try_charge(int dev, uint64_t n) {
     return swept > 0 && ms_charge(&g_ledger, dev, n, g_cfg.limit, 0) == 0 ? 0 : -1;
 }
 
+/* A refusal: counted in the region, logged (rate-limited). */
 void refuse(int dev, uint64_t n, const char *call) {
     ms_note_refused(&g_ledger, dev, 0);
     shim_log_refusal(call, n, dev, 0);
 }
 
+/* Charge n bytes, or count and log the refusal: CUDA_SUCCESS or CUDA_ERROR_OUT_OF_MEMORY. */
 CUresult charge(int dev, uint64_t n, const char *call) {
     if (try_charge(dev, n) == 0) return CUDA_SUCCESS;
     refuse(dev, n, call);
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
+/* Charge n bytes whatever the quota: the driver took more than reserved (a pitch, an array), or measured. */
 void force_charge(int dev, uint64_t n) {
     if (g_ledger.slot < 0 && ms_ledger_claim(&g_ledger) < 0) return;
     ms_charge(&g_ledger, dev, n, UINT64_MAX >> 2, 0);
 }
 
+/* Give n bytes back to the quota on dev. */
 void uncharge(int dev, uint64_t n) {
     if (n && g_ledger.slot >= 0) ms_uncharge(&g_ledger, dev, n, 0);
 }
 
+/* Remember an allocation (pointer or handle) so that its free gives back exactly what was charged. */
 int track(uint64_t key, uint64_t size, int dev, enum alloc_kind kind, uint64_t aux) {
     ms_rec r = {.key = key, .size = size, .aux = aux, .dev = dev, .kind = (uint32_t)kind};
     return ms_ptrmap_put(&g_ptrs, &r);
 }
 
+/* Forget an allocation, returning its record: 1 if it was ours. */
 int untrack(uint64_t key, ms_rec *out) {
     return ms_ptrmap_take(&g_ptrs, key, out);
 }
 
+/* An allocation's record without forgetting it: 1 if it is ours. */
 int lookup(uint64_t key, ms_rec *out) {
     return ms_ptrmap_get(&g_ptrs, key, out);
 }
 
+/* The record of the allocation containing addr (slow: prefetch only). */
 int lookup_range(uint64_t addr, ms_rec *out) { return ms_ptrmap_find_range(&g_ptrs, addr, out); }

@@ -1,81 +1,24 @@
-/* Configuration (read once from the environment), logging, and start-up of the shim.
- * No constructor: the shim starts on the first CUDA or NVML call it sees, so merely being preloaded into
- * a process that never touches the GPU (a shell, `ls`) costs nothing and can fail nothing. */
+/* Configuration: read once (config_load, called by lifecycle.c's start-up) from the limits file and the
+ * environment into g_cfg; anything wrong fails closed (g_cfg.mode = MODE_FAIL_CLOSED, g_cfg.error says
+ * what and how to fix it). Parsing only: no other part of the shim is called from here. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "ms_size.h"
 #include "shim.h"
 
 struct shim_config g_cfg;
-ms_ledger g_ledger;
-int g_have_ledger;
-volatile int g_shim_ready;
-static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
-const char *fmt_bytes(uint64_t b, char *buf, unsigned len) {
-    if (b >= (1ull << 30)) snprintf(buf, len, "%.1f GiB", (double)b / (1ull << 30));
-    else snprintf(buf, len, "%.1f MiB", (double)b / (1ull << 20));
-    return buf;
-}
-
-void shim_log(enum log_level lvl, const char *fmt, ...) {
-    if (lvl > g_cfg.log_level) return;
-    char line[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(line, sizeof line - 1, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if (n > (int)sizeof line - 2) n = (int)sizeof line - 2;
-    line[n++] = '\n';
-    ssize_t w = write(2, line, (size_t)n); /* one write: lines from several processes do not interleave */
-    (void)w;
-}
-
-/* One line per second at most, with how many refusals it stands for. */
-void shim_log_refusal(const char *call, uint64_t request, int dev, int host) {
-    static uint64_t last_ns;
-    static unsigned suppressed;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-    uint64_t prev = __atomic_load_n(&last_ns, __ATOMIC_RELAXED);
-    if (prev && now - prev < 1000000000ull) {
-        __atomic_fetch_add(&suppressed, 1, __ATOMIC_RELAXED);
-        return;
-    }
-    if (!__atomic_compare_exchange_n(&last_ns, &prev, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-        __atomic_fetch_add(&suppressed, 1, __ATOMIC_RELAXED);
-        return;
-    }
-    unsigned more = __atomic_exchange_n(&suppressed, 0, __ATOMIC_RELAXED);
-    char a[32], b[32], c[32];
-    const struct ms_device *d = &g_ledger.r->dev[dev];
-    char tail[64] = "";
-    if (more) snprintf(tail, sizeof tail, " (+%u more refused since the last message)", more);
-    if (!host)
-        shim_log(LOG_ERROR,
-                 "memslice: %s of %s refused on %.48s: the container uses %s of its %s quota (%s)%s",
-                 call, fmt_bytes(request, a, sizeof a), d->uuid, fmt_bytes(ms_bytes(d->used), b, sizeof b),
-                 fmt_bytes(g_cfg.limit, c, sizeof c), g_cfg.limit_source, tail);
-    else
-        shim_log(LOG_ERROR, "memslice: %s of %s could not spill to host memory on %.48s: %s already spilled%s",
-                 call, fmt_bytes(request, a, sizeof a), d->uuid, fmt_bytes(ms_bytes(d->host_used), b, sizeof b),
-                 tail);
-}
-
-static void fail_closed(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void fail_closed(const char *fmt, ...) {
+/* Fail closed: record the message (with what it means for the application) and stop every CUDA call. Used by
+ * the parsing below, and by start-up for a region that cannot be used. */
+void config_fail_closed(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(g_cfg.error, sizeof g_cfg.error, fmt, ap);
@@ -94,7 +37,7 @@ static int parse_size_or_fail(const char *what, const char *v, uint64_t *out, in
     }
     size_t n = strlen(v);
     int decimal = n >= 2 && (v[n - 1] == 'B' || v[n - 1] == 'b') && strchr("KMGTkmgt", v[n - 2]);
-    fail_closed("memslice: %s='%.64s' is not a valid size%s; use %s%s.", what, v,
+    config_fail_closed("memslice: %s='%.64s' is not a valid size%s; use %s%s.", what, v,
                 decimal ? " (decimal units are ambiguous; write GiB/MiB)" : "", MS_SIZE_HELP,
                 allow_zero ? " (0 allowed)" : ", greater than zero");
     return -1;
@@ -132,7 +75,7 @@ static int read_small_file(const char *path, char *buf, size_t cap) {
     if (fd < 0 && errno == ENOENT) return 1;
     struct stat st;
     if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-        fail_closed("memslice: the limits file %s cannot be read (%s); it must be a regular file written by the "
+        config_fail_closed("memslice: the limits file %s cannot be read (%s); it must be a regular file written by the "
                     "node agent or `memslice run`.", path, fd < 0 ? strerror(errno) : "not a regular file");
         if (fd >= 0) close(fd);
         return -1;
@@ -140,13 +83,13 @@ static int read_small_file(const char *path, char *buf, size_t cap) {
     ssize_t n = pread(fd, buf, cap, 0);
     close(fd);
     if (n < 0 || (size_t)n >= cap) {
-        fail_closed("memslice: the limits file %s is %s; it holds a few key=value lines (at most %d bytes).", path,
+        config_fail_closed("memslice: the limits file %s is %s; it holds a few key=value lines (at most %d bytes).", path,
                     n < 0 ? "unreadable" : "too large", MS_LIMITS_MAX);
         return -1;
     }
     buf[n] = 0;
     if (strlen(buf) != (size_t)n) {
-        fail_closed("memslice: the limits file %s contains a NUL byte; it holds key=value lines.", path);
+        config_fail_closed("memslice: the limits file %s contains a NUL byte; it holds key=value lines.", path);
         return -1;
     }
     return 0;
@@ -158,7 +101,7 @@ static int parse_dir_or_fail(const char *what, const char *v, char *out, size_t 
         snprintf(out, cap, "%s", v);
         return 0;
     }
-    fail_closed("memslice: %s='%.64s' is not an absolute directory path of at most %zu characters.", what, v, cap - 80);
+    config_fail_closed("memslice: %s='%.64s' is not an absolute directory path of at most %zu characters.", what, v, cap - 80);
     return -1;
 }
 
@@ -171,7 +114,7 @@ static int parse_seconds_or_fail(const char *what, const char *v, uint64_t *ms) 
         *ms = (uint64_t)(s * 1000 + 0.5);
         return 0;
     }
-    fail_closed("memslice: %s='%.64s' is not a number of seconds; use e.g. 300 or 0.5 (0 to 604800).", what, v);
+    config_fail_closed("memslice: %s='%.64s' is not a number of seconds; use e.g. 300 or 0.5 (0 to 604800).", what, v);
     return -1;
 }
 
@@ -184,7 +127,7 @@ static int parse_int_or_fail(const char *what, const char *v, int64_t lo, int64_
         *out = x;
         return 0;
     }
-    fail_closed("memslice: %s='%.64s' is not an integer from %lld to %lld.", what, v, (long long)lo, (long long)hi);
+    config_fail_closed("memslice: %s='%.64s' is not an integer from %lld to %lld.", what, v, (long long)lo, (long long)hi);
     return -1;
 }
 
@@ -235,13 +178,13 @@ static int read_elastic(const struct limits_file *f, int have_file) {
     if (!c->request) return 0;
     char a[32], b[32];
     if (c->mode != MODE_ENFORCE || c->request > c->limit) {
-        fail_closed("memslice: the GPU memory request %s is above the limit %s (%s); the request must be at most "
+        config_fail_closed("memslice: the GPU memory request %s is above the limit %s (%s); the request must be at most "
                     "the limit.", fmt_bytes(c->request, a, sizeof a),
                     c->mode == MODE_ENFORCE ? fmt_bytes(c->limit, b, sizeof b) : "(none)", c->limit_source);
         return -1;
     }
     if (c->request < c->limit && !c->elastic_dir[0]) {
-        fail_closed("memslice: a GPU memory request below the limit (elastic mode) needs the node's arbitration "
+        config_fail_closed("memslice: a GPU memory request below the limit (elastic mode) needs the node's arbitration "
                     "directory: set MEMSLICE_ELASTIC_DIR (`memslice run` and the node agent do this).");
         return -1;
     }
@@ -265,14 +208,14 @@ static int limits_line(struct limits_file *f, char *key, char *val, int lineno) 
     } else if (strcmp(key, "oversubscribe") == 0) {
         seen = &f->has_over;
         if (strcmp(val, "0") && strcmp(val, "1")) {
-            fail_closed("memslice: %s='%.16s' is not valid; use 0 or 1.", what, val);
+            config_fail_closed("memslice: %s='%.16s' is not valid; use 0 or 1.", what, val);
             return -1;
         }
         f->over = val[0] == '1';
     } else if (strcmp(key, "region_dir") == 0) {
         seen = &f->has_region;
         if (val[0] != '/' || strlen(val) + 1 + strlen(MS_REGION_FILE) >= sizeof f->region) {
-            fail_closed("memslice: %s='%.64s' is not an absolute directory path of at most %zu characters.", what,
+            config_fail_closed("memslice: %s='%.64s' is not an absolute directory path of at most %zu characters.", what,
                         val, sizeof f->region - 2 - strlen(MS_REGION_FILE));
             return -1;
         }
@@ -300,13 +243,13 @@ static int limits_line(struct limits_file *f, char *key, char *val, int lineno) 
         seen = &f->has_prio;
         if (parse_int_or_fail(what, val, INT32_MIN, INT32_MAX, &f->prio) < 0) return -1;
     } else {
-        fail_closed("memslice: %s is not a known key (gpu_mem_limit, gpu_mem_request, context_reserve, "
+        config_fail_closed("memslice: %s is not a known key (gpu_mem_limit, gpu_mem_request, context_reserve, "
                     "oversubscribe, host_spill_limit, region_dir, elastic_dir, idle_after, elastic_slot, "
                     "idle_release, priority).", what);
         return -1;
     }
     if (*seen) {
-        fail_closed("memslice: %s appears twice.", what);
+        config_fail_closed("memslice: %s appears twice.", what);
         return -1;
     }
     *seen = 1;
@@ -328,7 +271,7 @@ static int load_limits(struct limits_file *f, int fixed) {
         if (!*line || *line == '#') continue;
         char *eq = strchr(line, '=');
         if (!eq || eq == line) {
-            fail_closed("memslice: %s line %d is not key=value.", f->path, lineno);
+            config_fail_closed("memslice: %s line %d is not key=value.", f->path, lineno);
             return -1;
         }
         *eq = 0;
@@ -336,7 +279,7 @@ static int load_limits(struct limits_file *f, int fixed) {
     }
     const char *missing = !f->has_limit ? "gpu_mem_limit" : fixed && !f->has_region ? "region_dir" : NULL;
     if (missing || (!fixed && f->has_region)) {
-        fail_closed("memslice: the limits file %s %s %s.", f->path, missing ? "lacks" : "may not set",
+        config_fail_closed("memslice: the limits file %s %s %s.", f->path, missing ? "lacks" : "may not set",
                     missing ? missing : "region_dir (it is the directory the file is in)");
         return -1;
     }
@@ -392,14 +335,14 @@ static int read_oversubscription(const struct limits_file *f, int have_file) {
         return 0;
     }
     if (have_file && f->has_spill) {
-        fail_closed("memslice: the limits file %s sets host_spill_limit without oversubscribe.", f->path);
+        config_fail_closed("memslice: the limits file %s sets host_spill_limit without oversubscribe.", f->path);
         return -1;
     }
     const char *os = getenv("MEMSLICE_OVERSUBSCRIBE");
     if (os) {
         if (strcmp(os, "1") == 0 || strcmp(os, "true") == 0) c->oversubscribe = 1;
         else if (strcmp(os, "0") != 0 && strcmp(os, "false") != 0 && *os) {
-            fail_closed("memslice: MEMSLICE_OVERSUBSCRIBE='%.64s' is not valid; use 1 (on) or 0 (off).", os);
+            config_fail_closed("memslice: MEMSLICE_OVERSUBSCRIBE='%.64s' is not valid; use 1 (on) or 0 (off).", os);
             return -1;
         }
     }
@@ -426,7 +369,7 @@ static int read_cgroup_dir(void) {
     snprintf(b, sizeof b, "%s/memory.usage_in_bytes", g_cfg.cgroup_dir);
     int v1 = access(a, R_OK) == 0 && access(b, R_OK) == 0;
     if (fits && (v1 || v2)) return 0;
-    fail_closed("memslice: MEMSLICE_CGROUP_DIR='%.300s' is not a readable memory cgroup directory (%s); unset it "
+    config_fail_closed("memslice: MEMSLICE_CGROUP_DIR='%.300s' is not a readable memory cgroup directory (%s); unset it "
                 "to use the process's own cgroup, or point it at the container's.", cg,
                 fits ? "no memory.max + memory.current, nor memory.limit_in_bytes + memory.usage_in_bytes"
                      : "path too long");
@@ -440,20 +383,20 @@ static int read_region_dir(const struct limits_file *f, int have_file) {
     const char *what = have_file && f->has_region ? "region_dir" : "MEMSLICE_REGION_DIR";
     if (!dir || !*dir) {
         if (c->mode != MODE_ENFORCE) return 0;
-        fail_closed("memslice: MEMSLICE_GPU_MEM_LIMIT is set but MEMSLICE_REGION_DIR is not; set it to a directory "
+        config_fail_closed("memslice: MEMSLICE_GPU_MEM_LIMIT is set but MEMSLICE_REGION_DIR is not; set it to a directory "
                     "shared by all processes of the container (`memslice run` does this for you).");
         return -1;
     }
     size_t need = strlen(dir) + 1 + strlen(MS_REGION_FILE);
     if (need >= sizeof c->region_path) {
-        fail_closed("memslice: %s is %zu characters long; the shim supports at most %zu: use a shorter directory.",
+        config_fail_closed("memslice: %s is %zu characters long; the shim supports at most %zu: use a shorter directory.",
                     what, strlen(dir), sizeof c->region_path - 2 - strlen(MS_REGION_FILE));
         return -1;
     }
     struct stat st;
     errno = 0;
     if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode) || access(dir, W_OK) < 0) {
-        fail_closed("memslice: %s='%s' is not a writable directory (%s); point it at the directory shared by the "
+        config_fail_closed("memslice: %s='%s' is not a writable directory (%s); point it at the directory shared by the "
                     "container's processes.", what, dir, errno ? strerror(errno) : "not a directory");
         return -1;
     }
@@ -463,7 +406,8 @@ static int read_region_dir(const struct limits_file *f, int have_file) {
     return 0;
 }
 
-static void read_config(void) {
+/* Read the whole configuration into g_cfg, once, at start-up (lifecycle.c). Fails closed on any bad value. */
+void config_load(void) {
     struct shim_config *c = &g_cfg;
     c->log_level = LOG_WARN;
     const char *lv = getenv("MEMSLICE_LOG");
@@ -472,7 +416,7 @@ static void read_config(void) {
         int found = -1;
         for (int i = 0; i < 4; i++) if (strcmp(lv, names[i]) == 0) found = i;
         if (found < 0) {
-            fail_closed("memslice: MEMSLICE_LOG='%.64s' is not a log level; use error, warn, info or debug.", lv);
+            config_fail_closed("memslice: MEMSLICE_LOG='%.64s' is not a log level; use error, warn, info or debug.", lv);
             return;
         }
         c->log_level = (enum log_level)found;
@@ -491,53 +435,3 @@ static void read_config(void) {
     if (read_region_dir(&f, have_file) < 0) return;
     read_elastic(&f, have_file);
 }
-
-/* A normal exit gives this process's charges back, and reclaims those of processes that died before it
- * (the last survivor of a container thus leaves its ledger exact). */
-static void release_at_exit(void) {
-    if (!g_have_ledger) return;
-    ms_ledger_release(&g_ledger);
-    ms_sweep_now(&g_ledger);
-}
-
-void reset_after_fork(void); /* accounting.c */
-static void after_fork_child(void) {
-    if (g_have_ledger) ms_ledger_forget_slot(&g_ledger);
-    reset_after_fork();
-    elastic_after_fork();
-}
-
-static void init_once(void) {
-    read_config();
-    if (g_cfg.mode == MODE_FAIL_CLOSED) {
-        shim_log(LOG_ERROR, "%s", g_cfg.error);
-    } else if (g_cfg.region_path[0]) {
-        char err[1024];
-        if (ms_ledger_open(&g_ledger, g_cfg.region_path, 0, 0, NULL, NULL, err, sizeof err) < 0) {
-            fail_closed("memslice: cannot use the shared region: %s.", err);
-            shim_log(LOG_ERROR, "%s", g_cfg.error);
-        } else if (ms_ledger_claim(&g_ledger) < 0) {
-            fail_closed("memslice: the shared region %s has no free process slot (%d processes); "
-                        "raise no more processes in it.", g_cfg.region_path, MS_MAX_SLOTS);
-            shim_log(LOG_ERROR, "%s", g_cfg.error);
-        } else {
-            g_have_ledger = 1;
-            ms_sweep(&g_ledger); /* a process start reclaims what processes killed before it still hold */
-            atexit(release_at_exit);
-        }
-    }
-    pthread_atfork(NULL, NULL, after_fork_child);
-    if (g_cfg.mode == MODE_ENFORCE && g_have_ledger) elastic_start();
-    if (g_cfg.mode == MODE_ENFORCE) {
-        char a[32];
-        shim_log(LOG_INFO, "memslice: enforcing %s per GPU (region %s)%s", fmt_bytes(g_cfg.limit, a, sizeof a),
-                 g_cfg.region_path, g_cfg.oversubscribe ? ", oversubscription on" : "");
-    }
-    __atomic_store_n(&g_shim_ready, 1, __ATOMIC_RELEASE);
-}
-
-void shim_init(void) { pthread_once(&g_once, init_once); }
-
-CUresult fail_closed_result(void) { return CUDA_ERROR_NOT_PERMITTED; }
-int enforcing(void) { return g_cfg.mode == MODE_ENFORCE && g_have_ledger; }
-int accounting(void) { return g_have_ledger && (g_cfg.mode == MODE_ENFORCE || g_cfg.mode == MODE_OBSERVE); }

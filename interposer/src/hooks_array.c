@@ -2,7 +2,7 @@
  * then corrected to what the driver reports it needs (cu*GetMemoryRequirements). */
 #define _GNU_SOURCE
 #include "ms_array.h"
-#include "shim.h"
+#include "place.h"
 
 /* What the driver says an array occupies, or the estimate when it cannot say (older drivers). */
 static uint64_t array_need(CUarray a, CUdevice ord, uint64_t est) {
@@ -31,10 +31,11 @@ static void settle(int dev, uint64_t est, uint64_t actual, uint64_t key) {
         PROLOGUE();                                                                                        \
         __auto_type real = REAL(name);                                                                     \
         CUdevice ord;                                                                                      \
-        int dev = accounting() && h && d ? current_dev(&ord) : -1;                                         \
-        if (dev == DEV_UNCHARGEABLE) return CUDA_ERROR_OUT_OF_MEMORY;                                     \
-        if (dev < 0) return real(h, d);                                                                    \
-        uint64_t est = ms_array_bytes(d->Width, d->Height, (depth), d->Format, d->NumChannels);            \
+        uint64_t est = h && d ? ms_array_bytes(d->Width, d->Height, (depth), d->Format, d->NumChannels) : 0; \
+        struct placement p = place_current(h && d, est, 0, &ord); /* never spilled */                      \
+        if (p.to == PLACE_REFUSE) return CUDA_ERROR_OUT_OF_MEMORY;                                        \
+        if (p.to == PLACE_DRIVER) return real(h, d);                                                       \
+        int dev = p.dev;                                                                                   \
         CUresult rc = reserve(dev, est, #name);                                                            \
         if (rc != CUDA_SUCCESS) return rc;                                                                 \
         rc = real(h, d);                                                                                   \
@@ -53,10 +54,11 @@ HOOK CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray *h, const CUDA_ARR
     PROLOGUE();
     __auto_type real = REAL(cuMipmappedArrayCreate);
     CUdevice ord;
-    int dev = accounting() && h && d ? current_dev(&ord) : -1;
-    if (dev == DEV_UNCHARGEABLE) return CUDA_ERROR_OUT_OF_MEMORY;
-    if (dev < 0) return real(h, d, levels);
-    uint64_t est = ms_mipmap_bytes(d, levels);
+    uint64_t est = h && d ? ms_mipmap_bytes(d, levels) : 0;
+    struct placement p = place_current(h && d, est, 0, &ord); /* never spilled */
+    if (p.to == PLACE_REFUSE) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (p.to == PLACE_DRIVER) return real(h, d, levels);
+    int dev = p.dev;
     CUresult rc = reserve(dev, est, "cuMipmappedArrayCreate");
     if (rc != CUDA_SUCCESS) return rc;
     rc = real(h, d, levels);

@@ -14,7 +14,7 @@ static uint64_t g_exact[MAX_ORD];   /* the last context measured exactly (NVML p
 static uint64_t g_primary[MAX_ORD]; /* the primary context's handle, once charged */
 
 /* A forked child is a new process: it has charged no context. */
-void reset_ctx_after_fork(void) {
+void ctx_after_fork(void) {
     memset(g_exact, 0, sizeof g_exact);
     memset(g_primary, 0, sizeof g_primary);
 }

@@ -5,22 +5,33 @@
  * the charge only once the driver has succeeded, so the device never holds more than what is charged. A
  * free of a pointer the shim never saw goes to the driver unchanged. */
 #define _GNU_SOURCE
-#include "shim.h"
+#include "place.h"
 
 typedef __typeof__(&cuMemAlloc_v2) alloc_v2_fn;
 
-/* cuMemAlloc_v2: reserve, allocate, track; past the quota, spill to host memory when oversubscribing. */
+/* device_alloc's placements other than HBM: the driver's call, a refusal, or elastic memory (charged, then
+ * mapped by elastic.c). Out of line, so that the common placement keeps its few instructions. */
+static __attribute__((noinline)) CUresult device_alloc_other(struct placement p, CUdeviceptr *dptr, size_t n,
+                                                             CUdevice ord, alloc_v2_fn real, const char *call) {
+    if (p.to == PLACE_DRIVER) return real(dptr, n);
+    if (p.to == PLACE_REFUSE) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = reserve(p.dev, p.charge, call);
+    if (rc != CUDA_SUCCESS) return p.spill ? spill_alloc(dptr, n, p.dev, ord, NULL, call) : rc;
+    if ((rc = elastic_alloc(dptr, p.charge, p.dev)) != CUDA_SUCCESS) uncharge(p.dev, p.charge);
+    return rc;
+}
+
+/* cuMemAlloc_v2: where it goes is place()'s (place.h); in HBM: charge, allocate, track; past the quota,
+ * spill to host memory when the placement says so. */
 static CUresult device_alloc(CUdeviceptr *dptr, size_t n, alloc_v2_fn real, const char *call) {
     CUdevice ord;
-    int dev = accounting() && dptr && n ? current_dev(&ord) : -1;
-    if (dev == DEV_UNCHARGEABLE) return CUDA_ERROR_OUT_OF_MEMORY;
-    if (dev < 0) return real(dptr, n);
-    if (UNLIKELY(g_elastic) && n >= MS_ELASTIC_MIN) return elastic_alloc(dptr, n, dev, ord, call);
-    CUresult rc = reserve(dev, n, call);
-    if (rc != CUDA_SUCCESS) return g_cfg.oversubscribe ? spill_alloc(dptr, n, dev, ord, NULL, call) : rc;
+    struct placement p = place_current(dptr && n, n, PLACE_CAN_SPILL | PLACE_CAN_ELASTIC, &ord);
+    if (p.to != PLACE_DEVICE) return device_alloc_other(p, dptr, n, ord, real, call);
+    CUresult rc = reserve(p.dev, n, call);
+    if (rc != CUDA_SUCCESS) return p.spill ? spill_alloc(dptr, n, p.dev, ord, NULL, call) : rc;
     rc = real(dptr, n);
-    if (rc != CUDA_SUCCESS || track(*dptr, n, dev, A_DEVICE, 0) < 0) {
-        uncharge(dev, n);
+    if (rc != CUDA_SUCCESS || track(*dptr, n, p.dev, A_DEVICE, 0) < 0) {
+        uncharge(p.dev, n);
         return rc;
     }
     return CUDA_SUCCESS;
@@ -37,13 +48,13 @@ HOOK CUresult CUDAAPI cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int n) {
     PROLOGUE();
     __auto_type real = REAL(cuMemAlloc);
     CUdevice ord;
-    int dev = accounting() && dptr && n ? current_dev(&ord) : -1;
-    if (dev == DEV_UNCHARGEABLE) return CUDA_ERROR_OUT_OF_MEMORY;
-    if (dev < 0) return real(dptr, n);
-    CUresult rc = reserve(dev, n, "cuMemAlloc");
+    struct placement p = place_current(dptr && n, n, 0, &ord); /* neither spilled nor elastic */
+    if (p.to == PLACE_DRIVER) return real(dptr, n);
+    if (p.to == PLACE_REFUSE) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = reserve(p.dev, p.charge, "cuMemAlloc");
     if (rc != CUDA_SUCCESS) return rc;
     rc = real(dptr, n);
-    if (rc != CUDA_SUCCESS || track(*dptr, n, dev, A_DEVICE, 0) < 0) uncharge(dev, n);
+    if (rc != CUDA_SUCCESS || track(*dptr, n, p.dev, A_DEVICE, 0) < 0) uncharge(p.dev, p.charge);
     return rc;
 }
 
@@ -56,12 +67,13 @@ typedef CUresult (*pitch_call)(void *args, uint64_t *ptr, uint64_t *pitch);
 static CUresult pitched(uint64_t w, uint64_t h, int v2, pitch_call alloc, void *args, uint64_t *ptr, uint64_t *pitch,
                         const char *call) {
     CUdevice ord;
-    int dev = accounting() && w && h ? current_dev(&ord) : -1;
-    if (dev == DEV_UNCHARGEABLE) return CUDA_ERROR_OUT_OF_MEMORY;
-    if (dev < 0) return alloc(args, ptr, pitch);
     uint64_t est = ((w + 511) & ~511ull) * h;
+    struct placement p = place_current(w && h, est, v2 ? PLACE_CAN_SPILL : 0, &ord);
+    if (p.to == PLACE_DRIVER) return alloc(args, ptr, pitch);
+    if (p.to == PLACE_REFUSE) return CUDA_ERROR_OUT_OF_MEMORY;
+    int dev = p.dev;
     CUresult rc = reserve(dev, est, call);
-    if (rc != CUDA_SUCCESS && g_cfg.oversubscribe && v2) { /* host rows use the same 512-byte pitch */
+    if (rc != CUDA_SUCCESS && p.spill) { /* host rows use the same 512-byte pitch */
         CUdeviceptr d;
         rc = spill_alloc(&d, est, dev, ord, NULL, call);
         if (rc == CUDA_SUCCESS) { *ptr = d; *pitch = (w + 511) & ~511ull; }

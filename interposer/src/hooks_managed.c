@@ -1,22 +1,22 @@
 /* Hooks for managed (unified) memory: its allocation, charged as device memory, and prefetches, which must
  * not pull a spilled range back into device memory. */
 #define _GNU_SOURCE
-#include "shim.h"
+#include "place.h"
 
 /* Managed allocation: charged in full, since every page may migrate to the GPU. */
 HOOK CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned int flags) {
     PROLOGUE();
     __auto_type real = REAL(cuMemAllocManaged);
     CUdevice ord;
-    int dev = accounting() && dptr && n ? current_dev(&ord) : -1;
-    if (dev == DEV_UNCHARGEABLE) return CUDA_ERROR_OUT_OF_MEMORY;
-    if (dev < 0) return real(dptr, n, flags);
+    struct placement p = place_current(dptr && n, n, PLACE_CAN_SPILL, &ord);
+    if (p.to == PLACE_DRIVER) return real(dptr, n, flags);
+    if (p.to == PLACE_REFUSE) return CUDA_ERROR_OUT_OF_MEMORY;
     /* Managed pages may all migrate to the GPU, so they are charged as device memory. */
-    CUresult rc = reserve(dev, n, "cuMemAllocManaged");
+    CUresult rc = reserve(p.dev, p.charge, "cuMemAllocManaged");
     if (rc != CUDA_SUCCESS)
-        return g_cfg.oversubscribe ? spill_alloc_managed(dptr, n, flags, dev, ord, "cuMemAllocManaged") : rc;
+        return p.spill ? spill_alloc_managed(dptr, n, flags, p.dev, ord, "cuMemAllocManaged") : rc;
     rc = real(dptr, n, flags);
-    if (rc != CUDA_SUCCESS || track(*dptr, n, dev, A_MANAGED, 0) < 0) uncharge(dev, n);
+    if (rc != CUDA_SUCCESS || track(*dptr, n, p.dev, A_MANAGED, 0) < 0) uncharge(p.dev, p.charge);
     return rc;
 }
 

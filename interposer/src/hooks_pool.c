@@ -3,7 +3,7 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 
-#include "shim.h"
+#include "place.h"
 
 
 /* ---- stream-ordered allocations ------------------------------------------------------------------------
@@ -81,16 +81,14 @@ static CUresult pool_driver(const struct pool_call *c, CUdeviceptr *dptr, size_t
     return c->fp ? c->fp(dptr, n, c->pool, c->stream) : c->fa(dptr, n, c->stream);
 }
 
-/* The pool record the allocation is charged to (the device's current pool for cuMemAllocAsync), or NULL
- * when the shim does not account for it (no accounting, unknown device, no pool, table full). */
-static struct pool_rec *charged_pool(struct pool_call *c, CUdeviceptr *dptr, size_t n, CUdevice *ord, int *dev) {
-    *dev = accounting() && dptr && n ? current_dev(ord) : -1;
-    if (*dev < 0) return NULL;
+/* The pool record an allocation placed on ledger device `dev` is charged to (the device's current pool for
+ * cuMemAllocAsync), or NULL when the shim does not account for it (no pool, table full). */
+static struct pool_rec *charged_pool(struct pool_call *c, CUdevice ord, int dev) {
     if (!c->pool) {
         __auto_type getpool = REAL(cuDeviceGetMemPool);
-        if (!getpool || getpool(&c->pool, *ord) != CUDA_SUCCESS) return NULL;
+        if (!getpool || getpool(&c->pool, ord) != CUDA_SUCCESS) return NULL;
     }
-    return pool_rec(c->pool, *dev);
+    return pool_rec(c->pool, dev);
 }
 
 /* Reserve n bytes for a pool that may grow by that much; when the quota is reached, the pool's cached
@@ -106,14 +104,16 @@ static CUresult pool_reserve(struct pool_rec *pr, int dev, size_t n, const char 
 /* A stream-ordered allocation: reserve, allocate, then set the pool's charge to what it really reserves. */
 static CUresult pooled_alloc(CUdeviceptr *dptr, size_t n, struct pool_call c, const char *call) {
     CUdevice ord;
-    int dev;
-    struct pool_rec *pr = charged_pool(&c, dptr, n, &ord, &dev);
-    if (!pr) return dev == DEV_UNCHARGEABLE ? CUDA_ERROR_OUT_OF_MEMORY : pool_driver(&c, dptr, n);
+    struct placement p = place_current(dptr && n, n, PLACE_CAN_SPILL, &ord);
+    if (p.to == PLACE_REFUSE) return CUDA_ERROR_OUT_OF_MEMORY;
+    struct pool_rec *pr = p.to == PLACE_DRIVER ? NULL : charged_pool(&c, ord, p.dev);
+    if (!pr) return pool_driver(&c, dptr, n);
+    int dev = p.dev;
     pthread_mutex_lock(&pr->mu);
-    CUresult rc = pool_reserve(pr, dev, n, call);
+    CUresult rc = pool_reserve(pr, dev, p.charge, call);
     if (rc != CUDA_SUCCESS) {
         pthread_mutex_unlock(&pr->mu);
-        return g_cfg.oversubscribe ? spill_alloc(dptr, n, dev, ord, c.stream, call) : rc;
+        return p.spill ? spill_alloc(dptr, n, dev, ord, c.stream, call) : rc;
     }
     rc = pool_driver(&c, dptr, n);
     if (rc != CUDA_SUCCESS) {

@@ -3,7 +3,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "shim.h"
+#include "place.h"
 
 
 /* ---- virtual memory management ----------------------------------------------------------------------
@@ -24,13 +24,14 @@ HOOK CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, 
     __auto_type real = REAL(cuMemCreate);
     int dev = accounting() && h && prop && size && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
                   ? dev_index(prop->location.id) : -1;
-    if (dev == DEV_UNCHARGEABLE) return CUDA_ERROR_OUT_OF_MEMORY;
-    if (dev < 0) return real(h, size, prop, flags);
+    struct placement p = place_on(dev, size, PLACE_CAN_SPILL);
+    if (p.to == PLACE_REFUSE) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (p.to == PLACE_DRIVER) return real(h, size, prop, flags);
     struct vmm_rec *v = calloc(1, sizeof *v);
     if (!v) return CUDA_ERROR_OUT_OF_MEMORY;
     int host = 0;
-    CUresult rc = reserve(dev, size, "cuMemCreate");
-    if (rc != CUDA_SUCCESS && g_cfg.oversubscribe) {
+    CUresult rc = reserve(dev, p.charge, "cuMemCreate");
+    if (rc != CUDA_SUCCESS && p.spill) {
         rc = spill_vmm(h, size, prop, flags, dev, "cuMemCreate");
         host = 1;
     } else if (rc == CUDA_SUCCESS) {

@@ -54,9 +54,10 @@ extern struct shim_config g_cfg;
 extern ms_ledger g_ledger;
 extern int g_have_ledger;
 
-/* config.c */
-void shim_init(void);                         /* once; reads the environment, opens the region */
+/* lifecycle.c: start-up (config, region, fork handler, elastic mode), once, at the first CUDA or NVML call */
+void shim_init(void);
 extern volatile int g_shim_ready;
+CUresult fail_closed_result(void);
 static inline void ensure_init(void) { if (UNLIKELY(!g_shim_ready)) shim_init(); }
 /* First line of every CUDA wrapper: start the shim if needed, and fail closed on a bad configuration. */
 #define PROLOGUE()                                                                                         \
@@ -64,6 +65,11 @@ static inline void ensure_init(void) { if (UNLIKELY(!g_shim_ready)) shim_init();
         ensure_init();                                                                                     \
         if (UNLIKELY(g_cfg.mode == MODE_FAIL_CLOSED)) return fail_closed_result();                         \
     } while (0)
+/* config.c: parsing only */
+void config_load(void);                       /* g_cfg from the limits file and the environment */
+void config_fail_closed(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* log.c */
 void shim_log(enum log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void shim_log_refusal(const char *call, uint64_t request, int dev, int host);
 const char *fmt_bytes(uint64_t b, char *buf, unsigned len);
@@ -78,6 +84,9 @@ void *real_dlsym_call(void *handle, const char *name);
 #define REAL_NVML(name) ({ static __typeof__(&name) fp_; if (UNLIKELY(!fp_)) fp_ = (__typeof__(&name))real_nvml(#name); fp_; })
 
 /* accounting.c */
+void accounting_open(void);                  /* start-up: the region and this process's slot (or fail closed) */
+void accounting_at_exit(void);               /* atexit: this process's charges go back */
+void accounting_after_fork(void);            /* a forked child claims a slot of its own */
 /* A GPU the shim must charge but cannot enter into the region (its device table locked past the bound, or
  * full): under a quota the allocation is refused (out of memory) rather than let through uncharged. */
 #define DEV_UNCHARGEABLE (-2)
@@ -95,10 +104,8 @@ int untrack(uint64_t key, ms_rec *out);      /* 1 if it was ours */
 int lookup(uint64_t key, ms_rec *out);
 int lookup_range(uint64_t addr, ms_rec *out);   /* the record containing addr (slow: prefetch only) */
 uint64_t dev_used(int dev);
-CUresult fail_closed_result(void);
 int enforcing(void);
 int accounting(void);
-void reset_after_fork(void);                 /* pthread_atfork child handler */
 
 /* spill.c (oversubscription) */
 CUresult spill_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ordinal, CUstream stream, const char *call);
@@ -127,7 +134,7 @@ static inline CUresult reserve(int dev, uint64_t n, const char *call) {
 }
 
 /* hooks_ctx.c */
-void reset_ctx_after_fork(void);             /* a forked child has charged no context yet */
+void ctx_after_fork(void);                   /* a forked child has charged no context yet */
 
 /* measure.c: memory the driver takes outside allocation calls (contexts, limits, modules), measured around
  * the call: NVML's per-process figure where it can be read, else free memory (NVML, then cuMemGetInfo). */
@@ -146,12 +153,14 @@ uint64_t taken_release(uint64_t handle, enum taken_kind kind, uint64_t at_most);
 /* hooks_pool.c */
 void reconcile_pools(void);                  /* make every pool's charge equal its reservation */
 
-/* elastic.c (elastic memory: requests and limits, idle swap-out; docs/architecture.md "Elastic memory") */
+/* elastic*.c (elastic memory: requests and limits, idle swap-out; docs/architecture.md "Elastic memory"; the
+ * parts share elastic.h). Where an allocation goes (device, spill, elastic, refusal) is place.h's place(). */
 extern int g_elastic;                        /* 1 when elastic mode is on: read on the allocation paths */
 #define MS_ELASTIC_MIN (2ull << 20)          /* smaller allocations stay on the plain path */
-CUresult elastic_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ordinal, const char *call);
+int elastic_bind(int dev, CUdevice ordinal);  /* a fact for place(): dev is this process's elastic GPU */
+CUresult elastic_alloc(CUdeviceptr *dptr, uint64_t size, int dev); /* after place() and the charge */
 CUresult elastic_free(const ms_rec *r);
-void elastic_start(void);                    /* shim_init, once the configuration is read */
+void elastic_start(void);                    /* start-up (lifecycle.c), once the region is open */
 void elastic_after_fork(void);
 /* Work submission (launches, copies, sets, graph launches) waits while this process remaps memory, and
  * marks the process active. Free on the hot path when elastic mode is off. */

@@ -1,6 +1,6 @@
 /* A process of the container stopped at the worst moment, made deterministic: it opens the region, takes
  * the region mutex (`lock`) and, with `recount`, also freezes every total as a recount does, prints
- * "held", and stops itself (SIGSTOP) until the test continues or kills it. Built with ledger.c.
+ * "held", and stops itself (SIGSTOP) until the test continues or kills it. Built with ledger*.c.
  * Usage: holdlock REGION_FILE lock|recount */
 #define _GNU_SOURCE
 #include <pthread.h>

@@ -1,0 +1,166 @@
+/* Elastic memory's side of the board protocol (elastic_board.c is the file): publishing this process's slot,
+ * reading the agent's roster, and asking neighbours for room (whom, for how much, the bounded wait for their
+ * answers). See elastic.c. */
+#define _GNU_SOURCE
+#include <string.h>
+#include <unistd.h>
+
+#include "elastic.h"
+
+/* Publish this process's state on its GPU's board. Caller holds g_mu. */
+void el_publish(uint64_t done_seq) {
+    uint64_t idle = (now_ns() - __atomic_load_n(&g_last_call_ns, __ATOMIC_RELAXED)) / 1000000ull;
+    g_me.magic = EB_MAGIC;
+    g_me.pid = getpid();
+    g_me.state = el_is_idle() ? EB_IDLE : EB_ACTIVE;
+    g_me.request = g_cfg.request;
+    g_me.limit = g_cfg.limit;
+    g_me.resident = g_resident;
+    g_me.swapped = g_swapped;
+    g_me.idle_ms = idle;
+    g_me.priority = g_cfg.priority;
+    g_me.flags = g_cfg.idle_release ? EB_F_IDLE_RELEASE : 0;
+    if (done_seq) g_me.done_seq = done_seq;
+    g_me.ack_seq = __atomic_load_n(&g_acked, __ATOMIC_RELAXED); /* the acker's (a stale one is rewritten next tick) */
+    eb_publish(&g_board, &g_me);
+}
+
+/* What a live neighbour's slot says it could give (a claim, used only to choose whom to ask and for how
+ * much; the driver's free memory is the evidence): pass 0, an idle tenant's bytes above its floor; pass 1,
+ * an active tenant's burst, only for this process's request (`guaranteed`) or to a higher priority than the
+ * neighbour's (issue 26: never the reverse; equal priorities, only for a request). */
+static uint64_t claim_of(const struct eb_slot *s, int pass, int guaranteed) {
+    if (pass == 0) {
+        if (s->state != EB_IDLE) return 0;
+        uint64_t floor = s->flags & EB_F_IDLE_RELEASE ? 0 : s->request;
+        return s->resident > floor ? s->resident - floor : 0;
+    }
+    if (s->state != EB_ACTIVE || s->resident <= s->request) return 0;
+    if (!guaranteed && s->priority >= g_cfg.priority) return 0; /* a burst takes only a lower priority's */
+    return s->resident - s->request;
+}
+
+/* Claimed figures are not evidence (issue 25): where the agent wrote a roster, only the slots it assigned
+ * may be asked, with the request, priority and opt-in it recorded, and what a slot says it holds is capped
+ * by the limit it recorded. */
+void el_apply_roster(struct eb_slot *s, int *live) {
+    struct eb_roster_ent ro[EB_SLOTS];
+    if (!eb_read_roster(g_cfg.elastic_dir, g_ledger.r->dev[g_dev].uuid, ro)) return;
+    for (int i = 0; i < EB_SLOTS; i++) {
+        if (!(ro[i].flags & EB_R_ASSIGNED)) {
+            live[i] = 0;
+            continue;
+        }
+        uint64_t lim = (uint64_t)ro[i].limit_mib << 20;
+        s[i].request = (uint64_t)ro[i].request_mib << 20;
+        s[i].limit = lim;
+        s[i].priority = ro[i].priority;
+        s[i].flags = ro[i].flags & EB_R_IDLE_RELEASE ? EB_F_IDLE_RELEASE : 0;
+        if (s[i].resident > lim) s[i].resident = lim;
+    }
+}
+
+/* Choose whom to ask and for how much (issue 26: only what is needed, longest-idle first, then bursting
+ * active tenants by lowest priority): asks go out in order until the claimed shares cover `left`. Slots
+ * in `taken` (asked already, or skipped) are not asked; those asked are added. The bytes not covered. */
+static uint64_t ask_more(struct eb_slot *s, int *live, int *taken, uint64_t seq, uint64_t left, uint64_t need,
+                         int guaranteed, int *asked, int *n) {
+    for (int pass = 0; pass < 2 && left; pass++)
+        for (;;) {
+            int best = -1;
+            for (int i = 0; i < EB_SLOTS; i++) {
+                if (!live[i] || taken[i] || !claim_of(&s[i], pass, guaranteed)) continue;
+                if (best < 0 || (pass == 1 && s[i].priority < s[best].priority) ||
+                    ((pass == 0 || s[i].priority == s[best].priority) && s[i].idle_ms > s[best].idle_ms)) best = i;
+            }
+            if (best < 0 || !left) break;
+            uint64_t c = claim_of(&s[best], pass, guaranteed), share = c < left ? c : left;
+            eb_ask(&g_board, best, seq, EB_ASK_PACK((share + (1ull << 20) - 1) >> 20, (need + (1ull << 20) - 1) >> 20,
+                                                    pass == 1));
+            taken[best] = 1;
+            asked[(*n)++] = best;
+            left -= share;
+        }
+    return left;
+}
+
+/* The asker's needed/moved figures (issue 26: metrics and `memslice top` show moved / needed per ask). */
+static void count_ask(uint64_t need, const int *asked, int n, uint64_t seq) {
+    uint64_t got = 0;
+    for (int k = 0; k < n; k++) got += eb_moved_for(&g_board, asked[k], seq);
+    pthread_mutex_lock(&g_mu);
+    g_me.asks++;
+    g_me.asked_mib += (uint32_t)((need + (1ull << 20) - 1) >> 20);
+    g_me.got_mib += (uint32_t)got;
+    el_publish(0);
+    pthread_mutex_unlock(&g_mu);
+    char a[32], b[32];
+    shim_log(LOG_INFO, "memslice: elastic: asked %d neighbour(s) for %s; they moved %s", n,
+             fmt_bytes(need, a, sizeof a), fmt_bytes(got << 20, b, sizeof b));
+}
+
+/* Ask neighbours for `need` bytes of HBM and wait (bounded) for their answers (issues 25, 26). Asks go
+ * to idle tenants first, longest idle first, then (for an ask that may take bursts) bursting active ones,
+ * each for a share of what is needed. Claimed figures are not evidence: the wait ends when the driver has
+ * `need` free, when every asked slot has answered, or at the deadline; a slot that has not acknowledged
+ * its ask within EL_ACK_MS is skipped (EL_SKIP_NOACK_MS, on every path) and its share asked of the next one. A
+ * neighbour that has acknowledged but not answered by the deadline is skipped too. A neighbour that answered
+ * it could not take its share to host memory is returned in *ref (ref->slot -1: none). Returns how many were
+ * asked. */
+int el_make_room(uint64_t need, int guaranteed, int wait, struct refusal *ref) {
+    struct eb_slot s[EB_SLOTS];
+    int live[EB_SLOTS], taken[EB_SLOTS] = {0}, asked[EB_SLOTS], share_open[EB_SLOTS] = {0}, n = 0;
+    uint64_t seq = now_ns(), t_ask[EB_SLOTS];
+    eb_read_all(&g_board, s, live);
+    el_apply_roster(s, live);
+    for (int i = 0; i < EB_SLOTS; i++) taken[i] = g_skip_until[i] > seq;
+    ask_more(s, live, taken, seq, need, need, guaranteed, asked, &n);
+    for (int k = 0; k < n; k++) { t_ask[k] = seq; share_open[k] = 1; }
+    uint64_t deadline = seq + (wait ? g_cfg.yield_wait_ms * 1000000ull : 0);
+    while (wait && now_ns() < deadline) {
+        sleep_ms(2);
+        int pending = 0;
+        uint64_t reask = 0;
+        for (int k = 0; k < n; k++) {
+            if (!share_open[k]) continue;
+            int i = asked[k];
+            if (!eb_alive(&g_board, i) || eb_done_seq(&g_board, i) >= seq) { share_open[k] = 0; continue; }
+            if (eb_ack_seq(&g_board, i) < seq && now_ns() - t_ask[k] > EL_ACK_MS * 1000000ull) {
+                share_open[k] = 0; /* forged or hung: its claimed share is asked of the next neighbour */
+                g_skip_until[i] = now_ns() + EL_SKIP_NOACK_MS * 1000000ull;
+                uint64_t c = claim_of(&s[i], s[i].state == EB_IDLE ? 0 : 1, guaranteed);
+                reask += c < need ? c : need;
+                shim_log(LOG_WARN, "memslice: elastic: the tenant in slot %d of the board did not acknowledge an ask "
+                         "within %d ms; it is skipped for %d s", i, EL_ACK_MS, EL_SKIP_NOACK_MS / 1000);
+                continue;
+            }
+            pending++;
+        }
+        if (reask) {
+            int before = n;
+            ask_more(s, live, taken, seq, reask, need, guaranteed, asked, &n);
+            for (int k = before; k < n; k++) { t_ask[k] = now_ns(); share_open[k] = 1; pending++; }
+        }
+        if (!pending) break;
+        uint64_t fr = el_driver_free();
+        if (fr != UINT64_MAX && fr >= need) break;
+    }
+    for (int k = 0; wait && k < n; k++) /* not answered in time: not asked again for 30 s */
+        if (share_open[k] && eb_alive(&g_board, asked[k]) && eb_done_seq(&g_board, asked[k]) < seq &&
+            now_ns() >= deadline) {
+            g_skip_until[asked[k]] = now_ns() + 30000000000ull;
+            shim_log(LOG_WARN, "memslice: elastic: the tenant in slot %d of the board did not yield HBM within "
+                     "%llu ms; it is skipped for 30 s and the allocation is served from host memory", asked[k],
+                     (unsigned long long)g_cfg.yield_wait_ms);
+        }
+    if (ref) {
+        ref->slot = -1;
+        for (int k = 0; k < n && ref->slot < 0; k++)
+            if (eb_note_for(&g_board, asked[k], seq, &ref->note)) {
+                ref->slot = asked[k];
+                ref->pid = s[asked[k]].pid;
+            }
+    }
+    if (wait && n) count_ask(need, asked, n, seq);
+    return n;
+}

@@ -1,0 +1,256 @@
+/* Elastic memory's mover: physical allocations in HBM or host memory, remapping a chunk at the same address,
+ * and the background threads that answer neighbours' asks (swap out), bring memory back when HBM frees up
+ * (swap in) and acknowledge asks at once. See elastic.c. */
+#define _GNU_SOURCE
+#include <string.h>
+#include <unistd.h>
+
+#include "elastic.h"
+
+/* A physical allocation of `size` bytes on this process's GPU, or in host memory. */
+CUresult el_create_phys(CUmemGenericAllocationHandle *h, uint64_t size, int host) {
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof p);
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = host ? CU_MEM_LOCATION_TYPE_HOST : CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = host ? 0 : g_ord;
+    CUresult rc = REAL(cuMemCreate)(h, size, &p, 0);
+    if (rc == CUDA_ERROR_INVALID_VALUE && host) { /* drivers before 12.2 know only HOST_NUMA */
+        p.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+        rc = REAL(cuMemCreate)(h, size, &p, 0);
+    }
+    return rc;
+}
+
+/* Map a handle at va and give this process's GPU read-write access to it. */
+CUresult el_map_rw(uint64_t va, uint64_t size, CUmemGenericAllocationHandle h) {
+    CUresult rc = REAL(cuMemMap)(va, size, 0, h, 0);
+    if (rc != CUDA_SUCCESS) return rc;
+    CUmemAccessDesc d;
+    memset(&d, 0, sizeof d);
+    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    d.location.id = g_ord;
+    d.flags = 3; /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE */
+    rc = REAL(cuMemSetAccess)(va, size, &d, 1);
+    if (rc != CUDA_SUCCESS) REAL(cuMemUnmap)(va, size);
+    return rc;
+}
+
+/* The HBM the driver has free on this process's GPU (the evidence that HBM is short, never a neighbour's
+ * claim); UINT64_MAX if the driver cannot say (then nothing is decided on it). */
+uint64_t el_driver_free(void) {
+    size_t fr = 0, tot = 0;
+    return REAL(cuMemGetInfo_v2)(&fr, &tot) == CUDA_SUCCESS ? (uint64_t)fr : UINT64_MAX;
+}
+
+/* Move chunk i of a range to its new physical allocation nh (in host memory if to_host, else on the device),
+ * at the same address; nh is released on failure. The gate is closed and g_mu held. The bytes are copied to
+ * the new allocation through a temporary mapping first, so a failure at any step leaves the old mapping
+ * (and the data) in place. 0, or -1. */
+static int remap(struct erange *r, unsigned i, CUmemGenericAllocationHandle nh, int to_host) {
+    CUdeviceptr tmp, va = r->va + (uint64_t)i * EL_CHUNK;
+    uint64_t len = chunk_len(r, i), t0 = now_ns();
+    if (REAL(cuMemAddressReserve)(&tmp, len, 0, 0, 0) != CUDA_SUCCESS) {
+        REAL(cuMemRelease)(nh);
+        return -1;
+    }
+    int ok = el_map_rw(tmp, len, nh) == CUDA_SUCCESS;
+    if (ok) {
+        ok = REAL(cuMemcpyDtoD_v2)(tmp, va, len) == CUDA_SUCCESS;
+        REAL(cuCtxSynchronize)();
+        REAL(cuMemUnmap)(tmp, len);
+    }
+    REAL(cuMemAddressFree)(tmp, len);
+    if (ok && REAL(cuMemUnmap)(va, len) == CUDA_SUCCESS) {
+        if (el_map_rw(va, len, nh) == CUDA_SUCCESS) {
+            REAL(cuMemRelease)(r->c[i].h);
+            r->c[i].h = nh;
+            r->c[i].host = to_host;
+            if (to_host) { g_resident -= len; g_swapped += len; }
+            else { g_swapped -= len; g_resident += len; }
+            uint64_t dt = now_ns() - t0;
+            if (to_host) { g_me.swap_outs++; g_me.swap_out_ns += dt; }
+            else { g_me.swap_ins++; g_me.swap_in_ns += dt; }
+            return 0;
+        }
+        if (el_map_rw(va, len, r->c[i].h) != CUDA_SUCCESS) /* the old handle still holds the bytes */
+            shim_log(LOG_ERROR, "memslice: elastic range at 0x%llx could not be mapped back", (unsigned long long)va);
+    }
+    REAL(cuMemRelease)(nh);
+    return -1;
+}
+
+/* What this process keeps in HBM whatever it is asked (issue 26): its request, always; idle, nothing only if
+ * its pod opted in (idle_release). */
+static uint64_t keep_floor(int idle) {
+    return idle && g_cfg.idle_release ? 0 : g_cfg.request;
+}
+
+/* How much an ask makes this process move (pure): nothing if it may not take what this process holds above
+ * its floor (an active tenant's burst goes only to an ask marked EB_ASK_BURST) or if HBM is not short (the
+ * driver has the asker's whole need free: issue 25, an ask is no evidence); else the asked share, at most
+ * what is still missing of the need, at most what lies above the floor. */
+static uint64_t yield_amount(uint64_t bits, int idle, uint64_t free_b) {
+    uint64_t share = EB_ASK_SHARE(bits) << 20, need = EB_ASK_NEED(bits) << 20, floor = keep_floor(idle);
+    if ((!idle && !(bits & EB_ASK_BURST)) || g_resident <= floor || !share) return 0;
+    if (free_b != UINT64_MAX && free_b >= need) return 0;
+    uint64_t missing = free_b == UINT64_MAX ? share : need - free_b;
+    uint64_t want = share < missing ? share : missing;
+    return want < g_resident - floor ? want : g_resident - floor;
+}
+
+/* Record on the board that ask `seq` could not be taken to host memory, and why (issue 26): the asker reads
+ * it before it fails its burst. Caller holds g_mu. */
+static void note_refused(uint64_t seq, uint64_t bytes, const struct host_verdict *v) {
+    char a[32], t[400];
+    g_note.seq = seq;
+    g_note.cause = v->cause == HOST_ROOM_CGROUP ? EB_REFUSED_CGROUP : EB_REFUSED_HOST;
+    g_note.want_mib = (uint32_t)((bytes + (1ull << 20) - 1) >> 20);
+    g_note.limit = v->limit;
+    g_note.used = v->used;
+    if (v->cause == HOST_ROOM_CGROUP) g_note.refused_cgroup++;
+    else g_note.refused_host++;
+    eb_put_note(&g_board, &g_note);
+    shim_log(LOG_WARN, "memslice: elastic: could not take %s to host memory for a neighbour: %s; %s",
+             fmt_bytes(bytes, a, sizeof a), host_room_text(v, t, sizeof t),
+             v->cause == HOST_ROOM_CGROUP ? "raise this pod's memory limit" : "the node is short of memory");
+}
+
+/* Answer ask `seq`: move chunks to host memory (the newest range's last chunks first) until `yield_amount`
+ * is covered (at most one chunk more: the slack), never below the floor; nothing if the host side cannot
+ * take that many bytes (issue 26: this process's cgroup, the host's memory). Caller holds g_mu. The bytes
+ * moved. */
+static uint64_t yield(uint64_t bits, uint64_t seq) {
+    int idle = el_is_idle();
+    uint64_t want = yield_amount(bits, idle, el_driver_free()), floor = keep_floor(idle), given = 0;
+    if (!want) return 0;
+    struct host_verdict v;
+    uint64_t most = (want + EL_CHUNK - 1) / EL_CHUNK * EL_CHUNK; /* what moving whole chunks may take */
+    if (host_room(most, &v) != HOST_ROOM_OK) {
+        note_refused(seq, most, &v);
+        return 0;
+    }
+    if (el_gate_close() < 0) return 0;
+    CUmemGenericAllocationHandle nh;
+    for (struct erange *r = g_ranges; r && given < want; r = r->next)
+        for (unsigned i = r->n; i-- > 0 && given < want;) {
+            uint64_t len = chunk_len(r, i);
+            if (r->c[i].host || g_resident < floor + len) continue;
+            if (el_create_phys(&nh, len, 1) == CUDA_SUCCESS && remap(r, i, nh, 1) == 0) given += len;
+        }
+    el_gate_open();
+    if (given) g_yield_ns = coarse_ns(); /* the same clock as the activity stamp it is compared with */
+    char a[32], b[32];
+    shim_log(LOG_INFO, "memslice: elastic: %s moved to host memory for a neighbour that asked for %s (%s)",
+             fmt_bytes(given, a, sizeof a), fmt_bytes(want, b, sizeof b),
+             idle ? "idle" : "above the request");
+    return given;
+}
+
+/* Whether another live tenant of the GPU goes first (then this process does not bring back bytes above its
+ * own request, which would only be asked back): one short of its request (issue 26, "coming back": requests
+ * first), or one with bytes in host memory that ran more recently than this process (bursts come back most
+ * recently active tenant first). */
+static int neighbour_first(uint64_t my_idle_ms) {
+    static struct eb_slot s[EB_SLOTS];
+    int live[EB_SLOTS];
+    eb_read_all(&g_board, s, live);
+    el_apply_roster(s, live);
+    for (int i = 0; i < EB_SLOTS; i++) {
+        if (!live[i] || !s[i].swapped || now_ns() < g_skip_until[i]) continue;
+        if (s[i].resident < s[i].request || s[i].idle_ms < my_idle_ms) return 1;
+    }
+    return 0;
+}
+
+/* The oldest host-resident chunk (the list is newest first; within a range, the first chunk): the request
+ * is what was allocated first, so it comes back first. */
+static struct erange *oldest_host(unsigned *idx) {
+    struct erange *pick = NULL;
+    for (struct erange *r = g_ranges; r; r = r->next)
+        for (unsigned i = r->n; i-- > 0;)
+            if (r->c[i].host) { pick = r; *idx = i; }
+    return pick;
+}
+
+/* Bring back one host-resident chunk when HBM has room (issue 26, "coming back"): the request first, then
+ * the bursts, only when no neighbour is short of its request and no more recently active neighbour waits
+ * for its own. Memory this process yielded stays out for EL_BACK_AFTER_MS after the move (the asker takes
+ * the room it made; nothing ping-pongs). One chunk per tick, so the gate is closed briefly. Caller holds
+ * g_mu. */
+static void swap_in_one(void) {
+    if (!g_swapped) return;
+    unsigned i = 0;
+    struct erange *pick = oldest_host(&i);
+    if (!pick) return;
+    uint64_t len = chunk_len(pick, i);
+    if (g_resident + len > g_cfg.request && g_yield_ns && coarse_ns() - g_yield_ns < EL_BACK_AFTER_MS * 1000000ull)
+        return; /* a burst it yielded: the asker takes the room first */
+    uint64_t my_idle = (now_ns() - __atomic_load_n(&g_last_call_ns, __ATOMIC_RELAXED)) / 1000000ull;
+    if (g_resident + len > g_cfg.request && neighbour_first(my_idle)) return;
+    CUmemGenericAllocationHandle nh;
+    static uint64_t last_ask;
+    if (el_create_phys(&nh, len, 0) != CUDA_SUCCESS) { /* HBM full: nothing is gated */
+        int within = g_resident + len <= g_cfg.request;
+        if ((within || !el_is_idle()) && now_ns() - last_ask > 1000000000ull) {
+            /* short of its request: ask neighbours, bursts included; active with bursts in host memory: idle
+             * neighbours and lower priorities only (without waiting; retried at most once a second) */
+            last_ask = now_ns();
+            el_make_room(within ? g_cfg.request - g_resident : g_swapped, within, 0, NULL);
+        }
+        return;
+    }
+    if (el_gate_close() < 0) {
+        REAL(cuMemRelease)(nh);
+        return;
+    }
+    remap(pick, i, nh, 0);
+    el_gate_open();
+}
+
+/* The background thread: el_publish, answer asks, bring memory back. It makes CUDA calls in the context of the
+ * elastic allocations. An ask is acknowledged at once by the acker (askers skip a slot that does not ack
+ * within EL_ACK_MS: issue 25, a forged slot that never answers costs them that much, once), answered at most
+ * once per EL_YIELD_GAP_MS (issue 25: asks are rate-limited per slot; a newer ask replaces a waiting one),
+ * the ticks between free for bringing this process's own memory back. */
+void *elastic_thread(void *arg) {
+    (void)arg;
+    REAL(cuCtxSetCurrent)(g_ctx);
+    uint64_t handled = 0, answered_ns = 0;
+    for (;;) {
+        struct eb_ask a = eb_my_ask(&g_board);
+        int answer = a.seq && a.seq != handled && now_ns() - answered_ns >= EL_YIELD_GAP_MS * 1000000ull;
+        pthread_mutex_lock(&g_mu);
+        uint64_t done = 0;
+        if (answer) {
+            uint64_t moved = yield(a.bytes, a.seq);
+            answered_ns = now_ns();
+            g_me.done_moved_mib = (uint32_t)((moved + (1ull << 20) - 1) >> 20);
+            handled = done = a.seq;
+        } else {
+            swap_in_one();
+        }
+        el_drain_probe();
+        el_publish(done);
+        pthread_mutex_unlock(&g_mu);
+        sleep_ms(TICK_MS);
+    }
+    return NULL;
+}
+
+/* The acker: acknowledges an ask as soon as it is posted, even while the background thread is in the middle
+ * of a move (askers skip a slot that does not acknowledge within EL_ACK_MS). One pread per 10 ms. */
+void *elastic_acker(void *arg) {
+    (void)arg;
+    uint64_t seen = 0;
+    for (;;) {
+        struct eb_ask a = eb_my_ask(&g_board);
+        if (a.seq && a.seq != seen) {
+            __atomic_store_n(&g_acked, a.seq, __ATOMIC_RELAXED);
+            eb_ack(&g_board, a.seq);
+            seen = a.seq;
+        }
+        sleep_ms(10);
+    }
+    return NULL;
+}
