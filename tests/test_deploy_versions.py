@@ -51,7 +51,8 @@ def build(kubectl: Path, directory: Path) -> list[dict[str, Any]]:
 
 
 def combination(tmp_path: Path, mode: str, components: tuple[str, ...]) -> Path:
-    """A kustomization of a user's own, next to this repository's deploy/ (docs/operations.md, "Overlays and components")."""
+    """A kustomization of a user's own, next to this repository's deploy/ (docs/operations.md, "Overlays and
+    components")."""
     (tmp_path / "deploy").symlink_to(DEPLOY)
     mine = tmp_path / "my-memslice"
     mine.mkdir()
