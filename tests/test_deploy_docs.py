@@ -113,3 +113,19 @@ def test_readme_install_overlay_renders_with_the_given_images(tmp_path: Path) ->
     objs = [d for d in yaml.safe_load_all(out.stdout) if d]
     images = {c["image"] for _, spec in workloads(objs) for c in spec["containers"]}
     assert images == {"registry.example.org/memslice:0.1.0", "registry.k8s.io/kube-scheduler:v1.33.4"}
+
+
+def test_every_benchmark_is_listed_with_options_it_has() -> None:
+    """benchmarks/README.md lists every benchmark script, and each command it shows names a script that exists
+    with options that script defines (the figures stay reproducible)."""
+    bench = ROOT / "benchmarks"
+    text = (bench / "README.md").read_text()
+    for script in bench.glob("bench_*.py"):
+        assert f"`{script.name}" in text or f"benchmarks/{script.name}" in text, f"{script.name} is not listed"
+    commands = re.findall(r"(?:`|^ {4})[^`\n]*?\b(bench_\w+\.py)([^`\n]*)", text, re.M)
+    assert len(commands) > 20
+    for name, args in commands:
+        source = (bench / name).read_text() if (bench / name).exists() else ""
+        assert source, f"benchmarks/README.md runs {name}, which does not exist"
+        for option in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", args):
+            assert f'"{option}"' in source, f"benchmarks/README.md gives {name} {option}, which it does not define"
