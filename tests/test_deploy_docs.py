@@ -1,4 +1,4 @@
-"""The README and docs/operations.md: the promised opening, commands the CLI accepts, links that exist."""
+"""The README and docs/: the promised opening, commands the CLI accepts, links (and their headings) that exist."""
 
 from __future__ import annotations
 
@@ -62,10 +62,35 @@ def test_readme_documents_commands_and_variables() -> None:
         assert var in text, var
 
 
-@pytest.mark.parametrize("path", [README, OPERATIONS], ids=lambda p: p.name)
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
+
+
+def anchors(path: Path) -> set[str]:
+    """The #fragments GitHub gives the headings of a markdown file (lowercased, punctuation dropped, spaces
+    to hyphens, repeats numbered)."""
+    out: set[str] = set()
+    seen: dict[str, int] = {}
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    for heading in re.findall(r"^#+ (.+)$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_resolve(path: Path) -> None:
-    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", path.read_text()):
-        assert (path.parent / target).exists(), f"{path.name} links to {target}, which does not exist"
+    """Every relative link of the docs names a file that exists and, with a #fragment, a heading in it."""
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        file, _, fragment = target.partition("#")
+        dest = path.parent / file if file else path
+        assert dest.exists(), f"{path.name} links to {target}, which does not exist"
+        if fragment and dest.suffix == ".md":
+            assert fragment in anchors(dest), f"{path.name} links to {target}: no such heading in {dest.name}"
 
 
 def test_operations_covers_the_symptoms() -> None:
@@ -88,3 +113,19 @@ def test_readme_install_overlay_renders_with_the_given_images(tmp_path: Path) ->
     objs = [d for d in yaml.safe_load_all(out.stdout) if d]
     images = {c["image"] for _, spec in workloads(objs) for c in spec["containers"]}
     assert images == {"registry.example.org/memslice:0.1.0", "registry.k8s.io/kube-scheduler:v1.33.4"}
+
+
+def test_every_benchmark_is_listed_with_options_it_has() -> None:
+    """benchmarks/README.md lists every benchmark script, and each command it shows names a script that exists
+    with options that script defines (the figures stay reproducible)."""
+    bench = ROOT / "benchmarks"
+    text = (bench / "README.md").read_text()
+    for script in bench.glob("bench_*.py"):
+        assert f"`{script.name}" in text or f"benchmarks/{script.name}" in text, f"{script.name} is not listed"
+    commands = re.findall(r"(?:`|^ {4})[^`\n]*?\b(bench_\w+\.py)([^`\n]*)", text, re.M)
+    assert len(commands) > 20
+    for name, args in commands:
+        source = (bench / name).read_text() if (bench / name).exists() else ""
+        assert source, f"benchmarks/README.md runs {name}, which does not exist"
+        for option in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", args):
+            assert f'"{option}"' in source, f"benchmarks/README.md gives {name} {option}, which it does not define"

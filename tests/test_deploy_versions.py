@@ -5,7 +5,7 @@
 - Nothing under deploy/ deletes from what it builds on ($patch: delete), except the cert-manager component,
   which swaps the base's default certificate source for cert-manager's.
 - The kube-scheduler version is one setting (deploy/base's image tag) with a default per Kubernetes version
-  in the README, and the scheduler configuration is valid for each of them.
+  in docs/operations.md, and the scheduler configuration is valid for each of them.
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ from test_deploy_render import DEPLOY, ROOT, render
 from test_deploy_scheduler import scheduler_config
 
 README = ROOT / "README.md"
+OPERATIONS = ROOT / "docs" / "operations.md"
 MODES = ("base", "overlays/dra")
 # Components that apply to each mode (cdi and cert-manager concern the device-plugin mode only).
 COMPONENTS = {"base": ("cdi", "host-pids", "simulated", "cert-manager", "require-seccomp"),
               "overlays/dra": ("host-pids", "simulated")}
-# The combinations the README shows, and every component with every other.
+# The combinations docs/operations.md shows, and every component with every other.
 COMBINATIONS = [("base", ("simulated", "host-pids")), ("base", ("cdi", "host-pids")),
                 ("base", ("cdi", "host-pids", "cert-manager")), ("base", ("simulated", "host-pids", "cert-manager")),
                 ("overlays/dra", ("simulated", "host-pids")), ("overlays/dra", ("simulated",)),
@@ -50,7 +51,8 @@ def build(kubectl: Path, directory: Path) -> list[dict[str, Any]]:
 
 
 def combination(tmp_path: Path, mode: str, components: tuple[str, ...]) -> Path:
-    """A kustomization of a user's own, next to this repository's deploy/ (README, "Overlays and components")."""
+    """A kustomization of a user's own, next to this repository's deploy/ (docs/operations.md, "Overlays and
+    components")."""
     (tmp_path / "deploy").symlink_to(DEPLOY)
     mine = tmp_path / "my-memslice"
     mine.mkdir()
@@ -137,8 +139,8 @@ FIELDS_ADDED_LATER = {"delayCacheUntilActive": 29}
 
 
 def readme_scheduler_tags() -> dict[int, str]:
-    """The README's table: Kubernetes minor version -> the kube-scheduler tag to set."""
-    section = README.read_text().split("### kube-scheduler version", 1)[1].split("\n#", 1)[0]
+    """The install guide's table (docs/operations.md): Kubernetes minor version -> the kube-scheduler tag to set."""
+    section = OPERATIONS.read_text().split("### kube-scheduler version", 1)[1].split("\n#", 1)[0]
     rows = re.findall(r"^\| 1\.(\d+) \| `(v1\.\d+\.\d+)`", section, re.M)
     return {int(minor): tag for minor, tag in rows}
 
@@ -151,7 +153,7 @@ def test_scheduler_version_has_a_documented_default_for_every_supported_kubernet
         assert tag.startswith(f"v1.{minor}."), f"Kubernetes 1.{minor}: {tag} is another minor version"
     k = yaml.safe_load((DEPLOY / "base/kustomization.yaml").read_text())
     (setting,) = [i for i in k["images"] if i["name"] == "registry.k8s.io/kube-scheduler"]
-    assert setting["newTag"] == tags[last], "deploy/base's default is the README's row for the newest version"
+    assert setting["newTag"] == tags[last], "deploy/base's default is the documented row for the newest version"
     # the one setting: no other file names a kube-scheduler tag
     for path in DEPLOY.rglob("*.yaml"):
         assert not re.search(r"kube-scheduler:v\d", path.read_text()), f"{path} pins a kube-scheduler tag"
