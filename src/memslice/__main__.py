@@ -1,3 +1,12 @@
-from memslice.cli import main
+import sys
+
+# The kubernetes package imports its dynamic client, which imports kubernetes-validate where that is installed (it
+# is in the test extra, so in every development venv); with it come jsonschema and rfc3987-syntax, which compiles
+# a grammar as it is imported: 2.5 s of CPU in each memslice process that talks to the API server, for a
+# validator memslice never calls. None in sys.modules makes that optional import fail as if the package were
+# absent, as it is in the image.
+sys.modules.setdefault("kubernetes_validate", None)
+
+from memslice.cli import main  # noqa: E402 (after the line above)
 
 raise SystemExit(main())
