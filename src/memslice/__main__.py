@@ -5,7 +5,8 @@ import sys
 # a grammar as it is imported: 2.5 s of CPU in each memslice process that talks to the API server, for a
 # validator memslice never calls. None in sys.modules makes that optional import fail as if the package were
 # absent, as it is in the image.
-sys.modules.setdefault("kubernetes_validate", None)  # type: ignore[arg-type] (None: "not importable")
+# (None is Python's documented "not importable" entry, which typeshed does not allow for)
+sys.modules.setdefault("kubernetes_validate", None)  # type: ignore[arg-type]
 
 from memslice.cli import main  # noqa: E402 (after the line above)
 
