@@ -2,10 +2,11 @@
 
 8 processes x 4 threads allocate and free at random on one 1 GiB quota while the test SIGKILLs random
 processes (and starts new ones in their place) and SIGSTOPs others for 0.3-2 s before continuing them, for
-MEMSLICE_CHAOS_SECONDS (default 60). Checked: the quota is never exceeded (the ledger's high-water mark),
-no allocation or free call in a running process took longer than the documented bound (MS_CALL_WAIT_MS,
-measured by the C program itself around each call), nothing was corrupted, and once all have exited the
-usage is back to zero, reclaimed by the shim itself (no sweep from the test)."""
+MEMSLICE_CHAOS_SECONDS (default 20: some 20 kills and 30 stops, while its 32 busy threads take every core of
+a 2-core machine; issue 11's figures are from a 60 s run). Checked: the quota is never exceeded (the ledger's
+high-water mark), no allocation or free call in a running process took longer than the documented bound
+(MS_CALL_WAIT_MS, measured by the C program itself around each call), nothing was corrupted, and once all have
+exited the usage is back to zero, reclaimed by the shim itself (no sweep from the test)."""
 
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ class Fleet:
 
 
 def test_kill_and_stop_under_stress(node, cbin, tmp_path):
-    seconds = float(os.environ.get("MEMSLICE_CHAOS_SECONDS", "60"))
+    seconds = float(os.environ.get("MEMSLICE_CHAOS_SECONDS", "20"))
     n = node(context_overhead="32MiB")
     region = tmp_path / "c"
     env = n.container(region, f"{QUOTA_MIB}MiB", MEMSLICE_CONTEXT_RESERVE="32MiB")
