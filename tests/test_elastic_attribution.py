@@ -194,7 +194,13 @@ def test_top_groups_elastic_processes_under_their_containers(elastic, tmp_path) 
     wait_for(lambda: any(t.state == "idle" for t in read_boards(edir)), "A idle")
     b = elastic("b", "2GiB", "512MiB")
     assert b.cmd("alloc 1792 64") == "allocated 28"
-    wait_for(lambda: any(t.swapped_bytes for t in read_boards(edir)), "A's burst partly swapped out")
+    # A writes its swapped bytes as each range goes out and B its "got" as the answer reaches it: the two
+    # figures agree once the last answer has landed (bounded wait; they must agree, not merely both be set)
+    def settled() -> bool:
+        now = {t.pid: t for t in read_boards(edir)}
+        a_out = now[a.proc.pid].swapped_bytes if a.proc.pid in now else 0
+        return a_out > 0 and b.proc.pid in now and now[b.proc.pid].got_mib << 20 == a_out
+    wait_for(settled, "A's burst partly swapped out, and B told how much")
     mine = {t.pid: t for t in read_boards(edir)}
     moved, outs = mine[a.proc.pid].swapped_bytes, mine[a.proc.pid].swap_outs
     assert 344 * MiB <= moved <= 430 * MiB and mine[b.proc.pid].got_mib << 20 == moved
