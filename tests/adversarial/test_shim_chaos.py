@@ -28,19 +28,20 @@ QUOTA_MIB = 1024
 class Fleet:
     """The stressing processes: started on one quota, each running until `end` (monotonic)."""
 
-    def __init__(self, exe: str, env: dict[str, str], end: float) -> None:
-        self.exe, self.env, self.end = exe, env, end
+    def __init__(self, exe: str, env: dict[str, str], end: float, log: str) -> None:
+        self.exe, self.env, self.end, self.log = exe, env, end, log
         self.running: list[subprocess.Popen[str]] = []
         self.finished: list[subprocess.Popen[str]] = []
         self.killed = self.stopped = self.refused_start = 0
         self.seed = 0
+        self.errors = open(log, "a")  # the shim's warnings of every process: the diagnosis of a failure
 
     def start(self) -> None:
         """Start one more; it may be refused its context when the quota is full (then it is not added)."""
         self.seed += 1
         seconds = max(self.end - time.monotonic(), 1.0)
         p = subprocess.Popen([self.exe, "4", f"{seconds:.2f}", "96", str(self.seed)], env=self.env,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True)
         assert p.stdout is not None and p.stdin is not None
         line = p.stdout.readline().strip()
         if line == "setup failed":  # its context reserve did not fit: an out-of-memory refusal, not a fault
@@ -77,7 +78,8 @@ def test_kill_and_stop_under_stress(node, cbin, tmp_path):
     region = tmp_path / "c"
     env = n.container(region, f"{QUOTA_MIB}MiB", MEMSLICE_CONTEXT_RESERVE="32MiB")
     rng = random.Random(11)
-    fleet = Fleet(cbin["stress"], env, time.monotonic() + seconds)
+    log = str(tmp_path / "shim.log")
+    fleet = Fleet(cbin["stress"], env, time.monotonic() + seconds, log)
     for _ in range(8):
         fleet.start()
     stopped: dict[int, float] = {}
@@ -101,6 +103,10 @@ def test_kill_and_stop_under_stress(node, cbin, tmp_path):
         for p in fleet.running:
             p.send_signal(signal.SIGCONT)
     outputs = [(p, p.communicate(timeout=120)[0]) for p in fleet.running]
+    fleet.errors.close()
+    with open(log) as f:
+        said = {line.strip() for line in f if "memslice" in line}
+    warnings = sorted(said, key=lambda w: ("region" not in w and "lock" not in w, w))[:12]  # the ledger's first
     assert fleet.killed >= seconds / 10 and fleet.stopped >= seconds / 10  # the faults really happened
     worst = 0
     for p, text in outputs:
@@ -115,5 +121,6 @@ def test_kill_and_stop_under_stress(node, cbin, tmp_path):
     dev = snap.devices[0]
     assert 0 < dev.peak_bytes <= QUOTA_MIB << 20
     assert dev.refused > 0  # the quota was contended
-    assert dev.charged_bytes == 0, f"{dev.charged_bytes >> 20} MiB still charged after every process exited"
+    assert dev.charged_bytes == 0, (f"{dev.charged_bytes >> 20} MiB still charged after every process exited; "
+                                    f"{snap.processes}; the shim said: {warnings}")
     assert not [p for p in snap.processes if p.alive or p.device_bytes]
