@@ -12,6 +12,7 @@ import grpc
 
 from memslice import errors
 from memslice.kube.config import load_api_client
+from memslice.probe_http import ProbeServer
 
 from .config import AgentConfig
 from .deviceplugin.inventory import InventoryPublisher, PodWatcher, inventory_annotations
@@ -60,6 +61,7 @@ class NodeAgent:
         self.publisher: InventoryPublisher | None = None
         self.pod_watcher: PodWatcher | None = None
         self.http: HealthServer | None = None
+        self.probes: ProbeServer | None = None
         self.podresources = PodResourcesClient(cfg.pod_resources_socket) if cfg.pod_resources_socket else None
         self._xid: XidWatcher | None = None
         self._stop = threading.Event()
@@ -162,7 +164,7 @@ class NodeAgent:
         self._stop.set()
         self._reconcile_now.set()
         for part in (self.registrar, self.pod_watcher, self.publisher, self.swap_events, self.dra, self._xid, self.http,
-                     self.regions.reaper):
+                     self.probes, self.regions.reaper):
             if part is not None:
                 part.stop()
         if self._reconciler.is_alive():
@@ -263,6 +265,15 @@ class NodeAgent:
         self.http.start()
         log.info("metrics on http://%s:%d/metrics (also /healthz, /readyz)", self.cfg.metrics_address,
                  self.http.port)
+        if self.cfg.probe_port is not None:  # the kubelet's probes, where no scraper can starve them
+            try:
+                self.probes = ProbeServer(self.cfg.metrics_address, self.cfg.probe_port, self.live, self.ready,
+                                          "memslice-node-agent")
+            except OSError as exc:
+                raise StartupError(f"cannot serve probes on {self.cfg.metrics_address}:{self.cfg.probe_port}: "
+                                   f"{exc}; pick another --probe-port") from exc
+            self.probes.start()
+            log.info("probes on http://%s:%d/healthz (also /readyz)", self.cfg.metrics_address, self.probes.port)
 
     def _health_changed(self) -> None:
         assert self.state is not None

@@ -65,6 +65,10 @@ OPTIONS = [
     Option("--metrics-address", "MEMSLICE_METRICS_ADDRESS", "0.0.0.0", "address of the HTTP endpoint"),
     Option("--metrics-port", "MEMSLICE_METRICS_PORT", "9400",
            "port of /metrics (Prometheus), /healthz and /readyz; 0 picks a free port (logged)"),
+    Option("--probe-port", "MEMSLICE_PROBE_PORT", "",
+           "port of the kubelet's probes alone (/healthz, /readyz; one answer per connection, on --metrics-"
+           "address), where no scraper or client of the metrics port can starve them; 0 picks a free port "
+           "(logged); empty for none"),
     Option("--node-name", "NODE_NAME", "",
            "this node's name in Kubernetes (set NODE_NAME from the downward API spec.nodeName); required "
            "when a Kubernetes API is configured"),
@@ -155,6 +159,7 @@ class AgentConfig:
     elastic_dir: Path = Path("/var/lib/memslice/elastic")
     idle_after_s: float = 300.0
     swap_event_interval_s: float = 60.0
+    probe_port: int | None = None  # the kubelet's probes alone (memslice.probe_http); None: none
 
 
 def _int(name: str, raw: str, lo: int, hi: int, what: str) -> int:
@@ -254,6 +259,8 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> A
         elastic_dir=Path(get("elastic_dir") or Path(get("region_root")).parent / "elastic"),
         idle_after_s=_idle(n("idle_after"), get("idle_after")),
         swap_event_interval_s=_event_interval(n("swap_event_interval_s"), get("swap_event_interval_s")),
+        probe_port=_int(n("probe_port"), get("probe_port"), 0, 65535, "a TCP port, 0 for any free port, or "
+                        "empty for none") if get("probe_port").strip() else None,
     )
 
 

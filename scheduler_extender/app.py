@@ -11,6 +11,7 @@ from fractions import Fraction
 from typing import Any
 
 from memslice.kube.informer import Informer
+from memslice.probe_http import ProbeServer
 
 from .edge.metrics import Metrics
 from .edge.server import ExtenderHTTPServer, tls_context
@@ -40,6 +41,7 @@ class Config:
     tls_client_ca_file: str | None = None
     scheduler_names: tuple[str, ...] = DEFAULT_SCHEDULER_NAMES  # /bind serves pods of these schedulers only
     health_port: int | None = None  # plain-HTTP /healthz /readyz /metrics only (None: none)
+    probe_port: int | None = None  # plain-HTTP /healthz /readyz alone, for the kubelet (None: none)
     max_limit_ratio: Fraction | None = None  # cap on a GPU's sum of limits, × its memory (None: no cap)
 
 
@@ -93,6 +95,9 @@ class Extender:
         self.health_httpd = None if config.health_port is None else ExtenderHTTPServer(
             (config.address, config.health_port), self.verbs, self.metrics, lambda: self.state.synced, 0, None,
             health_only=True)
+        self.probes = None if config.probe_port is None else ProbeServer(
+            config.address, config.probe_port, lambda: True,
+            lambda: True if self.state.synced else "not synced with the API server", "memslice-extender")
         self._serve: list[threading.Thread] = []
 
     # The pod watch feeds ServedPods (which pods the binder may take from its cache) before the state, so a
@@ -131,6 +136,14 @@ class Extender:
         host = self.config.address if self.config.address not in ("0.0.0.0", "") else "127.0.0.1"
         return f"http://{host}:{self.health_httpd.server_address[1]}"
 
+    @property
+    def probe_url(self) -> str | None:
+        """http://host:port of the probes' server (--probe-port), or None."""
+        if self.probes is None:
+            return None
+        host = self.config.address if self.config.address not in ("0.0.0.0", "") else "127.0.0.1"
+        return f"http://{host}:{self.probes.port}"
+
     def _servers(self) -> list[ExtenderHTTPServer]:
         return [self.httpd] + ([self.health_httpd] if self.health_httpd is not None else [])
 
@@ -142,6 +155,8 @@ class Extender:
                                       name="extender-http", daemon=True)
             thread.start()
             self._serve.append(thread)
+        if self.probes is not None:
+            self.probes.start()
         log.info("memslice extender listening on %s (policy %s)", self.url, self.config.policy)
         return self
 
@@ -160,6 +175,8 @@ class Extender:
             httpd.close_connections()
             httpd.server_close()
         self._serve = []
+        if self.probes is not None:
+            self.probes.stop()
         self.writer.close()
         for inf in self.informers:
             inf.join(5)

@@ -72,6 +72,10 @@ def add_parser(subparsers: Any) -> None:
                    help=f"also serve GET /healthz /readyz /metrics (and nothing else) over plain HTTP on this "
                         f"port, for probes and Prometheus when --port requires client certificates "
                         f"(${ENV}HEALTH_PORT); default: none")
+    p.add_argument("--probe-port", type=_port_of("--probe-port"), default=_env("PROBE_PORT", None),
+                   help=f"also serve the kubelet's probes alone (GET /healthz /readyz, one answer per "
+                        f"connection) over plain HTTP on this port, where no scraper or client of the other "
+                        f"ports can starve them (${ENV}PROBE_PORT); default: none")
     p.add_argument("--scheduler-names", default=_env("SCHEDULER_NAMES", "memslice-scheduler"),
                    metavar="NAME[,NAME...]",
                    help=f"/bind binds only pods whose spec.schedulerName is one of these: the profile names "
@@ -207,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     cfg = Config(address=args.address, port=int(args.port), policy=args.policy, scheduler_names=names,
                  health_port=None if args.health_port is None else int(args.health_port),
+                 probe_port=None if args.probe_port is None else int(args.probe_port),
                  assume_ttl=float(args.assume_ttl),
                  max_body_bytes=int(args.max_body_mib) << 20, watch_timeout=int(args.watch_timeout),
                  tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file,
@@ -225,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
     gc.disable()
     ext.start()
     health = f"; health and metrics on {ext.health_url}" if ext.health_url else ""
+    health += f"; probes on {ext.probe_url}" if ext.probe_url else ""
     cap = "" if cfg.max_limit_ratio is None else f", limits per GPU up to {float(cfg.max_limit_ratio):g} × its memory"
     print(f"memslice extender: serving {ext.url} (policy {cfg.policy}{cap}){health}", flush=True)
 

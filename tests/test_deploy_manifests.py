@@ -346,8 +346,9 @@ def test_extender_flags_and_ports_agree() -> None:
     assert args.max_limit_ratio == 4  # elastic memory's cap on a GPU's sum of limits, parsed as the CLI does
     svc = find(objs, "Service", "memslice-extender")
     assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]} == {"https": "https", "http": "http"}
+    assert args.probe_port == ports["probes"]
     for probe in ("livenessProbe", "readinessProbe"):  # plain HTTP: the verbs port requires a client cert
-        assert c[probe]["httpGet"]["port"] == "http" and c[probe]["httpGet"].get("scheme", "HTTP") == "HTTP"
+        assert c[probe]["httpGet"]["port"] == "probes" and c[probe]["httpGet"].get("scheme", "HTTP") == "HTTP"
 
 
 def test_namespace_waives_pod_security_only_for_memslice_system() -> None:

@@ -116,21 +116,28 @@ def test_the_scheduler_reaches_the_deployed_extender_over_mutual_tls(tmp_path: P
             ext.stop()
 
 
-def test_probes_use_the_plain_health_port() -> None:
+def test_probes_use_their_own_plain_port() -> None:
+    """The kubelet's probes on the probe port alone (issue 35: on the health port, scrapers or anyone could
+    starve them), plain HTTP (the verbs port requires a client certificate)."""
     spec, c = workload(render("base"), "memslice-extender")
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert parse_memslice_args(c).health_port == ports["http"]
+    args = parse_memslice_args(c)
+    assert args.health_port == ports["http"] and args.probe_port == ports["probes"]
     for probe in ("livenessProbe", "readinessProbe"):
-        assert c[probe]["httpGet"]["port"] == "http" and c[probe]["httpGet"].get("scheme", "HTTP") == "HTTP"
+        assert c[probe]["httpGet"]["port"] == "probes" and c[probe]["httpGet"].get("scheme", "HTTP") == "HTTP"
 
 
 SCRAPER = {"memslice.io/metrics-scraper": "true"}  # the label the policies admit to the metrics ports
+SCRAPERS_NS = {"kubernetes.io/metadata.name": "monitoring", **SCRAPER}  # a namespace labelled by an admin
 
 
-def admitted(policy: Manifest, pod_labels: dict[str, str], namespace: str, port_name: str) -> bool:
-    """Whether a NetworkPolicy's ingress rules admit a pod with these labels, in this namespace, to the named
-    container port (the subset of the semantics the manifests use: podSelector.matchLabels, alone (the
-    policy's namespace) or with an empty namespaceSelector (every namespace), named ports)."""
+def admitted(policy: Manifest, pod_labels: dict[str, str], namespace: str, port_name: str,
+             ns_labels: dict[str, str] | None = None) -> bool:
+    """Whether a NetworkPolicy's ingress rules admit a pod with these labels, in this namespace (with these
+    labels), to the named container port (the subset of the semantics the manifests use:
+    podSelector.matchLabels alone (the policy's namespace) or with a namespaceSelector (its matchLabels: the
+    namespaces they select, together with the pod selector), named ports)."""
+    ns_labels = {"kubernetes.io/metadata.name": namespace, **(ns_labels or {})}
     for rule in policy["spec"].get("ingress", []):
         ports = rule.get("ports")
         if ports is not None and not any(p.get("port") == port_name for p in ports):
@@ -140,10 +147,14 @@ def admitted(policy: Manifest, pod_labels: dict[str, str], namespace: str, port_
             return True
         for peer in peers:
             assert set(peer) <= {"podSelector", "namespaceSelector"}, "extend admitted() for this peer"
-            assert peer.get("namespaceSelector", {}) == {}, "extend admitted() for this namespace selector"
-            any_namespace = "namespaceSelector" in peer
-            if (any_namespace or namespace == policy["metadata"]["namespace"]) and all(
-                    pod_labels.get(k) == v for k, v in peer["podSelector"].get("matchLabels", {}).items()):
+            if "namespaceSelector" in peer:
+                selector = peer["namespaceSelector"]
+                assert set(selector) <= {"matchLabels"}, "extend admitted() for this namespace selector"
+                in_namespace = all(ns_labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+            else:
+                in_namespace = namespace == policy["metadata"]["namespace"]
+            if in_namespace and all(pod_labels.get(k) == v
+                                    for k, v in peer.get("podSelector", {}).get("matchLabels", {}).items()):
                 return True
     return False
 
@@ -162,12 +173,18 @@ def test_network_policy_admits_only_the_scheduler_to_the_verbs() -> None:
         assert not admitted(policy, pods[name], NAMESPACE, verbs), name
     assert not admitted(policy, pods["memslice-scheduler"], "tenant", verbs)  # same labels, other namespace
     assert not admitted(policy, {"app": "notebook"}, "tenant", verbs)
-    assert not admitted(policy, {**SCRAPER, "app": "prometheus"}, "monitoring", verbs)
-    # the health port: scrapers only (issue 25: anyone on the pod network could exhaust it); probes come from
-    # the node, which NetworkPolicy does not filter
-    assert admitted(policy, {**SCRAPER, "app": "prometheus"}, "monitoring", health)
-    assert not admitted(policy, {"app": "prometheus"}, "monitoring", health)
+    assert not admitted(policy, {**SCRAPER, "app": "prometheus"}, "monitoring", verbs, SCRAPERS_NS)
+    # the health port: scrapers only (issue 25: anyone on the pod network could exhaust it), in a namespace
+    # labelled as scrapers' (issue 35: a tenant can label its pods, not its namespace)
+    assert admitted(policy, {**SCRAPER, "app": "prometheus"}, "monitoring", health, SCRAPERS_NS)
+    assert not admitted(policy, {"app": "prometheus"}, "monitoring", health, SCRAPERS_NS)
+    assert not admitted(policy, {**SCRAPER, "app": "notebook"}, "tenant", health)
     assert not admitted(policy, {"app": "notebook"}, "tenant", health)
+    # the probe port: no pod at all (the kubelet's probes come from the node, which NetworkPolicy does not
+    # filter)
+    for labels, ns, ns_labels in ((pods["memslice-scheduler"], NAMESPACE, None),
+                                  ({**SCRAPER, "app": "prometheus"}, "monitoring", SCRAPERS_NS)):
+        assert not admitted(policy, labels, ns, "probes", ns_labels)
 
 
 def test_network_policy_admits_only_scrapers_to_the_node_agent() -> None:
@@ -177,11 +194,16 @@ def test_network_policy_admits_only_scrapers_to_the_node_agent() -> None:
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= agent["metadata"]["labels"].items()
     ports = {p["name"] for c in agent["spec"]["containers"] for p in c.get("ports", [])}
-    assert ports == {"metrics"}  # the one TCP port; everything else is a Unix socket
-    assert admitted(policy, {**SCRAPER, "app": "prometheus"}, "monitoring", "metrics")
-    assert not admitted(policy, {"app": "prometheus"}, "monitoring", "metrics")
+    assert ports == {"metrics", "probes"}  # the TCP ports; everything else is a Unix socket
+    assert admitted(policy, {**SCRAPER, "app": "prometheus"}, "monitoring", "metrics", SCRAPERS_NS)
+    assert not admitted(policy, {"app": "prometheus"}, "monitoring", "metrics", SCRAPERS_NS)
+    assert not admitted(policy, {**SCRAPER, "app": "notebook"}, "tenant", "metrics")  # labelled its way in
     assert not admitted(policy, {"app": "notebook"}, "tenant", "metrics")
     assert not admitted(policy, agent["metadata"]["labels"], NAMESPACE, "metrics")
+    assert not admitted(policy, {**SCRAPER, "app": "prometheus"}, "monitoring", "probes", SCRAPERS_NS)
+    c = agent["spec"]["containers"][0]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"]["port"] == "probes"
     assert [o["metadata"]["name"] for o in render("overlays/dra") if o["kind"] == "NetworkPolicy"] == [
         "memslice-node-agent"]  # the DRA overlay keeps it (and drops the extender's)
 

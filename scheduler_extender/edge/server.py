@@ -147,22 +147,12 @@ class _Handler(LeanRequestHandler):
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s " + format, self.client_address[0], *args)
 
-    def setup(self) -> None:
+    def setup(self) -> None:  # the TLS handshake is done (BoundedHTTPServer.process_request_thread)
         super().setup()
-        if isinstance(self.connection, ssl.SSLSocket):
-            try:
-                self.connection.do_handshake()
-            except (ssl.SSLError, OSError) as exc:
-                log.info("TLS handshake with %s failed: %s", self.client_address[0], exc)
-                self.dead = True
         with self.server.conns_lock:
             self.server.conns.add(self.connection)
 
-    dead = False
-
     def handle(self) -> None:
-        if self.dead:
-            return
         try:
             super().handle()
         except (ssl.SSLError, ConnectionError, TimeoutError, OSError):

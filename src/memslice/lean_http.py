@@ -120,16 +120,21 @@ def framing_error(fields: list[tuple[str, str]]) -> str | None:
 class ConnLimits:
     """What one server allows its clients (see the module docstring, "Bounds")."""
 
-    max_connections: int = 32      # at once, on this port
+    max_connections: int = 32      # at once, on this port (TLS: past the handshake)
     per_peer: int = 8              # at once, from one address
     handshake_s: float = 5.0       # the TLS handshake, from accept
     idle_s: float = 30.0           # from the end of an answer (or the handshake) to the next request's first byte
     head_s: float = 5.0            # from a request's first byte to the end of its head
     answer_s: float = 30.0         # the whole answer taken by the client
+    handshakes: int = 64           # TLS handshakes in progress at once, on this port (apart from max_connections)
+    handshakes_per_peer: int = 16  # ... from one address
+    pressure_idle_s: float = 1.0   # idle_s while at least half of max_connections are held
 
 
 REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\n"
            b"Connection: close\r\nContent-Length: 52\r\n\r\ntoo many connections to this server; try again later\n")
+
+HANDSHAKE, WAITING, BUSY = "handshake", "waiting", "busy"  # the phases of a connection (_Conn.phase)
 
 
 def refuse_reason(active: int, from_peer: int, limits: ConnLimits) -> str | None:
@@ -141,8 +146,38 @@ def refuse_reason(active: int, from_peer: int, limits: ConnLimits) -> str | None
     return None
 
 
+def pick_victim(candidates: list[tuple[str, float]], held: Counter[str]) -> int | None:
+    """Which of these connections (peer, since when it waits) to close for a newcomer when a pool is full:
+    one of the peer holding the most of the pool (`held`), the one waiting longest; None when there is none.
+    Why: a peer that holds many idle or stalled connections pays for the newcomer, never the one-connection
+    client (the kubelet's probe, the scheduler) that sends its request at once."""
+    best: tuple[int, float] | None = None
+    pick = None
+    for i, (peer, since) in enumerate(candidates):
+        key = (-held[peer], since)
+        if best is None or key < best:
+            best, pick = key, i
+    return pick
+
+
+@dataclass
+class _Conn:
+    """One admitted connection: its peer, phase and since when; `counted` until it is evicted or ends."""
+
+    peer: str
+    phase: str
+    since: float
+    counted: bool = True
+
+
 class BoundedHTTPServer(ThreadingHTTPServer):
-    """ThreadingHTTPServer with capped connections and a watchdog for the deadlines (module docstring)."""
+    """ThreadingHTTPServer with capped connections and a watchdog for the deadlines (module docstring).
+
+    Two pools, each with a total and a per-peer cap: connections past their TLS handshake (all, in plain
+    HTTP) and TLS handshakes in progress, so stalled handshakes never take the capacity of clients that
+    completed theirs. A newcomer over a pool's total cap (not its peer's) takes the place of a connection
+    that waits for its client (handshake, idle keep-alive, unfinished head): pick_victim's, shut down at once.
+    While half the connections are held, keep-alives idle for pressure_idle_s at most."""
 
     daemon_threads = True
     allow_reuse_address = True
@@ -153,9 +188,13 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         self.limits, self.tls = limits, tls
         self._guard = threading.Lock()
         self._deadlines: dict[socket.socket, float] = {}
-        self._peers: Counter[str] = Counter()
+        self._conns: dict[Any, _Conn] = {}
+        self._peers: Counter[str] = Counter()  # connections past the handshake, per peer
+        self._shaking: Counter[str] = Counter()  # handshakes in progress, per peer
         self.active = 0
+        self.handshaking = 0
         self.refused = 0  # connections refused for the caps, since start
+        self.evicted = 0  # connections closed for a newcomer, since start
         self._last_refusal_log = 0.0
         self._closed = threading.Event()
         super().__init__(address, handler)
@@ -163,14 +202,33 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         self._watchdog.start()
 
     # --- deadlines -----------------------------------------------------------------------------------------
-    def arm(self, sock: socket.socket, seconds: float) -> None:
-        """`sock` is shut down if still armed `seconds` from now."""
+    def arm(self, sock: socket.socket, seconds: float, waiting: bool = False) -> None:
+        """`sock` is shut down if still armed `seconds` from now; `waiting`: for its client's next bytes (a
+        newcomer may then take its place)."""
         with self._guard:
             self._deadlines[sock] = time.monotonic() + seconds
+            self._set_phase(sock, WAITING if waiting else BUSY)
+
+    def await_request(self, sock: socket.socket) -> None:
+        """Arm `sock` for the wait for its next request: idle_s, or pressure_idle_s while half full."""
+        with self._guard:
+            self._deadlines[sock] = time.monotonic() + self._idle_s()
+            self._set_phase(sock, WAITING)
 
     def disarm(self, sock: socket.socket) -> None:
         with self._guard:
             self._deadlines.pop(sock, None)
+            self._set_phase(sock, BUSY)
+
+    def _idle_s(self) -> float:
+        if 2 * self.active >= self.limits.max_connections:
+            return min(self.limits.idle_s, self.limits.pressure_idle_s)
+        return self.limits.idle_s
+
+    def _set_phase(self, sock: Any, phase: str) -> None:
+        conn = self._conns.get(sock)
+        if conn is not None and conn.phase != HANDSHAKE and conn.phase != phase:
+            conn.phase, conn.since = phase, time.monotonic()
 
     def _watch(self) -> None:
         """Why a thread: a blocked recv/send (or TLS handshake) cannot watch its own total time; shutting the
@@ -182,10 +240,7 @@ class BoundedHTTPServer(ThreadingHTTPServer):
                 for s in late:
                     del self._deadlines[s]
             for s in late:
-                try:
-                    socket.socket.shutdown(s, socket.SHUT_RDWR)  # the base method: an SSLSocket's own drops its state
-                except OSError:
-                    pass
+                _cut(s)
 
     # --- the connection caps -------------------------------------------------------------------------------
     def get_request(self) -> tuple[socket.socket, Any]:
@@ -196,49 +251,145 @@ class BoundedHTTPServer(ThreadingHTTPServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """Admit the connection (a thread, its first deadline) or refuse it here, in the accept loop."""
-        peer = str(client_address[0]) if isinstance(client_address, tuple) else ""
+        peer = _peer(client_address)
+        victim = None
         with self._guard:
-            why = refuse_reason(self.active, self._peers[peer], self.limits)
+            if self.tls is not None:
+                why, victim = self._admit_handshake(peer)
+            else:
+                why, victim = self._admit(peer)
             if why is None:
-                self.active += 1
-                self._peers[peer] += 1
-                first = self.limits.handshake_s if self.tls is not None else self.limits.idle_s
+                phase = HANDSHAKE if self.tls is not None else WAITING
+                self._conns[request] = _Conn(peer, phase, time.monotonic())
+                first = self.limits.handshake_s if self.tls is not None else self._idle_s()
                 self._deadlines[request] = time.monotonic() + first
             else:
                 self.refused += 1
+        if victim is not None:
+            _cut(victim)
         if why is not None:
             self._refuse(request, peer, why)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._release(request, peer)
+            self._release(request)
             raise
+
+    def _admit(self, peer: str) -> tuple[str | None, Any]:
+        """(why refused or None, a connection to close for this one) past the handshake; under the guard.
+        Admitting counts the connection."""
+        lim = self.limits
+        if self._peers[peer] >= lim.per_peer:
+            return f"{self._peers[peer]} connections held by this peer (the cap is {lim.per_peer})", None
+        victim = None
+        if self.active >= lim.max_connections:
+            victim = self._evict(WAITING, self._peers)
+            if victim is None:
+                return f"{self.active} connections held (the cap is {lim.max_connections})", None
+        self.active += 1
+        self._peers[peer] += 1
+        return None, victim
+
+    def _admit_handshake(self, peer: str) -> tuple[str | None, Any]:
+        """_admit for a TLS handshake, in the handshakes' pool."""
+        lim = self.limits
+        if self._shaking[peer] >= lim.handshakes_per_peer:
+            return (f"{self._shaking[peer]} TLS handshakes in progress from this peer (the cap is "
+                    f"{lim.handshakes_per_peer})"), None
+        victim = None
+        if self.handshaking >= lim.handshakes:
+            victim = self._evict(HANDSHAKE, self._shaking)
+            if victim is None:
+                return f"{self.handshaking} TLS handshakes in progress (the cap is {lim.handshakes})", None
+        self.handshaking += 1
+        self._shaking[peer] += 1
+        return None, victim
+
+    def _evict(self, phase: str, held: Counter[str]) -> Any:
+        """pick_victim among the connections in `phase`, uncounted (its slot is the newcomer's); None if none.
+        Under the guard; the caller shuts it down."""
+        socks = [s for s, c in self._conns.items() if c.counted and c.phase == phase]
+        i = pick_victim([(self._conns[s].peer, self._conns[s].since) for s in socks], held)
+        if i is None:
+            return None
+        sock = socks[i]
+        self._uncount(sock)
+        self._deadlines.pop(sock, None)
+        self.evicted += 1
+        return sock
+
+    def _uncount(self, sock: Any) -> None:
+        """Give back the slot `sock` holds (if it still holds one); under the guard."""
+        conn = self._conns.get(sock)
+        if conn is None or not conn.counted:
+            return
+        conn.counted = False
+        pool = self._shaking if conn.phase == HANDSHAKE else self._peers
+        if conn.phase == HANDSHAKE:
+            self.handshaking -= 1
+        else:
+            self.active -= 1
+        pool[conn.peer] -= 1
+        if pool[conn.peer] <= 0:
+            del pool[conn.peer]
+
+    def _handshake(self, request: ssl.SSLSocket, peer: str) -> bool:
+        """Complete the TLS handshake (under handshake_s), then move the connection from the handshakes'
+        pool to the connections' (or close it when that is full of busy ones); whether to serve it."""
+        try:
+            request.do_handshake()
+        except (ssl.SSLError, OSError) as exc:
+            log.debug("TLS handshake with %s failed: %s", peer, exc)  # an attacker could fill the log
+            return False
+        victim = None
+        with self._guard:
+            conn = self._conns.get(request)
+            if conn is None or not conn.counted:  # evicted meanwhile
+                return False
+            self._uncount(request)
+            why, victim = self._admit(peer)
+            if why is None:
+                conn.counted, conn.phase, conn.since = True, WAITING, time.monotonic()
+                self._deadlines[request] = time.monotonic() + self._idle_s()
+            else:
+                self._deadlines.pop(request, None)
+                self.refused += 1
+        if victim is not None:
+            _cut(victim)
+        if why is not None:
+            self._log_refusal(peer, why)
+            return False
+        return True
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
+            if isinstance(request, ssl.SSLSocket) and not self._handshake(request, _peer(client_address)):
+                self.shutdown_request(request)
+                return
             super().process_request_thread(request, client_address)
         finally:
-            peer = str(client_address[0]) if isinstance(client_address, tuple) else ""
-            self._release(request, peer)
+            self._release(request)
 
-    def _release(self, request: Any, peer: str) -> None:
+    def _release(self, request: Any) -> None:
         with self._guard:
             self._deadlines.pop(request, None)
-            self.active -= 1
-            self._peers[peer] -= 1
-            if self._peers[peer] <= 0:
-                del self._peers[peer]
+            self._uncount(request)
+            self._conns.pop(request, None)
 
-    def _refuse(self, request: Any, peer: str, why: str) -> None:
-        """A clear refusal that costs no thread: 503 and close (plain HTTP), close (TLS: nothing can be said
-        before a handshake). What the client already sent is read first, without waiting, so that closing
-        does not reset the connection under the answer. One log line per 10 s at most."""
+    def _log_refusal(self, peer: str, why: str) -> None:
+        """One log line per 10 s at most."""
         now = time.monotonic()
         if now - self._last_refusal_log > 10:
             self._last_refusal_log = now
             log.warning("refusing connections from %s on port %s: %s (%d refused so far)", peer or "?",
                         self.server_address[1], why, self.refused)
+
+    def _refuse(self, request: Any, peer: str, why: str) -> None:
+        """A clear refusal that costs no thread: 503 and close (plain HTTP), close (TLS: nothing can be said
+        before a handshake). What the client already sent is read first, without waiting, so that closing
+        does not reset the connection under the answer."""
+        self._log_refusal(peer, why)
         try:
             if not isinstance(request, ssl.SSLSocket):
                 request.setblocking(False)
@@ -257,6 +408,18 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         super().server_close()
 
 
+def _peer(client_address: Any) -> str:
+    return str(client_address[0]) if isinstance(client_address, tuple) else ""
+
+
+def _cut(sock: Any) -> None:
+    """End whatever the connection's thread waits on (a read, a write, a handshake) at once."""
+    try:
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the base method: an SSLSocket's own drops its state
+    except OSError:
+        pass
+
+
 class LeanRequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     raw_requestline: bytes  # set by the stdlib handler before parse_request (not declared in its stubs)
@@ -266,9 +429,9 @@ class LeanRequestHandler(BaseHTTPRequestHandler):
     def _limits(self) -> ConnLimits | None:
         return self.server.limits if isinstance(self.server, BoundedHTTPServer) else None
 
-    def _arm(self, seconds: float) -> None:
+    def _arm(self, seconds: float, waiting: bool = False) -> None:
         if isinstance(self.server, BoundedHTTPServer):
-            self.server.arm(self.connection, seconds)
+            self.server.arm(self.connection, seconds, waiting)
 
     def _disarm(self) -> None:
         if isinstance(self.server, BoundedHTTPServer):
@@ -277,14 +440,13 @@ class LeanRequestHandler(BaseHTTPRequestHandler):
     def handle_one_request(self) -> None:
         """The stdlib's, with the head read whole, under MAX_HEAD_BYTES and the idle and head deadlines,
         before it is parsed; the deadlines are off while the request is handled (its body has its own)."""
-        limits = self._limits()
         try:
-            if limits is not None:
-                self._arm(limits.idle_s)
+            if isinstance(self.server, BoundedHTTPServer):
+                self.server.await_request(self.connection)
                 if not self.rfile.peek(1):  # type: ignore[attr-defined]  # a BufferedReader: waits for a byte
                     self.close_connection = True
                     return
-                self._arm(limits.head_s)
+                self._arm(self.server.limits.head_s, waiting=True)
             lines = self._read_head()
             if lines is None:
                 return
