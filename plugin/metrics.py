@@ -6,9 +6,11 @@ polling). prometheus_client's own HTTP server serves only metrics, so a small ht
 
 The port is reachable from the pod network (issue 25 item 2): it is memslice.lean_http's bounded server
 (8 KiB request heads, deadlines on the idle wait, the head and the answer, at most 32 connections and 8 per
-peer, refused with 503 without a thread), and the page is shared by its scrapers (lean_http.RenderCache:
-each scrape gets a render begun after it arrived, renders spaced by ten times their CPU cost, one for all
-the scrapers waiting), at most MAX_SCRAPES answered at once, so scrapes cannot take the CPU Allocate needs.
+peer, refused with 503 without a thread, a newcomer taking a waiting connection's place), and the page
+is shared by its scrapers (lean_http.RenderCache: each scrape gets a render begun after it arrived, renders
+spaced by ten times their CPU cost, one for all the scrapers waiting), at most MAX_SCRAPES answered at
+once, so scrapes cannot take the CPU Allocate needs.
+The kubelet's probes have a port of their own too (--probe-port, memslice.probe_http).
 """
 
 from __future__ import annotations

@@ -23,9 +23,12 @@ connections: VERBS_LIMITS on the verbs port (kube-scheduler's parallel binds com
 defaults on the health port; one over the cap is refused in the accept loop (503, or closed under TLS)
 without a thread. /metrics renders are spaced by ten times their cost, one for all waiting scrapers
 (Metrics.page), and at most MAX_SCRAPES are answered at once (503 beyond): scraping cannot take the verbs' CPU.
-TLS (kube-scheduler's `enableHTTPS`): the handshake runs in the connection's thread, not in accept().
+TLS (kube-scheduler's `enableHTTPS`): the handshake runs in the connection's thread (BoundedHTTPServer's,
+before the handler), not in accept().
 With a client CA, a client without a certificate signed by it fails the handshake (CERT_REQUIRED).
-A health-only server (--health-port) answers GET /healthz /readyz /metrics and nothing else.
+A health-only server (--health-port) answers GET /healthz /readyz /metrics and nothing else; the kubelet's
+probes have a port of their own (--probe-port, memslice.probe_http). On the TLS port, handshakes in progress
+have a pool of their own (ConnLimits.handshakes, 16 per address), apart from VERBS_LIMITS' connections.
 """
 
 from __future__ import annotations

@@ -33,8 +33,13 @@ Bounds (issue 25 items 1-2: anyone on the pod network reaches these ports, witho
   a body has its reader's own deadline (the extender's BODY_TIMEOUT_S);
 - a cap on concurrent connections, per server and per peer address: one past it is refused in the accept
   loop, before any thread is started (plain HTTP: `503` with `Connection: close`; TLS: closed), so threads
-  and memory are bounded by the caps whatever a client does, and one peer cannot take every slot from the
-  kubelet's probes.
+  and memory are bounded by the caps whatever a client does;
+- room for newcomers (issue 35: five addresses holding 8 idle keep-alives each starved the kubelet's
+  probes): a newcomer over the total cap (not its address's) takes the place of a connection waiting for its
+  client (idle keep-alive, unfinished head, TLS handshake), the longest-waiting of the address holding the
+  most (`pick_victim`), and while half the connections are held keep-alives idle pressure_idle_s at most;
+- TLS handshakes in a pool of their own (`handshakes`, `handshakes_per_peer`, each within handshake_s),
+  apart from the connections past theirs, so stalled handshakes cannot take the scheduler's capacity.
 """
 
 from __future__ import annotations
