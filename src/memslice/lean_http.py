@@ -142,15 +142,6 @@ REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRet
 HANDSHAKE, WAITING, BUSY = "handshake", "waiting", "busy"  # the phases of a connection (_Conn.phase)
 
 
-def refuse_reason(active: int, from_peer: int, limits: ConnLimits) -> str | None:
-    """Why a new connection must be refused, given those held now (all, and from its peer); None to admit."""
-    if active >= limits.max_connections:
-        return f"{active} connections held (the cap is {limits.max_connections})"
-    if from_peer >= limits.per_peer:
-        return f"{from_peer} connections held by this peer (the cap is {limits.per_peer})"
-    return None
-
-
 def pick_victim(candidates: list[tuple[str, float]], held: Counter[str]) -> int | None:
     """Which of these connections (peer, since when it waits) to close for a newcomer when a pool is full:
     one of the peer holding the most of the pool (`held`), the one waiting longest; None when there is none.
