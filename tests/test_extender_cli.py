@@ -37,6 +37,7 @@ def test_help_lists_flags_and_environment() -> None:
     (["--scheduler-names", "memslice-scheduler,Bad_Name"], {}, "'Bad_Name' is not a scheduler name"),
     ([], {"MEMSLICE_EXTENDER_SCHEDULER_NAMES": ""}, "'' is not a scheduler name"),
     (["--health-port", "http"], {}, "--health-port='http' is not a TCP port"),
+    (["--probe-port", "-1"], {}, "--probe-port='-1' is not a TCP port"),
 ])
 def test_bad_configuration_exits_2_naming_the_value(args, env, words, tmp_path) -> None:
     with KubeApiStandin() as kube:

@@ -78,3 +78,13 @@ def test_help_documents_every_flag_and_environment_variable():
     for o in OPTIONS:
         assert o.flag in text and o.env in text
     assert "--simulate" in text and "MEMSLICE_SIM_STATE" in text and "4 MiB" in text
+
+
+def test_probe_port_is_off_unless_given_and_refused_by_name_when_bad(monkeypatch, capsys, tmp_path):
+    """--probe-port (issue 35: the kubelet's probes on a port of their own): none by default, 0 for any."""
+    assert parse([]).probe_port is None
+    assert parse(["--probe-port", "9401"]).probe_port == 9401
+    assert parse([], {"MEMSLICE_PROBE_PORT": "0"}).probe_port == 0
+    monkeypatch.setenv("MEMSLICE_DEVICE_PLUGIN_DIR", str(tmp_path / "dp"))
+    assert main(["node-agent", "--probe-port", "http"]) == 2
+    assert "--probe-port='http'" in capsys.readouterr().err
