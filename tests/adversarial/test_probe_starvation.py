@@ -317,7 +317,8 @@ def test_filter_calls_get_through_handshakes_that_never_finish(extender: Extende
             assert keepalive.filter(pod, ["n"])["NodeNames"] == ["n"]
             assert keepalive.local.conn is not None and keepalive.local.conn.sock is sock  # never closed
         during = status(extender.proc.pid)
-        assert during["Threads"] <= before["Threads"] + VERBS_LIMITS.handshakes + 8, (before, during)
+        # a thread per handshake in the pool (and a few evicted ones on their way out), not one per connection
+        assert during["Threads"] <= before["Threads"] + VERBS_LIMITS.handshakes + 32, (before, during)
     finally:
         attack.close()
         keepalive.close()
