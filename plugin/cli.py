@@ -74,6 +74,9 @@ def handler(args: argparse.Namespace) -> int:
         logging.getLogger("memslice.plugin").error("cannot start: %s", exc)
         agent.stop()
         return 1
-    stop.wait()
+    # Bounded waits: a signal the kernel delivers to another thread does not wake a main thread blocked in a
+    # lock, and Python runs its handler only in the main thread.
+    while not stop.wait(1.0):
+        pass
     agent.stop()
     return 0

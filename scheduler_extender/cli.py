@@ -263,6 +263,9 @@ def run(args: argparse.Namespace) -> int:
                 frozen_at = min(frozen_at, pods)
 
     threading.Thread(target=settle, name="gc-freeze", daemon=True).start()
-    done.wait()
+    # Bounded waits: a signal the kernel delivers to another thread (one of hundreds under a connection
+    # flood) does not wake a main thread blocked in a lock, and Python runs its handler only in the main thread.
+    while not done.wait(1.0):
+        pass
     ext.stop()
     return 0
