@@ -30,7 +30,7 @@ from kube_standin import KubeApiStandin
 from kubelet_standin import KubeletStandin
 from test_extender_support import Client, node_obj, pod_obj
 from test_extender_tls import certs, client_context
-from test_http_dos import held_open, sources, status, wait_until
+from test_http_dos import AGENT_LIMIT, EXTENDER_LIMIT, held_open, sources, status, wait_until
 from test_plugin_agent import RESOURCE, AgentProcess
 
 from memslice.lean_http import BoundedHTTPServer, ConnLimits, LeanRequestHandler, pick_victim
@@ -198,6 +198,7 @@ def test_agent_probes_are_answered_while_stalled_heads_fill_the_probe_port(agent
     holding unfinished heads, and 5 x 8 idle ones that never send a byte."""
     for opening in (STALLED, b""):
         probes_answered_under(agent.probe_port, agent.probe_port, opening, 5, 8, PROBE_LIMITS)
+    assert agent.agent.proc is not None and status(agent.agent.proc.pid)["VmHWM"] < AGENT_LIMIT
 
 
 # --- the extender, as deployed: mutual TLS verbs, health port, probe port ---------------------------------
@@ -316,6 +317,7 @@ def test_filter_calls_get_through_handshakes_that_never_finish(extender: Extende
         during = status(extender.proc.pid)
         # a thread per handshake in the pool (and a few evicted ones on their way out), not one per connection
         assert during["Threads"] <= before["Threads"] + VERBS_LIMITS.handshakes + 32, (before, during)
+        assert during["VmHWM"] < EXTENDER_LIMIT, during
     finally:
         attack.close()
         keepalive.close()
