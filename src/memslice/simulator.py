@@ -10,7 +10,6 @@ import tempfile
 from .paths import lib_paths
 from .sizes import SizeError, parse_size, size_hint
 
-
 MAX_SIM_GPU = 16 << 40  # bytes: no GPU made has a tenth of it; a larger simulated GPU is a typo
 
 
