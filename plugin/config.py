@@ -223,6 +223,14 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> A
     sim_flag = getattr(args, "simulate", None)
     sim_gpus = sim_flag or env.get("MEMSLICE_SIM_GPUS") or None
     simulate = sim_flag is not None or bool(env.get("MEMSLICE_SIM_GPUS"))
+    if sim_gpus:
+        from memslice.simulator import validate_gpus
+
+        try:
+            validate_gpus(sim_gpus)
+        except ValueError as exc:  # SizeError too: a bad simulated GPU is a bad flag (exit 2), named
+            where = "--simulate" if sim_flag else "MEMSLICE_SIM_GPUS"
+            raise ConfigError(f"{where}={sim_gpus!r} is not valid: {exc}") from None
     node = get("node_name")
     prs = get("pod_resources_socket")
     level = get("log_level").lower()

@@ -34,7 +34,8 @@ def test_a_subcommand_imports_only_its_own_module():
     for other in ("memslice.plugin.cli", "memslice.demo", "memslice.run", "memslice.top"):
         assert f"'{other}'" not in loaded
     wrong = cli("extendr")
-    assert wrong.returncode == 2 and "invalid choice: 'extendr'" in wrong.stderr and "node-agent" in wrong.stderr
+    assert wrong.returncode == 2 and "'extendr' is not a memslice command" in wrong.stderr
+    assert "did you mean `memslice extender`?" in wrong.stderr and "node-agent" in wrong.stderr
 
 
 def test_paths_json(libs):
@@ -140,7 +141,8 @@ def test_top_refuses_a_refresh_period_it_cannot_keep(tmp_path, interval):
     # quotas no GPU can give
     (["--gpu-mem", "999999TiB", "--", "true"], "--gpu-mem 999999TiB is larger than any GPU (16TiB)"),
     (["--gpu-mem", "32GiB", "--simulate-gpu", "16GiB,24GiB", "--", "true"],
-     "--gpu-mem 32GiB is larger than the simulated GPU (24GiB): give at most 24GiB, or a larger --simulate-gpu"),
+     "--gpu-mem 32GiB is larger than simulated GPU 0 (16GiB): the quota is per GPU, so give at most 16GiB, or larger "
+     "GPUs in --simulate-gpu"),
     (["--gpu-mem", "1.5GiB", "--", "true"], "whole numbers only: write 1536MiB"),
 ])
 def test_run_names_the_value_and_the_fix(args, message):
@@ -166,7 +168,7 @@ def test_run_keeps_the_region_dir_to_its_owner(cbin, tmp_path):
     import stat
 
     env = {"PATH": "/usr/bin:/bin", "MEMSLICE_SIM_STATE": str(tmp_path / "n.state")}
-    region = tmp_path / "new" / "r"
+    region = tmp_path / "r"  # created (its parent must exist: tests/test_cli_mistakes.py)
     out = cli("run", "--gpu-mem", "1GiB", "--simulate-gpu", "16GiB", "--region-dir", str(region), "--",
               cbin["alloc_direct"], "100", env=env)
     assert out.returncode == 0, out.stderr

@@ -11,6 +11,14 @@ import sys
 
 from . import __version__, errors
 
+# The kubernetes package imports its dynamic client, which imports kubernetes-validate where that is installed (it
+# is in the test extra, so in every development venv); with it come jsonschema and rfc3987-syntax, which compiles
+# a grammar as it is imported: 2.5 s of CPU in each memslice process that talks to the API server, for a
+# validator memslice never calls. None in sys.modules makes that optional import fail as if the package were
+# absent, as it is in the image. Here, not in __main__, so that the installed `memslice` command (whose
+# console script imports this module) gets it as well as `python -m memslice`.
+sys.modules.setdefault("kubernetes_validate", None)  # type: ignore[arg-type]
+
 # subcommand -> module that provides `add_parser(subparsers)`; the module sets `func` on its parser.
 SUBCOMMANDS = {
     "run": "memslice.run",
@@ -69,6 +77,14 @@ def join_dash_values(argv: list[str]) -> list[str]:
     return out
 
 
+def near_option(sub: argparse.ArgumentParser, extras: list[str]) -> bool:
+    """Whether an unplaced argument is a near miss of one of the subcommand's options (`--verbsoe`): then the
+    nearest option is the answer, before any subcommand-specific explanation."""
+    options = [o for action in sub._actions for o in action.option_strings if o.startswith("--")]
+    return any(e.startswith("--") and difflib.get_close_matches(e.split("=", 1)[0], options, n=1, cutoff=0.75)
+               for e in extras)
+
+
 def unknown_options_message(sub: argparse.ArgumentParser, extras: list[str]) -> str:
     """What a subcommand says about arguments it does not take: each one, with the nearest option it has."""
     options = [o for action in sub._actions for o in action.option_strings if o.startswith("--")]
@@ -77,6 +93,27 @@ def unknown_options_message(sub: argparse.ArgumentParser, extras: list[str]) -> 
         near = difflib.get_close_matches(e.split("=", 1)[0], options, n=1, cutoff=0.6) if e.startswith("-") else []
         parts.append(f"{e!r} (did you mean {near[0]}?)" if near else repr(e))
     return f"unrecognized arguments: {', '.join(parts)}; see `{sub.prog} --help`"
+
+
+def misspelled_option(sub: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """An option written with underscores or capitals (`--gpu_mem 4096`) that names one the subcommand has:
+    argparse would only say that the real one is missing. Options after `--` or after the first word that is
+    neither an option nor an option's value (a command's own) are not looked at."""
+    actions = {o: action for action in sub._actions for o in action.option_strings if o.startswith("--")}
+    args = iter(argv[1:])
+    for a in args:
+        if a == "--" or not a.startswith("--"):
+            return None
+        name = a.split("=", 1)[0]
+        known = actions.get(name)
+        if known is not None:
+            if "=" not in a and known.nargs is None:
+                next(args, None)  # its value
+            continue
+        fixed = name.replace("_", "-").lower()
+        if fixed in actions:
+            return f"unrecognized option {name!r}: did you mean {fixed}? (options use dashes); see `{sub.prog} --help`"
+    return None
 
 
 def subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser | None:
@@ -100,14 +137,23 @@ def run_command(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = join_dash_values(sys.argv[1:] if argv is None else argv)
+    if argv and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
+        near = difflib.get_close_matches(argv[0], list(SUBCOMMANDS), n=1, cutoff=0.6)
+        hint = f"did you mean `memslice {near[0]}`? " if near else ""
+        build_parser().error(f"{argv[0]!r} is not a memslice command; {hint}the commands are: {', '.join(SUBCOMMANDS)}")
     parser = build_parser(argv[0] if argv and argv[0] in SUBCOMMANDS else None)
+    if argv and argv[0] in SUBCOMMANDS:
+        sub = subparser(parser, argv[0])
+        wrong = misspelled_option(sub, argv) if sub is not None else None
+        if sub is not None and wrong:
+            sub.error(wrong)
     args, extras = parser.parse_known_args(argv)
     if extras:
         sub = subparser(parser, args.command) if getattr(args, "command", None) else None
         if sub is None:
             parser.error(f"unrecognized arguments: {' '.join(extras)}")
         # a subcommand may know better (`memslice run` without `--`: the command read as an option's value)
-        explain = getattr(args, "explain_extras", None)
+        explain = getattr(args, "explain_extras", None) if not near_option(sub, extras) else None
         sub.error((explain(args, extras) if explain else None) or unknown_options_message(sub, extras))
     if not getattr(args, "func", None):
         parser.print_help()

@@ -142,7 +142,8 @@ def main() -> int:
     work = tempfile.mkdtemp(prefix="memslice-demo-elastic-")
     state, edir = os.path.join(work, "gpu.state"), os.path.join(work, "elastic")
     os.makedirs(edir)
-    print("memslice demo --elastic: one simulated 4 GiB GPU, two notebooks (each CUDA context takes 300 MiB)\n")
+    print("memslice demo --elastic: one simulated 4 GiB GPU, two notebooks "
+          "(each CUDA context takes 300 MiB here; a real one ~520 MiB on an H100)\n")
 
     def start(name: str, limit: str, request: str) -> subprocess.Popen[str]:
         region = os.path.join(work, name)

@@ -176,18 +176,32 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= int(args.days) <= 36500:
         print(f"memslice extender-certs: --days={args.days} is out of range; give 1..36500", file=sys.stderr)
         return 2
-    if args.out_dir:
-        paths = write_files(make_bundle(args.service, args.namespace, int(args.days)), args.out_dir)
+    if args.out_dir is not None:
+        if not args.out_dir.strip():
+            print("memslice extender-certs: --out-dir '' is empty; name a directory for the PEM files",
+                  file=sys.stderr)
+            return 2
+        try:
+            paths = write_files(make_bundle(args.service, args.namespace, int(args.days)), args.out_dir)
+        except OSError as exc:
+            print(f"memslice extender-certs: cannot write the certificates in --out-dir {args.out_dir}: "
+                  f"{exc.strerror or exc}; name a directory you can write (it is created if missing)",
+                  file=sys.stderr)
+            return 2
         print("memslice extender-certs: wrote " + ", ".join(paths))
         return 0
     from kubernetes import client
 
+    from memslice.errors import ConfigError
     from memslice.scheduler_extender.cli import load_api_client
 
     try:
         core = client.CoreV1Api(load_api_client(args.kubeconfig))
         print("memslice extender-certs: " + ensure_secrets(core, args.namespace, args.service, args.server_secret,
                                                            args.client_secret, int(args.days)))
+    except ConfigError as exc:  # no kubeconfig, or one that cannot be read: it names the file and the fix
+        print(f"memslice extender-certs: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:  # noqa: BLE001 - report and exit
         print(f"memslice extender-certs: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -59,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "the rest may be moved to host memory, charged to this process's memory cgroup: leave it "
                         "room for --gpu-mem minus the request (a move it has no room for is refused, never an "
                         "OOM kill)")
-    p.add_argument("--idle-after", metavar="SECONDS", type=float,
+    p.add_argument("--idle-after", metavar="SECONDS", type=seconds,
                    help="elastic memory: idle after this long without a CUDA call (default 300)")
     p.add_argument("--simulate-gpu", metavar="SIZE[,SIZE..]",
                    help="use the simulated GPU instead of a real driver, e.g. 16GiB or 16GiB,24GiB")
@@ -70,6 +70,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("-v", "--verbose", action="store_true", help="say where the region is; shim logs at info")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command to run")
     p.set_defaults(func=main, explain_extras=explain_extras)
+
+
+def seconds(text: str) -> float:
+    """--idle-after's value: a finite number of seconds (argparse names the option in front of the message)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (e.g. 300, or 0.5)")
+    return value
 
 
 def build_env(args: argparse.Namespace, region_dir: str) -> dict[str, str]:
@@ -177,6 +188,11 @@ def quota_bound_message(option: str, text: str, value: int, simulate: str | None
         return (f"{option} {text} is larger than any GPU ({format_bytes(MAX_GPU_MEM)}); the quota is per GPU, "
                 "e.g. --gpu-mem 4GiB")
     sizes, what = gpu_sizes(simulate)
+    if simulate and sizes and value > min(sizes):
+        # every simulated GPU is visible to the command, and the quota holds on each: it must fit the smallest
+        small = sizes.index(min(sizes))
+        return (f"{option} {text} is larger than simulated GPU {small} ({format_bytes(min(sizes))}): the quota is "
+                f"per GPU, so give at most {format_bytes(min(sizes))}, or larger GPUs in --simulate-gpu")
     if sizes and value > max(sizes):
         fix = "or a larger --simulate-gpu" if simulate else "the quota is per GPU"
         return (f"{option} {text} is larger than {what} ({format_bytes(max(sizes))}): give at most "
@@ -191,7 +207,7 @@ def limits_for(args: argparse.Namespace, environ: dict[str, str]) -> Limits:
     limit = checked_size("--gpu-mem", args.gpu_mem)
     if spill:
         checked_size("--oversubscribe", spill, allow_zero=True)
-    if args.simulate_gpu:
+    if args.simulate_gpu is not None:  # `--simulate-gpu=` too: an empty list is refused by name
         from .simulator import validate_gpus
 
         validate_gpus(args.simulate_gpu)
@@ -231,6 +247,32 @@ def private_dir_problem(region_dir: str) -> str | None:
     return None
 
 
+def region_dir_problem(path: str) -> str | None:
+    """What is wrong with a --region-dir before anything is created: empty, a file, or a path whose parent
+    does not exist (memslice run creates the last component only, never a tree of directories as root)."""
+    if not path.strip():
+        return "--region-dir '' is empty: name a directory (or leave the option out for a temporary one)"
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"--region-dir {path} is a file, not a directory: name a directory (memslice run creates a missing one)"
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        return (f"--region-dir {path}: its parent {parent} does not exist; create it first, or name a directory "
+                "whose parent exists")
+    return None
+
+
+def driver_present() -> bool:
+    """Whether the NVIDIA driver's libcuda.so.1 can be loaded from this machine's library path (the command
+    would find no GPU without it). Loading it starts nothing: the driver initialises on cuInit."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
 def main(args: argparse.Namespace) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     split = split_size_message(args, cmd)
@@ -246,10 +288,18 @@ def main(args: argparse.Namespace) -> int:
         print(f"memslice run: {exc}", file=sys.stderr)
         return 2
     own_dir = args.region_dir is None
+    problem = None if own_dir else region_dir_problem(args.region_dir)
+    if problem:
+        print(f"memslice run: {problem}", file=sys.stderr)
+        return 2
+    if not args.simulate_gpu and not driver_present():
+        print("memslice run: no NVIDIA driver found (libcuda.so.1 cannot be loaded), so the command will find no GPU; "
+              "to try memslice without one, add --simulate-gpu 16GiB", file=sys.stderr)
     region_dir = tempfile.mkdtemp(prefix="memslice-region-") if own_dir else args.region_dir
     try:
         try:
-            os.makedirs(region_dir, mode=0o700, exist_ok=True)
+            if not os.path.isdir(region_dir):
+                os.mkdir(region_dir, mode=0o700)
             shared = private_dir_problem(region_dir)
             if shared:
                 print(f"memslice run: {shared}", file=sys.stderr)
@@ -262,6 +312,10 @@ def main(args: argparse.Namespace) -> int:
         env = build_env(args, region_dir)
         if args.verbose:
             print(f"memslice run: region {region_dir} (watch it with: memslice top {region_dir})", file=sys.stderr)
+            if args.simulate_gpu:
+                state = env["MEMSLICE_SIM_STATE"]
+                print(f"memslice run: simulated GPU state {state} (memslice sim status --state {state})",
+                      file=sys.stderr)
         try:
             proc = subprocess.Popen(cmd, env=env)
         except FileNotFoundError:

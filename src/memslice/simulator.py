@@ -10,11 +10,23 @@ import tempfile
 from .paths import lib_paths
 from .sizes import SizeError, parse_size, size_hint
 
+MAX_SIM_GPU = 16 << 40  # bytes: no GPU made has a tenth of it; a larger simulated GPU is a typo
+
 
 def default_state_path(gpus: str) -> str:
     """One simulated node per GPU list: the same `--simulate-gpu` value shares one node (and its usage)."""
     digest = hashlib.sha256(gpus.encode()).hexdigest()[:12]
     return os.path.join(tempfile.gettempdir(), f"memslice-sim-{os.getuid()}-{digest}.state")
+
+
+def state_files() -> list[str]:
+    """This user's simulated nodes, newest first: every state file a default path can name (`memslice run
+    --simulate-gpu` makes one per GPU list; a bare process under the simulated driver uses the C default)."""
+    import glob
+
+    found = [p for p in glob.glob(os.path.join(tempfile.gettempdir(), f"memslice-sim-{os.getuid()}*.state"))
+             if os.path.isfile(p) and not os.path.islink(p)]
+    return sorted(found, key=lambda p: -os.stat(p).st_mtime)
 
 
 def state_path(env: dict[str, str] | None = None) -> str:
@@ -32,14 +44,22 @@ def usage_path(state: str, env: dict[str, str] | None = None) -> str:
 
 def validate_gpus(spec: str) -> None:
     """Raise ValueError naming the bad entry unless spec is SIZE[:NUMA][:mig](,…)."""
+    if not spec.strip():
+        raise ValueError("the simulated GPU list is empty; give each GPU's size, e.g. --simulate-gpu 16GiB")
     for item in spec.split(","):
         parts = item.split(":")
         try:
-            parse_size(parts[0])
+            size = parse_size(parts[0], allow_zero=True)
         except SizeError:
             raise SizeError(f"simulated GPU {parts[0]!r} (in {spec!r}) is not a GPU size{size_hint(parts[0])}; use "
                             "SIZE[:NUMA][:mig] per GPU, SIZE as 16GiB or 16384 (MiB), e.g. 16GiB or 16GiB,24GiB:1"
                             ) from None
+        if size == 0:
+            raise ValueError(f"simulated GPU {parts[0]!r} (in {spec!r}) has no memory: give its size, e.g. 16GiB "
+                             "(a bare number is MiB)")
+        if size > MAX_SIM_GPU:
+            raise ValueError(f"simulated GPU {parts[0]!r} (in {spec!r}) is larger than any GPU (at most 16TiB); "
+                             "give a GPU's size, e.g. 80GiB")
         for extra in parts[1:]:
             if extra != "mig" and not (extra.isdigit() and int(extra) < 64):
                 raise ValueError(f"simulated GPU {item!r}: {extra!r} is neither a NUMA node (0-63) nor 'mig'; "

@@ -5,15 +5,17 @@ Fallback order (docs/architecture.md, "Contracts"):
 2. the in-cluster service account, when KUBERNETES_SERVICE_HOST is set (a pod);
 3. ~/.kube/config, when that file exists;
 4. none: (None, why). The agent then runs standalone; the extender and extender-certs refuse to start.
-A configuration that is found but broken (unreadable file, a pod without its token) raises: it is never
-skipped for the next source.
+A configuration that is found but broken (a named file that is missing or unusable, a pod without its
+token) raises (errors.ConfigError naming the file, where it is one): it is never skipped for the next source.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from memslice.errors import ConfigError
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -30,13 +32,16 @@ def load_api_client(kubeconfig: str | None, *, pool_maxsize: int | None = None
     conf = client.Configuration()
     home = Path(DEFAULT_KUBECONFIG).expanduser()
     if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=conf)
+        if not Path(kubeconfig).is_file():
+            raise ConfigError(f"the kubeconfig {kubeconfig} (--kubeconfig or KUBECONFIG) is not a file: name an "
+                              "existing one (`kubectl config view --raw > FILE` writes one), or unset KUBECONFIG")
+        _load(config, kubeconfig, conf)
         how = f"kubeconfig {kubeconfig}"
     elif os.environ.get("KUBERNETES_SERVICE_HOST"):
         config.load_incluster_config(client_configuration=conf)
         how = "in-cluster service account"
     elif home.is_file():
-        config.load_kube_config(config_file=str(home), client_configuration=conf)
+        _load(config, str(home), conf)
         how = f"kubeconfig {home}"
     else:
         return None, (f"no kubeconfig (--kubeconfig, KUBECONFIG, {DEFAULT_KUBECONFIG}) and not in a cluster "
@@ -44,3 +49,13 @@ def load_api_client(kubeconfig: str | None, *, pool_maxsize: int | None = None
     if pool_maxsize is not None:
         conf.connection_pool_maxsize = pool_maxsize
     return client.ApiClient(conf), how
+
+
+def _load(config: Any, path: str, conf: Any) -> None:
+    """Load a kubeconfig file into conf; ConfigError naming the file when it cannot be used (empty, not YAML,
+    no current context, unreadable)."""
+    try:
+        config.load_kube_config(config_file=path, client_configuration=conf)
+    except (config.ConfigException, ValueError, OSError) as exc:  # yaml errors are ValueErrors
+        raise ConfigError(f"the kubeconfig {path} cannot be used ({exc}): check it with `kubectl --kubeconfig "
+                          f"{path} config view`, or name another with --kubeconfig") from None
