@@ -84,6 +84,9 @@ print(json.dumps(res))
 """
 
 
+HELD = 'import ctypes; print(ctypes.CDLL("libcuda.so.1").memsliceSimTimeline(0, None, 0))'
+
+
 @pytest.fixture
 def sim(node):
     return node(gpus="4GiB", context_overhead="0")
@@ -208,3 +211,30 @@ def test_a_killed_process_frees_the_gpu_and_its_queue_vanishes(cbin, sim):
     again = spinner(cbin, sim).run(50 * MS, count=2)
     assert again["sim_busy_ns"] == 100 * MS
     assert timeline(sim.env)["busy"] - idle["busy"] == 100 * MS  # alone now: nobody else is charged
+
+
+def test_a_tenant_wrecking_the_timeline_stalls_no_one(cbin, sim, tmp_path):
+    import fcntl
+    import os
+
+    lock = sim.state + ".lock"  # the node lock file: every container of the node can write it
+    victim = spinner(cbin, sim).start(20 * MS, count=100)
+    poll(lambda: timeline(sim.env)["clients"], "the victim runs")
+    with open(lock, "r+b") as f:
+        for attack in range(6):
+            if attack % 3 == 0:
+                os.truncate(lock, 0)
+            elif attack % 3 == 1:
+                f.seek(0)
+                f.write(os.urandom(1 << 17))
+                f.flush()
+            else:
+                fcntl.lockf(f, fcntl.LOCK_EX, 1, 1)  # the GPU's timeline lock byte, held a while
+                held = run([sys.executable, "-c", HELD], {k: v for k, v in sim.env.items() if k != "LD_PRELOAD"})
+                assert held.stdout.strip() == "0", held.stderr  # the reader gave up (bounded) instead of hanging
+                fcntl.lockf(f, fcntl.LOCK_UN, 1, 1)
+    got = victim.wait()
+    assert got["kernels"] == 100  # every kernel completed: lost queued work counts as done, no wait hangs
+    before = timeline(sim.env)
+    again = spinner(cbin, sim).run(20 * MS, count=5)
+    assert again["sim_busy_ns"] == 100 * MS and timeline(sim.env)["busy"] - before["busy"] == 100 * MS

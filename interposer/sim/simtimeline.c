@@ -143,7 +143,9 @@ static off_t block_off(int g) { return (off_t)(TL_DATA_BASE + (uint64_t)g * size
 /* ---- the block: validation, sample periods, scheduling ------------------------------------------------ */
 /* Is the block read from the shared file consistent? (a tenant may have written anything there) */
 static int valid_block(const struct tl_gpu *b, uint64_t now) {
-    if (b->magic != TL_MAGIC || (b->cur != TL_NONE && b->cur >= TL_CLIENTS) || b->last > now) return 0;
+    if (b->magic != TL_MAGIC || (b->cur != TL_NONE && b->cur >= TL_CLIENTS) || b->last > now ||
+        b->slice_end > b->last + TL_SLICE_NS)
+        return 0;
     for (int i = 0; i < TL_CLIENTS; i++) {
         const struct tl_client_rec *c = &b->c[i];
         if (c->token && (c->consumed > c->submitted || c->submitted - c->consumed > TL_MAX_PENDING_NS ||
@@ -234,8 +236,11 @@ static void advance(struct tl_gpu *b, int g, uint64_t now) {
             continue;
         }
         if (t >= b->slice_end) {
-            b->cur = next_client(b, g, b->cur, &seen);
-            b->slice_end = t + TL_SLICE_NS;
+            uint32_t next = next_client(b, g, b->cur, &seen);
+            /* alone, it keeps the GPU: for whole slices up to now (a replay costs O(1) per holder, not per slice) */
+            uint64_t slices = next == b->cur && now - t > TL_SLICE_NS ? (now - t) / TL_SLICE_NS + 1 : 1;
+            b->cur = next;
+            b->slice_end = t + slices * TL_SLICE_NS;
             continue;
         }
         uint64_t r = (now < b->slice_end ? now : b->slice_end) - t, left = c->submitted - c->consumed;
