@@ -238,3 +238,27 @@ def test_a_tenant_wrecking_the_timeline_stalls_no_one(cbin, sim, tmp_path):
     before = timeline(sim.env)
     again = spinner(cbin, sim).run(20 * MS, count=5)
     assert again["sim_busy_ns"] == 100 * MS and timeline(sim.env)["busy"] - before["busy"] == 100 * MS
+
+
+def test_the_python_spin_tenant_runs_under_memslice_run(tmp_path):
+    """The demo path: `memslice run --simulate-gpu` and `python -m memslice.spin` (the shim preloaded)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSLICE_") and k != "LD_PRELOAD"}
+    env["MEMSLICE_SIM_STATE"] = str(tmp_path / "node.state")
+    cmd = [sys.executable, "-m", "memslice", "run", "--gpu-mem", "1GiB", "--simulate-gpu", "4GiB",
+           "--region-dir", str(tmp_path / "region"), "--", sys.executable, "-m", "memslice.spin", "--ns",
+           str(20 * MS), "--count", "5"]
+    out = run(cmd, env)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["kernels"] == 5 and got["gpu_ns"] == 100 * MS
+    assert 0 < got["share"] <= 1.0
+
+
+def test_spin_figures_are_computed_from_latencies():
+    from memslice.spin import figures, percentile
+
+    assert percentile([], 50) == 0 and percentile([5, 1, 3], 50) == 3 and percentile(list(range(100)), 99) == 99
+    assert figures([10, 30, 20], 10, 60) == {"kernels": 3, "gpu_ns": 30, "wall_ns": 60, "lat_ns_p50": 20,
+                                             "lat_ns_p99": 30, "share": 0.5}
