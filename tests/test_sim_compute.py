@@ -80,6 +80,13 @@ res["queued_after_launch"] = figures()[1]
 ok(cu.cuLaunchHostFunc(stream, cb, None), "cuLaunchHostFunc")
 res["queued_in_host_fn"] = seen["queued"]
 res["spin_without_argument"] = launch(spin)
+cu.cuMemAlloc_v2.argtypes = [ctypes.POINTER(U64), ctypes.c_size_t]
+cu.cuMemcpyDtoH_v2.argtypes = [V, U64, ctypes.c_size_t]
+dptr, host = U64(), ctypes.create_string_buffer(64)
+ok(cu.cuMemAlloc_v2(ctypes.byref(dptr), 64), "cuMemAlloc_v2")
+ok(launch(spin, params), "launch spin")
+ok(cu.cuMemcpyDtoH_v2(host, dptr, 64), "cuMemcpyDtoH_v2")
+res["queued_after_sync_copy"] = figures()[1]
 print(json.dumps(res))
 """
 
@@ -115,6 +122,7 @@ def test_kernels_take_their_gpu_time_and_completion_is_observed(sim):
     assert 0 < r["queued_after_launch"] <= 200 * MS  # asynchronous: the launch returned with the work queued
     assert r["queued_in_host_fn"] == 0  # the host function ran after the work before it
     assert r["spin_without_argument"] == 1  # CUDA_ERROR_INVALID_VALUE
+    assert r["queued_after_sync_copy"] == 0  # a synchronous copy to the host came after the kernel
 
 
 def test_alone_a_spin_is_charged_exactly_its_duration(cbin, sim):

@@ -55,6 +55,7 @@ struct tl_state {
     struct tl_local local[TL_LOCALS];
     struct tl_gpu blk;              /* the block of the current session */
     int exit_hook;
+    int launched;                   /* a submit happened (read without the lock) */
 };
 static struct tl_state g_tl = {.mu = PTHREAD_MUTEX_INITIALIZER, .fd = -1};
 
@@ -346,6 +347,7 @@ int tl_submit(struct tl_ref r, uint64_t ns, uint64_t *target) {
         if (!c) c = claim(r.gpu, r.local);
         if (c && c->submitted - c->consumed + ns > TL_MAX_PENDING_NS) rc = -2;
         else if (c) {
+            __atomic_store_n(&g_tl.launched, 1, __ATOMIC_RELAXED);
             c->submitted += ns;
             L->last = c->submitted;
             rc = 0;
@@ -356,6 +358,8 @@ int tl_submit(struct tl_ref r, uint64_t ns, uint64_t *target) {
     pthread_mutex_unlock(&g_tl.mu);
     return rc;
 }
+
+int tl_launched(void) { return __atomic_load_n(&g_tl.launched, __ATOMIC_RELAXED); }
 
 /* The client's last completion point. */
 uint64_t tl_last(struct tl_ref r) {
