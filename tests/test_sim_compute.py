@@ -12,8 +12,8 @@ import json
 import sys
 
 import pytest
-from conftest import run
-from sim_compute import Spinner, monotonic_ns, nvml_util, poll, timeline
+from conftest import PRELOAD_FIRST, run
+from sim_compute import Spinner, driver_env, monotonic_ns, nvml_util, poll, timeline
 
 MS = 1_000_000
 
@@ -238,7 +238,7 @@ def test_a_tenant_wrecking_the_timeline_stalls_no_one(cbin, sim, tmp_path):
                 f.flush()
             else:
                 fcntl.lockf(f, fcntl.LOCK_EX, 1, 1)  # the GPU's timeline lock byte, held a while
-                held = run([sys.executable, "-c", HELD], {k: v for k, v in sim.env.items() if k != "LD_PRELOAD"})
+                held = run([sys.executable, "-c", HELD], driver_env(sim.env))
                 assert held.stdout.strip() == "0", held.stderr  # the reader gave up (bounded) instead of hanging
                 fcntl.lockf(f, fcntl.LOCK_UN, 1, 1)
     got = victim.wait()
@@ -248,6 +248,7 @@ def test_a_tenant_wrecking_the_timeline_stalls_no_one(cbin, sim, tmp_path):
     assert again["sim_busy_ns"] == 100 * MS and timeline(sim.env)["busy"] - before["busy"] == 100 * MS
 
 
+@pytest.mark.skipif(bool(PRELOAD_FIRST), reason="memslice run puts the shim before the sanitizer runtime")
 def test_the_python_spin_tenant_runs_under_memslice_run(tmp_path):
     """The demo path: `memslice run --simulate-gpu` and `python -m memslice.spin` (the shim preloaded)."""
     import os

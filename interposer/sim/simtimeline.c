@@ -56,6 +56,7 @@ struct tl_state {
     struct tl_gpu blk;              /* the block of the current session */
     int exit_hook;
     int launched;                   /* a submit happened (read without the lock) */
+    int warned;                     /* said once that a GPU had no client left */
 };
 static struct tl_state g_tl = {.mu = PTHREAD_MUTEX_INITIALIZER, .fd = -1};
 
@@ -345,6 +346,9 @@ int tl_submit(struct tl_ref r, uint64_t ns, uint64_t *target) {
     if (session_begin(r.gpu, &now) == 0) {
         struct tl_client_rec *c = client_of(r.local);
         if (!c) c = claim(r.gpu, r.local);
+        if (!c && !__atomic_exchange_n(&g_tl.warned, 1, __ATOMIC_RELAXED))
+            fprintf(stderr, "memslice-sim: GPU %d already has %d contexts with kernels; this one's kernels take no "
+                    "GPU time\n", r.gpu, TL_CLIENTS);
         if (c && c->submitted - c->consumed + ns > TL_MAX_PENDING_NS) rc = -2;
         else if (c) {
             __atomic_store_n(&g_tl.launched, 1, __ATOMIC_RELAXED);
