@@ -13,7 +13,7 @@ import sys
 
 import pytest
 from conftest import PRELOAD_FIRST, run
-from sim_compute import Spinner, driver_env, monotonic_ns, nvml_util, poll, timeline
+from sim_compute import CUDA_BINDINGS_SPIN, Spinner, driver_env, monotonic_ns, nvml_util, poll, timeline
 
 MS = 1_000_000
 
@@ -87,6 +87,9 @@ ok(cu.cuMemAlloc_v2(ctypes.byref(dptr), 64), "cuMemAlloc_v2")
 ok(launch(spin, params), "launch spin")
 ok(cu.cuMemcpyDtoH_v2(host, dptr, 64), "cuMemcpyDtoH_v2")
 res["queued_after_sync_copy"] = figures()[1]
+attr = ctypes.c_int()
+ok(cu.cuFuncGetAttribute(ctypes.byref(attr), 0, spin), "cuFuncGetAttribute")
+res["max_threads"] = attr.value
 print(json.dumps(res))
 """
 
@@ -123,6 +126,7 @@ def test_kernels_take_their_gpu_time_and_completion_is_observed(sim):
     assert r["queued_in_host_fn"] == 0  # the host function ran after the work before it
     assert r["spin_without_argument"] == 1  # CUDA_ERROR_INVALID_VALUE
     assert r["queued_after_sync_copy"] == 0  # a synchronous copy to the host came after the kernel
+    assert r["max_threads"] == 1024
 
 
 def test_alone_a_spin_is_charged_exactly_its_duration(cbin, sim):
@@ -273,3 +277,13 @@ def test_spin_figures_are_computed_from_latencies():
     assert percentile([], 50) == 0 and percentile([5, 1, 3], 50) == 3 and percentile(list(range(100)), 99) == 99
     assert figures([10, 30, 20], 10, 60) == {"kernels": 3, "gpu_ns": 30, "wall_ns": 60, "lat_ns_p50": 20,
                                              "lat_ns_p99": 30, "share": 0.5}
+
+
+def test_cuda_bindings_launch_spin_kernels(sim):
+    """NVIDIA's Python bindings (every entry point through cuGetProcAddress) launch spin on the simulator."""
+    before = timeline(sim.env)
+    out = run([sys.executable, "-c", CUDA_BINDINGS_SPIN, str(20 * MS), "3"], sim.env)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["query_running"] == 600 and got["gpu_ms"] >= 60.0
+    assert timeline(sim.env)["busy"] - before["busy"] == 60 * MS
