@@ -301,6 +301,10 @@ static int ours_elsewhere(int g, uint32_t i) {
 static struct tl_client_rec *claim(int g, int local) {
     struct tl_gpu *b = &g_tl.blk;
     struct tl_local *L = &g_tl.local[local];
+    if (L->client >= 0) { /* its record was reset: the byte it still holds goes back */
+        byte_lock(g_tl.fd, live_byte(g, (uint32_t)L->client), F_UNLCK);
+        L->client = -1;
+    }
     for (uint32_t i = 0; i < TL_CLIENTS; i++) {
         struct tl_client_rec *c = &b->c[i];
         if (c->token == g_tl.token || ours_elsewhere(g, i)) continue;
@@ -489,8 +493,8 @@ static void release_local(int k) {
     if (L->client >= 0 && session_begin(L->gpu, &now) == 0) {
         if (client_of(k)) drop(&g_tl.blk, (uint32_t)L->client);
         session_end(L->gpu);
-        byte_lock(g_tl.fd, live_byte(L->gpu, (uint32_t)L->client), F_UNLCK);
     }
+    if (L->client >= 0) byte_lock(g_tl.fd, live_byte(L->gpu, (uint32_t)L->client), F_UNLCK);
     memset(L, 0, sizeof *L);
 }
 
