@@ -139,6 +139,7 @@ static int byte_held(int fd, off_t byte) {
     return fl.l_type != F_UNLCK;
 }
 
+/* Where client i of GPU g's liveness lock byte and GPU g's block are in the file. */
 static off_t live_byte(int g, uint32_t i) { return (off_t)(TL_LIVE_BASE + (uint64_t)g * TL_CLIENTS + i); }
 static off_t block_off(int g) { return (off_t)(TL_DATA_BASE + (uint64_t)g * sizeof(struct tl_gpu)); }
 
@@ -367,6 +368,7 @@ int tl_submit(struct tl_ref r, uint64_t ns, uint64_t *target) {
     return rc;
 }
 
+/* A relaxed flag: the copy paths' test costs one load. */
 int tl_launched(void) { return __atomic_load_n(&g_tl.launched, __ATOMIC_RELAXED); }
 
 /* The client's last completion point. */
@@ -515,6 +517,7 @@ static void tl_release_all(void) {
 }
 
 /* ---- NVML and figures ---------------------------------------------------------------------------------- */
+/* The GPU's busy share of the last complete sample period, rounded to a percent. */
 unsigned int tl_util(int gpu) {
     uint64_t now, busy = 0;
     pthread_mutex_lock(&g_tl.mu);
@@ -559,6 +562,7 @@ void tl_samples(int gpu, tl_sample_fn fn, void *arg) {
     }
 }
 
+/* The timeline's figures for tests (simtimeline.h); dead clients found on the way are released first. */
 SIM_EXPORT unsigned int memsliceSimTimeline(unsigned int gpu, unsigned long long *out, unsigned int n) {
     unsigned long long v[4 + 3 * TL_CLIENTS];
     unsigned int count = 0;
