@@ -287,3 +287,20 @@ def test_cuda_bindings_launch_spin_kernels(sim):
     got = json.loads(out.stdout)
     assert got["query_running"] == 600 and got["gpu_ms"] >= 60.0
     assert timeline(sim.env)["busy"] - before["busy"] == 60 * MS
+
+
+def test_each_gpu_has_its_own_timeline(cbin, node):
+    two = node(gpus="4GiB,4GiB", context_overhead="0")
+    a = Spinner(cbin["spin_tenant"], two.env).queue(100 * MS, count=100, gpu=0)
+    b = Spinner(cbin["spin_tenant"], two.env).queue(100 * MS, count=100, gpu=1)
+    try:
+        def alone_on_each() -> bool:
+            t0, t1 = timeline(two.env, 0), timeline(two.env, 1)
+            return [c["pid"] for c in t0["clients"]] == [a.pid] and [c["pid"] for c in t1["clients"]] == [b.pid]
+        poll(alone_on_each, "each tenant alone on its GPU")
+        busy = poll(lambda: (lambda u: u if u[0]["gpu"] == 100 and u[1]["gpu"] == 100 else None)(
+            [nvml_util(two.env, 0), nvml_util(two.env, 1)]), "both GPUs fully busy")
+        assert busy[0]["procs"] == {a.pid: 100} and busy[1]["procs"] == {b.pid: 100}
+    finally:
+        a.kill()
+        b.kill()
