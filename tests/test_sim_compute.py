@@ -304,3 +304,39 @@ def test_each_gpu_has_its_own_timeline(cbin, node):
     finally:
         a.kill()
         b.kill()
+
+
+EVENTS = r"""
+import ctypes, json
+cu = ctypes.CDLL("libcuda.so.1")
+V, U64 = ctypes.c_void_p, ctypes.c_ulonglong
+def ok(rc):
+    assert rc == 0, rc
+dev, ctx, mod, fn, st = ctypes.c_int(), V(), V(), V(), V()
+ok(cu.cuInit(0)); ok(cu.cuDeviceGet(ctypes.byref(dev), 0))
+ok(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)); ok(cu.cuCtxSetCurrent(ctx))
+ok(cu.cuModuleLoadData(ctypes.byref(mod), ctypes.create_string_buffer(b"MSSIMMOD" + bytes(8), 16)))
+ok(cu.cuModuleGetFunction(ctypes.byref(fn), mod, b"spin")); ok(cu.cuStreamCreate(ctypes.byref(st), 0))
+ns = U64(5_000_000)
+params = (V * 1)(ctypes.cast(ctypes.byref(ns), V))
+events = [V() for _ in range(32)]
+for e in events:
+    ok(cu.cuEventCreate(ctypes.byref(e), 0))
+    ok(cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, st, params, None))
+    ok(cu.cuEventRecord(e, st))
+ok(cu.cuStreamSynchronize(st))
+ms = ctypes.c_float()
+gaps = []
+for a, b in zip(events, events[1:]):
+    ok(cu.cuEventElapsedTime(ctypes.byref(ms), a, b))
+    gaps.append(ms.value)
+print(json.dumps(gaps))
+"""
+
+
+def test_events_in_flight_are_stamped_when_the_timeline_reaches_them(sim):
+    """32 kernels of 5 ms queued with an event after each: each gap between events is exactly one kernel."""
+    out = run([sys.executable, "-c", EVENTS], sim.env)
+    assert out.returncode == 0, out.stderr
+    gaps = json.loads(out.stdout)
+    assert len(gaps) == 31 and all(abs(g - 5.0) < 0.001 for g in gaps), gaps

@@ -28,7 +28,7 @@
 #define TL_MIN_NAP_NS (20ull * 1000)
 #define TL_LOCALS 64
 
-struct tl_mark_rec { uint64_t seq, target, done; };   /* seq 0: empty; done 0: not yet */
+struct tl_mark_rec { uint64_t target, done; };   /* target 0: empty; done 0: not yet */
 struct tl_client_rec {
     uint64_t token;                 /* the owning process's random token; 0: free */
     uint32_t pid, local;            /* pid as the driver reports it; the owner's local slot + 1 */
@@ -183,7 +183,7 @@ static void run(struct tl_gpu *b, uint32_t i, uint64_t t, uint64_t r) {
     b->busy += r;
     for (int k = 0; k < TL_MARKS; k++) {
         struct tl_mark_rec *m = &c->mark[k];
-        if (m->seq && !m->done && m->target <= c->consumed) m->done = t + (m->target > c0 ? m->target - c0 : 0);
+        if (m->target && !m->done && m->target <= c->consumed) m->done = t + (m->target > c0 ? m->target - c0 : 0);
     }
     for (uint64_t a = t, end = t + r; a < end;) {
         uint64_t p = a - a % TL_PERIOD_NS, seg = (p + TL_PERIOD_NS < end ? p + TL_PERIOD_NS : end) - a;
@@ -441,14 +441,14 @@ void tl_mark(struct tl_ref r, uint64_t target, struct tl_point *p) {
         int slot = (int)(c->mark_seq % TL_MARKS);
         struct tl_mark_rec *m = &c->mark[slot];
         struct tl_point *old = L->owner[slot];
-        if (!m->seq || m->done) {
-            if (old && m->seq && old->mark == slot && old->seq == m->seq && !old->done) {
+        if (!m->target || m->done) {
+            if (old && m->target && old->mark == slot && old->target == m->target && !old->done) {
                 old->done = 1;
                 old->ns = m->done;
             }
-            *m = (struct tl_mark_rec){.seq = ++c->mark_seq, .target = target};
+            *m = (struct tl_mark_rec){.target = target};
+            c->mark_seq++;
             p->mark = slot;
-            p->seq = m->seq;
             L->owner[slot] = p;
         }
     }
@@ -466,7 +466,7 @@ int tl_point_time(struct tl_point *p, uint64_t *ns) {
         struct tl_client_rec *c = client_of(r.local);
         if (!c || c->consumed >= p->target) {
             const struct tl_mark_rec *m = c && p->mark >= 0 ? &c->mark[p->mark] : NULL;
-            p->ns = m && m->seq == p->seq && m->done ? m->done : now;
+            p->ns = m && m->target == p->target && m->done ? m->done : now;
             p->done = 1;
         }
         session_end(r.gpu);
