@@ -136,7 +136,8 @@ int main(int argc, char **argv) {
     }
     if (o.launch_only) {
         unsigned long long k = o.count ? o.count : 1;
-        for (unsigned long long i = 0; i < k; i++) check(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s, params, NULL), "cuLaunchKernel");
+        for (unsigned long long i = 0; i < k; i++)
+            check(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s, params, NULL), "cuLaunchKernel");
         printf("{\"launched\": %llu}\n", k);
         fflush(stdout);
         for (;;) pause();
