@@ -46,7 +46,7 @@ CONTAINER_LIMITS_FILE = CONTAINER_LIMITS
 SIM_LIB_NAMES = ("libcuda.so.1", "libnvidia-ml.so.1")
 CONTAINER_SIM_LIB_DIR = "/usr/local/memslice/sim/lib"
 CONTAINER_SIM_STATE = "/usr/local/memslice/sim/node.state"      # read-only: the node's GPUs and events
-CONTAINER_SIM_LOCK = "/usr/local/memslice/sim/node.lock"        # read-write, used only for fcntl locks
+CONTAINER_SIM_LOCK = "/usr/local/memslice/sim/node.lock"        # read-write: fcntl locks and the compute timelines
 CONTAINER_SIM_PEERS = "/usr/local/memslice/sim/peers"           # read-only: every container's region dir
 SIM_USAGE_NAME = "sim.usage"  # a container's own simulated usage, in its (read-write) region dir
 
@@ -78,7 +78,8 @@ def install_shim(source: str, host_dir: Path) -> Path:
 def install_sim_driver(source_dir: Path, state: Path) -> Path:
     """Give containers the simulated driver: copy its libraries atomically into `<state dir>/simlib`, keep the
     node's description readable by any container user but writable only here, and create the node lock
-    file (content-free, any user may lock it). Containers write only their own usage (in their region dir)."""
+    file (any user may lock and write it: the locks, and the GPUs' compute timelines, which every reader
+    validates). Containers write only their own usage (in their region dir)."""
     lib_dir = state.parent / "simlib"
     lib_dir.mkdir(parents=True, exist_ok=True)
     for name in SIM_LIB_NAMES:
