@@ -152,12 +152,12 @@ static void reconcile(struct measure *m) {
                  "charged", fmt_bytes(extra, a, sizeof a), m->ord);
         force_charge(m->dev, extra);
         *u += extra;
-        __atomic_fetch_add(&g_ledger.r->dev[m->dev].driver_taken, extra, __ATOMIC_RELAXED);
+        ms_note_taken(&g_ledger, m->dev, extra, 0);
     } else if (*u && charged - m->after > 0) {
         uint64_t back = charged - m->after < *u ? charged - m->after : *u;
         uncharge(m->dev, back);
         *u -= back;
-        __atomic_fetch_sub(&g_ledger.r->dev[m->dev].driver_taken, back, __ATOMIC_RELAXED);
+        ms_note_taken(&g_ledger, m->dev, back, 1);
     }
 }
 
@@ -169,21 +169,29 @@ void measure_done(struct measure *m) {
 /* The record key of a handle's measured memory of one kind. */
 static uint64_t taken_key(uint64_t handle, enum taken_kind kind) { return handle ^ ((uint64_t)kind << 56); }
 
+/* Charge n bytes the driver took for a handle, and record them under it. */
 CUresult taken_charge(int dev, uint64_t handle, enum taken_kind kind, uint64_t n, const char *call) {
     if (!n) return CUDA_SUCCESS;
     if (try_charge(dev, n) < 0) {
         refuse(dev, n, call);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    taken_record(dev, handle, kind, n);
+    return CUDA_SUCCESS;
+}
+
+/* Record n bytes already charged (a context's charge taken before the driver call) under a handle. */
+void taken_record(int dev, uint64_t handle, enum taken_kind kind, uint64_t n) {
+    if (!n) return;
     ms_rec r;
     uint64_t key = taken_key(handle, kind), had = 0;
     if (ms_ptrmap_take(&g_taken, key, &r)) had = r.size;
     r = (ms_rec){.key = key, .size = had + n, .dev = dev, .kind = (uint32_t)kind};
     ms_ptrmap_put(&g_taken, &r);
-    __atomic_fetch_add(&g_ledger.r->dev[dev].driver_taken, n, __ATOMIC_RELAXED);
-    return CUDA_SUCCESS;
+    ms_note_taken(&g_ledger, dev, n, 0);
 }
 
+/* Give back what a handle's record holds (at most at_most), uncharging it. */
 uint64_t taken_release(uint64_t handle, enum taken_kind kind, uint64_t at_most) {
     ms_rec r;
     uint64_t key = taken_key(handle, kind);
@@ -194,6 +202,6 @@ uint64_t taken_release(uint64_t handle, enum taken_kind kind, uint64_t at_most) 
         ms_ptrmap_put(&g_taken, &r);
     }
     uncharge(r.dev, back);
-    __atomic_fetch_sub(&g_ledger.r->dev[r.dev].driver_taken, back, __ATOMIC_RELAXED);
+    ms_note_taken(&g_ledger, r.dev, back, 1);
     return back;
 }

@@ -148,6 +148,7 @@ void measure_after_fork(void);
 /* Measured charges, kept by handle and kind so that unloading or destroying it gives them back. */
 enum taken_kind { T_CONTEXT = 1, T_LIMITS, T_MODULE, T_LIBRARY };
 CUresult taken_charge(int dev, uint64_t handle, enum taken_kind kind, uint64_t n, const char *call);
+void taken_record(int dev, uint64_t handle, enum taken_kind kind, uint64_t n); /* n already charged */
 uint64_t taken_release(uint64_t handle, enum taken_kind kind, uint64_t at_most); /* bytes given back */
 
 /* hooks_pool.c */
