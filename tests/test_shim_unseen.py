@@ -255,3 +255,21 @@ def test_a_killed_processs_driver_memory_leaves_the_figure_when_it_is_swept(node
         if live.stdin:
             live.stdin.close()
         live.wait(timeout=30)
+
+
+@pytest.mark.parametrize(("overhead", "quota"), [("64MiB", 1024), ("520MiB", 2048)])
+def test_contexts_made_while_threads_allocate_never_take_physical_memory_past_the_quota(node, cbin, tmp_path,
+                                                                                       overhead, quota):
+    # issue 35 item 7: a context charged only after the driver made it let threads that kept the quota full
+    # push the simulated GPU's physical memory past the quota by a context each time. The expected cost is
+    # now held before the call; the simulator's own high-water mark says what the GPU really held.
+    n = node(context_overhead=overhead)
+    env = n.container(tmp_path / "c", f"{quota}MiB")
+    out = run([cbin["ctxrace"], "4", "150"], env, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    got = kv(out.stdout)
+    assert got["other"] == "0" and int(got["contexts"]) + int(got["refused"]) == 150, out.stdout
+    assert int(got["allocs"]) > 0
+    (gpu,) = n.physical()
+    assert gpu.peak_bytes > (quota - 64) << 20, "the quota was kept full"
+    assert gpu.peak_bytes <= quota << 20, f"the GPU held {(gpu.peak_bytes >> 20) - quota} MiB past the quota"
