@@ -281,8 +281,8 @@ def read_region_file(path: str, with_processes: bool = True) -> RegionSnapshot |
 def _slots(fd: int, raw: bytearray, hwm: int, nd: int, uuids: list[str], lo: Layout, with_processes: bool
            ) -> tuple[list[ProcessUsage], list[int], list[int], list[int], list[int]]:
     """(processes, live device bytes per device, live host bytes per device, the kernel-named PIDs of the live
-    slots' holders, live driver-taken bytes per device) from the copied slots. The counters are read as machine words straight from the copy: 4096
-    live slots cost milliseconds."""
+    slots' holders, live driver-taken bytes per device) from the copied slots. The counters are read as machine
+    words straight from the copy: 4096 live slots cost milliseconds."""
     u32, u64 = memoryview(raw).cast("I"), memoryview(raw).cast("Q")
     w32, w64 = lo.slot_size // 4, lo.slot_size // 8
     state, dev_at, host_at = lo.state_offset // 4, lo.device_bytes_offset // 8, lo.host_bytes_offset // 8
