@@ -175,6 +175,8 @@ int ms_sweep(ms_ledger *l);
 /* The same, even within the pause that follows a recount that timed out (an explicit request: a process
  * exiting, the agent). */
 int ms_sweep_now(ms_ledger *l);
+/* How many slots still belong to dead processes (what the last sweep could not reclaim). */
+int ms_dead_slots(ms_ledger *l);
 /* The periodic sweep: at most once per MS_SWEEP_PERIOD_MS per region (any process), never waiting for the
  * mutex. Cheap when not due (one clock read). */
 void ms_sweep_if_due(ms_ledger *l);

@@ -183,6 +183,14 @@ static int sweep(ms_ledger *l, int now_anyway) {
     return n;
 }
 
+/* How many slots still belong to dead processes (claimed, their owner's lock gone): what a sweep left. */
+int ms_dead_slots(ms_ledger *l) {
+    int n = 0, hwm = slot_hwm(l->r);
+    for (int i = 0; i < hwm; i++)
+        if (LOAD(&l->r->slot[i].state) == MS_SLOT_LIVE && !ms_slot_alive(l, i)) n++;
+    return n;
+}
+
 /* Reclaim dead processes; a recount is not retried before recount_retry_ns. */
 int ms_sweep(ms_ledger *l) { return sweep(l, 0); }
 /* Reclaim dead processes now, recount included (exit, and the region library). */
