@@ -195,7 +195,9 @@ class NodeAgent:
         """The node's driver libraries for containers (issue 35 item 2): the limits files name them (nvml_path,
         cuda_path), so a shim loads and measures with these, never a tenant's copy. Simulated: the mounted
         simulated driver. Else the files this agent loaded, mounted read-only under CONTAINER_DRIVER_DIR."""
-        from .gpu.nvml import DRIVER_SONAMES, driver_host_paths
+        from memslice.limits import DRIVER_SONAMES
+
+        from .gpu.nvml import driver_host_paths
         from .regions import CONTAINER_DRIVER_DIR, CONTAINER_SIM_LIB_DIR
 
         if simulate:
