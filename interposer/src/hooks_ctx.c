@@ -85,14 +85,19 @@ static int ctx_hold(int dev, CUdevice ord, uint64_t *held) {
         return 0;
     }
     want = g_cfg.context_reserve < g_cfg.limit ? g_cfg.context_reserve : g_cfg.limit;
+    if (try_charge(dev, want) == 0) { /* (reclaims dead processes once when it does not fit) */
+        *held = want;
+        return 0;
+    }
+    if (g_ledger.slot < 0) return -1; /* no slot could be claimed: nothing can be charged */
     for (int tries = 0; tries < 8; tries++) { /* other threads move the total: a few tries, then refuse */
-        if (try_charge(dev, want) == 0) {
-            *held = want;
-            return 0;
-        }
         uint64_t used = dev_used(dev);
         if (used >= g_cfg.limit) return -1;
         want = g_cfg.limit - used < want ? g_cfg.limit - used : want;
+        if (ms_charge(&g_ledger, dev, want, g_cfg.limit, 0) == 0) {
+            *held = want;
+            return 0;
+        }
     }
     return -1;
 }
