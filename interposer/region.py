@@ -125,6 +125,7 @@ class Layout:
     device_bytes_offset: int  # within a slot
     host_bytes_offset: int    # within a slot
     op_active_offset: int     # within a slot
+    driver_taken_offset: int = 0  # within a slot
 
 
 @cache
@@ -158,6 +159,7 @@ def layout() -> Layout:
                   state_offset=ffi.offsetof("struct ms_slot", "state"),
                   device_bytes_offset=ffi.offsetof("struct ms_slot", "device_bytes"),
                   host_bytes_offset=ffi.offsetof("struct ms_slot", "host_bytes"),
+                  driver_taken_offset=ffi.offsetof("struct ms_slot", "driver_taken"),
                   op_active_offset=ffi.offsetof("struct ms_slot", "op_active"))
 
 
@@ -277,15 +279,16 @@ def read_region_file(path: str, with_processes: bool = True) -> RegionSnapshot |
 
 
 def _slots(fd: int, raw: bytearray, hwm: int, nd: int, uuids: list[str], lo: Layout, with_processes: bool
-           ) -> tuple[list[ProcessUsage], list[int], list[int], list[int]]:
+           ) -> tuple[list[ProcessUsage], list[int], list[int], list[int], list[int]]:
     """(processes, live device bytes per device, live host bytes per device, the kernel-named PIDs of the live
-    slots' holders) from the copied slots. The counters are read as machine words straight from the copy: 4096
-    live slots cost milliseconds."""
+    slots' holders, live driver-taken bytes per device) from the copied slots. The counters are read as machine
+    words straight from the copy: 4096 live slots cost milliseconds."""
     u32, u64 = memoryview(raw).cast("I"), memoryview(raw).cast("Q")
     w32, w64 = lo.slot_size // 4, lo.slot_size // 8
     state, dev_at, host_at = lo.state_offset // 4, lo.device_bytes_offset // 8, lo.host_bytes_offset // 8
+    taken_at = lo.driver_taken_offset // 8
     procs: list[ProcessUsage] = []
-    live_dev, live_host = [0] * nd, [0] * nd
+    live_dev, live_host, live_taken = [0] * nd, [0] * nd, [0] * nd
     owners: list[int] = []
     slots = lo.ffi.from_buffer("struct ms_slot[]", raw) if with_processes and hwm else None
     for i in range(hwm):
@@ -300,6 +303,8 @@ def _slots(fd: int, raw: bytearray, hwm: int, nd: int, uuids: list[str], lo: Lay
                 owners.append(owner_pid)
             live_dev = [a + b for a, b in zip(live_dev, dev_b, strict=True)]
             live_host = [a + b for a, b in zip(live_host, host_b, strict=True)]
+            taken_b = u64[base + taken_at:base + taken_at + nd].tolist()
+            live_taken = [a + min(b, c) for a, b, c in zip(live_taken, taken_b, dev_b, strict=True)]
         if slots is not None:
             s = slots[i]
             procs.append(ProcessUsage(pid=int(s.pid), comm=_comm(bytes(lo.ffi.buffer(s.comm))), alive=alive,
@@ -307,7 +312,7 @@ def _slots(fd: int, raw: bytearray, hwm: int, nd: int, uuids: list[str], lo: Lay
                                       refused=int(s.refused),
                                       per_device={u: (dev_b[d], host_b[d]) for d, u in enumerate(uuids)},
                                       owner_pid=owner_pid))
-    return procs, live_dev, live_host, owners
+    return procs, live_dev, live_host, owners, live_taken
 
 
 def in_operation(raw: bytes | bytearray, hwm: int, lo: Layout) -> bool:
@@ -356,7 +361,7 @@ def _read_fd(fd: int, path: str, lo: Layout, with_processes: bool = True) -> Reg
         raise RegionError(f"{path}: a device UUID is listed twice")
     hwm = h.slot_hwm
     raw, settled = _settled_slots(fd, path, hwm, lo)
-    procs, live_dev, live_host, owners = _slots(fd, raw, hwm, nd, uuids, lo, with_processes)
+    procs, live_dev, live_host, owners, live_taken = _slots(fd, raw, hwm, nd, uuids, lo, with_processes)
     if not settled:  # no consistent copy: never more than the shared totals (module docstring)
         live_dev = [min(v, int(devs[d].used) & ~FROZEN) for d, v in enumerate(live_dev)]
         live_host = [min(v, int(devs[d].host_used) & ~FROZEN) for d, v in enumerate(live_host)]
@@ -370,7 +375,7 @@ def _read_fd(fd: int, path: str, lo: Layout, with_processes: bool = True) -> Reg
                                    host_peak_bytes=max(int(dv.host_peak), live_host[d]),
                                    charged_bytes=int(dv.used) & ~FROZEN,
                                    context_cost_bytes=min(int(dv.context_cost), int(dv.physical_total)),
-                                   driver_taken_bytes=min(int(dv.driver_taken), int(dv.used) & ~FROZEN)))
+                                   driver_taken_bytes=min(live_taken[d], live_dev[d])))
     return RegionSnapshot(path=path, devices=devices, processes=procs, recounts=int(h.recounts),
                           reclaimed=int(h.reclaimed), owner_pids=owners)
 

@@ -106,6 +106,7 @@ class NodeAgent:
                      cfg.unit_mib)
         self._install_shim()
         sim_lib_dir, sim_state = self._install_sim_driver() if cfg.simulate else (None, None)
+        driver_libs = self._driver_libs(cfg.simulate)  # before any limits file is written (recovery included)
         health = HealthBook([g.uuid for g in gpus], cfg.ignored_xids, cfg.health_recovery_s)
         self.state = NodeState(gpus, cfg.unit_mib, health)
         try:
@@ -139,7 +140,8 @@ class NodeAgent:
         self._start_http()
         rcfg = ResponseConfig(shim_host_dir=cfg.shim_host_dir, preload=cfg.preload, visibility=cfg.visibility,
                               cdi_kind=cfg.cdi_kind, sim_lib_dir=sim_lib_dir, sim_state=sim_state,
-                              elastic_host_dir=cfg.elastic_dir, idle_after_s=cfg.idle_after_s)
+                              elastic_host_dir=cfg.elastic_dir, idle_after_s=cfg.idle_after_s,
+                              driver_libs=driver_libs)
         if cfg.kubelet_api == "dra":
             try:
                 self.dra = start_dra(cfg, self.state, self.regions, rcfg, self.api, self.metrics)
@@ -190,6 +192,26 @@ class NodeAgent:
             raise StartupError(f"cannot install the shim {source} into --shim-host-dir "
                                f"{self.cfg.shim_host_dir}: {exc}") from exc
         log.info("installed the shim at %s", target)
+
+    def _driver_libs(self, simulate: bool) -> tuple[tuple[str, str], ...]:
+        """The node's driver libraries for containers (issue 35 item 2): the limits files name them (nvml_path,
+        cuda_path), so a shim loads and measures with these, never a tenant's copy. Simulated: the mounted
+        simulated driver. Else the files this agent loaded, mounted read-only under CONTAINER_DRIVER_DIR."""
+        from memslice.limits import DRIVER_SONAMES
+
+        from .gpu.nvml import driver_host_paths
+        from .regions import CONTAINER_DRIVER_DIR, CONTAINER_SIM_LIB_DIR
+
+        if simulate:
+            paths = {soname: f"{CONTAINER_SIM_LIB_DIR}/{soname}" for soname in DRIVER_SONAMES}
+            mounts: tuple[tuple[str, str], ...] = ()
+        else:
+            host = driver_host_paths()
+            paths = {soname: f"{CONTAINER_DRIVER_DIR}/{soname}" for soname in host}
+            mounts = tuple((paths[soname], path) for soname, path in sorted(host.items()))
+        self.regions.nvml_path = paths.get("libnvidia-ml.so.1")
+        self.regions.cuda_path = paths.get("libcuda.so.1")
+        return mounts
 
     def _install_sim_driver(self) -> tuple[Path, Path]:
         """--simulate: put the simulated driver where Allocate mounts it from (beside the state file)."""

@@ -49,6 +49,9 @@ CONTAINER_SIM_STATE = "/usr/local/memslice/sim/node.state"      # read-only: the
 CONTAINER_SIM_LOCK = "/usr/local/memslice/sim/node.lock"        # read-write: fcntl locks and the compute timelines
 CONTAINER_SIM_PEERS = "/usr/local/memslice/sim/peers"           # read-only: every container's region dir
 SIM_USAGE_NAME = "sim.usage"  # a container's own simulated usage, in its (read-write) region dir
+# The node's driver libraries, mounted read-only here from the files the agent resolved at start (issue 35
+# item 2); the limits file names them (nvml_path, cuda_path) so no tenant's copy answers the shim.
+CONTAINER_DRIVER_DIR = "/usr/local/memslice/driver"
 
 
 def _atomic_write(path: Path, data: bytes, mode: int) -> None:
@@ -332,6 +335,9 @@ class RegionStore:
         self.root = root
         self.reaper = Reaper(root)
         self.idle_after_s = idle_after_s  # elastic containers' idle_after (node-agent --idle-after)
+        # the driver libraries as containers see them (nvml_path, cuda_path), set by the agent at start
+        self.nvml_path: str | None = None
+        self.cuda_path: str | None = None
 
     def prepare(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -363,9 +369,10 @@ class RegionStore:
                           gpu_mem_request_bytes=alloc.mib << 20, elastic_dir=CONTAINER_ELASTIC_DIR,
                           idle_after_s=self.idle_after_s, oversubscribe=over, host_spill_limit_bytes=cap,
                           elastic_slot=alloc.elastic_slot if alloc.elastic_slot >= 0 else None,
-                          idle_release=alloc.idle_release, priority=alloc.priority)
+                          idle_release=alloc.idle_release, priority=alloc.priority,
+                          nvml_path=self.nvml_path, cuda_path=self.cuda_path)
         return Limits(gpu_mem_bytes=alloc.mib << 20, region_dir=CONTAINER_REGION_DIR, oversubscribe=over,
-                      host_spill_limit_bytes=cap)
+                      host_spill_limit_bytes=cap, nvml_path=self.nvml_path, cuda_path=self.cuda_path)
 
     def save(self, alloc: Allocation) -> None:
         _atomic_write(self.root / f"{alloc.region_id}.json", json.dumps(asdict(alloc)).encode(), 0o644)

@@ -35,6 +35,7 @@ class ResponseConfig:
     sim_state: Path | None = None     # --simulate: the node's simulator state file
     elastic_host_dir: Path | None = None  # the node's elastic directory (--elastic-dir)
     idle_after_s: float = 300.0           # --idle-after
+    driver_libs: tuple[tuple[str, str], ...] = ()  # (container path, host file): the node's driver, read-only
 
 
 def container_response(target: Target, region_host_dir: Path, cfg: ResponseConfig, limit_mib: int = 0
@@ -61,6 +62,7 @@ def container_response(target: Target, region_host_dir: Path, cfg: ResponseConfi
                                     read_only=True))
         mounts.append(api_pb2.Mount(container_path=f"{CONTAINER_ELASTIC_DIR}/{board}",
                                     host_path=str(cfg.elastic_host_dir / board), read_only=False))
+    mounts += [api_pb2.Mount(container_path=c, host_path=h, read_only=True) for c, h in cfg.driver_libs]
     if cfg.preload == "env":
         envs["LD_PRELOAD"] = CONTAINER_SHIM
     else:

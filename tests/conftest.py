@@ -62,6 +62,7 @@ def cbin(libs: LibPaths, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
         "kinds": ["-L", libs.sim_dir, "-l:libcuda.so.1"],
         "unseen": ["-L", libs.sim_dir, "-l:libcuda.so.1", "-ldl"],
         "stress": ["-L", libs.sim_dir, "-l:libcuda.so.1", "-lpthread"],
+        "ctxrace": ["-L", libs.sim_dir, "-l:libcuda.so.1", "-lpthread"],
         "routes": ["-ldl"],
         "spill": ["-L", libs.sim_dir, "-l:libcuda.so.1"],
         "spin_tenant": ["-L", libs.sim_dir, "-l:libcuda.so.1", "-ldl"],  # spin kernels on the sim (issue 33)

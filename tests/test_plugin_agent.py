@@ -253,6 +253,21 @@ def test_allocate_response_gives_quota_region_shim_and_gpu(node):
     assert {c["gpu"]: c["uuid"] for c in cap}[gpu_index] == resp.envs["NVIDIA_VISIBLE_DEVICES"]
 
 
+def test_the_limits_file_names_the_nodes_driver_libraries(node):
+    # issue 35 item 2: the shim loads NVML and libcuda from what the agent resolved, never the tenant's path
+    kubelet, make = node
+    make(unit_mib=4)
+    kubelet.wait_registered(RESOURCE)
+    resp = kubelet.admit("uid-1", "ns", "pod-1", [("main", 16)], RESOURCE)["main"]
+    mounts = {m.container_path: m for m in resp.mounts}
+    limits = Path(mounts["/run/memslice/limits"].host_path).read_text().splitlines()
+    assert {"nvml_path=/usr/local/memslice/sim/lib/libnvidia-ml.so.1",
+            "cuda_path=/usr/local/memslice/sim/lib/libcuda.so.1"} <= set(limits)
+    sim = mounts["/usr/local/memslice/sim/lib"]  # the simulated driver, mounted read-only where the keys point
+    assert sim.read_only and (Path(sim.host_path) / "libnvidia-ml.so.1").is_file()
+    assert (Path(sim.host_path) / "libcuda.so.1").is_file()
+
+
 def test_env_preload_and_cdi_visibility_options(node):
     kubelet, make = node
     make(args=("--preload", "env", "--visibility", "cdi"))

@@ -47,7 +47,7 @@
 
 /* BEGIN CFFI */
 #define MS_MAGIC 1297307971          /* "MSLC" */
-#define MS_VERSION 2               /* 2: bounded recount (CAS publish, abort), swept_ns */
+#define MS_VERSION 3               /* 2: bounded recount (CAS publish, abort), swept_ns; 3: slot.driver_taken */
 #define MS_MAX_DEVICES 16
 #define MS_MAX_SLOTS 4096
 #define MS_UUID_LEN 48
@@ -92,7 +92,8 @@ struct ms_device {
     uint64_t spill_refused;   /* spills refused (host cap or cgroup margin) */
     uint64_t context_cost;    /* what the last context created on this GPU took, as measured (bytes) */
     uint64_t driver_taken;    /* bytes of `used` the driver took outside allocation calls (contexts, limits,
-                                 modules, and what NVML showed beyond the charges), all processes */
+                                 modules, and what NVML showed beyond the charges): the sum of the slots'
+                                 driver_taken, lowered with them when a process exits or is swept */
     uint64_t pad2[2];
 };
 
@@ -111,6 +112,9 @@ struct ms_slot {
     /* lines 1-4: what this process has charged, per device index */
     uint64_t device_bytes[16];
     uint64_t host_bytes[16];
+    /* lines 5-6: of device_bytes, what the driver took outside allocation calls (contexts, limits, modules,
+       NVML's unexplained figure): kept per process so that it leaves the total with the process */
+    uint64_t driver_taken[16];
 };
 
 struct ms_region {
@@ -122,7 +126,7 @@ struct ms_region {
 
 _Static_assert(sizeof(struct ms_header) == 256, "header layout");
 _Static_assert(sizeof(struct ms_device) == 192, "device layout");
-_Static_assert(sizeof(struct ms_slot) == 320, "slot layout");
+_Static_assert(sizeof(struct ms_slot) == 448, "slot layout");
 
 /* ---- C API (ledger*.c), compiled into the shim, the simulator and the region library ---------------- */
 #include <stddef.h>
@@ -162,12 +166,17 @@ int ms_charge(ms_ledger *l, int dev, uint64_t n, uint64_t limit, int host);
 void ms_uncharge(ms_ledger *l, int dev, uint64_t n, int host);
 /* Count a refusal. */
 void ms_note_refused(ms_ledger *l, int dev, int host);
+/* Record that n bytes of this process's charge on dev are memory the driver took outside allocation calls
+ * (give_back=1: n of them came back). Kept per slot and device, swept with the slot. */
+void ms_note_taken(ms_ledger *l, int dev, uint64_t n, int give_back);
 /* Reclaim the slots of dead processes. Returns how many were reclaimed, or -1 on error (the region mutex
  * was not free within MS_LOCK_WAIT_MS: l->lock_error). */
 int ms_sweep(ms_ledger *l);
 /* The same, even within the pause that follows a recount that timed out (an explicit request: a process
  * exiting, the agent). */
 int ms_sweep_now(ms_ledger *l);
+/* How many slots still belong to dead processes (what the last sweep could not reclaim). */
+int ms_dead_slots(ms_ledger *l);
 /* The periodic sweep: at most once per MS_SWEEP_PERIOD_MS per region (any process), never waiting for the
  * mutex. Cheap when not due (one clock read). */
 void ms_sweep_if_due(ms_ledger *l);

@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,6 +67,9 @@ struct limits_file {
     int64_t prio;
     char region[sizeof g_cfg.region_path];
     char edir[sizeof g_cfg.elastic_dir];
+    int has_nvml, has_cuda;                    /* the node's driver libraries (issue 35 item 2) */
+    char nvml[sizeof g_cfg.nvml_path];
+    char cuda[sizeof g_cfg.cuda_path];
 };
 
 /* Read at most MS_LIMITS_MAX bytes of a regular file, never following a symlink nor blocking on a FIFO.
@@ -191,6 +195,24 @@ static int read_elastic(const struct limits_file *f, int have_file) {
     return 0;
 }
 
+/* A driver library's path (nvml_path, cuda_path): absolute, shorter than `cap`, no `..` component, naming a
+ * regular file (the node agent resolved it from the node's driver; a tenant's search path never decides
+ * which library measures it). 0, or -1 (fail closed). */
+static int parse_lib_or_fail(const char *what, const char *v, char *out, size_t cap) {
+    struct stat st;
+    const char *why = v[0] != '/' ? "not absolute" : strlen(v) >= cap ? "too long"
+                    : strstr(v, "/../") || (strlen(v) >= 3 && !strcmp(v + strlen(v) - 3, "/..")) ? "has a .. component"
+                    : stat(v, &st) < 0 ? strerror(errno) : !S_ISREG(st.st_mode) ? "not a regular file" : NULL;
+    if (!why) {
+        snprintf(out, cap, "%s", v);
+        return 0;
+    }
+    config_fail_closed("memslice: %s='%.128s' is not usable (%s); it must be the absolute path (at most %zu characters) "
+                       "of the node's driver library, as the node agent or `memslice run` writes it.", what, v, why,
+                       cap - 1);
+    return -1;
+}
+
 /* Apply one `key=value` line of the limits file. 0, or -1 (fail closed). */
 static int limits_line(struct limits_file *f, char *key, char *val, int lineno) {
     char what[700];
@@ -242,10 +264,16 @@ static int limits_line(struct limits_file *f, char *key, char *val, int lineno) 
     } else if (strcmp(key, "priority") == 0) {
         seen = &f->has_prio;
         if (parse_int_or_fail(what, val, INT32_MIN, INT32_MAX, &f->prio) < 0) return -1;
+    } else if (strcmp(key, "nvml_path") == 0) {
+        seen = &f->has_nvml;
+        if (parse_lib_or_fail(what, val, f->nvml, sizeof f->nvml) < 0) return -1;
+    } else if (strcmp(key, "cuda_path") == 0) {
+        seen = &f->has_cuda;
+        if (parse_lib_or_fail(what, val, f->cuda, sizeof f->cuda) < 0) return -1;
     } else {
         config_fail_closed("memslice: %s is not a known key (gpu_mem_limit, gpu_mem_request, context_reserve, "
                     "oversubscribe, host_spill_limit, region_dir, elastic_dir, idle_after, elastic_slot, "
-                    "idle_release, priority).", what);
+                    "idle_release, priority, nvml_path, cuda_path).", what);
         return -1;
     }
     if (*seen) {
@@ -406,6 +434,29 @@ static int read_region_dir(const struct limits_file *f, int have_file) {
     return 0;
 }
 
+/* The driver libraries the shim calls and measures with: the limits file's nvml_path/cuda_path, else (no
+ * file) MEMSLICE_NVML_PATH/MEMSLICE_CUDA_PATH; empty: found by name (libnvidia-ml.so.1, libcuda.so.1). */
+static int read_driver_paths(const struct limits_file *f, int have_file) {
+    struct shim_config *c = &g_cfg;
+    const char *v;
+    if (have_file) {
+        if (f->has_nvml) snprintf(c->nvml_path, sizeof c->nvml_path, "%s", f->nvml);
+        if (f->has_cuda) snprintf(c->cuda_path, sizeof c->cuda_path, "%s", f->cuda);
+        return 0;
+    }
+    if ((v = getenv("MEMSLICE_NVML_PATH")) && *v &&
+        parse_lib_or_fail("MEMSLICE_NVML_PATH", v, c->nvml_path, sizeof c->nvml_path) < 0) return -1;
+    if ((v = getenv("MEMSLICE_CUDA_PATH")) && *v &&
+        parse_lib_or_fail("MEMSLICE_CUDA_PATH", v, c->cuda_path, sizeof c->cuda_path) < 0) return -1;
+    return 0;
+}
+
+/* config_load, once per process, whoever asks first: start-up, or real.c choosing the driver libraries. */
+void config_ensure(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, config_load);
+}
+
 /* Read the whole configuration into g_cfg, once, at start-up (lifecycle.c). Fails closed on any bad value. */
 void config_load(void) {
     struct shim_config *c = &g_cfg;
@@ -433,5 +484,6 @@ void config_load(void) {
     if (read_quota(&f, have_file) < 0 || read_oversubscription(&f, have_file) < 0) return;
     if (size_env("MEMSLICE_CGROUP_MARGIN", &c->cgroup_margin, 1) < 0 || read_cgroup_dir() < 0) return;
     if (read_region_dir(&f, have_file) < 0) return;
+    if (read_driver_paths(&f, have_file) < 0) return;
     read_elastic(&f, have_file);
 }

@@ -1,9 +1,14 @@
 /* Hooks for contexts and cuInit. Every context takes device memory the driver sets aside without an
  * allocation call (~520 MiB each on an H100 with driver 580, the 17th as much as the first): each one a
  * process creates (the primary context at its first retain, every cuCtxCreate) is charged what it took,
- * measured around the call (measure.c), MEMSLICE_CONTEXT_RESERVE only when nothing can be read. A context
- * that does not fit the quota is destroyed again and the call answers CUDA_ERROR_OUT_OF_MEMORY; the charge
- * comes back when the context is destroyed (the primary: released for the last time). */
+ * measured around the call (measure.c), MEMSLICE_CONTEXT_RESERVE only when nothing can be read.
+ * The expected cost is charged BEFORE the driver call (the last measured context of the GPU, else the
+ * reserve, else what is left of the quota), so that threads allocating meanwhile cannot take the room the
+ * new context is about to occupy: physical memory never passes the quota, even for a moment (issue 35
+ * item 7). After the call the charge is reconciled with the measurement. A context whose known cost does
+ * not fit is refused before the driver makes it; one that turns out larger than what was held and does not
+ * fit is destroyed again; both answer CUDA_ERROR_OUT_OF_MEMORY. The charge comes back when the context is
+ * destroyed (the primary: released for the last time). */
 #define _GNU_SOURCE
 #include <string.h>
 
@@ -40,18 +45,88 @@ static void ctx_undo(CUcontext ctx, CUdevice ord, int primary) {
     }
 }
 
-/* After the driver made a context: charge what it took, or undo it when that does not fit. */
-static CUresult ctx_account(struct measure *m, CUcontext ctx, int primary, const char *call) {
+/* After the driver made a context: charge what it took beyond what was held before the call (`held`), or
+ * give the surplus back; undo the context when the rest does not fit. */
+static CUresult ctx_account(struct measure *m, CUcontext ctx, int primary, uint64_t held, const char *call) {
     int64_t delta = measure_end(m);
-    uint64_t n = context_bytes(m, delta);
+    uint64_t n = context_bytes(m, delta), handle = (uint64_t)(uintptr_t)ctx;
     if (m->how != M_NONE) __atomic_store_n(&g_ledger.r->dev[m->dev].context_cost, n, __ATOMIC_RELAXED);
-    CUresult rc = taken_charge(m->dev, (uint64_t)(uintptr_t)ctx, T_CONTEXT, n, call);
-    if (rc != CUDA_SUCCESS) {
+    if (n > held && try_charge(m->dev, n - held) < 0) {
+        uncharge(m->dev, held); /* before the refusal, whose message says what the quota holds without it */
+        refuse(m->dev, n, call);
         ctx_undo(ctx, m->ord, primary);
         m->how = M_NONE; /* the reading was taken before the undo: nothing to reconcile */
-    } else if (primary) {
-        g_primary[m->ord] = (uint64_t)(uintptr_t)ctx;
+        return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    if (n < held) uncharge(m->dev, held - n);
+    taken_record(m->dev, handle, T_CONTEXT, n);
+    if (primary) g_primary[m->ord] = handle;
+    return CUDA_SUCCESS;
+}
+
+/* What a new context of the GPU is expected to cost: this process's last exact measurement, else the last
+ * one any process of the container recorded for the GPU (at most the quota: the region is tenant-writable);
+ * 0 when none was ever measured. */
+static uint64_t ctx_expected(int dev, CUdevice ord) {
+    uint64_t e = g_exact[ord];
+    if (!e) e = __atomic_load_n(&g_ledger.r->dev[dev].context_cost, __ATOMIC_RELAXED);
+    return e < g_cfg.limit ? e : g_cfg.limit;
+}
+
+/* Hold the expected cost of a new context before the driver makes it. A known cost that does not fit is
+ * refused (-1: the driver is not called). An unknown one holds the reserve, or when that does not fit what
+ * is left of the quota (nothing left: refused). *held gets what was charged. */
+static int ctx_hold(int dev, CUdevice ord, uint64_t *held) {
+    uint64_t want = ctx_expected(dev, ord);
+    *held = 0;
+    if (want) {
+        if (try_charge(dev, want) < 0) return -1;
+        *held = want;
+        return 0;
+    }
+    want = g_cfg.context_reserve < g_cfg.limit ? g_cfg.context_reserve : g_cfg.limit;
+    if (try_charge(dev, want) == 0) { /* (reclaims dead processes once when it does not fit) */
+        *held = want;
+        return 0;
+    }
+    if (g_ledger.slot < 0) return -1; /* no slot could be claimed: nothing can be charged */
+    for (int tries = 0; tries < 8; tries++) { /* other threads move the total: a few tries, then refuse */
+        uint64_t used = dev_used(dev);
+        if (used >= g_cfg.limit) return -1;
+        want = g_cfg.limit - used < want ? g_cfg.limit - used : want;
+        if (ms_charge(&g_ledger, dev, want, g_cfg.limit, 0) == 0) {
+            *held = want;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Start measuring a context's creation with its expected cost held (see ctx_hold). CUDA_SUCCESS, or
+ * CUDA_ERROR_OUT_OF_MEMORY (refused and counted; the measurement is already finished). */
+static CUresult ctx_begin(struct measure *m, int dev, CUdevice ord, uint64_t *held, const char *call) {
+    measure_begin(m, dev, ord);
+    if (ctx_hold(dev, ord, held) == 0) {
+        m->charged += *held; /* the hold is not another thread's allocation */
+        return CUDA_SUCCESS;
+    }
+    uint64_t e = ctx_expected(dev, ord);
+    refuse(dev, e ? e : g_cfg.context_reserve, call);
+    m->how = M_NONE;
+    measure_done(m);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* Finish a context's creation: account for it when the driver made it, else give the hold back. */
+static CUresult ctx_finish(struct measure *m, CUresult rc, CUcontext *pctx, int primary, uint64_t held,
+                           const char *call) {
+    if (rc == CUDA_SUCCESS) {
+        rc = ctx_account(m, *pctx, primary, held, call);
+    } else {
+        uncharge(m->dev, held);
+        m->how = M_NONE;
+    }
+    measure_done(m);
     return rc;
 }
 
@@ -75,12 +150,9 @@ static int ctx_measured(CUdevice ord, int *dev) {
         if (how < 0) return CUDA_ERROR_OUT_OF_MEMORY;                                                      \
         if (how == 0) return real args;                                                                    \
         struct measure m;                                                                                  \
-        measure_begin(&m, ldev, ord);                                                                      \
-        CUresult rc = real args;                                                                           \
-        if (rc == CUDA_SUCCESS) rc = ctx_account(&m, *pctx, 0, #name);                                     \
-        else m.how = M_NONE;                                                                               \
-        measure_done(&m);                                                                                  \
-        return rc;                                                                                         \
+        uint64_t held;                                                                                     \
+        if (ctx_begin(&m, ldev, ord, &held, #name) != CUDA_SUCCESS) return CUDA_ERROR_OUT_OF_MEMORY;       \
+        return ctx_finish(&m, real args, pctx, 0, held, #name);                                            \
     }
 
 CTX_HOOK(cuCtxCreate, (CUcontext *pctx, unsigned int flags, CUdevice dev), (pctx, flags, dev), dev)
@@ -107,12 +179,9 @@ HOOK CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice ord) {
     if (how < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     if (how == 0 || primary_active(ord)) return real(pctx, ord);
     struct measure m;
-    measure_begin(&m, dev, ord);
-    CUresult rc = real(pctx, ord);
-    if (rc == CUDA_SUCCESS) rc = ctx_account(&m, *pctx, 1, "cuDevicePrimaryCtxRetain");
-    else m.how = M_NONE;
-    measure_done(&m);
-    return rc;
+    uint64_t held;
+    if (ctx_begin(&m, dev, ord, &held, "cuDevicePrimaryCtxRetain") != CUDA_SUCCESS) return CUDA_ERROR_OUT_OF_MEMORY;
+    return ctx_finish(&m, real(pctx, ord), pctx, 1, held, "cuDevicePrimaryCtxRetain");
 }
 
 /* A context's measured memory (itself and its limits) comes back when the driver frees it. */

@@ -108,3 +108,20 @@ void ms_note_refused(ms_ledger *l, int dev, int host) {
     ADD(host ? &l->r->dev[dev].spill_refused : &l->r->dev[dev].refused, 1);
     if (l->slot >= 0) ADD(&l->r->slot[l->slot].refused, 1);
 }
+
+/* Note that n bytes of this process's charge on dev are the driver's own (contexts, limits, modules), or
+ * (give_back) no longer: the device's figure first, then the slot's, so that a death between the two leaves
+ * the device's figure at least the sum of the slots' (a sweep lowers it by the slot's; a recount rebuilds it). */
+void ms_note_taken(ms_ledger *l, int dev, uint64_t n, int give_back) {
+    if (l->slot < 0 || dev < 0 || dev >= MS_MAX_DEVICES || !n) return;
+    uint64_t *total = &l->r->dev[dev].driver_taken, *mine = &l->r->slot[l->slot].driver_taken[dev];
+    if (!give_back) {
+        ADD(total, n);
+        ADD(mine, n);
+        return;
+    }
+    uint64_t cur = LOAD(mine);
+    while (!CAS(mine, &cur, cur > n ? cur - n : 0)) {}
+    cur = LOAD(total);
+    while (!CAS(total, &cur, cur > n ? cur - n : 0)) {}
+}

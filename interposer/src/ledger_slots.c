@@ -103,6 +103,7 @@ void ms_ledger_release(ms_ledger *l) {
     uint32_t nd = ndev(l->r);
     for (uint32_t d = 0; d < nd; d++) {
         uint64_t b = LOAD(&s->device_bytes[d]), h = LOAD(&s->host_bytes[d]);
+        ms_note_taken(l, (int)d, LOAD(&s->driver_taken[d]), 1);
         if (b) ms_uncharge(l, (int)d, b, 0);
         if (h) ms_uncharge(l, (int)d, h, 1);
     }

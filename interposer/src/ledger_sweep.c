@@ -40,6 +40,7 @@ static int slot_hwm(const struct ms_region *r) {
 void ledger_free_slot(struct ms_slot *s) {
     memset(s->device_bytes, 0, sizeof s->device_bytes);
     memset(s->host_bytes, 0, sizeof s->host_bytes);
+    memset(s->driver_taken, 0, sizeof s->driver_taken);
     STORE(&s->op_active, 0u);
     s->pid = 0;
     s->refused = 0;
@@ -98,15 +99,17 @@ int ledger_recount_locked(ms_ledger *l, int now_anyway) {
             return -1;
         }
     }
-    uint64_t used[MS_MAX_DEVICES] = {0}, host[MS_MAX_DEVICES] = {0};
+    uint64_t used[MS_MAX_DEVICES] = {0}, host[MS_MAX_DEVICES] = {0}, taken[MS_MAX_DEVICES] = {0};
     for (int i = 0; i < hwm; i++) {
         struct ms_slot *s = &r->slot[i];
         if (dead[i] || LOAD(&s->state) != MS_SLOT_LIVE) continue;
         for (uint32_t d = 0; d < nd; d++) {
             used[d] += LOAD(&s->device_bytes[d]);
             host[d] += LOAD(&s->host_bytes[d]);
+            taken[d] += LOAD(&s->driver_taken[d]);
         }
     }
+    for (uint32_t d = 0; d < nd; d++) STORE(&r->dev[d].driver_taken, taken[d]); /* a figure, never a limit */
     unsigned char pu[MS_MAX_DEVICES], ph[MS_MAX_DEVICES];
     int all = 1;
     for (uint32_t d = 0; d < nd; d++) { /* the new totals replace the frozen values (clearing the bit) */
@@ -121,6 +124,7 @@ int ledger_recount_locked(ms_ledger *l, int now_anyway) {
         struct ms_slot *s = &r->slot[i];
         for (uint32_t d = 0; d < nd; d++) {
             if (pu[d]) STORE(&s->device_bytes[d], 0);
+            if (pu[d]) STORE(&s->driver_taken[d], 0);
             if (ph[d]) STORE(&s->host_bytes[d], 0);
         }
         if (all) {
@@ -160,6 +164,7 @@ static int sweep_locked(ms_ledger *l, int needs_recount, int now_anyway) {
         for (uint32_t d = 0; d < nd; d++) {
             sub_total(&r->dev[d].used, LOAD(&s->device_bytes[d]));
             sub_total(&r->dev[d].host_used, LOAD(&s->host_bytes[d]));
+            sub_total(&r->dev[d].driver_taken, LOAD(&s->driver_taken[d]));
         }
         ledger_free_slot(s);
         ADD(&r->hdr.reclaimed, 1);
@@ -175,6 +180,14 @@ static int sweep(ms_ledger *l, int now_anyway) {
     int n = sweep_locked(l, dirty, now_anyway);
     STORE(&l->r->hdr.swept_ns, now_ns());
     ledger_unlock_region(l);
+    return n;
+}
+
+/* How many slots still belong to dead processes (claimed, their owner's lock gone): what a sweep left. */
+int ms_dead_slots(ms_ledger *l) {
+    int n = 0, hwm = slot_hwm(l->r);
+    for (int i = 0; i < hwm; i++)
+        if (LOAD(&l->r->slot[i].state) == MS_SLOT_LIVE && !ms_slot_alive(l, i)) n++;
     return n;
 }
 

@@ -4,7 +4,8 @@
  * No constructor: the shim starts on the first CUDA or NVML call it sees (PROLOGUE -> ensure_init ->
  * shim_init), so merely being preloaded into a process that never touches the GPU (a shell, `ls`) costs
  * nothing and can fail nothing. Start-up, once (pthread_once):
- *   1. config_load          the limits file and the environment into g_cfg (fails closed on a bad value)
+ *   1. config_ensure        the limits file and the environment into g_cfg (fails closed on a bad value);
+ *                           real.c may have done it already, to choose the driver libraries
  *   2. accounting_open      the container's region and this process's slot in it (when a region is set)
  *   3. atexit               accounting_at_exit: the charges go back at a normal exit
  *   4. pthread_atfork       after_fork_child below
@@ -41,7 +42,7 @@ static void log_started(void) {
 
 /* Start every part, in order (see the top of this file). */
 static void init_once(void) {
-    config_load();
+    config_ensure();
     if (g_cfg.mode != MODE_FAIL_CLOSED && g_cfg.region_path[0]) {
         accounting_open();
         if (g_have_ledger) atexit(accounting_at_exit);

@@ -4,7 +4,9 @@
  *   1. NVML's per-process figure for this process (nvmlDeviceGetComputeRunningProcesses under its host pid):
  *      exact whatever other tenants do; what this process's other threads allocated meanwhile is taken out
  *      (their own charges over the same window), and what that leaves out is caught by the reconciliation
- *      that follows at once;
+ *      that follows at once. The driver's free memory is read over the same window, and the larger of the
+ *      two figures is charged (an NVML that under-reports cannot lower a charge). NVML and the driver are
+ *      the node's own libraries (nvml_path, cuda_path in the limits file: real.c), never a tenant's copy;
  *   2. NVML's free memory of the device, then cuMemGetInfo's (a context of that device current): other
  *      tenants' concurrent allocations make it larger (safe), their frees smaller, which is why a context
  *      measured this way is never charged below the last exact measurement (or MEMSLICE_CONTEXT_RESERVE);
@@ -119,13 +121,28 @@ static uint64_t own_charged(int dev) {
 
 void measure_begin(struct measure *m, int dev, CUdevice ord) {
     pthread_mutex_lock(&g_measure_mu);
-    *m = (struct measure){.dev = dev, .ord = ord, .how = M_NONE, .nvml = nvml_device(ord)};
+    *m = (struct measure){.dev = dev, .ord = ord, .how = M_NONE, .how_free = M_NONE, .nvml = nvml_device(ord)};
     m->charged = own_charged(dev);
     for (int how = M_NVML_PROCESS; how <= M_CUDA_FREE; how++)
         if (reading(m, how, &m->before) == 0) {
             m->how = how;
+            break;
+        }
+    if (m->how != M_NVML_PROCESS) return;
+    /* NVML's process figure is checked against the driver's free memory (issue 35 item 2): the driver's own
+     * (cuMemGetInfo) where a context of the GPU is current, else NVML's */
+    for (int how = M_CUDA_FREE; how >= M_NVML_FREE; how--)
+        if (reading(m, how, &m->free_before) == 0) {
+            m->how_free = how;
             return;
         }
+}
+
+/* What the free-memory reading says was taken since begin (its own method), or 0 when it cannot be read. */
+static int64_t free_taken(struct measure *m) {
+    uint64_t after = 0;
+    if (m->how_free == M_NONE || reading(m, m->how_free, &after) < 0) return 0;
+    return (int64_t)(m->free_before - after);
 }
 
 int64_t measure_end(struct measure *m) {
@@ -135,9 +152,13 @@ int64_t measure_end(struct measure *m) {
         return 0;
     }
     m->after = after;
+    int64_t by_free = m->how == M_NVML_PROCESS ? free_taken(m) : 0;
     int64_t others = (int64_t)(own_charged(m->dev) - m->charged); /* this process's other threads, meanwhile */
-    if (m->how == M_NVML_PROCESS) return (int64_t)(after - m->before) - others;
-    return (int64_t)(m->before - after) - others; /* free memory went down by what was taken */
+    if (m->how != M_NVML_PROCESS) return (int64_t)(m->before - after) - others; /* free memory went down */
+    int64_t by_nvml = (int64_t)(after - m->before);
+    /* where the two disagree, the larger: an NVML that under-reports this process (a tenant's copy, a broken
+     * driver) cannot lower the charge; other tenants' frees only make the free figure smaller */
+    return (by_free > by_nvml ? by_free : by_nvml) - others;
 }
 
 /* Charge (or give back) what reconciliation found: NVML's figure for this process beyond its charges. */
@@ -152,12 +173,12 @@ static void reconcile(struct measure *m) {
                  "charged", fmt_bytes(extra, a, sizeof a), m->ord);
         force_charge(m->dev, extra);
         *u += extra;
-        __atomic_fetch_add(&g_ledger.r->dev[m->dev].driver_taken, extra, __ATOMIC_RELAXED);
+        ms_note_taken(&g_ledger, m->dev, extra, 0);
     } else if (*u && charged - m->after > 0) {
         uint64_t back = charged - m->after < *u ? charged - m->after : *u;
         uncharge(m->dev, back);
         *u -= back;
-        __atomic_fetch_sub(&g_ledger.r->dev[m->dev].driver_taken, back, __ATOMIC_RELAXED);
+        ms_note_taken(&g_ledger, m->dev, back, 1);
     }
 }
 
@@ -169,21 +190,29 @@ void measure_done(struct measure *m) {
 /* The record key of a handle's measured memory of one kind. */
 static uint64_t taken_key(uint64_t handle, enum taken_kind kind) { return handle ^ ((uint64_t)kind << 56); }
 
+/* Charge n bytes the driver took for a handle, and record them under it. */
 CUresult taken_charge(int dev, uint64_t handle, enum taken_kind kind, uint64_t n, const char *call) {
     if (!n) return CUDA_SUCCESS;
     if (try_charge(dev, n) < 0) {
         refuse(dev, n, call);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    taken_record(dev, handle, kind, n);
+    return CUDA_SUCCESS;
+}
+
+/* Record n bytes already charged (a context's charge taken before the driver call) under a handle. */
+void taken_record(int dev, uint64_t handle, enum taken_kind kind, uint64_t n) {
+    if (!n) return;
     ms_rec r;
     uint64_t key = taken_key(handle, kind), had = 0;
     if (ms_ptrmap_take(&g_taken, key, &r)) had = r.size;
     r = (ms_rec){.key = key, .size = had + n, .dev = dev, .kind = (uint32_t)kind};
     ms_ptrmap_put(&g_taken, &r);
-    __atomic_fetch_add(&g_ledger.r->dev[dev].driver_taken, n, __ATOMIC_RELAXED);
-    return CUDA_SUCCESS;
+    ms_note_taken(&g_ledger, dev, n, 0);
 }
 
+/* Give back what a handle's record holds (at most at_most), uncharging it. */
 uint64_t taken_release(uint64_t handle, enum taken_kind kind, uint64_t at_most) {
     ms_rec r;
     uint64_t key = taken_key(handle, kind);
@@ -194,6 +223,6 @@ uint64_t taken_release(uint64_t handle, enum taken_kind kind, uint64_t at_most) 
         ms_ptrmap_put(&g_taken, &r);
     }
     uncharge(r.dev, back);
-    __atomic_fetch_sub(&g_ledger.r->dev[r.dev].driver_taken, back, __ATOMIC_RELAXED);
+    ms_note_taken(&g_ledger, r.dev, back, 1);
     return back;
 }

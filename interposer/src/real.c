@@ -32,28 +32,58 @@ void *real_dlsym_call(void *handle, const char *name) {
     return f ? f(handle, name) : NULL;
 }
 
-/* The driver library as the application would find it (same name, same search path). */
-void *real_cuda(const char *name) {
-    void *h = __atomic_load_n(&g_cuda, __ATOMIC_ACQUIRE);
-    if (!h) {
-        h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-        if (!h) h = dlopen("libcuda.so.1", RTLD_LAZY);
-        if (!h) return NULL;
-        __atomic_store_n(&g_cuda, h, __ATOMIC_RELEASE);
+/* A driver library: the node's own file when the limits name it (nvml_path, cuda_path: issue 35 item 2, a
+ * tenant's copy earlier in its library path must not answer the shim's measurements), else by name as the
+ * application would find it. Loaded by path first, its soname then answers the application's own dlopen by
+ * name too. NULL if it cannot be loaded. */
+static void *open_driver_lib(const char *trusted, const char *soname) {
+    if (!trusted[0]) {
+        void *h = dlopen(soname, RTLD_LAZY | RTLD_NOLOAD);
+        return h ? h : dlopen(soname, RTLD_LAZY);
     }
-    return real_dlsym_call(h, name);
+    void *h = dlopen(trusted, RTLD_LAZY);
+    if (!h) shim_log(LOG_ERROR, "memslice: the node's driver library %s cannot be loaded (%s)", trusted, dlerror());
+    return h;
 }
 
-/* NVML as the application would find it (same name, same search path). */
-void *real_nvml(const char *name) {
-    void *h = __atomic_load_n(&g_nvml, __ATOMIC_ACQUIRE);
-    if (!h) {
-        h = dlopen("libnvidia-ml.so.1", RTLD_LAZY | RTLD_NOLOAD);
-        if (!h) h = dlopen("libnvidia-ml.so.1", RTLD_LAZY);
-        if (!h) return NULL;
-        __atomic_store_n(&g_nvml, h, __ATOMIC_RELEASE);
+/* One driver per process: a libcuda.so.1 loaded before the node's (a direct binding through the tenant's
+ * library path) is another library than the one the shim calls and measures with, so nothing is allowed. */
+static void require_one_driver(void *trusted) {
+    void *first = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (first && first != trusted) {
+        config_fail_closed("memslice: this process loaded a libcuda.so.1 other than the node's driver %s (cuda_path); "
+                           "remove the other copy from LD_LIBRARY_PATH or the image.", g_cfg.cuda_path);
+        shim_log(LOG_ERROR, "%s", g_cfg.error);
     }
-    return real_dlsym_call(h, name);
+    if (first) dlclose(first);
+}
+
+/* The handle of a driver library, opened once (after the configuration is read, which names it). */
+static void *driver_lib(void **cache, const char *trusted, const char *soname, int is_cuda) {
+    void *h = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
+    if (h) return h;
+    config_ensure();
+    h = open_driver_lib(trusted, soname);
+    if (!h) return NULL;
+    void *prev = NULL;
+    if (!__atomic_compare_exchange_n(cache, &prev, h, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        dlclose(h); /* another thread won: one reference is enough */
+        return prev;
+    }
+    if (is_cuda && trusted[0]) require_one_driver(h);
+    return h;
+}
+
+/* The driver library (the node's, else as the application would find it). */
+void *real_cuda(const char *name) {
+    void *h = driver_lib(&g_cuda, g_cfg.cuda_path, "libcuda.so.1", 1);
+    return h ? real_dlsym_call(h, name) : NULL;
+}
+
+/* NVML (the node's, else as the application would find it). */
+void *real_nvml(const char *name) {
+    void *h = driver_lib(&g_nvml, g_cfg.nvml_path, "libnvidia-ml.so.1", 0);
+    return h ? real_dlsym_call(h, name) : NULL;
 }
 
 /* Our dlsym. Every cu* and nvml* name is routed through the hook table whatever the handle

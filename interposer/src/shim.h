@@ -47,6 +47,8 @@ struct shim_config {
     int elastic_slot;          /* elastic_slot / MEMSLICE_ELASTIC_SLOT: the board slot the agent assigned, -1 none */
     int idle_release;          /* idle_release / MEMSLICE_IDLE_RELEASE=1: idle, the request may move too */
     int32_t priority;          /* priority / MEMSLICE_PRIORITY: the pod's PriorityClass value */
+    char nvml_path[256];       /* nvml_path / MEMSLICE_NVML_PATH: the node's libnvidia-ml (absolute); "" = by name */
+    char cuda_path[256];       /* cuda_path / MEMSLICE_CUDA_PATH: the node's libcuda (absolute); "" = by name */
     char error[640];           /* MODE_FAIL_CLOSED: the message naming the bad variable */
 };
 
@@ -67,6 +69,7 @@ static inline void ensure_init(void) { if (UNLIKELY(!g_shim_ready)) shim_init();
     } while (0)
 /* config.c: parsing only */
 void config_load(void);                       /* g_cfg from the limits file and the environment */
+void config_ensure(void);                     /* config_load once (start-up, or real.c, whichever is first) */
 void config_fail_closed(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* log.c */
@@ -139,7 +142,8 @@ void ctx_after_fork(void);                   /* a forked child has charged no co
 /* measure.c: memory the driver takes outside allocation calls (contexts, limits, modules), measured around
  * the call: NVML's per-process figure where it can be read, else free memory (NVML, then cuMemGetInfo). */
 enum measure_how { M_NONE = 0, M_NVML_PROCESS, M_NVML_FREE, M_CUDA_FREE };
-struct measure { int dev; CUdevice ord; int how; uint64_t before, after, charged; nvmlDevice_t nvml; };
+struct measure { int dev; CUdevice ord; int how; uint64_t before, after, charged; nvmlDevice_t nvml;
+                 int how_free; uint64_t free_before; /* the driver's free memory beside NVML's process figure */ };
 void measure_begin(struct measure *m, int dev, CUdevice ord); /* takes the process's measuring lock */
 int64_t measure_end(struct measure *m);     /* bytes taken since begin (negative: given back); how = M_NONE
                                                when nothing could be read */
@@ -148,6 +152,7 @@ void measure_after_fork(void);
 /* Measured charges, kept by handle and kind so that unloading or destroying it gives them back. */
 enum taken_kind { T_CONTEXT = 1, T_LIMITS, T_MODULE, T_LIBRARY };
 CUresult taken_charge(int dev, uint64_t handle, enum taken_kind kind, uint64_t n, const char *call);
+void taken_record(int dev, uint64_t handle, enum taken_kind kind, uint64_t n); /* n already charged */
 uint64_t taken_release(uint64_t handle, enum taken_kind kind, uint64_t at_most); /* bytes given back */
 
 /* hooks_pool.c */

@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass
 
 from memslice import errors
+from memslice.limits import DRIVER_SONAMES, own_mapped_libraries
 
 from ..devices import GpuShape
 
@@ -247,3 +248,14 @@ class XidEventSet:
             pynvml.nvmlEventSetFree(self._set)
         except pynvml.NVMLError as exc:
             log.debug("nvmlEventSetFree: %s", exc)
+
+
+def driver_host_paths() -> dict[str, str]:
+    """The node's driver libraries this agent loaded (NVML at start, libcuda for the capacity check), by
+    soname: what each container's shim must load and measure with, never a tenant's copy (issue 35 item 2).
+    A library not loaded is left out (logged: those containers' shims find it by name)."""
+    out = own_mapped_libraries()
+    for soname in DRIVER_SONAMES:
+        if soname not in out:
+            log.warning("%s is not loaded in the agent: containers' shims find it by name", soname)
+    return out

@@ -31,6 +31,8 @@ class Limits:
     elastic_slot: int | None = None            # elastic memory: the board slot the agent assigned (0..63)
     idle_release: bool = False                 # elastic memory: idle, the request may move too
     priority: int = 0                          # elastic memory: the pod's PriorityClass value
+    nvml_path: str | None = None               # the node's libnvidia-ml.so.1 as the container sees it (issue 35)
+    cuda_path: str | None = None               # the node's libcuda.so.1 as the container sees it (issue 35)
 
 
 def _size(n: int) -> str:
@@ -65,6 +67,66 @@ def _elastic_lines(limits: Limits) -> list[str]:
     return lines
 
 
+MAX_LIB_PATH = 255  # the shim's bound on nvml_path/cuda_path (shim_config's nvml_path[256])
+
+
+def lib_path_problem(key: str, path: str) -> str | None:
+    """Why `path` cannot be a driver library key's value (the shim's rule: absolute, at most MAX_LIB_PATH
+    characters, no `..` component, nothing a key=value line cannot hold), or None. Pure: whether the file
+    exists is the shim's check, in the container's view."""
+    if not path.startswith("/"):
+        return f"{key}={path[:64]!r} is not an absolute path"
+    if len(path.encode()) > MAX_LIB_PATH:
+        return f"{key} is {len(path.encode())} bytes long; at most {MAX_LIB_PATH}"
+    if ".." in path.split("/"):
+        return f"{key}={path[:64]!r} has a .. component"
+    if any(c in path for c in "\n\r\0") or path != path.strip():
+        return f"{key}={path[:64]!r} holds a line break, a NUL or surrounding blanks"
+    return None
+
+
+DRIVER_SONAMES = ("libnvidia-ml.so.1", "libcuda.so.1")  # what nvml_path and cuda_path name
+
+
+def mapped_library(maps: str, soname: str) -> str | None:
+    """The file a process mapped for the library `soname` (libnvidia-ml.so.1 matches libnvidia-ml.so.580.65),
+    from its /proc/<pid>/maps text; None when none is mapped. Pure: the agent and `memslice run` read their
+    own maps after loading the driver."""
+    stem = soname.rsplit(".so", 1)[0] + ".so"
+    for line in maps.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].startswith("/"):
+            name = os.path.basename(parts[5])
+            if name == soname or (name.startswith(stem + ".") and name[len(stem) + 1:][:1].isdigit()):
+                return parts[5]
+    return None
+
+
+def own_mapped_libraries(sonames: tuple[str, ...] = DRIVER_SONAMES) -> dict[str, str]:
+    """The real paths of the driver libraries this process has loaded, by soname (read from /proc/self/maps,
+    at most 4 MiB of it); a library not loaded is left out."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            maps = f.read(4 << 20)
+    except OSError:
+        return {}
+    found = {soname: mapped_library(maps, soname) for soname in sonames}
+    return {soname: os.path.realpath(path) for soname, path in found.items() if path}
+
+
+def _driver_lines(limits: Limits) -> list[str]:
+    """The driver library keys (issue 35 item 2): the libraries the shim loads and measures with."""
+    lines = []
+    for key, path in (("nvml_path", limits.nvml_path), ("cuda_path", limits.cuda_path)):
+        if path is None:
+            continue
+        problem = lib_path_problem(key, path)
+        if problem:
+            raise ValueError(problem)
+        lines.append(f"{key}={path}")
+    return lines
+
+
 def render(limits: Limits) -> str:
     """The file's text: `key=value` lines, sizes with a binary unit."""
     if limits.host_spill_limit_bytes is not None and limits.oversubscribe is None:
@@ -80,6 +142,7 @@ def render(limits: Limits) -> str:
     if limits.region_dir is not None:
         lines.append(f"region_dir={limits.region_dir}")
     lines.extend(_elastic_lines(limits))
+    lines.extend(_driver_lines(limits))
     text = "\n".join(lines) + "\n"
     if len(text.encode()) > MAX_BYTES:
         raise ValueError(f"limits file of {len(text)} bytes is over {MAX_BYTES}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import shutil
 import signal
@@ -200,6 +201,24 @@ def quota_bound_message(option: str, text: str, value: int, simulate: str | None
     return None
 
 
+def driver_paths(simulate: bool) -> dict[str, str]:
+    """The driver libraries the command's shim loads and measures with (nvml_path, cuda_path; issue 35 item
+    2): the simulated ones with --simulate-gpu, else the files this process loads by name now, before the
+    command can change anything. Empty where none loads (the shim then finds them by name)."""
+    from .limits import DRIVER_SONAMES, own_mapped_libraries
+
+    if simulate:
+        from .paths import lib_paths
+
+        return {soname: str(Path(lib_paths().sim_dir) / soname) for soname in DRIVER_SONAMES}
+    for soname in DRIVER_SONAMES:
+        try:
+            ctypes.CDLL(soname)
+        except OSError:
+            continue
+    return own_mapped_libraries()
+
+
 def limits_for(args: argparse.Namespace, environ: dict[str, str]) -> Limits:
     """The limits file's content for these arguments (sizes already validated)."""
     reserve = environ.get("MEMSLICE_CONTEXT_RESERVE")
@@ -222,7 +241,9 @@ def limits_for(args: argparse.Namespace, environ: dict[str, str]) -> Limits:
         raise ValueError(f"--idle-after {args.idle_after:g}: idle_after={args.idle_after:g} is not between 0 and "
                          "604800 seconds")
     elastic = request is not None and request < limit
+    driver = driver_paths(bool(args.simulate_gpu))
     return Limits(gpu_mem_bytes=limit,
+                  nvml_path=driver.get("libnvidia-ml.so.1"), cuda_path=driver.get("libcuda.so.1"),
                   gpu_mem_request_bytes=request,
                   elastic_dir=elastic_dir(environ) if elastic else None,
                   idle_after_s=args.idle_after if elastic else None,

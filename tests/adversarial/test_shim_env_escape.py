@@ -67,7 +67,8 @@ def can_unshare() -> bool:
 
 
 # Inside a user + mount namespace, mount what the Allocate answer says at the container paths the shim
-# reads (the limits file read-only), then run the tenant's command.
+# reads (the limits file read-only, the simulated driver its nvml_path/cuda_path name), then run the tenant's
+# command.
 MOUNT_SCRIPT = """set -e
 mount -t tmpfs tmpfs /run
 mkdir -p /run/memslice/region
@@ -75,6 +76,9 @@ touch /run/memslice/limits
 mount --bind "$MS_REGION" /run/memslice/region
 mount --bind "$MS_LIMITS" /run/memslice/limits
 mount -o remount,bind,ro /run/memslice/limits
+mount -t tmpfs tmpfs /usr/local
+mkdir -p /usr/local/memslice/sim/lib
+mount --bind "$MS_SIMLIB" /usr/local/memslice/sim/lib
 exec "$@"
 """
 
@@ -105,6 +109,7 @@ def test_node_agent_limits_file_holds_every_process(escape, cbin, short_tmp):
     env.update({k: host.get(v, v) for k, v in resp.envs.items()})
     env.update(LD_PRELOAD=mounts["/usr/local/memslice/lib/libmemslice.so"].host_path,
                MS_REGION=region.host_path, MS_LIMITS=limits.host_path,
+               MS_SIMLIB=mounts["/usr/local/memslice/sim/lib"].host_path,
                MEMSLICE_SIM_CONTEXT_OVERHEAD="300MiB")  # what a context takes on this simulated GPU
     out = run(["unshare", "-Urm", "sh", "-c", MOUNT_SCRIPT, "sh", *AGENT_ESCAPES[escape], cbin["alloc_direct"], "2000",
                "700"], env)

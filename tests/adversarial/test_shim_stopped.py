@@ -62,3 +62,29 @@ def test_stopped_holder_does_not_wedge_the_container(mode, node, cbin, holdlock,
     finally:
         end(holder)
     assert read_region(region).devices[0].charged_bytes == 0
+
+
+def test_an_exit_that_cannot_reclaim_a_killed_process_retries_then_says_why(node, cbin, holdlock, tmp_path):
+    """Issue 35 item 8: the chaos test's rare "825 MiB still charged" was a killed process's charge that no
+    exiting process reclaimed (each exit's one sweep failed on the region mutex or on a neighbour inside an
+    uncharge). An exit now retries its sweep for MS_CALL_WAIT_MS while dead slots remain, and names what is
+    left and why; the container's next process reclaims it."""
+    n = node()
+    region = tmp_path / "c"
+    env = n.container(region, "1GiB", MEMSLICE_CONTEXT_RESERVE="0")
+    killed = subprocess.Popen([cbin["unseen"], "fill", "hold"], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert killed.stdout is not None and any(line.startswith("held") for line in killed.stdout)
+    killed.kill()
+    killed.wait(timeout=30)
+    holder = stopped_holder(holdlock, region, "lock")
+    try:
+        out = run([cbin["alloc_direct"], "10"], env, timeout=60)
+        assert "exiting with 1 dead processes' charges unreclaimed" in out.stderr, out.stderr
+        assert "Connection timed out" in out.stderr, out.stderr  # ETIMEDOUT: the mutex's holder is stopped
+        assert read_region(region).devices[0].charged_bytes == 1 << 30  # the killed process's fill, still
+    finally:
+        end(holder)
+    out = run([cbin["alloc_direct"], "10"], env, timeout=60)  # the next process reclaims it (the holder died)
+    assert "alloc 10 MiB -> 0" in out.stdout, out.stdout + out.stderr
+    assert read_region(region).devices[0].charged_bytes == 0
