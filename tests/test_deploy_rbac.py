@@ -38,11 +38,13 @@ COMPONENTS = {
     "extender": ("memslice-extender", ("scheduler_extender",)),
     "extender-certs": ("memslice-extender-certs", ("src/memslice/extender_certs.py",)),  # the TLS Job
 }
-# The node agent's two modes share plugin/ but not their API calls: DRA mode (--kubelet-api dra) makes only the
-# calls of plugin/dra/*.py and is granted them by deploy/overlays/dra; device-plugin mode makes the others.
+# The node agent's two modes share plugin/ but not their API calls: DRA mode (--kubelet-api dra) makes the calls
+# of plugin/dra/*.py and of the modules both modes run with the API (BOTH_MODES: the elastic Events, issue 36.6)
+# and is granted them by deploy/overlays/dra; device-plugin mode makes all but plugin/dra's.
 IS_DRA = re.compile(r"(^|/)plugin/dra/\w+\.py$")
+BOTH_MODES = re.compile(r"(^|/)plugin/elastic/events\.py$")
 MODE_FILES = {"node-agent": lambda p: not IS_DRA.search(str(p)),
-              "node-agent-dra": lambda p: bool(IS_DRA.search(str(p)))}
+              "node-agent-dra": lambda p: bool(IS_DRA.search(str(p)) or BOTH_MODES.search(str(p)))}
 RENDERED = {"node-agent-dra": "overlays/dra"}
 # Ways to reach the API server that this scanner cannot map to permissions; code using them needs the
 # scanner extended first, so it fails here instead of silently passing.
