@@ -434,6 +434,60 @@ def test_unhealthy_gpu_is_tainted_and_restored(world) -> None:
     assert sl["spec"]["pool"]["generation"] == gen + 2
 
 
+def test_a_claim_says_what_it_got_can_oversubscribe_and_runs_the_check_pod(world) -> None:
+    """Issue 36.8: after NodePrepareResources the claim's status.devices says, per share, what the node enforces
+    (GPU UUID, quota, limit, elastic, oversubscription) with a Ready condition, another driver's entry kept.
+    Issue 36.9: a GpuMemConfig `oversubscribe` reaches the limits file as the pod annotation does in extender
+    mode; deploy/examples/simulated-check-dra.yaml's script passes under a prepared 2 GiB claim."""
+    import yaml
+
+    kube, node = world
+    check = make_claim(kube, "check", "2Gi")
+    other = {"driver": "gpu.example.com", "pool": "p", "device": "d", "data": {"kept": True}}
+    check["status"]["devices"] = [other]
+    check = kube.put(check)
+    spill = make_claim(kube, "spill", "1Gi", config={"apiVersion": "memslice.io/v1alpha1", "kind": "GpuMemConfig",
+                                                     "oversubscribe": "512Mi"})
+    resp = node.kubelet.prepare(DRIVER, check, spill)
+    for c in (check, spill):
+        assert resp.claims[c["metadata"]["uid"]].error == ""
+
+    def statuses(name: str) -> list[dict[str, Any]]:
+        got = kube.get("ResourceClaim", "default", name)
+        return ((got or {}).get("status") or {}).get("devices") or []
+
+    assert kube.wait_for(lambda k: len(statuses("check")) == 2 and statuses("spill"), 10)
+    uuid = node.slices()[0]["spec"]["devices"][0]["attributes"]["uuid"]["string"]
+    kept, mine = statuses("check")
+    assert kept == other
+    share = check["status"]["allocation"]["devices"]["results"][0]["shareID"]
+    assert {k: mine[k] for k in ("driver", "pool", "device", "shareID")} == {
+        "driver": DRIVER, "pool": NODE, "device": "gpu-0", "shareID": share}
+    assert mine["data"] == {"gpuUUID": uuid, "quota": "2048Mi", "limit": "2048Mi", "elastic": False,
+                            "oversubscribe": False}
+    [ready] = mine["conditions"]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "True", "Prepared")
+    [sp] = statuses("spill")
+    assert sp["data"]["oversubscribe"] == "512Mi" and sp["data"]["quota"] == "1024Mi"
+
+    uid = spill["metadata"]["uid"]
+    spec = json.loads((node.cdi / f"memslice.io-{uid}.json").read_text())
+    [dev] = spec["devices"]
+    limits_path = next(m["hostPath"] for m in dev["containerEdits"]["mounts"]
+                       if m["containerPath"] == "/run/memslice/limits")
+    lines = Path(limits_path).read_text().splitlines()
+    assert "oversubscribe=1" in lines and "host_spill_limit=512MiB" in lines, lines
+
+    docs = list(yaml.safe_load_all((ROOT / "deploy/examples/simulated-check-dra.yaml").read_text()))
+    script = docs[1]["spec"]["containers"][0]["args"][0]
+    uid = check["metadata"]["uid"]
+    env = node.container_env(json.loads((node.cdi / f"memslice.io-{uid}.json").read_text()), f"{uid}-{share}")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "NVML: this container's GPU has 2048 MiB" in out.stdout, out.stdout
+    assert "the next one was refused with error 2 (2 = CUDA_ERROR_OUT_OF_MEMORY)" in out.stdout, out.stdout
+
+
 def test_registration_socket_removed_is_served_again(world) -> None:
     kube, node = world
     first = node.kubelet.wait_registered(DRIVER)
@@ -889,6 +943,17 @@ def test_an_elastic_claim_bursts_above_its_request_on_the_simulated_gpu(small_wo
         assert b.cmd("check") == f"check ok {1792 << 20}"
         assert a.cmd("check") == f"check ok {2048 << 20}" and a.cmd("ptrs") == ptrs
         assert b.cmd("alloc 512 64").startswith("oom "), "B is held to its 2 GiB limit"
+
+        def swapped_out(k: KubeApiStandin) -> list[dict[str, Any]]:
+            return [e for e in k.list("Event") if e.get("reason") == "GPUMemorySwappedOut"
+                    and e["involvedObject"].get("name") == "a"]
+
+        # issue 36.6: the Event the guide promises, on A's ResourceClaim (kubectl describe resourceclaim a)
+        assert kube.wait_for(lambda k: swapped_out(k), 20), node.log()
+        [ev] = swapped_out(kube)
+        assert ev["involvedObject"] == {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                                        "namespace": "default", "name": "a", "uid": claims[0]["metadata"]["uid"]}
+        assert "moved to host memory" in ev["message"] and ev["type"] == "Normal"
     finally:
         for t in tenants:
             t.close()
