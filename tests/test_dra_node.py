@@ -352,6 +352,22 @@ def test_bad_elastic_configs_are_refused_by_name_and_nothing_is_left(world) -> N
     assert node.left_behind() == {"regions": [], "cdi": [], "checkpoint": []}
 
 
+def test_a_config_entry_for_another_request_is_not_applied(world) -> None:
+    """Issue 35.9: a GpuMemConfig entry scoped to another request's name (`requests: [other]`) is not applied:
+    the claim is prepared as a plain quota of its request, not elastic up to that entry's limit."""
+    kube, node = world
+    c = make_claim(kube, "scoped", "1Gi", config={"apiVersion": "memslice.io/v1alpha1", "kind": "GpuMemConfig",
+                                                  "limit": "4Gi"})
+    c["status"]["allocation"]["devices"]["config"][0]["requests"] = ["other"]
+    c = kube.put(c)
+    resp = node.kubelet.prepare(DRIVER, c)
+    entry = resp.claims[c["metadata"]["uid"]]
+    assert entry.error == "", entry.error
+    uid, [cdi_id] = c["metadata"]["uid"], entry.devices[0].cdi_device_ids
+    env = node.container_env(json.loads((node.cdi / f"memslice.io-{uid}.json").read_text()), cdi_id.split("=")[1])
+    assert env["MEMSLICE_GPU_MEM_LIMIT"] == "1024" and "MEMSLICE_GPU_MEM_REQUEST" not in env
+
+
 def test_restart_of_agent_and_kubelet_keeps_what_was_prepared(world) -> None:
     kube, node = world
     generation = node.slices()[0]["spec"]["pool"]["generation"]
