@@ -339,8 +339,10 @@ class DraDriver:
                     raise claim
                 assert claim is not None
                 pc = self._prepare_new(ref, claim)
-            self._say_warnings()
-            self._write_statuses()
+                warnings, self._warnings = self._warnings, []  # this call's, taken under the lock
+                statuses, self._statuses = self._statuses, []
+            self._say_warnings(warnings)
+            self._write_statuses(statuses)
             return pc, ""
         except ClaimError as exc:
             log.warning("NodePrepareResources refused: %s", exc)
@@ -357,10 +359,9 @@ class DraDriver:
             log.exception("NodePrepareResources failed for %s", ref)
             return None, f"{ref}: the node agent failed to prepare it ({type(exc).__name__}: {str(exc)[:200]})"
 
-    def _say_warnings(self) -> None:
+    def _say_warnings(self, warnings: list[tuple[ClaimRef, str]]) -> None:
         """Log and post (as Warning Events on their claims) what prepare found worth a warning; an Event that
         cannot be written is logged, never fails the claim."""
-        warnings, self._warnings = self._warnings, []
         for ref, message in warnings:
             log.warning("%s", message)
             if self.post_event is None:
@@ -371,11 +372,10 @@ class DraDriver:
             except Exception as exc:  # the API server refusing or away: the warning stays in the log
                 log.warning("cannot post the %s Event on %s: %s", UNHEALTHY_REASON, ref, exc)
 
-    def _write_statuses(self) -> None:
+    def _write_statuses(self, todo: list[tuple[ClaimRef, Mapping[str, Any], PreparedClaim]]) -> None:
         """Write the status.devices of the claims just prepared (what the node enforces for them: issue 36.8), a
         conditional merge patch re-read and retried on conflict (STATUS_TRIES in all). A status that cannot be
         written is logged, never fails the claim: the node enforces the quota either way."""
-        todo, self._statuses = self._statuses, []
         if self.write_status is None:
             return
         for ref, claim, pc in todo:
