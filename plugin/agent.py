@@ -268,6 +268,9 @@ class NodeAgent:
                                f"--node-name or set NODE_NAME (downward API fieldRef spec.nodeName)")
         log.info("Kubernetes API: %s; node %s; DRA driver memslice.io", how, self.cfg.node_name)
         self.api = api
+        if self.elastic is not None:  # Events on elastic claims whose memory is swapped out or back (issue 36.6)
+            self.swap_events = SwapEvents(api, self.cfg.node_name, self.elastic.poll, self.cfg.swap_event_interval_s)
+            self.swap_events.start()
 
     def _start_http(self) -> None:
         assert self.state is not None

@@ -38,8 +38,12 @@ from typing import Any
 import grpc
 
 from memslice.proto import (
+    dra_health_v1_pb2,
+    dra_health_v1_pb2_grpc,
     dra_health_v1alpha1_pb2,
     dra_health_v1alpha1_pb2_grpc,
+    dra_health_v1beta1_pb2,
+    dra_health_v1beta1_pb2_grpc,
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
@@ -54,7 +58,11 @@ _MODULES = {"v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc), "v1beta1.DRAPlugin": 
 CALL_TIMEOUT_S = 45.0  # defaultClientCallTimeout
 
 
-HEALTH_SERVICES = ("v1alpha1.DRAResourceHealth",)  # healthServicesSupportedByKubelet (v1 not modelled here)
+# healthServicesSupportedByKubelet, newest first (a kubelet of 1.34 knows only v1alpha1)
+HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1beta1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+HEALTH_MODULES = {"v1.DRAResourceHealth": (dra_health_v1_pb2, dra_health_v1_pb2_grpc),
+                  "v1beta1.DRAResourceHealth": (dra_health_v1beta1_pb2, dra_health_v1beta1_pb2_grpc),
+                  "v1alpha1.DRAResourceHealth": (dra_health_v1alpha1_pb2, dra_health_v1alpha1_pb2_grpc)}
 
 
 @dataclass
@@ -64,6 +72,7 @@ class Registered:
     service: str
     socket: Path
     health: str = ""  # the health service chosen from supported_versions (pickHealthService), "" if none
+    advertised: tuple[str, ...] = ()  # GetInfo's supported_versions
 
 
 def container_cdi_ids(entry: Any, request: str = "") -> list[str]:
@@ -182,7 +191,8 @@ class KubeletDraStandin:
                 plugins = self.plugins.setdefault(info.name, [])
                 plugins[:] = [r for r in plugins if r.socket != sock]
                 health = next((h for h in HEALTH_SERVICES if h in info.supported_versions), "")
-                plugins.append(Registered(info.name, info.endpoint, chosen, sock, health))
+                plugins.append(Registered(info.name, info.endpoint, chosen, sock, health,
+                                          tuple(info.supported_versions)))
                 wipe = self.pending_wipes.pop(info.name, None)
                 if wipe is not None:
                     wipe.cancel()  # usable again: the driver's slices stay
@@ -247,12 +257,14 @@ class KubeletDraStandin:
     def unprepare(self, driver: str, *claims: dict[str, Any], endpoint: str | None = None) -> Any:
         return self._call(driver, "NodeUnprepareResources", list(claims), endpoint)
 
-    def health_stream(self, driver: str, timeout: float) -> tuple[grpc.Channel, Any]:
-        """v1alpha1.DRAResourceHealth/NodeWatchResources on the driver's newest plugin, as a kubelet with the
-        ResourceHealthStatus gate opens it: (channel, the stream, which ends after `timeout` s). Close the
-        channel when done."""
+    def health_stream(self, driver: str, timeout: float, service: str = "v1alpha1.DRAResourceHealth"
+                      ) -> tuple[grpc.Channel, Any]:
+        """`service`/NodeWatchResources on the driver's newest plugin, as a kubelet with the ResourceHealthStatus
+        gate opens it: (channel, the stream, which ends after `timeout` s). The driver must advertise `service`.
+        Close the channel when done."""
         r = self.wait_registered(driver, 5)
-        assert r.health, f"{driver} does not advertise a health service the kubelet supports ({HEALTH_SERVICES})"
+        assert service in r.advertised, f"{driver} does not advertise {service} ({r.advertised})"
+        pb, pb_grpc = HEALTH_MODULES[service]
         ch = grpc.insecure_channel(f"unix:{r.endpoint}")
-        stub = dra_health_v1alpha1_pb2_grpc.DRAResourceHealthStub(ch)
-        return ch, stub.NodeWatchResources(dra_health_v1alpha1_pb2.NodeWatchResourcesRequest(), timeout=timeout)
+        stub = pb_grpc.DRAResourceHealthStub(ch)
+        return ch, stub.NodeWatchResources(pb.NodeWatchResourcesRequest(), timeout=timeout)

@@ -267,7 +267,9 @@ def test_both_binaries_find_the_api_in_one_order(tmp_path: Path, monkeypatch: py
 # ------------------------------------------------------------------------------------------ DRA driver config
 
 configs = st.builds(contract.GpuMemConfig, limit_mib=st.none() | st.integers(1, contract.MAX_MIB),
-                    idle_release=st.booleans())
+                    idle_release=st.booleans(),
+                    spill=st.none() | st.just(contract.NO_SPILL_CAP)
+                    | st.integers(1, contract.MAX_MIB).map(lambda m: m * contract.MIB))
 
 
 @settings(deadline=None)  # the first parse imports kubernetes.utils (seconds)
@@ -284,6 +286,11 @@ def test_gpu_mem_config_reads_the_documented_form() -> None:
     assert contract.GpuMemConfig.parse({**doc, "limit": "1.5Gi"}, "c").limit_mib == 1536
     assert contract.GpuMemConfig.parse({**doc, "limit": "6442450944"}, "c").limit_mib == 6144
     assert contract.GpuMemConfig.parse(doc | {"limit": None}, "c").limit_mib is None
+    # issue 36.9: oversubscription, as the pod annotation of extender mode says it
+    assert contract.GpuMemConfig.parse({**doc, "oversubscribe": "8Gi"}, "c").spill == 8 << 30
+    assert contract.GpuMemConfig.parse({**doc, "oversubscribe": True}, "c").spill == contract.NO_SPILL_CAP
+    assert contract.GpuMemConfig.parse({**doc, "oversubscribe": False}, "c").spill is None
+    assert contract.GpuMemConfig.parse(doc, "c").spill is None
 
 
 KIND = {"apiVersion": "memslice.io/v1alpha1", "kind": "GpuMemConfig"}
@@ -292,7 +299,7 @@ BAD_CONFIGS = {
     "another kind": ({**KIND, "kind": "GpuConfig"}, "kind 'GpuConfig'; use apiVersion memslice.io/v1alpha1, kind "
                                                    "GpuMemConfig"),
     "unknown key": ({**KIND, "limits": "6Gi"}, "has no field(s) 'limits' (its fields: apiVersion, kind, limit, "
-                                               "idleRelease); remove them"),
+                                               "idleRelease, oversubscribe); remove them"),
     "nested elastic": ({**KIND, "elastic": {"limit": "6Gi"}}, "has no field(s) 'elastic'"),
     "unparsable": ({**KIND, "limit": "6 GiB"}, "limit='6 GiB' is not a quantity; use a quantity string"),
     "negative": ({**KIND, "limit": "-6Gi"}, "limit='-6Gi' is not a quantity (a limit cannot be negative)"),
@@ -301,6 +308,12 @@ BAD_CONFIGS = {
     "under a MiB": ({**KIND, "limit": "1Ki"}, "limit='1Ki' is under 1Mi"),
     "absurd": ({**KIND, "limit": "9Ei"}, "limit='9Ei' is absurdly large"),
     "hostile exponent": ({**KIND, "limit": "1e999999"}, "limit='1e999999' is not a quantity"),
+    "1E99 (issue 35.9)": ({**KIND, "limit": "1E99"}, "limit='1E99' is absurdly large"),
+    "64 nines (issue 35.9)": ({**KIND, "limit": "9" * 64}, "is absurdly large"),
+    "oversubscribe text": ({**KIND, "oversubscribe": "yes"}, "oversubscribe='yes' is not true, false, or a quantity"),
+    "oversubscribe number": ({**KIND, "oversubscribe": 8}, "oversubscribe=8 is not true, false, or a quantity"),
+    "oversubscribe 1E99": ({**KIND, "oversubscribe": "1E99"}, "oversubscribe='1E99' is absurdly large"),
+    "oversubscribe zero": ({**KIND, "oversubscribe": "0"}, "oversubscribe='0' is under 1Mi"),
     "idleRelease text": ({**KIND, "limit": "6Gi", "idleRelease": "yes"}, "idleRelease='yes' is not true or false"),
     "oversized blob": ({**KIND, "limit": "6Gi", "x": "y" * 5000}, "over 4096 bytes of JSON"),
 }
@@ -320,7 +333,8 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats
 
 
 @settings(deadline=None)
-@given(st.dictionaries(st.sampled_from(["apiVersion", "kind", "limit", "idleRelease", "x"]) | texts, json_values,
+@given(st.dictionaries(st.sampled_from(["apiVersion", "kind", "limit", "idleRelease", "oversubscribe", "x"]) | texts,
+                       json_values,
                        max_size=6).map(lambda d: {**KIND, **d}))
 def test_hostile_gpu_mem_configs_raise_only_contract_errors(raw: dict[str, Any]) -> None:
     try:

@@ -49,9 +49,31 @@ def gpu_mem_mib(c: Manifest, unit_mib: int = 1) -> int:
     return int(q) * unit_mib
 
 
+DRA_EXAMPLES = ("simulated-check-dra.yaml",)  # issue 36.9; its script runs in tests/test_dra_node.py
+
+
 def test_every_file_in_examples_is_covered() -> None:
     names = {p.name for p in EXAMPLES.iterdir()}
-    assert names == {*KUBE_EXAMPLES, "jupyterhub-values.yaml"}
+    assert names == {*KUBE_EXAMPLES, *DRA_EXAMPLES, "jupyterhub-values.yaml"}
+
+
+def test_the_dra_check_pod_names_its_claim_and_runs_the_same_script() -> None:
+    """The DRA mode's check pod: a ResourceClaimTemplate of gpu-mem.memslice.io and a pod of the default
+    scheduler whose container names the claim; its script is simulated-check.yaml's."""
+    template, pod = load_yaml(EXAMPLES / "simulated-check-dra.yaml")
+    for obj in (template, pod):
+        validate_strict(obj)
+    [req] = template["spec"]["spec"]["devices"]["requests"]
+    assert req["exactly"]["deviceClassName"] == "gpu-mem.memslice.io"
+    assert parse_quantity(req["exactly"]["capacity"]["requests"]["memory"]) == 2 << 30
+    spec = pod["spec"]
+    assert "schedulerName" not in spec
+    assert spec["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": template["metadata"]["name"]}]
+    (c,) = spec["containers"]
+    assert c["resources"]["claims"] == [{"name": "gpu"}] and RESOURCE not in c["resources"]["limits"]
+    (plain,) = pod_spec(example("simulated-check.yaml"))["containers"]  # type: ignore[index]
+    assert c["args"][0].replace("its claim's capacity.requests.memory", "its memslice.io/gpu-mem quota") \
+        == plain["args"][0]
 
 
 @pytest.mark.parametrize("name", KUBE_EXAMPLES)

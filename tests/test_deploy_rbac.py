@@ -38,11 +38,13 @@ COMPONENTS = {
     "extender": ("memslice-extender", ("scheduler_extender",)),
     "extender-certs": ("memslice-extender-certs", ("src/memslice/extender_certs.py",)),  # the TLS Job
 }
-# The node agent's two modes share plugin/ but not their API calls: DRA mode (--kubelet-api dra) makes only the
-# calls of plugin/dra/*.py and is granted them by deploy/overlays/dra; device-plugin mode makes the others.
+# The node agent's two modes share plugin/ but not their API calls: DRA mode (--kubelet-api dra) makes the calls
+# of plugin/dra/*.py and of the modules both modes run with the API (BOTH_MODES: the elastic Events, issue 36.6)
+# and is granted them by deploy/overlays/dra; device-plugin mode makes all but plugin/dra's.
 IS_DRA = re.compile(r"(^|/)plugin/dra/\w+\.py$")
+BOTH_MODES = re.compile(r"(^|/)plugin/elastic/events\.py$")
 MODE_FILES = {"node-agent": lambda p: not IS_DRA.search(str(p)),
-              "node-agent-dra": lambda p: bool(IS_DRA.search(str(p)))}
+              "node-agent-dra": lambda p: bool(IS_DRA.search(str(p)) or BOTH_MODES.search(str(p)))}
 RENDERED = {"node-agent-dra": "overlays/dra"}
 # Ways to reach the API server that this scanner cannot map to permissions; code using them needs the
 # scanner extended first, so it fails here instead of silently passing.
@@ -167,7 +169,22 @@ def referenced_api_methods(tree: ast.AST, text: str, own: frozenset[str] = froze
         yield node.attr, cls, watched
 
 
+# Checks the API server makes beside the request's own (apiGroup, resource, verb): with the
+# DRAResourceClaimGranularStatusAuthorization gate (beta, on, since 1.36) a write of a ResourceClaim's
+# status.devices also needs the synthetic subresource resourceclaims/driver with a node-aware verb
+# (`associated-node:<verb>` for a node-local driver, limited by resourceNames to the driver's name).
+IMPLIED: dict[Perm, set[Perm]] = {
+    ("resource.k8s.io", "resourceclaims/status", "patch"): {("resource.k8s.io", "resourceclaims/driver",
+                                                             "associated-node:patch")},
+}
+
+
 def code_permissions(dirs: tuple[str, ...], keep: Any = None) -> set[Perm]:
+    perms = _code_permissions(dirs, keep)
+    return perms.union(*(IMPLIED.get(p, set()) for p in perms))
+
+
+def _code_permissions(dirs: tuple[str, ...], keep: Any = None) -> set[Perm]:
     perms: set[Perm] = set()
     trees = {path: (path.read_text(), ast.parse(path.read_text())) for path in source_files(dirs)
              if keep is None or keep(path)}
@@ -215,6 +232,16 @@ def test_rbac_grants_exactly_the_calls_in_the_code(component: str) -> None:
     have = granted(render(RENDERED.get(component, "base")), sa)
     assert have - needed == set(), f"{component}: granted but never called: {sorted(have - needed)}"
     assert needed - have == set(), f"{component}: called but not granted: {sorted(needed - have)}"
+
+
+def test_the_dra_driver_writes_only_its_own_devices_status() -> None:
+    """Issue 36.8: the synthetic resourceclaims/driver permission names memslice.io alone (resourceNames), so
+    the agent's token cannot write another driver's status.devices entries."""
+    objs = render("overlays/dra")
+    role = find(objs, "ClusterRole", "memslice-node-agent")
+    [rule] = [r for r in role["rules"] if "resourceclaims/driver" in r["resources"]]
+    assert rule["resources"] == ["resourceclaims/driver"] and rule["resourceNames"] == ["memslice.io"]
+    assert rule["verbs"] == ["associated-node:patch"]
 
 
 @pytest.mark.parametrize("component", sorted(COMPONENTS))

@@ -31,6 +31,8 @@ from memslice.plugin.dra.prepare import (
     pod_priority,
     quantity_bytes,
     shares_for,
+    tolerates,
+    unhealthy_warning,
 )
 from memslice.plugin.dra.slices import (
     Pci,
@@ -85,8 +87,38 @@ def test_a_share_becomes_one_region_with_its_memory() -> None:
 
 
 def test_unhealthy_gpu_is_refused() -> None:
-    with pytest.raises(ClaimError, match="Unhealthy"):
+    with pytest.raises(ClaimError, match="Unhealthy") as err:
         shares_for(_claim(), REF, "node-a", {0: GPU}, {0: GPU.mem_mib}, {GPU.uuid: False})
+    assert "withdraw" not in str(err.value) and "memslice.io/unhealthy:NoSchedule" in str(err.value)
+
+
+TAINT = {"key": "memslice.io/unhealthy", "value": "xid", "effect": "NoSchedule"}
+
+
+@pytest.mark.parametrize("toleration,ok", [
+    ({"key": "memslice.io/unhealthy", "operator": "Exists"}, True),
+    ({"key": "memslice.io/unhealthy", "operator": "Exists", "effect": "NoSchedule"}, True),
+    ({"key": "memslice.io/unhealthy", "value": "xid"}, True),  # operator Equal by default
+    ({"key": "memslice.io/unhealthy", "operator": "Equal", "value": "other"}, False),
+    ({"key": "memslice.io/unhealthy", "operator": "Exists", "effect": "NoExecute"}, False),
+    ({"operator": "Exists"}, True),  # an empty key with Exists tolerates every taint
+    ({"value": "xid"}, False),  # an empty key needs Exists
+    ({"key": "other.io/x", "operator": "Exists"}, False),
+    ("memslice.io/unhealthy", False),
+])
+def test_tolerations_match_the_unhealthy_taint_by_the_apis_rule(toleration, ok) -> None:
+    assert tolerates([toleration], TAINT) is ok
+    assert tolerates(None, TAINT) is False and tolerates("x", TAINT) is False
+
+
+def test_a_claim_tolerating_the_unhealthy_taint_is_prepared_with_a_warning() -> None:
+    """Issue 36.4: allocated on a tainted GPU because it tolerates the taint, it is prepared (refusing it left the
+    pod in ContainerCreating for good), and the warning names the GPU and the toleration."""
+    c = _claim(tolerations=[{"key": "memslice.io/unhealthy", "operator": "Exists"}])
+    shares = shares_for(c, REF, "node-a", {0: GPU}, {0: GPU.mem_mib}, {GPU.uuid: False})
+    warning = unhealthy_warning(REF, shares, {GPU.uuid: False})
+    assert warning is not None and GPU.uuid in warning and "tolerates that taint" in warning
+    assert unhealthy_warning(REF, shares, {GPU.uuid: True}) is None
 
 
 def _elastic(*params: dict, source: str = "FromClaim") -> dict:
@@ -135,6 +167,49 @@ def test_bad_elastic_configs_are_refused_naming_the_values_and_the_fix(params, w
     with pytest.raises(ClaimError) as err:
         _elastic_for(_elastic(params))
     assert str(err.value).startswith(str(REF)) and words in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("raw", ["1E99", "9" * 64, "1e500", "99999999999999999999999999999999999999Ei"])
+def test_huge_quantities_are_refused_by_name_not_crashed_on(raw) -> None:
+    """Issue 35.9: Decimal's `//` raised DivisionImpossible (not a ValueError) for a quotient over 28 digits, so
+    a limit or consumedCapacity of 1E99 made NodePrepareResources fail with gRPC UNKNOWN."""
+    assert mib_floor(raw) > 1 << 30  # exact, in integers
+    with pytest.raises(ClaimError, match=f"limit='{raw[:20]}.*is absurdly large"):
+        _elastic_for(_elastic({"limit": raw}))
+    with pytest.raises(ClaimError, match=r"consumedCapacity.memory .* does not fit gpu-0"):
+        shares_for(_claim(consumedCapacity={"memory": raw}), REF, "node-a", {0: GPU}, {0: GPU.mem_mib},
+                   {GPU.uuid: True})
+
+
+def _scoped(requests: object, results: tuple[str, ...] = ("gpu",), limit: str = "6Gi") -> dict:
+    """A claim of 4Gi per result with one GpuMemConfig entry scoped to `requests` (None: unscoped)."""
+    c = _elastic({"limit": limit})
+    rs = c["status"]["allocation"]["devices"]["results"]
+    rs[:] = [{**rs[0], "request": r, "shareID": f"{rs[0]['shareID'][:-1]}{i}"} for i, r in enumerate(results)]
+    entry = c["status"]["allocation"]["devices"]["config"][0]
+    if requests is None:
+        del entry["requests"]
+    else:
+        entry["requests"] = requests
+    return c
+
+
+def test_a_config_entry_applies_only_to_the_requests_it_names() -> None:
+    """Issue 35.9: an entry scoped to another request's name (another driver's request, a subrequest that was
+    not chosen) is not applied; unscoped or naming the request (or its chosen subrequest) it is."""
+    assert _elastic_for(_scoped(["other"])) is None
+    assert _elastic_for(_scoped(["gpu/large"], ("gpu/small",))) is None
+    assert _elastic_for(_scoped(["gpu"])) == Elastic(6144)
+    assert _elastic_for(_scoped(None)) == Elastic(6144)
+    assert _elastic_for(_scoped([])) == Elastic(6144)
+    assert _elastic_for(_scoped(["gpu"], ("gpu/small",))) == Elastic(6144)
+    assert _elastic_for(_scoped(["gpu/small"], ("gpu/small",))) == Elastic(6144)
+    assert _elastic_for(_scoped(["a", "b"], ("a", "b"), "12Gi")) == Elastic(12288)
+    # naming one of two requests that share the claim's quota on its GPU: refused, not half applied
+    with pytest.raises(ClaimError, match=r"applies to request\(s\) a but not b, which share its quota"):
+        _elastic_for(_scoped(["a"], ("a", "b"), "12Gi"))
+    with pytest.raises(ClaimError, match=r"requests=gpu is not a list of request names"):
+        _elastic_for(_scoped("gpu"))
 
 
 def test_a_bad_class_entry_is_refused_even_when_the_claims_entry_overrides_it() -> None:

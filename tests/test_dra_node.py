@@ -219,6 +219,7 @@ def test_two_claims_share_one_gpu_each_held_to_its_memory(world) -> None:
             share = claim["status"]["allocation"]["devices"]["results"][0]["shareID"]
             assert (device.pool_name, device.device_name, list(device.request_names)) == (NODE, "gpu-0", ["gpu"])
             assert list(device.cdi_device_ids) == [f"{CDI_KIND}={uid}-{share}"]
+            assert device.HasField("share_id") and device.share_id == share  # issue 36.7: two shares told apart
             spec = json.loads((node.cdi / f"memslice.io-{uid}.json").read_text())
             assert spec["kind"] == CDI_KIND
             env = node.container_env(spec, f"{uid}-{share}")
@@ -300,6 +301,8 @@ BAD = {
     "another node's pool": (lambda k: _with_result(k, "far", pool="gpu-b"), "this node's pool is 'gpu-a'"),
     "hostile quantity": (lambda k: _with_result(k, "odd", consumedCapacity={"memory": "1e999999"}),
                          "is not a quantity"),
+    "consumedCapacity 1E99": (lambda k: _with_result(k, "vast", consumedCapacity={"memory": "1E99"}),
+                              "consumedCapacity.memory '1E99' (" ),
     "no shareID": (lambda k: _with_result(k, "noshare", shareID=None), "shareID None is missing"),
     "zero-padded device name": (lambda k: _with_result(k, "padded", device="gpu-0000"),
                                 "unknown device 'gpu-0000'"),
@@ -333,6 +336,8 @@ BAD_ELASTIC = {
     "unknown config field": (_configured("unknown", limit="2Gi", swap="yes"), "GpuMemConfig has no field(s) 'swap'"),
     "oversized config": (_configured("blob", limit="2Gi", note="x" * 8000), "over 4096 bytes of JSON"),
     "idleRelease alone": (_configured("idle", idleRelease=True), "idleRelease: true without a limit above"),
+    "limit 1E99": (_configured("vast", limit="1E99"), "limit='1E99' is absurdly large"),  # issue 35.9
+    "limit of 64 nines": (_configured("nines", limit="9" * 64), f"limit='{'9' * 24}"),
     "elastic claim of a deleted pod": (_orphan, "reserved for pod(s) gone in default, but none exists"),
 }
 
@@ -345,6 +350,22 @@ def test_bad_elastic_configs_are_refused_by_name_and_nothing_is_left(world) -> N
         entry = resp.claims[claim["metadata"]["uid"]]
         assert BAD_ELASTIC[what][1] in entry.error and not entry.devices, (what, entry.error)
     assert node.left_behind() == {"regions": [], "cdi": [], "checkpoint": []}
+
+
+def test_a_config_entry_for_another_request_is_not_applied(world) -> None:
+    """Issue 35.9: a GpuMemConfig entry scoped to another request's name (`requests: [other]`) is not applied:
+    the claim is prepared as a plain quota of its request, not elastic up to that entry's limit."""
+    kube, node = world
+    c = make_claim(kube, "scoped", "1Gi", config={"apiVersion": "memslice.io/v1alpha1", "kind": "GpuMemConfig",
+                                                  "limit": "4Gi"})
+    c["status"]["allocation"]["devices"]["config"][0]["requests"] = ["other"]
+    c = kube.put(c)
+    resp = node.kubelet.prepare(DRIVER, c)
+    entry = resp.claims[c["metadata"]["uid"]]
+    assert entry.error == "", entry.error
+    uid, [cdi_id] = c["metadata"]["uid"], entry.devices[0].cdi_device_ids
+    env = node.container_env(json.loads((node.cdi / f"memslice.io-{uid}.json").read_text()), cdi_id.split("=")[1])
+    assert env["MEMSLICE_GPU_MEM_LIMIT"] == "1024" and "MEMSLICE_GPU_MEM_REQUEST" not in env
 
 
 def test_restart_of_agent_and_kubelet_keeps_what_was_prepared(world) -> None:
@@ -387,7 +408,8 @@ def test_older_kubelet_uses_v1beta1(tmp_path) -> None:
 
 def test_unhealthy_gpu_is_tainted_and_restored(world) -> None:
     """Issue 24.6: an unhealthy GPU stays in the slice with the NoSchedule device taint (running claims stay
-    visible, kube-scheduler avoids it for new ones), and a claim on it is refused with the reason."""
+    visible, kube-scheduler avoids it for new ones), and a claim on it is refused with the reason, unless it
+    tolerates the taint: then it is prepared, with a Warning Event on the claim (issue 36.4)."""
     from test_plugin_agent import inject_xid
 
     kube, node = world
@@ -408,11 +430,78 @@ def test_unhealthy_gpu_is_tainted_and_restored(world) -> None:
     assert kube.wait_for(lambda k: taints(k) == ["memslice.io/unhealthy:NoSchedule"], 15), node.log()
     [sl] = node.slices()
     assert sl["spec"]["pool"]["generation"] == gen + 1
-    err = node.kubelet.prepare(DRIVER, c).claims[c["metadata"]["uid"]].error
-    assert "is Unhealthy" in err, err
+    # issue 36.4: tolerating the taint (the request's tolerations, copied into the result at allocation)
+    tolerant = make_claim(kube, "tolerant", "1Gi")
+    tolerant["status"]["allocation"]["devices"]["results"][0]["tolerations"] = [
+        {"key": "memslice.io/unhealthy", "operator": "Exists", "effect": "NoSchedule"}]
+    tolerant = kube.put(tolerant)
+    resp = node.kubelet.prepare(DRIVER, c, tolerant)
+    err = resp.claims[c["metadata"]["uid"]].error
+    assert "is Unhealthy (critical Xid) and the claim does not tolerate its device taint" in err, err
+    assert "withdraw" not in err
+    ok = resp.claims[tolerant["metadata"]["uid"]]
+    assert ok.error == "" and ok.devices[0].device_name == "gpu-0", ok.error  # prepared, not refused forever
+    assert kube.wait_for(lambda k: any(e.get("reason") == "PreparedOnUnhealthyGPU" for e in k.list("Event")), 10)
+    [ev] = [e for e in kube.list("Event") if e.get("reason") == "PreparedOnUnhealthyGPU"]
+    assert ev["type"] == "Warning" and ev["involvedObject"]["kind"] == "ResourceClaim"
+    assert ev["involvedObject"]["uid"] == tolerant["metadata"]["uid"] and "tolerates that taint" in ev["message"]
     assert kube.wait_for(lambda k: taints(k) == [], 20), node.log()  # recovery after 2 s
     [sl] = node.slices()
     assert sl["spec"]["pool"]["generation"] == gen + 2
+
+
+def test_a_claim_says_what_it_got_can_oversubscribe_and_runs_the_check_pod(world) -> None:
+    """Issue 36.8: after NodePrepareResources the claim's status.devices says, per share, what the node enforces
+    (GPU UUID, quota, limit, elastic, oversubscription) with a Ready condition, another driver's entry kept.
+    Issue 36.9: a GpuMemConfig `oversubscribe` reaches the limits file as the pod annotation does in extender
+    mode; deploy/examples/simulated-check-dra.yaml's script passes under a prepared 2 GiB claim."""
+    import yaml
+
+    kube, node = world
+    check = make_claim(kube, "check", "2Gi")
+    other = {"driver": "gpu.example.com", "pool": "p", "device": "d", "data": {"kept": True}}
+    check["status"]["devices"] = [other]
+    check = kube.put(check)
+    spill = make_claim(kube, "spill", "1Gi", config={"apiVersion": "memslice.io/v1alpha1", "kind": "GpuMemConfig",
+                                                     "oversubscribe": "512Mi"})
+    resp = node.kubelet.prepare(DRIVER, check, spill)
+    for c in (check, spill):
+        assert resp.claims[c["metadata"]["uid"]].error == ""
+
+    def statuses(name: str) -> list[dict[str, Any]]:
+        got = kube.get("ResourceClaim", "default", name)
+        return ((got or {}).get("status") or {}).get("devices") or []
+
+    assert kube.wait_for(lambda k: len(statuses("check")) == 2 and statuses("spill"), 10)
+    uuid = node.slices()[0]["spec"]["devices"][0]["attributes"]["uuid"]["string"]
+    kept, mine = statuses("check")
+    assert kept == other
+    share = check["status"]["allocation"]["devices"]["results"][0]["shareID"]
+    assert {k: mine[k] for k in ("driver", "pool", "device", "shareID")} == {
+        "driver": DRIVER, "pool": NODE, "device": "gpu-0", "shareID": share}
+    assert mine["data"] == {"gpuUUID": uuid, "quota": "2048Mi", "limit": "2048Mi", "elastic": False,
+                            "oversubscribe": False}
+    [ready] = mine["conditions"]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "True", "Prepared")
+    [sp] = statuses("spill")
+    assert sp["data"]["oversubscribe"] == "512Mi" and sp["data"]["quota"] == "1024Mi"
+
+    uid = spill["metadata"]["uid"]
+    spec = json.loads((node.cdi / f"memslice.io-{uid}.json").read_text())
+    [dev] = spec["devices"]
+    limits_path = next(m["hostPath"] for m in dev["containerEdits"]["mounts"]
+                       if m["containerPath"] == "/run/memslice/limits")
+    lines = Path(limits_path).read_text().splitlines()
+    assert "oversubscribe=1" in lines and "host_spill_limit=512MiB" in lines, lines
+
+    docs = list(yaml.safe_load_all((ROOT / "deploy/examples/simulated-check-dra.yaml").read_text()))
+    script = docs[1]["spec"]["containers"][0]["args"][0]
+    uid = check["metadata"]["uid"]
+    env = node.container_env(json.loads((node.cdi / f"memslice.io-{uid}.json").read_text()), f"{uid}-{share}")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "NVML: this container's GPU has 2048 MiB" in out.stdout, out.stdout
+    assert "the next one was refused with error 2 (2 = CUDA_ERROR_OUT_OF_MEMORY)" in out.stdout, out.stdout
 
 
 def test_registration_socket_removed_is_served_again(world) -> None:
@@ -644,6 +733,8 @@ def test_consumable_capacity_off_is_said_on_readyz_and_in_an_event() -> None:
         assert ev["involvedObject"]["kind"] == "Node" and ev["type"] == "Warning"
         code, body = node.http("/readyz")
         assert code == 503 and "--feature-gates=DRAConsumableCapacity=true" in body, body
+        for said in (body, ev["message"]):  # issue 36.5: the components that need the gate
+            assert "kube-apiserver, kube-scheduler and every kubelet" in said and "controller-manager" not in said
         assert node.output is not None
         node.output.wait_for(lambda out: "DRAConsumableCapacity feature gate is off" in out, 10, "the log line")
         assert node.log().count("DRAConsumableCapacity feature gate is off") == 1
@@ -700,6 +791,36 @@ def test_the_kubelets_health_stream_follows_the_gpu_and_is_bounded(world) -> Non
                 ch4, stream4 = node.kubelet.health_stream(DRIVER, 60)
     finally:
         ch4.close()
+
+
+@pytest.mark.parametrize("service", ["v1beta1.DRAResourceHealth", "v1.DRAResourceHealth"])
+def test_newer_health_streams_carry_a_timeout_the_xid_and_are_resent_inside_the_kubelets_timeout(world, service
+                                                                                                  ) -> None:
+    """Issue 36.2: dra-health v1beta1 and v1 are served too, each device with our health-check timeout and, when
+    Unhealthy, a message naming the Xid; an unchanged state is resent well inside the kubelet's
+    DefaultHealthTimeout (30 s) so a healthy GPU never reads Unknown."""
+    from test_plugin_agent import inject_xid
+
+    kube, node = world
+    kubelet_default_timeout_s = 30
+    ch, stream = node.kubelet.health_stream(DRIVER, 90, service)
+    try:
+        first = next(stream)
+        [d] = first.devices
+        assert (d.device.device_name, d.health, d.message) == ("gpu-0", 1, "")
+        assert d.health_check_timeout_seconds >= 2 * kubelet_default_timeout_s
+        inject_xid(node.state, 0, 79)
+        [bad] = next(stream).devices
+        assert bad.health == 2 and "critical Xid 79" in bad.message and len(bad.message) <= 1024, bad.message
+        assert "withdraw" not in bad.message and "memslice.io/unhealthy:NoSchedule" in bad.message
+        [back] = next(stream).devices  # recovered after 2 s
+        assert back.health == 1 and back.message == ""
+        [again] = next(stream).devices  # nothing changed: the resend
+        assert again.health == 1
+        # the plugin's own clock stamps each message: the resend came well inside the kubelet's timeout
+        assert again.last_updated_time - back.last_updated_time <= kubelet_default_timeout_s // 2
+    finally:
+        ch.close()
 
 
 # --- elastic claims (issue 26.6) ------------------------------------------------------------------------------
@@ -838,6 +959,17 @@ def test_an_elastic_claim_bursts_above_its_request_on_the_simulated_gpu(small_wo
         assert b.cmd("check") == f"check ok {1792 << 20}"
         assert a.cmd("check") == f"check ok {2048 << 20}" and a.cmd("ptrs") == ptrs
         assert b.cmd("alloc 512 64").startswith("oom "), "B is held to its 2 GiB limit"
+
+        def swapped_out(k: KubeApiStandin) -> list[dict[str, Any]]:
+            return [e for e in k.list("Event") if e.get("reason") == "GPUMemorySwappedOut"
+                    and e["involvedObject"].get("name") == "a"]
+
+        # issue 36.6: the Event the guide promises, on A's ResourceClaim (kubectl describe resourceclaim a)
+        assert kube.wait_for(lambda k: swapped_out(k), 20), node.log()
+        [ev] = swapped_out(kube)
+        assert ev["involvedObject"] == {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                                        "namespace": "default", "name": "a", "uid": claims[0]["metadata"]["uid"]}
+        assert "moved to host memory" in ev["message"] and ev["type"] == "Normal"
     finally:
         for t in tenants:
             t.close()

@@ -5,6 +5,12 @@ The expected tables below are copied from the upstream .proto files (kubernetes/
 - staging/src/k8s.io/kubelet/pkg/apis/dra/v1/api.proto @ 53eddfd35a505617fd0d6485d2b858b69cff8223
 - staging/src/k8s.io/kubelet/pkg/apis/dra/v1beta1/api.proto @ 23c0d4e0cc032fd4e9f7984f0d16aed68fc1bd33
 - staging/src/k8s.io/kubelet/pkg/apis/pluginregistration/v1/api.proto @ 56e225f4b8de5d1c920d6b67829ee3e0f0ae1d62
+- kubernetes/kubelet (the staging copy) @ 63b3249724f7d89a8aa48f9acb3811f193c9aa68, read on 2026-11-28:
+  pkg/apis/dra/v1/api.proto (Device gained `optional string share_id = 5`), pkg/apis/dra-health/v1 and
+  v1alpha1 (DeviceHealth gained health_check_timeout_seconds = 4 and message = 5), dra-health/v1/types.go
+  `DRAResourceHealthService = "v1.DRAResourceHealth"`; kubernetes/kubernetes
+  staging/src/k8s.io/kubelet/pkg/apis/dra-health/v1beta1/api.proto @ 712b43e45f9f71cb122f415d7da6bd1e75621bc2
+  (the same messages, package v1beta1)
 - the service names the kubelet expects in supported_versions: dra/v1/types.go `DRAPluginService =
   "v1.DRAPlugin"`, dra/v1beta1/types.go `"v1beta1.DRAPlugin"`; pluginregistration/v1/constants.go
   `DRAPlugin = "DRAPlugin"`; pkg/kubelet/cm/dra/plugin `servicesSupportedByKubelet` = [v1, v1beta1] since
@@ -19,7 +25,14 @@ from google.protobuf.descriptor import FieldDescriptor as F
 
 from memslice.plugin.dra.registration import PLUGIN_TYPE
 from memslice.plugin.dra.server import SERVICES
-from memslice.proto import dra_health_v1alpha1_pb2, dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_pb2
+from memslice.proto import (
+    dra_health_v1_pb2,
+    dra_health_v1alpha1_pb2,
+    dra_health_v1beta1_pb2,
+    dra_v1_pb2,
+    dra_v1beta1_pb2,
+    pluginregistration_pb2,
+)
 
 S, B, M, I64, E = "string", "bool", "message", "int64", "enum"
 REP, MAP = "repeated", "map"
@@ -79,7 +92,11 @@ def _check(module, package: str, fields: dict, service: str, methods: dict) -> N
 
 @pytest.mark.parametrize("module,version", [(dra_v1_pb2, "v1"), (dra_v1beta1_pb2, "v1beta1")])
 def test_dra_service_matches_upstream(module, version) -> None:
-    _check(module, f"k8s.io.kubelet.pkg.apis.dra.{version}", DRA_FIELDS, "DRAPlugin", DRA_METHODS)
+    fields = DRA_FIELDS
+    if version == "v1":  # issue 36.7: share_id (proto3 optional: a field of a one-field oneof)
+        fields = {**DRA_FIELDS, "Device": [*DRA_FIELDS["Device"], (5, "share_id", S, "")]}
+        assert module.DESCRIPTOR.message_types_by_name["Device"].fields_by_name["share_id"].has_presence
+    _check(module, f"k8s.io.kubelet.pkg.apis.dra.{version}", fields, "DRAPlugin", DRA_METHODS)
 
 
 def test_registration_service_matches_upstream() -> None:
@@ -87,9 +104,12 @@ def test_registration_service_matches_upstream() -> None:
 
 
 def test_advertised_services_are_the_kubelets_names_newest_first() -> None:
-    assert SERVICES == ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
-    # the health service's advertised name is its gRPC service name (dra-health/v1alpha1/types.go)
-    assert dra_health_v1alpha1_pb2.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name == SERVICES[2]
+    assert SERVICES == ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1beta1.DRAResourceHealth",
+                        "v1alpha1.DRAResourceHealth")
+    # a health service's advertised name is its gRPC service name (dra-health/<version>/types.go)
+    for module, name in zip((dra_health_v1_pb2, dra_health_v1beta1_pb2, dra_health_v1alpha1_pb2), SERVICES[2:],
+                            strict=True):
+        assert module.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name == name
     assert PLUGIN_TYPE == "DRAPlugin"
 
 
@@ -98,14 +118,17 @@ HEALTH_FIELDS = {
     "NodeWatchResourcesRequest": [],
     "DeviceIdentifier": [(1, "pool_name", S, ""), (2, "device_name", S, "")],
     "DeviceHealth": [(1, "device", "DeviceIdentifier", ""), (2, "health", "HealthStatus", ""),
-                     (3, "last_updated_time", I64, "")],
+                     (3, "last_updated_time", I64, ""), (4, "health_check_timeout_seconds", I64, ""),
+                     (5, "message", S, "")],
     "NodeWatchResourcesResponse": [(1, "devices", "DeviceHealth", REP)],
 }
 
 
-def test_health_service_matches_upstream() -> None:
-    desc = dra_health_v1alpha1_pb2.DESCRIPTOR
-    assert desc.package == "v1alpha1"
+@pytest.mark.parametrize("module,version", [(dra_health_v1alpha1_pb2, "v1alpha1"),
+                                            (dra_health_v1beta1_pb2, "v1beta1"), (dra_health_v1_pb2, "v1")])
+def test_health_service_matches_upstream(module, version) -> None:
+    desc = module.DESCRIPTOR
+    assert desc.package == version
     for name, want in HEALTH_FIELDS.items():
         assert _table(desc.message_types_by_name[name]) == sorted(want), name
     enum = desc.enum_types_by_name["HealthStatus"]

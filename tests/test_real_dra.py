@@ -211,6 +211,15 @@ def test_real_scheduler_allocates_shares_and_the_shim_holds_each_to_its_claim(dr
             spec = json.loads((agent.cdi / f"memslice.io-{uid}.json").read_text())
             env = agent.container_env(spec, f"{uid}-{share}")
             assert env["MEMSLICE_GPU_MEM_LIMIT"] == "4096"  # the claim's consumedCapacity, in MiB
+            assert device.share_id == share  # issue 36.7
+            # issue 36.8: the API server (validation, granular status authorization) took the claim's
+            # status.devices, keyed by the allocation result, saying what the node enforces
+            got = cluster.ok("GET", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/"
+                                    f"{claim['metadata']['name']}")
+            [st] = got["status"]["devices"]
+            assert (st["driver"], st["pool"], st["device"], st["shareID"]) == (DRIVER, NODE, res["device"], share)
+            assert st["data"]["quota"] == "4096Mi" and st["data"]["gpuUUID"] == env["NVIDIA_VISIBLE_DEVICES"]
+            assert [(c["type"], c["status"]) for c in st["conditions"]] == [("Ready", "True")]
         # one container's process on the simulated GPU: held to the claim's 4 GiB by the shim
         claim = claims[0]
         uid, share = claim["metadata"]["uid"], claim["status"]["allocation"]["devices"]["results"][0]["shareID"]
@@ -241,7 +250,8 @@ def test_real_scheduler_allocates_shares_and_the_shim_holds_each_to_its_claim(dr
     calls = [e for e in cluster.audit(f"system:serviceaccount:{NAMESPACE}:memslice-node-agent")
              if e["user"].get("extra", {}).get("authentication.kubernetes.io/node-name") == [NODE]]
     assert {(e["verb"], e["objectRef"]["resource"]) for e in calls} >= {("get", "resourceclaims"),
-                                                                      ("create", "resourceslices")}
+                                                                      ("create", "resourceslices"),
+                                                                      ("patch", "resourceclaims")}
     assert [e["requestURI"] for e in calls if e.get("responseStatus", {}).get("code", 0) >= 400] == []
 
 

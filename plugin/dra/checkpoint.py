@@ -32,25 +32,32 @@ class PreparedClaim:
     shares: tuple[Share, ...]
     cdi_ids: tuple[str, ...]  # every CDI device ID returned for the claim, memslice's first
     elastic: Elastic | None = None  # the claim's elastic memory (GpuMemConfig limit), slot and priority included
+    spill: int | None = None  # GpuMemConfig oversubscribe: None off, -1 no cap, or the spill cap in bytes
 
     @functools.cached_property
     def json(self) -> dict[str, Any]:
         """The record's JSON form, built once (the whole checkpoint is rewritten on every change). `elastic` only
-        when the claim is elastic: an agent of the version before reads the record (it ignores the key)."""
+        when the claim is elastic, `spill` only when it oversubscribes: an agent of the version before reads the
+        record (it ignores the keys)."""
         out: dict[str, Any] = {"namespace": self.ref.namespace, "name": self.ref.name, "uid": self.ref.uid,
                                "shares": [asdict(s) for s in self.shares], "cdiIDs": list(self.cdi_ids)}
         if self.elastic is not None:
             out["elastic"] = asdict(self.elastic)
+        if self.spill is not None:
+            out["spill"] = self.spill
         return out
 
     @staticmethod
     def from_json(raw: dict[str, Any]) -> PreparedClaim:
         elastic = raw.get("elastic")
+        spill = raw.get("spill")
+        if spill is not None and (not isinstance(spill, int) or isinstance(spill, bool) or spill < -1):
+            raise ValueError(f"claim {raw.get('uid')!r}: spill {spill!r} is not a byte count or -1")
         return PreparedClaim(ref=ClaimRef(namespace=str(raw["namespace"]), name=str(raw["name"]),
                                           uid=str(raw["uid"])),
                              shares=tuple(Share(**s) for s in raw["shares"]),
                              cdi_ids=tuple(str(c) for c in raw["cdiIDs"]),
-                             elastic=None if elastic is None else Elastic(**elastic))
+                             elastic=None if elastic is None else Elastic(**elastic), spill=spill)
 
 
 class Checkpoint:

@@ -106,6 +106,16 @@ class DraApi:
         finally:
             resp.release_conn()
 
+    def patch_claim_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        """A JSON merge patch of a ResourceClaim's status (its status.devices; resourceVersion in `body` makes
+        it conditional: 409 when the claim changed meanwhile)."""
+        _json(lambda: self.resource.patch_namespaced_resource_claim_status(
+            name, namespace, body, _content_type="application/merge-patch+json", **RAW))
+
+    def claim_event(self, namespace: str, body: dict[str, Any]) -> None:
+        """A core/v1 Event about a ResourceClaim, in its namespace."""
+        _json(lambda: self.core.create_namespaced_event(namespace, body, **RAW))  # type: ignore[arg-type]
+
     def node_event(self, body: dict[str, Any]) -> None:
         """A core/v1 Event about this node (in namespace default, where the kubelet puts node events)."""
         _json(lambda: self.core.create_namespaced_event("default", body, **RAW))  # type: ignore[arg-type]

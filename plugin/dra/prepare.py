@@ -66,6 +66,29 @@ class Share:
     region_id: str
 
 
+# The device taint the slice puts on an Unhealthy GPU (slices.py publishes it; resource.k8s.io/v1 DeviceTaint).
+UNHEALTHY_TAINT = {"key": f"{DRIVER}/unhealthy", "value": "xid", "effect": "NoSchedule"}
+MAX_TOLERATIONS = 16  # DeviceRequestAllocationResult.tolerations holds at most 16 (DeviceTolerationsMaxLength)
+
+
+def tolerates(tolerations: object, taint: Mapping[str, str]) -> bool:
+    """Whether an allocation result's `tolerations` (the request's, copied at allocation: DRADeviceTaints)
+    tolerate `taint`, by the API's rule: the effect empty or equal; the key empty (with Exists) or equal;
+    operator Exists, or Equal (the default) with an equal value. Malformed entries tolerate nothing."""
+    for t in (tolerations if isinstance(tolerations, list) else [])[:MAX_TOLERATIONS]:
+        if not isinstance(t, dict):
+            continue
+        op = t.get("operator") or "Equal"
+        key, effect = t.get("key") or "", t.get("effect") or ""
+        if effect and effect != taint["effect"]:
+            continue
+        if (not key and op != "Exists") or (key and key != taint["key"]):
+            continue
+        if op == "Exists" or (op == "Equal" and (t.get("value") or "") == taint["value"]):
+            return True
+    return False
+
+
 def base_request(name: str) -> str:
     """The request a container names for result request `name`: "gpu/small" (a firstAvailable subrequest) is
     "gpu". The kubelet matches `resources.claims[].request` against NodePrepareResources' request_names
@@ -92,7 +115,7 @@ def region_id_for_share(gpu_index: int, claim_uid: str, request: str, share_id: 
 
 def mib_floor(raw: object) -> int:
     """Whole MiB in a quantity (rounded down); ValueError for a non-quantity."""
-    return int(quantity_bytes(raw) // MiB)
+    return contract.quantity_mib(raw)
 
 
 def _get(obj: Any, *path: str) -> Any:
@@ -103,15 +126,38 @@ def _get(obj: Any, *path: str) -> Any:
     return obj
 
 
+def _our_requests(claim: Mapping[str, Any]) -> list[str]:
+    """The request names (as allocated: "gpu" or the chosen subrequest "gpu/small") of this driver's results."""
+    results = _get(claim, "status", "allocation", "devices", "results")
+    return [r["request"] for r in (results if isinstance(results, list) else [])
+            if isinstance(r, dict) and r.get("driver") == DRIVER and isinstance(r.get("request"), str)]
+
+
+def config_scope(requests: object, ours: list[str]) -> list[str] | None:
+    """Which of our results (`ours`, request names as allocated) a config entry with `requests` applies to: all
+    of them when it names none (the API's rule), else those it names, by request ("gpu" covers its subrequests
+    "gpu/small") or by subrequest. None: `requests` is malformed."""
+    if requests is None or requests == []:
+        return list(ours)
+    if not isinstance(requests, list) or not all(isinstance(n, str) for n in requests):
+        return None
+    named = set(requests)
+    return [r for r in ours if r in named or base_request(r) in named]
+
+
 def claim_config(claim: Mapping[str, Any], ref: ClaimRef) -> contract.GpuMemConfig:
     """The driver config (contract.GpuMemConfig: the elastic limit) of the allocation's opaque config entries
     for this driver (class entries first, then the claim's, as status.allocation.devices.config lists them;
-    later fields win). Every entry is checked on its own, so a bad one is named even when a later one would
-    override it; ClaimError names the claim, the field, its value and the fix."""
+    later fields win). An entry scoped to requests (`requests: [...]`) applies only when it names this driver's
+    requests of the claim: one naming only other requests (another driver's, a subrequest not chosen) is
+    skipped; one naming some of them but not all is refused (a limit is of the claim's whole memory on its GPU,
+    which all its requests share). Every applicable entry is checked on its own, so a bad one is named even
+    when a later one would override it; ClaimError names the claim, the field, its value and the fix."""
     merged: dict[str, Any] = {}
     entries = _get(claim, "status", "allocation", "devices", "config") or []
     if not isinstance(entries, list):
         raise ClaimError(f"{ref}: status.allocation.devices.config is not a list")
+    ours = _our_requests(claim)
     for i, entry in enumerate(entries):
         opaque = _get(entry, "opaque")
         if not isinstance(opaque, dict) or opaque.get("driver") != DRIVER:
@@ -119,6 +165,18 @@ def claim_config(claim: Mapping[str, Any], ref: ClaimRef) -> contract.GpuMemConf
         params = opaque.get("parameters")
         source = _get(entry, "source")
         where = f"{ref}: opaque config {i} for {DRIVER} (from {source if isinstance(source, str) else 'claim'})"
+        requests = _get(entry, "requests")
+        scope = config_scope(requests, ours)
+        if scope is None:
+            raise ClaimError(f"{where}: requests={str(requests)[:80]} is not a list of request names")
+        if not scope:
+            continue  # for requests this driver was not allocated: not ours to apply
+        if len(scope) < len(ours):
+            missing = sorted({base_request(r) for r in ours if r not in scope})
+            raise ClaimError(f"{where}: applies to request(s) {', '.join(sorted(set(map(base_request, scope))))} "
+                             f"but not {', '.join(missing)}, which share its quota on the GPU ({CONFIG_KIND} "
+                             f"limits the claim's whole memory there); list every request of the claim in "
+                             f"requests, or remove requests")
         try:
             contract.GpuMemConfig.parse(params, where)
         except errors.ContractError as exc:
@@ -261,9 +319,12 @@ def shares_for(claim: Mapping[str, Any], ref: ClaimRef, pool: str, gpus: Mapping
         if not isinstance(share_id, str) or not _SHARE_ID.match(share_id):
             raise ClaimError(f"{where}: shareID {share_id!r} is missing or malformed; {device} is published "
                              f"with allowMultipleAllocations, so kube-scheduler gives every share one")
-        if not healthy.get(gpu.uuid, False):
-            raise ClaimError(f"{where}: {device} ({gpu.uuid}) is Unhealthy (critical Xid); its slice "
-                             f"withdraws it: delete the pod so that it is scheduled again")
+        if not healthy.get(gpu.uuid, False) and not tolerates(r.get("tolerations"), UNHEALTHY_TAINT):
+            raise ClaimError(f"{where}: {device} ({gpu.uuid}) is Unhealthy (critical Xid) and the claim does not "
+                             f"tolerate its device taint {UNHEALTHY_TAINT['key']}:{UNHEALTHY_TAINT['effect']} (it "
+                             f"was allocated before the taint): delete the pod so that its claim is allocated again "
+                             f"on a healthy GPU; a request that tolerates the taint is prepared on it, with a "
+                             f"Warning Event")
         req = request if isinstance(request, str) else ""
         out.append(Share(request=req, pool=pool, device=str(device), share_id=share_id, mib=mib,
                          gpu_index=gpu.index, gpu_uuid=gpu.uuid,
@@ -319,3 +380,63 @@ def check_fits(new: Iterable[Share], prepared: Iterable[Share], capacity_mib: Ma
             raise ClaimError(f"share {s.share_id} of {s.device} ({s.mib} MiB) would prepare "
                              f"{used[s.gpu_index]} MiB on a device of {cap} MiB: the GPU is over-allocated "
                              f"(two schedulers, or an allocation not made by kube-scheduler)")
+
+
+def claim_event(ref: ClaimRef, reason: str, message: str, node: str, stamp: str) -> dict[str, Any]:
+    """A Warning core/v1 Event on the claim (pure; `stamp` is the RFC 3339 time): `kubectl describe
+    resourceclaim` and the consumer pods' describe (the kubelet links the claim) show it."""
+    return {"apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{ref.name[:200]}.", "namespace": ref.namespace},
+            "involvedObject": {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                               "namespace": ref.namespace, "name": ref.name, "uid": ref.uid},
+            "reason": reason, "message": message[:1024], "type": "Warning", "count": 1,
+            "firstTimestamp": stamp, "lastTimestamp": stamp,
+            "source": {"component": "memslice-node-agent", "host": node},
+            "reportingComponent": "memslice.io/node-agent", "reportingInstance": node}
+
+
+def unhealthy_warning(ref: ClaimRef, shares: Iterable[Share], healthy: Mapping[str, bool]) -> str | None:
+    """What to say when a claim that tolerates the unhealthy taint is prepared on an Unhealthy GPU (None: all
+    its GPUs are healthy). Decision (issue 36.4): such a claim is prepared, as a pod tolerating a node taint
+    runs; its owner asked for it (e.g. to debug the GPU), and refusing it would leave the pod in
+    ContainerCreating for good."""
+    sick = sorted({(s.device, s.gpu_uuid) for s in shares if not healthy.get(s.gpu_uuid, False)})
+    if not sick:
+        return None
+    what = ", ".join(f"{d} ({u})" for d, u in sick)
+    return (f"{ref} was prepared on {what}, which is Unhealthy (critical Xid) and tainted "
+            f"{UNHEALTHY_TAINT['key']}:{UNHEALTHY_TAINT['effect']}, because its request tolerates that taint; "
+            f"CUDA calls may fail on it. Remove the toleration to be allocated healthy GPUs only")
+
+
+MAX_OTHER_STATUSES = 128  # other drivers' status.devices entries kept as they are (the API allows one per result)
+
+
+def device_statuses(claim: Mapping[str, Any], shares: Iterable[Share], elastic: Elastic | None,
+                    spill: int | None, stamp: str) -> list[dict[str, Any]]:
+    """The claim's status.devices (resource.k8s.io/v1 AllocatedDeviceStatus) with this driver's entries
+    replaced by one per prepared share (issue 36.8): its driver/pool/device/shareID (the key the API server
+    matches against the allocation results), a Ready condition, and in `data` what the node enforces for the
+    claim on that GPU: the GPU's UUID, the quota (the claim's request there, all its shares summed), the
+    limit, the elastic settings and oversubscription (false, true: no cap, or the spill cap). Other drivers'
+    entries are kept (at most MAX_OTHER_STATUSES). Pure."""
+    current = _get(claim, "status", "devices")
+    others = [d for d in (current if isinstance(current, list) else [])[:MAX_OTHER_STATUSES]
+              if isinstance(d, dict) and d.get("driver") != DRIVER]
+    by_region = {g.region_id: g for g in grants(shares)}
+    out = []
+    for s in shares:
+        g = by_region[s.region_id]
+        limit = elastic.limit_mib if elastic is not None else g.mib
+        data: dict[str, Any] = {"gpuUUID": s.gpu_uuid, "quota": f"{g.mib}Mi", "limit": f"{limit}Mi",
+                                "elastic": elastic is not None}
+        if elastic is not None:
+            data.update(idleRelease=elastic.idle_release, priority=elastic.priority)
+        data["oversubscribe"] = spill is not None and (spill < 0 or f"{spill // MiB}Mi")
+        out.append({"driver": DRIVER, "pool": s.pool, "device": s.device, "shareID": s.share_id,
+                    "conditions": [{"type": "Ready", "status": "True", "reason": "Prepared",
+                                    "message": f"{g.mib} MiB of GPU memory enforced"
+                                               + (f", elastic up to {limit} MiB" if elastic else ""),
+                                    "lastTransitionTime": stamp}],
+                    "data": data})
+    return others + out

@@ -35,8 +35,12 @@ import grpc
 
 from memslice import errors
 from memslice.proto import (
+    dra_health_v1_pb2,
+    dra_health_v1_pb2_grpc,
     dra_health_v1alpha1_pb2,
     dra_health_v1alpha1_pb2_grpc,
+    dra_health_v1beta1_pb2,
+    dra_health_v1beta1_pb2_grpc,
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
@@ -61,18 +65,22 @@ from .prepare import (
     Share,
     check_fits,
     claim_config,
+    claim_event,
     consumer_pods,
     consumers_priority,
     device_name,
+    device_statuses,
     elastic_for,
     grants,
     pod_priority,
     shares_for,
+    unhealthy_warning,
 )
 
 log = logging.getLogger(__name__)
 
 SOCKET_NAME = "dra.sock"
+UNHEALTHY_REASON = "PreparedOnUnhealthyGPU"  # the Warning Event of a claim that tolerates the unhealthy taint
 
 
 def socket_name(pod_uid: str = "") -> str:
@@ -82,12 +90,17 @@ def socket_name(pod_uid: str = "") -> str:
 MAX_RECEIVE_BYTES = 4 * 1024 * 1024
 MAX_CLAIMS_PER_CALL = 1024
 # The device-health stream (kubelet feature gate ResourceHealthStatus): each stream holds a worker thread for its
-# lifetime, so at most MAX_HEALTH_STREAMS are served at once (the kubelet opens one per plugin; more are refused
-# with RESOURCE_EXHAUSTED, and at least 2 of the >= 4 workers stay for prepare/unprepare). A stream sends the
-# health of every device at once, on every change (checked every HEALTH_POLL_S) and every HEALTH_RESEND_S.
+# lifetime, so at most MAX_HEALTH_STREAMS are served at once, whatever the version (the kubelet opens one per
+# plugin; more are refused with RESOURCE_EXHAUSTED, and at least 2 of the >= 4 workers stay for
+# prepare/unprepare). A stream sends the health of every device at once, on every change (checked every
+# HEALTH_POLL_S) and every HEALTH_RESEND_S: well inside the kubelet's timeout after which a device it has not
+# heard of reads Unknown (DefaultHealthTimeout, 30 s, for every version; v1beta1/v1 carry ours,
+# HEALTH_TIMEOUT_S, per device, so a slow poll never turns a healthy GPU Unknown).
 MAX_HEALTH_STREAMS = 2
 HEALTH_POLL_S = 1.0
-HEALTH_RESEND_S = 30.0
+HEALTH_RESEND_S = 10.0
+HEALTH_TIMEOUT_S = 60
+MAX_HEALTH_MESSAGE = 1024  # characters; the kubelet truncates longer messages
 LOCK_FILE = "serialize.lock"  # the kubeletplugin helper's name, in the plugin data directory
 LOCK_WAIT_S = 30.0
 PODS_READ_S = 20.0  # an elastic claim's consumer pods are read (for their priority) within this, else refused
@@ -96,6 +109,11 @@ PODS_READ_S = 20.0  # an elastic claim's consumer pods are read (for their prior
 ClaimReader = Callable[[str, str], Mapping[str, Any]]
 # Reads one Pod as JSON: (namespace, name) -> dict, None for 404.
 PodReader = Callable[[str, str], Mapping[str, Any] | None]
+# Writes one core/v1 Event: (namespace, body).
+EventPoster = Callable[[str, dict[str, Any]], None]
+# Merge-patches one ResourceClaim's status: (namespace, name, body); KubeError 409 when it changed meanwhile.
+StatusWriter = Callable[[str, str, dict[str, Any]], None]
+STATUS_TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -164,7 +182,8 @@ class DraDriver:
     def __init__(self, state: NodeState, regions: RegionStore, specs: CdiSpecs, checkpoint: Checkpoint,
                  rcfg: ResponseConfig, read_claim: ClaimReader, pool: str,
                  capacity_mib: Callable[[], Mapping[int, int]], lock_file: Path | None = None,
-                 read_pod: PodReader | None = None) -> None:
+                 read_pod: PodReader | None = None, post_event: EventPoster | None = None,
+                 node: str = "", write_status: StatusWriter | None = None) -> None:
         self.state = state
         self.regions = regions
         self.specs = specs
@@ -177,6 +196,11 @@ class DraDriver:
         self._lock = threading.Lock()
         self.lock_file = lock_file  # set with rolling updates: an flock shared with the other instance
         self.prepared: dict[str, PreparedClaim] = {}
+        self.post_event = post_event  # None: no Events (the claim's Warnings are logged only)
+        self.node = node
+        self._warnings: list[tuple[ClaimRef, str]] = []  # said after the lock is released
+        self.write_status = write_status  # None: the claims' status.devices are not written
+        self._statuses: list[tuple[ClaimRef, Mapping[str, Any], PreparedClaim]] = []  # written after the lock
 
     @contextlib.contextmanager
     def serialised(self) -> Iterator[None]:
@@ -221,11 +245,13 @@ class DraDriver:
         self.prepared = now
         self._rosters(changed)
 
-    def device_health(self) -> tuple[tuple[str, str, bool], ...]:
-        """(pool, device, healthy) of every GPU this node publishes, for the kubelet's health stream."""
+    def device_health(self) -> tuple[tuple[str, str, bool, str], ...]:
+        """(pool, device, healthy, message) of every GPU this node publishes, for the kubelet's health stream;
+        the message of an Unhealthy GPU names its critical Xid and what follows from it."""
         healthy = self.state.health.snapshot()
-        return tuple((self.pool, device_name(i), bool(healthy.get(g.uuid, False)))
-                     for i, g in sorted(self.state.gpus.items()))
+        xids = self.state.health.xids()
+        return tuple((self.pool, device_name(i), ok, "" if ok else health_message(g.uuid, xids.get(g.uuid)))
+                     for i, g in sorted(self.state.gpus.items()) for ok in [bool(healthy.get(g.uuid, False))])
 
     # --- start-up ----------------------------------------------------------------------------------------
     def recover(self) -> None:
@@ -313,7 +339,11 @@ class DraDriver:
                     raise claim
                 assert claim is not None
                 pc = self._prepare_new(ref, claim)
-                return pc, ""
+                warnings, self._warnings = self._warnings, []  # this call's, taken under the lock
+                statuses, self._statuses = self._statuses, []
+            self._say_warnings(warnings)
+            self._write_statuses(statuses)
+            return pc, ""
         except ClaimError as exc:
             log.warning("NodePrepareResources refused: %s", exc)
             return None, str(exc)
@@ -325,12 +355,59 @@ class DraDriver:
                    f"--region-root and --cdi-dir (hostPaths mounted read-write)")
             log.error("NodePrepareResources failed: %s", msg)
             return None, msg
+        except Exception as exc:  # a bug must cost this claim only, with its name, never the call (gRPC UNKNOWN)
+            log.exception("NodePrepareResources failed for %s", ref)
+            return None, f"{ref}: the node agent failed to prepare it ({type(exc).__name__}: {str(exc)[:200]})"
+
+    def _say_warnings(self, warnings: list[tuple[ClaimRef, str]]) -> None:
+        """Log and post (as Warning Events on their claims) what prepare found worth a warning; an Event that
+        cannot be written is logged, never fails the claim."""
+        for ref, message in warnings:
+            log.warning("%s", message)
+            if self.post_event is None:
+                continue
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            try:
+                self.post_event(ref.namespace, claim_event(ref, UNHEALTHY_REASON, message, self.node, stamp))
+            except Exception as exc:  # the API server refusing or away: the warning stays in the log
+                log.warning("cannot post the %s Event on %s: %s", UNHEALTHY_REASON, ref, exc)
+
+    def _write_statuses(self, todo: list[tuple[ClaimRef, Mapping[str, Any], PreparedClaim]]) -> None:
+        """Write the status.devices of the claims just prepared (what the node enforces for them: issue 36.8), a
+        conditional merge patch re-read and retried on conflict (STATUS_TRIES in all). A status that cannot be
+        written is logged, never fails the claim: the node enforces the quota either way."""
+        if self.write_status is None:
+            return
+        for ref, claim, pc in todo:
+            for attempt in range(STATUS_TRIES):
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                meta = claim.get("metadata") if isinstance(claim, Mapping) else None
+                body = {"metadata": {"resourceVersion": str((meta or {}).get("resourceVersion") or "")},
+                        "status": {"devices": device_statuses(claim, pc.shares, pc.elastic, pc.spill, stamp)}}
+                try:
+                    self.write_status(ref.namespace, ref.name, body)
+                    break
+                except KubeError as exc:
+                    if exc.status != 409 or attempt == STATUS_TRIES - 1:
+                        log.warning("cannot write status.devices of %s: %s", ref, exc)
+                        break
+                    try:
+                        claim = self.read_claim(ref.namespace, ref.name)
+                    except Exception as read_exc:  # gone or unreadable: nothing to write
+                        log.warning("cannot write status.devices of %s: %s", ref, read_exc)
+                        break
+                    if (claim.get("metadata") or {}).get("uid") != ref.uid:
+                        break
+                except Exception as exc:  # the API server away: the status waits for the next prepare
+                    log.warning("cannot write status.devices of %s: %s", ref, exc)
+                    break
 
     def _prepare_new(self, ref: ClaimRef, fetched: Fetched) -> PreparedClaim:
         st = self.state
         capacity = self.capacity_mib()
         claim = fetched.claim
-        shares = shares_for(claim, ref, self.pool, st.gpus, capacity, st.health.snapshot())
+        healthy = st.health.snapshot()
+        shares = shares_for(claim, ref, self.pool, st.gpus, capacity, healthy)
         check_fits(shares, (s for pc in self.prepared.values() for s in pc.shares), capacity)
         elastic = elastic_for(claim, ref, shares, capacity)
         if elastic is not None:
@@ -338,7 +415,7 @@ class DraDriver:
         devices = self._cdi_devices(ref, shares, elastic)
         pc = PreparedClaim(ref=ref, shares=tuple(shares),
                            cdi_ids=tuple([d.qualified() for d in devices] + extra_device_ids(devices)),
-                           elastic=elastic)
+                           elastic=elastic, spill=claim_config(claim, ref).spill)
         try:
             self._materialise(pc, devices)
             self.prepared[ref.uid] = pc
@@ -347,6 +424,10 @@ class DraDriver:
             self.prepared.pop(ref.uid, None)
             self._remove(pc)
             raise
+        warning = unhealthy_warning(ref, shares, healthy)
+        if warning is not None:
+            self._warnings.append((ref, warning))
+        self._statuses.append((ref, claim, pc))
         for g in grants(shares):
             log.info("prepared %s: %d MiB of %s (%s), share(s) %s, region %s%s", ref, g.mib, g.device, g.gpu_uuid,
                      ", ".join(g.share_ids), g.region_id,
@@ -382,9 +463,10 @@ class DraDriver:
             alloc = Allocation(region_id=g.region_id, gpu_index=g.gpu_index, gpu_uuid=g.gpu_uuid,
                                device_ids=tuple(f"{g.device}/{sid}" for sid in g.share_ids), mib=g.mib,
                                created_at=time.time(), namespace=pc.ref.namespace, pod=f"claim:{pc.ref.name}",
+                               pod_uid=pc.ref.uid,  # the owner's uid: the claim's (its Events name it)
                                container=",".join(g.requests), limit_mib=e.limit_mib if e else 0,
                                elastic_slot=e.slot if e else -1, priority=e.priority if e else 0,
-                               idle_release=e.idle_release if e else False)
+                               idle_release=e.idle_release if e else False, spill=pc.spill)
             with self.state.lock:
                 existing = self.state.ledger.get(g.region_id)
             if existing is None or not self.regions.dir_of(g.region_id).is_dir():
@@ -445,6 +527,7 @@ class _Service:
         self.driver = driver
         self.pb = pb
         self.metrics = metrics
+        self.share_ids = "share_id" in pb.Device.DESCRIPTOR.fields_by_name
 
     def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
         if len(request.claims) > MAX_CLAIMS_PER_CALL:
@@ -467,8 +550,10 @@ class _Service:
             extra = [i for i in pc.cdi_ids if not i.startswith(f"{CDI_KIND}=")]
             for g in grants(pc.shares):
                 ids = [f"{CDI_KIND}={cdi_device_name(pc.ref.uid, g.share_ids[0])}", *extra]
-                entry.devices.add(request_names=list(g.requests), pool_name=g.pool, device_name=g.device,
-                                  cdi_device_ids=ids)
+                dev = entry.devices.add(request_names=list(g.requests), pool_name=g.pool, device_name=g.device,
+                                        cdi_device_ids=ids)
+                if self.share_ids:  # dra/v1 only: the share of the GPU (several merged: the first, its name)
+                    dev.share_id = g.share_ids[0]
         return out
 
     def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
@@ -496,10 +581,17 @@ class V1beta1Service(_Service, dra_v1beta1_pb2_grpc.DRAPluginServicer):
         super().__init__(driver, dra_v1beta1_pb2, metrics)
 
 
-class HealthService(dra_health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
-    """v1alpha1.DRAResourceHealth: the health of every GPU, streamed to the kubelet (which shows it in the
-    status of the pods whose claims use the device). Bounded: MAX_HEALTH_STREAMS at once; each stream ends when
-    the kubelet goes away (checked every HEALTH_POLL_S) or the server stops."""
+def health_message(uuid: str, xid: int | None) -> str:
+    """What the kubelet shows for an Unhealthy GPU (pod status allocatedResourcesStatus), within its bound."""
+    why = f"critical Xid {xid}" if xid is not None else "NVML stopped answering"
+    return (f"{uuid}: {why}; the slice taints it memslice.io/unhealthy:NoSchedule until it recovers: claims "
+            f"that do not tolerate the taint are refused on it")[:MAX_HEALTH_MESSAGE]
+
+
+class HealthStreams:
+    """The kubelet's device-health streams (DRAResourceHealth/NodeWatchResources, every served version), bounded
+    together: MAX_HEALTH_STREAMS at once; each ends when the kubelet goes away (checked every HEALTH_POLL_S) or
+    the server stops."""
 
     def __init__(self, driver: DraDriver, stopping: threading.Event) -> None:
         self.driver = driver
@@ -507,7 +599,7 @@ class HealthService(dra_health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
         self._lock = threading.Lock()
         self.open = 0
 
-    def NodeWatchResources(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
+    def watch(self, pb: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         with self._lock:
             full = self.open >= MAX_HEALTH_STREAMS
             if not full:
@@ -516,12 +608,12 @@ class HealthService(dra_health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{MAX_HEALTH_STREAMS} health streams are open "
                                                               f"already; close one first")
         try:
-            last: tuple[tuple[str, str, bool], ...] | None = None
+            last: tuple[tuple[str, str, bool, str], ...] | None = None
             sent = 0.0
             while context.is_active() and not self.stopping.is_set():
                 now = self.driver.device_health()
                 if now != last or time.monotonic() - sent >= HEALTH_RESEND_S:
-                    yield health_response(now, int(time.time()))
+                    yield health_response(pb, now, int(time.time()))
                     last, sent = now, time.monotonic()
                 self.stopping.wait(HEALTH_POLL_S)
         finally:
@@ -529,20 +621,54 @@ class HealthService(dra_health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
                 self.open -= 1
 
 
-def health_response(devices: tuple[tuple[str, str, bool], ...], now: int) -> Any:
-    pb = dra_health_v1alpha1_pb2
+def health_response(pb: Any, devices: tuple[tuple[str, str, bool, str], ...], now: int) -> Any:
+    """One NodeWatchResourcesResponse of `pb` (a dra-health version: v1alpha1 as the kubelet 1.34 knows it has
+    no timeout or message fields, later ones have both; a kubelet skips fields it does not know)."""
     return pb.NodeWatchResourcesResponse(devices=[
         pb.DeviceHealth(device=pb.DeviceIdentifier(pool_name=pool, device_name=dev),
-                        health=pb.HEALTHY if ok else pb.UNHEALTHY, last_updated_time=now)
-        for pool, dev, ok in devices])
+                        health=pb.HEALTHY if ok else pb.UNHEALTHY, last_updated_time=now,
+                        health_check_timeout_seconds=HEALTH_TIMEOUT_S, message=msg[:MAX_HEALTH_MESSAGE])
+        for pool, dev, ok, msg in devices])
+
+
+class HealthService(dra_health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
+    """v1alpha1.DRAResourceHealth."""
+
+    def __init__(self, streams: HealthStreams) -> None:
+        self.streams = streams
+
+    def NodeWatchResources(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
+        return self.streams.watch(dra_health_v1alpha1_pb2, context)
+
+
+class HealthServiceV1beta1(dra_health_v1beta1_pb2_grpc.DRAResourceHealthServicer):
+    """v1beta1.DRAResourceHealth."""
+
+    def __init__(self, streams: HealthStreams) -> None:
+        self.streams = streams
+
+    def NodeWatchResources(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
+        return self.streams.watch(dra_health_v1beta1_pb2, context)
+
+
+class HealthServiceV1(dra_health_v1_pb2_grpc.DRAResourceHealthServicer):
+    """v1.DRAResourceHealth."""
+
+    def __init__(self, streams: HealthStreams) -> None:
+        self.streams = streams
+
+    def NodeWatchResources(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
+        return self.streams.watch(dra_health_v1_pb2, context)
 
 
 # Advertised in GetInfo's supported_versions, newest first: the kubelet takes the first it knows.
-# The health service is listed too: kubelets that pick their health service from this list (pickHealthService,
-# v1 preferred, v1alpha1 consumed during the transition) find it; older kubelets (1.34) open v1alpha1 whenever
-# their ResourceHealthStatus gate is on, and skip names they do not know when choosing the DRAPlugin version.
-HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
-SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", HEALTH_SERVICE)
+# The health services are listed too (each version's DRAResourceHealthService name): kubelets that pick their
+# health service from this list (pickHealthService, newest first) find theirs; older kubelets (1.34) open
+# v1alpha1 whenever their ResourceHealthStatus gate is on, and skip names they do not know when choosing the
+# DRAPlugin version.
+HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1beta1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+HEALTH_SERVICE = HEALTH_SERVICES[-1]
+SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", *HEALTH_SERVICES)
 
 
 class DraServer:
@@ -566,8 +692,10 @@ class DraServer:
                                             ("grpc.so_reuseport", 0)])
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(V1Service(self.driver, self.metrics), server)
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(V1beta1Service(self.driver, self.metrics), server)
-        dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-            HealthService(self.driver, self._stopping), server)
+        streams = HealthStreams(self.driver, self._stopping)
+        dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(HealthService(streams), server)
+        dra_health_v1beta1_pb2_grpc.add_DRAResourceHealthServicer_to_server(HealthServiceV1beta1(streams), server)
+        dra_health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(HealthServiceV1(streams), server)
         if server.add_insecure_port(f"unix:{self.socket_path}") == 0:
             raise OSError(f"cannot listen on {self.socket_path}: is --kubelet-plugins-dir writable?")
         server.start()

@@ -41,7 +41,7 @@ from typing import Any
 
 from ..gpu.nvml import GpuInfo
 from .kube import DraApi, KubeError
-from .prepare import CAPACITY, DRIVER, device_name, quantity_bytes
+from .prepare import CAPACITY, DRIVER, UNHEALTHY_TAINT, device_name, quantity_bytes
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ REQUEST_DEFAULT_MIB = 1024
 REQUEST_STEP = "1Mi"
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
-TAINT_KEY = f"{DRIVER}/unhealthy"
+TAINT_KEY = UNHEALTHY_TAINT["key"]
 RESYNC_S = 300.0  # a backstop only: the watch repairs at once
 PROBE_S = 3600.0  # how often fields the API server dropped are offered again (a gate may have been turned on)
 WATCH_S = 60  # timeoutSeconds of one watch request; then it is re-opened
@@ -164,7 +164,7 @@ def device_entry(gpu: GpuInfo, capacity_mib: int, driver_version: str | None, pc
     out = {"name": device_name(gpu.index), "attributes": attrs, "allowMultipleAllocations": True,
            "capacity": {CAPACITY: {"value": mib_quantity(capacity_mib), "requestPolicy": policy}}}
     if not healthy:
-        out["taints"] = [{"key": TAINT_KEY, "value": "xid", "effect": "NoSchedule"}]
+        out["taints"] = [dict(UNHEALTHY_TAINT)]
     return out
 
 
@@ -238,8 +238,8 @@ def gate_problem(gates: frozenset[str]) -> str | None:
     return (f"kube-apiserver dropped allowMultipleAllocations and requestPolicy from this node's ResourceSlice: "
             f"the {CONSUMABLE_CAPACITY} feature gate is off (the default before Kubernetes 1.36), so no claim can "
             f"get a share of a memslice GPU. Turn it on in kube-apiserver, kube-scheduler and "
-            f"kube-controller-manager (--feature-gates={CONSUMABLE_CAPACITY}=true), then restart the memslice "
-            f"node agents")
+            f"every kubelet (--feature-gates={CONSUMABLE_CAPACITY}=true; the kubelet's config file: "
+            f"featureGates: {{{CONSUMABLE_CAPACITY}: true}}), then restart the memslice node agents")
 
 
 class SlicePublisher:

@@ -1,4 +1,5 @@
-"""Kubernetes Events on a pod when its elastic GPU memory is swapped out to host memory or back.
+"""Kubernetes Events on a pod (in DRA mode: on its ResourceClaim) when its elastic GPU memory is swapped out to
+host memory or back.
 
 `SwapEventPolicy` (pure) turns the per-container swap totals of successive polls into notices: at most one
 per pod and kind (GPUMemorySwappedOut, GPUMemorySwappedIn; the Warning ElasticHostMemoryFull when a container
@@ -148,11 +149,25 @@ def _stamp(t: float) -> str:
     return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def event_body(n: Notice, node: str, name: str, wall: float) -> dict[str, Any]:
-    """A core/v1 Event on the pod (pure); ElasticHostMemoryFull is a Warning."""
-    involved = {"apiVersion": "v1", "kind": "Pod", "namespace": n.namespace, "name": n.pod}
+CLAIM_OWNER = "claim:"  # DRA mode: the ledger's owner of a prepared claim's region is "claim:<claim name>"
+
+
+def involved_object(n: Notice) -> dict[str, str]:
+    """What the Event is about: the pod, or in DRA mode the ResourceClaim (its owner in the ledger is
+    CLAIM_OWNER + name and its uid the claim's; `kubectl describe resourceclaim` shows the Event)."""
+    if n.pod.startswith(CLAIM_OWNER):
+        out = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "namespace": n.namespace,
+               "name": n.pod[len(CLAIM_OWNER):]}
+    else:
+        out = {"apiVersion": "v1", "kind": "Pod", "namespace": n.namespace, "name": n.pod}
     if n.pod_uid:
-        involved["uid"] = n.pod_uid
+        out["uid"] = n.pod_uid
+    return out
+
+
+def event_body(n: Notice, node: str, name: str, wall: float) -> dict[str, Any]:
+    """A core/v1 Event on the pod or DRA claim (pure); ElasticHostMemoryFull is a Warning."""
+    involved = involved_object(n)
     return {"apiVersion": "v1", "kind": "Event", "metadata": {"name": name, "namespace": n.namespace},
             "involvedObject": involved, "reason": n.reason, "message": n.message,
             "type": "Warning" if n.reason == FULL else "Normal", "count": 1,
@@ -219,16 +234,16 @@ class SwapEvents:
                 except ApiException as exc:
                     if exc.status != 404:
                         raise
-            name = f"{n.pod[:200]}.{time.time_ns():x}"
+            name = f"{n.pod.replace(CLAIM_OWNER, 'claim-', 1)[:200]}.{time.time_ns():x}"  # a DNS subdomain
             v1.create_namespaced_event(n.namespace, event_body(n, self.node, name, wall), _request_timeout=10)
             self.written[key] = (name, 1)
             self._report("")
         except ApiException as exc:
             hint = " (the agent's service account needs create/patch on events)" if exc.status == 403 else ""
-            self._report(f"{n.reason} Event for pod {n.namespace}/{n.pod} not written: {exc.status} "
+            self._report(f"{n.reason} Event for {n.namespace}/{n.pod} not written: {exc.status} "
                          f"{exc.reason}{hint}")
         except Exception as exc:  # noqa: BLE001 - connection refused, timeouts: the notice is dropped
-            self._report(f"{n.reason} Event for pod {n.namespace}/{n.pod} not written: {exc}")
+            self._report(f"{n.reason} Event for {n.namespace}/{n.pod} not written: {exc}")
 
     def _report(self, problem: str) -> None:
         """One log line per change of problem (a dead API server is not a line per poll)."""

@@ -53,6 +53,11 @@ class HealthBook:
         with self._lock:
             return {u: g.healthy for u, g in self._gpus.items()}
 
+    def xids(self) -> dict[str, int | None]:
+        """The last critical Xid of every GPU that is Unhealthy now (None: marked without one)."""
+        with self._lock:
+            return {u: g.last_xid for u, g in self._gpus.items() if not g.healthy}
+
     def on_xid(self, uuid: str, xid: int, now: float) -> bool:
         """Record an Xid; True when the GPU's health changed."""
         with self._lock:

@@ -373,14 +373,17 @@ def parse_oversubscribe(annotations: Mapping[str, Any], where: str) -> int | Non
 # The opaque config of the DRA driver memslice.io (a ResourceClaim's or DeviceClass's
 # `spec.devices.config[].opaque.parameters` with `driver: memslice.io`), as the node agent reads it from the
 # claim's status.allocation.devices.config (class entries first, then the claim's: later fields win):
-#   {apiVersion: memslice.io/v1alpha1, kind: GpuMemConfig, limit: "6Gi", idleRelease: true}
+#   {apiVersion: memslice.io/v1alpha1, kind: GpuMemConfig, limit: "6Gi", idleRelease: true, oversubscribe: "8Gi"}
 # The claim's request is its consumable capacity (`capacity.requests.memory`, what kube-scheduler counts); `limit`
 # (a Kubernetes quantity) is the elastic limit of all the claim's memory on its GPU, >= the request (equal: not
 # elastic), at most the GPU's memory; `idleRelease: true` lets an idle container give up its request too (as
-# ANN_IDLE_RELEASE does for a pod), only with a limit above the request. Any other field is refused.
+# ANN_IDLE_RELEASE does for a pod), only with a limit above the request; `oversubscribe` (as ANN_OVERSUBSCRIBE
+# does for a pod) lets allocations past the quota spill to host memory: a quantity (the spill cap, e.g. "8Gi"),
+# true (no cap but the memory cgroup's margin) or false (the default: nothing spills). Any other field is refused.
+# A new field is one entry of DRA_CONFIG_FIELDS and one parser in GpuMemConfig.parse.
 DRA_CONFIG_API_VERSION: Final = "memslice.io/v1alpha1"
 DRA_CONFIG_KIND: Final = "GpuMemConfig"
-DRA_CONFIG_FIELDS: Final = ("apiVersion", "kind", "limit", "idleRelease")
+DRA_CONFIG_FIELDS: Final = ("apiVersion", "kind", "limit", "idleRelease", "oversubscribe")
 MAX_DRA_CONFIG_TEXT: Final = 4096  # bytes of one GpuMemConfig as JSON (the API server allows 10 KiB)
 MAX_QUANTITY_DIGITS: Final = 1000  # a quantity of bytes has fewer digits than this
 _QUANTITY_FIRST: Final = frozenset("0123456789.")
@@ -409,12 +412,21 @@ def quantity_bytes(raw: object) -> Decimal:
     return value
 
 
+def quantity_mib(raw: object) -> int:
+    """Whole MiB in a quantity (rounded down); ValueError for a non-quantity. Exact for every value
+    quantity_bytes admits: `int(value) // MIB` in integers, never Decimal's `//`, which raises
+    DivisionImpossible (an ArithmeticError, not a ValueError) once the quotient needs more than the context's
+    28 digits ("1E99", 64 nines: issue 35.9)."""
+    return int(quantity_bytes(raw)) // MIB
+
+
 @dataclass(frozen=True, slots=True)
 class GpuMemConfig:
     """The driver config of a DRA claim (see DRA_CONFIG_KIND above). `limit_mib` None: no limit (not elastic)."""
 
     limit_mib: int | None = None
     idle_release: bool = False
+    spill: int | None = None  # oversubscribe, as parse_oversubscribe: None off, NO_SPILL_CAP, or the cap in bytes
 
     def format(self) -> dict[str, Any]:
         """The opaque parameters: what `parse` reads back as this config."""
@@ -423,6 +435,8 @@ class GpuMemConfig:
             out["limit"] = f"{self.limit_mib}Mi"
         if self.idle_release:
             out["idleRelease"] = True
+        if self.spill is not None:
+            out["oversubscribe"] = True if self.spill == NO_SPILL_CAP else str(self.spill)
         return out
 
     @classmethod
@@ -430,7 +444,7 @@ class GpuMemConfig:
         """The config in opaque parameters `raw`; errors.ContractError naming `where`, the bad field, its value
         and the fix. Strict (fail closed): a tenant must never believe a limit applies that does not."""
         fix = (f"write {{apiVersion: {DRA_CONFIG_API_VERSION}, kind: {DRA_CONFIG_KIND}, limit: \"6Gi\"}} "
-               f"(optional idleRelease: true)")
+               f"(optional idleRelease: true, oversubscribe: \"8Gi\")")
         if not isinstance(raw, dict):
             raise errors.ContractError(f"{where}: the opaque parameters are {type(raw).__name__}, not an object; "
                                        f"{fix}")
@@ -453,7 +467,28 @@ class GpuMemConfig:
         if not isinstance(release, bool):
             raise errors.ContractError(f"{where}: idleRelease={_short(release)} is not true or false; fix or remove "
                                        f"it")
-        return cls(limit_mib=_limit_mib(raw.get("limit"), where), idle_release=release)
+        return cls(limit_mib=_limit_mib(raw.get("limit"), where), idle_release=release,
+                   spill=_spill(raw.get("oversubscribe"), where))
+
+
+def _spill(raw: object, where: str) -> int | None:
+    """GpuMemConfig.oversubscribe: true (NO_SPILL_CAP), false/absent (None), or a quantity string of at least
+    1Mi and at most MAX_MIB MiB (the spill cap in bytes, rounded down to whole MiB)."""
+    if raw is None or raw is False:
+        return None
+    if raw is True:
+        return NO_SPILL_CAP
+    form = 'true, false, or a quantity string (the spill cap), e.g. oversubscribe: "8Gi"'
+    if not isinstance(raw, str):
+        raise errors.ContractError(f"{where}: oversubscribe={_short(raw)} is not {form}")
+    try:
+        mib = quantity_mib(raw)
+    except ValueError:
+        raise errors.ContractError(f"{where}: oversubscribe={_short(raw)} is not {form}") from None
+    if not 0 < mib <= MAX_MIB:
+        size = "under 1Mi" if mib <= 0 else "absurdly large"
+        raise errors.ContractError(f"{where}: oversubscribe={_short(raw)} is {size}; use {form}")
+    return mib * MIB
 
 
 def _limit_mib(raw: object, where: str) -> int | None:
@@ -465,7 +500,7 @@ def _limit_mib(raw: object, where: str) -> int | None:
         raise errors.ContractError(f"{where}: limit={_short(raw)} is not {form} (quote it in YAML)")
     hint = " (a limit cannot be negative)" if raw.strip().startswith("-") else ""
     try:
-        mib = int(quantity_bytes(raw) // MIB)
+        mib = quantity_mib(raw)
     except ValueError:
         raise errors.ContractError(f"{where}: limit={_short(raw)} is not a quantity{hint}; use {form}") from None
     if not 0 < mib <= MAX_MIB:
