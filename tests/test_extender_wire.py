@@ -170,9 +170,11 @@ def test_preempt_keeps_only_nodes_where_victims_make_room(cluster: Cluster) -> N
 def test_preempt_with_full_victim_pods_answers_meta_victims(cluster: Cluster) -> None:
     victim = cluster.add_pod(pod_obj("victim", {"main": 4000}))
     assert cluster.c.bind(victim, "small") == ""
-    cluster.wait_used("small", [4000, 0])
+    other = cluster.add_pod(pod_obj("other", {"main": 4000}))
+    assert cluster.c.bind(other, "small") == ""
+    cluster.wait_used("small", [4000, 4000])
     full = cluster.kube.get("Pod", "default", "victim")
-    pod = cluster.add_pod(pod_obj("p", {"main": 4096}))  # fits GPU 1 of small already; GPU 0 once freed
+    pod = cluster.add_pod(pod_obj("p", {"main": 4096}))  # fits GPU 0 of small once the victim is gone
     status, body = cluster.c.post("preempt", {"Pod": pod, "NodeNameToVictims": {
         "small": {"Pods": [full], "NumPDBViolations": 1}}})
     assert status == 200
