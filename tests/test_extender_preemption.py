@@ -89,7 +89,8 @@ def test_the_choice_is_the_best_single_gpu_set_by_brute_force(spec, need):
     used = [sum(p.mib for p in pods if p.gpu_uuid == f"g{g}") for g in range(3)]
     view = node(*used)
     got = decisions.preemption_victims(view, need * GIB, pods)
-    feasible = [list(c) for n in range(len(pods) + 1) for c in combinations(pods, n) if _fits(view, need * GIB, list(c))]
+    feasible = [list(c) for n in range(len(pods) + 1) for c in combinations(pods, n)
+                if _fits(view, need * GIB, list(c))]
     if not feasible:
         assert got is None
         return
