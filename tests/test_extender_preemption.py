@@ -134,3 +134,34 @@ def test_preempt_verb_picks_both_pods_of_one_gpu_and_reads_their_priorities():
         mid["spec"]["priority"] = 50
         status, body = c.c.post("preempt", {"Pod": c.add_pod(mid), "NodeNameToMetaVictims": {"n": proposed}})
         assert status == 200 and body["NodeNameToMetaVictims"] == {}
+
+
+def test_preempt_reads_at_most_a_bounded_number_of_nodes_from_the_api():
+    """A request naming many nodes where the proposed victims are not enough: at most PREEMPT_NODE_READS
+    reads of the API server, whatever the request names."""
+    from memslice.scheduler_extender.edge.verbs import PREEMPT_NODE_READS
+
+    n = PREEMPT_NODE_READS + 4
+    with running_cluster() as c:
+        c.start()
+        meta = {}
+        for i in range(n):
+            c.add_node(node_obj(f"n{i}", [16 * GIB]))
+            uids = []
+            for half in "ab":
+                body = pod_obj(f"p{i}{half}", {"main": 8 * GIB})
+                body["spec"]["priority"] = 10
+                p = c.add_pod(body)
+                assert c.c.bind(p, f"n{i}") == ""
+                uids.append(p["metadata"]["uid"])
+            meta[f"n{i}"] = {"Pods": [{"UID": uids[0]}], "NumPDBViolations": 0}  # one of two: not enough
+        c.caught_up()
+        urgent = pod_obj("urgent", {"main": 16 * GIB})
+        urgent["spec"]["priority"] = 1000
+        urgent = c.add_pod(urgent)
+        c.kube.reset_counts()
+        status, body = c.c.post("preempt", {"Pod": urgent, "NodeNameToMetaVictims": meta})
+        assert status == 200, body
+        assert len(body["NodeNameToMetaVictims"]) == PREEMPT_NODE_READS  # both pods of the node, where read
+        assert all(len(v["Pods"]) == 2 for v in body["NodeNameToMetaVictims"].values())
+        assert c.kube.request_counts[("list", "pods")] == PREEMPT_NODE_READS

@@ -31,6 +31,7 @@ from .metrics import Metrics
 log = logging.getLogger(__name__)
 NOT_SYNCED = ("the memslice extender has not finished listing nodes and pods from the API server yet; "
               "the scheduler will retry")
+PREEMPT_NODE_READS = 16  # nodes per preempt request whose pods' priorities may be read from the API server
 OwnCharge = tuple[str, str, int, int]  # (node, GPU UUID, MiB, limit MiB above) of the pod's own stale reservation
 
 
@@ -168,9 +169,10 @@ class Verbs:
     # ------------------------------------------------------------------ preempt
     def preempt(self, body: Any) -> tuple[int, Any]:
         """Per node the scheduler proposes, the victims that make room for the pod on ONE GPU there
-        (decisions.preemption_victims: any lower-priority pod of that GPU, not only those proposed), plus the
-        proposed victims that hold no GPU memory of this node (the scheduler may need them for CPU/memory);
-        proposed victims on the node's other GPUs are dropped. A node where no GPU can be freed is dropped."""
+        (decisions.preemption_victims: among the proposed victims, else any lower-priority pod of the node),
+        plus the proposed victims that hold no GPU memory of this node (the scheduler may need them for
+        CPU/memory); proposed victims on the node's other GPUs are dropped. A node where no GPU can be freed
+        is dropped."""
         try:
             args = wire.decode_preemption_args(body)
         except WireError as exc:
@@ -186,13 +188,17 @@ class Verbs:
         key = pod.key(self.default_policy, self.capped)
         priority = pod_priority(args.pod)
         keep = {}
+        reads = [PREEMPT_NODE_READS]  # API reads left for this request: a hostile node list stays bounded
         for node, victims in args.victims.items():
-            uids = self._victims_for(node, key, priority, victims.uids)
+            uids = self._victims_for(node, key, priority, victims.uids, reads)
             if uids:  # the scheduler refuses a node without victims ("expected at least one victim pod")
                 keep[node] = wire.Victims(uids, None, victims.num_pdb_violations)
         return 200, wire.preemption_result(keep)
 
-    def _victims_for(self, node: str, key: Key, priority: int, proposed: list[str]) -> list[str] | None:
+    def _victims_for(self, node: str, key: Key, priority: int, proposed: list[str],
+                     reads: list[int]) -> list[str] | None:
+        """First among the scheduler's victims alone (no I/O: they are the node's lowest-priority pods); where
+        they cannot free one GPU, among every lower-priority pod of the node (one API read, at most `reads`)."""
         view = self.state.view(node)
         if view is None:
             return None
@@ -205,22 +211,27 @@ class Verbs:
             elif charge.gpu_uuid is None:
                 others.append(uid)
                 freed_unplaced += charge.devices * view.unit_mib
-        chosen = decisions.preemption_victims(view, key[0] * view.unit_mib,
-                                              self._candidates(node, priority, proposed), freed_unplaced,
-                                              self.memo.limit_need(key, view))
+        need, limit = key[0] * view.unit_mib, self.memo.limit_need(key, view)
+        lower = {uid: priority - 1 for uid in proposed}  # lower than the pod's, by the scheduler's own rule
+        chosen = decisions.preemption_victims(view, need, self._candidates(node, lower), freed_unplaced, limit)
+        if chosen is None and self.node_pods is not None and reads[0] > 0:
+            reads[0] -= 1
+            lower.update(self._lower_priority_pods(node, priority))
+            chosen = decisions.preemption_victims(view, need, self._candidates(node, lower), freed_unplaced, limit)
         return None if chosen is None else [*chosen, *others]
 
-    def _candidates(self, node: str, priority: int, proposed: list[str]) -> list[decisions.VictimCandidate]:
-        """The pods of the node's GPUs that preemption may evict: those bound there with a lower priority
-        (read from the API server), and those the scheduler proposed (lower priority by its own rule)."""
+    def _lower_priority_pods(self, node: str, priority: int) -> dict[str, int]:
+        """UID -> priority of the node's pods below `priority`, read from the API server; {} when it fails."""
+        assert self.node_pods is not None
         try:
-            lower = {uid: p for uid, p in self.node_pods(node).items() if p < priority} if self.node_pods else {}
-        except Exception as exc:  # noqa: BLE001 - an API error: fall back to the scheduler's proposal
+            return {uid: p for uid, p in self.node_pods(node).items() if p < priority}
+        except Exception as exc:  # noqa: BLE001 - an API error: the scheduler's proposal alone decides
             log.warning("preempt: cannot list the pods of node %s (%s); choosing among the proposed victims only",
                         node, exc)
-            lower = {}
-        for uid in proposed:
-            lower.setdefault(uid, priority - 1)
+            return {}
+
+    def _candidates(self, node: str, lower: dict[str, int]) -> list[decisions.VictimCandidate]:
+        """The pods of `lower` (UID -> priority) charged on a GPU of this node, as the decision takes them."""
         out = []
         for uid, prio in lower.items():
             charge = self.state.charge_of(uid)
