@@ -10,9 +10,11 @@ same cluster, one after the other:
   node-level fit of memslice.io/gpu-mem only, its own binding).
 
 Each run creates P pods (sizes drawn as in the test) and times from the first create to the last binding;
-pods are deleted between runs. Prints pods/s for both (`--json` for a machine-readable form).
+pods are deleted between runs. Prints pods/s for both (`--json` for a machine-readable form), and the
+extender's bind latency (the Binder's whole bind: choosing the GPU and its API write(s); median, p90, p99,
+mean over every bind of the run; issue 39). `--extender-only` skips the plain run.
 
-    .venv/bin/python benchmarks/bench_real_scheduler.py [--nodes 20] [--pods 500] [--json]
+    .venv/bin/python benchmarks/bench_real_scheduler.py [--nodes 20] [--pods 500] [--extender-only] [--json]
 """
 
 from __future__ import annotations
@@ -60,6 +62,27 @@ def run_pods(cluster: RealCluster, n: int, scheduler_name: str, seed: int) -> fl
     return time.monotonic() - start
 
 
+def timed_binds(ext: Extender) -> list[float]:
+    """Seconds of every bind the extender makes from now on (its Binder's bind, wrapped on the instance)."""
+    times: list[float] = []
+    inner = ext.binder.bind
+
+    def bind(args: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return inner(args)
+        finally:
+            times.append(time.perf_counter() - t0)
+
+    ext.binder.bind = bind  # type: ignore[method-assign]
+    return times
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 def delete_pods(cluster: RealCluster) -> None:
     cluster.ok("DELETE", f"/api/v1/namespaces/{NS}/pods", {"gracePeriodSeconds": 0})
     wait_until("pods deleted", lambda: not cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods")["items"], 120, 0.5)
@@ -70,6 +93,7 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=20)
     ap.add_argument("--pods", type=int, default=500)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--extender-only", action="store_true", help="skip the run without the extender")
     args = ap.parse_args()
     out: dict[str, Any] = {"nodes": args.nodes, "pods": args.pods}
     with tempfile.TemporaryDirectory(prefix="ms-bench-") as tmp, running(Path(tmp) / "kube") as cluster:
@@ -88,26 +112,36 @@ def main() -> int:
             assert ext.wait_synced(30)
             config = scheduler_config(cluster, int(ext.url.rsplit(":", 1)[1]), tls)
             sched = cluster.start_scheduler(config, "memslice-scheduler")
+            binds = timed_binds(ext)
             out["extender_s"] = run_pods(cluster, args.pods, "memslice-scheduler", 1)
             sched.stop()
-            delete_pods(cluster)
-            plain = dict(config, extenders=[], profiles=[{"schedulerName": "plain-scheduler"}])
-            plain["leaderElection"] = {"leaderElect": False}
-            sched = cluster.start_scheduler(plain, "plain-scheduler")
-            out["plain_s"] = run_pods(cluster, args.pods, "plain-scheduler", 1)
-            sched.stop()
+            out["binds"] = len(binds)
+            for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
+                out[f"bind_ms_{name}"] = 1000 * quantile(binds, q)
+            out["bind_ms_mean"] = 1000 * sum(binds) / len(binds)
+            if not args.extender_only:
+                delete_pods(cluster)
+                plain = dict(config, extenders=[], profiles=[{"schedulerName": "plain-scheduler"}])
+                plain["leaderElection"] = {"leaderElect": False}
+                sched = cluster.start_scheduler(plain, "plain-scheduler")
+                out["plain_s"] = run_pods(cluster, args.pods, "plain-scheduler", 1)
+                sched.stop()
         finally:
             ext.stop()
     out["extender_pods_per_s"] = args.pods / out["extender_s"]
-    out["plain_pods_per_s"] = args.pods / out["plain_s"]
+    if "plain_s" in out:
+        out["plain_pods_per_s"] = args.pods / out["plain_s"]
     if args.json:
         print(json.dumps(out))
     else:
         print(f"{args.pods} pods on {args.nodes} nodes × 8 GPUs, real kube-scheduler:")
         print(f"  with the extender (filter/prioritize/bind over mTLS): {out['extender_pods_per_s']:.1f} pods/s "
               f"({out['extender_s']:.1f} s)")
-        print(f"  without (scheduler's own fit and binding):           {out['plain_pods_per_s']:.1f} pods/s "
-              f"({out['plain_s']:.1f} s)")
+        if "plain_s" in out:
+            print(f"  without (scheduler's own fit and binding):           {out['plain_pods_per_s']:.1f} pods/s "
+                  f"({out['plain_s']:.1f} s)")
+        print(f"  extender bind latency over {out['binds']} binds: p50 {out['bind_ms_p50']:.1f} ms, p90 "
+              f"{out['bind_ms_p90']:.1f} ms, p99 {out['bind_ms_p99']:.1f} ms, mean {out['bind_ms_mean']:.1f} ms")
     return 0
 
 

@@ -17,7 +17,7 @@ from .edge.metrics import Metrics
 from .edge.server import ExtenderHTTPServer, tls_context
 from .edge.verbs import Verbs
 from .kubeio.binder import DEFAULT_SCHEDULER_NAMES, Binder, ServedPods
-from .kubeio.kubereads import CoreReads
+from .kubeio.kubereads import CoreReads, node_pod_priorities
 from .kubeio.podwrites import PodWriter
 from .placement.state import ClusterState, pod_entry, resource_version
 
@@ -61,7 +61,8 @@ class Extender:
                              f"take pods whose limits are their requests; give a ratio of at least 1, or none")
         self.binder = Binder(self.core, self.writer, self.state, config.policy, clock, self.served,
                              config.max_limit_ratio)
-        self.verbs = Verbs(self.state, self.binder, config.policy, self.metrics, config.max_limit_ratio)
+        self.verbs = Verbs(self.state, self.binder, config.policy, self.metrics, config.max_limit_ratio,
+                           lambda node: node_pod_priorities(self.core, node))
         self._stop = threading.Event()
         restart = self.metrics.watch_restarts
 

@@ -237,6 +237,20 @@ def test_a_pods_own_stale_reservation_does_not_count_against_its_own_limit():
         assert "--max-limit-ratio 1" in cl.c.bind(other, "n")
 
 
+def test_a_binding_empties_a_stale_limit_record_it_cannot_delete():
+    """A stale reservation whose limit record names 4096 MiB, and no limit asked now: the one Binding cannot
+    delete the record, so it writes an empty one; the pod counts its request alone (the cap has room again)."""
+    with capped("1", node_obj("n", [4096])) as cl:
+        stale = {**reservation_annotations("GPU-n-0", {"lab": 1024}, time.time()), RECORD: '{"lab":4096}'}
+        pod = cl.add_pod(pod_obj("p", {"lab": 1024}, annotations=stale))
+        assert cl.c.bind(pod, "n") == ""
+        stored = cl.kube.get("Pod", "default", "p")
+        assert stored["spec"]["nodeName"] == "n" and stored["metadata"]["annotations"][RECORD] == "{}"
+        cl.caught_up()
+        cl.wait_used("n", [1024])
+        assert cl.c.bind(cl.add_pod(pod_obj("other", {"main": 3072})), "n") == ""  # 1024 + 3072 = the cap
+
+
 def test_metrics_show_each_gpus_sum_of_limits():
     with capped("2", node_obj("n", [4096, 4096])) as cl:
         assert cl.c.bind(cl.add_pod(elastic("nb", 512, 3072)), "n") == ""

@@ -84,7 +84,7 @@ def test_prioritize_is_a_bare_array_in_range_and_follows_policy(cluster: Cluster
     assert spread["big"] > spread["half"]
 
 
-def test_bind_writes_reservation_then_binding(cluster: Cluster) -> None:
+def test_bind_is_one_binding_that_carries_the_reservation(cluster: Cluster) -> None:
     pod = cluster.add_pod(pod_obj("p", {"train": 3000, "sidecar-cpu": None}))
     cluster.kube.reset_counts()
     assert cluster.c.bind(pod, "big") == ""
@@ -95,12 +95,12 @@ def test_bind_writes_reservation_then_binding(cluster: Cluster) -> None:
     assert json.loads(ann["memslice.io/gpu-mem-mib"]) == {"train": 3000}
     assert ann["memslice.io/assumed-at"].endswith("Z")
     counts = cluster.kube.request_counts
-    assert counts[("patch", "pods")] == 1 and counts[("create", "pods/binding")] == 1
+    assert counts[("patch", "pods")] == 0 and counts[("create", "pods/binding")] == 1  # ONE write (issue 39)
     cluster.wait_used("big", [3000, 0])
     # the scheduler may retry a bind that timed out: the same answer, nothing written twice
     cluster.kube.reset_counts()
     assert cluster.c.bind(pod, "big") == ""
-    assert cluster.kube.request_counts[("patch", "pods")] == 0
+    assert cluster.kube.request_counts[("create", "pods/binding")] == 0
     assert "already bound" in cluster.c.bind(pod, "small")
 
 
@@ -170,9 +170,11 @@ def test_preempt_keeps_only_nodes_where_victims_make_room(cluster: Cluster) -> N
 def test_preempt_with_full_victim_pods_answers_meta_victims(cluster: Cluster) -> None:
     victim = cluster.add_pod(pod_obj("victim", {"main": 4000}))
     assert cluster.c.bind(victim, "small") == ""
-    cluster.wait_used("small", [4000, 0])
+    other = cluster.add_pod(pod_obj("other", {"main": 4000}))
+    assert cluster.c.bind(other, "small") == ""
+    cluster.wait_used("small", [4000, 4000])
     full = cluster.kube.get("Pod", "default", "victim")
-    pod = cluster.add_pod(pod_obj("p", {"main": 4096}))  # fits GPU 1 of small already; GPU 0 once freed
+    pod = cluster.add_pod(pod_obj("p", {"main": 4096}))  # fits GPU 0 of small once the victim is gone
     status, body = cluster.c.post("preempt", {"Pod": pod, "NodeNameToVictims": {
         "small": {"Pods": [full], "NumPDBViolations": 1}}})
     assert status == 200

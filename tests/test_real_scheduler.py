@@ -56,6 +56,7 @@ RESTART_NODES = [f"gpu-{i}" for i in range(21, 24)]  # 3 × 8 × 24 GiB: 144 pod
 JHUB_NODE = "gpu-27"  # 8 × 16 GiB for the JupyterHub profiles' notebooks
 AGENT_NODE = "gpu-28"  # a real node agent (simulated GPUs, 4 MiB units) that is replaced mid-run
 AGENT_GPUS = "24GiB,16GiB"  # room for 20 pods of 2 GiB
+ONE_GPU_NODE = "gpu-29"  # 2 × 16 GiB: preemption must free one GPU by evicting both its pods
 AGENT_NS = "real-sched-agent"  # its pods, apart from NS's (check_no_overcommit knows NS's GPUs only)
 FRAG_NODES = {"gpu-24": 10, "gpu-25": 11, "gpu-26": 12}  # 8 × 16 GiB; one pod of this many GiB per GPU
 PODS = 520
@@ -209,6 +210,7 @@ def check_no_overcommit(world: World, pods: list[dict[str, Any]]) -> dict[str, i
     size.update({f"GPU-{PREEMPT_NODE}-{g}": 16 * GIB for g in range(8)})
     size.update({f"GPU-{n}-{g}": 24 * GIB for n in RESTART_NODES for g in range(8)})
     size.update({f"GPU-{n}-{g}": 16 * GIB for n in [*FRAG_NODES, JHUB_NODE] for g in range(8)})
+    size.update({f"GPU-{ONE_GPU_NODE}-{g}": 16 * GIB for g in range(2)})
     used: dict[str, int] = {}
     for p in pods:
         if not p["spec"].get("nodeName") or p["metadata"].get("deletionTimestamp"):
@@ -322,6 +324,47 @@ def test_preemption_by_priorityclass_goes_through_the_preempt_verb(world: World)
     assert world.verb_calls("preempt") > before
     left = [p for p in world.pods() if p["metadata"]["name"] in low]
     assert len(left) == 7, [p["metadata"]["name"] for p in left]
+    check_no_overcommit(world, world.pods())
+
+
+def test_preemption_frees_one_gpu_by_evicting_both_of_its_pods(world: World) -> None:
+    """Issue 39: 2 × 16 GiB GPUs, each with a low- and a mid-priority 8 GiB pod (the node full for the
+    scheduler too). For a 16 GiB high-priority pod the scheduler's node-wide dry run proposes the two
+    low-priority pods, one on each GPU (the node was dropped then: Pending for good); the preempt verb answers
+    both pods of ONE GPU, the scheduler evicts those, the pod is bound there, the other GPU's pods untouched."""
+    cluster = world.cluster
+    node = ONE_GPU_NODE
+    cluster.register_node(node, labels={"memslice-test/pool": "one-gpu"}, capacity={RESOURCE: str(32 * GIB)})
+    gpus = json.loads(gpus_annotation(node, 16))[:2]
+    cluster.ok("PATCH", f"/api/v1/nodes/{node}", {"metadata": {"annotations": {
+        "memslice.io/gpus": json.dumps(gpus), "memslice.io/unit-mib": "1"}}},
+        content_type="application/merge-patch+json")
+    assert world.ext.state.wait_for(lambda s: s.view(node) is not None, 30)
+    cluster.apply([{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
+                    "value": value, "description": "test"}
+                   for name, value in (("one-gpu-low", 10), ("one-gpu-mid", 100), ("one-gpu-high", 1000))])
+    where = {}
+    for name, prio in (("og-a", "low"), ("og-b", "mid"), ("og-c", "low"), ("og-d", "mid")):  # binpack: a, b on 0
+        world.create([pod_body(name, 8 * GIB, "one-gpu", f"one-gpu-{prio}")])
+        pod = wait_until(f"{name} bound", lambda n=name: settled(world, {n}), 60, 0.2)[name]  # type: ignore[misc]
+        assert pod["spec"].get("nodeName") == node, pod.get("status")
+        where[name] = pod["metadata"]["annotations"]["memslice.io/gpu-uuid"]
+    assert where["og-a"] == where["og-b"] != where["og-c"] == where["og-d"], where
+    before = world.verb_calls("preempt")
+    world.create([pod_body("og-urgent", 16 * GIB, "one-gpu", "one-gpu-high")])
+
+    def urgent_bound() -> dict[str, Any] | None:
+        force_delete_terminating(cluster, node)
+        pod = cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods/og-urgent")
+        return pod if pod["spec"].get("nodeName") else None
+
+    urgent = wait_until("the 16 GiB pod bound after its GPU was freed", urgent_bound, 120, 0.5,
+                        world.sched.check_alive)  # type: ignore[attr-defined]
+    assert world.verb_calls("preempt") > before
+    left = {p["metadata"]["name"]: p for p in world.pods() if p["metadata"]["name"].startswith("og-")}
+    assert set(left) == {"og-c", "og-d", "og-urgent"}, sorted(left)
+    assert not any(left[n]["metadata"].get("deletionTimestamp") for n in ("og-c", "og-d"))
+    assert urgent["metadata"]["annotations"]["memslice.io/gpu-uuid"] == where["og-a"]
     check_no_overcommit(world, world.pods())
 
 

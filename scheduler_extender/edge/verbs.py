@@ -14,12 +14,14 @@ over the memoised verdicts.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
 from .. import wire
 from ..index.fitmemo import FitMemo, Key, Split
 from ..kubeio.binder import Binder, BindError
+from ..kubeio.kubereads import pod_priority
 from ..placement import decisions
 from ..placement.records import PodView
 from ..placement.state import ClusterState
@@ -29,13 +31,16 @@ from .metrics import Metrics
 log = logging.getLogger(__name__)
 NOT_SYNCED = ("the memslice extender has not finished listing nodes and pods from the API server yet; "
               "the scheduler will retry")
+PREEMPT_NODE_READS = 16  # nodes per preempt request whose pods' priorities may be read from the API server
 OwnCharge = tuple[str, str, int, int]  # (node, GPU UUID, MiB, limit MiB above) of the pod's own stale reservation
 
 
 class Verbs:
     def __init__(self, state: ClusterState, binder: Binder, default_policy: str, metrics: Metrics,
-                 limit_ratio: Fraction | None = None) -> None:
+                 limit_ratio: Fraction | None = None,
+                 node_pods: Callable[[str], dict[str, int]] | None = None) -> None:
         self.state = state
+        self.node_pods = node_pods  # node -> {uid: priority} of its pods (kubereads.node_pod_priorities)
         self.binder = binder
         self.default_policy = default_policy
         self.metrics = metrics
@@ -163,8 +168,11 @@ class Verbs:
 
     # ------------------------------------------------------------------ preempt
     def preempt(self, body: Any) -> tuple[int, Any]:
-        """Keep the scheduler's victims on a node only if evicting them lets the pod fit on one GPU there;
-        drop the node otherwise. Victims are never trimmed: the scheduler may need them for CPU/memory."""
+        """Per node the scheduler proposes, the victims that make room for the pod on ONE GPU there
+        (decisions.preemption_victims: among the proposed victims, else any lower-priority pod of the node),
+        plus the proposed victims that hold no GPU memory of this node (the scheduler may need them for
+        CPU/memory); proposed victims on the node's other GPUs are dropped. A node where no GPU can be freed
+        is dropped."""
         try:
             args = wire.decode_preemption_args(body)
         except WireError as exc:
@@ -178,27 +186,55 @@ class Verbs:
             return 200, wire.preemption_result({})
         self.state.expire()
         key = pod.key(self.default_policy, self.capped)
-        keep = {node: victims for node, victims in args.victims.items()
-                if self._fits_after_eviction(node, key, victims.uids)}
+        priority = pod_priority(args.pod)
+        keep = {}
+        reads = [PREEMPT_NODE_READS]  # API reads left for this request: a hostile node list stays bounded
+        for node, victims in args.victims.items():
+            uids = self._victims_for(node, key, priority, victims.uids, reads)
+            if uids:  # the scheduler refuses a node without victims ("expected at least one victim pod")
+                keep[node] = wire.Victims(uids, None, victims.num_pdb_violations)
         return 200, wire.preemption_result(keep)
 
-    def _fits_after_eviction(self, node: str, key: Key, uids: list[str]) -> bool:
+    def _victims_for(self, node: str, key: Key, priority: int, proposed: list[str],
+                     reads: list[int]) -> list[str] | None:
+        """First among the scheduler's victims alone (no I/O: they are the node's lowest-priority pods); where
+        they cannot free one GPU, among every lower-priority pod of the node (one API read, at most `reads`)."""
         view = self.state.view(node)
         if view is None:
-            return False
-        freed: dict[str, int] = {}
-        freed_over: dict[str, int] = {}
+            return None
+        others: list[str] = []  # proposed, holding no GPU memory of this node: kept as the scheduler chose
         freed_unplaced = 0
-        for uid in uids:
+        for uid in proposed:
             charge = self.state.charge_of(uid)
-            if charge is None:
-                continue
-            if charge.gpu_uuid is not None:
-                if self.state.gpu_node(charge.gpu_uuid) == node:
-                    freed[charge.gpu_uuid] = freed.get(charge.gpu_uuid, 0) + charge.mib
-                    freed_over[charge.gpu_uuid] = freed_over.get(charge.gpu_uuid, 0) + charge.over
-            elif charge.node == node:
+            if charge is None or (charge.gpu_uuid is None and charge.node != node):
+                others.append(uid)
+            elif charge.gpu_uuid is None:
+                others.append(uid)
                 freed_unplaced += charge.devices * view.unit_mib
-        return decisions.fits_without(view, key[0] * view.unit_mib, freed, freed_unplaced,
-                                      self.memo.limit_need(key, view), freed_over)
+        need, limit = key[0] * view.unit_mib, self.memo.limit_need(key, view)
+        lower = {uid: priority - 1 for uid in proposed}  # lower than the pod's, by the scheduler's own rule
+        chosen = decisions.preemption_victims(view, need, self._candidates(node, lower), freed_unplaced, limit)
+        if chosen is None and self.node_pods is not None and reads[0] > 0:
+            reads[0] -= 1
+            lower.update(self._lower_priority_pods(node, priority))
+            chosen = decisions.preemption_victims(view, need, self._candidates(node, lower), freed_unplaced, limit)
+        return None if chosen is None else [*chosen, *others]
 
+    def _lower_priority_pods(self, node: str, priority: int) -> dict[str, int]:
+        """UID -> priority of the node's pods below `priority`, read from the API server; {} when it fails."""
+        assert self.node_pods is not None
+        try:
+            return {uid: p for uid, p in self.node_pods(node).items() if p < priority}
+        except Exception as exc:  # noqa: BLE001 - an API error: the scheduler's proposal alone decides
+            log.warning("preempt: cannot list the pods of node %s (%s); choosing among the proposed victims only",
+                        node, exc)
+            return {}
+
+    def _candidates(self, node: str, lower: dict[str, int]) -> list[decisions.VictimCandidate]:
+        """The pods of `lower` (UID -> priority) charged on a GPU of this node, as the decision takes them."""
+        out = []
+        for uid, prio in lower.items():
+            charge = self.state.charge_of(uid)
+            if charge is not None and charge.gpu_uuid is not None and self.state.gpu_node(charge.gpu_uuid) == node:
+                out.append(decisions.VictimCandidate(uid, charge.gpu_uuid, charge.mib, charge.over, prio))
+        return out

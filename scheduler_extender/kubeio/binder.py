@@ -1,18 +1,22 @@
-"""Bind: choose the GPU, write the reservation on the pod (resourceVersion precondition), create the
-Binding; undo the reservation on any failure.
+"""Bind: choose the GPU, then ONE write: the Binding, carrying the reservation annotations (the API server
+copies a Binding's metadata.annotations onto the pod in the same update that sets spec.nodeName:
+BindingREST.setPodNodeAndMetadata), with the pod's UID and resourceVersion as preconditions. So the pod is
+never bound without its reservation, and a failed bind writes nothing (nothing to undo). Until issue 39 this
+was two writes (annotate, then bind, then undo on failure): twice the latency under load.
 
 Concurrency:
 - Within the extender, choosing the GPU and charging it (ClusterState.hold) happen under the state lock,
   so of two binds racing for the last room on a GPU exactly one gets it; the other gets another GPU or an
   `Error`. Binds of the same pod are serialised (the scheduler may retry a bind after a timeout).
-- Against other writers, the annotation patch carries the pod's resourceVersion as a precondition (409 →
-  re-read the pod once and retry), and the Binding carries the pod's UID, so a pod deleted and re-created
-  under the same name is never bound with another pod's reservation.
+- Against other writers, the Binding carries the pod's resourceVersion as a precondition (409 → re-read the
+  pod once and retry) and its UID, so a pod deleted and re-created under the same name is never bound with
+  another pod's reservation.
 - The extender must run as a single replica: two extenders would each trust their own in-memory holds.
 
-Undo: a JSON patch that `test`s our `assumed-at` value before removing the three annotations, so it never
-removes a newer reservation. If the undo itself fails, the reservation stays on the unbound pod and stops
-counting after `--assume-ttl` (state.py).
+A Binding cannot delete an annotation: a limit record left by an earlier reservation of the pod (written by
+an extender before issue 39 whose undo failed) is overwritten with an empty record "{}" when the new
+reservation has no limits. A reservation left unbound by such an extender still stops counting after
+`--assume-ttl` (state.py).
 
 Who may be bound (every check before anything is written; a refusal is an `Error` and writes nothing):
 - the request names the pod's UID (an empty PodUID is refused by the wire decoder) and it is the UID of the
@@ -24,7 +28,7 @@ Who may be bound (every check before anything is written; a refusal is an `Error
 The watch cache answers "which scheduler" only for pods ServedPods has seen pending with a served
 scheduler name (spec.schedulerName is immutable); any other pod is read from the API server and checked.
 
-The two writes go through podwrites.PodWriter (the official client's pool, without the generated layer:
+The write goes through podwrites.PodWriter (the official client's pool, without the generated layer:
 see there why); the pod is read, when the watch cache cannot answer, through the generated API.
 """
 
@@ -40,7 +44,7 @@ from typing import Any
 import orjson
 
 from memslice import errors
-from memslice.contract import ANN_ASSUMED_AT, ANN_GPU_UUID, RESERVATION_ANNOTATIONS
+from memslice.contract import ANN_GPU_UUID
 from memslice.elastic import ANN_LIMIT_RECORD as ANN_GPU_MEM_LIMIT_RECORD
 
 from ..placement import decisions
@@ -48,7 +52,7 @@ from ..placement.resources import PodRequest, RequestError, pod_request
 from ..placement.state import Charge, ClusterState, resource_version
 from ..wire import BindingArgs
 from .annotations import reservation_annotations
-from .podwrites import JSON_PATCH, PodWriter
+from .podwrites import PodWriter
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +72,7 @@ class PodFacts:
     node: str | None
     request: PodRequest | None
     gpu_uuid: str | None
+    limit_record: bool = False  # the pod carries a limit record (of an earlier reservation)
 
 
 @dataclass(frozen=True)
@@ -81,10 +86,6 @@ def _body(resp: Any) -> bytes:
     data = resp.data
     resp.release_conn()
     return bytes(data)
-
-
-def _escape(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
 
 
 DEFAULT_SCHEDULER_NAMES = ("memslice-scheduler",)
@@ -203,8 +204,9 @@ class Binder:
         except RequestError as exc:
             raise BindError("bad_request", f"{where}: {exc}") from None
         meta = pod["metadata"]
+        annotations = meta.get("annotations") or {}
         return PodFacts(meta["uid"], meta["resourceVersion"], (pod.get("spec") or {}).get("nodeName"), request,
-                        (meta.get("annotations") or {}).get(ANN_GPU_UUID))
+                        annotations.get(ANN_GPU_UUID), ANN_GPU_MEM_LIMIT_RECORD in annotations)
 
     def _bind(self, args: BindingArgs) -> BindOutcome:
         facts = self._facts(args)
@@ -253,63 +255,58 @@ class Binder:
             self.state.hold(uid, Charge(gpu.uuid, args.node, need, 0, None, over))
         now = self.clock()
         wanted = reservation_annotations(gpu.uuid, request.container_mib(view.unit_mib), now, limits)
+        if facts.limit_record and ANN_GPU_MEM_LIMIT_RECORD not in wanted:
+            wanted[ANN_GPU_MEM_LIMIT_RECORD] = "{}"  # a Binding cannot delete a stale record: it empties it
         try:
-            patched_rv = self._annotate(args, facts.rv, wanted)
-        except BindError:
-            self.state.release(uid, None)
+            bound_rv = self._bind_with(args, uid, facts.rv, wanted)
+        except BindError as exc:
+            pod = self._read_or_none(args) if exc.reason == "ambiguous" else None
+            if pod is not None and (pod.get("spec") or {}).get("nodeName") == args.node:
+                self.state.confirm(uid, resource_version(pod["metadata"]))  # the watch's version rules
+                return BindOutcome(gpu.uuid, need)
+            self.state.release(uid, None)  # nothing was written (or the watch will tell): the watch rules
             raise
-        if patched_rv is None:  # an earlier attempt bound it here already; its reservation stands
+        if bound_rv is None:  # an earlier attempt bound it here already; its reservation stands
             self.state.release(uid, None)
             return BindOutcome(None, 0)
-        try:
-            self._post_binding(args, uid)
-        except BindError as exc:
-            if exc.reason == "ambiguous" and self._bound_to(args) == args.node:
-                self.state.confirm(uid, patched_rv)
-                return BindOutcome(gpu.uuid, need)
-            undone = self._undo(args, wanted)
-            self.state.release(uid, undone)
-            raise
-        self.state.confirm(uid, patched_rv)
+        self.state.confirm(uid, bound_rv)
         log.info("bound %s to %s GPU %s (index %d) with %d MiB (%s)", where, args.node, gpu.uuid, gpu.index,
                  need, policy)
         return BindOutcome(gpu.uuid, need)
 
-    def _annotate(self, args: BindingArgs, rv: str, wanted: dict[str, str]) -> int | None:
-        """Write the reservation with `rv` as precondition; the new resourceVersion, or None when the pod
-        turns out to be bound to this node already."""
-        from kubernetes.client.exceptions import ApiException
-
+    def _bind_with(self, args: BindingArgs, uid: str, rv: str, wanted: dict[str, str]) -> int | None:
+        """ONE write: the Binding carrying the reservation annotations (the API server copies a Binding's
+        annotations onto the pod in the same update that sets spec.nodeName) with the pod's UID and
+        resourceVersion as preconditions. The version the pod then has is at least rv + 1 (the precondition
+        makes the bound version the next one); None when the pod turns out to be bound to this node already.
+        A 409 (the pod changed meanwhile) re-reads the pod and retries once with its new version."""
         for attempt in (1, 2):
-            # a limit record of an earlier reservation of this pod must not outlive it (null deletes the key)
-            written: dict[str, str | None] = {ANN_GPU_MEM_LIMIT_RECORD: None, **wanted}
-            body = {"metadata": {"resourceVersion": rv, "annotations": written}}
             try:
-                return resource_version(self.writer.patch_namespaced_pod(args.pod_name, args.pod_namespace, body)[
-                    "metadata"])
-            except ApiException as exc:
-                if exc.status == 409 and attempt == 1:  # the pod changed meanwhile: re-read, check, retry
-                    pod = self._read_pod(args)
-                    rv = pod["metadata"]["resourceVersion"]
-                    if (pod.get("spec") or {}).get("nodeName") == args.node:
-                        return None
-                    if (pod.get("spec") or {}).get("nodeName"):
-                        raise BindError("already_bound", f"pod {args.pod_namespace}/{args.pod_name} was "
-                                                         f"bound to {pod['spec']['nodeName']} meanwhile"
-                                        ) from None
-                    continue
-                raise BindError("annotate", f"writing the reservation on pod {args.pod_namespace}/"
-                                            f"{args.pod_name} failed: {exc.status} {exc.reason}") from None
-            except Exception as exc:  # noqa: BLE001 - connection errors
-                raise BindError("annotate", f"writing the reservation on pod {args.pod_namespace}/"
-                                            f"{args.pod_name} failed: {exc}") from None
+                self._post_binding(args, uid, rv, wanted)
+                return resource_version({"resourceVersion": rv}) + 1
+            except BindError as exc:
+                if exc.reason != "conflict" or attempt == 2:
+                    raise
+            pod = self._read_pod(args)  # the UID checked again: a re-created pod is another pod
+            node = (pod.get("spec") or {}).get("nodeName")
+            if node == args.node:
+                return None
+            if node:
+                raise BindError("already_bound", f"pod {args.pod_namespace}/{args.pod_name} was bound to {node} "
+                                                 f"meanwhile")
+            rv = pod["metadata"]["resourceVersion"]
         raise AssertionError("unreachable")
 
-    def _post_binding(self, args: BindingArgs, uid: str) -> None:
+    def _post_binding(self, args: BindingArgs, uid: str, rv: str | None = None,
+                      annotations: dict[str, str] | None = None) -> None:
         from kubernetes.client.exceptions import ApiException
 
-        body = {"apiVersion": "v1", "kind": "Binding",
-                "metadata": {"name": args.pod_name, "namespace": args.pod_namespace, "uid": uid},
+        meta: dict[str, Any] = {"name": args.pod_name, "namespace": args.pod_namespace, "uid": uid}
+        if rv is not None:
+            meta["resourceVersion"] = rv
+        if annotations:
+            meta["annotations"] = annotations
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
                 "target": {"apiVersion": "v1", "kind": "Node", "name": args.node}}
         try:
             self.writer.create_namespaced_pod_binding(args.pod_name, args.pod_namespace, body)
@@ -326,23 +323,8 @@ class Binder:
             raise BindError("ambiguous", f"binding pod {args.pod_namespace}/{args.pod_name} to {args.node} "
                                          f"failed: {exc}") from None
 
-    def _bound_to(self, args: BindingArgs) -> str | None:
+    def _read_or_none(self, args: BindingArgs) -> dict[str, Any] | None:
         try:
-            return (self._read_pod(args).get("spec") or {}).get("nodeName")
+            return self._read_pod(args)
         except BindError:
-            return None
-
-    def _undo(self, args: BindingArgs, wanted: dict[str, str]) -> int | None:
-        """Remove our reservation if it is still ours; the resourceVersion of that write, or None."""
-        prefix = "/metadata/annotations/"
-        ops: list[dict[str, Any]] = [{"op": "test", "path": prefix + _escape(ANN_ASSUMED_AT),
-                                      "value": wanted[ANN_ASSUMED_AT]}]
-        ops += [{"op": "remove", "path": prefix + _escape(k)} for k in RESERVATION_ANNOTATIONS]
-        ops += [{"op": "remove", "path": prefix + _escape(k)} for k in wanted if k not in RESERVATION_ANNOTATIONS]
-        try:
-            return resource_version(self.writer.patch_namespaced_pod(args.pod_name, args.pod_namespace, ops,
-                                                                     JSON_PATCH)["metadata"])
-        except Exception as exc:  # noqa: BLE001 - the TTL ends the reservation anyway
-            log.warning("could not remove the reservation of pod %s/%s after a failed bind (%s); it expires "
-                        "after the assume TTL", args.pod_namespace, args.pod_name, exc)
             return None

@@ -85,3 +85,37 @@ class CoreReads:
                                                     _request_timeout=_request_timeout)
         return self._get("/api/v1/namespaces/{namespace}/pods/{name}", {"name": name, "namespace": namespace},
                          [], _request_timeout)
+
+
+NODE_PODS_LIMIT = 2000  # pods read per node at preemption (a kubelet runs at most a few hundred)
+PRIORITY_RANGE = (-(2**31), 2**31 - 1)  # spec.priority is an int32
+
+
+def pod_priority(pod: Any) -> int:
+    """A pod's spec.priority (set by the API server from its PriorityClass); 0 when absent or not an int32."""
+    spec = pod.get("spec") if isinstance(pod, dict) else None
+    value = spec.get("priority") if isinstance(spec, dict) else None
+    if not isinstance(value, int) or isinstance(value, bool):
+        return 0
+    return min(max(value, PRIORITY_RANGE[0]), PRIORITY_RANGE[1])
+
+
+def node_pod_priorities(reads: CoreReads, node: str, timeout: float = 10.0) -> dict[str, int]:
+    """UID -> priority of the pods bound to `node` and not being deleted (those preemption may still evict),
+    read from the API server (the watch cache keeps no priorities). At most NODE_PODS_LIMIT pods."""
+    import orjson
+
+    resp = reads.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}", limit=NODE_PODS_LIMIT,
+                                             _request_timeout=timeout)
+    try:
+        data = orjson.loads(resp.data)
+    finally:
+        resp.release_conn()
+    out: dict[str, int] = {}
+    items = data.get("items") if isinstance(data, dict) else None
+    for pod in items if isinstance(items, list) else []:
+        meta = pod.get("metadata") if isinstance(pod, dict) else None
+        uid = meta.get("uid") if isinstance(meta, dict) else None
+        if isinstance(uid, str) and uid and not meta.get("deletionTimestamp"):  # type: ignore[union-attr]
+            out[uid] = pod_priority(pod)
+    return out

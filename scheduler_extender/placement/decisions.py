@@ -223,3 +223,70 @@ def fits_without(view: NodeView, need_mib: int, freed_mib: dict[str, int], freed
     after = NodeView.of(view.name, view.unit_mib, gpus, max(view.unplaced_mib - freed_unplaced_mib, 0),
                         view.error, over)
     return fit(after, need_mib, limit).ok
+
+
+class VictimCandidate(NamedTuple):
+    """A pod preemption may evict to make room: its GPU charge on the node and its priority (lower than the
+    preemptor's; the caller keeps only those)."""
+
+    uid: str
+    gpu_uuid: str
+    mib: int
+    over: int  # what its elastic limits add above `mib` (the limit cap counts it)
+    priority: int
+
+
+def _room_after(view: NodeView, i: int, need_mib: int, victims: list[VictimCandidate], freed_unplaced_mib: int,
+                limit: LimitNeed | None) -> bool:
+    """Would the pod fit on the node's i-th GPU once `victims` (all on that GPU) are gone: its free memory,
+    the limit cap, and the node's total free memory net of pods bound without the extender (as `fit`)."""
+    _, _, _, mem, healthy, _, free = view.rows[i]
+    freed = sum(v.mib for v in victims)
+    if view.error or not healthy or free + freed < need_mib:
+        return False
+    if limit is not None and not within_limit_cap(limit_sum(view, i) - freed - sum(v.over for v in victims),
+                                                  limit.mib, mem, limit.ratio):
+        return False
+    total_after = view.total_free_mib - max(free, 0) + max(free + freed, 0)
+    return total_after - max(view.unplaced_mib - freed_unplaced_mib, 0) >= need_mib
+
+
+def _victims_on(view: NodeView, i: int, need_mib: int, pods: list[VictimCandidate], freed_unplaced_mib: int,
+                limit: LimitNeed | None) -> list[VictimCandidate] | None:
+    """The victims on the i-th GPU: the lowest-priority pods first (the largest first within a priority:
+    fewer victims) until the pod fits, then each given back (highest priority first, then smallest) while it
+    still fits, as the scheduler's own dry run reprieves. None when evicting every candidate is not enough."""
+    chosen: list[VictimCandidate] = []
+    for pod in sorted(pods, key=lambda v: (v.priority, -v.mib, v.uid)):
+        if _room_after(view, i, need_mib, chosen, freed_unplaced_mib, limit):
+            break
+        chosen.append(pod)
+    if not _room_after(view, i, need_mib, chosen, freed_unplaced_mib, limit):
+        return None
+    for pod in sorted(chosen, key=lambda v: (-v.priority, v.mib, v.uid)):
+        rest = [v for v in chosen if v is not pod]
+        if _room_after(view, i, need_mib, rest, freed_unplaced_mib, limit):
+            chosen = rest
+    return chosen
+
+
+def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCandidate],
+                       freed_unplaced_mib: int = 0, limit: LimitNeed | None = None) -> tuple[str, ...] | None:
+    """The pods to evict so that the pod fits on ONE GPU of this node: over every GPU, the set whose highest
+    priority is lowest, then the fewest victims, then the least MiB evicted (ties to the lower GPU index).
+    Only pods on that GPU are named, never one on a GPU the pod will not use. None when no GPU can be freed
+    enough; () when one has room already (with `freed_unplaced_mib` gone): no GPU pod needs evicting."""
+    best: tuple[tuple[int, int, int, int], tuple[str, ...]] | None = None
+    for i, row in enumerate(view.rows):
+        if not row[4] or row[3] < need_mib:
+            continue
+        chosen = _victims_on(view, i, need_mib, [c for c in candidates if c.gpu_uuid == row[0]],
+                             freed_unplaced_mib, limit)
+        if chosen is None:
+            continue
+        if not chosen:
+            return ()
+        rank = (max(v.priority for v in chosen), len(chosen), sum(v.mib for v in chosen), row[1])
+        if best is None or rank < best[0]:
+            best = rank, tuple(v.uid for v in chosen)
+    return best[1] if best is not None else None
