@@ -169,3 +169,36 @@ def test_the_option_adds_only_the_policy() -> None:
         ("ValidatingAdmissionPolicy", "memslice-require-seccomp"),
         ("ValidatingAdmissionPolicyBinding", "memslice-require-seccomp")}
     # DRA mode: tests/test_deploy_versions.py builds deploy/overlays/dra with it
+
+
+@pytest.mark.parametrize("values", [DEPLOY / "examples" / "jupyterhub-values.yaml",
+                                    DRA_EXAMPLES / "jupyterhub-values.yaml"], ids=["device-plugin", "dra"])
+def test_every_jupyterhub_profile_of_both_modes_passes(values) -> None:
+    """Each profile's pod as KubeSpawner's make_pod builds it from the profile's traits and the values' hub-wide
+    KubeSpawner config (pod_security_context), serialized as KubeSpawner sends it."""
+    import asyncio
+
+    import yaml
+    from jupyterhub.traitlets import ByteSpecification
+    from kubernetes_asyncio.client import ApiClient
+    from kubespawner.objects import make_pod
+
+    async def serialized(pod: Any) -> dict[str, Any]:
+        async with ApiClient() as client:
+            return dict(client.sanitize_for_serialization(pod))
+
+    doc = yaml.safe_load(values.read_text())
+    hub_wide = doc["hub"]["config"]["KubeSpawner"]
+    profiles = doc["singleuser"]["profileList"]
+    assert profiles
+    for profile in profiles:
+        o = {**hub_wide, **profile["kubespawner_override"]}
+        for trait in ("mem_limit", "mem_guarantee"):
+            if trait in o:
+                o[trait] = ByteSpecification().validate(None, o[trait])
+        o["annotations"] = o.pop("extra_annotations", {})
+        pod = asyncio.run(serialized(make_pod(name="jupyter-u", cmd=["jupyterhub-singleuser"], port=8888,
+                                              image=o.pop("image", "jupyter"), **o)))
+        assert RESOURCE in str(pod) or pod["spec"].get("resourceClaims"), profile["display_name"]
+        assert admit(pod) == [], profile["display_name"]
+        assert admit(unset_pod_profile(pod)), profile["display_name"]  # without it: refused
