@@ -153,7 +153,7 @@ def dra_agent_token(cluster: RealCluster, ds: dict[str, Any], node: str) -> str:
 def slice_of(node: str) -> dict[str, Any]:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
             "metadata": {"name": f"{node}-memslice.io-forged"},
-            "spec": {"driver": "memslice.io", "nodeName": node, "devices": [],
+            "spec": {"driver": "memslice.io", "nodeName": node, "devices": [{"name": "gpu-0"}],
                      "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}}}
 
 

@@ -356,11 +356,14 @@ def _claim(cluster: RealCluster, name: str) -> dict[str, Any]:
 
 
 def _clear(cluster: RealCluster, agent: Agent) -> None:
-    """No pod and no allocated claim left in the namespace (no kubelet: pods go at once)."""
+    """No pod and no claim left in the namespace (no kubelet: pods go at once; the resourceclaim controller
+    lifts the claims' protection once their pods are gone)."""
     cluster.ok("DELETE", f"/api/v1/namespaces/{NS}/pods?gracePeriodSeconds=0")
-    wait_until("the namespace's claims deallocated", lambda: not [
-        c for c in cluster.ok("GET", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims")["items"]
-        if c.get("status", {}).get("allocation")], 120, 0.5, agent.alive)
+    wait_until("the namespace's pods gone", lambda: not cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods")["items"],
+               60, 0.5, agent.alive)
+    cluster.ok("DELETE", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims")
+    wait_until("the namespace's claims gone", lambda: not cluster.ok(
+        "GET", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims")["items"], 120, 0.5, agent.alive)
 
 
 def test_count_2_is_refused_and_the_forms_the_messages_recommend_are_allocated_on_one_gpu(dra) -> None:
@@ -382,15 +385,27 @@ def test_count_2_is_refused_and_the_forms_the_messages_recommend_are_allocated_o
             str(out.get("message", out)).split()), (name, status, out)
         assert "ask for the total in one request" in " ".join(out["message"].split())
 
-    # why: the same devices through a class the policy does not match, on empty GPUs
+    # why: the same devices through a class the policy does not match. count 2 unpinned: two different GPUs,
+    # which the agent refuses, naming what works (this pod also shows the scheduler knows the class)
     [cls] = load_yaml(DEPLOY / "overlays" / "dra" / "deviceclass.yaml")
     cls["metadata"]["name"] = UNCHECKED_CLASS
     cluster.apply([cls])
-    pin = [{"matchAttribute": "memslice.io/uuid"}]
-    cluster.ok("POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims",
-               _claim_body("why-pinned", [{"name": "gpu", "count": 2, **_mem("2Gi")}], UNCHECKED_CLASS, pin))
     cluster.ok("POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims",
                _claim_body("why-spread", [{"name": "gpu", "count": 2, **_mem("2Gi")}], UNCHECKED_CLASS))
+    cluster.ok("POST", f"/api/v1/namespaces/{NS}/pods", _pod_with_claim("why-spread", "why-spread"))
+    spread = wait_until("count 2 unpinned scheduled", lambda: _scheduled_or_unschedulable(
+        cluster, "why-spread"), 120, 0.5, agent.alive)
+    assert spread["spec"].get("nodeName") == NODE, spread.get("status")
+    claim = _claim(cluster, "why-spread")
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert sorted(r["device"] for r in results) == ["gpu-0", "gpu-1"], results  # two different GPUs
+    err = agent.kubelet.prepare(DRIVER, claim).claims[claim["metadata"]["uid"]].error
+    assert "has shares on 2 GPUs" in err and "ask for the total in one request" in err, err
+    _clear(cluster, agent)
+    # count 2 pinned to one GPU, on empty GPUs: never allocated
+    cluster.ok("POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims",
+               _claim_body("why-pinned", [{"name": "gpu", "count": 2, **_mem("2Gi")}], UNCHECKED_CLASS,
+                           [{"matchAttribute": "memslice.io/uuid"}]))
     cluster.ok("POST", f"/api/v1/namespaces/{NS}/pods", _pod_with_claim("why-pinned", "why-pinned"))
     pinned = wait_until("count 2 pinned: scheduled or unschedulable",
                         lambda: _scheduled_or_unschedulable(cluster, "why-pinned"), 120, 0.5, agent.alive)
@@ -399,15 +414,6 @@ def test_count_2_is_refused_and_the_forms_the_messages_recommend_are_allocated_o
     evs = cluster.ok("GET", f"/api/v1/namespaces/{NS}/events?fieldSelector=involvedObject.name=why-pinned,"
                             "reason=FailedScheduling")["items"]
     assert evs and "cannot allocate all claims" in evs[-1]["message"], evs
-    cluster.ok("POST", f"/api/v1/namespaces/{NS}/pods", _pod_with_claim("why-spread", "why-spread"))
-    spread = wait_until("count 2 unpinned scheduled", lambda: _scheduled_or_unschedulable(
-        cluster, "why-spread"), 120, 0.5, agent.alive)
-    assert spread["spec"].get("nodeName") == NODE
-    claim = _claim(cluster, "why-spread")
-    results = claim["status"]["allocation"]["devices"]["results"]
-    assert sorted(r["device"] for r in results) == ["gpu-0", "gpu-1"], results  # two different GPUs
-    err = agent.kubelet.prepare(DRIVER, claim).claims[claim["metadata"]["uid"]].error
-    assert "has shares on 2 GPUs" in err and "ask for the total in one request" in err, err
     _clear(cluster, agent)
 
     # what the messages recommend: the total in one request, or two requests pinned to one GPU
