@@ -166,12 +166,17 @@ def test_the_migration_recipe_keeps_both_dra_policies_in_force(recipe: dict[str,
     token = dra_agent_token(cluster, ds, AGENT_NODE)
     slices = "/apis/resource.k8s.io/v1/resourceslices"
 
-    def forged_refused() -> tuple[int, str] | None:
-        got = create(cluster, slices, slice_of(OTHER_NODE), token)
-        return got if got[0] == 403 and "may not write ResourceSlices" in got[1] else None
+    seen: list[tuple[int, str]] = []
 
-    status, message = wait_until("the node policy denies the DRA side's agent another node's slice", forged_refused,
-                                 POLICY_DELAY_S, 0.5)
+    def forged_refused() -> tuple[int, str] | None:
+        seen.append(create(cluster, slices, slice_of(OTHER_NODE), token))
+        return seen[-1] if seen[-1][0] == 422 and "may not write ResourceSlices" in seen[-1][1] else None
+
+    try:
+        status, message = wait_until("the node policy denies the DRA side's agent another node's slice",
+                                     forged_refused, POLICY_DELAY_S, 0.5)
+    except AssertionError as err:
+        raise AssertionError(f"{err}; the last answer: {seen[-1:]}") from None
     assert f"runs on node '{AGENT_NODE}' and may not write ResourceSlices of node '{OTHER_NODE}'" in message
     # its RBAC (the renamed ClusterRole, bound to the renamed account) lets it write its own node's slice
     assert create(cluster, slices, slice_of(AGENT_NODE), token) == (201, "")
