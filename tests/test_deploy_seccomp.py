@@ -1,8 +1,9 @@
-"""deploy/components/require-seccomp (issue 25 item 10): pods that ask for memslice.io/gpu-mem are admitted
-only when every container runs under the RuntimeDefault (or a Localhost) seccomp profile, because under
-Unconfined a process can `unshare -Urm` and bind-mount over /etc/ld.so.preload and the limits file. Its CEL
-is evaluated with cel-python (test_deploy_admission's machinery) on real pods: the examples, and each way a
-pod could leave a container unconfined."""
+"""deploy/components/require-seccomp (issue 25 item 10, issue 35 item 6): pods that ask for memslice.io/gpu-mem,
+or use ResourceClaims (DRA mode: a policy cannot see a claim's class), are admitted only when every container
+runs under the RuntimeDefault (or a Localhost) seccomp profile, because under Unconfined a process can
+`unshare -Urm` and bind-mount over /etc/ld.so.preload and the limits file. Its CEL is evaluated with cel-python
+(test_deploy_admission's machinery) on real pods: the examples of both modes, and each way a pod could leave a
+container unconfined; tests/test_real_admission_policies.py runs it on the real kube-apiserver."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import celpy
 import pytest
 from test_deploy_admission import evaluate
 from test_deploy_examples import example
-from test_deploy_render import RESOURCE, Manifest, find, render
+from test_deploy_render import DEPLOY, RESOURCE, Manifest, find, load_yaml, render
 
 REL = "overlays/require-seccomp"
 
@@ -51,6 +52,19 @@ def notebook() -> Manifest:
     return example("notebook.yaml")
 
 
+DRA_EXAMPLES = DEPLOY / "overlays" / "dra" / "examples"
+
+
+def dra_notebook() -> Manifest:
+    (pod,) = load_yaml(DRA_EXAMPLES / "notebook.yaml")
+    return pod
+
+
+def dra_elastic() -> Manifest:
+    _, pod = load_yaml(DRA_EXAMPLES / "notebook-elastic.yaml")
+    return pod
+
+
 def unset_pod_profile(p: Manifest) -> Manifest:
     p["spec"]["securityContext"].pop("seccompProfile", None)
     return p
@@ -78,6 +92,11 @@ ADMITTED = [
         unset_pod_profile(notebook()), "RuntimeDefault")),
     ("a Localhost profile", lambda: with_container_profile(unset_pod_profile(notebook()), "Localhost")),
     ("an init container inheriting the pod's", lambda: with_init(notebook())),
+    ("DRA: the example, RuntimeDefault for the pod", dra_notebook),
+    ("DRA: the elastic example", dra_elastic),
+    ("DRA: RuntimeDefault on each container", lambda: with_container_profile(unset_pod_profile(dra_notebook()),
+                                                                            "RuntimeDefault")),
+    ("the simulated check pod the README tells users to run", lambda: example("simulated-check.yaml")),
     ("a pod without memslice memory, unconfined", lambda: {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"},
         "spec": {"containers": [{"name": "web", "image": "nginx", "resources": {"limits": {"cpu": "1"}}}]}}),
@@ -92,10 +111,27 @@ DENIED = [
     ("an unconfined ephemeral container", lambda: {**notebook(), "spec": {**notebook()["spec"], "ephemeralContainers": [
         {"name": "debug", "image": "busybox", "securityContext": {"seccompProfile": {"type": "Unconfined"}}}]}}),
     ("memory asked in requests only, no profile", lambda: _requests_only(unset_pod_profile(notebook()))),
+    ("DRA: a pod with a claim, no profile", lambda: unset_pod_profile(dra_notebook())),
+    ("DRA: the claim named by no container, no profile", lambda: _claim_unnamed(unset_pod_profile(dra_notebook()))),
+    ("DRA: a claim by name, an unconfined sidecar", lambda: _by_name(with_container_profile(
+        {**dra_notebook(), "spec": {**dra_notebook()["spec"], "containers": [
+            *dra_notebook()["spec"]["containers"], {"name": "sidecar", "image": "busybox"}]}}, "Unconfined"))),
+    ("DRA: an unconfined init container", lambda: with_init(dra_elastic(), "Unconfined")),
     ("memory asked by an init container, no profile", lambda: with_init(unset_pod_profile(
         {**notebook(), "spec": {**notebook()["spec"], "containers": [
             {"name": "main", "image": "busybox"}]}}), gpu=True)),
 ]
+
+
+def _claim_unnamed(p: Manifest) -> Manifest:
+    for c in p["spec"]["containers"]:
+        c["resources"].pop("claims", None)
+    return p
+
+
+def _by_name(p: Manifest) -> Manifest:
+    p["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "shared-gpu-mem"}]
+    return p
 
 
 def _requests_only(p: Manifest) -> Manifest:
@@ -115,9 +151,13 @@ def test_memslice_pods_that_could_unshare_are_denied(case: str, make: Any) -> No
     assert len(messages) == 1 and "RuntimeDefault" in messages[0] and "ld.so.preload" in messages[0], case
 
 
-def test_every_example_pod_passes() -> None:
-    for name in ("notebook.yaml", "notebook-oversubscribed.yaml", "training-job.yaml"):
-        obj = example(name)
+def test_every_example_pod_of_both_modes_passes() -> None:
+    pods = [(name, example(name)) for name in ("notebook.yaml", "notebook-oversubscribed.yaml", "training-job.yaml",
+                                               "simulated-check.yaml")]
+    pods += [(p.name, o) for p in sorted(DRA_EXAMPLES.glob("*.yaml")) for o in load_yaml(p)
+             if o.get("kind") in ("Pod", "Job")]
+    assert {n for n, _ in pods} >= {"simulated-check.yaml", "notebook-elastic.yaml"}
+    for name, obj in pods:
         pod = obj if obj["kind"] == "Pod" else {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
                                                 "spec": obj["spec"]["template"]["spec"]}
         assert admit(pod) == [], name
@@ -128,3 +168,37 @@ def test_the_option_adds_only_the_policy() -> None:
     assert {(o["kind"], o["metadata"]["name"]) for o in render(REL)} - base == {
         ("ValidatingAdmissionPolicy", "memslice-require-seccomp"),
         ("ValidatingAdmissionPolicyBinding", "memslice-require-seccomp")}
+    # DRA mode: tests/test_deploy_versions.py builds deploy/overlays/dra with it
+
+
+@pytest.mark.parametrize("values", [DEPLOY / "examples" / "jupyterhub-values.yaml",
+                                    DRA_EXAMPLES / "jupyterhub-values.yaml"], ids=["device-plugin", "dra"])
+def test_every_jupyterhub_profile_of_both_modes_passes(values) -> None:
+    """Each profile's pod as KubeSpawner's make_pod builds it from the profile's traits and the values' hub-wide
+    KubeSpawner config (pod_security_context), serialized as KubeSpawner sends it."""
+    import asyncio
+
+    import yaml
+    from jupyterhub.traitlets import ByteSpecification
+    from kubernetes_asyncio.client import ApiClient
+    from kubespawner.objects import make_pod
+
+    async def serialized(pod: Any) -> dict[str, Any]:
+        async with ApiClient() as client:
+            return dict(client.sanitize_for_serialization(pod))
+
+    doc = yaml.safe_load(values.read_text())
+    hub_wide = doc["hub"]["config"]["KubeSpawner"]
+    profiles = doc["singleuser"]["profileList"]
+    assert profiles
+    for profile in profiles:
+        o = {**hub_wide, **profile["kubespawner_override"]}
+        for trait in ("mem_limit", "mem_guarantee"):
+            if trait in o:
+                o[trait] = ByteSpecification().validate(None, o[trait])
+        o["annotations"] = o.pop("extra_annotations", {})
+        pod = asyncio.run(serialized(make_pod(name="jupyter-u", cmd=["jupyterhub-singleuser"], port=8888,
+                                              image=o.pop("image", "jupyter"), **o)))
+        assert RESOURCE in str(pod) or pod["spec"].get("resourceClaims"), profile["display_name"]
+        assert admit(pod) == [], profile["display_name"]
+        assert admit(unset_pod_profile(pod)), profile["display_name"]  # without it: refused

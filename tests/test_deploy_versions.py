@@ -3,7 +3,8 @@
 - Every kustomization and every combination of components renders, with the oldest and the newest kubectl of
   the support window (tests/kubectl_window.py), to the same objects.
 - Nothing under deploy/ deletes from what it builds on ($patch: delete), except the cert-manager component,
-  which swaps the base's default certificate source for cert-manager's.
+  which swaps the base's default certificate source for cert-manager's, and dra-beside-extender, which leaves
+  the objects both modes share to the device-plugin side.
 - The kube-scheduler version is one setting (deploy/base's image tag) with a default per Kubernetes version
   in docs/operations.md, and the scheduler configuration is valid for each of them.
 """
@@ -27,12 +28,14 @@ OPERATIONS = ROOT / "docs" / "operations.md"
 MODES = ("base", "overlays/dra")
 # Components that apply to each mode (cdi and cert-manager concern the device-plugin mode only).
 COMPONENTS = {"base": ("cdi", "host-pids", "simulated", "cert-manager", "require-seccomp"),
-              "overlays/dra": ("host-pids", "simulated")}
+              "overlays/dra": ("host-pids", "simulated", "require-seccomp", "dra-beside-extender")}
 # The combinations docs/operations.md shows, and every component with every other.
 COMBINATIONS = [("base", ("simulated", "host-pids")), ("base", ("cdi", "host-pids")),
                 ("base", ("cdi", "host-pids", "cert-manager")), ("base", ("simulated", "host-pids", "cert-manager")),
                 ("overlays/dra", ("simulated", "host-pids")), ("overlays/dra", ("simulated",)),
-                ("overlays/dra", ("host-pids",))]
+                ("overlays/dra", ("host-pids", "require-seccomp")),
+                ("overlays/dra", ("simulated", "dra-beside-extender")),
+                ("overlays/dra", ("dra-beside-extender", "simulated", "host-pids", "require-seccomp"))]
 KUSTOMIZATIONS = sorted(str(k.parent.relative_to(DEPLOY)) for k in DEPLOY.rglob("kustomization.yaml")
                         if yaml.safe_load(k.read_text())["kind"] == "Kustomization")
 
@@ -111,7 +114,8 @@ def test_every_component_adds_to_every_mode_it_names(tmp_path: Path, mode: str) 
         sub.mkdir()
         assert build(newest(), combination(sub, mode, (c,)))
     have = sorted(p.name for p in (DEPLOY / "components").iterdir())
-    assert have == sorted(COMPONENTS["base"]), "a new component: say which modes it applies to"
+    assert have == sorted({*COMPONENTS["base"], *COMPONENTS["overlays/dra"]}), \
+        "a new component: say which modes it applies to"
 
 
 def test_modes_build_on_core_and_nothing_deletes_what_it_builds_on() -> None:
@@ -119,10 +123,21 @@ def test_modes_build_on_core_and_nothing_deletes_what_it_builds_on() -> None:
     overlay that deletes builds on something that should not have had it. Only the cert-manager component
     deletes: the base's self-signing Job (and its account), the default it replaces."""
     deleting = sorted(str(p.relative_to(DEPLOY)) for p in DEPLOY.rglob("*.yaml") if "$patch: delete" in p.read_text())
-    assert deleting == ["components/cert-manager/kustomization.yaml"], deleting
+    assert deleting == ["components/cert-manager/kustomization.yaml",
+                        "components/dra-beside-extender/kustomization.yaml"], deleting
     k = yaml.safe_load((DEPLOY / "components/cert-manager/kustomization.yaml").read_text())
     deleted = {yaml.safe_load(p["patch"])["metadata"]["name"] for p in k["patches"]}
     assert deleted == {"memslice-extender-certs"}
+    # the DRA side beside deploy/base leaves out only what deploy/base applies identically
+    k = yaml.safe_load((DEPLOY / "components/dra-beside-extender/kustomization.yaml").read_text())
+    deleted = {(d["kind"], d["metadata"]["name"]) for p in k["patches"]
+               if "$patch: delete" in p["patch"] for d in [yaml.safe_load(p["patch"])]}
+    assert deleted == {("Namespace", "memslice-system"), ("Service", "memslice-node-agent"),
+                       ("NetworkPolicy", "memslice-node-agent")}
+    base = {(o["kind"], o["metadata"]["name"]): o for o in render("base")}
+    for obj in render("overlays/dra"):
+        key = (obj["kind"], obj["metadata"]["name"])
+        assert key not in deleted or base[key] == obj, key
     for mode in MODES:
         assert "../core" in "".join(yaml.safe_load((DEPLOY / mode / "kustomization.yaml").read_text())["resources"])
     dra = {(o["kind"], o["metadata"]["name"]) for o in render("overlays/dra")}

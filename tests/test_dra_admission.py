@@ -1,5 +1,6 @@
-"""deploy/overlays/dra's claim policy (issue 24.2, 24.8): what the node agent would refuse after binding (shares
-on two GPUs, admin access) is refused at admission instead. The policy's CEL is evaluated with cel-python as
+"""deploy/overlays/dra's claim policy (issue 24.2, 24.8, 36.1): what the node agent would refuse after binding
+(shares on two GPUs, admin access), and what kube-scheduler would never allocate (count > 1 pinned to one GPU),
+is refused at admission instead. The policy's CEL is evaluated with cel-python as
 the API server evaluates it (variables in order, then validations) on claims and templates."""
 
 from __future__ import annotations
@@ -58,27 +59,36 @@ def exactly(name: str, cls: str = CLASS, **kw: Any) -> dict[str, Any]:
 PIN = [{"matchAttribute": "memslice.io/uuid"}]
 ADMITTED = {
     "one share": claim(exactly("gpu")),
-    "count 2 pinned": claim(exactly("gpu", count=2), constraints=PIN),
+    "the total in one request": claim(exactly("gpu", capacity={"requests": {"memory": "8Gi"}})),
     "two requests pinned by name": claim(exactly("a"), exactly("b"),
                                          constraints=[{"requests": ["a", "b"], "matchAttribute": "memslice.io/uuid"}]),
     "first available, one device": claim({"name": "gpu", "firstAvailable": [
         {"name": "big", "deviceClassName": CLASS}, {"name": "small", "deviceClassName": CLASS}]}),
     "another class beside one share": claim(exactly("gpu"), exactly("nic", cls="nic.example.com", count=2)),
+    "another class's subrequest of 2 beside ours": claim({"name": "gpu", "firstAvailable": [
+        {"name": "ours", "deviceClassName": CLASS}, {"name": "nics", "deviceClassName": "nic.example.com",
+                                                     "count": 2}]}),
     "no devices": {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                    "metadata": {"name": "c", "namespace": "team"}, "spec": {}},
 }
-SEVERAL = "one quota on ONE GPU"
+SEVERAL = "requests in one claim are prepared as one quota on ONE GPU"
+MANY = "gets several DIFFERENT GPUs from kube-scheduler"
 ADMIN = "adminAccess to gpu-mem.memslice.io devices is not served"
 REFUSED = {
-    "count 2": (claim(exactly("gpu", count=2)), SEVERAL),
+    "count 2": (claim(exactly("gpu", count=2)), MANY),
+    # what the messages recommended before issue 36.1: kube-scheduler never allocates it (test_real_dra.py)
+    "count 2 pinned": (claim(exactly("gpu", count=2), constraints=PIN), MANY),
+    "all devices pinned": (claim(exactly("gpu", allocationMode="All"), constraints=PIN), MANY),
     "two requests": (claim(exactly("a"), exactly("b")), SEVERAL),
     "pinned to another attribute": (claim(exactly("a"), exactly("b"),
                                           constraints=[{"matchAttribute": "memslice.io/productName"}]), SEVERAL),
     "pin misses a request": (claim(exactly("a"), exactly("b"),
                                    constraints=[{"requests": ["a"], "matchAttribute": "memslice.io/uuid"}]), SEVERAL),
-    "all devices": (claim(exactly("gpu", allocationMode="All")), SEVERAL),
+    "all devices": (claim(exactly("gpu", allocationMode="All")), MANY),
     "subrequest of 2": (claim({"name": "gpu", "firstAvailable": [
-        {"name": "two", "deviceClassName": CLASS, "count": 2}]}), SEVERAL),
+        {"name": "two", "deviceClassName": CLASS, "count": 2}]}), MANY),
+    "subrequest of 2 pinned": (claim({"name": "gpu", "firstAvailable": [
+        {"name": "two", "deviceClassName": CLASS, "count": 2}]}, constraints=PIN), MANY),
     "admin access": (claim(exactly("gpu", adminAccess=True)), ADMIN),
 }
 

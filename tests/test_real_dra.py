@@ -326,3 +326,144 @@ def test_an_elastic_claim_is_allocated_by_its_request_and_prepared_with_its_limi
              if e["user"].get("extra", {}).get("authentication.kubernetes.io/node-name") == [NODE]]
     assert ("get", "pods") in {(e["verb"], e["objectRef"]["resource"]) for e in calls}
     assert [e["requestURI"] for e in calls if e.get("responseStatus", {}).get("code", 0) >= 400] == []
+
+
+# -- issue 36.1: more than one share in a claim, on the real allocator -----------------------------------------
+
+UNCHECKED_CLASS = "unchecked-gpu-mem.memslice-test"  # the class's devices under a name the claim policy ignores
+
+
+def _claim_body(name: str, requests: list[dict[str, Any]], cls: str = "gpu-mem.memslice.io",
+                constraints: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    devices: dict[str, Any] = {"requests": [{"name": r.pop("name"), "exactly": {"deviceClassName": cls, **r}}
+                                            for r in requests]}
+    if constraints is not None:
+        devices["constraints"] = constraints
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": NS}, "spec": {"devices": devices}}
+
+
+def _mem(q: str) -> dict[str, Any]:
+    return {"capacity": {"requests": {"memory": q}}}
+
+
+def _pod_with_claim(name: str, claim: str) -> dict[str, Any]:
+    pod = notebook(name)
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+    return pod
+
+
+def _scheduled_or_unschedulable(cluster: RealCluster, name: str) -> dict[str, Any] | None:
+    p = cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods/{name}")
+    if p["spec"].get("nodeName") or any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+                                        for c in p.get("status", {}).get("conditions", [])):
+        return dict(p)
+    return None
+
+
+def _claim(cluster: RealCluster, name: str) -> dict[str, Any]:
+    return dict(cluster.ok("GET", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/{name}"))
+
+
+def _clear(cluster: RealCluster, agent: Agent) -> None:
+    """No pod and no claim left in the namespace (no kubelet: pods go at once; the resourceclaim controller
+    lifts the claims' protection once their pods are gone)."""
+    cluster.ok("DELETE", f"/api/v1/namespaces/{NS}/pods?gracePeriodSeconds=0")
+    wait_until("the namespace's pods gone", lambda: not cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods")["items"],
+               60, 0.5, agent.alive)
+    cluster.ok("DELETE", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims")
+    wait_until("the namespace's claims gone", lambda: not cluster.ok(
+        "GET", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims")["items"], 120, 0.5, agent.alive)
+
+
+def test_count_2_is_refused_and_the_forms_the_messages_recommend_are_allocated_on_one_gpu(dra) -> None:
+    """Issue 36.1. The real kube-scheduler gives one request's devices as DIFFERENT devices (its allocator
+    picks a request's next device after the previous one), and each GPU is one device: `count: 2` gets two
+    GPUs (the agent refuses them, naming what works), and `count: 2` pinned by `matchAttribute:
+    memslice.io/uuid`, what the messages recommended before, is never allocated, even on empty GPUs. The claim
+    policy, on the real API server, refuses both forms with a message naming what works; the two forms it
+    names (the total in one request; two requests pinned to one GPU) are allocated on one GPU and prepared as
+    one quota, which the shim holds."""
+    cluster, agent = dra
+    _clear(cluster, agent)
+    # the policy (real CEL, real API server) refuses count 2, pinned or not
+    for name, constraints in (("count2", None), ("count2-pinned", [{"matchAttribute": "memslice.io/uuid"}])):
+        status, out = cluster.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims",
+                                      _claim_body(name, [{"name": "gpu", "count": 2, **_mem("2Gi")}],
+                                                  constraints=constraints))
+        assert status == 422 and "gets several DIFFERENT GPUs from kube-scheduler" in " ".join(
+            str(out.get("message", out)).split()), (name, status, out)
+        assert "ask for the total in one request" in " ".join(out["message"].split())
+
+    # why: the same devices through a class the policy does not match. count 2 unpinned: two different GPUs,
+    # which the agent refuses, naming what works (this pod also shows the scheduler knows the class)
+    [cls] = load_yaml(DEPLOY / "overlays" / "dra" / "deviceclass.yaml")
+    cls["metadata"]["name"] = UNCHECKED_CLASS
+    cluster.apply([cls])
+    cluster.ok("POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims",
+               _claim_body("why-spread", [{"name": "gpu", "count": 2, **_mem("2Gi")}], UNCHECKED_CLASS))
+    cluster.ok("POST", f"/api/v1/namespaces/{NS}/pods", _pod_with_claim("why-spread", "why-spread"))
+    spread = wait_until("count 2 unpinned scheduled", lambda: _scheduled_or_unschedulable(
+        cluster, "why-spread"), 120, 0.5, agent.alive)
+    assert spread["spec"].get("nodeName") == NODE, spread.get("status")
+    claim = _claim(cluster, "why-spread")
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert sorted(r["device"] for r in results) == ["gpu-0", "gpu-1"], results  # two different GPUs
+    err = agent.kubelet.prepare(DRIVER, claim).claims[claim["metadata"]["uid"]].error
+    assert "has shares on 2 GPUs" in err and "ask for the total in one request" in err, err
+    _clear(cluster, agent)
+    # count 2 pinned to one GPU, on empty GPUs: never allocated
+    cluster.ok("POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims",
+               _claim_body("why-pinned", [{"name": "gpu", "count": 2, **_mem("2Gi")}], UNCHECKED_CLASS,
+                           [{"matchAttribute": "memslice.io/uuid"}]))
+    cluster.ok("POST", f"/api/v1/namespaces/{NS}/pods", _pod_with_claim("why-pinned", "why-pinned"))
+    pinned = wait_until("count 2 pinned: scheduled or unschedulable",
+                        lambda: _scheduled_or_unschedulable(cluster, "why-pinned"), 120, 0.5, agent.alive)
+    assert not pinned["spec"].get("nodeName") and not _claim(cluster, "why-pinned").get("status", {}).get(
+        "allocation"), "the real allocator gave count 2 one GPU: the claim policy may admit it again"
+    evs = cluster.ok("GET", f"/api/v1/namespaces/{NS}/events?fieldSelector=involvedObject.name=why-pinned,"
+                            "reason=FailedScheduling")["items"]
+    assert evs and "cannot allocate all claims" in evs[-1]["message"], evs
+    _clear(cluster, agent)
+
+    # what the messages recommend: the total in one request, or two requests pinned to one GPU
+    pair = _claim_body("pair", [{"name": "a", **_mem("3Gi")}, {"name": "b", **_mem("2Gi")}],
+                       constraints=[{"requests": ["a", "b"], "matchAttribute": "memslice.io/uuid"}])
+    total = _claim_body("total", [{"name": "gpu", **_mem("5Gi")}])
+    for body in (pair, total):
+        cluster.ok("POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims", body)
+        name = body["metadata"]["name"]
+        cluster.ok("POST", f"/api/v1/namespaces/{NS}/pods", _pod_with_claim(name, name))
+    for name in ("pair", "total"):
+        p = wait_until(f"{name} scheduled", lambda n=name: _scheduled_or_unschedulable(cluster, n), 120, 0.5,
+                       agent.alive)
+        assert p["spec"].get("nodeName") == NODE, p.get("status")
+    claims = [_claim(cluster, "pair"), _claim(cluster, "total")]
+    results = claims[0]["status"]["allocation"]["devices"]["results"]
+    assert len({r["device"] for r in results}) == 1, results  # both requests on one GPU
+    assert sorted(r["consumedCapacity"]["memory"] for r in results) == ["2Gi", "3Gi"]
+    resp = agent.kubelet.prepare(DRIVER, *claims)
+    try:
+        for claim in claims:
+            uid = claim["metadata"]["uid"]
+            entry = resp.claims[uid]
+            assert entry.error == "", entry.error
+            ids = {i for d in entry.devices for i in d.cdi_device_ids}
+            assert len(ids) == 1, entry  # one region, whichever request a container names
+            spec = json.loads((agent.cdi / f"memslice.io-{uid}.json").read_text())
+            env = agent.container_env(spec, ids.pop().split("=", 1)[1])
+            assert env["MEMSLICE_GPU_MEM_LIMIT"] == "5120"  # 3 GiB + 2 GiB; 5 GiB
+            tenant = subprocess.Popen([sys.executable, "-c", TENANT], env=env, stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                line = tenant.stdout.readline() if tenant.stdout else ""
+                assert line, tenant.stderr.read() if tenant.stderr and tenant.poll() is not None else "no output"
+                report = json.loads(line)
+                assert report["refused_with"] == 2, report
+                assert 5120 - 256 < report["allocated_mib"] + CONTEXT_RESERVE_MIB <= 5120, report
+            finally:
+                tenant.communicate("", timeout=60)
+    finally:
+        out = agent.kubelet.unprepare(DRIVER, *claims)
+        assert all(out.claims[c["metadata"]["uid"]].error == "" for c in claims)
+        _clear(cluster, agent)

@@ -2,12 +2,12 @@
 
 Each allocation result of driver memslice.io on this node's pool is one *share* of one GPU: the device
 (`gpu-<index>`), the `shareID` kube-scheduler gave it, and `consumedCapacity.memory` (the request rounded up by
-the device's requestPolicy). The shares of one claim on one GPU (`count: 2`, two requests, firstAvailable
-subrequests) become ONE region whose quota is their sum (decision, docs/architecture.md "DRA contracts"): the
-claim is the unit of isolation, and a container mounts one quota region per GPU, so two regions of one GPU
-could not both apply to a container that names the whole claim. Results on two different GPUs are refused.
-Everything the claim says is checked here; a refusal is a ClaimError whose message names the claim, the bad
-value and what to do.
+the device's requestPolicy). The shares of one claim on one GPU (two requests pinned by a matchAttribute
+constraint, firstAvailable subrequests) become ONE region whose quota is their sum (decision,
+docs/architecture.md "DRA contracts"): the claim is the unit of isolation, and a container mounts one quota
+region per GPU, so two regions of one GPU could not both apply to a container that names the whole claim.
+Results on two different GPUs are refused. Everything the claim says is checked here; a refusal is a
+ClaimError whose message names the claim, the bad value and what to do.
 """
 
 from __future__ import annotations
@@ -332,8 +332,10 @@ def shares_for(claim: Mapping[str, Any], ref: ClaimRef, pool: str, gpus: Mapping
     gpus_used = sorted({s.device for s in out})
     if len(gpus_used) > 1:
         raise ClaimError(f"{ref} has shares on {len(gpus_used)} GPUs ({', '.join(gpus_used)}): a container "
-                         f"mounts the quota of one GPU; use one claim per GPU, or a matchAttribute constraint "
-                         f"on {DRIVER}/uuid so that every request of the claim lands on the same GPU")
+                         f"mounts the quota of one GPU; ask for the total in one request's "
+                         f"capacity.requests.memory (count > 1 always gets different GPUs), pin several "
+                         f"requests with constraints: [{{matchAttribute: {DRIVER}/uuid}}], or use one claim "
+                         f"per GPU")
     first = out[0].region_id  # all shares of the claim on its GPU: one region (the first share's, stable)
     return [dataclasses.replace(s, region_id=first) for s in out]
 
