@@ -322,7 +322,7 @@ def test_a_forged_host_note_cannot_fail_a_neighbours_burst(elastic, tmp_path) ->
     try:
         assert m.stdout is not None
         assert m.stdout.readline().strip() == str(SLOTS - 1 + 2), "a neighbour's file (or the roster) was writable"
-        forged = wait_for(lambda: next((t for t in read_boards(elastic.edir) if t.slot == 2), None), "the forger's slot")
+        forged = wait_for(lambda: next((t for t in read_boards(elastic.edir) if t.slot == 2), None), "its slot")
         assert isinstance(forged, Tenant)
         assert (forged.resident_bytes, forged.limit_bytes) == (512 * MiB, 512 * MiB), "claims bounded by the roster"
         b = elastic("b", "1GiB", "256MiB", gpus="2GiB", ctx="64MiB", MEMSLICE_ELASTIC_SLOT="1",
