@@ -132,7 +132,8 @@ static uint64_t pending_want(const struct eb_ask *asks, const struct eb_roster_e
         if (!seq || seq <= handled[j] || seq > now || now - seq > 30000000000ull) continue;
         handled[j] = seq;
         struct eb_slot s;
-        uint64_t res = sf_read(&g_board.sf, j, &s, sizeof s, 0) == 0 && s.magic == EB_MAGIC ? s.resident >> 20 : 0;
+        uint64_t res = sf_read(&g_board.sf, j, &s, sizeof s, 0) == 0 && s.magic == EB_MAGIC && eb_alive(&g_board, j)
+                       ? s.resident >> 20 : 0; /* a record nobody holds is no figure of the asker's */
         uint64_t w = yield_amount(el_bound_ask(asks[j].bytes, &ent[j], res, g_cfg.priority, gpu_mib), idle, free_b);
         if (w > want) want = w;
         if (!*first || seq < *first) *first = seq;
