@@ -85,7 +85,7 @@ import fcntl, os, struct, sys
 fd = os.open({str(board / f"{free:02d}.slot")!r}, os.O_RDWR | os.O_CREAT)
 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, {LIVE_OFF}, 0)
 forged = struct.pack("<IIiI12Q", 0x4C45534D, 2, {a.proc.pid}, 2, 0, 1 << 30, 1 << 30, 0, 0, 0, 5, 5, 0, 0, 0, 0)
-os.pwrite(fd, forged, 0)
+os.pwrite(fd, forged.ljust(128, b"\\0"), 0)
 print("in", flush=True)
 sys.stdin.read()
 """], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

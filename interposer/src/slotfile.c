@@ -106,6 +106,18 @@ void sf_close(struct sf_dir *d) {
     d->held = d->open = 0;
 }
 
+/* A new slot file (a process without an agent created it) is seen within 20 ms, not at the next once-a-second
+ * retry: the directory's mtime changes when a file is created in it; one stat per 20 ms at most. */
+static void refresh_dir(struct sf_dir *d, uint64_t now) {
+    if (now - __atomic_load_n(&d->dir_seen_ns, __ATOMIC_RELAXED) < 20000000ull) return;
+    __atomic_store_n(&d->dir_seen_ns, now, __ATOMIC_RELAXED);
+    struct stat st;
+    if (stat(d->path, &st) < 0) return;
+    int64_t m = (int64_t)st.st_mtim.tv_sec * 1000000000ll + st.st_mtim.tv_nsec;
+    if (m == __atomic_exchange_n(&d->dir_mtime_ns, m, __ATOMIC_RELAXED)) return;
+    for (int i = 0; i < SF_SLOTS; i++) __atomic_store_n(&d->retry_ns[i], 0, __ATOMIC_RELAXED);
+}
+
 /* The descriptor of slot i's file: the own one, or a peer's opened read-only once (threads race with a CAS;
  * the loser closes its copy, which holds no lock). A missing file is looked for again at most once a second. */
 static int fd_of(struct sf_dir *d, int i) {
@@ -114,6 +126,7 @@ static int fd_of(struct sf_dir *d, int i) {
     int fd = __atomic_load_n(&d->peer[i], __ATOMIC_ACQUIRE);
     if (fd >= 0) return fd;
     uint64_t now = sf_now();
+    refresh_dir(d, now);
     if (now < __atomic_load_n(&d->retry_ns[i], __ATOMIC_RELAXED)) return -1;
     char p[440];
     if (slot_path(d, i, p, sizeof p) < 0 || (fd = open_regular(p, O_RDONLY)) < 0) {

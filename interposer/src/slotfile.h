@@ -23,6 +23,8 @@ struct sf_dir {
     int held;                     /* this process holds own's liveness lock */
     int peer[SF_SLOTS];           /* read-only descriptors of the others' files, opened lazily (-1: not yet) */
     uint64_t retry_ns[SF_SLOTS];  /* a missing file is looked for again after this (CLOCK_MONOTONIC) */
+    uint64_t dir_seen_ns;         /* when the directory's mtime was last read (at most every 20 ms) */
+    int64_t dir_mtime_ns;         /* ... and what it was: a change means files came (missing ones are retried) */
 };
 
 /* Open `dir` (created 0777 & ~umask when `create` and missing) and this process's slot: `want` >= 0 the one
