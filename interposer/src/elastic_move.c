@@ -124,13 +124,17 @@ static void note_refused(uint64_t first, uint64_t seq, uint64_t bytes, const str
 static uint64_t pending_want(const struct eb_ask *asks, const struct eb_roster_ent *ent, uint64_t *handled, int idle,
                              uint64_t *first, uint64_t *last) {
     size_t fr = 0, tot = 0;
-    int known = REAL(cuMemGetInfo_v2)(&fr, &tot) == CUDA_SUCCESS;
-    uint64_t now = now_ns(), want = 0, free_b = known ? (uint64_t)fr : UINT64_MAX, gpu_mib = known ? tot >> 20 : UINT32_MAX;
+    int known = -1; /* the driver is asked only when an ask is pending (this runs every tick) */
+    uint64_t now = now_ns(), want = 0, free_b = UINT64_MAX, gpu_mib = UINT32_MAX;
     *first = *last = 0;
     for (int j = 0; j < EB_SLOTS; j++) {
         uint64_t seq = asks[j].seq;
         if (!seq || seq <= handled[j] || seq > now || now - seq > 30000000000ull) continue;
         handled[j] = seq;
+        if (known < 0 && (known = REAL(cuMemGetInfo_v2)(&fr, &tot) == CUDA_SUCCESS)) {
+            free_b = (uint64_t)fr;
+            gpu_mib = tot >> 20;
+        }
         struct eb_slot s;
         uint64_t res = sf_read(&g_board.sf, j, &s, sizeof s, 0) == 0 && s.magic == EB_MAGIC && eb_alive(&g_board, j)
                        ? s.resident >> 20 : 0; /* a record nobody holds is no figure of the asker's */
