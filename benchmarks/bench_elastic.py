@@ -23,8 +23,15 @@
    range, so for a moment it holds bursts in host memory and less than its request in HBM (issue 26.7: all
    the misses of the earlier runs were such samples).
 
+4. Skip time (issue 35.10; --skip-only): how long a tenant's allocation within its request takes when the
+   neighbour it asks does not answer: "stopped" (the bursting neighbour is SIGSTOPped: skipped after the ack
+   bound, the request served from host memory) and "squatted" (the 62 other slots of the board held by a
+   process that forged them idle, claiming the whole GPU, and never answers; the roster names the real
+   neighbour, which yields). Median seconds of --repeats fresh runs each; the tests assert what is skipped
+   and why (tests/test_elastic_swap.py, tests/test_elastic_board_attacks.py), this measures how long.
+
 usage: python benchmarks/bench_elastic.py [--json] [--gate-only] [--repeats N] [--swap-mib N] [--gpu-mib N]
-                                          [--duration S]
+                                          [--duration S] [--skip-only]
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ import threading
 import time
 from pathlib import Path
 
-from memslice.elastic import read_boards
+from memslice.elastic import LIVE_OFF, RosterEntry, read_boards, render_roster
 from memslice.interposer.region import read_region_file
 from memslice.paths import lib_paths
 
@@ -172,6 +179,61 @@ def swap_time(exe: str, tmp: Path, mib: int) -> dict[str, float]:
     gib = me.swap_outs * 32 / 1024  # what moved: 32 MiB chunks (issue 26: only what B lacked)
     return {"swap_out_s_per_gib": round(me.swap_out_seconds / gib, 3),
             "swap_in_s_per_gib": round(me.swap_in_seconds / gib, 3)}
+
+
+SQUATTER = """
+import fcntl, os, struct, sys
+board, first = sys.argv[1], int(sys.argv[2])
+forged = struct.pack("<IIiI10QiIQIIII", 0x4C45534D, 2, 1, 5, 0, 1 << 40, 1 << 40, 0, 86_400_000, *[0] * 12)
+for i in range(first, 64):
+    fd = os.open(os.path.join(board, "%02d.slot" % i), os.O_RDWR | os.O_CREAT)
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, {live}, 0)
+    os.pwrite(fd, forged, 0)
+print("in", flush=True)
+sys.stdin.read()
+"""
+
+
+def skip_once(exe: str, d: Path, case: str) -> float:
+    """Seconds B's 768 MiB request takes when the neighbour asked does not answer (see the docstring, 4)."""
+    edir = d / "elastic"
+    edir.mkdir(parents=True)
+    base = node_env(d, "2GiB", "64MiB")
+    a = Tenant(exe, dict(tenant_env(base, d / "a", 1536, 128, edir), MEMSLICE_ELASTIC_SLOT="0",
+                         MEMSLICE_IDLE_AFTER="0.3" if case == "stopped" else "600"))
+    sq: subprocess.Popen[str] | None = None
+    b: Tenant | None = None
+    try:
+        assert a.cmd("alloc 1280 64") == "allocated 20"
+        if case == "stopped":
+            wait(lambda: any(t.pid == a.p.pid and t.state == "idle" for t in read_boards(edir)), 60)
+            os.kill(a.p.pid, 19)  # SIGSTOP
+        else:
+            board = next(edir.glob("*.board"))
+            (edir / f"{board.name.removesuffix('.board')}.roster").write_bytes(
+                render_roster([RosterEntry(0, 128, 1536), RosterEntry(1, 768, 1024)]))
+            sq = subprocess.Popen([sys.executable, "-c", SQUATTER.format(live=LIVE_OFF), str(board), "2"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            assert sq.stdout is not None and sq.stdout.readline() == "in\n"
+        b = Tenant(exe, dict(tenant_env(base, d / "b", 1024, 768, edir), MEMSLICE_ELASTIC_SLOT="1",
+                             MEMSLICE_YIELD_WAIT="30"))
+        t0 = time.monotonic()
+        assert b.cmd("alloc 768 32") == "allocated 24"
+        return time.monotonic() - t0
+    finally:
+        if case == "stopped":
+            os.kill(a.p.pid, 18)  # SIGCONT
+        if sq is not None and sq.stdin is not None:
+            sq.stdin.close()
+            sq.wait(timeout=60)
+        for t in (b, a):
+            if t is not None:
+                t.stop()
+
+
+def skip_time(exe: str, tmp: Path, repeats: int) -> dict[str, float]:
+    return {case: round(statistics.median(skip_once(exe, tmp / f"skip-{case}-{i}", case) for i in range(repeats)), 2)
+            for case in ("stopped", "squatted")}
 
 
 def wait(cond, timeout: float) -> None:  # type: ignore[no-untyped-def]
@@ -305,16 +367,20 @@ def main() -> int:
     ap.add_argument("--density-only", action="store_true", help="only the density trace (figure 3)")
     ap.add_argument("--instructions", action="store_true",
                     help="only the gated call cost, in instructions per call (callgrind; needs valgrind)")
+    ap.add_argument("--skip-only", action="store_true",
+                    help="only the skip time of an unanswered ask (figure 4, issue 35.10)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-elastic-") as t:
         tmp = Path(t)
         exes = build(tmp)
         res: dict[str, object] = {}
-        if a.instructions:
+        if a.skip_only:
+            res["skip_seconds"] = skip_time(exes["tenant"], tmp, a.repeats)
+        elif a.instructions:
             res["gate_instructions_per_call"] = gate_instructions(exes["gate"], tmp)
         elif not a.density_only:
             res["gate_ns_per_call"] = gate_cost(exes["gate"], tmp, a.repeats, a.calls)
-        if not (a.gate_only or a.instructions):
+        if not (a.gate_only or a.instructions or a.skip_only):
             if not a.density_only:
                 res["swap"] = swap_time(exes["tenant"], tmp, a.swap_mib)
             res["density"] = {m: density(exes["tenant"], tmp, m, a.gpu_mib, a.peak_mib, a.typical_mib, a.duration,

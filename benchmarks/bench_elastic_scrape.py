@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import struct
 import subprocess
@@ -33,8 +32,8 @@ from memslice.plugin.ledger import Allocation  # noqa: E402
 HOLDER = """
 import fcntl, os, sys
 board, slot, region, rslot, base = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-b = os.open(board, os.O_RDWR)
-fcntl.lockf(b, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, {live} + slot, 0)
+b = os.open(os.path.join(board, "%02d.slot" % slot), os.O_RDWR)
+fcntl.lockf(b, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, {live}, 0)
 r = os.open(region, os.O_RDWR)
 fcntl.lockf(r, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, base + rslot, 0)
 print("held", flush=True)
@@ -68,14 +67,15 @@ def main() -> int:
         root.mkdir()
         edir.mkdir()
         board = edir / "GPU-bench.board"
-        board.write_bytes(b"\0" * FILE_SIZE)
+        board.mkdir()
+        for i in range(64):
+            (board / f"{i:02d}.slot").write_bytes(b"\0" * FILE_SIZE)
         ledger = {}
         for c in range(8):
             (root / f"r{c}").mkdir()
             (root / f"r{c}" / REGION_FILE).write_bytes(region_bytes(8))
             ledger[f"r{c}"] = Allocation(f"r{c}", 0, "GPU-bench", (f"g0-{c}",), 1024, 0.0, "ns", f"p{c}", "c",
                                          f"uid{c}", limit_mib=4096)
-        wfd = os.open(board, os.O_WRONLY)
         try:
             for i in range(64):
                 h = subprocess.Popen([sys.executable, "-c", HOLDER.format(live=LIVE_OFF), str(board), str(i),
@@ -83,7 +83,7 @@ def main() -> int:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
                 holders.append(h)
                 assert h.stdout is not None and h.stdout.readline() == "held\n"
-                os.pwrite(wfd, slot_bytes(h.pid), i * SLOT_SIZE)
+                (board / f"{i:02d}.slot").write_bytes(slot_bytes(h.pid).ljust(FILE_SIZE, b"\0"))
             tracker = ElasticTracker(edir, lambda: ledger, region_pid_reader(lambda rid: str(root / rid)))
             view = tracker.poll()
             assert len(view.containers) == 8 and not view.unattributed, view.unattributed
@@ -95,7 +95,6 @@ def main() -> int:
                                            limit_mib=4096)
             rows["per_container_with_hostile_region_ms"] = median_ms(tracker.poll, a.runs)
         finally:
-            os.close(wfd)
             for h in holders:
                 if h.stdin is not None:
                     h.stdin.close()

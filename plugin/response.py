@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from memslice.elastic import CONTAINER_ELASTIC_DIR
+from memslice.elastic import CONTAINER_ELASTIC_DIR, SLOTS, board_slot_path
 from memslice.proto import api_pb2
 
 from .allocator import Target
@@ -38,8 +38,8 @@ class ResponseConfig:
     driver_libs: tuple[tuple[str, str], ...] = ()  # (container path, host file): the node's driver, read-only
 
 
-def container_response(target: Target, region_host_dir: Path, cfg: ResponseConfig, limit_mib: int = 0
-                       ) -> api_pb2.ContainerAllocateResponse:
+def container_response(target: Target, region_host_dir: Path, cfg: ResponseConfig, limit_mib: int = 0,
+                       elastic_slot: int = -1) -> api_pb2.ContainerAllocateResponse:
     # The env states the quota for people and older shims; the shim enforces the read-only limits file
     # (RegionStore.create wrote it beside the region directory), which a process cannot change.
     envs = {"MEMSLICE_GPU_MEM_LIMIT": str(target.mib), "MEMSLICE_REGION_DIR": CONTAINER_REGION_DIR}
@@ -55,13 +55,15 @@ def container_response(target: Target, region_host_dir: Path, cfg: ResponseConfi
         # node's boards are shared by every elastic container of the node (docs/architecture.md)
         envs.update(MEMSLICE_GPU_MEM_LIMIT=str(limit_mib), MEMSLICE_GPU_MEM_REQUEST=f"{target.mib}MiB",
                     MEMSLICE_ELASTIC_DIR=CONTAINER_ELASTIC_DIR, MEMSLICE_IDLE_AFTER=f"{cfg.idle_after_s:g}")
-        # issue 25: the directory (boards of every GPU, the rosters) read-only, so no tenant can replace a
-        # board or a roster; only this container's GPU's board read-write on top of it
-        board = f"{target.gpu.uuid}.board"
+        # issues 25, 35.3: the directory (every GPU's board, every slot file, the rosters) read-only, so no
+        # tenant can replace a board or a roster, nor write a neighbour's slot; only this container's own slot
+        # file read-write on top of it (none assigned, the board full: it can neither ask nor be asked)
         mounts.append(api_pb2.Mount(container_path=CONTAINER_ELASTIC_DIR, host_path=str(cfg.elastic_host_dir),
                                     read_only=True))
-        mounts.append(api_pb2.Mount(container_path=f"{CONTAINER_ELASTIC_DIR}/{board}",
-                                    host_path=str(cfg.elastic_host_dir / board), read_only=False))
+        if 0 <= elastic_slot < SLOTS:
+            own = board_slot_path(target.gpu.uuid, elastic_slot)
+            mounts.append(api_pb2.Mount(container_path=f"{CONTAINER_ELASTIC_DIR}/{own}",
+                                        host_path=str(cfg.elastic_host_dir / own), read_only=False))
     mounts += [api_pb2.Mount(container_path=c, host_path=h, read_only=True) for c, h in cfg.driver_libs]
     if cfg.preload == "env":
         envs["LD_PRELOAD"] = CONTAINER_SHIM

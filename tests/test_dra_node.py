@@ -875,8 +875,9 @@ def prepared_spec(node: DraNode, resp: Any, claim: dict[str, Any]) -> tuple[dict
 def test_an_elastic_claim_gets_the_elastic_limits_env_slot_priority_and_roster(small_world) -> None:
     """A claim's request is its consumable capacity, its limit the GpuMemConfig's: NodePrepareResources writes
     both where the shim reads them, as Allocate does for an elastic pod (limits file, env, the node's elastic
-    directory read-only with its GPU's board read-write), with a board slot, the consumer pod's PriorityClass
-    value and idleRelease, and the GPU's roster; a restarted agent keeps them; unprepare takes them away."""
+    directory read-only, its own board slot file read-write), with a board slot, the consumer pod's
+    PriorityClass value and idleRelease, and the GPU's roster; a restarted agent keeps them; unprepare takes them
+    away."""
     kube, node = small_world
     a = elastic_claim(kube, "a", "512Mi", "2560Mi", priority=1000, idleRelease=True)
     b = elastic_claim(kube, "b", "512Mi", "2Gi")  # 2560 + 2048 MiB of limits on a 4096 MiB GPU
@@ -888,7 +889,10 @@ def test_an_elastic_claim_gets_the_elastic_limits_env_slot_priority_and_roster(s
     assert p_env["MEMSLICE_GPU_MEM_LIMIT"] == "1024" and "MEMSLICE_GPU_MEM_REQUEST" not in p_env
     uuid = a_env["NVIDIA_VISIBLE_DEVICES"]
     edir, ro = a_mounts["/run/memslice/elastic"]
-    assert ro and a_mounts[f"/run/memslice/elastic/{uuid}.board"] == (f"{edir}/{uuid}.board", False)
+    slot = f"{uuid}.board/00.slot"  # issue 35.3: its own slot file alone read-write
+    assert ro and a_mounts[f"/run/memslice/elastic/{slot}"] == (f"{edir}/{slot}", False)
+    assert [k for k, (_, r) in a_mounts.items() if k.startswith("/run/memslice/elastic") and not r] == [
+        f"/run/memslice/elastic/{slot}"]
     assert a_env["MEMSLICE_ELASTIC_DIR"] == edir and a_env["MEMSLICE_IDLE_AFTER"] == "0.3"
     assert "/run/memslice/elastic" not in p_mounts
     limits = {n: Path(m["/run/memslice/limits"][0]).read_text() for n, m in

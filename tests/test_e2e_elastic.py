@@ -296,7 +296,9 @@ def test_the_agent_writes_slot_priority_and_idle_release_where_the_shim_reads_it
     mounts = {m.container_path: (m.host_path, m.read_only) for m in a.mounts}
     edir, ro = mounts["/run/memslice/elastic"]
     uuid = a.envs["NVIDIA_VISIBLE_DEVICES"]
-    assert ro and mounts[f"/run/memslice/elastic/{uuid}.board"] == (f"{edir}/{uuid}.board", False)
+    assert ro and mounts[f"/run/memslice/elastic/{uuid}.board/00.slot"] == (f"{edir}/{uuid}.board/00.slot", False)
+    assert [k for k, (_, r) in mounts.items() if k.startswith("/run/memslice/elastic") and not r] == [
+        f"/run/memslice/elastic/{uuid}.board/00.slot"], "only its own slot file is writable (issue 35.3)"
     roster = parse_roster((Path(edir) / f"{uuid}.roster").read_bytes())
     assert roster is not None
     assert {s: (e.request_mib, e.limit_mib, e.priority, e.idle_release) for s, e in roster.items()} == {

@@ -20,7 +20,7 @@ from test_elastic_swap import elastic as elastic  # noqa: F401 - the fixture, sh
 from test_elastic_swap import tenant_bin as tenant_bin  # noqa: F401 - the fixture, shared
 from test_elastic_swap import wait_for
 
-from memslice.elastic import LIVE_OFF, SLOT_SIZE, read_boards
+from memslice.elastic import LIVE_OFF, read_boards
 from memslice.plugin.elastic.events import IN, OUT, SwapEventPolicy
 from memslice.plugin.elastic.metrics import (
     ContainerElastic,
@@ -67,8 +67,7 @@ def test_slots_go_to_the_container_whose_region_their_lock_holder_holds(elastic,
     try:
         forged = struct.pack("<IIiI12Q", 0x4C45534D, 1, b.proc.pid, 2, 0, 1 << 40, 1 << 40, 0, 0, 0,
                              10 ** 12, 10 ** 12, 10 ** 18, 10 ** 18, 0, 0)
-        with open(board, "r+b") as f:
-            f.seek(sa * SLOT_SIZE)
+        with open(board / f"{sa:02d}.slot", "r+b") as f:  # its own slot file: all a tenant can write
             f.write(forged)
         view = tr.poll()
         c = view.containers[("a", uuid)]
@@ -83,10 +82,10 @@ def test_slots_go_to_the_container_whose_region_their_lock_holder_holds(elastic,
     free = next(i for i in range(64) if i not in {t.slot for t in read_boards(edir)})
     squatter = subprocess.Popen([sys.executable, "-c", f"""
 import fcntl, os, struct, sys
-fd = os.open({str(board)!r}, os.O_RDWR)
-fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, {LIVE_OFF + free}, 0)
-os.pwrite(fd, struct.pack("<IIiI12Q", 0x4C45534D, 2, {a.proc.pid}, 2, 0, 1 << 30, 1 << 30, 0, 0, 0, 5, 5, 0, 0, 0, 0),
-          {free * SLOT_SIZE})
+fd = os.open({str(board / f"{free:02d}.slot")!r}, os.O_RDWR | os.O_CREAT)
+fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, {LIVE_OFF}, 0)
+forged = struct.pack("<IIiI12Q", 0x4C45534D, 2, {a.proc.pid}, 2, 0, 1 << 30, 1 << 30, 0, 0, 0, 5, 5, 0, 0, 0, 0)
+os.pwrite(fd, forged.ljust(128, b"\\0"), 0)
 print("in", flush=True)
 sys.stdin.read()
 """], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -100,8 +99,8 @@ sys.stdin.read()
         squatter.stdin.close()  # type: ignore[union-attr]
         squatter.wait(timeout=30)
 
-    # a board that is not a file (a directory named like one) costs only itself
-    (edir / "GPU-zzz.board").mkdir()
+    # a board that is not a directory (a version 4 board file) costs only itself
+    (edir / "GPU-zzz.board").write_bytes(b"")
     view = tr.poll()
     assert [p for p, _ in view.errors] == [str(edir / "GPU-zzz.board")]
     assert ("b", uuid) in view.containers

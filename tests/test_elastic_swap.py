@@ -232,21 +232,21 @@ def test_tenant_killed_mid_swap_leaks_nothing(elastic, tmp_path, phase):
     assert region is not None and region.devices[0].used_bytes == 0, "A's quota was reclaimed"
 
 
-def test_a_tenant_that_does_not_yield_is_skipped_and_the_request_served_from_host(elastic):
+def test_a_tenant_that_does_not_yield_is_skipped_and_the_request_served_from_host(elastic, tmp_path):
     """A holds most of the GPU and is stopped (SIGSTOP: it can answer nothing). B's allocation within its
-    request does not wait past the ack bound: the part HBM cannot hold is served from host memory at once
-    (never an OOM below the request); when A runs again and the skip has run out, B asks again, A yields
-    what B lacks (its own request stays), and B's memory moves to HBM."""
+    request does not wait for MEMSLICE_YIELD_WAIT (30 s): A, which did not acknowledge, is skipped for that
+    reason (B says so, naming A's slot, and never that it waited out the yield wait), and the part HBM cannot
+    hold is served from host memory at once (never an OOM below the request); when A runs again and the skip
+    has run out, B asks again, A yields what B lacks (its own request stays), and B's memory moves to HBM.
+    How long the skip takes is measured by `benchmarks/bench_elastic.py --skip-only` (issue 35.10)."""
     a = elastic("a", "1536MiB", "128MiB", gpus="2GiB", ctx="64MiB")
     assert a.cmd("alloc 1280 64") == "allocated 20"
     state = elastic.node().state
     wait_for(lambda: board_state(elastic.edir, a.proc.pid) == "idle", "A idle on the board")
     os.kill(a.proc.pid, signal.SIGSTOP)
     try:
-        b = elastic("b", "1GiB", "768MiB", gpus="2GiB", ctx="64MiB", wait="30")
-        t0 = time.monotonic()
+        b = elastic("b", "1GiB", "768MiB", gpus="2GiB", ctx="64MiB", wait="30", stderr=(tmp_path / "b.err").open("w"))
         assert b.cmd("alloc 768 64") == "allocated 12"  # bounded: A does not ack, it is skipped at once
-        assert time.monotonic() - t0 < 5, "an unanswered ask costs the ack bound, not MEMSLICE_YIELD_WAIT"
         assert per_process(state)[b.proc.pid] == (64 + 640, 128), "the 128 MiB HBM could not hold are in host memory"
         assert per_process(state)[a.proc.pid] == (64 + 1280, 0)
     finally:
@@ -256,6 +256,11 @@ def test_a_tenant_that_does_not_yield_is_skipped_and_the_request_served_from_hos
     assert 128 <= host <= 160 and dev >= 64 + 128, "A moved what B lacked, no more, and kept its request"
     assert b.cmd("check") == f"check ok {768 * MiB}"
     assert a.cmd("check") == f"check ok {1280 * MiB}"
+    b.close()
+    err = (tmp_path / "b.err").read_text()
+    slot = next(t.slot for t in read_boards(elastic.edir) if t.pid == a.proc.pid)
+    assert f"the tenant in slot {slot} of the board did not acknowledge an ask within 1000 ms" in err, err
+    assert "did not yield HBM within" not in err, "B waited out MEMSLICE_YIELD_WAIT instead of skipping A"
 
 
 def test_without_a_request_nothing_is_elastic(elastic):
@@ -296,11 +301,12 @@ def test_a_tampered_board_crashes_and_blocks_nobody(elastic, tmp_path):
     assert a.cmd("alloc 256 32") == "allocated 8"
     board = next(elastic.edir.glob("*.board"))
     wait_for(lambda: [t.pid for t in read_boards(elastic.edir)] == [a.proc.pid], "A on the board")
-    forged = struct.pack("<IIiI12Q", 0x4C45534D, 2, 1, 0, 0, 1 << 40, 1 << 40, 0, 10 ** 9, *[0] * 7)
-    with open(board, "r+b") as f:
+    mine = next(t.slot for t in read_boards(elastic.edir) if t.pid == a.proc.pid)
+    forged = struct.pack("<IIiI12Q", 0x4C45534D, 2, 1, 5, 0, 1 << 40, 1 << 40, 0, 10 ** 9, *[0] * 7)
+    with open(board / f"{mine:02d}.slot", "r+b") as f:  # A's own file truncated under it
         f.truncate(100)
-        f.seek(128 * 5)
-        f.write(forged.ljust(128, b"\0") + os.urandom(128 * 20))
+    (board / "05.slot").write_bytes(forged.ljust(128, b"\0") + os.urandom(128 * 20))  # forged, nobody's lock
+    (board / "06.slot").write_bytes(os.urandom(4096 * 2))
     wait_for(lambda: [t.pid for t in read_boards(elastic.edir)] == [a.proc.pid], "A republished, junk ignored")
     wait_for(lambda: board_state(elastic.edir, a.proc.pid) == "idle", "A idle on the board")
     b = elastic("b", "2GiB", "1GiB", gpus="2GiB", ctx="64MiB")

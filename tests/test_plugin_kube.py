@@ -209,8 +209,9 @@ def test_inventory_publication_is_retried_after_api_errors(cluster):
 def test_allocate_makes_elastic_containers_from_the_limit_in_the_reservation(cluster):
     """A reservation with a limit above the request: Allocate writes the limit as the quota, the request as
     the guaranteed part and the container's board slot in the read-only limits file, mounts the node's elastic
-    directory read-only (boards and rosters made by the agent) with the container's GPU's board read-write on
-    top (any container user), and sets the same in the env; other containers are unchanged."""
+    directory read-only (boards and rosters made by the agent) with the container's own slot file of its GPU's
+    board read-write on top (any container user; issue 35.3), and sets the same in the env; other containers are
+    unchanged."""
     api, kubelet, make = cluster
     agent = make(("--idle-after", "7.5"), unit_mib=4)
     gpus, _ = published(api, agent)
@@ -218,7 +219,9 @@ def test_allocate_makes_elastic_containers_from_the_limit_in_the_reservation(clu
     edir = agent.region_root.parent / "elastic"
     want = sorted(f"{g['uuid']}.{k}" for g in gpus for k in ("board", "roster"))
     assert sorted(p.name for p in edir.iterdir()) == want
-    assert all((p.stat().st_mode & 0o777) == (0o666 if p.suffix == ".board" else 0o444) for p in edir.iterdir())
+    assert all((p.stat().st_mode & 0o777) == (0o755 if p.suffix == ".board" else 0o444) for p in edir.iterdir())
+    assert all((f.stat().st_mode & 0o777) == 0o666 for p in edir.glob("*.board") for f in p.iterdir())
+    assert len(list((edir / f"{uuid}.board").iterdir())) == 64
     assert (edir.stat().st_mode & 0o777) == 0o755
     nb = pod("nb", uuid, {"lab": 512, "side": 256})
     nb["metadata"]["annotations"]["memslice.io/gpu-mem-limit-mib"] = json.dumps({"lab": 2560})
@@ -237,8 +240,10 @@ def test_allocate_makes_elastic_containers_from_the_limit_in_the_reservation(clu
     assert lab.envs["MEMSLICE_ELASTIC_DIR"] == "/run/memslice/elastic" and lab.envs["MEMSLICE_IDLE_AFTER"] == "7.5"
     mounts = {m.container_path: m for m in lab.mounts}
     assert mounts["/run/memslice/elastic"].host_path == str(edir) and mounts["/run/memslice/elastic"].read_only
-    board = mounts[f"/run/memslice/elastic/{uuid}.board"]
-    assert board.host_path == str(edir / f"{uuid}.board") and not board.read_only
+    board = mounts[f"/run/memslice/elastic/{uuid}.board/00.slot"]
+    assert board.host_path == str(edir / f"{uuid}.board/00.slot") and not board.read_only
+    assert [k for k, m in mounts.items() if k.startswith("/run/memslice/elastic") and not m.read_only] == [
+        f"/run/memslice/elastic/{uuid}.board/00.slot"]
     limits = Path(mounts["/run/memslice/limits"].host_path).read_text().splitlines()
     assert {"gpu_mem_limit=2560MiB", "gpu_mem_request=512MiB", "elastic_dir=/run/memslice/elastic",
             "idle_after=7.5", "elastic_slot=0"} <= set(limits)

@@ -45,7 +45,7 @@ uint64_t g_resident, g_swapped;
 CUcontext g_ctx;
 CUdevice g_ord = -1;
 int g_dev = -1;
-struct eb g_board = {-1, -1};
+struct eb g_board = {.slot = -1}; /* sf zeroed: closed */
 struct eb_slot g_me;
 static int g_thread_started;                              /* the background threads run (once per process) */
 uint64_t g_yield_ns;

@@ -82,6 +82,11 @@ void *elastic_acker(void *arg);
 /* elastic_ask.c: this process on its GPU's board */
 void el_publish(uint64_t done_seq);             /* caller holds g_mu */
 void el_apply_roster(struct eb_slot *s, int *live);
+/* who may ask this process (the roster's assigned slots, cached a second), and their limits */
+struct el_askers { uint64_t at; int roster; struct eb_roster_ent ro[EB_SLOTS]; };
+void el_askers(struct el_askers *c, int from[EB_SLOTS], struct eb_roster_ent ent[EB_SLOTS]);
+uint64_t el_bound_ask(uint64_t bits, const struct eb_roster_ent *asker, uint64_t resident_mib, int32_t mine,
+                      uint64_t gpu_mib);
 int el_make_room(uint64_t need, int guaranteed, int wait, struct refusal *ref);
 
 #endif

@@ -2,6 +2,7 @@
  * reading the agent's roster, and asking neighbours for room (whom, for how much, the bounded wait for their
  * answers). See elastic.c. */
 #define _GNU_SOURCE
+#include <stdint.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -57,7 +58,39 @@ void el_apply_roster(struct eb_slot *s, int *live) {
         s[i].priority = ro[i].priority;
         s[i].flags = ro[i].flags & EB_R_IDLE_RELEASE ? EB_F_IDLE_RELEASE : 0;
         if (s[i].resident > lim) s[i].resident = lim;
+        if (s[i].swapped > lim - s[i].resident) s[i].swapped = lim - s[i].resident;
     }
+}
+
+/* Who may ask this process, with the asker's limit in MiB (issue 35.4): the slots the roster assigned (re-read
+ * at most once a second: the acker polls every 10 ms), else (no agent) every slot, bounded by nothing but the
+ * GPU. The cache is the caller's own (one per thread). */
+void el_askers(struct el_askers *c, int from[EB_SLOTS], struct eb_roster_ent ent[EB_SLOTS]) {
+    uint64_t now = now_ns();
+    if (!c->at || now - c->at > 1000000000ull) {
+        c->at = now;
+        c->roster = eb_read_roster(g_cfg.elastic_dir, g_ledger.r->dev[g_dev].uuid, c->ro);
+    }
+    for (int i = 0; i < EB_SLOTS; i++) {
+        from[i] = !c->roster || (c->ro[i].flags & EB_R_ASSIGNED);
+        ent[i] = c->roster ? c->ro[i] : (struct eb_roster_ent){EB_R_ASSIGNED, INT32_MAX, UINT32_MAX, UINT32_MAX};
+    }
+}
+
+/* An ask as the asked slot trusts it (pure; issue 35.4: a need of 16 TiB kept a neighbour's burst in host
+ * memory): the need at most what the asker may still hold (its limit in the roster, less what it says is
+ * resident, itself capped by that limit) and at most the GPU's size; an ask that may take a burst, from a
+ * priority not above `mine`, at most what the asker lacks of its request; the share at most the need. */
+uint64_t el_bound_ask(uint64_t bits, const struct eb_roster_ent *asker, uint64_t resident_mib, int32_t mine,
+                      uint64_t gpu_mib) {
+    uint64_t need = EB_ASK_NEED(bits), share = EB_ASK_SHARE(bits), lim = asker->limit_mib, req = asker->request_mib;
+    if (resident_mib > lim) resident_mib = lim;
+    if (need > lim - resident_mib) need = lim - resident_mib;
+    if ((bits & EB_ASK_BURST) && asker->priority <= mine && need > (req > resident_mib ? req - resident_mib : 0))
+        need = req > resident_mib ? req - resident_mib : 0;
+    if (need > gpu_mib) need = gpu_mib;
+    if (share > need) share = need;
+    return EB_ASK_PACK(share, need, bits & EB_ASK_BURST);
 }
 
 /* Choose whom to ask and for how much (issue 26: only what is needed, longest-idle first, then bursting
@@ -75,9 +108,10 @@ static uint64_t ask_more(struct eb_slot *s, int *live, int *taken, uint64_t seq,
             }
             if (best < 0 || !left) break;
             uint64_t c = claim_of(&s[best], pass, guaranteed), share = c < left ? c : left;
-            eb_ask(&g_board, best, seq, EB_ASK_PACK((share + (1ull << 20) - 1) >> 20, (need + (1ull << 20) - 1) >> 20,
-                                                    pass == 1));
             taken[best] = 1;
+            if (eb_ask(&g_board, best, seq, EB_ASK_PACK((share + (1ull << 20) - 1) >> 20,
+                                                        (need + (1ull << 20) - 1) >> 20, pass == 1)) < 0)
+                return left; /* no slot file to write: this process cannot ask */
             asked[(*n)++] = best;
             left -= share;
         }
@@ -124,7 +158,15 @@ int el_make_room(uint64_t need, int guaranteed, int wait, struct refusal *ref) {
         for (int k = 0; k < n; k++) {
             if (!share_open[k]) continue;
             int i = asked[k];
-            if (!eb_alive(&g_board, i) || eb_done_seq(&g_board, i) >= seq) { share_open[k] = 0; continue; }
+            if (!eb_alive(&g_board, i) || eb_done_seq(&g_board, i) >= seq) {
+                share_open[k] = 0;
+                struct eb_hostnote nt;
+                if (eb_note_for(&g_board, i, seq, &nt)) { /* it could not (or says so): the next one is asked */
+                    uint64_t c = claim_of(&s[i], s[i].state == EB_IDLE ? 0 : 1, guaranteed);
+                    reask += c < need ? c : need;
+                }
+                continue;
+            }
             if (eb_ack_seq(&g_board, i) < seq && now_ns() - t_ask[k] > EL_ACK_MS * 1000000ull) {
                 share_open[k] = 0; /* forged or hung: its claimed share is asked of the next neighbour */
                 g_skip_until[i] = now_ns() + EL_SKIP_NOACK_MS * 1000000ull;

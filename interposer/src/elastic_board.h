@@ -1,34 +1,33 @@
-/* The elastic arbitration board of one GPU (elastic_board.c): a small file per GPU in the node's elastic
- * directory, <dir>/<GPU uuid>.board, through which the tenants of that GPU see each other and ask each other
- * to yield HBM. Read and written with pread/pwrite only (never mmap'd: any tenant can write or truncate it,
- * and a short read is an empty slot, never a fault). Layout (docs/architecture.md, "Elastic memory"):
- *   [0, EB_SLOTS*128)               one struct eb_slot per tenant process, written by its owner only
- *   [EB_ASK_OFF, +EB_SLOTS*16)      one struct eb_ask per slot, written by tenants that need HBM
- *   [EB_LIVE_OFF, +EB_SLOTS)        one byte per slot: its owner holds a classic POSIX (fcntl F_SETLK)
- *                                   write lock on it for life, so a slot is live exactly while its process
- *                                   is (the kernel drops the lock when the process dies, SIGKILL included),
- *                                   and F_GETLK names that process, in the asker's PID namespace: how the
- *                                   node agent attributes a slot to a container without trusting its bytes
- * Version 2 (EB_VERSION in each slot): the liveness lock is a POSIX lock (version 1: an OFD lock, whose
- * owner the kernel does not name). Version 3 uses the last 32 bytes (padding before): priority and flags,
- * the ack of an ask, what the last answer moved, and the owner's own asks (issues 25, 26). The offsets are
- * unchanged, so every version shares a board. Version 4 adds, after the liveness bytes, one struct
- * eb_hostnote per slot (written by its owner only): the last ask it could not take to host memory, and why
- * (issue 26, "host memory is finite"), with its refusal counts and its own bursts that failed for one.
+/* The elastic arbitration board of one GPU (elastic_board.c), board version 5 (issue 35): a directory
+ * <dir>/<GPU uuid>.board/ of one file per slot (slotfile.h: "NN.slot", live while its owner holds the write lock
+ * on its liveness byte), through which the tenants of that GPU see each other and ask each other to yield HBM.
+ * Each file is written by its owner only: the node agent mounts only the container's own slot file read-write,
+ * the directory and every other file read-only, so nobody can write a neighbour's figures, answers or notes.
+ * Read with bounded preads only, never mapped (an owner may truncate its own file). Layout of a slot file:
+ *   [0, 128)        struct eb_slot: the owner's state and figures (claims: bounded by the roster)
+ *   [128, 192)      struct eb_hostnote: the last asks it could not take to host memory, and why (issue 26)
+ *   [192, 224)      struct eb_answer: which asks its last answer covered, and what it moved for them
+ *   [256, +64*16)   struct eb_ask per slot j: this owner's ask of slot j (an asker writes only its own file;
+ *                   the asked slot reads the asks addressed to it from every assigned neighbour's file)
+ * Versions 1-4 were one shared, tenant-writable file per GPU (<uuid>.board): a tenant could forge a neighbour's
+ * answer and host note there (issue 35.3); a version 5 shim does not read them.
  * An ask (struct eb_ask.bytes) packs the asker's share for this slot and its whole need, in MiB, and whether
- * the ask may take an active tenant's burst (for a request, or from a higher priority): EB_ASK_* below. */
+ * the ask may take an active tenant's burst (for a request, or from a higher priority): EB_ASK_* below. The
+ * asked slot bounds the need by the asker's limit in the roster and by the GPU's size (issue 35.4). */
 #ifndef MEMSLICE_ELASTIC_BOARD_H
 #define MEMSLICE_ELASTIC_BOARD_H
 
 #include <stdint.h>
 
+#include "slotfile.h"
+
 #define EB_SLOTS 64
 #define EB_MAGIC 0x4c45534du        /* "MSEL" */
-#define EB_VERSION 4u
-#define EB_ASK_OFF (EB_SLOTS * 128)
-#define EB_LIVE_OFF (EB_ASK_OFF + EB_SLOTS * 16)
-#define EB_NOTE_OFF (EB_LIVE_OFF + EB_SLOTS)
-#define EB_FILE_SIZE (EB_NOTE_OFF + EB_SLOTS * 48)
+#define EB_VERSION 5u
+#define EB_NOTE_OFF 128
+#define EB_ANSWER_OFF 192
+#define EB_ASK_OFF 256
+#define EB_FILE_SIZE (EB_ASK_OFF + EB_SLOTS * 16)
 
 enum eb_state { EB_ACTIVE = 1, EB_IDLE = 2 };
 
@@ -67,7 +66,8 @@ struct eb_ask { uint64_t seq, bytes; };
  * limit, or the host low on memory. Figures as the owner read them (claims: shown, never acted on). */
 enum eb_refused { EB_REFUSED_CGROUP = 1, EB_REFUSED_HOST = 2 };
 struct eb_hostnote {
-    uint64_t seq;             /* the ask refused last (0: none) */
+    uint64_t seq;             /* the newest ask the last refusal covered (0: none) */
+    uint64_t first_seq;       /* the oldest (asks of several neighbours are answered together) */
     uint32_t cause;           /* enum eb_refused */
     uint32_t want_mib;        /* what that answer would have moved */
     uint64_t limit, used;     /* cgroup: memory.max, memory.current; host: MemTotal, MemTotal - MemAvailable */
@@ -75,10 +75,17 @@ struct eb_hostnote {
     uint32_t refused_host;    /* asks refused for host memory, ever */
     uint32_t bursts_failed;   /* this owner's own burst allocations that failed for a neighbour's refusal */
     uint32_t reserved;
+    uint64_t pad;
 };
-_Static_assert(sizeof(struct eb_hostnote) == 48, "host note is 48 bytes");
+_Static_assert(sizeof(struct eb_hostnote) == 64, "host note is 64 bytes");
 
-struct eb { int fd; int slot; };
+/* The owner's last answer: it covered the asks first_seq..seq (of every asker) and moved moved_mib for them. */
+struct eb_answer { uint64_t first_seq, seq; uint32_t moved_mib, reserved; uint64_t pad; };
+_Static_assert(sizeof(struct eb_answer) == 32, "answer is 32 bytes");
+
+/* A board: the slot files of one GPU. slot: the one whose lock this process holds (-1: none, nobody can ask
+ * it); sf.own may still be >= 0 without it (another process of the container holds it): then it asks. */
+struct eb { struct sf_dir sf; int slot; };
 
 /* The roster of a GPU's board (issue 25): <dir>/<GPU uuid>.roster, written by the node agent only (atomically,
  * by rename) in a directory tenants see read-only: which slots the agent assigned to containers, with the
@@ -96,31 +103,34 @@ _Static_assert(sizeof(struct eb_roster_ent) == 16, "roster entry is 16 bytes");
  * layout: then nothing is filtered), never blocking. */
 int eb_read_roster(const char *dir, const char *uuid, struct eb_roster_ent out[EB_SLOTS]);
 
-/* Open (creating it if needed, mode 0666 & ~umask) the board of GPU `uuid` in `dir` and claim a slot: the
- * one assigned (`want` >= 0: the node agent's, from the limits file), else the first free one. 0 with a slot,
- * 1 without one (b->slot -1: the process still asks its neighbours, nobody can ask it), or -1 with a message
- * in err (no board). */
+/* Open the board of GPU `uuid` in `dir` (without an agent: the directory and slot files created as needed, mode
+ * 0777/0666 & ~umask) and claim a slot: the one assigned (`want` >= 0: the node agent's, from the limits file),
+ * else the first free one. 0 with a slot, 1 without one (b->slot -1: the process still asks its neighbours if
+ * it can write its container's slot file, nobody can ask it), or -1 with a message in err (no board). */
 int eb_open(struct eb *b, const char *dir, const char *uuid, int want, char *err, unsigned errlen);
 /* Say the ask `seq` has been seen (before it is answered): askers skip a slot that does not, within a tick. */
 void eb_ack(const struct eb *b, uint64_t seq);
-uint64_t eb_ack_seq(const struct eb *b, int slot);
-/* What slot `slot` moved for its answer to `seq`, in MiB (0 if its last answer is another ask's). */
-uint64_t eb_moved_for(const struct eb *b, int slot, uint64_t seq);
+uint64_t eb_ack_seq(struct eb *b, int slot);
+/* What slot `slot` moved for its answer covering `seq`, in MiB (0 if its last answer covered other asks). */
+uint64_t eb_moved_for(struct eb *b, int slot, uint64_t seq);
 void eb_close_after_fork(struct eb *b);
 /* Write this process's own slot. */
 void eb_publish(const struct eb *b, const struct eb_slot *mine);
 /* Read every slot; live[i] says whether slot i's owner is alive (and not this process). Slots with a bad
  * magic, and dead ones, come back zeroed. */
-void eb_read_all(const struct eb *b, struct eb_slot out[EB_SLOTS], int live[EB_SLOTS]);
-int eb_alive(const struct eb *b, int slot);
-uint64_t eb_done_seq(const struct eb *b, int slot);
-/* Ask slot `slot` to yield `bytes` of HBM; seq identifies the ask (a CLOCK_MONOTONIC time). */
-void eb_ask(const struct eb *b, int slot, uint64_t seq, uint64_t bytes);
-/* The ask posted to this process's own slot (zeroes if none). */
-struct eb_ask eb_my_ask(const struct eb *b);
+void eb_read_all(struct eb *b, struct eb_slot out[EB_SLOTS], int live[EB_SLOTS]);
+int eb_alive(struct eb *b, int slot);
+uint64_t eb_done_seq(struct eb *b, int slot);
+/* Ask slot `slot` to yield `bytes` of HBM (written into this process's own file); seq identifies the ask (a
+ * CLOCK_MONOTONIC time). 0, or -1 when this process has no file to write (then it cannot ask). */
+int eb_ask(const struct eb *b, int slot, uint64_t seq, uint64_t bytes);
+/* The asks addressed to this process's slot: out[j] is slot j's (zeroes if none, or j not in `from`). */
+void eb_asks_for_me(struct eb *b, const int from[EB_SLOTS], struct eb_ask out[EB_SLOTS]);
+/* Write this process's answer record (the asks it covered, what it moved). */
+void eb_put_answer(const struct eb *b, const struct eb_answer *a);
 /* Write this process's own host note (no slot: nothing). */
 void eb_put_note(const struct eb *b, const struct eb_hostnote *mine);
-/* Slot `slot`'s host note if it refers to ask `seq`: 1 and *out, else 0. */
-int eb_note_for(const struct eb *b, int slot, uint64_t seq, struct eb_hostnote *out);
+/* Slot `slot`'s host note if it covers ask `seq`: 1 and *out, else 0. */
+int eb_note_for(struct eb *b, int slot, uint64_t seq, struct eb_hostnote *out);
 
 #endif

@@ -99,11 +99,12 @@ static uint64_t yield_amount(uint64_t bits, int idle, uint64_t free_b) {
     return want < g_resident - floor ? want : g_resident - floor;
 }
 
-/* Record on the board that ask `seq` could not be taken to host memory, and why (issue 26): the asker reads
- * it before it fails its burst. Caller holds g_mu. */
-static void note_refused(uint64_t seq, uint64_t bytes, const struct host_verdict *v) {
+/* Record on the board that the asks first..seq could not be taken to host memory, and why (issue 26): their
+ * askers read it before they fail a burst. Caller holds g_mu. */
+static void note_refused(uint64_t first, uint64_t seq, uint64_t bytes, const struct host_verdict *v) {
     char a[32], t[400];
     g_note.seq = seq;
+    g_note.first_seq = first;
     g_note.cause = v->cause == HOST_ROOM_CGROUP ? EB_REFUSED_CGROUP : EB_REFUSED_HOST;
     g_note.want_mib = (uint32_t)((bytes + (1ull << 20) - 1) >> 20);
     g_note.limit = v->limit;
@@ -116,18 +117,46 @@ static void note_refused(uint64_t seq, uint64_t bytes, const struct host_verdict
              v->cause == HOST_ROOM_CGROUP ? "raise this pod's memory limit" : "the node is short of memory");
 }
 
-/* Answer ask `seq`: move chunks to host memory (the newest range's last chunks first) until `yield_amount`
+/* The asks to answer now (issue 35: every assigned neighbour asks in its own file): those newer than the last
+ * one answered from each asker, not from the future (a seq is the asker's CLOCK_MONOTONIC, the node's clock)
+ * nor older than 30 s, each bounded by its asker's limit (el_bound_ask). What they want of this process is
+ * the most any one of them wants; *first and *last span their seqs (0: none). */
+static uint64_t pending_want(const struct eb_ask *asks, const struct eb_roster_ent *ent, uint64_t *handled, int idle,
+                             uint64_t *first, uint64_t *last) {
+    size_t fr = 0, tot = 0;
+    int known = -1; /* the driver is asked only when an ask is pending (this runs every tick) */
+    uint64_t now = now_ns(), want = 0, free_b = UINT64_MAX, gpu_mib = UINT32_MAX;
+    *first = *last = 0;
+    for (int j = 0; j < EB_SLOTS; j++) {
+        uint64_t seq = asks[j].seq;
+        if (!seq || seq <= handled[j] || seq > now || now - seq > 30000000000ull) continue;
+        handled[j] = seq;
+        if (known < 0 && (known = REAL(cuMemGetInfo_v2)(&fr, &tot) == CUDA_SUCCESS)) {
+            free_b = (uint64_t)fr;
+            gpu_mib = tot >> 20;
+        }
+        struct eb_slot s;
+        uint64_t res = sf_read(&g_board.sf, j, &s, sizeof s, 0) == 0 && s.magic == EB_MAGIC && eb_alive(&g_board, j)
+                       ? s.resident >> 20 : 0; /* a record nobody holds is no figure of the asker's */
+        uint64_t w = yield_amount(el_bound_ask(asks[j].bytes, &ent[j], res, g_cfg.priority, gpu_mib), idle, free_b);
+        if (w > want) want = w;
+        if (!*first || seq < *first) *first = seq;
+        if (seq > *last) *last = seq;
+    }
+    return want;
+}
+
+/* Answer the asks first..last: move chunks to host memory (the newest range's last chunks first) until `want`
  * is covered (at most one chunk more: the slack), never below the floor; nothing if the host side cannot
  * take that many bytes (issue 26: this process's cgroup, the host's memory). Caller holds g_mu. The bytes
  * moved. */
-static uint64_t yield(uint64_t bits, uint64_t seq) {
-    int idle = el_is_idle();
-    uint64_t want = yield_amount(bits, idle, el_driver_free()), floor = keep_floor(idle), given = 0;
+static uint64_t yield(uint64_t want, int idle, uint64_t first, uint64_t last) {
+    uint64_t floor = keep_floor(idle), given = 0;
     if (!want) return 0;
     struct host_verdict v;
     uint64_t most = (want + EL_CHUNK - 1) / EL_CHUNK * EL_CHUNK; /* what moving whole chunks may take */
     if (host_room(most, &v) != HOST_ROOM_OK) {
-        note_refused(seq, most, &v);
+        note_refused(first, last, most, &v);
         return 0;
     }
     if (el_gate_close() < 0) return 0;
@@ -151,14 +180,20 @@ static uint64_t yield(uint64_t bits, uint64_t seq) {
  * own request, which would only be asked back): one short of its request (issue 26, "coming back": requests
  * first), or one with bytes in host memory that ran more recently than this process (bursts come back most
  * recently active tenant first). */
-static int neighbour_first(uint64_t my_idle_ms) {
+static int neighbour_first(uint64_t my_idle_ms, uint64_t len) {
     static struct eb_slot s[EB_SLOTS];
     int live[EB_SLOTS];
+    uint64_t free_b = 0;
     eb_read_all(&g_board, s, live);
     el_apply_roster(s, live);
     for (int i = 0; i < EB_SLOTS; i++) {
         if (!live[i] || !s[i].swapped || now_ns() < g_skip_until[i]) continue;
-        if (s[i].resident < s[i].request || s[i].idle_ms < my_idle_ms) return 1;
+        if (!(s[i].resident < s[i].request || s[i].idle_ms < my_idle_ms)) continue;
+        /* a claim is no evidence (issue 35.4): wait only while HBM could not take both its bytes and this chunk */
+        if (!free_b) free_b = el_driver_free();
+        uint64_t theirs = s[i].resident < s[i].request ? s[i].request - s[i].resident : s[i].swapped;
+        if (theirs > s[i].swapped) theirs = s[i].swapped;
+        if (free_b == UINT64_MAX || free_b < theirs + len) return 1;
     }
     return 0;
 }
@@ -187,7 +222,7 @@ static void swap_in_one(void) {
     if (g_resident + len > g_cfg.request && g_yield_ns && coarse_ns() - g_yield_ns < EL_BACK_AFTER_MS * 1000000ull)
         return; /* a burst it yielded: the asker takes the room first */
     uint64_t my_idle = (now_ns() - __atomic_load_n(&g_last_call_ns, __ATOMIC_RELAXED)) / 1000000ull;
-    if (g_resident + len > g_cfg.request && neighbour_first(my_idle)) return;
+    if (g_resident + len > g_cfg.request && neighbour_first(my_idle, len)) return;
     CUmemGenericAllocationHandle nh;
     static uint64_t last_ask;
     if (el_create_phys(&nh, len, 0) != CUDA_SUCCESS) { /* HBM full: nothing is gated */
@@ -211,22 +246,33 @@ static void swap_in_one(void) {
 /* The background thread: el_publish, answer asks, bring memory back. It makes CUDA calls in the context of the
  * elastic allocations. An ask is acknowledged at once by the acker (askers skip a slot that does not ack
  * within EL_ACK_MS: issue 25, a forged slot that never answers costs them that much, once), answered at most
- * once per EL_YIELD_GAP_MS (issue 25: asks are rate-limited per slot; a newer ask replaces a waiting one),
- * the ticks between free for bringing this process's own memory back. */
+ * once per EL_YIELD_GAP_MS (issue 25: asks are rate-limited; the asks of several neighbours pending at once
+ * are answered together, each bounded by its asker's limit), the ticks between free for bringing this
+ * process's own memory back. */
 void *elastic_thread(void *arg) {
     (void)arg;
     REAL(cuCtxSetCurrent)(g_ctx);
-    uint64_t handled = 0, answered_ns = 0;
+    uint64_t handled[EB_SLOTS] = {0}, answered_ns = 0;
+    struct el_askers cache = {0};
+    int from[EB_SLOTS];
+    struct eb_roster_ent lim[EB_SLOTS];
+    struct eb_ask asks[EB_SLOTS];
     for (;;) {
-        struct eb_ask a = eb_my_ask(&g_board);
-        int answer = a.seq && a.seq != handled && now_ns() - answered_ns >= EL_YIELD_GAP_MS * 1000000ull;
-        pthread_mutex_lock(&g_mu);
-        uint64_t done = 0;
+        int answer = now_ns() - answered_ns >= EL_YIELD_GAP_MS * 1000000ull;
         if (answer) {
-            uint64_t moved = yield(a.bytes, a.seq);
+            el_askers(&cache, from, lim);
+            eb_asks_for_me(&g_board, from, asks);
+        }
+        pthread_mutex_lock(&g_mu);
+        uint64_t done = 0, first = 0, last = 0;
+        uint64_t want = answer ? pending_want(asks, lim, handled, el_is_idle(), &first, &last) : 0;
+        if (last) {
+            uint64_t moved = yield(want, el_is_idle(), first, last);
             answered_ns = now_ns();
             g_me.done_moved_mib = (uint32_t)((moved + (1ull << 20) - 1) >> 20);
-            handled = done = a.seq;
+            struct eb_answer an = {first, last, g_me.done_moved_mib, 0, 0};
+            eb_put_answer(&g_board, &an);
+            done = last;
         } else {
             swap_in_one();
         }
@@ -238,17 +284,26 @@ void *elastic_thread(void *arg) {
     return NULL;
 }
 
-/* The acker: acknowledges an ask as soon as it is posted, even while the background thread is in the middle
- * of a move (askers skip a slot that does not acknowledge within EL_ACK_MS). One pread per 10 ms. */
+/* The acker: acknowledges the newest ask addressed to this slot as soon as it is posted, even while the
+ * background thread is in the middle of a move (askers skip a slot that does not acknowledge within
+ * EL_ACK_MS). One pread per asking neighbour every 10 ms. */
 void *elastic_acker(void *arg) {
     (void)arg;
     uint64_t seen = 0;
+    struct el_askers cache = {0};
+    int from[EB_SLOTS];
+    struct eb_roster_ent lim[EB_SLOTS];
+    struct eb_ask asks[EB_SLOTS];
     for (;;) {
-        struct eb_ask a = eb_my_ask(&g_board);
-        if (a.seq && a.seq != seen) {
-            __atomic_store_n(&g_acked, a.seq, __ATOMIC_RELAXED);
-            eb_ack(&g_board, a.seq);
-            seen = a.seq;
+        el_askers(&cache, from, lim);
+        eb_asks_for_me(&g_board, from, asks);
+        uint64_t now = now_ns(), newest = 0;
+        for (int j = 0; j < EB_SLOTS; j++)
+            if (asks[j].seq > newest && asks[j].seq <= now) newest = asks[j].seq;
+        if (newest > seen) {
+            __atomic_store_n(&g_acked, newest, __ATOMIC_RELAXED);
+            eb_ack(&g_board, newest);
+            seen = newest;
         }
         sleep_ms(10);
     }

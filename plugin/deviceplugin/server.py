@@ -125,7 +125,8 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 log.error("Allocate failed: %s", msg)
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, msg)
             out.container_responses.append(
-                container_response(target, self.regions.dir_of(alloc.region_id), self.rcfg, alloc.limit_mib))
+                container_response(target, self.regions.dir_of(alloc.region_id), self.rcfg, alloc.limit_mib,
+                                   alloc.elastic_slot))
             log.info("Allocate: %d MiB of GPU %d (%s) for %s, region %s%s", alloc.mib, alloc.gpu_index,
                      alloc.gpu_uuid, alloc.owner(), alloc.region_id,
                      f", elastic up to {alloc.limit_mib} MiB" if alloc.limit_mib else "")

@@ -452,7 +452,7 @@ class DraDriver:
     def _response(self, g: Grant, elastic: Elastic | None) -> Any:
         gpu = self.state.gpus[g.gpu_index]
         return container_response(Target(gpu=gpu, device_ids=(), mib=g.mib), self.regions.dir_of(g.region_id),
-                                  self.rcfg, elastic.limit_mib if elastic else 0)
+                                  self.rcfg, elastic.limit_mib if elastic else 0, elastic.slot if elastic else -1)
 
     def _materialise(self, pc: PreparedClaim, devices: list[CdiDevice] | None = None,
                      rewrite_spec: bool = False) -> None:

@@ -8,8 +8,9 @@ processes (memslice.elastic.owners/attribute). The agent sees those PIDs only in
 (deploy/overlays/host-pids); elsewhere the kernel names nobody, every slot stays unattributed
 (memslice_gpu_elastic_unattributed_tenants) and only the per-GPU figures are exported.
 
-The figures themselves are what the slots say, and any tenant of a GPU can write any slot of its board (the
-owner republishes every 20 ms). So the agent bounds them: a container's resident and swapped bytes are each
+The figures themselves are what the slots say: each tenant writes only its own slot file (board version 5),
+but what it writes there is its claim, bounded by the agent's roster where one exists (memslice.elastic.bound).
+So the agent bounds them too: a container's resident and swapped bytes are each
 at most its limit, and a process's swap counters may only grow, and account for no more moving time than the
 process has lived (its age from the kernel's /proc; `plausible`). Counters stay monotonic when a process
 exits: its last accepted counts are kept in its container's total for as long as the container is in the

@@ -2,8 +2,9 @@
 assigned to each elastic container (named in its limits file), and the roster that says which slots are
 assigned, with the agent's own figures, so a tenant can neither take a neighbour's slot nor make claims count.
 
-The elastic directory is the agent's: containers see it read-only, with only their GPU's board file mounted
-read-write on top (plugin/response.py), so no tenant can replace a board or the roster.
+The elastic directory is the agent's: containers see it read-only, with only their own slot file mounted
+read-write on top (plugin/response.py), so no tenant can replace a board or the roster, nor write a neighbour's
+slot (board version 5, issue 35.3).
 """
 
 from __future__ import annotations
@@ -11,47 +12,23 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from memslice.elastic import SLOTS, RosterEntry, render_roster
+from memslice import slotfile
+from memslice.elastic import FILE_SIZE, SLOTS, RosterEntry, render_roster
 
 from ..ledger import Allocation
 
 log = logging.getLogger(__name__)
-_OPEN = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 
 
 def prepare_board(directory: Path, uuid: str) -> None:
-    """The board of GPU `uuid`: a regular file, mode 0666. Opened without following a link or blocking on a
-    FIFO; anything else in its place (FIFO, directory, symlink, socket) is moved aside and a fresh board put
-    there by an atomic rename, so no agent start ever hangs or exits on what a tenant left."""
-    board = directory / f"{uuid}.board"
-    try:
-        fd = os.open(board, _OPEN, 0o666)
-    except OSError as exc:
-        log.warning("elastic board %s is not a regular file (%s); replacing it", board, exc.strerror)
-        fd = -1
-    if fd >= 0:
-        try:
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                os.fchmod(fd, 0o666)
-                return
-        finally:
-            os.close(fd)
-        log.warning("elastic board %s is not a regular file; replacing it", board)
-    tmp = directory / f".{uuid}.board.{secrets.token_hex(6)}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-    try:
-        os.fchmod(fd, 0o666)
-    finally:
-        os.close(fd)
-    try:
-        os.replace(tmp, board)
-    except IsADirectoryError:  # a directory (or one a tenant filled) in its place: moved aside first
-        os.rename(board, directory / f".{uuid}.board.aside.{secrets.token_hex(6)}")
-        os.replace(tmp, board)
+    """The board of GPU `uuid` (version 5, issue 35.3): a directory `<uuid>.board/` (0755) of one slot file per
+    slot (0666; who may write one is decided by what is mounted read-write: its container alone). Opened
+    without following a link or blocking on a FIFO; anything else in place (a version 4 board file, a FIFO, a
+    symlink) is moved aside first, so no agent start ever hangs or exits on what was left there."""
+    slotfile.prepare(directory / f"{uuid}.board", FILE_SIZE)
 
 
 def prepare(directory: Path, gpu_uuids: Iterable[str]) -> None:

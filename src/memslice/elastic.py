@@ -1,21 +1,24 @@
 """Reading the elastic arbitration boards (interposer/src/elastic_board.h has the layout), and telling whose
 process each slot is.
 
-One file per GPU in the node's elastic directory, `<GPU uuid>.board`: a slot of 128 bytes per tenant process,
-live while its owner holds the write lock on the slot's liveness byte. Tenants can write these files, so
-everything read here is bounded and validated; the file is read with one bounded read, never mapped.
+Board version 5 (issue 35): one directory per GPU in the node's elastic directory, `<GPU uuid>.board/`, of one
+file per slot (memslice.slotfile: `NN.slot`), each written by its owner only (the agent mounts only a
+container's own slot file read-write), live while its owner holds the write lock on its liveness byte. An owner
+can write anything into its own file, so everything read here is bounded and validated (one bounded pread per
+file, never mapped), and where the agent's roster (`<GPU uuid>.roster`) exists every figure is bounded by what
+the agent recorded there: only assigned slots count, request, limit and priority are the roster's, resident and
+swapped at most the limit.
 
-Whose a slot is comes from the kernel, never from the slot's bytes: since board version 2 the liveness lock is
-a classic POSIX lock, and F_GETLK names its holder in the *reader's* PID namespace (0 when the holder is not
-visible there, -1 for a version 1 shim's OFD lock). A region file (one per container, mounted only into that
-container) names its live processes the same way. So `owners` maps a PID the kernel gave for a region's lock
-to that container, and `attribute` gives a board slot to the container whose region its lock holder holds; a
-PID that holds locks in two regions, or that the kernel did not name, attributes nothing.
+Whose a slot is comes from the kernel, never from the slot's bytes: the liveness lock is a classic POSIX lock,
+and F_GETLK names its holder in the *reader's* PID namespace (0 when the holder is not visible there). A region
+file (one per container, mounted only into that container) names its live processes the same way. So `owners`
+maps a PID the kernel gave for a region's lock to that container, and `attribute` gives a board slot to the
+container whose region its lock holder holds; a PID that holds locks in two regions, or that the kernel did not
+name, attributes nothing.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import stat
@@ -24,25 +27,30 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from . import errors
+from . import errors, slotfile
 
-SLOTS = 64
+MiB = 1 << 20
+
+SLOTS = slotfile.SLOTS
 SLOT_SIZE = 128
 MAGIC = 0x4C45534D
-VERSION = 4          # 2: the liveness lock is a POSIX lock whose holder F_GETLK names (1: an OFD lock); 3: the
+VERSION = 5          # 2: the liveness lock is a POSIX lock whose holder F_GETLK names (1: an OFD lock); 3: the
 #                      priority, flags, ack and the owner's asks (needed/moved) in the last 32 bytes; 4: a host
-#                      note per slot after the liveness bytes (issue 26, "host memory is finite")
-LIVE_OFF = SLOTS * SLOT_SIZE + SLOTS * 16
-NOTE_OFF = LIVE_OFF + SLOTS
-NOTE_SIZE = 48
-FILE_SIZE = NOTE_OFF + SLOTS * NOTE_SIZE
-_NOTE = struct.Struct("<QIIQQIIII")  # seq cause want_mib limit used refused_cgroup refused_host bursts_failed -
+#                      note per slot (issue 26, "host memory is finite"); 5: one file per slot, each written by
+#                      its owner only (issue 35.3)
+NOTE_OFF = 128       # in a slot file: struct eb_slot, then struct eb_hostnote, struct eb_answer, the owner's asks
+NOTE_SIZE = 64
+ANSWER_OFF = 192
+ASK_OFF = 256
+FILE_SIZE = ASK_OFF + SLOTS * 16
+LIVE_OFF = slotfile.LIVE_OFF
+_NOTE = struct.Struct("<QQIIQQIIII8x")  # seq first_seq cause want_mib limit used refused_cgroup refused_host
+#                                         bursts_failed -
 NOTE_CAUSES = {1: "cgroup", 2: "host"}
 MAX_BOARDS = 64
 _SLOT = struct.Struct("<IIiI10QiIQIIII")  # magic state pid version; request limit resident swapped idle_ms
 #     done_seq swap_outs swap_ins swap_out_ns swap_in_ns; priority flags ack_seq done_moved_mib asks asked_mib got_mib
 F_IDLE_RELEASE = 1
-_FLOCK = struct.Struct("hhqqi4x")  # struct flock on 64-bit Linux
 STATES = {1: "active", 2: "idle"}
 
 
@@ -95,7 +103,7 @@ def parse_note(raw: bytes) -> HostNote | None:
     """A slot's host note (pure), None for a short or empty one; an unknown cause reads as none."""
     if len(raw) < _NOTE.size:
         return None
-    seq, cause, want, limit, used, n_cg, n_host, failed, _ = _NOTE.unpack_from(raw)
+    seq, _, cause, want, limit, used, n_cg, n_host, failed, _ = _NOTE.unpack_from(raw)
     if not (seq or n_cg or n_host or failed):
         return None
     return HostNote(NOTE_CAUSES.get(cause, ""), want, limit, used, n_cg, n_host, failed)
@@ -114,19 +122,9 @@ def parse_slot(gpu: str, index: int, raw: bytes) -> Tenant | None:
                   idle_release=bool(f[15] & F_IDLE_RELEASE), asks=f[18], asked_mib=f[19], got_mib=f[20])
 
 
-def lock_holder(fd: int, offset: int) -> tuple[bool, int]:
-    """(held, holder PID) for a write-lock probe of one byte (F_GETLK: never waits, takes nothing, works on a
-    read-only descriptor). The PID is the kernel's, in this process's PID namespace: 0 when the holder is not
-    visible here or the lock is an OFD lock (-1 from the kernel). A probe that fails counts as held by nobody
-    known: (True, 0)."""
-    probe = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
-    try:
-        kind, _, _, _, pid = _FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_GETLK, probe))
-    except OSError:
-        return True, 0
-    if kind == fcntl.F_UNLCK:
-        return False, 0
-    return True, max(int(pid), 0)
+def lock_holder(fd: int, offset: int = LIVE_OFF) -> tuple[bool, int]:
+    """(held by a write lock, holder PID): memslice.slotfile.lock_holder."""
+    return slotfile.lock_holder(fd, offset)
 
 
 # ---- the roster (interposer/src/elastic_board.h): which slots the node agent assigned, with its own figures ----
@@ -170,35 +168,70 @@ def parse_roster(raw: bytes) -> dict[int, RosterEntry] | None:
     return out
 
 
+def board_slot_path(gpu: str, slot: int) -> str:
+    """A slot file's path relative to the elastic directory: `<GPU uuid>.board/NN.slot` (the agent mounts it
+    read-write into the slot's container only)."""
+    return f"{gpu}.board/{slotfile.slot_name(slot)}"
+
+
 def board_gpu(path: str | os.PathLike[str]) -> str:
     return Path(path).name.removesuffix(".board")
 
 
-def read_board(path: str | os.PathLike[str]) -> list[Tenant]:
-    """The live tenants of one board file (OSError if it cannot be opened or read)."""
-    gpu = board_gpu(path)
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+def read_roster(directory: str | os.PathLike[str], gpu: str) -> dict[int, RosterEntry] | None:
+    """GPU `gpu`'s roster in an elastic directory (None without one, or with anything but the layout): opened
+    without following a link or blocking, one bounded read."""
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path} is not a regular file (refused)")
-        raw = os.pread(fd, SLOTS * SLOT_SIZE, 0)
-        notes = os.pread(fd, SLOTS * NOTE_SIZE, NOTE_OFF)
-        out = []
-        for i in range(SLOTS):
-            t = parse_slot(gpu, i, raw[i * SLOT_SIZE:(i + 1) * SLOT_SIZE])
-            if t is None:
-                continue
-            held, pid = lock_holder(fd, LIVE_OFF + i)
-            if held:
-                out.append(replace(t, owner_pid=pid, note=parse_note(notes[i * NOTE_SIZE:(i + 1) * NOTE_SIZE])))
-        return out
+        fd = os.open(Path(directory) / f"{gpu}.roster", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return parse_roster(os.pread(fd, ROSTER_SIZE + 1, 0)) if stat.S_ISREG(os.fstat(fd).st_mode) else None
     finally:
         os.close(fd)
 
 
+def bound(t: Tenant, e: RosterEntry) -> Tenant:
+    """A slot's figures bounded by the agent's roster entry (pure; issue 35.3): request, limit, priority and
+    opt-in are the agent's; resident at most the limit, swapped at most the rest of it, a host note's figure at
+    most the limit."""
+    lim = e.limit_mib * MiB
+    resident = min(t.resident_bytes, lim)
+    note = t.note
+    if note is not None:
+        note = replace(note, want_mib=min(note.want_mib, e.limit_mib))
+    return replace(t, request_bytes=e.request_mib * MiB, limit_bytes=lim, priority=e.priority,
+                   idle_release=e.idle_release, resident_bytes=resident,
+                   swapped_bytes=min(t.swapped_bytes, lim - resident), note=note)
+
+
+def read_board(path: str | os.PathLike[str]) -> list[Tenant]:
+    """The live tenants of one board directory (OSError if it is not a directory), bounded by the roster beside
+    it when there is one (then only the slots it assigned)."""
+    gpu = board_gpu(path)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(f"{path} is not a board directory (refused; a board before version 5 was a file)")
+    roster = read_roster(Path(path).parent, gpu)
+    out = []
+    for i in range(SLOTS):
+        if roster is not None and i not in roster:
+            continue
+        got = slotfile.read_slot(path, i, NOTE_OFF + NOTE_SIZE)
+        if got is None:
+            continue
+        raw, held, pid = got
+        t = parse_slot(gpu, i, raw[:SLOT_SIZE])
+        if t is None or not held:
+            continue
+        t = replace(t, owner_pid=pid, note=parse_note(raw[NOTE_OFF:NOTE_OFF + NOTE_SIZE]))
+        out.append(bound(t, roster[i]) if roster is not None else t)
+    return out
+
+
 def board_paths(directory: str | os.PathLike[str], gpus: Iterable[str] | None = None) -> list[Path]:
-    """The board files of an elastic directory (at most MAX_BOARDS, sorted); with `gpus` (the node's GPU
-    uuids, issue 25) only the boards named after them, whatever else a tenant created there."""
+    """The boards of an elastic directory (at most MAX_BOARDS, sorted); with `gpus` (the node's GPU uuids,
+    issue 25) only the boards named after them, whatever else is there."""
     if gpus is not None:
         return [Path(directory) / f"{g}.board" for g in sorted(set(gpus))[:MAX_BOARDS]]
     return sorted(p for p in Path(directory).glob("*.board"))[:MAX_BOARDS]
@@ -207,7 +240,7 @@ def board_paths(directory: str | os.PathLike[str], gpus: Iterable[str] | None = 
 def read_boards(directory: str | os.PathLike[str]) -> list[Tenant]:
     """Every live tenant of every GPU board in an elastic directory (at most 64 boards); OSError on the first
     board that cannot be read (scan_boards reports per board instead)."""
-    return [t for b in board_paths(directory) if b.is_file() and not b.is_symlink() for t in read_board(b)]
+    return [t for b in board_paths(directory) if b.is_dir() and not b.is_symlink() for t in read_board(b)]
 
 
 @dataclass
