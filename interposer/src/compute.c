@@ -245,15 +245,19 @@ int compute_gate_slow(CUstream stream) {
     __auto_type get_ctx = REAL(cuCtxGetCurrent);
     if (!g_cs.measuring || !get_ctx || get_ctx(&cur) != CUDA_SUCCESS || cur != g_cs.ctx) {
         g_cs.launches++;
-        g_cs.last_launch_ns = mono_ns();
+        __atomic_store_n(&g_cs.last_launch_ns, mono_ns(), __ATOMIC_RELAXED);
         pthread_mutex_unlock(&g_cs.mu);
         return 0;
     }
-    if (g_cs.count == CS_DEPTH) {
+    for (int tries = 0; g_cs.count == CS_DEPTH; tries++) {
+        /* Full: wait for the oldest launch without the mutex, so the board thread keeps publishing. */
         __auto_type sync = REAL(cuEventSynchronize);
-        if (sync) sync(g_cs.ev_end[g_cs.head]);
+        CUevent oldest = g_cs.ev_end[g_cs.head];
+        pthread_mutex_unlock(&g_cs.mu);
+        CUresult r = sync ? sync(oldest) : CUDA_ERROR_NOT_SUPPORTED;
+        pthread_mutex_lock(&g_cs.mu);
         reap_locked(mono_ns());
-        if (g_cs.count == CS_DEPTH) { /* unusable event: forget the oldest */
+        if (g_cs.count == CS_DEPTH && (r != CUDA_SUCCESS || tries > 8)) { /* unusable event: forget the oldest */
             g_cs.head = (g_cs.head + 1) % CS_DEPTH;
             g_cs.count--;
         }
