@@ -2,7 +2,7 @@
  * back to back (saturating, at most 8 launches of its own in flight) or one at a time with a pause (latency
  * mode: each launch synchronised and timed), for SECONDS, and prints key=value figures.
  *   spin SECONDS KERNEL_US [PAUSE_US]
- * The same program runs on the simulated GPU and on a real one. The simulator's `spin` (any image) occupies
+ * The same program runs on the simulated GPU and on a real one. The simulator's `spin` (its image) occupies
  * the GPU's timeline for its first uint64 parameter in ns. On a real GPU the PTX below runs a fixed number of
  * dependent FMAs, the first parameter read as iterations: SPIN_ITERS_PER_US (from `spin --calibrate`, alone)
  * converts, so a kernel is a fixed amount of work whatever its neighbours do (a time-based spin would finish
@@ -100,13 +100,14 @@ int main(int argc, char **argv) {
     check(cuInit(0), "cuInit");
     check(cuDeviceGet(&dev, 0), "cuDeviceGet");
     check(cuCtxCreate_v2(&ctx, 0, dev), "cuCtxCreate");
-    check(cuModuleLoadData(&mod, PTX), "cuModuleLoadData");
+    int sim = is_simulated(dev);
+    static const unsigned char sim_image[16] = {'M', 'S', 'S', 'I', 'M', 'M', 'O', 'D'}; /* no globals */
+    check(cuModuleLoadData(&mod, sim ? (const void *)sim_image : (const void *)PTX), "cuModuleLoadData");
     check(cuModuleGetFunction(&c.f, mod, "spin"), "cuModuleGetFunction");
     for (int i = 0; i < RING; i++) check(cuEventCreate(&c.ring[i], 0), "cuEventCreate");
     int sms = 1;
     if (cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS || sms < 1) sms = 1;
     c.grid = getenv("SPIN_GRID") ? (unsigned)atoi(getenv("SPIN_GRID")) : (unsigned)sms;
-    int sim = is_simulated(dev);
     if (calibrate) {
         c.param = 1000000;
         CUevent a, b;
