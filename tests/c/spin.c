@@ -9,7 +9,8 @@
  * early after being time-sliced out).
  * Environment: SPIN_COUNT=N makes exactly N saturating launches instead (SECONDS ignored: for instruction
  * counts); SPIN_MARK_S=S prints `mark_launches=N` (launches completed by then) at S seconds, so a caller
- * can count the work done in [S, SECONDS]; SPIN_GRID blocks (default: the GPU's multiprocessor count).
+ * can count the work done in [S, SECONDS], and SPIN_MARK2_S=S2 `mark2_launches=N` at S2 (a caller reads the
+ * simulator's own figures between the two lines); SPIN_GRID blocks (default: the GPU's multiprocessor count).
  * Output: `started=1`, then `mark_launches=`, `launches=N wall_s=S`, in latency mode `p50_us= p99_us= max_us=`;
  * with --calibrate, `iters_per_us=X`. Exit 0, or 1 with a message. */
 #include <stdint.h>
@@ -130,6 +131,7 @@ int main(int argc, char **argv) {
     int latency = argc > 3;
     double pause_us = latency ? atof(argv[3]) : 0;
     double mark = getenv("SPIN_MARK_S") ? atof(getenv("SPIN_MARK_S")) : -1;
+    double mark2 = getenv("SPIN_MARK2_S") ? atof(getenv("SPIN_MARK2_S")) : -1;
     size_t cap = latency ? (size_t)(seconds * 1e6 / (pause_us + kernel_us)) + 16 : 1;
     double *lat = calloc(cap, sizeof *lat);
     size_t nlat = 0;
@@ -147,6 +149,11 @@ int main(int argc, char **argv) {
             printf("mark_launches=%llu\n", (unsigned long long)completed(&c));
             fflush(stdout);
             mark = -1;
+        }
+        if (mark2 >= 0 && t - t0 >= mark2) {
+            printf("mark2_launches=%llu\n", (unsigned long long)completed(&c));
+            fflush(stdout);
+            mark2 = -1;
         }
         if (!latency) {
             launch(&c);
