@@ -6,7 +6,7 @@
  * to whoever runs. */
 #include "compute.h"
 
-#define CS_HYST_PM 10   /* one point of hysteresis: no flapping on a figure at its target */
+#define CS_HYST_PM 10   /* one point of hysteresis on our own figure: no flapping at the target */
 
 /* The weight of a share in dividing the unrequested rest: its request, and 1 for best effort. */
 static long weight(const struct cs_peer *p) { return p->request > 0 ? p->request : 1; }
@@ -20,7 +20,7 @@ static int entitled_pm(const struct cs_peer *p, int spare, long wsum) {
 
 enum cs_verdict cs_decide(const struct cs_peer *me, const struct cs_peer *peers, int n) {
     if (me->share_pm > me->limit * 10) return CS_WAIT_LIMIT;
-    if (me->share_pm <= me->request * 10) return CS_GO;
+    if (me->request > 0 && me->share_pm <= me->request * 10) return CS_GO; /* best effort is never "within" */
     int spare = 100 - me->request;
     long wsum = weight(me);
     for (int i = 0; i < n; i++) {
@@ -36,7 +36,7 @@ enum cs_verdict cs_decide(const struct cs_peer *me, const struct cs_peer *peers,
         /* an equal priority is owed its entitlement; a lower one only its request (it yields the rest to us) */
         int floor_pm = (p->request < p->limit ? p->request : p->limit) * 10;
         int owed = p->priority == me->priority ? entitled_pm(p, spare, wsum) : floor_pm;
-        if (p->demand && p->share_pm + CS_HYST_PM < owed) return CS_WAIT_SHARE;
+        if (p->demand && p->share_pm < owed) return CS_WAIT_SHARE;
     }
     return CS_GO;
 }
