@@ -8,6 +8,7 @@ the environment says so). `timeline(env, gpu)` reads the GPU's compute timeline 
 from __future__ import annotations
 
 import json
+import os
 import select
 import subprocess
 import sys
@@ -38,13 +39,17 @@ print(json.dumps({"gpu": n.nvmlDeviceGetUtilizationRates(h).gpu, "procs": procs}
 """
 
 
-def _driver_env(env: dict[str, str]) -> dict[str, str]:
-    """The driver's own view (no shim): the figures are the simulator's."""
-    return {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+def driver_env(env: dict[str, str]) -> dict[str, str]:
+    """The driver's own view (no shim; the sanitizer runtime first in the sanitizer run): the simulator's figures."""
+    out = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+    first = os.environ.get("MEMSLICE_TEST_PRELOAD_FIRST", "")
+    if first:
+        out["LD_PRELOAD"] = first
+    return out
 
 
 def _probe(script: str, env: dict[str, str], gpu: int) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-c", script, str(gpu)], env=_driver_env(env), capture_output=True,
+    out = subprocess.run([sys.executable, "-c", script, str(gpu)], env=driver_env(env), capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     result: dict[str, Any] = json.loads(out.stdout)

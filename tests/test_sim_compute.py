@@ -12,8 +12,8 @@ import json
 import sys
 
 import pytest
-from conftest import run
-from sim_compute import Spinner, monotonic_ns, nvml_util, poll, timeline
+from conftest import PRELOAD_FIRST, run
+from sim_compute import Spinner, driver_env, monotonic_ns, nvml_util, poll, timeline
 
 MS = 1_000_000
 
@@ -80,8 +80,18 @@ res["queued_after_launch"] = figures()[1]
 ok(cu.cuLaunchHostFunc(stream, cb, None), "cuLaunchHostFunc")
 res["queued_in_host_fn"] = seen["queued"]
 res["spin_without_argument"] = launch(spin)
+cu.cuMemAlloc_v2.argtypes = [ctypes.POINTER(U64), ctypes.c_size_t]
+cu.cuMemcpyDtoH_v2.argtypes = [V, U64, ctypes.c_size_t]
+dptr, host = U64(), ctypes.create_string_buffer(64)
+ok(cu.cuMemAlloc_v2(ctypes.byref(dptr), 64), "cuMemAlloc_v2")
+ok(launch(spin, params), "launch spin")
+ok(cu.cuMemcpyDtoH_v2(host, dptr, 64), "cuMemcpyDtoH_v2")
+res["queued_after_sync_copy"] = figures()[1]
 print(json.dumps(res))
 """
+
+
+HELD = 'import ctypes; print(ctypes.CDLL("libcuda.so.1").memsliceSimTimeline(0, None, 0))'
 
 
 @pytest.fixture
@@ -112,6 +122,7 @@ def test_kernels_take_their_gpu_time_and_completion_is_observed(sim):
     assert 0 < r["queued_after_launch"] <= 200 * MS  # asynchronous: the launch returned with the work queued
     assert r["queued_in_host_fn"] == 0  # the host function ran after the work before it
     assert r["spin_without_argument"] == 1  # CUDA_ERROR_INVALID_VALUE
+    assert r["queued_after_sync_copy"] == 0  # a synchronous copy to the host came after the kernel
 
 
 def test_alone_a_spin_is_charged_exactly_its_duration(cbin, sim):
@@ -181,10 +192,12 @@ def test_nvml_reports_the_timeline(cbin, sim):
     b = spinner(cbin, sim).queue(100 * MS, count=100)
     try:
         def shared() -> dict | None:
+            # (the period in which the second one started shows the first ahead: wait for a full shared one)
             u = nvml_util(sim.env)
-            return u if u["gpu"] == 100 and a.pid in u["procs"] and b.pid in u["procs"] else None
-        u = poll(shared, "NVML shows a busy GPU shared by both")
-        assert 45 <= u["procs"][a.pid] <= 55 and 45 <= u["procs"][b.pid] <= 55
+            halves = all(45 <= u["procs"].get(p, 0) <= 55 for p in (a.pid, b.pid))
+            return u if u["gpu"] == 100 and halves else None
+        u = poll(shared, "NVML shows a busy GPU shared half and half by both")
+        assert set(u["procs"]) == {a.pid, b.pid}
     finally:
         a.kill()
         b.kill()
@@ -208,3 +221,55 @@ def test_a_killed_process_frees_the_gpu_and_its_queue_vanishes(cbin, sim):
     again = spinner(cbin, sim).run(50 * MS, count=2)
     assert again["sim_busy_ns"] == 100 * MS
     assert timeline(sim.env)["busy"] - idle["busy"] == 100 * MS  # alone now: nobody else is charged
+
+
+def test_a_tenant_wrecking_the_timeline_stalls_no_one(cbin, sim, tmp_path):
+    import fcntl
+    import os
+
+    lock = sim.state + ".lock"  # the node lock file: every container of the node can write it
+    victim = spinner(cbin, sim).start(20 * MS, count=100)
+    poll(lambda: timeline(sim.env)["clients"], "the victim runs")
+    with open(lock, "r+b") as f:
+        for attack in range(6):
+            if attack % 3 == 0:
+                os.truncate(lock, 0)
+            elif attack % 3 == 1:
+                f.seek(0)
+                f.write(os.urandom(1 << 17))
+                f.flush()
+            else:
+                fcntl.lockf(f, fcntl.LOCK_EX, 1, 1)  # the GPU's timeline lock byte, held a while
+                held = run([sys.executable, "-c", HELD], driver_env(sim.env))
+                assert held.stdout.strip() == "0", held.stderr  # the reader gave up (bounded) instead of hanging
+                fcntl.lockf(f, fcntl.LOCK_UN, 1, 1)
+    got = victim.wait()
+    assert got["kernels"] == 100  # every kernel completed: lost queued work counts as done, no wait hangs
+    before = timeline(sim.env)
+    again = spinner(cbin, sim).run(20 * MS, count=5)
+    assert again["sim_busy_ns"] == 100 * MS and timeline(sim.env)["busy"] - before["busy"] == 100 * MS
+
+
+@pytest.mark.skipif(bool(PRELOAD_FIRST), reason="memslice run puts the shim before the sanitizer runtime")
+def test_the_python_spin_tenant_runs_under_memslice_run(tmp_path):
+    """The demo path: `memslice run --simulate-gpu` and `python -m memslice.spin` (the shim preloaded)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSLICE_") and k != "LD_PRELOAD"}
+    env["MEMSLICE_SIM_STATE"] = str(tmp_path / "node.state")
+    cmd = [sys.executable, "-m", "memslice", "run", "--gpu-mem", "1GiB", "--simulate-gpu", "4GiB",
+           "--region-dir", str(tmp_path / "region"), "--", sys.executable, "-m", "memslice.spin", "--ns",
+           str(20 * MS), "--count", "5"]
+    out = run(cmd, env)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["kernels"] == 5 and got["gpu_ns"] == 100 * MS
+    assert 0 < got["share"] <= 1.0
+
+
+def test_spin_figures_are_computed_from_latencies():
+    from memslice.spin import figures, percentile
+
+    assert percentile([], 50) == 0 and percentile([5, 1, 3], 50) == 3 and percentile(list(range(100)), 99) == 99
+    assert figures([10, 30, 20], 10, 60) == {"kernels": 3, "gpu_ns": 30, "wall_ns": 60, "lat_ns_p50": 20,
+                                             "lat_ns_p99": 30, "share": 0.5}

@@ -55,6 +55,8 @@ struct tl_state {
     struct tl_local local[TL_LOCALS];
     struct tl_gpu blk;              /* the block of the current session */
     int exit_hook;
+    int launched;                   /* a submit happened (read without the lock) */
+    int warned;                     /* said once that a GPU had no client left */
 };
 static struct tl_state g_tl = {.mu = PTHREAD_MUTEX_INITIALIZER, .fd = -1};
 
@@ -143,7 +145,9 @@ static off_t block_off(int g) { return (off_t)(TL_DATA_BASE + (uint64_t)g * size
 /* ---- the block: validation, sample periods, scheduling ------------------------------------------------ */
 /* Is the block read from the shared file consistent? (a tenant may have written anything there) */
 static int valid_block(const struct tl_gpu *b, uint64_t now) {
-    if (b->magic != TL_MAGIC || (b->cur != TL_NONE && b->cur >= TL_CLIENTS) || b->last > now) return 0;
+    if (b->magic != TL_MAGIC || (b->cur != TL_NONE && b->cur >= TL_CLIENTS) || b->last > now ||
+        b->slice_end > b->last + TL_SLICE_NS)
+        return 0;
     for (int i = 0; i < TL_CLIENTS; i++) {
         const struct tl_client_rec *c = &b->c[i];
         if (c->token && (c->consumed > c->submitted || c->submitted - c->consumed > TL_MAX_PENDING_NS ||
@@ -234,8 +238,11 @@ static void advance(struct tl_gpu *b, int g, uint64_t now) {
             continue;
         }
         if (t >= b->slice_end) {
-            b->cur = next_client(b, g, b->cur, &seen);
-            b->slice_end = t + TL_SLICE_NS;
+            uint32_t next = next_client(b, g, b->cur, &seen);
+            /* alone, it keeps the GPU: for whole slices up to now (a replay costs O(1) per holder, not per slice) */
+            uint64_t slices = next == b->cur && now - t > TL_SLICE_NS ? (now - t) / TL_SLICE_NS + 1 : 1;
+            b->cur = next;
+            b->slice_end = t + slices * TL_SLICE_NS;
             continue;
         }
         uint64_t r = (now < b->slice_end ? now : b->slice_end) - t, left = c->submitted - c->consumed;
@@ -339,8 +346,12 @@ int tl_submit(struct tl_ref r, uint64_t ns, uint64_t *target) {
     if (session_begin(r.gpu, &now) == 0) {
         struct tl_client_rec *c = client_of(r.local);
         if (!c) c = claim(r.gpu, r.local);
+        if (!c && !__atomic_exchange_n(&g_tl.warned, 1, __ATOMIC_RELAXED))
+            fprintf(stderr, "memslice-sim: GPU %d already has %d contexts with kernels; this one's kernels take no "
+                    "GPU time\n", r.gpu, TL_CLIENTS);
         if (c && c->submitted - c->consumed + ns > TL_MAX_PENDING_NS) rc = -2;
         else if (c) {
+            __atomic_store_n(&g_tl.launched, 1, __ATOMIC_RELAXED);
             c->submitted += ns;
             L->last = c->submitted;
             rc = 0;
@@ -351,6 +362,8 @@ int tl_submit(struct tl_ref r, uint64_t ns, uint64_t *target) {
     pthread_mutex_unlock(&g_tl.mu);
     return rc;
 }
+
+int tl_launched(void) { return __atomic_load_n(&g_tl.launched, __ATOMIC_RELAXED); }
 
 /* The client's last completion point. */
 uint64_t tl_last(struct tl_ref r) {

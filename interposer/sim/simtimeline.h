@@ -52,6 +52,8 @@ void tl_mark(struct tl_ref r, uint64_t target, struct tl_point *p);
 int tl_point_time(struct tl_point *p, uint64_t *ns);
 /* The event holding p is destroyed or recorded again: p is no longer the owner of its mark. */
 void tl_forget(struct tl_point *p);
+/* Whether this process ever queued work (a flag: the copy paths test it and nothing more until then). */
+int tl_launched(void);
 /* The context is gone: its client and queued work are released. */
 void tl_release_ctx(const void *ctx);
 
