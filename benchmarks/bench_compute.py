@@ -15,8 +15,9 @@ calibrated alone, so it is the share of the GPU's capacity the tenant got.
 5. priority: a 50 us kernel of a tenant with priority 1000 (request 10), one every 1 ms, next to a hog
    (best effort, limit 90, priority 0): its p99 latency next to the hog over its p99 alone (target <= 2), and
    the hog's share meanwhile (priority is strict above a request: the hog waits while the other has work)
-6. instructions per cuLaunchKernel, without and with the shim (callgrind, --toggle-collect=cuLaunchKernel, the
-   difference between 2,000 and 6,000 launches so start-up cancels out); skipped without valgrind
+6. instructions per launch, without and with the shim (callgrind, --toggle-collect=launch: the client's own
+   function around one cuLaunchKernel, its event record and its ring wait; the difference between 2,000 and
+   6,000 launches of spin(0), so start-up cancels out); skipped without valgrind
 
 usage: python benchmarks/bench_compute.py [--json] [--window S] [--warmup S] [--kernel-us US] [--real]
                                            [--repeats N] [--no-instructions]
@@ -120,7 +121,7 @@ def latency(b: Bench, hog: dict[str, str] | None, hi: dict[str, str], seconds: f
 def instructions(b: Bench, shim: bool, n: int) -> int:
     out = os.path.join(b.tmp, f"cg-{int(shim)}-{n}.out")
     env = {**b.env(shim, b.board(), MEMSLICE_GPU_COMPUTE_REQUEST="30"), "SPIN_COUNT": str(n)}
-    p = subprocess.run(["valgrind", "--tool=callgrind", "--toggle-collect=cuLaunchKernel",
+    p = subprocess.run(["valgrind", "--tool=callgrind", "--toggle-collect=launch",
                         f"--callgrind-out-file={out}", b.exe, "1", "0"], env=env, capture_output=True, text=True,
                        timeout=600)
     if p.returncode != 0:
@@ -130,6 +131,14 @@ def instructions(b: Bench, shim: bool, n: int) -> int:
             if line.startswith(("summary:", "totals:")):
                 return int(line.split()[1])
     raise RuntimeError(f"no instruction total in {out}")
+
+
+def count_instructions(b: Bench) -> dict[str, float]:
+    per = {}
+    for shim in (False, True):
+        per[shim] = (instructions(b, shim, 6000) - instructions(b, shim, 2000)) / 4000
+    return {"without_shim": round(per[False], 1), "with_shim": round(per[True], 1),
+            "added": round(per[True] - per[False], 1)}
 
 
 def measure(b: Bench, repeats: int, with_instructions: bool) -> dict[str, object]:
@@ -166,11 +175,7 @@ def measure(b: Bench, repeats: int, with_instructions: bool) -> dict[str, object
     res["priority_p99_ratio"] = round(next_lat["p99_us"] / alone_lat["p99_us"], 2) if alone_lat["p99_us"] else 0.0
     res["priority_p50_ratio"] = round(next_lat["p50_us"] / alone_lat["p50_us"], 2) if alone_lat["p50_us"] else 0.0
     if with_instructions and shutil.which("valgrind") and not b.real:
-        per = {}
-        for shim in (False, True):
-            per[shim] = (instructions(b, shim, 6000) - instructions(b, shim, 2000)) / 4000
-        res["instructions_per_launch"] = {"without_shim": round(per[False], 1), "with_shim": round(per[True], 1),
-                                          "added": round(per[True] - per[False], 1)}
+        res["instructions_per_launch"] = count_instructions(b)
     return res
 
 
@@ -183,6 +188,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=1, help="runs per configuration (median reported)")
     ap.add_argument("--real", action="store_true", help="the real GPU (libcuda.so.1 of this machine)")
     ap.add_argument("--no-instructions", action="store_true", help="skip the callgrind count")
+    ap.add_argument("--instructions-only", action="store_true", help="only the callgrind count")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="memslice-bench-compute-") as tmp:
         exe = build(tmp, args.real)
@@ -196,7 +202,10 @@ def main() -> int:
                                     check=True).stdout)
             base["SPIN_ITERS_PER_US"] = cal["iters_per_us"]
         b = Bench(exe, tmp, args.real, args.kernel_us, args.warmup, args.window, base)
-        res = measure(b, args.repeats, not args.no_instructions)
+        if args.instructions_only:
+            res: dict[str, object] = {"instructions_per_launch": count_instructions(b)}
+        else:
+            res = measure(b, args.repeats, not args.no_instructions)
     doc = {"benchmark": "compute share", "gpu": "real" if args.real else "simulated", "window_s": args.window,
            "kernel_us": args.kernel_us, "repeats": args.repeats, "results": res}
     if args.json:

@@ -3,7 +3,8 @@
  * demand (compute_board.c), and a gate before each launch (compute_decide.c decides; this file waits).
  *
  * Launch path (compute_gate_slow / compute_done_slow, only when a share is set): a bounded wait while the
- * verdict says so, then under one mutex an event before and after the launch on its stream; at most CS_DEPTH
+ * verdict says so, then under one mutex an event after the launch on its stream (and one before it when that
+ * stream has none of our launches in flight: else the previous end is its start); at most CS_DEPTH
  * launches are in flight per process, so the GPU's queue stays short and the measured spans are this
  * process's. No system call on the common path (the clock is the vDSO's). Everything else runs on one board
  * thread, every CS_TICK_NS: it reaps completed launches (their GPU span, divided among the containers that had
@@ -21,6 +22,7 @@
 #include "shim.h"
 
 #define CS_DEPTH 4                          /* launches in flight per process */
+#define CS_RING (2 * CS_DEPTH)              /* event slots: a slot is reused only after the one after it is reaped */
 #define CS_BUCKETS 16
 #define CS_BUCKET_NS 8000000ull             /* the share's window: 16 x 8 ms */
 #define CS_TICK_NS 1000000ull               /* the board thread's period while the process launches */
@@ -41,9 +43,11 @@ static struct compute {
     int request, limit;                     /* percent; limit 100 when none */
     int started, measuring, boarded;        /* thread running; events usable; board open */
     CUcontext ctx;                          /* the context the events belong to (the first launch's) */
-    CUevent ev_start[CS_DEPTH], ev_end[CS_DEPTH];
-    int busy_at[CS_DEPTH];                  /* n_busy when each in-flight launch was made */
-    int head, count;                        /* the in-flight queue */
+    CUevent ev_start[CS_RING], ev_end[CS_RING];
+    CUstream stream[CS_RING];
+    int own_start[CS_RING];                 /* 1: ev_start was recorded; 0: it starts at the previous end */
+    int busy_at[CS_RING];                   /* n_busy when each in-flight launch was made */
+    int head, count;                        /* the in-flight queue: count <= CS_DEPTH slots from head */
     uint64_t bucket[CS_BUCKETS], epoch[CS_BUCKETS], first_ns;
     uint64_t avg_ns;                        /* charged GPU time per launch, moving average (in-flight estimate) */
     uint64_t used_ns, throttled_ns, waited_ns, launches, last_launch_ns;
@@ -95,16 +99,17 @@ static void reap_locked(uint64_t now) {
     __auto_type elapsed = REAL(cuEventElapsedTime);
     while (g_cs.count && query && elapsed) {
         int i = g_cs.head;
+        CUevent start = g_cs.own_start[i] ? g_cs.ev_start[i] : g_cs.ev_end[(i + CS_RING - 1) % CS_RING];
         CUresult r = query(g_cs.ev_end[i]);
         if (r == CUDA_ERROR_NOT_READY) break;
         float ms = 0;
-        if (r == CUDA_SUCCESS && elapsed(&ms, g_cs.ev_start[i], g_cs.ev_end[i]) == CUDA_SUCCESS && ms > 0) {
+        if (r == CUDA_SUCCESS && elapsed(&ms, start, g_cs.ev_end[i]) == CUDA_SUCCESS && ms > 0) {
             int n = __atomic_load_n(&g_cs.n_busy, __ATOMIC_RELAXED) + g_cs.busy_at[i];
             uint64_t ns = (uint64_t)((double)ms * 2e6 / (n > 1 ? n : 2));
             charge_locked(ns, now);
             g_cs.avg_ns = g_cs.avg_ns ? (g_cs.avg_ns * 7 + ns) / 8 : ns;
         }
-        g_cs.head = (g_cs.head + 1) % CS_DEPTH;
+        g_cs.head = (g_cs.head + 1) % CS_RING;
         g_cs.count--;
     }
 }
@@ -196,7 +201,7 @@ static void start_locked(void) {
     __auto_type create = REAL(cuEventCreate);
     if (get_ctx && get_ctx(&g_cs.ctx) == CUDA_SUCCESS && g_cs.ctx && create && get_dev && get_dev(&dev) == CUDA_SUCCESS) {
         int ok = 1;
-        for (int i = 0; i < CS_DEPTH && ok; i++)
+        for (int i = 0; i < CS_RING && ok; i++)
             ok = create(&g_cs.ev_start[i], 0 /* CU_EVENT_DEFAULT: timed */) == CUDA_SUCCESS &&
                  create(&g_cs.ev_end[i], 0 /* CU_EVENT_DEFAULT: timed */) == CUDA_SUCCESS;
         g_cs.measuring = ok;
@@ -269,20 +274,24 @@ int compute_gate_slow(CUstream stream) {
         pthread_mutex_lock(&g_cs.mu);
         reap_locked(mono_ns());
         if (g_cs.count == CS_DEPTH && (r != CUDA_SUCCESS || tries > 8)) { /* unusable event: forget the oldest */
-            g_cs.head = (g_cs.head + 1) % CS_DEPTH;
+            g_cs.head = (g_cs.head + 1) % CS_RING;
             g_cs.count--;
         }
     }
-    int tail = (g_cs.head + g_cs.count) % CS_DEPTH;
+    int tail = (g_cs.head + g_cs.count) % CS_RING, prev = (tail + CS_RING - 1) % CS_RING;
     g_cs.busy_at[tail] = __atomic_load_n(&g_cs.n_busy, __ATOMIC_RELAXED);
-    REAL(cuEventRecord)(g_cs.ev_start[tail], stream);
+    g_cs.stream[tail] = stream;
+    /* Behind a launch still in flight on the same stream, this one starts when that one ends: its end event is
+     * this one's start (one event per launch on a busy stream); otherwise a start event of its own. */
+    g_cs.own_start[tail] = !(g_cs.count && g_cs.stream[prev] == stream);
+    if (g_cs.own_start[tail]) REAL(cuEventRecord)(g_cs.ev_start[tail], stream);
     return 1;
 }
 
 /* After the launch: record its end event and queue it (a failed launch queues nothing); drop the mutex. */
 void compute_done_slow(int held, CUstream stream, CUresult rc) {
     if (!held) return;
-    int tail = (g_cs.head + g_cs.count) % CS_DEPTH;
+    int tail = (g_cs.head + g_cs.count) % CS_RING;
     if (rc == CUDA_SUCCESS && REAL(cuEventRecord)(g_cs.ev_end[tail], stream) == CUDA_SUCCESS) g_cs.count++;
     g_cs.launches++;
     __atomic_store_n(&g_cs.last_launch_ns, mono_ns(), __ATOMIC_RELAXED);
