@@ -274,11 +274,11 @@ def test_work_conserving_a_tenant_alone_gets_far_more_than_its_request(node, spi
 
 
 def test_priority_orders_who_waits(node, spin, tmp_path):
-    """Two best-effort tenants: the one whose pod has the higher priority gets the GPU; the other still runs
-    (its waits are bounded)."""
+    """Two best-effort tenants: the one whose pod has the higher priority gets the GPU; the other still ends
+    (its waits are bounded: results() asserts both exit 0)."""
     got = shares(node, spin, tmp_path, {"MEMSLICE_GPU_COMPUTE_REQUEST": "0", "MEMSLICE_PRIORITY": "1000"},
                  {"MEMSLICE_GPU_COMPUTE_REQUEST": "0", "MEMSLICE_PRIORITY": "0"})
-    assert got[0] >= 80 and got[1] > 0, got
+    assert got[0] >= 75 and got[0] >= got[1] + 50, got
 
 
 def test_a_request_is_kept_under_a_higher_priority(node, spin, tmp_path):

@@ -8,7 +8,8 @@
 #include "compute.h"
 
 #define CS_FRESH_NS 500000000ull        /* a record older than this is a process that stopped publishing */
-#define CS_DEMAND_FRESH_NS 50000000ull  /* a demand flag older than this is no demand */
+#define CS_DEMAND_FRESH_NS 200000000ull /* a demand flag older than this is no demand (a stopped or descheduled
+                                         * publisher holds others back at most this long) */
 
 /* This process's view of one GPU's board. */
 struct cs_board {
