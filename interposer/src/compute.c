@@ -140,7 +140,7 @@ static void publish(uint64_t now, int share_pm, uint32_t extra) {
     int busy = g_cs.count > 0;
     r.flags = (uint16_t)(extra | (busy ? CS_F_INFLIGHT : 0) |
                          (busy || __atomic_load_n(&g_cs.waiting, __ATOMIC_RELAXED) ||
-                          now - g_cs.last_launch_ns < CS_DEMAND_NS ? CS_F_DEMAND : 0));
+                          g_cs.last_launch_ns + CS_DEMAND_NS > now ? CS_F_DEMAND : 0));
     r.used_ns = g_cs.used_ns;
     r.throttled_ns = g_cs.throttled_ns;
     r.waited_ns = g_cs.waited_ns;
@@ -185,7 +185,8 @@ static void *board_thread(void *arg) {
     for (;;) {
         uint64_t now = mono_ns();
         board_round(now, &next_rescan, &next_reopen);
-        int idle = now - __atomic_load_n(&g_cs.last_launch_ns, __ATOMIC_RELAXED) > 1000000000ull && !g_cs.count;
+        /* (a launch may have stamped last_launch_ns after `now` was read: compare without subtracting) */
+        int idle = __atomic_load_n(&g_cs.last_launch_ns, __ATOMIC_RELAXED) + 1000000000ull < now && !g_cs.count;
         sleep_ns(idle ? CS_IDLE_TICK_NS : CS_TICK_NS);
     }
     return NULL;
@@ -237,6 +238,8 @@ static void wait_verdict(void) {
         sleep_ns(CS_POLL_NS);
         v = __atomic_load_n(&g_cs.verdict, __ATOMIC_ACQUIRE);
         now = mono_ns();
+        if (v == CS_WAIT_LIMIT) bound = CS_LIMIT_MAX_NS; /* the bound of what it waits for now */
+        else if (v != CS_GO) bound = CS_HOLD_MAX_NS;
     }
     __atomic_sub_fetch(&g_cs.waiting, 1, __ATOMIC_RELAXED);
     pthread_mutex_lock(&g_cs.mu);

@@ -152,8 +152,9 @@ static int sum_records(int fd, int skip, uint64_t now, struct cs_peer *p) {
     ssize_t n = pread(fd, r, sizeof r, 0);
     int fresh = 0;
     for (int k = 0; k < CS_PROCS && n >= (ssize_t)((k + 1) * sizeof r[0]); k++) {
-        if (k == skip || r[k].magic != CS_RECORD_MAGIC || r[k].stamp_ns > now || now - r[k].stamp_ns > CS_FRESH_NS)
-            continue;
+        /* a stamp a little ahead of `now` was written after we read the clock: fresh, as of now */
+        uint64_t stamp = r[k].stamp_ns > now && r[k].stamp_ns - now <= CS_SKEW_NS ? now : r[k].stamp_ns;
+        if (k == skip || r[k].magic != CS_RECORD_MAGIC || stamp > now || now - stamp > CS_FRESH_NS) continue;
         if (!fresh) {
             p->request = r[k].request <= 100 ? r[k].request : 0;
             p->limit = r[k].limit >= 1 && r[k].limit <= 100 ? r[k].limit : 100;
@@ -161,8 +162,8 @@ static int sum_records(int fd, int skip, uint64_t now, struct cs_peer *p) {
         }
         fresh++;
         p->share_pm += r[k].share_pm <= 1000 ? (int)r[k].share_pm : 1000;
-        p->demand |= !!(r[k].flags & CS_F_DEMAND) && now - r[k].stamp_ns <= CS_DEMAND_FRESH_NS;
-        p->inflight |= !!(r[k].flags & CS_F_INFLIGHT) && now - r[k].stamp_ns <= CS_DEMAND_FRESH_NS;
+        p->demand |= !!(r[k].flags & CS_F_DEMAND) && now - stamp <= CS_DEMAND_FRESH_NS;
+        p->inflight |= !!(r[k].flags & CS_F_INFLIGHT) && now - stamp <= CS_DEMAND_FRESH_NS;
     }
     return fresh;
 }

@@ -8,6 +8,7 @@
 #include "compute.h"
 
 #define CS_FRESH_NS 500000000ull        /* a record older than this is a process that stopped publishing */
+#define CS_SKEW_NS 10000000ull          /* a record stamped up to this far ahead was written as we read */
 #define CS_DEMAND_FRESH_NS 200000000ull /* a demand flag older than this is no demand (a stopped or descheduled
                                          * publisher holds others back at most this long) */
 

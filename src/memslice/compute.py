@@ -47,6 +47,7 @@ ROSTER_MAGIC = 0x3130534F5243534D  # "MSCROS01" little-endian
 ROSTER_SIZE = 8 + SLOTS * 16
 R_ASSIGNED = 1
 FRESH_NS = 500_000_000         # a record older than this is a process that stopped publishing (not live)
+SKEW_NS = 10_000_000           # ... and one stamped up to this far ahead was written as the reader read the clock
 CONTAINER_COMPUTE_DIR = "/run/memslice/compute"  # where the agent mounts the node's compute directory
 ENV_DIR = "MEMSLICE_COMPUTE_DIR"
 F_DEMAND = 1                   # record flags: the process has work queued or waiting
@@ -300,7 +301,7 @@ def read_slot(path: str | os.PathLike[str], now_ns: int | None = None) -> list[P
     raw = _read_small(Path(path), SLOT_FILE_SIZE) or b""
     now = time.monotonic_ns() if now_ns is None else now_ns
     recs = [parse_record(raw[i * RECORD_SIZE:(i + 1) * RECORD_SIZE]) for i in range(PROCS)]
-    return [r for r in recs if r is not None and (now < 0 or 0 <= now - r.stamp_ns <= FRESH_NS)]
+    return [r for r in recs if r is not None and (now < 0 or -SKEW_NS <= now - r.stamp_ns <= FRESH_NS)]
 
 
 @dataclass(frozen=True)
