@@ -39,13 +39,17 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_ino, st.st_ctime_ns
 
 
-def register(kubelet_socket: Path, endpoint: str, timeout_s: float = 15.0) -> None:
+COMPUTE_SOCKET = "memslice-gpu-compute.sock"  # the second plugin: memslice.io/gpu-compute (issue 33)
+
+
+def register(kubelet_socket: Path, endpoint: str, timeout_s: float = 15.0, resource: str = RESOURCE_NAME,
+             preferred: bool = True) -> None:
     """One Register call; raises grpc.RpcError with the kubelet's reason on refusal."""
     with grpc.insecure_channel(f"unix:{kubelet_socket}") as channel:
         api_pb2_grpc.RegistrationStub(channel).Register(api_pb2.RegisterRequest(
-            version=API_VERSION, endpoint=endpoint, resource_name=RESOURCE_NAME,
+            version=API_VERSION, endpoint=endpoint, resource_name=resource,
             options=api_pb2.DevicePluginOptions(pre_start_required=False,
-                                                get_preferred_allocation_available=True)),
+                                                get_preferred_allocation_available=preferred)),
             timeout=timeout_s)
 
 
@@ -53,17 +57,19 @@ class Registrar:
     """Background loop that keeps one registered server per kubelet instance."""
 
     def __init__(self, plugin_dir: Path, make_server: Callable[[Path], PluginServer], metrics: Metrics,
-                 poll_s: float = 0.1) -> None:
+                 poll_s: float = 0.1, socket_name: str = PLUGIN_SOCKET, resource: str = RESOURCE_NAME,
+                 preferred: bool = True) -> None:
         self.plugin_dir = plugin_dir
         self.kubelet_socket = plugin_dir / KUBELET_SOCKET
-        self.socket = plugin_dir / PLUGIN_SOCKET
+        self.socket = plugin_dir / socket_name
+        self.resource, self.preferred = resource, preferred
         self.make_server = make_server
         self.metrics = metrics
         self.poll_s = poll_s
         self.registered = threading.Event()
         self.heartbeat = time.monotonic()  # the loop's last turn (liveness)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="registrar", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"registrar-{socket_name}", daemon=True)
         self._server: PluginServer | None = None
 
     def start(self) -> None:
@@ -109,8 +115,8 @@ class Registrar:
                         self.metrics.registered.set(1)
                         self.metrics.registrations.inc()
                         failures = 0
-                        log.info("registered %s with the kubelet (%s, endpoint %s)", RESOURCE_NAME,
-                                 self.kubelet_socket, PLUGIN_SOCKET)
+                        log.info("registered %s with the kubelet (%s, endpoint %s)", self.resource,
+                                 self.kubelet_socket, self.socket.name)
                     except (grpc.RpcError, OSError) as exc:
                         failures += 1
                         self.metrics.registration_errors.inc()
@@ -129,4 +135,4 @@ class Registrar:
         server = self.make_server(self.socket)
         server.start()
         self._server = server
-        register(self.kubelet_socket, PLUGIN_SOCKET)
+        register(self.kubelet_socket, self.socket.name, resource=self.resource, preferred=self.preferred)

@@ -18,7 +18,7 @@ from fractions import Fraction
 from typing import Any
 
 from .. import wire
-from ..index.fitmemo import FitMemo, Key, Split
+from ..index.fitmemo import FitMemo, Key, Split, compute_of
 from ..kubeio.binder import Binder, BindError
 from ..placement import decisions
 from ..placement.records import PodView
@@ -29,7 +29,8 @@ from .metrics import Metrics
 log = logging.getLogger(__name__)
 NOT_SYNCED = ("the memslice extender has not finished listing nodes and pods from the API server yet; "
               "the scheduler will retry")
-OwnCharge = tuple[str, str, int, int]  # (node, GPU UUID, MiB, limit MiB above) of the pod's own stale reservation
+OwnCharge = tuple[str, str, int, int, int]  # (node, GPU UUID, MiB, limit MiB above, compute) of the pod's own
+# stale reservation
 
 
 class Verbs:
@@ -96,14 +97,15 @@ class Verbs:
         if charge is None or charge.gpu_uuid is None or charge.node is not None:
             return None
         node = self.state.gpu_node(charge.gpu_uuid)
-        return (node, charge.gpu_uuid, charge.mib, charge.over) if node else None
+        return (node, charge.gpu_uuid, charge.mib, charge.over, charge.compute) if node else None
 
     def _fits_without_own(self, key: Key, own: OwnCharge) -> bool:
         """Does the pod fit on the node of its own stale reservation once that is not counted?"""
-        node, gpu, mib, over = own
+        node, gpu, mib, over, compute = own
         view = self.state.view(node)
         return view is not None and decisions.fits_without(view, key[0] * view.unit_mib, {gpu: mib}, 0,
-                                                           self.memo.limit_need(key, view), {gpu: over})
+                                                           self.memo.limit_need(key, view), {gpu: over},
+                                                           compute_of(key), {gpu: compute})
 
     # ------------------------------------------------------------------ prioritize
     def prioritize(self, body: Any) -> tuple[int, Any]:
@@ -188,6 +190,7 @@ class Verbs:
             return False
         freed: dict[str, int] = {}
         freed_over: dict[str, int] = {}
+        freed_compute: dict[str, int] = {}
         freed_unplaced = 0
         for uid in uids:
             charge = self.state.charge_of(uid)
@@ -197,8 +200,9 @@ class Verbs:
                 if self.state.gpu_node(charge.gpu_uuid) == node:
                     freed[charge.gpu_uuid] = freed.get(charge.gpu_uuid, 0) + charge.mib
                     freed_over[charge.gpu_uuid] = freed_over.get(charge.gpu_uuid, 0) + charge.over
+                    freed_compute[charge.gpu_uuid] = freed_compute.get(charge.gpu_uuid, 0) + charge.compute
             elif charge.node == node:
                 freed_unplaced += charge.devices * view.unit_mib
         return decisions.fits_without(view, key[0] * view.unit_mib, freed, freed_unplaced,
-                                      self.memo.limit_need(key, view), freed_over)
+                                      self.memo.limit_need(key, view), freed_over, compute_of(key), freed_compute)
 

@@ -40,7 +40,7 @@ from typing import Any
 import orjson
 
 from memslice import errors
-from memslice.contract import ANN_ASSUMED_AT, ANN_GPU_UUID, RESERVATION_ANNOTATIONS
+from memslice.contract import ANN_ASSUMED_AT, ANN_GPU_COMPUTE, ANN_GPU_UUID, RESERVATION_ANNOTATIONS
 from memslice.elastic import ANN_LIMIT_RECORD as ANN_GPU_MEM_LIMIT_RECORD
 
 from ..placement import decisions
@@ -233,15 +233,16 @@ class Binder:
                 need = request.mib(view.unit_mib)
                 if self.limit_ratio is not None:  # the cap, re-checked here under the lock with the room
                     limit = decisions.LimitNeed(request.limit_mib(view.unit_mib), self.limit_ratio)
-                gpu = decisions.choose_gpu(view, need, policy, limit)
+                gpu = decisions.choose_gpu(view, need, policy, limit, request.compute)
             if view is None or gpu is None:
                 self.state.release(uid, None)
                 if view is None:
                     raise BindError("unknown_node", f"node {args.node} " + (
                         "has no memslice GPUs (no memslice.io/gpus annotation)" if self.state.knows_node(args.node)
                         else "is unknown to the extender"))
-                raise BindError("no_room", f"{where} no longer fits on node {args.node}: "
-                                           f"{decisions.fit(view, need, limit).reason}")
+                reason = (decisions.verdict(view, need, policy, limit, request.compute)[2] if request.compute
+                          else decisions.fit(view, need, limit).reason)
+                raise BindError("no_room", f"{where} no longer fits on node {args.node}: {reason}")
             try:  # elastic memory: each limit checked against its request at the node's unit, nothing written
                 limits = request.limit_record(view.unit_mib)
             except RequestError as exc:
@@ -250,9 +251,10 @@ class Binder:
             # the limit above the request is charged too (the GPU's limit sum), cap or not: a later restart
             # with the cap on rebuilds the same sums from the recorded limits
             over = request.limit_mib(view.unit_mib) - need
-            self.state.hold(uid, Charge(gpu.uuid, args.node, need, 0, None, over))
+            self.state.hold(uid, Charge(gpu.uuid, args.node, need, 0, None, over, request.compute))
         now = self.clock()
-        wanted = reservation_annotations(gpu.uuid, request.container_mib(view.unit_mib), now, limits)
+        wanted = reservation_annotations(gpu.uuid, request.container_mib(view.unit_mib), now, limits,
+                                         request.compute_record())
         try:
             patched_rv = self._annotate(args, facts.rv, wanted)
         except BindError:
@@ -282,7 +284,7 @@ class Binder:
 
         for attempt in (1, 2):
             # a limit record of an earlier reservation of this pod must not outlive it (null deletes the key)
-            written: dict[str, str | None] = {ANN_GPU_MEM_LIMIT_RECORD: None, **wanted}
+            written: dict[str, str | None] = {ANN_GPU_MEM_LIMIT_RECORD: None, ANN_GPU_COMPUTE: None, **wanted}
             body = {"metadata": {"resourceVersion": rv, "annotations": written}}
             try:
                 return resource_version(self.writer.patch_namespaced_pod(args.pod_name, args.pod_namespace, body)[

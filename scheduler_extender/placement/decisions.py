@@ -15,6 +15,12 @@ GPU's memory. Off (`limit` None) the rules above are untouched; on, it changes n
 elastic pods for a pod without a limit (R ≥ 1: a GPU with room for the request is within the cap), so the
 other GPUs are judged by the same O(1) path, and elsewhere GPUs breaking the cap are skipped by fit, pick and
 score alike.
+
+Compute share (`compute` > 0, the pod's effective `memslice.io/gpu-compute` percent): the GPU must have room
+for the memory AND for the compute (its pods' compute requests plus the pod's at most 100), both on the SAME
+GPU. Among those GPUs, binpack takes the one left with the least free memory and compute together (the sum of
+the two free fractions after placement), spread the most; the score is 10 × the mean of the two fractions
+used (binpack) or left free (spread). A pod without a compute share is decided on memory alone, as above.
 """
 
 from __future__ import annotations
@@ -163,6 +169,52 @@ def _cap_reason(view: NodeView, need_mib: int, limit: LimitNeed) -> str:
             f"of a cap of {limit_cap_mib(mem, limit.ratio)} MiB ({ratio} × {mem} MiB)")
 
 
+def _compute_fit(view: NodeView, need_mib: int, limit: LimitNeed | None, compute: int
+                 ) -> tuple[Fit, list[GpuRow], dict[str, int]]:
+    """fit for a pod with a compute share: the GPUs with room for its memory (within the cap) AND its compute,
+    and the compute each GPU's pods hold (GPU UUID -> percent)."""
+    if limit is not None and _capped(view, need_mib, limit):
+        f, rows = _capped_fit(view, need_mib, limit)
+    else:
+        f = fit(view, need_mib)
+        rows = [r for r in view.rows if r[4] and r[6] >= need_mib] if f.ok else []
+    used = view.compute_used()
+    if not f.ok:
+        return f, [], used
+    rows = [r for r in rows if used.get(r[0], 0) + compute <= 100]
+    return (FITS if rows else Fit(False, False, no_compute_reason(need_mib, compute))), rows, used
+
+
+def no_compute_reason(need_mib: int, compute: int) -> str:
+    """Why a node with room for the pod's memory does not take its compute share now."""
+    return (f"pod needs {compute}% compute (memslice.io/gpu-compute) on the GPU that holds its {need_mib} MiB; "
+            f"no GPU of the node with that memory free has that compute free now (its pods' compute requests "
+            f"would add up to over 100%)")
+
+
+def _compute_left(r: GpuRow, used: dict[str, int], need_mib: int, compute: int) -> float:
+    """The fractions of the GPU's memory and compute left free after placement, added up."""
+    return (r[6] - need_mib) / r[3] + (100 - used.get(r[0], 0) - compute) / 100
+
+
+def _pick_compute(rows: list[GpuRow], used: dict[str, int], need_mib: int, compute: int,
+                  policy: str) -> GpuView | None:
+    """The GPU `policy` takes among `rows` (room for memory and compute): bin-packing or spreading on both."""
+    if not rows:
+        return None
+    sign = -1 if policy == "spread" else 1
+    return GpuView._make(min(rows, key=lambda r: (sign * _compute_left(r, used, need_mib, compute), r[1])))
+
+
+def _score_compute(gpu: GpuView | None, used: dict[str, int], need_mib: int, compute: int, policy: str) -> int:
+    """The score of a pod with a compute share: the mean of the chosen GPU's memory and compute fractions."""
+    if gpu is None:
+        return MIN_SCORE
+    left = _compute_left(tuple(gpu), used, need_mib, compute) / 2  # type: ignore[arg-type]
+    fraction = left if policy == "spread" else 1 - left
+    return max(MIN_SCORE, min(MAX_SCORE, round(MAX_SCORE * fraction)))
+
+
 def _pick_of(rows: list[GpuRow], policy: str) -> GpuView | None:
     """The GPU `policy` takes among `rows` (those within the cap): the same order as _pick's."""
     if not rows:
@@ -180,8 +232,12 @@ def _pick(view: NodeView, need_mib: int, policy: str) -> GpuView | None:
     return view.free_gpu(i) if i < len(view.free_keys) else None
 
 
-def choose_gpu(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None = None) -> GpuView | None:
+def choose_gpu(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None = None,
+               compute: int = 0) -> GpuView | None:
     """The GPU the pod gets on this node under `policy`; None when it does not fit."""
+    if compute:
+        _, rows, used = _compute_fit(view, need_mib, limit, compute)
+        return _pick_compute(rows, used, need_mib, compute, policy)
     if limit is not None and _capped(view, need_mib, limit):
         return _pick_of(_capped_fit(view, need_mib, limit)[1], policy)
     return _pick(view, need_mib, policy) if fit(view, need_mib).ok else None
@@ -195,13 +251,20 @@ def _score_on(gpu: GpuView | None, need_mib: int, policy: str) -> int:
     return max(MIN_SCORE, min(MAX_SCORE, round(MAX_SCORE * fraction)))
 
 
-def score(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None = None) -> int:
+def score(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None = None, compute: int = 0) -> int:
     """0..10: how much `policy` likes placing the pod on this node (0 when it does not fit)."""
+    if compute:
+        return verdict(view, need_mib, policy, limit, compute)[3]
     return _score_on(choose_gpu(view, need_mib, policy, limit), need_mib, policy)
 
 
-def verdict(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None = None) -> Verdict:
+def verdict(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None = None,
+            compute: int = 0) -> Verdict:
     """fit and score of one node in one go (what the memo keeps)."""
+    if compute:
+        f, rows, used = _compute_fit(view, need_mib, limit, compute)
+        gpu = _pick_compute(rows, used, need_mib, compute, policy)
+        return f.ok, f.unresolvable, f.reason, _score_compute(gpu, used, need_mib, compute, policy)
     if limit is not None and _capped(view, need_mib, limit):
         f, rows = _capped_fit(view, need_mib, limit)
         return f.ok, f.unresolvable, f.reason, _score_on(_pick_of(rows, policy), need_mib, policy)
@@ -211,15 +274,21 @@ def verdict(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None 
 
 
 def fits_without(view: NodeView, need_mib: int, freed_mib: dict[str, int], freed_unplaced_mib: int,
-                 limit: LimitNeed | None = None, freed_over: dict[str, int] | None = None) -> bool:
+                 limit: LimitNeed | None = None, freed_over: dict[str, int] | None = None, compute: int = 0,
+                 freed_compute: dict[str, int] | None = None) -> bool:
     """Would the pod fit if the charges in `freed_mib` (GPU UUID -> MiB; with `freed_over`, what their
-    limits add above that) and `freed_unplaced_mib` were gone? (Preemption: the scheduler proposes victims;
-    the pod must fit once they are evicted.)"""
+    limits add above that; with `freed_compute`, their compute percent) and `freed_unplaced_mib` were gone?
+    (Preemption: the scheduler proposes victims; the pod must fit once they are evicted.)"""
     gpus = tuple(GpuView.of(g.uuid, g.index, g.model, g.mem_mib, g.healthy,
                             g.used_mib - freed_mib.get(g.uuid, 0)) for g in view.gpus)
     over = view.over
     if over is not None and freed_over:
         over = tuple(o - freed_over.get(r[0], 0) for o, r in zip(over, view.rows, strict=True))
+    used = view.compute
+    if used is not None and freed_compute:
+        used = tuple(c - freed_compute.get(r[0], 0) for c, r in zip(used, view.rows, strict=True))
     after = NodeView.of(view.name, view.unit_mib, gpus, max(view.unplaced_mib - freed_unplaced_mib, 0),
-                        view.error, over)
+                        view.error, over, used)
+    if compute:
+        return _compute_fit(after, need_mib, limit, compute)[0].ok
     return fit(after, need_mib, limit).ok
