@@ -62,8 +62,10 @@ struct limits_file {
     int has_limit, has_reserve, has_over, has_spill, has_region, over;
     int has_request, has_edir, has_idle;       /* elastic mode (elastic.c) */
     int has_eslot, has_release, has_prio;      /* elastic slot, idle release, priority (issues 25, 26) */
+    int has_creq, has_clim, has_cdir, has_cslot; /* compute share (issue 33) */
     uint64_t limit, reserve, spill, request, idle_ms, eslot, release;
-    int64_t prio;
+    int64_t prio, creq, clim, cslot;
+    char cdir[sizeof g_cfg.compute_dir];
     char region[sizeof g_cfg.region_path];
     char edir[sizeof g_cfg.elastic_dir];
 };
@@ -129,6 +131,55 @@ static int parse_int_or_fail(const char *what, const char *v, int64_t lo, int64_
     }
     config_fail_closed("memslice: %s='%.64s' is not an integer from %lld to %lld.", what, v, (long long)lo, (long long)hi);
     return -1;
+}
+
+/* A percent of one GPU (a compute request from 0, a limit from 1, to 100). 0, or -1 (fail closed, naming the
+ * value and the fix). */
+static int parse_percent_or_fail(const char *what, const char *v, int64_t lo, int64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (*v && end && !*end && !errno && x >= lo && x <= 100) {
+        *out = x;
+        return 0;
+    }
+    config_fail_closed("memslice: %s='%.64s': a share is a percent of one GPU, %lld to 100; write a whole number "
+                       "such as 30.", what, v, (long long)lo);
+    return -1;
+}
+
+/* The compute share (issue 33; compute.c enforces it): the limits file's gpu_compute_request,
+ * gpu_compute_limit, compute_dir and compute_slot, else the environment's (MEMSLICE_GPU_COMPUTE_REQUEST,
+ * MEMSLICE_GPU_COMPUTE_LIMIT, MEMSLICE_COMPUTE_DIR, MEMSLICE_COMPUTE_SLOT) when there is no file; a limit
+ * below the request fails closed. 0, or -1. */
+static int read_compute(const struct limits_file *f, int have_file) {
+    struct shim_config *c = &g_cfg;
+    int64_t req = -1, lim = 0, slot = -1;
+    const char *v, *src = have_file ? f->path : "the environment";
+    if (have_file) {
+        if (f->has_creq) req = f->creq;
+        if (f->has_clim) lim = f->clim;
+        if (f->has_cslot) slot = f->cslot;
+        if (f->has_cdir) snprintf(c->compute_dir, sizeof c->compute_dir, "%s", f->cdir);
+    } else {
+        if ((v = getenv("MEMSLICE_GPU_COMPUTE_REQUEST")) && *v &&
+            parse_percent_or_fail("MEMSLICE_GPU_COMPUTE_REQUEST", v, 0, &req) < 0) return -1;
+        if ((v = getenv("MEMSLICE_GPU_COMPUTE_LIMIT")) && *v &&
+            parse_percent_or_fail("MEMSLICE_GPU_COMPUTE_LIMIT", v, 1, &lim) < 0) return -1;
+        if ((v = getenv("MEMSLICE_COMPUTE_SLOT")) && *v && parse_int_or_fail("MEMSLICE_COMPUTE_SLOT", v, 0, 63, &slot) < 0)
+            return -1;
+        if ((v = getenv("MEMSLICE_COMPUTE_DIR")) && *v &&
+            parse_dir_or_fail("MEMSLICE_COMPUTE_DIR", v, c->compute_dir, sizeof c->compute_dir) < 0) return -1;
+    }
+    if (lim && req > lim) {
+        config_fail_closed("memslice: gpu_compute_limit=%lld is below gpu_compute_request=%lld (%.400s); the limit "
+                           "must be at least the request.", (long long)lim, (long long)req, src);
+        return -1;
+    }
+    c->compute_request = (int)req;
+    c->compute_limit = (int)lim;
+    c->compute_slot = (int)slot;
+    return 0;
 }
 
 /* The elastic roles the node agent assigns (issues 25 and 26): the board slot, the idle-release opt-in and the
@@ -242,10 +293,22 @@ static int limits_line(struct limits_file *f, char *key, char *val, int lineno) 
     } else if (strcmp(key, "priority") == 0) {
         seen = &f->has_prio;
         if (parse_int_or_fail(what, val, INT32_MIN, INT32_MAX, &f->prio) < 0) return -1;
+    } else if (strcmp(key, "gpu_compute_request") == 0) {
+        seen = &f->has_creq;
+        if (parse_percent_or_fail(what, val, 0, &f->creq) < 0) return -1;
+    } else if (strcmp(key, "gpu_compute_limit") == 0) {
+        seen = &f->has_clim;
+        if (parse_percent_or_fail(what, val, 1, &f->clim) < 0) return -1;
+    } else if (strcmp(key, "compute_dir") == 0) {
+        seen = &f->has_cdir;
+        if (parse_dir_or_fail(what, val, f->cdir, sizeof f->cdir) < 0) return -1;
+    } else if (strcmp(key, "compute_slot") == 0) {
+        seen = &f->has_cslot;
+        if (parse_int_or_fail(what, val, 0, 63, &f->cslot) < 0) return -1;
     } else {
         config_fail_closed("memslice: %s is not a known key (gpu_mem_limit, gpu_mem_request, context_reserve, "
                     "oversubscribe, host_spill_limit, region_dir, elastic_dir, idle_after, elastic_slot, "
-                    "idle_release, priority).", what);
+                    "idle_release, priority, gpu_compute_request, gpu_compute_limit, compute_dir, compute_slot).", what);
         return -1;
     }
     if (*seen) {
@@ -433,5 +496,6 @@ void config_load(void) {
     if (read_quota(&f, have_file) < 0 || read_oversubscription(&f, have_file) < 0) return;
     if (size_env("MEMSLICE_CGROUP_MARGIN", &c->cgroup_margin, 1) < 0 || read_cgroup_dir() < 0) return;
     if (read_region_dir(&f, have_file) < 0) return;
-    read_elastic(&f, have_file);
+    if (read_elastic(&f, have_file) < 0) return;
+    read_compute(&f, have_file);
 }

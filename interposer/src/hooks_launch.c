@@ -20,27 +20,50 @@
         return rc;                                                                                         \
     }
 
+/* The stream of a cuLaunchKernelEx configuration: cuda.h's CUlaunchConfig starts with seven unsigned ints
+ * (grid, block, shared memory) and then the stream (CUDA 12.0+); only that prefix is read. */
+struct launch_config_head { unsigned int dims[7]; CUstream hStream; };
+static CUstream launch_stream(const CUlaunchConfig *c) {
+    return c ? ((const struct launch_config_head *)(const void *)c)->hStream : NULL;
+}
+
+/* Kernel and graph launches also pass the compute gate (compute.c): a bounded wait while the container is over
+ * its compute limit or owes its neighbours GPU time, and events around the launch that measure its GPU time. */
+#define LAUNCH(name, params, args, stream)                                                                \
+    HOOK CUresult CUDAAPI name params {                                                                    \
+        PROLOGUE();                                                                                        \
+        __auto_type real = REAL(name);                                                                     \
+        if (!real) return CUDA_ERROR_NOT_SUPPORTED;                                                        \
+        CUstream s_ = (stream);                                                                            \
+        int held_ = launch_enter(s_);                                                                      \
+        work_enter();                                                                                      \
+        CUresult rc = real args;                                                                           \
+        work_exit();                                                                                       \
+        launch_exit(held_, s_, rc);                                                                        \
+        return rc;                                                                                         \
+    }
+
 /* Kernel launches: a kernel may read or write any elastic range. */
-GATED(cuLaunchKernel, (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+LAUNCH(cuLaunchKernel, (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                        unsigned int by, unsigned int bz, unsigned int shm, CUstream s, void **params, void **extra),
-      (f, gx, gy, gz, bx, by, bz, shm, s, params, extra))
-GATED(cuLaunchKernel_ptsz, (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+      (f, gx, gy, gz, bx, by, bz, shm, s, params, extra), s)
+LAUNCH(cuLaunchKernel_ptsz, (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                             unsigned int by, unsigned int bz, unsigned int shm, CUstream s, void **params,
                             void **extra),
-      (f, gx, gy, gz, bx, by, bz, shm, s, params, extra))
-GATED(cuLaunchKernelEx, (const CUlaunchConfig *c, CUfunction f, void **params, void **extra), (c, f, params, extra))
-GATED(cuLaunchKernelEx_ptsz, (const CUlaunchConfig *c, CUfunction f, void **params, void **extra),
-      (c, f, params, extra))
-GATED(cuLaunchCooperativeKernel, (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+      (f, gx, gy, gz, bx, by, bz, shm, s, params, extra), s)
+LAUNCH(cuLaunchKernelEx, (const CUlaunchConfig *c, CUfunction f, void **params, void **extra), (c, f, params, extra), launch_stream(c))
+LAUNCH(cuLaunchKernelEx_ptsz, (const CUlaunchConfig *c, CUfunction f, void **params, void **extra),
+      (c, f, params, extra), launch_stream(c))
+LAUNCH(cuLaunchCooperativeKernel, (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                                   unsigned int by, unsigned int bz, unsigned int shm, CUstream s, void **params),
-      (f, gx, gy, gz, bx, by, bz, shm, s, params))
-GATED(cuLaunchCooperativeKernel_ptsz, (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+      (f, gx, gy, gz, bx, by, bz, shm, s, params), s)
+LAUNCH(cuLaunchCooperativeKernel_ptsz, (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                                        unsigned int bx, unsigned int by, unsigned int bz, unsigned int shm,
                                        CUstream s, void **params),
-      (f, gx, gy, gz, bx, by, bz, shm, s, params))
+      (f, gx, gy, gz, bx, by, bz, shm, s, params), s)
 /* Graph launches: a graph's kernels and copies may touch any elastic range. */
-GATED(cuGraphLaunch, (CUgraphExec g, CUstream s), (g, s))
-GATED(cuGraphLaunch_ptsz, (CUgraphExec g, CUstream s), (g, s))
+LAUNCH(cuGraphLaunch, (CUgraphExec g, CUstream s), (g, s), s)
+LAUNCH(cuGraphLaunch_ptsz, (CUgraphExec g, CUstream s), (g, s), s)
 /* Copies: either side may be an elastic range. */
 GATED(cuMemcpy, (CUdeviceptr d, CUdeviceptr s, size_t n), (d, s, n))
 GATED(cuMemcpy_ptds, (CUdeviceptr d, CUdeviceptr s, size_t n), (d, s, n))
@@ -202,12 +225,12 @@ GATED(cuMemsetD8Async, (CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstr
 GATED(cuMemsetD8Async_ptsz, (CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream),
       (dstDevice, uc, N, hStream))
 /* Legacy launches (a kernel may touch any elastic range). */
-GATED(cuLaunch, (CUfunction f), (f))
+LAUNCH(cuLaunch, (CUfunction f), (f), NULL)
 GATED(cuLaunchCooperativeKernelMultiDevice, (CUDA_LAUNCH_PARAMS *launchParamsList, unsigned int numDevices,
       unsigned int flags), (launchParamsList, numDevices, flags))
-GATED(cuLaunchGrid, (CUfunction f, int grid_width, int grid_height), (f, grid_width, grid_height))
-GATED(cuLaunchGridAsync, (CUfunction f, int grid_width, int grid_height, CUstream hStream),
-      (f, grid_width, grid_height, hStream))
+LAUNCH(cuLaunchGrid, (CUfunction f, int grid_width, int grid_height), (f, grid_width, grid_height), NULL)
+LAUNCH(cuLaunchGridAsync, (CUfunction f, int grid_width, int grid_height, CUstream hStream),
+      (f, grid_width, grid_height, hStream), hStream)
 /* Stream memory operations: the GPU writes or polls a device address. */
 GATED(cuStreamBatchMemOp, (CUstream stream, unsigned int count, CUstreamBatchMemOpParams *paramArray,
       unsigned int flags), (stream, count, paramArray, flags))

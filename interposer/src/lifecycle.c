@@ -9,8 +9,9 @@
  *   3. atexit               accounting_at_exit: the charges go back at a normal exit
  *   4. pthread_atfork       after_fork_child below
  *   5. elastic_start        elastic mode on when 0 < request < limit (enforcing only)
+ *   6. compute_start        the compute share on when a request, limit or compute directory is set
  * then the shim is ready. In a forked child: accounting_after_fork (its own slot), ctx_after_fork (no context
- * charged), measure_after_fork (no measured memory), elastic_after_fork (no ranges, threads nor board slot). */
+ * charged), measure_after_fork (no measured memory), elastic_after_fork (no ranges, threads nor board slot), compute_after_fork (no events, thread nor record). */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdlib.h>
@@ -26,6 +27,7 @@ static void after_fork_child(void) {
     ctx_after_fork();
     measure_after_fork();
     elastic_after_fork();
+    compute_after_fork();
 }
 
 /* Say once, at start-up, what the shim enforces (or why it fails closed). */
@@ -48,6 +50,7 @@ static void init_once(void) {
     }
     pthread_atfork(NULL, NULL, after_fork_child);
     if (enforcing()) elastic_start();
+    if (g_cfg.mode != MODE_FAIL_CLOSED) compute_start();
     log_started();
     __atomic_store_n(&g_shim_ready, 1, __ATOMIC_RELEASE);
 }

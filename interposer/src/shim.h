@@ -47,6 +47,10 @@ struct shim_config {
     int elastic_slot;          /* elastic_slot / MEMSLICE_ELASTIC_SLOT: the board slot the agent assigned, -1 none */
     int idle_release;          /* idle_release / MEMSLICE_IDLE_RELEASE=1: idle, the request may move too */
     int32_t priority;          /* priority / MEMSLICE_PRIORITY: the pod's PriorityClass value */
+    int compute_request;       /* gpu_compute_request / MEMSLICE_GPU_COMPUTE_REQUEST: percent 0..100, -1 none */
+    int compute_limit;         /* gpu_compute_limit / MEMSLICE_GPU_COMPUTE_LIMIT: percent 1..100, 0 no cap */
+    int compute_slot;          /* compute_slot / MEMSLICE_COMPUTE_SLOT: the slot the provisioner assigned, -1 */
+    char compute_dir[256];     /* compute_dir / MEMSLICE_COMPUTE_DIR: the node's per-GPU compute boards */
     char error[640];           /* MODE_FAIL_CLOSED: the message naming the bad variable */
 };
 
@@ -168,6 +172,17 @@ void elastic_gate_slow(void);
 void elastic_gate_exit(void);
 static inline void work_enter(void) { if (UNLIKELY(g_elastic)) elastic_gate_slow(); }
 static inline void work_exit(void) { if (UNLIKELY(g_elastic)) elastic_gate_exit(); }
+
+/* compute*.c (the compute share, issue 33; docs/architecture.md "Compute share"): launches wait (bounded) while
+ * the container is over its limit or owes its neighbours GPU time, and are measured with events. Free on the hot
+ * path when no share is set. */
+extern int g_compute;                        /* 1 when a compute share is set */
+void compute_start(void);                    /* start-up (lifecycle.c) */
+void compute_after_fork(void);
+int compute_gate_slow(CUstream stream);      /* before a launch: 1 when compute_done_slow must follow */
+void compute_done_slow(int held, CUstream stream, CUresult rc);
+static inline int launch_enter(CUstream s) { return UNLIKELY(g_compute) ? compute_gate_slow(s) : 0; }
+static inline void launch_exit(int held, CUstream s, CUresult rc) { if (UNLIKELY(held)) compute_done_slow(held, s, rc); }
 
 /* routes.c */
 void *hook_for_name(const char *name);       /* our wrapper for an exact exported name, or NULL */

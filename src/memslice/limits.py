@@ -31,6 +31,10 @@ class Limits:
     elastic_slot: int | None = None            # elastic memory: the board slot the agent assigned (0..63)
     idle_release: bool = False                 # elastic memory: idle, the request may move too
     priority: int = 0                          # elastic memory: the pod's PriorityClass value
+    gpu_compute_request: int | None = None     # compute share (issue 33): percent of one GPU, 0..100
+    gpu_compute_limit: int | None = None       # compute share: cap in percent 1..100 (None: no cap)
+    compute_dir: str | None = None             # compute share: the node's per-GPU arbitration directory
+    compute_slot: int | None = None            # compute share: the slot the provisioner assigned (0..63)
 
 
 def _size(n: int) -> str:
@@ -60,8 +64,27 @@ def _elastic_lines(limits: Limits) -> list[str]:
         lines.append(f"elastic_slot={limits.elastic_slot}")
     if limits.idle_release:
         lines.append("idle_release=1")
-    if limits.priority:
-        lines.append(f"priority={max(min(limits.priority, 2**31 - 1), -(2**31))}")
+    return lines
+
+
+def _compute_lines(limits: Limits) -> list[str]:
+    """The compute-share keys (docs/architecture.md, "Compute share"), validated by src/memslice/compute.py."""
+    from .compute import SLOTS, check_share
+
+    lines = []
+    if limits.gpu_compute_request is not None or limits.gpu_compute_limit is not None:
+        share = check_share(limits.gpu_compute_request or 0, limits.gpu_compute_limit, "gpu_compute_request:limit")
+        lines.append(f"gpu_compute_request={share.request}")
+        if share.limit is not None:
+            lines.append(f"gpu_compute_limit={share.limit}")
+    if limits.compute_dir is not None:
+        if not limits.compute_dir.startswith("/") or "\n" in limits.compute_dir:
+            raise ValueError(f"compute_dir={limits.compute_dir!r} is not an absolute path")
+        lines.append(f"compute_dir={limits.compute_dir}")
+    if limits.compute_slot is not None:
+        if not 0 <= limits.compute_slot < SLOTS:
+            raise ValueError(f"compute_slot={limits.compute_slot} is not between 0 and {SLOTS - 1}")
+        lines.append(f"compute_slot={limits.compute_slot}")
     return lines
 
 
@@ -80,6 +103,9 @@ def render(limits: Limits) -> str:
     if limits.region_dir is not None:
         lines.append(f"region_dir={limits.region_dir}")
     lines.extend(_elastic_lines(limits))
+    if limits.priority:
+        lines.append(f"priority={max(min(limits.priority, 2**31 - 1), -(2**31))}")
+    lines.extend(_compute_lines(limits))
     text = "\n".join(lines) + "\n"
     if len(text.encode()) > MAX_BYTES:
         raise ValueError(f"limits file of {len(text)} bytes is over {MAX_BYTES}")

@@ -11,6 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from . import compute
 from .limits import LIMITS_FILE, Limits
 from .limits import write as write_limits
 from .sizes import _UNITS, SizeError, format_bytes, parse_size
@@ -28,6 +29,8 @@ examples:
   memslice run --gpu-mem 4096 --simulate-gpu 16GiB -- python -c 'import pynvml'
   memslice run --gpu-mem 8GiB --oversubscribe=16GiB -- jupyter lab
   memslice run --gpu-mem 12GiB --gpu-mem-request 2GiB -- jupyter lab   # elastic: 2 GiB guaranteed
+  memslice run --gpu-mem 4GiB --gpu-compute 30 -- python serve.py       # 30% of the GPU under contention
+  memslice run --gpu-mem 4GiB --gpu-compute 20:40 -- python train.py    # 20% guaranteed, never over 40%
 
 All processes started by CMD share one quota (one region directory). Going over it makes the CUDA
 allocation fail with CUDA_ERROR_OUT_OF_MEMORY and prints one line on stderr; with --oversubscribe the
@@ -45,7 +48,13 @@ CMD may hold and what frameworks see as the GPU's size. Above the request CMD us
 memory; when CMD has made no CUDA call for --idle-after seconds and another session on the same GPU needs
 HBM, CMD's GPU memory moves to host memory (pointers unchanged) and comes back when it runs again. All
 sessions of this user share one arbitration directory per machine (MEMSLICE_ELASTIC_DIR, default
-$XDG_RUNTIME_DIR/memslice/elastic or /tmp/memslice-UID/elastic), created by the first one."""
+$XDG_RUNTIME_DIR/memslice/elastic or /tmp/memslice-UID/elastic), created by the first one.
+
+Compute share (--gpu-compute REQUEST[:LIMIT], percent of one GPU): under contention CMD gets at least
+REQUEST of the GPU's time (the rest is shared in proportion to the requests), and never more than LIMIT,
+even on an idle GPU; alone, without a limit, it gets the whole GPU. The shim measures CMD's GPU time and
+delays its launches; sessions on one GPU see each other through a per-GPU board in one directory per
+machine (MEMSLICE_COMPUTE_DIR, default $XDG_RUNTIME_DIR/memslice/compute or /tmp/memslice-UID/compute)."""
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -61,6 +70,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "OOM kill)")
     p.add_argument("--idle-after", metavar="SECONDS", type=float,
                    help="elastic memory: idle after this long without a CUDA call (default 300)")
+    p.add_argument("--gpu-compute", metavar="REQUEST[:LIMIT]",
+                   help="compute share in percent of one GPU: REQUEST (0-100) is guaranteed under contention and "
+                        "weighs the sharing of the rest; LIMIT (1-100, at least REQUEST) is a cap that holds even on "
+                        "an idle GPU; e.g. 30 or 20:40")
     p.add_argument("--simulate-gpu", metavar="SIZE[,SIZE..]",
                    help="use the simulated GPU instead of a real driver, e.g. 16GiB or 16GiB,24GiB")
     p.add_argument("--oversubscribe", nargs="?", const="", metavar="SIZE",
@@ -84,7 +97,9 @@ def build_env(args: argparse.Namespace, region_dir: str) -> dict[str, str]:
     env["MEMSLICE_REGION_DIR"] = region_dir
     if args.verbose:
         env.setdefault("MEMSLICE_LOG", "info")
-    for key in ("MEMSLICE_GPU_MEM_REQUEST", "MEMSLICE_ELASTIC_DIR", "MEMSLICE_IDLE_AFTER"):
+    for key in ("MEMSLICE_GPU_MEM_REQUEST", "MEMSLICE_ELASTIC_DIR", "MEMSLICE_IDLE_AFTER",
+                "MEMSLICE_GPU_COMPUTE_REQUEST", "MEMSLICE_GPU_COMPUTE_LIMIT", "MEMSLICE_COMPUTE_DIR",
+                "MEMSLICE_COMPUTE_SLOT"):
         env.pop(key, None)  # the limits file decides
     if args.oversubscribe is not None:
         env["MEMSLICE_OVERSUBSCRIBE"] = "1"
@@ -206,7 +221,12 @@ def limits_for(args: argparse.Namespace, environ: dict[str, str]) -> Limits:
         raise ValueError(f"--idle-after {args.idle_after:g}: idle_after={args.idle_after:g} is not between 0 and "
                          "604800 seconds")
     elastic = request is not None and request < limit
+    share = compute.parse_share(args.gpu_compute) if args.gpu_compute is not None else None
+    cdir = str(compute.ensure_dir(compute.default_dir(environ), 0o700)) if share is not None else None
     return Limits(gpu_mem_bytes=limit,
+                  gpu_compute_request=share.request if share else None,
+                  gpu_compute_limit=share.limit if share else None,
+                  compute_dir=cdir,
                   gpu_mem_request_bytes=request,
                   elastic_dir=elastic_dir(environ) if elastic else None,
                   idle_after_s=args.idle_after if elastic else None,
