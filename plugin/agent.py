@@ -167,15 +167,16 @@ class NodeAgent:
         self.registrar.start()
         # issue 33: memslice.io/gpu-compute, 100 per GPU, on its own socket and registration
         self.compute_registrar = Registrar(cfg.device_plugin_dir, make_compute_server, self.metrics,
-                                           socket_name=COMPUTE_SOCKET, resource=RESOURCE_COMPUTE, preferred=False)
+                                           socket_name=COMPUTE_SOCKET, resource=RESOURCE_COMPUTE, preferred=False,
+                                           counted=False)
         self.compute_registrar.start()
         self._reconciler.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._reconcile_now.set()
-        for part in (self.registrar, self.compute_registrar, self.pod_watcher, self.publisher, self.swap_events, self.dra, self._xid, self.http,
-                     self.regions.reaper):
+        for part in (self.registrar, self.compute_registrar, self.pod_watcher, self.publisher, self.swap_events,
+                     self.dra, self._xid, self.http, self.regions.reaper):
             if part is not None:
                 part.stop()
         if self._reconciler.is_alive():

@@ -52,7 +52,8 @@ container_maps = st.dictionaries(texts.filter(lambda s: 0 < len(s) <= contract.M
 times = st.datetimes(timezones=st.just(UTC))
 shares = st.integers(0, 100).flatmap(lambda r: st.tuples(st.just(r), st.none() | st.integers(max(r, 1), 100)))
 compute_maps = st.dictionaries(texts.filter(lambda s: 0 < len(s) <= contract.MAX_CONTAINER_NAME), shares,
-                               max_size=4).map(lambda m: tuple(contract.ComputeShare(k, *v) for k, v in sorted(m.items())))
+                               max_size=4).map(
+    lambda m: tuple(contract.ComputeShare(k, *v) for k, v in sorted(m.items())))
 reservations = st.builds(Reservation, gpu_uuid=uuids,
                          container_mib=container_maps.map(lambda m: tuple(sorted(m.items()))),
                          assumed_at=st.none() | times, container_compute=compute_maps)

@@ -77,15 +77,19 @@ class ComputePluginService(api_pb2_grpc.DevicePluginServicer):
 
     def ListAndWatch(self, request: api_pb2.Empty, context: grpc.ServicerContext
                      ) -> Iterator[api_pb2.ListAndWatchResponse]:
-        sent = 0
+        sent = [0]  # version last sent
+
+        def due() -> bool:
+            return self.state.version != sent[0] or self._closed
+
         while not self._closed and context.is_active():
             with self.state.changed:  # bounded: wakes at least every second to see a gone stream
-                self.state.changed.wait_for(lambda: self.state.version != sent or self._closed, timeout=1.0)
+                self.state.changed.wait_for(due, timeout=1.0)
             if self._closed:
                 return
-            if self.state.version != sent:
-                sent, resp = self.device_list()
-                log.info("ListAndWatch (compute): sending %d devices (version %d)", len(resp.devices), sent)
+            if self.state.version != sent[0]:
+                sent[0], resp = self.device_list()
+                log.info("ListAndWatch (compute): sending %d devices (version %d)", len(resp.devices), sent[0])
                 yield resp
 
     def GetPreferredAllocation(self, request: api_pb2.PreferredAllocationRequest,

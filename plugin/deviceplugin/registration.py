@@ -58,11 +58,12 @@ class Registrar:
 
     def __init__(self, plugin_dir: Path, make_server: Callable[[Path], PluginServer], metrics: Metrics,
                  poll_s: float = 0.1, socket_name: str = PLUGIN_SOCKET, resource: str = RESOURCE_NAME,
-                 preferred: bool = True) -> None:
+                 preferred: bool = True, counted: bool = True) -> None:
         self.plugin_dir = plugin_dir
         self.kubelet_socket = plugin_dir / KUBELET_SOCKET
         self.socket = plugin_dir / socket_name
         self.resource, self.preferred = resource, preferred
+        self.counted = counted  # the registration metrics are the memory resource's (the compute one: logs only)
         self.make_server = make_server
         self.metrics = metrics
         self.poll_s = poll_s
@@ -99,7 +100,7 @@ class Registrar:
                     why = f"{self.socket} was deleted (kubelet restart)"
                 log.warning("%s: registering again", why)
                 self.registered.clear()
-                self.metrics.registered.set(0)
+                self._count(self.metrics.registered.set, 0)
                 backoff, next_try = 0.1, 0.0
             if not self.registered.is_set():
                 if current is None:
@@ -112,14 +113,14 @@ class Registrar:
                         self._serve_and_register()
                         kubelet_id = current
                         self.registered.set()
-                        self.metrics.registered.set(1)
-                        self.metrics.registrations.inc()
+                        self._count(self.metrics.registered.set, 1)
+                        self._count(self.metrics.registrations.inc)
                         failures = 0
                         log.info("registered %s with the kubelet (%s, endpoint %s)", self.resource,
                                  self.kubelet_socket, self.socket.name)
                     except (grpc.RpcError, OSError) as exc:
                         failures += 1
-                        self.metrics.registration_errors.inc()
+                        self._count(self.metrics.registration_errors.inc)
                         detail = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
                         (log.error if failures in (1, 10) or failures % 100 == 0 else log.debug)(
                             "registering with the kubelet at %s failed (attempt %d): %s; retrying in %.1fs",
@@ -127,6 +128,10 @@ class Registrar:
                         next_try = time.monotonic() + backoff
                         backoff = min(backoff * 2, 5.0)
             self._stop.wait(self.poll_s)
+
+    def _count(self, update: Callable[..., None], *args: int) -> None:
+        if self.counted:
+            update(*args)
 
     def _serve_and_register(self) -> None:
         if self._server is not None:

@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from memslice.proto import api_pb2, api_pb2_grpc
-
 from memslice.compute import ComputeShareError, check_share, provision
+from memslice.proto import api_pb2, api_pb2_grpc
 
 from ..allocator import (
     AllocationError,

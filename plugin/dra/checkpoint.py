@@ -17,7 +17,7 @@ from typing import Any
 from memslice import errors
 
 from ..regions import _atomic_write
-from .prepare import ClaimRef, Elastic, Share
+from .prepare import ClaimRef, Compute, Elastic, Share
 
 VERSION = 1
 
@@ -32,6 +32,7 @@ class PreparedClaim:
     shares: tuple[Share, ...]
     cdi_ids: tuple[str, ...]  # every CDI device ID returned for the claim, memslice's first
     elastic: Elastic | None = None  # the claim's elastic memory (GpuMemConfig limit), slot and priority included
+    compute: Compute | None = None  # the claim's compute share (issue 33), its slot included
 
     @functools.cached_property
     def json(self) -> dict[str, Any]:
@@ -41,16 +42,19 @@ class PreparedClaim:
                                "shares": [asdict(s) for s in self.shares], "cdiIDs": list(self.cdi_ids)}
         if self.elastic is not None:
             out["elastic"] = asdict(self.elastic)
+        if self.compute is not None:
+            out["compute"] = asdict(self.compute)
         return out
 
     @staticmethod
     def from_json(raw: dict[str, Any]) -> PreparedClaim:
-        elastic = raw.get("elastic")
+        elastic, compute = raw.get("elastic"), raw.get("compute")
         return PreparedClaim(ref=ClaimRef(namespace=str(raw["namespace"]), name=str(raw["name"]),
                                           uid=str(raw["uid"])),
                              shares=tuple(Share(**s) for s in raw["shares"]),
                              cdi_ids=tuple(str(c) for c in raw["cdiIDs"]),
-                             elastic=None if elastic is None else Elastic(**elastic))
+                             elastic=None if elastic is None else Elastic(**elastic),
+                             compute=None if compute is None else Compute(**compute))
 
 
 class Checkpoint:
