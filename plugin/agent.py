@@ -16,6 +16,7 @@ from memslice.compute import release as release_compute
 from memslice.contract import RESOURCE_COMPUTE
 from memslice.kube.config import load_api_client
 
+from .compute_metrics import ComputeCollector
 from .config import AgentConfig
 from .deviceplugin.compute import ComputePluginService
 from .deviceplugin.inventory import InventoryPublisher, PodWatcher, inventory_annotations
@@ -268,6 +269,13 @@ class NodeAgent:
                                                      lambda d: dir_usage(Path(d)), self.regions.reaper.pending, fill))
         assert self.elastic is not None
         self.metrics.registry.register(ElasticCollector(self.elastic))
+        state = self.state
+
+        def ledger() -> dict[str, Allocation]:
+            with state.lock:
+                return dict(state.ledger)
+
+        self.metrics.registry.register(ComputeCollector(ledger, self.cfg.compute_dir))
         try:
             self.http = HealthServer(self.metrics.registry, self.live, self.ready, self.cfg.metrics_address,
                                      self.cfg.metrics_port)

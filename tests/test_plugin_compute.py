@@ -8,8 +8,13 @@ refuses IDs that are not the agent's by name; the slot goes back when the pod is
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import struct
 import tempfile
+import threading
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +22,7 @@ from typing import Any
 import grpc
 import pytest
 from kube_standin import KubeApiStandin
+from prometheus_client.parser import text_string_to_metric_families
 from test_e2e_cluster import RESOURCE, UNIT, GpuNode
 from test_extender_support import Cluster, pod_obj
 
@@ -101,6 +107,7 @@ def test_the_agent_advertises_compute_and_allocate_writes_the_share_and_provisio
     host_dir = Path(gpu_dir).parent
     roster = compute.read_roster(host_dir, uuid)
     assert roster == {0: compute.RosterEntry(0, 30, 60, 0), 1: compute.RosterEntry(1, 50, None, 0)}
+    check_metrics(node, Path(gpu_dir))
     # the pod goes: its slot leaves the roster
     cluster.kube.delete("Pod", "default", "a")
     node.kubelet.remove_pod(pod_a["metadata"]["uid"])
@@ -108,6 +115,56 @@ def test_the_agent_advertises_compute_and_allocate_writes_the_share_and_provisio
     assert node.kubelet.wait_for(lambda: compute.read_roster(host_dir, uuid) == {
         1: compute.RosterEntry(1, 50, None, 0)})
     assert not (Path(gpu_dir) / "slot-00").exists()
+
+
+def publish(slot_file: Path, share_pm: int, used_ns: int, stop: threading.Event) -> None:
+    """What a tenant's process does in its own (writable) slot file: publish its figures, fresh, every 50 ms,
+    the way the shim does (memslice.compute's record layout)."""
+    while not stop.is_set():
+        rec = struct.pack("<IHHiBBHiIQQQQQ", compute.RECORD_MAGIC, compute.RECORD_VERSION, compute.F_INFLIGHT, 7,
+                          100, 100, 0, 0, share_pm, time.monotonic_ns(), used_ns, 2_000_000_000, 3_000_000_000, 9)
+        with open(slot_file, "r+b") as f:
+            f.write(rec)
+        stop.wait(0.05)
+
+
+def scrape(node: GpuNode) -> dict[tuple[str, str], float]:
+    """(family sample name, container) -> value of the agent's compute figures (real HTTP, prometheus parser)."""
+    port = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/", node.log())
+    assert port, node.log()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port.group(1)}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {(s.name, s.labels.get("pod", s.labels.get("uuid", ""))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples if "compute" in s.name}
+
+
+def check_metrics(node: GpuNode, gpu_dir: Path) -> None:
+    """Per container: the share it was given (the ledger's), and what its processes published, bounded by the
+    roster: a (limit 60) claims 100 % and is reported at 60; b (no limit) at what it says."""
+    stop = threading.Event()
+    tenants = [threading.Thread(target=publish, args=(gpu_dir / f"slot-0{i}", pm, ns, stop), daemon=True)
+               for i, pm, ns in ((0, 1000, 5_000_000_000), (1, 420, 1_000_000_000))]
+    for t in tenants:
+        t.start()
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # a scrape between two publishes of a loaded machine may find a record just stale
+            m = scrape(node)
+            if ("memslice_container_compute_share_percent", "b") in m or time.monotonic() > deadline:
+                break
+    finally:
+        stop.set()
+        for t in tenants:
+            t.join()
+    assert m[("memslice_container_compute_request_percent", "a")] == 30
+    assert m[("memslice_container_compute_limit_percent", "a")] == 60
+    assert ("memslice_container_compute_limit_percent", "b") not in m
+    assert m[("memslice_container_compute_share_percent", "a")] == 60  # claimed 100, capped by the roster's 60
+    assert m[("memslice_container_compute_share_percent", "b")] == 42
+    assert m[("memslice_container_compute_used_seconds_total", "a")] == 5
+    assert m[("memslice_container_compute_throttled_seconds_total", "b")] == 2
+    assert m[("memslice_container_compute_waited_seconds_total", "b")] == 3
+    assert [v for (n, _), v in m.items() if n == "memslice_gpu_compute_requested_percent"] == [80]
 
 
 BAD_IDS = [
