@@ -11,6 +11,8 @@ import json
 import re
 import shutil
 import struct
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -152,6 +154,12 @@ def check_metrics(node: GpuNode, gpu_dir: Path) -> None:
             m = scrape(node)
             if ("memslice_container_compute_share_percent", "b") in m or time.monotonic() > deadline:
                 break
+        while True:  # `memslice top` on the node: the same figures, named by the agent's records
+            top = subprocess.run([sys.executable, "-m", "memslice", "top", "--region-root", str(node.dir / "regions"),
+                                  "--json"], capture_output=True, text=True, timeout=60)
+            rows = {r["owner"]: r for r in json.loads(top.stdout)["compute"]}
+            if all(r["processes"] for r in rows.values()) or time.monotonic() > deadline:
+                break
     finally:
         stop.set()
         for t in tenants:
@@ -165,6 +173,13 @@ def check_metrics(node: GpuNode, gpu_dir: Path) -> None:
     assert m[("memslice_container_compute_throttled_seconds_total", "b")] == 2
     assert m[("memslice_container_compute_waited_seconds_total", "b")] == 3
     assert [v for (n, _), v in m.items() if n == "memslice_gpu_compute_requested_percent"] == [80]
+    assert top.returncode == 0, top.stderr
+    a, b = rows["default/a/main"], rows["default/b/main"]
+    assert (a["slot"], a["request"], a["limit"], a["share_pct"], a["used_s"]) == (0, 30, 60, 60.0, 5.0), a
+    assert (b["slot"], b["request"], b["limit"], b["share_pct"], b["waited_s"]) == (1, 50, None, 42.0, 3.0), b
+    text = subprocess.run([sys.executable, "-m", "memslice", "top", "--region-root", str(node.dir / "regions"),
+                           "--once"], capture_output=True, text=True, timeout=60).stdout
+    assert "default/a/main: share" in text and "of request 30% limit 60" in text, text
 
 
 BAD_IDS = [
