@@ -169,20 +169,27 @@ def _cap_reason(view: NodeView, need_mib: int, limit: LimitNeed) -> str:
             f"of a cap of {limit_cap_mib(mem, limit.ratio)} MiB ({ratio} × {mem} MiB)")
 
 
-def _compute_fit(view: NodeView, need_mib: int, limit: LimitNeed | None, compute: int
-                 ) -> tuple[Fit, list[GpuRow], dict[str, int]]:
-    """fit for a pod with a compute share: the GPUs with room for its memory (within the cap) AND its compute,
-    and the compute each GPU's pods hold (GPU UUID -> percent)."""
+def _compute_fit(view: NodeView, need_mib: int, limit: LimitNeed | None, compute: int, policy: str
+                 ) -> tuple[Fit, GpuView | None, int]:
+    """fit, the GPU `policy` takes and the score for a pod with a compute share: among the GPUs with room for
+    its memory (within the cap) AND its compute, the one left with the least (binpack) or most (spread) free
+    memory and compute together (the two free fractions added up; ties to the lower index). One pass."""
     if limit is not None and _capped(view, need_mib, limit):
         f, rows = _capped_fit(view, need_mib, limit)
     else:
         f = fit(view, need_mib)
-        rows = [r for r in view.rows if r[4] and r[6] >= need_mib] if f.ok else []
-    used = view.compute_used()
+        rows = list(view.rows) if f.ok else []
     if not f.ok:
-        return f, [], used
-    rows = [r for r in rows if used.get(r[0], 0) + compute <= 100]
-    return (FITS if rows else Fit(False, False, no_compute_reason(need_mib, compute))), rows, used
+        return f, None, MIN_SCORE
+    cols = view.compute_used() if view.compute is not None else {}
+    sign = -1 if policy == "spread" else 1
+    best = min(((sign * ((r[6] - need_mib) / r[3] + (100 - cols.get(r[0], 0) - compute) / 100), r[1], r)
+                for r in rows if r[4] and r[6] >= need_mib and cols.get(r[0], 0) + compute <= 100), default=None)
+    if best is None:
+        return Fit(False, False, no_compute_reason(need_mib, compute)), None, MIN_SCORE
+    left = sign * best[0] / 2  # the mean of the two free fractions after placement
+    fraction = left if policy == "spread" else 1 - left
+    return FITS, GpuView._make(best[2]), max(MIN_SCORE, min(MAX_SCORE, round(MAX_SCORE * fraction)))
 
 
 def no_compute_reason(need_mib: int, compute: int) -> str:
@@ -190,29 +197,6 @@ def no_compute_reason(need_mib: int, compute: int) -> str:
     return (f"pod needs {compute}% compute (memslice.io/gpu-compute) on the GPU that holds its {need_mib} MiB; "
             f"no GPU of the node with that memory free has that compute free now (its pods' compute requests "
             f"would add up to over 100%)")
-
-
-def _compute_left(r: GpuRow, used: dict[str, int], need_mib: int, compute: int) -> float:
-    """The fractions of the GPU's memory and compute left free after placement, added up."""
-    return (r[6] - need_mib) / r[3] + (100 - used.get(r[0], 0) - compute) / 100
-
-
-def _pick_compute(rows: list[GpuRow], used: dict[str, int], need_mib: int, compute: int,
-                  policy: str) -> GpuView | None:
-    """The GPU `policy` takes among `rows` (room for memory and compute): bin-packing or spreading on both."""
-    if not rows:
-        return None
-    sign = -1 if policy == "spread" else 1
-    return GpuView._make(min(rows, key=lambda r: (sign * _compute_left(r, used, need_mib, compute), r[1])))
-
-
-def _score_compute(gpu: GpuView | None, used: dict[str, int], need_mib: int, compute: int, policy: str) -> int:
-    """The score of a pod with a compute share: the mean of the chosen GPU's memory and compute fractions."""
-    if gpu is None:
-        return MIN_SCORE
-    left = _compute_left(tuple(gpu), used, need_mib, compute) / 2  # type: ignore[arg-type]
-    fraction = left if policy == "spread" else 1 - left
-    return max(MIN_SCORE, min(MAX_SCORE, round(MAX_SCORE * fraction)))
 
 
 def _pick_of(rows: list[GpuRow], policy: str) -> GpuView | None:
@@ -236,8 +220,7 @@ def choose_gpu(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | No
                compute: int = 0) -> GpuView | None:
     """The GPU the pod gets on this node under `policy`; None when it does not fit."""
     if compute:
-        _, rows, used = _compute_fit(view, need_mib, limit, compute)
-        return _pick_compute(rows, used, need_mib, compute, policy)
+        return _compute_fit(view, need_mib, limit, compute, policy)[1]
     if limit is not None and _capped(view, need_mib, limit):
         return _pick_of(_capped_fit(view, need_mib, limit)[1], policy)
     return _pick(view, need_mib, policy) if fit(view, need_mib).ok else None
@@ -262,9 +245,8 @@ def verdict(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None 
             compute: int = 0) -> Verdict:
     """fit and score of one node in one go (what the memo keeps)."""
     if compute:
-        f, rows, used = _compute_fit(view, need_mib, limit, compute)
-        gpu = _pick_compute(rows, used, need_mib, compute, policy)
-        return f.ok, f.unresolvable, f.reason, _score_compute(gpu, used, need_mib, compute, policy)
+        f, _, value = _compute_fit(view, need_mib, limit, compute, policy)
+        return f.ok, f.unresolvable, f.reason, value
     if limit is not None and _capped(view, need_mib, limit):
         f, rows = _capped_fit(view, need_mib, limit)
         return f.ok, f.unresolvable, f.reason, _score_on(_pick_of(rows, policy), need_mib, policy)
@@ -290,5 +272,5 @@ def fits_without(view: NodeView, need_mib: int, freed_mib: dict[str, int], freed
     after = NodeView.of(view.name, view.unit_mib, gpus, max(view.unplaced_mib - freed_unplaced_mib, 0),
                         view.error, over, used)
     if compute:
-        return _compute_fit(after, need_mib, limit, compute)[0].ok
+        return _compute_fit(after, need_mib, limit, compute, "binpack")[0].ok
     return fit(after, need_mib, limit).ok
