@@ -11,6 +11,7 @@ the kubelet needs one per container, and nothing in it may contradict the limits
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable, Iterator
 
 import grpc
@@ -54,13 +55,13 @@ class ComputePluginService(api_pb2_grpc.DevicePluginServicer):
     def __init__(self, state: NodeState, metrics: Metrics) -> None:
         self.state = state
         self.metrics = metrics
-        self._closed = False
+        self.closed = threading.Event()
         self._list: tuple[int, api_pb2.ListAndWatchResponse] | None = None
 
     def close(self) -> None:
         """End this instance's ListAndWatch streams (the server is being replaced)."""
+        self.closed.set()
         with self.state.changed:
-            self._closed = True
             self.state.changed.notify_all()
 
     def device_list(self) -> tuple[int, api_pb2.ListAndWatchResponse]:
@@ -80,12 +81,12 @@ class ComputePluginService(api_pb2_grpc.DevicePluginServicer):
         sent = [0]  # version last sent
 
         def due() -> bool:
-            return self.state.version != sent[0] or self._closed
+            return self.state.version != sent[0] or self.closed.is_set()
 
-        while not self._closed and context.is_active():
+        while not self.closed.is_set() and context.is_active():
             with self.state.changed:  # bounded: wakes at least every second to see a gone stream
                 self.state.changed.wait_for(due, timeout=1.0)
-            if self._closed:
+            if self.closed.is_set():
                 return
             if self.state.version != sent[0]:
                 sent[0], resp = self.device_list()

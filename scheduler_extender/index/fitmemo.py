@@ -78,7 +78,7 @@ _FITS = tuple((True, False, "", s) for s in range(MAX_SCORE + 1))  # a fitting v
 
 def compute_of(key: Key) -> int:
     """The compute percent of a memo key (0: the pod asks for none)."""
-    return key[3] if len(key) == 4 else 0  # type: ignore[misc]
+    return key[3] if len(key) == 4 else 0
 
 
 class _Table:
@@ -276,7 +276,7 @@ class FitMemo:
         """The limit cap's side of decisions for a pod of `key` on this node (None: the cap is off)."""
         if self.limit_ratio is None:
             return None
-        sig = key[2] if len(key) >= 3 else ()  # type: ignore[misc]
+        sig = key[2] if len(key) >= 3 else ()
         return LimitNeed(limit_total(sig, view.unit_mib) if sig else key[0] * view.unit_mib, self.limit_ratio)
 
     def size(self) -> int:
