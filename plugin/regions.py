@@ -80,7 +80,8 @@ def install_shim(source: str, host_dir: Path) -> Path:
 def install_sim_driver(source_dir: Path, state: Path) -> Path:
     """Give containers the simulated driver: copy its libraries atomically into `<state dir>/simlib`, keep the
     node's description readable by any container user but writable only here, and create the node lock
-    file (content-free, any user may lock it). Containers write only their own usage (in their region dir)."""
+    file (any user may lock and write it: the locks, and the GPUs' compute timelines, which every reader
+    validates). Containers write only their own usage (in their region dir)."""
     lib_dir = state.parent / "simlib"
     lib_dir.mkdir(parents=True, exist_ok=True)
     for name in SIM_LIB_NAMES:

@@ -80,7 +80,8 @@ def container_response(target: Target, region_host_dir: Path, cfg: ResponseConfi
         # The simulated driver stands in for the one the NVIDIA runtime would mount. What a container can
         # write is apart from what the others read: the node's description is read-only, the container's own
         # usage lives in its region dir, the other containers' usage is read (validated) through a read-only
-        # view of the region root, and the node lock is a content-free file used only for fcntl locks.
+        # view of the region root, and the node lock holds only fcntl locks and the GPUs' compute timelines
+        # (one shared simulated GPU; every reader validates them).
         ro = [(CONTAINER_SIM_LIB_DIR, cfg.sim_lib_dir), (CONTAINER_SIM_STATE, cfg.sim_state),
               (CONTAINER_SIM_PEERS, region_host_dir.parent)]
         mounts += [api_pb2.Mount(container_path=c, host_path=str(h), read_only=True) for c, h in ro]

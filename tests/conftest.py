@@ -64,6 +64,7 @@ def cbin(libs: LibPaths, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
         "stress": ["-L", libs.sim_dir, "-l:libcuda.so.1", "-lpthread"],
         "routes": ["-ldl"],
         "spill": ["-L", libs.sim_dir, "-l:libcuda.so.1"],
+        "spin_tenant": ["-L", libs.sim_dir, "-l:libcuda.so.1", "-ldl"],  # spin kernels on the sim (issue 33)
         "sizecheck": [],
     }
     built = {}

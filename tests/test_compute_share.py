@@ -12,9 +12,13 @@ import os
 import struct
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
-from conftest import run
+from conftest import preload, run
+from sim_compute import timeline
 
 from memslice import compute
 from memslice.limits import Limits, render
@@ -167,3 +171,206 @@ def test_read_gpu_bounds_claims_by_the_roster(tmp_path):
     assert (fig.request, fig.limit, fig.priority, fig.share_pct) == (10, 20, 0, 20.0)  # the roster's, not the claims
     assert fig.processes == 1 and fig.used_s == 5.0 and fig.rostered
     assert compute.read_gpu(d, gpu, now_ns=now + compute.FRESH_NS + 1)[0].processes == 0  # stale: not live
+
+
+# ---- shares on the simulated GPU: the real shim in real processes -------------------------------------------
+KERNEL_US = 1000          # one saturating kernel: 1 ms of GPU time
+RUN_S, MARK_S, MARK2_S = 5.5, 1.5, 5.0  # each tenant runs RUN_S; its share is its GPU time between the marks
+
+
+@pytest.fixture(scope="module")
+def spin(tmp_path_factory, libs):
+    """tests/c/spin.c, linked against the simulated driver."""
+    exe = tmp_path_factory.mktemp("spin") / "spin"
+    subprocess.run(["cc", "-O2", "-Wall", "-Werror", f"-I{libs.include}", str(Path(__file__).parent / "c" / "spin.c"),
+                    "-o", str(exe), "-L", libs.sim_dir, "-l:libcuda.so.1"], check=True)
+    return str(exe)
+
+
+class Tenants:
+    """Tenants on one simulated GPU, each with its own share, sharing one compute directory. Their shares are
+    the simulator's own figures (memsliceSimTimeline: GPU ns each process's context got on the GPU's one
+    timeline), read when the first tenant passes MARK_S and again at MARK2_S, while all of them still run."""
+
+    def __init__(self, node, spin, tmp_path, compute_dir=None):
+        self.node, self.spin = node, spin
+        self.dir = compute_dir or tmp_path / "compute"
+        self.dir.mkdir(exist_ok=True, mode=0o700)
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, *args: str, shim: bool = True, **share: str) -> subprocess.Popen[str]:
+        env = dict(self.node.env)
+        if shim:
+            env.update(LD_PRELOAD=preload(self.node.libs.shim), MEMSLICE_COMPUTE_DIR=str(self.dir), **share)
+        env.update(SPIN_MARK_S=str(MARK_S), SPIN_MARK2_S=str(MARK2_S))
+        p = subprocess.Popen([self.spin, *(args or (str(RUN_S), str(KERNEL_US)))], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.procs.append(p)
+        return p
+
+    def _line(self, key: str) -> str:
+        """The first tenant's stdout up to its `key=` line (bounded: the tenant ends within RUN_S)."""
+        p = self.procs[0]
+        assert p.stdout
+        seen = ""
+        for line in p.stdout:
+            seen += line
+            if line.startswith(key + "="):
+                return seen
+        raise AssertionError(f"the tenant ended before printing {key}: {seen!r} {p.stderr.read() if p.stderr else ''}")
+
+    def results(self, timeout: float = 120) -> list[tuple[float, str]]:
+        """(share %, stderr) of each tenant in start order, from the simulator's figures between the marks."""
+        head = self._line("mark_launches")
+        t1 = timeline(self.node.env)
+        head += self._line("mark2_launches")
+        t2 = timeline(self.node.env)
+        busy = [{c["pid"]: c["busy"] for c in t["clients"]} for t in (t1, t2)]
+        out = []
+        for i, p in enumerate(self.procs):
+            stdout, stderr = p.communicate(timeout=timeout)
+            assert p.returncode == 0, stderr
+            if i == 0:
+                stdout = head + stdout
+            assert "launches=" in stdout, stdout
+            share = (busy[1].get(p.pid, 0) - busy[0].get(p.pid, 0)) / (t2["now"] - t1["now"])
+            out.append((100 * share, stderr))
+        return out
+
+
+def shares(node, spin, tmp_path, *envs: dict[str, str]) -> list[float]:
+    t = Tenants(node(), spin, tmp_path)
+    for e in envs:
+        t.start(**e)
+    return [s for s, _ in t.results()]
+
+
+@pytest.mark.parametrize(("a", "b"), [(70, 30), (50, 50)])
+def test_requests_hold_under_contention(a, b, node, spin, tmp_path):
+    got = shares(node, spin, tmp_path, {"MEMSLICE_GPU_COMPUTE_REQUEST": str(a)},
+                 {"MEMSLICE_GPU_COMPUTE_REQUEST": str(b)})
+    assert abs(got[0] - a) <= 8 and abs(got[1] - b) <= 8, got
+    assert sum(got) >= 90, got  # and the GPU is not left idle
+
+
+def test_without_shares_the_gpu_is_split_evenly(node, spin, tmp_path):
+    """Control for the test above: the same two tenants without the shim split the GPU evenly (the simulator
+    time-slices), so a 70/30 split is the shim's doing."""
+    t = Tenants(node(), spin, tmp_path)
+    t.start(shim=False)
+    t.start(shim=False)
+    got = [s for s, _ in t.results()]
+    assert abs(got[0] - got[1]) <= 10, got
+
+
+def test_a_limit_holds_on_an_idle_gpu(node, spin, tmp_path):
+    (got,) = shares(node, spin, tmp_path, {"MEMSLICE_GPU_COMPUTE_LIMIT": "40"})
+    assert 30 <= got <= 45, got
+
+
+def test_work_conserving_a_tenant_alone_gets_far_more_than_its_request(node, spin, tmp_path):
+    (got,) = shares(node, spin, tmp_path, {"MEMSLICE_GPU_COMPUTE_REQUEST": "30"})
+    assert got >= 85, got
+
+
+def test_priority_orders_who_waits(node, spin, tmp_path):
+    """Two best-effort tenants: the one whose pod has the higher priority gets the GPU; the other still runs
+    (its waits are bounded)."""
+    got = shares(node, spin, tmp_path, {"MEMSLICE_GPU_COMPUTE_REQUEST": "0", "MEMSLICE_PRIORITY": "1000"},
+                 {"MEMSLICE_GPU_COMPUTE_REQUEST": "0", "MEMSLICE_PRIORITY": "0"})
+    assert got[0] >= 80 and got[1] > 0, got
+
+
+def test_a_request_is_kept_under_a_higher_priority(node, spin, tmp_path):
+    """Priority takes only what is above a tenant's request: the low-priority tenant keeps its 40."""
+    got = shares(node, spin, tmp_path, {"MEMSLICE_GPU_COMPUTE_REQUEST": "0", "MEMSLICE_PRIORITY": "1000"},
+                 {"MEMSLICE_GPU_COMPUTE_REQUEST": "40", "MEMSLICE_PRIORITY": "0"})
+    assert got[1] >= 32, got
+
+
+def test_a_missing_board_degrades_to_the_own_limit(node, spin, tmp_path):
+    t = Tenants(node(), spin, tmp_path)
+    t.dir = tmp_path / "no" / "such" / "dir"
+    t.start(MEMSLICE_GPU_COMPUTE_LIMIT="40")
+    ((got, stderr),) = t.results()
+    assert "compute share unarbitrated" in stderr and "cannot create" in stderr, stderr
+    assert got <= 45, got
+
+
+def _gpu_dir(compute_dir: Path, timeout: float = 30) -> Path:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        dirs = [d for d in compute_dir.iterdir() if d.is_dir()]
+        if dirs:
+            return dirs[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no GPU directory appeared in {compute_dir}")
+
+
+def _forge(gpu_dir: Path, stop: threading.Event) -> None:
+    """A hostile neighbour without a roster: slot files claiming the highest priority, demand, work on the GPU
+    and a share of 0, restamped every 10 ms; plus a FIFO, a link and garbage where slot files go."""
+    os.mkfifo(gpu_dir / "slot-05")
+    (gpu_dir / "slot-06").symlink_to("/dev/zero")
+    (gpu_dir / "slot-07").write_bytes(os.urandom(compute.SLOT_FILE_SIZE))
+    liar = gpu_dir / "slot-09"
+    while not stop.is_set():
+        rec = struct.pack("<IHHiBBHiIQQQQQ", compute.RECORD_MAGIC, 1, compute.F_DEMAND | compute.F_INFLIGHT, 1, 100,
+                          100, 0, 2**31 - 1, 0, time.monotonic_ns(), 0, 0, 0, 0)
+        liar.write_bytes(rec * compute.PROCS)
+        stop.wait(0.01)
+
+
+def test_a_forged_board_slows_a_tenant_but_never_below_its_request_nor_forever(node, spin, tmp_path):
+    n = node()
+    t = Tenants(n, spin, tmp_path)
+    probe = t.start("0.2", "10")  # creates this GPU's directory
+    probe.wait(timeout=60)
+    t.procs.clear()
+    stop = threading.Event()
+    forger = threading.Thread(target=_forge, args=(_gpu_dir(t.dir), stop), daemon=True)
+    forger.start()
+    try:
+        t.start(MEMSLICE_GPU_COMPUTE_REQUEST="30")
+        ((got, stderr),) = t.results()
+    finally:
+        stop.set()
+        forger.join(timeout=10)
+    assert got >= 25, (got, stderr)  # its request, measured with the liar's in-flight claim halving its spans
+
+
+def test_a_roster_bounds_what_a_neighbour_claims(node, spin, tmp_path):
+    """The node agent's path: slots provisioned with a roster. A neighbour's slot file claiming the highest
+    priority does not hold back a tenant: its priority is the roster's (0)."""
+    n = node()
+    t = Tenants(n, spin, tmp_path)
+    probe = t.start("0.2", "10")
+    probe.wait(timeout=60)
+    t.procs.clear()
+    gpu = _gpu_dir(t.dir)
+    for f in gpu.iterdir():
+        f.unlink()
+    mine = compute.provision(t.dir, gpu.name, compute.Share(30), priority=0)
+    liar = compute.provision(t.dir, gpu.name, compute.Share(0), priority=0)
+    stop = threading.Event()
+
+    def lie() -> None:
+        while not stop.is_set():
+            rec = struct.pack("<IHHiBBHiIQQQQQ", compute.RECORD_MAGIC, 1, compute.F_DEMAND, 1, 100, 100, 0,
+                              2**31 - 1, 1000, time.monotonic_ns(), 0, 0, 0, 0)
+            with open(liar.slot_file, "r+b") as fh:
+                fh.write(rec)
+            stop.wait(0.01)
+
+    th = threading.Thread(target=lie, daemon=True)
+    th.start()
+    try:
+        t.start(MEMSLICE_GPU_COMPUTE_REQUEST="30", MEMSLICE_COMPUTE_SLOT=str(mine.slot))
+        ((got, stderr),) = t.results()
+    finally:
+        stop.set()
+        th.join(timeout=10)
+    assert got >= 80, (got, stderr)
+    figures = {s.slot: s for s in compute.read_gpu(t.dir, gpu.name, now_ns=-1)}
+    assert figures[liar.slot].priority == 0 and figures[liar.slot].share_pct <= 100
+    assert figures[mine.slot].used_s > 0  # the tenant published its GPU time in its own slot file

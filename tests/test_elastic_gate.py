@@ -34,7 +34,7 @@ SUBMITS_WORK = re.compile(r"^cu(Memcpy|Memset|Launch|GraphLaunch|StreamWriteValu
 
 
 def gated() -> set[str]:
-    return set(re.findall(r"^GATED\((\w+),", HOOKS_LAUNCH.read_text(), re.M))
+    return set(re.findall(r"^(?:GATED|LAUNCH)\((\w+),", HOOKS_LAUNCH.read_text(), re.M))  # LAUNCH: gated too (compute)
 
 
 def driver_names() -> set[str]:

@@ -32,6 +32,7 @@ struct sim_stream {
     unsigned int flags;
     CUcontext ctx;
     unsigned long long id;
+    uint64_t target;      /* where its last launch completes on its context's timeline (sim_launch_api.h) */
 };
 struct sim_stream *sim_stream_of(CUstream s);    /* NULL for the special handles and for garbage */
 

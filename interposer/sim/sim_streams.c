@@ -1,14 +1,19 @@
-/* Simulated streams and events. Kernels do not run on the simulated GPU and every copy completes before its
- * call returns, so all work queued on a stream is already done: queries answer CUDA_SUCCESS, synchronizes
- * return at once, and an event's timestamp is the moment it was recorded (so cuEventElapsedTime measures the
- * host time between two records, as a profiler would see an idle GPU). What is modelled faithfully is the
- * handle bookkeeping clients check: flags, priorities within cuCtxGetStreamPriorityRange, the owning context,
- * per-thread and legacy default streams, unrecorded and timing-disabled events, invalid handles. */
+/* Simulated streams and events. Kernels run in GPU time on the timeline of their context's GPU
+ * (simtimeline.h, simcuda_launch.c); every copy completes before its call returns. So a stream query answers
+ * CUDA_ERROR_NOT_READY while the stream's kernels (or a queued stream wait, simcuda_memop.c) are in flight;
+ * an event completes when the work queued before it does, and its timestamp is that moment on the GPU's
+ * timeline (exact for up to TL_MARKS events in flight per context, else the moment it is first seen complete;
+ * an event recorded behind no work is complete at once, stamped when recorded); cuStreamWaitEvent orders a
+ * stream behind an event of another context by waiting for it (bounded); within one context, order holds
+ * already (one queue). Also modelled: the handle bookkeeping clients check: flags, priorities within
+ * cuCtxGetStreamPriorityRange, the owning context, per-thread and legacy default streams, unrecorded and
+ * timing-disabled events, invalid handles. */
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <time.h>
 
 #include "sim_internal.h"
+#include "sim_launch_api.h"
 #include "sim_streams_api.h"
 #include "simstate.h"
 
@@ -23,7 +28,7 @@
 #define EVENT_DISABLE_TIMING 0x2u
 #define EVENT_INTERPROCESS 0x4u
 
-struct sim_evt { uint32_t magic; unsigned int flags; int recorded; int dev; uint64_t ns; };
+struct sim_evt { uint32_t magic; unsigned int flags; int recorded; int dev; uint64_t ns; struct tl_point pt; };
 
 static unsigned long long g_next_id = 100; /* stream IDs; small numbers are the default streams' */
 
@@ -70,7 +75,7 @@ API CUresult cuStreamCreateWithPriority(CUstream *ps, unsigned int flags, int pr
     if (priority < PRIO_GREATEST) priority = PRIO_GREATEST;
     CUcontext c = sim_current_ctx();
     *x = (struct sim_stream){SIM_STREAM_MAGIC, sim_ctx_device(c), 0, priority, flags, c,
-                             __atomic_fetch_add(&g_next_id, 1, __ATOMIC_RELAXED)};
+                             __atomic_fetch_add(&g_next_id, 1, __ATOMIC_RELAXED), 0};
     *ps = (CUstream)x;
     return CUDA_SUCCESS;
 }
@@ -153,22 +158,32 @@ API CUresult cuStreamGetDevice(CUstream s, CUdevice *dev) {
 }
 API CUresult cuStreamGetDevice_ptsz(CUstream s, CUdevice *d) { return cuStreamGetDevice(s, d); }
 
-/* ---- completion: all queued work is already done ----------------------------------------------------- */
-/* Done unless a stream wait is queued on it (simcuda_memop.c). */
+/* ---- completion: on the GPU's timeline ------------------------------------------------------------------ */
+/* Done unless a kernel or a stream wait (simcuda_memop.c) is still queued on it. */
 API CUresult cuStreamQuery(CUstream s) {
     CUresult rc = check_stream(s);
     if (rc) return rc;
+    struct tl_ref ref;
+    uint64_t target;
+    if (sim_stream_point(s, &ref, &target) == CUDA_SUCCESS && !tl_reached(ref, target)) return CUDA_ERROR_NOT_READY;
     return sim_waits_pending(s ? s : (CUstream)0x1) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 API CUresult cuStreamQuery_ptsz(CUstream s) { return cuStreamQuery(s); }
 
-/* Nothing to wait for (all work is done); the arguments are still checked. */
+/* Later work on s runs after the event: already so for an event of the same context (one queue); for an
+ * event of another context, the caller waits for it here (bounded). */
 API CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
     CUresult rc = check_stream(s);
     if (rc) return rc;
     struct sim_evt *x = (struct sim_evt *)e;
     if (!x || x->magic != EVENT_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
-    return flags > 1 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    if (flags > 1) return CUDA_ERROR_INVALID_VALUE;
+    struct tl_ref ref;
+    uint64_t target;
+    if (!__atomic_load_n(&x->recorded, __ATOMIC_ACQUIRE) || x->pt.done || sim_stream_point(s, &ref, &target) ||
+        (ref.gpu == x->pt.ref.gpu && ref.local == x->pt.ref.local))
+        return CUDA_SUCCESS;
+    return tl_wait(x->pt.ref, x->pt.target, SIM_SYNC_NS) == 0 ? CUDA_SUCCESS : CUDA_ERROR_LAUNCH_TIMEOUT;
 }
 API CUresult cuStreamWaitEvent_ptsz(CUstream s, CUevent e, unsigned int f) { return cuStreamWaitEvent(s, e, f); }
 
@@ -194,7 +209,7 @@ API CUresult cuEventCreate(CUevent *pe, unsigned int flags) {
         return CUDA_ERROR_INVALID_VALUE; /* an interprocess event must disable timing */
     struct sim_evt *x = calloc(1, sizeof *x);
     if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
-    *x = (struct sim_evt){EVENT_MAGIC, flags, 0, sim_ctx_device(sim_current_ctx()), 0};
+    *x = (struct sim_evt){.magic = EVENT_MAGIC, .flags = flags, .dev = sim_ctx_device(sim_current_ctx())};
     *pe = (CUevent)x;
     return CUDA_SUCCESS;
 }
@@ -205,18 +220,23 @@ API CUresult cuEventDestroy_v2(CUevent e) {
     struct sim_evt *x = as_event(e);
     if (!x) return CUDA_ERROR_INVALID_HANDLE;
     x->magic = 0;
+    if (x->recorded) tl_forget(&x->pt);
     free(x);
     return CUDA_SUCCESS;
 }
 API CUresult cuEventDestroy(CUevent e) { return cuEventDestroy_v2(e); }
 
-/* Record: the event completes at once; its timestamp is now. */
+/* Record: the event completes with the work queued on s so far (at once if there is none). */
 API CUresult cuEventRecord(CUevent e, CUstream s) {
     CUresult rc = check_stream(s);
     if (rc) return rc;
     struct sim_evt *x = as_event(e);
     if (!x) return CUDA_ERROR_INVALID_HANDLE;
-    x->ns = now_ns();
+    struct tl_ref ref;
+    uint64_t target;
+    if (x->recorded) tl_forget(&x->pt);
+    if (sim_stream_point(s, &ref, &target) == CUDA_SUCCESS) tl_mark(ref, target, &x->pt);
+    else x->pt = (struct tl_point){.ref = {-1, -1}, .mark = -1, .done = 1, .ns = now_ns()};
     __atomic_store_n(&x->recorded, 1, __ATOMIC_RELEASE);
     return CUDA_SUCCESS;
 }
@@ -229,14 +249,34 @@ API CUresult cuEventRecordWithFlags_ptsz(CUevent e, CUstream s, unsigned int f) 
     return cuEventRecordWithFlags(e, s, f);
 }
 
-/* An event's work is complete once recorded; an event never recorded also answers success (documented). */
+/* Complete once the work before it is; its completion time is then known (x->ns). Caller checked x. */
+static int event_done(struct sim_evt *x) {
+    uint64_t ns;
+    if (!__atomic_load_n(&x->recorded, __ATOMIC_ACQUIRE)) return 1;
+    if (!tl_point_time(&x->pt, &ns)) return 0;
+    x->ns = ns;
+    return 1;
+}
+
+/* NOT_READY while the work before the event runs; an event never recorded answers success (documented). */
 API CUresult cuEventQuery(CUevent e) {
     if (!sim_cuda_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
-    return as_event(e) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    struct sim_evt *x = as_event(e);
+    if (!x) return CUDA_ERROR_INVALID_HANDLE;
+    return event_done(x) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
-API CUresult cuEventSynchronize(CUevent e) { return cuEventQuery(e); }
+/* Wait (bounded) until the event completes. */
+API CUresult cuEventSynchronize(CUevent e) {
+    if (!sim_cuda_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+    struct sim_evt *x = as_event(e);
+    if (!x) return CUDA_ERROR_INVALID_HANDLE;
+    if (__atomic_load_n(&x->recorded, __ATOMIC_ACQUIRE) && !x->pt.done &&
+        tl_wait(x->pt.ref, x->pt.target, SIM_SYNC_NS) < 0)
+        return CUDA_ERROR_LAUNCH_TIMEOUT;
+    return event_done(x) ? CUDA_SUCCESS : CUDA_ERROR_LAUNCH_TIMEOUT;
+}
 
-/* Host time between two records; both must be recorded and timing-enabled. */
+/* GPU time between the completions of two events; both must be recorded, complete and timing-enabled. */
 API CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) {
     if (!sim_cuda_initialized()) return CUDA_ERROR_NOT_INITIALIZED;
     struct sim_evt *a = as_event(start), *b = as_event(end);
@@ -245,6 +285,7 @@ API CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) {
         return CUDA_ERROR_INVALID_HANDLE;
     if (!__atomic_load_n(&a->recorded, __ATOMIC_ACQUIRE) || !__atomic_load_n(&b->recorded, __ATOMIC_ACQUIRE))
         return CUDA_ERROR_INVALID_HANDLE; /* the driver's answer for an event never recorded */
+    if (!event_done(a) || !event_done(b)) return CUDA_ERROR_NOT_READY;
     *ms = (float)((double)((int64_t)(b->ns - a->ns)) / 1e6);
     return CUDA_SUCCESS;
 }

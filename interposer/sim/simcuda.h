@@ -9,8 +9,8 @@
  * pinned host memory, memcpy/memset, pointer attributes and cuGetProcAddress with the documented
  * version/flag rules. Physical capacity is shared by every process of the simulated node and is never
  * exceeded: an allocation that does not fit returns CUDA_ERROR_OUT_OF_MEMORY, exactly as a full GPU
- * would. Kernels do not exist here: "device memory" is host memory, so copies and memsets are
- * memcpy/memset. Linked with -Bsymbolic so that cuGetProcAddress hands out this library's own functions
+ * would. Kernels compute nothing but take GPU time on the node's shared timeline (simtimeline.h,
+ * simcuda_launch.c): "device memory" is host memory, so copies and memsets are memcpy/memset. Linked with -Bsymbolic so that cuGetProcAddress hands out this library's own functions
  * even when the shim (which defines the same names) is preloaded. */
 #ifndef MEMSLICE_SIMCUDA_H
 #define MEMSLICE_SIMCUDA_H

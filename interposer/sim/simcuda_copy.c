@@ -4,11 +4,14 @@
  * but has no physical memory mapped (cuMemAddressReserve without cuMemMap, or between cuMemUnmap and the
  * next cuMemMap + cuMemSetAccess) is PROT_NONE, so a copy touching it faults the process, as a GPU's MMU
  * fault kills the context: work submitted against memory in the middle of a remap does not go unnoticed.
- * The legacy 32-bit-ABI entry points (cuMemcpyHtoD, ...) take their pointers zero-extended. */
+ * The legacy 32-bit-ABI entry points (cuMemcpyHtoD, ...) take their pointers zero-extended. A synchronous
+ * device-to-host copy returns only after the kernels queued before it (simcuda_launch.c), as on the legacy
+ * default stream: that is how a program reads a kernel's result. */
 #define _GNU_SOURCE
 #include <string.h>
 
 #include "sim_internal.h"
+#include "sim_launch_api.h"
 #include "simcuda.h"
 
 /* ---- the one copy --------------------------------------------------------------------------------------- */
@@ -52,8 +55,16 @@ API CUresult cuMemcpyHtoDAsync(CUdeviceptr_v1 d, const void *h, unsigned int n, 
 }
 
 /* ---- device to host ----------------------------------------------------------------------------------- */
-/* Device to host copy. */
-API CUresult cuMemcpyDtoH_v2(void *h, CUdeviceptr d, size_t n) { return cuMemcpy(P(h), d, n); }
+/* The kernels the current context queued before a synchronous copy are done first (one flag test in a
+ * process that never launched one). */
+static CUresult after_kernels(void) {
+    return tl_launched() && t_ctx ? sim_stream_drain(NULL, 1) : CUDA_SUCCESS;
+}
+/* Device to host copy, after the context's queued kernels. */
+API CUresult cuMemcpyDtoH_v2(void *h, CUdeviceptr d, size_t n) {
+    CUresult rc = g_initialized ? after_kernels() : CUDA_SUCCESS;
+    return rc ? rc : cuMemcpy(P(h), d, n);
+}
 /* Its per-thread-default-stream variant. */
 API CUresult cuMemcpyDtoH_v2_ptds(void *h, CUdeviceptr d, size_t n) { return cuMemcpyDtoH_v2(h, d, n); }
 /* Its legacy 32-bit ABI. */
@@ -61,7 +72,7 @@ API CUresult cuMemcpyDtoH(void *h, CUdeviceptr_v1 d, unsigned int n) { return cu
 /* Asynchronous device to host copy. */
 API CUresult cuMemcpyDtoHAsync_v2(void *h, CUdeviceptr d, size_t n, CUstream st) {
     (void)st;
-    return cuMemcpyDtoH_v2(h, d, n);
+    return cuMemcpy(P(h), d, n);
 }
 /* Its per-thread-default-stream variant. */
 API CUresult cuMemcpyDtoHAsync_v2_ptsz(void *h, CUdeviceptr d, size_t n, CUstream st) {

@@ -4,6 +4,7 @@
 
 #include "sim_internal.h"
 #include "simcuda.h"
+#include "simtimeline.h"
 
 static int g_primary_refs[SIM_MAX_GPUS];
 static int g_primary_charged[SIM_MAX_GPUS];
@@ -48,7 +49,9 @@ API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
     if (!valid_dev(d)) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_mu);
     if (g_primary_refs[d] > 0 && --g_primary_refs[d] == 0 && g_primary_charged[d]) {
-        /* the last release destroys the primary context: its memory (and its limits') comes back */
+        /* the last release destroys the primary context: its memory (and its limits') comes back, and its
+         * queued kernels are dropped */
+        tl_release_ctx(&g_primary[d]);
         sim_uncharge(S(), d, S()->context_overhead + g_primary[d].extra, 0);
         g_primary[d] = (struct sim_ctx){.magic = CTX_MAGIC, .dev = d, .primary = 1};
         g_primary_charged[d] = 0;
@@ -115,6 +118,7 @@ API CUresult cuCtxDestroy_v2(CUcontext c) {
     struct sim_ctx *x = as_ctx(c);
     if (!x || x->primary) return CUDA_ERROR_INVALID_CONTEXT;
     if (t_ctx == x) t_ctx = NULL;
+    tl_release_ctx(x); /* its queued kernels are dropped with it */
     sim_uncharge(S(), x->dev, S()->context_overhead + x->extra, 0);
     x->magic = 0;
     free(x);

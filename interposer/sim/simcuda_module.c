@@ -1,15 +1,17 @@
 /* Simulated driver: modules and libraries. Code has no meaning here, but the device memory a module's
  * __device__ globals take does: an image that starts with SIM_MODULE_MAGIC (simcuda.h) takes the bytes its
- * header says, on the current context's GPU, until it is unloaded. */
+ * header says, on the current context's GPU, until it is unloaded. Every image has a function of every name
+ * (cuModuleGetFunction, cuLibraryGetKernel): what a launch of it costs in GPU time is simcuda_launch.c's. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "sim_launch_api.h"
 #include "simcuda.h"
 
-struct sim_module { uint32_t magic; int dev; uint64_t bytes; };
+struct sim_module { uint32_t magic; int dev; uint64_t bytes; struct sim_func *funcs; pthread_mutex_t mu; };
 #define MODULE_MAGIC 0x4d4f4431u
 
 /* The globals' size an image declares, or -1 when it is not an image the simulator can load. */
@@ -30,7 +32,7 @@ static CUresult load_image(void **out, const void *image, int library) {
     if (n < 0) return CUDA_ERROR_INVALID_IMAGE;
     struct sim_module *m = calloc(1, sizeof *m);
     if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
-    *m = (struct sim_module){MODULE_MAGIC, t_ctx ? t_ctx->dev : 0, (uint64_t)n};
+    *m = (struct sim_module){MODULE_MAGIC, t_ctx ? t_ctx->dev : 0, (uint64_t)n, NULL, PTHREAD_MUTEX_INITIALIZER};
     if (n && sim_charge(S(), m->dev, (uint64_t)n, 0) < 0) {
         free(m);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -56,6 +58,11 @@ static CUresult unload(void *h) {
     if (!m || m->magic != MODULE_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
     m->magic = 0;
     if (m->bytes) sim_uncharge(S(), m->dev, m->bytes, 0);
+    for (struct sim_func *f = m->funcs, *next; f; f = next) {
+        next = f->next;
+        f->magic = 0;
+        free(f);
+    }
     free(m);
     return CUDA_SUCCESS;
 }
@@ -88,3 +95,52 @@ API CUresult cuLibraryLoadFromFile(CUlibrary *l, const char *path, CUjit_option 
 }
 /* cuLibraryUnload. */
 API CUresult cuLibraryUnload(CUlibrary l) { return unload(l); }
+
+/* The function `name` of a loaded image: the same handle for the same name, made on first use (a function
+ * lives as long as its module, as on a real driver). */
+static CUresult get_function(void **out, void *h, const char *name) {
+    NEED_INIT();
+    struct sim_module *m = h;
+    if (!out || !name) return CUDA_ERROR_INVALID_VALUE;
+    if (!m || m->magic != MODULE_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    size_t len = strnlen(name, SIM_FUNC_NAME);
+    if (len == 0 || len >= SIM_FUNC_NAME) return CUDA_ERROR_NOT_FOUND;
+    pthread_mutex_lock(&m->mu);
+    struct sim_func *f = m->funcs;
+    while (f && strcmp(f->name, name) != 0) f = f->next;
+    if (!f && (f = calloc(1, sizeof *f))) {
+        f->magic = SIM_FUNC_MAGIC;
+        memcpy(f->name, name, len + 1);
+        f->spin = strcmp(name, "spin") == 0 || strncmp(name, "_Z4spin", 7) == 0; /* C, or C++-mangled */
+        f->next = m->funcs;
+        m->funcs = f;
+    }
+    pthread_mutex_unlock(&m->mu);
+    if (!f) return CUDA_ERROR_OUT_OF_MEMORY;
+    *out = f;
+    return CUDA_SUCCESS;
+}
+
+/* cuModuleGetFunction: any name names a function of any simulator image. */
+API CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) { return get_function((void **)f, m, name); }
+/* cuLibraryGetKernel: a library's kernel is the same object as a module's function. */
+API CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary l, const char *name) { return get_function((void **)k, l, name); }
+/* cuKernelGetFunction: the kernel's function in the current context (the same object here). */
+API CUresult cuKernelGetFunction(CUfunction *f, CUkernel k) {
+    NEED_CTX();
+    if (!f) return CUDA_ERROR_INVALID_VALUE;
+    if (!sim_func_of((CUfunction)k)) return CUDA_ERROR_INVALID_HANDLE;
+    *f = (CUfunction)k;
+    return CUDA_SUCCESS;
+}
+/* cuFuncGetName: the name it was looked up by. */
+API CUresult cuFuncGetName(const char **name, CUfunction f) {
+    NEED_INIT();
+    struct sim_func *x = sim_func_of(f);
+    if (!name) return CUDA_ERROR_INVALID_VALUE;
+    if (!x) return CUDA_ERROR_INVALID_HANDLE;
+    *name = x->name;
+    return CUDA_SUCCESS;
+}
+/* cuKernelGetName: the same for a library's kernel. */
+API CUresult cuKernelGetName(const char **name, CUkernel k) { return cuFuncGetName(name, (CUfunction)k); }

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "sim_internal.h"
+#include "sim_launch_api.h"
 #include "simcuda.h"
 
 /* Stream objects live in sim_streams.c (creation, priorities, queries); capture state is kept here. */
@@ -35,21 +36,23 @@ API CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status) {
 /* The per-thread-default-stream variant of cuStreamIsCapturing: the same call. */
 API CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *status) { return cuStreamIsCapturing(s, status); }
 
-/* Synchronising waits for the stream's queued waits (simcuda_memop.c), and is when a real pool gives memory
- * above its release threshold back to the device. */
+/* Synchronising waits for the stream's kernels (their GPU time, sim_launch_api.h) and queued waits
+ * (simcuda_memop.c), and is when a real pool gives memory above its release threshold back to the device. */
 API CUresult cuStreamSynchronize(CUstream s) {
     NEED_INIT();
-    CUresult rc = sim_waits_drain(s ? s : (CUstream)0x1);
+    CUresult rc = sim_stream_drain(s, 0);
+    if (rc == CUDA_SUCCESS) rc = sim_waits_drain(s ? s : (CUstream)0x1);
     trim_all_pools();
     return rc;
 }
 /* The per-thread-default-stream variant of cuStreamSynchronize: the same call. */
 API CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
-/* Context-wide synchronisation: every queued wait (simcuda_memop.c) is met; pools give back memory above
- * their thresholds. */
+/* Context-wide synchronisation: every kernel of the context is done and every queued wait (simcuda_memop.c)
+ * is met; pools give back memory above their thresholds. */
 API CUresult cuCtxSynchronize(void) {
     NEED_INIT();
-    CUresult rc = sim_waits_drain(NULL);
+    CUresult rc = t_ctx ? sim_stream_drain(NULL, 1) : CUDA_SUCCESS;
+    if (rc == CUDA_SUCCESS) rc = sim_waits_drain(NULL);
     trim_all_pools();
     return rc;
 }

@@ -3,8 +3,9 @@
  * exporters) call all of these, and a tool that gets an error it does not expect prints a traceback.
  *
  * The values are those of an idle data-centre GPU of the H100 class, stable over time so tests and
- * dashboards are reproducible: kernels never run on the simulated GPU, so utilization is 0% and clocks sit
- * at their idle values; the performance state is P0 while any process holds device memory (a context is
+ * dashboards are reproducible, except utilisation: the GPU's and each process's busy share of the last sample
+ * period of the compute timeline (simtimeline.h), where kernels run in GPU time. Clocks sit at their idle
+ * values; the performance state is P0 while any process holds device memory (a context is
  * resident) and P8 otherwise; power is an idle draw plus a small term per GiB resident, and the energy counter
  * integrates that since boot, so it only grows. No graphics or MPS clients exist on the simulated node. */
 #define _GNU_SOURCE
@@ -15,6 +16,7 @@
 #include "sim_nvml.h"
 #include "simnvml_monitoring_api.h"
 #include "simstate.h"
+#include "simtimeline.h"
 
 #define API SIM_EXPORT
 #define DEV(d, idx) unsigned int idx; { nvmlReturn_t rc_ = sim_nvml_dev(d, &idx); if (rc_) return rc_; }
@@ -194,12 +196,13 @@ API nvmlReturn_t nvmlDeviceGetTargetFanSpeed(nvmlDevice_t d, unsigned int fan, u
     return nvmlDeviceGetFanSpeed_v2(d, fan, pct);
 }
 
-/* ---- utilization: no kernel ever runs ---------------------------------------------------------------- */
+/* ---- utilization: from the compute timeline ------------------------------------------------------------ */
+/* The percentage of the last sample period (TL_PERIOD_NS) in which a kernel ran; memory: none measured. */
 API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
     DEV(d, i);
-    (void)i;
     if (!u) return NVML_ERROR_INVALID_ARGUMENT;
-    u->gpu = u->memory = 0;
+    u->gpu = tl_util((int)i);
+    u->memory = 0;
     return NVML_SUCCESS;
 }
 /* Encoder, decoder, JPEG and OFA engines: idle, over NVML's usual 167 ms sampling period. */
@@ -222,14 +225,35 @@ API nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t d, int counter, unsign
     *kbps = 0;
     return NVML_SUCCESS;
 }
-/* No samples ever: NVML's answer when nothing ran in the window. */
+/* nvmlProcessUtilizationSample_t, as nvml.h lays it out. */
+struct util_sample { unsigned int pid; unsigned long long ts; unsigned int sm, mem, enc, dec; };
+struct util_arg { struct util_sample got[TL_CLIENTS]; unsigned int n; unsigned long long since; };
+
+/* Keep one process's sample if it is newer than what the caller has seen. */
+static void keep_sample(void *arg, uint32_t pid, unsigned int sm, uint64_t ts_us) {
+    struct util_arg *a = arg;
+    if (ts_us > a->since && a->n < TL_CLIENTS) a->got[a->n++] = (struct util_sample){pid, ts_us, sm, 0, 0, 0};
+}
+
+/* One sample per process that ran kernels in the last sample period (smUtil: its share of it), stamped
+ * with the period's end; NOT_FOUND when none is newer than `since`. samples NULL: the count needed. */
 API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, void *samples, unsigned int *count,
                                                  unsigned long long since) {
     DEV(d, i);
-    (void)i; (void)samples; (void)since;
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
-    *count = 0;
-    return NVML_ERROR_NOT_FOUND;
+    struct util_arg a = {.since = since};
+    tl_samples((int)i, keep_sample, &a);
+    if (a.n == 0) {
+        *count = 0;
+        return NVML_ERROR_NOT_FOUND;
+    }
+    if (!samples || *count < a.n) {
+        *count = a.n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    memcpy(samples, a.got, a.n * sizeof a.got[0]);
+    *count = a.n;
+    return NVML_SUCCESS;
 }
 
 /* ---- PCIe and BAR1 ------------------------------------------------------------------------------------ */

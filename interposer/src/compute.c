@@ -29,7 +29,8 @@
 #define CS_HOLD_MAX_NS 500000000ull         /* the longest one launch waits for neighbours */
 #define CS_LIMIT_MAX_NS 2000000000ull       /* the longest one launch waits at its limit */
 #define CS_POLL_NS 100000ull                /* how often a waiting launch looks at the verdict */
-#define CS_RESCAN_NS 1000000000ull          /* roster and new slot files, at most once a second */
+#define CS_RESCAN_NS 100000000ull           /* roster and new slot files, every 100 ms */
+#define CS_REOPEN_NS 1000000000ull          /* every slot file reopened (a replaced one), every second */
 
 int g_compute;
 
@@ -41,8 +42,10 @@ static struct compute {
     int started, measuring, boarded;        /* thread running; events usable; board open */
     CUcontext ctx;                          /* the context the events belong to (the first launch's) */
     CUevent ev_start[CS_DEPTH], ev_end[CS_DEPTH];
+    int busy_at[CS_DEPTH];                  /* n_busy when each in-flight launch was made */
     int head, count;                        /* the in-flight queue */
     uint64_t bucket[CS_BUCKETS], epoch[CS_BUCKETS], first_ns;
+    uint64_t avg_ns;                        /* charged GPU time per launch, moving average (in-flight estimate) */
     uint64_t used_ns, throttled_ns, waited_ns, launches, last_launch_ns;
     int n_busy;                             /* containers with work on the GPU, this one included */
     int verdict;                            /* enum cs_verdict, set by the board thread */
@@ -85,7 +88,8 @@ static void charge_locked(uint64_t ns, uint64_t now) {
 }
 
 /* Pop the launches that completed, oldest first, charging each its span divided by the containers that had
- * work on the GPU (the driver time-slices between contexts). */
+ * work on the GPU (the driver time-slices between contexts): their number when it was launched and now,
+ * averaged. */
 static void reap_locked(uint64_t now) {
     __auto_type query = REAL(cuEventQuery);
     __auto_type elapsed = REAL(cuEventElapsedTime);
@@ -95,20 +99,24 @@ static void reap_locked(uint64_t now) {
         if (r == CUDA_ERROR_NOT_READY) break;
         float ms = 0;
         if (r == CUDA_SUCCESS && elapsed(&ms, g_cs.ev_start[i], g_cs.ev_end[i]) == CUDA_SUCCESS && ms > 0) {
-            int n = __atomic_load_n(&g_cs.n_busy, __ATOMIC_RELAXED);
-            charge_locked((uint64_t)((double)ms * 1e6) / (uint64_t)(n > 0 ? n : 1), now);
+            int n = __atomic_load_n(&g_cs.n_busy, __ATOMIC_RELAXED) + g_cs.busy_at[i];
+            uint64_t ns = (uint64_t)((double)ms * 2e6 / (n > 1 ? n : 2));
+            charge_locked(ns, now);
+            g_cs.avg_ns = g_cs.avg_ns ? (g_cs.avg_ns * 7 + ns) / 8 : ns;
         }
         g_cs.head = (g_cs.head + 1) % CS_DEPTH;
         g_cs.count--;
     }
 }
 
-/* This process's share of the GPU over the window, per mille. */
-static int own_share_pm(uint64_t now) {
+/* This process's share of the GPU over the window, per mille; with `pending`, the launches still in flight
+ * count at their average cost (what they will add: the gate then closes before a burst overshoots). */
+static int own_share_pm(uint64_t now, int pending) {
     uint64_t cur = now / CS_BUCKET_NS, sum = 0;
     pthread_mutex_lock(&g_cs.mu);
     for (int i = 0; i < CS_BUCKETS; i++)
         if (g_cs.epoch[i] + CS_BUCKETS > cur && g_cs.epoch[i] <= cur) sum += g_cs.bucket[i];
+    if (pending) sum += (uint64_t)g_cs.count * g_cs.avg_ns;
     uint64_t first = g_cs.first_ns;
     pthread_mutex_unlock(&g_cs.mu);
     uint64_t window = (CS_BUCKETS - 1) * CS_BUCKET_NS + now % CS_BUCKET_NS;
@@ -137,23 +145,25 @@ static void publish(uint64_t now, int share_pm, uint32_t extra) {
 }
 
 /* One round of the board thread: reap, measure, read the neighbours, decide, publish. */
-static void board_round(uint64_t now, uint64_t *next_rescan) {
+static void board_round(uint64_t now, uint64_t *next_rescan, uint64_t *next_reopen) {
     pthread_mutex_lock(&g_cs.mu);
     reap_locked(now);
     pthread_mutex_unlock(&g_cs.mu);
     struct cs_peer me = {.request = g_cs.request, .limit = g_cs.limit, .priority = g_cfg.priority,
-                        .share_pm = own_share_pm(now)};
-    int mine = me.share_pm;
+                        .share_pm = own_share_pm(now, 1)};
+    int mine = own_share_pm(now, 0);
     static struct cs_peer peers[CS_SLOTS]; /* the board thread's only */
     int n = 0;
     if (g_cs.boarded) {
         if (now >= *next_rescan) {
+            int reopen = now >= *next_reopen;
             cb_read_roster(&g_cs.board);
-            cb_rescan(&g_cs.board);
+            cb_rescan(&g_cs.board, reopen);
             *next_rescan = now + CS_RESCAN_NS;
+            if (reopen) *next_reopen = now + CS_REOPEN_NS;
         }
         int siblings = 0;
-        n = cb_read_peers(&g_cs.board, now, peers, &siblings);
+        n = cb_read_peers(&g_cs.board, now, peers, &siblings);  /* (theirs: completed work only) */
         me.share_pm += siblings;
         int busy = 1;
         for (int i = 0; i < n; i++) busy += peers[i].inflight;
@@ -166,10 +176,10 @@ static void board_round(uint64_t now, uint64_t *next_rescan) {
 /* The board thread: a round every tick (slower once the process has not launched for a second). */
 static void *board_thread(void *arg) {
     (void)arg;
-    uint64_t next_rescan = 0;
+    uint64_t next_rescan = 0, next_reopen = 0;
     for (;;) {
         uint64_t now = mono_ns();
-        board_round(now, &next_rescan);
+        board_round(now, &next_rescan, &next_reopen);
         int idle = now - __atomic_load_n(&g_cs.last_launch_ns, __ATOMIC_RELAXED) > 1000000000ull && !g_cs.count;
         sleep_ns(idle ? CS_IDLE_TICK_NS : CS_TICK_NS);
     }
@@ -245,20 +255,25 @@ int compute_gate_slow(CUstream stream) {
     __auto_type get_ctx = REAL(cuCtxGetCurrent);
     if (!g_cs.measuring || !get_ctx || get_ctx(&cur) != CUDA_SUCCESS || cur != g_cs.ctx) {
         g_cs.launches++;
-        g_cs.last_launch_ns = mono_ns();
+        __atomic_store_n(&g_cs.last_launch_ns, mono_ns(), __ATOMIC_RELAXED);
         pthread_mutex_unlock(&g_cs.mu);
         return 0;
     }
-    if (g_cs.count == CS_DEPTH) {
+    for (int tries = 0; g_cs.count == CS_DEPTH; tries++) {
+        /* Full: wait for the oldest launch without the mutex, so the board thread keeps publishing. */
         __auto_type sync = REAL(cuEventSynchronize);
-        if (sync) sync(g_cs.ev_end[g_cs.head]);
+        CUevent oldest = g_cs.ev_end[g_cs.head];
+        pthread_mutex_unlock(&g_cs.mu);
+        CUresult r = sync ? sync(oldest) : CUDA_ERROR_NOT_SUPPORTED;
+        pthread_mutex_lock(&g_cs.mu);
         reap_locked(mono_ns());
-        if (g_cs.count == CS_DEPTH) { /* unusable event: forget the oldest */
+        if (g_cs.count == CS_DEPTH && (r != CUDA_SUCCESS || tries > 8)) { /* unusable event: forget the oldest */
             g_cs.head = (g_cs.head + 1) % CS_DEPTH;
             g_cs.count--;
         }
     }
     int tail = (g_cs.head + g_cs.count) % CS_DEPTH;
+    g_cs.busy_at[tail] = __atomic_load_n(&g_cs.n_busy, __ATOMIC_RELAXED);
     REAL(cuEventRecord)(g_cs.ev_start[tail], stream);
     return 1;
 }

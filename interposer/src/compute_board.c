@@ -43,7 +43,7 @@ static void safe_uuid(const char *uuid, char *out, size_t cap) {
     out[i] = 0;
 }
 
-/* The roster, reread at most once a second: 1 with a whole one of the layout, else 0 (none: claims are used). */
+/* The roster, reread every rescan: 1 with a whole one of the layout, else 0 (none: claims are used). */
 int cb_read_roster(struct cs_board *b) {
     char path[sizeof b->gpu_dir + 16];
     unsigned char buf[CS_ROSTER_SIZE + 1];
@@ -131,15 +131,14 @@ static int is_candidate(const struct cs_board *b, int i) {
     return !b->have_roster || (b->roster[i].flags & CS_R_ASSIGNED);
 }
 
-/* Reopen the slot files not open yet (at most once a second: new containers, replaced files). */
-void cb_rescan(struct cs_board *b) {
+/* Open the slot files not open yet (new containers); with `reopen`, every one again (a replaced file). */
+void cb_rescan(struct cs_board *b, int reopen) {
     for (int i = 0; i < CS_SLOTS; i++) {
-        if (!is_candidate(b, i)) {
-            if (b->peer_fd[i] >= 0) close(b->peer_fd[i]);
+        if ((!is_candidate(b, i) || reopen) && b->peer_fd[i] >= 0) {
+            close(b->peer_fd[i]);
             b->peer_fd[i] = -1;
-            continue;
         }
-        if (b->peer_fd[i] >= 0) continue;
+        if (!is_candidate(b, i) || b->peer_fd[i] >= 0) continue;
         char path[sizeof b->gpu_dir + 16];
         snprintf(path, sizeof path, "%s/slot-%02d", b->gpu_dir, i);
         b->peer_fd[i] = open_regular(path, O_RDONLY, 0);

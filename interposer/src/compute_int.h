@@ -22,7 +22,7 @@ struct cs_board {
 
 int cb_open(struct cs_board *b, const char *dir, const char *uuid, int want, char *err, size_t errlen);
 int cb_read_roster(struct cs_board *b);
-void cb_rescan(struct cs_board *b);
+void cb_rescan(struct cs_board *b, int reopen);
 void cb_publish(const struct cs_board *b, const struct cs_record *mine);
 int cb_read_peers(const struct cs_board *b, uint64_t now, struct cs_peer peers[CS_SLOTS], int *siblings_pm);
 void cb_close(struct cs_board *b);
