@@ -48,27 +48,26 @@ class RequestError(errors.InputError):
 
 def parse_devices(text: Any, where: str, resource: str = RESOURCE) -> int:
     """A Kubernetes quantity of `memslice.io/gpu-mem` (or `resource`) devices: a whole, non-negative number."""
-    RESOURCE = resource  # noqa: N806 - the messages below name the resource asked for
     if isinstance(text, bool) or not isinstance(text, str | int):
-        raise RequestError(f"{where}: {RESOURCE}={text!r} is not a quantity; write a whole number of "
+        raise RequestError(f"{where}: {resource}={text!r} is not a quantity; write a whole number of "
                            f"devices, e.g. \"4096\"")
     if type(text) is str and len(text) <= 12 and text.isascii() and text.isdigit():  # usual "4096": fast
         return int(text)
     m = _QUANTITY.match(str(text).strip())
     if not m:
-        raise RequestError(f"{where}: {RESOURCE}={text!r} is not a Kubernetes quantity; write a whole "
+        raise RequestError(f"{where}: {resource}={text!r} is not a Kubernetes quantity; write a whole "
                            f"number of devices, e.g. \"4096\"")
     sign, number, suffix = m.group(1), m.group(2), m.group(3) or ""
     scale = _SUFFIX[suffix] if suffix in _SUFFIX else Fraction(10) ** int(suffix[1:])  # or e<exponent>
     value = Fraction(number) * scale
     if sign == "-" and value != 0:
-        raise RequestError(f"{where}: {RESOURCE}={text!r} is negative; ask for a positive whole number of "
+        raise RequestError(f"{where}: {resource}={text!r} is negative; ask for a positive whole number of "
                            f"devices")
     if value.denominator != 1:
-        raise RequestError(f"{where}: {RESOURCE}={text!r} is not a whole number; extended resources are "
+        raise RequestError(f"{where}: {resource}={text!r} is not a whole number; extended resources are "
                            f"counted in whole devices")
     if value > MAX_DEVICES:
-        raise RequestError(f"{where}: {RESOURCE}={text!r} is absurdly large (more than {MAX_DEVICES} "
+        raise RequestError(f"{where}: {resource}={text!r} is absurdly large (more than {MAX_DEVICES} "
                            f"devices); ask for the MiB one GPU can hold, in devices of the node's unit")
     return int(value)
 
