@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import kube_standin_dra as dra
 from kube_standin import KubeApiStandin
 from test_dra_node import DRIVER, make_claim, prepared_spec
 from test_dra_node import world as world  # the fixture, shared
@@ -96,3 +97,20 @@ def test_claims_without_compute_are_unchanged(world) -> None:
     assert "compute" not in claim["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"]
     _, mounts = prepared_spec(node, node.kubelet.prepare(DRIVER, claim), claim)
     assert "compute_slot" not in limits_of(mounts)
+
+
+def test_a_compute_claim_gets_its_pods_priority(world) -> None:
+    """The pod's PriorityClass value orders who waits first: the agent reads the claim's consumer pod (as for
+    an elastic claim) and writes its priority into the roster and the limits file."""
+    kube, node = world
+    pod = kube.put({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "hi", "namespace": "default"},
+                    "spec": {"nodeName": "gpu-a", "priority": 500, "containers": [{"name": "lab", "image": "x"}]}})
+    kube.put(dra.claim("hi", "1Gi"))
+    claim = dra.allocate(kube, "default", "hi", "gpu-a", pod=pod)
+    claim["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"]["compute"] = "25"
+    claim = kube.put(claim)
+    env, mounts = prepared_spec(node, node.kubelet.prepare(DRIVER, claim), claim)
+    keys = limits_of(mounts)
+    assert (keys["gpu_compute_request"], keys["priority"]) == ("25", "500"), keys
+    host = Path(mounts[f"{compute.CONTAINER_COMPUTE_DIR}/{env['NVIDIA_VISIBLE_DEVICES']}"][0]).parent
+    assert compute.read_roster(host, env["NVIDIA_VISIBLE_DEVICES"]) == {0: compute.RosterEntry(0, 25, None, 500)}

@@ -177,6 +177,7 @@ class Compute:
     request: int
     limit: int | None = None
     slot: int = -1
+    priority: int = 0  # the consumer pods' PriorityClass value (the lowest, as for an elastic claim)
 
 
 def compute_for(claim: Mapping[str, Any], ref: ClaimRef, shares: Iterable[Share]) -> Compute | None:
@@ -194,6 +195,15 @@ def compute_for(claim: Mapping[str, Any], ref: ClaimRef, shares: Iterable[Share]
                          f"request of {g.compute} (capacity.requests.{COMPUTE_CAPACITY}); set computeLimit to at "
                          f"least {g.compute}, or remove it")
     return Compute(request=g.compute, limit=cfg.compute_limit)
+
+
+def asks_compute(claim: Mapping[str, Any]) -> bool:
+    """Does an allocation result of this driver consume compute (anything but absent or "0")? (Bounded: the
+    API server bounds the results; the value is only compared.)"""
+    results = _get(claim, "status", "allocation", "devices", "results")
+    return isinstance(results, list) and any(
+        _get(r, "consumedCapacity", COMPUTE_CAPACITY) not in (None, "0") for r in results
+        if isinstance(r, dict) and r.get("driver") == DRIVER)
 
 
 def _compute_pct(raw: object, where: str, device: str) -> int:

@@ -62,6 +62,7 @@ from .prepare import (
     Elastic,
     Grant,
     Share,
+    asks_compute,
     check_fits,
     claim_config,
     compute_for,
@@ -278,8 +279,9 @@ class DraDriver:
             return ClaimError(f"{ref} does not exist (deleted?); nothing was prepared")
         except Exception as exc:  # the API server unreachable or refusing: the kubelet retries
             return ClaimError(f"{ref}: cannot read it from the API server: {exc}")
-        try:
-            elastic = claim_config(claim, ref).limit_mib is not None
+        try:  # an elastic claim, or one with a compute share (issue 33), gets its pods' PriorityClass value
+            cfg = claim_config(claim, ref)
+            elastic = cfg.limit_mib is not None or cfg.compute_limit is not None or asks_compute(claim)
         except ClaimError:
             elastic = False  # refused when prepared, with its message
         if not elastic or self.read_pod is None:
@@ -346,7 +348,7 @@ class DraDriver:
                               fetched.priority or 0)
             except ComputeShareError as exc:
                 raise ClaimError(f"{ref}: cannot provision its compute share: {exc}") from None
-            share = replace(share, slot=p.slot)
+            share = replace(share, slot=p.slot, priority=fetched.priority or 0)
         devices = self._cdi_devices(ref, shares, elastic, share)
         pc = PreparedClaim(ref=ref, shares=tuple(shares),
                            cdi_ids=tuple([d.qualified() for d in devices] + extra_device_ids(devices)),
@@ -396,7 +398,8 @@ class DraDriver:
                                device_ids=tuple(f"{g.device}/{sid}" for sid in g.share_ids), mib=g.mib,
                                created_at=time.time(), namespace=pc.ref.namespace, pod=f"claim:{pc.ref.name}",
                                container=",".join(g.requests), limit_mib=e.limit_mib if e else 0,
-                               elastic_slot=e.slot if e else -1, priority=e.priority if e else 0,
+                               elastic_slot=e.slot if e else -1,
+                               priority=e.priority if e else c.priority if c else 0,
                                idle_release=e.idle_release if e else False,
                                compute_request=c.request if c else 0, compute_limit=(c.limit or 0) if c else 0,
                                compute_slot=c.slot if c else -1)
