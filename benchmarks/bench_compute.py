@@ -13,7 +13,8 @@ calibrated alone, so it is the share of the GPU's capacity the tenant got.
 3. limit: one tenant alone with limit 40: target <= 45 %
 4. pairs 70/30 and 50/50, both saturating: target each within +-5 points of its request
 5. priority: a 50 us kernel of a tenant with priority 1000 (request 10), one every 1 ms, next to a hog
-   (best effort, limit 90, priority 0): its p99 latency next to the hog over its p99 alone (target <= 2)
+   (best effort, limit 90, priority 0): its p99 latency next to the hog over its p99 alone (target <= 2), and
+   the hog's share meanwhile (priority is strict above a request: the hog waits while the other has work)
 6. instructions per cuLaunchKernel, without and with the shim (callgrind, --toggle-collect=cuLaunchKernel, the
    difference between 2,000 and 6,000 launches so start-up cancels out); skipped without valgrind
 
@@ -101,14 +102,19 @@ def saturating(b: Bench, envs: list[dict[str, str]]) -> list[float]:
 
 
 def latency(b: Bench, hog: dict[str, str] | None, hi: dict[str, str], seconds: float) -> dict[str, float]:
-    """The high-priority tenant's latency figures (50 us kernel every 1 ms), alone or next to the hog."""
-    hog_p = b.start(hog, str(seconds + 2), str(b.kernel_us)) if hog else None
+    """The high-priority tenant's latency figures (50 us kernel every 1 ms), alone or next to the hog, and the
+    hog's share meanwhile (the work done between marks at 1 s and at `seconds`: while the other one runs)."""
+    hog_p = b.start({**hog, "SPIN_MARK_S": "1", "SPIN_MARK2_S": str(seconds)}, str(seconds + 1), str(b.kernel_us)) \
+        if hog else None
     try:
         r = finish(b.start(hi, str(seconds), "50", "1000"), seconds + 120)
     finally:
-        if hog_p:
-            finish(hog_p, seconds + 120)
-    return {k: float(r[k]) for k in ("p50_us", "p99_us", "max_us")}
+        h = finish(hog_p, seconds + 120) if hog_p else None
+    out = {k: float(r[k]) for k in ("p50_us", "p99_us", "max_us")}
+    if h:
+        out["hog_share_pct"] = 100.0 * (int(h["mark2_launches"]) - int(h["mark_launches"])) * b.kernel_us / (
+            (seconds - 1) * 1e6)
+    return out
 
 
 def instructions(b: Bench, shim: bool, n: int) -> int:
@@ -146,14 +152,19 @@ def measure(b: Bench, repeats: int, with_instructions: bool) -> dict[str, object
                                        b.env(True, d, MEMSLICE_GPU_COMPUTE_REQUEST=str(c))]))
         res[f"pair_{a}_{c}_shares_pct"] = [round(med([r[0] for r in runs]), 1), round(med([r[1] for r in runs]), 1)]
     seconds = max(b.window, 5.0)
-    d = b.board()
-    hi = b.env(True, d, MEMSLICE_GPU_COMPUTE_REQUEST="10", MEMSLICE_PRIORITY="1000")
-    hog = b.env(True, d, MEMSLICE_GPU_COMPUTE_REQUEST="0", MEMSLICE_GPU_COMPUTE_LIMIT="90", MEMSLICE_PRIORITY="0")
-    alone_lat = latency(b, None, hi, seconds)
-    next_lat = latency(b, hog, {**hi, "MEMSLICE_COMPUTE_DIR": d}, seconds)
+    alone_runs, next_runs = [], []
+    for _ in range(repeats):  # interleaved: the host's load hits both alike
+        d = b.board()
+        hi = b.env(True, d, MEMSLICE_GPU_COMPUTE_REQUEST="10", MEMSLICE_PRIORITY="1000")
+        hog = b.env(True, d, MEMSLICE_GPU_COMPUTE_REQUEST="0", MEMSLICE_GPU_COMPUTE_LIMIT="90", MEMSLICE_PRIORITY="0")
+        alone_runs.append(latency(b, None, hi, seconds))
+        next_runs.append(latency(b, hog, hi, seconds))
+    alone_lat = {k: round(med([r[k] for r in alone_runs]), 1) for k in alone_runs[0]}
+    next_lat = {k: round(med([r[k] for r in next_runs]), 1) for k in next_runs[0]}
     res["priority_alone_us"] = alone_lat
     res["priority_next_to_hog_us"] = next_lat
     res["priority_p99_ratio"] = round(next_lat["p99_us"] / alone_lat["p99_us"], 2) if alone_lat["p99_us"] else 0.0
+    res["priority_p50_ratio"] = round(next_lat["p50_us"] / alone_lat["p50_us"], 2) if alone_lat["p50_us"] else 0.0
     if with_instructions and shutil.which("valgrind") and not b.real:
         per = {}
         for shim in (False, True):

@@ -84,7 +84,7 @@ def main() -> int:
         print(f"spin(100 ms) alone, launch to synchronize:        {results['alone_ms']:.1f} ms")
         print(f"the same next to an equal neighbour:               {results['pair_ms']:.1f} ms")
         print(f"shares of two back-to-back spin(1 ms) tenants:     {results['share_a']:.3f} / {results['share_b']:.3f}")
-        print(f"round trip of an empty kernel (record, launch, record, sync, elapsed): {results['roundtrip_us']:.1f} us")
+        print(f"round trip of an empty kernel (record, launch, record, sync): {results['roundtrip_us']:.1f} us")
     return 0
 
 

@@ -48,7 +48,7 @@ CONTAINER_LIMITS_FILE = CONTAINER_LIMITS
 SIM_LIB_NAMES = ("libcuda.so.1", "libnvidia-ml.so.1")
 CONTAINER_SIM_LIB_DIR = "/usr/local/memslice/sim/lib"
 CONTAINER_SIM_STATE = "/usr/local/memslice/sim/node.state"      # read-only: the node's GPUs and events
-CONTAINER_SIM_LOCK = "/usr/local/memslice/sim/node.lock"        # read-write, used only for fcntl locks
+CONTAINER_SIM_LOCK = "/usr/local/memslice/sim/node.lock"        # read-write: fcntl locks and the compute timelines
 CONTAINER_SIM_PEERS = "/usr/local/memslice/sim/peers"           # read-only: every container's region dir
 SIM_USAGE_NAME = "sim.usage"  # a container's own simulated usage, in its (read-write) region dir
 

@@ -39,6 +39,33 @@ print(json.dumps({"gpu": n.nvmlDeviceGetUtilizationRates(h).gpu, "procs": procs}
 """
 
 
+# The same through NVIDIA's Python bindings (cuda.bindings.driver, which resolves every entry point with
+# cuGetProcAddress): argv[1] spin ns, argv[2] count; prints {"kernels", "query_running", "gpu_ms"}.
+CUDA_BINDINGS_SPIN = r"""
+import json, sys
+import numpy as np
+from cuda.bindings import driver as d
+def ok(r):
+    assert r[0] == d.CUresult.CUDA_SUCCESS, r
+    return r[1] if len(r) == 2 else None
+ok(d.cuInit(0))
+ctx = ok(d.cuDevicePrimaryCtxRetain(ok(d.cuDeviceGet(0))))
+ok(d.cuCtxSetCurrent(ctx))
+fn = ok(d.cuModuleGetFunction(ok(d.cuModuleLoadData(b"MSSIMMOD" + bytes(8))), b"spin"))
+st = ok(d.cuStreamCreate(0))
+e0, e1 = ok(d.cuEventCreate(0)), ok(d.cuEventCreate(0))
+arg = np.array([int(sys.argv[1])], dtype=np.uint64)
+params = np.array([arg.ctypes.data], dtype=np.uint64)
+ok(d.cuEventRecord(e0, st))
+for _ in range(int(sys.argv[2])):
+    ok(d.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, st, params.ctypes.data, 0))
+ok(d.cuEventRecord(e1, st))
+running = int(d.cuStreamQuery(st)[0])
+ok(d.cuStreamSynchronize(st))
+print(json.dumps({"kernels": int(sys.argv[2]), "query_running": running, "gpu_ms": ok(d.cuEventElapsedTime(e0, e1))}))
+"""
+
+
 def driver_env(env: dict[str, str]) -> dict[str, str]:
     """The driver's own view (no shim; the sanitizer runtime first in the sanitizer run): the simulator's figures."""
     out = {k: v for k, v in env.items() if k != "LD_PRELOAD"}

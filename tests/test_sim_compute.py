@@ -13,7 +13,7 @@ import sys
 
 import pytest
 from conftest import PRELOAD_FIRST, run
-from sim_compute import Spinner, driver_env, monotonic_ns, nvml_util, poll, timeline
+from sim_compute import CUDA_BINDINGS_SPIN, Spinner, driver_env, monotonic_ns, nvml_util, poll, timeline
 
 MS = 1_000_000
 
@@ -87,6 +87,9 @@ ok(cu.cuMemAlloc_v2(ctypes.byref(dptr), 64), "cuMemAlloc_v2")
 ok(launch(spin, params), "launch spin")
 ok(cu.cuMemcpyDtoH_v2(host, dptr, 64), "cuMemcpyDtoH_v2")
 res["queued_after_sync_copy"] = figures()[1]
+attr = ctypes.c_int()
+ok(cu.cuFuncGetAttribute(ctypes.byref(attr), 0, spin), "cuFuncGetAttribute")
+res["max_threads"] = attr.value
 print(json.dumps(res))
 """
 
@@ -123,6 +126,7 @@ def test_kernels_take_their_gpu_time_and_completion_is_observed(sim):
     assert r["queued_in_host_fn"] == 0  # the host function ran after the work before it
     assert r["spin_without_argument"] == 1  # CUDA_ERROR_INVALID_VALUE
     assert r["queued_after_sync_copy"] == 0  # a synchronous copy to the host came after the kernel
+    assert r["max_threads"] == 1024
 
 
 def test_alone_a_spin_is_charged_exactly_its_duration(cbin, sim):
@@ -273,3 +277,66 @@ def test_spin_figures_are_computed_from_latencies():
     assert percentile([], 50) == 0 and percentile([5, 1, 3], 50) == 3 and percentile(list(range(100)), 99) == 99
     assert figures([10, 30, 20], 10, 60) == {"kernels": 3, "gpu_ns": 30, "wall_ns": 60, "lat_ns_p50": 20,
                                              "lat_ns_p99": 30, "share": 0.5}
+
+
+def test_cuda_bindings_launch_spin_kernels(sim):
+    """NVIDIA's Python bindings (every entry point through cuGetProcAddress) launch spin on the simulator."""
+    before = timeline(sim.env)
+    out = run([sys.executable, "-c", CUDA_BINDINGS_SPIN, str(20 * MS), "3"], sim.env)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["query_running"] == 600 and got["gpu_ms"] >= 60.0
+    assert timeline(sim.env)["busy"] - before["busy"] == 60 * MS
+
+
+def test_each_gpu_has_its_own_timeline(cbin, node):
+    two = node(gpus="4GiB,4GiB", context_overhead="0")
+    a = Spinner(cbin["spin_tenant"], two.env).queue(100 * MS, count=100, gpu=0)
+    b = Spinner(cbin["spin_tenant"], two.env).queue(100 * MS, count=100, gpu=1)
+    try:
+        def alone_on_each() -> bool:
+            t0, t1 = timeline(two.env, 0), timeline(two.env, 1)
+            return [c["pid"] for c in t0["clients"]] == [a.pid] and [c["pid"] for c in t1["clients"]] == [b.pid]
+        poll(alone_on_each, "each tenant alone on its GPU")
+        busy = poll(lambda: (lambda u: u if u[0]["gpu"] == 100 and u[1]["gpu"] == 100 else None)(
+            [nvml_util(two.env, 0), nvml_util(two.env, 1)]), "both GPUs fully busy")
+        assert busy[0]["procs"] == {a.pid: 100} and busy[1]["procs"] == {b.pid: 100}
+    finally:
+        a.kill()
+        b.kill()
+
+
+EVENTS = r"""
+import ctypes, json
+cu = ctypes.CDLL("libcuda.so.1")
+V, U64 = ctypes.c_void_p, ctypes.c_ulonglong
+def ok(rc):
+    assert rc == 0, rc
+dev, ctx, mod, fn, st = ctypes.c_int(), V(), V(), V(), V()
+ok(cu.cuInit(0)); ok(cu.cuDeviceGet(ctypes.byref(dev), 0))
+ok(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)); ok(cu.cuCtxSetCurrent(ctx))
+ok(cu.cuModuleLoadData(ctypes.byref(mod), ctypes.create_string_buffer(b"MSSIMMOD" + bytes(8), 16)))
+ok(cu.cuModuleGetFunction(ctypes.byref(fn), mod, b"spin")); ok(cu.cuStreamCreate(ctypes.byref(st), 0))
+ns = U64(5_000_000)
+params = (V * 1)(ctypes.cast(ctypes.byref(ns), V))
+events = [V() for _ in range(32)]
+for e in events:
+    ok(cu.cuEventCreate(ctypes.byref(e), 0))
+    ok(cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, st, params, None))
+    ok(cu.cuEventRecord(e, st))
+ok(cu.cuStreamSynchronize(st))
+ms = ctypes.c_float()
+gaps = []
+for a, b in zip(events, events[1:]):
+    ok(cu.cuEventElapsedTime(ctypes.byref(ms), a, b))
+    gaps.append(ms.value)
+print(json.dumps(gaps))
+"""
+
+
+def test_events_in_flight_are_stamped_when_the_timeline_reaches_them(sim):
+    """32 kernels of 5 ms queued with an event after each: each gap between events is exactly one kernel."""
+    out = run([sys.executable, "-c", EVENTS], sim.env)
+    assert out.returncode == 0, out.stderr
+    gaps = json.loads(out.stdout)
+    assert len(gaps) == 31 and all(abs(g - 5.0) < 0.001 for g in gaps), gaps

@@ -35,6 +35,11 @@ CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary l, const char *name);
 CUresult cuKernelGetFunction(CUfunction *f, CUkernel k);
 CUresult cuFuncGetName(const char **name, CUfunction f);
 CUresult cuKernelGetName(const char **name, CUkernel k);
+CUresult cuFuncGetAttribute(int *v, int attrib, CUfunction f);
+CUresult cuFuncSetAttribute(CUfunction f, int attrib, int value);
+CUresult cuFuncSetCacheConfig(CUfunction f, int config);
+CUresult cuKernelGetAttribute(int *v, int attrib, CUkernel k, CUdevice dev);
+CUresult cuKernelSetAttribute(int attrib, int value, CUkernel k, CUdevice dev);
 CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *data);
 CUresult cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *data);
 

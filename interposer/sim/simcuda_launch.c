@@ -102,6 +102,7 @@ static CUresult launch(CUfunction f, unsigned int gx, unsigned int gy, unsigned 
     return CUDA_SUCCESS;
 }
 
+/* cuLaunchKernel and its per-thread-default-stream variant: shared memory does not change GPU time. */
 API CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                             unsigned int by, unsigned int bz, unsigned int shm, CUstream s, void **params,
                             void **extra) {
@@ -120,9 +121,11 @@ API CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void *
     if (!c) return CUDA_ERROR_INVALID_VALUE;
     return launch(f, c->gx, c->gy, c->gz, c->bx, c->by, c->bz, c->stream, params, extra);
 }
+/* Its per-thread-default-stream variant. */
 API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {
     return cuLaunchKernelEx(config, f, params, extra);
 }
+/* A cooperative launch takes the same GPU time (grid-wide sync costs nothing here). */
 API CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                                        unsigned int bx, unsigned int by, unsigned int bz, unsigned int shm,
                                        CUstream s, void **params) {
@@ -145,4 +148,5 @@ API CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *data) {
     fn(data);
     return CUDA_SUCCESS;
 }
+/* Its per-thread-default-stream variant. */
 API CUresult cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *data) { return cuLaunchHostFunc(s, fn, data); }

@@ -144,3 +144,40 @@ API CUresult cuFuncGetName(const char **name, CUfunction f) {
 }
 /* cuKernelGetName: the same for a library's kernel. */
 API CUresult cuKernelGetName(const char **name, CUkernel k) { return cuFuncGetName(name, (CUfunction)k); }
+
+/* ---- function attributes: what an H100 reports for a small kernel; settings are accepted ---------------- */
+#define FUNC_ATTRIBUTE_MAX 16   /* CU_FUNC_ATTRIBUTE_MAX */
+
+/* cuFuncGetAttribute: 1024 threads per block, PTX/binary version 9.0, nothing else used. */
+API CUresult cuFuncGetAttribute(int *v, int attrib, CUfunction f) {
+    NEED_INIT();
+    if (!v || attrib < 0 || attrib >= FUNC_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
+    if (!sim_func_of(f)) return CUDA_ERROR_INVALID_HANDLE;
+    *v = attrib == 0 ? 1024 : attrib == 5 || attrib == 6 ? 90 : 0;
+    return CUDA_SUCCESS;
+}
+/* cuFuncSetAttribute (dynamic shared memory, carveout, cluster settings): accepted, no effect on GPU time. */
+API CUresult cuFuncSetAttribute(CUfunction f, int attrib, int value) {
+    NEED_INIT();
+    (void)value;
+    if (attrib < 0 || attrib >= FUNC_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
+    return sim_func_of(f) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+/* cuFuncSetCacheConfig: accepted (CU_FUNC_CACHE_PREFER_NONE..EQUAL = 0..3). */
+API CUresult cuFuncSetCacheConfig(CUfunction f, int config) {
+    NEED_INIT();
+    if (config < 0 || config > 3) return CUDA_ERROR_INVALID_VALUE;
+    return sim_func_of(f) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+/* cuKernelGetAttribute: the same answers for a library's kernel on a device. */
+API CUresult cuKernelGetAttribute(int *v, int attrib, CUkernel k, CUdevice dev) {
+    NEED_INIT();
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    return cuFuncGetAttribute(v, attrib, (CUfunction)k);
+}
+/* cuKernelSetAttribute: accepted. */
+API CUresult cuKernelSetAttribute(int attrib, int value, CUkernel k, CUdevice dev) {
+    NEED_INIT();
+    if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    return cuFuncSetAttribute((CUfunction)k, attrib, value);
+}

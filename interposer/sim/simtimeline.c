@@ -28,7 +28,7 @@
 #define TL_MIN_NAP_NS (20ull * 1000)
 #define TL_LOCALS 64
 
-struct tl_mark_rec { uint64_t seq, target, done; };   /* seq 0: empty; done 0: not yet */
+struct tl_mark_rec { uint64_t target, done; };   /* target 0: empty; done 0: not yet */
 struct tl_client_rec {
     uint64_t token;                 /* the owning process's random token; 0: free */
     uint32_t pid, local;            /* pid as the driver reports it; the owner's local slot + 1 */
@@ -139,6 +139,7 @@ static int byte_held(int fd, off_t byte) {
     return fl.l_type != F_UNLCK;
 }
 
+/* Where client i of GPU g's liveness lock byte and GPU g's block are in the file. */
 static off_t live_byte(int g, uint32_t i) { return (off_t)(TL_LIVE_BASE + (uint64_t)g * TL_CLIENTS + i); }
 static off_t block_off(int g) { return (off_t)(TL_DATA_BASE + (uint64_t)g * sizeof(struct tl_gpu)); }
 
@@ -182,7 +183,7 @@ static void run(struct tl_gpu *b, uint32_t i, uint64_t t, uint64_t r) {
     b->busy += r;
     for (int k = 0; k < TL_MARKS; k++) {
         struct tl_mark_rec *m = &c->mark[k];
-        if (m->seq && !m->done && m->target <= c->consumed) m->done = t + (m->target > c0 ? m->target - c0 : 0);
+        if (m->target && !m->done && m->target <= c->consumed) m->done = t + (m->target > c0 ? m->target - c0 : 0);
     }
     for (uint64_t a = t, end = t + r; a < end;) {
         uint64_t p = a - a % TL_PERIOD_NS, seg = (p + TL_PERIOD_NS < end ? p + TL_PERIOD_NS : end) - a;
@@ -301,6 +302,10 @@ static int ours_elsewhere(int g, uint32_t i) {
 static struct tl_client_rec *claim(int g, int local) {
     struct tl_gpu *b = &g_tl.blk;
     struct tl_local *L = &g_tl.local[local];
+    if (L->client >= 0) { /* its record was reset: the byte it still holds goes back */
+        byte_lock(g_tl.fd, live_byte(g, (uint32_t)L->client), F_UNLCK);
+        L->client = -1;
+    }
     for (uint32_t i = 0; i < TL_CLIENTS; i++) {
         struct tl_client_rec *c = &b->c[i];
         if (c->token == g_tl.token || ours_elsewhere(g, i)) continue;
@@ -363,6 +368,7 @@ int tl_submit(struct tl_ref r, uint64_t ns, uint64_t *target) {
     return rc;
 }
 
+/* A relaxed flag: the copy paths' test costs one load. */
 int tl_launched(void) { return __atomic_load_n(&g_tl.launched, __ATOMIC_RELAXED); }
 
 /* The client's last completion point. */
@@ -435,14 +441,14 @@ void tl_mark(struct tl_ref r, uint64_t target, struct tl_point *p) {
         int slot = (int)(c->mark_seq % TL_MARKS);
         struct tl_mark_rec *m = &c->mark[slot];
         struct tl_point *old = L->owner[slot];
-        if (!m->seq || m->done) {
-            if (old && m->seq && old->mark == slot && old->seq == m->seq && !old->done) {
+        if (!m->target || m->done) {
+            if (old && m->target && old->mark == slot && old->target == m->target && !old->done) {
                 old->done = 1;
                 old->ns = m->done;
             }
-            *m = (struct tl_mark_rec){.seq = ++c->mark_seq, .target = target};
+            *m = (struct tl_mark_rec){.target = target};
+            c->mark_seq++;
             p->mark = slot;
-            p->seq = m->seq;
             L->owner[slot] = p;
         }
     }
@@ -460,7 +466,7 @@ int tl_point_time(struct tl_point *p, uint64_t *ns) {
         struct tl_client_rec *c = client_of(r.local);
         if (!c || c->consumed >= p->target) {
             const struct tl_mark_rec *m = c && p->mark >= 0 ? &c->mark[p->mark] : NULL;
-            p->ns = m && m->seq == p->seq && m->done ? m->done : now;
+            p->ns = m && m->target == p->target && m->done ? m->done : now;
             p->done = 1;
         }
         session_end(r.gpu);
@@ -489,8 +495,8 @@ static void release_local(int k) {
     if (L->client >= 0 && session_begin(L->gpu, &now) == 0) {
         if (client_of(k)) drop(&g_tl.blk, (uint32_t)L->client);
         session_end(L->gpu);
-        byte_lock(g_tl.fd, live_byte(L->gpu, (uint32_t)L->client), F_UNLCK);
     }
+    if (L->client >= 0) byte_lock(g_tl.fd, live_byte(L->gpu, (uint32_t)L->client), F_UNLCK);
     memset(L, 0, sizeof *L);
 }
 
@@ -511,6 +517,7 @@ static void tl_release_all(void) {
 }
 
 /* ---- NVML and figures ---------------------------------------------------------------------------------- */
+/* The GPU's busy share of the last complete sample period, rounded to a percent. */
 unsigned int tl_util(int gpu) {
     uint64_t now, busy = 0;
     pthread_mutex_lock(&g_tl.mu);
@@ -555,6 +562,7 @@ void tl_samples(int gpu, tl_sample_fn fn, void *arg) {
     }
 }
 
+/* The timeline's figures for tests (simtimeline.h); dead clients found on the way are released first. */
 SIM_EXPORT unsigned int memsliceSimTimeline(unsigned int gpu, unsigned long long *out, unsigned int n) {
     unsigned long long v[4 + 3 * TL_CLIENTS];
     unsigned int count = 0;

@@ -22,7 +22,7 @@
 #include <stdint.h>
 
 #define TL_CLIENTS 32                       /* clients (contexts) per GPU */
-#define TL_MARKS 16                         /* events in flight per client whose completion time is exact */
+#define TL_MARKS 32                         /* events in flight per client whose completion time is exact */
 #define TL_SLICE_NS (2000ull * 1000)        /* the timeslice (the driver's default is of this order) */
 #define TL_PERIOD_NS (166666667ull)         /* NVML's utilisation sample period (1/6 s) */
 #define TL_MAX_PENDING_NS (600ull * 1000000000ull) /* work queued per client, at most */
@@ -30,9 +30,9 @@
 /* A process's handle on its client for one context: `gpu`, and the local slot (opaque). */
 struct tl_ref { int gpu; int local; };
 
-/* An event's place on the timeline: complete once its client has consumed `target`; `mark`/`seq` name the
- * shared record of its exact completion time (mark < 0: none, its time is when it is first seen complete). */
-struct tl_point { struct tl_ref ref; uint64_t target; int mark; uint64_t seq; int done; uint64_t ns; };
+/* An event's place on the timeline: complete once its client has consumed `target`; `mark` is the slot of the
+ * shared record of its exact completion time (< 0: none, its time is when it is first seen complete). */
+struct tl_point { struct tl_ref ref; uint64_t target; int mark; int done; uint64_t ns; };
 
 /* The client of context key `ctx` on GPU gpu (claimed on first use): 0, or -1 (no timeline: work is done at
  * once). */

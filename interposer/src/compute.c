@@ -209,7 +209,8 @@ static void start_locked(void) {
         g_cs.boarded = 1;
     if (!g_cs.boarded)
         shim_log(g_cfg.compute_dir[0] ? LOG_WARN : LOG_INFO, "memslice: compute share unarbitrated (%s): this process "
-                 "keeps its own limit of %d%%, neighbours' shares are not seen", err, g_cs.limit);
+                 "keeps its own limit of %d%%, neighbours' shares are not seen; point compute_dir "
+                 "(MEMSLICE_COMPUTE_DIR) at the node's compute directory to share the GPU by requests", err, g_cs.limit);
     else
         shim_log(LOG_INFO, "memslice: compute share %d%%:%d%% on %s, slot %d%s", g_cs.request, g_cs.limit, g_cs.uuid,
                  g_cs.board.slot, g_cs.board.have_roster ? " (rostered)" : "");

@@ -86,6 +86,7 @@ usage:
     exit(2);
 }
 
+/* qsort orders, for the percentiles. */
 static int cmp_u64(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;
@@ -108,6 +109,7 @@ static long long sim_busy(int g) {
     return busy;
 }
 
+/* Set up a context, a module, a stream and two events; spin; print the figures. */
 int main(int argc, char **argv) {
     struct opts o = parse(argc, argv);
     static const unsigned char image[16] = {'M', 'S', 'S', 'I', 'M', 'M', 'O', 'D'}; /* no globals */
@@ -134,7 +136,8 @@ int main(int argc, char **argv) {
     }
     if (o.launch_only) {
         unsigned long long k = o.count ? o.count : 1;
-        for (unsigned long long i = 0; i < k; i++) check(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s, params, NULL), "cuLaunchKernel");
+        for (unsigned long long i = 0; i < k; i++)
+            check(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s, params, NULL), "cuLaunchKernel");
         printf("{\"launched\": %llu}\n", k);
         fflush(stdout);
         for (;;) pause();
