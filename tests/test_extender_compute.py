@@ -74,10 +74,10 @@ def test_memory_and_compute_must_fit_on_the_same_gpu() -> None:
         result = cl.c.filter(pod, ["n"])
         assert result["NodeNames"] == [], result
         reason = result["FailedNodes"]["n"]
-        assert "pod needs 30% compute (memslice.io/gpu-compute)" in reason and "over 100%" in reason, reason
+        assert "pod needs 30 percent compute (memslice.io/gpu-compute)" in reason and "over 100 percent" in reason, reason
         assert cl.c.prioritize(pod, ["n"])["n"] == 0
         error = cl.c.bind(pod, "n")
-        assert "no longer fits on node n" in error and "30% compute" in error, error
+        assert "no longer fits on node n" in error and "30 percent compute" in error, error
         assert contract.ANN_GPU_UUID not in reserved(cl, "s")
         # a pod without a compute share still goes where the memory is (best effort)
         assert cl.c.filter(plain, ["n"])["NodeNames"] == ["n"]
@@ -134,7 +134,7 @@ def test_a_restarted_extender_rebuilds_the_compute_sums_from_the_annotations() -
         cl.caught_up()
         assert compute_sums(cl, "n") == {"GPU-n-0": 70}
         pod = cl.add_pod(shared("b", 1024, 31))
-        assert "31% compute" in cl.c.filter(pod, ["n"])["FailedNodes"]["n"]
+        assert "31 percent compute" in cl.c.filter(pod, ["n"])["FailedNodes"]["n"]
 
 
 def test_preemption_counts_the_victims_compute() -> None:

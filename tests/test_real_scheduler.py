@@ -596,7 +596,7 @@ def test_memory_and_compute_fit_on_one_gpu_through_the_real_scheduler(world: Wor
         return evs[-1]["message"] if evs else None
 
     msg = wait_until("FailedScheduling event of s", event, 30, 0.5)
-    assert "pod needs 20% compute (memslice.io/gpu-compute) on the GPU that holds its 1024 MiB" in msg, msg
+    assert "pod needs 20 percent compute (memslice.io/gpu-compute) on the GPU that holds its 1024 MiB" in msg, msg
     # a compute share without memory is refused by name (the extender sees it: a managed resource)
     body = pod_body("nomem", 1, "compute")
     body["spec"]["containers"][0]["resources"]["limits"] = {"memslice.io/gpu-compute": "10"}

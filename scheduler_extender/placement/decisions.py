@@ -193,10 +193,11 @@ def _compute_fit(view: NodeView, need_mib: int, limit: LimitNeed | None, compute
 
 
 def no_compute_reason(need_mib: int, compute: int) -> str:
-    """Why a node with room for the pod's memory does not take its compute share now."""
-    return (f"pod needs {compute}% compute (memslice.io/gpu-compute) on the GPU that holds its {need_mib} MiB; "
-            f"no GPU of the node with that memory free has that compute free now (its pods' compute requests "
-            f"would add up to over 100%)")
+    """Why a node with room for the pod's memory does not take its compute share now. No '%' sign: the
+    kube-scheduler formats the reasons it is given (a '%' followed by a letter comes out as '%!c(MISSING)')."""
+    return (f"pod needs {compute} percent compute (memslice.io/gpu-compute) on the GPU that holds its {need_mib} "
+            f"MiB; no GPU of the node with that memory free has that compute free now (its pods' compute requests "
+            f"would add up to over 100 percent)")
 
 
 def _pick_of(rows: list[GpuRow], policy: str) -> GpuView | None:
