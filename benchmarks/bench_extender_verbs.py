@@ -14,6 +14,11 @@ machine's HTTP and scheduling noise that bench_extender.py's end-to-end figures 
 Elastic memory: with `--elastic F` that share of the fill charges and of the pods has a limit of 2 × its
 request (`memslice.io/gpu-mem-limit`); with `--max-limit-ratio R` the extender caps each GPU's sum of limits
 at R × its memory (as `memslice extender --max-limit-ratio`). Without both, the run is the one above.
+
+Compute share (issue 33): with `--compute F` that share of the fill charges and of the pods also holds or asks
+for 10-50 % of its GPU's time (`memslice.io/gpu-compute`): such a pod is fitted on memory and compute of one
+GPU (decisions' compute path), the others as before. Without it, the run is the one above (the figure that
+tells a pod without a share costs what it did).
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ def main() -> int:
     p.add_argument("--cold", action="store_true",
                    help="measure the first --pods pods on a fresh memo (no warmup; the views are built first, as "
                         "the extender's sync builds them, so the figure is the memo's cold cost)")
+    p.add_argument("--compute", type=float, default=0.0, help="share of charges and pods with a compute share")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     sys.path.insert(0, str(ROOT / "tests"))
@@ -79,6 +85,8 @@ def main() -> int:
             used[(n, g)] = used.get((n, g), 0) + mib
             total += mib
             over = (mib,) if args.elastic and rng.random() < args.elastic else ()  # limit 2 × request
+            if args.compute and rng.random() < args.compute:  # (older versions have no compute charge)
+                over = (over[0] if over else 0, rng.choice((10, 20, 30, 40, 50)))
             state.hold(f"fill-{i}", Charge(f"GPU-{names[n]}-{g}", names[n], mib, 0, None, *over))
             i += 1
     k = min(args.names, args.nodes) or args.nodes
@@ -95,6 +103,9 @@ def main() -> int:
         pod = pod_obj(f"p{j}", {"main": mib}, annotations={"memslice.io/gpu-mem-limit": str(2 * mib)} if elastic
                       else None)
         pod["metadata"]["uid"] = f"p{j}"
+        if args.compute and rng.random() < args.compute:
+            pod["spec"]["containers"][0]["resources"]["limits"]["memslice.io/gpu-compute"] = str(
+                rng.choice((10, 20, 30, 40, 50)))
         bodies.append((pod, orjson.dumps({"Pod": pod, "NodeNames": rng.sample(names, k)})))
 
     raw_prioritize = getattr(verbs, "prioritize_json", None)  # (older versions decode every body)
@@ -118,19 +129,19 @@ def main() -> int:
             view = state.view(node)
             mib = int(pod["spec"]["containers"][0]["resources"]["limits"]["memslice.io/gpu-mem"])
             limited = "annotations" in pod["metadata"]
-            if ratio is None:
-                gpu = decisions.choose_gpu(view, mib, "binpack")
-            else:
-                gpu = decisions.choose_gpu(view, mib, "binpack", decisions.LimitNeed((1 + limited) * mib, ratio))
+            pct = int(pod["spec"]["containers"][0]["resources"]["limits"].get("memslice.io/gpu-compute", 0))
+            need = decisions.LimitNeed((1 + limited) * mib, ratio) if ratio is not None else None
+            more = {"compute": pct} if pct else {}  # (older versions have no compute)
+            gpu = decisions.choose_gpu(view, mib, "binpack", need, **more)
             if gpu is not None:
-                over = (mib,) if limited else ()
+                over = (mib if limited else 0, pct) if pct else (mib,) if limited else ()
                 state.hold(pod["metadata"]["uid"], Charge(gpu.uuid, node, mib, 0, None, *over))
         return cpu_f, cpu_p
 
     schedule(bodies[:args.warmup])
     cpu_f, cpu_p = schedule(bodies[args.warmup:])
     result = {"nodes": args.nodes, "fill": args.fill, "names": k, "pods": args.pods,
-              "max_limit_ratio": args.max_limit_ratio, "elastic": args.elastic,
+              "max_limit_ratio": args.max_limit_ratio, "elastic": args.elastic, "compute": args.compute,
               "filter_cpu_ms_per_pod": round(cpu_f / args.pods * 1000, 3),
               "prioritize_cpu_ms_per_pod": round(cpu_p / args.pods * 1000, 3)}
     if args.json:

@@ -11,13 +11,18 @@ from pathlib import Path
 import grpc
 
 from memslice import errors
+from memslice.compute import ComputeShareError
+from memslice.compute import release as release_compute
+from memslice.contract import RESOURCE_COMPUTE
 from memslice.kube.config import load_api_client
 from memslice.probe_http import ProbeServer
 
+from .compute_metrics import ComputeCollector
 from .config import AgentConfig
+from .deviceplugin.compute import ComputePluginService
 from .deviceplugin.inventory import InventoryPublisher, PodWatcher, inventory_annotations
 from .deviceplugin.podresources import PodResourcesClient
-from .deviceplugin.registration import Registrar
+from .deviceplugin.registration import COMPUTE_SOCKET, Registrar
 from .deviceplugin.server import DevicePluginService, PluginServer
 from .devices import ListTooLarge, check_list_fits
 from .dra.agent import DraParts, DraStartError, start_dra
@@ -58,6 +63,7 @@ class NodeAgent:
         self.regions = RegionStore(cfg.region_root, idle_after_s=cfg.idle_after_s)
         self.state: NodeState | None = None
         self.registrar: Registrar | None = None
+        self.compute_registrar: Registrar | None = None
         self.publisher: InventoryPublisher | None = None
         self.pod_watcher: PodWatcher | None = None
         self.http: HealthServer | None = None
@@ -141,7 +147,7 @@ class NodeAgent:
         rcfg = ResponseConfig(shim_host_dir=cfg.shim_host_dir, preload=cfg.preload, visibility=cfg.visibility,
                               cdi_kind=cfg.cdi_kind, sim_lib_dir=sim_lib_dir, sim_state=sim_state,
                               elastic_host_dir=cfg.elastic_dir, idle_after_s=cfg.idle_after_s,
-                              driver_libs=driver_libs)
+                              driver_libs=driver_libs, compute_host_dir=cfg.compute_dir)
         if cfg.kubelet_api == "dra":
             try:
                 self.dra = start_dra(cfg, self.state, self.regions, rcfg, self.api, self.metrics)
@@ -158,15 +164,23 @@ class NodeAgent:
             service = DevicePluginService(state, self.regions, rcfg, self.metrics)
             return PluginServer(sock, service, cfg.grpc_workers)
 
+        def make_compute_server(sock: Path) -> PluginServer:
+            return PluginServer(sock, ComputePluginService(state, self.metrics), cfg.grpc_workers)
+
         self.registrar = Registrar(cfg.device_plugin_dir, make_server, self.metrics)
         self.registrar.start()
+        # issue 33: memslice.io/gpu-compute, 100 per GPU, on its own socket and registration
+        self.compute_registrar = Registrar(cfg.device_plugin_dir, make_compute_server, self.metrics,
+                                           socket_name=COMPUTE_SOCKET, resource=RESOURCE_COMPUTE, preferred=False,
+                                           counted=False)
+        self.compute_registrar.start()
         self._reconciler.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._reconcile_now.set()
-        for part in (self.registrar, self.pod_watcher, self.publisher, self.swap_events, self.dra, self._xid, self.http,
-                     self.probes, self.regions.reaper):
+        for part in (self.registrar, self.compute_registrar, self.pod_watcher, self.publisher, self.swap_events,
+                     self.dra, self._xid, self.http, self.probes, self.regions.reaper):
             if part is not None:
                 part.stop()
         if self._reconciler.is_alive():
@@ -281,6 +295,13 @@ class NodeAgent:
                                                      lambda d: dir_usage(Path(d)), self.regions.reaper.pending, fill))
         assert self.elastic is not None
         self.metrics.registry.register(ElasticCollector(self.elastic))
+        state = self.state
+
+        def ledger() -> dict[str, Allocation]:
+            with state.lock:
+                return dict(state.ledger)
+
+        self.metrics.registry.register(ComputeCollector(ledger, self.cfg.compute_dir))
         try:
             self.http = HealthServer(self.metrics.registry, self.live, self.ready, self.cfg.metrics_address,
                                      self.cfg.metrics_port)
@@ -365,6 +386,12 @@ class NodeAgent:
                      a.gpu_index, a.owner(), a.region_id)
         for a in result.removed:
             self.regions.remove(a.region_id)
+            if a.compute_slot >= 0:  # issue 33: the slot goes back, and the roster no longer counts it
+                try:
+                    release_compute(self.cfg.compute_dir, a.gpu_uuid, a.compute_slot)
+                except (OSError, ComputeShareError) as exc:
+                    log.warning("cannot release compute slot %d of GPU %s (%s): %s", a.compute_slot, a.gpu_uuid,
+                                a.owner(), exc)
             log.info("removed region %s of %s (%d MiB of GPU %d): the pod is gone", a.region_id, a.owner(),
                      a.mib, a.gpu_index)
         updated = []

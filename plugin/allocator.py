@@ -62,6 +62,11 @@ class Reservation:
     spill: int | None = None  # oversubscription of the pod's containers (contract.parse_oversubscribe)
     priority: int = 0  # elastic memory: the pod's PriorityClass value (issue 26)
     idle_release: bool = False  # elastic memory: idle, the request may move too (contract.ANN_IDLE_RELEASE)
+    compute: tuple[contract.ComputeShare, ...] = ()  # compute shares by container (contract.ANN_GPU_COMPUTE)
+
+    def compute_of(self, container: str) -> contract.ComputeShare | None:
+        """The container's compute share; None without one."""
+        return next((c for c in self.compute if c.container == container), None)
 
     def limit_of(self, container: str, mib: int) -> int:
         """The container's limit MiB when it is above `mib` (the quota Allocate grants), else 0: not elastic."""
@@ -89,7 +94,7 @@ def parse_reservation(pod: PodInfo) -> Reservation | None:
     release = contract.parse_idle_release(pod.annotations, where)
     return Reservation(pod_uid=pod.uid, namespace=pod.namespace, name=pod.name, gpu_uuid=r.gpu_uuid,
                        containers=r.container_mib, assumed_at=r.assumed_at, limits=tuple(sorted(limits.items())),
-                       spill=spill, priority=pod.priority, idle_release=release)
+                       spill=spill, priority=pod.priority, idle_release=release, compute=r.container_compute)
 
 
 def group_by_gpu(ids: Iterable[str]) -> dict[int, list[int]]:

@@ -88,6 +88,11 @@ OPTIONS = [
            "'elastic' beside --region-root, i.e. /var/lib/memslice/elastic); mounted "
            "read-write at /run/memslice/elastic in containers whose pod has a memslice.io/gpu-mem-limit above "
            "its request"),
+    Option("--compute-dir", "MEMSLICE_COMPUTE_HOST_DIR", "",
+           "host directory of the node's compute-share arbitration files (one directory per GPU: a roster and "
+           "a slot file per container; default: 'compute' beside --region-root, i.e. /var/lib/memslice/compute); "
+           "a container with a memslice.io/gpu-compute share gets its GPU's directory read-only and its own slot "
+           "read-write under /run/memslice/compute"),
     Option("--idle-after", "MEMSLICE_IDLE_AFTER_S", "300",
            "elastic memory: seconds without a CUDA call after which a container's process is idle (its GPU "
            "memory may move to host memory when a neighbour needs it); 0..604800"),
@@ -157,6 +162,7 @@ class AgentConfig:
     cdi_dir: Path = Path("/var/run/cdi")
     pod_uid: str = ""
     elastic_dir: Path = Path("/var/lib/memslice/elastic")
+    compute_dir: Path = Path("/var/lib/memslice/compute")
     idle_after_s: float = 300.0
     swap_event_interval_s: float = 60.0
     probe_port: int | None = None  # the kubelet's probes alone (memslice.probe_http); None: none
@@ -265,6 +271,7 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> A
         cdi_dir=Path(get("cdi_dir")),
         pod_uid=get("pod_uid"),  # checked where it is used (plugin/dra/agent.py): a downward-API value
         elastic_dir=Path(get("elastic_dir") or Path(get("region_root")).parent / "elastic"),
+        compute_dir=Path(get("compute_dir") or Path(get("region_root")).parent / "compute"),
         idle_after_s=_idle(n("idle_after"), get("idle_after")),
         swap_event_interval_s=_event_interval(n("swap_event_interval_s"), get("swap_event_interval_s")),
         probe_port=_int(n("probe_port"), get("probe_port"), 0, 65535, "a TCP port, 0 for any free port, or "

@@ -66,6 +66,26 @@ def is_device_id(text: str) -> bool:
     return _ID.fullmatch(text) is not None
 
 
+# Compute share (issue 33): `memslice.io/gpu-compute`, one device per percent of one GPU, 100 per GPU, IDs
+# `c<gpu-index>-<n>` (n in 0..99). The kubelet only counts them (a node's total); which GPU a container's
+# share is on is the extender's reservation, as for memory.
+COMPUTE_PER_GPU = 100
+_COMPUTE_ID = re.compile(r"c(0|[1-9][0-9]{0,3})-(0|[1-9][0-9]?)")
+
+
+def compute_id(gpu_index: int, n: int) -> str:
+    return f"c{gpu_index}-{n}"
+
+
+def parse_compute_id(text: str) -> tuple[int, int]:
+    """`c3-42` -> (3, 42); raise DeviceIdError naming the bad ID."""
+    m = _COMPUTE_ID.fullmatch(text)
+    if not m:
+        raise DeviceIdError(f"device ID {show_id(text)} is not a memslice compute device ID (expected "
+                            f"c<gpu-index>-<n> with n in 0..99 and no leading zeros, e.g. c0-17)")
+    return int(m.group(1)), int(m.group(2))
+
+
 def devices_per_gpu(mem_mib: int, unit_mib: int) -> int:
     """Whole units only: the remainder of a GPU's memory below one unit is not advertised."""
     return mem_mib // unit_mib

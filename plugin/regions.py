@@ -24,9 +24,11 @@ import stat
 import tempfile
 import threading
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
+from memslice.compute import CONTAINER_COMPUTE_DIR
 from memslice.elastic import CONTAINER_ELASTIC_DIR
 from memslice.limits import CONTAINER_LIMITS, Limits
 from memslice.limits import write as write_limits
@@ -322,6 +324,15 @@ def dir_usage(path: Path, max_entries: int = 1024, max_depth: int = 8) -> DirUsa
     return DirUsage(entries, size, not budget.truncated)
 
 
+def compute_keys(alloc: Allocation) -> dict[str, Any]:
+    """The compute-share fields of the container's limits file (issue 33): its share, its GPU's compute
+    directory as mounted in the container, its slot and priority; none without a provisioned slot."""
+    if alloc.compute_slot < 0:
+        return {}
+    return {"gpu_compute_request": alloc.compute_request, "gpu_compute_limit": alloc.compute_limit or None,
+            "compute_dir": CONTAINER_COMPUTE_DIR, "compute_slot": alloc.compute_slot, "priority": alloc.priority}
+
+
 def prepare_elastic_dir(directory: Path, gpu_uuids: list[str]) -> None:
     """The node's elastic directory (mounted read-only at CONTAINER_ELASTIC_DIR in elastic containers, their
     GPU's board read-write on top) with one board per GPU, mode 0666 whatever the container's user: the
@@ -364,6 +375,9 @@ class RegionStore:
         raises its cap through its environment."""
         over = alloc.spill is not None
         cap = alloc.spill if alloc.spill is not None and alloc.spill >= 0 else None
+        return replace(self._memory_limits(alloc, over, cap), **compute_keys(alloc))
+
+    def _memory_limits(self, alloc: Allocation, over: bool, cap: int | None) -> Limits:
         if alloc.limit_mib > alloc.mib:
             return Limits(gpu_mem_bytes=alloc.limit_mib << 20, region_dir=CONTAINER_REGION_DIR,
                           gpu_mem_request_bytes=alloc.mib << 20, elastic_dir=CONTAINER_ELASTIC_DIR,

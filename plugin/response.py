@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from memslice.compute import CONTAINER_COMPUTE_DIR
 from memslice.elastic import CONTAINER_ELASTIC_DIR, SLOTS, board_slot_path
 from memslice.proto import api_pb2
 
@@ -36,10 +37,11 @@ class ResponseConfig:
     elastic_host_dir: Path | None = None  # the node's elastic directory (--elastic-dir)
     idle_after_s: float = 300.0           # --idle-after
     driver_libs: tuple[tuple[str, str], ...] = ()  # (container path, host file): the node's driver, read-only
+    compute_host_dir: Path | None = None  # the node's compute directory (--compute-dir; issue 33)
 
 
 def container_response(target: Target, region_host_dir: Path, cfg: ResponseConfig, limit_mib: int = 0,
-                       elastic_slot: int = -1) -> api_pb2.ContainerAllocateResponse:
+                       elastic_slot: int = -1, compute_slot: int = -1) -> api_pb2.ContainerAllocateResponse:
     # The env states the quota for people and older shims; the shim enforces the read-only limits file
     # (RegionStore.create wrote it beside the region directory), which a process cannot change.
     envs = {"MEMSLICE_GPU_MEM_LIMIT": str(target.mib), "MEMSLICE_REGION_DIR": CONTAINER_REGION_DIR}
@@ -64,6 +66,14 @@ def container_response(target: Target, region_host_dir: Path, cfg: ResponseConfi
             own = board_slot_path(target.gpu.uuid, elastic_slot)
             mounts.append(api_pb2.Mount(container_path=f"{CONTAINER_ELASTIC_DIR}/{own}",
                                         host_path=str(cfg.elastic_host_dir / own), read_only=False))
+    if compute_slot >= 0 and cfg.compute_host_dir is not None:
+        # issue 33: the GPU's compute directory (roster, every neighbour's slot) read-only, only this
+        # container's own slot file writable on top of it (a tenant writes only its own slot)
+        gpu = f"{CONTAINER_COMPUTE_DIR}/{target.gpu.uuid}"
+        host = cfg.compute_host_dir / target.gpu.uuid
+        mounts.append(api_pb2.Mount(container_path=gpu, host_path=str(host), read_only=True))
+        mounts.append(api_pb2.Mount(container_path=f"{gpu}/slot-{compute_slot:02d}",
+                                    host_path=str(host / f"slot-{compute_slot:02d}"), read_only=False))
     mounts += [api_pb2.Mount(container_path=c, host_path=h, read_only=True) for c, h in cfg.driver_libs]
     if cfg.preload == "env":
         envs["LD_PRELOAD"] = CONTAINER_SHIM

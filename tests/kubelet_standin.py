@@ -87,6 +87,7 @@ class KubeletStandin:
         self.registrations = 0
         self.register_errors: list[str] = []
         self.reject_registrations = 0  # refuse the next N Register calls (after the dial-back)
+        self.reject_only: str | None = None  # ... of this resource only (None: of any)
         self.preferred_calls = 0
         self.call_seconds: dict[str, list[float]] = {"GetPreferredAllocation": [], "Allocate": []}
         self._server: grpc.Server | None = None
@@ -160,7 +161,7 @@ class KubeletStandin:
             channel.close()
             raise ConnectionError(f"failed to dial device plugin {sock}: {exc}") from exc
         with self.cond:
-            if self.reject_registrations > 0:
+            if self.reject_registrations > 0 and self.reject_only in (None, req.resource_name):
                 self.reject_registrations -= 1
                 channel.close()
                 raise ConnectionError("registration rejected by the test")

@@ -50,9 +50,13 @@ inventories = st.builds(
 container_maps = st.dictionaries(texts.filter(lambda s: 0 < len(s) <= contract.MAX_CONTAINER_NAME),
                                  st.integers(1, contract.MAX_MIB), min_size=1, max_size=8)
 times = st.datetimes(timezones=st.just(UTC))
+shares = st.integers(0, 100).flatmap(lambda r: st.tuples(st.just(r), st.none() | st.integers(max(r, 1), 100)))
+compute_maps = st.dictionaries(texts.filter(lambda s: 0 < len(s) <= contract.MAX_CONTAINER_NAME), shares,
+                               max_size=4).map(
+    lambda m: tuple(contract.ComputeShare(k, *v) for k, v in sorted(m.items())))
 reservations = st.builds(Reservation, gpu_uuid=uuids,
                          container_mib=container_maps.map(lambda m: tuple(sorted(m.items()))),
-                         assumed_at=st.none() | times)
+                         assumed_at=st.none() | times, container_compute=compute_maps)
 
 
 @settings(max_examples=300, deadline=None)
@@ -269,7 +273,8 @@ def test_both_binaries_find_the_api_in_one_order(tmp_path: Path, monkeypatch: py
 configs = st.builds(contract.GpuMemConfig, limit_mib=st.none() | st.integers(1, contract.MAX_MIB),
                     idle_release=st.booleans(),
                     spill=st.none() | st.just(contract.NO_SPILL_CAP)
-                    | st.integers(1, contract.MAX_MIB).map(lambda m: m * contract.MIB))
+                    | st.integers(1, contract.MAX_MIB).map(lambda m: m * contract.MIB),
+                    compute_limit=st.none() | st.integers(1, 100))
 
 
 @settings(deadline=None)  # the first parse imports kubernetes.utils (seconds)
@@ -299,7 +304,7 @@ BAD_CONFIGS = {
     "another kind": ({**KIND, "kind": "GpuConfig"}, "kind 'GpuConfig'; use apiVersion memslice.io/v1alpha1, kind "
                                                    "GpuMemConfig"),
     "unknown key": ({**KIND, "limits": "6Gi"}, "has no field(s) 'limits' (its fields: apiVersion, kind, limit, "
-                                               "idleRelease, oversubscribe); remove them"),
+                                               "idleRelease, oversubscribe, computeLimit); remove them"),
     "nested elastic": ({**KIND, "elastic": {"limit": "6Gi"}}, "has no field(s) 'elastic'"),
     "unparsable": ({**KIND, "limit": "6 GiB"}, "limit='6 GiB' is not a quantity; use a quantity string"),
     "negative": ({**KIND, "limit": "-6Gi"}, "limit='-6Gi' is not a quantity (a limit cannot be negative)"),
@@ -342,3 +347,59 @@ def test_hostile_gpu_mem_configs_raise_only_contract_errors(raw: dict[str, Any])
     except ContractError:
         return
     assert cfg.limit_mib is None or 0 < cfg.limit_mib <= contract.MAX_MIB
+
+
+# ------------------------------------------------------------------------------------------ compute share
+
+def test_compute_wire_format_and_names() -> None:
+    assert contract.RESOURCE_COMPUTE == "memslice.io/gpu-compute"
+    assert contract.ANN_GPU_COMPUTE_LIMIT == "memslice.io/gpu-compute-limit"
+    assert contract.ANN_GPU_COMPUTE == "memslice.io/gpu-compute-pct"
+    r = Reservation("GPU-1", (("a", 1), ("b", 2)), None,
+                    (contract.ComputeShare("a", 30, 60), contract.ComputeShare("b", 20, None)))
+    assert r.format()[contract.ANN_GPU_COMPUTE] == '{"a":[30,60],"b":[20,null]}'
+    assert r.compute_of("a") == (("a", 30, 60)) and r.compute_of("c") is None
+    assert contract.ANN_GPU_COMPUTE not in Reservation("GPU-1", (("a", 1),), None).format()
+    cfg = {"apiVersion": "memslice.io/v1alpha1", "kind": "GpuMemConfig", "computeLimit": 40}
+    assert contract.GpuMemConfig.parse(cfg, "c").compute_limit == 40
+
+
+@pytest.mark.parametrize(("raw", "named"), [
+    ('{"a":[101,null]}', "memslice.io/gpu-compute=101 is not a percent"),
+    ('{"a":[40,30]}', "gpu-compute-limit=30 is below the compute request of 40"),
+    ('{"a":[0,0]}', "gpu-compute-limit=0 is not a percent"),
+    ('{"a":[-1,null]}', "memslice.io/gpu-compute=-1"),
+    ('{"a":[1.5,null]}', "is not a JSON object of 1 to"),
+    ('{"a":[true,null]}', "is not a JSON object of 1 to"),
+    ('{"a":30}', "is not a JSON object of 1 to"),
+    ("{}", "is not a JSON object of 1 to"),
+    ("x" * 70000, "is not a JSON object of 1 to"),
+])
+def test_hostile_compute_records_are_refused_by_name(raw: str, named: str) -> None:
+    ann = {ANN_GPU_UUID: "GPU-1", ANN_GPU_MEM: '{"a":1}', contract.ANN_GPU_COMPUTE: raw}
+    with pytest.raises(ContractError, match="pod ns/p: annotation memslice.io/gpu-compute-pct") as e:
+        Reservation.parse(ann, "pod ns/p")
+    assert named in str(e.value)
+
+
+@pytest.mark.parametrize(("ann", "want"), [
+    ({}, None), ({"memslice.io/gpu-compute-limit": "40"}, 40), ({"memslice.io/gpu-compute-limit": " 100 "}, 100),
+    ({"memslice.io/gpu-compute-limit": "40", "memslice.io/gpu-compute-limit.c": "60"}, 60),
+    ({"memslice.io/gpu-compute-limit.other": "60"}, None),
+])
+def test_compute_limit_annotation(ann: dict[str, str], want: int | None) -> None:
+    assert contract.parse_compute_limit(ann, "c", "pod ns/p") == want
+
+
+@pytest.mark.parametrize("bad", ["0", "101", "40%", "-5", "1e2", "", "９"])
+def test_bad_compute_limit_annotation_is_refused_by_name(bad: str) -> None:
+    with pytest.raises(ContractError, match=r"memslice.io/gpu-compute-limit=.* is not a whole percent of one GPU "
+                                            r"between 1 and 100"):
+        contract.parse_compute_limit({"memslice.io/gpu-compute-limit": bad}, "c", "pod ns/p")
+
+
+@pytest.mark.parametrize("bad", [0, 101, "40", 40.0, True])
+def test_bad_dra_compute_limit_is_refused_by_name(bad: object) -> None:
+    cfg = {"apiVersion": "memslice.io/v1alpha1", "kind": "GpuMemConfig", "computeLimit": bad}
+    with pytest.raises(ContractError, match="claim c: computeLimit=.* is not a whole percent of one GPU"):
+        contract.GpuMemConfig.parse(cfg, "claim c")

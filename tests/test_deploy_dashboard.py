@@ -51,6 +51,9 @@ def test_dashboard_queries_only_exported_metrics() -> None:
     assert {n for n in exported if "elastic" in n or n.startswith(("memslice_container_swap",
                                                                    "memslice_container_resident",
                                                                    "memslice_container_swapped"))} - used == set()
+    # and every compute-share family (issue 33)
+    assert {n for n in exported if "compute" in n} - used == set()
+    assert len({n for n in exported if "compute" in n}) >= 7
 
 
 def test_node_label_used_by_the_dashboard_is_added_by_the_service_monitor() -> None:

@@ -70,7 +70,8 @@ def test_configuration_is_v1_with_one_profile_and_the_extender() -> None:
     assert {k: ext[f"{k}Verb"] for k in VERBS} == {k: k for k in VERBS}
     assert ext["nodeCacheCapable"] is True
     assert ext["ignorable"] is False
-    assert ext["managedResources"] == [{"name": contract.RESOURCE, "ignoredByScheduler": False}]
+    assert ext["managedResources"] == [{"name": contract.RESOURCE, "ignoredByScheduler": False},
+                                       {"name": contract.RESOURCE_COMPUTE, "ignoredByScheduler": False}]
     assert contract.RESOURCE == RESOURCE
     assert 1 <= ext["weight"] <= 10
     assert 1 <= duration_seconds(ext["httpTimeout"]) <= 30

@@ -425,6 +425,7 @@ def test_agent_started_before_the_kubelet_registers_when_it_appears(short_tmp):
 def test_refused_registration_is_retried(node):
     kubelet, make = node
     kubelet.reject_registrations = 2
+    kubelet.reject_only = RESOURCE  # the memory resource's (the metrics are its; gpu-compute registers apart)
     agent = make()
     kubelet.wait_registered(RESOURCE)
     assert "registration rejected by the test" in agent.log() and "(attempt 1)" in agent.log()

@@ -467,3 +467,72 @@ def test_count_2_is_refused_and_the_forms_the_messages_recommend_are_allocated_o
         out = agent.kubelet.unprepare(DRIVER, *claims)
         assert all(out.claims[c["metadata"]["uid"]].error == "" for c in claims)
         _clear(cluster, agent)
+
+
+def compute_claim(name: str, pct: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": NS},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "gpu-mem.memslice.io",
+                "capacity": {"requests": {"memory": "1Gi", "compute": pct}}}}]}}}
+
+
+def claim_pod(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
+            "spec": {"nodeSelector": {"memslice-test/pool": "dra"},
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                     "containers": [{"name": "main", "image": "cuda", "resources": {"claims": [{"name": "gpu"}]}}]}}
+
+
+def test_the_real_allocator_gives_memory_and_compute_of_one_gpu_and_no_claim_over_100(dra) -> None:
+    """Issue 33 on the real control plane: the agent's ResourceSlice (two capacities per device, through the
+    API server's validation) lets the real kube-scheduler allocate a claim's memory and compute on one device,
+    keeping each device's compute within 100: claims of 60 and 50 % land on different GPUs, a third of 50
+    beside the 50, and one of 41 % (memory free on both GPUs) and one of 101 % stay Pending. NodePrepareResources
+    writes the allocated share into the limits file."""
+    cluster, agent = dra
+    cluster.ok("DELETE", f"/api/v1/namespaces/{NS}/pods?gracePeriodSeconds=0")
+    wait_until("the earlier claims deallocated", lambda: not [
+        c for c in cluster.ok("GET", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims")["items"]
+        if c.get("status", {}).get("allocation")], 120, 0.5, agent.alive)
+    [sl] = KubeletApi(cluster, NODE).list("ResourceSlice")
+    for d in sl["spec"]["devices"]:  # as the API server stored it
+        assert d["capacity"]["compute"]["value"] == "100", d
+    placed: dict[str, dict[str, Any]] = {}
+    for name, pct in (("c60", "60"), ("c50", "50"), ("c50b", "50")):
+        cluster.ok("POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims", compute_claim(name, pct))
+        cluster.ok("POST", f"/api/v1/namespaces/{NS}/pods", claim_pod(name))
+
+        def bound(name: str = name) -> dict[str, Any] | None:
+            p = cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods/{name}")
+            return p if p["spec"].get("nodeName") else None
+
+        wait_until(f"{name} bound", bound, 120, 0.5, agent.alive)
+        placed[name] = cluster.ok("GET", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/{name}")
+    results = {n: c["status"]["allocation"]["devices"]["results"][0] for n, c in placed.items()}
+    assert {n: r["consumedCapacity"]["compute"] for n, r in results.items()} == {"c60": "60", "c50": "50",
+                                                                                  "c50b": "50"}
+    assert results["c60"]["device"] != results["c50"]["device"]  # 60 + 50 > 100 on one GPU
+    assert results["c50b"]["device"] == results["c50"]["device"]  # 50 + 50: the GPU the 60 is not on
+    for name, pct in (("c41", "41"), ("c101", "101")):
+        cluster.ok("POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims", compute_claim(name, pct))
+        cluster.ok("POST", f"/api/v1/namespaces/{NS}/pods", claim_pod(name))
+    for name in ("c41", "c101"):
+        def unschedulable(name: str = name) -> bool:
+            p = cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods/{name}")
+            conds = {c["type"]: c for c in p.get("status", {}).get("conditions", [])}
+            return conds.get("PodScheduled", {}).get("reason") == "Unschedulable"
+
+        wait_until(f"{name} unschedulable", unschedulable, 120, 0.5, agent.alive)
+        claim = cluster.ok("GET", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/{name}")
+        assert not claim.get("status", {}).get("allocation"), claim
+    claim = placed["c60"]
+    resp = agent.kubelet.prepare(DRIVER, claim)
+    uid = claim["metadata"]["uid"]
+    assert resp.claims[uid].error == "", resp.claims[uid].error
+    spec = json.loads((agent.cdi / f"memslice.io-{uid}.json").read_text())
+    device = f"{uid}-{results['c60']['shareID']}"
+    edits = next(d for d in spec["devices"] if d["name"] == device)["containerEdits"]
+    mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
+    limits = set(Path(mounts["/run/memslice/limits"]).read_text().splitlines())
+    assert {"gpu_compute_request=60", "compute_slot=0", "compute_dir=/run/memslice/compute"} <= limits, limits
+    assert agent.kubelet.unprepare(DRIVER, claim).claims[uid].error == ""

@@ -583,3 +583,76 @@ def test_jupyterhub_profiles_give_pods_the_real_scheduler_places_through_memslic
                 and {u: o for u, o in over.items() if o} == {gpu: 8192 - 2048})
 
     assert world.ext.state.wait_for(lambda _: charged(), 30), (world.ext.state.view(JHUB_NODE), used)
+
+
+COMPUTE_NS = "real-sched-compute"  # its pods apart from NS's (check_no_overcommit knows NS's GPUs only)
+COMPUTE_NODE = "gpu-30"  # GPU 0: 16 GiB, GPU 1: 32 GiB
+
+
+def compute_pod(name: str, mib: int, pct: int) -> dict[str, Any]:
+    body = pod_body(name, mib, "compute")
+    body["spec"]["containers"][0]["resources"]["limits"]["memslice.io/gpu-compute"] = str(pct)
+    return body
+
+
+def test_memory_and_compute_fit_on_one_gpu_through_the_real_scheduler(world: World) -> None:
+    """Issue 33: the real kube-scheduler (deploy/'s profile, memslice.io/gpu-compute a managed resource) and the
+    real extender place a pod only on a GPU with room for its memory and its compute: a GPU with memory free
+    but its compute taken is not chosen, and a pod no GPU has both for stays Pending with a FailedScheduling
+    event naming the compute, though the node's counts (kube-scheduler's own fit) have room for it."""
+    cluster = world.cluster
+    cluster.ensure_namespace(COMPUTE_NS)
+    cluster.register_node(COMPUTE_NODE, labels={"memslice-test/pool": "compute"},
+                          capacity={RESOURCE: str(48 * GIB), "memslice.io/gpu-compute": "200"})
+    gpus = [{"uuid": f"GPU-{COMPUTE_NODE}-{i}", "index": i, "model": "Sim", "memMiB": gib * GIB, "numa": 0,
+             "healthy": True} for i, gib in enumerate((16, 32))]
+    cluster.ok("PATCH", f"/api/v1/nodes/{COMPUTE_NODE}", {"metadata": {"annotations": {
+        "memslice.io/gpus": json.dumps(gpus), "memslice.io/unit-mib": "1"}}},
+        content_type="application/merge-patch+json")
+    assert world.ext.state.wait_for(lambda s: s.view(COMPUTE_NODE) is not None, 30)
+
+    def place(name: str, mib: int, pct: int) -> dict[str, Any]:
+        world.create([compute_pod(name, mib, pct)], ns=COMPUTE_NS)
+        pods = wait_until(f"{name} bound or unschedulable", lambda: settled(world, {name}, COMPUTE_NS), 60, 0.3,
+                          world.sched.check_alive)  # type: ignore[attr-defined]
+        return dict(pods[name])
+
+    def gpu(pod: dict[str, Any]) -> str:
+        assert pod["spec"].get("nodeName") == COMPUTE_NODE, pod["metadata"]["name"]
+        return str(pod["metadata"]["annotations"]["memslice.io/gpu-uuid"])
+
+    hog = place("hog", 4 * GIB, 80)
+    assert gpu(hog) == f"GPU-{COMPUTE_NODE}-0"  # binpack: the smaller GPU
+    assert json.loads(hog["metadata"]["annotations"]["memslice.io/gpu-compute-pct"]) == {"main": [80, None]}
+    # 3 GiB and 30 %: GPU 0 has the memory (binpack on memory alone would take it) but not the compute
+    assert gpu(place("p", 3 * GIB, 30)) == f"GPU-{COMPUTE_NODE}-1"
+    assert gpu(place("q", 1 * GIB, 10)) == f"GPU-{COMPUTE_NODE}-0"  # bin-packing on both: 80 + 10
+    assert gpu(place("r", 1 * GIB, 60)) == f"GPU-{COMPUTE_NODE}-1"  # 90 + 60 does not fit GPU 0; 30 + 60
+    # 1 GiB and 20 %: memory on both GPUs, compute on neither (90 % each); the node's 200 counted leave 20
+    # (kube-scheduler's own fit lets it through), the extender does not
+    stuck = place("s", 1 * GIB, 20)
+    assert not stuck["spec"].get("nodeName")
+
+    def event() -> str | None:
+        evs = cluster.ok("GET", f"/api/v1/namespaces/{COMPUTE_NS}/events?fieldSelector=involvedObject.name=s,"
+                                f"reason=FailedScheduling")["items"]
+        return evs[-1]["message"] if evs else None
+
+    msg = wait_until("FailedScheduling event of s", event, 30, 0.5)
+    assert "pod needs 20 percent compute (memslice.io/gpu-compute) on the GPU that holds its 1024 MiB" in msg, msg
+    # a compute share without memory is refused by name (the extender sees it: a managed resource)
+    body = pod_body("nomem", 1, "compute")
+    body["spec"]["containers"][0]["resources"]["limits"] = {"memslice.io/gpu-compute": "10"}
+    world.create([body], ns=COMPUTE_NS)
+    msg = wait_until("FailedScheduling event of nomem", lambda: next(
+        (e["message"] for e in cluster.ok("GET", f"/api/v1/namespaces/{COMPUTE_NS}/events?fieldSelector="
+                                                 f"involvedObject.name=nomem,reason=FailedScheduling")["items"]),
+        None), 30, 0.5)
+    assert "asks for memslice.io/gpu-compute without memslice.io/gpu-mem" in msg, msg
+    sums: dict[str, int] = {}
+    for p in world.pods(COMPUTE_NS):
+        ann = p["metadata"].get("annotations") or {}
+        if p["spec"].get("nodeName") and "memslice.io/gpu-compute-pct" in ann:
+            sums[ann["memslice.io/gpu-uuid"]] = sums.get(ann["memslice.io/gpu-uuid"], 0) + sum(
+                r for r, _ in json.loads(ann["memslice.io/gpu-compute-pct"]).values())
+    assert sums == {f"GPU-{COMPUTE_NODE}-0": 90, f"GPU-{COMPUTE_NODE}-1": 90}

@@ -39,13 +39,17 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_ino, st.st_ctime_ns
 
 
-def register(kubelet_socket: Path, endpoint: str, timeout_s: float = 15.0) -> None:
+COMPUTE_SOCKET = "memslice-gpu-compute.sock"  # the second plugin: memslice.io/gpu-compute (issue 33)
+
+
+def register(kubelet_socket: Path, endpoint: str, timeout_s: float = 15.0, resource: str = RESOURCE_NAME,
+             preferred: bool = True) -> None:
     """One Register call; raises grpc.RpcError with the kubelet's reason on refusal."""
     with grpc.insecure_channel(f"unix:{kubelet_socket}") as channel:
         api_pb2_grpc.RegistrationStub(channel).Register(api_pb2.RegisterRequest(
-            version=API_VERSION, endpoint=endpoint, resource_name=RESOURCE_NAME,
+            version=API_VERSION, endpoint=endpoint, resource_name=resource,
             options=api_pb2.DevicePluginOptions(pre_start_required=False,
-                                                get_preferred_allocation_available=True)),
+                                                get_preferred_allocation_available=preferred)),
             timeout=timeout_s)
 
 
@@ -53,17 +57,20 @@ class Registrar:
     """Background loop that keeps one registered server per kubelet instance."""
 
     def __init__(self, plugin_dir: Path, make_server: Callable[[Path], PluginServer], metrics: Metrics,
-                 poll_s: float = 0.1) -> None:
+                 poll_s: float = 0.1, socket_name: str = PLUGIN_SOCKET, resource: str = RESOURCE_NAME,
+                 preferred: bool = True, counted: bool = True) -> None:
         self.plugin_dir = plugin_dir
         self.kubelet_socket = plugin_dir / KUBELET_SOCKET
-        self.socket = plugin_dir / PLUGIN_SOCKET
+        self.socket = plugin_dir / socket_name
+        self.resource, self.preferred = resource, preferred
+        self.counted = counted  # the registration metrics are the memory resource's (the compute one: logs only)
         self.make_server = make_server
         self.metrics = metrics
         self.poll_s = poll_s
         self.registered = threading.Event()
         self.heartbeat = time.monotonic()  # the loop's last turn (liveness)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="registrar", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"registrar-{socket_name}", daemon=True)
         self._server: PluginServer | None = None
 
     def start(self) -> None:
@@ -93,7 +100,7 @@ class Registrar:
                     why = f"{self.socket} was deleted (kubelet restart)"
                 log.warning("%s: registering again", why)
                 self.registered.clear()
-                self.metrics.registered.set(0)
+                self._count(self.metrics.registered.set, 0)
                 backoff, next_try = 0.1, 0.0
             if not self.registered.is_set():
                 if current is None:
@@ -106,14 +113,14 @@ class Registrar:
                         self._serve_and_register()
                         kubelet_id = current
                         self.registered.set()
-                        self.metrics.registered.set(1)
-                        self.metrics.registrations.inc()
+                        self._count(self.metrics.registered.set, 1)
+                        self._count(self.metrics.registrations.inc)
                         failures = 0
-                        log.info("registered %s with the kubelet (%s, endpoint %s)", RESOURCE_NAME,
-                                 self.kubelet_socket, PLUGIN_SOCKET)
+                        log.info("registered %s with the kubelet (%s, endpoint %s)", self.resource,
+                                 self.kubelet_socket, self.socket.name)
                     except (grpc.RpcError, OSError) as exc:
                         failures += 1
-                        self.metrics.registration_errors.inc()
+                        self._count(self.metrics.registration_errors.inc)
                         detail = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
                         (log.error if failures in (1, 10) or failures % 100 == 0 else log.debug)(
                             "registering with the kubelet at %s failed (attempt %d): %s; retrying in %.1fs",
@@ -122,6 +129,10 @@ class Registrar:
                         backoff = min(backoff * 2, 5.0)
             self._stop.wait(self.poll_s)
 
+    def _count(self, update: Callable[..., None], *args: int) -> None:
+        if self.counted:
+            update(*args)
+
     def _serve_and_register(self) -> None:
         if self._server is not None:
             self._server.stop()
@@ -129,4 +140,4 @@ class Registrar:
         server = self.make_server(self.socket)
         server.start()
         self._server = server
-        register(self.kubelet_socket, PLUGIN_SOCKET)
+        register(self.kubelet_socket, self.socket.name, resource=self.resource, preferred=self.preferred)

@@ -10,9 +10,11 @@ from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
+from memslice.compute import ComputeShareError, check_share, provision
 from memslice.proto import api_pb2, api_pb2_grpc
 
 from ..allocator import (
@@ -29,6 +31,9 @@ from ..metrics import Metrics
 from ..regions import RegionStore
 from ..response import ResponseConfig, container_response
 from ..state import NodeState
+
+if TYPE_CHECKING:
+    from .compute import ComputePluginService
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +123,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         for target in targets:
             try:
                 alloc = self._record(target)
+            except ComputeShareError as exc:
+                self.metrics.allocate_errors.inc()
+                log.error("Allocate failed: %s", exc)
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cannot provision the compute share: {exc}")
             except OSError as exc:
                 self.metrics.allocate_errors.inc()
                 msg = (f"cannot create the region directory under {self.regions.root}: {exc}; the agent "
@@ -126,10 +135,12 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, msg)
             out.container_responses.append(
                 container_response(target, self.regions.dir_of(alloc.region_id), self.rcfg, alloc.limit_mib,
-                                   alloc.elastic_slot))
-            log.info("Allocate: %d MiB of GPU %d (%s) for %s, region %s%s", alloc.mib, alloc.gpu_index,
+                                   elastic_slot=alloc.elastic_slot, compute_slot=alloc.compute_slot))
+            log.info("Allocate: %d MiB of GPU %d (%s) for %s, region %s%s%s", alloc.mib, alloc.gpu_index,
                      alloc.gpu_uuid, alloc.owner(), alloc.region_id,
-                     f", elastic up to {alloc.limit_mib} MiB" if alloc.limit_mib else "")
+                     f", elastic up to {alloc.limit_mib} MiB" if alloc.limit_mib else "",
+                     f", compute {alloc.compute_request}%:{alloc.compute_limit or '-'} slot {alloc.compute_slot}"
+                     if alloc.compute_slot >= 0 else "")
         self.metrics.allocate_seconds.observe(time.perf_counter() - start)
         return out
 
@@ -145,13 +156,22 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             # Without the agent's own preference the owner stays unknown until PodResources names it: a guess
             # could label (and later clean up) the wrong container.
             r, container = owner if owner is not None else (None, "")
+            share = r.compute_of(container) if r else None
             alloc = Allocation(region_id=rid, gpu_index=target.gpu.index, gpu_uuid=target.gpu.uuid,
                                device_ids=target.device_ids, mib=target.mib, created_at=time.time(),
                                namespace=r.namespace if r else "", pod=r.name if r else "",
                                container=container, pod_uid=r.pod_uid if r else "",
                                limit_mib=r.limit_of(container, target.mib) if r else 0,
                                spill=r.spill if r else None, priority=r.priority if r else 0,
-                               idle_release=r.idle_release if r else False)
+                               idle_release=r.idle_release if r else False,
+                               compute_request=share.request if share else 0,
+                               compute_limit=share.limit or 0 if share else 0)
+        if alloc.compute_slot < 0 and (alloc.compute_request or alloc.compute_limit) and self.rcfg.compute_host_dir:
+            # issue 33: the container's compute slot on its GPU, in the roster the shim trusts (fails closed:
+            # a sum of requests over 100 on the GPU, or no free slot, refuses the container)
+            p = provision(self.rcfg.compute_host_dir, alloc.gpu_uuid,
+                          check_share(alloc.compute_request, alloc.compute_limit or None), alloc.priority)
+            alloc = replace(alloc, compute_slot=p.slot)
         elastic = alloc.limit_mib > alloc.mib
         with st.lock:
             if elastic and alloc.elastic_slot < 0:  # issue 25: the container's own board slot
@@ -172,7 +192,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
 class PluginServer:
     """One gRPC server instance on the plugin socket; replaced as a whole on kubelet restarts."""
 
-    def __init__(self, socket_path: Path, service: DevicePluginService, workers: int) -> None:
+    def __init__(self, socket_path: Path, service: DevicePluginService | ComputePluginService, workers: int) -> None:
         self.socket_path = socket_path
         self.service = service
         self.workers = workers

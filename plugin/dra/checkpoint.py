@@ -17,7 +17,7 @@ from typing import Any
 from memslice import errors
 
 from ..regions import _atomic_write
-from .prepare import ClaimRef, Elastic, Share
+from .prepare import ClaimRef, Compute, Elastic, Share
 
 VERSION = 1
 
@@ -33,6 +33,7 @@ class PreparedClaim:
     cdi_ids: tuple[str, ...]  # every CDI device ID returned for the claim, memslice's first
     elastic: Elastic | None = None  # the claim's elastic memory (GpuMemConfig limit), slot and priority included
     spill: int | None = None  # GpuMemConfig oversubscribe: None off, -1 no cap, or the spill cap in bytes
+    compute: Compute | None = None  # the claim's compute share (issue 33), its slot included
 
     @functools.cached_property
     def json(self) -> dict[str, Any]:
@@ -45,11 +46,13 @@ class PreparedClaim:
             out["elastic"] = asdict(self.elastic)
         if self.spill is not None:
             out["spill"] = self.spill
+        if self.compute is not None:
+            out["compute"] = asdict(self.compute)
         return out
 
     @staticmethod
     def from_json(raw: dict[str, Any]) -> PreparedClaim:
-        elastic = raw.get("elastic")
+        elastic, compute = raw.get("elastic"), raw.get("compute")
         spill = raw.get("spill")
         if spill is not None and (not isinstance(spill, int) or isinstance(spill, bool) or spill < -1):
             raise ValueError(f"claim {raw.get('uid')!r}: spill {spill!r} is not a byte count or -1")
@@ -57,7 +60,8 @@ class PreparedClaim:
                                           uid=str(raw["uid"])),
                              shares=tuple(Share(**s) for s in raw["shares"]),
                              cdi_ids=tuple(str(c) for c in raw["cdiIDs"]),
-                             elastic=None if elastic is None else Elastic(**elastic), spill=spill)
+                             elastic=None if elastic is None else Elastic(**elastic), spill=spill,
+                             compute=None if compute is None else Compute(**compute))
 
 
 class Checkpoint:

@@ -26,6 +26,7 @@ from ..gpu.nvml import GpuInfo
 
 DRIVER = "memslice.io"
 CAPACITY = "memory"
+COMPUTE_CAPACITY = "compute"  # issue 33: percent of the GPU's time, 100 per device (plugin/dra/slices.py)
 CONFIG_API_VERSION = contract.DRA_CONFIG_API_VERSION
 CONFIG_KIND = contract.DRA_CONFIG_KIND
 MiB = 1 << 20
@@ -64,6 +65,7 @@ class Share:
     gpu_index: int
     gpu_uuid: str
     region_id: str
+    compute: int = 0  # consumedCapacity.compute: percent of the GPU's time (0: none asked, or an older slice)
 
 
 # The device taint the slice puts on an Unhealthy GPU (slices.py publishes it; resource.k8s.io/v1 DeviceTaint).
@@ -225,6 +227,58 @@ def elastic_for(claim: Mapping[str, Any], ref: ClaimRef, shares: Iterable[Share]
     return Elastic(limit_mib=cfg.limit_mib, idle_release=cfg.idle_release)
 
 
+@dataclass(frozen=True)
+class Compute:
+    """A claim's compute share on its GPU (issue 33): the request (its shares' consumedCapacity.compute, summed),
+    the GpuMemConfig computeLimit (None: no cap) and the slot provisioned in the GPU's roster (-1: none yet)."""
+
+    request: int
+    limit: int | None = None
+    slot: int = -1
+    priority: int = 0  # the consumer pods' PriorityClass value (the lowest, as for an elastic claim)
+
+
+def compute_for(claim: Mapping[str, Any], ref: ClaimRef, shares: Iterable[Share]) -> Compute | None:
+    """The claim's compute share (None: neither a request nor a computeLimit), checked: a request over 100
+    and a computeLimit below the request are refused by name (ClaimError)."""
+    cfg = claim_config(claim, ref)
+    [g] = grants(shares)
+    if not g.compute and cfg.compute_limit is None:
+        return None
+    if g.compute > 100:
+        raise ClaimError(f"{ref}: its requests consume {g.compute}% compute (capacity.requests.{COMPUTE_CAPACITY}) "
+                         f"of {g.device}: a share is at most 100% of one GPU; ask for less")
+    if cfg.compute_limit is not None and cfg.compute_limit < g.compute:
+        raise ClaimError(f"{ref}: {CONFIG_KIND} computeLimit {cfg.compute_limit} is below the claim's compute "
+                         f"request of {g.compute} (capacity.requests.{COMPUTE_CAPACITY}); set computeLimit to at "
+                         f"least {g.compute}, or remove it")
+    return Compute(request=g.compute, limit=cfg.compute_limit)
+
+
+def asks_compute(claim: Mapping[str, Any]) -> bool:
+    """Does an allocation result of this driver consume compute (anything but absent or "0")? (Bounded: the
+    API server bounds the results; the value is only compared.)"""
+    results = _get(claim, "status", "allocation", "devices", "results")
+    return isinstance(results, list) and any(
+        _get(r, "consumedCapacity", COMPUTE_CAPACITY) not in (None, "0") for r in results
+        if isinstance(r, dict) and r.get("driver") == DRIVER)
+
+
+def _compute_pct(raw: object, where: str, device: str) -> int:
+    """consumedCapacity.compute as a whole percent 0..100 (absent: 0); ClaimError otherwise."""
+    if raw is None:
+        return 0
+    try:
+        value = quantity_bytes(raw)
+    except ValueError:
+        value = None
+    if value is None or value != value.to_integral_value() or not 0 <= value <= 100:
+        raise ClaimError(f"{where}: consumedCapacity.{COMPUTE_CAPACITY} {str(raw)[:32]!r} is not a whole percent "
+                         f"0..100 of {device}; the allocation is inconsistent with the ResourceSlice: delete the "
+                         f"pod and its claim")
+    return int(value)
+
+
 def consumer_pods(claim: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(name, uid) of the pods the claim is reserved for (status.reservedFor, core group, at most
     MAX_CONSUMERS); other consumers and malformed entries are skipped."""
@@ -326,9 +380,10 @@ def shares_for(claim: Mapping[str, Any], ref: ClaimRef, pool: str, gpus: Mapping
                              f"on a healthy GPU; a request that tolerates the taint is prepared on it, with a "
                              f"Warning Event")
         req = request if isinstance(request, str) else ""
+        pct = _compute_pct(_get(r, "consumedCapacity", COMPUTE_CAPACITY), where, str(device))
         out.append(Share(request=req, pool=pool, device=str(device), share_id=share_id, mib=mib,
                          gpu_index=gpu.index, gpu_uuid=gpu.uuid,
-                         region_id=region_id_for_share(gpu.index, ref.uid, req, share_id)))
+                         region_id=region_id_for_share(gpu.index, ref.uid, req, share_id), compute=pct))
     gpus_used = sorted({s.device for s in out})
     if len(gpus_used) > 1:
         raise ClaimError(f"{ref} has shares on {len(gpus_used)} GPUs ({', '.join(gpus_used)}): a container "
@@ -352,6 +407,7 @@ class Grant:
     mib: int
     requests: tuple[str, ...]  # base request names (what containers name), sorted, without repeats
     share_ids: tuple[str, ...]
+    compute: int = 0  # percent of the GPU's time, summed
 
 
 def grants(shares: Iterable[Share]) -> list[Grant]:
@@ -365,7 +421,7 @@ def grants(shares: Iterable[Share]) -> list[Grant]:
         out.append(Grant(region_id=rid, device=s0.device, pool=s0.pool, gpu_index=s0.gpu_index,
                          gpu_uuid=s0.gpu_uuid, mib=sum(s.mib for s in group),
                          requests=tuple(sorted({base_request(s.request) for s in group if s.request})),
-                         share_ids=tuple(s.share_id for s in group)))
+                         share_ids=tuple(s.share_id for s in group), compute=sum(s.compute for s in group)))
     return out
 
 
@@ -373,9 +429,16 @@ def check_fits(new: Iterable[Share], prepared: Iterable[Share], capacity_mib: Ma
     """Refuse shares that would take a GPU past its capacity together with the shares already prepared
     (kube-scheduler checks this; a second scheduler, or an allocation written by hand, may not have)."""
     used: dict[int, int] = {}
+    compute: dict[int, int] = {}
     for s in prepared:
         used[s.gpu_index] = used.get(s.gpu_index, 0) + s.mib
+        compute[s.gpu_index] = compute.get(s.gpu_index, 0) + s.compute
     for s in new:
+        compute[s.gpu_index] = compute.get(s.gpu_index, 0) + s.compute
+        if compute[s.gpu_index] > 100:
+            raise ClaimError(f"share {s.share_id} of {s.device} ({s.compute}% compute) would prepare "
+                             f"{compute[s.gpu_index]}% compute requests on one GPU, over 100%: the GPU is "
+                             f"over-allocated (two schedulers, or an allocation not made by kube-scheduler)")
         used[s.gpu_index] = used.get(s.gpu_index, 0) + s.mib
         cap = capacity_mib.get(s.gpu_index, 0)
         if used[s.gpu_index] > cap:

@@ -34,6 +34,8 @@ from typing import Any
 import grpc
 
 from memslice import errors
+from memslice.compute import ComputeShareError, check_share, provision
+from memslice.compute import release as release_compute
 from memslice.proto import (
     dra_health_v1_pb2,
     dra_health_v1_pb2_grpc,
@@ -60,12 +62,15 @@ from .prepare import (
     MAX_ELASTIC_PODS,
     ClaimError,
     ClaimRef,
+    Compute,
     Elastic,
     Grant,
     Share,
+    asks_compute,
     check_fits,
     claim_config,
     claim_event,
+    compute_for,
     consumer_pods,
     consumers_priority,
     device_name,
@@ -300,8 +305,9 @@ class DraDriver:
             return ClaimError(f"{ref} does not exist (deleted?); nothing was prepared")
         except Exception as exc:  # the API server unreachable or refusing: the kubelet retries
             return ClaimError(f"{ref}: cannot read it from the API server: {exc}")
-        try:
-            elastic = claim_config(claim, ref).limit_mib is not None
+        try:  # an elastic claim, or one with a compute share (issue 33), gets its pods' PriorityClass value
+            cfg = claim_config(claim, ref)
+            elastic = cfg.limit_mib is not None or cfg.compute_limit is not None or asks_compute(claim)
         except ClaimError:
             elastic = False  # refused when prepared, with its message
         if not elastic or self.read_pod is None:
@@ -412,10 +418,18 @@ class DraDriver:
         elastic = elastic_for(claim, ref, shares, capacity)
         if elastic is not None:
             elastic = replace(elastic, priority=fetched.priority or 0, slot=self._slot(shares))
-        devices = self._cdi_devices(ref, shares, elastic)
+        share = compute_for(claim, ref, shares)
+        if share is not None and self.rcfg.compute_host_dir is not None:  # issue 33: its slot in the roster
+            try:
+                p = provision(self.rcfg.compute_host_dir, shares[0].gpu_uuid, check_share(share.request, share.limit),
+                              fetched.priority or 0)
+            except ComputeShareError as exc:
+                raise ClaimError(f"{ref}: cannot provision its compute share: {exc}") from None
+            share = replace(share, slot=p.slot, priority=fetched.priority or 0)
+        devices = self._cdi_devices(ref, shares, elastic, share)
         pc = PreparedClaim(ref=ref, shares=tuple(shares),
                            cdi_ids=tuple([d.qualified() for d in devices] + extra_device_ids(devices)),
-                           elastic=elastic, spill=claim_config(claim, ref).spill)
+                           elastic=elastic, spill=claim_config(claim, ref).spill, compute=share)
         try:
             self._materialise(pc, devices)
             self.prepared[ref.uid] = pc
@@ -443,30 +457,35 @@ class DraDriver:
         with self.state.lock:
             return assign_slot(probe, self.state.ledger.values())
 
-    def _cdi_devices(self, ref: ClaimRef, shares: Any, elastic: Elastic | None) -> list[CdiDevice]:
+    def _cdi_devices(self, ref: ClaimRef, shares: Any, elastic: Elastic | None,
+                     share: Compute | None = None) -> list[CdiDevice]:
         """One CDI device per region, named after its first share (a claim of one share keeps the name it had
         before shares were grouped, so a checkpoint of an older agent still matches its containers)."""
-        return [CdiDevice(cdi_device_name(ref.uid, g.share_ids[0]), self._response(g, elastic))
+        return [CdiDevice(cdi_device_name(ref.uid, g.share_ids[0]), self._response(g, elastic, share))
                 for g in grants(shares)]
 
-    def _response(self, g: Grant, elastic: Elastic | None) -> Any:
+    def _response(self, g: Grant, elastic: Elastic | None, share: Compute | None = None) -> Any:
         gpu = self.state.gpus[g.gpu_index]
         return container_response(Target(gpu=gpu, device_ids=(), mib=g.mib), self.regions.dir_of(g.region_id),
-                                  self.rcfg, elastic.limit_mib if elastic else 0, elastic.slot if elastic else -1)
+                                  self.rcfg, elastic.limit_mib if elastic else 0,
+                                  elastic_slot=elastic.slot if elastic else -1, compute_slot=share.slot if share else -1)
 
     def _materialise(self, pc: PreparedClaim, devices: list[CdiDevice] | None = None,
                      rewrite_spec: bool = False) -> None:
         """Regions, ledger entries and the CDI spec of `pc` (idempotent; the spec is written when given,
         missing, or `rewrite_spec`)."""
-        e = pc.elastic
+        e, c = pc.elastic, pc.compute
         for g in grants(pc.shares):
             alloc = Allocation(region_id=g.region_id, gpu_index=g.gpu_index, gpu_uuid=g.gpu_uuid,
                                device_ids=tuple(f"{g.device}/{sid}" for sid in g.share_ids), mib=g.mib,
                                created_at=time.time(), namespace=pc.ref.namespace, pod=f"claim:{pc.ref.name}",
                                pod_uid=pc.ref.uid,  # the owner's uid: the claim's (its Events name it)
                                container=",".join(g.requests), limit_mib=e.limit_mib if e else 0,
-                               elastic_slot=e.slot if e else -1, priority=e.priority if e else 0,
-                               idle_release=e.idle_release if e else False, spill=pc.spill)
+                               elastic_slot=e.slot if e else -1,
+                               priority=e.priority if e else c.priority if c else 0,
+                               idle_release=e.idle_release if e else False, spill=pc.spill,
+                               compute_request=c.request if c else 0, compute_limit=(c.limit or 0) if c else 0,
+                               compute_slot=c.slot if c else -1)
             with self.state.lock:
                 existing = self.state.ledger.get(g.region_id)
             if existing is None or not self.regions.dir_of(g.region_id).is_dir():
@@ -476,7 +495,7 @@ class DraDriver:
                 if e is not None:
                     self._rosters([g.gpu_uuid])
         if devices is None:
-            devices = self._cdi_devices(pc.ref, pc.shares, pc.elastic)
+            devices = self._cdi_devices(pc.ref, pc.shares, pc.elastic, pc.compute)
             if not rewrite_spec and self.specs.path_of(pc.ref.uid).exists():
                 return
         self.specs.write(pc.ref.uid, devices)
@@ -514,6 +533,11 @@ class DraDriver:
                 self.state.ledger.pop(rid, None)
         if pc.elastic is not None:  # its slot leaves the roster: a later process in it cannot be trusted
             self._rosters(s.gpu_uuid for s in pc.shares)
+        if pc.compute is not None and pc.compute.slot >= 0 and self.rcfg.compute_host_dir is not None:
+            try:  # issue 33: the compute slot goes back too
+                release_compute(self.rcfg.compute_host_dir, pc.shares[0].gpu_uuid, pc.compute.slot)
+            except ComputeShareError as exc:
+                log.warning("%s: cannot release compute slot %d: %s", pc.ref, pc.compute.slot, exc)
 
 
 def _ref(c: Any) -> ClaimRef:

@@ -6,7 +6,8 @@ kubeletplugin helper, which does not cut it) and found again by field selector (
 never by name: pool = the node name, `resourceSliceCount: 1`. Each device `gpu-<index>` has attributes uuid, index,
 productName, numaNode (when known), driverVersion, and the standard `resource.kubernetes.io/pcieRoot` and
 `resource.kubernetes.io/pciBusID` (when NVML reports the PCI address; claims align GPUs with NICs on them), a
-`capacity.memory` with a requestPolicy (1Mi steps, see REQUEST_*), and `allowMultipleAllocations: true`, so
+`capacity.memory` with a requestPolicy (1Mi steps, see REQUEST_*), a `capacity.compute` of 100 (percent of the
+GPU's time, issue 33; a claim that names none consumes 0), and `allowMultipleAllocations: true`, so
 kube-scheduler hands out shares of it (KEP-5075 consumable capacity). A GPU that turns Unhealthy gets the NoSchedule
 device taint `memslice.io/unhealthy` (resource.k8s.io/v1 DeviceTaint: running claims stay visible, new ones avoid
 it); where the API server drops taints (DRADeviceTaints off) the device is withdrawn instead. The publisher keeps
@@ -41,7 +42,7 @@ from typing import Any
 
 from ..gpu.nvml import GpuInfo
 from .kube import DraApi, KubeError
-from .prepare import CAPACITY, DRIVER, UNHEALTHY_TAINT, device_name, quantity_bytes
+from .prepare import CAPACITY, COMPUTE_CAPACITY, DRIVER, UNHEALTHY_TAINT, device_name, quantity_bytes
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +162,12 @@ def device_entry(gpu: GpuInfo, capacity_mib: int, driver_version: str | None, pc
     default = max(lo, min(REQUEST_DEFAULT_MIB, capacity_mib))
     policy = {"default": mib_quantity(default), "validRange": {
         "min": mib_quantity(lo), "max": mib_quantity(capacity_mib), "step": REQUEST_STEP}}
+    # issue 33: the GPU's time in percent; a claim that names no compute consumes none (best effort)
+    compute = {"value": "100", "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": "100",
+                                                                               "step": "1"}}}
     out = {"name": device_name(gpu.index), "attributes": attrs, "allowMultipleAllocations": True,
-           "capacity": {CAPACITY: {"value": mib_quantity(capacity_mib), "requestPolicy": policy}}}
+           "capacity": {CAPACITY: {"value": mib_quantity(capacity_mib), "requestPolicy": policy},
+                        COMPUTE_CAPACITY: compute}}
     if not healthy:
         out["taints"] = [dict(UNHEALTHY_TAINT)]
     return out

@@ -19,7 +19,7 @@ from fractions import Fraction
 from typing import Any
 
 from .. import wire
-from ..index.fitmemo import FitMemo, Key, Split
+from ..index.fitmemo import FitMemo, Key, Split, compute_of
 from ..kubeio.binder import Binder, BindError
 from ..kubeio.kubereads import pod_priority
 from ..placement import decisions
@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 NOT_SYNCED = ("the memslice extender has not finished listing nodes and pods from the API server yet; "
               "the scheduler will retry")
 PREEMPT_NODE_READS = 16  # nodes per preempt request whose pods' priorities may be read from the API server
-OwnCharge = tuple[str, str, int, int]  # (node, GPU UUID, MiB, limit MiB above) of the pod's own stale reservation
+OwnCharge = tuple[str, str, int, int, int]  # (node, GPU UUID, MiB, limit MiB above, compute) of the pod's own
+# stale reservation
 
 
 class Verbs:
@@ -101,14 +102,15 @@ class Verbs:
         if charge is None or charge.gpu_uuid is None or charge.node is not None:
             return None
         node = self.state.gpu_node(charge.gpu_uuid)
-        return (node, charge.gpu_uuid, charge.mib, charge.over) if node else None
+        return (node, charge.gpu_uuid, charge.mib, charge.over, charge.compute) if node else None
 
     def _fits_without_own(self, key: Key, own: OwnCharge) -> bool:
         """Does the pod fit on the node of its own stale reservation once that is not counted?"""
-        node, gpu, mib, over = own
+        node, gpu, mib, over, compute = own
         view = self.state.view(node)
         return view is not None and decisions.fits_without(view, key[0] * view.unit_mib, {gpu: mib}, 0,
-                                                           self.memo.limit_need(key, view), {gpu: over})
+                                                           self.memo.limit_need(key, view), {gpu: over},
+                                                           compute_of(key), {gpu: compute})
 
     # ------------------------------------------------------------------ prioritize
     def prioritize(self, body: Any) -> tuple[int, Any]:
@@ -213,11 +215,13 @@ class Verbs:
                 freed_unplaced += charge.devices * view.unit_mib
         need, limit = key[0] * view.unit_mib, self.memo.limit_need(key, view)
         lower = {uid: priority - 1 for uid in proposed}  # lower than the pod's, by the scheduler's own rule
-        chosen = decisions.preemption_victims(view, need, self._candidates(node, lower), freed_unplaced, limit)
+        chosen = decisions.preemption_victims(view, need, self._candidates(node, lower), freed_unplaced, limit,
+                                                  compute_of(key))
         if chosen is None and self.node_pods is not None and reads[0] > 0:
             reads[0] -= 1
             lower.update(self._lower_priority_pods(node, priority))
-            chosen = decisions.preemption_victims(view, need, self._candidates(node, lower), freed_unplaced, limit)
+            chosen = decisions.preemption_victims(view, need, self._candidates(node, lower), freed_unplaced, limit,
+                                                  compute_of(key))
         return None if chosen is None else [*chosen, *others]
 
     def _lower_priority_pods(self, node: str, priority: int) -> dict[str, int]:
@@ -236,5 +240,6 @@ class Verbs:
         for uid, prio in lower.items():
             charge = self.state.charge_of(uid)
             if charge is not None and charge.gpu_uuid is not None and self.state.gpu_node(charge.gpu_uuid) == node:
-                out.append(decisions.VictimCandidate(uid, charge.gpu_uuid, charge.mib, charge.over, prio))
+                out.append(decisions.VictimCandidate(uid, charge.gpu_uuid, charge.mib, charge.over, prio,
+                                                     charge.compute))
         return out

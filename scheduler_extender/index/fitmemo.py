@@ -49,7 +49,8 @@ from .nameids import Ids, has_none, name_ids
 MAX_ENTRIES = 400_000  # verdicts kept in all tables: 80 tables of 5,000 nodes, 20 of 20,000
 MAX_TABLES = 64  # pod sizes × policies (× limits) kept at once: 18 bytes per node each (5.8 MB at 5,000 nodes)
 # (devices, policy), and with the limit cap on the pod's limit signature (() for a pod without limits)
-Key = tuple[int, str] | tuple[int, str, LimitSig]
+# and with a compute share, (devices, policy, the limit signature or (), compute percent)
+Key = tuple[int, str] | tuple[int, str, LimitSig] | tuple[int, str, LimitSig, int]
 REPLAYS = 64  # filter answers kept for the prioritize that follows (one per pod in flight)
 REPLAY_NAMES = 200_000  # node names those may hold in all (bounds what hostile requests can pin)
 Replay = tuple[Key, int, list[str], Ids]  # (key, id epoch, names, their node ids)
@@ -73,6 +74,11 @@ _FAIL = bytes(int(k == FAILS) for k in range(256))
 _NEVER = bytes(int(k == NEVER) for k in range(256))
 _NO_FRAGMENTS: tuple[str | None, ...] = (None,) * (MAX_SCORE + 1)
 _FITS = tuple((True, False, "", s) for s in range(MAX_SCORE + 1))  # a fitting verdict, per score
+
+
+def compute_of(key: Key) -> int:
+    """The compute percent of a memo key (0: the pod asks for none)."""
+    return key[3] if len(key) == 4 else 0
 
 
 class _Table:
@@ -270,7 +276,7 @@ class FitMemo:
         """The limit cap's side of decisions for a pod of `key` on this node (None: the cap is off)."""
         if self.limit_ratio is None:
             return None
-        sig = key[2] if len(key) == 3 else ()
+        sig = key[2] if len(key) >= 3 else ()
         return LimitNeed(limit_total(sig, view.unit_mib) if sig else key[0] * view.unit_mib, self.limit_ratio)
 
     def size(self) -> int:
@@ -442,7 +448,7 @@ class FitMemo:
     def _sid(self, i: int, view: NodeView) -> int:
         """The number of the node's shape (see Shape), kept per id until its view changes. Verdicts are
         shared by these numbers: a small int hashes at once, a shape of 36 atoms does not."""
-        shape = (view.unit_mib, view.unplaced_mib, view.error, view.over,
+        shape = (view.unit_mib, view.unplaced_mib, view.error, view.over, view.compute,
                  *chain.from_iterable(map(_SHAPE_FIELDS, view.rows)))
         sid = self._shape_ids.get(shape)
         if sid is None:
@@ -456,7 +462,7 @@ class FitMemo:
         return sid
 
     def _verdict(self, key: Key, view: NodeView) -> Verdict:
-        v = decisions.verdict(view, key[0] * view.unit_mib, key[1], self.limit_need(key, view))
+        v = decisions.verdict(view, key[0] * view.unit_mib, key[1], self.limit_need(key, view), compute_of(key))
         return _FITS[v[3]] if v[0] else v
 
     def _set(self, table: _Table, key: Key, i: int, view: NodeView) -> None:

@@ -10,16 +10,18 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-from memslice.contract import Reservation
+from memslice.contract import ComputeShare, Reservation
 from memslice.elastic import ANN_LIMIT_RECORD
 
 
 def reservation_annotations(gpu_uuid: str, container_mib: dict[str, int], assumed_at: float,
-                            limits: dict[str, int] | None = None) -> dict[str, str]:
+                            limits: dict[str, int] | None = None,
+                            compute: tuple[ComputeShare, ...] = ()) -> dict[str, str]:
     """The pod annotations of a bind at `assumed_at` (Unix seconds); with `limits` (containers whose elastic
-    limit is above their request), the limit record the node agent reads at Allocate."""
+    limit is above their request), the limit record the node agent reads at Allocate; with `compute`, the
+    containers' compute shares (contract.ANN_GPU_COMPUTE)."""
     out = Reservation(gpu_uuid, tuple(sorted(container_mib.items())),
-                      datetime.fromtimestamp(assumed_at, UTC)).format()
+                      datetime.fromtimestamp(assumed_at, UTC), compute).format()
     if limits:
         out[ANN_LIMIT_RECORD] = json.dumps(limits, sort_keys=True, separators=(",", ":"))
     return out

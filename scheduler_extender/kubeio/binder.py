@@ -235,15 +235,16 @@ class Binder:
                 need = request.mib(view.unit_mib)
                 if self.limit_ratio is not None:  # the cap, re-checked here under the lock with the room
                     limit = decisions.LimitNeed(request.limit_mib(view.unit_mib), self.limit_ratio)
-                gpu = decisions.choose_gpu(view, need, policy, limit)
+                gpu = decisions.choose_gpu(view, need, policy, limit, request.compute)
             if view is None or gpu is None:
                 self.state.release(uid, None)
                 if view is None:
                     raise BindError("unknown_node", f"node {args.node} " + (
                         "has no memslice GPUs (no memslice.io/gpus annotation)" if self.state.knows_node(args.node)
                         else "is unknown to the extender"))
-                raise BindError("no_room", f"{where} no longer fits on node {args.node}: "
-                                           f"{decisions.fit(view, need, limit).reason}")
+                reason = (decisions.verdict(view, need, policy, limit, request.compute)[2] if request.compute
+                          else decisions.fit(view, need, limit).reason)
+                raise BindError("no_room", f"{where} no longer fits on node {args.node}: {reason}")
             try:  # elastic memory: each limit checked against its request at the node's unit, nothing written
                 limits = request.limit_record(view.unit_mib)
             except RequestError as exc:
@@ -252,9 +253,10 @@ class Binder:
             # the limit above the request is charged too (the GPU's limit sum), cap or not: a later restart
             # with the cap on rebuilds the same sums from the recorded limits
             over = request.limit_mib(view.unit_mib) - need
-            self.state.hold(uid, Charge(gpu.uuid, args.node, need, 0, None, over))
+            self.state.hold(uid, Charge(gpu.uuid, args.node, need, 0, None, over, request.compute))
         now = self.clock()
-        wanted = reservation_annotations(gpu.uuid, request.container_mib(view.unit_mib), now, limits)
+        wanted = reservation_annotations(gpu.uuid, request.container_mib(view.unit_mib), now, limits,
+                                         request.compute_record())
         if facts.limit_record and ANN_GPU_MEM_LIMIT_RECORD not in wanted:
             wanted[ANN_GPU_MEM_LIMIT_RECORD] = "{}"  # a Binding cannot delete a stale record: it empties it
         try:

@@ -15,6 +15,12 @@ GPU's memory. Off (`limit` None) the rules above are untouched; on, it changes n
 elastic pods for a pod without a limit (R ≥ 1: a GPU with room for the request is within the cap), so the
 other GPUs are judged by the same O(1) path, and elsewhere GPUs breaking the cap are skipped by fit, pick and
 score alike.
+
+Compute share (`compute` > 0, the pod's effective `memslice.io/gpu-compute` percent): the GPU must have room
+for the memory AND for the compute (its pods' compute requests plus the pod's at most 100), both on the SAME
+GPU. Among those GPUs, binpack takes the one left with the least free memory and compute together (the sum of
+the two free fractions after placement), spread the most; the score is 10 × the mean of the two fractions
+used (binpack) or left free (spread). A pod without a compute share is decided on memory alone, as above.
 """
 
 from __future__ import annotations
@@ -163,6 +169,37 @@ def _cap_reason(view: NodeView, need_mib: int, limit: LimitNeed) -> str:
             f"of a cap of {limit_cap_mib(mem, limit.ratio)} MiB ({ratio} × {mem} MiB)")
 
 
+def _compute_fit(view: NodeView, need_mib: int, limit: LimitNeed | None, compute: int, policy: str
+                 ) -> tuple[Fit, GpuView | None, int]:
+    """fit, the GPU `policy` takes and the score for a pod with a compute share: among the GPUs with room for
+    its memory (within the cap) AND its compute, the one left with the least (binpack) or most (spread) free
+    memory and compute together (the two free fractions added up; ties to the lower index). One pass."""
+    if limit is not None and _capped(view, need_mib, limit):
+        f, rows = _capped_fit(view, need_mib, limit)
+    else:
+        f = fit(view, need_mib)
+        rows = list(view.rows) if f.ok else []
+    if not f.ok:
+        return f, None, MIN_SCORE
+    cols = view.compute_used() if view.compute is not None else {}
+    sign = -1 if policy == "spread" else 1
+    best = min(((sign * ((r[6] - need_mib) / r[3] + (100 - cols.get(r[0], 0) - compute) / 100), r[1], r)
+                for r in rows if r[4] and r[6] >= need_mib and cols.get(r[0], 0) + compute <= 100), default=None)
+    if best is None:
+        return Fit(False, False, no_compute_reason(need_mib, compute)), None, MIN_SCORE
+    left = sign * best[0] / 2  # the mean of the two free fractions after placement
+    fraction = left if policy == "spread" else 1 - left
+    return FITS, GpuView._make(best[2]), max(MIN_SCORE, min(MAX_SCORE, round(MAX_SCORE * fraction)))
+
+
+def no_compute_reason(need_mib: int, compute: int) -> str:
+    """Why a node with room for the pod's memory does not take its compute share now. No '%' sign: the
+    kube-scheduler formats the reasons it is given (a '%' followed by a letter comes out as '%!c(MISSING)')."""
+    return (f"pod needs {compute} percent compute (memslice.io/gpu-compute) on the GPU that holds its {need_mib} "
+            f"MiB; no GPU of the node with that memory free has that compute free now (its pods' compute requests "
+            f"would add up to over 100 percent)")
+
+
 def _pick_of(rows: list[GpuRow], policy: str) -> GpuView | None:
     """The GPU `policy` takes among `rows` (those within the cap): the same order as _pick's."""
     if not rows:
@@ -180,8 +217,11 @@ def _pick(view: NodeView, need_mib: int, policy: str) -> GpuView | None:
     return view.free_gpu(i) if i < len(view.free_keys) else None
 
 
-def choose_gpu(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None = None) -> GpuView | None:
+def choose_gpu(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None = None,
+               compute: int = 0) -> GpuView | None:
     """The GPU the pod gets on this node under `policy`; None when it does not fit."""
+    if compute:
+        return _compute_fit(view, need_mib, limit, compute, policy)[1]
     if limit is not None and _capped(view, need_mib, limit):
         return _pick_of(_capped_fit(view, need_mib, limit)[1], policy)
     return _pick(view, need_mib, policy) if fit(view, need_mib).ok else None
@@ -195,13 +235,19 @@ def _score_on(gpu: GpuView | None, need_mib: int, policy: str) -> int:
     return max(MIN_SCORE, min(MAX_SCORE, round(MAX_SCORE * fraction)))
 
 
-def score(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None = None) -> int:
+def score(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None = None, compute: int = 0) -> int:
     """0..10: how much `policy` likes placing the pod on this node (0 when it does not fit)."""
+    if compute:
+        return verdict(view, need_mib, policy, limit, compute)[3]
     return _score_on(choose_gpu(view, need_mib, policy, limit), need_mib, policy)
 
 
-def verdict(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None = None) -> Verdict:
+def verdict(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None = None,
+            compute: int = 0) -> Verdict:
     """fit and score of one node in one go (what the memo keeps)."""
+    if compute:
+        f, _, value = _compute_fit(view, need_mib, limit, compute, policy)
+        return f.ok, f.unresolvable, f.reason, value
     if limit is not None and _capped(view, need_mib, limit):
         f, rows = _capped_fit(view, need_mib, limit)
         return f.ok, f.unresolvable, f.reason, _score_on(_pick_of(rows, policy), need_mib, policy)
@@ -211,17 +257,23 @@ def verdict(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None 
 
 
 def fits_without(view: NodeView, need_mib: int, freed_mib: dict[str, int], freed_unplaced_mib: int,
-                 limit: LimitNeed | None = None, freed_over: dict[str, int] | None = None) -> bool:
+                 limit: LimitNeed | None = None, freed_over: dict[str, int] | None = None, compute: int = 0,
+                 freed_compute: dict[str, int] | None = None) -> bool:
     """Would the pod fit if the charges in `freed_mib` (GPU UUID -> MiB; with `freed_over`, what their
-    limits add above that) and `freed_unplaced_mib` were gone? (Preemption: the scheduler proposes victims;
-    the pod must fit once they are evicted.)"""
+    limits add above that; with `freed_compute`, their compute percent) and `freed_unplaced_mib` were gone?
+    (Preemption: the scheduler proposes victims; the pod must fit once they are evicted.)"""
     gpus = tuple(GpuView.of(g.uuid, g.index, g.model, g.mem_mib, g.healthy,
                             g.used_mib - freed_mib.get(g.uuid, 0)) for g in view.gpus)
     over = view.over
     if over is not None and freed_over:
         over = tuple(o - freed_over.get(r[0], 0) for o, r in zip(over, view.rows, strict=True))
+    used = view.compute
+    if used is not None and freed_compute:
+        used = tuple(c - freed_compute.get(r[0], 0) for c, r in zip(used, view.rows, strict=True))
     after = NodeView.of(view.name, view.unit_mib, gpus, max(view.unplaced_mib - freed_unplaced_mib, 0),
-                        view.error, over)
+                        view.error, over, used)
+    if compute:
+        return _compute_fit(after, need_mib, limit, compute, "binpack")[0].ok
     return fit(after, need_mib, limit).ok
 
 
@@ -234,15 +286,19 @@ class VictimCandidate(NamedTuple):
     mib: int
     over: int  # what its elastic limits add above `mib` (the limit cap counts it)
     priority: int
+    compute: int = 0  # its compute request in percent (the GPU's compute sum counts it)
 
 
 def _room_after(view: NodeView, i: int, need_mib: int, victims: list[VictimCandidate], freed_unplaced_mib: int,
-                limit: LimitNeed | None) -> bool:
+                limit: LimitNeed | None, compute: int = 0) -> bool:
     """Would the pod fit on the node's i-th GPU once `victims` (all on that GPU) are gone: its free memory,
-    the limit cap, and the node's total free memory net of pods bound without the extender (as `fit`)."""
+    its compute (the GPU's requests at most 100 percent), the limit cap, and the node's total free memory net
+    of pods bound without the extender (as `fit`)."""
     _, _, _, mem, healthy, _, free = view.rows[i]
     freed = sum(v.mib for v in victims)
     if view.error or not healthy or free + freed < need_mib:
+        return False
+    if compute and (view.compute[i] if view.compute else 0) - sum(v.compute for v in victims) + compute > 100:
         return False
     if limit is not None and not within_limit_cap(limit_sum(view, i) - freed - sum(v.over for v in victims),
                                                   limit.mib, mem, limit.ratio):
@@ -252,26 +308,27 @@ def _room_after(view: NodeView, i: int, need_mib: int, victims: list[VictimCandi
 
 
 def _victims_on(view: NodeView, i: int, need_mib: int, pods: list[VictimCandidate], freed_unplaced_mib: int,
-                limit: LimitNeed | None) -> list[VictimCandidate] | None:
+                limit: LimitNeed | None, compute: int = 0) -> list[VictimCandidate] | None:
     """The victims on the i-th GPU: the lowest-priority pods first (the largest first within a priority:
     fewer victims) until the pod fits, then each given back (highest priority first, then smallest) while it
     still fits, as the scheduler's own dry run reprieves. None when evicting every candidate is not enough."""
     chosen: list[VictimCandidate] = []
     for pod in sorted(pods, key=lambda v: (v.priority, -v.mib, v.uid)):
-        if _room_after(view, i, need_mib, chosen, freed_unplaced_mib, limit):
+        if _room_after(view, i, need_mib, chosen, freed_unplaced_mib, limit, compute):
             break
         chosen.append(pod)
-    if not _room_after(view, i, need_mib, chosen, freed_unplaced_mib, limit):
+    if not _room_after(view, i, need_mib, chosen, freed_unplaced_mib, limit, compute):
         return None
     for pod in sorted(chosen, key=lambda v: (-v.priority, v.mib, v.uid)):
         rest = [v for v in chosen if v is not pod]
-        if _room_after(view, i, need_mib, rest, freed_unplaced_mib, limit):
+        if _room_after(view, i, need_mib, rest, freed_unplaced_mib, limit, compute):
             chosen = rest
     return chosen
 
 
 def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCandidate],
-                       freed_unplaced_mib: int = 0, limit: LimitNeed | None = None) -> tuple[str, ...] | None:
+                       freed_unplaced_mib: int = 0, limit: LimitNeed | None = None, compute: int = 0
+                       ) -> tuple[str, ...] | None:
     """The pods to evict so that the pod fits on ONE GPU of this node: over every GPU, the set whose highest
     priority is lowest, then the fewest victims, then the least MiB evicted (ties to the lower GPU index).
     Only pods on that GPU are named, never one on a GPU the pod will not use. None when no GPU can be freed
@@ -281,7 +338,7 @@ def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCan
         if not row[4] or row[3] < need_mib:
             continue
         chosen = _victims_on(view, i, need_mib, [c for c in candidates if c.gpu_uuid == row[0]],
-                             freed_unplaced_mib, limit)
+                             freed_unplaced_mib, limit, compute)
         if chosen is None:
             continue
         if not chosen:

@@ -69,10 +69,15 @@ class PodView:
         except RequestError as exc:
             return cls(uid if isinstance(uid, str) else "", None, str(exc))
 
-    def key(self, default_policy: str, capped: bool = False) -> tuple[int, str] | tuple[int, str, LimitSig]:
+    def key(self, default_policy: str, capped: bool = False
+            ) -> tuple[int, str] | tuple[int, str, LimitSig] | tuple[int, str, LimitSig, int]:
         """(devices, policy): what the memo is kept by; with the limit cap on (`capped`) the pod's limit
-        signature too (resources.PodRequest.limit_sig)."""
+        signature too (resources.PodRequest.limit_sig); with a compute share, (devices, policy, the limit
+        signature or (), compute percent)."""
         assert self.request is not None
+        if self.request.compute:
+            sig = self.request.limit_sig() if capped else ()
+            return self.request.devices, self.request.policy or default_policy, sig, self.request.compute
         if capped:
             return self.request.devices, self.request.policy or default_policy, self.request.limit_sig()
         return self.request.devices, self.request.policy or default_policy
@@ -84,8 +89,10 @@ class PodView:
 # None, reserved MiB, assumed-at, devices asked, request, limit MiB above the reserved MiB). `request` is kept
 # only while the pod is neither bound nor reserved (bind reads it from here instead of GETting the pod); else
 # None, so the tuple holds atoms only. The last field is what the pod's elastic limits add on its GPU
-# (reserved_over_mib; 0 for a pod without limits or without a reservation): --max-limit-ratio counts it.
-Record = tuple[str, str, str, int, "str | None", bool, "str | None", int, float, int, "PodRequest | None", int]
+# (reserved_over_mib; 0 for a pod without limits or without a reservation): --max-limit-ratio counts it. Then
+# the compute percent the reservation holds on its GPU (memslice.io/gpu-compute-pct; 0 without).
+Record = tuple[str, str, str, int, "str | None", bool, "str | None", int, float, int, "PodRequest | None", int,
+               int]
 # Field positions, Final so that the type checker knows each field's type from the index.
 UID: Final = 0
 NAMESPACE: Final = 1
@@ -99,6 +106,7 @@ ASSUMED_AT: Final = 8
 DEVICES: Final = 9
 REQUEST: Final = 10
 OVER: Final = 11
+COMPUTE: Final = 12
 PodEntry = tuple[str, "Record | None", int]  # uid, the record (None: not a GPU pod), resourceVersion
 
 
@@ -155,6 +163,17 @@ def reservation_mib(reservation: Reservation, request: PodRequest | None) -> int
     return _effective_mib(dict(reservation.container_mib), request)
 
 
+def reservation_compute(reservation: Reservation, request: PodRequest | None) -> int:
+    """The compute percent a reservation holds on its GPU: the effective total of its containers' requests
+    (init containers as for memory), containers the pod does not have counted as app containers."""
+    shares = reservation.container_compute
+    if not shares:
+        return 0
+    if len(shares) == 1:
+        return shares[0].request
+    return _effective_mib({c.container: c.request for c in shares}, request)
+
+
 def _effective_mib(amounts: dict[str, int], request: PodRequest | None) -> int:
     """The effective total of `amounts` (container -> MiB) over the pod's containers, as reservation_mib."""
     if request is None:
@@ -201,7 +220,7 @@ def pod_record(obj: dict[str, Any]) -> Record | None:
     node = _node_of(obj)
     reservation = _decode_reservation(meta.get("annotations") or {}, namespace, name, node is not None)
     terminal = (obj.get("status") or {}).get("phase") in TERMINAL_PHASES
-    if (reservation is not None and len(reservation.container_mib) == 1
+    if (reservation is not None and len(reservation.container_mib) == 1 and len(reservation.container_compute) < 2
             and not _has_limit_annotation(meta.get("annotations") or {})):
         # One reserved amount is the pod's effective MiB whatever its containers (reservation_mib), and a
         # reserved pod's devices are never read (derive_charge): its request need not be decoded, unless
@@ -209,20 +228,21 @@ def pod_record(obj: dict[str, Any]) -> Record | None:
         # events of each of the extender's own binds.
         return (uid, _intern(namespace), name, resource_version(meta), node, terminal,
                 _intern(reservation.gpu_uuid), reservation.container_mib[0][1], reservation.assumed_ts, 0, None,
-                0)
+                0, reservation.container_compute[0].request if reservation.container_compute else 0)
     request = _decode_request(obj, namespace, name)
     if request is None and reservation is None:
         return None
     devices = request.devices if request is not None else 0
     if reservation is None:
         return (uid, _intern(namespace), name, resource_version(meta), node, terminal, None, 0, 0.0, devices,
-                request if node is None else None, 0)
+                request if node is None else None, 0, 0)
     mib = reservation_mib(reservation, request)
     annotations: dict[str, Any] = meta.get("annotations") or {}  # a dict: a reservation was found in it
     over = (reserved_over_mib(annotations, reservation, request, mib, f"pod {namespace}/{name}")
             if ANN_LIMIT_RECORD in annotations or (request is not None and request.limits) else 0)
     return (uid, _intern(namespace), name, resource_version(meta), node, terminal, _intern(reservation.gpu_uuid),
-            mib, reservation.assumed_ts, devices, None, over)  # assumed_at 0 if bound
+            mib, reservation.assumed_ts, devices, None, over,
+            reservation_compute(reservation, request))  # assumed_at 0 if bound
 
 
 def _has_limit_annotation(annotations: dict[str, Any]) -> bool:
@@ -257,9 +277,10 @@ class Charge(NamedTuple):
     devices: int  # for an unplaced charge (MiB = devices × the node's unit)
     expires: float | None  # an unbound reservation stops counting then
     over: int = 0  # for a GPU charge: what the pod's elastic limits add above `mib` (records.OVER)
+    compute: int = 0  # for a GPU charge: the compute percent it holds (records.COMPUTE)
 
 
-ChargeT = tuple["str | None", "str | None", int, int, "float | None", int]  # a Charge as a plain tuple
+ChargeT = tuple["str | None", "str | None", int, int, "float | None", int, int]  # a Charge as a plain tuple
 
 
 def derive_charge(r: Record, now: float, assume_ttl: float) -> ChargeT | None:
@@ -268,15 +289,15 @@ def derive_charge(r: Record, now: float, assume_ttl: float) -> ChargeT | None:
     gpu, node = r[GPU], r[NODE]
     if gpu is not None:
         if node:
-            return gpu, node, r[MIB], 0, None, r[OVER]
+            return gpu, node, r[MIB], 0, None, r[OVER], r[COMPUTE]
         expires = r[ASSUMED_AT] + assume_ttl
-        return (gpu, None, r[MIB], 0, expires, r[OVER]) if expires > now else None
+        return (gpu, None, r[MIB], 0, expires, r[OVER], r[COMPUTE]) if expires > now else None
     if node and r[DEVICES]:
-        return None, node, 0, r[DEVICES], None, 0
+        return None, node, 0, r[DEVICES], None, 0, 0
     return None
 
 
 def effect(c: ChargeT) -> tuple[object, ...]:
     """What a charge does to the views: MiB (and limit MiB above them) on a GPU (whichever node the pod is
-    bound to, if any), or devices unplaced on a node."""
-    return (c[0], c[2], c[5]) if c[0] is not None else (None, c[1], c[3])
+    bound to, if any) and its compute percent, or devices unplaced on a node."""
+    return (c[0], c[2], c[5], c[6]) if c[0] is not None else (None, c[1], c[3])

@@ -20,7 +20,17 @@ from fractions import Fraction
 from typing import Any
 
 from memslice import errors
-from memslice.contract import ANN_POLICY, POLICIES, RESOURCE
+from memslice.contract import (
+    ANN_GPU_COMPUTE_LIMIT,
+    ANN_POLICY,
+    MAX_PERCENT,
+    POLICIES,
+    RESOURCE,
+    RESOURCE_COMPUTE,
+    ComputeShare,
+    check_share,
+    parse_compute_limit,
+)
 from memslice.elastic import LimitAnnotationError, limit_mib
 
 MAX_DEVICES = 1 << 40  # per container; anything above is absurd (1 TiB devices of 1 MiB is an EiB)
@@ -36,28 +46,28 @@ class RequestError(errors.InputError):
     """A pod whose memslice request cannot be honoured; the message names the value and the fix."""
 
 
-def parse_devices(text: Any, where: str) -> int:
-    """A Kubernetes quantity of `memslice.io/gpu-mem` devices: a whole, non-negative number."""
+def parse_devices(text: Any, where: str, resource: str = RESOURCE) -> int:
+    """A Kubernetes quantity of `memslice.io/gpu-mem` (or `resource`) devices: a whole, non-negative number."""
     if isinstance(text, bool) or not isinstance(text, str | int):
-        raise RequestError(f"{where}: {RESOURCE}={text!r} is not a quantity; write a whole number of "
+        raise RequestError(f"{where}: {resource}={text!r} is not a quantity; write a whole number of "
                            f"devices, e.g. \"4096\"")
     if type(text) is str and len(text) <= 12 and text.isascii() and text.isdigit():  # usual "4096": fast
         return int(text)
     m = _QUANTITY.match(str(text).strip())
     if not m:
-        raise RequestError(f"{where}: {RESOURCE}={text!r} is not a Kubernetes quantity; write a whole "
+        raise RequestError(f"{where}: {resource}={text!r} is not a Kubernetes quantity; write a whole "
                            f"number of devices, e.g. \"4096\"")
     sign, number, suffix = m.group(1), m.group(2), m.group(3) or ""
     scale = _SUFFIX[suffix] if suffix in _SUFFIX else Fraction(10) ** int(suffix[1:])  # or e<exponent>
     value = Fraction(number) * scale
     if sign == "-" and value != 0:
-        raise RequestError(f"{where}: {RESOURCE}={text!r} is negative; ask for a positive whole number of "
+        raise RequestError(f"{where}: {resource}={text!r} is negative; ask for a positive whole number of "
                            f"devices")
     if value.denominator != 1:
-        raise RequestError(f"{where}: {RESOURCE}={text!r} is not a whole number; extended resources are "
+        raise RequestError(f"{where}: {resource}={text!r} is not a whole number; extended resources are "
                            f"counted in whole devices")
     if value > MAX_DEVICES:
-        raise RequestError(f"{where}: {RESOURCE}={text!r} is absurdly large (more than {MAX_DEVICES} "
+        raise RequestError(f"{where}: {resource}={text!r} is absurdly large (more than {MAX_DEVICES} "
                            f"devices); ask for the MiB one GPU can hold, in devices of the node's unit")
     return int(value)
 
@@ -67,6 +77,8 @@ class ContainerAsk:
     name: str
     devices: int
     kind: str  # "app", "init" or "sidecar"
+    compute: int = 0  # percent of the GPU's time (memslice.io/gpu-compute); 0: best effort
+    compute_limit: int | None = None  # memslice.io/gpu-compute-limit; None: no cap
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,13 +89,21 @@ class PodRequest:
     policy: str | None  # from the pod annotation; None = the extender's default
     limits: tuple[tuple[str, int], ...] = ()  # elastic memory: container -> limit MiB (memslice.io/gpu-mem-limit)
     devices: int = dc_field(init=False)  # effective devices on the GPU (module docstring: init containers)
+    compute: int = dc_field(init=False)  # effective compute percent on the GPU (the same rule); 0: none asked
 
     def __post_init__(self) -> None:
         asks = self.asks
         # one app container (the usual pod) is its own effective total: no map, no pass (every watched pod)
-        devices = asks[0].devices if len(asks) == 1 and asks[0].kind == "app" else effective_total(
-            {a.name: a.devices for a in asks}, asks)
+        one = len(asks) == 1 and asks[0].kind == "app"
+        devices = asks[0].devices if one else effective_total({a.name: a.devices for a in asks}, asks)
         object.__setattr__(self, "devices", devices)
+        compute = asks[0].compute if one else effective_total({a.name: a.compute for a in asks}, asks)
+        object.__setattr__(self, "compute", compute)
+
+    def compute_record(self) -> tuple[ComputeShare, ...]:
+        """The compute shares bind records (contract.ANN_GPU_COMPUTE): containers with a request or a limit."""
+        return tuple(sorted(ComputeShare(a.name, a.compute, a.compute_limit) for a in self.asks
+                            if a.compute or a.compute_limit is not None))
 
     def mib(self, unit_mib: int) -> int:
         return self.devices * unit_mib
@@ -115,6 +135,18 @@ class PodRequest:
         return out
 
 
+def _with_compute_limit(ask: ContainerAsk, annotations: dict[str, Any]) -> ContainerAsk:
+    """The ask with its compute limit (ANN_GPU_COMPUTE_LIMIT[.container]); RequestError naming the value when
+    it is not a percent 1..100 or is below the container's compute request."""
+    where = f"container {ask.name!r}"
+    try:
+        limit = parse_compute_limit(annotations, ask.name, where)
+        check_share(ask.compute, limit, where)
+    except errors.ContractError as exc:
+        raise RequestError(str(exc)) from None
+    return ContainerAsk(ask.name, ask.devices, ask.kind, ask.compute, limit) if limit is not None else ask
+
+
 # (asks, limits) of a pod with limit annotations, () without: see PodRequest.limit_sig
 LimitSig = tuple[()] | tuple[tuple[ContainerAsk, ...], tuple[tuple[str, int], ...]]
 
@@ -142,7 +174,7 @@ def effective_total(amounts: Mapping[str, int], asks: tuple[ContainerAsk, ...]) 
     return max(init_peak, app + sidecars_so_far)
 
 
-def _container_devices(container: Any, where: str) -> int:
+def _container_devices(container: Any, where: str, resource: str = RESOURCE) -> int:
     if not isinstance(container, dict):
         raise RequestError(f"{where} is not an object")
     resources = container.get("resources") or {}
@@ -153,10 +185,10 @@ def _container_devices(container: Any, where: str) -> int:
         values = resources.get(field) or {}
         if not isinstance(values, dict):
             raise RequestError(f"{where}.resources.{field} is not an object")
-        if RESOURCE in values:
-            found[field] = parse_devices(values[RESOURCE], f"{where}.resources.{field}")
+        if resource in values:
+            found[field] = parse_devices(values[resource], f"{where}.resources.{field}", resource)
     if "requests" in found and "limits" in found and found["requests"] != found["limits"]:
-        raise RequestError(f"{where}: {RESOURCE} request {found['requests']} differs from its limit "
+        raise RequestError(f"{where}: {resource} request {found['requests']} differs from its limit "
                            f"{found['limits']}; extended resources need request == limit "
                            f"(set only the limit)")
     return found.get("limits", found.get("requests", 0))
@@ -179,6 +211,13 @@ def pod_request(pod: Any) -> PodRequest | None:
         for i, c in enumerate(containers):
             where = f"Pod.spec.{field}[{i}]"
             devices = _container_devices(c, where)
+            compute = _container_devices(c, where, RESOURCE_COMPUTE)
+            if compute > MAX_PERCENT:
+                raise RequestError(f"{where}: {RESOURCE_COMPUTE}={compute} is over 100 percent of one GPU; a "
+                                   f"container's compute share is on one GPU: ask for at most 100")
+            if compute and not devices:
+                raise RequestError(f"{where} asks for {RESOURCE_COMPUTE} without {RESOURCE}: a compute share is "
+                                   f"on the GPU that holds the container's memory; ask for {RESOURCE} too")
             name = c.get("name")
             if not isinstance(name, str) or not name:
                 if devices:
@@ -190,10 +229,13 @@ def pod_request(pod: Any) -> PodRequest | None:
             sidecar = default_kind == "init" and c.get("restartPolicy") == "Always"
             kind = "sidecar" if sidecar else default_kind
             if devices:
-                asks.append(ContainerAsk(name, devices, kind))
+                asks.append(ContainerAsk(name, devices, kind, compute))
     if not asks:
         return None
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    if isinstance(annotations, dict) and any(isinstance(k, str) and k.startswith(ANN_GPU_COMPUTE_LIMIT)
+                                             for k in annotations):
+        asks = [_with_compute_limit(a, annotations) for a in asks]
     policy = annotations.get(ANN_POLICY) if isinstance(annotations, dict) else None
     if policy is not None and policy not in POLICIES:
         raise RequestError(f"annotation {ANN_POLICY}={policy!r} is not a policy; use one of "

@@ -78,6 +78,7 @@ class ClusterState:
         self._charges: dict[str, ChargeT] = {}
         self._used: dict[str, int] = {}
         self._over: dict[str, int] = {}  # GPU -> what its pods' elastic limits add above _used (limit sum - used)
+        self._compute: dict[str, int] = {}  # GPU -> the sum of its pods' compute requests (percent)
         self._unplaced: dict[str, int] = {}
         self._pending: dict[str, Pending] = {}
         self._expiring: dict[str, float] = {}
@@ -240,8 +241,14 @@ class ClusterState:
         self._changed.notify_all()
 
     def _apply(self, c: ChargeT, sign: int) -> None:
-        gpu, node, mib, devices, _, over = c
+        gpu, node, mib, devices, _, over, compute = c
         if gpu is not None:
+            if compute:  # pods with a compute share only
+                left = self._compute.get(gpu, 0) + sign * compute
+                if left:
+                    self._compute[gpu] = left
+                else:
+                    self._compute.pop(gpu, None)
             left = self._used.get(gpu, 0) + sign * mib
             if left:
                 self._used[gpu] = left
@@ -284,7 +291,8 @@ class ClusterState:
         with self.lock:
             plain: ChargeT | None = None
             if charge is not None:  # the Charge's fields as the plain tuple the records keep
-                plain = (charge.gpu_uuid, charge.node, charge.mib, charge.devices, charge.expires, charge.over)
+                plain = (charge.gpu_uuid, charge.node, charge.mib, charge.devices, charge.expires, charge.over,
+                         charge.compute)
             self._pending[uid] = Pending(plain, UNKNOWN_RV)
             self._recharge(uid)
 
@@ -347,7 +355,11 @@ class ClusterState:
             over = None  # the limit sums' column, only where an elastic pod is (else: limit sum = used)
             if self._over and any(g[0] in self._over for g in specs):
                 over = tuple(self._over.get(g[0], 0) for g in specs)
-            view = NodeView.of_rows(name, unit_mib, rows, self._unplaced.get(name, 0) * unit_mib, over=over)
+            compute = None  # the compute requests' column, only where a pod with a compute share is
+            if self._compute and any(g[0] in self._compute for g in specs):
+                compute = tuple(self._compute.get(g[0], 0) for g in specs)
+            view = NodeView.of_rows(name, unit_mib, rows, self._unplaced.get(name, 0) * unit_mib, over=over,
+                                    compute=compute)
         elif name in self._node_error:
             view = NodeView.of(name, 1, (), 0, self._node_error[name])
         if view is None:

@@ -56,26 +56,31 @@ class NodeView:
     # Elastic memory: per GPU (in `rows` order) what its pods' limits add above their used MiB, so a GPU's
     # limit sum is used_mib + over[i] (decisions.limit_sum). None: no elastic pod here (limit sum = used).
     over: tuple[int, ...] | None = None
+    # Compute share: per GPU (in `rows` order) the sum of its pods' compute requests in percent. None: no pod
+    # with a compute share here (every GPU's compute is free).
+    compute: tuple[int, ...] | None = None
 
     @classmethod
     def of(cls, name: str, unit_mib: int, gpus: tuple[GpuView, ...], unplaced_mib: int = 0,
-           error: str | None = None, over: tuple[int, ...] | None = None) -> NodeView:
+           error: str | None = None, over: tuple[int, ...] | None = None,
+           compute: tuple[int, ...] | None = None) -> NodeView:
         return cls.of_rows(name, unit_mib, tuple(map(tuple, gpus)), unplaced_mib, error,  # type: ignore[arg-type]
-                           over)
+                           over, compute)
 
     @classmethod
     def of_rows(cls, name: str, unit_mib: int, rows: tuple[GpuRow, ...], unplaced_mib: int = 0,
-                error: str | None = None, over: tuple[int, ...] | None = None) -> NodeView:
+                error: str | None = None, over: tuple[int, ...] | None = None,
+                compute: tuple[int, ...] | None = None) -> NodeView:
         # Built for every node at a restart and after every charge: one sort with a C key, and the totals
         # read off the sorted free column (the most free GPU: the first of the largest free, lowest index).
         healthy = rows if all(map(_healthy, rows)) else [r for r in rows if r[4]]
         by_free = tuple(sorted(healthy, key=_free_then_index))
         keys = tuple(map(_free, by_free))
         if not keys:
-            return cls(name, unit_mib, rows, unplaced_mib, error, 0, 0, 0, (), (), None, over)
+            return cls(name, unit_mib, rows, unplaced_mib, error, 0, 0, 0, (), (), None, over, compute)
         top = keys[-1]
         return cls(name, unit_mib, rows, unplaced_mib, error, top, max(map(_mem, healthy)),
-                   sum(k for k in keys if k > 0), by_free, keys, by_free[bisect_left(keys, top)], over)
+                   sum(k for k in keys if k > 0), by_free, keys, by_free[bisect_left(keys, top)], over, compute)
 
     @property
     def gpus(self) -> tuple[GpuView, ...]:
@@ -93,6 +98,12 @@ class NodeView:
     @property
     def most_free(self) -> GpuView | None:
         return GpuView._make(self.most_free_row) if self.most_free_row is not None else None
+
+    def compute_used(self) -> dict[str, int]:
+        """GPU UUID -> the compute percent its pods' requests hold (absent: 0)."""
+        if self.compute is None:
+            return {}
+        return {r[0]: c for r, c in zip(self.rows, self.compute, strict=True) if c}
 
     def free_gpu(self, i: int) -> GpuView:
         """The i-th healthy GPU by (free, index)."""

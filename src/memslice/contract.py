@@ -26,6 +26,9 @@ from . import errors
 # ------------------------------------------------------------------------------------------ names
 
 RESOURCE: Final = "memslice.io/gpu-mem"  # extended resource; one device = unit-mib MiB of one GPU
+# Compute share (issue 33): one device = 1 percent of one GPU's time, 100 per GPU; a container's request of it is
+# its guaranteed share under contention (a weight), on the GPU that holds its memory.
+RESOURCE_COMPUTE: Final = "memslice.io/gpu-compute"
 
 # node annotations, written by the node agent
 ANN_GPUS: Final = "memslice.io/gpus"
@@ -35,7 +38,10 @@ ANN_UNIT_MIB: Final = "memslice.io/unit-mib"
 ANN_GPU_UUID: Final = "memslice.io/gpu-uuid"
 ANN_GPU_MEM: Final = "memslice.io/gpu-mem-mib"
 ANN_ASSUMED_AT: Final = "memslice.io/assumed-at"
-RESERVATION_ANNOTATIONS: Final = (ANN_GPU_UUID, ANN_GPU_MEM, ANN_ASSUMED_AT)
+# compute shares at bind: a JSON object of container name to [request percent, limit percent or null], only
+# for containers with a share (request > 0 or a limit); absent when none has one
+ANN_GPU_COMPUTE: Final = "memslice.io/gpu-compute-pct"
+RESERVATION_ANNOTATIONS: Final = (ANN_GPU_UUID, ANN_GPU_MEM, ANN_ASSUMED_AT)  # always written (compute: if any)
 
 # pod annotation, set by users
 ANN_POLICY: Final = "memslice.io/policy"
@@ -49,6 +55,10 @@ ANN_OVERSUBSCRIBE: Final = "memslice.io/oversubscribe"
 # accepts a slower first touch); absent or "false", a request stays in GPU memory idle or not. The node agent
 # writes it into the container's read-only limits file (idle_release=1).
 ANN_IDLE_RELEASE: Final = "memslice.io/gpu-mem-idle-release"
+
+# The compute limit (a cap in percent of one GPU, held even on an idle GPU), set by users: pod-wide, or
+# ANN_GPU_COMPUTE_LIMIT + "." + container for that container (it wins). At least the container's request.
+ANN_GPU_COMPUTE_LIMIT: Final = "memslice.io/gpu-compute-limit"
 
 # pod phases after which a pod holds nothing
 TERMINAL_PHASES: Final = ("Succeeded", "Failed")
@@ -68,6 +78,7 @@ MAX_GPUS_TEXT: Final = 256 << 10  # the API server's limit on all annotations of
 MAX_GPU_MEM_TEXT: Final = 64 << 10
 MAX_UNIT_TEXT: Final = 32
 MAX_TIME_TEXT: Final = 64
+MAX_PERCENT: Final = 100  # a compute share is at most one whole GPU
 
 
 def units_for(mib: int, unit_mib: int) -> int:
@@ -240,6 +251,7 @@ class Reservation(NamedTuple):
     gpu_uuid: str
     container_mib: tuple[tuple[str, int], ...]
     assumed_at: datetime | None
+    container_compute: tuple[ComputeShare, ...] = ()  # by name; only containers with a compute share
 
     def format(self) -> dict[str, str]:
         """The pod annotations."""
@@ -247,7 +259,13 @@ class Reservation(NamedTuple):
                ANN_GPU_MEM: orjson.dumps(dict(self.container_mib), option=orjson.OPT_SORT_KEYS).decode()}
         if self.assumed_at is not None:
             out[ANN_ASSUMED_AT] = format_time(self.assumed_at)
+        if self.container_compute:
+            out[ANN_GPU_COMPUTE] = format_compute(self.container_compute)
         return out
+
+    def compute_of(self, container: str) -> ComputeShare | None:
+        """The container's compute share; None without one."""
+        return next((c for c in self.container_compute if c.container == container), None)
 
     @property
     def assumed_ts(self) -> float:
@@ -286,7 +304,8 @@ class Reservation(NamedTuple):
                 if at is None:
                     raise errors.ContractError(f"{where}: annotation {ANN_ASSUMED_AT}={_short(text)} is not an "
                                                f"RFC 3339 time, e.g. 2026-01-02T03:04:05.123456Z")
-        return cls(uuid, container_mib, at)
+        compute = annotations.get(ANN_GPU_COMPUTE)
+        return cls(uuid, container_mib, at, parse_compute(compute, where) if compute is not None else ())
 
 
 def _container_mib(mem: object) -> tuple[tuple[str, int], ...] | None:
@@ -327,6 +346,74 @@ def format_time(at: datetime) -> str:
     if at.tzinfo is None:
         at = at.replace(tzinfo=UTC)
     return at.astimezone(UTC).isoformat(timespec="microseconds")[:-6] + "Z"
+
+
+# ------------------------------------------------------------------------------------------ compute share
+
+class ComputeShare(NamedTuple):
+    """A container's compute share, in percent of one GPU: `request` (0..100; 0 = best effort) and `limit`
+    (1..100, >= request; None = no cap)."""
+
+    container: str
+    request: int
+    limit: int | None
+
+
+def check_share(request: int, limit: int | None, where: str) -> None:
+    """errors.ContractError naming the value and the fix when a share is out of range: a request over 100, a
+    limit outside 1..100 or below the request."""
+    if not 0 <= request <= MAX_PERCENT:
+        raise errors.ContractError(f"{where}: {RESOURCE_COMPUTE}={request} is not a percent of one GPU (0..100); "
+                                   f"ask for at most 100 (one whole GPU)")
+    if limit is not None and not 0 < limit <= MAX_PERCENT:
+        raise errors.ContractError(f"{where}: {ANN_GPU_COMPUTE_LIMIT}={limit} is not a percent of one GPU (1..100);"
+                                   f" set at most 100, or remove it for no cap")
+    if limit is not None and limit < request:
+        raise errors.ContractError(f"{where}: {ANN_GPU_COMPUTE_LIMIT}={limit} is below the compute request of "
+                                   f"{request} ({RESOURCE_COMPUTE}); set a limit of at least the request, or "
+                                   f"remove it")
+
+
+def format_compute(shares: tuple[ComputeShare, ...]) -> str:
+    """ANN_GPU_COMPUTE's value: {"container": [request, limit or null]}, keys sorted."""
+    return orjson.dumps({c.container: [c.request, c.limit] for c in shares}, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def parse_compute(raw: object, where: str) -> tuple[ComputeShare, ...]:
+    """ANN_GPU_COMPUTE's value as shares sorted by container; errors.ContractError naming it otherwise."""
+    bad = errors.ContractError(f"{where}: annotation {ANN_GPU_COMPUTE}={_short(raw)} is not a JSON object of 1 to "
+                               f"{MAX_CONTAINERS} container names to [request 0..100, limit 1..100 or null], "
+                               f"e.g. {{\"train\": [30, 60]}}")
+    try:
+        value = orjson.loads(raw) if isinstance(raw, str) and len(raw) <= MAX_GPU_MEM_TEXT else None
+    except orjson.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict) or not 0 < len(value) <= MAX_CONTAINERS:
+        raise bad
+    out = []
+    for name, pair in sorted(value.items()):
+        if (not 0 < len(name) <= MAX_CONTAINER_NAME or type(pair) is not list or len(pair) != 2
+                or not _is_int(pair[0]) or not (pair[1] is None or _is_int(pair[1]))):
+            raise bad
+        check_share(pair[0], pair[1], f"{where}: annotation {ANN_GPU_COMPUTE}, container {name!r}")
+        out.append(ComputeShare(name, pair[0], pair[1]))
+    return tuple(out)
+
+
+def parse_compute_limit(annotations: Mapping[str, Any], container: str, where: str) -> int | None:
+    """The container's compute limit from the users' annotation (ANN_GPU_COMPUTE_LIMIT[.container]): a whole
+    percent 1..100; None without one; errors.ContractError naming the annotation and the fix otherwise."""
+    key = f"{ANN_GPU_COMPUTE_LIMIT}.{container}"
+    if key not in annotations:
+        key = ANN_GPU_COMPUTE_LIMIT
+    raw = annotations.get(key)
+    if raw is None:
+        return None
+    text = raw.strip() if isinstance(raw, str) and len(raw) <= 16 else ""
+    if not text.isascii() or not text.isdigit() or not 0 < int(text) <= MAX_PERCENT:
+        raise errors.ContractError(f"{where}: annotation {key}={str(raw)[:16]!r} is not a whole percent of one GPU "
+                                   f"between 1 and 100 (e.g. \"40\"); fix or remove it")
+    return int(text)
 
 
 # ------------------------------------------------------------------------------------------ oversubscription
@@ -379,11 +466,12 @@ def parse_oversubscribe(annotations: Mapping[str, Any], where: str) -> int | Non
 # elastic), at most the GPU's memory; `idleRelease: true` lets an idle container give up its request too (as
 # ANN_IDLE_RELEASE does for a pod), only with a limit above the request; `oversubscribe` (as ANN_OVERSUBSCRIBE
 # does for a pod) lets allocations past the quota spill to host memory: a quantity (the spill cap, e.g. "8Gi"),
-# true (no cap but the memory cgroup's margin) or false (the default: nothing spills). Any other field is refused.
-# A new field is one entry of DRA_CONFIG_FIELDS and one parser in GpuMemConfig.parse.
+# true (no cap but the memory cgroup's margin) or false (the default: nothing spills); `computeLimit` (an integer
+# percent 1..100, at least the claim's `capacity.requests.compute`) caps the claim's GPU time. Any other field is
+# refused. A new field is one entry of DRA_CONFIG_FIELDS and one parser in GpuMemConfig.parse.
 DRA_CONFIG_API_VERSION: Final = "memslice.io/v1alpha1"
 DRA_CONFIG_KIND: Final = "GpuMemConfig"
-DRA_CONFIG_FIELDS: Final = ("apiVersion", "kind", "limit", "idleRelease", "oversubscribe")
+DRA_CONFIG_FIELDS: Final = ("apiVersion", "kind", "limit", "idleRelease", "oversubscribe", "computeLimit")
 MAX_DRA_CONFIG_TEXT: Final = 4096  # bytes of one GpuMemConfig as JSON (the API server allows 10 KiB)
 MAX_QUANTITY_DIGITS: Final = 1000  # a quantity of bytes has fewer digits than this
 _QUANTITY_FIRST: Final = frozenset("0123456789.")
@@ -427,6 +515,7 @@ class GpuMemConfig:
     limit_mib: int | None = None
     idle_release: bool = False
     spill: int | None = None  # oversubscribe, as parse_oversubscribe: None off, NO_SPILL_CAP, or the cap in bytes
+    compute_limit: int | None = None  # percent of the GPU's time (1..100); None: no cap
 
     def format(self) -> dict[str, Any]:
         """The opaque parameters: what `parse` reads back as this config."""
@@ -437,6 +526,8 @@ class GpuMemConfig:
             out["idleRelease"] = True
         if self.spill is not None:
             out["oversubscribe"] = True if self.spill == NO_SPILL_CAP else str(self.spill)
+        if self.compute_limit is not None:
+            out["computeLimit"] = self.compute_limit
         return out
 
     @classmethod
@@ -467,8 +558,12 @@ class GpuMemConfig:
         if not isinstance(release, bool):
             raise errors.ContractError(f"{where}: idleRelease={_short(release)} is not true or false; fix or remove "
                                        f"it")
+        compute = raw.get("computeLimit")
+        if compute is not None and (not _is_int(compute) or not 0 < compute <= MAX_PERCENT):
+            raise errors.ContractError(f"{where}: computeLimit={_short(compute)} is not a whole percent of one GPU "
+                                       f"(1..100); write e.g. computeLimit: 40, or remove it for no cap")
         return cls(limit_mib=_limit_mib(raw.get("limit"), where), idle_release=release,
-                   spill=_spill(raw.get("oversubscribe"), where))
+                   spill=_spill(raw.get("oversubscribe"), where), compute_limit=compute)
 
 
 def _spill(raw: object, where: str) -> int | None:

@@ -37,6 +37,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--elastic-dir", metavar="DIR",
                    help="also show elastic tenants (resident / swapped-out bytes, active or idle) from this "
                         "arbitration directory (default: $MEMSLICE_ELASTIC_DIR, else `memslice run`'s)")
+    p.add_argument("--compute-dir", metavar="DIR",
+                   help="also show compute shares (issue 33: request, limit, share achieved, time throttled at the "
+                        "limit and waiting for neighbours, per container and GPU) from this directory (default: "
+                        "'compute' beside --region-root, else $MEMSLICE_COMPUTE_DIR or `memslice run`'s)")
     p.set_defaults(func=main)
 
 
@@ -271,6 +275,62 @@ def root_regions(root: str) -> tuple[list[str], dict[str, dict[str, str]]]:
     return dirs, owner
 
 
+def compute_owners(root: str) -> dict[tuple[str, int], str]:
+    """(GPU uuid, compute slot) -> "namespace/pod/container" from the node agent's region records (bounded as
+    root_regions reads them); a record that is not the agent's shape names nobody."""
+    out: dict[tuple[str, int], str] = {}
+    try:
+        names = sorted(n for n in os.listdir(root) if n.endswith(".json") and REGION_ID.match(n[:-5]))[:4096]
+    except OSError:
+        return {}
+    for name in names:
+        try:
+            with open(os.path.join(root, name), "rb") as f:
+                rec = json.loads(f.read(MAX_RECORD))
+            slot, uuid = rec.get("compute_slot", -1), rec["gpu_uuid"]
+            if isinstance(slot, int) and slot >= 0 and isinstance(uuid, str):
+                out[(uuid, slot)] = "/".join(str(rec[k]) for k in ("namespace", "pod", "container"))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass
+    return out
+
+
+def compute_json(cdir: str, owners: dict[tuple[str, int], str]) -> list[dict[str, Any]]:
+    """Every slot of every GPU directory under `cdir` (at most 1024), the roster's figures bounding the
+    tenants' (memslice.compute.read_gpu); a directory that cannot be read is skipped."""
+    from .compute import ComputeShareError, read_gpu
+
+    out = []
+    try:
+        gpus = sorted(n for n in os.listdir(cdir) if not n.startswith("."))[:1024]
+    except OSError:
+        return []
+    for uuid in gpus:
+        try:
+            figures = read_gpu(cdir, uuid)
+        except (OSError, ComputeShareError):
+            continue
+        out += [{"gpu": uuid, "slot": f.slot, "owner": owners.get((uuid, f.slot), ""), "request": f.request,
+                 "limit": f.limit, "priority": f.priority, "share_pct": round(f.share_pct, 1),
+                 "used_s": round(f.used_s, 3), "throttled_s": round(f.throttled_s, 3),
+                 "waited_s": round(f.waited_s, 3), "processes": f.processes} for f in figures]
+    return out
+
+
+def render_compute(rows: list[dict[str, Any]]) -> str:
+    """One line per compute slot: who, share achieved of request:limit, and where the time went."""
+    if not rows:
+        return "compute: no container has a compute share"
+    lines = ["compute (percent of one GPU; share = achieved over the shim's recent window)"]
+    for r in rows:
+        lim = f"{r['limit']}" if r["limit"] is not None else "-"
+        lines.append(f"  {r['gpu'][:16]} slot {r['slot']:2d} {r['owner'] or '(slot ' + str(r['slot']) + ')'}: "
+                     f"share {r['share_pct']:5.1f}% of request {r['request']}% limit {lim}; used {r['used_s']:.1f} s,"
+                     f" throttled {r['throttled_s']:.1f} s, waiting {r['waited_s']:.1f} s, "
+                     f"{r['processes']} process(es)")
+    return "\n".join(lines)
+
+
 REGION_FILES = ("memslice.region", "memslice.limits")
 
 
@@ -322,7 +382,13 @@ def main(args: argparse.Namespace) -> int:
 
     edir = args.elastic_dir or (os.path.join(os.path.dirname(os.path.abspath(args.region_root)), "elastic")
                                 if args.region_root else None) or default_elastic_dir()
+    from .compute import default_dir as default_compute_dir
+
+    cdir = args.compute_dir or (os.path.join(os.path.dirname(os.path.abspath(args.region_root)), "compute")
+                                if args.region_root else None) or default_compute_dir(os.environ)
+    cowners = compute_owners(args.region_root) if args.region_root else {}
     while True:
+        crows = compute_json(cdir, cowners) if os.path.isdir(cdir) else []
         scan = scan_boards(edir) if edir and os.path.isdir(edir) else None
         present, missing, errors = read_all(dirs)
         region_of = region_of_pids(present)
@@ -335,7 +401,7 @@ def main(args: argparse.Namespace) -> int:
                               "empty": missing,
                               "errors": [{"region": d, "error": e} for d, e in errors]
                               + [{"board": b, "error": e} for b, e in board_errors],
-                              "elastic": elastic_json(tenants, region_of)}, indent=2))
+                              "elastic": elastic_json(tenants, region_of), "compute": crows}, indent=2))
             return 1 if bad else 0
         text = (render(present, owners=owners, tenants=mine)
                 + "".join(f"\nregion {d}: no process has used the GPU yet" for d in missing)
@@ -344,6 +410,8 @@ def main(args: argparse.Namespace) -> int:
             extra = elastic_text(unknown, bool(present or missing or errors), bool(args.elastic_dir))
             text += ("\n" + extra if extra else "") + "".join(f"\nboard {b}: cannot be read: {e}"
                                                              for b, e in board_errors)
+        if crows or args.compute_dir:
+            text += "\n" + render_compute(crows)
         if args.once:
             print(text)
             return 1 if bad else 0
