@@ -468,7 +468,8 @@ class DraDriver:
         gpu = self.state.gpus[g.gpu_index]
         return container_response(Target(gpu=gpu, device_ids=(), mib=g.mib), self.regions.dir_of(g.region_id),
                                   self.rcfg, elastic.limit_mib if elastic else 0,
-                                  elastic_slot=elastic.slot if elastic else -1, compute_slot=share.slot if share else -1)
+                                  elastic_slot=elastic.slot if elastic else -1,
+                                  compute_slot=share.slot if share else -1)
 
     def _materialise(self, pc: PreparedClaim, devices: list[CdiDevice] | None = None,
                      rewrite_spec: bool = False) -> None:
