@@ -64,6 +64,7 @@ class Endpoint:
     last_message_bytes: int = 0
     stream_error: grpc.RpcError | None = None
     stopped: bool = False
+    seq: int = 0  # the kubelet's registration count when this endpoint registered (1 for the first)
 
 
 @dataclass
@@ -170,6 +171,7 @@ class KubeletStandin:
             old = self.endpoints.get(req.resource_name)
             self.endpoints[req.resource_name] = ep
             self.registrations += 1
+            ep.seq = self.registrations
             self.cond.notify_all()
         if old is not None:
             old.stopped = True
@@ -222,8 +224,10 @@ class KubeletStandin:
             return self.cond.wait_for(predicate, timeout=timeout)
 
     def wait_registered(self, resource: str, after: int = 0, timeout: float = 10.0) -> Endpoint:
-        """Wait until the resource has registered more than `after` times in total and its list arrived."""
-        ok = self.wait_for(lambda: self.registrations > after and resource in self.endpoints
+        """Wait until the resource has registered after the `after`-th registration of any resource (a count
+        read from `registrations` before a restart) and its list arrived. Per resource: an agent registers one
+        plugin per resource, and another's registration must not pass for this one's."""
+        ok = self.wait_for(lambda: resource in self.endpoints and self.endpoints[resource].seq > after
                            and self.endpoints[resource].messages > 0, timeout)
         if not ok:
             raise TimeoutError(f"{resource} did not register with the kubelet stand-in within {timeout}s "
