@@ -84,11 +84,12 @@ def test_scheduler_names_are_configurable() -> None:
 
 def test_the_schedulers_own_pods_are_bound_from_the_watch_cache(cluster: Cluster) -> None:
     """The checks cost kube-scheduler's binds no API read: a pending pod of a served scheduler that the
-    watch delivered is bound with the two writes only (a pod of another scheduler is read, and refused)."""
+    watch delivered is bound with its one write only, the Binding that carries the reservation (a pod of another
+    scheduler is read, and refused)."""
     pod = cluster.add_pod(pod_obj("cached", {"main": 500}))
     cluster.kube.reset_counts()
     assert bind(cluster, pod, "gpu") == (200, "")
-    assert cluster.kube.request_counts == {("patch", "pods"): 1, ("create", "pods/binding"): 1}
+    assert cluster.kube.request_counts == {("create", "pods/binding"): 1}
     other = cluster.add_pod(pod_obj("other-cached", {"main": 500}, scheduler="default-scheduler"))
     cluster.kube.reset_counts()
     assert "schedulerName" in bind(cluster, other, "gpu")[1]
