@@ -16,7 +16,8 @@ CC        ?= cc
 # tests/test_nameids.py from MEMSLICE_NAMEIDS_SO; PYTHONMALLOC=malloc so that ASan sees Python's small blocks too.
 NAMEIDS_SAN = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
               -Wall -Wextra -Werror -Wmissing-prototypes -shared -fPIC
-SAN_TESTS  = tests/test_shim_kinds.py tests/test_shim_unseen.py tests/test_shim_routes.py tests/test_oversubscribe.py tests/test_shim_faults.py tests/test_sim_copies.py tests/test_elastic_gate.py tests/test_elastic_drain.py
+SAN_TESTS  = tests/test_shim_kinds.py tests/test_shim_unseen.py tests/test_shim_routes.py tests/test_oversubscribe.py tests/test_shim_faults.py tests/test_sim_copies.py tests/test_elastic_gate.py tests/test_elastic_drain.py \
+            tests/test_compute_share.py tests/test_sim_compute.py
 # Parametrizations that run the same shim code again are left out of the (slow) sanitizer rerun, not of the main
 # run: the busy-neighbour move test with two of its five entry-point families (test_sim_copies takes every
 # family through the work gate under the sanitizers), and the RTLD_NEXT test with the caller built at -O2 only.

@@ -45,7 +45,7 @@ static void safe_uuid(const char *uuid, char *out, size_t cap) {
 
 /* The roster, reread every rescan: 1 with a whole one of the layout, else 0 (none: claims are used). */
 int cb_read_roster(struct cs_board *b) {
-    char path[sizeof b->gpu_dir + 16];
+    char path[sizeof b->gpu_dir + 24]; /* "/slot-" and an int: never truncated */
     unsigned char buf[CS_ROSTER_SIZE + 1];
     snprintf(path, sizeof path, "%s/roster", b->gpu_dir);
     int fd = open_regular(path, O_RDONLY, 0);
@@ -70,7 +70,7 @@ static int claim_record(int fd) {
  * created mode 0600. The fd, or -1. */
 static int claim_free_slot(struct cs_board *b) {
     for (int i = 0; i < CS_SLOTS; i++) {
-        char path[sizeof b->gpu_dir + 16];
+        char path[sizeof b->gpu_dir + 24]; /* "/slot-" and an int: never truncated */
         snprintf(path, sizeof path, "%s/slot-%02d", b->gpu_dir, i);
         int fd = open_regular(path, O_RDWR | O_CREAT, 0600);
         if (fd < 0) continue;
@@ -103,7 +103,7 @@ int cb_open(struct cs_board *b, const char *dir, const char *uuid, int want, cha
     }
     int fd = -1;
     if (want >= 0) {
-        char path[sizeof b->gpu_dir + 16];
+        char path[sizeof b->gpu_dir + 24]; /* "/slot-" and an int: never truncated */
         snprintf(path, sizeof path, "%s/slot-%02d", b->gpu_dir, want);
         fd = open_regular(path, O_RDWR, 0);
         b->slot = want;
@@ -139,7 +139,7 @@ void cb_rescan(struct cs_board *b, int reopen) {
             b->peer_fd[i] = -1;
         }
         if (!is_candidate(b, i) || b->peer_fd[i] >= 0) continue;
-        char path[sizeof b->gpu_dir + 16];
+        char path[sizeof b->gpu_dir + 24]; /* "/slot-" and an int: never truncated */
         snprintf(path, sizeof path, "%s/slot-%02d", b->gpu_dir, i);
         b->peer_fd[i] = open_regular(path, O_RDONLY, 0);
     }
