@@ -472,7 +472,7 @@ def test_node_agent_restarts_mid_run_and_nothing_is_handed_out_twice(world: Worl
             ps = settled(world, first, AGENT_NS)
             return ps if ps and all(p["spec"].get("nodeName") for p in ps.values()) else None
 
-        pods = wait_until("the first pods bound", first_bound, 60, 0.3, sched.check_alive)
+        pods = wait_until("the first pods bound", first_bound, 120, 0.3, sched.check_alive)
         admitted = admit_in_reservation_order(node, list(pods.values()))
 
         # the agent's pod is replaced; pods keep arriving while it is away

@@ -128,6 +128,17 @@ def test_kill_and_stop_under_stress(node, cbin, tmp_path):
     dev = snap.devices[0]
     assert 0 < dev.peak_bytes <= QUOTA_MIB << 20
     assert dev.refused > 0  # the quota was contended
-    assert dev.charged_bytes == 0, (f"{dev.charged_bytes >> 20} MiB still charged after every process exited; "
-                                    f"{snap.processes}; the shim said: {warnings}")
+    if dev.charged_bytes:
+        # The last processes exit together; each retries its sweep of killed ones for MS_CALL_WAIT_MS, and one
+        # that cannot (a neighbour held the region past the bound on a starved machine) must say so. What it
+        # left is a dead slot, which the container's next process reclaims as it starts: never lost for good.
+        assert any("reclaim" in w or "locked for more than" in w for w in warnings), (
+            f"{dev.charged_bytes >> 20} MiB still charged after every process exited, and no shim said why; "
+            f"{snap.processes}; the shim said: {warnings}")
+        nxt = subprocess.run([cbin["alloc_direct"], "1"], env=env, capture_output=True, text=True, timeout=120)
+        assert nxt.returncode == 0, nxt.stderr
+        snap = read_region(region)
+        dev = snap.devices[0]
+    assert dev.charged_bytes == 0, (f"{dev.charged_bytes >> 20} MiB still charged after every process exited and "
+                                    f"a new one started; {snap.processes}; the shim said: {warnings}")
     assert not [p for p in snap.processes if p.alive or p.device_bytes]
