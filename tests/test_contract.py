@@ -36,8 +36,11 @@ from memslice.scheduler_extender.placement.records import ASSUMED_AT, GPU, pod_r
 
 # Annotations are UTF-8 on the wire: no lone surrogates.
 texts = st.text(alphabet=st.characters(exclude_categories=("Cs",)))
-uuids = texts.filter(lambda s: 0 < len(s) <= contract.MAX_UUID)
+uuids = texts.filter(lambda s: 0 < len(s) <= contract.MAX_UUID and "," not in s)  # commas join a pod's GPUs
 gpus = st.builds(Gpu, uuid=uuids, index=st.integers(0, contract.MAX_GPU_INDEX),
+                 nvlink=st.lists(st.integers(0, contract.MAX_GPU_INDEX), max_size=8, unique=True).map(
+                     lambda xs: tuple(sorted(xs))),
+                 pcie=st.none() | texts.filter(lambda s: 0 < len(s) <= contract.MAX_PCIE),
                  model=texts.filter(lambda s: len(s) <= contract.MAX_MODEL),
                  mem_mib=st.integers(1, contract.MAX_MIB),
                  numa=st.none() | st.integers(0, contract.MAX_NUMA), healthy=st.booleans(),
@@ -54,9 +57,22 @@ shares = st.integers(0, 100).flatmap(lambda r: st.tuples(st.just(r), st.none() |
 compute_maps = st.dictionaries(texts.filter(lambda s: 0 < len(s) <= contract.MAX_CONTAINER_NAME), shares,
                                max_size=4).map(
     lambda m: tuple(contract.ComputeShare(k, *v) for k, v in sorted(m.items())))
-reservations = st.builds(Reservation, gpu_uuid=uuids,
-                         container_mib=container_maps.map(lambda m: tuple(sorted(m.items()))),
-                         assumed_at=st.none() | times, container_compute=compute_maps)
+one_gpu_reservations = st.builds(Reservation, gpu_uuid=uuids,
+                                 container_mib=container_maps.map(lambda m: tuple(sorted(m.items()))),
+                                 assumed_at=st.none() | times, container_compute=compute_maps)
+
+
+@st.composite
+def spanning_reservations(draw: st.DrawFn) -> Reservation:
+    """A pod on 2..16 GPUs: distinct UUIDs, each container's total a multiple of the count."""
+    ids = draw(st.lists(uuids, min_size=2, max_size=contract.MAX_GPUS_PER_POD, unique=True))
+    n = len(ids)
+    mib = draw(st.dictionaries(texts.filter(lambda s: 0 < len(s) <= contract.MAX_CONTAINER_NAME),
+                               st.integers(1, contract.MAX_MIB // n).map(lambda k: k * n), min_size=1, max_size=4))
+    return Reservation(",".join(ids), tuple(sorted(mib.items())), draw(st.none() | times), draw(compute_maps))
+
+
+reservations = one_gpu_reservations | spanning_reservations()
 
 
 @settings(max_examples=300, deadline=None)
@@ -121,15 +137,17 @@ def test_hostile_annotations_raise_only_contract_errors(ann: dict[str, Any], wit
 
 def _item(g: Gpu) -> dict[str, Any]:
     return {"uuid": g.uuid, "index": g.index, "model": g.model, "memMiB": g.mem_mib, "numa": g.numa,
-            "healthy": g.healthy, "nvmlTotalMiB": g.nvml_total_mib, "reservedMiB": g.reserved_mib}
+            "healthy": g.healthy, "nvmlTotalMiB": g.nvml_total_mib, "reservedMiB": g.reserved_mib,
+            "nvlink": list(g.nvlink), "pcie": g.pcie}
 
 
 gpu_items = st.one_of(gpus.map(_item), json_values)  # valid items, and any JSON value
 # every field of a valid item, and the values it is set to: each bound, its neighbours, the wrong JSON types
-FIELDS = ["uuid", "index", "model", "memMiB", "numa", "healthy", "nvmlTotalMiB", "reservedMiB"]
+FIELDS = ["uuid", "index", "model", "memMiB", "numa", "healthy", "nvmlTotalMiB", "reservedMiB", "nvlink", "pcie"]
 EDGES = [-1, 0, 1, contract.MAX_MIB, contract.MAX_MIB + 1, contract.MAX_GPU_INDEX, contract.MAX_GPU_INDEX + 1,
          contract.MAX_NUMA, contract.MAX_NUMA + 1, True, False, None, "", "x" * contract.MAX_UUID,
-         "x" * (contract.MAX_UUID + 1), "x" * contract.MAX_MODEL, "x" * (contract.MAX_MODEL + 1), 1.0, "1", [], {}]
+         "x" * (contract.MAX_UUID + 1), "x" * contract.MAX_MODEL, "x" * (contract.MAX_MODEL + 1), 1.0, "1", [], {},
+         "x" * contract.MAX_PCIE, "x" * (contract.MAX_PCIE + 1), [0, 3], [3, 3], [-1], [True], ["1"]]
 
 
 def _fast_is_checked(item: Any) -> None:
@@ -184,13 +202,57 @@ def test_bad_inventories_are_named(ann: dict[str, str], words: str) -> None:
     ({ANN_GPU_UUID: "G", ANN_GPU_MEM: "{}"}, "gpu-mem-mib='{}' is not a JSON object of 1 to 256"),
     ({ANN_GPU_UUID: "G", ANN_GPU_MEM: orjson.dumps({f"c{i}": 1 for i in range(257)}).decode()}, "gpu-mem-mib="),
     ({ANN_GPU_UUID: "G", ANN_GPU_MEM: '{"a": 1099511627776}'}, "gpu-mem-mib=.*at most 1073741824"),
-    ({ANN_GPU_UUID: "G" * 129, ANN_GPU_MEM: '{"a": 1}'}, r"gpu-uuid='G+\.\.\. is not a GPU UUID"),
-    ({ANN_GPU_UUID: 7, ANN_GPU_MEM: '{"a": 1}'}, "gpu-uuid=7 is not a GPU UUID"),
+    ({ANN_GPU_UUID: "G" * 129, ANN_GPU_MEM: '{"a": 1}'}, r"gpu-uuid='G+\.\.\. is neither a GPU UUID"),
+    ({ANN_GPU_UUID: 7, ANN_GPU_MEM: '{"a": 1}'}, "gpu-uuid=7 is neither a GPU UUID"),
+    ({ANN_GPU_UUID: "G1,G1", ANN_GPU_MEM: '{"a": 2}'}, "gpu-uuid='G1,G1' is not 2 to 16 distinct GPU UUIDs"),
+    ({ANN_GPU_UUID: "G1,", ANN_GPU_MEM: '{"a": 2}'}, "gpu-uuid='G1,' is not 2 to 16 distinct GPU UUIDs"),
+    ({ANN_GPU_UUID: ",".join(f"G{i}" for i in range(17)), ANN_GPU_MEM: '{"a": 17}'}, "gpu-uuid=.* not 2 to 16"),
+    ({ANN_GPU_UUID: "G1,G2,G3", ANN_GPU_MEM: '{"a": 4096}'},
+     "gpu-mem-mib: container 'a' holds 4096 MiB, not divisible over its 3 GPUs"),
     ({ANN_GPU_UUID: "G", ANN_GPU_MEM: '{"a": 1}', ANN_ASSUMED_AT: "yesterday"}, "assumed-at='yesterday' is not an"),
 ])
 def test_bad_reservations_are_named(ann: dict[str, Any], words: str) -> None:
     with pytest.raises(ContractError, match=f"pod ns/p: annotation memslice.io/{words}"):
         Reservation.parse(ann, "pod ns/p")
+
+
+# ------------------------------------------------------------------------------------------ pods that span GPUs
+
+def test_a_spanning_reservation_names_its_gpus_in_device_order() -> None:
+    r = Reservation.parse({ANN_GPU_UUID: "GPU-b,GPU-a", ANN_GPU_MEM: '{"serve": 8192, "side": 2048}'}, "pod ns/p")
+    assert r is not None and r.gpu_uuids == ("GPU-b", "GPU-a") and r.gpu_count == 2
+    assert (r.per_gpu_mib("serve"), r.per_gpu_mib("side"), r.per_gpu_mib("none")) == (4096, 1024, 0)
+    one = Reservation.parse({ANN_GPU_UUID: "GPU-a", ANN_GPU_MEM: '{"serve": 8192}'}, "pod ns/p")
+    assert one is not None and one.gpu_uuids == ("GPU-a",) and one.per_gpu_mib("serve") == 8192
+
+
+@pytest.mark.parametrize(("raw", "want"), [(None, 1), ("1", 1), ("2", 2), (" 4 ", 4), ("16", 16)])
+def test_gpu_count_annotation(raw: str | None, want: int) -> None:
+    ann = {} if raw is None else {contract.ANN_GPU_COUNT: raw}
+    assert contract.parse_gpu_count(ann, "pod ns/p") == want
+
+
+@pytest.mark.parametrize("bad", ["0", "17", "-1", "2.0", "two", "", "1" * 20, "٢"])
+def test_bad_gpu_count_is_refused_by_name(bad: str) -> None:
+    with pytest.raises(ContractError, match=r"pod ns/p: annotation memslice.io/gpu-count=.* is not a whole number "
+                                            r"of GPUs between 1 and 16 .*fix or remove it"):
+        contract.parse_gpu_count({contract.ANN_GPU_COUNT: bad}, "pod ns/p")
+
+
+def test_a_total_that_does_not_split_evenly_is_refused_naming_the_fix() -> None:
+    assert contract.split_even(8192, 4, contract.RESOURCE, "pod ns/p container c") == 2048
+    with pytest.raises(ContractError, match=r"pod ns/p container c: memslice.io/gpu-mem=1000 cannot be split "
+                                            r"evenly over memslice.io/gpu-count=3 GPUs; request a multiple of 3 "
+                                            r"\(e.g. 1002\)"):
+        contract.split_even(1000, 3, contract.RESOURCE, "pod ns/p container c")
+
+
+def test_closeness_orders_nvlink_then_switch_then_numa() -> None:
+    g = [Gpu(f"G{i}", i, "Sim", 1024, i // 4, True, nvlink=(i ^ 1,), pcie=f"sw{i // 2}") for i in range(8)]
+    g[2] = g[2]._replace(pcie="sw0")  # shares GPU 0's switch, no NVLink to it
+    assert [contract.closeness(g[0], g[j]) for j in (1, 2, 3, 4)] == [0, 1, 2, 3]
+    assert contract.set_distance([g[0], g[1]]) == 0 < contract.set_distance([g[0], g[2]])
+    assert contract.set_distance([g[0], g[1], g[4], g[5]]) == 0 + 3 + 3 + 3 + 3 + 0
 
 
 # ------------------------------------------------------------------------------------------ agent and extender agree

@@ -45,6 +45,11 @@ RESERVATION_ANNOTATIONS: Final = (ANN_GPU_UUID, ANN_GPU_MEM, ANN_ASSUMED_AT)  # 
 
 # pod annotation, set by users
 ANN_POLICY: Final = "memslice.io/policy"
+# Pods that span GPUs: "N" (1..MAX_GPUS_PER_POD, default 1) GPUs of one node. Each container's
+# `memslice.io/gpu-mem` (and `memslice.io/gpu-compute`) request is its TOTAL over the N GPUs, split evenly: a
+# total not divisible by N is refused by name. The bind record then lists N UUIDs (ANN_GPU_UUID, comma
+# separated, in the order the container sees them as devices 0..N-1) and each GPU enforces total / N.
+ANN_GPU_COUNT: Final = "memslice.io/gpu-count"
 POLICIES: Final = ("binpack", "spread")
 # Oversubscription (spilling past the quota to host memory): "true" (no cap beyond the cgroup margin), a size
 # (the spill cap, e.g. "8GiB"), or "false"/absent (nothing spills). The node agent reads it from the pod whose
@@ -79,6 +84,8 @@ MAX_GPU_MEM_TEXT: Final = 64 << 10
 MAX_UNIT_TEXT: Final = 32
 MAX_TIME_TEXT: Final = 64
 MAX_PERCENT: Final = 100  # a compute share is at most one whole GPU
+MAX_GPUS_PER_POD: Final = 16  # the shim holds a quota on at most 16 devices (MS_MAX_DEVICES)
+MAX_PCIE: Final = 64  # characters of a GPU's PCIe switch label
 
 
 def units_for(mib: int, unit_mib: int) -> int:
@@ -112,6 +119,26 @@ class Gpu(NamedTuple):
     healthy: bool
     nvml_total_mib: int | None = None  # shown beside memMiB: NVML's total (reserved memory included) and the
     reserved_mib: int | None = None    # driver's reserved memory; None when the agent could not read them
+    nvlink: tuple[int, ...] = ()       # indices of the GPUs of this node it reaches by NVLink (sorted)
+    pcie: str | None = None            # its PCIe switch: GPUs with the same label share one (NVML topology)
+
+
+def closeness(a: Gpu, b: Gpu) -> int:
+    """How far apart two GPUs of one node are, lower is closer: 0 NVLink, 1 the same PCIe switch, 2 the same
+    NUMA node, 3 otherwise (across the host bridge or sockets). A pod spanning GPUs prefers a set whose pairs
+    sum lowest (tensor-parallel traffic goes between every pair)."""
+    if b.index in a.nvlink or a.index in b.nvlink:
+        return 0
+    if a.pcie is not None and a.pcie == b.pcie:
+        return 1
+    if a.numa is not None and a.numa == b.numa:
+        return 2
+    return 3
+
+
+def set_distance(gpus: tuple[Gpu, ...] | list[Gpu]) -> int:
+    """The sum of closeness over every pair of a set of GPUs (0 for one GPU)."""
+    return sum(closeness(a, b) for i, a in enumerate(gpus) for b in gpus[i + 1:])
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +152,7 @@ class Inventory:
     def format(self) -> dict[str, str]:
         """The node annotations."""
         items = [{"uuid": g.uuid, "index": g.index, "model": g.model, "memMiB": g.mem_mib, "numa": g.numa,
-                  "healthy": g.healthy, **_totals(g)} for g in sorted(self.gpus, key=lambda g: g.index)]
+                  "healthy": g.healthy, **_totals(g), **_topology(g)} for g in sorted(self.gpus, key=lambda g: g.index)]
         return {ANN_GPUS: orjson.dumps(items).decode(), ANN_UNIT_MIB: str(self.unit_mib)}
 
     @classmethod
@@ -162,6 +189,31 @@ def _totals(g: Gpu) -> dict[str, int]:
     return out
 
 
+def _topology(g: Gpu) -> dict[str, object]:
+    """The topology fields of the annotation, when known: `nvlink` (peer indices) and `pcie` (switch label)."""
+    out: dict[str, object] = {}
+    if g.nvlink:
+        out["nvlink"] = list(g.nvlink)
+    if g.pcie is not None:
+        out["pcie"] = g.pcie
+    return out
+
+
+def _nvlink(raw: object) -> tuple[int, ...] | None:
+    """`nvlink` decoded: a sorted tuple of distinct GPU indices (at most MAX_GPUS); None when malformed."""
+    if raw is None:
+        return ()
+    if type(raw) is not list or len(raw) > MAX_GPUS or not all(type(i) is int and 0 <= i <= MAX_GPU_INDEX
+                                                               for i in raw):
+        return None
+    out = tuple(sorted(set(raw)))
+    return out if len(out) == len(raw) else None
+
+
+def _pcie_ok(raw: object) -> bool:
+    return raw is None or (type(raw) is str and 0 < len(raw) <= MAX_PCIE)
+
+
 def _by_index(g: Gpu) -> int:
     """The sort key of an inventory's GPUs (a function, not a lambda made at every parse)."""
     return g.index
@@ -189,12 +241,15 @@ def _gpu_fast(g: object) -> Gpu | None:
     uuid, index, mem = g.get("uuid"), g.get("index"), g.get("memMiB")
     model, numa, healthy = g.get("model", ""), g.get("numa"), g.get("healthy", True)
     total, reserved = g.get("nvmlTotalMiB"), g.get("reservedMiB")
+    nvlink, pcie = _nvlink(g.get("nvlink")), g.get("pcie")
+    if nvlink is None or not _pcie_ok(pcie):
+        return None
     if (type(uuid) is str and 0 < len(uuid) <= MAX_UUID and type(index) is int and 0 <= index <= MAX_GPU_INDEX
             and type(mem) is int and 0 < mem <= MAX_MIB and type(model) is str and len(model) <= MAX_MODEL
             and (numa is None or (type(numa) is int and 0 <= numa <= MAX_NUMA)) and type(healthy) is bool
             and (total is None or (type(total) is int and 0 < total <= MAX_MIB))
             and (reserved is None or (type(reserved) is int and 0 <= reserved <= MAX_MIB))):
-        return Gpu(uuid, index, model, mem, numa, healthy, total, reserved)
+        return Gpu(uuid, index, model, mem, numa, healthy, total, reserved, nvlink, pcie)
     return None
 
 
@@ -226,8 +281,15 @@ def _gpu_checked(where: str, i: int, g: object) -> Gpu:
     if reserved is not None and (not _is_int(reserved) or not 0 <= reserved <= MAX_MIB):
         raise errors.ContractError(f"{where}[{i}].reservedMiB={_short(reserved)} is neither null nor a number of "
                                    f"MiB (0..{MAX_MIB})")
+    nvlink, pcie = _nvlink(g.get("nvlink")), g.get("pcie")
+    if nvlink is None:
+        raise errors.ContractError(f"{where}[{i}].nvlink={_short(g.get('nvlink'))} is not a list of distinct GPU "
+                                   f"indices (0..{MAX_GPU_INDEX})")
+    if not _pcie_ok(pcie):
+        raise errors.ContractError(f"{where}[{i}].pcie={_short(pcie)} is neither null nor a text of 1 to {MAX_PCIE} "
+                                   f"characters")
     return Gpu(uuid=uuid, index=index, model=model, mem_mib=mem, numa=numa, healthy=healthy,
-               nvml_total_mib=total, reserved_mib=reserved)
+               nvml_total_mib=total, reserved_mib=reserved, nvlink=nvlink, pcie=pcie)
 
 
 def _unit(node: str, raw: object) -> int:
@@ -244,14 +306,31 @@ def _unit(node: str, raw: object) -> int:
 # ------------------------------------------------------------------------------------------ reservation
 
 class Reservation(NamedTuple):
-    """The extender's placement of a pod, recorded on the pod at bind: one GPU, MiB per container (sorted by
-    name, never empty), and when the extender assumed it (None when the annotation is absent, or when the
-    caller asked not to read it). A named tuple, as Gpu: the extender's restart parses one per bound pod."""
+    """The extender's placement of a pod, recorded on the pod at bind: its GPU (or, for a pod spanning GPUs,
+    its GPUs: `gpu_uuid` is then their UUIDs joined by commas, in device order, see `gpu_uuids`), MiB per
+    container (its total over the GPUs, sorted by name, never empty; each GPU holds total / count), and when
+    the extender assumed it (None when the annotation is absent, or when the caller asked not to read it).
+    Compute shares are per GPU (each GPU enforces the recorded request and limit). A named tuple, as Gpu: the
+    extender's restart parses one per bound pod."""
 
     gpu_uuid: str
     container_mib: tuple[tuple[str, int], ...]
     assumed_at: datetime | None
     container_compute: tuple[ComputeShare, ...] = ()  # by name; only containers with a compute share
+
+    @property
+    def gpu_uuids(self) -> tuple[str, ...]:
+        """The reserved GPUs in device order (one for a one-GPU pod)."""
+        return tuple(self.gpu_uuid.split(",")) if "," in self.gpu_uuid else (self.gpu_uuid,)
+
+    @property
+    def gpu_count(self) -> int:
+        """How many GPUs the pod spans."""
+        return self.gpu_uuid.count(",") + 1
+
+    def per_gpu_mib(self, container: str) -> int:
+        """The container's MiB on each of its GPUs (its total / count); 0 when it holds none."""
+        return next((mib for name, mib in self.container_mib if name == container), 0) // self.gpu_count
 
     def format(self) -> dict[str, str]:
         """The pod annotations."""
@@ -283,9 +362,11 @@ class Reservation(NamedTuple):
         uuid = annotations.get(ANN_GPU_UUID)
         if uuid is None:
             return None
-        if not isinstance(uuid, str) or not 0 < len(uuid) <= MAX_UUID:
-            raise errors.ContractError(f"{where}: annotation {ANN_GPU_UUID}={_short(uuid)} is not a GPU UUID "
-                                       f"(1 to {MAX_UUID} characters)")
+        if not isinstance(uuid, str) or not (0 < len(uuid) <= MAX_UUID or _uuid_list_ok(uuid)):
+            raise errors.ContractError(f"{where}: annotation {ANN_GPU_UUID}={_short(uuid)} is neither a GPU UUID "
+                                       f"(1 to {MAX_UUID} characters) nor 2 to {MAX_GPUS_PER_POD} distinct ones "
+                                       f"joined by commas")
+        count = uuid.count(",") + 1
         raw = annotations.get(ANN_GPU_MEM)
         try:  # orjson refuses NaN and integers beyond 64 bits
             mem = orjson.loads(raw) if isinstance(raw, str) and len(raw) <= MAX_GPU_MEM_TEXT else None
@@ -304,8 +385,48 @@ class Reservation(NamedTuple):
                 if at is None:
                     raise errors.ContractError(f"{where}: annotation {ANN_ASSUMED_AT}={_short(text)} is not an "
                                                f"RFC 3339 time, e.g. 2026-01-02T03:04:05.123456Z")
+        if count > 1:
+            if not _uuid_list_ok(uuid):
+                raise errors.ContractError(f"{where}: annotation {ANN_GPU_UUID}={_short(uuid)} is not 2 to "
+                                           f"{MAX_GPUS_PER_POD} distinct GPU UUIDs joined by commas")
+            odd = next((name for name, mib in container_mib if mib % count), None)
+            if odd is not None:
+                raise errors.ContractError(f"{where}: annotation {ANN_GPU_MEM}: container {odd!r} holds "
+                                           f"{dict(container_mib)[odd]} MiB, not divisible over its {count} GPUs")
         compute = annotations.get(ANN_GPU_COMPUTE)
         return cls(uuid, container_mib, at, parse_compute(compute, where) if compute is not None else ())
+
+
+def _uuid_list_ok(text: str) -> bool:
+    """ANN_GPU_UUID for a pod spanning GPUs: 2..MAX_GPUS_PER_POD distinct UUIDs of 1..MAX_UUID characters,
+    joined by commas."""
+    if len(text) > MAX_GPUS_PER_POD * (MAX_UUID + 1):
+        return False
+    parts = text.split(",")
+    return (1 < len(parts) <= MAX_GPUS_PER_POD and len(set(parts)) == len(parts)
+            and all(0 < len(p) <= MAX_UUID for p in parts))
+
+
+def parse_gpu_count(annotations: Mapping[str, Any], where: str) -> int:
+    """How many GPUs of one node the pod spans (ANN_GPU_COUNT): 1 without the annotation; a whole number
+    1..MAX_GPUS_PER_POD; errors.ContractError naming the annotation, the value and the fix otherwise."""
+    raw = annotations.get(ANN_GPU_COUNT)
+    if raw is None:
+        return 1
+    text = raw.strip() if isinstance(raw, str) and len(raw) <= 16 else ""
+    if not text.isascii() or not text.isdigit() or not 0 < int(text) <= MAX_GPUS_PER_POD:
+        raise errors.ContractError(f"{where}: annotation {ANN_GPU_COUNT}={str(raw)[:16]!r} is not a whole number of "
+                                   f"GPUs between 1 and {MAX_GPUS_PER_POD} (e.g. \"2\"); fix or remove it")
+    return int(text)
+
+
+def split_even(total: int, count: int, what: str, where: str) -> int:
+    """A pod's per-GPU share of a container's `total` request of resource `what` over `count` GPUs;
+    errors.ContractError naming the container's figure and the fix when it does not divide evenly."""
+    if total % count:
+        raise errors.ContractError(f"{where}: {what}={total} cannot be split evenly over {ANN_GPU_COUNT}={count} "
+                                   f"GPUs; request a multiple of {count} (e.g. {total - total % count + count})")
+    return total // count
 
 
 def _container_mib(mem: object) -> tuple[tuple[str, int], ...] | None:
