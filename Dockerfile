@@ -4,7 +4,7 @@
 #   docker build -t memslice:0.1.0 .
 #   docker run --rm memslice:0.1.0 --version
 #
-# Every build step is deploy/image/build.sh, the script tests/test_image_build.py runs, so the recipe
+# Every build step is deploy/image/build.sh, the script tests/deploy/test_image_build.py runs, so the recipe
 # is tested without a Docker engine.
 
 # For arm64 nodes: --build-arg NATIVE_BASE=quay.io/pypa/manylinux_2_28_aarch64 (and --platform linux/arm64).

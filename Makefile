@@ -13,11 +13,11 @@ SOURCES = pyproject.toml setup.py proto/generate.py scheduler_extender/index/_na
 # extender's C extension built the same way under its own tests.
 CC        ?= cc
 # The extender's C extension (scheduler_extender/index/_nameids.c) under the same sanitizers, loaded by
-# tests/test_nameids.py from MEMSLICE_NAMEIDS_SO; PYTHONMALLOC=malloc so that ASan sees Python's small blocks too.
+# tests/extender/test_nameids.py from MEMSLICE_NAMEIDS_SO; PYTHONMALLOC=malloc so that ASan sees Python's small blocks too.
 NAMEIDS_SAN = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
               -Wall -Wextra -Werror -Wmissing-prototypes -shared -fPIC
-SAN_TESTS  = tests/test_shim_kinds.py tests/test_shim_unseen.py tests/test_shim_routes.py tests/test_oversubscribe.py tests/test_shim_faults.py tests/test_sim_copies.py tests/test_elastic_gate.py tests/test_elastic_drain.py \
-            tests/test_compute_share.py tests/test_sim_compute.py
+SAN_TESTS  = tests/shim/test_shim_kinds.py tests/shim/test_shim_unseen.py tests/shim/test_shim_routes.py tests/shim/test_oversubscribe.py tests/shim/test_shim_faults.py tests/sim/test_sim_copies.py tests/elastic/test_elastic_gate.py tests/elastic/test_elastic_drain.py \
+            tests/compute/test_compute_share.py tests/compute/test_sim_compute.py
 # Parametrizations that run the same shim code again are left out of the (slow) sanitizer rerun, not of the main
 # run: the busy-neighbour move test with two of its five entry-point families (test_sim_copies takes every
 # family through the work gate under the sanitizers), and the RTLD_NEXT test with the caller built at -O2 only.
@@ -34,7 +34,7 @@ $(STAMP): $(SOURCES)
 	@echo "== [3/4] installing memslice (compiling the C libraries) and its test tools: about 90 packages, 1-2 minutes"
 	$(PY) -m pip install --progress-bar on -e '.[test]'
 	@echo "== [4/4] the oldest supported kubectl, for the deploy tests"
-	$(PY) tests/kubectl_window.py fetch
+	$(PY) tests/deploy/kubectl_window.py fetch
 	@touch $@
 
 native:
@@ -67,7 +67,7 @@ typecheck: install
 	for d in plugin scheduler_extender interposer proto; do ln -s ../../../$$d $(TC)/$$d; done
 	$(VENV)/bin/mypy
 
-# The real control plane for tests/test_real_*.py (tests/kube_real.py): kube-apiserver (with an embedded etcd),
+# The real control plane for tests/realcluster/test_real_*.py (tests/support/kube_real.py): kube-apiserver (with an embedded etcd),
 # kube-scheduler and the resourceclaim controller from k8s.io/kubernetes, one binary (tests/kubecluster).
 # `go build` fetches the modules go.sum pins (Go module proxy) and caches them and the build (~/go, ~/.cache).
 # Without Go it is not built, and those tests skip, saying so.
@@ -78,7 +78,7 @@ KUBECLUSTER_SRC = $(wildcard tests/kubecluster/*.go) tests/kubecluster/go.mod te
 kubecluster: $(KUBECLUSTER)
 $(KUBECLUSTER): $(KUBECLUSTER_SRC)
 	@if command -v go >/dev/null; then tests/kubecluster/build.sh $@; \
-	else echo "go not found: $@ not built; the tests of the real control plane (tests/test_real_*.py) will skip:" \
+	else echo "go not found: $@ not built; the tests of the real control plane (tests/realcluster/test_real_*.py) will skip:" \
 	  "install Go >= 1.26 to run them"; fi
 
 # The tests run in parallel (pytest-xdist): TEST_JOBS workers, one more than the cores because most tests wait on
@@ -106,7 +106,7 @@ sanitize: install
 	asan=$$($(CC) -print-file-name=libasan.so) && \
 	  MEMSLICE_NAMEIDS_SO=$(CURDIR)/interposer/build-asan/_nameids.so PYTHONMALLOC=malloc LD_PRELOAD=$$asan \
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  $(VENV)/bin/pytest -q -p no:cacheprovider tests/test_nameids.py
+	  $(VENV)/bin/pytest -q -p no:cacheprovider tests/extender/test_nameids.py
 
 # The real-GPU check kit (docs/operations.md): offline, with the machine's own python3 (PYTHON=...) and
 # compiler, memslice imported from the source tree (no venv, no pip); skips, saying why, without an NVIDIA

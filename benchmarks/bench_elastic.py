@@ -28,7 +28,7 @@
    bound, the request served from host memory) and "squatted" (the 62 other slots of the board held by a
    process that forged them idle, claiming the whole GPU, and never answers; the roster names the real
    neighbour, which yields). Median seconds of --repeats fresh runs each; the tests assert what is skipped
-   and why (tests/test_elastic_swap.py, tests/test_elastic_board_attacks.py), this measures how long.
+   and why (tests/elastic/test_elastic_swap.py, tests/elastic/test_elastic_board_attacks.py), this measures how long.
 
 usage: python benchmarks/bench_elastic.py [--json] [--gate-only] [--repeats N] [--swap-mib N] [--gpu-mib N]
                                           [--duration S] [--skip-only]

@@ -4,7 +4,7 @@
         [--bands 0,10,30,50,70,90,95] [--per-band 300] [--warmup 0] [--restart] [--scrapers 0]
 
 Three processes, so that the extender's figures are its own:
-- the Kubernetes API stand-in (tests/kube_standin.py) with N nodes × G GPUs of 80 GiB (the node agent's
+- the Kubernetes API stand-in (tests/support/kube_standin.py) with N nodes × G GPUs of 80 GiB (the node agent's
   annotations); on command it adds running pods (1–40 GiB, most of them small, bound with reservations) on
   random GPUs with room, until the cluster is filled to a given fraction: a random, fragmented prefill that
   the extender receives by watch, as it would in a cluster where other schedulers or restarts placed pods;
@@ -97,6 +97,7 @@ class Cluster:
 
     def __init__(self, args: argparse.Namespace) -> None:
         sys.path.insert(0, str(ROOT / "tests"))
+        __import__("testpaths").add()  # the test folders (tests/testpaths.py)
         from kube_standin import KubeApiStandin
 
         self.args = args

@@ -60,6 +60,7 @@ def main() -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     sys.path.insert(0, str(ROOT / "tests"))
+    __import__("testpaths").add()  # the test folders (tests/testpaths.py)
     from test_extender_support import node_obj, pod_obj
 
     from memslice.scheduler_extender.edge.metrics import Metrics

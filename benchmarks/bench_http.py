@@ -4,7 +4,7 @@ Issue 12 item 4: keep a hand-written piece only where this shows the library can
 targets. Two comparisons, each in one run, medians of --repeats rounds (rounds interleaved):
 
 1. The bind's two writes (merge PATCH of the reservation + POST of the Binding) to the API stand-in
-   (tests/kube_standin.py, plain HTTP on 127.0.0.1), CPU of the calling thread per bind, through
+   (tests/support/kube_standin.py, plain HTTP on 127.0.0.1), CPU of the calling thread per bind, through
    - `generated`: the official client's CoreV1Api methods (as a caller of the kubernetes package writes them);
    - `urllib3`: the same requests straight on that client's urllib3 pool (no generated layer);
    - `podwriter`: scheduler_extender/kubeio/podwrites.PodWriter (its own keep-alive sockets, httptools parsing).
@@ -36,6 +36,7 @@ from typing import Any
 import orjson
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+__import__("testpaths").add()  # the test folders (tests/testpaths.py)
 
 from kube_standin import KubeApiStandin  # noqa: E402
 

@@ -27,6 +27,7 @@ from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+__import__("testpaths").add()  # the test folders (tests/testpaths.py)
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # the stand-ins' channels see GOAWAY on every restart
 
 import kube_standin_dra  # noqa: E402

@@ -1,7 +1,8 @@
 """Pods per second through the real kube-scheduler, with and without the memslice extender (issue 28).
 
-One real control plane (tests/kube_real.py: kube-apiserver with an embedded etcd, built by `make
-kubecluster`), N nodes with 8 GPUs each (as tests/test_real_scheduler.py registers them), then two runs on the
+One real control plane (tests/support/kube_real.py: kube-apiserver with an embedded etcd, built by `make
+kubecluster`), N nodes with 8 GPUs each (as tests/realcluster/test_real_scheduler.py registers them),
+then two runs on the
 same cluster, one after the other:
 
 - extender: deploy/'s scheduler configuration (the memslice-scheduler profile, the extender over mutual TLS
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+__import__("testpaths").add()  # the test folders (tests/testpaths.py)
 
 from kube_real import RealCluster, running, wait_until  # noqa: E402
 from test_deploy_render import NAMESPACE, render  # noqa: E402

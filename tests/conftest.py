@@ -15,8 +15,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pytest
+import testpaths
 
 from memslice.paths import LibPaths, lib_paths
+
+testpaths.add()  # every test folder's modules importable by name (tests/testpaths.py)
 
 TESTS = pathlib.Path(__file__).resolve().parent
 T = TypeVar("T")
@@ -210,7 +213,7 @@ def proc_lookup(lib: Any) -> tuple[Callable[..., tuple[int, int | None, int]], C
 
 @pytest.fixture(scope="session")
 def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The real kube-apiserver (tests/kube_real.py), one for the whole session; tests keep apart by names.
+    """The real kube-apiserver (tests/support/kube_real.py), one for the whole session; tests keep apart by names.
     Skips only where Go is missing (the binary cannot be built); with Go, a missing binary fails."""
     import kube_real
 

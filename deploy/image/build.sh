@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build memslice into a self-contained prefix. The Dockerfile runs exactly this script, and so does
-# tests/test_image_build.py, so the image recipe is tested without a Docker engine.
+# tests/deploy/test_image_build.py, so the image recipe is tested without a Docker engine.
 #
 #   deploy/image/build.sh native DEST   compile the C libraries (make -C interposer) into DEST/lib
 #   deploy/image/build.sh app DEST      install the Python app into the virtualenv DEST/venv, packaging

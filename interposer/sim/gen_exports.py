@@ -15,7 +15,7 @@ compiler applies it, and writes two X-macro files that the build compiles withou
 
 The simulator defines each stub weakly (returning CUDA_ERROR_NOT_SUPPORTED / NVML_ERROR_NOT_SUPPORTED); what it
 models is a strong definition that replaces the stub at link time. `--check` regenerates into memory and exits 1
-if the committed files differ (tests/test_sim_exports.py runs it).
+if the committed files differ (tests/sim/test_sim_exports.py runs it).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
  * leaves no trace in the results: host memory pinned per allocation (cuMemHostAlloc, cuMemHostRegister),
  * host memory created for VMM mappings (cuMemCreate with a host location), and copies. Tests read them to
  * tell a slow path from a fast one that gives the same bytes (the oversubscription spill path: a mapping
- * kind and no copies of its own; tests/test_oversubscribe.py). Exported as memsliceSimCounters. */
+ * kind and no copies of its own; tests/shim/test_oversubscribe.py). Exported as memsliceSimCounters. */
 #define _GNU_SOURCE
 #include "simcuda.h"
 

@@ -4,7 +4,7 @@
  * moves an elastic range between HBM and host memory, and each counts as activity (a process that makes none
  * for idle_after is idle). Without elastic mode the gate is one predictable branch. Every hook here forwards
  * its arguments unchanged. Which entry points are gated, and which deliberately not: docs/architecture.md,
- * "The work gate"; tests/test_elastic_gate.py checks the list against cuda.h's. */
+ * "The work gate"; tests/elastic/test_elastic_gate.py checks the list against cuda.h's. */
 #define _GNU_SOURCE
 #include "shim.h"
 

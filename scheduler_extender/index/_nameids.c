@@ -1,6 +1,6 @@
 /* memslice.scheduler_extender.index._nameids: node name -> node id for the extender's memo, and the reads by ids
  * that a filter and a prioritize of every node make (scheduler_extender/index/nameids.py is the interface and
- * holds the pure-Python reference these must agree with; tests/test_nameids.py checks that they do).
+ * holds the pure-Python reference these must agree with; tests/extender/test_nameids.py checks that they do).
  *
  * Why native (benchmarks/README.md, "All names per filter, natively"): kube-scheduler may send all 5,000
  * names of a cluster in every filter. In Python each name costs a dict lookup that reaches three scattered

@@ -1,6 +1,6 @@
 """Node name -> node id for the memo (fitmemo.py), and the reads by ids its filter and prioritize make.
 
-One interface, two implementations with the same answers (tests/test_nameids.py checks them against each
+One interface, two implementations with the same answers (tests/extender/test_nameids.py checks them against each
 other): `NameIds`, plain Python and the reference, and `NativeNameIds`, whose bulk operations are C
 (_nameids.c, built with the package). Why C at all: with every node's name in every filter (kube-scheduler
 at percentageOfNodesToScore 100, or a small cluster), a filter and a prioritize of 5,000 names spent 0.6 ms

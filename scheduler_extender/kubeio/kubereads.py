@@ -13,7 +13,7 @@ Before kubernetes 37 (no `param_serialize`, and API classes that are cheap to im
 the generated `CoreV1Api`.
 
 The methods are named and take arguments as the generated `CoreV1Api` methods they stand in for, so the RBAC
-test maps them to permissions like any other API call (tests/test_deploy_rbac.py, "mirror" classes).
+test maps them to permissions like any other API call (tests/deploy/test_deploy_rbac.py, "mirror" classes).
 """
 
 from __future__ import annotations

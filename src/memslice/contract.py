@@ -8,7 +8,7 @@ here, so the two sides cannot drift apart.
 Every annotation value comes from the API server and may have been written by anyone with patch rights, so
 `parse` is strict and bounded: sizes, types and counts are checked, and anything else is an
 errors.ContractError whose message names the object, the annotation and what is wrong. `format` produces
-exactly what `parse` accepts (tests/test_contract.py checks the round trip).
+exactly what `parse` accepts (tests/contract/test_contract.py checks the round trip).
 """
 
 from __future__ import annotations

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import os
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from kubelet_standin import KubeletStandin
 from test_plugin_agent import RESOURCE, AgentProcess
 from test_plugin_agent import short_tmp as short_tmp  # noqa: F401 (fixture)
+from waiting import wait_until
 
 from memslice.proto import api_pb2
 
@@ -30,15 +30,6 @@ DEPTH = 3000
 
 def region_dir(resp: api_pb2.ContainerAllocateResponse) -> Path:
     return Path(next(m.host_path for m in resp.mounts if m.container_path == REGION_MOUNT))
-
-
-def wait_until(cond: Callable[[], bool], timeout: float, what: str, every: float = 0.1) -> None:
-    """Poll `cond` until it holds; fail naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(every)
 
 
 def fill(d: Path, outside: Path) -> None:
@@ -159,8 +150,8 @@ def test_removing_a_region_full_of_files_and_links_never_stalls_the_agent(agent,
         node.wait_log(f"removed region {other.name}", "the next removal, during the deletion")
         fresh = kubelet.admit("uid-c", "ns", "c", [("c", 10)], RESOURCE)["c"]  # and Allocate answers
         assert region_dir(fresh).is_dir()
-        wait_until(lambda: trash_entries(node.region_root) == 0, 120, "the trash emptied")
-        wait_until(lambda: node.sample("memslice_region_trash_items") == [0.0], 15, "trash metric at 0")
+        wait_until("the trash emptied", lambda: trash_entries(node.region_root) == 0, 120)
+        wait_until("trash metric at 0", lambda: node.sample("memslice_region_trash_items") == [0.0], 15)
     assert health.polls > 0 and health.bad == [], health.bad
     assert outside_intact(out)
     assert Path("/").is_dir() and (short_tmp / "regions").is_dir() and region_dir(fresh).is_dir()
@@ -181,6 +172,6 @@ def test_trash_left_by_a_killed_agent_is_deleted_after_restart(agent, short_tmp:
     before = kubelet.registrations
     node.start()
     kubelet.wait_registered(RESOURCE, after=before)
-    wait_until(lambda: trash_entries(node.region_root) == 0, 60, "the trash left before the restart emptied")
+    wait_until("the trash left before the restart emptied", lambda: trash_entries(node.region_root) == 0, 60)
     assert outside_intact(out)
     assert node.get("/healthz")[0] == 200

@@ -27,6 +27,7 @@ from kubelet_standin import KubeletStandin
 from test_extender_support import Client, node_obj, pod_obj
 from test_extender_tls import certs, client_context
 from test_plugin_agent import RESOURCE, AgentProcess
+from waiting import wait_until
 
 from memslice.lean_http import MAX_HEAD_BYTES
 from memslice.plugin.metrics import METRICS_LIMITS
@@ -45,13 +46,6 @@ def status(pid: int) -> dict[str, int]:
     out["VmRSS"] *= 1024
     out["VmHWM"] *= 1024
     return out
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        threading.Event().wait(0.05)
 
 
 def connect(port: int, source: str) -> socket.socket:
@@ -242,16 +236,16 @@ def test_idle_connections_cost_no_thread_beyond_the_caps(extender: Extender, age
         socks = [connect(port, addrs[i % 8]) for i in range(2000)]
         try:
             # the accept loop works through its backlog: all but the caps' worth are refused
-            wait_until(lambda socks=socks, limits=limits: len(held_open(socks)) <= limits.max_connections, 20,
-                       f"{name}: refusals")
+            wait_until(f"{name}: refusals",
+                       lambda socks=socks, limits=limits: len(held_open(socks)) <= limits.max_connections, 20)
             during = status(pid)
             assert during["Threads"] <= before["Threads"] + limits.max_connections + 2, (name, before, during)
             assert during["VmHWM"] < limit
         finally:
             for s in socks:
                 s.close()
-        wait_until(lambda pid=pid, before=before: status(pid)["Threads"] <= before["Threads"] + 2, 10,
-                   f"{name}: threads back")
+        wait_until(f"{name}: threads back",
+                   lambda pid=pid, before=before: status(pid)["Threads"] <= before["Threads"] + 2, 10)
         serves()  # the caps are free again
 
 
@@ -265,18 +259,18 @@ def test_idle_connections_before_the_tls_handshake(extender: Extender) -> None:
     addrs = sources(3)
     socks = [connect(extender.port, addrs[i % 3]) for i in range(6000)]
     try:
-        wait_until(lambda: len(held_open(socks)) <= 3 * VERBS_LIMITS.per_peer, 10, "refusals")
+        wait_until("refusals", lambda: len(held_open(socks)) <= 3 * VERBS_LIMITS.per_peer, 10)
         during = status(pid)
         assert during["Threads"] <= before["Threads"] + 3 * VERBS_LIMITS.per_peer + 2, (before, during)
         extender.serves()
         t0 = time.monotonic()
-        wait_until(lambda: not held_open(socks), VERBS_LIMITS.handshake_s + 5, "the handshake deadline")
+        wait_until("the handshake deadline", lambda: not held_open(socks), VERBS_LIMITS.handshake_s + 5)
         assert time.monotonic() - t0 <= VERBS_LIMITS.handshake_s + 5
     finally:
         for s in socks:
             s.close()
     assert status(pid)["VmHWM"] < EXTENDER_LIMIT
-    wait_until(lambda: status(pid)["Threads"] <= before["Threads"] + 2, 10, "threads back")
+    wait_until("threads back", lambda: status(pid)["Threads"] <= before["Threads"] + 2, 10)
     extender.serves()
 
 
