@@ -75,7 +75,6 @@ class NodeAgent:
         self._reconciler = threading.Thread(target=self._reconcile_loop, name="reconcile", daemon=True)
         self._reconcile_heartbeat = time.monotonic()
         self._pr_failing = False
-        self.standalone = False
         self.api: object | None = None
         self.dra: DraParts | None = None
         self.elastic: ElasticTracker | None = None
@@ -250,7 +249,6 @@ class NodeAgent:
             raise StartupError(f"cannot load the Kubernetes configuration: {exc}; fix --kubeconfig/"
                                f"KUBECONFIG or unset it to run standalone") from exc
         if api is None:
-            self.standalone = True
             log.warning("standalone: %s. No node inventory is published and preferred allocation uses best "
                         "fit; the scheduler extender cannot place pods on this node", how)
             return

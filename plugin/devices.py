@@ -152,11 +152,6 @@ def smallest_fitting_unit(gpus: Sequence[GpuShape], limit: int = KUBELET_MAX_MES
     return unit
 
 
-def max_devices_per_node(id_len: int, numa: int | None, limit: int = KUBELET_MAX_MESSAGE_BYTES) -> int:
-    """Ceiling on devices in one message for IDs of `id_len` characters, all Unhealthy (worst case)."""
-    return limit // device_entry_bytes(id_len, UNHEALTHY, numa)
-
-
 class ListTooLarge(errors.LimitError):
     """The device list would exceed the kubelet's ListAndWatch limit; the message says how to fix it."""
 

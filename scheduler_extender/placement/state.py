@@ -340,10 +340,6 @@ class ClusterState:
         with self.lock:
             return name in self._inventory
 
-    def node_error(self, name: str) -> str | None:
-        with self.lock:
-            return self._node_error.get(name)
-
     def _rebuild(self, name: str) -> None:
         self._dirty.discard(name)
         inv = self._inventory.get(name)
@@ -407,11 +403,6 @@ class ClusterState:
             for name in names:
                 self._rebuild(name)
 
-    def views_of(self, names: list[str]) -> list[NodeView | None]:
-        """Views of many nodes under one lock."""
-        with self.lock:
-            return [self.view_unlocked(name) for name in names]
-
     def views(self) -> list[NodeView]:
         with self.lock:
             self._flush()
@@ -427,11 +418,6 @@ class ClusterState:
         with self.lock:
             uid = self._by_name.get((namespace, name))
             rec = self._pods.get(uid) if uid else None
-            return PodRecord.of(rec) if rec is not None else None
-
-    def pod_by_uid(self, uid: str) -> PodRecord | None:
-        with self.lock:
-            rec = self._pods.get(uid)
             return PodRecord.of(rec) if rec is not None else None
 
     def charge_of(self, uid: str) -> Charge | None:
