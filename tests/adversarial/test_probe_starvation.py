@@ -30,8 +30,9 @@ from kube_standin import KubeApiStandin
 from kubelet_standin import KubeletStandin
 from test_extender_support import Client, node_obj, pod_obj
 from test_extender_tls import certs, client_context
-from test_http_dos import AGENT_LIMIT, EXTENDER_LIMIT, held_open, sources, status, wait_until
+from test_http_dos import AGENT_LIMIT, EXTENDER_LIMIT, held_open, sources, status
 from test_plugin_agent import RESOURCE, AgentProcess
+from waiting import wait_until
 
 from memslice.lean_http import BoundedHTTPServer, ConnLimits, LeanRequestHandler, pick_victim
 from memslice.plugin.metrics import METRICS_LIMITS
@@ -149,11 +150,11 @@ def test_idle_keepalives_are_closed_fast_once_half_the_connections_are_held() ->
     port = httpd.server_address[1]
     socks = [connect(port, "127.0.0.2") for _ in range(4)]
     try:
-        wait_until(lambda: httpd.active == 4, 10, "the 4 connections admitted")
+        wait_until("the 4 connections admitted", lambda: httpd.active == 4, 10)
         for s in socks:
             s.sendall(KEEPALIVE)
             assert s.recv(4096).startswith(b"HTTP/1.1 200")
-        wait_until(lambda: not held_open(socks), 60, "the idle keep-alives closed under pressure")
+        wait_until("the idle keep-alives closed under pressure", lambda: not held_open(socks), 60)
     finally:
         for s in socks:
             s.close()
@@ -180,7 +181,7 @@ class Agent:
 def agent() -> Iterator[Agent]:
     root = Path(tempfile.mkdtemp(prefix="ms-", dir="/tmp"))  # Unix socket paths must stay short
     a = Agent(root)
-    wait_until(lambda: kubelet_probe(a.probe_port, "/readyz") == 200, 30, "the agent ready")
+    wait_until("the agent ready", lambda: kubelet_probe(a.probe_port, "/readyz") == 200, 30)
     yield a
     a.stop()
     shutil.rmtree(root, ignore_errors=True)
@@ -309,7 +310,7 @@ def test_filter_calls_get_through_handshakes_that_never_finish(extender: Extende
             attack.top_up()
             assert 5 * 64 > VERBS_LIMITS.max_connections  # enough to fill the port's connections before
             # the server refuses all but handshakes_per_peer per address (closed at once)
-            wait_until(lambda: len(attack.held()) <= 5 * VERBS_LIMITS.handshakes_per_peer, 20, "refusals")
+            wait_until("refusals", lambda: len(attack.held()) <= 5 * VERBS_LIMITS.handshakes_per_peer, 20)
             extender.filter_on_a_new_connection()
             extender.filter_on_a_new_connection()
             assert keepalive.filter(pod, ["n"])["NodeNames"] == ["n"]
