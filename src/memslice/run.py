@@ -183,7 +183,9 @@ def checked_size(option: str, value: str, *, allow_zero: bool = False) -> int:
 def gpu_sizes(simulate: str | None) -> tuple[list[int], str]:
     """The GPUs a quota is for: the simulated ones, else what NVML reports (none if it cannot be read)."""
     if simulate:
-        return [parse_size(item.split(":")[0]) for item in simulate.split(",")], "the simulated GPU"
+        from .simulator import gpu_list
+
+        return [parse_size(item.split(":")[0]) for item in gpu_list(simulate)], "the simulated GPU"
     try:
         import pynvml
 

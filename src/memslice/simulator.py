@@ -42,11 +42,49 @@ def usage_path(state: str, env: dict[str, str] | None = None) -> str:
     return env.get("MEMSLICE_SIM_USAGE") or f"{state}.usage"
 
 
+SPEC_MAX = 255  # characters: what the node file keeps of MEMSLICE_SIM_GPUS
+TOPO_HINT = ("a group is two or more GPU indices joined by '-' (0-1 or 0-1-2-3), groups separated by ',', e.g. "
+             "80GiB,80GiB,80GiB,80GiB;nvlink=0-1,2-3;pcie=0-1,2-3")
+
+
+def gpu_list(spec: str) -> list[str]:
+    """The GPU entries of a MEMSLICE_SIM_GPUS value (the part before the topology options)."""
+    return spec.split(";", 1)[0].split(",")
+
+
+def parse_topology(spec: str) -> dict[str, list[list[int]]]:
+    """The `;nvlink=GROUPS;pcie=GROUPS` options of a MEMSLICE_SIM_GPUS value, as the simulated driver reads them
+    (interposer/sim/simtopo.c): each key at most once; a group has two or more distinct GPU indices below the GPU
+    count; a GPU is in one pcie group at most. ValueError naming the bad option or group and the fix."""
+    count = len(gpu_list(spec))
+    out: dict[str, list[list[int]]] = {}
+    for opt in spec.split(";")[1:]:
+        key, _, value = opt.partition("=")
+        if key not in ("nvlink", "pcie") or key in out or not _:
+            raise ValueError(f"MEMSLICE_SIM_GPUS={spec}: option {opt} is unknown or given twice; after the GPU list "
+                             "use ;nvlink=GROUPS and ;pcie=GROUPS once each, e.g. 80GiB,80GiB;nvlink=0-1")
+        groups: list[list[int]] = []
+        for group in value.split(","):
+            ids = [int(x) if x.isdigit() and len(x) <= 3 else -1 for x in group.split("-")]
+            taken = {i for g in groups for i in g} if key == "pcie" else set()
+            if (len(ids) < 2 or len(set(ids)) != len(ids) or any(not 0 <= i < count for i in ids)
+                    or taken & set(ids)):
+                raise ValueError(f"MEMSLICE_SIM_GPUS={spec}: {key} group '{group}' is not valid; {TOPO_HINT} "
+                                 f"(GPU indices below {count}{'' if key == 'nvlink' else ', each in one pcie group'})")
+            groups.append(ids)
+        out[key] = groups
+    return out
+
+
 def validate_gpus(spec: str) -> None:
-    """Raise ValueError naming the bad entry unless spec is SIZE[:NUMA][:mig](,…)."""
+    """Raise ValueError naming the bad entry unless spec is SIZE[:NUMA][:mig](,…) and valid topology options."""
     if not spec.strip():
         raise ValueError("the simulated GPU list is empty; give each GPU's size, e.g. --simulate-gpu 16GiB")
-    for item in spec.split(","):
+    if len(spec) > SPEC_MAX:
+        raise ValueError(f"the simulated GPU list is longer than {SPEC_MAX} characters; describe fewer GPUs")
+    if len(gpu_list(spec)) > 16:
+        raise ValueError(f"the simulated GPU list {spec!r} has more than 16 GPUs; the simulated node has at most 16")
+    for item in gpu_list(spec):
         parts = item.split(":")
         try:
             size = parse_size(parts[0], allow_zero=True)
@@ -64,6 +102,7 @@ def validate_gpus(spec: str) -> None:
             if extra != "mig" and not (extra.isdigit() and int(extra) < 64):
                 raise ValueError(f"simulated GPU {item!r}: {extra!r} is neither a NUMA node (0-63) nor 'mig'; "
                                  "use SIZE[:NUMA][:mig], e.g. 16GiB or 80GiB:1")
+    parse_topology(spec)
 
 
 def sim_env(gpus: str, state: str | None = None, base: dict[str, str] | None = None) -> dict[str, str]:
