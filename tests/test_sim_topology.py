@@ -132,3 +132,54 @@ def test_bad_topology_is_refused_by_name(node, spec, word):
 def test_memslice_accepts_the_topology_syntax():
     validate_gpus(TOPO)
     validate_gpus("80GiB,80GiB,80GiB,80GiB;nvlink=0-1-2-3")
+
+
+VISIBLE = """
+import json, pynvml
+from cuda.bindings import driver as cu
+pynvml.nvmlInit()
+nvml = [pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
+err = int(cu.cuInit(0)[0])
+seen = []
+if err == 0:
+    for d in range(cu.cuDeviceGetCount()[1]):
+        u = cu.cuDeviceGetUuid(d)[1].bytes.hex()
+        seen.append(next(i for i, x in enumerate(nvml) if x.replace("-", "")[3:] == u))
+print(json.dumps({"init": err, "seen": seen, "nvml": nvml}))
+"""
+
+
+def visible(n, value: str | None) -> dict:
+    env = dict(n.env)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if value is not None:
+        env["CUDA_VISIBLE_DEVICES"] = value
+    out = run([sys.executable, "-c", VISIBLE], env)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_cuda_visible_devices_numbers_the_gpus_as_the_driver_does(node):
+    pytest.importorskip("cuda.bindings")
+    n = node("4GiB,4GiB,4GiB")
+    assert visible(n, None)["seen"] == [0, 1, 2]
+    assert visible(n, "2,0")["seen"] == [2, 0]  # in the order given; NVML still lists all three
+    uuid1 = visible(n, None)["nvml"][1]
+    assert visible(n, f"{uuid1[:12]},0")["seen"] == [1, 0]  # a UUID prefix names a GPU
+    assert visible(n, "1,7,0")["seen"] == [1]  # the list ends at the first entry naming no GPU
+    assert visible(n, "0,0,1")["seen"] == [0]  # ... or one already listed
+    assert visible(n, "")["init"] == 100  # CUDA_ERROR_NO_DEVICE
+
+
+def test_memslice_sim_topo_shows_the_matrix(node):
+    n = node(TOPO)
+    assert run([sys.executable, "-c", "import pynvml; pynvml.nvmlInit()"], n.env).returncode == 0  # node created
+    out = run([sys.executable, "-m", "memslice", "sim", "topo", "--state", n.state, "--json"], n.env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"matrix": [["X", "NV", "NODE", "SYS"], ["NV", "X", "NODE", "SYS"],
+                                                 ["NODE", "NODE", "X", "NV"], ["SYS", "SYS", "NV", "X"]],
+                                      "numa": [0, 0, 0, 1]}
+    out = run([sys.executable, "-m", "memslice", "sim", "topo", "--state", n.state], n.env)
+    assert out.returncode == 0 and out.stdout.splitlines()[1].split() == ["GPU0", "X", "NV", "NODE", "SYS", "0"]
+    missing = run([sys.executable, "-m", "memslice", "sim", "topo", "--state", n.state + ".nope"], n.env)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr

@@ -23,8 +23,9 @@
 #define MAX_PEER_PAIRS 256  /* enabled (from, to) context pairs in a process */
 #define MAX_PEERS_PER_CTX 8 /* hardware peer slots per context without NVSwitch (CUDA programming guide) */
 
-static int g_vis[SIM_MAX_GPUS];
-static int g_nvis;
+/* ordinal -> node index: identity until cuInit reads the list (ordinals past it stay identity: callers validate) */
+int g_vis[SIM_MAX_GPUS] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+int g_nvis;
 static pthread_once_t g_vis_once = PTHREAD_ONCE_INIT;
 
 /* The node GPU an entry names (an index, or a unique UUID prefix of at least "GPU-x"), or -1. */
@@ -54,23 +55,26 @@ static void read_visible(void) {
     if (!s) return;
     const char *v = getenv("CUDA_VISIBLE_DEVICES");
     if (!v) {
-        for (unsigned g = 0; g < s->node->ngpus; g++) g_vis[g_nvis++] = (int)g;
+        for (unsigned g = 0; g < s->node->ngpus; g++) g_vis[g] = (int)g;
+        __atomic_store_n(&g_nvis, (int)s->node->ngpus, __ATOMIC_RELEASE);
         return;
     }
     const char *p = v;
-    while (*p && g_nvis < SIM_MAX_GPUS) {
+    int n = 0;
+    while (*p && n < SIM_MAX_GPUS) {
         while (*p == ' ') p++;
         size_t len = strcspn(p, ", ");
         int g = visible_entry(s->node, p, len);
-        for (int i = 0; g >= 0 && i < g_nvis; i++)
+        for (int i = 0; g >= 0 && i < n; i++)
             if (g_vis[i] == g) g = -1;
         if (g < 0) break;
-        g_vis[g_nvis++] = g;
+        g_vis[n++] = g;
         p += len;
         while (*p == ' ') p++;
         if (*p != ',') break;
         p++;
     }
+    __atomic_store_n(&g_nvis, n, __ATOMIC_RELEASE);
 }
 
 /* How many GPUs CUDA numbers in this process. */
@@ -79,7 +83,8 @@ int sim_visible_count(void) {
     return g_nvis;
 }
 
-/* The node's index of device ordinal d (d itself where it is no visible ordinal: callers validate first). */
+/* The node's index of device ordinal d (d itself where it is no visible ordinal: callers validate first). The
+ * charges' fast path uses SIM_PHYS (simcuda.h), valid once cuInit has read the list. */
 int sim_phys(int d) {
     pthread_once(&g_vis_once, read_visible);
     return d >= 0 && d < g_nvis ? g_vis[d] : d;

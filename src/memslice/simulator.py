@@ -131,3 +131,55 @@ def inject_xid(gpu: int, xid: int, state: str) -> None:
             os.environ.pop("MEMSLICE_SIM_STATE", None)
         else:
             os.environ["MEMSLICE_SIM_STATE"] = old
+
+
+# nvmlGpuTopologyLevel_t (nvml.h) -> the words of `nvidia-smi topo -m`
+LEVEL_WORDS = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+
+
+def read_topology(state: str) -> dict[str, list[list[str]] | list[int]]:
+    """The simulated node's topology as NVML answers it (the calls a node agent makes): per pair of GPUs the
+    PCIe level word and NVLink (P2P status of NVML_P2P_CAPS_INDEX_NVLINK), and each GPU's NUMA node."""
+    old = os.environ.get("MEMSLICE_SIM_STATE")
+    os.environ["MEMSLICE_SIM_STATE"] = state
+    try:
+        lib = ctypes.CDLL(lib_paths().sim_nvml)
+        if lib.nvmlInit_v2() != 0:
+            raise ValueError(f"the simulated NVML cannot read {state}; check the file (or delete it to start anew)")
+        count = ctypes.c_uint()
+        lib.nvmlDeviceGetCount_v2(ctypes.byref(count))
+        handles = []
+        for i in range(count.value):
+            h = ctypes.c_void_p()
+            lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(h))
+            handles.append(h)
+        level, status, numa = ctypes.c_int(), ctypes.c_int(), ctypes.c_uint()
+        words: list[list[str]] = []
+        for a in handles:
+            row = []
+            for b in handles:
+                lib.nvmlDeviceGetTopologyCommonAncestor(a, b, ctypes.byref(level))
+                lib.nvmlDeviceGetP2PStatus(a, b, 2, ctypes.byref(status))  # NVML_P2P_CAPS_INDEX_NVLINK
+                row.append("NV" if status.value == 0 and a is not b else LEVEL_WORDS.get(level.value, "?"))
+            words.append(row)
+        numas = []
+        for h in handles:
+            lib.nvmlDeviceGetNumaNodeId(h, ctypes.byref(numa))
+            numas.append(int(numa.value))
+        return {"matrix": words, "numa": numas}
+    finally:
+        if old is None:
+            os.environ.pop("MEMSLICE_SIM_STATE", None)
+        else:
+            os.environ["MEMSLICE_SIM_STATE"] = old
+
+
+def render_topology(topo: dict[str, list[list[str]] | list[int]]) -> str:
+    """`nvidia-smi topo -m`'s picture: NV (NVLink), PIX (one PCIe switch), NODE (one NUMA node), SYS (across)."""
+    matrix = topo["matrix"]
+    n = len(matrix)
+    lines = ["      " + "".join(f"GPU{j:<4}" for j in range(n)) + "NUMA"]
+    for i, row in enumerate(matrix):
+        lines.append(f"GPU{i:<3}" + "".join(f"{str(w):<7}" for w in row) + str(topo["numa"][i]))
+    lines.append("NV: NVLink  PIX: one PCIe switch  NODE: one NUMA node  SYS: across NUMA nodes")
+    return "\n".join(lines)
