@@ -116,10 +116,13 @@ for d in (0, 1):
     descs.append(x)
 ok(cu.cuMemSetAccess(va, size, descs, 2))
 mapped = [free(0), free(1)]
+descs[1].location.id = 2  # the node's third GPU is not visible here
+unseen = int(cu.cuMemSetAccess(va, size, descs, 2)[0])
 on(0); put(va, pattern)
 on(1); same = bool((get(va, 8 * MiB) == pattern).all())
 ok(cu.cuMemUnmap(va, size)); ok(cu.cuMemRelease(h)); ok(cu.cuMemAddressFree(va, size))
-print(json.dumps({"before": before, "mapped": mapped, "released": [free(0), free(1)], "same": same}))
+print(json.dumps({"before": before, "mapped": mapped, "released": [free(0), free(1)], "same": same,
+                  "unseen": unseen}))
 """
 
 # Process A (GPU 0) exports 64 MiB of cuMemAlloc memory (legacy IPC) and a 64 MiB VMM allocation (a POSIX file
@@ -254,6 +257,7 @@ def test_vmm_memory_mapped_for_a_peer_is_charged_once_on_its_gpu(tmp_path):
     assert got["same"]
     assert got["mapped"] == [got["before"][0] - 64, got["before"][1]]  # GPU 0 only, though mapped from GPU 1
     assert got["released"] == got["before"]
+    assert got["unseen"] == 101  # CUDA_ERROR_INVALID_DEVICE: access for a GPU the process does not see
 
 
 def test_ipc_between_processes_on_different_gpus(tmp_path):

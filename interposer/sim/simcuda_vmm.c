@@ -292,6 +292,8 @@ API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc 
     if (!desc || count == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
     int prot = PROT_NONE;
     for (size_t i = 0; i < count; i++) {
+        if (desc[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE && !valid_dev(desc[i].location.id))
+            return CUDA_ERROR_INVALID_DEVICE; /* a GPU this process does not see */
         if (desc[i].flags & 1) prot |= PROT_READ;
         if (desc[i].flags & 2) prot |= PROT_WRITE;
     }

@@ -6,6 +6,7 @@ import ctypes
 import hashlib
 import os
 import tempfile
+from typing import TypedDict
 
 from .paths import lib_paths
 from .sizes import SizeError, parse_size, size_hint
@@ -133,11 +134,16 @@ def inject_xid(gpu: int, xid: int, state: str) -> None:
             os.environ["MEMSLICE_SIM_STATE"] = old
 
 
+class Topology(TypedDict):
+    matrix: list[list[str]]  # per pair of GPUs: NV, or the PCIe level's word
+    numa: list[int]
+
+
 # nvmlGpuTopologyLevel_t (nvml.h) -> the words of `nvidia-smi topo -m`
 LEVEL_WORDS = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 
 
-def read_topology(state: str) -> dict[str, list[list[str]] | list[int]]:
+def read_topology(state: str) -> Topology:
     """The simulated node's topology as NVML answers it (the calls a node agent makes): per pair of GPUs the
     PCIe level word and NVLink (P2P status of NVML_P2P_CAPS_INDEX_NVLINK), and each GPU's NUMA node."""
     old = os.environ.get("MEMSLICE_SIM_STATE")
@@ -166,7 +172,7 @@ def read_topology(state: str) -> dict[str, list[list[str]] | list[int]]:
         for h in handles:
             lib.nvmlDeviceGetNumaNodeId(h, ctypes.byref(numa))
             numas.append(int(numa.value))
-        return {"matrix": words, "numa": numas}
+        return Topology(matrix=words, numa=numas)
     finally:
         if old is None:
             os.environ.pop("MEMSLICE_SIM_STATE", None)
@@ -174,12 +180,12 @@ def read_topology(state: str) -> dict[str, list[list[str]] | list[int]]:
             os.environ["MEMSLICE_SIM_STATE"] = old
 
 
-def render_topology(topo: dict[str, list[list[str]] | list[int]]) -> str:
+def render_topology(topo: Topology) -> str:
     """`nvidia-smi topo -m`'s picture: NV (NVLink), PIX (one PCIe switch), NODE (one NUMA node), SYS (across)."""
     matrix = topo["matrix"]
     n = len(matrix)
     lines = ["      " + "".join(f"GPU{j:<4}" for j in range(n)) + "NUMA"]
     for i, row in enumerate(matrix):
-        lines.append(f"GPU{i:<3}" + "".join(f"{str(w):<7}" for w in row) + str(topo["numa"][i]))
+        lines.append(f"GPU{i:<3}" + "".join(f"{w:<7}" for w in row) + str(topo["numa"][i]))
     lines.append("NV: NVLink  PIX: one PCIe switch  NODE: one NUMA node  SYS: across NUMA nodes")
     return "\n".join(lines)
