@@ -183,3 +183,19 @@ def test_memslice_sim_topo_shows_the_matrix(node):
     assert out.returncode == 0 and out.stdout.splitlines()[1].split() == ["GPU0", "X", "NV", "NODE", "SYS", "0"]
     missing = run([sys.executable, "-m", "memslice", "sim", "topo", "--state", n.state + ".nope"], n.env)
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_node_file_of_the_previous_layout_reads_as_no_topology(node):
+    """A node file written before the topology part existed (56 bytes shorter) still opens: no NVLink, each GPU
+    on its own switch; a file shorter still is refused by name."""
+    n = node("4GiB,4GiB")
+    assert run([sys.executable, "-c", "import pynvml; pynvml.nvmlInit()"], n.env).returncode == 0
+    size = os.path.getsize(n.state)
+    os.truncate(n.state, size - 56)  # struct sim_topo: magic, pad, 16 x u16 NVLink masks, 16 x u8 switches
+    out = run([sys.executable, "-c", NVML], n.env)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["links"] == [None, None] and got["ancestor"] == [[0, 40], [40, 0]]
+    os.truncate(n.state, size - 57)
+    bad = run([sys.executable, "-c", "import pynvml; pynvml.nvmlInit()"], n.env)
+    assert bad.returncode != 0 and "not a valid simulator node file" in bad.stderr
