@@ -112,7 +112,9 @@ typedef struct {
     struct { unsigned char compressionType, gpuDirectRDMACapable; unsigned short usage;
              unsigned char reserved[4]; } allocFlags;
 } CUmemAllocationProp;
-typedef struct { CUmemLocation location; unsigned long long flags; } CUmemAccessDesc;
+/* flags is cuda.h's CUmemAccess_flags, an enum: 12 bytes, so an array of several is laid out as cuda.h's */
+typedef struct { CUmemLocation location; unsigned int flags; } CUmemAccessDesc;
+_Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc must be laid out as cuda.h's");
 enum { CU_MEM_ALLOCATION_TYPE_PINNED = 1, CU_MEM_ALLOCATION_TYPE_MANAGED = 2 };
 typedef enum { CU_MEM_HANDLE_TYPE_NONE = 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1,
                CU_MEM_HANDLE_TYPE_WIN32 = 2, CU_MEM_HANDLE_TYPE_WIN32_KMT = 4,

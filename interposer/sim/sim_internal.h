@@ -37,6 +37,11 @@ struct sim_stream {
 struct sim_stream *sim_stream_of(CUstream s);    /* NULL for the special handles and for garbage */
 
 
+/* ---- simcuda_peer.c ---- */
+int sim_phys(int d);                     /* the node's index of device ordinal d */
+int sim_ordinal(int g);                  /* the device ordinal of node GPU g, or -1 if it is not visible */
+int sim_ctx_can_reach(CUcontext c, int g); /* whether context c's GPU is node GPU g or may access it as a peer */
+
 /* ---- sim_ipc.c ---- */
 /* simcuda_memop.c: stream waits whose condition is not yet met stay queued (work in flight) */
 int sim_waits_pending(CUstream s);       /* queued waits on s (NULL: on any stream) */

@@ -105,7 +105,8 @@ API CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
     int fd = exported_fd(r.key, r.size);
     pthread_mutex_unlock(&g_mu);
     if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-    struct ipc_wire w = {IPC_MAGIC, (uint32_t)getpid(), fd, r.dev, r.size, p - r.key, r.key};
+    /* the GPU by the node's index: the importer may number its GPUs differently (CUDA_VISIBLE_DEVICES) */
+    struct ipc_wire w = {IPC_MAGIC, (uint32_t)getpid(), fd, sim_phys(r.dev), r.size, p - r.key, r.key};
     memset(h, 0, sizeof *h);
     memcpy(h->reserved, &w, sizeof w);
     return CUDA_SUCCESS;
@@ -148,12 +149,16 @@ API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle h, unsigne
     if (!pdptr || flags > 1 || w.magic != IPC_MAGIC || w.offset >= w.size || w.size < SIM_SMALL_ALLOC)
         return CUDA_ERROR_INVALID_VALUE;
     if (w.pid == (uint32_t)getpid()) return CUDA_ERROR_INVALID_CONTEXT; /* not in the exporting process */
+    /* on another GPU the memory is reached as a peer's: only where the two GPUs can (cuDeviceCanAccessPeer) */
+    if (!sim_ctx_can_reach(sim_current_ctx(), w.dev)) return (CUresult)217; /* CUDA_ERROR_PEER_ACCESS_UNSUPPORTED */
     int fd = open_exported(&w);
     if (fd < 0) return CUDA_ERROR_INVALID_VALUE; /* exporter gone, freed, or not visible from here */
     void *m = mmap(NULL, w.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
-    ms_rec r = {.key = (uint64_t)(uintptr_t)m, .size = w.size, .aux = w.offset, .dev = w.dev, .kind = SIM_K_IPC};
+    int ord = sim_ordinal(w.dev);
+    ms_rec r = {.key = (uint64_t)(uintptr_t)m, .size = w.size, .aux = w.offset,
+                .dev = ord >= 0 ? ord : sim_ctx_device(sim_current_ctx()), .kind = SIM_K_IPC};
     if (sim_ptr_put(&r) < 0) { munmap(m, w.size); return CUDA_ERROR_OUT_OF_MEMORY; }
     *pdptr = r.key + w.offset;
     return CUDA_SUCCESS;

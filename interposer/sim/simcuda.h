@@ -60,6 +60,12 @@ extern struct sim_pool g_default_pool[SIM_MAX_GPUS];
 extern struct sim_pool *g_current_pool[SIM_MAX_GPUS];
 extern __thread struct sim_ctx *t_ctx;   /* the calling thread's current context */
 
+/* simcuda_peer.c: CUDA_VISIBLE_DEVICES and peer access */
+int sim_visible_count(void);             /* GPUs CUDA numbers in this process */
+int sim_phys(int d);                     /* the node's index of device ordinal d */
+extern int g_vis[SIM_MAX_GPUS];          /* ordinal -> node index (identity past the visible ones) */
+void sim_peer_forget(const void *ctx);   /* a context is destroyed: drop peer access from and to it */
+
 /* simcuda_core.c */
 struct sim *S(void);                     /* the simulator, or NULL (said once on stderr) */
 int ngpus(void);
@@ -83,6 +89,15 @@ CUresult free_ptr(uint64_t ptr);         /* cuMemFree of device or managed memor
 void trim_pool(struct sim_pool *p, uint64_t keep);   /* caller holds g_mu */
 void trim_all_pools(void);               /* every pool down to its release threshold */
 #pragma GCC visibility pop
+
+/* Device ordinals here are CUDA's (the visible GPUs); what the node keeps per GPU is by the node's index. Charges
+ * come after cuInit, which read the list: a load, not a call, on the allocation path. */
+_Static_assert(SIM_MAX_GPUS == 16, "SIM_PHYS masks ordinals to 0..15");
+#define SIM_PHYS(d) (g_vis[(unsigned)(d) & 15u])
+#define sim_charge(s, g, n, host) (sim_charge)((s), SIM_PHYS(g), (n), (host))
+#define sim_uncharge(s, g, n, host) (sim_uncharge)((s), SIM_PHYS(g), (n), (host))
+#define sim_used(s, g) (sim_used)((s), SIM_PHYS(g))
+#define SIM_GPU(d) (S()->node->gpu[sim_phys(d)])
 
 #define NEED_INIT() do { if (!g_initialized) return CUDA_ERROR_NOT_INITIALIZED; } while (0)
 #define NEED_CTX() do { NEED_INIT(); if (!t_ctx) return CUDA_ERROR_INVALID_CONTEXT; } while (0)

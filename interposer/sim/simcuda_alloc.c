@@ -81,7 +81,7 @@ API CUresult cuMemGetInfo_v2(size_t *freeb, size_t *total) {
     NEED_CTX();
     if (!freeb || !total) return CUDA_ERROR_INVALID_VALUE;
     struct sim *s = S();
-    uint64_t cap = s->node->gpu[t_ctx->dev].total;
+    uint64_t cap = s->node->gpu[sim_phys(t_ctx->dev)].total;
     uint64_t used = sim_used(s, t_ctx->dev);
     *total = cap;
     *freeb = used < cap ? cap - used : 0;

@@ -36,8 +36,8 @@ struct sim *S(void) {
     return s;
 }
 
-/* How many GPUs the simulated node has (0 if the simulator cannot start). */
-int ngpus(void) { struct sim *s = S(); return s ? (int)s->node->ngpus : 0; }
+/* How many GPUs CUDA numbers (the visible ones; 0 if the simulator cannot start). */
+int ngpus(void) { return S() ? sim_visible_count() : 0; }
 
 /* A device ordinal this node has. */
 int valid_dev(CUdevice d) { return d >= 0 && d < ngpus(); }

@@ -52,6 +52,7 @@ API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
         /* the last release destroys the primary context: its memory (and its limits') comes back, and its
          * queued kernels are dropped */
         tl_release_ctx(&g_primary[d]);
+        sim_peer_forget(&g_primary[d]);
         sim_uncharge(S(), d, S()->context_overhead + g_primary[d].extra, 0);
         g_primary[d] = (struct sim_ctx){.magic = CTX_MAGIC, .dev = d, .primary = 1};
         g_primary_charged[d] = 0;
@@ -119,6 +120,7 @@ API CUresult cuCtxDestroy_v2(CUcontext c) {
     if (!x || x->primary) return CUDA_ERROR_INVALID_CONTEXT;
     if (t_ctx == x) t_ctx = NULL;
     tl_release_ctx(x); /* its queued kernels are dropped with it */
+    sim_peer_forget(x);
     sim_uncharge(S(), x->dev, S()->context_overhead + x->extra, 0);
     x->magic = 0;
     free(x);

@@ -8,7 +8,7 @@
 /* ---- init, versions, devices ---------------------------------------------------------------------- */
 API CUresult cuInit(unsigned int flags) {
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
-    if (!S()) return CUDA_ERROR_NO_DEVICE;
+    if (!S() || sim_visible_count() == 0) return CUDA_ERROR_NO_DEVICE;
     g_initialized = 1;
     return CUDA_SUCCESS;
 }
@@ -39,13 +39,13 @@ API CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
     if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(d)) return CUDA_ERROR_INVALID_DEVICE;
     memset(name, 0, (size_t)len); /* the driver zero-fills the buffer: no stale bytes after the NUL */
-    strncpy(name, S()->node->gpu[d].name, (size_t)len - 1);
+    strncpy(name, SIM_GPU(d).name, (size_t)len - 1);
     return CUDA_SUCCESS;
 }
 
 /* UUID bytes, parsed back from the "GPU-..." text the NVML side reports, so both always agree. */
 static void uuid_bytes(int d, CUuuid *u) {
-    const char *t = S()->node->gpu[d].uuid + 4;
+    const char *t = SIM_GPU(d).uuid + 4;
     for (int i = 0; i < 16 && *t; i++) {
         if (*t == '-') t++;
         unsigned v = 0;
@@ -71,7 +71,7 @@ API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
     NEED_INIT();
     if (!bytes) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(d)) return CUDA_ERROR_INVALID_DEVICE;
-    *bytes = S()->node->gpu[d].total;
+    *bytes = SIM_GPU(d).total;
     return CUDA_SUCCESS;
 }
 
@@ -108,7 +108,7 @@ API CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute attr, CUdevice d) {
     if (!v) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(d)) return CUDA_ERROR_INVALID_DEVICE;
     *v = 0;
-    if (attr == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID) *v = (int)S()->node->gpu[d].pci_bus;
+    if (attr == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID) *v = (int)SIM_GPU(d).pci_bus;
     for (size_t i = 0; i < sizeof g_attrs / sizeof g_attrs[0]; i++)
         if (g_attrs[i].attr == attr) *v = g_attrs[i].value;
     return CUDA_SUCCESS;
@@ -119,6 +119,6 @@ API CUresult cuDeviceGetPCIBusId(char *buf, int len, CUdevice d) {
     NEED_INIT();
     if (!buf || len <= 0) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(d)) return CUDA_ERROR_INVALID_DEVICE;
-    snprintf(buf, (size_t)len, "%08X:%02X:%02X.0", 0u, S()->node->gpu[d].pci_bus, 0u);
+    snprintf(buf, (size_t)len, "%08X:%02X:%02X.0", 0u, SIM_GPU(d).pci_bus, 0u);
     return CUDA_SUCCESS;
 }

@@ -46,7 +46,7 @@ CUresult sim_stream_point(CUstream s, struct tl_ref *ref, uint64_t *target) {
     struct sim_stream *x;
     CUresult rc = stream_ctx(s, &ctx, &dev, &x);
     if (rc) return rc;
-    tl_client(ctx, dev, ref);
+    tl_client(ctx, sim_phys(dev), ref);
     *target = x ? __atomic_load_n(&x->target, __ATOMIC_ACQUIRE) : tl_last(*ref);
     return CUDA_SUCCESS;
 }

@@ -1,17 +1,19 @@
 /* Simulated driver: virtual memory management (memfd-backed physical handles mapped into reserved ranges). */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "sim_internal.h"
 #include "simcuda.h"
 
 /* Physical memory (one memfd) is apart from the handles to it: cuMemImportFromShareableHandle gives a second
  * handle to the same memory, which lives while any handle or mapping of it does (`refs`), even after the
  * handle it was created with is released. Memory imported from another process is charged to the importer
- * (its pages stay alive through it whatever the exporter does). */
+ * (its pages stay alive through it whatever the exporter does), on the GPU the memory is on. */
 struct sim_phys { int fd; int dev; int host; uint64_t size; int refs; CUmemAllocationProp prop; ino_t ino;
                   struct sim_phys *next; };
 struct sim_vmm { uint32_t magic; struct sim_phys *p; };
@@ -64,7 +66,9 @@ API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUm
     if (dev < 0) return CUDA_ERROR_INVALID_VALUE;
     struct sim *s = S();
     if (sim_charge(s, dev, size, host) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-    int fd = memfd_create("memslice-sim-vmm", MFD_CLOEXEC);
+    char name[40]; /* names the node GPU, so an importer in another process knows where the memory is */
+    snprintf(name, sizeof name, host ? "memslice-sim-vmm" : "memslice-sim-vmm-g%d", sim_phys(dev));
+    int fd = memfd_create(name, MFD_CLOEXEC);
     struct sim_phys *p = calloc(1, sizeof *p);
     struct stat st;
     if (fd < 0 || !p || ftruncate(fd, (off_t)size) < 0 || fstat(fd, &st) < 0) {
@@ -139,6 +143,20 @@ static struct sim_phys *phys_by_ino(ino_t ino) {
     return NULL;
 }
 
+/* The device ordinal of the GPU an exported descriptor's memory is on (its memfd's name says the node GPU),
+ * else the current context's. */
+static int exporter_device(int fd) {
+    char path[64], target[96];
+    int g;
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(path, target, sizeof target - 1);
+    if (n > 0) {
+        target[n] = 0;
+        if (sscanf(target, "/memfd:memslice-sim-vmm-g%d", &g) == 1 && sim_ordinal(g) >= 0) return sim_ordinal(g);
+    }
+    return t_ctx ? t_ctx->dev : 0;
+}
+
 /* Import a descriptor from cuMemExportToShareableHandle: a new handle to the same memory (this process's
  * own, or another's, then charged here since its pages now live through this process). */
 API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os, CUmemAllocationHandleType type) {
@@ -158,7 +176,7 @@ API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, voi
         *h = (CUmemGenericAllocationHandle)(uintptr_t)v;
         return CUDA_SUCCESS;
     }
-    int dev = t_ctx ? t_ctx->dev : 0;
+    int dev = exporter_device(fd);
     if (sim_charge(S(), dev, (uint64_t)st.st_size, 0) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     p = calloc(1, sizeof *p);
     int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
@@ -274,6 +292,8 @@ API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc 
     if (!desc || count == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
     int prot = PROT_NONE;
     for (size_t i = 0; i < count; i++) {
+        if (desc[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE && !valid_dev(desc[i].location.id))
+            return CUDA_ERROR_INVALID_DEVICE; /* a GPU this process does not see */
         if (desc[i].flags & 1) prot |= PROT_READ;
         if (desc[i].flags & 2) prot |= PROT_WRITE;
     }

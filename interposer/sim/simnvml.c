@@ -245,17 +245,7 @@ API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned i
     return processes(d, c, p, 0);
 }
 
-API nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t d, unsigned int link,
-                                                      nvmlIntNvLinkDeviceType_t *type) {
-    DEV_OR_FAIL(d, x);
-    (void)x; (void)link; (void)type;
-    return NVML_ERROR_NOT_SUPPORTED;
-}
-API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t d, unsigned int link, nvmlPciInfo_t *p) {
-    DEV_OR_FAIL(d, x);
-    (void)x; (void)link; (void)p;
-    return NVML_ERROR_NOT_SUPPORTED;
-}
+/* NVLink, PCIe topology and affinity: simnvml_topo.c */
 
 /* ---- events -------------------------------------------------------------------------------------- */
 static const uint64_t SUPPORTED = nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError |

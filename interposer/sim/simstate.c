@@ -36,10 +36,20 @@ static long reserved_mib(uint64_t total, char *err, size_t errlen) {
     return (long)(b >> 20);
 }
 
-/* Parse "SIZE[:NUMA][:mig],..." — e.g. "16GiB,24GiB:1,80GiB:0:mig". SIZE is what CUDA reports (the
- * allocatable memory); NVML's total adds the reserved memory. */
+/* Parse "SIZE[:NUMA][:mig],...[;nvlink=..][;pcie=..]" — e.g. "16GiB,24GiB:1,80GiB:0:mig". SIZE is what CUDA
+ * reports (the allocatable memory); NVML's total adds the reserved memory; the options after ';' are the
+ * topology (simtopo.c). */
 int sim_parse_gpus(const char *spec, struct sim_node *node, char *err, size_t errlen) {
-    const char *p = spec;
+    char list[sizeof node->config];
+    if (strlen(spec) >= sizeof node->config) {
+        snprintf(err, errlen, "MEMSLICE_SIM_GPUS is longer than %zu characters; describe fewer GPUs",
+                 sizeof node->config - 1);
+        return -1;
+    }
+    snprintf(list, sizeof list, "%s", spec);
+    char *opts = strchr(list, ';');
+    if (opts) *opts++ = 0;
+    const char *p = list;
     unsigned n = 0;
     while (*p) {
         const char *comma = strchr(p, ',');
@@ -87,11 +97,11 @@ int sim_parse_gpus(const char *spec, struct sim_node *node, char *err, size_t er
     if (n == 0) goto bad;
     node->ngpus = n;
     snprintf(node->config, sizeof node->config, "%s", spec);
-    return 0;
+    return sim_parse_topo(opts, spec, node, err, errlen);
 bad:
     snprintf(err, errlen,
              "MEMSLICE_SIM_GPUS=%s is not valid; use a comma list of SIZE[:NUMA][:mig], e.g. 16GiB,24GiB:1 "
-             "(SIZE: " MS_SIZE_HELP ")", spec);
+             "(SIZE: " MS_SIZE_HELP "), optionally followed by ;nvlink=0-1,2-3;pcie=0-1", spec);
     return -1;
 }
 
@@ -116,7 +126,7 @@ static int valid_node(const struct sim_node *n) {
             x->reserved_mib > (x->total >> 20))
             return 0;
     }
-    return 1;
+    return sim_topo_valid(n);
 }
 
 /* pread exactly n bytes at off (a short file or an error is a failure). */
@@ -128,6 +138,21 @@ static int pread_full(int fd, void *buf, size_t n, off_t off) {
         if (r <= 0) return -1;
         got += (size_t)r;
     }
+    return 0;
+}
+
+/* Read a node description: a file written before the topology part existed (shorter by it) reads as one
+ * without topology. 0, or -1 if the file is shorter still or unreadable. */
+static int read_node(int fd, struct sim_node *n) {
+    size_t got = 0, want = sizeof *n;
+    while (got < want) {
+        ssize_t r = pread(fd, (char *)n + got, want - got, (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    if (got < offsetof(struct sim_node, topo)) return -1;
+    if (got < want) memset(&n->topo, 0, sizeof n->topo);
     return 0;
 }
 
@@ -181,7 +206,7 @@ static int open_node(struct sim *s, const char *path, const char *spec) {
         return -1;
     }
     uint32_t magic = 0;
-    if (pread_full(fd, &s->node_copy, sizeof s->node_copy, 0) < 0 || !valid_node(&s->node_copy)) {
+    if (read_node(fd, &s->node_copy) < 0 || !valid_node(&s->node_copy)) {
         pread_full(fd, &magic, sizeof magic, 0);
         snprintf(s->error, sizeof s->error,
                  magic == OLD_FORMAT_MAGIC
@@ -200,7 +225,7 @@ static int open_node(struct sim *s, const char *path, const char *spec) {
 /* Events are appended by the agent (or `memslice sim xid`) to the node file: re-read the ring from it. */
 void sim_refresh_events(struct sim *s) {
     struct sim_node fresh;
-    if (pread_full(s->node_fd, &fresh, sizeof fresh, 0) < 0 || !valid_node(&fresh) ||
+    if (read_node(s->node_fd, &fresh) < 0 || !valid_node(&fresh) ||
         fresh.ngpus != s->node->ngpus)
         return;
     for (int i = 0; i < SIM_MAX_EVENTS; i++) {
@@ -241,7 +266,7 @@ int sim_inject_xid(struct sim *s, unsigned int gpu, uint64_t xid) {
     int rc = -1;
     struct sim_node n;
     if (lock_bounded(fd, 0) == 0) {
-        if (pread_full(fd, &n, sizeof n, 0) == 0 && valid_node(&n)) {
+        if (read_node(fd, &n) == 0 && valid_node(&n)) {
             uint64_t seq = n.event_seq + 1;
             struct sim_event e = {seq, gpu, 0, nvmlEventTypeXidCriticalError, xid};
             off_t slot = (off_t)offsetof(struct sim_node, events) + (off_t)((seq % SIM_MAX_EVENTS) * sizeof e);

@@ -44,6 +44,17 @@ struct sim_event {
 };
 
 #define SIM_NODE_MAGIC 0x53494d32u /* "SIM2": the description-only node file */
+#define SIM_TOPO_MAGIC 0x544f5031u /* "TOP1": the topology part is present */
+
+/* How the GPUs are connected (MEMSLICE_SIM_GPUS `;nvlink=` and `;pcie=`, simtopo.c). Appended to the node file
+ * after the event ring, so a file written before it existed reads as "no topology" (magic 0): every GPU on its
+ * own PCIe switch, no NVLink. */
+struct sim_topo {
+    uint32_t magic;
+    uint32_t pad;
+    uint16_t nvlink[SIM_MAX_GPUS]; /* bit j of nvlink[i]: GPUs i and j are linked (symmetric, never i itself) */
+    uint8_t pcie[SIM_MAX_GPUS];    /* PCIe switch group + 1 (0: a switch of its own) */
+};
 
 struct sim_node {
     uint32_t magic;
@@ -52,6 +63,7 @@ struct sim_node {
     struct sim_gpu gpu[SIM_MAX_GPUS];
     uint64_t event_seq;    /* events ever written */
     struct sim_event events[SIM_MAX_EVENTS];
+    struct sim_topo topo;  /* last: see struct sim_topo */
 };
 
 struct sim {
@@ -72,6 +84,18 @@ struct sim *sim_get(void);
 const char *sim_error(void);
 /* Parse a MEMSLICE_SIM_GPUS value into node (used at creation). 0 or -1 with a message. */
 int sim_parse_gpus(const char *spec, struct sim_node *node, char *err, size_t errlen);
+/* simtopo.c: parse the `;key=groups` options after the GPU list into node->topo (0, or -1 with a message), and
+ * what the topology answers. GPU indices are the node's (NVML's), not CUDA ordinals. */
+int sim_parse_topo(const char *opts, const char *spec, struct sim_node *node, char *err, size_t errlen);
+int sim_topo_valid(const struct sim_node *node);
+int sim_nvlinked(const struct sim_node *node, unsigned a, unsigned b);
+/* nvmlGpuTopologyLevel_t of the path between a and b: 0 (the same GPU), 10 (one PCIe switch), 40 (the same NUMA
+ * node), 50 (across NUMA nodes). */
+int sim_topo_level(const struct sim_node *node, unsigned a, unsigned b);
+/* Whether a may access b's memory directly (cuDeviceCanAccessPeer): NVLink, or PCIe within a NUMA node. */
+int sim_p2p(const struct sim_node *node, unsigned a, unsigned b);
+/* The GPU at the far end of GPU g's NVLink `link` (links numbered by peer index), or -1. */
+int sim_nvlink_peer(const struct sim_node *node, unsigned g, unsigned link);
 /* Charge/uncharge physical memory to this process on GPU g. */
 int sim_charge(struct sim *s, int g, uint64_t n, int host);
 void sim_uncharge(struct sim *s, int g, uint64_t n, int host);

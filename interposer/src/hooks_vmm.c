@@ -4,15 +4,16 @@
 #include <stdlib.h>
 
 #include "place.h"
+#include "hooks_peer.h"
 
 
 /* ---- virtual memory management ----------------------------------------------------------------------
  * cuMemCreate with a device location is charged; the charge is released when the handle has been
  * released AND every mapping of it unmapped, which is when the driver frees the memory.
  * A handle imported with cuMemImportFromShareableHandle keeps the memory alive too, even after the handle
- * it was exported from is released (in this process or another): it is charged to the importer by what its
- * mappings cover (no call tells its size before it is mapped), from its first mapping until it is released
- * and unmapped. While the original handle of the same process also lives, the memory is charged twice: an
+ * it was exported from is released (in this process or another): it is charged to the importer, on the GPU the
+ * memory is on (hooks_peer.c), by what its mappings cover (no call tells its size before it is mapped), from
+ * its first mapping until it is released and unmapped. While the original handle of the same process also lives, the memory is charged twice: an
  * over-charge for that time, never an under-charge. */
 struct vmm_rec { uint64_t handle, size; int dev; int maps; int released; int host; int imported; };
 static pthread_mutex_t g_vmm_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -72,7 +73,7 @@ HOOK CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle h) {
     return rc;
 }
 
-/* An imported handle: charged (on the current context's GPU) by what its mappings cover, once it is mapped. */
+/* An imported handle: charged (on its memory's GPU) by what its mappings cover, once it is mapped. */
 HOOK CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os,
                                                      CUmemAllocationHandleType type) {
     PROLOGUE();
@@ -87,6 +88,7 @@ HOOK CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandl
         free(v);
         return rc;
     }
+    dev = peer_handle_dev(*h, dev);
     *v = (struct vmm_rec){.handle = *h, .dev = dev, .imported = 1};
     track(*h, 0, dev, A_VMM_HANDLE, (uint64_t)(uintptr_t)v);
     return rc;

@@ -32,6 +32,13 @@ examples:
   memslice run --gpu-mem 12GiB --gpu-mem-request 2GiB -- jupyter lab   # elastic: 2 GiB guaranteed
   memslice run --gpu-mem 4GiB --gpu-compute 30 -- python serve.py       # 30% of the GPU under contention
   memslice run --gpu-mem 4GiB --gpu-compute 20:40 -- python train.py    # 20% guaranteed, never over 40%
+  memslice run --gpus 2 --gpu-mem 8GiB -- python serve.py --tp 2       # GPUs 0 and 1, 8 GiB on each
+  memslice run --gpus 0,2 --gpu-mem 8GiB --simulate-gpu '16GiB,16GiB,16GiB;nvlink=0-2' -- python p2p.py
+
+Several GPUs (--gpus N for the first N, or a list of indices such as 0,2, or all): CMD sees those GPUs
+(CUDA_VISIBLE_DEVICES, in that order; CUDA_DEVICE_ORDER=PCI_BUS_ID so indices are nvidia-smi's) and the quota
+holds on each of them apart: --gpus 2 --gpu-mem 8GiB is 8 GiB on each GPU. Without --gpus CMD sees the GPUs
+its environment shows it, each under the quota.
 
 All processes started by CMD share one quota (one region directory). Going over it makes the CUDA
 allocation fail with CUDA_ERROR_OUT_OF_MEMORY and prints one line on stderr; with --oversubscribe the
@@ -75,8 +82,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="compute share in percent of one GPU: REQUEST (0-100) is guaranteed under contention and "
                         "weighs the sharing of the rest; LIMIT (1-100, at least REQUEST) is a cap that holds even on "
                         "an idle GPU; e.g. 30 or 20:40")
+    p.add_argument("--gpus", metavar="N|I,J..|all",
+                   help="give CMD several GPUs, each under the quota: N (the first N), a list of indices (0,2; "
+                        "device=1 for one), or all")
     p.add_argument("--simulate-gpu", metavar="SIZE[,SIZE..]",
-                   help="use the simulated GPU instead of a real driver, e.g. 16GiB or 16GiB,24GiB")
+                   help="use the simulated GPU instead of a real driver, e.g. 16GiB or 16GiB,24GiB (topology: "
+                        "'80GiB,80GiB;nvlink=0-1')")
     p.add_argument("--oversubscribe", nargs="?", const="", metavar="SIZE",
                    help="serve allocations past the quota from host memory (at most SIZE of it; 0: none)")
     p.add_argument("--region-dir", metavar="DIR",
@@ -107,6 +118,11 @@ def build_env(args: argparse.Namespace, region_dir: str) -> dict[str, str]:
         env = sim_env(args.simulate_gpu, base=env)
     env["MEMSLICE_GPU_MEM_LIMIT"] = args.gpu_mem.strip()
     env["MEMSLICE_REGION_DIR"] = region_dir
+    chosen = chosen_gpus(args)
+    if chosen is not None:
+        # indices as NVML (nvidia-smi) numbers the GPUs: CUDA numbers them the same in PCI order
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in chosen)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if args.verbose:
         env.setdefault("MEMSLICE_LOG", "info")
     for key in ("MEMSLICE_GPU_MEM_REQUEST", "MEMSLICE_ELASTIC_DIR", "MEMSLICE_IDLE_AFTER",
@@ -183,7 +199,9 @@ def checked_size(option: str, value: str, *, allow_zero: bool = False) -> int:
 def gpu_sizes(simulate: str | None) -> tuple[list[int], str]:
     """The GPUs a quota is for: the simulated ones, else what NVML reports (none if it cannot be read)."""
     if simulate:
-        return [parse_size(item.split(":")[0]) for item in simulate.split(",")], "the simulated GPU"
+        from .simulator import gpu_list
+
+        return [parse_size(item.split(":")[0]) for item in gpu_list(simulate)], "the simulated GPU"
     try:
         import pynvml
 
@@ -198,12 +216,54 @@ def gpu_sizes(simulate: str | None) -> tuple[list[int], str]:
         return [], ""
 
 
-def quota_bound_message(option: str, text: str, value: int, simulate: str | None) -> str | None:
+GPUS_FORMS = "a number of GPUs (2), a list of indices (0,2, or device=1 for one), or all"
+
+
+def choose_gpus(text: str, count: int | None) -> list[int]:
+    """--gpus's value: the node GPU indices CMD gets, in order. ValueError naming the value and the fix: more GPUs
+    than the machine has, an index it does not have, one twice, or anything else."""
+    value = text.strip()
+    if count is None:
+        raise ValueError(f"--gpus {text}: cannot count this machine's GPUs (NVML cannot be read); check the NVIDIA "
+                         "driver, or add --simulate-gpu to try it without a GPU")
+    if value == "all":
+        return list(range(count))
+    if value.isdigit() and len(value) <= 4:
+        n = int(value)
+        if n == 0:
+            raise ValueError(f"--gpus {text}: give at least one GPU ({GPUS_FORMS})")
+        if n > count:
+            raise ValueError(f"--gpus {text}: this machine has {count} GPU{'s' if count != 1 else ''}; give at "
+                             f"most --gpus {count} (or --gpus all)")
+        return list(range(n))
+    items = value.removeprefix("device=").split(",")
+    if not all(i.strip().isdigit() and len(i.strip()) <= 4 for i in items) or (
+            len(items) < 2 and not value.startswith("device=")):
+        raise ValueError(f"--gpus {text} is not valid; give {GPUS_FORMS}")
+    chosen = [int(i) for i in items]
+    for i in chosen:
+        if i >= count:
+            raise ValueError(f"--gpus {text}: there is no GPU {i}, this machine has {count} (indices 0-{count - 1}); "
+                             "give indices it has")
+    if len(set(chosen)) != len(chosen):
+        raise ValueError(f"--gpus {text} names a GPU twice; name each GPU once")
+    return chosen
+
+
+def quota_bound_message(option: str, text: str, value: int, simulate: str | None,
+                        chosen: list[int] | None = None) -> str | None:
     """A quota no GPU can give (a typo, or more than the GPU has): the message naming it and the fix."""
     if value > MAX_GPU_MEM:
         return (f"{option} {text} is larger than any GPU ({format_bytes(MAX_GPU_MEM)}); the quota is per GPU, "
                 "e.g. --gpu-mem 4GiB")
     sizes, what = gpu_sizes(simulate)
+    if chosen is not None and sizes:
+        # the quota holds on each chosen GPU: it must fit the smallest of them
+        small = min(chosen, key=lambda i: sizes[i])
+        if value > sizes[small]:
+            return (f"{option} {text} is larger than GPU {small} ({format_bytes(sizes[small])}) of --gpus: the "
+                    f"quota is per GPU, so give at most {format_bytes(sizes[small])}, or other GPUs")
+        return None
     if simulate and sizes and value > min(sizes):
         # every simulated GPU is visible to the command, and the quota holds on each: it must fit the smallest
         small = sizes.index(min(sizes))
@@ -234,6 +294,14 @@ def driver_paths(simulate: bool) -> dict[str, str]:
     return own_mapped_libraries()
 
 
+def chosen_gpus(args: argparse.Namespace) -> list[int] | None:
+    """The node GPUs --gpus names (None without --gpus), checked against the machine's (or simulated) GPUs."""
+    if getattr(args, "gpus", None) is None:
+        return None
+    sizes, _ = gpu_sizes(args.simulate_gpu)
+    return choose_gpus(args.gpus, len(sizes) if sizes or args.simulate_gpu else None)
+
+
 def limits_for(args: argparse.Namespace, environ: dict[str, str]) -> Limits:
     """The limits file's content for these arguments (sizes already validated)."""
     reserve = environ.get("MEMSLICE_CONTEXT_RESERVE")
@@ -245,7 +313,8 @@ def limits_for(args: argparse.Namespace, environ: dict[str, str]) -> Limits:
         from .simulator import validate_gpus
 
         validate_gpus(args.simulate_gpu)
-    bound = quota_bound_message("--gpu-mem", args.gpu_mem, limit, args.simulate_gpu)
+    chosen = chosen_gpus(args)
+    bound = quota_bound_message("--gpu-mem", args.gpu_mem, limit, args.simulate_gpu, chosen)
     if bound:
         raise ValueError(bound)
     request = checked_size("--gpu-mem-request", args.gpu_mem_request) if args.gpu_mem_request else None

@@ -1,4 +1,4 @@
-"""`memslice sim`: controls of the simulated GPU (inject an Xid, show physical usage)."""
+"""`memslice sim`: controls of the simulated GPU (inject an Xid, show physical usage and topology)."""
 
 from __future__ import annotations
 
@@ -27,12 +27,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     s.add_argument("--state", help=STATE_HELP)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=status)
+    t = ss.add_parser("topo", help="how the simulated GPUs are connected (as nvidia-smi topo -m shows it)")
+    t.add_argument("--state", help=STATE_HELP)
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(func=topo)
 
 
 STATE_HELP = "state file (default: $MEMSLICE_SIM_STATE, else this user's only simulated node)"
 SUBCOMMANDS_TEXT = """subcommands:
   xid     inject an Xid critical-error event on a simulated GPU: memslice sim xid --gpu 0 --xid 79
-  status  physical usage of the simulated node: memslice sim status"""
+  status  physical usage of the simulated node: memslice sim status
+  topo    how its GPUs are connected (MEMSLICE_SIM_GPUS ;nvlink= ;pcie=): memslice sim topo"""
 MAX_XID = 1 << 16  # Xid numbers in use are below 200; a larger one is a typo
 
 
@@ -117,4 +122,22 @@ def status(args: argparse.Namespace) -> int:
         print(json.dumps(snapshot_json(snap), indent=2))
     else:
         print(render([snap], title="simulated node (physical usage)"))
+    return 0
+
+
+def topo(args: argparse.Namespace) -> int:
+    from .simulator import read_topology, render_topology
+
+    state = _state(args)
+    if not state:
+        return 2
+    if not os.path.isfile(state):
+        print(f"memslice sim: {state} does not exist (no simulated process has run with it yet)", file=sys.stderr)
+        return 2
+    try:
+        got = read_topology(state)
+    except (ValueError, OSError) as exc:
+        print(f"memslice sim: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(got) if args.json else render_topology(got))
     return 0
