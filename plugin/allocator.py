@@ -45,7 +45,7 @@ class PodInfo:
     name: str
     phase: str
     annotations: Mapping[str, str]
-    priority: int = 0  # spec.priority (the PriorityClass value admission resolved): elastic memory, issue 26
+    priority: int = 0  # spec.priority (the PriorityClass value admission resolved): elastic memory
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class Reservation:
     assumed_at: datetime | None  # None: the annotation is absent (sorted as the oldest)
     limits: tuple[tuple[str, int], ...] = ()  # elastic memory: container -> limit MiB (above its request)
     spill: int | None = None  # oversubscription of the pod's containers (contract.parse_oversubscribe)
-    priority: int = 0  # elastic memory: the pod's PriorityClass value (issue 26)
+    priority: int = 0  # elastic memory: the pod's PriorityClass value
     idle_release: bool = False  # elastic memory: idle, the request may move too (contract.ANN_IDLE_RELEASE)
     compute: tuple[contract.ComputeShare, ...] = ()  # compute shares by container (contract.ANN_GPU_COMPUTE)
 

@@ -4,11 +4,11 @@
  * measured around the call (measure.c), MEMSLICE_CONTEXT_RESERVE only when nothing can be read.
  * The expected cost is charged BEFORE the driver call (the last measured context of the GPU, else the
  * reserve, else what is left of the quota), so that threads allocating meanwhile cannot take the room the
- * new context is about to occupy: physical memory never passes the quota, even for a moment (issue 35
- * item 7). After the call the charge is reconciled with the measurement. A context whose known cost does
- * not fit is refused before the driver makes it; one that turns out larger than what was held and does not
- * fit is destroyed again; both answer CUDA_ERROR_OUT_OF_MEMORY. The charge comes back when the context is
- * destroyed (the primary: released for the last time). */
+ * new context is about to occupy: physical memory never passes the quota, even for a moment. After the call
+ * the charge is reconciled with the measurement. A context whose known cost does not fit is refused before
+ * the driver makes it; one that turns out larger than what was held and does not fit is destroyed again;
+ * both answer CUDA_ERROR_OUT_OF_MEMORY. The charge comes back when the context is destroyed (the primary:
+ * released for the last time). */
 #define _GNU_SOURCE
 #include <string.h>
 

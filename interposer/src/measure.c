@@ -122,7 +122,7 @@ void measure_begin(struct measure *m, int dev, CUdevice ord) {
             break;
         }
     if (m->how != M_NVML_PROCESS) return;
-    /* NVML's process figure is checked against the driver's free memory (issue 35 item 2): the driver's own
+    /* NVML's process figure is checked against the driver's free memory: the driver's own
      * (cuMemGetInfo) where a context of the GPU is current, else NVML's */
     for (int how = M_CUDA_FREE; how >= M_NVML_FREE; how--)
         if (reading(m, how, &m->free_before) == 0) {

@@ -115,7 +115,7 @@ CUresult spill_alloc_managed(CUdeviceptr *dptr, uint64_t n, unsigned int flags, 
                              const char *call);
 CUresult spill_vmm(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
                    unsigned long long flags, int dev, const char *call);
-/* Host memory headroom (spill.c; issue 26): whether n more bytes of pinned host memory fit this process's
+/* Host memory headroom (spill.c): whether n more bytes of pinned host memory fit this process's
  * memory cgroup (keeping its margin) and the host's MemAvailable (keeping a slack). */
 enum { HOST_ROOM_OK = 0, HOST_ROOM_CGROUP = 1, HOST_ROOM_HOST = 2 };
 struct host_verdict {
@@ -164,7 +164,7 @@ void elastic_gate_exit(void);
 static inline void work_enter(void) { if (UNLIKELY(g_elastic)) elastic_gate_slow(); }
 static inline void work_exit(void) { if (UNLIKELY(g_elastic)) elastic_gate_exit(); }
 
-/* compute*.c (the compute share, issue 33; docs/architecture.md "Compute share"): launches wait (bounded) while
+/* compute*.c (the compute share; docs/architecture.md "Compute share"): launches wait (bounded) while
  * the container is over its limit or owes its neighbours GPU time, and are measured with events. Free on the hot
  * path when no share is set. */
 extern int g_compute;                        /* 1 when a compute share is set */
