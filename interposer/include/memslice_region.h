@@ -6,7 +6,7 @@
  *
  * Concurrency, in short (region.c and region_charge.c have the details):
  *  - dev[i].used / dev[i].host_used are the only shared hot words. A charge is one CAS that checks the
- *    limit (reserve before allocating, roll back if the driver fails): never check-then-charge.
+ *    limit (charge before allocating, give back if the driver fails): never check-then-charge.
  *  - Each process owns one slot and records what it charged there; a slot's owner holds an fcntl lock on
  *    byte MS_LOCK_BASE + slot for its whole life, so a dead process (even kill -9) is recognised by its
  *    released lock, whatever PID namespace the observer is in.
@@ -23,8 +23,8 @@
  * kind; later, every index read from it is clamped), and a file that is not exactly the expected size is
  * never re-initialised while a process of the container holds a slot (that would start a second region
  * and double the quota). A file truncated under the live processes' mappings (their next access would
- * raise SIGBUS) is caught by the region's SIGBUS guard (region_guard.c): that process's mapping is replaced by a private one
- * whose totals refuse every charge (fail closed), and it lives on. */
+ * raise SIGBUS) is caught by the region's SIGBUS guard (region_guard.c): that process's mapping is replaced
+ * by a private one whose totals refuse every charge (fail closed), and it lives on. */
 #ifndef MEMSLICE_REGION_H
 #define MEMSLICE_REGION_H
 

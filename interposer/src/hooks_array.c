@@ -18,7 +18,7 @@ static uint64_t mipmap_need(CUmipmappedArray m, CUdevice ord, uint64_t est) {
     return req && req(&q, m, ord) == CUDA_SUCCESS && q.size ? q.size : est;
 }
 
-/* Correct the reservation `est` to what the driver allocated, and remember the handle. */
+/* Correct the charge `est` to what the driver allocated, and remember the handle. */
 static void settle(int dev, uint64_t est, uint64_t actual, uint64_t key) {
     quota_settle(dev, est, actual);
     track(key, actual, dev, A_ARRAY, 0);

@@ -59,7 +59,7 @@ HOOK CUresult CUDAAPI cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int n) {
 }
 
 /* Pitched allocations are charged what the driver actually allocates: rows of `pitch` bytes. The
- * reservation assumes 512-byte row alignment and is corrected once the driver reports the pitch.
+ * charge assumes 512-byte row alignment and is corrected once the driver reports the pitch.
  * `alloc` performs the real call (v2 or the legacy 32-bit v1) and reports address and pitch as 64-bit. */
 typedef CUresult (*pitch_call)(void *args, uint64_t *ptr, uint64_t *pitch);
 

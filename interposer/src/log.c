@@ -3,7 +3,6 @@
 #define _GNU_SOURCE
 #include <stdarg.h>
 #include <stdio.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "shim.h"

@@ -132,7 +132,10 @@ void quota_refuse(int dev, uint64_t n, const char *call) {
  * (`why_not`) or the cap's, is counted on the host counter's refusals. */
 int quota_charge_host(int dev, uint64_t n, const char *call, const char *why_not) {
     uint64_t cap = g_cfg.spill_limit; /* UINT64_MAX >> 2 when no cap is set */
-    if (!why_not && have_slot() == 0 && region_charge(&g_region, dev, n, cap, 1) == 0) return 0;
+    if (!why_not) {
+        if (have_slot() < 0) return -1; /* no slot: nothing can be charged, nothing to count it on */
+        if (region_charge(&g_region, dev, n, cap, 1) == 0) return 0;
+    }
     count_refusal(dev, 1);
     if (why_not) {
         shim_log(LOG_ERROR, "memslice: %s: %s", call, why_not);

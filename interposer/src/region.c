@@ -14,8 +14,8 @@
  * The parts: region.c opens, creates and validates a region file (and holds the byte locks); region_guard.c
  * survives the file's truncation under a live mapping; region_slots.c is the process table (claiming,
  * releasing, identity, liveness; the device table; libmemslice-region.so's exports); region_charge.c the
- * hot path (charge, uncharge); region_sweep.c reclaims dead processes (sweeps and recounts). region_int.h holds
- * what they share. */
+ * hot path (charge, uncharge); region_sweep.c reclaims dead processes (sweeps and recounts). region_int.h
+ * holds what they share. The shim charges only through its door, quota.c. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>

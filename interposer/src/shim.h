@@ -90,7 +90,8 @@ void *real_dlsym_call(void *handle, const char *name);
 #define REAL(name) ({ static __typeof__(&name) fp_; if (UNLIKELY(!fp_)) fp_ = (__typeof__(&name))real_cuda(#name); fp_; })
 #define REAL_NVML(name) ({ static __typeof__(&name) fp_; if (UNLIKELY(!fp_)) fp_ = (__typeof__(&name))real_nvml(#name); fp_; })
 
-/* accounting.c */
+/* Charging the quota, HBM and host: quota.h, the one door (included above).
+ * accounting.c: the region opened, GPUs by UUID, and the table of what this process allocated. */
 void accounting_open(void);                  /* start-up: the region and this process's slot (or fail closed) */
 void accounting_at_exit(void);               /* atexit: this process's charges go back */
 void accounting_after_fork(void);            /* a forked child claims a slot of its own */
