@@ -24,7 +24,7 @@ region with this module; the agent and `memslice top` never use CUDA.
 stops counting at once, even before the shim of a later allocation reclaims its charge from the shared
 totals (those totals, dead charges included, are kept as `charged_bytes`).
 
-Consistency (issue 25 item 9): the slots change while they are copied, and a process between the two steps
+Consistency: the slots change while they are copied, and a process between the two steps
 of a charge or an uncharge (the total moved, its slot not yet: op_active > 0) makes the slots' sum disagree
 with the total; a sum taken then showed more than the quota (4,108 MiB of 4,096 in one of ~8,500 samples
 under churn). So the slots are copied twice, and a copy counts only when both agree and no live slot is

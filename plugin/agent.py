@@ -137,7 +137,7 @@ class NodeAgent:
         else:
             self.state.ledger.update(self.regions.load())
             self.reconcile_once()  # recover what the kubelet recorded before serving anything
-            for g in gpus:  # the boards' rosters from the recovered ledger (issue 25)
+            for g in gpus:  # the boards' rosters from the recovered ledger
                 write_roster(cfg.elastic_dir, g.uuid, ledger().values())
             self._start_kubernetes()
         self._xid = XidWatcher(gpus, health, self.nvml.responds, self._health_changed)
@@ -168,7 +168,7 @@ class NodeAgent:
 
         self.registrar = Registrar(cfg.device_plugin_dir, make_server, self.metrics)
         self.registrar.start()
-        # issue 33: memslice.io/gpu-compute, 100 per GPU, on its own socket and registration
+        # memslice.io/gpu-compute, 100 per GPU, on its own socket and registration
         self.compute_registrar = Registrar(cfg.device_plugin_dir, make_compute_server, self.metrics,
                                            socket_name=COMPUTE_SOCKET, resource=RESOURCE_COMPUTE, preferred=False,
                                            counted=False)
@@ -207,7 +207,7 @@ class NodeAgent:
         log.info("installed the shim at %s", target)
 
     def _driver_libs(self, simulate: bool) -> tuple[tuple[str, str], ...]:
-        """The node's driver libraries for containers (issue 35 item 2): the limits files name them (nvml_path,
+        """The node's driver libraries for containers: the limits files name them (nvml_path,
         cuda_path), so a shim loads and measures with these, never a tenant's copy. Simulated: the mounted
         simulated driver. Else the files this agent loaded, mounted read-only under CONTAINER_DRIVER_DIR."""
         from memslice.limits import DRIVER_SONAMES
@@ -280,7 +280,7 @@ class NodeAgent:
                                f"--node-name or set NODE_NAME (downward API fieldRef spec.nodeName)")
         log.info("Kubernetes API: %s; node %s; DRA driver memslice.io", how, self.cfg.node_name)
         self.api = api
-        if self.elastic is not None:  # Events on elastic claims whose memory is swapped out or back (issue 36.6)
+        if self.elastic is not None:  # Events on elastic claims whose memory is swapped out or back
             self.swap_events = SwapEvents(api, self.cfg.node_name, self.elastic.poll, self.cfg.swap_event_interval_s)
             self.swap_events.start()
 
@@ -384,7 +384,7 @@ class NodeAgent:
                      a.gpu_index, a.owner(), a.region_id)
         for a in result.removed:
             self.regions.remove(a.region_id)
-            if a.compute_slot >= 0:  # issue 33: the slot goes back, and the roster no longer counts it
+            if a.compute_slot >= 0:  # the slot goes back, and the roster no longer counts it
                 try:
                     release_compute(self.cfg.compute_dir, a.gpu_uuid, a.compute_slot)
                 except (OSError, ComputeShareError) as exc:

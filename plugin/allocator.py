@@ -45,11 +45,11 @@ class PodInfo:
     name: str
     phase: str
     annotations: Mapping[str, str]
-    priority: int = 0  # spec.priority (the PriorityClass value admission resolved): elastic memory, issue 26
+    priority: int = 0  # spec.priority (the PriorityClass value admission resolved): elastic memory
 
 
 @dataclass(frozen=True)
-class Reservation:
+class ReservedPod:
     """The extender's decision for a pod (memslice.contract.Reservation) and the pod it is for."""
 
     pod_uid: str
@@ -60,7 +60,7 @@ class Reservation:
     assumed_at: datetime | None  # None: the annotation is absent (sorted as the oldest)
     limits: tuple[tuple[str, int], ...] = ()  # elastic memory: container -> limit MiB (above its request)
     spill: int | None = None  # oversubscription of the pod's containers (contract.parse_oversubscribe)
-    priority: int = 0  # elastic memory: the pod's PriorityClass value (issue 26)
+    priority: int = 0  # elastic memory: the pod's PriorityClass value
     idle_release: bool = False  # elastic memory: idle, the request may move too (contract.ANN_IDLE_RELEASE)
     compute: tuple[contract.ComputeShare, ...] = ()  # compute shares by container (contract.ANN_GPU_COMPUTE)
 
@@ -77,7 +77,7 @@ class Reservation:
 _NEVER = datetime.min.replace(tzinfo=UTC)
 
 
-def parse_reservation(pod: PodInfo) -> Reservation | None:
+def parse_reservation(pod: PodInfo) -> ReservedPod | None:
     """The pod's reservation, None when it has none; errors.ContractError naming the bad annotation."""
     r = contract.Reservation.parse(pod.annotations, f"pod {pod.namespace}/{pod.name}")
     if r is None:
@@ -92,7 +92,7 @@ def parse_reservation(pod: PodInfo) -> Reservation | None:
         raise errors.ContractError(f"{where}: {exc}") from None
     spill = contract.parse_oversubscribe(pod.annotations, where)
     release = contract.parse_idle_release(pod.annotations, where)
-    return Reservation(pod_uid=pod.uid, namespace=pod.namespace, name=pod.name, gpu_uuid=r.gpu_uuid,
+    return ReservedPod(pod_uid=pod.uid, namespace=pod.namespace, name=pod.name, gpu_uuid=r.gpu_uuid,
                        containers=r.container_mib, assumed_at=r.assumed_at, limits=tuple(sorted(limits.items())),
                        spill=spill, priority=pod.priority, idle_release=release, compute=r.container_compute)
 
@@ -112,7 +112,7 @@ def group_by_gpu(ids: Iterable[str]) -> dict[int, list[int]]:
 class Preference:
     device_ids: tuple[str, ...]
     gpu_index: int | None
-    reservation: Reservation | None
+    reservation: ReservedPod | None
     container: str | None
     reason: str
 
@@ -163,8 +163,8 @@ def _extend(chosen: list[str], gpu: int, size: int, numbers: Iterable[int]) -> N
             taken.add(did)
 
 
-def match_reservation(reservations: Sequence[Reservation], size: int, unit_mib: int,
-                      taken: set[tuple[str, str]]) -> tuple[Reservation, str] | None:
+def match_reservation(reservations: Sequence[ReservedPod], size: int, unit_mib: int,
+                      taken: set[tuple[str, str]]) -> tuple[ReservedPod, str] | None:
     """The oldest reservation with a container not yet allocated that asks for exactly `size` units."""
     for r in sorted(reservations, key=lambda r: (r.assumed_at or _NEVER, r.namespace, r.name)):
         for container, mib in r.containers:
@@ -174,7 +174,7 @@ def match_reservation(reservations: Sequence[Reservation], size: int, unit_mib: 
 
 
 def choose_preferred(available: Sequence[str], must_include: Sequence[str], size: int, unit_mib: int,
-                     gpus: Mapping[int, GpuInfo], reservations: Sequence[Reservation],
+                     gpus: Mapping[int, GpuInfo], reservations: Sequence[ReservedPod],
                      taken: set[tuple[str, str]]) -> Preference:
     """All `size` devices from one GPU: the reserved one for the pod being admitted, else the best fit."""
     avail = AvailableIds(available, gpus)

@@ -1,4 +1,4 @@
-"""Per-container compute-share figures (issue 33), read at scrape time from the node's compute directory.
+"""Per-container compute-share figures, read at scrape time from the node's compute directory.
 
 What a container was given (request, limit) is the agent's own ledger; what it achieved, how long it waited at
 its limit (throttled) and for its neighbours (waited) is what its processes publish in their slot file. Those

@@ -66,7 +66,7 @@ def is_device_id(text: str) -> bool:
     return _ID.fullmatch(text) is not None
 
 
-# Compute share (issue 33): `memslice.io/gpu-compute`, one device per percent of one GPU, 100 per GPU, IDs
+# Compute share: `memslice.io/gpu-compute`, one device per percent of one GPU, 100 per GPU, IDs
 # `c<gpu-index>-<n>` (n in 0..99). The kubelet only counts them (a node's total); which GPU a container's
 # share is on is the extender's reservation, as for memory.
 COMPUTE_PER_GPU = 100

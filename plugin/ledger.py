@@ -41,7 +41,7 @@ class Allocation:
     elastic_slot: int = -1  # elastic memory: the board slot the agent assigned (plugin/elastic/slots.py)
     priority: int = 0  # elastic memory: the pod's PriorityClass value
     idle_release: bool = False  # elastic memory: idle, the request may move too
-    compute_request: int = 0  # compute share (issue 33): percent of the GPU's time; 0 = best effort
+    compute_request: int = 0  # compute share: percent of the GPU's time; 0 = best effort
     compute_limit: int = 0  # compute share: the cap in percent; 0 = none
     compute_slot: int = -1  # compute share: the slot provisioned on its GPU (memslice.compute); -1 = none
 

@@ -4,7 +4,7 @@ The per-GPU and per-container figures are computed at scrape time by a custom co
 polling). prometheus_client's own HTTP server serves only metrics, so a small http.server handler adds
 /healthz and /readyz next to /metrics.
 
-The port is reachable from the pod network (issue 25 item 2): it is memslice.lean_http's bounded server
+The port is reachable from the pod network: it is memslice.lean_http's bounded server
 (8 KiB request heads, deadlines on the idle wait, the head and the answer, at most 32 connections and 8 per
 peer, refused with 503 without a thread, a newcomer taking a waiting connection's place), and the page
 is shared by its scrapers (lean_http.RenderCache: each scrape gets a render begun after it arrived, renders

@@ -51,8 +51,8 @@ CONTAINER_SIM_STATE = "/usr/local/memslice/sim/node.state"      # read-only: the
 CONTAINER_SIM_LOCK = "/usr/local/memslice/sim/node.lock"        # read-write: fcntl locks and the compute timelines
 CONTAINER_SIM_PEERS = "/usr/local/memslice/sim/peers"           # read-only: every container's region dir
 SIM_USAGE_NAME = "sim.usage"  # a container's own simulated usage, in its (read-write) region dir
-# The node's driver libraries, mounted read-only here from the files the agent resolved at start (issue 35
-# item 2); the limits file names them (nvml_path, cuda_path) so no tenant's copy answers the shim.
+# The node's driver libraries, mounted read-only here from the files the agent resolved at start; the limits
+# file names them (nvml_path, cuda_path) so no tenant's copy answers the shim.
 CONTAINER_DRIVER_DIR = "/usr/local/memslice/driver"
 
 
@@ -325,7 +325,7 @@ def dir_usage(path: Path, max_entries: int = 1024, max_depth: int = 8) -> DirUsa
 
 
 def compute_keys(alloc: Allocation) -> dict[str, Any]:
-    """The compute-share fields of the container's limits file (issue 33): its share, its GPU's compute
+    """The compute-share fields of the container's limits file: its share, its GPU's compute
     directory as mounted in the container, its slot and priority; none without a provisioned slot."""
     if alloc.compute_slot < 0:
         return {}

@@ -37,7 +37,7 @@ class ResponseConfig:
     elastic_host_dir: Path | None = None  # the node's elastic directory (--elastic-dir)
     idle_after_s: float = 300.0           # --idle-after
     driver_libs: tuple[tuple[str, str], ...] = ()  # (container path, host file): the node's driver, read-only
-    compute_host_dir: Path | None = None  # the node's compute directory (--compute-dir; issue 33)
+    compute_host_dir: Path | None = None  # the node's compute directory (--compute-dir)
 
 
 def container_response(target: Target, region_host_dir: Path, cfg: ResponseConfig, limit_mib: int = 0,
@@ -57,7 +57,7 @@ def container_response(target: Target, region_host_dir: Path, cfg: ResponseConfi
         # node's boards are shared by every elastic container of the node (docs/architecture.md)
         envs.update(MEMSLICE_GPU_MEM_LIMIT=str(limit_mib), MEMSLICE_GPU_MEM_REQUEST=f"{target.mib}MiB",
                     MEMSLICE_ELASTIC_DIR=CONTAINER_ELASTIC_DIR, MEMSLICE_IDLE_AFTER=f"{cfg.idle_after_s:g}")
-        # issues 25, 35.3: the directory (every GPU's board, every slot file, the rosters) read-only, so no
+        # the directory (every GPU's board, every slot file, the rosters) read-only, so no
         # tenant can replace a board or a roster, nor write a neighbour's slot; only this container's own slot
         # file read-write on top of it (none assigned, the board full: it can neither ask nor be asked)
         mounts.append(api_pb2.Mount(container_path=CONTAINER_ELASTIC_DIR, host_path=str(cfg.elastic_host_dir),
@@ -67,7 +67,7 @@ def container_response(target: Target, region_host_dir: Path, cfg: ResponseConfi
             mounts.append(api_pb2.Mount(container_path=f"{CONTAINER_ELASTIC_DIR}/{own}",
                                         host_path=str(cfg.elastic_host_dir / own), read_only=False))
     if compute_slot >= 0 and cfg.compute_host_dir is not None:
-        # issue 33: the GPU's compute directory (roster, every neighbour's slot) read-only, only this
+        # the GPU's compute directory (roster, every neighbour's slot) read-only, only this
         # container's own slot file writable on top of it (a tenant writes only its own slot)
         gpu = f"{CONTAINER_COMPUTE_DIR}/{target.gpu.uuid}"
         host = cfg.compute_host_dir / target.gpu.uuid

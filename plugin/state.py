@@ -13,7 +13,7 @@ from memslice.contract import TERMINAL_PHASES
 from memslice.errors import ContractError
 from memslice.proto import api_pb2
 
-from .allocator import PodInfo, Reservation, parse_reservation
+from .allocator import PodInfo, ReservedPod, parse_reservation
 from .devices import HEALTHY, UNHEALTHY, device_id, devices_per_gpu
 from .gpu.health import HealthBook
 from .gpu.nvml import GpuInfo
@@ -47,7 +47,7 @@ class NodeState:
         self.gone_uids: set[str] = set()
         self._bad_reservations: set[str] = set()
         # device IDs the agent last preferred -> the reservation and container it chose them for
-        self.preferred: dict[frozenset[str], tuple[Reservation, str]] = {}
+        self.preferred: dict[frozenset[str], tuple[ReservedPod, str]] = {}
 
     # --- device list -------------------------------------------------------------------------------------
     def bump(self) -> None:
@@ -82,7 +82,7 @@ class NodeState:
             self.pods.pop(uid, None)
             self.gone_uids.add(uid)
 
-    def reservations(self) -> list[Reservation]:
+    def reservations(self) -> list[ReservedPod]:
         """Reservations of this node's pods that are not finished (a malformed one is logged once)."""
         out = []
         with self.lock:

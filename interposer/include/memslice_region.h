@@ -1,12 +1,12 @@
 /* The shared accounting region: one mmap'd file per container (MEMSLICE_REGION_DIR/memslice.region),
- * shared by every process of the container; the simulated GPU keeps its node-wide physical ledger in the
+ * shared by every process of the container; the simulated GPU keeps its node-wide physical region in the
  * same layout. This header is the only definition of the layout: the C code includes it and Python's
  * cffi parses the part between BEGIN CFFI and END CFFI, so keep that part plain C (no macros beyond
  * integer #defines, no attributes; padding is written out by hand).
  *
- * Concurrency, in short (ledger.c and ledger_charge.c have the details):
+ * Concurrency, in short (region.c and region_charge.c have the details):
  *  - dev[i].used / dev[i].host_used are the only shared hot words. A charge is one CAS that checks the
- *    limit (reserve before allocating, roll back if the driver fails): never check-then-charge.
+ *    limit (charge before allocating, give back if the driver fails): never check-then-charge.
  *  - Each process owns one slot and records what it charged there; a slot's owner holds an fcntl lock on
  *    byte MS_LOCK_BASE + slot for its whole life, so a dead process (even kill -9) is recognised by its
  *    released lock, whatever PID namespace the observer is in.
@@ -21,10 +21,10 @@
  *
  * The file is tenant-writable: everything read from it is validated (on open: sizes, counts, the mutex
  * kind; later, every index read from it is clamped), and a file that is not exactly the expected size is
- * never re-initialised while a process of the container holds a slot (that would start a second ledger
+ * never re-initialised while a process of the container holds a slot (that would start a second region
  * and double the quota). A file truncated under the live processes' mappings (their next access would
- * raise SIGBUS) is caught by the ledger's SIGBUS guard (ledger_guard.c): that process's mapping is replaced by a private one
- * whose totals refuse every charge (fail closed), and it lives on. */
+ * raise SIGBUS) is caught by the region's SIGBUS guard (region_guard.c): that process's mapping is replaced
+ * by a private one whose totals refuse every charge (fail closed), and it lives on. */
 #ifndef MEMSLICE_REGION_H
 #define MEMSLICE_REGION_H
 
@@ -128,10 +128,10 @@ _Static_assert(sizeof(struct ms_header) == 256, "header layout");
 _Static_assert(sizeof(struct ms_device) == 192, "device layout");
 _Static_assert(sizeof(struct ms_slot) == 448, "slot layout");
 
-/* ---- C API (ledger*.c), compiled into the shim, the simulator and the region library ---------------- */
+/* ---- C API (region*.c), compiled into the shim, the simulator and the region library ---------------- */
 #include <stddef.h>
 
-typedef struct ms_ledger {
+typedef struct region_handle {
     struct ms_region *r;
     void *extra;              /* extra_size bytes after the region (simulator state), or NULL */
     size_t map_size;
@@ -139,56 +139,54 @@ typedef struct ms_ledger {
     int slot;                 /* this process's slot, -1 until claimed */
     int lock_error;           /* errno of the last failed region-mutex wait (ETIMEDOUT: a stopped holder) */
     volatile int lost;        /* 1 once the file was truncated under the mapping: the mapping is now private and
-                               * its totals read MS_LOST_USED, so every charge is refused (ledger_guard.c) */
-} ms_ledger;
+                               * its totals read MS_LOST_USED, so every charge is refused (region_guard.c) */
+} region_handle;
 
-/* What a lost ledger's totals read: over any quota (every charge refused), not frozen. */
+/* What a lost region's totals read: over any quota (every charge refused), not frozen. */
 #define MS_LOST_USED (1ull << 62)
 
-/* Open (creating if needed) the ledger file at `path`. When this call creates it, init_extra (if given)
+/* Open (creating if needed) the region file at `path`. When this call creates it, init_extra (if given)
  * fills the extra area first, under the creation lock. 0 on success; else -1 and a message in err. */
-typedef int (*ms_init_extra_fn)(void *extra, void *arg, char *err, size_t errlen);
-int ms_ledger_open(ms_ledger *l, const char *path, size_t extra_size, int readonly, ms_init_extra_fn init_extra,
+typedef int (*region_init_extra_fn)(void *extra, void *arg, char *err, size_t errlen);
+int region_open(region_handle *l, const char *path, size_t extra_size, int readonly, region_init_extra_fn init_extra,
                    void *arg, char *err, size_t errlen);
 /* Claim a slot for the calling process (reclaiming dead processes' slots if none is free). */
-int ms_ledger_claim(ms_ledger *l);
+int region_claim(region_handle *l);
 /* Forget the slot in a forked child (its parent owns it); the child claims its own when needed. */
-void ms_ledger_forget_slot(ms_ledger *l);
+void region_forget_slot(region_handle *l);
 /* Release everything the calling process charged and free its slot (normal exit). */
-void ms_ledger_release(ms_ledger *l);
+void region_release(region_handle *l);
 /* Index of the device with this UUID, adding it if new; -1 if the table is full, -2 if the device-table
  * lock could not be taken within MS_LOCK_WAIT_MS (l->lock_error says why). */
-int ms_ledger_device(ms_ledger *l, const char *uuid, uint64_t physical_total);
+int region_device(region_handle *l, const char *uuid, uint64_t physical_total);
 /* Charge n bytes to device dev (host=1: the host-spill counter) if the total stays <= limit.
  * 0 on success, -1 if it would exceed the limit (nothing changed). */
-int ms_charge(ms_ledger *l, int dev, uint64_t n, uint64_t limit, int host);
+int region_charge(region_handle *l, int dev, uint64_t n, uint64_t limit, int host);
 /* Undo a charge of n bytes. */
-void ms_uncharge(ms_ledger *l, int dev, uint64_t n, int host);
-/* Count a refusal. */
-void ms_note_refused(ms_ledger *l, int dev, int host);
+void region_uncharge(region_handle *l, int dev, uint64_t n, int host);
 /* Record that n bytes of this process's charge on dev are memory the driver took outside allocation calls
  * (give_back=1: n of them came back). Kept per slot and device, swept with the slot. */
-void ms_note_taken(ms_ledger *l, int dev, uint64_t n, int give_back);
+void region_note_taken(region_handle *l, int dev, uint64_t n, int give_back);
 /* Reclaim the slots of dead processes. Returns how many were reclaimed, or -1 on error (the region mutex
  * was not free within MS_LOCK_WAIT_MS: l->lock_error). */
-int ms_sweep(ms_ledger *l);
+int region_sweep(region_handle *l);
 /* The same, even within the pause that follows a recount that timed out (an explicit request: a process
  * exiting, the agent). */
-int ms_sweep_now(ms_ledger *l);
+int region_sweep_now(region_handle *l);
 /* How many slots still belong to dead processes (what the last sweep could not reclaim). */
-int ms_dead_slots(ms_ledger *l);
+int region_dead_slots(region_handle *l);
 /* The periodic sweep: at most once per MS_SWEEP_PERIOD_MS per region (any process), never waiting for the
  * mutex. Cheap when not due (one clock read). */
-void ms_sweep_if_due(ms_ledger *l);
+void region_sweep_if_due(region_handle *l);
 /* 1 if slot i's owner is alive (holds its lock), 0 if not. */
-int ms_slot_alive(const ms_ledger *l, int i);
-static inline uint64_t ms_bytes(uint64_t word) { return word & ~MS_FROZEN; }
+int region_slot_alive(const region_handle *l, int i);
+static inline uint64_t region_bytes(uint64_t word) { return word & ~MS_FROZEN; }
 
-/* libmemslice-region.so's exports (ledger*.c built with MS_REGION_ONLY), for Python (interposer/region.py
+/* libmemslice-region.so's exports (region*.c built with MS_REGION_ONLY), for Python (interposer/region.py
  * declares the same two to cffi). */
 int memslice_region_sweep(const char *path, char *err, size_t errlen);
 /* The calling process's pid in the initial PID namespace (the one NVML reports), 0 when unknown. */
-int32_t ms_host_pid(void);
+int32_t region_host_pid(void);
 int memslice_region_liveness(const char *path, unsigned char *alive, int n, char *err, size_t errlen);
 
 #endif

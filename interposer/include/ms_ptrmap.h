@@ -15,7 +15,7 @@ typedef struct ms_rec {
     uint64_t key;       /* base address or handle; 0 = empty, 1 = deleted */
     uint64_t size;      /* bytes charged / allocated */
     uint64_t aux;       /* kind-specific (pool, handle, host base...) */
-    int32_t dev;        /* device (ledger) index */
+    int32_t dev;        /* device (region) index */
     uint32_t kind;      /* caller-defined */
 } ms_rec;
 

@@ -1,5 +1,5 @@
 /* The simulated driver's shared state (pointer table, primary contexts, default pools) and the physical
- * accounting helpers every allocating family uses: backing memory plus a charge in the node's ledger. */
+ * accounting helpers every allocating family uses: backing memory plus a charge in the node's region. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>

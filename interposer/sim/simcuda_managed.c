@@ -6,7 +6,7 @@
  * and migrates them on access; the simulator runs no kernels, so a managed range is host-resident from
  * allocation and becomes device-resident when it is prefetched to a GPU or advised to prefer one, and
  * host-resident again when prefetched or advised to the CPU. Device- and host-resident bytes are counted
- * separately in the node's ledger. */
+ * separately in the node's region. */
 API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned int flags) {
     NEED_CTX();
     if (!dptr || n == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)) return CUDA_ERROR_INVALID_VALUE;

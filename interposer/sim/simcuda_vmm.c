@@ -37,7 +37,7 @@ API CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp 
 }
 
 /* The device a cuMemCreate property places memory on (host locations: the current context's GPU, whose
- * ledger counts host bytes), or -1 if the property is not one the driver accepts. */
+ * region counts host bytes), or -1 if the property is not one the driver accepts. */
 static int vmm_device(const CUmemAllocationProp *prop, int host) {
     int dev = host ? (t_ctx ? t_ctx->dev : 0) : prop->location.id;
     if (!valid_dev(dev) || prop->location.type == CU_MEM_LOCATION_TYPE_INVALID) return -1;

@@ -178,9 +178,9 @@ API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *p) {
     return NVML_SUCCESS;
 }
 
-/* Physical usage of a GPU, as the simulated node's ledger has it. */
+/* Physical usage of a GPU, as the simulated node's region has it. */
 static uint64_t used_on(unsigned g) {
-    ms_sweep(&node()->ledger);
+    region_sweep(&node()->usage);
     return sim_used(node(), (int)g);
 }
 

@@ -314,7 +314,7 @@ API nvmlReturn_t nvmlDeviceGetMemoryErrorCounter(nvmlDevice_t d, int type, int c
     return nvmlDeviceGetTotalEccErrors(d, type, counter, n);
 }
 
-/* ---- processes: compute from the node's ledger; no graphics or MPS clients exist here ----------------- */
+/* ---- processes: compute from the node's region; no graphics or MPS clients exist here ----------------- */
 API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *p) {
     DEV(d, i);
     (void)i; (void)p;

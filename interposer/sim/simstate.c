@@ -280,10 +280,10 @@ int sim_inject_xid(struct sim *s, unsigned int gpu, uint64_t xid) {
     return rc;
 }
 
-/* ---- peers: the other containers' usage ledgers, read defensively -------------------------------------- */
+/* ---- peers: the other containers' usage regions, read defensively -------------------------------------- */
 struct peer_head { struct ms_header hdr; struct ms_device dev[MS_MAX_DEVICES]; };
 
-/* Read and check a peer ledger's header and device table; 0 if usable. */
+/* Read and check a peer region's header and device table; 0 if usable. */
 static int read_peer_head(int fd, struct peer_head *h) {
     if (pread_full(fd, h, sizeof *h, 0) < 0) return -1;
     if (h->hdr.magic != MS_MAGIC || h->hdr.header_size != sizeof(struct ms_header) ||
@@ -293,7 +293,7 @@ static int read_peer_head(int fd, struct peer_head *h) {
     return 0;
 }
 
-/* Does any process still hold a slot lock in this ledger? (F_GETLK needs no write access.) */
+/* Does any process still hold a slot lock in this region? (F_GETLK needs no write access.) */
 static int peer_has_live_owner(int fd) {
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = (off_t)MS_LOCK_BASE,
                        .l_len = MS_MAX_SLOTS};
@@ -318,7 +318,7 @@ static int peer_dev(const struct sim *s, const struct peer_head *h, int g) {
 
 typedef void (*peer_fn)(struct sim *s, int fd, const struct peer_head *h, void *arg);
 
-/* The peer ledgers, kept open between charges (a charge then costs one pread and one F_GETLK per peer, not a
+/* The peer regions, kept open between charges (a charge then costs one pread and one F_GETLK per peer, not a
  * directory listing and an open); the directory is re-listed at most once a second, so a container that has
  * just started is counted within a second. Holding these fds is harmless: this process holds no lock on a
  * peer's file, so closing one drops nothing. */
@@ -359,7 +359,7 @@ static void list_peers(struct sim *s) {
     int n = 0;
     DIR *dir = opendir(s->peers);
     struct stat own;
-    int have_own = fstat(s->ledger.fd, &own) == 0;
+    int have_own = fstat(s->usage.fd, &own) == 0;
     struct dirent *de;
     for (int seen = 0; dir && seen < PEER_MAX_FILES && (de = readdir(dir)); seen++) {
         if (de->d_name[0] == '.') continue;
@@ -367,7 +367,7 @@ static void list_peers(struct sim *s) {
         size_t len = strlen(de->d_name);
         if (len > 6 && strcmp(de->d_name + len - 6, ".usage") == 0) snprintf(rel, sizeof rel, "%s", de->d_name);
         else snprintf(rel, sizeof rel, "%s/sim.usage", de->d_name);
-        /* Our own ledger is skipped before it is opened: closing any fd of a file drops this process's POSIX
+        /* Our own region is skipped before it is opened: closing any fd of a file drops this process's POSIX
          * locks on it, and the slot lock is what tells others this process is alive. */
         struct stat st;
         if (fstatat(dirfd(dir), rel, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode) ||
@@ -383,7 +383,7 @@ static void list_peers(struct sim *s) {
     g_npeer = n;
 }
 
-/* Visit every valid peer ledger with a live owner (this container's own ledger excluded). `fresh`: list the
+/* Visit every valid peer region with a live owner (this container's own region excluded). `fresh`: list the
  * directory now (NVML and cuMemGetInfo, which must show a container that just started); charges accept a
  * listing up to a second old. */
 static void scan_peers(struct sim *s, peer_fn fn, void *arg, int fresh) {
@@ -409,7 +409,7 @@ static void add_used(struct sim *s, int fd, const struct peer_head *h, void *arg
     struct used_arg *a = arg;
     int d = peer_dev(s, h, a->g);
     if (d < 0) return;
-    uint64_t total = s->node->gpu[a->g].total, u = ms_bytes(h->dev[d].used);
+    uint64_t total = s->node->gpu[a->g].total, u = region_bytes(h->dev[d].used);
     if (u > total) u = total;
     a->sum = a->sum + u > total ? total : a->sum + u;
 }
@@ -423,7 +423,7 @@ static uint64_t peers_used(struct sim *s, int g, int fresh) {
 
 /* Node-wide use of GPU g: what cuMemGetInfo and NVML report as used. */
 uint64_t sim_used(struct sim *s, int g) {
-    uint64_t own = ms_bytes(__atomic_load_n(&s->ledger.r->dev[g].used, __ATOMIC_SEQ_CST));
+    uint64_t own = region_bytes(__atomic_load_n(&s->usage.r->dev[g].used, __ATOMIC_SEQ_CST));
     return own + peers_used(s, g, 1);
 }
 
@@ -455,11 +455,11 @@ static void peer_processes(struct sim *s, int fd, const struct peer_head *h, voi
 /* This container's live processes (dead ones reclaimed first), then the peers'. */
 void sim_for_each_process(struct sim *s, int g, sim_process_fn fn, void *arg) {
     struct proc_arg a = {g, fn, arg};
-    ms_sweep(&s->ledger);
-    uint32_t hwm = __atomic_load_n(&s->ledger.r->hdr.slot_hwm, __ATOMIC_ACQUIRE);
+    region_sweep(&s->usage);
+    uint32_t hwm = __atomic_load_n(&s->usage.r->hdr.slot_hwm, __ATOMIC_ACQUIRE);
     for (uint32_t i = 0; i < hwm && i < MS_MAX_SLOTS; i++) {
-        struct ms_slot *sl = &s->ledger.r->slot[i];
-        if (__atomic_load_n(&sl->state, __ATOMIC_SEQ_CST) != MS_SLOT_LIVE || !ms_slot_alive(&s->ledger, (int)i))
+        struct ms_slot *sl = &s->usage.r->slot[i];
+        if (__atomic_load_n(&sl->state, __ATOMIC_SEQ_CST) != MS_SLOT_LIVE || !region_slot_alive(&s->usage, (int)i))
             continue;
         report_slot(sl, g, &a);
     }
@@ -467,15 +467,15 @@ void sim_for_each_process(struct sim *s, int g, sim_process_fn fn, void *arg) {
 }
 
 /* ---- opening ---------------------------------------------------------------------------------------------- */
-/* This container's usage ledger: devices registered in the node's GPU order, so index g is GPU g. */
+/* This container's usage region: devices registered in the node's GPU order, so index g is GPU g. */
 static int open_usage(struct sim *s, const char *path) {
     char err[400];
-    if (ms_ledger_open(&s->ledger, path, 0, 0, NULL, NULL, err, sizeof err) < 0) {
+    if (region_open(&s->usage, path, 0, 0, NULL, NULL, err, sizeof err) < 0) {
         snprintf(s->error, sizeof s->error, "memslice-sim: %s", err);
         return -1;
     }
     for (unsigned g = 0; g < s->node->ngpus; g++)
-        if (ms_ledger_device(&s->ledger, s->node->gpu[g].uuid, s->node->gpu[g].total) != (int)g) {
+        if (region_device(&s->usage, s->node->gpu[g].uuid, s->node->gpu[g].total) != (int)g) {
             snprintf(s->error, sizeof s->error, "memslice-sim: %.200s belongs to another simulated node (its GPU table "
                      "differs from %.200s); delete it", path, s->state_path);
             return -1;
@@ -523,7 +523,7 @@ static void open_sim(void) {
     struct sim *s = &g_sim;
     const char *spec;
     char usage[300], lock[300];
-    s->node_fd = s->lock_fd = s->ledger.fd = -1;
+    s->node_fd = s->lock_fd = s->usage.fd = -1;
     if (read_env(s, &spec, usage, sizeof usage, lock, sizeof lock) < 0) return;
     if (open_node(s, s->state_path, spec) < 0) return;
     if (open_usage(s, usage) < 0) return;
@@ -537,12 +537,12 @@ static void open_sim(void) {
 /* A forked child does not own its parent's slot (the lock is not inherited): it claims its own. */
 static void after_fork_child(void) {
     pthread_mutex_init(&g_peer_mu, NULL); /* another thread may have held it at the fork */
-    if (g_ready) ms_ledger_forget_slot(&g_ready->ledger);
+    if (g_ready) region_forget_slot(&g_ready->usage);
 }
 
 /* A normal exit returns this process's memory at once. */
 static void release_at_exit(void) {
-    if (g_ready) ms_ledger_release(&g_ready->ledger);
+    if (g_ready) region_release(&g_ready->usage);
 }
 
 /* A real driver frees a process's memory the moment it dies; the simulator does it at the next
@@ -550,7 +550,7 @@ static void release_at_exit(void) {
 static void init_once(void) {
     open_sim();
     if (g_ready) {
-        ms_sweep(&g_ready->ledger);
+        region_sweep(&g_ready->usage);
         atexit(release_at_exit);
     }
     pthread_atfork(NULL, NULL, after_fork_child);
@@ -566,31 +566,31 @@ const char *sim_error(void) { return g_sim.error[0] ? g_sim.error : "memslice-si
 
 /* Charge device memory against what the node has left: the other containers' use is read under the node
  * lock (bounded wait; without it, two containers could both take the last free bytes), and this container's
- * ledger charges atomically against the rest. */
+ * region charges atomically against the rest. */
 static int charge_device(struct sim *s, int g, uint64_t n) {
-    if (!s->peers[0]) { /* one ledger for the whole node (local use): its atomic charge is exact, no lock */
-        int rc = ms_charge(&s->ledger, g, n, s->node->gpu[g].total, 0);
-        if (rc < 0 && ms_sweep(&s->ledger) > 0) rc = ms_charge(&s->ledger, g, n, s->node->gpu[g].total, 0);
+    if (!s->peers[0]) { /* one region for the whole node (local use): its atomic charge is exact, no lock */
+        int rc = region_charge(&s->usage, g, n, s->node->gpu[g].total, 0);
+        if (rc < 0 && region_sweep(&s->usage) > 0) rc = region_charge(&s->usage, g, n, s->node->gpu[g].total, 0);
         return rc;
     }
     int locked = s->lock_fd >= 0 && lock_bounded(s->lock_fd, 0) == 0;
     uint64_t total = s->node->gpu[g].total, others = peers_used(s, g, 0);
     uint64_t cap = others < total ? total - others : 0;
-    int rc = ms_charge(&s->ledger, g, n, cap, 0);
+    int rc = region_charge(&s->usage, g, n, cap, 0);
     /* out of memory: a dead process may still be holding some, reclaim and retry once */
-    if (rc < 0 && ms_sweep(&s->ledger) > 0) rc = ms_charge(&s->ledger, g, n, cap, 0);
+    if (rc < 0 && region_sweep(&s->usage) > 0) rc = region_charge(&s->usage, g, n, cap, 0);
     if (locked) unlock_byte(s->lock_fd, 0);
     return rc;
 }
 
 /* Physical charge for this process; claims the process's slot on first use. */
 int sim_charge(struct sim *s, int g, uint64_t n, int host) {
-    if (s->ledger.slot < 0 && ms_ledger_claim(&s->ledger) < 0) return -1;
-    if (host) return ms_charge(&s->ledger, g, n, UINT64_MAX >> 2, 1);
+    if (s->usage.slot < 0 && region_claim(&s->usage) < 0) return -1;
+    if (host) return region_charge(&s->usage, g, n, UINT64_MAX >> 2, 1);
     return charge_device(s, g, n);
 }
 
 /* Undo a charge of this process. */
 void sim_uncharge(struct sim *s, int g, uint64_t n, int host) {
-    if (s->ledger.slot >= 0) ms_uncharge(&s->ledger, g, n, host);
+    if (s->usage.slot >= 0) region_uncharge(&s->usage, g, n, host);
 }

@@ -2,10 +2,10 @@
  *  - the node description (MEMSLICE_SIM_STATE): GPUs and the Xid event ring, written by its creator (the
  *    node agent, or the first local process) and read-only to containers; every process reads it with a
  *    bounded pread into private memory and validates it, and never maps it;
- *  - each container's usage ledger (MEMSLICE_SIM_USAGE, default <state>.usage): an ms_region (devices = the
+ *  - each container's usage region (MEMSLICE_SIM_USAGE, default <state>.usage): an ms_region (devices = the
  *    node's GPUs, limit = capacity, one slot per process, dead processes reclaimed) that only that
  *    container's processes map and write;
- *  - the other containers' usage ledgers (files NAME.usage, or DIR/sim.usage, in MEMSLICE_SIM_PEERS), read with
+ *  - the other containers' usage regions (files NAME.usage, or DIR/sim.usage, in MEMSLICE_SIM_PEERS), read with
  *    bounded preads and validated: a truncated, garbage, FIFO or symlinked file counts as empty and can
  *    neither crash nor hang the reader;
  *  - a node lock file (MEMSLICE_SIM_LOCK, default <state>.lock), used only for fcntl locks with a bounded
@@ -67,7 +67,7 @@ struct sim_node {
 };
 
 struct sim {
-    ms_ledger ledger;      /* this container's usage */
+    region_handle usage;       /* this container's usage region */
     struct sim_node *node; /* = &node_copy */
     struct sim_node node_copy; /* the validated description; events refreshed by sim_refresh_events */
     uint64_t context_overhead;
@@ -99,7 +99,7 @@ int sim_nvlink_peer(const struct sim_node *node, unsigned g, unsigned link);
 /* Charge/uncharge physical memory to this process on GPU g. */
 int sim_charge(struct sim *s, int g, uint64_t n, int host);
 void sim_uncharge(struct sim *s, int g, uint64_t n, int host);
-/* Device bytes in use on GPU g across the node: this container's ledger plus its peers'. */
+/* Device bytes in use on GPU g across the node: this container's region plus its peers'. */
 uint64_t sim_used(struct sim *s, int g);
 /* Each live process of the node with device memory on GPU g: fn(arg, pid as the driver reports it, bytes). */
 typedef void (*sim_process_fn)(void *arg, uint32_t pid, uint64_t bytes);

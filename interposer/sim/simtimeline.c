@@ -313,7 +313,7 @@ static struct tl_client_rec *claim(int g, int local) {
         if (byte_lock(g_tl.fd, live_byte(g, i), F_WRLCK) < 0) continue; /* a live owner whose record was reset */
         if (c->token) drop(b, i);
         memset(c, 0, sizeof *c);
-        int32_t pid = ms_host_pid();
+        int32_t pid = region_host_pid();
         *c = (struct tl_client_rec){.token = g_tl.token, .pid = (uint32_t)(pid > 0 ? pid : getpid()),
                                     .local = (uint32_t)local + 1, .submitted = L->last, .consumed = L->last};
         L->client = (int)i;

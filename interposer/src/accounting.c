@@ -1,7 +1,7 @@
-/* Accounting glue between the hooks and the ledger: the container's region opened at start-up (and given
- * back at exit), which ledger device a CUDA ordinal is (by UUID, never by ordinal: ordinals change with
- * CUDA_VISIBLE_DEVICES), charging with a retry after reclaiming dead processes, and the process-local table
- * of what this process allocated. */
+/* Accounting glue between the hooks and the region: the container's region opened at start-up (and given
+ * back at exit), which region device a CUDA ordinal is (by UUID, never by ordinal: ordinals change with
+ * CUDA_VISIBLE_DEVICES), and the process-local table of what this process allocated. Charging the quota is
+ * quota.c's. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <string.h>
@@ -11,63 +11,63 @@
 #include "shim.h"
 
 #define MAX_ORDINALS 64
-static int g_devidx[MAX_ORDINALS];   /* ordinal -> ledger index + 1 (0 = not looked up yet) */
+static int g_devidx[MAX_ORDINALS];   /* ordinal -> region index + 1 (0 = not looked up yet) */
 static ms_ptrmap g_ptrs; /* zero-initialised static storage: ready to use */
 
-ms_ledger g_ledger;
-int g_have_ledger;
+region_handle g_region;
+int g_have_region;
 
 /* Open the container's region (g_cfg.region_path) and claim this process's slot in it, at start-up
  * (lifecycle.c). A region that cannot be used fails closed; a usable one is swept once: a process start
  * reclaims what processes killed before it still hold. */
 void accounting_open(void) {
     char err[1024];
-    if (ms_ledger_open(&g_ledger, g_cfg.region_path, 0, 0, NULL, NULL, err, sizeof err) < 0) {
+    if (region_open(&g_region, g_cfg.region_path, 0, 0, NULL, NULL, err, sizeof err) < 0) {
         config_fail_closed("memslice: cannot use the shared region: %s.", err);
-    } else if (ms_ledger_claim(&g_ledger) < 0) {
+    } else if (region_claim(&g_region) < 0) {
         config_fail_closed("memslice: the shared region %s has no free process slot (%d processes); "
                            "raise no more processes in it.", g_cfg.region_path, MS_MAX_SLOTS);
     } else {
-        g_have_ledger = 1;
-        ms_sweep(&g_ledger);
+        g_have_region = 1;
+        region_sweep(&g_region);
     }
 }
 
 /* A normal exit gives this process's charges back, and reclaims those of processes that died before it
- * (the last survivor of a container thus leaves its ledger exact). Processes exiting together can each
+ * (the last survivor of a container thus leaves its region exact). Processes exiting together can each
  * fail the other's sweep once (the region mutex held by one, or one inside an uncharge when the other
  * recounts a slot that died mid-charge: the chaos test's rare "825 MiB still charged"), so the sweep is
  * retried while dead slots remain, for MS_CALL_WAIT_MS at most; what is left then is named on stderr (the
  * next process of the container reclaims it). */
 void accounting_at_exit(void) {
-    if (!g_have_ledger) return;
-    ms_ledger_release(&g_ledger);
+    if (!g_have_region) return;
+    region_release(&g_region);
     struct timespec t0, now, pause = {0, 2000000};
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    int swept = ms_sweep_now(&g_ledger), left = ms_dead_slots(&g_ledger);
+    int swept = region_sweep_now(&g_region), left = region_dead_slots(&g_region);
     for (long ms = 0; left > 0 && ms < MS_CALL_WAIT_MS; ) {
         nanosleep(&pause, NULL);
-        swept = ms_sweep_now(&g_ledger);
-        left = ms_dead_slots(&g_ledger);
+        swept = region_sweep_now(&g_region);
+        left = region_dead_slots(&g_region);
         clock_gettime(CLOCK_MONOTONIC, &now);
         ms = (now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000;
     }
     if (left > 0)
         shim_log(LOG_WARN, "memslice: exiting with %d dead processes' charges unreclaimed in %s after %d ms (%s); "
                  "the container's next process reclaims them", left, g_cfg.region_path, MS_CALL_WAIT_MS,
-                 swept < 0 ? strerror(g_ledger.lock_error) : "a live process stayed inside a charge: recount abandoned");
+                 swept < 0 ? strerror(g_region.lock_error) : "a live process stayed inside a charge: recount abandoned");
 }
 
 /* A forked child shares the region but not its parent's slot (the slot's byte lock is not inherited): it
  * claims one of its own at its first charge. */
 void accounting_after_fork(void) {
-    if (g_have_ledger) ms_ledger_forget_slot(&g_ledger);
+    if (g_have_region) region_forget_slot(&g_region);
 }
 
 /* Enforcing a quota: MODE_ENFORCE with the region open. */
-int enforcing(void) { return g_cfg.mode == MODE_ENFORCE && g_have_ledger; }
+int enforcing(void) { return g_cfg.mode == MODE_ENFORCE && g_have_region; }
 /* Charging at all (enforcing, or observing usage without a quota). */
-int accounting(void) { return g_have_ledger && (g_cfg.mode == MODE_ENFORCE || g_cfg.mode == MODE_OBSERVE); }
+int accounting(void) { return g_have_region && (g_cfg.mode == MODE_ENFORCE || g_cfg.mode == MODE_OBSERVE); }
 
 /* The NVML-style UUID text of a CUDA ordinal, from the driver: how the region and NVML name a GPU. */
 int uuid_text(CUdevice ordinal, char *text, unsigned len) {
@@ -81,16 +81,16 @@ int uuid_text(CUdevice ordinal, char *text, unsigned len) {
     return 0;
 }
 
-/* The ledger index of a GPU named by UUID (NVML's hooks name GPUs that way), adding it if new; -1 without a region. */
+/* The region index of a GPU named by UUID (NVML's hooks name GPUs that way), adding it if new; -1 without a region. */
 int dev_index_by_uuid(const char *uuid, uint64_t physical_total) {
-    if (!g_have_ledger) return -1;
-    return ms_ledger_device(&g_ledger, uuid, physical_total);
+    if (!g_have_region) return -1;
+    return region_device(&g_region, uuid, physical_total);
 }
 
-/* The ledger index of a CUDA ordinal, looked up once per ordinal (by UUID) and cached; the GPU's quota is
+/* The region index of a CUDA ordinal, looked up once per ordinal (by UUID) and cached; the GPU's quota is
  * written with it. -1 if not accounted, DEV_UNCHARGEABLE if it must be charged and cannot be. */
 int dev_index(CUdevice ordinal) {
-    if (!g_have_ledger || ordinal < 0 || ordinal >= MAX_ORDINALS) return -1;
+    if (!g_have_region || ordinal < 0 || ordinal >= MAX_ORDINALS) return -1;
     int v = __atomic_load_n(&g_devidx[ordinal], __ATOMIC_ACQUIRE);
     if (v) return v - 1;
     size_t total = 0;
@@ -98,15 +98,15 @@ int dev_index(CUdevice ordinal) {
     char text[MS_UUID_LEN];
     if (uuid_text(ordinal, text, sizeof text) < 0) return -1;
     if (get_total) get_total(&total, ordinal);
-    int idx = ms_ledger_device(&g_ledger, text, total);
+    int idx = region_device(&g_region, text, total);
     if (idx == -2) {
         shim_log(LOG_ERROR, "memslice: GPU %s could not be added to the region %s: its device table was locked for more "
                  "than %d ms (%s; a stopped process of the container?); a later call retries", text,
-                 g_cfg.region_path, MS_LOCK_WAIT_MS, strerror(g_ledger.lock_error));
+                 g_cfg.region_path, MS_LOCK_WAIT_MS, strerror(g_region.lock_error));
         return enforcing() ? DEV_UNCHARGEABLE : -1;
     }
     if (idx >= 0) {
-        __atomic_store_n(&g_ledger.r->dev[idx].limit, g_cfg.mode == MODE_ENFORCE ? g_cfg.limit : 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&g_region.r->dev[idx].limit, g_cfg.mode == MODE_ENFORCE ? g_cfg.limit : 0, __ATOMIC_RELAXED);
         __atomic_store_n(&g_devidx[ordinal], idx + 1, __ATOMIC_RELEASE);
     } else {
         shim_log(LOG_ERROR, "memslice: the region has no room for GPU %s (%d GPUs at most)", text, MS_MAX_DEVICES);
@@ -115,76 +115,13 @@ int dev_index(CUdevice ordinal) {
     return idx;
 }
 
-/* The ledger index of the current context's GPU (its ordinal into *ordinal): where an allocation is charged. */
+/* The region index of the current context's GPU (its ordinal into *ordinal): where an allocation is charged. */
 int current_dev(CUdevice *ordinal) {
     __auto_type get = REAL(cuCtxGetDevice);
     CUdevice d;
     if (!get || get(&d) != CUDA_SUCCESS) return -1;
     if (ordinal) *ordinal = d;
     return dev_index(d);
-}
-
-uint64_t dev_used(int dev) { return ms_bytes(__atomic_load_n(&g_ledger.r->dev[dev].used, __ATOMIC_SEQ_CST)); }
-
-/* Reserve n bytes before the driver allocates them. A dead process may still hold part of the quota:
- * reclaim and try once more before refusing. */
-/* Reclaiming dead processes before refusing is what makes a killed neighbour's quota come back. In
- * oversubscription mode going over the quota is routine (it spills), so the sweep is rate-limited there
- * to one per 50 ms per process. */
-static int sweep_due(void) {
-    static uint64_t last;
-    if (!g_cfg.oversubscribe) return 1;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec, prev = __atomic_load_n(&last, __ATOMIC_RELAXED);
-    if (prev && now - prev < 50000000ull) return 0;
-    return __atomic_compare_exchange_n(&last, &prev, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
-}
-
-/* Once per process: say why dead processes could not be reclaimed before a refusal. */
-static void note_sweep_failed(void) {
-    static int said;
-    if (__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED)) return;
-    shim_log(LOG_WARN, "memslice: the region %s was locked for more than %d ms (%s; a stopped process of the "
-             "container?): usage of dead processes could not be reclaimed before a refusal", g_cfg.region_path,
-             MS_LOCK_WAIT_MS, strerror(g_ledger.lock_error));
-}
-
-/* Charge n bytes to the quota on dev, without logging; past the quota, reclaim dead processes (rate-limited)
- * and try once more. 0, or -1. */
-int try_charge(int dev, uint64_t n) {
-    static __thread __attribute__((tls_model("initial-exec"))) unsigned calls; /* preloaded: static TLS */
-    if (g_ledger.slot < 0 && ms_ledger_claim(&g_ledger) < 0) return -1;
-    if (UNLIKELY((++calls & 255) == 0)) ms_sweep_if_due(&g_ledger); /* dead processes' charges come back */
-    if (ms_charge(&g_ledger, dev, n, g_cfg.limit, 0) == 0) return 0;
-    if (!sweep_due()) return -1;
-    int swept = ms_sweep(&g_ledger);
-    if (swept < 0) note_sweep_failed();
-    return swept > 0 && ms_charge(&g_ledger, dev, n, g_cfg.limit, 0) == 0 ? 0 : -1;
-}
-
-/* A refusal: counted in the region, logged (rate-limited). */
-void refuse(int dev, uint64_t n, const char *call) {
-    ms_note_refused(&g_ledger, dev, 0);
-    shim_log_refusal(call, n, dev, 0);
-}
-
-/* Charge n bytes, or count and log the refusal: CUDA_SUCCESS or CUDA_ERROR_OUT_OF_MEMORY. */
-CUresult charge(int dev, uint64_t n, const char *call) {
-    if (try_charge(dev, n) == 0) return CUDA_SUCCESS;
-    refuse(dev, n, call);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-}
-
-/* Charge n bytes whatever the quota: the driver took more than reserved (a pitch, an array), or measured. */
-void force_charge(int dev, uint64_t n) {
-    if (g_ledger.slot < 0 && ms_ledger_claim(&g_ledger) < 0) return;
-    ms_charge(&g_ledger, dev, n, UINT64_MAX >> 2, 0);
-}
-
-/* Give n bytes back to the quota on dev. */
-void uncharge(int dev, uint64_t n) {
-    if (n && g_ledger.slot >= 0) ms_uncharge(&g_ledger, dev, n, 0);
 }
 
 /* Remember an allocation (pointer or handle) so that its free gives back exactly what was charged. */

@@ -1,4 +1,4 @@
-/* The compute share (issue 33; docs/architecture.md "Compute share"): GPU time measured per process from the
+/* The compute share (docs/architecture.md "Compute share"): GPU time measured per process from the
  * shim's own events around each launch, a per-GPU board where each container publishes its recent share and
  * demand (compute_board.c), and a gate before each launch (compute_decide.c decides; this file waits).
  *

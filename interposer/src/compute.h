@@ -1,4 +1,4 @@
-/* The compute share's arbitration files (issue 33; compute.c; src/memslice/compute.py is the Python side of the
+/* The compute share's arbitration files (compute.c; src/memslice/compute.py is the Python side of the
  * same layout, docs/architecture.md "Compute share" the design). Per GPU, in the node's compute directory:
  *   <dir>/<GPU uuid>/roster    the provisioner's (node agent or `memslice run`), read-only to tenants: 8 bytes
  *                              CS_ROSTER_MAGIC, then CS_SLOTS entries of struct cs_roster_ent

@@ -1,4 +1,4 @@
-/* The compute share's decision (issue 33): pure arithmetic on bounded figures, no I/O. A container within its
+/* The compute share's decision: pure arithmetic on bounded figures, no I/O. A container within its
  * request always goes (nobody can push it below its guarantee); over its limit it waits (the cap holds on an
  * idle GPU too); between the two it yields to a higher-priority neighbour with work, and to a neighbour that has
  * work but gets less than its entitlement (its request plus a weighted part of the unrequested rest, shared

@@ -62,14 +62,14 @@ struct limits_file {
     char path[600];
     int has_limit, has_reserve, has_over, has_spill, has_region, over;
     int has_request, has_edir, has_idle;       /* elastic mode (elastic.c) */
-    int has_eslot, has_release, has_prio;      /* elastic slot, idle release, priority (issues 25, 26) */
-    int has_creq, has_clim, has_cdir, has_cslot; /* compute share (issue 33) */
+    int has_eslot, has_release, has_prio;      /* elastic slot, idle release, priority */
+    int has_creq, has_clim, has_cdir, has_cslot; /* compute share */
     uint64_t limit, reserve, spill, request, idle_ms, eslot, release;
     int64_t prio, creq, clim, cslot;
     char cdir[sizeof g_cfg.compute_dir];
     char region[sizeof g_cfg.region_path];
     char edir[sizeof g_cfg.elastic_dir];
-    int has_nvml, has_cuda;                    /* the node's driver libraries (issue 35 item 2) */
+    int has_nvml, has_cuda;                    /* the node's driver libraries */
     char nvml[sizeof g_cfg.nvml_path];
     char cuda[sizeof g_cfg.cuda_path];
 };
@@ -152,7 +152,7 @@ static int parse_percent_or_fail(const char *what, const char *v, int64_t lo, in
     return -1;
 }
 
-/* The compute share (issue 33; compute.c enforces it): the limits file's gpu_compute_request,
+/* The compute share (compute.c enforces it): the limits file's gpu_compute_request,
  * gpu_compute_limit, compute_dir and compute_slot, else the environment's (MEMSLICE_GPU_COMPUTE_REQUEST,
  * MEMSLICE_GPU_COMPUTE_LIMIT, MEMSLICE_COMPUTE_DIR, MEMSLICE_COMPUTE_SLOT) when there is no file; a limit
  * below the request fails closed. 0, or -1. */
@@ -186,7 +186,7 @@ static int read_compute(const struct limits_file *f, int have_file) {
     return 0;
 }
 
-/* The elastic roles the node agent assigns (issues 25 and 26): the board slot, the idle-release opt-in and the
+/* The elastic roles the node agent assigns: the board slot, the idle-release opt-in and the
  * pod's priority; the limits file's, else the environment's (MEMSLICE_ELASTIC_SLOT, MEMSLICE_IDLE_RELEASE,
  * MEMSLICE_PRIORITY) when there is no file. 0, or -1 (fail closed). */
 static int read_elastic_roles(const struct limits_file *f, int have_file) {

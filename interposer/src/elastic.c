@@ -87,7 +87,7 @@ static void say_other_gpu(int dev) {
     shim_log(LOG_WARN, "memslice: elastic memory is on %s in this process (the first GPU it allocated on); its "
              "allocations on %s take the plain path: charged to the limit, never moved to host memory, and not "
              "on that GPU's board (neighbours there cannot ask it for HBM, nor it them)",
-             g_ledger.r->dev[g_dev].uuid, g_ledger.r->dev[dev].uuid);
+             g_region.r->dev[g_dev].uuid, g_region.r->dev[dev].uuid);
 }
 
 /* The first elastic allocation of the process: its GPU, context, board slot and background thread. Caller
@@ -102,7 +102,7 @@ static int elastic_setup(int dev, CUdevice ord) {
     }
     char err[512];
     if (REAL(cuCtxGetCurrent)(&g_ctx) != CUDA_SUCCESS || !g_ctx) return -1;
-    int rc = eb_open(&g_board, g_cfg.elastic_dir, g_ledger.r->dev[dev].uuid, g_cfg.elastic_slot, err, sizeof err);
+    int rc = eb_open(&g_board, g_cfg.elastic_dir, g_region.r->dev[dev].uuid, g_cfg.elastic_slot, err, sizeof err);
     if (rc < 0) {
         shim_log(LOG_ERROR, "memslice: elastic memory is off in this process: %s", err);
         g_elastic = 0;
@@ -278,7 +278,7 @@ CUresult elastic_free(const ms_rec *rec) {
         if (*p == r) { *p = r->next; break; }
     el_publish(0);
     pthread_mutex_unlock(&g_mu);
-    uncharge(rec->dev, rec->size);
+    quota_uncharge(rec->dev, rec->size);
     free(r);
     return CUDA_SUCCESS;
 }

@@ -46,7 +46,7 @@ static uint64_t claim_of(const struct eb_slot *s, int pass, int guaranteed) {
  * by the limit it recorded. */
 void el_apply_roster(struct eb_slot *s, int *live) {
     struct eb_roster_ent ro[EB_SLOTS];
-    if (!eb_read_roster(g_cfg.elastic_dir, g_ledger.r->dev[g_dev].uuid, ro)) return;
+    if (!eb_read_roster(g_cfg.elastic_dir, g_region.r->dev[g_dev].uuid, ro)) return;
     for (int i = 0; i < EB_SLOTS; i++) {
         if (!(ro[i].flags & EB_R_ASSIGNED)) {
             live[i] = 0;
@@ -69,7 +69,7 @@ void el_askers(struct el_askers *c, int from[EB_SLOTS], struct eb_roster_ent ent
     uint64_t now = now_ns();
     if (!c->at || now - c->at > 1000000000ull) {
         c->at = now;
-        c->roster = eb_read_roster(g_cfg.elastic_dir, g_ledger.r->dev[g_dev].uuid, c->ro);
+        c->roster = eb_read_roster(g_cfg.elastic_dir, g_region.r->dev[g_dev].uuid, c->ro);
     }
     for (int i = 0; i < EB_SLOTS; i++) {
         from[i] = !c->roster || (c->ro[i].flags & EB_R_ASSIGNED);

@@ -18,10 +18,9 @@ static uint64_t mipmap_need(CUmipmappedArray m, CUdevice ord, uint64_t est) {
     return req && req(&q, m, ord) == CUDA_SUCCESS && q.size ? q.size : est;
 }
 
-/* Correct the reservation `est` to what the driver allocated, and remember the handle. */
+/* Correct the charge `est` to what the driver allocated, and remember the handle. */
 static void settle(int dev, uint64_t est, uint64_t actual, uint64_t key) {
-    if (actual > est) force_charge(dev, actual - est);
-    else if (actual < est) uncharge(dev, est - actual);
+    quota_settle(dev, est, actual);
     track(key, actual, dev, A_ARRAY, 0);
 }
 
@@ -36,10 +35,10 @@ static void settle(int dev, uint64_t est, uint64_t actual, uint64_t key) {
         if (p.to == PLACE_REFUSE) return CUDA_ERROR_OUT_OF_MEMORY;                                        \
         if (p.to == PLACE_DRIVER) return real(h, d);                                                       \
         int dev = p.dev;                                                                                   \
-        CUresult rc = reserve(dev, est, #name);                                                            \
+        CUresult rc = quota_charge(dev, est, #name, QUOTA_LOUD);                                           \
         if (rc != CUDA_SUCCESS) return rc;                                                                 \
         rc = real(h, d);                                                                                   \
-        if (rc != CUDA_SUCCESS) uncharge(dev, est);                                                        \
+        if (rc != CUDA_SUCCESS) quota_uncharge(dev, est);                                                        \
         else settle(dev, est, array_need(*h, ord, est), (uint64_t)(uintptr_t)*h);                          \
         return rc;                                                                                         \
     }
@@ -59,10 +58,10 @@ HOOK CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray *h, const CUDA_ARR
     if (p.to == PLACE_REFUSE) return CUDA_ERROR_OUT_OF_MEMORY;
     if (p.to == PLACE_DRIVER) return real(h, d, levels);
     int dev = p.dev;
-    CUresult rc = reserve(dev, est, "cuMipmappedArrayCreate");
+    CUresult rc = quota_charge(dev, est, "cuMipmappedArrayCreate", QUOTA_LOUD);
     if (rc != CUDA_SUCCESS) return rc;
     rc = real(h, d, levels);
-    if (rc != CUDA_SUCCESS) uncharge(dev, est);
+    if (rc != CUDA_SUCCESS) quota_uncharge(dev, est);
     else settle(dev, est, mipmap_need(*h, ord, est), (uint64_t)(uintptr_t)*h);
     return rc;
 }
@@ -71,7 +70,7 @@ HOOK CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray *h, const CUDA_ARR
  * table: release the charge, or put the record back. */
 static CUresult destroyed(int ours, const ms_rec *r, CUresult rc) {
     if (!ours) return rc;
-    if (rc == CUDA_SUCCESS) uncharge(r->dev, r->size);
+    if (rc == CUDA_SUCCESS) quota_uncharge(r->dev, r->size);
     else track(r->key, r->size, r->dev, (enum alloc_kind)r->kind, r->aux);
     return rc;
 }

@@ -4,11 +4,11 @@
  * measured around the call (measure.c), MEMSLICE_CONTEXT_RESERVE only when nothing can be read.
  * The expected cost is charged BEFORE the driver call (the last measured context of the GPU, else the
  * reserve, else what is left of the quota), so that threads allocating meanwhile cannot take the room the
- * new context is about to occupy: physical memory never passes the quota, even for a moment (issue 35
- * item 7). After the call the charge is reconciled with the measurement. A context whose known cost does
- * not fit is refused before the driver makes it; one that turns out larger than what was held and does not
- * fit is destroyed again; both answer CUDA_ERROR_OUT_OF_MEMORY. The charge comes back when the context is
- * destroyed (the primary: released for the last time). */
+ * new context is about to occupy: physical memory never passes the quota, even for a moment. After the call
+ * the charge is reconciled with the measurement. A context whose known cost does not fit is refused before
+ * the driver makes it; one that turns out larger than what was held and does not fit is destroyed again;
+ * both answer CUDA_ERROR_OUT_OF_MEMORY. The charge comes back when the context is destroyed (the primary:
+ * released for the last time). */
 #define _GNU_SOURCE
 #include <string.h>
 
@@ -50,15 +50,15 @@ static void ctx_undo(CUcontext ctx, CUdevice ord, int primary) {
 static CUresult ctx_account(struct measure *m, CUcontext ctx, int primary, uint64_t held, const char *call) {
     int64_t delta = measure_end(m);
     uint64_t n = context_bytes(m, delta), handle = (uint64_t)(uintptr_t)ctx;
-    if (m->how != M_NONE) __atomic_store_n(&g_ledger.r->dev[m->dev].context_cost, n, __ATOMIC_RELAXED);
-    if (n > held && try_charge(m->dev, n - held) < 0) {
-        uncharge(m->dev, held); /* before the refusal, whose message says what the quota holds without it */
-        refuse(m->dev, n, call);
+    if (m->how != M_NONE) __atomic_store_n(&g_region.r->dev[m->dev].context_cost, n, __ATOMIC_RELAXED);
+    if (n > held && quota_charge(m->dev, n - held, call, QUOTA_QUIET) != CUDA_SUCCESS) {
+        quota_uncharge(m->dev, held); /* before the refusal, whose message says what the quota holds without it */
+        quota_refuse(m->dev, n, call);
         ctx_undo(ctx, m->ord, primary);
         m->how = M_NONE; /* the reading was taken before the undo: nothing to reconcile */
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    if (n < held) uncharge(m->dev, held - n);
+    if (n < held) quota_uncharge(m->dev, held - n);
     taken_record(m->dev, handle, T_CONTEXT, n);
     if (primary) g_primary[m->ord] = handle;
     return CUDA_SUCCESS;
@@ -69,7 +69,7 @@ static CUresult ctx_account(struct measure *m, CUcontext ctx, int primary, uint6
  * 0 when none was ever measured. */
 static uint64_t ctx_expected(int dev, CUdevice ord) {
     uint64_t e = g_exact[ord];
-    if (!e) e = __atomic_load_n(&g_ledger.r->dev[dev].context_cost, __ATOMIC_RELAXED);
+    if (!e) e = __atomic_load_n(&g_region.r->dev[dev].context_cost, __ATOMIC_RELAXED);
     return e < g_cfg.limit ? e : g_cfg.limit;
 }
 
@@ -80,26 +80,17 @@ static int ctx_hold(int dev, CUdevice ord, uint64_t *held) {
     uint64_t want = ctx_expected(dev, ord);
     *held = 0;
     if (want) {
-        if (try_charge(dev, want) < 0) return -1;
+        if (quota_charge(dev, want, NULL, QUOTA_QUIET) != CUDA_SUCCESS) return -1;
         *held = want;
         return 0;
     }
     want = g_cfg.context_reserve < g_cfg.limit ? g_cfg.context_reserve : g_cfg.limit;
-    if (try_charge(dev, want) == 0) { /* (reclaims dead processes once when it does not fit) */
+    if (quota_charge(dev, want, NULL, QUOTA_QUIET) == CUDA_SUCCESS) { /* (reclaims dead processes once) */
         *held = want;
         return 0;
     }
-    if (g_ledger.slot < 0) return -1; /* no slot could be claimed: nothing can be charged */
-    for (int tries = 0; tries < 8; tries++) { /* other threads move the total: a few tries, then refuse */
-        uint64_t used = dev_used(dev);
-        if (used >= g_cfg.limit) return -1;
-        want = g_cfg.limit - used < want ? g_cfg.limit - used : want;
-        if (ms_charge(&g_ledger, dev, want, g_cfg.limit, 0) == 0) {
-            *held = want;
-            return 0;
-        }
-    }
-    return -1;
+    *held = quota_charge_left(dev, want);
+    return *held ? 0 : -1;
 }
 
 /* Start measuring a context's creation with its expected cost held (see ctx_hold). CUDA_SUCCESS, or
@@ -111,7 +102,7 @@ static CUresult ctx_begin(struct measure *m, int dev, CUdevice ord, uint64_t *he
         return CUDA_SUCCESS;
     }
     uint64_t e = ctx_expected(dev, ord);
-    refuse(dev, e ? e : g_cfg.context_reserve, call);
+    quota_refuse(dev, e ? e : g_cfg.context_reserve, call);
     m->how = M_NONE;
     measure_done(m);
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -123,7 +114,7 @@ static CUresult ctx_finish(struct measure *m, CUresult rc, CUcontext *pctx, int 
     if (rc == CUDA_SUCCESS) {
         rc = ctx_account(m, *pctx, primary, held, call);
     } else {
-        uncharge(m->dev, held);
+        quota_uncharge(m->dev, held);
         m->how = M_NONE;
     }
     measure_done(m);

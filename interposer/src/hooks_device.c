@@ -1,7 +1,7 @@
 /* Hooks for plain and pitched device allocations (cuMemAlloc*, cuMemAllocPitch*) and their frees.
  *
- * The rule everywhere in the hooks: reserve in the ledger first, then call the driver, and roll the
- * reservation back if the driver fails — never check-then-charge. Frees call the driver first and release
+ * The rule everywhere in the hooks: charge the quota first (quota.h), then call the driver, and give the
+ * charge back if the driver fails — never check-then-charge. Frees call the driver first and release
  * the charge only once the driver has succeeded, so the device never holds more than what is charged. A
  * free of a pointer the shim never saw goes to the driver unchanged. */
 #define _GNU_SOURCE
@@ -15,9 +15,9 @@ static __attribute__((noinline)) CUresult device_alloc_other(struct placement p,
                                                              CUdevice ord, alloc_v2_fn real, const char *call) {
     if (p.to == PLACE_DRIVER) return real(dptr, n);
     if (p.to == PLACE_REFUSE) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = reserve(p.dev, p.charge, call);
-    if (rc != CUDA_SUCCESS) return p.spill ? spill_alloc(dptr, n, p.dev, ord, NULL, call) : rc;
-    if ((rc = elastic_alloc(dptr, p.charge, p.dev)) != CUDA_SUCCESS) uncharge(p.dev, p.charge);
+    CUresult rc = quota_charge(p.dev, p.charge, call, p.spill);
+    if (rc != CUDA_SUCCESS) return p.spill ? spill_alloc(dptr, n, p.dev, ord, call) : rc;
+    if ((rc = elastic_alloc(dptr, p.charge, p.dev)) != CUDA_SUCCESS) quota_uncharge(p.dev, p.charge);
     return rc;
 }
 
@@ -27,11 +27,11 @@ static CUresult device_alloc(CUdeviceptr *dptr, size_t n, alloc_v2_fn real, cons
     CUdevice ord;
     struct placement p = place_current(dptr && n, n, PLACE_CAN_SPILL | PLACE_CAN_ELASTIC, &ord);
     if (p.to != PLACE_DEVICE) return device_alloc_other(p, dptr, n, ord, real, call);
-    CUresult rc = reserve(p.dev, n, call);
-    if (rc != CUDA_SUCCESS) return p.spill ? spill_alloc(dptr, n, p.dev, ord, NULL, call) : rc;
+    CUresult rc = quota_charge(p.dev, n, call, p.spill);
+    if (rc != CUDA_SUCCESS) return p.spill ? spill_alloc(dptr, n, p.dev, ord, call) : rc;
     rc = real(dptr, n);
     if (rc != CUDA_SUCCESS || track(*dptr, n, p.dev, A_DEVICE, 0) < 0) {
-        uncharge(p.dev, n);
+        quota_uncharge(p.dev, n);
         return rc;
     }
     return CUDA_SUCCESS;
@@ -51,15 +51,15 @@ HOOK CUresult CUDAAPI cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int n) {
     struct placement p = place_current(dptr && n, n, 0, &ord); /* neither spilled nor elastic */
     if (p.to == PLACE_DRIVER) return real(dptr, n);
     if (p.to == PLACE_REFUSE) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = reserve(p.dev, p.charge, "cuMemAlloc");
+    CUresult rc = quota_charge(p.dev, p.charge, "cuMemAlloc", QUOTA_LOUD);
     if (rc != CUDA_SUCCESS) return rc;
     rc = real(dptr, n);
-    if (rc != CUDA_SUCCESS || track(*dptr, n, p.dev, A_DEVICE, 0) < 0) uncharge(p.dev, p.charge);
+    if (rc != CUDA_SUCCESS || track(*dptr, n, p.dev, A_DEVICE, 0) < 0) quota_uncharge(p.dev, p.charge);
     return rc;
 }
 
 /* Pitched allocations are charged what the driver actually allocates: rows of `pitch` bytes. The
- * reservation assumes 512-byte row alignment and is corrected once the driver reports the pitch.
+ * charge assumes 512-byte row alignment and is corrected once the driver reports the pitch.
  * `alloc` performs the real call (v2 or the legacy 32-bit v1) and reports address and pitch as 64-bit. */
 typedef CUresult (*pitch_call)(void *args, uint64_t *ptr, uint64_t *pitch);
 
@@ -72,21 +72,20 @@ static CUresult pitched(uint64_t w, uint64_t h, int v2, pitch_call alloc, void *
     if (p.to == PLACE_DRIVER) return alloc(args, ptr, pitch);
     if (p.to == PLACE_REFUSE) return CUDA_ERROR_OUT_OF_MEMORY;
     int dev = p.dev;
-    CUresult rc = reserve(dev, est, call);
+    CUresult rc = quota_charge(dev, est, call, p.spill);
     if (rc != CUDA_SUCCESS && p.spill) { /* host rows use the same 512-byte pitch */
         CUdeviceptr d;
-        rc = spill_alloc(&d, est, dev, ord, NULL, call);
+        rc = spill_alloc(&d, est, dev, ord, call);
         if (rc == CUDA_SUCCESS) { *ptr = d; *pitch = (w + 511) & ~511ull; }
         return rc;
     }
     if (rc != CUDA_SUCCESS) return rc;
     if ((rc = alloc(args, ptr, pitch)) != CUDA_SUCCESS) {
-        uncharge(dev, est);
+        quota_uncharge(dev, est);
         return rc;
     }
     uint64_t actual = *pitch * h;
-    if (actual > est) force_charge(dev, actual - est);
-    else uncharge(dev, est - actual);
+    quota_settle(dev, est, actual);
     track(*ptr, actual, dev, A_DEVICE, 0);
     return CUDA_SUCCESS;
 }
@@ -150,7 +149,7 @@ static CUresult free_tracked(CUdeviceptr p, __typeof__(&cuMemFree_v2) real) {
         return rc;
     }
     CUresult rc = real(p);
-    if (rc == CUDA_SUCCESS) uncharge(r.dev, r.size);
+    if (rc == CUDA_SUCCESS) quota_uncharge(r.dev, r.size);
     else track(r.key, r.size, r.dev, (enum alloc_kind)r.kind, r.aux);
     return rc;
 }

@@ -12,11 +12,11 @@ HOOK CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t n, unsigned in
     if (p.to == PLACE_DRIVER) return real(dptr, n, flags);
     if (p.to == PLACE_REFUSE) return CUDA_ERROR_OUT_OF_MEMORY;
     /* Managed pages may all migrate to the GPU, so they are charged as device memory. */
-    CUresult rc = reserve(p.dev, p.charge, "cuMemAllocManaged");
+    CUresult rc = quota_charge(p.dev, p.charge, "cuMemAllocManaged", p.spill);
     if (rc != CUDA_SUCCESS)
         return p.spill ? spill_alloc_managed(dptr, n, flags, p.dev, ord, "cuMemAllocManaged") : rc;
     rc = real(dptr, n, flags);
-    if (rc != CUDA_SUCCESS || track(*dptr, n, p.dev, A_MANAGED, 0) < 0) uncharge(p.dev, p.charge);
+    if (rc != CUDA_SUCCESS || track(*dptr, n, p.dev, A_MANAGED, 0) < 0) quota_uncharge(p.dev, p.charge);
     return rc;
 }
 

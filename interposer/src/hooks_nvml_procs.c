@@ -7,7 +7,7 @@
  * whose host PID is the host_pid of a live slot of this container's region, rewrites each to the slot's pid
  * (the container's view), and answers with NVML's own count/INSUFFICIENT_SIZE rules.
  *
- * How host PIDs are learnt: each process records its own at slot claim (ledger.c, outer_pid): getpid() in the
+ * How host PIDs are learnt: each process records its own at slot claim (region.c, outer_pid): getpid() in the
  * initial namespace, or the first NSpid entry when its /proc belongs to an outer namespace. A container with
  * its own /proc cannot see its host PID; its slots keep host_pid 0 and its list is empty (what nvidia-smi shows
  * in a container today) until the node agent, which can see host PIDs (F_GETLK on a slot's liveness lock
@@ -26,7 +26,7 @@ typedef nvmlReturn_t (*list_fn)(nvmlDevice_t, unsigned int *, void *);
 /* The container's pid of the process the driver calls host_pid, or 0 if it is not one of ours. */
 static unsigned int container_pid(unsigned int host_pid) {
     if (host_pid == 0) return 0;
-    struct ms_region *r = g_ledger.r;
+    struct ms_region *r = g_region.r;
     uint32_t hwm = __atomic_load_n(&r->hdr.slot_hwm, __ATOMIC_ACQUIRE);
     if (hwm > MS_MAX_SLOTS) hwm = MS_MAX_SLOTS;
     for (uint32_t i = 0; i < hwm; i++) {
@@ -58,7 +58,7 @@ static nvmlReturn_t fetch(list_fn real, nvmlDevice_t d, size_t esz, char **out, 
 /* Filter one list call: entries of esz bytes, the pid in the first 4 bytes (both NVML layouts). */
 static nvmlReturn_t own_processes(list_fn real, nvmlDevice_t d, unsigned int *count, void *infos, size_t esz) {
     if (!real) return NVML_ERROR_FUNCTION_NOT_FOUND;
-    if (!g_have_ledger || !count) return real(d, count, infos);
+    if (!g_have_region || !count) return real(d, count, infos);
     char *buf = NULL;
     unsigned int n = 0, keep = 0;
     nvmlReturn_t rc = fetch(real, d, esz, &buf, &n);

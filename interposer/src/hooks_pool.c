@@ -51,8 +51,7 @@ static int pool_reserved(CUmemoryPool pool, uint64_t *out) {
 static void reconcile_locked(struct pool_rec *pr) {
     uint64_t r;
     if (pool_reserved(pr->pool, &r) < 0) return;
-    if (r > pr->charged) force_charge(pr->dev, r - pr->charged);
-    else if (r < pr->charged) uncharge(pr->dev, pr->charged - r);
+    quota_settle(pr->dev, pr->charged, r);
     pr->charged = r;
 }
 
@@ -81,7 +80,7 @@ static CUresult pool_driver(const struct pool_call *c, CUdeviceptr *dptr, size_t
     return c->fp ? c->fp(dptr, n, c->pool, c->stream) : c->fa(dptr, n, c->stream);
 }
 
-/* The pool record an allocation placed on ledger device `dev` is charged to (the device's current pool for
+/* The pool record an allocation placed on region device `dev` is charged to (the device's current pool for
  * cuMemAllocAsync), or NULL when the shim does not account for it (no pool, table full). */
 static struct pool_rec *charged_pool(struct pool_call *c, CUdevice ord, int dev) {
     if (!c->pool) {
@@ -91,17 +90,35 @@ static struct pool_rec *charged_pool(struct pool_call *c, CUdevice ord, int dev)
     return pool_rec(c->pool, dev);
 }
 
-/* Reserve n bytes for a pool that may grow by that much; when the quota is reached, the pool's cached
- * blocks are given back first and its charge follows (caller holds pr->mu). */
-static CUresult pool_reserve(struct pool_rec *pr, int dev, size_t n, const char *call) {
-    if (try_charge(dev, n) == 0) return CUDA_SUCCESS;
+/* Charge n bytes for a pool that may grow by that much; when the quota is reached, the pool's cached
+ * blocks are given back first and its charge follows (caller holds pr->mu). `quiet`: a refusal spills. */
+static CUresult pool_charge(struct pool_rec *pr, int dev, size_t n, const char *call, int quiet) {
+    if (quota_charge(dev, n, call, QUOTA_QUIET) == CUDA_SUCCESS) return CUDA_SUCCESS;
     __auto_type trim = REAL(cuMemPoolTrimTo);
     if (trim) trim(pr->pool, 0);
     reconcile_locked(pr);
-    return reserve(dev, n, call);
+    return quota_charge(dev, n, call, quiet);
 }
 
-/* A stream-ordered allocation: reserve, allocate, then set the pool's charge to what it really reserves. */
+/* Whether the stream is being captured into a graph. */
+static int capturing(CUstream s) {
+    __auto_type is_cap = REAL(cuStreamIsCapturing);
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    return is_cap && is_cap(s, &status) == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/* Past the quota a stream-ordered allocation spills, except while its stream is being captured: freeing a
+ * spilled block needs a synchronize, which would break the graph. */
+static CUresult pool_spill(CUdeviceptr *dptr, size_t n, int dev, CUdevice ord, CUstream s, const char *call) {
+    if (s && capturing(s)) {
+        quota_refuse(dev, n, call);
+        shim_log(LOG_WARN, "memslice: %s: not spilled to host memory because the stream is being captured", call);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return spill_alloc(dptr, n, dev, ord, call);
+}
+
+/* A stream-ordered allocation: charge, allocate, then set the pool's charge to what it really reserves. */
 static CUresult pooled_alloc(CUdeviceptr *dptr, size_t n, struct pool_call c, const char *call) {
     CUdevice ord;
     struct placement p = place_current(dptr && n, n, PLACE_CAN_SPILL, &ord);
@@ -110,14 +127,14 @@ static CUresult pooled_alloc(CUdeviceptr *dptr, size_t n, struct pool_call c, co
     if (!pr) return pool_driver(&c, dptr, n);
     int dev = p.dev;
     pthread_mutex_lock(&pr->mu);
-    CUresult rc = pool_reserve(pr, dev, p.charge, call);
+    CUresult rc = pool_charge(pr, dev, p.charge, call, p.spill);
     if (rc != CUDA_SUCCESS) {
         pthread_mutex_unlock(&pr->mu);
-        return p.spill ? spill_alloc(dptr, n, dev, ord, c.stream, call) : rc;
+        return p.spill ? pool_spill(dptr, n, dev, ord, c.stream, call) : rc;
     }
     rc = pool_driver(&c, dptr, n);
     if (rc != CUDA_SUCCESS) {
-        uncharge(dev, n);
+        quota_uncharge(dev, n);
     } else {
         pr->charged += n;
         reconcile_locked(pr);
@@ -163,7 +180,7 @@ static CUresult free_async(CUdeviceptr p, CUstream s, __typeof__(&cuMemFreeAsync
         return rc;
     }
     /* Pool memory stays reserved by the pool (reconciled later); cuMemAlloc memory is released. */
-    if (r.kind != A_POOL) uncharge(r.dev, r.size);
+    if (r.kind != A_POOL) quota_uncharge(r.dev, r.size);
     return CUDA_SUCCESS;
 }
 /* Stream-ordered free. */
@@ -186,7 +203,7 @@ HOOK CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool) {
     for (int i = 0; i < n; i++) {
         if (g_pools[i].pool != pool) continue;
         pthread_mutex_lock(&g_pools[i].mu);
-        uncharge(g_pools[i].dev, g_pools[i].charged);
+        quota_uncharge(g_pools[i].dev, g_pools[i].charged);
         g_pools[i].charged = 0;
         g_pools[i].pool = NULL;
         pthread_mutex_unlock(&g_pools[i].mu);

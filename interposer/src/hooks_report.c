@@ -1,7 +1,7 @@
 /* What the application is told about memory: the quota is the GPU's size.
  * total = min(quota, physical); free = quota - what the container has charged, never below zero and
  * never above what the GPU really has free. cuMemGetInfo, cuDeviceTotalMem and NVML give the same
- * numbers from the same ledger, keyed by UUID. Without a quota these calls pass through untouched. */
+ * numbers from the same region, keyed by UUID. Without a quota these calls pass through untouched. */
 #define _GNU_SOURCE
 #include <limits.h>
 #include <string.h>
@@ -11,9 +11,9 @@
 /* The smaller of two byte counts. */
 static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
-/* Apply the quota view to a (free, total) pair of the GPU with ledger index dev. */
+/* Apply the quota view to a (free, total) pair of the GPU with region index dev. */
 static void quota_view(int dev, uint64_t *freeb, uint64_t *total) {
-    uint64_t t = min_u64(g_cfg.limit, *total), used = dev_used(dev);
+    uint64_t t = min_u64(g_cfg.limit, *total), used = quota_used(dev);
     uint64_t qfree = used < t ? t - used : 0;
     *freeb = min_u64(qfree, *freeb);
     *total = t;
@@ -77,7 +77,7 @@ HOOK CUresult CUDAAPI cuDeviceTotalMem(unsigned int *bytes, CUdevice d) {
         if (UNLIKELY(g_cfg.mode == MODE_FAIL_CLOSED)) return NVML_ERROR_NO_PERMISSION;                    \
     } while (0)
 
-/* Ledger index of an NVML device (by UUID), or -1. */
+/* Region index of an NVML device (by UUID), or -1. */
 static int nvml_dev(nvmlDevice_t d, uint64_t physical_total) {
     __auto_type uuid = REAL_NVML(nvmlDeviceGetUUID);
     char u[96];

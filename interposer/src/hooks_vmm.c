@@ -31,13 +31,13 @@ HOOK CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, 
     struct vmm_rec *v = calloc(1, sizeof *v);
     if (!v) return CUDA_ERROR_OUT_OF_MEMORY;
     int host = 0;
-    CUresult rc = reserve(dev, p.charge, "cuMemCreate");
+    CUresult rc = quota_charge(dev, p.charge, "cuMemCreate", p.spill);
     if (rc != CUDA_SUCCESS && p.spill) {
         rc = spill_vmm(h, size, prop, flags, dev, "cuMemCreate");
         host = 1;
     } else if (rc == CUDA_SUCCESS) {
         rc = real(h, size, prop, flags);
-        if (rc != CUDA_SUCCESS) uncharge(dev, size);
+        if (rc != CUDA_SUCCESS) quota_uncharge(dev, size);
     }
     if (rc != CUDA_SUCCESS) {
         free(v);
@@ -52,8 +52,8 @@ HOOK CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, 
 static void vmm_maybe_done(struct vmm_rec *v) {
     if (!v->released || v->maps > 0) return;
     untrack(v->handle, NULL);
-    if (v->host) uncharge_host(v->dev, v->size);
-    else uncharge(v->dev, v->size);
+    if (v->host) quota_uncharge_host(v->dev, v->size);
+    else quota_uncharge(v->dev, v->size);
     free(v);
 }
 
@@ -104,7 +104,7 @@ static CUresult import_extend(CUmemGenericAllocationHandle h, size_t size, size_
         struct vmm_rec *v = (struct vmm_rec *)(uintptr_t)r.aux;
         uint64_t end = (uint64_t)offset + size;
         if (v->imported && end > v->size) {
-            rc = charge(v->dev, end - v->size, "cuMemMap of an imported handle");
+            rc = quota_charge(v->dev, end - v->size, "cuMemMap of an imported handle", QUOTA_LOUD);
             if (rc == CUDA_SUCCESS) {
                 *added = end - v->size;
                 v->size = end;
@@ -122,7 +122,7 @@ static void import_shrink(CUmemGenericAllocationHandle h, uint64_t added) {
     if (added && lookup(h, &r) && r.kind == A_VMM_HANDLE) {
         struct vmm_rec *v = (struct vmm_rec *)(uintptr_t)r.aux;
         v->size -= added;
-        uncharge(v->dev, added);
+        quota_uncharge(v->dev, added);
     }
     pthread_mutex_unlock(&g_vmm_mu);
 }

@@ -47,7 +47,7 @@ static void init_once(void) {
     config_ensure();
     if (g_cfg.mode != MODE_FAIL_CLOSED && g_cfg.region_path[0]) {
         accounting_open();
-        if (g_have_ledger) atexit(accounting_at_exit);
+        if (g_have_region) atexit(accounting_at_exit);
     }
     pthread_atfork(NULL, NULL, after_fork_child);
     if (enforcing()) elastic_start();

@@ -60,11 +60,11 @@ static uint32_t host_pid(void) {
     static int32_t for_pid, cached;
     int32_t me = (int32_t)getpid();
     if (__atomic_load_n(&for_pid, __ATOMIC_ACQUIRE) != me) {
-        __atomic_store_n(&cached, ms_host_pid(), __ATOMIC_RELAXED);
+        __atomic_store_n(&cached, region_host_pid(), __ATOMIC_RELAXED);
         __atomic_store_n(&for_pid, me, __ATOMIC_RELEASE);
     }
     int32_t v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-    if (v <= 0 && g_ledger.slot >= 0) v = __atomic_load_n(&g_ledger.r->slot[g_ledger.slot].host_pid, __ATOMIC_RELAXED);
+    if (v <= 0 && g_region.slot >= 0) v = __atomic_load_n(&g_region.r->slot[g_region.slot].host_pid, __ATOMIC_RELAXED);
     return v > 0 ? (uint32_t)v : 0;
 }
 
@@ -112,24 +112,17 @@ static int reading(struct measure *m, int how, uint64_t *out) {
     return free_memory(m, how, out);
 }
 
-/* What this process has charged on a device (its slot), to take its other threads' allocations out of a
- * measurement. */
-static uint64_t own_charged(int dev) {
-    if (g_ledger.slot < 0 || dev < 0 || dev >= MS_MAX_DEVICES) return 0;
-    return __atomic_load_n(&g_ledger.r->slot[g_ledger.slot].device_bytes[dev], __ATOMIC_SEQ_CST);
-}
-
 void measure_begin(struct measure *m, int dev, CUdevice ord) {
     pthread_mutex_lock(&g_measure_mu);
     *m = (struct measure){.dev = dev, .ord = ord, .how = M_NONE, .how_free = M_NONE, .nvml = nvml_device(ord)};
-    m->charged = own_charged(dev);
+    m->charged = quota_mine(dev); /* its other threads' allocations are taken out */
     for (int how = M_NVML_PROCESS; how <= M_CUDA_FREE; how++)
         if (reading(m, how, &m->before) == 0) {
             m->how = how;
             break;
         }
     if (m->how != M_NVML_PROCESS) return;
-    /* NVML's process figure is checked against the driver's free memory (issue 35 item 2): the driver's own
+    /* NVML's process figure is checked against the driver's free memory: the driver's own
      * (cuMemGetInfo) where a context of the GPU is current, else NVML's */
     for (int how = M_CUDA_FREE; how >= M_NVML_FREE; how--)
         if (reading(m, how, &m->free_before) == 0) {
@@ -153,7 +146,7 @@ int64_t measure_end(struct measure *m) {
     }
     m->after = after;
     int64_t by_free = m->how == M_NVML_PROCESS ? free_taken(m) : 0;
-    int64_t others = (int64_t)(own_charged(m->dev) - m->charged); /* this process's other threads, meanwhile */
+    int64_t others = (int64_t)(quota_mine(m->dev) - m->charged); /* this process's other threads, meanwhile */
     if (m->how != M_NVML_PROCESS) return (int64_t)(m->before - after) - others; /* free memory went down */
     int64_t by_nvml = (int64_t)(after - m->before);
     /* where the two disagree, the larger: an NVML that under-reports this process (a tenant's copy, a broken
@@ -163,22 +156,22 @@ int64_t measure_end(struct measure *m) {
 
 /* Charge (or give back) what reconciliation found: NVML's figure for this process beyond its charges. */
 static void reconcile(struct measure *m) {
-    if (m->how != M_NVML_PROCESS || g_ledger.slot < 0 || m->dev < 0 || m->dev >= MS_MAX_DEVICES) return;
-    uint64_t charged = __atomic_load_n(&g_ledger.r->slot[g_ledger.slot].device_bytes[m->dev], __ATOMIC_SEQ_CST);
+    if (m->how != M_NVML_PROCESS || g_region.slot < 0 || m->dev < 0 || m->dev >= MS_MAX_DEVICES) return;
+    uint64_t charged = quota_mine(m->dev);
     uint64_t *u = &g_unexplained[m->dev];
     if (m->after > charged) {
         uint64_t extra = m->after - charged;
         char a[32];
         shim_log(LOG_INFO, "memslice: NVML shows %s more on GPU %d than this process's charges explain; "
                  "charged", fmt_bytes(extra, a, sizeof a), m->ord);
-        force_charge(m->dev, extra);
+        quota_force(m->dev, extra);
         *u += extra;
-        ms_note_taken(&g_ledger, m->dev, extra, 0);
+        quota_note_taken(m->dev, extra, 0);
     } else if (*u && charged - m->after > 0) {
         uint64_t back = charged - m->after < *u ? charged - m->after : *u;
-        uncharge(m->dev, back);
+        quota_uncharge(m->dev, back);
         *u -= back;
-        ms_note_taken(&g_ledger, m->dev, back, 1);
+        quota_note_taken(m->dev, back, 1);
     }
 }
 
@@ -193,10 +186,8 @@ static uint64_t taken_key(uint64_t handle, enum taken_kind kind) { return handle
 /* Charge n bytes the driver took for a handle, and record them under it. */
 CUresult taken_charge(int dev, uint64_t handle, enum taken_kind kind, uint64_t n, const char *call) {
     if (!n) return CUDA_SUCCESS;
-    if (try_charge(dev, n) < 0) {
-        refuse(dev, n, call);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
+    CUresult rc = quota_charge(dev, n, call, QUOTA_LOUD);
+    if (rc != CUDA_SUCCESS) return rc;
     taken_record(dev, handle, kind, n);
     return CUDA_SUCCESS;
 }
@@ -209,7 +200,7 @@ void taken_record(int dev, uint64_t handle, enum taken_kind kind, uint64_t n) {
     if (ms_ptrmap_take(&g_taken, key, &r)) had = r.size;
     r = (ms_rec){.key = key, .size = had + n, .dev = dev, .kind = (uint32_t)kind};
     ms_ptrmap_put(&g_taken, &r);
-    ms_note_taken(&g_ledger, dev, n, 0);
+    quota_note_taken(dev, n, 0);
 }
 
 /* Give back what a handle's record holds (at most at_most), uncharging it. */
@@ -222,7 +213,7 @@ uint64_t taken_release(uint64_t handle, enum taken_kind kind, uint64_t at_most) 
         r.size -= back;
         ms_ptrmap_put(&g_taken, &r);
     }
-    uncharge(r.dev, back);
-    ms_note_taken(&g_ledger, r.dev, back, 1);
+    quota_uncharge(r.dev, back);
+    quota_note_taken(r.dev, back, 1);
     return back;
 }

@@ -19,7 +19,7 @@ enum place_to { PLACE_DRIVER = 0, PLACE_REFUSE, PLACE_DEVICE, PLACE_ELASTIC };
 enum { PLACE_CAN_SPILL = 1, PLACE_CAN_ELASTIC = 2 };
 
 struct place_facts {
-    int dev;              /* ledger index of the GPU; -1 not accounted; DEV_UNCHARGEABLE */
+    int dev;              /* region index of the GPU; -1 not accounted; DEV_UNCHARGEABLE */
     uint64_t n;           /* bytes asked */
     unsigned can;         /* PLACE_CAN_* of the route */
     int oversubscribe;    /* g_cfg.oversubscribe */
@@ -30,7 +30,7 @@ struct place_facts {
 /* 16 bytes: passed and returned in two registers. */
 struct placement {
     uint64_t charge;      /* bytes charged to the quota before acting */
-    int dev;              /* ledger index charged (PLACE_DEVICE, PLACE_ELASTIC) */
+    int dev;              /* region index charged (PLACE_DEVICE, PLACE_ELASTIC) */
     unsigned char to;     /* enum place_to */
     unsigned char spill;  /* past the quota: serve from host memory (else out of memory) */
 };
@@ -56,7 +56,7 @@ static inline struct placement place(const struct place_facts *f) {
     return p;
 }
 
-/* The facts for an allocation of n bytes on GPU `dev` (a ledger index, or -1 / DEV_UNCHARGEABLE), and the
+/* The facts for an allocation of n bytes on GPU `dev` (a region index, or -1 / DEV_UNCHARGEABLE), and the
  * decision. Routes that name their device (cuMemCreate) come here directly. */
 static inline struct placement place_on(int dev, uint64_t n, unsigned can) {
     struct place_facts f = {.dev = dev, .n = n, .can = can, .oversubscribe = g_cfg.oversubscribe};

@@ -32,7 +32,7 @@ void *real_dlsym_call(void *handle, const char *name) {
     return f ? f(handle, name) : NULL;
 }
 
-/* A driver library: the node's own file when the limits name it (nvml_path, cuda_path: issue 35 item 2, a
+/* A driver library: the node's own file when the limits name it (nvml_path, cuda_path: a
  * tenant's copy earlier in its library path must not answer the shim's measurements), else by name as the
  * application would find it. Loaded by path first, its soname then answers the application's own dlopen by
  * name too. NULL if it cannot be loaded. */

@@ -8,6 +8,7 @@
 #include "cuda_api.h"
 #include "memslice_region.h"
 #include "ms_ptrmap.h"
+#include "quota.h"
 
 #define HOOK __attribute__((visibility("default")))
 
@@ -57,8 +58,8 @@ struct shim_config {
 };
 
 extern struct shim_config g_cfg;
-extern ms_ledger g_ledger;
-extern int g_have_ledger;
+extern region_handle g_region;
+extern int g_have_region;
 
 /* lifecycle.c: start-up (config, region, fork handler, elastic mode), once, at the first CUDA or NVML call */
 void shim_init(void);
@@ -78,7 +79,6 @@ void config_fail_closed(const char *fmt, ...) __attribute__((format(printf, 1, 2
 
 /* log.c */
 void shim_log(enum log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void shim_log_refusal(const char *call, uint64_t request, int dev, int host);
 const char *fmt_bytes(uint64_t b, char *buf, unsigned len);
 
 /* real.c: the driver's own functions */
@@ -90,39 +90,33 @@ void *real_dlsym_call(void *handle, const char *name);
 #define REAL(name) ({ static __typeof__(&name) fp_; if (UNLIKELY(!fp_)) fp_ = (__typeof__(&name))real_cuda(#name); fp_; })
 #define REAL_NVML(name) ({ static __typeof__(&name) fp_; if (UNLIKELY(!fp_)) fp_ = (__typeof__(&name))real_nvml(#name); fp_; })
 
-/* accounting.c */
+/* Charging the quota, HBM and host: quota.h, the one door (included above).
+ * accounting.c: the region opened, GPUs by UUID, and the table of what this process allocated. */
 void accounting_open(void);                  /* start-up: the region and this process's slot (or fail closed) */
 void accounting_at_exit(void);               /* atexit: this process's charges go back */
 void accounting_after_fork(void);            /* a forked child claims a slot of its own */
 /* A GPU the shim must charge but cannot enter into the region (its device table locked past the bound, or
  * full): under a quota the allocation is refused (out of memory) rather than let through uncharged. */
 #define DEV_UNCHARGEABLE (-2)
-int dev_index(CUdevice ordinal);             /* ledger index of a CUDA ordinal, -1 if unknown */
+int dev_index(CUdevice ordinal);             /* region index of a CUDA ordinal, -1 if unknown */
 int uuid_text(CUdevice ordinal, char *buf, unsigned len);  /* "GPU-…" of an ordinal: 0, or -1 */
-int current_dev(CUdevice *ordinal);          /* ledger index of the current context's device */
+int current_dev(CUdevice *ordinal);          /* region index of the current context's device */
 int dev_index_by_uuid(const char *uuid, uint64_t physical_total);
-CUresult charge(int dev, uint64_t n, const char *call);   /* CUDA_SUCCESS or CUDA_ERROR_OUT_OF_MEMORY */
-int try_charge(int dev, uint64_t n);         /* 0, or -1 without logging (after reclaiming dead processes) */
-void refuse(int dev, uint64_t n, const char *call);       /* count and log a refusal */
-void force_charge(int dev, uint64_t n);      /* a correction after the driver chose a larger size */
-void uncharge(int dev, uint64_t n);
 int track(uint64_t key, uint64_t size, int dev, enum alloc_kind kind, uint64_t aux);
 int untrack(uint64_t key, ms_rec *out);      /* 1 if it was ours */
 int lookup(uint64_t key, ms_rec *out);
 int lookup_range(uint64_t addr, ms_rec *out);   /* the record containing addr (slow: prefetch only) */
-uint64_t dev_used(int dev);
 int enforcing(void);
 int accounting(void);
 
 /* spill.c (oversubscription) */
-CUresult spill_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ordinal, CUstream stream, const char *call);
+CUresult spill_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ordinal, const char *call);
 CUresult spill_free(const ms_rec *r, CUstream stream, int async);
 CUresult spill_alloc_managed(CUdeviceptr *dptr, uint64_t n, unsigned int flags, int dev, CUdevice ordinal,
                              const char *call);
 CUresult spill_vmm(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
                    unsigned long long flags, int dev, const char *call);
-void uncharge_host(int dev, uint64_t n);
-/* Host memory headroom (spill.c; issue 26): whether n more bytes of pinned host memory fit this process's
+/* Host memory headroom (spill.c): whether n more bytes of pinned host memory fit this process's
  * memory cgroup (keeping its margin) and the host's MemAvailable (keeping a slack). */
 enum { HOST_ROOM_OK = 0, HOST_ROOM_CGROUP = 1, HOST_ROOM_HOST = 2 };
 struct host_verdict {
@@ -132,13 +126,6 @@ struct host_verdict {
 };
 int host_room(uint64_t n, struct host_verdict *v);
 const char *host_room_text(const struct host_verdict *v, char *out, size_t len);
-
-/* Reserve n bytes for an allocation; in oversubscription mode a refusal is not logged here (the spill path
- * decides what happens). */
-static inline CUresult reserve(int dev, uint64_t n, const char *call) {
-    if (g_cfg.oversubscribe) return try_charge(dev, n) == 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-    return charge(dev, n, call);
-}
 
 /* hooks_ctx.c */
 void ctx_after_fork(void);                   /* a forked child has charged no context yet */
@@ -178,7 +165,7 @@ void elastic_gate_exit(void);
 static inline void work_enter(void) { if (UNLIKELY(g_elastic)) elastic_gate_slow(); }
 static inline void work_exit(void) { if (UNLIKELY(g_elastic)) elastic_gate_exit(); }
 
-/* compute*.c (the compute share, issue 33; docs/architecture.md "Compute share"): launches wait (bounded) while
+/* compute*.c (the compute share; docs/architecture.md "Compute share"): launches wait (bounded) while
  * the container is over its limit or owes its neighbours GPU time, and are measured with events. Free on the hot
  * path when no share is set. */
 extern int g_compute;                        /* 1 when a compute share is set */

@@ -22,7 +22,8 @@
  * Host bytes are charged on the region's host counter, capped by MEMSLICE_HOST_SPILL_LIMIT, and refused
  * when they would eat into the last margin of the container's memory cgroup (pinned pages count there and
  * cannot be swapped: running out means an OOM kill, which is worse than CUDA_ERROR_OUT_OF_MEMORY).
- * Never during stream capture: freeing a spilled block needs a synchronize, which would break the graph. */
+ * Never during stream capture (hooks_pool.c asks): freeing a spilled block needs a synchronize, which would
+ * break the graph. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdint.h>
@@ -36,7 +37,7 @@
 #include "ms_size.h"
 #include "shim.h"
 
-/* ---- host memory headroom (issue 26, "host memory is finite") -----------------------------------------
+/* ---- host memory headroom ("host memory is finite") -------------------------------------------------------
  * Pinned host pages are charged to the memory cgroup of the process that allocates them, and cannot be
  * swapped: a spill or an elastic move that overruns the cgroup ends in an OOM kill, worse than
  * CUDA_ERROR_OUT_OF_MEMORY. So before taking n bytes to host memory, this process checks its own cgroup
@@ -262,33 +263,11 @@ static int cgroup_allows(uint64_t n, char *why, size_t len) {
 }
 
 /* ---- spilling ----------------------------------------------------------------------------------------- */
-static int capturing(CUstream s) {
-    __auto_type is_cap = REAL(cuStreamIsCapturing);
-    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    return is_cap && is_cap(s, &status) == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE;
-}
-
-/* Reserve n host bytes, or log why not. 0 on success. */
-static int reserve_host(int dev, uint64_t n, const char *call) {
+/* Charge n host bytes: the host's own memory first (the cgroup's margin, the host's slack), then the spill cap
+ * (quota.c). 0, or -1 with the refusal counted and said. */
+static int charge_host(int dev, uint64_t n, const char *call) {
     char why[768];
-    if (!cgroup_allows(n, why, sizeof why)) {
-        ms_note_refused(&g_ledger, dev, 1);
-        shim_log(LOG_ERROR, "memslice: %s: %s", call, why);
-        return -1;
-    }
-    uint64_t cap = g_cfg.spill_limit; /* 0 means 0: nothing spills (UINT64_MAX >> 2 when no cap is set) */
-    if (g_ledger.slot < 0 && ms_ledger_claim(&g_ledger) < 0) return -1;
-    if (ms_charge(&g_ledger, dev, n, cap, 1) == 0) return 0;
-    ms_note_refused(&g_ledger, dev, 1);
-    char a[32], c[32];
-    shim_log(LOG_ERROR, "memslice: %s of %s refused: over the quota, and the host spill would exceed its cap "
-             "(%s%s; %s already spilled)", call, fmt_bytes(n, a, sizeof a), g_cfg.spill_source,
-             cap ? "" : ": nothing may spill", fmt_bytes(ms_bytes(g_ledger.r->dev[dev].host_used), c, sizeof c));
-    return -1;
-}
-
-void uncharge_host(int dev, uint64_t n) {
-    if (n && g_ledger.slot >= 0) ms_uncharge(&g_ledger, dev, n, 1);
+    return quota_charge_host(dev, n, call, cgroup_allows(n, why, sizeof why) ? NULL : why);
 }
 
 static int g_mapped_off; /* 1 once the driver has said it cannot map host memory: the pinned path only */
@@ -339,83 +318,87 @@ static CUresult map_host(CUdeviceptr *va, uint64_t n, CUdevice ordinal) {
     return rc;
 }
 
-/* The mapped path: n rounded up to the granularity, charged and mapped. CUDA_ERROR_NOT_SUPPORTED when the
- * driver cannot create host memory this way (the caller falls back to the pinned path). */
-static CUresult spill_mapped(CUdeviceptr *dptr, uint64_t n, uint64_t gran, int dev, CUdevice ordinal,
-                             const char *call) {
-    uint64_t size = (n + gran - 1) & ~(gran - 1);
-    if (reserve_host(dev, size, call) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUdeviceptr d = 0;
-    CUresult rc = map_host(&d, size, ordinal);
-    if (rc == CUDA_SUCCESS && track(d, size, dev, A_SPILL_MAPPED, 0) < 0) {
-        REAL(cuMemUnmap)(d, size);
-        REAL(cuMemAddressFree)(d, size);
-        rc = CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    if (rc != CUDA_SUCCESS) {
-        uncharge_host(dev, size);
-        if (rc == CUDA_ERROR_OUT_OF_MEMORY) return rc;
-        if (rc == CUDA_ERROR_NOT_SUPPORTED && !__atomic_exchange_n(&g_mapped_off, 1, __ATOMIC_RELAXED))
-            shim_log(LOG_INFO, "memslice: %s: the driver cannot map host memory at device addresses; spilled "
-                     "memory is pinned host memory from now on (slower to allocate)", call);
-        return CUDA_ERROR_NOT_SUPPORTED; /* this allocation tries the pinned path */
-    }
-    *dptr = d;
-    return CUDA_SUCCESS;
+/* The mapped path: `size` bytes (a multiple of the granularity) of host memory at device addresses.
+ * CUDA_ERROR_NOT_SUPPORTED when the driver cannot create host memory this way (the caller falls back to the
+ * pinned path). */
+static CUresult spill_mapped(CUdeviceptr *dptr, uint64_t size, CUdevice ordinal, const char *call) {
+    CUresult rc = map_host(dptr, size, ordinal);
+    if (rc == CUDA_SUCCESS || rc == CUDA_ERROR_OUT_OF_MEMORY) return rc;
+    if (rc == CUDA_ERROR_NOT_SUPPORTED && !__atomic_exchange_n(&g_mapped_off, 1, __ATOMIC_RELAXED))
+        shim_log(LOG_INFO, "memslice: %s: the driver cannot map host memory at device addresses; spilled "
+                 "memory is pinned host memory from now on (slower to allocate)", call);
+    return CUDA_ERROR_NOT_SUPPORTED; /* this allocation tries the pinned path */
 }
 
-/* The pinned path: mapped pinned host memory of exactly n bytes (small allocations, old drivers). */
-static CUresult spill_pinned(CUdeviceptr *dptr, uint64_t n, int dev, const char *call) {
-    if (reserve_host(dev, n, call) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+/* The pinned path: mapped pinned host memory of exactly n bytes (small allocations, old drivers), its host
+ * pointer in *host. CUDA_SUCCESS or CUDA_ERROR_OUT_OF_MEMORY. */
+static CUresult spill_pinned(CUdeviceptr *dptr, void **host, uint64_t n) {
     __auto_type host_alloc = REAL(cuMemHostAlloc);
     __auto_type devptr = REAL(cuMemHostGetDevicePointer_v2);
     __auto_type free_host = REAL(cuMemFreeHost);
-    void *h = NULL;
-    CUresult rc = host_alloc && devptr && free_host
-                      ? host_alloc(&h, n, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE)
-                      : CUDA_ERROR_NOT_SUPPORTED;
-    CUdeviceptr d = 0;
-    if (rc == CUDA_SUCCESS && (rc = devptr(&d, h, 0)) != CUDA_SUCCESS) free_host(h);
-    if (rc != CUDA_SUCCESS || track(d, n, dev, A_SPILL_HOST, (uint64_t)(uintptr_t)h) < 0) {
-        if (rc == CUDA_SUCCESS) free_host(h);
-        uncharge_host(dev, n);
+    if (!host_alloc || !devptr || !free_host ||
+        host_alloc(host, n, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE) != CUDA_SUCCESS)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    if (devptr(dptr, *host, 0) == CUDA_SUCCESS) return CUDA_SUCCESS;
+    free_host(*host);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* Give back a spilled block of either path that could not be recorded. */
+static void spill_undo(CUdeviceptr d, uint64_t size, void *host) {
+    if (host) {
+        REAL(cuMemFreeHost)(host);
+    } else {
+        REAL(cuMemUnmap)(d, size);
+        REAL(cuMemAddressFree)(d, size);
     }
-    *dptr = d;
-    return CUDA_SUCCESS;
 }
 
 /* An allocation past the quota, served from host memory: mapped into device addresses when it is at least
- * the host granularity and the driver can, else pinned. */
-CUresult spill_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ordinal, CUstream stream, const char *call) {
-    if (stream && capturing(stream)) {
-        refuse(dev, n, call);
-        shim_log(LOG_WARN, "memslice: %s: not spilled to host memory because the stream is being captured", call);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
+ * the host granularity and the driver can, else pinned. The host bytes are charged once, for the mapped
+ * size (the pinned path gives the rounding back), and recorded once. */
+CUresult spill_alloc(CUdeviceptr *dptr, uint64_t n, int dev, CUdevice ordinal, const char *call) {
     uint64_t gran = n && !__atomic_load_n(&g_mapped_off, __ATOMIC_RELAXED) ? host_granularity() : 0;
     /* sizes past 2^62 (which no host has) go the pinned way, where the cap refuses them: rounding them up
      * would wrap around */
-    CUresult rc = gran && n >= gran && n <= (1ull << 62) ? spill_mapped(dptr, n, gran, dev, ordinal, call)
-                                                          : CUDA_ERROR_NOT_SUPPORTED;
-    if (rc == CUDA_ERROR_NOT_SUPPORTED) rc = spill_pinned(dptr, n, dev, call);
-    if (rc == CUDA_SUCCESS && g_cfg.log_level >= LOG_DEBUG) {
+    int mapped = gran && n >= gran && n <= (1ull << 62);
+    uint64_t size = mapped ? (n + gran - 1) & ~(gran - 1) : n;
+    if (charge_host(dev, size, call) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUdeviceptr d = 0;
+    void *host = NULL;
+    CUresult rc = mapped ? spill_mapped(&d, size, ordinal, call) : CUDA_ERROR_NOT_SUPPORTED;
+    if (rc == CUDA_ERROR_NOT_SUPPORTED) {
+        quota_uncharge_host(dev, size - n);
+        size = n;
+        rc = spill_pinned(&d, &host, n);
+    }
+    enum alloc_kind kind = host ? A_SPILL_HOST : A_SPILL_MAPPED;
+    if (rc == CUDA_SUCCESS && track(d, size, dev, kind, (uint64_t)(uintptr_t)host) < 0) {
+        spill_undo(d, size, host);
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (rc != CUDA_SUCCESS) {
+        quota_uncharge_host(dev, size);
+        return rc;
+    }
+    *dptr = d;
+    if (g_cfg.log_level >= LOG_DEBUG) {
         char a[32];
         shim_log(LOG_DEBUG, "memslice: %s: %s served from host memory", call, fmt_bytes(n, a, sizeof a));
     }
-    return rc;
+    return CUDA_SUCCESS;
 }
 
 CUresult spill_alloc_managed(CUdeviceptr *dptr, uint64_t n, unsigned int flags, int dev, CUdevice ordinal,
                              const char *call) {
-    if (reserve_host(dev, n, call) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (charge_host(dev, n, call) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     __auto_type alloc = REAL(cuMemAllocManaged);
     __auto_type advise2 = REAL(cuMemAdvise_v2);
     __auto_type advise1 = REAL(cuMemAdvise);
     CUdeviceptr p;
     CUresult rc = alloc(&p, n, flags);
     if (rc != CUDA_SUCCESS) {
-        uncharge_host(dev, n);
+        quota_uncharge_host(dev, n);
         return rc;
     }
     /* 3 = SET_PREFERRED_LOCATION, 5 = SET_ACCESSED_BY; -1 = CU_DEVICE_CPU for the old signature */
@@ -427,7 +410,7 @@ CUresult spill_alloc_managed(CUdeviceptr *dptr, uint64_t n, unsigned int flags, 
     }
     if (rc != CUDA_SUCCESS || track(p, n, dev, A_SPILL_MANAGED, 0) < 0) {
         REAL(cuMemFree_v2)(p);
-        uncharge_host(dev, n);
+        quota_uncharge_host(dev, n);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     *dptr = p;
@@ -438,24 +421,24 @@ CUresult spill_alloc_managed(CUdeviceptr *dptr, uint64_t n, unsigned int flags, 
 CUresult spill_vmm(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
                    unsigned long long flags, int dev, const char *call) {
     if (prop->requestedHandleTypes) {
-        refuse(dev, size, call);
+        quota_refuse(dev, size, call);
         shim_log(LOG_WARN, "memslice: %s: not spilled to host memory because shareable handles were requested "
                  "(host allocations cannot be exported)", call);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    if (reserve_host(dev, size, call) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (charge_host(dev, size, call) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUmemAllocationProp host = *prop;
     host.location.type = CU_MEM_LOCATION_TYPE_HOST;
     host.location.id = 0;
     CUresult rc = REAL(cuMemCreate)(h, size, &host, flags);
-    if (rc != CUDA_SUCCESS) uncharge_host(dev, size);
+    if (rc != CUDA_SUCCESS) quota_uncharge_host(dev, size);
     return rc;
 }
 
 /* Free a spilled allocation of any kind. cuMemFree waits for the device; so does the mapped path before it
  * unmaps (an asynchronous free waits for its stream only). */
 CUresult spill_free(const ms_rec *r, CUstream stream, int async) {
-    if (async) { /* the stream may still use it: let it finish first (never captured: see spill_alloc) */
+    if (async) { /* the stream may still use it: let it finish first (never captured: see hooks_pool.c) */
         __auto_type sync = REAL(cuStreamSynchronize);
         if (sync) sync(stream);
     } else if (r->kind == A_SPILL_MAPPED) {
@@ -466,7 +449,7 @@ CUresult spill_free(const ms_rec *r, CUstream stream, int async) {
     else if (r->kind == A_SPILL_MAPPED) {
         if ((rc = REAL(cuMemUnmap)(r->key, r->size)) == CUDA_SUCCESS) REAL(cuMemAddressFree)(r->key, r->size);
     } else rc = REAL(cuMemFree_v2)(r->key);
-    if (rc == CUDA_SUCCESS) uncharge_host(r->dev, r->size);
+    if (rc == CUDA_SUCCESS) quota_uncharge_host(r->dev, r->size);
     else track(r->key, r->size, r->dev, (enum alloc_kind)r->kind, r->aux);
     return rc;
 }

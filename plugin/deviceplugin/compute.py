@@ -1,4 +1,4 @@
-"""The second DevicePlugin service: `memslice.io/gpu-compute` (issue 33), on its own socket.
+"""The second DevicePlugin service: `memslice.io/gpu-compute`, on its own socket.
 
 The kubelet counts a node's compute share with it: 100 devices per GPU, one per percent (plugin/devices.py,
 `c<gpu-index>-<n>`), healthy as the GPU is. Which GPU a container's share is on, and the share itself, are

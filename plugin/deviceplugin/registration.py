@@ -39,7 +39,7 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_ino, st.st_ctime_ns
 
 
-COMPUTE_SOCKET = "memslice-gpu-compute.sock"  # the second plugin: memslice.io/gpu-compute (issue 33)
+COMPUTE_SOCKET = "memslice-gpu-compute.sock"  # the second plugin: memslice.io/gpu-compute
 
 
 def register(kubelet_socket: Path, endpoint: str, timeout_s: float = 15.0, resource: str = RESOURCE_NAME,

@@ -167,14 +167,14 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                                compute_request=share.request if share else 0,
                                compute_limit=share.limit or 0 if share else 0)
         if alloc.compute_slot < 0 and (alloc.compute_request or alloc.compute_limit) and self.rcfg.compute_host_dir:
-            # issue 33: the container's compute slot on its GPU, in the roster the shim trusts (fails closed:
+            # the container's compute slot on its GPU, in the roster the shim trusts (fails closed:
             # a sum of requests over 100 on the GPU, or no free slot, refuses the container)
             p = provision(self.rcfg.compute_host_dir, alloc.gpu_uuid,
                           check_share(alloc.compute_request, alloc.compute_limit or None), alloc.priority)
             alloc = replace(alloc, compute_slot=p.slot)
         elastic = alloc.limit_mib > alloc.mib
         with st.lock:
-            if elastic and alloc.elastic_slot < 0:  # issue 25: the container's own board slot
+            if elastic and alloc.elastic_slot < 0:  # the container's own board slot
                 alloc = replace(alloc, elastic_slot=assign_slot(alloc, st.ledger.values()))
             others = [a for a in st.ledger.values() if a.region_id != rid]
         self.regions.create(alloc)

@@ -33,7 +33,7 @@ class PreparedClaim:
     cdi_ids: tuple[str, ...]  # every CDI device ID returned for the claim, memslice's first
     elastic: Elastic | None = None  # the claim's elastic memory (GpuMemConfig limit), slot and priority included
     spill: int | None = None  # GpuMemConfig oversubscribe: None off, -1 no cap, or the spill cap in bytes
-    compute: Compute | None = None  # the claim's compute share (issue 33), its slot included
+    compute: Compute | None = None  # the claim's compute share, its slot included
 
     @functools.cached_property
     def json(self) -> dict[str, Any]:

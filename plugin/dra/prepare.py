@@ -26,7 +26,7 @@ from ..gpu.nvml import GpuInfo
 
 DRIVER = "memslice.io"
 CAPACITY = "memory"
-COMPUTE_CAPACITY = "compute"  # issue 33: percent of the GPU's time, 100 per device (plugin/dra/slices.py)
+COMPUTE_CAPACITY = "compute"  # percent of the GPU's time, 100 per device (plugin/dra/slices.py)
 CONFIG_API_VERSION = contract.DRA_CONFIG_API_VERSION
 CONFIG_KIND = contract.DRA_CONFIG_KIND
 MiB = 1 << 20
@@ -229,7 +229,7 @@ def elastic_for(claim: Mapping[str, Any], ref: ClaimRef, shares: Iterable[Share]
 
 @dataclass(frozen=True)
 class Compute:
-    """A claim's compute share on its GPU (issue 33): the request (its shares' consumedCapacity.compute, summed),
+    """A claim's compute share on its GPU: the request (its shares' consumedCapacity.compute, summed),
     the GpuMemConfig computeLimit (None: no cap) and the slot provisioned in the GPU's roster (-1: none yet)."""
 
     request: int
@@ -462,7 +462,7 @@ def claim_event(ref: ClaimRef, reason: str, message: str, node: str, stamp: str)
 
 def unhealthy_warning(ref: ClaimRef, shares: Iterable[Share], healthy: Mapping[str, bool]) -> str | None:
     """What to say when a claim that tolerates the unhealthy taint is prepared on an Unhealthy GPU (None: all
-    its GPUs are healthy). Decision (issue 36.4): such a claim is prepared, as a pod tolerating a node taint
+    its GPUs are healthy). Decision: such a claim is prepared, as a pod tolerating a node taint
     runs; its owner asked for it (e.g. to debug the GPU), and refusing it would leave the pod in
     ContainerCreating for good."""
     sick = sorted({(s.device, s.gpu_uuid) for s in shares if not healthy.get(s.gpu_uuid, False)})
@@ -480,7 +480,7 @@ MAX_OTHER_STATUSES = 128  # other drivers' status.devices entries kept as they a
 def device_statuses(claim: Mapping[str, Any], shares: Iterable[Share], elastic: Elastic | None,
                     spill: int | None, stamp: str) -> list[dict[str, Any]]:
     """The claim's status.devices (resource.k8s.io/v1 AllocatedDeviceStatus) with this driver's entries
-    replaced by one per prepared share (issue 36.8): its driver/pool/device/shareID (the key the API server
+    replaced by one per prepared share: its driver/pool/device/shareID (the key the API server
     matches against the allocation results), a Ready condition, and in `data` what the node enforces for the
     claim on that GPU: the GPU's UUID, the quota (the claim's request there, all its shares summed), the
     limit, the elastic settings and oversubscription (false, true: no cap, or the spill cap). Other drivers'

@@ -305,7 +305,7 @@ class DraDriver:
             return ClaimError(f"{ref} does not exist (deleted?); nothing was prepared")
         except Exception as exc:  # the API server unreachable or refusing: the kubelet retries
             return ClaimError(f"{ref}: cannot read it from the API server: {exc}")
-        try:  # an elastic claim, or one with a compute share (issue 33), gets its pods' PriorityClass value
+        try:  # an elastic claim, or one with a compute share, gets its pods' PriorityClass value
             cfg = claim_config(claim, ref)
             elastic = cfg.limit_mib is not None or cfg.compute_limit is not None or asks_compute(claim)
         except ClaimError:
@@ -379,7 +379,7 @@ class DraDriver:
                 log.warning("cannot post the %s Event on %s: %s", UNHEALTHY_REASON, ref, exc)
 
     def _write_statuses(self, todo: list[tuple[ClaimRef, Mapping[str, Any], PreparedClaim]]) -> None:
-        """Write the status.devices of the claims just prepared (what the node enforces for them: issue 36.8), a
+        """Write the status.devices of the claims just prepared (what the node enforces for them), a
         conditional merge patch re-read and retried on conflict (STATUS_TRIES in all). A status that cannot be
         written is logged, never fails the claim: the node enforces the quota either way."""
         if self.write_status is None:
@@ -419,7 +419,7 @@ class DraDriver:
         if elastic is not None:
             elastic = replace(elastic, priority=fetched.priority or 0, slot=self._slot(shares))
         share = compute_for(claim, ref, shares)
-        if share is not None and self.rcfg.compute_host_dir is not None:  # issue 33: its slot in the roster
+        if share is not None and self.rcfg.compute_host_dir is not None:  # its slot in the roster
             try:
                 p = provision(self.rcfg.compute_host_dir, shares[0].gpu_uuid, check_share(share.request, share.limit),
                               fetched.priority or 0)
@@ -535,7 +535,7 @@ class DraDriver:
         if pc.elastic is not None:  # its slot leaves the roster: a later process in it cannot be trusted
             self._rosters(s.gpu_uuid for s in pc.shares)
         if pc.compute is not None and pc.compute.slot >= 0 and self.rcfg.compute_host_dir is not None:
-            try:  # issue 33: the compute slot goes back too
+            try:  # the compute slot goes back too
                 release_compute(self.rcfg.compute_host_dir, pc.shares[0].gpu_uuid, pc.compute.slot)
             except ComputeShareError as exc:
                 log.warning("%s: cannot release compute slot %d: %s", pc.ref, pc.compute.slot, exc)

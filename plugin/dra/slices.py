@@ -7,7 +7,7 @@ never by name: pool = the node name, `resourceSliceCount: 1`. Each device `gpu-<
 productName, numaNode (when known), driverVersion, and the standard `resource.kubernetes.io/pcieRoot` and
 `resource.kubernetes.io/pciBusID` (when NVML reports the PCI address; claims align GPUs with NICs on them), a
 `capacity.memory` with a requestPolicy (1Mi steps, see REQUEST_*), a `capacity.compute` of 100 (percent of the
-GPU's time, issue 33; a claim that names none consumes 0), and `allowMultipleAllocations: true`, so
+GPU's time; a claim that names none consumes 0), and `allowMultipleAllocations: true`, so
 kube-scheduler hands out shares of it (KEP-5075 consumable capacity). A GPU that turns Unhealthy gets the NoSchedule
 device taint `memslice.io/unhealthy` (resource.k8s.io/v1 DeviceTaint: running claims stay visible, new ones avoid
 it); where the API server drops taints (DRADeviceTaints off) the device is withdrawn instead. The publisher keeps
@@ -162,7 +162,7 @@ def device_entry(gpu: GpuInfo, capacity_mib: int, driver_version: str | None, pc
     default = max(lo, min(REQUEST_DEFAULT_MIB, capacity_mib))
     policy = {"default": mib_quantity(default), "validRange": {
         "min": mib_quantity(lo), "max": mib_quantity(capacity_mib), "step": REQUEST_STEP}}
-    # issue 33: the GPU's time in percent; a claim that names no compute consumes none (best effort)
+    # the GPU's time in percent; a claim that names no compute consumes none (best effort)
     compute = {"value": "100", "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": "100",
                                                                                "step": "1"}}}
     out = {"name": device_name(gpu.index), "attributes": attrs, "allowMultipleAllocations": True,

@@ -3,7 +3,7 @@ host memory or back.
 
 `SwapEventPolicy` (pure) turns the per-container swap totals of successive polls into notices: at most one
 per pod and kind (GPUMemorySwappedOut, GPUMemorySwappedIn; the Warning ElasticHostMemoryFull when a container
-could not take its memory to host memory for a neighbour, or its burst failed for that: issue 26.5) per
+could not take its memory to host memory for a neighbour, or its burst failed for that) per
 interval, whatever the number of swaps in between (they are summed into the next notice), and at most
 `max_per_step` per poll for the whole node. A tenant that swaps in a loop, or forges its counters, therefore
 costs the API server at most one call per pod, kind and interval. `SwapEvents` (I/O) polls the tracker and
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 MiB = 1 << 20
 OUT, IN = "GPUMemorySwappedOut", "GPUMemorySwappedIn"
-FULL = "ElasticHostMemoryFull"  # issue 26.5: a move to host memory refused, or a burst failed for one (Warning)
+FULL = "ElasticHostMemoryFull"  # a move to host memory refused, or a burst failed for one (Warning)
 COMPONENT = "memslice-node-agent"
 MAX_MESSAGE = 1024  # the API server keeps at most 1 KiB of a message anyway
 

@@ -47,7 +47,7 @@ class Counts:
     ins: int = 0
     out_s: float = 0.0
     in_s: float = 0.0
-    refused_cgroup: int = 0  # asks it could not take to host memory: its cgroup (issue 26.5)
+    refused_cgroup: int = 0  # asks it could not take to host memory: its cgroup
     refused_host: int = 0    # ... the host's memory
     bursts_failed: int = 0   # its own bursts that failed for a neighbour's refusal
 
@@ -153,7 +153,7 @@ class ContainerElastic:
     swapped_bytes: int
     processes: dict[str, int]  # state -> live processes
     totals: Counts
-    note: HostNote | None = None  # the last host-memory refusal of its processes, as they wrote it (issue 26.5)
+    note: HostNote | None = None  # the last host-memory refusal of its processes, as they wrote it
 
 
 @dataclass(frozen=True)
@@ -188,7 +188,7 @@ class ElasticTracker:
                  scan: Callable[[Path], BoardScan] | None = None, clock: Callable[[], float] = time.monotonic,
                  age: Callable[[int], float | None] = process_age, gpus: list[str] | None = None) -> None:
         self.directory = directory
-        self.gpus = gpus  # issue 25: only the boards named after this node's GPUs are read
+        self.gpus = gpus  # only the boards named after this node's GPUs are read
         self.ledger = ledger
         self.region_pids = region_pids
         self.scan = scan if scan is not None else (lambda d: scan_boards(d, self.gpus))
@@ -243,7 +243,7 @@ class ElasticTracker:
 
 def per_gpu(tenants: list[Tenant], caps: Mapping[str, int] | None = None) -> dict[str, dict[str, float]]:
     """GPU uuid -> summed figures of its live tenants (pure). With `caps` (GPU uuid -> bytes the node's limits
-    allow there: issue 25, slots are the tenants' to write), resident and swapped are each at most that."""
+    allow there: slots are the tenants' to write), resident and swapped are each at most that."""
     out: dict[str, dict[str, float]] = {}
     for t in tenants:
         g = out.setdefault(t.gpu, dict.fromkeys(("resident", "swapped", "active", "idle", "swap_outs", "swap_ins",
@@ -314,10 +314,10 @@ class ElasticCollector:
         asked = CounterMetricFamily("memslice_gpu_elastic_ask_needed_mib", "GPU memory those asks needed",
                                     labels=lb)
         got = CounterMetricFamily("memslice_gpu_elastic_ask_moved_mib", "GPU memory neighbours moved to host "
-                                  "memory for those asks (moved / needed: issue 26)", labels=lb)
+                                  "memory for those asks (moved / needed)", labels=lb)
         refused = CounterMetricFamily("memslice_elastic_moves_refused", "Asks for GPU memory a tenant could not "
                                       "take to host memory: its memory cgroup near its limit, or the host low on "
-                                      "memory (live processes; issue 26)", labels=["uuid", "cause"])
+                                      "memory (live processes)", labels=["uuid", "cause"])
         failed = CounterMetricFamily("memslice_elastic_bursts_failed", "Burst allocations that failed with "
                                      "CUDA_ERROR_OUT_OF_MEMORY because a neighbour could not take its memory to "
                                      "host memory (live processes)", labels=lb)

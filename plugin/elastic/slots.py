@@ -1,10 +1,10 @@
-"""The node agent's side of the elastic boards (issue 25): boards prepared without ever blocking, a board slot
+"""The node agent's side of the elastic boards: boards prepared without ever blocking, a board slot
 assigned to each elastic container (named in its limits file), and the roster that says which slots are
 assigned, with the agent's own figures, so a tenant can neither take a neighbour's slot nor make claims count.
 
 The elastic directory is the agent's: containers see it read-only, with only their own slot file mounted
 read-write on top (plugin/response.py), so no tenant can replace a board or the roster, nor write a neighbour's
-slot (board version 5, issue 35.3).
+slot (board version 5).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 def prepare_board(directory: Path, uuid: str) -> None:
-    """The board of GPU `uuid` (version 5, issue 35.3): a directory `<uuid>.board/` (0755) of one slot file per
+    """The board of GPU `uuid` (version 5): a directory `<uuid>.board/` (0755) of one slot file per
     slot (0666; who may write one is decided by what is mounted read-write: its container alone). Opened
     without following a link or blocking on a FIFO; anything else in place (a version 4 board file, a FIFO, a
     symlink) is moved aside first, so no agent start ever hangs or exits on what was left there."""

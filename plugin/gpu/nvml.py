@@ -252,7 +252,7 @@ class XidEventSet:
 
 def driver_host_paths() -> dict[str, str]:
     """The node's driver libraries this agent loaded (NVML at start, libcuda for the capacity check), by
-    soname: what each container's shim must load and measure with, never a tenant's copy (issue 35 item 2).
+    soname: what each container's shim must load and measure with, never a tenant's copy.
     A library not loaded is left out (logged: those containers' shims find it by name)."""
     out = own_mapped_libraries()
     for soname in DRIVER_SONAMES:

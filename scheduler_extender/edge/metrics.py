@@ -10,14 +10,14 @@
 
 The per-GPU families are 80,000 samples each at 5,000 nodes × 8 GPUs. Through prometheus_client's collector
 API each sample is a label dict and a Sample tuple, objects the cyclic garbage collector tracks: a scrape
-took ~1 s of CPU and set off full collections while the verbs were serving (issue 15 item 4). So they are
+took ~1 s of CPU and set off full collections while the verbs were serving. So they are
 written as text straight from the views' plain tuples (the same exposition lines prometheus_client writes:
 labels sorted, values as Go floats, label values escaped), and the text is kept until the state's generation
 changes (a scrape of an idle cluster is a lookup). What is kept is one bytes object (~6.5 MiB at 5,000 × 8).
 While the cluster changes (every bind does), renders are spaced by ten times their CPU cost
 (memslice.lean_http.RenderCache; ~0.1 s at 5,000 × 8, so a scrape may wait ~1 s) and one serves every
 scraper that arrived before it began: 20 scrapers raised filter p50 from 11 to 104 ms when each rendered its
-own (issue 25). The other families are small and written fresh at each scrape; the page is sent as parts,
+own. The other families are small and written fresh at each scrape; the page is sent as parts,
 never joined into one copy.
 """
 

@@ -17,7 +17,7 @@ MAX_JSON_VALUES values gets 413 unparsed (a few C-speed byte counts), and nestin
 1,024 levels gets 400. The whole body must arrive within BODY_TIMEOUT_S (a slow client holds its budget no
 longer); idle reads time out after 30 s. Any unexpected exception answers 500 with an `Error` and is
 logged; nothing crashes the server.
-Every port has memslice.lean_http's bounds (issue 25): the request head at most 8 KiB, deadlines on the TLS
+Every port has memslice.lean_http's bounds: the request head at most 8 KiB, deadlines on the TLS
 handshake (5 s), the idle wait (30 s), the head (5 s from its first byte) and the answer, and a cap on
 connections: VERBS_LIMITS on the verbs port (kube-scheduler's parallel binds come from one peer), the
 defaults on the health port; one over the cap is refused in the accept loop (503, or closed under TLS)

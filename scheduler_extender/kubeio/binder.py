@@ -1,8 +1,8 @@
 """Bind: choose the GPU, then ONE write: the Binding, carrying the reservation annotations (the API server
 copies a Binding's metadata.annotations onto the pod in the same update that sets spec.nodeName:
 BindingREST.setPodNodeAndMetadata), with the pod's UID and resourceVersion as preconditions. So the pod is
-never bound without its reservation, and a failed bind writes nothing (nothing to undo). Until issue 39 this
-was two writes (annotate, then bind, then undo on failure): twice the latency under load.
+never bound without its reservation, and a failed bind writes nothing (nothing to undo). This used to
+be two writes (annotate, then bind, then undo on failure): twice the latency under load.
 
 Concurrency:
 - Within the extender, choosing the GPU and charging it (ClusterState.hold) happen under the state lock,
@@ -14,8 +14,8 @@ Concurrency:
 - The extender must run as a single replica: two extenders would each trust their own in-memory holds.
 
 A Binding cannot delete an annotation: a limit record left by an earlier reservation of the pod (written by
-an extender before issue 39 whose undo failed) is overwritten with an empty record "{}" when the new
-reservation has no limits. A reservation left unbound by such an extender still stops counting after
+an older extender, which annotated before binding, whose undo failed) is overwritten with an empty record
+"{}" when the new reservation has no limits. A reservation left unbound by such an extender still stops counting after
 `--assume-ttl` (state.py).
 
 Who may be bound (every check before anything is written; a refusal is an `Error` and writes nothing):

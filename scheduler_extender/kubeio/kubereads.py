@@ -3,7 +3,7 @@
 
 Why: from kubernetes 37 on, the generated API classes are pydantic-validated, and importing `CoreV1Api`
 builds the pydantic models of every type it names (about 0.5 s of CPU here, a fifth of a restart at 43,000
-pods: issue 15 asks for the first answered filter within 2 s), and every call goes through a pydantic
+pods, where the first filter must be answered within 2 s), and every call goes through a pydantic
 `validate_call` wrapper (~2 ms per list page). The extender asks for raw responses anyway
 (`_preload_content=False`: the informer and the binder decode with orjson), so these methods make the
 same request the generated ones make, through the same `ApiClient.param_serialize` (URL, query string,

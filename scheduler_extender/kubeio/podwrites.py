@@ -1,8 +1,8 @@
 """The two writes of every bind (the reservation PATCH and the Binding POST), on keep-alive connections of
 their own, with the official client's configuration.
 
-Why not the client's own path for these two (issue 12 item 4 asks for the library unless a benchmark shows
-it cannot meet the extender's targets; this is that case). `benchmarks/bench_http.py` measures the CPU of
+Why not the client's own path for these two (the library is used unless a benchmark shows it cannot meet the
+extender's targets; this is that case). `benchmarks/bench_http.py` measures the CPU of
 one bind's two writes against the tests' API stand-in (medians of two runs, 2-core machine, 2026-11-23):
 the generated `CoreV1Api` methods 710-960 µs (model serialisation, the answer deserialised into V1Pod), the
 same requests straight on the client's urllib3 pool 475-520 µs (pool bookkeeping, http.client's request

@@ -35,7 +35,7 @@ SUBCOMMANDS = {
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line, or with `only` (a subcommand's name) just that subcommand: each subcommand's
     module is imported to build its parser, and `memslice extender` need not import the node agent's or the
-    demo's (tens of ms of a restart that issue 15 bounds)."""
+    demo's (tens of ms of a restart, whose time is bounded)."""
     parser = argparse.ArgumentParser(
         prog="memslice",
         description="GPU memory slicing: run processes under a GPU-memory quota, inspect usage, "

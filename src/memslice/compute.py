@@ -1,4 +1,4 @@
-"""A container's compute share (issue 33): validation, and the per-GPU arbitration files the shim reads.
+"""A container's compute share: validation, and the per-GPU arbitration files the shim reads.
 
 One module for everything that provisions a share on a node, used by `memslice run` and by the node agent.
 A share is a percent of one GPU: a request (0..100, the guaranteed part under contention and the weight for

@@ -26,7 +26,7 @@ from . import errors
 # ------------------------------------------------------------------------------------------ names
 
 RESOURCE: Final = "memslice.io/gpu-mem"  # extended resource; one device = unit-mib MiB of one GPU
-# Compute share (issue 33): one device = 1 percent of one GPU's time, 100 per GPU; a container's request of it is
+# Compute share: one device = 1 percent of one GPU's time, 100 per GPU; a container's request of it is
 # its guaranteed share under contention (a weight), on the GPU that holds its memory.
 RESOURCE_COMPUTE: Final = "memslice.io/gpu-compute"
 
@@ -56,7 +56,7 @@ POLICIES: Final = ("binpack", "spread")
 # reservation it matched and writes it into the container's read-only limits file, so a process cannot turn
 # spilling on or raise its cap through its environment.
 ANN_OVERSUBSCRIBE: Final = "memslice.io/oversubscribe"
-# Elastic memory (issue 26): "true" lets an idle container give up its request too (a notebook whose owner
+# Elastic memory: "true" lets an idle container give up its request too (a notebook whose owner
 # accepts a slower first touch); absent or "false", a request stays in GPU memory idle or not. The node agent
 # writes it into the container's read-only limits file (idle_release=1).
 ANN_IDLE_RELEASE: Final = "memslice.io/gpu-mem-idle-release"
@@ -625,7 +625,7 @@ def quantity_mib(raw: object) -> int:
     """Whole MiB in a quantity (rounded down); ValueError for a non-quantity. Exact for every value
     quantity_bytes admits: `int(value) // MIB` in integers, never Decimal's `//`, which raises
     DivisionImpossible (an ArithmeticError, not a ValueError) once the quotient needs more than the context's
-    28 digits ("1E99", 64 nines: issue 35.9)."""
+    28 digits ("1E99", 64 nines)."""
     return int(quantity_bytes(raw)) // MIB
 
 

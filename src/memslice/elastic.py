@@ -1,7 +1,7 @@
 """Reading the elastic arbitration boards (interposer/src/elastic_board.h has the layout), and telling whose
 process each slot is.
 
-Board version 5 (issue 35): one directory per GPU in the node's elastic directory, `<GPU uuid>.board/`, of one
+Board version 5: one directory per GPU in the node's elastic directory, `<GPU uuid>.board/`, of one
 file per slot (memslice.slotfile: `NN.slot`), each written by its owner only (the agent mounts only a
 container's own slot file read-write), live while its owner holds the write lock on its liveness byte. An owner
 can write anything into its own file, so everything read here is bounded and validated (one bounded pread per
@@ -36,8 +36,8 @@ SLOT_SIZE = 128
 MAGIC = 0x4C45534D
 VERSION = 5          # 2: the liveness lock is a POSIX lock whose holder F_GETLK names (1: an OFD lock); 3: the
 #                      priority, flags, ack and the owner's asks (needed/moved) in the last 32 bytes; 4: a host
-#                      note per slot (issue 26, "host memory is finite"); 5: one file per slot, each written by
-#                      its owner only (issue 35.3)
+#                      note per slot ("host memory is finite"); 5: one file per slot, each written by
+#                      its owner only
 NOTE_OFF = 128       # in a slot file: struct eb_slot, then struct eb_hostnote, struct eb_answer, the owner's asks
 NOTE_SIZE = 64
 ANSWER_OFF = 192
@@ -75,8 +75,8 @@ class Tenant:
     idle_release: bool = False
     asks: int = 0        # asks this tenant made of its neighbours, ever
     asked_mib: int = 0   # what they needed, ever
-    got_mib: int = 0     # what neighbours moved for them, ever (issue 26: moved / needed per ask)
-    note: HostNote | None = None  # board version 4: moves it could not take to host memory (issue 26.5)
+    got_mib: int = 0     # what neighbours moved for them, ever (moved / needed per ask)
+    note: HostNote | None = None  # board version 4: moves it could not take to host memory
 
     @property
     def shown_state(self) -> str:
@@ -192,7 +192,7 @@ def read_roster(directory: str | os.PathLike[str], gpu: str) -> dict[int, Roster
 
 
 def bound(t: Tenant, e: RosterEntry) -> Tenant:
-    """A slot's figures bounded by the agent's roster entry (pure; issue 35.3): request, limit, priority and
+    """A slot's figures bounded by the agent's roster entry (pure): request, limit, priority and
     opt-in are the agent's; resident at most the limit, swapped at most the rest of it, a host note's figure at
     most the limit."""
     lim = e.limit_mib * MiB
@@ -230,8 +230,8 @@ def read_board(path: str | os.PathLike[str]) -> list[Tenant]:
 
 
 def board_paths(directory: str | os.PathLike[str], gpus: Iterable[str] | None = None) -> list[Path]:
-    """The boards of an elastic directory (at most MAX_BOARDS, sorted); with `gpus` (the node's GPU uuids,
-    issue 25) only the boards named after them, whatever else is there."""
+    """The boards of an elastic directory (at most MAX_BOARDS, sorted); with `gpus` (the node's GPU uuids:
+    tenants can name a board anything) only the boards named after them, whatever else is there."""
     if gpus is not None:
         return [Path(directory) / f"{g}.board" for g in sorted(set(gpus))[:MAX_BOARDS]]
     return sorted(p for p in Path(directory).glob("*.board"))[:MAX_BOARDS]

@@ -1,6 +1,6 @@
 """A leaner `BaseHTTPRequestHandler` for the JSON servers (the extender; the tests' API stand-in).
 
-Why (issue 12 item 4: keep a hand-written piece only where a benchmark shows the library cannot meet the
+Why (keep a hand-written piece only where a benchmark shows the library cannot meet the
 extender's targets): per request the stdlib handler parses headers with the email package
 (http.client.parse_headers, ~30 µs for five headers), formats the Date header with email.utils, and writes
 status line, headers and body in separate calls. `benchmarks/bench_http.py` puts that at 63-79 µs of CPU
@@ -21,7 +21,7 @@ only these things:
 - `send_all`: status line, headers and body in one write (one syscall, one TCP segment when small).
 - the Date header is formatted once per second.
 
-Bounds (issue 25 items 1-2: anyone on the pod network reaches these ports, without credentials). With
+Bounds (anyone on the pod network reaches these ports, without credentials). With
 `BoundedHTTPServer` as the server, every port of the extender and of the node agent has:
 - a cap on the whole request head: request line and header lines together at most MAX_HEAD_BYTES (8 KiB;
   431 and close beyond), read before either parse path sees a byte, so the stdlib's slow path (HTTP/1.0, odd
@@ -34,7 +34,7 @@ Bounds (issue 25 items 1-2: anyone on the pod network reaches these ports, witho
 - a cap on concurrent connections, per server and per peer address: one past it is refused in the accept
   loop, before any thread is started (plain HTTP: `503` with `Connection: close`; TLS: closed), so threads
   and memory are bounded by the caps whatever a client does;
-- room for newcomers (issue 35: five addresses holding 8 idle keep-alives each starved the kubelet's
+- room for newcomers (five addresses holding 8 idle keep-alives each starved the kubelet's
   probes): a newcomer over the total cap (not its address's) takes the place of a connection waiting for its
   client (idle keep-alive, unfinished head, TLS handshake), the longest-waiting of the address holding the
   most (`pick_victim`), and while half the connections are held keep-alives idle pressure_idle_s at most;

@@ -31,9 +31,9 @@ class Limits:
     elastic_slot: int | None = None            # elastic memory: the board slot the agent assigned (0..63)
     idle_release: bool = False                 # elastic memory: idle, the request may move too
     priority: int = 0                          # elastic memory: the pod's PriorityClass value
-    nvml_path: str | None = None               # the node's libnvidia-ml.so.1 as the container sees it (issue 35)
-    cuda_path: str | None = None               # the node's libcuda.so.1 as the container sees it (issue 35)
-    gpu_compute_request: int | None = None     # compute share (issue 33): percent of one GPU, 0..100
+    nvml_path: str | None = None               # the node's libnvidia-ml.so.1 as the container sees it
+    cuda_path: str | None = None               # the node's libcuda.so.1 as the container sees it
+    gpu_compute_request: int | None = None     # compute share: percent of one GPU, 0..100
     gpu_compute_limit: int | None = None       # compute share: cap in percent 1..100 (None: no cap)
     compute_dir: str | None = None             # compute share: the node's per-GPU arbitration directory
     compute_slot: int | None = None            # compute share: the slot the provisioner assigned (0..63)
@@ -138,7 +138,7 @@ def own_mapped_libraries(sonames: tuple[str, ...] = DRIVER_SONAMES) -> dict[str,
 
 
 def _driver_lines(limits: Limits) -> list[str]:
-    """The driver library keys (issue 35 item 2): the libraries the shim loads and measures with."""
+    """The driver library keys: the libraries the shim loads and measures with."""
     lines = []
     for key, path in (("nvml_path", limits.nvml_path), ("cuda_path", limits.cuda_path)):
         if path is None:

@@ -1,4 +1,4 @@
-"""The kubelet's probes on a listener of their own (issue 35 item 1), for the node agent and the extender.
+"""The kubelet's probes on a listener of their own, for the node agent and the extender.
 
 Why: on the port shared with Prometheus, five addresses holding 8 keep-alive connections each took every
 connection slot, and the kubelet's probes got 503 until it restarted the service. Here:

@@ -277,8 +277,8 @@ def quota_bound_message(option: str, text: str, value: int, simulate: str | None
 
 
 def driver_paths(simulate: bool) -> dict[str, str]:
-    """The driver libraries the command's shim loads and measures with (nvml_path, cuda_path; issue 35 item
-    2): the simulated ones with --simulate-gpu, else the files this process loads by name now, before the
+    """The driver libraries the command's shim loads and measures with (nvml_path, cuda_path): the
+    simulated ones with --simulate-gpu, else the files this process loads by name now, before the
     command can change anything. Empty where none loads (the shim then finds them by name)."""
     from .limits import DRIVER_SONAMES, own_mapped_libraries
 

@@ -37,7 +37,7 @@ def state_path(env: dict[str, str] | None = None) -> str:
 
 
 def usage_path(state: str, env: dict[str, str] | None = None) -> str:
-    """The usage ledger of the processes with this environment (physical usage; the C default is
+    """The usage region of the processes with this environment (physical usage; the C default is
     <state>.usage). Locally every process shares it; in a cluster each container has its own."""
     env = dict(os.environ) if env is None else env
     return env.get("MEMSLICE_SIM_USAGE") or f"{state}.usage"

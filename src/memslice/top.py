@@ -38,7 +38,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="also show elastic tenants (resident / swapped-out bytes, active or idle) from this "
                         "arbitration directory (default: $MEMSLICE_ELASTIC_DIR, else `memslice run`'s)")
     p.add_argument("--compute-dir", metavar="DIR",
-                   help="also show compute shares (issue 33: request, limit, share achieved, time throttled at the "
+                   help="also show compute shares (request, limit, share achieved, time throttled at the "
                         "limit and waiting for neighbours, per container and GPU) from this directory (default: "
                         "'compute' beside --region-root, else $MEMSLICE_COMPUTE_DIR or `memslice run`'s)")
     p.set_defaults(func=main)
@@ -75,7 +75,7 @@ def tenant_json(t: Any, region: str | None = None) -> dict[str, Any]:
 
 def host_note_json(n: Any) -> dict[str, Any]:
     """Moves a process could not take to host memory, by cause, its bursts failed for a neighbour's refusal,
-    and the cause of its last refusal with the figures it read (issue 26.5)."""
+    and the cause of its last refusal with the figures it read."""
     if n is None:
         return {"refused_to_host": {"cgroup": 0, "host": 0}, "bursts_failed": 0, "last_refusal": None}
     last = {"cause": n.cause, "bytes": n.want_mib << 20, "limit_bytes": n.limit_bytes,
@@ -215,7 +215,7 @@ def render(snaps: list[Any], title: str | None = None, owners: dict[str, dict[st
 
 
 def refusals_text(procs: list[dict[str, Any]]) -> str:
-    """The text suffix for a container whose processes refused moves to host memory (issue 26.5)."""
+    """The text suffix for a container whose processes refused moves to host memory."""
     cg = sum(p["refused_to_host"]["cgroup"] for p in procs)
     host = sum(p["refused_to_host"]["host"] for p in procs)
     failed = sum(p["bursts_failed"] for p in procs)

@@ -10,14 +10,14 @@ import subprocess
 from memslice.paths import LibPaths
 
 C_DIR = pathlib.Path(__file__).resolve().parent.parent / "c"
-LEDGER_SRC = sorted((pathlib.Path(__file__).resolve().parents[2] / "interposer" / "src").glob("ledger*.c"))
+REGION_SRC = sorted((pathlib.Path(__file__).resolve().parents[2] / "interposer" / "src").glob("region*.c"))
 
 
-def build_with_ledger(libs: LibPaths, name: str, out: pathlib.Path) -> str:
-    """Compile tests/c/<name>.c together with the region code (interposer/src/ledger*.c)."""
+def build_with_region(libs: LibPaths, name: str, out: pathlib.Path) -> str:
+    """Compile tests/c/<name>.c together with the region code (interposer/src/region*.c)."""
     exe = out / name
     subprocess.run(["cc", "-O2", "-Wall", "-Werror", f"-I{libs.include}", str(C_DIR / f"{name}.c"),
-                    *map(str, LEDGER_SRC), "-o", str(exe), "-lpthread"], check=True)
+                    *map(str, REGION_SRC), "-o", str(exe), "-lpthread"], check=True)
     return str(exe)
 
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 from conftest import run
-from shim_helpers import build_with_ledger, wait_stopped
+from shim_helpers import build_with_region, wait_stopped
 
 from memslice.interposer.region import read_region
 
@@ -22,7 +22,7 @@ CALL_WAIT_S = 1.5  # MS_CALL_WAIT_MS in interposer/include/memslice_region.h
 
 @pytest.fixture(scope="module")
 def holdlock(libs, tmp_path_factory) -> str:
-    return build_with_ledger(libs, "holdlock", tmp_path_factory.mktemp("holdlock"))
+    return build_with_region(libs, "holdlock", tmp_path_factory.mktemp("holdlock"))
 
 
 def stopped_holder(holdlock: str, region, mode: str) -> subprocess.Popen[str]:

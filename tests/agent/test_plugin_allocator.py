@@ -15,7 +15,7 @@ from memslice.plugin.allocator import (
     AllocationError,
     AvailableIds,
     PodInfo,
-    Reservation,
+    ReservedPod,
     allocation_target,
     best_fit_gpu,
     choose_preferred,
@@ -67,7 +67,7 @@ def pod(uid="u1", name="p", gpu="GPU-b", mem=None, at="2026-01-01T00:00:00Z", ra
 
 def test_reservation_is_read_from_the_extender_annotations():
     r = parse_reservation(pod(mem={"b": 20, "a": 10}))
-    assert r == Reservation("u1", "ns", "p", "GPU-b", (("a", 10), ("b", 20)),
+    assert r == ReservedPod("u1", "ns", "p", "GPU-b", (("a", 10), ("b", 20)),
                        datetime(2026, 1, 1, tzinfo=UTC))
     assert parse_reservation(PodInfo("u", "ns", "p", "Pending", {})) is None
 

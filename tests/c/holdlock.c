@@ -1,6 +1,6 @@
 /* A process of the container stopped at the worst moment, made deterministic: it opens the region, takes
  * the region mutex (`lock`) and, with `recount`, also freezes every total as a recount does, prints
- * "held", and stops itself (SIGSTOP) until the test continues or kills it. Built with ledger*.c.
+ * "held", and stops itself (SIGSTOP) until the test continues or kills it. Built with region*.c.
  * Usage: holdlock REGION_FILE lock|recount */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -12,9 +12,9 @@
 
 int main(int argc, char **argv) {
     if (argc < 3) return 2;
-    ms_ledger l;
+    region_handle l;
     char err[512];
-    if (ms_ledger_open(&l, argv[1], 0, 0, NULL, NULL, err, sizeof err) < 0) {
+    if (region_open(&l, argv[1], 0, 0, NULL, NULL, err, sizeof err) < 0) {
         printf("open failed: %s\n", err);
         return 3;
     }

@@ -4,22 +4,22 @@
 #include <errno.h>
 #include <string.h>
 
-#include "ledger.h"
+#include "region_int.h"
 
 
 /* Take the slow-path mutex, waiting at most MS_LOCK_WAIT_MS. A previous holder that died leaves the
  * totals possibly frozen or half reclaimed: the caller is told (return 1) and must recount before
  * proceeding. -1 if it could not be taken (a stopped holder, or a mutex word a tenant garbled): the
  * caller skips its slow path, and l->lock_error says why. */
-int ledger_lock_region(ms_ledger *l) {
+int region_mutex_lock(region_handle *l) {
     struct timespec dl;
     clock_gettime(CLOCK_MONOTONIC, &dl);
     dl.tv_nsec += (long)(MS_LOCK_WAIT_MS % 1000) * 1000000L;
     dl.tv_sec += MS_LOCK_WAIT_MS / 1000 + dl.tv_nsec / 1000000000L;
     dl.tv_nsec %= 1000000000L;
-    int rc = pthread_mutex_clocklock(region_lock(l), CLOCK_MONOTONIC, &dl);
+    int rc = pthread_mutex_clocklock(region_mutex(l), CLOCK_MONOTONIC, &dl);
     if (rc == EOWNERDEAD) {
-        pthread_mutex_consistent(region_lock(l));
+        pthread_mutex_consistent(region_mutex(l));
         return 1;
     }
     if (rc == 0) return 0;
@@ -28,7 +28,7 @@ int ledger_lock_region(ms_ledger *l) {
 }
 
 /* Give the slow-path mutex back. */
-void ledger_unlock_region(ms_ledger *l) { pthread_mutex_unlock(region_lock(l)); }
+void region_mutex_unlock(region_handle *l) { pthread_mutex_unlock(region_mutex(l)); }
 
 /* The slot high-water mark, clamped (the file is tenant-writable). */
 static int slot_hwm(const struct ms_region *r) {
@@ -37,7 +37,7 @@ static int slot_hwm(const struct ms_region *r) {
 }
 
 /* Give a slot back: its counts first, its state last (claimers look at the state). */
-void ledger_free_slot(struct ms_slot *s) {
+void region_free_slot(struct ms_slot *s) {
     memset(s->device_bytes, 0, sizeof s->device_bytes);
     memset(s->host_bytes, 0, sizeof s->host_bytes);
     memset(s->driver_taken, 0, sizeof s->driver_taken);
@@ -52,7 +52,7 @@ void ledger_free_slot(struct ms_slot *s) {
  * recount whose owner stalled: the totals return to their values before the freeze (which never
  * under-count), and the stalled owner's publishing CAS, expecting its frozen value, then fails. Only a
  * recount, under the mutex, sets the bit, so that value cannot come back while its owner holds it. */
-void ledger_unfreeze_all(struct ms_region *r) {
+void region_unfreeze_all(struct ms_region *r) {
     uint32_t nd = ndev(r);
     for (uint32_t d = 0; d < nd; d++) {
         __atomic_fetch_and(&r->dev[d].used, ~MS_FROZEN, __ATOMIC_SEQ_CST);
@@ -75,7 +75,7 @@ static int wait_quiet(const struct ms_slot *s, uint64_t deadline) {
  * the devices whose totals were published, and freed when all were. Returns 0, or -1 if a live process
  * stayed inside a charge for MS_RECOUNT_WAIT_MS or the recount was abandoned (then the totals are as
  * before and a later sweep tries again, not before recount_retry_ns). */
-int ledger_recount_locked(ms_ledger *l, int now_anyway) {
+int region_recount_locked(region_handle *l, int now_anyway) {
     struct ms_region *r = l->r;
     uint64_t now = now_ns();
     if (!now_anyway && now < LOAD(&r->hdr.recount_retry_ns)) return -1;
@@ -92,9 +92,9 @@ int ledger_recount_locked(ms_ledger *l, int now_anyway) {
         struct ms_slot *s = &r->slot[i];
         dead[i] = 0;
         if (LOAD(&s->state) != MS_SLOT_LIVE) continue;
-        if (!ms_slot_alive(l, i)) dead[i] = 1;
+        if (!region_slot_alive(l, i)) dead[i] = 1;
         else if (wait_quiet(s, deadline) < 0) { /* a live process between CAS and its slot update */
-            ledger_unfreeze_all(r);
+            region_unfreeze_all(r);
             STORE(&r->hdr.recount_retry_ns, now_ns() + MS_NS(MS_RECOUNT_WAIT_MS));
             return -1;
         }
@@ -128,7 +128,7 @@ int ledger_recount_locked(ms_ledger *l, int now_anyway) {
             if (ph[d]) STORE(&s->host_bytes[d], 0);
         }
         if (all) {
-            ledger_free_slot(s);
+            region_free_slot(s);
             ADD(&r->hdr.reclaimed, 1);
         }
     }
@@ -141,32 +141,32 @@ int ledger_recount_locked(ms_ledger *l, int now_anyway) {
 static void sub_total(uint64_t *word, uint64_t n) {
     uint64_t cur = LOAD(word);
     for (;;) {
-        uint64_t b = ms_bytes(cur), nb = b > n ? b - n : 0;
+        uint64_t b = region_bytes(cur), nb = b > n ? b - n : 0;
         if (CAS(word, &cur, (cur & MS_FROZEN) | nb)) return;
     }
 }
 
 /* Reclaim dead slots under the mutex: exactly (subtract their bytes) when none died inside a charge, else
  * by a recount. Returns how many were reclaimed. */
-static int sweep_locked(ms_ledger *l, int needs_recount, int now_anyway) {
+static int sweep_locked(region_handle *l, int needs_recount, int now_anyway) {
     struct ms_region *r = l->r;
     int n = 0, ambiguous = needs_recount, hwm = slot_hwm(r);
     for (int i = 0; i < hwm && !ambiguous; i++) {
         struct ms_slot *s = &r->slot[i];
-        if (LOAD(&s->state) == MS_SLOT_LIVE && !ms_slot_alive(l, i) && LOAD(&s->op_active) != 0) ambiguous = 1;
+        if (LOAD(&s->state) == MS_SLOT_LIVE && !region_slot_alive(l, i) && LOAD(&s->op_active) != 0) ambiguous = 1;
     }
-    if (ambiguous && ledger_recount_locked(l, now_anyway) == 0) return 1;
+    if (ambiguous && region_recount_locked(l, now_anyway) == 0) return 1;
     uint32_t nd = ndev(r);
     for (int i = 0; i < hwm; i++) {
         struct ms_slot *s = &r->slot[i];
-        if (LOAD(&s->state) != MS_SLOT_LIVE || ms_slot_alive(l, i)) continue;
+        if (LOAD(&s->state) != MS_SLOT_LIVE || region_slot_alive(l, i)) continue;
         if (LOAD(&s->op_active) != 0) continue; /* died mid-charge and recount timed out: next sweep */
         for (uint32_t d = 0; d < nd; d++) {
             sub_total(&r->dev[d].used, LOAD(&s->device_bytes[d]));
             sub_total(&r->dev[d].host_used, LOAD(&s->host_bytes[d]));
             sub_total(&r->dev[d].driver_taken, LOAD(&s->driver_taken[d]));
         }
-        ledger_free_slot(s);
+        region_free_slot(s);
         ADD(&r->hdr.reclaimed, 1);
         n++;
     }
@@ -174,36 +174,36 @@ static int sweep_locked(ms_ledger *l, int needs_recount, int now_anyway) {
 }
 
 /* A sweep with the mutex taken within its bound (-1 without it), stamping the time for the periodic one. */
-static int sweep(ms_ledger *l, int now_anyway) {
-    int dirty = ledger_lock_region(l);
+static int sweep(region_handle *l, int now_anyway) {
+    int dirty = region_mutex_lock(l);
     if (dirty < 0) return -1;
     int n = sweep_locked(l, dirty, now_anyway);
     STORE(&l->r->hdr.swept_ns, now_ns());
-    ledger_unlock_region(l);
+    region_mutex_unlock(l);
     return n;
 }
 
 /* How many slots still belong to dead processes (claimed, their owner's lock gone): what a sweep left. */
-int ms_dead_slots(ms_ledger *l) {
+int region_dead_slots(region_handle *l) {
     int n = 0, hwm = slot_hwm(l->r);
     for (int i = 0; i < hwm; i++)
-        if (LOAD(&l->r->slot[i].state) == MS_SLOT_LIVE && !ms_slot_alive(l, i)) n++;
+        if (LOAD(&l->r->slot[i].state) == MS_SLOT_LIVE && !region_slot_alive(l, i)) n++;
     return n;
 }
 
 /* Reclaim dead processes; a recount is not retried before recount_retry_ns. */
-int ms_sweep(ms_ledger *l) { return sweep(l, 0); }
+int region_sweep(region_handle *l) { return sweep(l, 0); }
 /* Reclaim dead processes now, recount included (exit, and the region library). */
-int ms_sweep_now(ms_ledger *l) { return sweep(l, 1); }
+int region_sweep_now(region_handle *l) { return sweep(l, 1); }
 
 /* The periodic sweep: the first caller after MS_SWEEP_PERIOD_MS wins the turn with a CAS on swept_ns. */
-void ms_sweep_if_due(ms_ledger *l) {
+void region_sweep_if_due(region_handle *l) {
     uint64_t now = now_ns(), last = LOAD(&l->r->hdr.swept_ns);
     if (now - last < MS_NS(MS_SWEEP_PERIOD_MS) && last <= now) return;
     if (!CAS(&l->r->hdr.swept_ns, &last, now)) return; /* another process (or thread) took this turn */
-    int rc = pthread_mutex_trylock(region_lock(l));   /* never wait here: the caller is allocating */
-    if (rc == EOWNERDEAD) pthread_mutex_consistent(region_lock(l));
+    int rc = pthread_mutex_trylock(region_mutex(l));   /* never wait here: the caller is allocating */
+    if (rc == EOWNERDEAD) pthread_mutex_consistent(region_mutex(l));
     else if (rc != 0) return;
     sweep_locked(l, rc == EOWNERDEAD, 0);
-    ledger_unlock_region(l);
+    region_mutex_unlock(l);
 }

@@ -1,6 +1,6 @@
-/* The ledger: lock-free quota accounting in a shared file, with reclaim of dead processes.
+/* The region: lock-free quota accounting in a shared file, with reclaim of dead processes.
  *
- * Used three times: by the shim (one ledger per container, the quota), by the simulated GPU (one per
+ * Used three times: by the shim (one region per container, the quota), by the simulated GPU (one per
  * simulated node, the physical capacity) and, built alone as libmemslice-region.so, by Python.
  *
  * Invariant: for every device d, dev[d].used == sum over live slots s of slot[s].device_bytes[d], at
@@ -11,11 +11,11 @@
  * freezes the totals, waits for live processes to finish their in-flight step, and rebuilds the totals
  * from the live slots (a "recount"). Hot paths never take a lock.
  *
- * The parts: ledger.c opens, creates and validates a region file (and holds the byte locks); ledger_guard.c
- * survives the file's truncation under a live mapping; ledger_slots.c is the process table (claiming,
- * releasing, identity, liveness; the device table; libmemslice-region.so's exports); ledger_charge.c the
- * hot path (charge, uncharge); ledger_sweep.c reclaims dead processes (sweeps and recounts). ledger.h holds
- * what they share. */
+ * The parts: region.c opens, creates and validates a region file (and holds the byte locks); region_guard.c
+ * survives the file's truncation under a live mapping; region_slots.c is the process table (claiming,
+ * releasing, identity, liveness; the device table; libmemslice-region.so's exports); region_charge.c the
+ * hot path (charge, uncharge); region_sweep.c reclaims dead processes (sweeps and recounts). region_int.h
+ * holds what they share. The shim charges only through its door, quota.c. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -25,12 +25,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ledger.h"
+#include "region_int.h"
 
 
 /* fcntl byte lock helpers. POSIX record locks belong to the process, are dropped by the kernel when it
  * dies (kill -9 included) and are not inherited by fork: exactly the liveness token a slot needs. */
-int ledger_byte_lock(int fd, uint64_t off, int type) {
+int region_byte_lock(int fd, uint64_t off, int type) {
     struct flock fl = {.l_type = (short)type, .l_whence = SEEK_SET, .l_start = (off_t)off, .l_len = 1};
     int rc;
     do rc = fcntl(fd, F_SETLK, &fl); while (rc < 0 && errno == EINTR);
@@ -39,10 +39,10 @@ int ledger_byte_lock(int fd, uint64_t off, int type) {
 
 /* Take a byte lock, waiting at most MS_LOCK_WAIT_MS (F_SETLKW would wait forever behind a stopped holder).
  * 0, or -1 with errno (EAGAIN: still held at the deadline). */
-int ledger_byte_lock_bounded(int fd, uint64_t off) {
+int region_byte_lock_bounded(int fd, uint64_t off) {
     uint64_t deadline = now_ns() + MS_NS(MS_LOCK_WAIT_MS);
     for (unsigned step = 0;; step++) {
-        if (ledger_byte_lock(fd, off, F_WRLCK) == 0) return 0;
+        if (region_byte_lock(fd, off, F_WRLCK) == 0) return 0;
         if (errno != EAGAIN && errno != EACCES) return -1;
         if (now_ns() > deadline) {
             errno = EAGAIN;
@@ -54,7 +54,7 @@ int ledger_byte_lock_bounded(int fd, uint64_t off) {
 
 /* PID (in our namespace; 0 if not visible) of a process holding a write lock on [off, off+len), or -1 if
  * nobody does. */
-long ledger_lock_holder(int fd, uint64_t off, uint64_t len) {
+long region_lock_holder(int fd, uint64_t off, uint64_t len) {
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = (off_t)off, .l_len = (off_t)len};
     if (fcntl(fd, F_GETLK, &fl) < 0) return 0; /* cannot tell: assume held, never reinitialise wrongly */
     return fl.l_type == F_UNLCK ? -1 : (long)fl.l_pid;
@@ -125,12 +125,12 @@ static int validate(const struct ms_region *r, size_t file_size, size_t extra_si
 
 /* Under the creation lock, a file some process of the container holds a slot in must be used as it is:
  * the right size, initialised (the caller then validates the rest). Re-initialising it would start a
- * second ledger beside theirs and double the quota. 0, or -1 with a message. */
+ * second region beside theirs and double the quota. 0, or -1 with a message. */
 static int open_in_use(int fd, const char *path, size_t size, off_t file_size, long holder, void **map, char *err,
                        size_t errlen) {
     if ((size_t)file_size != size) {
         snprintf(err, errlen, "%s is %lld bytes, not the %zu of a region: it was %s while processes of the "
-                 "container use it (pid %ld among them); refusing to start a second ledger beside theirs (once "
+                 "container use it (pid %ld among them); refusing to start a second region beside theirs (once "
                  "none of them runs, the next process makes it fresh)", path, (long long)file_size, size, file_size ? "truncated" : "emptied",
                  holder);
         return -1;
@@ -143,7 +143,7 @@ static int open_in_use(int fd, const char *path, size_t size, off_t file_size, l
     *map = m;
     if (LOAD(&((struct ms_region *)m)->hdr.magic) != 0) return 0;
     snprintf(err, errlen, "%s was emptied while processes of the container use it (pid %ld among them); "
-             "refusing to start a second ledger beside theirs (once none of them runs, the next process makes it "
+             "refusing to start a second region beside theirs (once none of them runs, the next process makes it "
              "fresh)", path, holder);
     return -1;
 }
@@ -152,14 +152,14 @@ static int open_in_use(int fd, const char *path, size_t size, off_t file_size, l
  * F_GETLK over the slot bytes) and it is not already a valid region: just created (empty), never finished
  * (its creator died half-way), of another layout version (an upgrade), or garbage. With nobody in it,
  * nobody's charges are lost. 0, or -1 with a message. */
-static int create_if_new(int fd, const char *path, size_t size, size_t extra_size, ms_init_extra_fn init_extra,
+static int create_if_new(int fd, const char *path, size_t size, size_t extra_size, region_init_extra_fn init_extra,
                          void *arg, void **map, char *err, size_t errlen) {
     struct stat st;
     if (fstat(fd, &st) < 0) {
         snprintf(err, errlen, "cannot stat %s: %s", path, strerror(errno));
         return -1;
     }
-    long holder = ledger_lock_holder(fd, MS_LOCK_BASE, MS_MAX_SLOTS);
+    long holder = region_lock_holder(fd, MS_LOCK_BASE, MS_MAX_SLOTS);
     if (holder != -1) return open_in_use(fd, path, size, st.st_size, holder, map, err, errlen);
     char why[8];
     if ((size_t)st.st_size == size) {
@@ -188,7 +188,7 @@ static int create_if_new(int fd, const char *path, size_t size, size_t extra_siz
 }
 
 /* Open for reading only (the region library's liveness query): no creation, same validation. */
-static int open_readonly(ms_ledger *l, const char *path, char *err, size_t errlen) {
+static int open_readonly(region_handle *l, const char *path, char *err, size_t errlen) {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size < sizeof(struct ms_region)) {
@@ -219,7 +219,7 @@ static int open_readonly(ms_ledger *l, const char *path, char *err, size_t errle
 
 /* Open (creating or making fresh when nobody is in it) the region file at path, validated, mapped and guarded;
  * readonly: only map an existing one. 0, or -1 with one line in err. */
-int ms_ledger_open(ms_ledger *l, const char *path, size_t extra_size, int readonly, ms_init_extra_fn init_extra,
+int region_open(region_handle *l, const char *path, size_t extra_size, int readonly, region_init_extra_fn init_extra,
                    void *arg, char *err, size_t errlen) {
     _Static_assert(sizeof(pthread_mutex_t) <= 64, "mutex fits the header");
     memset(l, 0, sizeof *l);
@@ -236,8 +236,8 @@ int ms_ledger_open(ms_ledger *l, const char *path, size_t extra_size, int readon
         return -1;
     }
     /* Creation is serialised by a byte lock so that two first processes do not both initialise. */
-    if (ledger_byte_lock_bounded(fd, MS_INIT_LOCK_BYTE) < 0) {
-        long holder = ledger_lock_holder(fd, MS_INIT_LOCK_BYTE, 1);
+    if (region_byte_lock_bounded(fd, MS_INIT_LOCK_BYTE) < 0) {
+        long holder = region_lock_holder(fd, MS_INIT_LOCK_BYTE, 1);
         snprintf(err, errlen, "%s is being opened by pid %ld, which has held its creation lock for %d ms (stopped?)",
                  path, holder, MS_LOCK_WAIT_MS);
         close(fd);
@@ -249,7 +249,7 @@ int ms_ledger_open(ms_ledger *l, const char *path, size_t extra_size, int readon
     void *m = NULL;
     int rc = create_if_new(fd, path, size, extra_size, init_extra, arg, &m, err, errlen);
     if (rc == 0) rc = validate(m, size, extra_size, path, err, errlen);
-    ledger_byte_lock(fd, MS_INIT_LOCK_BYTE, F_UNLCK);
+    region_byte_lock(fd, MS_INIT_LOCK_BYTE, F_UNLCK);
     if (rc != 0) {
         if (m) munmap(m, size);
         close(fd);
@@ -259,6 +259,6 @@ int ms_ledger_open(ms_ledger *l, const char *path, size_t extra_size, int readon
     l->fd = fd;
     l->map_size = size;
     l->extra = extra_size ? (char *)m + sizeof(struct ms_region) : NULL;
-    ledger_guard_mapping(l);
+    region_guard_mapping(l);
     return 0;
 }

@@ -1,4 +1,4 @@
-/* The ledger's process table: claiming a slot (its byte lock is the process's liveness token), releasing it,
+/* The region's process table: claiming a slot (its byte lock is the process's liveness token), releasing it,
  * who holds it (identity, liveness), and the device table; and libmemslice-region.so's exports for Python
  * (a sweep, liveness of every slot). */
 #define _GNU_SOURCE
@@ -10,16 +10,16 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "ledger.h"
+#include "region_int.h"
 
 
 /* Whether slot i's process lives: it holds the slot's byte lock (the kernel drops it when the process dies). */
-int ms_slot_alive(const ms_ledger *l, int i) {
+int region_slot_alive(const region_handle *l, int i) {
     if (i == l->slot) return 1;
     /* F_GETLK never reports the caller's own locks: a slot another handle of this process holds (the simulated
-     * libcuda and libnvidia-ml each open the node's ledger) would look dead. Ours while we live. */
+     * libcuda and libnvidia-ml each open the node's region) would look dead. Ours while we live. */
     if (LOAD(&l->r->slot[i].pid) == (int32_t)getpid()) return 1;
-    return ledger_lock_holder(l->fd, MS_LOCK_BASE + (uint64_t)i, 1) != -1;
+    return region_lock_holder(l->fd, MS_LOCK_BASE + (uint64_t)i, 1) != -1;
 }
 
 
@@ -49,7 +49,7 @@ static int32_t outer_pid(void) {
 }
 
 /* This process's pid as the driver and NVML report it (0 when unknown). */
-int32_t ms_host_pid(void) { return outer_pid(); }
+int32_t region_host_pid(void) { return outer_pid(); }
 
 /* Who holds a slot, for people and the node agent: pids (ours and the host's), start time, command name. */
 static void fill_identity(struct ms_slot *s) {
@@ -65,13 +65,13 @@ static void fill_identity(struct ms_slot *s) {
 }
 
 /* Try to take slot i: its byte lock first (so two processes can never both own it), then its state. */
-static int try_claim(ms_ledger *l, int i) {
+static int try_claim(region_handle *l, int i) {
     struct ms_slot *s = &l->r->slot[i];
     if (LOAD(&s->state) != MS_SLOT_FREE) return 0;
-    if (ledger_byte_lock(l->fd, MS_LOCK_BASE + (uint64_t)i, F_WRLCK) < 0) return 0;
+    if (region_byte_lock(l->fd, MS_LOCK_BASE + (uint64_t)i, F_WRLCK) < 0) return 0;
     uint32_t expect = MS_SLOT_FREE;
     if (!CAS(&s->state, &expect, (uint32_t)MS_SLOT_LIVE)) {
-        ledger_byte_lock(l->fd, MS_LOCK_BASE + (uint64_t)i, F_UNLCK);
+        region_byte_lock(l->fd, MS_LOCK_BASE + (uint64_t)i, F_UNLCK);
         return 0;
     }
     fill_identity(s);
@@ -83,46 +83,46 @@ static int try_claim(ms_ledger *l, int i) {
 }
 
 /* Claim a free slot for this process (sweeping dead ones once if the table is full). 0, or -1. */
-int ms_ledger_claim(ms_ledger *l) {
+int region_claim(region_handle *l) {
     if (l->slot >= 0) return 0;
     for (int round = 0; round < 2; round++) {
         for (int i = 0; i < MS_MAX_SLOTS; i++)
             if (try_claim(l, i)) return 0;
-        if (ms_sweep(l) <= 0) break; /* nothing reclaimed: the table is really full */
+        if (region_sweep(l) <= 0) break; /* nothing reclaimed: the table is really full */
     }
     return -1;
 }
 
 /* A forked child: the slot is its parent's (the byte lock is not inherited); claim another when needed. */
-void ms_ledger_forget_slot(ms_ledger *l) { l->slot = -1; }
+void region_forget_slot(region_handle *l) { l->slot = -1; }
 
 /* Give back everything this process's slot holds, and the slot itself (a normal exit). */
-void ms_ledger_release(ms_ledger *l) {
+void region_release(region_handle *l) {
     if (!l->r || l->slot < 0) return;
     struct ms_slot *s = &l->r->slot[l->slot];
     uint32_t nd = ndev(l->r);
     for (uint32_t d = 0; d < nd; d++) {
         uint64_t b = LOAD(&s->device_bytes[d]), h = LOAD(&s->host_bytes[d]);
-        ms_note_taken(l, (int)d, LOAD(&s->driver_taken[d]), 1);
-        if (b) ms_uncharge(l, (int)d, b, 0);
-        if (h) ms_uncharge(l, (int)d, h, 1);
+        region_note_taken(l, (int)d, LOAD(&s->driver_taken[d]), 1);
+        if (b) region_uncharge(l, (int)d, b, 0);
+        if (h) region_uncharge(l, (int)d, h, 1);
     }
     int i = l->slot;
-    ledger_free_slot(s);
+    region_free_slot(s);
     l->slot = -1;
-    ledger_byte_lock(l->fd, MS_LOCK_BASE + (uint64_t)i, F_UNLCK);
+    region_byte_lock(l->fd, MS_LOCK_BASE + (uint64_t)i, F_UNLCK);
 }
 
 /* Appends to the device table take their own byte lock, not the region mutex: the mutex is held for
  * whole sweeps (a recount may wait MS_RECOUNT_WAIT_MS), and a process stopped in one must not keep the
  * container's other processes from registering a GPU. This lock is held for a few instructions, and the
  * kernel drops it if its holder dies (a half-written entry past ndevices is simply written again). */
-int ms_ledger_device(ms_ledger *l, const char *uuid, uint64_t physical_total) {
+int region_device(region_handle *l, const char *uuid, uint64_t physical_total) {
     struct ms_region *r = l->r;
     uint32_t nd = ndev(r);
     for (uint32_t d = 0; d < nd; d++)
         if (strncmp(r->dev[d].uuid, uuid, MS_UUID_LEN) == 0) return (int)d;
-    if (ledger_byte_lock_bounded(l->fd, MS_DEVICE_LOCK_BYTE) < 0) {
+    if (region_byte_lock_bounded(l->fd, MS_DEVICE_LOCK_BYTE) < 0) {
         l->lock_error = errno == EAGAIN ? ETIMEDOUT : errno;
         return -2;
     }
@@ -137,7 +137,7 @@ int ms_ledger_device(ms_ledger *l, const char *uuid, uint64_t physical_total) {
         STORE(&r->hdr.ndevices, nd + 1); /* published after the entry is complete */
         found = (int)nd;
     }
-    ledger_byte_lock(l->fd, MS_DEVICE_LOCK_BYTE, F_UNLCK);
+    region_byte_lock(l->fd, MS_DEVICE_LOCK_BYTE, F_UNLCK);
     return found;
 }
 
@@ -147,17 +147,17 @@ int ms_ledger_device(ms_ledger *l, const char *uuid, uint64_t physical_total) {
 
 /* Reclaim dead processes' usage in the region file at `path`. Returns the count, or -1. */
 EXPORT int memslice_region_sweep(const char *path, char *err, size_t errlen) {
-    ms_ledger l;
-    if (ms_ledger_open(&l, path, 0, 0, NULL, NULL, err, errlen) < 0) {
+    region_handle l;
+    if (region_open(&l, path, 0, 0, NULL, NULL, err, errlen) < 0) {
         /* the simulator's file carries extra state: reopen with its recorded size */
-        ms_ledger ro;
-        if (ms_ledger_open(&ro, path, 0, 1, NULL, NULL, err, errlen) < 0) return -1;
+        region_handle ro;
+        if (region_open(&ro, path, 0, 1, NULL, NULL, err, errlen) < 0) return -1;
         size_t extra = ro.r->hdr.extra_size;
         munmap(ro.r, ro.map_size);
         close(ro.fd);
-        if (ms_ledger_open(&l, path, extra, 0, NULL, NULL, err, errlen) < 0) return -1;
+        if (region_open(&l, path, extra, 0, NULL, NULL, err, errlen) < 0) return -1;
     }
-    int n = ms_sweep_now(&l);
+    int n = region_sweep_now(&l);
     munmap(l.r, l.map_size);
     close(l.fd);
     return n;
@@ -165,10 +165,10 @@ EXPORT int memslice_region_sweep(const char *path, char *err, size_t errlen) {
 
 /* Fill alive[i] (i < n) with 1 when slot i is held by a live process. Returns 0, or -1. */
 EXPORT int memslice_region_liveness(const char *path, unsigned char *alive, int n, char *err, size_t errlen) {
-    ms_ledger l;
-    if (ms_ledger_open(&l, path, 0, 1, NULL, NULL, err, errlen) < 0) return -1;
+    region_handle l;
+    if (region_open(&l, path, 0, 1, NULL, NULL, err, errlen) < 0) return -1;
     for (int i = 0; i < n && i < MS_MAX_SLOTS; i++)
-        alive[i] = LOAD(&l.r->slot[i].state) == MS_SLOT_LIVE && ms_slot_alive(&l, i);
+        alive[i] = LOAD(&l.r->slot[i].state) == MS_SLOT_LIVE && region_slot_alive(&l, i);
     munmap(l.r, l.map_size);
     close(l.fd);
     return 0;

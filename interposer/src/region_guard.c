@@ -1,4 +1,4 @@
-/* The ledger's truncation guard (see below): a region file truncated under a live process's mapping must not
+/* The region's truncation guard (see below): a region file truncated under a live process's mapping must not
  * kill it with SIGBUS. */
 #define _GNU_SOURCE
 #include <signal.h>
@@ -6,12 +6,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "ledger.h"
+#include "region_int.h"
 
 /* ---- the truncation guard ------------------------------------------------------------------------------
  * The region file is the tenant's: truncating it under a live process's MAP_SHARED mapping makes that
  * process's next access to the lost pages raise SIGBUS, which killed every CUDA process of the container.
- * A SIGBUS whose address lies in a guarded ledger mapping is handled here instead: the whole mapping is
+ * A SIGBUS whose address lies in a guarded region mapping is handled here instead: the whole mapping is
  * replaced (MAP_FIXED) by a private anonymous one whose totals read MS_LOST_USED and whose recounts never
  * run, the faulting access is retried on it, and the process lives on with every further charge refused
  * (fail closed: it can free what it holds, never take more). Any other SIGBUS goes to the handler that was
@@ -24,7 +24,7 @@ enum { GUARD_FREE, GUARD_ARMED, GUARD_REPLACING, GUARD_LOST };
 struct guard {
     char *base;
     size_t size;
-    ms_ledger *owner;
+    region_handle *owner;
     int state;
 };
 
@@ -32,7 +32,7 @@ static struct guard g_guards[MS_GUARDS];
 static struct sigaction g_prev_bus;
 static int g_bus_installed;
 
-/* The totals of a lost ledger: over any quota, not frozen; no recount may rebuild them from its (empty)
+/* The totals of a lost region: over any quota, not frozen; no recount may rebuild them from its (empty)
  * slots. Runs in the signal handler: plain stores into fresh private memory only. */
 static void poison(struct ms_region *r) {
     for (int d = 0; d < MS_MAX_DEVICES; d++) {
@@ -84,8 +84,8 @@ static void on_sigbus(int sig, siginfo_t *si, void *uc) {
     chain_bus(sig, si, uc);
 }
 
-/* Guard a ledger's mapping: install the handler once per process, then record the mapping. */
-void ledger_guard_mapping(ms_ledger *l) {
+/* Guard a region's mapping: install the handler once per process, then record the mapping. */
+void region_guard_mapping(region_handle *l) {
     int expect = 0;
     if (__atomic_compare_exchange_n(&g_bus_installed, &expect, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
         struct sigaction sa;
@@ -107,5 +107,5 @@ void ledger_guard_mapping(ms_ledger *l) {
 }
 #else
 /* libmemslice-region.so maps a region for one call at a time: nothing to guard. */
-void ledger_guard_mapping(ms_ledger *l) { (void)l; }
+void region_guard_mapping(region_handle *l) { (void)l; }
 #endif

@@ -1,7 +1,7 @@
-/* The ledger's internals shared by its parts (ledger*.c; the API is interposer/include/memslice_region.h):
+/* The region's internals shared by its parts (region*.c; the API is interposer/include/memslice_region.h):
  * atomics, bounded waiting, and the helpers more than one part uses. Not installed, not part of any API. */
-#ifndef MEMSLICE_LEDGER_H
-#define MEMSLICE_LEDGER_H
+#ifndef MEMSLICE_REGION_INT_H
+#define MEMSLICE_REGION_INT_H
 
 #include <pthread.h>
 #include <sched.h>
@@ -56,19 +56,19 @@ static inline uint32_t ndev(const struct ms_region *r) {
 }
 
 /* The region's slow-path mutex (process-shared, robust), in its header. */
-static inline pthread_mutex_t *region_lock(const ms_ledger *l) { return (pthread_mutex_t *)l->r->hdr.lock; }
+static inline pthread_mutex_t *region_mutex(const region_handle *l) { return (pthread_mutex_t *)l->r->hdr.lock; }
 
-/* ledger.c: fcntl byte locks */
-int ledger_byte_lock(int fd, uint64_t off, int type);
-int ledger_byte_lock_bounded(int fd, uint64_t off);
-long ledger_lock_holder(int fd, uint64_t off, uint64_t len);
-/* ledger_guard.c: the SIGBUS guard of a read-write mapping (a no-op in libmemslice-region.so) */
-void ledger_guard_mapping(ms_ledger *l);
-/* ledger_sweep.c: the slow-path mutex, freeing slots, recounts */
-int ledger_lock_region(ms_ledger *l);
-void ledger_unlock_region(ms_ledger *l);
-void ledger_free_slot(struct ms_slot *s);
-void ledger_unfreeze_all(struct ms_region *r);
-int ledger_recount_locked(ms_ledger *l, int now_anyway);
+/* region.c: fcntl byte locks */
+int region_byte_lock(int fd, uint64_t off, int type);
+int region_byte_lock_bounded(int fd, uint64_t off);
+long region_lock_holder(int fd, uint64_t off, uint64_t len);
+/* region_guard.c: the SIGBUS guard of a read-write mapping (a no-op in libmemslice-region.so) */
+void region_guard_mapping(region_handle *l);
+/* region_sweep.c: the slow-path mutex, freeing slots, recounts */
+int region_mutex_lock(region_handle *l);
+void region_mutex_unlock(region_handle *l);
+void region_free_slot(struct ms_slot *s);
+void region_unfreeze_all(struct ms_region *r);
+int region_recount_locked(region_handle *l, int now_anyway);
 
 #endif

@@ -1,28 +1,28 @@
-/* The ledger's hot path: charging and uncharging a total lock-free (the op_active / CAS protocol described
- * in ledger.c), stepping aside, bounded, while a recount has the totals frozen. */
+/* The region's hot path: charging and uncharging a total lock-free (the op_active / CAS protocol described
+ * in region.c), stepping aside, bounded, while a recount has the totals frozen. */
 #define _GNU_SOURCE
 #include <errno.h>
 
-#include "ledger.h"
+#include "region_int.h"
 
 
 /* A recount has frozen this total: wait for it with a bounded backoff; finish it ourselves if its owner
  * died (the robust mutex says so); abandon it (unfreeze_all) once past `deadline`, since its owner is
  * stalled (stopped) or too slow. Returns with the word unfrozen at the time of the last load. */
-static void wait_unfrozen(ms_ledger *l, uint64_t *word, uint64_t deadline) {
+static void wait_unfrozen(region_handle *l, uint64_t *word, uint64_t deadline) {
     for (unsigned step = 0; LOAD(word) & MS_FROZEN; step++) {
         backoff(step);
         if (step < 64 || (step & 7) != 0) continue;
-        int rc = pthread_mutex_trylock(region_lock(l));
+        int rc = pthread_mutex_trylock(region_mutex(l));
         if (rc == EOWNERDEAD) {
-            pthread_mutex_consistent(region_lock(l));
-            ledger_recount_locked(l, 1);
-            ledger_unlock_region(l);
+            pthread_mutex_consistent(region_mutex(l));
+            region_recount_locked(l, 1);
+            region_mutex_unlock(l);
         } else if (rc == 0) {
-            if (LOAD(word) & MS_FROZEN) ledger_unfreeze_all(l->r); /* frozen with no recount running: a leftover */
-            ledger_unlock_region(l);
+            if (LOAD(word) & MS_FROZEN) region_unfreeze_all(l->r); /* frozen with no recount running: a leftover */
+            region_mutex_unlock(l);
         } else if (now_ns() > deadline && (LOAD(word) & MS_FROZEN)) {
-            ledger_unfreeze_all(l->r);
+            region_unfreeze_all(l->r);
             ADD(&l->r->hdr.recount_aborts, 1);
         }
     }
@@ -31,7 +31,7 @@ static void wait_unfrozen(ms_ledger *l, uint64_t *word, uint64_t deadline) {
 /* begin_op's slow path: the total is frozen; step aside (op_active lowered) until the recount is done or
  * abandoned at *deadline (set at the first wait of this operation, so that all its waits share one).
  * Kept out of line so that the hot path stays a few instructions. */
-static __attribute__((noinline)) uint64_t begin_op_frozen(ms_ledger *l, struct ms_slot *s, uint64_t *word,
+static __attribute__((noinline)) uint64_t begin_op_frozen(region_handle *l, struct ms_slot *s, uint64_t *word,
                                                           uint64_t *deadline) {
     uint64_t cur = LOAD(word);
     while (cur & MS_FROZEN) {
@@ -46,7 +46,7 @@ static __attribute__((noinline)) uint64_t begin_op_frozen(ms_ledger *l, struct m
 
 /* Load a total for an update by this process: op_active is raised first (the reclaimer's Dekker pair);
  * a frozen total (a recount) is the slow path. */
-static inline __attribute__((always_inline)) uint64_t begin_op(ms_ledger *l, struct ms_slot *s, uint64_t *word,
+static inline __attribute__((always_inline)) uint64_t begin_op(region_handle *l, struct ms_slot *s, uint64_t *word,
                                                                uint64_t *deadline) {
     ADD(&s->op_active, 1u);
     uint64_t cur = LOAD(word);
@@ -55,8 +55,8 @@ static inline __attribute__((always_inline)) uint64_t begin_op(ms_ledger *l, str
 }
 
 /* Charge n bytes to device dev (its HBM total, or its host total) unless that passes `limit`: one CAS on the
- * total, then this slot's own count. 0, or -1 (over the limit, or the ledger was lost). */
-int ms_charge(ms_ledger *l, int dev, uint64_t n, uint64_t limit, int host) {
+ * total, then this slot's own count. 0, or -1 (over the limit, or the region was lost). */
+int region_charge(region_handle *l, int dev, uint64_t n, uint64_t limit, int host) {
     struct ms_slot *s = &l->r->slot[l->slot];
     struct ms_device *dv = &l->r->dev[dev];
     uint64_t *word = host ? &dv->host_used : &dv->used;
@@ -86,7 +86,7 @@ charged:;
 }
 
 /* Give n bytes back: the total (never below zero), then this slot's count. */
-void ms_uncharge(ms_ledger *l, int dev, uint64_t n, int host) {
+void region_uncharge(region_handle *l, int dev, uint64_t n, int host) {
     struct ms_slot *s = &l->r->slot[l->slot];
     struct ms_device *dv = &l->r->dev[dev];
     uint64_t *word = host ? &dv->host_used : &dv->used;
@@ -103,16 +103,10 @@ void ms_uncharge(ms_ledger *l, int dev, uint64_t n, int host) {
     SUB(&s->op_active, 1u);
 }
 
-/* Count a refusal on the device and on this process's slot (metrics, `memslice top`). */
-void ms_note_refused(ms_ledger *l, int dev, int host) {
-    ADD(host ? &l->r->dev[dev].spill_refused : &l->r->dev[dev].refused, 1);
-    if (l->slot >= 0) ADD(&l->r->slot[l->slot].refused, 1);
-}
-
 /* Note that n bytes of this process's charge on dev are the driver's own (contexts, limits, modules), or
  * (give_back) no longer: the device's figure first, then the slot's, so that a death between the two leaves
  * the device's figure at least the sum of the slots' (a sweep lowers it by the slot's; a recount rebuilds it). */
-void ms_note_taken(ms_ledger *l, int dev, uint64_t n, int give_back) {
+void region_note_taken(region_handle *l, int dev, uint64_t n, int give_back) {
     if (l->slot < 0 || dev < 0 || dev >= MS_MAX_DEVICES || !n) return;
     uint64_t *total = &l->r->dev[dev].driver_taken, *mine = &l->r->slot[l->slot].driver_taken[dev];
     if (!give_back) {
