@@ -11,13 +11,12 @@ from pathlib import Path
 import grpc
 
 from memslice import errors
-from memslice.compute import ComputeShareError
-from memslice.compute import release as release_compute
 from memslice.contract import RESOURCE_COMPUTE
 from memslice.kube.config import load_api_client
 from memslice.probe_http import ProbeServer
 
 from .compute_metrics import ComputeCollector
+from .compute_slots import release_all
 from .config import AgentConfig
 from .deviceplugin.compute import ComputePluginService
 from .deviceplugin.inventory import InventoryPublisher, PodWatcher, inventory_annotations
@@ -386,14 +385,10 @@ class NodeAgent:
                      a.gpu_index, a.owner(), a.region_id)
         for a in result.removed:
             self.regions.remove(a.region_id)
-            if a.compute_slot >= 0:  # issue 33: the slot goes back, and the roster no longer counts it
-                try:
-                    release_compute(self.cfg.compute_dir, a.gpu_uuid, a.compute_slot)
-                except (OSError, ComputeShareError) as exc:
-                    log.warning("cannot release compute slot %d of GPU %s (%s): %s", a.compute_slot, a.gpu_uuid,
-                                a.owner(), exc)
-            log.info("removed region %s of %s (%d MiB of GPU %d): the pod is gone", a.region_id, a.owner(),
-                     a.mib, a.gpu_index)
+            if a.compute_slot >= 0:  # issue 33: the slot goes back (on each GPU), the rosters no longer count it
+                release_all(self.cfg.compute_dir, a.uuids(), a.compute_slot)
+            log.info("removed region %s of %s (%d MiB of GPU %s): the pod is gone", a.region_id, a.owner(),
+                     a.mib, ",".join(str(i) for i, _ in a.gpus()))
         updated = []
         with st.lock:
             for a in result.removed:

@@ -45,6 +45,7 @@ def container_response(target: Target, region_host_dir: Path, cfg: ResponseConfi
     # The env states the quota for people and older shims; the shim enforces the read-only limits file
     # (RegionStore.create wrote it beside the region directory), which a process cannot change.
     envs = {"MEMSLICE_GPU_MEM_LIMIT": str(target.mib), "MEMSLICE_REGION_DIR": CONTAINER_REGION_DIR}
+    uuids = [g.uuid for g in target.gpus]  # device order: a container spanning GPUs sees them as 0..N-1
     mounts = [api_pb2.Mount(container_path=CONTAINER_SHIM, host_path=str(cfg.shim_host_dir / SHIM_NAME),
                             read_only=True),
               api_pb2.Mount(container_path=CONTAINER_REGION_DIR, host_path=str(region_host_dir),
@@ -62,15 +63,17 @@ def container_response(target: Target, region_host_dir: Path, cfg: ResponseConfi
         # file read-write on top of it (none assigned, the board full: it can neither ask nor be asked)
         mounts.append(api_pb2.Mount(container_path=CONTAINER_ELASTIC_DIR, host_path=str(cfg.elastic_host_dir),
                                     read_only=True))
-        if 0 <= elastic_slot < SLOTS:
-            own = board_slot_path(target.gpu.uuid, elastic_slot)
+        for uuid in uuids if 0 <= elastic_slot < SLOTS else ():  # its slot on each of its GPUs' boards
+            own = board_slot_path(uuid, elastic_slot)
             mounts.append(api_pb2.Mount(container_path=f"{CONTAINER_ELASTIC_DIR}/{own}",
                                         host_path=str(cfg.elastic_host_dir / own), read_only=False))
-    if compute_slot >= 0 and cfg.compute_host_dir is not None:
+    for uuid in uuids if compute_slot >= 0 and cfg.compute_host_dir is not None else ():
         # issue 33: the GPU's compute directory (roster, every neighbour's slot) read-only, only this
-        # container's own slot file writable on top of it (a tenant writes only its own slot)
-        gpu = f"{CONTAINER_COMPUTE_DIR}/{target.gpu.uuid}"
-        host = cfg.compute_host_dir / target.gpu.uuid
+        # container's own slot file writable on top of it (a tenant writes only its own slot); a container
+        # spanning GPUs (issue 34): the same slot number on each of its GPUs
+        assert cfg.compute_host_dir is not None
+        gpu = f"{CONTAINER_COMPUTE_DIR}/{uuid}"
+        host = cfg.compute_host_dir / uuid
         mounts.append(api_pb2.Mount(container_path=gpu, host_path=str(host), read_only=True))
         mounts.append(api_pb2.Mount(container_path=f"{gpu}/slot-{compute_slot:02d}",
                                     host_path=str(host / f"slot-{compute_slot:02d}"), read_only=False))
@@ -96,7 +99,7 @@ def container_response(target: Target, region_host_dir: Path, cfg: ResponseConfi
                     MEMSLICE_SIM_PEERS=CONTAINER_SIM_PEERS, MEMSLICE_SIM_LOCK=CONTAINER_SIM_LOCK)
     cdi = []
     if cfg.visibility == "cdi":
-        cdi.append(api_pb2.CDIDevice(name=f"{cfg.cdi_kind}={target.gpu.uuid}"))
+        cdi += [api_pb2.CDIDevice(name=f"{cfg.cdi_kind}={uuid}") for uuid in uuids]
     else:
-        envs["NVIDIA_VISIBLE_DEVICES"] = target.gpu.uuid
+        envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
     return api_pb2.ContainerAllocateResponse(envs=envs, mounts=mounts, cdi_devices=cdi)
