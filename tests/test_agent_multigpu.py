@@ -129,3 +129,44 @@ def test_ids_spanning_gpus_without_a_reservation_on_them_are_refused(cluster):
     assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == f"{gpus[0]['uuid']},{gpus[1]['uuid']}"
     (record,) = [json.loads(p.read_text()) for p in agent.region_root.glob("*.json")]
     assert (record["pod_uid"], record["mib"]) == (uid, 32)
+
+
+def test_compute_share_and_elastic_limit_of_a_spanning_pod_hold_one_slot_free_on_both_gpus(cluster):
+    from memslice.compute import read_roster
+    from memslice.elastic import board_slot_path
+
+    api, kubelet, make = cluster
+    agent = make(sim_gpus="8GiB,8GiB", unit_mib=4)
+    gpus, _ = published(api, agent)
+    a, b = gpus[0]["uuid"], gpus[1]["uuid"]
+    one = pod("one", a, {"main": 256})
+    one["metadata"]["annotations"]["memslice.io/gpu-compute-pct"] = json.dumps({"main": [20, None]})
+    api.put(one)
+    body = pod("tp", f"{a},{b}", {"main": 2048})
+    body["metadata"]["annotations"].update({"memslice.io/gpu-count": "2",
+                                            "memslice.io/gpu-compute-pct": json.dumps({"main": [30, 60]}),
+                                            "memslice.io/gpu-mem-limit-mib": json.dumps({"main": 3072})})
+    api.put(body)
+    agent.wait_log("default/tp: the extender reserved GPU", "the pod watch")
+    kubelet.wait_registered(RESOURCE)
+    kubelet.admit(uid_of(api, "one"), "default", "one", [("main", 64)], RESOURCE)
+    uid = uid_of(api, "tp")
+    resp = kubelet.admit(uid, "default", "tp", [("main", 512)], RESOURCE)["main"]
+    compute_dir, elastic_dir = agent.root / "compute", agent.root / "elastic"
+    # slot 0 is "one"'s on GPU 0: the spanning pod's one slot is 1, on both GPUs' rosters, with its per-GPU share
+    assert {s: (e.request, e.limit) for s, e in (read_roster(compute_dir, a) or {}).items()} == {0: (20, None),
+                                                                                                 1: (30, 60)}
+    assert {s: (e.request, e.limit) for s, e in (read_roster(compute_dir, b) or {}).items()} == {1: (30, 60)}
+    rw = {m.container_path: m.host_path for m in resp.mounts if not m.read_only}
+    for uuid in (a, b):  # that slot's file writable on each GPU's board, nothing else of the boards
+        assert rw[f"/run/memslice/compute/{uuid}/slot-01"] == str(compute_dir / uuid / "slot-01")
+        assert rw[f"/run/memslice/elastic/{board_slot_path(uuid, 0)}"] == str(elastic_dir / board_slot_path(uuid, 0))
+    host = {m.container_path: m.host_path for m in resp.mounts}
+    limits = Path(host["/run/memslice/limits"]).read_text()
+    for line in ("gpu_mem_limit=1536MiB", "gpu_mem_request=1024MiB", "compute_slot=1", "elastic_slot=0",
+                 "gpu_compute_request=30", "gpu_compute_limit=60"):
+        assert f"{line}\n" in limits, limits
+    kubelet.remove_pod(uid)
+    api.delete("Pod", "default", "tp")
+    agent.wait_log("removed region", "the region removed")
+    assert set(read_roster(compute_dir, a) or {}) == {0} and not read_roster(compute_dir, b)
