@@ -94,11 +94,12 @@ class NodeAgent:
             raise StartupError(str(exc)) from exc
         gpus = usable_gpus(found)
         for g in gpus:
-            log.info("GPU %d: %s %s, %d MiB allocatable (NVML total %d MiB, reserved %s, CUDA total %s), NUMA %s",
-                     g.index, g.uuid, g.model, g.mem_mib, g.nvml_total_mib,
+            log.info("GPU %d: %s %s, %d MiB allocatable (NVML total %d MiB, reserved %s, CUDA total %s), NUMA %s, "
+                     "PCIe switch %s, NVLink to %s", g.index, g.uuid, g.model, g.mem_mib, g.nvml_total_mib,
                      "unknown" if g.reserved_mib is None else f"{g.reserved_mib} MiB",
                      "unknown" if g.cuda_total_mib is None else f"{g.cuda_total_mib} MiB",
-                     "unknown" if g.numa is None else g.numa)
+                     "unknown" if g.numa is None else g.numa, g.pcie or "unknown",
+                     ",".join(map(str, g.nvlink)) or "none known")
         if not gpus:
             raise StartupError(f"no usable GPU on this node ({len(found)} found, all MIG-enabled or none): "
                                f"nothing to advertise")
