@@ -166,6 +166,11 @@ def test_compute_share_and_elastic_limit_of_a_spanning_pod_hold_one_slot_free_on
     for line in ("gpu_mem_limit=1536MiB", "gpu_mem_request=1024MiB", "compute_slot=1", "elastic_slot=0",
                  "gpu_compute_request=30", "gpu_compute_limit=60"):
         assert f"{line}\n" in limits, limits
+    # `memslice top` names the container on both GPUs' slot from the agent's record
+    from memslice.top import compute_owners
+
+    owners = compute_owners(str(agent.region_root))
+    assert owners[(a, 1)] == owners[(b, 1)] == "default/tp/main" and owners[(a, 0)] == "default/one/main"
     kubelet.remove_pod(uid)
     api.delete("Pod", "default", "tp")
     agent.wait_log("removed region", "the region removed")

@@ -26,6 +26,7 @@ from ..allocator import (
     allocation_target,
     check_disjoint,
     choose_preferred,
+    group_by_gpu,
     spanning_owner,
 )
 from ..compute_slots import provision_all
@@ -165,7 +166,8 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         if owner is None and target.more:
             owner = spanning_owner(target, st.reservations(), st.unit_mib, st.taken())
         if target.more and (owner is None or sorted(owner[0].gpu_uuids) != sorted(g.uuid for g in target.gpus)):
-            names = ", ".join(f"GPU {g.index}" for g in target.gpus)
+            names = ", ".join(f"GPU {g} ({len(n) * st.unit_mib} MiB)"
+                              for g, n in sorted(group_by_gpu(target.device_ids).items()))
             raise AllocationError(
                 f"the {len(target.device_ids)} {RESOURCE_NAME} devices span {names}, and no pod is reserved on "
                 f"exactly those GPUs with a container of that size; one container's memory comes from one GPU, "
