@@ -11,13 +11,12 @@ from pathlib import Path
 import grpc
 
 from memslice import errors
-from memslice.compute import ComputeShareError
-from memslice.compute import release as release_compute
 from memslice.contract import RESOURCE_COMPUTE
 from memslice.kube.config import load_api_client
 from memslice.probe_http import ProbeServer
 
 from .compute_metrics import ComputeCollector
+from .compute_slots import release_all
 from .config import AgentConfig
 from .deviceplugin.compute import ComputePluginService
 from .deviceplugin.inventory import InventoryPublisher, PodWatcher, inventory_annotations
@@ -94,11 +93,12 @@ class NodeAgent:
             raise StartupError(str(exc)) from exc
         gpus = usable_gpus(found)
         for g in gpus:
-            log.info("GPU %d: %s %s, %d MiB allocatable (NVML total %d MiB, reserved %s, CUDA total %s), NUMA %s",
-                     g.index, g.uuid, g.model, g.mem_mib, g.nvml_total_mib,
+            log.info("GPU %d: %s %s, %d MiB allocatable (NVML total %d MiB, reserved %s, CUDA total %s), NUMA %s, "
+                     "PCIe switch %s, NVLink to %s", g.index, g.uuid, g.model, g.mem_mib, g.nvml_total_mib,
                      "unknown" if g.reserved_mib is None else f"{g.reserved_mib} MiB",
                      "unknown" if g.cuda_total_mib is None else f"{g.cuda_total_mib} MiB",
-                     "unknown" if g.numa is None else g.numa)
+                     "unknown" if g.numa is None else g.numa, g.pcie or "unknown",
+                     ",".join(map(str, g.nvlink)) or "none known")
         if not gpus:
             raise StartupError(f"no usable GPU on this node ({len(found)} found, all MIG-enabled or none): "
                                f"nothing to advertise")
@@ -384,14 +384,10 @@ class NodeAgent:
                      a.gpu_index, a.owner(), a.region_id)
         for a in result.removed:
             self.regions.remove(a.region_id)
-            if a.compute_slot >= 0:  # the slot goes back, and the roster no longer counts it
-                try:
-                    release_compute(self.cfg.compute_dir, a.gpu_uuid, a.compute_slot)
-                except (OSError, ComputeShareError) as exc:
-                    log.warning("cannot release compute slot %d of GPU %s (%s): %s", a.compute_slot, a.gpu_uuid,
-                                a.owner(), exc)
-            log.info("removed region %s of %s (%d MiB of GPU %d): the pod is gone", a.region_id, a.owner(),
-                     a.mib, a.gpu_index)
+            if a.compute_slot >= 0:  # the slot goes back (on each GPU), the rosters no longer count it
+                release_all(self.cfg.compute_dir, a.uuids(), a.compute_slot)
+            log.info("removed region %s of %s (%d MiB of GPU %s): the pod is gone", a.region_id, a.owner(),
+                     a.mib, ",".join(str(i) for i, _ in a.gpus()))
         updated = []
         with st.lock:
             for a in result.removed:

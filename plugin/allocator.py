@@ -19,7 +19,6 @@ from memslice.contract import units_for
 from memslice.elastic import ANN_LIMIT_RECORD, LimitAnnotationError, parse_limit_record, pod_limits
 
 from .devices import (
-    DeviceIdError,
     bounded_list,
     device_id,
     devices_per_gpu,
@@ -68,9 +67,15 @@ class ReservedPod:
         """The container's compute share; None without one."""
         return next((c for c in self.compute if c.container == container), None)
 
+    @property
+    def gpu_uuids(self) -> tuple[str, ...]:
+        """The reserved GPUs in device order (one unless the pod spans GPUs: contract.ANN_GPU_COUNT)."""
+        return tuple(self.gpu_uuid.split(","))
+
     def limit_of(self, container: str, mib: int) -> int:
-        """The container's limit MiB when it is above `mib` (the quota Allocate grants), else 0: not elastic."""
-        lim = dict(self.limits).get(container, 0)
+        """The container's limit MiB per GPU when it is above `mib` (the quota per GPU Allocate grants), else 0:
+        not elastic. A pod spanning N GPUs states its limit as a total, like its request: each GPU gets 1/N."""
+        lim = dict(self.limits).get(container, 0) // len(self.gpu_uuids)
         return lim if lim > mib else 0
 
 
@@ -173,30 +178,49 @@ def match_reservation(reservations: Sequence[ReservedPod], size: int, unit_mib: 
     return None
 
 
+def split_units(size: int, count: int) -> list[int]:
+    """`size` devices over `count` GPUs as evenly as whole devices allow: the first `size % count` get one
+    more (pure). A pod spanning GPUs asks the kubelet for its total; each GPU gives its part."""
+    return [size // count + (1 if i < size % count else 0) for i in range(count)]
+
+
+def _spread(avail: AvailableIds, indices: Sequence[int], size: int, must: Sequence[str] = ()) -> tuple[str, ...]:
+    """`size` IDs split evenly over the GPUs `indices` (in that order), `must` among them, lowest first."""
+    by_gpu = group_by_gpu(must)
+    out: list[str] = []
+    for index, part in zip(indices, split_units(size, len(indices)), strict=True):
+        out += avail.lowest(index, part, [device_id(index, n) for n in by_gpu.get(index, [])])
+    return tuple(out)
+
+
 def choose_preferred(available: Sequence[str], must_include: Sequence[str], size: int, unit_mib: int,
                      gpus: Mapping[int, GpuInfo], reservations: Sequence[ReservedPod],
                      taken: set[tuple[str, str]]) -> Preference:
-    """All `size` devices from one GPU: the reserved one for the pod being admitted, else the best fit."""
+    """All `size` devices from one GPU: the reserved one for the pod being admitted, else the best fit. A pod
+    spanning N GPUs: its N reserved GPUs, `size` split evenly over them (each device ID names its
+    GPU, so the kubelet's count per GPU stays what each GPU holds)."""
     avail = AvailableIds(available, gpus)
     if must_include:
-        must_gpus = set(group_by_gpu(must_include))  # every ID checked, not only the first
-        if len(must_gpus) > 1:
-            raise DeviceIdError(f"the devices that must be included span GPUs {sorted(must_gpus)}; memslice "
-                                f"devices of one container come from one GPU")
-        (gpu,) = must_gpus
-        return Preference(avail.lowest(gpu, size, must_include), gpu, None, None,
-                          "the GPU of the devices the kubelet must include")
+        must_gpus = sorted(group_by_gpu(must_include))  # every ID checked, not only the first
+        reason = "the GPU(s) of the devices the kubelet must include"
+        return Preference(_spread(avail, must_gpus, size, must_include), must_gpus[0], None, None, reason)
     free = avail.free
     match = match_reservation(reservations, size, unit_mib, taken)
     reason = "no reservation for a container of this size: best fit"
     if match is not None:
         r, container = match
-        index = next((g.index for g in gpus.values() if g.uuid == r.gpu_uuid), None)
-        if index is not None and free.get(index, 0) >= size:
-            return Preference(avail.lowest(index, size), index, r, container,
+        index_of = {g.uuid: g.index for g in gpus.values()}
+        indices = [index_of.get(u) for u in r.gpu_uuids]
+        parts = split_units(size, len(indices))
+        short = [(u, i) for u, i, part in zip(r.gpu_uuids, indices, parts, strict=True)
+                 if i is None or free.get(i, 0) < part]
+        if not short:
+            chosen = [i for i in indices if i is not None]
+            return Preference(_spread(avail, chosen, size), chosen[0], r, container,
                               f"reserved by the extender for {r.namespace}/{r.name} container {container}")
+        u, index = short[0]
         where = "is not on this node" if index is None else f"has only {free.get(index, 0)} free units"
-        reason = (f"GPU {r.gpu_uuid} reserved for {r.namespace}/{r.name} {where}, wanted {size}: "
+        reason = (f"GPU {u} reserved for {r.namespace}/{r.name} {where}, wanted {parts[0]}: "
                   f"best fit instead")
     best = best_fit_gpu(free, size)
     if best is None:
@@ -206,11 +230,38 @@ def choose_preferred(available: Sequence[str], must_include: Sequence[str], size
 
 @dataclass(frozen=True)
 class Target:
-    """A validated Allocate request: the GPU, the IDs, the quota in MiB."""
+    """A validated Allocate request: the GPU (device 0), the IDs, the quota in MiB per GPU, and for a container
+    spanning GPUs its other GPUs in device order."""
 
     gpu: GpuInfo
     device_ids: tuple[str, ...]
     mib: int
+    more: tuple[GpuInfo, ...] = ()
+
+    @property
+    def gpus(self) -> tuple[GpuInfo, ...]:
+        """Every GPU of the container, in device order."""
+        return (self.gpu, *self.more)
+
+    def ordered(self, uuids: Sequence[str]) -> Target:
+        """The same GPUs in the order of `uuids` (a reservation's device order); unchanged when they differ."""
+        by_uuid = {g.uuid: g for g in self.gpus}
+        if sorted(by_uuid) != sorted(uuids):
+            return self
+        first, *rest = (by_uuid[u] for u in uuids)
+        return Target(gpu=first, device_ids=self.device_ids, mib=self.mib, more=tuple(rest))
+
+
+def spanning_owner(target: Target, reservations: Sequence[ReservedPod], unit_mib: int,
+                   taken: set[tuple[str, str]]) -> tuple[ReservedPod, str] | None:
+    """The one reservation (and container) a container's IDs spanning GPUs can be: a pod reserved on exactly
+    those GPUs with a container not yet allocated asking for as many devices; None when none or several are
+    (pure). Allocate uses it when the kubelet did not take the agent's preference for these IDs."""
+    mine = {g.uuid for g in target.gpus}
+    size = len(target.device_ids)
+    found = [(r, c) for r in reservations if set(r.gpu_uuids) == mine
+             for c, mib in r.containers if (r.pod_uid, c) not in taken and units_for(mib, unit_mib) == size]
+    return found[0] if len(found) == 1 else None
 
 
 def _bad_ids(ids: Sequence[str]) -> str | None:
@@ -260,18 +311,21 @@ def allocation_target(ids: Sequence[str], gpus: Mapping[int, GpuInfo], healthy: 
             raise AllocationError(
                 f"device ID {device_id(index, numbers[-1])} is beyond GPU {index}'s {limit} devices at "
                 f"--unit-mib {unit_mib}; was the unit changed while pods held devices?")
-    if len(by_gpu) > 1:
+    counts = [len(n) for n in by_gpu.values()]
+    if len(by_gpu) > 1 and max(counts) - min(counts) > 1:
         parts = ", ".join(f"GPU {g} ({len(n) * unit_mib} MiB)" for g, n in sorted(by_gpu.items()))
         raise AllocationError(
-            f"the {len(ids)} {RESOURCE_NAME} devices span {parts}; one container's memory must come from "
-            f"one GPU. Schedule the pod through the memslice scheduler extender (it reserves one GPU per "
-            f"pod), or ask for no more than the largest free slice of one GPU")
-    (index, numbers), = by_gpu.items()
-    gpu = gpus[index]
-    if not healthy.get(gpu.uuid, False):
-        raise AllocationError(f"GPU {index} ({gpu.uuid}) is Unhealthy (critical Xid); the pod cannot use it. "
-                              f"Delete the pod so it is scheduled again")
-    return Target(gpu=gpu, device_ids=tuple(ids), mib=len(ids) * unit_mib)
+            f"the {len(ids)} {RESOURCE_NAME} devices span {parts}, unevenly; one container's memory comes from "
+            f"one GPU, or evenly from the GPUs of a pod spanning GPUs ({contract.ANN_GPU_COUNT}). Schedule the "
+            f"pod through the memslice scheduler extender (it reserves the GPUs), or ask for no more than the "
+            f"largest free slice of one GPU")
+    chosen = [gpus[i] for i in sorted(by_gpu)]
+    for gpu in chosen:
+        if not healthy.get(gpu.uuid, False):
+            raise AllocationError(f"GPU {gpu.index} ({gpu.uuid}) is Unhealthy (critical Xid); the pod cannot use "
+                                  f"it. Delete the pod so it is scheduled again")
+    return Target(gpu=chosen[0], device_ids=tuple(ids), mib=len(ids) * unit_mib // len(chosen),
+                  more=tuple(chosen[1:]))
 
 
 

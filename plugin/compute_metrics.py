@@ -60,12 +60,13 @@ class ComputeCollector:
         per_gpu: dict[str, list[Allocation]] = {}
         for a in self.ledger().values():
             if a.compute_slot >= 0:
-                per_gpu.setdefault(a.gpu_uuid, []).append(a)
+                for gpu in a.uuids():  # a container spanning GPUs holds its share on each
+                    per_gpu.setdefault(gpu, []).append(a)
         for uuid, allocs in sorted(per_gpu.items()):
             figures = self._figures(uuid)
             gpu_req.add_metric([uuid], sum(a.compute_request for a in allocs))
             for a in allocs:
-                lv = [a.namespace, a.pod, a.container, a.region_id, a.gpu_uuid]
+                lv = [a.namespace, a.pod, a.container, a.region_id, uuid]
                 req.add_metric(lv, a.compute_request)
                 if a.compute_limit:
                     lim.add_metric(lv, a.compute_limit)

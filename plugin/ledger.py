@@ -17,7 +17,8 @@ REGION_ID = re.compile(r"g\d{1,4}-[0-9a-f]{12}\Z")
 
 
 def region_id_for(device_ids: Sequence[str]) -> str:
-    """`g<gpu-index>-<12 hex>`: the GPU, then a digest of the sorted device IDs. The kubelet never hands the
+    """`g<gpu-index>-<12 hex>`: the GPU (of the first ID: one of a spanning container's), then a digest of the
+    sorted device IDs. The kubelet never hands the
     same device to two live containers, so the ID is unique on the node and stable across restarts."""
     gpu = parse_device_id(device_ids[0])[0]
     digest = hashlib.sha256(",".join(sorted(device_ids)).encode()).hexdigest()[:12]
@@ -44,6 +45,20 @@ class Allocation:
     compute_request: int = 0  # compute share: percent of the GPU's time; 0 = best effort
     compute_limit: int = 0  # compute share: the cap in percent; 0 = none
     compute_slot: int = -1  # compute share: the slot provisioned on its GPU (memslice.compute); -1 = none
+    # A pod spanning GPUs: its other GPUs (index, uuid), in device order after gpu_index/gpu_uuid
+    # (device 0). `mib` (and `limit_mib`) are per GPU: each GPU holds that much; the slots are one number free
+    # on every one of the GPUs' boards.
+    more_gpus: tuple[tuple[int, str], ...] = ()
+
+    def gpus(self) -> tuple[tuple[int, str], ...]:
+        """(index, uuid) of every GPU the container holds memory on, in device order."""
+        return ((self.gpu_index, self.gpu_uuid), *self.more_gpus)
+
+    def uuids(self) -> tuple[str, ...]:
+        return (self.gpu_uuid, *(u for _, u in self.more_gpus))
+
+    def on_gpu(self, uuid: str) -> bool:
+        return uuid == self.gpu_uuid or any(u == uuid for _, u in self.more_gpus)
 
     def owner(self) -> str:
         return f"{self.namespace}/{self.pod}/{self.container}" if self.pod else "(pod not yet known)"
@@ -104,18 +119,22 @@ def reconcile(ledger: Mapping[str, Allocation], live: Sequence[LiveContainer] | 
     for rid, lc in by_region.items():
         if rid in ledger:
             continue
-        gpu = parse_device_id(lc.device_ids[0])[0]
-        a = Allocation(region_id=rid, gpu_index=gpu, gpu_uuid=uuid_of.get(gpu, ""), device_ids=lc.device_ids,
-                       mib=len(lc.device_ids) * unit_mib, created_at=now, namespace=lc.namespace, pod=lc.pod,
-                       container=lc.container, pod_uid=uid_of.get((lc.namespace, lc.pod), ""))
+        # the GPUs its IDs name (a pod spanning GPUs: each holds an even part; the record, when there was one,
+        # had their device order: recovered without it, by index)
+        gpus = sorted({parse_device_id(i)[0] for i in lc.device_ids})
+        a = Allocation(region_id=rid, gpu_index=gpus[0], gpu_uuid=uuid_of.get(gpus[0], ""), device_ids=lc.device_ids,
+                       mib=len(lc.device_ids) * unit_mib // len(gpus), created_at=now, namespace=lc.namespace,
+                       pod=lc.pod, container=lc.container, pod_uid=uid_of.get((lc.namespace, lc.pod), ""),
+                       more_gpus=tuple((g, uuid_of.get(g, "")) for g in gpus[1:]))
         out.keep[rid] = a
         out.recovered.append(a)
     return out
 
 
 def allocated_mib(ledger: Mapping[str, Allocation]) -> dict[int, int]:
-    """MiB handed out per GPU index."""
+    """MiB handed out per GPU index (a container spanning GPUs holds `mib` on each)."""
     out: dict[int, int] = {}
     for a in ledger.values():
-        out[a.gpu_index] = out.get(a.gpu_index, 0) + a.mib
+        for index, _ in a.gpus():
+            out[index] = out.get(index, 0) + a.mib
     return out

@@ -150,7 +150,7 @@ class NodeCollector:
                                      "0 when the region directory holds more than the scrape counts (the two "
                                      "figures are then lower bounds)", labels=labels)
         for a in ledger.values():
-            lv = [a.namespace, a.pod, a.container, a.region_id, a.gpu_uuid]
+            lv = [a.namespace, a.pod, a.container, a.region_id, a.gpu_uuid]  # one directory: device 0's GPU
             try:
                 u = usage(self.region_dir(a.region_id))
             except OSError as exc:  # never the scrape: this region's figures are left out
@@ -180,19 +180,18 @@ class NodeCollector:
                                   "1 when the container's region file cannot be read or is not a valid region "
                                   "(the agent log names the problem)", labels=labels)
         for a in ledger.values():
-            lv = [a.namespace, a.pod, a.container, a.region_id, a.gpu_uuid]
-            quota.add_metric(lv, a.mib)
             snap, failed = self._read(a.region_id)
-            error.add_metric(lv, 1 if failed else 0)
-            if snap is None:
-                continue
-            dev = next((d for d in snap.devices if d.uuid == a.gpu_uuid), None)  # one series per container
-            if dev is not None:
-                used.add_metric(lv, dev.used_bytes / MiB)
-                peak.add_metric(lv, dev.peak_bytes / MiB)
-                refused.add_metric(lv, dev.refused)
-                ctx.add_metric(lv, dev.context_cost_bytes / MiB)
-                taken.add_metric(lv, dev.driver_taken_bytes / MiB)
+            for uuid in a.uuids():  # one series per container and GPU (a pod spanning GPUs: its quota on each)
+                lv = [a.namespace, a.pod, a.container, a.region_id, uuid]
+                quota.add_metric(lv, a.mib)
+                error.add_metric(lv, 1 if failed else 0)
+                dev = None if snap is None else next((d for d in snap.devices if d.uuid == uuid), None)
+                if dev is not None:
+                    used.add_metric(lv, dev.used_bytes / MiB)
+                    peak.add_metric(lv, dev.peak_bytes / MiB)
+                    refused.add_metric(lv, dev.refused)
+                    ctx.add_metric(lv, dev.context_cost_bytes / MiB)
+                    taken.add_metric(lv, dev.driver_taken_bytes / MiB)
         self._forget(set(ledger))
         yield from (quota, used, peak, refused, ctx, taken, error)
 

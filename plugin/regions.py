@@ -420,6 +420,7 @@ class RegionStore:
             try:
                 raw = json.loads(meta.read_text())
                 raw["device_ids"] = tuple(raw["device_ids"])
+                raw["more_gpus"] = tuple((int(i), str(u)) for i, u in raw.get("more_gpus", ()))
                 alloc = Allocation(**raw)
             except (OSError, ValueError, TypeError, KeyError) as exc:
                 log.warning("region record %s cannot be read (%s); it will be rebuilt from the kubelet's "

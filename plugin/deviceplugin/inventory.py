@@ -30,7 +30,8 @@ def inventory_annotations(gpus: Sequence[GpuInfo], healthy: Mapping[str, bool], 
     """The node annotations the extender reads (memslice.contract.Inventory)."""
     return Inventory(unit_mib, tuple(Gpu(uuid=g.uuid, index=g.index, model=g.model, mem_mib=g.mem_mib, numa=g.numa,
                                          healthy=bool(healthy.get(g.uuid, False)),
-                                         nvml_total_mib=g.nvml_total_mib or None, reserved_mib=g.reserved_mib)
+                                         nvml_total_mib=g.nvml_total_mib or None, reserved_mib=g.reserved_mib,
+                                         nvlink=g.nvlink, pcie=g.pcie)
                                      for g in gpus)).format()
 
 

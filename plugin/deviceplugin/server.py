@@ -14,16 +14,22 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from memslice.compute import ComputeShareError, check_share, provision
+from memslice.compute import ComputeShareError, check_share
+from memslice.contract import ANN_GPU_COUNT
+from memslice.contract import RESOURCE as RESOURCE_NAME
 from memslice.proto import api_pb2, api_pb2_grpc
 
 from ..allocator import (
     AllocationError,
+    ReservedPod,
     Target,
     allocation_target,
     check_disjoint,
     choose_preferred,
+    group_by_gpu,
+    spanning_owner,
 )
+from ..compute_slots import provision_all
 from ..devices import DeviceIdError
 from ..elastic.slots import assign_slot, write_roster
 from ..ledger import Allocation, region_id_for
@@ -115,14 +121,15 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             targets = [allocation_target(list(c.devices_ids), st.gpus, healthy, st.unit_mib)
                        for c in request.container_requests]
             check_disjoint(targets)
+            owned = [self._owner(t) for t in targets]
         except AllocationError as exc:
             self.metrics.allocate_errors.inc()
             log.warning("Allocate refused: %s", exc)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         out = api_pb2.AllocateResponse()
-        for target in targets:
+        for target, owner in owned:
             try:
-                alloc = self._record(target)
+                alloc = self._record(target, owner)
             except ComputeShareError as exc:
                 self.metrics.allocate_errors.inc()
                 log.error("Allocate failed: %s", exc)
@@ -136,20 +143,46 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             out.container_responses.append(
                 container_response(target, self.regions.dir_of(alloc.region_id), self.rcfg, alloc.limit_mib,
                                    elastic_slot=alloc.elastic_slot, compute_slot=alloc.compute_slot))
-            log.info("Allocate: %d MiB of GPU %d (%s) for %s, region %s%s%s", alloc.mib, alloc.gpu_index,
-                     alloc.gpu_uuid, alloc.owner(), alloc.region_id,
+            log.info("Allocate: %d MiB of GPU %s (%s) for %s, region %s%s%s", alloc.mib,
+                     ",".join(str(i) for i, _ in alloc.gpus()), ",".join(alloc.uuids()), alloc.owner(),
+                     alloc.region_id,
                      f", elastic up to {alloc.limit_mib} MiB" if alloc.limit_mib else "",
                      f", compute {alloc.compute_request}%:{alloc.compute_limit or '-'} slot {alloc.compute_slot}"
                      if alloc.compute_slot >= 0 else "")
         self.metrics.allocate_seconds.observe(time.perf_counter() - start)
         return out
 
-    def _record(self, target: Target) -> Allocation:
+    def _owner(self, target: Target) -> tuple[Target, tuple[ReservedPod, str] | None]:
+        """The container (reservation and name) these IDs were preferred for, and the target in its
+        reservation's device order. IDs spanning GPUs must be a reservation's: the agent's preference
+        for exactly them, else the one reservation on exactly those GPUs asking for as many devices; anything
+        else is refused (AllocationError), as IDs spanning GPUs always were."""
+        st = self.state
+        with st.lock:
+            owner = st.preferred.pop(frozenset(target.device_ids), None)
+            existing = st.ledger.get(region_id_for(target.device_ids))
+        if existing is not None and existing.more_gpus:  # the same devices again: the order it had
+            return target.ordered(existing.uuids()), owner
+        if owner is None and target.more:
+            owner = spanning_owner(target, st.reservations(), st.unit_mib, st.taken())
+        if target.more and (owner is None or sorted(owner[0].gpu_uuids) != sorted(g.uuid for g in target.gpus)):
+            names = ", ".join(f"GPU {g} ({len(n) * st.unit_mib} MiB)"
+                              for g, n in sorted(group_by_gpu(target.device_ids).items()))
+            raise AllocationError(
+                f"the {len(target.device_ids)} {RESOURCE_NAME} devices span {names}, and no pod is reserved on "
+                f"exactly those GPUs with a container of that size; one container's memory comes from one GPU, "
+                f"or from the GPUs the memslice scheduler extender reserved for a pod spanning GPUs "
+                f"({ANN_GPU_COUNT}). Schedule the pod through the extender, or ask for no more than the largest "
+                f"free slice of one GPU")
+        if owner is not None and target.more:
+            target = target.ordered(owner[0].gpu_uuids)
+        return target, owner
+
+    def _record(self, target: Target, owner: tuple[ReservedPod, str] | None) -> Allocation:
         st = self.state
         rid = region_id_for(target.device_ids)
         with st.lock:
             existing = st.ledger.get(rid)
-            owner = st.preferred.pop(frozenset(target.device_ids), None)
         if existing is not None:  # the same devices again (an init container's, reused): same region
             alloc = existing
         else:
@@ -158,6 +191,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             r, container = owner if owner is not None else (None, "")
             share = r.compute_of(container) if r else None
             alloc = Allocation(region_id=rid, gpu_index=target.gpu.index, gpu_uuid=target.gpu.uuid,
+                               more_gpus=tuple((g.index, g.uuid) for g in target.more),
                                device_ids=target.device_ids, mib=target.mib, created_at=time.time(),
                                namespace=r.namespace if r else "", pod=r.name if r else "",
                                container=container, pod_uid=r.pod_uid if r else "",
@@ -167,19 +201,20 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                                compute_request=share.request if share else 0,
                                compute_limit=share.limit or 0 if share else 0)
         if alloc.compute_slot < 0 and (alloc.compute_request or alloc.compute_limit) and self.rcfg.compute_host_dir:
-            # the container's compute slot on its GPU, in the roster the shim trusts (fails closed:
-            # a sum of requests over 100 on the GPU, or no free slot, refuses the container)
-            p = provision(self.rcfg.compute_host_dir, alloc.gpu_uuid,
-                          check_share(alloc.compute_request, alloc.compute_limit or None), alloc.priority)
-            alloc = replace(alloc, compute_slot=p.slot)
+            # the container's compute slot on its GPU(s), in the roster the shim trusts (fails closed:
+            # a sum of requests over 100 on a GPU, or no slot free on all of them, refuses the container)
+            slot = provision_all(self.rcfg.compute_host_dir, alloc.uuids(),
+                                 check_share(alloc.compute_request, alloc.compute_limit or None), alloc.priority)
+            alloc = replace(alloc, compute_slot=slot)
         elastic = alloc.limit_mib > alloc.mib
         with st.lock:
-            if elastic and alloc.elastic_slot < 0:  # the container's own board slot
+            if elastic and alloc.elastic_slot < 0:  # the container's own board slot (on each GPU)
                 alloc = replace(alloc, elastic_slot=assign_slot(alloc, st.ledger.values()))
             others = [a for a in st.ledger.values() if a.region_id != rid]
         self.regions.create(alloc)
         if elastic and self.rcfg.elastic_host_dir is not None:
-            write_roster(self.rcfg.elastic_host_dir, alloc.gpu_uuid, [*others, alloc])
+            for uuid in alloc.uuids():
+                write_roster(self.rcfg.elastic_host_dir, uuid, [*others, alloc])
         with st.lock:
             st.ledger[rid] = alloc
         return alloc

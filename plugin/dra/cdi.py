@@ -1,9 +1,9 @@
 """DRA: the CDI spec of a prepared claim (one file per claim in --cdi-dir, /var/run/cdi by default).
 
-The container edits are built from the device plugin's own Allocate answer (plugin/response.py
-`container_response`), translated field by field, so both modes hand a container the same env, mounts and GPU
-visibility, and whatever Allocate gains later reaches DRA containers too. A CDI device ID that Allocate returns
-(--visibility cdi: the NVIDIA CDI device of the GPU) is returned beside memslice's own.
+The container edits are what the device plugin's Allocate answers (plugin/response.py `container_edits`, before
+Allocate wraps it in its protobuf), translated field by field, so both modes hand a container the same env,
+mounts and GPU visibility, and whatever Allocate gains later reaches DRA containers too. A CDI device ID that
+Allocate returns (--visibility cdi: the NVIDIA CDI device of each GPU) is returned beside memslice's own.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memslice.proto import api_pb2
-
+from ..response import Edits
 from .prepare import DRIVER
 
 # The lowest version the spec's features need (the CDI library refuses a spec declaring less): 0.5.0 lets a
@@ -32,7 +31,7 @@ _CDI_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")
 @dataclass(frozen=True)
 class CdiDevice:
     name: str
-    response: api_pb2.ContainerAllocateResponse
+    edits: Edits
 
     def qualified(self) -> str:
         return f"{CDI_KIND}={self.name}"
@@ -45,30 +44,27 @@ def cdi_device_name(claim_uid: str, share_id: str) -> str:
     return name
 
 
-def container_edits(resp: api_pb2.ContainerAllocateResponse) -> dict[str, Any]:
-    """Allocate's env/mounts/devices as CDI containerEdits."""
-    edits: dict[str, Any] = {"env": [f"{k}={v}" for k, v in sorted(resp.envs.items())]}
-    if resp.mounts:
+def container_edits(e: Edits) -> dict[str, Any]:
+    """Allocate's env/mounts as CDI containerEdits."""
+    edits: dict[str, Any] = {"env": [f"{k}={v}" for k, v in sorted(e.envs.items())]}
+    if e.mounts:
         edits["mounts"] = [{"hostPath": m.host_path, "containerPath": m.container_path,
                             "options": ["ro" if m.read_only else "rw", "nosuid", "nodev", "bind"]}
-                           for m in resp.mounts]
-    if resp.devices:
-        edits["deviceNodes"] = [{"path": d.container_path, "hostPath": d.host_path,
-                                 "permissions": d.permissions or "rw"} for d in resp.devices]
+                           for m in e.mounts]
     return edits
 
 
 def spec_document(devices: Iterable[CdiDevice]) -> dict[str, Any]:
     # No spec or device annotations: they need cdiVersion 0.6.0, and the claim UID is in the file name.
     return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND,
-            "devices": [{"name": d.name, "containerEdits": container_edits(d.response)} for d in devices]}
+            "devices": [{"name": d.name, "containerEdits": container_edits(d.edits)} for d in devices]}
 
 
 def extra_device_ids(devices: Iterable[CdiDevice]) -> list[str]:
     """CDI devices Allocate asks the runtime for (the GPU itself with --visibility cdi)."""
     out: list[str] = []
     for d in devices:
-        out.extend(c.name for c in d.response.cdi_devices if c.name not in out)
+        out.extend(c for c in d.edits.cdi_devices if c not in out)
     return out
 
 

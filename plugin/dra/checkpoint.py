@@ -17,7 +17,7 @@ from typing import Any
 from memslice import errors
 
 from ..regions import _atomic_write
-from .prepare import ClaimRef, Compute, Elastic, Share
+from .prepare import ClaimRef, Compute, Elastic, Grant, Share, grants
 
 VERSION = 1
 
@@ -34,6 +34,11 @@ class PreparedClaim:
     elastic: Elastic | None = None  # the claim's elastic memory (GpuMemConfig limit), slot and priority included
     spill: int | None = None  # GpuMemConfig oversubscribe: None off, -1 no cap, or the spill cap in bytes
     compute: Compute | None = None  # the claim's compute share, its slot included
+
+    @functools.cached_property
+    def grants(self) -> list[Grant]:
+        """The claim's regions (one per claim; an older agent's record may group otherwise), built once."""
+        return grants(self.shares)
 
     @functools.cached_property
     def json(self) -> dict[str, Any]:

@@ -2,12 +2,13 @@
 
 Each allocation result of driver memslice.io on this node's pool is one *share* of one GPU: the device
 (`gpu-<index>`), the `shareID` kube-scheduler gave it, and `consumedCapacity.memory` (the request rounded up by
-the device's requestPolicy). The shares of one claim on one GPU (two requests pinned by a matchAttribute
-constraint, firstAvailable subrequests) become ONE region whose quota is their sum (decision,
-docs/architecture.md "DRA contracts"): the claim is the unit of isolation, and a container mounts one quota
-region per GPU, so two regions of one GPU could not both apply to a container that names the whole claim.
-Results on two different GPUs are refused. Everything the claim says is checked here; a refusal is a
-ClaimError whose message names the claim, the bad value and what to do.
+the device's requestPolicy). ALL the shares of one claim become ONE region (decision, docs/architecture.md "DRA
+contracts"): the claim is the unit of isolation, and a container mounts one quota region, which the shim holds
+per device. On one GPU (two requests pinned by a matchAttribute constraint, firstAvailable subrequests) the
+quota is their sum; on several GPUs (`count: N`, or requests kept apart by a distinctAttribute constraint)
+the quota is each GPU's sum, which must be the same on every GPU (the limits file holds one quota per
+visible GPU): a claim whose GPUs would hold different quotas is refused by name. Everything the claim says is
+checked here; a refusal is a ClaimError whose message names the claim, the bad value and what to do.
 """
 
 from __future__ import annotations
@@ -204,26 +205,27 @@ class Elastic:
     slot: int = -1
 
 
-def elastic_for(claim: Mapping[str, Any], ref: ClaimRef, shares: Iterable[Share],
-                capacity_mib: Mapping[int, int]) -> Elastic | None:
-    """The claim's elastic memory (None: a plain quota of its request) from its GpuMemConfig, checked against
-    its request and its GPU; ClaimError naming both values and the fix. `shares` are shares_for's (one GPU)."""
-    cfg = claim_config(claim, ref)
-    [g] = grants(shares)
+def elastic_for(claim: Mapping[str, Any], ref: ClaimRef, g: Grant, capacity_mib: Mapping[int, int],
+                cfg: contract.GpuMemConfig | None = None) -> Elastic | None:
+    """The claim's elastic memory (None: a plain quota of its request) from its GpuMemConfig (`cfg`, read from
+    the claim when not given), checked against its request and its GPUs (the limit is per GPU, as the quota);
+    ClaimError naming both values and the fix."""
+    cfg = claim_config(claim, ref) if cfg is None else cfg
     if cfg.limit_mib is None or cfg.limit_mib == g.mib:
         if cfg.idle_release:
             raise ClaimError(f"{ref}: {CONFIG_KIND} idleRelease: true without a limit above the claim's request "
                              f"({g.mib} MiB) has no effect (a request stays in GPU memory unless it is elastic); "
                              f"add limit: \"<more than {g.mib}Mi>\" or remove idleRelease")
         return None
-    cap = capacity_mib.get(g.gpu_index, 0)
+    small = min(g.devices, key=lambda d: capacity_mib.get(d.gpu_index, 0))
+    cap = capacity_mib.get(small.gpu_index, 0)
     if cfg.limit_mib < g.mib:
         raise ClaimError(f"{ref}: {CONFIG_KIND} limit {cfg.limit_mib}Mi is below the claim's request of {g.mib}Mi "
                          f"(capacity.requests.memory, as allocated on {g.device}); set limit to at least "
                          f"\"{g.mib}Mi\", or remove it (the limit is then the request)")
     if cfg.limit_mib > cap:
-        raise ClaimError(f"{ref}: {CONFIG_KIND} limit {cfg.limit_mib}Mi is above the {cap}Mi of {g.device} "
-                         f"({g.gpu_uuid}), the most it can ever hold; set limit to at most \"{cap}Mi\"")
+        raise ClaimError(f"{ref}: {CONFIG_KIND} limit {cfg.limit_mib}Mi is above the {cap}Mi of {small.device} "
+                         f"({small.gpu_uuid}), the most it can ever hold; set limit to at most \"{cap}Mi\"")
     return Elastic(limit_mib=cfg.limit_mib, idle_release=cfg.idle_release)
 
 
@@ -238,11 +240,11 @@ class Compute:
     priority: int = 0  # the consumer pods' PriorityClass value (the lowest, as for an elastic claim)
 
 
-def compute_for(claim: Mapping[str, Any], ref: ClaimRef, shares: Iterable[Share]) -> Compute | None:
-    """The claim's compute share (None: neither a request nor a computeLimit), checked: a request over 100
-    and a computeLimit below the request are refused by name (ClaimError)."""
-    cfg = claim_config(claim, ref)
-    [g] = grants(shares)
+def compute_for(claim: Mapping[str, Any], ref: ClaimRef, g: Grant, cfg: contract.GpuMemConfig | None = None
+                ) -> Compute | None:
+    """The claim's compute share on each of its GPUs (None: neither a request nor a computeLimit), checked: a
+    request over 100 and a computeLimit below the request are refused by name (ClaimError)."""
+    cfg = claim_config(claim, ref) if cfg is None else cfg
     if not g.compute and cfg.compute_limit is None:
         return None
     if g.compute > 100:
@@ -384,44 +386,89 @@ def shares_for(claim: Mapping[str, Any], ref: ClaimRef, pool: str, gpus: Mapping
         out.append(Share(request=req, pool=pool, device=str(device), share_id=share_id, mib=mib,
                          gpu_index=gpu.index, gpu_uuid=gpu.uuid,
                          region_id=region_id_for_share(gpu.index, ref.uid, req, share_id), compute=pct))
-    gpus_used = sorted({s.device for s in out})
-    if len(gpus_used) > 1:
-        raise ClaimError(f"{ref} has shares on {len(gpus_used)} GPUs ({', '.join(gpus_used)}): a container "
-                         f"mounts the quota of one GPU; ask for the total in one request's "
-                         f"capacity.requests.memory (count > 1 always gets different GPUs), pin several "
-                         f"requests with constraints: [{{matchAttribute: {DRIVER}/uuid}}], or use one claim "
-                         f"per GPU")
-    first = out[0].region_id  # all shares of the claim on its GPU: one region (the first share's, stable)
+    _check_even(ref, out)
+    first = out[0].region_id  # all shares of the claim: one region (the first share's, stable)
     return [dataclasses.replace(s, region_id=first) for s in out]
 
 
-@dataclass(frozen=True)
-class Grant:
-    """What one region of a prepared claim holds: the claim's shares on one GPU, summed."""
+def _check_even(ref: ClaimRef, shares: list[Share]) -> None:
+    """ClaimError unless every GPU of the claim holds the same memory and compute (one quota per visible GPU
+    in the limits file, one compute share) and the claim spans at most contract.MAX_GPUS_PER_POD GPUs."""
+    mib: dict[str, int] = {}
+    pct: dict[str, int] = {}
+    for s in shares:
+        mib[s.device] = mib.get(s.device, 0) + s.mib
+        pct[s.device] = pct.get(s.device, 0) + s.compute
+    if len(mib) > contract.MAX_GPUS_PER_POD:
+        raise ClaimError(f"{ref} has shares on {len(mib)} GPUs: the shim holds a quota on at most "
+                         f"{contract.MAX_GPUS_PER_POD} devices per container; ask for fewer")
+    for what, per, unit in (("memory", mib, " MiB"), ("compute", pct, "%")):
+        if len(set(per.values())) > 1:
+            figures = ", ".join(f"{d} {v}{unit}" for d, v in per.items())
+            raise ClaimError(f"{ref} holds different {what} on its GPUs ({figures}): a claim on several GPUs "
+                             f"gets ONE quota per GPU, the same on each; give its requests the same "
+                             f"capacity.requests.{what}, keep them apart with constraints: [{{distinctAttribute: "
+                             f"{DRIVER}/uuid}}] (or pin them to one GPU with matchAttribute), or use one claim per "
+                             f"GPU")
 
-    region_id: str
+
+@dataclass(frozen=True)
+class GrantDevice:
+    """One GPU of a prepared claim: its device, and the shares the claim holds there (the first names it)."""
+
     device: str
     pool: str
     gpu_index: int
     gpu_uuid: str
+    share_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What one region of a prepared claim holds: the claim's shares, summed per GPU (the same on each of its
+    GPUs: `mib` and `compute` are per GPU), its GPUs in device order (the order of its allocation results)."""
+
+    region_id: str
+    devices: tuple[GrantDevice, ...]
     mib: int
     requests: tuple[str, ...]  # base request names (what containers name), sorted, without repeats
     share_ids: tuple[str, ...]
-    compute: int = 0  # percent of the GPU's time, summed
+    compute: int = 0  # percent of each GPU's time, summed
+
+    @property
+    def device(self) -> str:
+        return self.devices[0].device
+
+    @property
+    def gpu_index(self) -> int:
+        return self.devices[0].gpu_index
+
+    @property
+    def gpu_uuid(self) -> str:
+        return self.devices[0].gpu_uuid
+
+    @property
+    def uuids(self) -> tuple[str, ...]:
+        return tuple(d.gpu_uuid for d in self.devices)
 
 
 def grants(shares: Iterable[Share]) -> list[Grant]:
-    """Shares grouped by region (in first-seen order), their memory summed."""
+    """Shares grouped by region (in first-seen order), then by GPU; memory and compute summed per GPU (a claim
+    has one region, shares_for checked that each GPU holds the same; the first GPU's sums are the grant's)."""
     groups: dict[str, list[Share]] = {}
     for s in shares:
         groups.setdefault(s.region_id, []).append(s)
     out = []
     for rid, group in groups.items():
-        s0 = group[0]
-        out.append(Grant(region_id=rid, device=s0.device, pool=s0.pool, gpu_index=s0.gpu_index,
-                         gpu_uuid=s0.gpu_uuid, mib=sum(s.mib for s in group),
+        by_gpu: dict[str, list[Share]] = {}
+        for s in group:
+            by_gpu.setdefault(s.device, []).append(s)
+        devices = tuple(GrantDevice(d, g[0].pool, g[0].gpu_index, g[0].gpu_uuid, tuple(s.share_id for s in g))
+                        for d, g in by_gpu.items())
+        first = by_gpu[devices[0].device]
+        out.append(Grant(region_id=rid, devices=devices, mib=sum(s.mib for s in first),
                          requests=tuple(sorted({base_request(s.request) for s in group if s.request})),
-                         share_ids=tuple(s.share_id for s in group), compute=sum(s.compute for s in group)))
+                         share_ids=tuple(s.share_id for s in group), compute=sum(s.compute for s in first)))
     return out
 
 
@@ -478,7 +525,8 @@ MAX_OTHER_STATUSES = 128  # other drivers' status.devices entries kept as they a
 
 
 def device_statuses(claim: Mapping[str, Any], shares: Iterable[Share], elastic: Elastic | None,
-                    spill: int | None, stamp: str) -> list[dict[str, Any]]:
+                    spill: int | None, stamp: str, by_region: Mapping[str, Grant] | None = None
+                    ) -> list[dict[str, Any]]:
     """The claim's status.devices (resource.k8s.io/v1 AllocatedDeviceStatus) with this driver's entries
     replaced by one per prepared share: its driver/pool/device/shareID (the key the API server
     matches against the allocation results), a Ready condition, and in `data` what the node enforces for the
@@ -488,7 +536,8 @@ def device_statuses(claim: Mapping[str, Any], shares: Iterable[Share], elastic: 
     current = _get(claim, "status", "devices")
     others = [d for d in (current if isinstance(current, list) else [])[:MAX_OTHER_STATUSES]
               if isinstance(d, dict) and d.get("driver") != DRIVER]
-    by_region = {g.region_id: g for g in grants(shares)}
+    shares = list(shares)
+    by_region = by_region if by_region is not None else {g.region_id: g for g in grants(shares)}
     out = []
     for s in shares:
         g = by_region[s.region_id]

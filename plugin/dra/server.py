@@ -34,8 +34,7 @@ from typing import Any
 import grpc
 
 from memslice import errors
-from memslice.compute import ComputeShareError, check_share, provision
-from memslice.compute import release as release_compute
+from memslice.compute import ComputeShareError, check_share
 from memslice.proto import (
     dra_health_v1_pb2,
     dra_health_v1_pb2_grpc,
@@ -49,11 +48,11 @@ from memslice.proto import (
     dra_v1beta1_pb2_grpc,
 )
 
-from ..allocator import Target
+from ..compute_slots import provision_all, release_all
 from ..elastic.slots import assign_slot, write_roster
 from ..ledger import Allocation
 from ..regions import RegionStore
-from ..response import ResponseConfig, container_response
+from ..response import ResponseConfig, container_edits
 from ..state import NodeState
 from .cdi import CDI_KIND, CdiDevice, CdiSpecs, cdi_device_name, extra_device_ids
 from .checkpoint import Checkpoint, CheckpointError, PreparedClaim
@@ -65,7 +64,6 @@ from .prepare import (
     Compute,
     Elastic,
     Grant,
-    Share,
     asks_compute,
     check_fits,
     claim_config,
@@ -389,7 +387,8 @@ class DraDriver:
                 stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
                 meta = claim.get("metadata") if isinstance(claim, Mapping) else None
                 body = {"metadata": {"resourceVersion": str((meta or {}).get("resourceVersion") or "")},
-                        "status": {"devices": device_statuses(claim, pc.shares, pc.elastic, pc.spill, stamp)}}
+                        "status": {"devices": device_statuses(claim, pc.shares, pc.elastic, pc.spill, stamp,
+                                                              {g.region_id: g for g in pc.grants})}}
                 try:
                     self.write_status(ref.namespace, ref.name, body)
                     break
@@ -415,21 +414,23 @@ class DraDriver:
         healthy = st.health.snapshot()
         shares = shares_for(claim, ref, self.pool, st.gpus, capacity, healthy)
         check_fits(shares, (s for pc in self.prepared.values() for s in pc.shares), capacity)
-        elastic = elastic_for(claim, ref, shares, capacity)
+        cfg = claim_config(claim, ref)
+        [g] = grants(shares)  # one region per claim: its GPUs, the same quota on each
+        elastic = elastic_for(claim, ref, g, capacity, cfg)
         if elastic is not None:
-            elastic = replace(elastic, priority=fetched.priority or 0, slot=self._slot(shares))
-        share = compute_for(claim, ref, shares)
-        if share is not None and self.rcfg.compute_host_dir is not None:  # its slot in the roster
-            try:
-                p = provision(self.rcfg.compute_host_dir, shares[0].gpu_uuid, check_share(share.request, share.limit),
-                              fetched.priority or 0)
+            elastic = replace(elastic, priority=fetched.priority or 0, slot=self._slot(g))
+        share = compute_for(claim, ref, g, cfg)
+        if share is not None and self.rcfg.compute_host_dir is not None:  # its slot in the rosters
+            try:  # one slot number free on every GPU of the claim
+                slot = provision_all(self.rcfg.compute_host_dir, g.uuids, check_share(share.request, share.limit),
+                                     fetched.priority or 0)
             except ComputeShareError as exc:
                 raise ClaimError(f"{ref}: cannot provision its compute share: {exc}") from None
-            share = replace(share, slot=p.slot, priority=fetched.priority or 0)
-        devices = self._cdi_devices(ref, shares, elastic, share)
+            share = replace(share, slot=slot, priority=fetched.priority or 0)
+        devices = self._cdi_devices(ref, [g], elastic, share)
         pc = PreparedClaim(ref=ref, shares=tuple(shares),
                            cdi_ids=tuple([d.qualified() for d in devices] + extra_device_ids(devices)),
-                           elastic=elastic, spill=claim_config(claim, ref).spill, compute=share)
+                           elastic=elastic, spill=cfg.spill, compute=share)
         try:
             self._materialise(pc, devices)
             self.prepared[ref.uid] = pc
@@ -442,43 +443,41 @@ class DraDriver:
         if warning is not None:
             self._warnings.append((ref, warning))
         self._statuses.append((ref, claim, pc))
-        for g in grants(shares):
-            log.info("prepared %s: %d MiB of %s (%s), share(s) %s, region %s%s", ref, g.mib, g.device, g.gpu_uuid,
-                     ", ".join(g.share_ids), g.region_id,
-                     f", elastic up to {elastic.limit_mib} MiB (priority {elastic.priority}, board slot "
-                     f"{elastic.slot})" if elastic else "")
+        log.info("prepared %s: %d MiB of %s (%s), share(s) %s, region %s%s", ref, g.mib,
+                 ", ".join(d.device for d in g.devices), ", ".join(g.uuids), ", ".join(g.share_ids), g.region_id,
+                 f", elastic up to {elastic.limit_mib} MiB (priority {elastic.priority}, board slot "
+                 f"{elastic.slot})" if elastic else "")
         return pc
 
-    def _slot(self, shares: list[Share]) -> int:
-        """The board slot of a new elastic claim: the lowest that no prepared claim on its GPU holds."""
-        [g] = grants(shares)
+    def _slot(self, g: Grant) -> int:
+        """The board slot of a new elastic claim: the lowest that no prepared claim on any of its GPUs holds."""
         probe = Allocation(region_id=g.region_id, gpu_index=g.gpu_index, gpu_uuid=g.gpu_uuid, device_ids=(),
-                           mib=g.mib, created_at=0.0)
+                           mib=g.mib, created_at=0.0, more_gpus=tuple((d.gpu_index, d.gpu_uuid) for d in g.devices[1:]))
         with self.state.lock:
             return assign_slot(probe, self.state.ledger.values())
 
-    def _cdi_devices(self, ref: ClaimRef, shares: Any, elastic: Elastic | None,
+    def _cdi_devices(self, ref: ClaimRef, regions: list[Grant], elastic: Elastic | None,
                      share: Compute | None = None) -> list[CdiDevice]:
-        """One CDI device per region, named after its first share (a claim of one share keeps the name it had
-        before shares were grouped, so a checkpoint of an older agent still matches its containers)."""
-        return [CdiDevice(cdi_device_name(ref.uid, g.share_ids[0]), self._response(g, elastic, share))
-                for g in grants(shares)]
-
-    def _response(self, g: Grant, elastic: Elastic | None, share: Compute | None = None) -> Any:
-        gpu = self.state.gpus[g.gpu_index]
-        return container_response(Target(gpu=gpu, device_ids=(), mib=g.mib), self.regions.dir_of(g.region_id),
-                                  self.rcfg, elastic.limit_mib if elastic else 0,
-                                  elastic_slot=elastic.slot if elastic else -1,
-                                  compute_slot=share.slot if share else -1)
+        """One CDI device per region (one per claim, for all its GPUs), named after its first share (a claim of
+        one share keeps the name it had before shares were grouped, so an older agent's checkpoint still matches
+        its containers); its edits are what Allocate would answer for the same GPUs and quota."""
+        return [CdiDevice(cdi_device_name(ref.uid, g.share_ids[0]),
+                          container_edits(g.uuids, g.mib, self.regions.dir_of(g.region_id), self.rcfg,
+                                          elastic.limit_mib if elastic else 0,
+                                          elastic_slot=elastic.slot if elastic else -1,
+                                          compute_slot=share.slot if share else -1))
+                for g in regions]
 
     def _materialise(self, pc: PreparedClaim, devices: list[CdiDevice] | None = None,
                      rewrite_spec: bool = False) -> None:
         """Regions, ledger entries and the CDI spec of `pc` (idempotent; the spec is written when given,
         missing, or `rewrite_spec`)."""
         e, c = pc.elastic, pc.compute
-        for g in grants(pc.shares):
+        for g in pc.grants:
             alloc = Allocation(region_id=g.region_id, gpu_index=g.gpu_index, gpu_uuid=g.gpu_uuid,
-                               device_ids=tuple(f"{g.device}/{sid}" for sid in g.share_ids), mib=g.mib,
+                               more_gpus=tuple((d.gpu_index, d.gpu_uuid) for d in g.devices[1:]),
+                               device_ids=tuple(f"{d.device}/{sid}" for d in g.devices for sid in d.share_ids),
+                               mib=g.mib,
                                created_at=time.time(), namespace=pc.ref.namespace, pod=f"claim:{pc.ref.name}",
                                pod_uid=pc.ref.uid,  # the owner's uid: the claim's (its Events name it)
                                container=",".join(g.requests), limit_mib=e.limit_mib if e else 0,
@@ -494,9 +493,9 @@ class DraDriver:
                 with self.state.lock:
                     self.state.ledger.setdefault(g.region_id, alloc)
                 if e is not None:
-                    self._rosters([g.gpu_uuid])
+                    self._rosters(g.uuids)
         if devices is None:
-            devices = self._cdi_devices(pc.ref, pc.shares, pc.elastic, pc.compute)
+            devices = self._cdi_devices(pc.ref, pc.grants, pc.elastic, pc.compute)
             if not rewrite_spec and self.specs.path_of(pc.ref.uid).exists():
                 return
         self.specs.write(pc.ref.uid, devices)
@@ -535,10 +534,8 @@ class DraDriver:
         if pc.elastic is not None:  # its slot leaves the roster: a later process in it cannot be trusted
             self._rosters(s.gpu_uuid for s in pc.shares)
         if pc.compute is not None and pc.compute.slot >= 0 and self.rcfg.compute_host_dir is not None:
-            try:  # the compute slot goes back too
-                release_compute(self.rcfg.compute_host_dir, pc.shares[0].gpu_uuid, pc.compute.slot)
-            except ComputeShareError as exc:
-                log.warning("%s: cannot release compute slot %d: %s", pc.ref, pc.compute.slot, exc)
+            # the compute slot goes back too, on each of the claim's GPUs
+            release_all(self.rcfg.compute_host_dir, dict.fromkeys(s.gpu_uuid for s in pc.shares), pc.compute.slot)
 
 
 def _ref(c: Any) -> ClaimRef:
@@ -573,12 +570,17 @@ class _Service:
                 entry.error = err
                 continue
             extra = [i for i in pc.cdi_ids if not i.startswith(f"{CDI_KIND}=")]
-            for g in grants(pc.shares):
-                ids = [f"{CDI_KIND}={cdi_device_name(pc.ref.uid, g.share_ids[0])}", *extra]
-                dev = entry.devices.add(request_names=list(g.requests), pool_name=g.pool, device_name=g.device,
-                                        cdi_device_ids=ids)
-                if self.share_ids:  # dra/v1 only: the share of the GPU (several merged: the first, its name)
-                    dev.share_id = g.share_ids[0]
+            for g in pc.grants:
+                # One Device per GPU, each naming every request of the region (a container naming any of them
+                # gets the whole claim: its GPUs, one quota on each). The CDI IDs ride on the first only: the
+                # kubelet adds the CDI IDs of every Device a container's request names, without removing repeats,
+                # and one region's edits applied twice would mount it twice.
+                for k, d in enumerate(g.devices):
+                    ids = [f"{CDI_KIND}={cdi_device_name(pc.ref.uid, g.share_ids[0])}", *extra] if k == 0 else []
+                    dev = entry.devices.add(request_names=list(g.requests), pool_name=d.pool, device_name=d.device,
+                                            cdi_device_ids=ids)
+                    if self.share_ids:  # dra/v1 only: the share of the GPU (several merged: the first, its name)
+                        dev.share_id = d.share_ids[0]
         return out
 
     def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802

@@ -230,7 +230,8 @@ class ElasticTracker:
             unattributed[t.gpu] = unattributed.get(t.gpu, 0) + 1
         caps: dict[str, int] = {}
         for a in ledger.values():
-            caps[a.gpu_uuid] = caps.get(a.gpu_uuid, 0) + max(a.limit_mib, a.mib) * MiB
+            for uuid in a.uuids():
+                caps[uuid] = caps.get(uuid, 0) + max(a.limit_mib, a.mib) * MiB
         return ElasticView(scan.tenants, containers, unattributed, scan.errors, caps)
 
     def _log_problems(self, errors: list[tuple[str, str]]) -> None:

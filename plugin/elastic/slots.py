@@ -40,18 +40,20 @@ def prepare(directory: Path, gpu_uuids: Iterable[str]) -> None:
 
 
 def assign_slot(alloc: Allocation, ledger: Iterable[Allocation]) -> int:
-    """The board slot of a new elastic container (pure): the lowest one no other elastic container of the same
-    GPU in the agent's ledger holds; -1 when the board is full (the container is still elastic: it asks its
-    neighbours, it cannot be asked)."""
+    """The board slot of a new elastic container (pure): the lowest one no other elastic container of its GPU
+    in the agent's ledger holds (a container spanning GPUs: free on every one of its GPUs' boards, so one
+    number in its limits file names its slot on each); -1 when the board is full (the container is still
+    elastic: it asks its neighbours, it cannot be asked)."""
+    mine = set(alloc.uuids())
     taken = {a.elastic_slot for a in ledger
-             if a.gpu_uuid == alloc.gpu_uuid and a.region_id != alloc.region_id and a.elastic_slot >= 0}
+             if a.region_id != alloc.region_id and a.elastic_slot >= 0 and not mine.isdisjoint(a.uuids())}
     return next((i for i in range(SLOTS) if i not in taken), -1)
 
 
 def roster_of(uuid: str, ledger: Iterable[Allocation]) -> list[RosterEntry]:
     """The roster entries of GPU `uuid` from the agent's ledger (pure)."""
     return [RosterEntry(a.elastic_slot, a.mib, max(a.limit_mib, a.mib), a.priority, a.idle_release)
-            for a in ledger if a.gpu_uuid == uuid and a.elastic_slot >= 0 and a.limit_mib > a.mib]
+            for a in ledger if a.on_gpu(uuid) and a.elastic_slot >= 0 and a.limit_mib > a.mib]
 
 
 def write_roster(directory: Path, uuid: str, ledger: Iterable[Allocation]) -> None:

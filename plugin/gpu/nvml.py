@@ -7,6 +7,7 @@ loaded into the process (RTLD_GLOBAL) before pynvml opens the library by its SON
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import os
 import threading
@@ -37,6 +38,8 @@ class GpuInfo:
     nvml_total_mib: int = 0  # NVML's total (v1), the driver's reserved memory included; 0: not read
     reserved_mib: int | None = None  # nvmlDeviceGetMemoryInfo_v2's reserved; None: the driver lacks v2
     cuda_total_mib: int | None = None  # cuDeviceTotalMem_v2; None: libcuda could not be read
+    nvlink: tuple[int, ...] = ()  # indices of the GPUs it reaches by NVLink (NVML P2P status); () also unknown
+    pcie: str | None = None  # its PCIe switch label (GPUs with the same one share a switch); None: unknown
 
     def shape(self) -> GpuShape:
         return GpuShape(index=self.index, mem_mib=self.mem_mib, numa=self.numa)
@@ -56,6 +59,44 @@ def allocatable_mib(nvml_total: int, reserved: int | None, cuda_total: int | Non
     if cuda_total is not None and 0 < cuda_total < can:
         can = cuda_total
     return max(can, 0) >> 20
+
+
+# nvml.h: nvmlGpuTopologyLevel_t (SINGLE/MULTIPLE: the two GPUs share a PCIe switch, or several without crossing
+# the host bridge; INTERNAL: one board) and nvmlGpuP2PCapsIndex_t's NVLINK, nvmlGpuP2PStatus_t's OK
+TOPOLOGY_MULTIPLE = 20
+P2P_CAPS_INDEX_NVLINK = 2
+P2P_STATUS_OK = 0
+MAX_TOPOLOGY_GPUS = 64  # pairs asked of NVML grow as the square: a node with more GPUs publishes no topology
+
+
+def topology(indices: list[int], levels: dict[tuple[int, int], int | None],
+             nvlink: dict[tuple[int, int], bool | None]) -> dict[int, tuple[tuple[int, ...], str | None]]:
+    """Each GPU's NVLink peers and PCIe switch label (contract.Gpu.nvlink / .pcie) from what NVML answered for
+    each pair (i < j): the common ancestor's level, and whether P2P over NVLink is OK (None: NVML could not say).
+    Pure. GPUs whose common ancestor is at most NVML_TOPOLOGY_MULTIPLE share a switch, transitively, and are
+    labelled by the lowest index of their group ("pcie<i>"); a GPU whose pairs were all unanswered gets None
+    (unknown), as does every GPU when no pair was answered."""
+    group = {i: i for i in indices}
+
+    def root(i: int) -> int:
+        while group[i] != i:
+            i = group[i]
+        return i
+
+    known: set[int] = set()
+    for (i, j), level in levels.items():
+        if level is None:
+            continue
+        known.update((i, j))
+        if level <= TOPOLOGY_MULTIPLE:
+            a, b = root(i), root(j)
+            group[max(a, b)] = min(a, b)
+    peers: dict[int, list[int]] = {i: [] for i in indices}
+    for (i, j), ok in nvlink.items():
+        if ok:
+            peers[i].append(j)
+            peers[j].append(i)
+    return {i: (tuple(sorted(peers[i])), f"pcie{root(i)}" if i in known else None) for i in indices}
 
 
 def _text(value: bytes | str) -> str:
@@ -142,7 +183,7 @@ class Nvml:
                                mem_mib=allocatable_mib(total, reserved, cuda), numa=numa, mig=mig,
                                nvml_total_mib=total >> 20, reserved_mib=None if reserved is None else reserved >> 20,
                                cuda_total_mib=None if cuda is None else cuda >> 20))
-        return out
+        return _with_topology(out)
 
     def used_mib(self, uuid: str) -> int | None:
         """Physical memory in use on the GPU, or None when NVML cannot answer for it."""
@@ -159,6 +200,42 @@ class Nvml:
 
     def responds(self, uuid: str) -> bool:
         return self.used_mib(uuid) is not None
+
+
+def _with_topology(gpus: list[GpuInfo]) -> list[GpuInfo]:
+    """The GPUs with their NVLink peers and PCIe switch from NVML (nvmlDeviceGetTopologyCommonAncestor,
+    nvmlDeviceGetP2PStatus with NVML_P2P_CAPS_INDEX_NVLINK), asked once per pair; a pair NVML cannot answer
+    (NOT_SUPPORTED, an old driver, a simulator without topology) is unknown, never a failure."""
+    import pynvml
+
+    if not 1 < len(gpus) <= MAX_TOPOLOGY_GPUS:
+        if len(gpus) > MAX_TOPOLOGY_GPUS:
+            log.warning("%d GPUs: more than %d, no topology is published", len(gpus), MAX_TOPOLOGY_GPUS)
+        return gpus
+    handles = {g.index: pynvml.nvmlDeviceGetHandleByUUID(g.uuid) for g in gpus}
+    levels: dict[tuple[int, int], int | None] = {}
+    nvlink: dict[tuple[int, int], bool | None] = {}
+    failures: set[str] = set()
+    for i in handles:
+        for j in handles:
+            if i >= j:
+                continue
+            try:
+                levels[(i, j)] = int(pynvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j]))
+            except pynvml.NVMLError as exc:
+                levels[(i, j)] = None
+                failures.add(f"common ancestor: {exc}")
+            try:
+                nvlink[(i, j)] = int(pynvml.nvmlDeviceGetP2PStatus(handles[i], handles[j],
+                                                                   P2P_CAPS_INDEX_NVLINK)) == P2P_STATUS_OK
+            except pynvml.NVMLError as exc:
+                nvlink[(i, j)] = None
+                failures.add(f"NVLink P2P status: {exc}")
+    if failures:
+        log.info("GPU topology partly unknown (%s): the scheduler extender prefers GPUs by what is known",
+                 "; ".join(sorted(failures)))
+    topo = topology(sorted(handles), levels, nvlink)
+    return [dataclasses.replace(g, nvlink=topo[g.index][0], pcie=topo[g.index][1]) for g in gpus]
 
 
 def _memory(h: object) -> tuple[int, int | None]:

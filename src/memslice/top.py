@@ -288,8 +288,11 @@ def compute_owners(root: str) -> dict[tuple[str, int], str]:
             with open(os.path.join(root, name), "rb") as f:
                 rec = json.loads(f.read(MAX_RECORD))
             slot, uuid = rec.get("compute_slot", -1), rec["gpu_uuid"]
-            if isinstance(slot, int) and slot >= 0 and isinstance(uuid, str):
-                out[(uuid, slot)] = "/".join(str(rec[k]) for k in ("namespace", "pod", "container"))
+            more = rec.get("more_gpus") or []  # a container spanning GPUs: the same slot on each
+            uuids = [uuid, *(m[1] for m in more[:16] if isinstance(m, list) and len(m) == 2)]
+            if isinstance(slot, int) and slot >= 0 and all(isinstance(u, str) for u in uuids):
+                for u in uuids:
+                    out[(u, slot)] = "/".join(str(rec[k]) for k in ("namespace", "pod", "container"))
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             pass
     return out

@@ -22,6 +22,8 @@ from memslice.plugin.allocator import (
     group_by_gpu,
     match_reservation,
     parse_reservation,
+    spanning_owner,
+    split_units,
 )
 from memslice.plugin.devices import DeviceIdError
 from memslice.plugin.gpu.nvml import GpuInfo
@@ -40,7 +42,7 @@ def test_allocate_maps_ids_to_their_gpu_and_quota():
 
 
 @pytest.mark.parametrize("request_ids, words", [
-    (ids(0, range(3)) + ids(1, range(2)), ["span GPU 0 (3 MiB), GPU 1 (2 MiB)", "one GPU", "extender"]),
+    (ids(0, range(4)) + ids(1, range(2)), ["span GPU 0 (4 MiB), GPU 1 (2 MiB), unevenly", "one GPU", "extender"]),
     ([], ["no memslice.io/gpu-mem devices"]),
     (["g0-1", "g0-1"], ["more than once", "g0-1"]),
     (["GPU-a-1"], ["'GPU-a-1'", "not a memslice device ID"]),
@@ -136,3 +138,34 @@ def test_available_index_agrees_with_parsing_each_id(pairs, size):
 def test_available_index_names_the_bad_id(bad):
     with pytest.raises(DeviceIdError, match="not a memslice device ID"):
         AvailableIds(bad, range(2))
+
+
+# --- pods that span GPUs (issue 34) ------------------------------------------------------------------------
+
+def test_preferred_allocation_splits_a_spanning_pod_evenly_over_its_gpus_in_record_order():
+    available = ids(0, range(1000)) + ids(1, range(500, 1000))
+    r = parse_reservation(pod(gpu="GPU-b,GPU-a", mem={"main": 200}))  # device 0 is GPU-b
+    p = choose_preferred(available, [], 200, 1, GPUS, [r], set())
+    assert p.reservation == r and p.container == "main" and p.gpu_index == 1
+    assert p.device_ids == tuple(ids(1, range(500, 600)) + ids(0, range(100)))
+    # a GPU of the pair without its part: not the reservation (best fit of one GPU, said why)
+    short = choose_preferred(ids(0, range(1000)) + ids(1, range(50)), [], 200, 1, GPUS, [r], set())
+    assert short.reservation is None and "GPU-b" in short.reason and "only 50 free" in short.reason
+
+
+def test_split_units_and_must_include_across_gpus():
+    assert split_units(7, 2) == [4, 3] and split_units(8, 4) == [2] * 4
+    p = choose_preferred(ids(0, range(10)) + ids(1, range(10)), ["g1-7", "g0-3"], 4, 1, GPUS, [], set())
+    assert sorted(p.device_ids) == sorted(["g0-3", "g0-0", "g1-7", "g1-0"])
+
+
+def test_allocate_ids_spread_evenly_over_gpus_give_the_per_gpu_quota_in_the_reservation_order():
+    t = allocation_target(ids(1, range(10, 20)) + ids(0, range(10)), GPUS, HEALTHY, 4)
+    assert [g.uuid for g in t.gpus] == ["GPU-a", "GPU-b"] and t.mib == 40  # 80 MiB over 2 GPUs
+    r = parse_reservation(pod(gpu="GPU-b,GPU-a", mem={"main": 80}))
+    assert spanning_owner(t, [r], 4, set()) == (r, "main")
+    assert [g.uuid for g in t.ordered(r.gpu_uuids).gpus] == ["GPU-b", "GPU-a"]
+    assert spanning_owner(t, [r], 4, {("u1", "main")}) is None  # already allocated
+    assert spanning_owner(t, [parse_reservation(pod(gpu="GPU-b", mem={"main": 80}))], 4, set()) is None
+    with pytest.raises(AllocationError, match="Unhealthy"):
+        allocation_target(ids(1, range(2)) + ids(0, range(2)), GPUS, {"GPU-a": False, "GPU-b": True}, 4)

@@ -49,7 +49,8 @@ def gpu_mem_mib(c: Manifest, unit_mib: int = 1) -> int:
     return int(q) * unit_mib
 
 
-DRA_EXAMPLES = ("simulated-check-dra.yaml",)  # issue 36.9; its script runs in tests/dra/test_dra_node.py
+DRA_EXAMPLES = ("simulated-check-dra.yaml",  # issue 36.9; its script runs in tests/dra/test_dra_node.py
+                "vllm-tp2-dra.yaml")  # issue 34: a claim on 2 GPUs, prepared in tests/realcluster/test_real_dra.py
 
 
 def test_every_file_in_examples_is_covered() -> None:
@@ -191,3 +192,26 @@ def test_the_simulated_overlays_example_needs_no_framework_and_shows_the_quota(t
     assert out.returncode == 0, out.stderr
     assert f"NVML: this container's GPU has {mib} MiB" in out.stdout
     assert "the next one was refused with error 2 (2 = CUDA_ERROR_OUT_OF_MEMORY)" in out.stdout
+
+
+def test_the_two_gpu_vllm_claim_asks_each_gpu_the_same_and_the_policy_admits_it() -> None:
+    """Issue 34: the tensor-parallel example's claim is `count: 2` of gpu-mem.memslice.io with one capacity (each
+    GPU's quota), admitted by the claim policy (cel-python, as the API server evaluates it; the real one:
+    tests/test_real_dra.py); its pod names the claim, runs vLLM with --tensor-parallel-size equal to the count,
+    under RuntimeDefault seccomp (deploy/components/require-seccomp admits it)."""
+    from test_dra_admission import admit
+
+    template, pod = load_yaml(EXAMPLES / "vllm-tp2-dra.yaml")
+    for obj in (template, pod):
+        validate_strict(obj)
+    assert admit(template) == []
+    [req] = template["spec"]["spec"]["devices"]["requests"]
+    assert req["exactly"]["deviceClassName"] == "gpu-mem.memslice.io" and req["exactly"]["count"] == 2
+    assert parse_quantity(req["exactly"]["capacity"]["requests"]["memory"]) == 20 << 30
+    spec = pod["spec"]
+    assert "schedulerName" not in spec and spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    assert spec["resourceClaims"] == [{"name": "gpus", "resourceClaimTemplateName": template["metadata"]["name"]}]
+    (c,) = spec["containers"]
+    assert c["resources"]["claims"] == [{"name": "gpus"}] and RESOURCE not in c["resources"].get("limits", {})
+    args = c["args"]
+    assert args[args.index("--tensor-parallel-size") + 1] == str(req["exactly"]["count"])

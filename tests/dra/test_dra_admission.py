@@ -1,6 +1,7 @@
-"""deploy/overlays/dra's claim policy (issue 24.2, 24.8, 36.1): what the node agent would refuse after binding
-(shares on two GPUs, admin access), and what kube-scheduler would never allocate (count > 1 pinned to one GPU),
-is refused at admission instead. The policy's CEL is evaluated with cel-python as
+"""deploy/overlays/dra's claim policy (issue 24.2, 24.8, 36.1, 34): what the node agent would refuse after binding
+(unequal quotas on several GPUs, admin access), and what kube-scheduler would never allocate (count > 1 pinned to
+one GPU), is refused at admission instead; claims on N GPUs of one node (count: N, requests kept apart with the
+same capacity) are admitted. The policy's CEL is evaluated with cel-python as
 the API server evaluates it (variables in order, then validations) on claims and templates."""
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def exactly(name: str, cls: str = CLASS, **kw: Any) -> dict[str, Any]:
 
 
 PIN = [{"matchAttribute": "memslice.io/uuid"}]
+APART = [{"distinctAttribute": "memslice.io/uuid"}]
 ADMITTED = {
     "one share": claim(exactly("gpu")),
     "the total in one request": claim(exactly("gpu", capacity={"requests": {"memory": "8Gi"}})),
@@ -70,23 +72,41 @@ ADMITTED = {
                                                      "count": 2}]}),
     "no devices": {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                    "metadata": {"name": "c", "namespace": "team"}, "spec": {}},
+    # issue 34: N GPUs of one node, one quota on each
+    "count 2": claim(exactly("gpu", count=2)),
+    "count 16": claim(exactly("gpu", count=16)),
+    "subrequest of 2": claim({"name": "gpu", "firstAvailable": [{"name": "two", "deviceClassName": CLASS,
+                                                                 "count": 2}]}),
+    "two requests apart, same capacity": claim(exactly("a"), exactly("b"), constraints=APART),
+    "two requests apart by name, one of count 2": claim(exactly("a", count=2), exactly("b"), constraints=[
+        {"requests": ["a", "b"], "distinctAttribute": "memslice.io/uuid"}]),
 }
-SEVERAL = "requests in one claim are prepared as one quota on ONE GPU"
-MANY = "gets several DIFFERENT GPUs from kube-scheduler"
+SEVERAL = "requests in one claim are prepared as ONE quota per GPU"
+MANY = "gets that many DIFFERENT GPUs from kube-scheduler"
+ALL = "allocationMode All on gpu-mem.memslice.io would take a share of every GPU of the node"
+OVER = "count over 16 on gpu-mem.memslice.io"
 ADMIN = "adminAccess to gpu-mem.memslice.io devices is not served"
 REFUSED = {
-    "count 2": (claim(exactly("gpu", count=2)), MANY),
     # what the messages recommended before issue 36.1: kube-scheduler never allocates it (test_real_dra.py)
     "count 2 pinned": (claim(exactly("gpu", count=2), constraints=PIN), MANY),
-    "all devices pinned": (claim(exactly("gpu", allocationMode="All"), constraints=PIN), MANY),
+    "count 2 pinned by name": (claim(exactly("gpu", count=2), constraints=[
+        {"requests": ["gpu"], "matchAttribute": "memslice.io/uuid"}]), MANY),
+    "count 17": (claim(exactly("gpu", count=17)), OVER),
+    "all devices pinned": (claim(exactly("gpu", allocationMode="All"), constraints=PIN), ALL),
     "two requests": (claim(exactly("a"), exactly("b")), SEVERAL),
     "pinned to another attribute": (claim(exactly("a"), exactly("b"),
                                           constraints=[{"matchAttribute": "memslice.io/productName"}]), SEVERAL),
     "pin misses a request": (claim(exactly("a"), exactly("b"),
                                    constraints=[{"requests": ["a"], "matchAttribute": "memslice.io/uuid"}]), SEVERAL),
-    "all devices": (claim(exactly("gpu", allocationMode="All")), MANY),
-    "subrequest of 2": (claim({"name": "gpu", "firstAvailable": [
-        {"name": "two", "deviceClassName": CLASS, "count": 2}]}), MANY),
+    "apart, different capacities": (claim(exactly("a"), exactly("b", capacity={"requests": {"memory": "8Gi"}}),
+                                          constraints=APART), SEVERAL),
+    "apart, one capacity unset": (claim(exactly("a"), {"name": "b", "exactly": {"deviceClassName": CLASS}},
+                                        constraints=APART), SEVERAL),
+    "apart misses a request": (claim(exactly("a"), exactly("b"), constraints=[
+        {"requests": ["a"], "distinctAttribute": "memslice.io/uuid"}]), SEVERAL),
+    "apart, a subrequest": (claim(exactly("a"), {"name": "b", "firstAvailable": [
+        {"name": "x", "deviceClassName": CLASS}]}, constraints=APART), SEVERAL),
+    "all devices": (claim(exactly("gpu", allocationMode="All")), ALL),
     "subrequest of 2 pinned": (claim({"name": "gpu", "firstAvailable": [
         {"name": "two", "deviceClassName": CLASS, "count": 2}]}, constraints=PIN), MANY),
     "admin access": (claim(exactly("gpu", adminAccess=True)), ADMIN),

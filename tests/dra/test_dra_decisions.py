@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kube_standin import KubeApiStandin
 
+from memslice import contract
 from memslice.plugin.config import ConfigError, add_arguments, resolve
 from memslice.plugin.dra.kube import DraApi
 from memslice.plugin.dra.prepare import (
@@ -132,7 +133,8 @@ def _elastic(*params: dict, source: str = "FromClaim") -> dict:
 
 def _elastic_for(claim: dict, cap: int = GPU.mem_mib):
     shares = shares_for(claim, REF, "node-a", {0: GPU}, {0: cap}, {GPU.uuid: True})
-    return elastic_for(claim, REF, shares, {0: cap})
+    [g] = grants(shares)
+    return elastic_for(claim, REF, g, {0: cap})
 
 
 def test_a_limit_above_the_request_makes_the_claim_elastic() -> None:
@@ -243,7 +245,7 @@ def test_the_priority_of_an_elastic_claim_is_its_lowest_consumer_pods() -> None:
         consumers_priority(REF, many, [0] * 16)
 
 
-def test_shares_on_one_gpu_are_one_region_and_shares_on_two_gpus_are_refused() -> None:
+def test_shares_on_one_gpu_are_one_region_and_unequal_shares_on_two_gpus_are_refused() -> None:
     two = _claim(request="gpu/small")
     results = two["status"]["allocation"]["devices"]["results"]
     results.append({**results[0], "request": "other", "shareID": "second", "consumedCapacity": {"memory": "1Gi"}})
@@ -253,9 +255,29 @@ def test_shares_on_one_gpu_are_one_region_and_shares_on_two_gpus_are_refused() -
     assert (g.mib, g.requests, g.share_ids) == (5120, ("gpu", "other"), (results[0]["shareID"], "second"))
     other = GpuInfo(1, "GPU-1", "NVIDIA H200", 144384, None, False)
     results[1]["device"] = "gpu-1"
-    with pytest.raises(ClaimError, match="shares on 2 GPUs"):
+    with pytest.raises(ClaimError, match="holds different memory on its GPUs \\(gpu-0 4096 MiB, gpu-1 1024 MiB\\)"):
         shares_for(two, REF, "node-a", {0: GPU, 1: other}, {0: GPU.mem_mib, 1: other.mem_mib},
                    {GPU.uuid: True, "GPU-1": True})
+
+
+def test_a_claim_on_two_gpus_is_one_region_with_the_same_quota_on_each_in_result_order() -> None:
+    """Issue 34: `count: 2` (or requests kept apart by distinctAttribute) gets one region, device order the
+    results', the quota per GPU; elastic limits are per GPU too, bounded by the smaller GPU."""
+    other = GpuInfo(1, "GPU-1", "NVIDIA H200", 8192, None, False)
+    gpus, caps, ok = {0: GPU, 1: other}, {0: GPU.mem_mib, 1: 8192}, {GPU.uuid: True, "GPU-1": True}
+    two = _claim()
+    results = two["status"]["allocation"]["devices"]["results"]
+    results.insert(0, {**results[0], "device": "gpu-1", "shareID": "first"})  # gpu-1 is device 0
+    shares = shares_for(two, REF, "node-a", gpus, caps, ok)
+    [g] = grants(shares)
+    assert ([d.device for d in g.devices], g.uuids, g.mib) == (["gpu-1", "gpu-0"], ("GPU-1", GPU.uuid), 4096)
+    assert [d.share_ids for d in g.devices] == [("first",), (results[1]["shareID"],)]
+    assert elastic_for(two, REF, g, caps, contract.GpuMemConfig(limit_mib=6144)) == Elastic(6144)
+    with pytest.raises(ClaimError, match="above the 8192Mi of gpu-1 \\(GPU-1\\)"):
+        elastic_for(two, REF, g, caps, contract.GpuMemConfig(limit_mib=9000))
+    results[0]["consumedCapacity"] = {"memory": "4Gi", "compute": "30"}
+    with pytest.raises(ClaimError, match="different compute on its GPUs \\(gpu-1 30%, gpu-0 0%\\)"):
+        shares_for(two, REF, "node-a", gpus, caps, ok)
 
 
 @pytest.mark.parametrize("name,index", [("gpu-0", 0), ("gpu-12", 12), ("gpu-0000", None), ("gpu-01", None),
@@ -428,13 +450,14 @@ def test_kubelet_api_flag() -> None:
 def test_cdi_edits_carry_everything_allocate_carries(tmp_path, visibility, preload) -> None:
     from memslice.plugin.allocator import Target
     from memslice.plugin.dra.cdi import CdiDevice, CdiSpecs, extra_device_ids
-    from memslice.plugin.response import ResponseConfig, container_response
+    from memslice.plugin.response import ResponseConfig, container_edits, container_response
 
     rcfg = ResponseConfig(shim_host_dir=tmp_path / "lib", preload=preload, visibility=visibility)
     resp = container_response(Target(gpu=GPU, device_ids=(), mib=4096), tmp_path / "regions" / "g0-x", rcfg)
+    assert container_edits([GPU.uuid], 4096, tmp_path / "regions" / "g0-x", rcfg).envs == dict(resp.envs)
     specs = CdiSpecs(tmp_path / "cdi")
     specs.prepare()
-    dev = CdiDevice(f"{REF.uid}-share", resp)
+    dev = CdiDevice(f"{REF.uid}-share", container_edits([GPU.uuid], 4096, tmp_path / "regions" / "g0-x", rcfg))
     path = specs.write(REF.uid, [dev])
     doc = json.loads(path.read_text())
     assert doc["kind"] == "memslice.io/gpu-mem" and doc["cdiVersion"] == "0.5.0"

@@ -185,8 +185,9 @@ def test_the_migration_recipe_keeps_both_dra_policies_in_force(recipe: dict[str,
     claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "two", "namespace": NS},
              "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
                  "deviceClassName": cls["metadata"]["name"], "count": 2,
-                 "capacity": {"requests": {"memory": "4Gi"}}}}]}}}
+                 "capacity": {"requests": {"memory": "4Gi"}}}}],
+                 "constraints": [{"matchAttribute": "memslice.io/uuid"}]}}}  # count 2 on one GPU: never allocated
     status, message = create(cluster, f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims", claim)
-    assert status == 422 and "gets several DIFFERENT GPUs from kube-scheduler" in message, (status, message)
-    del claim["spec"]["devices"]["requests"][0]["exactly"]["count"]
+    assert status == 422 and "gets that many DIFFERENT GPUs from kube-scheduler" in message, (status, message)
+    del claim["spec"]["devices"]["constraints"]  # two GPUs of one node, one quota on each (issue 34)
     assert create(cluster, f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims", claim) == (201, "")

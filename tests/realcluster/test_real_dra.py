@@ -25,6 +25,7 @@ import pytest
 from conftest import ChildLog
 from kube_real import SCHEDULER_TOKEN, RealCluster, kubelet_token, wait_until
 from kubelet_dra_standin import KUBELET_SERVICES, KubeletDraStandin
+from test_agent_multigpu import TWO_DEVICES
 from test_deploy_render import DEPLOY, NAMESPACE, load_yaml
 from test_dra_node import CDI_KIND, DRIVER, to_host
 from test_e2e_cluster import CONTEXT_RESERVE_MIB, TENANT
@@ -376,43 +377,83 @@ def _clear(cluster: RealCluster, agent: Agent) -> None:
         "GET", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims")["items"], 120, 0.5, agent.alive)
 
 
-def test_count_2_is_refused_and_the_forms_the_messages_recommend_are_allocated_on_one_gpu(dra) -> None:
-    """Issue 36.1. The real kube-scheduler gives one request's devices as DIFFERENT devices (its allocator
-    picks a request's next device after the previous one), and each GPU is one device: `count: 2` gets two
-    GPUs (the agent refuses them, naming what works), and `count: 2` pinned by `matchAttribute:
-    memslice.io/uuid`, what the messages recommended before, is never allocated, even on empty GPUs. The claim
-    policy, on the real API server, refuses both forms with a message naming what works; the two forms it
-    names (the total in one request; two requests pinned to one GPU) are allocated on one GPU and prepared as
-    one quota, which the shim holds."""
+def test_count_2_gets_two_gpus_with_a_quota_on_each_and_pinned_it_is_refused(dra) -> None:
+    """Issues 36.1 and 34. The real kube-scheduler gives one request's devices as DIFFERENT devices (its
+    allocator picks a request's next device after the previous one), and each GPU is one device: `count: 2`
+    gets two GPUs of the node, which the agent prepares as ONE region with the request's capacity as the quota
+    on EACH GPU (the shim holds a process on both to it, read back from the simulated GPU), and `count: 2`
+    pinned by `matchAttribute: memslice.io/uuid` is never allocated, so the claim policy (real CEL, real API
+    server) refuses it, and admits `count: 2` and the deploy/examples vLLM template. Requests kept apart by
+    `distinctAttribute` with the same capacity land on two GPUs too. The forms for one GPU (the total in one
+    request; two requests pinned to one GPU) are allocated on one GPU and prepared as one quota."""
     cluster, agent = dra
     _clear(cluster, agent)
-    # the policy (real CEL, real API server) refuses count 2, pinned or not
-    for name, constraints in (("count2", None), ("count2-pinned", [{"matchAttribute": "memslice.io/uuid"}])):
-        status, out = cluster.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims",
-                                      _claim_body(name, [{"name": "gpu", "count": 2, **_mem("2Gi")}],
-                                                  constraints=constraints))
-        assert status == 422 and "gets several DIFFERENT GPUs from kube-scheduler" in " ".join(
-            str(out.get("message", out)).split()), (name, status, out)
-        assert "ask for the total in one request" in " ".join(out["message"].split())
+    status, out = cluster.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims",
+                                  _claim_body("count2-pinned", [{"name": "gpu", "count": 2, **_mem("2Gi")}],
+                                              constraints=[{"matchAttribute": "memslice.io/uuid"}]))
+    assert status == 422 and "gets that many DIFFERENT GPUs from kube-scheduler" in " ".join(
+        str(out.get("message", out)).split()), (status, out)
+    tmpl, _ = load_yaml(ROOT / "deploy" / "examples" / "vllm-tp2-dra.yaml")
+    tmpl["metadata"]["namespace"] = NS
+    cluster.ok("POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaimtemplates", tmpl)
 
-    # why: the same devices through a class the policy does not match. count 2 unpinned: two different GPUs,
-    # which the agent refuses, naming what works (this pod also shows the scheduler knows the class)
+    # count 2, and two requests kept apart: two GPUs each, prepared as one region with 2 GiB on each GPU
+    count2 = _claim_body("count2", [{"name": "gpu", "count": 2, **_mem("2Gi")}])
+    apart = _claim_body("apart", [{"name": "a", **_mem("2Gi")}, {"name": "b", **_mem("2Gi")}],
+                        constraints=[{"distinctAttribute": "memslice.io/uuid"}])
+    for body in (count2, apart):
+        cluster.ok("POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims", body)
+        name = body["metadata"]["name"]
+        cluster.ok("POST", f"/api/v1/namespaces/{NS}/pods", _pod_with_claim(name, name))
+    for name in ("count2", "apart"):
+        p = wait_until(f"{name} scheduled", lambda n=name: _scheduled_or_unschedulable(cluster, n), 120, 0.5,
+                       agent.alive)
+        assert p["spec"].get("nodeName") == NODE, p.get("status")
+    claims = [_claim(cluster, "count2"), _claim(cluster, "apart")]
+    for claim in claims:
+        results = claim["status"]["allocation"]["devices"]["results"]
+        assert sorted(r["device"] for r in results) == ["gpu-0", "gpu-1"], results  # two different GPUs
+    [sl] = KubeletApi(cluster, NODE).list("ResourceSlice")
+    uuid_of = {d["name"]: d["attributes"]["uuid"]["string"] for d in sl["spec"]["devices"]}
+    resp = agent.kubelet.prepare(DRIVER, *claims)
+    try:
+        for claim in claims:
+            uid = claim["metadata"]["uid"]
+            entry = resp.claims[uid]
+            assert entry.error == "", entry.error
+            order = [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
+            assert [d.device_name for d in entry.devices] == order  # one Device per GPU, in result order
+            assert len({tuple(d.request_names) for d in entry.devices}) == 1  # each names the whole claim
+            assert [len(d.cdi_device_ids) for d in entry.devices] == [1, 0]  # one region, its CDI device once
+            spec = json.loads((agent.cdi / f"memslice.io-{uid}.json").read_text())
+            env = agent.container_env(spec, entry.devices[0].cdi_device_ids[0].split("=", 1)[1])
+            assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(uuid_of[d] for d in order)
+            assert env["MEMSLICE_GPU_MEM_LIMIT"] == "2048"  # per GPU
+        env = agent.container_env(json.loads((agent.cdi / f"memslice.io-{claims[0]['metadata']['uid']}.json")
+                                             .read_text()), resp.claims[claims[0]["metadata"]["uid"]].devices[0]
+                                  .cdi_device_ids[0].split("=", 1)[1])
+        tenant = subprocess.Popen([sys.executable, "-c", TWO_DEVICES, "1024", "1024"], env=env,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            lines = []
+            while not lines or lines[-1].get("event") != "ready":
+                line = tenant.stdout.readline() if tenant.stdout else ""
+                assert line, tenant.stderr.read() if tenant.stderr else "no output"
+                lines.append(json.loads(line))
+            # each GPU: its context (520 MiB) + 1024 MiB fit in 2048 MiB, the next 1024 do not (2: out of memory)
+            assert [(x["device"], x["result"]) for x in lines[:-1]] == [(0, 0), (0, 2), (1, 0), (1, 2)], lines
+        finally:
+            tenant.communicate("", timeout=60)
+    finally:
+        out = agent.kubelet.unprepare(DRIVER, *claims)
+        assert all(out.claims[c["metadata"]["uid"]].error == "" for c in claims)
+        _clear(cluster, agent)
+    cluster.ok("DELETE", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaimtemplates/{tmpl['metadata']['name']}")
+
+    # count 2 pinned to one GPU (a class the policy does not match), on empty GPUs: never allocated
     [cls] = load_yaml(DEPLOY / "overlays" / "dra" / "deviceclass.yaml")
     cls["metadata"]["name"] = UNCHECKED_CLASS
     cluster.apply([cls])
-    cluster.ok("POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims",
-               _claim_body("why-spread", [{"name": "gpu", "count": 2, **_mem("2Gi")}], UNCHECKED_CLASS))
-    cluster.ok("POST", f"/api/v1/namespaces/{NS}/pods", _pod_with_claim("why-spread", "why-spread"))
-    spread = wait_until("count 2 unpinned scheduled", lambda: _scheduled_or_unschedulable(
-        cluster, "why-spread"), 120, 0.5, agent.alive)
-    assert spread["spec"].get("nodeName") == NODE, spread.get("status")
-    claim = _claim(cluster, "why-spread")
-    results = claim["status"]["allocation"]["devices"]["results"]
-    assert sorted(r["device"] for r in results) == ["gpu-0", "gpu-1"], results  # two different GPUs
-    err = agent.kubelet.prepare(DRIVER, claim).claims[claim["metadata"]["uid"]].error
-    assert "has shares on 2 GPUs" in err and "ask for the total in one request" in err, err
-    _clear(cluster, agent)
-    # count 2 pinned to one GPU, on empty GPUs: never allocated
     cluster.ok("POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims",
                _claim_body("why-pinned", [{"name": "gpu", "count": 2, **_mem("2Gi")}], UNCHECKED_CLASS,
                            [{"matchAttribute": "memslice.io/uuid"}]))
