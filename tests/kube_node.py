@@ -11,9 +11,10 @@ What this machine kind imposes, and how it is met:
   server put on the new Node is lifted by the admin, as the node lifecycle controller would.
 - the kubelet's device-plugin directory is a constant of the kubelet (pluginapi.KubeletSocket:
   /var/lib/kubelet/device-plugins/kubelet.sock, whatever --root-dir says): one real node per machine at a
-  time, held by an exclusive lock on a file there; everything else (kubelet root, containerd root and state,
-  CDI spec dir, pod logs) lives under the node's temporary directory, and stop() leaves nothing behind: no
-  process, no mount, no cgroup.
+  time, held by an exclusive lock (LOCK); everything else (kubelet root, containerd root and state,
+  CDI spec dir, pod logs, runc's state) lives under the node's temporary directory, and stop() leaves
+  nothing behind: no process, no mount, no cgroup (the shims' sockets, in containerd's fixed
+  /run/containerd/s, go with their shims).
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ from kube_real import ROOT, Proc, RealCluster, free_port, kubelet_token, wait_un
 BIN_DIR = Path(os.environ.get("MEMSLICE_KUBENODE", ROOT / "build" / "kubenode"))
 PROGRAMS = ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr")
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")  # pluginapi.DevicePluginPath, fixed in the kubelet
-LOCK_NAME = ".memslice-test-node.lock"
+LOCK = Path("/tmp/memslice-test-realnode.lock")  # one real node per machine: the device-plugin directory
 LOCK_WAIT_S = 300.0  # another test session's node on this machine: wait for it this long, then fail
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+SHIM_SOCKET_DIRS = (Path("/run/containerd/s"), Path("/run/containerd"))  # fixed in containerd: its shims' sockets
 START_TIMEOUT_S = 180.0  # a kubelet start on a loaded 2-core machine: ~5-30 s
 K8S_NS = "k8s.io"  # containerd's namespace for the CRI plugin's images and containers
 
@@ -96,6 +98,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.de
       runtime_type = "io.containerd.runc.v2"
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
         BinaryName = "{runc}"
+        Root = "{d / 'runc'}"
         SystemdCgroup = false
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["{d / 'cni-bin'}"]
@@ -139,6 +142,7 @@ class RealNode:
         self.kubelet_runs = 0
         self._lock: int | None = None
         self._dp_before: set[str] = set()
+        self._made_dirs = [d for d in SHIM_SOCKET_DIRS if not d.exists()]
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def start(self, images: list[Path]) -> RealNode:
@@ -205,6 +209,8 @@ class RealNode:
             self._unmount_all()
             self._remove_cgroups()
             self._clean_device_plugin_dir()
+            for d in self._made_dirs:  # made by this node's shims, empty once they exit
+                _rmdir(str(d))
         finally:
             self._release_lock()
 
@@ -280,7 +286,7 @@ class RealNode:
     # -- the device-plugin directory: shared by the machine --------------------------------------------
     def _take_lock(self) -> None:
         DEVICE_PLUGIN_DIR.mkdir(parents=True, exist_ok=True)
-        fd = os.open(DEVICE_PLUGIN_DIR / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(LOCK, os.O_RDWR | os.O_CREAT, 0o600)
 
         def locked() -> bool:
             try:
@@ -289,7 +295,7 @@ class RealNode:
             except BlockingIOError:
                 return False
         try:
-            wait_until(f"the real-node lock {DEVICE_PLUGIN_DIR / LOCK_NAME} (another test session's node)", locked,
+            wait_until(f"the real-node lock {LOCK} (another test session's node)", locked,
                        LOCK_WAIT_S, 1.0)
         except BaseException:
             os.close(fd)
@@ -299,7 +305,7 @@ class RealNode:
 
     def _clean_device_plugin_dir(self) -> None:
         """The kubelet's socket and checkpoint, the plugins' sockets: what this node put there."""
-        for name in set(os.listdir(DEVICE_PLUGIN_DIR)) - self._dp_before - {LOCK_NAME}:
+        for name in set(os.listdir(DEVICE_PLUGIN_DIR)) - self._dp_before:
             path = DEVICE_PLUGIN_DIR / name
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)

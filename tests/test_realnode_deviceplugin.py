@@ -1,0 +1,297 @@
+"""Device-plugin mode on a real node (issue 37, item 2): the real kubelet and containerd (tests/kube_node.py)
+run memslice's pods.
+
+The node agent runs as deploy/ runs it (its device-plugin socket in the kubelet's device-plugin directory, the
+kubelet's PodResources socket, its ServiceAccount token bound to its pod on the node), and registers with the
+real kubelet; the real kube-scheduler places a pod through the extender; the real kubelet calls
+GetPreferredAllocation and Allocate; containerd and runc start the container with the answer's mounts and
+env, and inside it a CUDA program on the simulated GPU is held to its quota by the shim that the mounted
+/etc/ld.so.preload loads into every process. Then the kubelet restarts (the agent registers again, nothing is
+handed out twice), the agent restarts (it recovers its ledger), and a deleted pod's region goes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ChildLog
+from kube_node import DEVICE_PLUGIN_DIR, RealNode, container_state, pod
+from kube_node_images import TEST_IMAGE, client_archive, pause_archive
+from kube_real import ROOT, RealCluster, wait_until
+from test_deploy_render import NAMESPACE, RESOURCE, SCHEDULER_NAME, render
+from test_real_deploy import node_agent_token
+from test_real_scheduler import deploy_limit_ratio, scheduler_config, tls_files
+
+from memslice.kube.config import load_api_client
+from memslice.paths import lib_paths
+from memslice.plugin.regions import CONTAINER_LIMITS_FILE, CONTAINER_PRELOAD, CONTAINER_SHIM
+from memslice.scheduler_extender.app import Config, Extender
+
+# the session's real control plane (xdist group "kube"); one real node for the module
+pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("kube")]
+NODE = "kubelet-dp"
+NS = "realnode-dp"
+UNIT = 4  # MiB per device
+GPUS = "8GiB,4GiB"
+QUOTA_MIB = 1024
+CHECKPOINT = DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint"
+
+# The container's program: what the shim's mounts look like from inside, then a CUDA program over its quota,
+# then it stays (a pod that runs while the kubelet and the agent restart).
+# alloc_direct's context takes CONTEXT_MIB of the quota (the simulated GPU's default, an H100's, as the shim
+# counts it): 1024 MiB hold 400 more, not 200 more after that, and 100 more still.
+CONTEXT_MIB = 520
+SCRIPT = f"""
+echo "preload=$(cat {CONTAINER_PRELOAD})"
+echo "limit-env=$MEMSLICE_GPU_MEM_LIMIT visible=$NVIDIA_VISIBLE_DEVICES"
+(echo x > {CONTAINER_PRELOAD}) 2>/dev/null && echo preload-writable || echo preload-read-only
+(echo x > {CONTAINER_LIMITS_FILE}) 2>/dev/null && echo limits-writable || echo limits-read-only
+/bin/alloc_direct 400 200 100
+echo "client-exit=$?"
+exec sleep 100000
+"""
+
+
+class Agent:
+    """The node agent as a host process with deploy/'s device-plugin flags (host paths under `root`)."""
+
+    def __init__(self, root: Path, node: RealNode, kubeconfig: Path) -> None:
+        self.root, self.runs = root, 0
+        env = {k: v for k, v in __import__("os").environ.items()
+               if not k.startswith("MEMSLICE_") and k not in ("KUBERNETES_SERVICE_HOST", "NODE_NAME")}
+        env.update(MEMSLICE_SIM_STATE=str(root / "sim" / "node.state"), KUBECONFIG=str(kubeconfig))
+        (root / "sim").mkdir(parents=True, exist_ok=True)
+        self.env = env
+        self.cmd = [sys.executable, "-m", "memslice", "node-agent", "--simulate", GPUS, "--unit-mib", str(UNIT),
+                    "--device-plugin-dir", str(DEVICE_PLUGIN_DIR), "--pod-resources-socket",
+                    str(node.pod_resources), "--region-root", str(root / "regions"), "--shim-host-dir",
+                    str(root / "lib"), "--elastic-dir", str(root / "elastic"), "--metrics-address", "127.0.0.1",
+                    "--metrics-port", "0", "--reconcile-interval-s", "1", "--node-name", NODE,
+                    "--kubeconfig", str(kubeconfig)]
+        self.start()
+
+    def start(self) -> None:
+        self.runs += 1
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env,
+                                     cwd=ROOT)
+        self.output = ChildLog(self.proc, self.root / f"agent-{self.runs}.log")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def registrations(self) -> int:
+        return self.output.text().count(f"registered {RESOURCE} with the kubelet")
+
+    def gauge(self, name: str) -> dict[str, float]:
+        """GPU UUID -> this agent process's gauge `name` (its /metrics)."""
+        port = self.output.wait_for(lambda out: re.search(r"metrics on http://127\.0\.0\.1:(\d+)/", out), 30,
+                                    "the agent's metrics address").group(1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        return {m.group(1): float(m.group(2))
+                for m in re.finditer(rf'^{name}{{[^}}]*uuid="([^"]+)"[^}}]*}} (\S+)$', text, re.M)}
+
+
+class World:
+    def __init__(self, cluster: RealCluster, node: RealNode, agent: Agent, ext: Extender, sched: Any) -> None:
+        self.cluster, self.node, self.agent, self.ext, self.sched = cluster, node, agent, ext, sched
+
+    def alive(self) -> None:
+        self.node.check_alive()
+        self.sched.check_alive()
+        if self.agent.proc.poll() is not None:
+            raise AssertionError(f"node agent exited {self.agent.proc.returncode}:\n{self.agent.output.text()}")
+
+    def allocatable(self) -> int:
+        status = self.cluster.ok("GET", f"/api/v1/nodes/{NODE}")["status"]
+        return int(status.get("allocatable", {}).get(RESOURCE, "0"))
+
+    def create(self, name: str, units: int) -> dict[str, Any]:
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
+                "spec": {"schedulerName": SCHEDULER_NAME, "hostNetwork": True, "automountServiceAccountToken": False,
+                         "terminationGracePeriodSeconds": 1, "restartPolicy": "Never",
+                         "containers": [{"name": "cuda", "image": TEST_IMAGE, "imagePullPolicy": "Never",
+                                         "command": ["/bin/sh", "-c", SCRIPT],
+                                         "resources": {"limits": {RESOURCE: str(units)}}}]}}
+        return dict(self.cluster.ok("POST", f"/api/v1/namespaces/{NS}/pods", body))
+
+    def running(self, name: str) -> dict[str, Any]:
+        """The pod once its container runs and its program has reached `sleep`."""
+        def ready() -> dict[str, Any] | None:
+            p = pod(self.cluster, NS, name)
+            if p is None or "running" not in container_state(p, "cuda"):
+                return None
+            return p if "client-exit=" in self.node.pod_log(p, "cuda") else None
+        return dict(wait_until(f"pod {name} running its client", ready, 180, 0.5, self.alive))
+
+
+def checkpoint_devices() -> dict[str, set[str]]:
+    """The kubelet's device-manager checkpoint: pod UID -> the device IDs of RESOURCE it holds."""
+    data = json.loads(CHECKPOINT.read_text())["Data"]
+    out: dict[str, set[str]] = {}
+    for entry in data.get("PodDeviceEntries") or []:
+        if entry["ResourceName"] == RESOURCE:
+            ids = out.setdefault(entry["PodUID"], set())
+            for numa_ids in entry["DeviceIDs"].values():
+                ids.update(numa_ids)
+    return out
+
+
+@pytest.fixture(scope="module")
+def world(real_cluster: RealCluster, cbin: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    import kube_node
+
+    why = kube_node.why_unavailable()
+    if why:
+        pytest.skip(why)
+    libs = lib_paths()
+    cluster = real_cluster
+    objs = render("base")
+    cluster.apply(sorted(objs, key=lambda o: o["kind"] != "Namespace"))
+    cluster.ensure_namespace(NS)
+    root = Path(tempfile.mkdtemp(prefix="ms-rn-", dir="/tmp"))  # short: Unix socket paths
+    images = root / "images"
+    images.mkdir()
+    archives = [pause_archive(images),
+                client_archive(images, {"alloc_direct": cbin["alloc_direct"]},
+                               [Path(libs.shim), Path(libs.sim_cuda), Path(libs.sim_nvml)])]
+    node = RealNode(cluster, root / "node", NODE)
+    agent = ext = sched = None
+    try:
+        node.start(archives)
+        # the agent's pod on the node (its token is bound to it and names the node, as deploy/'s RBAC and
+        # admission policies require); a stand-in container that sleeps: the agent itself runs on the host
+        cluster.ok("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"memslice-node-agent-{NODE}"},
+            "spec": {"serviceAccountName": "memslice-node-agent", "nodeName": NODE, "hostNetwork": True,
+                     "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 1,
+                     "containers": [{"name": "agent", "image": TEST_IMAGE, "imagePullPolicy": "Never",
+                                     "command": ["/bin/sleep", "100000"]}]}})
+        agent_pod = cluster.ok("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/memslice-node-agent-{NODE}")
+        token = cluster.token(NAMESPACE, "memslice-node-agent", agent_pod)
+        agent = Agent(root / "agent", node, cluster.kubeconfig(f"agent-{NODE}", token))
+        tls = tls_files(cluster, tmp_path_factory.mktemp("rn-tls"))
+        server = tls / "memslice-extender-tls"
+        api, _ = load_api_client(str(cluster.kubeconfig("rn-extender", cluster.token(NAMESPACE, "memslice-extender"))))
+        config = Config(address="127.0.0.1", port=0, watch_timeout=60, tls_cert_file=str(server / "tls.crt"),
+                        tls_key_file=str(server / "tls.key"), tls_client_ca_file=str(server / "ca.crt"),
+                        max_limit_ratio=deploy_limit_ratio(objs))
+        ext = Extender(api, config).start()
+        assert ext.wait_synced(30), "extender did not sync"
+        sched = cluster.start_scheduler(scheduler_config(cluster, int(ext.url.rsplit(":", 1)[1]), tls),
+                                        "rn-memslice-scheduler")
+        world = World(cluster, node, agent, ext, sched)
+        wait_until("the device plugin's devices in the Node's allocatable (kubelet)",
+                   lambda: world.allocatable() == 12 * 1024 // UNIT, 120, 0.5, world.alive)
+        yield world
+    finally:
+        status, pods = cluster.request("GET", f"/api/v1/namespaces/{NS}/pods")
+        for p in pods.get("items", []) if status == 200 else []:
+            cluster.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{p['metadata']['name']}")
+        if sched is not None:
+            sched.stop()
+        if ext is not None:
+            ext.stop()
+        if agent is not None:
+            agent.stop()
+        node.stop()
+        cluster.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/memslice-node-agent-{NODE}")
+        shutil.rmtree(root, ignore_errors=True) if 0 else print("KEEP", root)
+
+
+def test_real_kubelet_allocates_and_containerd_runs_the_pod_held_to_its_quota(world: World) -> None:
+    """The scheduler (through the extender) places the pod, the kubelet allocates its devices from the
+    agent, containerd runs it: inside, the shim (loaded by the mounted, read-only /etc/ld.so.preload) holds a
+    CUDA program to the pod's 1 GiB; the limits file is read-only; the GPU the container is given is the one
+    the extender reserved; the kubelet's checkpoint and the agent's ledger agree on the size."""
+    world.create("p1", QUOTA_MIB // UNIT)
+    p = world.running("p1")
+    assert p["spec"]["nodeName"] == NODE
+    out = world.node.pod_log(p, "cuda")
+    uuid = p["metadata"]["annotations"]["memslice.io/gpu-uuid"]
+    assert f"preload={CONTAINER_SHIM}" in out, out
+    assert f"limit-env={QUOTA_MIB} visible={uuid}" in out, out
+    assert "preload-read-only" in out and "limits-read-only" in out, out
+    # held to the quota: 400 MiB fit beside the context, 200 more do not, 100 more do; the device total is the
+    # quota, and 4 MiB of it are left
+    assert re.search(r"alloc 400 MiB -> 0\nalloc 200 MiB -> 2\nalloc 100 MiB -> 0\n", out), out
+    assert f"info free={QUOTA_MIB - CONTEXT_MIB - 500} total={QUOTA_MIB} devtotal={QUOTA_MIB}" in out, out
+    assert "client-exit=0" in out, out
+    held = checkpoint_devices()
+    assert len(held[p["metadata"]["uid"]]) == QUOTA_MIB // UNIT
+    assert world.agent.gauge("memslice_gpu_allocated_mib")[uuid] == QUOTA_MIB
+
+
+def test_kubelet_restart_reregisters_and_hands_out_nothing_twice(world: World) -> None:
+    """The kubelet restarts under a running pod: the agent registers again with the new kubelet, the Node's
+    allocatable comes back, the running container is not restarted, and a new pod gets devices no other pod
+    holds (the kubelet's checkpoint) while the agent's ledger counts both pods once."""
+    p1 = pod(world.cluster, NS, "p1")
+    assert p1 is not None
+    before = world.agent.registrations()
+    world.node.restart_kubelet()
+    world.agent.output.wait_for(lambda out: out.count(f"registered {RESOURCE} with the kubelet") > before, 120,
+                                "the agent's registration with the restarted kubelet")
+    wait_until("allocatable back after the kubelet restart", lambda: world.allocatable() == 12 * 1024 // UNIT,
+               120, 0.5, world.alive)
+    world.create("p2", 2 * QUOTA_MIB // UNIT)
+    p2 = world.running("p2")
+    held = checkpoint_devices()
+    one, two = held[p1["metadata"]["uid"]], held[p2["metadata"]["uid"]]
+    assert len(one) == QUOTA_MIB // UNIT and len(two) == 2 * QUOTA_MIB // UNIT and not one & two
+    p1_now = pod(world.cluster, NS, "p1")
+    assert p1_now is not None
+    (status,) = p1_now["status"]["containerStatuses"]
+    assert status["restartCount"] == 0 and "running" in status["state"]
+    ledger = world.agent.gauge("memslice_gpu_allocated_mib")
+    uuids = [p1["metadata"]["annotations"]["memslice.io/gpu-uuid"], p2["metadata"]["annotations"]["memslice.io/gpu-uuid"]]
+    want: dict[str, float] = {}
+    for u, mib in zip(uuids, (QUOTA_MIB, 2 * QUOTA_MIB), strict=True):
+        want[u] = want.get(u, 0) + mib
+    assert {u: m for u, m in ledger.items() if m} == want
+
+
+def test_agent_restart_recovers_its_ledger(world: World) -> None:
+    """The agent's pod is replaced: the new agent registers with the kubelet, recovers both pods'
+    allocations (its region directories, checked against the kubelet's PodResources), and a new pod runs."""
+    before = world.agent.gauge("memslice_gpu_allocated_mib")
+    world.agent.stop()
+    world.agent.start()
+    world.agent.output.wait_for(lambda out: f"registered {RESOURCE} with the kubelet" in out, 60,
+                                "the new agent's registration")
+    wait_until("the new agent's ledger", lambda: world.agent.gauge("memslice_gpu_allocated_mib") == before, 60,
+               0.5, world.alive)
+    world.create("p3", QUOTA_MIB // UNIT)
+    p3 = world.running("p3")
+    assert "client-exit=0" in world.node.pod_log(p3, "cuda")
+
+
+def test_deleted_pod_loses_its_region_and_ledger_entry(world: World) -> None:
+    """A deleted pod: the kubelet stops its container, and the agent (PodResources no longer lists it)
+    removes its region and its ledger entry; the other pods' stay."""
+    p1 = pod(world.cluster, NS, "p1")
+    assert p1 is not None
+    uuid = p1["metadata"]["annotations"]["memslice.io/gpu-uuid"]
+    before = world.agent.gauge("memslice_gpu_allocated_mib")
+    world.cluster.ok("DELETE", f"/api/v1/namespaces/{NS}/pods/p1")
+    wait_until("p1 gone", lambda: pod(world.cluster, NS, "p1") is None, 120, 0.5, world.alive)
+    wait_until("p1's ledger entry gone", lambda: world.agent.gauge("memslice_gpu_allocated_mib")[uuid]
+               == before[uuid] - QUOTA_MIB, 60, 0.5, world.alive)
+    world.agent.output.wait_for(lambda out: re.search(rf"removed region \S+ of {NS}/p1\b", out), 30,
+                                "p1's region removed")
