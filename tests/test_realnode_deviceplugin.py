@@ -212,7 +212,7 @@ def world(real_cluster: RealCluster, cbin: dict[str, str], tmp_path_factory: pyt
             agent.stop()
         node.stop()
         cluster.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/memslice-node-agent-{NODE}")
-        shutil.rmtree(root, ignore_errors=True) if 0 else print("KEEP", root)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_real_kubelet_allocates_and_containerd_runs_the_pod_held_to_its_quota(world: World) -> None:
