@@ -22,14 +22,20 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
+import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import yaml
+from conftest import ChildLog
 from kube_real import ROOT, Proc, RealCluster, free_port, kubelet_token, wait_until
+
+from memslice.plugin.regions import CONTAINER_LIMITS_FILE, CONTAINER_PRELOAD
 
 BIN_DIR = Path(os.environ.get("MEMSLICE_KUBENODE", ROOT / "build" / "kubenode"))
 PROGRAMS = ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr")
@@ -40,6 +46,22 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 SHIM_SOCKET_DIRS = (Path("/run/containerd/s"), Path("/run/containerd"))  # fixed in containerd: its shims' sockets
 START_TIMEOUT_S = 180.0  # a kubelet start on a loaded 2-core machine: ~5-30 s
 K8S_NS = "k8s.io"  # containerd's namespace for the CRI plugin's images and containers
+AGENT_NS = "memslice-system"  # deploy/'s namespace: the node agent's ServiceAccount and pod
+
+# The test pods' program (container "cuda" of the test image): what the shim's mounts look like from inside,
+# then a CUDA program over its quota, then it stays (a pod that runs while the kubelet and the agent restart).
+# alloc_direct's context takes CONTEXT_MIB of the quota (the simulated GPU's default, an H100's, as the shim
+# counts it): a 1024 MiB quota holds 400 MiB more, not 200 more after that, and 100 more still.
+CONTEXT_MIB = 520
+CLIENT_SCRIPT = f"""
+echo "preload=$(cat {CONTAINER_PRELOAD})"
+echo "limit-env=$MEMSLICE_GPU_MEM_LIMIT visible=$NVIDIA_VISIBLE_DEVICES"
+(echo x > {CONTAINER_PRELOAD}) 2>/dev/null && echo preload-writable || echo preload-read-only
+(echo x > {CONTAINER_LIMITS_FILE}) 2>/dev/null && echo limits-writable || echo limits-read-only
+/bin/alloc_direct 400 200 100
+echo "client-exit=$?"
+exec sleep 100000
+"""
 
 
 def why_unavailable() -> str | None:
@@ -240,6 +262,15 @@ class RealNode:
         return "".join(line.split(" ", 3)[3] + "\n" if line.count(" ") >= 3 else line + "\n"
                        for line in files[-1].read_text(errors="replace").splitlines())
 
+    def running_client(self, ns: str, name: str, alive: Any) -> dict[str, Any]:
+        """Pod `name` once its container "cuda" runs CLIENT_SCRIPT and the CUDA program has finished."""
+        def ready() -> dict[str, Any] | None:
+            p = pod(self.cluster, ns, name)
+            if p is None or "running" not in container_state(p, "cuda"):
+                return None
+            return p if "client-exit=" in self.pod_log(p, "cuda") else None
+        return dict(wait_until(f"pod {ns}/{name} running its CUDA client", ready, 180, 0.5, alive))
+
     def _remove_containers(self) -> None:
         """Kill and delete every task and container of the k8s.io namespace (the pods' and sandboxes')."""
         out = subprocess.run([str(BIN_DIR / "ctr"), "--address", str(self.sock), "--namespace", K8S_NS,
@@ -380,3 +411,82 @@ def dump(obj: Any) -> str:
     return json.dumps(obj, indent=1)[:4000]
 
 
+
+
+def node_images(workdir: Path, cbin: dict[str, str]) -> list[Path]:
+    """The pause image and the test image (alloc_direct, and what the shim and the simulated driver load)."""
+    from kube_node_images import client_archive, pause_archive
+
+    from memslice.paths import lib_paths
+
+    libs = lib_paths()
+    workdir.mkdir(parents=True, exist_ok=True)
+    return [pause_archive(workdir), client_archive(workdir, {"alloc_direct": cbin["alloc_direct"]},
+                                                   [Path(libs.shim), Path(libs.sim_cuda), Path(libs.sim_nvml)])]
+
+
+def node_agent_token(cluster: RealCluster, node: str) -> str:
+    """The node agent's ServiceAccount token, bound to its pod on `node` (so it names the node, as deploy/'s
+    RBAC and admission policies require). The pod is the DaemonSet's as the admin creates it here (no
+    DaemonSet controller); its container is a stand-in that sleeps: the agent itself runs on the host."""
+    from kube_node_images import TEST_IMAGE
+
+    name = f"memslice-node-agent-{node}"
+    status, out = cluster.request("POST", f"/api/v1/namespaces/{AGENT_NS}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"serviceAccountName": "memslice-node-agent", "nodeName": node, "hostNetwork": True,
+                 "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 1,
+                 "containers": [{"name": "agent", "image": TEST_IMAGE, "imagePullPolicy": "Never",
+                                 "command": ["/bin/sleep", "100000"]}]}})
+    assert status in (201, 409), out
+    agent_pod = cluster.ok("GET", f"/api/v1/namespaces/{AGENT_NS}/pods/{name}")
+    return cluster.token(AGENT_NS, "memslice-node-agent", agent_pod)
+
+
+class NodeAgent:
+    """`memslice node-agent` as a host process on the real node: deploy/'s host paths under `root`, the
+    simulated GPUs' state there, its metrics on loopback; `args` are the mode's flags."""
+
+    def __init__(self, root: Path, node: str, kubeconfig: Path, args: list[str]) -> None:
+        self.root, self.runs = root, 0
+        (root / "sim").mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("MEMSLICE_") and k not in ("KUBERNETES_SERVICE_HOST", "NODE_NAME", "LD_PRELOAD")}
+        env.update(MEMSLICE_SIM_STATE=str(root / "sim" / "node.state"))
+        self.env = env
+        self.cmd = [sys.executable, "-m", "memslice", "node-agent", *args, "--region-root", str(root / "regions"),
+                    "--shim-host-dir", str(root / "lib"), "--elastic-dir", str(root / "elastic"),
+                    "--metrics-address", "127.0.0.1", "--metrics-port", "0", "--node-name", node,
+                    "--kubeconfig", str(kubeconfig)]
+        self.start()
+
+    def start(self) -> None:
+        self.runs += 1
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env,
+                                     cwd=ROOT)
+        self.output = ChildLog(self.proc, self.root / f"agent-{self.runs}.log")
+
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"node agent exited {self.proc.returncode}:\n{self.output.text()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def count(self, text: str) -> int:
+        return self.output.text().count(text)
+
+    def gauge(self, name: str) -> dict[str, float]:
+        """GPU UUID -> this agent process's gauge `name` (its /metrics)."""
+        port = self.output.wait_for(lambda out: re.search(r"metrics on http://127\.0\.0\.1:(\d+)/", out), 30,
+                                    "the agent's metrics address").group(1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        return {m.group(1): float(m.group(2))
+                for m in re.finditer(rf'^{name}{{[^}}]*uuid="([^"]+)"[^}}]*}} (\S+)$', text, re.M)}

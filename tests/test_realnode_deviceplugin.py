@@ -15,26 +15,29 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ChildLog
-from kube_node import DEVICE_PLUGIN_DIR, RealNode, container_state, pod
-from kube_node_images import TEST_IMAGE, client_archive, pause_archive
-from kube_real import ROOT, RealCluster, wait_until
+from kube_node import (
+    CLIENT_SCRIPT,
+    CONTEXT_MIB,
+    DEVICE_PLUGIN_DIR,
+    NodeAgent,
+    RealNode,
+    node_agent_token,
+    node_images,
+    pod,
+)
+from kube_node_images import TEST_IMAGE
+from kube_real import RealCluster, wait_until
 from test_deploy_render import NAMESPACE, RESOURCE, SCHEDULER_NAME, render
-from test_real_deploy import node_agent_token
 from test_real_scheduler import deploy_limit_ratio, scheduler_config, tls_files
 
 from memslice.kube.config import load_api_client
-from memslice.paths import lib_paths
-from memslice.plugin.regions import CONTAINER_LIMITS_FILE, CONTAINER_PRELOAD, CONTAINER_SHIM
+from memslice.plugin.regions import CONTAINER_SHIM
 from memslice.scheduler_extender.app import Config, Extender
 
 # the session's real control plane (xdist group "kube"); one real node for the module
@@ -46,77 +49,14 @@ GPUS = "8GiB,4GiB"
 QUOTA_MIB = 1024
 CHECKPOINT = DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint"
 
-# The container's program: what the shim's mounts look like from inside, then a CUDA program over its quota,
-# then it stays (a pod that runs while the kubelet and the agent restart).
-# alloc_direct's context takes CONTEXT_MIB of the quota (the simulated GPU's default, an H100's, as the shim
-# counts it): 1024 MiB hold 400 more, not 200 more after that, and 100 more still.
-CONTEXT_MIB = 520
-SCRIPT = f"""
-echo "preload=$(cat {CONTAINER_PRELOAD})"
-echo "limit-env=$MEMSLICE_GPU_MEM_LIMIT visible=$NVIDIA_VISIBLE_DEVICES"
-(echo x > {CONTAINER_PRELOAD}) 2>/dev/null && echo preload-writable || echo preload-read-only
-(echo x > {CONTAINER_LIMITS_FILE}) 2>/dev/null && echo limits-writable || echo limits-read-only
-/bin/alloc_direct 400 200 100
-echo "client-exit=$?"
-exec sleep 100000
-"""
-
-
-class Agent:
-    """The node agent as a host process with deploy/'s device-plugin flags (host paths under `root`)."""
-
-    def __init__(self, root: Path, node: RealNode, kubeconfig: Path) -> None:
-        self.root, self.runs = root, 0
-        env = {k: v for k, v in __import__("os").environ.items()
-               if not k.startswith("MEMSLICE_") and k not in ("KUBERNETES_SERVICE_HOST", "NODE_NAME")}
-        env.update(MEMSLICE_SIM_STATE=str(root / "sim" / "node.state"), KUBECONFIG=str(kubeconfig))
-        (root / "sim").mkdir(parents=True, exist_ok=True)
-        self.env = env
-        self.cmd = [sys.executable, "-m", "memslice", "node-agent", "--simulate", GPUS, "--unit-mib", str(UNIT),
-                    "--device-plugin-dir", str(DEVICE_PLUGIN_DIR), "--pod-resources-socket",
-                    str(node.pod_resources), "--region-root", str(root / "regions"), "--shim-host-dir",
-                    str(root / "lib"), "--elastic-dir", str(root / "elastic"), "--metrics-address", "127.0.0.1",
-                    "--metrics-port", "0", "--reconcile-interval-s", "1", "--node-name", NODE,
-                    "--kubeconfig", str(kubeconfig)]
-        self.start()
-
-    def start(self) -> None:
-        self.runs += 1
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env,
-                                     cwd=ROOT)
-        self.output = ChildLog(self.proc, self.root / f"agent-{self.runs}.log")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-    def registrations(self) -> int:
-        return self.output.text().count(f"registered {RESOURCE} with the kubelet")
-
-    def gauge(self, name: str) -> dict[str, float]:
-        """GPU UUID -> this agent process's gauge `name` (its /metrics)."""
-        port = self.output.wait_for(lambda out: re.search(r"metrics on http://127\.0\.0\.1:(\d+)/", out), 30,
-                                    "the agent's metrics address").group(1)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-            text = resp.read().decode()
-        return {m.group(1): float(m.group(2))
-                for m in re.finditer(rf'^{name}{{[^}}]*uuid="([^"]+)"[^}}]*}} (\S+)$', text, re.M)}
-
-
 class World:
-    def __init__(self, cluster: RealCluster, node: RealNode, agent: Agent, ext: Extender, sched: Any) -> None:
+    def __init__(self, cluster: RealCluster, node: RealNode, agent: NodeAgent, ext: Extender, sched: Any) -> None:
         self.cluster, self.node, self.agent, self.ext, self.sched = cluster, node, agent, ext, sched
 
     def alive(self) -> None:
         self.node.check_alive()
         self.sched.check_alive()
-        if self.agent.proc.poll() is not None:
-            raise AssertionError(f"node agent exited {self.agent.proc.returncode}:\n{self.agent.output.text()}")
+        self.agent.check_alive()
 
     def allocatable(self) -> int:
         status = self.cluster.ok("GET", f"/api/v1/nodes/{NODE}")["status"]
@@ -127,18 +67,12 @@ class World:
                 "spec": {"schedulerName": SCHEDULER_NAME, "hostNetwork": True, "automountServiceAccountToken": False,
                          "terminationGracePeriodSeconds": 1, "restartPolicy": "Never",
                          "containers": [{"name": "cuda", "image": TEST_IMAGE, "imagePullPolicy": "Never",
-                                         "command": ["/bin/sh", "-c", SCRIPT],
+                                         "command": ["/bin/sh", "-c", CLIENT_SCRIPT],
                                          "resources": {"limits": {RESOURCE: str(units)}}}]}}
         return dict(self.cluster.ok("POST", f"/api/v1/namespaces/{NS}/pods", body))
 
     def running(self, name: str) -> dict[str, Any]:
-        """The pod once its container runs and its program has reached `sleep`."""
-        def ready() -> dict[str, Any] | None:
-            p = pod(self.cluster, NS, name)
-            if p is None or "running" not in container_state(p, "cuda"):
-                return None
-            return p if "client-exit=" in self.node.pod_log(p, "cuda") else None
-        return dict(wait_until(f"pod {name} running its client", ready, 180, 0.5, self.alive))
+        return self.node.running_client(NS, name, self.alive)
 
 
 def checkpoint_devices() -> dict[str, set[str]]:
@@ -160,32 +94,20 @@ def world(real_cluster: RealCluster, cbin: dict[str, str], tmp_path_factory: pyt
     why = kube_node.why_unavailable()
     if why:
         pytest.skip(why)
-    libs = lib_paths()
     cluster = real_cluster
     objs = render("base")
     cluster.apply(sorted(objs, key=lambda o: o["kind"] != "Namespace"))
     cluster.ensure_namespace(NS)
     root = Path(tempfile.mkdtemp(prefix="ms-rn-", dir="/tmp"))  # short: Unix socket paths
-    images = root / "images"
-    images.mkdir()
-    archives = [pause_archive(images),
-                client_archive(images, {"alloc_direct": cbin["alloc_direct"]},
-                               [Path(libs.shim), Path(libs.sim_cuda), Path(libs.sim_nvml)])]
+    archives = node_images(root / "images", cbin)
     node = RealNode(cluster, root / "node", NODE)
     agent = ext = sched = None
     try:
         node.start(archives)
-        # the agent's pod on the node (its token is bound to it and names the node, as deploy/'s RBAC and
-        # admission policies require); a stand-in container that sleeps: the agent itself runs on the host
-        cluster.ok("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"memslice-node-agent-{NODE}"},
-            "spec": {"serviceAccountName": "memslice-node-agent", "nodeName": NODE, "hostNetwork": True,
-                     "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 1,
-                     "containers": [{"name": "agent", "image": TEST_IMAGE, "imagePullPolicy": "Never",
-                                     "command": ["/bin/sleep", "100000"]}]}})
-        agent_pod = cluster.ok("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/memslice-node-agent-{NODE}")
-        token = cluster.token(NAMESPACE, "memslice-node-agent", agent_pod)
-        agent = Agent(root / "agent", node, cluster.kubeconfig(f"agent-{NODE}", token))
+        kubeconfig = cluster.kubeconfig(f"agent-{NODE}", node_agent_token(cluster, NODE))
+        agent = NodeAgent(root / "agent", NODE, kubeconfig, [
+            "--simulate", GPUS, "--unit-mib", str(UNIT), "--device-plugin-dir", str(DEVICE_PLUGIN_DIR),
+            "--pod-resources-socket", str(node.pod_resources), "--reconcile-interval-s", "1"])
         tls = tls_files(cluster, tmp_path_factory.mktemp("rn-tls"))
         server = tls / "memslice-extender-tls"
         api, _ = load_api_client(str(cluster.kubeconfig("rn-extender", cluster.token(NAMESPACE, "memslice-extender"))))
@@ -244,7 +166,7 @@ def test_kubelet_restart_reregisters_and_hands_out_nothing_twice(world: World) -
     holds (the kubelet's checkpoint) while the agent's ledger counts both pods once."""
     p1 = pod(world.cluster, NS, "p1")
     assert p1 is not None
-    before = world.agent.registrations()
+    before = world.agent.count(f"registered {RESOURCE} with the kubelet")
     world.node.restart_kubelet()
     world.agent.output.wait_for(lambda out: out.count(f"registered {RESOURCE} with the kubelet") > before, 120,
                                 "the agent's registration with the restarted kubelet")
@@ -260,7 +182,7 @@ def test_kubelet_restart_reregisters_and_hands_out_nothing_twice(world: World) -
     (status,) = p1_now["status"]["containerStatuses"]
     assert status["restartCount"] == 0 and "running" in status["state"]
     ledger = world.agent.gauge("memslice_gpu_allocated_mib")
-    uuids = [p1["metadata"]["annotations"]["memslice.io/gpu-uuid"], p2["metadata"]["annotations"]["memslice.io/gpu-uuid"]]
+    uuids = [p["metadata"]["annotations"]["memslice.io/gpu-uuid"] for p in (p1, p2)]
     want: dict[str, float] = {}
     for u, mib in zip(uuids, (QUOTA_MIB, 2 * QUOTA_MIB), strict=True):
         want[u] = want.get(u, 0) + mib
