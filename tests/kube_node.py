@@ -445,10 +445,11 @@ def node_agent_token(cluster: RealCluster, node: str) -> str:
 
 class NodeAgent:
     """`memslice node-agent` as a host process on the real node: deploy/'s host paths under `root`, the
-    simulated GPUs' state there, its metrics on loopback; `args` are the mode's flags."""
+    simulated GPUs' state there, its metrics on loopback; `args` are the mode's flags. Two agents on one
+    `root` (another `name`) are two pods of the DaemonSet on one node, as during a rolling update."""
 
-    def __init__(self, root: Path, node: str, kubeconfig: Path, args: list[str]) -> None:
-        self.root, self.runs = root, 0
+    def __init__(self, root: Path, node: str, kubeconfig: Path, args: list[str], name: str = "agent") -> None:
+        self.root, self.name, self.runs = root, name, 0
         (root / "sim").mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items()
                if not k.startswith("MEMSLICE_") and k not in ("KUBERNETES_SERVICE_HOST", "NODE_NAME", "LD_PRELOAD")}
@@ -464,7 +465,7 @@ class NodeAgent:
         self.runs += 1
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env,
                                      cwd=ROOT)
-        self.output = ChildLog(self.proc, self.root / f"agent-{self.runs}.log")
+        self.output = ChildLog(self.proc, self.root / f"{self.name}-{self.runs}.log")
 
     def check_alive(self) -> None:
         if self.proc.poll() is not None:

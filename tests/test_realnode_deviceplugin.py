@@ -65,6 +65,7 @@ class World:
     def create(self, name: str, units: int) -> dict[str, Any]:
         body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
                 "spec": {"schedulerName": SCHEDULER_NAME, "hostNetwork": True, "automountServiceAccountToken": False,
+                         "nodeSelector": {"kubernetes.io/hostname": NODE},  # not the API-only nodes of other modules
                          "terminationGracePeriodSeconds": 1, "restartPolicy": "Never",
                          "containers": [{"name": "cuda", "image": TEST_IMAGE, "imagePullPolicy": "Never",
                                          "command": ["/bin/sh", "-c", CLIENT_SCRIPT],
