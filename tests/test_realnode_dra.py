@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -151,22 +153,29 @@ def test_real_kubelet_prepares_the_claim_and_containerd_injects_it(world: World)
 
 def test_device_health_reaches_the_pod_status(world: World) -> None:
     """The kubelet reads the agent's health stream: the container's allocatedResourcesStatus names the claim's
-    CDI device, Healthy."""
+    CDI device, Healthy; after a critical Xid on its GPU (the simulated driver's event), Unhealthy."""
     p = pod(world.cluster, NS, "d1")
     assert p is not None
     claim = world.claim(p)
     [res] = claim["status"]["allocation"]["devices"]["results"]
     want = f"{CDI_KIND}={claim['metadata']['uid']}-{res['shareID']}"
 
-    def health() -> list[Any] | None:
+    def health(state: str) -> list[Any] | None:
         q = pod(world.cluster, NS, "d1")
         [cs] = q["status"]["containerStatuses"] if q else [{}]
-        got = cs.get("allocatedResourcesStatus")
-        return got if got else None
+        got = cs.get("allocatedResourcesStatus") or []
+        return got if [r.get("health") for g in got for r in g["resources"]] == [state] else None
 
-    got = wait_until("allocatedResourcesStatus in d1's status", health, 120, 1.0, world.alive)
+    got = wait_until("allocatedResourcesStatus Healthy in d1's status", lambda: health("Healthy"), 120, 1.0,
+                     world.alive)
     assert got == [{"name": "claim:gpu",  # the pod's name for the claim
                     "resources": [{"resourceID": want, "health": "Healthy"}]}], got
+    gpu = int(res["device"].removeprefix("gpu-"))
+    subprocess.run([sys.executable, "-m", "memslice", "sim", "xid", "--gpu", str(gpu), "--xid", "79", "--state",
+                    str(world.agent.root / "sim" / "node.state")], check=True, timeout=60)  # fallen off the bus
+    got = wait_until("allocatedResourcesStatus Unhealthy in d1's status", lambda: health("Unhealthy"), 120, 1.0,
+                     world.alive)
+    assert got[0]["resources"][0]["resourceID"] == want
 
 
 def test_rolling_update_of_the_agent_keeps_the_claim_prepared(world: World) -> None:
