@@ -414,14 +414,20 @@ def dump(obj: Any) -> str:
 
 
 def node_images(workdir: Path, cbin: dict[str, str]) -> list[Path]:
-    """The pause image and the test image (alloc_direct, and what the shim and the simulated driver load)."""
+    """The pause image and the test image (alloc_direct, the elastic tenant, and what the shim and the
+    simulated driver load)."""
     from kube_node_images import client_archive, pause_archive
 
     from memslice.paths import lib_paths
 
     libs = lib_paths()
     workdir.mkdir(parents=True, exist_ok=True)
-    return [pause_archive(workdir), client_archive(workdir, {"alloc_direct": cbin["alloc_direct"]},
+    elastic = workdir / "elastic"  # the elastic-memory tenant of tests/test_elastic_swap.py, driven on stdin
+    subprocess.run(["cc", "-O2", "-Wall", "-Werror", f"-I{libs.include}", str(ROOT / "tests" / "c" / "elastic.c"),
+                    "-o", str(elastic), "-L", libs.sim_dir, "-l:libcuda.so.1", "-lpthread", "-ldl"], check=True,
+                   timeout=300)
+    return [pause_archive(workdir), client_archive(workdir, {"alloc_direct": cbin["alloc_direct"],
+                                                             "elastic": str(elastic)},
                                                    [Path(libs.shim), Path(libs.sim_cuda), Path(libs.sim_nvml)])]
 
 

@@ -13,6 +13,7 @@ handed out twice), the agent restarts (it recovers its ledger), and a deleted po
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -27,6 +28,7 @@ from kube_node import (
     DEVICE_PLUGIN_DIR,
     NodeAgent,
     RealNode,
+    container_state,
     node_agent_token,
     node_images,
     pod,
@@ -36,6 +38,8 @@ from kube_real import RealCluster, wait_until
 from test_deploy_render import NAMESPACE, RESOURCE, SCHEDULER_NAME, render
 from test_real_scheduler import deploy_limit_ratio, scheduler_config, tls_files
 
+from memslice.elastic import read_boards
+from memslice.interposer.region import read_region_file
 from memslice.kube.config import load_api_client
 from memslice.plugin.regions import CONTAINER_SHIM
 from memslice.scheduler_extender.app import Config, Extender
@@ -45,7 +49,8 @@ pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("kube")]
 NODE = "kubelet-dp"
 NS = "realnode-dp"
 UNIT = 4  # MiB per device
-GPUS = "8GiB,4GiB"
+GPUS = "6GiB"  # one GPU: the simulated driver shows a container every GPU of the node, ordinal 0 first
+GPU_MIB = 6 * 1024
 QUOTA_MIB = 1024
 CHECKPOINT = DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint"
 
@@ -108,7 +113,7 @@ def world(real_cluster: RealCluster, cbin: dict[str, str], tmp_path_factory: pyt
         kubeconfig = cluster.kubeconfig(f"agent-{NODE}", node_agent_token(cluster, NODE))
         agent = NodeAgent(root / "agent", NODE, kubeconfig, [
             "--simulate", GPUS, "--unit-mib", str(UNIT), "--device-plugin-dir", str(DEVICE_PLUGIN_DIR),
-            "--pod-resources-socket", str(node.pod_resources), "--reconcile-interval-s", "1"])
+            "--pod-resources-socket", str(node.pod_resources), "--reconcile-interval-s", "1", "--idle-after", "0.3"])
         tls = tls_files(cluster, tmp_path_factory.mktemp("rn-tls"))
         server = tls / "memslice-extender-tls"
         api, _ = load_api_client(str(cluster.kubeconfig("rn-extender", cluster.token(NAMESPACE, "memslice-extender"))))
@@ -121,7 +126,7 @@ def world(real_cluster: RealCluster, cbin: dict[str, str], tmp_path_factory: pyt
                                         "rn-memslice-scheduler")
         world = World(cluster, node, agent, ext, sched)
         wait_until("the device plugin's devices in the Node's allocatable (kubelet)",
-                   lambda: world.allocatable() == 12 * 1024 // UNIT, 120, 0.5, world.alive)
+                   lambda: world.allocatable() == GPU_MIB // UNIT, 120, 0.5, world.alive)
         yield world
     finally:
         status, pods = cluster.request("GET", f"/api/v1/namespaces/{NS}/pods")
@@ -171,7 +176,7 @@ def test_kubelet_restart_reregisters_and_hands_out_nothing_twice(world: World) -
     world.node.restart_kubelet()
     world.agent.output.wait_for(lambda out: out.count(f"registered {RESOURCE} with the kubelet") > before, 120,
                                 "the agent's registration with the restarted kubelet")
-    wait_until("allocatable back after the kubelet restart", lambda: world.allocatable() == 12 * 1024 // UNIT,
+    wait_until("allocatable back after the kubelet restart", lambda: world.allocatable() == GPU_MIB // UNIT,
                120, 0.5, world.alive)
     world.create("p2", 2 * QUOTA_MIB // UNIT)
     p2 = world.running("p2")
@@ -218,3 +223,113 @@ def test_deleted_pod_loses_its_region_and_ledger_entry(world: World) -> None:
                == before[uuid] - QUOTA_MIB, 60, 0.5, world.alive)
     world.agent.output.wait_for(lambda out: re.search(rf"removed region \S+ of {NS}/p1\b", out), 30,
                                 "p1's region removed")
+
+
+class PodTenant:
+    """The elastic tenant (tests/c/elastic.c) as a pod's container: its commands written into a FIFO on the
+    host (a hostPath volume), its answers read from the container's log as the kubelet writes it."""
+
+    def __init__(self, world: World, name: str, request_mib: int, limit_mib: int) -> None:
+        self.world, self.name, self.seen = world, name, 0
+        ctl = world.node.dir / f"ctl-{name}"
+        ctl.mkdir()
+        os.mkfifo(ctl / "in")
+        self.fd = os.open(ctl / "in", os.O_RDWR)  # never blocks, and the tenant never reads an end of file
+        body = {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": NS,
+                             "annotations": {"memslice.io/gpu-mem-limit": str(limit_mib)}},
+                "spec": {"schedulerName": SCHEDULER_NAME, "hostNetwork": True, "automountServiceAccountToken": False,
+                         "nodeSelector": {"kubernetes.io/hostname": NODE}, "terminationGracePeriodSeconds": 1,
+                         "restartPolicy": "Never",
+                         "volumes": [{"name": "ctl", "hostPath": {"path": str(ctl), "type": "Directory"}}],
+                         "containers": [{"name": "cuda", "image": TEST_IMAGE, "imagePullPolicy": "Never",
+                                         "command": ["/bin/sh", "-c", "exec /bin/elastic < /ctl/in"],
+                                         "env": [{"name": k, "value": v} for k, v in ELASTIC_ENV.items()],
+                                         "volumeMounts": [{"name": "ctl", "mountPath": "/ctl"}],
+                                         "resources": {"limits": {RESOURCE: str(request_mib // UNIT)}}}]}}
+        world.cluster.ok("POST", f"/api/v1/namespaces/{NS}/pods", body)
+
+        def up() -> dict[str, Any] | None:
+            p = pod(world.cluster, NS, name)
+            return p if p is not None and "running" in container_state(p, "cuda") else None
+        self.pod = wait_until(f"pod {name} running", up, 180, 0.5, world.alive)
+        assert self.answer() == "ready"
+
+    def answer(self) -> str:
+        """The tenant's next line (the shim's own lines, "memslice: ...", are skipped)."""
+        def next_line() -> str | None:
+            lines = [ln for ln in self.world.node.pod_log(self.pod, "cuda").splitlines()
+                     if not ln.startswith("memslice:")]
+            if len(lines) > self.seen:
+                self.seen += 1
+                return lines[self.seen - 1]
+            return None
+        return str(wait_until(f"{self.name}'s answer", next_line, 120, 0.1, self.world.alive))
+
+    def cmd(self, line: str) -> str:
+        os.write(self.fd, (line + "\n").encode())
+        return self.answer()
+
+    def usage(self) -> tuple[int, int]:
+        """(device MiB, host MiB) physically held by this container's process (the simulator's ledger in its
+        region directory, which the agent named after the pod)."""
+        regions = self.world.agent.root / "regions"
+        (rid,) = [f.stem for f in regions.glob("*.json")
+                  if json.loads(f.read_text()).get("pod") == self.name]
+        snap = read_region_file(str(regions / rid / "sim.usage"))
+        assert snap is not None
+        (proc,) = [p for p in snap.processes if p.alive]
+        return proc.device_bytes // MiB, proc.host_bytes // MiB
+
+    def cgroup_mib(self) -> int:
+        """The memory its pod's cgroup is charged (cgroup v1, the kubelet's cgroupfs layout; BestEffort pod)."""
+        uid = self.pod["metadata"]["uid"]
+        path = Path("/sys/fs/cgroup/memory/kubepods/besteffort") / f"pod{uid}" / "memory.usage_in_bytes"
+        return int(path.read_text()) // MiB
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+MiB = 1 << 20
+# the pod spec's env, as in tests/test_e2e_elastic.py: no context reserve, a long wait for a neighbour's memory,
+# and what a context takes on this simulated GPU
+ELASTIC_ENV = {"MEMSLICE_CONTEXT_RESERVE": "0", "MEMSLICE_YIELD_WAIT": "60", "MEMSLICE_SIM_CONTEXT_OVERHEAD": "300MiB"}
+
+
+def test_elastic_memory_moves_between_two_real_containers(world: World) -> None:
+    """Item 4: two elastic pods on the node's 6 GiB GPU, each asking 1 GiB with a 4 GiB limit (the extender
+    admits both by request). A fills 3.5 GiB and goes idle; B then gets 3 GiB in HBM: only what HBM lacked
+    moved out of A (to host memory in A's own process, so A's pod cgroup is charged for it, not B's); both read
+    every byte back; once B frees, A's memory comes back."""
+    for p in world.cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods")["items"]:  # the GPU to these two
+        world.cluster.ok("DELETE", f"/api/v1/namespaces/{NS}/pods/{p['metadata']['name']}")
+    wait_until("the earlier pods gone", lambda: not world.cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods")["items"],
+               120, 0.5, world.alive)
+    edir = world.agent.root / "elastic"
+    a = PodTenant(world, "ea", 1024, 4096)
+    b = None
+    try:
+        assert a.cmd("alloc 3584 64") == "allocated 56"
+        wait_until("A idle on the node's board", lambda: [t.state for t in read_boards(edir)] == ["idle"], 60, 0.1,
+                   world.alive)
+        b = PodTenant(world, "eb", 1024, 4096)
+        assert b.cmd("alloc 3072 64") == "allocated 48"
+        assert b.usage() == (300 + 3072, 0), "B's memory is all in HBM"
+        dev, host = a.usage()
+        needed = (300 + 3584) + (300 + 3072) - GPU_MIB
+        assert dev + host == 300 + 3584 and needed <= host <= 1.25 * needed, (dev, host, needed)
+        # A's data, wherever it is, is A's process's memory: its pod's cgroup is charged for it, B's is not
+        assert a.cgroup_mib() >= 3584 and 3072 <= b.cgroup_mib() < 3072 + host
+        assert b.cmd("check") == f"check ok {3072 * MiB}"
+        assert a.cmd("check") == f"check ok {3584 * MiB}"
+        assert b.cmd("free") == "freed 0"
+        assert a.cmd("busy 1") == "busy"
+        wait_until("A's memory back in HBM", lambda: a.usage() == (300 + 3584, 0), 60, 0.2, world.alive)
+        rounds, errors = map(int, a.cmd("stop").split()[1:])
+        assert rounds > 0 and errors == 0
+        assert a.cmd("check") == f"check ok {3584 * MiB}"
+    finally:
+        a.close()
+        if b is not None:
+            b.close()
