@@ -44,8 +44,9 @@ from memslice.kube.config import load_api_client
 from memslice.plugin.regions import CONTAINER_SHIM
 from memslice.scheduler_extender.app import Config, Extender
 
-# the session's real control plane (xdist group "kube"); one real node for the module
-pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("kube")]
+# One worker runs both real-node modules (one real node per machine at a time: tests/kube_node.py), one real node
+# per module; its own session control plane, so that they run beside the "kube" group's modules, not after them.
+pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("realnode")]
 NODE = "kubelet-dp"
 NS = "realnode-dp"
 UNIT = 4  # MiB per device

@@ -31,8 +31,9 @@ from kube_real import SCHEDULER_TOKEN, RealCluster, wait_until
 from test_deploy_render import NAMESPACE
 from test_real_deploy import deploy
 
-# the session's real control plane (xdist group "kube"); one real node for the module
-pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("kube")]
+# One worker runs both real-node modules (one real node per machine at a time: tests/kube_node.py), one real node
+# per module; its own session control plane, so that they run beside the "kube" group's modules, not after them.
+pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("realnode")]
 NODE = "kubelet-dra"
 NS = "realnode-dra"
 GPUS = "8GiB,8GiB"
