@@ -164,7 +164,8 @@ class RealNode:
         self.kubelet_runs = 0
         self._lock: int | None = None
         self._dp_before: set[str] = set()
-        self._made_dirs = [d for d in SHIM_SOCKET_DIRS if not d.exists()]
+        self._made_dirs = [d for d in (*SHIM_SOCKET_DIRS, DEVICE_PLUGIN_DIR, DEVICE_PLUGIN_DIR.parent)
+                           if not d.exists()]
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def start(self, images: list[Path]) -> RealNode:
@@ -231,7 +232,7 @@ class RealNode:
             self._unmount_all()
             self._remove_cgroups()
             self._clean_device_plugin_dir()
-            for d in self._made_dirs:  # made by this node's shims, empty once they exit
+            for d in self._made_dirs:  # made for this node (the shims' socket dirs: empty once they exit)
                 _rmdir(str(d))
         finally:
             self._release_lock()

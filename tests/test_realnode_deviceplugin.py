@@ -162,6 +162,11 @@ def test_real_kubelet_allocates_and_containerd_runs_the_pod_held_to_its_quota(wo
     assert re.search(r"alloc 400 MiB -> 0\nalloc 200 MiB -> 2\nalloc 100 MiB -> 0\n", out), out
     assert f"info free={QUOTA_MIB - CONTEXT_MIB - 500} total={QUOTA_MIB} devtotal={QUOTA_MIB}" in out, out
     assert "client-exit=0" in out, out
+    # the kubelet asked the agent which devices to take (the extender's reservation decides), then allocated
+    log = world.agent.output.text()
+    assert f"GetPreferredAllocation: {QUOTA_MIB // UNIT} units -> GPU 0 (reserved by the extender for {NS}/p1 " \
+           "container cuda)" in log, log
+    assert re.search(rf"Allocate: {QUOTA_MIB} MiB of GPU 0 \({uuid}\) for {NS}/p1/cuda, region ", log), log
     held = checkpoint_devices()
     assert len(held[p["metadata"]["uid"]]) == QUOTA_MIB // UNIT
     assert world.agent.gauge("memslice_gpu_allocated_mib")[uuid] == QUOTA_MIB
