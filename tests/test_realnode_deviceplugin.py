@@ -199,6 +199,10 @@ def test_kubelet_restart_reregisters_and_hands_out_nothing_twice(world: World) -
     for u, mib in zip(uuids, (QUOTA_MIB, 2 * QUOTA_MIB), strict=True):
         want[u] = want.get(u, 0) + mib
     assert {u: m for u, m in ledger.items() if m} == want
+    # and at no moment did the agent drop p1's allocation (a restarted kubelet's first PodResources answers
+    # lack the pods it has not admitted again: issue 37)
+    assert f"of {NS}/p1/cuda" not in "".join(ln for ln in world.agent.output.text().splitlines(True)
+                                           if "removed region" in ln)
 
 
 def test_agent_restart_recovers_its_ledger(world: World) -> None:
