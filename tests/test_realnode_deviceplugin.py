@@ -50,8 +50,8 @@ pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("realnode")]
 NODE = "kubelet-dp"
 NS = "realnode-dp"
 UNIT = 4  # MiB per device
-GPUS = "6GiB"  # one GPU: the simulated driver shows a container every GPU of the node, ordinal 0 first
-GPU_MIB = 6 * 1024
+GPUS = "3GiB"  # one GPU: the simulated driver shows a container every GPU of the node, ordinal 0 first
+GPU_MIB = 3 * 1024
 QUOTA_MIB = 1024
 CHECKPOINT = DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint"
 
@@ -184,11 +184,11 @@ def test_kubelet_restart_reregisters_and_hands_out_nothing_twice(world: World) -
                                 "the agent's registration with the restarted kubelet")
     wait_until("allocatable back after the kubelet restart", lambda: world.allocatable() == GPU_MIB // UNIT,
                120, 0.5, world.alive)
-    world.create("p2", 2 * QUOTA_MIB // UNIT)
+    world.create("p2", QUOTA_MIB // UNIT)
     p2 = world.running("p2")
     held = checkpoint_devices()
     one, two = held[p1["metadata"]["uid"]], held[p2["metadata"]["uid"]]
-    assert len(one) == QUOTA_MIB // UNIT and len(two) == 2 * QUOTA_MIB // UNIT and not one & two
+    assert len(one) == len(two) == QUOTA_MIB // UNIT and not one & two
     p1_now = pod(world.cluster, NS, "p1")
     assert p1_now is not None
     (status,) = p1_now["status"]["containerStatuses"]
@@ -196,7 +196,7 @@ def test_kubelet_restart_reregisters_and_hands_out_nothing_twice(world: World) -
     ledger = world.agent.gauge("memslice_gpu_allocated_mib")
     uuids = [p["metadata"]["annotations"]["memslice.io/gpu-uuid"] for p in (p1, p2)]
     want: dict[str, float] = {}
-    for u, mib in zip(uuids, (QUOTA_MIB, 2 * QUOTA_MIB), strict=True):
+    for u, mib in zip(uuids, (QUOTA_MIB, QUOTA_MIB), strict=True):
         want[u] = want.get(u, 0) + mib
     assert {u: m for u, m in ledger.items() if m} == want
     # and at no moment did the agent drop p1's allocation (a restarted kubelet's first PodResources answers
@@ -308,8 +308,8 @@ ELASTIC_ENV = {"MEMSLICE_CONTEXT_RESERVE": "0", "MEMSLICE_YIELD_WAIT": "60", "ME
 
 
 def test_elastic_memory_moves_between_two_real_containers(world: World) -> None:
-    """Item 4: two elastic pods on the node's 6 GiB GPU, each asking 1 GiB with a 4 GiB limit (the extender
-    admits both by request). A fills 3.5 GiB and goes idle; B then gets 3 GiB in HBM: only what HBM lacked
+    """Item 4: two elastic pods on the node's 3 GiB GPU, each asking 512 MiB with a 2 GiB limit (the extender
+    admits both by request). A fills 1.5 GiB and goes idle; B then gets 1.25 GiB in HBM: only what HBM lacked
     moved out of A (to host memory in A's own process, so A's pod cgroup is charged for it, not B's); both read
     every byte back; once B frees, A's memory comes back."""
     for p in world.cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods")["items"]:  # the GPU to these two
@@ -317,28 +317,28 @@ def test_elastic_memory_moves_between_two_real_containers(world: World) -> None:
     wait_until("the earlier pods gone", lambda: not world.cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods")["items"],
                120, 0.5, world.alive)
     edir = world.agent.root / "elastic"
-    a = PodTenant(world, "ea", 1024, 4096)
+    a = PodTenant(world, "ea", 512, 2048)
     b = None
     try:
-        assert a.cmd("alloc 3584 64") == "allocated 56"
+        assert a.cmd("alloc 1536 64") == "allocated 24"
         wait_until("A idle on the node's board", lambda: [t.state for t in read_boards(edir)] == ["idle"], 60, 0.1,
                    world.alive)
-        b = PodTenant(world, "eb", 1024, 4096)
-        assert b.cmd("alloc 3072 64") == "allocated 48"
-        assert b.usage() == (300 + 3072, 0), "B's memory is all in HBM"
+        b = PodTenant(world, "eb", 512, 2048)
+        assert b.cmd("alloc 1280 64") == "allocated 20"
+        assert b.usage() == (300 + 1280, 0), "B's memory is all in HBM"
         dev, host = a.usage()
-        needed = (300 + 3584) + (300 + 3072) - GPU_MIB
-        assert dev + host == 300 + 3584 and needed <= host <= 1.25 * needed, (dev, host, needed)
+        needed = (300 + 1536) + (300 + 1280) - GPU_MIB  # 344 MiB
+        assert dev + host == 300 + 1536 and needed <= host <= 1.25 * needed, (dev, host, needed)
         # A's data, wherever it is, is A's process's memory: its pod's cgroup is charged for it, B's is not
-        assert a.cgroup_mib() >= 3584 and 3072 <= b.cgroup_mib() < 3072 + host
-        assert b.cmd("check") == f"check ok {3072 * MiB}"
-        assert a.cmd("check") == f"check ok {3584 * MiB}"
+        assert a.cgroup_mib() >= 1536 and 1280 <= b.cgroup_mib() < 1280 + host
+        assert b.cmd("check") == f"check ok {1280 * MiB}"
+        assert a.cmd("check") == f"check ok {1536 * MiB}"
         assert b.cmd("free") == "freed 0"
         assert a.cmd("busy 1") == "busy"
-        wait_until("A's memory back in HBM", lambda: a.usage() == (300 + 3584, 0), 60, 0.2, world.alive)
+        wait_until("A's memory back in HBM", lambda: a.usage() == (300 + 1536, 0), 60, 0.2, world.alive)
         rounds, errors = map(int, a.cmd("stop").split()[1:])
         assert rounds > 0 and errors == 0
-        assert a.cmd("check") == f"check ok {3584 * MiB}"
+        assert a.cmd("check") == f"check ok {1536 * MiB}"
     finally:
         a.close()
         if b is not None:
