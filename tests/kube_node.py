@@ -221,7 +221,9 @@ class RealNode:
     def stop(self) -> None:
         """Stop the kubelet, every container containerd runs (their shims exit), containerd; unmount what is
         left under the node's directory; remove the kubelet's cgroups and its files in the device-plugin
-        directory; release the node lock."""
+        directory; release the node lock. Without the lock (another session's node) nothing here is ours."""
+        if self._lock is None:
+            return
         try:
             self.stop_kubelet()
             if self.containerd is not None and self.containerd.proc.poll() is None:
