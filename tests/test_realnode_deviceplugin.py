@@ -217,7 +217,13 @@ def test_agent_restart_recovers_its_ledger(world: World) -> None:
                0.5, world.alive)
     world.create("p3", QUOTA_MIB // UNIT)
     p3 = world.running("p3")
-    assert "client-exit=0" in world.node.pod_log(p3, "cuda")
+    out = world.node.pod_log(p3, "cuda")
+    assert "client-exit=0" in out and "alloc 200 MiB -> 2" in out, out  # held to its own quota
+    # the GPU is full now: three pods' devices, no device twice (the kubelet's checkpoint), all in the ledger
+    held = checkpoint_devices()
+    ids = [d for uid in held for d in held[uid]]
+    assert len(held) == 3 and len(ids) == len(set(ids)) == GPU_MIB // UNIT
+    assert sum(world.agent.gauge("memslice_gpu_allocated_mib").values()) == GPU_MIB
 
 
 def test_deleted_pod_loses_its_region_and_ledger_entry(world: World) -> None:
