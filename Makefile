@@ -23,7 +23,7 @@ SAN_TESTS  = tests/shim/test_shim_kinds.py tests/shim/test_shim_unseen.py tests/
 # family through the work gate under the sanitizers), and the RTLD_NEXT test with the caller built at -O2 only.
 SAN_SKIP   = -k 'not (again_and_again and (copy2d or peer or setasync)) and not (rtld_next_keeps and (O0 or O1))'
 
-.PHONY: install demo test gpu-check lint native protos clean sanitize typecheck kubecluster
+.PHONY: install demo test gpu-check lint native protos clean sanitize typecheck kubecluster kubenode
 install: $(STAMP)
 
 # Progress is shown: each step says what it does, and pip lists each package as it collects and installs it.
@@ -81,6 +81,21 @@ $(KUBECLUSTER): $(KUBECLUSTER_SRC)
 	else echo "go not found: $@ not built; the tests of the real control plane (tests/realcluster/test_real_*.py) will skip:" \
 	  "install Go >= 1.26 to run them"; fi
 
+# The real node for tests/realnode/test_realnode_*.py (tests/support/kube_node.py): the kubelet from k8s.io/kubernetes (the same
+# version as kubecluster) and containerd 2.x with its runc shim and ctr, from containerd's module
+# (tests/kubenode/build.sh, progress on every step; README, "Testing", gives the cold build time). runc is
+# Debian's package. Without Go it is not built, and those tests skip, saying so.
+KUBENODE     = build/kubenode/kubelet
+KUBENODE_SRC = $(wildcard tests/kubenode/*.go) tests/kubenode/go.mod tests/kubenode/go.sum tests/kubenode/build.sh
+kubenode: $(KUBENODE)
+$(KUBENODE): $(KUBENODE_SRC)
+	@command -v runc >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  echo "== installing runc (Debian's package) for the real-node tests" && apt-get install -y -q runc; } || \
+	  echo "runc not found and not installable here: the real-node tests will skip (apt-get install runc)"
+	@if command -v go >/dev/null; then tests/kubenode/build.sh $(dir $@); \
+	else echo "go not found: $(dir $@) not built; the real-node tests (tests/realnode/test_realnode_*.py) will skip:" \
+	  "install Go >= 1.26 to run them"; fi
+
 # The tests run in parallel (pytest-xdist): TEST_JOBS workers, one more than the cores because most tests wait on
 # processes and sockets rather than compute; `make test TEST_JOBS=0` runs them one by one. README says how
 # long `make test` takes; keep it under 10 minutes on a 2-core machine.
@@ -88,7 +103,7 @@ TEST_JOBS ?= 3
 XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadgroup)
 # The sanitizer rerun: ASan processes are several times slower and bigger; fewer at once.
 SAN_XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n 2 --dist loadgroup)
-test: install kubecluster
+test: install kubecluster kubenode
 	$(VENV)/bin/ruff check .
 	$(MAKE) typecheck
 	$(MAKE) -C interposer check

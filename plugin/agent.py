@@ -375,9 +375,10 @@ class NodeAgent:
             ledger = dict(st.ledger)
             gone = set(st.gone_uids)
             uid_of = st.uid_of()
+            running = frozenset(st.running_uids())
         uuid_of = {i: g.uuid for i, g in st.gpus.items()}
         grace = max(2 * self.cfg.reconcile_interval_s, 1.0)
-        result = reconcile(ledger, live, gone, uid_of, uuid_of, st.unit_mib, time.time(), grace)
+        result = reconcile(ledger, live, gone, uid_of, uuid_of, st.unit_mib, time.time(), grace, running)
         for a in result.recovered:
             self.regions.create(a)
             log.info("recovered from the kubelet's record: %d MiB of GPU %d for %s, region %s", a.mib,

@@ -83,14 +83,18 @@ class ReconcileResult:
 
 def reconcile(ledger: Mapping[str, Allocation], live: Sequence[LiveContainer] | None,
               gone_pod_uids: set[str], uid_of: Mapping[tuple[str, str], str],
-              uuid_of: Mapping[int, str], unit_mib: int, now: float, grace_s: float) -> ReconcileResult:
+              uuid_of: Mapping[int, str], unit_mib: int, now: float, grace_s: float,
+              running_pod_uids: frozenset[str] = frozenset()) -> ReconcileResult:
     """Decide the ledger after one look at the kubelet's record.
 
     - `live` None (PodResources unavailable): keep everything whose pod is not known to be gone.
     - Otherwise the kubelet's record wins: entries it lists are kept (and filled with their owner), entries
       it lists that the ledger lacks are recovered (agent restart), and other entries are removed once they
       are older than `grace_s` (the kubelet records an allocation just after Allocate returns) or at once
-      when their pod is known to be gone.
+      when their pod is known to be gone. An entry whose pod the pod watch still sees on the node, not
+      finished (`running_pod_uids`), is kept though the record lacks it: a restarted kubelet answers
+      PodResources before it has admitted its running pods again (issue 37: seen with the real kubelet), and
+      removing the entry then would hand its memory out twice.
     """
     out = ReconcileResult()
     if live is None:
@@ -112,7 +116,8 @@ def reconcile(ledger: Mapping[str, Allocation], live: Sequence[LiveContainer] | 
                 a = replace(a, namespace=owner.namespace, pod=owner.pod, container=owner.container,
                             pod_uid=uid_of.get((owner.namespace, owner.pod), a.pod_uid))
             out.keep[rid] = a
-        elif (a.pod_uid and a.pod_uid in gone_pod_uids) or now - a.created_at >= grace_s:
+        elif (a.pod_uid and a.pod_uid in gone_pod_uids) or (now - a.created_at >= grace_s
+                                                             and a.pod_uid not in running_pod_uids):
             out.removed.append(a)
         else:
             out.keep[rid] = a

@@ -106,6 +106,11 @@ class NodeState:
         with self.lock:
             return {(a.pod_uid, a.container) for a in self.ledger.values() if a.pod_uid}
 
+    def running_uids(self) -> set[str]:
+        """UIDs of this node's pods that the pod watch sees and that are not finished."""
+        with self.lock:
+            return {p.uid for p in self.pods.values() if p.phase not in TERMINAL_PHASES}
+
     def uid_of(self) -> dict[tuple[str, str], str]:
         with self.lock:
             return {(p.namespace, p.name): p.uid for p in self.pods.values()}

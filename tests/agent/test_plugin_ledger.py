@@ -32,6 +32,16 @@ def test_entries_the_kubelet_forgot_are_removed_after_the_grace_period():
     assert list(r.keep) == [fresh.region_id] and r.removed == [old]
 
 
+def test_an_entry_of_a_running_pod_is_kept_while_a_restarted_kubelet_does_not_list_it_yet():
+    """issue 37: the real kubelet, just restarted, answers PodResources without the running pods it has not
+    admitted again; the pod watch still sees the pod on the node: its entry stays (else its memory is handed
+    out twice); once the pod is gone, it goes at once."""
+    a = alloc(["g0-1"], created=10, uid="u1", pod="p")
+    r = reconcile({a.region_id: a}, [], set(), {}, {}, 1, 100, 30, frozenset({"u1"}))
+    assert list(r.keep) == [a.region_id] and not r.removed
+    assert reconcile({a.region_id: a}, [], {"u1"}, {}, {}, 1, 100, 30, frozenset()).removed == [a]
+
+
 def test_known_gone_pod_is_removed_at_once():
     a = alloc(["g0-1"], created=99, uid="u1", pod="p")
     assert reconcile({a.region_id: a}, [], {"u1"}, {}, {}, 1, 100, 30).removed == [a]
