@@ -18,7 +18,8 @@ from conftest import preload
 _PROBE = """import ctypes, json, os, sys, pynvml
 ctypes.CDLL(os.path.join(os.environ['LD_LIBRARY_PATH'].split(':')[0], 'libnvidia-ml.so.1'), mode=ctypes.RTLD_GLOBAL)
 pynvml.nvmlInit()
-h = pynvml.nvmlDeviceGetHandleByIndex(int(sys.argv[1]))
+g = sys.argv[1]
+h = pynvml.nvmlDeviceGetHandleByUUID(g) if g.startswith("GPU-") else pynvml.nvmlDeviceGetHandleByIndex(int(g))
 procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
 mem = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
 print(json.dumps({"used": mem.used, "total": mem.total, "procs": {p.pid: p.usedGpuMemory for p in procs}}))
@@ -36,8 +37,8 @@ class GpuTruth:
         return self.used_bytes >> 20
 
 
-def gpu_truth(env: dict[str, str], gpu: int = 0) -> GpuTruth:
-    """GPU `gpu` as the simulated NVML reports it to a process without the shim."""
+def gpu_truth(env: dict[str, str], gpu: int | str = 0) -> GpuTruth:
+    """GPU `gpu` (an index, or a UUID) as the simulated NVML reports it to a process without the shim."""
     plain = {k: v for k, v in env.items() if not k.startswith(("MEMSLICE_GPU", "MEMSLICE_REGION"))}
     plain["LD_PRELOAD"] = preload()  # only the sanitizer runtime, in the sanitizer run
     if not plain["LD_PRELOAD"]:
