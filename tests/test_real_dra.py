@@ -26,6 +26,7 @@ from conftest import ChildLog
 from kube_real import SCHEDULER_TOKEN, RealCluster, kubelet_token, wait_until
 from kubelet_dra_standin import KUBELET_SERVICES, KubeletDraStandin
 from test_deploy_render import DEPLOY, NAMESPACE, load_yaml
+from sim_truth import gpu_truth
 from test_dra_node import CDI_KIND, DRIVER, to_host
 from test_e2e_cluster import CONTEXT_RESERVE_MIB, TENANT
 from test_real_deploy import deploy, node_agent_token
@@ -197,7 +198,7 @@ def test_real_scheduler_allocates_shares_and_the_shim_holds_each_to_its_claim(dr
 
     # the kubelet prepares the claims as allocated; the agent reads each with its own token
     resp = agent.kubelet.prepare(DRIVER, *claims)
-    tenant = None
+    tenants: list[tuple[dict[str, str], subprocess.Popen[str]]] = []
     try:
         for claim in claims:
             uid = claim["metadata"]["uid"]
@@ -220,19 +221,29 @@ def test_real_scheduler_allocates_shares_and_the_shim_holds_each_to_its_claim(dr
             assert (st["driver"], st["pool"], st["device"], st["shareID"]) == (DRIVER, NODE, res["device"], share)
             assert st["data"]["quota"] == "4096Mi" and st["data"]["gpuUUID"] == env["NVIDIA_VISIBLE_DEVICES"]
             assert [(c["type"], c["status"]) for c in st["conditions"]] == [("Ready", "True")]
-        # one container's process on the simulated GPU: held to the claim's 4 GiB by the shim
-        claim = claims[0]
-        uid, share = claim["metadata"]["uid"], claim["status"]["allocation"]["devices"]["results"][0]["shareID"]
-        spec = json.loads((agent.cdi / f"memslice.io-{uid}.json").read_text())
-        tenant = subprocess.Popen([sys.executable, "-c", TENANT], env=agent.container_env(spec, f"{uid}-{share}"),
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = tenant.stdout.readline() if tenant.stdout else ""
-        assert line, tenant.stderr.read() if tenant.stderr and tenant.poll() is not None else "no output"
-        report = json.loads(line)
-        assert report["refused_with"] == 2, report
-        assert 4096 - 256 < report["allocated_mib"] + CONTEXT_RESERVE_MIB <= 4096, report
+        # a container's process for each of the 8 claims, all at once on the two simulated GPUs: each held to
+        # its claim's 4 GiB by the shim, by its own report and by the GPU's own figures (NVML past the shim)
+        for claim in claims:
+            uid, share = claim["metadata"]["uid"], claim["status"]["allocation"]["devices"]["results"][0]["shareID"]
+            spec = json.loads((agent.cdi / f"memslice.io-{uid}.json").read_text())
+            env = agent.container_env(spec, f"{uid}-{share}")
+            tenants.append((env, subprocess.Popen([sys.executable, "-c", TENANT], env=env, stdin=subprocess.PIPE,
+                                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+        for _, tenant in tenants:
+            line = tenant.stdout.readline() if tenant.stdout else ""
+            assert line, tenant.stderr.read() if tenant.stderr and tenant.poll() is not None else "no output"
+            report = json.loads(line)
+            assert report["refused_with"] == 2, report
+            assert 4096 - 256 < report["allocated_mib"] + CONTEXT_RESERVE_MIB <= 4096, report
+        on_gpu: dict[str, list[int]] = {}
+        for env, tenant in tenants:
+            uuid = env["NVIDIA_VISIBLE_DEVICES"]
+            held = gpu_truth(env, uuid).processes.get(tenant.pid, 0) >> 20
+            assert 4096 - 256 < held <= 4096, (uuid, held)
+            on_gpu.setdefault(uuid, []).append(held)
+        assert sorted(len(v) for v in on_gpu.values()) == [4, 4] and all(sum(v) <= 16384 for v in on_gpu.values())
     finally:
-        if tenant is not None:
+        for _, tenant in tenants:
             tenant.communicate("", timeout=30)
     # Scenario 5: the agent restarts; the kubelet registers it again and its slice is back; what was prepared
     # stays prepared (the kubelet calls NodePrepareResources again at its restart: the same devices answer)
@@ -319,6 +330,8 @@ def test_an_elastic_claim_is_allocated_by_its_request_and_prepared_with_its_limi
         report = json.loads(line)
         assert report["refused_with"] == 2, report  # at the limit, well above the 2 GiB request
         assert 8192 - 256 < report["allocated_mib"] + CONTEXT_RESERVE_MIB <= 8192, report
+        # the GPU's own figure (NVML past the shim): with HBM to spare, the whole limit is on the device
+        assert 8192 - 256 < gpu_truth(env, env["NVIDIA_VISIBLE_DEVICES"]).processes[tenant.pid] >> 20 <= 8192
     finally:
         tenant.communicate("", timeout=60)
     assert agent.kubelet.unprepare(DRIVER, claim).claims[uid].error == ""
@@ -461,6 +474,8 @@ def test_count_2_is_refused_and_the_forms_the_messages_recommend_are_allocated_o
                 report = json.loads(line)
                 assert report["refused_with"] == 2, report
                 assert 5120 - 256 < report["allocated_mib"] + CONTEXT_RESERVE_MIB <= 5120, report
+                held = gpu_truth(env, env["NVIDIA_VISIBLE_DEVICES"]).processes[tenant.pid] >> 20
+                assert 5120 - 256 < held <= 5120, held  # the GPU's own figure, past the shim
             finally:
                 tenant.communicate("", timeout=60)
     finally:
