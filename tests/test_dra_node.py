@@ -31,6 +31,7 @@ import pytest
 from conftest import ChildLog
 from kube_standin import KubeApiStandin
 from kubelet_dra_standin import KUBELET_SERVICES, KubeletDraStandin, container_cdi_ids
+from sim_truth import gpu_truth
 from test_e2e_cluster import CONTEXT_RESERVE_MIB, TENANT
 from test_elastic_swap import tenant_bin as tenant_bin  # the fixture, shared
 
@@ -210,6 +211,7 @@ def test_two_claims_share_one_gpu_each_held_to_its_memory(world) -> None:
 
     resp = node.kubelet.prepare(DRIVER, small, large)
     tenants = []
+    envs: list[dict[str, str]] = []
     try:
         for claim, limit in ((small, 4096), (large, 8192)):
             uid = claim["metadata"]["uid"]
@@ -226,12 +228,18 @@ def test_two_claims_share_one_gpu_each_held_to_its_memory(world) -> None:
             assert env["MEMSLICE_GPU_MEM_LIMIT"] == str(limit)
             assert env["NVIDIA_VISIBLE_DEVICES"] == dev["attributes"]["uuid"]["string"]
             tenants.append((limit, run_tenant(env)))
+            envs.append(env)
         for limit, proc in tenants:  # both hold their memory at the same time
             line = proc.stdout.readline()
             assert line, proc.stderr.read() if proc.poll() is not None else "no output"
             report = json.loads(line)
             assert report["refused_with"] == 2, report  # CUDA_ERROR_OUT_OF_MEMORY at the quota
             assert limit - 256 < report["allocated_mib"] + CONTEXT_RESERVE_MIB <= limit, (limit, report)
+        # the simulated GPU's own figures (NVML past the shim): what each process holds on the device
+        truth = gpu_truth(envs[0], dev["attributes"]["uuid"]["string"])
+        for limit, proc in tenants:
+            assert limit - 256 < truth.processes[proc.pid] >> 20 <= limit, (limit, truth)
+        assert truth.used_bytes == sum(truth.processes.values())
     finally:
         for _, proc in tenants:
             proc.communicate("", timeout=30)

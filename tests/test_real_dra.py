@@ -25,8 +25,8 @@ import pytest
 from conftest import ChildLog
 from kube_real import SCHEDULER_TOKEN, RealCluster, kubelet_token, wait_until
 from kubelet_dra_standin import KUBELET_SERVICES, KubeletDraStandin
-from test_deploy_render import DEPLOY, NAMESPACE, load_yaml
 from sim_truth import gpu_truth
+from test_deploy_render import DEPLOY, NAMESPACE, load_yaml
 from test_dra_node import CDI_KIND, DRIVER, to_host
 from test_e2e_cluster import CONTEXT_RESERVE_MIB, TENANT
 from test_real_deploy import deploy, node_agent_token

@@ -13,8 +13,8 @@ import time
 
 import pytest
 from conftest import run
-from sim_truth import gpu_truth
 from shim_helpers import build_with_ledger, wait_stopped
+from sim_truth import gpu_truth
 
 from memslice.interposer.region import read_region
 
