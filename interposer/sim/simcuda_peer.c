@@ -2,7 +2,8 @@
  * that order) and peer access between them, answered from the node's topology (simtopo.c).
  *
  * Visibility, as the driver reads it: a comma list of GPU indices or UUIDs ("GPU-" and a unique prefix); the
- * list ends at the first entry that names no GPU, or one already listed; unset = every GPU; empty = none
+ * list ends at the first entry that names no GPU, or one already listed; unset = every GPU (or, as a container
+ * runtime would give them, those NVIDIA_VISIBLE_DEVICES names); empty = none
  * (cuInit answers CUDA_ERROR_NO_DEVICE). Device ordinals (CUdevice) count the visible GPUs; what the node
  * keeps per GPU (memory, GPU time) is indexed by the node's index (sim_phys). NVML ignores the variable.
  *
@@ -49,11 +50,22 @@ static int visible_entry(const struct sim_node *n, const char *e, size_t len) {
     return v < n->ngpus ? (int)v : -1;
 }
 
-/* Read CUDA_VISIBLE_DEVICES once per process, as the driver does at initialisation. */
+/* The list a container's GPUs come from where CUDA_VISIBLE_DEVICES is unset: NVIDIA_VISIBLE_DEVICES naming GPUs
+ * (UUIDs or indices), which on a real node the NVIDIA container runtime turns into the only device nodes the
+ * container has; the simulator has no device nodes, so it applies the list itself. "all", "void", "none" and
+ * empty restrict nothing here (the agent itself runs with "void" and reads the node through NVML). NULL: none. */
+static const char *runtime_visible(void) {
+    const char *v = getenv("NVIDIA_VISIBLE_DEVICES");
+    if (!v || !*v || !strcmp(v, "all") || !strcmp(v, "void") || !strcmp(v, "none")) return NULL;
+    return v;
+}
+
+/* Read CUDA_VISIBLE_DEVICES (else the runtime's list) once per process, as the driver does at initialisation. */
 static void read_visible(void) {
     struct sim *s = sim_get();
     if (!s) return;
     const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    if (!v) v = runtime_visible();
     if (!v) {
         for (unsigned g = 0; g < s->node->ngpus; g++) g_vis[g] = (int)g;
         __atomic_store_n(&g_nvis, (int)s->node->ngpus, __ATOMIC_RELEASE);

@@ -25,6 +25,7 @@ import threading
 import time
 
 from conftest import kv
+from sim_truth import GpuWatch, gpu_truth
 
 from memslice.interposer.region import read_region
 
@@ -86,6 +87,7 @@ def test_kill_and_stop_under_stress(node, cbin, tmp_path):
     env = n.container(region, f"{QUOTA_MIB}MiB", MEMSLICE_CONTEXT_RESERVE="32MiB")
     rng = random.Random(11)
     log = str(tmp_path / "shim.log")
+    watch = GpuWatch(env)  # the simulated GPU's own figure, sampled past the shim
     fleet = Fleet(cbin["stress"], env, time.monotonic() + seconds, log)
     for _ in range(8):
         fleet.start()
@@ -110,6 +112,7 @@ def test_kill_and_stop_under_stress(node, cbin, tmp_path):
         for p in fleet.running:
             p.send_signal(signal.SIGCONT)
     outputs = [(p, p.communicate(timeout=120)[0]) for p in fleet.running]
+    physical_peak, samples = watch.stop()
     fleet.errors.close()
     with open(log) as f:
         said = {line.strip() for line in f if "memslice" in line}
@@ -142,3 +145,9 @@ def test_kill_and_stop_under_stress(node, cbin, tmp_path):
     assert dev.charged_bytes == 0, (f"{dev.charged_bytes >> 20} MiB still charged after every process exited and "
                                     f"a new one started; {snap.processes}; the shim said: {warnings}")
     assert not [p for p in snap.processes if p.alive or p.device_bytes]
+    # the GPU's own figures: what live processes held never went past the quota at any sample, and once all
+    # exited the GPU holds nothing and lists no process
+    print(f"physical: {samples} samples, highest {physical_peak >> 20} MiB")
+    assert samples >= seconds and 0 < physical_peak <= QUOTA_MIB << 20, (physical_peak, samples)
+    truth = gpu_truth(env)
+    assert truth.used_bytes == 0 and truth.processes == {}, truth

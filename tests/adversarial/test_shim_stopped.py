@@ -14,6 +14,7 @@ import time
 import pytest
 from conftest import run
 from shim_helpers import build_with_region, wait_stopped
+from sim_truth import gpu_truth
 
 from memslice.interposer.region import read_region
 
@@ -59,9 +60,13 @@ def test_stopped_holder_does_not_wedge_the_container(mode, node, cbin, holdlock,
             assert "was locked for more than 250 ms" in out.stderr
         # each of the calls may wait its bound, never more (generous: the machine is shared)
         assert took < 4 * CALL_WAIT_S + 10, f"{took:.1f} s"
+        # the simulated GPU's own figures: the refused 900 MiB never reached it
+        assert (10 + 64) << 20 < n.physical()[0].peak_bytes <= 1 << 30
     finally:
         end(holder)
     assert read_region(region).devices[0].charged_bytes == 0
+    truth = gpu_truth(env)
+    assert truth.used_bytes == 0 and truth.processes == {}, truth
 
 
 def test_an_exit_that_cannot_reclaim_a_killed_process_retries_then_says_why(node, cbin, holdlock, tmp_path):
@@ -83,6 +88,9 @@ def test_an_exit_that_cannot_reclaim_a_killed_process_retries_then_says_why(node
         assert "exiting with 1 dead processes' charges unreclaimed" in out.stderr, out.stderr
         assert "Connection timed out" in out.stderr, out.stderr  # ETIMEDOUT: the mutex's holder is stopped
         assert read_region(region).devices[0].charged_bytes == 1 << 30  # the killed process's fill, still
+        # the GPU itself freed it when the process died: the ledger over-counts (refuses more), never under
+        truth = gpu_truth(env)
+        assert truth.used_bytes == 0 and truth.processes == {}, truth
     finally:
         end(holder)
     out = run([cbin["alloc_direct"], "10"], env, timeout=60)  # the next process reclaims it (the holder died)

@@ -1,6 +1,7 @@
 """The node agent with a Kubernetes API: the real `kubernetes` client against the API stand-in, next to the
 kubelet stand-in. Inventory annotations, reservations steering preferred allocation, the pod watch through
-API-server restarts and compaction."""
+API-server restarts and compaction. A pod's deletion, graceful on a real API server, and a reservation written
+by a real Binding: tests/realcluster/test_real_node_agent_pods.py."""
 
 from __future__ import annotations
 
@@ -168,22 +169,6 @@ def test_malformed_reservation_is_reported_and_best_fit_used(cluster):
     log = agent.log()
     assert "annotation memslice.io/gpu-mem-mib='{\"main\": \"4GiB\"}' is not a JSON object" in log
     assert {i.split("-")[0] for i in kubelet.pods[uid_of(api, "bad")].containers["main"][RESOURCE]} == {"g0"}
-
-
-def test_pod_deletion_removes_the_region_without_pod_resources(cluster):
-    api, kubelet, make = cluster
-    agent = make(args=("--pod-resources-socket", ""))
-    gpus, _ = published(api, agent)
-    api.put(pod("short", gpus[0]["uuid"], {"main": 40}))
-    agent.wait_log("default/short: the extender reserved", "the pod watch")
-    kubelet.wait_registered(RESOURCE)
-    uid = uid_of(api, "short")
-    resp = kubelet.admit(uid, "default", "short", [("main", 10)], RESOURCE)["main"]
-    region = Path(next(m.host_path for m in resp.mounts if m.container_path == "/run/memslice/region"))
-    assert region.is_dir()
-    api.delete("Pod", "default", "short")
-    agent.wait_log(f"removed region {region.name} of default/short/main", "the removal logged with its owner")
-    assert not region.exists()  # logged once it is removed
 
 
 def test_api_configured_without_a_node_name_refuses_to_start(short_tmp):

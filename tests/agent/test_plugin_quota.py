@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 
+from sim_truth import gpu_truth
 from test_plugin_agent import RESOURCE
 from test_plugin_agent import node as node  # fixtures, shared
 from test_plugin_agent import short_tmp as short_tmp
@@ -69,5 +70,7 @@ def test_container_started_from_the_allocate_response_is_held_to_its_quota(node)
         assert used == 520 + 400
         assert agent.sample("memslice_container_context_cost_mib", **labels) == [520.0]
         assert agent.sample("memslice_gpu_used_mib", gpu="0")[0] >= 920
+        # the simulated GPU's own figure, past the shim: what the process really holds is what it is charged
+        assert gpu_truth(env).processes[tenant.pid] == (520 + 400) << 20
     finally:
         tenant.communicate(timeout=30)

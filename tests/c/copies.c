@@ -1,5 +1,5 @@
 /* The simulated GPU's copies, sets and stream memory operations against cuda.h's documented semantics (for
- * tests/test_sim_copies.py, with and without the shim preloaded): one line per check, "NAME ok" or
+ * tests/sim/test_sim_copies.py, with and without the shim preloaded): one line per check, "NAME ok" or
  * "NAME bad DETAIL". Descriptor copies honour pitch, offsets, heights and memory types (host, device,
  * unified, array); invalid descriptors are refused; memsets honour width, height, pitch and alignment; stream
  * writes and waits follow the documented comparisons; work on a reserved but unmapped address faults. */

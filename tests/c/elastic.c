@@ -1,4 +1,4 @@
-/* An elastic-memory tenant for tests/test_elastic_swap.py and tests/test_elastic_gate.py, driven by commands
+/* An elastic-memory tenant for tests/elastic/test_elastic_swap.py and tests/elastic/test_elastic_gate.py, driven by commands
  * on stdin (one per line), each answered by one line on stdout:
  *   alloc MIB CHUNK_MIB   allocate MIB in blocks of CHUNK_MIB with cuMemAlloc_v2, fill every byte with a
  *                         pattern of (block, offset) through cuMemcpyHtoD: "allocated N" or "oom N"

@@ -16,6 +16,7 @@
 #include "cuda_api.h"
 
 enum gate_route { GATE_DLSYM, GATE_PROCADDR_PTDS };
+CUresult CUDAAPI cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name); /* as in cuda.h */
 
 #define GATE_OPS(X)                                                                                        \
     X(cuMemcpy2D, cuMemcpy2D_v2) X(cuMemcpy2DAsync, cuMemcpy2DAsync_v2)                                    \
@@ -30,7 +31,8 @@ enum gate_route { GATE_DLSYM, GATE_PROCADDR_PTDS };
     X(cuStreamWriteValue32, cuStreamWriteValue32_v2) X(cuStreamWriteValue64, cuStreamWriteValue64_v2)      \
     X(cuStreamWaitValue32, cuStreamWaitValue32_v2) X(cuStreamBatchMemOp, cuStreamBatchMemOp_v2)            \
     X(cuMemcpyBatchAsync, cuMemcpyBatchAsync_v2) X(cuMemcpy3DBatchAsync, cuMemcpy3DBatchAsync_v2)          \
-    X(cuMemcpyDtoH, cuMemcpyDtoH_v2) X(cuStreamSynchronize, cuStreamSynchronize)
+    X(cuMemcpyDtoH, cuMemcpyDtoH_v2) X(cuStreamSynchronize, cuStreamSynchronize)                          \
+    X(cuLaunchKernel, cuLaunchKernel)
 
 /* One function pointer per entry point, typed from the ABI name's prototype. */
 struct gate_ops {
@@ -229,6 +231,25 @@ static long gate_round_memop(struct gate_ops *o, CUcontext ctx, CUdeviceptr p, C
     return 0;
 }
 
+/* launch: the block set to v, then 16 kernel launches given the block's address (the simulated GPU's kernels
+ * take GPU time and touch no memory: what matters is when each launch reaches the driver, which
+ * tests/elastic/test_elastic_gate_launch.py traces), then the block checked. The function comes from a module
+ * loaded once per thread. */
+static long gate_round_launch(struct gate_ops *o, CUcontext ctx, CUdeviceptr p, CUdeviceptr p2, size_t n, uint32_t v,
+                              uint32_t *buf) {
+    (void)ctx; (void)p2;
+    static __thread CUfunction fn;
+    static const unsigned char image[16] = {'M', 'S', 'S', 'I', 'M', 'M', 'O', 'D'}; /* the simulator's, no globals */
+    CUmodule mod;
+    if (!fn && (cuModuleLoadData(&mod, image) || cuModuleGetFunction(&fn, mod, "touch"))) return 1;
+    if (o->cuMemsetD16(p, (unsigned short)(v & 0xffff), n / 2)) return 1;
+    void *params[] = {&p};
+    for (int k = 0; k < 16; k++)
+        if (o->cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, o->stream, params, NULL)) return 1;
+    if (o->cuStreamSynchronize(o->stream)) return 1;
+    return gate_check(o, p, n, (v & 0xffff) * 0x10001u, buf);
+}
+
 struct gate_family {
     const char *name;
     long (*round)(struct gate_ops *o, CUcontext ctx, CUdeviceptr p, CUdeviceptr p2, size_t n, uint32_t v,
@@ -239,7 +260,7 @@ struct gate_family {
 static const struct gate_family *gate_family(const char *name) {
     static const struct gate_family all[] = {
         {"copy2d", gate_round_copy2d}, {"copy3d", gate_round_copy3d}, {"peer", gate_round_peer},
-        {"setasync", gate_round_setasync}, {"memop", gate_round_memop},
+        {"setasync", gate_round_setasync}, {"memop", gate_round_memop}, {"launch", gate_round_launch},
     };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (name && strcmp(all[i].name, name) == 0) return &all[i];

@@ -1,16 +1,41 @@
 /* Allocates through every other route that takes device memory, printing what the container is charged
- * (free MiB as cuMemGetInfo reports it) after each step. Usage: kinds STEP... where STEP is one of
+ * (free MiB as cuMemGetInfo reports it, and free bytes) after each step, next to what the simulated GPU
+ * really holds on GPU 0 (its own ledger, read past the shim). Usage: kinds STEP... where STEP is one of
  * pitch managed async pool vmm array array3d mipmap hostalloc, run in order, each allocating and freeing. */
 #define _GNU_SOURCE
+#include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cuda_api.h"
+#include "memslice_region.h"
 
 #define MiB (1ull << 20)
 /* Free MiB as cuMemGetInfo_v2 reports it (the quota view under the shim). */
 static long free_mib(void) { size_t f, t; cuMemGetInfo_v2(&f, &t); return (long)(f / MiB); }
-#define STEP(name, rc) do { int rc_ = (int)(rc); printf("%s rc=%d free_mib=%ld\n", name, rc_, free_mib()); } while (0)
+/* Free bytes as cuMemGetInfo_v2 reports them. */
+static long long free_b(void) { size_t f, t; cuMemGetInfo_v2(&f, &t); return (long long)f; }
+
+/* The simulated GPU's own figure: device bytes its usage ledger holds on GPU 0 (MEMSLICE_SIM_USAGE, else
+ * <MEMSLICE_SIM_STATE>.usage), one pread; -1 without a simulator. The shim never sees this read. */
+static long long phys_b(void) {
+    char path[512];
+    const char *usage = getenv("MEMSLICE_SIM_USAGE"), *state = getenv("MEMSLICE_SIM_STATE");
+    if (usage) snprintf(path, sizeof path, "%s", usage);
+    else if (state) snprintf(path, sizeof path, "%s.usage", state);
+    else return -1;
+    uint64_t used = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = pread(fd, &used, sizeof used, (off_t)offsetof(struct ms_region, dev[0].used));
+    close(fd);
+    return n == (ssize_t)sizeof used ? (long long)(used & ~MS_FROZEN) : -1;
+}
+#define STEP(name, rc) do { int rc_ = (int)(rc); printf("%s rc=%d free_mib=%ld free_b=%lld phys_b=%lld\n", name, \
+                                                      rc_, free_mib(), free_b(), phys_b()); } while (0)
 
 /* Each step allocates and frees through one route, printing the free memory after every call. */
 static void step_pitch(void) {
@@ -46,7 +71,7 @@ static void step_asyncbig(void) {
     int n = 0;
     CUresult rc = 0;
     while (n < 16 && (rc = cuMemAllocAsync(&p[n], 100 * MiB, NULL)) == CUDA_SUCCESS) n++;
-    printf("asyncbig n=%d last_rc=%d free_mib=%ld\n", n, rc, free_mib());
+    printf("asyncbig n=%d last_rc=%d free_mib=%ld free_b=%lld phys_b=%lld\n", n, rc, free_mib(), free_b(), phys_b());
     for (int k = 0; k < n; k++) cuMemFreeAsync(p[k], NULL);
     STEP("asyncbig_after", cuMemAllocAsync(&q, 100 * MiB, NULL));
     cuMemFreeAsync(q, NULL);
@@ -135,7 +160,7 @@ int main(int argc, char **argv) {
     CUdevice dev;
     CUcontext ctx;
     if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) return 3;
-    printf("start free_mib=%ld\n", free_mib());
+    printf("start free_mib=%ld free_b=%lld phys_b=%lld\n", free_mib(), free_b(), phys_b());
     for (int i = 1; i < argc; i++) {
         void (*run)(void) = step_named(argv[i]);
         if (!run) {

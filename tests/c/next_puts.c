@@ -1,4 +1,4 @@
-/* Another library's interposer, preloaded after the shim (`make check`, tests/test_shim_routes.py):
+/* Another library's interposer, preloaded after the shim (`make check`, tests/shim/test_shim_routes.py):
  * dlsym(RTLD_NEXT) must mean "after me", not "after libmemslice" (else this finds itself). */
 #define _GNU_SOURCE
 #include <dlfcn.h>

@@ -1,4 +1,4 @@
-/* The board layout as the C side sees it, and a slot claimed through slotfile.c (tests/test_board_layout.py):
+/* The board layout as the C side sees it, and a slot claimed through slotfile.c (tests/elastic/test_board_layout.py):
  * prints the offsets and sizes, claims a slot in argv[1], writes argv[2] into it, says "held N" and waits
  * for stdin to close. */
 #include <stddef.h>

@@ -1,7 +1,8 @@
 /* Oversubscription checks: allocates COUNT blocks of MiB through ROUTE, writes and reads back data
  * through every pointer, reports each pointer's memory type, then frees them in a shuffled order.
- * Usage: spill ROUTE COUNT MiB [hold|prefetch]   ROUTE: plain pitch managed async vmm mixed capture
- * With "hold", prints "ready" after allocating and waits for a line on stdin before freeing; with
+ * Usage: spill ROUTE COUNT MiB [hold|fill|prefetch]   ROUTE: plain pitch managed async vmm mixed capture
+ * With "hold", prints "ready" after allocating and waits for a line on stdin before freeing; "fill" does the
+ * same after writing every byte of each block as it is allocated (cuMemsetD8, so its pages exist); with
  * "prefetch", prefetches every block to the GPU before freeing. After allocating it prints the simulated
  * driver's counters (pins, host-located cuMemCreate, copies: memsliceSimCounters), or "counters none" on a
  * driver without them. */
@@ -16,6 +17,7 @@
 #define MiB ((size_t)1 << 20)
 enum { R_PLAIN, R_PITCH, R_MANAGED, R_ASYNC, R_VMM };
 struct block { int route; CUdeviceptr p; CUmemGenericAllocationHandle h; size_t size; };
+static int g_fill; /* "fill": write every byte of each block once it is allocated */
 
 /* Allocate one block of `size` bytes through `route`. */
 static CUresult alloc_block(struct block *b, int route, size_t size) {
@@ -99,6 +101,8 @@ static int alloc_and_report(struct block *b, int i, int route, size_t size) {
     cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, b->p);
     printf("alloc %d route=%d rc=0 type=%u managed=%d data=%s\n", i, b->route, type, managed,
            data_ok(b, i) ? "ok" : "BAD");
+    if (g_fill) printf("fill %d rc=%d\n", i, (int)cuMemsetD8_v2(b->p, 0x5a, b->size));
+    fflush(stdout);
     return 1;
 }
 
@@ -141,6 +145,7 @@ int main(int argc, char **argv) {
     int count = atoi(argv[2]);
     size_t size = (size_t)atoi(argv[3]) * MiB;
     const char *mode = argc > 4 ? argv[4] : "";
+    g_fill = !strcmp(mode, "fill");
     CUdevice dev;
     CUcontext ctx;
     if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) return 3;
@@ -155,7 +160,7 @@ int main(int argc, char **argv) {
     cuMemGetInfo_v2(&f, &t);
     printf("info ok=%d free_mib=%zu total_mib=%zu\n", ok, f / MiB, t / MiB);
     fflush(stdout);
-    if (!strcmp(mode, "hold")) { /* wait for the test to look at the node, then free */
+    if (!strcmp(mode, "hold") || g_fill) { /* wait for the test to look at the node, then free */
         printf("ready\n");
         fflush(stdout);
         char line[16];

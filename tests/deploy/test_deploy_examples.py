@@ -197,8 +197,8 @@ def test_the_simulated_overlays_example_needs_no_framework_and_shows_the_quota(t
 def test_the_two_gpu_vllm_claim_asks_each_gpu_the_same_and_the_policy_admits_it() -> None:
     """Issue 34: the tensor-parallel example's claim is `count: 2` of gpu-mem.memslice.io with one capacity (each
     GPU's quota), admitted by the claim policy (cel-python, as the API server evaluates it; the real one:
-    tests/test_real_dra.py); its pod names the claim, runs vLLM with --tensor-parallel-size equal to the count,
-    under RuntimeDefault seccomp (deploy/components/require-seccomp admits it)."""
+    tests/realcluster/test_real_dra.py); its pod names the claim, runs vLLM with --tensor-parallel-size equal to the
+    count, under RuntimeDefault seccomp (deploy/components/require-seccomp admits it)."""
     from test_dra_admission import admit
 
     template, pod = load_yaml(EXAMPLES / "vllm-tp2-dra.yaml")

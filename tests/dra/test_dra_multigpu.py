@@ -2,7 +2,7 @@
 gRPC: ONE region for the claim, the same quota on each GPU, its elastic limit per GPU with ONE board slot free on
 both GPUs' boards (that slot file writable on each), its compute share with ONE slot provisioned on both GPUs'
 rosters, status.devices per share; unprepare releases both GPUs. (The real allocator, the claim policy on the
-real API server and a process under the shim on both GPUs: tests/test_real_dra.py.)"""
+real API server and a process under the shim on both GPUs: tests/realcluster/test_real_dra.py.)"""
 
 from __future__ import annotations
 

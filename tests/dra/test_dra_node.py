@@ -32,6 +32,7 @@ import pytest
 from conftest import ChildLog
 from kube_standin import KubeApiStandin
 from kubelet_dra_standin import KUBELET_SERVICES, KubeletDraStandin, container_cdi_ids
+from sim_truth import gpu_truth
 from test_e2e_cluster import CONTEXT_RESERVE_MIB, TENANT
 from test_elastic_swap import tenant_bin as tenant_bin  # the fixture, shared
 
@@ -211,6 +212,7 @@ def test_two_claims_share_one_gpu_each_held_to_its_memory(world) -> None:
 
     resp = node.kubelet.prepare(DRIVER, small, large)
     tenants = []
+    envs: list[dict[str, str]] = []
     try:
         for claim, limit in ((small, 4096), (large, 8192)):
             uid = claim["metadata"]["uid"]
@@ -227,12 +229,18 @@ def test_two_claims_share_one_gpu_each_held_to_its_memory(world) -> None:
             assert env["MEMSLICE_GPU_MEM_LIMIT"] == str(limit)
             assert env["NVIDIA_VISIBLE_DEVICES"] == dev["attributes"]["uuid"]["string"]
             tenants.append((limit, run_tenant(env)))
+            envs.append(env)
         for limit, proc in tenants:  # both hold their memory at the same time
             line = proc.stdout.readline()
             assert line, proc.stderr.read() if proc.poll() is not None else "no output"
             report = json.loads(line)
             assert report["refused_with"] == 2, report  # CUDA_ERROR_OUT_OF_MEMORY at the quota
             assert limit - 256 < report["allocated_mib"] + CONTEXT_RESERVE_MIB <= limit, (limit, report)
+        # the simulated GPU's own figures (NVML past the shim): what each process holds on the device
+        truth = gpu_truth(envs[0], dev["attributes"]["uuid"]["string"])
+        for limit, proc in tenants:
+            assert limit - 256 < truth.processes[proc.pid] >> 20 <= limit, (limit, truth)
+        assert truth.used_bytes == sum(truth.processes.values())
     finally:
         for _, proc in tenants:
             proc.communicate("", timeout=30)
@@ -557,6 +565,8 @@ def _held_to(env: dict[str, str], limit: int) -> None:
         report = json.loads(line)
         assert report["refused_with"] == 2, report
         assert limit - 256 < report["allocated_mib"] + CONTEXT_RESERVE_MIB <= limit, (limit, report)
+        held = gpu_truth(env, env["NVIDIA_VISIBLE_DEVICES"]).processes[proc.pid] >> 20  # the GPU's own figure
+        assert limit - 256 < held <= limit, (limit, held)
     finally:
         proc.communicate("", timeout=30)
 
@@ -570,23 +580,6 @@ def _put_claim(kube: KubeApiStandin, name: str, requests: list[dict[str, Any]]) 
 def _exactly(memory: str, count: int = 1) -> dict[str, Any]:
     return {"deviceClassName": "gpu-mem.memslice.io", "count": count,
             "capacity": {"requests": {"memory": memory}}}
-
-
-def test_first_available_subrequest_reaches_the_container_that_names_its_request(world) -> None:
-    """Issue 24.1: the allocation names the subrequest ("gpu/small"); the container names "gpu". The kubelet
-    matches exactly, so the driver must answer the base name or the container runs without its quota."""
-    kube, node = world
-    c = _put_claim(kube, "alt", [{"name": "gpu", "firstAvailable": [
-        {"name": "huge", **_exactly("64Gi")}, {"name": "small", **_exactly("3Gi")}]}])
-    [r] = c["status"]["allocation"]["devices"]["results"]
-    assert r["request"] == "gpu/small"  # the larger alternative does not fit a 16 GiB GPU
-    entry = node.kubelet.prepare(DRIVER, c).claims[c["metadata"]["uid"]]
-    assert entry.error == ""
-    assert [list(d.request_names) for d in entry.devices] == [["gpu"]]
-    [cdi_id] = container_cdi_ids(entry, "gpu")  # resources.claims: [{name: alt, request: gpu}]
-    env = _spec_env(node, cdi_id)
-    assert env["MEMSLICE_GPU_MEM_LIMIT"] == "3072"
-    _held_to(env, 3072)
 
 
 def test_several_shares_of_one_claim_are_one_quota_of_their_sum(world) -> None:

@@ -24,6 +24,7 @@ import pytest
 from conftest import ChildLog
 from kube_standin import KubeApiStandin
 from kubelet_standin import KubeletStandin
+from sim_truth import gpu_truth
 from test_extender_support import Cluster, plain_node, pod_obj
 
 from memslice.paths import lib_paths
@@ -225,6 +226,7 @@ def test_pods_scheduled_admitted_and_held_to_their_quota(world) -> None:
 
     # admission on each node, then the containers' processes, all running at the same time
     tenants = []
+    started: list[tuple[dict[str, str], str, subprocess.Popen[str]]] = []  # (env, GPU uuid, process)
     try:
         for name, containers, _ in wanted:
             if name not in placed:
@@ -241,10 +243,11 @@ def test_pods_scheduled_admitted_and_held_to_their_quota(world) -> None:
                 assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == ann["memslice.io/gpu-uuid"], (name, container)
                 assert resp.envs["MEMSLICE_GPU_MEM_LIMIT"] == str(mib[container]) == str(
                     containers[container] * UNIT)
-                proc = subprocess.Popen([sys.executable, "-c", TENANT], env=node.container_env(resp),
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True)
+                env = node.container_env(resp)
+                proc = subprocess.Popen([sys.executable, "-c", TENANT], env=env, stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 tenants.append((name, container, mib[container], proc))
+                started.append((env, ann["memslice.io/gpu-uuid"], proc))
         for name, container, limit, proc in tenants:
             line = proc.stdout.readline()
             assert line, f"{name}/{container} printed nothing: {proc.stderr.read() if proc.poll() else ''}"
@@ -254,6 +257,13 @@ def test_pods_scheduled_admitted_and_held_to_their_quota(world) -> None:
             assert report["refused_with"] == 2, (name, container, report)
             assert report["allocated_mib"] + CONTEXT_RESERVE_MIB <= limit, (name, container, report)
             assert report["allocated_mib"] + CONTEXT_RESERVE_MIB > limit - 256, (name, container, report)
+        # the simulated GPUs' own figures (NVML past the shim, every process of the node): each process holds on
+        # its GPU what its quota allows (its context, as the driver took it, and its allocations), no more
+        envs = {proc.pid: (env, uuid) for env, uuid, proc in started}
+        for name, container, limit, proc in tenants:
+            env, uuid = envs[proc.pid]
+            held = gpu_truth(env, uuid).processes.get(proc.pid, 0)
+            assert limit - 256 < held >> 20 <= limit, (name, container, held >> 20, limit)
 
         # the biggest pod finishes: its container exits, the pod is deleted, and its room is handed out again
         fill_node = nodes[placed["fill"]]
@@ -279,6 +289,8 @@ def test_pods_scheduled_admitted_and_held_to_their_quota(world) -> None:
         tenants.append(("next", "main", 14000, proc))
         report = json.loads(proc.stdout.readline())
         assert report["refused_with"] == 2 and 14000 - 256 < report["allocated_mib"] + CONTEXT_RESERVE_MIB <= 14000
+        held = gpu_truth(fill_node.container_env(resp), ann["memslice.io/gpu-uuid"]).processes.get(proc.pid, 0)
+        assert 14000 - 256 < held >> 20 <= 14000, held >> 20  # the GPU's own figure for it
     finally:
         for _, _, _, proc in tenants:
             if proc.poll() is None:

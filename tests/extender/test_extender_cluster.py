@@ -1,5 +1,6 @@
 """The extender's state against a live (stand-in) API server: concurrent binds, failed binds, pod
-deletion and completion, API-server restart and 410 Gone, extender restart, unbound reservations."""
+deletion and completion, 410 Gone, extender restart, unbound reservations. The API server's own restart runs
+against the real kube-apiserver (tests/realcluster/test_real_apiserver_restart.py)."""
 
 from __future__ import annotations
 
@@ -116,19 +117,6 @@ def test_deleted_and_finished_pods_release_memory(cluster: Cluster) -> None:
     done["status"] = {"phase": "Succeeded"}
     cluster.kube.put(done)
     cluster.wait_used("n", [0])
-
-
-def test_api_server_restart_loses_nothing(cluster: Cluster) -> None:
-    a = cluster.add_pod(pod_obj("a", {"main": 3000}))
-    assert cluster.c.bind(a, "n") == ""
-    cluster.wait_used("n", [3000])
-    cluster.kube.restart()  # every watch connection drops
-    b = cluster.kube.put(pod_obj("b", {"main": 2000}, node="n", annotations=reservation_annotations(
-        "GPU-n-0", {"main": 2000}, 0)))
-    cluster.wait_used("n", [5000])
-    cluster.kube.delete("Pod", "default", "a")
-    cluster.wait_used("n", [2000])
-    assert b["metadata"]["uid"] and cluster.state.synced
 
 
 def test_410_gone_relists_and_sees_what_happened_meanwhile(cluster: Cluster) -> None:

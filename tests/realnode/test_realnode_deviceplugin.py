@@ -308,7 +308,7 @@ class PodTenant:
 
 
 MiB = 1 << 20
-# the pod spec's env, as in tests/test_e2e_elastic.py: no context reserve, a long wait for a neighbour's memory,
+# the pod spec's env, as in tests/e2e/test_e2e_elastic.py: no context reserve, a long wait for a neighbour's memory,
 # and what a context takes on this simulated GPU
 ELASTIC_ENV = {"MEMSLICE_CONTEXT_RESERVE": "0", "MEMSLICE_YIELD_WAIT": "60", "MEMSLICE_SIM_CONTEXT_OVERHEAD": "300MiB"}
 

@@ -114,11 +114,17 @@ def test_spill_past_the_quota_keeps_device_bytes_within_it(route, node, cbin, tm
 
 
 def test_spill_cap(node, cbin, tmp_path, cgroup):
-    _, env = spill_env(node, tmp_path, cgroup, MEMSLICE_HOST_SPILL_LIMIT="100MiB")
+    n, env = spill_env(node, tmp_path, cgroup, MEMSLICE_HOST_SPILL_LIMIT="100MiB")
     out = run([cbin["spill"], "plain", "6", "64"], env)
     assert [b["rc"] for b in allocs(out.stdout)] == ["0", "0", "0", "0", "0", "2"]
     assert "MEMSLICE_HOST_SPILL_LIMIT=100.0 MiB" in out.stderr and "64.0 MiB already spilled" in out.stderr
     assert read_region(tmp_path / "c").devices[0].spill_refused == 1
+    # the simulated driver's own figures: it created 64 MiB of host memory for the one spill and no more (the
+    # refused one never reached it), and its ledger's host high-water mark is that, the device's the quota
+    c = counters(out.stdout)
+    assert c["host_creates"] == 1 and c["host_create_bytes"] == 64 * MiB and c["pin_bytes"] == 0, c
+    dev = n.physical()[0]
+    assert dev.host_peak_bytes == 64 * MiB and dev.peak_bytes == QUOTA * MiB, dev
 
 
 @pytest.mark.parametrize(("files", "margin", "expect"), [
@@ -288,3 +294,68 @@ def test_memslice_run_oversubscribe_zero_is_the_same(cbin, tmp_path, cgroup):
     assert [b["rc"] for b in allocs(out.stdout)] == ["0"] * 4 + ["2"] * 2, out.stderr
     assert "host_spill_limit=0.0 MiB in " in out.stderr and "nothing may spill" in out.stderr
     assert read_region(region).devices[0].host_peak_bytes == 0
+
+
+CGROUP_V1 = "/sys/fs/cgroup/memory"
+
+
+def can_make_memory_cgroup() -> bool:
+    import os
+
+    return os.geteuid() == 0 and os.access(CGROUP_V1, os.W_OK) and os.path.exists(f"{CGROUP_V1}/cgroup.procs")
+
+
+@pytest.fixture
+def memory_cgroup(tmp_path) -> Iterator[str]:
+    """A real cgroup v1 memory cgroup of 1 GiB (a child of the hierarchy's root), removed afterwards."""
+    import os
+
+    d = f"{CGROUP_V1}/memslice-test-{os.getpid()}-{tmp_path.name}"[:200]
+    os.mkdir(d)
+    try:
+        with open(f"{d}/memory.limit_in_bytes", "w") as f:
+            f.write(str(1 << 30))
+        yield d
+    finally:
+        os.rmdir(d)  # empty once the test's process has exited
+
+
+@pytest.mark.skipif(not can_make_memory_cgroup(), reason="needs root and a writable cgroup v1 memory hierarchy")
+def test_spill_is_counted_in_the_real_memory_cgroup_and_stops_at_its_margin(node, cbin, tmp_path, memory_cgroup):
+    """The spilling process runs in a real memory cgroup (1 GiB; no MEMSLICE_CGROUP_DIR: the shim finds it in
+    /proc/self/cgroup) and writes every block it gets. The kernel counts what it holds (memory.usage_in_bytes:
+    on this simulated GPU device blocks are host memory too, so both kinds count), and the shim refuses the
+    spill that would leave less than the margin (10 %, at least 256 MiB) free, instead of an OOM kill."""
+    n = node(context_overhead="0")
+    env = n.container(tmp_path / "c", f"{QUOTA}MiB", MEMSLICE_CONTEXT_RESERVE="0", MEMSLICE_OVERSUBSCRIBE="1")
+    cmd = ["sh", "-c", f'echo $$ > {memory_cgroup}/cgroup.procs && exec "$@"', "sh", cbin["spill"], "plain", "16",
+           "64", "fill"]
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        while not lines or lines[-1] != "ready":
+            line = proc.stdout.readline()
+            assert line, f"spill ended before it was ready: {lines} {proc.stderr.read() if proc.stderr else ''}"
+            lines.append(line.strip())
+        with open(f"{memory_cgroup}/memory.usage_in_bytes") as f:
+            usage = int(f.read())
+        with open(f"{memory_cgroup}/memory.failcnt") as f:
+            failcnt = int(f.read())
+        region = read_region(tmp_path / "c").devices[0]
+        physical = n.physical()[0]  # the simulated driver's own ledger of what it holds
+    finally:
+        out, err = proc.communicate("go\n", timeout=60)
+    rcs = [b["rc"] for b in allocs("\n".join(lines))]
+    held = rcs.count("0")
+    # the quota's 4 blocks on the device, then spills until the margin: the kernel counts every byte written
+    assert rcs == ["0"] * held + ["2"] * (16 - held) and 4 < held < 16, rcs
+    assert all(f"fill {i} rc=0" in lines for i in range(held)), lines
+    assert usage >= held * 64 * MiB, (usage >> 20, held)
+    assert usage + 64 * MiB > (1 << 30) - 256 * MiB, (usage >> 20, held)  # the next spill would eat the margin
+    assert failcnt == 0 and proc.returncode == 0, (failcnt, proc.returncode, err)  # never at the limit: no OOM
+    assert region.host_bytes == physical.host_bytes == (held - 4) * 64 * MiB, (region, physical)
+    assert physical.used_bytes == QUOTA * MiB
+    print(f"cgroup: {held} blocks held, usage {usage >> 20} MiB of 1024")
+    assert "would leave less than" in err and memory_cgroup in err, err

@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 from conftest import run
+from sim_truth import GpuWatch, gpu_truth
 
 BAD_ENV = [
     ("MEMSLICE_GPU_MEM_LIMIT", "4GB", "decimal units are ambiguous"),
@@ -140,11 +141,13 @@ def test_kill_9_during_stress_loses_nothing(node, cbin, tmp_path):
     n = node(context_overhead="32MiB")
     region = tmp_path / "c"
     env = n.container(region, "1GiB", MEMSLICE_CONTEXT_RESERVE="32MiB")
+    watch = GpuWatch(env)  # the simulated GPU's own figure, sampled past the shim
     procs = start_stress(cbin, env, seconds=2)
     for p in procs[:2]:
         assert p.stdout.readline().strip() == "started"
         p.send_signal(signal.SIGKILL)
     results = [p.communicate(timeout=120)[0] for p in procs]
+    physical_peak, samples = watch.stop()
     for p, text in zip(procs[2:], results[2:], strict=True):
         assert p.returncode == 0, text
         assert "corrupt=0" in text and "other=0" in text
@@ -152,6 +155,10 @@ def test_kill_9_during_stress_loses_nothing(node, cbin, tmp_path):
     snap = read_region(region)
     assert snap.devices[0].used_bytes == 0
     assert not [p for p in snap.processes if p.alive or p.device_bytes]
+    # the GPU's own figures: live processes never held more than the quota, and nothing is left on it
+    assert samples > 0 and 0 < physical_peak <= 1 << 30, (physical_peak >> 20, samples)
+    truth = gpu_truth(env)
+    assert truth.used_bytes == 0 and truth.processes == {}, truth
 
 
 def test_stress_without_shim_exceeds_the_same_budget(node, cbin):

@@ -1,5 +1,10 @@
 """Every allocation route that takes device memory is charged what it really takes, and released when
-the driver frees it: pitched, managed, stream-ordered (pools), VMM, arrays, contexts."""
+the driver frees it: pitched, managed, stream-ordered (pools), VMM, arrays, contexts.
+
+"What it really takes" is the simulated GPU's own figure: after every step the C program reads the device bytes
+the simulator holds (its usage ledger, past the shim) next to what the shim reports free, and each test checks
+the two agree to the byte, not only the shim's own figure. The one difference is managed memory, which the
+shim charges in full while the GPU holds none of it until its pages are touched (a bound, never an under-count)."""
 
 from __future__ import annotations
 
@@ -18,11 +23,27 @@ def steps(out: str) -> dict[str, tuple[int, int]]:
     return got
 
 
+def charged_and_physical(out: str, quota_mib: int) -> dict[str, tuple[int, int]]:
+    """Per step: (bytes the container is charged = quota - what the shim reports free, bytes the simulated GPU
+    holds). The simulated GPU has 16 GiB, so the shim's free figure is the quota's side of its min()."""
+    got = {}
+    for line in out.splitlines():
+        parts = dict(tok.split("=", 1) for tok in line.split()[1:] if "=" in tok)
+        if "phys_b" in parts:
+            got[line.split()[0]] = ((quota_mib << 20) - int(parts["free_b"]), int(parts["phys_b"]))
+    return got
+
+
 def run_kinds(node, cbin, tmp_path, *names, quota=QUOTA_MIB):
     n = node()
     env = n.container(tmp_path / "c", f"{quota}MiB", MEMSLICE_CONTEXT_RESERVE=f"{RESERVE_MIB}MiB")
     out = run([cbin["kinds"], *names], env)
     assert out.returncode == 0, out.stdout + out.stderr
+    truth = charged_and_physical(out.stdout, quota)
+    assert truth["start"] == (RESERVE_MIB << 20, RESERVE_MIB << 20)  # the context, as the simulator holds it
+    for step, (charged, physical) in truth.items():
+        if step != "managed_alloc":
+            assert charged == physical, f"{step}: charged {charged} B, the GPU holds {physical} B\n{out.stdout}"
     return steps(out.stdout), n
 
 
@@ -38,11 +59,14 @@ def test_pitch_is_charged_by_the_returned_pitch(node, cbin, tmp_path):
     assert got["pitch_free"] == (0, base)
 
 
-def test_managed_memory_is_charged(node, cbin, tmp_path):
-    got, _ = run_kinds(node, cbin, tmp_path, "managed")
+def test_managed_memory_is_charged_in_full_before_the_gpu_holds_it(node, cbin, tmp_path):
+    got, n = run_kinds(node, cbin, tmp_path, "managed")
     base = QUOTA_MIB - RESERVE_MIB
     assert got["managed_alloc"] == (0, base - 100)
     assert got["managed_free"] == (0, base)
+    # the simulated GPU holds none of it (managed pages live on the host until touched): the charge is the most
+    # it can take on the device, an over-count by design
+    assert n.physical()[0].peak_bytes == RESERVE_MIB << 20
 
 
 def test_pools_are_charged_what_they_reserve(node, cbin, tmp_path):
@@ -65,6 +89,8 @@ def test_pool_cache_never_pushes_the_container_over_its_quota(node, cbin, tmp_pa
     got = steps(out.stdout)
     assert got["asyncbig_after"][0] == 0             # the pool was trimmed instead of refusing
     assert max(d.peak_bytes for d in n.physical()) <= QUOTA_MIB << 20
+    truth = charged_and_physical(out.stdout, QUOTA_MIB)
+    assert all(charged == physical for charged, physical in truth.values()), out.stdout
 
 
 def test_vmm_is_charged_until_released_and_unmapped(node, cbin, tmp_path):

@@ -166,7 +166,10 @@ def test_a_tenant_cannot_break_another_tenants_simulated_gpu(cluster, tmp_path):
         assert physical_mib(b.env) >= 300, what
 
 
-def test_a_tenant_holding_the_node_lock_delays_no_one_for_long(cluster):
+def test_a_tenant_holding_the_node_lock_forever_does_not_stop_another_allocating(cluster):
+    """The simulator's wait for the node lock is bounded: B's allocations go on (each answers, where an
+    unbounded wait would hang until the tenant's 30 s read deadline). How long each waits is a figure, not
+    asserted here (no wall-clock limit in a test)."""
     import fcntl
 
     tenants, _ = cluster

@@ -425,7 +425,7 @@ def node_images(workdir: Path, cbin: dict[str, str]) -> list[Path]:
 
     libs = lib_paths()
     workdir.mkdir(parents=True, exist_ok=True)
-    elastic = workdir / "elastic"  # the elastic-memory tenant of tests/test_elastic_swap.py, driven on stdin
+    elastic = workdir / "elastic"  # the elastic-memory tenant of tests/elastic/test_elastic_swap.py, driven on stdin
     subprocess.run(["cc", "-O2", "-Wall", "-Werror", f"-I{libs.include}", str(ROOT / "tests" / "c" / "elastic.c"),
                     "-o", str(elastic), "-L", libs.sim_dir, "-l:libcuda.so.1", "-lpthread", "-ldl"], check=True,
                    timeout=300)

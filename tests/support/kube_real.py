@@ -139,11 +139,24 @@ class RealCluster:
                "--enable-priority-and-fairness=false", "--profiling=false", "--anonymous-auth=false",
                f"--audit-policy-file={d / 'audit-policy.yaml'}", f"--audit-log-path={self.audit_log}",
                "--audit-log-mode=blocking"]
+        self.api_cmd = cmd
         api = Proc("kube-apiserver", cmd, d / "apiserver.log")
         self.procs.append(api)
         wait_until("kube-apiserver /readyz", lambda: self._readyz(), START_TIMEOUT_S, 0.5, api.check_alive)
         self.admin_kubeconfig = self.kubeconfig("admin", ADMIN_TOKEN)
         return self
+
+    def restart_apiserver(self) -> None:
+        """Stop the API server (SIGTERM, as a rolling restart does) and start it again on the same port with
+        the same etcd data: every connection and watch drops, everything stored stays."""
+        old = self.procs[0]
+        assert old.name == "kube-apiserver"
+        old.stop()
+        log = self.dir / f"apiserver-{len(list(self.dir.glob('apiserver*.log')))}.log"
+        api = Proc("kube-apiserver", self.api_cmd, log)
+        self.procs[0] = api
+        wait_until("the restarted kube-apiserver's /readyz", lambda: self._readyz(), START_TIMEOUT_S, 0.5,
+                   api.check_alive)
 
     def stop(self) -> None:
         for p in reversed(self.procs):
