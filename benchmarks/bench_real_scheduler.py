@@ -21,7 +21,8 @@ correctness of the placement (every pod bound, on a GPU of its node, no GPU over
 
 `--cpus 0` pins everything (API server, schedulers, extender, this process) to those CPUs (sched_setaffinity
 before anything starts; children inherit it). `--breakdown` has the extender account its CPU by activity
-(TLS handshakes, each verb's request, watch events) and prints it. `--json` prints one JSON object.
+(TLS handshakes, each verb's request, watch events) and prints it; `--profile FILE` writes a pstats file of
+its connection threads and watch events, timed by CPU. `--json` prints one JSON object.
 
     .venv/bin/python benchmarks/bench_real_scheduler.py [--nodes 20] [--pods 400] [--cpus 0] [--breakdown]
         [--extender-only] [--json]
@@ -68,6 +69,7 @@ def serve_extender(args: argparse.Namespace) -> int:
     from memslice.scheduler_extender.app import Config, Extender
 
     acct = install_breakdown() if args.breakdown else None
+    dump = install_profile() if args.profile else None
     api, _ = load_api_client(args.kubeconfig, pool_maxsize=16)
     tls = Path(args.tls_dir)
     ext = Extender(api, Config(address="127.0.0.1", port=0, tls_cert_file=str(tls / "tls.crt"),
@@ -93,6 +95,8 @@ def serve_extender(args: argparse.Namespace) -> int:
     while not done.wait(1.0):
         pass
     Path(args.times_out).write_bytes(orjson.dumps({"binds": binds, "breakdown": acct() if acct else {}}))
+    if dump is not None:
+        dump(args.profile)
     ext.stop()
     return 0
 
@@ -130,11 +134,50 @@ def install_breakdown() -> Any:
     return lambda: {k: [cpu[k], calls[k]] for k in cpu}
 
 
+def install_profile() -> Any:
+    """cProfile, timed by each thread's CPU clock, around every connection's thread and the watch threads'
+    event handling; returns a function that writes the merged pstats to a file."""
+    import cProfile
+    import pstats
+
+    from memslice import lean_http
+    from memslice.kube import informer
+
+    profiles: list[cProfile.Profile] = []
+    lock = threading.Lock()
+
+    def wrap(cls: Any, name: str) -> None:
+        inner = getattr(cls, name)
+
+        def profiled(self: Any, *a: Any) -> Any:
+            prof = cProfile.Profile(time.thread_time)
+            try:
+                return prof.runcall(inner, self, *a)
+            finally:
+                with lock:
+                    profiles.append(prof)
+
+        setattr(cls, name, profiled)
+
+    wrap(lean_http.BoundedHTTPServer, "process_request_thread")
+    wrap(informer.Informer, "_event")
+
+    def dump(path: str) -> None:
+        with lock:
+            stats = pstats.Stats(profiles[0])
+            for prof in profiles[1:]:
+                stats.add(prof)
+        stats.dump_stats(path)
+
+    return dump
+
+
 class ExtenderProc:
-    def __init__(self, kubeconfig: Path, tls: Path, out: Path, breakdown: bool) -> None:
+    def __init__(self, kubeconfig: Path, tls: Path, out: Path, breakdown: bool, profile: str | None) -> None:
         self.out = out
         cmd = [sys.executable, __file__, "--serve-extender", "--kubeconfig", str(kubeconfig), "--tls-dir", str(tls),
-               "--times-out", str(out)] + (["--breakdown"] if breakdown else [])
+               "--times-out", str(out)] + (["--breakdown"] if breakdown else []) + (
+               ["--profile", profile] if profile else [])
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         self.ps = psutil.Process(self.proc.pid)
         self.port = int(self._line("PORT").split()[1])
@@ -276,22 +319,22 @@ class Processes:
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
+    import test_real_scheduler as rs
     from kube_real import running
     from test_deploy_render import NAMESPACE, render
-    from test_real_scheduler import EXTENDER_USER, NS, SCHEDULER_USER, SIZES_GIB, add_gpu_node, scheduler_config
-    from test_real_scheduler import tls_files
 
     out: dict[str, Any] = {"nodes": args.nodes, "pods": args.pods, "cpus": sorted(os.sched_getaffinity(0))}
     with tempfile.TemporaryDirectory(prefix="ms-bench-") as tmp, running(Path(tmp) / "kube") as cluster:
         cluster.apply(sorted(render("base"), key=lambda o: o["kind"] != "Namespace"))
-        cluster.ensure_namespace(NS)
+        cluster.ensure_namespace(rs.NS)
         for i in range(args.nodes):
-            add_gpu_node(cluster, f"gpu-{i:02d}", SIZES_GIB[i % 4], "main")
-        tls = tls_files(cluster, Path(tmp) / "tls")
+            rs.add_gpu_node(cluster, f"gpu-{i:02d}", rs.SIZES_GIB[i % 4], "main")
+        tls = rs.tls_files(cluster, Path(tmp) / "tls")
         kubeconfig = cluster.kubeconfig("ext", cluster.token(NAMESPACE, "memslice-extender"))
-        ext = ExtenderProc(kubeconfig, tls / "memslice-extender-tls", Path(tmp) / "ext.json", args.breakdown)
+        ext = ExtenderProc(kubeconfig, tls / "memslice-extender-tls", Path(tmp) / "ext.json", args.breakdown,
+                           args.profile)
         try:
-            config = scheduler_config(cluster, ext.port, tls)
+            config = rs.scheduler_config(cluster, ext.port, tls)
             create_pending(cluster, args.pods, "memslice-scheduler", 1)
             cpu0, since = ext.cpu_s(), time.time()
             sched = cluster.start_scheduler(config, "memslice-scheduler")
@@ -304,7 +347,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             out["gpus_used"] = check_placement(cluster, args.nodes)
         finally:
             child = ext.stop()
-        out["extender"] = run_figures(bindings(cluster, EXTENDER_USER, since), args.pods)
+        out["extender"] = run_figures(bindings(cluster, rs.EXTENDER_USER, since), args.pods)
         verb = child.get("binds") or []
         out["extender"].update({"bind_verb_ms_p50": 1000 * quantile(verb, 0.5),
                                 "bind_verb_ms_p99": 1000 * quantile(verb, 0.99), "bind_verbs": len(verb)})
@@ -322,7 +365,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             out["plain_wall_s"] = wait_all_bound(cluster, 600)
             out["plain_cpu_by_process_ms_per_pod"] = procs.ms_per_pod(args.pods)
             sched.stop()
-            out["plain"] = run_figures(bindings(cluster, SCHEDULER_USER, since), args.pods)
+            out["plain"] = run_figures(bindings(cluster, rs.SCHEDULER_USER, since), args.pods)
             out["ratio_pods_per_s"] = out["extender"]["pods_per_s"] / out["plain"]["pods_per_s"]
             out["bind_p99_over_plain_ms"] = out["extender"]["bind_verb_ms_p99"] - out["plain"]["binding_ms_p99"]
     return out
@@ -357,6 +400,8 @@ def main() -> int:
     ap.add_argument("--pods", type=int, default=400)
     ap.add_argument("--cpus", default=None, help="pin everything to these CPUs (e.g. 0, or 0,1)")
     ap.add_argument("--breakdown", action="store_true", help="the extender's CPU by activity")
+    ap.add_argument("--profile", metavar="FILE", help="the extender's connection threads and watch events under "
+                    "cProfile (CPU time), merged pstats written to FILE")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--extender-only", action="store_true", help="skip the run without the extender")
     ap.add_argument("--serve-extender", action="store_true", help=argparse.SUPPRESS)

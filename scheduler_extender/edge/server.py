@@ -374,6 +374,8 @@ class _Handler(LeanRequestHandler):
         try:
             if verb == "prioritize" and (answer := self.server.verbs.prioritize_json(data)) is not None:
                 return 200, answer  # its pod's filter answer, replayed from the request's bytes
+            if verb == "filter" and (result := self.server.verbs.filter_json(data)) is not None:
+                return result  # the names looked up from the request's bytes
             try:
                 body = orjson.loads(data)
             except (ValueError, RecursionError) as exc:
