@@ -247,5 +247,8 @@ def test_ids_from_json_refuse_what_is_not_a_plain_array() -> None:
         assert native.ids_json(bad, 10) is None and py.ids_json(bad, 10) is None, bad
     assert native.ids_json(b'["a","a","a"]', 2) is None and py.ids_json(b'["a","a","a"]', 2) is None
     assert native.to_list(native.ids_json(b'["a","a"]', 2)) == [0, 0]
+    for limit in (0, -1, -(2**62)):  # no room at all: only the empty array
+        assert native.ids_json(b'["a"]', limit) is None and py.ids_json(b'["a"]', limit) is None
+        assert native.ids_json(b"[]", limit) == b"" and py.ids_json(b"[]", limit) == []
     with pytest.raises(TypeError):
         native._native.ids_json("[]", 1)  # a str is not bytes

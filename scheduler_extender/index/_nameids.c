@@ -43,7 +43,7 @@ typedef struct {
 static PyObject *index_set(PyObject *self, PyObject *args);
 static PyObject *index_discard(PyObject *self, PyObject *name);
 static PyObject *index_ids(PyObject *self, PyObject *names);
-static PyObject *index_ids_json(PyObject *self, PyObject *arg);
+static PyObject *index_ids_json(PyObject *self, PyObject *args);
 static PyObject *nameids_take(PyObject *module, PyObject *args);
 static PyObject *nameids_gather(PyObject *module, PyObject *args);
 static PyObject *nameids_select(PyObject *module, PyObject *args);
@@ -291,7 +291,8 @@ none:
     Py_RETURN_NONE;
 }
 
-/* Skips JSON whitespace from p; where it stopped. */
+/* Where the JSON whitespace from p ends. Why: JSON allows it around every token, and a writer other than
+ * kube-scheduler's (which writes none) may put it there. */
 static const char *skip_ws(const char *p, const char *end) {
     while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
         p++;
@@ -343,12 +344,18 @@ static PyObject *index_ids_json(PyObject *self, PyObject *args) {
         return NULL;
     const char *p = data.buf, *end = p + data.len;
     PyObject *out = NULL;
-    /* at most one name per 3 bytes ("",) */
+    /* room for every name it may hold: at most one per 3 bytes ("",) and at most `limit` */
     Py_ssize_t most = data.len / 3 + 1;
+    if (limit < most)
+        most = limit < 0 ? 0 : limit;
     p = skip_ws(p, end);
     if (p >= end || *p != '[')
         goto none;
     p = skip_ws(p + 1, end);
+    if (most > PY_SSIZE_T_MAX / 4) {
+        PyErr_NoMemory();
+        goto done;
+    }
     if ((out = PyBytes_FromStringAndSize(NULL, most * 4)) == NULL)
         goto done;
     uint32_t *ids = (uint32_t *)PyBytes_AS_STRING(out);

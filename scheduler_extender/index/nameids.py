@@ -94,7 +94,7 @@ class NameIds:
         if _PLAIN_NAMES.fullmatch(data) is None:
             return None
         names = orjson.loads(data)
-        return self.ids(names) if len(names) <= limit else None
+        return self.ids(names) if len(names) <= max(limit, 0) else None
 
     def pack(self, ids: list[int]) -> Ids:
         """Ids from a list of ids (every one an int)."""
