@@ -6,10 +6,10 @@
 No HTTP, no bind writes, no watch: `Verbs.filter` and `Verbs.prioritize` on a `ClusterState` of N nodes ×
 8 GPUs of 80 GiB, filled at random to `--fill` by charges (1–40 GiB, as bench_extender.py), each request
 decoded from and answered to JSON with orjson as the server does (filter and prioritize first from the
-request's bytes, Verbs.filter_json and Verbs.prioritize_json, where the version has them); after each pod, its own binpack choice is
-charged (the view rebuilt, the memo refreshed), as a bind would. The figure to compare between versions
-(run them alternately: `PYTHONPATH=<a tree of the old package>` for the old one), since it leaves out the
-machine's HTTP and scheduling noise that bench_extender.py's end-to-end figures carry.
+request's bytes, Verbs.filter_json and Verbs.prioritize_json, where the version has them); after each pod,
+its own binpack choice is charged (the view rebuilt, the memo refreshed), as a bind would. The figure to
+compare between versions (run them alternately: `PYTHONPATH=<a tree of the old package>` for the old one),
+since it leaves out the machine's HTTP and scheduling noise that bench_extender.py's end-to-end figures carry.
 
 Elastic memory: with `--elastic F` that share of the fill charges and of the pods has a limit of 2 × its
 request (`memslice.io/gpu-mem-limit`); with `--max-limit-ratio R` the extender caps each GPU's sum of limits
