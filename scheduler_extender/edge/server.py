@@ -403,8 +403,8 @@ def tls_context(cert_file: str, key_file: str, client_ca_file: str | None) -> ss
     """The verbs port's TLS. No session tickets: kube-scheduler's extender client (client-go's
     restclient.TLSConfigFor) keeps no session cache, so it never resumes, and it dials a new connection whenever
     more than two of its requests are in flight (Go's MaxIdleConnsPerHost: 2; binds run in parallel): minting
-    TLS 1.3's two tickets per handshake was half of each handshake's CPU (2.2 -> 1.2 ms; benchmarks/README.md,
-    "The extender at a third of its CPU")."""
+    TLS 1.3's two tickets per handshake was half of each handshake's CPU (2.75 -> 1.38 ms alone, 2.2 -> 1.6 ms in
+    a burst through the real scheduler; benchmarks/README.md, "The extender at a third of its CPU")."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.num_tickets = 0  # TLS 1.3
