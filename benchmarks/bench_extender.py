@@ -367,14 +367,14 @@ def _get(port: int, path: str) -> bytes:
 
 def caught_up(bench: Bench, timeout: float = 900) -> None:
     """Until the extender's watch has delivered everything the stand-in holds now (bounded): a sentinel
-    pod fills a new node's only GPU; the extender has it once a 1 GiB pod no longer fits there. (Not
+    pod fills a new node's only GPU; the extender has it once a 1 GiB pod fails there (FailedNodes). (Not
     /metrics: rendering 80,000 GPU samples would itself load the extender and its garbage collector.)"""
     node = bench.cmd("sentinel")
     body = orjson.dumps({"Pod": {**pending_pod("probe", 1024), "metadata": {"name": "probe", "uid": "probe"}},
                          "NodeNames": [node]})
     client = Client("127.0.0.1", bench.port, 0)
     deadline = time.monotonic() + timeout
-    while "most free is 0 MiB" not in str(client.post("filter", body)[1]):
+    while node not in (client.post("filter", body)[1] or {}).get("FailedNodes", {}):  # type: ignore[attr-defined]
         if time.monotonic() > deadline:
             raise TimeoutError(f"the extender did not catch up with the stand-in in {timeout} s")
         time.sleep(0.05)

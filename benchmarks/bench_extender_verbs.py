@@ -5,11 +5,11 @@
 
 No HTTP, no bind writes, no watch: `Verbs.filter` and `Verbs.prioritize` on a `ClusterState` of N nodes ×
 8 GPUs of 80 GiB, filled at random to `--fill` by charges (1–40 GiB, as bench_extender.py), each request
-decoded from and answered to JSON with orjson as the server does (prioritize first from the request's bytes,
-Verbs.prioritize_json, where the version has it); after each pod, its own binpack choice is
-charged (the view rebuilt, the memo refreshed), as a bind would. The figure to compare between versions
-(run them alternately: `PYTHONPATH=<a tree of the old package>` for the old one), since it leaves out the
-machine's HTTP and scheduling noise that bench_extender.py's end-to-end figures carry.
+decoded from and answered to JSON with orjson as the server does (filter and prioritize first from the
+request's bytes, Verbs.filter_json and Verbs.prioritize_json, where the version has them); after each pod,
+its own binpack choice is charged (the view rebuilt, the memo refreshed), as a bind would. The figure to
+compare between versions (run them alternately: `PYTHONPATH=<a tree of the old package>` for the old one),
+since it leaves out the machine's HTTP and scheduling noise that bench_extender.py's end-to-end figures carry.
 
 Elastic memory: with `--elastic F` that share of the fill charges and of the pods has a limit of 2 × its
 request (`memslice.io/gpu-mem-limit`); with `--max-limit-ratio R` the extender caps each GPU's sum of limits
@@ -107,18 +107,22 @@ def main() -> int:
         if args.compute and rng.random() < args.compute:
             pod["spec"]["containers"][0]["resources"]["limits"]["memslice.io/gpu-compute"] = str(
                 rng.choice((10, 20, 30, 40, 50)))
-        bodies.append((pod, orjson.dumps({"Pod": pod, "NodeNames": rng.sample(names, k)})))
+        bodies.append((pod, orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": rng.sample(names, k)})))
 
     raw_prioritize = getattr(verbs, "prioritize_json", None)  # (older versions decode every body)
+    raw_filter = getattr(verbs, "filter_json", None)
 
     def schedule(batch: list[tuple[dict, bytes]]) -> tuple[float, float]:
         cpu_f = cpu_p = 0.0
         for pod, raw in batch:
             t0 = time.process_time()
-            _, answer = verbs.filter(orjson.loads(raw))
-            orjson.dumps(answer)
+            result = raw_filter(bytearray(raw)) if raw_filter is not None else None  # as the server: bytes first
+            if result is None:
+                result = verbs.filter(orjson.loads(raw))
+            out = result[1] if isinstance(result[1], bytes) else orjson.dumps(result[1])
             t1 = time.process_time()
             cpu_f += t1 - t0
+            answer = orjson.loads(out)
             if not answer["NodeNames"]:
                 continue
             body = bytearray(orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": answer["NodeNames"]}))

@@ -1,4 +1,5 @@
-"""Pods per second through the real kube-scheduler, with and without the memslice extender (issue 28).
+"""Pods per second through the real kube-scheduler, with and without the memslice extender, and what the
+extender costs (issues 28 and 39).
 
 One real control plane (tests/support/kube_real.py: kube-apiserver with an embedded etcd, built by `make
 kubecluster`), N nodes with 8 GPUs each (as tests/realcluster/test_real_scheduler.py registers them),
@@ -6,50 +7,213 @@ then two runs on the
 same cluster, one after the other:
 
 - extender: deploy/'s scheduler configuration (the memslice-scheduler profile, the extender over mutual TLS
-  with filter, prioritize, bind and preempt), the extender in this process;
+  with filter, prioritize, bind and preempt); the extender is a process of its own (this script with
+  --serve-extender), so its CPU time is its own;
 - plain: the same kube-scheduler binary with deploy/'s configuration minus the extender (the scheduler's own
   node-level fit of memslice.io/gpu-mem only, its own binding).
 
-Each run creates P pods (sizes drawn as in the test) and times from the first create to the last binding;
-pods are deleted between runs. Prints pods/s for both (`--json` for a machine-readable form), and the
-extender's bind latency (the Binder's whole bind: choosing the GPU and its API write(s); median, p90, p99,
-mean over every bind of the run; issue 39). `--extender-only` skips the plain run.
+Each run creates P pending pods (sizes drawn as in the test) before its scheduler starts, then starts it and
+waits until every pod is bound. Figures, per run, from the API server's audit log (its own timestamps):
+pods/s = (bindings - 1) / (last binding - first binding), and each Binding's latency in the API server. For
+the extender run also: its CPU per pod (the process's user+system time over the burst / P), and its bind
+latency (the whole bind verb, the API write included, as the scheduler waits for it). Then the ratios the
+issue's goals are stated in: pods/s with / without; bind p99 - the plain scheduler's Binding p99; and the
+correctness of the placement (every pod bound, on a GPU of its node, no GPU over its memory).
 
-    .venv/bin/python benchmarks/bench_real_scheduler.py [--nodes 20] [--pods 500] [--extender-only] [--json]
+`--cpus 0` pins everything (API server, schedulers, extender, this process) to those CPUs (sched_setaffinity
+before anything starts; children inherit it). `--breakdown` has the extender account its CPU by activity
+(TLS handshakes, each verb's request, watch events) and prints it; `--profile FILE` writes a pstats file of
+its connection threads and watch events, timed by CPU. `--json` prints one JSON object.
+
+    .venv/bin/python benchmarks/bench_real_scheduler.py [--nodes 20] [--pods 400] [--cpus 0] [--breakdown]
+        [--extender-only] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
 import random
+import selectors
+import signal
+import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+import orjson
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 __import__("testpaths").add()  # the test folders (tests/testpaths.py)
 
-from kube_real import RealCluster, running, wait_until  # noqa: E402
-from test_deploy_render import NAMESPACE, render  # noqa: E402
-from test_real_scheduler import NS, SIZES_GIB, add_gpu_node, pod_body, scheduler_config, tls_files  # noqa: E402
-
-from memslice.kube.config import load_api_client  # noqa: E402
-from memslice.scheduler_extender.app import Config, Extender  # noqa: E402
-
 GIB = 1024
+EXTENDER_START_S = 120.0
 
 
-def bound_count(cluster: RealCluster) -> int:
-    pods = cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods?limit=10000")["items"]
-    return sum(1 for p in pods if p["spec"].get("nodeName"))
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def run_pods(cluster: RealCluster, n: int, scheduler_name: str, seed: int) -> float:
-    """Create n pods for `scheduler_name`; seconds until all are bound."""
-    from concurrent.futures import ThreadPoolExecutor
+# ---------------------------------------------------------------------------------------------- the extender
+def serve_extender(args: argparse.Namespace) -> int:
+    """The extender as deploy/ runs it (mutual TLS), in this process; prints its port, then READY once synced.
+    On SIGTERM writes {"binds": [seconds of each bind verb], "breakdown": {...}} to --times-out and exits."""
+    from memslice.kube.config import load_api_client
+    from memslice.scheduler_extender.app import Config, Extender
+
+    acct = install_breakdown() if args.breakdown else None
+    dump = install_profile() if args.profile else None
+    api, _ = load_api_client(args.kubeconfig, pool_maxsize=16)
+    tls = Path(args.tls_dir)
+    ext = Extender(api, Config(address="127.0.0.1", port=0, tls_cert_file=str(tls / "tls.crt"),
+                               tls_key_file=str(tls / "tls.key"), tls_client_ca_file=str(tls / "ca.crt"))).start()
+    binds: list[float] = []
+    inner = ext.verbs.bind
+
+    def bind(body: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return inner(body)
+        finally:
+            binds.append(time.perf_counter() - t0)
+
+    ext.verbs.bind = bind  # type: ignore[method-assign]  # the server looks the verb up on the instance
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    print(f"PORT {ext.port}", flush=True)
+    if not ext.wait_synced(60):
+        print("NOT SYNCED", flush=True)
+        return 1
+    print("READY", flush=True)
+    while not done.wait(1.0):
+        pass
+    Path(args.times_out).write_bytes(orjson.dumps({"binds": binds, "breakdown": acct() if acct else {}}))
+    if dump is not None:
+        dump(args.profile)
+    ext.stop()
+    return 0
+
+
+def install_breakdown() -> Any:
+    """Wrap the extender's handlers to add each one's thread CPU time to a counter; returns a snapshot function
+    ({activity: [seconds, calls]})."""
+    from memslice import lean_http
+    from memslice.kube import informer
+    from memslice.scheduler_extender.edge import server
+
+    cpu: Counter[str] = Counter()
+    calls: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def wrap(cls: Any, name: str, label: Any) -> None:
+        inner = getattr(cls, name)
+
+        def timed(self: Any, *a: Any) -> Any:
+            t0 = time.thread_time()
+            try:
+                return inner(self, *a)
+            finally:
+                key = label(self)
+                with lock:
+                    cpu[key] += time.thread_time() - t0
+                    calls[key] += 1
+
+        setattr(cls, name, timed)
+
+    wrap(lean_http.BoundedHTTPServer, "_handshake", lambda s: "TLS handshake")
+    wrap(lean_http.BoundedHTTPServer, "process_request_thread", lambda s: "connection threads, in all")
+    wrap(server._Handler, "do_POST", lambda s: "verb " + s.path.rsplit("/", 1)[-1])
+    wrap(informer.Informer, "_event", lambda s: "watch event, " + s.kind)
+    return lambda: {k: [cpu[k], calls[k]] for k in cpu}
+
+
+def install_profile() -> Any:
+    """cProfile, timed by each thread's CPU clock, around every connection's thread and the watch threads'
+    event handling; returns a function that writes the merged pstats to a file."""
+    import cProfile
+    import pstats
+
+    from memslice import lean_http
+    from memslice.kube import informer
+
+    profiles: list[cProfile.Profile] = []
+    lock = threading.Lock()
+
+    def wrap(cls: Any, name: str) -> None:
+        inner = getattr(cls, name)
+
+        def profiled(self: Any, *a: Any) -> Any:
+            prof = cProfile.Profile(time.thread_time)
+            try:
+                return prof.runcall(inner, self, *a)
+            finally:
+                with lock:
+                    profiles.append(prof)
+
+        setattr(cls, name, profiled)
+
+    wrap(lean_http.BoundedHTTPServer, "process_request_thread")
+    wrap(informer.Informer, "_event")
+
+    def dump(path: str) -> None:
+        with lock:
+            stats = pstats.Stats(profiles[0])
+            for prof in profiles[1:]:
+                stats.add(prof)
+        stats.dump_stats(path)
+
+    return dump
+
+
+class ExtenderProc:
+    def __init__(self, kubeconfig: Path, tls: Path, out: Path, breakdown: bool, profile: str | None) -> None:
+        self.out = out
+        cmd = [sys.executable, __file__, "--serve-extender", "--kubeconfig", str(kubeconfig), "--tls-dir", str(tls),
+               "--times-out", str(out)] + (["--breakdown"] if breakdown else []) + (
+               ["--profile", profile] if profile else [])
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        self.ps = psutil.Process(self.proc.pid)
+        self.port = int(self._line("PORT").split()[1])
+        self._line("READY")
+
+    def _line(self, prefix: str) -> str:
+        """The child's next line, which must start with `prefix`, within EXTENDER_START_S."""
+        assert self.proc.stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        if not sel.select(EXTENDER_START_S):
+            raise AssertionError(f"the extender printed no {prefix} within {EXTENDER_START_S:g} s")
+        line = self.proc.stdout.readline()
+        if not line.startswith(prefix):
+            raise AssertionError(f"the extender printed {line!r}, expected {prefix}")
+        return line
+
+    def cpu_s(self) -> float:
+        t = self.ps.cpu_times()
+        return float(t.user + t.system)
+
+    def stop(self) -> dict[str, Any]:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        return dict(orjson.loads(self.out.read_bytes())) if self.out.exists() else {}
+
+
+# ---------------------------------------------------------------------------------------------- the runs
+def create_pending(cluster: Any, n: int, scheduler_name: str, seed: int) -> None:
+    from test_real_scheduler import NS, pod_body
 
     rng = random.Random(seed)
     bodies = []
@@ -57,93 +221,207 @@ def run_pods(cluster: RealCluster, n: int, scheduler_name: str, seed: int) -> fl
         body = pod_body(f"b{i:05d}", rng.choice((1, 2, 4, 6, 8)) * GIB, "main")
         body["spec"]["schedulerName"] = scheduler_name
         bodies.append(body)
-    start = time.monotonic()
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda b: cluster.ok("POST", f"/api/v1/namespaces/{NS}/pods", b), bodies))
-    wait_until(f"{n} pods bound by {scheduler_name}", lambda: bound_count(cluster) >= n, 600, 0.2)
+
+
+def wait_all_bound(cluster: Any, timeout: float) -> float:
+    """Seconds until no pod of the namespace is unbound (one cheap list per poll: limit=1)."""
+    from kube_real import wait_until
+    from test_real_scheduler import NS
+
+    start = time.monotonic()
+    wait_until("every pod bound", lambda: not cluster.ok(
+        "GET", f"/api/v1/namespaces/{NS}/pods?fieldSelector=spec.nodeName%3D&limit=1")["items"], timeout, 0.1)
     return time.monotonic() - start
 
 
-def timed_binds(ext: Extender) -> list[float]:
-    """Seconds of every bind the extender makes from now on (its Binder's bind, wrapped on the instance)."""
-    times: list[float] = []
-    inner = ext.binder.bind
-
-    def bind(args: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return inner(args)
-        finally:
-            times.append(time.perf_counter() - t0)
-
-    ext.binder.bind = bind  # type: ignore[method-assign]
-    return times
+def _ts(text: str) -> float:
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+def bindings(cluster: Any, user: str, since: float) -> list[tuple[float, float]]:
+    """(completed at, latency s) of each successful Binding of the namespace's pods made by `user` after
+    `since` (epoch seconds), from the API server's audit log."""
+    from test_real_scheduler import NS
+
+    out = []
+    with cluster.audit_log.open("rb") as f:
+        for line in f:
+            if b'"binding"' not in line:
+                continue
+            ev = orjson.loads(line)
+            ref = ev.get("objectRef") or {}
+            if (ev.get("stage") != "ResponseComplete" or ev.get("verb") != "create" or ref.get("subresource") !=
+                    "binding" or ref.get("namespace") != NS or (ev.get("user") or {}).get("username") != user
+                    or (ev.get("responseStatus") or {}).get("code") != 201):
+                continue
+            done = _ts(ev["stageTimestamp"])
+            if done >= since:
+                out.append((done, done - _ts(ev["requestReceivedTimestamp"])))
+    return sorted(out)
 
 
-def delete_pods(cluster: RealCluster) -> None:
+def run_figures(binds: list[tuple[float, float]], pods: int) -> dict[str, float]:
+    done = [b[0] for b in binds]
+    lat = [b[1] for b in binds]
+    span = done[-1] - done[0] if len(done) > 1 else float("nan")
+    return {"bindings": len(binds), "pods_per_s": (len(done) - 1) / span if span else float("nan"),
+            "burst_s": span, "binding_ms_p50": 1000 * quantile(lat, 0.5), "binding_ms_p99": 1000 * quantile(lat, 0.99),
+            "bound_all": float(len(binds) == pods)}
+
+
+def check_placement(cluster: Any, nodes: int) -> int:
+    """Every pod bound on a GPU of its node, no GPU over its memory; the number of GPUs used."""
+    from test_real_scheduler import NS, SIZES_GIB
+
+    size = {f"GPU-gpu-{i:02d}-{g}": SIZES_GIB[i % 4] * GIB for i in range(nodes) for g in range(8)}
+    used: dict[str, int] = {}
+    for p in cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods?limit=10000")["items"]:
+        node = p["spec"].get("nodeName")
+        ann = p["metadata"].get("annotations") or {}
+        uuid = ann.get("memslice.io/gpu-uuid", "")
+        assert node and uuid.startswith(f"GPU-{node}-"), (p["metadata"]["name"], node, uuid)
+        used[uuid] = used.get(uuid, 0) + sum(json.loads(ann["memslice.io/gpu-mem-mib"]).values())
+    over = {u: (m, size[u]) for u, m in used.items() if m > size[u]}
+    assert not over, f"GPUs over their memory: {over}"
+    return len(used)
+
+
+def delete_pods(cluster: Any) -> None:
+    from kube_real import wait_until
+    from test_real_scheduler import NS
+
     cluster.ok("DELETE", f"/api/v1/namespaces/{NS}/pods", {"gracePeriodSeconds": 0})
-    wait_until("pods deleted", lambda: not cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods")["items"], 120, 0.5)
+    wait_until("pods deleted", lambda: not cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods?limit=1")["items"],
+               120, 0.5)
+
+
+class Processes:
+    """CPU time of each process of a run from now on: the API server, the scheduler, the extender, this one."""
+
+    def __init__(self, cluster: Any, sched: Any, ext: psutil.Process | None) -> None:
+        self.procs = {"kube-apiserver": psutil.Process(cluster.procs[0].proc.pid),
+                      "kube-scheduler": psutil.Process(sched.proc.pid), "benchmark client": psutil.Process()}
+        if ext is not None:
+            self.procs["extender"] = ext
+        self.t0 = time.monotonic()
+        self.start = {k: self._cpu(p) for k, p in self.procs.items()}
+
+    @staticmethod
+    def _cpu(p: psutil.Process) -> float:
+        t = p.cpu_times()
+        return float(t.user + t.system + t.children_user + t.children_system)
+
+    def ms_per_pod(self, pods: int) -> dict[str, float]:
+        """Each process's CPU ms per pod since __init__, and the wall time × the CPUs it could use, per pod."""
+        out = {k: round(1000 * (self._cpu(p) - self.start[k]) / pods, 2) for k, p in self.procs.items()}
+        out["wall x CPUs"] = round(1000 * (time.monotonic() - self.t0) * len(os.sched_getaffinity(0)) / pods, 2)
+        return out
+
+
+def bench(args: argparse.Namespace) -> dict[str, Any]:
+    import test_real_scheduler as rs
+    from kube_real import running
+    from test_deploy_render import NAMESPACE, render
+
+    out: dict[str, Any] = {"nodes": args.nodes, "pods": args.pods, "cpus": sorted(os.sched_getaffinity(0))}
+    with tempfile.TemporaryDirectory(prefix="ms-bench-") as tmp, running(Path(tmp) / "kube") as cluster:
+        cluster.apply(sorted(render("base"), key=lambda o: o["kind"] != "Namespace"))
+        cluster.ensure_namespace(rs.NS)
+        for i in range(args.nodes):
+            rs.add_gpu_node(cluster, f"gpu-{i:02d}", rs.SIZES_GIB[i % 4], "main")
+        tls = rs.tls_files(cluster, Path(tmp) / "tls")
+        kubeconfig = cluster.kubeconfig("ext", cluster.token(NAMESPACE, "memslice-extender"))
+        ext = ExtenderProc(kubeconfig, tls / "memslice-extender-tls", Path(tmp) / "ext.json", args.breakdown,
+                           args.profile)
+        try:
+            config = rs.scheduler_config(cluster, ext.port, tls)
+            create_pending(cluster, args.pods, "memslice-scheduler", 1)
+            cpu0, since = ext.cpu_s(), time.time()
+            sched = cluster.start_scheduler(config, "memslice-scheduler")
+            procs = Processes(cluster, sched, ext.ps)
+            out["extender_wall_s"] = wait_all_bound(cluster, 600)
+            cpu1 = ext.cpu_s()
+            out["extender_cpu_by_process_ms_per_pod"] = procs.ms_per_pod(args.pods)
+            sched.stop()
+            out["extender_cpu_ms_per_pod"] = 1000 * (cpu1 - cpu0) / args.pods
+            out["gpus_used"] = check_placement(cluster, args.nodes)
+        finally:
+            child = ext.stop()
+        out["extender"] = run_figures(bindings(cluster, rs.EXTENDER_USER, since), args.pods)
+        verb = child.get("binds") or []
+        out["extender"].update({"bind_verb_ms_p50": 1000 * quantile(verb, 0.5),
+                                "bind_verb_ms_p99": 1000 * quantile(verb, 0.99), "bind_verbs": len(verb)})
+        if child.get("breakdown"):
+            out["breakdown"] = {k: {"ms_per_pod": 1000 * v[0] / args.pods, "calls": v[1]}
+                                for k, v in sorted(child["breakdown"].items(), key=lambda kv: -kv[1][0])}
+        if not args.extender_only:
+            delete_pods(cluster)
+            create_pending(cluster, args.pods, "plain-scheduler", 1)
+            plain = dict(config, extenders=[], profiles=[{"schedulerName": "plain-scheduler"}])
+            plain["leaderElection"] = {"leaderElect": False}
+            since = time.time()
+            sched = cluster.start_scheduler(plain, "plain-scheduler")
+            procs = Processes(cluster, sched, None)
+            out["plain_wall_s"] = wait_all_bound(cluster, 600)
+            out["plain_cpu_by_process_ms_per_pod"] = procs.ms_per_pod(args.pods)
+            sched.stop()
+            out["plain"] = run_figures(bindings(cluster, rs.SCHEDULER_USER, since), args.pods)
+            out["ratio_pods_per_s"] = out["extender"]["pods_per_s"] / out["plain"]["pods_per_s"]
+            out["bind_p99_over_plain_ms"] = out["extender"]["bind_verb_ms_p99"] - out["plain"]["binding_ms_p99"]
+    return out
+
+
+def report(out: dict[str, Any]) -> None:
+    e = out["extender"]
+    print(f"{out['pods']} pending pods on {out['nodes']} nodes × 8 GPUs, real kube-scheduler, CPUs {out['cpus']}:")
+    print(f"  with the extender: {e['pods_per_s']:.1f} pods/s (bindings over {e['burst_s']:.2f} s; all bound "
+          f"{out['extender_wall_s']:.1f} s after the scheduler started); extender CPU "
+          f"{out['extender_cpu_ms_per_pod']:.2f} ms per pod; {out['gpus_used']} GPUs used, none over its memory")
+    print(f"    bind verb p50 {e['bind_verb_ms_p50']:.1f} ms, p99 {e['bind_verb_ms_p99']:.1f} ms; its Binding in the "
+          f"API server p50 {e['binding_ms_p50']:.1f} ms, p99 {e['binding_ms_p99']:.1f} ms")
+    if "plain" in out:
+        p = out["plain"]
+        print(f"  without:           {p['pods_per_s']:.1f} pods/s (bindings over {p['burst_s']:.2f} s; all bound "
+              f"{out['plain_wall_s']:.1f} s after the scheduler started); Binding p50 {p['binding_ms_p50']:.1f} ms, "
+              f"p99 {p['binding_ms_p99']:.1f} ms")
+        print(f"  ratio pods/s with/without {out['ratio_pods_per_s']:.2f}; bind p99 - plain Binding p99 "
+              f"{out['bind_p99_over_plain_ms']:+.1f} ms")
+    for run in ("extender", "plain"):
+        if f"{run}_cpu_by_process_ms_per_pod" in out:
+            print(f"  CPU ms per pod, run {run}: " + ", ".join(f"{k} {v:.2f}" for k, v in
+                                                            out[f"{run}_cpu_by_process_ms_per_pod"].items()))
+    for k, v in (out.get("breakdown") or {}).items():
+        print(f"    {k:32s} {v['ms_per_pod']:6.3f} ms per pod ({v['calls']} calls)")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, default=20)
-    ap.add_argument("--pods", type=int, default=500)
+    ap.add_argument("--pods", type=int, default=400)
+    ap.add_argument("--cpus", default=None, help="pin everything to these CPUs (e.g. 0, or 0,1)")
+    ap.add_argument("--breakdown", action="store_true", help="the extender's CPU by activity")
+    ap.add_argument("--profile", metavar="FILE", help="the extender's connection threads and watch events under "
+                    "cProfile (CPU time), merged pstats written to FILE")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--extender-only", action="store_true", help="skip the run without the extender")
+    ap.add_argument("--serve-extender", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--kubeconfig", help=argparse.SUPPRESS)
+    ap.add_argument("--tls-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--times-out", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    out: dict[str, Any] = {"nodes": args.nodes, "pods": args.pods}
-    with tempfile.TemporaryDirectory(prefix="ms-bench-") as tmp, running(Path(tmp) / "kube") as cluster:
-        cluster.apply(sorted(render("base"), key=lambda o: o["kind"] != "Namespace"))
-        cluster.ensure_namespace(NS)
-        for i in range(args.nodes):
-            add_gpu_node(cluster, f"gpu-{i:02d}", SIZES_GIB[i % 4], "main")
-        tls = tls_files(cluster, Path(tmp) / "tls")
-        server = tls / "memslice-extender-tls"
-        api, _ = load_api_client(str(cluster.kubeconfig("ext", cluster.token(NAMESPACE, "memslice-extender"))),
-                                 pool_maxsize=16)
-        ext = Extender(api, Config(address="127.0.0.1", port=0, tls_cert_file=str(server / "tls.crt"),
-                                   tls_key_file=str(server / "tls.key"),
-                                   tls_client_ca_file=str(server / "ca.crt"))).start()
-        try:
-            assert ext.wait_synced(30)
-            config = scheduler_config(cluster, int(ext.url.rsplit(":", 1)[1]), tls)
-            sched = cluster.start_scheduler(config, "memslice-scheduler")
-            binds = timed_binds(ext)
-            out["extender_s"] = run_pods(cluster, args.pods, "memslice-scheduler", 1)
-            sched.stop()
-            out["binds"] = len(binds)
-            for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
-                out[f"bind_ms_{name}"] = 1000 * quantile(binds, q)
-            out["bind_ms_mean"] = 1000 * sum(binds) / len(binds)
-            if not args.extender_only:
-                delete_pods(cluster)
-                plain = dict(config, extenders=[], profiles=[{"schedulerName": "plain-scheduler"}])
-                plain["leaderElection"] = {"leaderElect": False}
-                sched = cluster.start_scheduler(plain, "plain-scheduler")
-                out["plain_s"] = run_pods(cluster, args.pods, "plain-scheduler", 1)
-                sched.stop()
-        finally:
-            ext.stop()
-    out["extender_pods_per_s"] = args.pods / out["extender_s"]
-    if "plain_s" in out:
-        out["plain_pods_per_s"] = args.pods / out["plain_s"]
+    if args.serve_extender:
+        return serve_extender(args)
+    if args.nodes > 40:
+        ap.error("--nodes: at most 40 (the nodes tests/kube_real.py gives kubelet identities: gpu-00..gpu-39)")
+    if args.cpus:
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
+    out = bench(args)
     if args.json:
         print(json.dumps(out))
     else:
-        print(f"{args.pods} pods on {args.nodes} nodes × 8 GPUs, real kube-scheduler:")
-        print(f"  with the extender (filter/prioritize/bind over mTLS): {out['extender_pods_per_s']:.1f} pods/s "
-              f"({out['extender_s']:.1f} s)")
-        if "plain_s" in out:
-            print(f"  without (scheduler's own fit and binding):           {out['plain_pods_per_s']:.1f} pods/s "
-                  f"({out['plain_s']:.1f} s)")
-        print(f"  extender bind latency over {out['binds']} binds: p50 {out['bind_ms_p50']:.1f} ms, p90 "
-              f"{out['bind_ms_p90']:.1f} ms, p99 {out['bind_ms_p99']:.1f} ms, mean {out['bind_ms_mean']:.1f} ms")
+        report(out)
     return 0
 
 

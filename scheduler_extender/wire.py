@@ -229,6 +229,12 @@ def filter_result(args: ExtenderArgs | None, passed: list[str], failed: dict[str
             "FailedAndUnresolvableNodes": unresolvable, "Error": error}
 
 
+def filter_names_answer(names_json: bytes) -> bytes:
+    """ExtenderFilterResult JSON (as filter_result() for NodeNames in, nothing failed) whose NodeNames are
+    `names_json`, a JSON array written as it came (the request's own NodeNames, when every node passed)."""
+    return b'{"Nodes":null,"NodeNames":' + names_json + b',"FailedNodes":{},"FailedAndUnresolvableNodes":{},"Error":""}'
+
+
 def names_json(names: list[str]) -> bytes:
     """NodeNames as JSON, as the server writes filter's answer (orjson), and as kube-scheduler writes the same
     names back in the prioritize that follows: Go's encoder and orjson write a node name ([a-z0-9.-]) alike."""

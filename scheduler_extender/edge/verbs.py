@@ -8,7 +8,8 @@ Nothing here changes state except a successful bind.
 
 The pod is decoded once (records.PodView); fit and score are decisions.py's, read through the memo
 (fitmemo.py): filter's fast path is one lookup pass when the pod fits on every node, its slow path one pass
-over the memoised verdicts.
+over the memoised verdicts. Filter and prioritize first try the request's bytes (filter_json,
+prioritize_json): the names are then looked up, and compared, without being decoded.
 """
 
 from __future__ import annotations
@@ -74,6 +75,32 @@ class Verbs:
         except WireError as exc:
             return 400, wire.filter_result(None, [], {}, {}, str(exc))
         return 200, self._filter_each(args, pod, args.names(), key, split)
+
+    def filter_json(self, data: bytearray) -> tuple[int, Any] | None:
+        """Filter's answer from the request's bytes, when its NodeNames come last (as kube-scheduler writes
+        them: wire.split_names_last) as a plain JSON array of nodes' names: no name decoded when the pod fits
+        on every one (the answer echoes the array), only then when it fails on some (FitMemo.split_json). None
+        otherwise (the server then decodes the body for filter()), so every refusal is filter()'s."""
+        split = wire.split_names_last(data)
+        if split is None:
+            return None
+        head, names_json = split
+        try:
+            obj = wire.decode_pod_of(head)
+        except WireError:
+            return None
+        pod = PodView.of(obj)
+        if pod.error or pod.request is None or not self.state.synced:
+            return None
+        key = pod.key(self.default_policy, self.capped)
+        self.state.expire()
+        out = self.memo.split_json(names_json, key, pod.uid, wire.MAX_NODE_NAMES)
+        if out is None:
+            return None
+        if isinstance(out, bytes):
+            return 200, wire.filter_names_answer(out)
+        names, memo_split = out  # every name a node's (found among the memo's), so valid
+        return 200, self._filter_each(ExtenderArgs(obj, names, None), pod, names, key, memo_split)
 
     def _filter_each(self, args: ExtenderArgs, pod: PodView, names: list[str], key: Key,
                      split: Split) -> dict[str, Any]:

@@ -36,6 +36,8 @@ from itertools import chain, compress, repeat
 from operator import itemgetter
 from typing import Any
 
+import orjson
+
 from ..placement import decisions
 from ..placement.constants import MAX_SCORE, MIN_SCORE
 from ..placement.decisions import LimitNeed, Verdict
@@ -53,7 +55,8 @@ MAX_TABLES = 64  # pod sizes × policies (× limits) kept at once: 18 bytes per 
 Key = tuple[int, str] | tuple[int, str, LimitSig] | tuple[int, str, LimitSig, int]
 REPLAYS = 64  # filter answers kept for the prioritize that follows (one per pod in flight)
 REPLAY_NAMES = 200_000  # node names those may hold in all (bounds what hostile requests can pin)
-Replay = tuple[Key, int, list[str], Ids]  # (key, id epoch, names, their node ids)
+# (key, id epoch, the names or None, their JSON or None (one of the two is kept), their node ids, how many)
+Replay = tuple[Key, int, list[str] | None, bytes | None, Ids, int]
 
 # What decisions.verdict reads of a node: the unit, the unplaced MiB, the error, the limit sums' column, then
 # per GPU in `rows` order its index, MiB, health and used MiB. Not the node's name, nor a GPU's UUID or model:
@@ -187,8 +190,43 @@ class FitMemo:
         passed = list(compress(names, mask))
         all_passed = len(passed) == len(names)
         if uid and passed and len(passed) <= REPLAY_NAMES:
-            self._keep_replay(uid, (key, self._epoch, passed, ids if all_passed else index.select(ids, mask)))
+            self._keep_replay(uid, (key, self._epoch, passed, None, ids if all_passed else index.select(ids, mask),
+                                    len(passed)))
         return Split(names, {}, {}, []) if all_passed else self._reasons(table, names, ids, kinds, passed)
+
+    def split_json(self, names_json: bytes, key: Key, uid: str, limit: int) -> bytes | tuple[list[str], Split] | None:
+        """Filter from the request's NodeNames bytes (wire.split_names_last), no name decoded when the pod fits
+        on all: then those very bytes (the answer's NodeNames echoes them; they are kept for the prioritize that
+        follows, which compares its own bytes with them). When it fails on some: the names, decoded, and their
+        split. None when the bytes are not a plain array of at most `limit` names of nodes with a view (the
+        caller decodes the request: the slow path judges those). Why: a filter of all 5,000 nodes spent most of
+        its time making, and then encoding again, 5,000 strings (benchmarks/README.md, "The extender at a third
+        of its CPU")."""
+        with self.state.current():
+            ids = self._index.ids_json(names_json, limit)
+            if ids is None:
+                return None
+            table = self._table(key)
+            kinds = self._kinds(table, key, ids)
+            if NONE in kinds:  # a node went while its verdict was computed
+                return None
+            count = len(kinds)
+            if kinds.count(FITS) == count:
+                if uid and count and count <= REPLAY_NAMES:
+                    self._keep_replay(uid, (key, self._epoch, None, names_json, ids, count))
+                self._trim(key)
+                return names_json
+            names: list[str] = orjson.loads(names_json)  # plain strings (ids_json read them)
+            passed: list[str] = []
+            if table.fitting:
+                mask = kinds.translate(_PASS)
+                passed = list(compress(names, mask))
+                if uid and passed and len(passed) <= REPLAY_NAMES:
+                    self._keep_replay(uid, (key, self._epoch, passed, None, self._index.select(ids, mask),
+                                            len(passed)))
+            split = self._reasons(table, names, ids, kinds, passed)
+            self._trim(key)
+            return names, split
 
     def all_fit(self, names: list[Any], key: Key, uid: str = "") -> bool:
         """Does the pod fit on every one of `names`? (split(), answered yes or no.)"""
@@ -223,10 +261,10 @@ class FitMemo:
             replay = self._replays.pop(uid, None)
             if replay is None:
                 return None
-            self._replay_names -= len(replay[2])
-            if replay[0] != key or replay[1] != self._epoch or not self._index.same(replay[2], names):
+            self._replay_names -= replay[5]
+            if replay[0] != key or replay[1] != self._epoch or not self._same_names(replay, names):
                 return None
-            out = self._priority_list(self._table(key), key, replay[3])
+            out = self._priority_list(self._table(key), key, replay[4])
             self._trim(key)
             return out
 
@@ -239,13 +277,30 @@ class FitMemo:
             return None
         with self.state.current():
             replay = self._replays.get(uid)
-            if replay is None or replay[0] != key or replay[1] != self._epoch or names_json != wire_names(replay[2]):
+            if replay is None or replay[0] != key or replay[1] != self._epoch or names_json != self._json_of(replay):
                 return None
             del self._replays[uid]
-            self._replay_names -= len(replay[2])
-            out = self._priority_list(self._table(key), key, replay[3])
+            self._replay_names -= replay[5]
+            out = self._priority_list(self._table(key), key, replay[4])
             self._trim(key)
             return out
+
+    def _same_names(self, replay: Replay, names: list[Any]) -> bool:
+        """Are `names` (a request's, unchecked) the names of the kept answer?"""
+        if replay[2] is not None:
+            return self._index.same(replay[2], names)
+        try:
+            return replay[3] == wire_names(names)
+        except (TypeError, orjson.JSONEncodeError):  # not names at all
+            return False
+
+    @staticmethod
+    def _json_of(replay: Replay) -> bytes:
+        """The kept answer's names as JSON (as kube-scheduler writes them back in prioritize)."""
+        if replay[3] is not None:
+            return replay[3]
+        assert replay[2] is not None  # one of the two is kept
+        return wire_names(replay[2])
 
     def verdicts(self, names: list[str], key: Key) -> list[Verdict | None]:
         """Every name's verdict (None: no view, the node is unknown or not a memslice node), computed for the
@@ -520,7 +575,7 @@ class FitMemo:
 
     def _keep_replay(self, uid: str, replay: Replay) -> None:
         old = self._replays.pop(uid, None)
-        self._replay_names += len(replay[2]) - (len(old[2]) if old is not None else 0)
+        self._replay_names += replay[5] - (old[5] if old is not None else 0)
         self._replays[uid] = replay
         while len(self._replays) > REPLAYS or self._replay_names > REPLAY_NAMES:
-            self._replay_names -= len(self._replays.popitem(last=False)[1][2])
+            self._replay_names -= self._replays.popitem(last=False)[1][5]

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from array import array
 from itertools import compress, repeat
 from operator import is_, itemgetter
 from typing import Any
+
+import orjson
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,11 @@ def _gather(seq: Any, ids: list[int]) -> tuple[Any, ...]:
     if len(ids) > 1:
         return itemgetter(*ids)(seq)  # type: ignore[no-any-return]
     return tuple(seq[i] for i in ids)  # itemgetter of one id answers the item itself, of none is an error
+
+
+# A JSON array of plain strings: printable ASCII without `"` or `\\` (what ids_json reads without decoding)
+_PLAIN_NAMES = re.compile(rb'[ \t\n\r]*\[[ \t\n\r]*(?:"[ !#-\[\]-~]*"(?:[ \t\n\r]*,[ \t\n\r]*"[ !#-\[\]-~]*")*'
+                          rb'[ \t\n\r]*)?\][ \t\n\r]*')
 
 
 def has_none(items: Any) -> bool:
@@ -78,6 +86,15 @@ class NameIds:
         """Every name's id, or None when some name has none (TypeError for an unhashable name)."""
         ids = self.lookup(names)
         return None if has_none(ids) else ids
+
+    def ids_json(self, data: bytes, limit: int) -> Ids | None:
+        """ids() of the names in `data`, the bytes of a JSON array of strings (a request's NodeNames, not
+        decoded): None unless it is an array of plain strings (printable ASCII, no escapes) with at most
+        `limit` names, every one held."""
+        if _PLAIN_NAMES.fullmatch(data) is None:
+            return None
+        names = orjson.loads(data)
+        return self.ids(names) if len(names) <= max(limit, 0) else None
 
     def pack(self, ids: list[int]) -> Ids:
         """Ids from a list of ids (every one an int)."""
@@ -129,6 +146,9 @@ class NativeNameIds(NameIds):
 
     def ids(self, names: list[Any]) -> Ids | None:
         return self._native.ids(names)
+
+    def ids_json(self, data: bytes, limit: int) -> Ids | None:
+        return self._native.ids_json(data, limit)
 
     def pack(self, ids: list[int]) -> Ids:
         return array("I", ids).tobytes()

@@ -370,7 +370,7 @@ def test_kept_filter_answers_are_bounded_and_replayed_only_while_valid(monkeypat
         pod = pod_obj(f"p{step}", {"main": 1000})
         pod["metadata"]["uid"] = f"uid-{step}"
         verbs.filter({"Pod": pod, "NodeNames": names[:count]})
-        assert verbs.memo._replay_names == sum(len(r[2]) for r in verbs.memo._replays.values()) <= 30
+        assert verbs.memo._replay_names == sum(r[5] for r in verbs.memo._replays.values()) <= 30
     assert list(verbs.memo._replays) == ["uid-1", "uid-3"]  # oldest dropped first; the 31-name one never kept
     pod = pod_obj("p1", {"main": 1000})
     pod["metadata"]["uid"] = "uid-1"
@@ -641,3 +641,95 @@ def test_the_memo_holds_a_bounded_number_of_tables(monkeypatch: pytest.MonkeyPat
     assert list(verbs.memo._tables) == [(1000, "binpack"), (4000, "binpack")]
     assert verbs.memo.size() == 10
     check_summaries(state, names, verbs.memo)
+
+
+def scheduler_body(pod: dict, names: object) -> bytearray:
+    """ExtenderArgs as kube-scheduler writes them with nodeCacheCapable (Go: Pod, Nodes, NodeNames)."""
+    return bytearray(orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}))
+
+
+def test_filter_from_the_bytes_answers_what_filter_answers() -> None:
+    """Verbs.filter_json (the names looked up from the request's bytes, echoed when every node passes) answers
+    what a fresh filter() answers on the decoded request, whatever binds land in between; where it declines
+    (names that are no nodes, a pod without memslice memory) the server's filter() answers. The prioritize that
+    follows, from its own bytes, answers what a fresh prioritize answers."""
+    rng = random.Random(39)
+    state = ClusterState()
+    gpus: dict[str, list[str]] = {}
+    for i in range(12):
+        sizes = [rng.choice((8000, 16000, 40000)) for _ in range(rng.randint(1, 4))]
+        state.upsert_node(node_obj(f"n{i}", sizes))
+        gpus[f"n{i}"] = [f"GPU-n{i}-{g}" for g in range(len(sizes))]
+    state.upsert_node(plain_node("cpu"))
+    state.nodes_synced.set()
+    state.pods_synced.set()
+    verbs = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # no binds here
+    taken = {"echoed": 0, "split": 0, "declined": 0}
+    replayed = 0
+    for step in range(300):
+        names = rng.sample([*gpus, "cpu", "unknown"] if step % 3 == 0 else list(gpus), rng.randint(1, 12))
+        pod = pod_obj(f"p{step}", {"main": rng.choice((1000, 7000, 15000, 30000))},
+                      policy=rng.choice((None, "spread")))
+        pod["metadata"]["uid"] = f"uid-{step}"
+        body = scheduler_body(pod, names)
+        fresh = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]
+        want = fresh.filter(orjson.loads(body))
+        got = verbs.filter_json(body)
+        assert body == scheduler_body(pod, names)  # left as it was
+        if got is None:
+            taken["declined"] += 1
+            got = verbs.filter(orjson.loads(body))
+        else:
+            taken["echoed" if isinstance(got[1], bytes) else "split"] += 1
+        assert (got[0], orjson.loads(orjson.dumps(got[1]) if not isinstance(got[1], bytes) else got[1])) == want
+        for _ in range(rng.choice((0, 1, 2))):  # binds of other pods land in between
+            node = rng.choice(list(gpus))
+            state.hold(f"h{step}-{_}", Charge(rng.choice(gpus[node]), node, rng.choice((500, 4000)), 0, None))
+        passed = want[1]["NodeNames"]
+        if passed:
+            answer = verbs.prioritize_json(scheduler_body(pod, passed))
+            replayed += answer is not None
+            assert ((200, answer) if answer is not None else verbs.prioritize({"Pod": pod, "NodeNames": passed})
+                    ) == fresh.prioritize({"Pod": pod, "NodeNames": passed}), step
+    assert min(taken.values()) > 10 and replayed > 100, (taken, replayed)
+
+
+def test_filter_from_the_bytes_echoes_the_array_and_declines_what_it_cannot_read(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every node passes: the answer's NodeNames are the request's array byte for byte (whitespace and all).
+    Names with escapes, more names than wire.MAX_NODE_NAMES, a body not written as kube-scheduler writes it,
+    nodes the memo meets for the first time (their ids are given on the decoding path): declined (None), so
+    filter() judges them as before (the escaped name decoded, too many names refused)."""
+    state, verbs, names = synced_cluster(3, [40000])
+    pod = pod_obj("p", {"main": 1000})
+    pod["metadata"]["uid"] = "uid-p"
+    assert verbs.filter_json(scheduler_body(pod, names)) is None  # first sight
+    verbs.filter({"Pod": pod, "NodeNames": names})
+    body = scheduler_body(pod, names).replace(b'"NodeNames":["n0","n1","n2"]', b'"NodeNames":[ "n0",\n "n1" ,"n2"]')
+    got = verbs.filter_json(body)
+    assert got is not None and got[0] == 200 and isinstance(got[1], bytes)
+    assert b'"NodeNames":[ "n0",\n "n1" ,"n2"],' in got[1]
+    assert orjson.loads(got[1]) == verbs.filter({"Pod": pod, "NodeNames": names})[1]
+    escaped = scheduler_body(pod, names).replace(b'"n1"', b'"n\\u0031"')
+    assert verbs.filter_json(escaped) is None
+    assert verbs.filter(orjson.loads(escaped))[1]["NodeNames"] == names
+    assert verbs.filter_json(bytearray(orjson.dumps({"NodeNames": names, "Pod": pod}))) is None
+    assert verbs.filter_json(scheduler_body({"metadata": {}}, names)) is None  # filter() answers 400
+    monkeypatch.setattr(wire, "MAX_NODE_NAMES", 2)
+    assert verbs.filter_json(scheduler_body(pod, names)) is None
+    assert verbs.filter(orjson.loads(scheduler_body(pod, names)))[0] == 400
+
+
+def test_the_server_answers_filter_from_the_bytes(cluster: Cluster) -> None:
+    """Through HTTP: the answer echoes the request's array as it was written (the bytes path served it, once
+    the node has its id)."""
+    body = orjson.dumps({"Pod": pod_obj("x", {"main": 1}), "Nodes": None, "NodeNames": ["n"]}).replace(
+        b'["n"]', b'[ "n" ]')
+    request = (b"POST /filter HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: "
+               + str(len(body)).encode() + b"\r\n\r\n" + body)
+    exchange(cluster, request)
+    out = exchange(cluster, request)
+    head, _, rest = out.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b'"NodeNames":[ "n" ],' in rest
+    assert orjson.loads(rest) == {"Nodes": None, "NodeNames": ["n"], "FailedNodes": {},
+                                  "FailedAndUnresolvableNodes": {}, "Error": ""}

@@ -137,3 +137,24 @@ def test_the_servers_own_certificate_is_no_client_certificate(cluster: Cluster, 
     open the verbs to whoever presents it as a client."""
     d = pki[0]
     refused(cluster, client_context(d / "ca.crt", d / "server.crt", d / "server.key"))
+
+
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_3, ssl.TLSVersion.TLSv1_2], ids=["tls1.3", "tls1.2"])
+def test_no_session_tickets_are_minted(cluster: Cluster, pki: tuple[Path, Path], version: ssl.TLSVersion) -> None:
+    """kube-scheduler's client never resumes a session (no session cache) and dials often: the extender sends
+    it no tickets (minting them was half of each handshake's CPU, issue 39). A served request first, so the
+    client has read whatever the server sent after the handshake."""
+    assert cluster.ext is not None
+    d = pki[0]
+    ctx = client_context(d / "ca.crt", d / "client.crt", d / "client.key")
+    ctx.minimum_version = ctx.maximum_version = version
+    conn = http.client.HTTPSConnection("127.0.0.1", cluster.ext.port, timeout=10, context=ctx)
+    try:
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().read() == b"ok\n"
+        sock = conn.sock
+        assert isinstance(sock, ssl.SSLSocket) and sock.version() == {ssl.TLSVersion.TLSv1_3: "TLSv1.3",
+                                                                       ssl.TLSVersion.TLSv1_2: "TLSv1.2"}[version]
+        assert sock.session is not None and not sock.session.has_ticket
+    finally:
+        conn.close()

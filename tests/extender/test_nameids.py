@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import itertools
+import json
 import logging
 import os
 import random
@@ -199,3 +201,54 @@ def test_without_the_native_module_the_memo_says_so_and_uses_python(monkeypatch:
         index = nameids.name_ids()
     assert type(index) is NameIds
     assert "No module named '_nameids'" in caplog.text and "C compiler" in caplog.text
+
+
+def _json_array(items: list[str], spaces: list[str]) -> bytes:
+    """`items` as a JSON array (json.dumps: escapes where needed), with the given whitespace around each."""
+    pad = itertools.cycle(spaces)
+    return (next(pad) + "[" + next(pad) + (next(pad) + "," + next(pad)).join(json.dumps(x) for x in items)
+            + next(pad) + "]" + next(pad)).encode()
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(names, max_size=20), st.lists(st.sampled_from(["", " ", "\n", "\t ", "\r\n"]), min_size=1,
+                                              max_size=4),
+       st.lists(st.tuples(st.integers(0, 400), st.binary(max_size=3)), max_size=2), st.integers(0, 25))
+def test_ids_from_a_json_array_answer_what_the_python_reference_answers(
+        query: list[str], spaces: list[str], edits: list[tuple[int, bytes]], limit: int) -> None:
+    """ids_json (a filter's NodeNames read from the request's bytes) against the reference: the same ids for a
+    plain array of held names within the limit, None for everything else (escapes, non-ASCII, broken JSON,
+    trailing bytes, unknown names, too many names), whatever bytes are spliced in."""
+    py, native = pair()
+    for i, name in enumerate(sorted({*query, "node-00001", "a\\b", 'q"'})):
+        py.set(name, i)
+        native.set(name, i)
+    data = _json_array(query, spaces)
+    for at, insert in edits:
+        data = data[:at] + insert + data[at:]
+    want = py.ids_json(data, limit)
+    got = native.ids_json(data, limit)
+    assert (None if got is None else native.to_list(got)) == want
+    plain = all(x.isascii() and x.isprintable() and '"' not in x and "\\" not in x for x in query)
+    if not edits and plain and len(query) <= limit:  # a plain array of held names: found, in its order
+        assert want == [py.get(x) for x in query]
+
+
+def test_ids_from_json_refuse_what_is_not_a_plain_array() -> None:
+    py, native = pair()
+    for i, name in enumerate(["a", "node-2", "aa"]):
+        py.set(name, i)
+        native.set(name, i)
+    for data in (b'["a","node-2"]', b' [ "a" ,\n"node-2" ]\r\n', b"[]", b"[ ]"):
+        assert native.to_list(native.ids_json(data, 10)) == py.ids_json(data, 10) == [
+            py.get(x) for x in json.loads(data)]
+    for bad in (b'["a",]', b'["a" "aa"]', b'["x"]', b'["a\\u0061"]', b'["a"]x', b'["a"', b"", b'"a"', b"[1]",
+                b'[["a"]]', b'["a",null]', b'{"a":1}', b'["a"]]', b"[,]", "[\"\u00e9\"]".encode()):
+        assert native.ids_json(bad, 10) is None and py.ids_json(bad, 10) is None, bad
+    assert native.ids_json(b'["a","a","a"]', 2) is None and py.ids_json(b'["a","a","a"]', 2) is None
+    assert native.to_list(native.ids_json(b'["a","a"]', 2)) == [0, 0]
+    for limit in (0, -1, -(2**62)):  # no room at all: only the empty array
+        assert native.ids_json(b'["a"]', limit) is None and py.ids_json(b'["a"]', limit) is None
+        assert native.ids_json(b"[]", limit) == b"" and py.ids_json(b"[]", limit) == []
+    with pytest.raises(TypeError):
+        native._native.ids_json("[]", 1)  # a str is not bytes

@@ -243,6 +243,13 @@ def test_hundreds_of_pods_through_the_real_scheduler(world: World) -> None:
     why = {c.get("message") for p in pods.values() for c in p.get("status", {}).get("conditions", [])
            if c["type"] == "PodScheduled" and c["status"] == "False"}
     assert len(bound) > PODS * 0.8 and fill > 0.85, (len(bound), fill, sorted(why)[:3])
+    # brute force on the final state: no pod left pending would fit on any GPU of the pool (issue 39)
+    size = {f"GPU-{n}-{g}": SIZES_GIB[i % 4] * GIB for i, n in enumerate(NODES) for g in range(8)}
+    most_free = max(size[u] - used.get(u, 0) for u in size)
+    pending = [p for p in pods.values() if not p["spec"].get("nodeName")]
+    fit = [p["metadata"]["name"] for p in pending
+           if int(p["spec"]["containers"][0]["resources"]["limits"][RESOURCE]) <= most_free]
+    assert not fit, f"pending pods that fit a GPU with {most_free} MiB free: {fit}"
     # every binding is the extender's: the scheduler delegated them all (bindVerb)
     bindings = {e["user"]["username"] for e in world.cluster.audit(EXTENDER_USER) + world.cluster.audit(
         SCHEDULER_USER) if e.get("objectRef", {}).get("subresource") == "binding" and e["verb"] == "create"}
