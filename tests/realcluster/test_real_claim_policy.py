@@ -42,7 +42,7 @@ def cluster(real_cluster: RealCluster) -> Iterator[RealCluster]:
     status, out = real_cluster.request("POST", "/api/v1/namespaces", {"metadata": {
         "name": ADMIN_NS, "labels": {"resource.kubernetes.io/admin-access": "true"}}})
     assert status in (201, 409), out
-    first, _ = REFUSED["count 2"]
+    first, _ = REFUSED["count 17"]
     wait_until("the claim policy in force", lambda: create(real_cluster, first)[0] == 422, POLICY_DELAY_S, 0.5)
     yield real_cluster
 
