@@ -19,7 +19,7 @@
 #define EL_BACK_AFTER_MS 2000     /* memory yielded for an ask stays in host memory at least this long */
 #define EL_SKIP_NOACK_MS 10000     /* a slot that did not acknowledge an ask is not asked again for this long */
 
-struct echunk { CUmemGenericAllocationHandle h; int host; };
+struct echunk { CUmemGenericAllocationHandle h; int host; int moving; /* in the mover's batch */ };
 struct erange { CUdeviceptr va; uint64_t size; unsigned n; struct erange *next; struct echunk c[]; };
 /* A neighbour that could not take its share to host memory (issue 26), as an asker saw it. */
 struct refusal { int slot; int32_t pid; struct eb_hostnote note; };

@@ -6,34 +6,20 @@
 #include <unistd.h>
 
 #include "elastic.h"
+#include "elastic_vmm.h"
+
+/* The mover's copy streams and its batch (only the background thread moves, under g_mu). */
+static struct elastic_streams g_streams;
+static struct elastic_batch g_batch;
 
 /* A physical allocation of `size` bytes on this process's GPU, or in host memory. */
 CUresult el_create_phys(CUmemGenericAllocationHandle *h, uint64_t size, int host) {
-    CUmemAllocationProp p;
-    memset(&p, 0, sizeof p);
-    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    p.location.type = host ? CU_MEM_LOCATION_TYPE_HOST : CU_MEM_LOCATION_TYPE_DEVICE;
-    p.location.id = host ? 0 : g_ord;
-    CUresult rc = REAL(cuMemCreate)(h, size, &p, 0);
-    if (rc == CUDA_ERROR_INVALID_VALUE && host) { /* drivers before 12.2 know only HOST_NUMA */
-        p.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
-        rc = REAL(cuMemCreate)(h, size, &p, 0);
-    }
-    return rc;
+    return elastic_create_phys(h, size, host, g_ord);
 }
 
 /* Map a handle at va and give this process's GPU read-write access to it. */
 CUresult el_map_rw(uint64_t va, uint64_t size, CUmemGenericAllocationHandle h) {
-    CUresult rc = REAL(cuMemMap)(va, size, 0, h, 0);
-    if (rc != CUDA_SUCCESS) return rc;
-    CUmemAccessDesc d;
-    memset(&d, 0, sizeof d);
-    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    d.location.id = g_ord;
-    d.flags = 3; /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE */
-    rc = REAL(cuMemSetAccess)(va, size, &d, 1);
-    if (rc != CUDA_SUCCESS) REAL(cuMemUnmap)(va, size);
-    return rc;
+    return elastic_map_rw(va, size, h, g_ord);
 }
 
 /* The HBM the driver has free on this process's GPU (the evidence that HBM is short, never a neighbour's
@@ -43,41 +29,46 @@ uint64_t el_driver_free(void) {
     return REAL(cuMemGetInfo_v2)(&fr, &tot) == CUDA_SUCCESS ? (uint64_t)fr : UINT64_MAX;
 }
 
-/* Move chunk i of a range to its new physical allocation nh (in host memory if to_host, else on the device),
- * at the same address; nh is released on failure. The gate is closed and g_mu held. The bytes are copied to
- * the new allocation through a temporary mapping first, so a failure at any step leaves the old mapping
- * (and the data) in place. 0, or -1. */
-static int remap(struct erange *r, unsigned i, CUmemGenericAllocationHandle nh, int to_host) {
-    CUdeviceptr tmp, va = r->va + (uint64_t)i * EL_CHUNK;
-    uint64_t len = chunk_len(r, i), t0 = now_ns();
-    if (REAL(cuMemAddressReserve)(&tmp, len, 0, 0, 0) != CUDA_SUCCESS) {
-        REAL(cuMemRelease)(nh);
-        return -1;
-    }
-    int ok = el_map_rw(tmp, len, nh) == CUDA_SUCCESS;
-    if (ok) {
-        ok = REAL(cuMemcpyDtoD_v2)(tmp, va, len) == CUDA_SUCCESS;
-        REAL(cuCtxSynchronize)();
-        REAL(cuMemUnmap)(tmp, len);
-    }
-    REAL(cuMemAddressFree)(tmp, len);
-    if (ok && REAL(cuMemUnmap)(va, len) == CUDA_SUCCESS) {
-        if (el_map_rw(va, len, nh) == CUDA_SUCCESS) {
-            REAL(cuMemRelease)(r->c[i].h);
-            r->c[i].h = nh;
-            r->c[i].host = to_host;
-            if (to_host) { g_resident -= len; g_swapped += len; }
-            else { g_swapped -= len; g_resident += len; }
-            uint64_t dt = now_ns() - t0;
-            if (to_host) { g_me.swap_outs++; g_me.swap_out_ns += dt; }
-            else { g_me.swap_ins++; g_me.swap_in_ns += dt; }
-            return 0;
+/* Add chunk i of r to the batch, to move to the new physical allocation nh. */
+static void batch_add(struct erange *r, unsigned i, CUmemGenericAllocationHandle nh) {
+    struct elastic_move *m = &g_batch.mv[g_batch.n++];
+    *m = (struct elastic_move){.va = r->va + (uint64_t)i * EL_CHUNK, .len = chunk_len(r, i), .from = r->c[i].h,
+                               .to = nh, .owner = r, .idx = i};
+    r->c[i].moving = 1;
+}
+
+/* Move the batch's chunks to their new allocations (in host memory if to_host, else on the device) at the
+ * same addresses (elastic_vmm.c: staged with the gate open, copied and remapped with it closed, cleaned up
+ * with it open again); a chunk that could not move keeps its old mapping and bytes. Caller holds g_mu. The
+ * bytes moved. */
+static uint64_t move_batch(int to_host) {
+    uint64_t t0 = now_ns(), moved = 0, n = 0;
+    g_batch.ord = g_ord;
+    if (elastic_move_stage(&g_batch) == 0) {
+        if (el_gate_close() == 0) {
+            elastic_move_remap(&g_batch, &g_streams);
+            el_gate_open();
         }
-        if (el_map_rw(va, len, r->c[i].h) != CUDA_SUCCESS) /* the old handle still holds the bytes */
-            shim_log(LOG_ERROR, "memslice: elastic range at 0x%llx could not be mapped back", (unsigned long long)va);
     }
-    REAL(cuMemRelease)(nh);
-    return -1;
+    for (unsigned k = 0; k < g_batch.n; k++) {
+        struct elastic_move *m = &g_batch.mv[k];
+        struct erange *r = m->owner;
+        r->c[m->idx].moving = 0;
+        if (!m->ok) continue;
+        r->c[m->idx].h = m->to;
+        r->c[m->idx].host = to_host;
+        moved += m->len;
+        n++;
+    }
+    elastic_move_finish(&g_batch);
+    g_batch.n = 0;
+    if (to_host) { g_resident -= moved; g_swapped += moved; }
+    else { g_swapped -= moved; g_resident += moved; }
+    if (!n) return 0;
+    uint64_t dt = now_ns() - t0;
+    if (to_host) { g_me.swap_outs += n; g_me.swap_out_ns += dt; }
+    else { g_me.swap_ins += n; g_me.swap_in_ns += dt; }
+    return moved;
 }
 
 /* What this process keeps in HBM whatever it is asked (issue 26): its request, always; idle, nothing only if
@@ -159,15 +150,21 @@ static uint64_t yield(uint64_t want, int idle, uint64_t first, uint64_t last) {
         note_refused(first, last, most, &v);
         return 0;
     }
-    if (el_gate_close() < 0) return 0;
     CUmemGenericAllocationHandle nh;
-    for (struct erange *r = g_ranges; r && given < want; r = r->next)
-        for (unsigned i = r->n; i-- > 0 && given < want;) {
-            uint64_t len = chunk_len(r, i);
-            if (r->c[i].host || g_resident < floor + len) continue;
-            if (el_create_phys(&nh, len, 1) == CUDA_SUCCESS && remap(r, i, nh, 1) == 0) given += len;
-        }
-    el_gate_open();
+    for (int more = 1; more && given < want;) { /* batches of ELASTIC_BATCH chunks */
+        uint64_t planned = 0;
+        for (struct erange *r = g_ranges; r && given + planned < want && g_batch.n < ELASTIC_BATCH; r = r->next)
+            for (unsigned i = r->n; i-- > 0 && given + planned < want && g_batch.n < ELASTIC_BATCH;) {
+                uint64_t len = chunk_len(r, i);
+                if (r->c[i].host || r->c[i].moving || g_resident - planned < floor + len) continue;
+                if (el_create_phys(&nh, len, 1) != CUDA_SUCCESS) continue;
+                batch_add(r, i, nh);
+                planned += len;
+            }
+        uint64_t moved = g_batch.n ? move_batch(1) : 0;
+        given += moved;
+        more = moved > 0;
+    }
     if (given) g_yield_ns = coarse_ns(); /* the same clock as the activity stamp it is compared with */
     char a[32], b[32];
     shim_log(LOG_INFO, "memslice: elastic: %s moved to host memory for a neighbour that asked for %s (%s)",
@@ -198,49 +195,65 @@ static int neighbour_first(uint64_t my_idle_ms, uint64_t len) {
     return 0;
 }
 
-/* The oldest host-resident chunk (the list is newest first; within a range, the first chunk): the request
- * is what was allocated first, so it comes back first. */
+/* The oldest host-resident chunk not already in the batch (the list is newest first; within a range, the
+ * first chunk): the request is what was allocated first, so it comes back first. */
 static struct erange *oldest_host(unsigned *idx) {
     struct erange *pick = NULL;
     for (struct erange *r = g_ranges; r; r = r->next)
         for (unsigned i = r->n; i-- > 0;)
-            if (r->c[i].host) { pick = r; *idx = i; }
+            if (r->c[i].host && !r->c[i].moving) { pick = r; *idx = i; }
     return pick;
 }
 
-/* Bring back one host-resident chunk when HBM has room (issue 26, "coming back"): the request first, then
- * the bursts, only when no neighbour is short of its request and no more recently active neighbour waits
- * for its own. Memory this process yielded stays out for EL_BACK_AFTER_MS after the move (the asker takes
- * the room it made; nothing ping-pongs). One chunk per tick, so the gate is closed briefly. Caller holds
- * g_mu. */
-static void swap_in_one(void) {
+/* Whether a chunk of `len` may come back now, `planned` bytes being chosen already (issue 26, "coming back"):
+ * within the request, always; a burst, only when this process did not yield it within EL_BACK_AFTER_MS (the
+ * asker takes the room it made; nothing ping-pongs) and no neighbour goes first. *burst caches that answer
+ * for the batch (-1: not asked yet; the board is read once). */
+static int may_come_back(uint64_t planned, uint64_t len, int *burst) {
+    if (g_resident + planned + len <= g_cfg.request) return 1;
+    if (*burst < 0) {
+        uint64_t my_idle = (now_ns() - __atomic_load_n(&g_last_call_ns, __ATOMIC_RELAXED)) / 1000000ull;
+        uint64_t rest = g_swapped - planned, most = (uint64_t)ELASTIC_BATCH * EL_CHUNK;
+        int yielded = g_yield_ns && coarse_ns() - g_yield_ns < EL_BACK_AFTER_MS * 1000000ull;
+        *burst = !yielded && !neighbour_first(my_idle, rest < most ? rest : most);
+    }
+    return *burst;
+}
+
+/* HBM is full for the next chunk of `len` (nothing is gated): short of its request, ask neighbours, bursts
+ * included; active with bursts in host memory, idle neighbours and lower priorities only (without waiting;
+ * retried at most once a second). */
+static void ask_for_room(uint64_t len) {
+    static uint64_t last_ask;
+    int within = g_resident + len <= g_cfg.request;
+    if ((within || !el_is_idle()) && now_ns() - last_ask > 1000000000ull) {
+        last_ask = now_ns();
+        el_make_room(within ? g_cfg.request - g_resident : g_swapped, within, 0, NULL);
+    }
+}
+
+/* Bring host-resident chunks back while HBM has room (issue 26, "coming back"): the request first, then the
+ * bursts, only when no neighbour is short of its request and no more recently active neighbour waits for its
+ * own; at most ELASTIC_BATCH chunks per tick, moved as one batch (the gate closes once, for the copies and the
+ * remaps). Caller holds g_mu. */
+static void swap_in(void) {
     if (!g_swapped) return;
     unsigned i = 0;
-    struct erange *pick = oldest_host(&i);
-    if (!pick) return;
-    uint64_t len = chunk_len(pick, i);
-    if (g_resident + len > g_cfg.request && g_yield_ns && coarse_ns() - g_yield_ns < EL_BACK_AFTER_MS * 1000000ull)
-        return; /* a burst it yielded: the asker takes the room first */
-    uint64_t my_idle = (now_ns() - __atomic_load_n(&g_last_call_ns, __ATOMIC_RELAXED)) / 1000000ull;
-    if (g_resident + len > g_cfg.request && neighbour_first(my_idle, len)) return;
+    uint64_t planned = 0;
+    int burst = -1;
+    struct erange *pick;
     CUmemGenericAllocationHandle nh;
-    static uint64_t last_ask;
-    if (el_create_phys(&nh, len, 0) != CUDA_SUCCESS) { /* HBM full: nothing is gated */
-        int within = g_resident + len <= g_cfg.request;
-        if ((within || !el_is_idle()) && now_ns() - last_ask > 1000000000ull) {
-            /* short of its request: ask neighbours, bursts included; active with bursts in host memory: idle
-             * neighbours and lower priorities only (without waiting; retried at most once a second) */
-            last_ask = now_ns();
-            el_make_room(within ? g_cfg.request - g_resident : g_swapped, within, 0, NULL);
+    while (g_batch.n < ELASTIC_BATCH && (pick = oldest_host(&i))) {
+        uint64_t len = chunk_len(pick, i);
+        if (!may_come_back(planned, len, &burst)) break;
+        if (el_create_phys(&nh, len, 0) != CUDA_SUCCESS) {
+            if (!g_batch.n) ask_for_room(len);
+            break;
         }
-        return;
+        batch_add(pick, i, nh);
+        planned += len;
     }
-    if (el_gate_close() < 0) {
-        REAL(cuMemRelease)(nh);
-        return;
-    }
-    remap(pick, i, nh, 0);
-    el_gate_open();
+    if (g_batch.n) move_batch(0);
 }
 
 /* The background thread: el_publish, answer asks, bring memory back. It makes CUDA calls in the context of the
@@ -252,6 +265,7 @@ static void swap_in_one(void) {
 void *elastic_thread(void *arg) {
     (void)arg;
     REAL(cuCtxSetCurrent)(g_ctx);
+    elastic_streams_init(&g_streams);
     uint64_t handled[EB_SLOTS] = {0}, answered_ns = 0;
     struct el_askers cache = {0};
     int from[EB_SLOTS];
@@ -274,7 +288,7 @@ void *elastic_thread(void *arg) {
             eb_put_answer(&g_board, &an);
             done = last;
         } else {
-            swap_in_one();
+            swap_in();
         }
         el_drain_probe();
         el_publish(done);
