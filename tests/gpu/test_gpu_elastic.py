@@ -159,7 +159,10 @@ def test_idle_tenant_swaps_out_and_back_with_every_byte(tmp_path):
                 assert while_swapped == {"checked": TENANT_MIB // BLOCK_MIB, "bad": 0}, while_swapped
             # B has ended: A, active again (each check is a CUDA call), gets its memory back in the GPU (NVML)
             assert wait_for(lambda: a.ask("check")["bad"] == 0 and nvml_mib(a_pid) >= a_full, 90), nvml_mib(a_pid)
-            back, a_back = board(edir, a_pid), nvml_mib(a_pid)
+            a_back = nvml_mib(a_pid)
+            # the move times: the board's figures once A has published the last move back (residency was NVML's)
+            assert wait_for(lambda: board(edir, a_pid).swapped_bytes == 0, 30), board(edir, a_pid)
+            back = board(edir, a_pid)
             after = a.ask("check")
             assert after == {"checked": TENANT_MIB // BLOCK_MIB, "bad": 0}, after
     moved_board_mib = out.swapped_bytes // MiB  # what the board's times cover (out, then the same bytes back)
