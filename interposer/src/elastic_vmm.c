@@ -31,6 +31,13 @@ CUresult elastic_create_phys(CUmemGenericAllocationHandle *h, uint64_t size, int
     return rc;
 }
 
+/* The HBM the driver has free on the current context's GPU (the evidence that HBM is short, never a
+ * neighbour's claim); UINT64_MAX if the driver cannot say (then nothing is decided on it). */
+uint64_t elastic_driver_free(void) {
+    size_t fr = 0, tot = 0;
+    return REAL(cuMemGetInfo_v2)(&fr, &tot) == CUDA_SUCCESS ? (uint64_t)fr : UINT64_MAX;
+}
+
 /* Give GPU `ord` read-write access to [va, va + size), a fully mapped range of one or more mappings. */
 static CUresult grant(uint64_t va, uint64_t size, CUdevice ord) {
     CUmemAccessDesc d;

@@ -34,6 +34,7 @@ struct elastic_streams { CUstream s[ELASTIC_STREAMS]; int n; };
 
 CUresult elastic_create_phys(CUmemGenericAllocationHandle *h, uint64_t size, int host, CUdevice ord);
 CUresult elastic_map_rw(uint64_t va, uint64_t size, CUmemGenericAllocationHandle h, CUdevice ord);
+uint64_t elastic_driver_free(void);
 void elastic_streams_init(struct elastic_streams *st);
 /* The three steps of a batch (elastic_vmm.c says what each may do with the gate open or closed). */
 int elastic_move_stage(struct elastic_batch *b);
