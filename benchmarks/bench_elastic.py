@@ -185,8 +185,8 @@ def swap_time(exe: str, tmp: Path, mib: int) -> dict[str, float]:
         wait(lambda: any(t.pid == a.p.pid and t.state == "idle" for t in read_boards(edir)), 60)
         b = Tenant(exe, tenant_env(base, d / "b", mib, 64, edir))
         assert b.cmd(f"alloc {mib} {mib}").startswith("allocated")
+        c1 = sim_counters(a)  # before B leaves: A brings its chunks back as soon as HBM has room
         b.stop()
-        c1 = sim_counters(a)
         assert a.cmd("check").startswith("check ok")
         wait(lambda: any(t.pid == a.p.pid and t.swapped_bytes == 0 for t in read_boards(edir)), 120)
         me = next(t for t in read_boards(edir) if t.pid == a.p.pid)
