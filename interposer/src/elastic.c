@@ -1,4 +1,4 @@
-/* Elastic GPU memory (issue 13; docs/architecture.md, "Elastic memory"): a container's request is
+/* Elastic GPU memory (docs/architecture.md, "Elastic memory"): a container's request is
  * guaranteed in HBM, its limit is what it may hold; above the request it bursts into free HBM; idle tenants'
  * memory moves to host memory when a neighbour needs HBM, and back when they run again, pointers unchanged.
  *
@@ -7,7 +7,7 @@
  * it: mappings are per process) maps new physical allocations in the other place (a HOST location to swap
  * out, the device to swap in) at a temporary range, closes its work gate (hooks_launch.c: no launch, copy or
  * set is submitted), waits for what is in flight, copies every chunk to its new allocation (asynchronously,
- * on several streams, all in flight at once: issue 39), waits for the copies, unmaps each old handle and maps
+ * on several streams, all in flight at once), waits for the copies, unmaps each old handle and maps
  * the new one at the same address, opens the gate, and releases the old handles (elastic_vmm.c).
  *
  * Who yields to whom is decided on the GPU's board (elastic_board.c): a tenant whose device allocation the
@@ -16,10 +16,10 @@
  * for their burst; then waits at most yield_wait_ms; whoever has not acknowledged within ELASTIC_ACK_MS or
  * yielded by then is skipped and the allocation is served from host memory at once (and moved to HBM by
  * the background thread when HBM frees up). Each tenant answers asks from a background thread of its own,
- * moving only when the driver's free memory is below the asker's need, never below its request (issues 25,
- * 26). Memory is mapped in ELASTIC_CHUNK chunks: the unit that moves.
+ * moving only when the driver's free memory is below the asker's need, never below its request. Memory is
+ * mapped in ELASTIC_CHUNK chunks: the unit that moves.
  *
- * Host memory is finite (issue 26): the host memory of a move is created by the moving tenant's own thread,
+ * Host memory is finite: the host memory of a move is created by the moving tenant's own thread,
  * so its pages are charged to that tenant's memory cgroup. Before a move the tenant checks its cgroup and the
  * host (host_room, spill.c); if they cannot take it, it moves nothing, answers at once and says why in its
  * host note on the board. An asker whose burst then cannot be had in HBM fails it with
@@ -121,7 +121,7 @@ static int elastic_setup(int dev, CUdevice ord) {
     return 0;
 }
 
-/* A burst that could not be had because a neighbour could not take its share to host memory (issue 26):
+/* A burst that could not be had because a neighbour could not take its share to host memory:
  * fail it, naming the cause, and count it in this process's host note. */
 static CUresult burst_refused(uint64_t len, const struct elastic_refusal *ref) {
     char a[32], b[32], c[32], d[32];
@@ -141,8 +141,8 @@ static CUresult burst_refused(uint64_t len, const struct elastic_refusal *ref) {
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-/* Host memory for a chunk this process places there itself: only if its own cgroup and the host can take it
- * (issue 26), else CUDA_ERROR_OUT_OF_MEMORY naming why. */
+/* Host memory for a chunk this process places there itself: only if its own cgroup and the host can take it,
+ * else CUDA_ERROR_OUT_OF_MEMORY naming why. */
 static CUresult own_host(CUmemGenericAllocationHandle *h, uint64_t len) {
     struct host_verdict v;
     if (host_room(len, &v) == HOST_ROOM_OK) return elastic_create_phys(h, len, 1, g_es.ord);
@@ -155,7 +155,7 @@ static CUresult own_host(CUmemGenericAllocationHandle *h, uint64_t len) {
 
 /* Physical memory for chunk i of a new range: HBM if the driver has it, else (once per range: *asked) after
  * asking neighbours for what the range still lacks, else host memory at once; a burst fails instead if a
- * neighbour could not take its share to host memory (issue 26). */
+ * neighbour could not take its share to host memory. */
 static CUresult place_chunk(struct elastic_range *r, unsigned i, int *asked) {
     uint64_t len = elastic_chunk_len(r, i);
     r->c[i].host = 0;
@@ -195,7 +195,7 @@ static void unmap_chunks(struct elastic_range *r, unsigned upto, int mapped) {
     REAL(cuMemAddressFree)(r->va, r->size);
 }
 
-/* An address range with physical memory mapped chunk by chunk (the unit that moves: issue 26, only what is
+/* An address range with physical memory mapped chunk by chunk (the unit that moves: only what is
  * needed moves): HBM where it can be had, else host memory. g_es.mu is not held while neighbours are asked for
  * room, so this process's own thread still answers its neighbours. */
 static CUresult map_new(struct elastic_range *r) {

@@ -15,7 +15,7 @@
 #define ELASTIC_CHUNK (32ull << 20)    /* a range's physical memory comes in chunks of this: the unit that moves, so
                                         * an answer moves at most one chunk more than it was asked (the slack) */
 #define ELASTIC_ACK_MS 1000            /* an asked neighbour acknowledges within a tick (or the move it is in) */
-#define ELASTIC_YIELD_GAP_MS 100       /* a tenant moves memory for asks at most once per this (issue 25) */
+#define ELASTIC_YIELD_GAP_MS 100       /* a tenant moves memory for asks at most once per this */
 #define ELASTIC_BACK_AFTER_MS 2000     /* memory yielded for an ask stays in host memory at least this long */
 #define ELASTIC_SKIP_NOACK_MS 10000    /* a slot that did not acknowledge an ask is not asked again for this long */
 
@@ -27,7 +27,7 @@ struct elastic_range {
     struct elastic_range *next;
     struct elastic_chunk c[];
 };
-/* A neighbour that could not take its share to host memory (issue 26), as an asker saw it. */
+/* A neighbour that could not take its share to host memory, as an asker saw it. */
 struct elastic_refusal { int slot; int32_t pid; struct elastic_hostnote note; };
 
 /* The process's elastic state, all of it in one place (defined in elastic.c; the work gate keeps its own, in

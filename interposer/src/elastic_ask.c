@@ -30,7 +30,7 @@ void elastic_publish(uint64_t done_seq) {
 /* What a live neighbour's slot says it could give (a claim, used only to choose whom to ask and for how
  * much; the driver's free memory is the evidence): pass 0, an idle tenant's bytes above its floor; pass 1,
  * an active tenant's burst, only for this process's request (`guaranteed`) or to a higher priority than the
- * neighbour's (issue 26: never the reverse; equal priorities, only for a request). */
+ * neighbour's (never the reverse; equal priorities, only for a request). */
 static uint64_t claim_of(const struct elastic_slot *s, int pass, int guaranteed) {
     if (pass == 0) {
         if (s->state != ELASTIC_IDLE) return 0;
@@ -42,7 +42,7 @@ static uint64_t claim_of(const struct elastic_slot *s, int pass, int guaranteed)
     return s->resident - s->request;
 }
 
-/* Claimed figures are not evidence (issue 25): where the agent wrote a roster, only the slots it assigned
+/* Claimed figures are not evidence: where the agent wrote a roster, only the slots it assigned
  * may be asked, with the request, priority and opt-in it recorded, and what a slot says it holds is capped
  * by the limit it recorded. */
 void elastic_apply_roster(struct elastic_slot *s, int *live) {
@@ -63,7 +63,7 @@ void elastic_apply_roster(struct elastic_slot *s, int *live) {
     }
 }
 
-/* Who may ask this process, with the asker's limit in MiB (issue 35.4): the slots the roster assigned (re-read
+/* Who may ask this process, with the asker's limit in MiB: the slots the roster assigned (re-read
  * at most once a second: the acker polls every 10 ms), else (no agent) every slot, bounded by nothing but the
  * GPU. The cache is the caller's own (one per thread). */
 void elastic_askers(struct elastic_askers *c, int from[ELASTIC_SLOTS], struct elastic_roster_ent ent[ELASTIC_SLOTS]) {
@@ -79,7 +79,7 @@ void elastic_askers(struct elastic_askers *c, int from[ELASTIC_SLOTS], struct el
     }
 }
 
-/* An ask as the asked slot trusts it (pure; issue 35.4: a need of 16 TiB kept a neighbour's burst in host
+/* An ask as the asked slot trusts it (pure: a need of 16 TiB kept a neighbour's burst in host
  * memory): the need at most what the asker may still hold (its limit in the roster, less what it says is
  * resident, itself capped by that limit) and at most the GPU's size; an ask that may take a burst, from a
  * priority not above `mine`, at most what the asker lacks of its request; the share at most the need. */
@@ -96,7 +96,7 @@ uint64_t elastic_bound_ask(uint64_t bits, const struct elastic_roster_ent *asker
     return ELASTIC_ASK_PACK(share, need, bits & ELASTIC_ASK_BURST);
 }
 
-/* Choose whom to ask and for how much (issue 26: only what is needed, longest-idle first, then bursting
+/* Choose whom to ask and for how much (only what is needed, longest-idle first, then bursting
  * active tenants by lowest priority): asks go out in order until the claimed shares cover `left`. Slots
  * in `taken` (asked already, or skipped) are not asked; those asked are added. The bytes not covered. */
 static uint64_t ask_more(struct elastic_slot *s, int *live, int *taken, uint64_t seq, uint64_t left, uint64_t need,
@@ -121,7 +121,7 @@ static uint64_t ask_more(struct elastic_slot *s, int *live, int *taken, uint64_t
     return left;
 }
 
-/* The asker's needed/moved figures (issue 26: metrics and `memslice top` show moved / needed per ask). */
+/* The asker's needed/moved figures (metrics and `memslice top` show moved / needed per ask). */
 static void count_ask(uint64_t need, const int *asked, int n, uint64_t seq) {
     uint64_t got = 0;
     for (int k = 0; k < n; k++) got += elastic_board_moved_for(&g_es.board, asked[k], seq);
@@ -136,7 +136,7 @@ static void count_ask(uint64_t need, const int *asked, int n, uint64_t seq) {
              fmt_bytes(need, a, sizeof a), fmt_bytes(got << 20, b, sizeof b));
 }
 
-/* Ask neighbours for `need` bytes of HBM and wait (bounded) for their answers (issues 25, 26). Asks go
+/* Ask neighbours for `need` bytes of HBM and wait (bounded) for their answers. Asks go
  * to idle tenants first, longest idle first, then (for an ask that may take bursts) bursting active ones,
  * each for a share of what is needed. Claimed figures are not evidence: the wait ends when the driver has
  * `need` free, when every asked slot has answered, or at the deadline; a slot that has not acknowledged

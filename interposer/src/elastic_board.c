@@ -132,7 +132,7 @@ void elastic_board_put_answer(const struct elastic_board *b, const struct elasti
     if (b->slot >= 0) sf_write_own(&b->sf, a, sizeof *a, ELASTIC_ANSWER_OFF);
 }
 
-/* The owner's note (issue 26): one pwrite into its own file, never another's. */
+/* The owner's note: one pwrite into its own file, never another's. */
 void elastic_board_put_note(const struct elastic_board *b, const struct elastic_hostnote *mine) {
     if (b->slot >= 0) sf_write_own(&b->sf, mine, sizeof *mine, ELASTIC_NOTE_OFF);
 }

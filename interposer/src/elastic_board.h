@@ -1,19 +1,19 @@
-/* The elastic arbitration board of one GPU (elastic_board.c), board version 5 (issue 35): a directory
+/* The elastic arbitration board of one GPU (elastic_board.c), board version 5: a directory
  * <dir>/<GPU uuid>.board/ of one file per slot (slotfile.h: "NN.slot", live while its owner holds the write lock
  * on its liveness byte), through which the tenants of that GPU see each other and ask each other to yield HBM.
  * Each file is written by its owner only: the node agent mounts only the container's own slot file read-write,
  * the directory and every other file read-only, so nobody can write a neighbour's figures, answers or notes.
  * Read with bounded preads only, never mapped (an owner may truncate its own file). Layout of a slot file:
  *   [0, 128)        struct elastic_slot: the owner's state and figures (claims: bounded by the roster)
- *   [128, 192)      struct elastic_hostnote: the last asks it could not take to host memory, and why (issue 26)
+ *   [128, 192)      struct elastic_hostnote: the last asks it could not take to host memory, and why
  *   [192, 224)      struct elastic_answer: which asks its last answer covered, and what it moved for them
  *   [256, +64*16)   struct elastic_ask per slot j: this owner's ask of slot j (an asker writes only its own file;
  *                   the asked slot reads the asks addressed to it from every assigned neighbour's file)
  * Versions 1-4 were one shared, tenant-writable file per GPU (<uuid>.board): a tenant could forge a neighbour's
- * answer and host note there (issue 35.3); a version 5 shim does not read them.
+ * answer and host note there; a version 5 shim does not read them.
  * An ask (struct elastic_ask.bytes) packs the asker's share for this slot and its whole need, in MiB, and whether
  * the ask may take an active tenant's burst (for a request, or from a higher priority): ELASTIC_ASK_* below. The
- * asked slot bounds the need by the asker's limit in the roster and by the GPU's size (issue 35.4). */
+ * asked slot bounds the need by the asker's limit in the roster and by the GPU's size. */
 #ifndef MEMSLICE_ELASTIC_BOARD_H
 #define MEMSLICE_ELASTIC_BOARD_H
 
@@ -87,7 +87,7 @@ _Static_assert(sizeof(struct elastic_answer) == 32, "answer is 32 bytes");
  * it); sf.own may still be >= 0 without it (another process of the container holds it): then it asks. */
 struct elastic_board { struct sf_dir sf; int slot; };
 
-/* The roster of a GPU's board (issue 25): <dir>/<GPU uuid>.roster, written by the node agent only (atomically,
+/* The roster of a GPU's board: <dir>/<GPU uuid>.roster, written by the node agent only (atomically,
  * by rename) in a directory tenants see read-only: which slots the agent assigned to containers, with the
  * container's request, limit, priority and idle-release opt-in from the agent's own records. Where a roster
  * exists, a tenant asks only assigned slots and takes their figures from it, not from the slots' claims.

@@ -200,7 +200,7 @@ int elastic_gate_close(void) {
     return 0;
 }
 
-/* Idle (the issue: no CUDA call and no work in flight): no gated call for idle_after, none in progress,
+/* Idle (no CUDA call and no work in flight): no gated call for idle_after, none in progress,
  * and the GPU work queued before the last call has drained. */
 int elastic_is_idle(void) {
     uint64_t last = elastic_last_call_ns();

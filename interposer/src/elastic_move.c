@@ -49,7 +49,7 @@ static uint64_t move_batch(int to_host) {
     return moved;
 }
 
-/* What this process keeps in HBM whatever it is asked (issue 26): its request, always; idle, nothing only if
+/* What this process keeps in HBM whatever it is asked: its request, always; idle, nothing only if
  * its pod opted in (idle_release). */
 static uint64_t keep_floor(int idle) {
     return idle && g_cfg.idle_release ? 0 : g_cfg.request;
@@ -57,7 +57,7 @@ static uint64_t keep_floor(int idle) {
 
 /* How much an ask makes this process move (pure): nothing if it may not take what this process holds above
  * its floor (an active tenant's burst goes only to an ask marked ELASTIC_ASK_BURST) or if HBM is not short (the
- * driver has the asker's whole need free: issue 25, an ask is no evidence); else the asked share, at most
+ * driver has the asker's whole need free: an ask is no evidence); else the asked share, at most
  * what is still missing of the need, at most what lies above the floor. */
 static uint64_t yield_amount(uint64_t bits, int idle, uint64_t free_b) {
     uint64_t share = ELASTIC_ASK_SHARE(bits) << 20, need = ELASTIC_ASK_NEED(bits) << 20, floor = keep_floor(idle);
@@ -68,7 +68,7 @@ static uint64_t yield_amount(uint64_t bits, int idle, uint64_t free_b) {
     return want < g_es.resident - floor ? want : g_es.resident - floor;
 }
 
-/* Record on the board that the asks first..seq could not be taken to host memory, and why (issue 26): their
+/* Record on the board that the asks first..seq could not be taken to host memory, and why: their
  * askers read it before they fail a burst. Caller holds g_es.mu. */
 static void note_refused(uint64_t first, uint64_t seq, uint64_t bytes, const struct host_verdict *v) {
     char a[32], t[400];
@@ -86,7 +86,7 @@ static void note_refused(uint64_t first, uint64_t seq, uint64_t bytes, const str
              v->cause == HOST_ROOM_CGROUP ? "raise this pod's memory limit" : "the node is short of memory");
 }
 
-/* The asks to answer now (issue 35: every assigned neighbour asks in its own file): those newer than the last
+/* The asks to answer now (every assigned neighbour asks in its own file): those newer than the last
  * one answered from each asker, not from the future (a seq is the asker's CLOCK_MONOTONIC, the node's clock)
  * nor older than 30 s, each bounded by its asker's limit (elastic_bound_ask). What they want of this process is
  * the most any one of them wants; *first and *last span their seqs (0: none). */
@@ -119,7 +119,7 @@ static uint64_t pending_want(const struct elastic_ask *asks, const struct elasti
 
 /* Answer the asks first..last: move chunks to host memory (the newest range's last chunks first) until `want`
  * is covered (at most one chunk more: the slack), never below the floor; nothing if the host side cannot
- * take that many bytes (issue 26: this process's cgroup, the host's memory). Caller holds g_es.mu. The bytes
+ * take that many bytes (this process's cgroup, the host's memory). Caller holds g_es.mu. The bytes
  * moved. */
 static uint64_t yield(uint64_t want, int idle, uint64_t first, uint64_t last) {
     uint64_t floor = keep_floor(idle), given = 0;
@@ -155,7 +155,7 @@ static uint64_t yield(uint64_t want, int idle, uint64_t first, uint64_t last) {
 }
 
 /* Whether another live tenant of the GPU goes first (then this process does not bring back bytes above its
- * own request, which would only be asked back): one short of its request (issue 26, "coming back": requests
+ * own request, which would only be asked back): one short of its request (requests
  * first), or one with bytes in host memory that ran more recently than this process (bursts come back most
  * recently active tenant first). */
 static int neighbour_first(uint64_t my_idle_ms, uint64_t len) {
@@ -167,7 +167,7 @@ static int neighbour_first(uint64_t my_idle_ms, uint64_t len) {
     for (int i = 0; i < ELASTIC_SLOTS; i++) {
         if (!live[i] || !s[i].swapped || now_ns() < g_es.skip_until[i]) continue;
         if (!(s[i].resident < s[i].request || s[i].idle_ms < my_idle_ms)) continue;
-        /* a claim is no evidence (issue 35.4): wait only while HBM could not take both its bytes and this chunk */
+        /* a claim is no evidence: wait only while HBM could not take both its bytes and this chunk */
         if (!free_b) free_b = elastic_driver_free();
         uint64_t theirs = s[i].resident < s[i].request ? s[i].request - s[i].resident : s[i].swapped;
         if (theirs > s[i].swapped) theirs = s[i].swapped;
@@ -186,7 +186,7 @@ static struct elastic_range *oldest_host(unsigned *idx) {
     return pick;
 }
 
-/* Whether a chunk of `len` may come back now, `planned` bytes being chosen already (issue 26, "coming back"):
+/* Whether a chunk of `len` may come back now, `planned` bytes being chosen already ("coming back"):
  * within the request, always; a burst, only when this process did not yield it within ELASTIC_BACK_AFTER_MS (the
  * asker takes the room it made; nothing ping-pongs) and no neighbour goes first. *burst caches that answer
  * for the batch (-1: not asked yet; the board is read once). */
@@ -213,7 +213,7 @@ static void ask_for_room(uint64_t len) {
     }
 }
 
-/* Bring host-resident chunks back while HBM has room (issue 26, "coming back"): the request first, then the
+/* Bring host-resident chunks back while HBM has room ("coming back"): the request first, then the
  * bursts, only when no neighbour is short of its request and no more recently active neighbour waits for its
  * own; at most ELASTIC_BATCH chunks per tick, moved as one batch (the gate closes once, for the copies and the
  * remaps). Caller holds g_es.mu. */
@@ -239,8 +239,8 @@ static void swap_in(void) {
 
 /* The background thread: elastic_publish, answer asks, bring memory back. It makes CUDA calls in the context of the
  * elastic allocations. An ask is acknowledged at once by the acker (askers skip a slot that does not ack
- * within ELASTIC_ACK_MS: issue 25, a forged slot that never answers costs them that much, once), answered at most
- * once per ELASTIC_YIELD_GAP_MS (issue 25: asks are rate-limited; the asks of several neighbours pending at once
+ * within ELASTIC_ACK_MS: a forged slot that never answers costs them that much, once), answered at most
+ * once per ELASTIC_YIELD_GAP_MS (asks are rate-limited; the asks of several neighbours pending at once
  * are answered together, each bounded by its asker's limit), the ticks between free for bringing this
  * process's own memory back. */
 void *elastic_thread(void *arg) {
