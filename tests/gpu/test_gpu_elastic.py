@@ -127,51 +127,60 @@ def test_idle_tenant_swaps_out_and_back_with_every_byte(tmp_path):
     env = real_env(MEMSLICE_ELASTIC_DIR=str(edir))
     tenant = [sys.executable, "-c", TENANT]
     opts = ("--gpu-mem-request", "1GiB", "--idle-after", "1")
+    figs: dict[str, object] = {"gpu": "simulated" if KIT_SIM else "real", "tenant_mib": TENANT_MIB}
 
     def start(name: str):
         return held([*run_cmd_argv(8192, tmp_path / name, opts), *tenant], env)
 
-    with held([sys.executable, "-c", HOG, str(LEFT_MIB)], real_env()) as hog:
-        h = hog.read()
-        assert h["free_mib"] <= LEFT_MIB + 2, h
-        with start("a") as a:
-            a_pid = a.read()["pid"]
-            got = a.ask(f"alloc {TENANT_MIB}")
-            assert got == {**got, "allocated_mib": TENANT_MIB, "rc": 0}, got
-            assert wait_for(lambda: board(edir, a_pid).state == "idle", 30), board(edir, a_pid)
-            a_full = nvml_mib(a_pid)  # A's context and all of its 5.5 GiB, in HBM
-            a_ctx = a_full - TENANT_MIB
-            assert a_ctx >= 0, f"NVML says A holds {a_full} MiB after allocating {TENANT_MIB} MiB"
-            with start("b") as b:
-                b_pid = b.read()["pid"]
-                got_b = b.ask(f"alloc {TENANT_MIB}")
-                assert got_b == {**got_b, "allocated_mib": TENANT_MIB, "rc": 0}, got_b
-                assert nvml_mib(b_pid) >= TENANT_MIB, "B's memory is in HBM (NVML)"
-                # only what B lacked moves (issue 26): A's request (1 GiB) stays in GPU memory, as NVML says
-                assert wait_for(lambda: nvml_mib(a_pid) <= a_full - 256, 60), nvml_mib(a_pid)
-                a_out = nvml_mib(a_pid)
-                moved_mib = a_full - a_out
-                assert a_out - a_ctx >= 1024, f"A's request left GPU memory: NVML says {a_out} MiB, context {a_ctx}"
-                out, tb = board(edir, a_pid), board(edir, b_pid)
-                if tb.asked_mib:
-                    assert moved_mib <= 1.25 * tb.asked_mib + 32, f"moved {moved_mib} MiB for {tb.asked_mib}: {tb}"
-                while_swapped = a.ask("check")
-                assert while_swapped == {"checked": TENANT_MIB // BLOCK_MIB, "bad": 0}, while_swapped
-            # B has ended: A, active again (each check is a CUDA call), gets its memory back in the GPU (NVML)
-            assert wait_for(lambda: a.ask("check")["bad"] == 0 and nvml_mib(a_pid) >= a_full, 90), nvml_mib(a_pid)
-            a_back = nvml_mib(a_pid)
-            # the move times: the board's figures once A has published the last move back (residency was NVML's)
-            assert wait_for(lambda: board(edir, a_pid).swapped_bytes == 0, 30), board(edir, a_pid)
-            back = board(edir, a_pid)
-            after = a.ask("check")
-            assert after == {"checked": TENANT_MIB // BLOCK_MIB, "bad": 0}, after
-    moved_board_mib = out.swapped_bytes // MiB  # what the board's times cover (out, then the same bytes back)
-    report("elastic swap out and back", gpu="simulated" if KIT_SIM else "real", hog_mib=h["held_mib"],
-           left_free_mib=h["free_mib"], tenant_mib=TENANT_MIB, b_alloc_seconds=got_b["seconds"],
-           b_asked_mib=tb.asked_mib, a_moved_mib_nvml=moved_mib, a_request_resident_nvml=a_out - a_ctx >= 1024,
-           a_hbm_mib_nvml=f"{a_full} -> {a_out} -> {a_back}",
-           chunk_moves_out=out.swap_outs, swap_out_seconds=round(out.swap_out_seconds, 3),
-           swap_out_gb_per_s=rate(moved_board_mib, out.swap_out_seconds),
-           chunk_moves_in=back.swap_ins, swap_in_seconds=round(back.swap_in_seconds, 3),
-           swap_in_gb_per_s=rate(moved_board_mib, back.swap_in_seconds),
-           bad_while_swapped=while_swapped["bad"], bad_after=after["bad"])
+    def times(prefix: str, t: Tenant, mib: int) -> None:
+        """The board's move figures (the tenant's own clock; residency is NVML's)."""
+        n = t.swap_outs if prefix == "out" else t.swap_ins
+        sec = t.swap_out_seconds if prefix == "out" else t.swap_in_seconds
+        figs.update({f"chunk_moves_{prefix}": n, f"swap_{prefix}_seconds": round(sec, 3),
+                     f"swap_{prefix}_gb_per_s": rate(mib, sec)})
+
+    try:
+        with held([sys.executable, "-c", HOG, str(LEFT_MIB)], real_env()) as hog:
+            h = hog.read()
+            figs.update(hog_mib=h["held_mib"], left_free_mib=h["free_mib"])
+            assert h["free_mib"] <= LEFT_MIB + 2, h
+            with start("a") as a:
+                a_pid = a.read()["pid"]
+                got = a.ask(f"alloc {TENANT_MIB}")
+                assert got == {**got, "allocated_mib": TENANT_MIB, "rc": 0}, got
+                assert wait_for(lambda: board(edir, a_pid).state == "idle", 30), board(edir, a_pid)
+                a_full = nvml_mib(a_pid)  # A's context and all of its 5.5 GiB, in HBM
+                a_ctx = a_full - TENANT_MIB
+                figs["a_hbm_mib_nvml_full"] = a_full
+                assert a_ctx >= 0, f"NVML says A holds {a_full} MiB after allocating {TENANT_MIB} MiB"
+                with start("b") as b:
+                    b_pid = b.read()["pid"]
+                    got_b = b.ask(f"alloc {TENANT_MIB}")
+                    figs.update(b_alloc_seconds=got_b.get("seconds"), b_hbm_mib_nvml=nvml_mib(b_pid))
+                    assert got_b == {**got_b, "allocated_mib": TENANT_MIB, "rc": 0}, got_b
+                    # only what B lacked moves: A's request (1 GiB) stays in GPU memory, as NVML says
+                    assert wait_for(lambda: nvml_mib(a_pid) <= a_full - 256, 60), nvml_mib(a_pid)
+                    a_out = nvml_mib(a_pid)
+                    out, tb = board(edir, a_pid), board(edir, b_pid)
+                    moved_mib, moved_board_mib = a_full - a_out, out.swapped_bytes // MiB
+                    figs.update(a_hbm_mib_nvml_out=a_out, a_moved_mib_nvml=moved_mib, b_asked_mib=tb.asked_mib,
+                                a_request_resident_nvml=a_out - a_ctx >= 1024)
+                    times("out", out, moved_board_mib)
+                    assert a_out - a_ctx >= 1024, f"A's request left GPU memory: NVML says {a_out} MiB, context {a_ctx}"
+                    if tb.asked_mib:
+                        assert moved_mib <= 1.25 * tb.asked_mib + 32, f"moved {moved_mib} MiB for {tb.asked_mib}"
+                    while_swapped = a.ask("check")
+                    figs["bad_while_swapped"] = while_swapped.get("bad")
+                    assert while_swapped == {"checked": TENANT_MIB // BLOCK_MIB, "bad": 0}, while_swapped
+                # B has ended: A, active again (each check is a CUDA call), gets its memory back in HBM (NVML)
+                assert wait_for(lambda: a.ask("check")["bad"] == 0 and nvml_mib(a_pid) >= a_full, 90), \
+                    nvml_mib(a_pid)
+                figs["a_hbm_mib_nvml_back"] = nvml_mib(a_pid)
+                # the move times once A has published the last move back
+                assert wait_for(lambda: board(edir, a_pid).swapped_bytes == 0, 30), board(edir, a_pid)
+                times("in", board(edir, a_pid), moved_board_mib)
+                after = a.ask("check")
+                figs["bad_after"] = after.get("bad")
+                assert after == {"checked": TENANT_MIB // BLOCK_MIB, "bad": 0}, after
+    finally:  # the figures gathered so far, also when a check failed (the GPU machine's run is the one there is)
+        report("elastic swap out and back", **figs)
