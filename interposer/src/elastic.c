@@ -7,8 +7,8 @@
  * it: mappings are per process) maps new physical allocations in the other place (a HOST location to swap
  * out, the device to swap in) at a temporary range, closes its work gate (hooks_launch.c: no launch, copy or
  * set is submitted), waits for what is in flight, copies every chunk to its new allocation (asynchronously,
- * on several streams, all in flight at once), waits for the copies, unmaps each old handle and maps
- * the new one at the same address, opens the gate, and releases the old handles (elastic_vmm.c).
+ * on several streams, all in flight at once), and as each chunk's copy completes unmaps its old handle and
+ * maps the new one at the same address, then opens the gate and releases the old handles (elastic_vmm.c).
  *
  * Who yields to whom is decided on the GPU's board (elastic_board.c): a tenant whose device allocation the
  * driver refuses asks for what it lacks, in shares: idle neighbours (longest idle first) for what they hold

@@ -5,9 +5,10 @@
  * cross the link and addresses change:
  *   stage (gate open)    map every new handle into one temporary range and grant access once;
  *   remap (gate closed)  copy every chunk to its new handle, the copies spread over ELASTIC_STREAMS streams
- *                        and all in flight at once (cuMemcpyDtoDAsync_v2), wait for every stream, and only
- *                        then unmap each old handle and map the new one at the same address, access granted
- *                        once per run of adjacent chunks;
+ *                        and all in flight at once (cuMemcpyDtoDAsync_v2, each followed by its event); as
+ *                        each chunk's own copy completes (its event), unmap its old handle and map the new
+ *                        one at the same address while the later copies still cross the link; access is
+ *                        granted once per run of adjacent chunks;
  *   finish (gate open)   unmap the temporary range and release the handles that no longer hold the bytes.
  * A failure before the old mapping is unmapped leaves the old mapping and its bytes in place (cuMemUnmap
  * comes after every copy is complete: the driver's rule, a mapping under a copy in flight faults). */
@@ -64,6 +65,9 @@ void elastic_streams_init(struct elastic_streams *st) {
     st->n = 0;
     for (int i = 0; i < ELASTIC_STREAMS; i++)
         if (REAL(cuStreamCreate)(&st->s[st->n], 1 /* CU_STREAM_NON_BLOCKING */) == CUDA_SUCCESS) st->n++;
+    st->events = 1;
+    for (int i = 0; i < ELASTIC_BATCH && st->events; i++) /* CU_EVENT_DISABLE_TIMING: the cheapest kind */
+        st->events = REAL(cuEventCreate)(&st->ev[i], 2) == CUDA_SUCCESS;
 }
 
 /* The moves in address order, so that adjacent chunks form runs (insertion sort: at most ELASTIC_BATCH). */
@@ -107,18 +111,30 @@ int elastic_move_stage(struct elastic_batch *b) {
     return 0;
 }
 
-/* Issue every chunk's copy (round robin over the streams, all in flight together), then wait for each stream.
- * 0 when every copy is complete and succeeded; -1 otherwise (every stream has still been waited for, so no
- * copy is in flight either way). */
+/* Wait for every copy of the batch. 0 when they all completed, -1 otherwise. */
+static int wait_all(const struct elastic_streams *st) {
+    int ok = 1;
+    for (int i = 0; i < st->n; i++) ok &= REAL(cuStreamSynchronize)(st->s[i]) == CUDA_SUCCESS;
+    if (!st->n) ok &= REAL(cuStreamSynchronize)(NULL) == CUDA_SUCCESS;
+    return ok ? 0 : -1;
+}
+
+/* Issue every chunk's copy, round robin over the streams, all in flight together, each followed by its event.
+ * 0, or -1 when one could not be issued (then every stream is waited for: no copy is left in flight). */
 static int copy_all(const struct elastic_batch *b, const struct elastic_streams *st) {
     int ok = 1;
     for (unsigned k = 0; k < b->n && ok; k++) {
         CUstream s = st->n ? st->s[k % (unsigned)st->n] : NULL;
-        ok = REAL(cuMemcpyDtoDAsync_v2)(b->tmp + b->mv[k].off, b->mv[k].va, b->mv[k].len, s) == CUDA_SUCCESS;
+        ok = REAL(cuMemcpyDtoDAsync_v2)(b->tmp + b->mv[k].off, b->mv[k].va, b->mv[k].len, s) == CUDA_SUCCESS &&
+             (!st->events || REAL(cuEventRecord)(st->ev[k], s) == CUDA_SUCCESS);
     }
-    for (int i = 0; i < st->n; i++) ok &= REAL(cuStreamSynchronize)(st->s[i]) == CUDA_SUCCESS;
-    if (!st->n) ok &= REAL(cuStreamSynchronize)(NULL) == CUDA_SUCCESS;
+    if (!ok) wait_all(st);
     return ok ? 0 : -1;
+}
+
+/* Whether chunk k's copy is complete (its event; without events, every copy). */
+static int copied(const struct elastic_streams *st, unsigned k) {
+    return st->events ? REAL(cuEventSynchronize)(st->ev[k]) == CUDA_SUCCESS : wait_all(st) == 0;
 }
 
 /* Put move k's old handle back at its address after its new one could not be mapped or given access there. */
@@ -138,13 +154,16 @@ static void grant_run(struct elastic_batch *b, unsigned i, unsigned j) {
         if (grant(b->mv[k].va, b->mv[k].len, b->ord) != CUDA_SUCCESS) restore(&b->mv[k], b->ord, 1);
 }
 
-/* Remap (gate closed, the tenant's work drained): copy, then swap each address's handle. The moves whose new
- * handle is now mapped have ok set. 0, or -1 when the copies failed (nothing remapped). */
+/* Remap (gate closed, the tenant's work drained): copy, then swap each address's handle as soon as its copy is
+ * complete. The moves whose new handle is now mapped have ok set. 0, or -1 when a copy failed (that chunk and
+ * the later ones stay as they were); either way no copy is in flight on return. */
 int elastic_move_remap(struct elastic_batch *b, const struct elastic_streams *st) {
     if (copy_all(b, st) < 0) return -1;
+    int done = 1; /* a failed copy: that chunk and the later ones stay as they were */
     for (unsigned k = 0; k < b->n; k++) {
         struct elastic_move *m = &b->mv[k];
-        if (REAL(cuMemUnmap)(m->va, m->len) != CUDA_SUCCESS) continue; /* still mapped: stays as it was */
+        done = done && copied(st, k);
+        if (!done || REAL(cuMemUnmap)(m->va, m->len) != CUDA_SUCCESS) continue; /* still mapped as it was */
         m->ok = REAL(cuMemMap)(m->va, m->len, 0, m->to, 0) == CUDA_SUCCESS;
         if (!m->ok) restore(m, b->ord, 0);
     }
@@ -153,7 +172,7 @@ int elastic_move_remap(struct elastic_batch *b, const struct elastic_streams *st
             j++;
         if (b->mv[i].ok) grant_run(b, i, j);
     }
-    return 0;
+    return wait_all(st) == 0 && done ? 0 : -1; /* nothing in flight before the temporary range goes */
 }
 
 /* Finish (gate open): the temporary range goes; each handle that no longer holds the bytes is released (the

@@ -30,7 +30,9 @@ struct elastic_batch {
     uint64_t tmp_size;
     CUdevice ord;
 };
-struct elastic_streams { CUstream s[ELASTIC_STREAMS]; int n; };
+/* The mover's copy streams, and one event per chunk of a batch (each recorded behind its chunk's copy, so that
+ * chunk is remapped as soon as its own copy is complete, while the later ones are still crossing the link). */
+struct elastic_streams { CUstream s[ELASTIC_STREAMS]; int n; CUevent ev[ELASTIC_BATCH]; int events; };
 
 CUresult elastic_create_phys(CUmemGenericAllocationHandle *h, uint64_t size, int host, CUdevice ord);
 CUresult elastic_map_rw(uint64_t va, uint64_t size, CUmemGenericAllocationHandle h, CUdevice ord);
