@@ -17,7 +17,7 @@ CC        ?= cc
 NAMEIDS_SAN = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all \
               -Wall -Wextra -Werror -Wmissing-prototypes -shared -fPIC
 SAN_TESTS  = tests/shim/test_shim_kinds.py tests/shim/test_shim_unseen.py tests/shim/test_shim_routes.py tests/shim/test_oversubscribe.py tests/shim/test_shim_faults.py tests/sim/test_sim_copies.py tests/elastic/test_elastic_gate.py tests/elastic/test_elastic_drain.py \
-            tests/compute/test_compute_share.py tests/compute/test_sim_compute.py
+            tests/compute/test_compute_share.py tests/compute/test_sim_compute.py tests/elastic/test_elastic_moves.py
 # Parametrizations that run the same shim code again are left out of the (slow) sanitizer rerun, not of the main
 # run: the busy-neighbour move test with two of its five entry-point families (test_sim_copies takes every
 # family through the work gate under the sanitizers), and the RTLD_NEXT test with the caller built at -O2 only.

@@ -7,7 +7,12 @@
    callgrind, the difference between runs of 20,000 and 60,000 calls: deterministic on a loaded machine).
 2. Swap time per GiB: tenant A fills --swap-mib, goes idle; B needs HBM, A moves to host memory; A runs
    again and moves back. Seconds per GiB from A's own counters on the board (swap_out_ns / swap_in_ns).
-   The simulator's "HBM" is host memory, so this is the shim's and the copy's cost, not PCIe's.
+   The simulator's "HBM" is host memory, so this is the shim's and the copy's cost, not PCIe's; what carries
+   over to a real GPU is the structure (issue 39 item 4), from the simulated driver's counters of A
+   (memsliceSimCounters): chunk moves each way, asynchronous copies, the most copies in flight at once (on
+   several streams: they overlap on a real GPU's copy engines), unmaps under a copy still in flight (0).
+   --swap-only measures this alone. The link rate on a real GPU is the GPU kit's
+   (tests/gpu/run.sh -k elastic).
 3. Density (issue 26.7): notebook tenants on one simulated GPU (--gpu-mib), each a trace of bursts and idle
    gaps (working set per burst drawn from {typical 60%, 2x typical 30%, peak 10%}; gaps exponential with mean
    --gap s; idle after 0.3 s; time compressed). Static slices admit floor(GPU / peak) tenants (quota = peak).
@@ -31,7 +36,7 @@
    and why (tests/elastic/test_elastic_swap.py, tests/elastic/test_elastic_board_attacks.py), this measures how long.
 
 usage: python benchmarks/bench_elastic.py [--json] [--gate-only] [--repeats N] [--swap-mib N] [--gpu-mib N]
-                                          [--duration S] [--skip-only]
+                                          [--duration S] [--skip-only] [--swap-only]
 """
 
 from __future__ import annotations
@@ -158,6 +163,15 @@ def gate_instructions(exe: str, tmp: Path) -> dict[str, dict[str, float]]:
     return res
 
 
+# memsliceSimCounters' order (interposer/sim/simstate.h)
+SIM_ASYNC_COPIES, SIM_UNMAPS_IN_FLIGHT, SIM_IN_FLIGHT_MAX = 6, 8, 10
+
+
+def sim_counters(t: Tenant) -> list[int]:
+    out = t.cmd("counters").split()
+    return [int(x) for x in out[1:]] if len(out) > SIM_IN_FLIGHT_MAX + 1 else []
+
+
 def swap_time(exe: str, tmp: Path, mib: int) -> dict[str, float]:
     d = tmp / "swap"
     edir = d / "elastic"
@@ -166,19 +180,29 @@ def swap_time(exe: str, tmp: Path, mib: int) -> dict[str, float]:
     base = node_env(d, f"{gpu}MiB")
     a = Tenant(exe, tenant_env(base, d / "a", mib, 64, edir))
     try:
-        assert a.cmd(f"alloc {mib} 64").startswith("allocated")
+        assert a.cmd(f"alloc {mib} {mib}").startswith("allocated")  # one range: one ask, one answer
+        c0 = sim_counters(a)
         wait(lambda: any(t.pid == a.p.pid and t.state == "idle" for t in read_boards(edir)), 60)
         b = Tenant(exe, tenant_env(base, d / "b", mib, 64, edir))
-        assert b.cmd(f"alloc {mib} 64").startswith("allocated")
+        assert b.cmd(f"alloc {mib} {mib}").startswith("allocated")
+        c1 = sim_counters(a)  # before B leaves: A brings its chunks back as soon as HBM has room
         b.stop()
         assert a.cmd("check").startswith("check ok")
         wait(lambda: any(t.pid == a.p.pid and t.swapped_bytes == 0 for t in read_boards(edir)), 120)
         me = next(t for t in read_boards(edir) if t.pid == a.p.pid)
+        c2 = sim_counters(a)
     finally:
         a.stop()
     gib = me.swap_outs * 32 / 1024  # what moved: 32 MiB chunks (issue 26: only what B lacked)
-    return {"swap_out_s_per_gib": round(me.swap_out_seconds / gib, 3),
-            "swap_in_s_per_gib": round(me.swap_in_seconds / gib, 3)}
+    res = {"swap_out_s_per_gib": round(me.swap_out_seconds / gib, 3),
+           "swap_in_s_per_gib": round(me.swap_in_seconds / gib, 3),
+           "chunk_moves_out": me.swap_outs, "chunk_moves_in": me.swap_ins}
+    if c0 and c1 and c2:
+        res.update(async_copies_out=c1[SIM_ASYNC_COPIES] - c0[SIM_ASYNC_COPIES],
+                   async_copies_in=c2[SIM_ASYNC_COPIES] - c1[SIM_ASYNC_COPIES],
+                   copies_in_flight_max=c2[SIM_IN_FLIGHT_MAX],
+                   unmaps_under_a_copy_in_flight=c2[SIM_UNMAPS_IN_FLIGHT])
+    return res
 
 
 SQUATTER = """
@@ -367,6 +391,7 @@ def main() -> int:
     ap.add_argument("--density-only", action="store_true", help="only the density trace (figure 3)")
     ap.add_argument("--instructions", action="store_true",
                     help="only the gated call cost, in instructions per call (callgrind; needs valgrind)")
+    ap.add_argument("--swap-only", action="store_true", help="only the swap figures (figure 2, issue 39 item 4)")
     ap.add_argument("--skip-only", action="store_true",
                     help="only the skip time of an unanswered ask (figure 4, issue 35.10)")
     a = ap.parse_args()
@@ -374,13 +399,15 @@ def main() -> int:
         tmp = Path(t)
         exes = build(tmp)
         res: dict[str, object] = {}
-        if a.skip_only:
+        if a.swap_only:
+            res["swap"] = swap_time(exes["tenant"], tmp, a.swap_mib)
+        elif a.skip_only:
             res["skip_seconds"] = skip_time(exes["tenant"], tmp, a.repeats)
         elif a.instructions:
             res["gate_instructions_per_call"] = gate_instructions(exes["gate"], tmp)
         elif not a.density_only:
             res["gate_ns_per_call"] = gate_cost(exes["gate"], tmp, a.repeats, a.calls)
-        if not (a.gate_only or a.instructions or a.skip_only):
+        if not (a.gate_only or a.instructions or a.skip_only or a.swap_only):
             if not a.density_only:
                 res["swap"] = swap_time(exes["tenant"], tmp, a.swap_mib)
             res["density"] = {m: density(exes["tenant"], tmp, m, a.gpu_mib, a.peak_mib, a.typical_mib, a.duration,

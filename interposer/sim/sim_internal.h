@@ -41,6 +41,12 @@ struct sim_stream *sim_stream_of(CUstream s);    /* NULL for the special handles
 int sim_phys(int d);                     /* the node's index of device ordinal d */
 int sim_ordinal(int g);                  /* the device ordinal of node GPU g, or -1 if it is not visible */
 int sim_ctx_can_reach(CUcontext c, int g); /* whether context c's GPU is node GPU g or may access it as a peer */
+/* ---- simcuda_inflight.c: asynchronous copies in flight on created streams (a book, for the counters) ---- */
+void sim_inflight_add(CUstream s, uint64_t dst, uint64_t src, uint64_t n);
+void sim_inflight_done(CUstream s);              /* s's copies complete (NULL: every stream's) */
+unsigned long long sim_inflight_mark(void);      /* where the book stands (an event's record) */
+void sim_inflight_done_id(unsigned long long id, unsigned long long mark);
+void sim_inflight_unmap(uint64_t ptr, uint64_t size);
 
 /* ---- sim_ipc.c ---- */
 /* simcuda_memop.c: stream waits whose condition is not yet met stay queued (work in flight) */

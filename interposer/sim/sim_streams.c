@@ -28,7 +28,9 @@
 #define EVENT_DISABLE_TIMING 0x2u
 #define EVENT_INTERPROCESS 0x4u
 
-struct sim_evt { uint32_t magic; unsigned int flags; int recorded; int dev; uint64_t ns; struct tl_point pt; };
+struct sim_evt { uint32_t magic; unsigned int flags; int recorded; int dev; uint64_t ns; struct tl_point pt;
+                 unsigned long long stream, mark; /* the created stream it was recorded on (0: a default one), and
+                                                   * the copies booked before it (simcuda_inflight.c) */ };
 
 static unsigned long long g_next_id = 100; /* stream IDs; small numbers are the default streams' */
 
@@ -166,7 +168,9 @@ API CUresult cuStreamQuery(CUstream s) {
     struct tl_ref ref;
     uint64_t target;
     if (sim_stream_point(s, &ref, &target) == CUDA_SUCCESS && !tl_reached(ref, target)) return CUDA_ERROR_NOT_READY;
-    return sim_waits_pending(s ? s : (CUstream)0x1) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+    if (sim_waits_pending(s ? s : (CUstream)0x1)) return CUDA_ERROR_NOT_READY;
+    sim_inflight_done(s); /* complete: its copies are too */
+    return CUDA_SUCCESS;
 }
 API CUresult cuStreamQuery_ptsz(CUstream s) { return cuStreamQuery(s); }
 
@@ -235,6 +239,9 @@ API CUresult cuEventRecord(CUevent e, CUstream s) {
     struct tl_ref ref;
     uint64_t target;
     if (x->recorded) tl_forget(&x->pt);
+    struct sim_stream *st = sim_stream_of(s);
+    x->stream = st ? st->id : 0;
+    x->mark = sim_inflight_mark();
     if (sim_stream_point(s, &ref, &target) == CUDA_SUCCESS) tl_mark(ref, target, &x->pt);
     else x->pt = (struct tl_point){.ref = {-1, -1}, .mark = -1, .done = 1, .ns = now_ns()};
     __atomic_store_n(&x->recorded, 1, __ATOMIC_RELEASE);
@@ -255,6 +262,7 @@ static int event_done(struct sim_evt *x) {
     if (!__atomic_load_n(&x->recorded, __ATOMIC_ACQUIRE)) return 1;
     if (!tl_point_time(&x->pt, &ns)) return 0;
     x->ns = ns;
+    if (x->stream) sim_inflight_done_id(x->stream, x->mark); /* the copies queued before it are complete */
     return 1;
 }
 

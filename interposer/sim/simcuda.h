@@ -77,6 +77,7 @@ void sim_release(const ms_rec *r);       /* free the backing memory and its char
 
 /* simcuda_counters.c: count one event of counter c (SIM_C_*, simstate.h) and its bytes */
 void sim_count(int c, uint64_t bytes);
+void sim_count_set(int c, uint64_t v);   /* a high-water figure: counter c set to v */
 
 /* simcuda_array.c: where an array's bytes are (level 0 of a mipmapped array) */
 struct sim_layout { void *mem; uint64_t row_bytes, rows, layers; unsigned elem; };

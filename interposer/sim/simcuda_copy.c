@@ -26,8 +26,13 @@ API CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
 #define P(h) ((CUdeviceptr)(uintptr_t)(h))
 /* The per-thread-default-stream variant of cuMemcpy: the same call. */
 API CUresult cuMemcpy_ptds(CUdeviceptr d, CUdeviceptr s, size_t n) { return cuMemcpy(d, s, n); }
-/* Asynchronous copy: done when it returns. */
-API CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { (void)st; return cuMemcpy(d, s, n); }
+/* Asynchronous copy: done when it returns, and booked as in flight on its stream until that is synchronised
+ * (simcuda_inflight.c), as a real GPU's would be. */
+API CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
+    CUresult rc = cuMemcpy(d, s, n);
+    if (rc == CUDA_SUCCESS) sim_inflight_add(st, d, s, n);
+    return rc;
+}
 /* The per-thread-default-stream variant of cuMemcpyAsync: the same call. */
 API CUresult cuMemcpyAsync_ptsz(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
     return cuMemcpyAsync(d, s, n, st);
@@ -42,8 +47,7 @@ API CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr d, const void *h, size_t n) { retu
 API CUresult cuMemcpyHtoD(CUdeviceptr_v1 d, const void *h, unsigned int n) { return cuMemcpyHtoD_v2(d, h, n); }
 /* Asynchronous host to device copy. */
 API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *h, size_t n, CUstream st) {
-    (void)st;
-    return cuMemcpyHtoD_v2(d, h, n);
+    return cuMemcpyAsync(d, P(h), n, st);
 }
 /* Its per-thread-default-stream variant. */
 API CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr d, const void *h, size_t n, CUstream st) {
@@ -71,8 +75,7 @@ API CUresult cuMemcpyDtoH_v2_ptds(void *h, CUdeviceptr d, size_t n) { return cuM
 API CUresult cuMemcpyDtoH(void *h, CUdeviceptr_v1 d, unsigned int n) { return cuMemcpyDtoH_v2(h, d, n); }
 /* Asynchronous device to host copy. */
 API CUresult cuMemcpyDtoHAsync_v2(void *h, CUdeviceptr d, size_t n, CUstream st) {
-    (void)st;
-    return cuMemcpy(P(h), d, n);
+    return cuMemcpyAsync(P(h), d, n, st);
 }
 /* Its per-thread-default-stream variant. */
 API CUresult cuMemcpyDtoHAsync_v2_ptsz(void *h, CUdeviceptr d, size_t n, CUstream st) {
@@ -92,8 +95,7 @@ API CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr d, CUdeviceptr s, size_t n) { retu
 API CUresult cuMemcpyDtoD(CUdeviceptr_v1 d, CUdeviceptr_v1 s, unsigned int n) { return cuMemcpyDtoD_v2(d, s, n); }
 /* Asynchronous device to device copy. */
 API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
-    (void)st;
-    return cuMemcpyDtoD_v2(d, s, n);
+    return cuMemcpyAsync(d, s, n, st);
 }
 /* Its per-thread-default-stream variant. */
 API CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {

@@ -14,6 +14,11 @@ void sim_count(int c, uint64_t bytes) {
     __atomic_add_fetch(&g_counters[c + 1], bytes, __ATOMIC_RELAXED);
 }
 
+/* Set a high-water figure (the caller keeps it monotonic). */
+void sim_count_set(int c, uint64_t v) {
+    __atomic_store_n(&g_counters[c], v, __ATOMIC_RELAXED);
+}
+
 /* The counters in their documented order (simstate.h), at most n of them; returns how many there are. */
 API unsigned int memsliceSimCounters(unsigned long long *out, unsigned int n) {
     for (unsigned int i = 0; out && i < n && i < SIM_COUNTERS; i++) out[i] = __atomic_load_n(&g_counters[i], __ATOMIC_RELAXED);

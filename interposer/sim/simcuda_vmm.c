@@ -278,6 +278,7 @@ API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     if (!*pm) { pthread_mutex_unlock(&g_mu); return CUDA_ERROR_INVALID_VALUE; }
     struct mapping *m = *pm;
     *pm = m->next;
+    sim_inflight_unmap(ptr, size);
     mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
     phys_unref(m->p);
     free(m);

@@ -8,47 +8,48 @@
 
 #include "elastic.h"
 
-/* Publish this process's state on its GPU's board. Caller holds g_mu. */
-void el_publish(uint64_t done_seq) {
-    uint64_t idle = (now_ns() - __atomic_load_n(&g_last_call_ns, __ATOMIC_RELAXED)) / 1000000ull;
-    g_me.magic = EB_MAGIC;
-    g_me.pid = getpid();
-    g_me.state = el_is_idle() ? EB_IDLE : EB_ACTIVE;
-    g_me.request = g_cfg.request;
-    g_me.limit = g_cfg.limit;
-    g_me.resident = g_resident;
-    g_me.swapped = g_swapped;
-    g_me.idle_ms = idle;
-    g_me.priority = g_cfg.priority;
-    g_me.flags = g_cfg.idle_release ? EB_F_IDLE_RELEASE : 0;
-    if (done_seq) g_me.done_seq = done_seq;
-    g_me.ack_seq = __atomic_load_n(&g_acked, __ATOMIC_RELAXED); /* the acker's (a stale one is rewritten next tick) */
-    eb_publish(&g_board, &g_me);
+/* Publish this process's state on its GPU's board. Caller holds g_es.mu. */
+void elastic_publish(uint64_t done_seq) {
+    uint64_t idle = (now_ns() - elastic_last_call_ns()) / 1000000ull;
+    g_es.me.magic = ELASTIC_MAGIC;
+    g_es.me.pid = getpid();
+    g_es.me.state = elastic_is_idle() ? ELASTIC_IDLE : ELASTIC_ACTIVE;
+    g_es.me.request = g_cfg.request;
+    g_es.me.limit = g_cfg.limit;
+    g_es.me.resident = g_es.resident;
+    g_es.me.swapped = g_es.swapped;
+    g_es.me.idle_ms = idle;
+    g_es.me.priority = g_cfg.priority;
+    g_es.me.flags = g_cfg.idle_release ? ELASTIC_F_IDLE_RELEASE : 0;
+    if (done_seq) g_es.me.done_seq = done_seq;
+    /* the acker's (a stale one is rewritten next tick) */
+    g_es.me.ack_seq = __atomic_load_n(&g_es.acked, __ATOMIC_RELAXED);
+    elastic_board_publish(&g_es.board, &g_es.me);
 }
 
 /* What a live neighbour's slot says it could give (a claim, used only to choose whom to ask and for how
  * much; the driver's free memory is the evidence): pass 0, an idle tenant's bytes above its floor; pass 1,
  * an active tenant's burst, only for this process's request (`guaranteed`) or to a higher priority than the
- * neighbour's (issue 26: never the reverse; equal priorities, only for a request). */
-static uint64_t claim_of(const struct eb_slot *s, int pass, int guaranteed) {
+ * neighbour's (never the reverse; equal priorities, only for a request). */
+static uint64_t claim_of(const struct elastic_slot *s, int pass, int guaranteed) {
     if (pass == 0) {
-        if (s->state != EB_IDLE) return 0;
-        uint64_t floor = s->flags & EB_F_IDLE_RELEASE ? 0 : s->request;
+        if (s->state != ELASTIC_IDLE) return 0;
+        uint64_t floor = s->flags & ELASTIC_F_IDLE_RELEASE ? 0 : s->request;
         return s->resident > floor ? s->resident - floor : 0;
     }
-    if (s->state != EB_ACTIVE || s->resident <= s->request) return 0;
+    if (s->state != ELASTIC_ACTIVE || s->resident <= s->request) return 0;
     if (!guaranteed && s->priority >= g_cfg.priority) return 0; /* a burst takes only a lower priority's */
     return s->resident - s->request;
 }
 
-/* Claimed figures are not evidence (issue 25): where the agent wrote a roster, only the slots it assigned
+/* Claimed figures are not evidence: where the agent wrote a roster, only the slots it assigned
  * may be asked, with the request, priority and opt-in it recorded, and what a slot says it holds is capped
  * by the limit it recorded. */
-void el_apply_roster(struct eb_slot *s, int *live) {
-    struct eb_roster_ent ro[EB_SLOTS];
-    if (!eb_read_roster(g_cfg.elastic_dir, g_region.r->dev[g_dev].uuid, ro)) return;
-    for (int i = 0; i < EB_SLOTS; i++) {
-        if (!(ro[i].flags & EB_R_ASSIGNED)) {
+void elastic_apply_roster(struct elastic_slot *s, int *live) {
+    struct elastic_roster_ent ro[ELASTIC_SLOTS];
+    if (!elastic_board_read_roster(g_cfg.elastic_dir, g_region.r->dev[g_es.dev].uuid, ro)) return;
+    for (int i = 0; i < ELASTIC_SLOTS; i++) {
+        if (!(ro[i].flags & ELASTIC_R_ASSIGNED)) {
             live[i] = 0;
             continue;
         }
@@ -56,52 +57,54 @@ void el_apply_roster(struct eb_slot *s, int *live) {
         s[i].request = (uint64_t)ro[i].request_mib << 20;
         s[i].limit = lim;
         s[i].priority = ro[i].priority;
-        s[i].flags = ro[i].flags & EB_R_IDLE_RELEASE ? EB_F_IDLE_RELEASE : 0;
+        s[i].flags = ro[i].flags & ELASTIC_R_IDLE_RELEASE ? ELASTIC_F_IDLE_RELEASE : 0;
         if (s[i].resident > lim) s[i].resident = lim;
         if (s[i].swapped > lim - s[i].resident) s[i].swapped = lim - s[i].resident;
     }
 }
 
-/* Who may ask this process, with the asker's limit in MiB (issue 35.4): the slots the roster assigned (re-read
+/* Who may ask this process, with the asker's limit in MiB: the slots the roster assigned (re-read
  * at most once a second: the acker polls every 10 ms), else (no agent) every slot, bounded by nothing but the
  * GPU. The cache is the caller's own (one per thread). */
-void el_askers(struct el_askers *c, int from[EB_SLOTS], struct eb_roster_ent ent[EB_SLOTS]) {
+void elastic_askers(struct elastic_askers *c, int from[ELASTIC_SLOTS], struct elastic_roster_ent ent[ELASTIC_SLOTS]) {
     uint64_t now = now_ns();
     if (!c->at || now - c->at > 1000000000ull) {
         c->at = now;
-        c->roster = eb_read_roster(g_cfg.elastic_dir, g_region.r->dev[g_dev].uuid, c->ro);
+        c->roster = elastic_board_read_roster(g_cfg.elastic_dir, g_region.r->dev[g_es.dev].uuid, c->ro);
     }
-    for (int i = 0; i < EB_SLOTS; i++) {
-        from[i] = !c->roster || (c->ro[i].flags & EB_R_ASSIGNED);
-        ent[i] = c->roster ? c->ro[i] : (struct eb_roster_ent){EB_R_ASSIGNED, INT32_MAX, UINT32_MAX, UINT32_MAX};
+    for (int i = 0; i < ELASTIC_SLOTS; i++) {
+        from[i] = !c->roster || (c->ro[i].flags & ELASTIC_R_ASSIGNED);
+        ent[i] = c->roster ? c->ro[i]
+                           : (struct elastic_roster_ent){ELASTIC_R_ASSIGNED, INT32_MAX, UINT32_MAX, UINT32_MAX};
     }
 }
 
-/* An ask as the asked slot trusts it (pure; issue 35.4: a need of 16 TiB kept a neighbour's burst in host
+/* An ask as the asked slot trusts it (pure: a need of 16 TiB kept a neighbour's burst in host
  * memory): the need at most what the asker may still hold (its limit in the roster, less what it says is
  * resident, itself capped by that limit) and at most the GPU's size; an ask that may take a burst, from a
  * priority not above `mine`, at most what the asker lacks of its request; the share at most the need. */
-uint64_t el_bound_ask(uint64_t bits, const struct eb_roster_ent *asker, uint64_t resident_mib, int32_t mine,
+uint64_t elastic_bound_ask(uint64_t bits, const struct elastic_roster_ent *asker, uint64_t resident_mib, int32_t mine,
                       uint64_t gpu_mib) {
-    uint64_t need = EB_ASK_NEED(bits), share = EB_ASK_SHARE(bits), lim = asker->limit_mib, req = asker->request_mib;
+    uint64_t need = ELASTIC_ASK_NEED(bits), share = ELASTIC_ASK_SHARE(bits);
+    uint64_t lim = asker->limit_mib, req = asker->request_mib;
     if (resident_mib > lim) resident_mib = lim;
     if (need > lim - resident_mib) need = lim - resident_mib;
-    if ((bits & EB_ASK_BURST) && asker->priority <= mine && need > (req > resident_mib ? req - resident_mib : 0))
+    if ((bits & ELASTIC_ASK_BURST) && asker->priority <= mine && need > (req > resident_mib ? req - resident_mib : 0))
         need = req > resident_mib ? req - resident_mib : 0;
     if (need > gpu_mib) need = gpu_mib;
     if (share > need) share = need;
-    return EB_ASK_PACK(share, need, bits & EB_ASK_BURST);
+    return ELASTIC_ASK_PACK(share, need, bits & ELASTIC_ASK_BURST);
 }
 
-/* Choose whom to ask and for how much (issue 26: only what is needed, longest-idle first, then bursting
+/* Choose whom to ask and for how much (only what is needed, longest-idle first, then bursting
  * active tenants by lowest priority): asks go out in order until the claimed shares cover `left`. Slots
  * in `taken` (asked already, or skipped) are not asked; those asked are added. The bytes not covered. */
-static uint64_t ask_more(struct eb_slot *s, int *live, int *taken, uint64_t seq, uint64_t left, uint64_t need,
+static uint64_t ask_more(struct elastic_slot *s, int *live, int *taken, uint64_t seq, uint64_t left, uint64_t need,
                          int guaranteed, int *asked, int *n) {
     for (int pass = 0; pass < 2 && left; pass++)
         for (;;) {
             int best = -1;
-            for (int i = 0; i < EB_SLOTS; i++) {
+            for (int i = 0; i < ELASTIC_SLOTS; i++) {
                 if (!live[i] || taken[i] || !claim_of(&s[i], pass, guaranteed)) continue;
                 if (best < 0 || (pass == 1 && s[i].priority < s[best].priority) ||
                     ((pass == 0 || s[i].priority == s[best].priority) && s[i].idle_ms > s[best].idle_ms)) best = i;
@@ -109,7 +112,7 @@ static uint64_t ask_more(struct eb_slot *s, int *live, int *taken, uint64_t seq,
             if (best < 0 || !left) break;
             uint64_t c = claim_of(&s[best], pass, guaranteed), share = c < left ? c : left;
             taken[best] = 1;
-            if (eb_ask(&g_board, best, seq, EB_ASK_PACK((share + (1ull << 20) - 1) >> 20,
+            if (elastic_board_ask(&g_es.board, best, seq, ELASTIC_ASK_PACK((share + (1ull << 20) - 1) >> 20,
                                                         (need + (1ull << 20) - 1) >> 20, pass == 1)) < 0)
                 return left; /* no slot file to write: this process cannot ask */
             asked[(*n)++] = best;
@@ -118,36 +121,37 @@ static uint64_t ask_more(struct eb_slot *s, int *live, int *taken, uint64_t seq,
     return left;
 }
 
-/* The asker's needed/moved figures (issue 26: metrics and `memslice top` show moved / needed per ask). */
+/* The asker's needed/moved figures (metrics and `memslice top` show moved / needed per ask). */
 static void count_ask(uint64_t need, const int *asked, int n, uint64_t seq) {
     uint64_t got = 0;
-    for (int k = 0; k < n; k++) got += eb_moved_for(&g_board, asked[k], seq);
-    pthread_mutex_lock(&g_mu);
-    g_me.asks++;
-    g_me.asked_mib += (uint32_t)((need + (1ull << 20) - 1) >> 20);
-    g_me.got_mib += (uint32_t)got;
-    el_publish(0);
-    pthread_mutex_unlock(&g_mu);
+    for (int k = 0; k < n; k++) got += elastic_board_moved_for(&g_es.board, asked[k], seq);
+    pthread_mutex_lock(&g_es.mu);
+    g_es.me.asks++;
+    g_es.me.asked_mib += (uint32_t)((need + (1ull << 20) - 1) >> 20);
+    g_es.me.got_mib += (uint32_t)got;
+    elastic_publish(0);
+    pthread_mutex_unlock(&g_es.mu);
     char a[32], b[32];
     shim_log(LOG_INFO, "memslice: elastic: asked %d neighbour(s) for %s; they moved %s", n,
              fmt_bytes(need, a, sizeof a), fmt_bytes(got << 20, b, sizeof b));
 }
 
-/* Ask neighbours for `need` bytes of HBM and wait (bounded) for their answers (issues 25, 26). Asks go
+/* Ask neighbours for `need` bytes of HBM and wait (bounded) for their answers. Asks go
  * to idle tenants first, longest idle first, then (for an ask that may take bursts) bursting active ones,
  * each for a share of what is needed. Claimed figures are not evidence: the wait ends when the driver has
  * `need` free, when every asked slot has answered, or at the deadline; a slot that has not acknowledged
- * its ask within EL_ACK_MS is skipped (EL_SKIP_NOACK_MS, on every path) and its share asked of the next one. A
+ * its ask within ELASTIC_ACK_MS is skipped (ELASTIC_SKIP_NOACK_MS, on every path) and its share asked of the next
+ * one. A
  * neighbour that has acknowledged but not answered by the deadline is skipped too. A neighbour that answered
  * it could not take its share to host memory is returned in *ref (ref->slot -1: none). Returns how many were
  * asked. */
-int el_make_room(uint64_t need, int guaranteed, int wait, struct refusal *ref) {
-    struct eb_slot s[EB_SLOTS];
-    int live[EB_SLOTS], taken[EB_SLOTS] = {0}, asked[EB_SLOTS], share_open[EB_SLOTS] = {0}, n = 0;
-    uint64_t seq = now_ns(), t_ask[EB_SLOTS];
-    eb_read_all(&g_board, s, live);
-    el_apply_roster(s, live);
-    for (int i = 0; i < EB_SLOTS; i++) taken[i] = g_skip_until[i] > seq;
+int elastic_make_room(uint64_t need, int guaranteed, int wait, struct elastic_refusal *ref) {
+    struct elastic_slot s[ELASTIC_SLOTS];
+    int live[ELASTIC_SLOTS], taken[ELASTIC_SLOTS] = {0}, asked[ELASTIC_SLOTS], share_open[ELASTIC_SLOTS] = {0}, n = 0;
+    uint64_t seq = now_ns(), t_ask[ELASTIC_SLOTS];
+    elastic_board_read_all(&g_es.board, s, live);
+    elastic_apply_roster(s, live);
+    for (int i = 0; i < ELASTIC_SLOTS; i++) taken[i] = g_es.skip_until[i] > seq;
     ask_more(s, live, taken, seq, need, need, guaranteed, asked, &n);
     for (int k = 0; k < n; k++) { t_ask[k] = seq; share_open[k] = 1; }
     uint64_t deadline = seq + (wait ? g_cfg.yield_wait_ms * 1000000ull : 0);
@@ -158,22 +162,23 @@ int el_make_room(uint64_t need, int guaranteed, int wait, struct refusal *ref) {
         for (int k = 0; k < n; k++) {
             if (!share_open[k]) continue;
             int i = asked[k];
-            if (!eb_alive(&g_board, i) || eb_done_seq(&g_board, i) >= seq) {
+            if (!elastic_board_alive(&g_es.board, i) || elastic_board_done_seq(&g_es.board, i) >= seq) {
                 share_open[k] = 0;
-                struct eb_hostnote nt;
-                if (eb_note_for(&g_board, i, seq, &nt)) { /* it could not (or says so): the next one is asked */
-                    uint64_t c = claim_of(&s[i], s[i].state == EB_IDLE ? 0 : 1, guaranteed);
+                struct elastic_hostnote nt;
+                /* it could not (or says so): the next one is asked */
+                if (elastic_board_note_for(&g_es.board, i, seq, &nt)) {
+                    uint64_t c = claim_of(&s[i], s[i].state == ELASTIC_IDLE ? 0 : 1, guaranteed);
                     reask += c < need ? c : need;
                 }
                 continue;
             }
-            if (eb_ack_seq(&g_board, i) < seq && now_ns() - t_ask[k] > EL_ACK_MS * 1000000ull) {
+            if (elastic_board_ack_seq(&g_es.board, i) < seq && now_ns() - t_ask[k] > ELASTIC_ACK_MS * 1000000ull) {
                 share_open[k] = 0; /* forged or hung: its claimed share is asked of the next neighbour */
-                g_skip_until[i] = now_ns() + EL_SKIP_NOACK_MS * 1000000ull;
-                uint64_t c = claim_of(&s[i], s[i].state == EB_IDLE ? 0 : 1, guaranteed);
+                g_es.skip_until[i] = now_ns() + ELASTIC_SKIP_NOACK_MS * 1000000ull;
+                uint64_t c = claim_of(&s[i], s[i].state == ELASTIC_IDLE ? 0 : 1, guaranteed);
                 reask += c < need ? c : need;
                 shim_log(LOG_WARN, "memslice: elastic: the tenant in slot %d of the board did not acknowledge an ask "
-                         "within %d ms; it is skipped for %d s", i, EL_ACK_MS, EL_SKIP_NOACK_MS / 1000);
+                         "within %d ms; it is skipped for %d s", i, ELASTIC_ACK_MS, ELASTIC_SKIP_NOACK_MS / 1000);
                 continue;
             }
             pending++;
@@ -184,13 +189,14 @@ int el_make_room(uint64_t need, int guaranteed, int wait, struct refusal *ref) {
             for (int k = before; k < n; k++) { t_ask[k] = now_ns(); share_open[k] = 1; pending++; }
         }
         if (!pending) break;
-        uint64_t fr = el_driver_free();
+        uint64_t fr = elastic_driver_free();
         if (fr != UINT64_MAX && fr >= need) break;
     }
     for (int k = 0; wait && k < n; k++) /* not answered in time: not asked again for 30 s */
-        if (share_open[k] && eb_alive(&g_board, asked[k]) && eb_done_seq(&g_board, asked[k]) < seq &&
+        if (share_open[k] && elastic_board_alive(&g_es.board, asked[k]) &&
+            elastic_board_done_seq(&g_es.board, asked[k]) < seq &&
             now_ns() >= deadline) {
-            g_skip_until[asked[k]] = now_ns() + 30000000000ull;
+            g_es.skip_until[asked[k]] = now_ns() + 30000000000ull;
             shim_log(LOG_WARN, "memslice: elastic: the tenant in slot %d of the board did not yield HBM within "
                      "%llu ms; it is skipped for 30 s and the allocation is served from host memory", asked[k],
                      (unsigned long long)g_cfg.yield_wait_ms);
@@ -198,7 +204,7 @@ int el_make_room(uint64_t need, int guaranteed, int wait, struct refusal *ref) {
     if (ref) {
         ref->slot = -1;
         for (int k = 0; k < n && ref->slot < 0; k++)
-            if (eb_note_for(&g_board, asked[k], seq, &ref->note)) {
+            if (elastic_board_note_for(&g_es.board, asked[k], seq, &ref->note)) {
                 ref->slot = asked[k];
                 ref->pid = s[asked[k]].pid;
             }

@@ -1,133 +1,102 @@
-/* Elastic memory's mover: physical allocations in HBM or host memory, remapping a chunk at the same address,
- * and the background threads that answer neighbours' asks (swap out), bring memory back when HBM frees up
- * (swap in) and acknowledge asks at once. See elastic.c. */
+/* Elastic memory's mover: the background threads that answer neighbours' asks (swap out), bring memory back when
+ * HBM frees up (swap in) and acknowledge asks at once; what moves is decided here, chunks gathered into
+ * batches of up to ELASTIC_BATCH, and each batch moved by elastic_vmm.c. See elastic.c. */
 #define _GNU_SOURCE
 #include <string.h>
 #include <unistd.h>
 
 #include "elastic.h"
 
-/* A physical allocation of `size` bytes on this process's GPU, or in host memory. */
-CUresult el_create_phys(CUmemGenericAllocationHandle *h, uint64_t size, int host) {
-    CUmemAllocationProp p;
-    memset(&p, 0, sizeof p);
-    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    p.location.type = host ? CU_MEM_LOCATION_TYPE_HOST : CU_MEM_LOCATION_TYPE_DEVICE;
-    p.location.id = host ? 0 : g_ord;
-    CUresult rc = REAL(cuMemCreate)(h, size, &p, 0);
-    if (rc == CUDA_ERROR_INVALID_VALUE && host) { /* drivers before 12.2 know only HOST_NUMA */
-        p.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
-        rc = REAL(cuMemCreate)(h, size, &p, 0);
-    }
-    return rc;
+/* Add chunk i of r to the batch, to move to the new physical allocation nh. */
+static void batch_add(struct elastic_range *r, unsigned i, CUmemGenericAllocationHandle nh) {
+    struct elastic_move *m = &g_es.batch.mv[g_es.batch.n++];
+    *m = (struct elastic_move){.va = r->va + (uint64_t)i * ELASTIC_CHUNK, .len = elastic_chunk_len(r, i),
+                               .from = r->c[i].h, .to = nh, .owner = r, .idx = i};
+    r->c[i].moving = 1;
 }
 
-/* Map a handle at va and give this process's GPU read-write access to it. */
-CUresult el_map_rw(uint64_t va, uint64_t size, CUmemGenericAllocationHandle h) {
-    CUresult rc = REAL(cuMemMap)(va, size, 0, h, 0);
-    if (rc != CUDA_SUCCESS) return rc;
-    CUmemAccessDesc d;
-    memset(&d, 0, sizeof d);
-    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    d.location.id = g_ord;
-    d.flags = 3; /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE */
-    rc = REAL(cuMemSetAccess)(va, size, &d, 1);
-    if (rc != CUDA_SUCCESS) REAL(cuMemUnmap)(va, size);
-    return rc;
-}
-
-/* The HBM the driver has free on this process's GPU (the evidence that HBM is short, never a neighbour's
- * claim); UINT64_MAX if the driver cannot say (then nothing is decided on it). */
-uint64_t el_driver_free(void) {
-    size_t fr = 0, tot = 0;
-    return REAL(cuMemGetInfo_v2)(&fr, &tot) == CUDA_SUCCESS ? (uint64_t)fr : UINT64_MAX;
-}
-
-/* Move chunk i of a range to its new physical allocation nh (in host memory if to_host, else on the device),
- * at the same address; nh is released on failure. The gate is closed and g_mu held. The bytes are copied to
- * the new allocation through a temporary mapping first, so a failure at any step leaves the old mapping
- * (and the data) in place. 0, or -1. */
-static int remap(struct erange *r, unsigned i, CUmemGenericAllocationHandle nh, int to_host) {
-    CUdeviceptr tmp, va = r->va + (uint64_t)i * EL_CHUNK;
-    uint64_t len = chunk_len(r, i), t0 = now_ns();
-    if (REAL(cuMemAddressReserve)(&tmp, len, 0, 0, 0) != CUDA_SUCCESS) {
-        REAL(cuMemRelease)(nh);
-        return -1;
-    }
-    int ok = el_map_rw(tmp, len, nh) == CUDA_SUCCESS;
-    if (ok) {
-        ok = REAL(cuMemcpyDtoD_v2)(tmp, va, len) == CUDA_SUCCESS;
-        REAL(cuCtxSynchronize)();
-        REAL(cuMemUnmap)(tmp, len);
-    }
-    REAL(cuMemAddressFree)(tmp, len);
-    if (ok && REAL(cuMemUnmap)(va, len) == CUDA_SUCCESS) {
-        if (el_map_rw(va, len, nh) == CUDA_SUCCESS) {
-            REAL(cuMemRelease)(r->c[i].h);
-            r->c[i].h = nh;
-            r->c[i].host = to_host;
-            if (to_host) { g_resident -= len; g_swapped += len; }
-            else { g_swapped -= len; g_resident += len; }
-            uint64_t dt = now_ns() - t0;
-            if (to_host) { g_me.swap_outs++; g_me.swap_out_ns += dt; }
-            else { g_me.swap_ins++; g_me.swap_in_ns += dt; }
-            return 0;
+/* Move the batch's chunks to their new allocations (in host memory if to_host, else on the device) at the
+ * same addresses (elastic_vmm.c: staged with the gate open, copied and remapped with it closed, cleaned up
+ * with it open again); a chunk that could not move keeps its old mapping and bytes. Caller holds g_es.mu. The
+ * bytes moved. */
+static uint64_t move_batch(int to_host) {
+    uint64_t t0 = now_ns(), moved = 0, n = 0;
+    g_es.batch.ord = g_es.ord;
+    if (elastic_move_stage(&g_es.batch) == 0) {
+        if (elastic_gate_close() == 0) {
+            elastic_move_remap(&g_es.batch, &g_es.streams);
+            elastic_gate_open();
         }
-        if (el_map_rw(va, len, r->c[i].h) != CUDA_SUCCESS) /* the old handle still holds the bytes */
-            shim_log(LOG_ERROR, "memslice: elastic range at 0x%llx could not be mapped back", (unsigned long long)va);
     }
-    REAL(cuMemRelease)(nh);
-    return -1;
+    for (unsigned k = 0; k < g_es.batch.n; k++) {
+        struct elastic_move *m = &g_es.batch.mv[k];
+        struct elastic_range *r = m->owner;
+        r->c[m->idx].moving = 0;
+        if (!m->ok) continue;
+        r->c[m->idx].h = m->to;
+        r->c[m->idx].host = to_host;
+        moved += m->len;
+        n++;
+    }
+    elastic_move_finish(&g_es.batch);
+    g_es.batch.n = 0;
+    if (to_host) { g_es.resident -= moved; g_es.swapped += moved; }
+    else { g_es.swapped -= moved; g_es.resident += moved; }
+    if (!n) return 0;
+    uint64_t dt = now_ns() - t0;
+    if (to_host) { g_es.me.swap_outs += n; g_es.me.swap_out_ns += dt; }
+    else { g_es.me.swap_ins += n; g_es.me.swap_in_ns += dt; }
+    return moved;
 }
 
-/* What this process keeps in HBM whatever it is asked (issue 26): its request, always; idle, nothing only if
+/* What this process keeps in HBM whatever it is asked: its request, always; idle, nothing only if
  * its pod opted in (idle_release). */
 static uint64_t keep_floor(int idle) {
     return idle && g_cfg.idle_release ? 0 : g_cfg.request;
 }
 
 /* How much an ask makes this process move (pure): nothing if it may not take what this process holds above
- * its floor (an active tenant's burst goes only to an ask marked EB_ASK_BURST) or if HBM is not short (the
- * driver has the asker's whole need free: issue 25, an ask is no evidence); else the asked share, at most
+ * its floor (an active tenant's burst goes only to an ask marked ELASTIC_ASK_BURST) or if HBM is not short (the
+ * driver has the asker's whole need free: an ask is no evidence); else the asked share, at most
  * what is still missing of the need, at most what lies above the floor. */
 static uint64_t yield_amount(uint64_t bits, int idle, uint64_t free_b) {
-    uint64_t share = EB_ASK_SHARE(bits) << 20, need = EB_ASK_NEED(bits) << 20, floor = keep_floor(idle);
-    if ((!idle && !(bits & EB_ASK_BURST)) || g_resident <= floor || !share) return 0;
+    uint64_t share = ELASTIC_ASK_SHARE(bits) << 20, need = ELASTIC_ASK_NEED(bits) << 20, floor = keep_floor(idle);
+    if ((!idle && !(bits & ELASTIC_ASK_BURST)) || g_es.resident <= floor || !share) return 0;
     if (free_b != UINT64_MAX && free_b >= need) return 0;
     uint64_t missing = free_b == UINT64_MAX ? share : need - free_b;
     uint64_t want = share < missing ? share : missing;
-    return want < g_resident - floor ? want : g_resident - floor;
+    return want < g_es.resident - floor ? want : g_es.resident - floor;
 }
 
-/* Record on the board that the asks first..seq could not be taken to host memory, and why (issue 26): their
- * askers read it before they fail a burst. Caller holds g_mu. */
+/* Record on the board that the asks first..seq could not be taken to host memory, and why: their
+ * askers read it before they fail a burst. Caller holds g_es.mu. */
 static void note_refused(uint64_t first, uint64_t seq, uint64_t bytes, const struct host_verdict *v) {
     char a[32], t[400];
-    g_note.seq = seq;
-    g_note.first_seq = first;
-    g_note.cause = v->cause == HOST_ROOM_CGROUP ? EB_REFUSED_CGROUP : EB_REFUSED_HOST;
-    g_note.want_mib = (uint32_t)((bytes + (1ull << 20) - 1) >> 20);
-    g_note.limit = v->limit;
-    g_note.used = v->used;
-    if (v->cause == HOST_ROOM_CGROUP) g_note.refused_cgroup++;
-    else g_note.refused_host++;
-    eb_put_note(&g_board, &g_note);
+    g_es.note.seq = seq;
+    g_es.note.first_seq = first;
+    g_es.note.cause = v->cause == HOST_ROOM_CGROUP ? ELASTIC_REFUSED_CGROUP : ELASTIC_REFUSED_HOST;
+    g_es.note.want_mib = (uint32_t)((bytes + (1ull << 20) - 1) >> 20);
+    g_es.note.limit = v->limit;
+    g_es.note.used = v->used;
+    if (v->cause == HOST_ROOM_CGROUP) g_es.note.refused_cgroup++;
+    else g_es.note.refused_host++;
+    elastic_board_put_note(&g_es.board, &g_es.note);
     shim_log(LOG_WARN, "memslice: elastic: could not take %s to host memory for a neighbour: %s; %s",
              fmt_bytes(bytes, a, sizeof a), host_room_text(v, t, sizeof t),
              v->cause == HOST_ROOM_CGROUP ? "raise this pod's memory limit" : "the node is short of memory");
 }
 
-/* The asks to answer now (issue 35: every assigned neighbour asks in its own file): those newer than the last
+/* The asks to answer now (every assigned neighbour asks in its own file): those newer than the last
  * one answered from each asker, not from the future (a seq is the asker's CLOCK_MONOTONIC, the node's clock)
- * nor older than 30 s, each bounded by its asker's limit (el_bound_ask). What they want of this process is
+ * nor older than 30 s, each bounded by its asker's limit (elastic_bound_ask). What they want of this process is
  * the most any one of them wants; *first and *last span their seqs (0: none). */
-static uint64_t pending_want(const struct eb_ask *asks, const struct eb_roster_ent *ent, uint64_t *handled, int idle,
-                             uint64_t *first, uint64_t *last) {
+static uint64_t pending_want(const struct elastic_ask *asks, const struct elastic_roster_ent *ent, uint64_t *handled,
+                             int idle, uint64_t *first, uint64_t *last) {
     size_t fr = 0, tot = 0;
     int known = -1; /* the driver is asked only when an ask is pending (this runs every tick) */
     uint64_t now = now_ns(), want = 0, free_b = UINT64_MAX, gpu_mib = UINT32_MAX;
     *first = *last = 0;
-    for (int j = 0; j < EB_SLOTS; j++) {
+    for (int j = 0; j < ELASTIC_SLOTS; j++) {
         uint64_t seq = asks[j].seq;
         if (!seq || seq <= handled[j] || seq > now || now - seq > 30000000000ull) continue;
         handled[j] = seq;
@@ -135,10 +104,12 @@ static uint64_t pending_want(const struct eb_ask *asks, const struct eb_roster_e
             free_b = (uint64_t)fr;
             gpu_mib = tot >> 20;
         }
-        struct eb_slot s;
-        uint64_t res = sf_read(&g_board.sf, j, &s, sizeof s, 0) == 0 && s.magic == EB_MAGIC && eb_alive(&g_board, j)
+        struct elastic_slot s;
+        uint64_t res = sf_read(&g_es.board.sf, j, &s, sizeof s, 0) == 0 && s.magic == ELASTIC_MAGIC &&
+                       elastic_board_alive(&g_es.board, j)
                        ? s.resident >> 20 : 0; /* a record nobody holds is no figure of the asker's */
-        uint64_t w = yield_amount(el_bound_ask(asks[j].bytes, &ent[j], res, g_cfg.priority, gpu_mib), idle, free_b);
+        uint64_t bits = elastic_bound_ask(asks[j].bytes, &ent[j], res, g_cfg.priority, gpu_mib);
+        uint64_t w = yield_amount(bits, idle, free_b);
         if (w > want) want = w;
         if (!*first || seq < *first) *first = seq;
         if (seq > *last) *last = seq;
@@ -148,27 +119,34 @@ static uint64_t pending_want(const struct eb_ask *asks, const struct eb_roster_e
 
 /* Answer the asks first..last: move chunks to host memory (the newest range's last chunks first) until `want`
  * is covered (at most one chunk more: the slack), never below the floor; nothing if the host side cannot
- * take that many bytes (issue 26: this process's cgroup, the host's memory). Caller holds g_mu. The bytes
+ * take that many bytes (this process's cgroup, the host's memory). Caller holds g_es.mu. The bytes
  * moved. */
 static uint64_t yield(uint64_t want, int idle, uint64_t first, uint64_t last) {
     uint64_t floor = keep_floor(idle), given = 0;
     if (!want) return 0;
     struct host_verdict v;
-    uint64_t most = (want + EL_CHUNK - 1) / EL_CHUNK * EL_CHUNK; /* what moving whole chunks may take */
+    uint64_t most = (want + ELASTIC_CHUNK - 1) / ELASTIC_CHUNK * ELASTIC_CHUNK; /* what moving whole chunks may take */
     if (host_room(most, &v) != HOST_ROOM_OK) {
         note_refused(first, last, most, &v);
         return 0;
     }
-    if (el_gate_close() < 0) return 0;
     CUmemGenericAllocationHandle nh;
-    for (struct erange *r = g_ranges; r && given < want; r = r->next)
-        for (unsigned i = r->n; i-- > 0 && given < want;) {
-            uint64_t len = chunk_len(r, i);
-            if (r->c[i].host || g_resident < floor + len) continue;
-            if (el_create_phys(&nh, len, 1) == CUDA_SUCCESS && remap(r, i, nh, 1) == 0) given += len;
-        }
-    el_gate_open();
-    if (given) g_yield_ns = coarse_ns(); /* the same clock as the activity stamp it is compared with */
+    for (int more = 1; more && given < want;) { /* batches of ELASTIC_BATCH chunks */
+        uint64_t planned = 0;
+        for (struct elastic_range *r = g_es.ranges; r && given + planned < want && g_es.batch.n < ELASTIC_BATCH;
+             r = r->next)
+            for (unsigned i = r->n; i-- > 0 && given + planned < want && g_es.batch.n < ELASTIC_BATCH;) {
+                uint64_t len = elastic_chunk_len(r, i);
+                if (r->c[i].host || r->c[i].moving || g_es.resident - planned < floor + len) continue;
+                if (elastic_create_phys(&nh, len, 1, g_es.ord) != CUDA_SUCCESS) continue;
+                batch_add(r, i, nh);
+                planned += len;
+            }
+        uint64_t moved = g_es.batch.n ? move_batch(1) : 0;
+        given += moved;
+        more = moved > 0;
+    }
+    if (given) g_es.yield_ns = coarse_ns(); /* the same clock as the activity stamp it is compared with */
     char a[32], b[32];
     shim_log(LOG_INFO, "memslice: elastic: %s moved to host memory for a neighbour that asked for %s (%s)",
              fmt_bytes(given, a, sizeof a), fmt_bytes(want, b, sizeof b),
@@ -177,20 +155,20 @@ static uint64_t yield(uint64_t want, int idle, uint64_t first, uint64_t last) {
 }
 
 /* Whether another live tenant of the GPU goes first (then this process does not bring back bytes above its
- * own request, which would only be asked back): one short of its request (issue 26, "coming back": requests
+ * own request, which would only be asked back): one short of its request (requests
  * first), or one with bytes in host memory that ran more recently than this process (bursts come back most
  * recently active tenant first). */
 static int neighbour_first(uint64_t my_idle_ms, uint64_t len) {
-    static struct eb_slot s[EB_SLOTS];
-    int live[EB_SLOTS];
+    static struct elastic_slot s[ELASTIC_SLOTS];
+    int live[ELASTIC_SLOTS];
     uint64_t free_b = 0;
-    eb_read_all(&g_board, s, live);
-    el_apply_roster(s, live);
-    for (int i = 0; i < EB_SLOTS; i++) {
-        if (!live[i] || !s[i].swapped || now_ns() < g_skip_until[i]) continue;
+    elastic_board_read_all(&g_es.board, s, live);
+    elastic_apply_roster(s, live);
+    for (int i = 0; i < ELASTIC_SLOTS; i++) {
+        if (!live[i] || !s[i].swapped || now_ns() < g_es.skip_until[i]) continue;
         if (!(s[i].resident < s[i].request || s[i].idle_ms < my_idle_ms)) continue;
-        /* a claim is no evidence (issue 35.4): wait only while HBM could not take both its bytes and this chunk */
-        if (!free_b) free_b = el_driver_free();
+        /* a claim is no evidence: wait only while HBM could not take both its bytes and this chunk */
+        if (!free_b) free_b = elastic_driver_free();
         uint64_t theirs = s[i].resident < s[i].request ? s[i].request - s[i].resident : s[i].swapped;
         if (theirs > s[i].swapped) theirs = s[i].swapped;
         if (free_b == UINT64_MAX || free_b < theirs + len) return 1;
@@ -198,111 +176,128 @@ static int neighbour_first(uint64_t my_idle_ms, uint64_t len) {
     return 0;
 }
 
-/* The oldest host-resident chunk (the list is newest first; within a range, the first chunk): the request
- * is what was allocated first, so it comes back first. */
-static struct erange *oldest_host(unsigned *idx) {
-    struct erange *pick = NULL;
-    for (struct erange *r = g_ranges; r; r = r->next)
+/* The oldest host-resident chunk not already in the batch (the list is newest first; within a range, the
+ * first chunk): the request is what was allocated first, so it comes back first. */
+static struct elastic_range *oldest_host(unsigned *idx) {
+    struct elastic_range *pick = NULL;
+    for (struct elastic_range *r = g_es.ranges; r; r = r->next)
         for (unsigned i = r->n; i-- > 0;)
-            if (r->c[i].host) { pick = r; *idx = i; }
+            if (r->c[i].host && !r->c[i].moving) { pick = r; *idx = i; }
     return pick;
 }
 
-/* Bring back one host-resident chunk when HBM has room (issue 26, "coming back"): the request first, then
- * the bursts, only when no neighbour is short of its request and no more recently active neighbour waits
- * for its own. Memory this process yielded stays out for EL_BACK_AFTER_MS after the move (the asker takes
- * the room it made; nothing ping-pongs). One chunk per tick, so the gate is closed briefly. Caller holds
- * g_mu. */
-static void swap_in_one(void) {
-    if (!g_swapped) return;
-    unsigned i = 0;
-    struct erange *pick = oldest_host(&i);
-    if (!pick) return;
-    uint64_t len = chunk_len(pick, i);
-    if (g_resident + len > g_cfg.request && g_yield_ns && coarse_ns() - g_yield_ns < EL_BACK_AFTER_MS * 1000000ull)
-        return; /* a burst it yielded: the asker takes the room first */
-    uint64_t my_idle = (now_ns() - __atomic_load_n(&g_last_call_ns, __ATOMIC_RELAXED)) / 1000000ull;
-    if (g_resident + len > g_cfg.request && neighbour_first(my_idle, len)) return;
-    CUmemGenericAllocationHandle nh;
-    static uint64_t last_ask;
-    if (el_create_phys(&nh, len, 0) != CUDA_SUCCESS) { /* HBM full: nothing is gated */
-        int within = g_resident + len <= g_cfg.request;
-        if ((within || !el_is_idle()) && now_ns() - last_ask > 1000000000ull) {
-            /* short of its request: ask neighbours, bursts included; active with bursts in host memory: idle
-             * neighbours and lower priorities only (without waiting; retried at most once a second) */
-            last_ask = now_ns();
-            el_make_room(within ? g_cfg.request - g_resident : g_swapped, within, 0, NULL);
-        }
-        return;
+/* Whether a chunk of `len` may come back now, `planned` bytes being chosen already ("coming back"):
+ * within the request, always; a burst, only when this process did not yield it within ELASTIC_BACK_AFTER_MS (the
+ * asker takes the room it made; nothing ping-pongs) and no neighbour goes first. *burst caches that answer
+ * for the batch (-1: not asked yet; the board is read once). */
+static int may_come_back(uint64_t planned, uint64_t len, int *burst) {
+    if (g_es.resident + planned + len <= g_cfg.request) return 1;
+    if (*burst < 0) {
+        uint64_t my_idle = (now_ns() - elastic_last_call_ns()) / 1000000ull;
+        uint64_t rest = g_es.swapped - planned, most = (uint64_t)ELASTIC_BATCH * ELASTIC_CHUNK;
+        int yielded = g_es.yield_ns && coarse_ns() - g_es.yield_ns < ELASTIC_BACK_AFTER_MS * 1000000ull;
+        *burst = !yielded && !neighbour_first(my_idle, rest < most ? rest : most);
     }
-    if (el_gate_close() < 0) {
-        REAL(cuMemRelease)(nh);
-        return;
-    }
-    remap(pick, i, nh, 0);
-    el_gate_open();
+    return *burst;
 }
 
-/* The background thread: el_publish, answer asks, bring memory back. It makes CUDA calls in the context of the
+/* HBM is full for the next chunk of `len` (nothing is gated): short of its request, ask neighbours, bursts
+ * included; active with bursts in host memory, idle neighbours and lower priorities only (without waiting;
+ * retried at most once a second). */
+static void ask_for_room(uint64_t len) {
+    static uint64_t last_ask;
+    int within = g_es.resident + len <= g_cfg.request;
+    if ((within || !elastic_is_idle()) && now_ns() - last_ask > 1000000000ull) {
+        last_ask = now_ns();
+        elastic_make_room(within ? g_cfg.request - g_es.resident : g_es.swapped, within, 0, NULL);
+    }
+}
+
+/* Bring host-resident chunks back while HBM has room ("coming back"): the request first, then the
+ * bursts, only when no neighbour is short of its request and no more recently active neighbour waits for its
+ * own; at most ELASTIC_BATCH chunks per tick, moved as one batch (the gate closes once, for the copies and the
+ * remaps). Caller holds g_es.mu. */
+static void swap_in(void) {
+    if (!g_es.swapped) return;
+    unsigned i = 0;
+    uint64_t planned = 0;
+    int burst = -1;
+    struct elastic_range *pick;
+    CUmemGenericAllocationHandle nh;
+    while (g_es.batch.n < ELASTIC_BATCH && (pick = oldest_host(&i))) {
+        uint64_t len = elastic_chunk_len(pick, i);
+        if (!may_come_back(planned, len, &burst)) break;
+        if (elastic_create_phys(&nh, len, 0, g_es.ord) != CUDA_SUCCESS) {
+            if (!g_es.batch.n) ask_for_room(len);
+            break;
+        }
+        batch_add(pick, i, nh);
+        planned += len;
+    }
+    if (g_es.batch.n) move_batch(0);
+}
+
+/* The background thread: elastic_publish, answer asks, bring memory back. It makes CUDA calls in the context of the
  * elastic allocations. An ask is acknowledged at once by the acker (askers skip a slot that does not ack
- * within EL_ACK_MS: issue 25, a forged slot that never answers costs them that much, once), answered at most
- * once per EL_YIELD_GAP_MS (issue 25: asks are rate-limited; the asks of several neighbours pending at once
+ * within ELASTIC_ACK_MS: a forged slot that never answers costs them that much, once), answered at most
+ * once per ELASTIC_YIELD_GAP_MS (asks are rate-limited; the asks of several neighbours pending at once
  * are answered together, each bounded by its asker's limit), the ticks between free for bringing this
  * process's own memory back. */
 void *elastic_thread(void *arg) {
     (void)arg;
-    REAL(cuCtxSetCurrent)(g_ctx);
-    uint64_t handled[EB_SLOTS] = {0}, answered_ns = 0;
-    struct el_askers cache = {0};
-    int from[EB_SLOTS];
-    struct eb_roster_ent lim[EB_SLOTS];
-    struct eb_ask asks[EB_SLOTS];
+    REAL(cuCtxSetCurrent)(g_es.ctx);
+    elastic_streams_init(&g_es.streams);
+    uint64_t handled[ELASTIC_SLOTS] = {0}, answered_ns = 0;
+    struct elastic_askers cache = {0};
+    int from[ELASTIC_SLOTS];
+    struct elastic_roster_ent lim[ELASTIC_SLOTS];
+    struct elastic_ask asks[ELASTIC_SLOTS];
     for (;;) {
-        int answer = now_ns() - answered_ns >= EL_YIELD_GAP_MS * 1000000ull;
+        int answer = now_ns() - answered_ns >= ELASTIC_YIELD_GAP_MS * 1000000ull;
         if (answer) {
-            el_askers(&cache, from, lim);
-            eb_asks_for_me(&g_board, from, asks);
+            elastic_askers(&cache, from, lim);
+            elastic_board_asks_for_me(&g_es.board, from, asks);
         }
-        pthread_mutex_lock(&g_mu);
+        pthread_mutex_lock(&g_es.mu);
         uint64_t done = 0, first = 0, last = 0;
-        uint64_t want = answer ? pending_want(asks, lim, handled, el_is_idle(), &first, &last) : 0;
+        uint64_t want = answer ? pending_want(asks, lim, handled, elastic_is_idle(), &first, &last) : 0;
         if (last) {
-            uint64_t moved = yield(want, el_is_idle(), first, last);
+            uint64_t moved = yield(want, elastic_is_idle(), first, last);
             answered_ns = now_ns();
-            g_me.done_moved_mib = (uint32_t)((moved + (1ull << 20) - 1) >> 20);
-            struct eb_answer an = {first, last, g_me.done_moved_mib, 0, 0};
-            eb_put_answer(&g_board, &an);
+            g_es.me.done_moved_mib = (uint32_t)((moved + (1ull << 20) - 1) >> 20);
+            struct elastic_answer an = {first, last, g_es.me.done_moved_mib, 0, 0};
+            elastic_board_put_answer(&g_es.board, &an);
             done = last;
         } else {
-            swap_in_one();
+            swap_in();
         }
-        el_drain_probe();
-        el_publish(done);
-        pthread_mutex_unlock(&g_mu);
-        sleep_ms(TICK_MS);
+        elastic_drain_probe();
+        elastic_publish(done);
+        pthread_mutex_unlock(&g_es.mu);
+        sleep_ms(ELASTIC_TICK_MS);
     }
     return NULL;
 }
 
 /* The acker: acknowledges the newest ask addressed to this slot as soon as it is posted, even while the
  * background thread is in the middle of a move (askers skip a slot that does not acknowledge within
- * EL_ACK_MS). One pread per asking neighbour every 10 ms. */
+ * ELASTIC_ACK_MS). One pread per asking neighbour every 10 ms. */
 void *elastic_acker(void *arg) {
     (void)arg;
     uint64_t seen = 0;
-    struct el_askers cache = {0};
-    int from[EB_SLOTS];
-    struct eb_roster_ent lim[EB_SLOTS];
-    struct eb_ask asks[EB_SLOTS];
+    struct elastic_askers cache = {0};
+    int from[ELASTIC_SLOTS];
+    struct elastic_roster_ent lim[ELASTIC_SLOTS];
+    struct elastic_ask asks[ELASTIC_SLOTS];
     for (;;) {
-        el_askers(&cache, from, lim);
-        eb_asks_for_me(&g_board, from, asks);
+        elastic_askers(&cache, from, lim);
+        elastic_board_asks_for_me(&g_es.board, from, asks);
         uint64_t now = now_ns(), newest = 0;
-        for (int j = 0; j < EB_SLOTS; j++)
+        for (int j = 0; j < ELASTIC_SLOTS; j++)
             if (asks[j].seq > newest && asks[j].seq <= now) newest = asks[j].seq;
         if (newest > seen) {
-            __atomic_store_n(&g_acked, newest, __ATOMIC_RELAXED);
-            eb_ack(&g_board, newest);
+            __atomic_store_n(&g_es.acked, newest, __ATOMIC_RELAXED);
+            elastic_board_ack(&g_es.board, newest);
             seen = newest;
         }
         sleep_ms(10);

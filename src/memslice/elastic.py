@@ -38,7 +38,7 @@ VERSION = 5          # 2: the liveness lock is a POSIX lock whose holder F_GETLK
 #                      priority, flags, ack and the owner's asks (needed/moved) in the last 32 bytes; 4: a host
 #                      note per slot ("host memory is finite"); 5: one file per slot, each written by
 #                      its owner only
-NOTE_OFF = 128       # in a slot file: struct eb_slot, then struct eb_hostnote, struct eb_answer, the owner's asks
+NOTE_OFF = 128       # in a slot file: struct elastic_slot, struct elastic_hostnote, elastic_answer, the asks
 NOTE_SIZE = 64
 ANSWER_OFF = 192
 ASK_OFF = 256
@@ -86,7 +86,7 @@ class Tenant:
 
 @dataclass(frozen=True)
 class HostNote:
-    """What a tenant could not take to host memory (elastic_board.h, struct eb_hostnote): the cause and figures
+    """What a tenant could not take to host memory (elastic_board.h, struct elastic_hostnote): the cause and figures
     of its last refusal as it read them (claims: shown, never acted on), its refusal counts by cause, and its
     own bursts that failed because a neighbour refused."""
 

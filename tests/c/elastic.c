@@ -22,9 +22,12 @@
  *   held                  cuStreamSynchronize on the held stream: "held RC"
  *   slowest               the longest one block round of the busy threads took since the last "slowest", in ms
  *                         (how long a tenant thread was held up, e.g. at the work gate): "slowest MS"
+ *   counters              the simulated driver's counters of this process (memsliceSimCounters, found with dlsym;
+ *                         interposer/sim/simstate.h names them): "counters C0 C1 ...", or "counters none"
  *   free                  free everything: "freed RC"
  * Between commands the process makes no CUDA call at all (it becomes idle). */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <pthread.h>
 #include <unistd.h>
 #include <stdint.h>
@@ -201,6 +204,18 @@ static void *busy(void *arg) {
     return NULL;
 }
 
+/* counters: the simulated driver's per-process counters (a real driver has no such symbol). */
+static void cmd_counters(void) {
+    unsigned (*fn)(unsigned long long *, unsigned) = (unsigned (*)(unsigned long long *, unsigned))dlsym(RTLD_DEFAULT,
+                                                                                                       "memsliceSimCounters");
+    unsigned long long c[32];
+    if (!fn) { printf("counters none\n"); return; }
+    unsigned n = fn(c, 32);
+    printf("counters");
+    for (unsigned i = 0; i < n && i < 32; i++) printf(" %llu", c[i]);
+    printf("\n");
+}
+
 /* Run commands until stdin ends. */
 int main(void) {
     CUdevice dev;
@@ -255,6 +270,8 @@ int main(void) {
             printf("held %d\n", cuStreamSynchronize(g_sh));
         } else if (strncmp(line, "slowest", 7) == 0) {
             printf("slowest %llu\n", (unsigned long long)(__atomic_exchange_n(&g_slowest_ns, 0, __ATOMIC_RELAXED) / 1000000ull));
+        } else if (strncmp(line, "counters", 8) == 0) {
+            cmd_counters();
         } else if (strncmp(line, "free", 4) == 0) {
             CUresult rc = CUDA_SUCCESS;
             for (int i = 0; i < g_n; i++) rc |= cuMemFree_v2(g_ptr[i]);

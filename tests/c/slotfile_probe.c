@@ -8,13 +8,13 @@
 #include "elastic_board.h"
 
 int main(int argc, char **argv) {
-    printf("%u %d %d %d %d %d %zu %zu %zu %zu\n", EB_VERSION, EB_NOTE_OFF, EB_ANSWER_OFF, EB_ASK_OFF, EB_FILE_SIZE,
-           SF_LIVE_OFF, sizeof(struct eb_slot), sizeof(struct eb_hostnote), sizeof(struct eb_answer),
-           offsetof(struct eb_slot, ack_seq));
+    printf("%u %d %d %d %d %d %zu %zu %zu %zu\n", ELASTIC_VERSION, ELASTIC_NOTE_OFF, ELASTIC_ANSWER_OFF, ELASTIC_ASK_OFF,
+           ELASTIC_FILE_SIZE, SF_LIVE_OFF, sizeof(struct elastic_slot), sizeof(struct elastic_hostnote), sizeof(struct elastic_answer),
+           offsetof(struct elastic_slot, ack_seq));
     if (argc < 3) return 0;
     struct sf_dir d;
     char err[256];
-    int rc = sf_open(&d, argv[1], -1, 1, EB_FILE_SIZE, err, sizeof err);
+    int rc = sf_open(&d, argv[1], -1, 1, ELASTIC_FILE_SIZE, err, sizeof err);
     if (rc != 0) { printf("no slot %d %s\n", rc, err); return 1; }
     sf_write_own(&d, argv[2], strlen(argv[2]), 0);
     printf("held %d\n", d.own);

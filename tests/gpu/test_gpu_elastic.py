@@ -2,11 +2,15 @@
 tenants (request 1 GiB, limit 8 GiB) share what is left. Tenant A fills 5.5 GiB and goes idle; tenant B then
 asks for 5.5 GiB, which does not fit, so what B lacks of A's memory above its request moves to host memory
 (same pointers; A's request stays in GPU memory, issue 26). A's data is checked
-while it is swapped out, B leaves, A's memory comes back to the GPU and is checked again. The move times are
-the tenants' own (their arbitration board), printed with the bytes moved."""
+while it is swapped out, B leaves, A's memory comes back to the GPU and is checked again. Where each tenant's
+memory is comes from NVML (the driver's per-process figures, read outside the shim), never from the board the
+tenants write; the move times are the tenants' own (their arbitration board), printed with the bytes moved and
+the rate (issue 39 item 4: moves in batches of overlapping copies, >= 40 GB/s each way on an H100/H200)."""
 
 from __future__ import annotations
 
+import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +20,7 @@ from gpukit import (
     MiB,
     held,
     no_gpu_reason,
+    nvml_outside,
     real_env,
     report,
     run_cmd_argv,
@@ -106,50 +111,85 @@ def board(edir: Path, pid: int) -> Tenant:
                        swap_in_seconds=0.0, version=0))
 
 
+def nvml_mib(pid: int) -> int:
+    """The device memory the driver says process `pid` holds (NVML, outside the shim), in MiB: through
+    nvidia-ml-py where this Python has it, else through nvidia-smi (the same NVML figure)."""
+    if importlib.util.find_spec("pynvml") is not None:
+        return int(nvml_outside()["procs"].get(str(pid), 0))
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, timeout=60, check=True)
+    for line in out.stdout.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 2 and fields[0] == str(pid) and fields[1].isdigit():
+            return int(fields[1])
+    return 0
+
+
+def rate(mib: int, seconds: float) -> float | None:
+    """GB/s (10^9 bytes per second, as link speeds are quoted) of moving `mib` MiB in `seconds`."""
+    return round(mib * MiB / seconds / 1e9, 2) if seconds else None
+
+
 def test_idle_tenant_swaps_out_and_back_with_every_byte(tmp_path):
     edir = tmp_path / "elastic"
     edir.mkdir(mode=0o700)
     env = real_env(MEMSLICE_ELASTIC_DIR=str(edir))
     tenant = [sys.executable, "-c", TENANT]
     opts = ("--gpu-mem-request", "1GiB", "--idle-after", "1")
+    figs: dict[str, object] = {"gpu": "simulated" if KIT_SIM else "real", "tenant_mib": TENANT_MIB}
 
     def start(name: str):
         return held([*run_cmd_argv(8192, tmp_path / name, opts), *tenant], env)
 
-    with held([sys.executable, "-c", HOG, str(LEFT_MIB)], real_env()) as hog:
-        h = hog.read()
-        assert h["free_mib"] <= LEFT_MIB + 2, h
-        with start("a") as a:
-            a_pid = a.read()["pid"]
-            got = a.ask(f"alloc {TENANT_MIB}")
-            assert got == {**got, "allocated_mib": TENANT_MIB, "rc": 0}, got
-            assert wait_for(lambda: board(edir, a_pid).state == "idle", 30), board(edir, a_pid)
-            with start("b") as b:
-                b_pid = b.read()["pid"]
-                got_b = b.ask(f"alloc {TENANT_MIB}")
-                assert got_b == {**got_b, "allocated_mib": TENANT_MIB, "rc": 0}, got_b
-                # only what B lacked moves (issue 26): A's request (1 GiB) stays in GPU memory
-                assert wait_for(lambda: board(edir, a_pid).swapped_bytes > 0, 60), board(edir, a_pid)
-                out, tb = board(edir, a_pid), board(edir, b_pid)
-                assert out.resident_bytes >= 1024 * MiB, f"A's request left GPU memory: {out}"
-                moved_mib = out.swapped_bytes // MiB
-                if tb.asked_mib:
-                    assert moved_mib <= 1.25 * tb.asked_mib + 32, f"moved {moved_mib} MiB for {tb.asked_mib}: {tb}"
-                while_swapped = a.ask("check")
-                assert while_swapped == {"checked": TENANT_MIB // BLOCK_MIB, "bad": 0}, while_swapped
-            # B has ended: A, active again (each check is a CUDA call), gets its memory back in the GPU
-            assert wait_for(lambda: a.ask("check")["bad"] == 0 and board(edir, a_pid).swapped_bytes == 0, 90), \
-                board(edir, a_pid)
-            back = board(edir, a_pid)
-            after = a.ask("check")
-            assert after == {"checked": TENANT_MIB // BLOCK_MIB, "bad": 0}, after
-    gib = moved_mib / 1024
-    report("elastic swap out and back", gpu="simulated" if KIT_SIM else "real", hog_mib=h["held_mib"],
-           left_free_mib=h["free_mib"], tenant_mib=TENANT_MIB, b_alloc_seconds=got_b["seconds"],
-           b_asked_mib=tb.asked_mib, a_moved_mib=moved_mib, a_request_resident=out.resident_bytes >= 1024 * MiB,
-           swap_outs=out.swap_outs, swap_out_seconds=round(out.swap_out_seconds, 3),
-           swap_out_gib_per_s=round(gib / out.swap_out_seconds, 2) if out.swap_out_seconds else None,
-           swap_ins=back.swap_ins, swap_in_seconds=round(back.swap_in_seconds, 3),
-           swap_in_gib_per_s=round(gib / back.swap_in_seconds, 2) if back.swap_in_seconds else None,
-           bad_while_swapped=while_swapped["bad"], bad_after=after["bad"])
+    def times(prefix: str, t: Tenant, mib: int) -> None:
+        """The board's move figures (the tenant's own clock; residency is NVML's)."""
+        n = t.swap_outs if prefix == "out" else t.swap_ins
+        sec = t.swap_out_seconds if prefix == "out" else t.swap_in_seconds
+        figs.update({f"chunk_moves_{prefix}": n, f"swap_{prefix}_seconds": round(sec, 3),
+                     f"swap_{prefix}_gb_per_s": rate(mib, sec)})
 
+    try:
+        with held([sys.executable, "-c", HOG, str(LEFT_MIB)], real_env()) as hog:
+            h = hog.read()
+            figs.update(hog_mib=h["held_mib"], left_free_mib=h["free_mib"])
+            assert h["free_mib"] <= LEFT_MIB + 2, h
+            with start("a") as a:
+                a_pid = a.read()["pid"]
+                got = a.ask(f"alloc {TENANT_MIB}")
+                assert got == {**got, "allocated_mib": TENANT_MIB, "rc": 0}, got
+                assert wait_for(lambda: board(edir, a_pid).state == "idle", 30), board(edir, a_pid)
+                a_full = nvml_mib(a_pid)  # A's context and all of its 5.5 GiB, in HBM
+                a_ctx = a_full - TENANT_MIB
+                figs["a_hbm_mib_nvml_full"] = a_full
+                assert a_ctx >= 0, f"NVML says A holds {a_full} MiB after allocating {TENANT_MIB} MiB"
+                with start("b") as b:
+                    b_pid = b.read()["pid"]
+                    got_b = b.ask(f"alloc {TENANT_MIB}")
+                    figs.update(b_alloc_seconds=got_b.get("seconds"), b_hbm_mib_nvml=nvml_mib(b_pid))
+                    assert got_b == {**got_b, "allocated_mib": TENANT_MIB, "rc": 0}, got_b
+                    # only what B lacked moves: A's request (1 GiB) stays in GPU memory, as NVML says
+                    assert wait_for(lambda: nvml_mib(a_pid) <= a_full - 256, 60), nvml_mib(a_pid)
+                    a_out = nvml_mib(a_pid)
+                    out, tb = board(edir, a_pid), board(edir, b_pid)
+                    moved_mib, moved_board_mib = a_full - a_out, out.swapped_bytes // MiB
+                    figs.update(a_hbm_mib_nvml_out=a_out, a_moved_mib_nvml=moved_mib, b_asked_mib=tb.asked_mib,
+                                a_request_resident_nvml=a_out - a_ctx >= 1024)
+                    times("out", out, moved_board_mib)
+                    assert a_out - a_ctx >= 1024, f"A's request left GPU memory: NVML says {a_out} MiB, context {a_ctx}"
+                    if tb.asked_mib:
+                        assert moved_mib <= 1.25 * tb.asked_mib + 32, f"moved {moved_mib} MiB for {tb.asked_mib}"
+                    while_swapped = a.ask("check")
+                    figs["bad_while_swapped"] = while_swapped.get("bad")
+                    assert while_swapped == {"checked": TENANT_MIB // BLOCK_MIB, "bad": 0}, while_swapped
+                # B has ended: A, active again (each check is a CUDA call), gets its memory back in HBM (NVML)
+                assert wait_for(lambda: a.ask("check")["bad"] == 0 and nvml_mib(a_pid) >= a_full, 90), \
+                    nvml_mib(a_pid)
+                figs["a_hbm_mib_nvml_back"] = nvml_mib(a_pid)
+                # the move times once A has published the last move back
+                assert wait_for(lambda: board(edir, a_pid).swapped_bytes == 0, 30), board(edir, a_pid)
+                times("in", board(edir, a_pid), moved_board_mib)
+                after = a.ask("check")
+                figs["bad_after"] = after.get("bad")
+                assert after == {"checked": TENANT_MIB // BLOCK_MIB, "bad": 0}, after
+    finally:  # the figures gathered so far, also when a check failed (the GPU machine's run is the one there is)
+        report("elastic swap out and back", **figs)

@@ -1,0 +1,127 @@
+"""Elastic moves overlap (issue 39 item 4): a tenant's chunks move between HBM and host memory in batches,
+their copies asynchronous on several streams and all in flight together, every old mapping unmapped only
+once its copy is complete, the bytes and pointers unchanged and the request still in HBM. The simulated
+driver books each asynchronous copy as a real GPU would run it (interposer/sim/simcuda_inflight.c): the
+tenant reads that book (memsliceSimCounters), the physical placement comes from the simulator's own ledger."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import MiB
+from test_elastic_swap import elastic, per_process, tenant_bin, wait_for  # noqa: F401  (fixtures)
+
+from memslice.elastic import read_boards
+
+# memsliceSimCounters' order (interposer/sim/simstate.h)
+COPIES, ASYNC_COPIES, ASYNC_BYTES, UNMAPS_IN_FLIGHT, IN_FLIGHT_MAX = 4, 6, 7, 8, 10
+CHUNK_MIB = 32
+
+
+def counters(t) -> list[int]:
+    out = t.cmd("counters").split()
+    assert out[0] == "counters" and len(out) > IN_FLIGHT_MAX + 1, out
+    return [int(x) for x in out[1:]]
+
+
+def board(edir, pid: int):
+    return next(t for t in read_boards(edir) if t.pid == pid)
+
+
+def test_chunks_move_in_batches_of_overlapping_copies_with_every_byte(elastic):  # noqa: F811
+    """A (request 512 MiB) fills 2 GiB and goes idle; B's second 896 MiB range lacks 344 MiB of HBM, so A
+    moves 11+ chunks out in one answer: each is copied asynchronously, several copies in flight at once, none
+    unmapped under a copy in flight; the bytes and pointers are unchanged and A's request is still in HBM
+    (the simulator's ledger). Once B frees, A's chunks come back the same way."""
+    a = elastic("a", "2560MiB", "512MiB")
+    assert a.cmd("alloc 2048 64") == "allocated 32"
+    ptrs = a.cmd("ptrs")
+    state = elastic.node().state
+    before = counters(a)
+    wait_for(lambda: board(elastic.edir, a.proc.pid).state == "idle", "A idle on the board")
+    b = elastic("b", "2GiB", "512MiB")
+    assert b.cmd("alloc 1792 896") == "allocated 2"  # the second range lacks 344 MiB: one ask, one answer
+    dev, host = per_process(state)[a.proc.pid]
+    assert host >= 344 and dev >= 300 + 512, f"A moved {host} MiB out and keeps {dev} MiB in HBM"
+    out = counters(a)
+    moved_chunks = host // CHUNK_MIB
+    assert out[ASYNC_COPIES] - before[ASYNC_COPIES] >= moved_chunks, (before, out)
+    assert out[ASYNC_BYTES] - before[ASYNC_BYTES] >= host * MiB, (before, out)
+    assert moved_chunks >= 11 and out[IN_FLIGHT_MAX] >= 4, f"copies in flight at once: {out[IN_FLIGHT_MAX]}"
+    assert out[UNMAPS_IN_FLIGHT] == 0, "a mapping was unmapped under a copy still in flight"
+    assert out[COPIES] - before[COPIES] == out[ASYNC_COPIES] - before[ASYNC_COPIES], "a move copied synchronously"
+    assert a.cmd("check") == f"check ok {2048 * MiB}"
+    assert a.cmd("ptrs") == ptrs
+    # B frees: A's chunks come back in batches of overlapping copies too
+    assert b.cmd("free") == "freed 0"
+    assert a.cmd("check") == f"check ok {2048 * MiB}"  # a CUDA call: A is active, its bursts come back
+    wait_for(lambda: per_process(state)[a.proc.pid] == (300 + 2048, 0), "A's memory back in HBM")
+    back = counters(a)
+    assert back[ASYNC_BYTES] - out[ASYNC_BYTES] >= host * MiB, (out, back)
+    assert back[UNMAPS_IN_FLIGHT] == 0
+    tb = board(elastic.edir, a.proc.pid)
+    # a batch per tick: fewer moves than chunks would take one per tick (the board counts chunks and time)
+    assert tb.swap_ins >= moved_chunks and tb.swap_outs >= moved_chunks, tb
+    assert a.cmd("check") == f"check ok {2048 * MiB}"
+    assert a.cmd("ptrs") == ptrs
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize("synchronised", [True, False])
+def test_the_simulator_books_async_copies_until_their_stream_is_synchronised(node, tmp_path, synchronised):
+    """The model the test above relies on: an async copy on a created stream is in flight until the stream is
+    synchronised; unmapping its memory before that is counted (on a real GPU, a fault or lost bytes)."""
+    import subprocess
+    import sys
+
+    prog = r"""
+import ctypes, sys
+cu = ctypes.CDLL("libcuda.so.1")
+U64 = ctypes.c_uint64
+for f in ("cuMemAddressReserve", "cuMemMap", "cuMemUnmap", "cuMemSetAccess", "cuMemcpyDtoDAsync_v2"):
+    getattr(cu, f).restype = ctypes.c_int
+cu.cuMemAddressReserve.argtypes = [ctypes.POINTER(U64), ctypes.c_size_t, ctypes.c_size_t, U64, ctypes.c_ulonglong]
+cu.cuMemMap.argtypes = [U64, ctypes.c_size_t, ctypes.c_size_t, U64, ctypes.c_ulonglong]
+cu.cuMemUnmap.argtypes = [U64, ctypes.c_size_t]
+cu.cuMemSetAccess.argtypes = [U64, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t]
+cu.cuMemcpyDtoDAsync_v2.argtypes = [U64, U64, ctypes.c_size_t, ctypes.c_void_p]
+dev, ctx, st = ctypes.c_int(), ctypes.c_void_p(), [ctypes.c_void_p(), ctypes.c_void_p()]
+assert cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev) == 0
+for s in st:
+    assert cu.cuStreamCreate(ctypes.byref(s), 1) == 0
+class Loc(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+class Prop(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("handleTypes", ctypes.c_int), ("location", Loc), ("win32", ctypes.c_void_p),
+                ("flags", ctypes.c_ubyte * 8)]
+class Access(ctypes.Structure):
+    _fields_ = [("location", Loc), ("flags", ctypes.c_int)]
+size = 2 << 20
+va = [U64(), U64()]
+for k in range(2):
+    h = U64()
+    p = Prop(type=1, location=Loc(type=1, id=0))
+    assert cu.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(size), ctypes.byref(p), ctypes.c_ulonglong(0)) == 0
+    assert cu.cuMemAddressReserve(ctypes.byref(va[k]), size, 0, 0, 0) == 0
+    assert cu.cuMemMap(va[k], size, 0, h, 0) == 0
+    acc = Access(location=Loc(type=1, id=0), flags=3)
+    assert cu.cuMemSetAccess(va[k], size, ctypes.byref(acc), 1) == 0
+assert cu.cuMemcpyDtoDAsync_v2(va[1], va[0], size // 2, st[0]) == 0
+assert cu.cuMemcpyDtoDAsync_v2(va[1].value + size // 2, va[0].value + size // 2, size // 2, st[1]) == 0
+if sys.argv[1] == "sync":
+    for s in st:
+        assert cu.cuStreamSynchronize(s) == 0
+assert cu.cuMemUnmap(va[0], size) == 0
+c = (ctypes.c_ulonglong * 16)()
+n = cu.memsliceSimCounters(c, 16)
+print(" ".join(str(c[i]) for i in range(n)))
+"""
+    n = node(gpus="1GiB")
+    out = subprocess.run([sys.executable, "-c", prog, "sync" if synchronised else "nosync"], env=n.env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    c = [int(x) for x in out.stdout.split()]
+    assert c[ASYNC_COPIES] == 2 and c[ASYNC_BYTES] == 2 << 20
+    assert c[IN_FLIGHT_MAX] == 2, "two copies on two streams are in flight together"
+    assert c[UNMAPS_IN_FLIGHT] == (0 if synchronised else 1)
