@@ -4,9 +4,10 @@
  *   1. NVML's per-process figure for this process (nvmlDeviceGetComputeRunningProcesses under its host pid):
  *      exact whatever other tenants do; what this process's other threads allocated meanwhile is taken out
  *      (their own charges over the same window), and what that leaves out is caught by the reconciliation
- *      that follows at once. The driver's free memory is read over the same window, and the larger of the
- *      two figures is charged (an NVML that under-reports cannot lower a charge). NVML and the driver are
- *      the node's own libraries (nvml_path, cuda_path in the limits file: real.c), never a tenant's copy;
+ *      that follows at once. The driver's free memory is read over the same window, less what NVML shows
+ *      every other process gaining meanwhile, and the larger of the two figures is charged (an NVML that
+ *      under-reports cannot lower a charge; a neighbour allocating meanwhile cannot raise it). NVML and the
+ *      driver are the node's own libraries (nvml_path, cuda_path in the limits file: real.c), never a tenant's copy;
  *   2. NVML's free memory of the device, then cuMemGetInfo's (a context of that device current): other
  *      tenants' concurrent allocations make it larger (safe), their frees smaller, which is why a context
  *      measured this way is never charged below the last exact measurement (or MEMSLICE_CONTEXT_RESERVE);
@@ -23,6 +24,10 @@
 #include <unistd.h>
 
 #include "shim.h"
+
+#ifndef NVML_VALUE_NOT_AVAILABLE
+#define NVML_VALUE_NOT_AVAILABLE (~0ULL) /* nvml.h: a per-process figure NVML cannot give */
+#endif
 
 static pthread_mutex_t g_measure_mu = PTHREAD_MUTEX_INITIALIZER;
 static ms_ptrmap g_taken;                      /* key: handle | kind << 56 -> bytes charged for it */
@@ -68,8 +73,9 @@ static uint32_t host_pid(void) {
     return v > 0 ? (uint32_t)v : 0;
 }
 
-/* What NVML shows this process using on h: 0 listed-or-absent reads, -1 if the list cannot be read. */
-static int nvml_process_used(nvmlDevice_t h, uint32_t pid, uint64_t *out) {
+/* What NVML shows this process using on h, and every other process together (*others): 0 listed-or-absent
+ * reads, -1 if the list cannot be read. A figure NVML cannot give (NVML_VALUE_NOT_AVAILABLE) counts 0. */
+static int nvml_process_used(nvmlDevice_t h, uint32_t pid, uint64_t *out, uint64_t *others) {
     __auto_type list = REAL_NVML(nvmlDeviceGetComputeRunningProcesses_v3);
     nvmlProcessInfo_t small[64], *p = small;
     unsigned int n = 64;
@@ -80,9 +86,11 @@ static int nvml_process_used(nvmlDevice_t h, uint32_t pid, uint64_t *out) {
         if (!(p = calloc(n, sizeof *p))) return -1;
         rc = list(h, &n, p);
     }
-    *out = 0;
-    for (unsigned i = 0; rc == NVML_SUCCESS && i < n; i++)
-        if (p[i].pid == pid) *out += p[i].usedGpuMemory;
+    *out = *others = 0;
+    for (unsigned i = 0; rc == NVML_SUCCESS && i < n; i++) {
+        uint64_t used = p[i].usedGpuMemory == NVML_VALUE_NOT_AVAILABLE ? 0 : p[i].usedGpuMemory;
+        *(p[i].pid == pid ? out : others) += used;
+    }
     if (p != small) free(p);
     return rc == NVML_SUCCESS ? 0 : -1;
 }
@@ -108,7 +116,7 @@ static int free_memory(struct measure *m, int how, uint64_t *out) {
 
 /* One reading by the given method. */
 static int reading(struct measure *m, int how, uint64_t *out) {
-    if (how == M_NVML_PROCESS) return m->nvml ? nvml_process_used(m->nvml, host_pid(), out) : -1;
+    if (how == M_NVML_PROCESS) return m->nvml ? nvml_process_used(m->nvml, host_pid(), out, &m->others) : -1;
     return free_memory(m, how, out);
 }
 
@@ -122,6 +130,7 @@ void measure_begin(struct measure *m, int dev, CUdevice ord) {
             break;
         }
     if (m->how != M_NVML_PROCESS) return;
+    m->others_before = m->others;
     /* NVML's process figure is checked against the driver's free memory: the driver's own
      * (cuMemGetInfo) where a context of the GPU is current, else NVML's */
     for (int how = M_CUDA_FREE; how >= M_NVML_FREE; how--)
@@ -138,19 +147,26 @@ static int64_t free_taken(struct measure *m) {
     return (int64_t)(m->free_before - after);
 }
 
+/* What the call took: NVML's growth of this process's figure, or the drop in free memory where that is
+ * larger. The drop counts what other processes on the GPU allocated meanwhile too (a container starting while
+ * a neighbour allocates would be charged the neighbour's bytes, up to a refusal of its first context), so the
+ * growth NVML shows for every other process over the window is taken out of it first; the free memory is read
+ * before the process list, so a neighbour's allocation between the two readings is taken out without having
+ * been counted (the drop is then lower, never higher, than this process's own). An NVML that under-reports
+ * (a broken driver) shows no neighbour growing either, and the drop still overrules it. */
 int64_t measure_end(struct measure *m) {
     uint64_t after = 0;
+    int64_t by_free = m->how == M_NVML_PROCESS ? free_taken(m) : 0;
     if (m->how == M_NONE || reading(m, m->how, &after) < 0) {
         m->how = M_NONE;
         return 0;
     }
     m->after = after;
-    int64_t by_free = m->how == M_NVML_PROCESS ? free_taken(m) : 0;
     int64_t others = (int64_t)(quota_mine(m->dev) - m->charged); /* this process's other threads, meanwhile */
     if (m->how != M_NVML_PROCESS) return (int64_t)(m->before - after) - others; /* free memory went down */
     int64_t by_nvml = (int64_t)(after - m->before);
-    /* where the two disagree, the larger: an NVML that under-reports this process (a tenant's copy, a broken
-     * driver) cannot lower the charge; other tenants' frees only make the free figure smaller */
+    int64_t neighbours = (int64_t)(m->others - m->others_before);
+    if (neighbours > 0) by_free -= neighbours;
     return (by_free > by_nvml ? by_free : by_nvml) - others;
 }
 

@@ -134,7 +134,8 @@ void ctx_after_fork(void);                   /* a forked child has charged no co
  * the call: NVML's per-process figure where it can be read, else free memory (NVML, then cuMemGetInfo). */
 enum measure_how { M_NONE = 0, M_NVML_PROCESS, M_NVML_FREE, M_CUDA_FREE };
 struct measure { int dev; CUdevice ord; int how; uint64_t before, after, charged; nvmlDevice_t nvml;
-                 int how_free; uint64_t free_before; /* the driver's free memory beside NVML's process figure */ };
+                 int how_free; uint64_t free_before; /* the driver's free memory beside NVML's process figure */
+                 uint64_t others, others_before; /* NVML's figure for every other process on the GPU */ };
 void measure_begin(struct measure *m, int dev, CUdevice ord); /* takes the process's measuring lock */
 int64_t measure_end(struct measure *m);     /* bytes taken since begin (negative: given back); how = M_NONE
                                                when nothing could be read */
