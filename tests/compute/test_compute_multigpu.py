@@ -21,7 +21,8 @@ UUIDS = r"""
 import json, sys
 import pynvml as n
 n.nvmlInit()
-print(json.dumps({"uuids": [n.nvmlDeviceGetUUID(n.nvmlDeviceGetHandleByIndex(i)) for i in range(n.nvmlDeviceGetCount())]}))
+handles = [n.nvmlDeviceGetHandleByIndex(i) for i in range(n.nvmlDeviceGetCount())]
+print(json.dumps({"uuids": [n.nvmlDeviceGetUUID(h) for h in handles]}))
 """
 
 # Both GPUs' timelines (sim_compute.TIMELINE's figures) read by one probe, so both fall inside the run.
