@@ -48,6 +48,7 @@ struct cs_dev {
     pthread_mutex_t mu;
     CUcontext ctx;                          /* the context the events belong to (the first launch's on this GPU) */
     CUdevice ord;
+    int held;                               /* its index + 1: compute_gate_slow's answer while its mutex is held */
     int measuring, boarded;                 /* events usable; board open */
     CUevent ev_start[CS_RING], ev_end[CS_RING];
     CUstream stream[CS_RING];
@@ -102,7 +103,10 @@ void compute_start(void) {
     if (c->compute_request < 0 && !c->compute_limit && !c->compute_dir[0]) return;
     g_cs.request = c->compute_request > 0 ? c->compute_request : 0;
     g_cs.limit = c->compute_limit ? c->compute_limit : 100;
-    for (int i = 0; i < CS_DEVS; i++) dev_reset(&g_cs.dev[i]);
+    for (int i = 0; i < CS_DEVS; i++) {
+        dev_reset(&g_cs.dev[i]);
+        g_cs.dev[i].held = i + 1;
+    }
     __atomic_store_n(&g_compute, 1, __ATOMIC_RELEASE);
 }
 
@@ -226,7 +230,6 @@ static void *board_thread(void *arg) {
 /* A GPU's first launch (context `ctx` current, on GPU `ord`): create the events there and open that GPU's
  * board with the configured slot. Caller holds g_cs.mu; d is not published yet. */
 static void dev_open(struct cs_dev *d, CUcontext ctx, CUdevice ord) {
-    d->ctx = ctx;
     d->ord = ord;
     d->first_ns = mono_ns();
     __auto_type create = REAL(cuEventCreate);
@@ -249,6 +252,7 @@ static void dev_open(struct cs_dev *d, CUcontext ctx, CUdevice ord) {
     else
         shim_log(LOG_INFO, "memslice: compute share %d%%:%d%% on %s, slot %d%s", g_cs.request, g_cs.limit, d->uuid,
                  d->board.slot, d->board.have_roster ? " (rostered)" : "");
+    __atomic_store_n(&d->ctx, ctx, __ATOMIC_RELEASE); /* last: dev_of finds it complete */
 }
 
 /* The board thread, once per process. Caller holds g_cs.mu. */
@@ -287,18 +291,19 @@ static struct cs_dev *dev_bind(CUcontext ctx) {
     return d;
 }
 
-/* The bound GPU whose measured context is `ctx` (lock-free: slots are immutable once published), or NULL. */
+/* The bound GPU whose measured context is `ctx` (lock-free: a slot's ctx is stored last, with release, and
+ * never changes until fork), or NULL. The first GPU is looked at first: one compare on a one-GPU process. */
 static inline struct cs_dev *dev_of(CUcontext ctx) {
+    if (__atomic_load_n(&g_cs.dev[0].ctx, __ATOMIC_ACQUIRE) == ctx) return &g_cs.dev[0];
     int n = __atomic_load_n(&g_cs.n_dev, __ATOMIC_ACQUIRE);
-    for (int i = 0; i < n; i++)
-        if (g_cs.dev[i].ctx == ctx) return &g_cs.dev[i];
+    for (int i = 1; i < n; i++)
+        if (__atomic_load_n(&g_cs.dev[i].ctx, __ATOMIC_ACQUIRE) == ctx) return &g_cs.dev[i];
     return NULL;
 }
 
-/* Wait while the GPU's verdict says so, at most CS_HOLD_MAX_NS for neighbours and CS_LIMIT_MAX_NS at the limit. */
-static void wait_verdict(struct cs_dev *d) {
-    int v = __atomic_load_n(&d->verdict, __ATOMIC_ACQUIRE);
-    if (v == CS_GO) return;
+/* Wait while the GPU's verdict (v, not CS_GO) says so, at most CS_HOLD_MAX_NS for neighbours and
+ * CS_LIMIT_MAX_NS at the limit. */
+__attribute__((noinline)) static void wait_verdict(struct cs_dev *d, int v) {
     uint64_t t0 = mono_ns(), now = t0, bound = v == CS_WAIT_LIMIT ? CS_LIMIT_MAX_NS : CS_HOLD_MAX_NS;
     __atomic_add_fetch(&d->waiting, 1, __ATOMIC_RELAXED);
     while (v != CS_GO && now - t0 < bound) {
@@ -330,7 +335,8 @@ int compute_gate_slow(CUstream stream) {
     if (!get_ctx || get_ctx(&cur) != CUDA_SUCCESS || !cur) return 0; /* no context: the launch fails on its own */
     struct cs_dev *d = dev_of(cur);
     if (!d && !(d = dev_bind(cur))) return 0;
-    wait_verdict(d);
+    int v = __atomic_load_n(&d->verdict, __ATOMIC_ACQUIRE);
+    if (UNLIKELY(v != CS_GO)) wait_verdict(d, v);
     pthread_mutex_lock(&d->mu);
     if (!d->measuring || d->ctx != cur) {
         d->launches++;
@@ -358,12 +364,12 @@ int compute_gate_slow(CUstream stream) {
      * this one's start (one event per launch on a busy stream); otherwise a start event of its own. */
     d->own_start[tail] = !(d->count && d->stream[prev] == stream);
     if (d->own_start[tail]) REAL(cuEventRecord)(d->ev_start[tail], stream);
-    return (int)(d - g_cs.dev) + 1;
+    return d->held;
 }
 
 /* After the launch: record its end event on that GPU's queue (a failed launch queues nothing); drop its mutex. */
 void compute_done_slow(int held, CUstream stream, CUresult rc) {
-    if (held < 1 || held > CS_DEVS) return;
+    if ((unsigned)held - 1 >= CS_DEVS) return;
     struct cs_dev *d = &g_cs.dev[held - 1];
     int tail = (d->head + d->count) % CS_RING;
     if (rc == CUDA_SUCCESS && REAL(cuEventRecord)(d->ev_end[tail], stream) == CUDA_SUCCESS) d->count++;
@@ -379,6 +385,9 @@ void compute_after_fork(void) {
     g_cs.mu = fresh;
     for (int i = 0; i < g_cs.n_dev; i++)
         if (g_cs.dev[i].boarded) cb_close(&g_cs.dev[i].board);
-    for (int i = 0; i < CS_DEVS; i++) dev_reset(&g_cs.dev[i]);
+    for (int i = 0; i < CS_DEVS; i++) {
+        dev_reset(&g_cs.dev[i]);
+        g_cs.dev[i].held = i + 1;
+    }
     g_cs.started = g_cs.n_dev = 0;
 }
