@@ -17,6 +17,7 @@
  * so once; every wait is bounded. */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -65,6 +66,7 @@ struct cs_dev {
     struct cs_board board;
     char uuid[96];
 };
+_Static_assert(offsetof(struct cs_dev, mu) == 0, "dev_reset clears all but the mutex, the first member");
 
 /* The compute share's state: one per process, one cs_dev per GPU it launched on (the same request, limit and
  * slot number on each GPU's board: the limits file's figures are per GPU). dev[0..n_dev) are bound; a slot is
