@@ -10,9 +10,12 @@
  * Environment: SPIN_COUNT=N makes exactly N saturating launches instead (SECONDS ignored: for instruction
  * counts); SPIN_MARK_S=S prints `mark_launches=N` (launches completed by then) at S seconds, so a caller
  * can count the work done in [S, SECONDS], and SPIN_MARK2_S=S2 `mark2_launches=N` at S2 (a caller reads the
- * simulator's own figures between the two lines); SPIN_GRID blocks (default: the GPU's multiprocessor count).
+ * simulator's own figures between the two lines); SPIN_GRID blocks (default: the GPU's multiprocessor count);
+ * SPIN_DEVICE=K runs on device K (default 0); SPIN_DEVICES=N also keeps devices K+1..K+N-1 saturated, one thread
+ * and context each, until the main loop ends (a process driving several GPUs; their launches are not counted).
  * Output: `started=1`, then `mark_launches=`, `launches=N wall_s=S`, in latency mode `p50_us= p99_us= max_us=`;
  * with --calibrate, `iters_per_us=X`. Exit 0, or 1 with a message. */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,6 +92,37 @@ static int is_simulated(CUdevice dev) {
     return cuDeviceGetName(name, sizeof name, dev) == CUDA_SUCCESS && strstr(name, "(memslice)") != NULL;
 }
 
+/* A context on device `ordinal`, current in this thread, with the spin kernel and the ring's events in c. */
+static void setup(struct client *c, int ordinal, int *sim) {
+    CUdevice dev;
+    CUcontext ctx;
+    CUmodule mod;
+    check(cuDeviceGet(&dev, ordinal), "cuDeviceGet");
+    check(cuCtxCreate_v2(&ctx, 0, dev), "cuCtxCreate");
+    *sim = is_simulated(dev);
+    static const unsigned char sim_image[16] = {'M', 'S', 'S', 'I', 'M', 'M', 'O', 'D'}; /* no globals */
+    check(cuModuleLoadData(&mod, *sim ? (const void *)sim_image : (const void *)PTX), "cuModuleLoadData");
+    check(cuModuleGetFunction(&c->f, mod, "spin"), "cuModuleGetFunction");
+    for (int i = 0; i < RING; i++) check(cuEventCreate(&c->ring[i], 0), "cuEventCreate");
+    int sms = 1;
+    if (cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS || sms < 1) sms = 1;
+    c->grid = getenv("SPIN_GRID") ? (unsigned)atoi(getenv("SPIN_GRID")) : (unsigned)sms;
+}
+
+/* SPIN_DEVICES: one more device kept saturated by its own thread and context until the main loop ends. */
+struct side { int ordinal; double kernel_us; };
+static int g_sides_stop;
+static void *side_spin(void *arg) {
+    const struct side *s = arg;
+    struct client c = {0};
+    int sim = 0;
+    setup(&c, s->ordinal, &sim);
+    c.param = (uint64_t)(s->kernel_us * 1000.0);
+    while (!__atomic_load_n(&g_sides_stop, __ATOMIC_ACQUIRE)) launch(&c);
+    check(cuCtxSynchronize(), "cuCtxSynchronize");
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     int calibrate = argc > 1 && strcmp(argv[1], "--calibrate") == 0;
     if (argc < 3 && !calibrate) {
@@ -96,20 +130,10 @@ int main(int argc, char **argv) {
         return 1;
     }
     struct client c = {0};
-    CUdevice dev;
-    CUcontext ctx;
-    CUmodule mod;
+    int sim = 0, device = getenv("SPIN_DEVICE") ? atoi(getenv("SPIN_DEVICE")) : 0;
+    int devices = getenv("SPIN_DEVICES") ? atoi(getenv("SPIN_DEVICES")) : 1;
     check(cuInit(0), "cuInit");
-    check(cuDeviceGet(&dev, 0), "cuDeviceGet");
-    check(cuCtxCreate_v2(&ctx, 0, dev), "cuCtxCreate");
-    int sim = is_simulated(dev);
-    static const unsigned char sim_image[16] = {'M', 'S', 'S', 'I', 'M', 'M', 'O', 'D'}; /* no globals */
-    check(cuModuleLoadData(&mod, sim ? (const void *)sim_image : (const void *)PTX), "cuModuleLoadData");
-    check(cuModuleGetFunction(&c.f, mod, "spin"), "cuModuleGetFunction");
-    for (int i = 0; i < RING; i++) check(cuEventCreate(&c.ring[i], 0), "cuEventCreate");
-    int sms = 1;
-    if (cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS || sms < 1) sms = 1;
-    c.grid = getenv("SPIN_GRID") ? (unsigned)atoi(getenv("SPIN_GRID")) : (unsigned)sms;
+    setup(&c, device, &sim);
     if (calibrate) {
         c.param = 1000000;
         CUevent a, b;
@@ -137,6 +161,12 @@ int main(int argc, char **argv) {
     double *lat = calloc(cap, sizeof *lat);
     size_t nlat = 0;
     double t0 = now_s(), end = t0 + seconds;
+    struct side sides[16];
+    pthread_t side_threads[16];
+    for (int i = 1; i < devices && i < 16; i++) {
+        sides[i] = (struct side){device + i, kernel_us};
+        if (pthread_create(&side_threads[i], NULL, side_spin, &sides[i]) != 0) check(999, "pthread_create");
+    }
     printf("started=1 simulated=%d grid=%u\n", sim, c.grid);
     fflush(stdout);
     if (getenv("SPIN_COUNT")) {
@@ -168,7 +198,9 @@ int main(int argc, char **argv) {
         nanosleep(&p, NULL);
     }
     uint64_t at_end = completed(&c);
+    __atomic_store_n(&g_sides_stop, 1, __ATOMIC_RELEASE);
     check(cuCtxSynchronize(), "cuCtxSynchronize");
+    for (int i = 1; i < devices && i < 16; i++) pthread_join(side_threads[i], NULL);
     printf("launches=%llu wall_s=%.3f\n", (unsigned long long)at_end, now_s() - t0);
     if (nlat) {
         qsort(lat, nlat, sizeof *lat, cmp_double);
