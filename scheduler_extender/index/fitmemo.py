@@ -81,12 +81,12 @@ _FITS = tuple((True, False, "", s) for s in range(MAX_SCORE + 1))  # a fitting v
 
 def compute_of(key: Key) -> int:
     """The compute percent of a memo key (0: the pod asks for none)."""
-    return key[3] if len(key) >= 4 else 0  # type: ignore[misc]
+    return key[3] if len(key) >= 4 else 0
 
 
 def gpus_of(key: Key) -> int:
     """The GPUs a pod of this key spans (memslice.io/gpu-count; records.PodView.key)."""
-    return key[4] if len(key) == 5 else 1  # type: ignore[misc]
+    return key[4] if len(key) == 5 else 1
 
 
 class _Table:

@@ -126,8 +126,8 @@ def best_set(view: NodeView, ok: list[int], need_mib: int, policy: str, compute:
     order = sorted(ok, key=lambda i: (value[i], rows[i][1]))
     topo = view.topo
     if isinstance(topo, int):
-        chosen = order[:gpus]
-        return distance(topo, chosen), sum(value[i] for i in chosen), _by_index(view, chosen)
+        first = order[:gpus]
+        return distance(topo, first), sum(value[i] for i in first), _by_index(view, first)
     if comb(len(order), gpus) <= MAX_SETS:
         sets: Iterable[tuple[int, ...]] = combinations(order, gpus)
     else:
