@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from kube_real import RealCluster, kubelet_token, wait_until
+from prometheus_client import generate_latest
 from test_deploy_render import NAMESPACE, RESOURCE, SCHEDULER_NAME, render
 from test_real_scheduler import deploy_limit_ratio, scheduler_config, tls_files
 
@@ -66,6 +68,11 @@ class World:
     def create(self, bodies: list[dict[str, Any]]) -> None:
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda b: self.cluster.ok("POST", f"/api/v1/namespaces/{NS}/pods", b), bodies))
+
+    def verb_calls(self, verb: str) -> float:
+        text = generate_latest(self.ext.metrics.registry).decode()
+        return sum(float(m.group(1)) for m in re.finditer(
+            rf'memslice_extender_requests_total{{code="200",verb="{verb}"}} (\S+)', text))
 
     def settled(self, names: set[str]) -> dict[str, dict[str, Any]] | None:
         """The pods by name once each is bound or marked unschedulable; None before."""
@@ -137,12 +144,12 @@ def placements(world: World, pods: list[dict[str, Any]]) -> dict[str, tuple[Gpu,
 def test_two_and_four_gpu_pods_among_one_gpu_pods(world: World) -> None:
     rng = random.Random(34)
     bodies = []
-    for i in range(16):  # 2 GPUs × 4..12 GiB
-        bodies.append(pod_body(f"tp2-{i:02d}", 2 * rng.choice((4, 6, 8, 12)) * GIB, 2, "span"))
-    for i in range(6):  # 4 GPUs × 4..8 GiB
-        bodies.append(pod_body(f"tp4-{i:02d}", 4 * rng.choice((4, 6, 8)) * GIB, 4, "span"))
-    for i in range(60):  # one GPU, 1..8 GiB
-        bodies.append(pod_body(f"one-{i:02d}", rng.choice((1, 2, 3, 4, 6, 8)) * GIB, 1, "span"))
+    for i in range(12):  # 2 GPUs × 4..8 GiB
+        bodies.append(pod_body(f"tp2-{i:02d}", 2 * rng.choice((4, 6, 8)) * GIB, 2, "span"))
+    for i in range(4):  # 4 GPUs × 2..6 GiB
+        bodies.append(pod_body(f"tp4-{i:02d}", 4 * rng.choice((2, 4, 6)) * GIB, 4, "span"))
+    for i in range(48):  # one GPU, 1..6 GiB
+        bodies.append(pod_body(f"one-{i:02d}", rng.choice((1, 2, 3, 4, 6)) * GIB, 1, "span"))
     rng.shuffle(bodies)
     asked = sum(int(b["spec"]["containers"][0]["resources"]["limits"][RESOURCE]) for b in bodies)
     assert asked < 0.55 * len(POOL) * 8 * 24 * GIB  # room enough that a close set stays free on some node
@@ -188,6 +195,7 @@ def test_a_two_gpu_preemptor_frees_two_whole_gpus(world: World) -> None:
             assert pod["spec"].get("nodeName") == PREEMPT, pod.get("status")
             where[name] = pod["metadata"]["annotations"]["memslice.io/gpu-uuid"]
     assert [where[f"pre-{g}-low"] for g in range(4)] == [f"GPU-{PREEMPT}-{g}" for g in range(4)], where
+    before = world.verb_calls("preempt")
     world.create([pod_body("urgent", 32 * GIB, 2, "span-preempt", "span-high")])
 
     def urgent_bound() -> dict[str, Any] | None:
@@ -198,6 +206,7 @@ def test_a_two_gpu_preemptor_frees_two_whole_gpus(world: World) -> None:
     urgent = wait_until("the 2-GPU pod bound after two GPUs were freed", urgent_bound, 180, 0.5,
                         world.sched.check_alive)
     assert urgent["metadata"]["annotations"]["memslice.io/gpu-uuid"] == f"GPU-{PREEMPT}-0,GPU-{PREEMPT}-1"
+    assert world.verb_calls("preempt") > before
     left = {p["metadata"]["name"] for p in world.pods() if p["metadata"]["name"].startswith("pre-")
             and not p["metadata"].get("deletionTimestamp")}
     assert left == {"pre-2-low", "pre-2-mid", "pre-3-low", "pre-3-mid"}, sorted(left)
