@@ -131,7 +131,7 @@ def test_fits_only_where_n_gpus_each_have_the_share():
     assert not decisions.verdict(view, 4 * GIB, "binpack", gpus=3)[0]
     # never: too few GPUs, or too few large enough, or unhealthy ones
     v = decisions.verdict(view_of(gpus[:1]), 4 * GIB, "binpack", gpus=2)
-    assert v[:2] == (False, True) and "the node has 1 healthy memslice GPUs" in v[2]
+    assert v[:2] == (False, True) and "the node has fewer healthy memslice GPUs" in v[2]
     v = decisions.verdict(view_of(gpus), 17 * GIB, "binpack", gpus=2)
     assert v[:2] == (False, True) and "fewer than 2 healthy GPUs of the node are that large" in v[2]
     sick = [g._replace(healthy=i != 1) for i, g in enumerate(gpus)]
@@ -176,7 +176,7 @@ def test_a_node_beyond_the_sets_weighed_one_by_one_is_grown_greedily():
                                                                           if j != i), pcie=f"sw{i // 8}")
             for i in range(16)]
     view = view_of(gpus, [16 * GIB if i in (0, 5) else 0 for i in range(16)])
-    assert spanning.MAX_SETS < 12870  # C(14, 8) sets: grown greedily
+    assert spanning.MAX_SETS < 3003  # C(14, 8) sets: grown greedily
     chosen = indices(decisions.choose_gpus(view, 4 * GIB, "binpack", gpus=8))
     assert chosen is not None and len(set(chosen)) == 8 and not {0, 5} & set(chosen)
     # the greedy set keeps NVLink groups whole where it can: the two full groups of four (8..15)

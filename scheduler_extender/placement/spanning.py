@@ -10,8 +10,9 @@ same PCIe switch, 2 the same NUMA node, 3 otherwise: tensor-parallel traffic goe
 policy as for one GPU: binpack takes the set left with the least free memory (with a compute share, the free
 memory and compute fractions added up), spread the most; then the lower indices. A node whose GPUs are all
 equally close (one NVSwitch, or nothing known) takes the first N GPUs in the policy's order at once; else every
-set is weighed while there are at most MAX_SETS, and beyond that (a node of dozens of GPUs) the best of the sets
-grown greedily from each GPU (each step the GPU closest to those taken).
+set is weighed while there are at most MAX_SETS, and beyond that (a node of a dozen GPUs or more) the best of the
+sets grown greedily from the first MAX_SEEDS GPUs in the policy's order (each step the GPU closest to those
+taken). A node of more than 64 GPUs is taken as all far apart (state.MAX_TOPOLOGY_GPUS).
 
 Score (0..10): 3/4 for closeness, 1/4 for packing: round(10 × (0.75 × (1 − distance / (3 × pairs)) + 0.25 ×
 the mean over the set of the fraction used after placement (binpack) or left free (spread))). So a node with
@@ -42,7 +43,9 @@ from .views import FAR, GpuView, NodeView
 if TYPE_CHECKING:
     from .decisions import Fit, LimitNeed, Verdict, VictimCandidate
 
-MAX_SETS = 4096  # sets weighed one by one (8 GPUs: 70 sets of 4; 16 GPUs: 12,870 sets of 8 are grown greedily)
+MAX_SETS = 1024  # sets weighed one by one (8 GPUs: at most 70, sets of 4; beyond: grown greedily, see best_set)
+MAX_PREEMPT_SETS = 128  # the same for preemption (each set is a search for victims)
+MAX_SEEDS = 8  # GPUs a greedy search grows sets from (the first in the policy's order): bounded work per verdict
 TOPOLOGY_WEIGHT = 0.75  # the score's part for closeness (the module's docstring)
 
 
@@ -92,9 +95,8 @@ def _never(view: NodeView, need_mib: int, limit: LimitNeed | None, gpus: int) ->
              and (limit is None or within_limit_cap(0, limit.mib, r[3], limit.ratio))]
     if len(large) >= gpus:
         return None
-    healthy = sum(1 for r in view.rows if r[4])
-    if healthy < gpus:
-        return f"pod needs {gpus} GPUs ({ANN_GPU_COUNT}); the node has {healthy} healthy memslice GPUs"
+    if sum(1 for r in view.rows if r[4]) < gpus:  # no per-node figure: the scheduler groups nodes by reason
+        return f"pod needs {gpus} GPUs ({ANN_GPU_COUNT}); the node has fewer healthy memslice GPUs"
     cap = " (and its limit within the limit cap, --max-limit-ratio)" if limit is not None else ""
     return (f"pod needs {need_mib} MiB{cap} on each of {gpus} GPUs ({ANN_GPU_COUNT}); fewer than {gpus} healthy "
             f"GPUs of the node are that large")
@@ -131,7 +133,7 @@ def best_set(view: NodeView, ok: list[int], need_mib: int, policy: str, compute:
     if comb(len(order), gpus) <= MAX_SETS:
         sets: Iterable[tuple[int, ...]] = combinations(order, gpus)
     else:
-        sets = (_grow(topo, order, seed, gpus) for seed in order)
+        sets = (_grow(topo, order, seed, gpus) for seed in order[:MAX_SEEDS])
     best: tuple[int, float, tuple[int, ...]] | None = None  # (distance, packing, indices)
     chosen: tuple[int, ...] = ()
     for s in sets:
@@ -270,12 +272,13 @@ def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCan
         return None
     on_node = {r[0] for r in view.rows}
     pods = [c for c in candidates if any(u in on_node for u in _uuids(c))]
-    if comb(len(large), gpus) <= MAX_SETS:
+    if comb(len(large), gpus) <= MAX_PREEMPT_SETS:
         sets: Iterable[tuple[int, ...]] = combinations(large, gpus)
-    else:  # grown greedily from each GPU by closeness (as best_set)
+    else:  # grown greedily by closeness from the GPUs with the most free first (bounded as best_set's)
         topo = view.topo
         matrix = topo if not isinstance(topo, int) else tuple(tuple(topo for _ in view.rows) for _ in view.rows)
-        sets = (_grow(matrix, large, seed, gpus) for seed in large)
+        large.sort(key=lambda i: (-view.rows[i][6], view.rows[i][1]))
+        sets = (_grow(matrix, large, seed, gpus) for seed in large[:MAX_SEEDS])
     best: tuple[tuple[int, int, int, int, tuple[int, ...]], tuple[str, ...]] | None = None
     for s in sets:
         uuids = {view.rows[i][0] for i in s}
