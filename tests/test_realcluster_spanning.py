@@ -211,3 +211,17 @@ def test_a_two_gpu_preemptor_frees_two_whole_gpus(world: World) -> None:
             and not p["metadata"].get("deletionTimestamp")}
     assert left == {"pre-2-low", "pre-2-mid", "pre-3-low", "pre-3-mid"}, sorted(left)
     placements(world, world.pods())
+
+
+def test_a_total_not_divisible_is_refused_by_name_in_the_pods_events(world: World) -> None:
+    world.create([pod_body("odd", 4097, 2, "span")])
+
+    def event() -> str | None:
+        evs = world.cluster.ok("GET", f"/api/v1/namespaces/{NS}/events?fieldSelector=involvedObject.name=odd,"
+                                      f"reason=FailedScheduling")["items"]
+        return evs[-1]["message"] if evs else None
+
+    msg = wait_until("FailedScheduling event of odd", event, 60, 0.5, world.sched.check_alive)
+    assert "memslice.io/gpu-mem=4097 cannot be split evenly over memslice.io/gpu-count=2 GPUs; request a multiple " \
+           "of 2 (e.g. 4098)" in msg, msg
+    assert not world.cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods/odd")["spec"].get("nodeName")
