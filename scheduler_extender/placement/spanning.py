@@ -79,7 +79,8 @@ def fit(view: NodeView, need_mib: int, limit: LimitNeed | None, compute: int, gp
     ok = candidates(view, need_mib, limit, compute)
     if len(ok) < gpus:
         what = f"{need_mib} MiB" + (f" and {compute} percent compute" if compute else "")
-        cap = " within the limit cap (--max-limit-ratio)" if limit is not None and view.over is not None else ""
+        cap = " within the limit cap (--max-limit-ratio)" if limit is not None and _d._capped(view, need_mib,
+                                                                                              limit) else ""
         return Fit(False, False, f"pod needs {what} on each of {gpus} GPUs ({ANN_GPU_COUNT}); fewer than {gpus} "
                                  f"GPUs of the node have that free{cap} now"), []
     if view.unplaced_mib and view.total_free_mib - view.unplaced_mib < need_mib * gpus:
@@ -91,14 +92,17 @@ def fit(view: NodeView, need_mib: int, limit: LimitNeed | None, compute: int, gp
 def _never(view: NodeView, need_mib: int, limit: LimitNeed | None, gpus: int) -> str | None:
     """Why no N GPUs of this node could ever hold the pod (even empty); None when N could."""
     within_limit_cap = _d.within_limit_cap
-    large = [r for r in view.rows if r[4] and r[3] >= need_mib
-             and (limit is None or within_limit_cap(0, limit.mib, r[3], limit.ratio))]
-    if len(large) >= gpus:
+    large = [r for r in view.rows if r[4] and r[3] >= need_mib]
+    capped = [r for r in large if limit is None or within_limit_cap(0, limit.mib, r[3], limit.ratio)]
+    if len(capped) >= gpus:
         return None
     if sum(1 for r in view.rows if r[4]) < gpus:  # no per-node figure: the scheduler groups nodes by reason
         return f"pod needs {gpus} GPUs ({ANN_GPU_COUNT}); the node has fewer healthy memslice GPUs"
-    cap = " (and its limit within the limit cap, --max-limit-ratio)" if limit is not None else ""
-    return (f"pod needs {need_mib} MiB{cap} on each of {gpus} GPUs ({ANN_GPU_COUNT}); fewer than {gpus} healthy "
+    if len(large) >= gpus and limit is not None:
+        return (f"pod's GPU memory limit of {limit.mib} MiB on each of {gpus} GPUs ({ANN_GPU_COUNT}) is above the "
+                f"limit cap (--max-limit-ratio {float(limit.ratio):g}): fewer than {gpus} GPUs of the node could take "
+                f"it even empty; ask for a lower limit")
+    return (f"pod needs {need_mib} MiB on each of {gpus} GPUs ({ANN_GPU_COUNT}); fewer than {gpus} healthy "
             f"GPUs of the node are that large")
 
 
