@@ -7,12 +7,14 @@ memory; and the node's free memory, net of pods bound without the extender, cove
 
 Choice among the fitting sets: the lowest contract.set_distance first (the sum over pairs of 0 NVLink, 1 the
 same PCIe switch, 2 the same NUMA node, 3 otherwise: tensor-parallel traffic goes between every pair), then the
-policy as for one GPU: binpack takes the set left with the least free memory (with a compute share, the free
-memory and compute fractions added up), spread the most; then the lower indices. A node whose GPUs are all
-equally close (one NVSwitch, or nothing known) takes the first N GPUs in the policy's order at once; else every
-set is weighed while there are at most MAX_SETS, and beyond that (a node of a dozen GPUs or more) the best of the
-sets grown greedily from the first MAX_SEEDS GPUs in the policy's order (each step the GPU closest to those
-taken). A node of more than 64 GPUs is taken as all far apart (state.MAX_TOPOLOGY_GPUS).
+policy as for one GPU: binpack takes the set with the least free (the GPUs' free fractions summed, on a node with
+compute shares their free compute fractions added), spread the most; then the lower indices. The usual case (no
+compute share, the cap changing nothing) reads the sets off a memo kept on the view (`_quick`). A node whose GPUs
+are all equally close (one NVSwitch, or nothing known) takes the first N GPUs in the policy's order at once; else
+the sets of a node's topology are made once, grouped by distance, while there are at most MAX_SETS; beyond that
+(a node of a dozen GPUs or more) the best of the sets grown greedily from the first MAX_SEEDS GPUs in the policy's
+order (each step the GPU closest to those taken). A node of more than 64 GPUs is taken as all far apart
+(state.MAX_TOPOLOGY_GPUS).
 
 Score (0..10): 3/4 for closeness, 1/4 for packing: round(10 × (0.75 × (1 − distance / (3 × pairs)) + 0.25 ×
 the mean over the set of the fraction used after placement (binpack) or left free (spread))). So a node with
@@ -29,6 +31,7 @@ The device order of the chosen GPUs (contract: devices 0..N-1 inside the contain
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable
 from itertools import combinations
 from math import comb
@@ -38,7 +41,7 @@ from memslice.contract import ANN_GPU_COUNT
 
 from . import decisions as _d  # decisions imports this module too: attributes are read at call time only
 from .constants import MAX_SCORE, MIN_SCORE
-from .views import FAR, GpuView, NodeView
+from .views import FAR, GpuRow, GpuView, NodeView
 
 if TYPE_CHECKING:
     from .decisions import Fit, LimitNeed, Verdict, VictimCandidate
@@ -73,11 +76,11 @@ def fit(view: NodeView, need_mib: int, limit: LimitNeed | None, compute: int, gp
         return Fit(False, True, view.error), []
     if not view.rows:
         return Fit(False, True, "node advertises no memslice GPUs"), []
-    never = _never(view, need_mib, limit, gpus)
-    if never is not None:
-        return Fit(False, True, never), []
     ok = candidates(view, need_mib, limit, compute)
     if len(ok) < gpus:
+        never = _never(view, need_mib, limit, gpus)
+        if never is not None:
+            return Fit(False, True, never), []
         what = f"{need_mib} MiB" + (f" and {compute} percent compute" if compute else "")
         cap = " within the limit cap (--max-limit-ratio)" if limit is not None and _d._capped(view, need_mib,
                                                                                               limit) else ""
@@ -114,26 +117,37 @@ def distance(topo: object, positions: Iterable[int]) -> int:
     return sum(topo[a][b] for a, b in combinations(ps, 2))  # type: ignore[index]
 
 
-def _packing(view: NodeView, i: int, need_mib: int, compute: int) -> float:
-    """The GPU's free fraction after placement (memory, plus compute's with a share): binpack takes the least."""
+def _order_value(view: NodeView, i: int) -> float:
+    """What the policy orders GPUs and sets by: the GPU's free fraction (memory, plus compute's when the node
+    has a compute column); binpack takes the least, spread the most."""
     r = view.rows[i]
-    left = (r[6] - need_mib) / r[3]
-    if compute:
-        left += (100 - (view.compute[i] if view.compute is not None else 0) - compute) / 100
-    return left
+    value = r[6] / r[3]
+    if view.compute is not None:
+        value += (100 - view.compute[i]) / 100
+    return value
 
 
-def best_set(view: NodeView, ok: list[int], need_mib: int, policy: str, compute: int, gpus: int
-             ) -> tuple[int, float, tuple[int, ...]]:
-    """(distance, packing sum, positions in index order) of the set the policy takes among `ok` (len ≥ gpus)."""
+def best_set(view: NodeView, ok: list[int], policy: str, gpus: int) -> tuple[int, tuple[int, ...]]:
+    """(distance, positions in index order) of the set the policy takes among `ok` (len ≥ gpus): the closest,
+    then the least (binpack) or most (spread) free fraction summed, then the lower indices."""
     sign = -1.0 if policy == "spread" else 1.0
     rows = view.rows
-    value = {i: sign * _packing(view, i, need_mib, compute) for i in ok}
-    order = sorted(ok, key=lambda i: (value[i], rows[i][1]))
+    value = {i: sign * _order_value(view, i) for i in ok}
     topo = view.topo
+    levels = None if isinstance(topo, int) else _levels(topo, gpus)
+    if levels is not None:  # the node's sets by distance, made once per topology: the closest level that fits
+        mask = 0
+        for i in ok:
+            mask |= 1 << i
+        for d, members in levels:
+            fitting = [pos for m, pos in members if m & mask == m]
+            if fitting:
+                return d, min(fitting, key=lambda pos: (sum(value[i] for i in pos), _indices(rows, pos)))
+        raise AssertionError("a set of `ok` fits")  # pragma: no cover - len(ok) >= gpus
+    order = sorted(ok, key=lambda i: (value[i], rows[i][1]))
     if isinstance(topo, int):
         first = order[:gpus]
-        return distance(topo, first), sum(value[i] for i in first), _by_index(view, first)
+        return distance(topo, first), _by_index(view, first)
     if comb(len(order), gpus) <= MAX_SETS:
         sets: Iterable[tuple[int, ...]] = combinations(order, gpus)
     else:
@@ -148,7 +162,38 @@ def best_set(view: NodeView, ok: list[int], need_mib: int, policy: str, compute:
         if best is None or rank < best:
             best, chosen = rank, s
     assert best is not None
-    return best[0], best[1], _by_index(view, chosen)
+    return best[0], _by_index(view, chosen)
+
+
+def _indices(rows: tuple[GpuRow, ...], pos: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(sorted(rows[i][1] for i in pos))
+
+
+Levels = tuple[tuple[int, tuple[tuple[int, tuple[int, ...]], ...]], ...]  # (distance, ((mask, positions), ...))
+_LEVELS: dict[tuple[int, int], tuple[object, Levels | None]] = {}  # (id(topology), N) -> (it, its levels)
+MAX_LEVELS_CACHED = 256  # topologies × counts kept (a cluster has a few board types); emptied when full
+
+
+def _levels(topo: tuple[tuple[int, ...], ...], gpus: int) -> Levels | None:
+    """Every set of `gpus` positions of a node with this topology, as bit masks grouped by distance (closest
+    first), each group in index order; None when there are more than MAX_SETS (best_set then grows them). Made
+    once per topology object (state.py shares one per board type) and kept: a verdict then tests masks."""
+    key = (id(topo), gpus)
+    hit = _LEVELS.get(key)
+    if hit is not None and hit[0] is topo:
+        return hit[1]
+    n = len(topo)
+    levels: Levels | None = None
+    if comb(n, gpus) <= MAX_SETS:
+        by: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
+        for pos in combinations(range(n), gpus):
+            d = sum(topo[a][b] for a, b in combinations(pos, 2))
+            by.setdefault(d, []).append((sum(1 << i for i in pos), pos))
+        levels = tuple((d, tuple(by[d])) for d in sorted(by))
+    if len(_LEVELS) >= MAX_LEVELS_CACHED:
+        _LEVELS.clear()
+    _LEVELS[key] = (topo, levels)
+    return levels
 
 
 def _grow(topo: tuple[tuple[int, ...], ...], order: list[int], seed: int, gpus: int) -> tuple[int, ...]:
@@ -166,11 +211,108 @@ def _by_index(view: NodeView, positions: Iterable[int]) -> tuple[int, ...]:
     return tuple(sorted(positions, key=lambda i: view.rows[i][1]))
 
 
+# The usual case (no compute share, the limit cap changing nothing, no pods bound without the extender): the
+# view's GPU sets, per (N, policy) and distance level, made at first need and kept on the view (NodeView.span):
+# each level's healthy sets as (order key, indices, least free MiB, positions), sorted by the policy, and the
+# level's largest least-free MiB. A pod size then costs a scan of the first level whose largest least-free MiB
+# is enough, so the pod sizes of a memo share the work of one view; a view is rebuilt at every charge.
+_Entry = tuple[float, tuple[int, ...], int, tuple[int, ...]]
+_Level = tuple[int, list[_Entry]]  # (largest least-free MiB, entries)
+_NOT_QUICK = (-1, ())
+
+
+def _quick(view: NodeView, need_mib: int, policy: str, gpus: int) -> tuple[int, tuple[int, ...]] | None:
+    """best_set without the candidates: (distance, positions in index order); None when no set has the share
+    free on each GPU; _NOT_QUICK when the node has too many sets (the general path grows them)."""
+    topo = view.topo
+    if isinstance(topo, int):
+        i = bisect_left(view.free_keys, need_mib)  # healthy GPUs by (free, index): those from i have room
+        if len(view.free_keys) - i < gpus:
+            return None
+        if policy == "spread":
+            chosen = sorted(view.free_rows[i:], key=_most_free)[:gpus]
+        else:
+            chosen = list(view.free_rows[i:i + gpus])
+        index_of = {r[1]: p for p, r in enumerate(view.rows)}
+        return topo * (gpus * (gpus - 1) // 2), tuple(sorted(index_of[r[1]] for r in chosen))
+    levels = _levels(topo, gpus)
+    if levels is None:
+        return _NOT_QUICK
+    span = view.span
+    if span is None:
+        span = {}
+        object.__setattr__(view, "span", span)  # a memo of the immutable view (NodeView.span)
+    built: list[_Level | None] | None = span.get((gpus, policy))  # type: ignore[assignment]
+    if built is None:
+        built = [None] * len(levels)
+        span[(gpus, policy)] = built
+    for li, (d, members) in enumerate(levels):
+        level = built[li]
+        if level is None:
+            level = built[li] = _build_level(view, members, policy)
+        if level[0] >= need_mib:
+            for entry in level[1]:
+                if entry[2] >= need_mib:
+                    return d, entry[3]
+    return None
+
+
+def _most_free(r: GpuRow) -> tuple[int, int]:
+    return -r[6], r[1]
+
+
+def _build_level(view: NodeView, members: tuple[tuple[int, tuple[int, ...]], ...], policy: str) -> _Level:
+    """One distance level of the view's sets (see _quick), sorted by the policy: per set its order key (the
+    free fractions summed; negated for spread), its GPU indices, its least free MiB, its positions."""
+    span = view.span
+    assert span is not None
+    columns = span.get("columns")
+    if columns is None:  # per position: healthy mask, free fraction, free MiB, index (rows are by index)
+        rows = view.rows
+        healthy = 0
+        for p, r in enumerate(rows):
+            if r[4]:
+                healthy |= 1 << p
+        columns = span["columns"] = (healthy, [r[6] / r[3] for r in rows], [r[6] for r in rows],
+                                     [r[1] for r in rows])
+    healthy, frac, free, index = columns  # type: ignore[misc]
+    sign = -1.0 if policy == "spread" else 1.0
+    entries: list[_Entry] = [(sign * sum(map(frac.__getitem__, pos)), tuple(map(index.__getitem__, pos)),
+                              min(map(free.__getitem__, pos)), pos) for m, pos in members if m & healthy == m]
+    entries.sort()
+    return max((e[2] for e in entries), default=-(1 << 62)), entries
+
+
+def _pick(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None, compute: int, gpus: int
+          ) -> tuple[Fit, int, tuple[int, ...]]:
+    """fit, and where it fits the distance and positions (by index) of the set the policy takes."""
+    if (not compute and not view.unplaced_mib and not view.error and view.rows
+            and not (limit is not None and _d._capped(view, need_mib, limit))):
+        quick = _quick(view, need_mib, policy, gpus)
+        if quick is not None and quick is not _NOT_QUICK:
+            return _d.FITS, quick[0], quick[1]
+        if quick is None:  # no set: the reason, from the general path
+            return fit(view, need_mib, limit, compute, gpus)[0], 0, ()
+    f, ok = fit(view, need_mib, limit, compute, gpus)
+    if not f.ok:
+        return f, 0, ()
+    d, positions = best_set(view, ok, policy, gpus)
+    return f, d, positions
+
+
 def score_of(view: NodeView, positions: tuple[int, ...], d: int, need_mib: int, policy: str, compute: int) -> int:
     """The module's docstring: closeness (3/4) and packing (1/4), 0..10."""
     pairs = len(positions) * (len(positions) - 1) // 2
     close = 1 - d / (FAR * pairs) if pairs else 1.0
-    left = sum(_packing(view, i, need_mib, compute) / (2 if compute else 1) for i in positions) / len(positions)
+    rows, cols = view.rows, view.compute
+    left = 0.0
+    for i in positions:
+        r = rows[i]
+        free = (r[6] - need_mib) / r[3]
+        if compute:
+            free = (free + (100 - (cols[i] if cols is not None else 0) - compute) / 100) / 2
+        left += free
+    left /= len(positions)
     fraction = left if policy == "spread" else 1 - left
     value = TOPOLOGY_WEIGHT * close + (1 - TOPOLOGY_WEIGHT) * fraction
     return max(MIN_SCORE, min(MAX_SCORE, round(MAX_SCORE * value)))
@@ -179,20 +321,19 @@ def score_of(view: NodeView, positions: tuple[int, ...], d: int, need_mib: int, 
 def verdict(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None, compute: int,
             gpus: int) -> Verdict:
     """fit and score in one go (what the memo keeps)."""
-    f, ok = fit(view, need_mib, limit, compute, gpus)
+    f, d, positions = _pick(view, need_mib, policy, limit, compute, gpus)
     if not f.ok:
         return False, f.unresolvable, f.reason, MIN_SCORE
-    d, _, chosen = best_set(view, ok, need_mib, policy, compute, gpus)
-    return True, False, "", score_of(view, chosen, d, need_mib, policy, compute)
+    return True, False, "", score_of(view, positions, d, need_mib, policy, compute)
 
 
 def choose(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None, compute: int,
            gpus: int) -> tuple[GpuView, ...] | None:
     """The GPUs the pod gets on this node, in device order (by index); None when it does not fit."""
-    f, ok = fit(view, need_mib, limit, compute, gpus)
+    f, _, positions = _pick(view, need_mib, policy, limit, compute, gpus)
     if not f.ok:
         return None
-    return tuple(GpuView._make(view.rows[i]) for i in best_set(view, ok, need_mib, policy, compute, gpus)[2])
+    return tuple(GpuView._make(view.rows[i]) for i in positions)
 
 
 # ------------------------------------------------------------------------------------------ preemption

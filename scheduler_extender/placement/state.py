@@ -48,6 +48,8 @@ from .views import FAR, GpuView, NodeView, Topology
 __all__ = ["Charge", "ClusterState", "GpuView", "NodeView", "PodRecord", "pod_entry", "resource_version"]
 log = logging.getLogger(__name__)
 UNKNOWN_RV = 1 << 62  # pending charges wait for a version this new until the bind says otherwise
+MAX_TOPOLOGIES = 1024  # distinct topologies shared (a cluster has a few board types); forgotten when more
+_TOPOLOGIES: dict[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]] = {}
 MAX_TOPOLOGY_GPUS = 64  # GPUs of one node whose closeness is kept pair by pair (more: all counted far apart)
 CHANGE_LOG = 4096  # (generation, node) of the latest view changes, for ClusterState.changed_since
 ViewListener = Callable[[str, "NodeView | None"], None]
@@ -478,7 +480,10 @@ def topology(inv: Inventory) -> Topology:
     values = {m for i, row in enumerate(matrix) for j, m in enumerate(row) if i != j}
     if len(values) <= 1:
         return values.pop() if values else FAR
-    return matrix
+    shared = _TOPOLOGIES.setdefault(matrix, matrix)  # one object per board type: spanning.py keys its sets by it
+    if len(_TOPOLOGIES) > MAX_TOPOLOGIES:
+        _TOPOLOGIES.clear()
+    return shared
 
 
 def _node_gpus(inv: Inventory | None) -> NodeGpus | None:
