@@ -8,6 +8,7 @@ verbs over real HTTP against the API stand-in. The real kube-scheduler: test_rea
 from __future__ import annotations
 
 import json
+import random
 from fractions import Fraction
 from itertools import combinations
 
@@ -364,3 +365,61 @@ def test_a_restarted_extender_charges_each_gpu_from_the_record():
         cl.stop()
         cl.start()
         cl.wait_used("n1", [2048] * 4 + [0] * 4)
+
+
+# ------------------------------------------------------------------------------------------ the fit memo
+
+def test_the_memo_answers_for_pods_spanning_gpus_what_fresh_decisions_do():
+    """The memo empties a spanning table's cells at each view change and makes them when next asked: whatever
+    binds and releases land in between, its verdicts, scores and the filter/prioritize pair of the verbs are a
+    fresh computation's (including views whose set memo, NodeView.span, was made before the change)."""
+    from memslice.scheduler_extender.edge.metrics import Metrics
+    from memslice.scheduler_extender.edge.verbs import Verbs
+    from memslice.scheduler_extender.index.fitmemo import FitMemo
+    from memslice.scheduler_extender.placement.state import Charge
+
+    rng = random.Random(34)
+    state = ClusterState()
+    nodes = {}
+    for n in range(6):
+        gpus = dgx_like(8 if n % 3 else 4, rng.choice((16, 24)) * GIB)
+        if n == 5:  # nothing known of its topology
+            gpus = [g._replace(nvlink=(), pcie=None, numa=None) for g in gpus]
+        gpus = [g._replace(uuid=f"n{n}-{g.uuid}") for g in gpus]
+        nodes[f"n{n}"] = gpus
+        state.upsert_node({"metadata": {"name": f"n{n}", "annotations": Inventory(1, tuple(gpus)).format()}})
+    state.nodes_synced.set()
+    state.pods_synced.set()
+    names = [*nodes, "unknown"]
+    memo = FitMemo(state)
+    verbs = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # binds charged here
+    holds: list[str] = []
+    for step in range(150):
+        n, per, policy = rng.choice((2, 4, 1)), rng.choice((2, 4, 8, 12)) * GIB, rng.choice(("binpack", "spread"))
+        key = (per, policy, (), 0, n) if n > 1 else (per, policy)
+        verdicts = memo.verdicts(names, key)
+        for name, v in zip(names, verdicts, strict=True):
+            view = state.view(name)
+            assert (v is None) == (view is None)
+            if view is not None:
+                want = decisions.verdict(view, per, policy, gpus=n)
+                assert v[:2] == want[:2] and v[3] == want[3] and (v[0] or v[2] == want[2]), (step, name, v, want)
+        pod = spanning_pod(f"p{step}", {"main": per * n}, n, policy=policy) if n > 1 else pod_obj(
+            f"p{step}", {"main": per}, policy=policy)
+        pod["metadata"]["uid"] = f"u{step}"
+        code, answer = verbs.filter({"Pod": pod, "NodeNames": names[:-1]})
+        assert code == 200
+        for _ in range(rng.choice((0, 1, 3))):  # binds of other pods (some spanning GPUs) land in between
+            if rng.random() < 0.7 or not holds:
+                node = rng.choice(list(nodes))
+                k = rng.choice((1, 1, 2, 4))
+                picked = decisions.choose_gpus(state.view(node), 2 * GIB, "binpack", gpus=k)
+                if picked:
+                    holds.append(f"h{step}-{len(holds)}")
+                    state.hold(holds[-1], Charge(",".join(g.uuid for g in picked), node, 2 * GIB, 0, None))
+            else:
+                state.release(holds.pop(rng.randrange(len(holds))), None)
+        if answer["NodeNames"]:
+            args = {"Pod": pod, "NodeNames": answer["NodeNames"]}
+            fresh = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]
+            assert verbs.prioritize(args) == fresh.prioritize(args), step
