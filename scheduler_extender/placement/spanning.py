@@ -81,15 +81,20 @@ def fit(view: NodeView, need_mib: int, limit: LimitNeed | None, compute: int, gp
         never = _never(view, need_mib, limit, gpus)
         if never is not None:
             return Fit(False, True, never), []
-        what = f"{need_mib} MiB" + (f" and {compute} percent compute" if compute else "")
         cap = " within the limit cap (--max-limit-ratio)" if limit is not None and _d._capped(view, need_mib,
                                                                                               limit) else ""
-        return Fit(False, False, f"pod needs {what} on each of {gpus} GPUs ({ANN_GPU_COUNT}); fewer than {gpus} "
-                                 f"GPUs of the node have that free{cap} now"), []
+        return Fit(False, False, _no_room(need_mib, compute, cap, gpus)), []
     if view.unplaced_mib and view.total_free_mib - view.unplaced_mib < need_mib * gpus:
         return Fit(False, False, f"pod needs {need_mib} MiB on each of {gpus} GPUs; the node's free GPU memory is "
                                  f"held by pods bound without the extender (GPU unknown)"), []
     return Fit(True, False, ""), ok
+
+
+def _no_room(need_mib: int, compute: int, cap: str, gpus: int) -> str:
+    """Why a node whose GPUs are large enough does not take the pod now (one text per cause: no node figure)."""
+    what = f"{need_mib} MiB" + (f" and {compute} percent compute" if compute else "")
+    return f"pod needs {what} on each of {gpus} GPUs ({ANN_GPU_COUNT}); fewer than {gpus} GPUs of the node have " \
+           f"that free{cap} now"
 
 
 def _never(view: NodeView, need_mib: int, limit: LimitNeed | None, gpus: int) -> str | None:
@@ -291,8 +296,9 @@ def _pick(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None, c
         quick = _quick(view, need_mib, policy, gpus)
         if quick is not None and quick is not _NOT_QUICK:
             return _d.FITS, quick[0], quick[1]
-        if quick is None:  # no set: the reason, from the general path
-            return fit(view, need_mib, limit, compute, gpus)[0], 0, ()
+        if quick is None:  # no N GPUs have room: never (too few large enough) or not now
+            never = _never(view, need_mib, limit, gpus)
+            return _d.Fit(False, never is not None, never or _no_room(need_mib, compute, "", gpus)), 0, ()
     f, ok = fit(view, need_mib, limit, compute, gpus)
     if not f.ok:
         return f, 0, ()
