@@ -222,6 +222,7 @@ def _by_index(view: NodeView, positions: Iterable[int]) -> tuple[int, ...]:
 # level's largest least-free MiB. A pod size then costs a scan of the first level whose largest least-free MiB
 # is enough, so the pod sizes of a memo share the work of one view; a view is rebuilt at every charge.
 _Entry = tuple[float, tuple[int, ...], int, tuple[int, ...]]
+_Columns = tuple[int, list[float], list[int], list[int]]
 _Level = tuple[int, list[_Entry]]  # (largest least-free MiB, entries)
 _NOT_QUICK = (-1, ())
 
@@ -271,16 +272,16 @@ def _build_level(view: NodeView, members: tuple[tuple[int, tuple[int, ...]], ...
     free fractions summed; negated for spread), its GPU indices, its least free MiB, its positions."""
     span = view.span
     assert span is not None
-    columns = span.get("columns")
+    columns: _Columns | None = span.get("columns")  # type: ignore[assignment]
     if columns is None:  # per position: healthy mask, free fraction, free MiB, index (rows are by index)
         rows = view.rows
-        healthy = 0
+        mask = 0
         for p, r in enumerate(rows):
             if r[4]:
-                healthy |= 1 << p
-        columns = span["columns"] = (healthy, [r[6] / r[3] for r in rows], [r[6] for r in rows],
-                                     [r[1] for r in rows])
-    healthy, frac, free, index = columns  # type: ignore[misc]
+                mask |= 1 << p
+        columns = (mask, [r[6] / r[3] for r in rows], [r[6] for r in rows], [r[1] for r in rows])
+        span["columns"] = columns
+    healthy, frac, free, index = columns
     sign = -1.0 if policy == "spread" else 1.0
     entries: list[_Entry] = [(sign * sum(map(frac.__getitem__, pos)), tuple(map(index.__getitem__, pos)),
                               min(map(free.__getitem__, pos)), pos) for m, pos in members if m & healthy == m]
