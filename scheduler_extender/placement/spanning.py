@@ -217,19 +217,34 @@ def _by_index(view: NodeView, positions: Iterable[int]) -> tuple[int, ...]:
 
 
 # The usual case (no compute share, the limit cap changing nothing, no pods bound without the extender): the
-# view's GPU sets, per (N, policy) and distance level, made at first need and kept on the view (NodeView.span):
-# each level's healthy sets as (order key, indices, least free MiB, positions), sorted by the policy, and the
-# level's largest least-free MiB. A pod size then costs a scan of the first level whose largest least-free MiB
-# is enough, so the pod sizes of a memo share the work of one view; a view is rebuilt at every charge.
-_Entry = tuple[float, tuple[int, ...], int, tuple[int, ...]]
-_Columns = tuple[int, list[float], list[int], list[int]]
-_Level = tuple[int, list[_Entry]]  # (largest least-free MiB, entries)
+# GPUs with room as a bit mask, tested against the node's sets grouped by distance (made once per topology,
+# _levels), closest level first; the policy decides among that level's fitting sets. What the view's rows give
+# (health mask, free fractions, free MiB per position) is made once per view and kept on it (NodeView.span),
+# so the pod sizes of the memo share it; a view is rebuilt at every charge.
+_Columns = tuple[int, list[float], list[int]]
 _NOT_QUICK = (-1, ())
 
 
+def _columns(view: NodeView) -> _Columns:
+    span = view.span
+    if span is None:
+        span = {}
+        object.__setattr__(view, "span", span)  # a memo of the immutable view (NodeView.span)
+    columns: _Columns | None = span.get("columns")  # type: ignore[assignment]
+    if columns is None:
+        rows = view.rows
+        healthy = 0
+        for p, r in enumerate(rows):
+            if r[4]:
+                healthy |= 1 << p
+        columns = (healthy, [r[6] / r[3] for r in rows], [r[6] for r in rows])
+        span["columns"] = columns
+    return columns
+
+
 def _quick(view: NodeView, need_mib: int, policy: str, gpus: int) -> tuple[int, tuple[int, ...]] | None:
-    """best_set without the candidates: (distance, positions in index order); None when no set has the share
-    free on each GPU; _NOT_QUICK when the node has too many sets (the general path grows them)."""
+    """best_set without the candidates' list: (distance, positions in index order); None when fewer than N
+    healthy GPUs have the share free; _NOT_QUICK when the node has too many sets (the general path grows them)."""
     topo = view.topo
     if isinstance(topo, int):
         i = bisect_left(view.free_keys, need_mib)  # healthy GPUs by (free, index): those from i have room
@@ -241,52 +256,29 @@ def _quick(view: NodeView, need_mib: int, policy: str, gpus: int) -> tuple[int, 
             chosen = list(view.free_rows[i:i + gpus])
         index_of = {r[1]: p for p, r in enumerate(view.rows)}
         return topo * (gpus * (gpus - 1) // 2), tuple(sorted(index_of[r[1]] for r in chosen))
+    if len(view.free_keys) - bisect_left(view.free_keys, need_mib) < gpus:
+        return None
     levels = _levels(topo, gpus)
     if levels is None:
         return _NOT_QUICK
-    span = view.span
-    if span is None:
-        span = {}
-        object.__setattr__(view, "span", span)  # a memo of the immutable view (NodeView.span)
-    built: list[_Level | None] | None = span.get((gpus, policy))  # type: ignore[assignment]
-    if built is None:
-        built = [None] * len(levels)
-        span[(gpus, policy)] = built
-    for li, (d, members) in enumerate(levels):
-        level = built[li]
-        if level is None:
-            level = built[li] = _build_level(view, members, policy)
-        if level[0] >= need_mib:
-            for entry in level[1]:
-                if entry[2] >= need_mib:
-                    return d, entry[3]
-    return None
+    healthy, frac, free = _columns(view)
+    mask = 0
+    for p, f in enumerate(free):
+        if f >= need_mib:
+            mask |= 1 << p
+    mask &= healthy
+    for d, members in levels:
+        fitting = [pos for m, pos in members if m & mask == m]
+        if fitting:
+            if len(fitting) == 1:
+                return d, fitting[0]
+            sign = -1.0 if policy == "spread" else 1.0  # positions ascend with the GPU index (rows are by index)
+            return d, min(fitting, key=lambda pos: (sign * sum(map(frac.__getitem__, pos)), pos))
+    return None  # pragma: no cover - N healthy GPUs with room form a set of some level
 
 
 def _most_free(r: GpuRow) -> tuple[int, int]:
     return -r[6], r[1]
-
-
-def _build_level(view: NodeView, members: tuple[tuple[int, tuple[int, ...]], ...], policy: str) -> _Level:
-    """One distance level of the view's sets (see _quick), sorted by the policy: per set its order key (the
-    free fractions summed; negated for spread), its GPU indices, its least free MiB, its positions."""
-    span = view.span
-    assert span is not None
-    columns: _Columns | None = span.get("columns")  # type: ignore[assignment]
-    if columns is None:  # per position: healthy mask, free fraction, free MiB, index (rows are by index)
-        rows = view.rows
-        mask = 0
-        for p, r in enumerate(rows):
-            if r[4]:
-                mask |= 1 << p
-        columns = (mask, [r[6] / r[3] for r in rows], [r[6] for r in rows], [r[1] for r in rows])
-        span["columns"] = columns
-    healthy, frac, free, index = columns
-    sign = -1.0 if policy == "spread" else 1.0
-    entries: list[_Entry] = [(sign * sum(map(frac.__getitem__, pos)), tuple(map(index.__getitem__, pos)),
-                              min(map(free.__getitem__, pos)), pos) for m, pos in members if m & healthy == m]
-    entries.sort()
-    return max((e[2] for e in entries), default=-(1 << 62)), entries
 
 
 def _pick(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None, compute: int, gpus: int
