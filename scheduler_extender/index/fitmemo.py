@@ -21,10 +21,6 @@ what that limit is made of (a third part, resources.PodRequest.limit_sig; () for
 annotations, whose limit is its request), and a GPU's limit sum is part of its node's view, so a change of it
 rebuilds the view and refreshes the verdicts like any charge. Without the cap keys stay (devices, policy).
 
-Pods spanning GPUs (issue 34; a key of five parts, records.PodView.key): a view change empties the node's cells
-of their tables instead, and the verdict is made when a filter or prioritize next asks for that node (it costs
-several one-GPU verdicts, and most nodes are not asked about before they change again).
-
 Bounded: at most MAX_ENTRIES verdicts and MAX_TABLES tables (each ~18 bytes per node id); the least recently
 used table goes first. A node that goes frees its id for the next new node (every table's cell emptied).
 Thread-safety: every method takes the state's lock (the memo is refreshed under it).
@@ -521,11 +517,7 @@ class FitMemo:
             self._sids[i] = None
             for key, table in self._tables.items():
                 if table.kinds[i] != NONE:
-                    if len(key) == 5:  # a pod spanning GPUs: its verdict costs more, made when next asked
-                        self._entries -= 1
-                        table.empty(i)
-                    else:
-                        self._set(table, key, i, view)
+                    self._set(table, key, i, view)
             return
         for table in self._tables.values():  # the node is gone: free its id in every table
             self._entries -= table.kinds[i] != NONE

@@ -8,10 +8,10 @@ memory; and the node's free memory, net of pods bound without the extender, cove
 Choice among the fitting sets: the lowest contract.set_distance first (the sum over pairs of 0 NVLink, 1 the
 same PCIe switch, 2 the same NUMA node, 3 otherwise: tensor-parallel traffic goes between every pair), then the
 policy as for one GPU: binpack takes the set with the least free (the GPUs' free fractions summed, on a node with
-compute shares their free compute fractions added), spread the most; then the lower indices. The usual case (no
-compute share, the cap changing nothing) reads the sets off a memo kept on the view (`_quick`). A node whose GPUs
+compute shares their free compute fractions added), spread the most; then the lower indices. A node whose GPUs
 are all equally close (one NVSwitch, or nothing known) takes the first N GPUs in the policy's order at once; else
-the sets of a node's topology are made once, grouped by distance, while there are at most MAX_SETS; beyond that
+the sets of a node's topology are made once, grouped by distance, while there are at most MAX_SETS (the usual
+case, `_quick`, tests the GPUs with room as a bit mask against them, closest level first); beyond that
 (a node of a dozen GPUs or more) the best of the sets grown greedily from the first MAX_SEEDS GPUs in the policy's
 order (each step the GPU closest to those taken). A node of more than 64 GPUs is taken as all far apart
 (state.MAX_TOPOLOGY_GPUS).
@@ -217,63 +217,42 @@ def _by_index(view: NodeView, positions: Iterable[int]) -> tuple[int, ...]:
 
 
 # The usual case (no compute share, the limit cap changing nothing, no pods bound without the extender): the
-# GPUs with room as a bit mask, tested against the node's sets grouped by distance (made once per topology,
-# _levels), closest level first; the policy decides among that level's fitting sets. What the view's rows give
-# (health mask, free fractions, free MiB per position) is made once per view and kept on it (NodeView.span),
-# so the pod sizes of the memo share it; a view is rebuilt at every charge.
-_Columns = tuple[int, list[float], list[int]]
+# healthy GPUs with room, read off the view's free column (bisect), as a bit mask of their positions, tested
+# against the node's sets grouped by distance (made once per topology, _levels), closest level first; the policy
+# decides among that level's fitting sets. Nothing is built per view: a view is rebuilt at every charge.
 _NOT_QUICK = (-1, ())
-
-
-def _columns(view: NodeView) -> _Columns:
-    span = view.span
-    if span is None:
-        span = {}
-        object.__setattr__(view, "span", span)  # a memo of the immutable view (NodeView.span)
-    columns: _Columns | None = span.get("columns")  # type: ignore[assignment]
-    if columns is None:
-        rows = view.rows
-        healthy = 0
-        for p, r in enumerate(rows):
-            if r[4]:
-                healthy |= 1 << p
-        columns = (healthy, [r[6] / r[3] for r in rows], [r[6] for r in rows])
-        span["columns"] = columns
-    return columns
 
 
 def _quick(view: NodeView, need_mib: int, policy: str, gpus: int) -> tuple[int, tuple[int, ...]] | None:
     """best_set without the candidates' list: (distance, positions in index order); None when fewer than N
     healthy GPUs have the share free; _NOT_QUICK when the node has too many sets (the general path grows them)."""
     topo = view.topo
-    if isinstance(topo, int):
-        i = bisect_left(view.free_keys, need_mib)  # healthy GPUs by (free, index): those from i have room
-        if len(view.free_keys) - i < gpus:
-            return None
-        if policy == "spread":
-            chosen = sorted(view.free_rows[i:], key=_most_free)[:gpus]
-        else:
-            chosen = list(view.free_rows[i:i + gpus])
-        index_of = {r[1]: p for p, r in enumerate(view.rows)}
-        return topo * (gpus * (gpus - 1) // 2), tuple(sorted(index_of[r[1]] for r in chosen))
-    if len(view.free_keys) - bisect_left(view.free_keys, need_mib) < gpus:
+    keys = view.free_keys  # healthy GPUs by (free, index): those from k on have room
+    k = bisect_left(keys, need_mib)
+    if len(keys) - k < gpus:
         return None
+    rows = view.rows
+    if rows[0][1] == 0 and rows[-1][1] == len(rows) - 1:  # indices 0..G-1 (sorted, distinct): index = position
+        room = [r[1] for r in view.free_rows[k:]]
+    else:
+        position = {r[1]: p for p, r in enumerate(rows)}
+        room = [position[r[1]] for r in view.free_rows[k:]]
+    if isinstance(topo, int):  # all pairs alike: the first N in the policy's order
+        chosen = room[:gpus] if policy != "spread" else sorted(room, key=lambda p: (-rows[p][6], rows[p][1]))[:gpus]
+        return topo * (gpus * (gpus - 1) // 2), tuple(sorted(chosen))
     levels = _levels(topo, gpus)
     if levels is None:
         return _NOT_QUICK
-    healthy, frac, free = _columns(view)
     mask = 0
-    for p, f in enumerate(free):
-        if f >= need_mib:
-            mask |= 1 << p
-    mask &= healthy
+    for p in room:
+        mask |= 1 << p
     for d, members in levels:
         fitting = [pos for m, pos in members if m & mask == m]
         if fitting:
             if len(fitting) == 1:
                 return d, fitting[0]
             sign = -1.0 if policy == "spread" else 1.0  # positions ascend with the GPU index (rows are by index)
-            return d, min(fitting, key=lambda pos: (sign * sum(map(frac.__getitem__, pos)), pos))
+            return d, min(fitting, key=lambda pos: (sign * sum(rows[p][6] / rows[p][3] for p in pos), pos))
     return None  # pragma: no cover - N healthy GPUs with room form a set of some level
 
 

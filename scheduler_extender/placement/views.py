@@ -7,7 +7,7 @@ and the healthy GPUs sorted by free MiB (binpack's bisect). It is rebuilt when a
 from __future__ import annotations
 
 from bisect import bisect_left
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from operator import itemgetter
 from typing import NamedTuple
 
@@ -65,9 +65,6 @@ class NodeView:
     # with a compute share here (every GPU's compute is free).
     compute: tuple[int, ...] | None = None
     topo: Topology = FAR  # how close its GPUs are (Topology above): read only for pods spanning GPUs
-    # spanning.py's memo of this view's GPU sets (a pure function of the view, made at first need by a pod
-    # spanning GPUs, set with object.__setattr__); None until then: one-GPU decisions never make it
-    span: dict[object, object] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(cls, name: str, unit_mib: int, gpus: tuple[GpuView, ...], unplaced_mib: int = 0,
