@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_extender.py [--json] [--nodes 5000] [--gpus 8] [--filter-nodes 500]
         [--bands 0,10,30,50,70,90,95] [--per-band 300] [--warmup 0] [--restart] [--scrapers 0]
+        [--multi-gpu PCT] [--topology]
 
 Three processes, so that the extender's figures are its own:
 - the Kubernetes API stand-in (tests/support/kube_standin.py) with N nodes × G GPUs of 80 GiB (the node agent's
@@ -33,6 +34,10 @@ editable install compile our sources again).
 in a loop (keep-alive, each answer read whole; after a 503, a second's pause) while each band's pods are
 scheduled; the band then also
 reports the filter median alone and the scrapes answered (200) and refused (503) per second.
+
+--multi-gpu PCT (issue 34): that percent of the scheduled pods span 2 or 4 GPUs (`memslice.io/gpu-count`, half
+each, up to 20 GiB on each GPU); --topology publishes NVLink pairs and a PCIe switch per four GPUs on every node.
+Compare `--topology --multi-gpu 20` with `--topology` (all one-GPU pods) on the same machine.
 
 The load client stays cheap so as not to take the cores from the extender: the filter bodies are encoded
 before the clock starts, and it is one thread speaking HTTP/1.1 over plain sockets (see Client), with
@@ -78,8 +83,11 @@ TARGETS = {"filter_prioritize_p99_ms": 10.0, "pods_per_s_500_names": 500.0, "pod
 
 # --------------------------------------------------------------------------------------------- stand-in side
 
-def _gpu_pod(name: str, namespace: str, mib: int, node: str | None = None, gpu: str | None = None) -> dict:
+def _gpu_pod(name: str, namespace: str, mib: int, node: str | None = None, gpu: str | None = None,
+             gpus: int = 1) -> dict:
     meta: dict = {"name": name, "namespace": namespace}
+    if gpus > 1:  # a pod spanning GPUs (--multi-gpu): `mib` is its total, split evenly over them
+        meta["annotations"] = {"memslice.io/gpu-count": str(gpus)}
     if gpu is not None:
         meta["annotations"] = {"memslice.io/gpu-uuid": gpu, "memslice.io/gpu-mem-mib": json.dumps({"main": mib}),
                                "memslice.io/assumed-at": "2026-01-01T00:00:00.000000Z"}
@@ -107,6 +115,9 @@ class Cluster:
         for n in range(args.nodes):
             gpus = [{"uuid": f"GPU-{n:05d}-{g}", "index": g, "model": "Sim H100 80GB", "memMiB": GPU_MIB,
                      "numa": g // 4, "healthy": True} for g in range(args.gpus)]
+            if args.topology:  # as an HGX board without NVSwitch: NVLink pairs, a PCIe switch per four GPUs
+                for g in gpus:
+                    g.update({"nvlink": [g["index"] ^ 1], "pcie": f"sw{g['index'] // 4}"})
             self.kube.put({"kind": "Node", "metadata": {"name": f"node-{n:05d}", "labels": {
                 "memslice.io/gpu": "true"}, "annotations": {"memslice.io/gpus": json.dumps(gpus),
                                                            "memslice.io/unit-mib": "1"}}})
@@ -118,8 +129,10 @@ class Cluster:
         for pod in self.kube.list("Pod"):
             ann = pod["metadata"].get("annotations") or {}
             if "memslice.io/gpu-uuid" in ann:
-                uuid = ann["memslice.io/gpu-uuid"]
-                used[uuid] = used.get(uuid, 0) + sum(json.loads(ann["memslice.io/gpu-mem-mib"]).values())
+                uuids = ann["memslice.io/gpu-uuid"].split(",")  # a pod spanning GPUs: its total / N on each
+                for uuid in uuids:
+                    used[uuid] = used.get(uuid, 0) + sum(json.loads(ann["memslice.io/gpu-mem-mib"]).values()) // len(
+                        uuids)
         return used
 
     def fill(self, fraction: float) -> dict:
@@ -145,9 +158,15 @@ class Cluster:
         return {"fill": total / capacity, "pods": len(self.kube.list("Pod"))}
 
     def pending(self, namespace: str, count: int) -> list[dict]:
+        """`count` pending pods; --multi-gpu percent of them span 2 or 4 GPUs (half each), each GPU holding a
+        size drawn as for one-GPU pods (at most 20 GiB each: tensor-parallel shards)."""
         for i in range(count):
             mib = self.rng.choices(SIZES_GIB, WEIGHTS)[0] * 1024
-            self.kube.put(_gpu_pod(f"new-{i:05d}", namespace, mib))
+            gpus = 1
+            if self.rng.random() * 100 < self.args.multi_gpu:
+                gpus = self.rng.choice((2, 4))
+                mib = min(mib, 20 * 1024) * gpus
+            self.kube.put(_gpu_pod(f"new-{i:05d}", namespace, mib, gpus=gpus))
         return self.kube.list("Pod", namespace)
 
     def sentinel(self) -> str:
@@ -394,7 +413,9 @@ class Bench:
         self.env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         self.env.update(PYTHONUNBUFFERED="1", PYTHONPYCACHEPREFIX=str(self.tmp / "pycache"))
         self.standin = subprocess.Popen([sys.executable, __file__, "--_standin", "--nodes", str(args.nodes),
-                                         "--gpus", str(args.gpus), "--seed", str(args.seed)],
+                                         "--gpus", str(args.gpus), "--seed", str(args.seed),
+                                         "--multi-gpu", str(args.multi_gpu)] + (["--topology"] if args.topology
+                                                                                 else []),
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=self.env)
         self.gc_log = self.tmp / "gc.log"
         self.gc_seen = 0
@@ -707,7 +728,8 @@ def run(args: argparse.Namespace) -> dict:
                        "rss_after_relist_mib": round(rss_after, 1), "then": figures}
         check = bench.cmd("check")
         return {"cluster": {"nodes": args.nodes, "gpus_per_node": args.gpus, "filter_nodes_per_call": k,
-                            "pods_per_band": args.per_band, "warmup_pods": args.warmup},
+                            "pods_per_band": args.per_band, "warmup_pods": args.warmup,
+                            "multi_gpu_pct": args.multi_gpu, "topology": args.topology},
                 "first_sync_s": round(sync_s, 2), "first_sync_cpu_s": round(first_cpu, 2),
                 "bands": bands, "restart": restart,
                 "final": {"fill_pct": round(check["fill"] * 100, 1), "pods": check["pods"],
@@ -722,7 +744,9 @@ def report(r: dict) -> None:
     c = r["cluster"]
     print(f"memslice extender benchmark: {c['nodes']} nodes × {c['gpus_per_node']} GPUs, "
           f"{c['filter_nodes_per_call']} names per filter, {c['pods_per_band']} pods scheduled per band "
-          f"(first sync {r['first_sync_s']} s)")
+          f"(first sync {r['first_sync_s']} s)"
+          + (f", {c['multi_gpu_pct']:g}% of them on 2 or 4 GPUs" if c.get("multi_gpu_pct") else "")
+          + (", GPU topology published" if c.get("topology") else ""))
     print("  band  fill%   pods     f+p p50  f+p p99   pods/s  CPU ms/pod  max GC ms  full GCs  RSS MiB"
           "  (while growing by watch: max GC ms, full GCs)")
     for b in r["bands"]:
@@ -770,6 +794,10 @@ def main() -> int:
     p.add_argument("--restarts", type=int, default=3, help="starts with --restart-at (per tree)")
     p.add_argument("--alt-pythonpath", default=None, metavar="DIR",
                    help="with --restart-at: alternate with the package tree in DIR (e.g. a copy of main's)")
+    p.add_argument("--multi-gpu", type=float, default=0.0, metavar="PCT",
+                   help="percent of the scheduled pods that span 2 or 4 GPUs (memslice.io/gpu-count; issue 34)")
+    p.add_argument("--topology", action="store_true",
+                   help="nodes publish their GPUs' topology (NVLink pairs, a PCIe switch per four GPUs)")
     p.add_argument("--_standin", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args._standin:

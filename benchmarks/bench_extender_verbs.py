@@ -1,7 +1,8 @@
 """Filter + prioritize of the memslice extender alone, in one process: CPU time per pod.
 
     .venv/bin/python benchmarks/bench_extender_verbs.py [--nodes 5000] [--fill 0.9] [--names 500]
-        [--warmup 1000] [--pods 200] [--cold] [--max-limit-ratio R] [--elastic 0.3] [--json]
+        [--warmup 1000] [--pods 200] [--cold] [--max-limit-ratio R] [--elastic 0.3] [--compute 0.3]
+        [--multi-gpu 0.2] [--topology] [--json]
 
 No HTTP, no bind writes, no watch: `Verbs.filter` and `Verbs.prioritize` on a `ClusterState` of N nodes ×
 8 GPUs of 80 GiB, filled at random to `--fill` by charges (1–40 GiB, as bench_extender.py), each request
@@ -19,6 +20,10 @@ Compute share (issue 33): with `--compute F` that share of the fill charges and 
 for 10-50 % of its GPU's time (`memslice.io/gpu-compute`): such a pod is fitted on memory and compute of one
 GPU (decisions' compute path), the others as before. Without it, the run is the one above (the figure that
 tells a pod without a share costs what it did).
+
+Pods that span GPUs (issue 34): with `--multi-gpu F` that share of the pods asks for 2 or 4 GPUs
+(`memslice.io/gpu-count`, half each; up to 20 GiB on each GPU), and `--topology` gives every node NVLink pairs and a
+PCIe switch per four GPUs (the closest set is then looked for). Compare with `--topology` alone.
 """
 
 from __future__ import annotations
@@ -57,6 +62,8 @@ def main() -> int:
                    help="measure the first --pods pods on a fresh memo (no warmup; the views are built first, as "
                         "the extender's sync builds them, so the figure is the memo's cold cost)")
     p.add_argument("--compute", type=float, default=0.0, help="share of charges and pods with a compute share")
+    p.add_argument("--multi-gpu", type=float, default=0.0, help="share of pods on 2 or 4 GPUs (gpu-count)")
+    p.add_argument("--topology", action="store_true", help="nodes publish NVLink pairs and PCIe switches")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     sys.path.insert(0, str(ROOT / "tests"))
@@ -72,7 +79,13 @@ def main() -> int:
     state = ClusterState()
     names = [f"node-{n:05d}" for n in range(args.nodes)]
     for name in names:
-        state.upsert_node(node_obj(name, [GPU_MIB] * 8))
+        node = node_obj(name, [GPU_MIB] * 8)
+        if args.topology:  # as an HGX board without NVSwitch: NVLink pairs, a PCIe switch per four GPUs
+            gpus = json.loads(node["metadata"]["annotations"]["memslice.io/gpus"])
+            for g in gpus:
+                g.update({"nvlink": [g["index"] ^ 1], "pcie": f"sw{g['index'] // 4}", "numa": g["index"] // 4})
+            node["metadata"]["annotations"]["memslice.io/gpus"] = json.dumps(gpus)
+        state.upsert_node(node)
     state.nodes_synced.set()
     state.pods_synced.set()
     ratio = Fraction(args.max_limit_ratio) if args.max_limit_ratio else None
@@ -104,6 +117,10 @@ def main() -> int:
         pod = pod_obj(f"p{j}", {"main": mib}, annotations={"memslice.io/gpu-mem-limit": str(2 * mib)} if elastic
                       else None)
         pod["metadata"]["uid"] = f"p{j}"
+        if args.multi_gpu and rng.random() < args.multi_gpu:
+            count = rng.choice((2, 4))
+            pod["metadata"].setdefault("annotations", {})["memslice.io/gpu-count"] = str(count)
+            pod["spec"]["containers"][0]["resources"]["limits"]["memslice.io/gpu-mem"] = str(min(mib, 20480) * count)
         if args.compute and rng.random() < args.compute:
             pod["spec"]["containers"][0]["resources"]["limits"]["memslice.io/gpu-compute"] = str(
                 rng.choice((10, 20, 30, 40, 50)))
@@ -137,16 +154,24 @@ def main() -> int:
             pct = int(pod["spec"]["containers"][0]["resources"]["limits"].get("memslice.io/gpu-compute", 0))
             need = decisions.LimitNeed((1 + limited) * mib, ratio) if ratio is not None else None
             more = {"compute": pct} if pct else {}  # (older versions have no compute)
-            gpu = decisions.choose_gpu(view, mib, "binpack", need, **more)
-            if gpu is not None:
+            count = int(pod["metadata"].get("annotations", {}).get("memslice.io/gpu-count", 1))
+            if count > 1:  # (older versions have no pods spanning GPUs)
+                mib //= count
+                gpus = decisions.choose_gpus(view, mib, "binpack", need, gpus=count, **more)
+                gpu_uuid = ",".join(g.uuid for g in gpus) if gpus else None
+            else:
+                gpu = decisions.choose_gpu(view, mib, "binpack", need, **more)
+                gpu_uuid = gpu.uuid if gpu is not None else None
+            if gpu_uuid is not None:
                 over = (mib if limited else 0, pct) if pct else (mib,) if limited else ()
-                state.hold(pod["metadata"]["uid"], Charge(gpu.uuid, node, mib, 0, None, *over))
+                state.hold(pod["metadata"]["uid"], Charge(gpu_uuid, node, mib, 0, None, *over))
         return cpu_f, cpu_p
 
     schedule(bodies[:args.warmup])
     cpu_f, cpu_p = schedule(bodies[args.warmup:])
     result = {"nodes": args.nodes, "fill": args.fill, "names": k, "pods": args.pods,
               "max_limit_ratio": args.max_limit_ratio, "elastic": args.elastic, "compute": args.compute,
+              "multi_gpu": args.multi_gpu, "topology": args.topology,
               "filter_cpu_ms_per_pod": round(cpu_f / args.pods * 1000, 3),
               "prioritize_cpu_ms_per_pod": round(cpu_p / args.pods * 1000, 3)}
     if args.json:

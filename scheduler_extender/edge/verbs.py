@@ -20,7 +20,7 @@ from fractions import Fraction
 from typing import Any
 
 from .. import wire
-from ..index.fitmemo import FitMemo, Key, Split, compute_of
+from ..index.fitmemo import FitMemo, Key, Split, compute_of, gpus_of
 from ..kubeio.binder import Binder, BindError
 from ..kubeio.kubereads import pod_priority
 from ..placement import decisions
@@ -137,7 +137,7 @@ class Verbs:
         view = self.state.view(node)
         return view is not None and decisions.fits_without(view, key[0] * view.unit_mib, {gpu: mib}, 0,
                                                            self.memo.limit_need(key, view), {gpu: over},
-                                                           compute_of(key), {gpu: compute})
+                                                           compute_of(key), {gpu: compute}, gpus_of(key))
 
     # ------------------------------------------------------------------ prioritize
     def prioritize(self, body: Any) -> tuple[int, Any]:
@@ -243,12 +243,12 @@ class Verbs:
         need, limit = key[0] * view.unit_mib, self.memo.limit_need(key, view)
         lower = {uid: priority - 1 for uid in proposed}  # lower than the pod's, by the scheduler's own rule
         chosen = decisions.preemption_victims(view, need, self._candidates(node, lower), freed_unplaced, limit,
-                                                  compute_of(key))
+                                              compute_of(key), gpus_of(key))
         if chosen is None and self.node_pods is not None and reads[0] > 0:
             reads[0] -= 1
             lower.update(self._lower_priority_pods(node, priority))
             chosen = decisions.preemption_victims(view, need, self._candidates(node, lower), freed_unplaced, limit,
-                                                  compute_of(key))
+                                                  compute_of(key), gpus_of(key))
         return None if chosen is None else [*chosen, *others]
 
     def _lower_priority_pods(self, node: str, priority: int) -> dict[str, int]:

@@ -52,18 +52,21 @@ MAX_ENTRIES = 400_000  # verdicts kept in all tables: 80 tables of 5,000 nodes, 
 MAX_TABLES = 64  # pod sizes × policies (× limits) kept at once: 18 bytes per node each (5.8 MB at 5,000 nodes)
 # (devices, policy), and with the limit cap on the pod's limit signature (() for a pod without limits)
 # and with a compute share, (devices, policy, the limit signature or (), compute percent)
-Key = tuple[int, str] | tuple[int, str, LimitSig] | tuple[int, str, LimitSig, int]
+# and for a pod spanning GPUs, (devices per GPU, policy, the limit signature or (), compute percent per GPU, GPUs)
+Key = (tuple[int, str] | tuple[int, str, LimitSig] | tuple[int, str, LimitSig, int]
+       | tuple[int, str, LimitSig, int, int])
 REPLAYS = 64  # filter answers kept for the prioritize that follows (one per pod in flight)
 REPLAY_NAMES = 200_000  # node names those may hold in all (bounds what hostile requests can pin)
 # (key, id epoch, the names or None, their JSON or None (one of the two is kept), their node ids, how many)
 Replay = tuple[Key, int, list[str] | None, bytes | None, Ids, int]
 
-# What decisions.verdict reads of a node: the unit, the unplaced MiB, the error, the limit sums' column, then
-# per GPU in `rows` order its index, MiB, health and used MiB. Not the node's name, nor a GPU's UUID or model:
-# verdicts never read them (their texts name GPUs by index), so nodes of one shape share one verdict. Why:
-# the first filters of each pod size compute a verdict per node; in an empty or regular cluster most nodes
-# look alike, and one verdict per shape (a dict lookup) is a fraction of computing it (benchmarks/README.md,
-# "Node indexes"). Only the first fill shares; a view change recomputes the node's verdicts directly.
+# What decisions.verdict reads of a node: the unit, the unplaced MiB, the error, the limit sums' column, the
+# compute column, the topology (pods spanning GPUs), then per GPU in `rows` order its index, MiB, health and
+# used MiB. Not the node's name, nor a GPU's UUID or model: verdicts never read them (their texts name GPUs by
+# index), so nodes of one shape share one verdict. Why: the first filters of each pod size compute a verdict
+# per node; in an empty or regular cluster most nodes look alike, and one verdict per shape (a dict lookup) is
+# a fraction of computing it (benchmarks/README.md, "Node indexes"). Only the first fill shares; a view change
+# recomputes the node's verdicts directly.
 Shape = tuple[object, ...]
 _SHAPE_FIELDS = itemgetter(1, 3, 4, 5)
 SHARED_MAX = 512  # shapes' verdicts kept per table (emptied when full): 64 tables hold at most ~7 MB
@@ -81,7 +84,12 @@ _FITS = tuple((True, False, "", s) for s in range(MAX_SCORE + 1))  # a fitting v
 
 def compute_of(key: Key) -> int:
     """The compute percent of a memo key (0: the pod asks for none)."""
-    return key[3] if len(key) == 4 else 0
+    return key[3] if len(key) >= 4 else 0
+
+
+def gpus_of(key: Key) -> int:
+    """The GPUs a pod of this key spans (memslice.io/gpu-count; records.PodView.key)."""
+    return key[4] if len(key) == 5 else 1
 
 
 class _Table:
@@ -503,7 +511,7 @@ class FitMemo:
     def _sid(self, i: int, view: NodeView) -> int:
         """The number of the node's shape (see Shape), kept per id until its view changes. Verdicts are
         shared by these numbers: a small int hashes at once, a shape of 36 atoms does not."""
-        shape = (view.unit_mib, view.unplaced_mib, view.error, view.over, view.compute,
+        shape = (view.unit_mib, view.unplaced_mib, view.error, view.over, view.compute, view.topo,
                  *chain.from_iterable(map(_SHAPE_FIELDS, view.rows)))
         sid = self._shape_ids.get(shape)
         if sid is None:
@@ -517,7 +525,8 @@ class FitMemo:
         return sid
 
     def _verdict(self, key: Key, view: NodeView) -> Verdict:
-        v = decisions.verdict(view, key[0] * view.unit_mib, key[1], self.limit_need(key, view), compute_of(key))
+        v = decisions.verdict(view, key[0] * view.unit_mib, key[1], self.limit_need(key, view), compute_of(key),
+                              gpus_of(key))
         return _FITS[v[3]] if v[0] else v
 
     def _set(self, table: _Table, key: Key, i: int, view: NodeView) -> None:

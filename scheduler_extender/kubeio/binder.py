@@ -77,8 +77,8 @@ class PodFacts:
 
 @dataclass(frozen=True)
 class BindOutcome:
-    gpu_uuid: str | None
-    mib: int
+    gpu_uuid: str | None  # a pod spanning GPUs: their UUIDs joined by commas (contract.ANN_GPU_UUID)
+    mib: int  # on each GPU
 
 
 def _body(resp: Any) -> bytes:
@@ -229,33 +229,34 @@ class Binder:
             self.state.expire()
             self.state.hold(uid, None)  # a stale reservation of this same pod must not stand in its way
             view = self.state.view(args.node)
-            gpu = None
+            chosen = None
             limit = None
-            if view is not None:
+            if view is not None:  # a pod spanning GPUs: need, limit and compute are its share on each
                 need = request.mib(view.unit_mib)
                 if self.limit_ratio is not None:  # the cap, re-checked here under the lock with the room
                     limit = decisions.LimitNeed(request.limit_mib(view.unit_mib), self.limit_ratio)
-                gpu = decisions.choose_gpu(view, need, policy, limit, request.compute)
-            if view is None or gpu is None:
+                chosen = decisions.choose_gpus(view, need, policy, limit, request.compute, request.gpus)
+            if view is None or chosen is None:
                 self.state.release(uid, None)
                 if view is None:
                     raise BindError("unknown_node", f"node {args.node} " + (
                         "has no memslice GPUs (no memslice.io/gpus annotation)" if self.state.knows_node(args.node)
                         else "is unknown to the extender"))
-                reason = (decisions.verdict(view, need, policy, limit, request.compute)[2] if request.compute
-                          else decisions.fit(view, need, limit).reason)
+                reason = (decisions.verdict(view, need, policy, limit, request.compute, request.gpus)[2]
+                          if request.compute or request.gpus > 1 else decisions.fit(view, need, limit).reason)
                 raise BindError("no_room", f"{where} no longer fits on node {args.node}: {reason}")
             try:  # elastic memory: each limit checked against its request at the node's unit, nothing written
-                limits = request.limit_record(view.unit_mib)
+                limits = request.limit_record_total(view.unit_mib)
             except RequestError as exc:
                 self.state.release(uid, None)
                 raise BindError("bad_request", f"{where}: {exc}") from None
             # the limit above the request is charged too (the GPU's limit sum), cap or not: a later restart
             # with the cap on rebuilds the same sums from the recorded limits
             over = request.limit_mib(view.unit_mib) - need
-            self.state.hold(uid, Charge(gpu.uuid, args.node, need, 0, None, over, request.compute))
+            uuids = ",".join(g.uuid for g in chosen)  # contract: N UUIDs in device order, each charged `need`
+            self.state.hold(uid, Charge(uuids, args.node, need, 0, None, over, request.compute))
         now = self.clock()
-        wanted = reservation_annotations(gpu.uuid, request.container_mib(view.unit_mib), now, limits,
+        wanted = reservation_annotations(uuids, request.container_mib_total(view.unit_mib), now, limits,
                                          request.compute_record())
         if facts.limit_record and ANN_GPU_MEM_LIMIT_RECORD not in wanted:
             wanted[ANN_GPU_MEM_LIMIT_RECORD] = "{}"  # a Binding cannot delete a stale record: it empties it
@@ -265,16 +266,16 @@ class Binder:
             pod = self._read_or_none(args) if exc.reason == "ambiguous" else None
             if pod is not None and (pod.get("spec") or {}).get("nodeName") == args.node:
                 self.state.confirm(uid, resource_version(pod["metadata"]))  # the watch's version rules
-                return BindOutcome(gpu.uuid, need)
+                return BindOutcome(uuids, need)
             self.state.release(uid, None)  # nothing was written (or the watch will tell): the watch rules
             raise
         if bound_rv is None:  # an earlier attempt bound it here already; its reservation stands
             self.state.release(uid, None)
             return BindOutcome(None, 0)
         self.state.confirm(uid, bound_rv)
-        log.info("bound %s to %s GPU %s (index %d) with %d MiB (%s)", where, args.node, gpu.uuid, gpu.index,
-                 need, policy)
-        return BindOutcome(gpu.uuid, need)
+        log.info("bound %s to %s GPU %s (index %s) with %d MiB (%s)", where, args.node, uuids,
+                 ",".join(str(g.index) for g in chosen), need, policy)
+        return BindOutcome(uuids, need)
 
     def _bind_with(self, args: BindingArgs, uid: str, rv: str, wanted: dict[str, str]) -> int | None:
         """ONE write: the Binding carrying the reservation annotations (the API server copies a Binding's

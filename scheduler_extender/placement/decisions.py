@@ -21,6 +21,10 @@ for the memory AND for the compute (its pods' compute requests plus the pod's at
 GPU. Among those GPUs, binpack takes the one left with the least free memory and compute together (the sum of
 the two free fractions after placement), spread the most; the score is 10 × the mean of the two fractions
 used (binpack) or left free (spread). A pod without a compute share is decided on memory alone, as above.
+
+Pods that span GPUs (`gpus` > 1, memslice.io/gpu-count): `need_mib`, `compute` and the limit are per GPU, and
+spanning.py decides (N GPUs each with the share free, the closest set first); `gpus` = 1 (the default) is the
+one-GPU path above, unchanged.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import NamedTuple
 
+from . import spanning
 from .constants import MAX_SCORE, MIN_SCORE
 from .views import GpuRow, GpuView, NodeView
 
@@ -217,6 +222,16 @@ def _pick(view: NodeView, need_mib: int, policy: str) -> GpuView | None:
     return view.free_gpu(i) if i < len(view.free_keys) else None
 
 
+def choose_gpus(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None = None, compute: int = 0,
+                gpus: int = 1) -> tuple[GpuView, ...] | None:
+    """The GPUs the pod gets on this node (`need_mib`, `compute`, `limit` per GPU), in device order; None when
+    it does not fit."""
+    if gpus > 1:
+        return spanning.choose(view, need_mib, policy, limit, compute, gpus)
+    gpu = choose_gpu(view, need_mib, policy, limit, compute)
+    return (gpu,) if gpu is not None else None
+
+
 def choose_gpu(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None = None,
                compute: int = 0) -> GpuView | None:
     """The GPU the pod gets on this node under `policy`; None when it does not fit."""
@@ -235,16 +250,19 @@ def _score_on(gpu: GpuView | None, need_mib: int, policy: str) -> int:
     return max(MIN_SCORE, min(MAX_SCORE, round(MAX_SCORE * fraction)))
 
 
-def score(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None = None, compute: int = 0) -> int:
+def score(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None = None, compute: int = 0,
+          gpus: int = 1) -> int:
     """0..10: how much `policy` likes placing the pod on this node (0 when it does not fit)."""
-    if compute:
-        return verdict(view, need_mib, policy, limit, compute)[3]
+    if compute or gpus > 1:
+        return verdict(view, need_mib, policy, limit, compute, gpus)[3]
     return _score_on(choose_gpu(view, need_mib, policy, limit), need_mib, policy)
 
 
 def verdict(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None = None,
-            compute: int = 0) -> Verdict:
+            compute: int = 0, gpus: int = 1) -> Verdict:
     """fit and score of one node in one go (what the memo keeps)."""
+    if gpus > 1:
+        return spanning.verdict(view, need_mib, policy, limit, compute, gpus)
     if compute:
         f, _, value = _compute_fit(view, need_mib, limit, compute, policy)
         return f.ok, f.unresolvable, f.reason, value
@@ -258,10 +276,13 @@ def verdict(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None 
 
 def fits_without(view: NodeView, need_mib: int, freed_mib: dict[str, int], freed_unplaced_mib: int,
                  limit: LimitNeed | None = None, freed_over: dict[str, int] | None = None, compute: int = 0,
-                 freed_compute: dict[str, int] | None = None) -> bool:
+                 freed_compute: dict[str, int] | None = None, count: int = 1) -> bool:
     """Would the pod fit if the charges in `freed_mib` (GPU UUID -> MiB; with `freed_over`, what their
     limits add above that; with `freed_compute`, their compute percent) and `freed_unplaced_mib` were gone?
-    (Preemption: the scheduler proposes victims; the pod must fit once they are evicted.)"""
+    (Preemption: the scheduler proposes victims; the pod must fit once they are evicted.) A key naming
+    several GPUs (a charge spanning GPUs: UUIDs joined by commas) frees its amount on each; `count` is the
+    pod's own GPU count (memslice.io/gpu-count)."""
+    freed_mib, freed_over, freed_compute = _per_gpu(freed_mib), _per_gpu(freed_over), _per_gpu(freed_compute)
     gpus = tuple(GpuView.of(g.uuid, g.index, g.model, g.mem_mib, g.healthy,
                             g.used_mib - freed_mib.get(g.uuid, 0)) for g in view.gpus)
     over = view.over
@@ -271,15 +292,31 @@ def fits_without(view: NodeView, need_mib: int, freed_mib: dict[str, int], freed
     if used is not None and freed_compute:
         used = tuple(c - freed_compute.get(r[0], 0) for c, r in zip(used, view.rows, strict=True))
     after = NodeView.of(view.name, view.unit_mib, gpus, max(view.unplaced_mib - freed_unplaced_mib, 0),
-                        view.error, over, used)
+                        view.error, over, used, view.topo)
+    if count > 1:
+        return spanning.fits_after(after, need_mib, limit, compute, count)
     if compute:
         return _compute_fit(after, need_mib, limit, compute, "binpack")[0].ok
     return fit(after, need_mib, limit).ok
 
 
+def _per_gpu(freed: dict[str, int] | None) -> dict[str, int]:
+    """`freed` with each key naming several GPUs (UUIDs joined by commas) spread over them."""
+    if not freed:
+        return {}
+    if not any("," in k for k in freed):
+        return freed
+    out: dict[str, int] = {}
+    for key, value in freed.items():
+        for uuid in key.split(","):
+            out[uuid] = out.get(uuid, 0) + value
+    return out
+
+
 class VictimCandidate(NamedTuple):
     """A pod preemption may evict to make room: its GPU charge on the node and its priority (lower than the
-    preemptor's; the caller keeps only those)."""
+    preemptor's; the caller keeps only those). A pod spanning GPUs: `gpu_uuid` is their UUIDs joined by commas,
+    and `mib`, `over`, `compute` what it holds on EACH."""
 
     uid: str
     gpu_uuid: str
@@ -327,17 +364,22 @@ def _victims_on(view: NodeView, i: int, need_mib: int, pods: list[VictimCandidat
 
 
 def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCandidate],
-                       freed_unplaced_mib: int = 0, limit: LimitNeed | None = None, compute: int = 0
-                       ) -> tuple[str, ...] | None:
+                       freed_unplaced_mib: int = 0, limit: LimitNeed | None = None, compute: int = 0,
+                       gpus: int = 1) -> tuple[str, ...] | None:
     """The pods to evict so that the pod fits on ONE GPU of this node: over every GPU, the set whose highest
     priority is lowest, then the fewest victims, then the least MiB evicted (ties to the lower GPU index).
-    Only pods on that GPU are named, never one on a GPU the pod will not use. None when no GPU can be freed
-    enough; () when one has room already (with `freed_unplaced_mib` gone): no GPU pod needs evicting."""
+    Only pods on that GPU are named, never one on a GPU the pod will not use (a victim spanning GPUs counts
+    on each of its GPUs). None when no GPU can be freed enough; () when one has room already (with
+    `freed_unplaced_mib` gone): no GPU pod needs evicting. A preemptor spanning `gpus` GPUs: spanning.py (N
+    GPUs of one node freed, the same order, then the closest set)."""
+    if gpus > 1:
+        return spanning.preemption_victims(view, need_mib, candidates, freed_unplaced_mib, limit, compute, gpus)
     best: tuple[tuple[int, int, int, int], tuple[str, ...]] | None = None
     for i, row in enumerate(view.rows):
         if not row[4] or row[3] < need_mib:
             continue
-        chosen = _victims_on(view, i, need_mib, [c for c in candidates if c.gpu_uuid == row[0]],
+        chosen = _victims_on(view, i, need_mib, [c for c in candidates if c.gpu_uuid == row[0]
+                                                 or ("," in c.gpu_uuid and row[0] in c.gpu_uuid.split(","))],
                              freed_unplaced_mib, limit, compute)
         if chosen is None:
             continue

@@ -70,11 +70,17 @@ class PodView:
             return cls(uid if isinstance(uid, str) else "", None, str(exc))
 
     def key(self, default_policy: str, capped: bool = False
-            ) -> tuple[int, str] | tuple[int, str, LimitSig] | tuple[int, str, LimitSig, int]:
+            ) -> (tuple[int, str] | tuple[int, str, LimitSig] | tuple[int, str, LimitSig, int]
+                  | tuple[int, str, LimitSig, int, int]):
         """(devices, policy): what the memo is kept by; with the limit cap on (`capped`) the pod's limit
         signature too (resources.PodRequest.limit_sig); with a compute share, (devices, policy, the limit
-        signature or (), compute percent)."""
+        signature or (), compute percent); for a pod spanning GPUs, (devices per GPU, policy, the limit
+        signature or (), compute percent per GPU, GPUs)."""
         assert self.request is not None
+        if self.request.gpus > 1:  # a pod spanning GPUs: per-GPU figures, the count last (fitmemo.gpus_of)
+            sig = self.request.limit_sig() if capped else ()
+            return (self.request.devices, self.request.policy or default_policy, sig, self.request.compute,
+                    self.request.gpus)
         if self.request.compute:
             sig = self.request.limit_sig() if capped else ()
             return self.request.devices, self.request.policy or default_policy, sig, self.request.compute
@@ -184,16 +190,17 @@ def _effective_mib(amounts: dict[str, int], request: PodRequest | None) -> int:
 
 
 def reserved_over_mib(annotations: dict[str, Any], reservation: Reservation, request: PodRequest | None,
-                      mib: int, where: str) -> int:
+                      mib: int, where: str, count: int = 1) -> int:
     """What the pod's elastic limits add above its reserved `mib` on its GPU (its limit minus its request;
     the limit sum --max-limit-ratio caps is the GPU's used MiB plus these). Read from the limits the node
     agent gives the pod: the extender's record (`memslice.io/gpu-mem-limit-mib`, validated and bounded), or
     without one (a bind by an older extender) the users' annotation. A malformed record is logged and
     counted as the users' annotation says (the agent refuses such a pod at Allocate, and one allocated
     before the record was spoilt keeps the limit it got then): never below the request, never a crash.
-    Only the reservation's containers count; each at least its reserved MiB."""
+    Only the reservation's containers count; each at least its reserved MiB. A pod spanning `count` GPUs:
+    totals over them (the request's limits are per GPU, the records' totals)."""
     raw = annotations.get(ANN_LIMIT_RECORD)
-    limits = dict(request.limits) if request is not None else {}
+    limits = {c: lim * count for c, lim in request.limits} if request is not None else {}
     if raw is not None:
         try:
             if not isinstance(raw, str):
@@ -220,6 +227,8 @@ def pod_record(obj: dict[str, Any]) -> Record | None:
     node = _node_of(obj)
     reservation = _decode_reservation(meta.get("annotations") or {}, namespace, name, node is not None)
     terminal = (obj.get("status") or {}).get("phase") in TERMINAL_PHASES
+    if reservation is not None and "," in reservation.gpu_uuid:
+        return _spanning_record(obj, meta, uid, namespace, name, node, terminal, reservation)
     if (reservation is not None and len(reservation.container_mib) == 1 and len(reservation.container_compute) < 2
             and not _has_limit_annotation(meta.get("annotations") or {})):
         # One reserved amount is the pod's effective MiB whatever its containers (reservation_mib), and a
@@ -232,7 +241,7 @@ def pod_record(obj: dict[str, Any]) -> Record | None:
     request = _decode_request(obj, namespace, name)
     if request is None and reservation is None:
         return None
-    devices = request.devices if request is not None else 0
+    devices = request.node_devices if request is not None else 0
     if reservation is None:
         return (uid, _intern(namespace), name, resource_version(meta), node, terminal, None, 0, 0.0, devices,
                 request if node is None else None, 0, 0)
@@ -243,6 +252,25 @@ def pod_record(obj: dict[str, Any]) -> Record | None:
     return (uid, _intern(namespace), name, resource_version(meta), node, terminal, _intern(reservation.gpu_uuid),
             mib, reservation.assumed_ts, devices, None, over,
             reservation_compute(reservation, request))  # assumed_at 0 if bound
+
+
+def _spanning_record(obj: dict[str, Any], meta: dict[str, Any], uid: str, namespace: str, name: str,
+                     node: str | None, terminal: bool, reservation: Reservation) -> Record:
+    """pod_record of a pod reserved on several GPUs: the record names them all (joined, as the annotation) and
+    holds what the pod charges on EACH: its reserved MiB and its limits above them divided by the GPU count
+    (the record's figures are totals), its compute share as recorded (per GPU)."""
+    count = reservation.gpu_count
+    request = _decode_request(obj, namespace, name)
+    per_gpu = reservation._replace(container_mib=tuple((c, mib // count) for c, mib in reservation.container_mib))
+    mib = reservation_mib(per_gpu, request)
+    annotations: dict[str, Any] = meta.get("annotations") or {}
+    over = 0
+    if ANN_LIMIT_RECORD in annotations or (request is not None and request.limits):
+        over = reserved_over_mib(annotations, reservation, request, mib * count, f"pod {namespace}/{name}",
+                                 count) // count
+    devices = request.node_devices if request is not None else 0
+    return (uid, _intern(namespace), name, resource_version(meta), node, terminal, _intern(reservation.gpu_uuid),
+            mib, reservation.assumed_ts, devices, None, over, reservation_compute(reservation, request))
 
 
 def _has_limit_annotation(annotations: dict[str, Any]) -> bool:

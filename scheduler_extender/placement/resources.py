@@ -8,6 +8,13 @@ where sidecars are init containers with `restartPolicy: Always` (they keep runni
 containers). Regular init containers run one at a time, before the app containers, so their memory is
 never needed at the same time as the app containers'. Every asking container (init, sidecar or app) gets
 its own entry in the `memslice.io/gpu-mem-mib` annotation, so the node agent can give each its quota.
+
+Pods that span GPUs (`memslice.io/gpu-count: N`, contract.ANN_GPU_COUNT): each container's `memslice.io/gpu-mem`
+(and `memslice.io/gpu-compute`) is its TOTAL over the N GPUs, and elastic limits (`memslice.io/gpu-mem-limit`)
+are totals too; a total not divisible by N is refused by name (contract.split_even). A PodRequest holds the
+PER-GPU figures (what every decision fits on each GPU) and `gpus`; the bind record's MiB are totals again
+(`container_mib_total`), its compute shares per GPU (contract.ANN_GPU_COMPUTE). The compute limit annotation is
+a percent of one GPU: each GPU's cap.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from typing import Any
 from memslice import errors
 from memslice.contract import (
     ANN_GPU_COMPUTE_LIMIT,
+    ANN_GPU_COUNT,
     ANN_POLICY,
     MAX_PERCENT,
     POLICIES,
@@ -30,6 +38,8 @@ from memslice.contract import (
     ComputeShare,
     check_share,
     parse_compute_limit,
+    parse_gpu_count,
+    split_even,
 )
 from memslice.elastic import LimitAnnotationError, limit_mib
 
@@ -83,11 +93,13 @@ class ContainerAsk:
 
 @dataclass(frozen=True, slots=True)
 class PodRequest:
-    """The memslice asks of one pod, in devices (MiB = devices × the node's unit)."""
+    """The memslice asks of one pod, in devices (MiB = devices × the node's unit), on EACH of its `gpus` GPUs
+    (the module's docstring: a pod spanning GPUs is held as its per-GPU share)."""
 
     asks: tuple[ContainerAsk, ...]
     policy: str | None  # from the pod annotation; None = the extender's default
     limits: tuple[tuple[str, int], ...] = ()  # elastic memory: container -> limit MiB (memslice.io/gpu-mem-limit)
+    gpus: int = 1  # memslice.io/gpu-count: GPUs of one node the pod spans, each holding the figures above
     devices: int = dc_field(init=False)  # effective devices on the GPU (module docstring: init containers)
     compute: int = dc_field(init=False)  # effective compute percent on the GPU (the same rule); 0: none asked
 
@@ -111,6 +123,15 @@ class PodRequest:
     def container_mib(self, unit_mib: int) -> dict[str, int]:
         return {a.name: a.devices * unit_mib for a in self.asks}
 
+    def container_mib_total(self, unit_mib: int) -> dict[str, int]:
+        """Each container's MiB over all its GPUs (what the bind record holds: contract.ANN_GPU_MEM)."""
+        return {a.name: a.devices * unit_mib * self.gpus for a in self.asks}
+
+    @property
+    def node_devices(self) -> int:
+        """The devices the pod takes of its node in all (what the kubelet counts): per GPU × GPUs."""
+        return self.devices * self.gpus
+
     def limit_sig(self) -> LimitSig:
         """What the pod's limit on a GPU depends on besides the node's unit (the fit memo's key part; see
         limit_total): () when no container has a limit annotation (its limit is its request)."""
@@ -122,7 +143,8 @@ class PodRequest:
 
     def limit_record(self, unit_mib: int) -> dict[str, int]:
         """Container -> limit MiB for the containers whose limit is above their request at this unit (what
-        bind records for the agent); RequestError naming the annotation when a limit is below the request."""
+        bind records for the agent: per GPU; limit_record_total for the record of a pod spanning GPUs);
+        RequestError naming the annotation when a limit is below the request."""
         mib = self.container_mib(unit_mib)
         out = {}
         for name, lim in self.limits:
@@ -133,6 +155,10 @@ class PodRequest:
             if lim > mib[name]:
                 out[name] = lim
         return out
+
+    def limit_record_total(self, unit_mib: int) -> dict[str, int]:
+        """limit_record over all the pod's GPUs (the record of limits is in totals, as contract.ANN_GPU_MEM)."""
+        return {name: lim * self.gpus for name, lim in self.limit_record(unit_mib).items()}
 
 
 def _with_compute_limit(ask: ContainerAsk, annotations: dict[str, Any]) -> ContainerAsk:
@@ -202,6 +228,8 @@ def pod_request(pod: Any) -> PodRequest | None:
     spec = pod.get("spec")
     if not isinstance(spec, dict):
         raise RequestError("Pod.spec is missing or not an object")
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    gpus = _gpu_count(annotations)
     asks: list[ContainerAsk] = []
     names: set[str] = set()
     for field, default_kind in (("initContainers", "init"), ("containers", "app")):
@@ -212,7 +240,10 @@ def pod_request(pod: Any) -> PodRequest | None:
             where = f"Pod.spec.{field}[{i}]"
             devices = _container_devices(c, where)
             compute = _container_devices(c, where, RESOURCE_COMPUTE)
-            if compute > MAX_PERCENT:
+            if compute > MAX_PERCENT * gpus:
+                if gpus > 1:
+                    raise RequestError(f"{where}: {RESOURCE_COMPUTE}={compute} is over 100 percent on each of its "
+                                       f"{gpus} GPUs ({ANN_GPU_COUNT}); ask for at most {MAX_PERCENT * gpus}")
                 raise RequestError(f"{where}: {RESOURCE_COMPUTE}={compute} is over 100 percent of one GPU; a "
                                    f"container's compute share is on one GPU: ask for at most 100")
             if compute and not devices:
@@ -229,10 +260,11 @@ def pod_request(pod: Any) -> PodRequest | None:
             sidecar = default_kind == "init" and c.get("restartPolicy") == "Always"
             kind = "sidecar" if sidecar else default_kind
             if devices:
+                if gpus > 1:
+                    devices, compute = _split(devices, compute, gpus, f"container {name!r}")
                 asks.append(ContainerAsk(name, devices, kind, compute))
     if not asks:
         return None
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
     if isinstance(annotations, dict) and any(isinstance(k, str) and k.startswith(ANN_GPU_COMPUTE_LIMIT)
                                              for k in annotations):
         asks = [_with_compute_limit(a, annotations) for a in asks]
@@ -247,5 +279,33 @@ def pod_request(pod: Any) -> PodRequest | None:
         except LimitAnnotationError as exc:
             raise RequestError(str(exc)) from None
         if lim is not None:
-            limits.append((a.name, lim))
-    return PodRequest(tuple(asks), policy, tuple(limits))
+            limits.append((a.name, _split_limit(lim, gpus, a.name) if gpus > 1 else lim))
+    return PodRequest(tuple(asks), policy, tuple(limits), gpus)
+
+
+def _gpu_count(annotations: Any) -> int:
+    """The pod's memslice.io/gpu-count (1 without it); RequestError naming the value and the fix."""
+    if not isinstance(annotations, dict) or ANN_GPU_COUNT not in annotations:
+        return 1
+    try:
+        return parse_gpu_count(annotations, "pod")
+    except errors.ContractError as exc:
+        raise RequestError(str(exc)) from None
+
+
+def _split(devices: int, compute: int, gpus: int, where: str) -> tuple[int, int]:
+    """A container's totals (devices, compute percent) as its share on each of `gpus` GPUs; RequestError with
+    the contract's message (the figure and a multiple that divides) when one does not divide evenly."""
+    try:
+        return (split_even(devices, gpus, RESOURCE, where),
+                split_even(compute, gpus, RESOURCE_COMPUTE, where) if compute else 0)
+    except errors.ContractError as exc:
+        raise RequestError(str(exc)) from None
+
+
+def _split_limit(limit: int, gpus: int, container: str) -> int:
+    """A container's elastic limit (its total over the GPUs, MiB) per GPU; RequestError when it does not divide."""
+    try:
+        return split_even(limit, gpus, "memslice.io/gpu-mem-limit (MiB)", f"container {container!r}")
+    except errors.ContractError as exc:
+        raise RequestError(str(exc)) from None

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from memslice.contract import Inventory
+from memslice.contract import Inventory, closeness
 from memslice.errors import ContractError
 
 from .records import (
@@ -43,11 +43,14 @@ from .records import (
     pod_entry,
     resource_version,
 )
-from .views import GpuView, NodeView
+from .views import FAR, GpuView, NodeView, Topology
 
 __all__ = ["Charge", "ClusterState", "GpuView", "NodeView", "PodRecord", "pod_entry", "resource_version"]
 log = logging.getLogger(__name__)
 UNKNOWN_RV = 1 << 62  # pending charges wait for a version this new until the bind says otherwise
+MAX_TOPOLOGIES = 1024  # distinct topologies shared (a cluster has a few board types); forgotten when more
+_TOPOLOGIES: dict[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]] = {}
+MAX_TOPOLOGY_GPUS = 64  # GPUs of one node whose closeness is kept pair by pair (more: all counted far apart)
 CHANGE_LOG = 4096  # (generation, node) of the latest view changes, for ClusterState.changed_since
 ViewListener = Callable[[str, "NodeView | None"], None]
 # A node's GPUs: (unit MiB, ((uuid, index, model, MiB, healthy), ...)), from annotations.Inventory
@@ -66,6 +69,7 @@ class ClusterState:
         self.clock = clock
         self.lock = threading.RLock()
         self._inventory: dict[str, NodeGpus | None] = {}  # node -> its GPUs (None: not a memslice node)
+        self._topology: dict[str, Topology] = {}  # node -> how close its GPUs are (absent: nothing known)
         self._node_error: dict[str, str] = {}
         self._gpu_node: dict[str, str] = {}
         self._views: dict[str, NodeView] = {}
@@ -112,13 +116,19 @@ class ClusterState:
     def _set_node(self, name: str, annotations: dict[str, Any]) -> None:
         self._unmap_gpus(name)
         try:
-            inv = _node_gpus(Inventory.parse(name, annotations if isinstance(annotations, dict) else {}))
+            parsed = Inventory.parse(name, annotations if isinstance(annotations, dict) else {})
+            inv = _node_gpus(parsed)
             self._node_error.pop(name, None)
         except ContractError as exc:
             log.warning("%s; the node gets no memslice pods until it is fixed", exc)
-            inv = None
+            parsed = inv = None
             self._node_error[name] = str(exc)
         self._inventory[name] = inv
+        topo = topology(parsed) if parsed is not None else FAR
+        if topo != FAR:
+            self._topology[name] = topo
+        else:
+            self._topology.pop(name, None)
         if inv is not None:
             for g in inv[1]:
                 self._gpu_node[g[0]] = name
@@ -137,6 +147,7 @@ class ClusterState:
             self._seen("nodes", rv)
             self._unmap_gpus(name)
             self._inventory.pop(name, None)
+            self._topology.pop(name, None)
             self._node_error.pop(name, None)
             self._views.pop(name, None)
             self._dirty.discard(name)
@@ -242,6 +253,10 @@ class ClusterState:
 
     def _apply(self, c: ChargeT, sign: int) -> None:
         gpu, node, mib, devices, _, over, compute = c
+        if gpu is not None and "," in gpu:  # a pod spanning GPUs: its share on each (records.py)
+            for one in gpu.split(","):
+                self._apply((one, node, mib, devices, None, over, compute), sign)
+            return
         if gpu is not None:
             if compute:  # pods with a compute share only
                 left = self._compute.get(gpu, 0) + sign * compute
@@ -355,7 +370,7 @@ class ClusterState:
             if self._compute and any(g[0] in self._compute for g in specs):
                 compute = tuple(self._compute.get(g[0], 0) for g in specs)
             view = NodeView.of_rows(name, unit_mib, rows, self._unplaced.get(name, 0) * unit_mib, over=over,
-                                    compute=compute)
+                                    compute=compute, topo=self._topology.get(name, FAR))
         elif name in self._node_error:
             view = NodeView.of(name, 1, (), 0, self._node_error[name])
         if view is None:
@@ -426,8 +441,9 @@ class ClusterState:
             return Charge._make(c) if c is not None else None
 
     def gpu_node(self, uuid: str) -> str | None:
+        """The node of a GPU (or of the first of several joined by commas: a charge spanning GPUs)."""
         with self.lock:
-            return self._gpu_node.get(uuid)
+            return self._gpu_node.get(uuid.split(",", 1)[0] if "," in uuid else uuid)
 
     def counts(self) -> dict[str, int]:
         with self.lock:
@@ -438,6 +454,22 @@ class ClusterState:
     @property
     def synced(self) -> bool:
         return self.nodes_synced.is_set() and self.pods_synced.is_set()
+
+
+def topology(inv: Inventory) -> Topology:
+    """How close the node's GPUs are (views.Topology), in inventory order: the closeness of every pair when
+    they differ, else the one value all pairs share."""
+    gpus = inv.gpus
+    if len(gpus) > MAX_TOPOLOGY_GPUS:  # bounded: a matrix per node of this size would cost more than it tells
+        return FAR
+    matrix = tuple(tuple(0 if a is b else closeness(a, b) for b in gpus) for a in gpus)
+    values = {m for i, row in enumerate(matrix) for j, m in enumerate(row) if i != j}
+    if len(values) <= 1:
+        return values.pop() if values else FAR
+    shared = _TOPOLOGIES.setdefault(matrix, matrix)  # one object per board type: spanning.py keys its sets by it
+    if len(_TOPOLOGIES) > MAX_TOPOLOGIES:
+        _TOPOLOGIES.clear()
+    return shared
 
 
 def _node_gpus(inv: Inventory | None) -> NodeGpus | None:

@@ -30,6 +30,11 @@ class GpuView(NamedTuple):
 
 
 GpuRow = tuple[str, int, str, int, bool, int, int]  # a GpuView's fields as a plain tuple
+# How close a node's GPUs are (contract.closeness: 0 NVLink, 1 same PCIe switch, 2 same NUMA node, 3 otherwise),
+# for pods spanning GPUs: an int when every pair of the node's GPUs is that close (nothing known: 3), else the
+# matrix in `rows` order. Made once per inventory (state.py) and shared by every view of the node.
+Topology = int | tuple[tuple[int, ...], ...]
+FAR = 3  # contract.closeness of two GPUs about which nothing is known
 _mem, _healthy, _free, _free_then_index = itemgetter(3), itemgetter(4), itemgetter(6), itemgetter(6, 1)
 
 
@@ -59,28 +64,30 @@ class NodeView:
     # Compute share: per GPU (in `rows` order) the sum of its pods' compute requests in percent. None: no pod
     # with a compute share here (every GPU's compute is free).
     compute: tuple[int, ...] | None = None
+    topo: Topology = FAR  # how close its GPUs are (Topology above): read only for pods spanning GPUs
 
     @classmethod
     def of(cls, name: str, unit_mib: int, gpus: tuple[GpuView, ...], unplaced_mib: int = 0,
            error: str | None = None, over: tuple[int, ...] | None = None,
-           compute: tuple[int, ...] | None = None) -> NodeView:
+           compute: tuple[int, ...] | None = None, topo: Topology = FAR) -> NodeView:
         return cls.of_rows(name, unit_mib, tuple(map(tuple, gpus)), unplaced_mib, error,  # type: ignore[arg-type]
-                           over, compute)
+                           over, compute, topo)
 
     @classmethod
     def of_rows(cls, name: str, unit_mib: int, rows: tuple[GpuRow, ...], unplaced_mib: int = 0,
                 error: str | None = None, over: tuple[int, ...] | None = None,
-                compute: tuple[int, ...] | None = None) -> NodeView:
+                compute: tuple[int, ...] | None = None, topo: Topology = FAR) -> NodeView:
         # Built for every node at a restart and after every charge: one sort with a C key, and the totals
         # read off the sorted free column (the most free GPU: the first of the largest free, lowest index).
         healthy = rows if all(map(_healthy, rows)) else [r for r in rows if r[4]]
         by_free = tuple(sorted(healthy, key=_free_then_index))
         keys = tuple(map(_free, by_free))
         if not keys:
-            return cls(name, unit_mib, rows, unplaced_mib, error, 0, 0, 0, (), (), None, over, compute)
+            return cls(name, unit_mib, rows, unplaced_mib, error, 0, 0, 0, (), (), None, over, compute, topo)
         top = keys[-1]
         return cls(name, unit_mib, rows, unplaced_mib, error, top, max(map(_mem, healthy)),
-                   sum(k for k in keys if k > 0), by_free, keys, by_free[bisect_left(keys, top)], over, compute)
+                   sum(k for k in keys if k > 0), by_free, keys, by_free[bisect_left(keys, top)], over, compute,
+                   topo)
 
     @property
     def gpus(self) -> tuple[GpuView, ...]:

@@ -152,6 +152,37 @@ def test_a_restarted_extender_rebuilds_the_limit_sums_from_the_recorded_limits()
         cl.wait_used("n", [768])
 
 
+def test_the_cap_holds_on_each_gpu_of_a_pod_spanning_gpus_and_survives_a_restart():
+    """Issue 34: a 2-GPU pod's request and limit are totals, each GPU holding half: its limit counts per GPU
+    against each GPU's cap, at filter and bind, and a restarted extender rebuilds the same per-GPU sums from
+    the recorded limit (a total)."""
+    two = {"memslice.io/gpu-count": "2"}
+    with capped("1.25", node_obj("n", [4096, 4096])) as cl:  # a cap of 5120 MiB of limits per GPU
+        assert cl.c.bind(cl.add_pod(pod_obj("plain", {"main": 1024})), "n") == ""  # binpack: GPU 0
+        tp = cl.add_pod(pod_obj("tp", {"lab": 2048}, annotations={**two, LIMIT: "8192"}))  # 4096 of limit per GPU
+        assert cl.c.filter(tp, ["n"])["NodeNames"] == ["n"]
+        assert cl.c.bind(tp, "n") == ""
+        ann = cl.kube.get("Pod", "default", "tp")["metadata"]["annotations"]
+        assert ann["memslice.io/gpu-uuid"] == "GPU-n-0,GPU-n-1" and json.loads(ann[RECORD]) == {"lab": 8192}
+        cl.wait_used("n", [2048, 1024])
+        for restart in (False, True):
+            if restart:
+                cl.stop()
+                cl.start()  # the sums from the API server alone: 1024 + 4096 on GPU 0, 4096 on GPU 1
+                cl.wait_used("n", [2048, 1024])
+            # GPU 0's limits are at its cap: a pod on both GPUs is refused, one on GPU 1 alone is not
+            both = cl.add_pod(pod_obj(f"both{restart}", {"main": 512}, annotations=two))
+            result = cl.c.filter(both, ["n"])
+            assert not result["NodeNames"] and "within the limit cap" in result["FailedNodes"]["n"], result
+            assert "within the limit cap" in cl.c.bind(both, "n")
+            one = cl.add_pod(pod_obj(f"one{restart}", {"main": 1024}))
+            assert cl.c.filter(one, ["n"])["NodeNames"] == ["n"]
+        # a limit that does not split evenly is refused by name
+        odd = cl.add_pod(pod_obj("odd", {"lab": 2048}, annotations={**two, LIMIT: "8191"}))
+        error = cl.c.filter(odd, ["n"])["Error"]
+        assert "memslice.io/gpu-mem-limit (MiB)=8191 cannot be split evenly over memslice.io/gpu-count=2" in error
+
+
 GARBAGE = ["{not json", '{"lab": -5}', '{"lab": 1e30}', '{"lab": true}', "[]", '{"lab": 99999999999}',
            "x" * 200_000, '{"lab": "4096"}', ""]
 

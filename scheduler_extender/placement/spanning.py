@@ -1,0 +1,423 @@
+"""Decisions for pods that span GPUs (`memslice.io/gpu-count: N`, N > 1), pure functions of a NodeView, as
+decisions.py's for one GPU (which call these when N > 1; a one-GPU pod never comes here).
+
+Fit: N distinct healthy GPUs of the node each have the pod's per-GPU share free: its memory, its compute (the
+GPU's compute requests plus the share at most 100) and, with the limit cap, its limit within R × the GPU's
+memory; and the node's free memory, net of pods bound without the extender, covers N shares.
+
+Choice among the fitting sets: the lowest contract.set_distance first (the sum over pairs of 0 NVLink, 1 the
+same PCIe switch, 2 the same NUMA node, 3 otherwise: tensor-parallel traffic goes between every pair), then the
+policy as for one GPU: binpack takes the set with the least free (the GPUs' free fractions summed, on a node with
+compute shares their free compute fractions added), spread the most; then the lower indices. A node whose GPUs
+are all equally close (one NVSwitch, or nothing known) takes the first N GPUs in the policy's order at once; else
+the sets of a node's topology are made once, grouped by distance, while there are at most MAX_SETS (the usual
+case, `_quick`, tests the GPUs with room as a bit mask against them, closest level first); beyond that
+(a node of a dozen GPUs or more) the best of the sets grown greedily from the first MAX_SEEDS GPUs in the policy's
+order (each step the GPU closest to those taken). A node of more than 64 GPUs is taken as all far apart
+(state.MAX_TOPOLOGY_GPUS).
+
+Score (0..10): 3/4 for closeness, 1/4 for packing: round(10 × (0.75 × (1 − distance / (3 × pairs)) + 0.25 ×
+the mean over the set of the fraction used after placement (binpack) or left free (spread))). So a node with
+an NVLink set free outscores one that has only GPUs across sockets, whatever the packing.
+
+Preemption: for each candidate set of N healthy GPUs large enough, the lowest-priority pods holding memory on
+those GPUs (the largest first within a priority) until each GPU of the set has room, then each given back
+while it still fits; a victim spanning GPUs frees its share on every one of them. Only pods holding memory on
+a GPU of the set are named. The set whose highest victim priority is lowest wins, then the fewest victims,
+then the least MiB, then the closest set, then the lower indices.
+
+The device order of the chosen GPUs (contract: devices 0..N-1 inside the container) is their index order.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterable
+from itertools import combinations
+from math import comb
+from typing import TYPE_CHECKING
+
+from memslice.contract import ANN_GPU_COUNT
+
+from . import decisions as _d  # decisions imports this module too: attributes are read at call time only
+from .constants import MAX_SCORE, MIN_SCORE
+from .views import FAR, GpuRow, GpuView, NodeView
+
+if TYPE_CHECKING:
+    from .decisions import Fit, LimitNeed, Verdict, VictimCandidate
+
+MAX_SETS = 1024  # sets weighed one by one (8 GPUs: at most 70, sets of 4; beyond: grown greedily, see best_set)
+MAX_PREEMPT_SETS = 128  # the same for preemption (each set is a search for victims)
+MAX_SEEDS = 8  # GPUs a greedy search grows sets from (the first in the policy's order): bounded work per verdict
+TOPOLOGY_WEIGHT = 0.75  # the score's part for closeness (the module's docstring)
+
+
+def candidates(view: NodeView, need_mib: int, limit: LimitNeed | None, compute: int) -> list[int]:
+    """Positions (in `rows`) of the healthy GPUs with the share free now: memory, compute and the cap."""
+    capped = limit is not None and _d._capped(view, need_mib, limit)
+    limit_sum, within_limit_cap = _d.limit_sum, _d.within_limit_cap
+    cols = view.compute
+    out = []
+    for i, r in enumerate(view.rows):
+        if not r[4] or r[6] < need_mib:
+            continue
+        if compute and cols is not None and cols[i] + compute > 100:
+            continue
+        if capped and not within_limit_cap(limit_sum(view, i), limit.mib, r[3], limit.ratio):  # type: ignore[union-attr]
+            continue
+        out.append(i)
+    return out
+
+
+def fit(view: NodeView, need_mib: int, limit: LimitNeed | None, compute: int, gpus: int) -> tuple[Fit, list[int]]:
+    """Can the pod be placed here now, and on which GPUs could it go (positions in `rows`)?"""
+    Fit = _d.Fit
+    if view.error:
+        return Fit(False, True, view.error), []
+    if not view.rows:
+        return Fit(False, True, "node advertises no memslice GPUs"), []
+    ok = candidates(view, need_mib, limit, compute)
+    if len(ok) < gpus:
+        never = _never(view, need_mib, limit, gpus)
+        if never is not None:
+            return Fit(False, True, never), []
+        cap = " within the limit cap (--max-limit-ratio)" if limit is not None and _d._capped(view, need_mib,
+                                                                                              limit) else ""
+        return Fit(False, False, _no_room(need_mib, compute, cap, gpus)), []
+    if view.unplaced_mib and view.total_free_mib - view.unplaced_mib < need_mib * gpus:
+        return Fit(False, False, f"pod needs {need_mib} MiB on each of {gpus} GPUs; the node's free GPU memory is "
+                                 f"held by pods bound without the extender (GPU unknown)"), []
+    return Fit(True, False, ""), ok
+
+
+def _no_room(need_mib: int, compute: int, cap: str, gpus: int) -> str:
+    """Why a node whose GPUs are large enough does not take the pod now (one text per cause: no node figure)."""
+    what = f"{need_mib} MiB" + (f" and {compute} percent compute" if compute else "")
+    return f"pod needs {what} on each of {gpus} GPUs ({ANN_GPU_COUNT}); fewer than {gpus} GPUs of the node have " \
+           f"that free{cap} now"
+
+
+def _never(view: NodeView, need_mib: int, limit: LimitNeed | None, gpus: int) -> str | None:
+    """Why no N GPUs of this node could ever hold the pod (even empty); None when N could."""
+    within_limit_cap = _d.within_limit_cap
+    large = [r for r in view.rows if r[4] and r[3] >= need_mib]
+    capped = [r for r in large if limit is None or within_limit_cap(0, limit.mib, r[3], limit.ratio)]
+    if len(capped) >= gpus:
+        return None
+    if sum(1 for r in view.rows if r[4]) < gpus:  # no per-node figure: the scheduler groups nodes by reason
+        return f"pod needs {gpus} GPUs ({ANN_GPU_COUNT}); the node has fewer healthy memslice GPUs"
+    if len(large) >= gpus and limit is not None:
+        return (f"pod's GPU memory limit of {limit.mib} MiB on each of {gpus} GPUs ({ANN_GPU_COUNT}) is above the "
+                f"limit cap (--max-limit-ratio {float(limit.ratio):g}): fewer than {gpus} GPUs of the node could take "
+                f"it even empty; ask for a lower limit")
+    return (f"pod needs {need_mib} MiB on each of {gpus} GPUs ({ANN_GPU_COUNT}); fewer than {gpus} healthy "
+            f"GPUs of the node are that large")
+
+
+def distance(topo: object, positions: Iterable[int]) -> int:
+    """contract.set_distance of the GPUs at these positions, from the view's topology."""
+    ps = list(positions)
+    if isinstance(topo, int):
+        return topo * (len(ps) * (len(ps) - 1) // 2)
+    return sum(topo[a][b] for a, b in combinations(ps, 2))  # type: ignore[index]
+
+
+def _order_value(view: NodeView, i: int) -> float:
+    """What the policy orders GPUs and sets by: the GPU's free fraction (memory, plus compute's when the node
+    has a compute column); binpack takes the least, spread the most."""
+    r = view.rows[i]
+    value = r[6] / r[3]
+    if view.compute is not None:
+        value += (100 - view.compute[i]) / 100
+    return value
+
+
+def best_set(view: NodeView, ok: list[int], policy: str, gpus: int) -> tuple[int, tuple[int, ...]]:
+    """(distance, positions in index order) of the set the policy takes among `ok` (len ≥ gpus): the closest,
+    then the least (binpack) or most (spread) free fraction summed, then the lower indices."""
+    sign = -1.0 if policy == "spread" else 1.0
+    rows = view.rows
+    value = {i: sign * _order_value(view, i) for i in ok}
+    topo = view.topo
+    levels = None if isinstance(topo, int) else _levels(topo, gpus)
+    if levels is not None:  # the node's sets by distance, made once per topology: the closest level that fits
+        mask = 0
+        for i in ok:
+            mask |= 1 << i
+        for d, members in levels:
+            fitting = [pos for m, pos in members if m & mask == m]
+            if fitting:
+                return d, min(fitting, key=lambda pos: (sum(value[i] for i in pos), _indices(rows, pos)))
+        raise AssertionError("a set of `ok` fits")  # pragma: no cover - len(ok) >= gpus
+    order = sorted(ok, key=lambda i: (value[i], rows[i][1]))
+    if isinstance(topo, int):
+        first = order[:gpus]
+        return distance(topo, first), _by_index(view, first)
+    if comb(len(order), gpus) <= MAX_SETS:
+        sets: Iterable[tuple[int, ...]] = combinations(order, gpus)
+    else:
+        sets = (_grow(topo, order, seed, gpus) for seed in order[:MAX_SEEDS])
+    best: tuple[int, float, tuple[int, ...]] | None = None  # (distance, packing, indices)
+    chosen: tuple[int, ...] = ()
+    for s in sets:
+        d = sum(topo[a][b] for a, b in combinations(s, 2))
+        if best is not None and d > best[0]:
+            continue
+        rank = (d, sum(value[i] for i in s), tuple(sorted(rows[i][1] for i in s)))
+        if best is None or rank < best:
+            best, chosen = rank, s
+    assert best is not None
+    return best[0], _by_index(view, chosen)
+
+
+def _indices(rows: tuple[GpuRow, ...], pos: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(sorted(rows[i][1] for i in pos))
+
+
+Levels = tuple[tuple[int, tuple[tuple[int, tuple[int, ...]], ...]], ...]  # (distance, ((mask, positions), ...))
+_LEVELS: dict[tuple[int, int], tuple[object, Levels | None]] = {}  # (id(topology), N) -> (it, its levels)
+MAX_LEVELS_CACHED = 256  # topologies × counts kept (a cluster has a few board types); emptied when full
+
+
+def _levels(topo: tuple[tuple[int, ...], ...], gpus: int) -> Levels | None:
+    """Every set of `gpus` positions of a node with this topology, as bit masks grouped by distance (closest
+    first), each group in index order; None when there are more than MAX_SETS (best_set then grows them). Made
+    once per topology object (state.py shares one per board type) and kept: a verdict then tests masks."""
+    key = (id(topo), gpus)
+    hit = _LEVELS.get(key)
+    if hit is not None and hit[0] is topo:
+        return hit[1]
+    n = len(topo)
+    levels: Levels | None = None
+    if comb(n, gpus) <= MAX_SETS:
+        by: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
+        for pos in combinations(range(n), gpus):
+            d = sum(topo[a][b] for a, b in combinations(pos, 2))
+            by.setdefault(d, []).append((sum(1 << i for i in pos), pos))
+        levels = tuple((d, tuple(by[d])) for d in sorted(by))
+    if len(_LEVELS) >= MAX_LEVELS_CACHED:
+        _LEVELS.clear()
+    _LEVELS[key] = (topo, levels)
+    return levels
+
+
+def _grow(topo: tuple[tuple[int, ...], ...], order: list[int], seed: int, gpus: int) -> tuple[int, ...]:
+    """A set grown from `seed`: each step the GPU closest to those taken (ties: the policy's order)."""
+    taken = [seed]
+    rest = [i for i in order if i != seed]
+    while len(taken) < gpus:
+        nxt = min(rest, key=lambda i: sum(topo[i][t] for t in taken))  # min keeps the first: the policy's order
+        taken.append(nxt)
+        rest.remove(nxt)
+    return tuple(taken)
+
+
+def _by_index(view: NodeView, positions: Iterable[int]) -> tuple[int, ...]:
+    return tuple(sorted(positions, key=lambda i: view.rows[i][1]))
+
+
+# The usual case (no compute share, the limit cap changing nothing, no pods bound without the extender): the
+# healthy GPUs with room, read off the view's free column (bisect), as a bit mask of their positions, tested
+# against the node's sets grouped by distance (made once per topology, _levels), closest level first; the policy
+# decides among that level's fitting sets. Nothing is built per view: a view is rebuilt at every charge.
+_NOT_QUICK = (-1, ())
+
+
+def _quick(view: NodeView, need_mib: int, policy: str, gpus: int) -> tuple[int, tuple[int, ...]] | None:
+    """best_set without the candidates' list: (distance, positions in index order); None when fewer than N
+    healthy GPUs have the share free; _NOT_QUICK when the node has too many sets (the general path grows them)."""
+    topo = view.topo
+    keys = view.free_keys  # healthy GPUs by (free, index): those from k on have room
+    k = bisect_left(keys, need_mib)
+    if len(keys) - k < gpus:
+        return None
+    rows = view.rows
+    if rows[0][1] == 0 and rows[-1][1] == len(rows) - 1:  # indices 0..G-1 (sorted, distinct): index = position
+        room = [r[1] for r in view.free_rows[k:]]
+    else:
+        position = {r[1]: p for p, r in enumerate(rows)}
+        room = [position[r[1]] for r in view.free_rows[k:]]
+    if isinstance(topo, int):  # all pairs alike: the first N in the policy's order
+        chosen = room[:gpus] if policy != "spread" else sorted(room, key=lambda p: (-rows[p][6], rows[p][1]))[:gpus]
+        return topo * (gpus * (gpus - 1) // 2), tuple(sorted(chosen))
+    levels = _levels(topo, gpus)
+    if levels is None:
+        return _NOT_QUICK
+    mask = 0
+    for p in room:
+        mask |= 1 << p
+    for d, members in levels:
+        fitting = [pos for m, pos in members if m & mask == m]
+        if fitting:
+            if len(fitting) == 1:
+                return d, fitting[0]
+            sign = -1.0 if policy == "spread" else 1.0  # positions ascend with the GPU index (rows are by index)
+            return d, min(fitting, key=lambda pos: (sign * sum(rows[p][6] / rows[p][3] for p in pos), pos))
+    return None  # pragma: no cover - N healthy GPUs with room form a set of some level
+
+
+def _most_free(r: GpuRow) -> tuple[int, int]:
+    return -r[6], r[1]
+
+
+def _pick(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None, compute: int, gpus: int
+          ) -> tuple[Fit, int, tuple[int, ...]]:
+    """fit, and where it fits the distance and positions (by index) of the set the policy takes."""
+    if (not compute and not view.unplaced_mib and not view.error and view.rows
+            and not (limit is not None and _d._capped(view, need_mib, limit))):
+        quick = _quick(view, need_mib, policy, gpus)
+        if quick is not None and quick is not _NOT_QUICK:
+            return _d.FITS, quick[0], quick[1]
+        if quick is None:  # no N GPUs have room: never (too few large enough) or not now
+            never = _never(view, need_mib, limit, gpus)
+            return _d.Fit(False, never is not None, never or _no_room(need_mib, compute, "", gpus)), 0, ()
+    f, ok = fit(view, need_mib, limit, compute, gpus)
+    if not f.ok:
+        return f, 0, ()
+    d, positions = best_set(view, ok, policy, gpus)
+    return f, d, positions
+
+
+def score_of(view: NodeView, positions: tuple[int, ...], d: int, need_mib: int, policy: str, compute: int) -> int:
+    """The module's docstring: closeness (3/4) and packing (1/4), 0..10."""
+    pairs = len(positions) * (len(positions) - 1) // 2
+    close = 1 - d / (FAR * pairs) if pairs else 1.0
+    rows, cols = view.rows, view.compute
+    left = 0.0
+    for i in positions:
+        r = rows[i]
+        free = (r[6] - need_mib) / r[3]
+        if compute:
+            free = (free + (100 - (cols[i] if cols is not None else 0) - compute) / 100) / 2
+        left += free
+    left /= len(positions)
+    fraction = left if policy == "spread" else 1 - left
+    value = TOPOLOGY_WEIGHT * close + (1 - TOPOLOGY_WEIGHT) * fraction
+    return max(MIN_SCORE, min(MAX_SCORE, round(MAX_SCORE * value)))
+
+
+def verdict(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None, compute: int,
+            gpus: int) -> Verdict:
+    """fit and score in one go (what the memo keeps)."""
+    f, d, positions = _pick(view, need_mib, policy, limit, compute, gpus)
+    if not f.ok:
+        return False, f.unresolvable, f.reason, MIN_SCORE
+    return True, False, "", score_of(view, positions, d, need_mib, policy, compute)
+
+
+def choose(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None, compute: int,
+           gpus: int) -> tuple[GpuView, ...] | None:
+    """The GPUs the pod gets on this node, in device order (by index); None when it does not fit."""
+    f, _, positions = _pick(view, need_mib, policy, limit, compute, gpus)
+    if not f.ok:
+        return None
+    return tuple(GpuView._make(view.rows[i]) for i in positions)
+
+
+# ------------------------------------------------------------------------------------------ preemption
+
+Freed = dict[str, tuple[int, int, int]]  # GPU UUID -> (MiB, limit MiB above, compute percent) victims free there
+
+
+def _uuids(v: VictimCandidate) -> tuple[str, ...]:
+    return tuple(v.gpu_uuid.split(",")) if "," in v.gpu_uuid else (v.gpu_uuid,)
+
+
+def _freed(victims: list[VictimCandidate]) -> Freed:
+    """What evicting `victims` frees per GPU (a victim spanning GPUs frees its share on each)."""
+    out: Freed = {}
+    for v in victims:
+        for u in _uuids(v):
+            mib, over, compute = out.get(u, (0, 0, 0))
+            out[u] = mib + v.mib, over + v.over, compute + v.compute
+    return out
+
+
+def _gpu_room(view: NodeView, i: int, need_mib: int, freed: Freed, limit: LimitNeed | None, compute: int) -> bool:
+    """Would the GPU at position i take the pod's share once `freed` is gone: memory, compute, the cap?"""
+    r = view.rows[i]
+    mib, over, pct = freed.get(r[0], (0, 0, 0))
+    if not r[4] or r[6] + mib < need_mib:
+        return False
+    if compute and (view.compute[i] if view.compute else 0) - pct + compute > 100:
+        return False
+    return limit is None or _d.within_limit_cap(_d.limit_sum(view, i) - mib - over, limit.mib, r[3], limit.ratio)
+
+
+def _node_room(view: NodeView, gpus: int, need_mib: int, freed: Freed, freed_unplaced_mib: int) -> bool:
+    """The node's free memory once `freed` is gone, net of pods bound without the extender, covers N shares."""
+    total = view.total_free_mib
+    for r in view.rows:
+        f = freed.get(r[0])
+        if f is not None and r[4]:
+            total += max(r[6] + f[0], 0) - max(r[6], 0)
+    return total - max(view.unplaced_mib - freed_unplaced_mib, 0) >= need_mib * gpus
+
+
+def _room_after(view: NodeView, positions: tuple[int, ...], need_mib: int, victims: list[VictimCandidate],
+                freed_unplaced_mib: int, limit: LimitNeed | None, compute: int) -> bool:
+    """Would the pod fit on the GPUs at `positions` once `victims` are gone?"""
+    freed = _freed(victims)
+    return (not view.error and all(_gpu_room(view, i, need_mib, freed, limit, compute) for i in positions)
+            and _node_room(view, len(positions), need_mib, freed, freed_unplaced_mib))
+
+
+def _victims_for_set(view: NodeView, positions: tuple[int, ...], need_mib: int, pods: list[VictimCandidate],
+                     freed_unplaced_mib: int, limit: LimitNeed | None, compute: int) -> list[VictimCandidate] | None:
+    """decisions._victims_on for a set of GPUs: the lowest priority first (the largest first within one) until
+    the set has room, each taken only while a GPU of the set it frees is still short (or the node's total is);
+    then each given back (highest priority first, then smallest) while the set still has room."""
+    at = {view.rows[i][0]: i for i in positions}
+    chosen: list[VictimCandidate] = []
+    for pod in sorted(pods, key=lambda v: (v.priority, -v.mib, v.uid)):
+        if _room_after(view, positions, need_mib, chosen, freed_unplaced_mib, limit, compute):
+            break
+        freed = _freed(chosen)
+        if (any(u in at and not _gpu_room(view, at[u], need_mib, freed, limit, compute) for u in _uuids(pod))
+                or not _node_room(view, len(positions), need_mib, freed, freed_unplaced_mib)):
+            chosen.append(pod)
+    if not _room_after(view, positions, need_mib, chosen, freed_unplaced_mib, limit, compute):
+        return None
+    for pod in sorted(chosen, key=lambda v: (-v.priority, v.mib, v.uid)):
+        rest = [v for v in chosen if v is not pod]
+        if _room_after(view, positions, need_mib, rest, freed_unplaced_mib, limit, compute):
+            chosen = rest
+    return chosen
+
+
+def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCandidate], freed_unplaced_mib: int,
+                       limit: LimitNeed | None, compute: int, gpus: int) -> tuple[str, ...] | None:
+    """decisions.preemption_victims for a pod spanning `gpus` GPUs (the module's docstring)."""
+    if view.error:
+        return None
+    large = [i for i, r in enumerate(view.rows) if r[4] and r[3] >= need_mib]
+    if len(large) < gpus:
+        return None
+    on_node = {r[0] for r in view.rows}
+    pods = [c for c in candidates if any(u in on_node for u in _uuids(c))]
+    if comb(len(large), gpus) <= MAX_PREEMPT_SETS:
+        sets: Iterable[tuple[int, ...]] = combinations(large, gpus)
+    else:  # grown greedily by closeness from the GPUs with the most free first (bounded as best_set's)
+        topo = view.topo
+        matrix = topo if not isinstance(topo, int) else tuple(tuple(topo for _ in view.rows) for _ in view.rows)
+        large.sort(key=lambda i: (-view.rows[i][6], view.rows[i][1]))
+        sets = (_grow(matrix, large, seed, gpus) for seed in large[:MAX_SEEDS])
+    best: tuple[tuple[int, int, int, int, tuple[int, ...]], tuple[str, ...]] | None = None
+    for s in sets:
+        uuids = {view.rows[i][0] for i in s}
+        mine = [c for c in pods if any(u in uuids for u in _uuids(c))]
+        chosen = _victims_for_set(view, s, need_mib, mine, freed_unplaced_mib, limit, compute)
+        if chosen is None:
+            continue
+        if not chosen:
+            return ()
+        rank = (max(v.priority for v in chosen), len(chosen), sum(v.mib * len(_uuids(v)) for v in chosen),
+                distance(view.topo, s), tuple(sorted(view.rows[i][1] for i in s)))
+        if best is None or rank < best[0]:
+            best = rank, tuple(v.uid for v in chosen)
+    return best[1] if best is not None else None
+
+
+def fits_after(view: NodeView, need_mib: int, limit: LimitNeed | None, compute: int, gpus: int) -> bool:
+    """fit's answer alone (decisions.fits_without, on the view with the freed charges gone)."""
+    return fit(view, need_mib, limit, compute, gpus)[0].ok

@@ -1,0 +1,425 @@
+"""Pods that span GPUs (issue 34, item 1, the extender's part): `memslice.io/gpu-count: N` fits a node only where
+N distinct healthy GPUs each have every container's per-GPU share free (memory and compute, the limit cap per
+GPU); among the fitting sets the closest (contract.set_distance: NVLink, then PCIe switch, then NUMA node) wins,
+then binpack/spread; totals not divisible by N are refused by name; bind writes the N UUIDs in one Binding;
+the state charges each GPU its share; preemption frees N GPUs of one node. Pure decisions first, then the
+verbs over real HTTP against the API stand-in. The real kube-scheduler: test_realcluster_spanning.py."""
+
+from __future__ import annotations
+
+import json
+import random
+from fractions import Fraction
+from itertools import combinations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_extender_support import pod_obj, running_cluster
+
+from memslice.contract import ANN_GPU_COUNT, Gpu, Inventory, Reservation, closeness, set_distance
+from memslice.scheduler_extender.placement import decisions, spanning
+from memslice.scheduler_extender.placement.decisions import LimitNeed, VictimCandidate
+from memslice.scheduler_extender.placement.records import pod_record
+from memslice.scheduler_extender.placement.resources import RequestError, pod_request
+from memslice.scheduler_extender.placement.state import ClusterState, topology
+from memslice.scheduler_extender.placement.views import FAR, GpuView, NodeView
+
+GIB = 1024
+
+
+def dgx_like(n: int = 8, mem: int = 16 * GIB) -> list[Gpu]:
+    """NVLink pairs (0,1), (2,3), ...; a PCIe switch per four GPUs; a NUMA node per half of the node."""
+    return [Gpu(f"GPU-{i}", i, "Sim", mem, i * 2 // n, True, nvlink=(i ^ 1,), pcie=f"sw{i // 4}") for i in range(n)]
+
+
+def view_of(gpus: list[Gpu], used: list[int] | None = None, compute: tuple[int, ...] | None = None,
+            over: tuple[int, ...] | None = None, unplaced: int = 0) -> NodeView:
+    used = used or [0] * len(gpus)
+    rows = tuple(GpuView.of(g.uuid, g.index, g.model, g.mem_mib, g.healthy, u) for g, u in zip(gpus, used,
+                                                                                              strict=True))
+    return NodeView.of("n", 1, rows, unplaced, None, over, compute, topology(Inventory(1, tuple(gpus))))
+
+
+def indices(gpus: tuple[GpuView, ...] | None) -> tuple[int, ...] | None:
+    return None if gpus is None else tuple(g.index for g in gpus)
+
+
+# ------------------------------------------------------------------------------------------ requests
+
+def spanning_pod(name: str, containers: dict[str, int], n: int, **kw) -> dict:
+    annotations = {ANN_GPU_COUNT: str(n), **kw.pop("annotations", {})}
+    return pod_obj(name, containers, annotations=annotations, **kw)
+
+
+def test_a_request_is_held_per_gpu_and_its_record_in_totals():
+    req = pod_request(spanning_pod("p", {"serve": 8192, "side": 2048}, 2))
+    assert req is not None and req.gpus == 2 and req.devices == 5120 and req.node_devices == 10240
+    assert req.container_mib(1) == {"serve": 4096, "side": 1024}
+    assert req.container_mib_total(1) == {"serve": 8192, "side": 2048}
+    one = pod_request(pod_obj("q", {"serve": 8192}))
+    assert one is not None and one.gpus == 1 and one.devices == 8192
+
+
+@pytest.mark.parametrize(("containers", "n", "words"), [
+    ({"serve": 4097}, 2, "memslice.io/gpu-mem=4097 cannot be split evenly over memslice.io/gpu-count=2 GPUs; "
+                         "request a multiple of 2 (e.g. 4098)"),
+    ({"a": 4096, "b": 1026}, 4, "container 'b': memslice.io/gpu-mem=1026 cannot be split evenly"),
+])
+def test_a_total_not_divisible_is_refused_by_name(containers, n, words):
+    with pytest.raises(RequestError) as exc:
+        pod_request(spanning_pod("p", containers, n))
+    assert words in str(exc.value)
+
+
+@pytest.mark.parametrize("bad", ["0", "17", "two", "-2", "2.0"])
+def test_a_bad_gpu_count_is_refused_by_name(bad):
+    with pytest.raises(RequestError) as exc:
+        pod_request(spanning_pod("p", {"serve": 4096}, 2, annotations={ANN_GPU_COUNT: bad}))
+    assert f"memslice.io/gpu-count={bad!r}" in str(exc.value)
+
+
+def test_compute_is_a_total_split_per_gpu_and_its_limit_a_percent_of_each():
+    pod = spanning_pod("p", {"serve": 4096}, 2, annotations={"memslice.io/gpu-compute-limit": "60"})
+    pod["spec"]["containers"][0]["resources"]["limits"]["memslice.io/gpu-compute"] = "80"
+    req = pod_request(pod)
+    assert req is not None and req.compute == 40
+    assert [(s.container, s.request, s.limit) for s in req.compute_record()] == [("serve", 40, 60)]
+    pod["spec"]["containers"][0]["resources"]["limits"]["memslice.io/gpu-compute"] = "201"
+    with pytest.raises(RequestError, match="over 100 percent on each of its 2 GPUs"):
+        pod_request(pod)
+
+
+# ------------------------------------------------------------------------------------------ fit and choice
+
+def test_two_gpus_take_an_nvlink_pair_and_four_the_closest_switch():
+    gpus = dgx_like()
+    view = view_of(gpus)
+    assert indices(decisions.choose_gpus(view, 4 * GIB, "binpack", gpus=2)) == (0, 1)
+    # GPU 1 full: not (0, 2) on one switch, but the next free NVLink pair
+    view = view_of(gpus, [0, 16 * GIB, 0, 0, 0, 0, 0, 0])
+    assert indices(decisions.choose_gpus(view, 4 * GIB, "binpack", gpus=2)) == (2, 3)
+    # four: two NVLink pairs under one switch (distance 0 + 0 + 4 × 1), not pairs across switches
+    view = view_of(gpus, [0, 0, 0, 16 * GIB, 0, 0, 0, 0])
+    assert indices(decisions.choose_gpus(view, 4 * GIB, "binpack", gpus=4)) == (4, 5, 6, 7)
+    assert set_distance([gpus[i] for i in (4, 5, 6, 7)]) == 4
+
+
+def test_binpack_and_spread_decide_among_sets_equally_close():
+    gpus = dgx_like()
+    used = [12 * GIB, 12 * GIB, 2 * GIB, 2 * GIB, 0, 0, 8 * GIB, 8 * GIB]
+    view = view_of(gpus, used)
+    assert indices(decisions.choose_gpus(view, 4 * GIB, "binpack", gpus=2)) == (0, 1)  # least free that fits
+    assert indices(decisions.choose_gpus(view, 4 * GIB, "spread", gpus=2)) == (4, 5)  # most free
+    assert indices(decisions.choose_gpus(view, 6 * GIB, "binpack", gpus=2)) == (6, 7)  # (0, 1) too full
+    # a node whose GPUs are all equally close (nothing known, or one NVSwitch): the policy alone
+    plain = [Gpu(f"GPU-{i}", i, "Sim", 16 * GIB, None, True) for i in range(4)]
+    view = view_of(plain, [4 * GIB, 12 * GIB, 0, 8 * GIB])
+    assert view.topo == FAR
+    assert indices(decisions.choose_gpus(view, 4 * GIB, "binpack", gpus=2)) == (1, 3)
+    assert indices(decisions.choose_gpus(view, 4 * GIB, "spread", gpus=2)) == (0, 2)
+
+
+def test_fits_only_where_n_gpus_each_have_the_share():
+    gpus = dgx_like(4)
+    full = 16 * GIB
+    view = view_of(gpus, [full, full, full, 12 * GIB])
+    ok, never, reason, _ = decisions.verdict(view, 4 * GIB, "binpack", gpus=2)
+    assert not ok and not never and "fewer than 2 GPUs of the node have that free" in reason
+    # the node's total free (8 GiB on one GPU... spread over two) is not enough: 4 GiB on each of TWO GPUs
+    view = view_of(gpus, [full, full, 12 * GIB, 12 * GIB])
+    assert decisions.verdict(view, 4 * GIB, "binpack", gpus=2)[0]
+    assert not decisions.verdict(view, 4 * GIB, "binpack", gpus=3)[0]
+    # never: too few GPUs, or too few large enough, or unhealthy ones
+    v = decisions.verdict(view_of(gpus[:1]), 4 * GIB, "binpack", gpus=2)
+    assert v[:2] == (False, True) and "the node has fewer healthy memslice GPUs" in v[2]
+    v = decisions.verdict(view_of(gpus), 17 * GIB, "binpack", gpus=2)
+    assert v[:2] == (False, True) and "fewer than 2 healthy GPUs of the node are that large" in v[2]
+    sick = [g._replace(healthy=i != 1) for i, g in enumerate(gpus)]
+    assert indices(decisions.choose_gpus(view_of(sick), 4 * GIB, "binpack", gpus=2)) == (2, 3)
+    # pods bound without the extender hold memory of the node: it must still cover the N shares
+    assert not decisions.verdict(view_of(gpus, unplaced=60 * GIB), 4 * GIB, "binpack", gpus=2)[0]
+    assert decisions.verdict(view_of(gpus, unplaced=56 * GIB), 4 * GIB, "binpack", gpus=2)[0]
+
+
+def test_compute_and_the_limit_cap_are_per_gpu():
+    gpus = dgx_like(4)
+    view = view_of(gpus, compute=(80, 0, 10, 10))  # GPU 0 has 20 percent left
+    assert indices(decisions.choose_gpus(view, 4 * GIB, "binpack", compute=30, gpus=2)) == (2, 3)
+    assert indices(decisions.choose_gpus(view, 4 * GIB, "binpack", compute=20, gpus=2)) == (0, 1)
+    assert not decisions.verdict(view, 4 * GIB, "binpack", compute=95, gpus=2)[0]
+    # the cap (1.5 × 16 GiB = 24 GiB of limits per GPU): GPUs 0 and 1 carry 16 GiB of limits above their use
+    view = view_of(gpus, over=(16 * GIB, 16 * GIB, 0, 0))
+    need = LimitNeed(10 * GIB, Fraction(3, 2))
+    assert indices(decisions.choose_gpus(view, 4 * GIB, "binpack", need, gpus=2)) == (2, 3)
+    need = LimitNeed(8 * GIB, Fraction(3, 2))  # 16 + 8 = 24: exactly the cap
+    assert indices(decisions.choose_gpus(view, 4 * GIB, "binpack", need, gpus=2)) == (0, 1)
+    v = decisions.verdict(view, 4 * GIB, "binpack", LimitNeed(25 * GIB, Fraction(3, 2)), gpus=2)
+    assert v[:2] == (False, True) and "limit cap" in v[2]
+
+
+def test_a_close_set_scores_higher_than_a_far_one():
+    near = view_of(dgx_like())
+    far = view_of([Gpu(f"GPU-{i}", i, "Sim", 16 * GIB, i, True) for i in range(8)])
+    assert far.topo == FAR
+    for policy in ("binpack", "spread"):
+        assert decisions.score(near, 4 * GIB, policy, gpus=2) > decisions.score(far, 4 * GIB, policy, gpus=2)
+    # among nodes alike in closeness, the policy: binpack prefers the fuller
+    fuller = view_of(dgx_like(), [8 * GIB] * 8)
+    assert decisions.score(fuller, 4 * GIB, "binpack", gpus=2) > decisions.score(near, 4 * GIB, "binpack", gpus=2)
+    assert decisions.score(fuller, 4 * GIB, "spread", gpus=2) < decisions.score(near, 4 * GIB, "spread", gpus=2)
+    # a one-GPU pod's score is what it was
+    assert decisions.score(near, 4 * GIB, "binpack") == round(10 * 4 / 16)
+
+
+def test_a_node_beyond_the_sets_weighed_one_by_one_is_grown_greedily():
+    gpus = [Gpu(f"GPU-{i}", i, "Sim", 16 * GIB, i // 8, True, nvlink=tuple(j for j in range(i // 4 * 4, i // 4 * 4 + 4)
+                                                                          if j != i), pcie=f"sw{i // 8}")
+            for i in range(16)]
+    view = view_of(gpus, [16 * GIB if i in (0, 5) else 0 for i in range(16)])
+    assert spanning.MAX_SETS < 3003  # C(14, 8) sets: grown greedily
+    chosen = indices(decisions.choose_gpus(view, 4 * GIB, "binpack", gpus=8))
+    assert chosen is not None and len(set(chosen)) == 8 and not {0, 5} & set(chosen)
+    # the greedy set keeps NVLink groups whole where it can: the two full groups of four (8..15)
+    assert chosen == tuple(range(8, 16))
+
+
+@st.composite
+def nodes(draw):
+    n = draw(st.integers(2, 7))
+    gpus = []
+    links = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=6))
+    for i in range(n):
+        peers = tuple(sorted({b for a, b in links if a == i and b != i} | {a for a, b in links if b == i and a != i}))
+        gpus.append(Gpu(f"GPU-{i}", i, "Sim", draw(st.sampled_from([8, 16])) * GIB, draw(st.sampled_from([0, 1, None])),
+                        draw(st.booleans()) or i == 0, nvlink=peers, pcie=draw(st.sampled_from([None, "a", "b"]))))
+    used = [draw(st.integers(0, g.mem_mib)) for g in gpus]
+    return gpus, used
+
+
+@settings(max_examples=150, deadline=None)
+@given(nodes(), st.integers(2, 4), st.sampled_from([1, 2, 4, 6]), st.sampled_from(["binpack", "spread"]))
+def test_the_choice_is_n_gpus_with_room_and_no_closer_set_fits(node, n, need_gib, policy):
+    gpus, used = node
+    view = view_of(gpus, used)
+    need = need_gib * GIB
+    chosen = decisions.choose_gpus(view, need, policy, gpus=n)
+    fitting = [s for s in combinations(range(len(gpus)), n)
+               if all(gpus[i].healthy and gpus[i].mem_mib - used[i] >= need for i in s)]
+    assert (chosen is None) == (not fitting)
+    assert decisions.verdict(view, need, policy, gpus=n)[0] == bool(fitting)
+    if chosen is not None:
+        picked = [g.index for g in chosen]
+        assert len(set(picked)) == n and picked == sorted(picked)
+        assert all(g.healthy and g.free_mib >= need for g in chosen)
+        best = min(set_distance([gpus[i] for i in s]) for s in fitting)
+        assert set_distance([gpus[i] for i in picked]) == best
+        assert all(closeness(gpus[a], gpus[b]) == view.topo if isinstance(view.topo, int) else True
+                   for a, b in combinations(picked, 2))
+
+
+# ------------------------------------------------------------------------------------------ preemption
+
+def victim(uid: str, gpus: tuple[int, ...], mib: int, priority: int = 0) -> VictimCandidate:
+    return VictimCandidate(uid, ",".join(f"GPU-{i}" for i in gpus), mib, 0, priority)
+
+
+def test_a_two_gpu_preemptor_frees_two_gpus_of_one_node():
+    gpus = dgx_like(4)
+    view = view_of(gpus, [16 * GIB] * 4)
+    pods = [victim("a0", (0,), 16 * GIB, 1), victim("a1", (1,), 16 * GIB, 1), victim("b2", (2,), 16 * GIB, 0),
+            victim("b3", (3,), 16 * GIB, 5)]
+    # lowest priority first: GPU 2's pod (0) and then... (2,3) costs priority 5, (0,1) priority 1
+    assert set(decisions.preemption_victims(view, 8 * GIB, pods, gpus=2) or ()) == {"a0", "a1"}
+    # the same priorities: the fewest victims. One 2-GPU pod on (2, 3) frees both GPUs at once
+    pods = [victim("a0", (0,), 16 * GIB, 1), victim("a1", (1,), 16 * GIB, 1), victim("pair", (2, 3), 16 * GIB, 1)]
+    assert decisions.preemption_victims(view, 8 * GIB, pods, gpus=2) == ("pair",)
+    # never a pod on a GPU the preemptor will not use: 4 GiB needed, GPU 0 has 4 GiB free already
+    view = view_of(gpus, [12 * GIB, 16 * GIB, 16 * GIB, 16 * GIB])
+    pods = [victim("x1", (1,), 8 * GIB, 1), victim("x2", (2,), 8 * GIB, 0), victim("x3", (3,), 16 * GIB, 0)]
+    chosen = decisions.preemption_victims(view, 4 * GIB, pods, gpus=2)
+    assert chosen in {("x2",), ("x3",)}  # priority 0 first; a set with GPU 0 needs one more victim
+    # one GPU short only: no GPU pod needs evicting where two GPUs have room already
+    assert decisions.preemption_victims(view_of(gpus, [0, 0, 16 * GIB, 16 * GIB]), 8 * GIB, pods, gpus=2) == ()
+    # too few GPUs large enough: none
+    assert decisions.preemption_victims(view_of(gpus[:1]), 8 * GIB, pods, gpus=2) is None
+
+
+def test_a_one_gpu_preemptor_may_evict_a_pod_spanning_gpus():
+    gpus = dgx_like(2)
+    view = view_of(gpus, [16 * GIB, 16 * GIB])
+    assert decisions.preemption_victims(view, 16 * GIB, [victim("pair", (0, 1), 16 * GIB)]) == ("pair",)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([(0,), (1,), (2,), (3,), (0, 1), (2, 3), (1, 2)]),
+                          st.sampled_from([4, 8]), st.integers(0, 3)), max_size=8),
+       st.sampled_from([4, 8, 12]))
+def test_preemption_victims_make_room_on_n_gpus_they_sit_on(pods, need_gib):
+    gpus = dgx_like(4)
+    used = [0] * 4
+    victims = []
+    for k, (on, gib, prio) in enumerate(pods):
+        if all(used[i] + gib * GIB <= 16 * GIB for i in on):
+            for i in on:
+                used[i] += gib * GIB
+            victims.append(victim(f"v{k}", on, gib * GIB, prio))
+    view = view_of(gpus, used)
+    chosen = decisions.preemption_victims(view, need_gib * GIB, victims, gpus=2)
+    if chosen is None:
+        return
+    gone = [v for v in victims if v.uid in chosen]
+    freed = [0] * 4
+    for v in gone:
+        for u in v.gpu_uuid.split(","):
+            freed[int(u.split("-")[1])] += v.mib
+    room = [i for i in range(4) if 16 * GIB - used[i] + freed[i] >= need_gib * GIB]
+    sets = [s for s in combinations(room, 2)]
+    assert sets, (used, chosen)
+    # every victim sits on a GPU of some set that then has room
+    assert any(all(any(f"GPU-{i}" in v.gpu_uuid.split(",") for i in s) for v in gone) for s in sets)
+
+
+# ------------------------------------------------------------------------------------------ the state
+
+def test_a_reservation_on_n_gpus_charges_each_its_share_and_frees_them_all():
+    state = ClusterState()
+    state.replace_nodes([{"metadata": {"name": "n", "annotations": Inventory(1, tuple(dgx_like(4))).format()}}])
+    ann = Reservation("GPU-2,GPU-3", (("serve", 8192), ("side", 2048)), None).format()
+    ann[ANN_GPU_COUNT] = "2"
+    pod = spanning_pod("p", {"serve": 8192, "side": 2048}, 2, annotations=ann, node="n")
+    pod["metadata"]["uid"] = "u1"
+    pod["metadata"]["resourceVersion"] = "5"
+    rec = pod_record(pod)
+    assert rec is not None and rec[6] == "GPU-2,GPU-3" and rec[7] == 5120
+    state.replace_pods([("u1", rec, 5)], 5)
+    view = state.view("n")
+    assert view is not None and [g.used_mib for g in view.gpus] == [0, 0, 5120, 5120]
+    assert state.gpu_node("GPU-2,GPU-3") == "n"
+    state.delete_pod(pod)
+    assert [g.used_mib for g in state.view("n").gpus] == [0, 0, 0, 0]
+
+
+def test_a_node_topology_is_kept_once_per_inventory():
+    inv = Inventory(1, tuple(dgx_like(4)))
+    topo = topology(inv)
+    assert topo == ((0, 0, 1, 1), (0, 0, 1, 1), (1, 1, 0, 0), (1, 1, 0, 0))
+    assert topology(Inventory(1, tuple(Gpu(f"G{i}", i, "m", 1, 0, True) for i in range(3)))) == 2  # one NUMA node
+    assert topology(Inventory(1, tuple(Gpu(f"G{i}", i, "m", 1, None, True) for i in range(3)))) == FAR
+
+
+# ------------------------------------------------------------------------------------------ the verbs, over HTTP
+
+def node8(name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "annotations": Inventory(1, tuple(g._replace(uuid=f"{name}-{g.uuid}")
+                                                                         for g in dgx_like())).format()}}
+
+
+def test_filter_prioritize_and_bind_a_pod_on_two_gpus():
+    with running_cluster() as cl:
+        cl.start()
+        cl.add_node(node8("n1"))
+        cl.add_node({"apiVersion": "v1", "kind": "Node",
+                     "metadata": {"name": "far", "annotations": Inventory(1, tuple(
+                         Gpu(f"far-{i}", i, "Sim", 16 * GIB, i, True) for i in range(8))).format()}})
+        odd = cl.add_pod(spanning_pod("odd", {"serve": 4097}, 2))
+        body = cl.c.filter(odd, ["n1", "far"])
+        assert not body["NodeNames"] and "cannot be split evenly over memslice.io/gpu-count=2" in body["Error"]
+        pod = cl.add_pod(spanning_pod("tp", {"serve": 8192}, 2))
+        assert cl.c.filter(pod, ["n1", "far"])["NodeNames"] == ["n1", "far"]
+        scores = cl.c.prioritize(pod, ["n1", "far"])
+        assert scores["n1"] > scores["far"]  # an NVLink pair against GPUs across sockets
+        assert cl.c.bind(pod, "n1") == ""
+        ann = cl.kube.get("Pod", "default", "tp")["metadata"]["annotations"]
+        assert ann["memslice.io/gpu-uuid"] == "n1-GPU-0,n1-GPU-1"
+        assert json.loads(ann["memslice.io/gpu-mem-mib"]) == {"serve": 8192}
+        cl.wait_used("n1", [4096, 4096, 0, 0, 0, 0, 0, 0])
+        # binpack: the fullest pair that still fits (12 GiB each: GPUs 0 and 1 exactly); a one-GPU pod next
+        pod2 = cl.add_pod(spanning_pod("tp2", {"serve": 24576}, 2))
+        assert cl.c.bind(pod2, "n1") == ""
+        one = cl.add_pod(pod_obj("one", {"main": 4096}))
+        assert cl.c.bind(one, "n1") == ""
+        cl.wait_used("n1", [16384, 16384, 4096, 0, 0, 0, 0, 0])
+        # four GPUs of 8 GiB each: two NVLink pairs under one switch, the other switch's (2 and 3 would join
+        # GPUs across sockets)
+        four = cl.add_pod(spanning_pod("tp4", {"serve": 32768}, 4))
+        assert cl.c.bind(four, "n1") == ""
+        assert cl.kube.get("Pod", "default", "tp4")["metadata"]["annotations"]["memslice.io/gpu-uuid"] == (
+            "n1-GPU-4,n1-GPU-5,n1-GPU-6,n1-GPU-7")
+        cl.wait_used("n1", [16384, 16384, 4096, 0, 8192, 8192, 8192, 8192])
+        # no two GPUs have 16 GiB free: refused at filter and at bind, by the same reason
+        big = cl.add_pod(spanning_pod("big", {"serve": 32768}, 2))
+        body = cl.c.filter(big, ["n1"])
+        assert not body["NodeNames"] and "fewer than 2 GPUs" in body["FailedNodes"]["n1"]
+        assert "fewer than 2 GPUs" in cl.c.bind(big, "n1")
+
+
+def test_a_restarted_extender_charges_each_gpu_from_the_record():
+    with running_cluster() as cl:
+        cl.start()
+        cl.add_node(node8("n1"))
+        pod = cl.add_pod(spanning_pod("tp", {"serve": 8192}, 4))
+        assert cl.c.bind(pod, "n1") == ""
+        cl.wait_used("n1", [2048] * 4 + [0] * 4)
+        cl.stop()
+        cl.start()
+        cl.wait_used("n1", [2048] * 4 + [0] * 4)
+
+
+# ------------------------------------------------------------------------------------------ the fit memo
+
+def test_the_memo_answers_for_pods_spanning_gpus_what_fresh_decisions_do():
+    """The memo empties a spanning table's cells at each view change and makes them when next asked: whatever
+    binds and releases land in between, its verdicts, scores and the filter/prioritize pair of the verbs are a
+    fresh computation's (including views whose set memo, NodeView.span, was made before the change)."""
+    from memslice.scheduler_extender.edge.metrics import Metrics
+    from memslice.scheduler_extender.edge.verbs import Verbs
+    from memslice.scheduler_extender.index.fitmemo import FitMemo
+    from memslice.scheduler_extender.placement.state import Charge
+
+    rng = random.Random(34)
+    state = ClusterState()
+    nodes = {}
+    for n in range(6):
+        gpus = dgx_like(8 if n % 3 else 4, rng.choice((16, 24)) * GIB)
+        if n == 5:  # nothing known of its topology
+            gpus = [g._replace(nvlink=(), pcie=None, numa=None) for g in gpus]
+        gpus = [g._replace(uuid=f"n{n}-{g.uuid}") for g in gpus]
+        nodes[f"n{n}"] = gpus
+        state.upsert_node({"metadata": {"name": f"n{n}", "annotations": Inventory(1, tuple(gpus)).format()}})
+    state.nodes_synced.set()
+    state.pods_synced.set()
+    names = [*nodes, "unknown"]
+    memo = FitMemo(state)
+    verbs = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # binds charged here
+    holds: list[str] = []
+    for step in range(150):
+        n, per, policy = rng.choice((2, 4, 1)), rng.choice((2, 4, 8, 12)) * GIB, rng.choice(("binpack", "spread"))
+        key = (per, policy, (), 0, n) if n > 1 else (per, policy)
+        verdicts = memo.verdicts(names, key)
+        for name, v in zip(names, verdicts, strict=True):
+            view = state.view(name)
+            assert (v is None) == (view is None)
+            if view is not None:
+                want = decisions.verdict(view, per, policy, gpus=n)
+                assert v[:2] == want[:2] and v[3] == want[3] and (v[0] or v[2] == want[2]), (step, name, v, want)
+        pod = spanning_pod(f"p{step}", {"main": per * n}, n, policy=policy) if n > 1 else pod_obj(
+            f"p{step}", {"main": per}, policy=policy)
+        pod["metadata"]["uid"] = f"u{step}"
+        code, answer = verbs.filter({"Pod": pod, "NodeNames": names[:-1]})
+        assert code == 200
+        for _ in range(rng.choice((0, 1, 3))):  # binds of other pods (some spanning GPUs) land in between
+            if rng.random() < 0.7 or not holds:
+                node = rng.choice(list(nodes))
+                k = rng.choice((1, 1, 2, 4))
+                picked = decisions.choose_gpus(state.view(node), 2 * GIB, "binpack", gpus=k)
+                if picked:
+                    holds.append(f"h{step}-{len(holds)}")
+                    state.hold(holds[-1], Charge(",".join(g.uuid for g in picked), node, 2 * GIB, 0, None))
+            else:
+                state.release(holds.pop(rng.randrange(len(holds))), None)
+        if answer["NodeNames"]:
+            args = {"Pod": pod, "NodeNames": answer["NodeNames"]}
+            fresh = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]
+            assert verbs.prioritize(args) == fresh.prioritize(args), step

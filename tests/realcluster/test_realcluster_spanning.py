@@ -1,0 +1,227 @@
+"""Pods that span GPUs with the real kube-scheduler (issue 34, item 5): deploy/'s scheduler configuration and
+the extender over mutual TLS (as test_real_scheduler.py runs them) place 2- and 4-GPU pods (`memslice.io/gpu-count`)
+among one-GPU pods on 8-GPU nodes whose inventories carry their topology (NVLink pairs, two PCIe switches, two
+NUMA nodes, as the node agent publishes them): every pod on N distinct GPUs of its node, no GPU over capacity,
+each 2-GPU pod on an NVLink pair and each 4-GPU pod under one PCIe switch; and a 2-GPU preemptor gets two whole
+GPUs of one node through the preempt verb, its victims only on those two GPUs."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from kube_real import RealCluster, kubelet_token, wait_until
+from prometheus_client import generate_latest
+from test_deploy_render import NAMESPACE, RESOURCE, SCHEDULER_NAME, render
+from test_real_scheduler import deploy_limit_ratio, scheduler_config, tls_files
+
+from memslice.contract import ANN_GPU_COUNT, Gpu, Inventory, set_distance
+from memslice.kube.config import load_api_client
+from memslice.scheduler_extender.app import Config, Extender
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("kube")]
+NS = "real-span"
+GIB = 1024
+POOL = [f"gpu-{i}" for i in range(34, 38)]  # 4 nodes × 8 × 24 GiB (kube_real.KUBELET_NODES)
+PREEMPT = "gpu-38"  # 4 × 16 GiB, NVLink pairs (0, 1) and (2, 3)
+
+
+def topology_gpus(node: str, count: int, gib: int) -> list[Gpu]:
+    """As the node agent publishes an 8-GPU board: NVLink pairs (0, 1), (2, 3), ...; a PCIe switch per four
+    GPUs; a NUMA node per half."""
+    return [Gpu(f"GPU-{node}-{i}", i, f"Sim-{gib}G", gib * GIB, i * 2 // count, True, nvlink=(i ^ 1,),
+                pcie=f"{node}-sw{i // 4}") for i in range(count)]
+
+
+def add_node(cluster: RealCluster, name: str, count: int, gib: int, pool: str) -> list[Gpu]:
+    gpus = topology_gpus(name, count, gib)
+    cluster.register_node(name, labels={"memslice-test/pool": pool}, capacity={RESOURCE: str(count * gib * GIB)})
+    cluster.ok("PATCH", f"/api/v1/nodes/{name}", {"metadata": {"annotations": Inventory(1, tuple(gpus)).format()}},
+               content_type="application/merge-patch+json")
+    return gpus
+
+
+def pod_body(name: str, mib: int, gpus: int, pool: str, priority: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"schedulerName": SCHEDULER_NAME, "nodeSelector": {"memslice-test/pool": pool},
+                            "containers": [{"name": "main", "image": "cuda",
+                                            "resources": {"limits": {RESOURCE: str(mib)}}}]}
+    if priority:
+        spec["priorityClassName"] = priority
+    meta: dict[str, Any] = {"name": name, "namespace": NS}
+    if gpus > 1:
+        meta["annotations"] = {ANN_GPU_COUNT: str(gpus)}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+class World:
+    def __init__(self, cluster: RealCluster, ext: Extender, sched: Any, gpus: dict[str, Gpu]) -> None:
+        self.cluster, self.ext, self.sched, self.gpus = cluster, ext, sched, gpus
+
+    def pods(self) -> list[dict[str, Any]]:
+        return list(self.cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods?limit=5000")["items"])
+
+    def create(self, bodies: list[dict[str, Any]]) -> None:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda b: self.cluster.ok("POST", f"/api/v1/namespaces/{NS}/pods", b), bodies))
+
+    def verb_calls(self, verb: str) -> float:
+        text = generate_latest(self.ext.metrics.registry).decode()
+        return sum(float(m.group(1)) for m in re.finditer(
+            rf'memslice_extender_requests_total{{code="200",verb="{verb}"}} (\S+)', text))
+
+    def settled(self, names: set[str]) -> dict[str, dict[str, Any]] | None:
+        """The pods by name once each is bound or marked unschedulable; None before."""
+        pods = {p["metadata"]["name"]: p for p in self.pods() if p["metadata"]["name"] in names}
+        for p in pods.values():
+            conds = {c["type"]: c for c in p.get("status", {}).get("conditions", [])}
+            if not p["spec"].get("nodeName") and conds.get("PodScheduled", {}).get("reason") != "Unschedulable":
+                return None
+        return pods if len(pods) == len(names) else None
+
+
+@pytest.fixture(scope="module")
+def world(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    cluster = real_cluster
+    objs = render("base")
+    cluster.apply(sorted(objs, key=lambda o: o["kind"] != "Namespace"))
+    cluster.ensure_namespace(NS)
+    gpus = {}
+    for name in POOL:
+        gpus.update({g.uuid: g for g in add_node(cluster, name, 8, 24, "span")})
+    gpus.update({g.uuid: g for g in add_node(cluster, PREEMPT, 4, 16, "span-preempt")})
+    tls = tls_files(cluster, tmp_path_factory.mktemp("tls"))
+    server = tls / "memslice-extender-tls"
+    api, _ = load_api_client(str(cluster.kubeconfig("span-extender", cluster.token(NAMESPACE, "memslice-extender"))),
+                             pool_maxsize=16)
+    config = Config(address="127.0.0.1", port=0, watch_timeout=60, tls_cert_file=str(server / "tls.crt"),
+                    tls_key_file=str(server / "tls.key"), tls_client_ca_file=str(server / "ca.crt"),
+                    max_limit_ratio=deploy_limit_ratio(objs))
+    ext = Extender(api, config).start()
+    sched = None
+    try:
+        assert ext.wait_synced(30), "extender did not sync"
+        assert ext.state.wait_for(lambda s: all(s.view(n) is not None for n in [*POOL, PREEMPT]), 30)
+        sched_config = scheduler_config(cluster, int(ext.url.rsplit(":", 1)[1]), tls)
+        sched_config["leaderElection"] = {"leaderElect": False}  # this module's scheduler alone serves the name
+        sched = cluster.start_scheduler(sched_config, "memslice-scheduler-span")
+        yield World(cluster, ext, sched, gpus)
+    finally:
+        if sched is not None:
+            sched.stop()
+        ext.stop()
+
+
+def placements(world: World, pods: list[dict[str, Any]]) -> dict[str, tuple[Gpu, ...]]:
+    """Pod name -> its GPUs, each bound pod checked: as many distinct GPUs of its own node as it asked for,
+    and no GPU holding more than it has (each GPU of a pod holds the pod's total / N)."""
+    used: dict[str, int] = {}
+    out = {}
+    for p in pods:
+        node = p["spec"].get("nodeName")
+        if not node or p["metadata"].get("deletionTimestamp"):
+            continue
+        ann = p["metadata"].get("annotations", {})
+        uuids = ann.get("memslice.io/gpu-uuid", "").split(",")
+        want = int(ann.get(ANN_GPU_COUNT, "1"))
+        name = p["metadata"]["name"]
+        assert len(uuids) == want == len(set(uuids)), (name, uuids)
+        assert all(u.startswith(f"GPU-{node}-") for u in uuids), (name, node, uuids)
+        total = sum(json.loads(ann["memslice.io/gpu-mem-mib"]).values())
+        assert total == int(p["spec"]["containers"][0]["resources"]["limits"][RESOURCE]), name
+        for u in uuids:
+            used[u] = used.get(u, 0) + total // want
+        out[name] = tuple(world.gpus[u] for u in uuids)
+    over = {u: (m, world.gpus[u].mem_mib) for u, m in used.items() if m > world.gpus[u].mem_mib}
+    assert not over, f"over-committed GPUs: {over}"
+    return out
+
+
+def test_two_and_four_gpu_pods_among_one_gpu_pods(world: World) -> None:
+    rng = random.Random(34)
+    bodies = []
+    for i in range(12):  # 2 GPUs × 4..8 GiB
+        bodies.append(pod_body(f"tp2-{i:02d}", 2 * rng.choice((4, 6, 8)) * GIB, 2, "span"))
+    for i in range(4):  # 4 GPUs × 2..6 GiB
+        bodies.append(pod_body(f"tp4-{i:02d}", 4 * rng.choice((2, 4, 6)) * GIB, 4, "span"))
+    for i in range(48):  # one GPU, 1..6 GiB
+        bodies.append(pod_body(f"one-{i:02d}", rng.choice((1, 2, 3, 4, 6)) * GIB, 1, "span"))
+    rng.shuffle(bodies)
+    asked = sum(int(b["spec"]["containers"][0]["resources"]["limits"][RESOURCE]) for b in bodies)
+    assert asked < 0.55 * len(POOL) * 8 * 24 * GIB  # room enough that a close set stays free on some node
+    world.create(bodies)
+    names = {b["metadata"]["name"] for b in bodies}
+    pods = wait_until("every pod bound or unschedulable", lambda: world.settled(names), 240, 1.0,
+                      world.sched.check_alive)
+    unbound = sorted(n for n, p in pods.items() if not p["spec"].get("nodeName"))
+    assert not unbound, unbound
+    placed = placements(world, list(pods.values()))
+    for name, gpus in placed.items():
+        if name.startswith("tp2-"):  # an NVLink pair
+            assert set_distance(gpus) == 0, (name, [g.uuid for g in gpus])
+        elif name.startswith("tp4-"):  # two NVLink pairs under one PCIe switch
+            assert set_distance(gpus) == 4 and len({g.pcie for g in gpus}) == 1, (name, [g.uuid for g in gpus])
+        assert [g.index for g in gpus] == sorted(g.index for g in gpus)  # device order: by index
+
+
+def force_delete_terminating(cluster: RealCluster, node: str) -> None:
+    """The kubelet's part of a deletion (no containers here): pods on `node` marked for deletion go."""
+    for p in cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods?fieldSelector=spec.nodeName={node}")["items"]:
+        if p["metadata"].get("deletionTimestamp"):
+            cluster.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{p['metadata']['name']}",
+                            {"gracePeriodSeconds": 0, "preconditions": {"uid": p["metadata"]["uid"]}},
+                            kubelet_token(node))
+
+
+def test_a_two_gpu_preemptor_frees_two_whole_gpus(world: World) -> None:
+    """4 × 16 GiB, each GPU with a low- and a mid-priority 8 GiB pod (binpack fills GPU by GPU). For a 2 × 16 GiB
+    high-priority pod the scheduler's node-wide dry run proposes the four low pods, one per GPU (room on the
+    node, none on any GPU); the preempt verb answers both pods of two GPUs, the NVLink pair (0, 1): all victims
+    of equal rank, the closest set wins. The pods of GPUs 2 and 3 stay."""
+    cluster = world.cluster
+    cluster.apply([{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
+                    "value": value, "description": "test"}
+                   for name, value in (("span-low", 10), ("span-mid", 100), ("span-high", 1000))])
+    where = {}
+    for g in range(4):
+        for prio in ("low", "mid"):
+            name = f"pre-{g}-{prio}"
+            world.create([pod_body(name, 8 * GIB, 1, "span-preempt", f"span-{prio}")])
+            pod = wait_until(f"{name} bound", lambda n=name: world.settled({n}), 60, 0.2)[name]  # type: ignore[misc]
+            assert pod["spec"].get("nodeName") == PREEMPT, pod.get("status")
+            where[name] = pod["metadata"]["annotations"]["memslice.io/gpu-uuid"]
+    assert [where[f"pre-{g}-low"] for g in range(4)] == [f"GPU-{PREEMPT}-{g}" for g in range(4)], where
+    before = world.verb_calls("preempt")
+    world.create([pod_body("urgent", 32 * GIB, 2, "span-preempt", "span-high")])
+
+    def urgent_bound() -> dict[str, Any] | None:
+        force_delete_terminating(cluster, PREEMPT)
+        pod = cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods/urgent")
+        return pod if pod["spec"].get("nodeName") else None
+
+    urgent = wait_until("the 2-GPU pod bound after two GPUs were freed", urgent_bound, 180, 0.5,
+                        world.sched.check_alive)
+    assert urgent["metadata"]["annotations"]["memslice.io/gpu-uuid"] == f"GPU-{PREEMPT}-0,GPU-{PREEMPT}-1"
+    assert world.verb_calls("preempt") > before
+    left = {p["metadata"]["name"] for p in world.pods() if p["metadata"]["name"].startswith("pre-")
+            and not p["metadata"].get("deletionTimestamp")}
+    assert left == {"pre-2-low", "pre-2-mid", "pre-3-low", "pre-3-mid"}, sorted(left)
+    placements(world, world.pods())
+
+
+def test_a_total_not_divisible_is_refused_by_name_in_the_pods_events(world: World) -> None:
+    world.create([pod_body("odd", 4097, 2, "span")])
+
+    def event() -> str | None:
+        evs = world.cluster.ok("GET", f"/api/v1/namespaces/{NS}/events?fieldSelector=involvedObject.name=odd,"
+                                      f"reason=FailedScheduling")["items"]
+        return evs[-1]["message"] if evs else None
+
+    msg = wait_until("FailedScheduling event of odd", event, 60, 0.5, world.sched.check_alive)
+    assert "memslice.io/gpu-mem=4097 cannot be split evenly over memslice.io/gpu-count=2 GPUs; request a multiple " \
+           "of 2 (e.g. 4098)" in msg, msg
+    assert not world.cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods/odd")["spec"].get("nodeName")
