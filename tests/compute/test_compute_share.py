@@ -176,7 +176,8 @@ def test_read_gpu_bounds_claims_by_the_roster(tmp_path):
 
 # ---- shares on the simulated GPU: the real shim in real processes -------------------------------------------
 KERNEL_US = 1000          # one saturating kernel: 1 ms of GPU time
-RUN_S, MARK_S, MARK2_S = 5.5, 1.5, 5.0  # each tenant runs RUN_S; its share is its GPU time between the marks
+MARK_S, MARK2_S = 1.5, 5.0  # a tenant's share is its GPU time between the marks
+RUN_S = MARK2_S + 2.5       # the reading at the second mark (a probe process) ends while every tenant still runs
 
 
 @pytest.fixture(scope="module")
@@ -234,7 +235,8 @@ class Tenants:
             if i == 0:
                 stdout = head + stdout
             assert "launches=" in stdout, stdout
-            share = (busy[1].get(p.pid, 0) - busy[0].get(p.pid, 0)) / (t2["now"] - t1["now"])
+            assert p.pid in busy[0] and p.pid in busy[1], f"tenant {p.pid} was not running at both readings: {busy}"
+            share = (busy[1][p.pid] - busy[0][p.pid]) / (t2["now"] - t1["now"])
             out.append((100 * share, stderr))
         return out
 
