@@ -27,6 +27,11 @@ struct elastic_range {
     struct elastic_range *next;
     struct elastic_chunk c[];
 };
+/* Where a direction's moves spent their time (ns, summed over its batches; elastic_move.c logs them at info
+ * after each batch, src/memslice/elastic.py parses that line): new handles created, staged (temporary map +
+ * access), the gate's close (the tenant's work drained), copies (issued and waited for), remaps
+ * (unmap/map/access at the tenant's addresses), finish (temporary range and old handles released). */
+struct elastic_phases { uint64_t batches, chunks, create, stage, gate, copy, remap, finish; };
 /* A neighbour that could not take its share to host memory, as an asker saw it. */
 struct elastic_refusal { int slot; int32_t pid; struct elastic_hostnote note; };
 
@@ -48,6 +53,8 @@ struct elastic_state {
     uint64_t skip_until[ELASTIC_SLOTS];       /* neighbours that did not answer in time: not asked again before */
     struct elastic_streams streams;           /* the mover's copy streams (elastic_move.c) */
     struct elastic_batch batch;               /* the mover's batch, under mu */
+    uint64_t create_ns;                       /* creating the batch's new handles (the mover adds, under mu) */
+    struct elastic_phases phases[2];          /* [1]: to host memory, [0]: back to HBM; under mu */
 };
 extern struct elastic_state g_es;
 

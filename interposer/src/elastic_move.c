@@ -15,19 +15,42 @@ static void batch_add(struct elastic_range *r, unsigned i, CUmemGenericAllocatio
     r->c[i].moving = 1;
 }
 
+/* Say at info where a direction's moves spent their time so far (one line per batch; a stable format that
+ * memslice.elastic.parse_move_phases reads: the GPU kit prints it). */
+static void log_phases(int to_host, const struct elastic_phases *p) {
+    shim_log(LOG_INFO,
+             "memslice: elastic: move phases %s batches=%llu chunks=%llu create_ns=%llu stage_ns=%llu gate_ns=%llu "
+             "copy_ns=%llu remap_ns=%llu finish_ns=%llu", to_host ? "out" : "in", (unsigned long long)p->batches,
+             (unsigned long long)p->chunks, (unsigned long long)p->create, (unsigned long long)p->stage,
+             (unsigned long long)p->gate, (unsigned long long)p->copy, (unsigned long long)p->remap,
+             (unsigned long long)p->finish);
+}
+
+/* Create a new handle for a chunk of the batch, its time counted as the batch's create phase. */
+static CUresult create_timed(CUmemGenericAllocationHandle *h, uint64_t len, int host) {
+    uint64_t t = now_ns();
+    CUresult rc = elastic_create_phys(h, len, host, g_es.ord);
+    g_es.create_ns += now_ns() - t;
+    return rc;
+}
+
 /* Move the batch's chunks to their new allocations (in host memory if to_host, else on the device) at the
  * same addresses (elastic_vmm.c: staged with the gate open, copied and remapped with it closed, cleaned up
  * with it open again); a chunk that could not move keeps its old mapping and bytes. Caller holds g_es.mu. The
  * bytes moved. */
 static uint64_t move_batch(int to_host) {
-    uint64_t t0 = now_ns(), moved = 0, n = 0;
+    uint64_t t0 = now_ns(), moved = 0, n = 0, t1 = t0, t2 = t0;
+    struct elastic_phases *ph = &g_es.phases[to_host ? 1 : 0];
     g_es.batch.ord = g_es.ord;
+    g_es.batch.copy_ns = g_es.batch.remap_ns = 0;
     if (elastic_move_stage(&g_es.batch) == 0) {
+        t1 = t2 = now_ns();
         if (elastic_gate_close() == 0) {
+            t2 = now_ns();
             elastic_move_remap(&g_es.batch, &g_es.streams);
             elastic_gate_open();
-        }
-    }
+        } else t2 = now_ns();
+    } else t1 = t2 = now_ns();
     for (unsigned k = 0; k < g_es.batch.n; k++) {
         struct elastic_move *m = &g_es.batch.mv[k];
         struct elastic_range *r = m->owner;
@@ -38,14 +61,26 @@ static uint64_t move_batch(int to_host) {
         moved += m->len;
         n++;
     }
+    uint64_t t3 = now_ns();
     elastic_move_finish(&g_es.batch);
     g_es.batch.n = 0;
     if (to_host) { g_es.resident -= moved; g_es.swapped += moved; }
     else { g_es.swapped -= moved; g_es.resident += moved; }
+    uint64_t create = g_es.create_ns;
+    g_es.create_ns = 0;
     if (!n) return 0;
-    uint64_t dt = now_ns() - t0;
+    uint64_t t4 = now_ns(), dt = t4 - t0;
     if (to_host) { g_es.me.swap_outs += n; g_es.me.swap_out_ns += dt; }
     else { g_es.me.swap_ins += n; g_es.me.swap_in_ns += dt; }
+    ph->batches++;
+    ph->chunks += n;
+    ph->create += create;
+    ph->stage += t1 - t0;
+    ph->gate += t2 - t1;
+    ph->copy += g_es.batch.copy_ns;
+    ph->remap += g_es.batch.remap_ns;
+    ph->finish += t4 - t3;
+    log_phases(to_host, ph);
     return moved;
 }
 
@@ -138,7 +173,7 @@ static uint64_t yield(uint64_t want, int idle, uint64_t first, uint64_t last) {
             for (unsigned i = r->n; i-- > 0 && given + planned < want && g_es.batch.n < ELASTIC_BATCH;) {
                 uint64_t len = elastic_chunk_len(r, i);
                 if (r->c[i].host || r->c[i].moving || g_es.resident - planned < floor + len) continue;
-                if (elastic_create_phys(&nh, len, 1, g_es.ord) != CUDA_SUCCESS) continue;
+                if (create_timed(&nh, len, 1) != CUDA_SUCCESS) continue;
                 batch_add(r, i, nh);
                 planned += len;
             }
@@ -227,7 +262,7 @@ static void swap_in(void) {
     while (g_es.batch.n < ELASTIC_BATCH && (pick = oldest_host(&i))) {
         uint64_t len = elastic_chunk_len(pick, i);
         if (!may_come_back(planned, len, &burst)) break;
-        if (elastic_create_phys(&nh, len, 0, g_es.ord) != CUDA_SUCCESS) {
+        if (create_timed(&nh, len, 0) != CUDA_SUCCESS) {
             if (!g_es.batch.n) ask_for_room(len);
             break;
         }

@@ -14,8 +14,16 @@
  * comes after every copy is complete: the driver's rule, a mapping under a copy in flight faults). */
 #define _GNU_SOURCE
 #include <string.h>
+#include <time.h>
 
 #include "elastic_vmm.h"
+
+/* CLOCK_MONOTONIC in ns: the remap's two phases are timed (the mover reports them, elastic_move.c). */
+static uint64_t vmm_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 /* A physical allocation of `size` bytes on GPU `ord`, or in host memory. */
 CUresult elastic_create_phys(CUmemGenericAllocationHandle *h, uint64_t size, int host, CUdevice ord) {
@@ -158,21 +166,33 @@ static void grant_run(struct elastic_batch *b, unsigned i, unsigned j) {
  * complete. The moves whose new handle is now mapped have ok set. 0, or -1 when a copy failed (that chunk and
  * the later ones stay as they were); either way no copy is in flight on return. */
 int elastic_move_remap(struct elastic_batch *b, const struct elastic_streams *st) {
-    if (copy_all(b, st) < 0) return -1;
+    uint64_t t = vmm_ns(), t1;
+    b->copy_ns = b->remap_ns = 0;
+    int rc = copy_all(b, st);
+    b->copy_ns += (t1 = vmm_ns()) - t;
+    if (rc < 0) return -1;
     int done = 1; /* a failed copy: that chunk and the later ones stay as they were */
     for (unsigned k = 0; k < b->n; k++) {
         struct elastic_move *m = &b->mv[k];
+        t = vmm_ns();
         done = done && copied(st, k);
-        if (!done || REAL(cuMemUnmap)(m->va, m->len) != CUDA_SUCCESS) continue; /* still mapped as it was */
-        m->ok = REAL(cuMemMap)(m->va, m->len, 0, m->to, 0) == CUDA_SUCCESS;
-        if (!m->ok) restore(m, b->ord, 0);
+        b->copy_ns += (t1 = vmm_ns()) - t;
+        if (done && REAL(cuMemUnmap)(m->va, m->len) == CUDA_SUCCESS) { /* else still mapped as it was */
+            m->ok = REAL(cuMemMap)(m->va, m->len, 0, m->to, 0) == CUDA_SUCCESS;
+            if (!m->ok) restore(m, b->ord, 0);
+        }
+        b->remap_ns += vmm_ns() - t1;
     }
+    t = vmm_ns();
     for (unsigned i = 0, j; i < b->n; i = j) { /* runs of adjacent, remapped chunks */
         for (j = i + 1; j < b->n && b->mv[i].ok && b->mv[j].ok && b->mv[j].va == b->mv[j - 1].va + b->mv[j - 1].len;)
             j++;
         if (b->mv[i].ok) grant_run(b, i, j);
     }
-    return wait_all(st) == 0 && done ? 0 : -1; /* nothing in flight before the temporary range goes */
+    b->remap_ns += (t1 = vmm_ns()) - t;
+    rc = wait_all(st) == 0 && done ? 0 : -1; /* nothing in flight before the temporary range goes */
+    b->copy_ns += vmm_ns() - t1;
+    return rc;
 }
 
 /* Finish (gate open): the temporary range goes; each handle that no longer holds the bytes is released (the

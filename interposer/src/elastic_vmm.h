@@ -29,6 +29,7 @@ struct elastic_batch {
     CUdeviceptr tmp;
     uint64_t tmp_size;
     CUdevice ord;
+    uint64_t copy_ns, remap_ns; /* set by elastic_move_remap: issuing and waiting for copies; unmap/map/access */
 };
 /* The mover's copy streams, and one event per chunk of a batch (each recorded behind its chunk's copy, so that
  * chunk is remapped as soon as its own copy is complete, while the later ones are still crossing the link). */

@@ -358,3 +358,28 @@ def parse_limit_record(raw: str) -> dict[str, int]:
                                    f"name to MiB (e.g. {{\"main\": 8192}}); the extender writes it at bind: "
                                    f"delete the pod so it is scheduled again")
     return dict(value)
+
+
+# The mover's per-phase line (interposer/src/elastic_move.c, log_phases), logged at MEMSLICE_LOG=info after
+# each batch: the figures so far, summed over that direction's batches.
+MOVE_PHASES_PREFIX = "memslice: elastic: move phases "
+MOVE_PHASE_KEYS = ("batches", "chunks", "create_ns", "stage_ns", "gate_ns", "copy_ns", "remap_ns", "finish_ns")
+
+
+def parse_move_phases(log: str) -> dict[str, dict[str, int]]:
+    """The last move-phases figures per direction ("out", "in") in a tenant's log (the shim's stderr at
+    MEMSLICE_LOG=info); lines that do not parse whole are skipped (bounded: each line's first 400 characters)."""
+    out: dict[str, dict[str, int]] = {}
+    for line in log.splitlines():
+        at = line.find(MOVE_PHASES_PREFIX)
+        if at < 0:
+            continue
+        words = line[at + len(MOVE_PHASES_PREFIX):at + 400].split()
+        if len(words) != 1 + len(MOVE_PHASE_KEYS) or words[0] not in ("out", "in"):
+            continue
+        pairs = [w.partition("=") for w in words[1:]]
+        if [k for k, _, _ in pairs] != list(MOVE_PHASE_KEYS) or not all(
+                v.isdigit() and len(v) <= 20 for _, _, v in pairs):
+            continue
+        out[words[0]] = {k: int(v) for k, _, v in pairs}
+    return out

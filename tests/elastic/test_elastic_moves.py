@@ -125,3 +125,31 @@ print(" ".join(str(c[i]) for i in range(n)))
     assert c[ASYNC_COPIES] == 2 and c[ASYNC_BYTES] == 2 << 20
     assert c[IN_FLIGHT_MAX] == 2, "two copies on two streams are in flight together"
     assert c[UNMAPS_IN_FLIGHT] == (0 if synchronised else 1)
+
+
+def test_moves_report_where_their_time_went_per_phase(elastic, tmp_path):  # noqa: F811
+    """At MEMSLICE_LOG=info the mover logs, after each batch, its per-phase time so far for that direction
+    (create, stage, gate, copy, remap, finish; what the GPU kit prints): the out figures count the chunks the
+    simulator's ledger says moved, in at least one batch, and each phase took some time."""
+    from memslice.elastic import MOVE_PHASE_KEYS, parse_move_phases
+
+    err = (tmp_path / "a.err").open("w+")
+    a = elastic("a", "2560MiB", "512MiB", stderr=err, MEMSLICE_LOG="info")
+    assert a.cmd("alloc 2048 64") == "allocated 32"
+    state = elastic.node().state
+    wait_for(lambda: board(elastic.edir, a.proc.pid).state == "idle", "A idle on the board")
+    b = elastic("b", "2GiB", "512MiB")
+    assert b.cmd("alloc 1792 896") == "allocated 2"
+    _, host = per_process(state)[a.proc.pid]
+    wait_for(lambda: "out" in parse_move_phases((tmp_path / "a.err").read_text()), "A's out phases logged")
+    out = parse_move_phases((tmp_path / "a.err").read_text())["out"]
+    assert out["chunks"] == host // CHUNK_MIB == board(elastic.edir, a.proc.pid).swap_outs, out
+    assert 1 <= out["batches"] <= out["chunks"], out
+    assert all(out[k] > 0 for k in MOVE_PHASE_KEYS), out
+    assert b.cmd("free") == "freed 0"
+    assert a.cmd("check") == f"check ok {2048 * MiB}"
+    wait_for(lambda: per_process(state)[a.proc.pid] == (300 + 2048, 0), "A's memory back in HBM")
+    wait_for(lambda: parse_move_phases((tmp_path / "a.err").read_text()).get("in", {}).get("chunks") == out["chunks"],
+             "A's in phases logged")
+    back = parse_move_phases((tmp_path / "a.err").read_text())["in"]
+    assert all(back[k] > 0 for k in MOVE_PHASE_KEYS), back

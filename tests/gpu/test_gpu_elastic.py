@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from gpukit import (
     KIT_SIM,
+    Held,
     MiB,
     held,
     no_gpu_reason,
@@ -27,7 +28,7 @@ from gpukit import (
     wait_for,
 )
 
-from memslice.elastic import Tenant
+from memslice.elastic import Tenant, parse_move_phases
 
 # Skipped, saying why, without an NVIDIA driver and a GPU (tests/gpu/run.sh runs these).
 pytestmark = pytest.mark.skipif(no_gpu_reason() is not None, reason=no_gpu_reason() or "")
@@ -133,7 +134,7 @@ def rate(mib: int, seconds: float) -> float | None:
 def test_idle_tenant_swaps_out_and_back_with_every_byte(tmp_path):
     edir = tmp_path / "elastic"
     edir.mkdir(mode=0o700)
-    env = real_env(MEMSLICE_ELASTIC_DIR=str(edir))
+    env = real_env(MEMSLICE_ELASTIC_DIR=str(edir), MEMSLICE_LOG="info")  # info: the mover's per-phase line
     tenant = [sys.executable, "-c", TENANT]
     opts = ("--gpu-mem-request", "1GiB", "--idle-after", "1")
     figs: dict[str, object] = {"gpu": "simulated" if KIT_SIM else "real", "tenant_mib": TENANT_MIB}
@@ -141,12 +142,17 @@ def test_idle_tenant_swaps_out_and_back_with_every_byte(tmp_path):
     def start(name: str):
         return held([*run_cmd_argv(8192, tmp_path / name, opts), *tenant], env)
 
-    def times(prefix: str, t: Tenant, mib: int) -> None:
-        """The board's move figures (the tenant's own clock; residency is NVML's)."""
+    def times(prefix: str, t: Tenant, mib: int, h: Held) -> None:
+        """The board's move figures (the tenant's own clock; residency is NVML's), and where that time went per
+        phase (ms summed over the batches, from the mover's info line in the tenant's log)."""
         n = t.swap_outs if prefix == "out" else t.swap_ins
         sec = t.swap_out_seconds if prefix == "out" else t.swap_in_seconds
         figs.update({f"chunk_moves_{prefix}": n, f"swap_{prefix}_seconds": round(sec, 3),
                      f"swap_{prefix}_gb_per_s": rate(mib, sec)})
+        h.err.seek(0)
+        ph = parse_move_phases(h.err.read()).get(prefix, {})
+        figs[f"phases_{prefix}_ms"] = {k.removesuffix("_ns"): (round(v / 1e6, 1) if k.endswith("_ns") else v)
+                                       for k, v in ph.items()}
 
     try:
         with held([sys.executable, "-c", HOG, str(LEFT_MIB)], real_env()) as hog:
@@ -174,7 +180,7 @@ def test_idle_tenant_swaps_out_and_back_with_every_byte(tmp_path):
                     moved_mib, moved_board_mib = a_full - a_out, out.swapped_bytes // MiB
                     figs.update(a_hbm_mib_nvml_out=a_out, a_moved_mib_nvml=moved_mib, b_asked_mib=tb.asked_mib,
                                 a_request_resident_nvml=a_out - a_ctx >= 1024)
-                    times("out", out, moved_board_mib)
+                    times("out", out, moved_board_mib, a)
                     assert a_out - a_ctx >= 1024, f"A's request left GPU memory: NVML says {a_out} MiB, context {a_ctx}"
                     if tb.asked_mib:
                         assert moved_mib <= 1.25 * tb.asked_mib + 32, f"moved {moved_mib} MiB for {tb.asked_mib}"
@@ -187,7 +193,7 @@ def test_idle_tenant_swaps_out_and_back_with_every_byte(tmp_path):
                 figs["a_hbm_mib_nvml_back"] = nvml_mib(a_pid)
                 # the move times once A has published the last move back
                 assert wait_for(lambda: board(edir, a_pid).swapped_bytes == 0, 30), board(edir, a_pid)
-                times("in", board(edir, a_pid), moved_board_mib)
+                times("in", board(edir, a_pid), moved_board_mib, a)
                 after = a.ask("check")
                 figs["bad_after"] = after.get("bad")
                 assert after == {"checked": TENANT_MIB // BLOCK_MIB, "bad": 0}, after
