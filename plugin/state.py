@@ -48,6 +48,7 @@ class NodeState:
         self._bad_reservations: set[str] = set()
         # device IDs the agent last preferred -> the reservation and container it chose them for
         self.preferred: dict[frozenset[str], tuple[ReservedPod, str]] = {}
+        self.pods_version = 0  # bumped by every pod event, so a caller can wait for the watch to catch up
 
     # --- device list -------------------------------------------------------------------------------------
     def bump(self) -> None:
@@ -66,21 +67,33 @@ class NodeState:
 
     # --- pods ----------------------------------------------------------------------------------------------
     def pods_replace(self, pods: Iterable[PodInfo]) -> None:
-        with self.lock:
+        with self.changed:
             new = {p.uid: p for p in pods}
             self.gone_uids |= set(self.pods) - set(new)
             self.pods = new
+            self._pods_changed()
 
     def pod_upsert(self, pod: PodInfo) -> None:
-        with self.lock:
+        with self.changed:
             self.pods[pod.uid] = pod
             if pod.phase in TERMINAL_PHASES:
                 self.gone_uids.add(pod.uid)
+            self._pods_changed()
 
     def pod_delete(self, uid: str) -> None:
-        with self.lock:
+        with self.changed:
             self.pods.pop(uid, None)
             self.gone_uids.add(uid)
+            self._pods_changed()
+
+    def _pods_changed(self) -> None:
+        self.pods_version += 1
+        self.changed.notify_all()
+
+    def wait_pods_changed(self, since: int, timeout: float) -> bool:
+        """Wait (at most `timeout` seconds) for a pod event after version `since`; whether one came."""
+        with self.changed:
+            return self.changed.wait_for(lambda: self.pods_version != since, timeout)
 
     def reservations(self) -> list[ReservedPod]:
         """Reservations of this node's pods that are not finished (a malformed one is logged once)."""

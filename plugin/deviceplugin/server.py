@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 # Requests carry up to every ID of the node (one per MiB): allow far more than grpcio's 4 MiB default.
 MAX_RECEIVE_BYTES = 64 * 1024 * 1024
 _PREFERRED_MEMORY = 256
+# How long GetPreferredAllocation waits for the pod watch to deliver a reservation it has not seen yet: the
+# kubelet asks right after the Binding, and the watch event may still be on its way. Only with a pod watch.
+RESERVATION_WAIT_S = 0.5
 
 
 class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
@@ -93,14 +96,25 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         start = time.perf_counter()
         st = self.state
         out = api_pb2.PreferredAllocationResponse()
+        deadline = time.monotonic() + RESERVATION_WAIT_S
+        version = st.pods_version
         reservations = st.reservations()
         for creq in request.container_requests:
-            taken = st.taken()  # the kubelet calls Allocate right after this, before the next container
-            try:
-                pref = choose_preferred(creq.available_deviceIDs, list(creq.must_include_deviceIDs),
-                                        creq.allocation_size, st.unit_mib, st.gpus, reservations, taken)
-            except DeviceIdError as exc:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"GetPreferredAllocation: {exc}")
+            while True:
+                taken = st.taken()  # the kubelet calls Allocate right after this, before the next container
+                try:
+                    pref = choose_preferred(creq.available_deviceIDs, list(creq.must_include_deviceIDs),
+                                            creq.allocation_size, st.unit_mib, st.gpus, reservations, taken)
+                except DeviceIdError as exc:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"GetPreferredAllocation: {exc}")
+                # The kubelet asks right after the Binding: the pod watch may not have delivered the pod's
+                # reservation yet. Without a match, wait (bounded) for the next pod events and choose again.
+                left = deadline - time.monotonic()
+                if pref.reservation is not None or creq.must_include_deviceIDs or left <= 0 or version == 0 \
+                        or not st.wait_pods_changed(version, left):
+                    break
+                version = st.pods_version
+                reservations = st.reservations()
             if pref.reservation is not None and pref.container is not None:
                 with st.lock:
                     st.preferred[frozenset(pref.device_ids)] = (pref.reservation, pref.container)
