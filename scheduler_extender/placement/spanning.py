@@ -224,74 +224,41 @@ _NOT_QUICK = (-1, ())
 
 
 Quick = tuple[int, tuple[int, ...]] | None
-# A node's sets for one N and policy, read off one view: per distance level (closest first) the largest per-GPU
-# share some set of the level can take ("cap": the most, over its sets, of the least free of a set's GPUs) and
-# the sets in the order the policy prefers them ((free fractions summed, positions), as _scan's min), each with
-# the share it can take. A verdict for any share is then a comparison per level and a walk to the first set of
-# the level that takes it: the tables of one N (one per per-GPU size; 20 in benchmarks/README.md's mix) share
-# one plan per view, where each searched the sets afresh at every refresh (FitMemo._refresh at each charge:
-# issue 34). None: the node has too many sets (_levels) and the general path grows them.
-Plan = tuple[tuple[int, int, tuple[tuple[int, tuple[int, ...]], ...]], ...] | None
-_SICK = -(1 << 62)  # what an unhealthy GPU can take: nothing
-# The last view _quick met and its plans by (N, policy). One slot (the view held, compared by identity: a view is
-# frozen and a charge rebuilds it as another object), swapped whole, so a reader on another thread sees a view
-# with its own plans or starts afresh.
-_LAST_VIEW: list[tuple[NodeView | None, dict[tuple[int, str], Plan]]] = [(None, {})]
+# The last view _quick met and its answers by (N, policy, k): _quick's answer depends on the share only through
+# k (how many healthy GPUs have less free than it), so the tables of one N and policy (one per per-GPU size)
+# share one set search per view. Why: every charge rebuilds a node's view and the memo then refreshes its
+# verdict in each table (FitMemo._refresh), 20 spanning tables in benchmarks/README.md's mix, one after another
+# for that view (issue 34). One slot (the view held, compared by identity: a rebuilt view is another object),
+# swapped whole, so a reader on another thread sees a view with its own answers or starts afresh.
+_LAST_VIEW: list[tuple[NodeView | None, dict[tuple[int, str, int], Quick]]] = [(None, {})]
 
 
 def forget_quick() -> None:
-    """Drop the kept plans (tests compare with a search from scratch)."""
+    """Drop _quick's kept answers (tests compare with a computation from scratch)."""
     _LAST_VIEW[0] = (None, {})
-
-
-def _plan(view: NodeView, policy: str, gpus: int) -> Plan:
-    """The node's Plan for N = gpus and this policy (see Plan)."""
-    levels = _levels(view.topo, gpus)  # type: ignore[arg-type]  # a matrix (_quick)
-    if levels is None:
-        return None
-    rows = view.rows
-    free = [r[6] if r[4] else _SICK for r in rows]
-    sign = -1.0 if policy == "spread" else 1.0
-    out = []
-    for d, members in levels:
-        ranked = sorted((sign * sum(rows[p][6] / rows[p][3] for p in pos), pos) for _, pos in members)
-        sets = tuple((min(map(free.__getitem__, pos)), pos) for _, pos in ranked)
-        out.append((d, max(low for low, _ in sets), sets))
-    return tuple(out)
 
 
 def _quick(view: NodeView, need_mib: int, policy: str, gpus: int) -> Quick:
     """best_set without the candidates' list: (distance, positions in index order); None when fewer than N
     healthy GPUs have the share free; _NOT_QUICK when the node has too many sets (the general path grows them).
-    From the view's Plan, kept per view (see _LAST_VIEW)."""
+    Kept per view (see _LAST_VIEW)."""
     keys = view.free_keys  # healthy GPUs by (free, index): those from k on have room
     k = bisect_left(keys, need_mib)
     if len(keys) - k < gpus:
         return None
-    if isinstance(view.topo, int):
-        return _scan(view, k, policy, gpus)
     last = _LAST_VIEW[0]
     if last[0] is not view:
         last = _LAST_VIEW[0] = (view, {})
-    plans = last[1]
-    key = (gpus, policy)
-    if key in plans:
-        plan = plans[key]
-    else:
-        plan = plans[key] = _plan(view, policy, gpus)
-    if plan is None:
-        return _NOT_QUICK
-    for d, cap, sets in plan:
-        if cap >= need_mib:
-            for low, pos in sets:
-                if low >= need_mib:
-                    return d, pos
-    return None  # pragma: no cover - N healthy GPUs with room form a set of some level
+    answers = last[1]
+    key = (gpus, policy, k)
+    out = answers.get(key, _NOT_QUICK)
+    if out is _NOT_QUICK and key not in answers:
+        out = answers[key] = _scan(view, k, policy, gpus)
+    return out
 
 
 def _scan(view: NodeView, k: int, policy: str, gpus: int) -> Quick:
-    """_quick's answer searched from scratch for the GPUs from k on in the view's free order (at least N of them):
-    for nodes whose GPUs are all equally close, and the reference the plans are tested against."""
+    """_quick's set search for the GPUs from k on in the view's free order (at least N of them)."""
     topo = view.topo
     rows = view.rows
     if rows[0][1] == 0 and rows[-1][1] == len(rows) - 1:  # indices 0..G-1 (sorted, distinct): index = position

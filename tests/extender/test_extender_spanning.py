@@ -222,11 +222,12 @@ def test_the_choice_is_n_gpus_with_room_and_no_closer_set_fits(node, n, need_gib
 @settings(max_examples=150, deadline=None)
 @given(nodes(), st.lists(st.tuples(st.integers(2, 4), st.integers(1, 16), st.sampled_from(["binpack", "spread"])),
                          min_size=1, max_size=12), st.integers(0, 2))
-def test_the_plan_kept_per_view_answers_as_a_search_from_scratch(node, asks, changed):
-    """_quick keeps a plan of the node's sets for the last view it met, by (N, policy): the memo's tables of one N
-    (one per per-GPU size) share it at a refresh (issue 34). Asked for many sizes one after another on one view,
-    and then on a rebuilt view of the node (another object, other GPUs used), every answer is the set search's
-    from scratch (_scan), and every verdict and choice what it gives with the kept plans dropped before each."""
+def test_the_set_search_kept_per_view_answers_as_a_search_from_scratch(node, asks, changed):
+    """_quick keeps its set searches for the last view it met, by (N, policy, GPUs with room): the memo's tables
+    of one N (one per per-GPU size) share them at a refresh (issue 34). Asked for many sizes one after another on
+    one view, and then on a rebuilt view of the node (another object, other GPUs used), every answer is the set
+    search's from scratch (_scan), and every verdict and choice what it gives with the kept answers dropped
+    before each."""
     gpus, used = node
     used = [u // GIB * GIB for u in used]  # whole GiB, as the shares asked: a share exactly what a GPU has free
     views = [view_of(gpus, used)]
