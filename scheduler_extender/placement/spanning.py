@@ -223,14 +223,43 @@ def _by_index(view: NodeView, positions: Iterable[int]) -> tuple[int, ...]:
 _NOT_QUICK = (-1, ())
 
 
-def _quick(view: NodeView, need_mib: int, policy: str, gpus: int) -> tuple[int, tuple[int, ...]] | None:
+Quick = tuple[int, tuple[int, ...]] | None
+# The last view _quick met and its answers by (N, policy, k): _quick's answer depends on the share only through
+# k (how many healthy GPUs have less free than it), so the tables of one N and policy (one per per-GPU size)
+# share one set search per view. Why: every charge rebuilds a node's view and the memo then refreshes its
+# verdict in each table (FitMemo._refresh), 20 spanning tables in benchmarks/README.md's mix, one after another
+# for that view (issue 34). One slot (the view held, compared by identity: a rebuilt view is another object),
+# swapped whole, so a reader on another thread sees a view with its own answers or starts afresh.
+_LAST_VIEW: list[tuple[NodeView | None, dict[tuple[int, str, int], Quick]]] = [(None, {})]
+
+
+def forget_quick() -> None:
+    """Drop _quick's kept answers (tests compare with a computation from scratch)."""
+    _LAST_VIEW[0] = (None, {})
+
+
+def _quick(view: NodeView, need_mib: int, policy: str, gpus: int) -> Quick:
     """best_set without the candidates' list: (distance, positions in index order); None when fewer than N
-    healthy GPUs have the share free; _NOT_QUICK when the node has too many sets (the general path grows them)."""
-    topo = view.topo
+    healthy GPUs have the share free; _NOT_QUICK when the node has too many sets (the general path grows them).
+    Kept per view (see _LAST_VIEW)."""
     keys = view.free_keys  # healthy GPUs by (free, index): those from k on have room
     k = bisect_left(keys, need_mib)
     if len(keys) - k < gpus:
         return None
+    last = _LAST_VIEW[0]
+    if last[0] is not view:
+        last = _LAST_VIEW[0] = (view, {})
+    answers = last[1]
+    key = (gpus, policy, k)
+    out = answers.get(key, _NOT_QUICK)
+    if out is _NOT_QUICK and key not in answers:
+        out = answers[key] = _scan(view, k, policy, gpus)
+    return out
+
+
+def _scan(view: NodeView, k: int, policy: str, gpus: int) -> Quick:
+    """_quick's set search for the GPUs from k on in the view's free order (at least N of them)."""
+    topo = view.topo
     rows = view.rows
     if rows[0][1] == 0 and rows[-1][1] == len(rows) - 1:  # indices 0..G-1 (sorted, distinct): index = position
         room = [r[1] for r in view.free_rows[k:]]

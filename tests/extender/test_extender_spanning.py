@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+from bisect import bisect_left
 from fractions import Fraction
 from itertools import combinations
 
@@ -218,6 +219,40 @@ def test_the_choice_is_n_gpus_with_room_and_no_closer_set_fits(node, n, need_gib
                    for a, b in combinations(picked, 2))
 
 
+@settings(max_examples=150, deadline=None)
+@given(nodes(), st.lists(st.tuples(st.integers(2, 4), st.integers(1, 16), st.sampled_from(["binpack", "spread"])),
+                         min_size=1, max_size=12), st.integers(0, 2))
+def test_the_set_search_kept_per_view_answers_as_a_search_from_scratch(node, asks, changed):
+    """_quick keeps its set searches for the last view it met, by (N, policy, GPUs with room): the memo's tables
+    of one N (one per per-GPU size) share them at a refresh (issue 34). Asked for many sizes one after another on
+    one view, and then on a rebuilt view of the node (another object, other GPUs used), every answer is the set
+    search's from scratch (_scan), and every verdict and choice what it gives with the kept answers dropped
+    before each."""
+    gpus, used = node
+    used = [u // GIB * GIB for u in used]  # whole GiB, as the shares asked: a share exactly what a GPU has free
+    views = [view_of(gpus, used)]
+    for step in range(changed):  # views rebuilt after charges: the kept answers must not be reused
+        used = [min(g.mem_mib, u + (step + 1) * GIB * (i % 3)) for i, (g, u) in enumerate(zip(gpus, used,
+                                                                                               strict=True))]
+        views.append(view_of(gpus, used))
+    spanning.forget_quick()
+    for view in views:
+        kept = [(decisions.verdict(view, gib * GIB, policy, gpus=n), indices(decisions.choose_gpus(view, gib * GIB,
+                                                                                                    policy, gpus=n)))
+                for n, gib, policy in asks]
+        for n, gib, policy in asks:
+            k = bisect_left(view.free_keys, gib * GIB)
+            if len(view.free_keys) - k >= n:
+                assert spanning._quick(view, gib * GIB, policy, n) == spanning._scan(view, k, policy, n)
+        scratch = []
+        for n, gib, policy in asks:
+            spanning.forget_quick()
+            v = decisions.verdict(view, gib * GIB, policy, gpus=n)
+            spanning.forget_quick()
+            scratch.append((v, indices(decisions.choose_gpus(view, gib * GIB, policy, gpus=n))))
+        assert kept == scratch
+
+
 # ------------------------------------------------------------------------------------------ preemption
 
 def victim(uid: str, gpus: tuple[int, ...], mib: int, priority: int = 0) -> VictimCandidate:
@@ -402,6 +437,7 @@ def test_the_memo_answers_for_pods_spanning_gpus_what_fresh_decisions_do():
             view = state.view(name)
             assert (v is None) == (view is None)
             if view is not None:
+                spanning.forget_quick()  # from scratch: not the set searches the memo's refresh kept
                 want = decisions.verdict(view, per, policy, gpus=n)
                 assert v[:2] == want[:2] and v[3] == want[3] and (v[0] or v[2] == want[2]), (step, name, v, want)
         pod = spanning_pod(f"p{step}", {"main": per * n}, n, policy=policy) if n > 1 else pod_obj(
