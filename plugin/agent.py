@@ -19,22 +19,23 @@ from .compute_metrics import ComputeCollector
 from .compute_slots import release_all
 from .config import AgentConfig
 from .deviceplugin.compute import ComputePluginService
+from .deviceplugin.devices import GpuShape, ListTooLarge, check_list_fits
 from .deviceplugin.inventory import InventoryPublisher, PodWatcher, inventory_annotations
 from .deviceplugin.podresources import PodResourcesClient
+from .deviceplugin.reconcile import reconcile
 from .deviceplugin.registration import COMPUTE_SOCKET, Registrar
 from .deviceplugin.server import DevicePluginService, PluginServer
-from .devices import ListTooLarge, check_list_fits
+from .deviceplugin.state import PluginState
 from .dra.agent import DraParts, DraStartError, start_dra
 from .elastic.events import SwapEvents
 from .elastic.metrics import ElasticCollector, ElasticTracker, region_pid_reader
 from .elastic.slots import write_roster
 from .gpu.health import HealthBook, XidWatcher
 from .gpu.nvml import GpuError, GpuInfo, Nvml
-from .ledger import Allocation, reconcile
+from .ledger import Allocation
 from .metrics import HealthServer, Metrics, NodeCollector, host_pid_filler, region_reader
 from .regions import RegionStore, dir_usage, install_shim, prepare_elastic_dir
 from .response import ResponseConfig
-from .state import NodeState
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class NodeAgent:
         self.metrics = Metrics()
         self.nvml = Nvml(simulate=cfg.simulate)
         self.regions = RegionStore(cfg.region_root, idle_after_s=cfg.idle_after_s)
-        self.state: NodeState | None = None
+        self.state: PluginState | None = None
         self.registrar: Registrar | None = None
         self.compute_registrar: Registrar | None = None
         self.publisher: InventoryPublisher | None = None
@@ -104,7 +105,7 @@ class NodeAgent:
                                f"nothing to advertise")
         if cfg.kubelet_api == "device-plugin":
             try:
-                size = check_list_fits([g.shape() for g in gpus], cfg.unit_mib)
+                size = check_list_fits([GpuShape(g.index, g.mem_mib, g.numa) for g in gpus], cfg.unit_mib)
             except ListTooLarge as exc:
                 raise StartupError(str(exc)) from exc
             log.info("ListAndWatch message: at most %d bytes (kubelet limit 4194304) at --unit-mib %d", size,
@@ -113,7 +114,7 @@ class NodeAgent:
         sim_lib_dir, sim_state = self._install_sim_driver() if cfg.simulate else (None, None)
         driver_libs = self._driver_libs(cfg.simulate)  # before any limits file is written (recovery included)
         health = HealthBook([g.uuid for g in gpus], cfg.ignored_xids, cfg.health_recovery_s)
-        self.state = NodeState(gpus, cfg.unit_mib, health)
+        self.state = PluginState(gpus, cfg.unit_mib, health)
         try:
             self.regions.prepare()
         except OSError as exc:

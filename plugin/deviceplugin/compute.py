@@ -18,10 +18,10 @@ import grpc
 
 from memslice.proto import api_pb2, api_pb2_grpc
 
-from ..devices import COMPUTE_PER_GPU, HEALTHY, UNHEALTHY, DeviceIdError, bounded_list, compute_id, parse_compute_id
 from ..gpu.nvml import GpuInfo
 from ..metrics import Metrics
-from ..state import NodeState
+from .devices import COMPUTE_PER_GPU, HEALTHY, UNHEALTHY, DeviceIdError, bounded_list, compute_id, parse_compute_id
+from .state import PluginState
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def check_compute_ids(ids: list[str], gpu_indexes: set[int]) -> None:
 
 
 class ComputePluginService(api_pb2_grpc.DevicePluginServicer):
-    def __init__(self, state: NodeState, metrics: Metrics) -> None:
+    def __init__(self, state: PluginState, metrics: Metrics) -> None:
         self.state = state
         self.metrics = metrics
         self.closed = threading.Event()

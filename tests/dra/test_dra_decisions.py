@@ -448,7 +448,7 @@ def test_kubelet_api_flag() -> None:
 
 @pytest.mark.parametrize("visibility,preload", [("env", "file"), ("cdi", "env")])
 def test_cdi_edits_carry_everything_allocate_carries(tmp_path, visibility, preload) -> None:
-    from memslice.plugin.allocator import Target
+    from memslice.plugin.deviceplugin.allocator import Target
     from memslice.plugin.dra.cdi import CdiDevice, CdiSpecs, extra_device_ids
     from memslice.plugin.response import ResponseConfig, container_edits, container_response
 

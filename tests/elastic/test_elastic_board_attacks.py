@@ -90,7 +90,7 @@ def test_containers_see_the_elastic_directory_read_only_and_only_their_own_slot_
     """25.3, 35.3: the Allocate response mounts the directory read-only and the container's own slot file of
     its GPU's board read-write, nothing else; without a slot (the board full), nothing read-write."""
     from memslice.elastic import CONTAINER_ELASTIC_DIR
-    from memslice.plugin.allocator import Target
+    from memslice.plugin.deviceplugin.allocator import Target
     from memslice.plugin.gpu.nvml import GpuInfo
     from memslice.plugin.response import ResponseConfig, container_response
 
@@ -256,7 +256,7 @@ def contained(edir: Path, uuid: str, slot: int, code: str, *args: str) -> subpro
     Allocate response gives that container (the directory read-only, its own slot file read-write), as root
     there (a user namespace: all containers may run as root)."""
     from memslice.elastic import CONTAINER_ELASTIC_DIR
-    from memslice.plugin.allocator import Target
+    from memslice.plugin.deviceplugin.allocator import Target
     from memslice.plugin.gpu.nvml import GpuInfo
     from memslice.plugin.response import ResponseConfig, container_response
 
