@@ -1,6 +1,6 @@
 """The second DevicePlugin service: `memslice.io/gpu-compute`, on its own socket.
 
-The kubelet counts a node's compute share with it: 100 devices per GPU, one per percent (plugin/devices.py,
+The kubelet counts a node's compute share with it: 100 devices per GPU, one per percent (devices.py,
 `c<gpu-index>-<n>`), healthy as the GPU is. Which GPU a container's share is on, and the share itself, are
 the extender's reservation (`memslice.io/gpu-compute-pct`, on the GPU of the container's memory): the memory
 Allocate writes them into the container's read-only limits file and provisions the compute slot
