@@ -35,7 +35,7 @@ from kube_standin import KubeApiStandin  # noqa: E402
 from kubelet_standin import KubeletStandin  # noqa: E402
 from test_plugin_agent import RESOURCE, AgentProcess  # noqa: E402
 
-from memslice.plugin.devices import (  # noqa: E402
+from memslice.plugin.deviceplugin.devices import (  # noqa: E402
     KUBELET_MAX_MESSAGE_BYTES,
     GpuShape,
     list_and_watch_bytes,

@@ -8,9 +8,7 @@ from pathlib import Path
 
 from memslice.compute import CONTAINER_COMPUTE_DIR
 from memslice.elastic import CONTAINER_ELASTIC_DIR, SLOTS, board_slot_path
-from memslice.proto import api_pb2
 
-from .allocator import Target
 from .regions import (
     CONTAINER_LIMITS_FILE,
     CONTAINER_PRELOAD,
@@ -51,22 +49,12 @@ class Mount:
 @dataclass(frozen=True)
 class Edits:
     """What a container gets, in neither kubelet API's wire form: Allocate wraps it in its protobuf
-    (container_response), DRA writes it as a CDI device's containerEdits (plugin/dra/cdi.py)."""
+    (plugin/deviceplugin/server.py container_response), DRA writes it as a CDI device's containerEdits
+    (plugin/dra/cdi.py)."""
 
     envs: dict[str, str]
     mounts: tuple[Mount, ...]
     cdi_devices: tuple[str, ...]  # fully qualified CDI device names the runtime must add (--visibility cdi)
-
-
-def container_response(target: Target, region_host_dir: Path, cfg: ResponseConfig, limit_mib: int = 0,
-                       elastic_slot: int = -1, compute_slot: int = -1) -> api_pb2.ContainerAllocateResponse:
-    """The Allocate answer for one container (container_edits in the device plugin's protobuf)."""
-    e = container_edits([g.uuid for g in target.gpus], target.mib, region_host_dir, cfg, limit_mib, elastic_slot,
-                        compute_slot)
-    return api_pb2.ContainerAllocateResponse(
-        envs=e.envs, mounts=[api_pb2.Mount(container_path=m.container_path, host_path=m.host_path,
-                                           read_only=m.read_only) for m in e.mounts],
-        cdi_devices=[api_pb2.CDIDevice(name=n) for n in e.cdi_devices])
 
 
 def container_edits(uuids: Sequence[str], mib: int, region_host_dir: Path, cfg: ResponseConfig, limit_mib: int = 0,

@@ -1,36 +1,15 @@
-"""The agent's shared state: GPUs, health, the allocation ledger and the pods of the node.
+"""The agent's shared state, both modes: the GPUs, their health and the allocation ledger, under one lock.
 
-One lock guards it; `changed` is notified whenever the device list changes so ListAndWatch streams wake.
+Device-plugin mode adds its device list and the node's pods (plugin/deviceplugin/state.py).
 """
 
 from __future__ import annotations
 
-import logging
 import threading
-from collections.abc import Iterable
 
-from memslice.contract import TERMINAL_PHASES
-from memslice.errors import ContractError
-from memslice.proto import api_pb2
-
-from .allocator import PodInfo, ReservedPod, parse_reservation
-from .devices import HEALTHY, UNHEALTHY, device_id, devices_per_gpu
 from .gpu.health import HealthBook
 from .gpu.nvml import GpuInfo
 from .ledger import Allocation
-
-log = logging.getLogger(__name__)
-
-def build_device_list(gpus: Iterable[GpuInfo], healthy: dict[str, bool], unit_mib: int
-                      ) -> api_pb2.ListAndWatchResponse:
-    resp = api_pb2.ListAndWatchResponse()
-    for gpu in gpus:
-        health = HEALTHY if healthy.get(gpu.uuid, False) else UNHEALTHY
-        topology = (api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=gpu.numa)])
-                    if gpu.numa is not None else None)
-        resp.devices.extend(api_pb2.Device(ID=device_id(gpu.index, n), health=health, topology=topology)
-                            for n in range(devices_per_gpu(gpu.mem_mib, unit_mib)))
-    return resp
 
 
 class NodeState:
@@ -39,91 +18,9 @@ class NodeState:
         self.unit_mib = unit_mib
         self.health = health
         self.lock = threading.RLock()
-        self.changed = threading.Condition(self.lock)
-        self.version = 1
-        self._list: tuple[int, api_pb2.ListAndWatchResponse] | None = None
         self.ledger: dict[str, Allocation] = {}
-        self.pods: dict[str, PodInfo] = {}
-        self.gone_uids: set[str] = set()
-        self._bad_reservations: set[str] = set()
-        # device IDs the agent last preferred -> the reservation and container it chose them for
-        self.preferred: dict[frozenset[str], tuple[ReservedPod, str]] = {}
-        self.pods_version = 0  # bumped by every pod event, so a caller can wait for the watch to catch up
 
-    # --- device list -------------------------------------------------------------------------------------
-    def bump(self) -> None:
-        """The device list changed (health): wake every ListAndWatch stream."""
-        with self.changed:
-            self.version += 1
-            self.changed.notify_all()
-
-    def device_list(self) -> tuple[int, api_pb2.ListAndWatchResponse]:
-        """The current full list, built once per version and shared by all streams."""
+    def ledger_copy(self) -> dict[str, Allocation]:
+        """A snapshot of the ledger, taken under the lock."""
         with self.lock:
-            if self._list is None or self._list[0] != self.version:
-                self._list = (self.version, build_device_list(self.gpus.values(), self.health.snapshot(),
-                                                              self.unit_mib))
-            return self._list
-
-    # --- pods ----------------------------------------------------------------------------------------------
-    def pods_replace(self, pods: Iterable[PodInfo]) -> None:
-        with self.changed:
-            new = {p.uid: p for p in pods}
-            self.gone_uids |= set(self.pods) - set(new)
-            self.pods = new
-            self._pods_changed()
-
-    def pod_upsert(self, pod: PodInfo) -> None:
-        with self.changed:
-            self.pods[pod.uid] = pod
-            if pod.phase in TERMINAL_PHASES:
-                self.gone_uids.add(pod.uid)
-            self._pods_changed()
-
-    def pod_delete(self, uid: str) -> None:
-        with self.changed:
-            self.pods.pop(uid, None)
-            self.gone_uids.add(uid)
-            self._pods_changed()
-
-    def _pods_changed(self) -> None:
-        self.pods_version += 1
-        self.changed.notify_all()
-
-    def wait_pods_changed(self, since: int, timeout: float) -> bool:
-        """Wait (at most `timeout` seconds) for a pod event after version `since`; whether one came."""
-        with self.changed:
-            return self.changed.wait_for(lambda: self.pods_version != since, timeout)
-
-    def reservations(self) -> list[ReservedPod]:
-        """Reservations of this node's pods that are not finished (a malformed one is logged once)."""
-        out = []
-        with self.lock:
-            pods = list(self.pods.values())
-        for pod in pods:
-            if pod.phase in TERMINAL_PHASES:
-                continue
-            try:
-                r = parse_reservation(pod)
-            except ContractError as exc:
-                if pod.uid not in self._bad_reservations:
-                    self._bad_reservations.add(pod.uid)
-                    log.error("%s", exc)
-                continue
-            if r is not None:
-                out.append(r)
-        return out
-
-    def taken(self) -> set[tuple[str, str]]:
-        """(pod UID, container) pairs that already hold an allocation."""
-        with self.lock:
-            return {(a.pod_uid, a.container) for a in self.ledger.values() if a.pod_uid}
-
-    def running_uids(self) -> set[str]:
-        """UIDs of this node's pods that the pod watch sees and that are not finished."""
-        with self.lock:
-            return {p.uid for p in self.pods.values() if p.phase not in TERMINAL_PHASES}
-
-    def uid_of(self) -> dict[tuple[str, str], str]:
-        with self.lock:
-            return {(p.namespace, p.name): p.uid for p in self.pods.values()}
+            return dict(self.ledger)

@@ -1,6 +1,6 @@
 """The second DevicePlugin service: `memslice.io/gpu-compute`, on its own socket.
 
-The kubelet counts a node's compute share with it: 100 devices per GPU, one per percent (plugin/devices.py,
+The kubelet counts a node's compute share with it: 100 devices per GPU, one per percent (devices.py,
 `c<gpu-index>-<n>`), healthy as the GPU is. Which GPU a container's share is on, and the share itself, are
 the extender's reservation (`memslice.io/gpu-compute-pct`, on the GPU of the container's memory): the memory
 Allocate writes them into the container's read-only limits file and provisions the compute slot
@@ -18,10 +18,10 @@ import grpc
 
 from memslice.proto import api_pb2, api_pb2_grpc
 
-from ..devices import COMPUTE_PER_GPU, HEALTHY, UNHEALTHY, DeviceIdError, bounded_list, compute_id, parse_compute_id
 from ..gpu.nvml import GpuInfo
 from ..metrics import Metrics
-from ..state import NodeState
+from .devices import COMPUTE_PER_GPU, HEALTHY, UNHEALTHY, DeviceIdError, bounded_list, compute_id, parse_compute_id
+from .state import PluginState
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def check_compute_ids(ids: list[str], gpu_indexes: set[int]) -> None:
 
 
 class ComputePluginService(api_pb2_grpc.DevicePluginServicer):
-    def __init__(self, state: NodeState, metrics: Metrics) -> None:
+    def __init__(self, state: PluginState, metrics: Metrics) -> None:
         self.state = state
         self.metrics = metrics
         self.closed = threading.Event()

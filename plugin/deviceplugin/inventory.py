@@ -16,9 +16,9 @@ from memslice.contract import ANN_GPU_MEM, ANN_GPU_UUID, ANN_GPUS, TERMINAL_PHAS
 from memslice.kube.backoff import Backoff
 from memslice.kube.informer import Informer
 
-from ..allocator import PodInfo
 from ..gpu.nvml import GpuInfo
-from ..state import NodeState
+from .allocator import PodInfo
+from .state import PluginState
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -115,10 +115,10 @@ class InventoryPublisher:
 
 
 class PodWatcher:
-    """Keeps NodeState.pods equal to the pods bound to this node (memslice.kube.informer: list, then watch
+    """Keeps PluginState.pods equal to the pods bound to this node (memslice.kube.informer: list, then watch
     from its resourceVersion; relist on 410 Gone; reconnect with backoff when the API server goes away)."""
 
-    def __init__(self, api: ApiClient, node: str, state: NodeState, on_gone: Callable[[], None],
+    def __init__(self, api: ApiClient, node: str, state: PluginState, on_gone: Callable[[], None],
                  watch_timeout_s: int = 60) -> None:
         self.api = api
         self.node = node

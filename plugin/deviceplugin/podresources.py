@@ -8,8 +8,8 @@ import grpc
 
 from memslice.proto import podresources_pb2, podresources_pb2_grpc
 
-from ..allocator import RESOURCE_NAME
-from ..ledger import LiveContainer
+from .allocator import RESOURCE_NAME
+from .reconcile import LiveContainer
 
 # List returns every pod's devices; with one device per MiB that can be large.
 MAX_RECEIVE_BYTES = 64 * 1024 * 1024

@@ -20,8 +20,8 @@ import grpc
 
 from memslice.proto import api_pb2, api_pb2_grpc
 
-from ..allocator import RESOURCE_NAME
 from ..metrics import Metrics
+from .allocator import RESOURCE_NAME
 from .server import PluginServer
 
 log = logging.getLogger(__name__)

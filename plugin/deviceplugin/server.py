@@ -19,7 +19,13 @@ from memslice.contract import ANN_GPU_COUNT
 from memslice.contract import RESOURCE as RESOURCE_NAME
 from memslice.proto import api_pb2, api_pb2_grpc
 
-from ..allocator import (
+from ..compute_slots import provision_all
+from ..elastic.slots import assign_slot, write_roster
+from ..ledger import Allocation
+from ..metrics import Metrics
+from ..regions import RegionStore
+from ..response import ResponseConfig, container_edits
+from .allocator import (
     AllocationError,
     ReservedPod,
     Target,
@@ -29,14 +35,9 @@ from ..allocator import (
     group_by_gpu,
     spanning_owner,
 )
-from ..compute_slots import provision_all
-from ..devices import DeviceIdError
-from ..elastic.slots import assign_slot, write_roster
-from ..ledger import Allocation, region_id_for
-from ..metrics import Metrics
-from ..regions import RegionStore
-from ..response import ResponseConfig, container_response
-from ..state import NodeState
+from .devices import DeviceIdError
+from .reconcile import region_id_for
+from .state import PluginState
 
 if TYPE_CHECKING:
     from .compute import ComputePluginService
@@ -51,8 +52,19 @@ _PREFERRED_MEMORY = 256
 RESERVATION_WAIT_S = 0.5
 
 
+def container_response(target: Target, region_host_dir: Path, cfg: ResponseConfig, limit_mib: int = 0,
+                       elastic_slot: int = -1, compute_slot: int = -1) -> api_pb2.ContainerAllocateResponse:
+    """The Allocate answer for one container (container_edits in the device plugin's protobuf)."""
+    e = container_edits([g.uuid for g in target.gpus], target.mib, region_host_dir, cfg, limit_mib, elastic_slot,
+                        compute_slot)
+    return api_pb2.ContainerAllocateResponse(
+        envs=e.envs, mounts=[api_pb2.Mount(container_path=m.container_path, host_path=m.host_path,
+                                           read_only=m.read_only) for m in e.mounts],
+        cdi_devices=[api_pb2.CDIDevice(name=n) for n in e.cdi_devices])
+
+
 class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
-    def __init__(self, state: NodeState, regions: RegionStore, rcfg: ResponseConfig, metrics: Metrics
+    def __init__(self, state: PluginState, regions: RegionStore, rcfg: ResponseConfig, metrics: Metrics
                  ) -> None:
         self.state = state
         self.regions = regions

@@ -20,6 +20,8 @@ from typing import Any
 from memslice import errors
 
 from ..config import AgentConfig
+from ..gpu.health import HealthBook
+from ..gpu.nvml import GpuInfo
 from ..metrics import Metrics
 from ..regions import RegionStore
 from ..response import ResponseConfig
@@ -183,3 +185,52 @@ def start_dra(cfg: AgentConfig, state: NodeState, regions: RegionStore, rcfg: Re
     log.info("DRA driver %s: serving %s on %s, registration socket %s", DRIVER, ", ".join(SERVICES),
              server.socket_path, registration.socket)
     return DraParts(driver, server, registration, slices)
+
+
+class DraMode:
+    """The hooks NodeAgent.start calls in DRA mode (plugin/deviceplugin/agent.py DevicePluginMode is the other)."""
+
+    needs_api = True  # ResourceSlices are published and ResourceClaims read through it
+
+    def __init__(self, cfg: AgentConfig, regions: RegionStore, metrics: Metrics) -> None:
+        self.cfg = cfg
+        self.regions = regions
+        self.metrics = metrics
+        self.state: NodeState | None = None
+        self.api: Any = None
+        self.parts: DraParts | None = None
+
+    def check(self, gpus: list[GpuInfo]) -> None:
+        """Nothing to check before installing: a ResourceSlice has no size limit memslice can reach."""
+
+    def new_state(self, gpus: list[GpuInfo], health: HealthBook) -> NodeState:
+        self.state = NodeState(gpus, self.cfg.unit_mib, health)
+        return self.state
+
+    def recover(self) -> None:
+        """Nothing yet: the checkpoint is recovered in serve(), before the DRA socket serves."""
+
+    def without_api(self, how: str) -> None:
+        raise DraStartError(f"--kubelet-api dra needs the Kubernetes API (to publish ResourceSlices and read "
+                            f"ResourceClaims), but {how}")
+
+    def watch(self, api: Any) -> None:
+        self.api = api
+
+    def serve(self, rcfg: ResponseConfig) -> None:
+        assert self.state is not None, "new_state() comes first"
+        self.parts = start_dra(self.cfg, self.state, self.regions, rcfg, self.api, self.metrics)
+
+    def health_changed(self) -> None:
+        if self.parts is not None:
+            self.parts.slices.mark_dirty()
+
+    def live(self) -> bool:
+        return True  # no reconcile loop in DRA mode: the kubelet's Unprepare calls clean up
+
+    def ready(self) -> bool | str:
+        return self.parts.ready() if self.parts is not None else False
+
+    def stop(self) -> None:
+        if self.parts is not None:
+            self.parts.stop()

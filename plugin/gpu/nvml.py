@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from memslice import errors
 from memslice.limits import DRIVER_SONAMES, own_mapped_libraries
 
-from ..devices import GpuShape
-
 log = logging.getLogger(__name__)
 
 DEFAULT_SIM_GPUS = "16GiB"
@@ -40,9 +38,6 @@ class GpuInfo:
     cuda_total_mib: int | None = None  # cuDeviceTotalMem_v2; None: libcuda could not be read
     nvlink: tuple[int, ...] = ()  # indices of the GPUs it reaches by NVLink (NVML P2P status); () also unknown
     pcie: str | None = None  # its PCIe switch label (GPUs with the same one share a switch); None: unknown
-
-    def shape(self) -> GpuShape:
-        return GpuShape(index=self.index, mem_mib=self.mem_mib, numa=self.numa)
 
 
 @dataclass(frozen=True)

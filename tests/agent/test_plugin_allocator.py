@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from memslice.contract import ANN_ASSUMED_AT, ANN_GPU_MEM, ANN_GPU_UUID
 from memslice.errors import ContractError
-from memslice.plugin.allocator import (
+from memslice.plugin.deviceplugin.allocator import (
     AllocationError,
     AvailableIds,
     PodInfo,
@@ -25,7 +25,7 @@ from memslice.plugin.allocator import (
     spanning_owner,
     split_units,
 )
-from memslice.plugin.devices import DeviceIdError
+from memslice.plugin.deviceplugin.devices import DeviceIdError
 from memslice.plugin.gpu.nvml import GpuInfo
 
 GPUS = {0: GpuInfo(0, "GPU-a", "Sim", 1000, 0, False), 1: GpuInfo(1, "GPU-b", "Sim", 1000, 1, False)}

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memslice.plugin.devices import (
+from memslice.plugin.deviceplugin.devices import (
     HEALTHY,
     KUBELET_MAX_MESSAGE_BYTES,
     UNHEALTHY,
@@ -20,8 +20,8 @@ from memslice.plugin.devices import (
     smallest_fitting_unit,
     worst_case_bytes,
 )
+from memslice.plugin.deviceplugin.state import build_device_list
 from memslice.plugin.gpu.nvml import GpuInfo
-from memslice.plugin.state import build_device_list
 
 GiB = 1024
 

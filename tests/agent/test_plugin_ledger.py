@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from memslice.plugin.ledger import REGION_ID, Allocation, LiveContainer, reconcile, region_id_for
+from memslice.plugin.deviceplugin.reconcile import LiveContainer, reconcile, region_id_for
+from memslice.plugin.ledger import REGION_ID, Allocation
 
 
 def alloc(ids, created=0.0, uid="", pod=""):

@@ -13,7 +13,8 @@ import sys
 from memslice import errors
 
 MEMSLICE = [sys.executable, "-m", "memslice"]
-PACKAGES = ["memslice", "memslice.plugin", "memslice.scheduler_extender", "memslice.interposer"]
+PACKAGES = ["memslice", "memslice.plugin", "memslice.plugin.deviceplugin", "memslice.scheduler_extender",
+            "memslice.interposer"]
 
 
 def test_agent_refuses_a_device_list_over_the_kubelet_limit_in_one_line(tmp_path):

@@ -29,7 +29,7 @@ from memslice.contract import (
 )
 from memslice.errors import ContractError
 from memslice.kube.config import load_api_client
-from memslice.plugin.allocator import PodInfo, match_reservation, parse_reservation
+from memslice.plugin.deviceplugin.allocator import PodInfo, match_reservation, parse_reservation
 from memslice.scheduler_extender.placement.records import ASSUMED_AT, GPU, pod_record
 
 # ------------------------------------------------------------------------------------------ valid values

@@ -79,7 +79,7 @@ def test_configuration_is_v1_with_one_profile_and_the_extender() -> None:
 
 
 def test_the_managed_resource_is_the_one_the_node_agent_advertises() -> None:
-    from memslice.plugin.allocator import RESOURCE_NAME
+    from memslice.plugin.deviceplugin.allocator import RESOURCE_NAME
 
     assert extender_config()["managedResources"][0]["name"] == RESOURCE_NAME
 

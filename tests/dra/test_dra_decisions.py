@@ -448,9 +448,10 @@ def test_kubelet_api_flag() -> None:
 
 @pytest.mark.parametrize("visibility,preload", [("env", "file"), ("cdi", "env")])
 def test_cdi_edits_carry_everything_allocate_carries(tmp_path, visibility, preload) -> None:
-    from memslice.plugin.allocator import Target
+    from memslice.plugin.deviceplugin.allocator import Target
+    from memslice.plugin.deviceplugin.server import container_response
     from memslice.plugin.dra.cdi import CdiDevice, CdiSpecs, extra_device_ids
-    from memslice.plugin.response import ResponseConfig, container_edits, container_response
+    from memslice.plugin.response import ResponseConfig, container_edits
 
     rcfg = ResponseConfig(shim_host_dir=tmp_path / "lib", preload=preload, visibility=visibility)
     resp = container_response(Target(gpu=GPU, device_ids=(), mib=4096), tmp_path / "regions" / "g0-x", rcfg)

@@ -90,9 +90,10 @@ def test_containers_see_the_elastic_directory_read_only_and_only_their_own_slot_
     """25.3, 35.3: the Allocate response mounts the directory read-only and the container's own slot file of
     its GPU's board read-write, nothing else; without a slot (the board full), nothing read-write."""
     from memslice.elastic import CONTAINER_ELASTIC_DIR
-    from memslice.plugin.allocator import Target
+    from memslice.plugin.deviceplugin.allocator import Target
+    from memslice.plugin.deviceplugin.server import container_response
     from memslice.plugin.gpu.nvml import GpuInfo
-    from memslice.plugin.response import ResponseConfig, container_response
+    from memslice.plugin.response import ResponseConfig
 
     gpu = GpuInfo(index=0, uuid="GPU-x", model="m", mem_mib=8192, numa=None, mig=False)
     target = Target(gpu=gpu, device_ids=("g0-1",), mib=1024)
@@ -256,9 +257,10 @@ def contained(edir: Path, uuid: str, slot: int, code: str, *args: str) -> subpro
     Allocate response gives that container (the directory read-only, its own slot file read-write), as root
     there (a user namespace: all containers may run as root)."""
     from memslice.elastic import CONTAINER_ELASTIC_DIR
-    from memslice.plugin.allocator import Target
+    from memslice.plugin.deviceplugin.allocator import Target
+    from memslice.plugin.deviceplugin.server import container_response
     from memslice.plugin.gpu.nvml import GpuInfo
-    from memslice.plugin.response import ResponseConfig, container_response
+    from memslice.plugin.response import ResponseConfig
 
     if subprocess.run(["unshare", "-Urm", "true"], capture_output=True).returncode != 0:
         pytest.skip("needs user and mount namespaces (unshare -Urm)")

@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 from conftest import run
 
-from memslice.plugin.allocator import Target
+from memslice.plugin.deviceplugin.allocator import Target
+from memslice.plugin.deviceplugin.server import container_response
 from memslice.plugin.gpu.nvml import GpuInfo
 from memslice.plugin.regions import install_sim_driver
-from memslice.plugin.response import ResponseConfig, container_response
+from memslice.plugin.response import ResponseConfig
 
 HOLDER = r"""
 import ctypes, json, sys

@@ -18,6 +18,7 @@ from memslice.contract import RESOURCE as RESOURCE_NAME
 from memslice.contract import units_for
 from memslice.elastic import ANN_LIMIT_RECORD, LimitAnnotationError, parse_limit_record, pod_limits
 
+from ..gpu.nvml import GpuInfo
 from .devices import (
     bounded_list,
     device_id,
@@ -26,7 +27,6 @@ from .devices import (
     parse_device_id,
     show_id,
 )
-from .gpu.nvml import GpuInfo
 
 __all__ = ["RESOURCE_NAME"]  # re-exported: registration and pod-resources name the resource through here
 
