@@ -164,9 +164,8 @@ def claim_of(cluster: RealCluster, pod: dict[str, Any]) -> dict[str, Any]:
 
 
 # TENANT, waiting after its context for a line on stdin: the 8 tenants below make their contexts one at a time
-# before any allocates. A context made while neighbours make theirs or allocate on its GPU is measured by the
-# drop in the driver's free memory too, which their memory inflates: it is over-charged, or refused
-# (tests/shim/test_shim_context_among_neighbours.py, xfail): that product bug is not what this test checks.
+# before any allocates, so that this test checks placement and quotas only. (A context made while neighbours
+# allocate is measured net of their NVML growth: tests/shim/test_shim_context_among_neighbours.py.)
 TENANT_AFTER_GO = TENANT.replace("held, refused = [], None", "print('context', flush=True)\nsys.stdin.readline()\n"
                                  "held, refused = [], None")
 assert TENANT_AFTER_GO != TENANT
