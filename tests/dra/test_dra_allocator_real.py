@@ -112,8 +112,9 @@ def add_node(cluster: RealCluster, name: str) -> None:
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     res = {"cpu": "64", "memory": "512Gi", "pods": "110"}
     cluster.ok("PATCH", f"/api/v1/nodes/{name}/status", {"status": {
-        "capacity": res, "allocatable": res, "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                                             "lastHeartbeatTime": now, "lastTransitionTime": now}]}},
+        "capacity": res, "allocatable": res, "conditions": [{
+            "type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": now,
+            "lastTransitionTime": now}]}},
                content_type="application/strategic-merge-patch+json")
     cluster.ok("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": None}},
                content_type="application/merge-patch+json")
@@ -207,14 +208,17 @@ def test_the_real_allocations_are_what_the_cases_say(real_outcomes) -> None:
         c = got[case][step]
         if c is None:
             return None
-        return [(r["request"], r["device"], r["consumedCapacity"]) for r in c["status"]["allocation"]["devices"]["results"]]
+        return [(r["request"], r["device"], r["consumedCapacity"])
+                for r in c["status"]["allocation"]["devices"]["results"]]
 
     assert results("a memory request") == [("gpu", "gpu-0", {"memory": "4Gi", "compute": "0"})]
-    assert results("no memory named: the requestPolicy default") == [("gpu", "gpu-0", {"memory": "1Gi", "compute": "0"})]
+    assert results("no memory named: the requestPolicy default") == [
+        ("gpu", "gpu-0", {"memory": "1Gi", "compute": "0"})]
     assert results("below validRange.min: raised to it")[0][2]["memory"] == "256Mi"  # type: ignore[index]
     assert results("between steps: rounded up to min + n*step")[0][2]["memory"] == "301Mi"  # type: ignore[index]
     assert results("over validRange.max: not allocated") is None
-    assert results("firstAvailable: the first fits no GPU") == [("gpu/small", "gpu-0", {"memory": "3Gi", "compute": "0"})]
+    assert results("firstAvailable: the first fits no GPU") == [
+        ("gpu/small", "gpu-0", {"memory": "3Gi", "compute": "0"})]
     assert results("firstAvailable: the first fits") == [("gpu/big", "gpu-0", {"memory": "8Gi", "compute": "0"})]
     assert [d for _, d, _ in results("count 2: two GPUs") or []] == ["gpu-0", "gpu-1"]
     assert results("count 3 on two GPUs: not allocated") is None

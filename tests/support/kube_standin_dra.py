@@ -14,7 +14,8 @@ DeviceClasses (list/watch/get/create/update/patch/delete over HTTP, like every s
   shares of one request go to different devices (a request never takes one device twice);
 - the result carries `request`, `driver`, `pool`, `device`, a fresh `shareID` and `consumedCapacity`
   (every capacity of the device, as the API requires); `config` gets each class's opaque config once (source
-  FromClass, without `requests`: for all the requests of that class) then the claim's (FromClaim); `nodeSelector` pins the node; `reservedFor` names the pod.
+  FromClass, without `requests`: for all the requests of that class) then the claim's (FromClaim);
+  `nodeSelector` pins the node; `reservedFor` names the pod.
 
 These rules are checked case by case against the real kube-scheduler: tests/dra/test_dra_allocator_real.py.
 
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -243,9 +245,11 @@ def _allocate_one(kube: KubeApiStandin, exactly: dict[str, Any], slices: list[di
     return got, cls
 
 
-def allocate(kube: KubeApiStandin, namespace: str, name: str, node: str, pod: dict[str, Any] | None = None
-             ) -> dict[str, Any]:
-    """Allocate claim namespace/name on `node` as kube-scheduler would; returns the stored claim."""
+def allocate(kube: Any, namespace: str, name: str, node: str, pod: dict[str, Any] | None = None,
+             edit: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Allocate claim namespace/name on `node` as kube-scheduler would; returns the stored claim. `edit` changes
+    the claim's status before it is written (once: a real API server refuses to change an allocation): a test
+    writing what another or a hostile scheduler would."""
     c = kube.get("ResourceClaim", namespace, name)
     assert c is not None, f"no claim {namespace}/{name}"
     used = _consumed(kube)
@@ -286,4 +290,6 @@ def allocate(kube: KubeApiStandin, namespace: str, name: str, node: str, pod: di
         status["reservedFor"] = [{"resource": "pods", "name": pod["metadata"]["name"],
                                   "uid": pod["metadata"]["uid"]}]
     c["status"] = status
+    if edit is not None:
+        edit(c)
     return kube.put(c)
