@@ -135,7 +135,7 @@ def start_dra(cfg: AgentConfig, state: NodeState, regions: RegionStore, rcfg: Re
     driver = DraDriver(state, regions, specs, Checkpoint(plugin_dir / CHECKPOINT_NAME), rcfg,
                        api_claim_reader(kube), pool=node, capacity_mib=lambda: caps,
                        lock_file=plugin_dir / LOCK_FILE if cfg.pod_uid else None, read_pod=api_pod_reader(kube),
-                       post_event=kube.claim_event, node=node, write_status=kube.write_claim_status)
+                       post_event=kube.claim_event, node=node, write_status=kube.patch_claim_status)
     try:
         driver.recover()
     except (CheckpointError, ClaimError) as exc:  # ClaimError: serialize.lock held by the other instance too long

@@ -106,20 +106,11 @@ class DraApi:
         finally:
             resp.release_conn()
 
-    def write_claim_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
-        """Write `body`'s status fields (status.devices) into a ResourceClaim's status, conditional on
-        `body`'s metadata.resourceVersion (409 when the claim changed meanwhile). A PUT of the status
-        subresource, not a patch: kube-apiserver 1.37 refuses every patch (merge, strategic, JSON) of the status
-        of a claim whose allocation carries an opaque config, as if it removed the allocation (422 "field
-        cannot be modified once set"; tests/dra/test_dra_node.py, on the real API server)."""
-        want = str((body.get("metadata") or {}).get("resourceVersion") or "")
-        claim = self.claim(namespace, name)
-        have = str((claim.get("metadata") or {}).get("resourceVersion") or "")
-        if want and have != want:
-            raise KubeError(409, f"ResourceClaim {namespace}/{name} changed (resourceVersion {have}, not {want})")
-        claim["status"] = {**(claim.get("status") or {}), **(body.get("status") or {})}
-        _json(lambda: self.resource.replace_namespaced_resource_claim_status(
-            name, namespace, claim, **RAW))  # type: ignore[arg-type]
+    def patch_claim_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        """A JSON merge patch of a ResourceClaim's status (its status.devices; resourceVersion in `body` makes
+        it conditional: 409 when the claim changed meanwhile)."""
+        _json(lambda: self.resource.patch_namespaced_resource_claim_status(
+            name, namespace, body, _content_type="application/merge-patch+json", **RAW))
 
     def claim_event(self, namespace: str, body: dict[str, Any]) -> None:
         """A core/v1 Event about a ResourceClaim, in its namespace."""

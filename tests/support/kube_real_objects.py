@@ -2,8 +2,9 @@
 `list`, `delete`, `wait_for`, `kubeconfig`), so that the same test bodies run against the real server: its
 validation, defaulting, canonical quantities, status subresource, resourceVersions and watches.
 
-- `put` creates the object (POST) or replaces it (PUT, with the stored resourceVersion); an object with a
-  `status` then gets it written through the status subresource, as the scheduler or the kubelet write theirs.
+- `put` creates the object (POST) or replaces it (PUT, with the stored resourceVersion), in compact JSON as Go
+  clients send it; an object with a `status` then gets it written through the status subresource, as the
+  scheduler or the kubelet write theirs.
   A Pod's `spec.priority` becomes a PriorityClass of that value (the Priority admission plugin resolves
   the value from the class; it refuses a pod that sets it itself).
 - every call is made as the cluster's admin; the node agent under test gets an admin kubeconfig (RBAC for the
@@ -15,6 +16,7 @@ validation, defaulting, canonical quantities, status subresource, resourceVersio
 from __future__ import annotations
 
 import copy
+import json
 import time
 import urllib.parse
 from typing import Any
@@ -31,6 +33,13 @@ def _collection(kind: str, namespace: str | None) -> str:
     api, plural, namespaced = _API[kind]
     base = f"/api/{api}" if "/" not in api else f"/apis/{api}"
     return f"{base}/namespaces/{namespace}/{plural}" if namespaced and namespace else f"{base}/{plural}"
+
+
+def _compact(obj: dict[str, Any]) -> bytes:
+    """JSON as Go clients write it (no spaces). The API server keeps an opaque config's bytes as sent and later
+    compares them byte for byte: a claim sent with spaces fails every status patch as "changing the allocation"
+    (Go re-encodes it compact), which no claim made by kube-controller-manager or kubectl does."""
+    return json.dumps(obj, separators=(",", ":")).encode()
 
 
 class RealObjects:
@@ -70,13 +79,13 @@ class RealObjects:
         if have is None:
             meta.pop("resourceVersion", None)
             meta.pop("uid", None)
-            stored = self.cluster.ok("POST", path.rsplit("/", 1)[0], obj)
+            stored = self.cluster.ok("POST", path.rsplit("/", 1)[0], _compact(obj))
         else:
             meta["resourceVersion"] = have["metadata"]["resourceVersion"]
-            stored = self.cluster.ok("PUT", path, obj)
+            stored = self.cluster.ok("PUT", path, _compact(obj))
         if status_part is not None and kind not in ("Event",):
             stored["status"] = status_part
-            stored = self.cluster.ok("PUT", f"{path}/status", stored)
+            stored = self.cluster.ok("PUT", f"{path}/status", _compact(stored))
         return dict(stored)
 
     def _priority_class(self, value: int) -> str:
