@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import kube_standin_dra as dra
-from test_dra_node import CLASS, DRIVER, KUBE, NODE, make_claim, prepared_spec
+from test_dra_node import CLASS, DRIVER, KUBE, NODE, NS, make_claim, prepared_spec
 from test_dra_node import standin_world as standin_world  # the fixtures, shared
 from test_dra_node import world as world
 
@@ -27,11 +27,11 @@ def compute_claim(kube: Any, name: str, pct: int | None, limit: int | None = Non
     """A claim of 1Gi on gpu-0 asking `pct` compute (None: naming none), allocated by the stand-in's copy of the
     allocator, which consumes it as the real one does (tests/dra/test_dra_allocator_real.py)."""
     cfg = {**CONFIG, "computeLimit": limit} if limit is not None else None
-    body = dra.claim(name, "1Gi", class_name=CLASS, **({"config": cfg} if cfg else {}))
+    body = dra.claim(name, "1Gi", namespace=NS, class_name=CLASS, **({"config": cfg} if cfg else {}))
     if pct is not None:
         body["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["compute"] = str(pct)
     kube.put(body)
-    return dra.allocate(kube, "default", name, NODE, edit=edit)
+    return dra.allocate(kube, NS, name, NODE, edit=edit)
 
 
 def forged(kube: Any, name: str, pct: str, limit: int | None = None) -> dict[str, Any]:
@@ -78,7 +78,7 @@ def test_the_slice_offers_compute_and_prepare_enforces_the_allocated_share(world
     # unprepare frees a's slot; a new claim takes it (a's and the refused claim's pods gone: deallocated)
     assert node.kubelet.unprepare(DRIVER, a).claims[a["metadata"]["uid"]].error == ""
     for gone in ("a", "over"):
-        kube.delete("ResourceClaim", "default", gone)
+        kube.delete("ResourceClaim", NS, gone)
     assert compute.read_roster(host, uuid) == {1: compute.RosterEntry(1, 50, None, 0)}
     c = compute_claim(kube, "c", 20)
     assert limits_of(prepared_spec(node, node.kubelet.prepare(DRIVER, c), c)[1])["compute_slot"] == "0"
@@ -127,10 +127,10 @@ def test_a_compute_claim_gets_its_pods_priority(world) -> None:
     """The pod's PriorityClass value orders who waits first: the agent reads the claim's consumer pod (as for
     an elastic claim) and writes its priority into the roster and the limits file."""
     kube, node = world
-    pod = kube.put({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "hi", "namespace": "default"},
+    pod = kube.put({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "hi", "namespace": NS},
                     "spec": {"nodeName": "gpu-a", "priority": 500, "containers": [{"name": "lab", "image": "x"}]}})
-    kube.put(dra.claim("hi", "1Gi", class_name=CLASS))
-    claim = dra.allocate(kube, "default", "hi", "gpu-a", pod=pod, edit=lambda c: c["status"]["allocation"]["devices"][
+    kube.put(dra.claim("hi", "1Gi", namespace=NS, class_name=CLASS))
+    claim = dra.allocate(kube, NS, "hi", "gpu-a", pod=pod, edit=lambda c: c["status"]["allocation"]["devices"][
         "results"][0]["consumedCapacity"].update(compute="25"))
     env, mounts = prepared_spec(node, node.kubelet.prepare(DRIVER, claim), claim)
     keys = limits_of(mounts)

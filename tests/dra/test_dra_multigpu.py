@@ -16,7 +16,7 @@ import pytest
 from kube_real import RealCluster
 from kube_real_objects import RealObjects
 from test_dra_compute import limits_of
-from test_dra_node import CLASS, DRIVER, NODE, DraNode, node_on, prepared_spec, real_objects
+from test_dra_node import CLASS, DRIVER, NODE, NS, DraNode, node_on, prepared_spec, real_objects
 
 from memslice import compute, elastic
 
@@ -34,7 +34,7 @@ def claim_on(kube: Any, name: str, devices: list[str], memory: str, compute_pct:
              config: dict | None = None, uneven: bool = False) -> dict:
     """A claim with one share on each of `devices`, in that order, as kube-scheduler writes `count: N` (the
     results written by hand, so that their order can differ from the devices'; stored by the real API server)."""
-    kube.put(dra.claim(name, memory, class_name=CLASS, config=config))
+    kube.put(dra.claim(name, memory, namespace=NS, class_name=CLASS, config=config))
 
     def edit(c: dict) -> None:
         results = c["status"]["allocation"]["devices"]["results"]
@@ -45,7 +45,7 @@ def claim_on(kube: Any, name: str, devices: list[str], memory: str, compute_pct:
         if uneven:  # what no allocator writes for one request: a smaller share on the second GPU
             results[1]["consumedCapacity"] = {**results[1]["consumedCapacity"], "memory": "1Gi"}
 
-    return dra.allocate(kube, "default", name, NODE, edit=edit)
+    return dra.allocate(kube, NS, name, NODE, edit=edit)
 
 
 def test_a_claim_on_two_gpus_gets_one_region_and_one_slot_free_on_both(two_gpus) -> None:
@@ -82,7 +82,7 @@ def test_a_claim_on_two_gpus_gets_one_region_and_one_slot_free_on_both(two_gpus)
     assert len(writable) == 4
     assert len(list(node.regions.glob("*.limits"))) == 2  # one region per claim
     # status.devices: one entry per share, the quota per GPU
-    stored = kube.get("ResourceClaim", "default", "tp")
+    stored = kube.get("ResourceClaim", NS, "tp")
     assert stored is not None
     ours = [d for d in stored["status"]["devices"] if d["driver"] == DRIVER]
     assert sorted((d["device"], d["data"]["quota"], d["data"]["limit"]) for d in ours) == [

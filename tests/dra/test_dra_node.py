@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DRIVER = "memslice.io"
 NODE = "gpu-a"
 CDI_KIND = "memslice.io/gpu-mem"
+NS = "dra-node"  # the claims' and pods' namespace
 CLASS = "gpu-mem.memslice-test"  # the class of deploy/ but named apart: deploy/'s claim policy is not the point here
 KUBE = pytest.mark.xdist_group("kube")  # on the session's real API server: the "kube" worker
 
@@ -57,7 +58,7 @@ KUBE = pytest.mark.xdist_group("kube")  # on the session's real API server: the 
 class DraNode:
     """A node agent in DRA mode on a simulated node, with its kubelet DRA stand-in."""
 
-    def __init__(self, root: Path, kube: KubeApiStandin, gpus: str = "16GiB",
+    def __init__(self, root: Path, kube: Any, gpus: str = "16GiB",
                  services: tuple[str, ...] | None = None, pod_uid: str = "", wipe_delay_s: float = 30.0,
                  extra: tuple[str, ...] = ()) -> None:
         self.root, self.kube, self.gpus, self.pod_uid, self.extra = root, kube, gpus, pod_uid, extra
@@ -197,14 +198,14 @@ def node_on(kube: Any, **kw: Any) -> Iterator[DraNode]:
 
 @contextmanager
 def real_objects(cluster: RealCluster) -> Iterator[RealObjects]:
-    """The real API server, with no claim, pod or event in "default" and no slice of NODE left by others."""
+    """The real API server, with no claim, pod or event in NS and no slice of NODE left by others."""
     kube = RealObjects(cluster)
-    cluster.ensure_namespace("default")
-    kube.clear("default", NODE)
+    cluster.ensure_namespace(NS)
+    kube.clear(NS, NODE)
     try:
         yield kube
     finally:
-        kube.clear("default", NODE)
+        kube.clear(NS, NODE)
 
 
 @pytest.fixture
@@ -222,8 +223,8 @@ def standin_world() -> Iterator[tuple[KubeApiStandin, DraNode]]:
 def make_claim(kube: Any, name: str, memory: str | None, edit: Any = None, **kw: Any) -> dict[str, Any]:
     """Claim `name` allocated by the stand-in's copy of the allocator (its status changed by `edit` before it is
     written, where a test writes what another scheduler would)."""
-    kube.put(dra.claim(name, memory, class_name=CLASS, **kw))
-    return dra.allocate(kube, "default", name, NODE, edit=edit)
+    kube.put(dra.claim(name, memory, namespace=NS, class_name=CLASS, **kw))
+    return dra.allocate(kube, NS, name, NODE, edit=edit)
 
 
 def run_tenant(env: dict[str, str]) -> subprocess.Popen[str]:
@@ -311,13 +312,13 @@ def _with_result(kube: KubeApiStandin, name: str, **changes: Any) -> dict[str, A
 
 def _deleted(kube: KubeApiStandin) -> dict[str, Any]:
     c = make_claim(kube, "gone", "1Gi")
-    kube.delete("ResourceClaim", "default", "gone")
+    kube.delete("ResourceClaim", NS, "gone")
     return c
 
 
 def _recreated(kube: KubeApiStandin) -> dict[str, Any]:
     c = make_claim(kube, "again", "1Gi")
-    kube.delete("ResourceClaim", "default", "again")
+    kube.delete("ResourceClaim", NS, "again")
     make_claim(kube, "again", "1Gi")
     return c
 
@@ -330,9 +331,9 @@ def _configured(name: str, **params: Any) -> Any:
 
 def _orphan(kube: KubeApiStandin) -> dict[str, Any]:
     """An elastic claim reserved for a pod that does not exist (deleted after scheduling)."""
-    kube.put(dra.claim("orphan", "1Gi", class_name=CLASS, config={
+    kube.put(dra.claim("orphan", "1Gi", namespace=NS, class_name=CLASS, config={
         "apiVersion": "memslice.io/v1alpha1", "kind": "GpuMemConfig", "limit": "2Gi"}))
-    return dra.allocate(kube, "default", "orphan", NODE, pod={"metadata": {"name": "gone", "uid": "u-gone"}})
+    return dra.allocate(kube, NS, "orphan", NODE, pod={"metadata": {"name": "gone", "uid": "u-gone"}})
 
 
 BAD = {
@@ -385,7 +386,7 @@ BAD_ELASTIC = {
     "idleRelease alone": (_configured("idle", idleRelease=True), "idleRelease: true without a limit above"),
     "limit 1E99": (_configured("vast", limit="1E99"), "limit='1E99' is absurdly large"),  # issue 35.9
     "limit of 64 nines": (_configured("nines", limit="9" * 64), f"limit='{'9' * 24}"),
-    "elastic claim of a deleted pod": (_orphan, "reserved for pod(s) gone in default, but none exists"),
+    "elastic claim of a deleted pod": (_orphan, f"reserved for pod(s) gone in {NS}, but none exists"),
 }
 
 
@@ -406,14 +407,13 @@ def test_a_config_entry_for_another_request_is_not_applied(world) -> None:
     that was not chosen, `requests: [gpu/large]`) is not applied: the claim is prepared as a plain quota of its
     request, not elastic up to that entry's limit."""
     kube, node = world
-    kube.put({"apiVersion": dra.GROUP_VERSION, "kind": "ResourceClaim", "metadata": {"name": "scoped", "namespace":
-                                                                                     "default"},
+    kube.put({"apiVersion": dra.GROUP_VERSION, "kind": "ResourceClaim", "metadata": {"name": "scoped", "namespace": NS},
               "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [
                   {"name": "large", "deviceClassName": CLASS, "capacity": {"requests": {"memory": "64Gi"}}},
                   {"name": "small", "deviceClassName": CLASS, "capacity": {"requests": {"memory": "1Gi"}}}]}],
                   "config": [{"requests": ["gpu/large"], "opaque": {"driver": DRIVER, "parameters": {
                       "apiVersion": "memslice.io/v1alpha1", "kind": "GpuMemConfig", "limit": "4Gi"}}}]}}})
-    c = dra.allocate(kube, "default", "scoped", NODE)
+    c = dra.allocate(kube, NS, "scoped", NODE)
     assert [r["request"] for r in c["status"]["allocation"]["devices"]["results"]] == ["gpu/small"]
     resp = node.kubelet.prepare(DRIVER, c)
     entry = resp.claims[c["metadata"]["uid"]]
@@ -468,7 +468,7 @@ def test_unhealthy_gpu_is_tainted_and_restored(world) -> None:
     c = make_claim(kube, "late", "1Gi")
     inject_xid(node.state, 0, 79)  # fallen off the bus: critical
 
-    def taints(k: KubeApiStandin) -> list[str] | None:
+    def taints(k: Any) -> list[str] | None:
         s = [x for x in k.list("ResourceSlice") if x["spec"]["nodeName"] == NODE]
         if len(s) != 1 or len(s[0]["spec"]["devices"]) != 1:
             return None
@@ -518,7 +518,7 @@ def test_a_claim_says_what_it_got_can_oversubscribe_and_runs_the_check_pod(world
         assert resp.claims[c["metadata"]["uid"]].error == ""
 
     def statuses(name: str) -> list[dict[str, Any]]:
-        got = kube.get("ResourceClaim", "default", name)
+        got = kube.get("ResourceClaim", NS, name)
         return ((got or {}).get("status") or {}).get("devices") or []
 
     assert kube.wait_for(lambda k: len(statuses("check")) == 2 and statuses("spill"), 10), node.log()
@@ -614,10 +614,10 @@ def _held_to(env: dict[str, str], limit: int) -> None:
         proc.communicate("", timeout=30)
 
 
-def _put_claim(kube: KubeApiStandin, name: str, requests: list[dict[str, Any]]) -> dict[str, Any]:
+def _put_claim(kube: Any, name: str, requests: list[dict[str, Any]]) -> dict[str, Any]:
     kube.put({"apiVersion": dra.GROUP_VERSION, "kind": "ResourceClaim",
-              "metadata": {"name": name, "namespace": "default"}, "spec": {"devices": {"requests": requests}}})
-    return dra.allocate(kube, "default", name, NODE)
+              "metadata": {"name": name, "namespace": NS}, "spec": {"devices": {"requests": requests}}})
+    return dra.allocate(kube, NS, name, NODE)
 
 
 def _exactly(memory: str, count: int = 1) -> dict[str, Any]:
@@ -667,9 +667,9 @@ def test_a_claim_listed_twice_is_answered_once_and_a_uid_under_another_name_is_n
     entry = node.kubelet.prepare(DRIVER, c, c).claims[uid]
     assert entry.error == "" and len(entry.devices) == 1
     assert len(container_cdi_ids(entry)) == 1
-    other = {"metadata": {"namespace": "default", "name": "someone-else", "uid": uid}}
+    other = {"metadata": {"namespace": NS, "name": "someone-else", "uid": uid}}
     err = node.kubelet.unprepare(DRIVER, other).claims[uid].error
-    assert "was prepared as default/twice" in err, err
+    assert f"was prepared as {NS}/twice" in err, err
     assert node.left_behind()["checkpoint"] == [uid]
     assert node.kubelet.unprepare(DRIVER, c).claims[uid].error == ""
     assert node.left_behind() == {"regions": [], "cdi": [], "checkpoint": []}
@@ -883,17 +883,17 @@ def small_world(real_cluster: RealCluster) -> Iterator[tuple[RealObjects, DraNod
         yield kube, node
 
 
-def elastic_claim(kube: KubeApiStandin, name: str, request: str, limit: str, priority: int | None = None,
+def elastic_claim(kube: Any, name: str, request: str, limit: str, priority: int | None = None,
                   **more: Any) -> dict[str, Any]:
     """Pod `name` (with this PriorityClass value) and its claim of `request` with GpuMemConfig `limit`,
     allocated as kube-scheduler does and reserved for the pod."""
-    pod: dict[str, Any] = {"kind": "Pod", "apiVersion": "v1", "metadata": {"name": name, "namespace": "default"},
+    pod: dict[str, Any] = {"kind": "Pod", "apiVersion": "v1", "metadata": {"name": name, "namespace": NS},
                            "spec": {"nodeName": NODE, "containers": [{"name": "lab", "image": "x"}]}}
     if priority is not None:
         pod["spec"]["priority"] = priority  # what admission resolves from the pod's PriorityClass
     pod = kube.put(pod)
-    kube.put(dra.claim(name, request, class_name=CLASS, config={**ELASTIC, "limit": limit, **more}))
-    return dra.allocate(kube, "default", name, NODE, pod=pod)
+    kube.put(dra.claim(name, request, namespace=NS, class_name=CLASS, config={**ELASTIC, "limit": limit, **more}))
+    return dra.allocate(kube, NS, name, NODE, pod=pod)
 
 
 def prepared_spec(node: DraNode, resp: Any, claim: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
@@ -1003,7 +1003,7 @@ def test_an_elastic_claim_bursts_above_its_request_on_the_simulated_gpu(small_wo
         assert a.cmd("check") == f"check ok {2048 << 20}" and a.cmd("ptrs") == ptrs
         assert b.cmd("alloc 512 64").startswith("oom "), "B is held to its 2 GiB limit"
 
-        def swapped_out(k: KubeApiStandin) -> list[dict[str, Any]]:
+        def swapped_out(k: Any) -> list[dict[str, Any]]:
             return [e for e in k.list("Event") if e.get("reason") == "GPUMemorySwappedOut"
                     and e["involvedObject"].get("name") == "a"]
 
@@ -1011,7 +1011,7 @@ def test_an_elastic_claim_bursts_above_its_request_on_the_simulated_gpu(small_wo
         assert kube.wait_for(lambda k: swapped_out(k), 20), node.log()
         [ev] = swapped_out(kube)
         assert ev["involvedObject"] == {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                                        "namespace": "default", "name": "a", "uid": claims[0]["metadata"]["uid"]}
+                                        "namespace": NS, "name": "a", "uid": claims[0]["metadata"]["uid"]}
         assert "moved to host memory" in ev["message"] and ev["type"] == "Normal"
     finally:
         for t in tenants:
