@@ -56,7 +56,8 @@ KUBE = pytest.mark.xdist_group("kube")  # on the session's real API server: the 
 
 
 class DraNode:
-    """A node agent in DRA mode on a simulated node, with its kubelet DRA stand-in."""
+    """A node agent in DRA mode on a simulated node, with its kubelet DRA stand-in; `kube` is the API (RealObjects
+    over the real kube-apiserver, or the API stand-in)."""
 
     def __init__(self, root: Path, kube: Any, gpus: str = "16GiB",
                  services: tuple[str, ...] | None = None, pod_uid: str = "", wipe_delay_s: float = 30.0,
