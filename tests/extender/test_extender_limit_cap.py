@@ -1,8 +1,9 @@
 """The limit cap of elastic memory (issue 13), `memslice extender --max-limit-ratio R`, over real HTTP against
 the real kube-apiserver (the pods' annotations, Bindings and watches are the server's): on each GPU the limits
 of its pods (a pod without a limit annotation counts its request) plus the new pod's limit stay within R × the
-GPU's memory, at filter, prioritize and bind (binds racing for the last headroom: exactly one wins); the fit memo never answers from a limit sum that changed; a restarted extender
-rebuilds the sums from the recorded `memslice.io/gpu-mem-limit-mib` annotations, garbage counted safely."""
+GPU's memory, at filter, prioritize and bind (binds racing for the last headroom: exactly one wins); the fit
+memo never answers from a limit sum that changed; a restarted extender rebuilds the sums from the recorded
+`memslice.io/gpu-mem-limit-mib` annotations, garbage counted safely."""
 
 from __future__ import annotations
 
