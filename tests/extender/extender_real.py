@@ -13,12 +13,12 @@ module has its namespace, and `RealKube.clean()` removes the pods and nodes a te
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import quote
 
-from kube_real import RealCluster
+from kube_real import RealCluster, wait_until
 from test_extender_support import Cluster
 
 from memslice.kube.config import load_api_client
@@ -67,8 +67,8 @@ class RealKube:
         return list(self.cluster.ok("GET", self.path(kind, ns))["items"])
 
     def put(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Create the object, or replace the stored one (unconditionally, as the stand-in's put); a pod's or
-        node's `status` is then written through the status subresource, as its kubelet writes it."""
+        """Create the object, or replace the stored one (unconditionally, as the stand-in's put); the fields of a
+        pod's or node's `status` given are then written through the status subresource, as its kubelet does."""
         kind, meta = obj["kind"], obj["metadata"]
         ns = meta.get("namespace") if kind != "Node" else None
         plural = PLURALS[kind]
@@ -84,8 +84,9 @@ class RealKube:
         if kind == "Node":
             self.nodes.add(meta["name"])
         self.gone.discard((plural, ns or "", meta["name"]))
-        if status is not None and status != out.get("status"):
-            out = self.cluster.ok("PUT", self.path(kind, ns, meta["name"], "status"), {**out, "status": status})
+        if status is not None and any((out.get("status") or {}).get(k) != v for k, v in status.items()):
+            merged = {**out, "status": {**(out.get("status") or {}), **status}}  # the fields given, the rest kept
+            out = self.cluster.ok("PUT", self.path(kind, ns, meta["name"], "status"), merged)
         return self._note(plural, dict(out))
 
     def delete(self, kind: str, ns: str | None, name: str) -> dict[str, Any] | None:
@@ -96,6 +97,23 @@ class RealKube:
         assert status == 200, f"DELETE {kind} {ns}/{name}: {status} {out}"
         self.gone.add((PLURALS[kind], ns or "" if kind != "Node" else "", name))
         return dict(out)
+
+    def wait_for(self, predicate: Callable[[RealKube], bool], timeout: float = 10.0) -> bool:
+        """Whether `predicate(self)` came to hold within `timeout` s (polled: reads of the real server)."""
+        try:
+            wait_until("the API server's objects", lambda: predicate(self), timeout)
+        except AssertionError:
+            return False
+        return True
+
+    def requests_by(self, user: str, verb: str, resource: str) -> int:
+        """How many `verb` requests on `resource` (e.g. "pods", "nodes/status") `user` has made so far, from
+        the API server's audit log."""
+        def of(ev: dict[str, Any]) -> str:
+            ref = ev.get("objectRef") or {}
+            return str(ref.get("resource", "")) + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+
+        return sum(1 for ev in self.cluster.audit(user) if ev.get("verb") == verb and of(ev) == resource)
 
     def clean(self) -> None:
         """Remove the pods of this namespace and the nodes made here (the next test starts from nothing)."""

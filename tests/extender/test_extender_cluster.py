@@ -144,7 +144,7 @@ def test_deleted_and_finished_pods_release_memory(cluster: RealExtCluster) -> No
     cluster.kube.delete("Pod", NS, "a")
     cluster.wait_used("ext-n", [3000])
     done = cluster.kube.get("Pod", NS, "b")
-    done["status"] = {**done["status"], "phase": "Succeeded"}
+    done["status"] = {"phase": "Succeeded"}
     cluster.kube.put(done)
     assert cluster.kube.get("Pod", NS, "b")["status"]["phase"] == "Succeeded"
     cluster.wait_used("ext-n", [0])
