@@ -57,11 +57,7 @@ def cluster(real_node: tuple[RealCluster, str], short_tmp: Path
             a.stop()
         kubelet.stop()
         api.clean()  # this test's pods; and the inventory goes with the agent, for the next test's agent to write
-        node = api.get("Node", None, NODE) or {}
-        gone = {k: None for k in (node.get("metadata", {}).get("annotations") or {}) if k.startswith("memslice.io/")}
-        if gone:
-            real_cluster.ok("PATCH", f"/api/v1/nodes/{NODE}", {"metadata": {"annotations": gone}},
-                            content_type="application/merge-patch+json")
+        api.forget_inventory(NODE)
 
 
 @pytest.fixture

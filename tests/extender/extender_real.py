@@ -115,9 +115,19 @@ class RealKube:
 
         return sum(1 for ev in self.cluster.audit(user) if ev.get("verb") == verb and of(ev) == resource)
 
+    def forget_inventory(self, node: str) -> None:
+        """Remove a node agent's annotations from `node` (for the next test's agent to write its own)."""
+        obj = self.get("Node", None, node) or {}
+        gone = {k: None for k in (obj.get("metadata", {}).get("annotations") or {}) if k.startswith("memslice.io/")}
+        if gone:
+            self.cluster.ok("PATCH", f"/api/v1/nodes/{node}", {"metadata": {"annotations": gone}},
+                            content_type="application/merge-patch+json")
+
     def clean(self) -> None:
-        """Remove the pods of this namespace and the nodes made here (the next test starts from nothing)."""
+        """Remove the pods and Events of this namespace and the nodes made here (the next test starts from
+        nothing)."""
         self.cluster.ok("DELETE", f"/api/v1/namespaces/{self.ns}/pods?gracePeriodSeconds=0")
+        self.cluster.ok("DELETE", f"/api/v1/namespaces/{self.ns}/events")
         for name in sorted(self.nodes):
             status, out = self.cluster.request("DELETE", f"/api/v1/nodes/{name}")
             assert status in (200, 404), f"DELETE node {name}: {status} {out}"
