@@ -7,7 +7,7 @@ status is written through its `status` subresource (a PUT of the pod leaves it),
 for a few fields, a Binding is refused for a pod already bound, and deleting a bound pod is graceful (it stays,
 terminating, until its kubelet confirms): `delete` here is the kubelet's last word (gracePeriodSeconds=0), the
 object gone at once. The real control plane is shared by every "kube"-group test of the session: each test
-module has its namespace, and `RealKube.clean()` removes the pods and nodes a test made.
+module has its namespace, and `RealKube.clean()` removes the pods, Events and nodes a test made.
 """
 
 from __future__ import annotations
@@ -42,9 +42,6 @@ class RealKube:
     def api_client(self) -> Any:
         api, _ = load_api_client(str(self.cluster.admin_kubeconfig))
         return api
-
-    def kubeconfig(self) -> str:
-        return str(self.cluster.admin_kubeconfig)
 
     def path(self, kind: str, ns: str | None, name: str | None = None, sub: str | None = None) -> str:
         plural = PLURALS[kind]
@@ -95,7 +92,7 @@ class RealKube:
         if status == 404:
             return None
         assert status == 200, f"DELETE {kind} {ns}/{name}: {status} {out}"
-        self.gone.add((PLURALS[kind], ns or "" if kind != "Node" else "", name))
+        self.gone.add((PLURALS[kind], ns or "", name))
         return dict(out)
 
     def wait_for(self, predicate: Callable[[RealKube], bool], timeout: float = 10.0) -> bool:
