@@ -1,9 +1,9 @@
 """The node agent with a Kubernetes API, next to the kubelet stand-in: on the real kube-apiserver, with deploy/'s
 ServiceAccount, RBAC and admission policies and a token bound to its pod and node, the inventory annotations it
-writes on its Node and the reservations its field-selected pod watch brings, steering preferred allocation and
-Allocate's limits file; on the API stand-in, for its fault hooks, the pod watch through an API-server restart and
-compaction and the inventory through injected errors. A pod's deletion, graceful on a real API server, and a
-reservation written by a real Binding: tests/realcluster/test_real_node_agent_pods.py."""
+writes on its Node and the reservations its field-selected pod watch brings (through an API-server restart too),
+steering preferred allocation and Allocate's limits file; on the API stand-in, for its fault hooks, the pod watch
+through compaction (410 Gone) and the inventory through injected errors. A pod's deletion, graceful on a real
+API server, and a reservation written by a real Binding: tests/realcluster/test_real_node_agent_pods.py."""
 
 from __future__ import annotations
 
@@ -185,26 +185,38 @@ def test_preferred_allocation_serves_the_reservation_oldest_in_time(cluster):
     assert {i.split("-")[0] for i in kubelet.pods[uid].containers["main"][RESOURCE]} == {"g1"}  # best fit: g0
 
 
-# compaction between two watches, on demand: the stand-in's fault hook (the real server's own restart, for the
-# extender: tests/realcluster/test_real_apiserver_restart.py)
-def test_pod_watch_survives_api_server_restart_and_compaction(standin):
+@REAL
+def test_pod_watch_survives_an_api_server_restart(cluster):
+    """The real kube-apiserver is stopped and started again on the same etcd data: the agent's pod watch
+    drops, reconnects, and a reservation written after the restart still steers the kubelet."""
+    api, kubelet, make = cluster
+    agent = make(unit_mib=4)
+    gpus, _ = published(api, agent)
+    kubelet.wait_registered(RESOURCE)
+    agent.wait_log(f"pods on node {NODE}", "the first pod list")
+    api.cluster.restart_apiserver()  # every connection and watch drops; everything stored stays
+    api.put(pod("after-restart", gpus[1]["uuid"], {"main": 40}))
+    agent.wait_log(f"{NS}/after-restart: the extender reserved", "a pod after the restart", 60)
+    uid = uid_of(api, "after-restart")
+    kubelet.admit(uid, NS, "after-restart", [("main", 10)], RESOURCE)
+    assert {i.split("-")[0] for i in kubelet.pods[uid].containers["main"][RESOURCE]} == {"g1"}
+
+
+# compaction between two watches, on demand: the stand-in's fault hook
+def test_pod_watch_relists_after_410_gone(standin):
     api, kubelet, make = standin
     agent = make(unit_mib=4)
     gpus, _ = published(api, agent)
     kubelet.wait_registered(RESOURCE)
     agent.wait_log("pod watch: 0 pods", "the first pod list")
-    api.restart()  # drops the watch
-    api.put(pod("after-restart", gpus[1]["uuid"], {"main": 40}))
-    agent.wait_log(f"{NS}/after-restart: the extender reserved", "a pod after restart")
     api.compact()
     api.restart()  # the agent resumes from a compacted resourceVersion: 410 Gone, then a new list
     api.put(pod("after-compaction", gpus[1]["uuid"], {"main": 80}))
     agent.wait_log(f"{NS}/after-compaction: the extender reserved", "a pod after 410")
     assert "410 Gone" in agent.log()
-    for name, units in (("after-restart", 10), ("after-compaction", 20)):
-        uid = uid_of(api, name)
-        kubelet.admit(uid, NS, name, [("main", units)], RESOURCE)
-        assert {i.split("-")[0] for i in kubelet.pods[uid].containers["main"][RESOURCE]} == {"g1"}
+    uid = uid_of(api, "after-compaction")
+    kubelet.admit(uid, NS, "after-compaction", [("main", 20)], RESOURCE)
+    assert {i.split("-")[0] for i in kubelet.pods[uid].containers["main"][RESOURCE]} == {"g1"}
 
 
 @REAL
