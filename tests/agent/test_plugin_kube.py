@@ -92,9 +92,10 @@ def inventory(api: Api) -> tuple[list[dict], str] | None:
 
 def published(api: Api, agent: AgentProcess, ok: Any = lambda inv: True,
               what: str = "the node inventory") -> tuple[list[dict], str]:
-    """Wait (on the API stand-in's writes) until the agent's inventory is on the Node and `ok(it)` holds."""
-    assert api.wait_for(lambda k: (inv := inventory(k)) is not None and ok(inv), 15), \
-        f"no {what} on the Node within 15 s; the agent's output:\n{agent.log()}"
+    """Wait until the agent's inventory is on the Node and `ok(it)` holds (a bound for a loaded machine: the
+    agent's start-up and the API server's answers)."""
+    assert api.wait_for(lambda k: (inv := inventory(k)) is not None and ok(inv), 60), \
+        f"no {what} on the Node within 60 s; the agent's output:\n{agent.log()}"
     inv = inventory(api)
     assert inv is not None
     return inv

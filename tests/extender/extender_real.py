@@ -96,9 +96,10 @@ class RealKube:
         return dict(out)
 
     def wait_for(self, predicate: Callable[[RealKube], bool], timeout: float = 10.0) -> bool:
-        """Whether `predicate(self)` came to hold within `timeout` s (polled: reads of the real server)."""
+        """Whether `predicate(self)` came to hold within `timeout` s (polled every 0.1 s: each poll is a request
+        on a new TLS connection to the real server)."""
         try:
-            wait_until("the API server's objects", lambda: predicate(self), timeout)
+            wait_until("the API server's objects", lambda: predicate(self), timeout, 0.1)
         except AssertionError:
             return False
         return True
@@ -135,8 +136,12 @@ class RealExtCluster(Cluster):
     """A running extender on the real API server (the Cluster of test_extender_support.py)."""
 
     kube: RealKube  # type: ignore[assignment]
+    BOUND = 30.0  # the failure deadline of a wait: a real API server on a loaded machine (never a measurement)
 
-    def caught_up(self, timeout: float = 10) -> None:
+    def wait_used(self, node: str, expected: list[int], timeout: float = BOUND) -> None:
+        super().wait_used(node, expected, timeout)
+
+    def caught_up(self, timeout: float = BOUND) -> None:
         """Wait until the extender's watches have delivered every node and pod this test wrote: events of one
         watch come in resourceVersion order, so the newest version it has seen at or past a write's means
         that write is in; a deleted object is caught up when the extender no longer has it."""
