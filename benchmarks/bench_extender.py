@@ -41,8 +41,9 @@ Compare `--topology --multi-gpu 20` with `--topology` (all one-GPU pods) on the 
 
 The load client stays cheap so as not to take the cores from the extender: the filter bodies are encoded
 before the clock starts, and it is one thread speaking HTTP/1.1 over plain sockets (see Client), with
-orjson. The extender's work is untouched: every call is a full HTTP request, every bind makes its two
-writes to the stand-in, and the watch delivers every event.
+orjson; it reads prioritize's best host off the answer's bytes with numpy (best_host; numpy comes with the test
+extras) and echoes filter's names unparsed (passed_names). The extender's work is untouched: every call is a
+full HTTP request, every bind makes its two writes to the stand-in, and the watch delivers every event.
 """
 
 from __future__ import annotations
