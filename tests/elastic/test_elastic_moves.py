@@ -113,8 +113,8 @@ if sys.argv[1] == "sync":
     for s in st:
         assert cu.cuStreamSynchronize(s) == 0
 assert cu.cuMemUnmap(va[0], size) == 0
-c = (ctypes.c_ulonglong * 16)()
-n = cu.memsliceSimCounters(c, 16)
+c = (ctypes.c_ulonglong * 32)()
+n = min(cu.memsliceSimCounters(c, 32), 32)
 print(" ".join(str(c[i]) for i in range(n)))
 """
     n = node(gpus="1GiB")
