@@ -258,7 +258,8 @@ va = U64()
 assert cu.cuMemAddressReserve(ctypes.byref(va), 3 * size, 0, 0, 0) == 0
 for k in range(3):
     h = U64()
-    assert cu.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(size), ctypes.byref(Prop(type=1, location=Loc(1, 0))), 0) == 0
+    prop = Prop(type=1, location=Loc(1, 0))
+    assert cu.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(size), ctypes.byref(prop), 0) == 0
     assert cu.cuMemMap(va.value + k * size, size, 0, h, 0) == 0
 assert cu.cuMemSetAccess(va, 3 * size, ctypes.byref(Access(location=Loc(1, 0), flags=3)), 1) == 0
 t0 = time.monotonic()
