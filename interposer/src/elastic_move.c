@@ -57,6 +57,7 @@ static uint64_t move_batch(int to_host) {
     uint64_t t0 = now_ns(), moved = 0, n = 0, t1 = t0, t2 = t0;
     struct elastic_phases *ph = &g_es.phases[to_host ? 1 : 0];
     g_es.batch.ord = g_es.ord;
+    g_es.batch.to_host = to_host;
     g_es.batch.copy_ns = g_es.batch.remap_ns = 0;
     if (elastic_move_stage(&g_es.batch) == 0) {
         t1 = t2 = now_ns();

@@ -9,12 +9,13 @@
  *   remap (gate closed)  issue every chunk's copy, round robin over ELASTIC_STREAMS streams, all in flight at
  *                        once (cuMemcpyDtoDAsync_v2, each followed by its event); as each chunk's own copy
  *                        completes, unmap its old handle, map the new one at the same address, grant access,
- *                        release the old handle and unstage the new one, while the later copies still cross
- *                        the link; once every remaining copy is complete, the rest goes in runs of adjacent
+ *                        release the old handle if HBM and unstage the new one, while the later copies still
+ *                        cross the link; once every remaining copy is complete, the rest goes in runs of adjacent
  *                        chunks of one range: one cuMemUnmap for the run (cuMemUnmap takes a range made of
  *                        several whole mappings: NVIDIA's vectorMemMap sample unmaps its handles so; never
  *                        part of one), a cuMemMap per chunk, one cuMemSetAccess for the run;
- *   finish (gate open)   what did not move gives its new handle back; pooled host chunks return to the pool.
+ *   finish (gate open)   what did not move gives its new handle back; old host chunks return to the pool (or
+ *                        are unpinned: not pooled).
  * A failure before the old mapping is unmapped leaves the old mapping and its bytes in place (cuMemUnmap
  * comes after the chunk's copy is complete: the driver's rule, a mapping under a copy in flight faults). */
 #define _GNU_SOURCE
@@ -188,13 +189,14 @@ static void grant_run(struct elastic_batch *b, unsigned i, unsigned j) {
 }
 
 /* A moved chunk's leftovers, while later copies still cross the link: its new handle's staging mapping, and
- * its old handle unless that is a pooled host chunk (finish gives those back to the pool: no driver call). */
-static void settle(struct elastic_move *m) {
+ * its old handle if that is HBM (the asker's room). A host one waits for finish: unpinning is slow and the gate
+ * is closed here (a pooled one is not unpinned at all). */
+static void settle(const struct elastic_batch *b, struct elastic_move *m) {
     if (m->staged) {
         REAL(cuMemUnmap)(m->at, m->len);
         m->staged = 0;
     }
-    if (!m->from_pool) REAL(cuMemRelease)(m->from);
+    if (b->to_host) REAL(cuMemRelease)(m->from);
 }
 
 /* Swap chunk k's handle at its address (its copy is complete): unmap the old, map the new, grant access, settle.
@@ -211,7 +213,7 @@ static void swap_one(struct elastic_batch *b, unsigned k) {
         return;
     }
     m->ok = 1;
-    settle(m);
+    settle(b, m);
 }
 
 /* Whether moves [i, j) are adjacent chunks of one range (one cuMemUnmap may take them: whole mappings of one
@@ -241,7 +243,7 @@ static void swap_run(struct elastic_batch *b, unsigned i, unsigned j) {
         if (b->mv[p].ok) grant_run(b, p, q);
     }
     for (unsigned k = i; k < j; k++)
-        if (b->mv[k].ok) settle(&b->mv[k]);
+        if (b->mv[k].ok) settle(b, &b->mv[k]);
 }
 
 /* Remap moves [k, n), every copy of which is complete, in runs of adjacent chunks of one range. */
@@ -287,14 +289,15 @@ int elastic_move_remap(struct elastic_batch *b, const struct elastic_streams *st
 }
 
 /* Finish (gate open): a move not done gives its new handle back (unstaged; to the pool if pooled, else
- * released); a move done gives its old handle back to the pool if pooled (the others were released by the
- * remap). The staging range is kept for the next batch. */
+ * released); a move done back to HBM gives its old host handle back (to the pool if pooled, else unpinned; an
+ * HBM one was released by the remap). The staging range is kept for the next batch. */
 void elastic_move_finish(struct elastic_batch *b, struct elastic_pool *pool) {
     unstage(b, b->n);
     for (unsigned k = 0; k < b->n; k++) {
         struct elastic_move *m = &b->mv[k];
         if (m->ok) {
             if (m->from_pool) elastic_pool_put(pool, m->from_pool - 1);
+            else if (!b->to_host) REAL(cuMemRelease)(m->from);
         } else if (m->to_pool) {
             elastic_pool_put(pool, m->to_pool - 1);
         } else {

@@ -15,7 +15,8 @@
 
 /* One chunk to move: its address and length, the handle mapped there now and the one to map instead, and
  * where `to` is mapped for the copy (`at`: its pool slot, or the batch's staging range). `ok` says, after
- * elastic_move_remap, that `to` is mapped at va (then `from` was released there unless it is pooled);
+ * elastic_move_remap, that `to` is mapped at va (then an HBM `from` was released there; finish gives back a host
+ * one);
  * `owner`/`idx` are the caller's. */
 struct elastic_move {
     CUdeviceptr va;
@@ -36,6 +37,8 @@ struct elastic_batch {
     unsigned n;
     CUdeviceptr tmp;
     CUdevice ord;
+    int to_host;                /* the direction: the old handles are HBM (released as soon as their chunk moved,
+                                 * for the asker) or host (unpinned only in finish, with the gate open) */
     uint64_t copy_ns, remap_ns; /* set by elastic_move_remap: issuing and waiting for copies; unmap/map/access */
     uint64_t runs;              /* runs of chunks remapped with one unmap, ever (their copies all complete) */
 };
