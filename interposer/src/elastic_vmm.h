@@ -10,7 +10,8 @@
                                      * an answer moves at most one chunk more than it was asked (the slack) */
 #define ELASTIC_STREAMS 2          /* copy streams per process: a batch's copies are all in flight at once; with
                                     * two, they complete about in order, so chunk k is remapped while chunk k+1's
-                                    * copy still crosses the link (four completed in bunches of four) */
+                                    * copy still crosses the link (four sharing the link would complete four at a
+                                    * time; the GPU kit's phase split is the measurement) */
 #define ELASTIC_BATCH 32           /* chunks moved per batch (1 GiB of 32 MiB chunks): the gate closes once each */
 
 /* One chunk to move: its address and length, the handle mapped there now and the one to map instead, and
