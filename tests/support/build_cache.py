@@ -95,6 +95,7 @@ def cached_build(kind: str, digest: str, build: Callable[[Path], None], fresh: P
     directory and raises on failure (the entry then stays incomplete and is rebuilt next time). With the
     cache off, builds into `fresh` instead."""
     if not enabled():
+        fresh.mkdir(parents=True, exist_ok=True)
         build(fresh)
         yield fresh, True
         return
