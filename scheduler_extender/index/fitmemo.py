@@ -537,9 +537,17 @@ class FitMemo:
         return sid
 
     def _verdict(self, key: Key, view: NodeView) -> Verdict:
-        v = decisions.verdict(view, key[0] * view.unit_mib, key[1], self.limit_need(key, view), compute_of(key),
-                              gpus_of(key))
+        if len(key) == 5 and key[2] == () and key[3] == 0 and self._without_cap(view):  # as _refresh's groups
+            v = spanning.verdicts(view, [key[0] * view.unit_mib], key[1], key[4])[0]  # type: ignore[misc]
+        else:
+            v = decisions.verdict(view, key[0] * view.unit_mib, key[1], self.limit_need(key, view),
+                                  compute_of(key), gpus_of(key))
         return _FITS[v[3]] if v[0] else v
+
+    def _without_cap(self, view: NodeView) -> bool:
+        """Does the limit cap leave alone a pod whose limit is its request (limit signature ()) on this node? Yes
+        when it is off, or on a node without elastic pods (decisions._capped; the ratio is at least 1)."""
+        return self.limit_ratio is None or (view.over is None and self.limit_ratio >= 1)
 
     def _set(self, table: _Table, key: Key, i: int, view: NodeView) -> None:
         self._put(table, i, self._verdict(key, view))
@@ -588,19 +596,7 @@ class FitMemo:
                 if table.kinds[i] != NONE:
                     self._set(table, key, i, view)
             if groups:
-                # the limit cap changes nothing for a pod whose limit is its request (limit signature ()) on a
-                # node without elastic pods (decisions._capped): the tables grouped are decided without it
-                together = self.limit_ratio is None or (view.over is None and self.limit_ratio >= 1)
-                for (gpus, policy), members in groups:
-                    held = [m for m in members if m[1].kinds[i] != NONE]
-                    if not together:
-                        for key, table in held:
-                            self._set(table, key, i, view)
-                    elif held:
-                        unit = view.unit_mib
-                        found = spanning.verdicts(view, [key[0] * unit for key, _ in held], policy, gpus)
-                        for (_, table), v in zip(held, found, strict=True):
-                            self._put(table, i, _FITS[v[3]] if v[0] else v)
+                self._refresh_groups(i, view, groups)
             return
         for table in self._tables.values():  # the node is gone: free its id in every table
             self._entries -= table.kinds[i] != NONE
@@ -609,6 +605,38 @@ class FitMemo:
         self._names[i] = self._host_json[i] = self._sids[i] = None
         self._free.append(i)
         self._epoch += 1
+
+    def _refresh_groups(self, i: int, view: NodeView, groups: list[tuple[tuple[int, str], list[tuple[Key, _Table]]]]
+                        ) -> None:
+        """_refresh for the spanning tables grouped by (N, policy): each group's cells of node `i` in one
+        spanning.verdicts call, written here (every cell held a verdict: the counts of filled cells stay)."""
+        if not self._without_cap(view):  # the cap may change what these pods get here: one by one
+            for _, members in groups:
+                for key, table in members:
+                    if table.kinds[i] != NONE:
+                        self._set(table, key, i, view)
+            return
+        unit = view.unit_mib
+        for (gpus, policy), members in groups:
+            held = [m for m in members if m[1].kinds[i] != NONE]
+            if not held:
+                continue
+            texts = self._host_json[i] or _NO_FRAGMENTS  # the node's HostPriority JSON per score
+            for (_, table), v in zip(held, spanning.verdicts(view, [key[0] * unit for key, _ in held], policy, gpus),
+                                     strict=True):
+                kinds = table.kinds
+                table.fitting -= kinds[i] == FITS
+                if v[0]:
+                    score = v[3]
+                    text = texts[score]
+                    if text is None:
+                        text = self._fragment(i, score)
+                        texts = self._host_json[i] or _NO_FRAGMENTS
+                    kinds[i], table.scores[i], table.reasons[i], table.jsons[i] = FITS, score, None, text
+                    table.fitting += 1
+                else:
+                    kinds[i], table.scores[i], table.reasons[i], table.jsons[i] = (NEVER if v[1] else FAILS,
+                                                                                   MIN_SCORE, v[2], None)
 
     def _make_plan(self) -> RefreshPlan:
         """Split the tables for _refresh: a spanning table whose key has no limit signature and no compute share

@@ -378,27 +378,65 @@ def verdicts(view: NodeView, needs: list[int], policy: str, gpus: int) -> list[V
     """verdict(view, need, policy, None, 0, gpus) for each of `needs` (MiB per GPU) in one call: what the memo's
     tables of one N and policy (one per per-GPU size) hold for a node, refreshed together at each change of its
     view (fitmemo.FitMemo._refresh). Why: a bind refreshes its node in every table, 20 spanning ones in
-    benchmarks/README.md's mix; here the view's checks are made once, each size is a bisect (k: the GPUs with
-    less free than it), the set search is shared by the sizes of one k, and each size's score is its own."""
+    benchmarks/README.md's mix. Here the view's checks are made once; each size is a bisect (k: how many healthy
+    GPUs have less free than it); the GPUs with room for each k are a suffix of the free order, their masks made
+    once; the set search (as _scan's) is shared by the sizes of one k; each size's score is score_of's, written
+    out (the same operations in the same order: the same floats)."""
     if view.unplaced_mib or view.error or not view.rows:  # the general path: fit's checks, per size
         return [verdict(view, need, policy, None, 0, gpus) for need in needs]
-    keys = view.free_keys
+    rows, keys, topo = view.rows, view.free_keys, view.topo
     count = len(keys)
-    found: dict[int, Quick] = {}  # k -> the set search's answer
+    plan = None if isinstance(topo, int) else _plan(topo, gpus)
+    masks: list[int] = []  # masks[k]: the positions of the healthy GPUs from k on in the free order
+    if plan is not None and plan[1] is not None and rows[0][1] == 0 and rows[-1][1] == len(rows) - 1:
+        mask = 0  # (indices 0..G-1, sorted and distinct: index = position)
+        masks = [0] * (count + 1)
+        for k in range(count - 1, -1, -1):
+            mask |= 1 << view.free_rows[k][1]
+            masks[k] = mask
+    sign = -1.0 if policy == "spread" else 1.0
+    spread = policy == "spread"
+    pairs = gpus * (gpus - 1) // 2
+    found: dict[int, tuple[float, tuple[tuple[int, int], ...]] | None] = {}  # k -> (the closeness part, the set's
+    mems: list[int] | None = None  # (free, MiB)), None: the general path for that k
     out: list[Verdict] = []
     for need in needs:
         k = bisect_left(keys, need)
         if count - k < gpus:  # no N GPUs have room: never (too few large enough) or not now
-            never = _never(view, need, None, gpus)
-            out.append((False, never is not None, never or _no_room(need, 0, "", gpus), MIN_SCORE))
+            if mems is None:
+                mems = sorted(r[3] for r in rows if r[4])
+            if len(mems) - bisect_left(mems, need) >= gpus:  # N healthy GPUs that large: not never (_never)
+                out.append((False, False, _no_room(need, 0, "", gpus), MIN_SCORE))
+            else:
+                never = _never(view, need, None, gpus)
+                out.append((False, never is not None, never or _no_room(need, 0, "", gpus), MIN_SCORE))
             continue
-        quick = found.get(k, _NOT_QUICK)
-        if quick is _NOT_QUICK and k not in found:
-            quick = found[k] = _scan(view, k, policy, gpus)
-        if quick is None or quick is _NOT_QUICK:  # too many sets to weigh one by one: the general path
-            out.append(verdict(view, need, policy, None, 0, gpus))
+        if k in found:
+            chosen = found[k]
         else:
-            out.append((True, False, "", score_of(view, quick[1], quick[0], need, policy, 0)))
+            d, positions = -1, ()
+            if masks:  # _scan's search, on the kept mask
+                closest = _closest(plan[1], plan[2], masks[k])  # type: ignore[arg-type,index]
+                if closest is not None:
+                    d, fitting = closest
+                    positions = fitting[0] if len(fitting) == 1 else min(fitting, key=lambda pos: (
+                        sign * sum(rows[p][6] / rows[p][3] for p in pos), pos))
+            else:
+                quick = _scan(view, k, policy, gpus)
+                if quick is not None and quick is not _NOT_QUICK:
+                    d, positions = quick
+            chosen = found[k] = None if d < 0 else (
+                TOPOLOGY_WEIGHT * (1 - d / (FAR * pairs) if pairs else 1.0),
+                tuple((rows[i][6], rows[i][3]) for i in positions))
+        if chosen is None:  # too many sets to weigh one by one: the general path
+            out.append(verdict(view, need, policy, None, 0, gpus))
+            continue
+        left = 0.0  # score_of, for a pod without a compute share
+        for free, mem in chosen[1]:
+            left += (free - need) / mem
+        left /= gpus
+        value = chosen[0] + (1 - TOPOLOGY_WEIGHT) * (left if spread else 1 - left)
+        out.append((True, False, "", max(MIN_SCORE, min(MAX_SCORE, round(MAX_SCORE * value)))))
     return out
 
 
