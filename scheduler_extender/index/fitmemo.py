@@ -538,7 +538,7 @@ class FitMemo:
 
     def _verdict(self, key: Key, view: NodeView) -> Verdict:
         if len(key) == 5 and key[2] == () and key[3] == 0 and self._without_cap(view):  # as _refresh's groups
-            v = spanning.verdicts(view, [key[0] * view.unit_mib], key[1], key[4])[0]  # type: ignore[misc]
+            v = spanning.verdicts(view, [key[0] * view.unit_mib], key[1], key[4])[0]
         else:
             v = decisions.verdict(view, key[0] * view.unit_mib, key[1], self.limit_need(key, view),
                                   compute_of(key), gpus_of(key))
@@ -645,7 +645,7 @@ class FitMemo:
         groups: dict[tuple[int, str], list[tuple[Key, _Table]]] = {}
         for key, table in self._tables.items():
             if len(key) == 5 and key[2] == () and key[3] == 0:
-                groups.setdefault((key[4], key[1]), []).append((key, table))  # type: ignore[misc]
+                groups.setdefault((key[4], key[1]), []).append((key, table))
             else:
                 singles.append((key, table))
         plan = self._plan = singles, list(groups.items())

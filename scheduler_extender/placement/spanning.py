@@ -374,6 +374,9 @@ def verdict(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None,
     return True, False, "", score_of(view, positions, d, need_mib, policy, compute)
 
 
+_NO_SET: tuple[int, ...] = ()
+
+
 def verdicts(view: NodeView, needs: list[int], policy: str, gpus: int) -> list[Verdict]:
     """verdict(view, need, policy, None, 0, gpus) for each of `needs` (MiB per GPU) in one call: what the memo's
     tables of one N and policy (one per per-GPU size) hold for a node, refreshed together at each change of its
@@ -414,7 +417,7 @@ def verdicts(view: NodeView, needs: list[int], policy: str, gpus: int) -> list[V
         if k in found:
             chosen = found[k]
         else:
-            d, positions = -1, ()
+            d, positions = -1, _NO_SET
             if masks:  # _scan's search, on the kept mask
                 closest = _closest(plan[1], plan[2], masks[k])  # type: ignore[arg-type,index]
                 if closest is not None:
