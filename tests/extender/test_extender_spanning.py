@@ -498,9 +498,9 @@ def test_a_restarted_extender_charges_each_gpu_from_the_record():
 # ------------------------------------------------------------------------------------------ the fit memo
 
 def test_the_memo_answers_for_pods_spanning_gpus_what_fresh_decisions_do():
-    """The memo empties a spanning table's cells at each view change and makes them when next asked: whatever
-    binds and releases land in between, its verdicts, scores and the filter/prioritize pair of the verbs are a
-    fresh computation's (including views whose set memo, NodeView.span, was made before the change)."""
+    """The memo refreshes a node's spanning tables at each change of its view (those of one N and policy in one
+    call): whatever binds and releases land in between, its verdicts, scores and the filter/prioritize pair of the
+    verbs are a fresh computation's."""
     from memslice.scheduler_extender.edge.metrics import Metrics
     from memslice.scheduler_extender.edge.verbs import Verbs
     from memslice.scheduler_extender.index.fitmemo import FitMemo
