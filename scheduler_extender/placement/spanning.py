@@ -382,21 +382,17 @@ def verdicts(view: NodeView, needs: list[int], policy: str, gpus: int) -> list[V
     tables of one N and policy (one per per-GPU size) hold for a node, refreshed together at each change of its
     view (fitmemo.FitMemo._refresh). Why: a bind refreshes its node in every table, 20 spanning ones in
     benchmarks/README.md's mix. Here the view's checks are made once; each size is a bisect (k: how many healthy
-    GPUs have less free than it); the GPUs with room for each k are a suffix of the free order, their masks made
-    once; the set search (as _scan's) is shared by the sizes of one k; each size's score is score_of's, written
-    out (the same operations in the same order: the same floats)."""
+    GPUs have less free than it); the GPUs with room for k are a suffix of the free order, tested as a bit mask
+    (_closest); the set search (as _scan's) is shared by the sizes of one k; each size's score is score_of's,
+    written out (the same operations in the same order: the same floats)."""
     if view.unplaced_mib or view.error or not view.rows:  # the general path: fit's checks, per size
         return [verdict(view, need, policy, None, 0, gpus) for need in needs]
     rows, keys, topo = view.rows, view.free_keys, view.topo
     count = len(keys)
     plan = None if isinstance(topo, int) else _plan(topo, gpus)
-    masks: list[int] = []  # masks[k]: the positions of the healthy GPUs from k on in the free order
-    if plan is not None and plan[1] is not None and rows[0][1] == 0 and rows[-1][1] == len(rows) - 1:
-        mask = 0  # (indices 0..G-1, sorted and distinct: index = position)
-        masks = [0] * (count + 1)
-        for k in range(count - 1, -1, -1):
-            mask |= 1 << view.free_rows[k][1]
-            masks[k] = mask
+    # the GPUs with room for k are a bit mask of the positions of the healthy GPUs from k on in the free order
+    # (indices 0..G-1, sorted and distinct: index = position); else _scan's search
+    masked = plan is not None and plan[1] is not None and rows[0][1] == 0 and rows[-1][1] == len(rows) - 1
     sign = -1.0 if policy == "spread" else 1.0
     spread = policy == "spread"
     pairs = gpus * (gpus - 1) // 2
@@ -418,8 +414,11 @@ def verdicts(view: NodeView, needs: list[int], policy: str, gpus: int) -> list[V
             chosen = found[k]
         else:
             d, positions = -1, _NO_SET
-            if masks:  # _scan's search, on the kept mask
-                closest = _closest(plan[1], plan[2], masks[k])  # type: ignore[arg-type,index]
+            if masked:  # _scan's search, on the mask
+                mask = 0
+                for r in view.free_rows[k:]:
+                    mask |= 1 << r[1]
+                closest = _closest(plan[1], plan[2], mask)  # type: ignore[arg-type,index]
                 if closest is not None:
                     d, fitting = closest
                     positions = fitting[0] if len(fitting) == 1 else min(fitting, key=lambda pos: (
