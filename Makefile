@@ -23,7 +23,8 @@ SAN_TESTS  = tests/shim/test_shim_kinds.py tests/shim/test_shim_unseen.py tests/
 # family through the work gate under the sanitizers), and the RTLD_NEXT test with the caller built at -O2 only.
 SAN_SKIP   = -k 'not (again_and_again and (copy2d or peer or setasync)) and not (rtld_next_keeps and (O0 or O1))'
 
-.PHONY: install demo test gpu-check lint native protos clean sanitize typecheck kubecluster kubenode
+.PHONY: install demo test gpu-check lint native protos clean sanitize typecheck kubecluster kubenode \
+        sanitize-beside san-native san-pytest san-nameids
 install: $(STAMP)
 
 # Progress is shown: each step says what it does, and pip lists each package as it collects and installs it.
@@ -103,21 +104,66 @@ TEST_JOBS ?= 3
 XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadgroup)
 # The sanitizer rerun: ASan processes are several times slower and bigger; fewer at once.
 SAN_XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n 2 --dist loadgroup)
+# The sanitizer pass can run beside the main pass, not after it: the main pass's workers leave CPU idle while they
+# wait on processes and sockets (about a fifth, from the CPU time of a fresh-clone run on the quiet 2-core
+# machine), which the sanitizer pass fills. It runs at nice 10, so that the main pass's tests (some measure
+# shares of the simulated GPU against the wall clock) keep their pace; the sanitizer's own such files (SAN_LATE)
+# run after the main pass, with the whole machine. Its output goes to SAN_LOG (`tail -f` it to follow), shown
+# whole when the main pass is done; it runs in its own process group, stopped with the main pass on Ctrl-C.
+# Off by default (`make test SAN_BESIDE=1` turns it on): measured only on a loaded machine, where the kubelet
+# stand-in's 10 s registration waits ran out beside it; the default runs the whole sanitizer pass after the main pass.
+SAN_BESIDE ?= 0
+SAN_LOG     = build/sanitize.log
+SAN_LATE    = tests/compute/test_compute_share.py tests/compute/test_sim_compute.py
+SAN_EARLY   = $(filter-out $(SAN_LATE),$(SAN_TESTS))
+# $(MAKE) named through a variable, so that `make -n test` prints the recipe below instead of running it.
+SAN_MAKE    = $(MAKE)
+# How many of the slowest tests the main pass lists.
+DURATIONS  ?= 15
 test: install kubecluster kubenode
 	$(VENV)/bin/ruff check .
 	$(MAKE) typecheck
 	$(MAKE) -C interposer check
-	$(VENV)/bin/pytest -q --durations=15 $(XDIST)
+ifeq ($(SAN_BESIDE),1)
+	@mkdir -p $(dir $(SAN_LOG))
+	@echo "== the sanitizer pass starts beside the tests (nice 10); its output: $(SAN_LOG) (tail -f to follow)"
+	@setsid nice -n 10 $(SAN_MAKE) --no-print-directory sanitize-beside > $(SAN_LOG) 2>&1 & san=$$!; \
+	  trap 'kill -TERM -- -'$$san' 2>/dev/null; exit 130' INT TERM; \
+	  $(VENV)/bin/pytest -q --durations=$(DURATIONS) $(XDIST); main=$$?; \
+	  echo "== the tests are done (exit $$main); waiting for the sanitizer pass beside them ($(SAN_LOG))"; \
+	  wait $$san; rc=$$?; cat $(SAN_LOG); echo "== the sanitizer pass beside the tests is done (exit $$rc)"; \
+	  [ $$main = 0 ] && [ $$rc = 0 ]
+	@echo "== the rest of the sanitizer pass: $(SAN_LATE) and the extender's C extension"
+	$(MAKE) --no-print-directory san-pytest SAN_FILES="$(SAN_LATE)"
+	$(MAKE) --no-print-directory san-nameids
+else
+	$(VENV)/bin/pytest -q --durations=$(DURATIONS) $(XDIST)
 	$(MAKE) sanitize
+endif
 
+# The sanitizer pass in steps: the ASan+UBSan builds (the C tests run by `make -C interposer sanitize`), the
+# shim's pytest files SAN_FILES against that build, the extender's C extension under its own tests.
 sanitize: install
+	$(MAKE) san-native
+	$(MAKE) san-pytest SAN_FILES="$(SAN_TESTS)"
+	$(MAKE) san-nameids
+
+sanitize-beside: install
+	$(MAKE) san-native
+	$(MAKE) san-pytest SAN_FILES="$(SAN_EARLY)"
+
+san-native:
 	$(MAKE) -j2 -C interposer sanitize
+	$(CC) $(NAMEIDS_SAN) -I$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["include"])') \
+	  scheduler_extender/index/_nameids.c -o interposer/build-asan/_nameids.so
+
+san-pytest:
 	asan=$$($(CC) -print-file-name=libasan.so) && \
 	  MEMSLICE_LIB_DIR=$(CURDIR)/interposer/build-asan MEMSLICE_TEST_PRELOAD_FIRST=$$asan LD_PRELOAD=$$asan \
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  $(VENV)/bin/pytest -q -p no:cacheprovider $(SAN_XDIST) $(SAN_SKIP) $(SAN_TESTS)
-	$(CC) $(NAMEIDS_SAN) -I$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["include"])') \
-	  scheduler_extender/index/_nameids.c -o interposer/build-asan/_nameids.so
+	  $(VENV)/bin/pytest -q -p no:cacheprovider $(SAN_XDIST) $(SAN_SKIP) $(SAN_FILES)
+
+san-nameids:
 	asan=$$($(CC) -print-file-name=libasan.so) && \
 	  MEMSLICE_NAMEIDS_SO=$(CURDIR)/interposer/build-asan/_nameids.so PYTHONMALLOC=malloc LD_PRELOAD=$$asan \
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

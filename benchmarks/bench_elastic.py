@@ -12,7 +12,13 @@
    (memsliceSimCounters): chunk moves each way, asynchronous copies, the most copies in flight at once (on
    several streams: they overlap on a real GPU's copy engines), unmaps under a copy still in flight (0).
    --swap-only measures this alone. The link rate on a real GPU is the GPU kit's
-   (tests/gpu/run.sh -k elastic).
+   (tests/gpu/run.sh -k elastic). Two cycles out and back: "cold" (A pins its host chunks) and "warm" (A's
+   pinned host pool is reused: MEMSLICE_HOST_POOL_KEEP=600), each with its GB/s, its phase split (A's log at
+   MEMSLICE_LOG=info, memslice.elastic.parse_move_phases) and its data check. With the simulator's time
+   model (--link-gbps: a link of that bandwidth every async copy crosses; --vmm-us: a cost per map/unmap/
+   access call; --pin-us-per-mib: a cost per pinned or unpinned MiB; interposer/sim/simcuda_inflight.c) the
+   figures show the overlap: "critical ÷ link" is A's move time over the time the link alone needs for the
+   bytes moved (1.0: every other phase hidden behind the copies).
 3. Density (issue 26.7): notebook tenants on one simulated GPU (--gpu-mib), each a trace of bursts and idle
    gaps (working set per burst drawn from {typical 60%, 2x typical 30%, peak 10%}; gaps exponential with mean
    --gap s; idle after 0.3 s; time compressed). Static slices admit floor(GPU / peak) tenants (quota = peak).
@@ -36,7 +42,8 @@
    and why (tests/elastic/test_elastic_swap.py, tests/elastic/test_elastic_board_attacks.py), this measures how long.
 
 usage: python benchmarks/bench_elastic.py [--json] [--gate-only] [--repeats N] [--swap-mib N] [--gpu-mib N]
-                                          [--duration S] [--skip-only] [--swap-only]
+                                          [--duration S] [--skip-only] [--swap-only] [--link-gbps G]
+                                          [--vmm-us U] [--pin-us-per-mib U]
 """
 
 from __future__ import annotations
@@ -53,7 +60,7 @@ import threading
 import time
 from pathlib import Path
 
-from memslice.elastic import LIVE_OFF, RosterEntry, read_boards, render_roster
+from memslice.elastic import LIVE_OFF, MOVE_PHASE_KEYS, RosterEntry, parse_move_phases, read_boards, render_roster
 from memslice.interposer.region import read_region_file
 from memslice.paths import lib_paths
 
@@ -93,9 +100,9 @@ def tenant_env(base: dict[str, str], region: Path, limit: int, request: int | No
 
 
 class Tenant:
-    def __init__(self, exe: str, env: dict[str, str]) -> None:
+    def __init__(self, exe: str, env: dict[str, str], stderr: object = subprocess.DEVNULL) -> None:
         self.p = subprocess.Popen([exe], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                  stderr=subprocess.DEVNULL)
+                                  stderr=stderr)  # type: ignore[call-overload]
         if self.read() != "ready":
             raise RuntimeError("tenant did not start")
 
@@ -164,7 +171,8 @@ def gate_instructions(exe: str, tmp: Path) -> dict[str, dict[str, float]]:
 
 
 # memsliceSimCounters' order (interposer/sim/simstate.h)
-SIM_ASYNC_COPIES, SIM_UNMAPS_IN_FLIGHT, SIM_IN_FLIGHT_MAX = 6, 8, 10
+SIM_HOST_CREATES, SIM_ASYNC_COPIES, SIM_UNMAPS_IN_FLIGHT, SIM_IN_FLIGHT_MAX = 2, 6, 8, 10
+SIM_RUN_UNMAPS, SIM_HOST_RELEASES = 13, 15
 
 
 def sim_counters(t: Tenant) -> list[int]:
@@ -172,37 +180,76 @@ def sim_counters(t: Tenant) -> list[int]:
     return [int(x) for x in out[1:]] if len(out) > SIM_IN_FLIGHT_MAX + 1 else []
 
 
-def swap_time(exe: str, tmp: Path, mib: int) -> dict[str, float]:
-    d = tmp / "swap"
-    edir = d / "elastic"
-    edir.mkdir(parents=True)
-    gpu = mib + mib // 2
-    base = node_env(d, f"{gpu}MiB")
-    a = Tenant(exe, tenant_env(base, d / "a", mib, 64, edir))
-    try:
-        assert a.cmd(f"alloc {mib} {mib}").startswith("allocated")  # one range: one ask, one answer
-        c0 = sim_counters(a)
-        wait(lambda: any(t.pid == a.p.pid and t.state == "idle" for t in read_boards(edir)), 60)
-        b = Tenant(exe, tenant_env(base, d / "b", mib, 64, edir))
-        assert b.cmd(f"alloc {mib} {mib}").startswith("allocated")
-        c1 = sim_counters(a)  # before B leaves: A brings its chunks back as soon as HBM has room
-        b.stop()
-        assert a.cmd("check").startswith("check ok")
-        wait(lambda: any(t.pid == a.p.pid and t.swapped_bytes == 0 for t in read_boards(edir)), 120)
-        me = next(t for t in read_boards(edir) if t.pid == a.p.pid)
-        c2 = sim_counters(a)
-    finally:
-        a.stop()
-    gib = me.swap_outs * 32 / 1024  # what moved: 32 MiB chunks (issue 26: only what B lacked)
-    res = {"swap_out_s_per_gib": round(me.swap_out_seconds / gib, 3),
-           "swap_in_s_per_gib": round(me.swap_in_seconds / gib, 3),
-           "chunk_moves_out": me.swap_outs, "chunk_moves_in": me.swap_ins}
+def phase_delta(after: dict[str, int], before: dict[str, int]) -> dict[str, float]:
+    """One cycle's phases: the difference of two cumulative snapshots, times in ms."""
+    return {k.removesuffix("_ns"): (round((after.get(k, 0) - before.get(k, 0)) / 1e6, 1) if k.endswith("_ns")
+                                    else after.get(k, 0) - before.get(k, 0)) for k in MOVE_PHASE_KEYS}
+
+
+def swap_cycle(exe: str, a: Tenant, name: str, base: dict[str, str], d: Path, mib: int, edir: Path,
+               log: Path, link_gbps: float) -> dict[str, object]:
+    """A idle; B needs HBM (A moves out); B leaves, A runs (A moves back): A's figures for this cycle."""
+    wait(lambda: any(t.pid == a.p.pid and t.state == "idle" for t in read_boards(edir)), 60)
+    me0 = next(t for t in read_boards(edir) if t.pid == a.p.pid)
+    ph0 = parse_move_phases(log.read_text())
+    c0 = sim_counters(a)
+    b = Tenant(exe, tenant_env(base, d / name, mib, 64, edir))
+    assert b.cmd(f"alloc {mib} {mib}").startswith("allocated")
+    c1 = sim_counters(a)  # before B leaves: A brings its chunks back as soon as HBM has room
+    b.stop()
+    check = a.cmd("check")
+    wait(lambda: any(t.pid == a.p.pid and t.swapped_bytes == 0 for t in read_boards(edir)), 120)
+    me = next(t for t in read_boards(edir) if t.pid == a.p.pid)
+    wait(lambda: parse_move_phases(log.read_text()).get("in", {}).get("chunks", 0) >=
+         ph0.get("in", {}).get("chunks", 0) + me.swap_ins - me0.swap_ins, 30)
+    ph = parse_move_phases(log.read_text())
+    c2 = sim_counters(a)
+    out_n, in_n = me.swap_outs - me0.swap_outs, me.swap_ins - me0.swap_ins
+    out_s, in_s = me.swap_out_seconds - me0.swap_out_seconds, me.swap_in_seconds - me0.swap_in_seconds
+    res: dict[str, object] = {
+        "chunk_moves_out": out_n, "chunk_moves_in": in_n,
+        "out_gb_per_s": round(out_n * 32 * MiB / out_s / 1e9, 3) if out_s else None,
+        "in_gb_per_s": round(in_n * 32 * MiB / in_s / 1e9, 3) if in_s else None,
+        "phases_out_ms": phase_delta(ph.get("out", {}), ph0.get("out", {})),
+        "phases_in_ms": phase_delta(ph.get("in", {}), ph0.get("in", {})),
+        "data_intact": check.startswith("check ok") and a.cmd("check").startswith("check ok")}
+    if link_gbps and out_s and in_s:
+        res["critical_over_link_out"] = round(out_s / (out_n * 32 * MiB / (link_gbps * 1e9)), 2)
+        res["critical_over_link_in"] = round(in_s / (in_n * 32 * MiB / (link_gbps * 1e9)), 2)
     if c0 and c1 and c2:
         res.update(async_copies_out=c1[SIM_ASYNC_COPIES] - c0[SIM_ASYNC_COPIES],
                    async_copies_in=c2[SIM_ASYNC_COPIES] - c1[SIM_ASYNC_COPIES],
                    copies_in_flight_max=c2[SIM_IN_FLIGHT_MAX],
                    unmaps_under_a_copy_in_flight=c2[SIM_UNMAPS_IN_FLIGHT])
+        if len(c2) > SIM_HOST_RELEASES:
+            res.update(host_chunks_pinned=c2[SIM_HOST_CREATES] - c0[SIM_HOST_CREATES],
+                       host_chunks_unpinned=c2[SIM_HOST_RELEASES] - c0[SIM_HOST_RELEASES],
+                       run_unmaps=c2[SIM_RUN_UNMAPS] - c0[SIM_RUN_UNMAPS])
     return res
+
+
+def swap_time(exe: str, tmp: Path, mib: int, model: dict[str, float] | None = None) -> dict[str, object]:
+    d = tmp / "swap"
+    edir = d / "elastic"
+    edir.mkdir(parents=True)
+    gpu = mib + mib // 2
+    model = model or {}
+    base = node_env(d, f"{gpu}MiB")
+    for var, key in (("MEMSLICE_SIM_LINK_GBPS", "link_gbps"), ("MEMSLICE_SIM_VMM_US", "vmm_us"),
+                     ("MEMSLICE_SIM_PIN_US_PER_MIB", "pin_us_per_mib")):
+        if model.get(key):  # the simulated driver reads these (interposer/sim/simcuda_inflight.c)
+            base[var] = str(model[key])
+    log = d / "a.log"
+    with log.open("w") as err:
+        a = Tenant(exe, dict(tenant_env(base, d / "a", mib, 64, edir), MEMSLICE_LOG="info",
+                             MEMSLICE_HOST_POOL_KEEP=str(model.get("pool_keep", 600))), stderr=err)
+        try:
+            assert a.cmd(f"alloc {mib} {mib}").startswith("allocated")  # one range: one ask, one answer
+            res = {"cold": swap_cycle(exe, a, "b", base, d, mib, edir, log, model.get("link_gbps", 0)),
+                   "warm": swap_cycle(exe, a, "b2", base, d, mib, edir, log, model.get("link_gbps", 0))}
+        finally:
+            a.stop()
+    return {"model": model, **res}
 
 
 SQUATTER = """
@@ -392,6 +439,11 @@ def main() -> int:
     ap.add_argument("--instructions", action="store_true",
                     help="only the gated call cost, in instructions per call (callgrind; needs valgrind)")
     ap.add_argument("--swap-only", action="store_true", help="only the swap figures (figure 2, issue 39 item 4)")
+    ap.add_argument("--link-gbps", type=float, default=0.0, help="swap: the simulated link's GB/s (0: off)")
+    ap.add_argument("--vmm-us", type=float, default=0.0, help="swap: simulated us per map/unmap/access call")
+    ap.add_argument("--pin-us-per-mib", type=float, default=0.0, help="swap: simulated us per pinned MiB")
+    ap.add_argument("--pool-keep", type=float, default=600.0,
+                    help="swap: MEMSLICE_HOST_POOL_KEEP for A, seconds (0: no host pool, each move pins its own)")
     ap.add_argument("--skip-only", action="store_true",
                     help="only the skip time of an unanswered ask (figure 4, issue 35.10)")
     a = ap.parse_args()
@@ -399,8 +451,10 @@ def main() -> int:
         tmp = Path(t)
         exes = build(tmp)
         res: dict[str, object] = {}
+        model = {"link_gbps": a.link_gbps, "vmm_us": a.vmm_us, "pin_us_per_mib": a.pin_us_per_mib,
+                 "pool_keep": a.pool_keep}
         if a.swap_only:
-            res["swap"] = swap_time(exes["tenant"], tmp, a.swap_mib)
+            res["swap"] = swap_time(exes["tenant"], tmp, a.swap_mib, model)
         elif a.skip_only:
             res["skip_seconds"] = skip_time(exes["tenant"], tmp, a.repeats)
         elif a.instructions:
@@ -409,7 +463,7 @@ def main() -> int:
             res["gate_ns_per_call"] = gate_cost(exes["gate"], tmp, a.repeats, a.calls)
         if not (a.gate_only or a.instructions or a.skip_only or a.swap_only):
             if not a.density_only:
-                res["swap"] = swap_time(exes["tenant"], tmp, a.swap_mib)
+                res["swap"] = swap_time(exes["tenant"], tmp, a.swap_mib, model)
             res["density"] = {m: density(exes["tenant"], tmp, m, a.gpu_mib, a.peak_mib, a.typical_mib, a.duration,
                                          a.gap, a.seed, a.headroom) for m in ("static", "elastic", "elastic-release")}
     if a.json:

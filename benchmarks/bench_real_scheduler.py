@@ -20,6 +20,8 @@ latency (the whole bind verb, the API write included, as the scheduler waits for
 issue's goals are stated in: pods/s with / without; bind p99 - the plain scheduler's Binding p99; and the
 correctness of the placement (every pod bound, on a GPU of its node, no GPU over its memory).
 
+`--plain-http` (an experiment, not deploy/'s configuration): the extender without TLS, on loopback, as a sidecar
+container in the scheduler's pod would be reached; what the handshakes cost each process is the difference.
 `--cpus 0` pins everything (API server, schedulers, extender, this process) to those CPUs (sched_setaffinity
 before anything starts; children inherit it). `--breakdown` has the extender account its CPU by activity
 (TLS handshakes, each verb's request, watch events) and prints it; `--profile FILE` writes a pstats file of
@@ -74,8 +76,9 @@ def serve_extender(args: argparse.Namespace) -> int:
     dump = install_profile() if args.profile else None
     api, _ = load_api_client(args.kubeconfig, pool_maxsize=16)
     tls = Path(args.tls_dir)
-    ext = Extender(api, Config(address="127.0.0.1", port=0, tls_cert_file=str(tls / "tls.crt"),
-                               tls_key_file=str(tls / "tls.key"), tls_client_ca_file=str(tls / "ca.crt"))).start()
+    files = {} if args.plain_http else dict(tls_cert_file=str(tls / "tls.crt"), tls_key_file=str(tls / "tls.key"),
+                                            tls_client_ca_file=str(tls / "ca.crt"))
+    ext = Extender(api, Config(address="127.0.0.1", port=0, **files)).start()
     binds: list[float] = []
     inner = ext.verbs.bind
 
@@ -175,11 +178,12 @@ def install_profile() -> Any:
 
 
 class ExtenderProc:
-    def __init__(self, kubeconfig: Path, tls: Path, out: Path, breakdown: bool, profile: str | None) -> None:
+    def __init__(self, kubeconfig: Path, tls: Path, out: Path, breakdown: bool, profile: str | None,
+                 plain_http: bool = False) -> None:
         self.out = out
         cmd = [sys.executable, __file__, "--serve-extender", "--kubeconfig", str(kubeconfig), "--tls-dir", str(tls),
                "--times-out", str(out)] + (["--breakdown"] if breakdown else []) + (
-               ["--profile", profile] if profile else [])
+               ["--profile", profile] if profile else []) + (["--plain-http"] if plain_http else [])
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         self.ps = psutil.Process(self.proc.pid)
         self.port = int(self._line("PORT").split()[1])
@@ -325,7 +329,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     from kube_real import running
     from test_deploy_render import NAMESPACE, render
 
-    out: dict[str, Any] = {"nodes": args.nodes, "pods": args.pods, "cpus": sorted(os.sched_getaffinity(0))}
+    out: dict[str, Any] = {"nodes": args.nodes, "pods": args.pods, "cpus": sorted(os.sched_getaffinity(0)),
+                           "plain_http": args.plain_http}
     with tempfile.TemporaryDirectory(prefix="ms-bench-") as tmp, running(Path(tmp) / "kube") as cluster:
         cluster.apply(sorted(render("base"), key=lambda o: o["kind"] != "Namespace"))
         cluster.ensure_namespace(rs.NS)
@@ -334,9 +339,13 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         tls = rs.tls_files(cluster, Path(tmp) / "tls")
         kubeconfig = cluster.kubeconfig("ext", cluster.token(NAMESPACE, "memslice-extender"))
         ext = ExtenderProc(kubeconfig, tls / "memslice-extender-tls", Path(tmp) / "ext.json", args.breakdown,
-                           args.profile)
+                           args.profile, args.plain_http)
         try:
             config = rs.scheduler_config(cluster, ext.port, tls)
+            if args.plain_http:  # the extender on the scheduler's loopback, as a sidecar in its pod would be
+                (extender,) = config["extenders"]
+                extender.pop("tlsConfig", None)
+                extender.update(enableHTTPS=False, urlPrefix=extender["urlPrefix"].replace("https://", "http://"))
             create_pending(cluster, args.pods, "memslice-scheduler", 1)
             cpu0, since = ext.cpu_s(), time.time()
             sched = cluster.start_scheduler(config, "memslice-scheduler")
@@ -404,6 +413,8 @@ def main() -> int:
     ap.add_argument("--breakdown", action="store_true", help="the extender's CPU by activity")
     ap.add_argument("--profile", metavar="FILE", help="the extender's connection threads and watch events under "
                     "cProfile (CPU time), merged pstats written to FILE")
+    ap.add_argument("--plain-http", action="store_true", help="an experiment: the extender without TLS on loopback "
+                    "(what the handshakes cost every process)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--extender-only", action="store_true", help="skip the run without the extender")
     ap.add_argument("--serve-extender", action="store_true", help=argparse.SUPPRESS)

@@ -40,7 +40,7 @@ def preload(*libs: str) -> str:
 # is expensive keeps its tests on one worker with a module-level `xdist_group` mark (the fixture then runs
 # once; a mark added here would come too late for xdist, which reads it first), and the longest modules start
 # first, so that none of them is the tail of a parallel run.
-LONGEST_FIRST = ("test_image_build.py", "test_real_deploy.py", "test_real_dra.py", "test_real_scheduler.py",
+LONGEST_FIRST = ("test_dra_node.py", "test_image_build.py", "test_real_deploy.py", "test_real_dra.py", "test_real_scheduler.py",
                  "test_realnode_deviceplugin.py", "test_realnode_dra.py",
                  "test_shim_chaos.py", "test_extender_fastpaths.py", "test_elastic_swap.py",
                  "test_e2e_elastic.py", "test_elastic_drain.py", "test_elastic_gate.py", "test_elastic_attribution.py")

@@ -47,6 +47,12 @@ void sim_inflight_done(CUstream s);              /* s's copies complete (NULL: e
 unsigned long long sim_inflight_mark(void);      /* where the book stands (an event's record) */
 void sim_inflight_done_id(unsigned long long id, unsigned long long mark);
 void sim_inflight_unmap(uint64_t ptr, uint64_t size);
+/* The time model (off unless MEMSLICE_SIM_LINK_GBPS / _VMM_US / _PIN_US_PER_MIB are set): when copies are due */
+uint64_t sim_inflight_due(unsigned long long id, unsigned long long mark);
+uint64_t sim_inflight_due_stream(CUstream s);
+int sim_inflight_reached(uint64_t due, int wait);
+enum { SIM_COST_VMM, SIM_COST_PIN };
+void sim_cost(int kind, uint64_t bytes);
 
 /* ---- sim_ipc.c ---- */
 /* simcuda_memop.c: stream waits whose condition is not yet met stay queued (work in flight) */

@@ -30,7 +30,8 @@
 
 struct sim_evt { uint32_t magic; unsigned int flags; int recorded; int dev; uint64_t ns; struct tl_point pt;
                  unsigned long long stream, mark; /* the created stream it was recorded on (0: a default one), and
-                                                   * the copies booked before it (simcuda_inflight.c) */ };
+                                                   * the copies booked before it (simcuda_inflight.c) */
+                 uint64_t due; /* when those copies are due on the modelled link (0: at once) */ };
 
 static unsigned long long g_next_id = 100; /* stream IDs; small numbers are the default streams' */
 
@@ -169,6 +170,7 @@ API CUresult cuStreamQuery(CUstream s) {
     uint64_t target;
     if (sim_stream_point(s, &ref, &target) == CUDA_SUCCESS && !tl_reached(ref, target)) return CUDA_ERROR_NOT_READY;
     if (sim_waits_pending(s ? s : (CUstream)0x1)) return CUDA_ERROR_NOT_READY;
+    if (!sim_inflight_reached(sim_inflight_due_stream(s), 0)) return CUDA_ERROR_NOT_READY; /* copies on the link */
     sim_inflight_done(s); /* complete: its copies are too */
     return CUDA_SUCCESS;
 }
@@ -242,6 +244,7 @@ API CUresult cuEventRecord(CUevent e, CUstream s) {
     struct sim_stream *st = sim_stream_of(s);
     x->stream = st ? st->id : 0;
     x->mark = sim_inflight_mark();
+    x->due = x->stream ? sim_inflight_due(x->stream, x->mark) : 0;
     if (sim_stream_point(s, &ref, &target) == CUDA_SUCCESS) tl_mark(ref, target, &x->pt);
     else x->pt = (struct tl_point){.ref = {-1, -1}, .mark = -1, .done = 1, .ns = now_ns()};
     __atomic_store_n(&x->recorded, 1, __ATOMIC_RELEASE);
@@ -260,8 +263,8 @@ API CUresult cuEventRecordWithFlags_ptsz(CUevent e, CUstream s, unsigned int f) 
 static int event_done(struct sim_evt *x) {
     uint64_t ns;
     if (!__atomic_load_n(&x->recorded, __ATOMIC_ACQUIRE)) return 1;
-    if (!tl_point_time(&x->pt, &ns)) return 0;
-    x->ns = ns;
+    if (!tl_point_time(&x->pt, &ns) || !sim_inflight_reached(x->due, 0)) return 0;
+    x->ns = x->due > ns ? x->due : ns;
     if (x->stream) sim_inflight_done_id(x->stream, x->mark); /* the copies queued before it are complete */
     return 1;
 }
@@ -281,6 +284,7 @@ API CUresult cuEventSynchronize(CUevent e) {
     if (__atomic_load_n(&x->recorded, __ATOMIC_ACQUIRE) && !x->pt.done &&
         tl_wait(x->pt.ref, x->pt.target, SIM_SYNC_NS) < 0)
         return CUDA_ERROR_LAUNCH_TIMEOUT;
+    if (__atomic_load_n(&x->recorded, __ATOMIC_ACQUIRE)) sim_inflight_reached(x->due, 1); /* copies on the link */
     return event_done(x) ? CUDA_SUCCESS : CUDA_ERROR_LAUNCH_TIMEOUT;
 }
 

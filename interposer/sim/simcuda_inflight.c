@@ -6,15 +6,95 @@
  * real GPU's copy engines), and whether memory was unmapped under a copy still in flight (on a real GPU,
  * a fault or lost bytes). Counted in memsliceSimCounters (simstate.h, SIM_C_ASYNC_*). Copies on the default
  * streams are not booked: the legacy stream's implicit ordering makes them safe in ways this book does not
- * model. */
+ * model.
+ *
+ * Time, when asked for (a benchmark's model of a real link; off by default, the copies then complete at once):
+ * MEMSLICE_SIM_LINK_GBPS (decimal GB/s, > 0) makes the booked copies share one link of that bandwidth, in the
+ * order issued: each is due when the link has carried it, and its stream, an event recorded behind it and a
+ * context synchronisation are not complete before then (they wait for it, or answer CUDA_ERROR_NOT_READY).
+ * MEMSLICE_SIM_VMM_US (µs per cuMemMap, cuMemUnmap, cuMemSetAccess call) and MEMSLICE_SIM_PIN_US_PER_MIB (µs per
+ * MiB a host-located cuMemCreate pins, or its release unpins) give those calls a cost (sim_cost). A value that
+ * is not a number in (0, 10^6] leaves that part of the model off. */
 #define _GNU_SOURCE
+#include <errno.h>
+#include <stdlib.h>
+#include <time.h>
+
 #include "sim_internal.h"
 #include "simcuda.h"
 
 #define INFLIGHT_MAX 256
-struct inflight { unsigned long long stream, seq; uint64_t dst, src, n; };
-static struct { pthread_mutex_t mu; struct inflight e[INFLIGHT_MAX]; unsigned n; unsigned long long high, seq; }
+struct inflight { unsigned long long stream, seq; uint64_t dst, src, n, due; };
+static struct { pthread_mutex_t mu; struct inflight e[INFLIGHT_MAX]; unsigned n; unsigned long long high, seq;
+                uint64_t link_free; /* when the link has carried every copy issued so far */ }
     g_fl = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* Monotonic nanoseconds: the model's clock. */
+static uint64_t fl_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+/* A positive number from the environment, at most 10^6, else 0 (that part of the model off). */
+static double env_num(const char *name) {
+    const char *v = getenv(name);
+    char *end;
+    if (!v || !*v) return 0;
+    errno = 0;
+    double x = strtod(v, &end);
+    return errno || *end || !(x > 0 && x <= 1e6) ? 0 : x;
+}
+
+/* The model's figures, read once: link bytes per ns, µs per VMM call, µs per pinned MiB. */
+static struct { pthread_once_t once; double link_bpns, vmm_us, pin_us_mib; } g_model = {PTHREAD_ONCE_INIT, 0, 0, 0};
+static void read_model(void) {
+    g_model.link_bpns = env_num("MEMSLICE_SIM_LINK_GBPS"); /* GB/s = bytes per ns */
+    g_model.vmm_us = env_num("MEMSLICE_SIM_VMM_US");
+    g_model.pin_us_mib = env_num("MEMSLICE_SIM_PIN_US_PER_MIB");
+}
+
+/* Sleep until the monotonic time `due` (the model's figures bound it: the link's queue, one call's cost). */
+static void sleep_until(uint64_t due) {
+    for (uint64_t now = fl_now(); now < due; now = fl_now()) {
+        struct timespec ts = {(time_t)((due - now) / 1000000000ull), (long)((due - now) % 1000000000ull)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* The time a call of this kind costs in the model (SIM_COST_VMM: a map, unmap or access call; SIM_COST_PIN:
+ * pinning or unpinning `bytes` of host memory); nothing when that part of the model is off. */
+void sim_cost(int kind, uint64_t bytes) {
+    pthread_once(&g_model.once, read_model);
+    double us = kind == SIM_COST_VMM ? g_model.vmm_us : g_model.pin_us_mib * (double)(bytes >> 20);
+    if (us > 0) sleep_until(fl_now() + (uint64_t)(us * 1000.0));
+}
+
+/* When the copies of the stream with this id (0: every stream) booked up to `mark` are due (0: none, or no
+ * link model). */
+uint64_t sim_inflight_due(unsigned long long id, unsigned long long mark) {
+    uint64_t due = 0;
+    pthread_mutex_lock(&g_fl.mu);
+    for (unsigned i = 0; i < g_fl.n; i++)
+        if ((!id || g_fl.e[i].stream == id) && g_fl.e[i].seq <= mark && g_fl.e[i].due > due) due = g_fl.e[i].due;
+    pthread_mutex_unlock(&g_fl.mu);
+    return due;
+}
+
+/* Whether `due` (from sim_inflight_due) has passed; with wait, sleep until it has. */
+int sim_inflight_reached(uint64_t due, int wait) {
+    if (!due || fl_now() >= due) return 1;
+    if (!wait) return 0;
+    sleep_until(due);
+    return 1;
+}
+
+/* When stream s's booked copies (s NULL: every stream's) are due. */
+uint64_t sim_inflight_due_stream(CUstream s) {
+    struct sim_stream *x = sim_stream_of(s);
+    if (s && !x) return 0;
+    return sim_inflight_due(x ? x->id : 0, ~0ull);
+}
 
 /* The high-water counter: in flight at once, ever (a max, not a sum). Caller holds g_fl.mu. */
 static void note_high(void) {
@@ -28,8 +108,14 @@ void sim_inflight_add(CUstream s, uint64_t dst, uint64_t src, uint64_t n) {
     struct sim_stream *x = sim_stream_of(s);
     sim_count(SIM_C_ASYNC_COPIES, n);
     if (!x || !n) return;
+    pthread_once(&g_model.once, read_model);
     pthread_mutex_lock(&g_fl.mu);
-    if (g_fl.n < INFLIGHT_MAX) g_fl.e[g_fl.n++] = (struct inflight){x->id, ++g_fl.seq, dst, src, n};
+    uint64_t due = 0, now = fl_now();
+    if (g_model.link_bpns > 0) { /* the link carries the copies one after the other, in the order issued */
+        due = (g_fl.link_free > now ? g_fl.link_free : now) + (uint64_t)((double)n / g_model.link_bpns);
+        g_fl.link_free = due;
+    }
+    if (g_fl.n < INFLIGHT_MAX) g_fl.e[g_fl.n++] = (struct inflight){x->id, ++g_fl.seq, dst, src, n, due};
     note_high();
     pthread_mutex_unlock(&g_fl.mu);
 }

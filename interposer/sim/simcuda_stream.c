@@ -42,6 +42,7 @@ API CUresult cuStreamSynchronize(CUstream s) {
     NEED_INIT();
     CUresult rc = sim_stream_drain(s, 0);
     if (rc == CUDA_SUCCESS) rc = sim_waits_drain(s ? s : (CUstream)0x1);
+    if (rc == CUDA_SUCCESS) sim_inflight_reached(sim_inflight_due_stream(s), 1); /* its copies on the link */
     if (rc == CUDA_SUCCESS) sim_inflight_done(s);
     trim_all_pools();
     return rc;
@@ -54,6 +55,7 @@ API CUresult cuCtxSynchronize(void) {
     NEED_INIT();
     CUresult rc = t_ctx ? sim_stream_drain(NULL, 1) : CUDA_SUCCESS;
     if (rc == CUDA_SUCCESS) rc = sim_waits_drain(NULL);
+    if (rc == CUDA_SUCCESS) sim_inflight_reached(sim_inflight_due_stream(NULL), 1); /* every copy on the link */
     if (rc == CUDA_SUCCESS) sim_inflight_done(NULL);
     trim_all_pools();
     return rc;

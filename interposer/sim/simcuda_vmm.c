@@ -92,7 +92,10 @@ API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUm
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     *h = (CUmemGenericAllocationHandle)(uintptr_t)v;
-    if (host) sim_count(SIM_C_HOST_CREATES, size);
+    if (host) {
+        sim_count(SIM_C_HOST_CREATES, size);
+        sim_cost(SIM_COST_PIN, size);
+    }
     return CUDA_SUCCESS;
 }
 
@@ -114,6 +117,10 @@ API CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
     struct sim_vmm *v = as_vmm(h);
     if (!v) { pthread_mutex_unlock(&g_mu); return CUDA_ERROR_INVALID_VALUE; }
     v->magic = 0;
+    if (v->p->host) {
+        sim_count(SIM_C_HOST_RELEASES, v->p->size);
+        sim_cost(SIM_COST_PIN, v->p->size);
+    }
     phys_unref(v->p);
     free(v);
     pthread_mutex_unlock(&g_mu);
@@ -259,6 +266,7 @@ API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericA
     else if (mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, v->p->fd, (off_t)offset) ==
              MAP_FAILED) rc = CUDA_ERROR_INVALID_VALUE;
     if (rc == CUDA_SUCCESS) {
+        sim_cost(SIM_COST_VMM, 0);
         *m = (struct mapping){ptr, size, v->p, g_maps};
         g_maps = m;
         v->p->refs++;
@@ -269,19 +277,39 @@ API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericA
     return rc;
 }
 
-/* Unmap a range (back to PROT_NONE); the last unmapping of a released handle frees it. */
+/* Whether [ptr, ptr + size) is made of whole mappings, with no hole and no mapping only partly inside (the
+ * driver's rule: "cuMemUnmap cannot unmap a sub-range of an address range mapped by cuMemCreate / cuMemMap";
+ * one call may unmap several adjacent mappings, as NVIDIA's vectorMemMap sample does). Caller holds g_mu. */
+static int whole_mappings(uint64_t ptr, uint64_t size) {
+    uint64_t covered = 0;
+    for (struct mapping *m = g_maps; m; m = m->next) {
+        int in = m->ptr >= ptr && m->ptr + m->size <= ptr + size;
+        if (!in && m->ptr < ptr + size && ptr < m->ptr + m->size) return 0; /* partly inside */
+        if (in) covered += m->size;
+    }
+    return covered == size;
+}
+
+/* Unmap a range of one or more whole mappings (back to PROT_NONE); the last unmapping of a released handle
+ * frees it. */
 API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     NEED_INIT();
     pthread_mutex_lock(&g_mu);
-    struct mapping **pm = &g_maps;
-    while (*pm && !((*pm)->ptr == ptr && (*pm)->size == size)) pm = &(*pm)->next;
-    if (!*pm) { pthread_mutex_unlock(&g_mu); return CUDA_ERROR_INVALID_VALUE; }
-    struct mapping *m = *pm;
-    *pm = m->next;
+    if (!size || !whole_mappings(ptr, size)) { pthread_mutex_unlock(&g_mu); return CUDA_ERROR_INVALID_VALUE; }
     sim_inflight_unmap(ptr, size);
     mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
-    phys_unref(m->p);
-    free(m);
+    uint64_t n = 0;
+    for (struct mapping **pm = &g_maps; *pm;) {
+        struct mapping *m = *pm;
+        if (m->ptr < ptr || m->ptr + m->size > ptr + size) { pm = &m->next; continue; }
+        *pm = m->next;
+        phys_unref(m->p);
+        free(m);
+        n++;
+    }
+    sim_count(SIM_C_UNMAPS, size);
+    sim_cost(SIM_COST_VMM, 0);
+    if (n > 1) sim_count(SIM_C_RUN_UNMAPS, n);
     pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;
 }
@@ -304,6 +332,7 @@ API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc 
         if (m->ptr >= ptr && m->ptr + m->size <= ptr + size) covered += m->size;
     CUresult rc = covered == size && mprotect((void *)(uintptr_t)ptr, size, prot) == 0 ? CUDA_SUCCESS
                                                                                       : CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS) sim_cost(SIM_COST_VMM, 0);
     pthread_mutex_unlock(&g_mu);
     return rc;
 }

@@ -120,11 +120,14 @@ const char *memsliceSimError(void);
  * and cuMemHostRegister calls) and their bytes, host-located cuMemCreate calls and their bytes, copies
  * (cuMemcpy and every variant that reaches it) and their bytes; then (simcuda_inflight.c) asynchronous copies
  * and their bytes, unmaps of memory under a copy still in flight and their bytes, and the most copies in
- * flight at once on created streams (a high-water figure). memsliceSimCounters(out, n) fills at most n
+ * flight at once on created streams (a high-water figure); then (simcuda_vmm.c) cuMemUnmap calls and their
+ * bytes, and the calls among them that unmapped several mappings at once and how many mappings those were;
+ * host-located handles released and their bytes (a pinned chunk given back). memsliceSimCounters(out, n) fills at most n
  * and returns how many there are; a program finds it with dlsym (a real driver has no such symbol). */
 enum { SIM_C_PINS, SIM_C_PIN_BYTES, SIM_C_HOST_CREATES, SIM_C_HOST_CREATE_BYTES, SIM_C_COPIES, SIM_C_COPY_BYTES,
        SIM_C_ASYNC_COPIES, SIM_C_ASYNC_COPY_BYTES, SIM_C_UNMAPS_IN_FLIGHT, SIM_C_UNMAP_IN_FLIGHT_BYTES,
-       SIM_C_ASYNC_IN_FLIGHT_MAX, SIM_COUNTERS };
+       SIM_C_ASYNC_IN_FLIGHT_MAX, SIM_C_UNMAPS, SIM_C_UNMAP_BYTES, SIM_C_RUN_UNMAPS, SIM_C_RUN_UNMAP_MAPPINGS,
+       SIM_C_HOST_RELEASES, SIM_C_HOST_RELEASE_BYTES, SIM_COUNTERS };
 unsigned int memsliceSimCounters(unsigned long long *out, unsigned int n);
 
 #endif

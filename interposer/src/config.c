@@ -212,13 +212,14 @@ static int read_elastic_roles(const struct limits_file *f, int have_file) {
 }
 
 /* Elastic mode's settings: the limits file's, else the environment's (MEMSLICE_GPU_MEM_REQUEST,
- * MEMSLICE_ELASTIC_DIR, MEMSLICE_IDLE_AFTER; MEMSLICE_YIELD_WAIT from the environment only: it bounds this
- * process's own waits). Elastic mode is on when 0 < request < limit. 0, or -1 (fail closed). */
+ * MEMSLICE_ELASTIC_DIR, MEMSLICE_IDLE_AFTER; MEMSLICE_YIELD_WAIT and MEMSLICE_HOST_POOL_KEEP from the
+ * environment only: they bound this process's own waits and its own pinned host memory). Elastic mode is on when 0 < request < limit. 0, or -1 (fail closed). */
 static int read_elastic(const struct limits_file *f, int have_file) {
     struct shim_config *c = &g_cfg;
     const char *v;
     c->idle_after_ms = 300000;
     c->yield_wait_ms = 3000;
+    c->pool_keep_ms = 3000;
     if (have_file && f->has_request) c->request = f->request;
     else if (!have_file && size_env("MEMSLICE_GPU_MEM_REQUEST", &c->request, 0) < 0) return -1;
     if (have_file && f->has_edir) snprintf(c->elastic_dir, sizeof c->elastic_dir, "%s", f->edir);
@@ -229,6 +230,8 @@ static int read_elastic(const struct limits_file *f, int have_file) {
         return -1;
     if ((v = getenv("MEMSLICE_YIELD_WAIT")) && parse_seconds_or_fail("MEMSLICE_YIELD_WAIT", v, &c->yield_wait_ms) < 0)
         return -1;
+    if ((v = getenv("MEMSLICE_HOST_POOL_KEEP")) &&
+        parse_seconds_or_fail("MEMSLICE_HOST_POOL_KEEP", v, &c->pool_keep_ms) < 0) return -1;
     if (read_elastic_roles(f, have_file) < 0) return -1;
     if (!c->request) return 0;
     char a[32], b[32];

@@ -186,11 +186,13 @@ static CUresult place_chunk(struct elastic_range *r, unsigned i, int *asked) {
     return own_host(&r->c[i].h, len);
 }
 
-/* Unmap and release chunks [0, upto) of a range and give back its address range. */
+/* Unmap and release chunks [0, upto) of a range (a pooled host chunk goes back to the pool, still pinned:
+ * elastic_pool.c) and give back its address range. Caller holds g_es.mu if the range was listed. */
 static void unmap_chunks(struct elastic_range *r, unsigned upto, int mapped) {
     for (unsigned i = 0; i < upto; i++) {
         if (mapped) REAL(cuMemUnmap)(r->va + (uint64_t)i * ELASTIC_CHUNK, elastic_chunk_len(r, i));
-        REAL(cuMemRelease)(r->c[i].h);
+        if (r->c[i].pool) elastic_pool_put(&g_es.pool, r->c[i].pool - 1);
+        else REAL(cuMemRelease)(r->c[i].h);
     }
     REAL(cuMemAddressFree)(r->va, r->size);
 }

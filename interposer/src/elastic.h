@@ -12,14 +12,13 @@
 #include "shim.h"
 
 #define ELASTIC_TICK_MS 20            /* the mover's tick */
-#define ELASTIC_CHUNK (32ull << 20)    /* a range's physical memory comes in chunks of this: the unit that moves, so
-                                        * an answer moves at most one chunk more than it was asked (the slack) */
 #define ELASTIC_ACK_MS 1000            /* an asked neighbour acknowledges within a tick (or the move it is in) */
 #define ELASTIC_YIELD_GAP_MS 100       /* a tenant moves memory for asks at most once per this */
 #define ELASTIC_BACK_AFTER_MS 2000     /* memory yielded for an ask stays in host memory at least this long */
 #define ELASTIC_SKIP_NOACK_MS 10000    /* a slot that did not acknowledge an ask is not asked again for this long */
 
-struct elastic_chunk { CUmemGenericAllocationHandle h; int host; int moving; /* in the mover's batch */ };
+struct elastic_chunk { CUmemGenericAllocationHandle h; int host; int moving; /* in the mover's batch */
+                       int pool; /* the host pool's slot of h + 1 (0: h is the chunk's own) */ };
 struct elastic_range {
     CUdeviceptr va;
     uint64_t size;
@@ -55,6 +54,8 @@ struct elastic_state {
     struct elastic_batch batch;               /* the mover's batch, under mu */
     uint64_t create_ns;                       /* creating the batch's new handles (the mover adds, under mu) */
     struct elastic_phases phases[2];          /* [1]: to host memory, [0]: back to HBM; under mu */
+    struct elastic_pool pool;                 /* pinned host chunks kept across moves (elastic_pool.c), under mu */
+    uint64_t move_ns;                         /* when the last batch moved (the pool's keep time counts from it) */
 };
 extern struct elastic_state g_es;
 

@@ -7,11 +7,13 @@
 
 #include "elastic.h"
 
-/* Add chunk i of r to the batch, to move to the new physical allocation nh. */
-static void batch_add(struct elastic_range *r, unsigned i, CUmemGenericAllocationHandle nh) {
+/* Add chunk i of r to the batch, to move to the new physical allocation nh (pool slot `pool` - 1, mapped at
+ * `at`; 0: nh is the chunk's own, staged by the move). */
+static void batch_add(struct elastic_range *r, unsigned i, CUmemGenericAllocationHandle nh, int pool, CUdeviceptr at) {
     struct elastic_move *m = &g_es.batch.mv[g_es.batch.n++];
     *m = (struct elastic_move){.va = r->va + (uint64_t)i * ELASTIC_CHUNK, .len = elastic_chunk_len(r, i),
-                               .from = r->c[i].h, .to = nh, .owner = r, .idx = i};
+                               .from = r->c[i].h, .to = nh, .at = at, .to_pool = pool, .from_pool = r->c[i].pool,
+                               .owner = r, .idx = i};
     r->c[i].moving = 1;
 }
 
@@ -34,6 +36,19 @@ static CUresult create_timed(CUmemGenericAllocationHandle *h, uint64_t len, int 
     return rc;
 }
 
+/* Host memory for chunk i of r moving out: a pooled chunk (pinned and mapped already, or pinned now into the
+ * pool) for a whole chunk, else a handle of its own. Its time counts as the create phase. 0, or -1. */
+static int host_chunk(struct elastic_range *r, unsigned i) {
+    uint64_t len = elastic_chunk_len(r, i), t = now_ns();
+    CUmemGenericAllocationHandle nh;
+    CUdeviceptr at = 0;
+    int slot = len == ELASTIC_CHUNK ? elastic_pool_get(&g_es.pool, &nh, &at) : -1;
+    g_es.create_ns += now_ns() - t;
+    if (slot < 0 && create_timed(&nh, len, 1) != CUDA_SUCCESS) return -1;
+    batch_add(r, i, nh, slot + 1, at);
+    return 0;
+}
+
 /* Move the batch's chunks to their new allocations (in host memory if to_host, else on the device) at the
  * same addresses (elastic_vmm.c: staged with the gate open, copied and remapped with it closed, cleaned up
  * with it open again); a chunk that could not move keeps its old mapping and bytes. Caller holds g_es.mu. The
@@ -42,6 +57,7 @@ static uint64_t move_batch(int to_host) {
     uint64_t t0 = now_ns(), moved = 0, n = 0, t1 = t0, t2 = t0;
     struct elastic_phases *ph = &g_es.phases[to_host ? 1 : 0];
     g_es.batch.ord = g_es.ord;
+    g_es.batch.to_host = to_host;
     g_es.batch.copy_ns = g_es.batch.remap_ns = 0;
     if (elastic_move_stage(&g_es.batch) == 0) {
         t1 = t2 = now_ns();
@@ -57,13 +73,15 @@ static uint64_t move_batch(int to_host) {
         r->c[m->idx].moving = 0;
         if (!m->ok) continue;
         r->c[m->idx].h = m->to;
+        r->c[m->idx].pool = m->to_pool;
         r->c[m->idx].host = to_host;
         moved += m->len;
         n++;
     }
     uint64_t t3 = now_ns();
-    elastic_move_finish(&g_es.batch);
+    elastic_move_finish(&g_es.batch, &g_es.pool);
     g_es.batch.n = 0;
+    g_es.move_ns = now_ns();
     if (to_host) { g_es.resident -= moved; g_es.swapped += moved; }
     else { g_es.swapped -= moved; g_es.resident += moved; }
     uint64_t create = g_es.create_ns;
@@ -161,11 +179,11 @@ static uint64_t yield(uint64_t want, int idle, uint64_t first, uint64_t last) {
     if (!want) return 0;
     struct host_verdict v;
     uint64_t most = (want + ELASTIC_CHUNK - 1) / ELASTIC_CHUNK * ELASTIC_CHUNK; /* what moving whole chunks may take */
-    if (host_room(most, &v) != HOST_ROOM_OK) {
+    uint64_t pooled = elastic_pool_free_bytes(&g_es.pool); /* pinned already: charged to this cgroup */
+    if (most > pooled && host_room(most - pooled, &v) != HOST_ROOM_OK) {
         note_refused(first, last, most, &v);
         return 0;
     }
-    CUmemGenericAllocationHandle nh;
     for (int more = 1; more && given < want;) { /* batches of ELASTIC_BATCH chunks */
         uint64_t planned = 0;
         for (struct elastic_range *r = g_es.ranges; r && given + planned < want && g_es.batch.n < ELASTIC_BATCH;
@@ -173,9 +191,7 @@ static uint64_t yield(uint64_t want, int idle, uint64_t first, uint64_t last) {
             for (unsigned i = r->n; i-- > 0 && given + planned < want && g_es.batch.n < ELASTIC_BATCH;) {
                 uint64_t len = elastic_chunk_len(r, i);
                 if (r->c[i].host || r->c[i].moving || g_es.resident - planned < floor + len) continue;
-                if (create_timed(&nh, len, 1) != CUDA_SUCCESS) continue;
-                batch_add(r, i, nh);
-                planned += len;
+                if (host_chunk(r, i) == 0) planned += len;
             }
         uint64_t moved = g_es.batch.n ? move_batch(1) : 0;
         given += moved;
@@ -266,10 +282,22 @@ static void swap_in(void) {
             if (!g_es.batch.n) ask_for_room(len);
             break;
         }
-        batch_add(pick, i, nh);
+        batch_add(pick, i, nh, 0, 0);
         planned += len;
     }
     if (g_es.batch.n) move_batch(0);
+}
+
+/* Give back the pool's pinned host chunks unused for MEMSLICE_HOST_POOL_KEEP (no move for that long either: a
+ * pool in use is kept whole). Caller holds g_es.mu. */
+static void trim_pool(void) {
+    uint64_t gone = elastic_pool_trim(&g_es.pool, g_cfg.pool_keep_ms);
+    char a[32], b[32];
+    if (gone)
+        shim_log(LOG_INFO, "memslice: elastic: host pool: %s of pinned host memory given back (unused for %llu ms; "
+                 "%s still pinned; %llu chunks pinned, %llu reused so far)", fmt_bytes(gone, a, sizeof a),
+                 (unsigned long long)g_cfg.pool_keep_ms, fmt_bytes(g_es.pool.pinned, b, sizeof b),
+                 (unsigned long long)g_es.pool.pins, (unsigned long long)g_es.pool.reuses);
 }
 
 /* The background thread: elastic_publish, answer asks, bring memory back. It makes CUDA calls in the context of the
@@ -282,6 +310,9 @@ void *elastic_thread(void *arg) {
     (void)arg;
     REAL(cuCtxSetCurrent)(g_es.ctx);
     elastic_streams_init(&g_es.streams);
+    pthread_mutex_lock(&g_es.mu);
+    elastic_pool_init(&g_es.pool, g_cfg.limit, g_cfg.pool_keep_ms, g_es.ord);
+    pthread_mutex_unlock(&g_es.mu);
     uint64_t handled[ELASTIC_SLOTS] = {0}, answered_ns = 0;
     struct elastic_askers cache = {0};
     int from[ELASTIC_SLOTS];
@@ -306,6 +337,7 @@ void *elastic_thread(void *arg) {
         } else {
             swap_in();
         }
+        if (g_es.pool.pinned && now_ns() - g_es.move_ns >= g_cfg.pool_keep_ms * 1000000ull) trim_pool();
         elastic_drain_probe();
         elastic_publish(done);
         pthread_mutex_unlock(&g_es.mu);

@@ -44,6 +44,8 @@ struct shim_config {
                                   elastic is on when 0 < request < limit */
     uint64_t idle_after_ms;    /* idle_after / MEMSLICE_IDLE_AFTER (seconds, default 300) */
     uint64_t yield_wait_ms;    /* MEMSLICE_YIELD_WAIT (seconds, default 3): bound on waiting for neighbours */
+    uint64_t pool_keep_ms;     /* MEMSLICE_HOST_POOL_KEEP (seconds, default 3; 0: no pool): how long pinned host
+                                  chunks no move uses are kept for the next move (elastic_pool.c) */
     char elastic_dir[256];     /* elastic_dir / MEMSLICE_ELASTIC_DIR: the node's per-GPU arbitration boards */
     int elastic_slot;          /* elastic_slot / MEMSLICE_ELASTIC_SLOT: the board slot the agent assigned, -1 none */
     int idle_release;          /* idle_release / MEMSLICE_IDLE_RELEASE=1: idle, the request may move too */

@@ -14,8 +14,10 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import build_cache
 import pytest
 
 import memslice
@@ -30,16 +32,38 @@ PREFIX = "/opt/memslice"
 pytestmark = [pytest.mark.xdist_group("image"), pytest.mark.timeout(900)]
 
 
+def image_inputs_digest() -> str:
+    """The hash of what build.sh reads: the source paths it stages (less what it drops as generated, and the
+    checkout's build outputs), the script itself, the Python it installs for and the C compiler."""
+    m = re.search(r"for p in ([^;]+); do", BUILD.read_text())
+    assert m, "build.sh's list of staged paths"
+
+    def generated(rel: str) -> bool:
+        name = Path(rel).name
+        return (rel.startswith("interposer/build") or name.endswith((".pyc", "_pb2.py", "_pb2_grpc.py", "_pb2.pyi"))
+                or (rel.startswith("scheduler_extender/") and name.endswith(".so")) or ".egg-info" in rel)
+
+    cc = subprocess.run(["cc", "--version"], capture_output=True, text=True, timeout=30).stdout
+    return build_cache.tree_digest(ROOT, [*m.group(1).split(), "deploy/image/build.sh"], generated,
+                                   extra=[sys.version, sys.executable, cc])
+
+
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """deploy/image/build.sh all DEST: native libraries and the app, as a developer build does."""
-    dest = tmp_path_factory.mktemp("image") / "opt-memslice"
+def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """deploy/image/build.sh all DEST: native libraries and the app, as a developer build does. The prefix is
+    cached by the hash of its inputs (tests/support/build_cache.py): rebuilt when a source changes."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMSLICE_")}
     env["PYTHON"] = sys.executable
-    out = subprocess.run(["bash", str(BUILD), "all", str(dest)], env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert out.returncode == 0, f"build.sh failed:\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
-    return dest
+
+    def build(entry: Path) -> None:
+        dest = entry / "opt-memslice"
+        out = subprocess.run(["bash", str(BUILD), "all", str(dest)], env=env, capture_output=True, text=True,
+                             timeout=600)
+        assert out.returncode == 0, f"build.sh failed:\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
+
+    fresh = tmp_path_factory.mktemp("image")
+    with build_cache.cached_build("image", image_inputs_digest(), build, fresh) as (entry, _):
+        yield entry / "opt-memslice"
 
 
 def image_env(dest: Path) -> dict[str, str]:

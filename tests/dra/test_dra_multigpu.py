@@ -1,58 +1,51 @@
-"""DRA mode, a claim on two GPUs (issue 34), the real node agent against the API and kubelet stand-ins over real
-gRPC: ONE region for the claim, the same quota on each GPU, its elastic limit per GPU with ONE board slot free on
-both GPUs' boards (that slot file writable on each), its compute share with ONE slot provisioned on both GPUs'
-rosters, status.devices per share; unprepare releases both GPUs. (The real allocator, the claim policy on the
-real API server and a process under the shim on both GPUs: tests/realcluster/test_real_dra.py.)"""
+"""DRA mode, a claim on two GPUs (issue 34), the real node agent against the real kube-apiserver and the kubelet
+stand-in over real gRPC: ONE region for the claim, the same quota on each GPU, its elastic limit per GPU with ONE
+board slot free on both GPUs' boards (that slot file writable on each), its compute share with ONE slot
+provisioned on both GPUs' rosters, status.devices per share (written to the real API server); unprepare releases
+both GPUs. (The real allocator, the claim policy on the real API server and a process under the shim on both
+GPUs: tests/realcluster/test_real_dra.py.)"""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
+import uuid
 from collections.abc import Iterator
-from pathlib import Path
+from typing import Any
 
 import kube_standin_dra as dra
 import pytest
-from kube_standin import KubeApiStandin
+from kube_real import RealCluster
+from kube_real_objects import RealObjects
 from test_dra_compute import limits_of
-from test_dra_node import DRIVER, NODE, DraNode, prepared_spec
+from test_dra_node import CLASS, DRIVER, NODE, NS, DraNode, node_on, prepared_spec, real_objects
 
 from memslice import compute, elastic
-from memslice.paths import lib_paths
 
+pytestmark = pytest.mark.xdist_group("kube")
 CONFIG = {"apiVersion": "memslice.io/v1alpha1", "kind": "GpuMemConfig"}
 
 
 @pytest.fixture
-def two_gpus() -> Iterator[tuple[KubeApiStandin, DraNode]]:
-    lib_paths()
-    root = Path(tempfile.mkdtemp(prefix="ms-dra2-", dir="/tmp"))  # short: Unix socket paths
-    kube = KubeApiStandin().start()
-    kube.put({"kind": "Node", "metadata": {"name": NODE}})
-    kube.put(dra.device_class())
-    node = DraNode(root, kube, gpus="8GiB,8GiB")
-    try:
-        node.start()
+def two_gpus(real_cluster: RealCluster) -> Iterator[tuple[RealObjects, DraNode]]:
+    with real_objects(real_cluster) as kube, node_on(kube, gpus="8GiB,8GiB") as node:
         yield kube, node
-    finally:
-        node.stop()
-        kube.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
-def claim_on(kube: KubeApiStandin, name: str, devices: list[str], memory: str, compute_pct: str | None = None,
-             config: dict | None = None) -> dict:
-    """A claim allocated as kube-scheduler allocates `count: N`: one share on each of `devices` (in that order)."""
-    kube.put(dra.claim(name, memory, config=config))
-    c = dra.allocate(kube, "default", name, NODE)
-    [first] = c["status"]["allocation"]["devices"]["results"]
-    results = [{**first, "device": d, "shareID": f"{name}-{i}-0000-4000-8000-000000000000"}
-               for i, d in enumerate(devices)]
-    for r in results:
-        if compute_pct is not None:
-            r["consumedCapacity"] = {**r["consumedCapacity"], "compute": compute_pct}
-    c["status"]["allocation"]["devices"]["results"] = results
-    return kube.put(c)
+def claim_on(kube: Any, name: str, devices: list[str], memory: str, compute_pct: str | None = None,
+             config: dict | None = None, uneven: bool = False) -> dict:
+    """A claim with one share on each of `devices`, in that order, as kube-scheduler writes `count: N` (the
+    results written by hand, so that their order can differ from the devices'; stored by the real API server)."""
+    kube.put(dra.claim(name, memory, namespace=NS, class_name=CLASS, config=config))
+
+    def edit(c: dict) -> None:
+        results = c["status"]["allocation"]["devices"]["results"]
+        results[:] = [{**results[0], "device": d, "shareID": str(uuid.uuid4())} for d in devices]
+        for r in results:
+            if compute_pct is not None:
+                r["consumedCapacity"] = {**r["consumedCapacity"], "compute": compute_pct}
+        if uneven:  # what no allocator writes for one request: a smaller share on the second GPU
+            results[1]["consumedCapacity"] = {**results[1]["consumedCapacity"], "memory": "1Gi"}
+
+    return dra.allocate(kube, NS, name, NODE, edit=edit)
 
 
 def test_a_claim_on_two_gpus_gets_one_region_and_one_slot_free_on_both(two_gpus) -> None:
@@ -89,7 +82,7 @@ def test_a_claim_on_two_gpus_gets_one_region_and_one_slot_free_on_both(two_gpus)
     assert len(writable) == 4
     assert len(list(node.regions.glob("*.limits"))) == 2  # one region per claim
     # status.devices: one entry per share, the quota per GPU
-    stored = kube.get("ResourceClaim", "default", "tp")
+    stored = kube.get("ResourceClaim", NS, "tp")
     assert stored is not None
     ours = [d for d in stored["status"]["devices"] if d["driver"] == DRIVER]
     assert sorted((d["device"], d["data"]["quota"], d["data"]["limit"]) for d in ours) == [
@@ -104,9 +97,7 @@ def test_a_claim_on_two_gpus_gets_one_region_and_one_slot_free_on_both(two_gpus)
 
 def test_a_claim_with_unequal_gpus_is_refused_by_name_and_nothing_is_left(two_gpus) -> None:
     kube, node = two_gpus
-    c = claim_on(kube, "uneven", ["gpu-0", "gpu-1"], "2Gi")
-    c["status"]["allocation"]["devices"]["results"][1]["consumedCapacity"] = {"memory": "1Gi"}
-    c = kube.put(c)
+    c = claim_on(kube, "uneven", ["gpu-0", "gpu-1"], "2Gi", uneven=True)
     err = node.kubelet.prepare(DRIVER, c).claims[c["metadata"]["uid"]].error
     assert "holds different memory on its GPUs (gpu-0 2048 MiB, gpu-1 1024 MiB)" in err, err
     assert "distinctAttribute" in err

@@ -1,11 +1,15 @@
-"""DRA mode end to end: `memslice node-agent --kubelet-api dra` on a simulated GPU, the API stand-in with
-resource.k8s.io/v1 (tests/support/kube_standin_dra.py), and the kubelet DRA stand-in
+"""DRA mode end to end: `memslice node-agent --kubelet-api dra` on a simulated GPU, the real kube-apiserver (the
+session's, through tests/support/kube_real_objects.py) and the kubelet DRA stand-in
 (tests/support/kubelet_dra_standin.py).
 
-The agent registers through the plugins_registry socket, publishes its ResourceSlice; claims are allocated the
-way kube-scheduler allocates consumable capacity; the kubelet stand-in calls NodePrepareResources over gRPC; the
-container's processes then run with the CDI spec's env and mounts applied (as a CDI-aware runtime would) on the
-simulated GPU and are held to their claim's memory by the shim.
+The agent registers through the plugins_registry socket, publishes its ResourceSlice (stored by the real API
+server); claims are allocated by the stand-in's copy of the allocator (checked case by case against the real
+kube-scheduler: tests/dra/test_dra_allocator_real.py) and written through the real status subresource; the
+kubelet stand-in calls NodePrepareResources over gRPC; the agent reads the claims, pods and writes claim
+status and Events on the real API server; the container's processes then run with the CDI spec's env and
+mounts applied (as a CDI-aware runtime would) on the simulated GPU and are held to their claim's memory by the
+shim. The API stand-in (tests/support/kube_standin_dra.py) stays where the point is what the real server
+cannot produce: allocation results it would refuse to store, a feature gate off.
 """
 
 from __future__ import annotations
@@ -24,12 +28,15 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent import futures
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import kube_standin_dra as dra
 import pytest
 from conftest import ChildLog
+from kube_real import RealCluster
+from kube_real_objects import RealObjects
 from kube_standin import KubeApiStandin
 from kubelet_dra_standin import KUBELET_SERVICES, KubeletDraStandin, container_cdi_ids
 from sim_truth import gpu_truth
@@ -43,12 +50,16 @@ ROOT = Path(__file__).resolve().parents[2]
 DRIVER = "memslice.io"
 NODE = "gpu-a"
 CDI_KIND = "memslice.io/gpu-mem"
+NS = "dra-node"  # the claims' and pods' namespace
+CLASS = "gpu-mem.memslice-test"  # the class of deploy/ but named apart: deploy/'s claim policy is not the point here
+KUBE = pytest.mark.xdist_group("kube-dra")  # a real API server of its own worker: 7 minutes of agents, beside "kube"
 
 
 class DraNode:
-    """A node agent in DRA mode on a simulated node, with its kubelet DRA stand-in."""
+    """A node agent in DRA mode on a simulated node, with its kubelet DRA stand-in; `kube` is the API (RealObjects
+    over the real kube-apiserver, or the API stand-in)."""
 
-    def __init__(self, root: Path, kube: KubeApiStandin, gpus: str = "16GiB",
+    def __init__(self, root: Path, kube: Any, gpus: str = "16GiB",
                  services: tuple[str, ...] | None = None, pod_uid: str = "", wipe_delay_s: float = 30.0,
                  extra: tuple[str, ...] = ()) -> None:
         self.root, self.kube, self.gpus, self.pod_uid, self.extra = root, kube, gpus, pod_uid, extra
@@ -170,26 +181,51 @@ def to_host(value: str, mounts: dict[str, str]) -> str:
     return value
 
 
-@pytest.fixture
-def world() -> Iterator[tuple[KubeApiStandin, DraNode]]:
+@contextmanager
+def node_on(kube: Any, **kw: Any) -> Iterator[DraNode]:
+    """A DRA node agent (with its kubelet stand-in) on `kube`: the Node and the DeviceClass there first."""
     lib_paths()
     root = Path(tempfile.mkdtemp(prefix="ms-dra-", dir="/tmp"))  # short: Unix socket paths
-    kube = KubeApiStandin().start()
     kube.put({"kind": "Node", "metadata": {"name": NODE}})
-    kube.put(dra.device_class())
-    node = DraNode(root, kube)
+    kube.put(dra.device_class(CLASS))
+    node = DraNode(root, kube, **kw)
     try:
         node.start()
-        yield kube, node
+        yield node
     finally:
         node.stop()
-        kube.stop()
         shutil.rmtree(root, ignore_errors=True)
 
 
-def make_claim(kube: KubeApiStandin, name: str, memory: str | None, **kw: Any) -> dict[str, Any]:
-    kube.put(dra.claim(name, memory, **kw))
-    return dra.allocate(kube, "default", name, NODE)
+@contextmanager
+def real_objects(cluster: RealCluster) -> Iterator[RealObjects]:
+    """The real API server, with no claim, pod or event in NS and no slice of NODE left by others."""
+    kube = RealObjects(cluster)
+    cluster.ensure_namespace(NS)
+    kube.clear(NS, NODE)
+    try:
+        yield kube
+    finally:
+        kube.clear(NS, NODE)
+
+
+@pytest.fixture
+def world(real_cluster: RealCluster) -> Iterator[tuple[RealObjects, DraNode]]:
+    with real_objects(real_cluster) as kube, node_on(kube) as node:
+        yield kube, node
+
+
+@pytest.fixture
+def standin_world() -> Iterator[tuple[KubeApiStandin, DraNode]]:
+    with KubeApiStandin() as kube, node_on(kube) as node:
+        yield kube, node
+
+
+def make_claim(kube: Any, name: str, memory: str | None, edit: Any = None, **kw: Any) -> dict[str, Any]:
+    """Claim `name` allocated by the stand-in's copy of the allocator (its status changed by `edit` before it is
+    written, where a test writes what another scheduler would)."""
+    kube.put(dra.claim(name, memory, namespace=NS, class_name=CLASS, **kw))
+    return dra.allocate(kube, NS, name, NODE, edit=edit)
 
 
 def run_tenant(env: dict[str, str]) -> subprocess.Popen[str]:
@@ -197,6 +233,7 @@ def run_tenant(env: dict[str, str]) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@KUBE
 def test_two_claims_share_one_gpu_each_held_to_its_memory(world) -> None:
     kube, node = world
     sl = node.slices()
@@ -262,26 +299,27 @@ def test_two_claims_share_one_gpu_each_held_to_its_memory(world) -> None:
 
 
 def _with_result(kube: KubeApiStandin, name: str, **changes: Any) -> dict[str, Any]:
-    """A claim allocated 1Gi on gpu-0, then one field of its result changed (None removes it)."""
-    c = make_claim(kube, name, "1Gi")
-    r = c["status"]["allocation"]["devices"]["results"][0]
-    for k, v in changes.items():
-        if v is None:
-            r.pop(k)
-        else:
-            r[k] = v
-    return kube.put(c)
+    """A claim allocated 1Gi on gpu-0, one field of its result changed (None removes it)."""
+    def edit(c: dict[str, Any]) -> None:
+        r = c["status"]["allocation"]["devices"]["results"][0]
+        for k, v in changes.items():
+            if v is None:
+                r.pop(k)
+            else:
+                r[k] = v
+
+    return make_claim(kube, name, "1Gi", edit=edit)
 
 
 def _deleted(kube: KubeApiStandin) -> dict[str, Any]:
     c = make_claim(kube, "gone", "1Gi")
-    kube.delete("ResourceClaim", "default", "gone")
+    kube.delete("ResourceClaim", NS, "gone")
     return c
 
 
 def _recreated(kube: KubeApiStandin) -> dict[str, Any]:
     c = make_claim(kube, "again", "1Gi")
-    kube.delete("ResourceClaim", "default", "again")
+    kube.delete("ResourceClaim", NS, "again")
     make_claim(kube, "again", "1Gi")
     return c
 
@@ -294,9 +332,9 @@ def _configured(name: str, **params: Any) -> Any:
 
 def _orphan(kube: KubeApiStandin) -> dict[str, Any]:
     """An elastic claim reserved for a pod that does not exist (deleted after scheduling)."""
-    kube.put(dra.claim("orphan", "1Gi", config={"apiVersion": "memslice.io/v1alpha1", "kind": "GpuMemConfig",
-                                                 "limit": "2Gi"}))
-    return dra.allocate(kube, "default", "orphan", NODE, pod={"metadata": {"name": "gone", "uid": "u-gone"}})
+    kube.put(dra.claim("orphan", "1Gi", namespace=NS, class_name=CLASS, config={
+        "apiVersion": "memslice.io/v1alpha1", "kind": "GpuMemConfig", "limit": "2Gi"}))
+    return dra.allocate(kube, NS, "orphan", NODE, pod={"metadata": {"name": "gone", "uid": "u-gone"}})
 
 
 BAD = {
@@ -323,8 +361,10 @@ BAD = {
 
 
 @pytest.mark.parametrize("what", list(BAD))
-def test_bad_claims_are_refused_with_a_clear_error_and_nothing_left(world, what) -> None:
-    kube, node = world
+def test_bad_claims_are_refused_with_a_clear_error_and_nothing_left(standin_world, what) -> None:
+    """On the API stand-in: most of these results the real API server refuses to store (no shareID, a quantity
+    that does not parse, consumedCapacity over its own limits); the agent must refuse them all the same."""
+    kube, node = standin_world
     build, message = BAD[what]
     claim = build(kube)
     resp = node.kubelet.prepare(DRIVER, claim)
@@ -347,10 +387,11 @@ BAD_ELASTIC = {
     "idleRelease alone": (_configured("idle", idleRelease=True), "idleRelease: true without a limit above"),
     "limit 1E99": (_configured("vast", limit="1E99"), "limit='1E99' is absurdly large"),  # issue 35.9
     "limit of 64 nines": (_configured("nines", limit="9" * 64), f"limit='{'9' * 24}"),
-    "elastic claim of a deleted pod": (_orphan, "reserved for pod(s) gone in default, but none exists"),
+    "elastic claim of a deleted pod": (_orphan, f"reserved for pod(s) gone in {NS}, but none exists"),
 }
 
 
+@KUBE
 def test_bad_elastic_configs_are_refused_by_name_and_nothing_is_left(world) -> None:
     kube, node = world
     claims = {what: build(kube) for what, (build, _) in BAD_ELASTIC.items()}
@@ -361,14 +402,20 @@ def test_bad_elastic_configs_are_refused_by_name_and_nothing_is_left(world) -> N
     assert node.left_behind() == {"regions": [], "cdi": [], "checkpoint": []}
 
 
+@KUBE
 def test_a_config_entry_for_another_request_is_not_applied(world) -> None:
-    """Issue 35.9: a GpuMemConfig entry scoped to another request's name (`requests: [other]`) is not applied:
-    the claim is prepared as a plain quota of its request, not elastic up to that entry's limit."""
+    """Issue 35.9: a GpuMemConfig entry scoped to another request's name (here the `firstAvailable` alternative
+    that was not chosen, `requests: [gpu/large]`) is not applied: the claim is prepared as a plain quota of its
+    request, not elastic up to that entry's limit."""
     kube, node = world
-    c = make_claim(kube, "scoped", "1Gi", config={"apiVersion": "memslice.io/v1alpha1", "kind": "GpuMemConfig",
-                                                  "limit": "4Gi"})
-    c["status"]["allocation"]["devices"]["config"][0]["requests"] = ["other"]
-    c = kube.put(c)
+    kube.put({"apiVersion": dra.GROUP_VERSION, "kind": "ResourceClaim", "metadata": {"name": "scoped", "namespace": NS},
+              "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [
+                  {"name": "large", "deviceClassName": CLASS, "capacity": {"requests": {"memory": "64Gi"}}},
+                  {"name": "small", "deviceClassName": CLASS, "capacity": {"requests": {"memory": "1Gi"}}}]}],
+                  "config": [{"requests": ["gpu/large"], "opaque": {"driver": DRIVER, "parameters": {
+                      "apiVersion": "memslice.io/v1alpha1", "kind": "GpuMemConfig", "limit": "4Gi"}}}]}}})
+    c = dra.allocate(kube, NS, "scoped", NODE)
+    assert [r["request"] for r in c["status"]["allocation"]["devices"]["results"]] == ["gpu/small"]
     resp = node.kubelet.prepare(DRIVER, c)
     entry = resp.claims[c["metadata"]["uid"]]
     assert entry.error == "", entry.error
@@ -377,6 +424,7 @@ def test_a_config_entry_for_another_request_is_not_applied(world) -> None:
     assert env["MEMSLICE_GPU_MEM_LIMIT"] == "1024" and "MEMSLICE_GPU_MEM_REQUEST" not in env
 
 
+@KUBE
 def test_restart_of_agent_and_kubelet_keeps_what_was_prepared(world) -> None:
     kube, node = world
     generation = node.slices()[0]["spec"]["pool"]["generation"]
@@ -396,25 +444,16 @@ def test_restart_of_agent_and_kubelet_keeps_what_was_prepared(world) -> None:
     assert node.left_behind() == {"regions": [], "cdi": [], "checkpoint": []}
 
 
-def test_older_kubelet_uses_v1beta1(tmp_path) -> None:
-    lib_paths()
-    root = Path(tempfile.mkdtemp(prefix="ms-dra-", dir="/tmp"))
-    kube = KubeApiStandin().start()
-    kube.put({"kind": "Node", "metadata": {"name": NODE}})
-    kube.put(dra.device_class())
-    node = DraNode(root, kube, services=("v1beta1.DRAPlugin",))
-    try:
-        node.start()
+@KUBE
+def test_older_kubelet_uses_v1beta1(real_cluster) -> None:
+    with real_objects(real_cluster) as kube, node_on(kube, services=("v1beta1.DRAPlugin",)) as node:
         assert node.kubelet.registered[DRIVER].service == "v1beta1.DRAPlugin"
         c = make_claim(kube, "beta", "2Gi")
         entry = node.kubelet.prepare(DRIVER, c).claims[c["metadata"]["uid"]]
         assert entry.error == "" and entry.devices[0].device_name == "gpu-0"
-    finally:
-        node.stop()
-        kube.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
+@KUBE
 def test_unhealthy_gpu_is_tainted_and_restored(world) -> None:
     """Issue 24.6: an unhealthy GPU stays in the slice with the NoSchedule device taint (running claims stay
     visible, kube-scheduler avoids it for new ones), and a claim on it is refused with the reason, unless it
@@ -430,7 +469,7 @@ def test_unhealthy_gpu_is_tainted_and_restored(world) -> None:
     c = make_claim(kube, "late", "1Gi")
     inject_xid(node.state, 0, 79)  # fallen off the bus: critical
 
-    def taints(k: KubeApiStandin) -> list[str] | None:
+    def taints(k: Any) -> list[str] | None:
         s = [x for x in k.list("ResourceSlice") if x["spec"]["nodeName"] == NODE]
         if len(s) != 1 or len(s[0]["spec"]["devices"]) != 1:
             return None
@@ -440,10 +479,9 @@ def test_unhealthy_gpu_is_tainted_and_restored(world) -> None:
     [sl] = node.slices()
     assert sl["spec"]["pool"]["generation"] == gen + 1
     # issue 36.4: tolerating the taint (the request's tolerations, copied into the result at allocation)
-    tolerant = make_claim(kube, "tolerant", "1Gi")
-    tolerant["status"]["allocation"]["devices"]["results"][0]["tolerations"] = [
-        {"key": "memslice.io/unhealthy", "operator": "Exists", "effect": "NoSchedule"}]
-    tolerant = kube.put(tolerant)
+    tolerant = make_claim(kube, "tolerant", "1Gi", edit=lambda c: c["status"]["allocation"]["devices"]["results"][0]
+                          .update(tolerations=[{"key": "memslice.io/unhealthy", "operator": "Exists",
+                                                "effect": "NoSchedule"}]))
     resp = node.kubelet.prepare(DRIVER, c, tolerant)
     err = resp.claims[c["metadata"]["uid"]].error
     assert "is Unhealthy (critical Xid) and the claim does not tolerate its device taint" in err, err
@@ -459,6 +497,7 @@ def test_unhealthy_gpu_is_tainted_and_restored(world) -> None:
     assert sl["spec"]["pool"]["generation"] == gen + 2
 
 
+@KUBE
 def test_a_claim_says_what_it_got_can_oversubscribe_and_runs_the_check_pod(world) -> None:
     """Issue 36.8: after NodePrepareResources the claim's status.devices says, per share, what the node enforces
     (GPU UUID, quota, limit, elastic, oversubscription) with a Ready condition, another driver's entry kept.
@@ -467,7 +506,9 @@ def test_a_claim_says_what_it_got_can_oversubscribe_and_runs_the_check_pod(world
     import yaml
 
     kube, node = world
-    check = make_claim(kube, "check", "2Gi")
+    # a claim with a device of another driver too (allocated beside ours), which wrote its own status entry
+    check = make_claim(kube, "check", "2Gi", edit=lambda c: c["status"]["allocation"]["devices"]["results"].append(
+        {"request": "gpu", "driver": "gpu.example.com", "pool": "p", "device": "d"}))
     other = {"driver": "gpu.example.com", "pool": "p", "device": "d", "data": {"kept": True}}
     check["status"]["devices"] = [other]
     check = kube.put(check)
@@ -478,13 +519,13 @@ def test_a_claim_says_what_it_got_can_oversubscribe_and_runs_the_check_pod(world
         assert resp.claims[c["metadata"]["uid"]].error == ""
 
     def statuses(name: str) -> list[dict[str, Any]]:
-        got = kube.get("ResourceClaim", "default", name)
+        got = kube.get("ResourceClaim", NS, name)
         return ((got or {}).get("status") or {}).get("devices") or []
 
-    assert kube.wait_for(lambda k: len(statuses("check")) == 2 and statuses("spill"), 10)
+    assert kube.wait_for(lambda k: len(statuses("check")) == 2 and statuses("spill"), 10), node.log()
     uuid = node.slices()[0]["spec"]["devices"][0]["attributes"]["uuid"]["string"]
     kept, mine = statuses("check")
-    assert kept == other
+    assert {k: v for k, v in kept.items() if v is not None} == other  # as stored (the server writes conditions: null)
     share = check["status"]["allocation"]["devices"]["results"][0]["shareID"]
     assert {k: mine[k] for k in ("driver", "pool", "device", "shareID")} == {
         "driver": DRIVER, "pool": NODE, "device": "gpu-0", "shareID": share}
@@ -513,6 +554,7 @@ def test_a_claim_says_what_it_got_can_oversubscribe_and_runs_the_check_pod(world
     assert "the next one was refused with error 2 (2 = CUDA_ERROR_OUT_OF_MEMORY)" in out.stdout, out.stdout
 
 
+@KUBE
 def test_registration_socket_removed_is_served_again(world) -> None:
     kube, node = world
     first = node.kubelet.wait_registered(DRIVER)
@@ -525,6 +567,7 @@ def test_registration_socket_removed_is_served_again(world) -> None:
     assert node.kubelet.prepare(DRIVER, c).claims[c["metadata"]["uid"]].error == ""
 
 
+@KUBE
 def test_unreadable_checkpoint_stops_the_agent_naming_the_file(world) -> None:
     kube, node = world
     node.kill()
@@ -536,6 +579,7 @@ def test_unreadable_checkpoint_stops_the_agent_naming_the_file(world) -> None:
     assert f"the DRA checkpoint {ckpt} cannot be read" in out and "move it away" in out
 
 
+@KUBE
 def test_kubelet_restart_wipes_the_slice_and_the_agent_publishes_it_at_once(world) -> None:
     kube, node = world
     c = make_claim(kube, "running", "2Gi")
@@ -571,23 +615,26 @@ def _held_to(env: dict[str, str], limit: int) -> None:
         proc.communicate("", timeout=30)
 
 
-def _put_claim(kube: KubeApiStandin, name: str, requests: list[dict[str, Any]]) -> dict[str, Any]:
+def _put_claim(kube: Any, name: str, requests: list[dict[str, Any]]) -> dict[str, Any]:
     kube.put({"apiVersion": dra.GROUP_VERSION, "kind": "ResourceClaim",
-              "metadata": {"name": name, "namespace": "default"}, "spec": {"devices": {"requests": requests}}})
-    return dra.allocate(kube, "default", name, NODE)
+              "metadata": {"name": name, "namespace": NS}, "spec": {"devices": {"requests": requests}}})
+    return dra.allocate(kube, NS, name, NODE)
 
 
 def _exactly(memory: str, count: int = 1) -> dict[str, Any]:
-    return {"deviceClassName": "gpu-mem.memslice.io", "count": count,
+    return {"deviceClassName": CLASS, "count": count,
             "capacity": {"requests": {"memory": memory}}}
 
 
-def test_several_shares_of_one_claim_are_one_quota_of_their_sum(world) -> None:
-    """Issue 24.2 (decision: one summed quota per GPU per claim): `count: 2`, and two requests on the same
-    GPU, are prepared (not refused after binding); each container that names any of the requests gets the
-    claim's one region, whose quota is the sum of the shares."""
+@KUBE
+def test_several_requests_of_one_claim_on_one_gpu_are_one_quota_of_their_sum(world) -> None:
+    """Issue 24.2 (decision: one summed quota per GPU per claim): two requests that the allocator puts on the
+    same GPU (as the real one does: tests/dra/test_dra_allocator_real.py) are prepared (not refused after
+    binding); each container that names any of the requests gets the claim's one region, whose quota is the
+    sum of the shares. (`count: 2` gets two GPUs: tests/dra/test_dra_multigpu.py.)"""
     kube, node = world
-    two = _put_claim(kube, "pair", [{"name": "gpu", "exactly": _exactly("3Gi", count=2)}])
+    two = _put_claim(kube, "pair", [{"name": "x", "exactly": _exactly("3Gi")},
+                                    {"name": "y", "exactly": _exactly("3Gi")}])
     results = two["status"]["allocation"]["devices"]["results"]
     assert [(r["device"], r["consumedCapacity"]["memory"]) for r in results] == [("gpu-0", "3Gi")] * 2
     both = _put_claim(kube, "both", [{"name": "a", "exactly": _exactly("1Gi")},
@@ -595,10 +642,10 @@ def test_several_shares_of_one_claim_are_one_quota_of_their_sum(world) -> None:
     resp = node.kubelet.prepare(DRIVER, two, both)
     e_two, e_both = (resp.claims[c["metadata"]["uid"]] for c in (two, both))
     assert e_two.error == "" and e_both.error == "", (e_two.error, e_both.error)
-    assert [list(d.request_names) for d in e_two.devices] == [["gpu"]]
+    assert [list(d.request_names) for d in e_two.devices] == [["x", "y"]]
     assert [list(d.request_names) for d in e_both.devices] == [["a", "b"]]
     assert container_cdi_ids(e_both, "a") == container_cdi_ids(e_both, "b") == container_cdi_ids(e_both)
-    [pair_id] = container_cdi_ids(e_two, "gpu")
+    [pair_id] = container_cdi_ids(e_two, "x")
     assert _spec_env(node, container_cdi_ids(e_both, "a")[0])["MEMSLICE_GPU_MEM_LIMIT"] == "3072"
     env = _spec_env(node, pair_id)
     assert env["MEMSLICE_GPU_MEM_LIMIT"] == "6144"
@@ -611,6 +658,7 @@ def test_several_shares_of_one_claim_are_one_quota_of_their_sum(world) -> None:
     assert node.left_behind() == {"regions": [], "cdi": [], "checkpoint": []}
 
 
+@KUBE
 def test_a_claim_listed_twice_is_answered_once_and_a_uid_under_another_name_is_not_unprepared(world) -> None:
     """Issue 25.11: the same claim twice in one call gets its devices once; NodeUnprepareResources with a
     prepared UID but another namespace/name removes nothing."""
@@ -620,15 +668,16 @@ def test_a_claim_listed_twice_is_answered_once_and_a_uid_under_another_name_is_n
     entry = node.kubelet.prepare(DRIVER, c, c).claims[uid]
     assert entry.error == "" and len(entry.devices) == 1
     assert len(container_cdi_ids(entry)) == 1
-    other = {"metadata": {"namespace": "default", "name": "someone-else", "uid": uid}}
+    other = {"metadata": {"namespace": NS, "name": "someone-else", "uid": uid}}
     err = node.kubelet.unprepare(DRIVER, other).claims[uid].error
-    assert "was prepared as default/twice" in err, err
+    assert f"was prepared as {NS}/twice" in err, err
     assert node.left_behind()["checkpoint"] == [uid]
     assert node.kubelet.unprepare(DRIVER, c).claims[uid].error == ""
     assert node.left_behind() == {"regions": [], "cdi": [], "checkpoint": []}
 
 
-def test_rolling_update_keeps_the_driver_and_its_slice_and_shares_the_prepared_claims() -> None:
+@KUBE
+def test_rolling_update_keeps_the_driver_and_its_slice_and_shares_the_prepared_claims(real_cluster) -> None:
     """Issue 24.7: with --pod-uid each instance has its own sockets (dra-<uid>.sock, memslice.io-<uid>-reg.sock);
     the kubelet registers both, calls the newest, and never has the driver missing, so it never schedules the
     wipe of the node's slice; calls are serialised by serialize.lock and each instance reads the other's
@@ -636,9 +685,10 @@ def test_rolling_update_keeps_the_driver_and_its_slice_and_shares_the_prepared_c
     other's record."""
     lib_paths()
     root = Path(tempfile.mkdtemp(prefix="ms-dra-", dir="/tmp"))
-    kube = KubeApiStandin().start()
+    ctx = real_objects(real_cluster)
+    kube = ctx.__enter__()
     kube.put({"kind": "Node", "metadata": {"name": NODE}})
-    kube.put(dra.device_class())
+    kube.put(dra.device_class(CLASS))
     old = DraNode(root, kube, pod_uid="0b0e1d6c-0000-4000-8000-00000000000a", wipe_delay_s=1.0)
     new = old.sibling("0b0e1d6c-0000-4000-8000-00000000000b")
     try:
@@ -693,10 +743,11 @@ def test_rolling_update_keeps_the_driver_and_its_slice_and_shares_the_prepared_c
     finally:
         new.stop_agent()
         old.stop()
-        kube.stop()
+        ctx.__exit__(None, None, None)
         shutil.rmtree(root, ignore_errors=True)
 
 
+@KUBE
 def test_a_slice_deleted_by_someone_else_is_repaired_at_once(world) -> None:
     """Issue 24.5: the agent watches its slice; a deletion is repaired well before the resync backstop."""
     kube, node = world
@@ -712,12 +763,14 @@ def test_a_slice_deleted_by_someone_else_is_repaired_at_once(world) -> None:
 
 
 def test_consumable_capacity_off_is_said_on_readyz_and_in_an_event() -> None:
-    """Issue 24.4 end to end: /readyz answers 503 naming the gate to turn on, a Warning Event on the Node."""
+    """Issue 24.4 end to end: /readyz answers 503 naming the gate to turn on, a Warning Event on the Node.
+    On the API stand-in: an API server with the gate off (the session's real one has it on)."""
     lib_paths()
     root = Path(tempfile.mkdtemp(prefix="ms-dra-", dir="/tmp"))
     kube = KubeApiStandin().start()
     dra.set_gates(kube, DRAConsumableCapacity=False)
     kube.put({"kind": "Node", "metadata": {"name": NODE}})
+    kube.put(dra.device_class(CLASS))
     node = DraNode(root, kube)
     try:
         node.start()
@@ -740,6 +793,7 @@ def test_consumable_capacity_off_is_said_on_readyz_and_in_an_event() -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@KUBE
 def test_the_kubelets_health_stream_follows_the_gpu_and_is_bounded(world) -> None:
     """Issue 24.6: v1alpha1.DRAResourceHealth/NodeWatchResources (what a kubelet with ResourceHealthStatus
     opens) sends every device's health at once and again on each change; at most 2 streams are served, so a
@@ -787,6 +841,7 @@ def test_the_kubelets_health_stream_follows_the_gpu_and_is_bounded(world) -> Non
         ch4.close()
 
 
+@KUBE
 @pytest.mark.parametrize("service", ["v1beta1.DRAResourceHealth", "v1.DRAResourceHealth"])
 def test_newer_health_streams_carry_a_timeout_the_xid_and_are_resent_inside_the_kubelets_timeout(world, service
                                                                                                   ) -> None:
@@ -823,34 +878,23 @@ ELASTIC = {"apiVersion": "memslice.io/v1alpha1", "kind": "GpuMemConfig"}
 
 
 @pytest.fixture
-def small_world() -> Iterator[tuple[KubeApiStandin, DraNode]]:
+def small_world(real_cluster: RealCluster) -> Iterator[tuple[RealObjects, DraNode]]:
     """A 4 GiB simulated GPU whose elastic tenants are idle after 0.3 s without a CUDA call."""
-    lib_paths()
-    root = Path(tempfile.mkdtemp(prefix="ms-dra-", dir="/tmp"))
-    kube = KubeApiStandin().start()
-    kube.put({"kind": "Node", "metadata": {"name": NODE}})
-    kube.put(dra.device_class())
-    node = DraNode(root, kube, gpus="4GiB", extra=("--idle-after", "0.3"))
-    try:
-        node.start()
+    with real_objects(real_cluster) as kube, node_on(kube, gpus="4GiB", extra=("--idle-after", "0.3")) as node:
         yield kube, node
-    finally:
-        node.stop()
-        kube.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
-def elastic_claim(kube: KubeApiStandin, name: str, request: str, limit: str, priority: int | None = None,
+def elastic_claim(kube: Any, name: str, request: str, limit: str, priority: int | None = None,
                   **more: Any) -> dict[str, Any]:
     """Pod `name` (with this PriorityClass value) and its claim of `request` with GpuMemConfig `limit`,
     allocated as kube-scheduler does and reserved for the pod."""
-    pod: dict[str, Any] = {"kind": "Pod", "apiVersion": "v1", "metadata": {"name": name, "namespace": "default"},
+    pod: dict[str, Any] = {"kind": "Pod", "apiVersion": "v1", "metadata": {"name": name, "namespace": NS},
                            "spec": {"nodeName": NODE, "containers": [{"name": "lab", "image": "x"}]}}
     if priority is not None:
         pod["spec"]["priority"] = priority  # what admission resolves from the pod's PriorityClass
     pod = kube.put(pod)
-    kube.put(dra.claim(name, request, config={**ELASTIC, "limit": limit, **more}))
-    return dra.allocate(kube, "default", name, NODE, pod=pod)
+    kube.put(dra.claim(name, request, namespace=NS, class_name=CLASS, config={**ELASTIC, "limit": limit, **more}))
+    return dra.allocate(kube, NS, name, NODE, pod=pod)
 
 
 def prepared_spec(node: DraNode, resp: Any, claim: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
@@ -866,6 +910,7 @@ def prepared_spec(node: DraNode, resp: Any, claim: dict[str, Any]) -> tuple[dict
     return node.container_env(spec, name), mounts
 
 
+@KUBE
 def test_an_elastic_claim_gets_the_elastic_limits_env_slot_priority_and_roster(small_world) -> None:
     """A claim's request is its consumable capacity, its limit the GpuMemConfig's: NodePrepareResources writes
     both where the shim reads them, as Allocate does for an elastic pod (limits file, env, the node's elastic
@@ -918,6 +963,7 @@ def test_an_elastic_claim_gets_the_elastic_limits_env_slot_priority_and_roster(s
     assert {"elastic_slot=0", "priority=-10"} <= set(Path(c_mounts["/run/memslice/limits"][0]).read_text().split())
 
 
+@KUBE
 def test_an_elastic_claim_bursts_above_its_request_on_the_simulated_gpu(small_world, tenant_bin) -> None:  # noqa: F811
     """The shim under a DRA elastic claim's env behaves as under an elastic pod's (tests/e2e/test_e2e_elastic.py):
     A (request 512 MiB, limit 2560 MiB) allocates 2 GiB, beyond its request, and goes idle; B (request 512 MiB,
@@ -958,7 +1004,7 @@ def test_an_elastic_claim_bursts_above_its_request_on_the_simulated_gpu(small_wo
         assert a.cmd("check") == f"check ok {2048 << 20}" and a.cmd("ptrs") == ptrs
         assert b.cmd("alloc 512 64").startswith("oom "), "B is held to its 2 GiB limit"
 
-        def swapped_out(k: KubeApiStandin) -> list[dict[str, Any]]:
+        def swapped_out(k: Any) -> list[dict[str, Any]]:
             return [e for e in k.list("Event") if e.get("reason") == "GPUMemorySwappedOut"
                     and e["involvedObject"].get("name") == "a"]
 
@@ -966,7 +1012,7 @@ def test_an_elastic_claim_bursts_above_its_request_on_the_simulated_gpu(small_wo
         assert kube.wait_for(lambda k: swapped_out(k), 20), node.log()
         [ev] = swapped_out(kube)
         assert ev["involvedObject"] == {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                                        "namespace": "default", "name": "a", "uid": claims[0]["metadata"]["uid"]}
+                                        "namespace": NS, "name": "a", "uid": claims[0]["metadata"]["uid"]}
         assert "moved to host memory" in ev["message"] and ev["type"] == "Normal"
     finally:
         for t in tenants:

@@ -1,7 +1,8 @@
-"""End to end: API stand-in + extender + node agents on simulated GPUs + kubelet stand-ins.
+"""End to end: the real kube-apiserver and kube-scheduler + extender + node agents on simulated GPUs + kubelet
+stand-ins.
 
-Pods are created in the API stand-in, scheduled through the extender's verbs the way kube-scheduler calls
-them (filter with every node, prioritize the nodes that passed, bind to the best), admitted by the kubelet
+Pods are created in the real API server and scheduled by the real kube-scheduler with deploy/'s extender
+configuration (filter, prioritize, bind through the extender, over plain HTTP here), admitted by the kubelet
 stand-in of the chosen node (GetPreferredAllocation + one Allocate per container, answered by the real node
 agent process), and then each container's process runs under its Allocate answer (env, region mount, the
 shim the agent installed) on the node's simulated GPU. Checked: every pod is on a GPU that had room, the
@@ -21,19 +22,27 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import ChildLog
-from kube_standin import KubeApiStandin
+from extender_real import RealExtCluster, real_ext_cluster
+from kube_real import SCHEDULER_TOKEN, Proc, RealCluster, wait_until
 from kubelet_standin import KubeletStandin
 from sim_truth import gpu_truth
-from test_extender_support import Cluster, plain_node, pod_obj
+from test_extender_support import pod_obj as any_pod
 
 from memslice.paths import lib_paths
+from memslice.scheduler_extender.app import Config
 
 RESOURCE = "memslice.io/gpu-mem"
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = 4  # MiB per device
 CONTEXT_RESERVE_MIB = 520  # what a context takes on the simulated GPU (its default, an H100's), as the shim measures it
-NODES = {"gpu-a": "16GiB,8GiB", "gpu-b": "24GiB"}
+NODES = {"gpu-36": "16GiB,8GiB", "gpu-37": "24GiB"}  # the real control plane's kubelet identities (KUBELET_NODES)
+NS = "e2e-cluster"  # the module's namespace on the shared real API server
+SCHEDULER = "memslice-e2e"  # this module's kube-scheduler profile (the extender serves its pods)
+POOL = {"memslice-test/pool": "e2e-cluster"}  # NODES' label, the pods' nodeSelector: other modules' nodes stay out
+# one real control plane (the session fixture real_cluster) serves the "kube" group: one xdist worker
+pytestmark = pytest.mark.xdist_group("kube")
 
 # A container's process: picks the CUDA device whose UUID is NVIDIA_VISIBLE_DEVICES (what the NVIDIA
 # container runtime does by exposing only that GPU), allocates in 256 MiB steps until refused, reports,
@@ -152,49 +161,81 @@ class GpuNode:
         self.kubelet.stop()
 
 
+def scheduler_config(cluster: RealCluster, ext_port: int) -> dict:
+    """deploy/'s KubeSchedulerConfiguration with this module's profile, the API server's address, and the
+    extender on loopback over plain HTTP (its mutual TLS: tests/realcluster/test_real_scheduler.py)."""
+    config = yaml.safe_load((ROOT / "deploy" / "base" / "scheduler" / "scheduler-config.yaml").read_text())
+    config["clientConnection"] = {"kubeconfig": str(cluster.kubeconfig("kube-scheduler-e2e", SCHEDULER_TOKEN))}
+    config["leaderElection"] = {"leaderElect": False}
+    config["profiles"] = [{"schedulerName": SCHEDULER}]
+    (ext,) = config["extenders"]
+    ext.update(urlPrefix=f"http://127.0.0.1:{ext_port}", enableHTTPS=False)
+    ext.pop("tlsConfig")
+    return config
+
+
 @pytest.fixture
-def world() -> Iterator[tuple[Cluster, dict[str, GpuNode]]]:
+def world(real_cluster: RealCluster) -> Iterator[tuple[RealExtCluster, dict[str, GpuNode], Proc]]:
+    from test_real_deploy import deploy, node_agent_token  # (it imports this module)
+
     lib_paths()  # the shim and the simulated driver must be built
+    deploy(real_cluster, "base")
     root = Path(tempfile.mkdtemp(prefix="ms-e2e-", dir="/tmp"))  # short: Unix socket paths
-    kube = KubeApiStandin().start()
-    kubeconfig = kube.kubeconfig(str(root / "kubeconfig"))
     nodes: dict[str, GpuNode] = {}
-    cluster = Cluster(kube)
-    try:
-        for name in NODES:
-            kube.put(plain_node(name))
-        for name, gpus in NODES.items():
-            nodes[name] = GpuNode(root, name, gpus, kubeconfig)
-        cluster.start()
-        for n in nodes.values():
-            n.kubelet.wait_registered(RESOURCE, timeout=30)
-        assert cluster.state.wait_for(lambda state: all(n.alive() and (v := state.view(n.name)) is not None
-                                                         and v.gpus for n in nodes.values()), 30), \
-            "the node agents' inventories never reached the extender"
-        yield cluster, nodes
-    finally:
-        cluster.stop()
-        for n in nodes.values():
-            n.stop()
-        kube.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    sched = None
+    config = Config(address="127.0.0.1", port=0, watch_timeout=30, scheduler_names=(SCHEDULER,))
+    with real_ext_cluster(real_cluster, NS, config) as cluster:
+        try:
+            for name, gpus in NODES.items():
+                real_cluster.register_node(name, labels=POOL)
+                cluster.kube.forget_inventory(name)  # an earlier agent's: this one writes its own
+                kubeconfig = real_cluster.kubeconfig(f"agent-{name}", node_agent_token(real_cluster, name))
+                nodes[name] = GpuNode(root, name, gpus, str(kubeconfig))
+            cluster.start()
+            for n in nodes.values():
+                n.kubelet.wait_registered(RESOURCE, timeout=30)
+                # the kubelet publishes the device plugin's devices as the node's capacity
+                real_cluster.publish_capacity(n.name, {RESOURCE: str(n.kubelet.capacity(RESOURCE))},
+                                              {RESOURCE: str(n.kubelet.allocatable(RESOURCE))})
+            assert cluster.state.wait_for(lambda state: all(n.alive() and (v := state.view(n.name)) is not None
+                                                             and v.gpus for n in nodes.values()), 30), \
+                "the node agents' inventories never reached the extender"
+            sched = real_cluster.start_scheduler(scheduler_config(real_cluster, cluster.ext.port), "kube-scheduler-e2e")
+            yield cluster, nodes, sched
+        finally:
+            if sched is not None:
+                sched.stop()  # this module's scheduler only: the session's API server goes on
+                real_cluster.procs.remove(sched)
+            for n in nodes.values():
+                n.stop()
+                cluster.kube.forget_inventory(n.name)
+            shutil.rmtree(root, ignore_errors=True)
 
 
-def schedule(cluster: Cluster, pod: dict) -> str | None:
-    """One scheduling cycle as kube-scheduler runs it with this extender; the node, or None."""
-    names = sorted(NODES)
-    result = cluster.c.filter(pod, names)
-    assert result["Error"] == ""
-    if not result["NodeNames"]:
-        return None
-    scores = cluster.c.prioritize(pod, result["NodeNames"])
-    best = max(result["NodeNames"], key=lambda n: scores[n])
-    assert cluster.c.bind(pod, best) == ""
-    return best
+def pod_obj(name: str, containers: dict[str, int], policy: str | None = None) -> dict:
+    obj = any_pod(name, containers, policy=policy, ns=NS, scheduler=SCHEDULER)
+    obj["spec"]["nodeSelector"] = POOL
+    return obj
+
+
+def schedule(cluster: RealExtCluster, sched: Proc, pod: dict) -> str | None:
+    """Create the pod and wait for kube-scheduler's verdict: the node it was bound to, or None when it reported
+    the pod unschedulable (its PodScheduled condition)."""
+    name = cluster.add_pod(pod)["metadata"]["name"]
+
+    def verdict() -> str | None:
+        got = cluster.kube.get("Pod", NS, name) or {}
+        if (got.get("spec") or {}).get("nodeName"):
+            return str(got["spec"]["nodeName"])
+        cond = [c for c in (got.get("status") or {}).get("conditions", []) if c["type"] == "PodScheduled"]
+        return "-" if cond and cond[0]["status"] == "False" and cond[0].get("reason") == "Unschedulable" else None
+
+    node = wait_until(f"kube-scheduler's verdict on {name}", verdict, 60, 0.05, sched.check_alive)
+    return None if node == "-" else node
 
 
 def test_pods_scheduled_admitted_and_held_to_their_quota(world) -> None:
-    cluster, nodes = world
+    cluster, nodes, sched = world
     kube = cluster.kube
     wanted = [  # name, {container: devices}, policy
         ("train", {"main": 3000}, None),           # 12000 MiB: the 16 GiB or the 24 GiB GPU
@@ -205,20 +246,19 @@ def test_pods_scheduled_admitted_and_held_to_their_quota(world) -> None:
         ("huge", {"main": 7000}, None),            # 28000 MiB: no GPU is that big
     ]
     placed: dict[str, str] = {}
-    for name, containers, policy in wanted:
-        pod = cluster.add_pod(pod_obj(name, containers, policy=policy))
-        node = schedule(cluster, pod)
+    for name, containers, policy in wanted:  # one at a time, as the hand-written cycle placed them
+        node = schedule(cluster, sched, pod_obj(name, containers, policy=policy))
         if node is not None:
             placed[name] = node
     assert "huge" not in placed and set(placed) == {n for n, _, _ in wanted} - {"huge"}
-    huge = kube.get("Pod", "default", "huge")
+    huge = kube.get("Pod", NS, "huge")
     assert not huge["spec"].get("nodeName") and "annotations" not in huge["metadata"]
 
     # every GPU holds no more than it has, by the reservations the extender wrote
     inventory = {g.uuid: (n, g.mem_mib) for n in NODES for g in cluster.state.view(n).gpus}
     reserved: dict[str, int] = {}
     for name in placed:
-        ann = kube.get("Pod", "default", name)["metadata"]["annotations"]
+        ann = kube.get("Pod", NS, name)["metadata"]["annotations"]
         uuid = ann["memslice.io/gpu-uuid"]
         assert inventory[uuid][0] == placed[name], f"{name}: GPU {uuid} is not on {placed[name]}"
         reserved[uuid] = reserved.get(uuid, 0) + sum(json.loads(ann["memslice.io/gpu-mem-mib"]).values())
@@ -232,11 +272,11 @@ def test_pods_scheduled_admitted_and_held_to_their_quota(world) -> None:
             if name not in placed:
                 continue
             node = nodes[placed[name]]
-            pod = kube.get("Pod", "default", name)
+            pod = kube.get("Pod", NS, name)
             ann = pod["metadata"]["annotations"]
-            seen = f"pod default/{name}: the extender reserved GPU"
+            seen = f"pod {NS}/{name}: the extender reserved GPU"
             node.wait_log(seen, f"node agent {node.name} to see the reservation of {name}")
-            responses = node.kubelet.admit(pod["metadata"]["uid"], "default", name, list(containers.items()),
+            responses = node.kubelet.admit(pod["metadata"]["uid"], NS, name, list(containers.items()),
                                            RESOURCE)
             mib = json.loads(ann["memslice.io/gpu-mem-mib"])
             for container, resp in responses.items():
@@ -267,21 +307,22 @@ def test_pods_scheduled_admitted_and_held_to_their_quota(world) -> None:
 
         # the biggest pod finishes: its container exits, the pod is deleted, and its room is handed out again
         fill_node = nodes[placed["fill"]]
-        fill = kube.get("Pod", "default", "fill")
-        nxt = cluster.add_pod(pod_obj("next", {"main": 3500}))
+        fill = kube.get("Pod", NS, "fill")
+        nxt = pod_obj("next", {"main": 3500})
         assert cluster.c.filter(nxt, sorted(NODES))["NodeNames"] == [], "no GPU has 14000 MiB free yet"
         for name, _, _, proc in tenants:
             if name == "fill":
                 proc.stdin.close()
                 assert proc.wait(15) == 0
         fill_node.kubelet.remove_pod(fill["metadata"]["uid"])
-        kube.delete("Pod", "default", "fill")
+        kube.delete("Pod", NS, "fill")
         cluster.caught_up()  # the watch delivers the deletion (before it, kube-scheduler would just retry)
-        assert schedule(cluster, nxt) == placed["fill"]
-        ann = kube.get("Pod", "default", "next")["metadata"]["annotations"]
+        assert schedule(cluster, sched, nxt) == placed["fill"]
+        nxt = kube.get("Pod", NS, "next")
+        ann = kube.get("Pod", NS, "next")["metadata"]["annotations"]
         assert ann["memslice.io/gpu-uuid"] == fill["metadata"]["annotations"]["memslice.io/gpu-uuid"]
-        fill_node.wait_log("pod default/next: the extender reserved GPU", "the node agent to see the new reservation")
-        resp = fill_node.kubelet.admit(nxt["metadata"]["uid"], "default", "next", [("main", 3500)],
+        fill_node.wait_log(f"pod {NS}/next: the extender reserved GPU", "the node agent to see the new reservation")
+        resp = fill_node.kubelet.admit(nxt["metadata"]["uid"], NS, "next", [("main", 3500)],
                                        RESOURCE)["main"]
         assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == ann["memslice.io/gpu-uuid"]
         proc = subprocess.Popen([sys.executable, "-c", TENANT], env=fill_node.container_env(resp),

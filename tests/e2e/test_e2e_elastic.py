@@ -1,6 +1,7 @@
-"""Elastic memory end to end (issue 13) on the whole Kubernetes path: the API stand-in, the real extender over
-HTTP, the real node agent on a simulated 4 GiB GPU with the kubelet stand-in, and the containers' processes
-under the real shim with the environment Allocate gave them. Two notebooks whose limits add up to more than
+"""Elastic memory end to end (issue 13) on the whole Kubernetes path: the real kube-apiserver (Bindings, the
+pod watches, the Events the agent writes, pod priority resolved by admission from a PriorityClass), the real
+extender over HTTP, the real node agent on a simulated 4 GiB GPU with the kubelet stand-in, and the containers'
+processes under the real shim with the environment Allocate gave them. Two notebooks whose limits add up to more than
 the GPU are both scheduled (by request) and admitted; the idle one's memory moves to host memory so that the
 other gets its burst in HBM; a bad limit annotation is an error and writes nothing."""
 
@@ -17,43 +18,61 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kube_standin import KubeApiStandin
+from extender_real import RealExtCluster, real_ext_cluster
+from kube_real import RealCluster
 from prometheus_client.parser import text_string_to_metric_families
 from test_e2e_cluster import RESOURCE, UNIT, GpuNode
 from test_elastic_swap import Tenant, board_state, wait_for
 from test_elastic_swap import tenant_bin as tenant_bin  # the fixture, shared
-from test_extender_support import Cluster, pod_obj
+from test_extender_support import pod_obj as any_pod
+from test_real_deploy import deploy, node_agent_token
 
 from memslice.elastic import read_boards
 from memslice.interposer.region import read_region_file
 from memslice.paths import lib_paths
 
 MiB = 1 << 20
-NODE = "gpu-e"
+NODE = "gpu-39"  # one of the real control plane's kubelet identities (kube_real.KUBELET_NODES)
+NS = "e2e-elastic"  # this module's namespace on the shared real API server
+PRIORITY_CLASS = "memslice-e2e-1000"
+# one real control plane (the session fixture real_cluster) serves the "kube" group: one xdist worker
+pytestmark = pytest.mark.xdist_group("kube")
+
+
+def pod_obj(name: str, containers: dict[str, int], **kw) -> dict:
+    return any_pod(name, containers, ns=NS, **kw)
+
+
+@pytest.fixture(scope="module")
+def agent_kubeconfig(real_cluster: RealCluster) -> str:
+    """deploy/ applied, NODE registered by its kubelet, a PriorityClass; the node agent's kubeconfig: deploy/'s
+    ServiceAccount token bound to the agent's pod on NODE."""
+    deploy(real_cluster, "base")
+    real_cluster.register_node(NODE)
+    real_cluster.apply([{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                         "metadata": {"name": PRIORITY_CLASS}, "value": 1000}])
+    return str(real_cluster.kubeconfig(f"agent-{NODE}", node_agent_token(real_cluster, NODE)))
 
 
 @pytest.fixture
-def world() -> Iterator[tuple[Cluster, GpuNode]]:
+def world(real_cluster: RealCluster, agent_kubeconfig: str) -> Iterator[tuple[RealExtCluster, GpuNode]]:
     lib_paths()
     root = Path(tempfile.mkdtemp(prefix="ms-e2e-", dir="/tmp"))  # short: Unix socket paths
-    kube = KubeApiStandin().start()
-    kubeconfig = kube.kubeconfig(str(root / "kubeconfig"))
-    cluster = Cluster(kube)
     node = None
-    try:
-        kube.put({"kind": "Node", "apiVersion": "v1", "metadata": {"name": NODE}})
-        node = GpuNode(root, NODE, "4GiB", kubeconfig, extra=("--idle-after", "0.3"))
-        cluster.start()
-        node.kubelet.wait_registered(RESOURCE, timeout=30)
-        assert cluster.state.wait_for(lambda st: node.alive() and (v := st.view(NODE)) is not None and v.gpus, 30), \
-            "the node agent's inventory never reached the extender"
-        yield cluster, node
-    finally:
-        cluster.stop()
-        if node is not None:
-            node.stop()
-        kube.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    with real_ext_cluster(real_cluster, NS) as cluster:
+        try:
+            cluster.kube.forget_inventory(NODE)  # an earlier agent's, should one be left: this agent writes its own
+            node = GpuNode(root, NODE, "4GiB", agent_kubeconfig, extra=("--idle-after", "0.3"))
+            cluster.start()
+            node.kubelet.wait_registered(RESOURCE, timeout=30)
+            assert cluster.state.wait_for(lambda st: node.alive() and (v := st.view(NODE)) is not None and v.gpus,
+                                          30), "the node agent's inventory never reached the extender"
+            yield cluster, node
+        finally:
+            if node is not None:
+                node.stop()
+            cluster.kube.forget_inventory(NODE)
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def usage(resp) -> dict[int, tuple[int, int]]:
@@ -65,20 +84,21 @@ def usage(resp) -> dict[int, tuple[int, int]]:
     return {p.pid: (p.device_bytes // MiB, p.host_bytes // MiB) for p in snap.processes if p.alive}
 
 
-def notebook(cluster: Cluster, node: GpuNode, name: str, limit_mib: int, priority: int | None = None,
+def notebook(cluster: RealExtCluster, node: GpuNode, name: str, limit_mib: int, priority: int | None = None,
              more: dict[str, str] | None = None):
     """Schedule a pod asking 512 MiB with this limit, admit it on the node: its Allocate answer."""
     ann = {"memslice.io/gpu-mem-limit": str(limit_mib), **(more or {})}
     obj = pod_obj(name, {"lab": 512 // UNIT}, annotations=ann)
-    if priority is not None:
-        obj["spec"]["priority"] = priority  # what admission resolves from the pod's PriorityClass
+    if priority is not None:  # admission resolves spec.priority from the pod's PriorityClass
+        assert priority == 1000, "the module's PriorityClass has the value 1000"
+        obj["spec"]["priorityClassName"] = PRIORITY_CLASS
     pod = cluster.add_pod(obj)
     assert cluster.c.filter(pod, [NODE])["NodeNames"] == [NODE]
     assert cluster.c.bind(pod, NODE) == ""
-    ann = cluster.kube.get("Pod", "default", name)["metadata"]["annotations"]
+    ann = cluster.kube.get("Pod", NS, name)["metadata"]["annotations"]
     assert json.loads(ann["memslice.io/gpu-mem-limit-mib"]) == {"lab": limit_mib}
-    node.wait_log(f"pod default/{name}: the extender reserved GPU", f"the node agent to see {name}'s reservation")
-    resp = node.kubelet.admit(pod["metadata"]["uid"], "default", name, [("lab", 512 // UNIT)], RESOURCE)["lab"]
+    node.wait_log(f"pod {NS}/{name}: the extender reserved GPU", f"the node agent to see {name}'s reservation")
+    resp = node.kubelet.admit(pod["metadata"]["uid"], NS, name, [("lab", 512 // UNIT)], RESOURCE)["lab"]
     assert resp.envs["MEMSLICE_GPU_MEM_LIMIT"] == str(limit_mib) and resp.envs["MEMSLICE_GPU_MEM_REQUEST"] == "512MiB"
     return resp
 
@@ -138,7 +158,7 @@ def test_a_bad_limit_annotation_is_an_error_and_nothing_is_written(world) -> Non
     result = cluster.c.filter(pod, [NODE])
     assert "annotation memslice.io/gpu-mem-limit.lab='2.5Gi' is not a whole number of MiB" in result["Error"]
     assert "memslice.io/gpu-mem-limit.lab" in cluster.c.bind(pod, NODE)
-    stored = cluster.kube.get("Pod", "default", "bad")
+    stored = cluster.kube.get("Pod", NS, "bad")
     assert stored["metadata"]["annotations"] == ann and not stored["spec"].get("nodeName")
     assert cluster.state.view(NODE).gpus[0].used_mib == 0
 
@@ -158,8 +178,8 @@ def samples(node: GpuNode, name: str) -> dict[tuple[str, str, str], float]:
             if s.name == name and s.labels.get("container") == "lab"}
 
 
-def events(cluster: Cluster, pod: str, reason: str) -> list[dict]:
-    return [e for e in cluster.kube.list("Event", "default")
+def events(cluster: RealExtCluster, pod: str, reason: str) -> list[dict]:
+    return [e for e in cluster.kube.list("Event", NS)
             if e["involvedObject"]["name"] == pod and e["reason"] == reason]
 
 
@@ -174,7 +194,7 @@ def test_per_container_swap_figures_and_pod_events(world, tenant_bin) -> None:
     edir = Path({m.container_path: m.host_path for m in a_resp.mounts}["/run/memslice/elastic"])
     extra = {"MEMSLICE_CONTEXT_RESERVE": "0", "MEMSLICE_YIELD_WAIT": "60",
              "MEMSLICE_SIM_CONTEXT_OVERHEAD": "300MiB"}  # what a context takes on this simulated GPU
-    a_uid = cluster.kube.get("Pod", "default", "a")["metadata"]["uid"]
+    a_uid = cluster.kube.get("Pod", NS, "a")["metadata"]["uid"]
     tenants: list[Tenant] = []
     try:
         a = Tenant(tenant_bin, {**node.container_env(a_resp), **extra})
@@ -184,7 +204,7 @@ def test_per_container_swap_figures_and_pod_events(world, tenant_bin) -> None:
         b = Tenant(tenant_bin, {**node.container_env(b_resp), **extra})
         tenants.append(b)
         assert b.cmd("alloc 1792 64") == "allocated 28"
-        ka, kb = ("default", "a", uuid), ("default", "b", uuid)
+        ka, kb = (NS, "a", uuid), (NS, "b", uuid)
         host = usage(a_resp)[a.proc.pid][1]  # what HBM lacked for B (issue 26), in 32 MiB chunks
         assert 344 <= host <= 430 and host % 32 == 0
         wait_for(lambda: samples(node, "memslice_container_swapped_mib").get(ka) == host
@@ -212,7 +232,7 @@ def test_per_container_swap_figures_and_pod_events(world, tenant_bin) -> None:
                               str(node.dir / "regions")], capture_output=True, text=True, timeout=60)
         assert top.returncode == 0, top.stderr
         shown = {r["owner"]["pod"]: r for r in json.loads(top.stdout)["regions"]}
-        assert shown["a"]["owner"] == {"namespace": "default", "pod": "a", "container": "lab"}
+        assert shown["a"]["owner"] == {"namespace": NS, "pod": "a", "container": "lab"}
         (ea,), (eb,) = shown["a"]["elastic"], shown["b"]["elastic"]
         assert (ea["gpu"], ea["swapped_bytes"], ea["processes"][0]["state"]) == (uuid, host * MiB, "idle")
         assert eb["elastic_resident_bytes"] == 1792 * MiB and eb["processes"][0]["host_pid"] == b.proc.pid
@@ -272,7 +292,7 @@ def test_a_move_host_memory_cannot_take_fails_the_burst_with_an_event_and_a_metr
         refused = {s.labels["cause"]: s.value for s in all_samples(node)
                    if s.name == "memslice_elastic_moves_refused_total" and s.labels.get("uuid") == uuid}
         assert refused == {"cgroup": 1, "host": 0}
-        assert samples(node, "memslice_container_elastic_bursts_failed_total")[("default", "b", uuid)] == 1
+        assert samples(node, "memslice_container_elastic_bursts_failed_total")[(NS, "b", uuid)] == 1
         assert a.cmd("check") == f"check ok {2048 * MiB}"
     finally:
         for t in tenants:

@@ -38,7 +38,8 @@ def test_work_released_by_a_later_call_does_not_deadlock_a_move(elastic):  # noq
     assert b.cmd("alloc 768 64") == "allocated 12"
     dev, host = per_process(state)[b.proc.pid]
     assert host > 0 and dev + host == 64 + 768, "what HBM could not hold was served from host memory"
-    assert per_process(state)[a.proc.pid][1] == 0, "A moved nothing while its work could run"
+    # all of A's bytes still in HBM (its host figure may hold pinned chunks kept for a move that was given up)
+    assert per_process(state)[a.proc.pid][0] == 64 + 1280, "A moved nothing while its work could run"
     a.send("release")
     assert a.say_nothing(timeout=20) == "released 0 0", "A's second thread got past the gate and A's work drained"
     wait_for(lambda: per_process(state)[b.proc.pid] == (64 + 768, 0), "B's request all in HBM")
@@ -58,7 +59,7 @@ def test_a_process_with_work_in_flight_is_not_idle(elastic):  # noqa: F811  (the
     b = elastic("b", "1GiB", "768MiB", gpus="2GiB", ctx="64MiB", wait="3")
     assert b.cmd("alloc 768 64") == "allocated 12"
     assert board_state(elastic.edir, a.proc.pid) == "active", "work in flight: A is not idle"
-    assert per_process(state)[a.proc.pid][1] == 0, "nothing of A's moved while its work could run"
+    assert per_process(state)[a.proc.pid][0] == 64 + 1280, "nothing of A's moved while its work could run"
     a.send("release")
     assert a.say_nothing(timeout=20) == "released 0 0"
     wait_for(lambda: board_state(elastic.edir, a.proc.pid) == "idle", "A idle once its work drained")

@@ -13,7 +13,8 @@ from test_elastic_swap import elastic, per_process, tenant_bin, wait_for  # noqa
 from memslice.elastic import read_boards
 
 # memsliceSimCounters' order (interposer/sim/simstate.h)
-COPIES, ASYNC_COPIES, ASYNC_BYTES, UNMAPS_IN_FLIGHT, IN_FLIGHT_MAX = 4, 6, 7, 8, 10
+HOST_CREATES, COPIES, ASYNC_COPIES, ASYNC_BYTES, UNMAPS_IN_FLIGHT, IN_FLIGHT_MAX = 2, 4, 6, 7, 8, 10
+UNMAPS, RUN_UNMAPS, RUN_UNMAP_MAPPINGS, HOST_RELEASES = 11, 13, 14, 15
 CHUNK_MIB = 32
 
 
@@ -113,8 +114,8 @@ if sys.argv[1] == "sync":
     for s in st:
         assert cu.cuStreamSynchronize(s) == 0
 assert cu.cuMemUnmap(va[0], size) == 0
-c = (ctypes.c_ulonglong * 16)()
-n = cu.memsliceSimCounters(c, 16)
+c = (ctypes.c_ulonglong * 32)()
+n = min(cu.memsliceSimCounters(c, 32), 32)
 print(" ".join(str(c[i]) for i in range(n)))
 """
     n = node(gpus="1GiB")
@@ -153,3 +154,129 @@ def test_moves_report_where_their_time_went_per_phase(elastic, tmp_path):  # noq
              "A's in phases logged")
     back = parse_move_phases((tmp_path / "a.err").read_text())["in"]
     assert all(back[k] > 0 for k in MOVE_PHASE_KEYS), back
+
+
+def move_out_for(elastic, name: str) -> object:  # noqa: F811
+    """A neighbour whose second 896 MiB range lacks HBM: one ask, one answer from A."""
+    b = elastic(name, "2GiB", "512MiB")
+    assert b.cmd("alloc 1792 896") == "allocated 2"
+    return b
+
+
+def test_moves_reuse_pinned_host_chunks_and_unmap_runs_at_once(elastic, tmp_path):  # noqa: F811
+    """The host pool (interposer/src/elastic_pool.c): A's first move out pins its host chunks once; the move back
+    unpins nothing (the chunks stay pinned, A's own host memory in the simulator's ledger, as on a real node's
+    cgroup); the next move out pins nothing more and lands in the same chunks. Chunks whose copies are all
+    complete are unmapped in runs (one cuMemUnmap for several adjacent mappings), never under a copy in flight;
+    every byte and pointer is unchanged."""
+    err = (tmp_path / "a.err").open("w+")
+    a = elastic("a", "2560MiB", "512MiB", stderr=err, MEMSLICE_LOG="info", MEMSLICE_HOST_POOL_KEEP="600")
+    assert a.cmd("alloc 2048 64") == "allocated 32"
+    ptrs = a.cmd("ptrs")
+    state = elastic.node().state
+    c0 = counters(a)
+    wait_for(lambda: board(elastic.edir, a.proc.pid).state == "idle", "A idle on the board")
+    b = move_out_for(elastic, "b")
+    dev, host = per_process(state)[a.proc.pid]
+    chunks = host // CHUNK_MIB
+    c1 = counters(a)
+    assert chunks >= 11 and c1[HOST_CREATES] - c0[HOST_CREATES] == chunks, (chunks, c0, c1)
+    assert c1[RUN_UNMAPS] > c0[RUN_UNMAPS] and c1[RUN_UNMAP_MAPPINGS] - c0[RUN_UNMAP_MAPPINGS] >= 2, (c0, c1)
+    assert c1[UNMAPS_IN_FLIGHT] == 0
+    assert a.cmd("check") == f"check ok {2048 * MiB}"
+    assert b.cmd("free") == "freed 0"
+    b.close()
+    # back in HBM; the host chunks stay pinned for the next move (nothing unpinned)
+    wait_for(lambda: per_process(state)[a.proc.pid] == (300 + 2048, host), "A back in HBM, its host chunks kept")
+    c2 = counters(a)
+    assert c2[HOST_RELEASES] == c1[HOST_RELEASES], "a move back unpinned host memory"
+    assert a.cmd("check") == f"check ok {2048 * MiB}"
+    # idle again: the next move out reuses the pinned chunks
+    wait_for(lambda: board(elastic.edir, a.proc.pid).state == "idle", "A idle again")
+    b2 = move_out_for(elastic, "b2")
+    assert per_process(state)[a.proc.pid] == (dev, host), "the same chunks moved out, into the same host memory"
+    c3 = counters(a)
+    assert c3[HOST_CREATES] == c2[HOST_CREATES], "the second move out pinned host memory again"
+    assert c3[UNMAPS_IN_FLIGHT] == 0
+    assert a.cmd("check") == f"check ok {2048 * MiB}"
+    assert a.cmd("ptrs") == ptrs
+    b2.close()
+    a.close()
+
+
+def test_the_pool_gives_pinned_chunks_back_once_unused(elastic, tmp_path):  # noqa: F811
+    """MEMSLICE_HOST_POOL_KEEP bounds how long pinned chunks no move uses are kept: once A's memory is back
+    in HBM, its pinned host chunks go back to the driver (the ledger's host figure drops to 0) and A says so."""
+    err = (tmp_path / "a.err").open("w+")
+    a = elastic("a", "2560MiB", "512MiB", stderr=err, MEMSLICE_LOG="info", MEMSLICE_HOST_POOL_KEEP="0.2")
+    assert a.cmd("alloc 2048 64") == "allocated 32"
+    state = elastic.node().state
+    wait_for(lambda: board(elastic.edir, a.proc.pid).state == "idle", "A idle on the board")
+    b = move_out_for(elastic, "b")
+    host = per_process(state)[a.proc.pid][1]
+    c1 = counters(a)
+    assert b.cmd("free") == "freed 0"
+    assert a.cmd("check") == f"check ok {2048 * MiB}"
+    wait_for(lambda: per_process(state)[a.proc.pid] == (300 + 2048, 0), "A back in HBM, its pinned chunks given back")
+    assert counters(a)[HOST_RELEASES] - c1[HOST_RELEASES] == host // CHUNK_MIB
+    wait_for(lambda: "host pool: " in (tmp_path / "a.err").read_text(), "A says it gave pinned memory back")
+    assert f"{host}.0 MiB of pinned host memory given back" in (tmp_path / "a.err").read_text()
+    b.close()
+    a.close()
+
+
+def test_the_simulated_link_delays_completion_and_unmaps_whole_mappings_only(node):
+    """The simulator's model the benchmark relies on (interposer/sim/simcuda_inflight.c, simcuda_vmm.c): with
+    MEMSLICE_SIM_LINK_GBPS an async copy's event is not complete until the link has carried the copy (its
+    synchronisation waits at least that long), and cuMemUnmap takes a range of several whole mappings at once but
+    never part of one."""
+    import subprocess
+    import sys
+
+    prog = r"""
+import ctypes, time
+cu = ctypes.CDLL("libcuda.so.1")
+U64 = ctypes.c_uint64
+cu.cuMemAddressReserve.argtypes = [ctypes.POINTER(U64), ctypes.c_size_t, ctypes.c_size_t, U64, ctypes.c_ulonglong]
+cu.cuMemMap.argtypes = [U64, ctypes.c_size_t, ctypes.c_size_t, U64, ctypes.c_ulonglong]
+cu.cuMemUnmap.argtypes = [U64, ctypes.c_size_t]
+cu.cuMemSetAccess.argtypes = [U64, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t]
+cu.cuMemcpyDtoDAsync_v2.argtypes = [U64, U64, ctypes.c_size_t, ctypes.c_void_p]
+dev, ctx, st, ev = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+assert cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev) == 0
+assert cu.cuStreamCreate(ctypes.byref(st), 1) == 0 and cu.cuEventCreate(ctypes.byref(ev), 2) == 0
+class Loc(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+class Prop(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("handleTypes", ctypes.c_int), ("location", Loc), ("win32", ctypes.c_void_p),
+                ("flags", ctypes.c_ubyte * 8)]
+class Access(ctypes.Structure):
+    _fields_ = [("location", Loc), ("flags", ctypes.c_int)]
+size = 2 << 20
+va = U64()
+assert cu.cuMemAddressReserve(ctypes.byref(va), 3 * size, 0, 0, 0) == 0
+for k in range(3):
+    h = U64()
+    prop = Prop(type=1, location=Loc(1, 0))
+    assert cu.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(size), ctypes.byref(prop), 0) == 0
+    assert cu.cuMemMap(va.value + k * size, size, 0, h, 0) == 0
+assert cu.cuMemSetAccess(va, 3 * size, ctypes.byref(Access(location=Loc(1, 0), flags=3)), 1) == 0
+t0 = time.monotonic()
+assert cu.cuMemcpyDtoDAsync_v2(va.value + size, va, size, st) == 0 and cu.cuEventRecord(ev, st) == 0
+first = cu.cuEventQuery(ev)
+assert cu.cuEventSynchronize(ev) == 0
+waited = time.monotonic() - t0
+print(first, cu.cuEventQuery(ev), round(waited, 3),
+      cu.cuMemUnmap(va, size + size // 2),       # part of the second mapping: refused
+      cu.cuMemUnmap(va.value + size, 2 * size),  # the second and third whole: one call
+      cu.cuMemUnmap(va, size))
+"""
+    n = node(gpus="1GiB")
+    env = {**n.env, "MEMSLICE_SIM_LINK_GBPS": "0.001"}  # 2 MiB take 2.1 s on this link
+    out = subprocess.run([sys.executable, "-c", prog], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    first, after, waited, partial, run, single = out.stdout.split()
+    assert (int(first), int(after)) == (600, 0), "NOT_READY while the link carries the copy, then complete"
+    assert float(waited) >= (2 << 20) / 1e6, "the synchronisation returned before the link carried the copy"
+    assert (int(partial), int(run), int(single)) == (1, 0, 0)

@@ -36,9 +36,10 @@ def session_env(tmp_path: pathlib.Path) -> dict[str, str]:
     return env
 
 
-def session(env: dict[str, str], exe: str, limit: str, request: str, region: pathlib.Path) -> subprocess.Popen[str]:
+def session(env: dict[str, str], exe: str, limit: str, request: str, region: pathlib.Path,
+            idle_after: str = "0.3") -> subprocess.Popen[str]:
     p = subprocess.Popen([sys.executable, "-m", "memslice", "run", "--gpu-mem", limit, "--gpu-mem-request", request,
-                          "--idle-after", "0.3", "--simulate-gpu", "2GiB", "--region-dir", str(region), "--", exe],
+                          "--idle-after", idle_after, "--simulate-gpu", "2GiB", "--region-dir", str(region), "--", exe],
                          env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     return p
@@ -62,7 +63,8 @@ def test_two_memslice_run_sessions_share_one_gpu_elastically(tmp_path, tenant_bi
         limits = (tmp_path / "a" / "memslice.limits").read_text()
         assert "gpu_mem_request=256MiB" in limits and f"elastic_dir={edir}" in limits and "idle_after=0.3" in limits
         wait_until("session A idle on the board", lambda: [t.state for t in read_boards(edir)] == ["idle"], 60)
-        b = session(env, tenant_bin, "1GiB", "256MiB", tmp_path / "b")
+        # B stays active whatever the pace of this test (top below runs a second Python): idle after 10 minutes
+        b = session(env, tenant_bin, "1GiB", "256MiB", tmp_path / "b", idle_after="600")
         assert ask(b, "alloc 640 64") == "allocated 10"
 
         def held() -> list[tuple[int, int]]:

@@ -276,6 +276,7 @@ def test_without_a_request_nothing_is_elastic(elastic):
     ({"MEMSLICE_GPU_MEM_REQUEST": "1GiB", "MEMSLICE_ELASTIC_DIR": ""}, "MEMSLICE_ELASTIC_DIR"),
     ({"MEMSLICE_GPU_MEM_REQUEST": "1GiB", "MEMSLICE_IDLE_AFTER": "soon"}, "MEMSLICE_IDLE_AFTER='soon'"),
     ({"MEMSLICE_GPU_MEM_REQUEST": "1GiB", "MEMSLICE_ELASTIC_DIR": "relative/dir"}, "not an absolute directory"),
+    ({"MEMSLICE_GPU_MEM_REQUEST": "1GiB", "MEMSLICE_HOST_POOL_KEEP": "-1"}, "MEMSLICE_HOST_POOL_KEEP='-1'"),
 ])
 def test_bad_elastic_settings_fail_closed_naming_the_value(node, tmp_path, tenant_bin, extra, message):
     n = node(gpus="4GiB")

@@ -1,6 +1,7 @@
-"""The extender's state against a live (stand-in) API server: concurrent binds, failed binds, pod
-deletion and completion, 410 Gone, extender restart, unbound reservations. The API server's own restart runs
-against the real kube-apiserver (tests/realcluster/test_real_apiserver_restart.py)."""
+"""The extender's state against a live API server: concurrent binds, pod deletion and completion, extender
+restart, unbound reservations on the real kube-apiserver (its Binding, field-selected watch, status
+subresource); failed binds and 410 Gone on the stand-in, whose fault hooks make them on demand. The API
+server's own restart: tests/realcluster/test_real_apiserver_restart.py."""
 
 from __future__ import annotations
 
@@ -9,14 +10,33 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from test_extender_support import Cluster, FakeClock, node_obj, pod_obj, running_cluster
+from extender_real import RealExtCluster, real_ext_cluster
+from kube_real import RealCluster
+from test_extender_support import Cluster, FakeClock, node_obj, running_cluster
+from test_extender_support import pod_obj as any_pod
 
 from memslice.scheduler_extender.app import Config
 from memslice.scheduler_extender.kubeio.annotations import reservation_annotations
 
+NS = "ext-cluster"  # this module's namespace on the shared real API server
+REAL = pytest.mark.xdist_group("kube")  # one real control plane (the session fixture real_cluster): one worker
+
+
+def pod_obj(name: str, containers: dict[str, int], **kw) -> dict:
+    return any_pod(name, containers, ns=NS, **kw)
+
 
 @pytest.fixture
-def cluster() -> Iterator[Cluster]:
+def cluster(real_cluster: RealCluster) -> Iterator[RealExtCluster]:
+    with real_ext_cluster(real_cluster, NS) as c:
+        c.start()
+        c.add_node(node_obj("ext-n", [10000]))
+        yield c
+
+
+@pytest.fixture
+def standin() -> Iterator[Cluster]:
+    """The stand-in, for the faults the real server cannot make on demand (injected errors, 410 Gone)."""
     with running_cluster() as c:
         c.start()
         c.add_node(node_obj("n", [10000]))
@@ -40,31 +60,35 @@ def race(n: int, fn) -> list:
     return results
 
 
-def test_two_binds_race_for_the_last_room_exactly_one_wins(cluster: Cluster) -> None:
+@REAL
+def test_two_binds_race_for_the_last_room_exactly_one_wins(cluster: RealExtCluster) -> None:
     a = cluster.add_pod(pod_obj("a", {"main": 6000}))
     b = cluster.add_pod(pod_obj("b", {"main": 6000}))
-    errors = race(2, lambda i: cluster.c.__class__(cluster.ext.url).bind([a, b][i], "n"))
+    errors = race(2, lambda i: cluster.c.__class__(cluster.ext.url).bind([a, b][i], "ext-n"))
     assert sorted(e == "" for e in errors) == [False, True], errors
     assert "no longer fits" in next(e for e in errors if e)
-    bound = [p for p in ("a", "b") if cluster.kube.get("Pod", "default", p)["spec"].get("nodeName")]
+    bound = [p for p in ("a", "b") if cluster.kube.get("Pod", NS, p)["spec"].get("nodeName")]
     assert len(bound) == 1
     loser = "b" if bound == ["a"] else "a"
-    assert "annotations" not in cluster.kube.get("Pod", "default", loser)["metadata"]
-    cluster.wait_used("n", [6000])
+    assert "annotations" not in cluster.kube.get("Pod", NS, loser)["metadata"]
+    cluster.wait_used("ext-n", [6000])
 
 
-def test_many_concurrent_binds_never_overcommit(cluster: Cluster) -> None:
+@REAL
+def test_many_concurrent_binds_never_overcommit(cluster: RealExtCluster) -> None:
     pods = [cluster.add_pod(pod_obj(f"p{i}", {"main": 1500})) for i in range(12)]
-    errors = race(12, lambda i: cluster.c.__class__(cluster.ext.url).bind(pods[i], "n"))
+    errors = race(12, lambda i: cluster.c.__class__(cluster.ext.url).bind(pods[i], "ext-n"))
     assert errors.count("") == 6  # 6 × 1500 = 9000 ≤ 10000 < 7 × 1500
     cluster.caught_up()
-    cluster.wait_used("n", [9000])
-    bound = [i for i in range(12) if cluster.kube.get("Pod", "default", f"p{i}")["spec"].get("nodeName")]
+    cluster.wait_used("ext-n", [9000])
+    bound = [i for i in range(12) if cluster.kube.get("Pod", NS, f"p{i}")["spec"].get("nodeName")]
     assert len(bound) == 6
 
 
-def test_failed_binding_leaves_nothing_charged(cluster: Cluster) -> None:
-    pod = cluster.add_pod(pod_obj("p", {"main": 4000}))
+# injected Binding errors: the stand-in's fault hook (the real server answers 500 or a 409 on its own terms only)
+def test_failed_binding_leaves_nothing_charged(standin: Cluster) -> None:
+    cluster = standin
+    pod = cluster.add_pod(any_pod("p", {"main": 4000}))
     cluster.kube.fail_next("POST", "/pods/p/binding", 500)
     error = cluster.c.bind(pod, "n")
     assert "500" in error and "binding pod default/p to n failed" in error
@@ -82,13 +106,15 @@ def test_failed_binding_leaves_nothing_charged(cluster: Cluster) -> None:
     cluster.wait_used("n", [4000])
 
 
-def test_binding_conflict_is_retried_once_with_a_fresh_read(cluster: Cluster) -> None:
-    pod = cluster.add_pod(pod_obj("p", {"main": 4000}))
+# injected 409s on demand: the stand-in's fault hook
+def test_binding_conflict_is_retried_once_with_a_fresh_read(standin: Cluster) -> None:
+    cluster = standin
+    pod = cluster.add_pod(any_pod("p", {"main": 4000}))
     cluster.kube.fail_next("POST", "/pods/p/binding", 409)
     assert cluster.c.bind(pod, "n") == ""
     stored = cluster.kube.get("Pod", "default", "p")
     assert stored["spec"]["nodeName"] == "n" and stored["metadata"]["annotations"]["memslice.io/gpu-uuid"]
-    cluster.kube.put(pod_obj("q", {"main": 1000}))
+    cluster.kube.put(any_pod("q", {"main": 1000}))
     q = cluster.kube.get("Pod", "default", "q")
     cluster.caught_up()
     cluster.kube.fail_next("POST", "/pods/q/binding", 409)
@@ -98,29 +124,36 @@ def test_binding_conflict_is_retried_once_with_a_fresh_read(cluster: Cluster) ->
     cluster.wait_used("n", [4000])
 
 
-def test_bind_refuses_a_recreated_pod(cluster: Cluster) -> None:
+@REAL
+def test_bind_refuses_a_recreated_pod(cluster: RealExtCluster) -> None:
     old = cluster.add_pod(pod_obj("p", {"main": 1000}))
-    cluster.kube.delete("Pod", "default", "p")
+    cluster.kube.delete("Pod", NS, "p")
     cluster.add_pod(pod_obj("p", {"main": 1000}))
-    assert "deleted and re-created" in cluster.c.bind(old, "n")
-    assert not cluster.kube.get("Pod", "default", "p")["spec"].get("nodeName")
+    assert "deleted and re-created" in cluster.c.bind(old, "ext-n")
+    assert not cluster.kube.get("Pod", NS, "p")["spec"].get("nodeName")
 
 
-def test_deleted_and_finished_pods_release_memory(cluster: Cluster) -> None:
+@REAL
+def test_deleted_and_finished_pods_release_memory(cluster: RealExtCluster) -> None:
+    """A deleted pod, and one whose kubelet reports it Succeeded (through the status subresource): the
+    extender's field-selected watch hears "stopped matching" as a deletion and the memory comes back."""
     a = cluster.add_pod(pod_obj("a", {"main": 3000}))
     b = cluster.add_pod(pod_obj("b", {"main": 3000}))
-    assert cluster.c.bind(a, "n") == "" and cluster.c.bind(b, "n") == ""
-    cluster.wait_used("n", [6000])
-    cluster.kube.delete("Pod", "default", "a")
-    cluster.wait_used("n", [3000])
-    done = cluster.kube.get("Pod", "default", "b")
+    assert cluster.c.bind(a, "ext-n") == "" and cluster.c.bind(b, "ext-n") == ""
+    cluster.wait_used("ext-n", [6000])
+    cluster.kube.delete("Pod", NS, "a")
+    cluster.wait_used("ext-n", [3000])
+    done = cluster.kube.get("Pod", NS, "b")
     done["status"] = {"phase": "Succeeded"}
     cluster.kube.put(done)
-    cluster.wait_used("n", [0])
+    assert cluster.kube.get("Pod", NS, "b")["status"]["phase"] == "Succeeded"
+    cluster.wait_used("ext-n", [0])
 
 
-def test_410_gone_relists_and_sees_what_happened_meanwhile(cluster: Cluster) -> None:
-    a = cluster.add_pod(pod_obj("a", {"main": 3000}))
+# 410 Gone on demand (compaction between two events of an open watch): the stand-in's fault hook
+def test_410_gone_relists_and_sees_what_happened_meanwhile(standin: Cluster) -> None:
+    cluster = standin
+    a = cluster.add_pod(any_pod("a", {"main": 3000}))
     assert cluster.c.bind(a, "n") == ""
     cluster.wait_used("n", [3000])
     kube = cluster.kube
@@ -133,56 +166,59 @@ def test_410_gone_relists_and_sees_what_happened_meanwhile(cluster: Cluster) -> 
     status, text, _ = cluster.c.raw("GET", "/metrics")
     assert 'memslice_extender_watch_restarts_total{reason="gone",resource="pods"}' in text.decode()
     # and it keeps following afterwards
-    b = cluster.add_pod(pod_obj("b", {"main": 15000}))
+    b = cluster.add_pod(any_pod("b", {"main": 15000}))
     assert cluster.c.filter(b, ["n"])["NodeNames"] == ["n"]
 
 
-def test_extender_restart_rebuilds_state_and_never_hands_out_twice() -> None:
-    with running_cluster() as c:
+@REAL
+def test_extender_restart_rebuilds_state_and_never_hands_out_twice(real_cluster: RealCluster) -> None:
+    with real_ext_cluster(real_cluster, NS) as c:
         c.start()
-        c.add_node(node_obj("n", [8000, 8000]))
+        c.add_node(node_obj("ext-n2", [8000, 8000]))
         pods = [c.add_pod(pod_obj(f"p{i}", {"main": 3000})) for i in range(4)]
         for p in pods:
-            assert c.c.bind(p, "n") == ""
-        c.wait_used("n", [6000, 6000])
+            assert c.c.bind(p, "ext-n2") == ""
+        c.wait_used("ext-n2", [6000, 6000])
         c.stop()
         c.start()  # a fresh extender: everything from the API server
-        c.wait_used("n", [6000, 6000])
+        c.wait_used("ext-n2", [6000, 6000])
         big = c.add_pod(pod_obj("big", {"main": 3000}))
-        assert c.c.filter(big, ["n"])["NodeNames"] == []
-        assert "no longer fits" in c.c.bind(big, "n")
+        assert c.c.filter(big, ["ext-n2"])["NodeNames"] == []
+        assert "no longer fits" in c.c.bind(big, "ext-n2")
         small = c.add_pod(pod_obj("small", {"main": 2000}))
-        assert c.c.bind(small, "n") == ""
-        c.wait_used("n", [8000, 6000])
+        assert c.c.bind(small, "ext-n2") == ""
+        c.wait_used("ext-n2", [8000, 6000])
 
 
-def test_unbound_reservation_expires_after_the_ttl() -> None:
+@REAL
+def test_unbound_reservation_expires_after_the_ttl(real_cluster: RealCluster) -> None:
     """An extender that wrote a reservation and died before the Binding: the memory comes back."""
     clock = FakeClock()
-    with running_cluster(Config(address="127.0.0.1", port=0, assume_ttl=60), clock) as c:
-        c.kube.put(node_obj("n", [10000]))
+    with real_ext_cluster(real_cluster, NS, Config(address="127.0.0.1", port=0, assume_ttl=60), clock) as c:
+        c.kube.put(node_obj("ext-n3", [10000]))
         c.kube.put(pod_obj("orphan", {"main": 8000}, annotations=reservation_annotations(
-            "GPU-n-0", {"main": 8000}, clock.now - 10)))
+            "GPU-ext-n3-0", {"main": 8000}, clock.now - 10)))
         c.start()  # the restarted extender counts the orphan while its reservation is fresh
-        c.wait_used("n", [8000])
+        c.wait_used("ext-n3", [8000])
         pod = c.add_pod(pod_obj("p", {"main": 5000}))
-        assert c.c.filter(pod, ["n"])["FailedNodes"].keys() == {"n"}
+        assert c.c.filter(pod, ["ext-n3"])["FailedNodes"].keys() == {"ext-n3"}
         clock.now += 51
-        assert c.c.filter(pod, ["n"])["NodeNames"] == ["n"]
-        c.wait_used("n", [0])
-        assert c.c.bind(pod, "n") == ""
-        c.wait_used("n", [5000])
+        assert c.c.filter(pod, ["ext-n3"])["NodeNames"] == ["ext-n3"]
+        c.wait_used("ext-n3", [0])
+        assert c.c.bind(pod, "ext-n3") == ""
+        c.wait_used("ext-n3", [5000])
 
 
-def test_a_pods_own_stale_reservation_does_not_stand_in_its_way(cluster: Cluster) -> None:
+@REAL
+def test_a_pods_own_stale_reservation_does_not_stand_in_its_way(cluster: RealExtCluster) -> None:
     """A bind wrote the reservation, failed, and could not undo it: the pod's retry must still fit."""
-    stale = reservation_annotations("GPU-n-0", {"main": 6000}, time.time())
+    stale = reservation_annotations("GPU-ext-n-0", {"main": 6000}, time.time())
     pod = cluster.add_pod(pod_obj("p", {"main": 6000}, annotations=stale))
-    cluster.wait_used("n", [6000])  # counted (unbound, within the assume TTL): nobody else gets it
+    cluster.wait_used("ext-n", [6000])  # counted (unbound, within the assume TTL): nobody else gets it
     other = cluster.add_pod(pod_obj("other", {"main": 6000}))
-    assert cluster.c.filter(other, ["n"])["NodeNames"] == []
-    assert cluster.c.filter(pod, ["n"])["NodeNames"] == ["n"]
-    assert cluster.c.bind(pod, "n") == ""
+    assert cluster.c.filter(other, ["ext-n"])["NodeNames"] == []
+    assert cluster.c.filter(pod, ["ext-n"])["NodeNames"] == ["ext-n"]
+    assert cluster.c.bind(pod, "ext-n") == ""
     cluster.caught_up()
-    cluster.wait_used("n", [6000])  # once, not twice
-    assert "no longer fits" in cluster.c.bind(other, "n")
+    cluster.wait_used("ext-n", [6000])  # once, not twice
+    assert "no longer fits" in cluster.c.bind(other, "ext-n")

@@ -1,6 +1,7 @@
-"""The extender's two bind writes (podwrites.PodWriter) over real sockets: keep-alive reuse, connections the
-server dropped, HTTPS with the kubeconfig's CA and client certificate, a proxy, and answers as the wire may
-carry them (chunked, `Connection: close`, errors, cut short, garbage)."""
+"""The extender's two bind writes (podwrites.PodWriter) over real sockets: the real kube-apiserver's error
+answers and Binding (over its TLS, with a bearer token); on the API stand-in, for its connection counters and
+hooks, keep-alive reuse, connections the server dropped and a proxy; HTTPS with the kubeconfig's CA and client
+certificate; and answers as the wire may carry them (chunked, `Connection: close`, cut short, garbage)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import httptools
 import pytest
+from kube_real import RealCluster
 from kube_standin import KubeApiStandin
 from kubernetes.client.exceptions import ApiException
 
@@ -56,20 +58,33 @@ def test_a_connection_the_server_dropped_is_replaced_not_used(kube: KubeApiStand
     writer.close()
 
 
-def test_errors_carry_status_reason_and_body(kube: KubeApiStandin) -> None:
-    writer = PodWriter(kube.api_client())
+@pytest.mark.xdist_group("kube")  # one real control plane (the session fixture real_cluster): one worker
+def test_errors_carry_status_reason_and_body(real_cluster: RealCluster) -> None:
+    """The real API server's answers: 404 and 409 (a stale resourceVersion) as ApiExceptions with its Status
+    body, a Binding refused for a pod already bound; the connection kept through every error answer."""
+    ns = "ext-podwrites"
+    real_cluster.ensure_namespace(ns)
+    real_cluster.ok("DELETE", f"/api/v1/namespaces/{ns}/pods?gracePeriodSeconds=0")  # a pod "p" of an earlier run
+    real_cluster.ok("POST", f"/api/v1/namespaces/{ns}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": ns},
+        "spec": {"containers": [{"name": "c", "image": "i"}]}})
+    writer = PodWriter(load_api_client(str(real_cluster.admin_kubeconfig)))
     with pytest.raises(ApiException) as missing:
-        writer.patch_namespaced_pod("ghost", "ns", PATCH)
+        writer.patch_namespaced_pod("ghost", ns, PATCH)
     assert missing.value.status == 404 and missing.value.reason == "Not Found"
     assert json.loads(missing.value.body)["reason"] == "NotFound"
+    (conn,) = writer._idle  # the one connection, back for the next request after the error answer
     with pytest.raises(ApiException) as stale:
-        writer.patch_namespaced_pod("p", "ns", {"metadata": {"resourceVersion": "1", "annotations": {"a": "b"}}})
-    assert stale.value.status == 409
-    # the connection survives error answers
-    writer.create_namespaced_pod_binding("p", "ns", {"apiVersion": "v1", "kind": "Binding",
-                                                     "metadata": {"name": "p"}, "target": {"name": "n1"}})
-    assert kube.get("Pod", "ns", "p")["spec"]["nodeName"] == "n1"
-    assert kube.connections == 1
+        writer.patch_namespaced_pod("p", ns, {"metadata": {"resourceVersion": "1", "annotations": {"a": "b"}}})
+    assert stale.value.status == 409 and json.loads(stale.value.body)["reason"] == "Conflict"
+    binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p"}, "target": {"name": "n1"}}
+    writer.create_namespaced_pod_binding("p", ns, binding)
+    assert real_cluster.ok("GET", f"/api/v1/namespaces/{ns}/pods/p")["spec"]["nodeName"] == "n1"
+    with pytest.raises(ApiException) as bound:
+        writer.create_namespaced_pod_binding("p", ns, {**binding, "target": {"name": "n2"}})
+    assert bound.value.status == 409 and "already assigned to node" in json.loads(bound.value.body)["message"]
+    assert list(writer._idle) == [conn]
+    real_cluster.ok("DELETE", f"/api/v1/namespaces/{ns}/pods/p?gracePeriodSeconds=0")
     writer.close()
 
 

@@ -4,16 +4,20 @@ DeviceClasses (list/watch/get/create/update/patch/delete over HTTP, like every s
 (KEP-5075, resource.k8s.io/v1 field docs):
 
 - each request of the claim (`exactly` with `count`, default 1; or `firstAvailable`: the first subrequest
-  that fits, its result named `<request>/<subrequest>`, as the real allocator names it) asks
-  `capacity.requests.memory` per device, or the device's
-  `requestPolicy.default` when it names none; the amount is raised to `validRange.min` and rounded up to
+  that fits, its result named `<request>/<subrequest>`, as the real allocator names it) asks, per capacity of
+  the device, `capacity.requests.<name>`, or the capacity's `requestPolicy.default` when it names none (the
+  whole capacity without a policy); the amount is raised to `validRange.min` and rounded up to
   `min + n*step`; over `validRange.max` the device cannot be used;
 - devices are taken first-fit, in slice and device order (upstream has no device scoring yet), among the
-  node's slices of the class's driver with `allowMultipleAllocations: true`, where the sum of the
-  `consumedCapacity` of every allocated claim plus this amount stays within `capacity.memory.value`;
+  node's slices of the class's driver with `allowMultipleAllocations: true`, where for every capacity the sum
+  of the `consumedCapacity` of every allocated claim plus this amount stays within its `value`; the `count`
+  shares of one request go to different devices (a request never takes one device twice);
 - the result carries `request`, `driver`, `pool`, `device`, a fresh `shareID` and `consumedCapacity`
-  (every capacity of the device, as the API requires); `config` gets the class's then the claim's opaque
-  config (source FromClass/FromClaim); `nodeSelector` pins the node; `reservedFor` names the pod.
+  (every capacity of the device, as the API requires); `config` gets each class's opaque config once (source
+  FromClass, without `requests`: for all the requests of that class) then the claim's (FromClaim);
+  `nodeSelector` pins the node; `reservedFor` names the pod.
+
+These rules are checked case by case against the real kube-scheduler: tests/dra/test_dra_allocator_real.py.
 
 ResourceSlices written over HTTP are treated as kube-apiserver treats them (pkg/registry/resource/resourceslice
 strategy.go, apimachinery names.SimpleNameGenerator, metadata validation):
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -166,15 +171,17 @@ def claim(name: str, memory: str | None, namespace: str = "default", class_name:
             "metadata": {"name": name, "namespace": namespace}, "spec": {"devices": devices}}
 
 
-def _consumed(kube: KubeApiStandin) -> dict[tuple[str, str, str], Decimal]:
-    """(driver, pool, device) -> memory consumed by every allocated claim."""
-    out: dict[tuple[str, str, str], Decimal] = {}
+Key = tuple[str, str, str, str]  # (driver, pool, device, capacity)
+
+
+def _consumed(kube: KubeApiStandin) -> dict[Key, Decimal]:
+    """(driver, pool, device, capacity) -> what every allocated claim consumes of it."""
+    out: dict[Key, Decimal] = {}
     for c in kube.list("ResourceClaim"):
         for r in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []:
-            mem = (r.get("consumedCapacity") or {}).get("memory")
-            if mem is not None:
-                key = (r["driver"], r["pool"], r["device"])
-                out[key] = out.get(key, Decimal(0)) + quantity_bytes(mem)
+            for cap, amount in (r.get("consumedCapacity") or {}).items():
+                key = (r["driver"], r["pool"], r["device"], cap)
+                out[key] = out.get(key, Decimal(0)) + quantity_bytes(amount)
     return out
 
 
@@ -198,45 +205,51 @@ def consumed_amount(requested: Decimal | None, cap: dict[str, Any]) -> Decimal |
 
 
 def _allocate_one(kube: KubeApiStandin, exactly: dict[str, Any], slices: list[dict[str, Any]],
-                  used: dict[tuple[str, str, str], Decimal], node: str, what: str
-                  ) -> tuple[list[tuple[str, str, str, Decimal]], dict[str, Any]]:
-    """`count` shares (default 1) for one request or subrequest, first-fit; Unschedulable when they do not fit."""
+                  used: dict[Key, Decimal], node: str, what: str
+                  ) -> tuple[list[tuple[str, str, str, dict[str, Decimal]]], dict[str, Any]]:
+    """`count` shares (default 1, each on a different device) for one request or subrequest, first-fit; each
+    share consumes of every capacity of its device; Unschedulable when they do not fit."""
     cls = kube.get("DeviceClass", None, exactly["deviceClassName"])
     if cls is None:
         raise Unschedulable(f"DeviceClass {exactly['deviceClassName']} not found")
     drivers = {m for sel in cls["spec"].get("selectors", []) for m in _DRIVER_IN_CEL.findall(sel["cel"]["expression"])}
-    want = ((exactly.get("capacity") or {}).get("requests") or {}).get("memory")
-    requested = quantity_bytes(want) if want is not None else None
+    wanted = (exactly.get("capacity") or {}).get("requests") or {}
     trial = dict(used)
-    got = []
+    got: list[tuple[str, str, str, dict[str, Decimal]]] = []
     for _ in range(int(exactly.get("count", 1))):
         chosen = None
         for s in slices:
             if drivers and s["spec"]["driver"] not in drivers:
                 continue
             for d in s["spec"].get("devices", []):
-                cap = (d.get("capacity") or {}).get("memory")
-                if not d.get("allowMultipleAllocations") or cap is None:
+                caps = d.get("capacity") or {}
+                dev = (s["spec"]["driver"], s["spec"]["pool"]["name"], d["name"])
+                if not d.get("allowMultipleAllocations") or any(g[:3] == dev for g in got) or any(
+                        n not in caps for n in wanted):
                     continue
-                amount = consumed_amount(requested, cap)
-                key = (s["spec"]["driver"], s["spec"]["pool"]["name"], d["name"])
-                if amount is None or trial.get(key, Decimal(0)) + amount > quantity_bytes(cap["value"]):
+                amounts = {n: consumed_amount(quantity_bytes(wanted[n]) if n in wanted else None, c)
+                           for n, c in caps.items()}
+                if any(a is None or trial.get((*dev, n), Decimal(0)) + a > quantity_bytes(caps[n]["value"])
+                       for n, a in amounts.items()):
                     continue
-                chosen = (key, amount)
+                chosen = (dev, {n: a for n, a in amounts.items() if a is not None})
                 break
             if chosen:
                 break
         if chosen is None:
-            raise Unschedulable(f"no device on {node} has {want} free for {what}")
-        key, amount = chosen
-        trial[key] = trial.get(key, Decimal(0)) + amount
-        got.append((*key, amount))
+            raise Unschedulable(f"no device on {node} has {wanted} free for {what}")
+        dev, amounts = chosen
+        for n, a in amounts.items():
+            trial[(*dev, n)] = trial.get((*dev, n), Decimal(0)) + a
+        got.append((*dev, amounts))
     return got, cls
 
 
-def allocate(kube: KubeApiStandin, namespace: str, name: str, node: str, pod: dict[str, Any] | None = None
-             ) -> dict[str, Any]:
-    """Allocate claim namespace/name on `node` as kube-scheduler would; returns the stored claim."""
+def allocate(kube: Any, namespace: str, name: str, node: str, pod: dict[str, Any] | None = None,
+             edit: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Allocate claim namespace/name on `node` as kube-scheduler would; returns the stored claim. `edit` changes
+    the claim's status before it is written (once: a real API server refuses to change an allocation): a test
+    writing what another or a hostile scheduler would."""
     c = kube.get("ResourceClaim", namespace, name)
     assert c is not None, f"no claim {namespace}/{name}"
     used = _consumed(kube)
@@ -244,6 +257,7 @@ def allocate(kube: KubeApiStandin, namespace: str, name: str, node: str, pod: di
                     key=lambda s: s["metadata"]["name"])
     results: list[dict[str, Any]] = []
     configs: list[dict[str, Any]] = []
+    classes: list[str] = []
     for req in c["spec"]["devices"]["requests"]:
         if "firstAvailable" in req:
             alternatives = [(f"{req['name']}/{sub['name']}", sub) for sub in req["firstAvailable"]]
@@ -256,12 +270,15 @@ def allocate(kube: KubeApiStandin, namespace: str, name: str, node: str, pod: di
                 if i == len(alternatives) - 1:
                     raise
                 continue
-            for drv, pool, dev, amount in got:
-                used[(drv, pool, dev)] = used.get((drv, pool, dev), Decimal(0)) + amount
+            for drv, pool, dev, amounts in got:
+                for n, a in amounts.items():
+                    used[(drv, pool, dev, n)] = used.get((drv, pool, dev, n), Decimal(0)) + a
                 results.append({"request": result_name, "driver": drv, "pool": pool, "device": dev,
-                                "shareID": str(uuid.uuid4()), "consumedCapacity": {"memory": quantity(int(amount))}})
-            for cfg in cls["spec"].get("config", []):
-                configs.append({"source": "FromClass", "requests": [req["name"]], **cfg})
+                                "shareID": str(uuid.uuid4()),
+                                "consumedCapacity": {n: quantity(int(a)) for n, a in amounts.items()}})
+            if cls["metadata"]["name"] not in classes:  # once per class, for all its requests: no `requests`
+                classes.append(cls["metadata"]["name"])
+                configs.extend({"source": "FromClass", **cfg} for cfg in cls["spec"].get("config", []))
             break
     for cfg in c["spec"]["devices"].get("config", []):
         configs.append({"source": "FromClaim", **cfg})
@@ -273,4 +290,6 @@ def allocate(kube: KubeApiStandin, namespace: str, name: str, node: str, pod: di
         status["reservedFor"] = [{"resource": "pods", "name": pod["metadata"]["name"],
                                   "uid": pod["metadata"]["uid"]}]
     c["status"] = status
+    if edit is not None:
+        edit(c)
     return kube.put(c)
