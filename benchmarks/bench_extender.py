@@ -37,7 +37,9 @@ reports the filter median alone and the scrapes answered (200) and refused (503)
 
 --multi-gpu PCT (issue 34): that percent of the scheduled pods span 2 or 4 GPUs (`memslice.io/gpu-count`, half
 each, up to 20 GiB on each GPU); --topology publishes NVLink pairs and a PCIe switch per four GPUs on every node.
-Compare `--topology --multi-gpu 20` with `--topology` (all one-GPU pods) on the same machine.
+Compare `--topology --multi-gpu 20` with `--topology` (all one-GPU pods) on the same machine: `--multi-gpu 0,20
+--rounds 3` runs each mix 3 times, interleaved (0, 20, 20, 0, 0, 20: each a fresh stand-in and extender), and
+reports per band the medians of pods/s and CPU ms per pod of each mix and the ratio of each to the first's.
 
 The load client stays cheap so as not to take the cores from the extender: the filter bodies are encoded
 before the clock starts, and it is one thread speaking HTTP/1.1 over plain sockets (see Client), with
@@ -839,24 +841,79 @@ def main() -> int:
     p.add_argument("--restarts", type=int, default=3, help="starts with --restart-at (per tree)")
     p.add_argument("--alt-pythonpath", default=None, metavar="DIR",
                    help="with --restart-at: alternate with the package tree in DIR (e.g. a copy of main's)")
-    p.add_argument("--multi-gpu", type=float, default=0.0, metavar="PCT",
-                   help="percent of the scheduled pods that span 2 or 4 GPUs (memslice.io/gpu-count; issue 34)")
+    p.add_argument("--multi-gpu", default="0", metavar="PCT[,PCT...]",
+                   help="percent of the scheduled pods that span 2 or 4 GPUs (memslice.io/gpu-count; issue 34); "
+                        "several: each mix run in turn (see --rounds)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="runs of each --multi-gpu mix, interleaved; medians per band and mix")
     p.add_argument("--topology", action="store_true",
                    help="nodes publish their GPUs' topology (NVLink pairs, a PCIe switch per four GPUs)")
     p.add_argument("--_standin", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    mixes = [float(m) for m in str(args.multi_gpu).split(",")]
     if args._standin:
+        args.multi_gpu = mixes[0]
         serve_standin(args)
         return 0
     if args.restart_at is not None:
+        args.multi_gpu = mixes[0]
         print(json.dumps(restarts(args), indent=2))
         return 0
+    if len(mixes) > 1 or args.rounds > 1:
+        compared = compare(args, mixes)
+        if args.json:
+            print(json.dumps(compared, indent=2))
+        else:
+            report_compare(compared)
+        return 0
+    args.multi_gpu = mixes[0]
     result = run(args)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         report(result)
     return 0
+
+
+def compare(args: argparse.Namespace, mixes: list[float]) -> dict:
+    """--rounds runs of each mix, interleaved (the order reversed every other round, so that neither mix
+    always runs first on a machine whose load drifts); per band and mix the medians of pods/s and CPU ms per
+    pod, and their ratio to the first mix's (pods/s: ≥ 1 is as fast; CPU: ≤ 1 is as cheap)."""
+    runs: dict[str, list[dict]] = {f"{m:g}": [] for m in mixes}
+    for r in range(args.rounds):
+        for m in mixes if r % 2 == 0 else mixes[::-1]:
+            result = run(argparse.Namespace(**{**vars(args), "multi_gpu": m}))
+            runs[f"{m:g}"].append({"load_avg_1m": round(os.getloadavg()[0], 2), "bands": [
+                {k: b[k] for k in ("band_pct", "fill_pct", "pods_per_s", "cpu_ms_per_pod", "unschedulable",
+                                   "bind_errors")} for b in result["bands"]],
+                "over_committed_gpus": result["final"]["over_committed_gpus"]})
+    medians: dict[str, list[dict]] = {}
+    for mix, rs in runs.items():
+        medians[mix] = [{"band_pct": rs[0]["bands"][i]["band_pct"],
+                         "pods_per_s": statistics.median(x["bands"][i]["pods_per_s"] for x in rs),
+                         "cpu_ms_per_pod": round(statistics.median(x["bands"][i]["cpu_ms_per_pod"] for x in rs), 3)}
+                        for i in range(len(rs[0]["bands"]))]
+    first = medians[f"{mixes[0]:g}"]
+    ratios = {mix: [{"band_pct": b["band_pct"], "pods_per_s": round(b["pods_per_s"] / f["pods_per_s"], 2),
+                     "cpu_ms_per_pod": round(b["cpu_ms_per_pod"] / f["cpu_ms_per_pod"], 2)}
+                    for b, f in zip(bands, first, strict=True)] for mix, bands in medians.items()}
+    return {"cluster": {"nodes": args.nodes, "gpus_per_node": args.gpus, "filter_nodes_per_call": args.filter_nodes,
+                        "pods_per_band": args.per_band, "topology": args.topology, "rounds": args.rounds},
+            "runs": runs, "medians": medians, "ratio_to_first_mix": ratios,
+            "over_committed_gpus": max(x["over_committed_gpus"] for rs in runs.values() for x in rs)}
+
+
+def report_compare(c: dict) -> None:
+    cl = c["cluster"]
+    print(f"memslice extender benchmark, mixes compared: {cl['nodes']} nodes × {cl['gpus_per_node']} GPUs, "
+          f"{cl['pods_per_band']} pods per band, medians of {cl['rounds']} interleaved rounds"
+          + (", GPU topology published" if cl["topology"] else ""))
+    print("  % on 2-4 GPUs  band   pods/s  CPU ms/pod   (ratio to the first mix: pods/s, CPU)")
+    for mix, bands in c["medians"].items():
+        for b, r in zip(bands, c["ratio_to_first_mix"][mix], strict=True):
+            print(f"  {mix:>13}  {b['band_pct']:>3}%  {b['pods_per_s']:7.1f}  {b['cpu_ms_per_pod']:10.3f}   "
+                  f"({r['pods_per_s']:.2f}×, {r['cpu_ms_per_pod']:.2f}×)")
+    print(f"  over-committed GPUs (most in any run): {c['over_committed_gpus']}")
 
 
 if __name__ == "__main__":

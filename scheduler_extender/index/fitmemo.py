@@ -21,6 +21,11 @@ what that limit is made of (a third part, resources.PodRequest.limit_sig; () for
 annotations, whose limit is its request), and a GPU's limit sum is part of its node's view, so a change of it
 rebuilds the view and refreshes the verdicts like any charge. Without the cap keys stay (devices, policy).
 
+Pods spanning GPUs (issue 34): each (per-GPU size, N) is a table of its own, so a bind refreshes its node in many
+(20 spanning tables in benchmarks/README.md's mix). The tables of one N and policy whose verdict the limit cap
+and compute shares leave alone are refreshed together, in one call (spanning.verdicts: the view's checks once,
+the set search shared by the sizes that leave the same GPUs with room); the others one by one, as above.
+
 Bounded: at most MAX_ENTRIES verdicts and MAX_TABLES tables (each ~18 bytes per node id); the least recently
 used table goes first. A node that goes frees its id for the next new node (every table's cell emptied).
 Thread-safety: every method takes the state's lock (the memo is refreshed under it).
@@ -38,7 +43,7 @@ from typing import Any
 
 import orjson
 
-from ..placement import decisions
+from ..placement import decisions, spanning
 from ..placement.constants import MAX_SCORE, MIN_SCORE
 from ..placement.decisions import LimitNeed, Verdict
 from ..placement.resources import LimitSig, limit_total
@@ -80,6 +85,11 @@ _FAIL = bytes(int(k == FAILS) for k in range(256))
 _NEVER = bytes(int(k == NEVER) for k in range(256))
 _NO_FRAGMENTS: tuple[str | None, ...] = (None,) * (MAX_SCORE + 1)
 _FITS = tuple((True, False, "", s) for s in range(MAX_SCORE + 1))  # a fitting verdict, per score
+
+
+# How _refresh goes over the tables: those refreshed one by one, (key, table); and the spanning tables refreshed
+# together, per (N, policy): ((N, policy), ((key, table), ...)). Made when the set of tables changes.
+RefreshPlan = tuple[list[tuple[Key, "_Table"]], list[tuple[tuple[int, str], list[tuple[Key, "_Table"]]]]]
 
 
 def compute_of(key: Key) -> int:
@@ -166,6 +176,7 @@ class FitMemo:
         self._host_json: list[tuple[str | None, ...] | None] = []  # id -> its HostPriority JSON per score
         self._replays: OrderedDict[str, Replay] = OrderedDict()  # pod UID -> its filter's answer, oldest first
         self._replay_names = 0  # names they hold
+        self._plan: RefreshPlan | None = None  # how _refresh goes over the tables (None: made afresh at next need)
         state.on_view_change(self._refresh)
 
     # ------------------------------------------------------------------ the two verbs
@@ -451,6 +462,7 @@ class FitMemo:
             if len(self._tables) >= MAX_TABLES:
                 self._entries -= self._tables.popitem(last=False)[1].filled
             table = self._tables[key] = _Table(self._capacity)
+            self._plan = None
         else:
             self._tables.move_to_end(key)
         return table
@@ -525,9 +537,17 @@ class FitMemo:
         return sid
 
     def _verdict(self, key: Key, view: NodeView) -> Verdict:
-        v = decisions.verdict(view, key[0] * view.unit_mib, key[1], self.limit_need(key, view), compute_of(key),
-                              gpus_of(key))
+        if len(key) == 5 and key[2] == () and key[3] == 0 and self._without_cap(view):  # as _refresh's groups
+            v = spanning.verdicts(view, [key[0] * view.unit_mib], key[1], key[4])[0]
+        else:
+            v = decisions.verdict(view, key[0] * view.unit_mib, key[1], self.limit_need(key, view),
+                                  compute_of(key), gpus_of(key))
         return _FITS[v[3]] if v[0] else v
+
+    def _without_cap(self, view: NodeView) -> bool:
+        """Does the limit cap leave alone a pod whose limit is its request (limit signature ()) on this node? Yes
+        when it is off, or on a node without elastic pods (decisions._capped; the ratio is at least 1)."""
+        return self.limit_ratio is None or (view.over is None and self.limit_ratio >= 1)
 
     def _set(self, table: _Table, key: Key, i: int, view: NodeView) -> None:
         self._put(table, i, self._verdict(key, view))
@@ -555,6 +575,7 @@ class FitMemo:
                 return
             if self._tables[key] is not keep:
                 self._entries -= self._tables.pop(key).filled
+                self._plan = None
 
     def _trim(self, key: Key) -> None:
         """After an answer: if one request's names alone overfilled the memo, start its table afresh."""
@@ -570,9 +591,12 @@ class FitMemo:
             return
         if view is not None:
             self._sids[i] = None
-            for key, table in self._tables.items():
+            singles, groups = self._plan or self._make_plan()
+            for key, table in singles:
                 if table.kinds[i] != NONE:
                     self._set(table, key, i, view)
+            if groups:
+                self._refresh_groups(i, view, groups)
             return
         for table in self._tables.values():  # the node is gone: free its id in every table
             self._entries -= table.kinds[i] != NONE
@@ -581,6 +605,51 @@ class FitMemo:
         self._names[i] = self._host_json[i] = self._sids[i] = None
         self._free.append(i)
         self._epoch += 1
+
+    def _refresh_groups(self, i: int, view: NodeView, groups: list[tuple[tuple[int, str], list[tuple[Key, _Table]]]]
+                        ) -> None:
+        """_refresh for the spanning tables grouped by (N, policy): each group's cells of node `i` in one
+        spanning.verdicts call, written here (every cell held a verdict: the counts of filled cells stay)."""
+        if not self._without_cap(view):  # the cap may change what these pods get here: one by one
+            for _, members in groups:
+                for key, table in members:
+                    if table.kinds[i] != NONE:
+                        self._set(table, key, i, view)
+            return
+        unit = view.unit_mib
+        for (gpus, policy), members in groups:
+            held = [m for m in members if m[1].kinds[i] != NONE]
+            if not held:
+                continue
+            texts = self._host_json[i] or _NO_FRAGMENTS  # the node's HostPriority JSON per score
+            for (_, table), v in zip(held, spanning.verdicts(view, [key[0] * unit for key, _ in held], policy, gpus),
+                                     strict=True):
+                kinds = table.kinds
+                table.fitting -= kinds[i] == FITS
+                if v[0]:
+                    score = v[3]
+                    text = texts[score]
+                    if text is None:
+                        text = self._fragment(i, score)
+                        texts = self._host_json[i] or _NO_FRAGMENTS
+                    kinds[i], table.scores[i], table.reasons[i], table.jsons[i] = FITS, score, None, text
+                    table.fitting += 1
+                else:
+                    kinds[i], table.scores[i], table.reasons[i], table.jsons[i] = (NEVER if v[1] else FAILS,
+                                                                                   MIN_SCORE, v[2], None)
+
+    def _make_plan(self) -> RefreshPlan:
+        """Split the tables for _refresh: a spanning table whose key has no limit signature and no compute share
+        joins its (N, policy) group; every other table is refreshed on its own."""
+        singles: list[tuple[Key, _Table]] = []
+        groups: dict[tuple[int, str], list[tuple[Key, _Table]]] = {}
+        for key, table in self._tables.items():
+            if len(key) == 5 and key[2] == () and key[3] == 0:
+                groups.setdefault((key[4], key[1]), []).append((key, table))
+            else:
+                singles.append((key, table))
+        plan = self._plan = singles, list(groups.items())
+        return plan
 
     def _keep_replay(self, uid: str, replay: Replay) -> None:
         old = self._replays.pop(uid, None)

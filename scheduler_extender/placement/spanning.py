@@ -90,23 +90,38 @@ def fit(view: NodeView, need_mib: int, limit: LimitNeed | None, compute: int, gp
     return Fit(True, False, ""), ok
 
 
+_NO_ROOM: dict[tuple[int, int, str, int], str] = {}  # the texts made, shared by every cell that holds one
+MAX_NO_ROOM = 4096  # texts kept (pod sizes × counts met); emptied when full
+
+
 def _no_room(need_mib: int, compute: int, cap: str, gpus: int) -> str:
-    """Why a node whose GPUs are large enough does not take the pod now (one text per cause: no node figure)."""
-    what = f"{need_mib} MiB" + (f" and {compute} percent compute" if compute else "")
-    return f"pod needs {what} on each of {gpus} GPUs ({ANN_GPU_COUNT}); fewer than {gpus} GPUs of the node have " \
-           f"that free{cap} now"
+    """Why a node whose GPUs are large enough does not take the pod now (one text per cause: no node figure).
+    Kept per cause: a node refusing a pod is refreshed in every table at each bind on it (issue 34)."""
+    key = (need_mib, compute, cap, gpus)
+    text = _NO_ROOM.get(key)
+    if text is None:
+        what = f"{need_mib} MiB" + (f" and {compute} percent compute" if compute else "")
+        text = f"pod needs {what} on each of {gpus} GPUs ({ANN_GPU_COUNT}); fewer than {gpus} GPUs of the node " \
+               f"have that free{cap} now"
+        if len(_NO_ROOM) >= MAX_NO_ROOM:
+            _NO_ROOM.clear()
+        _NO_ROOM[key] = text
+    return text
 
 
 def _never(view: NodeView, need_mib: int, limit: LimitNeed | None, gpus: int) -> str | None:
     """Why no N GPUs of this node could ever hold the pod (even empty); None when N could."""
     within_limit_cap = _d.within_limit_cap
-    large = [r for r in view.rows if r[4] and r[3] >= need_mib]
-    capped = [r for r in large if limit is None or within_limit_cap(0, limit.mib, r[3], limit.ratio)]
-    if len(capped) >= gpus:
+    large = capped = 0  # healthy GPUs that large; of those, the ones whose cap takes the limit even empty
+    for r in view.rows:
+        if r[4] and r[3] >= need_mib:
+            large += 1
+            capped += limit is None or within_limit_cap(0, limit.mib, r[3], limit.ratio)
+    if capped >= gpus:
         return None
     if sum(1 for r in view.rows if r[4]) < gpus:  # no per-node figure: the scheduler groups nodes by reason
         return f"pod needs {gpus} GPUs ({ANN_GPU_COUNT}); the node has fewer healthy memslice GPUs"
-    if len(large) >= gpus and limit is not None:
+    if large >= gpus and limit is not None:
         return (f"pod's GPU memory limit of {limit.mib} MiB on each of {gpus} GPUs ({ANN_GPU_COUNT}) is above the "
                 f"limit cap (--max-limit-ratio {float(limit.ratio):g}): fewer than {gpus} GPUs of the node could take "
                 f"it even empty; ask for a lower limit")
@@ -139,16 +154,15 @@ def best_set(view: NodeView, ok: list[int], policy: str, gpus: int) -> tuple[int
     rows = view.rows
     value = {i: sign * _order_value(view, i) for i in ok}
     topo = view.topo
-    levels = None if isinstance(topo, int) else _levels(topo, gpus)
-    if levels is not None:  # the node's sets by distance, made once per topology: the closest level that fits
+    plan = None if isinstance(topo, int) else _plan(topo, gpus)
+    if plan is not None and plan[1] is not None:  # the sets by distance, made once per topology: the closest fitting
         mask = 0
         for i in ok:
             mask |= 1 << i
-        for d, members in levels:
-            fitting = [pos for m, pos in members if m & mask == m]
-            if fitting:
-                return d, min(fitting, key=lambda pos: (sum(value[i] for i in pos), _indices(rows, pos)))
-        raise AssertionError("a set of `ok` fits")  # pragma: no cover - len(ok) >= gpus
+        closest = _closest(plan[1], plan[2], mask)
+        assert closest is not None  # len(ok) >= gpus: a set of some level fits
+        d, fitting = closest
+        return d, min(fitting, key=lambda pos: (sum(value[i] for i in pos), _indices(rows, pos)))
     order = sorted(ok, key=lambda i: (value[i], rows[i][1]))
     if isinstance(topo, int):
         first = order[:gpus]
@@ -175,18 +189,26 @@ def _indices(rows: tuple[GpuRow, ...], pos: tuple[int, ...]) -> tuple[int, ...]:
 
 
 Levels = tuple[tuple[int, tuple[tuple[int, tuple[int, ...]], ...]], ...]  # (distance, ((mask, positions), ...))
-_LEVELS: dict[tuple[int, int], tuple[object, Levels | None]] = {}  # (id(topology), N) -> (it, its levels)
+Closest = tuple[int, tuple[tuple[int, ...], ...]]  # (distance, the sets of the closest level that fit, in index order)
+# (id(topology), N) -> (it, its levels, the closest fitting sets by mask of the GPUs with room)
+_LEVELS: dict[tuple[int, int], tuple[object, Levels | None, dict[int, Closest]]] = {}
 MAX_LEVELS_CACHED = 256  # topologies × counts kept (a cluster has a few board types); emptied when full
+MAX_MASKS = 4096  # masks of GPUs with room kept per topology and N (8 GPUs: 256 at most); emptied when full
 
 
 def _levels(topo: tuple[tuple[int, ...], ...], gpus: int) -> Levels | None:
     """Every set of `gpus` positions of a node with this topology, as bit masks grouped by distance (closest
     first), each group in index order; None when there are more than MAX_SETS (best_set then grows them). Made
     once per topology object (state.py shares one per board type) and kept: a verdict then tests masks."""
+    return _plan(topo, gpus)[1]
+
+
+def _plan(topo: tuple[tuple[int, ...], ...], gpus: int) -> tuple[object, Levels | None, dict[int, Closest]]:
+    """_levels' entry: (the topology, its levels, the closest fitting sets kept by mask: see _closest)."""
     key = (id(topo), gpus)
     hit = _LEVELS.get(key)
     if hit is not None and hit[0] is topo:
-        return hit[1]
+        return hit
     n = len(topo)
     levels: Levels | None = None
     if comb(n, gpus) <= MAX_SETS:
@@ -197,8 +219,26 @@ def _levels(topo: tuple[tuple[int, ...], ...], gpus: int) -> Levels | None:
         levels = tuple((d, tuple(by[d])) for d in sorted(by))
     if len(_LEVELS) >= MAX_LEVELS_CACHED:
         _LEVELS.clear()
-    _LEVELS[key] = (topo, levels)
-    return levels
+    entry = _LEVELS[key] = (topo, levels, {})
+    return entry
+
+
+def _closest(levels: Levels, by_mask: dict[int, Closest], mask: int) -> Closest | None:
+    """The sets of the closest level whose GPUs are all in `mask` (positions with room), in index order, with
+    that level's distance; None when no set fits. Kept by mask per topology and N (`by_mask`, from _plan): which
+    GPUs have room is all it depends on, and a node of 8 GPUs has 256 such masks, so the levels are scanned once
+    per mask met rather than at every verdict (issue 34: a bind refreshes a node's verdict in every table)."""
+    hit = by_mask.get(mask)
+    if hit is not None:
+        return hit
+    for d, members in levels:
+        fitting = tuple(pos for m, pos in members if m & mask == m)
+        if fitting:
+            if len(by_mask) >= MAX_MASKS:
+                by_mask.clear()
+            by_mask[mask] = (d, fitting)
+            return d, fitting
+    return None
 
 
 def _grow(topo: tuple[tuple[int, ...], ...], order: list[int], seed: int, gpus: int) -> tuple[int, ...]:
@@ -269,20 +309,20 @@ def _scan(view: NodeView, k: int, policy: str, gpus: int) -> Quick:
     if isinstance(topo, int):  # all pairs alike: the first N in the policy's order
         chosen = room[:gpus] if policy != "spread" else sorted(room, key=lambda p: (-rows[p][6], rows[p][1]))[:gpus]
         return topo * (gpus * (gpus - 1) // 2), tuple(sorted(chosen))
-    levels = _levels(topo, gpus)
+    _, levels, by_mask = _plan(topo, gpus)
     if levels is None:
         return _NOT_QUICK
     mask = 0
     for p in room:
         mask |= 1 << p
-    for d, members in levels:
-        fitting = [pos for m, pos in members if m & mask == m]
-        if fitting:
-            if len(fitting) == 1:
-                return d, fitting[0]
-            sign = -1.0 if policy == "spread" else 1.0  # positions ascend with the GPU index (rows are by index)
-            return d, min(fitting, key=lambda pos: (sign * sum(rows[p][6] / rows[p][3] for p in pos), pos))
-    return None  # pragma: no cover - N healthy GPUs with room form a set of some level
+    closest = _closest(levels, by_mask, mask)
+    if closest is None:  # pragma: no cover - N healthy GPUs with room form a set of some level
+        return None
+    d, fitting = closest
+    if len(fitting) == 1:
+        return d, fitting[0]
+    sign = -1.0 if policy == "spread" else 1.0  # positions ascend with the GPU index (rows are by index)
+    return d, min(fitting, key=lambda pos: (sign * sum(rows[p][6] / rows[p][3] for p in pos), pos))
 
 
 def _most_free(r: GpuRow) -> tuple[int, int]:
@@ -332,6 +372,74 @@ def verdict(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None,
     if not f.ok:
         return False, f.unresolvable, f.reason, MIN_SCORE
     return True, False, "", score_of(view, positions, d, need_mib, policy, compute)
+
+
+_NO_SET: tuple[int, ...] = ()
+
+
+def verdicts(view: NodeView, needs: list[int], policy: str, gpus: int) -> list[Verdict]:
+    """verdict(view, need, policy, None, 0, gpus) for each of `needs` (MiB per GPU) in one call: what the memo's
+    tables of one N and policy (one per per-GPU size) hold for a node, refreshed together at each change of its
+    view (fitmemo.FitMemo._refresh). Why: a bind refreshes its node in every table, 20 spanning ones in
+    benchmarks/README.md's mix. Here the view's checks are made once; each size is a bisect (k: how many healthy
+    GPUs have less free than it); the GPUs with room for k are a suffix of the free order, tested as a bit mask
+    (_closest); the set search (as _scan's) is shared by the sizes of one k; each size's score is score_of's,
+    written out (the same operations in the same order: the same floats)."""
+    if view.unplaced_mib or view.error or not view.rows:  # the general path: fit's checks, per size
+        return [verdict(view, need, policy, None, 0, gpus) for need in needs]
+    rows, keys, topo = view.rows, view.free_keys, view.topo
+    count = len(keys)
+    plan = None if isinstance(topo, int) else _plan(topo, gpus)
+    # the GPUs with room for k are a bit mask of the positions of the healthy GPUs from k on in the free order
+    # (indices 0..G-1, sorted and distinct: index = position); else _scan's search
+    masked = plan is not None and plan[1] is not None and rows[0][1] == 0 and rows[-1][1] == len(rows) - 1
+    sign = -1.0 if policy == "spread" else 1.0
+    spread = policy == "spread"
+    pairs = gpus * (gpus - 1) // 2
+    found: dict[int, tuple[float, tuple[tuple[int, int], ...]] | None] = {}  # k -> (the closeness part, the set's
+    mems: list[int] | None = None  # (free, MiB)), None: the general path for that k
+    out: list[Verdict] = []
+    for need in needs:
+        k = bisect_left(keys, need)
+        if count - k < gpus:  # no N GPUs have room: never (too few large enough) or not now
+            if mems is None:
+                mems = sorted(r[3] for r in rows if r[4])
+            if len(mems) - bisect_left(mems, need) >= gpus:  # N healthy GPUs that large: not never (_never)
+                out.append((False, False, _no_room(need, 0, "", gpus), MIN_SCORE))
+            else:
+                never = _never(view, need, None, gpus)
+                out.append((False, never is not None, never or _no_room(need, 0, "", gpus), MIN_SCORE))
+            continue
+        if k in found:
+            chosen = found[k]
+        else:
+            d, positions = -1, _NO_SET
+            if masked:  # _scan's search, on the mask
+                mask = 0
+                for r in view.free_rows[k:]:
+                    mask |= 1 << r[1]
+                closest = _closest(plan[1], plan[2], mask)  # type: ignore[arg-type,index]
+                if closest is not None:
+                    d, fitting = closest
+                    positions = fitting[0] if len(fitting) == 1 else min(fitting, key=lambda pos: (
+                        sign * sum(rows[p][6] / rows[p][3] for p in pos), pos))
+            else:
+                quick = _scan(view, k, policy, gpus)
+                if quick is not None and quick is not _NOT_QUICK:
+                    d, positions = quick
+            chosen = found[k] = None if d < 0 else (
+                TOPOLOGY_WEIGHT * (1 - d / (FAR * pairs) if pairs else 1.0),
+                tuple((rows[i][6], rows[i][3]) for i in positions))
+        if chosen is None:  # too many sets to weigh one by one: the general path
+            out.append(verdict(view, need, policy, None, 0, gpus))
+            continue
+        left = 0.0  # score_of, for a pod without a compute share
+        for free, mem in chosen[1]:
+            left += (free - need) / mem
+        left /= gpus
+        value = chosen[0] + (1 - TOPOLOGY_WEIGHT) * (left if spread else 1 - left)
+        out.append((True, False, "", max(MIN_SCORE, min(MAX_SCORE, round(MAX_SCORE * value)))))
+    return out
 
 
 def choose(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None, compute: int,

@@ -253,6 +253,29 @@ def test_the_set_search_kept_per_view_answers_as_a_search_from_scratch(node, ask
         assert kept == scratch
 
 
+@settings(max_examples=200, deadline=None)
+@given(nodes(), st.integers(2, 4), st.lists(st.integers(0, 17), min_size=1, max_size=12),
+       st.sampled_from(["binpack", "spread"]), st.sampled_from(["plain", "compute", "over", "unplaced"]))
+def test_the_sizes_of_one_n_judged_together_answer_as_each_alone(node, n, gibs, policy, extra):
+    """spanning.verdicts (the memo refreshes the tables of one N and policy in one call at each bind) answers for
+    every size what verdict answers for it alone with nothing kept: random nodes (ties between equally close and
+    equally free sets, unhealthy GPUs, shares exactly a GPU's free), a compute column of other pods, elastic
+    limits above use, GPUs held by pods bound without the extender."""
+    gpus, used = node
+    used = [u // GIB * GIB for u in used]  # whole GiB, as the shares asked: a share exactly what a GPU has free
+    compute = tuple(30 * (i % 3) for i in range(len(gpus))) if extra == "compute" else None
+    over = tuple(GIB * (i % 2) for i in range(len(gpus))) if extra == "over" else None
+    view = view_of(gpus, used, compute=compute, over=over, unplaced=4 * GIB if extra == "unplaced" else 0)
+    needs = [g * GIB for g in gibs]
+    spanning.forget_quick()
+    together = spanning.verdicts(view, needs, policy, n)
+    alone = []
+    for need in needs:
+        spanning.forget_quick()
+        alone.append(decisions.verdict(view, need, policy, None, 0, n))
+    assert together == alone
+
+
 # ------------------------------------------------------------------------------------------ preemption
 
 def victim(uid: str, gpus: tuple[int, ...], mib: int, priority: int = 0) -> VictimCandidate:
@@ -390,6 +413,76 @@ def test_filter_prioritize_and_bind_a_pod_on_two_gpus():
         assert "fewer than 2 GPUs" in cl.c.bind(big, "n1")
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from((None, Fraction(1), Fraction(3, 2))),
+       st.lists(st.tuples(st.integers(0, 4), st.integers(0, 99), st.integers(0, 4)), max_size=30))
+def test_the_tables_of_one_n_refreshed_together_hold_fresh_verdicts(ratio, ops):
+    """At each change of a node's view the memo refreshes its spanning tables of one N and policy in one call
+    (spanning.verdicts), the others one by one: with the limit cap off or on, after binds spanning GPUs or not,
+    with elastic limits and compute shares, releases, pods bound without the extender and GPUs turning unhealthy,
+    every table's verdict (shares of several sizes per N, both policies, pods with a compute share or a limit) is
+    decisions.verdict on the node's view with nothing kept, in the memo that followed the changes and in a fresh
+    one."""
+    from memslice.scheduler_extender.index.fitmemo import FitMemo, compute_of, gpus_of
+    from memslice.scheduler_extender.placement.state import Charge
+
+    state = ClusterState()
+    shapes = {"a": dgx_like(8), "b": dgx_like(8, 24 * GIB), "c": dgx_like(4), "d": [
+        g._replace(nvlink=(), pcie=None, numa=None) for g in dgx_like(8)]}  # d: nothing known of its topology
+
+    def put(name: str, sick: int = -1) -> None:
+        gpus = tuple(g._replace(uuid=f"{name}-{g.uuid}", healthy=g.index != sick) for g in shapes[name])
+        state.upsert_node({"metadata": {"name": name, "annotations": Inventory(1, gpus).format()}})
+
+    for name in shapes:
+        put(name)
+    names = list(shapes)
+    limited = pod_request(spanning_pod("l", {"main": 8 * GIB}, 2, annotations={
+        "memslice.io/gpu-mem-limit": str(16 * GIB)}))
+    assert limited is not None and limited.limit_sig()
+    keys = [(gib * GIB, policy, (), 0, n) for gib in (1, 2, 3, 4, 6, 12) for n in (2, 4)
+            for policy in ("binpack", "spread")]
+    keys += [(2 * GIB, "binpack", (), 30, 2), (4 * GIB, "spread", (), 50, 4)]  # with a compute share
+    if ratio is not None:  # with the cap on, a pod with a limit keys its signature
+        keys.append((limited.devices, "binpack", limited.limit_sig(), 0, 2))
+    keys += [(2 * GIB, "binpack"), (6 * GIB, "spread")]  # one-GPU pods alongside
+    memo = FitMemo(state, ratio)
+    holds: list[str] = []
+
+    def check() -> None:
+        for m in (memo, FitMemo(state, ratio)):
+            for key in keys:
+                for name, got in zip(names, m.verdicts(names, key), strict=True):
+                    view = state.view(name)
+                    assert view is not None
+                    spanning.forget_quick()  # from scratch: not the set searches a refresh kept
+                    want = decisions.verdict(view, key[0] * view.unit_mib, key[1], m.limit_need(key, view),
+                                             compute_of(key), gpus_of(key))
+                    assert got == want, (name, key, view)
+
+    check()
+    for step, (n, r, kind) in enumerate(ops):
+        name = names[n % len(names)]
+        view = state.view(name)
+        assert view is not None
+        if kind <= 2 or not holds:  # a bind on 1, 2 or 4 GPUs (kind 1: elastic, its limit above; 2: a compute share)
+            count = (1, 2, 4)[r % 3]
+            picked = decisions.choose_gpus(view, (r % 5 + 1) * GIB, "binpack", gpus=count)
+            if picked:
+                holds.append(f"h{step}")
+                state.hold(holds[-1], Charge(",".join(g.uuid for g in picked), name, (r % 5 + 1) * GIB, 0, None,
+                                             (r % 3) * GIB if kind == 1 else 0, 20 + r % 4 * 20 if kind == 2 else 0))
+        elif kind == 3:
+            state.release(holds.pop(r % len(holds)), None)
+        elif r % 2 == 0:  # a pod bound without the extender: unplaced memory
+            pod = pod_obj(f"p{step}", {"main": (1, 6, 9)[r % 3] * GIB}, node=name)
+            pod["metadata"].update(uid=f"p{step}", resourceVersion=str(step + 1))
+            state.upsert_pod(pod)
+        else:  # the inventory changes: a GPU turns unhealthy (or back)
+            put(name, r // 2 % 9)
+        check()
+
+
 def test_a_restarted_extender_charges_each_gpu_from_the_record():
     with running_cluster() as cl:
         cl.start()
@@ -405,9 +498,9 @@ def test_a_restarted_extender_charges_each_gpu_from_the_record():
 # ------------------------------------------------------------------------------------------ the fit memo
 
 def test_the_memo_answers_for_pods_spanning_gpus_what_fresh_decisions_do():
-    """The memo empties a spanning table's cells at each view change and makes them when next asked: whatever
-    binds and releases land in between, its verdicts, scores and the filter/prioritize pair of the verbs are a
-    fresh computation's (including views whose set memo, NodeView.span, was made before the change)."""
+    """The memo refreshes a node's spanning tables at each change of its view (those of one N and policy in one
+    call): whatever binds and releases land in between, its verdicts, scores and the filter/prioritize pair of the
+    verbs are a fresh computation's."""
     from memslice.scheduler_extender.edge.metrics import Metrics
     from memslice.scheduler_extender.edge.verbs import Verbs
     from memslice.scheduler_extender.index.fitmemo import FitMemo
