@@ -15,11 +15,14 @@ import grpc
 import pytest
 from test_plugin_agent import RESOURCE
 from test_plugin_agent import short_tmp as short_tmp
+from test_plugin_kube import NS, REAL, pod, published, uid_of
 from test_plugin_kube import cluster as cluster  # fixtures, shared
-from test_plugin_kube import pod, published, uid_of
+from test_plugin_kube import real_node as real_node
 from test_plugin_quota import to_host
 
 from memslice.proto import api_pb2
+
+pytestmark = REAL  # the agent's API is the session's real kube-apiserver (test_plugin_kube's fixtures)
 
 # Allocates on every visible device in turn (a context, then each size), one JSON line per step; holds the memory
 # until stdin closes. ctypes over libcuda.so.1, so the preloaded shim sees every call.
@@ -59,9 +62,9 @@ def test_a_pod_spanning_two_gpus_gets_both_in_record_order_each_with_its_quota(c
     gpus, _ = published(api, agent)
     a, b = gpus[0]["uuid"], gpus[1]["uuid"]
     uid = two_gpu_pod(api, "tp", [b, a], 2048)  # device 0 is GPU 1: the record's order, not the index
-    agent.wait_log("default/tp: the extender reserved GPU", "the pod watch")
+    agent.wait_log(f"{NS}/tp: the extender reserved GPU", "the pod watch")
     kubelet.wait_registered(RESOURCE)
-    resp = kubelet.admit(uid, "default", "tp", [("main", 512)], RESOURCE)["main"]  # 2048 MiB in 4 MiB devices
+    resp = kubelet.admit(uid, NS, "tp", [("main", 512)], RESOURCE)["main"]  # 2048 MiB in 4 MiB devices
     chosen = kubelet.pods[uid].containers["main"][RESOURCE]
     assert sorted({i.split("-")[0] for i in chosen}) == ["g0", "g1"]
     assert sum(i.startswith("g0-") for i in chosen) == sum(i.startswith("g1-") for i in chosen) == 256
@@ -101,7 +104,7 @@ def test_a_pod_spanning_two_gpus_gets_both_in_record_order_each_with_its_quota(c
         tenant.communicate(timeout=30)
     # the pod goes: both GPUs get their part back
     kubelet.remove_pod(uid)
-    api.delete("Pod", "default", "tp")
+    api.delete("Pod", NS, "tp")
     agent.wait_log("removed region", "the region removed")
     assert agent.sample("memslice_gpu_allocated_mib", gpu="0") == [0.0]
     assert agent.sample("memslice_gpu_allocated_mib", gpu="1") == [0.0]
@@ -112,7 +115,7 @@ def test_ids_spanning_gpus_without_a_reservation_on_them_are_refused(cluster):
     agent = make(sim_gpus="8GiB,8GiB,8GiB", unit_mib=4)
     gpus, _ = published(api, agent)
     uid = two_gpu_pod(api, "tp", [gpus[0]["uuid"], gpus[1]["uuid"]], 64)
-    agent.wait_log("default/tp: the extender reserved GPU", "the pod watch")
+    agent.wait_log(f"{NS}/tp: the extender reserved GPU", "the pod watch")
     ep = kubelet.wait_registered(RESOURCE)
     # GPUs 0 and 2: not the pair reserved
     req = api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(
@@ -147,11 +150,11 @@ def test_compute_share_and_elastic_limit_of_a_spanning_pod_hold_one_slot_free_on
                                             "memslice.io/gpu-compute-pct": json.dumps({"main": [30, 60]}),
                                             "memslice.io/gpu-mem-limit-mib": json.dumps({"main": 3072})})
     api.put(body)
-    agent.wait_log("default/tp: the extender reserved GPU", "the pod watch")
+    agent.wait_log(f"{NS}/tp: the extender reserved GPU", "the pod watch")
     kubelet.wait_registered(RESOURCE)
-    kubelet.admit(uid_of(api, "one"), "default", "one", [("main", 64)], RESOURCE)
+    kubelet.admit(uid_of(api, "one"), NS, "one", [("main", 64)], RESOURCE)
     uid = uid_of(api, "tp")
-    resp = kubelet.admit(uid, "default", "tp", [("main", 512)], RESOURCE)["main"]
+    resp = kubelet.admit(uid, NS, "tp", [("main", 512)], RESOURCE)["main"]
     compute_dir, elastic_dir = agent.root / "compute", agent.root / "elastic"
     # slot 0 is "one"'s on GPU 0: the spanning pod's one slot is 1, on both GPUs' rosters, with its per-GPU share
     assert {s: (e.request, e.limit) for s, e in (read_roster(compute_dir, a) or {}).items()} == {0: (20, None),
@@ -170,8 +173,8 @@ def test_compute_share_and_elastic_limit_of_a_spanning_pod_hold_one_slot_free_on
     from memslice.top import compute_owners
 
     owners = compute_owners(str(agent.region_root))
-    assert owners[(a, 1)] == owners[(b, 1)] == "default/tp/main" and owners[(a, 0)] == "default/one/main"
+    assert owners[(a, 1)] == owners[(b, 1)] == f"{NS}/tp/main" and owners[(a, 0)] == f"{NS}/one/main"
     kubelet.remove_pod(uid)
-    api.delete("Pod", "default", "tp")
+    api.delete("Pod", NS, "tp")
     agent.wait_log("removed region", "the region removed")
     assert set(read_roster(compute_dir, a) or {}) == {0} and not read_roster(compute_dir, b)

@@ -5,11 +5,14 @@ simulated NVML through pynvml, as it reads a real one."""
 from __future__ import annotations
 
 from test_plugin_agent import short_tmp as short_tmp
+from test_plugin_kube import NODE, REAL, published
 from test_plugin_kube import cluster as cluster  # fixtures, shared
-from test_plugin_kube import published
+from test_plugin_kube import real_node as real_node
 
 from memslice.contract import Inventory, closeness
 from memslice.plugin.gpu.nvml import topology
+
+pytestmark = REAL  # the agent's API is the session's real kube-apiserver (test_plugin_kube's fixtures)
 
 # 4 GPUs: 0-1 behind one PCIe switch and NVLinked (NUMA 0), 2 alone on NUMA 0, 3 on NUMA 1; 2-3 NVLinked
 TOPO = "4GiB:0,4GiB:0,4GiB:0,4GiB:1;nvlink=0-1,2-3;pcie=0-1"
@@ -35,7 +38,7 @@ def test_the_agent_publishes_nvml_topology_that_the_extender_reads(cluster):
     gpus, _ = published(api, agent)
     assert [(g["index"], g.get("nvlink"), g.get("pcie")) for g in gpus] == [
         (0, [1], "pcie0"), (1, [0], "pcie0"), (2, [3], "pcie2"), (3, [2], "pcie3")]
-    inv = Inventory.parse("node-a", api.get("Node", None, "node-a")["metadata"]["annotations"])
+    inv = Inventory.parse(NODE, api.get("Node", None, NODE)["metadata"]["annotations"])
     assert inv is not None
     g = inv.gpus
     assert [closeness(g[0], g[1]), closeness(g[0], g[2]), closeness(g[0], g[3])] == [0, 2, 3]

@@ -21,7 +21,7 @@ from test_plugin_agent import RESOURCE, AgentProcess, inject_xid
 from test_plugin_agent import short_tmp as short_tmp  # the fixture, shared
 from test_real_deploy import AGENT_USER, deploy, node_agent_token
 
-NODE = "gpu-38"  # one of the real control plane's kubelet identities (kube_real.KUBELET_NODES)
+NODE = "gpu-40"  # one of the real control plane's kubelet identities (kube_real.KUBELET_NODES)
 NS = "agent-kube"  # this module's namespace on the shared real API server
 REAL = pytest.mark.xdist_group("kube")  # one real control plane (the session fixture real_cluster): one worker
 Api = KubeApiStandin | RealKube

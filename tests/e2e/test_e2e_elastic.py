@@ -32,7 +32,7 @@ from memslice.interposer.region import read_region_file
 from memslice.paths import lib_paths
 
 MiB = 1 << 20
-NODE = "gpu-39"  # one of the real control plane's kubelet identities (kube_real.KUBELET_NODES)
+NODE = "gpu-41"  # one of the real control plane's kubelet identities (kube_real.KUBELET_NODES)
 NS = "e2e-elastic"  # this module's namespace on the shared real API server
 PRIORITY_CLASS = "memslice-e2e-1000"
 # one real control plane (the session fixture real_cluster) serves the "kube" group: one xdist worker

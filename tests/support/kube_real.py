@@ -39,7 +39,7 @@ CONTROLLER_MANAGER_TOKEN = "memslice-test-kube-controller-manager-token"
 START_TIMEOUT_S = 180.0  # a cold API server on a loaded 2-core machine: ~10-40 s
 # Nodes that may "register" as kubelets do (user system:node:<name>, group system:nodes: the Node authorizer
 # and NodeRestriction apply); their tokens are in the static token file, kubelet_token(name).
-KUBELET_NODES = tuple([f"real-{c}" for c in "abcd"] + [f"gpu-{i:02d}" for i in range(40)]
+KUBELET_NODES = tuple([f"real-{c}" for c in "abcd"] + [f"gpu-{i:02d}" for i in range(48)]
                       + [f"dra-{i:02d}" for i in range(8)]
                 + ["kubelet-dp", "kubelet-dra"])  # the real kubelets of tests/support/kube_node.py
 AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
