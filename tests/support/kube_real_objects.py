@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 import urllib.parse
 from typing import Any
 
 from kube_real import ADMIN_TOKEN, RealCluster, resource_path
+from waiting import wait_until
 
 _API = {"Pod": ("v1", "pods", True), "Event": ("v1", "events", True), "Node": ("v1", "nodes", False),
         "ResourceClaim": ("resource.k8s.io/v1", "resourceclaims", True),
@@ -96,14 +96,13 @@ class RealObjects:
         return name
 
     def wait_for(self, predicate: Any, timeout: float = 10.0) -> bool:
-        """Wait until `predicate(self)` is true, polled every 50 ms, at most `timeout` s."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if predicate(self):
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
+        """Wait until `predicate(self)` is true, polled every 50 ms (waiting.wait_until), at most `timeout` s;
+        False when it is not (the stand-in's answer, which callers assert with their own message)."""
+        try:
+            wait_until("the API objects' condition", lambda: predicate(self), timeout)
+        except AssertionError:
+            return False
+        return True
 
     def clear(self, namespace: str, node: str) -> None:
         """No claim, pod or event left in `namespace`, no ResourceSlice of `node` (claims written here carry no
