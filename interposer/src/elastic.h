@@ -59,12 +59,7 @@ struct elastic_state {
 };
 extern struct elastic_state g_es;
 
-/* Time for idleness and bounded waits. */
-static inline uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
+/* Time for idleness and bounded waits: now_ns (elastic_vmm.h). */
 
 /* The gate's activity stamp: the coarse clock (a vDSO read of a few ns, resolution of a few ms, plenty for
  * idleness measured in seconds). Same time base as now_ns. */

@@ -10,16 +10,8 @@
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "elastic_vmm.h"
-
-/* CLOCK_MONOTONIC in ns: when a slot was last given back (its keep time). */
-static uint64_t pool_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* The pool's range and slot table, made at the first use: `slots` chunks of address space (no memory). -1 if
  * the driver or malloc refuse (then moves pin each chunk as before). */
@@ -86,7 +78,7 @@ int elastic_pool_get(struct elastic_pool *p, CUmemGenericAllocationHandle *h, CU
 void elastic_pool_put(struct elastic_pool *p, int i) {
     if (i < 0 || !p->e || (unsigned)i >= p->slots || !p->e[i].used) return;
     p->e[i].used = 0;
-    p->e[i].since = pool_ns();
+    p->e[i].since = now_ns();
 }
 
 /* Bytes pinned in free slots (what a move to host memory gets without pinning). */
@@ -98,7 +90,7 @@ uint64_t elastic_pool_free_bytes(const struct elastic_pool *p) {
 
 /* Give back to the driver the free slots unused for keep_ms (all of them with 0). The bytes unpinned. */
 uint64_t elastic_pool_trim(struct elastic_pool *p, uint64_t keep_ms) {
-    uint64_t now = pool_ns(), gone = 0;
+    uint64_t now = now_ns(), gone = 0;
     for (unsigned i = 0; p->e && i < p->slots; i++) {
         struct elastic_pool_slot *s = &p->e[i];
         if (!s->filled || s->used || now - s->since < keep_ms * 1000000ull) continue;

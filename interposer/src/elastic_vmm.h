@@ -4,7 +4,16 @@
 #ifndef MEMSLICE_ELASTIC_VMM_H
 #define MEMSLICE_ELASTIC_VMM_H
 
+#include <time.h>
+
 #include "shim.h"
+
+/* Monotonic ns: idleness, bounded waits, the pool's keep time (elastic.h's users get it from here). */
+static inline uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 #define ELASTIC_CHUNK (32ull << 20) /* a range's physical memory comes in chunks of this: the unit that moves, so
                                      * an answer moves at most one chunk more than it was asked (the slack) */

@@ -42,6 +42,7 @@ from kubelet_dra_standin import KUBELET_SERVICES, KubeletDraStandin, container_c
 from sim_truth import gpu_truth
 from test_e2e_cluster import CONTEXT_RESERVE_MIB, TENANT
 from test_elastic_swap import tenant_bin as tenant_bin  # the fixture, shared
+from waiting import stop_process
 
 from memslice.elastic import parse_roster
 from memslice.paths import lib_paths
@@ -133,13 +134,8 @@ class DraNode:
 
     def stop_agent(self) -> None:
         """SIGTERM, as a DaemonSet update sends it; the agent shuts down cleanly."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        if self.proc is not None:
+            stop_process(self.proc, 10)
 
     def stop(self) -> None:
         self.stop_agent()

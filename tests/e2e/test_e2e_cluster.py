@@ -25,7 +25,7 @@ import pytest
 import yaml
 from conftest import ChildLog
 from extender_real import RealExtCluster, real_ext_cluster
-from kube_real import SCHEDULER_TOKEN, Proc, RealCluster, wait_until
+from kube_real import SCHEDULER_TOKEN, Proc, RealCluster, stop_process, wait_until
 from kubelet_standin import KubeletStandin
 from sim_truth import gpu_truth
 from test_extender_support import pod_obj as any_pod
@@ -119,13 +119,7 @@ class GpuNode:
 
     def stop_agent(self) -> None:
         """The agent's pod goes away (SIGTERM, then SIGKILL after 10 s); the kubelet stand-in stays."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, 10)
 
     def log(self) -> str:
         return self.output.text()

@@ -31,6 +31,7 @@ from test_deploy_render import DEPLOY, NAMESPACE, load_yaml
 from test_dra_node import CDI_KIND, DRIVER, to_host
 from test_e2e_cluster import CONTEXT_RESERVE_MIB, TENANT
 from test_real_deploy import deploy, node_agent_token
+from waiting import stop_process
 
 from memslice.paths import lib_paths
 
@@ -96,13 +97,7 @@ class Agent:
             raise AssertionError(f"node agent exited {self.proc.returncode}:\n{self.output.text()}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, 10)
         self.kubelet.stop()
 
     def container_env(self, spec: dict[str, Any], device: str) -> dict[str, str]:

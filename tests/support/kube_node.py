@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 from conftest import ChildLog
 from kube_real import ROOT, Proc, RealCluster, free_port, kubelet_token, wait_until
+from waiting import stop_process
 
 from memslice.plugin.regions import CONTAINER_LIMITS_FILE, CONTAINER_PRELOAD
 
@@ -481,13 +482,7 @@ class NodeAgent:
             raise AssertionError(f"node agent exited {self.proc.returncode}:\n{self.output.text()}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, 20)
 
     def count(self, text: str) -> int:
         return self.output.text().count(text)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from waiting import wait_until  # re-exported: the tests of the real cluster import it from here
+from waiting import stop_process, wait_until  # re-exported: the tests of the real cluster import it from here
 
 ROOT = Path(__file__).resolve().parents[2]
 BINARY = Path(os.environ.get("MEMSLICE_KUBECLUSTER", ROOT / "build" / "kubecluster"))
@@ -85,13 +85,7 @@ class Proc:
             raise AssertionError(f"{self.name} exited with {self.proc.returncode}:\n{self.tail()}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc, 20)
         self._log.close()
 
 

@@ -7,6 +7,7 @@ failure deadline, never a measurement (no test asserts how fast something happen
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,3 +28,16 @@ def wait_until(what: str, predicate: Callable[[], Any], timeout: float, interval
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {timeout:g} s (last: {last!r})")
         time.sleep(interval)
+
+
+def stop_process(proc: subprocess.Popen[Any], grace: float = 20.0) -> None:
+    """Stop a component the tests started: TERM, at most `grace` s for it to exit, then KILL (a stopped or hung
+    process cannot hold a test past its bound)."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
