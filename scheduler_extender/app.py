@@ -30,7 +30,8 @@ POD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
 
 @dataclass(frozen=True)
 class Config:
-    address: str = "0.0.0.0"
+    address: str = "0.0.0.0"  # the verbs port's (the CLI allows plain HTTP only on loopback: cli.plain_http_refusal)
+    health_address: str | None = None  # --health-port's and --probe-port's (None: `address`)
     port: int = 8888
     policy: str = "binpack"
     assume_ttl: float = 120.0
@@ -93,11 +94,12 @@ class Extender:
             tls = tls_context(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file)
         self.httpd = ExtenderHTTPServer((config.address, config.port), self.verbs, self.metrics,
                                         lambda: self.state.synced, config.max_body_bytes, tls)
+        health_address = config.address if config.health_address is None else config.health_address
         self.health_httpd = None if config.health_port is None else ExtenderHTTPServer(
-            (config.address, config.health_port), self.verbs, self.metrics, lambda: self.state.synced, 0, None,
+            (health_address, config.health_port), self.verbs, self.metrics, lambda: self.state.synced, 0, None,
             health_only=True)
         self.probes = None if config.probe_port is None else ProbeServer(
-            config.address, config.probe_port, lambda: True,
+            health_address, config.probe_port, lambda: True,
             lambda: True if self.state.synced else "not synced with the API server", "memslice-extender")
         self._serve: list[threading.Thread] = []
 
@@ -129,21 +131,23 @@ class Extender:
         host = self.config.address if self.config.address not in ("0.0.0.0", "") else "127.0.0.1"
         return f"{scheme}://{host}:{self.port}"
 
+    def _health_host(self) -> str:
+        address = self.config.address if self.config.health_address is None else self.config.health_address
+        return address if address not in ("0.0.0.0", "") else "127.0.0.1"
+
     @property
     def health_url(self) -> str | None:
         """http://host:port of the health-only server (--health-port), or None."""
         if self.health_httpd is None:
             return None
-        host = self.config.address if self.config.address not in ("0.0.0.0", "") else "127.0.0.1"
-        return f"http://{host}:{self.health_httpd.server_address[1]}"
+        return f"http://{self._health_host()}:{self.health_httpd.server_address[1]}"
 
     @property
     def probe_url(self) -> str | None:
         """http://host:port of the probes' server (--probe-port), or None."""
         if self.probes is None:
             return None
-        host = self.config.address if self.config.address not in ("0.0.0.0", "") else "127.0.0.1"
-        return f"http://{host}:{self.probes.port}"
+        return f"http://{self._health_host()}:{self.probes.port}"
 
     def _servers(self) -> list[ExtenderHTTPServer]:
         return [self.httpd] + ([self.health_httpd] if self.health_httpd is not None else [])
