@@ -38,6 +38,8 @@ def test_help_lists_flags_and_environment() -> None:
     ([], {"MEMSLICE_EXTENDER_SCHEDULER_NAMES": ""}, "'' is not a scheduler name"),
     (["--health-port", "http"], {}, "--health-port='http' is not a TCP port"),
     (["--probe-port", "-1"], {}, "--probe-port='-1' is not a TCP port"),
+    (["--address", "0.0.0.0"], {}, "--address='0.0.0.0' (or $MEMSLICE_EXTENDER_ADDRESS) would serve the verbs"),
+    ([], {"MEMSLICE_EXTENDER_ADDRESS": "10.0.0.5"}, "give a loopback address (--address=127.0.0.1"),
 ])
 def test_bad_configuration_exits_2_naming_the_value(args, env, words, tmp_path) -> None:
     with KubeApiStandin() as kube:
@@ -78,3 +80,17 @@ def test_long_lived_objects_are_frozen_again_after_large_growth_only() -> None:
     assert not refreeze_due(0, 9_999) and refreeze_due(0, 10_000)
     assert not refreeze_due(200_000, 219_999) and refreeze_due(200_000, 220_000)
     assert not refreeze_due(50_000, 40_000)
+
+
+def test_plain_http_only_on_loopback() -> None:
+    """The verbs bind any pod of a served scheduler: without TLS they are served only where no other pod or host
+    can reach them (deploy/base: the scheduler's pod loopback); a name is refused, as what it resolves to can
+    change."""
+    from memslice.scheduler_extender.cli import plain_http_refusal
+
+    for address in ("127.0.0.1", "127.0.0.53", "::1", "localhost"):
+        assert plain_http_refusal(address, tls=False) is None, address
+    for address in ("0.0.0.0", "::", "", "10.1.2.3", "memslice-extender.memslice-system.svc", "127.0.0.1.nip.io"):
+        refusal = plain_http_refusal(address, tls=False)
+        assert refusal is not None and "--tls-cert-file" in refusal and "--address=127.0.0.1" in refusal, address
+    assert plain_http_refusal("0.0.0.0", tls=True) is None
