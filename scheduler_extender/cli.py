@@ -238,7 +238,8 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(names, str):
         print(f"memslice extender: {names}", file=sys.stderr)
         return 2
-    cfg = Config(address=args.address, health_address=args.health_address, port=int(args.port), policy=args.policy, scheduler_names=names,
+    cfg = Config(address=args.address, health_address=args.health_address, port=int(args.port), policy=args.policy,
+                 scheduler_names=names,
                  health_port=None if args.health_port is None else int(args.health_port),
                  probe_port=None if args.probe_port is None else int(args.probe_port),
                  assume_ttl=float(args.assume_ttl),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from urllib.parse import urlsplit
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -331,7 +331,8 @@ def test_services_select_pods_and_ports_exist() -> None:
 
 
 @pytest.mark.parametrize(("rel", "budgets"), [("base", {"memslice-scheduler"}),
-                                             ("overlays/standalone-extender", {"memslice-extender", "memslice-scheduler"})])
+                                             ("overlays/standalone-extender",
+                                              {"memslice-extender", "memslice-scheduler"})])
 def test_disruption_budgets_never_block_a_drain(rel: str, budgets: set[str]) -> None:
     objs = render(rel)
     pdbs = [o for o in objs if o["kind"] == "PodDisruptionBudget"]
@@ -357,7 +358,8 @@ def test_extender_flags_and_ports_agree() -> None:
     dep, _, c = extender_container(objs)
     assert dep["metadata"]["name"] == "memslice-scheduler"
     args = parse_memslice_args(c)
-    assert args.address == "127.0.0.1" and args.tls_cert_file is None and plain_http_refusal(args.address, False) is None
+    assert args.address == "127.0.0.1" and args.tls_cert_file is None
+    assert plain_http_refusal(args.address, False) is None
     assert args.health_address == "0.0.0.0"
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert args.health_port == ports["http"] and "https" not in ports  # the verbs port is not the pod's
@@ -367,7 +369,8 @@ def test_extender_flags_and_ports_agree() -> None:
     assert args.probe_port == ports["probes"]
     for probe in ("livenessProbe", "readinessProbe"):  # the kubelet's probes alone on their port
         assert c[probe]["httpGet"]["port"] == "probes" and c[probe]["httpGet"].get("scheme", "HTTP") == "HTTP"
-    cm = next(o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("memslice-scheduler-config"))
+    cm = next(o for o in objs if o["kind"] == "ConfigMap"
+              and o["metadata"]["name"].startswith("memslice-scheduler-config"))
     url = urlsplit(yaml.safe_load(cm["data"]["scheduler-config.yaml"])["extenders"][0]["urlPrefix"])
     assert (url.scheme, url.hostname, url.port) == ("http", args.address, args.port)
 

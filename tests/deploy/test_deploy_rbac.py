@@ -266,7 +266,8 @@ def test_component_runs_under_its_own_service_account(component: str) -> None:
         dep, _, _ = extender_container(objs)
         assert pod_spec(dep)["serviceAccountName"] == sa  # type: ignore[index]
         # the extender's role is bound to that account alone
-        (binding,) = [b for b in objs if b["kind"] == "ClusterRoleBinding" and b["roleRef"]["name"] == "memslice-extender"]
+        (binding,) = [b for b in objs if b["kind"] == "ClusterRoleBinding"
+                      and b["roleRef"]["name"] == "memslice-extender"]
         assert [(s["name"], s["namespace"]) for s in binding["subjects"]] == [(sa, NAMESPACE)]
 
 

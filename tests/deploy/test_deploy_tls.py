@@ -24,7 +24,6 @@ from test_deploy_render import NAMESPACE, Manifest, find, parse_memslice_args, p
 
 from memslice import extender_certs
 
-
 STANDALONE = "overlays/standalone-extender"
 
 
