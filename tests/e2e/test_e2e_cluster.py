@@ -5,9 +5,9 @@ Pods are created in the real API server and scheduled by the real kube-scheduler
 configuration (filter, prioritize, bind through the extender, over plain HTTP on loopback as deployed),
 admitted by the kubelet stand-in of the chosen node (GetPreferredAllocation + one Allocate per container,
 answered by the real node agent process), and then each container's process runs under its Allocate answer
-(env, region mount, the shim the agent installed) on the node's simulated GPU. Checked: every pod is on a GPU that had room, the
-agent gave each container the GPU and quota the extender reserved, and every process is held to its quota
-while all of them hold their memory at the same time.
+(env, region mount, the shim the agent installed) on the node's simulated GPU. Checked: every pod is on a GPU
+that had room, the agent gave each container the GPU and quota the extender reserved, and every process is
+held to its quota while all of them hold their memory at the same time.
 """
 
 from __future__ import annotations
