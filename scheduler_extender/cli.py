@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import re
 from fractions import Fraction
@@ -142,13 +141,9 @@ def plain_http_refusal(address: str, tls: bool) -> str | None:
     only the processes of the same network namespace (in Kubernetes, the containers of the same pod) can
     reach. Elsewhere the verbs need TLS with client certificates. Fails closed: a name other than
     `localhost` is refused, since what it resolves to can change."""
-    if tls:
-        return None
-    try:
-        loopback = address == "localhost" or ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        loopback = False
-    if loopback:
+    from .app import is_loopback
+
+    if tls or is_loopback(address):
         return None
     return (f"--address={address[:64]!r} (or ${ENV}ADDRESS) would serve the verbs (filter, bind, preempt) in plain "
             f"HTTP to whoever can reach that address; give a loopback address (--address=127.0.0.1, with "
