@@ -82,6 +82,10 @@ def serve_extender(args: argparse.Namespace) -> int:
     acct = install_breakdown() if args.breakdown else None
     dump = install_profile() if args.profile else None
     connections = count_connections()
+    if args.write_pool:
+        from memslice.scheduler_extender.kubeio import podwrites
+
+        podwrites.MAX_CONNECTIONS = args.write_pool
     api, _ = load_api_client(args.kubeconfig, pool_maxsize=16)
     tls = Path(args.tls_dir) if args.tls_dir else None
     files = {} if tls is None else dict(tls_cert_file=str(tls / "tls.crt"), tls_key_file=str(tls / "tls.key"),
@@ -209,11 +213,12 @@ def install_profile() -> Any:
 
 
 class ExtenderProc:
-    def __init__(self, kubeconfig: Path, tls: Path | None, out: Path, breakdown: bool, profile: str | None) -> None:
+    def __init__(self, kubeconfig: Path, tls: Path | None, out: Path, breakdown: bool, profile: str | None,
+                 write_pool: int | None = None) -> None:
         self.out = out
         cmd = [sys.executable, __file__, "--serve-extender", "--kubeconfig", str(kubeconfig), "--times-out",
                str(out)] + (["--tls-dir", str(tls)] if tls else []) + (["--breakdown"] if breakdown else []) + (
-               ["--profile", profile] if profile else [])
+               ["--profile", profile] if profile else []) + (["--write-pool", str(write_pool)] if write_pool else [])
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         self.ps = psutil.Process(self.proc.pid)
         self.port = int(self._line("PORT").split()[1])
@@ -411,7 +416,8 @@ def extender_run(args: argparse.Namespace, cluster: Any, tmp: Path, shape: str, 
             tls_files(cluster, tls)
     kubeconfig = cluster.kubeconfig(f"ext-{shape}", cluster.token(NAMESPACE, account))
     server = None if tls is None else tls / "memslice-extender-tls"
-    ext = ExtenderProc(kubeconfig, server, tmp / f"ext-{shape}-{n}.json", args.breakdown, args.profile)
+    ext = ExtenderProc(kubeconfig, server, tmp / f"ext-{shape}-{n}.json", args.breakdown, args.profile,
+                       args.write_pool)
     try:
         if tls is None:
             config = rs.scheduler_config(cluster, ext.port)
@@ -479,7 +485,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
     shapes = ["sidecar", "mtls"] if args.mtls else ["sidecar"]
     out: dict[str, Any] = {"nodes": args.nodes, "pods": args.pods, "cpus": sorted(os.sched_getaffinity(0)),
-                           "rounds": args.rounds, "shapes": shapes}
+                           "rounds": args.rounds, "shapes": shapes, "write_pool": args.write_pool}
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in [*shapes, "plain"]}
     with tempfile.TemporaryDirectory(prefix="ms-bench-") as tmp, running(Path(tmp) / "kube") as cluster:
         cluster.apply(sorted(render("base"), key=lambda o: o["kind"] != "Namespace"))
@@ -543,6 +549,8 @@ def main() -> int:
     ap.add_argument("--mtls", action="store_true", help="also run the extender in the shape of "
                     "deploy/components/standalone-extender (mutual TLS), for comparison")
     ap.add_argument("--rounds", type=int, default=1, help="repeat the runs, interleaved; figures are medians")
+    ap.add_argument("--write-pool", type=int, default=None, metavar="N", help="an experiment: the extender's "
+                    "connections for bind writes (podwrites.MAX_CONNECTIONS) instead of its own bound")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--extender-only", action="store_true", help="skip the run without the extender")
     ap.add_argument("--serve-extender", action="store_true", help=argparse.SUPPRESS)

@@ -47,7 +47,8 @@ def add_parser(subparsers: Any) -> None:
                     "Serves POST /filter /prioritize /bind /preempt and GET /healthz /readyz /metrics. "
                     "The cluster is reached through --kubeconfig, $KUBECONFIG, the in-cluster service "
                     "account, or ~/.kube/config, in that order. Every flag can also be set through the "
-                    f"environment variable shown ({ENV}*). Run one replica only.",
+                    f"environment variable shown ({ENV}*). One kube-scheduler at a time may call it (deploy/base: "
+                    "a container of the scheduler's pod, called by that pod's kube-scheduler on 127.0.0.1).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--address", default=_env("ADDRESS", "127.0.0.1"),
                    help=f"listen address of the verbs port (${ENV}ADDRESS); without --tls-cert-file only a "
