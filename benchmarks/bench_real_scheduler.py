@@ -549,6 +549,8 @@ def main() -> int:
     ap.add_argument("--mtls", action="store_true", help="also run the extender in the shape of "
                     "deploy/components/standalone-extender (mutual TLS), for comparison")
     ap.add_argument("--rounds", type=int, default=1, help="repeat the runs, interleaved; figures are medians")
+    ap.add_argument("--plain-http", action="store_true", help="the extender in plain HTTP on loopback: the default "
+                    "since deploy/base runs it so (kept for the commands of earlier figures)")
     ap.add_argument("--write-pool", type=int, default=None, metavar="N", help="an experiment: the extender's "
                     "connections for bind writes (podwrites.MAX_CONNECTIONS) instead of its own bound")
     ap.add_argument("--json", action="store_true")
