@@ -6,9 +6,12 @@ kubecluster`), N nodes with 8 GPUs each (as tests/realcluster/test_real_schedule
 then two runs on the
 same cluster, one after the other:
 
-- extender: deploy/'s scheduler configuration (the memslice-scheduler profile, the extender over mutual TLS
-  with filter, prioritize, bind and preempt); the extender is a process of its own (this script with
+- extender: deploy/base's scheduler configuration (the memslice-scheduler profile, the extender with filter,
+  prioritize, bind and preempt in plain HTTP on loopback, as the container beside kube-scheduler in its pod is
+  reached, under the scheduler's account); the extender is a process of its own (this script with
   --serve-extender), so its CPU time is its own;
+- with `--mtls`, also an extender run in the shape of deploy/components/standalone-extender (its own account,
+  mutual TLS, the certificates its Job makes, the component's scheduler configuration), for comparison;
 - plain: the same kube-scheduler binary with deploy/'s configuration minus the extender (the scheduler's own
   node-level fit of memslice.io/gpu-mem only, its own binding).
 
@@ -20,15 +23,16 @@ latency (the whole bind verb, the API write included, as the scheduler waits for
 issue's goals are stated in: pods/s with / without; bind p99 - the plain scheduler's Binding p99; and the
 correctness of the placement (every pod bound, on a GPU of its node, no GPU over its memory).
 
-`--plain-http` (an experiment, not deploy/'s configuration): the extender without TLS, on loopback, as a sidecar
-container in the scheduler's pod would be reached; what the handshakes cost each process is the difference.
-`--cpus 0` pins everything (API server, schedulers, extender, this process) to those CPUs (sched_setaffinity
-before anything starts; children inherit it). `--breakdown` has the extender account its CPU by activity
+`--rounds N` repeats the runs (interleaved: sidecar, mTLS, plain; round after round on the same cluster) and
+reports each figure's median. New connections are counted in the extender: those kube-scheduler opened to it,
+and those its bind writes opened to the API server (podwrites.PodWriter). `--cpus 0` pins everything (API
+server, schedulers, extender, this process) to those CPUs (sched_setaffinity before anything starts; children
+inherit it). `--breakdown` has the extender account its CPU by activity
 (TLS handshakes, each verb's request, watch events) and prints it; `--profile FILE` writes a pstats file of
 its connection threads and watch events, timed by CPU. `--json` prints one JSON object.
 
     .venv/bin/python benchmarks/bench_real_scheduler.py [--nodes 20] [--pods 400] [--cpus 0] [--breakdown]
-        [--extender-only] [--json]
+        [--mtls] [--rounds 2] [--extender-only] [--json]
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import os
 import random
 import selectors
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,6 +57,7 @@ from typing import Any
 
 import orjson
 import psutil
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 __import__("testpaths").add()  # the test folders (tests/testpaths.py)
@@ -67,17 +73,23 @@ def quantile(values: list[float], q: float) -> float:
 
 # ---------------------------------------------------------------------------------------------- the extender
 def serve_extender(args: argparse.Namespace) -> int:
-    """The extender as deploy/ runs it (mutual TLS), in this process; prints its port, then READY once synced.
-    On SIGTERM writes {"binds": [seconds of each bind verb], "breakdown": {...}} to --times-out and exits."""
+    """The extender as deploy/ runs it (plain HTTP on loopback; with --tls-dir, mutual TLS), in this process;
+    prints its port, then READY once synced. On SIGTERM writes {"binds": [seconds of each bind verb],
+    "connections": {...}, "breakdown": {...}} to --times-out and exits."""
     from memslice.kube.config import load_api_client
     from memslice.scheduler_extender.app import Config, Extender
 
     acct = install_breakdown() if args.breakdown else None
     dump = install_profile() if args.profile else None
+    connections = count_connections()
+    if args.write_pool:
+        from memslice.scheduler_extender.kubeio import podwrites
+
+        podwrites.MAX_CONNECTIONS = args.write_pool
     api, _ = load_api_client(args.kubeconfig, pool_maxsize=16)
-    tls = Path(args.tls_dir)
-    files = {} if args.plain_http else dict(tls_cert_file=str(tls / "tls.crt"), tls_key_file=str(tls / "tls.key"),
-                                            tls_client_ca_file=str(tls / "ca.crt"))
+    tls = Path(args.tls_dir) if args.tls_dir else None
+    files = {} if tls is None else dict(tls_cert_file=str(tls / "tls.crt"), tls_key_file=str(tls / "tls.key"),
+                                        tls_client_ca_file=str(tls / "ca.crt"))
     ext = Extender(api, Config(address="127.0.0.1", port=0, **files)).start()
     binds: list[float] = []
     inner = ext.verbs.bind
@@ -99,11 +111,34 @@ def serve_extender(args: argparse.Namespace) -> int:
     print("READY", flush=True)
     while not done.wait(1.0):
         pass
-    Path(args.times_out).write_bytes(orjson.dumps({"binds": binds, "breakdown": acct() if acct else {}}))
+    Path(args.times_out).write_bytes(orjson.dumps({"binds": binds, "connections": dict(connections),
+                                                   "breakdown": acct() if acct else {}}))
     if dump is not None:
         dump(args.profile)
     ext.stop()
     return 0
+
+
+def count_connections() -> Counter[str]:
+    """Count the connections kube-scheduler opens to the extender (each gets a thread) and those the bind
+    writes open to the API server."""
+    from memslice import lean_http
+    from memslice.scheduler_extender.kubeio import podwrites
+
+    counts: Counter[str] = Counter()
+
+    def wrap(cls: Any, name: str, key: str) -> None:
+        inner = getattr(cls, name)
+
+        def counted(self: Any, *a: Any) -> Any:
+            counts[key] += 1  # Counter += under the GIL: one bytecode-level race at worst; a count, not a lock
+            return inner(self, *a)
+
+        setattr(cls, name, counted)
+
+    wrap(lean_http.BoundedHTTPServer, "process_request_thread", "scheduler_to_extender")
+    wrap(podwrites.PodWriter, "_connect", "bind_writes_to_api_server")
+    return counts
 
 
 def install_breakdown() -> Any:
@@ -178,12 +213,12 @@ def install_profile() -> Any:
 
 
 class ExtenderProc:
-    def __init__(self, kubeconfig: Path, tls: Path, out: Path, breakdown: bool, profile: str | None,
-                 plain_http: bool = False) -> None:
+    def __init__(self, kubeconfig: Path, tls: Path | None, out: Path, breakdown: bool, profile: str | None,
+                 write_pool: int | None = None) -> None:
         self.out = out
-        cmd = [sys.executable, __file__, "--serve-extender", "--kubeconfig", str(kubeconfig), "--tls-dir", str(tls),
-               "--times-out", str(out)] + (["--breakdown"] if breakdown else []) + (
-               ["--profile", profile] if profile else []) + (["--plain-http"] if plain_http else [])
+        cmd = [sys.executable, __file__, "--serve-extender", "--kubeconfig", str(kubeconfig), "--times-out",
+               str(out)] + (["--tls-dir", str(tls)] if tls else []) + (["--breakdown"] if breakdown else []) + (
+               ["--profile", profile] if profile else []) + (["--write-pool", str(write_pool)] if write_pool else [])
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         self.ps = psutil.Process(self.proc.pid)
         self.port = int(self._line("PORT").split()[1])
@@ -324,85 +359,183 @@ class Processes:
         return out
 
 
+def tls_files(cluster: Any, out: Path) -> Path:
+    """`memslice extender-certs` as deploy/components/standalone-extender's Job runs it (its ServiceAccount's
+    token), then the two Secrets' files as the extender's and the scheduler's volumes mount them."""
+    import base64
+
+    from test_deploy_render import NAMESPACE
+
+    kc = cluster.kubeconfig("extender-certs", cluster.token(NAMESPACE, "memslice-extender-certs"))
+    run = subprocess.run([sys.executable, "-m", "memslice", "extender-certs", "--kubeconfig", str(kc)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    for secret in ("memslice-extender-tls", "memslice-scheduler-extender-client"):
+        data = cluster.ok("GET", f"/api/v1/namespaces/{NAMESPACE}/secrets/{secret}")["data"]
+        (out / secret).mkdir(parents=True)
+        for key, value in data.items():
+            (out / secret / key).write_bytes(base64.b64decode(value))
+    return out
+
+
+def mtls_scheduler_config(cluster: Any, ext_port: int, tls: Path) -> dict[str, Any]:
+    """deploy/components/standalone-extender's scheduler configuration: the extender's Service name checked
+    against its certificate (serverName), reached on loopback here, with the scheduler's client certificate."""
+    import re
+
+    from test_deploy_render import NAMESPACE, render
+
+    objs = render("overlays/standalone-extender")
+    cm = next(o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith(
+        "memslice-scheduler-config"))
+    config = yaml.safe_load(cm["data"]["scheduler-config.yaml"])
+    token = cluster.token(NAMESPACE, "memslice-scheduler")
+    config["clientConnection"] = {"kubeconfig": str(cluster.kubeconfig("memslice-scheduler", token))}
+    (ext,) = config["extenders"]
+    host = re.fullmatch(r"https://([^:/]+):8888", ext["urlPrefix"])
+    assert host, ext["urlPrefix"]
+    ext["urlPrefix"] = f"https://127.0.0.1:{ext_port}"
+    client = tls / "memslice-scheduler-extender-client"
+    ext["tlsConfig"] = {"certFile": str(client / "tls.crt"), "keyFile": str(client / "tls.key"),
+                        "caFile": str(client / "ca.crt"), "serverName": host.group(1)}
+    return config
+
+
+def extender_run(args: argparse.Namespace, cluster: Any, tmp: Path, shape: str, n: int) -> dict[str, Any]:
+    """One burst through kube-scheduler and the extender in `shape` ("sidecar": deploy/base; "mtls":
+    deploy/components/standalone-extender); the pods are deleted after it."""
+    import test_real_scheduler as rs
+    from test_deploy_render import NAMESPACE
+
+    out: dict[str, Any] = {}
+    tls: Path | None = None
+    account = "memslice-scheduler"  # deploy/base: the account of the scheduler's pods, the extender's too
+    if shape == "mtls":
+        tls, account = tmp / "tls", "memslice-extender"
+        if not tls.exists():
+            tls_files(cluster, tls)
+    kubeconfig = cluster.kubeconfig(f"ext-{shape}", cluster.token(NAMESPACE, account))
+    server = None if tls is None else tls / "memslice-extender-tls"
+    ext = ExtenderProc(kubeconfig, server, tmp / f"ext-{shape}-{n}.json", args.breakdown, args.profile,
+                       args.write_pool)
+    try:
+        if tls is None:
+            config = rs.scheduler_config(cluster, ext.port)
+        else:
+            config = mtls_scheduler_config(cluster, ext.port, tls)
+        create_pending(cluster, args.pods, "memslice-scheduler", 1)
+        cpu0, since = ext.cpu_s(), time.time()
+        sched = cluster.start_scheduler(config, "memslice-scheduler")
+        procs = Processes(cluster, sched, ext.ps)
+        out["wall_s"] = wait_all_bound(cluster, 600)
+        cpu1 = ext.cpu_s()
+        out["cpu_by_process_ms_per_pod"] = procs.ms_per_pod(args.pods)
+        sched.stop()
+        out["extender_cpu_ms_per_pod"] = 1000 * (cpu1 - cpu0) / args.pods
+        out["gpus_used"] = check_placement(cluster, args.nodes)
+    finally:
+        child = ext.stop()
+    out.update(run_figures(bindings(cluster, f"system:serviceaccount:{NAMESPACE}:{account}", since), args.pods))
+    verb = child.get("binds") or []
+    out.update({"bind_verb_ms_p50": 1000 * quantile(verb, 0.5), "bind_verb_ms_p99": 1000 * quantile(verb, 0.99),
+                "bind_verbs": len(verb), "new_connections": child.get("connections") or {}})
+    if child.get("breakdown"):
+        out["breakdown"] = {k: {"ms_per_pod": 1000 * v[0] / args.pods, "calls": v[1]}
+                            for k, v in sorted(child["breakdown"].items(), key=lambda kv: -kv[1][0])}
+    delete_pods(cluster)
+    return out
+
+
+def plain_run(args: argparse.Namespace, cluster: Any) -> dict[str, Any]:
+    """The same burst through kube-scheduler alone (deploy/'s configuration minus the extender)."""
+    import test_real_scheduler as rs
+
+    create_pending(cluster, args.pods, "plain-scheduler", 1)
+    plain = dict(rs.scheduler_config(cluster, 1), extenders=[], profiles=[{"schedulerName": "plain-scheduler"}])
+    plain["leaderElection"] = {"leaderElect": False}
+    since = time.time()
+    sched = cluster.start_scheduler(plain, "plain-scheduler")
+    procs = Processes(cluster, sched, None)
+    out: dict[str, Any] = {"wall_s": wait_all_bound(cluster, 600)}
+    out["cpu_by_process_ms_per_pod"] = procs.ms_per_pod(args.pods)
+    sched.stop()
+    out.update(run_figures(bindings(cluster, rs.SCHEDULER_USER, since), args.pods))
+    delete_pods(cluster)
+    return out
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each numeric figure's median over the runs (nested dicts too); other values from the first run."""
+    out: dict[str, Any] = {}
+    for key, first in runs[0].items():
+        values = [r[key] for r in runs if key in r]
+        if isinstance(first, dict):
+            out[key] = medians(values)
+        elif isinstance(first, (int, float)) and not isinstance(first, bool):
+            out[key] = statistics.median(values)
+        else:
+            out[key] = first
+    return out
+
+
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     import test_real_scheduler as rs
     from kube_real import running
-    from test_deploy_render import NAMESPACE, render
+    from test_deploy_render import render
 
+    shapes = ["sidecar", "mtls"] if args.mtls else ["sidecar"]
     out: dict[str, Any] = {"nodes": args.nodes, "pods": args.pods, "cpus": sorted(os.sched_getaffinity(0)),
-                           "plain_http": args.plain_http}
+                           "rounds": args.rounds, "shapes": shapes, "write_pool": args.write_pool}
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in [*shapes, "plain"]}
     with tempfile.TemporaryDirectory(prefix="ms-bench-") as tmp, running(Path(tmp) / "kube") as cluster:
         cluster.apply(sorted(render("base"), key=lambda o: o["kind"] != "Namespace"))
+        if args.mtls:  # the standalone extender's account and certificate Job (the sidecar keeps kube-scheduler's)
+            cluster.apply(sorted(render("overlays/standalone-extender"), key=lambda o: o["kind"] != "Namespace"))
         cluster.ensure_namespace(rs.NS)
         for i in range(args.nodes):
             rs.add_gpu_node(cluster, f"gpu-{i:02d}", rs.SIZES_GIB[i % 4], "main")
-        tls = rs.tls_files(cluster, Path(tmp) / "tls")
-        kubeconfig = cluster.kubeconfig("ext", cluster.token(NAMESPACE, "memslice-extender"))
-        ext = ExtenderProc(kubeconfig, tls / "memslice-extender-tls", Path(tmp) / "ext.json", args.breakdown,
-                           args.profile, args.plain_http)
-        try:
-            config = rs.scheduler_config(cluster, ext.port, tls)
-            if args.plain_http:  # the extender on the scheduler's loopback, as a sidecar in its pod would be
-                (extender,) = config["extenders"]
-                extender.pop("tlsConfig", None)
-                extender.update(enableHTTPS=False, urlPrefix=extender["urlPrefix"].replace("https://", "http://"))
-            create_pending(cluster, args.pods, "memslice-scheduler", 1)
-            cpu0, since = ext.cpu_s(), time.time()
-            sched = cluster.start_scheduler(config, "memslice-scheduler")
-            procs = Processes(cluster, sched, ext.ps)
-            out["extender_wall_s"] = wait_all_bound(cluster, 600)
-            cpu1 = ext.cpu_s()
-            out["extender_cpu_by_process_ms_per_pod"] = procs.ms_per_pod(args.pods)
-            sched.stop()
-            out["extender_cpu_ms_per_pod"] = 1000 * (cpu1 - cpu0) / args.pods
-            out["gpus_used"] = check_placement(cluster, args.nodes)
-        finally:
-            child = ext.stop()
-        out["extender"] = run_figures(bindings(cluster, rs.EXTENDER_USER, since), args.pods)
-        verb = child.get("binds") or []
-        out["extender"].update({"bind_verb_ms_p50": 1000 * quantile(verb, 0.5),
-                                "bind_verb_ms_p99": 1000 * quantile(verb, 0.99), "bind_verbs": len(verb)})
-        if child.get("breakdown"):
-            out["breakdown"] = {k: {"ms_per_pod": 1000 * v[0] / args.pods, "calls": v[1]}
-                                for k, v in sorted(child["breakdown"].items(), key=lambda kv: -kv[1][0])}
-        if not args.extender_only:
-            delete_pods(cluster)
-            create_pending(cluster, args.pods, "plain-scheduler", 1)
-            plain = dict(config, extenders=[], profiles=[{"schedulerName": "plain-scheduler"}])
-            plain["leaderElection"] = {"leaderElect": False}
-            since = time.time()
-            sched = cluster.start_scheduler(plain, "plain-scheduler")
-            procs = Processes(cluster, sched, None)
-            out["plain_wall_s"] = wait_all_bound(cluster, 600)
-            out["plain_cpu_by_process_ms_per_pod"] = procs.ms_per_pod(args.pods)
-            sched.stop()
-            out["plain"] = run_figures(bindings(cluster, rs.SCHEDULER_USER, since), args.pods)
-            out["ratio_pods_per_s"] = out["extender"]["pods_per_s"] / out["plain"]["pods_per_s"]
-            out["bind_p99_over_plain_ms"] = out["extender"]["bind_verb_ms_p99"] - out["plain"]["binding_ms_p99"]
+        for n in range(args.rounds):
+            for shape in shapes:
+                runs[shape].append(extender_run(args, cluster, Path(tmp), shape, n))
+            if not args.extender_only:
+                runs["plain"].append(plain_run(args, cluster))
+    for key, values in runs.items():
+        if values:
+            out[key] = medians(values)
+            out[key]["runs"] = values
+    if runs["plain"]:
+        for shape in shapes:
+            ratios = [e["pods_per_s"] / p["pods_per_s"] for e, p in zip(runs[shape], runs["plain"], strict=True)]
+            over = [e["bind_verb_ms_p99"] - p["binding_ms_p99"] for e, p in zip(runs[shape], runs["plain"],
+                                                                                 strict=True)]
+            out[shape]["ratio_pods_per_s"] = statistics.median(ratios)
+            out[shape]["bind_p99_over_plain_ms"] = statistics.median(over)
     return out
 
 
 def report(out: dict[str, Any]) -> None:
-    e = out["extender"]
-    print(f"{out['pods']} pending pods on {out['nodes']} nodes × 8 GPUs, real kube-scheduler, CPUs {out['cpus']}:")
-    print(f"  with the extender: {e['pods_per_s']:.1f} pods/s (bindings over {e['burst_s']:.2f} s; all bound "
-          f"{out['extender_wall_s']:.1f} s after the scheduler started); extender CPU "
-          f"{out['extender_cpu_ms_per_pod']:.2f} ms per pod; {out['gpus_used']} GPUs used, none over its memory")
-    print(f"    bind verb p50 {e['bind_verb_ms_p50']:.1f} ms, p99 {e['bind_verb_ms_p99']:.1f} ms; its Binding in the "
-          f"API server p50 {e['binding_ms_p50']:.1f} ms, p99 {e['binding_ms_p99']:.1f} ms")
+    print(f"{out['pods']} pending pods on {out['nodes']} nodes × 8 GPUs, real kube-scheduler, CPUs {out['cpus']}, "
+          f"medians of {out['rounds']} round(s):")
+    names = {"sidecar": "extender, sidecar (plain HTTP on loopback)", "mtls": "extender, standalone (mutual TLS)"}
+    for shape in out["shapes"]:
+        e = out[shape]
+        print(f"  {names[shape]}: {e['pods_per_s']:.1f} pods/s (all bound {e['wall_s']:.1f} s after the scheduler "
+              f"started); extender CPU {e['extender_cpu_ms_per_pod']:.2f} ms per pod; {e['gpus_used']} GPUs used, "
+              f"none over its memory")
+        print(f"    bind verb p50 {e['bind_verb_ms_p50']:.1f} ms, p99 {e['bind_verb_ms_p99']:.1f} ms; its Binding in "
+              f"the API server p50 {e['binding_ms_p50']:.1f} ms, p99 {e['binding_ms_p99']:.1f} ms")
+        print("    new connections: " + ", ".join(f"{k} {v:g}" for k, v in e["new_connections"].items()))
+        print("    CPU ms per pod: " + ", ".join(f"{k} {v:.2f}" for k, v in e["cpu_by_process_ms_per_pod"].items()))
+        if "ratio_pods_per_s" in e:
+            print(f"    ratio pods/s with/without {e['ratio_pods_per_s']:.2f}; bind p99 - plain Binding p99 "
+                  f"{e['bind_p99_over_plain_ms']:+.1f} ms")
+        for k, v in (e.get("breakdown") or {}).items():
+            print(f"    {k:32s} {v['ms_per_pod']:6.3f} ms per pod ({v['calls']:g} calls)")
     if "plain" in out:
         p = out["plain"]
-        print(f"  without:           {p['pods_per_s']:.1f} pods/s (bindings over {p['burst_s']:.2f} s; all bound "
-              f"{out['plain_wall_s']:.1f} s after the scheduler started); Binding p50 {p['binding_ms_p50']:.1f} ms, "
-              f"p99 {p['binding_ms_p99']:.1f} ms")
-        print(f"  ratio pods/s with/without {out['ratio_pods_per_s']:.2f}; bind p99 - plain Binding p99 "
-              f"{out['bind_p99_over_plain_ms']:+.1f} ms")
-    for run in ("extender", "plain"):
-        if f"{run}_cpu_by_process_ms_per_pod" in out:
-            print(f"  CPU ms per pod, run {run}: " + ", ".join(f"{k} {v:.2f}" for k, v in
-                                                            out[f"{run}_cpu_by_process_ms_per_pod"].items()))
-    for k, v in (out.get("breakdown") or {}).items():
-        print(f"    {k:32s} {v['ms_per_pod']:6.3f} ms per pod ({v['calls']} calls)")
+        print(f"  without the extender: {p['pods_per_s']:.1f} pods/s (all bound {p['wall_s']:.1f} s after the "
+              f"scheduler started); Binding p50 {p['binding_ms_p50']:.1f} ms, p99 {p['binding_ms_p99']:.1f} ms")
+        print("    CPU ms per pod: " + ", ".join(f"{k} {v:.2f}" for k, v in p["cpu_by_process_ms_per_pod"].items()))
 
 
 def main() -> int:
@@ -413,8 +546,13 @@ def main() -> int:
     ap.add_argument("--breakdown", action="store_true", help="the extender's CPU by activity")
     ap.add_argument("--profile", metavar="FILE", help="the extender's connection threads and watch events under "
                     "cProfile (CPU time), merged pstats written to FILE")
-    ap.add_argument("--plain-http", action="store_true", help="an experiment: the extender without TLS on loopback "
-                    "(what the handshakes cost every process)")
+    ap.add_argument("--mtls", action="store_true", help="also run the extender in the shape of "
+                    "deploy/components/standalone-extender (mutual TLS), for comparison")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat the runs, interleaved; figures are medians")
+    ap.add_argument("--plain-http", action="store_true", help="the extender in plain HTTP on loopback: the default "
+                    "since deploy/base runs it so (kept for the commands of earlier figures)")
+    ap.add_argument("--write-pool", type=int, default=None, metavar="N", help="an experiment: the extender's "
+                    "connections for bind writes (podwrites.MAX_CONNECTIONS) instead of its own bound")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--extender-only", action="store_true", help="skip the run without the extender")
     ap.add_argument("--serve-extender", action="store_true", help=argparse.SUPPRESS)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import ipaddress
 import logging
 import threading
 import time
@@ -11,10 +13,11 @@ from fractions import Fraction
 from typing import Any
 
 from memslice.kube.informer import Informer
+from memslice.lean_http import ConnLimits
 from memslice.probe_http import ProbeServer
 
 from .edge.metrics import Metrics
-from .edge.server import ExtenderHTTPServer, tls_context
+from .edge.server import VERBS_LIMITS, ExtenderHTTPServer, tls_context
 from .edge.verbs import Verbs
 from .kubeio.binder import DEFAULT_SCHEDULER_NAMES, Binder, ServedPods
 from .kubeio.kubereads import CoreReads, node_pod_priorities
@@ -28,9 +31,30 @@ log = logging.getLogger(__name__)
 POD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
 
 
+def is_loopback(address: str) -> bool:
+    """Whether `address` is a loopback address (127.0.0.0/8, ::1, or the name localhost); False for anything
+    else, names included (what a name resolves to can change)."""
+    try:
+        return address == "localhost" or ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def verbs_limits(address: str, tls: bool) -> ConnLimits:
+    """The verbs port's connection caps. Why: served in plain HTTP on loopback (deploy/base: the scheduler's
+    pod), every client is that pod's kube-scheduler, one peer whose parallel binds may all be in flight at once
+    (it dials a connection for each request beyond its 2 idle ones), so a per-peer cap below the port's only
+    refuses the scheduler's own binds (seen at 64 in flight under load: bench_real_scheduler.py). Elsewhere
+    the per-peer cap keeps one host from holding the whole port."""
+    if tls or not is_loopback(address):
+        return VERBS_LIMITS
+    return dataclasses.replace(VERBS_LIMITS, per_peer=VERBS_LIMITS.max_connections)
+
+
 @dataclass(frozen=True)
 class Config:
-    address: str = "0.0.0.0"
+    address: str = "0.0.0.0"  # the verbs port's (the CLI allows plain HTTP only on loopback: cli.plain_http_refusal)
+    health_address: str | None = None  # --health-port's and --probe-port's (None: `address`)
     port: int = 8888
     policy: str = "binpack"
     assume_ttl: float = 120.0
@@ -92,12 +116,14 @@ class Extender:
                 raise ValueError("TLS needs both --tls-cert-file and --tls-key-file")
             tls = tls_context(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file)
         self.httpd = ExtenderHTTPServer((config.address, config.port), self.verbs, self.metrics,
-                                        lambda: self.state.synced, config.max_body_bytes, tls)
+                                        lambda: self.state.synced, config.max_body_bytes, tls,
+                                        limits=verbs_limits(config.address, tls is not None))
+        health_address = config.address if config.health_address is None else config.health_address
         self.health_httpd = None if config.health_port is None else ExtenderHTTPServer(
-            (config.address, config.health_port), self.verbs, self.metrics, lambda: self.state.synced, 0, None,
+            (health_address, config.health_port), self.verbs, self.metrics, lambda: self.state.synced, 0, None,
             health_only=True)
         self.probes = None if config.probe_port is None else ProbeServer(
-            config.address, config.probe_port, lambda: True,
+            health_address, config.probe_port, lambda: True,
             lambda: True if self.state.synced else "not synced with the API server", "memslice-extender")
         self._serve: list[threading.Thread] = []
 
@@ -129,21 +155,23 @@ class Extender:
         host = self.config.address if self.config.address not in ("0.0.0.0", "") else "127.0.0.1"
         return f"{scheme}://{host}:{self.port}"
 
+    def _health_host(self) -> str:
+        address = self.config.address if self.config.health_address is None else self.config.health_address
+        return address if address not in ("0.0.0.0", "") else "127.0.0.1"
+
     @property
     def health_url(self) -> str | None:
         """http://host:port of the health-only server (--health-port), or None."""
         if self.health_httpd is None:
             return None
-        host = self.config.address if self.config.address not in ("0.0.0.0", "") else "127.0.0.1"
-        return f"http://{host}:{self.health_httpd.server_address[1]}"
+        return f"http://{self._health_host()}:{self.health_httpd.server_address[1]}"
 
     @property
     def probe_url(self) -> str | None:
         """http://host:port of the probes' server (--probe-port), or None."""
         if self.probes is None:
             return None
-        host = self.config.address if self.config.address not in ("0.0.0.0", "") else "127.0.0.1"
-        return f"http://{host}:{self.probes.port}"
+        return f"http://{self._health_host()}:{self.probes.port}"
 
     def _servers(self) -> list[ExtenderHTTPServer]:
         return [self.httpd] + ([self.health_httpd] if self.health_httpd is not None else [])

@@ -47,10 +47,15 @@ def add_parser(subparsers: Any) -> None:
                     "Serves POST /filter /prioritize /bind /preempt and GET /healthz /readyz /metrics. "
                     "The cluster is reached through --kubeconfig, $KUBECONFIG, the in-cluster service "
                     "account, or ~/.kube/config, in that order. Every flag can also be set through the "
-                    f"environment variable shown ({ENV}*). Run one replica only.",
+                    f"environment variable shown ({ENV}*). One kube-scheduler at a time may call it (deploy/base: "
+                    "a container of the scheduler's pod, called by that pod's kube-scheduler on 127.0.0.1).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--address", default=_env("ADDRESS", "0.0.0.0"),
-                   help=f"listen address (${ENV}ADDRESS)")
+    p.add_argument("--address", default=_env("ADDRESS", "127.0.0.1"),
+                   help=f"listen address of the verbs port (${ENV}ADDRESS); without --tls-cert-file only a "
+                        f"loopback address is accepted (kube-scheduler in the same pod: deploy/base)")
+    p.add_argument("--health-address", default=_env("HEALTH_ADDRESS", "0.0.0.0"),
+                   help=f"listen address of --health-port and --probe-port, which serve no verbs: the kubelet's "
+                        f"probes and Prometheus reach them from outside the pod (${ENV}HEALTH_ADDRESS)")
     p.add_argument("--port", type=_port, default=_env("PORT", "8888"), help=f"listen port (${ENV}PORT)")
     p.add_argument("--policy", choices=("binpack", "spread"), default=_env("POLICY", "binpack"),
                    help=f"cluster default placement; a pod overrides it with annotation memslice.io/policy "
@@ -131,6 +136,22 @@ def scheduler_names(text: str) -> tuple[str, ...] | str:
     return names
 
 
+def plain_http_refusal(address: str, tls: bool) -> str | None:
+    """Why the verbs may not be served on `address` (None: they may). Plain HTTP carries /bind, which binds
+    any pod of a served scheduler anywhere, unauthenticated: it is allowed only on a loopback address, which
+    only the processes of the same network namespace (in Kubernetes, the containers of the same pod) can
+    reach. Elsewhere the verbs need TLS with client certificates. Fails closed: a name other than
+    `localhost` is refused, since what it resolves to can change."""
+    from .app import is_loopback
+
+    if tls or is_loopback(address):
+        return None
+    return (f"--address={address[:64]!r} (or ${ENV}ADDRESS) would serve the verbs (filter, bind, preempt) in plain "
+            f"HTTP to whoever can reach that address; give a loopback address (--address=127.0.0.1, with "
+            f"kube-scheduler in the same pod as deploy/base runs it), or serve mutual TLS with --tls-cert-file, "
+            f"--tls-key-file and --tls-client-ca-file (deploy/components/standalone-extender)")
+
+
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # glibc mallopt parameters (malloc.h)
 MMAP_THRESHOLD = 1 << 20  # buffers from this size on are mapped on their own and unmapped when freed
 TRIM_THRESHOLD = 4 << 20  # free memory at an arena's top beyond this goes back to the system
@@ -199,6 +220,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"memslice extender: {ENV}POLICY={args.policy!r} is not a policy; use binpack or spread",
               file=sys.stderr)
         return 2
+    refusal = plain_http_refusal(str(args.address), bool(args.tls_cert_file or args.tls_key_file))
+    if refusal is not None:
+        print(f"memslice extender: {refusal}", file=sys.stderr)
+        return 2
     try:
         api_client = load_api_client(args.kubeconfig)
     except Exception as exc:  # noqa: BLE001 - report and exit
@@ -209,7 +234,8 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(names, str):
         print(f"memslice extender: {names}", file=sys.stderr)
         return 2
-    cfg = Config(address=args.address, port=int(args.port), policy=args.policy, scheduler_names=names,
+    cfg = Config(address=args.address, health_address=args.health_address, port=int(args.port), policy=args.policy,
+                 scheduler_names=names,
                  health_port=None if args.health_port is None else int(args.health_port),
                  probe_port=None if args.probe_port is None else int(args.probe_port),
                  assume_ttl=float(args.assume_ttl),

@@ -11,7 +11,8 @@ Concurrency:
 - Against other writers, the Binding carries the pod's resourceVersion as a precondition (409 → re-read the
   pod once and retry) and its UID, so a pod deleted and re-created under the same name is never bound with
   another pod's reservation.
-- The extender must run as a single replica: two extenders would each trust their own in-memory holds.
+- One extender binds at a time: two called together would each trust their own in-memory holds (deploy/base:
+  only the leader's kube-scheduler calls the extender of its own pod).
 
 A Binding cannot delete an annotation: a limit record left by an earlier reservation of the pod (written by
 an older extender, which annotated before binding, whose undo failed) is overwritten with an empty record

@@ -31,6 +31,13 @@ scheduler and its API server). Errors are the client's `ApiException`
 lost is ambiguous, and the binder resolves it by reading the pod. An idle connection the server has closed
 is noticed before it is reused (as urllib3 does) and replaced.
 
+Connections are a bounded pool: at most MAX_CONNECTIONS open at once (idle or in use); a write that finds
+none idle and the pool full waits for one within its own deadline (then TimeoutError: nothing was sent).
+kube-scheduler binds in parallel (a goroutine per pod, unbounded), so without the bound a burst opened one
+TLS connection per concurrent bind (55 new handshakes per 400 pods through the real scheduler, a quarter of
+bind's CPU; benchmarks/README.md, "The extender as the scheduler's sidecar"); the API server serves them no
+faster than a few at a time on a control-plane node anyway.
+
 The methods are named and ordered (name, namespace, body) as the generated `CoreV1Api` methods they stand in
 for, and make the same requests, so the RBAC test maps them to permissions like any other API call.
 """
@@ -55,7 +62,7 @@ MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 MAX_ANSWER = 16 << 20  # bytes of an answer body at most (a pod or a Status: kilobytes)
 MAX_HEAD = 1 << 20  # bytes before the end of an answer's headers at most
-MAX_IDLE = 32  # idle connections kept (the scheduler runs up to 16 binds at once by default)
+MAX_CONNECTIONS = 16  # connections open at once, idle or in use: concurrent binds beyond it wait for one
 
 
 class _Answer:
@@ -198,6 +205,9 @@ class PodWriter:
         self._auth: tuple[float, dict[str, str], str] = (-AUTH_TTL, {}, "")
         self._auth_lock = threading.Lock()
         self._idle: deque[_Connection] = deque()
+        self._pool = threading.Condition(threading.Lock())
+        self._open = 0  # connections open (idle or in use), at most MAX_CONNECTIONS
+        self.waiting = 0  # writes waiting for a connection now (a test looks)
 
     def _auth_headers(self) -> tuple[dict[str, str], str]:
         """The client's auth headers (refreshed every AUTH_TTL seconds), and all fixed headers as HTTP text."""
@@ -224,28 +234,54 @@ class PodWriter:
         return _Connection(sock)
 
     def _take(self, deadline: float) -> _Connection:
-        while True:
-            try:
-                conn = self._idle.pop()
-            except IndexError:
-                return self._connect(deadline)
-            if not conn.dropped():
-                return conn
-            conn.close()
+        """An idle connection the server has not closed, else a new one while fewer than MAX_CONNECTIONS are
+        open, else the first one given back before `deadline` (TimeoutError after it)."""
+        with self._pool:
+            while True:
+                while self._idle:
+                    conn = self._idle.pop()
+                    if not conn.dropped():
+                        return conn
+                    conn.close()
+                    self._open -= 1
+                if self._open < MAX_CONNECTIONS:
+                    self._open += 1
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no connection to the API server free in time: all {MAX_CONNECTIONS} "
+                                       f"are busy with other writes")
+                self.waiting += 1
+                try:
+                    self._pool.wait(left)
+                finally:
+                    self.waiting -= 1
+        try:
+            return self._connect(deadline)
+        except BaseException:
+            self._discard(None)
+            raise
 
     def _give(self, conn: _Connection) -> None:
-        if len(self._idle) < MAX_IDLE:
+        with self._pool:
             self._idle.append(conn)
-        else:
+            self._pool.notify()
+
+    def _discard(self, conn: _Connection | None) -> None:
+        """Close `conn` (None: one that failed to open) and make room for another."""
+        if conn is not None:
             conn.close()
+        with self._pool:
+            self._open -= 1
+            self._pool.notify()
 
     def close(self) -> None:
         """Close the idle connections."""
-        while True:
-            try:
+        with self._pool:
+            while self._idle:
                 self._idle.pop().close()
-            except IndexError:
-                return
+                self._open -= 1
+            self._pool.notify_all()
 
     def _request(self, method: str, path: str, body: Any, content_type: str, timeout: float) -> Any:
         """The decoded JSON answer; ApiException on an HTTP error; OSError when no answer came."""
@@ -261,12 +297,12 @@ class PodWriter:
             try:
                 status, reason_bytes, answer, keep = conn.exchange(head.encode() + data, deadline)
             except BaseException:
-                conn.close()
+                self._discard(conn)
                 raise
             if keep:
                 self._give(conn)
             else:
-                conn.close()
+                self._discard(conn)
             reason = reason_bytes.decode("latin-1")
         else:
             resp = self.manager.urlopen(method, self.host + path, body=data,

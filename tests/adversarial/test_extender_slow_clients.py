@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 from test_extender_support import Client, Cluster, node_obj, pod_obj, running_cluster
 
+from memslice.scheduler_extender import app
 from memslice.scheduler_extender.edge import server
 
 BODY_TIMEOUT = 1.0
@@ -20,6 +21,9 @@ BODY_TIMEOUT = 1.0
 @pytest.fixture
 def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
     monkeypatch.setattr(server, "BODY_TIMEOUT_S", BODY_TIMEOUT)  # the default (10 s) makes a slow test
+    # hostile clients from several addresses, as on a port reached over the network (mutual TLS): the caps per
+    # address apply (on loopback in plain HTTP every client is the pod's own scheduler: test_extender_cli.py)
+    monkeypatch.setattr(app, "verbs_limits", lambda address, tls: server.VERBS_LIMITS)
     with running_cluster() as c:
         c.start()
         c.add_node(node_obj("n", [8000]))

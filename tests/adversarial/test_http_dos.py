@@ -34,7 +34,7 @@ from memslice.plugin.metrics import METRICS_LIMITS
 from memslice.scheduler_extender.edge.server import HEALTH_LIMITS, VERBS_LIMITS
 
 MiB = 1 << 20
-EXTENDER_LIMIT = 448 * MiB  # deploy/base/extender/deployment.yaml
+EXTENDER_LIMIT = 448 * MiB  # deploy/base/scheduler/deployment.yaml (the extender container)
 AGENT_LIMIT = 384 * MiB  # deploy/base/node-agent/daemonset.yaml
 LINE = b"X-Pad: " + b"a" * (64 << 10) + b"\r\n"  # the largest header line the stdlib accepts
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+import yaml
 from kubernetes.utils import parse_quantity
 
 # memslice.cli blocks kubernetes_validate in its own processes (sys.modules entry None); a test module of the same
@@ -20,6 +22,7 @@ from test_deploy_render import (
     NAMESPACE,
     Manifest,
     containers,
+    extender_container,
     find,
     parse_memslice_args,
     pod_spec,
@@ -117,8 +120,9 @@ def test_image_runs_as_non_root_by_default() -> None:
     user = [line.split()[1] for line in (DEPLOY.parent / "Dockerfile").read_text().splitlines()
             if line.startswith("USER ")]
     assert user and user[-1].split(":")[0] not in ("0", "root")
-    dep = find(render("base"), "Deployment", "memslice-extender")
-    assert dep["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == int(user[-1].split(":")[0])
+    for rel in ("base", "overlays/standalone-extender"):
+        _, spec, _ = extender_container(render(rel))
+        assert spec["securityContext"]["runAsUser"] == int(user[-1].split(":")[0])
 
 
 # ------------------------------------------------------------------------ pods: resources and probes
@@ -326,10 +330,13 @@ def test_services_select_pods_and_ports_exist() -> None:
             assert p["targetPort"] in ports
 
 
-def test_disruption_budgets_never_block_a_drain() -> None:
-    objs = render("base")
+@pytest.mark.parametrize(("rel", "budgets"), [("base", {"memslice-scheduler"}),
+                                             ("overlays/standalone-extender",
+                                              {"memslice-extender", "memslice-scheduler"})])
+def test_disruption_budgets_never_block_a_drain(rel: str, budgets: set[str]) -> None:
+    objs = render(rel)
     pdbs = [o for o in objs if o["kind"] == "PodDisruptionBudget"]
-    assert {p["metadata"]["name"] for p in pdbs} == {"memslice-extender", "memslice-scheduler"}
+    assert {p["metadata"]["name"] for p in pdbs} == budgets
     for pdb in pdbs:
         dep = find(objs, "Deployment", pdb["metadata"]["name"])
         assert dep["spec"]["template"]["metadata"]["labels"].items() >= \
@@ -343,18 +350,43 @@ def test_disruption_budgets_never_block_a_drain() -> None:
 
 
 def test_extender_flags_and_ports_agree() -> None:
+    """deploy/base: the extender in the scheduler's pods, its verbs on the pod's loopback in plain HTTP where
+    kube-scheduler's urlPrefix points, its health port on the pod's address behind the Service."""
+    from memslice.scheduler_extender.cli import plain_http_refusal
+
     objs = render("base")
-    c = pod_spec(find(objs, "Deployment", "memslice-extender"))["containers"][0]  # type: ignore[index]
-    assert c["args"][0] == "extender"
+    dep, _, c = extender_container(objs)
+    assert dep["metadata"]["name"] == "memslice-scheduler"
     args = parse_memslice_args(c)
+    assert args.address == "127.0.0.1" and args.tls_cert_file is None
+    assert plain_http_refusal(args.address, False) is None
+    assert args.health_address == "0.0.0.0"
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert args.port == ports["https"] and args.health_port == ports["http"]
+    assert args.health_port == ports["http"] and "https" not in ports  # the verbs port is not the pod's
     assert args.max_limit_ratio == 4  # elastic memory's cap on a GPU's sum of limits, parsed as the CLI does
     svc = find(objs, "Service", "memslice-extender")
-    assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]} == {"https": "https", "http": "http"}
+    assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]} == {"http": "http"}
     assert args.probe_port == ports["probes"]
-    for probe in ("livenessProbe", "readinessProbe"):  # plain HTTP: the verbs port requires a client cert
+    for probe in ("livenessProbe", "readinessProbe"):  # the kubelet's probes alone on their port
         assert c[probe]["httpGet"]["port"] == "probes" and c[probe]["httpGet"].get("scheme", "HTTP") == "HTTP"
+    cm = next(o for o in objs if o["kind"] == "ConfigMap"
+              and o["metadata"]["name"].startswith("memslice-scheduler-config"))
+    url = urlsplit(yaml.safe_load(cm["data"]["scheduler-config.yaml"])["extenders"][0]["urlPrefix"])
+    assert (url.scheme, url.hostname, url.port) == ("http", args.address, args.port)
+
+
+def test_standalone_extender_flags_and_ports_agree() -> None:
+    objs = render("overlays/standalone-extender")
+    dep, _, c = extender_container(objs)
+    assert dep["metadata"]["name"] == "memslice-extender"
+    args = parse_memslice_args(c)
+    assert args.tls_cert_file and args.tls_client_ca_file and args.address == "0.0.0.0"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert args.port == ports["https"] and args.health_port == ports["http"] and args.probe_port == ports["probes"]
+    svc = find(objs, "Service", "memslice-extender")
+    assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]} == {"https": "https", "http": "http"}
+    scheduler = pod_spec(find(objs, "Deployment", "memslice-scheduler"))
+    assert [x["name"] for x in scheduler["containers"]] == ["kube-scheduler"]  # type: ignore[index]
 
 
 def test_namespace_waives_pod_security_only_for_memslice_system() -> None:

@@ -27,7 +27,7 @@ import kubernetes.client
 import orjson
 import pytest
 import yaml
-from test_deploy_render import NAMESPACE, ROOT, Manifest, find, pod_spec, render
+from test_deploy_render import NAMESPACE, ROOT, Manifest, extender_container, find, pod_spec, render
 
 Perm = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 
@@ -35,9 +35,15 @@ Perm = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 COMPONENTS = {
     "node-agent": ("memslice-node-agent", ("plugin",)),
     "node-agent-dra": ("memslice-node-agent", ("plugin",)),
-    "extender": ("memslice-extender", ("scheduler_extender",)),
+    # deploy/base: a container of the scheduler's pods, under the scheduler's account
+    "extender": ("memslice-scheduler", ("scheduler_extender",)),
+    "extender-standalone": ("memslice-extender", ("scheduler_extender",)),
     "extender-certs": ("memslice-extender-certs", ("src/memslice/extender_certs.py",)),  # the TLS Job
 }
+STANDALONE = "overlays/standalone-extender"
+# Components sharing their account with another program, and the roles that are theirs (kube-scheduler's
+# own bindings on the scheduler's account: test_scheduler_uses_the_builtin_scheduler_roles_and_its_own_lease).
+OWN_ROLES = {"extender": frozenset({"memslice-extender"})}
 # The node agent's two modes share plugin/ but not their API calls: DRA mode (--kubelet-api dra) makes the calls
 # of plugin/dra/*.py and of the modules both modes run with the API (BOTH_MODES: the elastic Events, issue 36.6)
 # and is granted them by deploy/overlays/dra; device-plugin mode makes all but plugin/dra's.
@@ -45,7 +51,7 @@ IS_DRA = re.compile(r"(^|/)plugin/dra/\w+\.py$")
 BOTH_MODES = re.compile(r"(^|/)plugin/elastic/events\.py$")
 MODE_FILES = {"node-agent": lambda p: not IS_DRA.search(str(p)),
               "node-agent-dra": lambda p: bool(IS_DRA.search(str(p)) or BOTH_MODES.search(str(p)))}
-RENDERED = {"node-agent-dra": "overlays/dra"}
+RENDERED = {"node-agent-dra": "overlays/dra", "extender-standalone": STANDALONE, "extender-certs": STANDALONE}
 # Ways to reach the API server that this scanner cannot map to permissions; code using them needs the
 # scanner extended first, so it fails here instead of silently passing.
 OPAQUE_CALLS = re.compile(r"\bcall_api\(|\bDynamicClient\b|\burllib\.request\b|"
@@ -204,11 +210,14 @@ def _code_permissions(dirs: tuple[str, ...], keep: Any = None) -> set[Perm]:
     return perms
 
 
-def granted(objs: list[Manifest], service_account: str) -> set[Perm]:
-    """Every (apiGroup, resource, verb) the roles bound to the ServiceAccount allow (no wildcards)."""
+def granted(objs: list[Manifest], service_account: str, roles: frozenset[str] | None = None) -> set[Perm]:
+    """Every (apiGroup, resource, verb) the roles bound to the ServiceAccount allow (no wildcards); only those
+    of `roles` where given."""
     perms: set[Perm] = set()
     for b in objs:
         if b["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        if roles is not None and b["roleRef"]["name"] not in roles:
             continue
         if not any(s["kind"] == "ServiceAccount" and s["name"] == service_account
                    and s["namespace"] == NAMESPACE for s in b["subjects"]):
@@ -229,7 +238,7 @@ def test_rbac_grants_exactly_the_calls_in_the_code(component: str) -> None:
     sa, dirs = COMPONENTS[component]
     needed = code_permissions(dirs, MODE_FILES.get(component))
     assert needed, f"found no Kubernetes API call in {dirs}: the scanner or the code changed"
-    have = granted(render(RENDERED.get(component, "base")), sa)
+    have = granted(render(RENDERED.get(component, "base")), sa, OWN_ROLES.get(component))
     assert have - needed == set(), f"{component}: granted but never called: {sorted(have - needed)}"
     assert needed - have == set(), f"{component}: called but not granted: {sorted(needed - have)}"
 
@@ -246,11 +255,20 @@ def test_the_dra_driver_writes_only_its_own_devices_status() -> None:
 
 @pytest.mark.parametrize("component", sorted(COMPONENTS))
 def test_component_runs_under_its_own_service_account(component: str) -> None:
+    """Each account is one workload's (the extender's, in deploy/base, is the scheduler's pods': one pod has one
+    account)."""
     sa, _ = COMPONENTS[component]
-    objs = render("base")
+    objs = render(RENDERED.get(component, "base"))
     users = [o["metadata"]["name"] for o, spec in ((o, pod_spec(o)) for o in objs) if spec
              and spec.get("serviceAccountName") == sa]
     assert users == [sa]
+    if component.startswith("extender") and component != "extender-certs":
+        dep, _, _ = extender_container(objs)
+        assert pod_spec(dep)["serviceAccountName"] == sa  # type: ignore[index]
+        # the extender's role is bound to that account alone
+        (binding,) = [b for b in objs if b["kind"] == "ClusterRoleBinding"
+                      and b["roleRef"]["name"] == "memslice-extender"]
+        assert [(s["name"], s["namespace"]) for s in binding["subjects"]] == [(sa, NAMESPACE)]
 
 
 def test_mirror_methods_make_the_requests_their_names_say() -> None:
@@ -366,7 +384,8 @@ def test_scheduler_uses_the_builtin_scheduler_roles_and_its_own_lease() -> None:
     assert bound == {("ClusterRole", "system:kube-scheduler", None),
                      ("ClusterRole", "system:volume-scheduler", None),
                      ("Role", "extension-apiserver-authentication-reader", "kube-system"),
-                     ("Role", "memslice-scheduler-leader-election", NAMESPACE)}
+                     ("Role", "memslice-scheduler-leader-election", NAMESPACE),
+                     ("ClusterRole", "memslice-extender", None)}  # the extender in its pods (deploy/base)
     cm = next(o for o in objs if o["kind"] == "ConfigMap"
               and o["metadata"]["name"].startswith("memslice-scheduler-config"))
     le = yaml.safe_load(cm["data"]["scheduler-config.yaml"])["leaderElection"]

@@ -25,7 +25,7 @@ RESOURCE = "memslice.io/gpu-mem"
 SCHEDULER_NAME = "memslice-scheduler"
 # Every kustomization a user may apply, and what it is for.
 KUSTOMIZATIONS = ("base", "overlays/simulated", "overlays/cdi", "overlays/cert-manager", "overlays/host-pids",
-                  "overlays/dra", "monitoring")
+                  "overlays/standalone-extender", "overlays/dra", "monitoring")
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass", "RuntimeClass",
                   "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 
@@ -88,6 +88,15 @@ def workloads(objs: list[Manifest]) -> Iterator[tuple[Manifest, Manifest]]:
         spec = pod_spec(o)
         if spec is not None:
             yield o, spec
+
+
+def extender_container(objs: list[Manifest]) -> tuple[Manifest, Manifest, Manifest]:
+    """(workload, pod spec, container) of the one container running `memslice extender` (deploy/base: in the
+    scheduler's pods; with components/standalone-extender: the memslice-extender Deployment)."""
+    hits = [(o, spec, c) for o, spec in workloads(objs) for c in spec["containers"]
+            if c.get("args", [None])[0] == "extender"]
+    assert len(hits) == 1, f"expected one extender container, found {len(hits)}"
+    return hits[0]
 
 
 def cli_args(container: Manifest) -> list[str]:

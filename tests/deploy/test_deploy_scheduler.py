@@ -19,7 +19,17 @@ import pytest
 import yaml
 from kube_standin import KubeApiStandin
 from test_deploy_examples import example
-from test_deploy_render import NAMESPACE, RESOURCE, SCHEDULER_NAME, Manifest, find, pod_spec, render
+from test_deploy_render import (
+    NAMESPACE,
+    RESOURCE,
+    SCHEDULER_NAME,
+    Manifest,
+    extender_container,
+    find,
+    parse_memslice_args,
+    pod_spec,
+    render,
+)
 
 from memslice import contract
 
@@ -38,14 +48,14 @@ EXTENDER_FIELDS = {"urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "
                    "ignorable"}
 
 
-def scheduler_config() -> dict[str, Any]:
-    cm = next(o for o in render("base") if o["kind"] == "ConfigMap"
+def scheduler_config(rel: str = "base") -> dict[str, Any]:
+    cm = next(o for o in render(rel) if o["kind"] == "ConfigMap"
               and o["metadata"]["name"].startswith("memslice-scheduler-config"))
     return yaml.safe_load(cm["data"]["scheduler-config.yaml"])
 
 
-def extender_config() -> dict[str, Any]:
-    (ext,) = scheduler_config()["extenders"]
+def extender_config(rel: str = "base") -> dict[str, Any]:
+    (ext,) = scheduler_config(rel)["extenders"]
     return ext
 
 
@@ -84,9 +94,23 @@ def test_the_managed_resource_is_the_one_the_node_agent_advertises() -> None:
     assert extender_config()["managedResources"][0]["name"] == RESOURCE_NAME
 
 
-def test_url_prefix_reaches_the_extender_service_and_container_port() -> None:
+def test_url_prefix_reaches_the_extender_in_the_schedulers_own_pod() -> None:
+    """deploy/base: kube-scheduler calls the extender container of its own pod on the pod's loopback, in plain
+    HTTP, where that container listens (and the extender accepts plain HTTP only there)."""
     objs = render("base")
-    url = urlsplit(extender_config()["urlPrefix"])
+    ext = extender_config()
+    url = urlsplit(ext["urlPrefix"])
+    assert (url.scheme, url.hostname, ext["enableHTTPS"]) == ("http", "127.0.0.1", False) and "tlsConfig" not in ext
+    dep, _, c = extender_container(objs)
+    assert dep["metadata"]["name"] == "memslice-scheduler"
+    args = parse_memslice_args(c)
+    assert (args.address, args.port) == (url.hostname, url.port)
+    assert not [v for v in pod_spec(dep)["volumes"] if "secret" in v]  # type: ignore[index]  # no certificates
+
+
+def test_url_prefix_reaches_the_standalone_extender_service_and_container_port() -> None:
+    objs = render("overlays/standalone-extender")
+    url = urlsplit(extender_config("overlays/standalone-extender")["urlPrefix"])
     host = url.hostname or ""
     svc_name, svc_ns = host.split(".")[:2]
     assert host in (f"{svc_name}.{svc_ns}.svc", f"{svc_name}.{svc_ns}.svc.cluster.local")
@@ -99,12 +123,21 @@ def test_url_prefix_reaches_the_extender_service_and_container_port() -> None:
     assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
 
 
+def test_the_standalone_configuration_differs_only_in_how_the_extender_is_reached() -> None:
+    base, standalone = scheduler_config(), scheduler_config("overlays/standalone-extender")
+    (a,), (b,) = base.pop("extenders"), standalone.pop("extenders")
+    assert base == standalone
+    for key in ("urlPrefix", "enableHTTPS", "tlsConfig"):
+        a.pop(key, None), b.pop(key)
+    assert a == b
+
+
 def test_scheduler_deployment_mounts_the_generated_config() -> None:
     objs = render("base")
     dep = find(objs, "Deployment", "memslice-scheduler")
     spec = pod_spec(dep)
     assert spec is not None
-    (c,) = spec["containers"]
+    (c,) = [x for x in spec["containers"] if x["name"] == "kube-scheduler"]
     config_arg = next(a for a in c["command"] if a.startswith("--config="))
     path = config_arg.split("=", 1)[1]
     mount = next(m for m in c["volumeMounts"] if path.startswith(m["mountPath"] + "/"))
@@ -152,7 +185,7 @@ def get(url: str) -> int:
 
 def test_probe_paths_answer_on_the_running_extender(extender: tuple[KubeApiStandin, str]) -> None:
     _, base = extender
-    c = pod_spec(find(render("base"), "Deployment", "memslice-extender"))["containers"][0]  # type: ignore[index]
+    _, _, c = extender_container(render("base"))
     for probe in ("livenessProbe", "readinessProbe"):
         assert get(base + c[probe]["httpGet"]["path"]) == 200
     assert get(base + "/metrics") == 200

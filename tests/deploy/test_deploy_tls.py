@@ -1,7 +1,9 @@
-"""The extender's transport security as deployed (issue 11, item 1): the certificates the base's Job makes
-(or cert-manager issues) are the ones the extender and kube-scheduler mount, kube-scheduler's tlsConfig
-reaches the extender's https port with its hostname checked, the probes use the plain health port, and the
-NetworkPolicy admits only the scheduler's pods to the verbs."""
+"""The extender's transport security as deployed (issue 11, item 1). The standalone extender
+(deploy/components/standalone-extender): the certificates its Job makes (or cert-manager issues) are the ones
+the extender and kube-scheduler mount, kube-scheduler's tlsConfig reaches the extender's https port with its
+hostname checked, the probes use the plain health port, and the NetworkPolicy admits only the scheduler's pods
+to the verbs. deploy/base (issue 39: the extender in the scheduler's pods, its verbs on the pod's loopback):
+its NetworkPolicy admits scrapers to the health port and nothing else."""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from kube_standin import KubeApiStandin
 from test_deploy_render import NAMESPACE, Manifest, find, parse_memslice_args, pod_spec, render
 
 from memslice import extender_certs
+
+STANDALONE = "overlays/standalone-extender"
 
 
 def scheduler_extender_config(objs: list[Manifest]) -> dict[str, Any]:
@@ -44,7 +48,7 @@ def workload(objs: list[Manifest], name: str) -> tuple[Manifest, Manifest]:
 
 
 def test_extender_and_scheduler_mount_the_secrets_the_job_writes() -> None:
-    objs = render("base")
+    objs = render(STANDALONE)
     spec, c = workload(objs, "memslice-extender")
     args = parse_memslice_args(c)
     files = {mounted_secret(spec, c, p) for p in (args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)}
@@ -71,7 +75,7 @@ def test_the_scheduler_reaches_the_deployed_extender_over_mutual_tls(tmp_path: P
     urlPrefix (hostname checked against the certificate) calls filter."""
     from memslice.scheduler_extender.app import Config, Extender
 
-    objs = render("base")
+    objs = render(STANDALONE)
     job = pod_spec(find(objs, "Job", "memslice-extender-certs"))["containers"][0]  # type: ignore[index]
     with KubeApiStandin() as kube:
         env = {**os.environ, "KUBECONFIG": kube.kubeconfig(str(tmp_path / "kc"))}
@@ -119,7 +123,7 @@ def test_the_scheduler_reaches_the_deployed_extender_over_mutual_tls(tmp_path: P
 def test_probes_use_their_own_plain_port() -> None:
     """The kubelet's probes on the probe port alone (issue 35: on the health port, scrapers or anyone could
     starve them), plain HTTP (the verbs port requires a client certificate)."""
-    spec, c = workload(render("base"), "memslice-extender")
+    spec, c = workload(render(STANDALONE), "memslice-extender")
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     args = parse_memslice_args(c)
     assert args.health_port == ports["http"] and args.probe_port == ports["probes"]
@@ -160,7 +164,7 @@ def admitted(policy: Manifest, pod_labels: dict[str, str], namespace: str, port_
 
 
 def test_network_policy_admits_only_the_scheduler_to_the_verbs() -> None:
-    objs = render("base")
+    objs = render(STANDALONE)
     policy = find(objs, "NetworkPolicy", "memslice-extender")
     ext = find(objs, "Deployment", "memslice-extender")["spec"]["template"]["metadata"]["labels"]
     assert policy["spec"]["policyTypes"] == ["Ingress"]
@@ -185,6 +189,25 @@ def test_network_policy_admits_only_the_scheduler_to_the_verbs() -> None:
     for labels, ns, ns_labels in ((pods["memslice-scheduler"], NAMESPACE, None),
                                   ({**SCRAPER, "app": "prometheus"}, "monitoring", SCRAPERS_NS)):
         assert not admitted(policy, labels, ns, "probes", ns_labels)
+
+
+def test_network_policy_admits_only_scrapers_to_the_scheduler_pods() -> None:
+    """deploy/base: the extender's verbs listen on the scheduler pod's loopback, out of every pod's reach; the
+    policy admits labelled scrapers to the extender's health port and no pod to any other port."""
+    objs = render("base")
+    policy = find(objs, "NetworkPolicy", "memslice-scheduler")
+    scheduler = find(objs, "Deployment", "memslice-scheduler")["spec"]["template"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= scheduler["metadata"]["labels"].items()
+    ports = {p["name"] for c in scheduler["spec"]["containers"] for p in c.get("ports", [])}
+    assert ports == {"http", "probes"}  # the verbs (127.0.0.1:8888) are no port of the pod's address
+    assert admitted(policy, {**SCRAPER, "app": "prometheus"}, "monitoring", "http", SCRAPERS_NS)
+    assert not admitted(policy, {"app": "prometheus"}, "monitoring", "http", SCRAPERS_NS)
+    assert not admitted(policy, {**SCRAPER, "app": "notebook"}, "tenant", "http")
+    for port in ("probes", "https"):
+        assert not admitted(policy, {**SCRAPER, "app": "prometheus"}, "monitoring", port, SCRAPERS_NS)
+        assert not admitted(policy, scheduler["metadata"]["labels"], NAMESPACE, port)
+    assert not [o for o in objs if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "memslice-extender"]
 
 
 def test_network_policy_admits_only_scrapers_to_the_node_agent() -> None:
@@ -220,6 +243,6 @@ def test_cert_manager_overlay_issues_the_same_secrets_and_drops_the_job() -> Non
     assert client["spec"]["issuerRef"]["name"] == issuer  # one CA: each side's ca.crt checks the other
     ca = find(objs, "Issuer", issuer)["spec"]["ca"]["secretName"]
     assert certs[ca]["spec"]["isCA"] is True
-    base = {(o["kind"], o["metadata"]["name"]) for o in render("base")}
+    base = {(o["kind"], o["metadata"]["name"]) for o in render(STANDALONE)}
     assert base - {(o["kind"], o["metadata"]["name"]) for o in objs} == {
         (k, "memslice-extender-certs") for k in ("Job", "ServiceAccount", "Role", "RoleBinding")}

@@ -3,7 +3,8 @@
 - Every kustomization and every combination of components renders, with the oldest and the newest kubectl of
   the support window (tests/deploy/kubectl_window.py), to the same objects.
 - Nothing under deploy/ deletes from what it builds on ($patch: delete), except the cert-manager component,
-  which swaps the base's default certificate source for cert-manager's, and dra-beside-extender, which leaves
+  which swaps the standalone extender's default certificate source for cert-manager's, standalone-extender,
+  which takes the extender container out of the scheduler's pods, and dra-beside-extender, which leaves
   the objects both modes share to the device-plugin side.
 - The kube-scheduler version is one setting (deploy/base's image tag) with a default per Kubernetes version
   in docs/operations.md, and the scheduler configuration is valid for each of them.
@@ -26,12 +27,16 @@ from test_deploy_scheduler import scheduler_config
 README = ROOT / "README.md"
 OPERATIONS = ROOT / "docs" / "operations.md"
 MODES = ("base", "overlays/dra")
-# Components that apply to each mode (cdi and cert-manager concern the device-plugin mode only).
-COMPONENTS = {"base": ("cdi", "host-pids", "simulated", "cert-manager", "require-seccomp"),
+# Components that apply to each mode (cdi, standalone-extender and cert-manager concern the device-plugin mode
+# only), and the components a component needs listed before it.
+COMPONENTS = {"base": ("cdi", "host-pids", "simulated", "standalone-extender", "cert-manager", "require-seccomp"),
               "overlays/dra": ("host-pids", "simulated", "require-seccomp", "dra-beside-extender")}
+NEEDS = {"cert-manager": ("standalone-extender",)}
 # The combinations docs/operations.md shows, and every component with every other.
 COMBINATIONS = [("base", ("simulated", "host-pids")), ("base", ("cdi", "host-pids")),
-                ("base", ("cdi", "host-pids", "cert-manager")), ("base", ("simulated", "host-pids", "cert-manager")),
+                ("base", ("cdi", "host-pids", "standalone-extender")),
+                ("base", ("cdi", "host-pids", "standalone-extender", "cert-manager")),
+                ("base", ("simulated", "host-pids", "standalone-extender", "cert-manager")),
                 ("overlays/dra", ("simulated", "host-pids")), ("overlays/dra", ("simulated",)),
                 ("overlays/dra", ("host-pids", "require-seccomp")),
                 ("overlays/dra", ("simulated", "dra-beside-extender")),
@@ -103,7 +108,12 @@ def test_combinations_render_the_same_with_both_kubectls(tmp_path: Path, mode: s
     assert ("--visibility=cdi" in agent["args"]) is ("cdi" in components)
     assert any(e["name"] == "MEMSLICE_SIM_GPUS" for e in agent.get("env", [])) is ("simulated" in components)
     assert any(o["kind"] == "Certificate" for o in new) is ("cert-manager" in components)
-    assert any(o["kind"] == "Job" for o in new) is (mode == "base" and "cert-manager" not in components)
+    assert any(o["kind"] == "Job" for o in new) is ("standalone-extender" in components
+                                                    and "cert-manager" not in components)
+    scheduler = [o for o in new if o["kind"] == "Deployment" and o["metadata"]["name"] == "memslice-scheduler"]
+    sidecar = [c["name"] for o in scheduler for c in o["spec"]["template"]["spec"]["containers"]
+               if c["name"] == "extender"]
+    assert bool(sidecar) is (mode == "base" and "standalone-extender" not in components)
     assert any(o["kind"] == "DeviceClass" for o in new) is (mode == "overlays/dra")
 
 
@@ -112,7 +122,7 @@ def test_every_component_adds_to_every_mode_it_names(tmp_path: Path, mode: str) 
     for c in COMPONENTS[mode]:
         sub = tmp_path / c
         sub.mkdir()
-        assert build(newest(), combination(sub, mode, (c,)))
+        assert build(newest(), combination(sub, mode, (*NEEDS.get(c, ()), c)))
     have = sorted(p.name for p in (DEPLOY / "components").iterdir())
     assert have == sorted({*COMPONENTS["base"], *COMPONENTS["overlays/dra"]}), \
         "a new component: say which modes it applies to"
@@ -120,14 +130,22 @@ def test_every_component_adds_to_every_mode_it_names(tmp_path: Path, mode: str) 
 
 def test_modes_build_on_core_and_nothing_deletes_what_it_builds_on() -> None:
     """kustomize <= 5.4 (kubectl <= 1.33) crashes on several `$patch: delete` documents in one file; and an
-    overlay that deletes builds on something that should not have had it. Only the cert-manager component
-    deletes: the base's self-signing Job (and its account), the default it replaces."""
+    overlay that deletes builds on something that should not have had it. The cert-manager component deletes
+    the standalone extender's self-signing Job (and its account), the default it replaces; standalone-extender
+    the extender container of the scheduler's pods, which it replaces."""
     deleting = sorted(str(p.relative_to(DEPLOY)) for p in DEPLOY.rglob("*.yaml") if "$patch: delete" in p.read_text())
     assert deleting == ["components/cert-manager/kustomization.yaml",
-                        "components/dra-beside-extender/kustomization.yaml"], deleting
+                        "components/dra-beside-extender/kustomization.yaml",
+                        "components/standalone-extender/kustomization.yaml"], deleting
     k = yaml.safe_load((DEPLOY / "components/cert-manager/kustomization.yaml").read_text())
     deleted = {yaml.safe_load(p["patch"])["metadata"]["name"] for p in k["patches"]}
     assert deleted == {"memslice-extender-certs"}
+    k = yaml.safe_load((DEPLOY / "components/standalone-extender/kustomization.yaml").read_text())
+    deletes = [p["patch"] for p in k["patches"] if "$patch: delete" in p["patch"]]
+    assert len(deletes) == 1 and deletes[0].count("$patch: delete") == 1
+    (container,) = [c for c in yaml.safe_load(deletes[0])["spec"]["template"]["spec"]["containers"]
+                    if c.get("$patch") == "delete"]
+    assert container["name"] == "extender"
     # the DRA side beside deploy/base leaves out only what deploy/base applies identically
     k = yaml.safe_load((DEPLOY / "components/dra-beside-extender/kustomization.yaml").read_text())
     deleted = {(d["kind"], d["metadata"]["name"]) for p in k["patches"]

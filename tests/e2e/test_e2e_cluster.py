@@ -2,12 +2,12 @@
 stand-ins.
 
 Pods are created in the real API server and scheduled by the real kube-scheduler with deploy/'s extender
-configuration (filter, prioritize, bind through the extender, over plain HTTP here), admitted by the kubelet
-stand-in of the chosen node (GetPreferredAllocation + one Allocate per container, answered by the real node
-agent process), and then each container's process runs under its Allocate answer (env, region mount, the
-shim the agent installed) on the node's simulated GPU. Checked: every pod is on a GPU that had room, the
-agent gave each container the GPU and quota the extender reserved, and every process is held to its quota
-while all of them hold their memory at the same time.
+configuration (filter, prioritize, bind through the extender, over plain HTTP on loopback as deployed),
+admitted by the kubelet stand-in of the chosen node (GetPreferredAllocation + one Allocate per container,
+answered by the real node agent process), and then each container's process runs under its Allocate answer
+(env, region mount, the shim the agent installed) on the node's simulated GPU. Checked: every pod is on a GPU
+that had room, the agent gave each container the GPU and quota the extender reserved, and every process is
+held to its quota while all of them hold their memory at the same time.
 """
 
 from __future__ import annotations
@@ -157,14 +157,14 @@ class GpuNode:
 
 def scheduler_config(cluster: RealCluster, ext_port: int) -> dict:
     """deploy/'s KubeSchedulerConfiguration with this module's profile, the API server's address, and the
-    extender on loopback over plain HTTP (its mutual TLS: tests/realcluster/test_real_scheduler.py)."""
+    extender's port (on loopback over plain HTTP, as deploy/base runs it in the scheduler's pods)."""
     config = yaml.safe_load((ROOT / "deploy" / "base" / "scheduler" / "scheduler-config.yaml").read_text())
     config["clientConnection"] = {"kubeconfig": str(cluster.kubeconfig("kube-scheduler-e2e", SCHEDULER_TOKEN))}
     config["leaderElection"] = {"leaderElect": False}
     config["profiles"] = [{"schedulerName": SCHEDULER}]
     (ext,) = config["extenders"]
-    ext.update(urlPrefix=f"http://127.0.0.1:{ext_port}", enableHTTPS=False)
-    ext.pop("tlsConfig")
+    assert ext["urlPrefix"] == "http://127.0.0.1:8888" and ext["enableHTTPS"] is False, ext
+    ext["urlPrefix"] = f"http://127.0.0.1:{ext_port}"
     return config
 
 

@@ -38,6 +38,8 @@ def test_help_lists_flags_and_environment() -> None:
     ([], {"MEMSLICE_EXTENDER_SCHEDULER_NAMES": ""}, "'' is not a scheduler name"),
     (["--health-port", "http"], {}, "--health-port='http' is not a TCP port"),
     (["--probe-port", "-1"], {}, "--probe-port='-1' is not a TCP port"),
+    (["--address", "0.0.0.0"], {}, "--address='0.0.0.0' (or $MEMSLICE_EXTENDER_ADDRESS) would serve the verbs"),
+    ([], {"MEMSLICE_EXTENDER_ADDRESS": "10.0.0.5"}, "give a loopback address (--address=127.0.0.1"),
 ])
 def test_bad_configuration_exits_2_naming_the_value(args, env, words, tmp_path) -> None:
     with KubeApiStandin() as kube:
@@ -78,3 +80,80 @@ def test_long_lived_objects_are_frozen_again_after_large_growth_only() -> None:
     assert not refreeze_due(0, 9_999) and refreeze_due(0, 10_000)
     assert not refreeze_due(200_000, 219_999) and refreeze_due(200_000, 220_000)
     assert not refreeze_due(50_000, 40_000)
+
+
+def test_plain_http_only_on_loopback() -> None:
+    """The verbs bind any pod of a served scheduler: without TLS they are served only where no other pod or host
+    can reach them (deploy/base: the scheduler's pod loopback); a name is refused, as what it resolves to can
+    change."""
+    from memslice.scheduler_extender.cli import plain_http_refusal
+
+    for address in ("127.0.0.1", "127.0.0.53", "::1", "localhost"):
+        assert plain_http_refusal(address, tls=False) is None, address
+    for address in ("0.0.0.0", "::", "", "10.1.2.3", "memslice-extender.memslice-system.svc", "127.0.0.1.nip.io"):
+        refusal = plain_http_refusal(address, tls=False)
+        assert refusal is not None and "--tls-cert-file" in refusal and "--address=127.0.0.1" in refusal, address
+    assert plain_http_refusal("0.0.0.0", tls=True) is None
+
+
+def test_verbs_and_health_ports_listen_on_their_own_addresses(tmp_path) -> None:
+    """As deploy/base runs it: the verbs on one loopback address only; the health and probe ports on
+    --health-address (there the pod's, for the kubelet and Prometheus), which serve no verbs."""
+    import socket
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    def refused(host: str, port: int) -> bool:
+        try:
+            socket.create_connection((host, port), timeout=5).close()
+        except ConnectionRefusedError:
+            return True
+        return False
+
+    with KubeApiStandin() as kube:
+        proc = extender("--address", "127.0.0.1", "--port", "0", "--health-address", "127.0.0.2", "--health-port",
+                        "0", "--probe-port", "0", env={"KUBECONFIG": kube.kubeconfig(str(tmp_path / "kc"))})
+        try:
+            line = proc.stdout.readline()
+            urls = dict(part.rsplit(" ", 1) for part in line.strip().split("; ")[1:])
+            verbs = urlsplit(line.split("serving ", 1)[1].split()[0])
+            health, probes = urlsplit(urls["health and metrics on"]), urlsplit(urls["probes on"])
+            assert (verbs.hostname, health.hostname, probes.hostname) == ("127.0.0.1", "127.0.0.2", "127.0.0.2"), line
+            assert refused("127.0.0.2", verbs.port) and refused("127.0.0.1", health.port)
+            assert refused("127.0.0.1", probes.port)
+            with urllib.request.urlopen(f"http://127.0.0.2:{probes.port}/healthz", timeout=10) as resp:
+                assert resp.status == 200
+            assert Client(verbs.geturl()).raw("GET", "/healthz")[0] == 200
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=30)
+        assert proc.returncode == 0
+
+
+def test_the_pods_own_scheduler_may_hold_every_verbs_connection_on_loopback() -> None:
+    """In plain HTTP on loopback (deploy/base) every client is the pod's kube-scheduler, which dials a connection
+    per bind in flight: it may hold the port's whole cap, not the per-address cap that keeps one host from
+    holding all of a port reached over the network (there: 64 of 256; the 65th was refused)."""
+    import socket
+
+    from memslice.lean_http import ConnLimits
+    from memslice.scheduler_extender.app import Config, Extender, verbs_limits
+    from memslice.scheduler_extender.edge.server import VERBS_LIMITS
+
+    assert verbs_limits("0.0.0.0", tls=True) == VERBS_LIMITS == verbs_limits("127.0.0.1", tls=True)
+    assert verbs_limits("127.0.0.1", tls=False) == ConnLimits(max_connections=VERBS_LIMITS.max_connections,
+                                                             per_peer=VERBS_LIMITS.max_connections)
+    held = VERBS_LIMITS.per_peer + 8
+    with KubeApiStandin() as kube:
+        ext = Extender(kube.api_client(), Config(address="127.0.0.1", port=0)).start()
+        socks = []
+        try:
+            for _ in range(held):  # keep-alive connections, as the scheduler's in flight hold them
+                socks.append(socket.create_connection(("127.0.0.1", ext.port), timeout=10))
+            last = socks[-1]
+            last.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert last.recv(64).startswith(b"HTTP/1.1 200"), "the last connection was refused"
+        finally:
+            for s in socks:
+                s.close()
+            ext.stop()

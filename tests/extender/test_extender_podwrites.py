@@ -118,6 +118,79 @@ def _certificates(tmp: Path) -> None:
              "-days", "1", "-extfile", ext, "-out", f"{who}.crt")
 
 
+def test_concurrent_writes_share_a_bounded_pool_of_connections(kube: KubeApiStandin) -> None:
+    """Issue 39: a burst of concurrent binds reuses at most MAX_CONNECTIONS connections (before, each write
+    that found none idle opened one: a TLS handshake per concurrent bind). The server holds every answer until
+    either the writes beyond the pool wait for a connection, or all of them reached it (the unbounded way)."""
+    from waiting import wait_until
+
+    from memslice.scheduler_extender.kubeio.podwrites import MAX_CONNECTIONS
+
+    writes = 3 * MAX_CONNECTIONS
+    held, release, lock = [0], threading.Event(), threading.Lock()
+    most = [0]
+
+    def hold(method: str, path: str) -> None:
+        with lock:
+            held[0] += 1
+            most[0] = max(most[0], held[0])
+        release.wait(30)
+        with lock:
+            held[0] -= 1
+
+    kube.before_request = hold
+    writer = PodWriter(kube.api_client())
+    done: list[object] = []
+
+    def write(i: int) -> None:
+        pod = writer.patch_namespaced_pod("p", "ns", {"metadata": {"annotations": {f"w{i}": "1"}}}, timeout=30)
+        done.append(pod)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(writes)]
+    for t in threads:
+        t.start()
+    try:
+        wait_until("the writes beyond the pool to wait for a connection (or all to reach the server)",
+                   lambda: writer.waiting == writes - MAX_CONNECTIONS or held[0] == writes, timeout=30)
+    finally:
+        release.set()
+        for t in threads:
+            t.join(30)
+    assert len(done) == writes
+    assert most[0] <= MAX_CONNECTIONS and kube.connections == MAX_CONNECTIONS, (most[0], kube.connections)
+    assert writer.waiting == 0
+    writer.close()
+
+
+def test_a_write_waits_for_a_busy_pool_no_longer_than_its_deadline(kube: KubeApiStandin) -> None:
+    """With every connection busy, a write waits within its own timeout and then fails without sending
+    anything; once a connection is given back, the next write uses it."""
+    from waiting import wait_until
+
+    from memslice.scheduler_extender.kubeio.podwrites import MAX_CONNECTIONS
+
+    release = threading.Event()
+    kube.before_request = lambda method, path: release.wait(30) and None
+    writer = PodWriter(kube.api_client())
+    threads = [threading.Thread(target=writer.patch_namespaced_pod, args=("p", "ns", PATCH), kwargs={"timeout": 30})
+               for _ in range(MAX_CONNECTIONS)]
+    for t in threads:
+        t.start()
+    try:
+        wait_until("the pool to be busy", lambda: kube.connections == MAX_CONNECTIONS, timeout=30)
+        with pytest.raises(TimeoutError, match="no connection to the API server free in time"):
+            writer.patch_namespaced_pod("p", "ns", PATCH, timeout=0.2)
+    finally:
+        release.set()
+        for t in threads:
+            t.join(30)
+    assert kube.count("patch", "pods") == MAX_CONNECTIONS  # the one that timed out sent nothing
+    kube.before_request = None
+    writer.patch_namespaced_pod("p", "ns", PATCH)
+    assert kube.connections == MAX_CONNECTIONS
+    writer.close()
+
+
 def _kubeconfig(tmp: Path, url: str, cluster: dict[str, object], user: dict[str, object]) -> str:
     path = tmp / f"kubeconfig-{len(list(tmp.glob('kubeconfig-*')))}"
     path.write_text(json.dumps({

@@ -1,12 +1,13 @@
 """Device-plugin mode with the real kube-scheduler (issue 28, scenario 2).
 
 kube-scheduler runs deploy/'s configuration (the memslice-scheduler profile, leader election in
-memslice-system, the extender over mutual TLS with the certificates `memslice extender-certs` stored as
-deploy/ does) with the memslice-scheduler ServiceAccount's token; the extender runs with its own. Nodes are
+memslice-system, the extender in plain HTTP on loopback as deploy/base runs it in the scheduler's pods) with
+the memslice-scheduler ServiceAccount's token; the extender runs with the same (one pod, one account). Nodes are
 API objects registered as kubelets register them (their own identities), each with 8 GPUs of one of four
 sizes in the memslice.io/gpus annotation the node agent writes and the device plugin's count as capacity.
 Hundreds of pods of mixed sizes: every bound pod is on a GPU of its node with room, no GPU over-committed,
-every binding made by the extender (bind verb; the API server's audit log says who), a pod that fits
+every binding made by the extender (bind verb; the API server's audit log says which program, by user
+agent), a pod that fits
 nowhere gets a FailedScheduling event with one line per cause, and preemption by PriorityClass goes through
 the preempt verb. Scenario 5: the extender, and a real node agent beside a kubelet stand-in, are replaced
 mid-run. Scenario 4: deploy/examples' JupyterHub profiles, the elastic one included, as KubeSpawner makes
@@ -15,14 +16,11 @@ their pods.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import json
 import random
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -36,7 +34,15 @@ import pytest
 import yaml
 from kube_real import RealCluster, kubelet_token, wait_until
 from prometheus_client import generate_latest
-from test_deploy_render import DEPLOY, NAMESPACE, RESOURCE, SCHEDULER_NAME, containers, find, pod_spec, render
+from test_deploy_render import (
+    DEPLOY,
+    NAMESPACE,
+    RESOURCE,
+    SCHEDULER_NAME,
+    extender_container,
+    find,
+    render,
+)
 from test_e2e_cluster import UNIT, GpuNode
 from test_real_deploy import node_agent_token
 
@@ -61,7 +67,8 @@ AGENT_NS = "real-sched-agent"  # its pods, apart from NS's (check_no_overcommit 
 FRAG_NODES = {"gpu-24": 10, "gpu-25": 11, "gpu-26": 12}  # 8 × 16 GiB; one pod of this many GiB per GPU
 PODS = 520
 SCHEDULER_USER = f"system:serviceaccount:{NAMESPACE}:memslice-scheduler"
-EXTENDER_USER = f"system:serviceaccount:{NAMESPACE}:memslice-extender"
+EXTENDER_USER = SCHEDULER_USER  # deploy/base: the extender is a container of the scheduler's pods (one account)
+KUBE_SCHEDULER_AGENT = "kube-scheduler/"  # kube-scheduler's user agent starts so; the extender's is the Python client's
 
 
 def gpus_annotation(node: str, gib: int) -> str:
@@ -87,44 +94,31 @@ def pod_body(name: str, mib: int, pool: str, priority: str | None = None) -> dic
 
 
 def deploy_limit_ratio(objs: list[dict[str, Any]]) -> Fraction:
-    """The extender's --max-limit-ratio as deploy/'s Deployment runs it."""
-    spec = pod_spec(find(objs, "Deployment", "memslice-extender"))
-    assert spec is not None
-    (arg,) = [a for c in containers(spec) for a in c.get("args", []) if a.startswith("--max-limit-ratio=")]
+    """The extender's --max-limit-ratio as deploy/ runs it."""
+    _, _, c = extender_container(objs)
+    (arg,) = [a for a in c.get("args", []) if a.startswith("--max-limit-ratio=")]
     return limit_ratio(arg.split("=", 1)[1])
 
 
-def tls_files(cluster: RealCluster, out: Path) -> Path:
-    """`memslice extender-certs` as deploy/'s Job runs it (its ServiceAccount's token), then the two
-    Secrets' files as the extender's and the scheduler's volumes mount them."""
-    kc = cluster.kubeconfig("extender-certs", cluster.token(NAMESPACE, "memslice-extender-certs"))
-    run = subprocess.run([sys.executable, "-m", "memslice", "extender-certs", "--kubeconfig", str(kc)],
-                         capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    for secret in ("memslice-extender-tls", "memslice-scheduler-extender-client"):
-        data = cluster.ok("GET", f"/api/v1/namespaces/{NAMESPACE}/secrets/{secret}")["data"]
-        (out / secret).mkdir(parents=True)
-        for key, value in data.items():
-            (out / secret / key).write_bytes(base64.b64decode(value))
-    return out
+def extender_api(cluster: RealCluster, name: str, pool_maxsize: int = 16) -> Any:
+    """An API client with the token of the account deploy/base runs the extender under: the scheduler's."""
+    api, _ = load_api_client(str(cluster.kubeconfig(name, cluster.token(NAMESPACE, "memslice-scheduler"))),
+                             pool_maxsize=pool_maxsize)
+    return api
 
 
-def scheduler_config(cluster: RealCluster, ext_port: int, tls: Path) -> dict[str, Any]:
+def scheduler_config(cluster: RealCluster, ext_port: int) -> dict[str, Any]:
     """deploy/'s KubeSchedulerConfiguration, with what a pod's environment gives it changed: the API
-    server's address (kubeconfig), the extender's address (loopback here; its certificate still checked
-    for the Service's name) and where the client certificate is mounted."""
+    server's address (kubeconfig) and the extender's port (deploy/base: 127.0.0.1:8888 in the scheduler's own
+    pod; here the extender the test started on loopback, in plain HTTP as there)."""
     cm = find(render("base"), "ConfigMap", next(o["metadata"]["name"] for o in render("base")
                                                  if o["metadata"]["name"].startswith("memslice-scheduler-config")))
     config = yaml.safe_load(cm["data"]["scheduler-config.yaml"])
     token = cluster.token(NAMESPACE, "memslice-scheduler")
     config["clientConnection"] = {"kubeconfig": str(cluster.kubeconfig("memslice-scheduler", token))}
     (ext,) = config["extenders"]
-    host = re.fullmatch(r"https://([^:/]+):8888", ext["urlPrefix"])
-    assert host, ext["urlPrefix"]
-    ext["urlPrefix"] = f"https://127.0.0.1:{ext_port}"
-    client = tls / "memslice-scheduler-extender-client"
-    ext["tlsConfig"] = {"certFile": str(client / "tls.crt"), "keyFile": str(client / "tls.key"),
-                        "caFile": str(client / "ca.crt"), "serverName": host.group(1)}
+    assert ext["urlPrefix"] == "http://127.0.0.1:8888" and ext["enableHTTPS"] is False, ext
+    ext["urlPrefix"] = f"http://127.0.0.1:{ext_port}"
     return config
 
 
@@ -169,13 +163,8 @@ def world(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -
     for name in FRAG_NODES:
         add_gpu_node(cluster, name, 16, "frag")
     add_gpu_node(cluster, JHUB_NODE, 16, "jhub")
-    tls = tls_files(cluster, tmp_path_factory.mktemp("tls"))
-    server = tls / "memslice-extender-tls"
-    api, _ = load_api_client(str(cluster.kubeconfig("sched-extender", cluster.token(NAMESPACE, "memslice-extender"))),
-                             pool_maxsize=16)
-    config = Config(address="127.0.0.1", port=0, watch_timeout=60, tls_cert_file=str(server / "tls.crt"),
-                    tls_key_file=str(server / "tls.key"), tls_client_ca_file=str(server / "ca.crt"),
-                    max_limit_ratio=deploy_limit_ratio(objs))
+    api = extender_api(cluster, "sched-extender")
+    config = Config(address="127.0.0.1", port=0, watch_timeout=60, max_limit_ratio=deploy_limit_ratio(objs))
     world = World(cluster, Extender(api, config).start(), config, api)
     sched = None
     try:
@@ -183,7 +172,7 @@ def world(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -
         assert ext.wait_synced(30), "extender did not sync"
         assert ext.state.wait_for(lambda s: all(s.view(n) is not None for n in [*NODES, PREEMPT_NODE]), 30)
         port = int(ext.url.rsplit(":", 1)[1])
-        sched = cluster.start_scheduler(scheduler_config(cluster, port, tls), "memslice-scheduler")
+        sched = cluster.start_scheduler(scheduler_config(cluster, port), "memslice-scheduler")
         world.sched = sched  # type: ignore[attr-defined]
         yield world
     finally:
@@ -250,10 +239,10 @@ def test_hundreds_of_pods_through_the_real_scheduler(world: World) -> None:
     fit = [p["metadata"]["name"] for p in pending
            if int(p["spec"]["containers"][0]["resources"]["limits"][RESOURCE]) <= most_free]
     assert not fit, f"pending pods that fit a GPU with {most_free} MiB free: {fit}"
-    # every binding is the extender's: the scheduler delegated them all (bindVerb)
-    bindings = {e["user"]["username"] for e in world.cluster.audit(EXTENDER_USER) + world.cluster.audit(
-        SCHEDULER_USER) if e.get("objectRef", {}).get("subresource") == "binding" and e["verb"] == "create"}
-    assert bindings == {EXTENDER_USER}
+    # every binding is the extender's: the scheduler delegated them all (bindVerb); one account, two programs
+    binders = {e.get("userAgent", "").startswith(KUBE_SCHEDULER_AGENT) for e in world.cluster.audit(SCHEDULER_USER)
+               if e.get("objectRef", {}).get("subresource") == "binding" and e["verb"] == "create"}
+    assert binders == {False}
     assert world.verb_calls("bind") >= len(bound)
 
 

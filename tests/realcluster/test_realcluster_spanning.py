@@ -17,11 +17,10 @@ from typing import Any
 import pytest
 from kube_real import RealCluster, kubelet_token, wait_until
 from prometheus_client import generate_latest
-from test_deploy_render import NAMESPACE, RESOURCE, SCHEDULER_NAME, render
-from test_real_scheduler import deploy_limit_ratio, scheduler_config, tls_files
+from test_deploy_render import RESOURCE, SCHEDULER_NAME, render
+from test_real_scheduler import deploy_limit_ratio, extender_api, scheduler_config
 
 from memslice.contract import ANN_GPU_COUNT, Gpu, Inventory, set_distance
-from memslice.kube.config import load_api_client
 from memslice.scheduler_extender.app import Config, Extender
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("kube")]
@@ -94,19 +93,14 @@ def world(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -
     for name in POOL:
         gpus.update({g.uuid: g for g in add_node(cluster, name, 8, 24, "span")})
     gpus.update({g.uuid: g for g in add_node(cluster, PREEMPT, 4, 16, "span-preempt")})
-    tls = tls_files(cluster, tmp_path_factory.mktemp("tls"))
-    server = tls / "memslice-extender-tls"
-    api, _ = load_api_client(str(cluster.kubeconfig("span-extender", cluster.token(NAMESPACE, "memslice-extender"))),
-                             pool_maxsize=16)
-    config = Config(address="127.0.0.1", port=0, watch_timeout=60, tls_cert_file=str(server / "tls.crt"),
-                    tls_key_file=str(server / "tls.key"), tls_client_ca_file=str(server / "ca.crt"),
-                    max_limit_ratio=deploy_limit_ratio(objs))
+    api = extender_api(cluster, "span-extender")
+    config = Config(address="127.0.0.1", port=0, watch_timeout=60, max_limit_ratio=deploy_limit_ratio(objs))
     ext = Extender(api, config).start()
     sched = None
     try:
         assert ext.wait_synced(30), "extender did not sync"
         assert ext.state.wait_for(lambda s: all(s.view(n) is not None for n in [*POOL, PREEMPT]), 30)
-        sched_config = scheduler_config(cluster, int(ext.url.rsplit(":", 1)[1]), tls)
+        sched_config = scheduler_config(cluster, int(ext.url.rsplit(":", 1)[1]))
         sched_config["leaderElection"] = {"leaderElect": False}  # this module's scheduler alone serves the name
         sched = cluster.start_scheduler(sched_config, "memslice-scheduler-span")
         yield World(cluster, ext, sched, gpus)

@@ -36,11 +36,10 @@ from kube_node import (
 from kube_node_images import TEST_IMAGE
 from kube_real import RealCluster, wait_until
 from test_deploy_render import NAMESPACE, RESOURCE, SCHEDULER_NAME, render
-from test_real_scheduler import deploy_limit_ratio, scheduler_config, tls_files
+from test_real_scheduler import deploy_limit_ratio, extender_api, scheduler_config
 
 from memslice.elastic import read_boards
 from memslice.interposer.region import read_region_file
-from memslice.kube.config import load_api_client
 from memslice.plugin.regions import CONTAINER_SHIM
 from memslice.scheduler_extender.app import Config, Extender
 
@@ -115,15 +114,11 @@ def world(real_cluster: RealCluster, cbin: dict[str, str], tmp_path_factory: pyt
         agent = NodeAgent(root / "agent", NODE, kubeconfig, [
             "--simulate", GPUS, "--unit-mib", str(UNIT), "--device-plugin-dir", str(DEVICE_PLUGIN_DIR),
             "--pod-resources-socket", str(node.pod_resources), "--reconcile-interval-s", "1", "--idle-after", "0.3"])
-        tls = tls_files(cluster, tmp_path_factory.mktemp("rn-tls"))
-        server = tls / "memslice-extender-tls"
-        api, _ = load_api_client(str(cluster.kubeconfig("rn-extender", cluster.token(NAMESPACE, "memslice-extender"))))
-        config = Config(address="127.0.0.1", port=0, watch_timeout=60, tls_cert_file=str(server / "tls.crt"),
-                        tls_key_file=str(server / "tls.key"), tls_client_ca_file=str(server / "ca.crt"),
-                        max_limit_ratio=deploy_limit_ratio(objs))
+        api = extender_api(cluster, "rn-extender")
+        config = Config(address="127.0.0.1", port=0, watch_timeout=60, max_limit_ratio=deploy_limit_ratio(objs))
         ext = Extender(api, config).start()
         assert ext.wait_synced(30), "extender did not sync"
-        sched = cluster.start_scheduler(scheduler_config(cluster, int(ext.url.rsplit(":", 1)[1]), tls),
+        sched = cluster.start_scheduler(scheduler_config(cluster, int(ext.url.rsplit(":", 1)[1])),
                                         "rn-memslice-scheduler")
         world = World(cluster, node, agent, ext, sched)
         wait_until("the device plugin's devices in the Node's allocatable (kubelet)",

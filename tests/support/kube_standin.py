@@ -26,7 +26,8 @@ Test hooks: `put`/`get`/`delete` bypass HTTP, `require_token` answers 401 to req
 token, `start(tls)` serves HTTPS, `connections` and `proxied` count connections and absolute-URL
 (proxy-form) requests, `restart()` drops every open connection (watch streams
 included) but keeps state, `compact()` makes every resourceVersion so far too old, `fail_next()`
-injects an error answer, and `request_counts` counts requests per (verb, resource).
+injects an error answer, `request_counts` counts requests per (verb, resource), and `before_request`
+(a callable, or None) runs in a request's thread before it is served (a test holds answers with it).
 
 Stdlib ThreadingHTTPServer: one thread per connection is exactly the model a watch stream wants, and it
 needs no dependency; with memslice.lean_http's handler and orjson, because the extender benchmark runs this
@@ -42,6 +43,7 @@ import ssl
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -83,6 +85,7 @@ class KubeApiStandin:
         self.require_token: str | None = None  # set: API requests without `Bearer <it>` get 401
         self.connections = 0  # connections accepted so far
         self.proxied = 0  # requests whose target was an absolute URL (as a client sends them to a proxy)
+        self.before_request: Callable[[str, str], None] | None = None  # (method, path), before serving it
         self.url = ""
 
     # ---- lifecycle
@@ -330,6 +333,9 @@ class _Handler(LeanRequestHandler):
             verb = {"GET": "watch" if watching else ("get" if name else "list"), "POST": "create",
                     "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
             resource = plural + (f"/{sub}" if sub else "")
+            hook = self.owner.before_request
+            if hook is not None:
+                hook(method, parts.path)
             self.owner._count(verb, resource)
             fault = self.owner._take_fault(method, parts.path)
             if fault is not None:
