@@ -771,7 +771,8 @@ def run(args: argparse.Namespace) -> dict:
                           "gc_max_pause_cpu_ms_while_growing": round(max((c for _, _, c in grown_log), default=0.0), 1),
                           "gc_full_collections_while_growing": sum(1 for _, g in grown_gcs if g == 2), **figures})
             print(f"  [band {level}%: fill {bands[-1]['fill_pct']}%, {state['pods']} pods in the cluster before the "
-                  f"band, {figures['pods']} scheduled: {figures['pods_per_s']} pods/s, {figures['cpu_ms_per_pod']} ms CPU/pod (client "
+                  f"band, {figures['pods']} scheduled: {figures['pods_per_s']} pods/s, "
+                  f"{figures['cpu_ms_per_pod']} ms CPU/pod (client "
                   f"{figures['client_cpu_ms_per_pod']}, API stand-in {figures['standin_cpu_ms_per_pod']}), filter p50 "
                   f"{figures['filter_ms']['median']} ms"
                   + (f", {figures['scrapers']} scrapers: {figures['scrapes_200_per_s']} scrapes/s answered, "
