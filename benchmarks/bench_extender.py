@@ -381,6 +381,18 @@ def cpu_split(pid: int) -> tuple[float, float]:
     return int(fields[11]) / tick, int(fields[12]) / tick
 
 
+def runqueue_s(pid: int) -> float:
+    """Seconds the process's live threads have waited on a run queue (runnable, no CPU free: the machine's other
+    jobs, or our other processes), from /proc/PID/task/*/schedstat; 0 where the kernel keeps no schedstats."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):  # a thread that ended meanwhile
+            continue
+    return total / 1e9
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -666,6 +678,7 @@ def schedule(bench: Bench, pods: list[dict], names: list[str], k: int, rng: rand
     bench.gc_pauses()
     (user0, sys0), t0 = cpu_split(pid), time.perf_counter()
     cpu0, client0, standin0 = user0 + sys0, time.process_time(), cpu_s(bench.standin.pid)
+    waits0 = [runqueue_s(p) for p in (pid, os.getpid(), bench.standin.pid)]
     for pod, filter_body, pod_text in zip(pods, filter_bodies, pod_json, strict=True):
         dt_f, res = conn.post("filter", filter_body, raw=True)
         lat_f.append(dt_f)
@@ -683,6 +696,7 @@ def schedule(bench: Bench, pods: list[dict], names: list[str], k: int, rng: rand
     conn.drain()
     wall, (user1, sys1) = time.perf_counter() - t0, cpu_split(pid)
     client, standin = time.process_time() - client0, cpu_s(bench.standin.pid) - standin0
+    waits = [runqueue_s(p) - w for p, w in zip((pid, os.getpid(), bench.standin.pid), waits0, strict=True)]
     scraped = stop_scrapers(scrapers, wall)
     if spy is not None:
         spy.send_signal(signal.SIGINT)
@@ -706,6 +720,10 @@ def schedule(bench: Bench, pods: list[dict], names: list[str], k: int, rng: rand
                                         round((sys1 - sys0) / len(pods) * ms, 3)],
             "client_cpu_ms_per_pod": round(client / len(pods) * ms, 3),
             "standin_cpu_ms_per_pod": round(standin / len(pods) * ms, 3),
+            # runnable but waiting for a CPU, per pod: the extender's threads, the client's, the stand-in's
+            "runqueue_wait_ms_per_pod": {k: round(w / len(pods) * ms, 3)
+                                         for k, w in zip(("extender", "client", "standin"), waits, strict=True)},
+            "load_avg_1m": round(os.getloadavg()[0], 2),
             "gc_max_pause_ms": round(max((p for p, _ in gcs), default=0.0), 1),
             "gc_max_pause_cpu_ms": round(max((c for _, _, c in gc_log), default=0.0), 1),
             "gc_full_collections": sum(1 for _, g in gcs if g == 2),
