@@ -1,16 +1,15 @@
-"""The scheduling cycle's verbs first: watch events give way to a filter or prioritize in progress.
+"""The scheduling cycle's verbs first: binds and watch events give way to a filter or prioritize in progress.
 
 Why: kube-scheduler's scheduling cycle is serial (filter, then prioritize, then the next pod) while its binds
-run beside it, and every bound pod comes back to the extender as a watch event, a stretch of Python (decoding
-the pod, recording it). All threads take turns on one GIL, and a thread that leaves it for a system call
-(each recv and send of a filter's body and answer) gets it back only when the thread that took it leaves it
-in turn: so the watch work of the previous pods ran inside the next pod's filter and prioritize, on the
-serial path that bounds pods/s (benchmarks/README.md, "500 pods/s with all names"). Here that work waits,
-bounded by MAX_WAIT_S, while a filter or prioritize is being served, and for EXPECT_S after a filter (its
-prioritize follows), so it runs in the gaps of the cycle (while kube-scheduler picks the host). Nothing is
-skipped or reordered: an event is only applied a little later, never more than MAX_WAIT_S later, however
-busy the verbs are. Binds do not wait: a bind's reservation must be in the state before the next pod's
-filter reads it (else both pods would be sent to the same room and the second bind refused).
+run beside it, and every pod's bind brings the extender two stretches of Python besides (the bind itself,
+then the watch event of the bound pod). All of them take turns on one GIL, and a thread that leaves it for a
+system call (each recv and send of a filter's body and answer) gets it back only when the thread that took
+it leaves it in turn: so the bind and watch work of the previous pods ran inside the next pod's filter and
+prioritize, on the serial path that bounds pods/s (benchmarks/README.md, "500 pods/s with all names"). Here
+that work waits, bounded by MAX_WAIT_S, while a filter or prioritize is being served, and for EXPECT_S after a
+filter (its prioritize follows), so it runs in the gaps of the cycle (while kube-scheduler picks the host).
+Nothing is skipped or reordered among binds or events: each only starts a little later, never more than
+MAX_WAIT_S later, however busy the verbs are.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 
-MAX_WAIT_S = 0.002  # the longest a watch event waits for the verbs (about one filter + prioritize)
+MAX_WAIT_S = 0.002  # the longest a bind or watch event waits for the verbs (about one filter + prioritize)
 EXPECT_S = 0.001  # after a filter, how long its prioritize is waited for (the scheduler's gap between them)
 
 
@@ -31,7 +30,7 @@ class Foreground:
         self._cond = threading.Condition(threading.Lock())
         self._active = 0
         self._until = 0.0  # monotonic time until which a prioritize is expected (after a filter)
-        self.waiting = 0  # watch events waiting now
+        self.waiting = 0  # binds and watch events waiting now
         self.waits = 0  # those that waited, since start
 
     def begin(self) -> None:
@@ -52,7 +51,7 @@ class Foreground:
 
     def give_way(self) -> float:
         """Wait until no filter or prioritize is being served nor expected, at most max_wait_s; the seconds
-        waited. Called by the pod watch before it applies an event."""
+        waited. Called by binds and watch events before their work."""
         if not self.busy():  # the usual case in a gap: no lock taken
             return 0.0
         start = time.monotonic()

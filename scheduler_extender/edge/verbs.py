@@ -49,7 +49,7 @@ class Verbs:
         self.metrics = metrics
         self.memo = FitMemo(state, limit_ratio)
         self.capped = limit_ratio is not None  # --max-limit-ratio: the memo's key carries the pod's limit
-        self.foreground = Foreground()  # filter and prioritize first; watch events give way
+        self.foreground = Foreground()  # filter and prioritize first; binds and watch events give way
 
     # ------------------------------------------------------------------ filter
     def filter(self, body: Any) -> tuple[int, Any]:
@@ -188,8 +188,7 @@ class Verbs:
         if not self.state.synced:
             self.metrics.bind_failures.labels("not_synced").inc()
             return 200, wire.binding_result(NOT_SYNCED)
-        # Not held back for a filter being served (foreground.py): the reservation must be in the state before
-        # the next pod's filter reads it, or both pods would be sent to the same room.
+        self.foreground.give_way()  # off the scheduling cycle's serial path (foreground.py)
         try:
             self.binder.bind(args)
         except BindError as exc:
