@@ -112,12 +112,10 @@ class Extender:
         self.state.replace_pods(entries, rv)
 
     def _upsert_pod(self, obj: dict[str, Any]) -> None:
-        self.verbs.foreground.give_way()  # a filter or prioritize in progress first (edge/foreground.py)
         self.served.note(obj)
         self.state.upsert_pod(obj)
 
     def _delete_pod(self, obj: dict[str, Any]) -> None:
-        self.verbs.foreground.give_way()
         self.served.forget(obj)
         self.state.delete_pod(obj)
 

@@ -53,7 +53,6 @@ from .verbs import Verbs
 
 log = logging.getLogger(__name__)
 VERBS = ("filter", "prioritize", "bind", "preempt")
-CYCLE_VERBS = ("filter", "prioritize")  # the scheduling cycle's, serial in kube-scheduler
 
 BYTES_PER_VALUE = 128  # Python memory per parsed JSON value, worst case (an empty list: 72 B) plus the verb's
 SMALL_BODY = 256 << 10  # bodies up to this size use the small budget (a filter of 5,000 nodes: ~180 KiB)
@@ -340,9 +339,6 @@ class _Handler(LeanRequestHandler):
                                               f"{length} bytes waited {WAIT_S:g} s for memory (try again)"))
             return 503
         self._budget, self._held = budget, held
-        cycle = verb in CYCLE_VERBS
-        if cycle:  # binds and watch events give way until it is answered (foreground.py)
-            self.server.verbs.foreground.begin()
         try:
             code, obj = self._parse_and_run(verb)
             if budget is self.server.small_budget:  # an answer that fits the socket's buffers
@@ -356,8 +352,6 @@ class _Handler(LeanRequestHandler):
             return code
         finally:
             budget.release(self._held)
-            if cycle:
-                self.server.verbs.foreground.end(expect_more=verb == "filter")
 
     _budget: ByteBudget
     _held = 0

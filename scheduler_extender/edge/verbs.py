@@ -27,7 +27,6 @@ from ..placement import decisions
 from ..placement.records import PodView
 from ..placement.state import ClusterState
 from ..wire import ExtenderArgs, WireError
-from .foreground import Foreground
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -49,7 +48,6 @@ class Verbs:
         self.metrics = metrics
         self.memo = FitMemo(state, limit_ratio)
         self.capped = limit_ratio is not None  # --max-limit-ratio: the memo's key carries the pod's limit
-        self.foreground = Foreground()  # filter and prioritize first; binds and watch events give way
 
     # ------------------------------------------------------------------ filter
     def filter(self, body: Any) -> tuple[int, Any]:
@@ -188,7 +186,6 @@ class Verbs:
         if not self.state.synced:
             self.metrics.bind_failures.labels("not_synced").inc()
             return 200, wire.binding_result(NOT_SYNCED)
-        self.foreground.give_way()  # off the scheduling cycle's serial path (foreground.py)
         try:
             self.binder.bind(args)
         except BindError as exc:
