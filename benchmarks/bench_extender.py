@@ -21,9 +21,11 @@ Three processes, so that the extender's figures are its own:
 Per fill band (the prefill brings the cluster to the band's lower edge, then --per-band pods are scheduled
 through the extender): filter+prioritize median and p99 per pod, pods/s through all three verbs, the
 extender's CPU per pod (the figure to compare: wall-clock figures on a shared machine are noisy), its
-longest garbage-collection pause, its RSS. With --restart, the extender is then restarted on the full
-cluster: seconds from start to the first answered filter, RSS after the relist, and a check of every GPU
-(no reservation double-counted or lost: 0 over-committed GPUs). `--restart-at FRACTION` only restarts, on a
+longest garbage-collection pause, its RSS, and how long the extender's, the client's and the stand-in's
+threads waited runnable for a CPU per pod (on a shared machine, the other jobs' share of the chain). With
+--restart, the extender is then restarted on the full cluster: seconds from start to the first answered
+filter, RSS after the relist, and a check of every GPU (no reservation double-counted or lost: 0
+over-committed GPUs). `--restart-at FRACTION` only restarts, on a
 cluster prefilled to FRACTION, `--restarts` times, alternating with `--alt-pythonpath` (another tree of the
 package, e.g. main's). BENCH_PYSPY=file records the extender with py-spy (BENCH_PYSPY_RATE: samples/s, 250;
 BENCH_PYSPY_SCOPE=bands: only while the bands' pods are scheduled, the steady state without start-up and
