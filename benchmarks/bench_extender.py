@@ -21,11 +21,15 @@ Three processes, so that the extender's figures are its own:
 Per fill band (the prefill brings the cluster to the band's lower edge, then --per-band pods are scheduled
 through the extender): filter+prioritize median and p99 per pod, pods/s through all three verbs, the
 extender's CPU per pod (the figure to compare: wall-clock figures on a shared machine are noisy), its
-longest garbage-collection pause, its RSS. With --restart, the extender is then restarted on the full
-cluster: seconds from start to the first answered filter, RSS after the relist, and a check of every GPU
-(no reservation double-counted or lost: 0 over-committed GPUs). `--restart-at FRACTION` only restarts, on a
+longest garbage-collection pause, its RSS, and how long the extender's, the client's and the stand-in's
+threads waited runnable for a CPU per pod (on a shared machine, the other jobs' share of the chain). With
+--restart, the extender is then restarted on the full cluster: seconds from start to the first answered
+filter, RSS after the relist, and a check of every GPU (no reservation double-counted or lost: 0
+over-committed GPUs). `--restart-at FRACTION` only restarts, on a
 cluster prefilled to FRACTION, `--restarts` times, alternating with `--alt-pythonpath` (another tree of the
-package, e.g. main's). BENCH_PYSPY=file records the extender with py-spy (BENCH_PYSPY_RATE: samples/s, 250).
+package, e.g. main's). BENCH_PYSPY=file records the extender with py-spy (BENCH_PYSPY_RATE: samples/s, 250;
+BENCH_PYSPY_SCOPE=bands: only while the bands' pods are scheduled, the steady state without start-up and
+warm-up; each band overwrites the file).
 The extender's modules are compiled into a bytecode cache of the run's own before any start is timed, as an
 image's install compiles them (a shell's PYTHONDONTWRITEBYTECODE would otherwise make every start of an
 editable install compile our sources again).
@@ -58,6 +62,7 @@ import random
 import select
 import selectors
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -378,6 +383,18 @@ def cpu_split(pid: int) -> tuple[float, float]:
     return int(fields[11]) / tick, int(fields[12]) / tick
 
 
+def runqueue_s(pid: int) -> float:
+    """Seconds the process's live threads have waited on a run queue (runnable, no CPU free: the machine's other
+    jobs, or our other processes), from /proc/PID/task/*/schedstat; 0 where the kernel keeps no schedstats."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):  # a thread that ended meanwhile
+            continue
+    return total / 1e9
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -469,12 +486,8 @@ class Bench:
                 "--log-level", "warning"]
         t0 = time.monotonic()
         self.ext = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
-        if os.environ.get("BENCH_PYSPY"):  # until the extender exits; each start overwrites the file
-            rate = os.environ.get("BENCH_PYSPY_RATE", "250")  # samples per second
-            self.spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--nonblocking",
-                                         "-r", rate, "-f", "raw", "-g", "-o", os.environ["BENCH_PYSPY"],
-                                         "--pid", str(self.ext.pid)],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if os.environ.get("BENCH_PYSPY") and os.environ.get("BENCH_PYSPY_SCOPE") != "bands":
+            self.spy = self.record()  # until the extender exits; each start overwrites the file
         assert self.ext.stdout is not None
         line = self.ext.stdout.readline()
         if "serving" not in line:
@@ -491,6 +504,15 @@ class Bench:
             if time.monotonic() - t0 > 600:
                 raise TimeoutError("the extender did not sync in 600 s")
             time.sleep(0.01)
+
+    def record(self) -> subprocess.Popen:
+        """py-spy recording the extender into BENCH_PYSPY (raw samples, GIL holders only), from now until it
+        exits or the recorder gets SIGINT."""
+        assert self.ext is not None
+        rate = os.environ.get("BENCH_PYSPY_RATE", "250")  # samples per second
+        return subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--nonblocking",
+                                 "-r", rate, "-f", "raw", "-g", "-o", os.environ["BENCH_PYSPY"],
+                                 "--pid", str(self.ext.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def stop_extender(self) -> None:
         if self.ext is not None:
@@ -652,9 +674,13 @@ def schedule(bench: Bench, pods: list[dict], names: list[str], k: int, rng: rand
     lat_f: list[float] = []
     unschedulable = 0
     scrapers = start_scrapers(bench)
+    spy = bench.record() if os.environ.get("BENCH_PYSPY") and os.environ.get("BENCH_PYSPY_SCOPE") == "bands" else None
+    if spy is not None:
+        time.sleep(0.5)  # py-spy attaches (the benchmark's own pause, before its clock starts)
     bench.gc_pauses()
     (user0, sys0), t0 = cpu_split(pid), time.perf_counter()
     cpu0, client0, standin0 = user0 + sys0, time.process_time(), cpu_s(bench.standin.pid)
+    waits0 = [runqueue_s(p) for p in (pid, os.getpid(), bench.standin.pid)]
     for pod, filter_body, pod_text in zip(pods, filter_bodies, pod_json, strict=True):
         dt_f, res = conn.post("filter", filter_body, raw=True)
         lat_f.append(dt_f)
@@ -672,7 +698,11 @@ def schedule(bench: Bench, pods: list[dict], names: list[str], k: int, rng: rand
     conn.drain()
     wall, (user1, sys1) = time.perf_counter() - t0, cpu_split(pid)
     client, standin = time.process_time() - client0, cpu_s(bench.standin.pid) - standin0
+    waits = [runqueue_s(p) - w for p, w in zip((pid, os.getpid(), bench.standin.pid), waits0, strict=True)]
     scraped = stop_scrapers(scrapers, wall)
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(60)
     cpu = user1 + sys1 - cpu0
     gc_log = bench.gc_log_since()
     gcs = [(ms, gen) for ms, gen, _ in gc_log]
@@ -692,6 +722,10 @@ def schedule(bench: Bench, pods: list[dict], names: list[str], k: int, rng: rand
                                         round((sys1 - sys0) / len(pods) * ms, 3)],
             "client_cpu_ms_per_pod": round(client / len(pods) * ms, 3),
             "standin_cpu_ms_per_pod": round(standin / len(pods) * ms, 3),
+            # runnable but waiting for a CPU, per pod: the extender's threads, the client's, the stand-in's
+            "runqueue_wait_ms_per_pod": {k: round(w / len(pods) * ms, 3)
+                                         for k, w in zip(("extender", "client", "standin"), waits, strict=True)},
+            "load_avg_1m": round(os.getloadavg()[0], 2),
             "gc_max_pause_ms": round(max((p for p, _ in gcs), default=0.0), 1),
             "gc_max_pause_cpu_ms": round(max((c for _, _, c in gc_log), default=0.0), 1),
             "gc_full_collections": sum(1 for _, g in gcs if g == 2),
@@ -756,8 +790,9 @@ def run(args: argparse.Namespace) -> dict:
                           "gc_max_pause_ms_while_growing": round(max((p for p, _ in grown_gcs), default=0.0), 1),
                           "gc_max_pause_cpu_ms_while_growing": round(max((c for _, _, c in grown_log), default=0.0), 1),
                           "gc_full_collections_while_growing": sum(1 for _, g in grown_gcs if g == 2), **figures})
-            print(f"  [band {level}%: fill {bands[-1]['fill_pct']}%, {state['pods']} pods, "
-                  f"{figures['pods_per_s']} pods/s, {figures['cpu_ms_per_pod']} ms CPU/pod (client "
+            print(f"  [band {level}%: fill {bands[-1]['fill_pct']}%, {state['pods']} pods in the cluster before the "
+                  f"band, {figures['pods']} scheduled: {figures['pods_per_s']} pods/s, "
+                  f"{figures['cpu_ms_per_pod']} ms CPU/pod (client "
                   f"{figures['client_cpu_ms_per_pod']}, API stand-in {figures['standin_cpu_ms_per_pod']}), filter p50 "
                   f"{figures['filter_ms']['median']} ms"
                   + (f", {figures['scrapers']} scrapers: {figures['scrapes_200_per_s']} scrapes/s answered, "
@@ -794,7 +829,7 @@ def report(r: dict) -> None:
           f"(first sync {r['first_sync_s']} s)"
           + (f", {c['multi_gpu_pct']:g}% of them on 2 or 4 GPUs" if c.get("multi_gpu_pct") else "")
           + (", GPU topology published" if c.get("topology") else ""))
-    print("  band  fill%   pods     f+p p50  f+p p99   pods/s  CPU ms/pod  max GC ms  full GCs  RSS MiB"
+    print("  band  fill%  running  f+p p50  f+p p99   pods/s  CPU ms/pod  max GC ms  full GCs  RSS MiB"
           "  (while growing by watch: max GC ms, full GCs)")
     for b in r["bands"]:
         fp = b["filter_prioritize_ms"]

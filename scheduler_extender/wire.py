@@ -18,6 +18,19 @@ from memslice import errors
 MAX_NODE_NAMES = 100_000
 MAX_NAME_LEN = 253
 NAMES_LAST = b',"NodeNames":'  # ExtenderArgs' last member as kube-scheduler writes it (see split_names_last)
+MAX_JSON_VALUES = 500_000  # a filter of 50,000 nodes holds ~52,000; 100,000 names (MAX_NODE_NAMES) fit
+# The most values split_names_last lets a head hold: with the MAX_NODE_NAMES names (and their array) a fast
+# path may read after it, a request it serves holds at most MAX_JSON_VALUES, as the server's count allows.
+MAX_HEAD_VALUES = MAX_JSON_VALUES - MAX_NODE_NAMES - 1
+
+
+def json_values_bound(data: bytes | bytearray | memoryview) -> int:
+    """An upper bound on the JSON values and object keys in `data` (each follows a `[`, `{`, `,` or `:`,
+    or is the first), counted at C speed before parsing; bytes inside strings only raise the bound. One
+    deleting pass rather than four counts: 33 against 73 us for a filter of 5,000 names (65 KB); the copy
+    it makes is smaller than the body, which the request's budget already holds twice over."""
+    raw = data if isinstance(data, (bytes, bytearray)) else bytes(data)
+    return len(raw) - len(raw.translate(None, b",:[{")) + 1
 
 
 class WireError(errors.InputError):
@@ -250,15 +263,32 @@ def split_names_last(data: bytearray) -> tuple[dict[str, Any], bytes] | None:
     two members of the top-level object (outside every string, at depth 1), so `data` is that object with one
     more member, `"NodeNames":` and the rest; the caller still decodes or compares that rest. A head with a
     NodeNames member of any casing is refused (a second one would decide which wins). `data` is changed for
-    the head's decoding only (its ',' turned into '}', then back)."""
+    the head's decoding only (its ',' turned into '}', then back). The cut is sought from the start (the pod
+    comes first, the 5,000 names after it: reading back from the end went over all of them), then, when the
+    head there does not decode (the text inside the pod), from the end. A head that may hold more than
+    MAX_HEAD_VALUES values is not decoded (None: the server counts the whole body's values first, and refuses
+    what holds too many): no request a fast path serves holds more than the server would parse."""
     if not data.endswith(b"]}"):
         return None
-    cut = data.rfind(NAMES_LAST)
+    first = data.find(NAMES_LAST)
+    head = _head_at(data, first)
+    if head is None and (last := data.rfind(NAMES_LAST)) != first:
+        first, head = last, _head_at(data, last)
+    if head is None:
+        return None
+    return head, bytes(data[first + len(NAMES_LAST):-1])
+
+
+def _head_at(data: bytearray, cut: int) -> dict[str, Any] | None:
+    """The object `data[:cut] + "}"` decodes to, when it is one without a NodeNames member (any casing) and
+    may hold at most MAX_HEAD_VALUES values; else None."""
     if cut <= 0:
         return None
     data[cut] = ord("}")  # the head decoded in place (no copy of a large pod): `{...}` then `"NodeNames":...`
     try:
         with memoryview(data) as view:
+            if json_values_bound(view[:cut]) > MAX_HEAD_VALUES:
+                return None
             head = orjson.loads(view[:cut + 1])
     except (ValueError, RecursionError):
         return None
@@ -266,7 +296,7 @@ def split_names_last(data: bytearray) -> tuple[dict[str, Any], bytes] | None:
         data[cut] = ord(",")
     if not isinstance(head, dict) or not head or any(k.lower() == "nodenames" for k in head):
         return None
-    return head, bytes(data[cut + len(NAMES_LAST):-1])
+    return head
 
 
 def decode_pod_of(head: dict[str, Any]) -> dict[str, Any]:

@@ -9,11 +9,12 @@ handler is memslice.lean_http's: the stdlib's with a faster header parser and on
 Hostile input (docs/architecture.md, "Request limits"): bodies need exactly one Content-Length (411
 otherwise; two, or one with Transfer-Encoding: 400) no larger than --max-body-mib (413, the body is not
 read and the connection is closed). What parsing a body can cost is bounded before it is read:
-`request_cost` (the body plus BYTES_PER_VALUE for each JSON value it can hold; once the body is read and
-its values counted, only the body plus BYTES_PER_VALUE per value counted is kept) is taken from one of two
+`request_cost` (the body plus BYTES_PER_VALUE for each JSON value it can hold; once the body's values are
+counted, only the body plus BYTES_PER_VALUE per value counted is kept) is taken from one of two
 byte budgets, small bodies' and large bodies', so large requests queue among themselves (at most
-WAIT_S, then 503) and never in front of small ones; after the read, a body that may hold more than
-MAX_JSON_VALUES values gets 413 unparsed (a few C-speed byte counts), and nesting deeper than the parser's
+WAIT_S, then 503) and never in front of small ones; before a body is parsed whole, one that may hold more
+than MAX_JSON_VALUES values gets 413 unparsed (a few C-speed byte counts; filter's and prioritize's
+reads of the request's bytes parse a bounded head only, wire.split_names_last), and nesting deeper than the parser's
 1,024 levels gets 400. The whole body must arrive within BODY_TIMEOUT_S (a slow client holds its budget no
 longer); idle reads time out after 30 s. Any unexpected exception answers 500 with an `Error` and is
 logged; nothing crashes the server.
@@ -46,13 +47,13 @@ import orjson
 
 from memslice.lean_http import BoundedHTTPServer, ConnLimits, LeanRequestHandler
 
+from ..wire import MAX_JSON_VALUES, json_values_bound
 from .metrics import Metrics
 from .verbs import Verbs
 
 log = logging.getLogger(__name__)
 VERBS = ("filter", "prioritize", "bind", "preempt")
 
-MAX_JSON_VALUES = 500_000  # a filter of 50,000 nodes holds ~52,000; 100,000 names (wire.MAX_NODE_NAMES) fit
 BYTES_PER_VALUE = 128  # Python memory per parsed JSON value, worst case (an empty list: 72 B) plus the verb's
 SMALL_BODY = 256 << 10  # bodies up to this size use the small budget (a filter of 5,000 nodes: ~180 KiB)
 SMALL_BUDGET = 64 << 20  # bytes of request_cost that small bodies may hold at once
@@ -69,14 +70,6 @@ def request_cost(length: int) -> int:
     """The most memory a body of `length` bytes may take once read and parsed: itself, plus
     BYTES_PER_VALUE for each value it may hold (at least two bytes per value, at most MAX_JSON_VALUES)."""
     return length + BYTES_PER_VALUE * min(MAX_JSON_VALUES, length // 2 + 1)
-
-
-def json_values_bound(data: bytes | bytearray) -> int:
-    """An upper bound on the JSON values and object keys in `data` (each follows a `[`, `{`, `,` or `:`,
-    or is the first), counted at C speed before parsing; bytes inside strings only raise the bound. One
-    deleting pass rather than four counts: 33 against 73 us for a filter of 5,000 names (65 KB); the copy
-    it makes is smaller than the body, which the request's budget already holds twice over."""
-    return len(data) - len(data.translate(None, b",:[{")) + 1
 
 
 class ByteBudget:
@@ -301,12 +294,17 @@ class _Handler(LeanRequestHandler):
         if got != n:
             self.close_connection = True
             return 400, f"request body ended after {got} of {n} bytes"
+        return 200, data
+
+    def _count_values(self, data: bytearray) -> str | None:
+        """Before the body is parsed whole: why it is refused (too many JSON values), or None, and the budget
+        then held for it cut to what its values may cost."""
         values = json_values_bound(data)
         if values > MAX_JSON_VALUES:
-            return 413, (f"request body may hold {values} JSON values; at most {MAX_JSON_VALUES} are parsed "
-                         f"(a filter of 50,000 nodes holds about 52,000)")
-        self._keep_only(n + BYTES_PER_VALUE * values)
-        return 200, data
+            return (f"request body may hold {values} JSON values; at most {MAX_JSON_VALUES} are parsed "
+                    f"(a filter of 50,000 nodes holds about 52,000)")
+        self._keep_only(len(data) + BYTES_PER_VALUE * values)
+        return None
 
     def _length(self) -> tuple[int, int | str]:
         """(200, Content-Length) or (status, message) before anything is read."""
@@ -372,10 +370,16 @@ class _Handler(LeanRequestHandler):
         assert isinstance(data, bytearray)
         handler: Callable[[Any], tuple[int, Any]] = getattr(self.server.verbs, verb)
         try:
+            # The fast paths first, under the budget taken for the whole length (request_cost): they decode
+            # the head only if it holds few enough values and read at most MAX_NODE_NAMES names
+            # (wire.split_names_last), so what they serve the count below would have let through. Why: that
+            # count goes over every byte (two bodies of 65 KB per pod with all 5,000 names).
             if verb == "prioritize" and (answer := self.server.verbs.prioritize_json(data)) is not None:
                 return 200, answer  # its pod's filter answer, replayed from the request's bytes
             if verb == "filter" and (result := self.server.verbs.filter_json(data)) is not None:
                 return result  # the names looked up from the request's bytes
+            if (refused := self._count_values(data)) is not None:
+                return 413, _error_body(verb, refused)
             try:
                 body = orjson.loads(data)
             except (ValueError, RecursionError) as exc:

@@ -300,7 +300,10 @@ class FitMemo:
                 return None
             del self._replays[uid]
             self._replay_names -= replay[5]
-            out = self._priority_list(self._table(key), key, replay[4])
+            table = self._table(key)  # written from the request's names and the scores (NameIds.hosts_json)
+            out = self._index.hosts_json(names_json, replay[4], table.kinds, table.scores, FITS)
+            if out is None:  # a node no longer fits (score 0): from the kept texts
+                out = self._priority_list(table, key, replay[4])
             self._trim(key)
             return out
 

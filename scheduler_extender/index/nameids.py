@@ -27,6 +27,8 @@ from typing import Any
 
 import orjson
 
+from ..wire import host_priority_array, host_priority_json
+
 log = logging.getLogger(__name__)
 
 Ids = Any  # list[int] (NameIds) or packed uint32 bytes (NativeNameIds)
@@ -127,6 +129,19 @@ class NameIds:
             return None
 
 
+    def hosts_json(self, data: bytes, ids: Ids, kinds: bytearray, scores: bytearray, fits: int) -> bytes | None:
+        """Prioritize's answer (HostPriorityList JSON) for the names in `data`, a JSON array of plain strings
+        (as ids_json reads it) whose k-th name has the id ids[k]: each scored scores[id]; None unless `data` is
+        such an array of as many names as `ids` and every kinds[id] is `fits` (the caller's path then writes
+        it). The same bytes as join() of the names' host_priority_json texts."""
+        if _PLAIN_NAMES.fullmatch(data) is None:
+            return None
+        names, at = orjson.loads(data), self.to_list(ids)
+        if len(names) != len(at) or any(kinds[i] != fits for i in at):
+            return None
+        return host_priority_array([host_priority_json(n, scores[i]) for n, i in zip(names, at, strict=True)])
+
+
 class NativeNameIds(NameIds):
     """NameIds with its bulk operations in C: the dict stays for single lookups (and is what the index
     mirrors); ids() asks the native index, whose hash is keyed by a random seed of this process's."""
@@ -171,6 +186,9 @@ class NativeNameIds(NameIds):
 
     def join(self, texts: list[str | None], ids: Ids) -> bytes | None:
         return self._c.join(texts, ids)
+
+    def hosts_json(self, data: bytes, ids: Ids, kinds: bytearray, scores: bytearray, fits: int) -> bytes | None:
+        return self._c.hosts_json(data, ids, kinds, scores, fits)
 
 
 def name_ids() -> NameIds:

@@ -733,3 +733,51 @@ def test_the_server_answers_filter_from_the_bytes(cluster: Cluster) -> None:
     assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b'"NodeNames":[ "n" ],' in rest
     assert orjson.loads(rest) == {"Nodes": None, "NodeNames": ["n"], "FailedNodes": {},
                                   "FailedAndUnresolvableNodes": {}, "Error": ""}
+
+
+def test_the_names_are_split_off_where_the_pod_ends_even_if_it_holds_their_key() -> None:
+    """split_names_last seeks the cut from the start (the pod comes first: reading back from the end went over
+    every name) and, when the head there does not decode (a "NodeNames" key inside the pod), from the end."""
+    pod = pod_obj("x", {"main": 1})
+    pod["metadata"]["labels"] = {"a": "b", "NodeNames": "not these"}
+    body = bytearray(orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": ["n1", "n2"]}))
+    assert body.find(wire.NAMES_LAST) < body.rfind(wire.NAMES_LAST)
+    assert wire.split_names_last(body) == ({"Pod": pod, "Nodes": None}, b'["n1","n2"]')
+    plain = bytearray(orjson.dumps({"Pod": pod_obj("x", {"main": 1}), "Nodes": None, "NodeNames": ["n1"]}))
+    assert wire.split_names_last(plain) == ({"Pod": pod_obj("x", {"main": 1}), "Nodes": None}, b'["n1"]')
+
+
+def test_a_head_holding_too_many_values_is_not_decoded_by_the_fast_paths() -> None:
+    """The fast paths (filter_json, prioritize_json) run before the server counts the body's values: a head
+    that may hold more than MAX_HEAD_VALUES is not decoded (None: the server then counts, and refuses what
+    holds too many), so with the MAX_NODE_NAMES names they may read, nothing they serve holds more values than
+    the server parses."""
+    def body(values: int) -> bytearray:  # its head (up to the names) may hold `values` values
+        pod = pod_obj("x", {"main": 1})
+        pod["spec"]["x"] = []
+        head = orjson.dumps({"Pod": pod, "Nodes": None})[:-1]
+        pod["spec"]["x"] = [0] * (values - wire.json_values_bound(head) + 1)  # each 0 after the first: a comma
+        return bytearray(orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": ["n"]}))
+
+    big = body(wire.MAX_HEAD_VALUES + 1)
+    assert wire.json_values_bound(big[:big.find(wire.NAMES_LAST)]) == wire.MAX_HEAD_VALUES + 1
+    assert wire.split_names_last(big) is None
+    small = body(wire.MAX_HEAD_VALUES)
+    assert wire.split_names_last(small) is not None
+    assert wire.MAX_HEAD_VALUES + wire.MAX_NODE_NAMES + 1 == wire.MAX_JSON_VALUES
+
+
+def test_the_server_refuses_a_filter_with_too_many_values_that_the_fast_path_could_read(cluster: Cluster) -> None:
+    """A filter whose pod holds more values than the server parses, followed by one known node's name: 413, as
+    when every body was counted before anything was read from it (not answered by the bytes path)."""
+    pod = pod_obj("x", {"main": 1})
+    pod["spec"]["x"] = [0] * (wire.MAX_JSON_VALUES + 1)
+    body = orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": ["n"]})
+    request = (b"POST /filter HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: "
+               + str(len(body)).encode() + b"\r\n\r\n" + body)
+    ok = orjson.dumps({"Pod": pod_obj("x", {"main": 1}), "Nodes": None, "NodeNames": ["n"]})
+    assert exchange(cluster, b"POST /filter HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: "
+                    + str(len(ok)).encode() + b"\r\n\r\n" + ok).startswith(b"HTTP/1.1 200 OK\r\n")
+    out = exchange(cluster, request)
+    assert out.startswith(b"HTTP/1.1 413 "), out[:200]
+    assert b"JSON values" in out

@@ -252,3 +252,56 @@ def test_ids_from_json_refuse_what_is_not_a_plain_array() -> None:
         assert native.ids_json(b"[]", limit) == b"" and py.ids_json(b"[]", limit) == []
     with pytest.raises(TypeError):
         native._native.ids_json("[]", 1)  # a str is not bytes
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(node_names, max_size=20), st.lists(st.sampled_from(["", " ", "\n", "\t ", "\r\n"]), min_size=1,
+                                                   max_size=4),
+       st.data(), st.lists(st.tuples(st.integers(0, 400), st.binary(max_size=3)), max_size=2))
+def test_host_priorities_from_the_request_bytes_answer_what_the_joined_texts_answer(
+        query: list[str], spaces: list[str], data: st.DataObject, edits: list[tuple[int, bytes]]) -> None:
+    """hosts_json (prioritize's answer written from its request's NodeNames bytes and a score byte per node)
+    against the reference and against join() of the nodes' host_priority_json texts, the answer it replaces:
+    the same bytes when every node fits; None when one does not (kinds), the ids are not as many as the names,
+    or the bytes are not a plain array, whatever bytes are spliced in."""
+    from memslice.scheduler_extender.wire import host_priority_json
+
+    py, native = pair()
+    held = sorted(set(query))
+    for i, name in enumerate(held):
+        py.set(name, i)
+        native.set(name, i)
+    scores = bytearray(data.draw(st.lists(st.integers(0, 255), min_size=len(held), max_size=len(held))))
+    kinds = bytearray(data.draw(st.lists(st.sampled_from([1, 1, 1, 2]), min_size=len(held), max_size=len(held))))
+    body = _json_array(query, spaces)
+    for at, insert in edits:
+        body = body[:at] + insert + body[at:]
+    ids = [py.get(x) for x in query]
+    if data.draw(st.booleans()) and ids:  # one id too few or too many
+        ids = ids[:-1] if data.draw(st.booleans()) else [*ids, ids[0]]
+    want = py.hosts_json(body, ids, kinds, scores, 1)
+    assert native.hosts_json(body, native.pack(ids), kinds, scores, 1) == want
+    texts = [host_priority_json(name, scores[i]) if kinds[i] == 1 else None for i, name in enumerate(held)]
+    if not edits and len(ids) == len(query) and all(kinds[i] == 1 for i in ids):
+        assert want == py.join(texts, ids) == native.join(texts, native.pack(ids))  # type: ignore[arg-type]
+        assert json.loads(want) == [{"Host": x, "Score": scores[i]} for x, i in zip(query, ids, strict=True)]
+    elif not edits and len(ids) == len(query):
+        assert want is None  # a node that does not fit: the caller writes its score 0
+
+
+def test_host_priorities_refuse_bad_ids_and_arrays() -> None:
+    native = NativeNameIds()
+    kinds, scores = bytearray(b"\x01\x01"), bytearray(b"\x0a\x00")
+    assert NATIVE.hosts_json(b'["a","b"]', native.pack([0, 1]), kinds, scores, 1) == (
+        b'[{"Host":"a","Score":10},{"Host":"b","Score":0}]')
+    assert NATIVE.hosts_json(b"[]", b"", kinds, scores, 1) == b"[]"
+    with pytest.raises(IndexError, match="node id 2 outside a table of 2"):
+        NATIVE.hosts_json(b'["a","b"]', native.pack([0, 2]), kinds, scores, 1)
+    with pytest.raises(IndexError, match="outside a table of 1"):
+        NATIVE.hosts_json(b'["a"]', native.pack([1]), kinds, scores[:1], 1)
+    with pytest.raises(ValueError, match="4 bytes each"):
+        NATIVE.hosts_json(b'["a"]', b"\x00" * 5, kinds, scores, 1)
+    for bad in (b'["a",]', b'["a" "b"]', b'["a\\u0061"]', b'["a"]x', b'["a"', b"", b"[1]", "[\"\u00e9\"]".encode()):
+        assert NATIVE.hosts_json(bad, native.pack([0]), kinds, scores, 1) is None, bad
+    with pytest.raises(TypeError):
+        NATIVE.hosts_json("[]", b"", kinds, scores, 1)  # a str is not bytes
