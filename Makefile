@@ -112,7 +112,9 @@ SAN_XDIST = $(if $(filter 0,$(TEST_JOBS)),,-n 2 --dist loadgroup)
 # run after the main pass, with the whole machine. Its output goes to SAN_LOG (`tail -f` it to follow), shown
 # whole when the main pass is done; it runs in its own process group, stopped with the main pass on Ctrl-C.
 # Off by default (`make test SAN_BESIDE=1` turns it on): measured only on a loaded machine, where the kubelet
-# stand-in's 10 s registration waits ran out beside it; the default runs the whole sanitizer pass after the main pass.
+# stand-in's 10 s registration waits ran out beside it, and (2026-11-28, beside tests/elastic and tests/compute,
+# load 8) test_elastic_drain's bound on a thread held at the work gate ran out under ASan at nice 10; it adds no
+# CPU-seconds, it only fills idle ones. The default runs the whole sanitizer pass after the main pass.
 SAN_BESIDE ?= 0
 SAN_LOG     = build/sanitize.log
 SAN_LATE    = tests/compute/test_compute_share.py tests/compute/test_sim_compute.py
