@@ -22,6 +22,12 @@ from test_elastic_swap import tenant_bin as tenant_bin  # noqa: F401 - the fixtu
 from memslice.elastic import read_boards
 
 GiB = 1 << 30
+# The scenario, a quarter of the issue's 4 GiB one (what is checked is the cgroup and host-memory decision, not
+# volume; filling and checking bytes is what costs): a 1056 MiB GPU, 64 MiB contexts; A (limit 640 MiB, request
+# 128 MiB) holds 512 MiB in 64 MiB blocks, idle; 416 MiB of HBM are free: B's 768 MiB in 64 MiB blocks lack
+# NEEDED MiB, its 7th block is the first burst past the free HBM.
+SIM = dict(gpus="1056MiB", ctx="64MiB")
+CTX, A_MIB, FIT, NEEDED = 64, 512, 6, 352
 
 
 def fake_cgroup(where: pathlib.Path, max_: str, current: str) -> pathlib.Path:
@@ -38,9 +44,9 @@ def fake_meminfo(where: pathlib.Path, total_kib: int, avail_kib: int) -> pathlib
 
 
 def idle_a(elastic, tmp_path: pathlib.Path, **env: str):  # noqa: ANN001, ANN201
-    """The issue's 4 GiB scenario's idle tenant: A (limit 2560 MiB, request 512 MiB) holds 2 GiB, idle."""
-    a = elastic("a", "2560MiB", "512MiB", stderr=(tmp_path / "a.err").open("w"), **env)
-    assert a.cmd("alloc 2048 64") == "allocated 32"
+    """The scenario's idle tenant: A (limit 640 MiB, request 128 MiB) holds 512 MiB, idle."""
+    a = elastic("a", "640MiB", "128MiB", stderr=(tmp_path / "a.err").open("w"), **SIM, **env)
+    assert a.cmd("alloc 512 64") == "allocated 8"
     wait_for(lambda: board_state(elastic.edir, a.proc.pid) == "idle", "A idle on the board")
     return a
 
@@ -56,17 +62,17 @@ def test_a_burst_fails_naming_the_cause_when_the_idle_tenant_cannot_take_it_to_h
     else:
         env = {"MEMSLICE_SIM_MEMINFO": str(fake_meminfo(tmp_path / "meminfo", 64 << 20, 200 << 10))}
     a = idle_a(elastic, tmp_path, **env)
-    b = elastic("b", "2GiB", "512MiB", stderr=(tmp_path / "b.err").open("w"), wait="120",
+    b = elastic("b", "1GiB", "128MiB", stderr=(tmp_path / "b.err").open("w"), wait="120",
                 MEMSLICE_CGROUP_DIR=str(fake_cgroup(tmp_path / "cg-b", "max", "0")))
     t0 = time.monotonic()
-    out = b.cmd("alloc 1792 64")
+    out = b.cmd("alloc 768 64")
     took = time.monotonic() - t0
-    assert out.startswith("oom 22 rc=2"), out  # 22 x 64 MiB fit the free 1448 MiB; the 23rd is a burst
+    assert out.startswith(f"oom {FIT} rc=2"), out  # 6 x 64 MiB fit the free 416 MiB; the 7th is a burst
     assert took < 60, f"the burst failed after {took:.1f} s: the asker waited for the 120 s deadline"
     use = per_process(elastic.node().state)
-    assert use[a.proc.pid] == (300 + 2048, 0), "A moved nothing"
-    assert use[b.proc.pid] == (300 + 22 * 64, 0), "B's burst was not served from host memory"
-    assert a.cmd("check") == f"check ok {2048 * MiB}"
+    assert use[a.proc.pid] == (CTX + A_MIB, 0), "A moved nothing"
+    assert use[b.proc.pid] == (CTX + FIT * 64, 0), "B's burst was not served from host memory"
+    assert a.cmd("check") == f"check ok {A_MIB * MiB}"
     b.close()
     err = (tmp_path / "b.err").read_text()
     slot = next(t.slot for t in read_boards(elastic.edir) if t.pid == a.proc.pid)
@@ -82,17 +88,17 @@ def test_a_burst_fails_naming_the_cause_when_the_idle_tenant_cannot_take_it_to_h
 
 def test_a_request_is_served_from_the_askers_own_host_memory_when_the_idle_tenant_cannot_take_it(elastic,
                                                                                                    tmp_path):
-    """B's allocation within its request (1792 MiB) is guaranteed: A cannot take its bytes to host memory
+    """B's allocation within its request (768 MiB) is guaranteed: A cannot take its bytes to host memory
     (its cgroup is full), so what HBM lacks is served from B's own host memory, which B's cgroup can take."""
     a = idle_a(elastic, tmp_path, MEMSLICE_CGROUP_DIR=str(fake_cgroup(tmp_path / "cg-a", str(4 * GiB),
                                                                         str(4 * GiB))))
-    b = elastic("b", "2GiB", "1792MiB", MEMSLICE_CGROUP_DIR=str(fake_cgroup(tmp_path / "cg-b", "max", "0")))
-    assert b.cmd("alloc 1792 64") == "allocated 28"
+    b = elastic("b", "1GiB", "768MiB", MEMSLICE_CGROUP_DIR=str(fake_cgroup(tmp_path / "cg-b", "max", "0")))
+    assert b.cmd("alloc 768 64") == "allocated 12"
     use = per_process(elastic.node().state)
-    assert use[a.proc.pid] == (300 + 2048, 0)
+    assert use[a.proc.pid] == (CTX + A_MIB, 0)
     dev, host = use[b.proc.pid]
-    assert dev + host == 300 + 1792 and host >= 344
-    assert b.cmd("check") == f"check ok {1792 * MiB}" and a.cmd("check") == f"check ok {2048 * MiB}"
+    assert dev + host == CTX + 768 and host >= NEEDED
+    assert b.cmd("check") == f"check ok {768 * MiB}" and a.cmd("check") == f"check ok {A_MIB * MiB}"
 
 
 def test_the_askers_own_host_memory_is_checked_too(elastic, tmp_path):
@@ -100,10 +106,10 @@ def test_the_askers_own_host_memory_is_checked_too(elastic, tmp_path):
     with CUDA_ERROR_OUT_OF_MEMORY naming B's cgroup; no OOM kill, B still runs."""
     a = idle_a(elastic, tmp_path, MEMSLICE_CGROUP_DIR=str(fake_cgroup(tmp_path / "cg-a", str(4 * GiB),
                                                                         str(4 * GiB))))
-    b = elastic("b", "2GiB", "1792MiB", stderr=(tmp_path / "b.err").open("w"),
+    b = elastic("b", "1GiB", "768MiB", stderr=(tmp_path / "b.err").open("w"),
                 MEMSLICE_CGROUP_DIR=str(fake_cgroup(tmp_path / "cg-b", str(GiB), str(GiB - 100 * MiB))))
-    assert b.cmd("alloc 1792 64").startswith("oom 22 rc=2")
-    assert b.cmd("check") == f"check ok {22 * 64 * MiB}"
+    assert b.cmd("alloc 768 64").startswith(f"oom {FIT} rc=2")
+    assert b.cmd("check") == f"check ok {FIT * 64 * MiB}"
     assert a.proc.poll() is None
     b.close()
     assert "could not be had in GPU memory nor in host memory" in (tmp_path / "b.err").read_text()
@@ -114,12 +120,12 @@ def test_with_headroom_the_move_happens_as_before(elastic, tmp_path):
     (at most a chunk more), B's burst is all in HBM."""
     a = idle_a(elastic, tmp_path, MEMSLICE_CGROUP_DIR=str(fake_cgroup(tmp_path / "cg-a", str(8 * GiB), str(GiB))),
                MEMSLICE_SIM_MEMINFO=str(fake_meminfo(tmp_path / "meminfo", 64 << 20, 32 << 20)))
-    b = elastic("b", "2GiB", "512MiB")
-    assert b.cmd("alloc 1792 64") == "allocated 28"
+    b = elastic("b", "1GiB", "128MiB")
+    assert b.cmd("alloc 768 64") == "allocated 12"
     use = per_process(elastic.node().state)
-    assert use[b.proc.pid] == (300 + 1792, 0)
-    assert 344 <= use[a.proc.pid][1] <= 344 + 32
-    assert a.cmd("check") == f"check ok {2048 * MiB}"
+    assert use[b.proc.pid] == (CTX + 768, 0)
+    assert NEEDED <= use[a.proc.pid][1] <= NEEDED + 32
+    assert a.cmd("check") == f"check ok {A_MIB * MiB}"
 
 
 @pytest.mark.parametrize(("max_", "current"), [("garbage", "0"), ("4294967296", "-5")])
@@ -127,19 +133,19 @@ def test_hostile_cgroup_values_read_as_no_limit(elastic, tmp_path, max_, current
     """A cgroup file that is not a plain number reads as unknown, which is no limit: the move happens, nothing
     crashes or hangs (every hostile form: tests/shim/test_oversubscribe.py, through the same check)."""
     a = idle_a(elastic, tmp_path, MEMSLICE_CGROUP_DIR=str(fake_cgroup(tmp_path / "cg-a", max_, current)))
-    b = elastic("b", "2GiB", "512MiB")
-    assert b.cmd("alloc 1792 64") == "allocated 28"
-    assert per_process(elastic.node().state)[a.proc.pid][1] >= 344
-    assert a.cmd("check") == f"check ok {2048 * MiB}"
+    b = elastic("b", "1GiB", "128MiB")
+    assert b.cmd("alloc 768 64") == "allocated 12"
+    assert per_process(elastic.node().state)[a.proc.pid][1] >= NEEDED
+    assert a.cmd("check") == f"check ok {A_MIB * MiB}"
 
 
 def test_a_cgroup_file_removed_after_start_reads_as_no_limit(elastic, tmp_path):
     cg = fake_cgroup(tmp_path / "cg-a", str(4 * GiB), str(4 * GiB))
     a = idle_a(elastic, tmp_path, MEMSLICE_CGROUP_DIR=str(cg))
     (cg / "memory.max").unlink()
-    b = elastic("b", "2GiB", "512MiB")
-    assert b.cmd("alloc 1792 64") == "allocated 28"
-    assert per_process(elastic.node().state)[a.proc.pid][1] >= 344
+    b = elastic("b", "1GiB", "128MiB")
+    assert b.cmd("alloc 768 64") == "allocated 12"
+    assert per_process(elastic.node().state)[a.proc.pid][1] >= NEEDED
 
 
 def test_the_agent_writes_an_event_and_counts_the_refusal(elastic, tmp_path):
@@ -154,15 +160,15 @@ def test_the_agent_writes_an_event_and_counts_the_refusal(elastic, tmp_path):
 
     idle_a(elastic, tmp_path, MEMSLICE_CGROUP_DIR=str(fake_cgroup(tmp_path / "cg-a", str(4 * GiB),
                                                                     str(39 * GiB // 10))))
-    ledger = {"a": alloc("a", "pa", 512, 2560), "b": alloc("b", "pb", 512, 2048)}
+    ledger = {"a": alloc("a", "pa", 128, 640), "b": alloc("b", "pb", 128, 1024)}
     tr = tracker(elastic.edir, tmp_path, ledger)
     kube = KubeApiStandin().start()
     ev = SwapEvents(kube.api_client(), "node-1", tr.poll, interval_s=1.0, poll_s=0.05)
     ev.start()
     try:
         wait_for(lambda: ev.policy.seen, "the agent's baseline poll")
-        b = elastic("b", "2GiB", "512MiB", MEMSLICE_CGROUP_DIR=str(fake_cgroup(tmp_path / "cg-b", "max", "0")))
-        assert b.cmd("alloc 1792 64").startswith("oom 22 rc=2")
+        b = elastic("b", "1GiB", "128MiB", MEMSLICE_CGROUP_DIR=str(fake_cgroup(tmp_path / "cg-b", "max", "0")))
+        assert b.cmd("alloc 768 64").startswith(f"oom {FIT} rc=2")
         wait_for(lambda: len([e for e in kube.list("Event", "ns") if e["reason"] == FULL]) == 2, "two Events")
         by_pod = {e["involvedObject"]["name"]: e for e in kube.list("Event", "ns") if e["reason"] == FULL}
         assert by_pod["pa"]["type"] == "Warning"
@@ -184,7 +190,7 @@ def test_the_agent_writes_an_event_and_counts_the_refusal(elastic, tmp_path):
     assert tr.poll().containers[("a", uuid)].note.cause == "cgroup"
     from memslice.top import elastic_json
     shown = {t["pid"]: t for t in elastic_json(read_boards(elastic.edir))}
-    a_pid = next(t.pid for t in read_boards(elastic.edir) if t.limit_bytes == 2560 * MiB)
+    a_pid = next(t.pid for t in read_boards(elastic.edir) if t.limit_bytes == 640 * MiB)
     assert shown[a_pid]["refused_to_host"] == {"cgroup": 1, "host": 0}
     assert shown[a_pid]["last_refusal"] == {"cause": "cgroup", "bytes": 32 * MiB, "limit_bytes": 4 * GiB,
                                             "used_bytes": 39 * GiB // 10}

@@ -36,6 +36,7 @@ ADMIN_TOKEN = "memslice-test-admin-token"
 SCHEDULER_TOKEN = "memslice-test-kube-scheduler-token"  # the cluster's own scheduler: user system:kube-scheduler
 # kube-controller-manager's own identity (as it runs without --use-service-account-credentials)
 CONTROLLER_MANAGER_TOKEN = "memslice-test-kube-controller-manager-token"
+RESTART_GRACE_S = 3.0  # restart_apiserver: TERM, then KILL after this
 START_TIMEOUT_S = 180.0  # a cold API server on a loaded 2-core machine: ~10-40 s
 # Nodes that may "register" as kubelets do (user system:node:<name>, group system:nodes: the Node authorizer
 # and NodeRestriction apply); their tokens are in the static token file, kubelet_token(name).
@@ -84,8 +85,8 @@ class Proc:
         if self.proc.poll() is not None:
             raise AssertionError(f"{self.name} exited with {self.proc.returncode}:\n{self.tail()}")
 
-    def stop(self) -> None:
-        stop_process(self.proc, 20)
+    def stop(self, grace: float = 20.0) -> None:
+        stop_process(self.proc, grace)
         self._log.close()
 
 
@@ -142,10 +143,15 @@ class RealCluster:
 
     def restart_apiserver(self) -> None:
         """Stop the API server (SIGTERM, as a rolling restart does) and start it again on the same port with
-        the same etcd data: every connection and watch drops, everything stored stays."""
+        the same etcd data: every connection and watch drops, everything stored stays.
+
+        The grace before SIGKILL is short (RESTART_GRACE_S): with clients' watches open, this kube-apiserver stops
+        listening at once but does not exit (its log ends within 30 ms of the TERM); it was killed at the end of
+        any grace, 20 s before, so a shorter one kills it the same way, sooner. etcd (in the same process) has
+        its writes on disk before it acknowledges them."""
         old = self.procs[0]
         assert old.name == "kube-apiserver"
-        old.stop()
+        old.stop(RESTART_GRACE_S)
         log = self.dir / f"apiserver-{len(list(self.dir.glob('apiserver*.log')))}.log"
         api = Proc("kube-apiserver", self.api_cmd, log)
         self.procs[0] = api
