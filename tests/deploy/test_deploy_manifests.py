@@ -359,7 +359,7 @@ def test_extender_flags_and_ports_agree() -> None:
     assert dep["metadata"]["name"] == "memslice-scheduler"
     args = parse_memslice_args(c)
     assert args.address == "127.0.0.1" and args.tls_cert_file is None
-    assert plain_http_refusal(args.address, False) is None
+    assert plain_http_refusal(args.address, False, False) is None
     assert args.health_address == "0.0.0.0"
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert args.health_port == ports["http"] and "https" not in ports  # the verbs port is not the pod's
@@ -381,6 +381,9 @@ def test_standalone_extender_flags_and_ports_agree() -> None:
     assert dep["metadata"]["name"] == "memslice-extender"
     args = parse_memslice_args(c)
     assert args.tls_cert_file and args.tls_client_ca_file and args.address == "0.0.0.0"
+    from memslice.scheduler_extender.cli import plain_http_refusal
+
+    assert plain_http_refusal(args.address, True, True) is None  # what the CLI accepts off loopback
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert args.port == ports["https"] and args.health_port == ports["http"] and args.probe_port == ports["probes"]
     svc = find(objs, "Service", "memslice-extender")
