@@ -51,12 +51,14 @@ def add_parser(subparsers: Any) -> None:
                     "a container of the scheduler's pod, called by that pod's kube-scheduler on 127.0.0.1).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--address", default=_env("ADDRESS", "127.0.0.1"),
-                   help=f"listen address of the verbs port (${ENV}ADDRESS); without --tls-cert-file only a "
-                        f"loopback address is accepted (kube-scheduler in the same pod: deploy/base)")
+                   help=f"listen address of the verbs port (${ENV}ADDRESS). The verbs bind pods, so in plain HTTP "
+                        f"only a loopback address is accepted (the default: kube-scheduler in the same pod, as "
+                        f"deploy/base runs it); any other address needs mutual TLS (--tls-cert-file, --tls-key-file "
+                        f"and --tls-client-ca-file: deploy/components/standalone-extender)")
     p.add_argument("--health-address", default=_env("HEALTH_ADDRESS", "0.0.0.0"),
                    help=f"listen address of --health-port and --probe-port, which serve no verbs: the kubelet's "
                         f"probes and Prometheus reach them from outside the pod (${ENV}HEALTH_ADDRESS)")
-    p.add_argument("--port", type=_port, default=_env("PORT", "8888"), help=f"listen port (${ENV}PORT)")
+    p.add_argument("--port", type=_port, default=_env("PORT", "8888"), help=f"listen port of the verbs (${ENV}PORT)")
     p.add_argument("--policy", choices=("binpack", "spread"), default=_env("POLICY", "binpack"),
                    help=f"cluster default placement; a pod overrides it with annotation memslice.io/policy "
                         f"(${ENV}POLICY)")
@@ -67,16 +69,18 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
                    help="kubeconfig file ($KUBECONFIG); default: in-cluster config, then ~/.kube/config")
     p.add_argument("--tls-cert-file", default=_env("TLS_CERT_FILE", None),
-                   help=f"serve HTTPS with this certificate (PEM) (${ENV}TLS_CERT_FILE); "
-                        f"kube-scheduler: enableHTTPS: true")
+                   help=f"serve the verbs in HTTPS with this certificate (PEM) (${ENV}TLS_CERT_FILE); needed, with "
+                        f"--tls-key-file and --tls-client-ca-file, only when kube-scheduler reaches the extender "
+                        f"over the network (--address not loopback); kube-scheduler: enableHTTPS: true and tlsConfig")
     p.add_argument("--tls-key-file", default=_env("TLS_KEY_FILE", None),
                    help=f"private key of --tls-cert-file (${ENV}TLS_KEY_FILE)")
     p.add_argument("--tls-client-ca-file", default=_env("TLS_CLIENT_CA_FILE", None),
-                   help=f"require client certificates signed by this CA (${ENV}TLS_CLIENT_CA_FILE)")
+                   help=f"require client certificates signed by this CA (${ENV}TLS_CLIENT_CA_FILE); needed with "
+                        f"TLS on any address but loopback")
     p.add_argument("--health-port", type=_port_of("--health-port"), default=_env("HEALTH_PORT", None),
                    help=f"also serve GET /healthz /readyz /metrics (and nothing else) over plain HTTP on this "
-                        f"port, for probes and Prometheus when --port requires client certificates "
-                        f"(${ENV}HEALTH_PORT); default: none")
+                        f"port, on --health-address, for Prometheus when the verbs port is on loopback or requires "
+                        f"client certificates (${ENV}HEALTH_PORT); default: none")
     p.add_argument("--probe-port", type=_port_of("--probe-port"), default=_env("PROBE_PORT", None),
                    help=f"also serve the kubelet's probes alone (GET /healthz /readyz, one answer per "
                         f"connection) over plain HTTP on this port, where no scraper or client of the other "
@@ -136,20 +140,23 @@ def scheduler_names(text: str) -> tuple[str, ...] | str:
     return names
 
 
-def plain_http_refusal(address: str, tls: bool) -> str | None:
+def plain_http_refusal(address: str, tls: bool, client_ca: bool) -> str | None:
     """Why the verbs may not be served on `address` (None: they may). Plain HTTP carries /bind, which binds
     any pod of a served scheduler anywhere, unauthenticated: it is allowed only on a loopback address, which
     only the processes of the same network namespace (in Kubernetes, the containers of the same pod) can
-    reach. Elsewhere the verbs need TLS with client certificates. Fails closed: a name other than
-    `localhost` is refused, since what it resolves to can change."""
+    reach. Elsewhere the verbs need TLS with client certificates (`client_ca`): TLS alone authenticates the
+    extender to its callers, not the callers to it. Fails closed: a name other than `localhost` is refused,
+    since what it resolves to can change."""
     from .app import is_loopback
 
-    if tls or is_loopback(address):
+    if is_loopback(address) or (tls and client_ca):
         return None
-    return (f"--address={address[:64]!r} (or ${ENV}ADDRESS) would serve the verbs (filter, bind, preempt) in plain "
-            f"HTTP to whoever can reach that address; give a loopback address (--address=127.0.0.1, with "
-            f"kube-scheduler in the same pod as deploy/base runs it), or serve mutual TLS with --tls-cert-file, "
-            f"--tls-key-file and --tls-client-ca-file (deploy/components/standalone-extender)")
+    where = (f"--address={address[:64]!r} (or ${ENV}ADDRESS) would serve the verbs (filter, bind, preempt) "
+             f"{'in plain HTTP' if not tls else 'over TLS without client certificates'} to whoever can reach "
+             f"that address")
+    return (f"{where}; give a loopback address (--address=127.0.0.1, with kube-scheduler in the same pod as "
+            f"deploy/base runs it), or serve mutual TLS with --tls-cert-file, --tls-key-file and "
+            f"--tls-client-ca-file (deploy/components/standalone-extender)")
 
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # glibc mallopt parameters (malloc.h)
@@ -220,7 +227,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"memslice extender: {ENV}POLICY={args.policy!r} is not a policy; use binpack or spread",
               file=sys.stderr)
         return 2
-    refusal = plain_http_refusal(str(args.address), bool(args.tls_cert_file or args.tls_key_file))
+    refusal = plain_http_refusal(str(args.address), bool(args.tls_cert_file or args.tls_key_file),
+                                 bool(args.tls_client_ca_file))
     if refusal is not None:
         print(f"memslice extender: {refusal}", file=sys.stderr)
         return 2

@@ -154,11 +154,13 @@ def ensure_secrets(core: Any, namespace: str, service: str, server_secret: str, 
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "extender-certs", help="make the extender's TLS certificates (self-signed CA, server, client)",
+        "extender-certs", help="make the standalone extender's TLS certificates (self-signed CA, server, client)",
         description="Make a self-signed CA, the extender's server certificate (for the Service's DNS names) "
                     "and kube-scheduler's client certificate, and store them as two kubernetes.io/tls "
                     "Secrets (tls.crt, tls.key, ca.crt), or as PEM files with --out-dir. Secrets that "
-                    "already exist with one CA are kept. Reaches the cluster like `memslice extender`.",
+                    "already exist with one CA are kept. Reaches the cluster like `memslice extender`. Only the "
+                    "standalone extender needs them (deploy/components/standalone-extender: kube-scheduler reaches "
+                    "it over the network); deploy/base's extender serves the scheduler on its own pod's loopback.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", DEFAULT_NAMESPACE),
                    help="namespace of the Secrets and the Service ($POD_NAMESPACE)")

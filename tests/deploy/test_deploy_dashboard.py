@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from test_deploy_render import DEPLOY, ROOT, render
+from test_deploy_render import DEPLOY, ROOT, find, render
 
 DASHBOARD = DEPLOY / "monitoring" / "grafana" / "memslice-dashboard.json"
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
@@ -83,3 +83,23 @@ def test_dashboard_layout_is_valid() -> None:
     assert len(cm) == 1 and cm[0]["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(cm[0]["data"]["memslice-dashboard.json"]) == dash
     assert Path(DASHBOARD).read_text().endswith("\n")
+
+
+def test_extender_gauges_are_one_series_per_gpu_across_scheduler_replicas() -> None:
+    """deploy/base runs an extender in each of the scheduler's two pods and the ServiceMonitor scrapes both, so
+    every GPU gauge of the extender comes twice (labels pod/instance apart): each panel must fold the replicas
+    into one series per GPU (or per node) instead of drawing each GPU twice."""
+    dep = find(render("base"), "Deployment", "memslice-scheduler")
+    assert dep["spec"]["replicas"] > 1 and any(c.get("args", [None])[0] == "extender"
+                                               for c in dep["spec"]["template"]["spec"]["containers"])
+    dash = json.loads(DASHBOARD.read_text())
+    gauges = [n for n, kind in exported_metrics().items() if kind == "gauge" and n.startswith("memslice_extender_")]
+    checked = 0
+    for expr in queries(dash):
+        for name in gauges:
+            for m in re.finditer(rf"\b{name}\b", expr):
+                head = expr[:m.start()]
+                assert re.search(r"\b(min|max|sum|avg)\s+by\s*\([^)]*\)\s*\($", head), \
+                    f"{name} is drawn once per scheduler replica (no aggregation by node/gpu) in: {expr}"
+                checked += 1
+    assert checked >= 2

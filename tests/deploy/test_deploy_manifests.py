@@ -317,8 +317,9 @@ def test_base_is_unchanged_by_overlays_outside_the_node_agent() -> None:
 # ---------------------------------------------------------------------------- services and budgets
 
 
-def test_services_select_pods_and_ports_exist() -> None:
-    objs = render("base")
+@pytest.mark.parametrize("rel", ("base", "overlays/standalone-extender", "overlays/cert-manager"))
+def test_services_select_pods_and_ports_exist(rel: str) -> None:
+    objs = render(rel)
     pods = [(o, s) for o, s in workloads(objs)]
     for svc in (o for o in objs if o["kind"] == "Service"):
         sel = svc["spec"]["selector"]
@@ -328,6 +329,24 @@ def test_services_select_pods_and_ports_exist() -> None:
         ports = {p.get("name") for c in matched[0][1]["containers"] for p in c.get("ports", [])}
         for p in svc["spec"]["ports"]:
             assert p["targetPort"] in ports
+
+
+@pytest.mark.parametrize("rel", ("base", "overlays/standalone-extender", "overlays/cert-manager"))
+def test_network_policies_name_ports_their_pods_serve(rel: str) -> None:
+    """Each NetworkPolicy selects a workload's pods and admits only to ports those pods declare: a rule naming a
+    port the pods lost (the standalone extender takes the extender container out of the scheduler's pods) is
+    left over from another shape."""
+    objs = render(rel)
+    for policy in (o for o in objs if o["kind"] == "NetworkPolicy"):
+        name = policy["metadata"]["name"]
+        sel = policy["spec"]["podSelector"]["matchLabels"]
+        matched = [spec for o, spec in workloads(objs)
+                   if sel.items() <= o["spec"]["template"]["metadata"]["labels"].items()]
+        assert matched, f"{rel}: NetworkPolicy {name} selects no pods"
+        served = {p.get("name") for spec in matched for c in spec["containers"] for p in c.get("ports", [])}
+        for rule in policy["spec"].get("ingress", []):
+            for port in rule.get("ports", []):
+                assert port["port"] in served, f"{rel}: NetworkPolicy {name} admits to {port['port']}, not served"
 
 
 @pytest.mark.parametrize(("rel", "budgets"), [("base", {"memslice-scheduler"}),
@@ -359,7 +378,7 @@ def test_extender_flags_and_ports_agree() -> None:
     assert dep["metadata"]["name"] == "memslice-scheduler"
     args = parse_memslice_args(c)
     assert args.address == "127.0.0.1" and args.tls_cert_file is None
-    assert plain_http_refusal(args.address, False) is None
+    assert plain_http_refusal(args.address, False, False) is None
     assert args.health_address == "0.0.0.0"
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert args.health_port == ports["http"] and "https" not in ports  # the verbs port is not the pod's
@@ -381,6 +400,9 @@ def test_standalone_extender_flags_and_ports_agree() -> None:
     assert dep["metadata"]["name"] == "memslice-extender"
     args = parse_memslice_args(c)
     assert args.tls_cert_file and args.tls_client_ca_file and args.address == "0.0.0.0"
+    from memslice.scheduler_extender.cli import plain_http_refusal
+
+    assert plain_http_refusal(args.address, True, True) is None  # what the CLI accepts off loopback
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert args.port == ports["https"] and args.health_port == ports["http"] and args.probe_port == ports["probes"]
     svc = find(objs, "Service", "memslice-extender")

@@ -89,11 +89,36 @@ def test_plain_http_only_on_loopback() -> None:
     from memslice.scheduler_extender.cli import plain_http_refusal
 
     for address in ("127.0.0.1", "127.0.0.53", "::1", "localhost"):
-        assert plain_http_refusal(address, tls=False) is None, address
+        assert plain_http_refusal(address, tls=False, client_ca=False) is None, address
     for address in ("0.0.0.0", "::", "", "10.1.2.3", "memslice-extender.memslice-system.svc", "127.0.0.1.nip.io"):
-        refusal = plain_http_refusal(address, tls=False)
+        refusal = plain_http_refusal(address, tls=False, client_ca=False)
         assert refusal is not None and "--tls-cert-file" in refusal and "--address=127.0.0.1" in refusal, address
-    assert plain_http_refusal("0.0.0.0", tls=True) is None
+        assert "in plain HTTP" in refusal, refusal
+    assert plain_http_refusal("0.0.0.0", tls=True, client_ca=True) is None
+
+
+def test_tls_without_client_certificates_only_on_loopback() -> None:
+    """TLS alone authenticates the extender to its callers, not the callers to it: off loopback the verbs
+    (which bind pods) also need --tls-client-ca-file, or anyone who reaches the port could call /bind."""
+    from memslice.scheduler_extender.cli import plain_http_refusal
+
+    assert plain_http_refusal("127.0.0.1", tls=True, client_ca=False) is None
+    for address in ("0.0.0.0", "10.1.2.3"):
+        refusal = plain_http_refusal(address, tls=True, client_ca=False)
+        assert refusal is not None and "over TLS without client certificates" in refusal, address
+        assert "--tls-client-ca-file" in refusal, refusal
+
+
+def test_tls_without_a_client_ca_off_loopback_exits_2(tmp_path) -> None:
+    """As a process: --address 0.0.0.0 with a server certificate but no client CA is refused before anything
+    listens, naming the flag and the fix."""
+    with KubeApiStandin() as kube:
+        proc = extender("--kubeconfig", kube.kubeconfig(str(tmp_path / "kc")), "--port", "0", "--address", "0.0.0.0",
+                        "--tls-cert-file", "/nonexistent.crt", "--tls-key-file", "/nonexistent.key")
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err
+    assert "--address='0.0.0.0' (or $MEMSLICE_EXTENDER_ADDRESS) would serve the verbs" in err, err
+    assert "over TLS without client certificates" in err and "--tls-client-ca-file" in err, err
 
 
 def test_verbs_and_health_ports_listen_on_their_own_addresses(tmp_path) -> None:
