@@ -130,6 +130,145 @@ func (c *client) send(verb string, body []byte, out any) error {
 	return json.NewDecoder(resp.Body).Decode(out)
 }
 
+// sendRaw POSTs one verb's JSON body and returns the answer's bytes (the -decode bytes reading).
+func (c *client) sendRaw(verb string, body []byte) ([]byte, error) {
+	req, err := http.NewRequest(http.MethodPost, c.base+verb, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: HTTP %d %q", verb, resp.StatusCode, data[:min(len(data), 200)])
+	}
+	return data, nil
+}
+
+var (
+	filterHead = []byte(`{"Nodes":null,"NodeNames":[`)
+	filterTail = []byte(`],"FailedNodes":{},"FailedAndUnresolvableNodes":{},"Error":""}`)
+	hostKey    = []byte(`{"Host":"`)
+	scoreKey   = []byte(`","Score":`)
+)
+
+// passedNames is the Python client's passed_names: when every node passed, the answer's NodeNames bytes
+// are taken as they are (node names hold no quote or comma); any other answer is decoded.
+func passedNames(answer []byte) (json.RawMessage, []string, error) {
+	if bytes.HasPrefix(answer, filterHead) && bytes.HasSuffix(answer, filterTail) {
+		names := answer[len(filterHead)-1 : len(answer)-len(filterTail)+1]
+		n := 0
+		if len(names) > 2 {
+			n = bytes.Count(names, []byte(`","`)) + 1
+		}
+		return names, make([]string, n), nil
+	}
+	var res extenderFilterResult
+	if err := json.Unmarshal(answer, &res); err != nil {
+		return nil, nil, err
+	}
+	if res.Error != "" {
+		return nil, nil, fmt.Errorf("filter: %s", res.Error)
+	}
+	var passed []string
+	if res.NodeNames != nil {
+		passed = *res.NodeNames
+	}
+	raw, err := json.Marshal(passed)
+	return raw, passed, err
+}
+
+// bestHostBytes is the Python client's best_host: the first host of the highest score read off the
+// answer's bytes ({"Host":"name","Score":n} entries, as the extender writes them); any other layout, or a
+// count that does not match, is decoded.
+func bestHostBytes(answer []byte, hosts int) (string, error) {
+	best, bestScore, seen := "", int64(-1), 0
+	for rest := answer; ; seen++ {
+		i := bytes.Index(rest, hostKey)
+		if i < 0 {
+			break
+		}
+		rest = rest[i+len(hostKey):]
+		j := bytes.Index(rest, scoreKey)
+		if j < 0 {
+			seen = -1
+			break
+		}
+		name := rest[:j]
+		rest = rest[j+len(scoreKey):]
+		score, k := int64(0), 0
+		for k < len(rest) && rest[k] >= '0' && rest[k] <= '9' {
+			score = score*10 + int64(rest[k]-'0')
+			k++
+		}
+		if k == 0 {
+			seen = -1
+			break
+		}
+		if score > bestScore {
+			best, bestScore = string(name), score
+		}
+	}
+	if seen == hosts && hosts > 0 {
+		return best, nil
+	}
+	var list []hostPriority
+	if err := json.Unmarshal(answer, &list); err != nil {
+		return "", err
+	}
+	if len(list) != hosts {
+		return "", fmt.Errorf("prioritize answered %d hosts for %d", len(list), hosts)
+	}
+	return bestHost(list), nil
+}
+
+// scheduleBytes is schedule with the Python client's reading of the answers (-decode bytes): the same
+// requests, the same choices, without decoding 5,000 names and scores with encoding/json.
+func (c *client) scheduleBytes(j *job, r *podResult, slots chan struct{}, wg *sync.WaitGroup, keepNames bool) error {
+	t0 := time.Now()
+	answer, err := c.sendRaw("filter", j.Filter)
+	if err != nil {
+		return err
+	}
+	r.FilterS = time.Since(t0).Seconds()
+	names, passed, err := passedNames(answer)
+	if err != nil {
+		return err
+	}
+	r.Passed = len(passed)
+	if keepNames {
+		if err := json.Unmarshal(names, &passed); err != nil {
+			return err
+		}
+		r.PassedNames = &passed
+	}
+	if len(passed) == 0 {
+		close(r.bindDone)
+		return nil
+	}
+	t1 := time.Now()
+	body := make([]byte, 0, len(j.Pod)+len(names)+64)
+	body = append(append(append(append(body, `{"Pod":`...), j.Pod...), `,"Nodes":null,"NodeNames":`...), names...)
+	body = append(body, '}')
+	scores, err := c.sendRaw("prioritize", body)
+	if err != nil {
+		return err
+	}
+	t2 := time.Now()
+	r.PrioritizeS = t2.Sub(t1).Seconds()
+	if r.Host, err = bestHostBytes(scores, len(passed)); err != nil {
+		return err
+	}
+	return c.bind(j, r, slots, wg, t2)
+}
+
 // bestHost is the first host of the highest score (the Python client's max(..., key=Score)).
 func bestHost(list []hostPriority) string {
 	best := 0
@@ -179,6 +318,12 @@ func (c *client) schedule(j *job, r *podResult, slots chan struct{}, wg *sync.Wa
 		return fmt.Errorf("prioritize answered %d hosts for %d", len(scores), len(passed))
 	}
 	r.Host = bestHost(scores)
+	return c.bind(j, r, slots, wg, t2)
+}
+
+// bind encodes the pod's ExtenderBindingArgs and sends it in a goroutine of its own (at most `slots` in
+// flight), as kube-scheduler's binding cycle runs; PickS runs from the prioritize answer to here.
+func (c *client) bind(j *job, r *podResult, slots chan struct{}, wg *sync.WaitGroup, t2 time.Time) error {
 	bind, err := json.Marshal(extenderBindingArgs{PodName: j.PodName, PodNamespace: j.PodNamespace,
 		PodUID: j.PodUID, Node: r.Host})
 	if err != nil {
@@ -228,6 +373,8 @@ func main() {
 	bindWorkers := flag.Int("bind-workers", 16, "binds in flight at most")
 	idle := flag.Int("idle-conns", 2, "MaxIdleConnsPerHost (kube-scheduler: Go's default, 2)")
 	names := flag.Bool("passed-names", false, "print each pod's passed names (tests)")
+	decode := flag.String("decode", "bytes", "answers read as the Python client reads them (bytes) or "+
+		"decoded whole with encoding/json, as kube-scheduler's HTTPExtender does (full)")
 	flag.Parse()
 	out := bufio.NewWriter(os.Stdout)
 	fail := func(err error) {
@@ -235,8 +382,9 @@ func main() {
 		out.Flush()
 		os.Exit(1)
 	}
-	if *addr == "" || *jobsPath == "" || *bindWorkers < 1 || *idle < 0 {
-		fail(fmt.Errorf("need -addr HOST:PORT, -jobs FILE, -bind-workers >= 1 and -idle-conns >= 0"))
+	if *addr == "" || *jobsPath == "" || *bindWorkers < 1 || *idle < 0 || (*decode != "bytes" && *decode != "full") {
+		fail(fmt.Errorf("need -addr HOST:PORT, -jobs FILE, -bind-workers >= 1, -idle-conns >= 0 and " +
+			"-decode bytes or full"))
 	}
 	jobs, err := readJobs(*jobsPath)
 	if err != nil {
@@ -257,7 +405,11 @@ func main() {
 	var wg sync.WaitGroup
 	t0 := time.Now()
 	for i := range jobs {
-		if err := c.schedule(&jobs[i], &results[i], slots, &wg, *names); err != nil {
+		step := c.schedule
+		if *decode == "bytes" {
+			step = c.scheduleBytes
+		}
+		if err := step(&jobs[i], &results[i], slots, &wg, *names); err != nil {
 			fail(err)
 		}
 	}

@@ -24,7 +24,8 @@ BIG, SMALL = ["big-0", "big-1", "big-2", "big-3"], ["small-0", "small-1"]
 
 
 @needs_go
-def test_the_go_client_binds_every_pod_to_a_node_its_filter_passed() -> None:
+@pytest.mark.parametrize("decode", ["bytes", "full"])
+def test_the_go_client_binds_every_pod_to_a_node_its_filter_passed(decode: str) -> None:
     with running_cluster() as cluster:
         cluster.start()
         for name in BIG:
@@ -33,14 +34,16 @@ def test_the_go_client_binds_every_pod_to_a_node_its_filter_passed() -> None:
             cluster.add_node(node_obj(name, [8192]))
         pods = [cluster.add_pod(pod_obj(f"p{i}", {"main": 16384}, ns="bench")) for i in range(12)]
         pods.append(cluster.add_pod(pod_obj("too-big", {"main": 100 * 1024}, ns="bench")))
-        # each pod's candidates: both small nodes and two of the big ones, in turn (the last pod: all six)
-        candidates = [SMALL + [BIG[i % 4], BIG[(i + 1) % 4]] for i in range(12)] + [SMALL + BIG]
+        # each pod's candidates: two of the big nodes in turn (all pass: the answer the bytes reading echoes),
+        # with both small ones for every other pod (some fail: an answer decoded); the last pod: all six
+        candidates = [SMALL[:i % 2 * 2] + [BIG[i % 4], BIG[(i + 1) % 4]] for i in range(12)] + [SMALL + BIG]
         jobs = [bench_extender.go_job_line(pod, orjson.dumps(pod), orjson.dumps(
             {"Pod": pod, "Nodes": None, "NodeNames": names})) for pod, names in zip(pods, candidates, strict=True)]
         assert cluster.ext is not None
         port = urlsplit(cluster.ext.url).port
         assert port is not None
-        client = bench_extender.GoClient(port, jobs, bind_workers=4, idle_conns=2, passed_names=True)
+        client = bench_extender.GoClient(port, jobs, bind_workers=4, idle_conns=2, decode=decode,
+                                         passed_names=True)
         try:
             results, summary = client.run()
         finally:
