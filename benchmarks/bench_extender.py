@@ -49,10 +49,11 @@ reports per band the medians of pods/s and CPU ms per pod of each mix and the ra
 build/bench-goclient on each run, ~0.2 s when cached) instead of this process: kube-scheduler's HTTPExtender
 as it speaks to a nodeCacheCapable extender (net/http, HTTP/1.1 keep-alive, Go's default of 2 idle
 connections per host unless --go-idle-conns, each bind in a goroutine), reading the answers as the Python
-client does (--go-decode bytes) or, as kube-scheduler does, decoding them whole with encoding/json and encoding
-prioritize's names again (--go-decode full: ~2 + 5 ms of Go CPU per pod at 5,000 names here). Everything else (the stand-in, the pods, the
-filter bodies and their random names, the catch-up probe, the figures) is this file's, so the two clients'
-figures compare; the band adds the Go client's step times and the connections it dialed.
+client does (--go-decode bytes) or, as kube-scheduler does, decoding them whole with encoding/json and
+encoding prioritize's names again (--go-decode full: ~7 ms of Go CPU per pod at 5,000 names here).
+Everything else (the stand-in, the pods, the filter bodies and their random names, the catch-up probe, the
+figures) is this file's, so the two clients' figures compare; the band adds the Go client's step times and
+the connections it dialed.
 
 The load client stays cheap so as not to take the cores from the extender: the filter bodies are encoded
 before the clock starts, and it is one thread speaking HTTP/1.1 over plain sockets (see Client), with
@@ -844,7 +845,8 @@ def schedule_go(bench: Bench, pods: list[dict], names: list[str], k: int, rng: r
                   [r["bind_error"] for r in binds if r.get("bind_error")], len(results) - len(binds), wall,
                   (user1 + sys1 - cpu0, user1 - user0, sys1 - sys0), go_cpu + own, standin, waits, scraped)
     ms = 1000.0
-    out.update(client="go", go_decode=bench.args.go_decode, go_wall_s=round(summary["wall_s"], 3), connections_dialed=summary["connections_dialed"],
+    out.update(client="go", go_decode=bench.args.go_decode, go_wall_s=round(summary["wall_s"], 3),
+               connections_dialed=summary["connections_dialed"],
                client_cpu_ms_per_pod_split={"go": round(go_cpu / len(pods) * ms, 3),
                                             "python_waiting": round(own / len(pods) * ms, 3)},
                steps_ms={key: round(statistics.median(r[key] for r in binds) * ms, 3) if binds else None
