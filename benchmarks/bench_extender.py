@@ -65,6 +65,7 @@ full HTTP request, every bind makes its two writes to the stand-in, and the watc
 from __future__ import annotations
 
 import argparse
+import fcntl
 import http.client
 import json
 import os
@@ -682,8 +683,10 @@ def build_go_client() -> Path:
         raise SystemExit("--client go needs the Go toolchain: `go` (1.22 or later) is not on PATH. Install it "
                          "(https://go.dev/dl/, or the distribution's golang package) or run with --client python.")
     GO_CLIENT_BIN.parent.mkdir(exist_ok=True)
-    done = subprocess.run([go, "build", "-o", str(GO_CLIENT_BIN), "."], cwd=GO_CLIENT_SRC, capture_output=True,
-                          text=True, timeout=600, env=dict(os.environ, GOTOOLCHAIN="local", GOFLAGS="-mod=mod"))
+    with open(GO_CLIENT_BIN.parent / "bench-goclient.lock", "w") as lock:  # one build at a time (test workers)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = subprocess.run([go, "build", "-o", str(GO_CLIENT_BIN), "."], cwd=GO_CLIENT_SRC, capture_output=True,
+                              text=True, timeout=600, env=dict(os.environ, GOTOOLCHAIN="local", GOFLAGS="-mod=mod"))
     if done.returncode != 0:
         raise SystemExit(f"go build of {GO_CLIENT_SRC} failed:\n{done.stderr}")
     return GO_CLIENT_BIN
