@@ -45,6 +45,16 @@ Compare `--topology --multi-gpu 20` with `--topology` (all one-GPU pods) on the 
 --rounds 3` runs each mix 3 times, interleaved (0, 20, 20, 0, 0, 20: each a fresh stand-in and extender), and
 reports per band the medians of pods/s and CPU ms per pod of each mix and the ratio of each to the first's.
 
+--client go: the serial chain per pod runs in benchmarks/goclient (Go, stdlib only; `go build` into
+build/bench-goclient on each run, ~0.2 s when cached) instead of this process: kube-scheduler's HTTPExtender
+as it speaks to a nodeCacheCapable extender (net/http, HTTP/1.1 keep-alive, Go's default of 2 idle
+connections per host unless --go-idle-conns, each bind in a goroutine), reading the answers as the Python
+client does (--go-decode bytes) or, as kube-scheduler does, decoding them whole with encoding/json and
+encoding prioritize's names again (--go-decode full: ~7 ms of Go CPU per pod at 5,000 names here).
+Everything else (the stand-in, the pods, the filter bodies and their random names, the catch-up probe, the
+figures) is this file's, so the two clients' figures compare; the band adds the Go client's step times and
+the connections it dialed.
+
 The load client stays cheap so as not to take the cores from the extender: the filter bodies are encoded
 before the clock starts, and it is one thread speaking HTTP/1.1 over plain sockets (see Client), with
 orjson; it reads prioritize's best host off the answer's bytes with numpy (best_host; numpy comes with the test
@@ -55,6 +65,7 @@ full HTTP request, every bind makes its two writes to the stand-in, and the watc
 from __future__ import annotations
 
 import argparse
+import fcntl
 import http.client
 import json
 import os
@@ -660,9 +671,108 @@ def best_host(answer: bytes, hosts: int) -> str:
     return str(max(decoded, key=itemgetter("Score"))["Host"])
 
 
+GO_CLIENT_SRC = ROOT / "benchmarks" / "goclient"
+GO_CLIENT_BIN = ROOT / "build" / "bench-goclient"
+
+
+def build_go_client() -> Path:
+    """`go build` of benchmarks/goclient into build/bench-goclient (stdlib only: nothing is downloaded; a
+    no-op build is ~0.2 s from Go's build cache). Fails naming the fix when Go is missing."""
+    go = shutil.which("go")
+    if go is None:
+        raise SystemExit("--client go needs the Go toolchain: `go` (1.22 or later) is not on PATH. Install it "
+                         "(https://go.dev/dl/, or the distribution's golang package) or run with --client python.")
+    GO_CLIENT_BIN.parent.mkdir(exist_ok=True)
+    with open(GO_CLIENT_BIN.parent / "bench-goclient.lock", "w") as lock:  # one build at a time (test workers)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = subprocess.run([go, "build", "-o", str(GO_CLIENT_BIN), "."], cwd=GO_CLIENT_SRC, capture_output=True,
+                              text=True, timeout=600, env=dict(os.environ, GOTOOLCHAIN="local", GOFLAGS="-mod=mod"))
+    if done.returncode != 0:
+        raise SystemExit(f"go build of {GO_CLIENT_SRC} failed:\n{done.stderr}")
+    return GO_CLIENT_BIN
+
+
+def go_job_line(pod: dict, pod_text: bytes, filter_body: bytes) -> bytes:
+    """One pod's job for the Go client: its bind's names, the pod's JSON, the filter request as sent."""
+    meta = pod["metadata"]
+    return (b'{"PodName":' + orjson.dumps(meta["name"]) + b',"PodNamespace":' + orjson.dumps(meta["namespace"])
+            + b',"PodUID":' + orjson.dumps(meta["uid"]) + b',"Pod":' + pod_text + b',"Filter":' + filter_body
+            + b"}\n")
+
+
+class GoClient:
+    """benchmarks/goclient as the load client (--client go): the serial per-pod chain in Go over net/http,
+    as kube-scheduler's HTTPExtender runs it. Started and given every pod's job before the clock starts;
+    `run` starts the chain and returns (wall seconds, per-pod results, summary); its CPU is read from /proc
+    before `close` lets it exit."""
+
+    def __init__(self, port: int, jobs: list[bytes], bind_workers: int, idle_conns: int, decode: str = "bytes",
+                 passed_names: bool = False) -> None:
+        binary = build_go_client()
+        self.jobs = Path(tempfile.mkstemp(prefix="goclient-", suffix=".jsonl")[1])
+        self.jobs.write_bytes(b"".join(jobs))
+        self.proc = subprocess.Popen([str(binary), "-addr", f"127.0.0.1:{port}", "-jobs", str(self.jobs),
+                                      "-bind-workers", str(bind_workers), "-idle-conns", str(idle_conns),
+                                      "-decode", decode]
+                                     + (["-passed-names"] if passed_names else []),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.pid = self.proc.pid
+        self.buf = bytearray()
+        line = self._line()
+        if line.strip() != "ready":
+            self.close()
+            raise RuntimeError(f"the Go client did not start: {line!r}")
+
+    def _line(self, timeout: float = 900) -> str:
+        """The next line the Go client printed ("" when it closed its output), waiting at most `timeout` s
+        for it: read off the pipe's descriptor (a buffered reader's lines would hide from select)."""
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while (end := self.buf.find(b"\n")) < 0:
+            if not select.select([self.proc.stdout], [], [], max(deadline - time.monotonic(), 0))[0]:
+                raise TimeoutError(f"the Go client printed no line in {timeout} s")
+            data = os.read(self.proc.stdout.fileno(), 1 << 16)
+            if not data:
+                return ""
+            self.buf += data
+        line = bytes(self.buf[:end + 1])
+        del self.buf[:end + 1]
+        return line.decode()
+
+    def run(self) -> tuple[list[dict], dict]:
+        """Run the chain for every pod and wait for every bind: (per-pod results, summary)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        results = []
+        while True:
+            line = self._line()
+            if not line:
+                raise RuntimeError("the Go client stopped without a summary")
+            out = json.loads(line)
+            if "done" in out or "error" in out:
+                if out.get("error"):
+                    raise RuntimeError(f"the Go client failed: {out['error']}")
+                return results, out
+            results.append(out)
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(30)
+            self.jobs.unlink(missing_ok=True)
+
+
 def schedule(bench: Bench, pods: list[dict], names: list[str], k: int, rng: random.Random) -> dict:
     """Schedule `pods` through filter, prioritize and bind; figures of the extender meanwhile."""
     assert bench.ext is not None
+    if getattr(bench.args, "client", "python") == "go":
+        return schedule_go(bench, pods, names, k, rng)
     pid = bench.ext.pid
     conn = Client("127.0.0.1", bench.port, bench.args.bind_workers)
     # The scheduler's side of the work that is not the extender's (its own filters choosing the candidate
@@ -703,23 +813,72 @@ def schedule(bench: Bench, pods: list[dict], names: list[str], k: int, rng: rand
     if spy is not None:
         spy.send_signal(signal.SIGINT)
         spy.wait(60)
-    cpu = user1 + sys1 - cpu0
+    return figures(bench, pods, lat_f, lat_fp, conn.bind_latencies, conn.bind_errors, unschedulable, wall,
+                   (user1 + sys1 - cpu0, user1 - user0, sys1 - sys0), client, standin, waits, scraped)
+
+
+def schedule_go(bench: Bench, pods: list[dict], names: list[str], k: int, rng: random.Random) -> dict:
+    """`schedule` with the Go client (--client go): the same pods, the same filter bodies (the same random
+    names), the same chain per pod; the Go process's CPU is the client's (this process only waits on a pipe
+    meanwhile, and its own CPU is added too). Also per pod: the step times (`steps_ms` medians: filter,
+    prioritize, the host picked and the bind body encoded) and the connections the Go transport dialed."""
+    assert bench.ext is not None
+    pid = bench.ext.pid
+    filter_bodies = [orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": rng.sample(names, k)}) for pod in pods]
+    jobs = [go_job_line(pod, orjson.dumps(pod), body) for pod, body in zip(pods, filter_bodies, strict=True)]
+    client = GoClient(bench.port, jobs, bench.args.bind_workers, bench.args.go_idle_conns, bench.args.go_decode)
+    try:
+        scrapers = start_scrapers(bench)
+        bench.gc_pauses()
+        (user0, sys0), t0 = cpu_split(pid), time.perf_counter()
+        cpu0, own0, go0, standin0 = user0 + sys0, time.process_time(), cpu_s(client.pid), cpu_s(bench.standin.pid)
+        waits0 = [runqueue_s(p) for p in (pid, client.pid, bench.standin.pid)]
+        results, summary = client.run()
+        wall, (user1, sys1) = time.perf_counter() - t0, cpu_split(pid)
+        go_cpu, standin = cpu_s(client.pid) - go0, cpu_s(bench.standin.pid) - standin0
+        own = time.process_time() - own0
+        waits = [runqueue_s(p) - w for p, w in zip((pid, client.pid, bench.standin.pid), waits0, strict=True)]
+    finally:
+        client.close()
+    scraped = stop_scrapers(scrapers, wall)
+    lat_f = [r["filter_s"] for r in results]
+    lat_fp = [r["filter_s"] + r["prioritize_s"] for r in results]
+    binds = [r for r in results if r["passed"]]
+    out = figures(bench, pods, lat_f, lat_fp, [r["bind_s"] for r in binds],
+                  [r["bind_error"] for r in binds if r.get("bind_error")], len(results) - len(binds), wall,
+                  (user1 + sys1 - cpu0, user1 - user0, sys1 - sys0), go_cpu + own, standin, waits, scraped)
+    ms = 1000.0
+    out.update(client="go", go_decode=bench.args.go_decode, go_wall_s=round(summary["wall_s"], 3),
+               connections_dialed=summary["connections_dialed"],
+               client_cpu_ms_per_pod_split={"go": round(go_cpu / len(pods) * ms, 3),
+                                            "python_waiting": round(own / len(pods) * ms, 3)},
+               steps_ms={key: round(statistics.median(r[key] for r in binds) * ms, 3) if binds else None
+                         for key in ("filter_s", "prioritize_s", "pick_s")})
+    return out
+
+
+def figures(bench: Bench, pods: list[dict], lat_f: list[float], lat_fp: list[float], bind_latencies: list[float],
+            bind_errors: list[str], unschedulable: int, wall: float, ext_cpu: tuple[float, float, float],
+            client: float, standin: float, waits: list[float], scraped: dict) -> dict:
+    """A band's figures from what either client measured (seconds)."""
+    assert bench.ext is not None
+    cpu, user, system = ext_cpu
+    pid = bench.ext.pid
     gc_log = bench.gc_log_since()
     gcs = [(ms, gen) for ms, gen, _ in gc_log]
-    bound = len(conn.bind_latencies) - len(conn.bind_errors)
+    bound = len(bind_latencies) - len(bind_errors)
     ms = 1000.0
     return {"pods": len(pods), "bound": bound, "unschedulable": unschedulable,
-            "bind_errors": len(conn.bind_errors), "first_errors": conn.bind_errors[:3],
+            "bind_errors": len(bind_errors), "first_errors": bind_errors[:3],
             "filter_prioritize_ms": {"median": round(statistics.median(lat_fp) * ms, 2),
                                      "p99": round(pct(lat_fp, 99) * ms, 2)},
             "filter_ms": {"median": round(statistics.median(lat_f) * ms, 2), "p99": round(pct(lat_f, 99) * ms, 2)},
             **scraped,
-            "bind_ms": {"median": round(statistics.median(conn.bind_latencies or [0]) * ms, 2),
-                        "p99": round(pct(conn.bind_latencies, 99) * ms, 2)},
+            "bind_ms": {"median": round(statistics.median(bind_latencies or [0]) * ms, 2),
+                        "p99": round(pct(bind_latencies, 99) * ms, 2)},
             "pods_per_s": round(len(pods) / wall, 1), "wall_s": round(wall, 2),
             "cpu_ms_per_pod": round(cpu / len(pods) * ms, 3),
-            "cpu_user_sys_ms_per_pod": [round((user1 - user0) / len(pods) * ms, 3),
-                                        round((sys1 - sys0) / len(pods) * ms, 3)],
+            "cpu_user_sys_ms_per_pod": [round(user / len(pods) * ms, 3), round(system / len(pods) * ms, 3)],
             "client_cpu_ms_per_pod": round(client / len(pods) * ms, 3),
             "standin_cpu_ms_per_pod": round(standin / len(pods) * ms, 3),
             # runnable but waiting for a CPU, per pod: the extender's threads, the client's, the stand-in's
@@ -796,7 +955,9 @@ def run(args: argparse.Namespace) -> dict:
                   f"{figures['client_cpu_ms_per_pod']}, API stand-in {figures['standin_cpu_ms_per_pod']}), filter p50 "
                   f"{figures['filter_ms']['median']} ms"
                   + (f", {figures['scrapers']} scrapers: {figures['scrapes_200_per_s']} scrapes/s answered, "
-                     f"{figures['scrapes_503_per_s']}/s refused" if "scrapers" in figures else "") + "]",
+                     f"{figures['scrapes_503_per_s']}/s refused" if "scrapers" in figures else "")
+                  + (f"; Go client: steps {figures['steps_ms']} ms, {figures['connections_dialed']} connections "
+                     f"dialed" if "steps_ms" in figures else "") + "]",
                   file=sys.stderr)
         restart = None
         if args.restart:
@@ -867,6 +1028,15 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=0, help="pods scheduled before the first band, not measured")
     p.add_argument("--restart", action="store_true", help="restart the extender at the end (relist timing)")
     p.add_argument("--bind-workers", type=int, default=16, help="binds in flight at most (one connection each)")
+    p.add_argument("--client", choices=("python", "go"), default="python",
+                   help="the load client: this process's Python (default), or benchmarks/goclient (built with "
+                        "`go build` into build/; kube-scheduler's HTTP client behaviour)")
+    p.add_argument("--go-idle-conns", type=int, default=2,
+                   help="--client go: idle keep-alive connections kept per host (kube-scheduler: Go's default, 2)")
+    p.add_argument("--go-decode", choices=("bytes", "full"), default="bytes",
+                   help="--client go: read the answers as the Python client does (bytes: filter's names echoed, "
+                        "the best host scanned off the bytes), or decode them whole with encoding/json as "
+                        "kube-scheduler's HTTPExtender does (full)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--scrapers", type=int, default=0, help="clients scraping /metrics in a loop meanwhile")
     p.add_argument("--json", action="store_true", help="print the results as JSON")

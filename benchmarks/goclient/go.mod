@@ -1,0 +1,3 @@
+module memslice/benchmarks/goclient
+
+go 1.22
