@@ -77,6 +77,7 @@ _SHAPE_FIELDS = itemgetter(1, 3, 4, 5)
 SHARED_MAX = 512  # shapes' verdicts kept per table (emptied when full): 64 tables hold at most ~7 MB
 SHARE_TRIAL = 32  # a table whose fill met this many new shapes, more than repeats, stops sharing
 SHAPES_MAX = 8192  # shapes numbered (_sid) at once, ~3 MB (all numbers dropped when full)
+FOUND_MAX = 8192  # nodes whose view's spanning set searches are kept (_found; all dropped when full)
 
 # A cell's kind: no verdict yet, fits, fails now, never fits (unresolvable)
 NONE, FITS, FAILS, NEVER = 0, 1, 2, 3
@@ -177,6 +178,7 @@ class FitMemo:
         self._replays: OrderedDict[str, Replay] = OrderedDict()  # pod UID -> its filter's answer, oldest first
         self._replay_names = 0  # names they hold
         self._plan: RefreshPlan | None = None  # how _refresh goes over the tables (None: made afresh at next need)
+        self._found: dict[int, spanning.Found] = {}  # id -> the set searches of its view (emptied when it changes)
         state.on_view_change(self._refresh)
 
     # ------------------------------------------------------------------ the two verbs
@@ -478,6 +480,9 @@ class FitMemo:
             self._evict(table, len(ids))
         if len(table.shared) > SHARED_MAX:
             table.shared.clear()
+        if not table.sharing and len(key) == 5 and key[2] == () and key[3] == 0:  # as _refresh's groups
+            self._fill_spanning(table, key, ids)
+            return
         names, view_of, sids, fragment = self._names, self.state.view_unlocked, self._sids, self._fragment
         kinds, scores, jsons, reasons, shared = table.kinds, table.scores, table.jsons, table.reasons, table.shared
         filled = fitting = hits = misses = 0
@@ -497,7 +502,7 @@ class FitMemo:
                 if v is None:
                     view = view or view_of(names[i])  # type: ignore[arg-type]
                     assert view is not None  # a shape is only kept for a node with a view
-                    v = shared[sid] = self._verdict(key, view)
+                    v = shared[sid] = self._verdict(key, view, i)
                     misses += 1
                     sharing = table.sharing = misses < SHARE_TRIAL or hits >= misses
                 else:
@@ -506,7 +511,53 @@ class FitMemo:
                 view = view_of(names[i])  # type: ignore[arg-type]
                 if view is None:
                     continue
-                v = self._verdict(key, view)
+                v = self._verdict(key, view, i)
+            filled += 1
+            if v[0]:
+                kinds[i] = FITS
+                scores[i] = v[3]
+                jsons[i] = fragment(i, v[3])
+                fitting += 1
+            else:
+                kinds[i] = NEVER if v[1] else FAILS
+                reasons[i] = v[2]
+        table.filled += filled
+        table.fitting += fitting
+        self._entries += filled
+
+    def _fill_spanning(self, table: _Table, key: Key, ids: list[int]) -> None:
+        """_fill for a spanning table of _refresh's groups (no limit signature, no compute share) that no longer
+        shares verdicts by shape: the nodes' verdicts in one spanning.judge call, each with the set searches kept
+        for its view (_found: made by the refresh at its last change, or by fills of other sizes of that N and
+        policy), where the cap leaves the pod alone (else _verdict). Why: a spanning key is asked a few times per
+        band of benchmarks/README.md's mix, and each ask finds ~half of its names without a verdict."""
+        names, view_of, founds, ratio = self._names, self.state.view_unlocked, self._found, self.limit_ratio
+        kinds, scores, jsons, reasons, fragment = table.kinds, table.scores, table.jsons, table.reasons, self._fragment
+        units = key[0]
+        todo: list[int] = []
+        items: list[tuple[NodeView, int, spanning.Found]] = []
+        for i in ids:
+            if kinds[i] != NONE:
+                continue
+            view = view_of(names[i])  # type: ignore[arg-type]  # a live id has a name
+            if view is None:
+                continue
+            if ratio is not None and (view.over is not None or ratio < 1):  # not _without_cap: one by one
+                self._put(table, i, self._verdict(key, view, i))
+                continue
+            found = founds.get(i)
+            if found is None:
+                if len(founds) >= FOUND_MAX:
+                    founds.clear()
+                found = founds[i] = {}
+            todo.append(i)
+            items.append((view, units * view.unit_mib, found))
+        if not items:
+            return
+        filled = fitting = 0
+        for i, v in zip(todo, spanning.judge(items, key[1], key[4]), strict=True):
+            if kinds[i] != NONE:  # an id repeated in `ids`: written once
+                continue
             filled += 1
             if v[0]:
                 kinds[i] = FITS
@@ -536,9 +587,16 @@ class FitMemo:
         self._sids[i] = sid
         return sid
 
-    def _verdict(self, key: Key, view: NodeView) -> Verdict:
+    def _verdict(self, key: Key, view: NodeView, i: int) -> Verdict:
+        """The verdict of node id `i` (its view: `view`) for `key`; for a spanning key as _refresh's groups, with
+        the set searches kept for that view (_found: a fill of another size of that N and policy reuses them)."""
         if len(key) == 5 and key[2] == () and key[3] == 0 and self._without_cap(view):  # as _refresh's groups
-            v = spanning.verdicts(view, [key[0] * view.unit_mib], key[1], key[4])[0]
+            found = self._found.get(i)
+            if found is None:
+                if len(self._found) >= FOUND_MAX:
+                    self._found.clear()
+                found = self._found[i] = {}
+            v = spanning.verdicts(view, [key[0] * view.unit_mib], key[1], key[4], found)[0]
         else:
             v = decisions.verdict(view, key[0] * view.unit_mib, key[1], self.limit_need(key, view),
                                   compute_of(key), gpus_of(key))
@@ -550,7 +608,7 @@ class FitMemo:
         return self.limit_ratio is None or (view.over is None and self.limit_ratio >= 1)
 
     def _set(self, table: _Table, key: Key, i: int, view: NodeView) -> None:
-        self._put(table, i, self._verdict(key, view))
+        self._put(table, i, self._verdict(key, view, i))
 
     def _put(self, table: _Table, i: int, v: Verdict) -> None:
         before = table.kinds[i]
@@ -591,6 +649,7 @@ class FitMemo:
             return
         if view is not None:
             self._sids[i] = None
+            self._found.pop(i, None)
             singles, groups = self._plan or self._make_plan()
             for key, table in singles:
                 if table.kinds[i] != NONE:
@@ -603,6 +662,7 @@ class FitMemo:
             table.empty(i)
         self._index.discard(name)
         self._names[i] = self._host_json[i] = self._sids[i] = None
+        self._found.pop(i, None)
         self._free.append(i)
         self._epoch += 1
 
@@ -617,13 +677,18 @@ class FitMemo:
                         self._set(table, key, i, view)
             return
         unit = view.unit_mib
+        found: spanning.Found | None = None  # the view's set searches, kept for the fills that follow (_verdict)
         for (gpus, policy), members in groups:
             held = [m for m in members if m[1].kinds[i] != NONE]
             if not held:
                 continue
+            if found is None:
+                if len(self._found) >= FOUND_MAX:
+                    self._found.clear()
+                found = self._found[i] = {}
             texts = self._host_json[i] or _NO_FRAGMENTS  # the node's HostPriority JSON per score
-            for (_, table), v in zip(held, spanning.verdicts(view, [key[0] * unit for key, _ in held], policy, gpus),
-                                     strict=True):
+            for (_, table), v in zip(held, spanning.verdicts(view, [key[0] * unit for key, _ in held], policy, gpus,
+                                                             found), strict=True):
                 kinds = table.kinds
                 table.fitting -= kinds[i] == FITS
                 if v[0]:
