@@ -690,6 +690,8 @@ class FitMemo:
             for (_, table), v in zip(held, spanning.verdicts(view, [key[0] * unit for key, _ in held], policy, gpus,
                                                              found), strict=True):
                 kinds = table.kinds
+                if v[0] and kinds[i] == FITS and table.scores[i] == v[3]:  # unchanged: its text is the node's for it
+                    continue
                 table.fitting -= kinds[i] == FITS
                 if v[0]:
                     score = v[3]
