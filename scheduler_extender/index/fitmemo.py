@@ -24,7 +24,10 @@ rebuilds the view and refreshes the verdicts like any charge. Without the cap ke
 Pods spanning GPUs (issue 34): each (per-GPU size, N) is a table of its own, so a bind refreshes its node in many
 (20 spanning tables in benchmarks/README.md's mix). The tables of one N and policy whose verdict the limit cap
 and compute shares leave alone are refreshed together, in one call (spanning.verdicts: the view's checks once,
-the set search shared by the sizes that leave the same GPUs with room); the others one by one, as above.
+the set search shared by the sizes that leave the same GPUs with room); the others one by one, as above. The set
+searches a node's view met are kept until it changes (_found), and a table of those groups that stopped sharing
+by shape fills the cells a request finds empty in one spanning.judge call reusing them (_fill_spanning): a
+spanning key is asked rarely, so its requests meet many nodes without a verdict.
 
 Bounded: at most MAX_ENTRIES verdicts and MAX_TABLES tables (each ~18 bytes per node id); the least recently
 used table goes first. A node that goes frees its id for the next new node (every table's cell emptied).
