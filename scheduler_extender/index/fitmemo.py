@@ -558,7 +558,7 @@ class FitMemo:
         if not items:
             return
         filled = fitting = 0
-        for i, v in zip(todo, spanning.judge(items, key[1], key[4]), strict=True):
+        for i, v in zip(todo, spanning.judge(items, key[1], gpus_of(key)), strict=True):
             if kinds[i] != NONE:  # an id repeated in `ids`: written once
                 continue
             filled += 1
