@@ -96,6 +96,19 @@ _FITS = tuple((True, False, "", s) for s in range(MAX_SCORE + 1))  # a fitting v
 RefreshPlan = tuple[list[tuple[Key, "_Table"]], list[tuple[tuple[int, str], list[tuple[Key, "_Table"]]]]]
 
 
+# What a spanning group's cells of a node were refreshed at (_refresh_groups): its GPUs' free MiB in `rows` order,
+# and all else a verdict reads (unit, topology, the limit and compute columns, unplaced MiB, error, each GPU's index,
+# MiB and health).
+Column = tuple[tuple[int, ...], tuple[object, ...]]
+_FREE, _INDEX, _MEM, _HEALTHY = itemgetter(6), itemgetter(1), itemgetter(3), itemgetter(4)
+
+
+def _column(view: NodeView) -> Column:
+    rows = view.rows
+    return tuple(map(_FREE, rows)), (view.unit_mib, view.topo, view.over, view.compute, view.unplaced_mib, view.error,
+                                     *map(_INDEX, rows), *map(_MEM, rows), *map(_HEALTHY, rows))
+
+
 def compute_of(key: Key) -> int:
     """The compute percent of a memo key (0: the pod asks for none)."""
     return key[3] if len(key) >= 4 else 0
@@ -182,6 +195,7 @@ class FitMemo:
         self._replay_names = 0  # names they hold
         self._plan: RefreshPlan | None = None  # how _refresh goes over the tables (None: made afresh at next need)
         self._found: dict[int, spanning.Found] = {}  # id -> the set searches of its view (emptied when it changes)
+        self._columns: dict[int, Column] = {}  # id -> what its spanning group cells were last refreshed at
         state.on_view_change(self._refresh)
 
     # ------------------------------------------------------------------ the two verbs
@@ -653,12 +667,13 @@ class FitMemo:
         if view is not None:
             self._sids[i] = None
             self._found.pop(i, None)
+            before = self._columns.pop(i, None)
             singles, groups = self._plan or self._make_plan()
             for key, table in singles:
                 if table.kinds[i] != NONE:
                     self._set(table, key, i, view)
             if groups:
-                self._refresh_groups(i, view, groups)
+                self._refresh_groups(i, view, groups, before)
             return
         for table in self._tables.values():  # the node is gone: free its id in every table
             self._entries -= table.kinds[i] != NONE
@@ -666,13 +681,18 @@ class FitMemo:
         self._index.discard(name)
         self._names[i] = self._host_json[i] = self._sids[i] = None
         self._found.pop(i, None)
+        self._columns.pop(i, None)
         self._free.append(i)
         self._epoch += 1
 
-    def _refresh_groups(self, i: int, view: NodeView, groups: list[tuple[tuple[int, str], list[tuple[Key, _Table]]]]
-                        ) -> None:
+    def _refresh_groups(self, i: int, view: NodeView, groups: list[tuple[tuple[int, str], list[tuple[Key, _Table]]]],
+                        before: Column | None) -> None:
         """_refresh for the spanning tables grouped by (N, policy): each group's cells of node `i` in one
-        spanning.verdicts call, written here (every cell held a verdict: the counts of filled cells stay)."""
+        spanning.verdicts call, written here (every cell held a verdict: the counts of filled cells stay). A cell
+        whose size is above every free MiB a changed GPU had before or after the change keeps its verdict: those
+        GPUs lack room for it in both views, so the GPUs with room, the sets among them, their free fractions and
+        the chosen set's free MiB are the same (`before`: the column the cells were last refreshed at, kept only
+        while nothing else a verdict reads differs; None: every cell afresh)."""
         if not self._without_cap(view):  # the cap may change what these pods get here: one by one
             for _, members in groups:
                 for key, table in members:
@@ -680,9 +700,14 @@ class FitMemo:
                         self._set(table, key, i, view)
             return
         unit = view.unit_mib
+        now = _column(view)
+        self._columns[i] = now
+        above = 1 << 62  # sizes above it keep their verdicts (none, unless `before` tells)
+        if before is not None and before[1] == now[1] and not view.unplaced_mib and not view.error:
+            above = max((max(a, b) for a, b in zip(before[0], now[0], strict=True) if a != b), default=-1)
         found: spanning.Found | None = None  # the view's set searches, kept for the fills that follow (_verdict)
         for (gpus, policy), members in groups:
-            held = [m for m in members if m[1].kinds[i] != NONE]
+            held = [m for m in members if m[1].kinds[i] != NONE and m[0][0] * unit <= above]
             if not held:
                 continue
             if found is None:
