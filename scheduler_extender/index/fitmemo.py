@@ -24,7 +24,10 @@ rebuilds the view and refreshes the verdicts like any charge. Without the cap ke
 Pods spanning GPUs (issue 34): each (per-GPU size, N) is a table of its own, so a bind refreshes its node in many
 (20 spanning tables in benchmarks/README.md's mix). The tables of one N and policy whose verdict the limit cap
 and compute shares leave alone are refreshed together, in one call (spanning.verdicts: the view's checks once,
-the set search shared by the sizes that leave the same GPUs with room); the others one by one, as above.
+the set search shared by the sizes that leave the same GPUs with room); the others one by one, as above. The set
+searches a node's view met are kept until it changes (_found), and a table of those groups that stopped sharing
+by shape fills the cells a request finds empty in one spanning.judge call reusing them (_fill_spanning): a
+spanning key is asked rarely, so its requests meet many nodes without a verdict.
 
 Bounded: at most MAX_ENTRIES verdicts and MAX_TABLES tables (each ~18 bytes per node id); the least recently
 used table goes first. A node that goes frees its id for the next new node (every table's cell emptied).
@@ -77,6 +80,7 @@ _SHAPE_FIELDS = itemgetter(1, 3, 4, 5)
 SHARED_MAX = 512  # shapes' verdicts kept per table (emptied when full): 64 tables hold at most ~7 MB
 SHARE_TRIAL = 32  # a table whose fill met this many new shapes, more than repeats, stops sharing
 SHAPES_MAX = 8192  # shapes numbered (_sid) at once, ~3 MB (all numbers dropped when full)
+FOUND_MAX = 8192  # nodes whose view's spanning set searches are kept (_found; all dropped when full)
 
 # A cell's kind: no verdict yet, fits, fails now, never fits (unresolvable)
 NONE, FITS, FAILS, NEVER = 0, 1, 2, 3
@@ -90,6 +94,19 @@ _FITS = tuple((True, False, "", s) for s in range(MAX_SCORE + 1))  # a fitting v
 # How _refresh goes over the tables: those refreshed one by one, (key, table); and the spanning tables refreshed
 # together, per (N, policy): ((N, policy), ((key, table), ...)). Made when the set of tables changes.
 RefreshPlan = tuple[list[tuple[Key, "_Table"]], list[tuple[tuple[int, str], list[tuple[Key, "_Table"]]]]]
+
+
+# What a spanning group's cells of a node were refreshed at (_refresh_groups): its GPUs' free MiB in `rows` order,
+# and all else a verdict reads (unit, topology, the limit and compute columns, unplaced MiB, error, each GPU's index,
+# MiB and health).
+Column = tuple[tuple[int, ...], tuple[object, ...]]
+_FREE, _INDEX, _MEM, _HEALTHY = itemgetter(6), itemgetter(1), itemgetter(3), itemgetter(4)
+
+
+def _column(view: NodeView) -> Column:
+    rows = view.rows
+    return tuple(map(_FREE, rows)), (view.unit_mib, view.topo, view.over, view.compute, view.unplaced_mib, view.error,
+                                     *map(_INDEX, rows), *map(_MEM, rows), *map(_HEALTHY, rows))
 
 
 def compute_of(key: Key) -> int:
@@ -177,6 +194,8 @@ class FitMemo:
         self._replays: OrderedDict[str, Replay] = OrderedDict()  # pod UID -> its filter's answer, oldest first
         self._replay_names = 0  # names they hold
         self._plan: RefreshPlan | None = None  # how _refresh goes over the tables (None: made afresh at next need)
+        self._found: dict[int, spanning.Found] = {}  # id -> the set searches of its view (emptied when it changes)
+        self._columns: dict[int, Column] = {}  # id -> what its spanning group cells were last refreshed at
         state.on_view_change(self._refresh)
 
     # ------------------------------------------------------------------ the two verbs
@@ -481,6 +500,9 @@ class FitMemo:
             self._evict(table, len(ids))
         if len(table.shared) > SHARED_MAX:
             table.shared.clear()
+        if not table.sharing and len(key) == 5 and key[2] == () and key[3] == 0:  # as _refresh's groups
+            self._fill_spanning(table, key, ids)
+            return
         names, view_of, sids, fragment = self._names, self.state.view_unlocked, self._sids, self._fragment
         kinds, scores, jsons, reasons, shared = table.kinds, table.scores, table.jsons, table.reasons, table.shared
         filled = fitting = hits = misses = 0
@@ -500,7 +522,7 @@ class FitMemo:
                 if v is None:
                     view = view or view_of(names[i])  # type: ignore[arg-type]
                     assert view is not None  # a shape is only kept for a node with a view
-                    v = shared[sid] = self._verdict(key, view)
+                    v = shared[sid] = self._verdict(key, view, i)
                     misses += 1
                     sharing = table.sharing = misses < SHARE_TRIAL or hits >= misses
                 else:
@@ -509,7 +531,53 @@ class FitMemo:
                 view = view_of(names[i])  # type: ignore[arg-type]
                 if view is None:
                     continue
-                v = self._verdict(key, view)
+                v = self._verdict(key, view, i)
+            filled += 1
+            if v[0]:
+                kinds[i] = FITS
+                scores[i] = v[3]
+                jsons[i] = fragment(i, v[3])
+                fitting += 1
+            else:
+                kinds[i] = NEVER if v[1] else FAILS
+                reasons[i] = v[2]
+        table.filled += filled
+        table.fitting += fitting
+        self._entries += filled
+
+    def _fill_spanning(self, table: _Table, key: Key, ids: list[int]) -> None:
+        """_fill for a spanning table of _refresh's groups (no limit signature, no compute share) that no longer
+        shares verdicts by shape: the nodes' verdicts in one spanning.judge call, each with the set searches kept
+        for its view (_found: made by the refresh at its last change, or by fills of other sizes of that N and
+        policy), where the cap leaves the pod alone (else _verdict). Why: a spanning key is asked a few times per
+        band of benchmarks/README.md's mix, and each ask finds ~half of its names without a verdict."""
+        names, view_of, founds, ratio = self._names, self.state.view_unlocked, self._found, self.limit_ratio
+        kinds, scores, jsons, reasons, fragment = table.kinds, table.scores, table.jsons, table.reasons, self._fragment
+        units = key[0]
+        todo: list[int] = []
+        items: list[tuple[NodeView, int, spanning.Found]] = []
+        for i in ids:
+            if kinds[i] != NONE:
+                continue
+            view = view_of(names[i])  # type: ignore[arg-type]  # a live id has a name
+            if view is None:
+                continue
+            if ratio is not None and (view.over is not None or ratio < 1):  # not _without_cap: one by one
+                self._put(table, i, self._verdict(key, view, i))
+                continue
+            found = founds.get(i)
+            if found is None:
+                if len(founds) >= FOUND_MAX:
+                    founds.clear()
+                found = founds[i] = {}
+            todo.append(i)
+            items.append((view, units * view.unit_mib, found))
+        if not items:
+            return
+        filled = fitting = 0
+        for i, v in zip(todo, spanning.judge(items, key[1], gpus_of(key)), strict=True):
+            if kinds[i] != NONE:  # an id repeated in `ids`: written once
+                continue
             filled += 1
             if v[0]:
                 kinds[i] = FITS
@@ -539,9 +607,16 @@ class FitMemo:
         self._sids[i] = sid
         return sid
 
-    def _verdict(self, key: Key, view: NodeView) -> Verdict:
+    def _verdict(self, key: Key, view: NodeView, i: int) -> Verdict:
+        """The verdict of node id `i` (its view: `view`) for `key`; for a spanning key as _refresh's groups, with
+        the set searches kept for that view (_found: a fill of another size of that N and policy reuses them)."""
         if len(key) == 5 and key[2] == () and key[3] == 0 and self._without_cap(view):  # as _refresh's groups
-            v = spanning.verdicts(view, [key[0] * view.unit_mib], key[1], key[4])[0]
+            found = self._found.get(i)
+            if found is None:
+                if len(self._found) >= FOUND_MAX:
+                    self._found.clear()
+                found = self._found[i] = {}
+            v = spanning.verdicts(view, [key[0] * view.unit_mib], key[1], key[4], found)[0]
         else:
             v = decisions.verdict(view, key[0] * view.unit_mib, key[1], self.limit_need(key, view),
                                   compute_of(key), gpus_of(key))
@@ -553,7 +628,7 @@ class FitMemo:
         return self.limit_ratio is None or (view.over is None and self.limit_ratio >= 1)
 
     def _set(self, table: _Table, key: Key, i: int, view: NodeView) -> None:
-        self._put(table, i, self._verdict(key, view))
+        self._put(table, i, self._verdict(key, view, i))
 
     def _put(self, table: _Table, i: int, v: Verdict) -> None:
         before = table.kinds[i]
@@ -594,25 +669,33 @@ class FitMemo:
             return
         if view is not None:
             self._sids[i] = None
+            self._found.pop(i, None)
+            before = self._columns.pop(i, None)
             singles, groups = self._plan or self._make_plan()
             for key, table in singles:
                 if table.kinds[i] != NONE:
                     self._set(table, key, i, view)
             if groups:
-                self._refresh_groups(i, view, groups)
+                self._refresh_groups(i, view, groups, before)
             return
         for table in self._tables.values():  # the node is gone: free its id in every table
             self._entries -= table.kinds[i] != NONE
             table.empty(i)
         self._index.discard(name)
         self._names[i] = self._host_json[i] = self._sids[i] = None
+        self._found.pop(i, None)
+        self._columns.pop(i, None)
         self._free.append(i)
         self._epoch += 1
 
-    def _refresh_groups(self, i: int, view: NodeView, groups: list[tuple[tuple[int, str], list[tuple[Key, _Table]]]]
-                        ) -> None:
+    def _refresh_groups(self, i: int, view: NodeView, groups: list[tuple[tuple[int, str], list[tuple[Key, _Table]]]],
+                        before: Column | None) -> None:
         """_refresh for the spanning tables grouped by (N, policy): each group's cells of node `i` in one
-        spanning.verdicts call, written here (every cell held a verdict: the counts of filled cells stay)."""
+        spanning.verdicts call, written here (every cell held a verdict: the counts of filled cells stay). A cell
+        whose size is above every free MiB a changed GPU had before or after the change keeps its verdict: those
+        GPUs lack room for it in both views, so the GPUs with room, the sets among them, their free fractions and
+        the chosen set's free MiB are the same (`before`: the column the cells were last refreshed at, kept only
+        while nothing else a verdict reads differs; None: every cell afresh)."""
         if not self._without_cap(view):  # the cap may change what these pods get here: one by one
             for _, members in groups:
                 for key, table in members:
@@ -620,14 +703,26 @@ class FitMemo:
                         self._set(table, key, i, view)
             return
         unit = view.unit_mib
+        now = _column(view)
+        self._columns[i] = now
+        above = 1 << 62  # sizes above it keep their verdicts (none, unless `before` tells)
+        if before is not None and before[1] == now[1] and not view.unplaced_mib and not view.error:
+            above = max((max(a, b) for a, b in zip(before[0], now[0], strict=True) if a != b), default=-1)
+        found: spanning.Found | None = None  # the view's set searches, kept for the fills that follow (_verdict)
         for (gpus, policy), members in groups:
-            held = [m for m in members if m[1].kinds[i] != NONE]
+            held = [m for m in members if m[1].kinds[i] != NONE and m[0][0] * unit <= above]
             if not held:
                 continue
+            if found is None:
+                if len(self._found) >= FOUND_MAX:
+                    self._found.clear()
+                found = self._found[i] = {}
             texts = self._host_json[i] or _NO_FRAGMENTS  # the node's HostPriority JSON per score
-            for (_, table), v in zip(held, spanning.verdicts(view, [key[0] * unit for key, _ in held], policy, gpus),
-                                     strict=True):
+            for (_, table), v in zip(held, spanning.verdicts(view, [key[0] * unit for key, _ in held], policy, gpus,
+                                                             found), strict=True):
                 kinds = table.kinds
+                if v[0] and kinds[i] == FITS and table.scores[i] == v[3]:  # unchanged: its text is the node's for it
+                    continue
                 table.fitting -= kinds[i] == FITS
                 if v[0]:
                     score = v[3]

@@ -35,6 +35,7 @@ from bisect import bisect_left
 from collections.abc import Iterable
 from itertools import combinations
 from math import comb
+from operator import itemgetter, truediv
 from typing import TYPE_CHECKING
 
 from memslice.contract import ANN_GPU_COUNT
@@ -374,62 +375,51 @@ def verdict(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None,
     return True, False, "", score_of(view, positions, d, need_mib, policy, compute)
 
 
+# What judge keeps per (N, policy, k) for one view: (the score's closeness part, the chosen set's (free MiB, MiB)
+# per GPU); None: the node has too many sets to weigh one by one (the general path answers). A caller may keep
+# these for a view (the memo keeps them per node until its view changes: fitmemo.FitMemo._found).
+Chosen = tuple[float, tuple[tuple[int, int], ...]] | None
+Found = dict[tuple[int, str, int], Chosen]
+_UNSEARCHED: Chosen = (-1.0, ())  # (a marker: not searched yet)
 _NO_SET: tuple[int, ...] = ()
+_FREE, _MEM = itemgetter(6), itemgetter(3)  # a GpuRow's free MiB, its MiB
+_FIT = tuple((True, False, "", s) for s in range(MAX_SCORE + 1))  # a fitting verdict, per score (shared)
 
 
-def verdicts(view: NodeView, needs: list[int], policy: str, gpus: int) -> list[Verdict]:
+def verdicts(view: NodeView, needs: list[int], policy: str, gpus: int, found: Found | None = None) -> list[Verdict]:
     """verdict(view, need, policy, None, 0, gpus) for each of `needs` (MiB per GPU) in one call: what the memo's
     tables of one N and policy (one per per-GPU size) hold for a node, refreshed together at each change of its
-    view (fitmemo.FitMemo._refresh). Why: a bind refreshes its node in every table, 20 spanning ones in
-    benchmarks/README.md's mix. Here the view's checks are made once; each size is a bisect (k: how many healthy
-    GPUs have less free than it); the GPUs with room for k are a suffix of the free order, tested as a bit mask
-    (_closest); the set search (as _scan's) is shared by the sizes of one k; each size's score is score_of's,
-    written out (the same operations in the same order: the same floats)."""
-    if view.unplaced_mib or view.error or not view.rows:  # the general path: fit's checks, per size
-        return [verdict(view, need, policy, None, 0, gpus) for need in needs]
-    rows, keys, topo = view.rows, view.free_keys, view.topo
-    count = len(keys)
-    plan = None if isinstance(topo, int) else _plan(topo, gpus)
-    # the GPUs with room for k are a bit mask of the positions of the healthy GPUs from k on in the free order
-    # (indices 0..G-1, sorted and distinct: index = position); else _scan's search
-    masked = plan is not None and plan[1] is not None and rows[0][1] == 0 and rows[-1][1] == len(rows) - 1
-    sign = -1.0 if policy == "spread" else 1.0
+    view (fitmemo.FitMemo._refresh; judge). `found`: the set searches kept for this very view (None: for this
+    call only)."""
+    if found is None:
+        found = {}
+    return judge([(view, need, found) for need in needs], policy, gpus)
+
+
+def judge(items: list[tuple[NodeView, int, Found]], policy: str, gpus: int) -> list[Verdict]:
+    """verdict(view, need, policy, None, 0, gpus) for each (view, need, found) of `items`: one node's sizes (the
+    memo's refresh of a node's tables of one N and policy: verdicts) or one size on many nodes (the memo's fill of
+    a table). Why: a bind refreshes its node in every table, 20 spanning ones in benchmarks/README.md's mix, and a
+    spanning key asked a few times finds many nodes without a verdict. Each size is a bisect (k: how many healthy
+    GPUs have less free than it); the set search (_search) depends on the size only through k, so it is made once
+    per (view, N, policy, k) and kept in the item's `found` (the caller's dict for that very view: another size,
+    in this call or a later one, finds it there); each size's score is score_of's, written out (the same
+    operations in the same order: the same floats)."""
     spread = policy == "spread"
-    pairs = gpus * (gpus - 1) // 2
-    found: dict[int, tuple[float, tuple[tuple[int, int], ...]] | None] = {}  # k -> (the closeness part, the set's
-    mems: list[int] | None = None  # (free, MiB)), None: the general path for that k
     out: list[Verdict] = []
-    for need in needs:
-        k = bisect_left(keys, need)
-        if count - k < gpus:  # no N GPUs have room: never (too few large enough) or not now
-            if mems is None:
-                mems = sorted(r[3] for r in rows if r[4])
-            if len(mems) - bisect_left(mems, need) >= gpus:  # N healthy GPUs that large: not never (_never)
-                out.append((False, False, _no_room(need, 0, "", gpus), MIN_SCORE))
-            else:
-                never = _never(view, need, None, gpus)
-                out.append((False, never is not None, never or _no_room(need, 0, "", gpus), MIN_SCORE))
+    for view, need, found in items:
+        if view.unplaced_mib or view.error or not view.rows:  # the general path: fit's checks
+            out.append(verdict(view, need, policy, None, 0, gpus))
             continue
-        if k in found:
-            chosen = found[k]
-        else:
-            d, positions = -1, _NO_SET
-            if masked:  # _scan's search, on the mask
-                mask = 0
-                for r in view.free_rows[k:]:
-                    mask |= 1 << r[1]
-                closest = _closest(plan[1], plan[2], mask)  # type: ignore[arg-type,index]
-                if closest is not None:
-                    d, fitting = closest
-                    positions = fitting[0] if len(fitting) == 1 else min(fitting, key=lambda pos: (
-                        sign * sum(rows[p][6] / rows[p][3] for p in pos), pos))
-            else:
-                quick = _scan(view, k, policy, gpus)
-                if quick is not None and quick is not _NOT_QUICK:
-                    d, positions = quick
-            chosen = found[k] = None if d < 0 else (
-                TOPOLOGY_WEIGHT * (1 - d / (FAR * pairs) if pairs else 1.0),
-                tuple((rows[i][6], rows[i][3]) for i in positions))
+        keys = view.free_keys
+        k = bisect_left(keys, need)
+        if len(keys) - k < gpus:  # no N GPUs have room: never (too few large enough) or not now
+            out.append(_without_room(view, need, gpus))
+            continue
+        at = gpus, policy, k
+        chosen = found.get(at, _UNSEARCHED)
+        if chosen is _UNSEARCHED:
+            chosen = found[at] = _search(view, k, policy, gpus)
         if chosen is None:  # too many sets to weigh one by one: the general path
             out.append(verdict(view, need, policy, None, 0, gpus))
             continue
@@ -438,8 +428,53 @@ def verdicts(view: NodeView, needs: list[int], policy: str, gpus: int) -> list[V
             left += (free - need) / mem
         left /= gpus
         value = chosen[0] + (1 - TOPOLOGY_WEIGHT) * (left if spread else 1 - left)
-        out.append((True, False, "", max(MIN_SCORE, min(MAX_SCORE, round(MAX_SCORE * value)))))
+        out.append(_FIT[max(MIN_SCORE, min(MAX_SCORE, round(MAX_SCORE * value)))])
     return out
+
+
+def _without_room(view: NodeView, need: int, gpus: int) -> Verdict:
+    """judge's verdict where fewer than N healthy GPUs have `need` free: never (_never) or not now."""
+    if sum(1 for r in view.rows if r[4] and r[3] >= need) >= gpus:  # N healthy GPUs that large: not never
+        return False, False, _no_room(need, 0, "", gpus), MIN_SCORE
+    never = _never(view, need, None, gpus)
+    return False, never is not None, never or _no_room(need, 0, "", gpus), MIN_SCORE
+
+
+def _search(view: NodeView, k: int, policy: str, gpus: int) -> Chosen:
+    """judge's set search for the GPUs from k on in the view's free order (at least N of them, healthy, with
+    room): _scan's answer, as the score needs it. When the GPU indices are 0..G-1 (index = position) and the
+    node's sets are few enough, the GPUs with room are a bit mask tested against the sets kept per mask
+    (_closest), and the policy's choice among the closest fitting sets is _scan's min written out (the same sums
+    of the same fractions in the same order: the same floats, the same ties)."""
+    rows, topo = view.rows, view.topo
+    pairs = gpus * (gpus - 1) // 2
+    plan = None if isinstance(topo, int) else _plan(topo, gpus)
+    d, positions = -1, _NO_SET
+    if plan is not None and plan[1] is not None and rows[0][1] == 0 and rows[-1][1] == len(rows) - 1:
+        mask = 0
+        for r in view.free_rows[k:]:
+            mask |= 1 << r[1]
+        closest = _closest(plan[1], plan[2], mask)
+        if closest is not None:
+            d, fitting = closest
+            if len(fitting) == 1:
+                positions = fitting[0]
+            else:  # min(fitting, key=(sign × the sum of the set's free fractions, the set)), as _scan
+                fraction = list(map(truediv, map(_FREE, rows), map(_MEM, rows))).__getitem__
+                sign = -1.0 if policy == "spread" else 1.0
+                best = 0.0
+                for pos in fitting:
+                    value = sign * sum(map(fraction, pos))
+                    if not positions or value < best or (value == best and pos < positions):
+                        best, positions = value, pos
+    else:
+        quick = _scan(view, k, policy, gpus)
+        if quick is not None and quick is not _NOT_QUICK:
+            d, positions = quick
+    if d < 0:
+        return None
+    close = TOPOLOGY_WEIGHT * (1 - d / (FAR * pairs) if pairs else 1.0)
+    return close, tuple((rows[i][6], rows[i][3]) for i in positions)
 
 
 def choose(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None, compute: int,

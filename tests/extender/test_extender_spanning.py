@@ -483,6 +483,95 @@ def test_the_tables_of_one_n_refreshed_together_hold_fresh_verdicts(ratio, ops):
         check()
 
 
+@pytest.mark.parametrize("ratio", [None, Fraction(1), Fraction(3, 2)])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_spanning_cells_filled_in_one_call_per_table_hold_fresh_verdicts(ratio, seed):
+    """A spanning table that no longer shares verdicts by shape fills the cells a request finds empty in one
+    spanning.judge call, each node with the set searches kept for its view (made by the refresh at its last change
+    or by fills of other sizes of that N and policy). Over 96 nodes of distinct shapes (random use in whole GiB:
+    ties; GPUs unhealthy; compute columns; elastic limits; pods bound without the extender; 4-GPU and unknown
+    topologies), requests for random halves of the nodes and random keys (sizes, both policies, a compute share, a
+    limit signature) interleaved with binds on 1, 2 and 4 GPUs, releases and inventory changes, with the limit cap
+    off, at 1 and at 1.5: every verdict the memo answers is decisions.verdict on the node's view with nothing
+    kept. A set search kept past a change of its view, or shared with another node, would answer a stale score."""
+    from memslice.scheduler_extender.index.fitmemo import SHARE_TRIAL, FitMemo, compute_of, gpus_of
+    from memslice.scheduler_extender.placement.state import Charge
+
+    rng = random.Random(seed)
+    state = ClusterState()
+    shapes = {"a": dgx_like(8), "b": dgx_like(8, 24 * GIB), "c": dgx_like(4), "d": [
+        g._replace(nvlink=(), pcie=None, numa=None) for g in dgx_like(8)]}
+    names = [f"n{k:02d}" for k in range(96)]
+    kind_of = {name: "abcd"[k % 7 % 4] for k, name in enumerate(names)}
+
+    def put(name: str, sick: int = -1) -> None:
+        gpus = tuple(g._replace(uuid=f"{name}-{g.uuid}", healthy=g.index != sick) for g in shapes[kind_of[name]])
+        state.upsert_node({"metadata": {"name": name, "annotations": Inventory(1, gpus).format()}})
+
+    holds: list[str] = []
+
+    def bind(name: str, step: int) -> None:
+        view = state.view(name)
+        assert view is not None
+        count, gib = rng.choice((1, 2, 4)), rng.randint(1, 6)
+        picked = decisions.choose_gpus(view, gib * GIB, "binpack", gpus=count)
+        if picked:
+            over = gib * GIB if rng.random() < 0.2 else 0  # an elastic pod: its limit above its request
+            compute = rng.choice((20, 40)) if rng.random() < 0.15 else 0
+            holds.append(f"h{step}")
+            state.hold(holds[-1], Charge(",".join(g.uuid for g in picked), name, gib * GIB, 0, None, over, compute))
+
+    for k, name in enumerate(names):
+        put(name, sick=k % 8 if k % 5 == 0 else -1)
+        for step in range(rng.randint(2, 6)):
+            bind(name, -1000 * (k + 1) - step)
+        if k % 11 == 3:  # a pod bound without the extender: unplaced memory
+            pod = pod_obj(f"u{k}", {"main": rng.choice((1, 6)) * GIB}, node=name)
+            pod["metadata"].update(uid=f"u{k}", resourceVersion=str(k + 1))
+            state.upsert_pod(pod)
+    limited = pod_request(spanning_pod("l", {"main": 4 * GIB}, 2, annotations={
+        "memslice.io/gpu-mem-limit": str(8 * GIB)}))
+    assert limited is not None
+    keys = [(gib * GIB, policy, (), 0, n) for gib in (1, 2, 3, 4, 6, 8, 12) for n in (2, 4)
+            for policy in ("binpack", "spread")]
+    keys += [(2 * GIB, "binpack", (), 30, 2), (4 * GIB, "binpack", limited.limit_sig() if ratio else (), 0, 2)]
+    memo = FitMemo(state, ratio)
+    asked: dict[tuple, set[str]] = {}
+
+    def check() -> None:
+        for key, which in asked.items():
+            got = dict(zip(sorted(which), memo.verdicts(sorted(which), key), strict=True))
+            for name, v in got.items():
+                view = state.view(name)
+                assert view is not None
+                spanning.forget_quick()
+                want = decisions.verdict(view, key[0] * view.unit_mib, key[1], memo.limit_need(key, view),
+                                         compute_of(key), gpus_of(key))
+                assert v == want, (name, key, view)
+
+    first = names[:SHARE_TRIAL + 8]
+    for key in keys:  # every table's first fill: distinct shapes, hardly any repeat: the tables stop sharing
+        memo.verdicts(first, key)
+        asked[key] = set(first)
+    assert not any(t.sharing for t in memo._tables.values())
+    check()
+    for step in range(40):
+        op = rng.random()
+        name = rng.choice(names)
+        if op < 0.45:  # a request: some of its names without a cell (filled in one call), the others held
+            key = rng.choice(keys)
+            some = rng.sample(names, 48)
+            memo.verdicts(some, key)
+            asked[key] |= set(some)
+        elif op < 0.8:
+            bind(name, step)
+        elif op < 0.9 and holds:
+            state.release(holds.pop(rng.randrange(len(holds))), None)
+        else:  # the inventory changes: a GPU turns unhealthy (or back)
+            put(name, rng.randrange(9))
+        check()
+
+
 def test_a_restarted_extender_charges_each_gpu_from_the_record():
     with running_cluster() as cl:
         cl.start()
