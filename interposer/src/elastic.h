@@ -12,6 +12,7 @@
 #include "shim.h"
 
 #define ELASTIC_TICK_MS 20            /* the mover's tick */
+#define ELASTIC_OWED_MS 120000       /* an ask answered after its wait is counted if the answer comes within this */
 #define ELASTIC_ACK_MS 1000            /* an asked neighbour acknowledges within a tick (or the move it is in) */
 #define ELASTIC_YIELD_GAP_MS 100       /* a tenant moves memory for asks at most once per this */
 #define ELASTIC_BACK_AFTER_MS 2000     /* memory yielded for an ask stays in host memory at least this long */
@@ -56,6 +57,8 @@ struct elastic_state {
     struct elastic_phases phases[2];          /* [1]: to host memory, [0]: back to HBM; under mu */
     struct elastic_pool pool;                 /* pinned host chunks kept across moves (elastic_pool.c), under mu */
     uint64_t move_ns;                         /* when the last batch moved (the pool's keep time counts from it) */
+    uint64_t owed_seq[ELASTIC_SLOTS];         /* an ask of ours a neighbour had not answered when the wait ended
+                                               * (the driver had room first): counted when it answers; under mu */
 };
 extern struct elastic_state g_es;
 
@@ -96,6 +99,8 @@ void elastic_gate_after_fork(void);
 /* elastic_move.c: the background threads that move chunks */
 void *elastic_thread(void *arg);
 void *elastic_acker(void *arg);
+/* elastic_ask.c: asks whose answers came after the wait, counted by the mover's tick (caller holds mu) */
+void elastic_settle_owed(void);
 /* elastic_ask.c: this process on its GPU's board */
 void elastic_publish(uint64_t done_seq);     /* caller holds g_es.mu */
 void elastic_apply_roster(struct elastic_slot *s, int *live);

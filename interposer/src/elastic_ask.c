@@ -121,19 +121,48 @@ static uint64_t ask_more(struct elastic_slot *s, int *live, int *taken, uint64_t
     return left;
 }
 
-/* The asker's needed/moved figures (metrics and `memslice top` show moved / needed per ask). */
+/* The asker's needed/moved figures (metrics and `memslice top` show moved / needed per ask). The wait may end
+ * when the driver has room, before a neighbour has written its answer (its copies free HBM chunk by chunk, the
+ * answer comes after the batch): such an ask is owed, and counted by elastic_settle_owed when the answer is
+ * there, so moved is not undercounted. */
 static void count_ask(uint64_t need, const int *asked, int n, uint64_t seq) {
     uint64_t got = 0;
-    for (int k = 0; k < n; k++) got += elastic_board_moved_for(&g_es.board, asked[k], seq);
+    int owed = 0;
     pthread_mutex_lock(&g_es.mu);
+    for (int k = 0; k < n; k++) {
+        int i = asked[k];
+        if (elastic_board_done_seq(&g_es.board, i) >= seq || !elastic_board_alive(&g_es.board, i))
+            got += elastic_board_moved_for(&g_es.board, i, seq);
+        else
+            g_es.owed_seq[i] = seq, owed++;
+    }
     g_es.me.asks++;
     g_es.me.asked_mib += (uint32_t)((need + (1ull << 20) - 1) >> 20);
     g_es.me.got_mib += (uint32_t)got;
     elastic_publish(0);
     pthread_mutex_unlock(&g_es.mu);
     char a[32], b[32];
-    shim_log(LOG_INFO, "memslice: elastic: asked %d neighbour(s) for %s; they moved %s", n,
-             fmt_bytes(need, a, sizeof a), fmt_bytes(got << 20, b, sizeof b));
+    shim_log(LOG_INFO, "memslice: elastic: asked %d neighbour(s) for %s; they moved %s%s", n,
+             fmt_bytes(need, a, sizeof a), fmt_bytes(got << 20, b, sizeof b), owed ? " so far" : "");
+}
+
+/* Count what owed asks' neighbours moved once they have answered (or drop the ask: the neighbour is gone, or
+ * it has not answered within ELASTIC_OWED_MS, or a newer answer of its replaced the one for this ask, which
+ * moved_for then counts as 0). Runs on the mover's tick; bounded: one pread or two per owed slot. Caller holds
+ * g_es.mu. */
+void elastic_settle_owed(void) {
+    uint64_t now = now_ns();
+    for (int i = 0; i < ELASTIC_SLOTS; i++) {
+        uint64_t seq = g_es.owed_seq[i];
+        if (!seq) continue;
+        int alive = elastic_board_alive(&g_es.board, i);
+        if (alive && elastic_board_done_seq(&g_es.board, i) < seq) {
+            if (now - seq > ELASTIC_OWED_MS * 1000000ull) g_es.owed_seq[i] = 0;
+            continue;
+        }
+        g_es.me.got_mib += (uint32_t)elastic_board_moved_for(&g_es.board, i, seq);
+        g_es.owed_seq[i] = 0;
+    }
 }
 
 /* Ask neighbours for `need` bytes of HBM and wait (bounded) for their answers. Asks go

@@ -339,6 +339,7 @@ void *elastic_thread(void *arg) {
         }
         if (g_es.pool.pinned && now_ns() - g_es.move_ns >= g_cfg.pool_keep_ms * 1000000ull) trim_pool();
         elastic_drain_probe();
+        elastic_settle_owed();
         elastic_publish(done);
         pthread_mutex_unlock(&g_es.mu);
         sleep_ms(ELASTIC_TICK_MS);
