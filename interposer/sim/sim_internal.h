@@ -51,7 +51,7 @@ void sim_inflight_unmap(uint64_t ptr, uint64_t size);
 uint64_t sim_inflight_due(unsigned long long id, unsigned long long mark);
 uint64_t sim_inflight_due_stream(CUstream s);
 int sim_inflight_reached(uint64_t due, int wait);
-enum { SIM_COST_VMM, SIM_COST_PIN };
+enum { SIM_COST_VMM, SIM_COST_PIN, SIM_COST_RELEASE };
 void sim_cost(int kind, uint64_t bytes);
 
 /* ---- sim_ipc.c ---- */

@@ -12,7 +12,9 @@
  * MEMSLICE_SIM_LINK_GBPS (decimal GB/s, > 0) makes the booked copies share one link of that bandwidth, in the
  * order issued: each is due when the link has carried it, and its stream, an event recorded behind it and a
  * context synchronisation are not complete before then (they wait for it, or answer CUDA_ERROR_NOT_READY).
- * MEMSLICE_SIM_VMM_US (µs per cuMemMap, cuMemUnmap, cuMemSetAccess call) and MEMSLICE_SIM_PIN_US_PER_MIB (µs per
+ * MEMSLICE_SIM_VMM_US (µs per cuMemMap, cuMemUnmap, cuMemSetAccess call), MEMSLICE_SIM_RELEASE_US (µs per
+ * cuMemRelease of GPU memory, paid after the memory is free as other processes see it) and
+ * MEMSLICE_SIM_PIN_US_PER_MIB (µs per
  * MiB a host-located cuMemCreate pins, or its release unpins) give those calls a cost (sim_cost). A value that
  * is not a number in (0, 10^6] leaves that part of the model off. */
 #define _GNU_SOURCE
@@ -47,11 +49,12 @@ static double env_num(const char *name) {
 }
 
 /* The model's figures, read once: link bytes per ns, µs per VMM call, µs per pinned MiB. */
-static struct { pthread_once_t once; double link_bpns, vmm_us, pin_us_mib; } g_model = {PTHREAD_ONCE_INIT, 0, 0, 0};
+static struct { pthread_once_t once; double link_bpns, vmm_us, pin_us_mib, release_us; } g_model = {PTHREAD_ONCE_INIT, 0, 0, 0, 0};
 static void read_model(void) {
     g_model.link_bpns = env_num("MEMSLICE_SIM_LINK_GBPS"); /* GB/s = bytes per ns */
     g_model.vmm_us = env_num("MEMSLICE_SIM_VMM_US");
     g_model.pin_us_mib = env_num("MEMSLICE_SIM_PIN_US_PER_MIB");
+    g_model.release_us = env_num("MEMSLICE_SIM_RELEASE_US");
 }
 
 /* Sleep until the monotonic time `due` (the model's figures bound it: the link's queue, one call's cost). */
@@ -63,10 +66,13 @@ static void sleep_until(uint64_t due) {
 }
 
 /* The time a call of this kind costs in the model (SIM_COST_VMM: a map, unmap or access call; SIM_COST_PIN:
- * pinning or unpinning `bytes` of host memory); nothing when that part of the model is off. */
+ * pinning or unpinning `bytes` of host memory; SIM_COST_RELEASE: releasing GPU memory); nothing when that part
+ * of the model is off. */
 void sim_cost(int kind, uint64_t bytes) {
     pthread_once(&g_model.once, read_model);
-    double us = kind == SIM_COST_VMM ? g_model.vmm_us : g_model.pin_us_mib * (double)(bytes >> 20);
+    double us = kind == SIM_COST_VMM       ? g_model.vmm_us
+                : kind == SIM_COST_RELEASE ? g_model.release_us
+                                           : g_model.pin_us_mib * (double)(bytes >> 20);
     if (us > 0) sleep_until(fl_now() + (uint64_t)(us * 1000.0));
 }
 

@@ -117,6 +117,7 @@ API CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
     struct sim_vmm *v = as_vmm(h);
     if (!v) { pthread_mutex_unlock(&g_mu); return CUDA_ERROR_INVALID_VALUE; }
     v->magic = 0;
+    int device = !v->p->host;
     if (v->p->host) {
         sim_count(SIM_C_HOST_RELEASES, v->p->size);
         sim_cost(SIM_COST_PIN, v->p->size);
@@ -124,6 +125,7 @@ API CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
     phys_unref(v->p);
     free(v);
     pthread_mutex_unlock(&g_mu);
+    if (device) sim_cost(SIM_COST_RELEASE, 0); /* the HBM is free (others see it) before the call returns */
     return CUDA_SUCCESS;
 }
 

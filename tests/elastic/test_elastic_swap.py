@@ -314,3 +314,27 @@ def test_a_tampered_board_crashes_and_blocks_nobody(elastic, tmp_path):
                           str(tmp_path / "a")], capture_output=True, text=True, timeout=60)
     assert top.returncode == 0, top.stderr
     assert sorted(t["pid"] for t in json.loads(top.stdout)["elastic"]) == sorted([a.proc.pid, b.proc.pid])
+
+
+def test_what_a_neighbour_moved_is_counted_when_room_comes_before_its_answer(elastic):
+    """An asker's wait ends as soon as the driver has room; the mover frees HBM chunk by chunk and writes its
+    answer after the batch. With slow releases in the mover (MEMSLICE_SIM_RELEASE_US: each release of GPU memory
+    returns that long after the memory is free), B's wait ends before A's answer is written. What A moved for B
+    is still counted on B's board (got_mib, the agent's memslice_gpu_elastic_ask_moved_mib): B's mover counts
+    the owed ask once A has answered."""
+    a = elastic("a", "1536MiB", "256MiB", gpus="2GiB", MEMSLICE_SIM_RELEASE_US="150000")
+    assert a.cmd("alloc 1024 256") == "allocated 4"
+    wait_for(lambda: board_state(elastic.edir, a.proc.pid) == "idle", "A idle on the board")
+    b = elastic("b", "1GiB", "256MiB", gpus="2GiB")
+    assert b.cmd("alloc 512 64") == "allocated 8"
+    host = per_process(elastic.node().state)[a.proc.pid][1]
+    assert host > 0, "A moved nothing for B"
+
+    def counted() -> object:
+        mine = next(t for t in read_boards(elastic.edir) if t.pid == b.proc.pid)
+        return mine if mine.got_mib == host else None
+
+    mine = wait_for(counted, f"B's board counting the {host} MiB A moved for it")
+    assert mine.asks >= 1 and mine.asked_mib <= host  # type: ignore[attr-defined]
+    assert b.cmd("check") == f"check ok {512 * MiB}"
+    assert a.cmd("check") == f"check ok {1024 * MiB}"
