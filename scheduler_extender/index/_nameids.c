@@ -300,6 +300,17 @@ static const char *skip_ws(const char *p, const char *end) {
     return p;
 }
 
+/* Past a string's closing quote at p: onto the next element's `"` after a `,`, or onto the `]`; NULL for
+ * anything else. Why one place: both array walks (next_name, hosts_json) must refuse the same non-JSON. */
+static const char *after_string(const char *p, const char *end) {
+    p = skip_ws(p + 1, end);
+    if (p < end && *p == ',') {
+        p = skip_ws(p + 1, end);
+        return p < end && *p == '"' ? p : NULL; /* a trailing comma is not JSON */
+    }
+    return p < end && *p == ']' ? p : NULL;
+}
+
 /* The next name of a JSON array of plain strings: on `"` at *pp, the bytes up to the closing quote (every one
  * printable ASCII, no backslash), *pp moved past the following `,` or onto the `]`; NULL for anything else.
  * Why so strict: a name with an escape or a non-ASCII byte is no node's name as this index holds it, and the
@@ -318,14 +329,8 @@ static const char *next_name(const char **pp, const char *end, size_t *len) {
     if (p >= end)
         return NULL;
     *len = (size_t)(p - start);
-    p = skip_ws(p + 1, end);
-    if (p < end && *p == ',') {
-        p = skip_ws(p + 1, end);
-        if (p >= end || *p != '"') /* a trailing comma is not JSON */
-            return NULL;
-    } else if (p >= end || *p != ']') {
+    if (!(p = after_string(p, end)))
         return NULL;
-    }
     *pp = p;
     return start;
 }
@@ -666,14 +671,8 @@ static PyObject *nameids_hosts_json(PyObject *module, PyObject *args) {
         memcpy(o, score, sizeof score - 1);
         o = put_score(o + sizeof score - 1, sc[id]);
         *o++ = '}';
-        p = skip_ws(p + 1, end);
-        if (p < end && *p == ',') {
-            p = skip_ws(p + 1, end);
-            if (p >= end || *p != '"') /* a trailing comma is not JSON */
-                goto none;
-        } else if (p >= end || *p != ']') {
+        if (!(p = after_string(p, end)))
             goto none;
-        }
     }
     if (k != count || p >= end || skip_ws(p + 1, end) != end)
         goto none;
