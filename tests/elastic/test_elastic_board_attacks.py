@@ -350,28 +350,27 @@ def test_asks_claiming_a_need_of_16_tib_keep_no_burst_in_host_memory(elastic) ->
     set. A's burst (partly in host memory while a plain tenant filled the GPU) comes back to HBM once that
     tenant frees, and stays there while the asks go on: the asked slot bounds a need by the asker's limit and
     request in the roster and by the GPU, and the driver has that much free (before, A moved its whole burst
-    to host memory). A third of the bytes of the 6 GiB scenario it was: a 2 GiB GPU still has more free (1,472
-    MiB) than the asker's limit once the plain tenant frees, which is what bounds the need."""
-    p = elastic("p", "2GiB", None, gpus="2GiB", ctx="64MiB")
-    assert p.cmd("alloc 1536 64") == "allocated 24"
-    a = elastic("a", "640MiB", "128MiB", gpus="2GiB", ctx="64MiB", idle="600", MEMSLICE_ELASTIC_SLOT="0")
-    assert a.cmd("alloc 512 64") == "allocated 8"
+    to host memory: 512 of 2,048 MiB resident with GBs of HBM free)."""
+    p = elastic("p", "4GiB", None, gpus="6GiB", ctx="64MiB")
+    assert p.cmd("alloc 4096 64") == "allocated 64"
+    a = elastic("a", "2560MiB", "512MiB", gpus="6GiB", ctx="64MiB", idle="600", MEMSLICE_ELASTIC_SLOT="0")
+    assert a.cmd("alloc 2048 64") == "allocated 32"
     state = elastic.node().state
     assert per_process(state)[a.proc.pid][1] >= 128, "part of A's burst in host memory"
     board = next(elastic.edir.glob("*.board"))
     (elastic.edir / f"{board.name.removesuffix('.board')}.roster").write_bytes(
-        render_roster([RosterEntry(0, 128, 640), RosterEntry(2, 256, 1024)]))
+        render_roster([RosterEntry(0, 512, 2560), RosterEntry(2, 256, 1024)]))
     flood = ask_flood(board, 0, 30.0, 16 << 20, mine=2)
     try:
         assert p.cmd("free") == "freed 0"
-        wait_for(lambda: per_process(state)[a.proc.pid] == (64 + 512, 0), "A's burst back in HBM", timeout=20)
+        wait_for(lambda: per_process(state)[a.proc.pid] == (64 + 2048, 0), "A's burst back in HBM", timeout=20)
         samples = []
         for _ in range(40):
             samples.append(per_process(state)[a.proc.pid])
             time.sleep(0.05)
-        assert set(samples) == {(64 + 512, 0)}, "the asks moved some of A's burst out again"
+        assert set(samples) == {(64 + 2048, 0)}, "the asks moved some of A's burst out again"
         assert flood.poll() is None, "the asks went on throughout"
     finally:
         flood.kill()
         flood.wait(timeout=30)
-    assert a.cmd("check") == f"check ok {512 * MiB}"
+    assert a.cmd("check") == f"check ok {2048 * MiB}"
