@@ -193,8 +193,6 @@ class DevicePluginMode:
             self.regions.remove(a.region_id)
             if a.compute_slot >= 0:  # the slot goes back (on each GPU), the rosters no longer count it
                 release_all(self.cfg.compute_dir, a.uuids(), a.compute_slot)
-            log.info("removed region %s of %s (%d MiB of GPU %s): the pod is gone", a.region_id, a.owner(),
-                     a.mib, ",".join(str(i) for i, _ in a.gpus()))
         updated = []
         with st.lock:
             for a in result.removed:
@@ -209,6 +207,9 @@ class DevicePluginMode:
                     updated.append(a)
             st.gone_uids &= {a.pod_uid for a in st.ledger.values()}
             known = set(st.ledger)
+        for a in result.removed:  # logged once the ledger no longer counts it (what the metrics show)
+            log.info("removed region %s of %s (%d MiB of GPU %s): the pod is gone", a.region_id, a.owner(),
+                     a.mib, ",".join(str(i) for i, _ in a.gpus()))
         for a in updated:
             self.regions.save(a)
             log.info("region %s is %s's (learnt from the PodResources API)", a.region_id, a.owner())
