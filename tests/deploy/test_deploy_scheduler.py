@@ -21,7 +21,6 @@ import pytest
 import yaml
 from kube_standin import KubeApiStandin
 from test_deploy_examples import example
-from waiting import wait_until
 from test_deploy_render import (
     NAMESPACE,
     RESOURCE,
@@ -33,6 +32,7 @@ from test_deploy_render import (
     pod_spec,
     render,
 )
+from waiting import wait_until
 
 from memslice import contract
 
