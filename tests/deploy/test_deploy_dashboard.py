@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from test_deploy_render import DEPLOY, ROOT, find, render
+from test_deploy_render import DEPLOY, ROOT, containers, find, render
 
 DASHBOARD = DEPLOY / "monitoring" / "grafana" / "memslice-dashboard.json"
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
@@ -91,7 +91,7 @@ def test_extender_gauges_are_one_series_per_gpu_across_scheduler_replicas() -> N
     into one series per GPU (or per node) instead of drawing each GPU twice."""
     dep = find(render("base"), "Deployment", "memslice-scheduler")
     assert dep["spec"]["replicas"] > 1 and any(c.get("args", [None])[0] == "extender"
-                                               for c in dep["spec"]["template"]["spec"]["containers"])
+                                               for c in containers(dep["spec"]["template"]["spec"]))
     dash = json.loads(DASHBOARD.read_text())
     gauges = [n for n, kind in exported_metrics().items() if kind == "gauge" and n.startswith("memslice_extender_")]
     checked = 0

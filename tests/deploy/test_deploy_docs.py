@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_deploy_render import DEPLOY, ROOT, kustomize_command, workloads
+from test_deploy_render import DEPLOY, ROOT, containers, kustomize_command, workloads
 
 README = ROOT / "README.md"
 OPERATIONS = ROOT / "docs" / "operations.md"
@@ -111,7 +111,7 @@ def test_readme_install_overlay_renders_with_the_given_images(tmp_path: Path) ->
     out = subprocess.run([*kustomize_command(), str(overlay)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     objs = [d for d in yaml.safe_load_all(out.stdout) if d]
-    images = {c["image"] for _, spec in workloads(objs) for c in spec["containers"]}
+    images = {c["image"] for _, spec in workloads(objs) for c in containers(spec)}
     assert images == {"registry.example.org/memslice:0.1.0", "registry.k8s.io/kube-scheduler:v1.33.4"}
 
 

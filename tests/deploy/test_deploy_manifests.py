@@ -27,6 +27,7 @@ from test_deploy_render import (
     parse_memslice_args,
     pod_spec,
     render,
+    serving,
     workloads,
 )
 
@@ -131,7 +132,7 @@ def test_image_runs_as_non_root_by_default() -> None:
 @pytest.mark.parametrize("rel", OUR_WORKLOADS)
 def test_every_container_has_requests_limits_and_probes(rel: str) -> None:
     for obj, spec in our_pods(rel):
-        for c in spec["containers"]:
+        for c in serving(spec):
             where = f"{obj['metadata']['name']}/{c['name']}"
             res = c.get("resources", {})
             if obj["kind"] == "Job":  # runs to completion: resources, no probes
@@ -326,7 +327,7 @@ def test_services_select_pods_and_ports_exist(rel: str) -> None:
         matched = [(o, s) for o, s in pods
                    if all(o["spec"]["template"]["metadata"]["labels"].get(k) == v for k, v in sel.items())]
         assert len(matched) == 1, f"Service {svc['metadata']['name']} selects {len(matched)} workloads"
-        ports = {p.get("name") for c in matched[0][1]["containers"] for p in c.get("ports", [])}
+        ports = {p.get("name") for c in serving(matched[0][1]) for p in c.get("ports", [])}
         for p in svc["spec"]["ports"]:
             assert p["targetPort"] in ports
 
@@ -343,7 +344,7 @@ def test_network_policies_name_ports_their_pods_serve(rel: str) -> None:
         matched = [spec for o, spec in workloads(objs)
                    if sel.items() <= o["spec"]["template"]["metadata"]["labels"].items()]
         assert matched, f"{rel}: NetworkPolicy {name} selects no pods"
-        served = {p.get("name") for spec in matched for c in spec["containers"] for p in c.get("ports", [])}
+        served = {p.get("name") for spec in matched for c in serving(spec) for p in c.get("ports", [])}
         for rule in policy["spec"].get("ingress", []):
             for port in rule.get("ports", []):
                 assert port["port"] in served, f"{rel}: NetworkPolicy {name} admits to {port['port']}, not served"
@@ -386,7 +387,7 @@ def test_extender_flags_and_ports_agree() -> None:
     svc = find(objs, "Service", "memslice-extender")
     assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]} == {"http": "http"}
     assert args.probe_port == ports["probes"]
-    for probe in ("livenessProbe", "readinessProbe"):  # the kubelet's probes alone on their port
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):  # the kubelet's probes alone on their port
         assert c[probe]["httpGet"]["port"] == "probes" and c[probe]["httpGet"].get("scheme", "HTTP") == "HTTP"
     cm = next(o for o in objs if o["kind"] == "ConfigMap"
               and o["metadata"]["name"].startswith("memslice-scheduler-config"))
@@ -408,7 +409,7 @@ def test_standalone_extender_flags_and_ports_agree() -> None:
     svc = find(objs, "Service", "memslice-extender")
     assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]} == {"https": "https", "http": "http"}
     scheduler = pod_spec(find(objs, "Deployment", "memslice-scheduler"))
-    assert [x["name"] for x in scheduler["containers"]] == ["kube-scheduler"]  # type: ignore[index]
+    assert [x["name"] for x in containers(scheduler)] == ["kube-scheduler"]  # type: ignore[arg-type]
 
 
 def test_namespace_waives_pod_security_only_for_memslice_system() -> None:

@@ -83,6 +83,19 @@ def containers(spec: Manifest) -> Iterator[Manifest]:
     yield from spec["containers"]
 
 
+def is_sidecar(container: Manifest) -> bool:
+    """An init container with restartPolicy Always: a native sidecar (KEP-753), running beside the app
+    containers for the pod's life (deploy/base's extender), not to completion before them."""
+    return container.get("restartPolicy") == "Always"
+
+
+def serving(spec: Manifest) -> Iterator[Manifest]:
+    """The containers that run for the pod's life and serve its ports and probes: the native sidecars, then
+    the app containers (not the init containers that run to completion)."""
+    yield from (c for c in spec.get("initContainers", []) if is_sidecar(c))
+    yield from spec["containers"]
+
+
 def workloads(objs: list[Manifest]) -> Iterator[tuple[Manifest, Manifest]]:
     for o in objs:
         spec = pod_spec(o)
@@ -91,9 +104,10 @@ def workloads(objs: list[Manifest]) -> Iterator[tuple[Manifest, Manifest]]:
 
 
 def extender_container(objs: list[Manifest]) -> tuple[Manifest, Manifest, Manifest]:
-    """(workload, pod spec, container) of the one container running `memslice extender` (deploy/base: in the
-    scheduler's pods; with components/standalone-extender: the memslice-extender Deployment)."""
-    hits = [(o, spec, c) for o, spec in workloads(objs) for c in spec["containers"]
+    """(workload, pod spec, container) of the one container running `memslice extender` (deploy/base: a native
+    sidecar, an init container, of the scheduler's pods; with components/standalone-extender: the container
+    of the memslice-extender Deployment)."""
+    hits = [(o, spec, c) for o, spec in workloads(objs) for c in containers(spec)
             if c.get("args", [None])[0] == "extender"]
     assert len(hits) == 1, f"expected one extender container, found {len(hits)}"
     return hits[0]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -30,6 +32,7 @@ from test_deploy_render import (
     pod_spec,
     render,
 )
+from waiting import wait_until
 
 from memslice import contract
 
@@ -181,6 +184,71 @@ def post(url: str, body: Any) -> tuple[int, Any]:
 def get(url: str) -> int:
     with urllib.request.urlopen(url, timeout=10) as resp:
         return resp.status
+
+
+def test_the_extender_is_a_native_sidecar_that_kube_scheduler_starts_after() -> None:
+    """deploy/base: the extender is an init container with restartPolicy Always, a native sidecar (KEP-753; on by
+    default since Kubernetes 1.29, GA in 1.33): the kubelet starts kube-scheduler only once the extender's
+    startupProbe succeeded, and stops it before the extender. That probe is the probe port's /readyz, which
+    answers 200 only once the node and pod watches listed (next test): a newly leading kube-scheduler never calls
+    an extender that does not listen yet or has not synced."""
+    objs = render("base")
+    spec = pod_spec(find(objs, "Deployment", "memslice-scheduler"))
+    assert spec is not None
+    assert [c["name"] for c in spec.get("initContainers", [])] == ["extender"]
+    assert [c["name"] for c in spec["containers"]] == ["kube-scheduler"]
+    _, _, c = extender_container(objs)
+    assert c["restartPolicy"] == "Always"
+    startup = c["startupProbe"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert startup["httpGet"]["path"] == "/readyz" and startup["httpGet"].get("scheme", "HTTP") == "HTTP"
+    assert ports[startup["httpGet"]["port"]] == parse_memslice_args(c).probe_port
+    assert startup["periodSeconds"] <= 2  # kube-scheduler starts within a period or two of the sync
+    # a slow first list (250,000 pods; an API server just restarted) is waited for, not restarted in a loop
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
+
+
+def probe(url: str) -> tuple[int, bytes]:
+    """GET `url` as the kubelet's HTTP prober does: (status, body), a 503 included."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def test_the_startup_probe_succeeds_only_once_nodes_and_pods_are_listed() -> None:
+    """Through real HTTP, as the kubelet probes it: the real extender with a probe port answers deploy/base's
+    startupProbe with 503 while its list of pods is held at the API server (the nodes listed, the process
+    live), and with 200 once that list is in."""
+    from memslice.scheduler_extender.app import Config, Extender
+
+    _, _, c = extender_container(render("base"))
+    path = c["startupProbe"]["httpGet"]["path"]
+    reached, release = threading.Event(), threading.Event()
+
+    def hold_pod_list(method: str, url_path: str) -> None:
+        if method == "GET" and url_path == "/api/v1/pods":
+            reached.set()
+            release.wait(30)
+
+    with KubeApiStandin() as kube:
+        kube.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"}})
+        kube.before_request = hold_pod_list
+        ext = Extender(kube.api_client(), Config(address="127.0.0.1", port=0, health_address="127.0.0.1",
+                                                 probe_port=0)).start()
+        try:
+            assert ext.probe_url is not None
+            wait_until("the pod list held at the API server and the nodes listed",
+                       lambda: reached.is_set() and ext.state.nodes_synced.is_set(), 30)
+            assert probe(ext.probe_url + path) == (503, b"not synced with the API server\n")
+            assert probe(ext.probe_url + c["livenessProbe"]["httpGet"]["path"])[0] == 200  # live meanwhile
+            release.set()
+            wait_until("the startup probe to succeed once the pods are listed",
+                       lambda: probe(ext.probe_url + path)[0] == 200, 30)  # type: ignore[operator]
+        finally:
+            release.set()
+            ext.stop()
 
 
 def test_probe_paths_answer_on_the_running_extender(extender: tuple[KubeApiStandin, str]) -> None:

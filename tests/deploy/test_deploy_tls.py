@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import yaml
 from kube_standin import KubeApiStandin
-from test_deploy_render import NAMESPACE, Manifest, find, parse_memslice_args, pod_spec, render
+from test_deploy_render import NAMESPACE, Manifest, find, parse_memslice_args, pod_spec, render, serving
 
 from memslice import extender_certs
 
@@ -199,7 +199,7 @@ def test_network_policy_admits_only_scrapers_to_the_scheduler_pods() -> None:
     scheduler = find(objs, "Deployment", "memslice-scheduler")["spec"]["template"]
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= scheduler["metadata"]["labels"].items()
-    ports = {p["name"] for c in scheduler["spec"]["containers"] for p in c.get("ports", [])}
+    ports = {p["name"] for c in serving(scheduler["spec"]) for p in c.get("ports", [])}
     assert ports == {"http", "probes"}  # the verbs (127.0.0.1:8888) are no port of the pod's address
     assert admitted(policy, {**SCRAPER, "app": "prometheus"}, "monitoring", "http", SCRAPERS_NS)
     assert not admitted(policy, {"app": "prometheus"}, "monitoring", "http", SCRAPERS_NS)

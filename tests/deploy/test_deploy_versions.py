@@ -111,8 +111,8 @@ def test_combinations_render_the_same_with_both_kubectls(tmp_path: Path, mode: s
     assert any(o["kind"] == "Job" for o in new) is ("standalone-extender" in components
                                                     and "cert-manager" not in components)
     scheduler = [o for o in new if o["kind"] == "Deployment" and o["metadata"]["name"] == "memslice-scheduler"]
-    sidecar = [c["name"] for o in scheduler for c in o["spec"]["template"]["spec"]["containers"]
-               if c["name"] == "extender"]
+    sidecar = [c["name"] for o in scheduler for c in o["spec"]["template"]["spec"].get("initContainers", [])
+               if c["name"] == "extender" and c.get("restartPolicy") == "Always"]
     assert bool(sidecar) is (mode == "base" and "standalone-extender" not in components)
     assert any(o["kind"] == "DeviceClass" for o in new) is (mode == "overlays/dra")
 
@@ -132,7 +132,7 @@ def test_modes_build_on_core_and_nothing_deletes_what_it_builds_on() -> None:
     """kustomize <= 5.4 (kubectl <= 1.33) crashes on several `$patch: delete` documents in one file; and an
     overlay that deletes builds on something that should not have had it. The cert-manager component deletes
     the standalone extender's self-signing Job (and its account), the default it replaces; standalone-extender
-    the extender container of the scheduler's pods, which it replaces."""
+    the extender sidecar of the scheduler's pods, which it replaces."""
     deleting = sorted(str(p.relative_to(DEPLOY)) for p in DEPLOY.rglob("*.yaml") if "$patch: delete" in p.read_text())
     assert deleting == ["components/cert-manager/kustomization.yaml",
                         "components/dra-beside-extender/kustomization.yaml",
@@ -143,7 +143,7 @@ def test_modes_build_on_core_and_nothing_deletes_what_it_builds_on() -> None:
     k = yaml.safe_load((DEPLOY / "components/standalone-extender/kustomization.yaml").read_text())
     deletes = [p["patch"] for p in k["patches"] if "$patch: delete" in p["patch"]]
     assert len(deletes) == 1 and deletes[0].count("$patch: delete") == 1
-    (container,) = [c for c in yaml.safe_load(deletes[0])["spec"]["template"]["spec"]["containers"]
+    (container,) = [c for c in yaml.safe_load(deletes[0])["spec"]["template"]["spec"]["initContainers"]
                     if c.get("$patch") == "delete"]
     assert container["name"] == "extender"
     # the DRA side beside deploy/base leaves out only what deploy/base applies identically

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from kube_real import RealCluster, wait_until
-from test_deploy_render import NAMESPACE, RESOURCE, SCHEDULER_NAME, render
+from test_deploy_render import NAMESPACE, RESOURCE, SCHEDULER_NAME, find, pod_spec, render
 from test_e2e_cluster import GpuNode
 from test_extender_support import Client
 
@@ -107,6 +107,29 @@ def test_every_rendered_object_is_stored_as_written(real_cluster: RealCluster, b
                                  "memslice-annotations-only")
     # the real CEL type-checker found nothing wrong in the policy's expressions
     assert not vap.get("status", {}).get("typeChecking", {}).get("expressionWarnings"), vap["status"]
+
+
+def test_the_api_server_keeps_the_extender_a_native_sidecar(real_cluster: RealCluster,
+                                                            base: list[dict[str, Any]]) -> None:
+    """deploy/base's scheduler pods as the real kube-apiserver stores them: the extender an init container with
+    restartPolicy Always and its startupProbe (an API server without the SidecarContainers feature would drop
+    restartPolicy, and the extender, never completing, would keep kube-scheduler from ever starting); and a Pod
+    of that template is admitted as written (a dry run, strict field validation) with its sidecar intact."""
+    rendered = pod_spec(find(base, "Deployment", "memslice-scheduler"))
+    assert rendered is not None
+    (want,) = rendered["initContainers"]
+    stored = real_cluster.ok("GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/memslice-scheduler")
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "memslice-scheduler-sidecar-check",
+                                                           "namespace": NAMESPACE}, "spec": rendered}
+    admitted = real_cluster.ok("POST", f"/api/v1/namespaces/{NAMESPACE}/pods?dryRun=All&fieldValidation=Strict",
+                               pod)
+    for spec in (stored["spec"]["template"]["spec"], admitted["spec"]):
+        (ext,) = spec["initContainers"]
+        assert (ext["name"], ext.get("restartPolicy")) == ("extender", "Always"), ext
+        startup = ext["startupProbe"]
+        assert startup["httpGet"] == {**want["startupProbe"]["httpGet"], "scheme": "HTTP"}, startup
+        assert startup["failureThreshold"] == want["startupProbe"]["failureThreshold"]
+        assert [c["name"] for c in spec["containers"]] == ["kube-scheduler"]
 
 
 def test_node_agent_publishes_its_gpus_with_only_the_calls_rbac_grants(real_cluster: RealCluster,
