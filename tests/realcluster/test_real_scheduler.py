@@ -431,8 +431,11 @@ def why_unbound(world: World, sched: Any, names: set[str], ns: str) -> str:
             cond = next((c for c in p.get("status", {}).get("conditions", []) if c["type"] == "PodScheduled"), {})
             out.append(f"{name}: PodScheduled {cond.get('status')} {cond.get('reason')}: {cond.get('message')}")
     keys = tuple(f'pod="{ns}/{n}"' for n in names)
-    log = [ln for ln in sched.log_path.read_text(errors="replace").splitlines() if any(k in ln for k in keys)]
-    return "\n".join([*out, f"the scheduler's last {min(len(log), 40)} lines about them:", *log[-40:]])
+    lines = sched.log_path.read_text(errors="replace").splitlines()
+    log = [ln for ln in lines if any(k in ln for k in keys)]
+    head = (f"the scheduler's last {min(len(log), 40)} lines about them:" if log else
+            "the scheduler's log names none of them (never attempted); its last 20 lines:")
+    return "\n".join([*out, head, *(log[-40:] if log else lines[-20:])])
 
 
 def wait_bound(world: World, what: str, predicate: Any, names: set[str], ns: str, timeout: float) -> Any:
