@@ -104,8 +104,14 @@ void elastic_settle_owed(void);
 /* elastic_ask.c: this process on its GPU's board */
 void elastic_publish(uint64_t done_seq);     /* caller holds g_es.mu */
 void elastic_apply_roster(struct elastic_slot *s, int *live);
-/* who may ask this process (the roster's assigned slots, cached a second), and their limits */
-struct elastic_askers { uint64_t at; int roster; struct elastic_roster_ent ro[ELASTIC_SLOTS]; };
+/* who may ask this process (the roster's assigned slots, cached while its file's stamp holds, a second at most),
+ * and their limits */
+struct elastic_askers {
+    uint64_t at;
+    int roster;
+    struct elastic_roster_stamp stamp; /* the file's when it was read */
+    struct elastic_roster_ent ro[ELASTIC_SLOTS];
+};
 void elastic_askers(struct elastic_askers *c, int from[ELASTIC_SLOTS], struct elastic_roster_ent ent[ELASTIC_SLOTS]);
 uint64_t elastic_bound_ask(uint64_t bits, const struct elastic_roster_ent *asker, uint64_t resident_mib, int32_t mine,
                            uint64_t gpu_mib);

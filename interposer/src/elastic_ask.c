@@ -63,14 +63,21 @@ void elastic_apply_roster(struct elastic_slot *s, int *live) {
     }
 }
 
-/* Who may ask this process, with the asker's limit in MiB: the slots the roster assigned (re-read
- * at most once a second: the acker polls every 10 ms), else (no agent) every slot, bounded by nothing but the
- * GPU. The cache is the caller's own (one per thread). */
+/* Who may ask this process, with the asker's limit in MiB: the slots the roster assigned, else (no agent)
+ * every slot, bounded by nothing but the GPU. The cache is the caller's own (one per thread). The roster is
+ * re-read as soon as its file's stamp changes (a slot the agent gave another pod is bounded by the new pod's
+ * entry from its first ask: a roster cached for a second let the old entry, or none, bound it, and A moved
+ * its whole burst with HBM free), and once a second anyway (a rewrite in place within the file system's time
+ * granularity keeps the stamp); the stamp is taken before the read, so a change during the read is seen. */
 void elastic_askers(struct elastic_askers *c, int from[ELASTIC_SLOTS], struct elastic_roster_ent ent[ELASTIC_SLOTS]) {
     uint64_t now = now_ns();
-    if (!c->at || now - c->at > 1000000000ull) {
+    const char *uuid = g_region.r->dev[g_es.dev].uuid;
+    struct elastic_roster_stamp st;
+    elastic_board_roster_stamp(g_cfg.elastic_dir, uuid, &st);
+    if (!c->at || now - c->at > 1000000000ull || memcmp(&st, &c->stamp, sizeof st) != 0) {
         c->at = now;
-        c->roster = elastic_board_read_roster(g_cfg.elastic_dir, g_region.r->dev[g_es.dev].uuid, c->ro);
+        c->stamp = st;
+        c->roster = elastic_board_read_roster(g_cfg.elastic_dir, uuid, c->ro);
     }
     for (int i = 0; i < ELASTIC_SLOTS; i++) {
         from[i] = !c->roster || (c->ro[i].flags & ELASTIC_R_ASSIGNED);

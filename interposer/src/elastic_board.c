@@ -145,13 +145,19 @@ int elastic_board_note_for(struct elastic_board *b, int slot, uint64_t seq, stru
            (out->cause == ELASTIC_REFUSED_CGROUP || out->cause == ELASTIC_REFUSED_HOST);
 }
 
+/* The roster's path beside the boards (0: no usable name): one place for its reader and its stamp. */
+static int roster_path(const char *dir, const char *uuid, char *path, unsigned cap) {
+    char name[80];
+    safe_name(uuid, name, sizeof name);
+    return name[0] && snprintf(path, cap, "%s/%s.roster", dir, name) < (int)cap;
+}
+
 /* The roster: opened without following a link or blocking on a FIFO, one bounded read; anything but the
  * agent's whole layout reads as no roster. */
 int elastic_board_read_roster(const char *dir, const char *uuid, struct elastic_roster_ent out[ELASTIC_SLOTS]) {
-    char name[80], path[400];
+    char path[400];
     unsigned char buf[ELASTIC_ROSTER_SIZE + 1];
-    safe_name(uuid, name, sizeof name);
-    if (!name[0] || snprintf(path, sizeof path, "%s/%s.roster", dir, name) >= (int)sizeof path) return 0;
+    if (!roster_path(dir, uuid, path, sizeof path)) return 0;
     int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) return 0;
     struct stat st;
@@ -162,4 +168,16 @@ int elastic_board_read_roster(const char *dir, const char *uuid, struct elastic_
     if (n != ELASTIC_ROSTER_SIZE || magic != ELASTIC_ROSTER_MAGIC) return 0;
     memcpy(out, buf + 8, sizeof(struct elastic_roster_ent) * ELASTIC_SLOTS);
     return 1;
+}
+
+/* The roster file's stamp: one lstat-like call (no link followed, nothing opened, so a FIFO cannot block it),
+ * cheap enough for every tick, so a cached roster is re-read as soon as the agent replaces it. */
+void elastic_board_roster_stamp(const char *dir, const char *uuid, struct elastic_roster_stamp *out) {
+    char path[400];
+    struct stat st;
+    memset(out, 0, sizeof *out);
+    if (!roster_path(dir, uuid, path, sizeof path) || fstatat(AT_FDCWD, path, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
+    *out = (struct elastic_roster_stamp){(uint64_t)st.st_dev, (uint64_t)st.st_ino, (uint64_t)st.st_size,
+                                         (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec,
+                                         (uint64_t)st.st_ctim.tv_sec * 1000000000ull + (uint64_t)st.st_ctim.tv_nsec};
 }

@@ -102,6 +102,10 @@ _Static_assert(sizeof(struct elastic_roster_ent) == 16, "roster entry is 16 byte
 /* Read the roster of GPU `uuid` in `dir`: 1 with one, 0 without (absent, or not a whole regular file of the
  * layout: then nothing is filtered), never blocking. */
 int elastic_board_read_roster(const char *dir, const char *uuid, struct elastic_roster_ent out[ELASTIC_SLOTS]);
+/* What tells a changed roster without reading it: the agent renames a new file into place (a new inode), a
+ * rewrite in place changes its size or times. All zero: no roster file. */
+struct elastic_roster_stamp { uint64_t dev, ino, size, mtime_ns, ctime_ns; };
+void elastic_board_roster_stamp(const char *dir, const char *uuid, struct elastic_roster_stamp *out);
 
 /* Open the board of GPU `uuid` in `dir` (without an agent: the directory and slot files created as needed, mode
  * 0777/0666 & ~umask) and claim a slot: the one assigned (`want` >= 0: the node agent's, from the limits file),

@@ -419,6 +419,34 @@ def admit_in_reservation_order(node: GpuNode, pods: list[dict[str, Any]]) -> dic
     return out
 
 
+def why_unbound(world: World, sched: Any, names: set[str], ns: str) -> str:
+    """For a wait that failed: each pod of `names` still unbound with its PodScheduled condition, and what the
+    scheduler's log says about those pods (its last attempts and their causes: a pod the extender refused after
+    the cluster's last event waits for kube-scheduler's 5-minute flush, one refused by its own plugins for the
+    event their queueing hints name)."""
+    out = []
+    for p in world.pods(ns):
+        name = p["metadata"]["name"]
+        if name in names and not p["spec"].get("nodeName"):
+            cond = next((c for c in p.get("status", {}).get("conditions", []) if c["type"] == "PodScheduled"), {})
+            out.append(f"{name}: PodScheduled {cond.get('status')} {cond.get('reason')}: {cond.get('message')}")
+    keys = tuple(f'pod="{ns}/{n}"' for n in names)
+    lines = sched.log_path.read_text(errors="replace").splitlines()
+    log = [ln for ln in lines if any(k in ln for k in keys)]
+    head = (f"the scheduler's last {min(len(log), 40)} lines about them:" if log else
+            "the scheduler's log names none of them (never attempted); its last 20 lines:")
+    return "\n".join([*out, head, *(log[-40:] if log else lines[-20:])])
+
+
+def wait_bound(world: World, what: str, predicate: Any, names: set[str], ns: str, timeout: float) -> Any:
+    """wait_until for pods to bind; a failure says, pod by pod, why they are not (why_unbound)."""
+    sched = world.sched  # type: ignore[attr-defined]
+    try:
+        return wait_until(what, predicate, timeout, 0.3, sched.check_alive)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{why_unbound(world, sched, names, ns)}") from None
+
+
 def per_gpu(placed: dict[str, str], mib: int = 2048) -> dict[str, int]:
     out: dict[str, int] = {}
     for uuid in placed.values():
@@ -434,7 +462,7 @@ def test_node_agent_restarts_mid_run_and_nothing_is_handed_out_twice(world: Worl
     retries and the pods bind. The new agent knows every reservation made before it started and every
     allocation the kubelet made from its predecessor; no GPU holds more than it has, in the extender's
     reservations or in the agent's allocations."""
-    cluster, sched = world.cluster, world.sched  # type: ignore[attr-defined]
+    cluster = world.cluster
     lib_paths()
     cluster.ensure_namespace(AGENT_NS)
     cluster.register_node(AGENT_NODE, labels={"memslice-test/pool": "agent"})
@@ -468,7 +496,7 @@ def test_node_agent_restarts_mid_run_and_nothing_is_handed_out_twice(world: Worl
             ps = settled(world, first, AGENT_NS)
             return ps if ps and all(p["spec"].get("nodeName") for p in ps.values()) else None
 
-        pods = wait_until("the first pods bound", first_bound, 120, 0.3, sched.check_alive)
+        pods = wait_bound(world, "the first pods bound", first_bound, first, AGENT_NS, 120)
         admitted = admit_in_reservation_order(node, list(pods.values()))
 
         # the agent's pod is replaced; pods keep arriving while it is away
@@ -487,7 +515,7 @@ def test_node_agent_restarts_mid_run_and_nothing_is_handed_out_twice(world: Worl
         def bound_count() -> int:
             return sum(1 for p in world.pods(AGENT_NS) if p["spec"].get("nodeName"))
 
-        wait_until("20 pods bound (the GPUs full)", lambda: bound_count() >= 20, 90, 0.5, sched.check_alive)
+        wait_bound(world, "20 pods bound (the GPUs full)", lambda: bound_count() >= 20, names, AGENT_NS, 90)
         pods = wait_until("the others unschedulable", lambda: settled(world, names, AGENT_NS), 30, 0.5)
         elapsed = time.monotonic() - start
         bound = [p for p in pods.values() if p["spec"].get("nodeName")]
