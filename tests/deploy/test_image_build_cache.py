@@ -3,8 +3,10 @@ never half-built, and never pruned while another run uses it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import build_cache
@@ -60,10 +62,17 @@ def test_the_cache_off_builds_every_time_into_the_fresh_directory(tmp_path: Path
     assert len(calls) == 2
 
 
+def age(own_cache: Path, digest: str) -> None:
+    """The entry as a run last used it long ago (more than RECENT_S): each aged later is the more recent."""
+    old = time.time() - 2 * build_cache.RECENT_S + len(list((own_cache / "k").iterdir()))
+    os.utime(own_cache / "k" / digest / ".complete", (old, old))
+
+
 def test_old_entries_are_pruned_unless_another_run_holds_them(tmp_path: Path, own_cache: Path) -> None:
     build = counting_build([])
     with build_cache.cached_build("k", "held", build, tmp_path / "fresh"):
         pass
+    age(own_cache, "held")
     # another test run (another process) using the oldest entry: a shared lock on it, as cached_build holds
     holder = subprocess.Popen([sys.executable, "-c", f"""
 import fcntl, os, sys
@@ -77,6 +86,7 @@ sys.stdin.read()
         for digest in ("d1", "d2", "d3", "d4", "d5"):
             with build_cache.cached_build("k", digest, build, tmp_path / "fresh"):
                 pass
+            age(own_cache, digest)
         kept = sorted(d.name for d in (own_cache / "k").iterdir() if d.is_dir())
         assert kept == ["d3", "d4", "d5", "held"], "the newest KEEP entries and the one in use"
     finally:
@@ -86,6 +96,23 @@ sys.stdin.read()
     with build_cache.cached_build("k", "d6", build, tmp_path / "fresh"):
         pass
     assert sorted(d.name for d in (own_cache / "k").iterdir() if d.is_dir()) == ["d4", "d5", "d6"]
+
+
+def test_entries_used_recently_are_kept_beyond_keep_up_to_keep_recent(tmp_path: Path, own_cache: Path) -> None:
+    """Several checkouts running the tests (each its own digest) within the hour: each one's entry is still there
+    for its next run, up to KEEP_RECENT entries; past that the least recently used go."""
+    build = counting_build([])
+    digests = [f"d{i:02}" for i in range(build_cache.KEEP_RECENT + 2)]
+    for i, digest in enumerate(digests):
+        with build_cache.cached_build("k", digest, build, tmp_path / "fresh"):
+            pass
+        used = time.time() - 600 + i  # all within RECENT_S, in this order
+        os.utime(own_cache / "k" / digest / ".complete", (used, used))
+    kept = sorted(d.name for d in (own_cache / "k").iterdir() if d.is_dir())
+    assert kept == digests[-build_cache.KEEP_RECENT:], kept
+    now = time.time()
+    assert build_cache.to_prune([("recent", now - 60), ("old", now - 2 * build_cache.RECENT_S), ("a", now - 1),
+                                 ("half-built", 0.0)], now) == ["old", "half-built"]
 
 
 def test_the_digest_follows_sources_and_ignores_generated_files(tmp_path: Path) -> None:

@@ -20,7 +20,12 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-KEEP = 3  # entries kept per kind (the newest by last use); older ones are pruned when nobody uses them
+KEEP = 3  # entries kept per kind (the newest by last use); older ones are pruned when nobody uses them...
+# ...unless used within RECENT_S, up to KEEP_RECENT entries in all (211 MB each for the image): on a machine
+# where several checkouts run the tests (each its own digest), three entries were pruned within the hour, so a
+# checkout's second `make test` built its prefix again (95 s of a worker, 60 CPU-s).
+RECENT_S = 6 * 3600
+KEEP_RECENT = 10
 SKIP_DIRS = frozenset({"__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".hypothesis"})
 
 
@@ -72,12 +77,24 @@ def _lock(fd: int, mode: int, timeout: float, what: str) -> None:
             time.sleep(0.2)
 
 
+def last_use(entry: Path) -> float:
+    """When a run last used the entry (0 for an incomplete one)."""
+    done = entry / ".complete"
+    return done.stat().st_mtime if done.exists() else 0.0
+
+
+def to_prune(entries: list[tuple[str, float]], now: float) -> list[str]:
+    """Which of the other entries (name, last use) to delete: all but the KEEP - 1 most recently used, and those
+    used within RECENT_S up to KEEP_RECENT - 1 (the entry in use is the other one kept)."""
+    ranked = sorted(entries, key=lambda e: e[1], reverse=True)
+    return [name for i, (name, used) in enumerate(ranked)
+            if i >= KEEP - 1 and not (i < KEEP_RECENT - 1 and used > 0 and now - used < RECENT_S)]
+
+
 def _prune(kind_dir: Path, keep: str) -> None:
-    """Delete all but the KEEP most recently used complete entries (and any incomplete one) that no run holds."""
-    entries = sorted((d for d in kind_dir.iterdir() if d.is_dir() and d.name != keep),
-                     key=lambda d: (d / ".complete").stat().st_mtime if (d / ".complete").exists() else 0.0,
-                     reverse=True)
-    for d in entries[KEEP - 1:]:
+    """Delete the entries to_prune names (incomplete ones among them) that no run holds."""
+    others = [(d.name, last_use(d)) for d in kind_dir.iterdir() if d.is_dir() and d.name != keep]
+    for d in (kind_dir / name for name in to_prune(others, time.time())):
         fd = os.open(kind_dir / f"{d.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
