@@ -23,6 +23,16 @@ latency (the whole bind verb, the API write included, as the scheduler waits for
 issue's goals are stated in: pods/s with / without; bind p99 - the plain scheduler's Binding p99; and the
 correctness of the placement (every pod bound, on a GPU of its node, no GPU over its memory).
 
+The same point on both sides (issue 39): kube-scheduler's own metrics, read from its /metrics before it stops
+(each run's scheduler is a process of its own): the attempt (`scheduler_scheduling_attempt_duration_seconds`,
+result "scheduled": its algorithm and its binding, which holds the plain scheduler's wait in its client's QPS
+limiter and the extender's whole bind verb), the algorithm alone, the SLI, and the Bind extension point (the bind
+plugins only: an extender's bind never reaches it, and its buckets end at 204.8 ms); the API server's own
+histogram of Bindings (the difference over the run); in the extender, each bind write's wait for a connection of
+its pool and its exchange with the API server. The load average at the start and the end is recorded.
+`--also-gate N [N...]` adds sidecar runs whose filter is gated at N binds in flight (edge/gate.py; 0: no gate, as
+before), interleaved; `--bind-gate N` sets the first sidecar run's.
+
 `--rounds N` repeats the runs (interleaved: sidecar, mTLS, plain; round after round on the same cluster) and
 reports each figure's median. New connections are counted in the extender: those kube-scheduler opened to it,
 and those its bind writes opened to the API server (podwrites.PodWriter). `--cpus 0` pins everything (API
@@ -32,7 +42,7 @@ inherit it). `--breakdown` has the extender account its CPU by activity
 its connection threads and watch events, timed by CPU. `--json` prints one JSON object.
 
     .venv/bin/python benchmarks/bench_real_scheduler.py [--nodes 20] [--pods 400] [--cpus 0] [--breakdown]
-        [--mtls] [--rounds 2] [--extender-only] [--json]
+        [--mtls] [--rounds 2] [--also-gate 4 0] [--extender-only] [--json]
 """
 
 from __future__ import annotations
