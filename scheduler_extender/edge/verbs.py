@@ -44,6 +44,7 @@ class Verbs:
                  node_pods: Callable[[str], dict[str, int]] | None = None, gate: BindGate | None = None) -> None:
         self.state = state
         self.gate = gate if gate is not None else BindGate()  # filter waits while its limit of binds is in flight
+        metrics.gate = self.gate
         self.node_pods = node_pods  # node -> {uid: priority} of its pods (kubereads.node_pod_priorities)
         self.binder = binder
         self.default_policy = default_policy

@@ -48,7 +48,7 @@ def test_filter_waits_while_the_binds_in_flight_fill_the_gate(cluster: Cluster) 
     (the scheduler decides nothing meanwhile) and answers once the bind has ended; both pods fit."""
     assert cluster.ext is not None
     gate: BindGate = cluster.ext.verbs.gate
-    gate.limit = 1
+    gate.limit, gate.max_wait_s = 1, 60.0  # the wait ends only when the test lets the Binding go
     a = cluster.add_pod(pod_obj("a", {"main": 4000}))
     b = cluster.add_pod(pod_obj("b", {"main": 4000}))
     held = HeldBindings()
@@ -73,7 +73,7 @@ def test_filter_waits_while_the_binds_in_flight_fill_the_gate(cluster: Cluster) 
 
 def test_filter_answers_after_its_bounded_wait_and_failed_binds_leave_the_gate(cluster: Cluster) -> None:
     """The wait is bounded: with the gate still full when it ends, filter answers anyway (counted as timed
-    out). A bind that fails (its Binding refused) leaves the count, so filters stop waiting."""
+    out, and so on /metrics). A bind that fails (its Binding refused) leaves the count, so filters stop waiting."""
     assert cluster.ext is not None
     gate: BindGate = cluster.ext.verbs.gate
     gate.limit, gate.max_wait_s = 1, 0.0
@@ -86,6 +86,12 @@ def test_filter_answers_after_its_bounded_wait_and_failed_binds_leave_the_gate(c
         wait_until("a's Binding held in the API server", lambda: held.held == 1, 10)
         assert cluster.c.filter(b, ["n"])["NodeNames"] == ["n"]
         assert (gate.waited, gate.timed_out, gate.in_flight) == (1, 1, 1)
+        status, page, _ = cluster.c.raw("GET", "/metrics")
+        assert status == 200
+        waits = "memslice_extender_filter_gate_waits_total"
+        for line in ("memslice_extender_binds_in_flight 1.0", f'{waits}{{outcome="room"}} 0.0',
+                     f'{waits}{{outcome="timed_out"}} 1.0'):
+            assert line in page.decode().splitlines(), line
     finally:
         held.release.set()
     binding.join(30)
