@@ -23,6 +23,16 @@ latency (the whole bind verb, the API write included, as the scheduler waits for
 issue's goals are stated in: pods/s with / without; bind p99 - the plain scheduler's Binding p99; and the
 correctness of the placement (every pod bound, on a GPU of its node, no GPU over its memory).
 
+The same point on both sides (issue 39): kube-scheduler's own metrics, read from its /metrics before it stops
+(each run's scheduler is a process of its own): the attempt (`scheduler_scheduling_attempt_duration_seconds`,
+result "scheduled": its algorithm and its binding, which holds the plain scheduler's wait in its client's QPS
+limiter and the extender's whole bind verb), the algorithm alone, the SLI, and the Bind extension point (the bind
+plugins only: an extender's bind never reaches it, and its buckets end at 204.8 ms); the API server's own
+histogram of Bindings (the difference over the run); in the extender, each bind write's wait for a connection of
+its pool and its exchange with the API server. The load average at the start and the end is recorded.
+`--also-gate N [N...]` adds sidecar runs whose filter is gated at N binds in flight (edge/gate.py; 0: no gate, as
+before), interleaved; `--bind-gate N` sets the first sidecar run's.
+
 `--rounds N` repeats the runs (interleaved: sidecar, mTLS, plain; round after round on the same cluster) and
 reports each figure's median. New connections are counted in the extender: those kube-scheduler opened to it,
 and those its bind writes opened to the API server (podwrites.PodWriter). `--cpus 0` pins everything (API
@@ -32,7 +42,7 @@ inherit it). `--breakdown` has the extender account its CPU by activity
 its connection threads and watch events, timed by CPU. `--json` prints one JSON object.
 
     .venv/bin/python benchmarks/bench_real_scheduler.py [--nodes 20] [--pods 400] [--cpus 0] [--breakdown]
-        [--mtls] [--rounds 2] [--extender-only] [--json]
+        [--mtls] [--rounds 2] [--also-gate 4 0] [--extender-only] [--json]
 """
 
 from __future__ import annotations
@@ -71,6 +81,89 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+# ------------------------------------------------------------------------------------- the components' metrics
+# Names and labels from the source of the version built (k8s.io/kubernetes v1.37.2): pkg/scheduler/metrics/
+# metrics.go and k8s.io/apiserver pkg/endpoints/metrics/metrics.go.
+SCHED_EXTENSION_POINT = "scheduler_framework_extension_point_duration_seconds"  # buckets 0.1 ms × 2^k, k < 12
+SCHED_ATTEMPT = "scheduler_scheduling_attempt_duration_seconds"  # algorithm + binding; 1 ms × 2^k, k < 15
+SCHED_ALGORITHM = "scheduler_scheduling_algorithm_duration_seconds"
+SCHED_SLI = "scheduler_pod_scheduling_sli_duration_seconds"  # first attempt to bound; 10 ms × 2^k, k < 20
+API_REQUEST = "apiserver_request_duration_seconds"  # 5 ms .. 60 s, 23 fixed buckets
+
+
+def histograms(text: str, name: str, **labels: str) -> dict[float, float]:
+    """The cumulative bucket counts {upper bound: count} of metric `name` in a Prometheus text page, summed
+    over the series whose labels include `labels`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name != name + "_bucket" or any(sample.labels.get(k) != v for k, v in labels.items()):
+                continue
+            le = float(sample.labels["le"])
+            out[le] = out.get(le, 0.0) + sample.value
+    return out
+
+
+def histogram_delta(after: dict[float, float], before: dict[float, float]) -> dict[float, float]:
+    return {le: n - before.get(le, 0.0) for le, n in after.items()}
+
+
+def histogram_quantile(q: float, buckets: dict[float, float]) -> float:
+    """Prometheus' histogram_quantile: linear within the bucket the rank falls in; +inf when it falls in the
+    last one (above the largest finite bound: the histogram cannot say how far), nan when empty."""
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]] if bounds else 0.0
+    if total <= 0:
+        return float("nan")
+    rank, lower, below = q * total, 0.0, 0.0
+    for le in bounds:
+        if buckets[le] >= rank:
+            if le == float("inf"):
+                return le
+            return lower + (le - lower) * (rank - below) / max(buckets[le] - below, 1e-9)
+        lower, below = le, buckets[le]
+    return float("inf")
+
+
+def histogram_figures(prefix: str, buckets: dict[float, float]) -> dict[str, float]:
+    """Count, p50 and p99 (ms) of a histogram's buckets."""
+    return {f"{prefix}_count": buckets.get(float("inf"), 0.0),
+            f"{prefix}_ms_p50": 1000 * histogram_quantile(0.5, buckets),
+            f"{prefix}_ms_p99": 1000 * histogram_quantile(0.99, buckets)}
+
+
+def apiserver_bindings(cluster: Any) -> dict[float, float]:
+    """The API server's own latency histogram of Binding creations (POST pods/binding), all callers."""
+    return histograms(cluster.ok("GET", "/metrics"), API_REQUEST, verb="POST", resource="pods",
+                      subresource="binding")
+
+
+SCHEDULER_METRICS_FLAGS = ("--bind-address=127.0.0.1", "--authorization-always-allow-paths=/healthz,/readyz,"
+                           "/livez,/metrics")
+
+
+def scheduler_metrics(port: int, profile: str) -> dict[str, float]:
+    """kube-scheduler's own view of its pods (its /metrics on `port`, one process per run): the Bind extension
+    point (the bind plugins only: an extender's bind is called before them and is not in it, schedule_one.go
+    `bind`), the whole attempt (algorithm + binding, the same point on both sides), the algorithm alone, and
+    the SLI (first attempt to bound)."""
+    import ssl
+    import urllib.request
+
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # its self-signed serving certificate, loopback
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=ctx, timeout=30) as resp:
+        text = resp.read().decode()
+    out = histogram_figures("sched_bind_extension_point", histograms(
+        text, SCHED_EXTENSION_POINT, extension_point="Bind", status="Success", profile=profile))
+    out |= histogram_figures("sched_attempt", histograms(text, SCHED_ATTEMPT, result="scheduled", profile=profile))
+    out |= histogram_figures("sched_algorithm", histograms(text, SCHED_ALGORITHM))
+    out |= histogram_figures("sched_sli", histograms(text, SCHED_SLI))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- the extender
 def serve_extender(args: argparse.Namespace) -> int:
     """The extender as deploy/ runs it (plain HTTP on loopback; with --tls-dir, mutual TLS), in this process;
@@ -82,6 +175,7 @@ def serve_extender(args: argparse.Namespace) -> int:
     acct = install_breakdown() if args.breakdown else None
     dump = install_profile() if args.profile else None
     connections = count_connections()
+    phases = time_bind_phases()
     if args.write_pool:
         from memslice.scheduler_extender.kubeio import podwrites
 
@@ -91,6 +185,8 @@ def serve_extender(args: argparse.Namespace) -> int:
     files = {} if tls is None else dict(tls_cert_file=str(tls / "tls.crt"), tls_key_file=str(tls / "tls.key"),
                                         tls_client_ca_file=str(tls / "ca.crt"))
     ext = Extender(api, Config(address="127.0.0.1", port=0, **files)).start()
+    if args.bind_gate is not None:  # 0: no gate (filter never waits), as before it
+        ext.verbs.gate.limit = args.bind_gate or 1 << 30
     binds: list[float] = []
     inner = ext.verbs.bind
 
@@ -112,7 +208,9 @@ def serve_extender(args: argparse.Namespace) -> int:
     while not done.wait(1.0):
         pass
     Path(args.times_out).write_bytes(orjson.dumps({"binds": binds, "connections": dict(connections),
-                                                   "breakdown": acct() if acct else {}}))
+                                                   "phases": phases, "breakdown": acct() if acct else {},
+                                                   "gate": {"waited": ext.verbs.gate.waited,
+                                                            "timed_out": ext.verbs.gate.timed_out}}))
     if dump is not None:
         dump(args.profile)
     ext.stop()
@@ -139,6 +237,31 @@ def count_connections() -> Counter[str]:
     wrap(lean_http.BoundedHTTPServer, "process_request_thread", "scheduler_to_extender")
     wrap(podwrites.PodWriter, "_connect", "bind_writes_to_api_server")
     return counts
+
+
+def time_bind_phases() -> dict[str, list[float]]:
+    """Seconds of each bind write's two phases in the extender: taking a connection of the write pool (waiting
+    for one while all MAX_CONNECTIONS are busy, or opening one), and the exchange with the API server (send the
+    Binding, read the answer). The rest of a bind verb is the extender's own (the pod's facts, the choice)."""
+    from memslice.scheduler_extender.kubeio import podwrites
+
+    phases: dict[str, list[float]] = {"pool_wait": [], "api_exchange": []}
+
+    def wrap(cls: Any, name: str, key: str) -> None:
+        inner = getattr(cls, name)
+
+        def timed(self: Any, *a: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return inner(self, *a)
+            finally:
+                phases[key].append(time.perf_counter() - t0)  # list.append: atomic under the GIL
+
+        setattr(cls, name, timed)
+
+    wrap(podwrites.PodWriter, "_take", "pool_wait")
+    wrap(podwrites._Connection, "exchange", "api_exchange")
+    return phases
 
 
 def install_breakdown() -> Any:
@@ -214,11 +337,12 @@ def install_profile() -> Any:
 
 class ExtenderProc:
     def __init__(self, kubeconfig: Path, tls: Path | None, out: Path, breakdown: bool, profile: str | None,
-                 write_pool: int | None = None) -> None:
+                 write_pool: int | None = None, bind_gate: int | None = None) -> None:
         self.out = out
         cmd = [sys.executable, __file__, "--serve-extender", "--kubeconfig", str(kubeconfig), "--times-out",
                str(out)] + (["--tls-dir", str(tls)] if tls else []) + (["--breakdown"] if breakdown else []) + (
                ["--profile", profile] if profile else []) + (["--write-pool", str(write_pool)] if write_pool else [])
+        cmd += ["--bind-gate", str(bind_gate)] if bind_gate is not None else []
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         self.ps = psutil.Process(self.proc.pid)
         self.port = int(self._line("PORT").split()[1])
@@ -405,6 +529,7 @@ def extender_run(args: argparse.Namespace, cluster: Any, tmp: Path, shape: str, 
     """One burst through kube-scheduler and the extender in `shape` ("sidecar": deploy/base; "mtls":
     deploy/components/standalone-extender); the pods are deleted after it."""
     import test_real_scheduler as rs
+    from kube_real import free_port
     from test_deploy_render import NAMESPACE
 
     out: dict[str, Any] = {}
@@ -417,19 +542,23 @@ def extender_run(args: argparse.Namespace, cluster: Any, tmp: Path, shape: str, 
     kubeconfig = cluster.kubeconfig(f"ext-{shape}", cluster.token(NAMESPACE, account))
     server = None if tls is None else tls / "memslice-extender-tls"
     ext = ExtenderProc(kubeconfig, server, tmp / f"ext-{shape}-{n}.json", args.breakdown, args.profile,
-                       args.write_pool)
+                       args.write_pool, int(shape[12:]) if shape.startswith("sidecar-gate") else args.bind_gate)
     try:
         if tls is None:
             config = rs.scheduler_config(cluster, ext.port)
         else:
             config = mtls_scheduler_config(cluster, ext.port, tls)
         create_pending(cluster, args.pods, "memslice-scheduler", 1)
-        cpu0, since = ext.cpu_s(), time.time()
-        sched = cluster.start_scheduler(config, "memslice-scheduler")
+        cpu0, since, api0 = ext.cpu_s(), time.time(), apiserver_bindings(cluster)
+        port = free_port()
+        sched = cluster.start_scheduler(config, "memslice-scheduler", f"--secure-port={port}",
+                                        *SCHEDULER_METRICS_FLAGS)
         procs = Processes(cluster, sched, ext.ps)
         out["wall_s"] = wait_all_bound(cluster, 600)
         cpu1 = ext.cpu_s()
         out["cpu_by_process_ms_per_pod"] = procs.ms_per_pod(args.pods)
+        out.update(scheduler_metrics(port, "memslice-scheduler"))
+        out.update(histogram_figures("api_binding", histogram_delta(apiserver_bindings(cluster), api0)))
         sched.stop()
         out["extender_cpu_ms_per_pod"] = 1000 * (cpu1 - cpu0) / args.pods
         out["gpus_used"] = check_placement(cluster, args.nodes)
@@ -439,6 +568,9 @@ def extender_run(args: argparse.Namespace, cluster: Any, tmp: Path, shape: str, 
     verb = child.get("binds") or []
     out.update({"bind_verb_ms_p50": 1000 * quantile(verb, 0.5), "bind_verb_ms_p99": 1000 * quantile(verb, 0.99),
                 "bind_verbs": len(verb), "new_connections": child.get("connections") or {}})
+    out.update({f"gate_{k}": v for k, v in (child.get("gate") or {}).items()})
+    for phase, values in (child.get("phases") or {}).items():
+        out[f"{phase}_ms_p50"], out[f"{phase}_ms_p99"] = 1000 * quantile(values, 0.5), 1000 * quantile(values, 0.99)
     if child.get("breakdown"):
         out["breakdown"] = {k: {"ms_per_pod": 1000 * v[0] / args.pods, "calls": v[1]}
                             for k, v in sorted(child["breakdown"].items(), key=lambda kv: -kv[1][0])}
@@ -449,15 +581,18 @@ def extender_run(args: argparse.Namespace, cluster: Any, tmp: Path, shape: str, 
 def plain_run(args: argparse.Namespace, cluster: Any) -> dict[str, Any]:
     """The same burst through kube-scheduler alone (deploy/'s configuration minus the extender)."""
     import test_real_scheduler as rs
+    from kube_real import free_port
 
     create_pending(cluster, args.pods, "plain-scheduler", 1)
     plain = dict(rs.scheduler_config(cluster, 1), extenders=[], profiles=[{"schedulerName": "plain-scheduler"}])
     plain["leaderElection"] = {"leaderElect": False}
-    since = time.time()
-    sched = cluster.start_scheduler(plain, "plain-scheduler")
+    since, api0, port = time.time(), apiserver_bindings(cluster), free_port()
+    sched = cluster.start_scheduler(plain, "plain-scheduler", f"--secure-port={port}", *SCHEDULER_METRICS_FLAGS)
     procs = Processes(cluster, sched, None)
     out: dict[str, Any] = {"wall_s": wait_all_bound(cluster, 600)}
     out["cpu_by_process_ms_per_pod"] = procs.ms_per_pod(args.pods)
+    out.update(scheduler_metrics(port, "plain-scheduler"))
+    out.update(histogram_figures("api_binding", histogram_delta(apiserver_bindings(cluster), api0)))
     sched.stop()
     out.update(run_figures(bindings(cluster, rs.SCHEDULER_USER, since), args.pods))
     delete_pods(cluster)
@@ -483,9 +618,10 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     from kube_real import running
     from test_deploy_render import render
 
-    shapes = ["sidecar", "mtls"] if args.mtls else ["sidecar"]
+    shapes = ["sidecar"] + [f"sidecar-gate{n}" for n in args.also_gate] + (["mtls"] if args.mtls else [])
     out: dict[str, Any] = {"nodes": args.nodes, "pods": args.pods, "cpus": sorted(os.sched_getaffinity(0)),
-                           "rounds": args.rounds, "shapes": shapes, "write_pool": args.write_pool}
+                           "rounds": args.rounds, "shapes": shapes, "write_pool": args.write_pool,
+                           "bind_gate": args.bind_gate, "load_average": os.getloadavg()}
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in [*shapes, "plain"]}
     with tempfile.TemporaryDirectory(prefix="ms-bench-") as tmp, running(Path(tmp) / "kube") as cluster:
         cluster.apply(sorted(render("base"), key=lambda o: o["kind"] != "Namespace"))
@@ -499,6 +635,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 runs[shape].append(extender_run(args, cluster, Path(tmp), shape, n))
             if not args.extender_only:
                 runs["plain"].append(plain_run(args, cluster))
+    out["load_average_end"] = os.getloadavg()
     for key, values in runs.items():
         if values:
             out[key] = medians(values)
@@ -508,8 +645,13 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             ratios = [e["pods_per_s"] / p["pods_per_s"] for e, p in zip(runs[shape], runs["plain"], strict=True)]
             over = [e["bind_verb_ms_p99"] - p["binding_ms_p99"] for e, p in zip(runs[shape], runs["plain"],
                                                                                  strict=True)]
+            # the same point on both sides: kube-scheduler's attempt (its algorithm + its binding, which holds the
+            # plain scheduler's wait in its client's QPS limiter and the extender's whole bind verb)
+            attempt = [e["sched_attempt_ms_p99"] - p["sched_attempt_ms_p99"] for e, p in zip(runs[shape], runs["plain"],
+                                                                                             strict=True)]
             out[shape]["ratio_pods_per_s"] = statistics.median(ratios)
             out[shape]["bind_p99_over_plain_ms"] = statistics.median(over)
+            out[shape]["attempt_p99_over_plain_ms"] = statistics.median(attempt)
     return out
 
 
@@ -517,6 +659,9 @@ def report(out: dict[str, Any]) -> None:
     print(f"{out['pods']} pending pods on {out['nodes']} nodes × 8 GPUs, real kube-scheduler, CPUs {out['cpus']}, "
           f"medians of {out['rounds']} round(s):")
     names = {"sidecar": "extender, sidecar (plain HTTP on loopback)", "mtls": "extender, standalone (mutual TLS)"}
+    names |= {s: f"extender, sidecar, filter gated at {s[12:]} binds in flight" for s in out["shapes"]
+              if s.startswith("sidecar-gate")}
+    names["sidecar-gate0"] = "extender, sidecar, filter not gated by the binds in flight (as before issue 39)"
     for shape in out["shapes"]:
         e = out[shape]
         print(f"  {names[shape]}: {e['pods_per_s']:.1f} pods/s (all bound {e['wall_s']:.1f} s after the scheduler "
@@ -524,11 +669,17 @@ def report(out: dict[str, Any]) -> None:
               f"none over its memory")
         print(f"    bind verb p50 {e['bind_verb_ms_p50']:.1f} ms, p99 {e['bind_verb_ms_p99']:.1f} ms; its Binding in "
               f"the API server p50 {e['binding_ms_p50']:.1f} ms, p99 {e['binding_ms_p99']:.1f} ms")
+        if "pool_wait_ms_p50" in e:
+            print(f"    bind write in the extender: pool wait p50 {e['pool_wait_ms_p50']:.1f} ms, p99 "
+                  f"{e['pool_wait_ms_p99']:.1f} ms; API exchange p50 {e['api_exchange_ms_p50']:.1f} ms, p99 "
+                  f"{e['api_exchange_ms_p99']:.1f} ms")
+        same_point(e)
         print("    new connections: " + ", ".join(f"{k} {v:g}" for k, v in e["new_connections"].items()))
         print("    CPU ms per pod: " + ", ".join(f"{k} {v:.2f}" for k, v in e["cpu_by_process_ms_per_pod"].items()))
         if "ratio_pods_per_s" in e:
             print(f"    ratio pods/s with/without {e['ratio_pods_per_s']:.2f}; bind p99 - plain Binding p99 "
-                  f"{e['bind_p99_over_plain_ms']:+.1f} ms")
+                  f"{e['bind_p99_over_plain_ms']:+.1f} ms; kube-scheduler's attempt p99 - plain's "
+                  f"{e['attempt_p99_over_plain_ms']:+.1f} ms")
         for k, v in (e.get("breakdown") or {}).items():
             print(f"    {k:32s} {v['ms_per_pod']:6.3f} ms per pod ({v['calls']:g} calls)")
     if "plain" in out:
@@ -536,6 +687,25 @@ def report(out: dict[str, Any]) -> None:
         print(f"  without the extender: {p['pods_per_s']:.1f} pods/s (all bound {p['wall_s']:.1f} s after the "
               f"scheduler started); Binding p50 {p['binding_ms_p50']:.1f} ms, p99 {p['binding_ms_p99']:.1f} ms")
         print("    CPU ms per pod: " + ", ".join(f"{k} {v:.2f}" for k, v in p["cpu_by_process_ms_per_pod"].items()))
+        same_point(p)
+
+
+def _ms(value: float, bound: float) -> str:
+    return f"> {bound:g}" if value == float("inf") else f"{value:.0f}"
+
+
+def same_point(run: dict[str, Any]) -> None:
+    """The figures measured at the same point for every run: kube-scheduler's metrics and the API server's."""
+    if "sched_attempt_ms_p99" not in run:
+        return
+    print(f"    kube-scheduler: attempt (algorithm + binding) p50 {_ms(run['sched_attempt_ms_p50'], 16384)} ms, "
+          f"p99 {_ms(run['sched_attempt_ms_p99'], 16384)} ms; algorithm p99 "
+          f"{_ms(run['sched_algorithm_ms_p99'], 16384)} ms; SLI p99 {_ms(run['sched_sli_ms_p99'], 5242880)} ms; "
+          f"Bind extension point {run['sched_bind_extension_point_count']:g} calls, p50 "
+          f"{_ms(run['sched_bind_extension_point_ms_p50'], 204.8)} ms, p99 "
+          f"{_ms(run['sched_bind_extension_point_ms_p99'], 204.8)} ms")
+    print(f"    API server's histogram of Bindings: {run['api_binding_count']:g}, p50 "
+          f"{_ms(run['api_binding_ms_p50'], 60000)} ms, p99 {_ms(run['api_binding_ms_p99'], 60000)} ms")
 
 
 def main() -> int:
@@ -553,6 +723,10 @@ def main() -> int:
                     "since deploy/base runs it so (kept for the commands of earlier figures)")
     ap.add_argument("--write-pool", type=int, default=None, metavar="N", help="an experiment: the extender's "
                     "connections for bind writes (podwrites.MAX_CONNECTIONS) instead of its own bound")
+    ap.add_argument("--bind-gate", type=int, default=None, metavar="N", help="an experiment: the binds in flight "
+                    "before the extender's filter waits (edge/gate.py) instead of its own LIMIT; 0: no gate")
+    ap.add_argument("--also-gate", type=int, nargs="+", default=[], metavar="N", help="also run the sidecar with "
+                    "its filter gated at N binds in flight (0: no gate, as before issue 39), interleaved, to compare")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--extender-only", action="store_true", help="skip the run without the extender")
     ap.add_argument("--serve-extender", action="store_true", help=argparse.SUPPRESS)

@@ -7,6 +7,8 @@
   memslice_extender_gpu_limits_mib{node,gpu,uuid}: the sum of the limits of the pods on each GPU (elastic
   memory; a pod without a limit counts its request), what --max-limit-ratio caps
 - memslice_extender_watch_restarts_total{resource,reason}, memslice_extender_tracked{what}
+- memslice_extender_binds_in_flight, memslice_extender_filter_gate_waits_total{outcome}: filters that found the
+  bind gate full (gate.py) and then got room, or answered after its bounded wait ("timed_out")
 
 The per-GPU families are 80,000 samples each at 5,000 nodes × 8 GPUs. Through prometheus_client's collector
 API each sample is a label dict and a Sample tuple, objects the cyclic garbage collector tracks: a scrape
@@ -27,7 +29,7 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -35,6 +37,7 @@ from memslice.lean_http import RenderCache
 
 from ..placement.state import ClusterState
 from ..placement.views import NodeView
+from .gate import BindGate
 
 MAX_SCRAPES = 4  # /metrics answers in progress at once (a Prometheus pair and two more); 503 beyond
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -96,6 +99,26 @@ class _StateCollector(Collector):
         yield tracked
 
 
+class _GateCollector(Collector):
+    """The bind gate's figures (gate.py), read at scrape time from whichever gate the verbs use."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Any]:
+        gate = self.metrics.gate
+        if gate is None:
+            return
+        yield GaugeMetricFamily("memslice_extender_binds_in_flight", "Binds in flight now (filter waits while "
+                                "they reach the bind gate's limit)", value=gate.in_flight)
+        waits = CounterMetricFamily("memslice_extender_filter_gate_waits", "Filters that found the bind gate "
+                                    "full, by how the wait ended", labels=["outcome"])
+        timed_out = gate.timed_out
+        waits.add_metric(["room"], gate.waited - timed_out)
+        waits.add_metric(["timed_out"], timed_out)
+        yield waits
+
+
 class Metrics:
     def __init__(self, state: ClusterState) -> None:
         self.registry = CollectorRegistry()
@@ -110,6 +133,8 @@ class Metrics:
         self.watch_restarts = Counter("memslice_extender_watch_restarts", "List/watch restarts",
                                       ["resource", "reason"], registry=self.registry)
         self.registry.register(_StateCollector(state))
+        self.gate: BindGate | None = None  # set by Verbs
+        self.registry.register(_GateCollector(self))
         self.state = state
         self.scrapes = RenderCache(lambda: gpu_text(self.state.snapshot()[1]), key=lambda: self.state.snapshot()[0],
                                    key_complete=True, max_scrapes=MAX_SCRAPES)

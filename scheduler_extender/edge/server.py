@@ -331,6 +331,8 @@ class _Handler(LeanRequestHandler):
             self._json(status, _error_body(verb, length))
             return status
         assert isinstance(length, int)
+        if verb == "filter":  # the next decision waits for the binds in flight (gate.py: why), bounded
+            self.server.verbs.gate.wait_room()
         budget = self.server.small_budget if length <= SMALL_BODY else self.server.large_budget
         held = budget.acquire(request_cost(length), WAIT_S)
         if held is None:

@@ -27,6 +27,7 @@ from ..placement import decisions
 from ..placement.records import PodView
 from ..placement.state import ClusterState
 from ..wire import ExtenderArgs, WireError
+from .gate import BindGate
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,10 @@ OwnCharge = tuple[str, str, int, int, int]  # (node, GPU UUID, MiB, limit MiB ab
 class Verbs:
     def __init__(self, state: ClusterState, binder: Binder, default_policy: str, metrics: Metrics,
                  limit_ratio: Fraction | None = None,
-                 node_pods: Callable[[str], dict[str, int]] | None = None) -> None:
+                 node_pods: Callable[[str], dict[str, int]] | None = None, gate: BindGate | None = None) -> None:
         self.state = state
+        self.gate = gate if gate is not None else BindGate()  # filter waits while its limit of binds is in flight
+        metrics.gate = self.gate
         self.node_pods = node_pods  # node -> {uid: priority} of its pods (kubereads.node_pod_priorities)
         self.binder = binder
         self.default_policy = default_policy
@@ -187,7 +190,8 @@ class Verbs:
             self.metrics.bind_failures.labels("not_synced").inc()
             return 200, wire.binding_result(NOT_SYNCED)
         try:
-            self.binder.bind(args)
+            with self.gate.binding():
+                self.binder.bind(args)
         except BindError as exc:
             log.warning("bind failed: %s", exc)
             self.metrics.bind_failures.labels(exc.reason).inc()
