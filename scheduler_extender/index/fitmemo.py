@@ -575,7 +575,7 @@ class FitMemo:
         if not items:
             return
         filled = fitting = 0
-        for i, v in zip(todo, spanning.judge(items, key[1], gpus_of(key)), strict=True):
+        for i, v in zip(todo, spanning.judge(items, key[1], gpus_of(key), self._index.span_scores), strict=True):
             if kinds[i] != NONE:  # an id repeated in `ids`: written once
                 continue
             filled += 1
@@ -616,7 +616,7 @@ class FitMemo:
                 if len(self._found) >= FOUND_MAX:
                     self._found.clear()
                 found = self._found[i] = {}
-            v = spanning.verdicts(view, [key[0] * view.unit_mib], key[1], key[4], found)[0]
+            v = spanning.verdicts(view, [key[0] * view.unit_mib], key[1], key[4], found, self._index.span_scores)[0]
         else:
             v = decisions.verdict(view, key[0] * view.unit_mib, key[1], self.limit_need(key, view),
                                   compute_of(key), gpus_of(key))
@@ -709,6 +709,7 @@ class FitMemo:
         if before is not None and before[1] == now[1] and not view.unplaced_mib and not view.error:
             above = max((max(a, b) for a, b in zip(before[0], now[0], strict=True) if a != b), default=-1)
         found: spanning.Found | None = None  # the view's set searches, kept for the fills that follow (_verdict)
+        native = self._index.span_scores
         for (gpus, policy), members in groups:
             held = [m for m in members if m[1].kinds[i] != NONE and m[0][0] * unit <= above]
             if not held:
@@ -717,20 +718,29 @@ class FitMemo:
                 if len(self._found) >= FOUND_MAX:
                     self._found.clear()
                 found = self._found[i] = {}
+            needs = [key[0] * unit for key, _ in held]
             texts = self._host_json[i] or _NO_FRAGMENTS  # the node's HostPriority JSON per score
-            for (_, table), v in zip(held, spanning.verdicts(view, [key[0] * unit for key, _ in held], policy, gpus,
-                                                             found), strict=True):
+            for (_, table), need, code in zip(held, needs, spanning.codes(view, needs, policy, gpus, found, native),
+                                              strict=True):
                 kinds = table.kinds
-                if v[0] and kinds[i] == FITS and table.scores[i] == v[3]:  # unchanged: its text is the node's for it
+                if code <= MAX_SCORE:
+                    if kinds[i] == FITS:
+                        if table.scores[i] == code:  # unchanged: its text is the node's for it
+                            continue
+                        table.fitting -= 1
+                    text = texts[code]
+                    if text is None:
+                        text = self._fragment(i, code)
+                        texts = self._host_json[i] or _NO_FRAGMENTS
+                    kinds[i], table.scores[i], table.reasons[i], table.jsons[i] = FITS, code, None, text
+                    table.fitting += 1
                     continue
+                v = spanning.resolve(view, need, policy, gpus, code)
                 table.fitting -= kinds[i] == FITS
                 if v[0]:
                     score = v[3]
-                    text = texts[score]
-                    if text is None:
-                        text = self._fragment(i, score)
-                        texts = self._host_json[i] or _NO_FRAGMENTS
-                    kinds[i], table.scores[i], table.reasons[i], table.jsons[i] = FITS, score, None, text
+                    kinds[i], table.scores[i], table.reasons[i], table.jsons[i] = (FITS, score, None,
+                                                                                   self._fragment(i, score))
                     table.fitting += 1
                 else:
                     kinds[i], table.scores[i], table.reasons[i], table.jsons[i] = (NEVER if v[1] else FAILS,
