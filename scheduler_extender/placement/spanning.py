@@ -31,8 +31,8 @@ The device order of the chosen GPUs (contract: devices 0..N-1 inside the contain
 
 from __future__ import annotations
 
-from bisect import bisect_left
 import math
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from itertools import chain, combinations
 from math import comb

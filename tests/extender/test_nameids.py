@@ -352,8 +352,8 @@ def test_span_scores_answer_what_the_python_reference_answers(gpus: int, spread:
 def test_span_scores_on_a_view_answer_the_verdicts_of_decisions() -> None:
     """On real views (8 GPUs, NVLink pairs and PCIe switches, random use in whole GiB: ties), the memo's codes with
     the native scores and with the reference alone resolve to decisions.verdict's verdict for every size."""
-    from memslice.scheduler_extender.placement import decisions, spanning
     from memslice.contract import Gpu, Inventory
+    from memslice.scheduler_extender.placement import decisions, spanning
     from memslice.scheduler_extender.placement.state import Charge, ClusterState
 
     rng = random.Random(34)
