@@ -52,6 +52,7 @@ static PyObject *nameids_join(PyObject *module, PyObject *args);
 static PyObject *nameids_same(PyObject *module, PyObject *args);
 static PyObject *nameids_hosts_json(PyObject *module, PyObject *args);
 static PyObject *nameids_span_scores(PyObject *module, PyObject *args);
+static PyObject *nameids_span_scores_each(PyObject *module, PyObject *args);
 PyMODINIT_FUNC PyInit__nameids(void);
 
 /* Why seeded: the names come from Node objects, and a hash an outsider can predict would let chosen names
@@ -850,6 +851,54 @@ static PyObject *nameids_span_scores(PyObject *module, PyObject *args) {
     return out;
 }
 
+/* span_scores_each(keys_of, chosen_of, need, gpus, spread): span_scores(keys_of[j], chosen_of[j], (need,), gpus,
+ * spread)[0] for every node j, in one call (the memo's fill of a spanning table meets hundreds of nodes without a
+ * verdict); None where one of them cannot be exact. Bounded by the two lists' common length. */
+static PyObject *nameids_span_scores_each(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *keys_of, *chosen_of, *need_obj;
+    long gpus;
+    int spread;
+    if (!PyArg_ParseTuple(args, "O!O!Olp", &PyList_Type, &keys_of, &PyList_Type, &chosen_of, &need_obj, &gpus,
+                          &spread))
+        return NULL;
+    if (gpus < 1 || gpus > SPAN_MAX_GPUS) {
+        PyErr_Format(PyExc_ValueError, "span_scores_each: gpus %ld outside 1..%d", gpus, SPAN_MAX_GPUS);
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(keys_of);
+    if (PyList_GET_SIZE(chosen_of) != count) {
+        PyErr_Format(PyExc_ValueError, "span_scores_each: %zd keys for %zd chosen lists", count,
+                     PyList_GET_SIZE(chosen_of));
+        return NULL;
+    }
+    int64_t need;
+    if (!span_int(need_obj, &need))
+        Py_RETURN_NONE;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, count);
+    if (out == NULL)
+        return NULL;
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+    int ok = 1;
+    for (Py_ssize_t j = 0; j < count && ok == 1; j++) {
+        PyObject *keys = PyList_GET_ITEM(keys_of, j), *chosen = PyList_GET_ITEM(chosen_of, j);
+        if (!PyTuple_CheckExact(keys) || !PyList_CheckExact(chosen)) {
+            PyErr_Format(PyExc_TypeError, "span_scores_each: node %zd's keys are not a tuple or its chosen sets "
+                         "not a list", j);
+            ok = -1;
+            break;
+        }
+        ok = span_code(keys, chosen, need, gpus, spread, &o[j]);
+    }
+    if (ok != 1) {
+        Py_DECREF(out);
+        if (ok < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    return out;
+}
+
 static PyMethodDef index_methods[] = {
     {"set", index_set, METH_VARARGS, "set(name, id): hold name -> id (a name that is not ASCII is not held)"},
     {"discard", index_discard, METH_O, "discard(name): forget the name if held"},
@@ -887,6 +936,8 @@ static PyMethodDef module_methods[] = {
      "scores[ids[k]]; None unless every kinds[ids[k]] is fits"},
     {"span_scores", nameids_span_scores, METH_VARARGS,
      "span_scores(keys, chosen, needs, gpus, spread): spanning.scores natively; None where it cannot be exact"},
+    {"span_scores_each", nameids_span_scores_each, METH_VARARGS,
+     "span_scores_each(keys_of, chosen_of, need, gpus, spread): span_scores for one need on each node"},
     {NULL, NULL, 0, NULL},
 };
 

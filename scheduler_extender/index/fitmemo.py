@@ -547,15 +547,15 @@ class FitMemo:
 
     def _fill_spanning(self, table: _Table, key: Key, ids: list[int]) -> None:
         """_fill for a spanning table of _refresh's groups (no limit signature, no compute share) that no longer
-        shares verdicts by shape: the nodes' verdicts in one spanning.judge call, each with the set searches kept
-        for its view (_found: made by the refresh at its last change, or by fills of other sizes of that N and
+        shares verdicts by shape: the nodes' scores in one spanning.codes_each call (natively, one C call for all:
+        _nameids.span_scores_each), each with the set searches kept for its view (_found: made by the refresh at its last change, or by fills of other sizes of that N and
         policy), where the cap leaves the pod alone (else _verdict). Why: a spanning key is asked a few times per
         band of benchmarks/README.md's mix, and each ask finds ~half of its names without a verdict."""
         names, view_of, founds, ratio = self._names, self.state.view_unlocked, self._found, self.limit_ratio
         kinds, scores, jsons, reasons, fragment = table.kinds, table.scores, table.jsons, table.reasons, self._fragment
-        units = key[0]
         todo: list[int] = []
-        items: list[tuple[NodeView, int, spanning.Found]] = []
+        views: list[NodeView] = []
+        found_of: list[spanning.Found] = []
         for i in ids:
             if kinds[i] != NONE:
                 continue
@@ -571,14 +571,28 @@ class FitMemo:
                     founds.clear()
                 found = founds[i] = {}
             todo.append(i)
-            items.append((view, units * view.unit_mib, found))
-        if not items:
+            views.append(view)
+            found_of.append(found)
+        if not todo:
             return
+        need, policy, gpus = key[0] * views[0].unit_mib, key[1], gpus_of(key)
+        if any(v.unit_mib != views[0].unit_mib for v in views):  # (nodes of another unit: one size per unit)
+            out = bytes(spanning.codes(v, (key[0] * v.unit_mib,), policy, gpus, f, self._index.span_scores)[0]
+                        for v, f in zip(views, found_of, strict=True))
+        else:
+            out = spanning.codes_each(views, found_of, need, policy, gpus, self._index.span_scores_each)
         filled = fitting = 0
-        for i, v in zip(todo, spanning.judge(items, key[1], gpus_of(key), self._index.span_scores), strict=True):
+        for i, view, code in zip(todo, views, out, strict=True):
             if kinds[i] != NONE:  # an id repeated in `ids`: written once
                 continue
             filled += 1
+            if code <= MAX_SCORE:
+                kinds[i] = FITS
+                scores[i] = code
+                jsons[i] = fragment(i, code)
+                fitting += 1
+                continue
+            v = spanning.resolve(view, key[0] * view.unit_mib, policy, gpus, code)
             if v[0]:
                 kinds[i] = FITS
                 scores[i] = v[3]

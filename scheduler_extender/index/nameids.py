@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from ..placement.spanning import Scores
+from ..placement.spanning import Scores, ScoresEach
 from ..wire import host_priority_array, host_priority_json
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ class NameIds:
 
     # The memo's scores of pods spanning GPUs natively (_nameids.span_scores); None: spanning.scores, the reference
     span_scores: Scores | None = None
+    span_scores_each: ScoresEach | None = None
 
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}
@@ -154,6 +155,7 @@ class NativeNameIds(NameIds):
         super().__init__()
         self._c = _native  # (kept: the module this index was made with serves all its reads)
         self.span_scores = _native.span_scores
+        self.span_scores_each = _native.span_scores_each
         self._native = _native.NameIndex(int.from_bytes(os.urandom(8), "little"))
 
     def set(self, name: str, i: int) -> None:

@@ -390,6 +390,7 @@ _FIT = tuple((True, False, "", s) for s in range(MAX_SCORE + 1))  # a fitting ve
 # made yet; the general path (verdict) answers. Native twins in _nameids.c (SPAN_NO_ROOM, ...).
 NO_ROOM, UNSEARCHED, GENERAL = 0xF0, 0xF1, 0xF2
 Scores = Callable[[tuple[int, ...], list[Chosen], Sequence[int], int, bool], "bytes | None"]
+ScoresEach = Callable[[list[tuple[int, ...]], list[list[Chosen]], int, int, bool], "bytes | None"]
 
 
 def scores(keys: tuple[int, ...], chosen: list[Chosen], needs: Sequence[int], gpus: int, spread: bool) -> bytes:
@@ -479,15 +480,49 @@ def verdicts(view: NodeView, needs: list[int], policy: str, gpus: int, found: Fo
 
 def judge(items: list[tuple[NodeView, int, Found]], policy: str, gpus: int,
           native: Scores | None = None) -> list[Verdict]:
-    """verdict(view, need, policy, None, 0, gpus) for each (view, need, found) of `items` (one size on many nodes:
-    the memo's fill of a table). Each size is a bisect (k: how many healthy GPUs have less free than it); the set
-    search (_search) depends on the size only through k, so it is made once per (view, N, policy, k) and kept in
-    the item's `found` (the caller's dict for that very view: another size, in this call or a later one, finds it
-    there)."""
-    out: list[Verdict] = []
-    for view, need, found in items:
-        out.append(resolve(view, need, policy, gpus, codes(view, (need,), policy, gpus, found, native)[0]))
-    return out
+    """verdict(view, need, policy, None, 0, gpus) for each (view, need, found) of `items`: codes() of each, resolved.
+    Each size is a bisect (k: how many healthy GPUs have less free than it); the set search (_search) depends on
+    the size only through k, so it is made once per (view, N, policy, k) and kept in the item's `found` (the
+    caller's dict for that very view: another size, in this call or a later one, finds it there)."""
+    return [resolve(view, need, policy, gpus, codes(view, (need,), policy, gpus, found, native)[0])
+            for view, need, found in items]
+
+
+def codes_each(views: list[NodeView], founds: list[Found], need: int, policy: str, gpus: int,
+               native: ScoresEach | None = None) -> bytes:
+    """codes(view, (need,), policy, gpus, found) for each view and its found, with one native call for all (the
+    memo's fill of a spanning table: one size on the hundreds of nodes a request finds without a verdict).
+    `native`: _nameids.span_scores_each (None: the reference alone)."""
+    at = gpus, policy
+    keys_of: list[tuple[int, ...]] = []
+    chosen_of: list[list[Chosen]] = []
+    general: list[int] = []  # positions of views the general path answers (fit's checks)
+    for view, found in zip(views, founds, strict=True):
+        if view.unplaced_mib or view.error or not view.rows:
+            general.append(len(keys_of))
+            keys_of.append(())
+            chosen_of.append([None])
+            continue
+        keys = view.free_keys
+        chosen = found.get(at)
+        if chosen is None:
+            chosen = found[at] = [None] * (len(keys) + 1)
+        keys_of.append(keys)
+        chosen_of.append(chosen)
+    spread = policy == "spread"
+    out = native(keys_of, chosen_of, need, gpus, spread) if native is not None else None
+    if out is None:
+        out = bytes(scores(keys, chosen, (need,), gpus, spread)[0] for keys, chosen in zip(keys_of, chosen_of,
+                                                                                             strict=True))
+    if not general and UNSEARCHED not in out:
+        return out
+    fixed = bytearray(out)
+    for p in general:
+        fixed[p] = GENERAL
+    for p, code in enumerate(out):
+        if code == UNSEARCHED:  # the search made and kept, the code asked again
+            fixed[p] = codes(views[p], (need,), policy, gpus, founds[p])[0]
+    return bytes(fixed)
 
 
 def _without_room(view: NodeView, need: int, gpus: int) -> Verdict:

@@ -404,3 +404,37 @@ def test_span_scores_refuse_bad_arguments_not_crash() -> None:
         NATIVE.span_scores((1024, 8192), chosen, 1024, 2, False)
     assert NATIVE.span_scores((1024, "8192"), chosen, [1024], 2, False) is None  # not ints: the reference's
     assert NATIVE.span_scores((1024, 8192), chosen, [True], 2, False) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([2, 4]), st.booleans(), st.data())
+def test_span_scores_each_answers_span_scores_node_by_node(gpus: int, spread: bool, data: st.DataObject) -> None:
+    """_nameids.span_scores_each (a fill: one size on many nodes) is span_scores on each node; None when any node's
+    values are outside the exact range, as span_scores then answers for that node."""
+    nodes = data.draw(st.lists(st.lists(st.integers(0, 80).map(lambda g: g * 1024), max_size=8).map(
+        lambda ks: tuple(sorted(ks))), max_size=12))
+    chosen_of = [data.draw(st.lists(_chosen_sets(gpus), min_size=len(k) + 1, max_size=len(k) + 1)) for k in nodes]
+    need = data.draw(st.one_of(st.integers(1, 40).map(lambda g: g * 1024), st.sampled_from([0, _EXACT])))
+    got = NATIVE.span_scores_each(list(nodes), chosen_of, need, gpus, spread)
+    each = [NATIVE.span_scores(k, c, (need,), gpus, spread) for k, c in zip(nodes, chosen_of, strict=True)]
+    if got is None:
+        assert any(e is None for e in each) or need >= _EXACT
+    else:
+        assert got == b"".join(each)  # type: ignore[arg-type]
+
+
+def test_span_scores_each_refuses_bad_arguments_not_crash() -> None:
+    chosen = [(0.75, 8192, 81920, 4096, 81920), None, False]
+    assert NATIVE.span_scores_each([(1024, 8192), ()], [chosen, [None]], 1024, 2, False) == b"\x0a\xf0"
+    assert NATIVE.span_scores_each([], [], 1024, 2, False) == b""
+    with pytest.raises(ValueError, match="1 keys for 2 chosen lists"):
+        NATIVE.span_scores_each([(1024, 8192)], [chosen, chosen], 1024, 2, False)
+    with pytest.raises(ValueError, match="gpus 99 outside"):
+        NATIVE.span_scores_each([(1024, 8192)], [chosen], 1024, 99, False)
+    with pytest.raises(TypeError, match="node 1's keys are not a tuple"):
+        NATIVE.span_scores_each([(1024, 8192), [1024]], [chosen, chosen], 1024, 2, False)
+    with pytest.raises(TypeError, match="node 0's keys are not a tuple or its chosen sets not a list"):
+        NATIVE.span_scores_each([(1024, 8192)], [tuple(chosen)], 1024, 2, False)
+    with pytest.raises(IndexError, match="outside the chosen sets"):
+        NATIVE.span_scores_each([(1024, 8192)], [[]], 1024, 2, False)
+    assert NATIVE.span_scores_each([(1024, 8192)], [chosen], 2**60, 2, False) is None
