@@ -547,10 +547,11 @@ class FitMemo:
 
     def _fill_spanning(self, table: _Table, key: Key, ids: list[int]) -> None:
         """_fill for a spanning table of _refresh's groups (no limit signature, no compute share) that no longer
-        shares verdicts by shape: the nodes' scores in one spanning.codes_each call (natively, one C call for all:
-        _nameids.span_scores_each), each with the set searches kept for its view (_found: made by the refresh at its last change, or by fills of other sizes of that N and
-        policy), where the cap leaves the pod alone (else _verdict). Why: a spanning key is asked a few times per
-        band of benchmarks/README.md's mix, and each ask finds ~half of its names without a verdict."""
+        shares verdicts by shape: the nodes' scores in one spanning.codes_each call (natively one C call for all,
+        _nameids.span_scores_each), each with the set searches kept for its view (_found: made by the refresh at
+        its last change, or by fills of other sizes of that N and policy), where the cap leaves the pod alone
+        (else _verdict). Why: a spanning key is asked a few times per band of benchmarks/README.md's mix, and
+        each ask finds ~half of its names without a verdict."""
         names, view_of, founds, ratio = self._names, self.state.view_unlocked, self._found, self.limit_ratio
         kinds, scores, jsons, reasons, fragment = table.kinds, table.scores, table.jsons, table.reasons, self._fragment
         todo: list[int] = []
