@@ -23,11 +23,13 @@ rebuilds the view and refreshes the verdicts like any charge. Without the cap ke
 
 Pods spanning GPUs (issue 34): each (per-GPU size, N) is a table of its own, so a bind refreshes its node in many
 (20 spanning tables in benchmarks/README.md's mix). The tables of one N and policy whose verdict the limit cap
-and compute shares leave alone are refreshed together, in one call (spanning.verdicts: the view's checks once,
-the set search shared by the sizes that leave the same GPUs with room); the others one by one, as above. The set
-searches a node's view met are kept until it changes (_found), and a table of those groups that stopped sharing
-by shape fills the cells a request finds empty in one spanning.judge call reusing them (_fill_spanning): a
-spanning key is asked rarely, so its requests meet many nodes without a verdict.
+and compute shares leave alone are refreshed together, in one call (spanning.codes: the view's checks once,
+the set search shared by the sizes that leave the same GPUs with room, the scores natively, and only the cells
+whose verdict changed written); the others one by one, as above. The set searches a node's view met are kept
+until it changes (_found), and a table of those groups that stopped sharing by shape fills the cells a request
+finds empty in one spanning.codes_each call reusing them (_fill_spanning): a spanning key is asked rarely, so its
+requests meet many nodes without a verdict. The scores are C (_nameids.span_scores, span_scores_each; the
+reference is spanning.scores, used where the module was not built).
 
 Bounded: at most MAX_ENTRIES verdicts and MAX_TABLES tables (each ~18 bytes per node id); the least recently
 used table goes first. A node that goes frees its id for the next new node (every table's cell emptied).
@@ -706,10 +708,10 @@ class FitMemo:
     def _refresh_groups(self, i: int, view: NodeView, groups: list[tuple[tuple[int, str], list[tuple[Key, _Table]]]],
                         before: Column | None) -> None:
         """_refresh for the spanning tables grouped by (N, policy): each group's cells of node `i` in one
-        spanning.verdicts call, written here (every cell held a verdict: the counts of filled cells stay). A cell
-        whose size is above every free MiB a changed GPU had before or after the change keeps its verdict: those
-        GPUs lack room for it in both views, so the GPUs with room, the sets among them, their free fractions and
-        the chosen set's free MiB are the same (`before`: the column the cells were last refreshed at, kept only
+        spanning.codes call, the changed ones written here (every cell held a verdict: the counts of filled cells
+        stay). A cell whose size is above every free MiB a changed GPU had before or after the change keeps its
+        verdict: those GPUs lack room for it in both views, so the GPUs with room, the sets among them, their free
+        fractions and the chosen set's free MiB are the same (`before`: the column the cells were last refreshed at, kept only
         while nothing else a verdict reads differs; None: every cell afresh)."""
         if not self._without_cap(view):  # the cap may change what these pods get here: one by one
             for _, members in groups:
