@@ -711,8 +711,8 @@ class FitMemo:
         spanning.codes call, the changed ones written here (every cell held a verdict: the counts of filled cells
         stay). A cell whose size is above every free MiB a changed GPU had before or after the change keeps its
         verdict: those GPUs lack room for it in both views, so the GPUs with room, the sets among them, their free
-        fractions and the chosen set's free MiB are the same (`before`: the column the cells were last refreshed at, kept only
-        while nothing else a verdict reads differs; None: every cell afresh)."""
+        fractions and the chosen set's free MiB are the same (`before`: the column the cells were last refreshed
+        at, kept only while nothing else a verdict reads differs; None: every cell afresh)."""
         if not self._without_cap(view):  # the cap may change what these pods get here: one by one
             for _, members in groups:
                 for key, table in members:
