@@ -52,6 +52,7 @@ from ..placement import decisions, spanning
 from ..placement.constants import MAX_SCORE, MIN_SCORE
 from ..placement.decisions import LimitNeed, Verdict
 from ..placement.resources import LimitSig, limit_total
+from ..placement.spanning import NO_ROOM
 from ..placement.state import ClusterState
 from ..placement.views import NodeView
 from ..wire import host_priority_json
@@ -712,7 +713,10 @@ class FitMemo:
         stay). A cell whose size is above every free MiB a changed GPU had before or after the change keeps its
         verdict: those GPUs lack room for it in both views, so the GPUs with room, the sets among them, their free
         fractions and the chosen set's free MiB are the same (`before`: the column the cells were last refreshed
-        at, kept only while nothing else a verdict reads differs; None: every cell afresh)."""
+        at, kept only while nothing else a verdict reads differs; None: every cell afresh). While nothing but free
+        MiB changed, a cell that failed and still finds too few GPUs with room (NO_ROOM) keeps its verdict too: on
+        such a view every failing verdict of a size is spanning._without_room's, which reads only the GPUs' MiB
+        and health (the same), where computing it again cost a scan of the GPUs per cell at every bind."""
         if not self._without_cap(view):  # the cap may change what these pods get here: one by one
             for _, members in groups:
                 for key, table in members:
@@ -723,7 +727,8 @@ class FitMemo:
         now = _column(view)
         self._columns[i] = now
         above = 1 << 62  # sizes above it keep their verdicts (none, unless `before` tells)
-        if before is not None and before[1] == now[1] and not view.unplaced_mib and not view.error:
+        same = before is not None and before[1] == now[1] and not view.unplaced_mib and not view.error
+        if same:
             above = max((max(a, b) for a, b in zip(before[0], now[0], strict=True) if a != b), default=-1)
         found: spanning.Found | None = None  # the view's set searches, kept for the fills that follow (_verdict)
         native = self._index.span_scores
@@ -751,6 +756,8 @@ class FitMemo:
                         texts = self._host_json[i] or _NO_FRAGMENTS
                     kinds[i], table.scores[i], table.reasons[i], table.jsons[i] = FITS, code, None, text
                     table.fitting += 1
+                    continue
+                if code == NO_ROOM and same and kinds[i] != FITS:  # as it was: see the docstring
                     continue
                 v = spanning.resolve(view, need, policy, gpus, code)
                 table.fitting -= kinds[i] == FITS
