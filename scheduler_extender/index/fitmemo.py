@@ -729,6 +729,7 @@ class FitMemo:
         above = 1 << 62  # sizes above it keep their verdicts (none, unless `before` tells)
         same = before is not None and before[1] == now[1] and not view.unplaced_mib and not view.error
         if same:
+            assert before is not None  # (same says so)
             above = max((max(a, b) for a, b in zip(before[0], now[0], strict=True) if a != b), default=-1)
         found: spanning.Found | None = None  # the view's set searches, kept for the fills that follow (_verdict)
         native = self._index.span_scores
