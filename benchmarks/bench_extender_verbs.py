@@ -24,14 +24,23 @@ tells a pod without a share costs what it did).
 Pods that span GPUs (issue 34): with `--multi-gpu F` that share of the pods asks for 2 or 4 GPUs
 (`memslice.io/gpu-count`, half each; up to 20 GiB on each GPU), and `--topology` gives every node NVLink pairs and a
 PCIe switch per four GPUs (the closest set is then looked for). Compare with `--topology` alone.
+
+`--instructions` (callgrind; needs valgrind): the same run under valgrind's callgrind, PYTHONHASHSEED=0, counting
+only the measured pods (their filter, prioritize and charge, called through sys.call_tracing and counted with
+`--toggle-collect=sys_call_tracing`): instructions per pod, deterministic where CPU time on a shared machine is not.
+Issue 34's comparison: `--nodes 1000 --warmup 300 --pods 300 --topology --fill F [--multi-gpu 0.2] --instructions`
+for F in 0, 0.5, 0.9.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import subprocess
 import sys
+import tempfile
 import time
 from fractions import Fraction
 from pathlib import Path
@@ -64,8 +73,13 @@ def main() -> int:
     p.add_argument("--compute", type=float, default=0.0, help="share of charges and pods with a compute share")
     p.add_argument("--multi-gpu", type=float, default=0.0, help="share of pods on 2 or 4 GPUs (gpu-count)")
     p.add_argument("--topology", action="store_true", help="nodes publish NVLink pairs and PCIe switches")
+    p.add_argument("--instructions", action="store_true",
+                   help="count instructions per measured pod with callgrind instead (needs valgrind)")
+    p.add_argument("--_callgrind", action="store_true", help=argparse.SUPPRESS)  # the run under callgrind
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    if args.instructions:
+        return instructions(args)
     sys.path.insert(0, str(ROOT / "tests"))
     __import__("testpaths").add()  # the test folders (tests/testpaths.py)
     from test_extender_support import node_obj, pod_obj
@@ -168,6 +182,9 @@ def main() -> int:
         return cpu_f, cpu_p
 
     schedule(bodies[:args.warmup])
+    if args._callgrind:  # counted: callgrind collects inside sys.call_tracing only (instructions())
+        sys.call_tracing(schedule, (bodies[args.warmup:],))
+        return 0
     cpu_f, cpu_p = schedule(bodies[args.warmup:])
     result = {"nodes": args.nodes, "fill": args.fill, "names": k, "pods": args.pods,
               "max_limit_ratio": args.max_limit_ratio, "elastic": args.elastic, "compute": args.compute,
@@ -179,6 +196,34 @@ def main() -> int:
     else:
         print(f"{args.nodes} nodes, fill {args.fill:.0%}, {k} names: filter {result['filter_cpu_ms_per_pod']} ms "
               f"+ prioritize {result['prioritize_cpu_ms_per_pod']} ms CPU per pod")
+    return 0
+
+
+def instructions(args: argparse.Namespace) -> int:
+    """--instructions: this run again under callgrind, collecting only while the measured pods are scheduled
+    (sys.call_tracing around them), with a fixed hash seed; the total divided by the pods."""
+    argv = [a for a in sys.argv[1:] if a != "--instructions" and a != "--json"]
+    with tempfile.TemporaryDirectory(prefix="memslice-bench-") as tmp:
+        out = os.path.join(tmp, "callgrind.out")
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        p = subprocess.run(["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=sys_call_tracing",
+                            f"--callgrind-out-file={out}", sys.executable, __file__, *argv, "--_callgrind"],
+                           env=env, capture_output=True, text=True, timeout=3600)
+        if p.returncode != 0:
+            raise RuntimeError(f"callgrind run failed: {p.stderr[-2000:]}")
+        total = None
+        with open(out) as f:
+            for line in f:
+                if line.startswith(("summary:", "totals:")):
+                    total = int(line.split()[1])
+        if total is None:
+            raise RuntimeError(f"no instruction total in {out}")
+    result = {"nodes": args.nodes, "fill": args.fill, "names": min(args.names, args.nodes) or args.nodes,
+              "pods": args.pods, "multi_gpu": args.multi_gpu, "topology": args.topology,
+              "instructions_per_pod": round(total / args.pods)}
+    print(json.dumps(result) if args.json else f"{args.nodes} nodes, fill {args.fill:.0%}, multi-GPU "
+          f"{args.multi_gpu:.0%}: {result['instructions_per_pod'] / 1e6:.3f} M instructions per pod (filter, "
+          f"prioritize, charge; callgrind)")
     return 0
 
 

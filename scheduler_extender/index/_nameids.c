@@ -16,6 +16,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -50,6 +51,8 @@ static PyObject *nameids_select(PyObject *module, PyObject *args);
 static PyObject *nameids_join(PyObject *module, PyObject *args);
 static PyObject *nameids_same(PyObject *module, PyObject *args);
 static PyObject *nameids_hosts_json(PyObject *module, PyObject *args);
+static PyObject *nameids_span_scores(PyObject *module, PyObject *args);
+static PyObject *nameids_span_scores_each(PyObject *module, PyObject *args);
 PyMODINIT_FUNC PyInit__nameids(void);
 
 /* Why seeded: the names come from Node objects, and a hash an outsider can predict would let chosen names
@@ -691,6 +694,211 @@ done:
     return out;
 }
 
+/* ------------------------------------------------------------------ scores of pods spanning GPUs (issue 34)
+ * span_scores is spanning.scores (the reference, in scheduler_extender/placement/spanning.py) for the memo's
+ * refresh and fills of the spanning tables: a bind refreshes its node's verdict in every one of them (20 in
+ * benchmarks/README.md's mix), ~10 k instructions a cell in Python. Codes beyond a score: */
+#define SPAN_MAX_SCORE 10
+#define SPAN_NO_ROOM 0xF0    /* fewer than N healthy GPUs have the share free */
+#define SPAN_UNSEARCHED 0xF1 /* k's set search not made yet (the caller makes it and asks again) */
+#define SPAN_GENERAL 0xF2    /* the general path (spanning.verdict) answers */
+#define SPAN_MAX_GPUS 64     /* state.MAX_TOPOLOGY_GPUS: no set is searched beyond it */
+#define SPAN_EXACT ((int64_t)1 << 52) /* ints below it in magnitude: exact as doubles, differences too */
+
+/* Why: the reference's arithmetic is exact only while ints convert to doubles exactly; outside that (or for a
+ * value that is not an int) 0 tells the caller to answer None, and the reference answers instead. */
+static int span_int(PyObject *o, int64_t *out) {
+    if (!PyLong_CheckExact(o))
+        return 0;
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (v <= -SPAN_EXACT || v >= SPAN_EXACT)
+        return 0;
+    *out = (int64_t)v;
+    return 1;
+}
+
+/* Why its own: Python's round() of a float (float.__round__ without digits) rounds half to even this way. */
+static double span_round(double x) {
+    double r = round(x);
+    if (fabs(x - r) == 0.5)
+        r = 2.0 * round(x / 2.0);
+    return r;
+}
+
+/* Why bisect written out: the same probes as Python's bisect_left over `keys` (the view's free column), so
+ * even an unsorted column (never made) answers as the reference. 1 with *k set; 0: a key is not an exact int. */
+static int span_bisect(PyObject *keys, int64_t need, Py_ssize_t *k) {
+    Py_ssize_t lo = 0, hi = PyTuple_GET_SIZE(keys);
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        int64_t v;
+        if (!span_int(PyTuple_GET_ITEM(keys, mid), &v))
+            return 0;
+        if (v < need)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    *k = lo;
+    return 1;
+}
+
+/* Why a function: one chosen set's score for a need, as spanning.scores writes it (the same operations in the
+ * same order: the same doubles). `at` is a checked tuple of 1 + 2 × gpus items. 1 with *code set; 0: not exact
+ * (None to the caller); -1: a TypeError set (the memo's own data malformed). */
+static int span_score(PyObject *at, int64_t need, long gpus, int spread, unsigned char *code) {
+    PyObject *close = PyTuple_GET_ITEM(at, 0);
+    if (!PyFloat_CheckExact(close)) {
+        PyErr_SetString(PyExc_TypeError, "span_scores: a chosen set's closeness is not a float");
+        return -1;
+    }
+    double left = 0.0;
+    for (long g = 0; g < gpus; g++) {
+        int64_t free_mib, mem;
+        if (!span_int(PyTuple_GET_ITEM(at, 1 + 2 * g), &free_mib) || !span_int(PyTuple_GET_ITEM(at, 2 + 2 * g), &mem))
+            return 0;
+        if (mem <= 0) {
+            *code = SPAN_GENERAL;
+            return 1;
+        }
+        left += (double)(free_mib - need) / (double)mem;
+    }
+    left /= (double)gpus;
+    double value = PyFloat_AS_DOUBLE(close) + 0.25 * (spread ? left : 1.0 - left);
+    double scaled = (double)SPAN_MAX_SCORE * value;
+    if (!isfinite(scaled)) {
+        *code = SPAN_GENERAL;
+        return 1;
+    }
+    double r = span_round(scaled);
+    *code = (unsigned char)(r < 0.0 ? 0 : r > (double)SPAN_MAX_SCORE ? SPAN_MAX_SCORE : (int)r);
+    return 1;
+}
+
+/* Why a function: one need's code (the body of spanning.scores' loop); returns as span_score. */
+static int span_code(PyObject *keys, PyObject *chosen, int64_t need, long gpus, int spread, unsigned char *code) {
+    Py_ssize_t k;
+    if (!span_bisect(keys, need, &k))
+        return 0;
+    if (PyTuple_GET_SIZE(keys) - k < gpus) {
+        *code = SPAN_NO_ROOM;
+        return 1;
+    }
+    if (k >= PyList_GET_SIZE(chosen)) {
+        PyErr_Format(PyExc_IndexError, "span_scores: k %zd outside the chosen sets (%zd)", k,
+                     PyList_GET_SIZE(chosen));
+        return -1;
+    }
+    PyObject *at = PyList_GET_ITEM(chosen, k);
+    if (at == Py_None) {
+        *code = SPAN_UNSEARCHED;
+        return 1;
+    }
+    if (at == Py_False) {
+        *code = SPAN_GENERAL;
+        return 1;
+    }
+    if (!PyTuple_CheckExact(at) || PyTuple_GET_SIZE(at) != 1 + 2 * gpus) {
+        PyErr_Format(PyExc_TypeError, "span_scores: chosen set %zd is not None, False or a tuple of %ld items", k,
+                     1 + 2 * gpus);
+        return -1;
+    }
+    return span_score(at, need, gpus, spread, code);
+}
+
+/* span_scores(keys, chosen, needs, gpus, spread): spanning.scores natively; None where it cannot be exact (an
+ * int beyond 2^52 in magnitude, or not an int: the reference answers). Every loop is bounded by a length read
+ * here (needs, keys, gpus ≤ SPAN_MAX_GPUS, each chosen tuple's checked length), and no Python code runs. */
+static PyObject *nameids_span_scores(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *keys, *chosen, *needs;
+    long gpus;
+    int spread;
+    if (!PyArg_ParseTuple(args, "O!O!Olp", &PyTuple_Type, &keys, &PyList_Type, &chosen, &needs, &gpus, &spread))
+        return NULL;
+    if (gpus < 1 || gpus > SPAN_MAX_GPUS) {
+        PyErr_Format(PyExc_ValueError, "span_scores: gpus %ld outside 1..%d", gpus, SPAN_MAX_GPUS);
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(needs, "span_scores: needs must be a list or a tuple");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, count);
+    if (out == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    int ok = 1;
+    for (Py_ssize_t j = 0; j < count && ok == 1; j++) {
+        int64_t need;
+        ok = span_int(items[j], &need) ? span_code(keys, chosen, need, gpus, spread, &o[j]) : 0;
+    }
+    Py_DECREF(seq);
+    if (ok != 1) {
+        Py_DECREF(out);
+        if (ok < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    return out;
+}
+
+/* span_scores_each(keys_of, chosen_of, need, gpus, spread): span_scores(keys_of[j], chosen_of[j], (need,), gpus,
+ * spread)[0] for every node j, in one call (the memo's fill of a spanning table meets hundreds of nodes without a
+ * verdict); None where one of them cannot be exact. Bounded by the two lists' common length. */
+static PyObject *nameids_span_scores_each(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *keys_of, *chosen_of, *need_obj;
+    long gpus;
+    int spread;
+    if (!PyArg_ParseTuple(args, "O!O!Olp", &PyList_Type, &keys_of, &PyList_Type, &chosen_of, &need_obj, &gpus,
+                          &spread))
+        return NULL;
+    if (gpus < 1 || gpus > SPAN_MAX_GPUS) {
+        PyErr_Format(PyExc_ValueError, "span_scores_each: gpus %ld outside 1..%d", gpus, SPAN_MAX_GPUS);
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(keys_of);
+    if (PyList_GET_SIZE(chosen_of) != count) {
+        PyErr_Format(PyExc_ValueError, "span_scores_each: %zd keys for %zd chosen lists", count,
+                     PyList_GET_SIZE(chosen_of));
+        return NULL;
+    }
+    int64_t need;
+    if (!span_int(need_obj, &need))
+        Py_RETURN_NONE;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, count);
+    if (out == NULL)
+        return NULL;
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+    int ok = 1;
+    for (Py_ssize_t j = 0; j < count && ok == 1; j++) {
+        PyObject *keys = PyList_GET_ITEM(keys_of, j), *chosen = PyList_GET_ITEM(chosen_of, j);
+        if (!PyTuple_CheckExact(keys) || !PyList_CheckExact(chosen)) {
+            PyErr_Format(PyExc_TypeError, "span_scores_each: node %zd's keys are not a tuple or its chosen sets "
+                         "not a list", j);
+            ok = -1;
+            break;
+        }
+        ok = span_code(keys, chosen, need, gpus, spread, &o[j]);
+    }
+    if (ok != 1) {
+        Py_DECREF(out);
+        if (ok < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    return out;
+}
+
 static PyMethodDef index_methods[] = {
     {"set", index_set, METH_VARARGS, "set(name, id): hold name -> id (a name that is not ASCII is not held)"},
     {"discard", index_discard, METH_O, "discard(name): forget the name if held"},
@@ -726,6 +934,10 @@ static PyMethodDef module_methods[] = {
     {"hosts_json", nameids_hosts_json, METH_VARARGS,
      "hosts_json(data, ids, kinds, scores, fits): HostPriorityList JSON of the names in data, scored "
      "scores[ids[k]]; None unless every kinds[ids[k]] is fits"},
+    {"span_scores", nameids_span_scores, METH_VARARGS,
+     "span_scores(keys, chosen, needs, gpus, spread): spanning.scores natively; None where it cannot be exact"},
+    {"span_scores_each", nameids_span_scores_each, METH_VARARGS,
+     "span_scores_each(keys_of, chosen_of, need, gpus, spread): span_scores for one need on each node"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -23,11 +23,13 @@ rebuilds the view and refreshes the verdicts like any charge. Without the cap ke
 
 Pods spanning GPUs (issue 34): each (per-GPU size, N) is a table of its own, so a bind refreshes its node in many
 (20 spanning tables in benchmarks/README.md's mix). The tables of one N and policy whose verdict the limit cap
-and compute shares leave alone are refreshed together, in one call (spanning.verdicts: the view's checks once,
-the set search shared by the sizes that leave the same GPUs with room); the others one by one, as above. The set
-searches a node's view met are kept until it changes (_found), and a table of those groups that stopped sharing
-by shape fills the cells a request finds empty in one spanning.judge call reusing them (_fill_spanning): a
-spanning key is asked rarely, so its requests meet many nodes without a verdict.
+and compute shares leave alone are refreshed together, in one call (spanning.codes: the view's checks once,
+the set search shared by the sizes that leave the same GPUs with room, the scores natively, and only the cells
+whose verdict changed written); the others one by one, as above. The set searches a node's view met are kept
+until it changes (_found), and a table of those groups that stopped sharing by shape fills the cells a request
+finds empty in one spanning.codes_each call reusing them (_fill_spanning): a spanning key is asked rarely, so its
+requests meet many nodes without a verdict. The scores are C (_nameids.span_scores, span_scores_each; the
+reference is spanning.scores, used where the module was not built).
 
 Bounded: at most MAX_ENTRIES verdicts and MAX_TABLES tables (each ~18 bytes per node id); the least recently
 used table goes first. A node that goes frees its id for the next new node (every table's cell emptied).
@@ -50,6 +52,7 @@ from ..placement import decisions, spanning
 from ..placement.constants import MAX_SCORE, MIN_SCORE
 from ..placement.decisions import LimitNeed, Verdict
 from ..placement.resources import LimitSig, limit_total
+from ..placement.spanning import NO_ROOM
 from ..placement.state import ClusterState
 from ..placement.views import NodeView
 from ..wire import host_priority_json
@@ -547,15 +550,16 @@ class FitMemo:
 
     def _fill_spanning(self, table: _Table, key: Key, ids: list[int]) -> None:
         """_fill for a spanning table of _refresh's groups (no limit signature, no compute share) that no longer
-        shares verdicts by shape: the nodes' verdicts in one spanning.judge call, each with the set searches kept
-        for its view (_found: made by the refresh at its last change, or by fills of other sizes of that N and
-        policy), where the cap leaves the pod alone (else _verdict). Why: a spanning key is asked a few times per
-        band of benchmarks/README.md's mix, and each ask finds ~half of its names without a verdict."""
+        shares verdicts by shape: the nodes' scores in one spanning.codes_each call (natively one C call for all,
+        _nameids.span_scores_each), each with the set searches kept for its view (_found: made by the refresh at
+        its last change, or by fills of other sizes of that N and policy), where the cap leaves the pod alone
+        (else _verdict). Why: a spanning key is asked a few times per band of benchmarks/README.md's mix, and
+        each ask finds ~half of its names without a verdict."""
         names, view_of, founds, ratio = self._names, self.state.view_unlocked, self._found, self.limit_ratio
         kinds, scores, jsons, reasons, fragment = table.kinds, table.scores, table.jsons, table.reasons, self._fragment
-        units = key[0]
         todo: list[int] = []
-        items: list[tuple[NodeView, int, spanning.Found]] = []
+        views: list[NodeView] = []
+        found_of: list[spanning.Found] = []
         for i in ids:
             if kinds[i] != NONE:
                 continue
@@ -571,14 +575,28 @@ class FitMemo:
                     founds.clear()
                 found = founds[i] = {}
             todo.append(i)
-            items.append((view, units * view.unit_mib, found))
-        if not items:
+            views.append(view)
+            found_of.append(found)
+        if not todo:
             return
+        need, policy, gpus = key[0] * views[0].unit_mib, key[1], gpus_of(key)
+        if any(v.unit_mib != views[0].unit_mib for v in views):  # (nodes of another unit: one size per unit)
+            out = bytes(spanning.codes(v, (key[0] * v.unit_mib,), policy, gpus, f, self._index.span_scores)[0]
+                        for v, f in zip(views, found_of, strict=True))
+        else:
+            out = spanning.codes_each(views, found_of, need, policy, gpus, self._index.span_scores_each)
         filled = fitting = 0
-        for i, v in zip(todo, spanning.judge(items, key[1], gpus_of(key)), strict=True):
+        for i, view, code in zip(todo, views, out, strict=True):
             if kinds[i] != NONE:  # an id repeated in `ids`: written once
                 continue
             filled += 1
+            if code <= MAX_SCORE:
+                kinds[i] = FITS
+                scores[i] = code
+                jsons[i] = fragment(i, code)
+                fitting += 1
+                continue
+            v = spanning.resolve(view, key[0] * view.unit_mib, policy, gpus, code)
             if v[0]:
                 kinds[i] = FITS
                 scores[i] = v[3]
@@ -616,7 +634,7 @@ class FitMemo:
                 if len(self._found) >= FOUND_MAX:
                     self._found.clear()
                 found = self._found[i] = {}
-            v = spanning.verdicts(view, [key[0] * view.unit_mib], key[1], key[4], found)[0]
+            v = spanning.verdicts(view, [key[0] * view.unit_mib], key[1], key[4], found, self._index.span_scores)[0]
         else:
             v = decisions.verdict(view, key[0] * view.unit_mib, key[1], self.limit_need(key, view),
                                   compute_of(key), gpus_of(key))
@@ -691,11 +709,14 @@ class FitMemo:
     def _refresh_groups(self, i: int, view: NodeView, groups: list[tuple[tuple[int, str], list[tuple[Key, _Table]]]],
                         before: Column | None) -> None:
         """_refresh for the spanning tables grouped by (N, policy): each group's cells of node `i` in one
-        spanning.verdicts call, written here (every cell held a verdict: the counts of filled cells stay). A cell
-        whose size is above every free MiB a changed GPU had before or after the change keeps its verdict: those
-        GPUs lack room for it in both views, so the GPUs with room, the sets among them, their free fractions and
-        the chosen set's free MiB are the same (`before`: the column the cells were last refreshed at, kept only
-        while nothing else a verdict reads differs; None: every cell afresh)."""
+        spanning.codes call, the changed ones written here (every cell held a verdict: the counts of filled cells
+        stay). A cell whose size is above every free MiB a changed GPU had before or after the change keeps its
+        verdict: those GPUs lack room for it in both views, so the GPUs with room, the sets among them, their free
+        fractions and the chosen set's free MiB are the same (`before`: the column the cells were last refreshed
+        at, kept only while nothing else a verdict reads differs; None: every cell afresh). While nothing but free
+        MiB changed, a cell that failed and still finds too few GPUs with room (NO_ROOM) keeps its verdict too: on
+        such a view every failing verdict of a size is spanning._without_room's, which reads only the GPUs' MiB
+        and health (the same), where computing it again cost a scan of the GPUs per cell at every bind."""
         if not self._without_cap(view):  # the cap may change what these pods get here: one by one
             for _, members in groups:
                 for key, table in members:
@@ -706,9 +727,12 @@ class FitMemo:
         now = _column(view)
         self._columns[i] = now
         above = 1 << 62  # sizes above it keep their verdicts (none, unless `before` tells)
-        if before is not None and before[1] == now[1] and not view.unplaced_mib and not view.error:
+        same = before is not None and before[1] == now[1] and not view.unplaced_mib and not view.error
+        if same:
+            assert before is not None  # (same says so)
             above = max((max(a, b) for a, b in zip(before[0], now[0], strict=True) if a != b), default=-1)
         found: spanning.Found | None = None  # the view's set searches, kept for the fills that follow (_verdict)
+        native = self._index.span_scores
         for (gpus, policy), members in groups:
             held = [m for m in members if m[1].kinds[i] != NONE and m[0][0] * unit <= above]
             if not held:
@@ -717,20 +741,31 @@ class FitMemo:
                 if len(self._found) >= FOUND_MAX:
                     self._found.clear()
                 found = self._found[i] = {}
+            needs = [key[0] * unit for key, _ in held]
             texts = self._host_json[i] or _NO_FRAGMENTS  # the node's HostPriority JSON per score
-            for (_, table), v in zip(held, spanning.verdicts(view, [key[0] * unit for key, _ in held], policy, gpus,
-                                                             found), strict=True):
+            for (_, table), need, code in zip(held, needs, spanning.codes(view, needs, policy, gpus, found, native),
+                                              strict=True):
                 kinds = table.kinds
-                if v[0] and kinds[i] == FITS and table.scores[i] == v[3]:  # unchanged: its text is the node's for it
+                if code <= MAX_SCORE:
+                    if kinds[i] == FITS:
+                        if table.scores[i] == code:  # unchanged: its text is the node's for it
+                            continue
+                        table.fitting -= 1
+                    text = texts[code]
+                    if text is None:
+                        text = self._fragment(i, code)
+                        texts = self._host_json[i] or _NO_FRAGMENTS
+                    kinds[i], table.scores[i], table.reasons[i], table.jsons[i] = FITS, code, None, text
+                    table.fitting += 1
                     continue
+                if code == NO_ROOM and same and kinds[i] != FITS:  # as it was: see the docstring
+                    continue
+                v = spanning.resolve(view, need, policy, gpus, code)
                 table.fitting -= kinds[i] == FITS
                 if v[0]:
                     score = v[3]
-                    text = texts[score]
-                    if text is None:
-                        text = self._fragment(i, score)
-                        texts = self._host_json[i] or _NO_FRAGMENTS
-                    kinds[i], table.scores[i], table.reasons[i], table.jsons[i] = FITS, score, None, text
+                    kinds[i], table.scores[i], table.reasons[i], table.jsons[i] = (FITS, score, None,
+                                                                                   self._fragment(i, score))
                     table.fitting += 1
                 else:
                     kinds[i], table.scores[i], table.reasons[i], table.jsons[i] = (NEVER if v[1] else FAILS,

@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from ..placement.spanning import Scores, ScoresEach
 from ..wire import host_priority_array, host_priority_json
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,10 @@ def has_none(items: Any) -> bool:
 
 class NameIds:
     """Node name -> id, in a dict; the bulk operations in Python (the reference for NativeNameIds)."""
+
+    # The memo's scores of pods spanning GPUs natively (_nameids.span_scores); None: spanning.scores, the reference
+    span_scores: Scores | None = None
+    span_scores_each: ScoresEach | None = None
 
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}
@@ -149,6 +154,8 @@ class NativeNameIds(NameIds):
     def __init__(self) -> None:
         super().__init__()
         self._c = _native  # (kept: the module this index was made with serves all its reads)
+        self.span_scores = _native.span_scores
+        self.span_scores_each = _native.span_scores_each
         self._native = _native.NameIndex(int.from_bytes(os.urandom(8), "little"))
 
     def set(self, name: str, i: int) -> None:

@@ -31,9 +31,10 @@ The device order of the chosen GPUs (contract: devices 0..N-1 inside the contain
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
-from collections.abc import Iterable
-from itertools import combinations
+from collections.abc import Callable, Iterable, Sequence
+from itertools import chain, combinations
 from math import comb
 from operator import itemgetter, truediv
 from typing import TYPE_CHECKING
@@ -375,61 +376,153 @@ def verdict(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None,
     return True, False, "", score_of(view, positions, d, need_mib, policy, compute)
 
 
-# What judge keeps per (N, policy, k) for one view: (the score's closeness part, the chosen set's (free MiB, MiB)
-# per GPU); None: the node has too many sets to weigh one by one (the general path answers). A caller may keep
-# these for a view (the memo keeps them per node until its view changes: fitmemo.FitMemo._found).
-Chosen = tuple[float, tuple[tuple[int, int], ...]] | None
-Found = dict[tuple[int, str, int], Chosen]
-_UNSEARCHED: Chosen = (-1.0, ())  # (a marker: not searched yet)
+# What judge keeps per (N, policy) for one view: a list indexed by k (how many healthy GPUs have less free than the
+# share: len(free_keys) + 1 entries), each None (not searched yet), False (the node has too many sets to weigh one
+# by one: the general path answers) or, flat, (the score's closeness part, then the chosen set's free MiB and MiB per
+# GPU). A caller may keep these for a view (the memo keeps them per node until its view changes:
+# fitmemo.FitMemo._found). Flat, so that the native scores (_nameids.span_scores) read them as they are.
+Chosen = tuple[object, ...] | bool | None
+Found = dict[tuple[int, str], list[Chosen]]
 _NO_SET: tuple[int, ...] = ()
 _FREE, _MEM = itemgetter(6), itemgetter(3)  # a GpuRow's free MiB, its MiB
 _FIT = tuple((True, False, "", s) for s in range(MAX_SCORE + 1))  # a fitting verdict, per score (shared)
+# scores' codes beyond a score (0..MAX_SCORE): fewer than N healthy GPUs have the share free; k's set search not
+# made yet; the general path (verdict) answers. Native twins in _nameids.c (SPAN_NO_ROOM, ...).
+NO_ROOM, UNSEARCHED, GENERAL = 0xF0, 0xF1, 0xF2
+Scores = Callable[[tuple[int, ...], list[Chosen], Sequence[int], int, bool], "bytes | None"]
+ScoresEach = Callable[[list[tuple[int, ...]], list[list[Chosen]], int, int, bool], "bytes | None"]
 
 
-def verdicts(view: NodeView, needs: list[int], policy: str, gpus: int, found: Found | None = None) -> list[Verdict]:
+def scores(keys: tuple[int, ...], chosen: list[Chosen], needs: Sequence[int], gpus: int, spread: bool) -> bytes:
+    """For each need (MiB per GPU) on a view whose healthy GPUs' free MiB, sorted, are `keys` and whose set searches
+    of one N and policy are `chosen` (see Found, len(keys) + 1 entries): its score (score_of for a pod without a
+    compute share, written out: the same operations in the same order, the same floats), or NO_ROOM, UNSEARCHED,
+    GENERAL. The reference of _nameids.span_scores (which answers None where it cannot be exact: the caller then
+    asks this one); tests/extender/test_nameids.py checks they agree."""
+    out = bytearray()
+    weight = 1 - TOPOLOGY_WEIGHT
+    for need in needs:
+        k = bisect_left(keys, need)
+        if len(keys) - k < gpus:
+            out.append(NO_ROOM)
+            continue
+        at = chosen[k]
+        if at is None:
+            out.append(UNSEARCHED)
+            continue
+        if at is False:
+            out.append(GENERAL)
+            continue
+        assert isinstance(at, tuple)
+        left = 0.0
+        for g in range(gpus):
+            mem = at[2 + 2 * g]
+            if mem <= 0:  # type: ignore[operator]
+                break
+            left += (at[1 + 2 * g] - need) / mem  # type: ignore[operator]
+        else:
+            left /= gpus
+            scaled = MAX_SCORE * (at[0] + weight * (left if spread else 1 - left))  # type: ignore[operator]
+            if math.isfinite(scaled):
+                out.append(max(MIN_SCORE, min(MAX_SCORE, round(scaled))))
+                continue
+        out.append(GENERAL)
+    return bytes(out)
+
+
+def codes(view: NodeView, needs: Sequence[int], policy: str, gpus: int, found: Found,
+          native: Scores | None = None) -> bytes:
+    """scores() for each of `needs` on this view, the set searches it lacks made (_search) and kept in `found` (the
+    caller's dict for this very view): a score, NO_ROOM or GENERAL per need (resolve() turns the last two into
+    verdicts). `native`: _nameids.span_scores (None: the reference alone). Why codes, not verdicts: the memo's
+    refresh compares a cell with its new score and writes only what changed (issue 34: a bind refreshes its node in
+    every spanning table)."""
+    if view.unplaced_mib or view.error or not view.rows:  # the general path: fit's checks
+        return bytes((GENERAL,)) * len(needs)
+    keys = view.free_keys
+    chosen = found.get((gpus, policy))
+    if chosen is None:
+        chosen = found[gpus, policy] = [None] * (len(keys) + 1)
+    spread = policy == "spread"
+    out = native(keys, chosen, needs, gpus, spread) if native is not None else None
+    if out is None:
+        out = scores(keys, chosen, needs, gpus, spread)
+    if UNSEARCHED in out:
+        for need, code in zip(needs, out, strict=True):
+            if code == UNSEARCHED:
+                k = bisect_left(keys, need)
+                if chosen[k] is None:
+                    chosen[k] = _search(view, k, policy, gpus)
+        again = native(keys, chosen, needs, gpus, spread) if native is not None else None
+        out = again if again is not None else scores(keys, chosen, needs, gpus, spread)
+    return out
+
+
+def resolve(view: NodeView, need: int, policy: str, gpus: int, code: int) -> Verdict:
+    """The verdict of a code codes() answered for `need` on this view."""
+    if code <= MAX_SCORE:
+        return _FIT[code]
+    if code == NO_ROOM:
+        return _without_room(view, need, gpus)
+    return verdict(view, need, policy, None, 0, gpus)
+
+
+def verdicts(view: NodeView, needs: list[int], policy: str, gpus: int, found: Found | None = None,
+             native: Scores | None = None) -> list[Verdict]:
     """verdict(view, need, policy, None, 0, gpus) for each of `needs` (MiB per GPU) in one call: what the memo's
-    tables of one N and policy (one per per-GPU size) hold for a node, refreshed together at each change of its
-    view (fitmemo.FitMemo._refresh; judge). `found`: the set searches kept for this very view (None: for this
-    call only)."""
+    tables of one N and policy (one per per-GPU size) hold for a node. `found`: the set searches kept for this very
+    view (None: for this call only)."""
     if found is None:
         found = {}
-    return judge([(view, need, found) for need in needs], policy, gpus)
+    return [resolve(view, need, policy, gpus, c) for need, c in zip(needs, codes(view, needs, policy, gpus, found,
+                                                                                native), strict=True)]
 
 
-def judge(items: list[tuple[NodeView, int, Found]], policy: str, gpus: int) -> list[Verdict]:
-    """verdict(view, need, policy, None, 0, gpus) for each (view, need, found) of `items`: one node's sizes (the
-    memo's refresh of a node's tables of one N and policy: verdicts) or one size on many nodes (the memo's fill of
-    a table). Why: a bind refreshes its node in every table, 20 spanning ones in benchmarks/README.md's mix, and a
-    spanning key asked a few times finds many nodes without a verdict. Each size is a bisect (k: how many healthy
-    GPUs have less free than it); the set search (_search) depends on the size only through k, so it is made once
-    per (view, N, policy, k) and kept in the item's `found` (the caller's dict for that very view: another size,
-    in this call or a later one, finds it there); each size's score is score_of's, written out (the same
-    operations in the same order: the same floats)."""
-    spread = policy == "spread"
-    out: list[Verdict] = []
-    for view, need, found in items:
-        if view.unplaced_mib or view.error or not view.rows:  # the general path: fit's checks
-            out.append(verdict(view, need, policy, None, 0, gpus))
+def judge(items: list[tuple[NodeView, int, Found]], policy: str, gpus: int,
+          native: Scores | None = None) -> list[Verdict]:
+    """verdict(view, need, policy, None, 0, gpus) for each (view, need, found) of `items`: codes() of each, resolved.
+    Each size is a bisect (k: how many healthy GPUs have less free than it); the set search (_search) depends on
+    the size only through k, so it is made once per (view, N, policy, k) and kept in the item's `found` (the
+    caller's dict for that very view: another size, in this call or a later one, finds it there)."""
+    return [resolve(view, need, policy, gpus, codes(view, (need,), policy, gpus, found, native)[0])
+            for view, need, found in items]
+
+
+def codes_each(views: list[NodeView], founds: list[Found], need: int, policy: str, gpus: int,
+               native: ScoresEach | None = None) -> bytes:
+    """codes(view, (need,), policy, gpus, found) for each view and its found, with one native call for all (the
+    memo's fill of a spanning table: one size on the hundreds of nodes a request finds without a verdict).
+    `native`: _nameids.span_scores_each (None: the reference alone)."""
+    at = gpus, policy
+    keys_of: list[tuple[int, ...]] = []
+    chosen_of: list[list[Chosen]] = []
+    general: list[int] = []  # positions of views the general path answers (fit's checks)
+    for view, found in zip(views, founds, strict=True):
+        if view.unplaced_mib or view.error or not view.rows:
+            general.append(len(keys_of))
+            keys_of.append(())
+            chosen_of.append([None])
             continue
         keys = view.free_keys
-        k = bisect_left(keys, need)
-        if len(keys) - k < gpus:  # no N GPUs have room: never (too few large enough) or not now
-            out.append(_without_room(view, need, gpus))
-            continue
-        at = gpus, policy, k
-        chosen = found.get(at, _UNSEARCHED)
-        if chosen is _UNSEARCHED:
-            chosen = found[at] = _search(view, k, policy, gpus)
-        if chosen is None:  # too many sets to weigh one by one: the general path
-            out.append(verdict(view, need, policy, None, 0, gpus))
-            continue
-        left = 0.0  # score_of, for a pod without a compute share
-        for free, mem in chosen[1]:
-            left += (free - need) / mem
-        left /= gpus
-        value = chosen[0] + (1 - TOPOLOGY_WEIGHT) * (left if spread else 1 - left)
-        out.append(_FIT[max(MIN_SCORE, min(MAX_SCORE, round(MAX_SCORE * value)))])
-    return out
+        chosen = found.get(at)
+        if chosen is None:
+            chosen = found[at] = [None] * (len(keys) + 1)
+        keys_of.append(keys)
+        chosen_of.append(chosen)
+    spread = policy == "spread"
+    out = native(keys_of, chosen_of, need, gpus, spread) if native is not None else None
+    if out is None:
+        out = bytes(scores(keys, chosen, (need,), gpus, spread)[0] for keys, chosen in zip(keys_of, chosen_of,
+                                                                                             strict=True))
+    if not general and UNSEARCHED not in out:
+        return out
+    fixed = bytearray(out)
+    for p in general:
+        fixed[p] = GENERAL
+    for p, code in enumerate(out):
+        if code == UNSEARCHED:  # the search made and kept, the code asked again
+            fixed[p] = codes(views[p], (need,), policy, gpus, founds[p])[0]
+    return bytes(fixed)
 
 
 def _without_room(view: NodeView, need: int, gpus: int) -> Verdict:
@@ -442,10 +535,10 @@ def _without_room(view: NodeView, need: int, gpus: int) -> Verdict:
 
 def _search(view: NodeView, k: int, policy: str, gpus: int) -> Chosen:
     """judge's set search for the GPUs from k on in the view's free order (at least N of them, healthy, with
-    room): _scan's answer, as the score needs it. When the GPU indices are 0..G-1 (index = position) and the
-    node's sets are few enough, the GPUs with room are a bit mask tested against the sets kept per mask
-    (_closest), and the policy's choice among the closest fitting sets is _scan's min written out (the same sums
-    of the same fractions in the same order: the same floats, the same ties)."""
+    room): _scan's answer, as the score needs it (see Found; False: the general path). When the GPU indices are
+    0..G-1 (index = position) and the node's sets are few enough, the GPUs with room are a bit mask tested against
+    the sets kept per mask (_closest), and the policy's choice among the closest fitting sets is _scan's min
+    written out (the same sums of the same fractions in the same order: the same floats, the same ties)."""
     rows, topo = view.rows, view.topo
     pairs = gpus * (gpus - 1) // 2
     plan = None if isinstance(topo, int) else _plan(topo, gpus)
@@ -472,9 +565,9 @@ def _search(view: NodeView, k: int, policy: str, gpus: int) -> Chosen:
         if quick is not None and quick is not _NOT_QUICK:
             d, positions = quick
     if d < 0:
-        return None
+        return False
     close = TOPOLOGY_WEIGHT * (1 - d / (FAR * pairs) if pairs else 1.0)
-    return close, tuple((rows[i][6], rows[i][3]) for i in positions)
+    return (close, *chain.from_iterable((rows[i][6], rows[i][3]) for i in positions))
 
 
 def choose(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None, compute: int,

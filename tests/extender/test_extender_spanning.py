@@ -483,9 +483,10 @@ def test_the_tables_of_one_n_refreshed_together_hold_fresh_verdicts(ratio, ops):
         check()
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
 @pytest.mark.parametrize("ratio", [None, Fraction(1), Fraction(3, 2)])
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_spanning_cells_filled_in_one_call_per_table_hold_fresh_verdicts(ratio, seed):
+def test_spanning_cells_filled_in_one_call_per_table_hold_fresh_verdicts(ratio, seed, native, monkeypatch):
     """A spanning table that no longer shares verdicts by shape fills the cells a request finds empty in one
     spanning.judge call, each node with the set searches kept for its view (made by the refresh at its last change
     or by fills of other sizes of that N and policy). Over 96 nodes of distinct shapes (random use in whole GiB:
@@ -493,9 +494,15 @@ def test_spanning_cells_filled_in_one_call_per_table_hold_fresh_verdicts(ratio, 
     topologies), requests for random halves of the nodes and random keys (sizes, both policies, a compute share, a
     limit signature) interleaved with binds on 1, 2 and 4 GPUs, releases and inventory changes, with the limit cap
     off, at 1 and at 1.5: every verdict the memo answers is decisions.verdict on the node's view with nothing
-    kept. A set search kept past a change of its view, or shared with another node, would answer a stale score."""
+    kept. A set search kept past a change of its view, or shared with another node, would answer a stale score.
+    With the native scores (_nameids.span_scores and span_scores_each, the memo's refresh and fills) and with the
+    Python reference alone (a build without the C module)."""
+    from memslice.scheduler_extender.index import nameids
     from memslice.scheduler_extender.index.fitmemo import SHARE_TRIAL, FitMemo, compute_of, gpus_of
     from memslice.scheduler_extender.placement.state import Charge
+
+    if not native:
+        monkeypatch.setattr(nameids, "_native", None)
 
     rng = random.Random(seed)
     state = ClusterState()
@@ -536,6 +543,7 @@ def test_spanning_cells_filled_in_one_call_per_table_hold_fresh_verdicts(ratio, 
             for policy in ("binpack", "spread")]
     keys += [(2 * GIB, "binpack", (), 30, 2), (4 * GIB, "binpack", limited.limit_sig() if ratio else (), 0, 2)]
     memo = FitMemo(state, ratio)
+    assert (memo._index.span_scores_each is not None) == native
     asked: dict[tuple, set[str]] = {}
 
     def check() -> None:

@@ -305,3 +305,136 @@ def test_host_priorities_refuse_bad_ids_and_arrays() -> None:
         assert NATIVE.hosts_json(bad, native.pack([0]), kinds, scores, 1) is None, bad
     with pytest.raises(TypeError):
         NATIVE.hosts_json("[]", b"", kinds, scores, 1)  # a str is not bytes
+
+
+# ------------------------------------------------------------------ scores of pods spanning GPUs (issue 34)
+
+_EXACT = 1 << 52  # span_scores answers None beyond it (ints no longer exact as doubles): the reference answers
+
+
+def _chosen_sets(gpus: int) -> st.SearchStrategy[Any]:
+    """A set search's answer as spanning.Found keeps it: None, False or (closeness, free, MiB per GPU...); the
+    MiB and free MiB as the memo's views hold them (whole GiB, ties), and now and then odd values (0 MiB,
+    beyond the exact range, non-finite closeness)."""
+    mib = st.one_of(st.integers(1, 80).map(lambda g: g * 1024), st.integers(0, 81920), st.integers(-5, 5),
+                    st.sampled_from([_EXACT - 1, _EXACT, -_EXACT, 2**64]))
+    close = st.one_of(st.sampled_from([0.75, 0.5, 0.625, 0.0]), st.floats(allow_nan=True, allow_infinity=True))
+    sets = st.tuples(close, st.lists(st.tuples(mib, mib), min_size=gpus, max_size=gpus)).map(
+        lambda t: (t[0], *itertools.chain.from_iterable(t[1])))
+    return st.one_of(st.none(), st.just(False), sets)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from([2, 3, 4, 8]), st.booleans(), st.data())
+def test_span_scores_answer_what_the_python_reference_answers(gpus: int, spread: bool, data: st.DataObject) -> None:
+    """_nameids.span_scores (the memo's refresh and fills of spanning tables) gives, need by need, the code
+    spanning.scores gives (a score 0..10 or NO_ROOM/UNSEARCHED/GENERAL), float for float and tie for tie; it
+    answers None only where a value is outside what it computes exactly (the memo then asks the reference)."""
+    from memslice.scheduler_extender.placement import spanning
+
+    keys = tuple(sorted(data.draw(st.lists(st.one_of(st.integers(0, 80).map(lambda g: g * 1024),
+                                                     st.integers(-10, 90000)), max_size=10))))
+    if data.draw(st.integers(0, 9)) == 0:
+        keys = (*keys, data.draw(st.sampled_from([_EXACT, 2**70])))
+    chosen = data.draw(st.lists(_chosen_sets(gpus), min_size=len(keys) + 1, max_size=len(keys) + 1))
+    needs = data.draw(st.lists(st.one_of(st.integers(1, 40).map(lambda g: g * 1024), st.integers(-5, 90000),
+                                         st.sampled_from([_EXACT, 2**63])), max_size=12))
+    got = NATIVE.span_scores(keys, chosen, needs, gpus, spread)
+    want = spanning.scores(keys, chosen, needs, gpus, spread)
+    if got is None:  # only where an int is outside the exact range
+        values = [*keys, *needs, *(v for c in chosen if isinstance(c, tuple) for v in c[1:])]
+        assert any(abs(v) >= _EXACT for v in values)
+    else:
+        assert got == want
+        assert NATIVE.span_scores(keys, chosen, tuple(needs), gpus, spread) == want
+
+
+def test_span_scores_on_a_view_answer_the_verdicts_of_decisions() -> None:
+    """On real views (8 GPUs, NVLink pairs and PCIe switches, random use in whole GiB: ties), the memo's codes with
+    the native scores and with the reference alone resolve to decisions.verdict's verdict for every size."""
+    from memslice.contract import Gpu, Inventory
+    from memslice.scheduler_extender.placement import decisions, spanning
+    from memslice.scheduler_extender.placement.state import Charge, ClusterState
+
+    rng = random.Random(34)
+    state = ClusterState()
+    gib = 1024
+    for n in range(40):
+        gpus = tuple(Gpu(f"n{n}-G{i}", i, "Sim", 80 * gib, i // 4, True, nvlink=(i ^ 1,), pcie=f"sw{i // 4}")
+                     for i in range(8))
+        state.upsert_node({"metadata": {"name": f"n{n}", "annotations": Inventory(1, gpus).format()}})
+        for h in range(rng.randint(0, 12)):
+            state.hold(f"h{n}-{h}", Charge(f"n{n}-G{rng.randrange(8)}", f"n{n}", rng.choice((4, 8, 16, 20)) * gib,
+                                           0, None))
+    needs = [g * gib for g in (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 40, 70)]
+    for n in range(40):
+        view = state.view(f"n{n}")
+        assert view is not None
+        for count in (2, 4):
+            for policy in ("binpack", "spread"):
+                native = spanning.codes(view, needs, policy, count, {}, NATIVE.span_scores)
+                assert native == spanning.codes(view, needs, policy, count, {})
+                for need, code in zip(needs, native, strict=True):
+                    spanning.forget_quick()
+                    want = decisions.verdict(view, need, policy, None, 0, count)
+                    assert spanning.resolve(view, need, policy, count, code) == want, (n, need, count, policy)
+
+
+def test_span_scores_refuse_bad_arguments_not_crash() -> None:
+    chosen = [(0.75, 8192, 81920, 4096, 81920), None, False]
+    assert NATIVE.span_scores((1024, 8192), chosen, [1024, 4096, 9000], 2, False) == b"\x0a\xf0\xf0"
+    assert NATIVE.span_scores((1024, 8192), chosen, [4096, 9000], 1, False) == b"\xf1\xf0"
+    assert NATIVE.span_scores((1024, 8192, 9000), [None, None, False, None], [9000], 1, False) == b"\xf2"
+    assert NATIVE.span_scores((1024, 8192), chosen, [], 2, True) == b""
+    with pytest.raises(ValueError, match="gpus 0 outside 1..64"):
+        NATIVE.span_scores((1024, 8192), chosen, [1024], 0, False)
+    with pytest.raises(ValueError, match="gpus 65 outside"):
+        NATIVE.span_scores((1024, 8192), chosen, [1024], 65, False)
+    with pytest.raises(TypeError, match="not None, False or a tuple of 3 items"):  # the set of 2 GPUs asked as 1
+        NATIVE.span_scores((1024, 8192), chosen, [1024], 1, False)
+    with pytest.raises(IndexError, match="k 1 outside the chosen sets"):
+        NATIVE.span_scores((1024, 8192), chosen[:1], [2048], 1, False)
+    with pytest.raises(TypeError, match="closeness is not a float"):
+        NATIVE.span_scores((1024, 8192), [("x", 1, 1, 1, 1), None, None], [1024], 2, False)
+    with pytest.raises(TypeError):
+        NATIVE.span_scores([1024, 8192], chosen, [1024], 2, False)  # keys: a tuple
+    with pytest.raises(TypeError):
+        NATIVE.span_scores((1024, 8192), tuple(chosen), [1024], 2, False)  # chosen: a list
+    with pytest.raises(TypeError, match="needs must be a list or a tuple"):
+        NATIVE.span_scores((1024, 8192), chosen, 1024, 2, False)
+    assert NATIVE.span_scores((1024, "8192"), chosen, [1024], 2, False) is None  # not ints: the reference's
+    assert NATIVE.span_scores((1024, 8192), chosen, [True], 2, False) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([2, 4]), st.booleans(), st.data())
+def test_span_scores_each_answers_span_scores_node_by_node(gpus: int, spread: bool, data: st.DataObject) -> None:
+    """_nameids.span_scores_each (a fill: one size on many nodes) is span_scores on each node; None when any node's
+    values are outside the exact range, as span_scores then answers for that node."""
+    nodes = data.draw(st.lists(st.lists(st.integers(0, 80).map(lambda g: g * 1024), max_size=8).map(
+        lambda ks: tuple(sorted(ks))), max_size=12))
+    chosen_of = [data.draw(st.lists(_chosen_sets(gpus), min_size=len(k) + 1, max_size=len(k) + 1)) for k in nodes]
+    need = data.draw(st.one_of(st.integers(1, 40).map(lambda g: g * 1024), st.sampled_from([0, _EXACT])))
+    got = NATIVE.span_scores_each(list(nodes), chosen_of, need, gpus, spread)
+    each = [NATIVE.span_scores(k, c, (need,), gpus, spread) for k, c in zip(nodes, chosen_of, strict=True)]
+    if got is None:
+        assert any(e is None for e in each) or need >= _EXACT
+    else:
+        assert got == b"".join(each)  # type: ignore[arg-type]
+
+
+def test_span_scores_each_refuses_bad_arguments_not_crash() -> None:
+    chosen = [(0.75, 8192, 81920, 4096, 81920), None, False]
+    assert NATIVE.span_scores_each([(1024, 8192), ()], [chosen, [None]], 1024, 2, False) == b"\x0a\xf0"
+    assert NATIVE.span_scores_each([], [], 1024, 2, False) == b""
+    with pytest.raises(ValueError, match="1 keys for 2 chosen lists"):
+        NATIVE.span_scores_each([(1024, 8192)], [chosen, chosen], 1024, 2, False)
+    with pytest.raises(ValueError, match="gpus 99 outside"):
+        NATIVE.span_scores_each([(1024, 8192)], [chosen], 1024, 99, False)
+    with pytest.raises(TypeError, match="node 1's keys are not a tuple"):
+        NATIVE.span_scores_each([(1024, 8192), [1024]], [chosen, chosen], 1024, 2, False)
+    with pytest.raises(TypeError, match="node 0's keys are not a tuple or its chosen sets not a list"):
+        NATIVE.span_scores_each([(1024, 8192)], [tuple(chosen)], 1024, 2, False)
+    with pytest.raises(IndexError, match="outside the chosen sets"):
+        NATIVE.span_scores_each([(1024, 8192)], [[]], 1024, 2, False)
+    assert NATIVE.span_scores_each([(1024, 8192)], [chosen], 2**60, 2, False) is None
