@@ -31,7 +31,7 @@ package, e.g. main's). BENCH_PYSPY=file records the extender with py-spy (BENCH_
 BENCH_PYSPY_SCOPE=bands: only while the bands' pods are scheduled, the steady state without start-up and
 warm-up; each band overwrites the file). BENCH_PERF=file records the extender's threads with `perf record -g`
 while each band's pods are scheduled (C and kernel frames: what py-spy, GIL holders only, leaves out; each band
-overwrites the file). BENCH_CALLGRIND=1 runs the extender under valgrind's callgrind with collection off, and
+overwrites the file). BENCH_CALLGRIND=1 runs the extender under valgrind's callgrind with instrumentation off, and
 on only while each band's pods are scheduled: the band then reports `instructions_per_pod` (the extender's,
 all threads, load-independent; the run is ~50× slower, so its wall-clock figures say nothing) and leaves the
 dump in the run's directory (its path in `callgrind_file`; kept). BENCH_BREAKDOWN=1: each band also reports
@@ -291,13 +291,18 @@ def serve_extender(gc_log: str, argv: list[str]) -> int:
 
     log = open(gc_log, "a", buffering=1)  # noqa: SIM115 - open for the process's life
     started = [0.0, 0.0]
+    gc_cpu: dict[str, list[float]] = {}  # generation -> [CPU seconds, collections] (BENCH_BREAKDOWN)
 
     def on_gc(phase: str, info: dict) -> None:
         # wall ms (includes the process being descheduled on a loaded machine) and the collecting thread's
         # CPU ms (the collection itself: it holds the GIL throughout)
         if phase == "start":
             started[0], started[1] = time.perf_counter(), time.thread_time()
-        elif (ms := (time.perf_counter() - started[0]) * 1000) >= 1.0 or info["generation"] == 2:
+            return
+        spent = gc_cpu.setdefault(f"gc, generation {info['generation']}", [0.0, 0])
+        spent[0] += time.thread_time() - started[1]
+        spent[1] += 1
+        if (ms := (time.perf_counter() - started[0]) * 1000) >= 1.0 or info["generation"] == 2:
             log.write(f"{ms:.2f} {info['generation']} {(time.thread_time() - started[1]) * 1000:.2f}\n")
 
     gc.callbacks.append(on_gc)
@@ -318,7 +323,7 @@ def serve_extender(gc_log: str, argv: list[str]) -> int:
         timeline = install_timeline()
 
         def dump(*_: object) -> None:
-            Path(gc_log + ".breakdown.tmp").write_text(json.dumps({**acct(), "timeline": timeline()}))
+            Path(gc_log + ".breakdown.tmp").write_text(json.dumps({**acct(), **gc_cpu, "timeline": timeline()}))
             os.replace(gc_log + ".breakdown.tmp", gc_log + ".breakdown")
 
         signals.signal(signals.SIGUSR1, dump)
@@ -393,6 +398,7 @@ class Client:
         self.bind_latencies: list[float] = []
         self.bind_errors: list[str] = []
         self.last_sent = self.last_answered = 0.0  # the last serial call's (perf_counter)
+        self.redialed = 0  # idle bind connections the extender closed, dialed again
 
     def _connect(self) -> socket.socket:
         sock = socket.create_connection(self.addr, timeout=60)
@@ -435,7 +441,17 @@ class Client:
 
     def _bind_answer(self, sock: socket.socket) -> None:
         answers, t0 = self.sel.get_key(sock).data
-        for status, raw in answers.feed(sock.recv(RECV_BYTES)):
+        data = sock.recv(RECV_BYTES)
+        if not data and sock not in self.busy:  # an idle connection the extender closed: dial again, as Go does
+            self.sel.unregister(sock)
+            self.idle.remove(sock)
+            sock.close()
+            fresh = self._connect()
+            self.sel.register(fresh, selectors.EVENT_READ, [_Answers(), 0.0])
+            self.idle.append(fresh)
+            self.redialed += 1
+            return
+        for status, raw in answers.feed(data):
             self.bind_latencies.append(time.perf_counter() - t0)
             res = orjson.loads(raw)
             if status != 200 or res.get("Error"):
@@ -575,7 +591,7 @@ class Bench:
                 "--log-level", "warning"]
         if os.environ.get("BENCH_CALLGRIND"):
             self.callgrind_out = Path(tempfile.mkdtemp(prefix="bench-callgrind-")) / "callgrind.out"
-            argv = ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--dump-instr=no",
+            argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--dump-instr=no",
                     f"--callgrind-out-file={self.callgrind_out}", *argv]
         t0 = time.monotonic()
         self.ext = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
@@ -626,7 +642,7 @@ class Bench:
         """(instructions, file) of the newest callgrind dump (its `totals:` line)."""
         dumps = sorted(self.callgrind_out.parent.glob("callgrind.out*"), key=lambda f: f.stat().st_mtime)
         for line in dumps[-1].read_text().splitlines():
-            if line.startswith("totals:") or line.startswith("summary:"):
+            if line.startswith("totals:"):  # every thread's (the dump's "summary:" may say 0)
                 return int(line.split()[1]), str(dumps[-1])
         raise RuntimeError(f"no totals in {dumps[-1]}")
 
@@ -1116,8 +1132,9 @@ def run(args: argparse.Namespace) -> dict:
         names = [f"node-{n:05d}" for n in range(args.nodes)]
         k = min(args.filter_nodes, len(names)) or len(names)
         rng = random.Random(args.seed + 1)
-        bench.warm_bytecode()
-        sync_s = bench.start_extender()
+        tree = getattr(args, "tree", None)
+        bench.warm_bytecode(tree)
+        sync_s = bench.start_extender(tree)
         first_cpu = bench.start_cpu_s
         if args.warmup:  # the memo's first pass over each pod size and node, before anything is measured
             pods = bench.cmd(f"pending warmup {args.warmup}")
@@ -1153,7 +1170,7 @@ def run(args: argparse.Namespace) -> dict:
         restart = None
         if args.restart:
             bench.stop_extender()
-            first_s = bench.start_extender()
+            first_s = bench.start_extender(tree)
             rss_after = rss_kib(bench.ext.pid)[0] / 1024  # type: ignore[union-attr]
             pods = bench.cmd(f"pending restart {max(args.per_band // 3, 1)}")
             figures = schedule(bench, pods, names, k, rng)
@@ -1235,6 +1252,9 @@ def main() -> int:
                    help="only restarts: prefill to FRACTION (0.15: ~43,000 pods at 5,000 nodes), then start the "
                         "extender --restarts times and time each to its first answered filter")
     p.add_argument("--restarts", type=int, default=3, help="starts with --restart-at (per tree)")
+    p.add_argument("--tree", default=None, metavar="DIR",
+                   help="run the extender from this tree of the package (its PYTHONPATH: a copy at another commit, "
+                        "for runs alternated with this tree's)")
     p.add_argument("--alt-pythonpath", default=None, metavar="DIR",
                    help="with --restart-at: alternate with the package tree in DIR (e.g. a copy of main's)")
     p.add_argument("--multi-gpu", default="0", metavar="PCT[,PCT...]",
