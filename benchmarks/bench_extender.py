@@ -314,6 +314,7 @@ def serve_extender(gc_log: str, argv: list[str]) -> int:
 
         app.VERBS_LIMITS = dataclasses.replace(app.VERBS_LIMITS, idle_s=3600.0, head_s=600.0, answer_s=600.0)
         server.BODY_TIMEOUT_S = server.ANSWER_TIMEOUT_S = server.WAIT_S = 600.0  # valgrind runs one thread at a time
+        server._Handler.timeout = 3600  # the connections' socket timeout (an idle keep-alive's read)
     if os.environ.get("BENCH_BREAKDOWN"):  # each activity's thread CPU, written to gc_log.breakdown on SIGUSR1
         import signal as signals
 
