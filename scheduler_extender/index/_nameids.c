@@ -691,9 +691,10 @@ done:
  * one >= 0x7F (the name's closing quote, or what makes it no plain name); `end` when there is none. Why eight
  * bytes at a time: every name of a 5,000-name filter is checked twice per pod (filter's lookups, prioritize's
  * answer), byte by byte ~8 instructions each (benchmarks/README.md, "Where each pod's time goes"); a word with
- * none of those bytes is passed in a dozen, and a word with one is looked at byte by byte. Each test tells
- * exactly whether some byte of the word qualifies (the bit tricks' false positives only misplace, and the
- * byte loop finds the place). Reads stay below `end`. */
+ * none of those bytes is passed in a dozen. Each test flags every byte that qualifies, and may flag bytes above
+ * (later in memory) a flagged one, never one below: borrows and carries run upwards from a byte that
+ * qualifies. So the lowest flag of a little-endian word is the first byte that ends the name; elsewhere, and
+ * for the last bytes of the buffer, byte by byte. Reads stay below `end`. */
 static const char *plain_run_end(const char *p, const char *end) {
     const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
     while (end - p >= 8) {
@@ -704,8 +705,13 @@ static const char *plain_run_end(const char *p, const char *end) {
                         | ((b - ones) & ~b)             /* a backslash */
                         | ((w - ones * 0x20u) & ~w)     /* a byte below 0x20 */
                         | ((w + ones) | w);             /* a byte above 0x7E */
-        if (stop & highs)
+        if (stop & highs) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+            return p + (__builtin_ctzll(stop & highs) >> 3);
+#else
             break;
+#endif
+        }
         p += 8;
     }
     for (; p < end; p++) {
