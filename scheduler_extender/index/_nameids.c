@@ -51,6 +51,7 @@ static PyObject *nameids_join(PyObject *module, PyObject *args);
 static PyObject *nameids_same(PyObject *module, PyObject *args);
 static PyObject *nameids_hosts_json(PyObject *module, PyObject *args);
 static const char *plain_run_end(const char *p, const char *end);
+static char *copy_name(char *o, const char *p, size_t n);
 PyMODINIT_FUNC PyInit__nameids(void);
 
 /* Why seeded: the names come from Node objects, and a hash an outsider can predict would let chosen names
@@ -67,7 +68,8 @@ static uint32_t hash_bytes(uint64_t seed, const char *p, size_t n) {
         n -= 8;
     }
     uint64_t w = 0;
-    memcpy(&w, p, n);
+    for (size_t i = 0; i < n; i++) /* the last 0-7 bytes: inline, not a call to memcpy per name */
+        w |= (uint64_t)(unsigned char)p[i] << (8 * i);
     h = (h ^ w) * 0xC4CEB9FE1A85EC53ull;
     h ^= h >> 29;
     h *= 0xFF51AFD7ED558CCDull;
@@ -662,8 +664,7 @@ static PyObject *nameids_hosts_json(PyObject *module, PyObject *args) {
         p = plain_run_end(p, end);
         if (p >= end || *p != '"')
             goto none;
-        memcpy(o, start, (size_t)(p - start));
-        o += p - start;
+        o = copy_name(o, start, (size_t)(p - start));
         memcpy(o, score, sizeof score - 1);
         o = put_score(o + sizeof score - 1, sc[id]);
         *o++ = '}';
@@ -720,6 +721,17 @@ static const char *plain_run_end(const char *p, const char *end) {
             return p;
     }
     return end;
+}
+
+/* The n bytes at p copied to o; where they end there. Why not memcpy: a node name is ~10 bytes, and a libc call
+ * per name (its size dispatch) cost more than the copy, 5,000 times per prioritize (callgrind). */
+static char *copy_name(char *o, const char *p, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        memcpy(o + i, p + i, 8); /* a constant size: one load and one store */
+    for (; i < n; i++)
+        o[i] = p[i];
+    return o + n;
 }
 
 static PyMethodDef index_methods[] = {
