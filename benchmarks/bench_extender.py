@@ -29,7 +29,15 @@ over-committed GPUs). `--restart-at FRACTION` only restarts, on a
 cluster prefilled to FRACTION, `--restarts` times, alternating with `--alt-pythonpath` (another tree of the
 package, e.g. main's). BENCH_PYSPY=file records the extender with py-spy (BENCH_PYSPY_RATE: samples/s, 250;
 BENCH_PYSPY_SCOPE=bands: only while the bands' pods are scheduled, the steady state without start-up and
-warm-up; each band overwrites the file).
+warm-up; each band overwrites the file). BENCH_PERF=file records the extender's threads with `perf record -g`
+while each band's pods are scheduled (C and kernel frames: what py-spy, GIL holders only, leaves out; each band
+overwrites the file). BENCH_CALLGRIND=1 runs the extender under valgrind's callgrind with instrumentation off, and
+on only while each band's pods are scheduled: the band then reports `instructions_per_pod` (the extender's,
+all threads, load-independent; the run is ~50× slower, so its wall-clock figures say nothing) and leaves the
+dump in the run's directory (its path in `callgrind_file`; kept). BENCH_BREAKDOWN=1: each band also reports
+the extender's thread CPU per pod by activity (`breakdown_cpu_ms_per_pod`: each verb's handling, the connection
+threads in all, the watch events; bench_real_scheduler.install_breakdown), which a loaded machine's waits leave
+out.
 The extender's modules are compiled into a bytecode cache of the run's own before any start is timed, as an
 image's install compiles them (a shell's PYTHONDONTWRITEBYTECODE would otherwise make every start of an
 editable install compile our sources again).
@@ -79,6 +87,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from operator import itemgetter
@@ -230,6 +239,50 @@ def serve_standin(args: argparse.Namespace) -> None:
     cluster.kube.stop()
 
 
+def install_timeline() -> Any:
+    """BENCH_BREAKDOWN: when each request's head was read, its verb began and ended, and its answer was written
+    (time.perf_counter: CLOCK_MONOTONIC, the client's clock too), per request; returns a function that hands
+    over (and forgets) those recorded since its last call: [[verb, head, verb start, verb end, sent], ...]."""
+    from memslice import lean_http
+    from memslice.scheduler_extender.edge import server
+
+    rows: list[list[Any]] = []
+    local = threading.local()
+    read_head, handle_verb, send_all = (lean_http.LeanRequestHandler._read_head, server._Handler._handle_verb,
+                                        lean_http.LeanRequestHandler.send_all)
+
+    def timed_head(self: Any) -> Any:
+        local.row = [None, time.perf_counter(), 0.0, 0.0, 0.0]
+        return read_head(self)
+
+    def timed_verb(self: Any, verb: str) -> int:
+        row = getattr(local, "row", None) or [None, 0.0, 0.0, 0.0, 0.0]
+        row[0], row[2] = verb, time.perf_counter()
+        try:
+            return handle_verb(self, verb)
+        finally:
+            rows.append(row)
+
+    def timed_send(self: Any, *a: Any) -> None:
+        row = getattr(local, "row", None)
+        if row is not None:
+            row[3] = time.perf_counter()
+        send_all(self, *a)
+        if row is not None:
+            row[4] = time.perf_counter()
+
+    lean_http.LeanRequestHandler._read_head = timed_head  # type: ignore[method-assign]
+    server._Handler._handle_verb = timed_verb  # type: ignore[method-assign]
+    lean_http.LeanRequestHandler.send_all = timed_send  # type: ignore[method-assign]
+
+    def take() -> list[list[Any]]:
+        out = rows[:]
+        del rows[:len(out)]
+        return out
+
+    return take
+
+
 def serve_extender(gc_log: str, argv: list[str]) -> int:
     """Child process: the extender, with every garbage collection's pause appended to `gc_log` (ms, gen)."""
     import gc
@@ -238,16 +291,43 @@ def serve_extender(gc_log: str, argv: list[str]) -> int:
 
     log = open(gc_log, "a", buffering=1)  # noqa: SIM115 - open for the process's life
     started = [0.0, 0.0]
+    gc_cpu: dict[str, list[float]] = {}  # generation -> [CPU seconds, collections] (BENCH_BREAKDOWN)
 
     def on_gc(phase: str, info: dict) -> None:
         # wall ms (includes the process being descheduled on a loaded machine) and the collecting thread's
         # CPU ms (the collection itself: it holds the GIL throughout)
         if phase == "start":
             started[0], started[1] = time.perf_counter(), time.thread_time()
-        elif (ms := (time.perf_counter() - started[0]) * 1000) >= 1.0 or info["generation"] == 2:
+            return
+        spent = gc_cpu.setdefault(f"gc, generation {info['generation']}", [0.0, 0])
+        spent[0] += time.thread_time() - started[1]
+        spent[1] += 1
+        if (ms := (time.perf_counter() - started[0]) * 1000) >= 1.0 or info["generation"] == 2:
             log.write(f"{ms:.2f} {info['generation']} {(time.thread_time() - started[1]) * 1000:.2f}\n")
 
     gc.callbacks.append(on_gc)
+    if os.environ.get("BENCH_CALLGRIND"):  # ~50x slower: the client's idle bind connections would pass idle_s
+        import dataclasses
+
+        from memslice.scheduler_extender import app
+        from memslice.scheduler_extender.edge import server
+
+        app.VERBS_LIMITS = dataclasses.replace(app.VERBS_LIMITS, idle_s=3600.0, head_s=600.0, answer_s=600.0)
+        server.BODY_TIMEOUT_S = server.ANSWER_TIMEOUT_S = server.WAIT_S = 600.0  # valgrind runs one thread at a time
+        server._Handler.timeout = 3600  # the connections' socket timeout (an idle keep-alive's read)
+    if os.environ.get("BENCH_BREAKDOWN"):  # each activity's thread CPU, written to gc_log.breakdown on SIGUSR1
+        import signal as signals
+
+        from bench_real_scheduler import install_breakdown
+
+        acct = install_breakdown(requests=True)
+        timeline = install_timeline()
+
+        def dump(*_: object) -> None:
+            Path(gc_log + ".breakdown.tmp").write_text(json.dumps({**acct(), **gc_cpu, "timeline": timeline()}))
+            os.replace(gc_log + ".breakdown.tmp", gc_log + ".breakdown")
+
+        signals.signal(signals.SIGUSR1, dump)
     if not os.environ.get("BENCH_PROFILE"):
         return cli_main(argv)
     import cProfile  # BENCH_PROFILE=path: where the extender's CPU goes, for pstats
@@ -318,6 +398,8 @@ class Client:
         self.queued: deque[bytes] = deque()  # binds waiting for a free connection
         self.bind_latencies: list[float] = []
         self.bind_errors: list[str] = []
+        self.last_sent = self.last_answered = 0.0  # the last serial call's (perf_counter)
+        self.redialed = 0  # idle bind connections the extender closed, dialed again
 
     def _connect(self) -> socket.socket:
         sock = socket.create_connection(self.addr, timeout=60)
@@ -329,6 +411,7 @@ class Client:
         are taken in."""
         sent = body if isinstance(body, bytes) else orjson.dumps(body)
         t0 = time.perf_counter()
+        self.last_sent = t0
         self.serial.sendall(_request(verb, sent))
         while True:
             readable, _, _ = select.select([self.serial, *self.busy], [], [], 60)
@@ -339,7 +422,8 @@ class Client:
                     self._bind_answer(sock)
             if self.serial in readable and (answers := self.serial_answers.feed(self.serial.recv(RECV_BYTES))):
                 status, data = answers[0]
-                dt = time.perf_counter() - t0
+                self.last_answered = time.perf_counter()
+                dt = self.last_answered - t0
                 if status != 200:
                     raise RuntimeError(f"{verb}: HTTP {status} {data[:200]!r}")
                 return dt, data if raw else orjson.loads(data)
@@ -358,7 +442,17 @@ class Client:
 
     def _bind_answer(self, sock: socket.socket) -> None:
         answers, t0 = self.sel.get_key(sock).data
-        for status, raw in answers.feed(sock.recv(RECV_BYTES)):
+        data = sock.recv(RECV_BYTES)
+        if not data and sock not in self.busy:  # an idle connection the extender closed: dial again, as Go does
+            self.sel.unregister(sock)
+            self.idle.remove(sock)
+            sock.close()
+            fresh = self._connect()
+            self.sel.register(fresh, selectors.EVENT_READ, [_Answers(), 0.0])
+            self.idle.append(fresh)
+            self.redialed += 1
+            return
+        for status, raw in answers.feed(data):
             self.bind_latencies.append(time.perf_counter() - t0)
             res = orjson.loads(raw)
             if status != 200 or res.get("Error"):
@@ -456,6 +550,7 @@ class Bench:
         self.gc_seen = 0
         self.ext: subprocess.Popen | None = None
         self.spy: subprocess.Popen | None = None
+        self.callgrind_out = self.tmp / "callgrind.out"
         self.port = 0
         self.start_cpu_s = 0.0
         url = json.loads(self.read_standin())["url"]
@@ -495,6 +590,10 @@ class Bench:
         argv = [sys.executable, __file__, "--_extender", str(self.gc_log), "extender",
                 "--kubeconfig", str(self.kubeconfig), "--address", "127.0.0.1", "--port", "0",
                 "--log-level", "warning"]
+        if os.environ.get("BENCH_CALLGRIND"):
+            self.callgrind_out = Path(tempfile.mkdtemp(prefix="bench-callgrind-")) / "callgrind.out"
+            argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--dump-instr=no",
+                    f"--callgrind-out-file={self.callgrind_out}", *argv]
         t0 = time.monotonic()
         self.ext = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
         if os.environ.get("BENCH_PYSPY") and os.environ.get("BENCH_PYSPY_SCOPE") != "bands":
@@ -512,7 +611,7 @@ class Bench:
             if not answer.get("Error"):  # type: ignore[union-attr]
                 self.start_cpu_s = cpu_s(self.ext.pid)
                 return time.monotonic() - t0
-            if time.monotonic() - t0 > 600:
+            if time.monotonic() - t0 > (3000 if os.environ.get("BENCH_CALLGRIND") else 600):
                 raise TimeoutError("the extender did not sync in 600 s")
             time.sleep(0.01)
 
@@ -524,6 +623,43 @@ class Bench:
         return subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--nonblocking",
                                  "-r", rate, "-f", "raw", "-g", "-o", os.environ["BENCH_PYSPY"],
                                  "--pid", str(self.ext.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def perf(self) -> subprocess.Popen:
+        """`perf record -g` of the extender's threads into BENCH_PERF until SIGINT (the threads must exist: the
+        client's connections are made before)."""
+        assert self.ext is not None
+        return subprocess.Popen(["perf", "record", "-F", "1999", "-g", "-o", os.environ["BENCH_PERF"],
+                                 "-p", str(self.ext.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def callgrind(self, what: str) -> None:
+        """callgrind_control on the extender: `zero_on` (counts zeroed, collection on), `dump_off`."""
+        assert self.ext is not None
+        steps = [["-z"], ["-i", "on"]] if what == "zero_on" else [["-i", "off"], ["-d"]]
+        for step in steps:
+            subprocess.run(["callgrind_control", *step, str(self.ext.pid)], check=True, timeout=600,
+                           stdout=subprocess.DEVNULL)
+
+    def callgrind_instructions(self) -> tuple[int, str]:
+        """(instructions, file) of the newest callgrind dump (its `totals:` line)."""
+        dumps = sorted(self.callgrind_out.parent.glob("callgrind.out*"), key=lambda f: f.stat().st_mtime)
+        for line in dumps[-1].read_text().splitlines():
+            if line.startswith("totals:"):  # every thread's (the dump's "summary:" may say 0)
+                return int(line.split()[1]), str(dumps[-1])
+        raise RuntimeError(f"no totals in {dumps[-1]}")
+
+    def breakdown(self) -> dict[str, list[float]]:
+        """BENCH_BREAKDOWN: the extender's thread CPU per activity so far ({activity: [seconds, calls]}), asked
+        by SIGUSR1 (its main thread answers within a second)."""
+        assert self.ext is not None
+        out = Path(str(self.gc_log) + ".breakdown")
+        before = out.stat().st_mtime_ns if out.exists() else 0
+        self.ext.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 30
+        while not out.exists() or out.stat().st_mtime_ns == before:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the extender wrote no breakdown in 30 s")
+            time.sleep(0.02)
+        return json.loads(out.read_text())
 
     def stop_extender(self) -> None:
         if self.ext is not None:
@@ -774,25 +910,34 @@ def schedule(bench: Bench, pods: list[dict], names: list[str], k: int, rng: rand
     if getattr(bench.args, "client", "python") == "go":
         return schedule_go(bench, pods, names, k, rng)
     pid = bench.ext.pid
-    conn = Client("127.0.0.1", bench.port, bench.args.bind_workers)
     # The scheduler's side of the work that is not the extender's (its own filters choosing the candidate
     # nodes, encoding the pod) is done before the clock starts: kube-scheduler does it in Go, and on this
     # 2-core machine the client's Python would otherwise compete with the extender for CPU.
     filter_bodies = [orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": rng.sample(names, k)}) for pod in pods]
     pod_json = [orjson.dumps(pod) for pod in pods]
+    # connected after the bodies are encoded: encoding thousands of them may take longer than the extender
+    # keeps an idle connection (30 s), and it would close them before the first call
+    conn = Client("127.0.0.1", bench.port, bench.args.bind_workers)
     lat_fp: list[float] = []
     lat_f: list[float] = []
     unschedulable = 0
     scrapers = start_scrapers(bench)
     spy = bench.record() if os.environ.get("BENCH_PYSPY") and os.environ.get("BENCH_PYSPY_SCOPE") == "bands" else None
-    if spy is not None:
+    perf = bench.perf() if os.environ.get("BENCH_PERF") else None
+    if spy is not None or perf is not None:
         time.sleep(0.5)  # py-spy attaches (the benchmark's own pause, before its clock starts)
+    if os.environ.get("BENCH_CALLGRIND"):
+        bench.callgrind("zero_on")
+    acct0 = bench.breakdown() if os.environ.get("BENCH_BREAKDOWN") else None
     bench.gc_pauses()
     (user0, sys0), t0 = cpu_split(pid), time.perf_counter()
     cpu0, client0, standin0 = user0 + sys0, time.process_time(), cpu_s(bench.standin.pid)
     waits0 = [runqueue_s(p) for p in (pid, os.getpid(), bench.standin.pid)]
+    steps: list[list[float]] = []  # per pod: filter sent, answered, prioritize sent, answered, bind sent
     for pod, filter_body, pod_text in zip(pods, filter_bodies, pod_json, strict=True):
         dt_f, res = conn.post("filter", filter_body, raw=True)
+        step = [conn.last_sent, conn.last_answered, 0.0, 0.0, 0.0]
+        steps.append(step)
         lat_f.append(dt_f)
         passed_json, hosts = passed_names(res)  # type: ignore[arg-type]
         if not hosts:
@@ -801,8 +946,10 @@ def schedule(bench: Bench, pods: list[dict], names: list[str], k: int, rng: rand
             continue
         body = b'{"Pod":' + pod_text + b',"Nodes":null,"NodeNames":' + passed_json + b"}"
         dt_p, answer = conn.post("prioritize", body, raw=True)
+        step[2], step[3] = conn.last_sent, conn.last_answered
         lat_fp.append(dt_f + dt_p)
         best = best_host(answer, hosts)  # type: ignore[arg-type]
+        step[4] = time.perf_counter()
         conn.bind({"PodName": pod["metadata"]["name"], "PodNamespace": pod["metadata"]["namespace"],
                    "PodUID": pod["metadata"]["uid"], "Node": best})
     conn.drain()
@@ -810,11 +957,70 @@ def schedule(bench: Bench, pods: list[dict], names: list[str], k: int, rng: rand
     client, standin = time.process_time() - client0, cpu_s(bench.standin.pid) - standin0
     waits = [runqueue_s(p) - w for p, w in zip((pid, os.getpid(), bench.standin.pid), waits0, strict=True)]
     scraped = stop_scrapers(scrapers, wall)
-    if spy is not None:
-        spy.send_signal(signal.SIGINT)
-        spy.wait(60)
-    return figures(bench, pods, lat_f, lat_fp, conn.bind_latencies, conn.bind_errors, unschedulable, wall,
+    for recorder in (spy, perf):
+        if recorder is not None:
+            recorder.send_signal(signal.SIGINT)
+            recorder.wait(60)
+    extra: dict[str, Any] = {}
+    if acct0 is not None:
+        acct1 = bench.breakdown()
+        rows = acct1.pop("timeline")
+        acct0.pop("timeline", None)
+        extra["breakdown_cpu_ms_per_pod"] = {
+            k: [round((v[0] - acct0.get(k, [0, 0])[0]) * 1000 / len(pods), 3), v[1] - acct0.get(k, [0, 0])[1]]
+            for k, v in sorted(acct1.items(), key=lambda kv: -kv[1][0])}
+        extra["timeline_ms"] = timeline(steps, rows)
+    if os.environ.get("BENCH_CALLGRIND"):
+        bench.callgrind("dump_off")
+        instructions, dump = bench.callgrind_instructions()
+        extra = {"instructions_per_pod": round(instructions / len(pods)), "callgrind_file": dump}
+    return extra | figures(bench, pods, lat_f, lat_fp, conn.bind_latencies, conn.bind_errors, unschedulable, wall,
                    (user1 + sys1 - cpu0, user1 - user0, sys1 - sys0), client, standin, waits, scraped)
+
+
+def timeline(steps: list[list[float]], rows: list[list[Any]]) -> dict[str, float]:
+    """Medians (ms) of each step of the serial chain per pod, from the client's timestamps (`steps`: filter
+    sent, answered, prioritize sent, answered, bind sent) and the extender's (`rows`, install_timeline: verb,
+    head read, verb began, answer began, answer written), matched by verb and time (one serial call at a
+    time). Steps: client → extender (the request sent until the extender has read its head: the wake-up of
+    its thread, the GIL, a CPU), the head until the verb (parsing), the verb (the body read and the work), the
+    answer written, extender → client (until the client has the whole answer), and the client's own steps."""
+    by_verb: dict[str, list[list[Any]]] = {"filter": [], "prioritize": []}
+    for row in rows:
+        if row[0] in by_verb and row[1]:
+            by_verb[row[0]].append(row)
+    for v in by_verb.values():
+        v.sort(key=lambda r: r[1])
+    segs: dict[str, list[float]] = {}
+
+    def add(key: str, value: float) -> None:
+        segs.setdefault(key, []).append(value * 1000)
+
+    def match(verb: str, sent: float, answered: float) -> list[Any] | None:
+        for row in by_verb[verb]:
+            if sent <= row[1] <= answered:
+                return row
+        return None
+
+    for i, (f_sent, f_done, p_sent, p_done, b_sent) in enumerate(steps):
+        if not p_sent:
+            continue
+        for verb, sent, done in (("filter", f_sent, f_done), ("prioritize", p_sent, p_done)):
+            row = match(verb, sent, done)
+            if row is None:
+                continue
+            add(f"{verb}: client -> extender head read", row[1] - sent)
+            add(f"{verb}: head -> verb", row[2] - row[1])
+            add(f"{verb}: verb (body read, work)", row[3] - row[2])
+            add(f"{verb}: answer written", row[4] - row[3])
+            add(f"{verb}: extender -> client has the answer", done - row[4])
+            add(f"{verb}: in all, as the client sees it", done - sent)
+        add("client: filter answer -> prioritize sent", p_sent - f_done)
+        add("client: prioritize answer -> best host, bind sent", b_sent - p_done)
+        if i + 1 < len(steps):
+            add("client: bind sent -> next filter sent", steps[i + 1][0] - b_sent)
+            add("per pod, in all", steps[i + 1][0] - f_sent)
+    return {k: round(statistics.median(v), 3) for k, v in segs.items()}
 
 
 def schedule_go(bench: Bench, pods: list[dict], names: list[str], k: int, rng: random.Random) -> dict:
@@ -927,8 +1133,9 @@ def run(args: argparse.Namespace) -> dict:
         names = [f"node-{n:05d}" for n in range(args.nodes)]
         k = min(args.filter_nodes, len(names)) or len(names)
         rng = random.Random(args.seed + 1)
-        bench.warm_bytecode()
-        sync_s = bench.start_extender()
+        tree = getattr(args, "tree", None)
+        bench.warm_bytecode(tree)
+        sync_s = bench.start_extender(tree)
         first_cpu = bench.start_cpu_s
         if args.warmup:  # the memo's first pass over each pod size and node, before anything is measured
             pods = bench.cmd(f"pending warmup {args.warmup}")
@@ -954,6 +1161,8 @@ def run(args: argparse.Namespace) -> dict:
                   f"{figures['cpu_ms_per_pod']} ms CPU/pod (client "
                   f"{figures['client_cpu_ms_per_pod']}, API stand-in {figures['standin_cpu_ms_per_pod']}), filter p50 "
                   f"{figures['filter_ms']['median']} ms"
+                  + (f", {figures['instructions_per_pod']:,} instructions/pod (callgrind)"
+                     if "instructions_per_pod" in figures else "")
                   + (f", {figures['scrapers']} scrapers: {figures['scrapes_200_per_s']} scrapes/s answered, "
                      f"{figures['scrapes_503_per_s']}/s refused" if "scrapers" in figures else "")
                   + (f"; Go client: steps {figures['steps_ms']} ms, {figures['connections_dialed']} connections "
@@ -962,7 +1171,7 @@ def run(args: argparse.Namespace) -> dict:
         restart = None
         if args.restart:
             bench.stop_extender()
-            first_s = bench.start_extender()
+            first_s = bench.start_extender(tree)
             rss_after = rss_kib(bench.ext.pid)[0] / 1024  # type: ignore[union-attr]
             pods = bench.cmd(f"pending restart {max(args.per_band // 3, 1)}")
             figures = schedule(bench, pods, names, k, rng)
@@ -1044,6 +1253,9 @@ def main() -> int:
                    help="only restarts: prefill to FRACTION (0.15: ~43,000 pods at 5,000 nodes), then start the "
                         "extender --restarts times and time each to its first answered filter")
     p.add_argument("--restarts", type=int, default=3, help="starts with --restart-at (per tree)")
+    p.add_argument("--tree", default=None, metavar="DIR",
+                   help="run the extender from this tree of the package (its PYTHONPATH: a copy at another commit, "
+                        "for runs alternated with this tree's)")
     p.add_argument("--alt-pythonpath", default=None, metavar="DIR",
                    help="with --restart-at: alternate with the package tree in DIR (e.g. a copy of main's)")
     p.add_argument("--multi-gpu", default="0", metavar="PCT[,PCT...]",

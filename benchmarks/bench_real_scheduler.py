@@ -264,9 +264,10 @@ def time_bind_phases() -> dict[str, list[float]]:
     return phases
 
 
-def install_breakdown() -> Any:
+def install_breakdown(requests: bool = False) -> Any:
     """Wrap the extender's handlers to add each one's thread CPU time to a counter; returns a snapshot function
-    ({activity: [seconds, calls]})."""
+    ({activity: [seconds, calls]}). `requests`: also each whole request on a connection (its head read and
+    parsed, the verb, the answer written: "request, in all")."""
     from memslice import lean_http
     from memslice.kube import informer
     from memslice.scheduler_extender.edge import server
@@ -294,6 +295,8 @@ def install_breakdown() -> Any:
     wrap(lean_http.BoundedHTTPServer, "process_request_thread", lambda s: "connection threads, in all")
     wrap(server._Handler, "do_POST", lambda s: "verb " + s.path.rsplit("/", 1)[-1])
     wrap(informer.Informer, "_event", lambda s: "watch event, " + s.kind)
+    if requests:
+        wrap(lean_http.LeanRequestHandler, "handle_one_request", lambda s: "request, in all")
     return lambda: {k: [cpu[k], calls[k]] for k in cpu}
 
 

@@ -33,6 +33,7 @@ from .metrics import Metrics
 log = logging.getLogger(__name__)
 NOT_SYNCED = ("the memslice extender has not finished listing nodes and pods from the API server yet; "
               "the scheduler will retry")
+KEPT_HEAD_BYTES = 64 << 10  # a filter head kept for its prioritize at most (a pod's JSON: 2-20 KB)
 PREEMPT_NODE_READS = 16  # nodes per preempt request whose pods' priorities may be read from the API server
 OwnCharge = tuple[str, str, int, int, int]  # (node, GPU UUID, MiB, limit MiB above, compute) of the pod's own
 # stale reservation
@@ -50,6 +51,9 @@ class Verbs:
         self.default_policy = default_policy
         self.metrics = metrics
         self.memo = FitMemo(state, limit_ratio)
+        # the last filter_json's head bytes (the ExtenderArgs before NodeNames) and its pod, for the prioritize
+        # of the same cycle (one tuple, replaced whole: threads read it without a lock)
+        self._last_head: tuple[bytes, PodView] | None = None
         self.capped = limit_ratio is not None  # --max-limit-ratio: the memo's key carries the pod's limit
 
     # ------------------------------------------------------------------ filter
@@ -84,10 +88,10 @@ class Verbs:
         them: wire.split_names_last) as a plain JSON array of nodes' names: no name decoded when the pod fits
         on every one (the answer echoes the array), only then when it fails on some (FitMemo.split_json). None
         otherwise (the server then decodes the body for filter()), so every refusal is filter()'s."""
-        split = wire.split_names_last(data)
+        split = wire.split_names_last_at(data)
         if split is None:
             return None
-        head, names_json = split
+        head, names_json, cut = split
         try:
             obj = wire.decode_pod_of(head)
         except WireError:
@@ -95,6 +99,8 @@ class Verbs:
         pod = PodView.of(obj)
         if pod.error or pod.request is None or not self.state.synced:
             return None
+        if cut <= KEPT_HEAD_BYTES:  # for the prioritize that follows (prioritize_json)
+            self._last_head = (bytes(data[:cut]), pod)
         key = pod.key(self.default_policy, self.capped)
         self.state.expire()
         out = self.memo.split_json(names_json, key, pod.uid, wire.MAX_NODE_NAMES)
@@ -166,14 +172,19 @@ class Verbs:
         """Prioritize's answer straight from the request's bytes, when its NodeNames array is byte for byte the
         JSON of the names its pod's filter passed (wire.split_names_last, FitMemo.replay_json): no name is
         decoded or compared one by one. None otherwise (the server then decodes the body for prioritize())."""
-        split = wire.split_names_last(data)
-        if split is None:
-            return None
-        head, names_json = split
-        try:
-            pod = PodView.of(wire.decode_pod_of(head))
-        except WireError:
-            return None
+        kept = self._last_head
+        names_json = None if kept is None else wire.names_after_head(data, kept[0])
+        if names_json is not None and kept is not None:
+            pod = kept[1]  # the very pod bytes of the last filter: decoded the same
+        else:
+            split = wire.split_names_last(data)
+            if split is None:
+                return None
+            head, names_json = split
+            try:
+                pod = PodView.of(wire.decode_pod_of(head))
+            except WireError:
+                return None
         if pod.error or pod.request is None or not self.state.synced:
             return None
         self.state.expire()

@@ -781,3 +781,101 @@ def test_the_server_refuses_a_filter_with_too_many_values_that_the_fast_path_cou
     out = exchange(cluster, request)
     assert out.startswith(b"HTTP/1.1 413 "), out[:200]
     assert b"JSON values" in out
+
+
+# ------------------------------------------------------------------------ all names of 5,000 nodes (all5k)
+
+@settings(max_examples=400, deadline=None)
+@given(st.data())
+def test_the_names_after_a_kept_head_are_what_splitting_the_body_gives(data: st.DataObject) -> None:
+    """wire.names_after_head(body, head), for a head split_names_last_at cut off some body: None, or exactly the
+    array bytes split_names_last(body) gives, with the same head decoded (so prioritize may take the pod its
+    filter decoded from those bytes). Bodies: the head's own with other arrays, spliced, cut or mangled, and
+    bodies whose pod holds the ',"NodeNames":' text."""
+    pod = data.draw(st.dictionaries(st.sampled_from(["a", "b", "NodeNames"]),
+                                    st.text(max_size=4) | st.sampled_from([',"NodeNames":', '"]}', "x"]), max_size=3))
+    names = data.draw(st.lists(st.sampled_from(["n0", "n1", 'x","NodeNames":["y']), max_size=3))
+    first = bytearray(orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}))
+    split = wire.split_names_last_at(first)
+    if split is None:
+        return
+    head_obj, _, cut = split
+    head = bytes(first[:cut])
+    other = orjson.dumps(data.draw(st.lists(st.sampled_from(["n0", "n2", "]}", ',"NodeNames":']), max_size=3)))
+    text = data.draw(st.sampled_from([bytes(first), head + b',"NodeNames":' + other + b"}", head + b"}",
+                                      head + b',"NodeNames":' + other + b',"x":1}', head[:-1] + b',"NodeNames":[]}']))
+    if data.draw(st.booleans()):
+        at = data.draw(st.integers(0, len(text) - 1))
+        text = text[:at] + data.draw(st.sampled_from([b"", b",", b'"', b"}", b"]"])) + text[at + 1:]
+    body = bytearray(text)
+    got = wire.names_after_head(body, head)
+    assert body == text
+    if got is None:
+        return
+    expected = wire.split_names_last(body)
+    assert expected is not None and expected == (head_obj, got)
+
+
+def test_prioritize_takes_its_filters_pod_without_decoding_it_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prioritize that follows a filter with the same pod bytes (kube-scheduler's one cycle) reuses the pod
+    filter decoded; any other pod bytes are decoded, and the answers are those of the decoding path."""
+    state, verbs, names = synced_cluster(4, [40000])
+    pods = []
+    for i, mib in enumerate((1000, 3000)):
+        pod = pod_obj(f"p{i}", {"main": mib})
+        pod["metadata"]["uid"] = f"uid-{i}"
+        pods.append(pod)
+
+    def body(pod: dict) -> bytearray:
+        return bytearray(orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}))
+
+    decoded: list[object] = []
+    decode = wire.decode_pod_of
+
+    def counting(head: dict) -> dict:
+        decoded.append(head)
+        return decode(head)
+
+    verbs.filter({"Pod": pods[0], "NodeNames": names})  # the nodes get their ids (the bytes path needs them)
+    monkeypatch.setattr(wire, "decode_pod_of", counting)
+    assert verbs.filter_json(body(pods[0])) is not None and len(decoded) == 1
+    same = verbs.prioritize_json(body(pods[0]))
+    assert len(decoded) == 1  # the filter's pod, not decoded again
+    assert verbs.filter_json(body(pods[0])) is not None
+    assert verbs.prioritize_json(body(pods[1])) is None  # another pod: decoded (its filter kept no answer)
+    assert len(decoded) == 3
+    fresh_state, fresh_verbs, _ = synced_cluster(4, [40000])
+    assert same == fresh_verbs.prioritize({"Pod": pods[0], "NodeNames": names})[1]
+
+
+def test_a_large_answer_and_the_next_arrive_whole_on_one_connection(cluster: Cluster) -> None:
+    """Through HTTP on one keep-alive connection: a prioritize answer larger than LARGE_ANSWER (its head held
+    back for its body with MSG_MORE, lean_http._write_parts), then a small one, each whole and framed by its
+    Content-Length."""
+    names = [f"absent-{i:05d}" for i in range(5000)]  # no such nodes: each scores 0
+    pod = pod_obj("x", {"main": 1})
+    body = orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": names})
+    small = orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": ["n"]})
+    assert cluster.ext is not None
+    with socket.create_connection(("127.0.0.1", cluster.ext.port), timeout=10) as s:
+        for data in (body, small):
+            s.sendall(b"POST /prioritize HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(data)).encode()
+                      + b"\r\n\r\n" + data)
+        got = b""
+        answers = []
+        while len(answers) < 2:
+            chunk = s.recv(1 << 16)
+            assert chunk, "the connection closed before both answers"
+            got += chunk
+            while b"\r\n\r\n" in got:
+                head, _, rest = got.partition(b"\r\n\r\n")
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length:")))
+                if len(rest) < length:
+                    break
+                assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+                answers.append(orjson.loads(rest[:length]))
+                got = rest[length:]
+    assert answers[0] == [{"Host": n, "Score": 0} for n in names]
+    assert len(answers[1]) == 1 and answers[1][0]["Host"] == "n"
+    assert got == b""

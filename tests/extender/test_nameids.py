@@ -438,3 +438,41 @@ def test_span_scores_each_refuses_bad_arguments_not_crash() -> None:
     with pytest.raises(IndexError, match="outside the chosen sets"):
         NATIVE.span_scores_each([(1024, 8192)], [[]], 1024, 2, False)
     assert NATIVE.span_scores_each([(1024, 8192)], [chosen], 2**60, 2, False) is None
+
+
+# Bytes that end a plain name (plain_run_end) and bytes that do not, at every place of names whose lengths
+# straddle the 8-byte words the scan reads: each must be judged as the byte-by-byte reference judges it.
+STOPPERS = [b'"', b"\\", b"\x00", b"\x1f", b"\x7f", b"\x80", b"\xff", b"\xc3\xa9"]
+PLAIN = [b" ", b"!", b"#", b"[", b"]", b"~", b"\x20", b"\x7e", b"-", b"0"]
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=6), st.data())
+def test_names_with_any_byte_at_any_place_are_judged_as_the_reference_judges_them(lengths: list[int],
+                                                                                  data: st.DataObject) -> None:
+    """ids_json and hosts_json on raw arrays (no JSON escaping) whose names hold, at any place, a byte that ends
+    a plain name (quote, backslash, control bytes, 0x7F and above) or a plain one next to those values: the
+    same ids, the same answer or None, as the Python reference; held names of 0-40 bytes."""
+    py, native = pair()
+    raw_names = []
+    for n in lengths:
+        name = bytearray(b"n" * n)
+        for _ in range(data.draw(st.integers(0, 2))):
+            if name:
+                at = data.draw(st.integers(0, len(name) - 1))
+                name[at:at + 1] = data.draw(st.sampled_from(STOPPERS + PLAIN))
+        raw_names.append(bytes(name))
+    for i, name in enumerate(raw_names):
+        try:
+            text = name.decode("ascii")
+        except UnicodeDecodeError:
+            continue
+        py.set(text, i)
+        native.set(text, i)
+    body = b"[" + b",".join(b'"' + n + b'"' for n in raw_names) + b"]"
+    want = py.ids_json(body, 100)
+    got = native.ids_json(body, 100)
+    assert (None if got is None else native.to_list(got)) == want
+    kinds, scores = bytearray([1] * len(raw_names)), bytearray(range(len(raw_names)))
+    ids = want if want is not None else list(range(len(raw_names)))
+    assert native.hosts_json(body, native.pack(ids), kinds, scores, 1) == py.hosts_json(body, ids, kinds, scores, 1)
