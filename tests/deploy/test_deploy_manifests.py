@@ -28,6 +28,7 @@ from test_deploy_render import (
     pod_spec,
     render,
     serving,
+    targets,
     workloads,
 )
 
@@ -327,9 +328,9 @@ def test_services_select_pods_and_ports_exist(rel: str) -> None:
         matched = [(o, s) for o, s in pods
                    if all(o["spec"]["template"]["metadata"]["labels"].get(k) == v for k, v in sel.items())]
         assert len(matched) == 1, f"Service {svc['metadata']['name']} selects {len(matched)} workloads"
-        ports = {p.get("name") for c in serving(matched[0][1]) for p in c.get("ports", [])}
+        ports = targets(matched[0][1])
         for p in svc["spec"]["ports"]:
-            assert p["targetPort"] in ports
+            assert p["targetPort"] in ports, f"Service {svc['metadata']['name']}: targetPort {p['targetPort']}"
 
 
 @pytest.mark.parametrize("rel", ("base", "overlays/standalone-extender", "overlays/cert-manager"))
@@ -344,7 +345,7 @@ def test_network_policies_name_ports_their_pods_serve(rel: str) -> None:
         matched = [spec for o, spec in workloads(objs)
                    if sel.items() <= o["spec"]["template"]["metadata"]["labels"].items()]
         assert matched, f"{rel}: NetworkPolicy {name} selects no pods"
-        served = {p.get("name") for spec in matched for c in serving(spec) for p in c.get("ports", [])}
+        served = {t for spec in matched for t in targets(spec)}
         for rule in policy["spec"].get("ingress", []):
             for port in rule.get("ports", []):
                 assert port["port"] in served, f"{rel}: NetworkPolicy {name} admits to {port['port']}, not served"
@@ -385,7 +386,7 @@ def test_extender_flags_and_ports_agree() -> None:
     assert args.health_port == ports["http"] and "https" not in ports  # the verbs port is not the pod's
     assert args.max_limit_ratio == 4  # elastic memory's cap on a GPU's sum of limits, parsed as the CLI does
     svc = find(objs, "Service", "memslice-extender")
-    assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]} == {"http": "http"}
+    assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]} == {"http": ports["http"]}  # a sidecar's: by number
     assert args.probe_port == ports["probes"]
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):  # the kubelet's probes alone on their port
         assert c[probe]["httpGet"]["port"] == "probes" and c[probe]["httpGet"].get("scheme", "HTTP") == "HTTP"
@@ -407,7 +408,7 @@ def test_standalone_extender_flags_and_ports_agree() -> None:
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert args.port == ports["https"] and args.health_port == ports["http"] and args.probe_port == ports["probes"]
     svc = find(objs, "Service", "memslice-extender")
-    assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]} == {"https": "https", "http": "http"}
+    assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]} == {"https": "https", "http": ports["http"]}
     scheduler = pod_spec(find(objs, "Deployment", "memslice-scheduler"))
     assert [x["name"] for x in containers(scheduler)] == ["kube-scheduler"]  # type: ignore[arg-type]
 

@@ -96,6 +96,15 @@ def serving(spec: Manifest) -> Iterator[Manifest]:
     yield from spec["containers"]
 
 
+def targets(spec: Manifest) -> set[str | int]:
+    """What a Service's targetPort or a NetworkPolicy's port may name in these pods: any port number a serving
+    container declares, but a port name only where an app container declares it. A name declared by a native
+    sidecar resolves in a Service's endpoints only from Kubernetes 1.32 (kubernetes/kubernetes#127958; deploy/
+    supports 1.30 on), and network plugins need not match it in a NetworkPolicy (projectcalico/calico#8881)."""
+    numbers: set[str | int] = {p["containerPort"] for c in serving(spec) for p in c.get("ports", [])}
+    return numbers | {p["name"] for c in spec["containers"] for p in c.get("ports", []) if "name" in p}
+
+
 def workloads(objs: list[Manifest]) -> Iterator[tuple[Manifest, Manifest]]:
     for o in objs:
         spec = pod_spec(o)

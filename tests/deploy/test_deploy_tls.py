@@ -136,15 +136,15 @@ SCRAPERS_NS = {"kubernetes.io/metadata.name": "monitoring", **SCRAPER}  # a name
 
 
 def admitted(policy: Manifest, pod_labels: dict[str, str], namespace: str, port_name: str,
-             ns_labels: dict[str, str] | None = None) -> bool:
+             ns_labels: dict[str, str] | None = None, number: int | None = None) -> bool:
     """Whether a NetworkPolicy's ingress rules admit a pod with these labels, in this namespace (with these
     labels), to the named container port (the subset of the semantics the manifests use:
     podSelector.matchLabels alone (the policy's namespace) or with a namespaceSelector (its matchLabels: the
-    namespaces they select, together with the pod selector), named ports)."""
+    namespaces they select, together with the pod selector), named ports, or the port's `number` where a rule names it so)."""
     ns_labels = {"kubernetes.io/metadata.name": namespace, **(ns_labels or {})}
     for rule in policy["spec"].get("ingress", []):
         ports = rule.get("ports")
-        if ports is not None and not any(p.get("port") == port_name for p in ports):
+        if ports is not None and not any(p.get("port") in (port_name, number) for p in ports):
             continue
         peers = rule.get("from")
         if peers is None:
@@ -199,14 +199,15 @@ def test_network_policy_admits_only_scrapers_to_the_scheduler_pods() -> None:
     scheduler = find(objs, "Deployment", "memslice-scheduler")["spec"]["template"]
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= scheduler["metadata"]["labels"].items()
-    ports = {p["name"] for c in serving(scheduler["spec"]) for p in c.get("ports", [])}
-    assert ports == {"http", "probes"}  # the verbs (127.0.0.1:8888) are no port of the pod's address
-    assert admitted(policy, {**SCRAPER, "app": "prometheus"}, "monitoring", "http", SCRAPERS_NS)
-    assert not admitted(policy, {"app": "prometheus"}, "monitoring", "http", SCRAPERS_NS)
-    assert not admitted(policy, {**SCRAPER, "app": "notebook"}, "tenant", "http")
-    for port in ("probes", "https"):
-        assert not admitted(policy, {**SCRAPER, "app": "prometheus"}, "monitoring", port, SCRAPERS_NS)
-        assert not admitted(policy, scheduler["metadata"]["labels"], NAMESPACE, port)
+    number = {p["name"]: p["containerPort"] for c in serving(scheduler["spec"]) for p in c.get("ports", [])}
+    assert set(number) == {"http", "probes"}  # the verbs (127.0.0.1:8888) are no port of the pod's address
+    http = number["http"]  # the rule names the sidecar's port by number (test_deploy_render.targets)
+    assert admitted(policy, {**SCRAPER, "app": "prometheus"}, "monitoring", "http", SCRAPERS_NS, http)
+    assert not admitted(policy, {"app": "prometheus"}, "monitoring", "http", SCRAPERS_NS, http)
+    assert not admitted(policy, {**SCRAPER, "app": "notebook"}, "tenant", "http", None, http)
+    for port, n in (("probes", number["probes"]), ("https", 8888)):
+        assert not admitted(policy, {**SCRAPER, "app": "prometheus"}, "monitoring", port, SCRAPERS_NS, n)
+        assert not admitted(policy, scheduler["metadata"]["labels"], NAMESPACE, port, None, n)
     assert not [o for o in objs if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "memslice-extender"]
 
 
