@@ -26,7 +26,8 @@ from contextlib import contextmanager
 from ..kubeio.podwrites import MAX_CONNECTIONS
 
 LIMIT = MAX_CONNECTIONS  # binds in flight before filter waits: more would only wait for a write connection
-MAX_WAIT_S = 5.0  # the longest a filter waits (deploy/base's httpTimeout is 10 s)
+MAX_WAIT_S = 2.5  # the longest a filter waits: well inside kube-scheduler's extender httpTimeout (5 s when a
+# configuration leaves it unset, DefaultExtenderTimeout; deploy/'s configurations set 10 s)
 
 
 class BindGate:
@@ -39,6 +40,7 @@ class BindGate:
         self.limit, self.max_wait_s = limit, max_wait_s
         self.in_flight = 0
         self.waited = 0  # filters that found the gate full, since start
+        self.got_room = 0  # of those, filters that got room within max_wait_s (counted when they do: a counter)
         self.timed_out = 0  # of those, filters that answered after max_wait_s without room
         self._cond = threading.Condition(threading.Lock())
 
@@ -52,7 +54,7 @@ class BindGate:
         finally:
             with self._cond:
                 self.in_flight -= 1
-                self._cond.notify()
+                self._cond.notify_all()  # every waiter: one whose client has gone must not take the only wake-up
 
     def wait_room(self) -> bool:
         """Return at once while fewer than `limit` binds are in flight, else when one ends or after max_wait_s
@@ -62,6 +64,8 @@ class BindGate:
                 return True
             self.waited += 1
             room = self._cond.wait_for(lambda: self.in_flight < self.limit, self.max_wait_s)
-            if not room:
+            if room:
+                self.got_room += 1
+            else:
                 self.timed_out += 1
             return room

@@ -113,9 +113,8 @@ class _GateCollector(Collector):
                                 "they reach the bind gate's limit)", value=gate.in_flight)
         waits = CounterMetricFamily("memslice_extender_filter_gate_waits", "Filters that found the bind gate "
                                     "full, by how the wait ended", labels=["outcome"])
-        timed_out = gate.timed_out
-        waits.add_metric(["room"], gate.waited - timed_out)
-        waits.add_metric(["timed_out"], timed_out)
+        waits.add_metric(["room"], gate.got_room)  # not waited - timed_out: a wait in progress would count
+        waits.add_metric(["timed_out"], gate.timed_out)  # as room, then fall back when it times out
         yield waits
 
 

@@ -60,12 +60,17 @@ def test_filter_waits_while_the_binds_in_flight_fill_the_gate(cluster: Cluster) 
         filtering, filtered = _in_thread(cluster.c.filter, b, ["n"])
         wait_until("b's filter waiting at the gate", lambda: gate.waited == 1, 10)
         assert filtering.is_alive() and not filtered  # no answer while a's bind is in flight
+        status, page, _ = cluster.c.raw("GET", "/metrics")  # a wait in progress is no outcome yet: the
+        assert status == 200  # counters never fall back (Prometheus would read a reset)
+        waits = "memslice_extender_filter_gate_waits_total"
+        for line in (f'{waits}{{outcome="room"}} 0.0', f'{waits}{{outcome="timed_out"}} 0.0'):
+            assert line in page.decode().splitlines(), line
     finally:
         held.release.set()
     binding.join(30)
     filtering.join(30)
     assert bound == [""] and filtered[0]["NodeNames"] == ["n"], (bound, filtered)
-    assert gate.in_flight == 0 and gate.timed_out == 0
+    assert (gate.in_flight, gate.got_room, gate.timed_out) == (0, 1, 0)
     assert cluster.c.bind(b, "n") == ""  # b's bind finds the gate open again
     cluster.caught_up()
     cluster.wait_used("n", [8000])
@@ -85,7 +90,7 @@ def test_filter_answers_after_its_bounded_wait_and_failed_binds_leave_the_gate(c
     try:
         wait_until("a's Binding held in the API server", lambda: held.held == 1, 10)
         assert cluster.c.filter(b, ["n"])["NodeNames"] == ["n"]
-        assert (gate.waited, gate.timed_out, gate.in_flight) == (1, 1, 1)
+        assert (gate.waited, gate.got_room, gate.timed_out, gate.in_flight) == (1, 0, 1, 1)
         status, page, _ = cluster.c.raw("GET", "/metrics")
         assert status == 200
         waits = "memslice_extender_filter_gate_waits_total"
