@@ -113,6 +113,8 @@ struct elastic_askers {
     struct elastic_roster_ent ro[ELASTIC_SLOTS];
 };
 void elastic_askers(struct elastic_askers *c, int from[ELASTIC_SLOTS], struct elastic_roster_ent ent[ELASTIC_SLOTS]);
+void elastic_read_asks(struct elastic_askers *c, int from[ELASTIC_SLOTS], struct elastic_roster_ent ent[ELASTIC_SLOTS],
+                       struct elastic_ask asks[ELASTIC_SLOTS]);
 uint64_t elastic_bound_ask(uint64_t bits, const struct elastic_roster_ent *asker, uint64_t resident_mib, int32_t mine,
                            uint64_t gpu_mib);
 int elastic_make_room(uint64_t need, int guaranteed, int wait, struct elastic_refusal *ref);

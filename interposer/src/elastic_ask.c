@@ -86,6 +86,21 @@ void elastic_askers(struct elastic_askers *c, int from[ELASTIC_SLOTS], struct el
     }
 }
 
+/* The askers, their roster entries and their asks to this slot, read so that the asks are bounded by the roster
+ * as it was when they were read. Why again: the agent may rename a new roster into place between the roster's
+ * stamp and the asks' read, and the new pod in the slot may ask at once; its first ask would be bounded by the
+ * old pod's entry for this tick. One more round when the stamp moved; a change after that is the next tick's. */
+void elastic_read_asks(struct elastic_askers *c, int from[ELASTIC_SLOTS], struct elastic_roster_ent ent[ELASTIC_SLOTS],
+                       struct elastic_ask asks[ELASTIC_SLOTS]) {
+    for (int round = 0; round < 2; round++) {
+        elastic_askers(c, from, ent);
+        elastic_board_asks_for_me(&g_es.board, from, asks);
+        struct elastic_roster_stamp st;
+        elastic_board_roster_stamp(g_cfg.elastic_dir, g_region.r->dev[g_es.dev].uuid, &st);
+        if (memcmp(&st, &c->stamp, sizeof st) == 0) return;
+    }
+}
+
 /* An ask as the asked slot trusts it (pure: a need of 16 TiB kept a neighbour's burst in host
  * memory): the need at most what the asker may still hold (its limit in the roster, less what it says is
  * resident, itself capped by that limit) and at most the GPU's size; an ask that may take a burst, from a

@@ -321,8 +321,7 @@ void *elastic_thread(void *arg) {
     for (;;) {
         int answer = now_ns() - answered_ns >= ELASTIC_YIELD_GAP_MS * 1000000ull;
         if (answer) {
-            elastic_askers(&cache, from, lim);
-            elastic_board_asks_for_me(&g_es.board, from, asks);
+            elastic_read_asks(&cache, from, lim, asks);
         }
         pthread_mutex_lock(&g_es.mu);
         uint64_t done = 0, first = 0, last = 0;
@@ -358,8 +357,7 @@ void *elastic_acker(void *arg) {
     struct elastic_roster_ent lim[ELASTIC_SLOTS];
     struct elastic_ask asks[ELASTIC_SLOTS];
     for (;;) {
-        elastic_askers(&cache, from, lim);
-        elastic_board_asks_for_me(&g_es.board, from, asks);
+        elastic_read_asks(&cache, from, lim, asks);
         uint64_t now = now_ns(), newest = 0;
         for (int j = 0; j < ELASTIC_SLOTS; j++)
             if (asks[j].seq > newest && asks[j].seq <= now) newest = asks[j].seq;

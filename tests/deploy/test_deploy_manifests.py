@@ -386,7 +386,7 @@ def test_extender_flags_and_ports_agree() -> None:
     assert args.health_port == ports["http"] and "https" not in ports  # the verbs port is not the pod's
     assert args.max_limit_ratio == 4  # elastic memory's cap on a GPU's sum of limits, parsed as the CLI does
     svc = find(objs, "Service", "memslice-extender")
-    assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]} == {"http": ports["http"]}  # a sidecar's: by number
+    assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]} == {"http": ports["http"]}  # sidecar: by number
     assert args.probe_port == ports["probes"]
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):  # the kubelet's probes alone on their port
         assert c[probe]["httpGet"]["port"] == "probes" and c[probe]["httpGet"].get("scheme", "HTTP") == "HTTP"

@@ -140,7 +140,8 @@ def admitted(policy: Manifest, pod_labels: dict[str, str], namespace: str, port_
     """Whether a NetworkPolicy's ingress rules admit a pod with these labels, in this namespace (with these
     labels), to the named container port (the subset of the semantics the manifests use:
     podSelector.matchLabels alone (the policy's namespace) or with a namespaceSelector (its matchLabels: the
-    namespaces they select, together with the pod selector), named ports, or the port's `number` where a rule names it so)."""
+    namespaces they select, together with the pod selector), named ports, or the port's `number` where a rule
+    names it so)."""
     ns_labels = {"kubernetes.io/metadata.name": namespace, **(ns_labels or {})}
     for rule in policy["spec"].get("ingress", []):
         ports = rule.get("ports")
