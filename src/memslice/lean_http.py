@@ -566,9 +566,11 @@ class LeanRequestHandler(BaseHTTPRequestHandler):
             for part in parts:
                 self.wfile.write(part)
             return
+        parts = [part for part in parts if part]  # the last part sent must carry bytes, or the rest wait corked
         for part in parts[:-1]:
             self.connection.sendall(part, socket.MSG_MORE)
-        self.connection.sendall(parts[-1])
+        if parts:
+            self.connection.sendall(parts[-1])
 
 
 Render = Callable[[], bytes]

@@ -79,8 +79,10 @@ def _lock(fd: int, mode: int, timeout: float, what: str) -> None:
 
 def last_use(entry: Path) -> float:
     """When a run last used the entry (0 for an incomplete one)."""
-    done = entry / ".complete"
-    return done.stat().st_mtime if done.exists() else 0.0
+    try:
+        return (entry / ".complete").stat().st_mtime
+    except FileNotFoundError:  # incomplete, or pruned meanwhile by another run
+        return 0.0
 
 
 def to_prune(entries: list[tuple[str, float]], now: float) -> list[str]:
