@@ -52,6 +52,7 @@ static PyObject *nameids_join(PyObject *module, PyObject *args);
 static PyObject *nameids_same(PyObject *module, PyObject *args);
 static PyObject *nameids_hosts_json(PyObject *module, PyObject *args);
 static PyObject *nameids_span_scores(PyObject *module, PyObject *args);
+static PyObject *span_result(PyObject *out, int ok);
 static PyObject *nameids_span_scores_each(PyObject *module, PyObject *args);
 static const char *plain_run_end(const char *p, const char *end);
 static char *copy_name(char *o, const char *p, size_t n);
@@ -808,6 +809,17 @@ static int span_code(PyObject *keys, PyObject *chosen, int64_t need, long gpus, 
     return span_score(at, need, gpus, spread, code);
 }
 
+/* What a span_scores call answers for its codes `out` and how their loop ended (span_code's `ok`): the codes
+ * (1), None where one could not be exact (0), or the error raised (-1); `out` is released unless answered. */
+static PyObject *span_result(PyObject *out, int ok) {
+    if (ok == 1)
+        return out;
+    Py_DECREF(out);
+    if (ok < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 /* span_scores(keys, chosen, needs, gpus, spread): spanning.scores natively; None where it cannot be exact (an
  * int beyond 2^52 in magnitude, or not an int: the reference answers). Every loop is bounded by a length read
  * here (needs, keys, gpus ≤ SPAN_MAX_GPUS, each chosen tuple's checked length), and no Python code runs. */
@@ -839,13 +851,7 @@ static PyObject *nameids_span_scores(PyObject *module, PyObject *args) {
         ok = span_int(items[j], &need) ? span_code(keys, chosen, need, gpus, spread, &o[j]) : 0;
     }
     Py_DECREF(seq);
-    if (ok != 1) {
-        Py_DECREF(out);
-        if (ok < 0)
-            return NULL;
-        Py_RETURN_NONE;
-    }
-    return out;
+    return span_result(out, ok);
 }
 
 /* span_scores_each(keys_of, chosen_of, need, gpus, spread): span_scores(keys_of[j], chosen_of[j], (need,), gpus,
@@ -887,13 +893,7 @@ static PyObject *nameids_span_scores_each(PyObject *module, PyObject *args) {
         }
         ok = span_code(keys, chosen, need, gpus, spread, &o[j]);
     }
-    if (ok != 1) {
-        Py_DECREF(out);
-        if (ok < 0)
-            return NULL;
-        Py_RETURN_NONE;
-    }
-    return out;
+    return span_result(out, ok);
 }
 
 /* Where a plain name's bytes end, from p: the first byte that is a quote, a backslash, a control byte (< 0x20) or
