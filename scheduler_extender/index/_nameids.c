@@ -53,6 +53,7 @@ static PyObject *nameids_same(PyObject *module, PyObject *args);
 static PyObject *nameids_hosts_json(PyObject *module, PyObject *args);
 static PyObject *nameids_span_scores(PyObject *module, PyObject *args);
 static PyObject *span_result(PyObject *out, int ok);
+static int span_search(PyObject *search, Py_ssize_t k, long gpus, int spread, PyObject **out);
 static PyObject *nameids_span_scores_each(PyObject *module, PyObject *args);
 static const char *plain_run_end(const char *p, const char *end);
 static char *copy_name(char *o, const char *p, size_t n);
@@ -778,8 +779,146 @@ static int span_score(PyObject *at, int64_t need, long gpus, int spread, unsigne
     return 1;
 }
 
-/* Why a function: one need's code (the body of spanning.scores' loop); returns as span_score. */
-static int span_code(PyObject *keys, PyObject *chosen, int64_t need, long gpus, int spread, unsigned char *code) {
+/* Why a function: the row at position p of `rows` as the search reads it (its index, MiB and free MiB, exact
+ * ints), checked: 1 with the values set; 0 where the row is not a GpuRow of exact ints (the reference answers). */
+static int span_row(PyObject *rows, Py_ssize_t p, int64_t *index, int64_t *mem, int64_t *free_mib) {
+    PyObject *r = PyTuple_GET_ITEM(rows, p);
+    if (!PyTuple_CheckExact(r) || PyTuple_GET_SIZE(r) < 7)
+        return 0;
+    return span_int(PyTuple_GET_ITEM(r, 1), index) && span_int(PyTuple_GET_ITEM(r, 3), mem)
+           && span_int(PyTuple_GET_ITEM(r, 6), free_mib);
+}
+
+/* Why its own: the bit mask of the positions with room (the free order from k on), as spanning._search builds it;
+ * 0 where an index is not a position of the node (the reference answers). */
+static int span_mask(PyObject *rows, PyObject *free_rows, Py_ssize_t k, uint64_t *mask) {
+    Py_ssize_t n = PyTuple_GET_SIZE(rows);
+    *mask = 0;
+    for (Py_ssize_t j = k; j < PyTuple_GET_SIZE(free_rows); j++) {
+        PyObject *r = PyTuple_GET_ITEM(free_rows, j);
+        int64_t index;
+        if (!PyTuple_CheckExact(r) || PyTuple_GET_SIZE(r) < 7 || !span_int(PyTuple_GET_ITEM(r, 1), &index)
+            || index < 0 || index >= n)
+            return 0;
+        *mask |= (uint64_t)1 << index;
+    }
+    return 1;
+}
+
+/* Why a function: the policy's pick among the closest fitting sets (more than one), as spanning._search writes
+ * it: each set's free fractions added left to right from 0.0 (spanning._added: not Python's sum, compensated
+ * from 3.12 on), negated for spread; the least wins, ties to the lower positions. *best: the set. 1; 0 where a
+ * row or position is not exact or a GPU has 0 MiB (the reference answers: it divides for every row); -1 error. */
+static int span_pick(PyObject *rows, PyObject *fitting, long gpus, int spread, PyObject **best) {
+    Py_ssize_t n = PyTuple_GET_SIZE(rows);
+    double fraction[SPAN_MAX_GPUS];
+    for (Py_ssize_t p = 0; p < n; p++) {
+        int64_t index, mem, free_mib;
+        if (!span_row(rows, p, &index, &mem, &free_mib) || mem == 0)
+            return 0;
+        fraction[p] = (double)free_mib / (double)mem;
+    }
+    double best_value = 0.0;
+    int64_t best_pos[SPAN_MAX_GPUS];
+    *best = NULL;
+    for (Py_ssize_t s = 0; s < PyTuple_GET_SIZE(fitting); s++) {
+        PyObject *pos = PyTuple_GET_ITEM(fitting, s);
+        if (!PyTuple_CheckExact(pos) || PyTuple_GET_SIZE(pos) != gpus) {
+            PyErr_Format(PyExc_TypeError, "span_scores: a fitting set is not a tuple of %ld positions", gpus);
+            return -1;
+        }
+        int64_t at[SPAN_MAX_GPUS];
+        double value = 0.0;
+        for (long g = 0; g < gpus; g++) {
+            if (!span_int(PyTuple_GET_ITEM(pos, g), &at[g]) || at[g] < 0 || at[g] >= n)
+                return 0;
+            value += fraction[at[g]];
+        }
+        if (spread)
+            value = -value;
+        int lower = 0; /* pos < best's positions, as Python compares tuples of ints */
+        if (*best != NULL && value == best_value) {
+            long g = 0;
+            while (g < gpus && at[g] == best_pos[g])
+                g++;
+            lower = g < gpus && at[g] < best_pos[g];
+        }
+        if (*best == NULL || value < best_value || lower) {
+            *best = pos;
+            best_value = value;
+            memcpy(best_pos, at, sizeof(at[0]) * (size_t)gpus);
+        }
+    }
+    return 1;
+}
+
+/* span_search: spanning._search's mask path natively, for the set search of k that `chosen` lacks. `search` is
+ * (rows, free_rows, by_mask, closes): the view's GPUs (their index = their position: the caller checked the
+ * ends), its healthy GPUs by (free, index), the closest fitting sets kept per mask for this topology and N
+ * (spanning._closest's dict, read only: a mask not yet there is the reference's to scan and keep) and the score's
+ * closeness part per distance. *out: a new reference to the chosen set, flat as spanning.Found keeps it. 1; 0
+ * where the reference answers instead (a mask not kept yet, a value not exact); -1 an error set. */
+static int span_search(PyObject *search, Py_ssize_t k, long gpus, int spread, PyObject **out) {
+    PyObject *rows = PyTuple_GET_ITEM(search, 0), *free_rows = PyTuple_GET_ITEM(search, 1);
+    PyObject *by_mask = PyTuple_GET_ITEM(search, 2), *closes = PyTuple_GET_ITEM(search, 3);
+    uint64_t mask;
+    if (PyTuple_GET_SIZE(rows) > SPAN_MAX_GPUS || !span_mask(rows, free_rows, k, &mask))
+        return 0;
+    PyObject *key = PyLong_FromUnsignedLongLong(mask);
+    if (key == NULL)
+        return -1;
+    PyObject *hit = PyDict_GetItemWithError(by_mask, key); /* borrowed; ints hash and compare without Python code */
+    Py_DECREF(key);
+    if (hit == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    int64_t d;
+    if (!PyTuple_CheckExact(hit) || PyTuple_GET_SIZE(hit) != 2 || !PyTuple_CheckExact(PyTuple_GET_ITEM(hit, 1))
+        || !span_int(PyTuple_GET_ITEM(hit, 0), &d)) {
+        PyErr_SetString(PyExc_TypeError, "span_scores: a kept mask's sets are not (distance, sets)");
+        return -1;
+    }
+    PyObject *fitting = PyTuple_GET_ITEM(hit, 1), *positions = NULL;
+    if (d < 0 || d >= PyTuple_GET_SIZE(closes) || PyTuple_GET_SIZE(fitting) == 0
+        || !PyFloat_CheckExact(PyTuple_GET_ITEM(closes, d)))
+        return 0;
+    if (PyTuple_GET_SIZE(fitting) == 1)
+        positions = PyTuple_GET_ITEM(fitting, 0);
+    else {
+        int ok = span_pick(rows, fitting, gpus, spread, &positions);
+        if (ok != 1)
+            return ok;
+    }
+    if (!PyTuple_CheckExact(positions) || PyTuple_GET_SIZE(positions) != gpus) {
+        PyErr_Format(PyExc_TypeError, "span_scores: a fitting set is not a tuple of %ld positions", gpus);
+        return -1;
+    }
+    PyObject *chosen = PyTuple_New(1 + 2 * gpus);
+    if (chosen == NULL)
+        return -1;
+    PyObject *close = PyTuple_GET_ITEM(closes, d);
+    Py_INCREF(close);
+    PyTuple_SET_ITEM(chosen, 0, close);
+    for (long g = 0; g < gpus; g++) {
+        int64_t p, index, mem, free_mib;
+        if (!span_int(PyTuple_GET_ITEM(positions, g), &p) || p < 0 || p >= PyTuple_GET_SIZE(rows)
+            || !span_row(rows, p, &index, &mem, &free_mib)) {
+            Py_DECREF(chosen);
+            return 0;
+        }
+        PyObject *r = PyTuple_GET_ITEM(rows, p), *f = PyTuple_GET_ITEM(r, 6), *m = PyTuple_GET_ITEM(r, 3);
+        Py_INCREF(f);
+        Py_INCREF(m);
+        PyTuple_SET_ITEM(chosen, 1 + 2 * g, f);
+        PyTuple_SET_ITEM(chosen, 2 + 2 * g, m);
+    }
+    *out = chosen;
+    return 1;
+}
+
+/* Why a function: one need's code (the body of spanning.scores' loop), the set search of its k made first where
+ * `search` is given (span_search) and `chosen` lacks it; returns as span_score. */
+static int span_code(PyObject *keys, PyObject *chosen, int64_t need, long gpus, int spread, PyObject *search,
+                     unsigned char *code) {
     Py_ssize_t k;
     if (!span_bisect(keys, need, &k))
         return 0;
@@ -793,6 +932,17 @@ static int span_code(PyObject *keys, PyObject *chosen, int64_t need, long gpus, 
         return -1;
     }
     PyObject *at = PyList_GET_ITEM(chosen, k);
+    if (at == Py_None && search != NULL) { /* searched here and kept in `chosen`, as the caller would */
+        PyObject *found = NULL;
+        int ok = span_search(search, k, gpus, spread, &found);
+        if (ok < 0)
+            return -1;
+        if (ok == 1) {
+            if (PyList_SetItem(chosen, k, found) < 0) /* steals `found`; releases the None */
+                return -1;
+            at = found;
+        }
+    }
     if (at == Py_None) {
         *code = SPAN_UNSEARCHED;
         return 1;
@@ -820,18 +970,30 @@ static PyObject *span_result(PyObject *out, int ok) {
     Py_RETURN_NONE;
 }
 
-/* span_scores(keys, chosen, needs, gpus, spread): spanning.scores natively; None where it cannot be exact (an
- * int beyond 2^52 in magnitude, or not an int: the reference answers). Every loop is bounded by a length read
- * here (needs, keys, gpus ≤ SPAN_MAX_GPUS, each chosen tuple's checked length), and no Python code runs. */
+/* span_scores(keys, chosen, needs, gpus, spread, search=None): spanning.scores natively; None where it cannot be
+ * exact (an int beyond 2^52 in magnitude, or not an int: the reference answers). With `search` (span_search's),
+ * the set searches `chosen` lacks are made here and kept in it where they can be (spanning.codes). Every loop is
+ * bounded by a length read here (needs, keys, gpus ≤ SPAN_MAX_GPUS, each tuple's checked length, the rows ≤
+ * SPAN_MAX_GPUS), and no Python code runs. */
 static PyObject *nameids_span_scores(PyObject *module, PyObject *args) {
     (void)module;
-    PyObject *keys, *chosen, *needs;
+    PyObject *keys, *chosen, *needs, *search = Py_None;
     long gpus;
     int spread;
-    if (!PyArg_ParseTuple(args, "O!O!Olp", &PyTuple_Type, &keys, &PyList_Type, &chosen, &needs, &gpus, &spread))
+    if (!PyArg_ParseTuple(args, "O!O!Olp|O", &PyTuple_Type, &keys, &PyList_Type, &chosen, &needs, &gpus, &spread,
+                          &search))
         return NULL;
     if (gpus < 1 || gpus > SPAN_MAX_GPUS) {
         PyErr_Format(PyExc_ValueError, "span_scores: gpus %ld outside 1..%d", gpus, SPAN_MAX_GPUS);
+        return NULL;
+    }
+    if (search == Py_None)
+        search = NULL;
+    else if (!PyTuple_CheckExact(search) || PyTuple_GET_SIZE(search) != 4
+             || !PyTuple_CheckExact(PyTuple_GET_ITEM(search, 0)) || !PyTuple_CheckExact(PyTuple_GET_ITEM(search, 1))
+             || !PyDict_CheckExact(PyTuple_GET_ITEM(search, 2)) || !PyTuple_CheckExact(PyTuple_GET_ITEM(search, 3))) {
+        PyErr_SetString(PyExc_TypeError, "span_scores: search must be None or (rows, free_rows, by_mask, closes): "
+                        "tuple, tuple, dict, tuple");
         return NULL;
     }
     PyObject *seq = PySequence_Fast(needs, "span_scores: needs must be a list or a tuple");
@@ -848,7 +1010,7 @@ static PyObject *nameids_span_scores(PyObject *module, PyObject *args) {
     int ok = 1;
     for (Py_ssize_t j = 0; j < count && ok == 1; j++) {
         int64_t need;
-        ok = span_int(items[j], &need) ? span_code(keys, chosen, need, gpus, spread, &o[j]) : 0;
+        ok = span_int(items[j], &need) ? span_code(keys, chosen, need, gpus, spread, search, &o[j]) : 0;
     }
     Py_DECREF(seq);
     return span_result(out, ok);
@@ -891,7 +1053,7 @@ static PyObject *nameids_span_scores_each(PyObject *module, PyObject *args) {
             ok = -1;
             break;
         }
-        ok = span_code(keys, chosen, need, gpus, spread, &o[j]);
+        ok = span_code(keys, chosen, need, gpus, spread, NULL, &o[j]);
     }
     return span_result(out, ok);
 }
@@ -978,7 +1140,8 @@ static PyMethodDef module_methods[] = {
      "hosts_json(data, ids, kinds, scores, fits): HostPriorityList JSON of the names in data, scored "
      "scores[ids[k]]; None unless every kinds[ids[k]] is fits"},
     {"span_scores", nameids_span_scores, METH_VARARGS,
-     "span_scores(keys, chosen, needs, gpus, spread): spanning.scores natively; None where it cannot be exact"},
+     "span_scores(keys, chosen, needs, gpus, spread, search=None): spanning.scores natively, the missing set "
+     "searches made where `search` is given; None where it cannot be exact"},
     {"span_scores_each", nameids_span_scores_each, METH_VARARGS,
      "span_scores_each(keys_of, chosen_of, need, gpus, spread): span_scores for one need on each node"},
     {NULL, NULL, 0, NULL},

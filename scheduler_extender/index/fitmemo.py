@@ -199,6 +199,7 @@ class FitMemo:
         self._plan: RefreshPlan | None = None  # how _refresh goes over the tables (None: made afresh at next need)
         self._found: dict[int, spanning.Found] = {}  # id -> the set searches of its view (emptied when it changes)
         self._columns: dict[int, Column] = {}  # id -> what its spanning group cells were last refreshed at
+        self._group_sharing = True  # whether the last fill of a group's table (_refresh's) shared verdicts by shape
         state.on_view_change(self._refresh)
 
     # ------------------------------------------------------------------ the two verbs
@@ -487,6 +488,8 @@ class FitMemo:
             if len(self._tables) >= MAX_TABLES:
                 self._entries -= self._tables.popitem(last=False)[1].filled
             table = self._tables[key] = _Table(self._capacity)
+            if len(key) == 5 and key[2] == () and key[3] == 0:  # a group's (_refresh): as its last fill found
+                table.sharing = self._group_sharing
             self._plan = None
         else:
             self._tables.move_to_end(key)
@@ -503,14 +506,16 @@ class FitMemo:
             self._evict(table, len(ids))
         if len(table.shared) > SHARED_MAX:
             table.shared.clear()
-        if not table.sharing and len(key) == 5 and key[2] == () and key[3] == 0:  # as _refresh's groups
+        group = len(key) == 5 and key[2] == () and key[3] == 0  # as _refresh's groups
+        if not table.sharing and group:
             self._fill_spanning(table, key, ids)
             return
         names, view_of, sids, fragment = self._names, self.state.view_unlocked, self._sids, self._fragment
         kinds, scores, jsons, reasons, shared = table.kinds, table.scores, table.jsons, table.reasons, table.shared
         filled = fitting = hits = misses = 0
         sharing = table.sharing
-        for i in ids:
+        rest: list[int] = []  # a group's table that stopped sharing in this fill: the ids left, for _fill_spanning
+        for pos, i in enumerate(ids):
             if kinds[i] != NONE:
                 continue
             if sharing:
@@ -544,9 +549,16 @@ class FitMemo:
             else:
                 kinds[i] = NEVER if v[1] else FAILS
                 reasons[i] = v[2]
+            if group and not sharing:
+                rest = ids[pos + 1:]
+                break
         table.filled += filled
         table.fitting += fitting
         self._entries += filled
+        if group:  # what a new table of a group starts with (_table): shapes repeat or not for every size alike
+            self._group_sharing = table.sharing
+        if rest:
+            self._fill_spanning(table, key, rest)
 
     def _fill_spanning(self, table: _Table, key: Key, ids: list[int]) -> None:
         """_fill for a spanning table of _refresh's groups (no limit signature, no compute share) that no longer
@@ -584,7 +596,8 @@ class FitMemo:
             out = bytes(spanning.codes(v, (key[0] * v.unit_mib,), policy, gpus, f, self._index.span_scores)[0]
                         for v, f in zip(views, found_of, strict=True))
         else:
-            out = spanning.codes_each(views, found_of, need, policy, gpus, self._index.span_scores_each)
+            out = spanning.codes_each(views, found_of, need, policy, gpus, self._index.span_scores_each,
+                                      self._index.span_scores)
         filled = fitting = 0
         for i, view, code in zip(todo, views, out, strict=True):
             if kinds[i] != NONE:  # an id repeated in `ids`: written once

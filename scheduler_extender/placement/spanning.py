@@ -34,9 +34,10 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
+from functools import reduce
 from itertools import chain, combinations
 from math import comb
-from operator import itemgetter, truediv
+from operator import add, itemgetter, truediv
 from typing import TYPE_CHECKING
 
 from memslice.contract import ANN_GPU_COUNT
@@ -164,7 +165,7 @@ def best_set(view: NodeView, ok: list[int], policy: str, gpus: int) -> tuple[int
         closest = _closest(plan[1], plan[2], mask)
         assert closest is not None  # len(ok) >= gpus: a set of some level fits
         d, fitting = closest
-        return d, min(fitting, key=lambda pos: (sum(value[i] for i in pos), _indices(rows, pos)))
+        return d, min(fitting, key=lambda pos: (_added(value[i] for i in pos), _indices(rows, pos)))
     order = sorted(ok, key=lambda i: (value[i], rows[i][1]))
     if isinstance(topo, int):
         first = order[:gpus]
@@ -179,7 +180,7 @@ def best_set(view: NodeView, ok: list[int], policy: str, gpus: int) -> tuple[int
         d = sum(topo[a][b] for a, b in combinations(s, 2))
         if best is not None and d > best[0]:
             continue
-        rank = (d, sum(value[i] for i in s), tuple(sorted(rows[i][1] for i in s)))
+        rank = (d, _added(value[i] for i in s), tuple(sorted(rows[i][1] for i in s)))
         if best is None or rank < best:
             best, chosen = rank, s
     assert best is not None
@@ -190,10 +191,24 @@ def _indices(rows: tuple[GpuRow, ...], pos: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(sorted(rows[i][1] for i in pos))
 
 
+def _added(values: Iterable[float]) -> float:
+    """The values added left to right from 0.0: how a set's free fractions are summed everywhere here and in C
+    (_nameids.span_search). Not Python's sum: from 3.12 on it adds floats with compensation (other last bits than
+    plain addition, so other ties), and the C twin and this reference must add one defined way."""
+    return reduce(add, values, 0.0)
+
+
+def _closeness(d: int, pairs: int) -> float:
+    """The score's closeness part (TOPOLOGY_WEIGHT of it) for a set at distance d with this many pairs."""
+    return TOPOLOGY_WEIGHT * (1 - d / (FAR * pairs) if pairs else 1.0)
+
+
 Levels = tuple[tuple[int, tuple[tuple[int, tuple[int, ...]], ...]], ...]  # (distance, ((mask, positions), ...))
 Closest = tuple[int, tuple[tuple[int, ...], ...]]  # (distance, the sets of the closest level that fit, in index order)
-# (id(topology), N) -> (it, its levels, the closest fitting sets by mask of the GPUs with room)
-_LEVELS: dict[tuple[int, int], tuple[object, Levels | None, dict[int, Closest]]] = {}
+# (id(topology), N) -> (it, its levels, the closest fitting sets by mask of the GPUs with room, the score's
+# closeness part by distance: _closeness for 0..FAR × pairs)
+Plan = tuple[object, Levels | None, dict[int, Closest], tuple[float, ...]]
+_LEVELS: dict[tuple[int, int], Plan] = {}
 MAX_LEVELS_CACHED = 256  # topologies × counts kept (a cluster has a few board types); emptied when full
 MAX_MASKS = 4096  # masks of GPUs with room kept per topology and N (8 GPUs: 256 at most); emptied when full
 
@@ -205,8 +220,9 @@ def _levels(topo: tuple[tuple[int, ...], ...], gpus: int) -> Levels | None:
     return _plan(topo, gpus)[1]
 
 
-def _plan(topo: tuple[tuple[int, ...], ...], gpus: int) -> tuple[object, Levels | None, dict[int, Closest]]:
-    """_levels' entry: (the topology, its levels, the closest fitting sets kept by mask: see _closest)."""
+def _plan(topo: tuple[tuple[int, ...], ...], gpus: int) -> Plan:
+    """_levels' entry: (the topology, its levels, the closest fitting sets kept by mask: see _closest, the
+    closeness part by distance)."""
     key = (id(topo), gpus)
     hit = _LEVELS.get(key)
     if hit is not None and hit[0] is topo:
@@ -221,7 +237,8 @@ def _plan(topo: tuple[tuple[int, ...], ...], gpus: int) -> tuple[object, Levels 
         levels = tuple((d, tuple(by[d])) for d in sorted(by))
     if len(_LEVELS) >= MAX_LEVELS_CACHED:
         _LEVELS.clear()
-    entry = _LEVELS[key] = (topo, levels, {})
+    pairs = gpus * (gpus - 1) // 2
+    entry = _LEVELS[key] = (topo, levels, {}, tuple(_closeness(d, pairs) for d in range(FAR * pairs + 1)))
     return entry
 
 
@@ -311,7 +328,7 @@ def _scan(view: NodeView, k: int, policy: str, gpus: int) -> Quick:
     if isinstance(topo, int):  # all pairs alike: the first N in the policy's order
         chosen = room[:gpus] if policy != "spread" else sorted(room, key=lambda p: (-rows[p][6], rows[p][1]))[:gpus]
         return topo * (gpus * (gpus - 1) // 2), tuple(sorted(chosen))
-    _, levels, by_mask = _plan(topo, gpus)
+    _, levels, by_mask, _ = _plan(topo, gpus)
     if levels is None:
         return _NOT_QUICK
     mask = 0
@@ -324,7 +341,7 @@ def _scan(view: NodeView, k: int, policy: str, gpus: int) -> Quick:
     if len(fitting) == 1:
         return d, fitting[0]
     sign = -1.0 if policy == "spread" else 1.0  # positions ascend with the GPU index (rows are by index)
-    return d, min(fitting, key=lambda pos: (sign * sum(rows[p][6] / rows[p][3] for p in pos), pos))
+    return d, min(fitting, key=lambda pos: (sign * _added(rows[p][6] / rows[p][3] for p in pos), pos))
 
 
 def _most_free(r: GpuRow) -> tuple[int, int]:
@@ -389,7 +406,8 @@ _FIT = tuple((True, False, "", s) for s in range(MAX_SCORE + 1))  # a fitting ve
 # scores' codes beyond a score (0..MAX_SCORE): fewer than N healthy GPUs have the share free; k's set search not
 # made yet; the general path (verdict) answers. Native twins in _nameids.c (SPAN_NO_ROOM, ...).
 NO_ROOM, UNSEARCHED, GENERAL = 0xF0, 0xF1, 0xF2
-Scores = Callable[[tuple[int, ...], list[Chosen], Sequence[int], int, bool], "bytes | None"]
+Search = tuple[tuple[GpuRow, ...], tuple[GpuRow, ...], dict[int, Closest], tuple[float, ...]]  # _native_search
+Scores = Callable[[tuple[int, ...], list[Chosen], Sequence[int], int, bool, "Search | None"], "bytes | None"]
 ScoresEach = Callable[[list[tuple[int, ...]], list[list[Chosen]], int, int, bool], "bytes | None"]
 
 
@@ -444,7 +462,7 @@ def codes(view: NodeView, needs: Sequence[int], policy: str, gpus: int, found: F
     if chosen is None:
         chosen = found[gpus, policy] = [None] * (len(keys) + 1)
     spread = policy == "spread"
-    out = native(keys, chosen, needs, gpus, spread) if native is not None else None
+    out = native(keys, chosen, needs, gpus, spread, _native_search(view, gpus)) if native is not None else None
     if out is None:
         out = scores(keys, chosen, needs, gpus, spread)
     if UNSEARCHED in out:
@@ -453,7 +471,7 @@ def codes(view: NodeView, needs: Sequence[int], policy: str, gpus: int, found: F
                 k = bisect_left(keys, need)
                 if chosen[k] is None:
                     chosen[k] = _search(view, k, policy, gpus)
-        again = native(keys, chosen, needs, gpus, spread) if native is not None else None
+        again = native(keys, chosen, needs, gpus, spread, None) if native is not None else None
         out = again if again is not None else scores(keys, chosen, needs, gpus, spread)
     return out
 
@@ -489,10 +507,11 @@ def judge(items: list[tuple[NodeView, int, Found]], policy: str, gpus: int,
 
 
 def codes_each(views: list[NodeView], founds: list[Found], need: int, policy: str, gpus: int,
-               native: ScoresEach | None = None) -> bytes:
+               native: ScoresEach | None = None, one: Scores | None = None) -> bytes:
     """codes(view, (need,), policy, gpus, found) for each view and its found, with one native call for all (the
     memo's fill of a spanning table: one size on the hundreds of nodes a request finds without a verdict).
-    `native`: _nameids.span_scores_each (None: the reference alone)."""
+    `native`: _nameids.span_scores_each (None: the reference alone); `one`: _nameids.span_scores, for the nodes
+    whose set search is still to be made (natively where it can, as codes)."""
     at = gpus, policy
     keys_of: list[tuple[int, ...]] = []
     chosen_of: list[list[Chosen]] = []
@@ -521,7 +540,7 @@ def codes_each(views: list[NodeView], founds: list[Found], need: int, policy: st
         fixed[p] = GENERAL
     for p, code in enumerate(out):
         if code == UNSEARCHED:  # the search made and kept, the code asked again
-            fixed[p] = codes(views[p], (need,), policy, gpus, founds[p])[0]
+            fixed[p] = codes(views[p], (need,), policy, gpus, founds[p], one)[0]
     return bytes(fixed)
 
 
@@ -538,7 +557,9 @@ def _search(view: NodeView, k: int, policy: str, gpus: int) -> Chosen:
     room): _scan's answer, as the score needs it (see Found; False: the general path). When the GPU indices are
     0..G-1 (index = position) and the node's sets are few enough, the GPUs with room are a bit mask tested against
     the sets kept per mask (_closest), and the policy's choice among the closest fitting sets is _scan's min
-    written out (the same sums of the same fractions in the same order: the same floats, the same ties)."""
+    written out (the same sums of the same fractions in the same order, _added: the same floats, the same ties).
+    The reference of _nameids.span_search (span_scores with a search, _native_search), which makes this path in C
+    for a mask already kept; tests/extender/test_nameids.py checks they agree."""
     rows, topo = view.rows, view.topo
     pairs = gpus * (gpus - 1) // 2
     plan = None if isinstance(topo, int) else _plan(topo, gpus)
@@ -557,7 +578,7 @@ def _search(view: NodeView, k: int, policy: str, gpus: int) -> Chosen:
                 sign = -1.0 if policy == "spread" else 1.0
                 best = 0.0
                 for pos in fitting:
-                    value = sign * sum(map(fraction, pos))
+                    value = sign * _added(map(fraction, pos))
                     if not positions or value < best or (value == best and pos < positions):
                         best, positions = value, pos
     else:
@@ -566,8 +587,20 @@ def _search(view: NodeView, k: int, policy: str, gpus: int) -> Chosen:
             d, positions = quick
     if d < 0:
         return False
-    close = TOPOLOGY_WEIGHT * (1 - d / (FAR * pairs) if pairs else 1.0)
-    return (close, *chain.from_iterable((rows[i][6], rows[i][3]) for i in positions))
+    return (_closeness(d, pairs), *chain.from_iterable((rows[i][6], rows[i][3]) for i in positions))
+
+
+def _native_search(view: NodeView, gpus: int) -> Search | None:
+    """What _nameids.span_scores needs to make _search's mask path natively (span_search): (rows, free_rows, the
+    closest fitting sets kept per mask, the closeness part per distance); None where that path does not apply (the
+    reference searches). The C reads the kept masks only: one not kept yet is left to _search (_closest keeps it)."""
+    topo, rows = view.topo, view.rows
+    if isinstance(topo, int) or rows[0][1] != 0 or rows[-1][1] != len(rows) - 1:
+        return None
+    plan = _plan(topo, gpus)
+    if plan[1] is None:
+        return None
+    return rows, view.free_rows, plan[2], plan[3]
 
 
 def choose(view: NodeView, need_mib: int, policy: str, limit: LimitNeed | None, compute: int,

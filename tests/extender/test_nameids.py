@@ -440,6 +440,111 @@ def test_span_scores_each_refuses_bad_arguments_not_crash() -> None:
     assert NATIVE.span_scores_each([(1024, 8192)], [chosen], 2**60, 2, False) is None
 
 
+def _topologies(n: int) -> st.SearchStrategy[Any]:
+    """A node's closeness matrix (contract.closeness: 0..3, symmetric, 0 on the diagonal; now and then an entry
+    beyond FAR, which no inventory makes and the C leaves to the reference)."""
+    pairs = [(a, b) for a in range(n) for b in range(a + 1, n)]
+
+    def matrix(values: list[int]) -> tuple[tuple[int, ...], ...]:
+        m = [[0] * n for _ in range(n)]
+        for (a, b), v in zip(pairs, values, strict=True):
+            m[a][b] = m[b][a] = v
+        return tuple(map(tuple, m))
+
+    value = st.one_of(st.integers(0, 3), st.just(1), st.integers(0, 3), st.sampled_from([4, 9]))
+    return st.lists(value, min_size=len(pairs), max_size=len(pairs)).map(matrix)
+
+
+def _span_view(data: st.DataObject, n: int) -> Any:
+    """A node of n GPUs (index = position) as the memo's views hold it: MiB of a few board sizes, use in whole GiB
+    (ties of free MiB and of free fractions), over-commit, unhealthy GPUs, a closeness matrix."""
+    from memslice.scheduler_extender.placement.views import NodeView
+
+    rows = []
+    for i in range(n):
+        mem = data.draw(st.sampled_from([80 * 1024, 40 * 1024, 24 * 1024, 81559, 3]))
+        used = data.draw(st.one_of(st.integers(0, 80).map(lambda g: g * 1024), st.integers(0, mem + 10)))
+        rows.append((f"G{i}", i, "Sim", mem, data.draw(st.integers(0, 9)) > 0, used, mem - used))
+    return NodeView.of_rows("n", 1, tuple(rows), topo=data.draw(_topologies(n)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([2, 3, 4, 6, 8]), st.sampled_from([2, 3, 4]), st.booleans(), st.data())
+def test_span_search_chooses_the_set_the_python_reference_chooses(n: int, gpus: int, spread: bool,
+                                                                  data: st.DataObject) -> None:
+    """span_scores with a search (_nameids.span_search: the memo's set searches in C) keeps, for every k it
+    searches, the set spanning._search (the reference) keeps: the same closeness float, the same GPUs' free MiB
+    and MiB, so the same score codes; float for float and tie for tie (free fractions added left to right in both,
+    spanning._added, not Python's sum, which compensates from 3.12 on). A mask the C has not met yet (spanning.
+    _closest keeps each mask's sets the first time the reference scans them) is left to the reference; on a
+    second view of the same topology the C searches every k itself."""
+    from memslice.scheduler_extender.placement import spanning
+
+    if gpus > n:
+        gpus = n
+    view = _span_view(data, n)
+    policy = "spread" if spread else "binpack"
+    needs = data.draw(st.lists(st.one_of(st.integers(1, 80).map(lambda g: g * 1024), st.integers(-5, 90000)),
+                               min_size=1, max_size=10))
+    reference: spanning.Found = {}
+    want = spanning.codes(view, needs, policy, gpus, reference)  # the reference alone; keeps the masks met
+    searched: list[int] = []
+    reference_search = spanning._search
+
+    def counted(*args: Any) -> Any:
+        searched.append(args[1])
+        return reference_search(*args)
+
+    spanning._search = counted  # type: ignore[assignment]  # counts the searches left to the reference
+    try:
+        native: spanning.Found = {}
+        got = spanning.codes(view, needs, policy, gpus, native, NATIVE.span_scores)
+    finally:
+        spanning._search = reference_search  # type: ignore[assignment]
+    assert got == want
+    assert native == reference
+    for entries in (native.get((gpus, policy), ()), reference.get((gpus, policy), ())):
+        for at in entries:  # the same types too: a float closeness, int MiB
+            assert at is None or at is False or (type(at[0]) is float and all(type(v) is int for v in at[1:]))
+    if spanning._native_search(view, gpus) is not None and all(v <= 3 for row in view.topo for v in row):  # type: ignore[union-attr]
+        assert searched == []  # every mask was kept by the reference's run: the C made every search
+
+
+def test_span_search_refuses_bad_arguments_not_crash() -> None:
+    """A search tuple of the wrong shape is a TypeError naming it; rows, masks or sets the C cannot read exactly
+    leave the search to the reference (UNSEARCHED) or raise a TypeError for the memo's own data malformed."""
+    row0, row1 = ("a", 0, "Sim", 1024, True, 0, 1024), ("b", 1, "Sim", 1024, True, 0, 1024)
+    rows = (row0, row1)
+    by_mask = {3: (0, ((0, 1),))}
+    closes = (0.75, 0.5, 0.25, 0.0)
+
+    def codes(search: Any, chosen: list[Any] | None = None) -> Any:
+        return NATIVE.span_scores((1024, 1024), chosen if chosen is not None else [None] * 3, [512], 2, False,
+                                  search)
+
+    chosen: list[Any] = [None] * 3
+    assert codes((rows, rows, by_mask, closes), chosen) == bytes([round(10 * (0.75 + 0.25 * (1 - 0.5)))])
+    assert chosen[0] == (0.75, 1024, 1024, 1024, 1024)
+    assert codes(None) == b"\xf1"
+    assert codes((rows, rows, {}, closes)) == b"\xf1"  # a mask not kept yet: the reference scans it
+    assert codes((rows, rows, {3: (5, ((0, 1),))}, closes)) == b"\xf1"  # a distance beyond the closeness table
+    assert codes((rows, rows, {3: (0, ())}, closes)) == b"\xf1"
+    assert codes((rows, (row0, ("b", 70, "Sim", 1024, True, 0, 1024)), by_mask, closes)) == b"\xf1"  # not a position
+    assert codes((rows, (row0, ("b", "1")), by_mask, closes)) == b"\xf1"
+    assert codes(((row0, ("b", 1, "Sim", 0, True, 0, 0)), rows, {3: (0, ((0, 1), (0, 1)))}, closes)) == b"\xf1"
+    assert codes(((row0, ("b", 1, "Sim", 2**60, True, 0, 2**60)), rows, by_mask, closes)) == b"\xf1"
+    for bad in ((rows, rows, by_mask), [rows, rows, by_mask, closes], (rows, rows, list(by_mask), closes),
+                (list(rows), rows, by_mask, closes), "x"):
+        with pytest.raises(TypeError, match="search must be None or"):
+            codes(bad)
+    with pytest.raises(TypeError, match="not \\(distance, sets\\)"):
+        codes((rows, rows, {3: [0, ((0, 1),)]}, closes))
+    with pytest.raises(TypeError, match="not a tuple of 2 positions"):
+        codes((rows, rows, {3: (0, ((0, 1, 1), (0,)))}, closes))
+    with pytest.raises(TypeError, match="not a tuple of 2 positions"):
+        codes((rows, rows, {3: (0, ((0,),))}, closes))
+
+
 # Bytes that end a plain name (plain_run_end) and bytes that do not, at every place of names whose lengths
 # straddle the 8-byte words the scan reads: each must be judged as the byte-by-byte reference judges it.
 STOPPERS = [b'"', b"\\", b"\x00", b"\x1f", b"\x7f", b"\x80", b"\xff", b"\xc3\xa9"]
