@@ -313,16 +313,18 @@ class FitMemo:
         return list(compress(names, mask)), self._index.select(ids, mask)
 
     def _top_json(self, table: _Table, names_json: bytes, ids: Ids) -> tuple[bytes, Ids, int]:
-        """_top for names that all fit and came as the request's JSON array (decoded only when some score
-        lower than others): the array, its ids and how many."""
+        """_top for names that all fit and came as the request's JSON array, left undecoded: the array as it
+        came when all score alike, else the JSON of the best ones' names, read from their ids (the request's
+        order kept; the ids are current under the state's lock): the array, its ids and how many. Decoding
+        the array cost more than the rest of a filter at 5,000 names."""
         scores = self._index.take(table.scores, ids)
         top = max(scores)
         count = len(scores)
         if scores.count(top) == count:
             return names_json, ids, count
-        mask = scores.translate(_TOP[top])
-        names = list(compress(orjson.loads(names_json), mask))
-        return wire_names(names), self._index.select(ids, mask), len(names)
+        best = self._index.select(ids, scores.translate(_TOP[top]))
+        chosen = [n for n in map(self._names.__getitem__, self._index.to_list(best)) if n is not None]  # all nodes
+        return wire_names(chosen), best, len(chosen)
 
     def all_fit(self, names: list[Any], key: Key, uid: str = "") -> bool:
         """Does the pod fit on every one of `names`? (split(), answered yes or no.)"""
