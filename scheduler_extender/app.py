@@ -92,8 +92,9 @@ class Extender:
         self.binder = Binder(self.core, self.writer, self.state, config.policy, clock, self.served,
                              config.max_limit_ratio)
         if config.filter_answers not in FILTER_ANSWERS:
-            raise ValueError(f"--filter-answers={config.filter_answers[:32]!r}: give one of "
-                             f"{', '.join(FILTER_ANSWERS)}")
+            raise ValueError(f"--filter-answers={config.filter_answers[:32]!r} (or $MEMSLICE_EXTENDER_FILTER_ANSWERS) "
+                             f"is not one of {', '.join(FILTER_ANSWERS)}; give best (the scheduler's configuration "
+                             f"without prioritizeVerb) or all (with prioritizeVerb)")
         self.verbs = Verbs(self.state, self.binder, config.policy, self.metrics, config.max_limit_ratio,
                            lambda node: node_pod_priorities(self.core, node), best=config.filter_answers == "best")
         self._stop = threading.Event()
