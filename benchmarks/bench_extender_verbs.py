@@ -76,6 +76,8 @@ def main() -> int:
     p.add_argument("--instructions", action="store_true",
                    help="count instructions per measured pod with callgrind instead (needs valgrind)")
     p.add_argument("--_callgrind", action="store_true", help=argparse.SUPPRESS)  # the run under callgrind
+    p.add_argument("--best", action="store_true", help="filter as deploy/ runs it since issue 39: only the "
+                   "best-scoring nodes passed (--filter-answers best), no prioritize")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     if args.instructions:
@@ -104,6 +106,8 @@ def main() -> int:
     state.pods_synced.set()
     ratio = Fraction(args.max_limit_ratio) if args.max_limit_ratio else None
     cap = {"limit_ratio": ratio} if ratio is not None else {}  # (older versions have no such argument)
+    if args.best:  # filter passes its best-scoring nodes only (--filter-answers best); no prioritize follows
+        cap["best"] = True  # type: ignore[assignment]
     verbs = Verbs(state, None, "binpack", Metrics(state), **cap)  # type: ignore[arg-type]  # binds charged here
     used: dict[tuple[int, int], int] = {}
     total, i = 0, 0
@@ -156,11 +160,12 @@ def main() -> int:
             answer = orjson.loads(out)
             if not answer["NodeNames"]:
                 continue
-            body = bytearray(orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": answer["NodeNames"]}))
-            t2 = time.process_time()
-            if raw_prioritize is None or raw_prioritize(body) is None:  # as the server: from the bytes if it can
-                verbs.prioritize(orjson.loads(body))
-            cpu_p += time.process_time() - t2
+            if not args.best:  # --best: no prioritize (the pod goes to the first of the best, below)
+                body = bytearray(orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": answer["NodeNames"]}))
+                t2 = time.process_time()
+                if raw_prioritize is None or raw_prioritize(body) is None:  # as the server: from the bytes if it can
+                    verbs.prioritize(orjson.loads(body))
+                cpu_p += time.process_time() - t2
             node = answer["NodeNames"][0]
             view = state.view(node)
             mib = int(pod["spec"]["containers"][0]["resources"]["limits"]["memslice.io/gpu-mem"])

@@ -7,9 +7,10 @@ then two runs on the
 same cluster, one after the other:
 
 - extender: deploy/base's scheduler configuration (the memslice-scheduler profile, the extender with filter,
-  prioritize, bind and preempt in plain HTTP on loopback, as the container beside kube-scheduler in its pod is
-  reached, under the scheduler's account); the extender is a process of its own (this script with
-  --serve-extender), so its CPU time is its own;
+  bind and preempt in plain HTTP on loopback, as the container beside kube-scheduler in its pod is reached,
+  under the scheduler's account; filter passes only its best-scoring nodes, no prioritize); the extender is a
+  process of its own (this script with --serve-extender), so its CPU time is its own; `--also-all` adds runs
+  as before that (filter passes every fitting node, prioritize at weight 5), interleaved;
 - with `--mtls`, also an extender run in the shape of deploy/components/standalone-extender (its own account,
   mutual TLS, the certificates its Job makes, the component's scheduler configuration), for comparison;
 - plain: the same kube-scheduler binary with deploy/'s configuration minus the extender (the scheduler's own
@@ -33,6 +34,8 @@ its pool and its exchange with the API server. The load average at the start and
 `--also-gate N [N...]` adds sidecar runs whose filter is gated at N binds in flight (edge/gate.py; 0: no gate, as
 before), interleaved; `--bind-gate N` sets the first sidecar run's.
 
+`--pprof DIR` writes Go CPU profiles of the API server and each run's kube-scheduler (`go tool pprof -top FILE`).
+
 `--rounds N` repeats the runs (interleaved: sidecar, mTLS, plain; round after round on the same cluster) and
 reports each figure's median. New connections are counted in the extender: those kube-scheduler opened to it,
 and those its bind writes opened to the API server (podwrites.PodWriter). `--cpus 0` pins everything (API
@@ -42,7 +45,7 @@ inherit it). `--breakdown` has the extender account its CPU by activity
 its connection threads and watch events, timed by CPU. `--json` prints one JSON object.
 
     .venv/bin/python benchmarks/bench_real_scheduler.py [--nodes 20] [--pods 400] [--cpus 0] [--breakdown]
-        [--mtls] [--rounds 2] [--also-gate 4 0] [--extender-only] [--json]
+        [--mtls] [--rounds 2] [--also-all] [--also-gate 4 0] [--extender-only] [--pprof DIR] [--json]
 """
 
 from __future__ import annotations
@@ -141,7 +144,61 @@ def apiserver_bindings(cluster: Any) -> dict[float, float]:
 
 
 SCHEDULER_METRICS_FLAGS = ("--bind-address=127.0.0.1", "--authorization-always-allow-paths=/healthz,/readyz,"
-                           "/livez,/metrics")
+                           "/livez,/metrics,/debug/pprof/*")
+
+
+class GoProfiles:
+    """`--pprof DIR`: CPU profiles (Go's /debug/pprof/profile, `go tool pprof` reads them) of the API server and
+    of the run's kube-scheduler (its profiling is on by default; the benchmark allows the path), each over the
+    same `seconds` from the moment the scheduler's port answers, written as DIR/<run>-<process>.pb.gz."""
+
+    def __init__(self, cluster: Any, sched_port: int, out: Path | None, run: str, seconds: float) -> None:
+        self.threads: list[threading.Thread] = []
+        if out is None:
+            return
+        import ssl
+
+        out.mkdir(parents=True, exist_ok=True)
+        insecure = ssl.create_default_context()
+        insecure.check_hostname, insecure.verify_mode = False, ssl.CERT_NONE  # the scheduler's self-signed cert
+        sched = f"https://127.0.0.1:{sched_port}"
+        self._wait_port(sched + "/healthz", insecure)
+        query = f"/debug/pprof/profile?seconds={seconds:g}"
+        from kube_real import ADMIN_TOKEN
+
+        for name, url, ctx, headers in (
+                ("kube-scheduler", sched + query, insecure, {}),
+                ("kube-apiserver", cluster.url + query, cluster.ssl_context(),
+                 {"Authorization": f"Bearer {ADMIN_TOKEN}"})):
+            t = threading.Thread(target=self._fetch, args=(url, ctx, headers, out / f"{run}-{name}.pb.gz",
+                                                           seconds + 60), daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    @staticmethod
+    def _wait_port(url: str, ctx: Any) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url, context=ctx, timeout=5):
+                    return
+            except OSError:
+                time.sleep(0.05)  # polling a port until it serves (bounded by the deadline)
+        raise AssertionError(f"{url} did not answer within 60 s")
+
+    @staticmethod
+    def _fetch(url: str, ctx: Any, headers: dict[str, str], path: Path, timeout: float) -> None:
+        import urllib.request
+
+        req = urllib.request.Request(url, headers=headers)
+        with urllib.request.urlopen(req, context=ctx, timeout=timeout) as resp:
+            path.write_bytes(resp.read())
+
+    def join(self) -> None:
+        for t in self.threads:
+            t.join(120)
 
 
 def scheduler_metrics(port: int, profile: str) -> dict[str, float]:
@@ -184,7 +241,7 @@ def serve_extender(args: argparse.Namespace) -> int:
     tls = Path(args.tls_dir) if args.tls_dir else None
     files = {} if tls is None else dict(tls_cert_file=str(tls / "tls.crt"), tls_key_file=str(tls / "tls.key"),
                                         tls_client_ca_file=str(tls / "ca.crt"))
-    ext = Extender(api, Config(address="127.0.0.1", port=0, **files)).start()
+    ext = Extender(api, Config(address="127.0.0.1", port=0, filter_answers=args.filter_answers, **files)).start()
     if args.bind_gate is not None:  # 0: no gate (filter never waits), as before it
         ext.verbs.gate.limit = args.bind_gate or 1 << 30
     binds: list[float] = []
@@ -340,12 +397,13 @@ def install_profile() -> Any:
 
 class ExtenderProc:
     def __init__(self, kubeconfig: Path, tls: Path | None, out: Path, breakdown: bool, profile: str | None,
-                 write_pool: int | None = None, bind_gate: int | None = None) -> None:
+                 write_pool: int | None = None, bind_gate: int | None = None, filter_answers: str = "best") -> None:
         self.out = out
         cmd = [sys.executable, __file__, "--serve-extender", "--kubeconfig", str(kubeconfig), "--times-out",
                str(out)] + (["--tls-dir", str(tls)] if tls else []) + (["--breakdown"] if breakdown else []) + (
                ["--profile", profile] if profile else []) + (["--write-pool", str(write_pool)] if write_pool else [])
         cmd += ["--bind-gate", str(bind_gate)] if bind_gate is not None else []
+        cmd += ["--filter-answers", filter_answers]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         self.ps = psutil.Process(self.proc.pid)
         self.port = int(self._line("PORT").split()[1])
@@ -545,23 +603,28 @@ def extender_run(args: argparse.Namespace, cluster: Any, tmp: Path, shape: str, 
     kubeconfig = cluster.kubeconfig(f"ext-{shape}", cluster.token(NAMESPACE, account))
     server = None if tls is None else tls / "memslice-extender-tls"
     ext = ExtenderProc(kubeconfig, server, tmp / f"ext-{shape}-{n}.json", args.breakdown, args.profile,
-                       args.write_pool, int(shape[12:]) if shape.startswith("sidecar-gate") else args.bind_gate)
+                       args.write_pool, int(shape[12:]) if shape.startswith("sidecar-gate") else args.bind_gate,
+                       "all" if shape == "sidecar-all" else "best")
     try:
         if tls is None:
             config = rs.scheduler_config(cluster, ext.port)
         else:
             config = mtls_scheduler_config(cluster, ext.port, tls)
+        if shape == "sidecar-all":  # as before: filter passes every fitting node, prioritize ranks them
+            config["extenders"][0] |= {"prioritizeVerb": "prioritize", "weight": 5}
         create_pending(cluster, args.pods, "memslice-scheduler", 1)
         cpu0, since, api0 = ext.cpu_s(), time.time(), apiserver_bindings(cluster)
         port = free_port()
         sched = cluster.start_scheduler(config, "memslice-scheduler", f"--secure-port={port}",
                                         *SCHEDULER_METRICS_FLAGS)
         procs = Processes(cluster, sched, ext.ps)
+        prof = GoProfiles(cluster, port, args.pprof, f"{shape}-{n}", args.pprof_seconds)
         out["wall_s"] = wait_all_bound(cluster, 600)
         cpu1 = ext.cpu_s()
         out["cpu_by_process_ms_per_pod"] = procs.ms_per_pod(args.pods)
         out.update(scheduler_metrics(port, "memslice-scheduler"))
         out.update(histogram_figures("api_binding", histogram_delta(apiserver_bindings(cluster), api0)))
+        prof.join()
         sched.stop()
         out["extender_cpu_ms_per_pod"] = 1000 * (cpu1 - cpu0) / args.pods
         out["gpus_used"] = check_placement(cluster, args.nodes)
@@ -581,7 +644,7 @@ def extender_run(args: argparse.Namespace, cluster: Any, tmp: Path, shape: str, 
     return out
 
 
-def plain_run(args: argparse.Namespace, cluster: Any) -> dict[str, Any]:
+def plain_run(args: argparse.Namespace, cluster: Any, n: int) -> dict[str, Any]:
     """The same burst through kube-scheduler alone (deploy/'s configuration minus the extender)."""
     import test_real_scheduler as rs
     from kube_real import free_port
@@ -592,10 +655,12 @@ def plain_run(args: argparse.Namespace, cluster: Any) -> dict[str, Any]:
     since, api0, port = time.time(), apiserver_bindings(cluster), free_port()
     sched = cluster.start_scheduler(plain, "plain-scheduler", f"--secure-port={port}", *SCHEDULER_METRICS_FLAGS)
     procs = Processes(cluster, sched, None)
+    prof = GoProfiles(cluster, port, args.pprof, f"plain-{n}", args.pprof_seconds)
     out: dict[str, Any] = {"wall_s": wait_all_bound(cluster, 600)}
     out["cpu_by_process_ms_per_pod"] = procs.ms_per_pod(args.pods)
     out.update(scheduler_metrics(port, "plain-scheduler"))
     out.update(histogram_figures("api_binding", histogram_delta(apiserver_bindings(cluster), api0)))
+    prof.join()
     sched.stop()
     out.update(run_figures(bindings(cluster, rs.SCHEDULER_USER, since), args.pods))
     delete_pods(cluster)
@@ -621,12 +686,14 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     from kube_real import running
     from test_deploy_render import render
 
-    shapes = ["sidecar"] + [f"sidecar-gate{n}" for n in args.also_gate] + (["mtls"] if args.mtls else [])
+    shapes = ["sidecar"] + (["sidecar-all"] if args.also_all else []) + [f"sidecar-gate{n}" for n in args.also_gate]
+    shapes += ["mtls"] if args.mtls else []
     out: dict[str, Any] = {"nodes": args.nodes, "pods": args.pods, "cpus": sorted(os.sched_getaffinity(0)),
                            "rounds": args.rounds, "shapes": shapes, "write_pool": args.write_pool,
                            "bind_gate": args.bind_gate, "load_average": os.getloadavg()}
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in [*shapes, "plain"]}
-    with tempfile.TemporaryDirectory(prefix="ms-bench-") as tmp, running(Path(tmp) / "kube") as cluster:
+    with tempfile.TemporaryDirectory(prefix="ms-bench-") as tmp, running(
+            Path(tmp) / "kube", ("--profiling=true",) if args.pprof else ()) as cluster:
         cluster.apply(sorted(render("base"), key=lambda o: o["kind"] != "Namespace"))
         if args.mtls:  # the standalone extender's account and certificate Job (the sidecar keeps kube-scheduler's)
             cluster.apply(sorted(render("overlays/standalone-extender"), key=lambda o: o["kind"] != "Namespace"))
@@ -637,7 +704,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             for shape in shapes:
                 runs[shape].append(extender_run(args, cluster, Path(tmp), shape, n))
             if not args.extender_only:
-                runs["plain"].append(plain_run(args, cluster))
+                runs["plain"].append(plain_run(args, cluster, n))
     out["load_average_end"] = os.getloadavg()
     for key, values in runs.items():
         if values:
@@ -664,6 +731,7 @@ def report(out: dict[str, Any]) -> None:
     names = {"sidecar": "extender, sidecar (plain HTTP on loopback)", "mtls": "extender, standalone (mutual TLS)"}
     names |= {s: f"extender, sidecar, filter gated at {s[12:]} binds in flight" for s in out["shapes"]
               if s.startswith("sidecar-gate")}
+    names["sidecar-all"] = "extender, sidecar, filter passing every fitting node and prioritize called (weight 5)"
     names["sidecar-gate0"] = "extender, sidecar, filter not gated by the binds in flight (as before issue 39)"
     for shape in out["shapes"]:
         e = out[shape]
@@ -730,6 +798,13 @@ def main() -> int:
                     "before the extender's filter waits (edge/gate.py) instead of its own LIMIT; 0: no gate")
     ap.add_argument("--also-gate", type=int, nargs="+", default=[], metavar="N", help="also run the sidecar with "
                     "its filter gated at N binds in flight (0: no gate, as before issue 39), interleaved, to compare")
+    ap.add_argument("--pprof", type=Path, default=None, metavar="DIR", help="CPU profiles of the API server and "
+                    "kube-scheduler in each run (go tool pprof), written to DIR")
+    ap.add_argument("--pprof-seconds", type=float, default=5.0, metavar="S", help="each profile's length, from "
+                    "the scheduler's start (default 5)")
+    ap.add_argument("--also-all", action="store_true", help="also run the sidecar as before filter answered only "
+                    "the best nodes: --filter-answers all and prioritizeVerb (weight 5), interleaved, to compare")
+    ap.add_argument("--filter-answers", default="best", help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--extender-only", action="store_true", help="skip the run without the extender")
     ap.add_argument("--serve-extender", action="store_true", help=argparse.SUPPRESS)

@@ -51,6 +51,9 @@ def verbs_limits(address: str, tls: bool) -> ConnLimits:
     return dataclasses.replace(VERBS_LIMITS, per_peer=VERBS_LIMITS.max_connections)
 
 
+FILTER_ANSWERS = ("best", "all")  # Config.filter_answers
+
+
 @dataclass(frozen=True)
 class Config:
     address: str = "0.0.0.0"  # the verbs port's (the CLI allows plain HTTP only on loopback: cli.plain_http_refusal)
@@ -67,6 +70,9 @@ class Config:
     health_port: int | None = None  # plain-HTTP /healthz /readyz /metrics only (None: none)
     probe_port: int | None = None  # plain-HTTP /healthz /readyz alone, for the kubelet (None: none)
     max_limit_ratio: Fraction | None = None  # cap on a GPU's sum of limits, × its memory (None: no cap)
+    # filter passes "best": only the fitting nodes of the highest score (no prioritizeVerb needed: deploy/base),
+    # or "all": every fitting node (scored by the prioritize verb, which the scheduler must then call)
+    filter_answers: str = "best"
 
 
 class Extender:
@@ -85,8 +91,12 @@ class Extender:
                              f"take pods whose limits are their requests; give a ratio of at least 1, or none")
         self.binder = Binder(self.core, self.writer, self.state, config.policy, clock, self.served,
                              config.max_limit_ratio)
+        if config.filter_answers not in FILTER_ANSWERS:
+            raise ValueError(f"--filter-answers={config.filter_answers[:32]!r} (or $MEMSLICE_EXTENDER_FILTER_ANSWERS) "
+                             f"is not one of {', '.join(FILTER_ANSWERS)}; give best (the scheduler's configuration "
+                             f"without prioritizeVerb) or all (with prioritizeVerb)")
         self.verbs = Verbs(self.state, self.binder, config.policy, self.metrics, config.max_limit_ratio,
-                           lambda node: node_pod_priorities(self.core, node))
+                           lambda node: node_pod_priorities(self.core, node), best=config.filter_answers == "best")
         self._stop = threading.Event()
         restart = self.metrics.watch_restarts
 

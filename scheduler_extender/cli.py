@@ -62,6 +62,11 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--policy", choices=("binpack", "spread"), default=_env("POLICY", "binpack"),
                    help=f"cluster default placement; a pod overrides it with annotation memslice.io/policy "
                         f"(${ENV}POLICY)")
+    p.add_argument("--filter-answers", choices=("best", "all"), default=_env("FILTER_ANSWERS", "best"),
+                   help=f"best: filter passes only the nodes where the pod fits best by --policy (ties kept), so "
+                        f"kube-scheduler needs no prioritizeVerb and its own scores choose among those (deploy/base); "
+                        f"all: every node where it fits, which the scheduler's configuration must then rank with "
+                        f"prioritizeVerb: prioritize (${ENV}FILTER_ANSWERS)")
     p.add_argument("--assume-ttl", type=_positive(float, "--assume-ttl"), default=_env("ASSUME_TTL", "120"),
                    metavar="SECONDS",
                    help=f"how long a reservation written on a pod that never got bound keeps its GPU memory "
@@ -249,7 +254,8 @@ def run(args: argparse.Namespace) -> int:
                  assume_ttl=float(args.assume_ttl),
                  max_body_bytes=int(args.max_body_mib) << 20, watch_timeout=int(args.watch_timeout),
                  tls_cert_file=args.tls_cert_file, tls_key_file=args.tls_key_file,
-                 tls_client_ca_file=args.tls_client_ca_file, max_limit_ratio=args.max_limit_ratio)
+                 tls_client_ca_file=args.tls_client_ca_file, max_limit_ratio=args.max_limit_ratio,
+                 filter_answers=args.filter_answers)
     try:
         ext = Extender(api_client, cfg)
     except (OSError, ValueError) as exc:

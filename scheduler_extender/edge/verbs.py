@@ -42,7 +42,8 @@ OwnCharge = tuple[str, str, int, int, int]  # (node, GPU UUID, MiB, limit MiB ab
 class Verbs:
     def __init__(self, state: ClusterState, binder: Binder, default_policy: str, metrics: Metrics,
                  limit_ratio: Fraction | None = None,
-                 node_pods: Callable[[str], dict[str, int]] | None = None, gate: BindGate | None = None) -> None:
+                 node_pods: Callable[[str], dict[str, int]] | None = None, gate: BindGate | None = None,
+                 best: bool = False) -> None:
         self.state = state
         self.gate = gate if gate is not None else BindGate()  # filter waits while its limit of binds is in flight
         metrics.gate = self.gate
@@ -50,7 +51,7 @@ class Verbs:
         self.binder = binder
         self.default_policy = default_policy
         self.metrics = metrics
-        self.memo = FitMemo(state, limit_ratio)
+        self.memo = FitMemo(state, limit_ratio, best)  # best: filter passes its best-scoring nodes only
         # the last filter_json's head bytes (the ExtenderArgs before NodeNames) and its pod, for the prioritize
         # of the same cycle (one tuple, replaced whole: threads read it without a lock)
         self._last_head: tuple[bytes, PodView] | None = None
@@ -74,7 +75,7 @@ class Verbs:
             except TypeError:  # an unhashable name
                 split = None
             if split is not None and split.all_passed:  # the usual case: every name a node where the pod fits
-                return 200, wire.filter_result(args, names, {}, {})
+                return 200, wire.filter_result(args, split.passed, {}, {})
             if split is None or split.unknown:
                 args = wire.check_names(args)
                 if split is None:
@@ -119,9 +120,12 @@ class Verbs:
             final, reason = self._unfit_reason(name)
             (unresolvable if final else failed)[name] = reason
         own = self._own_charge(pod.uid)
+        again = bool(split.unknown)  # passed not narrowed to the best by the memo (judged one by one)
         if own is not None and own[0] in failed and self._fits_without_own(key, own):
             del failed[own[0]]  # room once the pod's own stale reservation is not counted
-            passed = [n for n in names if n not in failed and n not in unresolvable]
+            passed, again = [n for n in names if n not in failed and n not in unresolvable], True
+        if again and self.memo.best:  # --filter-answers best: the best-scoring among those that fit
+            passed = self.memo.best_of(passed, key)
         return wire.filter_result(args, passed, failed, unresolvable)
 
     def _unfit_reason(self, name: str) -> tuple[bool, str]:

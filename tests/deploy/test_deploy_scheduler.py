@@ -36,7 +36,7 @@ from waiting import wait_until
 
 from memslice import contract
 
-VERBS = ("filter", "prioritize", "bind", "preempt")
+VERBS = ("filter", "bind", "preempt")
 # Fields of kubescheduler.config.k8s.io/v1 (k8s.io/kube-scheduler/config/v1). kube-scheduler decodes its
 # configuration strictly, so a misspelt field stops it from starting; catch that here.
 CONFIG_FIELDS = {"apiVersion", "kind", "parallelism", "leaderElection", "clientConnection",
@@ -86,9 +86,18 @@ def test_configuration_is_v1_with_one_profile_and_the_extender() -> None:
     assert ext["managedResources"] == [{"name": contract.RESOURCE, "ignoredByScheduler": False},
                                        {"name": contract.RESOURCE_COMPUTE, "ignoredByScheduler": False}]
     assert contract.RESOURCE == RESOURCE
-    assert 1 <= ext["weight"] <= 10
+    # no prioritize: filter passes only the best-scoring nodes (the extender's --filter-answers best)
+    assert "prioritizeVerb" not in ext and "weight" not in ext
     assert 1 <= duration_seconds(ext["httpTimeout"]) <= 30
     assert ext["enableHTTPS"] is (urlsplit(ext["urlPrefix"]).scheme == "https")
+
+
+def test_the_extenders_filter_answers_what_the_configuration_expects() -> None:
+    """Without a prioritizeVerb the scheduler ranks whatever filter passes by its own scores alone: the extender
+    must then pass only its best nodes (--filter-answers best), in deploy/base and in the standalone extender."""
+    for rel in ("base", "overlays/standalone-extender"):
+        assert "prioritizeVerb" not in extender_config(rel), rel
+        assert parse_memslice_args(extender_container(render(rel))[2]).filter_answers == "best", rel
 
 
 def test_the_managed_resource_is_the_one_the_node_agent_advertises() -> None:
@@ -260,7 +269,7 @@ def test_probe_paths_answer_on_the_running_extender(extender: tuple[KubeApiStand
 
 
 def test_configured_verbs_schedule_the_example_notebook(extender: tuple[KubeApiStandin, str]) -> None:
-    """filter → prioritize → bind as kube-scheduler calls them in node-cache mode, then preempt."""
+    """filter → bind as kube-scheduler calls them in node-cache mode, then preempt."""
     kube, base = extender
     notebook: Manifest = example("notebook.yaml")
     notebook["metadata"]["namespace"] = "default"
@@ -272,11 +281,6 @@ def test_configured_verbs_schedule_the_example_notebook(extender: tuple[KubeApiS
     code, res = post(f"{prefix}/{ext['filterVerb']}", args)
     assert code == 200 and not res.get("Error")
     assert res["NodeNames"] == ["gpu-node"]
-
-    code, res = post(f"{prefix}/{ext['prioritizeVerb']}", args)
-    assert code == 200
-    assert [h["Host"] for h in res] == ["gpu-node"]
-    assert all(0 <= h["Score"] <= 10 for h in res)
 
     code, res = post(f"{prefix}/{ext['preemptVerb']}", {
         "Pod": pod, "NodeNameToVictims": None,

@@ -2,7 +2,7 @@
 stand-ins.
 
 Pods are created in the real API server and scheduled by the real kube-scheduler with deploy/'s extender
-configuration (filter, prioritize, bind through the extender, over plain HTTP on loopback as deployed),
+configuration (filter, bind through the extender, over plain HTTP on loopback as deployed),
 admitted by the kubelet stand-in of the chosen node (GetPreferredAllocation + one Allocate per container,
 answered by the real node agent process), and then each container's process runs under its Allocate answer
 (env, region mount, the shim the agent installed) on the node's simulated GPU. Checked: every pod is on a GPU

@@ -24,7 +24,8 @@ def test_help_lists_flags_and_environment() -> None:
                          timeout=60)
     assert out.returncode == 0
     for word in ("--port", "--policy", "--assume-ttl", "--tls-cert-file", "--kubeconfig", "MEMSLICE_EXTENDER_PORT",
-                 "/filter", "/readyz", "--scheduler-names", "MEMSLICE_EXTENDER_SCHEDULER_NAMES", "--health-port"):
+                 "/filter", "/readyz", "--scheduler-names", "MEMSLICE_EXTENDER_SCHEDULER_NAMES", "--health-port",
+                 "--filter-answers", "MEMSLICE_EXTENDER_FILTER_ANSWERS"):
         assert word in out.stdout
 
 
@@ -32,6 +33,8 @@ def test_help_lists_flags_and_environment() -> None:
     (["--port", "http"], {}, "--port='http' is not a TCP port"),
     (["--assume-ttl", "-5"], {}, "--assume-ttl='-5' must be positive"),
     ([], {"MEMSLICE_EXTENDER_POLICY": "fastest"}, "MEMSLICE_EXTENDER_POLICY='fastest' is not a policy"),
+    ([], {"MEMSLICE_EXTENDER_FILTER_ANSWERS": "most"}, "--filter-answers='most' (or $MEMSLICE_EXTENDER_FILTER_ANSWERS) "
+                                                       "is not one of best, all"),
     (["--tls-cert-file", "/nonexistent.crt"], {}, "TLS needs both"),
     (["--tls-client-ca-file", "/ca.crt"], {}, "--tls-client-ca-file needs --tls-cert-file"),
     (["--scheduler-names", "memslice-scheduler,Bad_Name"], {}, "'Bad_Name' is not a scheduler name"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import socket
+import time
 from collections.abc import Iterator
 from fractions import Fraction
 
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from test_extender_support import Cluster, node_obj, plain_node, pod_obj, running_cluster
 
 from memslice.scheduler_extender import wire
+from memslice.scheduler_extender.app import Config
 from memslice.scheduler_extender.edge.metrics import Metrics
 from memslice.scheduler_extender.edge.verbs import Verbs
 from memslice.scheduler_extender.index import nameids
@@ -692,6 +694,72 @@ def test_filter_from_the_bytes_answers_what_filter_answers() -> None:
             assert ((200, answer) if answer is not None else verbs.prioritize({"Pod": pod, "NodeNames": passed})
                     ) == fresh.prioritize({"Pod": pod, "NodeNames": passed}), step
     assert min(taken.values()) > 10 and replayed > 100, (taken, replayed)
+
+
+def test_filter_answering_the_best_passes_the_fitting_nodes_of_the_highest_score() -> None:
+    """--filter-answers best (deploy/base: no prioritizeVerb): filter passes, of the nodes where the pod fits,
+    exactly those its prioritize would score highest, ties kept, in the request's order, on every path (the
+    bytes echoed or split, the decoded request, names that are no nodes), with binds landing in between; what
+    failed, and why, is what filter answers with every fitting node passed."""
+    rng = random.Random(3939)
+    state = ClusterState()
+    gpus: dict[str, list[str]] = {}
+    for i in range(12):
+        sizes = [rng.choice((8000, 16000, 40000)) for _ in range(rng.randint(1, 4))]
+        state.upsert_node(node_obj(f"n{i}", sizes))
+        gpus[f"n{i}"] = [f"GPU-n{i}-{g}" for g in range(len(sizes))]
+    state.upsert_node(plain_node("cpu"))
+    state.nodes_synced.set()
+    state.pods_synced.set()
+    best = Verbs(state, None, "binpack", Metrics(state), best=True)  # type: ignore[arg-type]  # no binds here
+    taken = {"echoed": 0, "split": 0, "declined": 0}
+    shortened = kept_all = 0
+    for step in range(300):
+        names = rng.sample([*gpus, "cpu", "unknown"] if step % 3 == 0 else list(gpus), rng.randint(1, 12))
+        pod = pod_obj(f"p{step}", {"main": rng.choice((1000, 7000, 15000, 30000))},
+                      policy=rng.choice((None, "spread")))
+        pod["metadata"]["uid"] = f"uid-{step}"
+        body = scheduler_body(pod, names)
+        every = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # every fitting node
+        code, want = every.filter(orjson.loads(body))
+        passed = want["NodeNames"]
+        if passed:
+            answer = every.prioritize({"Pod": pod, "NodeNames": passed})[1]
+            scores = {h["Host"]: h["Score"] for h in (orjson.loads(answer) if isinstance(answer, bytes) else answer)}
+            top = max(scores.values())
+            want = want | {"NodeNames": [n for n in passed if scores[n] == top]}
+            shortened += len(want["NodeNames"]) < len(passed)
+            kept_all += 1 < len(want["NodeNames"]) == len(passed)
+        got = best.filter_json(body) if step % 4 else None
+        if got is None:
+            taken["declined"] += step % 4 != 0
+            got = best.filter(orjson.loads(body))
+        else:
+            taken["echoed" if isinstance(got[1], bytes) else "split"] += 1
+        assert (got[0], orjson.loads(got[1]) if isinstance(got[1], bytes) else got[1]) == (code, want), step
+        for _ in range(rng.choice((0, 1, 2))):  # binds of other pods land in between
+            node = rng.choice(list(gpus))
+            state.hold(f"h{step}-{_}", Charge(rng.choice(gpus[node]), node, rng.choice((500, 4000)), 0, None))
+    assert min(taken.values()) > 5 and shortened > 50 and kept_all > 5, (taken, shortened, kept_all)
+
+
+def test_the_server_passes_the_best_nodes_unless_told_to_pass_all() -> None:
+    """Through HTTP, as deploy/base runs it (the default) and with --filter-answers all: a pod of 4 GB fits on
+    an empty GPU and on two half used; binpacking prefers the fuller two (a tie: both passed), and only they
+    are, unless all are."""
+    for answers, want in (("best", ["half-a", "half-b"]), ("all", ["empty", "half-a", "half-b"])):
+        config = Config(address="127.0.0.1", port=0, watch_timeout=30, filter_answers=answers)
+        with running_cluster(config) as c:
+            c.start()
+            for name in ("empty", "half-a", "half-b"):
+                c.add_node(node_obj(name, [16000]))
+            for name in ("half-a", "half-b"):
+                c.add_pod(pod_obj(f"resident-{name}", {"main": 8000}, node=name, annotations=reservation_annotations(
+                    f"GPU-{name}-0", {"main": 8000}, time.time())))
+                c.wait_used(name, [8000])
+            answer = c.c.filter(pod_obj("x", {"main": 4000}), ["half-a", "empty", "half-b"])
+            assert sorted(answer["NodeNames"]) == want, answers
+            assert answer["FailedNodes"] == {} and answer["Error"] == ""
 
 
 def test_filter_from_the_bytes_echoes_the_array_and_declines_what_it_cannot_read(

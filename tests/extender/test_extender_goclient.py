@@ -13,6 +13,8 @@ import orjson
 import pytest
 from test_extender_support import node_obj, pod_obj, running_cluster
 
+from memslice.scheduler_extender.app import Config
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_extender  # noqa: E402  (benchmarks/ is not a package)
@@ -26,7 +28,8 @@ BIG, SMALL = ["big-0", "big-1", "big-2", "big-3"], ["small-0", "small-1"]
 @needs_go
 @pytest.mark.parametrize("decode", ["bytes", "full"])
 def test_the_go_client_binds_every_pod_to_a_node_its_filter_passed(decode: str) -> None:
-    with running_cluster() as cluster:
+    # filter passes every fitting node (--filter-answers all): the client ranks them by prioritize, as before
+    with running_cluster(Config(address="127.0.0.1", port=0, watch_timeout=30, filter_answers="all")) as cluster:
         cluster.start()
         for name in BIG:
             cluster.add_node(node_obj(name, [81920, 81920]))

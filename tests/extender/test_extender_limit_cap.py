@@ -46,7 +46,8 @@ def capped(real_cluster: RealCluster):
     """capped(ratio, *nodes): an extender with --max-limit-ratio on the real API server, these nodes made."""
     @contextmanager
     def make(ratio: str, *nodes: dict) -> Iterator[RealExtCluster]:
-        config = Config(address="127.0.0.1", port=0, watch_timeout=30, max_limit_ratio=Fraction(ratio))
+        config = Config(address="127.0.0.1", port=0, watch_timeout=30, max_limit_ratio=Fraction(ratio),
+                        filter_answers="all")  # every node where the cap lets the pod fit is passed
         with real_ext_cluster(real_cluster, NS, config) as cl:
             cl.start()
             for node in nodes:

@@ -104,8 +104,9 @@ def _rsa_key(path: Path) -> None:
 class RealCluster:
     """A running kube-apiserver (and etcd); components are added with the start_* methods."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, api_flags: tuple[str, ...] = ()) -> None:
         self.dir = workdir
+        self.api_flags = api_flags  # more kube-apiserver flags, after the defaults (the last of a flag wins)
         self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         self.procs: list[Proc] = []
@@ -133,7 +134,7 @@ class RealCluster:
                "--enable-admission-plugins=NodeRestriction", "--endpoint-reconciler-type=none",
                "--enable-priority-and-fairness=false", "--profiling=false", "--anonymous-auth=false",
                f"--audit-policy-file={d / 'audit-policy.yaml'}", f"--audit-log-path={self.audit_log}",
-               "--audit-log-mode=blocking"]
+               "--audit-log-mode=blocking", *self.api_flags]
         self.api_cmd = cmd
         api = Proc("kube-apiserver", cmd, d / "apiserver.log")
         self.procs.append(api)
@@ -323,8 +324,8 @@ CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityCla
 
 
 @contextmanager
-def running(workdir: Path) -> Iterator[RealCluster]:
-    cluster = RealCluster(workdir)
+def running(workdir: Path, api_flags: tuple[str, ...] = ()) -> Iterator[RealCluster]:
+    cluster = RealCluster(workdir, api_flags)
     try:
         yield cluster.start()
     finally:
