@@ -33,7 +33,7 @@ SAN_TESTS  = tests/elastic/test_elastic_moves.py tests/shim/test_shim_faults.py 
 SAN_SKIP   = -k 'not (again_and_again and (copy2d or peer or setasync)) and not rtld_next_keeps \
               and not (requests_hold_under_contention and 50-50) and not without_shares_the_gpu_is_split_evenly'
 
-.PHONY: install demo test gpu-check lint native protos clean sanitize typecheck kubecluster kubenode \
+.PHONY: install demo test test-deep gpu-check lint native protos clean sanitize typecheck kubecluster kubenode \
         san-beside san-native san-pytest san-nameids
 install: $(STAMP)
 
@@ -169,6 +169,12 @@ test: install kubecluster kubenode
 	  [ $$main = 0 ] && [ $$rc = 0 ]
 	@echo "== the shim's tests under the sanitizers: $(SAN_AFTER)"
 	$(MAKE) --no-print-directory san-pytest SAN_FILES="$(SAN_AFTER)"
+
+# The property tests (Hypothesis) with every example figure as written, drawn afresh each run, with Hypothesis'
+# example database (tests/support/hypothesis_budget.py): `make test` runs a quarter of each figure (at least 25),
+# the same examples every run. Run it after changing what a property test covers.
+test-deep: install
+	MEMSLICE_HYPOTHESIS=deep $(PYTEST) -q $(XDIST) -m hypothesis tests
 
 # The sanitizer pass in steps: the ASan+UBSan builds (the C tests run by `make -C interposer sanitize`), the
 # shim's pytest files SAN_FILES against that build, the extender's C extension under its own tests.
