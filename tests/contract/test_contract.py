@@ -5,6 +5,9 @@ both find the Kubernetes API in the same order (memslice.kube.config)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -329,6 +332,28 @@ def test_both_binaries_find_the_api_in_one_order(tmp_path: Path, monkeypatch: py
         assert api is not None and how.startswith("kubeconfig ")
     finally:
         kube.stop()
+
+
+def test_no_api_is_decided_without_importing_the_kubernetes_client(tmp_path: Path) -> None:
+    """A standalone agent (no kubeconfig, not in a pod, no ~/.kube/config) learns that it has no API without
+    importing the kubernetes client, whose import costs each start about half a CPU-second; a named kubeconfig
+    that is missing is still refused by name, first. In a fresh interpreter: this one has imported it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
+    env["HOME"] = str(tmp_path)
+    code = ("import sys\n"
+            "from memslice.errors import ConfigError\n"
+            "from memslice.kube.config import load_api_client\n"
+            "api, why = load_api_client(None)\n"
+            "try:\n"
+            "    load_api_client(sys.argv[1])\n"
+            "except ConfigError as exc:\n"
+            "    why += ' | ' + str(exc)\n"
+            "print(api is None, sorted(m for m in sys.modules if m.split('.')[0] == 'kubernetes'), why)\n")
+    missing = tmp_path / "missing.kubeconfig"
+    out = subprocess.run([sys.executable, "-c", code, str(missing)], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert out.startswith("True [] no kubeconfig"), out
+    assert f"the kubeconfig {missing} (--kubeconfig or KUBECONFIG) is not a file" in out
 
 
 # ------------------------------------------------------------------------------------------ DRA driver config
