@@ -44,6 +44,11 @@ $(STAMP): $(SOURCES)
 	$(PY) -m pip install -q --upgrade pip
 	@echo "== [3/4] installing memslice (compiling the C libraries) and its test tools: about 90 packages, 1-2 minutes"
 	$(PY) -m pip install --progress-bar on -e '.[test]'
+	@# rfc3987-syntax comes with jupyterhub-kubespawner (jupyter-events wants jsonschema[format-nongpl]); jsonschema
+	@# imports it when present, and its import compiles a Lark grammar: 2.5-3 CPU-s in every test process that imports
+	@# the kubernetes client (kubernetes.dynamic imports kubernetes_validate, which imports jsonschema). Only the "iri"
+	@# formats need it, which no schema here uses; the images never install it (no test extras).
+	$(PY) -m pip uninstall -y -q rfc3987-syntax
 	@echo "== [4/4] the oldest supported kubectl, for the deploy tests"
 	$(PY) tests/deploy/kubectl_window.py fetch
 	@touch $@
