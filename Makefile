@@ -176,8 +176,8 @@ test: install kubecluster kubenode
 	$(MAKE) --no-print-directory san-pytest SAN_FILES="$(SAN_AFTER)"
 
 # The property tests (Hypothesis) with every example figure as written, drawn afresh each run, with Hypothesis'
-# example database (tests/support/hypothesis_budget.py): `make test` runs a quarter of each figure (at least 25),
-# the same examples every run. Run it after changing what a property test covers.
+# example database: `make test` runs ten costly ones at a quarter of their figure (at least 25), the same
+# examples every run (tests/support/hypothesis_budget.py). Run it after changing what one of those covers.
 test-deep: install
 	MEMSLICE_HYPOTHESIS=deep $(PYTEST) -q $(XDIST) -m hypothesis tests
 

@@ -8,7 +8,6 @@ from datetime import UTC, datetime
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis_budget import examples
 
 from memslice.contract import ANN_ASSUMED_AT, ANN_GPU_MEM, ANN_GPU_UUID
 from memslice.errors import ContractError
@@ -123,7 +122,7 @@ def test_best_fit_prefers_the_tightest_gpu_and_the_lower_index_on_ties():
     assert best_fit_gpu({0: 10}, 11) is None
 
 
-@settings(max_examples=examples(80), deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 300)), unique=True, max_size=200),
        st.integers(1, 50))
 def test_available_index_agrees_with_parsing_each_id(pairs, size):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis_budget import examples
 
 from memslice.plugin.deviceplugin.devices import (
     HEALTHY,
@@ -44,7 +43,7 @@ shapes = st.lists(st.builds(GpuShape, index=st.integers(0, 15), mem_mib=st.integ
                   min_size=1, max_size=3, unique_by=lambda g: g.index)
 
 
-@settings(max_examples=examples(60), deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(shapes, st.integers(1, 9), st.sampled_from([HEALTHY, UNHEALTHY]))
 def test_computed_size_equals_the_serialized_message(gpus, unit, health):
     infos = [GpuInfo(index=g.index, uuid=f"GPU-{g.index}", model="m", mem_mib=g.mem_mib, numa=g.numa,

@@ -16,7 +16,7 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis_budget import examples
+from hypothesis_budget import QUICK, examples
 from kube_standin import KubeApiStandin
 from test_extender_support import pod_obj
 
@@ -79,7 +79,7 @@ def spanning_reservations(draw: st.DrawFn) -> Reservation:
 reservations = one_gpu_reservations | spanning_reservations()
 
 
-@settings(max_examples=examples(300), deadline=None)
+@settings(max_examples=examples(300), derandomize=QUICK, deadline=None)
 @given(inventories)
 def test_inventory_format_then_parse_is_the_identity(inv: Inventory) -> None:
     ann = inv.format()
@@ -87,7 +87,7 @@ def test_inventory_format_then_parse_is_the_identity(inv: Inventory) -> None:
     assert Inventory.parse("n", ann) == inv
 
 
-@settings(max_examples=examples(300), deadline=None)
+@settings(max_examples=examples(300), derandomize=QUICK, deadline=None)
 @given(reservations)
 def test_reservation_format_then_parse_is_the_identity(r: Reservation) -> None:
     ann = r.format()
@@ -124,7 +124,7 @@ hostile = st.dictionaries(st.sampled_from([ANN_GPUS, ANN_UNIT_MIB, ANN_GPU_UUID,
                           annotation_values)
 
 
-@settings(max_examples=examples(500), deadline=None)
+@settings(max_examples=examples(500), derandomize=QUICK, deadline=None)
 @given(hostile, st.booleans())
 def test_hostile_annotations_raise_only_contract_errors(ann: dict[str, Any], with_time: bool) -> None:
     for parse in (lambda: Inventory.parse("n", ann), lambda: Reservation.parse(ann, "pod ns/p", with_time=with_time)):
@@ -174,7 +174,7 @@ def test_the_fast_gpu_check_holds_every_bound(field: str) -> None:
         _fast_is_checked({**item, field: value})
 
 
-@settings(max_examples=examples(1000), deadline=None)
+@settings(max_examples=examples(1000), derandomize=QUICK, deadline=None)
 @given(gpu_items)
 def test_the_fast_gpu_check_accepts_what_the_field_checks_accept(item: Any) -> None:
     """On decoded JSON, _gpu_fast (a restart's path) accepts exactly the items _gpu_checked accepts, as the
@@ -182,7 +182,7 @@ def test_the_fast_gpu_check_accepts_what_the_field_checks_accept(item: Any) -> N
     _fast_is_checked(json.loads(json.dumps(item)))
 
 
-@settings(max_examples=examples(1000), deadline=None)
+@settings(max_examples=examples(1000), derandomize=QUICK, deadline=None)
 @given(st.dictionaries(texts, st.integers(-1, contract.MAX_MIB + 1) | json_values, max_size=3) | json_values)
 def test_the_one_container_check_is_the_general_one(mem: Any) -> None:
     mem = json.loads(json.dumps(mem))

@@ -8,7 +8,6 @@ import subprocess
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis_budget import examples
 
 from memslice.sizes import SizeError, format_bytes, parse_size
 
@@ -40,7 +39,7 @@ size_strings = st.one_of(
 )
 
 
-@settings(max_examples=examples(300), deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.lists(size_strings, min_size=1, max_size=40))
 def test_c_and_python_agree(cbin, strings):
     strings = [s for s in strings if "\n" not in s]

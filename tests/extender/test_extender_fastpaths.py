@@ -15,7 +15,7 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis_budget import examples
+from hypothesis_budget import QUICK, examples
 from test_extender_support import Cluster, node_obj, plain_node, pod_obj, running_cluster
 
 from memslice.scheduler_extender import wire
@@ -183,7 +183,7 @@ def test_prioritize_from_the_bytes_answers_only_its_pods_very_names() -> None:
     assert verbs.prioritize_json(body(pod, names)) is None  # used once
 
 
-@settings(max_examples=examples(400), deadline=None)
+@settings(max_examples=examples(400), derandomize=QUICK, deadline=None)
 @given(st.data())
 def test_splitting_names_off_the_body_is_exact_or_refuses(data: st.DataObject) -> None:
     """wire.split_names_last on any bytes: None, or (head, array bytes) such that, whenever the array decodes
@@ -542,7 +542,7 @@ def test_prioritize_writes_node_names_json_must_escape_as_json() -> None:
 _SHAPED_SIZES = ((8000, 8000), (8000, 16000), (16000, 8000), (8000, 8000, 8000))
 
 
-@settings(max_examples=examples(150), deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.sampled_from((None, Fraction(1), Fraction(3, 2))), st.lists(st.sampled_from(_SHAPED_SIZES), min_size=1,
        max_size=6), st.lists(st.tuples(st.integers(0, 5), st.integers(0, 99), st.integers(0, 3)), max_size=40))
 def test_verdicts_shared_by_node_shape_are_each_nodes_own(ratio: Fraction | None, sizes: list[tuple[int, ...]],
@@ -786,7 +786,7 @@ def test_the_server_refuses_a_filter_with_too_many_values_that_the_fast_path_cou
 
 # ------------------------------------------------------------------------ all names of 5,000 nodes (all5k)
 
-@settings(max_examples=examples(400), deadline=None)
+@settings(max_examples=examples(400), derandomize=QUICK, deadline=None)
 @given(st.data())
 def test_the_names_after_a_kept_head_are_what_splitting_the_body_gives(data: st.DataObject) -> None:
     """wire.names_after_head(body, head), for a head split_names_last_at cut off some body: None, or exactly the

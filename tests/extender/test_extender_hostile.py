@@ -10,10 +10,9 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from hypothesis_budget import examples
 from test_extender_support import Cluster, node_obj, plain_node, pod_obj, running_cluster
 
-SETTINGS = settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ import pytest
 from extender_real import RealExtCluster, real_ext_cluster
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from hypothesis_budget import examples
 from kube_real import RealCluster
 from kubernetes.client import ApiClient
 from test_extender_cli import extender
@@ -332,7 +331,7 @@ def _view(gpus: list[tuple[int, int, int, bool]], elastic: bool) -> NodeView:
     return NodeView.of("n", 1, rows, 0, None, tuple(o for _, _, o, _ in gpus) if elastic else None)
 
 
-@settings(max_examples=examples(400), deadline=None)
+@settings(max_examples=400, deadline=None)
 @example(gpus=[(4096, 0, 8192, True)], need=1, extra=0, ratio="1", policy="binpack", elastic=True)  # over counts
 @example(gpus=[(4096, 0, 0, True), (4096, 2048, 0, True)], need=1, extra=6143, ratio="1.5", policy="binpack",
          elastic=False)  # binpack's fuller GPU 1 breaks the cap: GPU 0

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis_budget import examples
 from test_deploy_examples import example
 from test_extender_support import node_obj, running_cluster
 
@@ -122,7 +121,7 @@ json_docs = st.recursive(
     lambda kids: st.lists(kids, max_size=5) | st.dictionaries(st.text(max_size=5), kids, max_size=5), max_leaves=40)
 
 
-@settings(max_examples=examples(200), deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(doc=json_docs, compact=st.booleans())
 def test_the_value_bound_is_never_below_the_values_parsed(doc: Any, compact: bool) -> None:
     text = json.dumps(doc, separators=(",", ":") if compact else None).encode()

@@ -9,7 +9,6 @@ from itertools import combinations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis_budget import examples
 from test_extender_support import node_obj, pod_obj, running_cluster
 
 from memslice.scheduler_extender.placement import decisions
@@ -80,7 +79,7 @@ def _fits(view: NodeView, need: int, victims: list[VictimCandidate]) -> bool:
     return len(gpu) <= 1 and any(r[4] and r[6] + freed.get(r[0], 0) >= need for r in view.rows)
 
 
-@settings(max_examples=examples(150), deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 2), st.integers(1, 8), st.integers(0, 3)), max_size=7),
        st.integers(1, 16))
 def test_the_choice_is_the_best_single_gpu_set_by_brute_force(spec, need):

@@ -10,7 +10,6 @@ from collections.abc import Callable
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis_budget import examples
 from test_extender_support import node_obj, pod_obj
 
 from memslice.scheduler_extender.kubeio.annotations import reservation_annotations
@@ -106,7 +105,7 @@ def test_node_views_and_their_memo_cost_the_collector_one_object_per_node() -> N
        init=st.dictionaries(st.sampled_from(["i", "j"]), st.integers(0, 5000), max_size=2),
        sidecars=st.dictionaries(st.sampled_from(["s", "t"]), st.integers(0, 5000), max_size=2),
        reserved=st.sampled_from(["a", "i", "s", "gone"]), mib=st.integers(1, 80000), bound=st.booleans())
-@settings(max_examples=examples(200), deadline=None)
+@settings(max_examples=200, deadline=None)
 def test_a_single_reserved_amount_is_recorded_without_decoding_the_request(
         app: dict[str, int], init: dict[str, int], sidecars: dict[str, int], reserved: str, mib: int,
         bound: bool) -> None:

@@ -16,7 +16,6 @@ from itertools import combinations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis_budget import examples
 from test_extender_support import pod_obj, running_cluster
 
 from memslice.contract import ANN_GPU_COUNT, Gpu, Inventory, Reservation, closeness, set_distance
@@ -199,7 +198,7 @@ def nodes(draw):
     return gpus, used
 
 
-@settings(max_examples=examples(150), deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(nodes(), st.integers(2, 4), st.sampled_from([1, 2, 4, 6]), st.sampled_from(["binpack", "spread"]))
 def test_the_choice_is_n_gpus_with_room_and_no_closer_set_fits(node, n, need_gib, policy):
     gpus, used = node
@@ -220,7 +219,7 @@ def test_the_choice_is_n_gpus_with_room_and_no_closer_set_fits(node, n, need_gib
                    for a, b in combinations(picked, 2))
 
 
-@settings(max_examples=examples(150), deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(nodes(), st.lists(st.tuples(st.integers(2, 4), st.integers(1, 16), st.sampled_from(["binpack", "spread"])),
                          min_size=1, max_size=12), st.integers(0, 2))
 def test_the_set_search_kept_per_view_answers_as_a_search_from_scratch(node, asks, changed):
@@ -254,7 +253,7 @@ def test_the_set_search_kept_per_view_answers_as_a_search_from_scratch(node, ask
         assert kept == scratch
 
 
-@settings(max_examples=examples(200), deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(nodes(), st.integers(2, 4), st.lists(st.integers(0, 17), min_size=1, max_size=12),
        st.sampled_from(["binpack", "spread"]), st.sampled_from(["plain", "compute", "over", "unplaced"]))
 def test_the_sizes_of_one_n_judged_together_answer_as_each_alone(node, n, gibs, policy, extra):
@@ -310,7 +309,7 @@ def test_a_one_gpu_preemptor_may_evict_a_pod_spanning_gpus():
     assert decisions.preemption_victims(view, 16 * GIB, [victim("pair", (0, 1), 16 * GIB)]) == ("pair",)
 
 
-@settings(max_examples=examples(100), deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from([(0,), (1,), (2,), (3,), (0, 1), (2, 3), (1, 2)]),
                           st.sampled_from([4, 8]), st.integers(0, 3)), max_size=8),
        st.sampled_from([4, 8, 12]))
@@ -414,7 +413,7 @@ def test_filter_prioritize_and_bind_a_pod_on_two_gpus():
         assert "fewer than 2 GPUs" in cl.c.bind(big, "n1")
 
 
-@settings(max_examples=examples(60), deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.sampled_from((None, Fraction(1), Fraction(3, 2))),
        st.lists(st.tuples(st.integers(0, 4), st.integers(0, 99), st.integers(0, 4)), max_size=30))
 def test_the_tables_of_one_n_refreshed_together_hold_fresh_verdicts(ratio, ops):

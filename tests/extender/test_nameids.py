@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis_budget import examples
+from hypothesis_budget import QUICK, examples
 
 from memslice.scheduler_extender.index import nameids
 from memslice.scheduler_extender.index.nameids import NameIds, NativeNameIds
@@ -65,7 +65,7 @@ names = st.one_of(node_names, odd_names, st.text(max_size=20))
 ops = st.lists(st.tuples(st.sampled_from(["set", "discard"]), names, st.integers(0, 2**32 - 1)), max_size=80)
 
 
-@settings(max_examples=examples(300), deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(ops, st.lists(st.one_of(names, st.integers(), st.none()), max_size=30))
 def test_native_ids_answer_what_the_python_reference_answers(operations: list[tuple[str, str, int]],
                                                              query: list[Any]) -> None:
@@ -113,7 +113,7 @@ def test_many_names_grow_shrink_and_come_back() -> None:
     assert len(native._native) == 0 and native.ids(live[:1]) is None and native.ids([]) == b""
 
 
-@settings(max_examples=examples(200), deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.integers(0, 40), st.data())
 def test_reads_by_ids_answer_what_python_answers(size: int, data: st.DataObject) -> None:
     py, native = pair()
@@ -138,7 +138,7 @@ items = st.one_of(names, st.text(alphabet=st.characters(min_codepoint=0x100)), s
                   st.just(float("nan")))
 
 
-@settings(max_examples=examples(300), deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.lists(items, max_size=12), st.data())
 def test_same_answers_list_equality(a: list[Any], data: st.DataObject) -> None:
     """Prioritize's names against those filter passed: equal copies (not the same objects), a changed item,
@@ -211,7 +211,7 @@ def _json_array(items: list[str], spaces: list[str]) -> bytes:
             + next(pad) + "]" + next(pad)).encode()
 
 
-@settings(max_examples=examples(400), deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(st.lists(names, max_size=20), st.lists(st.sampled_from(["", " ", "\n", "\t ", "\r\n"]), min_size=1,
                                               max_size=4),
        st.lists(st.tuples(st.integers(0, 400), st.binary(max_size=3)), max_size=2), st.integers(0, 25))
@@ -255,7 +255,7 @@ def test_ids_from_json_refuse_what_is_not_a_plain_array() -> None:
         native._native.ids_json("[]", 1)  # a str is not bytes
 
 
-@settings(max_examples=examples(400), deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(st.lists(node_names, max_size=20), st.lists(st.sampled_from(["", " ", "\n", "\t ", "\r\n"]), min_size=1,
                                                    max_size=4),
        st.data(), st.lists(st.tuples(st.integers(0, 400), st.binary(max_size=3)), max_size=2))
@@ -325,7 +325,7 @@ def _chosen_sets(gpus: int) -> st.SearchStrategy[Any]:
     return st.one_of(st.none(), st.just(False), sets)
 
 
-@settings(max_examples=examples(400), deadline=None)
+@settings(max_examples=examples(400), derandomize=QUICK, deadline=None)
 @given(st.sampled_from([2, 3, 4, 8]), st.booleans(), st.data())
 def test_span_scores_answer_what_the_python_reference_answers(gpus: int, spread: bool, data: st.DataObject) -> None:
     """_nameids.span_scores (the memo's refresh and fills of spanning tables) gives, need by need, the code
@@ -407,7 +407,7 @@ def test_span_scores_refuse_bad_arguments_not_crash() -> None:
     assert NATIVE.span_scores((1024, 8192), chosen, [True], 2, False) is None
 
 
-@settings(max_examples=examples(200), deadline=None)
+@settings(max_examples=examples(200), derandomize=QUICK, deadline=None)
 @given(st.sampled_from([2, 4]), st.booleans(), st.data())
 def test_span_scores_each_answers_span_scores_node_by_node(gpus: int, spread: bool, data: st.DataObject) -> None:
     """_nameids.span_scores_each (a fill: one size on many nodes) is span_scores on each node; None when any node's
@@ -447,7 +447,7 @@ STOPPERS = [b'"', b"\\", b"\x00", b"\x1f", b"\x7f", b"\x80", b"\xff", b"\xc3\xa9
 PLAIN = [b" ", b"!", b"#", b"[", b"]", b"~", b"\x20", b"\x7e", b"-", b"0"]
 
 
-@settings(max_examples=examples(600), deadline=None)
+@settings(max_examples=examples(600), derandomize=QUICK, deadline=None)
 @given(st.lists(st.integers(0, 40), min_size=1, max_size=6), st.data())
 def test_names_with_any_byte_at_any_place_are_judged_as_the_reference_judges_them(lengths: list[int],
                                                                                   data: st.DataObject) -> None:
