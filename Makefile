@@ -33,7 +33,7 @@ SAN_TESTS  = tests/elastic/test_elastic_moves.py tests/shim/test_shim_faults.py 
 SAN_SKIP   = -k 'not (again_and_again and (copy2d or peer or setasync)) and not rtld_next_keeps \
               and not (requests_hold_under_contention and 50-50) and not without_shares_the_gpu_is_split_evenly'
 
-.PHONY: install demo test gpu-check lint native protos clean sanitize typecheck kubecluster kubenode \
+.PHONY: install demo test test-deep gpu-check lint native protos clean sanitize typecheck kubecluster kubenode \
         san-beside san-native san-pytest san-nameids
 install: $(STAMP)
 
@@ -44,6 +44,11 @@ $(STAMP): $(SOURCES)
 	$(PY) -m pip install -q --upgrade pip
 	@echo "== [3/4] installing memslice (compiling the C libraries) and its test tools: about 90 packages, 1-2 minutes"
 	$(PY) -m pip install --progress-bar on -e '.[test]'
+	@# rfc3987-syntax comes with jupyterhub-kubespawner (jupyter-events wants jsonschema[format-nongpl]); jsonschema
+	@# imports it when present, and its import compiles a Lark grammar: 2.5-3 CPU-s in every test process that imports
+	@# the kubernetes client (kubernetes.dynamic imports kubernetes_validate, which imports jsonschema). Only the "iri"
+	@# formats need it, which no schema here uses; the images never install it (no test extras).
+	$(PY) -m pip uninstall -y -q rfc3987-syntax
 	@echo "== [4/4] the oldest supported kubectl, for the deploy tests"
 	$(PY) tests/deploy/kubectl_window.py fetch
 	@touch $@
@@ -169,6 +174,12 @@ test: install kubecluster kubenode
 	  [ $$main = 0 ] && [ $$rc = 0 ]
 	@echo "== the shim's tests under the sanitizers: $(SAN_AFTER)"
 	$(MAKE) --no-print-directory san-pytest SAN_FILES="$(SAN_AFTER)"
+
+# The property tests (Hypothesis) with every example figure as written, drawn afresh each run, with Hypothesis'
+# example database: `make test` runs ten costly ones at a quarter of their figure (at least 25), the same
+# examples every run (tests/support/hypothesis_budget.py). Run it after changing what one of those covers.
+test-deep: install
+	MEMSLICE_HYPOTHESIS=deep $(PYTEST) -q $(XDIST) -m hypothesis tests
 
 # The sanitizer pass in steps: the ASan+UBSan builds (the C tests run by `make -C interposer sanitize`), the
 # shim's pytest files SAN_FILES against that build, the extender's C extension under its own tests.

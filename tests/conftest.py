@@ -20,6 +20,9 @@ import testpaths
 from memslice.paths import LibPaths, lib_paths
 
 testpaths.add()  # every test folder's modules importable by name (tests/testpaths.py)
+import hypothesis_budget  # noqa: E402 (importable once testpaths.add() has run)
+
+hypothesis_budget.load()  # MEMSLICE_HYPOTHESIS: quick (unset) or deep, else refused by name
 
 TESTS = pathlib.Path(__file__).resolve().parent
 T = TypeVar("T")

@@ -5,6 +5,9 @@ both find the Kubernetes API in the same order (memslice.kube.config)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -13,6 +16,7 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import QUICK, examples
 from kube_standin import KubeApiStandin
 from test_extender_support import pod_obj
 
@@ -75,7 +79,7 @@ def spanning_reservations(draw: st.DrawFn) -> Reservation:
 reservations = one_gpu_reservations | spanning_reservations()
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), derandomize=QUICK, deadline=None)
 @given(inventories)
 def test_inventory_format_then_parse_is_the_identity(inv: Inventory) -> None:
     ann = inv.format()
@@ -83,7 +87,7 @@ def test_inventory_format_then_parse_is_the_identity(inv: Inventory) -> None:
     assert Inventory.parse("n", ann) == inv
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), derandomize=QUICK, deadline=None)
 @given(reservations)
 def test_reservation_format_then_parse_is_the_identity(r: Reservation) -> None:
     ann = r.format()
@@ -120,7 +124,7 @@ hostile = st.dictionaries(st.sampled_from([ANN_GPUS, ANN_UNIT_MIB, ANN_GPU_UUID,
                           annotation_values)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), derandomize=QUICK, deadline=None)
 @given(hostile, st.booleans())
 def test_hostile_annotations_raise_only_contract_errors(ann: dict[str, Any], with_time: bool) -> None:
     for parse in (lambda: Inventory.parse("n", ann), lambda: Reservation.parse(ann, "pod ns/p", with_time=with_time)):
@@ -170,7 +174,7 @@ def test_the_fast_gpu_check_holds_every_bound(field: str) -> None:
         _fast_is_checked({**item, field: value})
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), derandomize=QUICK, deadline=None)
 @given(gpu_items)
 def test_the_fast_gpu_check_accepts_what_the_field_checks_accept(item: Any) -> None:
     """On decoded JSON, _gpu_fast (a restart's path) accepts exactly the items _gpu_checked accepts, as the
@@ -178,7 +182,7 @@ def test_the_fast_gpu_check_accepts_what_the_field_checks_accept(item: Any) -> N
     _fast_is_checked(json.loads(json.dumps(item)))
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), derandomize=QUICK, deadline=None)
 @given(st.dictionaries(texts, st.integers(-1, contract.MAX_MIB + 1) | json_values, max_size=3) | json_values)
 def test_the_one_container_check_is_the_general_one(mem: Any) -> None:
     mem = json.loads(json.dumps(mem))
@@ -328,6 +332,28 @@ def test_both_binaries_find_the_api_in_one_order(tmp_path: Path, monkeypatch: py
         assert api is not None and how.startswith("kubeconfig ")
     finally:
         kube.stop()
+
+
+def test_no_api_is_decided_without_importing_the_kubernetes_client(tmp_path: Path) -> None:
+    """A standalone agent (no kubeconfig, not in a pod, no ~/.kube/config) learns that it has no API without
+    importing the kubernetes client, whose import costs each start about half a CPU-second; a named kubeconfig
+    that is missing is still refused by name, first. In a fresh interpreter: this one has imported it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
+    env["HOME"] = str(tmp_path)
+    code = ("import sys\n"
+            "from memslice.errors import ConfigError\n"
+            "from memslice.kube.config import load_api_client\n"
+            "api, why = load_api_client(None)\n"
+            "try:\n"
+            "    load_api_client(sys.argv[1])\n"
+            "except ConfigError as exc:\n"
+            "    why += ' | ' + str(exc)\n"
+            "print(api is None, sorted(m for m in sys.modules if m.split('.')[0] == 'kubernetes'), why)\n")
+    missing = tmp_path / "missing.kubeconfig"
+    out = subprocess.run([sys.executable, "-c", code, str(missing)], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert out.startswith("True [] no kubeconfig"), out
+    assert f"the kubeconfig {missing} (--kubeconfig or KUBECONFIG) is not a file" in out
 
 
 # ------------------------------------------------------------------------------------------ DRA driver config

@@ -16,6 +16,7 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import QUICK, examples
 from test_extender_support import Cluster, node_obj, plain_node, pod_obj, running_cluster
 
 from memslice.scheduler_extender import wire
@@ -184,7 +185,7 @@ def test_prioritize_from_the_bytes_answers_only_its_pods_very_names() -> None:
     assert verbs.prioritize_json(body(pod, names)) is None  # used once
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), derandomize=QUICK, deadline=None)
 @given(st.data())
 def test_splitting_names_off_the_body_is_exact_or_refuses(data: st.DataObject) -> None:
     """wire.split_names_last on any bytes: None, or (head, array bytes) such that, whenever the array decodes
@@ -853,7 +854,7 @@ def test_the_server_refuses_a_filter_with_too_many_values_that_the_fast_path_cou
 
 # ------------------------------------------------------------------------ all names of 5,000 nodes (all5k)
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), derandomize=QUICK, deadline=None)
 @given(st.data())
 def test_the_names_after_a_kept_head_are_what_splitting_the_body_gives(data: st.DataObject) -> None:
     """wire.names_after_head(body, head), for a head split_names_last_at cut off some body: None, or exactly the

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import QUICK, examples
 
 from memslice.scheduler_extender.index import nameids
 from memslice.scheduler_extender.index.nameids import NameIds, NativeNameIds
@@ -324,7 +325,7 @@ def _chosen_sets(gpus: int) -> st.SearchStrategy[Any]:
     return st.one_of(st.none(), st.just(False), sets)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), derandomize=QUICK, deadline=None)
 @given(st.sampled_from([2, 3, 4, 8]), st.booleans(), st.data())
 def test_span_scores_answer_what_the_python_reference_answers(gpus: int, spread: bool, data: st.DataObject) -> None:
     """_nameids.span_scores (the memo's refresh and fills of spanning tables) gives, need by need, the code
@@ -406,7 +407,7 @@ def test_span_scores_refuse_bad_arguments_not_crash() -> None:
     assert NATIVE.span_scores((1024, 8192), chosen, [True], 2, False) is None
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), derandomize=QUICK, deadline=None)
 @given(st.sampled_from([2, 4]), st.booleans(), st.data())
 def test_span_scores_each_answers_span_scores_node_by_node(gpus: int, spread: bool, data: st.DataObject) -> None:
     """_nameids.span_scores_each (a fill: one size on many nodes) is span_scores on each node; None when any node's
@@ -551,7 +552,7 @@ STOPPERS = [b'"', b"\\", b"\x00", b"\x1f", b"\x7f", b"\x80", b"\xff", b"\xc3\xa9
 PLAIN = [b" ", b"!", b"#", b"[", b"]", b"~", b"\x20", b"\x7e", b"-", b"0"]
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(600), derandomize=QUICK, deadline=None)
 @given(st.lists(st.integers(0, 40), min_size=1, max_size=6), st.data())
 def test_names_with_any_byte_at_any_place_are_judged_as_the_reference_judges_them(lengths: list[int],
                                                                                   data: st.DataObject) -> None:

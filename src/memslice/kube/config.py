@@ -27,25 +27,28 @@ def load_api_client(kubeconfig: str | None, *, pool_maxsize: int | None = None
                     ) -> tuple[ApiClient | None, str]:
     """An ApiClient and how it was found, or (None, why none was). `pool_maxsize` sizes urllib3's
     connection pool (the extender binds concurrently)."""
+    home = Path(DEFAULT_KUBECONFIG).expanduser()
+    if kubeconfig and not Path(kubeconfig).is_file():
+        raise ConfigError(f"the kubeconfig {kubeconfig} (--kubeconfig or KUBECONFIG) is not a file: name an "
+                          "existing one (`kubectl config view --raw > FILE` writes one), or unset KUBECONFIG")
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    if not kubeconfig and not in_cluster and not home.is_file():
+        # decided before the client is imported: a standalone agent never uses it, and importing it costs
+        # each start about half a CPU-second
+        return None, (f"no kubeconfig (--kubeconfig, KUBECONFIG, {DEFAULT_KUBECONFIG}) and not in a cluster "
+                      f"(KUBERNETES_SERVICE_HOST unset)")
     from kubernetes import client, config
 
     conf = client.Configuration()
-    home = Path(DEFAULT_KUBECONFIG).expanduser()
     if kubeconfig:
-        if not Path(kubeconfig).is_file():
-            raise ConfigError(f"the kubeconfig {kubeconfig} (--kubeconfig or KUBECONFIG) is not a file: name an "
-                              "existing one (`kubectl config view --raw > FILE` writes one), or unset KUBECONFIG")
         _load(config, kubeconfig, conf)
         how = f"kubeconfig {kubeconfig}"
-    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+    elif in_cluster:
         config.load_incluster_config(client_configuration=conf)
         how = "in-cluster service account"
-    elif home.is_file():
+    else:
         _load(config, str(home), conf)
         how = f"kubeconfig {home}"
-    else:
-        return None, (f"no kubeconfig (--kubeconfig, KUBECONFIG, {DEFAULT_KUBECONFIG}) and not in a cluster "
-                      f"(KUBERNETES_SERVICE_HOST unset)")
     if pool_maxsize is not None:
         conf.connection_pool_maxsize = pool_maxsize
     return client.ApiClient(conf), how
