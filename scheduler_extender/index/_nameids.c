@@ -19,6 +19,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 /* A slot of the table; hash 0 marks it empty (hashes are made non-zero). */
 typedef struct {
@@ -54,14 +57,113 @@ static PyObject *nameids_hosts_json(PyObject *module, PyObject *args);
 static PyObject *nameids_span_scores(PyObject *module, PyObject *args);
 static PyObject *span_result(PyObject *out, int ok);
 static PyObject *nameids_span_scores_each(PyObject *module, PyObject *args);
-static const char *plain_run_end(const char *p, const char *end);
-static char *copy_name(char *o, const char *p, size_t n);
+static PyObject *nameids_name_hash(PyObject *module, PyObject *args);
 PyMODINIT_FUNC PyInit__nameids(void);
+
+/* The helpers of the per-name loops (each runs 5,000 times per verb with all names: a call's own cost was
+ * 5-10 instructions of their 15-50) are inlined where the compiler allows. */
+#if defined(__GNUC__)
+#define HOT static inline __attribute__((always_inline))
+#else
+#define HOT static inline
+#endif
+
+/* Where a plain name's bytes end, from p: the first byte that is a quote, a backslash, a control byte (< 0x20) or
+ * one >= 0x7F (the name's closing quote, or what makes it no plain name); `end` when there is none. Why eight
+ * bytes at a time: every name of a 5,000-name filter is checked twice per pod (filter's lookups, prioritize's
+ * answer), byte by byte ~8 instructions each (benchmarks/README.md, "Where each pod's time goes"); a word with
+ * none of those bytes is passed in a dozen. Each test flags every byte that qualifies, and may flag bytes above
+ * (later in memory) a flagged one, never one below: borrows and carries run upwards from a byte that
+ * qualifies. So the lowest flag of a little-endian word is the first byte that ends the name; elsewhere, and
+ * for the last bytes of the buffer, byte by byte. With SSE2, sixteen bytes at a time first (exact per byte, no
+ * carries: 39 -> ~15 instructions a name of 10 bytes). Reads stay below `end`. */
+HOT const char *plain_run_end(const char *p, const char *end) {
+#if defined(__SSE2__)
+    /* sixteen bytes at a time where SSE2 is (every x86-64): a node name and its closing quote in one load. The
+     * signed compare below 0x20 flags the control bytes and every byte >= 0x80 (negative as signed). */
+    const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\'), space = _mm_set1_epi8(0x20),
+                  del = _mm_set1_epi8(0x7F);
+    while (end - p >= 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
+        __m128i stop = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)),
+                                    _mm_or_si128(_mm_cmplt_epi8(v, space), _mm_cmpeq_epi8(v, del)));
+        unsigned mask = (unsigned)_mm_movemask_epi8(stop);
+        if (mask)
+            return p + __builtin_ctz(mask);
+        p += 16;
+    }
+#endif
+    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+    while (end - p >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        uint64_t q = w ^ (ones * (uint64_t)'"'), b = w ^ (ones * (uint64_t)'\\');
+        uint64_t stop = ((q - ones) & ~q)               /* a quote */
+                        | ((b - ones) & ~b)             /* a backslash */
+                        | ((w - ones * 0x20u) & ~w)     /* a byte below 0x20 */
+                        | ((w + ones) | w);             /* a byte above 0x7E */
+        if (stop & highs) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+            return p + (__builtin_ctzll(stop & highs) >> 3);
+#else
+            break;
+#endif
+        }
+        p += 8;
+    }
+    for (; p < end; p++) {
+        unsigned char c = (unsigned char)*p;
+        if (c == '"' || c == '\\' || c < 0x20 || c >= 0x7F)
+            return p;
+    }
+    return end;
+}
+
+/* The n bytes at p copied to o; where they end there. Why not memcpy: a node name is ~10 bytes, and a libc call
+ * per name (its size dispatch) cost more than the copy, 5,000 times per prioritize (callgrind). */
+HOT char *copy_name(char *o, const char *p, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        memcpy(o + i, p + i, 8); /* a constant size: one load and one store */
+    if (i < n && n >= 8) {       /* the last 1-7 bytes: the 8 ending there again (the first of them are copied) */
+        memcpy(o + n - 8, p + n - 8, 8);
+        return o + n;
+    }
+    for (; i < n; i++)
+        o[i] = p[i];
+    return o + n;
+}
+
+/* Are the n bytes at a and at b the same? Why not memcmp: it is asked once per name looked up (a held name's
+ * bytes against the request's), ~10 bytes, and the libc call and its size dispatch cost more than the compare
+ * (callgrind: 65 instructions a lookup with it). Eight bytes at a time, the last 1-7 as the 8 ending there. */
+HOT int same_bytes(const char *a, const char *b, size_t n) {
+    uint64_t x, y;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&x, a + i, 8);
+        memcpy(&y, b + i, 8);
+        if (x != y)
+            return 0;
+    }
+    if (i == n)
+        return 1;
+    if (n >= 8) {
+        memcpy(&x, a + n - 8, 8);
+        memcpy(&y, b + n - 8, 8);
+        return x == y;
+    }
+    for (; i < n; i++)
+        if (a[i] != b[i])
+            return 0;
+    return 1;
+}
 
 /* Why seeded: the names come from Node objects, and a hash an outsider can predict would let chosen names
  * pile into one probe run. The seed is the caller's (random per process); the mixing is two rounds of
  * multiply-xorshift over 8-byte words, enough to spread node names that differ in a digit or two. */
-static uint32_t hash_bytes(uint64_t seed, const char *p, size_t n) {
+HOT uint32_t hash_bytes(uint64_t seed, const char *p, size_t n) {
+    const size_t total = n;
     uint64_t h = seed ^ ((uint64_t)n * 0x9E3779B97F4A7C15ull);
     while (n >= 8) {
         uint64_t w;
@@ -72,6 +174,13 @@ static uint32_t hash_bytes(uint64_t seed, const char *p, size_t n) {
         n -= 8;
     }
     uint64_t w = 0;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (n > 0 && total >= 8) {                    /* a name of 8 bytes or more: its last 1-7 bytes are the top */
+        memcpy(&w, p + n - 8, 8);                /* of the 8 ending there, shifted down (the same w, one load) */
+        w >>= 8 * (8 - n);
+        n = 0;
+    }
+#endif
     for (size_t i = 0; i < n; i++) /* the last 0-7 bytes: inline, not a call to memcpy per name */
         w |= (uint64_t)(unsigned char)p[i] << (8 * i);
     h = (h ^ w) * 0xC4CEB9FE1A85EC53ull;
@@ -92,10 +201,10 @@ static const char *ascii_name(PyObject *name, size_t *len) {
 }
 
 /* The slot holding this name, or the empty slot where its probe run ends. */
-static Slot *find_slot(const NameIndex *ix, const char *p, size_t n, uint32_t h) {
+HOT Slot *find_slot(const NameIndex *ix, const char *p, size_t n, uint32_t h) {
     for (size_t i = h & ix->mask;; i = (i + 1) & ix->mask) {
         Slot *s = &ix->slots[i];
-        if (s->hash == 0 || (s->hash == h && s->len == n && memcmp(ix->arena + s->off, p, n) == 0))
+        if (s->hash == 0 || (s->hash == h && s->len == n && same_bytes(ix->arena + s->off, p, n)))
             return s;
     }
 }
@@ -301,7 +410,7 @@ none:
 
 /* Where the JSON whitespace from p ends. Why: JSON allows it around every token, and a writer other than
  * kube-scheduler's (which writes none) may put it there. */
-static const char *skip_ws(const char *p, const char *end) {
+HOT const char *skip_ws(const char *p, const char *end) {
     while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
         p++;
     return p;
@@ -309,7 +418,7 @@ static const char *skip_ws(const char *p, const char *end) {
 
 /* Past a string's closing quote at p: onto the next element's `"` after a `,`, or onto the `]`; NULL for
  * anything else. Why one place: both array walks (next_name, hosts_json) must refuse the same non-JSON. */
-static const char *after_string(const char *p, const char *end) {
+HOT const char *after_string(const char *p, const char *end) {
     if (end - p > 2 && p[1] == ',' && p[2] == '"') /* the usual: no whitespace (as kube-scheduler writes it) */
         return p + 2;
     p = skip_ws(p + 1, end);
@@ -324,7 +433,7 @@ static const char *after_string(const char *p, const char *end) {
  * printable ASCII, no backslash), *pp moved past the following `,` or onto the `]`; NULL for anything else.
  * Why so strict: a name with an escape or a non-ASCII byte is no node's name as this index holds it, and the
  * caller then decodes the whole request with a real JSON parser, which judges it. */
-static const char *next_name(const char **pp, const char *end, size_t *len) {
+HOT const char *next_name(const char **pp, const char *end, size_t *len) {
     const char *p = *pp;
     if (p >= end || *p != '"')
         return NULL;
@@ -599,7 +708,7 @@ static PyObject *nameids_same(PyObject *module, PyObject *args) {
 }
 
 /* The decimal digits of `v` (0..255) at o; where they end. */
-static char *put_score(char *o, unsigned v) {
+HOT char *put_score(char *o, unsigned v) {
     if (v >= 100)
         *o++ = (char)('0' + v / 100);
     if (v >= 10)
@@ -631,17 +740,23 @@ static PyObject *nameids_hosts_json(PyObject *module, PyObject *args) {
     /* Sized exactly for an array written without whitespace (as kube-scheduler writes it): its bytes (the
      * names, their quotes, the commas and brackets), plus per entry the keys and braces (18) and its score's
      * digits; an array with whitespace takes less. An over-sized buffer shrunk at the end costs a copy. */
-    Py_ssize_t size = data.len;
+    Py_ssize_t size = data.len, within = kinds.len < scores.len ? kinds.len : scores.len;
+    uint32_t top = 0; /* the largest id: every id within both tables when it is (one test, not 2 per id) */
+    for (Py_ssize_t j = 0; j < count; j++)
+        top = ids[j] > top ? ids[j] : top;
+    if (count > 0 && (Py_ssize_t)top >= within) {
+        Py_ssize_t j = 0;
+        while ((Py_ssize_t)ids[j] < within) /* the first id outside, as the error names it */
+            j++;
+        id_error(ids[j], within);
+        goto done;
+    }
+    if (count > (PY_SSIZE_T_MAX - size) / 21) { /* never with ids from a buffer (4 bytes each) */
+        PyErr_NoMemory();
+        goto done;
+    }
     for (Py_ssize_t j = 0; j < count; j++) {
-        if ((Py_ssize_t)ids[j] >= kinds.len || (Py_ssize_t)ids[j] >= scores.len) {
-            id_error(ids[j], kinds.len < scores.len ? kinds.len : scores.len);
-            goto done;
-        }
         unsigned v = ((const unsigned char *)scores.buf)[ids[j]];
-        if (size > PY_SSIZE_T_MAX - 21) {
-            PyErr_NoMemory();
-            goto done;
-        }
         size += 18 + 1 + (v >= 10) + (v >= 100);
     }
     if ((out = PyBytes_FromStringAndSize(NULL, size)) == NULL)
@@ -657,7 +772,7 @@ static PyObject *nameids_hosts_json(PyObject *module, PyObject *args) {
     while (p < end && *p != ']') {
         if (*p != '"' || k >= count)
             goto none;
-        uint32_t id = ids[k]; /* within both tables (checked above) */
+        uint32_t id = ids[k]; /* within both tables (checked above: the largest is) */
         if (kd[id] != fits)
             goto none;
         if (k++ > 0)
@@ -896,50 +1011,20 @@ static PyObject *nameids_span_scores_each(PyObject *module, PyObject *args) {
     return span_result(out, ok);
 }
 
-/* Where a plain name's bytes end, from p: the first byte that is a quote, a backslash, a control byte (< 0x20) or
- * one >= 0x7F (the name's closing quote, or what makes it no plain name); `end` when there is none. Why eight
- * bytes at a time: every name of a 5,000-name filter is checked twice per pod (filter's lookups, prioritize's
- * answer), byte by byte ~8 instructions each (benchmarks/README.md, "Where each pod's time goes"); a word with
- * none of those bytes is passed in a dozen. Each test flags every byte that qualifies, and may flag bytes above
- * (later in memory) a flagged one, never one below: borrows and carries run upwards from a byte that
- * qualifies. So the lowest flag of a little-endian word is the first byte that ends the name; elsewhere, and
- * for the last bytes of the buffer, byte by byte. Reads stay below `end`. */
-static const char *plain_run_end(const char *p, const char *end) {
-    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
-    while (end - p >= 8) {
-        uint64_t w;
-        memcpy(&w, p, 8);
-        uint64_t q = w ^ (ones * (uint64_t)'"'), b = w ^ (ones * (uint64_t)'\\');
-        uint64_t stop = ((q - ones) & ~q)               /* a quote */
-                        | ((b - ones) & ~b)             /* a backslash */
-                        | ((w - ones * 0x20u) & ~w)     /* a byte below 0x20 */
-                        | ((w + ones) | w);             /* a byte above 0x7E */
-        if (stop & highs) {
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-            return p + (__builtin_ctzll(stop & highs) >> 3);
-#else
-            break;
-#endif
-        }
-        p += 8;
-    }
-    for (; p < end; p++) {
-        unsigned char c = (unsigned char)*p;
-        if (c == '"' || c == '\\' || c < 0x20 || c >= 0x7F)
-            return p;
-    }
-    return end;
-}
-
-/* The n bytes at p copied to o; where they end there. Why not memcpy: a node name is ~10 bytes, and a libc call
- * per name (its size dispatch) cost more than the copy, 5,000 times per prioritize (callgrind). */
-static char *copy_name(char *o, const char *p, size_t n) {
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        memcpy(o + i, p + i, 8); /* a constant size: one load and one store */
-    for (; i < n; i++)
-        o[i] = p[i];
-    return o + n;
+/* name_hash(seed, name): the hash an exact ASCII str is held under in a NameIndex(seed), None for another
+ * object. Why: tests need names that share a hash (each lookup compares the bytes of a name whose hash matches,
+ * and only two such names tell a compare that answers "same" wrongly); 2^32 hashes take a brute-force search. */
+static PyObject *nameids_name_hash(PyObject *module, PyObject *args) {
+    (void)module;
+    unsigned long long seed;
+    PyObject *name;
+    if (!PyArg_ParseTuple(args, "KO", &seed, &name))
+        return NULL;
+    size_t n = 0;
+    const char *p = ascii_name(name, &n);
+    if (p == NULL)
+        Py_RETURN_NONE;
+    return PyLong_FromUnsignedLong(hash_bytes(seed, p, n));
 }
 
 static PyMethodDef index_methods[] = {
@@ -979,6 +1064,8 @@ static PyMethodDef module_methods[] = {
      "scores[ids[k]]; None unless every kinds[ids[k]] is fits"},
     {"span_scores", nameids_span_scores, METH_VARARGS,
      "span_scores(keys, chosen, needs, gpus, spread): spanning.scores natively; None where it cannot be exact"},
+    {"name_hash", nameids_name_hash, METH_VARARGS,
+     "name_hash(seed, name): the hash an ASCII str is held under in NameIndex(seed); None for anything else"},
     {"span_scores_each", nameids_span_scores_each, METH_VARARGS,
      "span_scores_each(keys_of, chosen_of, need, gpus, spread): span_scores for one need on each node"},
     {NULL, NULL, 0, NULL},
