@@ -47,7 +47,7 @@ import orjson
 
 from memslice.lean_http import BoundedHTTPServer, ConnLimits, LeanRequestHandler
 
-from ..wire import MAX_JSON_VALUES, json_values_bound
+from ..wire import MAX_JSON_VALUES, JsonParts, json_values_bound
 from .metrics import Metrics
 from .verbs import Verbs
 
@@ -187,9 +187,12 @@ class _Handler(LeanRequestHandler):
         self.send_all(code, body, ctype)
 
     def _json(self, code: int, obj: Any) -> None:
-        """`obj` as JSON; bytes are taken as JSON already encoded (prioritize's answer)."""
+        """`obj` as JSON; bytes and JsonParts are taken as JSON already encoded (prioritize's and filter's
+        answers from the request's bytes)."""
         if isinstance(obj, bytes):
             return self._send(code, obj)
+        if isinstance(obj, JsonParts):
+            return self._send(code, list(obj))
         try:
             data = orjson.dumps(obj)
         except orjson.JSONEncodeError:  # deeper than orjson writes (254 levels): only echoed request objects
