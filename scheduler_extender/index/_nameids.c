@@ -68,6 +68,38 @@ PyMODINIT_FUNC PyInit__nameids(void);
 #define HOT static inline
 #endif
 
+#if defined(__SSE2__) && defined(__x86_64__)
+#define NAMES_SSE2 1
+/* The 16 bytes at p (unaligned). */
+HOT __m128i load16(const char *p) {
+    return _mm_loadu_si128((const __m128i *)(const void *)p);
+}
+
+/* A bit per byte of v that ends a plain name (see plain_run_end): a quote, a backslash, a control byte or one
+ * >= 0x7F. The signed compare below 0x20 flags the control bytes and every byte >= 0x80 (negative as signed). */
+HOT unsigned stop_mask(__m128i v) {
+    __m128i stop = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('"')), _mm_cmpeq_epi8(v, _mm_set1_epi8('\\'))),
+                                _mm_or_si128(_mm_cmplt_epi8(v, _mm_set1_epi8(0x20)), _mm_cmpeq_epi8(v, _mm_set1_epi8(0x7F))));
+    return (unsigned)_mm_movemask_epi8(stop);
+}
+
+/* A name of 0-15 bytes at p whose closing quote is within the 16 bytes there (end - p >= 16): its length, the
+ * 16 bytes in *v; -1 when the 16 bytes hold no stop byte (a longer name: the general path reads it) or the
+ * first one is not a quote (no plain name: the caller refuses, as the general path would). Why: a node name
+ * is read once, checked, hashed and copied from this one load (benchmarks/README.md, issue 39, fifth pass). */
+HOT int short_name(const char *p, __m128i *v, int *refused) {
+    *v = load16(p);
+    unsigned stop = stop_mask(*v);
+    if (!stop)
+        return -1;
+    int k = __builtin_ctz(stop);
+    *refused = p[k] != '"';
+    return k;
+}
+#else
+#define NAMES_SSE2 0
+#endif
+
 /* Where a plain name's bytes end, from p: the first byte that is a quote, a backslash, a control byte (< 0x20) or
  * one >= 0x7F (the name's closing quote, or what makes it no plain name); `end` when there is none. Why eight
  * bytes at a time: every name of a 5,000-name filter is checked twice per pod (filter's lookups, prioritize's
@@ -78,16 +110,9 @@ PyMODINIT_FUNC PyInit__nameids(void);
  * for the last bytes of the buffer, byte by byte. With SSE2, sixteen bytes at a time first (exact per byte, no
  * carries: 39 -> ~15 instructions a name of 10 bytes). Reads stay below `end`. */
 HOT const char *plain_run_end(const char *p, const char *end) {
-#if defined(__SSE2__)
-    /* sixteen bytes at a time where SSE2 is (every x86-64): a node name and its closing quote in one load. The
-     * signed compare below 0x20 flags the control bytes and every byte >= 0x80 (negative as signed). */
-    const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\'), space = _mm_set1_epi8(0x20),
-                  del = _mm_set1_epi8(0x7F);
+#if NAMES_SSE2
     while (end - p >= 16) {
-        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
-        __m128i stop = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)),
-                                    _mm_or_si128(_mm_cmplt_epi8(v, space), _mm_cmpeq_epi8(v, del)));
-        unsigned mask = (unsigned)_mm_movemask_epi8(stop);
+        unsigned mask = stop_mask(load16(p));
         if (mask)
             return p + __builtin_ctz(mask);
         p += 16;
@@ -159,6 +184,16 @@ HOT int same_bytes(const char *a, const char *b, size_t n) {
     return 1;
 }
 
+/* The last round of hash_bytes: the last 0-7 bytes `w` mixed in, the 32-bit hash (never 0: 0 marks an empty slot). */
+HOT uint32_t hash_end(uint64_t h, uint64_t w) {
+    h = (h ^ w) * 0xC4CEB9FE1A85EC53ull;
+    h ^= h >> 29;
+    h *= 0xFF51AFD7ED558CCDull;
+    h ^= h >> 32;
+    uint32_t out = (uint32_t)h;
+    return out ? out : 1;
+}
+
 /* Why seeded: the names come from Node objects, and a hash an outsider can predict would let chosen names
  * pile into one probe run. The seed is the caller's (random per process); the mixing is two rounds of
  * multiply-xorshift over 8-byte words, enough to spread node names that differ in a digit or two. */
@@ -183,13 +218,25 @@ HOT uint32_t hash_bytes(uint64_t seed, const char *p, size_t n) {
 #endif
     for (size_t i = 0; i < n; i++) /* the last 0-7 bytes: inline, not a call to memcpy per name */
         w |= (uint64_t)(unsigned char)p[i] << (8 * i);
-    h = (h ^ w) * 0xC4CEB9FE1A85EC53ull;
-    h ^= h >> 29;
-    h *= 0xFF51AFD7ED558CCDull;
-    h ^= h >> 32;
-    uint32_t out = (uint32_t)h;
-    return out ? out : 1;
+    return hash_end(h, w);
 }
+
+#if NAMES_SSE2
+/* hash_bytes of the first n bytes (0-15) of v, from the register (the same words, the same hash). */
+HOT uint32_t hash_short(uint64_t seed, __m128i v, size_t n) {
+    uint64_t lo = (uint64_t)_mm_cvtsi128_si64(v), hi = (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(v, v));
+    uint64_t h = seed ^ ((uint64_t)n * 0x9E3779B97F4A7C15ull), w = 0;
+    if (n >= 8) {
+        h = (h ^ lo) * 0xFF51AFD7ED558CCDull;
+        h ^= h >> 32;
+        if (n > 8)
+            w = hi & (~0ull >> (8 * (16 - n)));
+    } else if (n > 0) {
+        w = lo & (~0ull >> (8 * (8 - n)));
+    }
+    return hash_end(h, w);
+}
+#endif
 
 /* Why ASCII only: a name's bytes are then its characters, read in place with no conversion, and every valid
  * node name (a DNS subdomain) is ASCII. Anything else is simply not held here. */
@@ -433,15 +480,32 @@ HOT const char *after_string(const char *p, const char *end) {
  * printable ASCII, no backslash), *pp moved past the following `,` or onto the `]`; NULL for anything else.
  * Why so strict: a name with an escape or a non-ASCII byte is no node's name as this index holds it, and the
  * caller then decodes the whole request with a real JSON parser, which judges it. */
-HOT const char *next_name(const char **pp, const char *end, size_t *len) {
+HOT const char *next_name(const char **pp, const char *end, size_t *len, uint64_t seed, uint32_t *hash) {
     const char *p = *pp;
     if (p >= end || *p != '"')
         return NULL;
     const char *start = ++p;
+#if NAMES_SSE2
+    if (end - start >= 16) { /* the usual: the name, its quote and its hash from one load */
+        __m128i v;
+        int refused = 0, k = short_name(start, &v, &refused);
+        if (k >= 0) {
+            if (refused)
+                return NULL;
+            *len = (size_t)k;
+            *hash = hash_short(seed, v, (size_t)k);
+            if (!(p = after_string(start + k, end)))
+                return NULL;
+            *pp = p;
+            return start;
+        }
+    }
+#endif
     p = plain_run_end(p, end);
     if (p >= end || *p != '"')
         return NULL;
     *len = (size_t)(p - start);
+    *hash = hash_bytes(seed, start, *len);
     if (!(p = after_string(p, end)))
         return NULL;
     *pp = p;
@@ -485,9 +549,8 @@ static PyObject *index_ids_json(PyObject *self, PyObject *args) {
     while (p < end && *p != ']') {
         Py_ssize_t m = 0;
         while (m < BATCH && p < end && *p != ']') {
-            if ((bytes[m] = next_name(&p, end, &lens[m])) == NULL || count + m >= limit)
+            if ((bytes[m] = next_name(&p, end, &lens[m], ix->seed, &hashes[m])) == NULL || count + m >= limit)
                 goto none;
-            hashes[m] = hash_bytes(ix->seed, bytes[m], lens[m]);
             __builtin_prefetch(&ix->slots[hashes[m] & ix->mask]);
             m++;
         }
@@ -762,7 +825,8 @@ static PyObject *nameids_hosts_json(PyObject *module, PyObject *args) {
     if ((out = PyBytes_FromStringAndSize(NULL, size)) == NULL)
         goto done;
     char *o = PyBytes_AS_STRING(out);
-    const char *p = data.buf, *end = p + data.len;
+    const char *oend = o + size, *p = data.buf, *end = p + data.len;
+    (void)oend;
     const unsigned char *kd = kinds.buf, *sc = scores.buf;
     p = skip_ws(p, end);
     if (p >= end || *p != '[')
@@ -780,10 +844,27 @@ static PyObject *nameids_hosts_json(PyObject *module, PyObject *args) {
         memcpy(o, host, sizeof host - 1);
         o += sizeof host - 1;
         const char *start = ++p; /* the name, checked as next_name checks it, copied */
+#if NAMES_SSE2
+        if (end - start >= 16 && oend - o >= 16) { /* the usual: checked and copied from one load (the bytes */
+            __m128i v;                             /* stored past the name are written over by what follows) */
+            int refused = 0, n = short_name(start, &v, &refused);
+            if (n >= 0) {
+                if (refused)
+                    goto none;
+                _mm_storeu_si128((__m128i *)(void *)o, v);
+                o += n;
+                p = start + n;
+                goto named;
+            }
+        }
+#endif
         p = plain_run_end(p, end);
         if (p >= end || *p != '"')
             goto none;
         o = copy_name(o, start, (size_t)(p - start));
+#if NAMES_SSE2
+    named:
+#endif
         memcpy(o, score, sizeof score - 1);
         o = put_score(o + sizeof score - 1, sc[id]);
         *o++ = '}';

@@ -511,3 +511,22 @@ def test_names_that_share_a_hash_keep_their_own_ids(fmt: str) -> None:
     assert index.ids([a]) is None and list(memoryview(index.ids([b])).cast("I")) == [2]
     assert index.ids_json(json.dumps([a]).encode(), 10) is None
     assert NATIVE.name_hash(seed, "naïve") is None and NATIVE.name_hash(seed, 7) is None
+
+
+@pytest.mark.parametrize("stop", [b"\x01", b"\\", b"\x7f", b"\x80"])
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_a_stop_byte_that_looks_like_a_names_end_is_refused(stop: bytes, where: str) -> None:
+    """A byte that ends a plain name but is no quote, right before `,"` (where a closing quote would be): the
+    array is no plain one, and ids_json and hosts_json refuse it (None) as the reference does, whether the name
+    is read from one 16-byte load (first) or byte by byte near the end of the buffer (last)."""
+    py, native = pair()
+    for i, name in enumerate(("ab", "cd", "e" * 20)):
+        py.set(name, i)
+        native.set(name, i)
+    trap = b'"ab' + stop + b',"cd"'
+    body = b"[" + trap + b',"' + b"e" * 20 + b'"]' if where == "first" else b'["' + b"e" * 20 + b'",' + trap + b"]"
+    assert py.ids_json(body, 10) is None and native.ids_json(body, 10) is None
+    kinds, scores = bytearray([1, 1, 1]), bytearray([1, 2, 3])
+    for ids in ([0, 1, 2], [2, 0, 1]):
+        assert native.hosts_json(body, native.pack(ids), kinds, scores, 1) is None
+        assert py.hosts_json(body, ids, kinds, scores, 1) is None
