@@ -271,7 +271,7 @@ class _Handler(LeanRequestHandler):
     def _read_body(self) -> tuple[int, bytearray | str]:
         """(200, body) or (status, message). The caller holds the budget for len(body) (see _handle_verb)."""
         n = int(self.headers.get("Content-Length") or 0)
-        data = bytearray(n)  # the budget covers it; filled in place, never copied
+        data = self._body_room(n)  # the budget covers it; filled in place, never copied
         view, got = memoryview(data), 0
         deadline = time.monotonic() + BODY_TIMEOUT_S
         timed = False
@@ -298,6 +298,28 @@ class _Handler(LeanRequestHandler):
             self.close_connection = True
             return 400, f"request body ended after {got} of {n} bytes"
         return 200, data
+
+    _room: bytearray | None = None  # this connection's body buffer (see _body_room)
+
+    def _body_room(self, n: int) -> bytearray:
+        """A bytearray of n bytes for a body to be read into: up to SMALL_BODY, this connection's, reused from
+        its last request (every byte is written by the body before anything reads it: _read_body answers an
+        error for a body that ends short); a larger one is fresh and not kept. Why: bytearray(n) zeroes its n
+        bytes, 65 KB twice per pod with all 5,000 names (benchmarks/README.md, issue 39, fifth pass). Nothing
+        keeps a body past its request (the verbs copy what they keep)."""
+        if n > SMALL_BODY:
+            return bytearray(n)
+        room = self._room
+        try:
+            if room is None:
+                room = self._room = bytearray(n)
+            elif len(room) > n:
+                del room[n:]
+            elif len(room) < n:
+                room.extend(bytes(n - len(room)))
+        except BufferError:  # a view of the last body still held somewhere: that one is left to it
+            room = self._room = bytearray(n)
+        return room
 
     def _count_values(self, data: bytearray) -> str | None:
         """Before the body is parsed whole: why it is refused (too many JSON values), or None, and the budget

@@ -65,6 +65,7 @@ MAX_HEADER_LINE = 65536
 MAX_HEAD_BYTES = 8 << 10  # request line + header lines of one request (kube-scheduler's: ~200 bytes)
 LARGE_ANSWER = 64 << 10  # answers above this are written after their head, not copied into one buffer
 MAX_SEND_PARTS = 64  # parts per sendmsg call (the kernel's IOV_MAX is 1,024)
+JOIN_BELOW = 8 << 10  # answers up to this are joined to their head and written at once; larger ones are not copied
 PHRASES = {int(s): s.phrase for s in HTTPStatus}
 _date_cache: tuple[int, str] = (0, "")
 
@@ -537,8 +538,9 @@ class LeanRequestHandler(BaseHTTPRequestHandler):
         return False
 
     def send_all(self, code: int, body: bytes | list[bytes], content_type: str) -> None:
-        """Status line, headers and body (bytes, or parts sent one after the other) in one write; a large
-        body after the head, never copied, the whole answer within the server's answer_s."""
+        """Status line, headers and body (bytes, or parts sent one after the other) in one write: a small answer
+        joined, a larger one as a vector of parts (never copied); one above LARGE_ANSWER within the server's
+        answer_s."""
         self.log_request(code)
         parts = [body] if isinstance(body, bytes) else body
         length = sum(len(p) for p in parts)
@@ -546,8 +548,11 @@ class LeanRequestHandler(BaseHTTPRequestHandler):
         head = (f"{self.protocol_version} {code} {PHRASES.get(code, '')}\r\nServer: {self.server_version}\r\n"
                 f"Date: {http_date()}\r\nContent-Type: {content_type}\r\nContent-Length: {length}\r\n"
                 f"{close}\r\n").encode("latin-1")
-        if length <= LARGE_ANSWER:
+        if length <= JOIN_BELOW:  # a small answer: joined (cheaper than a vector of parts)
             self.wfile.write(head + b"".join(parts))
+            return
+        if length <= LARGE_ANSWER:  # fits the socket's buffers: no deadline armed, but not copied either
+            self._write_parts([head, *parts])
             return
         limits = self._limits()
         if limits is not None:
