@@ -78,9 +78,9 @@ HOT __m128i load16(const char *p) {
 /* A bit per byte of v that ends a plain name (see plain_run_end): a quote, a backslash, a control byte or one
  * >= 0x7F. The signed compare below 0x20 flags the control bytes and every byte >= 0x80 (negative as signed). */
 HOT unsigned stop_mask(__m128i v) {
-    __m128i stop = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('"')), _mm_cmpeq_epi8(v, _mm_set1_epi8('\\'))),
-                                _mm_or_si128(_mm_cmplt_epi8(v, _mm_set1_epi8(0x20)), _mm_cmpeq_epi8(v, _mm_set1_epi8(0x7F))));
-    return (unsigned)_mm_movemask_epi8(stop);
+    __m128i quote = _mm_cmpeq_epi8(v, _mm_set1_epi8('"')), bslash = _mm_cmpeq_epi8(v, _mm_set1_epi8('\\'));
+    __m128i low = _mm_cmplt_epi8(v, _mm_set1_epi8(0x20)), del = _mm_cmpeq_epi8(v, _mm_set1_epi8(0x7F));
+    return (unsigned)_mm_movemask_epi8(_mm_or_si128(_mm_or_si128(quote, bslash), _mm_or_si128(low, del)));
 }
 
 /* A name of 0-15 bytes at p whose closing quote is within the 16 bytes there (end - p >= 16): its length, the
