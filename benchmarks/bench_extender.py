@@ -371,7 +371,8 @@ class _Answers:
             status, start, length = self.head
             if len(self.buf) < start + length:
                 return out
-            out.append((status, bytes(self.buf[start:start + length])))
+            with memoryview(self.buf) as view:  # copied once (a bytearray's slice is a copy, then bytes() another)
+                out.append((status, bytes(view[start:start + length])))
             del self.buf[:start + length]
             self.head = None
 

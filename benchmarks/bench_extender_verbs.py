@@ -154,7 +154,8 @@ def main() -> int:
             result = raw_filter(bytearray(raw)) if raw_filter is not None else None  # as the server: bytes first
             if result is None:
                 result = verbs.filter(orjson.loads(raw))
-            out = result[1] if isinstance(result[1], bytes) else orjson.dumps(result[1])
+            out = (result[1] if isinstance(result[1], bytes) else bytes(result[1]) if isinstance(result[1], tuple)
+                   else orjson.dumps(result[1]))  # JsonParts: the parts the server sends
             t1 = time.process_time()
             cpu_f += t1 - t0
             answer = orjson.loads(out)

@@ -47,7 +47,7 @@ import orjson
 
 from memslice.lean_http import BoundedHTTPServer, ConnLimits, LeanRequestHandler
 
-from ..wire import MAX_JSON_VALUES, json_values_bound
+from ..wire import MAX_JSON_VALUES, JsonParts, json_values_bound
 from .metrics import Metrics
 from .verbs import Verbs
 
@@ -187,9 +187,12 @@ class _Handler(LeanRequestHandler):
         self.send_all(code, body, ctype)
 
     def _json(self, code: int, obj: Any) -> None:
-        """`obj` as JSON; bytes are taken as JSON already encoded (prioritize's answer)."""
+        """`obj` as JSON; bytes and JsonParts are taken as JSON already encoded (prioritize's and filter's
+        answers from the request's bytes)."""
         if isinstance(obj, bytes):
             return self._send(code, obj)
+        if isinstance(obj, JsonParts):
+            return self._send(code, list(obj))
         try:
             data = orjson.dumps(obj)
         except orjson.JSONEncodeError:  # deeper than orjson writes (254 levels): only echoed request objects
@@ -268,7 +271,7 @@ class _Handler(LeanRequestHandler):
     def _read_body(self) -> tuple[int, bytearray | str]:
         """(200, body) or (status, message). The caller holds the budget for len(body) (see _handle_verb)."""
         n = int(self.headers.get("Content-Length") or 0)
-        data = bytearray(n)  # the budget covers it; filled in place, never copied
+        data = self._body_room(n)  # the budget covers it; filled in place, never copied
         view, got = memoryview(data), 0
         deadline = time.monotonic() + BODY_TIMEOUT_S
         timed = False
@@ -295,6 +298,28 @@ class _Handler(LeanRequestHandler):
             self.close_connection = True
             return 400, f"request body ended after {got} of {n} bytes"
         return 200, data
+
+    _room: bytearray | None = None  # this connection's body buffer (see _body_room)
+
+    def _body_room(self, n: int) -> bytearray:
+        """A bytearray of n bytes for a body to be read into: up to SMALL_BODY, this connection's, reused from
+        its last request (every byte is written by the body before anything reads it: _read_body answers an
+        error for a body that ends short); a larger one is fresh and not kept. Why: bytearray(n) zeroes its n
+        bytes, 65 KB twice per pod with all 5,000 names (benchmarks/README.md, issue 39, fifth pass). Nothing
+        keeps a body past its request (the verbs copy what they keep)."""
+        if n > SMALL_BODY:
+            return bytearray(n)
+        room = self._room
+        try:
+            if room is None:
+                room = self._room = bytearray(n)
+            elif len(room) > n:
+                del room[n:]
+            elif len(room) < n:
+                room.extend(bytes(n - len(room)))
+        except BufferError:  # a view of the last body still held somewhere: that one is left to it
+            room = self._room = bytearray(n)
+        return room
 
     def _count_values(self, data: bytearray) -> str | None:
         """Before the body is parsed whole: why it is refused (too many JSON values), or None, and the budget

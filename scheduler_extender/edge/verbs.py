@@ -101,7 +101,8 @@ class Verbs:
         if pod.error or pod.request is None or not self.state.synced:
             return None
         if cut <= KEPT_HEAD_BYTES:  # for the prioritize that follows (prioritize_json)
-            self._last_head = (bytes(data[:cut]), pod)
+            with memoryview(data) as view:
+                self._last_head = (bytes(view[:cut]), pod)  # copied once (a bytearray's slice is a copy)
         key = pod.key(self.default_policy, self.capped)
         self.state.expire()
         out = self.memo.split_json(names_json, key, pod.uid, wire.MAX_NODE_NAMES)

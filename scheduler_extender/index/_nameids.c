@@ -19,6 +19,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 /* A slot of the table; hash 0 marks it empty (hashes are made non-zero). */
 typedef struct {
@@ -55,14 +58,148 @@ static PyObject *nameids_span_scores(PyObject *module, PyObject *args);
 static PyObject *span_result(PyObject *out, int ok);
 static int span_search(PyObject *search, Py_ssize_t k, long gpus, int spread, PyObject **out);
 static PyObject *nameids_span_scores_each(PyObject *module, PyObject *args);
-static const char *plain_run_end(const char *p, const char *end);
-static char *copy_name(char *o, const char *p, size_t n);
+static PyObject *nameids_name_hash(PyObject *module, PyObject *args);
 PyMODINIT_FUNC PyInit__nameids(void);
+
+/* The helpers of the per-name loops (each runs 5,000 times per verb with all names: a call's own cost was
+ * 5-10 instructions of their 15-50) are inlined where the compiler allows. */
+#if defined(__GNUC__)
+#define HOT static inline __attribute__((always_inline))
+#else
+#define HOT static inline
+#endif
+
+#if defined(__SSE2__) && defined(__x86_64__)
+#define NAMES_SSE2 1
+/* The 16 bytes at p (unaligned). */
+HOT __m128i load16(const char *p) {
+    return _mm_loadu_si128((const __m128i *)(const void *)p);
+}
+
+/* A bit per byte of v that ends a plain name (see plain_run_end): a quote, a backslash, a control byte or one
+ * >= 0x7F. The signed compare below 0x20 flags the control bytes and every byte >= 0x80 (negative as signed). */
+HOT unsigned stop_mask(__m128i v) {
+    __m128i quote = _mm_cmpeq_epi8(v, _mm_set1_epi8('"')), bslash = _mm_cmpeq_epi8(v, _mm_set1_epi8('\\'));
+    __m128i low = _mm_cmplt_epi8(v, _mm_set1_epi8(0x20)), del = _mm_cmpeq_epi8(v, _mm_set1_epi8(0x7F));
+    return (unsigned)_mm_movemask_epi8(_mm_or_si128(_mm_or_si128(quote, bslash), _mm_or_si128(low, del)));
+}
+
+/* A name of 0-15 bytes at p whose closing quote is within the 16 bytes there (end - p >= 16): its length, the
+ * 16 bytes in *v; -1 when the 16 bytes hold no stop byte (a longer name: the general path reads it) or the
+ * first one is not a quote (no plain name: the caller refuses, as the general path would). Why: a node name
+ * is read once, checked, hashed and copied from this one load (benchmarks/README.md, issue 39, fifth pass). */
+HOT int short_name(const char *p, __m128i *v, int *refused) {
+    *v = load16(p);
+    unsigned stop = stop_mask(*v);
+    if (!stop)
+        return -1;
+    int k = __builtin_ctz(stop);
+    *refused = p[k] != '"';
+    return k;
+}
+#else
+#define NAMES_SSE2 0
+#endif
+
+/* Where a plain name's bytes end, from p: the first byte that is a quote, a backslash, a control byte (< 0x20) or
+ * one >= 0x7F (the name's closing quote, or what makes it no plain name); `end` when there is none. Why eight
+ * bytes at a time: every name of a 5,000-name filter is checked twice per pod (filter's lookups, prioritize's
+ * answer), byte by byte ~8 instructions each (benchmarks/README.md, "Where each pod's time goes"); a word with
+ * none of those bytes is passed in a dozen. Each test flags every byte that qualifies, and may flag bytes above
+ * (later in memory) a flagged one, never one below: borrows and carries run upwards from a byte that
+ * qualifies. So the lowest flag of a little-endian word is the first byte that ends the name; elsewhere, and
+ * for the last bytes of the buffer, byte by byte. With SSE2, sixteen bytes at a time first (exact per byte, no
+ * carries: 39 -> ~15 instructions a name of 10 bytes). Reads stay below `end`. */
+HOT const char *plain_run_end(const char *p, const char *end) {
+#if NAMES_SSE2
+    while (end - p >= 16) {
+        unsigned mask = stop_mask(load16(p));
+        if (mask)
+            return p + __builtin_ctz(mask);
+        p += 16;
+    }
+#endif
+    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+    while (end - p >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        uint64_t q = w ^ (ones * (uint64_t)'"'), b = w ^ (ones * (uint64_t)'\\');
+        uint64_t stop = ((q - ones) & ~q)               /* a quote */
+                        | ((b - ones) & ~b)             /* a backslash */
+                        | ((w - ones * 0x20u) & ~w)     /* a byte below 0x20 */
+                        | ((w + ones) | w);             /* a byte above 0x7E */
+        if (stop & highs) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+            return p + (__builtin_ctzll(stop & highs) >> 3);
+#else
+            break;
+#endif
+        }
+        p += 8;
+    }
+    for (; p < end; p++) {
+        unsigned char c = (unsigned char)*p;
+        if (c == '"' || c == '\\' || c < 0x20 || c >= 0x7F)
+            return p;
+    }
+    return end;
+}
+
+/* The n bytes at p copied to o; where they end there. Why not memcpy: a node name is ~10 bytes, and a libc call
+ * per name (its size dispatch) cost more than the copy, 5,000 times per prioritize (callgrind). */
+HOT char *copy_name(char *o, const char *p, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        memcpy(o + i, p + i, 8); /* a constant size: one load and one store */
+    if (i < n && n >= 8) {       /* the last 1-7 bytes: the 8 ending there again (the first of them are copied) */
+        memcpy(o + n - 8, p + n - 8, 8);
+        return o + n;
+    }
+    for (; i < n; i++)
+        o[i] = p[i];
+    return o + n;
+}
+
+/* Are the n bytes at a and at b the same? Why not memcmp: it is asked once per name looked up (a held name's
+ * bytes against the request's), ~10 bytes, and the libc call and its size dispatch cost more than the compare
+ * (callgrind: 65 instructions a lookup with it). Eight bytes at a time, the last 1-7 as the 8 ending there. */
+HOT int same_bytes(const char *a, const char *b, size_t n) {
+    uint64_t x, y;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&x, a + i, 8);
+        memcpy(&y, b + i, 8);
+        if (x != y)
+            return 0;
+    }
+    if (i == n)
+        return 1;
+    if (n >= 8) {
+        memcpy(&x, a + n - 8, 8);
+        memcpy(&y, b + n - 8, 8);
+        return x == y;
+    }
+    for (; i < n; i++)
+        if (a[i] != b[i])
+            return 0;
+    return 1;
+}
+
+/* The last round of hash_bytes: the last 0-7 bytes `w` mixed in, the 32-bit hash (never 0: 0 marks an empty slot). */
+HOT uint32_t hash_end(uint64_t h, uint64_t w) {
+    h = (h ^ w) * 0xC4CEB9FE1A85EC53ull;
+    h ^= h >> 29;
+    h *= 0xFF51AFD7ED558CCDull;
+    h ^= h >> 32;
+    uint32_t out = (uint32_t)h;
+    return out ? out : 1;
+}
 
 /* Why seeded: the names come from Node objects, and a hash an outsider can predict would let chosen names
  * pile into one probe run. The seed is the caller's (random per process); the mixing is two rounds of
  * multiply-xorshift over 8-byte words, enough to spread node names that differ in a digit or two. */
-static uint32_t hash_bytes(uint64_t seed, const char *p, size_t n) {
+HOT uint32_t hash_bytes(uint64_t seed, const char *p, size_t n) {
+    const size_t total = n;
     uint64_t h = seed ^ ((uint64_t)n * 0x9E3779B97F4A7C15ull);
     while (n >= 8) {
         uint64_t w;
@@ -73,15 +210,34 @@ static uint32_t hash_bytes(uint64_t seed, const char *p, size_t n) {
         n -= 8;
     }
     uint64_t w = 0;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (n > 0 && total >= 8) {                    /* a name of 8 bytes or more: its last 1-7 bytes are the top */
+        memcpy(&w, p + n - 8, 8);                /* of the 8 ending there, shifted down (the same w, one load) */
+        w >>= 8 * (8 - n);
+        n = 0;
+    }
+#endif
     for (size_t i = 0; i < n; i++) /* the last 0-7 bytes: inline, not a call to memcpy per name */
         w |= (uint64_t)(unsigned char)p[i] << (8 * i);
-    h = (h ^ w) * 0xC4CEB9FE1A85EC53ull;
-    h ^= h >> 29;
-    h *= 0xFF51AFD7ED558CCDull;
-    h ^= h >> 32;
-    uint32_t out = (uint32_t)h;
-    return out ? out : 1;
+    return hash_end(h, w);
 }
+
+#if NAMES_SSE2
+/* hash_bytes of the first n bytes (0-15) of v, from the register (the same words, the same hash). */
+HOT uint32_t hash_short(uint64_t seed, __m128i v, size_t n) {
+    uint64_t lo = (uint64_t)_mm_cvtsi128_si64(v), hi = (uint64_t)_mm_cvtsi128_si64(_mm_unpackhi_epi64(v, v));
+    uint64_t h = seed ^ ((uint64_t)n * 0x9E3779B97F4A7C15ull), w = 0;
+    if (n >= 8) {
+        h = (h ^ lo) * 0xFF51AFD7ED558CCDull;
+        h ^= h >> 32;
+        if (n > 8)
+            w = hi & (~0ull >> (8 * (16 - n)));
+    } else if (n > 0) {
+        w = lo & (~0ull >> (8 * (8 - n)));
+    }
+    return hash_end(h, w);
+}
+#endif
 
 /* Why ASCII only: a name's bytes are then its characters, read in place with no conversion, and every valid
  * node name (a DNS subdomain) is ASCII. Anything else is simply not held here. */
@@ -93,10 +249,10 @@ static const char *ascii_name(PyObject *name, size_t *len) {
 }
 
 /* The slot holding this name, or the empty slot where its probe run ends. */
-static Slot *find_slot(const NameIndex *ix, const char *p, size_t n, uint32_t h) {
+HOT Slot *find_slot(const NameIndex *ix, const char *p, size_t n, uint32_t h) {
     for (size_t i = h & ix->mask;; i = (i + 1) & ix->mask) {
         Slot *s = &ix->slots[i];
-        if (s->hash == 0 || (s->hash == h && s->len == n && memcmp(ix->arena + s->off, p, n) == 0))
+        if (s->hash == 0 || (s->hash == h && s->len == n && same_bytes(ix->arena + s->off, p, n)))
             return s;
     }
 }
@@ -302,7 +458,7 @@ none:
 
 /* Where the JSON whitespace from p ends. Why: JSON allows it around every token, and a writer other than
  * kube-scheduler's (which writes none) may put it there. */
-static const char *skip_ws(const char *p, const char *end) {
+HOT const char *skip_ws(const char *p, const char *end) {
     while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
         p++;
     return p;
@@ -310,7 +466,7 @@ static const char *skip_ws(const char *p, const char *end) {
 
 /* Past a string's closing quote at p: onto the next element's `"` after a `,`, or onto the `]`; NULL for
  * anything else. Why one place: both array walks (next_name, hosts_json) must refuse the same non-JSON. */
-static const char *after_string(const char *p, const char *end) {
+HOT const char *after_string(const char *p, const char *end) {
     if (end - p > 2 && p[1] == ',' && p[2] == '"') /* the usual: no whitespace (as kube-scheduler writes it) */
         return p + 2;
     p = skip_ws(p + 1, end);
@@ -325,15 +481,32 @@ static const char *after_string(const char *p, const char *end) {
  * printable ASCII, no backslash), *pp moved past the following `,` or onto the `]`; NULL for anything else.
  * Why so strict: a name with an escape or a non-ASCII byte is no node's name as this index holds it, and the
  * caller then decodes the whole request with a real JSON parser, which judges it. */
-static const char *next_name(const char **pp, const char *end, size_t *len) {
+HOT const char *next_name(const char **pp, const char *end, size_t *len, uint64_t seed, uint32_t *hash) {
     const char *p = *pp;
     if (p >= end || *p != '"')
         return NULL;
     const char *start = ++p;
+#if NAMES_SSE2
+    if (end - start >= 16) { /* the usual: the name, its quote and its hash from one load */
+        __m128i v;
+        int refused = 0, k = short_name(start, &v, &refused);
+        if (k >= 0) {
+            if (refused)
+                return NULL;
+            *len = (size_t)k;
+            *hash = hash_short(seed, v, (size_t)k);
+            if (!(p = after_string(start + k, end)))
+                return NULL;
+            *pp = p;
+            return start;
+        }
+    }
+#endif
     p = plain_run_end(p, end);
     if (p >= end || *p != '"')
         return NULL;
     *len = (size_t)(p - start);
+    *hash = hash_bytes(seed, start, *len);
     if (!(p = after_string(p, end)))
         return NULL;
     *pp = p;
@@ -377,9 +550,8 @@ static PyObject *index_ids_json(PyObject *self, PyObject *args) {
     while (p < end && *p != ']') {
         Py_ssize_t m = 0;
         while (m < BATCH && p < end && *p != ']') {
-            if ((bytes[m] = next_name(&p, end, &lens[m])) == NULL || count + m >= limit)
+            if ((bytes[m] = next_name(&p, end, &lens[m], ix->seed, &hashes[m])) == NULL || count + m >= limit)
                 goto none;
-            hashes[m] = hash_bytes(ix->seed, bytes[m], lens[m]);
             __builtin_prefetch(&ix->slots[hashes[m] & ix->mask]);
             m++;
         }
@@ -600,7 +772,7 @@ static PyObject *nameids_same(PyObject *module, PyObject *args) {
 }
 
 /* The decimal digits of `v` (0..255) at o; where they end. */
-static char *put_score(char *o, unsigned v) {
+HOT char *put_score(char *o, unsigned v) {
     if (v >= 100)
         *o++ = (char)('0' + v / 100);
     if (v >= 10)
@@ -632,23 +804,30 @@ static PyObject *nameids_hosts_json(PyObject *module, PyObject *args) {
     /* Sized exactly for an array written without whitespace (as kube-scheduler writes it): its bytes (the
      * names, their quotes, the commas and brackets), plus per entry the keys and braces (18) and its score's
      * digits; an array with whitespace takes less. An over-sized buffer shrunk at the end costs a copy. */
-    Py_ssize_t size = data.len;
+    Py_ssize_t size = data.len, within = kinds.len < scores.len ? kinds.len : scores.len;
+    uint32_t top = 0; /* the largest id: every id within both tables when it is (one test, not 2 per id) */
+    for (Py_ssize_t j = 0; j < count; j++)
+        top = ids[j] > top ? ids[j] : top;
+    if (count > 0 && (Py_ssize_t)top >= within) {
+        Py_ssize_t j = 0;
+        while ((Py_ssize_t)ids[j] < within) /* the first id outside, as the error names it */
+            j++;
+        id_error(ids[j], within);
+        goto done;
+    }
+    if (count > (PY_SSIZE_T_MAX - size) / 21) { /* never with ids from a buffer (4 bytes each) */
+        PyErr_NoMemory();
+        goto done;
+    }
     for (Py_ssize_t j = 0; j < count; j++) {
-        if ((Py_ssize_t)ids[j] >= kinds.len || (Py_ssize_t)ids[j] >= scores.len) {
-            id_error(ids[j], kinds.len < scores.len ? kinds.len : scores.len);
-            goto done;
-        }
         unsigned v = ((const unsigned char *)scores.buf)[ids[j]];
-        if (size > PY_SSIZE_T_MAX - 21) {
-            PyErr_NoMemory();
-            goto done;
-        }
         size += 18 + 1 + (v >= 10) + (v >= 100);
     }
     if ((out = PyBytes_FromStringAndSize(NULL, size)) == NULL)
         goto done;
     char *o = PyBytes_AS_STRING(out);
-    const char *p = data.buf, *end = p + data.len;
+    const char *oend = o + size, *p = data.buf, *end = p + data.len;
+    (void)oend;
     const unsigned char *kd = kinds.buf, *sc = scores.buf;
     p = skip_ws(p, end);
     if (p >= end || *p != '[')
@@ -658,7 +837,7 @@ static PyObject *nameids_hosts_json(PyObject *module, PyObject *args) {
     while (p < end && *p != ']') {
         if (*p != '"' || k >= count)
             goto none;
-        uint32_t id = ids[k]; /* within both tables (checked above) */
+        uint32_t id = ids[k]; /* within both tables (checked above: the largest is) */
         if (kd[id] != fits)
             goto none;
         if (k++ > 0)
@@ -666,10 +845,27 @@ static PyObject *nameids_hosts_json(PyObject *module, PyObject *args) {
         memcpy(o, host, sizeof host - 1);
         o += sizeof host - 1;
         const char *start = ++p; /* the name, checked as next_name checks it, copied */
+#if NAMES_SSE2
+        if (end - start >= 16 && oend - o >= 16) { /* the usual: checked and copied from one load (the bytes */
+            __m128i v;                             /* stored past the name are written over by what follows) */
+            int refused = 0, n = short_name(start, &v, &refused);
+            if (n >= 0) {
+                if (refused)
+                    goto none;
+                _mm_storeu_si128((__m128i *)(void *)o, v);
+                o += n;
+                p = start + n;
+                goto named;
+            }
+        }
+#endif
         p = plain_run_end(p, end);
         if (p >= end || *p != '"')
             goto none;
         o = copy_name(o, start, (size_t)(p - start));
+#if NAMES_SSE2
+    named:
+#endif
         memcpy(o, score, sizeof score - 1);
         o = put_score(o + sizeof score - 1, sc[id]);
         *o++ = '}';
@@ -1058,50 +1254,20 @@ static PyObject *nameids_span_scores_each(PyObject *module, PyObject *args) {
     return span_result(out, ok);
 }
 
-/* Where a plain name's bytes end, from p: the first byte that is a quote, a backslash, a control byte (< 0x20) or
- * one >= 0x7F (the name's closing quote, or what makes it no plain name); `end` when there is none. Why eight
- * bytes at a time: every name of a 5,000-name filter is checked twice per pod (filter's lookups, prioritize's
- * answer), byte by byte ~8 instructions each (benchmarks/README.md, "Where each pod's time goes"); a word with
- * none of those bytes is passed in a dozen. Each test flags every byte that qualifies, and may flag bytes above
- * (later in memory) a flagged one, never one below: borrows and carries run upwards from a byte that
- * qualifies. So the lowest flag of a little-endian word is the first byte that ends the name; elsewhere, and
- * for the last bytes of the buffer, byte by byte. Reads stay below `end`. */
-static const char *plain_run_end(const char *p, const char *end) {
-    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
-    while (end - p >= 8) {
-        uint64_t w;
-        memcpy(&w, p, 8);
-        uint64_t q = w ^ (ones * (uint64_t)'"'), b = w ^ (ones * (uint64_t)'\\');
-        uint64_t stop = ((q - ones) & ~q)               /* a quote */
-                        | ((b - ones) & ~b)             /* a backslash */
-                        | ((w - ones * 0x20u) & ~w)     /* a byte below 0x20 */
-                        | ((w + ones) | w);             /* a byte above 0x7E */
-        if (stop & highs) {
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-            return p + (__builtin_ctzll(stop & highs) >> 3);
-#else
-            break;
-#endif
-        }
-        p += 8;
-    }
-    for (; p < end; p++) {
-        unsigned char c = (unsigned char)*p;
-        if (c == '"' || c == '\\' || c < 0x20 || c >= 0x7F)
-            return p;
-    }
-    return end;
-}
-
-/* The n bytes at p copied to o; where they end there. Why not memcpy: a node name is ~10 bytes, and a libc call
- * per name (its size dispatch) cost more than the copy, 5,000 times per prioritize (callgrind). */
-static char *copy_name(char *o, const char *p, size_t n) {
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        memcpy(o + i, p + i, 8); /* a constant size: one load and one store */
-    for (; i < n; i++)
-        o[i] = p[i];
-    return o + n;
+/* name_hash(seed, name): the hash an exact ASCII str is held under in a NameIndex(seed), None for another
+ * object. Why: tests need names that share a hash (each lookup compares the bytes of a name whose hash matches,
+ * and only two such names tell a compare that answers "same" wrongly); 2^32 hashes take a brute-force search. */
+static PyObject *nameids_name_hash(PyObject *module, PyObject *args) {
+    (void)module;
+    unsigned long long seed;
+    PyObject *name;
+    if (!PyArg_ParseTuple(args, "KO", &seed, &name))
+        return NULL;
+    size_t n = 0;
+    const char *p = ascii_name(name, &n);
+    if (p == NULL)
+        Py_RETURN_NONE;
+    return PyLong_FromUnsignedLong(hash_bytes(seed, p, n));
 }
 
 static PyMethodDef index_methods[] = {
@@ -1142,6 +1308,8 @@ static PyMethodDef module_methods[] = {
     {"span_scores", nameids_span_scores, METH_VARARGS,
      "span_scores(keys, chosen, needs, gpus, spread, search=None): spanning.scores natively, the missing set "
      "searches made where `search` is given; None where it cannot be exact"},
+    {"name_hash", nameids_name_hash, METH_VARARGS,
+     "name_hash(seed, name): the hash an ASCII str is held under in NameIndex(seed); None for anything else"},
     {"span_scores_each", nameids_span_scores_each, METH_VARARGS,
      "span_scores_each(keys_of, chosen_of, need, gpus, spread): span_scores for one need on each node"},
     {NULL, NULL, 0, NULL},

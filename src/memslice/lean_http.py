@@ -64,6 +64,8 @@ MAX_HEADERS = 100  # as http.client
 MAX_HEADER_LINE = 65536
 MAX_HEAD_BYTES = 8 << 10  # request line + header lines of one request (kube-scheduler's: ~200 bytes)
 LARGE_ANSWER = 64 << 10  # answers above this are written after their head, not copied into one buffer
+MAX_SEND_PARTS = 64  # parts per sendmsg call (the kernel's IOV_MAX is 1,024)
+JOIN_BELOW = 8 << 10  # answers up to this are joined to their head and written at once; larger ones are not copied
 PHRASES = {int(s): s.phrase for s in HTTPStatus}
 _date_cache: tuple[int, str] = (0, "")
 
@@ -536,8 +538,9 @@ class LeanRequestHandler(BaseHTTPRequestHandler):
         return False
 
     def send_all(self, code: int, body: bytes | list[bytes], content_type: str) -> None:
-        """Status line, headers and body (bytes, or parts sent one after the other) in one write; a large
-        body after the head, never copied, the whole answer within the server's answer_s."""
+        """Status line, headers and body (bytes, or parts sent one after the other) in one write: a small answer
+        joined, a larger one as a vector of parts (never copied); one above LARGE_ANSWER within the server's
+        answer_s."""
         self.log_request(code)
         parts = [body] if isinstance(body, bytes) else body
         length = sum(len(p) for p in parts)
@@ -545,8 +548,11 @@ class LeanRequestHandler(BaseHTTPRequestHandler):
         head = (f"{self.protocol_version} {code} {PHRASES.get(code, '')}\r\nServer: {self.server_version}\r\n"
                 f"Date: {http_date()}\r\nContent-Type: {content_type}\r\nContent-Length: {length}\r\n"
                 f"{close}\r\n").encode("latin-1")
-        if length <= LARGE_ANSWER:
+        if length <= JOIN_BELOW:  # a small answer: joined (cheaper than a vector of parts)
             self.wfile.write(head + b"".join(parts))
+            return
+        if length <= LARGE_ANSWER:  # fits the socket's buffers: no deadline armed, but not copied either
+            self._write_parts([head, *parts])
             return
         limits = self._limits()
         if limits is not None:
@@ -557,20 +563,24 @@ class LeanRequestHandler(BaseHTTPRequestHandler):
             self._disarm()
 
     def _write_parts(self, parts: list[bytes]) -> None:
-        """Each part in turn, none copied. Why MSG_MORE on plain TCP: the kernel then holds a part back until
-        the next fills a segment, so the head of a large answer does not leave alone (TCP_NODELAY) and wake the
-        client for 150 bytes (the prioritize answer of 5,000 nodes: one wake-up and read less per pod on the
-        scheduler's side; benchmarks/README.md, "Where each pod's time goes"). TLS sockets take no flags, and a
-        buffered wfile must keep its order: written through it as they come."""
-        if self.wbufsize or isinstance(self.connection, ssl.SSLSocket) or not hasattr(socket, "MSG_MORE"):
+        """Each part in turn, none copied. Why sendmsg on plain TCP: the parts leave in one system call (a
+        socket's buffers take a 160 KB answer whole), so the head of a large answer does not leave alone
+        (TCP_NODELAY) and wake the client for 150 bytes, and no part is joined to another first: one write and
+        one wake-up per answer (benchmarks/README.md, "Where each pod's time goes" and "issue 39, fifth pass").
+        What the kernel did not take is sent by the next call, from where it stopped (a slow reader: the
+        caller's deadline bounds the whole answer). TLS sockets take no vectors, and a buffered wfile must keep
+        its order: written through it as they come."""
+        if self.wbufsize or isinstance(self.connection, ssl.SSLSocket) or not hasattr(self.connection, "sendmsg"):
             for part in parts:
                 self.wfile.write(part)
             return
-        parts = [part for part in parts if part]  # the last part sent must carry bytes, or the rest wait corked
-        for part in parts[:-1]:
-            self.connection.sendall(part, socket.MSG_MORE)
-        if parts:
-            self.connection.sendall(parts[-1])
+        views = [memoryview(part) for part in parts if part]
+        while views:
+            sent = self.connection.sendmsg(views[:MAX_SEND_PARTS])
+            while sent and sent >= len(views[0]):
+                sent -= len(views.pop(0))
+            if sent:
+                views[0] = views[0][sent:]
 
 
 Render = Callable[[], bytes]

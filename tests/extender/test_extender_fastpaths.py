@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from fractions import Fraction
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from hypothesis_budget import QUICK, examples
 from test_extender_support import Cluster, node_obj, plain_node, pod_obj, running_cluster
 
+from memslice.lean_http import BoundedHTTPServer, ConnLimits, LeanRequestHandler
 from memslice.scheduler_extender import wire
 from memslice.scheduler_extender.app import Config
 from memslice.scheduler_extender.edge.metrics import Metrics
@@ -683,8 +685,9 @@ def test_filter_from_the_bytes_answers_what_filter_answers() -> None:
             taken["declined"] += 1
             got = verbs.filter(orjson.loads(body))
         else:
-            taken["echoed" if isinstance(got[1], bytes) else "split"] += 1
-        assert (got[0], orjson.loads(orjson.dumps(got[1]) if not isinstance(got[1], bytes) else got[1])) == want
+            taken["echoed" if isinstance(got[1], wire.JsonParts) else "split"] += 1
+        text = bytes(got[1]) if isinstance(got[1], wire.JsonParts) else orjson.dumps(got[1])
+        assert (got[0], orjson.loads(text)) == want
         for _ in range(rng.choice((0, 1, 2))):  # binds of other pods land in between
             node = rng.choice(list(gpus))
             state.hold(f"h{step}-{_}", Charge(rng.choice(gpus[node]), node, rng.choice((500, 4000)), 0, None))
@@ -776,9 +779,9 @@ def test_filter_from_the_bytes_echoes_the_array_and_declines_what_it_cannot_read
     verbs.filter({"Pod": pod, "NodeNames": names})
     body = scheduler_body(pod, names).replace(b'"NodeNames":["n0","n1","n2"]', b'"NodeNames":[ "n0",\n "n1" ,"n2"]')
     got = verbs.filter_json(body)
-    assert got is not None and got[0] == 200 and isinstance(got[1], bytes)
-    assert b'"NodeNames":[ "n0",\n "n1" ,"n2"],' in got[1]
-    assert orjson.loads(got[1]) == verbs.filter({"Pod": pod, "NodeNames": names})[1]
+    assert got is not None and got[0] == 200 and isinstance(got[1], wire.JsonParts)
+    assert b'"NodeNames":[ "n0",\n "n1" ,"n2"],' in bytes(got[1])
+    assert orjson.loads(bytes(got[1])) == verbs.filter({"Pod": pod, "NodeNames": names})[1]
     escaped = scheduler_body(pod, names).replace(b'"n1"', b'"n\\u0031"')
     assert verbs.filter_json(escaped) is None
     assert verbs.filter(orjson.loads(escaped))[1]["NodeNames"] == names
@@ -918,8 +921,8 @@ def test_prioritize_takes_its_filters_pod_without_decoding_it_again(monkeypatch:
 
 
 def test_a_large_answer_and_the_next_arrive_whole_on_one_connection(cluster: Cluster) -> None:
-    """Through HTTP on one keep-alive connection: a prioritize answer larger than LARGE_ANSWER (its head held
-    back for its body with MSG_MORE, lean_http._write_parts), then a small one, each whole and framed by its
+    """Through HTTP on one keep-alive connection: a prioritize answer larger than LARGE_ANSWER (its head and
+    body in one sendmsg, lean_http._write_parts), then a small one, each whole and framed by its
     Content-Length."""
     names = [f"absent-{i:05d}" for i in range(5000)]  # no such nodes: each scores 0
     pod = pod_obj("x", {"main": 1})
@@ -948,3 +951,55 @@ def test_a_large_answer_and_the_next_arrive_whole_on_one_connection(cluster: Clu
     assert answers[0] == [{"Host": n, "Score": 0} for n in names]
     assert len(answers[1]) == 1 and answers[1][0]["Host"] == "n"
     assert got == b""
+
+
+PARTS = [bytes([65 + i % 26]) * (7_000 + 911 * i) for i in range(40)]  # ~1 MB in 40 parts of distinct bytes
+
+
+class _SmallSendBuffer(LeanRequestHandler):
+    """Answers GET with PARTS through a send buffer of a few KiB: the kernel takes the answer in many calls (a
+    socket with a timeout, as the extender's: each call takes what fits and returns)."""
+
+    timeout = 30
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+
+    def do_GET(self) -> None:  # noqa: N802
+        self.send_all(200, PARTS, "application/octet-stream")
+
+    def log_message(self, fmt: str, *args: object) -> None:
+        pass
+
+
+def test_a_large_answer_in_parts_arrives_whole_through_a_small_send_buffer() -> None:
+    """lean_http._write_parts sends all parts with sendmsg; what the kernel did not take (a send buffer of 4 KiB,
+    a receive buffer of 4 KiB) is sent by the next call from where it stopped: the client reads the parts'
+    bytes exactly, in order, then a second answer on the same connection."""
+    httpd = BoundedHTTPServer(("127.0.0.1", 0), _SmallSendBuffer, ConnLimits())
+    serving = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    serving.start()
+    want = b"".join(PARTS)
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.settimeout(10)
+            s.connect(httpd.server_address[:2])
+            for _ in range(2):
+                s.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+                got = b""
+                while b"\r\n\r\n" not in got:
+                    chunk = s.recv(1 << 16)
+                    assert chunk, "closed before the head"
+                    got += chunk
+                head, _, body = got.partition(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 200") and f"Content-Length: {len(want)}".encode() in head
+                while len(body) < len(want):
+                    chunk = s.recv(1 << 16)
+                    assert chunk, f"closed after {len(body)} of {len(want)} bytes"
+                    body += chunk
+                assert body == want
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

@@ -582,3 +582,57 @@ def test_names_with_any_byte_at_any_place_are_judged_as_the_reference_judges_the
     kinds, scores = bytearray([1] * len(raw_names)), bytearray(range(len(raw_names)))
     ids = want if want is not None else list(range(len(raw_names)))
     assert native.hosts_json(body, native.pack(ids), kinds, scores, 1) == py.hosts_json(body, ids, kinds, scores, 1)
+
+
+def _sharing_a_hash(seed: int, fmt: str) -> tuple[str, str]:
+    """Two names `fmt % i` of one length held under the same hash in NameIndex(seed), found by brute force
+    (32-bit hashes: ~10 pairs among 300,000 names)."""
+    seen: dict[int, str] = {}
+    for i in range(300_000):
+        name = fmt % i
+        h = NATIVE.name_hash(seed, name)
+        if h in seen:
+            return seen[h], name
+        seen[h] = name
+    raise AssertionError(f"no two names {fmt!r} share a hash under seed {seed}")
+
+
+@pytest.mark.parametrize("fmt", ["%07d", "fixedpre%07d", "a-much-longer-node-name-%08d"])
+def test_names_that_share_a_hash_keep_their_own_ids(fmt: str) -> None:
+    """Two held names of one length and one hash are told apart by every read (set, ids, ids_json, discard): a
+    lookup compares the bytes of a name whose hash matches, and each format's names differ only where one
+    way of comparing looks (byte by byte under 8 bytes; the last 1-7 bytes as the 8 ending there; whole
+    words)."""
+    seed = 0x5EED
+    a, b = _sharing_a_hash(seed, fmt)
+    assert len(a) == len(b) and a != b and NATIVE.name_hash(seed, a) == NATIVE.name_hash(seed, b)
+    index = NATIVE.NameIndex(seed)
+    index.set(a, 1)
+    index.set(b, 2)
+    assert len(index) == 2
+    assert list(memoryview(index.ids([a, b, a])).cast("I")) == [1, 2, 1]
+    body = json.dumps([b, a]).encode()
+    assert list(memoryview(index.ids_json(body, 10)).cast("I")) == [2, 1]
+    index.discard(a)
+    assert index.ids([a]) is None and list(memoryview(index.ids([b])).cast("I")) == [2]
+    assert index.ids_json(json.dumps([a]).encode(), 10) is None
+    assert NATIVE.name_hash(seed, "naïve") is None and NATIVE.name_hash(seed, 7) is None
+
+
+@pytest.mark.parametrize("stop", [b"\x01", b"\\", b"\x7f", b"\x80"])
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_a_stop_byte_that_looks_like_a_names_end_is_refused(stop: bytes, where: str) -> None:
+    """A byte that ends a plain name but is no quote, right before `,"` (where a closing quote would be): the
+    array is no plain one, and ids_json and hosts_json refuse it (None) as the reference does, whether the name
+    is read from one 16-byte load (first) or byte by byte near the end of the buffer (last)."""
+    py, native = pair()
+    for i, name in enumerate(("ab", "cd", "e" * 20)):
+        py.set(name, i)
+        native.set(name, i)
+    trap = b'"ab' + stop + b',"cd"'
+    body = b"[" + trap + b',"' + b"e" * 20 + b'"]' if where == "first" else b'["' + b"e" * 20 + b'",' + trap + b"]"
+    assert py.ids_json(body, 10) is None and native.ids_json(body, 10) is None
+    kinds, scores = bytearray([1, 1, 1]), bytearray([1, 2, 3])
+    for ids in ([0, 1, 2], [2, 0, 1]):
+        assert native.hosts_json(body, native.pack(ids), kinds, scores, 1) is None
+        assert py.hosts_json(body, ids, kinds, scores, 1) is None
