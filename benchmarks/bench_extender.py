@@ -591,6 +591,8 @@ class Bench:
         argv = [sys.executable, __file__, "--_extender", str(self.gc_log), "extender",
                 "--kubeconfig", str(self.kubeconfig), "--address", "127.0.0.1", "--port", "0",
                 "--log-level", "warning"]
+        if pythonpath is None or self.args.filter_answers != "all":  # a tree from before the flag passes all
+            argv += ["--filter-answers", self.args.filter_answers]
         if os.environ.get("BENCH_CALLGRIND"):
             self.callgrind_out = Path(tempfile.mkdtemp(prefix="bench-callgrind-")) / "callgrind.out"
             argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--dump-instr=no",
@@ -775,6 +777,12 @@ FILTER_HEAD = b'{"Nodes":null,"NodeNames":['
 FILTER_TAIL = b'],"FailedNodes":{},"FailedAndUnresolvableNodes":{},"Error":""}'
 
 
+def first_name(names_json: bytes) -> str:
+    """The first name of a JSON array of node names (names hold no quote or backslash: wire's plain names)."""
+    start = names_json.index(b'"') + 1
+    return names_json[start:names_json.index(b'"', start)].decode()
+
+
 def passed_names(answer: bytes) -> tuple[bytes, int]:
     """(NodeNames as JSON, how many) of a filter answer. When every node passed, the extender's answer is
     FILTER_HEAD + the request's names + FILTER_TAIL (wire.filter_names_answer): those bytes are taken as they
@@ -906,7 +914,9 @@ class GoClient:
 
 
 def schedule(bench: Bench, pods: list[dict], names: list[str], k: int, rng: random.Random) -> dict:
-    """Schedule `pods` through filter, prioritize and bind; figures of the extender meanwhile."""
+    """Schedule `pods` through filter, prioritize and bind (--filter-answers best: filter and bind, the first
+    of filter's best nodes taken, as deploy/'s kube-scheduler configuration calls no prioritize); figures of the
+    extender meanwhile."""
     assert bench.ext is not None
     if getattr(bench.args, "client", "python") == "go":
         return schedule_go(bench, pods, names, k, rng)
@@ -935,6 +945,7 @@ def schedule(bench: Bench, pods: list[dict], names: list[str], k: int, rng: rand
     cpu0, client0, standin0 = user0 + sys0, time.process_time(), cpu_s(bench.standin.pid)
     waits0 = [runqueue_s(p) for p in (pid, os.getpid(), bench.standin.pid)]
     steps: list[list[float]] = []  # per pod: filter sent, answered, prioritize sent, answered, bind sent
+    only_filter = bench.args.filter_answers == "best"
     for pod, filter_body, pod_text in zip(pods, filter_bodies, pod_json, strict=True):
         dt_f, res = conn.post("filter", filter_body, raw=True)
         step = [conn.last_sent, conn.last_answered, 0.0, 0.0, 0.0]
@@ -944,6 +955,14 @@ def schedule(bench: Bench, pods: list[dict], names: list[str], k: int, rng: rand
         if not hosts:
             lat_fp.append(dt_f)
             unschedulable += 1
+            continue
+        if only_filter:  # the best nodes only (ties kept): kube-scheduler scores them with its own plugins
+            step[2] = step[3] = step[1]
+            lat_fp.append(dt_f)
+            best = first_name(passed_json)
+            step[4] = time.perf_counter()
+            conn.bind({"PodName": pod["metadata"]["name"], "PodNamespace": pod["metadata"]["namespace"],
+                       "PodUID": pod["metadata"]["uid"], "Node": best})
             continue
         body = b'{"Pod":' + pod_text + b',"Nodes":null,"NodeNames":' + passed_json + b"}"
         dt_p, answer = conn.post("prioritize", body, raw=True)
@@ -1181,6 +1200,7 @@ def run(args: argparse.Namespace) -> dict:
                        "rss_after_relist_mib": round(rss_after, 1), "then": figures}
         check = bench.cmd("check")
         return {"cluster": {"nodes": args.nodes, "gpus_per_node": args.gpus, "filter_nodes_per_call": k,
+                            "filter_answers": args.filter_answers,
                             "pods_per_band": args.per_band, "warmup_pods": args.warmup,
                             "multi_gpu_pct": args.multi_gpu, "topology": args.topology},
                 "first_sync_s": round(sync_s, 2), "first_sync_cpu_s": round(first_cpu, 2),
@@ -1199,7 +1219,9 @@ def report(r: dict) -> None:
           f"{c['filter_nodes_per_call']} names per filter, {c['pods_per_band']} pods scheduled per band "
           f"(first sync {r['first_sync_s']} s)"
           + (f", {c['multi_gpu_pct']:g}% of them on 2 or 4 GPUs" if c.get("multi_gpu_pct") else "")
-          + (", GPU topology published" if c.get("topology") else ""))
+          + (", GPU topology published" if c.get("topology") else "")
+          + ("; filter answers its best nodes, no prioritize (f+p: filter alone)" if c.get("filter_answers") == "best"
+             else "; filter answers every node that fits, then prioritize"))
     print("  band  fill%  running  f+p p50  f+p p99   pods/s  CPU ms/pod  max GC ms  full GCs  RSS MiB"
           "  (while growing by watch: max GC ms, full GCs)")
     for b in r["bands"]:
@@ -1241,6 +1263,10 @@ def main() -> int:
     p.add_argument("--client", choices=("python", "go"), default="python",
                    help="the load client: this process's Python (default), or benchmarks/goclient (built with "
                         "`go build` into build/; kube-scheduler's HTTP client behaviour)")
+    p.add_argument("--filter-answers", choices=("best", "all"), default="best",
+                   help="the extender's --filter-answers: best (deploy/'s default: filter passes its best-scoring "
+                        "nodes, no prioritize call follows, the first of them bound) or all (every node that "
+                        "fits passed, then prioritize and the best-scored host bound; the earlier configuration)")
     p.add_argument("--go-idle-conns", type=int, default=2,
                    help="--client go: idle keep-alive connections kept per host (kube-scheduler: Go's default, 2)")
     p.add_argument("--go-decode", choices=("bytes", "full"), default="bytes",
@@ -1268,6 +1294,8 @@ def main() -> int:
                    help="nodes publish their GPUs' topology (NVLink pairs, a PCIe switch per four GPUs)")
     p.add_argument("--_standin", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.client == "go" and args.filter_answers == "best":
+        p.error("--client go calls prioritize after filter: run it with --filter-answers all")
     mixes = [float(m) for m in str(args.multi_gpu).split(",")]
     if args._standin:
         args.multi_gpu = mixes[0]
@@ -1323,6 +1351,7 @@ def compare(args: argparse.Namespace, mixes: list[float]) -> dict:
                                                                   / f["extender_cpu_per_client_standin_cpu"], 2)}
                     for b, f in zip(bands, first, strict=True)] for mix, bands in medians.items()}
     return {"cluster": {"nodes": args.nodes, "gpus_per_node": args.gpus, "filter_nodes_per_call": args.filter_nodes,
+                        "filter_answers": args.filter_answers,
                         "pods_per_band": args.per_band, "topology": args.topology, "rounds": args.rounds},
             "runs": runs, "medians": medians, "ratio_to_first_mix": ratios,
             "over_committed_gpus": max(x["over_committed_gpus"] for rs in runs.values() for x in rs)}
