@@ -29,7 +29,9 @@ PCIe switch per four GPUs (the closest set is then looked for). Compare with `--
 only the measured pods (their filter, prioritize and charge, called through sys.call_tracing and counted with
 `--toggle-collect=sys_call_tracing`): instructions per pod, deterministic where CPU time on a shared machine is not.
 Issue 34's comparison: `--nodes 1000 --warmup 300 --pods 300 --topology --fill F [--multi-gpu 0.2] --instructions`
-for F in 0, 0.5, 0.9.
+for F in 0, 0.5, 0.9. `--instructions-in METHOD` counts only the calls of that FitMemo method made by the measured
+pods (each call through sys.call_tracing; the window itself is not): where the instructions per pod go, e.g.
+`--instructions-in _refresh_groups` (a method that calls itself would stop counting inside).
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ def main() -> int:
     p.add_argument("--topology", action="store_true", help="nodes publish NVLink pairs and PCIe switches")
     p.add_argument("--instructions", action="store_true",
                    help="count instructions per measured pod with callgrind instead (needs valgrind)")
+    p.add_argument("--instructions-in", default="", metavar="METHOD",
+                   help="with --instructions: count only the calls of this FitMemo method (e.g. _refresh_groups)")
     p.add_argument("--_callgrind", action="store_true", help=argparse.SUPPRESS)  # the run under callgrind
     p.add_argument("--best", action="store_true", help="filter as deploy/ runs it since issue 39: only the "
                    "best-scoring nodes passed (--filter-answers best), no prioritize")
@@ -189,7 +193,11 @@ def main() -> int:
 
     schedule(bodies[:args.warmup])
     if args._callgrind:  # counted: callgrind collects inside sys.call_tracing only (instructions())
-        sys.call_tracing(schedule, (bodies[args.warmup:],))
+        if args.instructions_in:  # only that method's calls from here on
+            count_calls_of(args.instructions_in)
+            schedule(bodies[args.warmup:])
+        else:
+            sys.call_tracing(schedule, (bodies[args.warmup:],))
         return 0
     cpu_f, cpu_p = schedule(bodies[args.warmup:])
     result = {"nodes": args.nodes, "fill": args.fill, "names": k, "pods": args.pods,
@@ -203,6 +211,21 @@ def main() -> int:
         print(f"{args.nodes} nodes, fill {args.fill:.0%}, {k} names: filter {result['filter_cpu_ms_per_pod']} ms "
               f"+ prioritize {result['prioritize_cpu_ms_per_pod']} ms CPU per pod")
     return 0
+
+
+def count_calls_of(method: str) -> None:
+    """--instructions-in: every later call of FitMemo.<method> made through sys.call_tracing (callgrind counts
+    inside it only)."""
+    from memslice.scheduler_extender.index.fitmemo import FitMemo
+
+    inner = getattr(FitMemo, method, None)
+    if not callable(inner):
+        raise SystemExit(f"--instructions-in {method!r}: FitMemo has no such method (e.g. _refresh_groups)")
+
+    def counted(*a: Any) -> Any:
+        return sys.call_tracing(inner, a)
+
+    setattr(FitMemo, method, counted)
 
 
 def instructions(args: argparse.Namespace) -> int:
@@ -226,10 +249,12 @@ def instructions(args: argparse.Namespace) -> int:
             raise RuntimeError(f"no instruction total in {out}")
     result = {"nodes": args.nodes, "fill": args.fill, "names": min(args.names, args.nodes) or args.nodes,
               "pods": args.pods, "multi_gpu": args.multi_gpu, "topology": args.topology,
+              "best": args.best, "instructions_in": args.instructions_in or None,
               "instructions_per_pod": round(total / args.pods)}
+    what = f"(in FitMemo.{args.instructions_in}" if args.instructions_in else "(filter, prioritize, charge"
     print(json.dumps(result) if args.json else f"{args.nodes} nodes, fill {args.fill:.0%}, multi-GPU "
-          f"{args.multi_gpu:.0%}: {result['instructions_per_pod'] / 1e6:.3f} M instructions per pod (filter, "
-          f"prioritize, charge; callgrind)")
+          f"{args.multi_gpu:.0%}: {result['instructions_per_pod'] / 1e6:.3f} M instructions per pod {what}; "
+          f"callgrind)")
     return 0
 
 
