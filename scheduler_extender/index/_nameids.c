@@ -69,7 +69,9 @@ PyMODINIT_FUNC PyInit__nameids(void);
 #define HOT static inline
 #endif
 
-#if defined(__SSE2__) && defined(__x86_64__)
+/* MEMSLICE_NAMES_PORTABLE builds the word-at-a-time path alone, as on a CPU without SSE2 (aarch64): the tests build
+ * it too (tests/extender/test_nameids.py), so both paths answer what the Python reference answers. */
+#if defined(__SSE2__) && defined(__x86_64__) && !defined(MEMSLICE_NAMES_PORTABLE)
 #define NAMES_SSE2 1
 /* The 16 bytes at p (unaligned). */
 HOT __m128i load16(const char *p) {
@@ -1328,7 +1330,8 @@ PyMODINIT_FUNC PyInit__nameids(void) {
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(m, "NameIndex", (PyObject *)&NameIndexType) < 0) {
+    if (PyModule_AddObjectRef(m, "NameIndex", (PyObject *)&NameIndexType) < 0
+        || PyModule_AddIntConstant(m, "NAMES_SIMD", NAMES_SSE2) < 0) { /* which scan this build uses */
         Py_DECREF(m);
         return NULL;
     }

@@ -1,6 +1,8 @@
 # The C module's interface (scheduler_extender/index/_nameids.c); nameids.py is its only user.
 from typing import Any
 
+NAMES_SIMD: int  # 1: names scanned 16 bytes at a time (SSE2); 0: the portable word-at-a-time scan
+
 class NameIndex:
     def __init__(self, seed: int) -> None: ...
     def set(self, name: Any, id: int) -> None: ...

@@ -11,13 +11,17 @@ import itertools
 import json
 import logging
 import os
+import platform
 import random
+import subprocess
+import sysconfig
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis_budget import QUICK, examples
 
@@ -25,8 +29,8 @@ from memslice.scheduler_extender.index import nameids
 from memslice.scheduler_extender.index.nameids import NameIds, NativeNameIds
 
 
-def _load_native() -> ModuleType:
-    path = os.environ.get("MEMSLICE_NAMEIDS_SO")
+def _load_native(path: str | None = None) -> ModuleType:
+    path = path or os.environ.get("MEMSLICE_NAMEIDS_SO")
     if not path:
         from memslice.scheduler_extender.index import _nameids
 
@@ -41,12 +45,42 @@ def _load_native() -> ModuleType:
 
 
 NATIVE = _load_native()
+SOURCE = Path(nameids.__file__).with_name("_nameids.c")
+
+
+@pytest.fixture(scope="module")
+def portable(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
+    """The module built with MEMSLICE_NAMES_PORTABLE: names scanned a word at a time, as on a CPU without SSE2
+    (aarch64), which no other test here would reach on x86_64. Under the sanitizer pass (MEMSLICE_NAMEIDS_SO
+    set) it is built with the same sanitizers."""
+    out = tmp_path_factory.mktemp("portable") / "_nameids.so"
+    flags = ["-O2"] if not os.environ.get("MEMSLICE_NAMEIDS_SO") else [
+        "-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+    cc = os.environ.get("CC", "cc")
+    subprocess.run([cc, *flags, "-DMEMSLICE_NAMES_PORTABLE", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
+                    f"-I{sysconfig.get_paths()['include']}", str(SOURCE), "-o", str(out)], check=True, timeout=120)
+    return _load_native(str(out))
 
 
 @pytest.fixture(autouse=True)
 def native_under_test(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(nameids, "_native", NATIVE)
     yield
+
+
+@pytest.fixture(params=["simd", "portable"])
+def scan(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """Each of the two scans of names in turn (the build's own, and the portable one) as the native module."""
+    module = NATIVE if request.param == "simd" else request.getfixturevalue("portable")
+    monkeypatch.setattr(nameids, "_native", module)
+    return module
+
+
+def test_the_portable_build_scans_without_simd(portable: ModuleType) -> None:
+    """The two builds differ where they should: x86_64's scans 16 bytes at a time, the portable one does not
+    (so the tests taking `scan` reach both paths)."""
+    assert portable.NAMES_SIMD == 0
+    assert NATIVE.NAMES_SIMD == (1 if platform.machine() in ("x86_64", "AMD64") else 0)
 
 
 def pair() -> tuple[NameIds, NativeNameIds]:
@@ -184,7 +218,7 @@ def test_bad_arguments_are_refused_not_crashed_on() -> None:
     assert len(uninitialised) == 0
 
 
-def test_long_names_and_names_that_differ_only_at_the_end() -> None:
+def test_long_names_and_names_that_differ_only_at_the_end(scan: ModuleType) -> None:
     py, native = pair()
     names = ["n" * 1_000_000, "n" * 999_999 + "m", "n" * 1_000_001, "node-1", "node-1\x00", "node-10"]
     for i, name in enumerate(names):
@@ -552,9 +586,11 @@ STOPPERS = [b'"', b"\\", b"\x00", b"\x1f", b"\x7f", b"\x80", b"\xff", b"\xc3\xa9
 PLAIN = [b" ", b"!", b"#", b"[", b"]", b"~", b"\x20", b"\x7e", b"-", b"0"]
 
 
-@settings(max_examples=examples(600), derandomize=QUICK, deadline=None)
+@settings(max_examples=examples(600), derandomize=QUICK, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # `scan` picks a module: same for all
 @given(st.lists(st.integers(0, 40), min_size=1, max_size=6), st.data())
-def test_names_with_any_byte_at_any_place_are_judged_as_the_reference_judges_them(lengths: list[int],
+def test_names_with_any_byte_at_any_place_are_judged_as_the_reference_judges_them(scan: ModuleType,
+                                                                                  lengths: list[int],
                                                                                   data: st.DataObject) -> None:
     """ids_json and hosts_json on raw arrays (no JSON escaping) whose names hold, at any place, a byte that ends
     a plain name (quote, backslash, control bytes, 0x7F and above) or a plain one next to those values: the
@@ -584,13 +620,46 @@ def test_names_with_any_byte_at_any_place_are_judged_as_the_reference_judges_the
     assert native.hosts_json(body, native.pack(ids), kinds, scores, 1) == py.hosts_json(body, ids, kinds, scores, 1)
 
 
-def _sharing_a_hash(seed: int, fmt: str) -> tuple[str, str]:
+@pytest.mark.parametrize("length", [7, 8, 15, 16, 17, 24, 33])
+def test_each_odd_byte_at_each_place_of_a_name_is_judged_as_the_reference_judges_it(scan: ModuleType,
+                                                                                    length: int) -> None:
+    """Every stop byte and every plain byte next to one in value, at every place of a name of 7-33 bytes (so
+    at each offset within the 16-byte and 8-byte reads and near a read's end), first in a long array and last
+    in it: ids_json and hosts_json answer what the reference answers. Exhaustive where the property test above
+    samples."""
+    py, native = pair()
+    for i, name in enumerate(("abc", "x" * 40)):
+        py.set(name, i)
+        native.set(name, i)
+    for byte in STOPPERS + PLAIN + [b"\x1e", b"\x21", b"\x7e"]:
+        for at in range(length):
+            name = bytearray(b"n" * length)
+            name[at:at + 1] = byte
+            text = bytes(name).decode("ascii", errors="replace")
+            if text.isascii():
+                py.set(text, 2)
+                native.set(text, 2)
+            for body in (b'["' + bytes(name) + b'","abc","' + b"x" * 40 + b'"]',
+                         b'["' + b"x" * 40 + b'","abc","' + bytes(name) + b'"]'):
+                want = py.ids_json(body, 10)
+                got = native.ids_json(body, 10)
+                assert (None if got is None else native.to_list(got)) == want, (byte, at, body)
+                kinds, scores = bytearray([1, 1, 1]), bytearray([3, 2, 1])
+                ids = want if want is not None else [0, 1, 0]
+                assert native.hosts_json(body, native.pack(ids), kinds, scores, 1) == \
+                    py.hosts_json(body, ids, kinds, scores, 1), (byte, at, body)
+            if text.isascii():
+                py.discard(text)
+                native.discard(text)
+
+
+def _sharing_a_hash(module: ModuleType, seed: int, fmt: str) -> tuple[str, str]:
     """Two names `fmt % i` of one length held under the same hash in NameIndex(seed), found by brute force
     (32-bit hashes: ~10 pairs among 300,000 names)."""
     seen: dict[int, str] = {}
     for i in range(300_000):
         name = fmt % i
-        h = NATIVE.name_hash(seed, name)
+        h = module.name_hash(seed, name)
         if h in seen:
             return seen[h], name
         seen[h] = name
@@ -598,15 +667,15 @@ def _sharing_a_hash(seed: int, fmt: str) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("fmt", ["%07d", "fixedpre%07d", "a-much-longer-node-name-%08d"])
-def test_names_that_share_a_hash_keep_their_own_ids(fmt: str) -> None:
+def test_names_that_share_a_hash_keep_their_own_ids(scan: ModuleType, fmt: str) -> None:
     """Two held names of one length and one hash are told apart by every read (set, ids, ids_json, discard): a
     lookup compares the bytes of a name whose hash matches, and each format's names differ only where one
     way of comparing looks (byte by byte under 8 bytes; the last 1-7 bytes as the 8 ending there; whole
     words)."""
     seed = 0x5EED
-    a, b = _sharing_a_hash(seed, fmt)
-    assert len(a) == len(b) and a != b and NATIVE.name_hash(seed, a) == NATIVE.name_hash(seed, b)
-    index = NATIVE.NameIndex(seed)
+    a, b = _sharing_a_hash(scan, seed, fmt)
+    assert len(a) == len(b) and a != b and scan.name_hash(seed, a) == scan.name_hash(seed, b)
+    index = scan.NameIndex(seed)
     index.set(a, 1)
     index.set(b, 2)
     assert len(index) == 2
@@ -616,12 +685,12 @@ def test_names_that_share_a_hash_keep_their_own_ids(fmt: str) -> None:
     index.discard(a)
     assert index.ids([a]) is None and list(memoryview(index.ids([b])).cast("I")) == [2]
     assert index.ids_json(json.dumps([a]).encode(), 10) is None
-    assert NATIVE.name_hash(seed, "naïve") is None and NATIVE.name_hash(seed, 7) is None
+    assert scan.name_hash(seed, "naïve") is None and scan.name_hash(seed, 7) is None
 
 
 @pytest.mark.parametrize("stop", [b"\x01", b"\\", b"\x7f", b"\x80"])
 @pytest.mark.parametrize("where", ["first", "last"])
-def test_a_stop_byte_that_looks_like_a_names_end_is_refused(stop: bytes, where: str) -> None:
+def test_a_stop_byte_that_looks_like_a_names_end_is_refused(scan: ModuleType, stop: bytes, where: str) -> None:
     """A byte that ends a plain name but is no quote, right before `,"` (where a closing quote would be): the
     array is no plain one, and ids_json and hosts_json refuse it (None) as the reference does, whether the name
     is read from one 16-byte load (first) or byte by byte near the end of the buffer (last)."""
