@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from fractions import Fraction
+from typing import Any
 
 import orjson
 import pytest
@@ -110,12 +111,9 @@ def test_memoised_fits_and_scores_follow_every_change() -> None:
         check_summaries(state, names)  # and a fresh one agrees
 
 
-def test_prioritize_after_filter_answers_what_a_fresh_prioritize_answers() -> None:
-    """Prioritize reads the verdicts its filter memoised, refreshed for the nodes whose views changed in
-    between; whatever happens in between, its answer must be byte for byte a fresh one's. Half the time it
-    is asked as the server asks it: first from the request's bytes (Verbs.prioritize_json), which answers
-    only when the NodeNames array is exactly the JSON of what filter passed for the pod."""
-    rng = random.Random(11)
+def twelve_gpu_nodes(rng: random.Random) -> tuple[ClusterState, dict[str, list[str]]]:
+    """A synced state of twelve nodes n0..n11 with 1-4 GPUs of 8, 16 or 40 GB each, and a node without GPUs
+    ("cpu"); and each GPU node's GPU UUIDs."""
     state = ClusterState()
     gpus: dict[str, list[str]] = {}
     for i in range(12):
@@ -125,6 +123,26 @@ def test_prioritize_after_filter_answers_what_a_fresh_prioritize_answers() -> No
     state.upsert_node(plain_node("cpu"))
     state.nodes_synced.set()
     state.pods_synced.set()
+    return state, gpus
+
+
+def a_filter_request(rng: random.Random, step: int,
+                     gpus: dict[str, list[str]]) -> tuple[dict[str, Any], list[str], bytes]:
+    """Step `step`'s pod (1-30 GB, binpack or spread), the 1-12 names it is asked about (every third step with
+    a node without GPUs and a name that is no node) and the request's bytes as kube-scheduler writes them."""
+    names = rng.sample([*gpus, "cpu", "unknown"] if step % 3 == 0 else list(gpus), rng.randint(1, 12))
+    pod = pod_obj(f"p{step}", {"main": rng.choice((1000, 7000, 15000, 30000))}, policy=rng.choice((None, "spread")))
+    pod["metadata"]["uid"] = f"uid-{step}"
+    return pod, names, scheduler_body(pod, names)
+
+
+def test_prioritize_after_filter_answers_what_a_fresh_prioritize_answers() -> None:
+    """Prioritize reads the verdicts its filter memoised, refreshed for the nodes whose views changed in
+    between; whatever happens in between, its answer must be byte for byte a fresh one's. Half the time it
+    is asked as the server asks it: first from the request's bytes (Verbs.prioritize_json), which answers
+    only when the NodeNames array is exactly the JSON of what filter passed for the pod."""
+    rng = random.Random(11)
+    state, gpus = twelve_gpu_nodes(rng)
     verbs = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # no binds here
     holds: list[str] = []
     from_bytes = 0
@@ -659,24 +677,12 @@ def test_filter_from_the_bytes_answers_what_filter_answers() -> None:
     (names that are no nodes, a pod without memslice memory) the server's filter() answers. The prioritize that
     follows, from its own bytes, answers what a fresh prioritize answers."""
     rng = random.Random(39)
-    state = ClusterState()
-    gpus: dict[str, list[str]] = {}
-    for i in range(12):
-        sizes = [rng.choice((8000, 16000, 40000)) for _ in range(rng.randint(1, 4))]
-        state.upsert_node(node_obj(f"n{i}", sizes))
-        gpus[f"n{i}"] = [f"GPU-n{i}-{g}" for g in range(len(sizes))]
-    state.upsert_node(plain_node("cpu"))
-    state.nodes_synced.set()
-    state.pods_synced.set()
+    state, gpus = twelve_gpu_nodes(rng)
     verbs = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # no binds here
     taken = {"echoed": 0, "split": 0, "declined": 0}
     replayed = 0
     for step in range(300):
-        names = rng.sample([*gpus, "cpu", "unknown"] if step % 3 == 0 else list(gpus), rng.randint(1, 12))
-        pod = pod_obj(f"p{step}", {"main": rng.choice((1000, 7000, 15000, 30000))},
-                      policy=rng.choice((None, "spread")))
-        pod["metadata"]["uid"] = f"uid-{step}"
-        body = scheduler_body(pod, names)
+        pod, names, body = a_filter_request(rng, step, gpus)
         fresh = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]
         want = fresh.filter(orjson.loads(body))
         got = verbs.filter_json(body)
@@ -706,24 +712,12 @@ def test_filter_answering_the_best_passes_the_fitting_nodes_of_the_highest_score
     bytes echoed or split, the decoded request, names that are no nodes), with binds landing in between; what
     failed, and why, is what filter answers with every fitting node passed."""
     rng = random.Random(3939)
-    state = ClusterState()
-    gpus: dict[str, list[str]] = {}
-    for i in range(12):
-        sizes = [rng.choice((8000, 16000, 40000)) for _ in range(rng.randint(1, 4))]
-        state.upsert_node(node_obj(f"n{i}", sizes))
-        gpus[f"n{i}"] = [f"GPU-n{i}-{g}" for g in range(len(sizes))]
-    state.upsert_node(plain_node("cpu"))
-    state.nodes_synced.set()
-    state.pods_synced.set()
+    state, gpus = twelve_gpu_nodes(rng)
     best = Verbs(state, None, "binpack", Metrics(state), best=True)  # type: ignore[arg-type]  # no binds here
     taken = {"echoed": 0, "split": 0, "declined": 0}
     shortened = kept_all = 0
     for step in range(300):
-        names = rng.sample([*gpus, "cpu", "unknown"] if step % 3 == 0 else list(gpus), rng.randint(1, 12))
-        pod = pod_obj(f"p{step}", {"main": rng.choice((1000, 7000, 15000, 30000))},
-                      policy=rng.choice((None, "spread")))
-        pod["metadata"]["uid"] = f"uid-{step}"
-        body = scheduler_body(pod, names)
+        pod, names, body = a_filter_request(rng, step, gpus)
         every = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # every fitting node
         code, want = every.filter(orjson.loads(body))
         passed = want["NodeNames"]
