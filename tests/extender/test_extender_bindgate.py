@@ -43,17 +43,25 @@ def _in_thread(fn: Any, *args: Any) -> tuple[threading.Thread, list[Any]]:
     return thread, out
 
 
-def test_filter_waits_while_the_binds_in_flight_fill_the_gate(cluster: Cluster) -> None:
-    """With one bind allowed in flight and its Binding held in the API server, the next pod's filter waits
-    (the scheduler decides nothing meanwhile) and answers once the bind has ended; both pods fit."""
+def _a_bind_held(cluster: Cluster, max_wait_s: float) -> tuple[BindGate, dict[str, Any], HeldBindings,
+                                                                threading.Thread, list[Any]]:
+    """A gate of one bind in flight whose filters wait at most `max_wait_s`; pods a and b of 4,000 MiB; a's
+    bind started on node n in a thread, its Binding to be held in the API server (the test releases it)."""
     assert cluster.ext is not None
     gate: BindGate = cluster.ext.verbs.gate
-    gate.limit, gate.max_wait_s = 1, 60.0  # the wait ends only when the test lets the Binding go
+    gate.limit, gate.max_wait_s = 1, max_wait_s
     a = cluster.add_pod(pod_obj("a", {"main": 4000}))
     b = cluster.add_pod(pod_obj("b", {"main": 4000}))
     held = HeldBindings()
     cluster.kube.before_request = held
     binding, bound = _in_thread(cluster.c.bind, a, "n")
+    return gate, b, held, binding, bound
+
+
+def test_filter_waits_while_the_binds_in_flight_fill_the_gate(cluster: Cluster) -> None:
+    """With one bind allowed in flight and its Binding held in the API server, the next pod's filter waits
+    (the scheduler decides nothing meanwhile) and answers once the bind has ended; both pods fit."""
+    gate, b, held, binding, bound = _a_bind_held(cluster, 60.0)  # the wait ends when the test lets it go
     try:
         wait_until("a's Binding held in the API server", lambda: held.held == 1, 10)
         assert gate.in_flight == 1
@@ -79,14 +87,7 @@ def test_filter_waits_while_the_binds_in_flight_fill_the_gate(cluster: Cluster) 
 def test_filter_answers_after_its_bounded_wait_and_failed_binds_leave_the_gate(cluster: Cluster) -> None:
     """The wait is bounded: with the gate still full when it ends, filter answers anyway (counted as timed
     out, and so on /metrics). A bind that fails (its Binding refused) leaves the count, so filters stop waiting."""
-    assert cluster.ext is not None
-    gate: BindGate = cluster.ext.verbs.gate
-    gate.limit, gate.max_wait_s = 1, 0.0
-    a = cluster.add_pod(pod_obj("a", {"main": 4000}))
-    b = cluster.add_pod(pod_obj("b", {"main": 4000}))
-    held = HeldBindings()
-    cluster.kube.before_request = held
-    binding, bound = _in_thread(cluster.c.bind, a, "n")
+    gate, b, held, binding, bound = _a_bind_held(cluster, 0.0)
     try:
         wait_until("a's Binding held in the API server", lambda: held.held == 1, 10)
         assert cluster.c.filter(b, ["n"])["NodeNames"] == ["n"]
