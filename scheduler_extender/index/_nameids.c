@@ -1399,8 +1399,8 @@ typedef struct {
     Py_ssize_t nkeys;
     SpanSet sets[SPAN_SLOTS];
     int used;
-    /* the searches: rows, free_rows, by_mask (a dict), closes; rows_state 0 not read yet, 1 read, -1 no search */
-    PyObject *rows, *free_rows, *by_mask, *closes;
+    /* the searches: rows, free_rows, by_mask (a dict), closes, levels; rows_state 0 not read yet, 1 read, -1 none */
+    PyObject *rows, *free_rows, *by_mask, *closes, *levels;
     int rows_state, fractions_ok;
     double fraction[SPAN_MAX_GPUS];
     int64_t position[SPAN_MAX_GPUS]; /* free_rows[j]'s position in rows (its index: index = position) */
@@ -1529,6 +1529,81 @@ static int span_cache_chosen(const SpanCache *c, PyObject *positions, PyObject *
     return 1;
 }
 
+#define SPAN_MAX_MASKS 4096 /* spanning.MAX_MASKS: masks kept per topology and N (emptied when full) */
+
+/* Why a function: the sets of one level (members: ((mask, positions), ...)) whose GPUs are all in `mask`, as a new
+ * tuple of their positions (empty: none); NULL with *ok 0 where a member is malformed (the reference scans), or an
+ * error set (*ok -1). */
+static PyObject *span_level_fitting(PyObject *members, uint64_t mask, int *ok) {
+    Py_ssize_t n = PyTuple_GET_SIZE(members), count = 0;
+    *ok = 0;
+    for (int pass = 0; pass < 2; pass++) { /* count, then fill */
+        PyObject *out = pass ? PyTuple_New(count) : NULL;
+        if (pass && out == NULL) {
+            *ok = -1;
+            return NULL;
+        }
+        Py_ssize_t at = 0;
+        for (Py_ssize_t j = 0; j < n; j++) {
+            PyObject *member = PyTuple_GET_ITEM(members, j);
+            if (!PyTuple_CheckExact(member) || PyTuple_GET_SIZE(member) != 2
+                || !PyLong_CheckExact(PyTuple_GET_ITEM(member, 0))) {
+                Py_XDECREF(out);
+                return NULL;
+            }
+            unsigned long long m = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(member, 0));
+            if (m == (unsigned long long)-1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                Py_XDECREF(out);
+                return NULL;
+            }
+            if ((m & mask) != m)
+                continue;
+            if (pass) {
+                PyObject *pos = PyTuple_GET_ITEM(member, 1);
+                Py_INCREF(pos);
+                PyTuple_SET_ITEM(out, at++, pos);
+            } else
+                count++;
+        }
+        if (pass) {
+            *ok = 1;
+            return out;
+        }
+    }
+    return NULL; /* (not reached) */
+}
+
+/* Why a function: spanning._closest for a mask by_mask lacks, natively: the closest level with a set whose GPUs are
+ * all in `mask`, kept in by_mask as (distance, sets) (the levels' own objects) and answered (borrowed). NULL with no
+ * error where no level fits or a level is malformed (the reference scans: it keeps what it finds); an error set. */
+static PyObject *span_closest(PyObject *levels, PyObject *by_mask, PyObject *key, uint64_t mask) {
+    for (Py_ssize_t l = 0; l < PyTuple_GET_SIZE(levels); l++) {
+        PyObject *level = PyTuple_GET_ITEM(levels, l);
+        if (!PyTuple_CheckExact(level) || PyTuple_GET_SIZE(level) != 2 || !PyLong_CheckExact(PyTuple_GET_ITEM(level, 0))
+            || !PyTuple_CheckExact(PyTuple_GET_ITEM(level, 1)))
+            return NULL;
+        int ok;
+        PyObject *fitting = span_level_fitting(PyTuple_GET_ITEM(level, 1), mask, &ok);
+        if (fitting == NULL)
+            return NULL;
+        if (PyTuple_GET_SIZE(fitting) == 0) {
+            Py_DECREF(fitting);
+            continue;
+        }
+        PyObject *hit = PyTuple_Pack(2, PyTuple_GET_ITEM(level, 0), fitting);
+        Py_DECREF(fitting);
+        if (hit == NULL)
+            return NULL;
+        if (PyDict_GET_SIZE(by_mask) >= SPAN_MAX_MASKS)
+            PyDict_Clear(by_mask); /* (ints and tuples of ints released: no Python code runs) */
+        int set = PyDict_SetItem(by_mask, key, hit);
+        Py_DECREF(hit); /* by_mask holds it */
+        return set < 0 ? NULL : hit;
+    }
+    return NULL;
+}
+
 /* Why its own: span_search on the rows read once (span_cache_rows): the mask of the positions with room (free order
  * from k on), its closest fitting sets as spanning._closest kept them (read only: a mask not kept is the
  * reference's), the policy's pick, the flat chosen set. 1 with *out (a new reference); 0 the reference searches;
@@ -1545,6 +1620,8 @@ static int span_cache_search(SpanCache *c, Py_ssize_t k, long gpus, int spread, 
     if (key == NULL)
         return -1;
     PyObject *hit = PyDict_GetItemWithError(c->by_mask, key); /* borrowed; ints hash and compare without Python code */
+    if (hit == NULL && !PyErr_Occurred() && c->levels != NULL)
+        hit = span_closest(c->levels, c->by_mask, key, mask); /* borrowed from by_mask */
     Py_DECREF(key);
     if (hit == NULL)
         return PyErr_Occurred() ? -1 : 0;
@@ -1720,8 +1797,8 @@ static int span_refresh_write(PyObject *cells, Py_ssize_t i, const unsigned char
 /* Why a function: span_refresh's arguments checked (types, ranges, every cell's arrays), so the loops index without
  * checks. 1; -1 an error set naming the bad one. */
 static int span_refresh_args(PyObject *const *a, Py_ssize_t nargs, Py_ssize_t *i, long *gpus, int64_t *above) {
-    if (nargs != 14) {
-        PyErr_Format(PyExc_TypeError, "span_refresh takes 14 arguments (%zd given)", nargs);
+    if (nargs != 15) {
+        PyErr_Format(PyExc_TypeError, "span_refresh takes 15 arguments (%zd given)", nargs);
         return -1;
     }
     if (!PyTuple_CheckExact(a[1]) || !PyList_CheckExact(a[2]) || !PyTuple_CheckExact(a[3])) {
@@ -1729,9 +1806,9 @@ static int span_refresh_args(PyObject *const *a, Py_ssize_t nargs, Py_ssize_t *i
         return -1;
     }
     if (a[6] != Py_None && (!PyTuple_CheckExact(a[6]) || !PyTuple_CheckExact(a[7]) || !PyDict_CheckExact(a[8])
-                            || !PyTuple_CheckExact(a[9]))) {
-        PyErr_SetString(PyExc_TypeError, "span_refresh: rows, free_rows, by_mask, closes must be tuple, tuple, dict, "
-                        "tuple (or rows None: no search)");
+                            || !PyTuple_CheckExact(a[9]) || (a[14] != Py_None && !PyTuple_CheckExact(a[14])))) {
+        PyErr_SetString(PyExc_TypeError, "span_refresh: rows, free_rows, by_mask, closes, levels must be tuple, tuple, "
+                        "dict, tuple, tuple or None (or rows None: no search)");
         return -1;
     }
     if (a[10] != Py_None && (!PyTuple_CheckExact(a[10]) || PyTuple_GET_SIZE(a[10]) != SPAN_MAX_SCORE + 1)) {
@@ -1761,11 +1838,13 @@ static int span_refresh_args(PyObject *const *a, Py_ssize_t nargs, Py_ssize_t *i
     return 1;
 }
 
-/* span_refresh(i, keys, chosen, cells, gpus, spread, rows, free_rows, by_mask, closes, texts, above, same, unit):
- * FitMemo._refresh_groups for one group (N, policy) on node id i natively. keys: the view's free column
+/* span_refresh(i, keys, chosen, cells, gpus, spread, rows, free_rows, by_mask, closes, texts, above, same, unit,
+ * levels): FitMemo._refresh_groups for one group (N, policy) on node id i natively. keys: the view's free column
  * (free_keys); chosen: the group's set searches for this view (spanning.Found's list; searches made here are kept
  * in it); cells: per table of the group (size per GPU, kinds, scores, jsons); rows, free_rows: the view's; by_mask,
- * closes: spanning._plan's for its topology and N (rows None: no search here, as span_scores without one); texts:
+ * closes, levels: spanning._plan's for its topology and N (rows None: no search here, as span_scores without one;
+ * a mask by_mask lacks is looked for in the levels, as spanning._closest, and kept there; levels None: left to
+ * the reference); texts:
  * the node's HostPriority JSON per score (a tuple of MAX_SCORE + 1 str or None, or None); cells whose need is above
  * `above` keep their verdicts, and with `same` the failing ones that still find no room. Answers bytes of
  * (position in cells, code) pairs left to Python, or None where a value is not exact (nothing written: the Python
@@ -1785,6 +1864,7 @@ static PyObject *nameids_span_refresh(PyObject *module, PyObject *const *a, Py_s
     cache.free_rows = a[7];
     cache.by_mask = cache.rows == NULL ? NULL : a[8];
     cache.closes = a[9];
+    cache.levels = a[14] == Py_None ? NULL : a[14];
     unsigned char codes[SPAN_MAX_CELLS], todo[2 * SPAN_MAX_CELLS];
     int ok = span_int(a[13], &unit) ? span_refresh_codes(&cache, a[3], i, unit, above, a[1], a[2], gpus, spread, codes)
                                     : 0;
@@ -1815,12 +1895,15 @@ static int span_row_differs(PyObject *b, PyObject *n, int64_t *bfree, int64_t *n
  * free MiB (the row count, a GPU's index, MiB or health; or a value not an exact int below 2^52 or a health not a
  * bool); else the largest free MiB, before or after, of the GPUs whose free MiB changed (-1: none did). Why: a
  * spanning cell whose size is above it keeps its verdict (FitMemo._refresh_groups), and building and comparing the
- * views' columns in Python cost more than the cells' refresh. Rows met as one object are the same. */
-static PyObject *nameids_span_above(PyObject *module, PyObject *args) {
+ * views' columns in Python cost more than the cells' refresh. Rows met as one object are the same. Fast-call: no
+ * argument tuple made at every bind. */
+static PyObject *nameids_span_above(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    PyObject *before, *now;
-    if (!PyArg_ParseTuple(args, "O!O!", &PyTuple_Type, &before, &PyTuple_Type, &now))
+    if (nargs != 2 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "span_above(before, now) takes two tuples");
         return NULL;
+    }
+    PyObject *before = args[0], *now = args[1];
     if (PyTuple_GET_SIZE(before) != PyTuple_GET_SIZE(now))
         Py_RETURN_NONE;
     int64_t above = -1;
@@ -1844,9 +1927,9 @@ static PyObject *nameids_span_above(PyObject *module, PyObject *args) {
 static PyMethodDef span_refresh_methods[] = {
     {"span_refresh", (PyCFunction)(void (*)(void))nameids_span_refresh, METH_FASTCALL,
      "span_refresh(i, keys, chosen, cells, gpus, spread, rows, free_rows, by_mask, closes, texts, above, same, "
-     "unit): one spanning group's cells of node i refreshed natively; the (position, code) pairs left to Python, or "
+     "unit, levels): one spanning group's cells of node i refreshed natively; the (position, code) pairs left to Python, or "
      "None"},
-    {"span_above", nameids_span_above, METH_VARARGS,
+    {"span_above", (PyCFunction)(void (*)(void))nameids_span_above, METH_FASTCALL,
      "span_above(before, now): the largest free MiB of the GPUs whose free MiB changed (-1: none); None where the "
      "rows differ otherwise"},
     {NULL, NULL, 0, NULL},

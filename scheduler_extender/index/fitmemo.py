@@ -101,8 +101,8 @@ _TOP = tuple(bytes(int(k == s) for k in range(256)) for s in range(MAX_SCORE + 1
 # per topology met (by id) the group's set searches' plan (SearchPlan), and whether its policy is spread.
 Group = tuple[tuple[int, str], list[tuple[Key, "_Table"]], tuple[SpanCell, ...], bool, dict[int, "SearchPlan"]]
 # For the native set searches of a group (_nameids.span_refresh) on nodes of one topology: it, and spanning._plan's
-# closest fitting sets per mask and closeness per distance (None, None: no search natively: the reference's).
-SearchPlan = tuple[object, dict[int, spanning.Closest] | None, tuple[float, ...] | None]
+# closest fitting sets per mask, closeness per distance and levels (None...: no search natively: the reference's).
+SearchPlan = tuple[object, dict[int, spanning.Closest] | None, tuple[float, ...] | None, spanning.Levels | None]
 PLANS_MAX = 256  # topologies a group keeps a SearchPlan for (a cluster has a few board types); emptied when full
 RefreshPlan = tuple[list[tuple[Key, "_Table"]], list[Group]]
 
@@ -117,11 +117,11 @@ Column = NodeView
 def _search_plan(plans: dict[int, SearchPlan], topo: object, gpus: int) -> SearchPlan:
     """The SearchPlan of a group of N `gpus` for nodes of this topology, made (from spanning._plan, which keeps the
     masks met) and kept in `plans` (by the topology's id: views of a node share one topology per inventory)."""
-    plan: SearchPlan = (topo, None, None)
+    plan: SearchPlan = (topo, None, None, None)
     if not isinstance(topo, int):
         made = spanning._plan(topo, gpus)  # type: ignore[arg-type]  # a matrix
         if made[1] is not None:
-            plan = (topo, made[2], made[3])
+            plan = (topo, made[2], made[3], made[1])
     if len(plans) >= PLANS_MAX:
         plans.clear()
     plans[id(topo)] = plan
@@ -838,12 +838,12 @@ class FitMemo:
                 if plan is None or plan[0] is not topo:
                     plan = _search_plan(plans, topo, gpus)
                 todo = native(i, keys, chosen, cells, gpus, spread, None if plan[1] is None else rows, view.free_rows,
-                              plan[1], plan[2], self._host_json[i], above, same, unit)
+                              plan[1], plan[2], self._host_json[i], above, same, unit, plan[3])
             if todo is None:
                 self._refresh_group(i, view, members, policy, gpus, found, above, same)
             elif todo:
-                if UNSEARCHED in todo[1::2]:  # the reference searches (and keeps the mask in spanning._plan's, which
-                    plans.pop(id(topo), None)  # may be a newer dict than the one kept here: read afresh next time)
+                if UNSEARCHED in todo:  # the reference searches (and keeps the mask in spanning._plan's, which may be
+                    plans.pop(id(topo), None)  # a newer dict than the one kept here: read afresh next time)
                 self._refresh_cells(i, view, members, todo, policy, gpus, found, same)
 
     def _refresh_group(self, i: int, view: NodeView, members: list[tuple[Key, _Table]], policy: str, gpus: int,
@@ -862,44 +862,48 @@ class FitMemo:
     def _refresh_cells(self, i: int, view: NodeView, members: list[tuple[Key, _Table]], todo: bytes, policy: str,
                        gpus: int, found: spanning.Found, same: bool) -> None:
         """The cells _nameids.span_refresh left (todo: (position in `members`, code) pairs): a set search it could
-        not make (UNSEARCHED: made here, spanning.codes), a reason to write, a text not made yet."""
+        not make (UNSEARCHED: made here, spanning.codes), a reason to write, a text not made yet. Nothing built per
+        pair (a tuple made here can start the cyclic collector, at every bind)."""
         unit = view.unit_mib
-        pairs = list(zip(todo[::2], todo[1::2], strict=True))
-        late = [p for p, (_, code) in enumerate(pairs) if code == UNSEARCHED]
-        if late:
-            codes = spanning.codes(view, [members[pairs[p][0]][0][0] * unit for p in late], policy, gpus, found,
-                                   self._index.span_scores)
-            for p, code in zip(late, codes, strict=True):
-                pairs[p] = pairs[p][0], code
-        for j, code in pairs:
-            key, table = members[j]
-            self._write_code(table, i, view, key[0] * unit, policy, gpus, code, same)
+        for p in range(0, len(todo), 2):
+            key, table = members[todo[p]]
+            need, code = key[0] * unit, todo[p + 1]
+            if code == UNSEARCHED:
+                code = spanning.codes(view, (need,), policy, gpus, found, self._index.span_scores)[0]
+            self._write_code(table, i, view, need, policy, gpus, code, same)
 
     def _write_code(self, table: _Table, i: int, view: NodeView, need: int, policy: str, gpus: int, code: int,
                     same: bool) -> None:
         """Node i's cell of a spanning group's table (it holds a verdict) from its code (spanning.codes), written
         where it changed: a fit's score and text; else the verdict spanning.resolve makes of the code, unless the
-        cell failed and still finds no room on a view where only free MiB changed (`same`: see _refresh_groups)."""
+        cell failed and still finds no room on a view where only free MiB changed (`same`: see _refresh_groups).
+        One write a statement: an assignment of four values builds a tuple."""
         kinds = table.kinds
         if code <= MAX_SCORE:
             if kinds[i] == FITS:
                 if table.scores[i] == code:  # unchanged: its text is the node's for it
                     return
                 table.fitting -= 1
-            kinds[i], table.scores[i], table.reasons[i], table.jsons[i] = FITS, code, None, self._fragment(i, code)
-            table.fitting += 1
+            self._write_fit(table, i, code)
             return
         if code == NO_ROOM and same and kinds[i] != FITS:  # as it was: see _refresh_groups
             return
         v = spanning.resolve(view, need, policy, gpus, code)
         table.fitting -= kinds[i] == FITS
         if v[0]:
-            score = v[3]
-            kinds[i], table.scores[i], table.reasons[i], table.jsons[i] = FITS, score, None, self._fragment(i, score)
-            table.fitting += 1
-        else:
-            kinds[i], table.scores[i], table.reasons[i], table.jsons[i] = (NEVER if v[1] else FAILS, MIN_SCORE, v[2],
-                                                                           None)
+            self._write_fit(table, i, v[3])
+            return
+        kinds[i] = NEVER if v[1] else FAILS
+        table.scores[i] = MIN_SCORE
+        table.reasons[i] = v[2]
+        table.jsons[i] = None
+
+    def _write_fit(self, table: _Table, i: int, score: int) -> None:
+        table.kinds[i] = FITS
+        table.scores[i] = score
+        table.reasons[i] = None
+        table.jsons[i] = self._fragment(i, score)
+        table.fitting += 1
 
     def _make_plan(self) -> RefreshPlan:
         """Split the tables for _refresh: a spanning table whose key has no limit signature and no compute share

@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from ..placement.spanning import Chosen, Closest, Scores, ScoresEach
+from ..placement.spanning import Chosen, Closest, Levels, Scores, ScoresEach
 from ..placement.views import GpuRow
 from ..wire import host_priority_array, host_priority_json
 
@@ -67,12 +67,14 @@ def has_none(items: Any) -> bool:
 # _nameids.span_refresh (the memo's refresh of one spanning group on a node, FitMemo._refresh_groups): (node id,
 # the view's free_keys, the group's set searches (spanning.Found's list), per table (size per GPU, kinds, scores,
 # jsons), N, spread, the view's rows (None: no search natively) and free_rows, spanning._plan's closest sets per mask
-# and closeness per distance, the node's HostPriority texts per score or None, above, same, unit) -> (position,
-# code) pairs left to Python, or None (a value not exact: nothing written)
+# and closeness per distance, the node's HostPriority texts per score or None, above, same, unit, spanning._plan's
+# levels (masks not kept yet are looked for there, and kept)) -> (position, code) pairs left to Python, or None (a
+# value not exact: nothing written)
 SpanCell = tuple[int, bytearray, bytearray, list[str | None]]
 SpanRefresh = Callable[[int, tuple[int, ...], list[Chosen], tuple[SpanCell, ...], int, bool,
                         tuple[GpuRow, ...] | None, tuple[GpuRow, ...], dict[int, Closest] | None,
-                        tuple[float, ...] | None, tuple[str | None, ...] | None, int, bool, int], bytes | None]
+                        tuple[float, ...] | None, tuple[str | None, ...] | None, int, bool, int, Levels | None],
+                       bytes | None]
 
 
 def span_above(before: tuple[GpuRow, ...], now: tuple[GpuRow, ...]) -> int | None:
