@@ -804,8 +804,9 @@ class FitMemo:
         changed, a cell that failed and still finds too few GPUs with room (NO_ROOM) keeps its verdict too: on such a
         view every failing verdict of a size is spanning._without_room's, which reads only the GPUs' MiB and health
         (the same), where computing it again cost a scan of the GPUs per cell at every bind."""
-        if not self._without_cap(view):  # the cap may change what these pods get here: one by one
-            for _, members, *_ in groups:
+        ratio = self.limit_ratio  # (_without_cap, written out: this runs at every bind)
+        if ratio is not None and (view.over is not None or ratio < 1):  # the cap may change what these pods get
+            for _, members, *_ in groups:  # here: one by one
                 for key, table in members:
                     if table.kinds[i] != NONE:
                         self._set(table, key, i, view)
