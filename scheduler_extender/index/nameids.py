@@ -193,7 +193,7 @@ class NativeNameIds(NameIds):
         self.span_scores = _native.span_scores
         self.span_scores_each = _native.span_scores_each
         self.span_refresh = _native.span_refresh
-        self.span_above = _native.span_above  # type: ignore[assignment]
+        self.span_above = _native.span_above
         self._native = _native.NameIndex(int.from_bytes(os.urandom(8), "little"))
 
     def set(self, name: str, i: int) -> None:
