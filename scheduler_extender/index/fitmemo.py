@@ -23,9 +23,11 @@ rebuilds the view and refreshes the verdicts like any charge. Without the cap ke
 
 Pods spanning GPUs (issue 34): each (per-GPU size, N) is a table of its own, so a bind refreshes its node in many
 (20 spanning tables in benchmarks/README.md's mix). The tables of one N and policy whose verdict the limit cap
-and compute shares leave alone are refreshed together, in one call (spanning.codes: the view's checks once,
-the set search shared by the sizes that leave the same GPUs with room, the scores natively, and only the cells
-whose verdict changed written); the others one by one, as above. The set searches a node's view met are kept
+and compute shares leave alone are refreshed together, in one native call (_nameids.span_refresh: the view's
+column and rows read once, the set search shared by the sizes that leave the same GPUs with room, the scores, and
+the cells that still fit written there; only those that need a reason, or a text not made yet, come back to
+Python; the reference, where the module was not built: spanning.codes and a loop, _refresh_group); the others one
+by one, as above. The set searches a node's view met are kept
 until it changes (_found), and a table of those groups that stopped sharing by shape fills the cells a request
 finds empty in one spanning.codes_each call reusing them (_fill_spanning): a spanning key is asked rarely, so its
 requests meet many nodes without a verdict. The scores are C (_nameids.span_scores, span_scores_each; the
