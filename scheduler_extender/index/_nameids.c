@@ -1766,6 +1766,8 @@ static int span_refresh_write(PyObject *cells, Py_ssize_t i, const unsigned char
         if (code == SPAN_KEEP)
             continue;
         PyObject *cell = PyTuple_GET_ITEM(cells, j);
+        if (span_cell_check(cell, i) < 0) /* again: emptying a full by_mask (span_closest) released objects */
+            return -1;
         unsigned char *kinds = (unsigned char *)PyByteArray_AS_STRING(PyTuple_GET_ITEM(cell, 1));
         unsigned char *scores = (unsigned char *)PyByteArray_AS_STRING(PyTuple_GET_ITEM(cell, 2));
         PyObject *jsons = PyTuple_GET_ITEM(cell, 3);
