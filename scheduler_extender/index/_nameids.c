@@ -1323,6 +1323,8 @@ static struct PyModuleDef module_def = {
     .m_methods = module_methods,
 };
 
+static int add_span_refresh(PyObject *m); /* the memo's refresh of spanning tables, at the end of the file */
+
 /* Why the module init only readies the type: the module holds no state (each NameIndex has its own). */
 PyMODINIT_FUNC PyInit__nameids(void) {
     if (PyType_Ready(&NameIndexType) < 0)
@@ -1331,9 +1333,611 @@ PyMODINIT_FUNC PyInit__nameids(void) {
     if (m == NULL)
         return NULL;
     if (PyModule_AddObjectRef(m, "NameIndex", (PyObject *)&NameIndexType) < 0
-        || PyModule_AddIntConstant(m, "NAMES_SIMD", NAMES_SSE2) < 0) { /* which scan this build uses */
+        || PyModule_AddIntConstant(m, "NAMES_SIMD", NAMES_SSE2) < 0 /* which scan this build uses */
+        || add_span_refresh(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }
     return m;
+}
+
+/* ------------------------------------------------------------------ the memo's refresh of spanning tables natively
+ * FitMemo._refresh_groups (issue 34): at every bind the memo refreshes the bound node's cell in each spanning table
+ * of one N and policy (10 per group in benchmarks/README.md's mix). In Python each cell cost a loop step, a compare
+ * and a write, and the change check a tuple of the view's columns: ~0.16 M instructions a bind. Here one call per
+ * group computes each held cell's code (span_code) and writes the cells that still fit (their score and its JSON
+ * text), leaving to Python only the cells that need a verdict's reason (spanning.resolve), a set search the C
+ * cannot make, or a text not made yet. Kinds as fitmemo's: */
+#define SPAN_KIND_NONE 0
+#define SPAN_KIND_FITS 1
+#define SPAN_MAX_CELLS 255 /* a group's tables (fitmemo.MAX_TABLES is 64): a member's position fits a byte */
+#define SPAN_KEEP 0xFF     /* a cell that keeps its verdict: neither computed nor written */
+
+/* Why a function: a spanning cell's arrays (size, kinds, scores, jsons) checked once per call, so the loops below
+ * index them without a check each: 1; -1 a TypeError or IndexError set (the memo's own plan malformed). */
+static int span_cell_check(PyObject *cell, Py_ssize_t i) {
+    if (!PyTuple_CheckExact(cell) || PyTuple_GET_SIZE(cell) != 4 || !PyByteArray_CheckExact(PyTuple_GET_ITEM(cell, 1))
+        || !PyByteArray_CheckExact(PyTuple_GET_ITEM(cell, 2)) || !PyList_CheckExact(PyTuple_GET_ITEM(cell, 3))) {
+        PyErr_SetString(PyExc_TypeError, "span_refresh: a cell is not (size, kinds: bytearray, scores: bytearray, "
+                        "jsons: list)");
+        return -1;
+    }
+    if (PyByteArray_GET_SIZE(PyTuple_GET_ITEM(cell, 1)) <= i || PyByteArray_GET_SIZE(PyTuple_GET_ITEM(cell, 2)) <= i
+        || PyList_GET_SIZE(PyTuple_GET_ITEM(cell, 3)) <= i) {
+        PyErr_Format(PyExc_IndexError, "span_refresh: node id %zd outside a cell's arrays", i);
+        return -1;
+    }
+    return 1;
+}
+
+/* Why a function: a cell's need (its per-GPU size × the node's unit, what the Python path computes) where both are
+ * exact and so is the product: 1; 0 where not (the caller answers None: the Python path refreshes the group). */
+static int span_need(PyObject *size, int64_t unit, int64_t *need) {
+    int64_t s;
+    if (!span_int(size, &s))
+        return 0;
+    int64_t bound = unit == 0 ? SPAN_EXACT : (SPAN_EXACT - 1) / (unit < 0 ? -unit : unit);
+    if (s > bound || s < -bound)
+        return 0;
+    *need = s * unit;
+    return 1;
+}
+
+/* What one span_refresh call decodes once for all its cells: the view's free column, its rows (for the set
+ * searches: each GPU's free fraction, the positions of the free order) and the chosen sets met (by k, at most
+ * SPAN_SLOTS of them; more are decoded again per cell). Why: a group's ten cells bisect one column and land on two
+ * or three k's, and every search read every row: decoding the same ints again was most of the call. */
+#define SPAN_SLOTS 8
+typedef struct {
+    Py_ssize_t k;
+    double close;
+    int64_t free_mib[SPAN_MAX_GPUS], mem[SPAN_MAX_GPUS];
+} SpanSet;
+
+typedef struct {
+    int64_t keys[SPAN_MAX_GPUS];
+    Py_ssize_t nkeys;
+    SpanSet sets[SPAN_SLOTS];
+    int used;
+    /* the searches: rows, free_rows, by_mask (a dict), closes, levels; rows_state 0 not read yet, 1 read, -1 none */
+    PyObject *rows, *free_rows, *by_mask, *closes, *levels;
+    int rows_state, fractions_ok;
+    double fraction[SPAN_MAX_GPUS];
+    int64_t position[SPAN_MAX_GPUS]; /* free_rows[j]'s position in rows (its index: index = position) */
+} SpanCache;
+
+/* Why a function: the view's free column as int64s (at most SPAN_MAX_GPUS of them): 1; 0 where a key is not exact
+ * or there are more (the caller answers None: the Python path refreshes the group). */
+static int span_cache_keys(SpanCache *c, PyObject *keys) {
+    c->nkeys = PyTuple_GET_SIZE(keys);
+    c->used = 0;
+    c->rows_state = c->by_mask == NULL ? -1 : 0;
+    if (c->nkeys > SPAN_MAX_GPUS)
+        return 0;
+    for (Py_ssize_t j = 0; j < c->nkeys; j++)
+        if (!span_int(PyTuple_GET_ITEM(keys, j), &c->keys[j]))
+            return 0;
+    return 1;
+}
+
+/* Why its own: span_bisect's probes over the decoded column (the same lo/hi/mid: the same k as bisect_left). */
+static Py_ssize_t span_cache_bisect(const SpanCache *c, int64_t need) {
+    Py_ssize_t lo = 0, hi = c->nkeys;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (c->keys[mid] < need)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Why a function: the rows read once for the searches (span_search's reads: every row a GpuRow of exact ints whose
+ * index is its position, every free row's index a position); rows_state -1 where one is not (no search here: the
+ * cells go UNSEARCHED to the reference). fractions_ok 0 where a GPU has 0 MiB (span_pick leaves it to the reference
+ * where sets tie on more than one). */
+static void span_cache_rows(SpanCache *c) {
+    Py_ssize_t n = PyTuple_GET_SIZE(c->rows), m = PyTuple_GET_SIZE(c->free_rows);
+    c->rows_state = -1;
+    c->fractions_ok = 1;
+    if (n > SPAN_MAX_GPUS || m > SPAN_MAX_GPUS)
+        return;
+    for (Py_ssize_t p = 0; p < n; p++) {
+        int64_t index, mem, free_mib;
+        if (!span_row(c->rows, p, &index, &mem, &free_mib) || index != p)
+            return;
+        if (mem == 0)
+            c->fractions_ok = 0;
+        else
+            c->fraction[p] = (double)free_mib / (double)mem;
+    }
+    for (Py_ssize_t j = 0; j < m; j++) {
+        PyObject *r = PyTuple_GET_ITEM(c->free_rows, j);
+        if (!PyTuple_CheckExact(r) || PyTuple_GET_SIZE(r) < 7 || !span_int(PyTuple_GET_ITEM(r, 1), &c->position[j])
+            || c->position[j] < 0 || c->position[j] >= n)
+            return;
+    }
+    c->rows_state = 1;
+}
+
+/* Why a function: span_pick on the decoded fractions (the same sums in the same order, the same ties): *best the
+ * set; 1; 0 a position not exact or a GPU of 0 MiB (the reference answers); -1 a TypeError set. */
+static int span_cache_pick(const SpanCache *c, PyObject *fitting, long gpus, int spread, PyObject **best) {
+    Py_ssize_t n = PyTuple_GET_SIZE(c->rows);
+    double best_value = 0.0;
+    int64_t best_pos[SPAN_MAX_GPUS];
+    *best = NULL;
+    if (!c->fractions_ok)
+        return 0;
+    for (Py_ssize_t s = 0; s < PyTuple_GET_SIZE(fitting); s++) {
+        PyObject *pos = PyTuple_GET_ITEM(fitting, s);
+        if (!PyTuple_CheckExact(pos) || PyTuple_GET_SIZE(pos) != gpus) {
+            PyErr_Format(PyExc_TypeError, "span_refresh: a fitting set is not a tuple of %ld positions", gpus);
+            return -1;
+        }
+        int64_t at[SPAN_MAX_GPUS];
+        double value = 0.0;
+        for (long g = 0; g < gpus; g++) {
+            if (!span_int(PyTuple_GET_ITEM(pos, g), &at[g]) || at[g] < 0 || at[g] >= n)
+                return 0;
+            value += c->fraction[at[g]];
+        }
+        if (spread)
+            value = -value;
+        int lower = 0; /* pos < best's positions, as Python compares tuples of ints */
+        if (*best != NULL && value == best_value) {
+            long g = 0;
+            while (g < gpus && at[g] == best_pos[g])
+                g++;
+            lower = g < gpus && at[g] < best_pos[g];
+        }
+        if (*best == NULL || value < best_value || lower) {
+            *best = pos;
+            best_value = value;
+            memcpy(best_pos, at, sizeof(at[0]) * (size_t)gpus);
+        }
+    }
+    return 1;
+}
+
+/* Why a function: the flat chosen set (closeness, then each GPU's free MiB and MiB: spanning.Found) of `positions`,
+ * the rows' own ints. *out a new reference; 1; 0 a position not exact; -1 an error set. */
+static int span_cache_chosen(const SpanCache *c, PyObject *positions, PyObject *close, long gpus, PyObject **out) {
+    if (!PyTuple_CheckExact(positions) || PyTuple_GET_SIZE(positions) != gpus) {
+        PyErr_Format(PyExc_TypeError, "span_refresh: a fitting set is not a tuple of %ld positions", gpus);
+        return -1;
+    }
+    PyObject *chosen = PyTuple_New(1 + 2 * gpus);
+    if (chosen == NULL)
+        return -1;
+    Py_INCREF(close);
+    PyTuple_SET_ITEM(chosen, 0, close);
+    for (long g = 0; g < gpus; g++) {
+        int64_t p;
+        if (!span_int(PyTuple_GET_ITEM(positions, g), &p) || p < 0 || p >= PyTuple_GET_SIZE(c->rows)) {
+            Py_DECREF(chosen);
+            return 0;
+        }
+        PyObject *r = PyTuple_GET_ITEM(c->rows, p), *f = PyTuple_GET_ITEM(r, 6), *m = PyTuple_GET_ITEM(r, 3);
+        Py_INCREF(f);
+        Py_INCREF(m);
+        PyTuple_SET_ITEM(chosen, 1 + 2 * g, f);
+        PyTuple_SET_ITEM(chosen, 2 + 2 * g, m);
+    }
+    *out = chosen;
+    return 1;
+}
+
+#define SPAN_MAX_MASKS 4096 /* spanning.MAX_MASKS: masks kept per topology and N (emptied when full) */
+
+/* Why a function: the sets of one level (members: ((mask, positions), ...)) whose GPUs are all in `mask`, as a new
+ * tuple of their positions (empty: none); NULL with *ok 0 where a member is malformed (the reference scans), or an
+ * error set (*ok -1). */
+static PyObject *span_level_fitting(PyObject *members, uint64_t mask, int *ok) {
+    Py_ssize_t n = PyTuple_GET_SIZE(members), count = 0;
+    *ok = 0;
+    for (int pass = 0; pass < 2; pass++) { /* count, then fill */
+        PyObject *out = pass ? PyTuple_New(count) : NULL;
+        if (pass && out == NULL) {
+            *ok = -1;
+            return NULL;
+        }
+        Py_ssize_t at = 0;
+        for (Py_ssize_t j = 0; j < n; j++) {
+            PyObject *member = PyTuple_GET_ITEM(members, j);
+            if (!PyTuple_CheckExact(member) || PyTuple_GET_SIZE(member) != 2
+                || !PyLong_CheckExact(PyTuple_GET_ITEM(member, 0))) {
+                Py_XDECREF(out);
+                return NULL;
+            }
+            unsigned long long m = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(member, 0));
+            if (m == (unsigned long long)-1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                Py_XDECREF(out);
+                return NULL;
+            }
+            if ((m & mask) != m)
+                continue;
+            if (pass) {
+                PyObject *pos = PyTuple_GET_ITEM(member, 1);
+                Py_INCREF(pos);
+                PyTuple_SET_ITEM(out, at++, pos);
+            } else
+                count++;
+        }
+        if (pass) {
+            *ok = 1;
+            return out;
+        }
+    }
+    return NULL; /* (not reached) */
+}
+
+/* Why a function: spanning._closest for a mask by_mask lacks, natively: the closest level with a set whose GPUs are
+ * all in `mask`, kept in by_mask as (distance, sets) (the levels' own objects) and answered (borrowed). NULL with no
+ * error where no level fits or a level is malformed (the reference scans: it keeps what it finds); an error set. */
+static PyObject *span_closest(PyObject *levels, PyObject *by_mask, PyObject *key, uint64_t mask) {
+    for (Py_ssize_t l = 0; l < PyTuple_GET_SIZE(levels); l++) {
+        PyObject *level = PyTuple_GET_ITEM(levels, l);
+        if (!PyTuple_CheckExact(level) || PyTuple_GET_SIZE(level) != 2 || !PyLong_CheckExact(PyTuple_GET_ITEM(level, 0))
+            || !PyTuple_CheckExact(PyTuple_GET_ITEM(level, 1)))
+            return NULL;
+        int ok;
+        PyObject *fitting = span_level_fitting(PyTuple_GET_ITEM(level, 1), mask, &ok);
+        if (fitting == NULL)
+            return NULL;
+        if (PyTuple_GET_SIZE(fitting) == 0) {
+            Py_DECREF(fitting);
+            continue;
+        }
+        PyObject *hit = PyTuple_Pack(2, PyTuple_GET_ITEM(level, 0), fitting);
+        Py_DECREF(fitting);
+        if (hit == NULL)
+            return NULL;
+        if (PyDict_GET_SIZE(by_mask) >= SPAN_MAX_MASKS)
+            PyDict_Clear(by_mask); /* (ints and tuples of ints released: no Python code runs) */
+        int set = PyDict_SetItem(by_mask, key, hit);
+        Py_DECREF(hit); /* by_mask holds it */
+        return set < 0 ? NULL : hit;
+    }
+    return NULL;
+}
+
+/* Why its own: span_search on the rows read once (span_cache_rows): the mask of the positions with room (free order
+ * from k on), its closest fitting sets as spanning._closest kept them (read only: a mask not kept is the
+ * reference's), the policy's pick, the flat chosen set. 1 with *out (a new reference); 0 the reference searches;
+ * -1 an error set. */
+static int span_cache_search(SpanCache *c, Py_ssize_t k, long gpus, int spread, PyObject **out) {
+    if (c->rows_state == 0)
+        span_cache_rows(c);
+    if (c->rows_state < 0)
+        return 0;
+    uint64_t mask = 0;
+    for (Py_ssize_t j = k; j < PyTuple_GET_SIZE(c->free_rows); j++)
+        mask |= (uint64_t)1 << c->position[j];
+    PyObject *key = PyLong_FromUnsignedLongLong(mask);
+    if (key == NULL)
+        return -1;
+    PyObject *hit = PyDict_GetItemWithError(c->by_mask, key); /* borrowed; ints hash and compare without Python code */
+    if (hit == NULL && !PyErr_Occurred() && c->levels != NULL)
+        hit = span_closest(c->levels, c->by_mask, key, mask); /* borrowed from by_mask */
+    Py_DECREF(key);
+    if (hit == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    int64_t d;
+    if (!PyTuple_CheckExact(hit) || PyTuple_GET_SIZE(hit) != 2 || !PyTuple_CheckExact(PyTuple_GET_ITEM(hit, 1))
+        || !span_int(PyTuple_GET_ITEM(hit, 0), &d)) {
+        PyErr_SetString(PyExc_TypeError, "span_refresh: a kept mask's sets are not (distance, sets)");
+        return -1;
+    }
+    PyObject *fitting = PyTuple_GET_ITEM(hit, 1), *positions = NULL;
+    if (d < 0 || d >= PyTuple_GET_SIZE(c->closes) || PyTuple_GET_SIZE(fitting) == 0
+        || !PyFloat_CheckExact(PyTuple_GET_ITEM(c->closes, d)))
+        return 0;
+    if (PyTuple_GET_SIZE(fitting) == 1)
+        positions = PyTuple_GET_ITEM(fitting, 0);
+    else {
+        int ok = span_cache_pick(c, fitting, gpus, spread, &positions);
+        if (ok != 1)
+            return ok;
+    }
+    return span_cache_chosen(c, positions, PyTuple_GET_ITEM(c->closes, d), gpus, out);
+}
+
+/* Why a function: chosen set `at` (a checked tuple of 1 + 2 × gpus items) decoded into *set up to its first GPU of
+ * 0 MiB or less (span_score reads no further): 1; 0 not exact; -1 a TypeError set (as span_score). */
+static int span_set_decode(PyObject *at, long gpus, SpanSet *set) {
+    PyObject *close = PyTuple_GET_ITEM(at, 0);
+    if (!PyFloat_CheckExact(close)) {
+        PyErr_SetString(PyExc_TypeError, "span_refresh: a chosen set's closeness is not a float");
+        return -1;
+    }
+    set->close = PyFloat_AS_DOUBLE(close);
+    for (long g = 0; g < gpus; g++) {
+        if (!span_int(PyTuple_GET_ITEM(at, 1 + 2 * g), &set->free_mib[g])
+            || !span_int(PyTuple_GET_ITEM(at, 2 + 2 * g), &set->mem[g]))
+            return 0;
+        if (set->mem[g] <= 0)
+            break;
+    }
+    return 1;
+}
+
+/* Why a function: span_score's arithmetic on a decoded set (the same operations in the same order: the same
+ * doubles, the same code as spanning.scores). */
+static unsigned char span_set_score(const SpanSet *set, int64_t need, long gpus, int spread) {
+    double left = 0.0;
+    for (long g = 0; g < gpus; g++) {
+        if (set->mem[g] <= 0)
+            return SPAN_GENERAL;
+        left += (double)(set->free_mib[g] - need) / (double)set->mem[g];
+    }
+    left /= (double)gpus;
+    double scaled = (double)SPAN_MAX_SCORE * (set->close + 0.25 * (spread ? left : 1.0 - left));
+    if (!isfinite(scaled))
+        return SPAN_GENERAL;
+    double r = span_round(scaled);
+    return (unsigned char)(r < 0.0 ? 0 : r > (double)SPAN_MAX_SCORE ? SPAN_MAX_SCORE : (int)r);
+}
+
+/* Why a function: one need's code as span_code answers it, from the decoded column and sets (the set search of k
+ * made first where the call has a search and `chosen` lacks it, and kept there). 1 with *code; 0 not exact; -1
+ * an error set. */
+static int span_cache_code(SpanCache *c, PyObject *chosen, int64_t need, long gpus, int spread, unsigned char *code) {
+    Py_ssize_t k = span_cache_bisect(c, need);
+    if (c->nkeys - k < gpus) {
+        *code = SPAN_NO_ROOM;
+        return 1;
+    }
+    for (int s = 0; s < c->used; s++)
+        if (c->sets[s].k == k) {
+            *code = span_set_score(&c->sets[s], need, gpus, spread);
+            return 1;
+        }
+    if (k >= PyList_GET_SIZE(chosen)) {
+        PyErr_Format(PyExc_IndexError, "span_refresh: k %zd outside the chosen sets (%zd)", k, PyList_GET_SIZE(chosen));
+        return -1;
+    }
+    PyObject *at = PyList_GET_ITEM(chosen, k);
+    if (at == Py_None && c->rows_state >= 0) {
+        PyObject *found = NULL;
+        int ok = span_cache_search(c, k, gpus, spread, &found);
+        if (ok < 0)
+            return -1;
+        if (ok == 1) {
+            if (PyList_SetItem(chosen, k, found) < 0) /* steals `found`; releases the None */
+                return -1;
+            at = found;
+        }
+    }
+    if (at == Py_None || at == Py_False) {
+        *code = at == Py_None ? SPAN_UNSEARCHED : SPAN_GENERAL;
+        return 1;
+    }
+    if (!PyTuple_CheckExact(at) || PyTuple_GET_SIZE(at) != 1 + 2 * gpus) {
+        PyErr_Format(PyExc_TypeError, "span_refresh: chosen set %zd is not None, False or a tuple of %ld items", k,
+                     1 + 2 * gpus);
+        return -1;
+    }
+    SpanSet one, *set = c->used < SPAN_SLOTS ? &c->sets[c->used] : &one;
+    int ok = span_set_decode(at, gpus, set);
+    if (ok != 1)
+        return ok;
+    set->k = k;
+    if (set != &one)
+        c->used++;
+    *code = span_set_score(set, need, gpus, spread);
+    return 1;
+}
+
+/* Why phase one apart: every held cell's code computed before any is written, so an answer of None (a value not
+ * exact) leaves every cell as it was for the Python path. codes[j]: the code or SPAN_KEEP. 1; 0 None; -1 error. */
+static int span_refresh_codes(SpanCache *c, PyObject *cells, Py_ssize_t i, int64_t unit, int64_t above,
+                              PyObject *keys, PyObject *chosen, long gpus, int spread, unsigned char *codes) {
+    if (!span_cache_keys(c, keys))
+        return 0;
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(cells); j++) {
+        PyObject *cell = PyTuple_GET_ITEM(cells, j);
+        int64_t need;
+        codes[j] = SPAN_KEEP;
+        if ((unsigned char)PyByteArray_AS_STRING(PyTuple_GET_ITEM(cell, 1))[i] == SPAN_KIND_NONE)
+            continue; /* no verdict held: filled when asked */
+        if (!span_need(PyTuple_GET_ITEM(cell, 0), unit, &need))
+            return 0;
+        if (need > above)
+            continue; /* above every free MiB that changed: the same verdict (FitMemo._refresh_groups) */
+        int ok = span_cache_code(c, chosen, need, gpus, spread, &codes[j]);
+        if (ok != 1)
+            return ok;
+    }
+    return 1;
+}
+
+/* Why phase two apart: the writes. A cell that fitted and fits with the same score is left; one that fitted and
+ * fits with another gets that score and the node's text for it (texts[code], a str) in place of the old one (a str
+ * or None: no other object is released here, so no Python code runs). A failing cell that still finds too few GPUs
+ * with room on a view where only free MiB changed (same) is left. Every other cell goes to `todo` as (position,
+ * code) for Python. 1; -1 a TypeError set. */
+static int span_refresh_write(PyObject *cells, Py_ssize_t i, const unsigned char *codes, PyObject *texts, int same,
+                              unsigned char *todo, Py_ssize_t *count) {
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(cells); j++) {
+        unsigned char code = codes[j];
+        if (code == SPAN_KEEP)
+            continue;
+        PyObject *cell = PyTuple_GET_ITEM(cells, j);
+        if (span_cell_check(cell, i) < 0) /* again: emptying a full by_mask (span_closest) released objects */
+            return -1;
+        unsigned char *kinds = (unsigned char *)PyByteArray_AS_STRING(PyTuple_GET_ITEM(cell, 1));
+        unsigned char *scores = (unsigned char *)PyByteArray_AS_STRING(PyTuple_GET_ITEM(cell, 2));
+        PyObject *jsons = PyTuple_GET_ITEM(cell, 3);
+        if (code <= SPAN_MAX_SCORE && kinds[i] == SPAN_KIND_FITS) {
+            if (scores[i] == code)
+                continue;
+            PyObject *text = texts != NULL ? PyTuple_GET_ITEM(texts, code) : NULL;
+            PyObject *old = PyList_GET_ITEM(jsons, i);
+            if (old != Py_None && !PyUnicode_CheckExact(old)) {
+                PyErr_SetString(PyExc_TypeError, "span_refresh: a cell's JSON is not a str or None");
+                return -1;
+            }
+            if (text != NULL && PyUnicode_CheckExact(text)) {
+                scores[i] = code;
+                Py_INCREF(text);
+                PyList_SET_ITEM(jsons, i, text);
+                Py_DECREF(old);
+                continue;
+            }
+        } else if (code == SPAN_NO_ROOM && same && kinds[i] != SPAN_KIND_FITS)
+            continue;
+        todo[2 * *count] = (unsigned char)j;
+        todo[2 * *count + 1] = code;
+        (*count)++;
+    }
+    return 1;
+}
+
+/* Why a function: span_refresh's arguments checked (types, ranges, every cell's arrays), so the loops index without
+ * checks. 1; -1 an error set naming the bad one. */
+static int span_refresh_args(PyObject *const *a, Py_ssize_t nargs, Py_ssize_t *i, long *gpus, int64_t *above) {
+    if (nargs != 15) {
+        PyErr_Format(PyExc_TypeError, "span_refresh takes 15 arguments (%zd given)", nargs);
+        return -1;
+    }
+    if (!PyTuple_CheckExact(a[1]) || !PyList_CheckExact(a[2]) || !PyTuple_CheckExact(a[3])) {
+        PyErr_SetString(PyExc_TypeError, "span_refresh: keys must be a tuple, chosen a list, cells a tuple");
+        return -1;
+    }
+    if (a[6] != Py_None && (!PyTuple_CheckExact(a[6]) || !PyTuple_CheckExact(a[7]) || !PyDict_CheckExact(a[8])
+                            || !PyTuple_CheckExact(a[9]) || (a[14] != Py_None && !PyTuple_CheckExact(a[14])))) {
+        PyErr_SetString(PyExc_TypeError, "span_refresh: rows, free_rows, by_mask, closes, levels must be tuple, tuple, "
+                        "dict, tuple, tuple or None (or rows None: no search)");
+        return -1;
+    }
+    if (a[10] != Py_None && (!PyTuple_CheckExact(a[10]) || PyTuple_GET_SIZE(a[10]) != SPAN_MAX_SCORE + 1)) {
+        PyErr_Format(PyExc_TypeError, "span_refresh: texts must be None or a tuple of %d", SPAN_MAX_SCORE + 1);
+        return -1;
+    }
+    if (!PyLong_CheckExact(a[0]) || !PyLong_CheckExact(a[4]) || !PyLong_CheckExact(a[11]) || !PyBool_Check(a[5])
+        || !PyBool_Check(a[12])) {
+        PyErr_SetString(PyExc_TypeError, "span_refresh: i, gpus and above must be ints, spread and same bools");
+        return -1;
+    }
+    long long at;
+    *i = PyLong_AsSsize_t(a[0]);
+    *gpus = PyLong_AsLong(a[4]);
+    at = PyLong_AsLongLong(a[11]);
+    if (PyErr_Occurred())
+        return -1;
+    *above = (int64_t)at;
+    if (*gpus < 1 || *gpus > SPAN_MAX_GPUS || *i < 0 || PyTuple_GET_SIZE(a[3]) > SPAN_MAX_CELLS) {
+        PyErr_Format(PyExc_ValueError, "span_refresh: gpus %ld outside 1..%d, node id %zd below 0 or more than %d "
+                     "cells (%zd)", *gpus, SPAN_MAX_GPUS, *i, SPAN_MAX_CELLS, PyTuple_GET_SIZE(a[3]));
+        return -1;
+    }
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(a[3]); j++)
+        if (span_cell_check(PyTuple_GET_ITEM(a[3], j), *i) < 0)
+            return -1;
+    return 1;
+}
+
+/* span_refresh(i, keys, chosen, cells, gpus, spread, rows, free_rows, by_mask, closes, texts, above, same, unit,
+ * levels): FitMemo._refresh_groups for one group (N, policy) on node id i natively. keys: the view's free column
+ * (free_keys); chosen: the group's set searches for this view (spanning.Found's list; searches made here are kept
+ * in it); cells: per table of the group (size per GPU, kinds, scores, jsons); rows, free_rows: the view's; by_mask,
+ * closes, levels: spanning._plan's for its topology and N (rows None: no search here, as span_scores without one;
+ * a mask by_mask lacks is looked for in the levels, as spanning._closest, and kept there; levels None: left to
+ * the reference); texts:
+ * the node's HostPriority JSON per score (a tuple of MAX_SCORE + 1 str or None, or None); cells whose need is above
+ * `above` keep their verdicts, and with `same` the failing ones that still find no room. Answers bytes of
+ * (position in cells, code) pairs left to Python, or None where a value is not exact (nothing written: the Python
+ * path refreshes the group). Fast-call (no argument tuple: it runs at every bind, per group). Bounded by the cells
+ * (at most SPAN_MAX_CELLS), the rows and keys (at most SPAN_MAX_GPUS) and each tuple's checked length; no Python
+ * code runs. */
+static PyObject *nameids_span_refresh(PyObject *module, PyObject *const *a, Py_ssize_t nargs) {
+    (void)module;
+    Py_ssize_t i;
+    long gpus;
+    int64_t above, unit;
+    if (span_refresh_args(a, nargs, &i, &gpus, &above) < 0)
+        return NULL;
+    int spread = a[5] == Py_True, same = a[12] == Py_True;
+    SpanCache cache;
+    cache.rows = a[6] == Py_None ? NULL : a[6];
+    cache.free_rows = a[7];
+    cache.by_mask = cache.rows == NULL ? NULL : a[8];
+    cache.closes = a[9];
+    cache.levels = a[14] == Py_None ? NULL : a[14];
+    unsigned char codes[SPAN_MAX_CELLS], todo[2 * SPAN_MAX_CELLS];
+    int ok = span_int(a[13], &unit) ? span_refresh_codes(&cache, a[3], i, unit, above, a[1], a[2], gpus, spread, codes)
+                                    : 0;
+    if (ok != 1)
+        return ok < 0 ? NULL : Py_NewRef(Py_None);
+    Py_ssize_t count = 0;
+    if (span_refresh_write(a[3], i, codes, a[10] == Py_None ? NULL : a[10], same, todo, &count) < 0)
+        return NULL;
+    return PyBytes_FromStringAndSize((const char *)todo, 2 * count);
+}
+
+/* Why a function: whether two rows of a node differ in anything but free MiB (index, MiB, health): 0 the same; 1
+ * they differ or are not exact (the caller refreshes every cell afresh, which is always right). */
+static int span_row_differs(PyObject *b, PyObject *n, int64_t *bfree, int64_t *nfree) {
+    int64_t bi, bm, ni, nm;
+    if (!PyTuple_CheckExact(b) || !PyTuple_CheckExact(n) || PyTuple_GET_SIZE(b) < 7 || PyTuple_GET_SIZE(n) < 7)
+        return 1;
+    if (!span_int(PyTuple_GET_ITEM(b, 1), &bi) || !span_int(PyTuple_GET_ITEM(n, 1), &ni) || bi != ni
+        || !span_int(PyTuple_GET_ITEM(b, 3), &bm) || !span_int(PyTuple_GET_ITEM(n, 3), &nm) || bm != nm)
+        return 1;
+    PyObject *bh = PyTuple_GET_ITEM(b, 4), *nh = PyTuple_GET_ITEM(n, 4);
+    if (!PyBool_Check(bh) || bh != nh)
+        return 1;
+    return !span_int(PyTuple_GET_ITEM(b, 6), bfree) || !span_int(PyTuple_GET_ITEM(n, 6), nfree);
+}
+
+/* span_above(before, now): for two views' rows (each a tuple of GpuRows), None where they differ in anything but
+ * free MiB (the row count, a GPU's index, MiB or health; or a value not an exact int below 2^52 or a health not a
+ * bool); else the largest free MiB, before or after, of the GPUs whose free MiB changed (-1: none did). Why: a
+ * spanning cell whose size is above it keeps its verdict (FitMemo._refresh_groups), and building and comparing the
+ * views' columns in Python cost more than the cells' refresh. Rows met as one object are the same. Fast-call: no
+ * argument tuple made at every bind. */
+static PyObject *nameids_span_above(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "span_above(before, now) takes two tuples");
+        return NULL;
+    }
+    PyObject *before = args[0], *now = args[1];
+    if (PyTuple_GET_SIZE(before) != PyTuple_GET_SIZE(now))
+        Py_RETURN_NONE;
+    int64_t above = -1;
+    for (Py_ssize_t p = 0; p < PyTuple_GET_SIZE(now); p++) {
+        PyObject *b = PyTuple_GET_ITEM(before, p), *n = PyTuple_GET_ITEM(now, p);
+        int64_t bfree, nfree;
+        if (b == n)
+            continue;
+        if (span_row_differs(b, n, &bfree, &nfree))
+            Py_RETURN_NONE;
+        if (bfree != nfree) {
+            int64_t high = bfree > nfree ? bfree : nfree;
+            above = high > above ? high : above;
+        }
+    }
+    return PyLong_FromLongLong((long long)above);
+}
+
+/* The refresh's entries, added to the module at init (add_span_refresh): kept apart from module_methods so that
+ * this section stays one block. */
+static PyMethodDef span_refresh_methods[] = {
+    {"span_refresh", (PyCFunction)(void (*)(void))nameids_span_refresh, METH_FASTCALL,
+     "span_refresh(i, keys, chosen, cells, gpus, spread, rows, free_rows, by_mask, closes, texts, above, same, "
+     "unit, levels): one spanning group's cells of node i refreshed natively; the (position, code) pairs left to Python, or "
+     "None"},
+    {"span_above", (PyCFunction)(void (*)(void))nameids_span_above, METH_FASTCALL,
+     "span_above(before, now): the largest free MiB of the GPUs whose free MiB changed (-1: none); None where the "
+     "rows differ otherwise"},
+    {NULL, NULL, 0, NULL},
+};
+
+/* Why: module init adds these (one call) without the shared method table changing. */
+static int add_span_refresh(PyObject *m) {
+    return PyModule_AddFunctions(m, span_refresh_methods);
 }

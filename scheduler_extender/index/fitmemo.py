@@ -23,9 +23,11 @@ rebuilds the view and refreshes the verdicts like any charge. Without the cap ke
 
 Pods spanning GPUs (issue 34): each (per-GPU size, N) is a table of its own, so a bind refreshes its node in many
 (20 spanning tables in benchmarks/README.md's mix). The tables of one N and policy whose verdict the limit cap
-and compute shares leave alone are refreshed together, in one call (spanning.codes: the view's checks once,
-the set search shared by the sizes that leave the same GPUs with room, the scores natively, and only the cells
-whose verdict changed written); the others one by one, as above. The set searches a node's view met are kept
+and compute shares leave alone are refreshed together, in one native call (_nameids.span_refresh: the view's
+column and rows read once, the set search shared by the sizes that leave the same GPUs with room, the scores, and
+the cells that still fit written there; only those that need a reason, or a text not made yet, come back to
+Python; the reference, where the module was not built: spanning.codes and a loop, _refresh_group); the others one
+by one, as above. The set searches a node's view met are kept
 until it changes (_found), and a table of those groups that stopped sharing by shape fills the cells a request
 finds empty in one spanning.codes_each call reusing them (_fill_spanning): a spanning key is asked rarely, so its
 requests meet many nodes without a verdict. The scores are C (_nameids.span_scores, span_scores_each; the
@@ -52,12 +54,12 @@ from ..placement import decisions, spanning
 from ..placement.constants import MAX_SCORE, MIN_SCORE
 from ..placement.decisions import LimitNeed, Verdict
 from ..placement.resources import LimitSig, limit_total
-from ..placement.spanning import NO_ROOM
+from ..placement.spanning import NO_ROOM, UNSEARCHED
 from ..placement.state import ClusterState
 from ..placement.views import NodeView
 from ..wire import host_priority_json
 from ..wire import names_json as wire_names
-from .nameids import Ids, has_none, name_ids
+from .nameids import Ids, SpanCell, has_none, name_ids
 
 MAX_ENTRIES = 400_000  # verdicts kept in all tables: 80 tables of 5,000 nodes, 20 of 20,000
 MAX_TABLES = 64  # pod sizes × policies (× limits) kept at once: 18 bytes per node each (5.8 MB at 5,000 nodes)
@@ -96,21 +98,36 @@ _TOP = tuple(bytes(int(k == s) for k in range(256)) for s in range(MAX_SCORE + 1
 
 
 # How _refresh goes over the tables: those refreshed one by one, (key, table); and the spanning tables refreshed
-# together, per (N, policy): ((N, policy), ((key, table), ...)). Made when the set of tables changes.
-RefreshPlan = tuple[list[tuple[Key, "_Table"]], list[tuple[tuple[int, str], list[tuple[Key, "_Table"]]]]]
+# together, per (N, policy): ((N, policy), ((key, table), ...), and per table its size per GPU and the arrays the
+# native refresh writes (nameids.SpanCell)). Made when the set of tables changes, or a table's arrays (_trim).
+# per topology met (by id) the group's set searches' plan (SearchPlan), and whether its policy is spread.
+Group = tuple[tuple[int, str], list[tuple[Key, "_Table"]], tuple[SpanCell, ...], bool, dict[int, "SearchPlan"]]
+# For the native set searches of a group (_nameids.span_refresh) on nodes of one topology: it, and spanning._plan's
+# closest fitting sets per mask, closeness per distance and levels (None...: no search natively: the reference's).
+SearchPlan = tuple[object, dict[int, spanning.Closest] | None, tuple[float, ...] | None, spanning.Levels | None]
+PLANS_MAX = 256  # topologies a group keeps a SearchPlan for (a cluster has a few board types); emptied when full
+RefreshPlan = tuple[list[tuple[Key, "_Table"]], list[Group]]
 
 
-# What a spanning group's cells of a node were refreshed at (_refresh_groups): its GPUs' free MiB in `rows` order,
-# and all else a verdict reads (unit, topology, the limit and compute columns, unplaced MiB, error, each GPU's index,
-# MiB and health).
-Column = tuple[tuple[int, ...], tuple[object, ...]]
-_FREE, _INDEX, _MEM, _HEALTHY = itemgetter(6), itemgetter(1), itemgetter(3), itemgetter(4)
+# What a spanning group's cells of a node were refreshed at (_refresh_groups): the view itself (its rows' index,
+# MiB, health and free MiB are compared: nameids.span_above; then all else a verdict reads: unit, topology, the limit
+# and compute columns, unplaced MiB, error). The view, not a copy of its columns: it is the node's current view until
+# the next change (nothing more is held), and building the columns cost more than refreshing the cells.
+Column = NodeView
 
 
-def _column(view: NodeView) -> Column:
-    rows = view.rows
-    return tuple(map(_FREE, rows)), (view.unit_mib, view.topo, view.over, view.compute, view.unplaced_mib, view.error,
-                                     *map(_INDEX, rows), *map(_MEM, rows), *map(_HEALTHY, rows))
+def _search_plan(plans: dict[int, SearchPlan], topo: object, gpus: int) -> SearchPlan:
+    """The SearchPlan of a group of N `gpus` for nodes of this topology, made (from spanning._plan, which keeps the
+    masks met) and kept in `plans` (by the topology's id: views of a node share one topology per inventory)."""
+    plan: SearchPlan = (topo, None, None, None)
+    if not isinstance(topo, int):
+        made = spanning._plan(topo, gpus)  # type: ignore[arg-type]  # a matrix
+        if made[1] is not None:
+            plan = (topo, made[2], made[3], made[1])
+    if len(plans) >= PLANS_MAX:
+        plans.clear()
+    plans[id(topo)] = plan
+    return plan
 
 
 def compute_of(key: Key) -> int:
@@ -748,6 +765,7 @@ class FitMemo:
         if self._entries > MAX_ENTRIES and (table := self._tables.get(key)) is not None:
             self._entries -= table.filled
             table.clear(self._capacity)
+            self._plan = None  # (the plan holds the table's arrays, new ones now)
 
     def _refresh(self, name: str, view: NodeView | None) -> None:
         """Called under the state's lock whenever the node's view is rebuilt (None: dropped): every table
@@ -776,70 +794,119 @@ class FitMemo:
         self._free.append(i)
         self._epoch += 1
 
-    def _refresh_groups(self, i: int, view: NodeView, groups: list[tuple[tuple[int, str], list[tuple[Key, _Table]]]],
-                        before: Column | None) -> None:
-        """_refresh for the spanning tables grouped by (N, policy): each group's cells of node `i` in one
-        spanning.codes call, the changed ones written here (every cell held a verdict: the counts of filled cells
-        stay). A cell whose size is above every free MiB a changed GPU had before or after the change keeps its
-        verdict: those GPUs lack room for it in both views, so the GPUs with room, the sets among them, their free
-        fractions and the chosen set's free MiB are the same (`before`: the column the cells were last refreshed
-        at, kept only while nothing else a verdict reads differs; None: every cell afresh). While nothing but free
-        MiB changed, a cell that failed and still finds too few GPUs with room (NO_ROOM) keeps its verdict too: on
-        such a view every failing verdict of a size is spanning._without_room's, which reads only the GPUs' MiB
-        and health (the same), where computing it again cost a scan of the GPUs per cell at every bind."""
-        if not self._without_cap(view):  # the cap may change what these pods get here: one by one
-            for _, members in groups:
+    def _refresh_groups(self, i: int, view: NodeView, groups: list[Group], before: Column | None) -> None:
+        """_refresh for the spanning tables grouped by (N, policy): each group's cells of node `i` in one native call
+        (_nameids.span_refresh: the codes as spanning.codes, the cells that still fit written there, the rest left
+        here: _refresh_cells), or where it is not built, or the view takes the general path, in one spanning.codes
+        call and a loop here (_refresh_group). Every cell held a verdict: the counts of filled cells stay. A cell whose
+        size is above every free MiB a changed GPU had before or after the change keeps its verdict: those GPUs lack
+        room for it in both views, so the GPUs with room, the sets among them, their free fractions and the chosen
+        set's free MiB are the same (`before`: the column the cells were last refreshed at, kept only while nothing
+        else a verdict reads differs: nameids.span_above; None: every cell afresh). While nothing but free MiB
+        changed, a cell that failed and still finds too few GPUs with room (NO_ROOM) keeps its verdict too: on such a
+        view every failing verdict of a size is spanning._without_room's, which reads only the GPUs' MiB and health
+        (the same), where computing it again cost a scan of the GPUs per cell at every bind."""
+        ratio = self.limit_ratio  # (_without_cap, written out: this runs at every bind)
+        if ratio is not None and (view.over is not None or ratio < 1):  # the cap may change what these pods get
+            for _, members, *_ in groups:  # here: one by one
                 for key, table in members:
                     if table.kinds[i] != NONE:
                         self._set(table, key, i, view)
             return
+        self._columns[i] = view
+        above, same = 1 << 62, False  # sizes above `above` keep their verdicts (none, unless `before` tells)
+        if (before is not None and not view.unplaced_mib and not view.error and not before.unplaced_mib
+                and not before.error and before.unit_mib == view.unit_mib and before.topo == view.topo
+                and before.over == view.over and before.compute == view.compute):
+            changed = self._index.span_above(before.rows, view.rows)
+            if changed is not None:
+                above, same = changed, True
+        native = self._index.span_refresh
+        unit, rows, topo, keys = view.unit_mib, view.rows, view.topo, view.free_keys
+        if view.unplaced_mib or view.error or not rows:  # every code GENERAL (spanning.codes): the loop here
+            native = None
+        found = self._found.get(i)  # the view's set searches, kept for the fills that follow (_verdict)
+        if found is None:
+            if len(self._found) >= FOUND_MAX:
+                self._found.clear()
+            found = self._found[i] = {}
+        for at, members, cells, spread, plans in groups:
+            gpus, policy = at
+            todo = None
+            if native is not None:
+                chosen = found.get(at)
+                if chosen is None:
+                    chosen = found[at] = [None] * (len(keys) + 1)
+                plan = plans.get(id(topo))
+                if plan is None or plan[0] is not topo:
+                    plan = _search_plan(plans, topo, gpus)
+                todo = native(i, keys, chosen, cells, gpus, spread, None if plan[1] is None else rows, view.free_rows,
+                              plan[1], plan[2], self._host_json[i], above, same, unit, plan[3])
+            if todo is None:
+                self._refresh_group(i, view, members, policy, gpus, found, above, same)
+            elif todo:
+                if UNSEARCHED in todo:  # the reference searches (and keeps the mask in spanning._plan's, which may be
+                    plans.pop(id(topo), None)  # a newer dict than the one kept here: read afresh next time)
+                self._refresh_cells(i, view, members, todo, policy, gpus, found, same)
+
+    def _refresh_group(self, i: int, view: NodeView, members: list[tuple[Key, _Table]], policy: str, gpus: int,
+                       found: spanning.Found, above: int, same: bool) -> None:
+        """_refresh_groups for one group in Python (the reference of _nameids.span_refresh): the codes of the cells
+        held whose size is not above `above`, in one spanning.codes call, each written (_write_code)."""
         unit = view.unit_mib
-        now = _column(view)
-        self._columns[i] = now
-        above = 1 << 62  # sizes above it keep their verdicts (none, unless `before` tells)
-        same = before is not None and before[1] == now[1] and not view.unplaced_mib and not view.error
-        if same:
-            assert before is not None  # (same says so)
-            above = max((max(a, b) for a, b in zip(before[0], now[0], strict=True) if a != b), default=-1)
-        found: spanning.Found | None = None  # the view's set searches, kept for the fills that follow (_verdict)
-        native = self._index.span_scores
-        for (gpus, policy), members in groups:
-            held = [m for m in members if m[1].kinds[i] != NONE and m[0][0] * unit <= above]
-            if not held:
-                continue
-            if found is None:
-                if len(self._found) >= FOUND_MAX:
-                    self._found.clear()
-                found = self._found[i] = {}
-            needs = [key[0] * unit for key, _ in held]
-            texts = self._host_json[i] or _NO_FRAGMENTS  # the node's HostPriority JSON per score
-            for (_, table), need, code in zip(held, needs, spanning.codes(view, needs, policy, gpus, found, native),
-                                              strict=True):
-                kinds = table.kinds
-                if code <= MAX_SCORE:
-                    if kinds[i] == FITS:
-                        if table.scores[i] == code:  # unchanged: its text is the node's for it
-                            continue
-                        table.fitting -= 1
-                    text = texts[code]
-                    if text is None:
-                        text = self._fragment(i, code)
-                        texts = self._host_json[i] or _NO_FRAGMENTS
-                    kinds[i], table.scores[i], table.reasons[i], table.jsons[i] = FITS, code, None, text
-                    table.fitting += 1
-                    continue
-                if code == NO_ROOM and same and kinds[i] != FITS:  # as it was: see the docstring
-                    continue
-                v = spanning.resolve(view, need, policy, gpus, code)
-                table.fitting -= kinds[i] == FITS
-                if v[0]:
-                    score = v[3]
-                    kinds[i], table.scores[i], table.reasons[i], table.jsons[i] = (FITS, score, None,
-                                                                                   self._fragment(i, score))
-                    table.fitting += 1
-                else:
-                    kinds[i], table.scores[i], table.reasons[i], table.jsons[i] = (NEVER if v[1] else FAILS,
-                                                                                   MIN_SCORE, v[2], None)
+        held = [m for m in members if m[1].kinds[i] != NONE and m[0][0] * unit <= above]
+        if not held:
+            return
+        needs = [key[0] * unit for key, _ in held]
+        for (_, table), need, code in zip(held, needs, spanning.codes(view, needs, policy, gpus, found,
+                                                                      self._index.span_scores), strict=True):
+            self._write_code(table, i, view, need, policy, gpus, code, same)
+
+    def _refresh_cells(self, i: int, view: NodeView, members: list[tuple[Key, _Table]], todo: bytes, policy: str,
+                       gpus: int, found: spanning.Found, same: bool) -> None:
+        """The cells _nameids.span_refresh left (todo: (position in `members`, code) pairs): a set search it could
+        not make (UNSEARCHED: made here, spanning.codes), a reason to write, a text not made yet. Nothing built per
+        pair (a tuple made here can start the cyclic collector, at every bind)."""
+        unit = view.unit_mib
+        for p in range(0, len(todo), 2):
+            key, table = members[todo[p]]
+            need, code = key[0] * unit, todo[p + 1]
+            if code == UNSEARCHED:
+                code = spanning.codes(view, (need,), policy, gpus, found, self._index.span_scores)[0]
+            self._write_code(table, i, view, need, policy, gpus, code, same)
+
+    def _write_code(self, table: _Table, i: int, view: NodeView, need: int, policy: str, gpus: int, code: int,
+                    same: bool) -> None:
+        """Node i's cell of a spanning group's table (it holds a verdict) from its code (spanning.codes), written
+        where it changed: a fit's score and text; else the verdict spanning.resolve makes of the code, unless the
+        cell failed and still finds no room on a view where only free MiB changed (`same`: see _refresh_groups).
+        One write a statement: an assignment of four values builds a tuple."""
+        kinds = table.kinds
+        if code <= MAX_SCORE:
+            if kinds[i] == FITS:
+                if table.scores[i] == code:  # unchanged: its text is the node's for it
+                    return
+                table.fitting -= 1
+            self._write_fit(table, i, code)
+            return
+        if code == NO_ROOM and same and kinds[i] != FITS:  # as it was: see _refresh_groups
+            return
+        v = spanning.resolve(view, need, policy, gpus, code)
+        table.fitting -= kinds[i] == FITS
+        if v[0]:
+            self._write_fit(table, i, v[3])
+            return
+        kinds[i] = NEVER if v[1] else FAILS
+        table.scores[i] = MIN_SCORE
+        table.reasons[i] = v[2]
+        table.jsons[i] = None
+
+    def _write_fit(self, table: _Table, i: int, score: int) -> None:
+        table.kinds[i] = FITS
+        table.scores[i] = score
+        table.reasons[i] = None
+        table.jsons[i] = self._fragment(i, score)
+        table.fitting += 1
 
     def _make_plan(self) -> RefreshPlan:
         """Split the tables for _refresh: a spanning table whose key has no limit signature and no compute share
@@ -851,7 +918,8 @@ class FitMemo:
                 groups.setdefault((key[4], key[1]), []).append((key, table))
             else:
                 singles.append((key, table))
-        plan = self._plan = singles, list(groups.items())
+        plan = self._plan = singles, [(at, members, tuple((key[0], t.kinds, t.scores, t.jsons) for key, t in members),
+                                       at[1] == "spread", {}) for at, members in groups.items()]
         return plan
 
     def _keep_replay(self, uid: str, replay: Replay) -> None:

@@ -21,13 +21,15 @@ import logging
 import os
 import re
 from array import array
+from collections.abc import Callable
 from itertools import compress, repeat
 from operator import is_, itemgetter
 from typing import Any
 
 import orjson
 
-from ..placement.spanning import Scores, ScoresEach
+from ..placement.spanning import Chosen, Closest, Levels, Scores, ScoresEach
+from ..placement.views import GpuRow
 from ..wire import host_priority_array, host_priority_json
 
 log = logging.getLogger(__name__)
@@ -62,12 +64,46 @@ def has_none(items: Any) -> bool:
     return any(map(is_, items, repeat(None)))
 
 
+# _nameids.span_refresh (the memo's refresh of one spanning group on a node, FitMemo._refresh_groups): (node id,
+# the view's free_keys, the group's set searches (spanning.Found's list), per table (size per GPU, kinds, scores,
+# jsons), N, spread, the view's rows (None: no search natively) and free_rows, spanning._plan's closest sets per mask
+# and closeness per distance, the node's HostPriority texts per score or None, above, same, unit, spanning._plan's
+# levels (masks not kept yet are looked for there, and kept)) -> (position, code) pairs left to Python, or None (a
+# value not exact: nothing written)
+SpanCell = tuple[int, bytearray, bytearray, list[str | None]]
+SpanRefresh = Callable[[int, tuple[int, ...], list[Chosen], tuple[SpanCell, ...], int, bool,
+                        tuple[GpuRow, ...] | None, tuple[GpuRow, ...], dict[int, Closest] | None,
+                        tuple[float, ...] | None, tuple[str | None, ...] | None, int, bool, int, Levels | None],
+                       bytes | None]
+
+
+def span_above(before: tuple[GpuRow, ...], now: tuple[GpuRow, ...]) -> int | None:
+    """For two views' rows of a node: None where they differ in anything but free MiB (the row count, a GPU's
+    index, MiB or health), else the largest free MiB, before or after, of the GPUs whose free MiB changed (-1:
+    none). The reference of _nameids.span_above (which also answers None for values it cannot read exactly: always
+    right, the memo then refreshes every cell)."""
+    if len(before) != len(now):
+        return None
+    above = -1
+    for b, n in zip(before, now, strict=True):
+        if b is n:
+            continue
+        if b[1] != n[1] or b[3] != n[3] or b[4] != n[4]:
+            return None
+        if b[6] != n[6]:
+            above = max(above, b[6], n[6])
+    return above
+
+
 class NameIds:
     """Node name -> id, in a dict; the bulk operations in Python (the reference for NativeNameIds)."""
 
     # The memo's scores of pods spanning GPUs natively (_nameids.span_scores); None: spanning.scores, the reference
     span_scores: Scores | None = None
     span_scores_each: ScoresEach | None = None
+    # The memo's refresh of a spanning group natively (_nameids.span_refresh); None: the Python loop (FitMemo)
+    span_refresh: SpanRefresh | None = None
+    span_above = staticmethod(span_above)  # natively _nameids.span_above
 
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}
@@ -156,6 +192,8 @@ class NativeNameIds(NameIds):
         self._c = _native  # (kept: the module this index was made with serves all its reads)
         self.span_scores = _native.span_scores
         self.span_scores_each = _native.span_scores_each
+        self.span_refresh = _native.span_refresh
+        self.span_above = _native.span_above
         self._native = _native.NameIndex(int.from_bytes(os.urandom(8), "little"))
 
     def set(self, name: str, i: int) -> None:

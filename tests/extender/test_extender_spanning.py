@@ -649,3 +649,44 @@ def test_the_memo_answers_for_pods_spanning_gpus_what_fresh_decisions_do():
             args = {"Pod": pod, "NodeNames": answer["NodeNames"]}
             fresh = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]
             assert verbs.prioritize(args) == fresh.prioritize(args), step
+
+
+def test_a_table_started_afresh_is_refreshed_at_the_next_bind(monkeypatch):
+    """The native refresh writes the arrays of a group's tables that the refresh plan holds (_nameids.span_refresh):
+    a table that one request's names overfilled starts afresh with new arrays (FitMemo._trim), and the plan is made
+    again, so the next bind refreshes the new cells, not the arrays the table dropped."""
+    from memslice.scheduler_extender.index import fitmemo
+    from memslice.scheduler_extender.placement.state import Charge
+
+    monkeypatch.setattr(fitmemo, "MAX_ENTRIES", 8)
+    state = ClusterState()
+    names = [f"n{k}" for k in range(10)]
+    for name in names:
+        gpus = tuple(g._replace(uuid=f"{name}-{g.uuid}") for g in dgx_like(8))
+        state.upsert_node({"metadata": {"name": name, "annotations": Inventory(1, gpus).format()}})
+    memo = fitmemo.FitMemo(state)
+    key = (4 * GIB, "binpack", (), 0, 2)
+
+    def bind(uid: str, mib: int) -> None:
+        view = state.view("n0")
+        assert view is not None
+        picked = decisions.choose_gpus(view, mib, "binpack", gpus=8)
+        assert picked
+        state.hold(uid, Charge(",".join(g.uuid for g in picked), "n0", mib, 0, None))
+
+    def fresh(name: str) -> object:
+        view = state.view(name)
+        assert view is not None
+        spanning.forget_quick()
+        return decisions.verdict(view, 4 * GIB, "binpack", None, 0, 2)
+
+    assert memo.verdicts(names[:3], key) == [fresh(n) for n in names[:3]]
+    assert fresh("n0")[3] == 8
+    bind("a", 6 * GIB)  # the refresh plan made, holding the table's arrays; n0 scores 9 (its text made)
+    assert memo.verdicts(names[:3], key)[0] == fresh("n0") and fresh("n0")[3] == 9  # type: ignore[index]
+    assert memo.verdicts(names, key)[0] == fresh("n0")  # ten verdicts: more than the memo holds, started afresh
+    assert memo.size() == 0
+    assert memo.verdicts(names[:3], key) == [fresh(n) for n in names[:3]]
+    state.release("a", None)  # back to 8, whose text the node has: written natively, into the table's new arrays
+    got = memo.verdicts(names[:3], key)
+    assert got == [fresh(n) for n in names[:3]] and got[0][3] == 8  # type: ignore[index]

@@ -705,3 +705,247 @@ def test_a_stop_byte_that_looks_like_a_names_end_is_refused(scan: ModuleType, st
     for ids in ([0, 1, 2], [2, 0, 1]):
         assert native.hosts_json(body, native.pack(ids), kinds, scores, 1) is None
         assert py.hosts_json(body, ids, kinds, scores, 1) is None
+
+
+# ------------------------------------------------------------------ the memo's refresh of a spanning group natively
+
+_KINDS = st.sampled_from([0, 1, 2, 3])  # fitmemo's NONE, FITS, FAILS, NEVER
+
+
+def _refresh_reference(i: int, keys: tuple[int, ...], chosen: list[Any], cells: tuple[Any, ...], gpus: int,
+                       spread: bool, texts: Any, above: int, same: bool, unit: int) -> Any:
+    """What span_refresh must do (FitMemo._refresh_groups' Python loop, as written before it was native): each held
+    cell's code by spanning.scores; a fit that fitted written (score, text) where the node's text is made, left
+    where its score is the same; a failing cell left where it still finds no room on a `same` view; every other one
+    (position, code) to Python. None where the native scores cannot be exact (nothing written). The cells' arrays
+    are written here (copies of the caller's)."""
+    from memslice.scheduler_extender.placement import spanning
+
+    if any(c[1][i] != 0 and abs(c[0] * unit) >= _EXACT for c in cells):  # a size it cannot read: None, even above
+        return None
+    held = [(j, c[0] * unit) for j, c in enumerate(cells) if c[1][i] != 0 and c[0] * unit <= above]
+    if (
+            held and NATIVE.span_scores(keys, list(chosen), [n for _, n in held], gpus, spread) is None):
+        return None
+    todo = bytearray()
+    for j, need in held:
+        _, kinds, scores, jsons = cells[j]
+        code = spanning.scores(keys, chosen, [need], gpus, spread)[0]
+        if code <= 10 and kinds[i] == 1:
+            if scores[i] == code:
+                continue
+            if texts is not None and isinstance(texts[code], str):
+                scores[i], jsons[i] = code, texts[code]
+                continue
+        elif code == spanning.NO_ROOM and same and kinds[i] != 1:
+            continue
+        todo += bytes((j, code))
+    return bytes(todo)
+
+
+@settings(max_examples=examples(400), derandomize=QUICK, deadline=None)
+@given(st.sampled_from([2, 3, 4]), st.booleans(), st.booleans(), st.data())
+def test_span_refresh_writes_what_the_python_loop_writes(gpus: int, spread: bool, same: bool,
+                                                         data: st.DataObject) -> None:
+    """_nameids.span_refresh (FitMemo._refresh_groups: a bind refreshes its node's cell in every spanning table of
+    one N and policy) computes each held cell's code as spanning.scores does and writes, cell for cell, what the
+    Python loop wrote: a fitting cell's new score and the node's text for it, nothing where the score or a failing
+    cell's NO_ROOM stays, the rest handed back as (position, code); cells above `above` and cells without a verdict
+    untouched; None, with nothing written, where a value is beyond the exact range."""
+    i = data.draw(st.integers(0, 3))
+    keys = tuple(sorted(data.draw(st.lists(st.integers(0, 80).map(lambda g: g * 1024), max_size=8))))
+    chosen = data.draw(st.lists(_chosen_sets(gpus), min_size=len(keys) + 1, max_size=len(keys) + 1))
+    unit = data.draw(st.sampled_from([1, 1024, 2**40]))
+    sizes = st.one_of(st.integers(1, 40).map(lambda g: g * 1024 // (unit if unit == 1024 else 1)),
+                      st.sampled_from([0, 2**60]))
+    cells = []
+    for _ in range(data.draw(st.integers(0, 12))):
+        kinds = bytearray(data.draw(st.lists(_KINDS, min_size=4, max_size=4)))
+        scores = bytearray(data.draw(st.lists(st.integers(0, 10), min_size=4, max_size=4)))
+        jsons = [f"old{k}" if kinds[k] == 1 else None for k in range(4)]
+        cells.append((data.draw(sizes), kinds, scores, jsons))
+    texts = data.draw(st.one_of(st.none(), st.lists(st.one_of(st.none(), st.integers(0, 10).map(lambda s: f"t{s}")),
+                                                    min_size=11, max_size=11).map(tuple)))
+    above = data.draw(st.one_of(st.just(1 << 62), st.integers(-1, 90000)))
+    mine = tuple((c[0], bytearray(c[1]), bytearray(c[2]), list(c[3])) for c in cells)
+    want = _refresh_reference(i, keys, list(chosen), mine, gpus, spread, texts, above, same, unit)
+    native_cells = tuple(cells)
+    before = [(bytes(c[1]), bytes(c[2]), list(c[3])) for c in cells]
+    got = NATIVE.span_refresh(i, keys, chosen, native_cells, gpus, spread, None, (), None, None, texts, above, same,
+                              unit, None)
+    assert got == want
+    if got is None:  # nothing written
+        assert [(bytes(c[1]), bytes(c[2]), c[3]) for c in cells] == before
+    else:
+        assert [(bytes(c[1]), bytes(c[2]), c[3]) for c in cells] == [(bytes(c[1]), bytes(c[2]), c[3]) for c in mine]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([2, 3, 4, 6, 8]), st.sampled_from([2, 3, 4]), st.booleans(), st.data())
+def test_span_refresh_searches_and_keeps_the_sets_the_reference_does(n: int, gpus: int, spread: bool,
+                                                                     data: st.DataObject) -> None:
+    """With the view's rows and spanning._plan's (the memo's refresh), span_refresh makes the set searches the
+    chosen list lacks as spanning._search does (the same flat sets kept, so the same codes), and a mask the plan
+    has not met yet it looks for in the levels and keeps as spanning._closest keeps it (the same distance and sets):
+    on a fresh plan the reference alone and the native refresh leave the same masks and searches behind."""
+    from memslice.scheduler_extender.placement import spanning
+
+    gpus = min(gpus, n)
+    view = _span_view(data, n)
+    policy = "spread" if spread else "binpack"
+    needs = data.draw(st.lists(st.integers(1, 80).map(lambda g: g * 1024), min_size=1, max_size=10))
+    cells = tuple((need, bytearray([1]), bytearray([11]), ["x"]) for need in needs)  # fits, a score none answers
+    spanning._LEVELS.clear()
+    reference: spanning.Found = {}
+    want = spanning.codes(view, needs, policy, gpus, reference)
+    reference_masks = dict(spanning._plan(view.topo, gpus)[2]) if not isinstance(view.topo, int) else {}
+    spanning._LEVELS.clear()
+    plan = None if isinstance(view.topo, int) else spanning._plan(view.topo, gpus)
+    search = plan is not None and plan[1] is not None
+    chosen: list[Any] = [None] * (len(view.free_keys) + 1)
+    got = NATIVE.span_refresh(0, view.free_keys, chosen, cells, gpus, spread, view.rows if search else None,
+                              view.free_rows, plan[2] if search else None, plan[3] if search else None, None,  # type: ignore[index]
+                              1 << 62, False, 1, plan[1] if search else None)  # type: ignore[index]
+    assert got is not None
+    left = dict(zip(got[::2], got[1::2], strict=True))  # no text given: every cell is handed back with its code
+    assert sorted(left) == list(range(len(needs)))
+    assert all(left[j] in (code, spanning.UNSEARCHED) for j, code in enumerate(want))  # (UNSEARCHED: the reference's)
+    late = [j for j, code in left.items() if code == spanning.UNSEARCHED]  # made by the reference, as the memo does
+    assert spanning.codes(view, [needs[j] for j in late], policy, gpus, {(gpus, policy): chosen}) == bytes(
+        want[j] for j in late)
+    kept = reference[gpus, policy]
+    assert [c for c in chosen if c is not None] == [kept[k] for k, c in enumerate(chosen) if c is not None]
+    if search:
+        assert all(reference_masks[m] == v for m, v in plan[2].items())  # type: ignore[index]
+
+
+def test_span_refresh_refuses_bad_arguments_not_crash() -> None:
+    """Every argument of the wrong type or shape is an error naming it (the memo's own plan malformed), never a
+    crash; a cell's arrays too short for the node id an IndexError; a value beyond the exact range None with
+    nothing written."""
+    chosen: list[Any] = [(0.75, 8192, 81920, 4096, 81920), None, False]
+    keys = (1024, 8192)
+
+    def cells(kind: int = 1, score: int = 3) -> tuple[Any, ...]:
+        return ((1024, bytearray([kind]), bytearray([score]), ["old"]),)
+
+    def call(*over: Any, **named: Any) -> Any:
+        args: list[Any] = [0, keys, list(chosen), cells(), 2, False, None, (), None, None, None, 1 << 62, False, 1,
+                           None]
+        for k, v in named.items():
+            args[int(k[1:])] = v
+        return NATIVE.span_refresh(*args, *over)
+
+    texts = tuple(f"t{s}" for s in range(11))
+    written = cells()
+    assert NATIVE.span_refresh(0, keys, list(chosen), written, 2, False, None, (), None, None, texts, 1 << 62, False,
+                               1, None) == b""
+    assert written[0][2][0] == 10 and written[0][3] == ["t10"]  # the fit's score and its text written
+    assert call() == bytes((0, 10))  # no text made yet: Python's
+    assert call(a3=cells(2)) == bytes((0, 10))  # a failing cell that fits now: Python's (the fitting count)
+    assert call(a3=cells(0)) == b""  # no verdict held: untouched
+    assert call(a11=512) == b""  # above every changed free MiB: kept
+    assert call(a12=True, a3=((9000, bytearray([2]), bytearray([0]), [None]),)) == b""  # still no room: kept
+    assert call(a3=((9000, bytearray([2]), bytearray([0]), [None]),)) == bytes((0, 0xF0))
+    big = cells()
+    assert NATIVE.span_refresh(0, keys, list(chosen), big + ((2**60, bytearray([1]), bytearray([1]), ["o"]),), 2,
+                               False, None, (), None, None, texts, 1 << 62, False, 1, None) is None
+    assert big[0][2][0] == 3 and big[0][3] == ["old"]  # nothing written
+    assert call(a13=2**52) is None and call(a1=(1024, 2**60)) is None and call(a1=(1024, "8192")) is None
+    assert call(a1=tuple(range(65))) is None  # more keys than GPUs searched: the Python loop
+    with pytest.raises(TypeError, match="takes 15 arguments"):
+        NATIVE.span_refresh(0, keys)
+    for k, bad in ((1, [1024]), (2, tuple(chosen)), (3, [cells()[0]])):
+        with pytest.raises(TypeError, match="keys must be a tuple, chosen a list, cells a tuple"):
+            call(**{f"a{k}": bad})
+    for k, bad in ((0, "0"), (4, 2.0), (11, None), (5, 1), (12, "yes")):
+        with pytest.raises(TypeError, match="must be ints, spread and same bools"):
+            call(**{f"a{k}": bad})
+    for k, bad in ((4, 0), (4, 65), (0, -1), (3, cells() * 256)):
+        with pytest.raises(ValueError, match="outside 1..64, node id"):
+            call(**{f"a{k}": bad})
+    with pytest.raises(OverflowError):
+        call(a11=2**70)
+    with pytest.raises(IndexError, match="outside a cell's arrays"):
+        call(a0=1)
+    for bad in (((1024, bytes([1]), bytearray([1]), ["o"]),), ((1024, bytearray([1]), bytearray([1]), ("o",)),),
+                ((1024, bytearray([1]), bytearray([1])),), ([1024, bytearray([1]), bytearray([1]), ["o"]],), (5,)):
+        with pytest.raises(TypeError, match="a cell is not"):
+            call(a3=bad)
+    with pytest.raises(TypeError, match="texts must be None or a tuple of 11"):
+        call(a10=("t",) * 10)
+    with pytest.raises(TypeError, match="a cell's JSON is not a str or None"):
+        call(a3=((1024, bytearray([1]), bytearray([3]), [b"old"]),), a10=texts)
+    with pytest.raises(IndexError, match="outside the chosen sets"):
+        call(a2=[])
+    with pytest.raises(TypeError, match="chosen set 0 is not None, False or a tuple of 5 items"):
+        call(a2=[(0.75, 1), None, None])
+    with pytest.raises(TypeError, match="closeness is not a float"):
+        call(a2=[(1, 8192, 81920, 4096, 81920), None, None])
+    row0, row1 = ("a", 0, "Sim", 1024, True, 0, 1024), ("b", 1, "Sim", 1024, True, 0, 1024)
+    for bad in ((row0, row1), [row0, row1], {}, (0.75,), None), ([row0, row1], (row0, row1), {}, (0.75,), None), (
+            (row0, row1), (row0, row1), [], (0.75,), None), ((row0, row1), (row0, row1), {}, (0.75,), [()]):
+        with pytest.raises(TypeError, match="rows, free_rows, by_mask, closes, levels must be"):
+            call(a6=bad[0], a7=bad[1], a8=bad[2], a9=bad[3], a14=bad[4])
+    searched: list[Any] = [None] * 3
+    levels = ((0, ((3, (0, 1)),)),)
+    by_mask: dict[int, Any] = {}
+    assert NATIVE.span_refresh(0, (1024, 1024), searched, ((512, bytearray([1]), bytearray([0]), ["o"]),), 2, False,
+                               (row0, row1), (row0, row1), by_mask, (0.75,), None, 1 << 62, False, 1, levels) == bytes(
+        (0, 9))
+    assert by_mask == {3: (0, ((0, 1),))} and searched[0] == (0.75, 1024, 1024, 1024, 1024)
+    for odd in (((0, ((-1, (0, 1)),)),), ((0, ((2**70, (0, 1)),)),), ((0, [(3, (0, 1))]),), ((0, ((3,),)),), ("x",)):
+        assert NATIVE.span_refresh(0, (1024, 1024), [None] * 3, ((512, bytearray([1]), bytearray([0]), ["o"]),), 2,
+                                   False, (row0, row1), (row0, row1), {}, (0.75,), None, 1 << 62, False, 1,
+                                   odd) == bytes((0, 0xF1))  # malformed levels: the reference's search
+    with pytest.raises(TypeError, match="not \\(distance, sets\\)"):
+        NATIVE.span_refresh(0, (1024, 1024), [None] * 3, ((512, bytearray([1]), bytearray([0]), ["o"]),), 2, False,
+                            (row0, row1), (row0, row1), {3: [0, ()]}, (0.75,), None, 1 << 62, False, 1, None)
+    for rows in (((row0, ("b", 5, "Sim", 1024, True, 0, 1024))), (row0, ("b", 1)), (row0,) * 65):
+        assert NATIVE.span_refresh(0, (1024, 1024), [None] * 3, ((512, bytearray([1]), bytearray([0]), ["o"]),), 2,
+                                   False, rows, (row0, row1), {}, (0.75,), None, 1 << 62, False, 1,
+                                   levels) == bytes((0, 0xF1))  # rows the C cannot read as positions: no search
+
+
+def _rows_pair(data: st.DataObject) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    n = data.draw(st.integers(0, 8))
+    before = tuple((f"G{i}", i, "Sim", 81920, data.draw(st.booleans()), 0, data.draw(st.integers(-5, 9) .map(
+        lambda g: g * 8192))) for i in range(n))
+    now = []
+    for r in before:
+        change = data.draw(st.sampled_from(["same", "same", "free", "free", "index", "mem", "health", "copy"]))
+        if change == "same":
+            now.append(r)
+        elif change == "copy":
+            now.append(tuple(r))
+        else:
+            at = {"free": 6, "index": 1, "mem": 3, "health": 4}[change]
+            value = (not r[4]) if at == 4 else r[at] + data.draw(st.sampled_from([1, 1024, -8192]))
+            now.append((*r[:at], value, *r[at + 1:]))
+    if data.draw(st.booleans()) and now:
+        now = now[:-1]
+    return before, tuple(now)
+
+
+@settings(max_examples=examples(400), derandomize=QUICK, deadline=None)
+@given(st.data())
+def test_span_above_answers_what_the_reference_answers(data: st.DataObject) -> None:
+    """_nameids.span_above (FitMemo._refresh_groups: which spanning cells a change can touch) answers as
+    nameids.span_above: the largest free MiB, before or after, of the GPUs whose free MiB changed (-1: none), None
+    where the rows differ otherwise (count, index, MiB, health)."""
+    before, now = _rows_pair(data)
+    assert NATIVE.span_above(before, now) == nameids.span_above(before, now)
+
+
+def test_span_above_answers_none_where_it_cannot_read_rows() -> None:
+    """Rows it cannot read exactly (not tuples, too short, ints beyond 2^52, a health that is not a bool) are
+    "changed otherwise" (None: every cell refreshed afresh, always right); a call of the wrong shape a TypeError."""
+    r = ("G0", 0, "Sim", 1024, True, 0, 1024)
+    assert NATIVE.span_above((r,), (r,)) == -1
+    assert NATIVE.span_above((r,), (r[:6] + (512,),)) == 1024
+    for odd in ([*r], r[:6], (*r[:6], 2**60), (*r[:4], 1, 0, 512), (*r[:3], "1024", *r[4:])):
+        assert NATIVE.span_above((r,), (odd,)) is None
+    with pytest.raises(TypeError, match="takes two tuples"):
+        NATIVE.span_above([r], (r,))
+    with pytest.raises(TypeError, match="takes two tuples"):
+        NATIVE.span_above((r,))
