@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import IO
 
 import pytest
-from conftest import C_DIR, MiB
+from conftest import C_DIR, MiB, compiled
 from waiting import wait_until
 
 from memslice.elastic import read_boards
@@ -24,11 +24,11 @@ from memslice.interposer.region import read_region, read_region_file, sweep
 
 
 @pytest.fixture(scope="module")
-def tenant_bin(libs, tmp_path_factory: pytest.TempPathFactory) -> str:
-    exe = tmp_path_factory.mktemp("elastic") / "elastic"
-    subprocess.run(["cc", "-O2", "-Wall", "-Werror", f"-I{libs.include}", str(C_DIR / "elastic.c"), "-o", str(exe),
-                    "-L", libs.sim_dir, "-l:libcuda.so.1", "-lpthread", "-ldl"], check=True)
-    return str(exe)
+def tenant_bin(libs, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    cmd = ["cc", "-O2", "-Wall", "-Werror", f"-I{libs.include}", str(C_DIR / "elastic.c"), "-L", libs.sim_dir,
+           "-l:libcuda.so.1", "-lpthread", "-ldl"]
+    with compiled("elastic-tenant", {"elastic": cmd}, tmp_path_factory.mktemp("elastic")) as out:
+        yield str(out / "elastic")
 
 
 class Tenant:
