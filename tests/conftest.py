@@ -11,7 +11,8 @@ import pathlib
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import pytest
@@ -20,6 +21,7 @@ import testpaths
 from memslice.paths import LibPaths, lib_paths
 
 testpaths.add()  # every test folder's modules importable by name (tests/testpaths.py)
+import build_cache  # noqa: E402
 import hypothesis_budget  # noqa: E402 (importable once testpaths.add() has run)
 
 hypothesis_budget.load()  # MEMSLICE_HYPOTHESIS: quick (unset) or deep, else refused by name
@@ -59,10 +61,31 @@ def libs() -> LibPaths:
     return lib_paths()
 
 
+@contextmanager
+def compiled(kind: str, commands: dict[str, list[str]], fresh: pathlib.Path) -> Iterator[pathlib.Path]:
+    """A directory holding, for each name, what `commands[name] + ["-o", name]` compiles (tests/c's programs),
+    cached by the hash of the commands, the compiler, tests/c and the interposer's sources (the simulated driver
+    they link against is built from them: tests/support/build_cache.py): compiled again when one changes, not
+    by every worker of every run (1.2 CPU-s per worker for `cbin`, 0.35 per module for tests/c/elastic.c). With
+    MEMSLICE_TEST_BUILD_CACHE=0, compiled into `fresh`."""
+    root = str(TESTS.parent)
+    cc = subprocess.run(["cc", "--version"], capture_output=True, text=True, timeout=30).stdout
+    said = [f"{n}: {' '.join(c).replace(root, '<checkout>')}" for n, c in sorted(commands.items())]
+    inputs = ["tests/c", "interposer/include", "interposer/src", "interposer/sim"]
+    digest = build_cache.tree_digest(TESTS.parent, inputs, lambda rel: False, extra=[cc, *said])
+
+    def build(entry: pathlib.Path) -> None:
+        for name, cmd in commands.items():
+            subprocess.run([*cmd, "-o", str(entry / name)], check=True)
+
+    with build_cache.cached_build(kind, digest, build, fresh) as (entry, _):
+        yield entry
+
+
 @pytest.fixture(scope="session")
-def cbin(libs: LibPaths, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The C test programs, compiled once per session. Direct-binding programs link the simulated libcuda."""
-    out = tmp_path_factory.mktemp("cbin")
+def cbin(libs: LibPaths, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The C test programs (compiled(): once per change of their inputs). Direct-binding programs link the
+    simulated libcuda."""
     include = libs.include
     progs = {
         "alloc_direct": ["-L", libs.sim_dir, "-l:libcuda.so.1"],
@@ -75,13 +98,10 @@ def cbin(libs: LibPaths, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
         "spin_tenant": ["-L", libs.sim_dir, "-l:libcuda.so.1", "-ldl"],  # spin kernels on the sim (issue 33)
         "sizecheck": [],
     }
-    built = {}
-    for name, flags in progs.items():
-        exe = out / name
-        subprocess.run(["cc", "-O2", "-Wall", "-Werror", f"-I{include}", str(C_DIR / f"{name}.c"), "-o", str(exe),
-                        *flags], check=True)
-        built[name] = str(exe)
-    return built
+    commands = {name: ["cc", "-O2", "-Wall", "-Werror", f"-I{include}", str(C_DIR / f"{name}.c"), *flags]
+                for name, flags in progs.items()}
+    with compiled("cbin", commands, tmp_path_factory.mktemp("cbin")) as out:
+        yield {name: str(out / name) for name in progs}
 
 
 class Node:

@@ -7,6 +7,8 @@ kustomize is the one in `kubectl kustomize` (kubectl on PATH, or in this virtual
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -15,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import build_cache
 import pytest
 import yaml
 
@@ -45,12 +48,60 @@ def kustomize_command() -> list[str]:
 
 
 @functools.cache
-def _render_text(rel: str) -> str:
-    out = subprocess.run([*kustomize_command(), str(DEPLOY / rel)], capture_output=True, text=True,
-                         timeout=60)
+def _deploy_digest() -> str:
+    return build_cache.tree_digest(ROOT, ["deploy"], lambda rel: False)
+
+
+def _tool_id(path: str) -> str:
+    """The kustomize binary as its real path, size and modification time (hashing 50 MB each time cost more)."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    return f"{real}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def _kustomize(command: list[str], directory: Path) -> str:
+    out = subprocess.run([*command, str(directory)], capture_output=True, text=True, timeout=120)
     if out.returncode != 0:
-        raise AssertionError(f"kustomize build deploy/{rel} failed:\n{out.stderr}")
+        raise AssertionError(f"{' '.join(command)} {directory} failed:\n{out.stderr}")
     return out.stdout
+
+
+def _inputs_besides_deploy(directory: Path) -> str | None:
+    """What a build of `directory` reads besides deploy/: its path in deploy/, or the text of a user's own
+    kustomization next to a link to deploy/ that reads nothing else; None when it may read more (not cached)."""
+    rel = os.path.relpath(directory, DEPLOY)
+    if not rel.startswith(".."):
+        return "deploy:" + rel
+    alone = [p.name for p in directory.iterdir()] == ["kustomization.yaml"]
+    if not alone or (directory.parent / "deploy").resolve() != DEPLOY:
+        return None
+    text = (directory / "kustomization.yaml").read_text()
+    return None if re.search(r"\.\.(?!/deploy/)", text) else "own:" + text
+
+
+def kustomized(command: list[str], directory: Path) -> str:
+    """What `command directory` (a kustomize build) prints, cached across runs by the hash of deploy/ (every
+    kustomization here reads only files in it), the binary and, for a directory outside deploy/ (a user's own
+    kustomization over it), its kustomization.yaml (tests/support/build_cache.py): rendered again when one
+    changes, not in every test process of every run (~20 CPU-s of `make test`). A failed build is not cached."""
+    what = _inputs_besides_deploy(directory)
+    if what is None or not build_cache.enabled():
+        return _kustomize(command, directory)
+    key = hashlib.sha256("\0".join([_tool_id(command[0]), *command[1:], what]).encode()).hexdigest()[:32]
+    with build_cache.cached_build("kustomize", _deploy_digest(), lambda entry: None, directory) as (entry, _):
+        done = entry / f"{key}.yaml"
+        if done.exists():
+            return done.read_text()
+        text = _kustomize(command, directory)
+        part = done.with_suffix(f".{os.getpid()}.part")
+        part.write_text(text)
+        part.rename(done)  # whole or not at all, for another process reading it
+        return text
+
+
+@functools.cache
+def _render_text(rel: str) -> str:
+    return kustomized(kustomize_command(), DEPLOY / rel)
 
 
 def render(rel: str) -> list[Manifest]:

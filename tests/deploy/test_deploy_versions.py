@@ -21,7 +21,7 @@ import pytest
 import yaml
 from kubectl_window import NEWEST, OLDEST, oldest_kubectl
 from kubectl_window import newest_kubectl as newest
-from test_deploy_render import DEPLOY, ROOT, render
+from test_deploy_render import DEPLOY, ROOT, kustomized, render
 from test_deploy_scheduler import scheduler_config
 
 README = ROOT / "README.md"
@@ -53,9 +53,7 @@ def oldest() -> Path:
 
 
 def build(kubectl: Path, directory: Path) -> list[dict[str, Any]]:
-    out = subprocess.run([str(kubectl), "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, f"{kubectl} kustomize {directory} failed:\n{out.stderr}"
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
+    return [d for d in yaml.safe_load_all(kustomized([str(kubectl), "kustomize"], directory)) if d]
 
 
 def combination(tmp_path: Path, mode: str, components: tuple[str, ...]) -> Path:

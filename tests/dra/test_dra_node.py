@@ -53,7 +53,7 @@ NODE = "gpu-a"
 CDI_KIND = "memslice.io/gpu-mem"
 NS = "dra-node"  # the claims' and pods' namespace
 CLASS = "gpu-mem.memslice-test"  # the class of deploy/ but named apart: deploy/'s claim policy is not the point here
-KUBE = pytest.mark.xdist_group("kube-dra")  # a real API server of its own worker: 7 minutes of agents, beside "kube"
+KUBE = pytest.mark.xdist_group("kube-dra")  # a real API server of its own worker (the real node's too), beside "kube"
 
 
 class DraNode:

@@ -107,16 +107,17 @@ sys.stdin.read()
 
 
 def test_counters_stay_monotonic_when_a_process_exits(elastic, tmp_path) -> None:
-    """A's memory is swapped out for B, then A exits: its container's totals keep its swaps."""
-    a = elastic("a", "2560MiB", "512MiB")
-    assert a.cmd("alloc 2048 64") == "allocated 32"
+    """A's memory is swapped out for B, then A exits: its container's totals keep its swaps. (A 2 GiB GPU: how
+    much moves is not the point; what is filled and read is the test's CPU time.)"""
+    a = elastic("a", "1536MiB", "256MiB", gpus="2GiB", ctx="64MiB")
+    assert a.cmd("alloc 1280 64") == "allocated 20"
     edir = elastic.edir
     wait_for(lambda: any(t.state == "idle" for t in read_boards(edir)), "A idle")
-    ledger = {"a": alloc("a", "pa", 512, 2560), "b": alloc("b", "pb", 512, 2048)}
+    ledger = {"a": alloc("a", "pa", 256, 1536), "b": alloc("b", "pb", 256, 1024)}
     tr = tracker(edir, tmp_path, ledger)
     tr.poll()
-    b = elastic("b", "2GiB", "512MiB")
-    assert b.cmd("alloc 1792 64") == "allocated 28"
+    b = elastic("b", "1GiB", "256MiB", gpus="2GiB", ctx="64MiB")
+    assert b.cmd("alloc 896 64") == "allocated 14"  # 256 MiB more than HBM has free: A moves them
     uuid = read_boards(edir)[0].gpu
     outs = next(t.swap_outs for t in read_boards(edir) if t.pid == a.proc.pid)
     assert outs > 0, "A moved chunks for B"
@@ -186,13 +187,13 @@ def test_events_per_step_are_bounded_for_the_whole_node() -> None:
 def test_top_groups_elastic_processes_under_their_containers(elastic, tmp_path) -> None:
     """`memslice top` (JSON and text) per container and GPU: bytes in GPU memory, swapped out and spilled
     apart, and per process its state and time since its last CUDA call; a process of no region shown is
-    listed apart, never under a container."""
-    a = elastic("a", "2560MiB", "512MiB")
-    assert a.cmd("alloc 2048 64") == "allocated 32"
+    listed apart, never under a container. (A 2 GiB GPU, as in the test above.)"""
+    a = elastic("a", "1536MiB", "256MiB", gpus="2GiB", ctx="64MiB")
+    assert a.cmd("alloc 1280 64") == "allocated 20"
     edir = elastic.edir
     wait_for(lambda: any(t.state == "idle" for t in read_boards(edir)), "A idle")
-    b = elastic("b", "2GiB", "512MiB")
-    assert b.cmd("alloc 1792 64") == "allocated 28"
+    b = elastic("b", "1GiB", "256MiB", gpus="2GiB", ctx="64MiB")
+    assert b.cmd("alloc 896 64") == "allocated 14"  # needs 256 MiB of A's
     # A writes its swapped bytes as each range goes out and B its "got" as the answer reaches it: the two
     # figures agree once the last answer has landed (bounded wait; they must agree, not merely both be set)
     def settled() -> bool:
@@ -202,7 +203,7 @@ def test_top_groups_elastic_processes_under_their_containers(elastic, tmp_path) 
     wait_for(settled, "A's burst partly swapped out, and B told how much")
     mine = {t.pid: t for t in read_boards(edir)}
     moved, outs = mine[a.proc.pid].swapped_bytes, mine[a.proc.pid].swap_outs
-    assert 344 * MiB <= moved <= 430 * MiB and mine[b.proc.pid].got_mib << 20 == moved
+    assert 256 * MiB <= moved <= 320 * MiB and mine[b.proc.pid].got_mib << 20 == moved
 
     def top(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "memslice", "top", "--elastic-dir", str(edir), *args],
@@ -213,14 +214,14 @@ def test_top_groups_elastic_processes_under_their_containers(elastic, tmp_path) 
     doc = json.loads(out.stdout)
     ra, rb = doc["regions"]
     (ea,), (eb,) = ra["elastic"], rb["elastic"]
-    assert (ea["device_bytes"], ea["swapped_bytes"], ea["spilled_bytes"]) == (2048 * MiB - moved, moved, 0)
-    assert (eb["device_bytes"], eb["elastic_resident_bytes"], eb["swapped_bytes"]) == (1792 * MiB, 1792 * MiB, 0)
+    assert (ea["device_bytes"], ea["swapped_bytes"], ea["spilled_bytes"]) == (1280 * MiB - moved, moved, 0)
+    assert (eb["device_bytes"], eb["elastic_resident_bytes"], eb["swapped_bytes"]) == (896 * MiB, 896 * MiB, 0)
     (pa,) = ea["processes"]
     assert (pa["host_pid"], pa["state"], pa["region"]) == (a.proc.pid, "idle", ra["region"])
     assert pa["seconds_since_last_call"] > 0 and pa["swap_outs"] == outs
     (pb,) = eb["processes"]
     assert pb["host_pid"] == b.proc.pid and pb["asks"] > 0 and pb["moved_for_asks_bytes"] == moved
-    assert pb["asked_bytes"] >= 344 * MiB and moved <= 1.25 * pb["asked_bytes"]
+    assert pb["asked_bytes"] >= 256 * MiB and moved <= 1.25 * pb["asked_bytes"]
     assert {e["host_pid"]: e["region"] for e in doc["elastic"]} == {a.proc.pid: ra["region"],
                                                                     b.proc.pid: rb["region"]}
 

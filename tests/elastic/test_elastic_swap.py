@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import IO
 
 import pytest
-from conftest import C_DIR, MiB
+from conftest import C_DIR, MiB, compiled
 from waiting import wait_until
 
 from memslice.elastic import read_boards
@@ -24,11 +24,11 @@ from memslice.interposer.region import read_region, read_region_file, sweep
 
 
 @pytest.fixture(scope="module")
-def tenant_bin(libs, tmp_path_factory: pytest.TempPathFactory) -> str:
-    exe = tmp_path_factory.mktemp("elastic") / "elastic"
-    subprocess.run(["cc", "-O2", "-Wall", "-Werror", f"-I{libs.include}", str(C_DIR / "elastic.c"), "-o", str(exe),
-                    "-L", libs.sim_dir, "-l:libcuda.so.1", "-lpthread", "-ldl"], check=True)
-    return str(exe)
+def tenant_bin(libs, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    cmd = ["cc", "-O2", "-Wall", "-Werror", f"-I{libs.include}", str(C_DIR / "elastic.c"), "-L", libs.sim_dir,
+           "-l:libcuda.so.1", "-lpthread", "-ldl"]
+    with compiled("elastic-tenant", {"elastic": cmd}, tmp_path_factory.mktemp("elastic")) as out:
+        yield str(out / "elastic")
 
 
 class Tenant:
@@ -260,15 +260,15 @@ def test_a_tenant_that_does_not_yield_is_skipped_and_the_request_served_from_hos
 def test_without_a_request_nothing_is_elastic(elastic):
     """No request (or request = limit): no board, no swapping: an idle neighbour keeps its HBM and an
     allocation that does not fit is refused exactly as before."""
-    a = elastic("a", "3GiB", None)
-    assert a.cmd("alloc 2048 64") == "allocated 32"
-    b = elastic("b", "2GiB", "2GiB")
-    out = b.cmd("alloc 1792 64")
+    a = elastic("a", "1536MiB", None, gpus="2GiB", ctx="64MiB")
+    assert a.cmd("alloc 1280 64") == "allocated 20"
+    b = elastic("b", "1GiB", "1GiB", gpus="2GiB", ctx="64MiB")
+    out = b.cmd("alloc 896 64")  # 256 MiB more than HBM has free
     assert out.startswith("oom ") and "rc=2" in out
     state = elastic.node().state
-    assert per_process(state)[a.proc.pid] == (300 + 2048, 0)
+    assert per_process(state)[a.proc.pid] == (64 + 1280, 0)
     assert list(elastic.edir.iterdir()) == []
-    assert a.cmd("check") == f"check ok {2048 * MiB}"
+    assert a.cmd("check") == f"check ok {1280 * MiB}"
 
 
 @pytest.mark.parametrize(("extra", "message"), [

@@ -44,8 +44,10 @@ from memslice.plugin.regions import CONTAINER_SHIM
 from memslice.scheduler_extender.app import Config, Extender
 
 # One worker runs both real-node modules (one real node per machine at a time: tests/support/kube_node.py), one
-# real node per module; its own session control plane, so that they run beside the "kube" group's modules.
-pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("realnode")]
+# real node per module, after tests/dra/test_dra_node.py's agents on the same worker (xdist group "kube-dra"): they
+# share that worker's session control plane (one kube-apiserver fewer: its start and ~1.7% of a core while the
+# session lasts, ~13 CPU-s a run), and run beside the "kube" group's modules.
+pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("kube-dra")]
 NODE = "kubelet-dp"
 NS = "realnode-dp"
 UNIT = 4  # MiB per device

@@ -31,9 +31,8 @@ from kube_real import SCHEDULER_TOKEN, RealCluster, wait_until
 from test_deploy_render import NAMESPACE
 from test_real_deploy import deploy
 
-# One worker runs both real-node modules (one real node per machine at a time: tests/support/kube_node.py), one
-# real node per module; its own session control plane, so that they run beside the "kube" group's modules.
-pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("realnode")]
+# One worker runs both real-node modules, with tests/dra/test_dra_node.py's (test_realnode_deviceplugin.py says why).
+pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("kube-dra")]
 NODE = "kubelet-dra"
 NS = "realnode-dra"
 GPUS = "8GiB,8GiB"

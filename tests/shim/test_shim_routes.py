@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
+import build_cache
 import pytest
 from conftest import kv, preload, run
 
@@ -153,20 +157,37 @@ def pathlib_root():
     return pathlib.Path(__file__).resolve().parents[2]
 
 
+@contextmanager
+def shim_built_at(opt: str, fresh: Path) -> Iterator[Path]:
+    """The shim built by interposer/Makefile with CFLAGS=`opt`, cached by the hash of its sources, the Makefile,
+    `opt` and the compiler (tests/support/build_cache.py): built again when one changes, not on every run (the
+    three builds were 13 CPU-s of every `make test`). With MEMSLICE_TEST_BUILD_CACHE=0, built into `fresh`."""
+    root = pathlib_root()
+    cc = subprocess.run(["cc", "--version"], capture_output=True, text=True, timeout=30).stdout
+    digest = build_cache.tree_digest(root, ["interposer/src", "interposer/include", "interposer/Makefile"],
+                                     lambda rel: False, extra=[opt, cc])
+
+    def build(entry: Path) -> None:
+        out = subprocess.run(["make", "-s", "-C", str(root / "interposer"), f"B={entry}", f"CFLAGS={opt}",
+                              str(entry / "libmemslice.so")], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, f"the shim at {opt} did not build:\n{out.stdout}\n{out.stderr}"
+
+    with build_cache.cached_build(f"shim{opt}", digest, build, fresh) as (entry, _):
+        yield entry / "libmemslice.so"
+
+
 @pytest.mark.parametrize("opt", ["-O0", "-O1", "-O2"])
 def test_rtld_next_keeps_its_meaning_for_other_libraries(libs, node, tmp_path, opt):
     """Another library preloaded after the shim wraps puts through dlsym(RTLD_NEXT, "puts"): it must get
     libc's puts, not its own, whatever level the shim is built at (glibc resolves RTLD_NEXT from its
     caller's return address, which a non-tail call from the shim's dlsym would make the shim's)."""
     c_dir = pathlib_root() / "tests" / "c"
-    shim = tmp_path / "shim" / "libmemslice.so"
-    subprocess.run(["make", "-s", "-C", str(pathlib_root() / "interposer"), f"B={shim.parent}", f"CFLAGS={opt}",
-                    str(shim)], check=True, capture_output=True)
     lib = tmp_path / "libnext.so"
     subprocess.run(["cc", "-shared", "-fPIC", str(c_dir / "next_puts.c"), "-o", str(lib), "-ldl"], check=True)
     exe = tmp_path / "main"
     subprocess.run(["cc", str(c_dir / "next_puts_main.c"), "-o", str(exe)], check=True)
     env = node().container(tmp_path / "c", "1GiB")
-    env["LD_PRELOAD"] = preload(str(shim), str(lib))
-    out = run([str(exe)], env, timeout=30)
+    with shim_built_at(opt, tmp_path / "shim") as shim:
+        env["LD_PRELOAD"] = preload(str(shim), str(lib))
+        out = run([str(exe)], env, timeout=30)
     assert out.returncode == 0 and out.stdout == "wrapped: hello\n"
