@@ -317,26 +317,36 @@ ok(cu.cuInit(0)); ok(cu.cuDeviceGet(ctypes.byref(dev), 0))
 ok(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)); ok(cu.cuCtxSetCurrent(ctx))
 ok(cu.cuModuleLoadData(ctypes.byref(mod), ctypes.create_string_buffer(b"MSSIMMOD" + bytes(8), 16)))
 ok(cu.cuModuleGetFunction(ctypes.byref(fn), mod, b"spin")); ok(cu.cuStreamCreate(ctypes.byref(st), 0))
-ns = U64(5_000_000)
-params = (V * 1)(ctypes.cast(ctypes.byref(ns), V))
+head, ns = U64(300_000_000), U64(5_000_000)
 events = [V() for _ in range(32)]
 for e in events:
     ok(cu.cuEventCreate(ctypes.byref(e), 0))
+ok(cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, st, (V * 1)(ctypes.cast(ctypes.byref(head), V)), None))
+params = (V * 1)(ctypes.cast(ctypes.byref(ns), V))
+in_flight = []
+for e in events:
     ok(cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, st, params, None))
     ok(cu.cuEventRecord(e, st))
+    in_flight.append(cu.cuEventQuery(e) == 600)  # CUDA_ERROR_NOT_READY: recorded behind work still queued
 ok(cu.cuStreamSynchronize(st))
 ms = ctypes.c_float()
 gaps = []
 for a, b in zip(events, events[1:]):
     ok(cu.cuEventElapsedTime(ctypes.byref(ms), a, b))
     gaps.append(ms.value)
-print(json.dumps(gaps))
+print(json.dumps({"gaps": gaps, "in_flight": in_flight}))
 """
 
 
 def test_events_in_flight_are_stamped_when_the_timeline_reaches_them(sim):
-    """32 kernels of 5 ms queued with an event after each: each gap between events is exactly one kernel."""
+    """32 kernels of 5 ms queued behind one of 300 ms, an event after each: between two events recorded while
+    their kernels were still queued (cuEventQuery: not ready) the gap is exactly one kernel, never the host's
+    pace; an event recorded behind finished work is stamped when recorded (as on a GPU), so no gap is shorter."""
     out = run([sys.executable, "-c", EVENTS], sim.env)
     assert out.returncode == 0, out.stderr
-    gaps = json.loads(out.stdout)
-    assert len(gaps) == 31 and all(abs(g - 5.0) < 0.001 for g in gaps), gaps
+    got = json.loads(out.stdout)
+    gaps, queued = got["gaps"], got["in_flight"]
+    assert len(gaps) == 31 and all(g > 5.0 - 0.001 for g in gaps), gaps
+    exact = [g for k, g in enumerate(gaps) if queued[k] and queued[k + 1]]
+    assert exact, f"no two events were recorded behind queued work: {got}"
+    assert all(abs(g - 5.0) < 0.001 for g in exact), got
