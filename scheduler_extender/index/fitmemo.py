@@ -93,6 +93,9 @@ _NEVER = bytes(int(k == NEVER) for k in range(256))
 _NO_FRAGMENTS: tuple[str | None, ...] = (None,) * (MAX_SCORE + 1)
 _FITS = tuple((True, False, "", s) for s in range(MAX_SCORE + 1))  # a fitting verdict, per score
 _TOP = tuple(bytes(int(k == s) for k in range(256)) for s in range(MAX_SCORE + 1))  # scores -> 0/1 where == s
+# _nameids.span_fill's codes beyond spanning's: the cell written there, no cell to write, the cap may decide
+WRITTEN, SKIPPED, CAPPED = 0xF8, 0xF9, 0xFA
+_LEFT = bytes(int(k not in (WRITTEN, SKIPPED)) for k in range(256))  # codes -> 1 where Python resolves the cell
 
 
 # How _refresh goes over the tables: those refreshed one by one, (key, table); and the spanning tables refreshed
@@ -619,11 +622,53 @@ class FitMemo:
 
     def _fill_spanning(self, table: _Table, key: Key, ids: list[int]) -> None:
         """_fill for a spanning table of _refresh's groups (no limit signature, no compute share) that no longer
-        shares verdicts by shape: the nodes' scores in one spanning.codes_each call (natively one C call for all,
-        _nameids.span_scores_each), each with the set searches kept for its view (_found: made by the refresh at
-        its last change, or by fills of other sizes of that N and policy), where the cap leaves the pod alone
-        (else _verdict). Why: a spanning key is asked a few times per band of benchmarks/README.md's mix, and
-        each ask finds ~half of its names without a verdict."""
+        shares verdicts by shape: one C call (_nameids.span_fill) reads each node's view, takes the set searches kept
+        for it (_found: made by the refresh at its last change, or by fills of other sizes of that N and policy;
+        the missing ones made where span_search can), and writes every cell where the pod fits and the node's
+        HostPriority text for that score is kept; Python resolves the others from their codes as _fill_spanning_each
+        does (NO_ROOM, the general path, a search left to the reference, a text to make, a node the cap may decide).
+        Why: that loop cost ~3,300 instructions a cell in Python (a request of a spanning pod finds ~170 cells
+        empty), and a cell whose search was missing went through spanning.codes alone (benchmarks/README.md, issue
+        34, sixth round). Without the C module, or with a cap ratio below 1 (every node capped), the Python loop."""
+        fill, ratio, views = self._index.span_fill, self.limit_ratio, self.state.views_unlocked()
+        if fill is None or (ratio is not None and ratio < 1) or views is None:
+            self._fill_spanning_each(table, key, ids)
+            return
+        gpus, policy = gpus_of(key), key[1]
+        codes, written = fill(ids, self._names, views, NodeView, self._found, (gpus, policy), key[0], gpus,
+                              policy == "spread", spanning.plans(), FOUND_MAX, ratio is not None, table.kinds,
+                              table.scores, table.jsons, self._host_json)
+        table.filled += written
+        table.fitting += written
+        self._entries += written
+        if written == len(ids):
+            return
+        kinds, founds, one, names = table.kinds, self._found, self._index.span_scores, self._names
+        for pos in compress(range(len(ids)), codes.translate(_LEFT)):
+            i = ids[pos]
+            view = views.get(names[i])  # type: ignore[arg-type]  # a live id has a name
+            if kinds[i] != NONE or view is None:  # an id repeated in `ids`: written once
+                continue
+            code = codes[pos]
+            if code == CAPPED:  # not _without_cap: one by one
+                self._put(table, i, self._verdict(key, view, i))
+                continue
+            need = key[0] * view.unit_mib
+            if code == spanning.UNSEARCHED:  # the search the C left to the reference, made and kept, asked again
+                found = founds.get(i)
+                if found is None:
+                    if len(founds) >= FOUND_MAX:
+                        founds.clear()
+                    found = founds[i] = {}
+                code = spanning.codes(view, (need,), policy, gpus, found, one)[0]
+            self._put(table, i, _FITS[code] if code <= MAX_SCORE else spanning.resolve(view, need, policy, gpus, code))
+
+    def _fill_spanning_each(self, table: _Table, key: Key, ids: list[int]) -> None:
+        """_fill_spanning in Python (the reference of _nameids.span_fill, and what a build without it runs): the
+        nodes' scores in one spanning.codes_each call (_nameids.span_scores_each where it was built), each with the
+        set searches kept for its view (_found), where the cap leaves the pod alone (else _verdict). Why: a spanning
+        key is asked a few times per band of benchmarks/README.md's mix, and each ask finds ~half of its names
+        without a verdict."""
         names, view_of, founds, ratio = self._names, self.state.view_unlocked, self._found, self.limit_ratio
         kinds, scores, jsons, reasons, fragment = table.kinds, table.scores, table.jsons, table.reasons, self._fragment
         todo: list[int] = []

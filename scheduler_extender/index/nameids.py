@@ -21,6 +21,7 @@ import logging
 import os
 import re
 from array import array
+from collections.abc import Callable
 from itertools import compress, repeat
 from operator import is_, itemgetter
 from typing import Any
@@ -33,6 +34,7 @@ from ..wire import host_priority_array, host_priority_json
 log = logging.getLogger(__name__)
 
 Ids = Any  # list[int] (NameIds) or packed uint32 bytes (NativeNameIds)
+SpanFill = Callable[..., tuple[bytes, int]]  # _nameids.span_fill (its arguments: _nameids.pyi)
 
 try:
     from . import _nameids as _native
@@ -68,6 +70,7 @@ class NameIds:
     # The memo's scores of pods spanning GPUs natively (_nameids.span_scores); None: spanning.scores, the reference
     span_scores: Scores | None = None
     span_scores_each: ScoresEach | None = None
+    span_fill: SpanFill | None = None  # _nameids.span_fill (FitMemo._fill_spanning natively); None: its Python loop
 
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}
@@ -156,6 +159,7 @@ class NativeNameIds(NameIds):
         self._c = _native  # (kept: the module this index was made with serves all its reads)
         self.span_scores = _native.span_scores
         self.span_scores_each = _native.span_scores_each
+        self.span_fill = _native.span_fill
         self._native = _native.NameIndex(int.from_bytes(os.urandom(8), "little"))
 
     def set(self, name: str, i: int) -> None:
