@@ -55,6 +55,7 @@ static PyObject *nameids_join(PyObject *module, PyObject *args);
 static PyObject *nameids_same(PyObject *module, PyObject *args);
 static PyObject *nameids_hosts_json(PyObject *module, PyObject *args);
 static PyObject *nameids_span_fill(PyObject *module, PyObject *args);
+static PyObject *nameids_filter_answer(PyObject *module, PyObject *args);
 static PyObject *nameids_span_scores(PyObject *module, PyObject *args);
 static PyObject *span_result(PyObject *out, int ok);
 static int span_search(PyObject *search, Py_ssize_t k, long gpus, int spread, PyObject **out);
@@ -1604,6 +1605,222 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------ a failing filter's answer, whole (issue 34)
+ * filter_answer writes filter's answer for a request whose NodeNames (a plain array, as ids_json reads it) the pod
+ * fits only in part: the passing names' array and the rest of the ExtenderFilterResult, byte for byte what
+ * orjson.dumps(wire.filter_result(...)) wrote from the decoded names and the memo's split (FitMemo._reasons). Why:
+ * a pod spanning GPUs fails on some nodes of most requests; decoding its 500 names into strs, splitting them into
+ * lists and dicts and encoding those again cost more than the rest of its filter (benchmarks/README.md, issue 34,
+ * sixth round). Kinds as fitmemo's: */
+#define ANSWER_FITS 1
+#define ANSWER_FAILS 2
+#define ANSWER_NEVER 3
+#define ANSWER_FAILED_HEAD ",\"FailedNodes\":{"
+#define ANSWER_NEVER_HEAD "},\"FailedAndUnresolvableNodes\":{"
+#define ANSWER_END "},\"Error\":\"\"}"
+
+/* A name of the request: its bytes in `data` (between its quotes), and what the answer does with it. */
+typedef struct {
+    const char *p;
+    size_t len;
+    unsigned char role; /* 0 none (a repeated failing name), 1 passed, 2 failed, 3 failed and unresolvable */
+} AnswerName;
+
+/* Why: a reason is copied into the answer only where orjson writes it as it is: an exact str of printable ASCII
+ * without a quote or a backslash (the memo's texts; a node's inventory error may hold others: the caller's
+ * Python writes those). 1 with its bytes; 0 otherwise. */
+static int answer_reason(PyObject *r, const char **p, Py_ssize_t *n) {
+    if (!PyUnicode_CheckExact(r) || !PyUnicode_IS_ASCII(r))
+        return 0;
+    *p = (const char *)PyUnicode_DATA(r);
+    *n = PyUnicode_GET_LENGTH(r);
+    return plain_run_end(*p, *p + *n) == *p + *n;
+}
+
+/* Why its own: the names of `data`, a JSON array of plain strings (as ids_json reads it), into `names`; 1 when it
+ * is one with exactly `count` names, 0 otherwise (the caller's Python decodes it). */
+static int answer_names(const char *p, const char *end, AnswerName *names, Py_ssize_t count) {
+    Py_ssize_t k = 0;
+    p = skip_ws(p, end);
+    if (p >= end || *p != '[')
+        return 0;
+    p = skip_ws(p + 1, end);
+    while (p < end && *p != ']') {
+        size_t len;
+        uint32_t hash;
+        if (k >= count)
+            return 0;
+        const char *name = next_name(&p, end, &len, 0, &hash);
+        if (name == NULL)
+            return 0;
+        names[k].p = name;
+        names[k++].len = len;
+    }
+    return k == count && p < end && skip_ws(p + 1, end) == end;
+}
+
+/* Why its own: each name's role (passed: it fits, and with `best` its score is the highest of those that fit;
+ * failed or unresolvable: the first time its id is met, as a dict keeps a key's first place) and the two parts'
+ * sizes; 1, 0 where a kind is not a verdict or a reason cannot be copied (the caller's Python answers), -1 error. */
+static int answer_roles(AnswerName *names, Py_ssize_t count, const uint32_t *ids, const unsigned char *kinds,
+                        Py_buffer *scores, PyObject *reasons, int best, Py_ssize_t size[2], Py_ssize_t *kept) {
+    int top = -1;
+    uint32_t most = 0;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        if (kinds[k] < ANSWER_FITS || kinds[k] > ANSWER_NEVER)
+            return 0;
+        most = ids[k] > most ? ids[k] : most;
+        if (kinds[k] == ANSWER_FITS) {
+            if ((Py_ssize_t)ids[k] >= scores->len) {
+                id_error(ids[k], scores->len);
+                return -1;
+            }
+            int score = ((const unsigned char *)scores->buf)[ids[k]];
+            top = score > top ? score : top;
+        }
+    }
+    unsigned char *seen = PyMem_Calloc((size_t)most / 8 + 1, 1);
+    if (seen == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t passed = 0, failed[2] = {0, 0};
+    int ok = 1;
+    size[0] = 2; /* [] */
+    size[1] = (Py_ssize_t)(sizeof ANSWER_FAILED_HEAD + sizeof ANSWER_NEVER_HEAD + sizeof ANSWER_END - 3);
+    for (Py_ssize_t k = 0; k < count && ok == 1; k++) {
+        uint32_t id = ids[k];
+        names[k].role = 0;
+        if (kinds[k] == ANSWER_FITS) {
+            if (!best || ((const unsigned char *)scores->buf)[id] == top) {
+                names[k].role = 1;
+                size[0] += (Py_ssize_t)names[k].len + 2 + (passed++ > 0);
+            }
+            continue;
+        }
+        if (seen[id / 8] & (1u << (id % 8)))
+            continue;
+        seen[id / 8] |= (unsigned char)(1u << (id % 8));
+        if ((Py_ssize_t)id >= PyList_GET_SIZE(reasons)) {
+            id_error(id, PyList_GET_SIZE(reasons));
+            ok = -1;
+            break;
+        }
+        const char *r;
+        Py_ssize_t n;
+        if (!answer_reason(PyList_GET_ITEM(reasons, id), &r, &n)) {
+            ok = 0;
+            break;
+        }
+        int never = kinds[k] == ANSWER_NEVER;
+        names[k].role = (unsigned char)(2 + never);
+        size[1] += (Py_ssize_t)names[k].len + (Py_ssize_t)n + 5 + (failed[never]++ > 0); /* "name":"reason", */
+    }
+    PyMem_Free(seen);
+    *kept = passed;
+    return ok;
+}
+
+/* Why its own: the members of one object of the answer (FailedNodes: role 2, or FailedAndUnresolvableNodes: 3),
+ * "name":"reason" in the names' order, from o; where they end. */
+static char *answer_members(char *o, const AnswerName *names, Py_ssize_t count, const uint32_t *ids,
+                            PyObject *reasons, unsigned char role) {
+    int first = 1;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        if (names[k].role != role)
+            continue;
+        PyObject *r = PyList_GET_ITEM(reasons, ids[k]);
+        size_t n = (size_t)PyUnicode_GET_LENGTH(r);
+        if (!first)
+            *o++ = ',';
+        first = 0;
+        *o++ = '"';
+        o = copy_name(o, names[k].p, names[k].len);
+        memcpy(o, "\":\"", 3);
+        memcpy(o + 3, PyUnicode_DATA(r), n);
+        o += 3 + n;
+        *o++ = '"';
+    }
+    return o;
+}
+
+/* Why its own: the two parts written, sized by answer_roles: the passing names' array (and their ids, packed)
+ * and the rest of the answer after it. A tuple (names JSON, the rest, kept ids) or NULL with an error set. */
+static PyObject *answer_write(const AnswerName *names, Py_ssize_t count, const uint32_t *ids, PyObject *reasons,
+                              const Py_ssize_t size[2], Py_ssize_t kept) {
+    PyObject *array = PyBytes_FromStringAndSize(NULL, size[0]), *rest = PyBytes_FromStringAndSize(NULL, size[1]);
+    PyObject *packed = PyBytes_FromStringAndSize(NULL, kept * 4), *out = NULL;
+    if (array != NULL && rest != NULL && packed != NULL) {
+        char *o = PyBytes_AS_STRING(array);
+        uint32_t *at = (uint32_t *)(void *)PyBytes_AS_STRING(packed);
+        *o++ = '[';
+        for (Py_ssize_t k = 0, j = 0; k < count; k++) {
+            if (names[k].role != 1)
+                continue;
+            if (j++ > 0)
+                *o++ = ',';
+            *o++ = '"';
+            o = copy_name(o, names[k].p, names[k].len);
+            *o++ = '"';
+            *at++ = ids[k];
+        }
+        *o = ']';
+        o = PyBytes_AS_STRING(rest);
+        memcpy(o, ANSWER_FAILED_HEAD, sizeof ANSWER_FAILED_HEAD - 1);
+        o = answer_members(o + sizeof ANSWER_FAILED_HEAD - 1, names, count, ids, reasons, 2);
+        memcpy(o, ANSWER_NEVER_HEAD, sizeof ANSWER_NEVER_HEAD - 1);
+        o = answer_members(o + sizeof ANSWER_NEVER_HEAD - 1, names, count, ids, reasons, 3);
+        memcpy(o, ANSWER_END, sizeof ANSWER_END - 1);
+        out = PyTuple_Pack(3, array, rest, packed);
+    }
+    Py_XDECREF(array);
+    Py_XDECREF(rest);
+    Py_XDECREF(packed);
+    return out;
+}
+
+/* filter_answer(data, ids, kinds, scores, reasons, best): (the passing names' JSON array, the rest of the answer
+ * after it, their ids packed) for the names of `data` (a JSON array of plain strings; ids[k] the k-th name's id,
+ * kinds[k] its verdict's kind), such that b'{"Nodes":null,"NodeNames":' + array + rest is orjson's encoding of
+ * wire.filter_result for that split; None where `data` is not such an array of as many names as `ids`, a kind is
+ * not a verdict, or a reason is not plain (the caller's Python answers). `scores` and `reasons`: the table's, by
+ * id (every id read checked against them). Bounded by the ids' count; no Python code runs. */
+static PyObject *nameids_filter_answer(PyObject *module, PyObject *args) {
+    (void)module;
+    Py_buffer data, packed, kinds, scores;
+    PyObject *reasons, *out = NULL;
+    int best;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*O!p", &data, &packed, &kinds, &scores, &PyList_Type, &reasons, &best))
+        return NULL;
+    const uint32_t *ids;
+    Py_ssize_t count, size[2], kept = 0;
+    AnswerName *names = NULL;
+    if (read_ids(&packed, &ids, &count) < 0)
+        goto done;
+    if (kinds.len != count) {
+        PyErr_Format(PyExc_ValueError, "filter_answer: %zd kinds for %zd ids", kinds.len, count);
+        goto done;
+    }
+    if ((names = PyMem_Calloc((size_t)count + 1, sizeof *names)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int ok = answer_names(data.buf, (const char *)data.buf + data.len, names, count);
+    if (ok == 1)
+        ok = answer_roles(names, count, ids, kinds.buf, &scores, reasons, best, size, &kept);
+    if (ok == 1)
+        out = answer_write(names, count, ids, reasons, size, kept);
+    else if (ok == 0)
+        out = Py_NewRef(Py_None);
+done:
+    PyMem_Free(names);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&packed);
+    PyBuffer_Release(&kinds);
+    PyBuffer_Release(&scores);
+    return out;
+}
+
 static PyMethodDef index_methods[] = {
     {"set", index_set, METH_VARARGS, "set(name, id): hold name -> id (a name that is not ASCII is not held)"},
     {"discard", index_discard, METH_O, "discard(name): forget the name if held"},
@@ -1634,6 +1851,9 @@ static PyMethodDef module_methods[] = {
     {"span_fill", nameids_span_fill, METH_VARARGS,
      "span_fill(ids, names, views, view_type, founds, at, units, gpus, spread, levels, found_max, check_over, "
      "kinds, scores, jsons, host_json): a spanning table's empty cells written where they fit; (codes, written)"},
+    {"filter_answer", nameids_filter_answer, METH_VARARGS,
+     "filter_answer(data, ids, kinds, scores, reasons, best): (passing names' JSON array, the answer's rest, their "
+     "ids) for a filter that fails on some names; None where its Python answers"},
     {"gather", nameids_gather, METH_VARARGS, "gather(items, ids): [items[i] for i in ids]"},
     {"select", nameids_select, METH_VARARGS, "select(ids, mask): the ids whose mask byte is not 0"},
     {"same", nameids_same, METH_VARARGS, "same(a, b): a == b for lists of exact strs; None if an item is not one"},
