@@ -55,7 +55,7 @@ from ..placement.resources import LimitSig, limit_total
 from ..placement.spanning import NO_ROOM
 from ..placement.state import ClusterState
 from ..placement.views import NodeView
-from ..wire import host_priority_json
+from ..wire import FILTER_NAMES_HEAD, JsonParts, host_priority_json
 from ..wire import names_json as wire_names
 from .nameids import Ids, has_none, name_ids
 
@@ -244,14 +244,18 @@ class FitMemo:
             self._keep_replay(uid, (key, self._epoch, passed, None, kept, len(passed)))
         return Split(passed, {}, {}, []) if all_passed else self._reasons(table, names, ids, kinds, passed)
 
-    def split_json(self, names_json: bytes, key: Key, uid: str, limit: int) -> bytes | tuple[list[str], Split] | None:
+    def split_json(self, names_json: bytes, key: Key, uid: str, limit: int,
+                   whole: bool = False) -> bytes | JsonParts | tuple[list[str], Split] | None:
         """Filter from the request's NodeNames bytes (wire.split_names_last), no name decoded when the pod fits
         on all: then those very bytes (the answer's NodeNames echoes them; they are kept for the prioritize that
         follows, which compares its own bytes with them). When it fails on some: the names, decoded, and their
-        split. None when the bytes are not a plain array of at most `limit` names of nodes with a view (the
-        caller decodes the request: the slow path judges those). Why: a filter of all 5,000 nodes spent most of
-        its time making, and then encoding again, 5,000 strings (benchmarks/README.md, "The extender at a third
-        of its CPU")."""
+        split; with `whole` (and the native index), instead the whole answer (wire.filter_result's, as orjson
+        encodes it) written from the bytes and the table in one C call (_nameids.filter_answer; the passing names'
+        JSON kept for the prioritize), unless a reason is not plain text (then the split). None when the bytes are
+        not a plain array of at most `limit` names of nodes with a view (the caller decodes the request: the slow
+        path judges those). Why: a filter of all 5,000 nodes spent most of its time making, and then encoding
+        again, 5,000 strings (benchmarks/README.md, "The extender at a third of its CPU"); and a pod spanning GPUs
+        fails on some nodes of most requests (issue 34, sixth round)."""
         with self.state.current():
             ids = self._index.ids_json(names_json, limit)
             if ids is None:
@@ -268,6 +272,15 @@ class FitMemo:
                     self._keep_replay(uid, (key, self._epoch, None, names_json, ids, count))
                 self._trim(key)
                 return names_json
+            answer = self._index.filter_answer if whole else None
+            parts = answer(names_json, ids, kinds, table.scores, table.reasons, self.best) if answer else None
+            if parts is not None:
+                passed_json, rest, kept = parts
+                count = len(kept) // 4  # (packed uint32 ids)
+                if uid and count and count <= REPLAY_NAMES:
+                    self._keep_replay(uid, (key, self._epoch, None, passed_json, kept, count))
+                self._trim(key)
+                return JsonParts((FILTER_NAMES_HEAD, passed_json, rest))
             names: list[str] = orjson.loads(names_json)  # plain strings (ids_json read them)
             passed: list[str] = []
             if table.fitting:

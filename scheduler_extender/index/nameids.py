@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 Ids = Any  # list[int] (NameIds) or packed uint32 bytes (NativeNameIds)
 SpanFill = Callable[..., tuple[bytes, int]]  # _nameids.span_fill (its arguments: _nameids.pyi)
+FilterAnswer = Callable[[bytes, Any, bytes, bytearray, list[Any], bool], "tuple[bytes, bytes, bytes] | None"]
 
 try:
     from . import _nameids as _native
@@ -71,6 +72,8 @@ class NameIds:
     span_scores: Scores | None = None
     span_scores_each: ScoresEach | None = None
     span_fill: SpanFill | None = None  # _nameids.span_fill (FitMemo._fill_spanning natively); None: its Python loop
+    # _nameids.filter_answer (a failing filter's answer whole, FitMemo.split_json); None: the split, encoded by orjson
+    filter_answer: FilterAnswer | None = None
 
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}
@@ -160,6 +163,7 @@ class NativeNameIds(NameIds):
         self.span_scores = _native.span_scores
         self.span_scores_each = _native.span_scores_each
         self.span_fill = _native.span_fill
+        self.filter_answer = _native.filter_answer
         self._native = _native.NameIndex(int.from_bytes(os.urandom(8), "little"))
 
     def set(self, name: str, i: int) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -851,3 +852,87 @@ def test_span_fill_refuses_bad_arguments_not_crash() -> None:
             call(**kw)
     with pytest.raises(TypeError):
         NATIVE.span_fill([0])  # too few arguments
+
+
+# ------------------------------------------------------------------ a failing filter's answer, whole (issue 34)
+
+def _answer_reference(names: list[str], ids: list[int], kinds: bytes, scores: bytearray, reasons: list[Any],
+                      best: bool) -> tuple[bytes, list[int]]:
+    """What the memo's split (FitMemo._reasons, _top) and the server's orjson.dumps(wire.filter_result(...)) answer:
+    the answer's bytes, and the passing names' ids."""
+    from memslice.scheduler_extender.wire import filter_result
+
+    passed = [(n, i) for n, i, k in zip(names, ids, kinds, strict=True) if k == 1]
+    if best and passed:
+        top = max(scores[i] for _, i in passed)
+        passed = [(n, i) for n, i in passed if scores[i] == top]
+    failed = {n: reasons[i] for n, i, k in zip(names, ids, kinds, strict=True) if k == 2}
+    never = {n: reasons[i] for n, i, k in zip(names, ids, kinds, strict=True) if k == 3}
+    return orjson.dumps(filter_result(None, [n for n, _ in passed], failed, never)), [i for _, i in passed]
+
+
+REASONS = ["pod needs 4096 MiB on each of 2 GPUs (memslice.io/gpu-count); fewer than 2 GPUs of the node have that "
+           "free now", "node advertises no memslice GPUs", "", "x" * 300]
+ODD_REASONS = ['bad annotation: "gpus"', "back\\slash", "tab\there", "caf\u00e9", "del\x7f", None, 3]
+
+
+@settings(max_examples=examples(400), derandomize=QUICK, deadline=None)
+@given(st.lists(node_names, min_size=1, max_size=16), st.lists(st.sampled_from(["", " ", "\n", "\t "]), min_size=1,
+                                                              max_size=3),
+       st.data(), st.booleans())
+def test_filter_answer_writes_the_bytes_orjson_writes_for_the_split(query: list[str], spaces: list[str],
+                                                                   data: st.DataObject, best: bool) -> None:
+    """_nameids.filter_answer (a filter failing on some names, its answer written from the request's bytes and the
+    table) answers b'{"Nodes":null,"NodeNames":' + its array + its rest == orjson.dumps(wire.filter_result(...)) of
+    the split the memo answered before (the passing names, with `best` those of the highest score; FailedNodes and
+    FailedAndUnresolvableNodes as dicts: a repeated name keeps its first place), and the passing names' ids; None
+    where a failing name's reason is not plain printable ASCII (orjson escapes or re-encodes those: the Python path
+    writes them), whatever the whitespace in the array (the names are copied, compact)."""
+    from memslice.scheduler_extender.wire import FILTER_NAMES_HEAD
+
+    held = sorted(set(query))
+    ids = [held.index(n) for n in query]
+    kind_of = data.draw(st.lists(st.sampled_from([1, 2, 3]), min_size=len(held), max_size=len(held)))
+    kinds = bytes(kind_of[i] for i in ids)  # a node's kind, each time its name comes (take() of the table)
+    scores = bytearray(data.draw(st.lists(st.integers(0, 10), min_size=len(held), max_size=len(held))))
+    odd = data.draw(st.booleans())
+    reasons = data.draw(st.lists(st.sampled_from(REASONS + (ODD_REASONS if odd else [])), min_size=len(held),
+                                 max_size=len(held)))
+    body = _json_array(query, spaces)
+    got = NATIVE.filter_answer(body, NativeNameIds().pack(ids), kinds, scores, reasons, best)
+    failing = {i for i, k in zip(ids, kinds, strict=True) if k != 1}
+    if any(not (type(reasons[i]) is str and reasons[i].isascii() and reasons[i].isprintable() and '"' not in
+                reasons[i] and "\\" not in reasons[i]) for i in failing):
+        assert got is None
+        return
+    want, kept = _answer_reference(query, ids, kinds, scores, reasons, best)
+    assert got is not None
+    assert FILTER_NAMES_HEAD + got[0] + got[1] == want
+    assert got[2] == NativeNameIds().pack(kept) and orjson.loads(got[0]) == [held[i] for i in kept]
+
+
+def test_filter_answer_refuses_bad_arguments_and_arrays() -> None:
+    """Not a plain array of as many names as ids (escapes, a trailing comma, text after it, too few or too many
+    names), a kind that is no verdict: None; an id outside the scores or the reasons: IndexError; kinds of another
+    count: ValueError; arguments of the wrong types: TypeError."""
+    pack = NativeNameIds().pack
+    scores, reasons = bytearray(b"\x05\x07"), ["r0", "r1"]
+    assert NATIVE.filter_answer(b'["a","b"]', pack([0, 1]), b"\x01\x02", scores, reasons, False) == (
+        b'["a"]', b',"FailedNodes":{"b":"r1"},"FailedAndUnresolvableNodes":{},"Error":""}', pack([0]))
+    assert NATIVE.filter_answer(b'[ "a" ,\n"b" ]', pack([0, 1]), b"\x01\x01", scores, reasons, True)[0] == b'["b"]'
+    for bad in (b'["a",]', b'["a" "b"]', b'["a\\u0061","b"]', b'["a","b"]x', b'["a","b"', b"", b"[1,2]", b'["a"]',
+                b'["a","b","c"]', "[\"\u00e9\",\"b\"]".encode()):
+        assert NATIVE.filter_answer(bad, pack([0, 1]), b"\x01\x02", scores, reasons, False) is None, bad
+    assert NATIVE.filter_answer(b'["a","b"]', pack([0, 1]), b"\x01\x00", scores, reasons, False) is None
+    with pytest.raises(IndexError, match="node id 2 outside a table of 2"):
+        NATIVE.filter_answer(b'["a","b"]', pack([0, 2]), b"\x01\x01", scores, reasons, False)
+    with pytest.raises(IndexError, match="node id 1 outside a table of 1"):
+        NATIVE.filter_answer(b'["a","b"]', pack([0, 1]), b"\x01\x03", scores, reasons[:1], False)
+    with pytest.raises(ValueError, match="1 kinds for 2 ids"):
+        NATIVE.filter_answer(b'["a","b"]', pack([0, 1]), b"\x01", scores, reasons, False)
+    with pytest.raises(ValueError, match="4 bytes each"):
+        NATIVE.filter_answer(b'["a"]', b"\x00" * 5, b"\x01", scores, reasons, False)
+    with pytest.raises(TypeError):
+        NATIVE.filter_answer(b'["a"]', pack([0]), b"\x01", scores, tuple(reasons), False)
+    with pytest.raises(TypeError):
+        NATIVE.filter_answer('["a"]', pack([0]), b"\x01", scores, reasons, False)
