@@ -27,9 +27,11 @@ and compute shares leave alone are refreshed together, in one call (spanning.cod
 the set search shared by the sizes that leave the same GPUs with room, the scores natively, and only the cells
 whose verdict changed written); the others one by one, as above. The set searches a node's view met are kept
 until it changes (_found), and a table of those groups that stopped sharing by shape fills the cells a request
-finds empty in one spanning.codes_each call reusing them (_fill_spanning): a spanning key is asked rarely, so its
-requests meet many nodes without a verdict. The scores are C (_nameids.span_scores, span_scores_each; the
-reference is spanning.scores, used where the module was not built).
+finds empty in one C call reusing them (_fill_spanning, _nameids.span_fill: the views read by name, the searches
+made, the fitting cells written; Python resolves the rest): a spanning key is asked rarely, so its requests meet
+many nodes without a verdict. The scores are C (_nameids.span_scores, span_scores_each; the reference is
+spanning.scores, and _fill_spanning_each the fill's, used where the module was not built). A filter that fails on
+some names answers from the request's bytes in one C call too (split_json's `whole`, _nameids.filter_answer).
 
 Bounded: at most MAX_ENTRIES verdicts and MAX_TABLES tables (each ~18 bytes per node id); the least recently
 used table goes first. A node that goes frees its id for the next new node (every table's cell emptied).
@@ -267,7 +269,7 @@ class FitMemo:
             count = len(kinds)
             if kinds.count(FITS) == count:
                 if self.best and count > 1:
-                    names_json, ids, count = self._top_json(table, names_json, ids)
+                    names_json, ids, count = self._top_json(table, names_json, ids, kinds)
                 if uid and count and count <= REPLAY_NAMES:
                     self._keep_replay(uid, (key, self._epoch, None, names_json, ids, count))
                 self._trim(key)
@@ -329,16 +331,23 @@ class FitMemo:
         mask = scores.translate(_TOP[top])
         return list(compress(names, mask)), self._index.select(ids, mask)
 
-    def _top_json(self, table: _Table, names_json: bytes, ids: Ids) -> tuple[bytes, Ids, int]:
-        """_top for names that all fit and came as the request's JSON array, left undecoded: the array as it
-        came when all score alike, else the JSON of the best ones' names, read from their ids (the request's
-        order kept; the ids are current under the state's lock): the array, its ids and how many. Decoding
-        the array cost more than the rest of a filter at 5,000 names."""
+    def _top_json(self, table: _Table, names_json: bytes, ids: Ids, kinds: bytes) -> tuple[bytes, Ids, int]:
+        """_top for names that all fit (`kinds`: every one FITS) and came as the request's JSON array, left
+        undecoded: the array as it came when all score alike, else the JSON of the best ones' names, copied from
+        the request's bytes in one C call (_nameids.filter_answer: nothing fails) or read from their ids (the
+        request's order kept; the ids are current under the state's lock): the array, its ids and how many.
+        Decoding the array cost more than the rest of a filter at 5,000 names; and a pod spanning GPUs, whose
+        nodes score apart by how close their free GPUs are, came here at most requests, the best names' list and
+        its encoding ~0.5 M instructions each (benchmarks/README.md, issue 34, sixth round)."""
         scores = self._index.take(table.scores, ids)
         top = max(scores)
         count = len(scores)
         if scores.count(top) == count:
             return names_json, ids, count
+        answer = self._index.filter_answer
+        parts = answer(names_json, ids, kinds, table.scores, table.reasons, True) if answer is not None else None
+        if parts is not None:
+            return parts[0], parts[2], len(parts[2]) // 4  # (packed uint32 ids)
         best = self._index.select(ids, scores.translate(_TOP[top]))
         chosen = [n for n in map(self._names.__getitem__, self._index.to_list(best)) if n is not None]  # all nodes
         return wire_names(chosen), best, len(chosen)
