@@ -1645,18 +1645,14 @@ static int answer_names(const char *p, const char *end, AnswerName *names, Py_ss
     if (p >= end || *p != '[')
         return 0;
     p = skip_ws(p + 1, end);
-    while (p < end && *p != ']') {
-        size_t len;
-        uint32_t hash;
-        if (k >= count)
+    while (p < end && *p == '"' && k < count) { /* each name as next_name reads it, not hashed */
+        const char *start = p + 1, *close = plain_run_end(start, end);
+        if (close >= end || *close != '"' || !(p = after_string(close, end)))
             return 0;
-        const char *name = next_name(&p, end, &len, 0, &hash);
-        if (name == NULL)
-            return 0;
-        names[k].p = name;
-        names[k++].len = len;
+        names[k].p = start;
+        names[k++].len = (size_t)(close - start);
     }
-    return k == count && p < end && skip_ws(p + 1, end) == end;
+    return k == count && p < end && *p == ']' && skip_ws(p + 1, end) == end;
 }
 
 /* Why its own: each name's role (passed: it fits, and with `best` its score is the highest of those that fit;
@@ -1801,7 +1797,7 @@ static PyObject *nameids_filter_answer(PyObject *module, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "filter_answer: %zd kinds for %zd ids", kinds.len, count);
         goto done;
     }
-    if ((names = PyMem_Calloc((size_t)count + 1, sizeof *names)) == NULL) {
+    if ((names = PyMem_Malloc(((size_t)count + 1) * sizeof *names)) == NULL) { /* every field set before read */
         PyErr_NoMemory();
         goto done;
     }

@@ -336,15 +336,16 @@ class FitMemo:
         undecoded: the array as it came when all score alike, else the JSON of the best ones' names, copied from
         the request's bytes in one C call (_nameids.filter_answer: nothing fails) or read from their ids (the
         request's order kept; the ids are current under the state's lock): the array, its ids and how many.
-        Decoding the array cost more than the rest of a filter at 5,000 names; and a pod spanning GPUs, whose
-        nodes score apart by how close their free GPUs are, came here at most requests, the best names' list and
-        its encoding ~0.5 M instructions each (benchmarks/README.md, issue 34, sixth round)."""
+        Decoding the array cost more than the rest of a filter at 5,000 names. The C call scans every name (~95
+        instructions each), the ids' names ~660 per best name (the list, its encoding): C where more than a
+        seventh of the names are the best (callgrind, benchmarks/README.md, issue 34, sixth round)."""
         scores = self._index.take(table.scores, ids)
         top = max(scores)
         count = len(scores)
-        if scores.count(top) == count:
+        best_count = scores.count(top)
+        if best_count == count:
             return names_json, ids, count
-        answer = self._index.filter_answer
+        answer = self._index.filter_answer if best_count * 7 > count else None  # (see the docstring)
         parts = answer(names_json, ids, kinds, table.scores, table.reasons, True) if answer is not None else None
         if parts is not None:
             return parts[0], parts[2], len(parts[2]) // 4  # (packed uint32 ids)
