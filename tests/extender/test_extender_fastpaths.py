@@ -708,6 +708,25 @@ def test_filter_from_the_bytes_answers_what_filter_answers() -> None:
     assert min(taken.values()) > 10 and replayed > 100, (taken, replayed)
 
 
+def test_a_failing_filter_written_whole_still_passes_a_pods_own_stale_reservation() -> None:
+    """filter_json writes a filter failing on some names whole from the request's bytes (_nameids.filter_answer)
+    unless the pod holds a reservation of its own that a failed bind left: its node then fails only because of it,
+    and passes, as filter() answers; both answers are filter()'s byte for byte."""
+    state, verbs, names = synced_cluster(3, [8000])
+    pod, other = pod_obj("p", {"main": 6000}), pod_obj("o", {"main": 6000})
+    pod["metadata"]["uid"], other["metadata"]["uid"] = "uid-p", "uid-o"
+    verbs.filter({"Pod": pod, "NodeNames": names})  # the memo meets the nodes (filter_json declines first sight)
+    state.hold("uid-p", Charge("GPU-n1-0", None, 6000, 0, time.time() + 60))  # written, bind failed, not undone
+    native = verbs.memo._index.filter_answer is not None
+    for who, passed, whole in ((other, ["n0", "n2"], native), (pod, names, False)):
+        got = verbs.filter_json(scheduler_body(who, names))
+        assert got is not None and isinstance(got[1], wire.JsonParts) == whole  # the pod's own: the split
+        text = bytes(got[1]) if whole else orjson.dumps(got[1])
+        want = Verbs(state, None, "binpack", Metrics(state)).filter({"Pod": who, "NodeNames": names})  # type: ignore[arg-type]
+        assert (got[0], text) == (want[0], orjson.dumps(want[1]))
+        assert orjson.loads(text)["NodeNames"] == passed
+
+
 def test_filter_answering_the_best_passes_the_fitting_nodes_of_the_highest_score() -> None:
     """--filter-answers best (deploy/base: no prioritizeVerb): filter passes, of the nodes where the pod fits,
     exactly those its prioritize would score highest, ties kept, in the request's order, on every path (the
