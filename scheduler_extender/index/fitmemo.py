@@ -92,6 +92,7 @@ NONE, FITS, FAILS, NEVER = 0, 1, 2, 3
 _PASS = bytes(int(k == FITS) for k in range(256))  # bytes.translate tables: kinds -> 0/1 masks for compress
 _FAIL = bytes(int(k == FAILS) for k in range(256))
 _NEVER = bytes(int(k == NEVER) for k in range(256))
+_EMPTY = bytes(int(k == NONE) for k in range(256))
 _NO_FRAGMENTS: tuple[str | None, ...] = (None,) * (MAX_SCORE + 1)
 _FITS = tuple((True, False, "", s) for s in range(MAX_SCORE + 1))  # a fitting verdict, per score
 _TOP = tuple(bytes(int(k == s) for k in range(256)) for s in range(MAX_SCORE + 1))  # scores -> 0/1 where == s
@@ -470,8 +471,8 @@ class FitMemo:
     def _kinds(self, table: _Table, key: Key, ids: Ids) -> bytes:
         """Each id's verdict kind, in one C-speed pass; the verdicts not memoised yet computed first."""
         kinds = self._index.take(table.kinds, ids)
-        if NONE in kinds:
-            self._fill(table, key, [i for i, k in zip(self._index.to_list(ids), kinds, strict=True) if k == NONE])
+        if NONE in kinds:  # those ids picked in C (a request of a spanning pod meets hundreds)
+            self._fill(table, key, self._index.to_list(self._index.select(ids, kinds.translate(_EMPTY))))
             kinds = self._index.take(table.kinds, ids)
         return kinds
 
