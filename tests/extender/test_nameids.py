@@ -876,12 +876,14 @@ REASONS = ["pod needs 4096 MiB on each of 2 GPUs (memslice.io/gpu-count); fewer 
 ODD_REASONS = ['bad annotation: "gpus"', "back\\slash", "tab\there", "caf\u00e9", "del\x7f", None, 3]
 
 
-@settings(max_examples=examples(400), derandomize=QUICK, deadline=None)
+@settings(max_examples=examples(400), derandomize=QUICK, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # `scan` picks a module: same for all
 @given(st.lists(node_names, min_size=1, max_size=16), st.lists(st.sampled_from(["", " ", "\n", "\t "]), min_size=1,
                                                               max_size=3),
        st.data(), st.booleans())
-def test_filter_answer_writes_the_bytes_orjson_writes_for_the_split(query: list[str], spaces: list[str],
-                                                                   data: st.DataObject, best: bool) -> None:
+def test_filter_answer_writes_the_bytes_orjson_writes_for_the_split(scan: ModuleType, query: list[str],
+                                                                   spaces: list[str], data: st.DataObject,
+                                                                   best: bool) -> None:
     """_nameids.filter_answer (a filter failing on some names, its answer written from the request's bytes and the
     table) answers b'{"Nodes":null,"NodeNames":' + its array + its rest == orjson.dumps(wire.filter_result(...)) of
     the split the memo answered before (the passing names, with `best` those of the highest score; FailedNodes and
@@ -899,7 +901,7 @@ def test_filter_answer_writes_the_bytes_orjson_writes_for_the_split(query: list[
     reasons = data.draw(st.lists(st.sampled_from(REASONS + (ODD_REASONS if odd else [])), min_size=len(held),
                                  max_size=len(held)))
     body = _json_array(query, spaces)
-    got = NATIVE.filter_answer(body, NativeNameIds().pack(ids), kinds, scores, reasons, best)
+    got = scan.filter_answer(body, NativeNameIds().pack(ids), kinds, scores, reasons, best)  # (both scans of names)
     failing = {i for i, k in zip(ids, kinds, strict=True) if k != 1}
     if any(not (type(reasons[i]) is str and reasons[i].isascii() and reasons[i].isprintable() and '"' not in
                 reasons[i] and "\\" not in reasons[i]) for i in failing):
