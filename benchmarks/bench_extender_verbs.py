@@ -37,6 +37,7 @@ pods (each call through sys.call_tracing; the window itself is not): where the i
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -222,8 +223,8 @@ def count_calls_of(method: str) -> None:
     if not callable(inner):
         raise SystemExit(f"--instructions-in {method!r}: FitMemo has no such method (e.g. _refresh_groups)")
 
-    def counted(*a: Any) -> Any:
-        return sys.call_tracing(inner, a)
+    def counted(*a: Any, **kw: Any) -> Any:
+        return sys.call_tracing(functools.partial(inner, **kw) if kw else inner, a)
 
     setattr(FitMemo, method, counted)
 

@@ -54,6 +54,8 @@ static PyObject *nameids_select(PyObject *module, PyObject *args);
 static PyObject *nameids_join(PyObject *module, PyObject *args);
 static PyObject *nameids_same(PyObject *module, PyObject *args);
 static PyObject *nameids_hosts_json(PyObject *module, PyObject *args);
+static PyObject *nameids_span_fill(PyObject *module, PyObject *args);
+static PyObject *nameids_filter_answer(PyObject *module, PyObject *args);
 static PyObject *nameids_span_scores(PyObject *module, PyObject *args);
 static PyObject *span_result(PyObject *out, int ok);
 static int span_search(PyObject *search, Py_ssize_t k, long gpus, int spread, PyObject **out);
@@ -1272,6 +1274,549 @@ static PyObject *nameids_name_hash(PyObject *module, PyObject *args) {
     return PyLong_FromUnsignedLong(hash_bytes(seed, p, n));
 }
 
+/* ------------------------------------------------------------------ a spanning table's fill in one call (issue 34)
+ * span_fill is FitMemo._fill_spanning's loop over the cells a request finds empty: per node its view (from the
+ * state's views by name), the set searches kept for it (the memo's _found), its code (span_code, the search made
+ * here where span_search can), and, where the pod fits and the node's HostPriority text for that score is kept, the
+ * cell written here. Every other cell is answered with its code for the caller's Python (the reference:
+ * spanning.codes and resolve). Codes beyond span_code's: */
+#include <structmember.h> /* T_OBJECT_EX: how a slot of the memo's NodeView is held */
+#define SPAN_WRITTEN 0xF8 /* the cell written here */
+#define SPAN_SKIPPED 0xF9 /* the cell held a verdict already (a repeated id), or the node has no view */
+#define SPAN_CAPPED 0xFA  /* the limit cap may change the verdict on this node: the caller judges it alone */
+#define SPAN_FITS 1       /* fitmemo.FITS */
+enum { F_UNIT, F_UNPLACED, F_ERROR, F_ROWS, F_KEYS, F_FREE_ROWS, F_TOPO, F_OVER, F_FIELDS };
+static const char *const fill_fields[F_FIELDS] = {"unit_mib", "unplaced_mib", "error", "rows", "free_keys",
+                                                  "free_rows", "topo", "over"};
+
+/* What a span_fill call reads of every node: the view type's slots, the table's arrays and the pod's key. */
+typedef struct {
+    PyTypeObject *view_type;
+    Py_ssize_t offset[F_FIELDS]; /* where each field's slot lies in a view (the type's member descriptors) */
+    PyObject *names, *views, *founds, *at, *levels, *jsons, *host_json, *gpus_obj;
+    Py_hash_t at_hash;
+    unsigned char *kinds, *scores;
+    Py_ssize_t table_len, found_max;
+    int64_t units;
+    long gpus;
+    int spread, check_over;
+    PyObject *last_topo, *plan; /* the last topology met and its entry in levels (strong references; plan NULL: none) */
+} SpanFill;
+
+/* Why: the view's fields are read where the type keeps them (a slot of a frozen dataclass: a member descriptor
+ * holding an object), with no attribute lookup per read: PyObject_GetAttr cost ~100 instructions a field, five
+ * fields a cell. 0 with every offset set; -1 (TypeError) when a field is not such a slot of view_type. */
+static int fill_offsets(SpanFill *f) {
+    for (int j = 0; j < F_FIELDS; j++) {
+        PyObject *name = PyUnicode_InternFromString(fill_fields[j]);
+        if (name == NULL)
+            return -1;
+        PyObject *descr = _PyType_Lookup(f->view_type, name); /* borrowed; no Python code runs */
+        Py_DECREF(name);
+        if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)
+            || ((PyMemberDescrObject *)descr)->d_member->type != T_OBJECT_EX) {
+            PyErr_Format(PyExc_TypeError, "span_fill: %s.%s is not a slot holding an object", f->view_type->tp_name,
+                         fill_fields[j]);
+            return -1;
+        }
+        f->offset[j] = ((PyMemberDescrObject *)descr)->d_member->offset;
+    }
+    return 0;
+}
+
+/* Why: one field of a view (of view_type exactly, checked by the caller), as a new reference; NULL with an
+ * AttributeError where the slot is empty (a view made without it). */
+static PyObject *fill_field(const SpanFill *f, PyObject *view, int field) {
+    PyObject *v = *(PyObject **)(void *)((char *)view + f->offset[field]);
+    if (v == NULL) {
+        PyErr_Format(PyExc_AttributeError, "span_fill: a view without %s", fill_fields[field]);
+        return NULL;
+    }
+    return Py_NewRef(v);
+}
+
+/* Why a function: the found dict of node `id` (the set searches kept for its view), made when it has none, with
+ * fitmemo's bound (FOUND_MAX: all dropped when full); then the chosen list of the pod's (N, policy), made with
+ * len(keys) + 1 entries when absent. A new reference to the list in *chosen; -1 with an error set. */
+static int fill_chosen(SpanFill *f, PyObject *id, Py_ssize_t nkeys, PyObject **chosen) {
+    PyObject *found = PyDict_GetItemWithError(f->founds, id);
+    if (found == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        if (PyDict_GET_SIZE(f->founds) >= f->found_max)
+            PyDict_Clear(f->founds);
+        found = PyDict_New();
+        if (found == NULL)
+            return -1;
+        int bad = PyDict_SetItem(f->founds, id, found);
+        Py_DECREF(found); /* the dict holds it */
+        if (bad < 0)
+            return -1;
+    } else if (!PyDict_CheckExact(found)) {
+        PyErr_SetString(PyExc_TypeError, "span_fill: a node's kept set searches are not a dict");
+        return -1;
+    }
+    PyObject *list = _PyDict_GetItem_KnownHash(found, f->at, f->at_hash); /* the key's hash made once a call */
+    if (list == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        list = PyList_New(nkeys + 1);
+        if (list == NULL)
+            return -1;
+        for (Py_ssize_t j = 0; j <= nkeys; j++)
+            PyList_SET_ITEM(list, j, Py_NewRef(Py_None));
+        if (_PyDict_SetItem_KnownHash(found, f->at, list, f->at_hash) < 0) {
+            Py_DECREF(list);
+            return -1;
+        }
+    } else if (!PyList_CheckExact(list)) {
+        PyErr_SetString(PyExc_TypeError, "span_fill: a node's chosen sets are not a list");
+        return -1;
+    } else
+        Py_INCREF(list);
+    *chosen = list;
+    return 0;
+}
+
+/* Why: the kept masks and closeness table of this topology and N (spanning._plan's entry in `levels`, keyed by
+ * (id(topo), N) and holding topo itself), as spanning._native_search reads them; 1 with f->plan set, 0 where none
+ * is kept (the caller's Python makes it), -1 error. The last topology's is kept for the call: a cluster has a few
+ * board types, one topology object each. */
+static int fill_plan(SpanFill *f, PyObject *topo) {
+    if (topo == f->last_topo)
+        return f->plan != NULL;
+    Py_XSETREF(f->last_topo, Py_NewRef(topo));
+    Py_CLEAR(f->plan);
+    PyObject *id = PyLong_FromVoidPtr(topo), *key = id ? PyTuple_Pack(2, id, f->gpus_obj) : NULL;
+    Py_XDECREF(id);
+    if (key == NULL)
+        return -1;
+    PyObject *hit = PyDict_GetItemWithError(f->levels, key); /* a tuple of ints: hashed without Python code */
+    Py_DECREF(key);
+    if (hit == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if (!PyTuple_CheckExact(hit) || PyTuple_GET_SIZE(hit) != 4 || PyTuple_GET_ITEM(hit, 0) != topo
+        || PyTuple_GET_ITEM(hit, 1) == Py_None || !PyDict_CheckExact(PyTuple_GET_ITEM(hit, 2))
+        || !PyTuple_CheckExact(PyTuple_GET_ITEM(hit, 3)))
+        return 0;
+    f->plan = Py_NewRef(hit);
+    return 1;
+}
+
+/* Why a function: the set search span_code lacked (UNSEARCHED) made here where spanning._native_search would give
+ * one: a topology matrix (not an int), GPU indices 0..G-1 in rows order, the plan kept. Returns as span_code; the
+ * code stays UNSEARCHED where no search can be made here (the caller's Python makes it). */
+static int fill_search(SpanFill *f, PyObject *view, PyObject *rows, PyObject *keys, PyObject *chosen, int64_t need,
+                       unsigned char *code) {
+    Py_ssize_t n = PyTuple_GET_SIZE(rows);
+    int64_t first, last, mem, free_mib;
+    if (!span_row(rows, 0, &first, &mem, &free_mib) || !span_row(rows, n - 1, &last, &mem, &free_mib) || first != 0
+        || last != n - 1)
+        return 1;
+    PyObject *topo = fill_field(f, view, F_TOPO);
+    if (topo == NULL)
+        return -1;
+    int ok = PyTuple_CheckExact(topo) ? fill_plan(f, topo) : 0;
+    Py_DECREF(topo);
+    if (ok != 1)
+        return ok < 0 ? -1 : 1;
+    PyObject *free_rows = fill_field(f, view, F_FREE_ROWS), *plan = f->plan, *search = NULL;
+    if (free_rows == NULL)
+        return -1;
+    if (PyTuple_CheckExact(free_rows))
+        search = PyTuple_Pack(4, rows, free_rows, PyTuple_GET_ITEM(plan, 2), PyTuple_GET_ITEM(plan, 3));
+    Py_DECREF(free_rows);
+    if (search == NULL)
+        return PyErr_Occurred() ? -1 : 1;
+    ok = span_code(keys, chosen, need, f->gpus, f->spread, search, code);
+    Py_DECREF(search);
+    return ok;
+}
+
+/* Why a function: the code of a view with rows, keys and need read (fill_code): the chosen list of its (N, policy),
+ * span_code, the search where it lacked one; GENERAL where a value is not exact here (the reference answers). */
+static int fill_chosen_code(SpanFill *f, PyObject *view, PyObject *id, PyObject *rows, PyObject *keys, int64_t need,
+                            unsigned char *code) {
+    PyObject *chosen;
+    if (fill_chosen(f, id, PyTuple_GET_SIZE(keys), &chosen) < 0)
+        return -1;
+    int got = span_code(keys, chosen, need, f->gpus, f->spread, NULL, code);
+    if (got == 1 && *code == SPAN_UNSEARCHED)
+        got = fill_search(f, view, rows, keys, chosen, need, code);
+    Py_DECREF(chosen);
+    if (got == 0)
+        *code = SPAN_GENERAL;
+    return got < 0 ? -1 : 0;
+}
+
+/* Why a function: one node's code for the pod (span_code's, or SPAN_CAPPED), read off its view as spanning.codes
+ * reads it; GENERAL wherever a value is not what the memo's views hold (the general path answers any view). */
+static int fill_code(SpanFill *f, PyObject *view, PyObject *id, unsigned char *code) {
+    *code = SPAN_GENERAL;
+    PyObject *v[F_TOPO] = {NULL};
+    int ok = 0;
+    for (int j = 0; j < F_TOPO && ok == 0; j++)
+        ok = (v[j] = fill_field(f, view, j)) != NULL ? 0 : -1;
+    if (ok == 0 && f->check_over) {
+        PyObject *over = *(PyObject **)(void *)((char *)view + f->offset[F_OVER]);
+        if (over != Py_None) /* (an empty slot too: the reference reads it) */
+            *code = SPAN_CAPPED;
+    }
+    int64_t unit, unplaced;
+    PyObject *error = ok == 0 ? v[F_ERROR] : NULL, *rows = v[F_ROWS], *keys = v[F_KEYS];
+    if (ok == 0 && *code == SPAN_GENERAL && span_int(v[F_UNPLACED], &unplaced) && unplaced == 0
+        && (error == Py_None || (PyUnicode_CheckExact(error) && PyUnicode_GET_LENGTH(error) == 0))
+        && PyTuple_CheckExact(rows) && PyTuple_GET_SIZE(rows) > 0 && PyTuple_CheckExact(keys)
+        && span_int(v[F_UNIT], &unit) && unit > 0 && f->units < SPAN_EXACT / unit)
+        ok = fill_chosen_code(f, view, id, rows, keys, f->units * unit, code); /* key[0] × unit_mib, exact */
+    for (int j = 0; j < F_TOPO; j++)
+        Py_XDECREF(v[j]);
+    return ok;
+}
+
+/* Why a function: a fitting cell written (kind, score, the node's kept HostPriority text for that score) where
+ * that text is kept (fitmemo's _host_json: per id None or a tuple of texts by score); 0 when it is not (the
+ * caller makes it, as for an id beyond host_json), 1 written. */
+static int fill_write(SpanFill *f, Py_ssize_t i, unsigned char code) {
+    if (i >= PyList_GET_SIZE(f->host_json))
+        return 0;
+    PyObject *texts = PyList_GET_ITEM(f->host_json, i);
+    if (!PyTuple_CheckExact(texts) || PyTuple_GET_SIZE(texts) <= code)
+        return 0;
+    PyObject *text = PyTuple_GET_ITEM(texts, code);
+    if (!PyUnicode_CheckExact(text))
+        return 0;
+    f->kinds[i] = SPAN_FITS;
+    f->scores[i] = code;
+    PyObject *old = PyList_GET_ITEM(f->jsons, i);
+    PyList_SET_ITEM(f->jsons, i, Py_NewRef(text));
+    Py_DECREF(old); /* (None in an empty cell) */
+    return 1;
+}
+
+/* Why its own: the argument checks of span_fill; 0, or -1 with the error naming the bad argument. */
+static int fill_check(SpanFill *f, Py_buffer *kinds, Py_buffer *scores) {
+    if (f->gpus < 1 || f->gpus > SPAN_MAX_GPUS) {
+        PyErr_Format(PyExc_ValueError, "span_fill: gpus %ld outside 1..%d", f->gpus, SPAN_MAX_GPUS);
+        return -1;
+    }
+    f->table_len = kinds->len;
+    if (scores->len != f->table_len || PyList_GET_SIZE(f->jsons) != f->table_len) {
+        PyErr_Format(PyExc_ValueError, "span_fill: a table of %zd kinds, %zd scores and %zd texts", kinds->len,
+                     scores->len, PyList_GET_SIZE(f->jsons));
+        return -1;
+    }
+    if (f->units < 0 || f->found_max < 1) {
+        PyErr_SetString(PyExc_ValueError, "span_fill: units below 0 or found_max below 1");
+        return -1;
+    }
+    if ((f->at_hash = PyObject_Hash(f->at)) == -1) /* a tuple: its items' hashes (an unhashable one raises) */
+        return -1;
+    return fill_offsets(f);
+}
+
+/* Why: the view of node id i (its name in the memo's names, looked up in the state's views by name), borrowed;
+ * NULL without an error where it has none (a free id, a node gone), NULL with one where an entry is not a view. */
+static PyObject *fill_view(const SpanFill *f, Py_ssize_t i) {
+    if (i >= PyList_GET_SIZE(f->names))
+        return NULL;
+    PyObject *name = PyList_GET_ITEM(f->names, i);
+    if (!PyUnicode_CheckExact(name)) /* None: a free id */
+        return NULL;
+    PyObject *view = PyDict_GetItemWithError(f->views, name); /* a str key: compared without Python code */
+    if (view != NULL && Py_TYPE(view) != f->view_type) {
+        PyErr_Format(PyExc_TypeError, "span_fill: the view of node id %zd is not a %s", i, f->view_type->tp_name);
+        return NULL;
+    }
+    return view;
+}
+
+/* Why its own: the loop of span_fill over its ids, once the arguments are checked; 0 or -1 (an error set). */
+static int fill_loop(SpanFill *f, PyObject *ids, unsigned char *o, Py_ssize_t *filled) {
+    for (Py_ssize_t p = 0; p < PyList_GET_SIZE(ids); p++) {
+        PyObject *id = PyList_GET_ITEM(ids, p);
+        Py_ssize_t i = PyLong_CheckExact(id) ? PyLong_AsSsize_t(id) : -1;
+        if (i < 0 || i >= f->table_len) {
+            if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_OverflowError))
+                return -1;
+            PyErr_Clear();
+            PyErr_Format(PyExc_IndexError, "span_fill: the id at position %zd is not one of a table of %zd", p,
+                         f->table_len);
+            return -1;
+        }
+        PyObject *view = f->kinds[i] == 0 ? fill_view(f, i) : NULL;
+        if (view == NULL) {
+            if (PyErr_Occurred())
+                return -1;
+            o[p] = SPAN_SKIPPED;
+            continue;
+        }
+        Py_INCREF(view); /* held while its fields are read (allocations below may collect garbage) */
+        int ok = fill_code(f, view, id, &o[p]);
+        Py_DECREF(view);
+        if (ok < 0)
+            return -1;
+        if (o[p] <= SPAN_MAX_SCORE && fill_write(f, i, o[p])) {
+            o[p] = SPAN_WRITTEN;
+            *filled += 1;
+        }
+    }
+    return 0;
+}
+
+/* span_fill(ids, names, views, view_type, founds, at, units, gpus, spread, levels, found_max, check_over, kinds,
+ * scores, jsons, host_json): (codes, written). Per position of `ids` (node ids; `names` the memo's id -> name,
+ * `views` the state's name -> view, every one of view_type): WRITTEN (the cell written here: kind FITS, its score,
+ * the node's kept text), SKIPPED (a verdict there already, or no view), CAPPED (check_over and the view has elastic
+ * pods: the cap may decide), or span_code's code (a score whose text is not kept yet, NO_ROOM, UNSEARCHED,
+ * GENERAL) for the caller to resolve; `written`: the cells written (each one FITS). Bounded by the ids' count, every
+ * id checked against the table and `names`, and span_code's bounds; no Python code runs (keys are ints, strs and a
+ * tuple of them; the views' fields are slots read where the type keeps them). */
+static PyObject *nameids_span_fill(PyObject *module, PyObject *args) {
+    (void)module;
+    SpanFill f = {0};
+    PyObject *ids, *units, *out = NULL, *result = NULL;
+    Py_buffer kinds, scores;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!OlpO!npw*w*O!O!", &PyList_Type, &ids, &PyList_Type, &f.names,
+                          &PyDict_Type, &f.views, &PyType_Type, &f.view_type, &PyDict_Type, &f.founds, &PyTuple_Type,
+                          &f.at, &units, &f.gpus, &f.spread, &PyDict_Type, &f.levels, &f.found_max, &f.check_over,
+                          &kinds, &scores, &PyList_Type, &f.jsons, &PyList_Type, &f.host_json))
+        return NULL;
+    Py_ssize_t written = 0;
+    f.kinds = kinds.buf;
+    f.scores = scores.buf;
+    if (!span_int(units, &f.units)) {
+        PyErr_SetString(PyExc_ValueError, "span_fill: units must be an int within 2^52");
+        goto done;
+    }
+    if (fill_check(&f, &kinds, &scores) < 0 || (f.gpus_obj = PyLong_FromLong(f.gpus)) == NULL)
+        goto done;
+    if ((out = PyBytes_FromStringAndSize(NULL, PyList_GET_SIZE(ids))) == NULL)
+        goto done;
+    if (fill_loop(&f, ids, (unsigned char *)PyBytes_AS_STRING(out), &written) == 0)
+        result = Py_BuildValue("(On)", out, written);
+done:
+    Py_XDECREF(out);
+    Py_XDECREF(f.gpus_obj);
+    Py_XDECREF(f.last_topo);
+    Py_XDECREF(f.plan);
+    PyBuffer_Release(&kinds);
+    PyBuffer_Release(&scores);
+    return result;
+}
+
+/* ------------------------------------------------------------------ a failing filter's answer, whole (issue 34)
+ * filter_answer writes filter's answer for a request whose NodeNames (a plain array, as ids_json reads it) the pod
+ * fits only in part: the passing names' array and the rest of the ExtenderFilterResult, byte for byte what
+ * orjson.dumps(wire.filter_result(...)) wrote from the decoded names and the memo's split (FitMemo._reasons). Why:
+ * a pod spanning GPUs fails on some nodes of most requests; decoding its 500 names into strs, splitting them into
+ * lists and dicts and encoding those again cost more than the rest of its filter (benchmarks/README.md, issue 34,
+ * sixth round). Kinds as fitmemo's: */
+#define ANSWER_FITS 1
+#define ANSWER_FAILS 2
+#define ANSWER_NEVER 3
+#define ANSWER_FAILED_HEAD ",\"FailedNodes\":{"
+#define ANSWER_NEVER_HEAD "},\"FailedAndUnresolvableNodes\":{"
+#define ANSWER_END "},\"Error\":\"\"}"
+
+/* A name of the request: its bytes in `data` (between its quotes), and what the answer does with it. */
+typedef struct {
+    const char *p;
+    size_t len;
+    unsigned char role; /* 0 none (a repeated failing name), 1 passed, 2 failed, 3 failed and unresolvable */
+} AnswerName;
+
+/* Why: a reason is copied into the answer only where orjson writes it as it is: an exact str of printable ASCII
+ * without a quote or a backslash (the memo's texts; a node's inventory error may hold others: the caller's
+ * Python writes those). 1 with its bytes; 0 otherwise. */
+static int answer_reason(PyObject *r, const char **p, Py_ssize_t *n) {
+    if (!PyUnicode_CheckExact(r) || !PyUnicode_IS_ASCII(r))
+        return 0;
+    *p = (const char *)PyUnicode_DATA(r);
+    *n = PyUnicode_GET_LENGTH(r);
+    return plain_run_end(*p, *p + *n) == *p + *n;
+}
+
+/* Why its own: the names of `data`, a JSON array of plain strings (as ids_json reads it), into `names`; 1 when it
+ * is one with exactly `count` names, 0 otherwise (the caller's Python decodes it). */
+static int answer_names(const char *p, const char *end, AnswerName *names, Py_ssize_t count) {
+    Py_ssize_t k = 0;
+    p = skip_ws(p, end);
+    if (p >= end || *p != '[')
+        return 0;
+    p = skip_ws(p + 1, end);
+    while (p < end && *p == '"' && k < count) { /* each name as next_name reads it, not hashed */
+        const char *start = p + 1, *close = plain_run_end(start, end);
+        if (close >= end || *close != '"' || !(p = after_string(close, end)))
+            return 0;
+        names[k].p = start;
+        names[k++].len = (size_t)(close - start);
+    }
+    return k == count && p < end && *p == ']' && skip_ws(p + 1, end) == end;
+}
+
+/* Why its own: each name's role (passed: it fits, and with `best` its score is the highest of those that fit;
+ * failed or unresolvable: the first time its id is met, as a dict keeps a key's first place) and the two parts'
+ * sizes; 1, 0 where a kind is not a verdict or a reason cannot be copied (the caller's Python answers), -1 error. */
+static int answer_roles(AnswerName *names, Py_ssize_t count, const uint32_t *ids, const unsigned char *kinds,
+                        Py_buffer *scores, PyObject *reasons, int best, Py_ssize_t size[2], Py_ssize_t *kept) {
+    int top = -1;
+    uint32_t most = 0;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        if (kinds[k] < ANSWER_FITS || kinds[k] > ANSWER_NEVER)
+            return 0;
+        most = ids[k] > most ? ids[k] : most;
+        if (kinds[k] == ANSWER_FITS) {
+            if ((Py_ssize_t)ids[k] >= scores->len) {
+                id_error(ids[k], scores->len);
+                return -1;
+            }
+            int score = ((const unsigned char *)scores->buf)[ids[k]];
+            top = score > top ? score : top;
+        }
+    }
+    unsigned char *seen = PyMem_Calloc((size_t)most / 8 + 1, 1);
+    if (seen == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t passed = 0, failed[2] = {0, 0};
+    int ok = 1;
+    size[0] = 2; /* [] */
+    size[1] = (Py_ssize_t)(sizeof ANSWER_FAILED_HEAD + sizeof ANSWER_NEVER_HEAD + sizeof ANSWER_END - 3);
+    for (Py_ssize_t k = 0; k < count && ok == 1; k++) {
+        uint32_t id = ids[k];
+        names[k].role = 0;
+        if (kinds[k] == ANSWER_FITS) {
+            if (!best || ((const unsigned char *)scores->buf)[id] == top) {
+                names[k].role = 1;
+                size[0] += (Py_ssize_t)names[k].len + 2 + (passed++ > 0);
+            }
+            continue;
+        }
+        if (seen[id / 8] & (1u << (id % 8)))
+            continue;
+        seen[id / 8] |= (unsigned char)(1u << (id % 8));
+        if ((Py_ssize_t)id >= PyList_GET_SIZE(reasons)) {
+            id_error(id, PyList_GET_SIZE(reasons));
+            ok = -1;
+            break;
+        }
+        const char *r;
+        Py_ssize_t n;
+        if (!answer_reason(PyList_GET_ITEM(reasons, id), &r, &n)) {
+            ok = 0;
+            break;
+        }
+        int never = kinds[k] == ANSWER_NEVER;
+        names[k].role = (unsigned char)(2 + never);
+        size[1] += (Py_ssize_t)names[k].len + (Py_ssize_t)n + 5 + (failed[never]++ > 0); /* "name":"reason", */
+    }
+    PyMem_Free(seen);
+    *kept = passed;
+    return ok;
+}
+
+/* Why its own: the members of one object of the answer (FailedNodes: role 2, or FailedAndUnresolvableNodes: 3),
+ * "name":"reason" in the names' order, from o; where they end. */
+static char *answer_members(char *o, const AnswerName *names, Py_ssize_t count, const uint32_t *ids,
+                            PyObject *reasons, unsigned char role) {
+    int first = 1;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        if (names[k].role != role)
+            continue;
+        PyObject *r = PyList_GET_ITEM(reasons, ids[k]);
+        size_t n = (size_t)PyUnicode_GET_LENGTH(r);
+        if (!first)
+            *o++ = ',';
+        first = 0;
+        *o++ = '"';
+        o = copy_name(o, names[k].p, names[k].len);
+        memcpy(o, "\":\"", 3);
+        memcpy(o + 3, PyUnicode_DATA(r), n);
+        o += 3 + n;
+        *o++ = '"';
+    }
+    return o;
+}
+
+/* Why its own: the two parts written, sized by answer_roles: the passing names' array (and their ids, packed)
+ * and the rest of the answer after it. A tuple (names JSON, the rest, kept ids) or NULL with an error set. */
+static PyObject *answer_write(const AnswerName *names, Py_ssize_t count, const uint32_t *ids, PyObject *reasons,
+                              const Py_ssize_t size[2], Py_ssize_t kept) {
+    PyObject *array = PyBytes_FromStringAndSize(NULL, size[0]), *rest = PyBytes_FromStringAndSize(NULL, size[1]);
+    PyObject *packed = PyBytes_FromStringAndSize(NULL, kept * 4), *out = NULL;
+    if (array != NULL && rest != NULL && packed != NULL) {
+        char *o = PyBytes_AS_STRING(array);
+        uint32_t *at = (uint32_t *)(void *)PyBytes_AS_STRING(packed);
+        *o++ = '[';
+        for (Py_ssize_t k = 0, j = 0; k < count; k++) {
+            if (names[k].role != 1)
+                continue;
+            if (j++ > 0)
+                *o++ = ',';
+            *o++ = '"';
+            o = copy_name(o, names[k].p, names[k].len);
+            *o++ = '"';
+            *at++ = ids[k];
+        }
+        *o = ']';
+        o = PyBytes_AS_STRING(rest);
+        memcpy(o, ANSWER_FAILED_HEAD, sizeof ANSWER_FAILED_HEAD - 1);
+        o = answer_members(o + sizeof ANSWER_FAILED_HEAD - 1, names, count, ids, reasons, 2);
+        memcpy(o, ANSWER_NEVER_HEAD, sizeof ANSWER_NEVER_HEAD - 1);
+        o = answer_members(o + sizeof ANSWER_NEVER_HEAD - 1, names, count, ids, reasons, 3);
+        memcpy(o, ANSWER_END, sizeof ANSWER_END - 1);
+        out = PyTuple_Pack(3, array, rest, packed);
+    }
+    Py_XDECREF(array);
+    Py_XDECREF(rest);
+    Py_XDECREF(packed);
+    return out;
+}
+
+/* filter_answer(data, ids, kinds, scores, reasons, best): (the passing names' JSON array, the rest of the answer
+ * after it, their ids packed) for the names of `data` (a JSON array of plain strings; ids[k] the k-th name's id,
+ * kinds[k] its verdict's kind), such that b'{"Nodes":null,"NodeNames":' + array + rest is orjson's encoding of
+ * wire.filter_result for that split; None where `data` is not such an array of as many names as `ids`, a kind is
+ * not a verdict, or a reason is not plain (the caller's Python answers). `scores` and `reasons`: the table's, by
+ * id (every id read checked against them). Bounded by the ids' count; no Python code runs. */
+static PyObject *nameids_filter_answer(PyObject *module, PyObject *args) {
+    (void)module;
+    Py_buffer data, packed, kinds, scores;
+    PyObject *reasons, *out = NULL;
+    int best;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*O!p", &data, &packed, &kinds, &scores, &PyList_Type, &reasons, &best))
+        return NULL;
+    const uint32_t *ids;
+    Py_ssize_t count, size[2], kept = 0;
+    AnswerName *names = NULL;
+    if (read_ids(&packed, &ids, &count) < 0)
+        goto done;
+    if (kinds.len != count) {
+        PyErr_Format(PyExc_ValueError, "filter_answer: %zd kinds for %zd ids", kinds.len, count);
+        goto done;
+    }
+    if ((names = PyMem_Malloc(((size_t)count + 1) * sizeof *names)) == NULL) { /* every field set before read */
+        PyErr_NoMemory();
+        goto done;
+    }
+    int ok = answer_names(data.buf, (const char *)data.buf + data.len, names, count);
+    if (ok == 1)
+        ok = answer_roles(names, count, ids, kinds.buf, &scores, reasons, best, size, &kept);
+    if (ok == 1)
+        out = answer_write(names, count, ids, reasons, size, kept);
+    else if (ok == 0)
+        out = Py_NewRef(Py_None);
+done:
+    PyMem_Free(names);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&packed);
+    PyBuffer_Release(&kinds);
+    PyBuffer_Release(&scores);
+    return out;
+}
+
 static PyMethodDef index_methods[] = {
     {"set", index_set, METH_VARARGS, "set(name, id): hold name -> id (a name that is not ASCII is not held)"},
     {"discard", index_discard, METH_O, "discard(name): forget the name if held"},
@@ -1299,6 +1844,12 @@ static PyTypeObject NameIndexType = {
 
 static PyMethodDef module_methods[] = {
     {"take", nameids_take, METH_VARARGS, "take(table, ids): bytes(table[i] for i in ids)"},
+    {"span_fill", nameids_span_fill, METH_VARARGS,
+     "span_fill(ids, names, views, view_type, founds, at, units, gpus, spread, levels, found_max, check_over, "
+     "kinds, scores, jsons, host_json): a spanning table's empty cells written where they fit; (codes, written)"},
+    {"filter_answer", nameids_filter_answer, METH_VARARGS,
+     "filter_answer(data, ids, kinds, scores, reasons, best): (passing names' JSON array, the answer's rest, their "
+     "ids) for a filter that fails on some names; None where its Python answers"},
     {"gather", nameids_gather, METH_VARARGS, "gather(items, ids): [items[i] for i in ids]"},
     {"select", nameids_select, METH_VARARGS, "select(ids, mask): the ids whose mask byte is not 0"},
     {"same", nameids_same, METH_VARARGS, "same(a, b): a == b for lists of exact strs; None if an item is not one"},

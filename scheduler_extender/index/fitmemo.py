@@ -29,9 +29,11 @@ the cells that still fit written there; only those that need a reason, or a text
 Python; the reference, where the module was not built: spanning.codes and a loop, _refresh_group); the others one
 by one, as above. The set searches a node's view met are kept
 until it changes (_found), and a table of those groups that stopped sharing by shape fills the cells a request
-finds empty in one spanning.codes_each call reusing them (_fill_spanning): a spanning key is asked rarely, so its
-requests meet many nodes without a verdict. The scores are C (_nameids.span_scores, span_scores_each; the
-reference is spanning.scores, used where the module was not built).
+finds empty in one C call reusing them (_fill_spanning, _nameids.span_fill: the views read by name, the searches
+made, the fitting cells written; Python resolves the rest): a spanning key is asked rarely, so its requests meet
+many nodes without a verdict. The scores are C (_nameids.span_scores, span_scores_each; the reference is
+spanning.scores, and _fill_spanning_each the fill's, used where the module was not built). A filter that fails on
+some names answers from the request's bytes in one C call too (split_json's `whole`, _nameids.filter_answer).
 
 Bounded: at most MAX_ENTRIES verdicts and MAX_TABLES tables (each ~18 bytes per node id); the least recently
 used table goes first. A node that goes frees its id for the next new node (every table's cell emptied).
@@ -57,7 +59,7 @@ from ..placement.resources import LimitSig, limit_total
 from ..placement.spanning import NO_ROOM, UNSEARCHED
 from ..placement.state import ClusterState
 from ..placement.views import NodeView
-from ..wire import host_priority_json
+from ..wire import FILTER_NAMES_HEAD, JsonParts, host_priority_json
 from ..wire import names_json as wire_names
 from .nameids import Ids, SpanCell, has_none, name_ids
 
@@ -92,9 +94,13 @@ NONE, FITS, FAILS, NEVER = 0, 1, 2, 3
 _PASS = bytes(int(k == FITS) for k in range(256))  # bytes.translate tables: kinds -> 0/1 masks for compress
 _FAIL = bytes(int(k == FAILS) for k in range(256))
 _NEVER = bytes(int(k == NEVER) for k in range(256))
+_EMPTY = bytes(int(k == NONE) for k in range(256))
 _NO_FRAGMENTS: tuple[str | None, ...] = (None,) * (MAX_SCORE + 1)
 _FITS = tuple((True, False, "", s) for s in range(MAX_SCORE + 1))  # a fitting verdict, per score
 _TOP = tuple(bytes(int(k == s) for k in range(256)) for s in range(MAX_SCORE + 1))  # scores -> 0/1 where == s
+# _nameids.span_fill's codes beyond spanning's: the cell written there, no cell to write, the cap may decide
+WRITTEN, SKIPPED, CAPPED = 0xF8, 0xF9, 0xFA
+_LEFT = bytes(int(k not in (WRITTEN, SKIPPED)) for k in range(256))  # codes -> 1 where Python resolves the cell
 
 
 # How _refresh goes over the tables: those refreshed one by one, (key, table); and the spanning tables refreshed
@@ -258,14 +264,18 @@ class FitMemo:
             self._keep_replay(uid, (key, self._epoch, passed, None, kept, len(passed)))
         return Split(passed, {}, {}, []) if all_passed else self._reasons(table, names, ids, kinds, passed)
 
-    def split_json(self, names_json: bytes, key: Key, uid: str, limit: int) -> bytes | tuple[list[str], Split] | None:
+    def split_json(self, names_json: bytes, key: Key, uid: str, limit: int,
+                   whole: bool = False) -> bytes | JsonParts | tuple[list[str], Split] | None:
         """Filter from the request's NodeNames bytes (wire.split_names_last), no name decoded when the pod fits
         on all: then those very bytes (the answer's NodeNames echoes them; they are kept for the prioritize that
         follows, which compares its own bytes with them). When it fails on some: the names, decoded, and their
-        split. None when the bytes are not a plain array of at most `limit` names of nodes with a view (the
-        caller decodes the request: the slow path judges those). Why: a filter of all 5,000 nodes spent most of
-        its time making, and then encoding again, 5,000 strings (benchmarks/README.md, "The extender at a third
-        of its CPU")."""
+        split; with `whole` (and the native index), instead the whole answer (wire.filter_result's, as orjson
+        encodes it) written from the bytes and the table in one C call (_nameids.filter_answer; the passing names'
+        JSON kept for the prioritize), unless a reason is not plain text (then the split). None when the bytes are
+        not a plain array of at most `limit` names of nodes with a view (the caller decodes the request: the slow
+        path judges those). Why: a filter of all 5,000 nodes spent most of its time making, and then encoding
+        again, 5,000 strings (benchmarks/README.md, "The extender at a third of its CPU"); and a pod spanning GPUs
+        fails on some nodes of most requests (issue 34, sixth round)."""
         with self.state.current():
             ids = self._index.ids_json(names_json, limit)
             if ids is None:
@@ -277,11 +287,20 @@ class FitMemo:
             count = len(kinds)
             if kinds.count(FITS) == count:
                 if self.best and count > 1:
-                    names_json, ids, count = self._top_json(table, names_json, ids)
+                    names_json, ids, count = self._top_json(table, names_json, ids, kinds)
                 if uid and count and count <= REPLAY_NAMES:
                     self._keep_replay(uid, (key, self._epoch, None, names_json, ids, count))
                 self._trim(key)
                 return names_json
+            answer = self._index.filter_answer if whole else None
+            parts = answer(names_json, ids, kinds, table.scores, table.reasons, self.best) if answer else None
+            if parts is not None:
+                passed_json, rest, kept = parts
+                count = len(kept) // 4  # (packed uint32 ids)
+                if uid and count and count <= REPLAY_NAMES:
+                    self._keep_replay(uid, (key, self._epoch, None, passed_json, kept, count))
+                self._trim(key)
+                return JsonParts((FILTER_NAMES_HEAD, passed_json, rest))
             names: list[str] = orjson.loads(names_json)  # plain strings (ids_json read them)
             passed: list[str] = []
             if table.fitting:
@@ -330,16 +349,24 @@ class FitMemo:
         mask = scores.translate(_TOP[top])
         return list(compress(names, mask)), self._index.select(ids, mask)
 
-    def _top_json(self, table: _Table, names_json: bytes, ids: Ids) -> tuple[bytes, Ids, int]:
-        """_top for names that all fit and came as the request's JSON array, left undecoded: the array as it
-        came when all score alike, else the JSON of the best ones' names, read from their ids (the request's
-        order kept; the ids are current under the state's lock): the array, its ids and how many. Decoding
-        the array cost more than the rest of a filter at 5,000 names."""
+    def _top_json(self, table: _Table, names_json: bytes, ids: Ids, kinds: bytes) -> tuple[bytes, Ids, int]:
+        """_top for names that all fit (`kinds`: every one FITS) and came as the request's JSON array, left
+        undecoded: the array as it came when all score alike, else the JSON of the best ones' names, copied from
+        the request's bytes in one C call (_nameids.filter_answer: nothing fails) or read from their ids (the
+        request's order kept; the ids are current under the state's lock): the array, its ids and how many.
+        Decoding the array cost more than the rest of a filter at 5,000 names. The C call scans every name (~95
+        instructions each), the ids' names ~660 per best name (the list, its encoding): C where more than a
+        seventh of the names are the best (callgrind, benchmarks/README.md, issue 34, sixth round)."""
         scores = self._index.take(table.scores, ids)
         top = max(scores)
         count = len(scores)
-        if scores.count(top) == count:
+        best_count = scores.count(top)
+        if best_count == count:
             return names_json, ids, count
+        answer = self._index.filter_answer if best_count * 7 > count else None  # (see the docstring)
+        parts = answer(names_json, ids, kinds, table.scores, table.reasons, True) if answer is not None else None
+        if parts is not None:
+            return parts[0], parts[2], len(parts[2]) // 4  # (packed uint32 ids)
         best = self._index.select(ids, scores.translate(_TOP[top]))
         chosen = [n for n in map(self._names.__getitem__, self._index.to_list(best)) if n is not None]  # all nodes
         return wire_names(chosen), best, len(chosen)
@@ -461,8 +488,8 @@ class FitMemo:
     def _kinds(self, table: _Table, key: Key, ids: Ids) -> bytes:
         """Each id's verdict kind, in one C-speed pass; the verdicts not memoised yet computed first."""
         kinds = self._index.take(table.kinds, ids)
-        if NONE in kinds:
-            self._fill(table, key, [i for i, k in zip(self._index.to_list(ids), kinds, strict=True) if k == NONE])
+        if NONE in kinds:  # those ids picked in C (a request of a spanning pod meets hundreds)
+            self._fill(table, key, self._index.to_list(self._index.select(ids, kinds.translate(_EMPTY))))
             kinds = self._index.take(table.kinds, ids)
         return kinds
 
@@ -636,11 +663,53 @@ class FitMemo:
 
     def _fill_spanning(self, table: _Table, key: Key, ids: list[int]) -> None:
         """_fill for a spanning table of _refresh's groups (no limit signature, no compute share) that no longer
-        shares verdicts by shape: the nodes' scores in one spanning.codes_each call (natively one C call for all,
-        _nameids.span_scores_each), each with the set searches kept for its view (_found: made by the refresh at
-        its last change, or by fills of other sizes of that N and policy), where the cap leaves the pod alone
-        (else _verdict). Why: a spanning key is asked a few times per band of benchmarks/README.md's mix, and
-        each ask finds ~half of its names without a verdict."""
+        shares verdicts by shape: one C call (_nameids.span_fill) reads each node's view, takes the set searches kept
+        for it (_found: made by the refresh at its last change, or by fills of other sizes of that N and policy;
+        the missing ones made where span_search can), and writes every cell where the pod fits and the node's
+        HostPriority text for that score is kept; Python resolves the others from their codes as _fill_spanning_each
+        does (NO_ROOM, the general path, a search left to the reference, a text to make, a node the cap may decide).
+        Why: that loop cost ~3,300 instructions a cell in Python (a request of a spanning pod finds ~170 cells
+        empty), and a cell whose search was missing went through spanning.codes alone (benchmarks/README.md, issue
+        34, sixth round). Without the C module, or with a cap ratio below 1 (every node capped), the Python loop."""
+        fill, ratio, views = self._index.span_fill, self.limit_ratio, self.state.views_unlocked()
+        if fill is None or (ratio is not None and ratio < 1) or views is None:
+            self._fill_spanning_each(table, key, ids)
+            return
+        gpus, policy = gpus_of(key), key[1]
+        codes, written = fill(ids, self._names, views, NodeView, self._found, (gpus, policy), key[0], gpus,
+                              policy == "spread", spanning.plans(), FOUND_MAX, ratio is not None, table.kinds,
+                              table.scores, table.jsons, self._host_json)
+        table.filled += written
+        table.fitting += written
+        self._entries += written
+        if written == len(ids):
+            return
+        kinds, founds, one, names = table.kinds, self._found, self._index.span_scores, self._names
+        for pos in compress(range(len(ids)), codes.translate(_LEFT)):
+            i = ids[pos]
+            view = views.get(names[i])  # type: ignore[arg-type]  # a live id has a name
+            if kinds[i] != NONE or view is None:  # an id repeated in `ids`: written once
+                continue
+            code = codes[pos]
+            if code == CAPPED:  # not _without_cap: one by one
+                self._put(table, i, self._verdict(key, view, i))
+                continue
+            need = key[0] * view.unit_mib
+            if code == spanning.UNSEARCHED:  # the search the C left to the reference, made and kept, asked again
+                found = founds.get(i)
+                if found is None:
+                    if len(founds) >= FOUND_MAX:
+                        founds.clear()
+                    found = founds[i] = {}
+                code = spanning.codes(view, (need,), policy, gpus, found, one)[0]
+            self._put(table, i, _FITS[code] if code <= MAX_SCORE else spanning.resolve(view, need, policy, gpus, code))
+
+    def _fill_spanning_each(self, table: _Table, key: Key, ids: list[int]) -> None:
+        """_fill_spanning in Python (the reference of _nameids.span_fill, and what a build without it runs): the
+        nodes' scores in one spanning.codes_each call (_nameids.span_scores_each where it was built), each with the
+        set searches kept for its view (_found), where the cap leaves the pod alone (else _verdict). Why: a spanning
+        key is asked a few times per band of benchmarks/README.md's mix, and each ask finds ~half of its names
+        without a verdict."""
         names, view_of, founds, ratio = self._names, self.state.view_unlocked, self._found, self.limit_ratio
         kinds, scores, jsons, reasons, fragment = table.kinds, table.scores, table.jsons, table.reasons, self._fragment
         todo: list[int] = []

@@ -35,6 +35,8 @@ from ..wire import host_priority_array, host_priority_json
 log = logging.getLogger(__name__)
 
 Ids = Any  # list[int] (NameIds) or packed uint32 bytes (NativeNameIds)
+SpanFill = Callable[..., tuple[bytes, int]]  # _nameids.span_fill (its arguments: _nameids.pyi)
+FilterAnswer = Callable[[bytes, Any, bytes, bytearray, list[Any], bool], "tuple[bytes, bytes, bytes] | None"]
 
 try:
     from . import _nameids as _native
@@ -104,6 +106,9 @@ class NameIds:
     # The memo's refresh of a spanning group natively (_nameids.span_refresh); None: the Python loop (FitMemo)
     span_refresh: SpanRefresh | None = None
     span_above = staticmethod(span_above)  # natively _nameids.span_above
+    span_fill: SpanFill | None = None  # _nameids.span_fill (FitMemo._fill_spanning natively); None: its Python loop
+    # _nameids.filter_answer (a failing filter's answer whole, FitMemo.split_json); None: the split, encoded by orjson
+    filter_answer: FilterAnswer | None = None
 
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}
@@ -194,6 +199,8 @@ class NativeNameIds(NameIds):
         self.span_scores_each = _native.span_scores_each
         self.span_refresh = _native.span_refresh
         self.span_above = _native.span_above
+        self.span_fill = _native.span_fill
+        self.filter_answer = _native.filter_answer
         self._native = _native.NameIndex(int.from_bytes(os.urandom(8), "little"))
 
     def set(self, name: str, i: int) -> None:

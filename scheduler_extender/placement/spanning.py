@@ -213,6 +213,12 @@ MAX_LEVELS_CACHED = 256  # topologies × counts kept (a cluster has a few board 
 MAX_MASKS = 4096  # masks of GPUs with room kept per topology and N (8 GPUs: 256 at most); emptied when full
 
 
+def plans() -> dict[tuple[int, int], Plan]:
+    """The plans kept (_plan's, by (id(topology), N)), for _nameids.span_fill to read the kept masks of a node's
+    topology as _native_search does (one dict, cleared in place: the object stays)."""
+    return _LEVELS
+
+
 def _levels(topo: tuple[tuple[int, ...], ...], gpus: int) -> Levels | None:
     """Every set of `gpus` positions of a node with this topology, as bit masks grouped by distance (closest
     first), each group in index order; None when there are more than MAX_SETS (best_set then grows them). Made

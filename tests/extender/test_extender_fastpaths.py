@@ -679,7 +679,7 @@ def test_filter_from_the_bytes_answers_what_filter_answers() -> None:
     rng = random.Random(39)
     state, gpus = twelve_gpu_nodes(rng)
     verbs = Verbs(state, None, "binpack", Metrics(state))  # type: ignore[arg-type]  # no binds here
-    taken = {"echoed": 0, "split": 0, "declined": 0}
+    taken = {"echoed": 0, "whole": 0, "declined": 0}
     replayed = 0
     for step in range(300):
         pod, names, body = a_filter_request(rng, step, gpus)
@@ -690,10 +690,12 @@ def test_filter_from_the_bytes_answers_what_filter_answers() -> None:
         if got is None:
             taken["declined"] += 1
             got = verbs.filter(orjson.loads(body))
-        else:
-            taken["echoed" if isinstance(got[1], wire.JsonParts) else "split"] += 1
+        elif isinstance(got[1], wire.JsonParts):  # echoed (every node passed), or failing on some written whole
+            taken["echoed" if got[1][2] == wire.FILTER_NAMES_TAIL else "whole"] += 1  # (_nameids.filter_answer)
+        else:  # the split (without the native module)
+            taken["whole"] += 1
         text = bytes(got[1]) if isinstance(got[1], wire.JsonParts) else orjson.dumps(got[1])
-        assert (got[0], orjson.loads(text)) == want
+        assert (got[0], text) == (want[0], orjson.dumps(want[1]))  # byte for byte what the server sent
         for _ in range(rng.choice((0, 1, 2))):  # binds of other pods land in between
             node = rng.choice(list(gpus))
             state.hold(f"h{step}-{_}", Charge(rng.choice(gpus[node]), node, rng.choice((500, 4000)), 0, None))
@@ -706,6 +708,25 @@ def test_filter_from_the_bytes_answers_what_filter_answers() -> None:
     assert min(taken.values()) > 10 and replayed > 100, (taken, replayed)
 
 
+def test_a_failing_filter_written_whole_still_passes_a_pods_own_stale_reservation() -> None:
+    """filter_json writes a filter failing on some names whole from the request's bytes (_nameids.filter_answer)
+    unless the pod holds a reservation of its own that a failed bind left: its node then fails only because of it,
+    and passes, as filter() answers; both answers are filter()'s byte for byte."""
+    state, verbs, names = synced_cluster(3, [8000])
+    pod, other = pod_obj("p", {"main": 6000}), pod_obj("o", {"main": 6000})
+    pod["metadata"]["uid"], other["metadata"]["uid"] = "uid-p", "uid-o"
+    verbs.filter({"Pod": pod, "NodeNames": names})  # the memo meets the nodes (filter_json declines first sight)
+    state.hold("uid-p", Charge("GPU-n1-0", None, 6000, 0, time.time() + 60))  # written, bind failed, not undone
+    native = verbs.memo._index.filter_answer is not None
+    for who, passed, whole in ((other, ["n0", "n2"], native), (pod, names, False)):
+        got = verbs.filter_json(scheduler_body(who, names))
+        assert got is not None and isinstance(got[1], wire.JsonParts) == whole  # the pod's own: the split
+        text = bytes(got[1]) if whole else orjson.dumps(got[1])
+        want = Verbs(state, None, "binpack", Metrics(state)).filter({"Pod": who, "NodeNames": names})  # type: ignore[arg-type]
+        assert (got[0], text) == (want[0], orjson.dumps(want[1]))
+        assert orjson.loads(text)["NodeNames"] == passed
+
+
 def test_filter_answering_the_best_passes_the_fitting_nodes_of_the_highest_score() -> None:
     """--filter-answers best (deploy/base: no prioritizeVerb): filter passes, of the nodes where the pod fits,
     exactly those its prioritize would score highest, ties kept, in the request's order, on every path (the
@@ -714,7 +735,7 @@ def test_filter_answering_the_best_passes_the_fitting_nodes_of_the_highest_score
     rng = random.Random(3939)
     state, gpus = twelve_gpu_nodes(rng)
     best = Verbs(state, None, "binpack", Metrics(state), best=True)  # type: ignore[arg-type]  # no binds here
-    taken = {"echoed": 0, "split": 0, "declined": 0}
+    taken = {"echoed": 0, "whole": 0, "declined": 0}
     shortened = kept_all = 0
     for step in range(300):
         pod, names, body = a_filter_request(rng, step, gpus)
@@ -732,8 +753,12 @@ def test_filter_answering_the_best_passes_the_fitting_nodes_of_the_highest_score
         if got is None:
             taken["declined"] += step % 4 != 0
             got = best.filter(orjson.loads(body))
-        else:
-            taken["echoed" if isinstance(got[1], (bytes, wire.JsonParts)) else "split"] += 1
+        elif isinstance(got[1], wire.JsonParts) and got[1][2] != wire.FILTER_NAMES_TAIL:  # failing on some, whole
+            taken["whole"] += 1
+            assert bytes(got[1]) == orjson.dumps(want), step  # byte for byte what the split's dict encodes to
+        else:  # echoed, its best names written (byte for byte, too), or (without the native module) the split
+            taken["echoed" if isinstance(got[1], (bytes, wire.JsonParts)) else "whole"] += 1
+            assert not isinstance(got[1], wire.JsonParts) or bytes(got[1]) == orjson.dumps(want), step
         text = bytes(got[1]) if isinstance(got[1], (bytes, wire.JsonParts)) else None
         assert (got[0], orjson.loads(text) if text is not None else got[1]) == (code, want), step
         for _ in range(rng.choice((0, 1, 2))):  # binds of other pods land in between

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -949,3 +950,233 @@ def test_span_above_answers_none_where_it_cannot_read_rows() -> None:
         NATIVE.span_above([r], (r,))
     with pytest.raises(TypeError, match="takes two tuples"):
         NATIVE.span_above((r,))
+# ------------------------------------------------------------------ a spanning table's fill in one call (issue 34)
+
+def _span_cluster(rng: random.Random, count: int) -> Any:
+    """`count` nodes of 8 GPUs as the memo meets them: NVLink pairs and PCIe switches (every fifth node: nothing known
+    of its topology), random use in whole GiB (ties), an unhealthy GPU now and then, elastic pods (their limits
+    above their requests), pods bound without the extender (unplaced), and a node of another unit (2 MiB)."""
+    from test_extender_support import pod_obj
+
+    from memslice.contract import Gpu, Inventory
+    from memslice.scheduler_extender.placement.state import Charge, ClusterState
+
+    state, gib = ClusterState(), 1024
+    for n in range(count):
+        gpus = tuple(Gpu(f"n{n}-G{i}", i, "Sim", 80 * gib, i // 4, not (n % 7 == 0 and i == 3), nvlink=(i ^ 1,),
+                         pcie=f"sw{i // 4}") for i in range(8))
+        if n % 5 == 4:
+            gpus = tuple(g._replace(nvlink=(), pcie=None, numa=None) for g in gpus)
+        state.upsert_node({"metadata": {"name": f"n{n}", "annotations": Inventory(2 if n == 13 else 1,
+                                                                                    gpus).format()}})
+        for h in range(rng.randint(0, 12)):
+            state.hold(f"h{n}-{h}", Charge(f"n{n}-G{rng.randrange(8)}", f"n{n}", rng.choice((4, 8, 16, 20)) * gib, 0,
+                                           None, rng.choice((0, 0, 0, 4 * gib))))
+        if n % 9 == 2:
+            pod = pod_obj(f"u{n}", {"main": 6 * gib}, node=f"n{n}")
+            pod["metadata"].update(uid=f"u{n}", resourceVersion=str(n + 1))
+            state.upsert_pod(pod)
+    return state
+
+
+@pytest.mark.parametrize("ratio", [None, "1", "3/2", "1/2"])
+def test_span_fill_writes_the_cells_the_python_reference_writes(ratio: str | None) -> None:
+    """_nameids.span_fill (FitMemo._fill_spanning natively: one C call per request of a spanning table that stopped
+    sharing by shape) leaves the table as the Python loop does (_fill_spanning_each, the reference): the same kinds,
+    scores, HostPriority texts, reasons and counts, every verdict decisions.verdict's from scratch; the cells it
+    writes itself are many (a fitting node whose text for that score is kept), the others resolved in Python from
+    its codes (a text to make, NO_ROOM, the general path for unplaced memory, a search left to the reference, a node
+    the cap decides). Over three rounds of requests for sizes of 2 and 4 GPUs and both policies, with binds and
+    releases between them (the set searches kept per view must follow), with the cap off, at 1, 1.5 and 0.5 (below
+    1 every node is capped: the Python loop alone)."""
+    from fractions import Fraction
+
+    from memslice.scheduler_extender.index.fitmemo import FitMemo, compute_of, gpus_of
+    from memslice.scheduler_extender.placement import decisions, spanning
+    from memslice.scheduler_extender.placement.state import Charge
+
+    rng = random.Random(34)
+    state = _span_cluster(rng, 48)
+    cap = Fraction(ratio) if ratio is not None else None
+    native, python = FitMemo(state, cap), FitMemo(state, cap)
+    python._index.span_fill = None
+    written: list[int] = []
+    fill = native._index.span_fill
+    assert fill is not None
+
+    def counted(*args: Any) -> Any:
+        out = fill(*args)
+        written.append(out[1])
+        return out
+
+    native._index.span_fill = counted
+    names = [f"n{n}" for n in range(48)]
+    keys = [(gib * 1024, policy, (), 0, n) for gib in (2, 4, 8, 12, 20) for n in (2, 4)
+            for policy in ("binpack", "spread")]
+    for step in range(3):
+        for key in keys:
+            for memo in (native, python):
+                memo._table(key).sharing = False  # as after a fill that met mostly new shapes
+            some = rng.sample(names, 30)
+            got = native.verdicts(some, key)
+            assert got == python.verdicts(some, key)
+            a, b = native._tables[key], python._tables[key]
+            assert (a.kinds, a.scores, a.jsons, a.reasons, a.filled, a.fitting) == (
+                b.kinds, b.scores, b.jsons, b.reasons, b.filled, b.fitting), (step, key)
+            for name, v in zip(some, got, strict=True):
+                view = state.view(name)
+                assert view is not None
+                spanning.forget_quick()
+                assert v == decisions.verdict(view, key[0] * view.unit_mib, key[1], native.limit_need(key, view),
+                                              compute_of(key), gpus_of(key)), (name, key)
+        for h in range(12):  # binds and releases: views rebuilt, their kept searches dropped
+            n = rng.randrange(48)
+            state.hold(f"s{step}-{h}", Charge(f"n{n}-G{rng.randrange(8)}", f"n{n}", rng.choice((2, 6)) * 1024, 0, None))
+            state.release(f"h{n}-0", None)
+    assert native._entries == python._entries
+    assert sum(written) > 100 if cap is None or cap >= 1 else written == []
+
+
+def test_span_fill_refuses_bad_arguments_not_crash() -> None:
+    """span_fill's arguments are the memo's own, yet each is checked: a wrong type, an id outside the table, a
+    table's arrays of other lengths, a view of another type, kept searches of the wrong shape raise TypeError,
+    ValueError or IndexError naming them; nothing is written then beyond the cells before the bad one."""
+    from memslice.scheduler_extender.placement import spanning
+    from memslice.scheduler_extender.placement.views import NodeView
+
+    rng = random.Random(1)
+    state = _span_cluster(rng, 3)
+    with state.current():
+        views = state.views_unlocked()
+    assert views is not None
+    names: list[str | None] = ["n0", "n1", None]
+
+    def call(ids: Any = None, **kw: Any) -> Any:
+        args: dict[str, Any] = dict(names=names, views=views, view_type=NodeView, founds={}, at=(2, "binpack"),
+                                    units=4096, gpus=2, spread=False, levels={}, found_max=64, check_over=False,
+                                    kinds=bytearray(4), scores=bytearray(4), jsons=[None] * 4,
+                                    host_json=[None] * 3)
+        args.update(kw)
+        return NATIVE.span_fill([0, 1, 2] if ids is None else ids, *args.values())
+
+    codes, written = call()
+    assert written == 0 and codes[2] == 0xF9 and all(c <= 10 or c in (0xF0, 0xF1, 0xF2) for c in codes[:2])
+    founds: dict[int, Any] = {0: {}, 1: {}}
+    for i in (0, 1):  # the searches made by the reference and kept: the C reads them
+        spanning.codes(views[f"n{i}"], (4096,), "binpack", 2, founds[i])
+    texts = tuple(f"t{s}" for s in range(11))
+    kinds, scores, jsons = bytearray(4), bytearray(4), [None] * 4
+    codes, written = call(kinds=kinds, scores=scores, jsons=jsons, host_json=[texts, texts, None], founds=founds)
+    assert written == sum(c == 0xF8 for c in codes) > 0
+    for i in range(2):  # a cell written: FITS, its score, the node's text for it; else left as it was
+        assert (kinds[i], jsons[i]) == ((1, texts[scores[i]]) if codes[i] == 0xF8 else (0, None))
+    assert call([0, 0], kinds=bytearray(b"\x02\x00\x00\x00"))[0] == b"\xf9\xf9"  # a cell with a verdict: skipped
+    assert call([0], units=0)[1] == 0
+    for ids, err in (([4], IndexError), ([-1], IndexError), ([2**70], IndexError), (["0"], IndexError)):
+        with pytest.raises(err, match="not one of a table of 4"):
+            call(ids)
+    bad: list[tuple[dict[str, Any], type[Exception], str]] = [
+        (dict(gpus=0), ValueError, "gpus 0 outside"), (dict(gpus=65), ValueError, "gpus 65 outside"),
+        (dict(scores=bytearray(3)), ValueError, "a table of 4 kinds, 3 scores"),
+        (dict(jsons=[None]), ValueError, "and 1 texts"), (dict(units=-1), ValueError, "units below 0"),
+        (dict(units=2**60), ValueError, "units must be an int"), (dict(units="1"), ValueError, "units must be"),
+        (dict(found_max=0), ValueError, "found_max below 1"), (dict(at=([2], "x")), TypeError, "unhashable"),
+        (dict(views={"n0": "not a view"}), TypeError, "is not a NodeView"),
+        (dict(view_type=int), TypeError, "int.unit_mib is not a slot"),
+        (dict(founds={0: []}), TypeError, "kept set searches are not a dict"),
+        (dict(founds={0: {(2, "binpack"): (None,)}}), TypeError, "chosen sets are not a list"),
+        (dict(founds={0: {(2, "binpack"): []}}), IndexError, "outside the chosen sets"),
+        (dict(kinds=b"\x00" * 4), TypeError, "read-write"), (dict(names=("n0",)), TypeError, "list"),
+        (dict(views=[]), TypeError, "dict"), (dict(levels=None), TypeError, "dict"),
+    ]
+    for kw, err, match in bad:
+        with pytest.raises(err, match=match):
+            call(**kw)
+    with pytest.raises(TypeError):
+        NATIVE.span_fill([0])  # too few arguments
+
+
+# ------------------------------------------------------------------ a failing filter's answer, whole (issue 34)
+
+def _answer_reference(names: list[str], ids: list[int], kinds: bytes, scores: bytearray, reasons: list[Any],
+                      best: bool) -> tuple[bytes, list[int]]:
+    """What the memo's split (FitMemo._reasons, _top) and the server's orjson.dumps(wire.filter_result(...)) answer:
+    the answer's bytes, and the passing names' ids."""
+    from memslice.scheduler_extender.wire import filter_result
+
+    passed = [(n, i) for n, i, k in zip(names, ids, kinds, strict=True) if k == 1]
+    if best and passed:
+        top = max(scores[i] for _, i in passed)
+        passed = [(n, i) for n, i in passed if scores[i] == top]
+    failed = {n: reasons[i] for n, i, k in zip(names, ids, kinds, strict=True) if k == 2}
+    never = {n: reasons[i] for n, i, k in zip(names, ids, kinds, strict=True) if k == 3}
+    return orjson.dumps(filter_result(None, [n for n, _ in passed], failed, never)), [i for _, i in passed]
+
+
+REASONS = ["pod needs 4096 MiB on each of 2 GPUs (memslice.io/gpu-count); fewer than 2 GPUs of the node have that "
+           "free now", "node advertises no memslice GPUs", "", "x" * 300]
+ODD_REASONS = ['bad annotation: "gpus"', "back\\slash", "tab\there", "caf\u00e9", "del\x7f", None, 3]
+
+
+@settings(max_examples=examples(400), derandomize=QUICK, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # `scan` picks a module: same for all
+@given(st.lists(node_names, min_size=1, max_size=16), st.lists(st.sampled_from(["", " ", "\n", "\t "]), min_size=1,
+                                                              max_size=3),
+       st.data(), st.booleans())
+def test_filter_answer_writes_the_bytes_orjson_writes_for_the_split(scan: ModuleType, query: list[str],
+                                                                   spaces: list[str], data: st.DataObject,
+                                                                   best: bool) -> None:
+    """_nameids.filter_answer (a filter failing on some names, its answer written from the request's bytes and the
+    table) answers b'{"Nodes":null,"NodeNames":' + its array + its rest == orjson.dumps(wire.filter_result(...)) of
+    the split the memo answered before (the passing names, with `best` those of the highest score; FailedNodes and
+    FailedAndUnresolvableNodes as dicts: a repeated name keeps its first place), and the passing names' ids; None
+    where a failing name's reason is not plain printable ASCII (orjson escapes or re-encodes those: the Python path
+    writes them), whatever the whitespace in the array (the names are copied, compact)."""
+    from memslice.scheduler_extender.wire import FILTER_NAMES_HEAD
+
+    held = sorted(set(query))
+    ids = [held.index(n) for n in query]
+    kind_of = data.draw(st.lists(st.sampled_from([1, 2, 3]), min_size=len(held), max_size=len(held)))
+    kinds = bytes(kind_of[i] for i in ids)  # a node's kind, each time its name comes (take() of the table)
+    scores = bytearray(data.draw(st.lists(st.integers(0, 10), min_size=len(held), max_size=len(held))))
+    odd = data.draw(st.booleans())
+    reasons = data.draw(st.lists(st.sampled_from(REASONS + (ODD_REASONS if odd else [])), min_size=len(held),
+                                 max_size=len(held)))
+    body = _json_array(query, spaces)
+    got = scan.filter_answer(body, NativeNameIds().pack(ids), kinds, scores, reasons, best)  # (both scans of names)
+    failing = {i for i, k in zip(ids, kinds, strict=True) if k != 1}
+    if any(not (type(reasons[i]) is str and reasons[i].isascii() and reasons[i].isprintable() and '"' not in
+                reasons[i] and "\\" not in reasons[i]) for i in failing):
+        assert got is None
+        return
+    want, kept = _answer_reference(query, ids, kinds, scores, reasons, best)
+    assert got is not None
+    assert FILTER_NAMES_HEAD + got[0] + got[1] == want
+    assert got[2] == NativeNameIds().pack(kept) and orjson.loads(got[0]) == [held[i] for i in kept]
+
+
+def test_filter_answer_refuses_bad_arguments_and_arrays() -> None:
+    """Not a plain array of as many names as ids (escapes, a trailing comma, text after it, too few or too many
+    names), a kind that is no verdict: None; an id outside the scores or the reasons: IndexError; kinds of another
+    count: ValueError; arguments of the wrong types: TypeError."""
+    pack = NativeNameIds().pack
+    scores, reasons = bytearray(b"\x05\x07"), ["r0", "r1"]
+    assert NATIVE.filter_answer(b'["a","b"]', pack([0, 1]), b"\x01\x02", scores, reasons, False) == (
+        b'["a"]', b',"FailedNodes":{"b":"r1"},"FailedAndUnresolvableNodes":{},"Error":""}', pack([0]))
+    assert NATIVE.filter_answer(b'[ "a" ,\n"b" ]', pack([0, 1]), b"\x01\x01", scores, reasons, True)[0] == b'["b"]'
+    for bad in (b'["a",]', b'["a" "b"]', b'["a\\u0061","b"]', b'["a","b"]x', b'["a","b"', b"", b"[1,2]", b'["a"]',
+                b'["a","b","c"]', "[\"\u00e9\",\"b\"]".encode()):
+        assert NATIVE.filter_answer(bad, pack([0, 1]), b"\x01\x02", scores, reasons, False) is None, bad
+    assert NATIVE.filter_answer(b'["a","b"]', pack([0, 1]), b"\x01\x00", scores, reasons, False) is None
+    with pytest.raises(IndexError, match="node id 2 outside a table of 2"):
+        NATIVE.filter_answer(b'["a","b"]', pack([0, 2]), b"\x01\x01", scores, reasons, False)
+    with pytest.raises(IndexError, match="node id 1 outside a table of 1"):
+        NATIVE.filter_answer(b'["a","b"]', pack([0, 1]), b"\x01\x03", scores, reasons[:1], False)
+    with pytest.raises(ValueError, match="1 kinds for 2 ids"):
+        NATIVE.filter_answer(b'["a","b"]', pack([0, 1]), b"\x01", scores, reasons, False)
+    with pytest.raises(ValueError, match="4 bytes each"):
+        NATIVE.filter_answer(b'["a"]', b"\x00" * 5, b"\x01", scores, reasons, False)
+    with pytest.raises(TypeError):
+        NATIVE.filter_answer(b'["a"]', pack([0]), b"\x01", scores, tuple(reasons), False)
+    with pytest.raises(TypeError):
+        NATIVE.filter_answer('["a"]', pack([0]), b"\x01", scores, reasons, False)
