@@ -156,7 +156,9 @@ def test_real_kubelet_allocates_and_containerd_runs_the_pod_held_to_its_quota(wo
     assert "preload-read-only" in out and "limits-read-only" in out, out
     # held to the quota: 400 MiB fit beside the context, 200 more do not, 100 more do; the device total is the
     # quota, and 4 MiB of it are left
-    assert re.search(r"alloc 400 MiB -> 0\nalloc 200 MiB -> 2\nalloc 100 MiB -> 0\n", out), out
+    assert re.search(r"alloc 400 MiB -> 0\nalloc 200 MiB -> 2\nalloc 100 MiB -> 0\n",
+                     world.node.pod_log(p, "cuda", "stdout")), out  # (the shim's refusal line is on stderr)
+    assert "cuMemAlloc_v2 of 200.0 MiB refused" in world.node.pod_log(p, "cuda", "stderr"), out
     assert f"info free={QUOTA_MIB - CONTEXT_MIB - 500} total={QUOTA_MIB} devtotal={QUOTA_MIB}" in out, out
     assert "client-exit=0" in out, out
     # the kubelet asked the agent which devices to take (the extender's reservation decides), then allocated

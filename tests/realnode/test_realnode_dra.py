@@ -147,7 +147,9 @@ def test_real_kubelet_prepares_the_claim_and_containerd_injects_it(world: World)
     out = world.node.pod_log(p, "cuda")
     assert f"limit-env={QUOTA_MIB} " in out, out  # from the CDI spec: the pod spec sets no env
     assert "preload-read-only" in out and "limits-read-only" in out, out
-    assert re.search(r"alloc 400 MiB -> 0\nalloc 200 MiB -> 2\nalloc 100 MiB -> 0\n", out), out
+    assert re.search(r"alloc 400 MiB -> 0\nalloc 200 MiB -> 2\nalloc 100 MiB -> 0\n",
+                     world.node.pod_log(p, "cuda", "stdout")), out  # (the shim's refusal line is on stderr)
+    assert "cuMemAlloc_v2 of 200.0 MiB refused" in world.node.pod_log(p, "cuda", "stderr"), out
     assert f"info free={QUOTA_MIB - CONTEXT_MIB - 500} total={QUOTA_MIB} devtotal={QUOTA_MIB}" in out, out
 
 

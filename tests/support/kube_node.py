@@ -256,15 +256,23 @@ class RealNode:
         status, out = self.cluster.request("GET", f"/api/v1/nodes/{self.name}")
         return out if status == 200 else None
 
-    def pod_log(self, pod: dict[str, Any], container: str) -> str:
-        """What the container wrote (the kubelet's log file of its latest run, CRI format: the text only)."""
+    def pod_log(self, pod: dict[str, Any], container: str, stream: str | None = None) -> str:
+        """What the container wrote (the kubelet's log file of its latest run, CRI format "time stream tag text":
+        the text only), of one stream ("stdout" or "stderr") if given: containerd copies the two pipes apart, so
+        their lines interleave in no fixed order."""
         meta = pod["metadata"]
         d = self.dir / "pod-logs" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / container
         files = sorted(d.glob("*.log"), key=lambda p: int(p.stem) if p.stem.isdigit() else -1) if d.exists() else []
         if not files:
             return ""
-        return "".join(line.split(" ", 3)[3] + "\n" if line.count(" ") >= 3 else line + "\n"
-                       for line in files[-1].read_text(errors="replace").splitlines())
+        out = []
+        for line in files[-1].read_text(errors="replace").splitlines():
+            parts = line.split(" ", 3)
+            if len(parts) < 4:
+                out.append(line + "\n")
+            elif stream is None or parts[1] == stream:
+                out.append(parts[3] + "\n")
+        return "".join(out)
 
     def running_client(self, ns: str, name: str, alive: Any) -> dict[str, Any]:
         """Pod `name` once its container "cuda" runs CLIENT_SCRIPT and the CUDA program has finished."""
