@@ -1006,25 +1006,19 @@ static int span_mask(PyObject *rows, PyObject *free_rows, Py_ssize_t k, uint64_t
 }
 
 /* Why a function: the policy's pick among the closest fitting sets (more than one), as spanning._search writes
- * it: each set's free fractions added left to right from 0.0 (spanning._added: not Python's sum, compensated
- * from 3.12 on), negated for spread; the least wins, ties to the lower positions. *best: the set. 1; 0 where a
- * row or position is not exact or a GPU has 0 MiB (the reference answers: it divides for every row); -1 error. */
-static int span_pick(PyObject *rows, PyObject *fitting, long gpus, int spread, PyObject **best) {
-    Py_ssize_t n = PyTuple_GET_SIZE(rows);
-    double fraction[SPAN_MAX_GPUS];
-    for (Py_ssize_t p = 0; p < n; p++) {
-        int64_t index, mem, free_mib;
-        if (!span_row(rows, p, &index, &mem, &free_mib) || mem == 0)
-            return 0;
-        fraction[p] = (double)free_mib / (double)mem;
-    }
+ * it: each set's free fractions (`fraction`, by position, n of them) added left to right from 0.0
+ * (spanning._added: not Python's sum, compensated from 3.12 on), negated for spread; the least wins, ties to the
+ * lower positions. One loop for span_pick and span_cache_search (`who` names the caller in an error). *best: the
+ * set. 1; 0 where a position is not exact; -1 a TypeError set. */
+static int span_pick_of(const double *fraction, Py_ssize_t n, PyObject *fitting, long gpus, int spread,
+                        const char *who, PyObject **best) {
     double best_value = 0.0;
     int64_t best_pos[SPAN_MAX_GPUS];
     *best = NULL;
     for (Py_ssize_t s = 0; s < PyTuple_GET_SIZE(fitting); s++) {
         PyObject *pos = PyTuple_GET_ITEM(fitting, s);
         if (!PyTuple_CheckExact(pos) || PyTuple_GET_SIZE(pos) != gpus) {
-            PyErr_Format(PyExc_TypeError, "span_scores: a fitting set is not a tuple of %ld positions", gpus);
+            PyErr_Format(PyExc_TypeError, "%s: a fitting set is not a tuple of %ld positions", who, gpus);
             return -1;
         }
         int64_t at[SPAN_MAX_GPUS];
@@ -1052,6 +1046,45 @@ static int span_pick(PyObject *rows, PyObject *fitting, long gpus, int spread, P
     return 1;
 }
 
+/* Why a function: span_pick_of on the rows' free fractions. *best: the set. 1; 0 where a row or position is not
+ * exact or a GPU has 0 MiB (the reference answers: it divides for every row); -1 error. */
+static int span_pick(PyObject *rows, PyObject *fitting, long gpus, int spread, PyObject **best) {
+    Py_ssize_t n = PyTuple_GET_SIZE(rows);
+    double fraction[SPAN_MAX_GPUS];
+    for (Py_ssize_t p = 0; p < n; p++) {
+        int64_t index, mem, free_mib;
+        if (!span_row(rows, p, &index, &mem, &free_mib) || mem == 0)
+            return 0;
+        fraction[p] = (double)free_mib / (double)mem;
+    }
+    return span_pick_of(fraction, n, fitting, gpus, spread, "span_scores", best);
+}
+
+/* Why a function: a kept mask's entry (distance, sets), as spanning._closest keeps it, read once for span_search
+ * and span_cache_search (`who` names the caller in an error): *d its distance, *positions the set the policy
+ * picks: the only one, else span_pick_of on `fraction` (NULL: span_pick on `rows`). 1; 0 where the reference
+ * answers (no sets, a distance without an exact closeness, a row or position not exact); -1 a TypeError set. */
+static int span_hit_positions(PyObject *hit, PyObject *closes, PyObject *rows, const double *fraction, long gpus,
+                              int spread, const char *who, int64_t *d, PyObject **positions) {
+    if (!PyTuple_CheckExact(hit) || PyTuple_GET_SIZE(hit) != 2 || !PyTuple_CheckExact(PyTuple_GET_ITEM(hit, 1))
+        || !span_int(PyTuple_GET_ITEM(hit, 0), d)) {
+        PyErr_Format(PyExc_TypeError, "%s: a kept mask's sets are not (distance, sets)", who);
+        return -1;
+    }
+    PyObject *fitting = PyTuple_GET_ITEM(hit, 1);
+    if (*d < 0 || *d >= PyTuple_GET_SIZE(closes) || PyTuple_GET_SIZE(fitting) == 0
+        || !PyFloat_CheckExact(PyTuple_GET_ITEM(closes, *d)))
+        return 0;
+    if (PyTuple_GET_SIZE(fitting) == 1) {
+        *positions = PyTuple_GET_ITEM(fitting, 0);
+        return 1;
+    }
+    if (fraction == NULL)
+        return span_pick(rows, fitting, gpus, spread, positions);
+    return span_pick_of(fraction, PyTuple_GET_SIZE(rows), fitting, gpus, spread, who, positions);
+}
+
+
 /* span_search: spanning._search's mask path natively, for the set search of k that `chosen` lacks. `search` is
  * (rows, free_rows, by_mask, closes): the view's GPUs (their index = their position: the caller checked the
  * ends), its healthy GPUs by (free, index), the closest fitting sets kept per mask for this topology and N
@@ -1072,22 +1105,10 @@ static int span_search(PyObject *search, Py_ssize_t k, long gpus, int spread, Py
     if (hit == NULL)
         return PyErr_Occurred() ? -1 : 0;
     int64_t d;
-    if (!PyTuple_CheckExact(hit) || PyTuple_GET_SIZE(hit) != 2 || !PyTuple_CheckExact(PyTuple_GET_ITEM(hit, 1))
-        || !span_int(PyTuple_GET_ITEM(hit, 0), &d)) {
-        PyErr_SetString(PyExc_TypeError, "span_scores: a kept mask's sets are not (distance, sets)");
-        return -1;
-    }
-    PyObject *fitting = PyTuple_GET_ITEM(hit, 1), *positions = NULL;
-    if (d < 0 || d >= PyTuple_GET_SIZE(closes) || PyTuple_GET_SIZE(fitting) == 0
-        || !PyFloat_CheckExact(PyTuple_GET_ITEM(closes, d)))
-        return 0;
-    if (PyTuple_GET_SIZE(fitting) == 1)
-        positions = PyTuple_GET_ITEM(fitting, 0);
-    else {
-        int ok = span_pick(rows, fitting, gpus, spread, &positions);
-        if (ok != 1)
-            return ok;
-    }
+    PyObject *positions = NULL;
+    int usable = span_hit_positions(hit, closes, rows, NULL, gpus, spread, "span_scores", &d, &positions);
+    if (usable != 1)
+        return usable;
     if (!PyTuple_CheckExact(positions) || PyTuple_GET_SIZE(positions) != gpus) {
         PyErr_Format(PyExc_TypeError, "span_scores: a fitting set is not a tuple of %ld positions", gpus);
         return -1;
@@ -2012,46 +2033,6 @@ static void span_cache_rows(SpanCache *c) {
     c->rows_state = 1;
 }
 
-/* Why a function: span_pick on the decoded fractions (the same sums in the same order, the same ties): *best the
- * set; 1; 0 a position not exact or a GPU of 0 MiB (the reference answers); -1 a TypeError set. */
-static int span_cache_pick(const SpanCache *c, PyObject *fitting, long gpus, int spread, PyObject **best) {
-    Py_ssize_t n = PyTuple_GET_SIZE(c->rows);
-    double best_value = 0.0;
-    int64_t best_pos[SPAN_MAX_GPUS];
-    *best = NULL;
-    if (!c->fractions_ok)
-        return 0;
-    for (Py_ssize_t s = 0; s < PyTuple_GET_SIZE(fitting); s++) {
-        PyObject *pos = PyTuple_GET_ITEM(fitting, s);
-        if (!PyTuple_CheckExact(pos) || PyTuple_GET_SIZE(pos) != gpus) {
-            PyErr_Format(PyExc_TypeError, "span_refresh: a fitting set is not a tuple of %ld positions", gpus);
-            return -1;
-        }
-        int64_t at[SPAN_MAX_GPUS];
-        double value = 0.0;
-        for (long g = 0; g < gpus; g++) {
-            if (!span_int(PyTuple_GET_ITEM(pos, g), &at[g]) || at[g] < 0 || at[g] >= n)
-                return 0;
-            value += c->fraction[at[g]];
-        }
-        if (spread)
-            value = -value;
-        int lower = 0; /* pos < best's positions, as Python compares tuples of ints */
-        if (*best != NULL && value == best_value) {
-            long g = 0;
-            while (g < gpus && at[g] == best_pos[g])
-                g++;
-            lower = g < gpus && at[g] < best_pos[g];
-        }
-        if (*best == NULL || value < best_value || lower) {
-            *best = pos;
-            best_value = value;
-            memcpy(best_pos, at, sizeof(at[0]) * (size_t)gpus);
-        }
-    }
-    return 1;
-}
-
 /* Why a function: the flat chosen set (closeness, then each GPU's free MiB and MiB: spanning.Found) of `positions`,
  * the rows' own ints. *out a new reference; 1; 0 a position not exact; -1 an error set. */
 static int span_cache_chosen(const SpanCache *c, PyObject *positions, PyObject *close, long gpus, PyObject **out) {
@@ -2177,22 +2158,11 @@ static int span_cache_search(SpanCache *c, Py_ssize_t k, long gpus, int spread, 
     if (hit == NULL)
         return PyErr_Occurred() ? -1 : 0;
     int64_t d;
-    if (!PyTuple_CheckExact(hit) || PyTuple_GET_SIZE(hit) != 2 || !PyTuple_CheckExact(PyTuple_GET_ITEM(hit, 1))
-        || !span_int(PyTuple_GET_ITEM(hit, 0), &d)) {
-        PyErr_SetString(PyExc_TypeError, "span_refresh: a kept mask's sets are not (distance, sets)");
-        return -1;
-    }
-    PyObject *fitting = PyTuple_GET_ITEM(hit, 1), *positions = NULL;
-    if (d < 0 || d >= PyTuple_GET_SIZE(c->closes) || PyTuple_GET_SIZE(fitting) == 0
-        || !PyFloat_CheckExact(PyTuple_GET_ITEM(c->closes, d)))
-        return 0;
-    if (PyTuple_GET_SIZE(fitting) == 1)
-        positions = PyTuple_GET_ITEM(fitting, 0);
-    else {
-        int ok = span_cache_pick(c, fitting, gpus, spread, &positions);
-        if (ok != 1)
-            return ok;
-    }
+    PyObject *positions = NULL;
+    int usable = span_hit_positions(hit, c->closes, c->rows, c->fractions_ok ? c->fraction : NULL, gpus, spread,
+                                    "span_refresh", &d, &positions); /* (NULL: span_pick leaves a 0 MiB GPU's) */
+    if (usable != 1)
+        return usable;
     return span_cache_chosen(c, positions, PyTuple_GET_ITEM(c->closes, d), gpus, out);
 }
 
