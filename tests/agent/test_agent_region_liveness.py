@@ -63,7 +63,7 @@ HOLDER = r"""
 import fcntl, os, sys
 write = sys.argv[2] == "write"
 fd = os.open(sys.argv[1], os.O_RDWR if write else os.O_RDONLY)
-fcntl.lockf(fd, fcntl.LOCK_EX if write else fcntl.LOCK_SH, 1, 1 << 20, os.SEEK_SET)
+fcntl.lockf(fd, (fcntl.LOCK_EX if write else fcntl.LOCK_SH) | fcntl.LOCK_NB, 1, 1 << 20, os.SEEK_SET)
 print("ready", flush=True)
 sys.stdin.read()
 """
