@@ -265,6 +265,42 @@ def _owner(fd: int, lock_byte: int) -> tuple[bool, int]:
     return l_type != fcntl.F_UNLCK, max(int(l_pid), 0) if l_type != fcntl.F_UNLCK else 0
 
 
+def user_of(region_dir: str | os.PathLike[str]) -> int | None:
+    """Whether a live process uses the region in `region_dir`: the PID (in the caller's PID namespace; 0 when not
+    visible there, or when the kernel cannot say) of a process holding a write lock anywhere in the region
+    file, or None when nobody does or there is no regular region file there.
+
+    A process of the container holds one for as long as it uses the region (its slot's byte; the creation byte
+    while it makes the file), and the kernel drops it when the process dies, kill -9 included: liveness that no
+    clock and no byte of the file decides. Only a descriptor open for writing can take a write lock, so a mere
+    reader of the file (the read-only peers' mount of a simulated node) cannot pose as a user. The probe is a
+    read lock over the whole file, which only write locks conflict with; nothing is taken, and nothing but a
+    regular file is opened (probed through O_PATH first, as for the PID fill)."""
+    try:
+        probe = os.open(region_path(region_dir), os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None  # no file (or no directory)
+    try:
+        st = os.fstat(probe)
+        if not stat.S_ISREG(st.st_mode):
+            return None  # a link, a FIFO, a directory...: no process of ours uses that
+        fd = os.open(f"/proc/self/fd/{probe}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        # refused (a mode the tenant chose) reads as unused; anything else (out of descriptors) cannot tell:
+        # counted as used, and asked again at the next look
+        return None if exc.errno in (errno.EACCES, errno.EPERM) else 0
+    finally:
+        os.close(probe)
+    try:
+        query = _FLOCK.pack(fcntl.F_RDLCK, os.SEEK_SET, 0, 0, 0)  # l_len 0: the whole file, however long
+        l_type, _, _, _, l_pid = _FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_GETLK, query))
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+    return None if l_type == fcntl.F_UNLCK else max(int(l_pid), 0)
+
+
 def read_region_file(path: str, with_processes: bool = True) -> RegionSnapshot | None:
     """Snapshot of the region file at `path`: None if absent or still being created; RegionError (naming the
     file and what is wrong) for anything that is not a valid region. with_processes=False leaves the process

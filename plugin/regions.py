@@ -30,6 +30,7 @@ from typing import Any
 
 from memslice.compute import CONTAINER_COMPUTE_DIR
 from memslice.elastic import CONTAINER_ELASTIC_DIR
+from memslice.interposer.region import user_of
 from memslice.limits import CONTAINER_LIMITS, Limits
 from memslice.limits import write as write_limits
 
@@ -410,6 +411,13 @@ class RegionStore:
                         self.dir_of(region_id), trash, exc.strerror)
             return
         self.reaper.wake()
+
+    def user(self, region_id: str) -> int | None:
+        """The PID of a live process using the region (0: one does, its PID not visible here), or None
+        (memslice.interposer.region.user_of: a write lock only a live process of the container can hold)."""
+        if not REGION_ID.match(region_id):
+            raise ValueError(f"refusing to look at {region_id!r}: not a region ID")
+        return user_of(self.dir_of(region_id))
 
     def load(self) -> dict[str, Allocation]:
         """The recorded allocations (a record that cannot be read is logged and skipped)."""

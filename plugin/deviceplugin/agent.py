@@ -23,6 +23,7 @@ from ..config import AgentConfig
 from ..elastic.slots import write_roster
 from ..gpu.health import HealthBook
 from ..gpu.nvml import GpuInfo
+from ..ledger import Allocation
 from ..metrics import Metrics
 from ..regions import RegionStore
 from ..response import ResponseConfig
@@ -62,6 +63,7 @@ class DevicePluginMode:
         self._reconciler = threading.Thread(target=self._reconcile_loop, name="reconcile", daemon=True)
         self._reconcile_heartbeat = time.monotonic()
         self._pr_failing = False
+        self._kept_in_use: set[str] = set()  # regions kept for a live process (said once each)
 
     # --- the hooks, in the order NodeAgent.start calls them ---------------------------------------------
     def check(self, gpus: list[GpuInfo]) -> None:
@@ -164,6 +166,8 @@ class DevicePluginMode:
 
     def reconcile_once(self) -> None:
         st = self._st()
+        grace = max(2 * self.cfg.reconcile_interval_s, 1.0)
+        looked_at, wall = time.monotonic(), time.time()  # before the look: an answer ending after it is young
         live = None
         if self.podresources is not None:
             try:
@@ -182,22 +186,17 @@ class DevicePluginMode:
             gone = set(st.gone_uids)
             uid_of = st.uid_of()
             running = frozenset(st.running_uids())
+            young = st.young(looked_at, grace)
         uuid_of = {i: g.uuid for i, g in st.gpus.items()}
-        grace = max(2 * self.cfg.reconcile_interval_s, 1.0)
-        result = reconcile(ledger, live, gone, uid_of, uuid_of, st.unit_mib, time.time(), grace, running)
+        result = reconcile(ledger, live, gone, uid_of, uuid_of, st.unit_mib, wall, grace, running, young)
         for a in result.recovered:
             self.regions.create(a)
             log.info("recovered from the kubelet's record: %d MiB of GPU %d for %s, region %s", a.mib,
                      a.gpu_index, a.owner(), a.region_id)
         for a in result.removed:
-            self.regions.remove(a.region_id)
-            if a.compute_slot >= 0:  # the slot goes back (on each GPU), the rosters no longer count it
-                release_all(self.cfg.compute_dir, a.uuids(), a.compute_slot)
+            self._remove_entry(a, a.region_id in result.unlisted)
         updated = []
         with st.lock:
-            for a in result.removed:
-                if st.ledger.get(a.region_id) == a:
-                    del st.ledger[a.region_id]
             for rid, a in result.keep.items():
                 before = ledger.get(rid)
                 if before is None:
@@ -206,24 +205,57 @@ class DevicePluginMode:
                     st.ledger[rid] = a
                     updated.append(a)
             st.gone_uids &= {a.pod_uid for a in st.ledger.values()}
-            known = set(st.ledger)
-        for a in result.removed:  # logged once the ledger no longer counts it (what the metrics show)
-            log.info("removed region %s of %s (%d MiB of GPU %s): the pod is gone", a.region_id, a.owner(),
-                     a.mib, ",".join(str(i) for i, _ in a.gpus()))
         for a in updated:
             self.regions.save(a)
             log.info("region %s is %s's (learnt from the PodResources API)", a.region_id, a.owner())
-        self._remove_orphans(known, grace)
+        self._remove_orphans()
 
-    def _remove_orphans(self, known: set[str], grace: float) -> None:
-        now = time.time()
-        for rid in self.regions.directories():
-            if rid in known:
+    def _in_use(self, rid: str, what: str) -> bool:
+        """Whether a live process uses region `rid` (a write lock in its file: RegionStore.user), said once per
+        region while it lasts: such a region is never removed on the record's silence or as an orphan."""
+        pid = self.regions.user(rid)
+        if pid is None:
+            self._kept_in_use.discard(rid)
+            return False
+        if rid not in self._kept_in_use:
+            self._kept_in_use.add(rid)
+            log.warning("kept region %s (%s): process %s still uses it; removed once no process does", rid, what,
+                        pid or "(not visible from here)")
+        return True
+
+    def _remove_entry(self, a: Allocation, unlisted: bool) -> None:
+        """Remove a ledger entry reconciliation gave up, with its region, unless it changed meanwhile or is being
+        answered again; one the record merely lacks (`unlisted`) stays while a live process uses its region."""
+        st = self._st()
+        rid = a.region_id
+        if unlisted and self._in_use(rid, f"{a.owner()}, not in the kubelet's record"):
+            return
+        with st.lock:  # decided and done under the lock Allocate announces its regions under (begin_answer)
+            if st.ledger.get(rid) != a or rid in st.answering:
+                return
+            self.regions.remove(rid)
+            del st.ledger[rid]
+        if a.compute_slot >= 0:  # the slot goes back (on each GPU), the rosters no longer count it
+            release_all(self.cfg.compute_dir, a.uuids(), a.compute_slot)
+        log.info("removed region %s of %s (%d MiB of GPU %s): the pod is gone", rid, a.owner(), a.mib,
+                 ",".join(str(i) for i, _ in a.gpus()))
+
+    def _remove_orphans(self) -> None:
+        """Remove region directories no allocation holds: neither in the ledger nor being answered (checked
+        under the lock Allocate announces its regions under, before it creates them, so a directory whose
+        entry is not written yet is never taken for an orphan, however slow the writing) nor used by a live
+        process. No age is involved: a directory's mtime is the tenant's to refresh and the disk's to delay."""
+        st = self._st()
+        dirs = self.regions.directories()
+        self._kept_in_use &= set(dirs)
+        for rid in dirs:
+            with st.lock:
+                if rid in st.ledger or rid in st.answering:
+                    continue
+            if self._in_use(rid, "no allocation holds it"):
                 continue
-            try:
-                age = now - self.regions.dir_of(rid).stat().st_mtime
-            except FileNotFoundError:
-                continue
-            if age >= grace:
+            with st.lock:
+                if rid in st.ledger or rid in st.answering:
+                    continue
                 self.regions.remove(rid)
-                log.info("removed region %s: no allocation holds it", rid)
+            log.info("removed region %s: no allocation holds it", rid)

@@ -37,13 +37,17 @@ class LiveContainer:
 class ReconcileResult:
     keep: dict[str, Allocation] = field(default_factory=dict)
     removed: list[Allocation] = field(default_factory=list)
+    # of `removed`, those removed only because the record lacks them (their pod is not known to be gone): the
+    # caller keeps any of them a live process still uses (the record can lag: a restarted kubelet)
+    unlisted: set[str] = field(default_factory=set)
     recovered: list[Allocation] = field(default_factory=list)
 
 
 def reconcile(ledger: Mapping[str, Allocation], live: Sequence[LiveContainer] | None,
               gone_pod_uids: set[str], uid_of: Mapping[tuple[str, str], str],
               uuid_of: Mapping[int, str], unit_mib: int, now: float, grace_s: float,
-              running_pod_uids: frozenset[str] = frozenset()) -> ReconcileResult:
+              running_pod_uids: frozenset[str] = frozenset(), young: frozenset[str] = frozenset()
+              ) -> ReconcileResult:
     """Decide the ledger after one look at the kubelet's record.
 
     - `live` None (PodResources unavailable): keep everything whose pod is not known to be gone.
@@ -53,7 +57,10 @@ def reconcile(ledger: Mapping[str, Allocation], live: Sequence[LiveContainer] | 
       when their pod is known to be gone. An entry whose pod the pod watch still sees on the node, not
       finished (`running_pod_uids`), is kept though the record lacks it: a restarted kubelet answers
       PodResources before it has admitted its running pods again (issue 37: seen with the real kubelet), and
-      removing the entry then would hand its memory out twice.
+      removing the entry then would hand its memory out twice. An entry in `young` is kept too: it was being
+      answered, or answered less than `grace_s` before this look at the record began, so the kubelet may not
+      have recorded it yet (`now` is when the look began; a look that started before an answer ended never
+      removes it, however long the look took or the answer was written).
     """
     out = ReconcileResult()
     if live is None:
@@ -75,9 +82,11 @@ def reconcile(ledger: Mapping[str, Allocation], live: Sequence[LiveContainer] | 
                 a = replace(a, namespace=owner.namespace, pod=owner.pod, container=owner.container,
                             pod_uid=uid_of.get((owner.namespace, owner.pod), a.pod_uid))
             out.keep[rid] = a
-        elif (a.pod_uid and a.pod_uid in gone_pod_uids) or (now - a.created_at >= grace_s
-                                                             and a.pod_uid not in running_pod_uids):
+        elif a.pod_uid and a.pod_uid in gone_pod_uids:
             out.removed.append(a)
+        elif now - a.created_at >= grace_s and a.pod_uid not in running_pod_uids and rid not in young:
+            out.removed.append(a)
+            out.unlisted.add(rid)
         else:
             out.keep[rid] = a
     for rid, lc in by_region.items():

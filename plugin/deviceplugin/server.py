@@ -152,6 +152,15 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             self.metrics.allocate_errors.inc()
             log.warning("Allocate refused: %s", exc)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        # Until this call has ended (its answer sent, or the call failed), its regions are being answered: the
+        # orphan sweep and reconciliation leave them alone, whatever the files' ages or the kubelet's record
+        # say (their directories exist before their ledger entries, and the kubelet records only after the
+        # answer arrives).
+        rids = [region_id_for(t.device_ids) for t, _ in owned]
+        st.begin_answer(rids)
+        if not context.add_callback(lambda: st.end_answer(rids, time.monotonic())):
+            st.end_answer(rids, time.monotonic())
+            context.abort(grpc.StatusCode.CANCELLED, "the Allocate call ended before it was answered")
         out = api_pb2.AllocateResponse()
         for target, owner in owned:
             try:

@@ -47,6 +47,10 @@ class PluginState(NodeState):
         # device IDs the agent last preferred -> the reservation and container it chose them for
         self.preferred: dict[frozenset[str], tuple[ReservedPod, str]] = {}
         self.pods_version = 0  # bumped by every pod event, so a caller can wait for the watch to catch up
+        # Allocate calls in flight by region ID (count), and when the last answer for each ended (monotonic):
+        # the regions the kubelet may not have recorded yet (`young`), which reconciliation never removes
+        self.answering: dict[str, int] = {}
+        self.answered: dict[str, float] = {}
 
     # --- device list -------------------------------------------------------------------------------------
     def bump(self) -> None:
@@ -62,6 +66,33 @@ class PluginState(NodeState):
                 self._list = (self.version, build_device_list(self.gpus.values(), self.health.snapshot(),
                                                               self.unit_mib))
             return self._list
+
+    # --- allocations being answered ------------------------------------------------------------------------
+    def begin_answer(self, region_ids: Iterable[str]) -> None:
+        """An Allocate call is about to create these regions: from now until `end_answer`, neither the orphan
+        sweep nor reconciliation may remove them (their directories exist before their ledger entries do)."""
+        with self.lock:
+            for rid in region_ids:
+                self.answering[rid] = self.answering.get(rid, 0) + 1
+
+    def end_answer(self, region_ids: Iterable[str], at: float) -> None:
+        """The Allocate call that began them ended at `at` (monotonic): answered, failed or cancelled."""
+        with self.lock:
+            for rid in region_ids:
+                left = self.answering.get(rid, 0) - 1
+                if left > 0:
+                    self.answering[rid] = left
+                else:
+                    self.answering.pop(rid, None)
+                self.answered[rid] = at
+
+    def young(self, looked_at: float, grace_s: float) -> frozenset[str]:
+        """Region IDs the kubelet may not have recorded at `looked_at` (monotonic): being answered, or answered
+        less than `grace_s` before it. Stamps too old for any later look are forgotten (bounded)."""
+        with self.lock:
+            for rid in [r for r, t in self.answered.items() if looked_at - t >= grace_s]:
+                del self.answered[rid]
+            return frozenset(self.answering) | frozenset(self.answered)
 
     # --- pods ----------------------------------------------------------------------------------------------
     def pods_replace(self, pods: Iterable[PodInfo]) -> None:

@@ -113,7 +113,9 @@ def test_node_agent_limits_file_holds_every_process(escape, cbin, short_tmp):
                MEMSLICE_SIM_CONTEXT_OVERHEAD="300MiB")  # what a context takes on this simulated GPU
     out = run(["unshare", "-Urm", "sh", "-c", MOUNT_SCRIPT, "sh", *AGENT_ESCAPES[escape], cbin["alloc_direct"], "2000",
                "700"], env)
-    dev = read_region(region.host_path).devices[0]
+    snap = read_region(region.host_path)
+    assert snap is not None, f"no region in {region.host_path} (exit {out.returncode}): {out.stdout}{out.stderr}"
+    dev = snap.devices[0]
     assert dev.limit_bytes == 1 << 30 and dev.peak_bytes == (700 + 300) * MiB  # 300 MiB: the context, measured
     if escape == "oversubscribe":
         # the agent's limits file says oversubscribe=0 (the pod did not ask with memslice.io/oversubscribe):

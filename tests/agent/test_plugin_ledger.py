@@ -61,3 +61,14 @@ def test_ids_this_agent_never_issues_in_the_kubelet_record_are_skipped_not_fatal
     r = reconcile({a.region_id: a}, live, set(), {}, {0: "GPU-a"}, 4, 200, 30)
     assert list(r.keep) == [a.region_id] and r.keep[a.region_id].pod == "p1"
     assert not r.recovered and not r.removed
+
+
+def test_an_entry_still_young_for_this_look_is_kept_and_silence_is_told_apart_from_a_gone_pod():
+    """`young`: answered less than the grace before the look began (or still being answered): the kubelet may
+    not have recorded it, however old `created_at` is. Of the removed, `unlisted` names those removed only on
+    the record's silence (which the agent keeps while a live process uses them), not those whose pod is gone."""
+    old, answered, gone = alloc(["g0-1"], created=10), alloc(["g0-2"], created=10), alloc(["g0-3"], 99, "u1", "p")
+    ledger = {a.region_id: a for a in (old, answered, gone)}
+    r = reconcile(ledger, [], {"u1"}, {}, {}, 1, 100, 30, frozenset(), frozenset({answered.region_id}))
+    assert list(r.keep) == [answered.region_id]
+    assert r.removed == [old, gone] and r.unlisted == {old.region_id}

@@ -24,8 +24,9 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +94,9 @@ class KubeletStandin:
         self.call_seconds: dict[str, list[float]] = {"GetPreferredAllocation": [], "Allocate": []}
         self._server: grpc.Server | None = None
         self._pr_server: grpc.Server | None = None
+        self.list_calls = 0  # PodResources List calls begun
+        self.lists_held = 0  # List calls held now (held_lists)
+        self._list_gate: threading.Event | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> KubeletStandin:
@@ -282,6 +286,21 @@ class KubeletStandin:
         with self.cond:
             self.pods.pop(uid, None)
 
+    @contextmanager
+    def held_lists(self) -> Iterator[None]:
+        """A kubelet whose PodResources answers arrive late: inside the block, each List answers what the
+        record held when it was asked, but only once the block ends (or after 60 s). `lists_held` counts
+        the answers waiting."""
+        gate = threading.Event()
+        with self.cond:
+            self._list_gate = gate
+        try:
+            yield
+        finally:
+            with self.cond:
+                self._list_gate = None
+            gate.set()
+
 
 class _Registration(api_pb2_grpc.RegistrationServicer):
     def __init__(self, kubelet: KubeletStandin) -> None:
@@ -304,13 +323,23 @@ class _PodResources(podresources_pb2_grpc.PodResourcesListerServicer):
     def List(self, request: podresources_pb2.ListPodResourcesRequest, context: grpc.ServicerContext
              ) -> podresources_pb2.ListPodResourcesResponse:
         out = podresources_pb2.ListPodResourcesResponse()
-        with self.kubelet.cond:
-            for pod in self.kubelet.pods.values():
+        k = self.kubelet
+        with k.cond:
+            for pod in k.pods.values():
                 pr = out.pod_resources.add(name=pod.name, namespace=pod.namespace)
                 for cname, resources in pod.containers.items():
                     c = pr.containers.add(name=cname)
                     for resource, ids in resources.items():
                         c.devices.add(resource_name=resource, device_ids=ids)
+            k.list_calls += 1
+            gate = k._list_gate
+            if gate is not None:
+                k.lists_held += 1
+                k.cond.notify_all()
+        if gate is not None:  # the answer taken above, delivered late
+            gate.wait(60)
+            with k.cond:
+                k.lists_held -= 1
         return out
 
     def GetAllocatableResources(self, request: podresources_pb2.AllocatableResourcesRequest,
