@@ -1,5 +1,5 @@
-"""What a node agent imports, read from the real process: `memslice node-agent` runs with PYTHONPROFILEIMPORTTIME=1,
-so its stderr names every module it imports, when it imports it.
+"""What a node agent imports, read from the real process: `memslice node-agent` runs with a sitecustomize (on its
+PYTHONPATH, from this test) that writes the names in sys.modules to a file when the process exits, after SIGTERM.
 
 The kubernetes client's generated API classes are pydantic-validated from kubernetes 37 on: `CoreV1Api` costs about
 0.9 CPU-seconds to construct, `ResourceV1Api` 0.25, and both were constructed at every agent start (DRA mode: before
@@ -12,7 +12,7 @@ its own wing of plugin/.
 
 from __future__ import annotations
 
-import re
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -30,19 +30,33 @@ from waiting import wait_until
 from memslice.contract import ANN_GPUS
 from memslice.paths import lib_paths
 
+# modules the kubernetes client imports lazily (kubernetes.client.__getattr__) when CoreV1Api / ResourceV1Api are named
 HEAVY = ("kubernetes.client.api.core_v1_api", "kubernetes.client.api.resource_v1_api")
-IMPORT_LINE = re.compile(r"^import time:\s+\d+ \|\s+\d+ \| *(\S+)$", re.M)
+SITECUSTOMIZE = """\
+import atexit, os, sys
+
+def _modules(path=os.environ["MODULES_AT_EXIT"] + "." + str(os.getpid())):
+    with open(path, "w") as f:
+        f.write("\\n".join(sorted(sys.modules)))
+
+atexit.register(_modules)
+"""
 
 
-def imported(output: str) -> set[str]:
-    """The modules a process started with PYTHONPROFILEIMPORTTIME=1 imported, from its output."""
-    return set(IMPORT_LINE.findall(output))
+def spy_env(root: Path) -> dict[str, str]:
+    """The environment that makes a Python process write its sys.modules to root/modules.PID when it exits."""
+    (root / "spy").mkdir(exist_ok=True)
+    (root / "spy" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    path = os.pathsep.join(p for p in (str(root / "spy"), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, "MODULES_AT_EXIT": str(root / "modules")}
 
 
-def check(output: str, absent: tuple[str, ...]) -> None:
-    mods = imported(output)
-    # not vacuous: the import lines are there, and the agent did load the client and the calls module
-    assert {"kubernetes", "memslice.kube.calls", "memslice.plugin.agent"} <= mods, sorted(mods)[:50]
+def check(root: Path, pid: int, absent: tuple[str, ...]) -> None:
+    out = root / f"modules.{pid}"
+    assert out.is_file(), "the agent did not exit cleanly after SIGTERM (no sys.modules written)"
+    mods = set(out.read_text().split())
+    # not vacuous: the agent did load the kubernetes client (and the client's API package, for ApiClient)
+    assert {"kubernetes", "kubernetes.client.api_client", "memslice.plugin.agent"} <= mods, sorted(mods)[:50]
     assert [m for m in absent if m in mods] == []
 
 
@@ -54,7 +68,7 @@ def dra_node() -> Iterator[tuple[KubeApiStandin, DraNode]]:
         kube.put({"kind": "Node", "metadata": {"name": NODE}})
         kube.put(dra.device_class(CLASS))
         node = DraNode(root, kube)
-        node.env["PYTHONPROFILEIMPORTTIME"] = "1"
+        node.env.update(spy_env(root))
         try:
             yield kube, node
         finally:
@@ -66,7 +80,6 @@ def test_dra_agent_serves_and_prepares_without_the_generated_api_classes(dra_nod
     kube, node = dra_node
     node.start()  # registered with the kubelet stand-in, its ResourceSlice published
     assert node.http("/readyz")[0] == 200
-    check(node.log(), HEAVY + ("memslice.plugin.deviceplugin.agent",))
     kube.put(dra.claim("c", "4Gi", namespace=NS, class_name=CLASS))
     claim = dra.allocate(kube, NS, "c", NODE)
     resp = node.kubelet.prepare(DRIVER, claim)
@@ -74,14 +87,16 @@ def test_dra_agent_serves_and_prepares_without_the_generated_api_classes(dra_nod
     stored = kube.get("ResourceClaim", NS, "c")
     assert stored is not None and stored["status"]["devices"][0]["driver"] == DRIVER  # written by the agent
     node.kubelet.unprepare(DRIVER, claim)
-    check(node.log(), HEAVY + ("memslice.plugin.deviceplugin.agent",))
+    assert node.proc is not None
+    node.stop_agent()
+    check(node.root, node.proc.pid, HEAVY + ("memslice.plugin.deviceplugin.agent",))
 
 
 def test_device_plugin_agent_with_an_api_runs_without_the_generated_api_classes(short_tmp: Path) -> None:
     api = KubeApiStandin().start()
     kubelet = KubeletStandin(short_tmp / "dp", short_tmp / "pr" / "kubelet.sock").start()
     agent = AgentProcess(short_tmp, args=("--kubeconfig", api.kubeconfig(str(short_tmp / "kubeconfig")),
-                                          "--node-name", "n1"), env={"PYTHONPROFILEIMPORTTIME": "1"})
+                                          "--node-name", "n1"), env=spy_env(short_tmp))
 
     def alive() -> None:
         assert agent.proc is not None and agent.proc.poll() is None, agent.log()[-3000:]
@@ -97,7 +112,9 @@ def test_device_plugin_agent_with_an_api_runs_without_the_generated_api_classes(
         wait_until("the node inventory published (a PATCH of the Node)", lambda: ANN_GPUS in annotations(), 30,
                    alive=alive)
         wait_until("/readyz 200 (the pod watch synced)", lambda: agent.get("/readyz")[0] == 200, 30, alive=alive)
-        check(agent.log(), HEAVY + ("memslice.plugin.dra.agent",))
+        assert agent.proc is not None
+        agent.stop()
+        check(short_tmp, agent.proc.pid, HEAVY + ("memslice.plugin.dra.agent",))
     finally:
         agent.stop()
         kubelet.stop()
