@@ -62,7 +62,7 @@ def api(tmp_path: Path) -> Iterator[tuple[Any, ThreadingHTTPServer]]:
     """An ApiClient from a kubeconfig with a token, for a recording HTTP server."""
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
     srv.seen = []  # type: ignore[attr-defined]
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(json.dumps({
         "apiVersion": "v1", "kind": "Config", "current-context": "c",
