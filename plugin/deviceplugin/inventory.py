@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from memslice.contract import ANN_GPU_MEM, ANN_GPU_UUID, ANN_GPUS, TERMINAL_PHASES, Gpu, Inventory
 from memslice.kube.backoff import Backoff
+from memslice.kube.calls import CoreV1ApiRaw, done
 from memslice.kube.informer import Informer
 
 from ..gpu.nvml import GpuInfo
@@ -73,10 +74,9 @@ class InventoryPublisher:
         self._dirty.set()
 
     def _run(self) -> None:
-        from kubernetes.client import CoreV1Api
         from kubernetes.client.exceptions import ApiException
 
-        v1 = CoreV1Api(self.api)
+        v1 = CoreV1ApiRaw(self.api)  # CoreV1Api's requests, without its import (memslice.kube.calls)
         backoff = Backoff(initial=0.5, maximum=30.0)
         while not self._stop.is_set():
             self._dirty.wait(self.resync_s)
@@ -85,8 +85,8 @@ class InventoryPublisher:
             self._dirty.clear()
             annotations = self.payload()
             try:
-                v1.patch_node(self.node, {"metadata": {"annotations": annotations}},
-                              _content_type="application/merge-patch+json", _request_timeout=10)
+                done(v1.patch_node(self.node, {"metadata": {"annotations": annotations}},
+                                   _content_type="application/merge-patch+json", _request_timeout=10))
             except ApiException as exc:
                 hint = (f"node {self.node!r} does not exist: set --node-name (or NODE_NAME from the downward "
                         f"API, spec.nodeName)" if exc.status == 404 else
@@ -130,10 +130,8 @@ class PodWatcher:
         self._informer: Informer | None = None
 
     def start(self) -> None:
-        from kubernetes.client import CoreV1Api
-
         self._informer = Informer(
-            "pods", CoreV1Api(self.api).list_pod_for_all_namespaces, on_replace=self._replace,
+            "pods", CoreV1ApiRaw(self.api).list_pod_for_all_namespaces, on_replace=self._replace,
             on_upsert=self._upsert, on_delete=self._delete, synced=self.synced, stop=self._stop,
             field_selector=f"spec.nodeName={self.node}", watch_timeout=self.watch_timeout_s, convert=pod_info,
             backoff=Backoff(initial=0.2, maximum=10.0)).start()

@@ -1,7 +1,8 @@
-"""DRA: the agent's resource.k8s.io/v1 calls, through the official client's generated methods, answers read
-as plain JSON (`_preload_content=False`): the decisions work on the API's own field names, and a field this
-client version does not model yet is still seen. Every call has a timeout; an error answer is a KubeError
-with the status and the server's message."""
+"""DRA: the agent's resource.k8s.io/v1 calls, through the official client's ApiClient with the requests of its
+generated methods (memslice.kube.calls: CoreV1ApiRaw and ResourceV1ApiRaw, without the generated classes'
+start-up cost), answers read as plain JSON (`_preload_content=False`): the decisions work on the API's own field
+names, and a field this client version does not model yet is still seen. Every call has a timeout; an error
+answer is a KubeError with the status and the server's message."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from memslice import errors
+from memslice.kube.calls import CoreV1ApiRaw, ResourceV1ApiRaw
 
 TIMEOUT_S = 10.0
 MAX_BODY = 8 * 1024 * 1024  # one claim, or the slices of one node and driver: far less
@@ -55,10 +57,8 @@ class DraApi:
     """The calls DRA mode makes (deploy/overlays/dra/rbac.yaml grants exactly these)."""
 
     def __init__(self, api_client: Any) -> None:
-        from kubernetes.client import CoreV1Api, ResourceV1Api
-
-        self.resource = ResourceV1Api(api_client)
-        self.core = CoreV1Api(api_client)
+        self.resource = ResourceV1ApiRaw(api_client)
+        self.core = CoreV1ApiRaw(api_client)
 
     def claim(self, namespace: str, name: str) -> dict[str, Any]:
         out: dict[str, Any] = _json(lambda: self.resource.read_namespaced_resource_claim(name, namespace, **RAW))
@@ -114,20 +114,19 @@ class DraApi:
 
     def claim_event(self, namespace: str, body: dict[str, Any]) -> None:
         """A core/v1 Event about a ResourceClaim, in its namespace."""
-        _json(lambda: self.core.create_namespaced_event(namespace, body, **RAW))  # type: ignore[arg-type]
+        _json(lambda: self.core.create_namespaced_event(namespace, body, **RAW))
 
     def node_event(self, body: dict[str, Any]) -> None:
         """A core/v1 Event about this node (in namespace default, where the kubelet puts node events)."""
-        _json(lambda: self.core.create_namespaced_event("default", body, **RAW))  # type: ignore[arg-type]
+        _json(lambda: self.core.create_namespaced_event("default", body, **RAW))
 
-    # The bodies are plain dicts: the generated client serialises a dict as it is (no model needed).
+    # The bodies are plain dicts, sent as they are (no model needed).
     def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = _json(lambda: self.resource.create_resource_slice(body, **RAW))  # type: ignore[arg-type]
+        out: dict[str, Any] = _json(lambda: self.resource.create_resource_slice(body, **RAW))
         return out
 
     def replace_slice(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = _json(
-            lambda: self.resource.replace_resource_slice(name, body, **RAW))  # type: ignore[arg-type]
+        out: dict[str, Any] = _json(lambda: self.resource.replace_resource_slice(name, body, **RAW))
         return out
 
     def delete_slice(self, name: str) -> None:

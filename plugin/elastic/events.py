@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from memslice.kube.calls import CoreV1ApiRaw, done
+
 from ..ledger import Allocation
 from .metrics import ContainerElastic, Counts, ElasticView, Key
 
@@ -201,9 +203,7 @@ class SwapEvents:
             self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        from kubernetes.client import CoreV1Api
-
-        v1 = CoreV1Api(self.api)
+        v1 = CoreV1ApiRaw(self.api)  # CoreV1Api's requests, without its import (memslice.kube.calls)
         while not self._stop.wait(self.poll_s):
             try:
                 view = self.poll()
@@ -225,9 +225,9 @@ class SwapEvents:
         try:
             if have is not None:
                 try:
-                    v1.patch_namespaced_event(have[0], n.namespace, {
+                    done(v1.patch_namespaced_event(have[0], n.namespace, {
                         "count": have[1] + 1, "lastTimestamp": _stamp(wall), "message": n.message},
-                        _content_type="application/merge-patch+json", _request_timeout=10)
+                        _content_type="application/merge-patch+json", _request_timeout=10))
                     self.written[key] = (have[0], have[1] + 1)
                     self._report("")
                     return
@@ -235,7 +235,7 @@ class SwapEvents:
                     if exc.status != 404:
                         raise
             name = f"{n.pod.replace(CLAIM_OWNER, 'claim-', 1)[:200]}.{time.time_ns():x}"  # a DNS subdomain
-            v1.create_namespaced_event(n.namespace, event_body(n, self.node, name, wall), _request_timeout=10)
+            done(v1.create_namespaced_event(n.namespace, event_body(n, self.node, name, wall), _request_timeout=10))
             self.written[key] = (name, 1)
             self._report("")
         except ApiException as exc:
