@@ -49,8 +49,15 @@ sys.stdin.read()
 """
 
 
+def asking(body: dict, total: int) -> dict:
+    """`body` with its container asking for `total` devices (as deploy/core's memslice-gpu-count policy wants of a
+    pod spanning GPUs, in force on the session's API server once a module has applied deploy/)."""
+    body["spec"]["containers"][0]["resources"] = {"limits": {RESOURCE: str(total)}}
+    return body
+
+
 def two_gpu_pod(api, name: str, uuids: list[str], mib: int) -> str:
-    body = pod(name, ",".join(uuids), {"main": mib})
+    body = asking(pod(name, ",".join(uuids), {"main": mib}), mib)
     body["metadata"]["annotations"]["memslice.io/gpu-count"] = str(len(uuids))
     api.put(body)
     return uid_of(api, name)
@@ -145,7 +152,7 @@ def test_compute_share_and_elastic_limit_of_a_spanning_pod_hold_one_slot_free_on
     one = pod("one", a, {"main": 256})
     one["metadata"]["annotations"]["memslice.io/gpu-compute-pct"] = json.dumps({"main": [20, None]})
     api.put(one)
-    body = pod("tp", f"{a},{b}", {"main": 2048})
+    body = asking(pod("tp", f"{a},{b}", {"main": 2048}), 2048)
     body["metadata"]["annotations"].update({"memslice.io/gpu-count": "2",
                                             "memslice.io/gpu-compute-pct": json.dumps({"main": [30, 60]}),
                                             "memslice.io/gpu-mem-limit-mib": json.dumps({"main": 3072})})

@@ -207,15 +207,67 @@ def test_a_two_gpu_preemptor_frees_two_whole_gpus(world: World) -> None:
     placements(world, world.pods())
 
 
-def test_a_total_not_divisible_is_refused_by_name_in_the_pods_events(world: World) -> None:
-    world.create([pod_body("odd", 4097, 2, "span")])
-
+def failed_scheduling(world: World, name: str) -> str:
+    """The pod's latest FailedScheduling event message, once there is one."""
     def event() -> str | None:
-        evs = world.cluster.ok("GET", f"/api/v1/namespaces/{NS}/events?fieldSelector=involvedObject.name=odd,"
+        evs = world.cluster.ok("GET", f"/api/v1/namespaces/{NS}/events?fieldSelector=involvedObject.name={name},"
                                       f"reason=FailedScheduling")["items"]
         return evs[-1]["message"] if evs else None
 
-    msg = wait_until("FailedScheduling event of odd", event, 60, 0.5, world.sched.check_alive)
-    assert "memslice.io/gpu-mem=4097 cannot be split evenly over memslice.io/gpu-count=2 GPUs; request a multiple " \
-           "of 2 (e.g. 4098)" in msg, msg
-    assert not world.cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods/odd")["spec"].get("nodeName")
+    return str(wait_until(f"FailedScheduling event of {name}", event, 60, 0.5, world.sched.check_alive))
+
+
+def dry_run(cluster: RealCluster, body: dict[str, Any]) -> tuple[int, str]:
+    """Create `body` with dryRun=All (admission runs, nothing is stored): the status and, refused, the message."""
+    status, out = cluster.request("POST", f"/api/v1/namespaces/{NS}/pods?dryRun=All", body)
+    return status, " ".join(str(out.get("message", "") if isinstance(out, dict) else out).split())
+
+
+SPLIT = "memslice.io/gpu-mem=4097 cannot be split evenly over memslice.io/gpu-count=2 GPUs; request a multiple of 2 " \
+        "(e.g. 4098)"
+POLICY_BINDING = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/memslice-gpu-count"
+
+
+def test_a_total_not_divisible_is_refused_at_admission_and_at_filter_by_name(world: World) -> None:
+    """Issue 34: the real API server refuses creating the pod (deploy/core's memslice-gpu-count policy, applied
+    with deploy/base) in the extender's own words, and refuses `memslice.io/gpu-count: "2"` on a pod asking no
+    memslice.io/gpu-mem (which the extender is never called for). Without the policy (its binding removed), the
+    extender refuses the pod at filter: it stays Pending, its FailedScheduling event naming the figure and the fix."""
+    cluster = world.cluster
+    odd = pod_body("odd", 4097, 2, "span")
+
+    def refused() -> tuple[int, str] | None:
+        status, message = dry_run(cluster, odd)
+        return None if status == 201 else (status, message)
+
+    status, message = wait_until("the gpu-count policy in force", refused, 60, 0.5)
+    assert status == 422 and f"container 'main': {SPLIT}" in message, (status, message)
+    no_ask = pod_body("no-ask", 1, 2, "span")
+    del no_ask["spec"]["containers"][0]["resources"]
+    status, message = dry_run(cluster, no_ask)
+    assert status == 422 and "asks no memslice.io/gpu-mem" in message and "count: 2 in the ResourceClaim" in message
+    status, message = dry_run(cluster, {**odd, "metadata": {**odd["metadata"], "annotations": {ANN_GPU_COUNT: "0"}}})
+    assert status == 422 and "annotation memslice.io/gpu-count='0' is not a whole number of GPUs" in message
+    assert dry_run(cluster, pod_body("even", 4098, 2, "span"))[0] == 201
+
+    [binding] = [o for o in render("base") if o["kind"] == "ValidatingAdmissionPolicyBinding"
+                 and o["metadata"]["name"] == "memslice-gpu-count"]
+    cluster.ok("DELETE", POLICY_BINDING)
+    try:
+        wait_until("the gpu-count policy lifted", lambda: dry_run(cluster, odd)[0] == 201, 60, 0.5)
+        world.create([odd])
+        assert SPLIT in failed_scheduling(world, "odd")
+        assert not world.cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods/odd")["spec"].get("nodeName")
+    finally:
+        cluster.apply([binding])
+    wait_until("the gpu-count policy in force again", lambda: dry_run(cluster, odd)[0] == 422, 60, 0.5)
+
+
+def test_more_gpus_than_any_node_has_is_unschedulable_by_name(world: World) -> None:
+    """Issue 34: 9 GPUs asked where every node has 8: Pending, the reason naming the count (unresolvable: the
+    scheduler does not try preemption there)."""
+    world.create([pod_body("nine", 9 * GIB, 9, "span")])
+    message = failed_scheduling(world, "nine")
+    assert "pod needs 9 GPUs (memslice.io/gpu-count); the node has fewer healthy memslice GPUs" \
+        in message, message
+    assert not world.cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods/nine")["spec"].get("nodeName")
