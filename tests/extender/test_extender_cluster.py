@@ -5,6 +5,7 @@ server's own restart: tests/realcluster/test_real_apiserver_restart.py."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -131,6 +132,50 @@ def test_bind_refuses_a_recreated_pod(cluster: RealExtCluster) -> None:
     cluster.add_pod(pod_obj("p", {"main": 1000}))
     assert "deleted and re-created" in cluster.c.bind(old, "ext-n")
     assert not cluster.kube.get("Pod", NS, "p")["spec"].get("nodeName")
+
+
+@REAL
+def test_the_binding_carries_the_reservation_in_one_update_under_its_preconditions(cluster: RealExtCluster) -> None:
+    """Issue 39.2, on the real kube-apiserver: what the binder's ONE write relies on. A Binding whose
+    resourceVersion is stale, or whose UID is another pod's, is refused (409) and writes nothing: no node, no
+    annotation (the two writes' guarantees: a pod changed or re-created meanwhile is never bound with a reservation
+    made for what it was). The extender's Binding sets spec.nodeName and the reservation in ONE update: a watch
+    from the pod's version before the bind sees one change, carrying both (never a pod bound without them)."""
+    kube, api = cluster.kube, cluster.kube.cluster
+    pod = cluster.add_pod(pod_obj("p", {"main": 1000}))
+    meta = kube.get("Pod", NS, "p")["metadata"]
+    binding = kube.path("Pod", NS, "p", "binding")
+    reservation = reservation_annotations("GPU-ext-n-0", {"main": 1000}, time.time())
+
+    def post(uid: str, rv: str) -> tuple[int, str]:
+        status, out = api.request("POST", binding, {
+            "apiVersion": "v1", "kind": "Binding", "target": {"apiVersion": "v1", "kind": "Node", "name": "ext-n"},
+            "metadata": {"name": "p", "namespace": NS, "uid": uid, "resourceVersion": rv,
+                         "annotations": reservation}})
+        return status, str(out.get("message", "") if isinstance(out, dict) else out)
+
+    touched = api.ok("PATCH", kube.path("Pod", NS, "p"), {"metadata": {"labels": {"touched": "yes"}}},
+                     content_type="application/merge-patch+json")["metadata"]
+    status, message = post(meta["uid"], meta["resourceVersion"])  # the version before the label
+    assert status == 409 and "Precondition failed: ResourceVersion in precondition" in message, (status, message)
+    status, message = post("00000000-0000-0000-0000-000000000000", touched["resourceVersion"])
+    assert status == 409 and "UID in precondition" in message, (status, message)
+    stored = kube.get("Pod", NS, "p")
+    assert not stored["spec"].get("nodeName") and stored["metadata"].get("annotations") is None
+    assert stored["metadata"]["resourceVersion"] == touched["resourceVersion"]  # nothing written
+
+    assert cluster.c.bind(pod, "ext-n") == ""
+    status, out = api.request("GET", kube.path("Pod", NS) + "?watch=1&fieldSelector=metadata.name%3Dp"
+                                     f"&resourceVersion={touched['resourceVersion']}&timeoutSeconds=2")
+    assert status == 200, out
+    # one event decodes as one JSON object; several are one per line
+    events = [out] if isinstance(out, dict) else [json.loads(line) for line in str(out).splitlines() if line.strip()]
+    assert [e["type"] for e in events] == ["MODIFIED"], events
+    bound = events[0]["object"]
+    assert bound["spec"]["nodeName"] == "ext-n"
+    assert bound["metadata"]["annotations"]["memslice.io/gpu-uuid"] == "GPU-ext-n-0"
+    assert json.loads(bound["metadata"]["annotations"]["memslice.io/gpu-mem-mib"]) == {"main": 1000}
+    cluster.wait_used("ext-n", [1000])
 
 
 @REAL
