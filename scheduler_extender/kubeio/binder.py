@@ -2,7 +2,10 @@
 copies a Binding's metadata.annotations onto the pod in the same update that sets spec.nodeName:
 BindingREST.setPodNodeAndMetadata), with the pod's UID and resourceVersion as preconditions. So the pod is
 never bound without its reservation, and a failed bind writes nothing (nothing to undo). This used to
-be two writes (annotate, then bind, then undo on failure): twice the latency under load.
+be two writes (annotate, then bind, then undo on failure): twice the latency under load. Every API server copies
+them (since long before the oldest Kubernetes deploy/ supports); should something drop them on the way (a
+mutating webhook on pods/binding), the pod counts as bound without the extender (no GPU overbooked) and
+ClusterState._settled says so, counted (tests/extender/test_extender_cluster.py).
 
 Concurrency:
 - Within the extender, choosing the GPU and charging it (ClusterState.hold) happen under the state lock,

@@ -6,13 +6,15 @@ server's own restart: tests/realcluster/test_real_apiserver_restart.py."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 from extender_real import RealExtCluster, real_ext_cluster
-from kube_real import RealCluster
+from kube_real import RealCluster, wait_until
+from prometheus_client import generate_latest
 from test_extender_support import Cluster, FakeClock, node_obj, running_cluster
 from test_extender_support import pod_obj as any_pod
 
@@ -123,6 +125,38 @@ def test_binding_conflict_is_retried_once_with_a_fresh_read(standin: Cluster) ->
     assert "409" in cluster.c.bind(q, "n")
     cluster.caught_up()
     cluster.wait_used("n", [4000])
+
+
+# a Binding's annotations dropped on the way (a mutating webhook on pods/binding): the stand-in's knob
+def test_a_binding_whose_reservation_is_dropped_is_said_counted_and_overbooks_nothing(standin: Cluster,
+                                                                                    caplog) -> None:
+    """Issue 39.2: the reservation rides on the Binding. Should the API server drop its annotations, the pod is
+    bound without a reservation: the extender says so (an error naming the pod, the node and the fix), counts it
+    (memslice_extender_tracked{what="bound_without_reservation"}), and charges the pod to its node's memory as a pod
+    bound without the extender, so nothing is overbooked."""
+    cluster = standin
+    cluster.kube.drop_binding_annotations = True
+    pod = cluster.add_pod(any_pod("p", {"main": 4000}))
+    with caplog.at_level(logging.ERROR, logger="memslice.scheduler_extender.placement.state"):
+        assert cluster.c.bind(pod, "n") == ""
+        stored = cluster.kube.get("Pod", "default", "p")
+        assert stored["spec"]["nodeName"] == "n" and "memslice.io/gpu-uuid" not in stored["metadata"].get(
+            "annotations", {})
+        cluster.caught_up()
+        wait_until("the dropped reservation counted", lambda: cluster.state.counts()["bound_without_reservation"] == 1,
+                   10)
+    assert any("pod default/p was bound to n WITHOUT its reservation" in r.getMessage() for r in caplog.records)
+    assert 'memslice_extender_tracked{what="bound_without_reservation"} 1.0' in generate_latest(
+        cluster.ext.metrics.registry).decode()
+    cluster.wait_used("n", [0])
+    assert cluster.state.view("n").unplaced_mib == 4000  # the node's memory: charged, on no GPU
+    big = cluster.add_pod(any_pod("big", {"main": 7000}))  # 4000 + 7000 > 10000: refused
+    assert not cluster.c.filter(big, ["n"])["NodeNames"]
+    cluster.kube.drop_binding_annotations = False
+    fits = cluster.add_pod(any_pod("fits", {"main": 6000}))
+    assert cluster.c.bind(fits, "n") == ""
+    cluster.caught_up()
+    assert cluster.state.counts()["bound_without_reservation"] == 1  # a bind that kept its reservation: not counted
 
 
 @REAL
