@@ -365,7 +365,7 @@ def _victims_on(view: NodeView, i: int, need_mib: int, pods: list[VictimCandidat
     return _fewest_then_least(view, i, need_mib, pods, chosen, freed_unplaced_mib, limit, compute)
 
 
-MAX_VICTIM_SETS = 1024  # sets of one GPU's pods weighed by _fewest_then_least (C(10, 5) = 252)
+MAX_VICTIM_SETS = 256  # sets of one GPU's pods weighed by _fewest_then_least (C(8, 4) = 70)
 
 
 def _fewest_then_least(view: NodeView, i: int, need_mib: int, pods: list[VictimCandidate],
@@ -375,24 +375,28 @@ def _fewest_then_least(view: NodeView, i: int, need_mib: int, pods: list[VictimC
     for the issue's order among the pods of no higher priority: the fewest victims, then the least MiB evicted.
     Largest-first takes a 6 GiB pod where a 1 GiB one beside it is enough, and with compute shares or the limit
     cap it may take more pods than needed. Every set of up to len(chosen) of those pods is weighed, smallest
-    first, while there are at most MAX_VICTIM_SETS of them (a GPU holds a few pods: C(8, 4) = 70); beyond, the
-    greedy's set stands."""
+    first, while there are at most MAX_VICTIM_SETS of them (a GPU holds a few pods); beyond, the greedy's set
+    stands. A set that frees less than the GPU lacks, or no less than the best so far, is passed over unweighed."""
     if not chosen:
         return chosen
     top = max(v.priority for v in chosen)
     pool = sorted((v for v in pods if v.priority <= top), key=lambda v: (v.mib, v.uid))
     if sum(comb(len(pool), k) for k in range(1, len(chosen) + 1)) > MAX_VICTIM_SETS:
         return chosen
+    short = need_mib - view.rows[i][6]  # every set that makes room frees at least this much here
     for k in range(1, len(chosen) + 1):
-        best: list[VictimCandidate] | None = None
+        best, best_mib = None, sum(v.mib for v in chosen) if k == len(chosen) else MAX_MIB_ANY
         for c in combinations(pool, k):
             mib = sum(v.mib for v in c)
-            if (best is None or mib < sum(v.mib for v in best)) and _room_after(
-                    view, i, need_mib, list(c), freed_unplaced_mib, limit, compute):
-                best = list(c)
+            if short <= mib < best_mib and _room_after(view, i, need_mib, list(c), freed_unplaced_mib, limit,
+                                                       compute):
+                best, best_mib = list(c), mib
         if best is not None:
-            return best if k < len(chosen) or sum(v.mib for v in best) < sum(v.mib for v in chosen) else chosen
+            return best
     return chosen
+
+
+MAX_MIB_ANY = 1 << 62  # above any sum of MiB
 
 
 def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCandidate],
