@@ -2,8 +2,11 @@
 copies a Binding's metadata.annotations onto the pod in the same update that sets spec.nodeName:
 BindingREST.setPodNodeAndMetadata), with the pod's UID and resourceVersion as preconditions. So the pod is
 never bound without its reservation, and a failed bind writes nothing (nothing to undo). This used to
-be two writes (annotate, then bind, then undo on failure): twice the latency under load. Every API server copies
-them (since long before the oldest Kubernetes deploy/ supports); should something drop them on the way (a
+be two writes (annotate, then bind, then undo on failure): twice the latency under load. Old API servers: a
+Binding's annotations are copied since Kubernetes 1.2, its UID and resourceVersion preconditions honoured since 1.23
+(kubernetes#105913; the UID kept through create since 1.27, #116550, backported to 1.24-1.26 patches); deploy/
+supports 1.30 and newer, where all hold (tests/extender/test_extender_cluster.py checks them on the real API
+server). Should something drop the annotations on the way (a
 mutating webhook on pods/binding), the pod counts as bound without the extender (no GPU overbooked) and
 ClusterState._settled says so, counted (tests/extender/test_extender_cluster.py).
 
