@@ -207,6 +207,41 @@ def test_a_two_gpu_preemptor_frees_two_whole_gpus(world: World) -> None:
     placements(world, world.pods())
 
 
+def test_one_gpu_preemptors_take_the_lower_pairs_first_then_a_two_gpu_victim(world: World) -> None:
+    """Issue 39.3 with a victim spanning GPUs (after the test above: the 2-GPU "urgent" (1000) on GPUs 0 and 1,
+    a low (10) and a mid (100) 8 GiB pod on each of GPUs 2 and 3). A top-priority 16 GiB pod: both pods of GPU 2 (or
+    3) go, highest priority 100, rather than urgent alone (1000): the lowest highest priority first, before the
+    fewest victims. The second: the other pair. The third: only urgent is left to evict, and it goes whole (its
+    share on both GPUs), the new pod on one of its GPUs."""
+    cluster = world.cluster
+    cluster.apply([{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": "span-top"},
+                    "value": 10000, "description": "test"}])
+
+    def live() -> set[str]:
+        return {p["metadata"]["name"] for p in world.pods() if p["spec"].get("nodeName") == PREEMPT
+                and not p["metadata"].get("deletionTimestamp")}
+
+    assert live() == {"urgent", "pre-2-low", "pre-2-mid", "pre-3-low", "pre-3-mid"}, sorted(live())
+    gpu_of = {}
+    for k in range(3):
+        name = f"top-{k}"
+        world.create([pod_body(name, 16 * GIB, 1, "span-preempt", "span-top")])
+
+        def bound(n: str = name) -> dict[str, Any] | None:
+            force_delete_terminating(cluster, PREEMPT)
+            p = cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods/{n}")
+            return p if p["spec"].get("nodeName") else None
+
+        p = wait_until(f"{name} bound after preemption", bound, 180, 0.5, world.sched.check_alive)
+        gpu_of[name] = int(p["metadata"]["annotations"]["memslice.io/gpu-uuid"].rsplit("-", 1)[1])
+        if k < 2:  # a pair of GPU 2 or 3 went; urgent stays
+            assert "urgent" in live() and gpu_of[name] in (2, 3), (name, gpu_of, sorted(live()))
+    assert sorted(gpu_of[f"top-{k}"] for k in range(2)) == [2, 3]
+    assert gpu_of["top-2"] in (0, 1) and "urgent" not in live(), (gpu_of, sorted(live()))
+    assert live() == {"top-0", "top-1", "top-2"}
+    placements(world, world.pods())
+
+
 def failed_scheduling(world: World, name: str) -> str:
     """The pod's latest FailedScheduling event message, once there is one."""
     def event() -> str | None:
