@@ -132,6 +132,27 @@ def test_a_total_not_divisible_is_refused_at_admission_by_name(mem, init, comput
     assert extender_says(pod) == message  # word for word what the extender says at filter
 
 
+@pytest.mark.parametrize("annotations, words", [
+    ({"memslice.io/gpu-mem-limit": "8191"}, "container 'lab': memslice.io/gpu-mem-limit (MiB)=8191 cannot be split "
+                                            "evenly over memslice.io/gpu-count=2 GPUs; request a multiple of 2 "
+                                            "(e.g. 8192)"),
+    ({"memslice.io/gpu-mem-limit": "8192", "memslice.io/gpu-mem-limit.cpu": "3"}, None),  # cpu asks no memory
+    ({"memslice.io/gpu-mem-limit.lab": "6145"}, "container 'lab': memslice.io/gpu-mem-limit (MiB)=6145"),
+    ({"memslice.io/gpu-mem-limit": "8193", "memslice.io/gpu-mem-limit.lab": "8192"}, None),  # its own wins
+])
+def test_an_elastic_limit_not_divisible_is_refused_at_admission_by_name(annotations, words) -> None:
+    """The elastic limit (MiB) is a total too (the pod-wide annotation, or the container's own)."""
+    pod = spanning("2", {"lab": "2048", "cpu": None})
+    pod["metadata"]["annotations"].update(annotations)
+    got = admit(pod)
+    if words is None:
+        assert got == [] and pod_request(pod) is not None
+        return
+    [message] = got
+    assert message.startswith(words), message
+    assert extender_says(pod) == message
+
+
 def test_gpu_count_on_a_pod_without_gpu_mem_names_the_claims_count() -> None:
     """A DRA pod (deploy/examples/vllm-tp2-dra.yaml) with `memslice.io/gpu-count: "2"`: kube-scheduler never calls
     the extender for it (no managed resource), so the annotation would be ignored; the policy refuses it."""

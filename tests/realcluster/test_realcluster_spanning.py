@@ -283,6 +283,11 @@ def test_a_total_not_divisible_is_refused_at_admission_and_at_filter_by_name(wor
     assert status == 422 and "asks no memslice.io/gpu-mem" in message and "count: 2 in the ResourceClaim" in message
     status, message = dry_run(cluster, {**odd, "metadata": {**odd["metadata"], "annotations": {ANN_GPU_COUNT: "0"}}})
     assert status == 422 and "annotation memslice.io/gpu-count='0' is not a whole number of GPUs" in message
+    elastic = pod_body("elastic", 4096, 2, "span")
+    elastic["metadata"]["annotations"]["memslice.io/gpu-mem-limit"] = "8191"
+    status, message = dry_run(cluster, elastic)
+    assert status == 422 and "container 'main': memslice.io/gpu-mem-limit (MiB)=8191 cannot be split evenly over " \
+                             "memslice.io/gpu-count=2 GPUs; request a multiple of 2 (e.g. 8192)" in message, message
     assert dry_run(cluster, pod_body("even", 4098, 2, "span"))[0] == 201
 
     [binding] = [o for o in render("base") if o["kind"] == "ValidatingAdmissionPolicyBinding"
