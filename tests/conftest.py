@@ -47,8 +47,9 @@ def preload(*libs: str) -> str:
 # first, so that none of them is the tail of a parallel run.
 LONGEST_FIRST = ("test_dra_node.py", "test_image_build.py", "test_real_deploy.py", "test_real_dra.py",
                  "test_real_scheduler.py", "test_realnode_deviceplugin.py", "test_realnode_dra.py",
-                 "test_shim_chaos.py", "test_extender_fastpaths.py", "test_elastic_swap.py",
-                 "test_e2e_elastic.py", "test_elastic_drain.py", "test_elastic_gate.py", "test_elastic_attribution.py")
+                 "test_realnode_multigpu.py", "test_shim_chaos.py", "test_extender_fastpaths.py",
+                 "test_elastic_swap.py", "test_e2e_elastic.py", "test_elastic_drain.py", "test_elastic_gate.py",
+                 "test_elastic_attribution.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

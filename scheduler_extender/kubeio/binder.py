@@ -2,7 +2,13 @@
 copies a Binding's metadata.annotations onto the pod in the same update that sets spec.nodeName:
 BindingREST.setPodNodeAndMetadata), with the pod's UID and resourceVersion as preconditions. So the pod is
 never bound without its reservation, and a failed bind writes nothing (nothing to undo). This used to
-be two writes (annotate, then bind, then undo on failure): twice the latency under load.
+be two writes (annotate, then bind, then undo on failure): twice the latency under load. Old API servers: a
+Binding's annotations were copied long before 1.30 (setPodHostAndAnnotations), its UID and resourceVersion
+preconditions are honoured since 1.23 (kubernetes#105913; the UID kept through create since 1.27, #116550,
+backported to 1.24-1.26 patches); deploy/ supports 1.30 and newer, where all hold (tests/extender/
+test_extender_cluster.py checks them on the real API server). Should something drop the annotations on the way (a
+mutating webhook on pods/binding), the pod counts as bound without the extender (no GPU overbooked) and
+ClusterState._settled says so, counted (tests/extender/test_extender_cluster.py).
 
 Concurrency:
 - Within the extender, choosing the GPU and charging it (ClusterState.hold) happen under the state lock,

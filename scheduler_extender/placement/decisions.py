@@ -32,6 +32,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 from fractions import Fraction
+from itertools import combinations
+from math import comb
 from typing import NamedTuple
 
 from . import spanning
@@ -360,7 +362,41 @@ def _victims_on(view: NodeView, i: int, need_mib: int, pods: list[VictimCandidat
         rest = [v for v in chosen if v is not pod]
         if _room_after(view, i, need_mib, rest, freed_unplaced_mib, limit, compute):
             chosen = rest
+    return _fewest_then_least(view, i, need_mib, pods, chosen, freed_unplaced_mib, limit, compute)
+
+
+MAX_VICTIM_SETS = 256  # sets of one GPU's pods weighed by _fewest_then_least (C(8, 4) = 70)
+
+
+def _fewest_then_least(view: NodeView, i: int, need_mib: int, pods: list[VictimCandidate],
+                       chosen: list[VictimCandidate], freed_unplaced_mib: int, limit: LimitNeed | None,
+                       compute: int) -> list[VictimCandidate]:
+    """`chosen` (the greedy's set: the lowest highest priority; the largest pods first, so few of them) made exact
+    for the issue's order among the pods of no higher priority: the fewest victims, then the least MiB evicted.
+    Largest-first takes a 6 GiB pod where a 1 GiB one beside it is enough, and with compute shares or the limit
+    cap it may take more pods than needed. Every set of up to len(chosen) of those pods is weighed, smallest
+    first, while there are at most MAX_VICTIM_SETS of them (a GPU holds a few pods); beyond, the greedy's set
+    stands. A set that frees less than the GPU lacks, or no less than the best so far, is passed over unweighed."""
+    if not chosen:
+        return chosen
+    top = max(v.priority for v in chosen)
+    pool = sorted((v for v in pods if v.priority <= top), key=lambda v: (v.mib, v.uid))
+    if sum(comb(len(pool), k) for k in range(1, len(chosen) + 1)) > MAX_VICTIM_SETS:
+        return chosen
+    short = need_mib - view.rows[i][6]  # every set that makes room frees at least this much here
+    for k in range(1, len(chosen) + 1):
+        best, best_mib = None, sum(v.mib for v in chosen) if k == len(chosen) else MAX_MIB_ANY
+        for c in combinations(pool, k):
+            mib = sum(v.mib for v in c)
+            if short <= mib < best_mib and _room_after(view, i, need_mib, list(c), freed_unplaced_mib, limit,
+                                                       compute):
+                best, best_mib = list(c), mib
+        if best is not None:
+            return best
     return chosen
+
+
+MAX_MIB_ANY = 1 << 62  # above any sum of MiB
 
 
 def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCandidate],

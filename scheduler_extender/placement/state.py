@@ -32,6 +32,7 @@ from .records import (
     GPU,
     NAME,
     NAMESPACE,
+    NODE,
     RV,
     Charge,
     ChargeT,
@@ -85,6 +86,7 @@ class ClusterState:
         self._compute: dict[str, int] = {}  # GPU -> the sum of its pods' compute requests (percent)
         self._unplaced: dict[str, int] = {}
         self._pending: dict[str, Pending] = {}
+        self.bound_without_reservation = 0  # binds of ours the watch delivered bound but unreserved (_settled)
         self._expiring: dict[str, float] = {}
         self._changed = threading.Condition(self.lock)
         self.last_rv = {"nodes": 0, "pods": 0}  # newest resourceVersion seen per kind (tests wait on it)
@@ -221,7 +223,23 @@ class ClusterState:
         p = self._pending.get(uid)
         if p is not None and rv >= p.min_rv:
             del self._pending[uid]
+            self._settled(p, rec)
         self._recharge(uid)
+
+    def _settled(self, p: Pending, rec: Record | None) -> None:
+        """A bind of ours that the watch has caught up with. The Binding carried the reservation, and the API server
+        copies a Binding's annotations onto the pod in the update that binds it: a pod delivered bound WITHOUT it had
+        them dropped on the way (a mutating webhook on pods/binding; an API server or proxy that does not copy them).
+        Nothing is overbooked (the pod then counts as bound without the extender: its node's memory, no GPU; the
+        node agent places it by best fit, and refuses it if it spans GPUs), but it must be seen: said loudly, counted
+        (memslice_extender_tracked{what="bound_without_reservation"})."""
+        if p.charge is None or rec is None or rec[NODE] is None or rec[GPU] is not None:
+            return
+        self.bound_without_reservation += 1
+        log.error("pod %s/%s was bound to %s WITHOUT its reservation (GPU %s): the API server dropped the Binding's "
+                  "annotations (a mutating webhook on pods/binding, or an API server or proxy that does not copy "
+                  "them); it counts as bound without the extender. Let Bindings keep their memslice.io/ annotations",
+                  rec[NAMESPACE], rec[NAME], rec[NODE], p.charge[0])
 
     def _charge_now(self, uid: str) -> ChargeT | None:
         """What pod `uid` charges now: its pending charge while a bind of ours is in flight, else its record's."""
@@ -324,6 +342,7 @@ class ClusterState:
                 rec = self._pods.get(uid)
                 if rec is not None and rec[RV] >= min_rv:
                     del self._pending[uid]
+                    self._settled(p, rec)
                     self._recharge(uid)
                 else:
                     self._pending[uid] = Pending(p.charge, min_rv)
@@ -456,7 +475,7 @@ class ClusterState:
         with self.lock:
             return {"nodes": sum(1 for i in self._inventory.values() if i is not None),
                     "pods": len(self._pods), "reservations": len(self._charges),
-                    "pending": len(self._pending)}
+                    "pending": len(self._pending), "bound_without_reservation": self.bound_without_reservation}
 
     @property
     def synced(self) -> bool:

@@ -49,8 +49,15 @@ sys.stdin.read()
 """
 
 
+def asking(body: dict, total: int) -> dict:
+    """`body` with its container asking for `total` devices (as deploy/core's memslice-gpu-count policy wants of a
+    pod spanning GPUs, in force on the session's API server once a module has applied deploy/)."""
+    body["spec"]["containers"][0]["resources"] = {"limits": {RESOURCE: str(total)}}
+    return body
+
+
 def two_gpu_pod(api, name: str, uuids: list[str], mib: int) -> str:
-    body = pod(name, ",".join(uuids), {"main": mib})
+    body = asking(pod(name, ",".join(uuids), {"main": mib}), mib)
     body["metadata"]["annotations"]["memslice.io/gpu-count"] = str(len(uuids))
     api.put(body)
     return uid_of(api, name)
@@ -145,7 +152,7 @@ def test_compute_share_and_elastic_limit_of_a_spanning_pod_hold_one_slot_free_on
     one = pod("one", a, {"main": 256})
     one["metadata"]["annotations"]["memslice.io/gpu-compute-pct"] = json.dumps({"main": [20, None]})
     api.put(one)
-    body = pod("tp", f"{a},{b}", {"main": 2048})
+    body = asking(pod("tp", f"{a},{b}", {"main": 2048}), 2048)
     body["metadata"]["annotations"].update({"memslice.io/gpu-count": "2",
                                             "memslice.io/gpu-compute-pct": json.dumps({"main": [30, 60]}),
                                             "memslice.io/gpu-mem-limit-mib": json.dumps({"main": 3072})})
@@ -178,3 +185,32 @@ def test_compute_share_and_elastic_limit_of_a_spanning_pod_hold_one_slot_free_on
     api.delete("Pod", NS, "tp")
     agent.wait_log("removed region", "the region removed")
     assert set(read_roster(compute_dir, a) or {}) == {0} and not read_roster(compute_dir, b)
+
+
+def test_each_container_of_a_spanning_pod_gets_both_gpus_with_its_own_share(cluster):
+    """A pod spanning two GPUs with two containers of different sizes (issue 34: "each with its own quota and its
+    own limits/ledger entries"): each container sees both GPUs in the record's order, with its own per-GPU quota
+    and its own region; the ledger charges each GPU the sum of the containers' shares."""
+    api, kubelet, make = cluster
+    agent = make(sim_gpus="8GiB,8GiB", unit_mib=4)
+    gpus, _ = published(api, agent)
+    a, b = gpus[0]["uuid"], gpus[1]["uuid"]
+    body = pod("mix", f"{b},{a}", {"small": 1024, "large": 2048})  # totals over the two GPUs
+    for c, total in zip(body["spec"]["containers"], (1024, 2048), strict=True):
+        c["resources"] = {"limits": {RESOURCE: str(total)}}
+    body["metadata"]["annotations"]["memslice.io/gpu-count"] = "2"
+    api.put(body)
+    agent.wait_log(f"{NS}/mix: the extender reserved GPU", "the pod watch")
+    kubelet.wait_registered(RESOURCE)
+    uid = uid_of(api, "mix")
+    resp = kubelet.admit(uid, NS, "mix", [("small", 256), ("large", 512)], RESOURCE)
+    for name, share in (("small", 512), ("large", 1024)):
+        ids = kubelet.pods[uid].containers[name][RESOURCE]
+        assert sum(i.startswith("g0-") for i in ids) == sum(i.startswith("g1-") for i in ids) == share // 4, name
+        assert resp[name].envs["NVIDIA_VISIBLE_DEVICES"] == f"{b},{a}", name
+        assert resp[name].envs["MEMSLICE_GPU_MEM_LIMIT"] == str(share), name
+    records = {r["container"]: r for r in (json.loads(p.read_text()) for p in agent.region_root.glob("*.json"))}
+    assert {n: (r["gpu_uuid"], r["more_gpus"], r["mib"]) for n, r in records.items()} == {
+        "small": (b, [[0, a]], 512), "large": (b, [[0, a]], 1024)}
+    assert agent.sample("memslice_gpu_allocated_mib", gpu="0") == [1536.0]
+    assert agent.sample("memslice_gpu_allocated_mib", gpu="1") == [1536.0]

@@ -149,7 +149,8 @@ def test_modes_build_on_core_and_nothing_deletes_what_it_builds_on() -> None:
     deleted = {(d["kind"], d["metadata"]["name"]) for p in k["patches"]
                if "$patch: delete" in p["patch"] for d in [yaml.safe_load(p["patch"])]}
     assert deleted == {("Namespace", "memslice-system"), ("Service", "memslice-node-agent"),
-                       ("NetworkPolicy", "memslice-node-agent")}
+                       ("NetworkPolicy", "memslice-node-agent"), ("ValidatingAdmissionPolicy", "memslice-gpu-count"),
+                       ("ValidatingAdmissionPolicyBinding", "memslice-gpu-count")}  # core's pod policy (issue 34)
     base = {(o["kind"], o["metadata"]["name"]): o for o in render("base")}
     for obj in render("overlays/dra"):
         key = (obj["kind"], obj["metadata"]["name"])

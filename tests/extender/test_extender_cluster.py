@@ -5,13 +5,16 @@ server's own restart: tests/realcluster/test_real_apiserver_restart.py."""
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 from extender_real import RealExtCluster, real_ext_cluster
-from kube_real import RealCluster
+from kube_real import RealCluster, wait_until
+from prometheus_client import generate_latest
 from test_extender_support import Cluster, FakeClock, node_obj, running_cluster
 from test_extender_support import pod_obj as any_pod
 
@@ -124,6 +127,38 @@ def test_binding_conflict_is_retried_once_with_a_fresh_read(standin: Cluster) ->
     cluster.wait_used("n", [4000])
 
 
+# a Binding's annotations dropped on the way (a mutating webhook on pods/binding): the stand-in's knob
+def test_a_binding_whose_reservation_is_dropped_is_said_counted_and_overbooks_nothing(standin: Cluster,
+                                                                                    caplog) -> None:
+    """Issue 39.2: the reservation rides on the Binding. Should the API server drop its annotations, the pod is
+    bound without a reservation: the extender says so (an error naming the pod, the node and the fix), counts it
+    (memslice_extender_tracked{what="bound_without_reservation"}), and charges the pod to its node's memory as a pod
+    bound without the extender, so nothing is overbooked."""
+    cluster = standin
+    cluster.kube.drop_binding_annotations = True
+    pod = cluster.add_pod(any_pod("p", {"main": 4000}))
+    with caplog.at_level(logging.ERROR, logger="memslice.scheduler_extender.placement.state"):
+        assert cluster.c.bind(pod, "n") == ""
+        stored = cluster.kube.get("Pod", "default", "p")
+        assert stored["spec"]["nodeName"] == "n" and "memslice.io/gpu-uuid" not in stored["metadata"].get(
+            "annotations", {})
+        cluster.caught_up()
+        wait_until("the dropped reservation counted", lambda: cluster.state.counts()["bound_without_reservation"] == 1,
+                   10)
+    assert any("pod default/p was bound to n WITHOUT its reservation" in r.getMessage() for r in caplog.records)
+    assert 'memslice_extender_tracked{what="bound_without_reservation"} 1.0' in generate_latest(
+        cluster.ext.metrics.registry).decode()
+    cluster.wait_used("n", [0])
+    assert cluster.state.view("n").unplaced_mib == 4000  # the node's memory: charged, on no GPU
+    big = cluster.add_pod(any_pod("big", {"main": 7000}))  # 4000 + 7000 > 10000: refused
+    assert not cluster.c.filter(big, ["n"])["NodeNames"]
+    cluster.kube.drop_binding_annotations = False
+    fits = cluster.add_pod(any_pod("fits", {"main": 6000}))
+    assert cluster.c.bind(fits, "n") == ""
+    cluster.caught_up()
+    assert cluster.state.counts()["bound_without_reservation"] == 1  # a bind that kept its reservation: not counted
+
+
 @REAL
 def test_bind_refuses_a_recreated_pod(cluster: RealExtCluster) -> None:
     old = cluster.add_pod(pod_obj("p", {"main": 1000}))
@@ -131,6 +166,50 @@ def test_bind_refuses_a_recreated_pod(cluster: RealExtCluster) -> None:
     cluster.add_pod(pod_obj("p", {"main": 1000}))
     assert "deleted and re-created" in cluster.c.bind(old, "ext-n")
     assert not cluster.kube.get("Pod", NS, "p")["spec"].get("nodeName")
+
+
+@REAL
+def test_the_binding_carries_the_reservation_in_one_update_under_its_preconditions(cluster: RealExtCluster) -> None:
+    """Issue 39.2, on the real kube-apiserver: what the binder's ONE write relies on. A Binding whose
+    resourceVersion is stale, or whose UID is another pod's, is refused (409) and writes nothing: no node, no
+    annotation (the two writes' guarantees: a pod changed or re-created meanwhile is never bound with a reservation
+    made for what it was). The extender's Binding sets spec.nodeName and the reservation in ONE update: a watch
+    from the pod's version before the bind sees one change, carrying both (never a pod bound without them)."""
+    kube, api = cluster.kube, cluster.kube.cluster
+    pod = cluster.add_pod(pod_obj("p", {"main": 1000}))
+    meta = kube.get("Pod", NS, "p")["metadata"]
+    binding = kube.path("Pod", NS, "p", "binding")
+    reservation = reservation_annotations("GPU-ext-n-0", {"main": 1000}, time.time())
+
+    def post(uid: str, rv: str) -> tuple[int, str]:
+        status, out = api.request("POST", binding, {
+            "apiVersion": "v1", "kind": "Binding", "target": {"apiVersion": "v1", "kind": "Node", "name": "ext-n"},
+            "metadata": {"name": "p", "namespace": NS, "uid": uid, "resourceVersion": rv,
+                         "annotations": reservation}})
+        return status, str(out.get("message", "") if isinstance(out, dict) else out)
+
+    touched = api.ok("PATCH", kube.path("Pod", NS, "p"), {"metadata": {"labels": {"touched": "yes"}}},
+                     content_type="application/merge-patch+json")["metadata"]
+    status, message = post(meta["uid"], meta["resourceVersion"])  # the version before the label
+    assert status == 409 and "Precondition failed: ResourceVersion in precondition" in message, (status, message)
+    status, message = post("00000000-0000-0000-0000-000000000000", touched["resourceVersion"])
+    assert status == 409 and "UID in precondition" in message, (status, message)
+    stored = kube.get("Pod", NS, "p")
+    assert not stored["spec"].get("nodeName") and stored["metadata"].get("annotations") is None
+    assert stored["metadata"]["resourceVersion"] == touched["resourceVersion"]  # nothing written
+
+    assert cluster.c.bind(pod, "ext-n") == ""
+    status, out = api.request("GET", kube.path("Pod", NS) + "?watch=1&fieldSelector=metadata.name%3Dp"
+                                     f"&resourceVersion={touched['resourceVersion']}&timeoutSeconds=2")
+    assert status == 200, out
+    # one event decodes as one JSON object; several are one per line
+    events = [out] if isinstance(out, dict) else [json.loads(line) for line in str(out).splitlines() if line.strip()]
+    assert [e["type"] for e in events] == ["MODIFIED"], events
+    bound = events[0]["object"]
+    assert bound["spec"]["nodeName"] == "ext-n"
+    assert bound["metadata"]["annotations"]["memslice.io/gpu-uuid"] == "GPU-ext-n-0"
+    assert json.loads(bound["metadata"]["annotations"]["memslice.io/gpu-mem-mib"]) == {"main": 1000}
+    cluster.wait_used("ext-n", [1000])
 
 
 @REAL

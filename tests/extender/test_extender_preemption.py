@@ -101,10 +101,25 @@ def test_the_choice_is_the_best_single_gpu_set_by_brute_force(spec, need):
         assert [] in feasible
         return
 
-    def rank(c: list[VictimCandidate]) -> tuple[int, int]:
-        return (max(v.priority for v in c), len(c)) if c else (-1, 0)
+    def rank(c: list[VictimCandidate]) -> tuple[int, int, int]:
+        return (max(v.priority for v in c), len(c), sum(v.mib for v in c)) if c else (-1, 0, 0)
 
-    assert rank(chosen)[0] == min(rank(c)[0] for c in feasible)  # the lowest priority that can make room
+    # the issue's order, whole: the lowest highest priority, then the fewest victims, then the least MiB
+    assert rank(chosen) == min(rank(c) for c in feasible)
+
+
+def test_of_equal_priority_and_count_the_least_memory_goes():
+    """Issue 39.3's last rule within one GPU: a 6 GiB and a 1 GiB pod of one priority, the GPU 1 GiB short: the
+    1 GiB pod goes (the largest first would evict 6 GiB for nothing); and of two pairs that make room, the
+    smaller pair."""
+    view = node(15 * GIB, 16 * GIB)
+    pods = [pod("six", 0, 6 * GIB), pod("one", 0, 1 * GIB), pod("eight", 0, 8 * GIB)]
+    assert decisions.preemption_victims(view, 2 * GIB, pods) == ("one",)
+    view = node(16 * GIB)
+    pods = [pod("a8", 0, 8 * GIB), pod("b6", 0, 6 * GIB), pod("c1", 0, 1 * GIB), pod("d5", 0, 5 * GIB),
+            pod("e5", 0, 5 * GIB, 1)]
+    # 10 GiB needed: no one pod frees it; of the pairs, 6 + 5 = 11 GiB (priority 0) rather than 8 + 6 = 14
+    assert set(decisions.preemption_victims(view, 10 * GIB, pods) or ()) == {"b6", "d5"}
 
 
 def test_preempt_verb_picks_both_pods_of_one_gpu_and_reads_their_priorities():

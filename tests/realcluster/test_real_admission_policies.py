@@ -97,6 +97,7 @@ ADMITTED = {
     "DRA elastic example": dra_elastic,
     "simulated check pod (README)": lambda: example("simulated-check.yaml"),
     "device-plugin notebook example": lambda: example("notebook.yaml"),
+    "2-GPU vLLM example (issue 34)": lambda: load_yaml(DEPLOY / "examples" / "vllm-tp2-dra.yaml")[1],
     "a pod without memslice, unconfined": lambda: {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"},
                                                    "spec": {"containers": [{"name": "web", "image": "nginx"}]}},
 }

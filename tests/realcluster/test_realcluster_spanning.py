@@ -207,15 +207,107 @@ def test_a_two_gpu_preemptor_frees_two_whole_gpus(world: World) -> None:
     placements(world, world.pods())
 
 
-def test_a_total_not_divisible_is_refused_by_name_in_the_pods_events(world: World) -> None:
-    world.create([pod_body("odd", 4097, 2, "span")])
+def test_one_gpu_preemptors_take_the_lower_pairs_first_then_a_two_gpu_victim(world: World) -> None:
+    """Issue 39.3 with a victim spanning GPUs (after the test above: the 2-GPU "urgent" (1000) on GPUs 0 and 1,
+    a low (10) and a mid (100) 8 GiB pod on each of GPUs 2 and 3). A top-priority 16 GiB pod: both pods of GPU 2 (or
+    3) go, highest priority 100, rather than urgent alone (1000): the lowest highest priority first, before the
+    fewest victims. The second: the other pair. The third: only urgent is left to evict, and it goes whole (its
+    share on both GPUs), the new pod on one of its GPUs."""
+    cluster = world.cluster
+    cluster.apply([{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": "span-top"},
+                    "value": 10000, "description": "test"}])
 
+    def live() -> set[str]:
+        return {p["metadata"]["name"] for p in world.pods() if p["spec"].get("nodeName") == PREEMPT
+                and not p["metadata"].get("deletionTimestamp")}
+
+    assert live() == {"urgent", "pre-2-low", "pre-2-mid", "pre-3-low", "pre-3-mid"}, sorted(live())
+    gpu_of = {}
+    for k in range(3):
+        name = f"top-{k}"
+        world.create([pod_body(name, 16 * GIB, 1, "span-preempt", "span-top")])
+
+        def bound(n: str = name) -> dict[str, Any] | None:
+            force_delete_terminating(cluster, PREEMPT)
+            p = cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods/{n}")
+            return p if p["spec"].get("nodeName") else None
+
+        p = wait_until(f"{name} bound after preemption", bound, 180, 0.5, world.sched.check_alive)
+        gpu_of[name] = int(p["metadata"]["annotations"]["memslice.io/gpu-uuid"].rsplit("-", 1)[1])
+        if k < 2:  # a pair of GPU 2 or 3 went; urgent stays
+            assert "urgent" in live() and gpu_of[name] in (2, 3), (name, gpu_of, sorted(live()))
+    assert sorted(gpu_of[f"top-{k}"] for k in range(2)) == [2, 3]
+    assert gpu_of["top-2"] in (0, 1) and "urgent" not in live(), (gpu_of, sorted(live()))
+    assert live() == {"top-0", "top-1", "top-2"}
+    placements(world, world.pods())
+
+
+def failed_scheduling(world: World, name: str) -> str:
+    """The pod's latest FailedScheduling event message, once there is one."""
     def event() -> str | None:
-        evs = world.cluster.ok("GET", f"/api/v1/namespaces/{NS}/events?fieldSelector=involvedObject.name=odd,"
+        evs = world.cluster.ok("GET", f"/api/v1/namespaces/{NS}/events?fieldSelector=involvedObject.name={name},"
                                       f"reason=FailedScheduling")["items"]
         return evs[-1]["message"] if evs else None
 
-    msg = wait_until("FailedScheduling event of odd", event, 60, 0.5, world.sched.check_alive)
-    assert "memslice.io/gpu-mem=4097 cannot be split evenly over memslice.io/gpu-count=2 GPUs; request a multiple " \
-           "of 2 (e.g. 4098)" in msg, msg
-    assert not world.cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods/odd")["spec"].get("nodeName")
+    return str(wait_until(f"FailedScheduling event of {name}", event, 60, 0.5, world.sched.check_alive))
+
+
+def dry_run(cluster: RealCluster, body: dict[str, Any]) -> tuple[int, str]:
+    """Create `body` with dryRun=All (admission runs, nothing is stored): the status and, refused, the message."""
+    status, out = cluster.request("POST", f"/api/v1/namespaces/{NS}/pods?dryRun=All", body)
+    return status, " ".join(str(out.get("message", "") if isinstance(out, dict) else out).split())
+
+
+SPLIT = "memslice.io/gpu-mem=4097 cannot be split evenly over memslice.io/gpu-count=2 GPUs; request a multiple of 2 " \
+        "(e.g. 4098)"
+POLICY_BINDING = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/memslice-gpu-count"
+
+
+def test_a_total_not_divisible_is_refused_at_admission_and_at_filter_by_name(world: World) -> None:
+    """Issue 34: the real API server refuses creating the pod (deploy/core's memslice-gpu-count policy, applied
+    with deploy/base) in the extender's own words, and refuses `memslice.io/gpu-count: "2"` on a pod asking no
+    memslice.io/gpu-mem (which the extender is never called for). Without the policy (its binding removed), the
+    extender refuses the pod at filter: it stays Pending, its FailedScheduling event naming the figure and the fix."""
+    cluster = world.cluster
+    odd = pod_body("odd", 4097, 2, "span")
+
+    def refused() -> tuple[int, str] | None:
+        status, message = dry_run(cluster, odd)
+        return None if status == 201 else (status, message)
+
+    status, message = wait_until("the gpu-count policy in force", refused, 60, 0.5)
+    assert status == 422 and f"container 'main': {SPLIT}" in message, (status, message)
+    no_ask = pod_body("no-ask", 1, 2, "span")
+    del no_ask["spec"]["containers"][0]["resources"]
+    status, message = dry_run(cluster, no_ask)
+    assert status == 422 and "asks no memslice.io/gpu-mem" in message and "count: 2 in the ResourceClaim" in message
+    status, message = dry_run(cluster, {**odd, "metadata": {**odd["metadata"], "annotations": {ANN_GPU_COUNT: "0"}}})
+    assert status == 422 and "annotation memslice.io/gpu-count='0' is not a whole number of GPUs" in message
+    elastic = pod_body("elastic", 4096, 2, "span")
+    elastic["metadata"]["annotations"]["memslice.io/gpu-mem-limit"] = "8191"
+    status, message = dry_run(cluster, elastic)
+    assert status == 422 and "container 'main': memslice.io/gpu-mem-limit (MiB)=8191 cannot be split evenly over " \
+                             "memslice.io/gpu-count=2 GPUs; request a multiple of 2 (e.g. 8192)" in message, message
+    assert dry_run(cluster, pod_body("even", 4098, 2, "span"))[0] == 201
+
+    [binding] = [o for o in render("base") if o["kind"] == "ValidatingAdmissionPolicyBinding"
+                 and o["metadata"]["name"] == "memslice-gpu-count"]
+    cluster.ok("DELETE", POLICY_BINDING)
+    try:
+        wait_until("the gpu-count policy lifted", lambda: dry_run(cluster, odd)[0] == 201, 60, 0.5)
+        world.create([odd])
+        assert SPLIT in failed_scheduling(world, "odd")
+        assert not world.cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods/odd")["spec"].get("nodeName")
+    finally:
+        cluster.apply([binding])
+    wait_until("the gpu-count policy in force again", lambda: dry_run(cluster, odd)[0] == 422, 60, 0.5)
+
+
+def test_more_gpus_than_any_node_has_is_unschedulable_by_name(world: World) -> None:
+    """Issue 34: 9 GPUs asked where every node has 8: Pending, the reason naming the count (unresolvable: the
+    scheduler does not try preemption there)."""
+    world.create([pod_body("nine", 9 * GIB, 9, "span")])
+    message = failed_scheduling(world, "nine")
+    assert "pod needs 9 GPUs (memslice.io/gpu-count); the node has fewer healthy memslice GPUs" \
+        in message, message
+    assert not world.cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods/nine")["spec"].get("nodeName")

@@ -28,8 +28,9 @@ import pytest
 from kube_node import CLIENT_SCRIPT, CONTEXT_MIB, NodeAgent, RealNode, node_agent_token, node_images, pod
 from kube_node_images import TEST_IMAGE
 from kube_real import SCHEDULER_TOKEN, RealCluster, wait_until
-from test_deploy_render import NAMESPACE
+from test_deploy_render import NAMESPACE, ROOT, load_yaml
 from test_real_deploy import deploy
+from test_realnode_multigpu import SCRIPT as TWO_GPU_SCRIPT
 
 # One worker runs both real-node modules, with tests/dra/test_dra_node.py's (test_realnode_deviceplugin.py says why).
 pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("kube-dra")]
@@ -151,6 +152,44 @@ def test_real_kubelet_prepares_the_claim_and_containerd_injects_it(world: World)
                      world.node.pod_log(p, "cuda", "stdout")), out  # (the shim's refusal line is on stderr)
     assert "cuMemAlloc_v2 of 200.0 MiB refused" in world.node.pod_log(p, "cuda", "stderr"), out
     assert f"info free={QUOTA_MIB - CONTEXT_MIB - 500} total={QUOTA_MIB} devtotal={QUOTA_MIB}" in out, out
+
+
+def test_a_count_2_claim_runs_on_two_gpus_each_held_to_its_capacity(world: World) -> None:
+    """Issue 34, DRA mode with the real kubelet: deploy/examples/vllm-tp2-dra.yaml's template (`count: 2`, here
+    1Gi on each GPU) is allocated on both GPUs by the real kube-scheduler, prepared by the real kubelet through the
+    agent, and injected by containerd: the container sees both GPUs in the allocation's order, and the shim holds
+    a CUDA program on each to 1 GiB. The pod's deletion unprepares the claim."""
+    template, _ = load_yaml(ROOT / "deploy" / "examples" / "vllm-tp2-dra.yaml")
+    template["metadata"]["namespace"] = NS
+    [req] = template["spec"]["spec"]["devices"]["requests"]
+    req["exactly"]["capacity"]["requests"]["memory"] = f"{QUOTA_MIB}Mi"
+    world.cluster.apply([template])
+    world.cluster.ok("POST", f"/api/v1/namespaces/{NS}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tp", "namespace": NS},
+        "spec": {"hostNetwork": True, "automountServiceAccountToken": False, "restartPolicy": "Never",
+                 "terminationGracePeriodSeconds": 1, "nodeSelector": {"kubernetes.io/hostname": NODE},
+                 "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": template["metadata"]["name"]}],
+                 "containers": [{"name": "cuda", "image": TEST_IMAGE, "imagePullPolicy": "Never",
+                                 "command": ["/bin/sh", "-c", TWO_GPU_SCRIPT],
+                                 "resources": {"claims": [{"name": "gpus"}]}}]}})
+    p = world.node.running_client(NS, "tp", world.alive)
+    claim = world.claim(p)
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert sorted(r["device"] for r in results) == ["gpu-0", "gpu-1"], results
+    [sl] = slices(world.cluster)
+    uuid_of = {d["name"]: d["attributes"]["uuid"]["string"] for d in sl["spec"]["devices"]}
+    out = world.node.pod_log(p, "cuda")
+    assert f"limit-env={QUOTA_MIB} visible={','.join(uuid_of[r['device']] for r in results)}" in out, out
+    stdout = world.node.pod_log(p, "cuda", "stdout")
+    per_gpu = r"alloc 400 MiB -> 0\nalloc 200 MiB -> 2\nalloc 100 MiB -> 0\n" \
+              rf"info free={QUOTA_MIB - CONTEXT_MIB - 500} total={QUOTA_MIB} devtotal={QUOTA_MIB}\n"
+    assert re.search(rf"gpu=0\ninit 0\n{per_gpu}.*gpu0-exit=0\ngpu=1\ninit 0\n{per_gpu}.*gpu1-exit=0", stdout,
+                     re.S), stdout
+    spec = world.node.cdi_dir / f"memslice.io-{claim['metadata']['uid']}.json"
+    assert spec.exists()
+    world.cluster.ok("DELETE", f"/api/v1/namespaces/{NS}/pods/tp")
+    wait_until("tp's claim unprepared (its CDI spec removed)", lambda: not spec.exists(), 120, 0.5, world.alive)
+    wait_until("tp gone", lambda: pod(world.cluster, NS, "tp") is None, 120, 0.5, world.alive)
 
 
 def test_device_health_reaches_the_pod_status(world: World) -> None:

@@ -42,7 +42,7 @@ START_TIMEOUT_S = 180.0  # a cold API server on a loaded 2-core machine: ~10-40 
 # and NodeRestriction apply); their tokens are in the static token file, kubelet_token(name).
 KUBELET_NODES = tuple([f"real-{c}" for c in "abcd"] + [f"gpu-{i:02d}" for i in range(48)]
                       + [f"dra-{i:02d}" for i in range(8)]
-                + ["kubelet-dp", "kubelet-dra"])  # the real kubelets of tests/support/kube_node.py
+                + ["kubelet-dp", "kubelet-dra", "kubelet-dp2"])  # the real kubelets of tests/support/kube_node.py
 AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
                 "rules": [{"level": "Metadata"}]}
 

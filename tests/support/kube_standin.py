@@ -86,6 +86,8 @@ class KubeApiStandin:
         self.connections = 0  # connections accepted so far
         self.proxied = 0  # requests whose target was an absolute URL (as a client sends them to a proxy)
         self.before_request: Callable[[str, str], None] | None = None  # (method, path), before serving it
+        # True: a Binding's annotations are dropped before it binds (as a mutating webhook on pods/binding may)
+        self.drop_binding_annotations = False
         self.url = ""
 
     # ---- lifecycle
@@ -349,7 +351,11 @@ class _Handler(LeanRequestHandler):
                 return self._send(200, store.read(plural, ns, name, query))
             if method == "POST":
                 if sub == "binding":
-                    return self._send(201, store.bind(ns, name, self._json_body(raw)))
+                    body = self._json_body(raw)
+                    meta = body.get("metadata") if isinstance(body, dict) else None
+                    if self.owner.drop_binding_annotations and isinstance(meta, dict):
+                        meta.pop("annotations", None)
+                    return self._send(201, store.bind(ns, name, body))
                 if name is not None:
                     raise ApiError(405, "MethodNotAllowed", "POST to a named object is not allowed")
                 return self._send(201, store.create(plural, ns, self._json_body(raw)))
