@@ -15,12 +15,16 @@ from .devices import is_device_id, parse_device_id
 
 
 def region_id_for(device_ids: Sequence[str]) -> str:
-    """`g<gpu-index>-<12 hex>`: the GPU (of the first ID: one of a spanning container's), then a digest of the
-    sorted device IDs. The kubelet never hands the
-    same device to two live containers, so the ID is unique on the node and stable across restarts."""
-    gpu = parse_device_id(device_ids[0])[0]
-    digest = hashlib.sha256(",".join(sorted(device_ids)).encode()).hexdigest()[:12]
-    return f"g{gpu}-{digest}"
+    """`g<gpu-index>-<12 hex>`: the lowest GPU the IDs name (a spanning container's IDs name several), then a
+    digest of the sorted device IDs. The kubelet never hands the same device to two live containers, so the ID
+    is unique on the node and stable across restarts; it depends on no order of the IDs (Allocate's follow the
+    reservation's GPU order, PodResources' a Go map's: the first ID's GPU once named one container two ways)."""
+    gpu = min(parse_device_id(i)[0] for i in device_ids)
+    return f"g{gpu}-{_digest(device_ids)}"
+
+
+def _digest(device_ids: Sequence[str]) -> str:
+    return hashlib.sha256(",".join(sorted(device_ids)).encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -75,8 +79,12 @@ def reconcile(ledger: Mapping[str, Allocation], live: Sequence[LiveContainer] | 
         # IDs this agent did not issue (not canonical) name no region of ours: never let them stop the loop
         if lc.device_ids and all(map(is_device_id, lc.device_ids)):
             by_region[region_id_for(lc.device_ids)] = lc
+    # a ledger entry is its container's by the digest of its devices: an earlier agent named a spanning
+    # container's region after the GPU of its first ID in Allocate's order, which PodResources need not share
+    by_digest = {rid.partition("-")[2]: rid for rid in by_region}
     for rid, a in ledger.items():
-        owner = by_region.get(rid)
+        live_rid = by_digest.get(rid.partition("-")[2])
+        owner = by_region.pop(live_rid) if live_rid is not None else None
         if owner is not None:
             if a.pod != owner.pod or a.namespace != owner.namespace or a.container != owner.container:
                 a = replace(a, namespace=owner.namespace, pod=owner.pod, container=owner.container,
@@ -89,9 +97,7 @@ def reconcile(ledger: Mapping[str, Allocation], live: Sequence[LiveContainer] | 
             out.unlisted.add(rid)
         else:
             out.keep[rid] = a
-    for rid, lc in by_region.items():
-        if rid in ledger:
-            continue
+    for rid, lc in by_region.items():  # the containers no entry matched
         # the GPUs its IDs name (a pod spanning GPUs: each holds an even part; the record, when there was one,
         # had their device order: recovered without it, by index)
         gpus = sorted({parse_device_id(i)[0] for i in lc.device_ids})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from memslice.plugin.deviceplugin.reconcile import LiveContainer, reconcile, region_id_for
 from memslice.plugin.ledger import REGION_ID, Allocation
 
@@ -15,6 +17,28 @@ def test_region_id_names_the_gpu_and_ignores_order():
     a = region_id_for(["g3-1", "g3-2"])
     assert a == region_id_for(["g3-2", "g3-1"]) and a.startswith("g3-") and REGION_ID.match(a)
     assert a != region_id_for(["g3-1", "g3-3"])
+
+
+def test_a_spanning_containers_region_id_depends_on_no_order_of_its_gpus():
+    """Allocate sees a spanning container's IDs in its reservation's GPU order, PodResources in a Go map's: both
+    must name the same region, or reconciliation recovers a second entry and the GPUs' memory counts twice."""
+    ids = ["g1-1", "g1-2", "g0-1", "g0-2"]
+    assert region_id_for(ids) == region_id_for(list(reversed(ids))) == region_id_for(sorted(ids))
+    assert region_id_for(ids).startswith("g0-")
+
+
+def test_a_spanning_entry_is_matched_however_the_kubelet_orders_its_ids():
+    """The ledger's entry (Allocate's order: GPU 1 first) and the kubelet's record (GPU 0 first) are one
+    container: kept once, nothing recovered; an entry an earlier agent named after its first ID's GPU too."""
+    ids = ("g1-1", "g1-2", "g0-1", "g0-2")
+    mine = alloc(ids, created=0, uid="u1", pod="tp")
+    old = replace(alloc(("g3-1", "g2-1"), created=0, uid="u2", pod="tq"), region_id="g3-" + region_id_for(
+        ("g3-1", "g2-1")).partition("-")[2])
+    live = [LiveContainer("ns", "tp", "c", ("g0-2", "g0-1", "g1-2", "g1-1")),
+            LiveContainer("ns", "tq", "c", ("g2-1", "g3-1"))]
+    r = reconcile({mine.region_id: mine, old.region_id: old}, live, set(), {}, {}, 4, 1000, 30)
+    assert not r.recovered and not r.removed
+    assert sorted(r.keep) == sorted([mine.region_id, old.region_id])
 
 
 def test_kubelet_record_recovers_missing_entries_and_names_owners():
