@@ -670,7 +670,9 @@ def _victims_for_set(view: NodeView, positions: tuple[int, ...], need_mib: int, 
                      freed_unplaced_mib: int, limit: LimitNeed | None, compute: int) -> list[VictimCandidate] | None:
     """decisions._victims_on for a set of GPUs: the lowest priority first (the largest first within one) until
     the set has room, each taken only while a GPU of the set it frees is still short (or the node's total is);
-    then each given back (highest priority first, then smallest) while the set still has room."""
+    then each given back (highest priority first, then smallest) while the set still has room; then made exact
+    for the fewest victims and the least MiB evicted (a victim spanning GPUs costs its share on each) by
+    decisions.fewest_then_least, bounded as there: past MAX_VICTIM_SETS sets of pods the greedy's set stands."""
     at = {view.rows[i][0]: i for i in positions}
     chosen: list[VictimCandidate] = []
     for pod in sorted(pods, key=lambda v: (v.priority, -v.mib, v.uid)):
@@ -686,7 +688,9 @@ def _victims_for_set(view: NodeView, positions: tuple[int, ...], need_mib: int, 
         rest = [v for v in chosen if v is not pod]
         if _room_after(view, positions, need_mib, rest, freed_unplaced_mib, limit, compute):
             chosen = rest
-    return chosen
+    short = sum(max(need_mib - view.rows[i][6], 0) for i in positions)  # what any set making room frees here
+    return _d.fewest_then_least(pods, chosen, lambda c: _room_after(view, positions, need_mib, c, freed_unplaced_mib,
+                                                                    limit, compute), _d.victim_mib, short)
 
 
 def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCandidate], freed_unplaced_mib: int,
@@ -715,7 +719,7 @@ def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCan
             continue
         if not chosen:
             return ()
-        rank = (max(v.priority for v in chosen), len(chosen), sum(v.mib * len(_uuids(v)) for v in chosen),
+        rank = (max(v.priority for v in chosen), len(chosen), sum(map(_d.victim_mib, chosen)),
                 distance(view.topo, s), tuple(sorted(view.rows[i][1] for i in s)))
         if best is None or rank < best[0]:
             best = rank, tuple(v.uid for v in chosen)
