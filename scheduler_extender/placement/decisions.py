@@ -377,27 +377,33 @@ def victim_mib(v: VictimCandidate) -> int:
 
 def fewest_then_least(pods: list[VictimCandidate], chosen: list[VictimCandidate],
                       room: Callable[[list[VictimCandidate]], bool], cost: Callable[[VictimCandidate], int],
-                      short: int) -> list[VictimCandidate]:
+                      short: int, beat: tuple[int, int] | None = None) -> list[VictimCandidate]:
     """`chosen` (a greedy's set that makes `room`: the lowest highest priority, which the lowest-first greedy
     finds as room only grows with the victims; the largest pods first, so few of them) made exact for the issue's
     order among `pods` of no higher priority: the fewest victims, then the least `cost` (MiB evicted). Largest-first
     takes a 6 GiB pod where a 1 GiB one beside it is enough, and with compute shares or the limit cap it may take
     more pods than needed. Every set of up to len(chosen) of those pods is weighed, smallest first, while there are
     at most MAX_VICTIM_SETS of them (a GPU holds a few pods); beyond, the greedy's set stands. A set costing less
-    than `short` (no set making room costs less) or no less than the best so far is passed over unweighed. One GPU
-    (_victims_on) and a set of GPUs (spanning._victims_for_set) alike."""
+    than `short` (no set making room costs less) or no less than the best so far is passed over unweighed.
+    `beat` (count, cost): only sets of at most that many victims costing at most that much matter (the best of
+    another GPU or set already: chosen stands when none is found). One GPU (_victims_on) and a set of GPUs
+    (spanning._victims_for_set) alike."""
     if not chosen:
         return chosen
     top = max(v.priority for v in chosen)
-    pool = sorted((v for v in pods if v.priority <= top), key=lambda v: (cost(v), v.uid))
-    if sum(comb(len(pool), k) for k in range(1, len(chosen) + 1)) > MAX_VICTIM_SETS:
+    pool = sorted(((cost(v), v) for v in pods if v.priority <= top), key=lambda t: (t[0], t[1].uid))
+    most = len(chosen) if beat is None else min(len(chosen), beat[0])
+    if sum(comb(len(pool), k) for k in range(1, most + 1)) > MAX_VICTIM_SETS:
         return chosen
-    for k in range(1, len(chosen) + 1):
-        best, best_mib = None, sum(map(cost, chosen)) if k == len(chosen) else MAX_MIB_ANY
+    for k in range(1, most + 1):
+        best_mib = sum(map(cost, chosen)) if k == len(chosen) else MAX_MIB_ANY
+        if beat is not None and k == beat[0]:
+            best_mib = min(best_mib, beat[1] + 1)
+        best = None
         for c in combinations(pool, k):
-            mib = sum(map(cost, c))
-            if short <= mib < best_mib and room(list(c)):
-                best, best_mib = list(c), mib
+            mib = sum(t[0] for t in c)
+            if short <= mib < best_mib and room([t[1] for t in c]):
+                best, best_mib = [t[1] for t in c], mib
         if best is not None:
             return best
     return chosen

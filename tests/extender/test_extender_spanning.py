@@ -121,6 +121,40 @@ def test_binpack_and_spread_decide_among_sets_equally_close():
     assert indices(decisions.choose_gpus(view, 4 * GIB, "spread", gpus=2)) == (0, 2)
 
 
+def test_a_node_that_can_never_take_the_pod_says_what_to_ask_instead():
+    """Each never-reason of a spanning pod names the pod's value, the node's (shared by its board type: one text
+    per cause and board in the scheduler's event) and the fix, in plain ASCII (the native filter answer copies
+    only such reasons), on the filter path (verdict) and the memo's fill (verdicts) alike."""
+    gpus = dgx_like(4)
+    sick = [g._replace(healthy=i == 0) for i, g in enumerate(gpus)]
+    cases = [
+        (view_of(gpus), 4 * GIB, None, 6, "pod needs 6 GPUs (memslice.io/gpu-count); the node has 4 healthy memslice "
+                                          "GPUs: ask for at most 4 or use a node with 6"),
+        (view_of(sick), 4 * GIB, None, 2, "pod needs 2 GPUs (memslice.io/gpu-count); the node has 1 healthy memslice "
+                                          "GPUs: ask for at most 1 or use a node with 2"),
+        (view_of([g._replace(healthy=False) for g in gpus]), 4 * GIB, None, 2,
+         "pod needs 2 GPUs (memslice.io/gpu-count); the node has 0 healthy memslice GPUs: use a node with 2"),
+        (view_of(gpus[:2] + [g._replace(mem_mib=32 * GIB) for g in gpus[2:3]]), 20 * GIB, None, 2,
+         "pod needs 20480 MiB on each of 2 GPUs (memslice.io/gpu-count); fewer than 2 healthy GPUs of the node are "
+         "that large: ask for at most 16384 MiB per GPU or use a node with 2 such GPUs"),
+        (view_of(gpus), 8 * GIB, LimitNeed(30 * GIB, Fraction(3, 2)), 2,
+         "pod's GPU memory limit of 30720 MiB on each of 2 GPUs (memslice.io/gpu-count) is above the limit cap "
+         "(--max-limit-ratio 1.5): fewer than 2 GPUs of the node could take it even empty; ask for a limit of at "
+         "most 24576 MiB per GPU (memslice.io/gpu-mem-limit)"),
+    ]
+    for view, need, limit, n, reason in cases:
+        assert decisions.verdict(view, need, "binpack", limit, 0, n) == (False, True, reason, 0)
+        assert reason.isascii() and reason.isprintable()
+        if limit is None:
+            spanning.forget_quick()
+            assert spanning.verdicts(view, [need], "binpack", n) == [(False, True, reason, 0)]
+    # not now, within the cap: the ratio named
+    full = view_of(gpus, [12 * GIB] * 4)
+    assert decisions.verdict(full, 8 * GIB, "binpack", LimitNeed(9 * GIB, Fraction(3, 2)), 0, 2)[2] == (
+        "pod needs 8192 MiB on each of 2 GPUs (memslice.io/gpu-count); fewer than 2 GPUs of the node have that free "
+        "within the limit cap (--max-limit-ratio 1.5) now")
+
+
 def test_fits_only_where_n_gpus_each_have_the_share():
     gpus = dgx_like(4)
     full = 16 * GIB
@@ -133,7 +167,7 @@ def test_fits_only_where_n_gpus_each_have_the_share():
     assert not decisions.verdict(view, 4 * GIB, "binpack", gpus=3)[0]
     # never: too few GPUs, or too few large enough, or unhealthy ones
     v = decisions.verdict(view_of(gpus[:1]), 4 * GIB, "binpack", gpus=2)
-    assert v[:2] == (False, True) and "the node has fewer healthy memslice GPUs" in v[2]
+    assert v[:2] == (False, True) and "the node has 1 healthy memslice GPUs" in v[2]
     v = decisions.verdict(view_of(gpus), 17 * GIB, "binpack", gpus=2)
     assert v[:2] == (False, True) and "fewer than 2 healthy GPUs of the node are that large" in v[2]
     sick = [g._replace(healthy=i != 1) for i, g in enumerate(gpus)]
