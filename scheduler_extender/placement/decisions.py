@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from itertools import combinations
 from math import comb
+from operator import itemgetter
 from typing import NamedTuple
 
 from . import spanning
@@ -401,7 +402,7 @@ def fewest_then_least(pods: list[VictimCandidate], chosen: list[VictimCandidate]
             best_mib = min(best_mib, beat[1] + 1)
         best = None
         for c in combinations(pool, k):
-            mib = sum(t[0] for t in c)
+            mib = sum(map(_first, c))
             if short <= mib < best_mib and room([t[1] for t in c]):
                 best, best_mib = [t[1] for t in c], mib
         if best is not None:
@@ -410,6 +411,7 @@ def fewest_then_least(pods: list[VictimCandidate], chosen: list[VictimCandidate]
 
 
 MAX_MIB_ANY = 1 << 62  # above any sum of MiB
+_first = itemgetter(0)
 
 
 def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCandidate],

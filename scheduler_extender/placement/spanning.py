@@ -702,14 +702,16 @@ def _victims_for_set(view: NodeView, positions: tuple[int, ...], need_mib: int, 
     chosen: list[VictimCandidate] = []
     freed: Freed = {}
     args = view, positions, need_mib, freed, freed_unplaced_mib, limit, compute
+    room = _room_freed(*args)
     for pod in sorted(pods, key=lambda v: (v.priority, -v.mib, v.uid)):
-        if _room_freed(*args):
+        if room:
             break
         if (any(u in at and not _gpu_room(view, at[u], need_mib, freed, limit, compute) for u in _uuids(pod))
                 or not _node_room(view, len(positions), need_mib, freed, freed_unplaced_mib)):
             chosen.append(pod)
             _charge(freed, pod, 1)
-    if not _room_freed(*args):
+            room = _room_freed(*args)
+    if not room:
         return None
     for pod in sorted(chosen, key=lambda v: (-v.priority, v.mib, v.uid)):
         _charge(freed, pod, -1)
