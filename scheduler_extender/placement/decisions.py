@@ -30,10 +30,12 @@ one-GPU path above, unchanged.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from itertools import combinations
 from math import comb
+from operator import itemgetter
 from typing import NamedTuple
 
 from . import spanning
@@ -362,48 +364,62 @@ def _victims_on(view: NodeView, i: int, need_mib: int, pods: list[VictimCandidat
         rest = [v for v in chosen if v is not pod]
         if _room_after(view, i, need_mib, rest, freed_unplaced_mib, limit, compute):
             chosen = rest
-    return _fewest_then_least(view, i, need_mib, pods, chosen, freed_unplaced_mib, limit, compute)
+    return fewest_then_least(pods, chosen, lambda c: _room_after(view, i, need_mib, c, freed_unplaced_mib, limit,
+                                                                 compute), victim_mib, need_mib - view.rows[i][6])
 
 
-MAX_VICTIM_SETS = 256  # sets of one GPU's pods weighed by _fewest_then_least (C(8, 4) = 70)
+MAX_VICTIM_SETS = 256  # sets of pods weighed by fewest_then_least (C(8, 4) = 70)
 
 
-def _fewest_then_least(view: NodeView, i: int, need_mib: int, pods: list[VictimCandidate],
-                       chosen: list[VictimCandidate], freed_unplaced_mib: int, limit: LimitNeed | None,
-                       compute: int) -> list[VictimCandidate]:
-    """`chosen` (the greedy's set: the lowest highest priority; the largest pods first, so few of them) made exact
-    for the issue's order among the pods of no higher priority: the fewest victims, then the least MiB evicted.
-    Largest-first takes a 6 GiB pod where a 1 GiB one beside it is enough, and with compute shares or the limit
-    cap it may take more pods than needed. Every set of up to len(chosen) of those pods is weighed, smallest
-    first, while there are at most MAX_VICTIM_SETS of them (a GPU holds a few pods); beyond, the greedy's set
-    stands. A set that frees less than the GPU lacks, or no less than the best so far, is passed over unweighed."""
+def victim_mib(v: VictimCandidate) -> int:
+    """The MiB evicting `v` frees, the issue's "least memory": its charge on each of its GPUs."""
+    return v.mib * (v.gpu_uuid.count(",") + 1)
+
+
+def fewest_then_least(pods: list[VictimCandidate], chosen: list[VictimCandidate],
+                      room: Callable[[list[VictimCandidate]], bool], cost: Callable[[VictimCandidate], int],
+                      short: int, beat: tuple[int, int] | None = None) -> list[VictimCandidate]:
+    """`chosen` (a greedy's set that makes `room`: the lowest highest priority, which the lowest-first greedy
+    finds as room only grows with the victims; the largest pods first, so few of them) made exact for the issue's
+    order among `pods` of no higher priority: the fewest victims, then the least `cost` (MiB evicted). Largest-first
+    takes a 6 GiB pod where a 1 GiB one beside it is enough, and with compute shares or the limit cap it may take
+    more pods than needed. Every set of up to len(chosen) of those pods is weighed, smallest first, while there are
+    at most MAX_VICTIM_SETS of them (a GPU holds a few pods); beyond, the greedy's set stands. A set costing less
+    than `short` (no set making room costs less) or no less than the best so far is passed over unweighed.
+    `beat` (count, cost): only sets of at most that many victims costing at most that much matter (the best of
+    another GPU or set already: chosen stands when none is found). One GPU (_victims_on) and a set of GPUs
+    (spanning._victims_for_set) alike."""
     if not chosen:
         return chosen
     top = max(v.priority for v in chosen)
-    pool = sorted((v for v in pods if v.priority <= top), key=lambda v: (v.mib, v.uid))
-    if sum(comb(len(pool), k) for k in range(1, len(chosen) + 1)) > MAX_VICTIM_SETS:
+    pool = sorted(((cost(v), v) for v in pods if v.priority <= top), key=lambda t: (t[0], t[1].uid))
+    most = len(chosen) if beat is None else min(len(chosen), beat[0])
+    if sum(comb(len(pool), k) for k in range(1, most + 1)) > MAX_VICTIM_SETS:
         return chosen
-    short = need_mib - view.rows[i][6]  # every set that makes room frees at least this much here
-    for k in range(1, len(chosen) + 1):
-        best, best_mib = None, sum(v.mib for v in chosen) if k == len(chosen) else MAX_MIB_ANY
+    for k in range(1, most + 1):
+        best_mib = sum(map(cost, chosen)) if k == len(chosen) else MAX_MIB_ANY
+        if beat is not None and k == beat[0]:
+            best_mib = min(best_mib, beat[1] + 1)
+        best = None
         for c in combinations(pool, k):
-            mib = sum(v.mib for v in c)
-            if short <= mib < best_mib and _room_after(view, i, need_mib, list(c), freed_unplaced_mib, limit,
-                                                       compute):
-                best, best_mib = list(c), mib
+            mib = sum(map(_first, c))
+            if short <= mib < best_mib and room([t[1] for t in c]):
+                best, best_mib = [t[1] for t in c], mib
         if best is not None:
             return best
     return chosen
 
 
 MAX_MIB_ANY = 1 << 62  # above any sum of MiB
+_first = itemgetter(0)
 
 
 def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCandidate],
                        freed_unplaced_mib: int = 0, limit: LimitNeed | None = None, compute: int = 0,
                        gpus: int = 1) -> tuple[str, ...] | None:
     """The pods to evict so that the pod fits on ONE GPU of this node: over every GPU, the set whose highest
-    priority is lowest, then the fewest victims, then the least MiB evicted (ties to the lower GPU index).
+    priority is lowest, then the fewest victims, then the least MiB evicted (victim_mib: a victim spanning GPUs
+    frees its charge on each; ties to the lower GPU index).
     Only pods on that GPU are named, never one on a GPU the pod will not use (a victim spanning GPUs counts
     on each of its GPUs). None when no GPU can be freed enough; () when one has room already (with
     `freed_unplaced_mib` gone): no GPU pod needs evicting. A preemptor spanning `gpus` GPUs: spanning.py (N
@@ -421,7 +437,7 @@ def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCan
             continue
         if not chosen:
             return ()
-        rank = (max(v.priority for v in chosen), len(chosen), sum(v.mib for v in chosen), row[1])
+        rank = (max(v.priority for v in chosen), len(chosen), sum(map(victim_mib, chosen)), row[1])
         if best is None or rank < best[0]:
             best = rank, tuple(v.uid for v in chosen)
     return best[1] if best is not None else None

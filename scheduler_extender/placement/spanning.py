@@ -22,9 +22,10 @@ an NVLink set free outscores one that has only GPUs across sockets, whatever the
 
 Preemption: for each candidate set of N healthy GPUs large enough, the lowest-priority pods holding memory on
 those GPUs (the largest first within a priority) until each GPU of the set has room, then each given back
-while it still fits; a victim spanning GPUs frees its share on every one of them. Only pods holding memory on
-a GPU of the set are named. The set whose highest victim priority is lowest wins, then the fewest victims,
-then the least MiB, then the closest set, then the lower indices.
+while it still fits, then made exact for the fewest victims and the least MiB (decisions.fewest_then_least, as for
+one GPU; bounded: past MAX_VICTIM_SETS sets of pods the greedy's set stands); a victim spanning GPUs frees its
+share on every one of them. Only pods holding memory on a GPU of the set are named. The set whose highest victim
+priority is lowest wins, then the fewest victims, then the least MiB, then the closest set, then the lower indices.
 
 The device order of the chosen GPUs (contract: devices 0..N-1 inside the container) is their index order.
 """
@@ -84,8 +85,8 @@ def fit(view: NodeView, need_mib: int, limit: LimitNeed | None, compute: int, gp
         never = _never(view, need_mib, limit, gpus)
         if never is not None:
             return Fit(False, True, never), []
-        cap = " within the limit cap (--max-limit-ratio)" if limit is not None and _d._capped(view, need_mib,
-                                                                                              limit) else ""
+        cap = f" within the limit cap (--max-limit-ratio {float(limit.ratio):g})" if limit is not None and \
+            _d._capped(view, need_mib, limit) else ""
         return Fit(False, False, _no_room(need_mib, compute, cap, gpus)), []
     if view.unplaced_mib and view.total_free_mib - view.unplaced_mib < need_mib * gpus:
         return Fit(False, False, f"pod needs {need_mib} MiB on each of {gpus} GPUs; the node's free GPU memory is "
@@ -113,7 +114,9 @@ def _no_room(need_mib: int, compute: int, cap: str, gpus: int) -> str:
 
 
 def _never(view: NodeView, need_mib: int, limit: LimitNeed | None, gpus: int) -> str | None:
-    """Why no N GPUs of this node could ever hold the pod (even empty); None when N could."""
+    """Why no N GPUs of this node could ever hold the pod (even empty), with the most it could ask for here and the
+    fix; None when N could. The figures are the pod's and the node's board (its healthy GPUs, their sizes, the
+    cap's ratio): nodes of one board type give one text, as the scheduler groups nodes by reason."""
     within_limit_cap = _d.within_limit_cap
     large = capped = 0  # healthy GPUs that large; of those, the ones whose cap takes the limit even empty
     for r in view.rows:
@@ -122,14 +125,20 @@ def _never(view: NodeView, need_mib: int, limit: LimitNeed | None, gpus: int) ->
             capped += limit is None or within_limit_cap(0, limit.mib, r[3], limit.ratio)
     if capped >= gpus:
         return None
-    if sum(1 for r in view.rows if r[4]) < gpus:  # no per-node figure: the scheduler groups nodes by reason
-        return f"pod needs {gpus} GPUs ({ANN_GPU_COUNT}); the node has fewer healthy memslice GPUs"
+    healthy = sorted((r[3] for r in view.rows if r[4]), reverse=True)
+    if len(healthy) < gpus:
+        fix = f"ask for at most {len(healthy)} or use" if healthy else "use"
+        return (f"pod needs {gpus} GPUs ({ANN_GPU_COUNT}); the node has {len(healthy)} healthy memslice GPUs: "
+                f"{fix} a node with {gpus}")
     if large >= gpus and limit is not None:
+        most = sorted((_d.limit_cap_mib(r[3], limit.ratio) for r in view.rows if r[4] and r[3] >= need_mib),
+                      reverse=True)[gpus - 1]
         return (f"pod's GPU memory limit of {limit.mib} MiB on each of {gpus} GPUs ({ANN_GPU_COUNT}) is above the "
                 f"limit cap (--max-limit-ratio {float(limit.ratio):g}): fewer than {gpus} GPUs of the node could take "
-                f"it even empty; ask for a lower limit")
+                f"it even empty; ask for a limit of at most {most} MiB per GPU (memslice.io/gpu-mem-limit)")
     return (f"pod needs {need_mib} MiB on each of {gpus} GPUs ({ANN_GPU_COUNT}); fewer than {gpus} healthy "
-            f"GPUs of the node are that large")
+            f"GPUs of the node are that large: ask for at most {healthy[gpus - 1]} MiB per GPU or use a node "
+            f"with {gpus} such GPUs")
 
 
 def distance(topo: object, positions: Iterable[int]) -> int:
@@ -661,32 +670,64 @@ def _node_room(view: NodeView, gpus: int, need_mib: int, freed: Freed, freed_unp
 def _room_after(view: NodeView, positions: tuple[int, ...], need_mib: int, victims: list[VictimCandidate],
                 freed_unplaced_mib: int, limit: LimitNeed | None, compute: int) -> bool:
     """Would the pod fit on the GPUs at `positions` once `victims` are gone?"""
-    freed = _freed(victims)
+    return _room_freed(view, positions, need_mib, _freed(victims), freed_unplaced_mib, limit, compute)
+
+
+def _room_freed(view: NodeView, positions: tuple[int, ...], need_mib: int, freed: Freed, freed_unplaced_mib: int,
+                limit: LimitNeed | None, compute: int) -> bool:
+    """_room_after with what the victims free per GPU given."""
     return (not view.error and all(_gpu_room(view, i, need_mib, freed, limit, compute) for i in positions)
             and _node_room(view, len(positions), need_mib, freed, freed_unplaced_mib))
 
 
+def _charge(freed: Freed, v: VictimCandidate, sign: int) -> None:
+    """`freed` with `v` evicted (sign 1) or given back (sign -1)."""
+    for u in _uuids(v):
+        mib, over, pct = freed.get(u, (0, 0, 0))
+        freed[u] = mib + sign * v.mib, over + sign * v.over, pct + sign * v.compute
+
+
 def _victims_for_set(view: NodeView, positions: tuple[int, ...], need_mib: int, pods: list[VictimCandidate],
-                     freed_unplaced_mib: int, limit: LimitNeed | None, compute: int) -> list[VictimCandidate] | None:
+                     freed_unplaced_mib: int, limit: LimitNeed | None, compute: int,
+                     beat: tuple[int, int, int] | None = None) -> list[VictimCandidate] | None:
     """decisions._victims_on for a set of GPUs: the lowest priority first (the largest first within one) until
     the set has room, each taken only while a GPU of the set it frees is still short (or the node's total is);
-    then each given back (highest priority first, then smallest) while the set still has room."""
+    then each given back (highest priority first, then smallest) while the set still has room; then made exact
+    for the fewest victims and the least MiB evicted (decisions.victim_mib: a victim spanning GPUs frees its share
+    on each) by decisions.fewest_then_least, among the pods on a GPU of the set that lacks room (the others free
+    nothing needed, but where pods bound without the extender hold memory of the node), bounded as there: past
+    MAX_VICTIM_SETS sets of pods the greedy's set stands. `beat`: the (highest priority, count, MiB) of the best
+    set so far: a set that cannot beat it answers its greedy set as it is."""
     at = {view.rows[i][0]: i for i in positions}
     chosen: list[VictimCandidate] = []
+    freed: Freed = {}
+    args = view, positions, need_mib, freed, freed_unplaced_mib, limit, compute
+    room = _room_freed(*args)
     for pod in sorted(pods, key=lambda v: (v.priority, -v.mib, v.uid)):
-        if _room_after(view, positions, need_mib, chosen, freed_unplaced_mib, limit, compute):
+        if room:
             break
-        freed = _freed(chosen)
         if (any(u in at and not _gpu_room(view, at[u], need_mib, freed, limit, compute) for u in _uuids(pod))
                 or not _node_room(view, len(positions), need_mib, freed, freed_unplaced_mib)):
             chosen.append(pod)
-    if not _room_after(view, positions, need_mib, chosen, freed_unplaced_mib, limit, compute):
+            _charge(freed, pod, 1)
+            room = _room_freed(*args)
+    if not room:
         return None
     for pod in sorted(chosen, key=lambda v: (-v.priority, v.mib, v.uid)):
-        rest = [v for v in chosen if v is not pod]
-        if _room_after(view, positions, need_mib, rest, freed_unplaced_mib, limit, compute):
-            chosen = rest
-    return chosen
+        _charge(freed, pod, -1)
+        if _room_freed(*args):
+            chosen = [v for v in chosen if v is not pod]
+        else:
+            _charge(freed, pod, 1)
+    if not chosen or (beat is not None and max(v.priority for v in chosen) > beat[0]):
+        return chosen
+    if view.unplaced_mib <= freed_unplaced_mib:
+        short = {view.rows[i][0] for i in positions if not _gpu_room(view, i, need_mib, {}, limit, compute)}
+        pods = [v for v in pods if any(u in short for u in _uuids(v))]
+    lacking = sum(max(need_mib - view.rows[i][6], 0) for i in positions)  # what any set making room frees here
+    return _d.fewest_then_least(pods, chosen, lambda c: _room_after(view, positions, need_mib, c, freed_unplaced_mib,
+                                                                    limit, compute), _d.victim_mib, lacking,
+                                None if beat is None or max(v.priority for v in chosen) < beat[0] else beat[1:])
 
 
 def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCandidate], freed_unplaced_mib: int,
@@ -710,12 +751,13 @@ def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCan
     for s in sets:
         uuids = {view.rows[i][0] for i in s}
         mine = [c for c in pods if any(u in uuids for u in _uuids(c))]
-        chosen = _victims_for_set(view, s, need_mib, mine, freed_unplaced_mib, limit, compute)
+        chosen = _victims_for_set(view, s, need_mib, mine, freed_unplaced_mib, limit, compute,
+                                  best[0][:3] if best is not None else None)
         if chosen is None:
             continue
         if not chosen:
             return ()
-        rank = (max(v.priority for v in chosen), len(chosen), sum(v.mib * len(_uuids(v)) for v in chosen),
+        rank = (max(v.priority for v in chosen), len(chosen), sum(map(_d.victim_mib, chosen)),
                 distance(view.topo, s), tuple(sorted(view.rows[i][1] for i in s)))
         if best is None or rank < best[0]:
             best = rank, tuple(v.uid for v in chosen)

@@ -121,6 +121,40 @@ def test_binpack_and_spread_decide_among_sets_equally_close():
     assert indices(decisions.choose_gpus(view, 4 * GIB, "spread", gpus=2)) == (0, 2)
 
 
+def test_a_node_that_can_never_take_the_pod_says_what_to_ask_instead():
+    """Each never-reason of a spanning pod names the pod's value, the node's (shared by its board type: one text
+    per cause and board in the scheduler's event) and the fix, in plain ASCII (the native filter answer copies
+    only such reasons), on the filter path (verdict) and the memo's fill (verdicts) alike."""
+    gpus = dgx_like(4)
+    sick = [g._replace(healthy=i == 0) for i, g in enumerate(gpus)]
+    cases = [
+        (view_of(gpus), 4 * GIB, None, 6, "pod needs 6 GPUs (memslice.io/gpu-count); the node has 4 healthy memslice "
+                                          "GPUs: ask for at most 4 or use a node with 6"),
+        (view_of(sick), 4 * GIB, None, 2, "pod needs 2 GPUs (memslice.io/gpu-count); the node has 1 healthy memslice "
+                                          "GPUs: ask for at most 1 or use a node with 2"),
+        (view_of([g._replace(healthy=False) for g in gpus]), 4 * GIB, None, 2,
+         "pod needs 2 GPUs (memslice.io/gpu-count); the node has 0 healthy memslice GPUs: use a node with 2"),
+        (view_of(gpus[:2] + [g._replace(mem_mib=32 * GIB) for g in gpus[2:3]]), 20 * GIB, None, 2,
+         "pod needs 20480 MiB on each of 2 GPUs (memslice.io/gpu-count); fewer than 2 healthy GPUs of the node are "
+         "that large: ask for at most 16384 MiB per GPU or use a node with 2 such GPUs"),
+        (view_of(gpus), 8 * GIB, LimitNeed(30 * GIB, Fraction(3, 2)), 2,
+         "pod's GPU memory limit of 30720 MiB on each of 2 GPUs (memslice.io/gpu-count) is above the limit cap "
+         "(--max-limit-ratio 1.5): fewer than 2 GPUs of the node could take it even empty; ask for a limit of at "
+         "most 24576 MiB per GPU (memslice.io/gpu-mem-limit)"),
+    ]
+    for view, need, limit, n, reason in cases:
+        assert decisions.verdict(view, need, "binpack", limit, 0, n) == (False, True, reason, 0)
+        assert reason.isascii() and reason.isprintable()
+        if limit is None:
+            spanning.forget_quick()
+            assert spanning.verdicts(view, [need], "binpack", n) == [(False, True, reason, 0)]
+    # not now, within the cap: the ratio named
+    full = view_of(gpus, [12 * GIB] * 4)
+    assert decisions.verdict(full, 8 * GIB, "binpack", LimitNeed(9 * GIB, Fraction(3, 2)), 0, 2)[2] == (
+        "pod needs 8192 MiB on each of 2 GPUs (memslice.io/gpu-count); fewer than 2 GPUs of the node have that free "
+        "within the limit cap (--max-limit-ratio 1.5) now")
+
+
 def test_fits_only_where_n_gpus_each_have_the_share():
     gpus = dgx_like(4)
     full = 16 * GIB
@@ -133,7 +167,7 @@ def test_fits_only_where_n_gpus_each_have_the_share():
     assert not decisions.verdict(view, 4 * GIB, "binpack", gpus=3)[0]
     # never: too few GPUs, or too few large enough, or unhealthy ones
     v = decisions.verdict(view_of(gpus[:1]), 4 * GIB, "binpack", gpus=2)
-    assert v[:2] == (False, True) and "the node has fewer healthy memslice GPUs" in v[2]
+    assert v[:2] == (False, True) and "the node has 1 healthy memslice GPUs" in v[2]
     v = decisions.verdict(view_of(gpus), 17 * GIB, "binpack", gpus=2)
     assert v[:2] == (False, True) and "fewer than 2 healthy GPUs of the node are that large" in v[2]
     sick = [g._replace(healthy=i != 1) for i, g in enumerate(gpus)]
@@ -336,6 +370,97 @@ def test_preemption_victims_make_room_on_n_gpus_they_sit_on(pods, need_gib):
     assert sets, (used, chosen)
     # every victim sits on a GPU of some set that then has room
     assert any(all(any(f"GPU-{i}" in v.gpu_uuid.split(",") for i in s) for v in gone) for s in sets)
+
+
+def test_a_two_gpu_preemptor_evicts_the_least_memory_of_the_pairs():
+    """The auditor's case (issue 39.3, the last rule across sets): GPUs at 6, 5, 16 and 1 GiB used of 16, a pod
+    needing 12 GiB on each of 2 GPUs. GPU 3 has room; GPU 0 lacks 2 GiB (a 2 GiB pod of priority 0 beside a 4 GiB
+    one of priority 1), GPU 1 lacks 1 GiB (a 1 GiB and a 4 GiB pod, both priority 0). One victim of priority 0
+    either way: the 1 GiB pod (the largest-first greedy took GPU 1's 4 GiB pod, so GPU 0's 2 GiB one won)."""
+    view = view_of(dgx_like(4), [6 * GIB, 5 * GIB, 16 * GIB, 1 * GIB])
+    pods = [victim("two", (0,), 2 * GIB, 0), victim("four0", (0,), 4 * GIB, 1), victim("one", (1,), 1 * GIB, 0),
+            victim("four1", (1,), 4 * GIB, 0), victim("full", (2,), 16 * GIB, 0), victim("small", (3,), 1 * GIB, 0)]
+    assert decisions.preemption_victims(view, 12 * GIB, pods, gpus=2) == ("one",)
+    # the same with GPU 0's 4 GiB pod of priority 0 (the greedy took 4 GiB on either GPU, GPU 0 by index)
+    pods[1] = victim("four0", (0,), 4 * GIB, 0)
+    pods[0] = victim("two", (0,), 2 * GIB, 1)
+    assert decisions.preemption_victims(view, 12 * GIB, pods, gpus=2) == ("one",)
+    # one GPU (decisions' path, the same cost): a 2-GPU pod of 3 GiB frees 6 GiB in all, a 5 GiB pod 5 GiB
+    view = view_of(dgx_like(2), [16 * GIB, 8 * GIB])
+    pods = [victim("pair", (0, 1), 3 * GIB, 0), victim("five", (1,), 5 * GIB, 0)]
+    assert decisions.preemption_victims(view, 11 * GIB, pods) == ("five",)
+
+
+def test_past_the_bound_the_greedy_victims_stand():
+    """decisions.MAX_VICTIM_SETS bounds the exact search on a set as on one GPU: GPU 0 of a 2-GPU node holds three
+    4 GiB pods and 4 GiB of small ones, the pod needs 8.25 GiB on each GPU. Three victims either way; the least
+    memory is 4 + 4 GiB and a small pod, found among four 1 GiB pods (7 pods: 63 sets) but not among sixteen of
+    256 MiB (19 pods: 1,159 sets > 256): there the greedy's three 4 GiB pods stand, a node of many pods per GPU
+    costs no more than that."""
+    need = 8 * GIB + 256
+    for size, count, exact in ((GIB, 4, True), (256, 16, False)):
+        pods = [victim(f"big{k}", (0,), 4 * GIB) for k in range(3)] + [victim(f"s{k}", (0,), size)
+                                                                         for k in range(count)]
+        got = set(decisions.preemption_victims(view_of(dgx_like(2), [16 * GIB, 0]), need, pods, gpus=2) or ())
+        assert len(got) == 3 and len({"big0", "big1", "big2"} & got) == (2 if exact else 3), got
+
+
+def _reference(mem: int, used: list[int], victims: list[VictimCandidate], need: int, gpus: int
+               ) -> tuple[int, int, int] | None:
+    """The issue's order by brute force over every victim subset and every set of `gpus` GPUs: the least
+    (highest priority, count, MiB freed on all their GPUs) of the subsets that make room on a set, each victim
+    holding memory on a GPU of the set; None when none does; (-1, 0, 0) when a set has room already."""
+    on = [{int(u.split("-")[1]) for u in v.gpu_uuid.split(",")} for v in victims]
+    best = None
+    for n in range(len(victims) + 1):
+        for subset in combinations(range(len(victims)), n):
+            freed = [0] * len(used)
+            for k in subset:
+                for g in on[k]:
+                    freed[g] += victims[k].mib
+            for s in combinations(range(len(used)), gpus):
+                if all(on[k] & set(s) for k in subset) and all(mem - used[g] + freed[g] >= need for g in s):
+                    chosen = [victims[k] for k in subset]
+                    rank = (max(v.priority for v in chosen), n, sum(v.mib * len(on[k]) for k, v in
+                                                                     zip(subset, chosen, strict=True))) if n else (
+                        -1, 0, 0)
+                    best = rank if best is None or rank < best else best
+                    break
+    return best
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([4, 5, 6, 8]), st.sampled_from([1, 2, 4]),
+       st.lists(st.tuples(st.integers(0, 7), st.booleans(), st.integers(1, 8), st.integers(0, 2)), max_size=8),
+       st.integers(1, 16))
+def test_the_victims_are_the_best_of_every_subset_and_set(n, gpus, spec, need_gib):
+    """Against every subset of the candidates (1- and 2-GPU pods) and every set of `gpus` GPUs of a node of 4 to
+    8: victims are named iff some subset makes room on a set; they make room on one set, each holding memory on
+    a GPU of it; and no subset on any set ranks lower in the issue's order (issue 39.3)."""
+    mem = 16 * GIB
+    used = [0] * n
+    victims = []
+    for k, (first, two, gib, prio) in enumerate(spec):
+        on = (first % n, (first + 1) % n) if two else (first % n,)
+        if all(used[i] + gib * GIB <= mem for i in on):
+            for i in on:
+                used[i] += gib * GIB
+            victims.append(victim(f"v{k}", on, gib * GIB, prio))
+    gpu_list = dgx_like(n) if n % 2 == 0 else [Gpu(f"GPU-{i}", i, "Sim", mem, None, True) for i in range(n)]
+    view = view_of(gpu_list, used)
+    need = need_gib * GIB
+    got = decisions.preemption_victims(view, need, victims, gpus=gpus)
+    want = _reference(mem, used, victims, need, gpus)
+    if want is None:
+        assert got is None
+        return
+    assert got is not None
+    chosen = [v for v in victims if v.uid in got]
+    assert len(chosen) == len(got)
+    assert _reference(mem, used, chosen, need, gpus) is not None  # they alone make room on a set they all sit on
+    rank = (max(v.priority for v in chosen), len(chosen), sum(v.mib * len(v.gpu_uuid.split(",")) for v in chosen)) \
+        if chosen else (-1, 0, 0)
+    assert rank == want, (used, victims, got)
 
 
 # ------------------------------------------------------------------------------------------ the state

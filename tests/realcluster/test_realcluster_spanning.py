@@ -304,10 +304,10 @@ def test_a_total_not_divisible_is_refused_at_admission_and_at_filter_by_name(wor
 
 
 def test_more_gpus_than_any_node_has_is_unschedulable_by_name(world: World) -> None:
-    """Issue 34: 9 GPUs asked where every node has 8: Pending, the reason naming the count (unresolvable: the
-    scheduler does not try preemption there)."""
+    """Issue 34: 9 GPUs asked where every node has 8: Pending, the reason naming the count and the fix (unresolvable:
+    the scheduler does not try preemption there)."""
     world.create([pod_body("nine", 9 * GIB, 9, "span")])
     message = failed_scheduling(world, "nine")
-    assert "pod needs 9 GPUs (memslice.io/gpu-count); the node has fewer healthy memslice GPUs" \
-        in message, message
+    assert "pod needs 9 GPUs (memslice.io/gpu-count); the node has 8 healthy memslice GPUs: ask for at most 8 or " \
+        "use a node with 9" in message, message
     assert not world.cluster.ok("GET", f"/api/v1/namespaces/{NS}/pods/nine")["spec"].get("nodeName")
