@@ -907,10 +907,24 @@ done:
 #define SPAN_FAILED 0xFB     /* a failing cell written natively (fitmemo.FAILED; span_fill, span_refresh) */
 
 /* Why: the reference's arithmetic is exact only while ints convert to doubles exactly; outside that (or for a
- * value that is not an int) 0 tells the caller to answer None, and the reference answers instead. */
+ * value that is not an int) 0 tells the caller to answer None, and the reference answers instead. An int of one
+ * digit (below 2^30: every MiB figure of a view) is read in place where the build knows the layout: the spanning
+ * fill and refresh read ~1,200 ints per pod (benchmarks/README.md, issue 34, seventh round). */
 static int span_int(PyObject *o, int64_t *out) {
     if (!PyLong_CheckExact(o))
         return 0;
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyUnstable_Long_IsCompact((PyLongObject *)o)) {
+        *out = (int64_t)PyUnstable_Long_CompactValue((PyLongObject *)o);
+        return 1;
+    }
+#elif PY_VERSION_HEX >= 0x030B0000 && PyLong_SHIFT == 30
+    Py_ssize_t digits = Py_SIZE(o);
+    if (digits >= -1 && digits <= 1) {
+        *out = digits == 0 ? 0 : digits * (int64_t)((PyLongObject *)o)->ob_digit[0];
+        return 1;
+    }
+#endif
     int overflow = 0;
     long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
     if (overflow || (v == -1 && PyErr_Occurred())) {
