@@ -61,6 +61,7 @@ static PyObject *span_result(PyObject *out, int ok);
 static int span_search(PyObject *search, Py_ssize_t k, long gpus, int spread, PyObject **out);
 static PyObject *nameids_span_scores_each(PyObject *module, PyObject *args);
 static PyObject *nameids_name_hash(PyObject *module, PyObject *args);
+static PyObject *span_closest(PyObject *levels, PyObject *by_mask, PyObject *key, uint64_t mask);
 PyMODINIT_FUNC PyInit__nameids(void);
 
 /* The helpers of the per-name loops (each runs 5,000 times per verb with all names: a call's own cost was
@@ -1503,6 +1504,31 @@ static int fill_plan(SpanFill *f, PyObject *topo) {
     return 1;
 }
 
+/* Why: a mask of GPUs with room that the plan has not met yet (span_search leaves it UNSEARCHED) looked for in the
+ * plan's levels and kept in its by_mask, as spanning._closest does (span_closest, the refresh's), so the search is
+ * made here: at 90 % full many masks are met first by a fill, and the reference's search of each cost more than
+ * the rest of that fill's cells (benchmarks/README.md, issue 34, seventh round). 1 kept; 0 not (levels not as
+ * _plan makes them, no set fits, a row not exact: the caller's Python searches); -1 an error set. */
+static int fill_levels(PyObject *plan, PyObject *rows, PyObject *free_rows, PyObject *keys, int64_t need) {
+    PyObject *levels = PyTuple_GET_ITEM(plan, 1), *by_mask = PyTuple_GET_ITEM(plan, 2);
+    Py_ssize_t k;
+    uint64_t mask;
+    if (!PyTuple_CheckExact(levels) || PyTuple_GET_SIZE(rows) > SPAN_MAX_GPUS || !span_bisect(keys, need, &k)
+        || !span_mask(rows, free_rows, k, &mask))
+        return 0;
+    PyObject *key = PyLong_FromUnsignedLongLong(mask);
+    if (key == NULL)
+        return -1;
+    PyObject *hit = PyDict_GetItemWithError(by_mask, key);
+    if (hit != NULL || PyErr_Occurred()) { /* kept already: the search failed for another reason (left) */
+        Py_DECREF(key);
+        return hit != NULL ? 0 : -1;
+    }
+    hit = span_closest(levels, by_mask, key, mask); /* borrowed from by_mask */
+    Py_DECREF(key);
+    return hit != NULL ? 1 : PyErr_Occurred() ? -1 : 0;
+}
+
 /* Why a function: the set search span_code lacked (UNSEARCHED) made here where spanning._native_search would give
  * one: a topology matrix (not an int), GPU indices 0..G-1 in rows order, the plan kept. Returns as span_code; the
  * code stays UNSEARCHED where no search can be made here (the caller's Python makes it). */
@@ -1529,6 +1555,10 @@ static int fill_search(SpanFill *f, PyObject *view, PyObject *rows, PyObject *ke
     if (search == NULL)
         return PyErr_Occurred() ? -1 : 1;
     ok = span_code(keys, chosen, need, f->gpus, f->spread, search, code);
+    if (ok == 1 && *code == SPAN_UNSEARCHED) {
+        int kept = fill_levels(plan, rows, PyTuple_GET_ITEM(search, 1), keys, need);
+        ok = kept == 1 ? span_code(keys, chosen, need, f->gpus, f->spread, search, code) : kept < 0 ? -1 : 1;
+    }
     Py_DECREF(search);
     return ok;
 }

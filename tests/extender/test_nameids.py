@@ -1090,6 +1090,32 @@ def test_span_fill_writes_the_cells_the_python_reference_writes(ratio: str | Non
     assert sum(failed) > 20 if cap is None or cap >= 1 else failed == []  # NO_ROOM's reasons written natively
 
 
+@pytest.mark.parametrize("gpus", [2, 4])
+def test_span_fill_looks_for_a_new_mask_in_the_levels_as_the_reference_does(gpus: int) -> None:
+    """A mask of GPUs with room that the topology's plan has not met yet: span_fill looks for it in the plan's levels
+    and keeps it as spanning._closest does (the same distance and sets under that mask), then makes the search
+    itself, so the code is the one spanning.codes answers (not UNSEARCHED, left to the reference's search)."""
+    from memslice.scheduler_extender.placement import spanning
+    from memslice.scheduler_extender.placement.views import NodeView
+
+    state = _span_cluster(random.Random(7), 4)  # (nodes 0-3: NVLink pairs and PCIe switches)
+    with state.current():
+        views = state.views_unlocked()
+    assert views is not None
+    names: list[str | None] = [f"n{n}" for n in range(4)]
+    for units in (1024, 4096, 16384):
+        spanning._LEVELS.clear()
+        want = [spanning.codes(views[f"n{n}"], (units,), "binpack", gpus, {})[0] for n in range(4)]
+        reference = {key: dict(plan[2]) for key, plan in spanning._LEVELS.items()}
+        for plan in spanning._LEVELS.values():
+            plan[2].clear()  # the plans made, no mask met yet
+        codes, _ = NATIVE.span_fill([0, 1, 2, 3], names, views, NodeView, {}, (gpus, "binpack"), units, gpus, False,
+                                    spanning.plans(), 64, False, bytearray(4), bytearray(4), [None] * 4, [None] * 4,
+                                    [None] * 4, None)
+        assert list(codes) == want and spanning.UNSEARCHED not in codes, units
+        assert {key: dict(plan[2]) for key, plan in spanning._LEVELS.items()} == reference
+
+
 def test_span_fill_refuses_bad_arguments_not_crash() -> None:
     """span_fill's arguments are the memo's own, yet each is checked: a wrong type, an id outside the table, a
     table's arrays of other lengths, a view of another type, kept searches of the wrong shape raise TypeError,
