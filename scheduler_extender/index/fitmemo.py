@@ -669,8 +669,9 @@ class FitMemo:
         shares verdicts by shape: one C call (_nameids.span_fill) reads each node's view, takes the set searches kept
         for it (_found: made by the refresh at its last change, or by fills of other sizes of that N and policy;
         the missing ones made where span_search can), and writes every cell where the pod fits and the node's
-        HostPriority text for that score is kept; Python resolves the others from their codes as _fill_spanning_each
-        does (NO_ROOM, the general path, a search left to the reference, a text to make, a node the cap may decide).
+        HostPriority text for that score is kept, and every cell that finds no room now (FAILED: its reason from
+        spanning.no_room_texts); Python resolves the others from their codes as _fill_spanning_each does (NO_ROOM's
+        never path, the general path, a search left to the reference, a text to make, a node the cap may decide).
         Why: that loop cost ~3,300 instructions a cell in Python (a request of a spanning pod finds ~170 cells
         empty), and a cell whose search was missing went through spanning.codes alone (benchmarks/README.md, issue
         34, sixth round). Without the C module, or with a cap ratio below 1 (every node capped), the Python loop."""
@@ -873,9 +874,10 @@ class FitMemo:
 
     def _refresh_groups(self, i: int, view: NodeView, groups: list[Group], before: Column | None) -> None:
         """_refresh for the spanning tables grouped by (N, policy): each group's cells of node `i` in one native call
-        (_nameids.span_refresh: the codes as spanning.codes, the cells that still fit written there, the rest left
-        here: _refresh_cells), or where it is not built, or the view takes the general path, in one spanning.codes
-        call and a loop here (_refresh_group). Every cell held a verdict: the counts of filled cells stay. A cell whose
+        (_nameids.span_refresh: the codes as spanning.codes, the cells that still fit written there, and those that
+        find no room now with their reason, the rest left here: _refresh_cells), or where it is not built, or the
+        view takes the general path, in one spanning.codes call and a loop here (_refresh_group). Every cell held a
+        verdict: the counts of filled cells stay. A cell whose
         size is above every free MiB a changed GPU had before or after the change keeps its verdict: those GPUs lack
         room for it in both views, so the GPUs with room, the sets among them, their free fractions and the chosen
         set's free MiB are the same (`before`: the column the cells were last refreshed at, kept only while nothing
