@@ -31,7 +31,10 @@ only the measured pods (their filter, prioritize and charge, called through sys.
 Issue 34's comparison: `--nodes 1000 --warmup 300 --pods 300 --topology --fill F [--multi-gpu 0.2] --instructions`
 for F in 0, 0.5, 0.9. `--instructions-in METHOD` counts only the calls of that FitMemo method made by the measured
 pods (each call through sys.call_tracing; the window itself is not): where the instructions per pod go, e.g.
-`--instructions-in _refresh_groups` (a method that calls itself would stop counting inside).
+`--instructions-in _refresh_groups` (a method that calls itself would stop counting inside). `--instructions-in
+extender` counts only the extender's own calls: filter and prioritize (from the request's bytes, or decoded), the
+bind's view, GPU choice and charge; not this harness's decoding of the answers (a client's work: a spanning pod's
+answer names ~3× the failing nodes, and decoding it was a third of the spanning mix's excess; issue 34, seventh round).
 """
 
 from __future__ import annotations
@@ -79,7 +82,8 @@ def main() -> int:
     p.add_argument("--instructions", action="store_true",
                    help="count instructions per measured pod with callgrind instead (needs valgrind)")
     p.add_argument("--instructions-in", default="", metavar="METHOD",
-                   help="with --instructions: count only the calls of this FitMemo method (e.g. _refresh_groups)")
+                   help="with --instructions: count only the calls of this FitMemo method (e.g. _refresh_groups), "
+                        "or with 'extender' the extender's calls only (not the harness's decoding of answers)")
     p.add_argument("--_callgrind", action="store_true", help=argparse.SUPPRESS)  # the run under callgrind
     p.add_argument("--best", action="store_true", help="filter as deploy/ runs it since issue 39: only the "
                    "best-scoring nodes passed (--filter-answers best), no prioritize")
@@ -194,7 +198,11 @@ def main() -> int:
 
     schedule(bodies[:args.warmup])
     if args._callgrind:  # counted: callgrind collects inside sys.call_tracing only (instructions())
-        if args.instructions_in:  # only that method's calls from here on
+        if args.instructions_in == "extender":  # the calls schedule() makes into the extender, each counted alone
+            verbs, state, decisions, raw_filter, raw_prioritize = extender_calls(verbs, state, decisions, raw_filter,
+                                                                                 raw_prioritize)
+            schedule(bodies[args.warmup:])
+        elif args.instructions_in:  # only that method's calls from here on
             count_calls_of(args.instructions_in)
             schedule(bodies[args.warmup:])
         else:
@@ -212,6 +220,25 @@ def main() -> int:
         print(f"{args.nodes} nodes, fill {args.fill:.0%}, {k} names: filter {result['filter_cpu_ms_per_pod']} ms "
               f"+ prioritize {result['prioritize_cpu_ms_per_pod']} ms CPU per pod")
     return 0
+
+
+def counted(f: Any) -> Any:
+    """f called through sys.call_tracing (callgrind counts inside it only), or None for None."""
+    if f is None:
+        return None
+    return lambda *a, **kw: sys.call_tracing(functools.partial(f, **kw) if kw else f, a)
+
+
+def extender_calls(verbs: Any, state: Any, decisions: Any, raw_filter: Any, raw_prioritize: Any) -> tuple[Any, ...]:
+    """--instructions-in extender: what schedule() calls of the extender, each call counted (stand-ins with those
+    attributes; the extender's own calls inside them go to the real objects, so no count nests in another)."""
+    from types import SimpleNamespace
+
+    return (SimpleNamespace(filter=counted(verbs.filter), prioritize=counted(verbs.prioritize)),
+            SimpleNamespace(view=counted(state.view), hold=counted(state.hold)),
+            SimpleNamespace(choose_gpus=counted(decisions.choose_gpus), choose_gpu=counted(decisions.choose_gpu),
+                            LimitNeed=decisions.LimitNeed),
+            counted(raw_filter), counted(raw_prioritize))
 
 
 def count_calls_of(method: str) -> None:
@@ -252,7 +279,8 @@ def instructions(args: argparse.Namespace) -> int:
               "pods": args.pods, "multi_gpu": args.multi_gpu, "topology": args.topology,
               "best": args.best, "instructions_in": args.instructions_in or None,
               "instructions_per_pod": round(total / args.pods)}
-    what = f"(in FitMemo.{args.instructions_in}" if args.instructions_in else "(filter, prioritize, charge"
+    what = ("(the extender's calls: filter, prioritize, charge" if args.instructions_in == "extender"
+            else f"(in FitMemo.{args.instructions_in}" if args.instructions_in else "(filter, prioritize, charge")
     print(json.dumps(result) if args.json else f"{args.nodes} nodes, fill {args.fill:.0%}, multi-GPU "
           f"{args.multi_gpu:.0%}: {result['instructions_per_pod'] / 1e6:.3f} M instructions per pod {what}; "
           f"callgrind)")

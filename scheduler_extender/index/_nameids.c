@@ -61,6 +61,7 @@ static PyObject *span_result(PyObject *out, int ok);
 static int span_search(PyObject *search, Py_ssize_t k, long gpus, int spread, PyObject **out);
 static PyObject *nameids_span_scores_each(PyObject *module, PyObject *args);
 static PyObject *nameids_name_hash(PyObject *module, PyObject *args);
+static PyObject *span_closest(PyObject *levels, PyObject *by_mask, PyObject *key, uint64_t mask);
 PyMODINIT_FUNC PyInit__nameids(void);
 
 /* The helpers of the per-name loops (each runs 5,000 times per verb with all names: a call's own cost was
@@ -903,12 +904,28 @@ done:
 #define SPAN_GENERAL 0xF2    /* the general path (spanning.verdict) answers */
 #define SPAN_MAX_GPUS 64     /* state.MAX_TOPOLOGY_GPUS: no set is searched beyond it */
 #define SPAN_EXACT ((int64_t)1 << 52) /* ints below it in magnitude: exact as doubles, differences too */
+#define SPAN_KIND_FAILS 2    /* fitmemo.FAILS */
+#define SPAN_FAILED 0xFB     /* a failing cell written natively (fitmemo.FAILED; span_fill, span_refresh) */
 
 /* Why: the reference's arithmetic is exact only while ints convert to doubles exactly; outside that (or for a
- * value that is not an int) 0 tells the caller to answer None, and the reference answers instead. */
+ * value that is not an int) 0 tells the caller to answer None, and the reference answers instead. An int of one
+ * digit (below 2^30: every MiB figure of a view) is read in place where the build knows the layout: the spanning
+ * fill and refresh read ~1,200 ints per pod (benchmarks/README.md, issue 34, seventh round). */
 static int span_int(PyObject *o, int64_t *out) {
     if (!PyLong_CheckExact(o))
         return 0;
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyUnstable_Long_IsCompact((PyLongObject *)o)) {
+        *out = (int64_t)PyUnstable_Long_CompactValue((PyLongObject *)o);
+        return 1;
+    }
+#elif PY_VERSION_HEX >= 0x030B0000 && PyLong_SHIFT == 30
+    Py_ssize_t digits = Py_SIZE(o);
+    if (digits >= -1 && digits <= 1) {
+        *out = digits == 0 ? 0 : digits * (int64_t)((PyLongObject *)o)->ob_digit[0];
+        return 1;
+    }
+#endif
     int overflow = 0;
     long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
     if (overflow || (v == -1 && PyErr_Occurred())) {
@@ -987,6 +1004,66 @@ static int span_row(PyObject *rows, Py_ssize_t p, int64_t *index, int64_t *mem, 
         return 0;
     return span_int(PyTuple_GET_ITEM(r, 1), index) && span_int(PyTuple_GET_ITEM(r, 3), mem)
            && span_int(PyTuple_GET_ITEM(r, 6), free_mib);
+}
+
+/* Why: whether spanning._without_room's first branch holds for a NO_ROOM cell: at least N healthy GPUs of the node
+ * are as large as `need`, so the pod fails now, not for ever. 1 it holds; 0 not, or a row or value not exact (the
+ * caller's Python resolves the cell). */
+static int span_large_enough(PyObject *rows, int64_t need, long gpus) {
+    long large = 0;
+    for (Py_ssize_t p = 0; p < PyTuple_GET_SIZE(rows); p++) {
+        PyObject *r = PyTuple_GET_ITEM(rows, p);
+        int64_t mem;
+        if (!PyTuple_CheckExact(r) || PyTuple_GET_SIZE(r) < 7 || !PyBool_Check(PyTuple_GET_ITEM(r, 4))
+            || !span_int(PyTuple_GET_ITEM(r, 3), &mem))
+            return 0;
+        large += PyTuple_GET_ITEM(r, 4) == Py_True && mem >= need;
+    }
+    return large >= gpus;
+}
+
+/* Why: a NO_ROOM cell's reason natively (span_large_enough), its text the one kept for `need` in `texts`
+ * (spanning.no_room_texts(N): need -> str). At 90 % full most spanning cells are such failures, and resolving each
+ * in Python cost a scan of the rows and a write per cell at every fill and bind (benchmarks/README.md, issue 34,
+ * seventh round). 1 with *text (borrowed: no Python code runs while it is used); 0 where Python resolves it (the
+ * never path, a value not exact, a text not made yet); -1 an error set. */
+static int span_no_room_text(PyObject *rows, int64_t need, long gpus, PyObject *texts, PyObject **text) {
+    if (!span_large_enough(rows, need, gpus))
+        return 0;
+    PyObject *key = PyLong_FromLongLong((long long)need);
+    if (key == NULL)
+        return -1;
+    PyObject *hit = PyDict_GetItemWithError(texts, key); /* an int key: hashed and compared without Python code */
+    Py_DECREF(key);
+    if (hit == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if (!PyUnicode_CheckExact(hit))
+        return 0;
+    *text = hit;
+    return 1;
+}
+
+/* Why a function: a cell written failing now (fitmemo's FAILS, MIN_SCORE, the reason; no HostPriority text), as
+ * FitMemo._put writes such a verdict. The old reason and text must be a str or None (releasing those runs no
+ * Python code): 1 written; -1 a TypeError set. */
+static int span_write_fails(unsigned char *kinds, unsigned char *scores, PyObject *reasons, PyObject *jsons,
+                            Py_ssize_t i, PyObject *text) {
+    PyObject *old = PyList_GET_ITEM(reasons, i), *json = PyList_GET_ITEM(jsons, i);
+    if ((old != Py_None && !PyUnicode_CheckExact(old)) || (json != Py_None && !PyUnicode_CheckExact(json))) {
+        PyErr_SetString(PyExc_TypeError, "span: a cell's reason or JSON is not a str or None");
+        return -1;
+    }
+    kinds[i] = SPAN_KIND_FAILS;
+    scores[i] = 0;
+    if (old != text) {
+        PyList_SET_ITEM(reasons, i, Py_NewRef(text));
+        Py_DECREF(old);
+    }
+    if (json != Py_None) {
+        PyList_SET_ITEM(jsons, i, Py_NewRef(Py_None));
+        Py_DECREF(json);
+    }
+    return 1;
 }
 
 /* Why its own: the bit mask of the positions with room (the free order from k on), as spanning._search builds it;
@@ -1314,7 +1391,10 @@ static const char *const fill_fields[F_FIELDS] = {"unit_mib", "unplaced_mib", "e
 typedef struct {
     PyTypeObject *view_type;
     Py_ssize_t offset[F_FIELDS]; /* where each field's slot lies in a view (the type's member descriptors) */
-    PyObject *names, *views, *founds, *at, *levels, *jsons, *host_json, *gpus_obj;
+    PyObject *names, *views, *founds, *at, *levels, *jsons, *host_json, *gpus_obj, *reasons;
+    PyObject *no_room;    /* spanning.no_room_texts(N) (need -> str), or NULL: every NO_ROOM cell left to Python */
+    PyObject *last_text;  /* the text of last_need (a strong reference: held while the call writes it) */
+    int64_t last_need;
     Py_hash_t at_hash;
     unsigned char *kinds, *scores;
     Py_ssize_t table_len, found_max;
@@ -1424,6 +1504,31 @@ static int fill_plan(SpanFill *f, PyObject *topo) {
     return 1;
 }
 
+/* Why: a mask of GPUs with room that the plan has not met yet (span_search leaves it UNSEARCHED) looked for in the
+ * plan's levels and kept in its by_mask, as spanning._closest does (span_closest, the refresh's), so the search is
+ * made here: at 90 % full many masks are met first by a fill, and the reference's search of each cost more than
+ * the rest of that fill's cells (benchmarks/README.md, issue 34, seventh round). 1 kept; 0 not (levels not as
+ * _plan makes them, no set fits, a row not exact: the caller's Python searches); -1 an error set. */
+static int fill_levels(PyObject *plan, PyObject *rows, PyObject *free_rows, PyObject *keys, int64_t need) {
+    PyObject *levels = PyTuple_GET_ITEM(plan, 1), *by_mask = PyTuple_GET_ITEM(plan, 2);
+    Py_ssize_t k;
+    uint64_t mask;
+    if (!PyTuple_CheckExact(levels) || PyTuple_GET_SIZE(rows) > SPAN_MAX_GPUS || !span_bisect(keys, need, &k)
+        || !span_mask(rows, free_rows, k, &mask))
+        return 0;
+    PyObject *key = PyLong_FromUnsignedLongLong(mask);
+    if (key == NULL)
+        return -1;
+    PyObject *hit = PyDict_GetItemWithError(by_mask, key);
+    if (hit != NULL || PyErr_Occurred()) { /* kept already: the search failed for another reason (left) */
+        Py_DECREF(key);
+        return hit != NULL ? 0 : -1;
+    }
+    hit = span_closest(levels, by_mask, key, mask); /* borrowed from by_mask */
+    Py_DECREF(key);
+    return hit != NULL ? 1 : PyErr_Occurred() ? -1 : 0;
+}
+
 /* Why a function: the set search span_code lacked (UNSEARCHED) made here where spanning._native_search would give
  * one: a topology matrix (not an int), GPU indices 0..G-1 in rows order, the plan kept. Returns as span_code; the
  * code stays UNSEARCHED where no search can be made here (the caller's Python makes it). */
@@ -1450,6 +1555,10 @@ static int fill_search(SpanFill *f, PyObject *view, PyObject *rows, PyObject *ke
     if (search == NULL)
         return PyErr_Occurred() ? -1 : 1;
     ok = span_code(keys, chosen, need, f->gpus, f->spread, search, code);
+    if (ok == 1 && *code == SPAN_UNSEARCHED) {
+        int kept = fill_levels(plan, rows, PyTuple_GET_ITEM(search, 1), keys, need);
+        ok = kept == 1 ? span_code(keys, chosen, need, f->gpus, f->spread, search, code) : kept < 0 ? -1 : 1;
+    }
     Py_DECREF(search);
     return ok;
 }
@@ -1470,9 +1579,29 @@ static int fill_chosen_code(SpanFill *f, PyObject *view, PyObject *id, PyObject 
     return got < 0 ? -1 : 0;
 }
 
+/* Why a function: a NO_ROOM cell's reason (span_no_room_text), the last need's kept for the call (one size: every
+ * node of one unit asks the same). 1 with *text; 0 left to Python; -1 an error set. */
+static int fill_no_room(SpanFill *f, PyObject *rows, int64_t need, PyObject **text) {
+    if (f->no_room == NULL)
+        return 0;
+    if (f->last_text != NULL && f->last_need == need) {
+        if (!span_large_enough(rows, need, f->gpus))
+            return 0;
+        *text = f->last_text;
+        return 1;
+    }
+    int ok = span_no_room_text(rows, need, f->gpus, f->no_room, text);
+    if (ok == 1) {
+        f->last_need = need;
+        Py_XSETREF(f->last_text, Py_NewRef(*text));
+    }
+    return ok;
+}
+
 /* Why a function: one node's code for the pod (span_code's, or SPAN_CAPPED), read off its view as spanning.codes
- * reads it; GENERAL wherever a value is not what the memo's views hold (the general path answers any view). */
-static int fill_code(SpanFill *f, PyObject *view, PyObject *id, unsigned char *code) {
+ * reads it; GENERAL wherever a value is not what the memo's views hold (the general path answers any view). A
+ * NO_ROOM code whose reason is written natively comes with *text set (fill_no_room; else *text stays NULL). */
+static int fill_code(SpanFill *f, PyObject *view, PyObject *id, unsigned char *code, PyObject **text) {
     *code = SPAN_GENERAL;
     PyObject *v[F_TOPO] = {NULL};
     int ok = 0;
@@ -1490,6 +1619,8 @@ static int fill_code(SpanFill *f, PyObject *view, PyObject *id, unsigned char *c
         && PyTuple_CheckExact(rows) && PyTuple_GET_SIZE(rows) > 0 && PyTuple_CheckExact(keys)
         && span_int(v[F_UNIT], &unit) && unit > 0 && f->units < SPAN_EXACT / unit)
         ok = fill_chosen_code(f, view, id, rows, keys, f->units * unit, code); /* key[0] × unit_mib, exact */
+    if (ok == 0 && *code == SPAN_NO_ROOM && fill_no_room(f, rows, f->units * unit, text) < 0)
+        ok = -1;
     for (int j = 0; j < F_TOPO; j++)
         Py_XDECREF(v[j]);
     return ok;
@@ -1522,9 +1653,16 @@ static int fill_check(SpanFill *f, Py_buffer *kinds, Py_buffer *scores) {
         return -1;
     }
     f->table_len = kinds->len;
-    if (scores->len != f->table_len || PyList_GET_SIZE(f->jsons) != f->table_len) {
-        PyErr_Format(PyExc_ValueError, "span_fill: a table of %zd kinds, %zd scores and %zd texts", kinds->len,
-                     scores->len, PyList_GET_SIZE(f->jsons));
+    if (scores->len != f->table_len || PyList_GET_SIZE(f->jsons) != f->table_len
+        || PyList_GET_SIZE(f->reasons) != f->table_len) {
+        PyErr_Format(PyExc_ValueError, "span_fill: a table of %zd kinds, %zd scores, %zd texts and %zd reasons",
+                     kinds->len, scores->len, PyList_GET_SIZE(f->jsons), PyList_GET_SIZE(f->reasons));
+        return -1;
+    }
+    if (f->no_room == Py_None)
+        f->no_room = NULL;
+    else if (!PyDict_CheckExact(f->no_room)) {
+        PyErr_SetString(PyExc_TypeError, "span_fill: no_room must be a dict (need -> text) or None");
         return -1;
     }
     if (f->units < 0 || f->found_max < 1) {
@@ -1573,24 +1711,30 @@ static int fill_loop(SpanFill *f, PyObject *ids, unsigned char *o, Py_ssize_t *f
             continue;
         }
         Py_INCREF(view); /* held while its fields are read (allocations below may collect garbage) */
-        int ok = fill_code(f, view, id, &o[p]);
+        PyObject *text = NULL;
+        int ok = fill_code(f, view, id, &o[p], &text);
         Py_DECREF(view);
         if (ok < 0)
             return -1;
         if (o[p] <= SPAN_MAX_SCORE && fill_write(f, i, o[p])) {
             o[p] = SPAN_WRITTEN;
             *filled += 1;
+        } else if (text != NULL) { /* NO_ROOM, failing now: its reason written */
+            if (span_write_fails(f->kinds, f->scores, f->reasons, f->jsons, i, text) < 0)
+                return -1;
+            o[p] = SPAN_FAILED;
         }
     }
     return 0;
 }
 
 /* span_fill(ids, names, views, view_type, founds, at, units, gpus, spread, levels, found_max, check_over, kinds,
- * scores, jsons, host_json): (codes, written). Per position of `ids` (node ids; `names` the memo's id -> name,
- * `views` the state's name -> view, every one of view_type): WRITTEN (the cell written here: kind FITS, its score,
- * the node's kept text), SKIPPED (a verdict there already, or no view), CAPPED (check_over and the view has elastic
- * pods: the cap may decide), or span_code's code (a score whose text is not kept yet, NO_ROOM, UNSEARCHED,
- * GENERAL) for the caller to resolve; `written`: the cells written (each one FITS). Bounded by the ids' count, every
+ * scores, jsons, host_json, reasons, no_room): (codes, written). Per position of `ids` (node ids; `names` the memo's
+ * id -> name, `views` the state's name -> view, every one of view_type): WRITTEN (the cell written here: kind FITS,
+ * its score, the node's kept text), FAILED (written here: FAILS, NO_ROOM's reason for a pod that fails now, from
+ * no_room: spanning.no_room_texts(N), or None), SKIPPED (a verdict there already, or no view), CAPPED (check_over
+ * and the view has elastic pods: the cap may decide), or span_code's code (a score whose text is not kept yet,
+ * NO_ROOM, UNSEARCHED, GENERAL) for the caller to resolve; `written`: the cells written FITS. Bounded by the ids' count, every
  * id checked against the table and `names`, and span_code's bounds; no Python code runs (keys are ints, strs and a
  * tuple of them; the views' fields are slots read where the type keeps them). */
 static PyObject *nameids_span_fill(PyObject *module, PyObject *args) {
@@ -1598,10 +1742,11 @@ static PyObject *nameids_span_fill(PyObject *module, PyObject *args) {
     SpanFill f = {0};
     PyObject *ids, *units, *out = NULL, *result = NULL;
     Py_buffer kinds, scores;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!OlpO!npw*w*O!O!", &PyList_Type, &ids, &PyList_Type, &f.names,
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!OlpO!npw*w*O!O!O!O", &PyList_Type, &ids, &PyList_Type, &f.names,
                           &PyDict_Type, &f.views, &PyType_Type, &f.view_type, &PyDict_Type, &f.founds, &PyTuple_Type,
                           &f.at, &units, &f.gpus, &f.spread, &PyDict_Type, &f.levels, &f.found_max, &f.check_over,
-                          &kinds, &scores, &PyList_Type, &f.jsons, &PyList_Type, &f.host_json))
+                          &kinds, &scores, &PyList_Type, &f.jsons, &PyList_Type, &f.host_json, &PyList_Type,
+                          &f.reasons, &f.no_room))
         return NULL;
     Py_ssize_t written = 0;
     f.kinds = kinds.buf;
@@ -1621,6 +1766,7 @@ done:
     Py_XDECREF(f.gpus_obj);
     Py_XDECREF(f.last_topo);
     Py_XDECREF(f.plan);
+    Py_XDECREF(f.last_text);
     PyBuffer_Release(&kinds);
     PyBuffer_Release(&scores);
     return result;
@@ -1925,17 +2071,18 @@ PyMODINIT_FUNC PyInit__nameids(void) {
 #define SPAN_MAX_CELLS 255 /* a group's tables (fitmemo.MAX_TABLES is 64): a member's position fits a byte */
 #define SPAN_KEEP 0xFF     /* a cell that keeps its verdict: neither computed nor written */
 
-/* Why a function: a spanning cell's arrays (size, kinds, scores, jsons) checked once per call, so the loops below
- * index them without a check each: 1; -1 a TypeError or IndexError set (the memo's own plan malformed). */
+/* Why a function: a spanning cell's arrays (size, kinds, scores, jsons, reasons) checked once per call, so the loops
+ * below index them without a check each: 1; -1 a TypeError or IndexError set (the memo's own plan malformed). */
 static int span_cell_check(PyObject *cell, Py_ssize_t i) {
-    if (!PyTuple_CheckExact(cell) || PyTuple_GET_SIZE(cell) != 4 || !PyByteArray_CheckExact(PyTuple_GET_ITEM(cell, 1))
-        || !PyByteArray_CheckExact(PyTuple_GET_ITEM(cell, 2)) || !PyList_CheckExact(PyTuple_GET_ITEM(cell, 3))) {
+    if (!PyTuple_CheckExact(cell) || PyTuple_GET_SIZE(cell) != 5 || !PyByteArray_CheckExact(PyTuple_GET_ITEM(cell, 1))
+        || !PyByteArray_CheckExact(PyTuple_GET_ITEM(cell, 2)) || !PyList_CheckExact(PyTuple_GET_ITEM(cell, 3))
+        || !PyList_CheckExact(PyTuple_GET_ITEM(cell, 4))) {
         PyErr_SetString(PyExc_TypeError, "span_refresh: a cell is not (size, kinds: bytearray, scores: bytearray, "
-                        "jsons: list)");
+                        "jsons: list, reasons: list)");
         return -1;
     }
     if (PyByteArray_GET_SIZE(PyTuple_GET_ITEM(cell, 1)) <= i || PyByteArray_GET_SIZE(PyTuple_GET_ITEM(cell, 2)) <= i
-        || PyList_GET_SIZE(PyTuple_GET_ITEM(cell, 3)) <= i) {
+        || PyList_GET_SIZE(PyTuple_GET_ITEM(cell, 3)) <= i || PyList_GET_SIZE(PyTuple_GET_ITEM(cell, 4)) <= i) {
         PyErr_Format(PyExc_IndexError, "span_refresh: node id %zd outside a cell's arrays", i);
         return -1;
     }
@@ -2255,7 +2402,8 @@ static int span_cache_code(SpanCache *c, PyObject *chosen, int64_t need, long gp
 /* Why phase one apart: every held cell's code computed before any is written, so an answer of None (a value not
  * exact) leaves every cell as it was for the Python path. codes[j]: the code or SPAN_KEEP. 1; 0 None; -1 error. */
 static int span_refresh_codes(SpanCache *c, PyObject *cells, Py_ssize_t i, int64_t unit, int64_t above,
-                              PyObject *keys, PyObject *chosen, long gpus, int spread, unsigned char *codes) {
+                              PyObject *keys, PyObject *chosen, long gpus, int spread, unsigned char *codes,
+                              int64_t *needs) {
     if (!span_cache_keys(c, keys))
         return 0;
     for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(cells); j++) {
@@ -2268,6 +2416,7 @@ static int span_refresh_codes(SpanCache *c, PyObject *cells, Py_ssize_t i, int64
             return 0;
         if (need > above)
             continue; /* above every free MiB that changed: the same verdict (FitMemo._refresh_groups) */
+        needs[j] = need;
         int ok = span_cache_code(c, chosen, need, gpus, spread, &codes[j]);
         if (ok != 1)
             return ok;
@@ -2275,13 +2424,39 @@ static int span_refresh_codes(SpanCache *c, PyObject *cells, Py_ssize_t i, int64
     return 1;
 }
 
+/* What phase two reads besides the cells: the node's texts per score (or NULL), its rows and the NO_ROOM reasons
+ * (spanning.no_room_texts(N), or NULL), N, and `same`. */
+typedef struct {
+    PyObject *texts, *rows, *no_room;
+    long gpus;
+    int same;
+} SpanWrites;
+
+/* Why a function: a NO_ROOM cell of phase two: left where it failed and the view changed only in free MiB; written
+ * failing where the pod fails now and its reason is kept (span_no_room_text). 1 done (*unfit: it fitted before,
+ * the caller's Python counts it); 0 left to Python; -1 an error set. */
+static int span_refresh_no_room(const SpanWrites *w, PyObject *cell, Py_ssize_t i, int64_t need, int *unfit) {
+    unsigned char *kinds = (unsigned char *)PyByteArray_AS_STRING(PyTuple_GET_ITEM(cell, 1));
+    *unfit = kinds[i] == SPAN_KIND_FITS;
+    if (w->same && !*unfit)
+        return 1;
+    PyObject *text = NULL;
+    int got = w->no_room != NULL ? span_no_room_text(w->rows, need, w->gpus, w->no_room, &text) : 0;
+    if (got != 1)
+        return got;
+    return span_write_fails(kinds, (unsigned char *)PyByteArray_AS_STRING(PyTuple_GET_ITEM(cell, 2)),
+                            PyTuple_GET_ITEM(cell, 4), PyTuple_GET_ITEM(cell, 3), i, text);
+}
+
 /* Why phase two apart: the writes. A cell that fitted and fits with the same score is left; one that fitted and
  * fits with another gets that score and the node's text for it (texts[code], a str) in place of the old one (a str
  * or None: no other object is released here, so no Python code runs). A failing cell that still finds too few GPUs
- * with room on a view where only free MiB changed (same) is left. Every other cell goes to `todo` as (position,
- * code) for Python. 1; -1 a TypeError set. */
-static int span_refresh_write(PyObject *cells, Py_ssize_t i, const unsigned char *codes, PyObject *texts, int same,
-                              unsigned char *todo, Py_ssize_t *count) {
+ * with room on a view where only free MiB changed (same) is left; a NO_ROOM cell whose pod fails now is written
+ * failing with its kept reason (span_refresh_no_room; one that fitted goes to `todo` as (position, FAILED): the
+ * fitting count is Python's). Every other cell goes to `todo` as (position, code) for Python. 1; -1 an error set. */
+static int span_refresh_write(PyObject *cells, Py_ssize_t i, const unsigned char *codes, const int64_t *needs,
+                              const SpanWrites *w, unsigned char *todo, Py_ssize_t *count) {
+    PyObject *texts = w->texts;
     for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(cells); j++) {
         unsigned char code = codes[j];
         if (code == SPAN_KEEP)
@@ -2308,8 +2483,15 @@ static int span_refresh_write(PyObject *cells, Py_ssize_t i, const unsigned char
                 Py_DECREF(old);
                 continue;
             }
-        } else if (code == SPAN_NO_ROOM && same && kinds[i] != SPAN_KIND_FITS)
-            continue;
+        } else if (code == SPAN_NO_ROOM) {
+            int unfit, done = span_refresh_no_room(w, cell, i, needs[j], &unfit);
+            if (done < 0)
+                return -1;
+            if (done && !unfit)
+                continue;
+            if (done)
+                code = SPAN_FAILED;
+        }
         todo[2 * *count] = (unsigned char)j;
         todo[2 * *count + 1] = code;
         (*count)++;
@@ -2320,8 +2502,12 @@ static int span_refresh_write(PyObject *cells, Py_ssize_t i, const unsigned char
 /* Why a function: span_refresh's arguments checked (types, ranges, every cell's arrays), so the loops index without
  * checks. 1; -1 an error set naming the bad one. */
 static int span_refresh_args(PyObject *const *a, Py_ssize_t nargs, Py_ssize_t *i, long *gpus, int64_t *above) {
-    if (nargs != 15) {
-        PyErr_Format(PyExc_TypeError, "span_refresh takes 15 arguments (%zd given)", nargs);
+    if (nargs != 17) {
+        PyErr_Format(PyExc_TypeError, "span_refresh takes 17 arguments (%zd given)", nargs);
+        return -1;
+    }
+    if (!PyTuple_CheckExact(a[15]) || (a[16] != Py_None && !PyDict_CheckExact(a[16]))) {
+        PyErr_SetString(PyExc_TypeError, "span_refresh: view_rows must be a tuple, no_room a dict or None");
         return -1;
     }
     if (!PyTuple_CheckExact(a[1]) || !PyList_CheckExact(a[2]) || !PyTuple_CheckExact(a[3])) {
@@ -2362,9 +2548,11 @@ static int span_refresh_args(PyObject *const *a, Py_ssize_t nargs, Py_ssize_t *i
 }
 
 /* span_refresh(i, keys, chosen, cells, gpus, spread, rows, free_rows, by_mask, closes, texts, above, same, unit,
- * levels): FitMemo._refresh_groups for one group (N, policy) on node id i natively. keys: the view's free column
- * (free_keys); chosen: the group's set searches for this view (spanning.Found's list; searches made here are kept
- * in it); cells: per table of the group (size per GPU, kinds, scores, jsons); rows, free_rows: the view's; by_mask,
+ * levels, view_rows, no_room): FitMemo._refresh_groups for one group (N, policy) on node id i natively. keys: the
+ * view's free column (free_keys); chosen: the group's set searches for this view (spanning.Found's list; searches
+ * made here are kept in it); cells: per table of the group (size per GPU, kinds, scores, jsons, reasons); rows (None:
+ * no search here), free_rows, view_rows: the view's; no_room: spanning.no_room_texts(N) or None (the reasons of
+ * NO_ROOM cells that fail now, written here: span_refresh_no_room); by_mask,
  * closes, levels: spanning._plan's for its topology and N (rows None: no search here, as span_scores without one;
  * a mask by_mask lacks is looked for in the levels, as spanning._closest, and kept there; levels None: left to
  * the reference); texts:
@@ -2389,12 +2577,15 @@ static PyObject *nameids_span_refresh(PyObject *module, PyObject *const *a, Py_s
     cache.closes = a[9];
     cache.levels = a[14] == Py_None ? NULL : a[14];
     unsigned char codes[SPAN_MAX_CELLS], todo[2 * SPAN_MAX_CELLS];
-    int ok = span_int(a[13], &unit) ? span_refresh_codes(&cache, a[3], i, unit, above, a[1], a[2], gpus, spread, codes)
+    int64_t needs[SPAN_MAX_CELLS];
+    int ok = span_int(a[13], &unit) ? span_refresh_codes(&cache, a[3], i, unit, above, a[1], a[2], gpus, spread, codes,
+                                                         needs)
                                     : 0;
     if (ok != 1)
         return ok < 0 ? NULL : Py_NewRef(Py_None);
     Py_ssize_t count = 0;
-    if (span_refresh_write(a[3], i, codes, a[10] == Py_None ? NULL : a[10], same, todo, &count) < 0)
+    SpanWrites w = {a[10] == Py_None ? NULL : a[10], a[15], a[16] == Py_None ? NULL : a[16], gpus, same};
+    if (span_refresh_write(a[3], i, codes, needs, &w, todo, &count) < 0)
         return NULL;
     return PyBytes_FromStringAndSize((const char *)todo, 2 * count);
 }
@@ -2450,8 +2641,8 @@ static PyObject *nameids_span_above(PyObject *module, PyObject *const *args, Py_
 static PyMethodDef span_refresh_methods[] = {
     {"span_refresh", (PyCFunction)(void (*)(void))nameids_span_refresh, METH_FASTCALL,
      "span_refresh(i, keys, chosen, cells, gpus, spread, rows, free_rows, by_mask, closes, texts, above, same, "
-     "unit, levels): one spanning group's cells of node i refreshed natively; the (position, code) pairs left to Python, or "
-     "None"},
+     "unit, levels, view_rows, no_room): one spanning group's cells of node i refreshed natively; the (position, "
+     "code) pairs left to Python, or None"},
     {"span_above", (PyCFunction)(void (*)(void))nameids_span_above, METH_FASTCALL,
      "span_above(before, now): the largest free MiB of the GPUs whose free MiB changed (-1: none); None where the "
      "rows differ otherwise"},

@@ -98,16 +98,19 @@ _EMPTY = bytes(int(k == NONE) for k in range(256))
 _NO_FRAGMENTS: tuple[str | None, ...] = (None,) * (MAX_SCORE + 1)
 _FITS = tuple((True, False, "", s) for s in range(MAX_SCORE + 1))  # a fitting verdict, per score
 _TOP = tuple(bytes(int(k == s) for k in range(256)) for s in range(MAX_SCORE + 1))  # scores -> 0/1 where == s
-# _nameids.span_fill's codes beyond spanning's: the cell written there, no cell to write, the cap may decide
-WRITTEN, SKIPPED, CAPPED = 0xF8, 0xF9, 0xFA
-_LEFT = bytes(int(k not in (WRITTEN, SKIPPED)) for k in range(256))  # codes -> 1 where Python resolves the cell
+# _nameids.span_fill's codes beyond spanning's: the cell written there, no cell to write, the cap may decide, a
+# failing cell written there (NO_ROOM's reason; span_refresh hands it back for a cell that fitted: fitting - 1)
+WRITTEN, SKIPPED, CAPPED, FAILED = 0xF8, 0xF9, 0xFA, 0xFB
+_LEFT = bytes(int(k not in (WRITTEN, SKIPPED, FAILED)) for k in range(256))  # codes -> 1 where Python resolves it
 
 
 # How _refresh goes over the tables: those refreshed one by one, (key, table); and the spanning tables refreshed
 # together, per (N, policy): ((N, policy), ((key, table), ...), and per table its size per GPU and the arrays the
 # native refresh writes (nameids.SpanCell)). Made when the set of tables changes, or a table's arrays (_trim).
-# per topology met (by id) the group's set searches' plan (SearchPlan), and whether its policy is spread.
-Group = tuple[tuple[int, str], list[tuple[Key, "_Table"]], tuple[SpanCell, ...], bool, dict[int, "SearchPlan"]]
+# per topology met (by id) the group's set searches' plan (SearchPlan), whether its policy is spread, and the NO_ROOM
+# reasons the native refresh writes (spanning.no_room_texts(N)).
+Group = tuple[tuple[int, str], list[tuple[Key, "_Table"]], tuple[SpanCell, ...], bool, dict[int, "SearchPlan"],
+              dict[int, str]]
 # For the native set searches of a group (_nameids.span_refresh) on nodes of one topology: it, and spanning._plan's
 # closest fitting sets per mask, closeness per distance and levels (None...: no search natively: the reference's).
 SearchPlan = tuple[object, dict[int, spanning.Closest] | None, tuple[float, ...] | None, spanning.Levels | None]
@@ -666,8 +669,9 @@ class FitMemo:
         shares verdicts by shape: one C call (_nameids.span_fill) reads each node's view, takes the set searches kept
         for it (_found: made by the refresh at its last change, or by fills of other sizes of that N and policy;
         the missing ones made where span_search can), and writes every cell where the pod fits and the node's
-        HostPriority text for that score is kept; Python resolves the others from their codes as _fill_spanning_each
-        does (NO_ROOM, the general path, a search left to the reference, a text to make, a node the cap may decide).
+        HostPriority text for that score is kept, and every cell that finds no room now (FAILED: its reason from
+        spanning.no_room_texts); Python resolves the others from their codes as _fill_spanning_each does (NO_ROOM's
+        never path, the general path, a search left to the reference, a text to make, a node the cap may decide).
         Why: that loop cost ~3,300 instructions a cell in Python (a request of a spanning pod finds ~170 cells
         empty), and a cell whose search was missing went through spanning.codes alone (benchmarks/README.md, issue
         34, sixth round). Without the C module, or with a cap ratio below 1 (every node capped), the Python loop."""
@@ -676,13 +680,18 @@ class FitMemo:
             self._fill_spanning_each(table, key, ids)
             return
         gpus, policy = gpus_of(key), key[1]
+        no_room = spanning.no_room_texts(gpus)
+        first = views.get(self._names[ids[0]]) if ids else None  # type: ignore[arg-type]
+        if first is not None and key[0] * first.unit_mib not in no_room:  # the reason the C writes where no N GPUs
+            spanning._no_room(key[0] * first.unit_mib, 0, "", gpus)  # have room (a first fill: made here, once)
         codes, written = fill(ids, self._names, views, NodeView, self._found, (gpus, policy), key[0], gpus,
                               policy == "spread", spanning.plans(), FOUND_MAX, ratio is not None, table.kinds,
-                              table.scores, table.jsons, self._host_json)
-        table.filled += written
+                              table.scores, table.jsons, self._host_json, table.reasons, no_room)
+        failed = codes.count(FAILED)
+        table.filled += written + failed
         table.fitting += written
-        self._entries += written
-        if written == len(ids):
+        self._entries += written + failed
+        if written + failed == len(ids):
             return
         kinds, founds, one, names = table.kinds, self._found, self._index.span_scores, self._names
         for pos in compress(range(len(ids)), codes.translate(_LEFT)):
@@ -865,9 +874,10 @@ class FitMemo:
 
     def _refresh_groups(self, i: int, view: NodeView, groups: list[Group], before: Column | None) -> None:
         """_refresh for the spanning tables grouped by (N, policy): each group's cells of node `i` in one native call
-        (_nameids.span_refresh: the codes as spanning.codes, the cells that still fit written there, the rest left
-        here: _refresh_cells), or where it is not built, or the view takes the general path, in one spanning.codes
-        call and a loop here (_refresh_group). Every cell held a verdict: the counts of filled cells stay. A cell whose
+        (_nameids.span_refresh: the codes as spanning.codes, the cells that still fit written there, and those that
+        find no room now with their reason, the rest left here: _refresh_cells), or where it is not built, or the
+        view takes the general path, in one spanning.codes call and a loop here (_refresh_group). Every cell held a
+        verdict: the counts of filled cells stay. A cell whose
         size is above every free MiB a changed GPU had before or after the change keeps its verdict: those GPUs lack
         room for it in both views, so the GPUs with room, the sets among them, their free fractions and the chosen
         set's free MiB are the same (`before`: the column the cells were last refreshed at, kept only while nothing
@@ -899,7 +909,7 @@ class FitMemo:
             if len(self._found) >= FOUND_MAX:
                 self._found.clear()
             found = self._found[i] = {}
-        for at, members, cells, spread, plans in groups:
+        for at, members, cells, spread, plans, no_room in groups:
             gpus, policy = at
             todo = None
             if native is not None:
@@ -910,7 +920,7 @@ class FitMemo:
                 if plan is None or plan[0] is not topo:
                     plan = _search_plan(plans, topo, gpus)
                 todo = native(i, keys, chosen, cells, gpus, spread, None if plan[1] is None else rows, view.free_rows,
-                              plan[1], plan[2], self._host_json[i], above, same, unit, plan[3])
+                              plan[1], plan[2], self._host_json[i], above, same, unit, plan[3], rows, no_room)
             if todo is None:
                 self._refresh_group(i, view, members, policy, gpus, found, above, same)
             elif todo:
@@ -940,6 +950,9 @@ class FitMemo:
         for p in range(0, len(todo), 2):
             key, table = members[todo[p]]
             need, code = key[0] * unit, todo[p + 1]
+            if code == FAILED:  # a fit written failing there (NO_ROOM's reason): the count is kept here
+                table.fitting -= 1
+                continue
             if code == UNSEARCHED:
                 code = spanning.codes(view, (need,), policy, gpus, found, self._index.span_scores)[0]
             self._write_code(table, i, view, need, policy, gpus, code, same)
@@ -987,8 +1000,10 @@ class FitMemo:
                 groups.setdefault((key[4], key[1]), []).append((key, table))
             else:
                 singles.append((key, table))
-        plan = self._plan = singles, [(at, members, tuple((key[0], t.kinds, t.scores, t.jsons) for key, t in members),
-                                       at[1] == "spread", {}) for at, members in groups.items()]
+        plan = self._plan = singles, [(at, members, tuple((key[0], t.kinds, t.scores, t.jsons, t.reasons)
+                                                          for key, t in members),
+                                       at[1] == "spread", {}, spanning.no_room_texts(at[0]))
+                                      for at, members in groups.items()]
         return plan
 
     def _keep_replay(self, uid: str, replay: Replay) -> None:

@@ -96,6 +96,10 @@ def fit(view: NodeView, need_mib: int, limit: LimitNeed | None, compute: int, gp
 
 _NO_ROOM: dict[tuple[int, int, str, int], str] = {}  # the texts made, shared by every cell that holds one
 MAX_NO_ROOM = 4096  # texts kept (pod sizes × counts met); emptied when full
+# The texts of _no_room(need, 0, "", N) again, per N by need (no_room_texts): what the native fill and refresh write.
+# Each N's dict lives as long as the module (emptied in place with _NO_ROOM), so the memo may hold it.
+_NO_ROOM_BY_N: dict[int, dict[int, str]] = {}
+MAX_NO_ROOM_N = 64  # Ns given a dict (state.MAX_TOPOLOGY_GPUS: no set is searched beyond it)
 
 
 def _no_room(need_mib: int, compute: int, cap: str, gpus: int) -> str:
@@ -109,8 +113,25 @@ def _no_room(need_mib: int, compute: int, cap: str, gpus: int) -> str:
                f"have that free{cap} now"
         if len(_NO_ROOM) >= MAX_NO_ROOM:
             _NO_ROOM.clear()
+            for texts in _NO_ROOM_BY_N.values():
+                texts.clear()
         _NO_ROOM[key] = text
+        if not compute and not cap and gpus in _NO_ROOM_BY_N:
+            _NO_ROOM_BY_N[gpus][need_mib] = text
     return text
+
+
+def no_room_texts(gpus: int) -> dict[int, str]:
+    """need (MiB per GPU) -> _no_room(need, 0, "", gpus), for the texts made so far: the reasons the native fill and
+    refresh (_nameids.span_fill, span_refresh) write for a cell that finds no room where _without_room's first
+    branch holds (at least N healthy GPUs that large: it fails now, not for ever); a text not made yet is left to
+    the caller's Python (resolve makes it, and it is here from then on). One dict per N for the module's life."""
+    texts = _NO_ROOM_BY_N.get(gpus)
+    if texts is None:  # (the texts made before: _no_room adds to an N's dict only once it is made)
+        texts = {need: t for (need, compute, cap, n), t in _NO_ROOM.items() if n == gpus and not compute and not cap}
+        if 1 <= gpus <= MAX_NO_ROOM_N:
+            _NO_ROOM_BY_N[gpus] = texts
+    return texts
 
 
 def _never(view: NodeView, need_mib: int, limit: LimitNeed | None, gpus: int) -> str | None:

@@ -714,12 +714,15 @@ _KINDS = st.sampled_from([0, 1, 2, 3])  # fitmemo's NONE, FITS, FAILS, NEVER
 
 
 def _refresh_reference(i: int, keys: tuple[int, ...], chosen: list[Any], cells: tuple[Any, ...], gpus: int,
-                       spread: bool, texts: Any, above: int, same: bool, unit: int) -> Any:
+                       spread: bool, texts: Any, above: int, same: bool, unit: int, rows: tuple[Any, ...] = (),
+                       no_room: dict[int, str] | None = None) -> Any:
     """What span_refresh must do (FitMemo._refresh_groups' Python loop, as written before it was native): each held
     cell's code by spanning.scores; a fit that fitted written (score, text) where the node's text is made, left
-    where its score is the same; a failing cell left where it still finds no room on a `same` view; every other one
-    (position, code) to Python. None where the native scores cannot be exact (nothing written). The cells' arrays
-    are written here (copies of the caller's)."""
+    where its score is the same; a failing cell left where it still finds no room on a `same` view; a NO_ROOM cell
+    whose pod fails now (N healthy GPUs of `rows` that large: spanning._without_room's first branch) written failing
+    with no_room's reason for its need where there is one (FitMemo._write_code's verdict; (position, FAILED) for one
+    that fitted: the fitting count); every other one (position, code) to Python. None where the native scores
+    cannot be exact (nothing written). The cells' arrays are written here (copies of the caller's)."""
     from memslice.scheduler_extender.placement import spanning
 
     if any(c[1][i] != 0 and abs(c[0] * unit) >= _EXACT for c in cells):  # a size it cannot read: None, even above
@@ -730,7 +733,7 @@ def _refresh_reference(i: int, keys: tuple[int, ...], chosen: list[Any], cells: 
         return None
     todo = bytearray()
     for j, need in held:
-        _, kinds, scores, jsons = cells[j]
+        _, kinds, scores, jsons, reasons = cells[j]
         code = spanning.scores(keys, chosen, [need], gpus, spread)[0]
         if code <= 10 and kinds[i] == 1:
             if scores[i] == code:
@@ -739,6 +742,13 @@ def _refresh_reference(i: int, keys: tuple[int, ...], chosen: list[Any], cells: 
                 scores[i], jsons[i] = code, texts[code]
                 continue
         elif code == spanning.NO_ROOM and same and kinds[i] != 1:
+            continue
+        elif (code == spanning.NO_ROOM and no_room is not None and need in no_room
+              and sum(1 for r in rows if r[4] and r[3] >= need) >= gpus):
+            fitted = kinds[i] == 1
+            kinds[i], scores[i], reasons[i], jsons[i] = 2, 0, no_room[need], None
+            if fitted:
+                todo += bytes((j, 0xFB))
             continue
         todo += bytes((j, code))
     return bytes(todo)
@@ -764,21 +774,28 @@ def test_span_refresh_writes_what_the_python_loop_writes(gpus: int, spread: bool
         kinds = bytearray(data.draw(st.lists(_KINDS, min_size=4, max_size=4)))
         scores = bytearray(data.draw(st.lists(st.integers(0, 10), min_size=4, max_size=4)))
         jsons = [f"old{k}" if kinds[k] == 1 else None for k in range(4)]
-        cells.append((data.draw(sizes), kinds, scores, jsons))
+        reasons = [f"why{k}" if kinds[k] in (2, 3) else None for k in range(4)]
+        cells.append((data.draw(sizes), kinds, scores, jsons, reasons))
     texts = data.draw(st.one_of(st.none(), st.lists(st.one_of(st.none(), st.integers(0, 10).map(lambda s: f"t{s}")),
                                                     min_size=11, max_size=11).map(tuple)))
     above = data.draw(st.one_of(st.just(1 << 62), st.integers(-1, 90000)))
-    mine = tuple((c[0], bytearray(c[1]), bytearray(c[2]), list(c[3])) for c in cells)
-    want = _refresh_reference(i, keys, list(chosen), mine, gpus, spread, texts, above, same, unit)
+    rows = tuple((f"G{g}", g, "Sim", data.draw(st.sampled_from([80 * 1024, 24 * 1024, 4096])), data.draw(st.booleans()),
+                  0, 0) for g in range(data.draw(st.integers(0, 8))))  # (only MiB and health read: large enough?)
+    needs = sorted({c[0] * unit for c in cells})
+    no_room = data.draw(st.one_of(st.none(), st.lists(st.sampled_from(needs), unique=True).map(
+        lambda ns: {n: f"no room for {n}" for n in ns}))) if needs else None
+    mine = tuple((c[0], bytearray(c[1]), bytearray(c[2]), list(c[3]), list(c[4])) for c in cells)
+    want = _refresh_reference(i, keys, list(chosen), mine, gpus, spread, texts, above, same, unit, rows, no_room)
     native_cells = tuple(cells)
-    before = [(bytes(c[1]), bytes(c[2]), list(c[3])) for c in cells]
+    before = [(bytes(c[1]), bytes(c[2]), list(c[3]), list(c[4])) for c in cells]
     got = NATIVE.span_refresh(i, keys, chosen, native_cells, gpus, spread, None, (), None, None, texts, above, same,
-                              unit, None)
+                              unit, None, rows, no_room)
     assert got == want
     if got is None:  # nothing written
-        assert [(bytes(c[1]), bytes(c[2]), c[3]) for c in cells] == before
+        assert [(bytes(c[1]), bytes(c[2]), c[3], c[4]) for c in cells] == before
     else:
-        assert [(bytes(c[1]), bytes(c[2]), c[3]) for c in cells] == [(bytes(c[1]), bytes(c[2]), c[3]) for c in mine]
+        assert [(bytes(c[1]), bytes(c[2]), c[3], c[4]) for c in cells] == [(bytes(c[1]), bytes(c[2]), c[3], c[4])
+                                                                           for c in mine]
 
 
 @settings(max_examples=200, deadline=None)
@@ -795,7 +812,7 @@ def test_span_refresh_searches_and_keeps_the_sets_the_reference_does(n: int, gpu
     view = _span_view(data, n)
     policy = "spread" if spread else "binpack"
     needs = data.draw(st.lists(st.integers(1, 80).map(lambda g: g * 1024), min_size=1, max_size=10))
-    cells = tuple((need, bytearray([1]), bytearray([11]), ["x"]) for need in needs)  # fits, a score none answers
+    cells = tuple((need, bytearray([1]), bytearray([11]), ["x"], [None]) for need in needs)  # a score none answers
     spanning._LEVELS.clear()
     reference: spanning.Found = {}
     want = spanning.codes(view, needs, policy, gpus, reference)
@@ -806,7 +823,7 @@ def test_span_refresh_searches_and_keeps_the_sets_the_reference_does(n: int, gpu
     chosen: list[Any] = [None] * (len(view.free_keys) + 1)
     got = NATIVE.span_refresh(0, view.free_keys, chosen, cells, gpus, spread, view.rows if search else None,
                               view.free_rows, plan[2] if search else None, plan[3] if search else None, None,  # type: ignore[index]
-                              1 << 62, False, 1, plan[1] if search else None)  # type: ignore[index]
+                              1 << 62, False, 1, plan[1] if search else None, view.rows, None)  # type: ignore[index]
     assert got is not None
     left = dict(zip(got[::2], got[1::2], strict=True))  # no text given: every cell is handed back with its code
     assert sorted(left) == list(range(len(needs)))
@@ -828,11 +845,14 @@ def test_span_refresh_refuses_bad_arguments_not_crash() -> None:
     keys = (1024, 8192)
 
     def cells(kind: int = 1, score: int = 3) -> tuple[Any, ...]:
-        return ((1024, bytearray([kind]), bytearray([score]), ["old"]),)
+        return ((1024, bytearray([kind]), bytearray([score]), ["old"], [None]),)
+
+    def one_cell() -> tuple[Any, ...]:
+        return ((512, bytearray([1]), bytearray([0]), ["o"], [None]),)
 
     def call(*over: Any, **named: Any) -> Any:
         args: list[Any] = [0, keys, list(chosen), cells(), 2, False, None, (), None, None, None, 1 << 62, False, 1,
-                           None]
+                           None, (), None]
         for k, v in named.items():
             args[int(k[1:])] = v
         return NATIVE.span_refresh(*args, *over)
@@ -840,21 +860,41 @@ def test_span_refresh_refuses_bad_arguments_not_crash() -> None:
     texts = tuple(f"t{s}" for s in range(11))
     written = cells()
     assert NATIVE.span_refresh(0, keys, list(chosen), written, 2, False, None, (), None, None, texts, 1 << 62, False,
-                               1, None) == b""
+                               1, None, (), None) == b""
     assert written[0][2][0] == 10 and written[0][3] == ["t10"]  # the fit's score and its text written
     assert call() == bytes((0, 10))  # no text made yet: Python's
     assert call(a3=cells(2)) == bytes((0, 10))  # a failing cell that fits now: Python's (the fitting count)
     assert call(a3=cells(0)) == b""  # no verdict held: untouched
     assert call(a11=512) == b""  # above every changed free MiB: kept
-    assert call(a12=True, a3=((9000, bytearray([2]), bytearray([0]), [None]),)) == b""  # still no room: kept
-    assert call(a3=((9000, bytearray([2]), bytearray([0]), [None]),)) == bytes((0, 0xF0))
+    assert call(a12=True, a3=((9000, bytearray([2]), bytearray([0]), [None], [None]),)) == b""  # still no room: kept
+    assert call(a3=((9000, bytearray([2]), bytearray([0]), [None], [None]),)) == bytes((0, 0xF0))
+    big_rows = tuple((f"G{g}", g, "Sim", 81920, True, 81920, 0) for g in range(2))  # full GPUs, large enough
+    fails = ((9000, bytearray([2]), bytearray([0]), [None], ["old reason"]),)
+    assert call(a3=fails, a15=big_rows, a16={9000: "no room"}) == b""  # fails now: its reason written here
+    assert (fails[0][1], fails[0][4]) == (bytearray([2]), ["no room"])
+    fitted = ((9000, bytearray([1]), bytearray([7]), ["old text"], [None]),)
+    assert call(a3=fitted, a15=big_rows, a16={9000: "no room"}) == bytes((0, 0xFB))  # written; the count Python's
+    assert tuple(fitted[0][1:]) == (bytearray([2]), bytearray([0]), [None], ["no room"])
+    for rows, no_room in ((big_rows, None), (big_rows, {}), (big_rows, {9000: 5}), (big_rows[:1], {9000: "x"}),
+                          (((*big_rows[0][:4], 1, 0, 0), big_rows[1]), {9000: "x"}),
+                          (((*big_rows[0][:3], "81920", True, 0, 0), big_rows[1]), {9000: "x"}), ((5, 6), {9000: "x"}),
+                          ((("G0", 0), big_rows[1]), {9000: "x"})):
+        left = ((9000, bytearray([2]), bytearray([0]), [None], ["old"]),)
+        assert call(a3=left, a15=rows, a16=no_room) == bytes((0, 0xF0))  # never, no text, rows not read: Python's
+        assert left[0][4] == ["old"]
+    for k, bad in ((15, None), (15, list(big_rows)), (16, [])):
+        with pytest.raises(TypeError, match="view_rows must be a tuple, no_room a dict or None"):
+            call(a3=fails, **{"a15": big_rows, "a16": {}, f"a{k}": bad})
+    with pytest.raises(TypeError, match="reason or JSON is not a str or None"):
+        call(a3=((9000, bytearray([2]), bytearray([0]), [None], [b"old"]),), a15=big_rows, a16={9000: "x"})
     big = cells()
-    assert NATIVE.span_refresh(0, keys, list(chosen), big + ((2**60, bytearray([1]), bytearray([1]), ["o"]),), 2,
-                               False, None, (), None, None, texts, 1 << 62, False, 1, None) is None
+    huge = ((2**60, bytearray([1]), bytearray([1]), ["o"], [None]),)
+    assert NATIVE.span_refresh(0, keys, list(chosen), big + huge, 2,
+                               False, None, (), None, None, texts, 1 << 62, False, 1, None, (), None) is None
     assert big[0][2][0] == 3 and big[0][3] == ["old"]  # nothing written
     assert call(a13=2**52) is None and call(a1=(1024, 2**60)) is None and call(a1=(1024, "8192")) is None
     assert call(a1=tuple(range(65))) is None  # more keys than GPUs searched: the Python loop
-    with pytest.raises(TypeError, match="takes 15 arguments"):
+    with pytest.raises(TypeError, match="takes 17 arguments"):
         NATIVE.span_refresh(0, keys)
     for k, bad in ((1, [1024]), (2, tuple(chosen)), (3, [cells()[0]])):
         with pytest.raises(TypeError, match="keys must be a tuple, chosen a list, cells a tuple"):
@@ -869,14 +909,18 @@ def test_span_refresh_refuses_bad_arguments_not_crash() -> None:
         call(a11=2**70)
     with pytest.raises(IndexError, match="outside a cell's arrays"):
         call(a0=1)
-    for bad in (((1024, bytes([1]), bytearray([1]), ["o"]),), ((1024, bytearray([1]), bytearray([1]), ("o",)),),
-                ((1024, bytearray([1]), bytearray([1])),), ([1024, bytearray([1]), bytearray([1]), ["o"]],), (5,)):
+    with pytest.raises(IndexError, match="outside a cell's arrays"):
+        call(a3=((1024, bytearray([1]), bytearray([1]), ["o"], []),))
+    for bad in (((1024, bytes([1]), bytearray([1]), ["o"], [None]),),
+                ((1024, bytearray([1]), bytearray([1]), ("o",), [None]),),
+                ((1024, bytearray([1]), bytearray([1]), ["o"]),), ((1024, bytearray([1]), bytearray([1]), ["o"], ()),),
+                ([1024, bytearray([1]), bytearray([1]), ["o"], [None]],), (5,)):
         with pytest.raises(TypeError, match="a cell is not"):
             call(a3=bad)
     with pytest.raises(TypeError, match="texts must be None or a tuple of 11"):
         call(a10=("t",) * 10)
     with pytest.raises(TypeError, match="a cell's JSON is not a str or None"):
-        call(a3=((1024, bytearray([1]), bytearray([3]), [b"old"]),), a10=texts)
+        call(a3=((1024, bytearray([1]), bytearray([3]), [b"old"], [None]),), a10=texts)
     with pytest.raises(IndexError, match="outside the chosen sets"):
         call(a2=[])
     with pytest.raises(TypeError, match="chosen set 0 is not None, False or a tuple of 5 items"):
@@ -891,21 +935,23 @@ def test_span_refresh_refuses_bad_arguments_not_crash() -> None:
     searched: list[Any] = [None] * 3
     levels = ((0, ((3, (0, 1)),)),)
     by_mask: dict[int, Any] = {}
-    assert NATIVE.span_refresh(0, (1024, 1024), searched, ((512, bytearray([1]), bytearray([0]), ["o"]),), 2, False,
-                               (row0, row1), (row0, row1), by_mask, (0.75,), None, 1 << 62, False, 1, levels) == bytes(
+    assert NATIVE.span_refresh(0, (1024, 1024), searched, one_cell(), 2, False,
+                               (row0, row1), (row0, row1), by_mask, (0.75,), None, 1 << 62, False, 1, levels, (),
+                               None) == bytes(
         (0, 9))
     assert by_mask == {3: (0, ((0, 1),))} and searched[0] == (0.75, 1024, 1024, 1024, 1024)
     for odd in (((0, ((-1, (0, 1)),)),), ((0, ((2**70, (0, 1)),)),), ((0, [(3, (0, 1))]),), ((0, ((3,),)),), ("x",)):
-        assert NATIVE.span_refresh(0, (1024, 1024), [None] * 3, ((512, bytearray([1]), bytearray([0]), ["o"]),), 2,
+        assert NATIVE.span_refresh(0, (1024, 1024), [None] * 3, one_cell(), 2,
                                    False, (row0, row1), (row0, row1), {}, (0.75,), None, 1 << 62, False, 1,
-                                   odd) == bytes((0, 0xF1))  # malformed levels: the reference's search
+                                   odd, (), None) == bytes((0, 0xF1))  # malformed levels: the reference's search
     with pytest.raises(TypeError, match="not \\(distance, sets\\)"):
-        NATIVE.span_refresh(0, (1024, 1024), [None] * 3, ((512, bytearray([1]), bytearray([0]), ["o"]),), 2, False,
-                            (row0, row1), (row0, row1), {3: [0, ()]}, (0.75,), None, 1 << 62, False, 1, None)
+        NATIVE.span_refresh(0, (1024, 1024), [None] * 3, one_cell(), 2, False,
+                            (row0, row1), (row0, row1), {3: [0, ()]}, (0.75,), None, 1 << 62, False, 1, None, (),
+                            None)
     for rows in (((row0, ("b", 5, "Sim", 1024, True, 0, 1024))), (row0, ("b", 1)), (row0,) * 65):
-        assert NATIVE.span_refresh(0, (1024, 1024), [None] * 3, ((512, bytearray([1]), bytearray([0]), ["o"]),), 2,
+        assert NATIVE.span_refresh(0, (1024, 1024), [None] * 3, one_cell(), 2,
                                    False, rows, (row0, row1), {}, (0.75,), None, 1 << 62, False, 1,
-                                   levels) == bytes((0, 0xF1))  # rows the C cannot read as positions: no search
+                                   levels, (), None) == bytes((0, 0xF1))  # rows the C cannot read as positions
 
 
 def _rows_pair(data: st.DataObject) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -997,21 +1043,27 @@ def test_span_fill_writes_the_cells_the_python_reference_writes(ratio: str | Non
 
     rng = random.Random(34)
     state = _span_cluster(rng, 48)
+    for n in (n for n in range(48) if n % 3):  # most nodes fuller: pods of 2 and 4 GPUs find no room (NO_ROOM)
+        for g in rng.sample(range(8), rng.randint(4, 8)):
+            state.hold(f"full{n}-{g}", Charge(f"n{n}-G{g}", f"n{n}", rng.choice((48, 56, 64)) * 1024, 0, None))
     cap = Fraction(ratio) if ratio is not None else None
     native, python = FitMemo(state, cap), FitMemo(state, cap)
     python._index.span_fill = None
     written: list[int] = []
+    failed: list[int] = []
     fill = native._index.span_fill
     assert fill is not None
 
     def counted(*args: Any) -> Any:
         out = fill(*args)
         written.append(out[1])
+        failed.append(out[0].count(0xFB))
+
         return out
 
     native._index.span_fill = counted
     names = [f"n{n}" for n in range(48)]
-    keys = [(gib * 1024, policy, (), 0, n) for gib in (2, 4, 8, 12, 20) for n in (2, 4)
+    keys = [(gib * 1024, policy, (), 0, n) for gib in (2, 4, 8, 12, 20, 40, 64, 96) for n in (2, 4)
             for policy in ("binpack", "spread")]
     for step in range(3):
         for key in keys:
@@ -1034,7 +1086,34 @@ def test_span_fill_writes_the_cells_the_python_reference_writes(ratio: str | Non
             state.hold(f"s{step}-{h}", Charge(f"n{n}-G{rng.randrange(8)}", f"n{n}", rng.choice((2, 6)) * 1024, 0, None))
             state.release(f"h{n}-0", None)
     assert native._entries == python._entries
-    assert sum(written) > 100 if cap is None or cap >= 1 else written == []
+    assert sum(written) > 200 if cap is None or cap >= 1 else written == []
+    assert sum(failed) > 20 if cap is None or cap >= 1 else failed == []  # NO_ROOM's reasons written natively
+
+
+@pytest.mark.parametrize("gpus", [2, 4])
+def test_span_fill_looks_for_a_new_mask_in_the_levels_as_the_reference_does(gpus: int) -> None:
+    """A mask of GPUs with room that the topology's plan has not met yet: span_fill looks for it in the plan's levels
+    and keeps it as spanning._closest does (the same distance and sets under that mask), then makes the search
+    itself, so the code is the one spanning.codes answers (not UNSEARCHED, left to the reference's search)."""
+    from memslice.scheduler_extender.placement import spanning
+    from memslice.scheduler_extender.placement.views import NodeView
+
+    state = _span_cluster(random.Random(7), 4)  # (nodes 0-3: NVLink pairs and PCIe switches)
+    with state.current():
+        views = state.views_unlocked()
+    assert views is not None
+    names: list[str | None] = [f"n{n}" for n in range(4)]
+    for units in (1024, 4096, 16384):
+        spanning._LEVELS.clear()
+        want = [spanning.codes(views[f"n{n}"], (units,), "binpack", gpus, {})[0] for n in range(4)]
+        reference = {key: dict(plan[2]) for key, plan in spanning._LEVELS.items()}
+        for plan in spanning._LEVELS.values():
+            plan[2].clear()  # the plans made, no mask met yet
+        codes, _ = NATIVE.span_fill([0, 1, 2, 3], names, views, NodeView, {}, (gpus, "binpack"), units, gpus, False,
+                                    spanning.plans(), 64, False, bytearray(4), bytearray(4), [None] * 4, [None] * 4,
+                                    [None] * 4, None)
+        assert list(codes) == want and spanning.UNSEARCHED not in codes, units
+        assert {key: dict(plan[2]) for key, plan in spanning._LEVELS.items()} == reference
 
 
 def test_span_fill_refuses_bad_arguments_not_crash() -> None:
@@ -1042,10 +1121,13 @@ def test_span_fill_refuses_bad_arguments_not_crash() -> None:
     table's arrays of other lengths, a view of another type, kept searches of the wrong shape raise TypeError,
     ValueError or IndexError naming them; nothing is written then beyond the cells before the bad one."""
     from memslice.scheduler_extender.placement import spanning
+    from memslice.scheduler_extender.placement.state import Charge
     from memslice.scheduler_extender.placement.views import NodeView
 
     rng = random.Random(1)
     state = _span_cluster(rng, 3)
+    for n, g in itertools.product((0, 1), range(8)):  # no GPU wholly free: a pod of a whole GPU finds no room
+        state.hold(f"one{n}-{g}", Charge(f"n{n}-G{g}", f"n{n}", 1024, 0, None))
     with state.current():
         views = state.views_unlocked()
     assert views is not None
@@ -1055,7 +1137,7 @@ def test_span_fill_refuses_bad_arguments_not_crash() -> None:
         args: dict[str, Any] = dict(names=names, views=views, view_type=NodeView, founds={}, at=(2, "binpack"),
                                     units=4096, gpus=2, spread=False, levels={}, found_max=64, check_over=False,
                                     kinds=bytearray(4), scores=bytearray(4), jsons=[None] * 4,
-                                    host_json=[None] * 3)
+                                    host_json=[None] * 3, reasons=[None] * 4, no_room=None)
         args.update(kw)
         return NATIVE.span_fill([0, 1, 2] if ids is None else ids, *args.values())
 
@@ -1071,6 +1153,17 @@ def test_span_fill_refuses_bad_arguments_not_crash() -> None:
     for i in range(2):  # a cell written: FITS, its score, the node's text for it; else left as it was
         assert (kinds[i], jsons[i]) == ((1, texts[scores[i]]) if codes[i] == 0xF8 else (0, None))
     assert call([0, 0], kinds=bytearray(b"\x02\x00\x00\x00"))[0] == b"\xf9\xf9"  # a cell with a verdict: skipped
+    full = 80 * 1024  # a pod of a whole GPU on each of 2: no room on these nodes
+    base, _ = call(units=full)
+    assert base[:2] == b"\xf0\xf0"
+    kinds, reasons = bytearray(4), [None] * 4
+    codes, written = call(units=full, kinds=kinds, reasons=reasons, no_room={full: "no room"})
+    assert (codes[:2], written, kinds[:2], reasons[:2]) == (b"\xfb\xfb", 0, b"\x02\x02", ["no room"] * 2)
+    for no_room in ({}, {full: 3}, {full + 1: "other"}):  # no text for that need: Python's
+        assert call(units=full, no_room=no_room)[0][:2] == b"\xf0\xf0"
+    assert call(units=full + 1, no_room={full + 1: "x"})[0][:2] == b"\xf0\xf0"  # no GPU that large: never, Python's
+    with pytest.raises(TypeError, match="reason or JSON is not a str or None"):
+        call(units=full, reasons=[b"x"] * 4, no_room={full: "no room"})
     assert call([0], units=0)[1] == 0
     for ids, err in (([4], IndexError), ([-1], IndexError), ([2**70], IndexError), (["0"], IndexError)):
         with pytest.raises(err, match="not one of a table of 4"):
@@ -1078,7 +1171,7 @@ def test_span_fill_refuses_bad_arguments_not_crash() -> None:
     bad: list[tuple[dict[str, Any], type[Exception], str]] = [
         (dict(gpus=0), ValueError, "gpus 0 outside"), (dict(gpus=65), ValueError, "gpus 65 outside"),
         (dict(scores=bytearray(3)), ValueError, "a table of 4 kinds, 3 scores"),
-        (dict(jsons=[None]), ValueError, "and 1 texts"), (dict(units=-1), ValueError, "units below 0"),
+        (dict(jsons=[None]), ValueError, "1 texts and 4 reasons"), (dict(units=-1), ValueError, "units below 0"),
         (dict(units=2**60), ValueError, "units must be an int"), (dict(units="1"), ValueError, "units must be"),
         (dict(found_max=0), ValueError, "found_max below 1"), (dict(at=([2], "x")), TypeError, "unhashable"),
         (dict(views={"n0": "not a view"}), TypeError, "is not a NodeView"),
@@ -1088,6 +1181,8 @@ def test_span_fill_refuses_bad_arguments_not_crash() -> None:
         (dict(founds={0: {(2, "binpack"): []}}), IndexError, "outside the chosen sets"),
         (dict(kinds=b"\x00" * 4), TypeError, "read-write"), (dict(names=("n0",)), TypeError, "list"),
         (dict(views=[]), TypeError, "dict"), (dict(levels=None), TypeError, "dict"),
+        (dict(reasons=[None] * 3), ValueError, "and 3 reasons"), (dict(reasons=(None,) * 4), TypeError, "list"),
+        (dict(no_room=[]), TypeError, "no_room must be a dict"),
     ]
     for kw, err, match in bad:
         with pytest.raises(err, match=match):
