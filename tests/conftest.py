@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pathlib
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -55,6 +56,17 @@ LONGEST_FIRST = ("test_dra_node.py", "test_image_build.py", "test_real_deploy.py
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the others keep their order
+
+
+@pytest.fixture(autouse=True)
+def _keep_recursion_limit() -> Iterator[None]:
+    """A test (or a library it imports: celpy sets 2,500 when imported) that changes the process-wide recursion
+    limit must not change what the next test in this worker measures: the extender's refusal of objects nested
+    too deeply to encode depends on it. Restored after each test."""
+    limit = sys.getrecursionlimit()
+    yield
+    if sys.getrecursionlimit() != limit:
+        sys.setrecursionlimit(limit)
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ cannot drift apart. tests/realcluster/test_realcluster_spanning.py runs the poli
 from __future__ import annotations
 
 import copy
+import sys
 from typing import Any
 
 import celpy
@@ -40,8 +41,12 @@ def policy(rel: str = "base") -> Manifest:
 
 
 def evaluate(expr: str, activation: dict[str, Any]) -> Any:
-    env = celpy.Environment()
-    return env.program(env.compile(expr), functions=FUNCTIONS).evaluate(activation)
+    limit = sys.getrecursionlimit()  # celpy.Environment() raises the process-wide limit: keep other tests' own
+    try:
+        env = celpy.Environment()
+        return env.program(env.compile(expr), functions=FUNCTIONS).evaluate(activation)
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def admit(pod: Manifest, old: Manifest | None = None) -> list[str]:

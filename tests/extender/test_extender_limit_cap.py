@@ -203,8 +203,14 @@ def test_the_cap_holds_on_each_gpu_of_a_pod_spanning_gpus_and_survives_a_restart
             assert "within the limit cap" in cl.c.bind(both, "cap-n")
             one = cl.add_pod(pod_obj(f"one-{int(restart)}", {"main": 1024}))
             assert cl.c.filter(one, ["cap-n"])["NodeNames"] == ["cap-n"]
-        # a limit that does not split evenly is refused by name
-        odd = cl.add_pod(pod_obj("odd", {"lab": 2048}, annotations={**two, LIMIT: "8191"}))
+        # a limit that does not split evenly is refused by name: by the extender's filter, and at admission
+        # where deploy/'s memslice-gpu-count policy is installed (the session's API server has it once a test
+        # applied deploy/: tests/deploy/test_deploy_gpu_count.py proves the policy's words match these)
+        odd = pod_obj("odd", {"lab": 2048}, annotations={**two, LIMIT: "8191"})
+        try:
+            odd = cl.add_pod(odd)
+        except AssertionError as refused:
+            assert "memslice.io/gpu-mem-limit (MiB)=8191 cannot be split evenly" in str(refused)
         error = cl.c.filter(odd, ["cap-n"])["Error"]
         assert "memslice.io/gpu-mem-limit (MiB)=8191 cannot be split evenly over memslice.io/gpu-count=2" in error
 
