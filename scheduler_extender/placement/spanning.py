@@ -687,9 +687,99 @@ def _charge(freed: Freed, v: VictimCandidate, sign: int) -> None:
         freed[u] = mib + sign * v.mib, over + sign * v.over, pct + sign * v.compute
 
 
+def _greedy_order(v: VictimCandidate) -> tuple[int, int, str]:
+    """The greedy's order of taking victims: the lowest priority first, the largest first within one."""
+    return v.priority, -v.mib, v.uid
+
+
+class Floor:
+    """A lower bound on the rank (highest priority, count, MiB evicted) of ANY victims that make room on a set
+    of GPUs, from memory alone, so that preemption_victims skips a set that cannot beat the best so far without
+    searching it. Exact to skip: _victims_for_set's answer for a set makes room there, so its rank is at least
+    the floor's, componentwise, hence in the issue's order (distance and indices, the rest of the rank, are
+    the set's own); a skipped set would not have become the best, so every later set is searched with the
+    same `beat` and answers the same: the verdict is the unpruned search's, also where MAX_VICTIM_SETS makes
+    a set's answer its greedy's. For a set S, GPU i short of `short_i` = need − free MiB:
+    - priority ≥ P = max over i of the lowest priority p whose pods on i (priority ≤ p) free short_i (none
+      does: no victims make room there, and _victims_for_set answers None);
+    - at that priority (a higher one ranks above the floor anyway), count ≥ c_i, the fewest pods of priority
+      ≤ P on i freeing short_i (the largest first); and since a victim holding k GPUs of S counts on k of
+      them, count ≥ Σ c_i − Σ (k − 1) over the pods of priority ≤ P holding k ≥ 2 GPUs of S;
+    - MiB ≥ Σ short_i (what `lacking` is in _victims_for_set; victim_mib counts a share on each GPU).
+    Compute shares and the limit cap only ask for more victims: the floor holds with them too."""
+
+    def __init__(self, view: NodeView, need_mib: int, pods: list[VictimCandidate]) -> None:
+        at = {r[0]: i for i, r in enumerate(view.rows)}
+        self.short = [max(need_mib - r[6], 0) for r in view.rows]
+        self.on: list[list[tuple[int, int]]] = [[] for _ in view.rows]  # per GPU: (priority, MiB) of its pods
+        self.spanning: list[tuple[int, tuple[int, ...]]] = []  # (priority, positions) of pods on 2+ GPUs here
+        for v in pods:
+            where = tuple(at[u] for u in _uuids(v) if u in at)
+            for i in where:
+                self.on[i].append((v.priority, v.mib))
+            if len(where) > 1:
+                self.spanning.append((v.priority, where))
+        self.lowest = [self._lowest(i) for i in range(len(view.rows))]
+        self.fewest: dict[tuple[int, int], int] = {}
+        self.view = view
+
+    def _lowest(self, i: int) -> int | None:
+        """The lowest priority whose pods on GPU i (that priority or lower) free its shortfall; None: none do
+        (MIN_PRIORITY when it has none)."""
+        if not self.short[i]:
+            return MIN_PRIORITY
+        freed = 0
+        for priority, mib in sorted(self.on[i]):
+            freed += mib
+            if freed >= self.short[i]:
+                return priority
+        return None
+
+    def _count(self, i: int, top: int) -> int:
+        """The fewest pods of priority ≤ top on GPU i that free its shortfall (the largest first)."""
+        key = i, top
+        hit = self.fewest.get(key)
+        if hit is None:
+            hit, freed = 0, 0
+            for mib in sorted((m for p, m in self.on[i] if p <= top), reverse=True):
+                if freed >= self.short[i]:
+                    break
+                freed += mib
+                hit += 1
+            self.fewest[key] = hit
+        return hit
+
+    def may_beat(self, s: tuple[int, ...], best: tuple[int, int, int, int, tuple[int, ...]] | None) -> bool:
+        """False when no victims can make room on the set at positions `s`, or none can rank below `best`."""
+        lows = [self.lowest[i] for i in s]
+        if None in lows:
+            return False
+        if best is None:
+            return True
+        top = max(lows)  # type: ignore[type-var]
+        if top < best[0]:  # type: ignore[operator]
+            return True
+        if top > best[0]:  # type: ignore[operator]
+            return False
+        members = set(s)
+        held = (len(members.intersection(where)) for p, where in self.spanning if p <= top)
+        extra = sum(k - 1 for k in held if k > 1)
+        counts = [self._count(i, top) for i in s]
+        count = max(max(counts), sum(counts) - extra)
+        floor = (top, count, sum(self.short[i] for i in s))
+        if floor != best[:3]:
+            return floor < best[:3]
+        rows = self.view.rows
+        return (distance(self.view.topo, s), tuple(sorted(rows[i][1] for i in s))) < best[3:]
+
+
+MIN_PRIORITY = -(1 << 62)  # below any pod priority (int32 in Kubernetes)
+
+
 def _victims_for_set(view: NodeView, positions: tuple[int, ...], need_mib: int, pods: list[VictimCandidate],
                      freed_unplaced_mib: int, limit: LimitNeed | None, compute: int,
-                     beat: tuple[int, int, int] | None = None) -> list[VictimCandidate] | None:
+                     beat: tuple[int, int, int] | None = None, ordered: bool = False
+                     ) -> list[VictimCandidate] | None:
     """decisions._victims_on for a set of GPUs: the lowest priority first (the largest first within one) until
     the set has room, each taken only while a GPU of the set it frees is still short (or the node's total is);
     then each given back (highest priority first, then smallest) while the set still has room; then made exact
@@ -697,13 +787,14 @@ def _victims_for_set(view: NodeView, positions: tuple[int, ...], need_mib: int, 
     on each) by decisions.fewest_then_least, among the pods on a GPU of the set that lacks room (the others free
     nothing needed, but where pods bound without the extender hold memory of the node), bounded as there: past
     MAX_VICTIM_SETS sets of pods the greedy's set stands. `beat`: the (highest priority, count, MiB) of the best
-    set so far: a set that cannot beat it answers its greedy set as it is."""
+    set so far: a set that cannot beat it answers its greedy set as it is. `ordered`: `pods` are in
+    _greedy_order already."""
     at = {view.rows[i][0]: i for i in positions}
     chosen: list[VictimCandidate] = []
     freed: Freed = {}
     args = view, positions, need_mib, freed, freed_unplaced_mib, limit, compute
     room = _room_freed(*args)
-    for pod in sorted(pods, key=lambda v: (v.priority, -v.mib, v.uid)):
+    for pod in pods if ordered else sorted(pods, key=_greedy_order):
         if room:
             break
         if (any(u in at and not _gpu_room(view, at[u], need_mib, freed, limit, compute) for u in _uuids(pod))
@@ -731,8 +822,10 @@ def _victims_for_set(view: NodeView, positions: tuple[int, ...], need_mib: int, 
 
 
 def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCandidate], freed_unplaced_mib: int,
-                       limit: LimitNeed | None, compute: int, gpus: int) -> tuple[str, ...] | None:
-    """decisions.preemption_victims for a pod spanning `gpus` GPUs (the module's docstring)."""
+                       limit: LimitNeed | None, compute: int, gpus: int, prune: bool = True) -> tuple[str, ...] | None:
+    """decisions.preemption_victims for a pod spanning `gpus` GPUs (the module's docstring). `prune` (the
+    default): a set whose Floor cannot beat the best set so far is not searched (the answer is the same: see
+    Floor; False searches every set, the reference the tests compare with)."""
     if view.error:
         return None
     large = [i for i, r in enumerate(view.rows) if r[4] and r[3] >= need_mib]
@@ -747,12 +840,16 @@ def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCan
         matrix = topo if not isinstance(topo, int) else tuple(tuple(topo for _ in view.rows) for _ in view.rows)
         large.sort(key=lambda i: (-view.rows[i][6], view.rows[i][1]))
         sets = (_grow(matrix, large, seed, gpus) for seed in large[:MAX_SEEDS])
+    pods.sort(key=_greedy_order)  # each set's pods filtered from it keep this order (the sort is stable)
+    floor = Floor(view, need_mib, pods) if prune else None
     best: tuple[tuple[int, int, int, int, tuple[int, ...]], tuple[str, ...]] | None = None
     for s in sets:
+        if floor is not None and not floor.may_beat(s, best[0] if best is not None else None):
+            continue
         uuids = {view.rows[i][0] for i in s}
         mine = [c for c in pods if any(u in uuids for u in _uuids(c))]
         chosen = _victims_for_set(view, s, need_mib, mine, freed_unplaced_mib, limit, compute,
-                                  best[0][:3] if best is not None else None)
+                                  best[0][:3] if best is not None else None, ordered=True)
         if chosen is None:
             continue
         if not chosen:
