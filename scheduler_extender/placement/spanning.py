@@ -687,6 +687,62 @@ def _charge(freed: Freed, v: VictimCandidate, sign: int) -> None:
         freed[u] = mib + sign * v.mib, over + sign * v.over, pct + sign * v.compute
 
 
+class Alone:
+    """The greedy's victims of each part of a set of GPUs on its own, kept across the sets of one
+    preemption_victims call (a part: GPUs linked by candidates holding two of them, e.g. an NVLink pair that
+    2-GPU pods sit on; most sets share their parts with others).
+    When it is exact: where no pod bound without the extender holds memory still (view.unplaced_mib ≤
+    freed_unplaced_mib), _greedy on a set S takes and gives back the pods that _greedy on each part of S does, and
+    its set is their union in _greedy_order. Proof: _node_room asks total ≥ |S| × need, which holds whenever each
+    GPU of S has room (each has need free, the others ≥ 0), so S has room iff each part has; a candidate holds
+    GPUs of one part only, so taking or giving it back changes only that part's room. _greedy takes a pod iff a
+    GPU of S it holds lacks room, a test on the pods of its part taken before it: the part's own test; stopping
+    once S has room stops no part early (each has room, and takes nothing more). Giving back keeps S's room
+    throughout, so a pod is given back iff its part keeps room without it: again the part's test, in the same
+    order. A part that cannot get room: neither can S (None)."""
+
+    def __init__(self, view: NodeView, need_mib: int, pods: list[VictimCandidate], limit: LimitNeed | None,
+                 compute: int, freed_unplaced_mib: int, spanning: list[tuple[int, tuple[int, ...]]]) -> None:
+        self.view, self.need_mib, self.pods, self.limit, self.compute = view, need_mib, pods, limit, compute
+        self.freed_unplaced_mib = freed_unplaced_mib
+        self.links = {where for _, where in spanning}
+        self.kept: dict[tuple[int, ...], list[VictimCandidate] | None] = {}
+
+    def parts(self, s: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """The set's GPUs grouped into parts (linked by a candidate holding two of them), each in set order."""
+        group = {i: {i} for i in s}
+        for where in self.links:
+            inside = [i for i in where if i in group]
+            for i in inside[1:]:
+                if group[i] is not group[inside[0]]:
+                    merged = group[inside[0]] | group[i]
+                    for j in merged:
+                        group[j] = merged
+        out: list[tuple[int, ...]] = []
+        seen: set[int] = set()
+        for i in s:
+            if i not in seen:
+                out.append(tuple(j for j in s if j in group[i]))
+                seen |= group[i]
+        return out
+
+    def greedy(self, part: tuple[int, ...]) -> list[VictimCandidate] | None:
+        """_greedy on the part alone (the pods holding a GPU of it)."""
+        key = tuple(sorted(part))
+        if key in self.kept:
+            return self.kept[key]
+        uuids = {self.view.rows[i][0] for i in key}
+        mine = [c for c in self.pods if any(u in uuids for u in _uuids(c))]
+        chosen = _greedy(self.view, key, self.need_mib, mine, self.freed_unplaced_mib, self.limit, self.compute)
+        self.kept[key] = chosen
+        return chosen
+
+
+def _giveback_order(v: VictimCandidate) -> tuple[int, int, str]:
+    """The order the greedy gives victims back in: the highest priority first, the smallest first within one."""
+    return -v.priority, v.mib, v.uid
+
+
 def _greedy_order(v: VictimCandidate) -> tuple[int, int, str]:
     """The greedy's order of taking victims: the lowest priority first, the largest first within one."""
     return v.priority, -v.mib, v.uid
@@ -776,25 +832,17 @@ class Floor:
 MIN_PRIORITY = -(1 << 62)  # below any pod priority (int32 in Kubernetes)
 
 
-def _victims_for_set(view: NodeView, positions: tuple[int, ...], need_mib: int, pods: list[VictimCandidate],
-                     freed_unplaced_mib: int, limit: LimitNeed | None, compute: int,
-                     beat: tuple[int, int, int] | None = None, ordered: bool = False
-                     ) -> list[VictimCandidate] | None:
-    """decisions._victims_on for a set of GPUs: the lowest priority first (the largest first within one) until
-    the set has room, each taken only while a GPU of the set it frees is still short (or the node's total is);
-    then each given back (highest priority first, then smallest) while the set still has room; then made exact
-    for the fewest victims and the least MiB evicted (decisions.victim_mib: a victim spanning GPUs frees its share
-    on each) by decisions.fewest_then_least, among the pods on a GPU of the set that lacks room (the others free
-    nothing needed, but where pods bound without the extender hold memory of the node), bounded as there: past
-    MAX_VICTIM_SETS sets of pods the greedy's set stands. `beat`: the (highest priority, count, MiB) of the best
-    set so far: a set that cannot beat it answers its greedy set as it is. `ordered`: `pods` are in
-    _greedy_order already."""
+def _greedy(view: NodeView, positions: tuple[int, ...], need_mib: int, pods: list[VictimCandidate],
+            freed_unplaced_mib: int, limit: LimitNeed | None, compute: int) -> list[VictimCandidate] | None:
+    """_victims_for_set's greedy over `pods` (in _greedy_order): each taken while a GPU of the set it frees is still
+    short (or the node's total is) until the set has room, then each given back (_giveback_order) while the set
+    keeps room; None when all of them are not enough."""
     at = {view.rows[i][0]: i for i in positions}
     chosen: list[VictimCandidate] = []
     freed: Freed = {}
     args = view, positions, need_mib, freed, freed_unplaced_mib, limit, compute
     room = _room_freed(*args)
-    for pod in pods if ordered else sorted(pods, key=_greedy_order):
+    for pod in pods:
         if room:
             break
         if (any(u in at and not _gpu_room(view, at[u], need_mib, freed, limit, compute) for u in _uuids(pod))
@@ -804,12 +852,40 @@ def _victims_for_set(view: NodeView, positions: tuple[int, ...], need_mib: int, 
             room = _room_freed(*args)
     if not room:
         return None
-    for pod in sorted(chosen, key=lambda v: (-v.priority, v.mib, v.uid)):
+    for pod in sorted(chosen, key=_giveback_order):
         _charge(freed, pod, -1)
         if _room_freed(*args):
             chosen = [v for v in chosen if v is not pod]
         else:
             _charge(freed, pod, 1)
+    return chosen
+
+
+def _victims_for_set(view: NodeView, positions: tuple[int, ...], need_mib: int, pods: list[VictimCandidate],
+                     freed_unplaced_mib: int, limit: LimitNeed | None, compute: int,
+                     beat: tuple[int, int, int] | None = None, ordered: bool = False,
+                     alone: Alone | None = None) -> list[VictimCandidate] | None:
+    """decisions._victims_on for a set of GPUs: the lowest priority first (the largest first within one) until
+    the set has room, each taken only while a GPU of the set it frees is still short (or the node's total is);
+    then each given back (highest priority first, then smallest) while the set still has room; then made exact
+    for the fewest victims and the least MiB evicted (decisions.victim_mib: a victim spanning GPUs frees its share
+    on each) by decisions.fewest_then_least, among the pods on a GPU of the set that lacks room (the others free
+    nothing needed, but where pods bound without the extender hold memory of the node), bounded as there: past
+    MAX_VICTIM_SETS sets of pods the greedy's set stands. `beat`: the (highest priority, count, MiB) of the best
+    set so far: a set that cannot beat it answers its greedy set as it is. `ordered`: `pods` are in
+    _greedy_order already. `alone`: the greedy's set is the union of each part's own (see Alone; the caller
+    checked that it applies)."""
+    if alone is not None:
+        each = [alone.greedy(part) for part in alone.parts(positions)]
+        if any(c is None for c in each):
+            return None
+        chosen = sorted(chain.from_iterable(each), key=_greedy_order)  # type: ignore[arg-type]
+    else:
+        found = _greedy(view, positions, need_mib, pods if ordered else sorted(pods, key=_greedy_order),
+                        freed_unplaced_mib, limit, compute)
+        if found is None:
+            return None
+        chosen = found
     if not chosen or (beat is not None and max(v.priority for v in chosen) > beat[0]):
         return chosen
     if view.unplaced_mib <= freed_unplaced_mib:
@@ -824,8 +900,9 @@ def _victims_for_set(view: NodeView, positions: tuple[int, ...], need_mib: int, 
 def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCandidate], freed_unplaced_mib: int,
                        limit: LimitNeed | None, compute: int, gpus: int, prune: bool = True) -> tuple[str, ...] | None:
     """decisions.preemption_victims for a pod spanning `gpus` GPUs (the module's docstring). `prune` (the
-    default): a set whose Floor cannot beat the best set so far is not searched (the answer is the same: see
-    Floor; False searches every set, the reference the tests compare with)."""
+    default): a set whose Floor cannot beat the best set so far is not searched, and a set's greedy victims are
+    the union of its parts' own, kept across sets (the answer is the same: see Floor and Alone; False searches
+    every set in full, the reference the tests compare with)."""
     if view.error:
         return None
     large = [i for i, r in enumerate(view.rows) if r[4] and r[3] >= need_mib]
@@ -842,14 +919,19 @@ def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCan
         sets = (_grow(matrix, large, seed, gpus) for seed in large[:MAX_SEEDS])
     pods.sort(key=_greedy_order)  # each set's pods filtered from it keep this order (the sort is stable)
     floor = Floor(view, need_mib, pods) if prune else None
+    alone = Alone(view, need_mib, pods, limit, compute, freed_unplaced_mib, floor.spanning) \
+        if floor is not None and view.unplaced_mib <= freed_unplaced_mib else None
     best: tuple[tuple[int, int, int, int, tuple[int, ...]], tuple[str, ...]] | None = None
     for s in sets:
         if floor is not None and not floor.may_beat(s, best[0] if best is not None else None):
             continue
-        uuids = {view.rows[i][0] for i in s}
-        mine = [c for c in pods if any(u in uuids for u in _uuids(c))]
+        if alone is not None:  # the greedy is Alone's; the exact search takes the pods on the set's short GPUs
+            mine = pods
+        else:
+            uuids = {view.rows[i][0] for i in s}
+            mine = [c for c in pods if any(u in uuids for u in _uuids(c))]
         chosen = _victims_for_set(view, s, need_mib, mine, freed_unplaced_mib, limit, compute,
-                                  best[0][:3] if best is not None else None, ordered=True)
+                                  best[0][:3] if best is not None else None, ordered=True, alone=alone)
         if chosen is None:
             continue
         if not chosen:

@@ -17,36 +17,42 @@ GIB = 1024
 MEM = 16 * GIB
 
 
-def dense_node(n: int, spec: list[tuple[int, bool, int, int]], unplaced: int) -> tuple[NodeView, list[VictimCandidate]]:
+def dense_node(n: int, spec: list[tuple[int, bool, int, int]], unplaced: int, shares: bool = False
+               ) -> tuple[NodeView, list[VictimCandidate]]:
     """A node of n GPUs (NVLink pairs, a PCIe switch per four) filled by `spec`'s pods where they fit: (first GPU,
-    on two GPUs (first, first ^ 1), MiB, priority)."""
+    on two GPUs (first, first ^ 1), MiB, priority); with `shares`, pod k also holds (k % 3) × 20 percent compute
+    where the GPU has it (the node then has a compute column)."""
     gpus = [Gpu(f"GPU-{i}", i, "Sim", MEM, i * 2 // n, True, nvlink=(i ^ 1,), pcie=f"sw{i // 4}") for i in range(n)]
-    used = [0] * n
+    used, pct = [0] * n, [0] * n
     pods = []
     for k, (first, two, mib, priority) in enumerate(spec):
         on = (first % n, (first % n) ^ 1) if two else (first % n,)
-        if all(used[i] + mib <= MEM for i in on):
+        share = (k % 3) * 20 if shares else 0
+        if all(used[i] + mib <= MEM and pct[i] + share <= 100 for i in on):
             for i in on:
                 used[i] += mib
-            pods.append(VictimCandidate(f"v{k}", ",".join(f"GPU-{i}" for i in on), mib, 0, priority))
+                pct[i] += share
+            pods.append(VictimCandidate(f"v{k}", ",".join(f"GPU-{i}" for i in on), mib, 0, priority, share))
     rows = tuple(GpuView.of(g.uuid, g.index, g.model, g.mem_mib, True, u) for g, u in zip(gpus, used, strict=True))
-    return NodeView.of("n", 1, rows, unplaced, None, None, None, topology(Inventory(1, tuple(gpus)))), pods
+    return NodeView.of("n", 1, rows, unplaced, None, None, tuple(pct) if shares else None,
+                       topology(Inventory(1, tuple(gpus)))), pods
 
 
 @settings(max_examples=150, deadline=None)
 @given(st.sampled_from([4, 8]), st.sampled_from([2, 3, 4]),
        st.lists(st.tuples(st.integers(0, 7), st.booleans(), st.sampled_from([256, 512, GIB, 2 * GIB, 3 * GIB, 6 * GIB]),
                           st.integers(0, 3)), max_size=80),
-       st.integers(1, 16 * 4), st.sampled_from([0, 0, 2 * GIB]), st.sampled_from([0, GIB]))
-def test_pruned_sets_never_change_the_answer(n, gpus, spec, need_quarter_gib, unplaced, freed_unplaced):
+       st.integers(1, 16 * 4), st.sampled_from([0, 0, 2 * GIB]), st.sampled_from([0, GIB]), st.sampled_from([0, 30]))
+def test_pruned_sets_never_change_the_answer(n, gpus, spec, need_quarter_gib, unplaced, freed_unplaced, compute):
     """Dense nodes (up to 80 pods of 256 MiB to 6 GiB, some on two GPUs, four priorities; pods bound without the
-    extender at times): the pruned search names exactly the victims the search of every set names, also where
-    a set's pods are too many for the exact search (its greedy answer stands, and the `beat` a set is searched
-    with depends on the sets before it)."""
-    view, pods = dense_node(n, spec, unplaced)
+    extender at times; compute shares at times): the pruned search (Floor) with each part's greedy kept (Alone)
+    names exactly the victims the search of every set in full names, also where a set's pods are too many for
+    the exact search (its greedy answer stands, and the `beat` a set is searched with depends on the sets before
+    it)."""
+    view, pods = dense_node(n, spec, unplaced, shares=bool(compute))
     need = need_quarter_gib * GIB // 4
-    want = spanning.preemption_victims(view, need, list(pods), freed_unplaced, None, 0, gpus, prune=False)
-    assert spanning.preemption_victims(view, need, list(pods), freed_unplaced, None, 0, gpus) == want
+    want = spanning.preemption_victims(view, need, list(pods), freed_unplaced, None, compute, gpus, prune=False)
+    assert spanning.preemption_victims(view, need, list(pods), freed_unplaced, None, compute, gpus) == want
 
 
 def test_a_set_lacking_memory_its_pods_cannot_free_is_never_searched():
