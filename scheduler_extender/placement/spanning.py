@@ -692,9 +692,12 @@ class Alone:
     preemption_victims call (a part: GPUs linked by candidates holding two of them, e.g. an NVLink pair that
     2-GPU pods sit on; most sets share their parts with others).
     When it is exact: where no pod bound without the extender holds memory still (view.unplaced_mib ≤
-    freed_unplaced_mib), _greedy on a set S takes and gives back the pods that _greedy on each part of S does, and
-    its set is their union in _greedy_order. Proof: _node_room asks total ≥ |S| × need, which holds whenever each
-    GPU of S has room (each has need free, the others ≥ 0), so S has room iff each part has; a candidate holds
+    freed_unplaced_mib) and the node's free memory covers the pod already (total_free_mib ≥ N × need), _greedy on a
+    set S takes and gives back the pods that _greedy on each part of S does, and its set is their union in
+    _greedy_order. Proof: _node_room (total ≥ N × need) then holds with any victims (evicting only adds free
+    memory), for S as for each part (|part| ≤ N), so a pod is never taken for the node's total and S has room iff
+    each part has. (Where the total is short, _greedy takes every pod in order until it is not, whatever its GPU:
+    a prefix of each set's own pods, which parts cannot share; the search is then Floor's alone.) A candidate holds
     GPUs of one part only, so taking or giving it back changes only that part's room. _greedy takes a pod iff a
     GPU of S it holds lacks room, a test on the pods of its part taken before it: the part's own test; stopping
     once S has room stops no part early (each has room, and takes nothing more). Giving back keeps S's room
@@ -920,7 +923,8 @@ def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCan
     pods.sort(key=_greedy_order)  # each set's pods filtered from it keep this order (the sort is stable)
     floor = Floor(view, need_mib, pods) if prune else None
     alone = Alone(view, need_mib, pods, limit, compute, freed_unplaced_mib, floor.spanning) \
-        if floor is not None and view.unplaced_mib <= freed_unplaced_mib else None
+        if floor is not None and view.unplaced_mib <= freed_unplaced_mib and view.total_free_mib >= need_mib * gpus \
+        else None
     best: tuple[tuple[int, int, int, int, tuple[int, ...]], tuple[str, ...]] | None = None
     for s in sets:
         if floor is not None and not floor.may_beat(s, best[0] if best is not None else None):

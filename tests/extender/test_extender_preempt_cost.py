@@ -4,6 +4,8 @@ decisions.MAX_VICTIM_SETS (where a set's answer is its greedy's). The figures ar
 
 from __future__ import annotations
 
+import random
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -53,6 +55,20 @@ def test_pruned_sets_never_change_the_answer(n, gpus, spec, need_quarter_gib, un
     need = need_quarter_gib * GIB // 4
     want = spanning.preemption_victims(view, need, list(pods), freed_unplaced, None, compute, gpus, prune=False)
     assert spanning.preemption_victims(view, need, list(pods), freed_unplaced, None, compute, gpus) == want
+
+
+def test_dense_nodes_answer_as_the_full_search():
+    """Nodes filled to the brim (bench_preempt.py's: 10 pods of 1-2 GiB per GPU, a fifth on an NVLink pair), where
+    the node's free total is short and the greedy takes every pod until it is not: the same victims as the search
+    of every set in full, for 2- and 4-GPU preemptors."""
+    rng = random.Random(7)
+    for _ in range(12):
+        spec = [(rng.randrange(8), rng.random() < 0.2, rng.choice([GIB, 2 * GIB]), rng.randrange(3))
+                for _ in range(160)]
+        view, pods = dense_node(8, spec, 0)
+        for gpus in (2, 4):
+            want = spanning.preemption_victims(view, 10 * GIB, list(pods), 0, None, 0, gpus, prune=False)
+            assert spanning.preemption_victims(view, 10 * GIB, list(pods), 0, None, 0, gpus) == want
 
 
 def test_a_set_lacking_memory_its_pods_cannot_free_is_never_searched():
