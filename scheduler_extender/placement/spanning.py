@@ -48,7 +48,7 @@ from .constants import MAX_SCORE, MIN_SCORE
 from .views import FAR, GpuRow, GpuView, NodeView
 
 if TYPE_CHECKING:
-    from .decisions import Fit, LimitNeed, Verdict, VictimCandidate
+    from .decisions import Fit, LimitNeed, SearchBudget, Verdict, VictimCandidate
 
 MAX_SETS = 1024  # sets weighed one by one (8 GPUs: at most 70, sets of 4; beyond: grown greedily, see best_set)
 MAX_PREEMPT_SETS = 128  # the same for preemption (each set is a search for victims)
@@ -867,7 +867,7 @@ def _greedy(view: NodeView, positions: tuple[int, ...], need_mib: int, pods: lis
 def _victims_for_set(view: NodeView, positions: tuple[int, ...], need_mib: int, pods: list[VictimCandidate],
                      freed_unplaced_mib: int, limit: LimitNeed | None, compute: int,
                      beat: tuple[int, int, int] | None = None, ordered: bool = False,
-                     alone: Alone | None = None) -> list[VictimCandidate] | None:
+                     alone: Alone | None = None, exact: bool = True) -> list[VictimCandidate] | None:
     """decisions._victims_on for a set of GPUs: the lowest priority first (the largest first within one) until
     the set has room, each taken only while a GPU of the set it frees is still short (or the node's total is);
     then each given back (highest priority first, then smallest) while the set still has room; then made exact
@@ -877,7 +877,7 @@ def _victims_for_set(view: NodeView, positions: tuple[int, ...], need_mib: int, 
     MAX_VICTIM_SETS sets of pods the greedy's set stands. `beat`: the (highest priority, count, MiB) of the best
     set so far: a set that cannot beat it answers its greedy set as it is. `ordered`: `pods` are in
     _greedy_order already. `alone`: the greedy's set is the union of each part's own (see Alone; the caller
-    checked that it applies)."""
+    checked that it applies). `exact` False: the greedy's set as it is (a SearchBudget spent)."""
     if alone is not None:
         each = [alone.greedy(part) for part in alone.parts(positions)]
         if any(c is None for c in each):
@@ -889,7 +889,7 @@ def _victims_for_set(view: NodeView, positions: tuple[int, ...], need_mib: int, 
         if found is None:
             return None
         chosen = found
-    if not chosen or (beat is not None and max(v.priority for v in chosen) > beat[0]):
+    if not chosen or not exact or (beat is not None and max(v.priority for v in chosen) > beat[0]):
         return chosen
     if view.unplaced_mib <= freed_unplaced_mib:
         short = {view.rows[i][0] for i in positions if not _gpu_room(view, i, need_mib, {}, limit, compute)}
@@ -901,11 +901,13 @@ def _victims_for_set(view: NodeView, positions: tuple[int, ...], need_mib: int, 
 
 
 def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCandidate], freed_unplaced_mib: int,
-                       limit: LimitNeed | None, compute: int, gpus: int, prune: bool = True) -> tuple[str, ...] | None:
+                       limit: LimitNeed | None, compute: int, gpus: int, prune: bool = True,
+                       budget: SearchBudget | None = None) -> tuple[str, ...] | None:
     """decisions.preemption_victims for a pod spanning `gpus` GPUs (the module's docstring). `prune` (the
     default): a set whose Floor cannot beat the best set so far is not searched, and a set's greedy victims are
     the union of its parts' own, kept across sets (the answer is the same: see Floor and Alone; False searches
-    every set in full, the reference the tests compare with)."""
+    every set in full, the reference the tests compare with). `budget` (decisions.SearchBudget; None: no bound)
+    bounds the sets searched by the pods they weigh."""
     if view.error:
         return None
     large = [i for i, r in enumerate(view.rows) if r[4] and r[3] >= need_mib]
@@ -929,13 +931,21 @@ def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCan
     for s in sets:
         if floor is not None and not floor.may_beat(s, best[0] if best is not None else None):
             continue
+        exact = True
+        if budget is not None and budget.units <= 0:
+            budget.capped = True
+            if best is not None:
+                break
+            exact = False  # none found yet: the greedy alone until one is
         if alone is not None:  # the greedy is Alone's; the exact search takes the pods on the set's short GPUs
             mine = pods
         else:
             uuids = {view.rows[i][0] for i in s}
             mine = [c for c in pods if any(u in uuids for u in _uuids(c))]
+        if budget is not None:
+            budget.units -= sum(len(floor.on[i]) for i in s) if floor is not None else len(mine)
         chosen = _victims_for_set(view, s, need_mib, mine, freed_unplaced_mib, limit, compute,
-                                  best[0][:3] if best is not None else None, ordered=True, alone=alone)
+                                  best[0][:3] if best is not None else None, ordered=True, alone=alone, exact=exact)
         if chosen is None:
             continue
         if not chosen:

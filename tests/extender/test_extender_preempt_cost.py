@@ -1,15 +1,20 @@
 """The preempt verb's cost (issue 39, item 3): the N-GPU search skips the GPU sets whose floor cannot beat the best
-set so far (spanning.Floor) and answers exactly what the search of every set answers, also past
-decisions.MAX_VICTIM_SETS (where a set's answer is its greedy's). The figures are benchmarks/bench_preempt.py's."""
+set so far (spanning.Floor), keeps each part's greedy across sets (spanning.Alone), and answers exactly what the
+search of every set answers, also past decisions.MAX_VICTIM_SETS (where a set's answer is its greedy's); a preempt
+request's search is bounded by a budget of pods weighed, split over its nodes (decisions.SearchBudget), over real
+HTTP. The figures are benchmarks/bench_preempt.py's."""
 
 from __future__ import annotations
 
+import logging
 import random
+from itertools import combinations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_extender_support import node_obj, pod_obj, running_cluster
 
-from memslice.contract import Gpu, Inventory
+from memslice.contract import ANN_GPU_COUNT, Gpu, Inventory, Reservation
 from memslice.scheduler_extender.placement import spanning
 from memslice.scheduler_extender.placement.decisions import VictimCandidate
 from memslice.scheduler_extender.placement.state import topology
@@ -87,3 +92,96 @@ def test_a_set_lacking_memory_its_pods_cannot_free_is_never_searched():
     assert not floor.may_beat((1, 2), best)  # needs priority 5
     assert not floor.may_beat((0, 2), best)
     assert spanning.preemption_victims(view, 16 * GIB, pods, 0, None, 0, 2) == tuple(f"v{k}" for k in range(8))
+
+
+def _room_on(free: list[int], victims: list[tuple[int, ...]], mibs: list[int], need: int) -> list[tuple[int, int]]:
+    """The 2-GPU sets that have `need` free on both GPUs once the victims (GPUs held, MiB on each) are gone, each
+    victim holding a GPU of the set."""
+    out = []
+    for pair in combinations(range(len(free)), 2):
+        after = list(free)
+        for on, mib in zip(victims, mibs, strict=True):
+            for g in on:
+                after[g] += mib
+        if all(set(on) & set(pair) for on in victims) and all(after[g] >= need for g in pair):
+            out.append(pair)
+    return out
+
+
+def test_a_request_over_its_budget_answers_valid_victims_on_every_node(caplog):
+    """Over HTTP: ten nodes of four full 16 GiB GPUs (1-2 GiB pods, 2 GiB pods on GPUs 2 and 3), a 2-GPU preemptor
+    needing 10 GiB on each, every pod proposed. With the request's budget down to one pod, each node's search
+    stops at the first set that makes room (GPUs 0 and 1, where the full search finds GPUs 2 and 3 better): every
+    node still answers, with victims of that node that make room on
+    two GPUs they all sit on, none of them needless (each given back, no two GPUs would have room), never ranking
+    better than the full search's; the capped nodes are counted (/metrics) and logged."""
+    need = 10 * GIB
+    rng = random.Random(3)
+    with running_cluster() as c:
+        c.start()
+        layout: dict[str, dict[str, tuple[tuple[int, ...], int]]] = {}  # node -> uid -> (GPUs, MiB on each)
+        for n in range(10):
+            node = f"n{n}"
+            c.kube.put(node_obj(node, [MEM] * 4))
+            used = [0] * 4
+            pods = []
+            for _ in range(2):  # on the last pair: the first set searched, GPUs 0 and 1, is not the best
+                pods.append(((2, 3), 2 * GIB))
+                used[2] += 2 * GIB
+                used[3] += 2 * GIB
+            for g in range(4):
+                while used[g] < MEM:
+                    mib = min(rng.choice([GIB, 2 * GIB]), MEM - used[g])
+                    pods.append(((g,), mib))
+                    used[g] += mib
+            layout[node] = {}
+            for k, (on, mib) in enumerate(pods):
+                uuids = ",".join(f"GPU-{node}-{g}" for g in on)
+                ann = Reservation(uuids, (("main", mib * len(on)),), None).format()
+                if len(on) > 1:
+                    ann[ANN_GPU_COUNT] = str(len(on))
+                body = pod_obj(f"{node}-p{k}", {"main": mib * len(on)}, node=node, annotations=ann)
+                body["spec"]["priority"] = k % 3
+                layout[node][c.kube.put(body)["metadata"]["uid"]] = (on, mib)
+        c.caught_up()
+        urgent = pod_obj("urgent", {"main": 2 * need}, annotations={ANN_GPU_COUNT: "2"})
+        urgent["spec"]["priority"] = 1000
+        urgent = c.add_pod(urgent)
+        meta = {node: {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": 0} for node, uids in layout.items()}
+
+        def ask() -> dict[str, list[str]]:
+            status, body = c.c.post("preempt", {"Pod": urgent, "NodeNameToMetaVictims": meta})
+            assert status == 200, body
+            return {node: [p["UID"] for p in v["Pods"]] for node, v in body["NodeNameToMetaVictims"].items()}
+
+        def capped() -> float:
+            _, text, _ = c.c.raw("GET", "/metrics")
+            name = "memslice_extender_preempt_capped_nodes_total"
+            (line,) = [x for x in text.decode().splitlines() if x.startswith(name)]
+            return float(line.split()[1])
+
+        full = ask()
+        assert capped() == 0
+        assert c.ext is not None
+        c.ext.verbs.preempt_budget = 1
+        with caplog.at_level(logging.INFO, logger="memslice.scheduler_extender.edge.verbs"):
+            cut = ask()
+        assert capped() == 10 and "stopped at its share of the request's budget" in caplog.text
+        assert set(cut) == set(full) == set(layout)
+        for node, uids in cut.items():
+            assert set(uids) <= set(layout[node]) and len(set(uids)) == len(uids)
+            on = [layout[node][u][0] for u in uids]
+            mib = [layout[node][u][1] for u in uids]
+            free = [MEM - sum(m for o, m in layout[node].values() if g in o) for g in range(4)]
+            assert _room_on(free, on, mib, need), (node, uids)  # room on two GPUs they all sit on
+            for k in range(len(uids)):  # none needless
+                assert not _room_on(free, on[:k] + on[k + 1:], mib[:k] + mib[k + 1:], need), (node, uids[k])
+
+        def rank(node: str, chosen: list[str]) -> tuple[int, int, int]:
+            """The issue's order: highest priority, count, MiB evicted."""
+            prio = {p["metadata"]["uid"]: p["spec"]["priority"] for p in c.kube.list("Pod")}
+            return (max(prio[u] for u in chosen), len(chosen),
+                    sum(layout[node][u][1] * len(layout[node][u][0]) for u in chosen))
+
+        assert all(rank(n, full[n]) <= rank(n, cut[n]) for n in layout)
+        assert any(rank(n, full[n]) < rank(n, cut[n]) for n in layout)  # the cap made a difference
