@@ -1,7 +1,7 @@
 """The preempt verb's cost (issue 39, item 3): CPU per node of the victim search, and one whole verb call.
 
     .venv/bin/python benchmarks/bench_preempt.py [--json] [--nodes 20] [--reps 3] [--densities 4,10,16]
-        [--e2e-nodes 100] [--e2e-density 16] [--calls 5] [--no-e2e]
+        [--e2e-nodes 100] [--e2e-density 16] [--calls 5] [--no-e2e | --no-per-node]
 
 Nodes of 8 GPUs of 16 GiB (NVLink pairs, a PCIe switch per four GPUs), filled at random with pods of the
 density's sizes (4 pods/GPU: 2-6 GiB; 10: 1-2 GiB; 16: 1 GiB), a fifth of them on an NVLink pair (2-GPU pods),
@@ -15,8 +15,9 @@ three priorities; every pod is a candidate victim. The preemptor needs 12, 10 or
 - End to end: the real extender (`memslice extender`, started as bench_extender.py starts it) listing an API
   stand-in in this process that holds --e2e-nodes such nodes at --e2e-density; one `POST /preempt` naming every
   node with all its pods as victims (as kube-scheduler sends NodeNameToMetaVictims) per preemptor size, --calls
-  times: wall median per call, and the extender's CPU per call (/proc). kube-scheduler's extender httpTimeout
-  (deploy/: 10 s) bounds a whole call.
+  times: wall median per call, the extender's CPU per call (/proc), and the nodes whose search stopped at their
+  share of the request's budget (verbs.PREEMPT_SEARCH_BUDGET; memslice_extender_preempt_capped_nodes_total).
+  kube-scheduler's extender httpTimeout (deploy/: 10 s) bounds a whole call.
 """
 
 from __future__ import annotations
@@ -175,6 +176,15 @@ def end_to_end(args: argparse.Namespace) -> dict[str, Any]:
         need = DENSITIES[args.e2e_density][1]
         out: dict[str, Any] = {"nodes": args.e2e_nodes, "pods_per_gpu": args.e2e_density,
                                "pods": sum(map(len, victims.values()))}
+        seen_capped = [0.0]
+
+        def capped(bench: PreemptBench) -> float:
+            """Nodes capped by the search budget since the last call (memslice_extender_preempt_capped_nodes)."""
+            for line in bench_extender._get(bench.port, "/metrics").decode().splitlines():
+                if line.startswith("memslice_extender_preempt_capped_nodes_total"):
+                    return float(line.split()[1]) - seen_capped[0]
+            return float("nan")
+
         for gpus in (1, 2, 4):
             pod = bench_extender.pending_pod(f"urgent-{gpus}", need * gpus)
             pod["metadata"]["uid"] = f"urgent-{gpus}"
@@ -192,7 +202,8 @@ def end_to_end(args: argparse.Namespace) -> dict[str, Any]:
             out[f"{gpus} GPU"] = {"wall_median_s": round(statistics.median(walls), 3),
                                   "wall_max_s": round(max(walls), 3),
                                   "extender_cpu_median_s": round(statistics.median(cpus), 3),
-                                  "nodes_answered": answered}
+                                  "nodes_answered": answered, "capped_nodes_per_call": capped(bench) / args.calls}
+            seen_capped[0] += out[f"{gpus} GPU"]["capped_nodes_per_call"] * args.calls
         return out
     finally:
         bench.close()
@@ -209,10 +220,11 @@ def main() -> int:
     p.add_argument("--e2e-density", type=int, default=16, choices=sorted(DENSITIES))
     p.add_argument("--calls", type=int, default=5, help="end-to-end calls per preemptor size")
     p.add_argument("--no-e2e", action="store_true", help="the per-node figures only")
+    p.add_argument("--no-per-node", action="store_true", help="the end-to-end figures only")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     args.densities = [int(d) for d in args.densities.split(",")]
-    result: dict[str, Any] = {"per_node": per_node(args)}
+    result: dict[str, Any] = {"per_node": {} if args.no_per_node else per_node(args)}
     if not args.no_e2e:
         result["end_to_end"] = end_to_end(args)
     if args.json:
@@ -230,7 +242,8 @@ def main() -> int:
         for gpus in (1, 2, 4):
             r = e[f"{gpus} GPU"]
             print(f"  {gpus} GPU: wall median {r['wall_median_s']:.3f} s (max {r['wall_max_s']:.3f}), extender CPU "
-                  f"median {r['extender_cpu_median_s']:.3f} s, {r['nodes_answered']} nodes answered")
+                  f"median {r['extender_cpu_median_s']:.3f} s, {r['nodes_answered']} nodes answered, "
+                  f"{r['capped_nodes_per_call']:g} capped by the search budget")
     return 0
 
 
