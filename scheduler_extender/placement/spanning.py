@@ -26,6 +26,10 @@ while it still fits, then made exact for the fewest victims and the least MiB (d
 one GPU; bounded: past MAX_VICTIM_SETS sets of pods the greedy's set stands); a victim spanning GPUs frees its
 share on every one of them. Only pods holding memory on a GPU of the set are named. The set whose highest victim
 priority is lowest wins, then the fewest victims, then the least MiB, then the closest set, then the lower indices.
+Cost (issue 39; benchmarks/bench_preempt.py): a set whose Floor (a lower bound from memory alone) cannot beat the
+best so far is not searched, and the greedy of each part of a set is kept across sets (Alone): the same victims
+as searching every set. A decisions.SearchBudget (the preempt verb's, split over a request's nodes) stops the
+search at the best set so far once spent.
 
 The device order of the chosen GPUs (contract: devices 0..N-1 inside the container) is their index order.
 """
