@@ -768,7 +768,9 @@ class Floor:
     - at that priority (a higher one ranks above the floor anyway), count ≥ c_i, the fewest pods of priority
       ≤ P on i freeing short_i (the largest first); and since a victim holding k GPUs of S counts on k of
       them, count ≥ Σ c_i − Σ (k − 1) over the pods of priority ≤ P holding k ≥ 2 GPUs of S;
-    - MiB ≥ Σ short_i (what `lacking` is in _victims_for_set; victim_mib counts a share on each GPU).
+    - MiB ≥ Σ least_i, least_i the smallest sum ≥ short_i of the MiB of pods of priority ≤ P on i (a subset sum,
+      as a bit set; short_i itself past MAX_SUBSET_MIB): what leaves i is such a sum, and victim_mib counts a
+      victim's share on each of its GPUs.
     Compute shares and the limit cap only ask for more victims: the floor holds with them too."""
 
     def __init__(self, view: NodeView, need_mib: int, pods: list[VictimCandidate]) -> None:
@@ -784,6 +786,7 @@ class Floor:
                 self.spanning.append((v.priority, where))
         self.lowest = [self._lowest(i) for i in range(len(view.rows))]
         self.fewest: dict[tuple[int, int], int] = {}
+        self.least: dict[tuple[int, int], int] = {}
         self.view = view
 
     def _lowest(self, i: int) -> int | None:
@@ -812,6 +815,23 @@ class Floor:
             self.fewest[key] = hit
         return hit
 
+    def _least(self, i: int, top: int) -> int:
+        """The smallest MiB ≥ GPU i's shortfall that pods of priority ≤ top on it add up to (its shortfall itself
+        when their MiB add up to more than MAX_SUBSET_MIB: the bit set would be too large)."""
+        key = i, top
+        hit = self.least.get(key)
+        if hit is None:
+            short, sizes = self.short[i], [m for p, m in self.on[i] if p <= top]
+            hit = short
+            if short and 0 < sum(sizes) <= MAX_SUBSET_MIB:
+                sums = 1  # bit k: some of the pods add up to k MiB
+                for mib in sizes:
+                    sums |= sums << mib
+                above = sums >> short  # _lowest found them enough: a sum ≥ short exists
+                hit = short + (above & -above).bit_length() - 1
+            self.least[key] = hit
+        return hit
+
     def may_beat(self, s: tuple[int, ...], best: tuple[int, int, int, int, tuple[int, ...]] | None) -> bool:
         """False when no victims can make room on the set at positions `s`, or none can rank below `best`."""
         lows = [self.lowest[i] for i in s]
@@ -829,7 +849,9 @@ class Floor:
         extra = sum(k - 1 for k in held if k > 1)
         counts = [self._count(i, top) for i in s]
         count = max(max(counts), sum(counts) - extra)
-        floor = (top, count, sum(self.short[i] for i in s))
+        if (top, count) != best[:2]:
+            return (top, count) < best[:2]
+        floor = (top, count, sum(self._least(i, top) for i in s))
         if floor != best[:3]:
             return floor < best[:3]
         rows = self.view.rows
@@ -837,6 +859,7 @@ class Floor:
 
 
 MIN_PRIORITY = -(1 << 62)  # below any pod priority (int32 in Kubernetes)
+MAX_SUBSET_MIB = 1 << 20  # the most MiB of one GPU's pods Floor._least sums as a bit set (1 TiB: 128 KiB of bits)
 
 
 def _greedy(view: NodeView, positions: tuple[int, ...], need_mib: int, pods: list[VictimCandidate],
