@@ -834,16 +834,16 @@ class Floor:
 
     def may_beat(self, s: tuple[int, ...], best: tuple[int, int, int, int, tuple[int, ...]] | None) -> bool:
         """False when no victims can make room on the set at positions `s`, or none can rank below `best`."""
-        lows = [self.lowest[i] for i in s]
-        if None in lows:
-            return False
+        top = MIN_PRIORITY
+        for i in s:
+            low = self.lowest[i]
+            if low is None:
+                return False
+            top = max(top, low)
         if best is None:
             return True
-        top = max(lows)  # type: ignore[type-var]
-        if top < best[0]:  # type: ignore[operator]
-            return True
-        if top > best[0]:  # type: ignore[operator]
-            return False
+        if top != best[0]:
+            return top < best[0]
         members = set(s)
         held = (len(members.intersection(where)) for p, where in self.spanning if p <= top)
         extra = sum(k - 1 for k in held if k > 1)
@@ -851,9 +851,9 @@ class Floor:
         count = max(max(counts), sum(counts) - extra)
         if (top, count) != best[:2]:
             return (top, count) < best[:2]
-        floor = (top, count, sum(self._least(i, top) for i in s))
-        if floor != best[:3]:
-            return floor < best[:3]
+        least = sum(self._least(i, top) for i in s)
+        if least != best[2]:
+            return least < best[2]
         rows = self.view.rows
         return (distance(self.view.topo, s), tuple(sorted(rows[i][1] for i in s))) < best[3:]
 
