@@ -962,6 +962,9 @@ def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCan
         if budget is not None and budget.units <= 0:
             budget.capped = True
             if best is not None:
+                if any(_room_freed(view, rest, need_mib, {}, freed_unplaced_mib, limit, compute)
+                       for rest in chain((s,), sets)):
+                    return ()  # a set left has room already: no victims at all
                 break
             exact = False  # none found yet: the greedy alone until one is
         if alone is not None:  # the greedy is Alone's; the exact search takes the pods on the set's short GPUs

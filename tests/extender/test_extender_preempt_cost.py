@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from test_extender_support import node_obj, pod_obj, running_cluster
 
 from memslice.contract import ANN_GPU_COUNT, Gpu, Inventory, Reservation
-from memslice.scheduler_extender.placement import spanning
+from memslice.scheduler_extender.placement import decisions, spanning
 from memslice.scheduler_extender.placement.decisions import VictimCandidate
 from memslice.scheduler_extender.placement.state import topology
 from memslice.scheduler_extender.placement.views import GpuView, NodeView
@@ -74,6 +74,49 @@ def test_dense_nodes_answer_as_the_full_search():
         for gpus in (2, 4):
             want = spanning.preemption_victims(view, 10 * GIB, list(pods), 0, None, 0, gpus, prune=False)
             assert spanning.preemption_victims(view, 10 * GIB, list(pods), 0, None, 0, gpus) == want
+
+
+def _sets_with_room(view: NodeView, victims: list[VictimCandidate], need: int, gpus: int) -> list[tuple[int, ...]]:
+    """The sets of `gpus` GPUs each with `need` free once `victims` are gone, every victim holding one of them."""
+    on = [{int(u.split("-")[1]) for u in v.gpu_uuid.split(",")} for v in victims]
+    freed = [0] * len(view.rows)
+    for v, gs in zip(victims, on, strict=True):
+        for g in gs:
+            freed[g] += v.mib
+    return [s for s in combinations(range(len(view.rows)), gpus)
+            if all(gs & set(s) for gs in on) and all(view.rows[g][6] + freed[g] >= need for g in s)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([2, 4]), st.integers(0, 400), st.integers(0, 2 ** 32 - 1))
+def test_a_spent_budget_still_answers_valid_victims(gpus, units, seed):
+    """decisions.SearchBudget of 0-400 pods on a node of 40-160 pods (8 GPUs, 1-2 GiB pods, a fifth on NVLink pairs):
+    victims wherever the full search finds some, on `gpus` GPUs they all sit on, none of them needless there (none at
+    all where a set has room already), never ranking better than the full search's; `capped` when the budget stopped
+    the search. (Another set may have needed fewer: the search stopped before it.)"""
+    rng = random.Random(seed)
+    spec = [(rng.randrange(8), rng.random() < 0.2, rng.choice([GIB, 2 * GIB]), rng.randrange(3))
+            for _ in range(rng.randrange(40, 160))]
+    view, pods = dense_node(8, spec, 0)
+    need = rng.choice([2, 6, 10, 16]) * GIB
+    budget = decisions.SearchBudget(units)
+    got = decisions.preemption_victims(view, need, pods, gpus=gpus, budget=budget)
+    full = decisions.preemption_victims(view, need, pods, gpus=gpus)
+    assert (got is None) == (full is None)
+    if got is None or full is None:
+        return
+    by_uid = {v.uid: v for v in pods}
+    chosen = [by_uid[u] for u in got]
+    # on a set they all sit on, none of them needless there (each given back, that set lacks room)
+    assert any(all(s not in _sets_with_room(view, chosen[:k] + chosen[k + 1:], need, gpus) for k in range(len(chosen)))
+               for s in _sets_with_room(view, chosen, need, gpus)), got
+
+    def rank(uids: tuple[str, ...]) -> tuple[int, int, int]:
+        vs = [by_uid[u] for u in uids]
+        return max((v.priority for v in vs), default=-1), len(vs), sum(map(decisions.victim_mib, vs))
+
+    assert rank(full) <= rank(got)
+    assert budget.capped or got == full
 
 
 def test_a_set_lacking_memory_its_pods_cannot_free_is_never_searched():
