@@ -7,6 +7,8 @@
   memslice_extender_gpu_limits_mib{node,gpu,uuid}: the sum of the limits of the pods on each GPU (elastic
   memory; a pod without a limit counts its request), what --max-limit-ratio caps
 - memslice_extender_watch_restarts_total{resource,reason}, memslice_extender_tracked{what}
+- memslice_extender_preempt_capped_nodes_total: nodes of preempt requests whose N-GPU victim search stopped at
+  its share of the request's budget (verbs.PREEMPT_SEARCH_BUDGET; decisions.SearchBudget)
 - memslice_extender_binds_in_flight, memslice_extender_filter_gate_waits_total{outcome}: filters that found the
   bind gate full (gate.py) and then got room, or answered after its bounded wait ("timed_out")
 
@@ -129,6 +131,9 @@ class Metrics:
                              registry=self.registry)
         self.bind_failures = Counter("memslice_extender_bind_failures", "Binds that failed, by reason",
                                      ["reason"], registry=self.registry)
+        self.preempt_capped = Counter("memslice_extender_preempt_capped_nodes",
+                                      "Nodes of preempt requests whose GPU-set search stopped at its share of the "
+                                      "request's budget", registry=self.registry)
         self.watch_restarts = Counter("memslice_extender_watch_restarts", "List/watch restarts",
                                       ["resource", "reason"], registry=self.registry)
         self.registry.register(_StateCollector(state))

@@ -35,6 +35,10 @@ NOT_SYNCED = ("the memslice extender has not finished listing nodes and pods fro
               "the scheduler will retry")
 KEPT_HEAD_BYTES = 64 << 10  # a filter head kept for its prioritize at most (a pod's JSON: 2-20 KB)
 PREEMPT_NODE_READS = 16  # nodes per preempt request whose pods' priorities may be read from the API server
+# Pods the N-GPU victim searches of one preempt request may weigh in all (decisions.SearchBudget), split evenly
+# over the nodes it names: ~5 us each, so ~2.5 s at most (kube-scheduler's httpTimeout in deploy/: 10 s); 100
+# nodes of 8 GPUs full of 1-2 GiB pods take a fifth of it (benchmarks/bench_preempt.py)
+PREEMPT_SEARCH_BUDGET = 500_000
 OwnCharge = tuple[str, str, int, int, int]  # (node, GPU UUID, MiB, limit MiB above, compute) of the pod's own
 # stale reservation
 
@@ -56,6 +60,7 @@ class Verbs:
         # of the same cycle (one tuple, replaced whole: threads read it without a lock)
         self._last_head: tuple[bytes, PodView] | None = None
         self.capped = limit_ratio is not None  # --max-limit-ratio: the memo's key carries the pod's limit
+        self.preempt_budget = PREEMPT_SEARCH_BUDGET  # per preempt request (tests lower it)
 
     # ------------------------------------------------------------------ filter
     def filter(self, body: Any) -> tuple[int, Any]:
@@ -243,14 +248,23 @@ class Verbs:
         priority = pod_priority(args.pod)
         keep = {}
         reads = [PREEMPT_NODE_READS]  # API reads left for this request: a hostile node list stays bounded
+        share = max(1, self.preempt_budget // max(len(args.victims), 1))
+        capped = 0
         for node, victims in args.victims.items():
-            uids = self._victims_for(node, key, priority, victims.uids, reads)
+            budget = decisions.SearchBudget(share)
+            uids = self._victims_for(node, key, priority, victims.uids, reads, budget)
+            capped += budget.capped
             if uids:  # the scheduler refuses a node without victims ("expected at least one victim pod")
                 keep[node] = wire.Victims(uids, None, victims.num_pdb_violations)
+        if capped:
+            self.metrics.preempt_capped.inc(capped)
+            log.info("preempt: pod UID %.64s: the victim search stopped at its share of the request's budget (%d "
+                     "pods weighed per node) on %d of %d nodes; those answer the best GPU set found by then",
+                     pod.uid, share, capped, len(args.victims))
         return 200, wire.preemption_result(keep)
 
     def _victims_for(self, node: str, key: Key, priority: int, proposed: list[str],
-                     reads: list[int]) -> list[str] | None:
+                     reads: list[int], budget: decisions.SearchBudget | None = None) -> list[str] | None:
         """First among the scheduler's victims alone (no I/O: they are the node's lowest-priority pods); where
         they cannot free one GPU, among every lower-priority pod of the node (one API read, at most `reads`)."""
         view = self.state.view(node)
@@ -268,12 +282,12 @@ class Verbs:
         need, limit = key[0] * view.unit_mib, self.memo.limit_need(key, view)
         lower = {uid: priority - 1 for uid in proposed}  # lower than the pod's, by the scheduler's own rule
         chosen = decisions.preemption_victims(view, need, self._candidates(node, lower), freed_unplaced, limit,
-                                              compute_of(key), gpus_of(key))
+                                              compute_of(key), gpus_of(key), budget)
         if chosen is None and self.node_pods is not None and reads[0] > 0:
             reads[0] -= 1
             lower.update(self._lower_priority_pods(node, priority))
             chosen = decisions.preemption_victims(view, need, self._candidates(node, lower), freed_unplaced, limit,
-                                                  compute_of(key), gpus_of(key))
+                                                  compute_of(key), gpus_of(key), budget)
         return None if chosen is None else [*chosen, *others]
 
     def _lower_priority_pods(self, node: str, priority: int) -> dict[str, int]:

@@ -414,18 +414,31 @@ MAX_MIB_ANY = 1 << 62  # above any sum of MiB
 _first = itemgetter(0)
 
 
+@dataclass(slots=True)
+class SearchBudget:
+    """What the N-GPU victim search may weigh on one node (spanning.preemption_victims): each GPU set searched
+    spends the number of candidate pods holding its GPUs. The preempt verb splits its call's budget over the
+    nodes it names; past a node's share the search stops at the best set found so far, or, where none has been
+    found yet, searches on with each set's greedy alone (no exact search) until one is. Work, not time: the same
+    request gets the same answer. `capped`: the share ran out before every set was searched."""
+
+    units: int
+    capped: bool = False
+
+
 def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCandidate],
                        freed_unplaced_mib: int = 0, limit: LimitNeed | None = None, compute: int = 0,
-                       gpus: int = 1) -> tuple[str, ...] | None:
+                       gpus: int = 1, budget: SearchBudget | None = None) -> tuple[str, ...] | None:
     """The pods to evict so that the pod fits on ONE GPU of this node: over every GPU, the set whose highest
     priority is lowest, then the fewest victims, then the least MiB evicted (victim_mib: a victim spanning GPUs
     frees its charge on each; ties to the lower GPU index).
     Only pods on that GPU are named, never one on a GPU the pod will not use (a victim spanning GPUs counts
     on each of its GPUs). None when no GPU can be freed enough; () when one has room already (with
     `freed_unplaced_mib` gone): no GPU pod needs evicting. A preemptor spanning `gpus` GPUs: spanning.py (N
-    GPUs of one node freed, the same order, then the closest set)."""
+    GPUs of one node freed, the same order, then the closest set; `budget` bounds that search: SearchBudget)."""
     if gpus > 1:
-        return spanning.preemption_victims(view, need_mib, candidates, freed_unplaced_mib, limit, compute, gpus)
+        return spanning.preemption_victims(view, need_mib, candidates, freed_unplaced_mib, limit, compute, gpus,
+                                           budget=budget)
     best: tuple[tuple[int, int, int, int], tuple[str, ...]] | None = None
     for i, row in enumerate(view.rows):
         if not row[4] or row[3] < need_mib:

@@ -26,6 +26,10 @@ while it still fits, then made exact for the fewest victims and the least MiB (d
 one GPU; bounded: past MAX_VICTIM_SETS sets of pods the greedy's set stands); a victim spanning GPUs frees its
 share on every one of them. Only pods holding memory on a GPU of the set are named. The set whose highest victim
 priority is lowest wins, then the fewest victims, then the least MiB, then the closest set, then the lower indices.
+Cost (issue 39; benchmarks/bench_preempt.py): a set whose Floor (a lower bound from memory alone) cannot beat the
+best so far is not searched, and the greedy of each part of a set is kept across sets (Alone): the same victims
+as searching every set. A decisions.SearchBudget (the preempt verb's, split over a request's nodes) stops the
+search at the best set so far once spent.
 
 The device order of the chosen GPUs (contract: devices 0..N-1 inside the container) is their index order.
 """
@@ -48,7 +52,7 @@ from .constants import MAX_SCORE, MIN_SCORE
 from .views import FAR, GpuRow, GpuView, NodeView
 
 if TYPE_CHECKING:
-    from .decisions import Fit, LimitNeed, Verdict, VictimCandidate
+    from .decisions import Fit, LimitNeed, SearchBudget, Verdict, VictimCandidate
 
 MAX_SETS = 1024  # sets weighed one by one (8 GPUs: at most 70, sets of 4; beyond: grown greedily, see best_set)
 MAX_PREEMPT_SETS = 128  # the same for preemption (each set is a search for victims)
@@ -708,23 +712,188 @@ def _charge(freed: Freed, v: VictimCandidate, sign: int) -> None:
         freed[u] = mib + sign * v.mib, over + sign * v.over, pct + sign * v.compute
 
 
-def _victims_for_set(view: NodeView, positions: tuple[int, ...], need_mib: int, pods: list[VictimCandidate],
-                     freed_unplaced_mib: int, limit: LimitNeed | None, compute: int,
-                     beat: tuple[int, int, int] | None = None) -> list[VictimCandidate] | None:
-    """decisions._victims_on for a set of GPUs: the lowest priority first (the largest first within one) until
-    the set has room, each taken only while a GPU of the set it frees is still short (or the node's total is);
-    then each given back (highest priority first, then smallest) while the set still has room; then made exact
-    for the fewest victims and the least MiB evicted (decisions.victim_mib: a victim spanning GPUs frees its share
-    on each) by decisions.fewest_then_least, among the pods on a GPU of the set that lacks room (the others free
-    nothing needed, but where pods bound without the extender hold memory of the node), bounded as there: past
-    MAX_VICTIM_SETS sets of pods the greedy's set stands. `beat`: the (highest priority, count, MiB) of the best
-    set so far: a set that cannot beat it answers its greedy set as it is."""
+class Alone:
+    """The greedy's victims of each part of a set of GPUs on its own, kept across the sets of one
+    preemption_victims call (a part: GPUs linked by candidates holding two of them, e.g. an NVLink pair that
+    2-GPU pods sit on; most sets share their parts with others).
+    When it is exact: where no pod bound without the extender holds memory still (view.unplaced_mib ≤
+    freed_unplaced_mib) and the node's free memory covers the pod already (total_free_mib ≥ N × need), _greedy on a
+    set S takes and gives back the pods that _greedy on each part of S does, and its set is their union in
+    _greedy_order. Proof: _node_room (total ≥ N × need) then holds with any victims (evicting only adds free
+    memory), for S as for each part (|part| ≤ N), so a pod is never taken for the node's total and S has room iff
+    each part has. (Where the total is short, _greedy takes every pod in order until it is not, whatever its GPU:
+    a prefix of each set's own pods, which parts cannot share; the search is then Floor's alone.) A candidate holds
+    GPUs of one part only, so taking or giving it back changes only that part's room. _greedy takes a pod iff a
+    GPU of S it holds lacks room, a test on the pods of its part taken before it: the part's own test; stopping
+    once S has room stops no part early (each has room, and takes nothing more). Giving back keeps S's room
+    throughout, so a pod is given back iff its part keeps room without it: again the part's test, in the same
+    order. A part that cannot get room: neither can S (None)."""
+
+    def __init__(self, view: NodeView, need_mib: int, pods: list[VictimCandidate], limit: LimitNeed | None,
+                 compute: int, freed_unplaced_mib: int, spanning: list[tuple[int, tuple[int, ...]]]) -> None:
+        self.view, self.need_mib, self.pods, self.limit, self.compute = view, need_mib, pods, limit, compute
+        self.freed_unplaced_mib = freed_unplaced_mib
+        self.links = {where for _, where in spanning}
+        self.kept: dict[tuple[int, ...], list[VictimCandidate] | None] = {}
+
+    def parts(self, s: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """The set's GPUs grouped into parts (linked by a candidate holding two of them), each in set order."""
+        group = {i: {i} for i in s}
+        for where in self.links:
+            inside = [i for i in where if i in group]
+            for i in inside[1:]:
+                if group[i] is not group[inside[0]]:
+                    merged = group[inside[0]] | group[i]
+                    for j in merged:
+                        group[j] = merged
+        out: list[tuple[int, ...]] = []
+        seen: set[int] = set()
+        for i in s:
+            if i not in seen:
+                out.append(tuple(j for j in s if j in group[i]))
+                seen |= group[i]
+        return out
+
+    def greedy(self, part: tuple[int, ...]) -> list[VictimCandidate] | None:
+        """_greedy on the part alone (the pods holding a GPU of it)."""
+        key = tuple(sorted(part))
+        if key in self.kept:
+            return self.kept[key]
+        uuids = {self.view.rows[i][0] for i in key}
+        mine = [c for c in self.pods if any(u in uuids for u in _uuids(c))]
+        chosen = _greedy(self.view, key, self.need_mib, mine, self.freed_unplaced_mib, self.limit, self.compute)
+        self.kept[key] = chosen
+        return chosen
+
+
+def _giveback_order(v: VictimCandidate) -> tuple[int, int, str]:
+    """The order the greedy gives victims back in: the highest priority first, the smallest first within one."""
+    return -v.priority, v.mib, v.uid
+
+
+def _greedy_order(v: VictimCandidate) -> tuple[int, int, str]:
+    """The greedy's order of taking victims: the lowest priority first, the largest first within one."""
+    return v.priority, -v.mib, v.uid
+
+
+class Floor:
+    """A lower bound on the rank (highest priority, count, MiB evicted) of ANY victims that make room on a set
+    of GPUs, from memory alone, so that preemption_victims skips a set that cannot beat the best so far without
+    searching it. Exact to skip: _victims_for_set's answer for a set makes room there, so its rank is at least
+    the floor's, componentwise, hence in the issue's order (distance and indices, the rest of the rank, are
+    the set's own); a skipped set would not have become the best, so every later set is searched with the
+    same `beat` and answers the same: the verdict is the unpruned search's, also where MAX_VICTIM_SETS makes
+    a set's answer its greedy's. For a set S, GPU i short of `short_i` = need − free MiB:
+    - priority ≥ P = max over i of the lowest priority p whose pods on i (priority ≤ p) free short_i (none
+      does: no victims make room there, and _victims_for_set answers None);
+    - at that priority (a higher one ranks above the floor anyway), count ≥ c_i, the fewest pods of priority
+      ≤ P on i freeing short_i (the largest first); and since a victim holding k GPUs of S counts on k of
+      them, count ≥ Σ c_i − Σ (k − 1) over the pods of priority ≤ P holding k ≥ 2 GPUs of S;
+    - MiB ≥ Σ least_i, least_i the smallest sum ≥ short_i of the MiB of pods of priority ≤ P on i (a subset sum,
+      as a bit set; short_i itself past MAX_SUBSET_MIB): what leaves i is such a sum, and victim_mib counts a
+      victim's share on each of its GPUs.
+    Compute shares and the limit cap only ask for more victims: the floor holds with them too."""
+
+    def __init__(self, view: NodeView, need_mib: int, pods: list[VictimCandidate]) -> None:
+        at = {r[0]: i for i, r in enumerate(view.rows)}
+        self.short = [max(need_mib - r[6], 0) for r in view.rows]
+        self.on: list[list[tuple[int, int]]] = [[] for _ in view.rows]  # per GPU: (priority, MiB) of its pods
+        self.spanning: list[tuple[int, tuple[int, ...]]] = []  # (priority, positions) of pods on 2+ GPUs here
+        for v in pods:
+            where = tuple(at[u] for u in _uuids(v) if u in at)
+            for i in where:
+                self.on[i].append((v.priority, v.mib))
+            if len(where) > 1:
+                self.spanning.append((v.priority, where))
+        self.lowest = [self._lowest(i) for i in range(len(view.rows))]
+        self.fewest: dict[tuple[int, int], int] = {}
+        self.least: dict[tuple[int, int], int] = {}
+        self.view = view
+
+    def _lowest(self, i: int) -> int | None:
+        """The lowest priority whose pods on GPU i (that priority or lower) free its shortfall; None: none do
+        (MIN_PRIORITY when it has none)."""
+        if not self.short[i]:
+            return MIN_PRIORITY
+        freed = 0
+        for priority, mib in sorted(self.on[i]):
+            freed += mib
+            if freed >= self.short[i]:
+                return priority
+        return None
+
+    def _count(self, i: int, top: int) -> int:
+        """The fewest pods of priority ≤ top on GPU i that free its shortfall (the largest first)."""
+        key = i, top
+        hit = self.fewest.get(key)
+        if hit is None:
+            hit, freed = 0, 0
+            for mib in sorted((m for p, m in self.on[i] if p <= top), reverse=True):
+                if freed >= self.short[i]:
+                    break
+                freed += mib
+                hit += 1
+            self.fewest[key] = hit
+        return hit
+
+    def _least(self, i: int, top: int) -> int:
+        """The smallest MiB ≥ GPU i's shortfall that pods of priority ≤ top on it add up to (its shortfall itself
+        when their MiB add up to more than MAX_SUBSET_MIB: the bit set would be too large)."""
+        key = i, top
+        hit = self.least.get(key)
+        if hit is None:
+            short, sizes = self.short[i], [m for p, m in self.on[i] if p <= top]
+            hit = short
+            if short and 0 < sum(sizes) <= MAX_SUBSET_MIB:
+                sums = 1  # bit k: some of the pods add up to k MiB
+                for mib in sizes:
+                    sums |= sums << mib
+                above = sums >> short  # _lowest found them enough: a sum ≥ short exists
+                hit = short + (above & -above).bit_length() - 1
+            self.least[key] = hit
+        return hit
+
+    def may_beat(self, s: tuple[int, ...], best: tuple[int, int, int, int, tuple[int, ...]] | None) -> bool:
+        """False when no victims can make room on the set at positions `s`, or none can rank below `best`."""
+        top = MIN_PRIORITY
+        for i in s:
+            low = self.lowest[i]
+            if low is None:
+                return False
+            top = max(top, low)
+        if best is None:
+            return True
+        if top != best[0]:
+            return top < best[0]
+        members = set(s)
+        held = (len(members.intersection(where)) for p, where in self.spanning if p <= top)
+        extra = sum(k - 1 for k in held if k > 1)
+        counts = [self._count(i, top) for i in s]
+        count = max(max(counts), sum(counts) - extra)
+        if (top, count) != best[:2]:
+            return (top, count) < best[:2]
+        least = sum(self._least(i, top) for i in s)
+        if least != best[2]:
+            return least < best[2]
+        rows = self.view.rows
+        return (distance(self.view.topo, s), tuple(sorted(rows[i][1] for i in s))) < best[3:]
+
+
+MIN_PRIORITY = -(1 << 62)  # below any pod priority (int32 in Kubernetes)
+MAX_SUBSET_MIB = 1 << 20  # the most MiB of one GPU's pods Floor._least sums as a bit set (1 TiB: 128 KiB of bits)
+
+
+def _greedy(view: NodeView, positions: tuple[int, ...], need_mib: int, pods: list[VictimCandidate],
+            freed_unplaced_mib: int, limit: LimitNeed | None, compute: int) -> list[VictimCandidate] | None:
+    """_victims_for_set's greedy over `pods` (in _greedy_order): each taken while a GPU of the set it frees is still
+    short (or the node's total is) until the set has room, then each given back (_giveback_order) while the set
+    keeps room; None when all of them are not enough."""
     at = {view.rows[i][0]: i for i in positions}
     chosen: list[VictimCandidate] = []
     freed: Freed = {}
     args = view, positions, need_mib, freed, freed_unplaced_mib, limit, compute
     room = _room_freed(*args)
-    for pod in sorted(pods, key=lambda v: (v.priority, -v.mib, v.uid)):
+    for pod in pods:
         if room:
             break
         if (any(u in at and not _gpu_room(view, at[u], need_mib, freed, limit, compute) for u in _uuids(pod))
@@ -734,13 +903,41 @@ def _victims_for_set(view: NodeView, positions: tuple[int, ...], need_mib: int, 
             room = _room_freed(*args)
     if not room:
         return None
-    for pod in sorted(chosen, key=lambda v: (-v.priority, v.mib, v.uid)):
+    for pod in sorted(chosen, key=_giveback_order):
         _charge(freed, pod, -1)
         if _room_freed(*args):
             chosen = [v for v in chosen if v is not pod]
         else:
             _charge(freed, pod, 1)
-    if not chosen or (beat is not None and max(v.priority for v in chosen) > beat[0]):
+    return chosen
+
+
+def _victims_for_set(view: NodeView, positions: tuple[int, ...], need_mib: int, pods: list[VictimCandidate],
+                     freed_unplaced_mib: int, limit: LimitNeed | None, compute: int,
+                     beat: tuple[int, int, int] | None = None, ordered: bool = False,
+                     alone: Alone | None = None, exact: bool = True) -> list[VictimCandidate] | None:
+    """decisions._victims_on for a set of GPUs: the lowest priority first (the largest first within one) until
+    the set has room, each taken only while a GPU of the set it frees is still short (or the node's total is);
+    then each given back (highest priority first, then smallest) while the set still has room; then made exact
+    for the fewest victims and the least MiB evicted (decisions.victim_mib: a victim spanning GPUs frees its share
+    on each) by decisions.fewest_then_least, among the pods on a GPU of the set that lacks room (the others free
+    nothing needed, but where pods bound without the extender hold memory of the node), bounded as there: past
+    MAX_VICTIM_SETS sets of pods the greedy's set stands. `beat`: the (highest priority, count, MiB) of the best
+    set so far: a set that cannot beat it answers its greedy set as it is. `ordered`: `pods` are in
+    _greedy_order already. `alone`: the greedy's set is the union of each part's own (see Alone; the caller
+    checked that it applies). `exact` False: the greedy's set as it is (a SearchBudget spent)."""
+    if alone is not None:
+        each = [alone.greedy(part) for part in alone.parts(positions)]
+        if any(c is None for c in each):
+            return None
+        chosen = sorted(chain.from_iterable(each), key=_greedy_order)  # type: ignore[arg-type]
+    else:
+        found = _greedy(view, positions, need_mib, pods if ordered else sorted(pods, key=_greedy_order),
+                        freed_unplaced_mib, limit, compute)
+        if found is None:
+            return None
+        chosen = found
+    if not chosen or not exact or (beat is not None and max(v.priority for v in chosen) > beat[0]):
         return chosen
     if view.unplaced_mib <= freed_unplaced_mib:
         short = {view.rows[i][0] for i in positions if not _gpu_room(view, i, need_mib, {}, limit, compute)}
@@ -752,8 +949,13 @@ def _victims_for_set(view: NodeView, positions: tuple[int, ...], need_mib: int, 
 
 
 def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCandidate], freed_unplaced_mib: int,
-                       limit: LimitNeed | None, compute: int, gpus: int) -> tuple[str, ...] | None:
-    """decisions.preemption_victims for a pod spanning `gpus` GPUs (the module's docstring)."""
+                       limit: LimitNeed | None, compute: int, gpus: int, prune: bool = True,
+                       budget: SearchBudget | None = None) -> tuple[str, ...] | None:
+    """decisions.preemption_victims for a pod spanning `gpus` GPUs (the module's docstring). `prune` (the
+    default): a set whose Floor cannot beat the best set so far is not searched, and a set's greedy victims are
+    the union of its parts' own, kept across sets (the answer is the same: see Floor and Alone; False searches
+    every set in full, the reference the tests compare with). `budget` (decisions.SearchBudget; None: no bound)
+    bounds the sets searched by the pods they weigh."""
     if view.error:
         return None
     large = [i for i, r in enumerate(view.rows) if r[4] and r[3] >= need_mib]
@@ -768,12 +970,33 @@ def preemption_victims(view: NodeView, need_mib: int, candidates: list[VictimCan
         matrix = topo if not isinstance(topo, int) else tuple(tuple(topo for _ in view.rows) for _ in view.rows)
         large.sort(key=lambda i: (-view.rows[i][6], view.rows[i][1]))
         sets = (_grow(matrix, large, seed, gpus) for seed in large[:MAX_SEEDS])
+    pods.sort(key=_greedy_order)  # each set's pods filtered from it keep this order (the sort is stable)
+    floor = Floor(view, need_mib, pods) if prune else None
+    alone = Alone(view, need_mib, pods, limit, compute, freed_unplaced_mib, floor.spanning) \
+        if floor is not None and view.unplaced_mib <= freed_unplaced_mib and view.total_free_mib >= need_mib * gpus \
+        else None
     best: tuple[tuple[int, int, int, int, tuple[int, ...]], tuple[str, ...]] | None = None
     for s in sets:
-        uuids = {view.rows[i][0] for i in s}
-        mine = [c for c in pods if any(u in uuids for u in _uuids(c))]
+        if floor is not None and not floor.may_beat(s, best[0] if best is not None else None):
+            continue
+        exact = True
+        if budget is not None and budget.units <= 0:
+            budget.capped = True
+            if best is not None:
+                if any(_room_freed(view, rest, need_mib, {}, freed_unplaced_mib, limit, compute)
+                       for rest in chain((s,), sets)):
+                    return ()  # a set left has room already: no victims at all
+                break
+            exact = False  # none found yet: the greedy alone until one is
+        if alone is not None:  # the greedy is Alone's; the exact search takes the pods on the set's short GPUs
+            mine = pods
+        else:
+            uuids = {view.rows[i][0] for i in s}
+            mine = [c for c in pods if any(u in uuids for u in _uuids(c))]
+        if budget is not None:
+            budget.units -= sum(len(floor.on[i]) for i in s) if floor is not None else len(mine)
         chosen = _victims_for_set(view, s, need_mib, mine, freed_unplaced_mib, limit, compute,
-                                  best[0][:3] if best is not None else None)
+                                  best[0][:3] if best is not None else None, ordered=True, alone=alone, exact=exact)
         if chosen is None:
             continue
         if not chosen:
