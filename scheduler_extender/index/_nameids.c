@@ -1626,90 +1626,18 @@ static int fill_code(SpanFill *f, PyObject *view, PyObject *id, unsigned char *c
     return ok;
 }
 
-/* ------------------------------------------------------------------ a node's HostPriority text, made natively
- * Why: a bind moves its node's score for most sizes, and a score the node was not seen with before has no kept
- * text: the cell went back to Python (FitMemo._fragment: wire.host_priority_json, a new tuple of the node's texts),
- * ~0.02 M instructions per pod of the 0 % spanning mix (benchmarks/README.md, issue 34, eighth round). The text is
- * made here where the name needs no JSON escape (printable ASCII without a quote or a backslash: every valid node
- * name), byte for byte host_priority_json's, and kept as _fragment keeps it (host_json[i]: a new tuple of
- * SPAN_MAX_SCORE + 1 texts or None, the old one's with this score's text set). */
-
-/* Why apart: whether a name is written in JSON as its own bytes (encode_basestring_ascii leaves it as it is). */
-static int host_plain(PyObject *name, const char **p, size_t *n) {
-    if ((*p = ascii_name(name, n)) == NULL || *n > 4096)
-        return 0;
-    for (size_t k = 0; k < *n; k++) {
-        unsigned char c = (unsigned char)(*p)[k];
-        if (c < 0x20 || c > 0x7e || c == '"' || c == '\\')
-            return 0;
-    }
-    return 1;
-}
-
-/* Why apart: `{"Host":"<name>","Score":<score>}` as a new str (score 0..SPAN_MAX_SCORE). */
-static PyObject *host_text_new(const char *name, size_t n, unsigned char score) {
-    static const char head[] = "{\"Host\":\"", mid[] = "\",\"Score\":";
-    char digits[4];
-    size_t d = score >= 10 ? 2 : 1;
-    digits[0] = (char)(score >= 10 ? '0' + score / 10 : '0' + score);
-    digits[1] = (char)('0' + score % 10);
-    size_t size = sizeof head - 1 + n + sizeof mid - 1 + d + 1;
-    PyObject *text = PyUnicode_New((Py_ssize_t)size, 127);
-    if (text == NULL)
-        return NULL;
-    char *o = (char *)PyUnicode_DATA(text);
-    memcpy(o, head, sizeof head - 1);
-    o += sizeof head - 1;
-    memcpy(o, name, n);
-    o += n;
-    memcpy(o, mid, sizeof mid - 1);
-    o += sizeof mid - 1;
-    memcpy(o, digits, d);
-    o[d] = '}';
-    return text;
-}
-
-/* Why one function for the fill and the refresh: node id i's kept text for `score` (borrowed from host_json[i]),
- * made and kept there when missing. 1 (*text set); 0 where it is left to Python (an id beyond names or host_json, a
- * free id, a name that needs escapes, host_json[i] neither None nor a tuple of SPAN_MAX_SCORE + 1); -1 an error
- * set (memory). Only strs, None and tuples of them are released: no Python code runs. */
-static int host_text(PyObject *names, PyObject *host_json, Py_ssize_t i, unsigned char score, PyObject **text) {
-    if (score > SPAN_MAX_SCORE || i < 0 || i >= PyList_GET_SIZE(host_json) || i >= PyList_GET_SIZE(names))
-        return 0;
-    PyObject *old = PyList_GET_ITEM(host_json, i);
-    if (old != Py_None && (!PyTuple_CheckExact(old) || PyTuple_GET_SIZE(old) != SPAN_MAX_SCORE + 1))
-        return 0;
-    if (old != Py_None && PyUnicode_CheckExact(PyTuple_GET_ITEM(old, score))) {
-        *text = PyTuple_GET_ITEM(old, score);
-        return 1;
-    }
-    if (old != Py_None && PyTuple_GET_ITEM(old, score) != Py_None)
-        return 0;
-    const char *p;
-    size_t n;
-    if (!host_plain(PyList_GET_ITEM(names, i), &p, &n))
-        return 0;
-    PyObject *made = host_text_new(p, n, score), *texts = made ? PyTuple_New(SPAN_MAX_SCORE + 1) : NULL;
-    if (texts == NULL) {
-        Py_XDECREF(made);
-        return -1;
-    }
-    for (Py_ssize_t k = 0; k <= SPAN_MAX_SCORE; k++)
-        PyTuple_SET_ITEM(texts, k, k == score ? made : Py_NewRef(old == Py_None ? Py_None : PyTuple_GET_ITEM(old, k)));
-    PyList_SET_ITEM(host_json, i, texts);
-    Py_DECREF(old);
-    *text = made;
-    return 1;
-}
-
-/* Why a function: a fitting cell written (kind, score, the node's HostPriority text for that score) where that
- * text is kept or made here (host_text: fitmemo's _host_json, per id None or a tuple of texts by score); 0 when it
- * is left to the caller (an id beyond host_json, a name that needs escapes), 1 written, -1 an error set. */
+/* Why a function: a fitting cell written (kind, score, the node's kept HostPriority text for that score) where
+ * that text is kept (fitmemo's _host_json: per id None or a tuple of texts by score); 0 when it is not (the
+ * caller makes it, as for an id beyond host_json), 1 written. */
 static int fill_write(SpanFill *f, Py_ssize_t i, unsigned char code) {
-    PyObject *text;
-    int got = host_text(f->names, f->host_json, i, code, &text);
-    if (got != 1)
-        return got;
+    if (i >= PyList_GET_SIZE(f->host_json))
+        return 0;
+    PyObject *texts = PyList_GET_ITEM(f->host_json, i);
+    if (!PyTuple_CheckExact(texts) || PyTuple_GET_SIZE(texts) <= code)
+        return 0;
+    PyObject *text = PyTuple_GET_ITEM(texts, code);
+    if (!PyUnicode_CheckExact(text))
+        return 0;
     f->kinds[i] = SPAN_FITS;
     f->scores[i] = code;
     PyObject *old = PyList_GET_ITEM(f->jsons, i);
@@ -1788,10 +1716,7 @@ static int fill_loop(SpanFill *f, PyObject *ids, unsigned char *o, Py_ssize_t *f
         Py_DECREF(view);
         if (ok < 0)
             return -1;
-        int wrote = o[p] <= SPAN_MAX_SCORE ? fill_write(f, i, o[p]) : 0;
-        if (wrote < 0)
-            return -1;
-        if (wrote) {
+        if (o[p] <= SPAN_MAX_SCORE && fill_write(f, i, o[p])) {
             o[p] = SPAN_WRITTEN;
             *filled += 1;
         } else if (text != NULL) { /* NO_ROOM, failing now: its reason written */
@@ -2499,11 +2424,10 @@ static int span_refresh_codes(SpanCache *c, PyObject *cells, Py_ssize_t i, int64
     return 1;
 }
 
-/* What phase two reads besides the cells: the node's texts per score (or NULL), or the memo's names and texts of
- * every node (host_text: a text missing made; NULL: `texts` read), its rows and the NO_ROOM reasons
+/* What phase two reads besides the cells: the node's texts per score (or NULL), its rows and the NO_ROOM reasons
  * (spanning.no_room_texts(N), or NULL), N, and `same`. */
 typedef struct {
-    PyObject *texts, *names, *host_json, *rows, *no_room;
+    PyObject *texts, *rows, *no_room;
     long gpus;
     int same;
 } SpanWrites;
@@ -2547,13 +2471,6 @@ static int span_refresh_write(PyObject *cells, Py_ssize_t i, const unsigned char
             if (scores[i] == code)
                 continue;
             PyObject *text = texts != NULL ? PyTuple_GET_ITEM(texts, code) : NULL;
-            if (w->host_json != NULL) {
-                int got = host_text(w->names, w->host_json, i, code, &text);
-                if (got < 0)
-                    return -1;
-                if (!got)
-                    text = NULL;
-            }
             PyObject *old = PyList_GET_ITEM(jsons, i);
             if (old != Py_None && !PyUnicode_CheckExact(old)) {
                 PyErr_SetString(PyExc_TypeError, "span_refresh: a cell's JSON is not a str or None");
@@ -2585,12 +2502,8 @@ static int span_refresh_write(PyObject *cells, Py_ssize_t i, const unsigned char
 /* Why a function: span_refresh's arguments checked (types, ranges, every cell's arrays), so the loops index without
  * checks. 1; -1 an error set naming the bad one. */
 static int span_refresh_args(PyObject *const *a, Py_ssize_t nargs, Py_ssize_t *i, long *gpus, int64_t *above) {
-    if (nargs != 17 && nargs != 19) {
-        PyErr_Format(PyExc_TypeError, "span_refresh takes 17 or 19 arguments (%zd given)", nargs);
-        return -1;
-    }
-    if (nargs == 19 && (!PyList_CheckExact(a[17]) || !PyList_CheckExact(a[18]))) {
-        PyErr_SetString(PyExc_TypeError, "span_refresh: names and host_json must be lists");
+    if (nargs != 17) {
+        PyErr_Format(PyExc_TypeError, "span_refresh takes 17 arguments (%zd given)", nargs);
         return -1;
     }
     if (!PyTuple_CheckExact(a[15]) || (a[16] != Py_None && !PyDict_CheckExact(a[16]))) {
@@ -2648,8 +2561,7 @@ static int span_refresh_args(PyObject *const *a, Py_ssize_t nargs, Py_ssize_t *i
  * (position in cells, code) pairs left to Python, or None where a value is not exact (nothing written: the Python
  * path refreshes the group). Fast-call (no argument tuple: it runs at every bind, per group). Bounded by the cells
  * (at most SPAN_MAX_CELLS), the rows and keys (at most SPAN_MAX_GPUS) and each tuple's checked length; no Python
- * code runs. With two more arguments, names and host_json (the memo's id -> name and _host_json lists), `texts` is
- * not read: the node's text for a new score is taken from host_json[i], or made and kept there (host_text). */
+ * code runs. */
 static PyObject *nameids_span_refresh(PyObject *module, PyObject *const *a, Py_ssize_t nargs) {
     (void)module;
     Py_ssize_t i;
@@ -2672,8 +2584,7 @@ static PyObject *nameids_span_refresh(PyObject *module, PyObject *const *a, Py_s
     if (ok != 1)
         return ok < 0 ? NULL : Py_NewRef(Py_None);
     Py_ssize_t count = 0;
-    SpanWrites w = {a[10] == Py_None ? NULL : a[10], nargs == 19 ? a[17] : NULL, nargs == 19 ? a[18] : NULL, a[15],
-                    a[16] == Py_None ? NULL : a[16], gpus, same};
+    SpanWrites w = {a[10] == Py_None ? NULL : a[10], a[15], a[16] == Py_None ? NULL : a[16], gpus, same};
     if (span_refresh_write(a[3], i, codes, needs, &w, todo, &count) < 0)
         return NULL;
     return PyBytes_FromStringAndSize((const char *)todo, 2 * count);
@@ -2730,8 +2641,8 @@ static PyObject *nameids_span_above(PyObject *module, PyObject *const *args, Py_
 static PyMethodDef span_refresh_methods[] = {
     {"span_refresh", (PyCFunction)(void (*)(void))nameids_span_refresh, METH_FASTCALL,
      "span_refresh(i, keys, chosen, cells, gpus, spread, rows, free_rows, by_mask, closes, texts, above, same, "
-     "unit, levels, view_rows, no_room[, names, host_json]): one spanning group's cells of node i refreshed natively; "
-     "the (position, code) pairs left to Python, or None"},
+     "unit, levels, view_rows, no_room): one spanning group's cells of node i refreshed natively; the (position, "
+     "code) pairs left to Python, or None"},
     {"span_above", (PyCFunction)(void (*)(void))nameids_span_above, METH_FASTCALL,
      "span_above(before, now): the largest free MiB of the GPUs whose free MiB changed (-1: none); None where the "
      "rows differ otherwise"},

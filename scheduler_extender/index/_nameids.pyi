@@ -27,8 +27,7 @@ def span_refresh(i: int, keys: tuple[int, ...], chosen: list[Any], cells: tuple[
                  rows: tuple[Any, ...] | None, free_rows: tuple[Any, ...], by_mask: dict[int, Any] | None,
                  closes: tuple[float, ...] | None, texts: tuple[str | None, ...] | None, above: int, same: bool,
                  unit: int, levels: tuple[Any, ...] | None, view_rows: tuple[Any, ...],
-                 no_room: dict[int, str] | None, names: list[str | None] = ...,
-                 host_json: list[Any] = ...) -> bytes | None: ...
+                 no_room: dict[int, str] | None) -> bytes | None: ...
 def span_above(before: tuple[Any, ...], now: tuple[Any, ...]) -> int | None: ...
 def span_fill(ids: list[int], names: list[str | None], views: dict[str, Any], view_type: type,
               founds: dict[int, Any], at: tuple[int, str], units: int, gpus: int, spread: bool, levels: dict[Any, Any],

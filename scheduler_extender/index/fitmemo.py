@@ -576,8 +576,7 @@ class FitMemo:
 
     def _fragment(self, i: int, score: int) -> str:
         """The node's HostPriority JSON with this score, made at first need (most nodes are only ever seen
-        with one or two scores) and kept until the node goes. The reference of _nameids' host_text, which makes and
-        keeps the same text where span_fill and span_refresh write a cell (a name without JSON escapes)."""
+        with one or two scores) and kept until the node goes."""
         fragments = self._host_json[i] or _NO_FRAGMENTS
         text = fragments[score]
         if text is None:  # a tuple of atoms, not a list: the cyclic collector stops scanning it
@@ -921,8 +920,7 @@ class FitMemo:
                 if plan is None or plan[0] is not topo:
                     plan = _search_plan(plans, topo, gpus)
                 todo = native(i, keys, chosen, cells, gpus, spread, None if plan[1] is None else rows, view.free_rows,
-                              plan[1], plan[2], None, above, same, unit, plan[3], rows, no_room, self._names,
-                              self._host_json)
+                              plan[1], plan[2], self._host_json[i], above, same, unit, plan[3], rows, no_room)
             if todo is None:
                 self._refresh_group(i, view, members, policy, gpus, found, above, same)
             elif todo:

@@ -70,15 +70,13 @@ def has_none(items: Any) -> bool:
 # the view's free_keys, the group's set searches (spanning.Found's list), per table (size per GPU, kinds, scores,
 # jsons), N, spread, the view's rows (None: no search natively) and free_rows, spanning._plan's closest sets per mask
 # and closeness per distance, the node's HostPriority texts per score or None, above, same, unit, spanning._plan's
-# levels (masks not kept yet are looked for there, and kept), the view's rows, spanning.no_room_texts(N) or None,
-# the memo's names and _host_json (a text for a new score made and kept there natively; the texts argument unread))
+# levels (masks not kept yet are looked for there, and kept), the view's rows, spanning.no_room_texts(N) or None)
 # -> (position, code) pairs left to Python, or None (a value not exact: nothing written)
 SpanCell = tuple[int, bytearray, bytearray, list[str | None], list[str | None]]  # (size, kinds, scores, jsons, reasons)
 SpanRefresh = Callable[[int, tuple[int, ...], list[Chosen], tuple[SpanCell, ...], int, bool,
                         tuple[GpuRow, ...] | None, tuple[GpuRow, ...], dict[int, Closest] | None,
                         tuple[float, ...] | None, tuple[str | None, ...] | None, int, bool, int, Levels | None,
-                        tuple[GpuRow, ...], dict[int, str] | None, list[str | None],
-                        list[tuple[str | None, ...] | None]],
+                        tuple[GpuRow, ...], dict[int, str] | None],
                        bytes | None]
 
 
