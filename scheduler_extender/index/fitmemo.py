@@ -616,6 +616,7 @@ class FitMemo:
             return
         names, view_of, sids, fragment = self._names, self.state.view_unlocked, self._sids, self._fragment
         kinds, scores, jsons, reasons, shared = table.kinds, table.scores, table.jsons, table.reasons, table.shared
+        host_json = self._host_json
         filled = fitting = hits = misses = 0
         sharing = table.sharing
         rest: list[int] = []  # a group's table that stopped sharing in this fill: the ids left, for _fill_spanning
@@ -648,7 +649,9 @@ class FitMemo:
             if v[0]:
                 kinds[i] = FITS
                 scores[i] = v[3]
-                jsons[i] = fragment(i, v[3])
+                texts = host_json[i]  # the node's kept text for that score, else _fragment makes it (no call per cell:
+                text = texts[v[3]] if texts is not None else None  # the 0 % band's spanning fills, eighth round)
+                jsons[i] = text if text is not None else fragment(i, v[3])
                 fitting += 1
             else:
                 kinds[i] = NEVER if v[1] else FAILS
