@@ -18,6 +18,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +58,13 @@ QUOTA_MIB = 1024
 CHECKPOINT = DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint"
 
 class World:
-    def __init__(self, cluster: RealCluster, node: RealNode, agent: NodeAgent, ext: Extender, sched: Any) -> None:
+    """A real node (`name`) with the node agent in device-plugin mode, the extender and the real scheduler; the
+    module's pods in namespace `ns`."""
+
+    def __init__(self, cluster: RealCluster, node: RealNode, agent: NodeAgent, ext: Extender, sched: Any,
+                 name: str = "kubelet-dp", ns: str = "realnode-dp") -> None:
         self.cluster, self.node, self.agent, self.ext, self.sched = cluster, node, agent, ext, sched
+        self.name, self.ns = name, ns
 
     def alive(self) -> None:
         self.node.check_alive()
@@ -66,7 +72,7 @@ class World:
         self.agent.check_alive()
 
     def allocatable(self) -> int:
-        status = self.cluster.ok("GET", f"/api/v1/nodes/{NODE}")["status"]
+        status = self.cluster.ok("GET", f"/api/v1/nodes/{self.name}")["status"]
         return int(status.get("allocatable", {}).get(RESOURCE, "0"))
 
     def create(self, name: str, units: int) -> dict[str, Any]:
@@ -95,41 +101,44 @@ def checkpoint_devices() -> dict[str, set[str]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def world(real_cluster: RealCluster, cbin: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+@contextmanager
+def device_plugin_world(cluster: RealCluster, cbin: dict[str, str], tag: str, name: str, ns: str, gpus: str,
+                        units: int, agent_args: list[str]) -> Iterator[World]:
+    """deploy/ applied, a real node `name` with the agent in device-plugin mode on simulated `gpus`, the extender
+    and a real scheduler through it; yielded once the kubelet advertises `units` devices; everything stopped and
+    the namespace's pods deleted after. Skips where a real node cannot run here."""
     import kube_node
 
     why = kube_node.why_unavailable()
     if why:
         pytest.skip(why)
-    cluster = real_cluster
     objs = render("base")
     cluster.apply(sorted(objs, key=lambda o: o["kind"] != "Namespace"))
-    cluster.ensure_namespace(NS)
-    root = Path(tempfile.mkdtemp(prefix="ms-rn-", dir="/tmp"))  # short: Unix socket paths
+    cluster.ensure_namespace(ns)
+    root = Path(tempfile.mkdtemp(prefix=f"ms-{tag}-", dir="/tmp"))  # short: Unix socket paths
     archives = node_images(root / "images", cbin)
-    node = RealNode(cluster, root / "node", NODE)
+    node = RealNode(cluster, root / "node", name)
     agent = ext = sched = None
     try:
         node.start(archives)
-        kubeconfig = cluster.kubeconfig(f"agent-{NODE}", node_agent_token(cluster, NODE))
-        agent = NodeAgent(root / "agent", NODE, kubeconfig, [
-            "--simulate", GPUS, "--unit-mib", str(UNIT), "--device-plugin-dir", str(DEVICE_PLUGIN_DIR),
-            "--pod-resources-socket", str(node.pod_resources), "--reconcile-interval-s", "1", "--idle-after", "0.3"])
-        api = extender_api(cluster, "rn-extender")
+        kubeconfig = cluster.kubeconfig(f"agent-{name}", node_agent_token(cluster, name))
+        agent = NodeAgent(root / "agent", name, kubeconfig, [
+            "--simulate", gpus, "--unit-mib", str(UNIT), "--device-plugin-dir", str(DEVICE_PLUGIN_DIR),
+            "--pod-resources-socket", str(node.pod_resources), "--reconcile-interval-s", "1", *agent_args])
+        api = extender_api(cluster, f"{tag}-extender")
         config = Config(address="127.0.0.1", port=0, watch_timeout=60, max_limit_ratio=deploy_limit_ratio(objs))
         ext = Extender(api, config).start()
         assert ext.wait_synced(30), "extender did not sync"
         sched = cluster.start_scheduler(scheduler_config(cluster, int(ext.url.rsplit(":", 1)[1])),
-                                        "rn-memslice-scheduler")
-        world = World(cluster, node, agent, ext, sched)
+                                        f"{tag}-memslice-scheduler")
+        world = World(cluster, node, agent, ext, sched, name, ns)
         wait_until("the device plugin's devices in the Node's allocatable (kubelet)",
-                   lambda: world.allocatable() == GPU_MIB // UNIT, 120, 0.5, world.alive)
+                   lambda: world.allocatable() == units, 120, 0.5, world.alive)
         yield world
     finally:
-        status, pods = cluster.request("GET", f"/api/v1/namespaces/{NS}/pods")
+        status, pods = cluster.request("GET", f"/api/v1/namespaces/{ns}/pods")
         for p in pods.get("items", []) if status == 200 else []:
-            cluster.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{p['metadata']['name']}")
+            cluster.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{p['metadata']['name']}")
         if sched is not None:
             sched.stop()
         if ext is not None:
@@ -137,8 +146,14 @@ def world(real_cluster: RealCluster, cbin: dict[str, str], tmp_path_factory: pyt
         if agent is not None:
             agent.stop()
         node.stop()
-        cluster.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/memslice-node-agent-{NODE}")
+        cluster.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/memslice-node-agent-{name}")
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def world(real_cluster: RealCluster, cbin: dict[str, str]) -> Iterator[World]:
+    with device_plugin_world(real_cluster, cbin, "rn", NODE, NS, GPUS, GPU_MIB // UNIT, ["--idle-after", "0.3"]) as w:
+        yield w
 
 
 def test_real_kubelet_allocates_and_containerd_runs_the_pod_held_to_its_quota(world: World) -> None:

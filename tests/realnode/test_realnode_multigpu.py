@@ -8,23 +8,17 @@ kubelet's checkpoint and the agent's ledger agree, and deleting the pod gives bo
 from __future__ import annotations
 
 import re
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
-from kube_node import CONTEXT_MIB, DEVICE_PLUGIN_DIR, NodeAgent, RealNode, node_agent_token, node_images, pod
+from kube_node import CONTEXT_MIB, pod
 from kube_node_images import TEST_IMAGE
 from kube_real import RealCluster, wait_until
-from test_deploy_render import NAMESPACE, RESOURCE, SCHEDULER_NAME, render
-from test_real_scheduler import deploy_limit_ratio, extender_api, scheduler_config
-from test_realnode_deviceplugin import checkpoint_devices
+from test_deploy_render import RESOURCE, SCHEDULER_NAME
+from test_realnode_deviceplugin import World, checkpoint_devices, device_plugin_world
 
 from memslice.contract import ANN_GPU_COUNT
 from memslice.plugin.regions import CONTAINER_SHIM
-from memslice.scheduler_extender.app import Config, Extender
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("kube-dra")]  # one real node at a time
 NODE = "kubelet-dp2"
@@ -43,64 +37,10 @@ exec sleep 100000
 """
 
 
-class World:
-    def __init__(self, cluster: RealCluster, node: RealNode, agent: NodeAgent, ext: Extender, sched: Any) -> None:
-        self.cluster, self.node, self.agent, self.ext, self.sched = cluster, node, agent, ext, sched
-
-    def alive(self) -> None:
-        self.node.check_alive()
-        self.sched.check_alive()
-        self.agent.check_alive()
-
-    def allocatable(self) -> int:
-        status = self.cluster.ok("GET", f"/api/v1/nodes/{NODE}")["status"]
-        return int(status.get("allocatable", {}).get(RESOURCE, "0"))
-
-
 @pytest.fixture(scope="module")
 def world(real_cluster: RealCluster, cbin: dict[str, str]) -> Iterator[World]:
-    import kube_node
-
-    why = kube_node.why_unavailable()
-    if why:
-        pytest.skip(why)
-    cluster = real_cluster
-    objs = render("base")
-    cluster.apply(sorted(objs, key=lambda o: o["kind"] != "Namespace"))
-    cluster.ensure_namespace(NS)
-    root = Path(tempfile.mkdtemp(prefix="ms-rn2-", dir="/tmp"))  # short: Unix socket paths
-    archives = node_images(root / "images", cbin)
-    node = RealNode(cluster, root / "node", NODE)
-    agent = ext = sched = None
-    try:
-        node.start(archives)
-        kubeconfig = cluster.kubeconfig(f"agent-{NODE}", node_agent_token(cluster, NODE))
-        agent = NodeAgent(root / "agent", NODE, kubeconfig, [
-            "--simulate", GPUS, "--unit-mib", str(UNIT), "--device-plugin-dir", str(DEVICE_PLUGIN_DIR),
-            "--pod-resources-socket", str(node.pod_resources), "--reconcile-interval-s", "1"])
-        api = extender_api(cluster, "rn2-extender")
-        config = Config(address="127.0.0.1", port=0, watch_timeout=60, max_limit_ratio=deploy_limit_ratio(objs))
-        ext = Extender(api, config).start()
-        assert ext.wait_synced(30), "extender did not sync"
-        sched = cluster.start_scheduler(scheduler_config(cluster, int(ext.url.rsplit(":", 1)[1])),
-                                        "rn2-memslice-scheduler")
-        world = World(cluster, node, agent, ext, sched)
-        wait_until("both GPUs' devices in the Node's allocatable (kubelet)",
-                   lambda: world.allocatable() == 2 * 3 * 1024 // UNIT, 120, 0.5, world.alive)
-        yield world
-    finally:
-        status, pods = cluster.request("GET", f"/api/v1/namespaces/{NS}/pods")
-        for p in pods.get("items", []) if status == 200 else []:
-            cluster.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{p['metadata']['name']}")
-        if sched is not None:
-            sched.stop()
-        if ext is not None:
-            ext.stop()
-        if agent is not None:
-            agent.stop()
-        node.stop()
-        cluster.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/memslice-node-agent-{NODE}")
-        shutil.rmtree(root, ignore_errors=True)
+    with device_plugin_world(real_cluster, cbin, "rn2", NODE, NS, GPUS, 2 * 3 * 1024 // UNIT, []) as w:
+        yield w
 
 
 def test_a_two_gpu_pod_runs_on_both_gpus_each_held_to_its_share(world: World) -> None:
