@@ -95,6 +95,18 @@ def extender_says(pod: Manifest) -> str:
     return str(exc.value)
 
 
+def refused_as(pod: Manifest, words: str | None) -> None:
+    """The policy admits `pod` (words None; the extender then reads its request), or refuses it with one message
+    starting with `words`, word for word what the extender says at filter."""
+    got = admit(pod)
+    if words is None:
+        assert got == [] and pod_request(pod) is not None
+        return
+    [message] = got
+    assert message.startswith(words), message
+    assert extender_says(pod) == message
+
+
 @pytest.mark.parametrize("pod", [
     spanning("2", {"serve": "32768"}),
     spanning("4", {"serve": "16Ki"}),  # 16384 devices, whatever the quantity's form
@@ -128,13 +140,7 @@ def test_a_bad_count_is_refused_naming_the_value_and_the_fix(raw: str) -> None:
 ])
 def test_a_total_not_divisible_is_refused_at_admission_by_name(mem, init, compute, words) -> None:
     pod = spanning("2", mem, compute, init)
-    got = admit(pod)
-    if words is None:
-        assert got == [] and pod_request(pod) is not None
-        return
-    [message] = got
-    assert message.startswith(words), message
-    assert extender_says(pod) == message  # word for word what the extender says at filter
+    refused_as(pod, words)
 
 
 @pytest.mark.parametrize("annotations, words", [
@@ -149,13 +155,7 @@ def test_an_elastic_limit_not_divisible_is_refused_at_admission_by_name(annotati
     """The elastic limit (MiB) is a total too (the pod-wide annotation, or the container's own)."""
     pod = spanning("2", {"lab": "2048", "cpu": None})
     pod["metadata"]["annotations"].update(annotations)
-    got = admit(pod)
-    if words is None:
-        assert got == [] and pod_request(pod) is not None
-        return
-    [message] = got
-    assert message.startswith(words), message
-    assert extender_says(pod) == message
+    refused_as(pod, words)
 
 
 def test_gpu_count_on_a_pod_without_gpu_mem_names_the_claims_count() -> None:
