@@ -1,8 +1,9 @@
 """DRA mode of the node agent (`--kubelet-api dra`): assembles the parts and owns their lifecycle.
 
-Order matters: the checkpoint is recovered (regions and CDI specs of prepared claims back, leftovers removed)
-before the DRA socket serves; the DRA socket serves before the registration socket appears (the kubelet dials
-the endpoint as soon as it reads GetInfo); the ResourceSlice is published (and watched) in the background.
+Order matters: the checkpoint is recovered (regions and CDI specs of prepared claims back, leftovers removed
+unless a live process uses them) before the DRA socket serves; the DRA socket serves before the registration
+socket appears (the kubelet dials the endpoint as soon as it reads GetInfo); the ResourceSlice is published (and
+watched) in the background.
 
 With --pod-uid (rolling updates) the sockets carry the pod UID and every call takes the flock
 `<plugin dir>/serialize.lock`, so the old and the new instance serve side by side during a DaemonSet update
@@ -132,10 +133,12 @@ def start_dra(cfg: AgentConfig, state: NodeState, regions: RegionStore, rcfg: Re
     kube = DraApi(api)
     gpus = list(state.gpus.values())
     caps = capacities(gpus)
+    dra_metrics = DraMetrics(metrics.registry)
     driver = DraDriver(state, regions, specs, Checkpoint(plugin_dir / CHECKPOINT_NAME), rcfg,
                        api_claim_reader(kube), pool=node, capacity_mib=lambda: caps,
                        lock_file=plugin_dir / LOCK_FILE if cfg.pod_uid else None, read_pod=api_pod_reader(kube),
-                       post_event=kube.claim_event, node=node, write_status=kube.patch_claim_status)
+                       post_event=kube.claim_event, node=node, write_status=kube.patch_claim_status,
+                       metrics=dra_metrics)
     try:
         driver.recover()
     except (CheckpointError, ClaimError) as exc:  # ClaimError: serialize.lock held by the other instance too long
@@ -159,7 +162,7 @@ def start_dra(cfg: AgentConfig, state: NodeState, regions: RegionStore, rcfg: Re
     slices = SlicePublisher(kube, node, lambda: gpus, state.health.snapshot, nvml_driver_version(), node_uid,
                             pci=nvml_pci([g.uuid for g in gpus]), on_problem=said, instance=cfg.pod_uid)
     slices.start()
-    server = DraServer(plugin_dir / socket_name(cfg.pod_uid), driver, cfg.grpc_workers, DraMetrics(metrics.registry))
+    server = DraServer(plugin_dir / socket_name(cfg.pod_uid), driver, cfg.grpc_workers, dra_metrics)
     try:
         server.start()
     except OSError as exc:

@@ -164,7 +164,7 @@ class DraMetrics:
     """Prepare/unprepare counts, refusals and latencies per claim (in the agent's registry)."""
 
     def __init__(self, registry: Any) -> None:
-        from prometheus_client import Counter, Histogram
+        from prometheus_client import Counter, Gauge, Histogram
 
         buckets = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
         self.seconds = Histogram("memslice_dra_operation_seconds", "NodePrepareResources/NodeUnprepareResources "
@@ -172,6 +172,9 @@ class DraMetrics:
                                  buckets=buckets, registry=registry)
         self.errors = Counter("memslice_dra_operation_errors", "Claims whose prepare/unprepare failed or was "
                               "refused", ["operation"], registry=registry)
+        self.kept_in_use = Gauge("memslice_dra_regions_kept_in_use", "Region directories no prepared claim holds "
+                                 "(the checkpoint lacks them), kept because a live process uses them; each is "
+                                 "logged with its PID and removed once no process does", registry=registry)
 
     def observe(self, operation: str, seconds: float, failed: bool) -> None:
         self.seconds.labels(operation).observe(seconds)
@@ -186,7 +189,8 @@ class DraDriver:
                  rcfg: ResponseConfig, read_claim: ClaimReader, pool: str,
                  capacity_mib: Callable[[], Mapping[int, int]], lock_file: Path | None = None,
                  read_pod: PodReader | None = None, post_event: EventPoster | None = None,
-                 node: str = "", write_status: StatusWriter | None = None) -> None:
+                 node: str = "", write_status: StatusWriter | None = None,
+                 metrics: DraMetrics | None = None) -> None:
         self.state = state
         self.regions = regions
         self.specs = specs
@@ -204,6 +208,10 @@ class DraDriver:
         self._warnings: list[tuple[ClaimRef, str]] = []  # said after the lock is released
         self.write_status = write_status  # None: the claims' status.devices are not written
         self._statuses: list[tuple[ClaimRef, Mapping[str, Any], PreparedClaim]] = []  # written after the lock
+        self.metrics = metrics  # None: the kept regions are logged only
+        # Regions no prepared claim holds, kept for the live process using them: region ID -> the claim UID its
+        # record names ("" when it has none). Looked at again at every NodeUnprepareResources and every start.
+        self._kept: dict[str, str] = {}
 
     @contextlib.contextmanager
     def serialised(self) -> Iterator[None]:
@@ -259,27 +267,85 @@ class DraDriver:
     # --- start-up ----------------------------------------------------------------------------------------
     def recover(self) -> None:
         """Load the checkpoint, put its shares in the ledger, re-create missing regions/specs, and remove the
-        regions and spec files that no record holds (a crash between creating and recording them)."""
+        regions and spec files that no record holds (a crash between creating and recording them), except a
+        region a live process uses (and its claim's spec): see _sweep."""
         with self.serialised():
             self._recover()
 
     def _recover(self) -> None:
         self.prepared = self.checkpoint.load()
-        keep_regions: set[str] = set()
         for pc in self.prepared.values():
             self._materialise(pc, rewrite_spec=True)
-            keep_regions.update(s.region_id for s in pc.shares)
-        for rid in self.regions.directories():
-            if rid not in keep_regions:
-                self.regions.remove(rid)
-                log.info("removed region %s: no prepared claim holds it", rid)
+        self._kept = {}
+        self._sweep(self.regions.directories())
+        kept_claims = set(self._kept.values())
         for uid in self.specs.claim_uids():
-            if uid not in self.prepared:
+            if uid not in self.prepared and uid not in kept_claims:
                 self.specs.remove(uid)
                 log.info("removed CDI spec of claim %s: not prepared", uid)
         self._rosters(g.uuid for g in self.state.gpus.values())
         if self.prepared:
             log.info("DRA checkpoint: %d prepared claim(s) recovered", len(self.prepared))
+
+    def _held(self) -> set[str]:
+        return {s.region_id for pc in self.prepared.values() for s in pc.shares}
+
+    def _sweep(self, rids: Iterable[str]) -> None:
+        """Remove the regions of `rids` that no prepared claim holds, but keep one a live process uses (a write
+        lock in its region file: RegionStore.user), whatever the checkpoint says: a checkpoint that lost a claim
+        (an unreadable version moved away, a restored disk, a bug) must not pull the accounting file from under
+        a running container. Such a region is kept with its claim's CDI spec (named by the region's record): the
+        runtime reads the spec at every container creation, a restart of the pod's container included, for
+        which the kubelet does not prepare again. Both go once no process uses the region, looked at again at
+        every NodeUnprepareResources (the kubelet saying a pod is gone) and at every start."""
+        held = self._held()
+        records: dict[str, Allocation] | None = None
+        for rid in rids:
+            if rid in held:
+                self._kept.pop(rid, None)  # prepared again (the kubelet re-sent the claim): its claim's region
+                continue
+            pid = self.regions.user(rid)
+            if pid is None:
+                owner = self._kept.pop(rid, "")
+                self.regions.remove(rid)
+                if owner and owner not in self.prepared and owner not in self._kept.values():
+                    self.specs.remove(owner)
+                    log.info("removed region %s and the CDI spec of claim %s: no prepared claim holds them and no "
+                             "process uses the region any more", rid, owner)
+                else:
+                    log.info("removed region %s: no prepared claim holds it", rid)
+                continue
+            if rid in self._kept:
+                continue  # said when first kept
+            if records is None:
+                records = self.regions.load()
+            rec = records.get(rid)
+            self._kept[rid] = rec.pod_uid if rec is not None else ""
+            who = f"process {pid}" if pid else "a process (its PID not visible from here)"
+            find = f" (its pod: the UID in /proc/{pid}/cgroup)" if pid else ""
+            claim = f"claim {rec.namespace}/{rec.pod.removeprefix('claim:')} (uid {rec.pod_uid})" if rec else \
+                "a claim its record no longer names"
+            log.warning("kept region %s of %s: the DRA checkpoint holds no claim for it, but %s still uses it; it "
+                        "is kept with its CDI spec and removed once no process uses it (looked at again at every "
+                        "NodeUnprepareResources and every start). Meanwhile this node does not count its memory "
+                        "against new claims: delete the pod of that process%s unless it should run on", rid, claim,
+                        who, find)
+        if self.metrics is not None:
+            self.metrics.kept_in_use.set(len(self._kept))
+
+    def _sweep_kept(self) -> None:
+        """The regions kept for a live process, looked at again (nothing to do, no probe, when there are none)."""
+        if not self._kept:
+            return
+        try:
+            self._sweep([rid for rid in self._kept if self.regions.dir_of(rid).is_dir()])
+        except OSError as exc:  # the claim being unprepared must not fail for it: retried at the next call
+            log.warning("cannot remove a region kept for a live process: %s; retried at the next "
+                        "NodeUnprepareResources", exc)
+        for rid in [r for r in self._kept if not self.regions.dir_of(r).is_dir()]:
+            del self._kept[rid]  # gone meanwhile (the other instance of a rolling update removed it)
+        if self.metrics is not None:
+            self.metrics.kept_in_use.set(len(self._kept))
 
     def _rosters(self, uuids: Iterable[str]) -> None:
         """Rewrite the elastic roster of these GPUs from the ledger (the shim trusts it over the board)."""
@@ -502,8 +568,14 @@ class DraDriver:
 
     # --- unprepare ---------------------------------------------------------------------------------------
     def unprepare(self, ref: ClaimRef) -> str:
+        """Remove a prepared claim's spec, regions and record, whether or not a process still uses a region: the
+        kubelet sends NodeUnprepareResources only once every container of the claim's pods has stopped, the
+        claim is deallocated and its memory handed to other claims, and refusing would hold the pod's deletion
+        in the kubelet's retries. (A region no prepared claim holds is another matter: see _sweep, looked at
+        again here.)"""
         try:
             with self.serialised():
+                self._sweep_kept()
                 pc = self.prepared.get(ref.uid)
                 if pc is None:
                     return ""
