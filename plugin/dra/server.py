@@ -328,7 +328,7 @@ class DraDriver:
             log.warning("kept region %s of %s: the DRA checkpoint holds no claim for it, but %s still uses it; it "
                         "is kept with its CDI spec and removed once no process uses it (looked at again at every "
                         "NodeUnprepareResources and every start). Meanwhile this node does not count its memory "
-                        "against new claims: delete the pod of that process%s unless it should run on", rid, claim,
+                        "against new claims: if that pod should not run, delete it%s", rid, claim,
                         who, find)
         if self.metrics is not None:
             self.metrics.kept_in_use.set(len(self._kept))
