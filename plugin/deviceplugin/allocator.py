@@ -45,6 +45,9 @@ class PodInfo:
     phase: str
     annotations: Mapping[str, str]
     priority: int = 0  # spec.priority (the PriorityClass value admission resolved): elastic memory
+    # each container's (init ones too) memslice.io/gpu-mem devices, as the kubelet asks Allocate for them (only
+    # containers asking some); None: unknown (a figure the agent could not read, or a pod built without its spec)
+    asks: tuple[tuple[str, int], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -226,6 +229,71 @@ def choose_preferred(available: Sequence[str], must_include: Sequence[str], size
     if best is None:
         return Preference((), None, None, None, f"no single GPU has {size} free units")
     return Preference(avail.lowest(best, size), best, None, None, reason)
+
+
+@dataclass(frozen=True)
+class Unreserved:
+    """Who a one-GPU container's devices without a reservation can be for (`callers`): the pods of the node
+    that span GPUs (contract.ANN_GPU_COUNT > 1) but have no reservation, with the container and the count; and
+    whether any other pod could be the caller (`other`: a one-GPU pod, a reserved one, one whose sizes are
+    unknown)."""
+
+    spanning: tuple[tuple[PodInfo, str, int], ...]
+    other: bool
+
+    @property
+    def refused(self) -> tuple[PodInfo, str, int] | None:
+        """The pod, container and count the devices can only be for, when they are a spanning pod's: the one
+        case Allocate refuses. None whenever another pod could be the caller (never refuse a legitimate one)."""
+        return self.spanning[0] if self.spanning and not self.other else None
+
+
+def unreserved_callers(pods: Iterable[PodInfo], size: int, taken: set[tuple[str, str]]) -> Unreserved:
+    """Which pods of the node a container asking `size` devices, with no reservation matched, can be (pure).
+
+    A pod spanning GPUs gets them only through the extender's reservation (contract.ANN_GPU_UUID); bound
+    without one (another scheduler, spec.nodeName by hand, the extender down), its total would land on one GPU.
+    A candidate is a container not yet allocated (`taken`) asking exactly `size` devices, of a pod not
+    finished. It counts as spanning only when the pod is Pending (being admitted), has no reservation
+    annotation at all and a valid count above 1; anything else makes `other` true."""
+    spanning: list[tuple[PodInfo, str, int]] = []
+    other = False
+    for p in pods:
+        if p.phase in contract.TERMINAL_PHASES:
+            continue
+        if p.asks is None:  # its sizes are unknown: it could be the caller
+            other = True
+            continue
+        mine = [c for c, n in p.asks if n == size and (p.uid, c) not in taken]
+        if not mine:
+            continue
+        try:
+            count = contract.parse_gpu_count(p.annotations, f"pod {p.namespace}/{p.name}")
+        except errors.ContractError:
+            count = 0  # malformed: the extender refuses it; never taken for a spanning pod here
+        if p.phase == "Pending" and count > 1 and contract.ANN_GPU_UUID not in p.annotations:
+            spanning.append((p, mine[0], count))
+        else:
+            other = True
+    spanning.sort(key=lambda s: (s[0].namespace, s[0].name, s[1]))
+    return Unreserved(tuple(spanning), other)
+
+
+def unreserved_refusal(found: Unreserved, size: int, unit_mib: int) -> str | None:
+    """The message Allocate refuses a spanning pod without a reservation with (the kubelet shows it on the pod
+    as UnexpectedAdmissionError), None when it does not refuse (pure)."""
+    refused = found.refused
+    if refused is None:
+        return None
+    p, container, count = refused
+    more = len(found.spanning) - 1
+    also = f" ({more} more pod(s) like it ask for as many devices)" if more else ""
+    return (f"pod {p.namespace}/{p.name} container {container!r} asks for {size * unit_mib} MiB over "
+            f"{contract.ANN_GPU_COUNT}={count} GPUs, but the memslice scheduler extender did not reserve its GPUs "
+            f"(no {contract.ANN_GPU_UUID} annotation: another scheduler placed it, or spec.nodeName was set by "
+            f"hand){also}; refused rather than put all of it on one GPU, where the program would see 1 GPU, not "
+            f"{count}. Schedule it with the memslice extender (spec.schedulerName: memslice-scheduler, "
+            f"deploy/base/scheduler) or drop {contract.ANN_GPU_COUNT}")
 
 
 @dataclass(frozen=True)
