@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from memslice.contract import ANN_ASSUMED_AT, ANN_GPU_MEM, ANN_GPU_UUID
 from memslice.errors import ContractError
 from memslice.plugin.deviceplugin.allocator import (
+    RESOURCE_NAME,
     AllocationError,
     AvailableIds,
-    RESOURCE_NAME,
     PodInfo,
     ReservedPod,
     allocation_target,
@@ -28,8 +28,8 @@ from memslice.plugin.deviceplugin.allocator import (
     unreserved_callers,
     unreserved_refusal,
 )
-from memslice.plugin.deviceplugin.inventory import container_asks, pod_info
 from memslice.plugin.deviceplugin.devices import DeviceIdError
+from memslice.plugin.deviceplugin.inventory import container_asks, pod_info
 from memslice.plugin.gpu.nvml import GpuInfo
 
 GPUS = {0: GpuInfo(0, "GPU-a", "Sim", 1000, 0, False), 1: GpuInfo(1, "GPU-b", "Sim", 1000, 1, False)}
