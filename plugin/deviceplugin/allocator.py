@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 from memslice import contract, errors
 from memslice.contract import RESOURCE as RESOURCE_NAME
@@ -231,32 +232,43 @@ def choose_preferred(available: Sequence[str], must_include: Sequence[str], size
     return Preference(avail.lowest(best, size), best, None, None, reason)
 
 
-@dataclass(frozen=True)
-class Unreserved:
-    """Who a one-GPU container's devices without a reservation can be for (`callers`): the pods of the node
-    that span GPUs (contract.ANN_GPU_COUNT > 1) but have no reservation, with the container and the count; and
-    whether any other pod could be the caller (`other`: a one-GPU pod, a reserved one, one whose sizes are
-    unknown)."""
+class Spanning(NamedTuple):
+    """A container of a pod spanning GPUs that a one-GPU Allocate could be for: the pod, the container, its GPU
+    count, and the GPUs the extender reserved for it (() when it has no reservation)."""
 
-    spanning: tuple[tuple[PodInfo, str, int], ...]
+    pod: PodInfo
+    container: str
+    gpus: int
+    reserved: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class OneGpuCallers:
+    """Who devices on one GPU, matched to no reservation, can be for: the pods spanning GPUs among them
+    (`spanning`), and whether any other pod could be the caller (`other`: a one-GPU pod, reserved or not, one
+    whose reservation is malformed, one whose sizes are unknown)."""
+
+    spanning: tuple[Spanning, ...]
     other: bool
 
     @property
-    def refused(self) -> tuple[PodInfo, str, int] | None:
-        """The pod, container and count the devices can only be for, when they are a spanning pod's: the one
-        case Allocate refuses. None whenever another pod could be the caller (never refuse a legitimate one)."""
+    def refused(self) -> Spanning | None:
+        """The container the devices can only be for, when that is a pod spanning GPUs: the one case Allocate
+        refuses. None whenever another pod could be the caller (a legitimate one is never refused)."""
         return self.spanning[0] if self.spanning and not self.other else None
 
 
-def unreserved_callers(pods: Iterable[PodInfo], size: int, taken: set[tuple[str, str]]) -> Unreserved:
-    """Which pods of the node a container asking `size` devices, with no reservation matched, can be (pure).
+def one_gpu_callers(pods: Iterable[PodInfo], size: int, taken: set[tuple[str, str]]) -> OneGpuCallers:
+    """Which pods of the node a container given `size` devices of one GPU, with no reservation matched, can be
+    (pure). Allocate carries no pod: the candidates are the containers not yet allocated (`taken`) asking
+    exactly `size` devices, of pods not finished.
 
-    A pod spanning GPUs gets them only through the extender's reservation (contract.ANN_GPU_UUID); bound
-    without one (another scheduler, spec.nodeName by hand, the extender down), its total would land on one GPU.
-    A candidate is a container not yet allocated (`taken`) asking exactly `size` devices, of a pod not
-    finished. It counts as spanning only when the pod is Pending (being admitted), has no reservation
-    annotation at all and a valid count above 1; anything else makes `other` true."""
-    spanning: list[tuple[PodInfo, str, int]] = []
+    A pod spanning GPUs gets them only through the extender's reservation (contract.ANN_GPU_UUID): bound without
+    one (another scheduler, spec.nodeName by hand, the extender down), or with one whose GPUs this agent found
+    short of free units (choose_preferred then falls back to best fit), its whole total would land on one GPU.
+    A candidate counts as spanning only when its pod is Pending (being admitted) and has either no reservation
+    annotation and a valid ANN_GPU_COUNT above 1, or a valid reservation on several GPUs."""
+    spanning: list[Spanning] = []
     other = False
     for p in pods:
         if p.phase in contract.TERMINAL_PHASES:
@@ -268,32 +280,37 @@ def unreserved_callers(pods: Iterable[PodInfo], size: int, taken: set[tuple[str,
         if not mine:
             continue
         try:
-            count = contract.parse_gpu_count(p.annotations, f"pod {p.namespace}/{p.name}")
+            r = parse_reservation(p)
+            count = len(r.gpu_uuids) if r is not None else contract.parse_gpu_count(p.annotations, "")
         except errors.ContractError:
-            count = 0  # malformed: the extender refuses it; never taken for a spanning pod here
-        if p.phase == "Pending" and count > 1 and contract.ANN_GPU_UUID not in p.annotations:
-            spanning.append((p, mine[0], count))
+            count = 0  # malformed (logged by the agent, refused by the extender): never taken for spanning here
+        if p.phase == "Pending" and count > 1:
+            spanning.append(Spanning(p, mine[0], count, r.gpu_uuids if r is not None else ()))
         else:
             other = True
-    spanning.sort(key=lambda s: (s[0].namespace, s[0].name, s[1]))
-    return Unreserved(tuple(spanning), other)
+    spanning.sort(key=lambda s: (s.pod.namespace, s.pod.name, s.container))
+    return OneGpuCallers(tuple(spanning), other)
 
 
-def unreserved_refusal(found: Unreserved, size: int, unit_mib: int) -> str | None:
-    """The message Allocate refuses a spanning pod without a reservation with (the kubelet shows it on the pod
-    as UnexpectedAdmissionError), None when it does not refuse (pure)."""
-    refused = found.refused
-    if refused is None:
+def spanning_refusal(found: OneGpuCallers, size: int, unit_mib: int) -> str | None:
+    """The message Allocate refuses devices of one GPU for a pod spanning GPUs with (the kubelet shows it on the
+    pod as UnexpectedAdmissionError), naming the pod and the fix; None when it does not refuse (pure)."""
+    s = found.refused
+    if s is None:
         return None
-    p, container, count = refused
     more = len(found.spanning) - 1
     also = f" ({more} more pod(s) like it ask for as many devices)" if more else ""
-    return (f"pod {p.namespace}/{p.name} container {container!r} asks for {size * unit_mib} MiB over "
-            f"{contract.ANN_GPU_COUNT}={count} GPUs, but the memslice scheduler extender did not reserve its GPUs "
-            f"(no {contract.ANN_GPU_UUID} annotation: another scheduler placed it, or spec.nodeName was set by "
-            f"hand){also}; refused rather than put all of it on one GPU, where the program would see 1 GPU, not "
-            f"{count}. Schedule it with the memslice extender (spec.schedulerName: memslice-scheduler, "
-            f"deploy/base/scheduler) or drop {contract.ANN_GPU_COUNT}")
+    head = (f"pod {s.pod.namespace}/{s.pod.name} container {s.container!r} asks for {size * unit_mib} MiB over "
+            f"{s.gpus} GPUs")
+    squeezed = f"refused rather than put all of it on one GPU, where the program would see 1 GPU, not {s.gpus}"
+    if s.reserved:
+        return (f"{head}, reserved on {', '.join(s.reserved)}, but this node's agent found a reserved GPU short of "
+                f"free units (its GetPreferredAllocation log names it){also}; {squeezed}. Delete the pod so that the "
+                f"memslice extender schedules it again")
+    return (f"{head} ({contract.ANN_GPU_COUNT}={s.gpus}), but the memslice scheduler extender did not reserve its "
+            f"GPUs (no {contract.ANN_GPU_UUID} annotation: another scheduler placed it, or spec.nodeName was set by "
+            f"hand){also}; {squeezed}. Schedule it with the memslice extender (spec.schedulerName: "
+            f"memslice-scheduler, deploy/base/scheduler) or drop {contract.ANN_GPU_COUNT}")
 
 
 @dataclass(frozen=True)

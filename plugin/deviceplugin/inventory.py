@@ -62,8 +62,8 @@ def _devices(raw: object) -> int | None:
 def container_asks(spec: object) -> tuple[tuple[str, int], ...] | None:
     """Each container's (init ones too) memslice.io/gpu-mem devices from a pod spec, as the kubelet asks Allocate
     for them (the limit, else the request), for the containers asking some; None when any figure or container
-    cannot be read (pure). The agent only uses them to recognise a pod spanning GPUs bound without a
-    reservation (allocator.unreserved_callers), where unknown means "could be anyone's": never a refusal."""
+    cannot be read (pure). The agent only uses them to recognise a pod spanning GPUs that Allocate must not give
+    one GPU (allocator.one_gpu_callers), where unknown means "could be anyone's": never a refusal."""
     if not isinstance(spec, dict):
         return None
     out: list[tuple[str, int]] = []

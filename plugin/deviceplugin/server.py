@@ -33,9 +33,9 @@ from .allocator import (
     check_disjoint,
     choose_preferred,
     group_by_gpu,
+    one_gpu_callers,
     spanning_owner,
-    unreserved_callers,
-    unreserved_refusal,
+    spanning_refusal,
 )
 from .devices import DeviceIdError
 from .reconcile import region_id_for
@@ -138,10 +138,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             if pref.reservation is None and not creq.must_include_deviceIDs:
                 with st.lock:
                     pods = list(st.pods.values())
-                refused = unreserved_callers(pods, creq.allocation_size, st.taken()).refused
+                refused = one_gpu_callers(pods, creq.allocation_size, st.taken()).refused
                 if refused is not None:
-                    reason += (f"; pod {refused[0].namespace}/{refused[0].name} asks for {refused[2]} GPUs without "
-                               f"a reservation: Allocate refuses it")
+                    reason += (f"; pod {refused.pod.namespace}/{refused.pod.name} spans {refused.gpus} GPUs: "
+                               f"Allocate refuses one GPU for it")
             log.info("GetPreferredAllocation: %d units -> GPU %s (%s)", creq.allocation_size, pref.gpu_index,
                      reason)
             out.container_responses.add(deviceIDs=list(pref.device_ids))
@@ -222,16 +222,17 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         if owner is not None and target.more:
             target = target.ordered(owner[0].gpu_uuids)
         if owner is None and not target.more and existing is None:
-            self._refuse_unreserved_spanning(len(target.device_ids))
+            self._refuse_spanning(len(target.device_ids))
         return target, owner
 
-    def _refuse_unreserved_spanning(self, size: int) -> None:
-        """AllocationError when devices on one GPU, with no reservation, can only be for a pod asking for several
-        GPUs that the extender did not reserve (allocator.unreserved_callers): it would get one GPU silently."""
+    def _refuse_spanning(self, size: int) -> None:
+        """AllocationError when devices on one GPU, matched to no reservation, can only be for a pod spanning GPUs
+        (allocator.one_gpu_callers: bound without the extender, or its reserved GPUs short): it would silently
+        get one GPU."""
         st = self.state
         with st.lock:
             pods = list(st.pods.values())
-        msg = unreserved_refusal(unreserved_callers(pods, size, st.taken()), size, st.unit_mib)
+        msg = spanning_refusal(one_gpu_callers(pods, size, st.taken()), size, st.unit_mib)
         if msg is not None:
             raise AllocationError(msg)
 
