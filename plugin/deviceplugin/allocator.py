@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 from memslice import contract, errors
 from memslice.contract import RESOURCE as RESOURCE_NAME
@@ -45,6 +46,9 @@ class PodInfo:
     phase: str
     annotations: Mapping[str, str]
     priority: int = 0  # spec.priority (the PriorityClass value admission resolved): elastic memory
+    # each container's (init ones too) memslice.io/gpu-mem devices, as the kubelet asks Allocate for them (only
+    # containers asking some); None: unknown (a figure the agent could not read, or a pod built without its spec)
+    asks: tuple[tuple[str, int], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -226,6 +230,87 @@ def choose_preferred(available: Sequence[str], must_include: Sequence[str], size
     if best is None:
         return Preference((), None, None, None, f"no single GPU has {size} free units")
     return Preference(avail.lowest(best, size), best, None, None, reason)
+
+
+class Spanning(NamedTuple):
+    """A container of a pod spanning GPUs that a one-GPU Allocate could be for: the pod, the container, its GPU
+    count, and the GPUs the extender reserved for it (() when it has no reservation)."""
+
+    pod: PodInfo
+    container: str
+    gpus: int
+    reserved: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class OneGpuCallers:
+    """Who devices on one GPU, matched to no reservation, can be for: the pods spanning GPUs among them
+    (`spanning`), and whether any other pod could be the caller (`other`: a one-GPU pod, reserved or not, one
+    whose reservation is malformed, one whose sizes are unknown)."""
+
+    spanning: tuple[Spanning, ...]
+    other: bool
+
+    @property
+    def refused(self) -> Spanning | None:
+        """The container the devices can only be for, when that is a pod spanning GPUs: the one case Allocate
+        refuses. None whenever another pod could be the caller (a legitimate one is never refused)."""
+        return self.spanning[0] if self.spanning and not self.other else None
+
+
+def one_gpu_callers(pods: Iterable[PodInfo], size: int, taken: set[tuple[str, str]]) -> OneGpuCallers:
+    """Which pods of the node a container given `size` devices of one GPU, with no reservation matched, can be
+    (pure). Allocate carries no pod: the candidates are the containers not yet allocated (`taken`) asking
+    exactly `size` devices, of pods not finished.
+
+    A pod spanning GPUs gets them only through the extender's reservation (contract.ANN_GPU_UUID): bound without
+    one (another scheduler, spec.nodeName by hand, the extender down), or with one whose GPUs this agent found
+    short of free units (choose_preferred then falls back to best fit), its whole total would land on one GPU.
+    A candidate counts as spanning only when its pod is Pending (being admitted) and has either no reservation
+    annotation and a valid ANN_GPU_COUNT above 1, or a valid reservation on several GPUs."""
+    spanning: list[Spanning] = []
+    other = False
+    for p in pods:
+        if p.phase in contract.TERMINAL_PHASES:
+            continue
+        if p.asks is None:  # its sizes are unknown: it could be the caller
+            other = True
+            continue
+        mine = [c for c, n in p.asks if n == size and (p.uid, c) not in taken]
+        if not mine:
+            continue
+        try:
+            r = parse_reservation(p)
+            count = len(r.gpu_uuids) if r is not None else contract.parse_gpu_count(p.annotations, "")
+        except errors.ContractError:
+            count = 0  # malformed (logged by the agent, refused by the extender): never taken for spanning here
+        if p.phase == "Pending" and count > 1:
+            spanning.append(Spanning(p, mine[0], count, r.gpu_uuids if r is not None else ()))
+        else:
+            other = True
+    spanning.sort(key=lambda s: (s.pod.namespace, s.pod.name, s.container))
+    return OneGpuCallers(tuple(spanning), other)
+
+
+def spanning_refusal(found: OneGpuCallers, size: int, unit_mib: int) -> str | None:
+    """The message Allocate refuses devices of one GPU for a pod spanning GPUs with (the kubelet shows it on the
+    pod as UnexpectedAdmissionError), naming the pod and the fix; None when it does not refuse (pure)."""
+    s = found.refused
+    if s is None:
+        return None
+    more = len(found.spanning) - 1
+    also = f" ({more} more pod(s) like it ask for as many devices)" if more else ""
+    head = (f"pod {s.pod.namespace}/{s.pod.name} container {s.container!r} asks for {size * unit_mib} MiB over "
+            f"{s.gpus} GPUs")
+    squeezed = f"refused rather than put all of it on one GPU, where the program would see 1 GPU, not {s.gpus}"
+    if s.reserved:
+        return (f"{head}, reserved on {', '.join(s.reserved)}, but this node's agent found a reserved GPU short of "
+                f"free units (its GetPreferredAllocation log names it){also}; {squeezed}. Delete the pod so that the "
+                f"memslice extender schedules it again")
+    return (f"{head} ({contract.ANN_GPU_COUNT}={s.gpus}), but the memslice scheduler extender did not reserve its "
+            f"GPUs (no {contract.ANN_GPU_UUID} annotation: another scheduler placed it, or spec.nodeName was set by "
+            f"hand){also}; {squeezed}. Schedule it with the memslice extender (spec.schedulerName: "
+            f"memslice-scheduler, deploy/base/scheduler) or drop {contract.ANN_GPU_COUNT}")
 
 
 @dataclass(frozen=True)

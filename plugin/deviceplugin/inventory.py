@@ -12,7 +12,16 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from memslice.contract import ANN_GPU_MEM, ANN_GPU_UUID, ANN_GPUS, TERMINAL_PHASES, Gpu, Inventory
+from memslice.contract import (
+    ANN_GPU_MEM,
+    ANN_GPU_UUID,
+    ANN_GPUS,
+    RESOURCE,
+    TERMINAL_PHASES,
+    Gpu,
+    Inventory,
+    quantity_bytes,
+)
 from memslice.kube.backoff import Backoff
 from memslice.kube.calls import CoreV1ApiRaw, done
 from memslice.kube.informer import Informer
@@ -36,14 +45,64 @@ def inventory_annotations(gpus: Sequence[GpuInfo], healthy: Mapping[str, bool], 
                                      for g in gpus)).format()
 
 
+MAX_DEVICES = 1 << 40  # devices of one container: above it a figure is absurd (as the extender's resources.py)
+
+
+def _devices(raw: object) -> int | None:
+    """A quantity of devices ("512", or any whole quantity such as "1Ki"); None when it is not one."""
+    if type(raw) is str and len(raw) <= 12 and raw.isascii() and raw.isdigit():  # the usual "512": fast
+        return int(raw)
+    try:
+        value = quantity_bytes(raw)  # a bounded quantity parse; "bytes" is just its unit name there
+    except ValueError:
+        return None
+    return int(value) if value == value.to_integral_value() and value <= MAX_DEVICES else None
+
+
+def container_asks(spec: object) -> tuple[tuple[str, int], ...] | None:
+    """Each container's (init ones too) memslice.io/gpu-mem devices from a pod spec, as the kubelet asks Allocate
+    for them (the limit, else the request), for the containers asking some; None when any figure or container
+    cannot be read (pure). The agent only uses them to recognise a pod spanning GPUs that Allocate must not give
+    one GPU (allocator.one_gpu_callers), where unknown means "could be anyone's": never a refusal."""
+    if not isinstance(spec, dict):
+        return None
+    out: list[tuple[str, int]] = []
+    for field in ("initContainers", "containers"):
+        containers = spec.get(field) or []
+        if not isinstance(containers, list):
+            return None
+        for c in containers:
+            if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+                return None
+            resources = c.get("resources") or {}
+            if not isinstance(resources, dict):
+                return None
+            raw = None
+            for kind in ("requests", "limits"):  # the limit wins (the API server makes them equal)
+                values = resources.get(kind) or {}
+                if not isinstance(values, dict):
+                    return None
+                raw = values.get(RESOURCE, raw)
+            if raw is None:
+                continue
+            n = _devices(raw)
+            if n is None:
+                return None
+            if n:
+                out.append((c["name"], n))
+    return tuple(out)
+
+
 def pod_info(pod: dict[str, Any]) -> PodInfo:
     """What the agent keeps of a pod, from its JSON as the API server sends it."""
     md = pod.get("metadata") or {}
     phase = (pod.get("status") or {}).get("phase") or "Pending"
-    prio = (pod.get("spec") or {}).get("priority")
+    spec = pod.get("spec") or {}
+    prio = spec.get("priority") if isinstance(spec, dict) else None
     return PodInfo(uid=md.get("uid") or "", namespace=md.get("namespace") or "", name=md.get("name") or "",
                    phase=phase, annotations=dict(md.get("annotations") or {}),
-                   priority=prio if type(prio) is int and -(2**31) <= prio < 2**31 else 0)
+                   priority=prio if type(prio) is int and -(2**31) <= prio < 2**31 else 0,
+                   asks=container_asks(spec))
 
 
 class InventoryPublisher:

@@ -33,7 +33,9 @@ from .allocator import (
     check_disjoint,
     choose_preferred,
     group_by_gpu,
+    one_gpu_callers,
     spanning_owner,
+    spanning_refusal,
 )
 from .devices import DeviceIdError
 from .reconcile import region_id_for
@@ -132,8 +134,16 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                     st.preferred[frozenset(pref.device_ids)] = (pref.reservation, pref.container)
                     while len(st.preferred) > _PREFERRED_MEMORY:
                         st.preferred.pop(next(iter(st.preferred)))
+            reason = pref.reason
+            if pref.reservation is None and not creq.must_include_deviceIDs:
+                with st.lock:
+                    pods = list(st.pods.values())
+                refused = one_gpu_callers(pods, creq.allocation_size, st.taken()).refused
+                if refused is not None:
+                    reason += (f"; pod {refused.pod.namespace}/{refused.pod.name} spans {refused.gpus} GPUs: "
+                               f"Allocate refuses one GPU for it")
             log.info("GetPreferredAllocation: %d units -> GPU %s (%s)", creq.allocation_size, pref.gpu_index,
-                     pref.reason)
+                     reason)
             out.container_responses.add(deviceIDs=list(pref.device_ids))
         self.metrics.preferred_seconds.observe(time.perf_counter() - start)
         return out
@@ -211,7 +221,20 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 f"free slice of one GPU")
         if owner is not None and target.more:
             target = target.ordered(owner[0].gpu_uuids)
+        if owner is None and not target.more and existing is None:
+            self._refuse_spanning(len(target.device_ids))
         return target, owner
+
+    def _refuse_spanning(self, size: int) -> None:
+        """AllocationError when devices on one GPU, matched to no reservation, can only be for a pod spanning GPUs
+        (allocator.one_gpu_callers: bound without the extender, or its reserved GPUs short): it would silently
+        get one GPU."""
+        st = self.state
+        with st.lock:
+            pods = list(st.pods.values())
+        msg = spanning_refusal(one_gpu_callers(pods, size, st.taken()), size, st.unit_mib)
+        if msg is not None:
+            raise AllocationError(msg)
 
     def _record(self, target: Target, owner: tuple[ReservedPod, str] | None) -> Allocation:
         st = self.state

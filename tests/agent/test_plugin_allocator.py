@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from memslice.contract import ANN_ASSUMED_AT, ANN_GPU_MEM, ANN_GPU_UUID
 from memslice.errors import ContractError
 from memslice.plugin.deviceplugin.allocator import (
+    RESOURCE_NAME,
     AllocationError,
     AvailableIds,
     PodInfo,
@@ -21,11 +22,14 @@ from memslice.plugin.deviceplugin.allocator import (
     choose_preferred,
     group_by_gpu,
     match_reservation,
+    one_gpu_callers,
     parse_reservation,
     spanning_owner,
+    spanning_refusal,
     split_units,
 )
 from memslice.plugin.deviceplugin.devices import DeviceIdError
+from memslice.plugin.deviceplugin.inventory import container_asks, pod_info
 from memslice.plugin.gpu.nvml import GpuInfo
 
 GPUS = {0: GpuInfo(0, "GPU-a", "Sim", 1000, 0, False), 1: GpuInfo(1, "GPU-b", "Sim", 1000, 1, False)}
@@ -169,3 +173,86 @@ def test_allocate_ids_spread_evenly_over_gpus_give_the_per_gpu_quota_in_the_rese
     assert spanning_owner(t, [parse_reservation(pod(gpu="GPU-b", mem={"main": 80}))], 4, set()) is None
     with pytest.raises(AllocationError, match="Unhealthy"):
         allocation_target(ids(1, range(2)) + ids(0, range(2)), GPUS, {"GPU-a": False, "GPU-b": True}, 4)
+
+
+def asking(name, count=None, reserved=None, phase="Pending", asks=(("main", 512),), uid=None, unit=4):
+    """A pod of the node asking `asks` devices; `count`: its memslice.io/gpu-count; `reserved`: its GPU UUIDs."""
+    ann = {} if count is None else {"memslice.io/gpu-count": count}
+    if reserved is not None:
+        ann.update({ANN_GPU_UUID: reserved, ANN_GPU_MEM: json.dumps({c: n * unit for c, n in asks or ()})})
+    return PodInfo(uid=uid or f"u-{name}", namespace="ns", name=name, phase=phase, annotations=ann, asks=asks)
+
+
+def test_one_gpu_devices_are_refused_only_when_a_pod_spanning_gpus_is_the_only_possible_caller():
+    tp = asking("tp", "2")
+    found = one_gpu_callers([tp], 512, set())
+    assert found.refused == (tp, "main", 2, ())
+    msg = spanning_refusal(found, 512, 4)
+    assert msg is not None
+    for words in ("pod ns/tp container 'main' asks for 2048 MiB over 2 GPUs (memslice.io/gpu-count=2)",
+                  "no memslice.io/gpu-uuid annotation", "the program would see 1 GPU, not 2",
+                  "Schedule it with the memslice extender (spec.schedulerName: memslice-scheduler",
+                  "or drop memslice.io/gpu-count"):
+        assert words in msg
+    # reserved on two GPUs, but its devices came on one (the agent found a reserved GPU short): refused too
+    reserved = asking("tp", "2", reserved="GPU-a,GPU-b")
+    found = one_gpu_callers([reserved], 512, set())
+    assert found.refused == (reserved, "main", 2, ("GPU-a", "GPU-b"))
+    assert "reserved on GPU-a, GPU-b, but this node's agent found a reserved GPU short of free units" in \
+        (spanning_refusal(found, 512, 4) or "")
+    # another size, a container already allocated, or a pod not being admitted: not the caller
+    assert one_gpu_callers([tp], 256, set()).refused is None
+    assert one_gpu_callers([tp], 512, {("u-tp", "main")}).refused is None
+    for phase in ("Running", "Succeeded", "Failed"):
+        assert one_gpu_callers([asking("tp", "2", phase=phase)], 512, set()).refused is None
+    # reserved on one GPU, a malformed reservation, count 1, a malformed count, or sizes unknown: never refused
+    for p in (asking("tp", "2", reserved="GPU-a"), asking("tp", "2", reserved="GPU-a,GPU-a"), asking("tp", "1"),
+              asking("tp", "x"), asking("tp", "2", asks=None)):
+        assert one_gpu_callers([p], 512, set()).refused is None
+        assert spanning_refusal(one_gpu_callers([p], 512, set()), 512, 4) is None
+
+
+@pytest.mark.parametrize("other", [
+    asking("one"),  # a one-GPU pod of the same size: ambiguous, never refused
+    asking("one", reserved="GPU-a"),  # reserved, and the kubelet did not take the agent's preference
+    asking("one", phase="Running"),  # whatever the API says of its phase, it could be the caller
+    asking("one", "2", reserved="GPU-a,GPU-a"),  # a malformed reservation: the agent serves it as unreserved
+    asking("one", asks=None),  # its sizes unknown
+])
+def test_any_other_possible_caller_of_the_same_size_keeps_the_devices_from_being_refused(other):
+    tp = asking("tp", "2")
+    found = one_gpu_callers([tp, other], 512, set())
+    assert found.spanning == ((tp, "main", 2, ()),) and found.other and found.refused is None
+    # once that other pod's container holds its devices, the spanning pod is the only caller left
+    if other.asks is not None:
+        assert one_gpu_callers([tp, other], 512, {(other.uid, "main")}).refused == (tp, "main", 2, ())
+
+
+def test_other_pods_of_other_sizes_do_not_hide_a_spanning_pod_and_several_are_counted():
+    tp, tq = asking("tp", "2"), asking("tq", "4", asks=(("init", 8), ("main", 512)))
+    found = one_gpu_callers([tq, asking("one", asks=(("main", 64),)), tp], 512, set())
+    assert found.refused == (tp, "main", 2, ())  # by namespace and name
+    assert "(1 more pod(s) like it ask for as many devices)" in (spanning_refusal(found, 512, 4) or "")
+    assert one_gpu_callers([tq], 8, set()).refused == (tq, "init", 4, ())  # an init container is admitted too
+
+
+@pytest.mark.parametrize("spec, asks", [
+    ({"containers": [{"name": "main", "resources": {"limits": {RESOURCE_NAME: "512"}}}]}, (("main", 512),)),
+    ({"initContainers": [{"name": "i", "resources": {"requests": {RESOURCE_NAME: "1Ki"}}}],
+      "containers": [{"name": "main"}, {"name": "side", "resources": {"limits": {"cpu": "1"}}}]}, (("i", 1024),)),
+    ({"containers": [{"name": "main", "resources": {"limits": {RESOURCE_NAME: "0"}}}]}, ()),
+    ({"containers": [{"name": "main", "resources": {"limits": {RESOURCE_NAME: "1.5"}}}]}, None),
+    ({"containers": [{"name": "main", "resources": {"limits": {RESOURCE_NAME: "1e99"}}}]}, None),
+    ({"containers": [{"name": "main", "resources": {"limits": {RESOURCE_NAME: "-1"}}}]}, None),
+    ({"containers": [{"name": "main", "resources": {"limits": {RESOURCE_NAME: 512}}}]}, None),
+    ({"containers": [{"name": "main", "resources": {"limits": {RESOURCE_NAME: "9" * 70}}}]}, None),
+    ({"containers": [{"name": "main", "resources": "x"}]}, None),
+    ({"containers": [{"name": "main", "resources": {"limits": ["x"]}}]}, None),
+    ({"containers": [{"resources": {}}]}, None),
+    ({"containers": "x"}, None),
+    ("x", None),
+])
+def test_container_asks_are_read_from_the_pod_spec_and_unknown_when_unreadable(spec, asks):
+    assert container_asks(spec) == asks
+    pod = pod_info({"metadata": {"uid": "u", "namespace": "ns", "name": "p"}, "spec": spec})
+    assert pod.asks == asks
