@@ -625,12 +625,12 @@ class FitMemo:
         pos, count = 0, len(ids)
         while pos < count:
             if sharing and native is not None:  # the cells of shapes with a kept verdict natively (shared_fill, this
-                pos, more, fit, texts = native(ids, pos, kinds, scores, jsons, reasons, sids, shared, host_json)
+                pos, more, fit, untexted = native(ids, pos, kinds, scores, jsons, reasons, sids, shared, host_json)
                 filled += more  # loop its reference), up to the first cell it cannot write: a shape to number or a
                 fitting += fit  # verdict to make, here
                 hits += more
-                if texts is not None:  # fitting cells whose text for the score is not kept yet
-                    for j in texts:
+                if untexted is not None:  # fitting cells whose text for the score is not kept yet
+                    for j in untexted:
                         jsons[j] = fragment(j, scores[j])
                 if pos == count:
                     break
