@@ -1780,7 +1780,7 @@ done:
  * first cell it cannot write (a node without a shape number yet, a shape without a verdict): there the Python loop
  * numbers the shape or makes the verdict, which counts the sharing trial's misses and may stop the sharing, then
  * calls again from the next position, so every cell is written in the loop's order. Why: at 0 % full every node has
- * one shape and the spanning tables share verdicts; that loop cost ~2,400 instructions a cell in Python, the largest
+ * one shape and the spanning tables share verdicts; that loop cost ~2,700 instructions a cell in Python, the largest
  * part of the spanning mix's excess there (benchmarks/README.md, issue 34, eighth and ninth rounds). Kinds: */
 #define SHARED_NEVER 3 /* fitmemo.NEVER (FITS: SPAN_FITS, FAILS: SPAN_KIND_FAILS) */
 

@@ -607,7 +607,7 @@ class FitMemo:
         inline: it runs once per node and pod size in a cold memo (65,000 times over the first few hundred
         filters at 5,000 nodes). While sharing, the cells whose shape has a kept verdict are written by
         _nameids.shared_fill (this loop is its reference and runs without it): at 0 % full the spanning tables share
-        one shape's verdicts, ~2,400 instructions a cell here (benchmarks/README.md, issue 34, ninth round)."""
+        one shape's verdicts, ~2,700 instructions a cell here (benchmarks/README.md, issue 34, ninth round)."""
         if self._entries + len(ids) > MAX_ENTRIES:
             self._evict(table, len(ids))
         if len(table.shared) > SHARED_MAX:
