@@ -1788,7 +1788,7 @@ done:
 typedef struct {
     unsigned char *kinds, *scores;
     PyObject *jsons, *reasons, *sids, *shared, *host_json;
-    PyObject *texts;               /* ids whose fitting cell awaits its text (the caller's _fragment), or NULL */
+    PyObject *texts;               /* ids whose fitting cell awaits its text (the caller's _fragment) */
     Py_ssize_t table_len, filled, fitting;
 } SharedFill;
 
@@ -1882,9 +1882,7 @@ static int shared_text(SharedFill *s, Py_ssize_t i, long score, PyObject *id) {
     }
     if (text != NULL && PyUnicode_CheckExact(text))
         return shared_put(s->jsons, i, text);
-    if (s->texts == NULL && (s->texts = PyList_New(0)) == NULL)
-        return -1;
-    return PyList_Append(s->texts, id);
+    return PyList_Append(s->texts, id); /* (made before the loop: no new object here, so no collection) */
 }
 
 /* Why a function: the cell of node id i written with its shape's verdict v, as the Python loop writes it (FITS, the
@@ -1916,7 +1914,8 @@ static int shared_write(SharedFill *s, Py_ssize_t i, PyObject *v, PyObject *id) 
     return 0;
 }
 
-/* Why its own: the loop over ids from `start`; the position where it stopped (len(ids): none left), or -1. */
+/* Why its own: the loop over ids from `start`; the position where it stopped (len(ids): none left), or -1. It makes
+ * no object (the texts list is made before it), so no collection runs code that could resize the arrays it holds. */
 static Py_ssize_t shared_loop(SharedFill *s, PyObject *ids, Py_ssize_t start) {
     Py_ssize_t p = start, count = PyList_GET_SIZE(ids);
     for (; p < count; p++) {
@@ -1960,12 +1959,12 @@ static PyObject *nameids_shared_fill(PyObject *module, PyObject *const *args, Py
     (void)module;
     SharedFill s = {0};
     Py_ssize_t start;
-    if (shared_check(&s, args, nargs, &start) < 0)
+    if (shared_check(&s, args, nargs, &start) < 0 || (s.texts = PyList_New(0)) == NULL)
         return NULL;
-    Py_ssize_t stop = shared_loop(&s, args[0], start);
+    Py_ssize_t stop = shared_loop(&s, args[0], start); /* (the arrays' pointers held: nothing allocated inside) */
     PyObject *out = stop < 0 ? NULL : Py_BuildValue("(nnnO)", stop, s.filled, s.fitting,
-                                                     s.texts != NULL ? s.texts : Py_None);
-    Py_XDECREF(s.texts);
+                                                     PyList_GET_SIZE(s.texts) ? s.texts : Py_None);
+    Py_DECREF(s.texts);
     return out;
 }
 
