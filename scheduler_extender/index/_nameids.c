@@ -55,6 +55,7 @@ static PyObject *nameids_join(PyObject *module, PyObject *args);
 static PyObject *nameids_same(PyObject *module, PyObject *args);
 static PyObject *nameids_hosts_json(PyObject *module, PyObject *args);
 static PyObject *nameids_span_fill(PyObject *module, PyObject *args);
+static PyObject *nameids_shared_fill(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 static PyObject *nameids_filter_answer(PyObject *module, PyObject *args);
 static PyObject *nameids_span_scores(PyObject *module, PyObject *args);
 static PyObject *span_result(PyObject *out, int ok);
@@ -1772,6 +1773,201 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------ a table's fill by shared shapes (issue 34)
+ * shared_fill is FitMemo._fill's loop while a table shares verdicts by node shape: per empty cell the node's shape
+ * number (the memo's _sids), that shape's kept verdict (the table's `shared`: sid -> (fits, never, reason, score)),
+ * the cell written with it (and, where it fits, the node's kept HostPriority text for the score). It stops at the
+ * first cell it cannot write (a node without a shape number yet, a shape without a verdict): there the Python loop
+ * numbers the shape or makes the verdict, which counts the sharing trial's misses and may stop the sharing, then
+ * calls again from the next position, so every cell is written in the loop's order. Why: at 0 % full every node has
+ * one shape and the spanning tables share verdicts; that loop cost ~2,700 instructions a cell in Python, the largest
+ * part of the spanning mix's excess there (benchmarks/README.md, issue 34, eighth and ninth rounds). Kinds: */
+#define SHARED_NEVER 3 /* fitmemo.NEVER (FITS: SPAN_FITS, FAILS: SPAN_KIND_FAILS) */
+
+/* What a shared_fill call reads and counts: the table's arrays, the memo's per-id lists, the counts so far. */
+typedef struct {
+    unsigned char *kinds, *scores;
+    PyObject *jsons, *reasons, *sids, *shared, *host_json;
+    PyObject *texts;               /* ids whose fitting cell awaits its text (the caller's _fragment) */
+    Py_ssize_t table_len, filled, fitting;
+} SharedFill;
+
+/* Why its own: the arguments checked once a call (the memo's own, yet nothing is trusted): 0, or -1 with a
+ * TypeError or ValueError naming the bad one. */
+static int shared_check(SharedFill *s, PyObject *const *a, Py_ssize_t nargs, Py_ssize_t *start) {
+    if (nargs != 9 || !PyList_CheckExact(a[0]) || !PyByteArray_CheckExact(a[2]) || !PyByteArray_CheckExact(a[3])
+        || !PyList_CheckExact(a[4]) || !PyList_CheckExact(a[5]) || !PyList_CheckExact(a[6])
+        || !PyDict_CheckExact(a[7]) || !PyList_CheckExact(a[8])) {
+        PyErr_SetString(PyExc_TypeError, "shared_fill(ids: list, start: int, kinds: bytearray, scores: bytearray, "
+                                         "jsons: list, reasons: list, sids: list, shared: dict, host_json: list)");
+        return -1;
+    }
+    *start = PyLong_CheckExact(a[1]) ? PyLong_AsSsize_t(a[1]) : -1;
+    if (*start < 0 || *start > PyList_GET_SIZE(a[0])) {
+        PyErr_Clear(); /* (an overflow) */
+        PyErr_SetString(PyExc_ValueError, "shared_fill: start is not a position of ids");
+        return -1;
+    }
+    s->kinds = (unsigned char *)PyByteArray_AS_STRING(a[2]);
+    s->scores = (unsigned char *)PyByteArray_AS_STRING(a[3]);
+    s->table_len = PyByteArray_GET_SIZE(a[2]);
+    s->jsons = a[4], s->reasons = a[5], s->sids = a[6], s->shared = a[7], s->host_json = a[8];
+    if (PyByteArray_GET_SIZE(a[3]) != s->table_len || PyList_GET_SIZE(s->jsons) != s->table_len
+        || PyList_GET_SIZE(s->reasons) != s->table_len) {
+        PyErr_Format(PyExc_ValueError, "shared_fill: a table of %zd kinds, %zd scores, %zd texts and %zd reasons",
+                     s->table_len, PyByteArray_GET_SIZE(a[3]), PyList_GET_SIZE(s->jsons),
+                     PyList_GET_SIZE(s->reasons));
+        return -1;
+    }
+    if (PyList_GET_SIZE(s->sids) != PyList_GET_SIZE(s->host_json)) { /* the memo keeps both per id */
+        PyErr_Format(PyExc_ValueError, "shared_fill: %zd shape numbers and %zd kept texts",
+                     PyList_GET_SIZE(s->sids), PyList_GET_SIZE(s->host_json));
+        return -1;
+    }
+    return 0;
+}
+
+/* Why a function: a kept verdict read as the loop reads it (fits, never, reason, score), so that nothing is written
+ * from one malformed: an exact 4-tuple of two bools, a str reason where it fails, a score 0..MAX_SCORE where it fits.
+ * 0, or -1 with a TypeError or ValueError. */
+static int shared_verdict(PyObject *v, int *fits, int *never, PyObject **reason, long *score) {
+    if (!PyTuple_CheckExact(v) || PyTuple_GET_SIZE(v) != 4 || !PyBool_Check(PyTuple_GET_ITEM(v, 0))
+        || !PyBool_Check(PyTuple_GET_ITEM(v, 1))) {
+        PyErr_SetString(PyExc_TypeError, "shared_fill: a kept verdict is not a (bool, bool, str, int) tuple");
+        return -1;
+    }
+    *fits = PyTuple_GET_ITEM(v, 0) == Py_True;
+    *never = PyTuple_GET_ITEM(v, 1) == Py_True;
+    *reason = PyTuple_GET_ITEM(v, 2);
+    if (!*fits) {
+        if (!PyUnicode_CheckExact(*reason)) {
+            PyErr_SetString(PyExc_TypeError, "shared_fill: a failing verdict's reason is not a str");
+            return -1;
+        }
+        return 0;
+    }
+    PyObject *s = PyTuple_GET_ITEM(v, 3);
+    *score = PyLong_CheckExact(s) ? PyLong_AsLong(s) : -1;
+    if (*score < 0 || *score > SPAN_MAX_SCORE) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "shared_fill: a fitting verdict's score is not an int 0..%d", SPAN_MAX_SCORE);
+        return -1;
+    }
+    return 0;
+}
+
+/* Why a function: one list item replaced (a cell's text or reason) where the old one is None or a str, so releasing
+ * it runs no Python code; -1 a TypeError. */
+static int shared_put(PyObject *list, Py_ssize_t i, PyObject *item) {
+    PyObject *old = PyList_GET_ITEM(list, i);
+    if (old != Py_None && !PyUnicode_CheckExact(old)) {
+        PyErr_SetString(PyExc_TypeError, "shared_fill: a cell's text or reason is not a str or None");
+        return -1;
+    }
+    PyList_SET_ITEM(list, i, Py_NewRef(item));
+    Py_DECREF(old);
+    return 0;
+}
+
+/* Why a function: a fitting cell's text, the node's kept one for that score (host_json[i]: None or a tuple of
+ * texts by score, as FitMemo._fragment keeps them), else the id noted for the caller to make it (the cell's kind
+ * and score written, its text left None). 0, or -1 an error set. */
+static int shared_text(SharedFill *s, Py_ssize_t i, long score, PyObject *id) {
+    PyObject *texts = PyList_GET_ITEM(s->host_json, i), *text = NULL;
+    if (PyTuple_CheckExact(texts) && PyTuple_GET_SIZE(texts) > score)
+        text = PyTuple_GET_ITEM(texts, score);
+    else if (texts != Py_None && !PyTuple_CheckExact(texts)) {
+        PyErr_SetString(PyExc_TypeError, "shared_fill: a node's kept texts are not a tuple or None");
+        return -1;
+    }
+    if (text != NULL && PyUnicode_CheckExact(text))
+        return shared_put(s->jsons, i, text);
+    return PyList_Append(s->texts, id); /* (made before the loop: no new object here, so no collection) */
+}
+
+/* Why a function: the cell of node id i written with its shape's verdict v, as the Python loop writes it (FITS, the
+ * score, the text; or NEVER / FAILS and the reason; nothing else); 0, or -1 an error set before any write. */
+static int shared_write(SharedFill *s, Py_ssize_t i, PyObject *v, PyObject *id) {
+    int fits, never;
+    PyObject *reason;
+    long score = 0;
+    if (shared_verdict(v, &fits, &never, &reason, &score) < 0)
+        return -1;
+    if (!fits) {
+        if (shared_put(s->reasons, i, reason) < 0)
+            return -1;
+        s->kinds[i] = never ? SHARED_NEVER : SPAN_KIND_FAILS;
+        s->filled += 1;
+        return 0;
+    }
+    PyObject *old = PyList_GET_ITEM(s->jsons, i);
+    if (old != Py_None && !PyUnicode_CheckExact(old)) {
+        PyErr_SetString(PyExc_TypeError, "shared_fill: a cell's text or reason is not a str or None");
+        return -1;
+    }
+    if (shared_text(s, i, score, id) < 0)
+        return -1;
+    s->kinds[i] = SPAN_FITS;
+    s->scores[i] = (unsigned char)score;
+    s->filled += 1;
+    s->fitting += 1;
+    return 0;
+}
+
+/* Why its own: the loop over ids from `start`; the position where it stopped (len(ids): none left), or -1. It makes
+ * no object (the texts list is made before it), so no collection runs code that could resize the arrays it holds. */
+static Py_ssize_t shared_loop(SharedFill *s, PyObject *ids, Py_ssize_t start) {
+    Py_ssize_t p = start, count = PyList_GET_SIZE(ids);
+    for (; p < count; p++) {
+        PyObject *id = PyList_GET_ITEM(ids, p);
+        Py_ssize_t i = PyLong_CheckExact(id) ? PyLong_AsSsize_t(id) : -1;
+        if (i < 0 || i >= s->table_len || i >= PyList_GET_SIZE(s->sids)) { /* (host_json: as long as sids) */
+            PyErr_Clear(); /* (an overflow) */
+            PyErr_Format(PyExc_IndexError, "shared_fill: the id at position %zd is not one of a table of %zd and "
+                         "%zd shape numbers", p, s->table_len, PyList_GET_SIZE(s->sids));
+            return -1;
+        }
+        if (s->kinds[i] != 0) /* (fitmemo.NONE) */
+            continue;
+        PyObject *sid = PyList_GET_ITEM(s->sids, i);
+        if (sid == Py_None) /* no shape number since the view changed: the caller's _sid */
+            break;
+        if (!PyLong_CheckExact(sid)) { /* (an int key: looked up without Python code) */
+            PyErr_SetString(PyExc_TypeError, "shared_fill: a shape number is not an int or None");
+            return -1;
+        }
+        PyObject *v = PyDict_GetItemWithError(s->shared, sid);
+        if (v == NULL) { /* a miss: the caller makes the verdict and counts it in the trial */
+            if (PyErr_Occurred())
+                return -1;
+            break;
+        }
+        if (shared_write(s, i, v, id) < 0)
+            return -1;
+    }
+    return p;
+}
+
+/* shared_fill(ids, start, kinds, scores, jsons, reasons, sids, shared, host_json): (stop, filled, fitting, texts). From position `start` of ids (node ids, repeats allowed), each empty cell of the table (kinds, scores,
+ * jsons, reasons) whose node has a shape number (sids[i]) with a verdict in `shared` written as FitMemo._fill writes
+ * it; it stops at the first empty cell it cannot write (stop: its position; len(ids) when none). filled and fitting:
+ * the cells written (every one a hit of the sharing trial) and those that fit; texts: the ids of
+ * fitting cells whose text for their score is not kept (kind and score written, the caller makes the text), or
+ * None. Bounded by the ids' count; every id checked against the arrays; no Python code runs (shapes are ints, the
+ * verdicts' items bools, strs and ints). Fast-call: it runs a few times per fill. */
+static PyObject *nameids_shared_fill(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    SharedFill s = {0};
+    Py_ssize_t start;
+    if (shared_check(&s, args, nargs, &start) < 0 || (s.texts = PyList_New(0)) == NULL)
+        return NULL;
+    Py_ssize_t stop = shared_loop(&s, args[0], start); /* (the arrays' pointers held: nothing allocated inside) */
+    PyObject *out = stop < 0 ? NULL : Py_BuildValue("(nnnO)", stop, s.filled, s.fitting,
+                                                     PyList_GET_SIZE(s.texts) ? s.texts : Py_None);
+    Py_DECREF(s.texts);
+    return out;
+}
+
 /* ------------------------------------------------------------------ a failing filter's answer, whole (issue 34)
  * filter_answer writes filter's answer for a request whose NodeNames (a plain array, as ids_json reads it) the pod
  * fits only in part: the passing names' array and the rest of the ExtenderFilterResult, byte for byte what
@@ -2014,6 +2210,9 @@ static PyMethodDef module_methods[] = {
     {"span_fill", nameids_span_fill, METH_VARARGS,
      "span_fill(ids, names, views, view_type, founds, at, units, gpus, spread, levels, found_max, check_over, "
      "kinds, scores, jsons, host_json): a spanning table's empty cells written where they fit; (codes, written)"},
+    {"shared_fill", (PyCFunction)(void (*)(void))nameids_shared_fill, METH_FASTCALL,
+     "shared_fill(ids, start, kinds, scores, jsons, reasons, sids, shared, host_json): a table's empty cells written "
+     "from their shapes' kept verdicts up to the first it cannot write; (stop, filled, fitting, texts)"},
     {"filter_answer", nameids_filter_answer, METH_VARARGS,
      "filter_answer(data, ids, kinds, scores, reasons, best): (passing names' JSON array, the answer's rest, their "
      "ids) for a filter that fails on some names; None where its Python answers"},

@@ -605,7 +605,9 @@ class FitMemo:
         shape, and numbering them cost more than the verdicts: 6.4 against 4.0 ms per pod at 20,000 nodes,
         10 % full; a table whose fill finds mostly new shapes stops sharing). One loop, the cells written
         inline: it runs once per node and pod size in a cold memo (65,000 times over the first few hundred
-        filters at 5,000 nodes)."""
+        filters at 5,000 nodes). While sharing, the cells whose shape has a kept verdict are written by
+        _nameids.shared_fill (this loop is its reference and runs without it): at 0 % full the spanning tables share
+        one shape's verdicts, ~2,700 instructions a cell here (benchmarks/README.md, issue 34, ninth round)."""
         if self._entries + len(ids) > MAX_ENTRIES:
             self._evict(table, len(ids))
         if len(table.shared) > SHARED_MAX:
@@ -616,11 +618,24 @@ class FitMemo:
             return
         names, view_of, sids, fragment = self._names, self.state.view_unlocked, self._sids, self._fragment
         kinds, scores, jsons, reasons, shared = table.kinds, table.scores, table.jsons, table.reasons, table.shared
-        host_json = self._host_json
+        host_json, native = self._host_json, self._index.shared_fill
         filled = fitting = hits = misses = 0
         sharing = table.sharing
         rest: list[int] = []  # a group's table that stopped sharing in this fill: the ids left, for _fill_spanning
-        for pos, i in enumerate(ids):
+        pos, count = 0, len(ids)
+        while pos < count:
+            if sharing and native is not None:  # the cells of shapes with a kept verdict natively (shared_fill, this
+                pos, more, fit, untexted = native(ids, pos, kinds, scores, jsons, reasons, sids, shared, host_json)
+                filled += more  # loop its reference), up to the first cell it cannot write: a shape to number or a
+                fitting += fit  # verdict to make, here
+                hits += more
+                if untexted is not None:  # fitting cells whose text for the score is not kept yet
+                    for j in untexted:
+                        jsons[j] = fragment(j, scores[j])
+                if pos == count:
+                    break
+            i = ids[pos]
+            pos += 1
             if kinds[i] != NONE:
                 continue
             if sharing:
@@ -657,7 +672,7 @@ class FitMemo:
                 kinds[i] = NEVER if v[1] else FAILS
                 reasons[i] = v[2]
             if group and not sharing:
-                rest = ids[pos + 1:]
+                rest = ids[pos:]
                 break
         table.filled += filled
         table.fitting += fitting

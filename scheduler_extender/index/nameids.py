@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 Ids = Any  # list[int] (NameIds) or packed uint32 bytes (NativeNameIds)
 SpanFill = Callable[..., tuple[bytes, int]]  # _nameids.span_fill (its arguments: _nameids.pyi)
+SharedFill = Callable[..., tuple[int, int, int, "list[int] | None"]]  # _nameids.shared_fill (_nameids.pyi)
 FilterAnswer = Callable[[bytes, Any, bytes, bytearray, list[Any], bool], "tuple[bytes, bytes, bytes] | None"]
 
 try:
@@ -108,6 +109,7 @@ class NameIds:
     span_refresh: SpanRefresh | None = None
     span_above = staticmethod(span_above)  # natively _nameids.span_above
     span_fill: SpanFill | None = None  # _nameids.span_fill (FitMemo._fill_spanning natively); None: its Python loop
+    shared_fill: SharedFill | None = None  # _nameids.shared_fill (FitMemo._fill by shared shapes); None: the loop
     # _nameids.filter_answer (a failing filter's answer whole, FitMemo.split_json); None: the split, encoded by orjson
     filter_answer: FilterAnswer | None = None
 
@@ -201,6 +203,7 @@ class NativeNameIds(NameIds):
         self.span_refresh = _native.span_refresh
         self.span_above = _native.span_above
         self.span_fill = _native.span_fill
+        self.shared_fill = _native.shared_fill
         self.filter_answer = _native.filter_answer
         self._native = _native.NameIndex(int.from_bytes(os.urandom(8), "little"))
 

@@ -1191,6 +1191,162 @@ def test_span_fill_refuses_bad_arguments_not_crash() -> None:
         NATIVE.span_fill([0])  # too few arguments
 
 
+# ------------------------------------------------------------------ a table's fill by shared shapes (issue 34)
+
+def _shaped_cluster(rng: random.Random, count: int, repeat: float) -> Any:
+    """`count` nodes of 8 GPUs (NVLink pairs, a PCIe switch per four), a share `repeat` of them in one of three
+    shapes (the same use of the same GPUs, so _sid numbers them alike), the others used at random (shapes met
+    once); a GPU unhealthy now and then."""
+    from memslice.contract import Gpu, Inventory
+    from memslice.scheduler_extender.placement.state import Charge, ClusterState
+
+    state, gib = ClusterState(), 1024
+    patterns = [[(g, rng.choice((4, 8, 20, 40, 76)) * gib) for g in rng.sample(range(8), k)] for k in (0, 3, 7)]
+    for n in range(count):
+        gpus = tuple(Gpu(f"n{n}-G{i}", i, "Sim", 80 * gib, i // 4, not (n % 11 == 5 and i == 2), nvlink=(i ^ 1,),
+                         pcie=f"sw{i // 4}") for i in range(8))
+        state.upsert_node({"metadata": {"name": f"n{n}", "annotations": Inventory(1, gpus).format()}})
+        uses = rng.choice(patterns) if rng.random() < repeat else [
+            (rng.randrange(8), rng.choice((2, 6, 12, 30, 70)) * gib) for _ in range(rng.randint(1, 10))]
+        for h, (g, mib) in enumerate(uses):
+            state.hold(f"h{n}-{h}", Charge(f"n{n}-G{g}", f"n{n}", mib, 0, None))
+    return state
+
+
+@pytest.mark.parametrize(("seed", "repeat", "shapes_max"), [(1, 0.9, None), (2, 0.6, None), (3, 0.15, None),
+                                                          (4, 0.97, 12)])
+def test_shared_fill_leaves_the_tables_the_python_loop_leaves(seed: int, repeat: float, shapes_max: int | None,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """_nameids.shared_fill (FitMemo._fill's loop while a table shares verdicts by node shape, natively) leaves
+    every table as the Python loop does (the reference, shared_fill None): kinds, scores, HostPriority texts,
+    reasons, counts, the shapes' kept verdicts and whether each table still shares, the memo's shape numbers and
+    kept texts. Random clusters whose shapes repeat (most cells from a kept verdict), or mostly do not (the sharing
+    trial stops a table mid-fill: a spanning table hands the ids left to _fill_spanning), or with the numbering
+    bounded at 5 shapes (_sid starts it afresh mid-fill: every shape number and kept verdict dropped); pods of one
+    GPU and of 2 and 4 that fit, fail now or never can; requests naming some nodes twice; texts kept for some
+    scores only (prioritize makes them); binds and releases between rounds (shape numbers dropped)."""
+    from memslice.scheduler_extender.index import fitmemo
+    from memslice.scheduler_extender.index.fitmemo import FitMemo
+    from memslice.scheduler_extender.placement.state import Charge
+
+    renumbered = [0]
+    if shapes_max is not None:
+        monkeypatch.setattr(fitmemo, "SHAPES_MAX", shapes_max)
+        sid = FitMemo._sid
+
+        def counted_sid(memo: FitMemo, i: int, view: Any) -> int:
+            renumbered[0] += len(memo._shape_ids) >= shapes_max  # the numbering started afresh in this call
+            return sid(memo, i, view)
+
+        monkeypatch.setattr(FitMemo, "_sid", counted_sid)
+    rng, gib = random.Random(seed), 1024
+    state = _shaped_cluster(rng, 90, repeat)
+    native, python = FitMemo(state), FitMemo(state)
+    python._index.shared_fill = None
+    fill = native._index.shared_fill
+    assert fill is not None
+    written, texts = [0], [0]
+
+    def counted(*args: Any) -> Any:
+        out = fill(*args)
+        written[0] += out[1]
+        texts[0] += len(out[3] or ())
+        return out
+
+    native._index.shared_fill = counted
+    names = [f"n{n}" for n in range(90)]
+    keys: list[Any] = [(gib * g, p) for g in (1, 8, 40, 78, 90) for p in ("binpack", "spread")]
+    keys += [(gib * g, p, (), 0, n) for g in (2, 10, 40) for n in (2, 4) for p in ("binpack", "spread")]
+    for step in range(4):
+        for key in rng.sample(keys, len(keys)):
+            some = rng.sample(names, 60)
+            some += rng.sample(some, 8)  # named twice: written once
+            assert native.verdicts(some, key) == python.verdicts(some, key), (step, key)
+            if rng.random() < 0.3:  # prioritize: texts made for the scores met
+                assert native.host_json(some[:20], key) == python.host_json(some[:20], key)
+            a, b = native._tables[key], python._tables[key]
+            assert (a.kinds, a.scores, a.jsons, a.reasons, a.filled, a.fitting, a.shared, a.sharing) == (
+                b.kinds, b.scores, b.jsons, b.reasons, b.filled, b.fitting, b.shared, b.sharing), (step, key)
+        assert (native._sids, native._shape_ids, native._host_json, native._entries, native._group_sharing) == (
+            python._sids, python._shape_ids, python._host_json, python._entries, python._group_sharing), step
+        for h in range(15):  # binds and releases: those nodes' shape numbers dropped (_refresh)
+            n = rng.randrange(90)
+            state.hold(f"s{step}-{h}", Charge(f"n{n}-G{rng.randrange(8)}", f"n{n}", rng.choice((2, 6)) * gib, 0, None))
+            state.release(f"h{n}-0", None)
+    assert written[0] > (1000 if repeat > 0.8 else 200 if repeat > 0.5 else 10)  # the C wrote most cells
+    assert texts[0] > (20 if repeat > 0.5 else 0)  # fitting cells whose text was not kept yet: made by the caller
+    assert renumbered[0] > 3 if shapes_max is not None else renumbered[0] == 0
+    if repeat < 0.5:  # the trial stopped some tables sharing
+        assert not all(t.sharing for t in native._tables.values())
+
+
+def test_shared_fill_writes_kept_verdicts_and_refuses_bad_arguments_not_crash() -> None:
+    """shared_fill writes an empty cell from its shape's kept verdict as FitMemo._fill does (FITS, the score and the
+    node's kept text, or the id handed back where that text is not kept; NEVER or FAILS and the reason), skips cells
+    with a verdict (an id named twice), and stops at a node without a shape number or a shape without a verdict.
+    Its arguments are the memo's own, yet each is checked: wrong types, arrays of other lengths, an id outside them,
+    a verdict that is not (bool, bool, str, int), a reason not a str, a score outside 0..10, a shape number not an
+    int raise TypeError, ValueError or IndexError; nothing of the bad cell is written."""
+    fits, never = (True, False, "", 3), (False, True, "too big", 0)
+    text3 = tuple(f"t{s}" if s == 3 else None for s in range(11))
+
+    def args(**kw: Any) -> dict[str, Any]:
+        out: dict[str, Any] = dict(ids=[0, 1, 0, 2, 3], start=0, kinds=bytearray(5), scores=bytearray(5),
+                                   jsons=[None] * 5, reasons=[None] * 5, sids=[0, 1, None, 7, 0],
+                                   shared={0: fits, 1: never}, host_json=[text3, None, None, None, None])
+        out.update(kw)
+        return out
+
+    a = args()
+    assert NATIVE.shared_fill(*a.values()) == (3, 2, 1, None)  # id 0 fits, 1 never, 0 again skipped, 2: no sid
+    assert (a["kinds"][:2], a["scores"][:2], a["jsons"][:2], a["reasons"][:2]) == (b"\x01\x03", b"\x03\x00",
+                                                                                   ["t3", None], [None, "too big"])
+    a["sids"][2] = 0
+    assert NATIVE.shared_fill(*{**a, "start": 3}.values()) == (4, 1, 1, [2])  # id 2 fits, no text; 7: a miss
+    assert (a["kinds"][2], a["scores"][2], a["jsons"][2]) == (1, 3, None)
+    assert NATIVE.shared_fill(*{**a, "ids": [3, 4], "shared": {7: (False, False, "later", 0)}}.values()) == (
+        1, 1, 0, None)  # id 3 fails now; id 4's shape has no verdict in that dict
+    assert (a["kinds"][3], a["reasons"][3]) == (2, "later")
+    assert NATIVE.shared_fill(*{**a, "ids": []}.values()) == (0, 0, 0, None)
+    bad: list[tuple[dict[str, Any], type[Exception], str]] = [
+        (dict(ids=(0,)), TypeError, "ids: list"), (dict(kinds=bytes(5)), TypeError, "kinds: bytearray"),
+        (dict(scores=[0] * 5), TypeError, "bytearray"), (dict(jsons=(None,) * 5), TypeError, "jsons: list"),
+        (dict(sids=None), TypeError, "sids: list"), (dict(shared=[]), TypeError, "shared: dict"),
+        (dict(host_json={}), TypeError, "host_json: list"),
+        (dict(start=-1), ValueError, "start"), (dict(start=6), ValueError, "start"),
+        (dict(start=2**70), ValueError, "start"), (dict(start="0"), ValueError, "start"),
+        (dict(scores=bytearray(4)), ValueError, "5 kinds, 4 scores"), (dict(jsons=[None]), ValueError, "1 texts"),
+        (dict(reasons=[None] * 9), ValueError, "9 reasons"), (dict(host_json=[None]), ValueError, "kept texts"),
+        (dict(ids=[5]), IndexError, "not one of a table of 5"), (dict(ids=[-1]), IndexError, "not one of"),
+        (dict(ids=[2**70]), IndexError, "not one of"), (dict(ids=["0"]), IndexError, "not one of"),
+        (dict(sids=[0, 1]), ValueError, "2 shape numbers and 5 kept texts"),
+        (dict(sids=[0, 1], host_json=[text3, None]), IndexError, "table of 5 and 2 shape numbers"),
+        (dict(shared={0: [True, False, "", 3]}), TypeError, "not a \\(bool, bool, str, int\\)"),
+        (dict(shared={0: (True, False, "")}), TypeError, "not a \\(bool"),
+        (dict(shared={0: (1, False, "", 3)}), TypeError, "not a \\(bool"),
+        (dict(shared={0: (False, 0, "x", 0)}), TypeError, "not a \\(bool"),
+        (dict(shared={0: (False, False, b"x", 0)}), TypeError, "reason is not a str"),
+        (dict(shared={0: (False, False, None, 0)}), TypeError, "reason is not a str"),
+        (dict(shared={0: (True, False, "", 11)}), ValueError, "score is not an int 0..10"),
+        (dict(shared={0: (True, False, "", -1)}), ValueError, "score"),
+        (dict(shared={0: (True, False, "", 2**70)}), ValueError, "score"),
+        (dict(shared={0: (True, False, "", "3")}), ValueError, "score"),
+        (dict(sids=["0", 1, None, 7, 0]), TypeError, "shape number is not an int"),
+        (dict(host_json=[["t"] * 11, None, None, None, None]), TypeError, "kept texts are not a tuple"),
+        (dict(jsons=[b"x", None, None, None, None]), TypeError, "text or reason is not a str or None"),
+        (dict(ids=[1], reasons=[None, 1.5, None, None, None]), TypeError, "text or reason is not a str or None"),
+    ]
+    for kw, err, match in bad:
+        a = args(**kw)
+        with pytest.raises(err, match=match):
+            NATIVE.shared_fill(*a.values())
+        if {"shared", "jsons", "reasons"} & kw.keys():  # the bad cell the first met: nothing written
+            assert (bytes(a["kinds"]), bytes(a["scores"])) == (bytes(5), bytes(5)), kw
+    with pytest.raises(TypeError):
+        NATIVE.shared_fill([0])  # too few arguments
+    with pytest.raises(TypeError):
+        NATIVE.shared_fill(*args().values(), None)  # too many
+
 # ------------------------------------------------------------------ a failing filter's answer, whole (issue 34)
 
 def _answer_reference(names: list[str], ids: list[int], kinds: bytes, scores: bytearray, reasons: list[Any],
