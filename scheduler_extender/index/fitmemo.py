@@ -896,6 +896,17 @@ class FitMemo:
                         self._set(table, key, i, view)
             return
         self._columns[i] = view
+        whole = self._index.span_refresh_node
+        if whole is not None:  # all of the below natively; what it leaves, as below
+            left = whole(i, view, before, groups, self._found, FOUND_MAX, self._host_json)
+            if left is not None:
+                above, same, found, todos = left
+                for g, todo in todos:
+                    if todo is False:  # no plan kept for the topology: made below
+                        self._refresh_one(i, view, groups[g], found, above, same)
+                    else:
+                        self._refresh_left(i, view, groups[g], found, above, same, todo)
+            return
         above, same = 1 << 62, False  # sizes above `above` keep their verdicts (none, unless `before` tells)
         if (before is not None and not view.unplaced_mib and not view.error and not before.unplaced_mib
                 and not before.error and before.unit_mib == view.unit_mib and before.topo == view.topo
@@ -903,33 +914,50 @@ class FitMemo:
             changed = self._index.span_above(before.rows, view.rows)
             if changed is not None:
                 above, same = changed, True
-        native = self._index.span_refresh
-        unit, rows, topo, keys = view.unit_mib, view.rows, view.topo, view.free_keys
-        if view.unplaced_mib or view.error or not rows:  # every code GENERAL (spanning.codes): the loop here
-            native = None
+        general = view.unplaced_mib or view.error or not view.rows  # every code GENERAL (spanning.codes): the loop
         found = self._found.get(i)  # the view's set searches, kept for the fills that follow (_verdict)
         if found is None:
             if len(self._found) >= FOUND_MAX:
                 self._found.clear()
             found = self._found[i] = {}
-        for at, members, cells, spread, plans, no_room in groups:
-            gpus, policy = at
-            todo = None
-            if native is not None:
-                chosen = found.get(at)
-                if chosen is None:
-                    chosen = found[at] = [None] * (len(keys) + 1)
-                plan = plans.get(id(topo))
-                if plan is None or plan[0] is not topo:
-                    plan = _search_plan(plans, topo, gpus)
-                todo = native(i, keys, chosen, cells, gpus, spread, None if plan[1] is None else rows, view.free_rows,
-                              plan[1], plan[2], self._host_json[i], above, same, unit, plan[3], rows, no_room)
-            if todo is None:
-                self._refresh_group(i, view, members, policy, gpus, found, above, same)
-            elif todo:
-                if UNSEARCHED in todo:  # the reference searches (and keeps the mask in spanning._plan's, which may be
-                    plans.pop(id(topo), None)  # a newer dict than the one kept here: read afresh next time)
-                self._refresh_cells(i, view, members, todo, policy, gpus, found, same)
+        for group in groups:
+            if general:
+                self._refresh_group(i, view, group[1], group[0][1], group[0][0], found, above, same)
+            else:
+                self._refresh_one(i, view, group, found, above, same)
+
+    def _refresh_one(self, i: int, view: NodeView, group: Group, found: spanning.Found, above: int,
+                     same: bool) -> None:
+        """One group of _refresh_groups: its plan for the view's topology (made where not kept), one native call
+        (_nameids.span_refresh) where the module is built, and what it leaves (_refresh_left)."""
+        at, _, cells, spread, plans, no_room = group
+        gpus, policy = at
+        native = self._index.span_refresh
+        todo = None
+        if native is not None:
+            unit, rows, topo, keys = view.unit_mib, view.rows, view.topo, view.free_keys
+            chosen = found.get(at)
+            if chosen is None:
+                chosen = found[at] = [None] * (len(keys) + 1)
+            plan = plans.get(id(topo))
+            if plan is None or plan[0] is not topo:
+                plan = _search_plan(plans, topo, gpus)
+            todo = native(i, keys, chosen, cells, gpus, spread, None if plan[1] is None else rows, view.free_rows,
+                          plan[1], plan[2], self._host_json[i], above, same, unit, plan[3], rows, no_room)
+        self._refresh_left(i, view, group, found, above, same, todo)
+
+    def _refresh_left(self, i: int, view: NodeView, group: Group, found: spanning.Found, above: int, same: bool,
+                      todo: bytes | None) -> None:
+        """What a group's native refresh left: all of it where it answered None (_refresh_group), else its (position,
+        code) pairs (_refresh_cells)."""
+        at, members, _, _, plans, _ = group
+        gpus, policy = at
+        if todo is None:
+            self._refresh_group(i, view, members, policy, gpus, found, above, same)
+        elif todo:
+            if UNSEARCHED in todo:  # the reference searches (and keeps the mask in spanning._plan's, which may be
+                plans.pop(id(view.topo), None)  # a newer dict than the one kept here: read afresh next time)
+            self._refresh_cells(i, view, members, todo, policy, gpus, found, same)
 
     def _refresh_group(self, i: int, view: NodeView, members: list[tuple[Key, _Table]], policy: str, gpus: int,
                        found: spanning.Found, above: int, same: bool) -> None:
