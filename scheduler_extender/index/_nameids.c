@@ -2640,10 +2640,12 @@ static PyObject *nameids_span_above(PyObject *module, PyObject *const *args, Py_
  * span_refresh_node is FitMemo._refresh_groups natively, set-up included: the change check (the view against the one
  * the cells were refreshed at: the fields a verdict reads, then span_above on the rows), the node's kept set searches
  * (the memo's _found: made when absent, a chosen list per group), and per group (N, policy) the plan's lookup (kept
- * per topology, as _search_plan keeps it) and span_refresh's work, called here directly. Why: around two native calls
- * per group the Python set-up was ~20 k instructions a bind, four times the cells' native work (benchmarks/README.md,
- * issue 34, ninth round). What it cannot do goes back to the caller's Python (the reference's pieces): a group whose
- * plan is not kept, whose span_refresh answered None, or left cells to Python. The view's fields: */
+ * per topology, as _search_plan keeps it) and span_refresh's work on the same 17 arguments (node_refresh: the view's
+ * column and rows decoded once for all groups). Why: the Python around two native calls per bind (the groups' loop,
+ * the plan lookup, 17 arguments a call) was a quarter of _refresh_groups (benchmarks/README.md, issue 34, ninth
+ * round). What it cannot do goes back to the caller's Python (the reference's pieces): a group whose plan is not
+ * kept, whose codes are not exact (None), or whose cells need Python (a reason, a text not made yet, a search left
+ * to the reference). The view's fields: */
 enum { N_UNIT, N_UNPLACED, N_ERROR, N_ROWS, N_KEYS, N_FREE_ROWS, N_TOPO, N_OVER, N_COMPUTE, N_FIELDS };
 static const char *const node_fields[N_FIELDS] = {"unit_mib", "unplaced_mib", "error", "rows", "free_keys",
                                                   "free_rows", "topo", "over", "compute"};
@@ -2772,17 +2774,75 @@ static PyObject *node_chosen(PyObject *found, PyObject *at, Py_ssize_t nkeys) {
     return bad < 0 ? NULL : chosen;
 }
 
-/* What every group of one call shares: the view's fields, the node's texts, above and same, the topology's id. */
+/* What every group of one call shares: the view's fields, the node's texts, above and same, the topology's id, and
+ * the view decoded once for all groups (cache: its free column, keys_ok 0 where not exact; its rows for the searches,
+ * rows_state as SpanCache's, kept from group to group: the same view's rows). */
 typedef struct {
     PyObject *i, *keys, *rows, *free_rows, *topo, *unit, *texts, *above, *topo_id, *found;
-    int same;
+    int same, keys_ok, rows_state;
+    SpanCache *cache;
 } NodeCall;
 
+/* Why its own: span_refresh_codes on the shared cache (the column decoded once per call, not per group): every held
+ * cell's code before any is written. 1; 0 None (a value not exact: the group's Python); -1 error. */
+static int node_codes(SpanCache *c, PyObject *cells, Py_ssize_t i, int64_t unit, int64_t above, PyObject *chosen,
+                      long gpus, int spread, unsigned char *codes, int64_t *needs) {
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(cells); j++) {
+        PyObject *cell = PyTuple_GET_ITEM(cells, j);
+        int64_t need;
+        codes[j] = SPAN_KEEP;
+        if ((unsigned char)PyByteArray_AS_STRING(PyTuple_GET_ITEM(cell, 1))[i] == SPAN_KIND_NONE)
+            continue;
+        if (!span_need(PyTuple_GET_ITEM(cell, 0), unit, &need))
+            return 0;
+        if (need > above)
+            continue;
+        needs[j] = need;
+        int ok = span_cache_code(c, chosen, need, gpus, spread, &codes[j]);
+        if (ok != 1)
+            return ok;
+    }
+    return 1;
+}
+
+/* Why its own: nameids_span_refresh's body for one group of the node (its 17 arguments checked by span_refresh_args,
+ * the same codes and writes), the view's column and rows read from the call's shared cache rather than per group:
+ * the same answer. A new reference: bytes of (position, code) pairs, or None; NULL with an error set. */
+static PyObject *node_refresh(NodeCall *n, PyObject *const *a) {
+    Py_ssize_t i;
+    long gpus;
+    int64_t above, unit;
+    if (span_refresh_args(a, 17, &i, &gpus, &above) < 0)
+        return NULL;
+    SpanCache *c = n->cache;
+    c->rows = a[6] == Py_None ? NULL : a[6];
+    c->free_rows = a[7];
+    c->by_mask = c->rows == NULL ? NULL : a[8];
+    c->closes = a[9];
+    c->levels = a[14] == Py_None ? NULL : a[14];
+    c->used = 0; /* (the chosen sets decoded are this group's: N differs) */
+    c->rows_state = c->by_mask == NULL ? -1 : n->rows_state;
+    unsigned char codes[SPAN_MAX_CELLS], todo[2 * SPAN_MAX_CELLS];
+    int64_t needs[SPAN_MAX_CELLS];
+    int ok = n->keys_ok && span_int(a[13], &unit)
+                 ? node_codes(c, a[3], i, unit, above, a[2], gpus, a[5] == Py_True, codes, needs)
+                 : 0;
+    if (c->by_mask != NULL)
+        n->rows_state = c->rows_state; /* read (or found unreadable) once for the groups after */
+    if (ok != 1)
+        return ok < 0 ? NULL : Py_NewRef(Py_None);
+    Py_ssize_t count = 0;
+    SpanWrites w = {a[10] == Py_None ? NULL : a[10], a[15], a[16] == Py_None ? NULL : a[16], gpus, a[12] == Py_True};
+    if (span_refresh_write(a[3], i, codes, needs, &w, todo, &count) < 0)
+        return NULL;
+    return PyBytes_FromStringAndSize((const char *)todo, 2 * count);
+}
+
 /* Why a function: one group (at, members, cells, spread, plans, no_room) of _refresh_groups' loop: its chosen list,
- * its plan (plans[id(topo)] holding topo itself; absent: the caller's Python makes it) and span_refresh's call with
- * the arguments the Python passes. *todo: a new reference to span_refresh's answer, or Py_False (no plan kept).
- * 0; -1 an error set. */
-static int node_group(PyObject *module, const NodeCall *n, PyObject *group, PyObject **todo) {
+ * its plan (plans[id(topo)] holding topo itself; absent: the caller's Python makes it) and span_refresh's work on
+ * the arguments the Python passes it (node_refresh). *todo: a new reference to what span_refresh would answer, or
+ * Py_False (no plan kept). 0; -1 an error set. */
+static int node_group(NodeCall *n, PyObject *group, PyObject **todo) {
     if (!PyTuple_CheckExact(group) || PyTuple_GET_SIZE(group) != 6 || !PyTuple_CheckExact(PyTuple_GET_ITEM(group, 0))
         || PyTuple_GET_SIZE(PyTuple_GET_ITEM(group, 0)) != 2 || !PyDict_CheckExact(PyTuple_GET_ITEM(group, 4))) {
         PyErr_SetString(PyExc_TypeError, "span_refresh_node: a group is not ((N, policy), members, cells, spread, "
@@ -2809,7 +2869,7 @@ static int node_group(PyObject *module, const NodeCall *n, PyObject *group, PyOb
                           PyTuple_GET_ITEM(group, 3), by_mask == Py_None ? Py_None : n->rows, n->free_rows, by_mask,
                           PyTuple_GET_ITEM(plan, 2), n->texts, n->above, n->same ? Py_True : Py_False, n->unit,
                           PyTuple_GET_ITEM(plan, 3), n->rows, PyTuple_GET_ITEM(group, 5)};
-    *todo = nameids_span_refresh(module, args, 17);
+    *todo = node_refresh(n, args);
     return *todo == NULL ? -1 : 0;
 }
 
@@ -2854,11 +2914,11 @@ static int node_args(PyObject *const *a, Py_ssize_t nargs, Py_ssize_t *found_max
  * reference refreshes the group) or False (no plan kept)); every group listed with None where the view takes the
  * general path (unplaced MiB, an error, no rows: every code GENERAL). *left: a new list, or NULL with none left.
  * 0; -1 an error set. */
-static int node_groups(PyObject *module, const NodeCall *n, PyObject *groups, int general, PyObject **left) {
+static int node_groups(NodeCall *n, PyObject *groups, int general, PyObject **left) {
     *left = NULL;
     for (Py_ssize_t g = 0; g < PyList_GET_SIZE(groups); g++) {
         PyObject *todo = Py_None;
-        if (!general && node_group(module, n, PyList_GET_ITEM(groups, g), &todo) < 0) {
+        if (!general && node_group(n, PyList_GET_ITEM(groups, g), &todo) < 0) {
             Py_XDECREF(*left);
             return -1;
         }
@@ -2889,6 +2949,7 @@ static int node_groups(PyObject *module, const NodeCall *n, PyObject *groups, in
  * node_groups). Bounded as span_refresh (per group) and by the groups' list; runs no Python code for the memo's own
  * values (exact ints, strs, tuples). Fast-call: it runs at every bind. */
 static PyObject *nameids_span_refresh_node(PyObject *module, PyObject *const *a, Py_ssize_t nargs) {
+    (void)module;
     Py_ssize_t found_max;
     int general = 0;
     if (node_args(a, nargs, &found_max) < 0)
@@ -2918,8 +2979,13 @@ static PyObject *nameids_span_refresh_node(PyObject *module, PyObject *const *a,
     if ((n.found = node_found(a[4], a[0], found_max)) == NULL)
         goto done;
     Py_INCREF(n.found); /* held: the answer hands it on */
+    SpanCache cache;
+    cache.by_mask = NULL;
+    n.cache = &cache;
+    n.keys_ok = !general && span_cache_keys(&cache, n.keys); /* (checked a tuple above) */
+    n.rows_state = 0;
     n.topo_id = general ? NULL : PyLong_FromVoidPtr(n.topo);
-    if ((general || n.topo_id != NULL) && node_groups(module, &n, a[3], general, &left) == 0)
+    if ((general || n.topo_id != NULL) && node_groups(&n, a[3], general, &left) == 0)
         out = left == NULL ? Py_NewRef(Py_None) : PyTuple_Pack(4, n.above, n.same ? Py_True : Py_False, n.found, left);
     Py_XDECREF(n.topo_id);
     Py_DECREF(n.found);

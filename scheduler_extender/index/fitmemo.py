@@ -26,7 +26,8 @@ Pods spanning GPUs (issue 34): each (per-GPU size, N) is a table of its own, so 
 and compute shares leave alone are refreshed together, in one native call (_nameids.span_refresh: the view's
 column and rows read once, the set search shared by the sizes that leave the same GPUs with room, the scores, and
 the cells that still fit written there; only those that need a reason, or a text not made yet, come back to
-Python; the reference, where the module was not built: spanning.codes and a loop, _refresh_group); the others one
+Python; all groups of a bind in one call, _nameids.span_refresh_node; the reference, where the module was not built:
+spanning.codes and a loop, _refresh_group); the others one
 by one, as above. The set searches a node's view met are kept
 until it changes (_found), and a table of those groups that stopped sharing by shape fills the cells a request
 finds empty in one C call reusing them (_fill_spanning, _nameids.span_fill: the views read by name, the searches
@@ -876,10 +877,12 @@ class FitMemo:
         self._epoch += 1
 
     def _refresh_groups(self, i: int, view: NodeView, groups: list[Group], before: Column | None) -> None:
-        """_refresh for the spanning tables grouped by (N, policy): each group's cells of node `i` in one native call
-        (_nameids.span_refresh: the codes as spanning.codes, the cells that still fit written there, and those that
-        find no room now with their reason, the rest left here: _refresh_cells), or where it is not built, or the
-        view takes the general path, in one spanning.codes call and a loop here (_refresh_group). Every cell held a
+        """_refresh for the spanning tables grouped by (N, policy): all groups' cells of node `i` in one native call
+        (_nameids.span_refresh_node: what follows, the change check, the kept searches and each group's plan included;
+        per group as _nameids.span_refresh: the codes as spanning.codes, the cells that still fit written there, and
+        those that find no room now with their reason), the rest left here (_refresh_one where no plan is kept,
+        _refresh_left); where it is not built the same per group (_refresh_one), and where the view takes the general
+        path in one spanning.codes call and a loop here (_refresh_group). Every cell held a
         verdict: the counts of filled cells stay. A cell whose
         size is above every free MiB a changed GPU had before or after the change keeps its verdict: those GPUs lack
         room for it in both views, so the GPUs with room, the sets among them, their free fractions and the chosen

@@ -1000,9 +1000,9 @@ def test_span_above_answers_none_where_it_cannot_read_rows() -> None:
 
 
 def _memo_cells(memo: Any) -> dict[Any, tuple[Any, ...]]:
-    """Every table of a memo as its arrays and counts (what a refresh writes)."""
-    return {key: (bytes(t.kinds), bytes(t.scores), list(t.jsons), list(t.reasons), t.filled, t.fitting)
-            for key, t in memo._tables.items()}
+    """Every table of a memo as its arrays and counts (what a refresh writes), and the nodes' texts per score."""
+    return {"texts": list(memo._host_json), **{key: (bytes(t.kinds), bytes(t.scores), list(t.jsons), list(t.reasons),
+                                                     t.filled, t.fitting) for key, t in memo._tables.items()}}
 
 
 @pytest.mark.parametrize("ratio", [None, "3/2"])
