@@ -1055,8 +1055,9 @@ def test_span_refresh_node_writes_the_cells_the_python_reference_writes(ratio: s
     holds: list[tuple[str, int]] = []
     for step in range(200):
         n = rng.randrange(count)
-        if step % 23 == 22:  # the inventory changes (a GPU's health): every cell afresh, not `same`
-            gpus = tuple(Gpu(f"n{n}-G{i}", i, "Sim", 80 * 1024, i // 4, not (i == step % 8), nvlink=(i ^ 1,),
+        if step % 9 == 8:  # the inventory changes (GPUs' health): every cell afresh, not `same`; with 5 or 7 GPUs
+            bad = rng.sample(range(8), rng.choice((0, 1, 5, 7)))  # unhealthy, 4 (or 2) GPUs never fit: NEVER
+            gpus = tuple(Gpu(f"n{n}-G{i}", i, "Sim", 80 * 1024, i // 4, i not in bad, nvlink=(i ^ 1,),
                              pcie=f"sw{i // 4}") for i in range(8))
             state.upsert_node({"metadata": {"name": f"n{n}", "annotations": Inventory(2 if n == 13 else 1,
                                                                                         gpus).format()}})
