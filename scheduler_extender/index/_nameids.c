@@ -2779,9 +2779,91 @@ static PyObject *node_chosen(PyObject *found, PyObject *at, Py_ssize_t nkeys) {
  * rows_state as SpanCache's, kept from group to group: the same view's rows). */
 typedef struct {
     PyObject *i, *keys, *rows, *free_rows, *topo, *unit, *texts, *above, *topo_id, *found;
+    PyObject *names, *host_json; /* the memo's (node_text: a text missing made here) */
+    Py_ssize_t id;
     int same, keys_ok, rows_state;
     SpanCache *cache;
 } NodeCall;
+
+/* Why apart: whether a node name is written in JSON as its own bytes (encode_basestring_ascii leaves it as it is:
+ * printable ASCII without a quote or a backslash, as every valid node name is). */
+static int node_plain(PyObject *name, const char **p, size_t *len) {
+    if ((*p = ascii_name(name, len)) == NULL || *len > 4096)
+        return 0;
+    for (size_t k = 0; k < *len; k++) {
+        unsigned char c = (unsigned char)(*p)[k];
+        if (c < 0x20 || c > 0x7e || c == '"' || c == '\\')
+            return 0;
+    }
+    return 1;
+}
+
+/* Why apart: `{"Host":"<name>","Score":<score>}` as a new str (score 0..SPAN_MAX_SCORE): wire.host_priority_json's
+ * bytes for a plain name. */
+static PyObject *node_text_new(const char *name, size_t len, unsigned char score) {
+    static const char head[] = "{\"Host\":\"", mid[] = "\",\"Score\":";
+    char digits[2] = {(char)(score >= 10 ? '0' + score / 10 : '0' + score), (char)('0' + score % 10)};
+    size_t d = score >= 10 ? 2 : 1, size = sizeof head - 1 + len + sizeof mid - 1 + d + 1;
+    PyObject *text = PyUnicode_New((Py_ssize_t)size, 127);
+    if (text == NULL)
+        return NULL;
+    char *o = (char *)PyUnicode_DATA(text);
+    memcpy(o, head, sizeof head - 1);
+    o += sizeof head - 1;
+    memcpy(o, name, len);
+    o += len;
+    memcpy(o, mid, sizeof mid - 1);
+    o += sizeof mid - 1;
+    memcpy(o, digits, d);
+    o[d] = '}';
+    return text;
+}
+
+/* Why: a fitting cell whose score moves to one the node has no text for went back to Python (FitMemo._fragment: the
+ * text made, a new tuple of the node's texts), ~10 % of the refresh at 0 % (benchmarks/README.md, issue 34, ninth
+ * round). Here the text is made as _fragment makes it and kept where it keeps it: host_json[id] becomes a new tuple
+ * of SPAN_MAX_SCORE + 1 (the old one's, or Nones), this score's text set; n->texts follows. Left to Python (0): a
+ * name that is not plain or not a str, an id beyond names or host_json, host_json[id] of another shape, a text that
+ * is there. 1 made; -1 an error set (memory). Only a tuple of strs and None is released: no Python code runs. */
+static int node_text(NodeCall *n, unsigned char score) {
+    if (n->names == NULL || score > SPAN_MAX_SCORE || n->id >= PyList_GET_SIZE(n->host_json)
+        || n->id >= PyList_GET_SIZE(n->names))
+        return 0;
+    PyObject *old = PyList_GET_ITEM(n->host_json, n->id);
+    if (old != Py_None && (!PyTuple_CheckExact(old) || PyTuple_GET_SIZE(old) != SPAN_MAX_SCORE + 1
+                           || PyTuple_GET_ITEM(old, score) != Py_None))
+        return 0;
+    const char *p;
+    size_t len;
+    if (!node_plain(PyList_GET_ITEM(n->names, n->id), &p, &len))
+        return 0;
+    PyObject *made = node_text_new(p, len, score), *texts = made ? PyTuple_New(SPAN_MAX_SCORE + 1) : NULL;
+    if (texts == NULL) {
+        Py_XDECREF(made);
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k <= SPAN_MAX_SCORE; k++)
+        PyTuple_SET_ITEM(texts, k, k == score ? made : Py_NewRef(old == Py_None ? Py_None : PyTuple_GET_ITEM(old, k)));
+    PyList_SET_ITEM(n->host_json, n->id, texts);
+    n->texts = texts;
+    Py_DECREF(old);
+    return 1;
+}
+
+/* Why a function: before the writes, the texts that the cells which fitted and fit with another score lack are
+ * made (node_text), so span_refresh_write writes those cells here rather than handing them to Python. 0; -1 error. */
+static int node_texts(NodeCall *n, PyObject *cells, Py_ssize_t i, const unsigned char *codes) {
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(cells); j++) {
+        PyObject *cell = PyTuple_GET_ITEM(cells, j);
+        unsigned char code = codes[j];
+        if (code > SPAN_MAX_SCORE || (unsigned char)PyByteArray_AS_STRING(PyTuple_GET_ITEM(cell, 1))[i] != SPAN_KIND_FITS
+            || (unsigned char)PyByteArray_AS_STRING(PyTuple_GET_ITEM(cell, 2))[i] == code)
+            continue;
+        if (node_text(n, code) < 0)
+            return -1;
+    }
+    return 0;
+}
 
 /* Why its own: span_refresh_codes on the shared cache (the column decoded once per call, not per group): every held
  * cell's code before any is written. 1; 0 None (a value not exact: the group's Python); -1 error. */
@@ -2831,8 +2913,11 @@ static PyObject *node_refresh(NodeCall *n, PyObject *const *a) {
         n->rows_state = c->rows_state; /* read (or found unreadable) once for the groups after */
     if (ok != 1)
         return ok < 0 ? NULL : Py_NewRef(Py_None);
+    if (node_texts(n, a[3], i, codes) < 0) /* (n->texts: a tuple of SPAN_MAX_SCORE + 1 where it made one) */
+        return NULL;
     Py_ssize_t count = 0;
-    SpanWrites w = {a[10] == Py_None ? NULL : a[10], a[15], a[16] == Py_None ? NULL : a[16], gpus, a[12] == Py_True};
+    SpanWrites w = {n->texts == Py_None ? NULL : n->texts, a[15], a[16] == Py_None ? NULL : a[16], gpus,
+                    a[12] == Py_True};
     if (span_refresh_write(a[3], i, codes, needs, &w, todo, &count) < 0)
         return NULL;
     return PyBytes_FromStringAndSize((const char *)todo, 2 * count);
@@ -2876,14 +2961,14 @@ static int node_group(NodeCall *n, PyObject *group, PyObject **todo) {
 /* Why a function: span_refresh_node's arguments checked (types, the node id within host_json, the view's type's
  * slots), so the rest reads them without checks. 0; -1 an error set naming the bad one. */
 static int node_args(PyObject *const *a, Py_ssize_t nargs, Py_ssize_t *found_max) {
-    if (nargs != 7) {
-        PyErr_Format(PyExc_TypeError, "span_refresh_node takes 7 arguments (%zd given)", nargs);
+    if (nargs != 8) {
+        PyErr_Format(PyExc_TypeError, "span_refresh_node takes 8 arguments (%zd given)", nargs);
         return -1;
     }
     if (!PyLong_CheckExact(a[0]) || !PyList_CheckExact(a[3]) || !PyDict_CheckExact(a[4]) || !PyLong_CheckExact(a[5])
-        || !PyList_CheckExact(a[6])) {
+        || !PyList_CheckExact(a[6]) || !PyList_CheckExact(a[7])) {
         PyErr_SetString(PyExc_TypeError, "span_refresh_node: i must be an int, groups a list, founds a dict, "
-                        "found_max an int, host_json a list");
+                        "found_max an int, host_json and names lists");
         return -1;
     }
     Py_ssize_t i = PyLong_AsSsize_t(a[0]);
@@ -2941,10 +3026,11 @@ static int node_groups(NodeCall *n, PyObject *groups, int general, PyObject **le
     return 0;
 }
 
-/* span_refresh_node(i, view, before, groups, founds, found_max, host_json): FitMemo._refresh_groups for node id i
- * and its new view natively, past the limit cap's check: `before` the view its cells were refreshed at (or None),
- * groups the refresh plan's (Group), founds the memo's _found (the node's entry made here when absent, bounded by
- * found_max), host_json the memo's texts per node. Answers None where every group was refreshed here; else (above,
+/* span_refresh_node(i, view, before, groups, founds, found_max, host_json, names): FitMemo._refresh_groups for node
+ * id i and its new view natively, past the limit cap's check: `before` the view its cells were refreshed at (or
+ * None), groups the refresh plan's (Group), founds the memo's _found (the node's entry made here when absent, bounded
+ * by found_max), host_json and names the memo's texts per node and names (a text missing made and kept there as
+ * FitMemo._fragment would: node_text). Answers None where every group was refreshed here; else (above,
  * same, the node's found dict, [(position in groups, bytes | None | False), ...]) for the caller's Python (see
  * node_groups). Bounded as span_refresh (per group) and by the groups' list; runs no Python code for the memo's own
  * values (exact ints, strs, tuples). Fast-call: it runs at every bind. */
@@ -2976,6 +3062,7 @@ static PyObject *nameids_span_refresh_node(PyObject *module, PyObject *const *a,
     }
     n.keys = v[N_KEYS], n.rows = v[N_ROWS], n.free_rows = v[N_FREE_ROWS], n.topo = v[N_TOPO], n.unit = v[N_UNIT];
     n.texts = PyList_GET_ITEM(a[6], i);
+    n.host_json = a[6], n.names = a[7], n.id = i;
     if ((n.found = node_found(a[4], a[0], found_max)) == NULL)
         goto done;
     Py_INCREF(n.found); /* held: the answer hands it on */
@@ -3006,7 +3093,8 @@ static PyMethodDef span_refresh_methods[] = {
      "span_above(before, now): the largest free MiB of the GPUs whose free MiB changed (-1: none); None where the "
      "rows differ otherwise"},
     {"span_refresh_node", (PyCFunction)(void (*)(void))nameids_span_refresh_node, METH_FASTCALL,
-     "span_refresh_node(i, view, before, groups, founds, found_max, host_json): a bind's spanning groups of node i "
+     "span_refresh_node(i, view, before, groups, founds, found_max, host_json, names): a bind's spanning groups of "
+     "node i "
      "refreshed natively; None, or (above, same, found, [(group position, bytes | None | False)]) left to Python"},
     {NULL, NULL, 0, NULL},
 };

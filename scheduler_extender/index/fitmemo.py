@@ -901,7 +901,7 @@ class FitMemo:
         self._columns[i] = view
         whole = self._index.span_refresh_node
         if whole is not None:  # all of the below natively; what it leaves, as below
-            left = whole(i, view, before, groups, self._found, FOUND_MAX, self._host_json)
+            left = whole(i, view, before, groups, self._found, FOUND_MAX, self._host_json, self._names)
             if left is not None:
                 above, same, found, todos = left
                 for g, todo in todos:

@@ -81,9 +81,10 @@ SpanRefresh = Callable[[int, tuple[int, ...], list[Chosen], tuple[SpanCell, ...]
 
 # _nameids.span_refresh_node (a bind's spanning groups of a node in one call, FitMemo._refresh_groups past the cap's
 # check): (node id, its view, the view its cells were refreshed at or None, the refresh plan's groups, the memo's
-# _found, FOUND_MAX, the memo's texts per node) -> None (every group done), or (above, same, the node's found dict,
-# [(position in groups, what is left: the (position, code) pairs, None: the group in Python, False: no plan kept)])
-SpanRefreshNode = Callable[[int, Any, Any, list[Any], dict[int, Any], int, list[Any]],
+# _found, FOUND_MAX, the memo's texts per node and names: a text missing made and kept as FitMemo._fragment would)
+# -> None (every group done), or (above, same, the node's found dict, [(position in groups, what is left: the
+# (position, code) pairs, None: the group in Python, False: no plan kept)])
+SpanRefreshNode = Callable[[int, Any, Any, list[Any], dict[int, Any], int, list[Any], list[Any]],
                            tuple[int, bool, dict[Any, Any], list[tuple[int, bytes | None | bool]]] | None]
 
 

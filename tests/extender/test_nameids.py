@@ -1027,7 +1027,10 @@ def test_span_refresh_node_writes_the_cells_the_python_reference_writes(ratio: s
     gap = tuple(Gpu(f"n{count}-G{i}", i, "Sim", 80 * 1024, i // 4, True, nvlink=(i ^ 1,) if i < 6 else (),
                     pcie=f"sw{i // 4}") for i in (0, 1, 2, 3, 4, 5, 6, 9))  # index 9 at position 7: no native search
     state.upsert_node({"metadata": {"name": f"n{count}", "annotations": Inventory(1, gap).format()}})
-    count += 1
+    names = [f"n{n}" for n in range(count + 1)] + ['n"é']  # the last needs JSON escapes: its texts made in Python
+    count += 2
+    state.upsert_node({"metadata": {"name": names[-1], "annotations": Inventory(1, tuple(
+        g._replace(uuid=f"{names[-1]}-G{g.index}") for g in gap[:6])).format()}})
     cap = Fraction(ratio) if ratio is not None else None
     native, python = FitMemo(state, cap), FitMemo(state, cap)
     python._index.span_refresh_node = python._index.span_refresh = None  # the reference: _refresh_group
@@ -1047,7 +1050,6 @@ def test_span_refresh_node_writes_the_cells_the_python_reference_writes(ratio: s
         return todo
 
     native._index.span_refresh_node, native._index.span_refresh = counted, counted_group
-    names = [f"n{n}" for n in range(count)]
     keys = [(gib * 1024, policy, (), 0, n) for gib in (2, 4, 8, 12, 20, 40) for n in (2, 4)
             for policy in ("binpack", "spread")]
     for key in keys:
@@ -1055,29 +1057,32 @@ def test_span_refresh_node_writes_the_cells_the_python_reference_writes(ratio: s
     holds: list[tuple[str, int]] = []
     for step in range(200):
         n = rng.randrange(count)
+        name = names[n]
         if step % 9 == 8:  # the inventory changes (GPUs' health): every cell afresh, not `same`; with 5 or 7 GPUs
             bad = rng.sample(range(8), rng.choice((0, 1, 5, 7)))  # unhealthy, 4 (or 2) GPUs never fit: NEVER
-            gpus = tuple(Gpu(f"n{n}-G{i}", i, "Sim", 80 * 1024, i // 4, i not in bad, nvlink=(i ^ 1,),
+            gpus = tuple(Gpu(f"{name}-G{i}", i, "Sim", 80 * 1024, i // 4, i not in bad, nvlink=(i ^ 1,),
                              pcie=f"sw{i // 4}") for i in range(8))
-            state.upsert_node({"metadata": {"name": f"n{n}", "annotations": Inventory(2 if n == 13 else 1,
-                                                                                        gpus).format()}})
+            state.upsert_node({"metadata": {"name": name, "annotations": Inventory(2 if n == 13 else 1,
+                                                                                     gpus).format()}})
         elif rng.random() < 0.7 or not holds:
-            state.hold(f"b{step}", Charge(",".join(f"n{n}-G{g}" for g in rng.sample(range(8), rng.choice((1, 2, 4)))),
-                                          f"n{n}", rng.choice((1, 3, 6, 10, 20)) * 1024, 0, None))
+            view = state.view(name)
+            assert view is not None
+            on = rng.sample([r[0] for r in view.rows], rng.choice((1, 2, 4)))
+            state.hold(f"b{step}", Charge(",".join(on), name, rng.choice((1, 3, 6, 10, 20)) * 1024, 0, None))
             holds.append((f"b{step}", n))
         else:
             uid, n = holds.pop(rng.randrange(len(holds)))
             state.release(uid, None)
-        assert state.view(f"n{n}") is not None  # the view rebuilt: both memos refreshed
+        assert state.view(names[n]) is not None  # the view rebuilt: both memos refreshed
         assert _memo_cells(native) == _memo_cells(python), step
         if step % 40 == 39:  # and both are right: every verdict of the bound node as decisions answers it now
-            view = state.view(f"n{n}")
+            view = state.view(names[n])
             assert view is not None
             for key in keys:
                 spanning.forget_quick()
                 want = decisions.verdict(view, key[0] * view.unit_mib, key[1], native.limit_need(key, view),
                                          compute_of(key), gpus_of(key))
-                assert native.verdicts([f"n{n}"], key) == [want], (step, key)
+                assert native.verdicts([names[n]], key) == [want], (step, key)
         if step % 50 == 49:  # a table asked again: more cells held
             for key in rng.sample(keys, 4):
                 assert native.verdicts(names, key) == python.verdicts(names, key)
@@ -1090,6 +1095,8 @@ def test_span_refresh_node_writes_the_cells_the_python_reference_writes(ratio: s
         assert unsearched or any(isinstance(todo, bytes) and spanning.UNSEARCHED in todo[1::2] for todo in todos)
         assert any(a[1] for a in left) and any(not a[1] for a in left)  # `same` and not
     assert native._entries == python._entries
+    odd = native._host_json[native._index.get(names[-1])]  # (texts made in Python for it, the same)
+    assert odd is not None and sum(t is not None for t in odd) > 1
 
 
 def test_span_refresh_node_refuses_bad_arguments_not_crash() -> None:
@@ -1111,7 +1118,7 @@ def test_span_refresh_node_refuses_bad_arguments_not_crash() -> None:
 
     def call(*over: Any, **kw: Any) -> Any:
         args: dict[str, Any] = dict(i=i, view=view, before=None, groups=groups, founds={}, found_max=FOUND_MAX,
-                                    host_json=[None, None])
+                                    host_json=[None, None], names=["n0", "n1"])
         args.update(kw)
         return NATIVE.span_refresh_node(*args.values(), *over)
 
@@ -1122,7 +1129,9 @@ def test_span_refresh_node_refuses_bad_arguments_not_crash() -> None:
     bad: list[tuple[dict[str, Any], type[Exception], str]] = [
         (dict(i="0"), TypeError, "i must be an int"), (dict(groups=tuple(groups)), TypeError, "groups a list"),
         (dict(founds=[]), TypeError, "founds a dict"), (dict(found_max=0), ValueError, "found_max 0 below 1"),
-        (dict(host_json=(None,)), TypeError, "host_json a list"), (dict(i=5), ValueError, "node id 5 outside"),
+        (dict(host_json=(None,)), TypeError, "host_json and names lists"),
+        (dict(names=("n0", "n1")), TypeError, "host_json and names lists"),
+        (dict(i=5), ValueError, "node id 5 outside"),
         (dict(i=-1), ValueError, "node id -1 outside"), (dict(i=2**70), OverflowError, "too large"),
         (dict(host_json=["x", "x"]), TypeError, "texts are not a tuple"),
         (dict(view=("not", "a view")), TypeError, "tuple.unit_mib is not a slot"),
@@ -1142,9 +1151,9 @@ def test_span_refresh_node_refuses_bad_arguments_not_crash() -> None:
     wrong = [(group[0], group[1], "not cells", *group[3:])]  # (its plan kept: span_refresh is called, and refuses)
     with pytest.raises(TypeError, match="keys must be a tuple, chosen a list, cells a tuple"):
         call(groups=wrong)
-    with pytest.raises(TypeError, match="span_refresh_node takes 7 arguments"):
+    with pytest.raises(TypeError, match="span_refresh_node takes 8 arguments"):
         call(None)
-    with pytest.raises(TypeError, match="span_refresh_node takes 7 arguments"):
+    with pytest.raises(TypeError, match="span_refresh_node takes 8 arguments"):
         NATIVE.span_refresh_node()
 
 
