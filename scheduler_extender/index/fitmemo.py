@@ -903,12 +903,12 @@ class FitMemo:
         if whole is not None:  # all of the below natively; what it leaves, as below
             left = whole(i, view, before, groups, self._found, FOUND_MAX, self._host_json, self._names)
             if left is not None:
-                above, same, found, todos = left
+                above, same, searches, todos = left  # (searches: the node's kept set searches, made there)
                 for g, todo in todos:
                     if todo is False:  # no plan kept for the topology: made below
-                        self._refresh_one(i, view, groups[g], found, above, same)
+                        self._refresh_one(i, view, groups[g], searches, above, same)
                     else:
-                        self._refresh_left(i, view, groups[g], found, above, same, todo)
+                        self._refresh_left(i, view, groups[g], searches, above, same, todo)
             return
         above, same = 1 << 62, False  # sizes above `above` keep their verdicts (none, unless `before` tells)
         if (before is not None and not view.unplaced_mib and not view.error and not before.unplaced_mib

@@ -24,7 +24,7 @@ from array import array
 from collections.abc import Callable
 from itertools import compress, repeat
 from operator import is_, itemgetter
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -85,7 +85,7 @@ SpanRefresh = Callable[[int, tuple[int, ...], list[Chosen], tuple[SpanCell, ...]
 # -> None (every group done), or (above, same, the node's found dict, [(position in groups, what is left: the
 # (position, code) pairs, None: the group in Python, False: no plan kept)])
 SpanRefreshNode = Callable[[int, Any, Any, list[Any], dict[int, Any], int, list[Any], list[Any]],
-                           tuple[int, bool, dict[Any, Any], list[tuple[int, bytes | None | bool]]] | None]
+                           tuple[int, bool, dict[Any, Any], list[tuple[int, bytes | None | Literal[False]]]] | None]
 
 
 def span_above(before: tuple[GpuRow, ...], now: tuple[GpuRow, ...]) -> int | None:
