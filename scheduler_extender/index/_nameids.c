@@ -2691,45 +2691,53 @@ static PyObject *node_field(PyObject *view, int field) {
     return v;
 }
 
+/* Why a function: one field of the change check, read and judged with strong references held (a value's __bool__ or
+ * __eq__, were it not a plain one, could replace a view's slot): unplaced MiB or the error true in either view, else
+ * the two views' values unequal. 1 / 0; -1 an error set. */
+static int node_differs(PyObject *view, PyObject *before, int field) {
+    PyObject *v = node_field(view, field), *b = v != NULL ? node_field(before, field) : NULL;
+    if (b == NULL)
+        return -1;
+    Py_INCREF(v);
+    Py_INCREF(b);
+    int out;
+    if (field == N_UNPLACED || field == N_ERROR) {
+        out = PyObject_IsTrue(v);
+        if (out == 0)
+            out = PyObject_IsTrue(b);
+    } else {
+        int eq = PyObject_RichCompareBool(b, v, Py_EQ);
+        out = eq < 0 ? -1 : !eq;
+    }
+    Py_DECREF(v);
+    Py_DECREF(b);
+    return out;
+}
+
 /* Why a function: _refresh_groups' change check: `above` and `same` as its Python computes them (every cell
  * afresh, 1 << 62 and False, unless `before` is a view whose unit, topology, limit and compute columns equal the
  * view's, neither with unplaced MiB or an error, and span_above answers for the rows). 0; -1 an error set. */
 static int node_above(PyObject *view, PyObject *before, PyObject **above, int *same) {
+    static const int fields[] = {N_UNPLACED, N_ERROR, N_UNIT, N_TOPO, N_OVER, N_COMPUTE}; /* the Python's order */
     *same = 0;
     *above = NULL;
-    if (before != Py_None) {
-        PyObject *v[N_FIELDS], *b[N_FIELDS];
-        for (int j = 0; j < N_FIELDS; j++)
-            if ((v[j] = node_field(view, j)) == NULL || (b[j] = node_field(before, j)) == NULL)
-                return -1;
-        static const int compared[] = {N_UNIT, N_TOPO, N_OVER, N_COMPUTE}; /* the Python's order after the truths */
-        int differ = 0;
-        for (int j = N_UNPLACED; j <= N_ERROR && !differ; j++) {
-            int t = PyObject_IsTrue(v[j]), u = t ? t : PyObject_IsTrue(b[j]);
-            if (t < 0 || u < 0)
-                return -1;
-            differ = t || u;
+    int differ = before == Py_None;
+    for (size_t f = 0; f < sizeof fields / sizeof *fields && !differ; f++)
+        if ((differ = node_differs(view, before, fields[f])) < 0)
+            return -1;
+    if (!differ) {
+        PyObject *rows[2] = {node_field(before, N_ROWS), node_field(view, N_ROWS)};
+        if (rows[0] == NULL || rows[1] == NULL)
+            return -1;
+        PyObject *changed = nameids_span_above(NULL, rows, 2); /* (exact tuples and ints only: no Python code) */
+        if (changed == NULL)
+            return -1;
+        if (changed != Py_None) {
+            *above = changed;
+            *same = 1;
+            return 0;
         }
-        for (size_t c = 0; c < sizeof compared / sizeof *compared && !differ; c++) {
-            int eq = PyObject_RichCompareBool(b[compared[c]], v[compared[c]], Py_EQ);
-            if (eq < 0)
-                return -1;
-            differ = !eq;
-        }
-        if (!differ) {
-            PyObject *rows[2] = {node_field(before, N_ROWS), node_field(view, N_ROWS)}; /* read again: after == */
-            if (rows[0] == NULL || rows[1] == NULL)
-                return -1;
-            PyObject *changed = nameids_span_above(NULL, rows, 2);
-            if (changed == NULL)
-                return -1;
-            if (changed != Py_None) {
-                *above = changed;
-                *same = 1;
-                return 0;
-            }
-            Py_DECREF(changed);
-        }
+        Py_DECREF(changed);
     }
     *above = PyLong_FromLongLong((long long)1 << 62);
     return *above == NULL ? -1 : 0;
@@ -3047,7 +3055,12 @@ static PyObject *nameids_span_refresh_node(PyObject *module, PyObject *const *a,
     static const int truths[] = {N_UNPLACED, N_ERROR, N_ROWS}; /* unplaced MiB, an error or no rows: GENERAL */
     for (size_t t = 0; t < sizeof truths / sizeof *truths && !general; t++) {
         PyObject *f = node_field(a[1], truths[t]);
-        if (f == NULL || (general = PyObject_IsTrue(f)) < 0)
+        if (f == NULL)
+            goto done;
+        Py_INCREF(f); /* (held while judged: see node_differs) */
+        general = PyObject_IsTrue(f);
+        Py_DECREF(f);
+        if (general < 0)
             goto done;
         general = truths[t] == N_ROWS ? !general : general;
     }

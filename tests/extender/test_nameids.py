@@ -1136,7 +1136,7 @@ def test_span_refresh_node_refuses_bad_arguments_not_crash() -> None:
         (dict(host_json=["x", "x"]), TypeError, "texts are not a tuple"),
         (dict(view=("not", "a view")), TypeError, "tuple.unit_mib is not a slot"),
         (dict(view=object.__new__(NodeView)), AttributeError, "a view without"),
-        (dict(before=object.__new__(NodeView)), AttributeError, "a view without unit_mib"),
+        (dict(before=object.__new__(NodeView)), AttributeError, "a view without"),
         (dict(before=(1, 2)), TypeError, "before is not None or a view"),
         (dict(founds={i: []}), TypeError, "kept set searches are not a dict"),
         (dict(groups=[(1, 2)]), TypeError, "a group is not"), (dict(groups=[group[:5]]), TypeError, "a group is not"),
