@@ -2835,6 +2835,465 @@ static PyObject *nameids_span_above(PyObject *module, PyObject *const *args, Py_
     return PyLong_FromLongLong((long long)above);
 }
 
+/* ------------------------------------------------------------------ a bind's spanning groups in one call (issue 34)
+ * span_refresh_node is FitMemo._refresh_groups natively, set-up included: the change check (the view against the one
+ * the cells were refreshed at: the fields a verdict reads, then span_above on the rows), the node's kept set searches
+ * (the memo's _found: made when absent, a chosen list per group), and per group (N, policy) the plan's lookup (kept
+ * per topology, as _search_plan keeps it) and span_refresh's work on the same 17 arguments (node_refresh: the view's
+ * column and rows decoded once for all groups). Why: the Python around two native calls per bind (the groups' loop,
+ * the plan lookup, 17 arguments a call) was a quarter of _refresh_groups (benchmarks/README.md, issue 34, ninth
+ * round). What it cannot do goes back to the caller's Python (the reference's pieces): a group whose plan is not
+ * kept, whose codes are not exact (None), or whose cells need Python (a reason, a text not made yet, a search left
+ * to the reference). The view's fields: */
+enum { N_UNIT, N_UNPLACED, N_ERROR, N_ROWS, N_KEYS, N_FREE_ROWS, N_TOPO, N_OVER, N_COMPUTE, N_FIELDS };
+static const char *const node_fields[N_FIELDS] = {"unit_mib", "unplaced_mib", "error", "rows", "free_keys",
+                                                  "free_rows", "topo", "over", "compute"};
+
+/* Where a view type keeps those fields (its slots), found once per type: the memo has one view type. */
+typedef struct {
+    PyTypeObject *type; /* a strong reference, or NULL before the first call */
+    Py_ssize_t offset[N_FIELDS];
+} NodeSlots;
+static NodeSlots node_slots;
+
+/* Why: a view's fields read at their slots' offsets with no attribute lookup (fill_offsets' reason), the offsets
+ * found at the first call with this type. 0; -1 (TypeError) where a field is not a slot holding an object. */
+static int node_offsets(PyTypeObject *type) {
+    if (node_slots.type == type)
+        return 0;
+    Py_ssize_t offset[N_FIELDS];
+    for (int j = 0; j < N_FIELDS; j++) {
+        PyObject *name = PyUnicode_InternFromString(node_fields[j]);
+        if (name == NULL)
+            return -1;
+        PyObject *descr = _PyType_Lookup(type, name); /* borrowed; no Python code runs */
+        Py_DECREF(name);
+        if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)
+            || ((PyMemberDescrObject *)descr)->d_member->type != T_OBJECT_EX) {
+            PyErr_Format(PyExc_TypeError, "span_refresh_node: %s.%s is not a slot holding an object", type->tp_name,
+                         node_fields[j]);
+            return -1;
+        }
+        offset[j] = ((PyMemberDescrObject *)descr)->d_member->offset;
+    }
+    Py_XSETREF(node_slots.type, (PyTypeObject *)Py_NewRef((PyObject *)type));
+    memcpy(node_slots.offset, offset, sizeof offset);
+    return 0;
+}
+
+/* Why: one field of a view of the type node_offsets read (borrowed: the view holds it); NULL with an AttributeError
+ * where the slot is empty. */
+static PyObject *node_field(PyObject *view, int field) {
+    PyObject *v = *(PyObject **)(void *)((char *)view + node_slots.offset[field]);
+    if (v == NULL)
+        PyErr_Format(PyExc_AttributeError, "span_refresh_node: a view without %s", node_fields[field]);
+    return v;
+}
+
+/* Why a function: one field of the change check, read and judged with strong references held (a value's __bool__ or
+ * __eq__, were it not a plain one, could replace a view's slot): unplaced MiB or the error true in either view, else
+ * the two views' values unequal. 1 / 0; -1 an error set. */
+static int node_differs(PyObject *view, PyObject *before, int field) {
+    PyObject *v = node_field(view, field), *b = v != NULL ? node_field(before, field) : NULL;
+    if (b == NULL)
+        return -1;
+    Py_INCREF(v);
+    Py_INCREF(b);
+    int out;
+    if (field == N_UNPLACED || field == N_ERROR) {
+        out = PyObject_IsTrue(v);
+        if (out == 0)
+            out = PyObject_IsTrue(b);
+    } else {
+        int eq = PyObject_RichCompareBool(b, v, Py_EQ);
+        out = eq < 0 ? -1 : !eq;
+    }
+    Py_DECREF(v);
+    Py_DECREF(b);
+    return out;
+}
+
+/* Why a function: _refresh_groups' change check: `above` and `same` as its Python computes them (every cell
+ * afresh, 1 << 62 and False, unless `before` is a view whose unit, topology, limit and compute columns equal the
+ * view's, neither with unplaced MiB or an error, and span_above answers for the rows). 0; -1 an error set. */
+static int node_above(PyObject *view, PyObject *before, PyObject **above, int *same) {
+    static const int fields[] = {N_UNPLACED, N_ERROR, N_UNIT, N_TOPO, N_OVER, N_COMPUTE}; /* the Python's order */
+    *same = 0;
+    *above = NULL;
+    int differ = before == Py_None;
+    for (size_t f = 0; f < sizeof fields / sizeof *fields && !differ; f++)
+        if ((differ = node_differs(view, before, fields[f])) < 0)
+            return -1;
+    if (!differ) {
+        PyObject *rows[2] = {node_field(before, N_ROWS), node_field(view, N_ROWS)};
+        if (rows[0] == NULL || rows[1] == NULL)
+            return -1;
+        PyObject *changed = nameids_span_above(NULL, rows, 2); /* (exact tuples and ints only: no Python code) */
+        if (changed == NULL)
+            return -1;
+        if (changed != Py_None) {
+            *above = changed;
+            *same = 1;
+            return 0;
+        }
+        Py_DECREF(changed);
+    }
+    *above = PyLong_FromLongLong((long long)1 << 62);
+    return *above == NULL ? -1 : 0;
+}
+
+/* Why a function: the node's kept set searches (founds[i], a dict), made when absent with fitmemo's bound (found_max:
+ * all dropped when full), as _refresh_groups and fill_chosen make them. Borrowed (founds holds it); NULL error. */
+static PyObject *node_found(PyObject *founds, PyObject *i, Py_ssize_t found_max) {
+    PyObject *found = PyDict_GetItemWithError(founds, i);
+    if (found != NULL) {
+        if (!PyDict_CheckExact(found)) {
+            PyErr_SetString(PyExc_TypeError, "span_refresh_node: a node's kept set searches are not a dict");
+            return NULL;
+        }
+        return found;
+    }
+    if (PyErr_Occurred())
+        return NULL;
+    if (PyDict_GET_SIZE(founds) >= found_max)
+        PyDict_Clear(founds); /* (dicts of lists of tuples of numbers released: no Python code runs) */
+    found = PyDict_New();
+    if (found == NULL)
+        return NULL;
+    int bad = PyDict_SetItem(founds, i, found);
+    Py_DECREF(found); /* founds holds it */
+    return bad < 0 ? NULL : found;
+}
+
+/* Why a function: the group's chosen list in `found` (made with len(keys) + 1 Nones when absent, as _refresh_groups
+ * makes it). Borrowed (found holds it); NULL with an error set. */
+static PyObject *node_chosen(PyObject *found, PyObject *at, Py_ssize_t nkeys) {
+    PyObject *chosen = PyDict_GetItemWithError(found, at);
+    if (chosen != NULL || PyErr_Occurred())
+        return chosen;
+    chosen = PyList_New(nkeys + 1);
+    if (chosen == NULL)
+        return NULL;
+    for (Py_ssize_t j = 0; j <= nkeys; j++)
+        PyList_SET_ITEM(chosen, j, Py_NewRef(Py_None));
+    int bad = PyDict_SetItem(found, at, chosen);
+    Py_DECREF(chosen); /* found holds it */
+    return bad < 0 ? NULL : chosen;
+}
+
+/* What every group of one call shares: the view's fields, the node's texts, above and same, the topology's id, and
+ * the view decoded once for all groups (cache: its free column, keys_ok 0 where not exact; its rows for the searches,
+ * rows_state as SpanCache's, kept from group to group: the same view's rows). */
+typedef struct {
+    PyObject *i, *keys, *rows, *free_rows, *topo, *unit, *texts, *above, *topo_id, *found;
+    PyObject *names, *host_json; /* the memo's (node_text: a text missing made here) */
+    Py_ssize_t id;
+    int same, keys_ok, rows_state;
+    SpanCache *cache;
+} NodeCall;
+
+/* Why apart: whether a node name is written in JSON as its own bytes (encode_basestring_ascii leaves it as it is:
+ * printable ASCII without a quote or a backslash, as every valid node name is). */
+static int node_plain(PyObject *name, const char **p, size_t *len) {
+    if ((*p = ascii_name(name, len)) == NULL || *len > 4096)
+        return 0;
+    for (size_t k = 0; k < *len; k++) {
+        unsigned char c = (unsigned char)(*p)[k];
+        if (c < 0x20 || c > 0x7e || c == '"' || c == '\\')
+            return 0;
+    }
+    return 1;
+}
+
+/* Why apart: `{"Host":"<name>","Score":<score>}` as a new str (score 0..SPAN_MAX_SCORE): wire.host_priority_json's
+ * bytes for a plain name. */
+static PyObject *node_text_new(const char *name, size_t len, unsigned char score) {
+    static const char head[] = "{\"Host\":\"", mid[] = "\",\"Score\":";
+    char digits[2] = {(char)(score >= 10 ? '0' + score / 10 : '0' + score), (char)('0' + score % 10)};
+    size_t d = score >= 10 ? 2 : 1, size = sizeof head - 1 + len + sizeof mid - 1 + d + 1;
+    PyObject *text = PyUnicode_New((Py_ssize_t)size, 127);
+    if (text == NULL)
+        return NULL;
+    char *o = (char *)PyUnicode_DATA(text);
+    memcpy(o, head, sizeof head - 1);
+    o += sizeof head - 1;
+    memcpy(o, name, len);
+    o += len;
+    memcpy(o, mid, sizeof mid - 1);
+    o += sizeof mid - 1;
+    memcpy(o, digits, d);
+    o[d] = '}';
+    return text;
+}
+
+/* Why: a fitting cell whose score moves to one the node has no text for went back to Python (FitMemo._fragment: the
+ * text made, a new tuple of the node's texts), ~10 % of the refresh at 0 % (benchmarks/README.md, issue 34, ninth
+ * round). Here the text is made as _fragment makes it and kept where it keeps it: host_json[id] becomes a new tuple
+ * of SPAN_MAX_SCORE + 1 (the old one's, or Nones), this score's text set; n->texts follows. Left to Python (0): a
+ * name that is not plain or not a str, an id beyond names or host_json, host_json[id] of another shape, a text that
+ * is there. 1 made; -1 an error set (memory). Only a tuple of strs and None is released: no Python code runs. */
+static int node_text(NodeCall *n, unsigned char score) {
+    if (n->names == NULL || score > SPAN_MAX_SCORE || n->id >= PyList_GET_SIZE(n->host_json)
+        || n->id >= PyList_GET_SIZE(n->names))
+        return 0;
+    PyObject *old = PyList_GET_ITEM(n->host_json, n->id);
+    if (old != Py_None && (!PyTuple_CheckExact(old) || PyTuple_GET_SIZE(old) != SPAN_MAX_SCORE + 1
+                           || PyTuple_GET_ITEM(old, score) != Py_None))
+        return 0;
+    const char *p;
+    size_t len;
+    if (!node_plain(PyList_GET_ITEM(n->names, n->id), &p, &len))
+        return 0;
+    PyObject *made = node_text_new(p, len, score), *texts = made ? PyTuple_New(SPAN_MAX_SCORE + 1) : NULL;
+    if (texts == NULL) {
+        Py_XDECREF(made);
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k <= SPAN_MAX_SCORE; k++)
+        PyTuple_SET_ITEM(texts, k, k == score ? made : Py_NewRef(old == Py_None ? Py_None : PyTuple_GET_ITEM(old, k)));
+    PyList_SET_ITEM(n->host_json, n->id, texts);
+    n->texts = texts;
+    Py_DECREF(old);
+    return 1;
+}
+
+/* Why a function: before the writes, the texts that the cells which fitted and fit with another score lack are
+ * made (node_text), so span_refresh_write writes those cells here rather than handing them to Python. 0; -1 error. */
+static int node_texts(NodeCall *n, PyObject *cells, Py_ssize_t i, const unsigned char *codes) {
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(cells); j++) {
+        PyObject *cell = PyTuple_GET_ITEM(cells, j);
+        unsigned char code = codes[j];
+        if (code > SPAN_MAX_SCORE || (unsigned char)PyByteArray_AS_STRING(PyTuple_GET_ITEM(cell, 1))[i] != SPAN_KIND_FITS
+            || (unsigned char)PyByteArray_AS_STRING(PyTuple_GET_ITEM(cell, 2))[i] == code)
+            continue;
+        if (node_text(n, code) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Why its own: span_refresh_codes on the shared cache (the column decoded once per call, not per group): every held
+ * cell's code before any is written. 1; 0 None (a value not exact: the group's Python); -1 error. */
+static int node_codes(SpanCache *c, PyObject *cells, Py_ssize_t i, int64_t unit, int64_t above, PyObject *chosen,
+                      long gpus, int spread, unsigned char *codes, int64_t *needs) {
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(cells); j++) {
+        PyObject *cell = PyTuple_GET_ITEM(cells, j);
+        int64_t need;
+        codes[j] = SPAN_KEEP;
+        if ((unsigned char)PyByteArray_AS_STRING(PyTuple_GET_ITEM(cell, 1))[i] == SPAN_KIND_NONE)
+            continue;
+        if (!span_need(PyTuple_GET_ITEM(cell, 0), unit, &need))
+            return 0;
+        if (need > above)
+            continue;
+        needs[j] = need;
+        int ok = span_cache_code(c, chosen, need, gpus, spread, &codes[j]);
+        if (ok != 1)
+            return ok;
+    }
+    return 1;
+}
+
+/* Why its own: nameids_span_refresh's body for one group of the node (its 17 arguments checked by span_refresh_args,
+ * the same codes and writes), the view's column and rows read from the call's shared cache rather than per group:
+ * the same answer. A new reference: bytes of (position, code) pairs, or None; NULL with an error set. */
+static PyObject *node_refresh(NodeCall *n, PyObject *const *a) {
+    Py_ssize_t i;
+    long gpus;
+    int64_t above, unit;
+    if (span_refresh_args(a, 17, &i, &gpus, &above) < 0)
+        return NULL;
+    SpanCache *c = n->cache;
+    c->rows = a[6] == Py_None ? NULL : a[6];
+    c->free_rows = a[7];
+    c->by_mask = c->rows == NULL ? NULL : a[8];
+    c->closes = a[9];
+    c->levels = a[14] == Py_None ? NULL : a[14];
+    c->used = 0; /* (the chosen sets decoded are this group's: N differs) */
+    c->rows_state = c->by_mask == NULL ? -1 : n->rows_state;
+    unsigned char codes[SPAN_MAX_CELLS], todo[2 * SPAN_MAX_CELLS];
+    int64_t needs[SPAN_MAX_CELLS];
+    int ok = n->keys_ok && span_int(a[13], &unit)
+                 ? node_codes(c, a[3], i, unit, above, a[2], gpus, a[5] == Py_True, codes, needs)
+                 : 0;
+    if (c->by_mask != NULL)
+        n->rows_state = c->rows_state; /* read (or found unreadable) once for the groups after */
+    if (ok != 1)
+        return ok < 0 ? NULL : Py_NewRef(Py_None);
+    if (node_texts(n, a[3], i, codes) < 0) /* (n->texts: a tuple of SPAN_MAX_SCORE + 1 where it made one) */
+        return NULL;
+    Py_ssize_t count = 0;
+    SpanWrites w = {n->texts == Py_None ? NULL : n->texts, a[15], a[16] == Py_None ? NULL : a[16], gpus,
+                    a[12] == Py_True};
+    if (span_refresh_write(a[3], i, codes, needs, &w, todo, &count) < 0)
+        return NULL;
+    return PyBytes_FromStringAndSize((const char *)todo, 2 * count);
+}
+
+/* Why a function: one group (at, members, cells, spread, plans, no_room) of _refresh_groups' loop: its chosen list,
+ * its plan (plans[id(topo)] holding topo itself; absent: the caller's Python makes it) and span_refresh's work on
+ * the arguments the Python passes it (node_refresh). *todo: a new reference to what span_refresh would answer, or
+ * Py_False (no plan kept). 0; -1 an error set. */
+static int node_group(NodeCall *n, PyObject *group, PyObject **todo) {
+    if (!PyTuple_CheckExact(group) || PyTuple_GET_SIZE(group) != 6 || !PyTuple_CheckExact(PyTuple_GET_ITEM(group, 0))
+        || PyTuple_GET_SIZE(PyTuple_GET_ITEM(group, 0)) != 2 || !PyDict_CheckExact(PyTuple_GET_ITEM(group, 4))) {
+        PyErr_SetString(PyExc_TypeError, "span_refresh_node: a group is not ((N, policy), members, cells, spread, "
+                        "plans: dict, no_room)");
+        return -1;
+    }
+    PyObject *at = PyTuple_GET_ITEM(group, 0);
+    if (!PyLong_CheckExact(PyTuple_GET_ITEM(at, 0)) || !PyUnicode_CheckExact(PyTuple_GET_ITEM(at, 1))) {
+        PyErr_SetString(PyExc_TypeError, "span_refresh_node: a group's (N, policy) is not (int, str)");
+        return -1;
+    }
+    PyObject *chosen = node_chosen(n->found, at, PyTuple_GET_SIZE(n->keys));
+    if (chosen == NULL)
+        return -1;
+    PyObject *plan = PyDict_GetItemWithError(PyTuple_GET_ITEM(group, 4), n->topo_id); /* an int key: no Python code */
+    if (plan == NULL && PyErr_Occurred())
+        return -1;
+    if (plan == NULL || !PyTuple_CheckExact(plan) || PyTuple_GET_SIZE(plan) != 4 || PyTuple_GET_ITEM(plan, 0) != n->topo) {
+        *todo = Py_NewRef(Py_False);
+        return 0;
+    }
+    PyObject *by_mask = PyTuple_GET_ITEM(plan, 1);
+    PyObject *args[17] = {n->i, n->keys, chosen, PyTuple_GET_ITEM(group, 2), PyTuple_GET_ITEM(at, 0),
+                          PyTuple_GET_ITEM(group, 3), by_mask == Py_None ? Py_None : n->rows, n->free_rows, by_mask,
+                          PyTuple_GET_ITEM(plan, 2), n->texts, n->above, n->same ? Py_True : Py_False, n->unit,
+                          PyTuple_GET_ITEM(plan, 3), n->rows, PyTuple_GET_ITEM(group, 5)};
+    *todo = node_refresh(n, args);
+    return *todo == NULL ? -1 : 0;
+}
+
+/* Why a function: span_refresh_node's arguments checked (types, the node id within host_json, the view's type's
+ * slots), so the rest reads them without checks. 0; -1 an error set naming the bad one. */
+static int node_args(PyObject *const *a, Py_ssize_t nargs, Py_ssize_t *found_max) {
+    if (nargs != 8) {
+        PyErr_Format(PyExc_TypeError, "span_refresh_node takes 8 arguments (%zd given)", nargs);
+        return -1;
+    }
+    if (!PyLong_CheckExact(a[0]) || !PyList_CheckExact(a[3]) || !PyDict_CheckExact(a[4]) || !PyLong_CheckExact(a[5])
+        || !PyList_CheckExact(a[6]) || !PyList_CheckExact(a[7])) {
+        PyErr_SetString(PyExc_TypeError, "span_refresh_node: i must be an int, groups a list, founds a dict, "
+                        "found_max an int, host_json and names lists");
+        return -1;
+    }
+    Py_ssize_t i = PyLong_AsSsize_t(a[0]);
+    *found_max = PyLong_AsSsize_t(a[5]);
+    if (PyErr_Occurred())
+        return -1;
+    if (i < 0 || i >= PyList_GET_SIZE(a[6]) || *found_max < 1) {
+        PyErr_Format(PyExc_ValueError, "span_refresh_node: node id %zd outside host_json (%zd) or found_max %zd below 1",
+                     i, PyList_GET_SIZE(a[6]), *found_max);
+        return -1;
+    }
+    PyObject *texts = PyList_GET_ITEM(a[6], i);
+    if (texts != Py_None && !PyTuple_CheckExact(texts)) {
+        PyErr_SetString(PyExc_TypeError, "span_refresh_node: a node's texts are not a tuple or None");
+        return -1;
+    }
+    if (node_offsets(Py_TYPE(a[1])) < 0)
+        return -1;
+    if (a[2] != Py_None && Py_TYPE(a[2]) != Py_TYPE(a[1])) {
+        PyErr_SetString(PyExc_TypeError, "span_refresh_node: before is not None or a view of the view's type");
+        return -1;
+    }
+    return 0;
+}
+
+/* Why a function: the groups' loop: each group's span_refresh (node_group), and those it leaves to Python listed as
+ * (position in groups, what is left: bytes of (position, code) pairs, None (span_refresh answered None: the
+ * reference refreshes the group) or False (no plan kept)); every group listed with None where the view takes the
+ * general path (unplaced MiB, an error, no rows: every code GENERAL). *left: a new list, or NULL with none left.
+ * 0; -1 an error set. */
+static int node_groups(NodeCall *n, PyObject *groups, int general, PyObject **left) {
+    *left = NULL;
+    for (Py_ssize_t g = 0; g < PyList_GET_SIZE(groups); g++) {
+        PyObject *todo = Py_None;
+        if (!general && node_group(n, PyList_GET_ITEM(groups, g), &todo) < 0) {
+            Py_XDECREF(*left);
+            return -1;
+        }
+        if (general)
+            Py_INCREF(todo);
+        if (PyBytes_CheckExact(todo) && PyBytes_GET_SIZE(todo) == 0) {
+            Py_DECREF(todo);
+            continue;
+        }
+        PyObject *pos = PyLong_FromSsize_t(g), *item = pos == NULL ? NULL : PyTuple_Pack(2, pos, todo);
+        Py_XDECREF(pos);
+        Py_DECREF(todo);
+        if (item == NULL || (*left == NULL && (*left = PyList_New(0)) == NULL) || PyList_Append(*left, item) < 0) {
+            Py_XDECREF(item);
+            Py_CLEAR(*left);
+            return -1;
+        }
+        Py_DECREF(item);
+    }
+    return 0;
+}
+
+/* span_refresh_node(i, view, before, groups, founds, found_max, host_json, names): FitMemo._refresh_groups for node
+ * id i and its new view natively, past the limit cap's check: `before` the view its cells were refreshed at (or
+ * None), groups the refresh plan's (Group), founds the memo's _found (the node's entry made here when absent, bounded
+ * by found_max), host_json and names the memo's texts per node and names (a text missing made and kept there as
+ * FitMemo._fragment would: node_text). Answers None where every group was refreshed here; else (above,
+ * same, the node's found dict, [(position in groups, bytes | None | False), ...]) for the caller's Python (see
+ * node_groups). Bounded as span_refresh (per group) and by the groups' list; runs no Python code for the memo's own
+ * values (exact ints, strs, tuples). Fast-call: it runs at every bind. */
+static PyObject *nameids_span_refresh_node(PyObject *module, PyObject *const *a, Py_ssize_t nargs) {
+    (void)module;
+    Py_ssize_t found_max;
+    int general = 0;
+    if (node_args(a, nargs, &found_max) < 0)
+        return NULL;
+    NodeCall n = {.i = a[0]};
+    if (node_above(a[1], a[2], &n.above, &n.same) < 0)
+        return NULL;
+    PyObject *out = NULL, *left = NULL, *v[N_FIELDS];
+    static const int truths[] = {N_UNPLACED, N_ERROR, N_ROWS}; /* unplaced MiB, an error or no rows: GENERAL */
+    for (size_t t = 0; t < sizeof truths / sizeof *truths && !general; t++) {
+        PyObject *f = node_field(a[1], truths[t]);
+        if (f == NULL)
+            goto done;
+        Py_INCREF(f); /* (held while judged: see node_differs) */
+        general = PyObject_IsTrue(f);
+        Py_DECREF(f);
+        if (general < 0)
+            goto done;
+        general = truths[t] == N_ROWS ? !general : general;
+    }
+    for (int j = 0; j < N_FIELDS; j++) /* read after every truth and == (no Python code runs from here on) */
+        if ((v[j] = node_field(a[1], j)) == NULL)
+            goto done;
+    Py_ssize_t i = PyLong_AsSsize_t(a[0]); /* (checked by node_args; host_json's length again, after those) */
+    if (i >= PyList_GET_SIZE(a[6]) || (!general && (!PyTuple_CheckExact(v[N_KEYS]) || !PyTuple_CheckExact(v[N_ROWS])))) {
+        PyErr_SetString(PyExc_TypeError, "span_refresh_node: the view's free_keys and rows must be tuples, host_json "
+                        "hold the node id");
+        goto done;
+    }
+    n.keys = v[N_KEYS], n.rows = v[N_ROWS], n.free_rows = v[N_FREE_ROWS], n.topo = v[N_TOPO], n.unit = v[N_UNIT];
+    n.texts = PyList_GET_ITEM(a[6], i);
+    n.host_json = a[6], n.names = a[7], n.id = i;
+    if ((n.found = node_found(a[4], a[0], found_max)) == NULL)
+        goto done;
+    Py_INCREF(n.found); /* held: the answer hands it on */
+    SpanCache cache;
+    cache.by_mask = NULL;
+    n.cache = &cache;
+    n.keys_ok = !general && span_cache_keys(&cache, n.keys); /* (checked a tuple above) */
+    n.rows_state = 0;
+    n.topo_id = general ? NULL : PyLong_FromVoidPtr(n.topo);
+    if ((general || n.topo_id != NULL) && node_groups(&n, a[3], general, &left) == 0)
+        out = left == NULL ? Py_NewRef(Py_None) : PyTuple_Pack(4, n.above, n.same ? Py_True : Py_False, n.found, left);
+    Py_XDECREF(n.topo_id);
+    Py_DECREF(n.found);
+    Py_XDECREF(left);
+done:
+    Py_DECREF(n.above);
+    return out;
+}
+
 /* The refresh's entries, added to the module at init (add_span_refresh): kept apart from module_methods so that
  * this section stays one block. */
 static PyMethodDef span_refresh_methods[] = {
@@ -2845,6 +3304,10 @@ static PyMethodDef span_refresh_methods[] = {
     {"span_above", (PyCFunction)(void (*)(void))nameids_span_above, METH_FASTCALL,
      "span_above(before, now): the largest free MiB of the GPUs whose free MiB changed (-1: none); None where the "
      "rows differ otherwise"},
+    {"span_refresh_node", (PyCFunction)(void (*)(void))nameids_span_refresh_node, METH_FASTCALL,
+     "span_refresh_node(i, view, before, groups, founds, found_max, host_json, names): a bind's spanning groups of "
+     "node i "
+     "refreshed natively; None, or (above, same, found, [(group position, bytes | None | False)]) left to Python"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -29,6 +29,9 @@ def span_refresh(i: int, keys: tuple[int, ...], chosen: list[Any], cells: tuple[
                  unit: int, levels: tuple[Any, ...] | None, view_rows: tuple[Any, ...],
                  no_room: dict[int, str] | None) -> bytes | None: ...
 def span_above(before: tuple[Any, ...], now: tuple[Any, ...]) -> int | None: ...
+def span_refresh_node(i: int, view: Any, before: Any, groups: list[Any], founds: dict[int, Any], found_max: int,
+                      host_json: list[Any], names: list[Any]) -> tuple[int, bool, dict[Any, Any],
+                                                                        list[tuple[int, Any]]] | None: ...
 def span_fill(ids: list[int], names: list[str | None], views: dict[str, Any], view_type: type,
               founds: dict[int, Any], at: tuple[int, str], units: int, gpus: int, spread: bool, levels: dict[Any, Any],
               found_max: int, check_over: bool, kinds: bytearray, scores: bytearray, jsons: list[Any],

@@ -26,7 +26,8 @@ Pods spanning GPUs (issue 34): each (per-GPU size, N) is a table of its own, so 
 and compute shares leave alone are refreshed together, in one native call (_nameids.span_refresh: the view's
 column and rows read once, the set search shared by the sizes that leave the same GPUs with room, the scores, and
 the cells that still fit written there; only those that need a reason, or a text not made yet, come back to
-Python; the reference, where the module was not built: spanning.codes and a loop, _refresh_group); the others one
+Python; all groups of a bind in one call, _nameids.span_refresh_node; the reference, where the module was not built:
+spanning.codes and a loop, _refresh_group); the others one
 by one, as above. The set searches a node's view met are kept
 until it changes (_found), and a table of those groups that stopped sharing by shape fills the cells a request
 finds empty in one C call reusing them (_fill_spanning, _nameids.span_fill: the views read by name, the searches
@@ -891,10 +892,12 @@ class FitMemo:
         self._epoch += 1
 
     def _refresh_groups(self, i: int, view: NodeView, groups: list[Group], before: Column | None) -> None:
-        """_refresh for the spanning tables grouped by (N, policy): each group's cells of node `i` in one native call
-        (_nameids.span_refresh: the codes as spanning.codes, the cells that still fit written there, and those that
-        find no room now with their reason, the rest left here: _refresh_cells), or where it is not built, or the
-        view takes the general path, in one spanning.codes call and a loop here (_refresh_group). Every cell held a
+        """_refresh for the spanning tables grouped by (N, policy): all groups' cells of node `i` in one native call
+        (_nameids.span_refresh_node: what follows, the change check, the kept searches and each group's plan included;
+        per group as _nameids.span_refresh: the codes as spanning.codes, the cells that still fit written there, and
+        those that find no room now with their reason), the rest left here (_refresh_one where no plan is kept,
+        _refresh_left); where it is not built the same per group (_refresh_one), and where the view takes the general
+        path in one spanning.codes call and a loop here (_refresh_group). Every cell held a
         verdict: the counts of filled cells stay. A cell whose
         size is above every free MiB a changed GPU had before or after the change keeps its verdict: those GPUs lack
         room for it in both views, so the GPUs with room, the sets among them, their free fractions and the chosen
@@ -911,6 +914,17 @@ class FitMemo:
                         self._set(table, key, i, view)
             return
         self._columns[i] = view
+        whole = self._index.span_refresh_node
+        if whole is not None:  # all of the below natively; what it leaves, as below
+            left = whole(i, view, before, groups, self._found, FOUND_MAX, self._host_json, self._names)
+            if left is not None:
+                above, same, searches, todos = left  # (searches: the node's kept set searches, made there)
+                for g, todo in todos:
+                    if todo is False:  # no plan kept for the topology: made below
+                        self._refresh_one(i, view, groups[g], searches, above, same)
+                    else:
+                        self._refresh_left(i, view, groups[g], searches, above, same, todo)
+            return
         above, same = 1 << 62, False  # sizes above `above` keep their verdicts (none, unless `before` tells)
         if (before is not None and not view.unplaced_mib and not view.error and not before.unplaced_mib
                 and not before.error and before.unit_mib == view.unit_mib and before.topo == view.topo
@@ -918,33 +932,50 @@ class FitMemo:
             changed = self._index.span_above(before.rows, view.rows)
             if changed is not None:
                 above, same = changed, True
-        native = self._index.span_refresh
-        unit, rows, topo, keys = view.unit_mib, view.rows, view.topo, view.free_keys
-        if view.unplaced_mib or view.error or not rows:  # every code GENERAL (spanning.codes): the loop here
-            native = None
+        general = view.unplaced_mib or view.error or not view.rows  # every code GENERAL (spanning.codes): the loop
         found = self._found.get(i)  # the view's set searches, kept for the fills that follow (_verdict)
         if found is None:
             if len(self._found) >= FOUND_MAX:
                 self._found.clear()
             found = self._found[i] = {}
-        for at, members, cells, spread, plans, no_room in groups:
-            gpus, policy = at
-            todo = None
-            if native is not None:
-                chosen = found.get(at)
-                if chosen is None:
-                    chosen = found[at] = [None] * (len(keys) + 1)
-                plan = plans.get(id(topo))
-                if plan is None or plan[0] is not topo:
-                    plan = _search_plan(plans, topo, gpus)
-                todo = native(i, keys, chosen, cells, gpus, spread, None if plan[1] is None else rows, view.free_rows,
-                              plan[1], plan[2], self._host_json[i], above, same, unit, plan[3], rows, no_room)
-            if todo is None:
-                self._refresh_group(i, view, members, policy, gpus, found, above, same)
-            elif todo:
-                if UNSEARCHED in todo:  # the reference searches (and keeps the mask in spanning._plan's, which may be
-                    plans.pop(id(topo), None)  # a newer dict than the one kept here: read afresh next time)
-                self._refresh_cells(i, view, members, todo, policy, gpus, found, same)
+        for group in groups:
+            if general:
+                self._refresh_group(i, view, group[1], group[0][1], group[0][0], found, above, same)
+            else:
+                self._refresh_one(i, view, group, found, above, same)
+
+    def _refresh_one(self, i: int, view: NodeView, group: Group, found: spanning.Found, above: int,
+                     same: bool) -> None:
+        """One group of _refresh_groups: its plan for the view's topology (made where not kept), one native call
+        (_nameids.span_refresh) where the module is built, and what it leaves (_refresh_left)."""
+        at, _, cells, spread, plans, no_room = group
+        gpus, policy = at
+        native = self._index.span_refresh
+        todo = None
+        if native is not None:
+            unit, rows, topo, keys = view.unit_mib, view.rows, view.topo, view.free_keys
+            chosen = found.get(at)
+            if chosen is None:
+                chosen = found[at] = [None] * (len(keys) + 1)
+            plan = plans.get(id(topo))
+            if plan is None or plan[0] is not topo:
+                plan = _search_plan(plans, topo, gpus)
+            todo = native(i, keys, chosen, cells, gpus, spread, None if plan[1] is None else rows, view.free_rows,
+                          plan[1], plan[2], self._host_json[i], above, same, unit, plan[3], rows, no_room)
+        self._refresh_left(i, view, group, found, above, same, todo)
+
+    def _refresh_left(self, i: int, view: NodeView, group: Group, found: spanning.Found, above: int, same: bool,
+                      todo: bytes | None) -> None:
+        """What a group's native refresh left: all of it where it answered None (_refresh_group), else its (position,
+        code) pairs (_refresh_cells)."""
+        at, members, _, _, plans, _ = group
+        gpus, policy = at
+        if todo is None:
+            self._refresh_group(i, view, members, policy, gpus, found, above, same)
+        elif todo:
+            if UNSEARCHED in todo:  # the reference searches (and keeps the mask in spanning._plan's, which may be
+                plans.pop(id(view.topo), None)  # a newer dict than the one kept here: read afresh next time)
+            self._refresh_cells(i, view, members, todo, policy, gpus, found, same)
 
     def _refresh_group(self, i: int, view: NodeView, members: list[tuple[Key, _Table]], policy: str, gpus: int,
                        found: spanning.Found, above: int, same: bool) -> None:

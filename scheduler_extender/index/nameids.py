@@ -24,7 +24,7 @@ from array import array
 from collections.abc import Callable
 from itertools import compress, repeat
 from operator import is_, itemgetter
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -80,6 +80,14 @@ SpanRefresh = Callable[[int, tuple[int, ...], list[Chosen], tuple[SpanCell, ...]
                         tuple[GpuRow, ...], dict[int, str] | None],
                        bytes | None]
 
+# _nameids.span_refresh_node (a bind's spanning groups of a node in one call, FitMemo._refresh_groups past the cap's
+# check): (node id, its view, the view its cells were refreshed at or None, the refresh plan's groups, the memo's
+# _found, FOUND_MAX, the memo's texts per node and names: a text missing made and kept as FitMemo._fragment would)
+# -> None (every group done), or (above, same, the node's found dict, [(position in groups, what is left: the
+# (position, code) pairs, None: the group in Python, False: no plan kept)])
+SpanRefreshNode = Callable[[int, Any, Any, list[Any], dict[int, Any], int, list[Any], list[Any]],
+                           tuple[int, bool, dict[Any, Any], list[tuple[int, bytes | None | Literal[False]]]] | None]
+
 
 def span_above(before: tuple[GpuRow, ...], now: tuple[GpuRow, ...]) -> int | None:
     """For two views' rows of a node: None where they differ in anything but free MiB (the row count, a GPU's
@@ -108,6 +116,7 @@ class NameIds:
     # The memo's refresh of a spanning group natively (_nameids.span_refresh); None: the Python loop (FitMemo)
     span_refresh: SpanRefresh | None = None
     span_above = staticmethod(span_above)  # natively _nameids.span_above
+    span_refresh_node: SpanRefreshNode | None = None  # _nameids.span_refresh_node; None: per group (FitMemo)
     span_fill: SpanFill | None = None  # _nameids.span_fill (FitMemo._fill_spanning natively); None: its Python loop
     shared_fill: SharedFill | None = None  # _nameids.shared_fill (FitMemo._fill by shared shapes); None: the loop
     # _nameids.filter_answer (a failing filter's answer whole, FitMemo.split_json); None: the split, encoded by orjson
@@ -202,6 +211,7 @@ class NativeNameIds(NameIds):
         self.span_scores_each = _native.span_scores_each
         self.span_refresh = _native.span_refresh
         self.span_above = _native.span_above
+        self.span_refresh_node = _native.span_refresh_node
         self.span_fill = _native.span_fill
         self.shared_fill = _native.shared_fill
         self.filter_answer = _native.filter_answer

@@ -996,6 +996,167 @@ def test_span_above_answers_none_where_it_cannot_read_rows() -> None:
         NATIVE.span_above([r], (r,))
     with pytest.raises(TypeError, match="takes two tuples"):
         NATIVE.span_above((r,))
+# ------------------------------------------------------------------ a bind's spanning groups in one call (issue 34)
+
+
+def _memo_cells(memo: Any) -> dict[Any, tuple[Any, ...]]:
+    """Every table of a memo as its arrays and counts (what a refresh writes), and the nodes' texts per score."""
+    return {"texts": list(memo._host_json), **{key: (bytes(t.kinds), bytes(t.scores), list(t.jsons), list(t.reasons),
+                                                     t.filled, t.fitting) for key, t in memo._tables.items()}}
+
+
+@pytest.mark.parametrize("ratio", [None, "3/2"])
+def test_span_refresh_node_writes_the_cells_the_python_reference_writes(ratio: str | None) -> None:
+    """_nameids.span_refresh_node (FitMemo._refresh_groups natively: the change check, the node's kept searches,
+    each group's plan and span_refresh in one call per bind) leaves every spanning table as the Python reference
+    does (_refresh_group per group: spanning.codes and _write_code), bind after bind: several groups (2 and 4 GPUs,
+    binpack and spread, six sizes each), views that change only in free MiB (`above`, `same`) and views that change
+    otherwise (a GPU's health: every cell afresh), nodes without a known topology (no native search: UNSEARCHED cells
+    left to Python), unplaced memory (the general path), a node of another unit, elastic pods under the cap (the cap's
+    own path). Also checked: most binds need no Python after the call, and each thing it leaves is met."""
+    from fractions import Fraction
+
+    from memslice.contract import Gpu, Inventory
+    from memslice.scheduler_extender.index.fitmemo import FitMemo, compute_of, gpus_of
+    from memslice.scheduler_extender.placement import decisions, spanning
+    from memslice.scheduler_extender.placement.state import Charge
+
+    rng = random.Random(9)
+    count = 30
+    state = _span_cluster(rng, count)
+    gap = tuple(Gpu(f"n{count}-G{i}", i, "Sim", 80 * 1024, i // 4, True, nvlink=(i ^ 1,) if i < 6 else (),
+                    pcie=f"sw{i // 4}") for i in (0, 1, 2, 3, 4, 5, 6, 9))  # index 9 at position 7: no native search
+    state.upsert_node({"metadata": {"name": f"n{count}", "annotations": Inventory(1, gap).format()}})
+    names = [f"n{n}" for n in range(count + 1)] + ['n"é']  # the last needs JSON escapes: its texts made in Python
+    count += 2
+    state.upsert_node({"metadata": {"name": names[-1], "annotations": Inventory(1, tuple(
+        g._replace(uuid=f"{names[-1]}-G{g.index}") for g in gap[:6])).format()}})
+    cap = Fraction(ratio) if ratio is not None else None
+    native, python = FitMemo(state, cap), FitMemo(state, cap)
+    python._index.span_refresh_node = python._index.span_refresh = None  # the reference: _refresh_group
+    whole, group = native._index.span_refresh_node, native._index.span_refresh
+    assert whole is not None and group is not None
+    answers: list[Any] = []
+    unsearched: list[bytes] = []  # the answers of span_refresh called by the Python (a plan made) with UNSEARCHED
+
+    def counted(*args: Any) -> Any:
+        answers.append(whole(*args))
+        return answers[-1]
+
+    def counted_group(*args: Any) -> Any:
+        todo = group(*args)
+        if todo is not None and spanning.UNSEARCHED in todo[1::2]:
+            unsearched.append(todo)
+        return todo
+
+    native._index.span_refresh_node, native._index.span_refresh = counted, counted_group
+    keys = [(gib * 1024, policy, (), 0, n) for gib in (2, 4, 8, 12, 20, 40) for n in (2, 4)
+            for policy in ("binpack", "spread")]
+    for key in keys:
+        assert native.verdicts(names, key) == python.verdicts(names, key)
+    holds: list[tuple[str, int]] = []
+    for step in range(200):
+        n = rng.randrange(count)
+        name = names[n]
+        if step % 9 == 8:  # the inventory changes (GPUs' health): every cell afresh, not `same`; with 5 or 7 GPUs
+            bad = rng.sample(range(8), rng.choice((0, 1, 5, 7)))  # unhealthy, 4 (or 2) GPUs never fit: NEVER
+            gpus = tuple(Gpu(f"{name}-G{i}", i, "Sim", 80 * 1024, i // 4, i not in bad, nvlink=(i ^ 1,),
+                             pcie=f"sw{i // 4}") for i in range(8))
+            state.upsert_node({"metadata": {"name": name, "annotations": Inventory(2 if n == 13 else 1,
+                                                                                     gpus).format()}})
+        elif rng.random() < 0.7 or not holds:
+            view = state.view(name)
+            assert view is not None
+            on = rng.sample([r[0] for r in view.rows], rng.choice((1, 2, 4)))
+            state.hold(f"b{step}", Charge(",".join(on), name, rng.choice((1, 3, 6, 10, 20)) * 1024, 0, None))
+            holds.append((f"b{step}", n))
+        else:
+            uid, n = holds.pop(rng.randrange(len(holds)))
+            state.release(uid, None)
+        assert state.view(names[n]) is not None  # the view rebuilt: both memos refreshed
+        assert _memo_cells(native) == _memo_cells(python), step
+        if step % 40 == 39:  # and both are right: every verdict of the bound node as decisions answers it now
+            view = state.view(names[n])
+            assert view is not None
+            for key in keys:
+                spanning.forget_quick()
+                want = decisions.verdict(view, key[0] * view.unit_mib, key[1], native.limit_need(key, view),
+                                         compute_of(key), gpus_of(key))
+                assert native.verdicts([names[n]], key) == [want], (step, key)
+        if step % 50 == 49:  # a table asked again: more cells held
+            for key in rng.sample(keys, 4):
+                assert native.verdicts(names, key) == python.verdicts(names, key)
+    left = [a for a in answers if a is not None]
+    todos = [todo for a in left for _, todo in a[3]]
+    if cap is None:  # (at 3/2 the nodes with elastic pods take the cap's path, before the call)
+        assert len(answers) - len(left) > 40  # binds whose groups all were refreshed in the one call
+        assert any(todo is False for todo in todos)  # a plan not kept yet: made in Python
+        assert any(todo is None for todo in todos)  # the general path (unplaced MiB)
+        assert unsearched or any(isinstance(todo, bytes) and spanning.UNSEARCHED in todo[1::2] for todo in todos)
+        assert any(a[1] for a in left) and any(not a[1] for a in left)  # `same` and not
+    assert native._entries == python._entries
+    odd = native._host_json[native._index.get(names[-1])]  # (texts made in Python for it, the same)
+    assert odd is not None and sum(t is not None for t in odd) > 1
+
+
+def test_span_refresh_node_refuses_bad_arguments_not_crash() -> None:
+    """span_refresh_node's arguments are the memo's own, yet each is checked: a wrong count or type, a node id
+    outside the texts, a view of a type without the fields as slots (or a slot empty), a `before` of another type, a
+    malformed group, a kept search that is not a dict raise TypeError, ValueError or AttributeError naming them."""
+    from memslice.scheduler_extender.index.fitmemo import FOUND_MAX, FitMemo
+    from memslice.scheduler_extender.placement.state import Charge
+    from memslice.scheduler_extender.placement.views import NodeView
+
+    state = _span_cluster(random.Random(3), 2)
+    memo = FitMemo(state)
+    memo.verdicts(["n0", "n1"], (4096, "binpack", (), 0, 2))
+    state.hold("b", Charge("n0-G0", "n0", 1024, 0, None))  # a bind: the group's plan made in Python and kept
+    view = state.view("n0")  # (the view rebuilt: the memo refreshed)
+    assert memo._plan is not None
+    groups, i = memo._plan[1], memo._index.get("n0")
+    assert view is not None and len(groups) == 1 and groups[0][4]
+
+    def call(*over: Any, **kw: Any) -> Any:
+        args: dict[str, Any] = dict(i=i, view=view, before=None, groups=groups, founds={}, found_max=FOUND_MAX,
+                                    host_json=[None, None], names=["n0", "n1"])
+        args.update(kw)
+        return NATIVE.span_refresh_node(*args.values(), *over)
+
+    founds: dict[int, Any] = {}
+    assert call(founds=founds, before=view) is None  # the same view: every cell keeps its verdict, nothing left
+    assert list(founds) == [i] and list(founds[i]) == [groups[0][0]]  # the node's searches made, a list per group
+    group = groups[0]
+    bad: list[tuple[dict[str, Any], type[Exception], str]] = [
+        (dict(i="0"), TypeError, "i must be an int"), (dict(groups=tuple(groups)), TypeError, "groups a list"),
+        (dict(founds=[]), TypeError, "founds a dict"), (dict(found_max=0), ValueError, "found_max 0 below 1"),
+        (dict(host_json=(None,)), TypeError, "host_json and names lists"),
+        (dict(names=("n0", "n1")), TypeError, "host_json and names lists"),
+        (dict(i=5), ValueError, "node id 5 outside"),
+        (dict(i=-1), ValueError, "node id -1 outside"), (dict(i=2**70), OverflowError, "too large"),
+        (dict(host_json=["x", "x"]), TypeError, "texts are not a tuple"),
+        (dict(view=("not", "a view")), TypeError, "tuple.unit_mib is not a slot"),
+        (dict(view=object.__new__(NodeView)), AttributeError, "a view without"),
+        (dict(before=object.__new__(NodeView)), AttributeError, "a view without"),
+        (dict(before=(1, 2)), TypeError, "before is not None or a view"),
+        (dict(founds={i: []}), TypeError, "kept set searches are not a dict"),
+        (dict(groups=[(1, 2)]), TypeError, "a group is not"), (dict(groups=[group[:5]]), TypeError, "a group is not"),
+        (dict(groups=[((2,), *group[1:])]), TypeError, "a group is not"),
+        (dict(groups=[(*group[:4], [], group[5])]), TypeError, "a group is not"),
+        (dict(groups=[(([2], "x"), *group[1:])]), TypeError, "is not \\(int, str\\)"),
+        (dict(host_json=[(None,) * 3, None]), TypeError, "texts must be None or a tuple of 11"),
+    ]
+    for kw, err, match in bad:
+        with pytest.raises(err, match=match):
+            call(**kw)
+    wrong = [(group[0], group[1], "not cells", *group[3:])]  # (its plan kept: span_refresh is called, and refuses)
+    with pytest.raises(TypeError, match="keys must be a tuple, chosen a list, cells a tuple"):
+        call(groups=wrong)
+    with pytest.raises(TypeError, match="span_refresh_node takes 8 arguments"):
+        call(None)
+    with pytest.raises(TypeError, match="span_refresh_node takes 8 arguments"):
+        NATIVE.span_refresh_node()
+
+
 # ------------------------------------------------------------------ a spanning table's fill in one call (issue 34)
 
 def _span_cluster(rng: random.Random, count: int) -> Any:
