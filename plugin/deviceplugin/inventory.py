@@ -16,11 +16,11 @@ from memslice.contract import (
     ANN_GPU_MEM,
     ANN_GPU_UUID,
     ANN_GPUS,
-    RESOURCE,
     TERMINAL_PHASES,
     Gpu,
     Inventory,
-    quantity_bytes,
+    RequestError,
+    container_devices,
 )
 from memslice.kube.backoff import Backoff
 from memslice.kube.calls import CoreV1ApiRaw, done
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
 def inventory_annotations(gpus: Sequence[GpuInfo], healthy: Mapping[str, bool], unit_mib: int
                           ) -> dict[str, str]:
     """The node annotations the extender reads (memslice.contract.Inventory)."""
@@ -43,20 +44,6 @@ def inventory_annotations(gpus: Sequence[GpuInfo], healthy: Mapping[str, bool], 
                                          nvml_total_mib=g.nvml_total_mib or None, reserved_mib=g.reserved_mib,
                                          nvlink=g.nvlink, pcie=g.pcie)
                                      for g in gpus)).format()
-
-
-MAX_DEVICES = 1 << 40  # devices of one container: above it a figure is absurd (as the extender's resources.py)
-
-
-def _devices(raw: object) -> int | None:
-    """A quantity of devices ("512", or any whole quantity such as "1Ki"); None when it is not one."""
-    if type(raw) is str and len(raw) <= 12 and raw.isascii() and raw.isdigit():  # the usual "512": fast
-        return int(raw)
-    try:
-        value = quantity_bytes(raw)  # a bounded quantity parse; "bytes" is just its unit name there
-    except ValueError:
-        return None
-    return int(value) if value == value.to_integral_value() and value <= MAX_DEVICES else None
 
 
 def container_asks(spec: object) -> tuple[tuple[str, int], ...] | None:
@@ -74,19 +61,9 @@ def container_asks(spec: object) -> tuple[tuple[str, int], ...] | None:
         for c in containers:
             if not isinstance(c, dict) or not isinstance(c.get("name"), str):
                 return None
-            resources = c.get("resources") or {}
-            if not isinstance(resources, dict):
-                return None
-            raw = None
-            for kind in ("requests", "limits"):  # the limit wins (the API server makes them equal)
-                values = resources.get(kind) or {}
-                if not isinstance(values, dict):
-                    return None
-                raw = values.get(RESOURCE, raw)
-            if raw is None:
-                continue
-            n = _devices(raw)
-            if n is None:
+            try:
+                n = container_devices(c, c["name"])  # as the extender reads it (the limit, else the request)
+            except RequestError:
                 return None
             if n:
                 out.append((c["name"], n))

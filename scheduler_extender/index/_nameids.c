@@ -3009,8 +3009,8 @@ static int node_plain(PyObject *name, const char **p, size_t *len) {
  * bytes for a plain name. */
 static PyObject *node_text_new(const char *name, size_t len, unsigned char score) {
     static const char head[] = "{\"Host\":\"", mid[] = "\",\"Score\":";
-    char digits[2] = {(char)(score >= 10 ? '0' + score / 10 : '0' + score), (char)('0' + score % 10)};
-    size_t d = score >= 10 ? 2 : 1, size = sizeof head - 1 + len + sizeof mid - 1 + d + 1;
+    char digits[3];
+    size_t d = (size_t)(put_score(digits, score) - digits), size = sizeof head - 1 + len + sizeof mid - 1 + d + 1;
     PyObject *text = PyUnicode_New((Py_ssize_t)size, 127);
     if (text == NULL)
         return NULL;

@@ -13,10 +13,12 @@ exactly what `parse` accepts (tests/contract/test_contract.py checks the round t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any, Final, NamedTuple, TypeGuard
 
 import orjson
@@ -723,3 +725,66 @@ def _limit_mib(raw: object, where: str) -> int | None:
         raise errors.ContractError(f"{where}: limit={_short(raw)} is {'under 1Mi' if mib <= 0 else 'absurdly large'};"
                                    f" use {form}, at most the GPU's memory")
     return mib
+
+
+# ---------------------------------------------------------------- a container's devices (the pod spec's figures)
+# One parse for the extender (placement.resources.pod_request) and the node agent (deviceplugin.inventory: which pod
+# an Allocate can be for), so that both read a pod's memslice.io/gpu-mem alike.
+MAX_DEVICES: Final = 1 << 40  # per container; anything above is absurd (1 TiB devices of 1 MiB is an EiB)
+_QUANTITY = re.compile(r"^([+-]?)(\d{1,30}(?:\.\d{0,30})?|\.\d{1,30})"
+                       r"(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?\d{1,3})?$")
+_SUFFIX = {"": Fraction(1), "m": Fraction(1, 1000), "k": Fraction(10**3), "M": Fraction(10**6),
+           "G": Fraction(10**9), "T": Fraction(10**12), "P": Fraction(10**15), "E": Fraction(10**18),
+           "Ki": Fraction(2**10), "Mi": Fraction(2**20), "Gi": Fraction(2**30), "Ti": Fraction(2**40),
+           "Pi": Fraction(2**50), "Ei": Fraction(2**60)}
+
+
+class RequestError(errors.InputError):
+    """A pod whose memslice request cannot be honoured; the message names the value and the fix."""
+
+
+def parse_devices(text: Any, where: str, resource: str = RESOURCE) -> int:
+    """A Kubernetes quantity of `memslice.io/gpu-mem` (or `resource`) devices: a whole, non-negative number."""
+    if isinstance(text, bool) or not isinstance(text, str | int):
+        raise RequestError(f"{where}: {resource}={text!r} is not a quantity; write a whole number of "
+                           f"devices, e.g. \"4096\"")
+    if type(text) is str and len(text) <= 12 and text.isascii() and text.isdigit():  # usual "4096": fast
+        return int(text)
+    m = _QUANTITY.match(str(text).strip())
+    if not m:
+        raise RequestError(f"{where}: {resource}={text!r} is not a Kubernetes quantity; write a whole "
+                           f"number of devices, e.g. \"4096\"")
+    sign, number, suffix = m.group(1), m.group(2), m.group(3) or ""
+    scale = _SUFFIX[suffix] if suffix in _SUFFIX else Fraction(10) ** int(suffix[1:])  # or e<exponent>
+    value = Fraction(number) * scale
+    if sign == "-" and value != 0:
+        raise RequestError(f"{where}: {resource}={text!r} is negative; ask for a positive whole number of "
+                           f"devices")
+    if value.denominator != 1:
+        raise RequestError(f"{where}: {resource}={text!r} is not a whole number; extended resources are "
+                           f"counted in whole devices")
+    if value > MAX_DEVICES:
+        raise RequestError(f"{where}: {resource}={text!r} is absurdly large (more than {MAX_DEVICES} "
+                           f"devices); ask for the MiB one GPU can hold, in devices of the node's unit")
+    return int(value)
+
+
+def container_devices(container: Any, where: str, resource: str = RESOURCE) -> int:
+    """A container's devices of `resource` (its limit, else its request; 0: none), request and limit equal."""
+    if not isinstance(container, dict):
+        raise RequestError(f"{where} is not an object")
+    resources = container.get("resources") or {}
+    if not isinstance(resources, dict):
+        raise RequestError(f"{where}.resources is not an object")
+    found: dict[str, int] = {}
+    for field in ("requests", "limits"):
+        values = resources.get(field) or {}
+        if not isinstance(values, dict):
+            raise RequestError(f"{where}.resources.{field} is not an object")
+        if resource in values:
+            found[field] = parse_devices(values[resource], f"{where}.resources.{field}", resource)
+    if "requests" in found and "limits" in found and found["requests"] != found["limits"]:
+        raise RequestError(f"{where}: {resource} request {found['requests']} differs from its limit "
+                           f"{found['limits']}; extended resources need request == limit "
+                           f"(set only the limit)")
+    return found.get("limits", found.get("requests", 0))

@@ -244,7 +244,9 @@ def test_other_pods_of_other_sizes_do_not_hide_a_spanning_pod_and_several_are_co
     ({"containers": [{"name": "main", "resources": {"limits": {RESOURCE_NAME: "1.5"}}}]}, None),
     ({"containers": [{"name": "main", "resources": {"limits": {RESOURCE_NAME: "1e99"}}}]}, None),
     ({"containers": [{"name": "main", "resources": {"limits": {RESOURCE_NAME: "-1"}}}]}, None),
-    ({"containers": [{"name": "main", "resources": {"limits": {RESOURCE_NAME: 512}}}]}, None),
+    ({"containers": [{"name": "main", "resources": {"limits": {RESOURCE_NAME: 512}}}]}, (("main", 512),)),  # (extender)
+    ({"containers": [{"name": "main", "resources": {"requests": {RESOURCE_NAME: "1"},
+                                                    "limits": {RESOURCE_NAME: "2"}}}]}, None),  # differ
     ({"containers": [{"name": "main", "resources": {"limits": {RESOURCE_NAME: "9" * 70}}}]}, None),
     ({"containers": [{"name": "main", "resources": "x"}]}, None),
     ({"containers": [{"name": "main", "resources": {"limits": ["x"]}}]}, None),

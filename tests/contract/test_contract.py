@@ -491,3 +491,22 @@ def test_bad_dra_compute_limit_is_refused_by_name(bad: object) -> None:
     cfg = {"apiVersion": "memslice.io/v1alpha1", "kind": "GpuMemConfig", "computeLimit": bad}
     with pytest.raises(ContractError, match="claim c: computeLimit=.* is not a whole percent of one GPU"):
         contract.GpuMemConfig.parse(cfg, "claim c")
+
+
+@pytest.mark.parametrize("qty", ["4096", "4Ki", "1e3", "0", "4096.0", "-0", "3.5", "-4", "1Ei", "4 Gi", "x", "1e400"])
+def test_the_agent_and_the_extender_read_a_containers_devices_alike(qty: str) -> None:
+    """contract.container_devices is the one parse of a container's memslice.io/gpu-mem: the extender's pod_request
+    and the agent's container_asks (which pod an Allocate can be for) agree on every figure, and both refuse the
+    same bad ones (the agent by not knowing the pod: never a refusal of its own)."""
+    from memslice.plugin.deviceplugin.inventory import container_asks
+    from memslice.scheduler_extender.placement.resources import pod_request
+
+    pod = pod_obj("p", {"main": qty})
+    asks = container_asks(pod["spec"])
+    try:
+        request = pod_request(pod)
+    except contract.RequestError:
+        assert asks is None
+        return
+    devices = request.asks[0].devices if request is not None else 0
+    assert asks == ((("main", devices),) if devices else ())
